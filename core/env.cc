@@ -1,0 +1,38 @@
+// The environment table and its parsers.
+#include "core/env.h"
+
+#include <charconv>  // std::from_chars
+#include <cstdlib>   // std::getenv
+
+#include "core/error.h"
+
+namespace zeroth::env {
+
+namespace {
+constexpr Variable kVariables[] = {
+    {kLogLevel, "info", "log level: trace, debug, info, warn, error, off"},
+    {kSimd, "best", "highest CPU kernel level to dispatch to: scalar, avx2, avx512"},
+    {kNumThreads, "all cores", "threads for CPU kernels (oneTBB)"},
+};
+}  // namespace
+
+std::span<const Variable> all() { return kVariables; }
+
+std::optional<std::string> get(std::string_view name) {
+  const char* value = std::getenv(std::string(name).c_str());
+  if (value == nullptr || *value == '\0') return std::nullopt;
+  return std::string(value);
+}
+
+std::optional<int64_t> get_int(std::string_view name) {
+  auto text = get(name);
+  if (!text) return std::nullopt;
+  int64_t value = 0;
+  auto [end, ec] = std::from_chars(text->data(), text->data() + text->size(), value);
+  if (ec != std::errc() || end != text->data() + text->size()) {
+    ZEROTH_THROW(ConfigError, "environment variable {}='{}' is not an integer", name, *text);
+  }
+  return value;
+}
+
+}  // namespace zeroth::env

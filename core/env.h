@@ -1,0 +1,33 @@
+// Every tunable zeroth reads from the environment, declared in one table so one grep finds
+// them all; each is mirrored by a JSON config key or a CLI flag where one exists.
+#pragma once
+
+#include <cstdint>      // int64_t
+#include <optional>     // std::optional
+#include <span>         // std::span
+#include <string>       // std::string
+#include <string_view>  // std::string_view
+
+namespace zeroth::env {
+
+struct Variable {
+  std::string_view name;
+  std::string_view default_value;
+  std::string_view meaning;
+};
+
+// ZEROTH_LOG_LEVEL: trace|debug|info|warn|error|off (default info).
+inline constexpr std::string_view kLogLevel = "ZEROTH_LOG_LEVEL";
+// ZEROTH_SIMD: cap the CPU kernel dispatch level: scalar|avx2|avx512 (default: best available).
+inline constexpr std::string_view kSimd = "ZEROTH_SIMD";
+// ZEROTH_NUM_THREADS: worker threads for CPU kernels (default: all cores).
+inline constexpr std::string_view kNumThreads = "ZEROTH_NUM_THREADS";
+
+std::span<const Variable> all();
+
+// The raw value, or nullopt when unset or empty.
+std::optional<std::string> get(std::string_view name);
+// Parses an integer value; a malformed value raises ConfigError naming the variable.
+std::optional<int64_t> get_int(std::string_view name);
+
+}  // namespace zeroth::env

@@ -1,0 +1,29 @@
+// The typed errors zeroth raises. Free of fmt, so CUDA sources (nvcc) can include it.
+#pragma once
+
+#include <stdexcept>  // std::runtime_error
+#include <string>     // std::string
+
+namespace zeroth {
+
+// Every error zeroth raises derives from Error, so `main` can turn any of them into one line.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class InvalidArgument : public Error { using Error::Error; };
+class ConfigError : public Error { using Error::Error; };
+class IoError : public Error { using Error::Error; };
+class CommError : public Error { using Error::Error; };
+class CudaError : public Error { using Error::Error; };
+class OutOfMemory : public Error { using Error::Error; };
+
+namespace detail {
+std::string where(const char* file, int line);
+// errno text for a failed system call ("open(...): No such file or directory (errno 2)").
+std::string errno_text(int err);
+}  // namespace detail
+
+}  // namespace zeroth
+

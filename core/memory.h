@@ -1,0 +1,55 @@
+// Tagged memory accounting with a budget, and byte-size formatting/parsing.
+#pragma once
+
+#include <array>        // std::array
+#include <cstddef>      // size_t
+#include <cstdint>      // uint8_t
+#include <mutex>        // std::mutex
+#include <string>       // std::string
+#include <string_view>  // std::string_view
+
+namespace zeroth {
+
+enum class MemTag : uint8_t { params = 0, grads, optimizer, buffers, activations, other };
+inline constexpr size_t kMemTagCount = 6;
+std::string_view mem_tag_name(MemTag tag);
+
+// "1.50 GiB", "512 B"
+std::string format_bytes(size_t bytes);
+// "2GiB", "512 MiB", "1.5GB", "4096"; InvalidArgument on anything else.
+size_t parse_bytes(std::string_view text);
+
+struct MemoryStats {
+  std::array<size_t, kMemTagCount> in_use{};
+  std::array<size_t, kMemTagCount> peak{};  // per tag, since the last reset
+  size_t total_in_use = 0;
+  size_t total_peak = 0;  // of the sum, not the sum of the per-tag peaks
+  size_t budget = 0;      // 0: unlimited
+};
+
+// Exact accounting of requested bytes. Thread-safe; allocations are not on a hot path.
+class MemoryAccounting {
+ public:
+  MemoryAccounting(std::string device_name, size_t budget);
+
+  // Records an allocation, or throws OutOfMemory (naming tag, request, use, budget and peak)
+  // when it would exceed the budget; nothing is recorded then.
+  void charge(size_t bytes, MemTag tag);
+  void release(size_t bytes, MemTag tag);
+  // Whether `bytes` more would fit in the budget now.
+  bool fits(size_t bytes) const;
+  MemoryStats stats() const;
+  void reset_peak();
+  size_t budget() const { return budget_; }
+  std::string summary() const;  // one line: in use / peak per tag
+
+ private:
+  std::string describe_locked() const;
+
+  std::string device_name_;
+  size_t budget_;
+  mutable std::mutex mutex_;
+  MemoryStats stats_;
+};
+
+}  // namespace zeroth

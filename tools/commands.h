@@ -1,0 +1,11 @@
+// The subcommands of the `zeroth` binary; each file registers one on the CLI11 app.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace zeroth::tools {
+
+void add_report_command(CLI::App& app);
+void add_bench_kernels_command(CLI::App& bench);
+
+}  // namespace zeroth::tools

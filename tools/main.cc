@@ -1,0 +1,28 @@
+// zeroth: the single entry point. Turns every error into one line and an exit code.
+#include <cstdio>
+#include <exception>
+
+#include "core/error.h"
+#include "tools/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"zeroth: ZeRO training engine (stages 1-3, offload to CPU and NVMe)"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("zeroth ") + ZEROTH_VERSION);
+  zeroth::tools::add_report_command(app);
+  auto* bench = app.add_subcommand("bench", "Measure kernels, communication, optimizers, offload I/O");
+  bench->require_subcommand(1);
+  zeroth::tools::add_bench_kernels_command(*bench);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const zeroth::Error& e) {
+    std::fprintf(stderr, "zeroth: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "zeroth: unexpected error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,176 @@
+// `zeroth report`: what this machine offers zeroth (like DeepSpeed's ds_report). Every probe is
+// guarded, so the report also runs on a broken machine and says what is wrong.
+#include <liburing.h>
+#include <sys/sysinfo.h>
+#include <sys/utsname.h>
+#include <tbb/info.h>
+#include <tbb/version.h>
+#include <unistd.h>
+
+#include <gloo/config.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <cstdio>
+#include <functional>
+#include <string>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/cpu/kernels.h"
+#include "core/cuda/cuda_info.h"
+#include "core/env.h"
+#include "core/memory.h"
+#include "tools/commands.h"
+#ifdef ZEROTH_WITH_CUDA
+#include <nccl.h>
+#endif
+
+namespace zeroth::tools {
+namespace {
+
+// Runs a probe; an exception becomes its message, so one broken component cannot end the report.
+std::string guarded(const std::function<std::string()>& probe) {
+  try {
+    return probe();
+  } catch (const std::exception& e) {
+    return fmt::format("probe failed: {}", e.what());
+  } catch (...) {
+    return "probe failed";
+  }
+}
+
+std::string cpu_line() {
+  const auto& f = cpu::cpu_features();
+  std::string flags;
+  auto add = [&](bool on, const char* name) {
+    if (on) flags += flags.empty() ? name : fmt::format(" {}", name);
+  };
+  add(f.avx2, "avx2");
+  add(f.fma, "fma");
+  add(f.f16c, "f16c");
+  add(f.avx512f, "avx512f");
+  add(f.avx512bw, "avx512bw");
+  add(f.avx512vl, "avx512vl");
+  add(f.avx512dq, "avx512dq");
+  add(f.avx512_bf16, "avx512_bf16");
+  add(f.avx512_fp16, "avx512_fp16");
+  add(f.amx_bf16, "amx_bf16");
+  return fmt::format("{} [{}]", f.brand.empty() ? "unknown CPU" : f.brand, flags.empty() ? "baseline x86-64" : flags);
+}
+
+std::string kernel_line() {
+  std::string levels;
+  for (auto l : cpu::supported_simd_levels()) levels += fmt::format("{}{}", levels.empty() ? "" : ", ", cpu::simd_level_name(l));
+  return fmt::format("{} (supported: {})", cpu::simd_level_name(cpu::active_simd_level()), levels);
+}
+
+std::string cuda_line(nlohmann::json& gpus) {
+  const CudaInfo info = cuda_info();
+  if (!info.compiled) return info.problem;
+  std::string line = fmt::format("runtime {}.{}, driver {}", info.runtime_version / 1000, info.runtime_version % 1000 / 10,
+                                 info.driver_version == 0 ? std::string("none")
+                                                          : fmt::format("{}.{}", info.driver_version / 1000,
+                                                                        info.driver_version % 1000 / 10));
+  for (const auto& g : info.gpus) {
+    gpus.push_back({{"index", g.index}, {"name", g.name}, {"memory_bytes", g.total_memory},
+                    {"compute_capability", fmt::format("{}.{}", g.cc_major, g.cc_minor)}, {"sms", g.multiprocessors}});
+  }
+  if (info.gpus.empty()) line += fmt::format("; GPUs: none ({})", info.problem);
+  return line;
+}
+
+std::string nccl_line() {
+#ifdef ZEROTH_WITH_CUDA
+  int version = 0;
+  const ncclResult_t rc = ncclGetVersion(&version);
+  if (rc != ncclSuccess) return fmt::format("ncclGetVersion failed: {}", ncclGetErrorString(rc));
+  return fmt::format("{}.{}.{}", version / 10000, version / 100 % 100, version % 100);
+#else
+  return "not built (CUDA backend off)";
+#endif
+}
+
+std::string uring_line() {
+  io_uring ring{};
+  const int rc = io_uring_queue_init(8, &ring, 0);
+  if (rc < 0) return fmt::format("unusable: io_uring_queue_init(8) failed: {} (check kernel.io_uring_disabled and seccomp)", strerror(-rc));
+  std::string line = "usable";
+  if (io_uring_probe* probe = io_uring_get_probe_ring(&ring)) {
+    line += fmt::format(" (read {}, write {}, fsync {})", io_uring_opcode_supported(probe, IORING_OP_READ) ? "yes" : "no",
+                        io_uring_opcode_supported(probe, IORING_OP_WRITE) ? "yes" : "no",
+                        io_uring_opcode_supported(probe, IORING_OP_FSYNC) ? "yes" : "no");
+    io_uring_free_probe(probe);
+  }
+  io_uring_queue_exit(&ring);
+  return line;
+}
+
+std::string gloo_line() {
+  gloo::transport::tcp::attr attr("127.0.0.1");
+  auto device = gloo::transport::tcp::CreateDevice(attr);
+  return fmt::format("linked, TCP transport works ({})", device->str());
+}
+
+std::string memory_line() {
+  struct sysinfo si {};
+  if (sysinfo(&si) != 0) return fmt::format("sysinfo failed: {}", strerror(errno));
+  const size_t unit = si.mem_unit;
+  return fmt::format("{} total, {} free, swap {}", format_bytes(si.totalram * unit), format_bytes(si.freeram * unit),
+                     format_bytes(si.totalswap * unit));
+}
+
+void run_report(bool json_output) {
+  nlohmann::json gpus = nlohmann::json::array();
+  struct utsname uts {};
+  const std::string kernel = uname(&uts) == 0 ? fmt::format("{} {}", uts.sysname, uts.release) : "unknown";
+  const std::pair<std::string, std::string> rows[] = {
+      {"zeroth", std::string(ZEROTH_VERSION)},
+      {"os", kernel},
+      {"cpu", guarded(cpu_line)},
+      {"cpu kernels", guarded(kernel_line)},
+      {"threads", guarded([] { return fmt::format("{} (oneTBB {}, {} cores online)", cpu::num_threads(), TBB_VERSION_STRING, sysconf(_SC_NPROCESSORS_ONLN)); })},
+      {"memory", guarded(memory_line)},
+      {"cuda", guarded([&] { return cuda_line(gpus); })},
+      {"nccl", guarded(nccl_line)},
+      {"io_uring", guarded(uring_line)},
+      {"gloo", guarded(gloo_line)},
+  };
+  if (json_output) {
+    nlohmann::json out;
+    for (const auto& [key, value] : rows) out[key] = value;
+    out["gpus"] = gpus;
+    nlohmann::json variables = nlohmann::json::object();
+    for (const auto& v : env::all()) {
+      auto value = env::get(v.name);
+      variables[std::string(v.name)] = value ? *value : nullptr;
+    }
+    out["environment"] = variables;
+    std::printf("%s\n", out.dump(2).c_str());
+    return;
+  }
+  std::printf("zeroth report\n");
+  for (const auto& [key, value] : rows) std::printf("  %-12s %s\n", key.c_str(), value.c_str());
+  for (const auto& g : gpus) {
+    std::printf("  %-12s %s\n", fmt::format("gpu {}", g["index"].get<int>()).c_str(),
+                fmt::format("{}, {}, cc {}, {} SMs", g["name"].get<std::string>(), format_bytes(g["memory_bytes"].get<size_t>()),
+                            g["compute_capability"].get<std::string>(), g["sms"].get<int>()).c_str());
+  }
+  std::printf("  environment:\n");
+  for (const auto& v : env::all()) {
+    auto value = env::get(v.name);
+    std::printf("    %-20s %-10s (%.*s)\n", std::string(v.name).c_str(), value ? value->c_str() : "unset",
+                static_cast<int>(v.meaning.size()), v.meaning.data());
+  }
+}
+
+}  // namespace
+
+void add_report_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("report", "Show versions, CPU features, GPUs, NCCL, io_uring, Gloo, memory");
+  auto json_output = std::make_shared<bool>(false);
+  cmd->add_flag("--json", *json_output, "Print JSON");
+  cmd->callback([json_output] { run_report(*json_output); });
+}
+
+}  // namespace zeroth::tools
