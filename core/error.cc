@@ -8,13 +8,8 @@ namespace zeroth::detail {
 std::string where(const char* file, int line) {
   // Keep the path from the project root only: long absolute paths bury the message.
   std::string_view path(file);
-  for (std::string_view root : {"/core/", "/comm/", "/optim/", "/offload/", "/engine/", "/models/",
-                                "/tools/", "/tests/"}) {
-    if (auto pos = path.rfind(root); pos != std::string_view::npos) {
-      path = path.substr(pos + 1);
-      break;
-    }
-  }
+  constexpr std::string_view kRoot = ZEROTH_SOURCE_DIR "/";
+  if (path.starts_with(kRoot)) path.remove_prefix(kRoot.size());
   return fmt::format("{}:{}", path, line);
 }
 

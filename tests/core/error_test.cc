@@ -1,0 +1,69 @@
+// Errors carry the failing call, its location and errno text; logging levels parse.
+#include <gtest/gtest.h>
+#include <fcntl.h>
+
+#include <set>
+#include <string>
+
+#include "core/env.h"
+#include "core/error.h"
+#include "core/log.h"
+
+namespace zeroth {
+namespace {
+
+TEST(Errors, CheckNamesConditionMessageAndLocation) {
+  try {
+    const int world = 3;
+    ZEROTH_CHECK(world % 2 == 0, "world size {} must be even", world);
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("world size 3 must be even"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("world % 2 == 0"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("tests/core/error_test.cc:"), std::string::npos) << msg;
+  }
+}
+
+TEST(Errors, SyscallCheckReportsTheCallAndErrno) {
+  try {
+    SYSCALL_CHECK(::open("/nonexistent/zeroth/file", O_RDONLY));
+    FAIL();
+  } catch (const IoError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("::open(\"/nonexistent/zeroth/file\", O_RDONLY) failed"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("No such file or directory (errno 2)"), std::string::npos) << msg;
+  }
+}
+
+TEST(Errors, TypedErrorsShareOneBase) {
+  EXPECT_THROW(throw OutOfMemory("x"), Error);
+  EXPECT_THROW(throw CudaError("x"), Error);
+  EXPECT_THROW(throw ConfigError("x"), Error);
+}
+
+TEST(Logging, LevelsParseAndUnknownOnesAreRejected) {
+  EXPECT_EQ(log::parse_level("warn"), log::Level::warn);
+  EXPECT_EQ(log::parse_level("off"), log::Level::off);
+  EXPECT_THROW(log::parse_level("verbose"), ConfigError);
+  const auto saved = log::level();
+  log::set_level(log::Level::error);
+  EXPECT_EQ(log::level(), log::Level::error);
+  log::set_level(saved);
+}
+
+TEST(Environment, EveryVariableIsDeclaredOnceWithItsMeaning) {
+  std::set<std::string_view> names;
+  for (const auto& v : env::all()) {
+    EXPECT_TRUE(v.name.starts_with("ZEROTH_")) << v.name;
+    EXPECT_FALSE(v.meaning.empty()) << v.name;
+    EXPECT_TRUE(names.insert(v.name).second) << "declared twice: " << v.name;
+  }
+  setenv("ZEROTH_TEST_INT", "12x", 1);
+  EXPECT_THROW(env::get_int("ZEROTH_TEST_INT"), ConfigError);
+  setenv("ZEROTH_TEST_INT", "-12", 1);
+  EXPECT_EQ(env::get_int("ZEROTH_TEST_INT"), -12);
+}
+
+}  // namespace
+}  // namespace zeroth

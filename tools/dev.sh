@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The project's one entry point for setting up, building and testing on a fresh Debian machine.
+#   tools/dev.sh test [CMAKE_ARGS]  install packages, build (CUDA backend when nvcc exists), run ctest
+#   tools/dev.sh build [CMAKE_ARGS] install packages and build only
+#   tools/dev.sh sanitize KIND      build with ZEROTH_SANITIZE=KIND (address,undefined | thread), run ctest
+# Environment: BUILD_DIR (default build), ZEROTH_CUDA (AUTO|ON|OFF), JOBS (default: all cores).
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+jobs=${JOBS:-$(nproc)}
+
+configure_and_build() {
+  local dir=$1
+  shift
+  "$root/tools/install-deps.sh"
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-Release}" \
+    -DZEROTH_CUDA="${ZEROTH_CUDA:-AUTO}" "$@"
+  cmake --build "$dir" -j "$jobs"
+}
+
+run_tests() {
+  local dir=$1
+  ctest --test-dir "$dir" --output-on-failure -j "$jobs" --timeout 600
+}
+
+case "${1:-}" in
+  test)
+    configure_and_build "${BUILD_DIR:-build}" "${@:2}"
+    run_tests "${BUILD_DIR:-build}"
+    ;;
+  build)
+    configure_and_build "${BUILD_DIR:-build}" "${@:2}"
+    ;;
+  sanitize)
+    kind=${2:?"usage: tools/dev.sh sanitize address,undefined|thread"}
+    dir=${BUILD_DIR:-build-${kind//,/-}}
+    # Sanitized builds check the host code; the CUDA backend is exercised by tools/gpu-check.sh.
+    ZEROTH_CUDA=OFF BUILD_TYPE=RelWithDebInfo configure_and_build "$dir" -DZEROTH_SANITIZE="$kind"
+    export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
+    export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+    # oneTBB's own synchronisation is invisible to TSan; kernels run single-threaded under it.
+    if [[ $kind == thread ]]; then
+      export ZEROTH_NUM_THREADS=1
+      export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1 second_deadlock_stack=1}
+    fi
+    run_tests "$dir"
+    ;;
+  *)
+    echo "usage: tools/dev.sh test | build | sanitize address,undefined|thread" >&2
+    exit 2
+    ;;
+esac
