@@ -7,6 +7,7 @@
 
 #include "core/cpu/kernels.h"
 #include "core/error.h"
+#include "core/log.h"
 
 namespace zeroth {
 
@@ -38,9 +39,9 @@ void* HostBlockCache::map_block(size_t size) {
   }
   const auto base = reinterpret_cast<uintptr_t>(raw);
   const uintptr_t aligned = (base + kHugePage - 1) / kHugePage * kHugePage;
-  if (aligned > base) munmap(raw, aligned - base);
+  if (aligned > base) SYSCALL_CHECK(munmap(raw, aligned - base));
   const uintptr_t end = base + mapped, block_end = aligned + size;
-  if (end > block_end) munmap(reinterpret_cast<void*>(block_end), end - block_end);
+  if (end > block_end) SYSCALL_CHECK(munmap(reinterpret_cast<void*>(block_end), end - block_end));
   void* block = reinterpret_cast<void*>(aligned);
   madvise(block, size, MADV_HUGEPAGE);  // advisory: a kernel without THP just ignores it
   // Touch every page now, at allocation time, instead of inside the first step that uses it.
@@ -50,8 +51,12 @@ void* HostBlockCache::map_block(size_t size) {
 }
 
 void HostBlockCache::unmap_block(void* data, size_t size) {
-  if (size < kHugePage) std::free(data);
-  else munmap(data, size);
+  if (size < kHugePage) {
+    std::free(data);
+  } else if (munmap(data, size) != 0) {
+    // Runs from destructors: report, do not throw.
+    ZLOG_ERROR("munmap({}, {}) failed: {}", data, size, detail::errno_text(errno));
+  }
 }
 
 void* HostBlockCache::allocate(size_t bytes) {
