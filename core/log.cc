@@ -45,11 +45,8 @@ Level parse_level(std::string_view name) {
                name);
 }
 
-// Ranks that are threads of one process set their own; a process-wide rank is the fallback.
-void set_rank(int rank) {
-  tls_rank = rank;
-  process_rank.store(rank);
-}
+void set_rank(int rank) { process_rank.store(rank); }
+void set_thread_rank(int rank) { tls_rank = rank; }
 
 void write(Level lvl, std::string_view message) {
   using namespace std::chrono;

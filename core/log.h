@@ -13,8 +13,10 @@ Level level();
 void set_level(Level level);
 // Parses "info", "warn", ...; unknown names raise ConfigError listing the valid ones.
 Level parse_level(std::string_view name);
-// Rank shown as "[rank N]" before each line; -1 (default) shows none.
+// Rank shown as "[rank N]" before each line; -1 (default) shows none. A process-wide rank for
+// one rank per process; a thread rank (which wins) for ranks that are threads of one process.
 void set_rank(int rank);
+void set_thread_rank(int rank);
 void write(Level level, std::string_view message);
 
 template <typename... Args>

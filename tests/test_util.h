@@ -23,6 +23,16 @@ inline bool device_available(const std::string& spec) { return spec == "cpu" || 
       GTEST_SKIP() << "device '" << (spec) << "' not available: " << ::zeroth::cuda_info().problem; \
   } while (0)
 
+// A test run once per device spec (see device_specs), with the device made in SetUp.
+class DeviceTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    ZEROTH_SKIP_WITHOUT(GetParam());
+    device_ = make_device(GetParam());
+  }
+  std::unique_ptr<Device> device_;
+};
+
 // `numel` elements of `dtype` on a device, uploaded from and downloaded to host bytes.
 struct DeviceArray {
   Device& device;

@@ -48,14 +48,7 @@ std::vector<double> decode(const std::vector<uint8_t>& bytes, DType t, size_t n)
   return {f.begin(), f.end()};
 }
 
-class Kernels : public ::testing::TestWithParam<std::string> {
- protected:
-  void SetUp() override {
-    ZEROTH_SKIP_WITHOUT(GetParam());
-    device_ = make_device(GetParam());
-  }
-  std::unique_ptr<Device> device_;
-};
+using Kernels = testing::DeviceTest;
 
 TEST_P(Kernels, FillWritesTheRoundedValueEverywhere) {
   for (DType t : kTypes) {

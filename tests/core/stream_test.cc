@@ -20,14 +20,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-class Streams : public ::testing::TestWithParam<std::string> {
- protected:
-  void SetUp() override {
-    ZEROTH_SKIP_WITHOUT(GetParam());
-    device_ = make_device(GetParam());
-  }
-  std::unique_ptr<Device> device_;
-};
+using Streams = testing::DeviceTest;
 
 TEST_P(Streams, WorkOnOneStreamRunsInOrder) {
   auto stream = device_->create_stream();
