@@ -52,6 +52,20 @@ TEST(Logging, LevelsParseAndUnknownOnesAreRejected) {
   log::set_level(saved);
 }
 
+TEST(Logging, LinesCarryTheRankAndRespectTheLevel) {
+  const auto saved = log::level();
+  log::set_level(log::Level::info);
+  log::set_thread_rank(3);
+  ::testing::internal::CaptureStderr();
+  ZLOG_INFO("step {} done", 7);
+  ZLOG_DEBUG("not shown");
+  const std::string text = ::testing::internal::GetCapturedStderr();
+  log::set_thread_rank(-1);
+  log::set_level(saved);
+  EXPECT_NE(text.find("[rank 3] info: step 7 done"), std::string::npos) << text;
+  EXPECT_EQ(text.find("not shown"), std::string::npos) << text;
+}
+
 TEST(Environment, EveryVariableIsDeclaredOnceWithItsMeaning) {
   std::set<std::string_view> names;
   for (const auto& v : env::all()) {
