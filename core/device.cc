@@ -103,6 +103,18 @@ void Device::flag_nonfinite(Stream& stream, TensorView x, int32_t* flag) {
   do_flag_nonfinite(stream, x, flag);
 }
 
+void Device::reduce(Stream& stream, TensorView out, std::span<const TensorView> inputs, ReduceKind kind, float scale) {
+  check_stream(stream, "reduce");
+  ZEROTH_CHECK(!inputs.empty(), "reduce needs at least one input");
+  for (const auto& in : inputs) {
+    ZEROTH_CHECK(in.numel == out.numel && in.dtype == inputs[0].dtype,
+                 "reduce: inputs must all be {} elements of {}; got {} of {}", out.numel,
+                 dtype_name(inputs[0].dtype), in.numel, dtype_name(in.dtype));
+  }
+  if (out.numel == 0) return;
+  do_reduce(stream, out, inputs, kind, scale);
+}
+
 std::unique_ptr<Device> make_device(std::string_view spec, const DeviceOptions& options) {
   if (spec == "cpu") return std::make_unique<CpuDevice>(options.memory_budget);
   if (spec == "cuda" || spec.starts_with("cuda:")) {

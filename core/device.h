@@ -6,6 +6,7 @@
 #include <cstdint>      // int32_t
 #include <functional>   // std::function
 #include <memory>       // std::unique_ptr
+#include <span>         // std::span
 #include <string>       // std::string
 #include <string_view>  // std::string_view
 
@@ -119,6 +120,9 @@ class Device {
   void sum_squares(Stream& stream, TensorView x, float* out, bool accumulate);
   // Sets *flag = 1 when x holds an Inf or NaN; leaves it alone otherwise (so flags accumulate).
   void flag_nonfinite(Stream& stream, TensorView x, int32_t* flag);
+  // out = scale * (inputs[0] + inputs[1] + ...) or the element-wise max (NaN propagates), in f32
+  // and in input order. Inputs share one dtype and size; out may alias one of them.
+  void reduce(Stream& stream, TensorView out, std::span<const TensorView> inputs, ReduceKind kind, float scale = 1.0f);
 
  protected:
   friend class Buffer;
@@ -132,6 +136,8 @@ class Device {
   virtual void do_axpy(Stream& stream, TensorView y, float alpha, TensorView x) = 0;
   virtual void do_sum_squares(Stream& stream, TensorView x, float* out, bool accumulate) = 0;
   virtual void do_flag_nonfinite(Stream& stream, TensorView x, int32_t* flag) = 0;
+  virtual void do_reduce(Stream& stream, TensorView out, std::span<const TensorView> inputs, ReduceKind kind,
+                         float scale) = 0;
 
  private:
   void check_stream(const Stream& stream, std::string_view op) const;

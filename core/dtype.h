@@ -15,6 +15,9 @@ namespace zeroth {
 
 enum class DType : uint8_t { f32 = 0, bf16 = 1, f16 = 2 };
 
+// Element-wise reductions the kernels and collectives share (avg is sum with a scale).
+enum class ReduceKind : uint8_t { sum, max };
+
 inline constexpr size_t dtype_size(DType t) { return t == DType::f32 ? 4 : 2; }
 std::string_view dtype_name(DType t);
 // Parses "f32"/"float32"/"fp32", "bf16"/"bfloat16", "f16"/"float16"/"fp16"; else InvalidArgument.

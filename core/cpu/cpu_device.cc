@@ -165,3 +165,18 @@ void CpuDevice::do_flag_nonfinite(Stream& stream, TensorView x, int32_t* flag) {
 }
 
 }  // namespace zeroth
+
+namespace zeroth {
+
+void CpuDevice::do_reduce(Stream& stream, TensorView out, std::span<const TensorView> inputs, ReduceKind kind,
+                          float scale) {
+  std::vector<const void*> pointers;
+  pointers.reserve(inputs.size());
+  for (const auto& in : inputs) pointers.push_back(in.data);
+  cpu_stream(stream).enqueue([=, pointers = std::move(pointers), in_type = inputs[0].dtype] {
+    cpu::reduce(pointers.data(), static_cast<int>(pointers.size()), in_type, out.data, out.dtype, kind, scale,
+                out.numel);
+  });
+}
+
+}  // namespace zeroth

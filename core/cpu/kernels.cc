@@ -7,6 +7,7 @@
 #include <tbb/parallel_for.h>
 
 #include <algorithm>  // std::min, std::fill
+#include <array>      // std::array
 #include <atomic>     // std::atomic
 #include <cstring>    // memcpy
 #include <memory>     // std::unique_ptr
@@ -150,6 +151,25 @@ double sum_squares(const void* x, DType type, size_t n, SimdLevel level) {
   double total = 0.0;
   for (double p : partial) total += p;
   return total;
+}
+
+void reduce(const void* const* inputs, int k, DType in_type, void* out, DType out_type, ReduceKind kind, float scale,
+            size_t n, SimdLevel level) {
+  ZEROTH_CHECK(k >= 1, "reduce needs at least one input, got {}", k);
+  const auto& table = kernel_table(level);
+  const size_t is = dtype_size(in_type), os = dtype_size(out_type);
+  for_chunks(n, [&](size_t b, size_t e) {
+    constexpr int kInline = 64;
+    std::array<const void*, kInline> inline_ptrs;
+    std::vector<const void*> heap_ptrs;
+    const void** ptrs = inline_ptrs.data();
+    if (k > kInline) {
+      heap_ptrs.resize(k);
+      ptrs = heap_ptrs.data();
+    }
+    for (int p = 0; p < k; ++p) ptrs[p] = at<char>(inputs[p], b * is);
+    table.reduce(ptrs, k, in_type, at<char>(out, b * os), out_type, kind, scale, e - b);
+  });
 }
 
 bool has_nonfinite(const void* x, DType type, size_t n, SimdLevel level) {

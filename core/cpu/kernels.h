@@ -44,6 +44,8 @@ struct KernelTable {
   void (*scale)(void* x, DType type, float alpha, size_t n);
   void (*sumsq)(const void* x, DType type, size_t n, float lanes[16]);
   bool (*has_nonfinite)(const void* x, DType type, size_t n);
+  void (*reduce)(const void* const* inputs, int k, DType in_type, void* out, DType out_type, ReduceKind kind,
+                 float scale, size_t n);
 };
 const KernelTable& kernel_table(SimdLevel level);
 
@@ -62,6 +64,11 @@ void scale(void* x, DType type, float alpha, size_t n, SimdLevel level = active_
 double sum_squares(const void* x, DType type, size_t n, SimdLevel level = active_simd_level());
 // True when any element is Inf or NaN.
 bool has_nonfinite(const void* x, DType type, size_t n, SimdLevel level = active_simd_level());
+
+// out = scale * sum(inputs) (or the element-wise max, scale ignored), accumulated in f32 in input
+// order. `out` may alias one of the inputs (element i is read before it is written).
+void reduce(const void* const* inputs, int k, DType in_type, void* out, DType out_type, ReduceKind kind, float scale,
+            size_t n, SimdLevel level = active_simd_level());
 
 // Worker threads the kernels may use (ZEROTH_NUM_THREADS, or all cores).
 int num_threads();

@@ -87,6 +87,8 @@ struct Isa {
   static F set1(float v) { return _mm256_set1_ps(v); }
   static F add(F a, F b) { return _mm256_add_ps(a, b); }
   static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  // maxps returns its second operand when unordered; blending a's NaNs back in propagates both.
+  static F max(F a, F b) { return _mm256_blendv_ps(_mm256_max_ps(a, b), a, _mm256_cmp_ps(a, a, _CMP_UNORD_Q)); }
 };
 
 #include "core/cpu/kernels_body.inc"

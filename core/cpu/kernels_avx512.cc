@@ -87,6 +87,8 @@ struct Isa {
   static F set1(float v) { return _mm512_set1_ps(v); }
   static F add(F a, F b) { return _mm512_add_ps(a, b); }
   static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  // maxps returns its second operand when unordered; blending a's NaNs back in propagates both.
+  static F max(F a, F b) { return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q), _mm512_max_ps(a, b), a); }
 };
 
 #include "core/cpu/kernels_body.inc"

@@ -22,6 +22,8 @@ struct Isa {
   static F set1(float v) { return v; }
   static F add(F a, F b) { return a + b; }
   static F mul(F a, F b) { return a * b; }
+  // a > b ? a : b, except that a NaN in a wins (a NaN in b already does): NaNs propagate.
+  static F max(F a, F b) { return a != a ? a : (a > b ? a : b); }
 };
 
 #include "core/cpu/kernels_body.inc"

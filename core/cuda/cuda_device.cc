@@ -2,6 +2,7 @@
 #include "core/cuda/cuda_device.h"
 
 #include <cstdint>  // UINT64_MAX
+#include <vector>   // std::vector
 #include <utility>  // std::exchange
 
 #include "core/cuda/cuda_check.h"
@@ -224,6 +225,15 @@ void CudaDevice::do_sum_squares(Stream& stream, TensorView x, float* out, bool a
 void CudaDevice::do_flag_nonfinite(Stream& stream, TensorView x, int32_t* flag) {
   CudaDeviceGuard guard(index_);
   cuda::launch_flag_nonfinite(x.data, x.dtype, x.numel, flag, handle(stream));
+}
+
+void CudaDevice::do_reduce(Stream& stream, TensorView out, std::span<const TensorView> inputs, ReduceKind kind,
+                           float scale) {
+  CudaDeviceGuard guard(index_);
+  std::vector<const void*> pointers;
+  for (const auto& in : inputs) pointers.push_back(in.data);
+  cuda::launch_reduce(pointers.data(), static_cast<int>(pointers.size()), inputs[0].dtype, out.data, out.dtype,
+                      kind == ReduceKind::max, scale, out.numel, handle(stream));
 }
 
 }  // namespace zeroth

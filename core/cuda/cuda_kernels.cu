@@ -116,6 +116,34 @@ __global__ void nonfinite_kernel(const void* x, size_t n, int32_t* flag) {
   if (__syncthreads_or(found) && threadIdx.x == 0) *flag = 1;
 }
 
+constexpr int kMaxReduceInputs = 16;
+struct ReduceInputs {
+  const void* ptr[kMaxReduceInputs];
+  DType type[kMaxReduceInputs];
+};
+
+__device__ inline float load_any(const void* p, DType t, size_t i) {
+  switch (t) {
+    case DType::bf16: return load<DType::bf16>(p, i);
+    case DType::f16: return load<DType::f16>(p, i);
+    default: return load<DType::f32>(p, i);
+  }
+}
+
+// Each element is read from every input before `out` is written, so out may alias an input.
+template <DType O, bool Max>
+__global__ void reduce_kernel(ReduceInputs in, int k, void* out, float scale, size_t n) {
+  GRID_STRIDE(i, n) {
+    float acc = load_any(in.ptr[0], in.type[0], i);
+    for (int p = 1; p < k; ++p) {
+      const float v = load_any(in.ptr[p], in.type[p], i);
+      acc = Max ? (acc != acc ? acc : (acc > v ? acc : v)) : __fadd_rn(acc, v);
+    }
+    if (!Max && scale != 1.0f) acc = __fmul_rn(acc, scale);
+    store<O>(out, i, acc);
+  }
+}
+
 void check_launch(const char* kernel) {
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) {
@@ -161,6 +189,38 @@ void launch_sum_squares(const void* x, DType type, size_t n, float* out, bool ac
   sumsq_final_kernel<<<1, kReduceBlocks, 0, stream>>>(partial, blocks, out, accumulate);
   check_launch("sumsq_final_kernel");
   CUDA_CHECK(cudaFreeAsync(scratch, stream));
+}
+
+void launch_reduce(const void* const* inputs, int k, DType in_type, void* out, DType out_type, bool max, float scale,
+                   size_t n, cudaStream_t stream) {
+  // More inputs than one launch takes: fold them into an f32 accumulator, a group at a time, in
+  // order, and scale only in the last pass (so the result matches a single pass).
+  void* scratch = nullptr;
+  const bool folded = k > kMaxReduceInputs;
+  if (folded) CUDA_CHECK(cudaMallocAsync(&scratch, n * sizeof(float), stream));
+  int done = 0;
+  while (done < k) {
+    ReduceInputs in{};
+    int count = 0;
+    if (done > 0) {
+      in.ptr[count] = scratch;
+      in.type[count++] = DType::f32;
+    }
+    while (count < kMaxReduceInputs && done < k) {
+      in.ptr[count] = inputs[done++];
+      in.type[count++] = in_type;
+    }
+    const bool last = done == k;
+    void* target = last ? out : scratch;
+    const DType target_type = last ? out_type : DType::f32;
+    const float pass_scale = last ? scale : 1.0f;
+    with_dtype(target_type, [&]<DType O>() {
+      if (max) reduce_kernel<O, true><<<blocks_for(n), kThreads, 0, stream>>>(in, count, target, 1.0f, n);
+      else reduce_kernel<O, false><<<blocks_for(n), kThreads, 0, stream>>>(in, count, target, pass_scale, n);
+    });
+    check_launch("reduce_kernel");
+  }
+  if (folded) CUDA_CHECK(cudaFreeAsync(scratch, stream));
 }
 
 void launch_flag_nonfinite(const void* x, DType type, size_t n, int32_t* flag, cudaStream_t stream) {

@@ -204,6 +204,62 @@ TEST_P(Kernels, NonfiniteFlagFindsInfAndNanAnywhere) {
   }
 }
 
+// reduce: k-1 f32 additions in input order, an optional scale, one rounding to the output type:
+// |err| <= (k + 1) u_f32 * sum|in| + u_out |ref|, plus the subnormal floor. max is exact.
+TEST_P(Kernels, ReduceOfKInputsIsWithinItsBoundAndMaxIsExact) {
+  for (DType it : kTypes) {
+    for (DType ot : kTypes) {
+      for (int k : {1, 2, 3, 5}) {
+        for (size_t n : {size_t{0}, size_t{1}, size_t{17}, size_t{65536 + 3}}) {
+          std::vector<std::vector<double>> exact;
+          std::vector<DeviceArray> inputs;
+          std::vector<TensorView> views;
+          for (int p = 0; p < k; ++p) {
+            const auto v = random_values(n, 100 * p + n);
+            exact.push_back(decode(encode(v, it), it, n));
+            inputs.emplace_back(*device_, encode(v, it), it, n);
+          }
+          for (auto& in : inputs) views.push_back(in.view());
+          DeviceArray sum_out(*device_, std::vector<uint8_t>(n * dtype_size(ot) + 1), ot, n);
+          DeviceArray max_out(*device_, std::vector<uint8_t>(n * dtype_size(ot) + 1), ot, n);
+          const float scale = 1.0f / static_cast<float>(k);
+          device_->reduce(device_->default_stream(), sum_out.view(), views, ReduceKind::sum, scale);
+          device_->reduce(device_->default_stream(), max_out.view(), views, ReduceKind::max);
+          const auto sums = decode(sum_out.download(), ot, n), maxes = decode(max_out.download(), ot, n);
+          for (size_t i = 0; i < n; ++i) {
+            double ref = 0, mag = 0, mx = -INFINITY;
+            for (int p = 0; p < k; ++p) {
+              ref += exact[p][i];
+              mag += std::fabs(exact[p][i]);
+              mx = std::max(mx, exact[p][i]);
+            }
+            ref *= static_cast<double>(scale);
+            const double bound = (k + 1) * 0x1p-24 * mag + unit_roundoff(ot) * std::fabs(ref) + subnormal_floor(ot);
+            ASSERT_LE(std::fabs(sums[i] - ref), bound)
+                << dtype_name(it) << "->" << dtype_name(ot) << " k " << k << " n " << n << " i " << i;
+            ASSERT_EQ(maxes[i], decode(encode({static_cast<float>(mx)}, ot), ot, 1)[0]) << "max, i " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_P(Kernels, ReduceMayWriteIntoOneOfItsInputsAndPropagatesNan) {
+  const size_t n = 1000;
+  auto a = random_values(n, 1), b = random_values(n, 2);
+  a[10] = NAN;
+  b[20] = NAN;
+  DeviceArray da(*device_, encode(a, DType::f32), DType::f32, n), db(*device_, encode(b, DType::f32), DType::f32, n);
+  const TensorView views[] = {da.view(), db.view()};
+  device_->reduce(device_->default_stream(), db.view(), views, ReduceKind::max);
+  const auto got = decode(db.download(), DType::f32, n);
+  for (size_t i = 0; i < n; ++i) {
+    if (i == 10 || i == 20) ASSERT_TRUE(std::isnan(got[i])) << i;
+    else ASSERT_EQ(got[i], std::max(a[i], b[i])) << i;
+  }
+}
+
 TEST_P(Kernels, MismatchedShapesAreRejectedBeforeAnythingRuns) {
   Buffer a = device_->allocate(64, MemTag::other), b = device_->allocate(64, MemTag::other);
   EXPECT_THROW(device_->axpy(device_->default_stream(), {a.data(), 16, DType::f32}, 1.0f, {b.data(), 15, DType::f32}),
@@ -237,6 +293,18 @@ TEST(KernelLevels, EveryLevelIsBitIdenticalToScalar) {
       cpu::scale(s_ref.data(), yt, -1.3f, n, cpu::SimdLevel::scalar);
       cpu::scale(s_lvl.data(), yt, -1.3f, n, level);
       ASSERT_EQ(s_ref, s_lvl) << "scale " << cpu::simd_level_name(level);
+      for (int k : {1, 3}) {
+        const auto x = encode(b, yt);
+        const void* ins[] = {y_init.data(), x.data(), y_init.data()};
+        for (DType ot : kTypes) {
+          std::vector<uint8_t> r_ref(n * dtype_size(ot)), r_lvl(n * dtype_size(ot));
+          for (auto kind : {ReduceKind::sum, ReduceKind::max}) {
+            cpu::reduce(ins, k, yt, r_ref.data(), ot, kind, 0.25f, n, cpu::SimdLevel::scalar);
+            cpu::reduce(ins, k, yt, r_lvl.data(), ot, kind, 0.25f, n, level);
+            ASSERT_EQ(r_ref, r_lvl) << "reduce " << cpu::simd_level_name(level);
+          }
+        }
+      }
       EXPECT_EQ(cpu::sum_squares(y_init.data(), yt, n, cpu::SimdLevel::scalar),
                 cpu::sum_squares(y_init.data(), yt, n, level))
           << "sumsq " << cpu::simd_level_name(level);
