@@ -23,6 +23,14 @@ inline constexpr std::string_view kSimd = "ZEROTH_SIMD";
 // ZEROTH_NUM_THREADS: worker threads for CPU kernels (default: all cores).
 inline constexpr std::string_view kNumThreads = "ZEROTH_NUM_THREADS";
 
+// ZEROTH_COMM_TIMEOUT: seconds a collective waits for its peers before failing (default 300).
+inline constexpr std::string_view kCommTimeout = "ZEROTH_COMM_TIMEOUT";
+// ZEROTH_COMM_CHECK: 1 compares each collective's (sequence, op, count, dtype) across ranks.
+inline constexpr std::string_view kCommCheck = "ZEROTH_COMM_CHECK";
+// ZEROTH_SOCKET_IFNAME: network interface Gloo binds to (default: loopback for a local master,
+// else the address the host name resolves to).
+inline constexpr std::string_view kSocketIfname = "ZEROTH_SOCKET_IFNAME";
+
 std::span<const Variable> all();
 
 // The raw value, or nullopt when unset or empty.

@@ -1,0 +1,135 @@
+// The validating front of every communicator: argument checks, numbering, byte counts.
+#include "comm/communicator.h"
+
+#include "core/env.h"
+#include "core/error.h"
+
+namespace zeroth {
+
+std::string_view collective_name(CollectiveOp op) {
+  constexpr std::string_view kNames[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast",
+                                         "send",       "recv",           "barrier",    "split"};
+  return kNames[static_cast<size_t>(op)];
+}
+
+std::string_view reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return "sum";
+    case ReduceOp::avg: return "avg";
+    case ReduceOp::max: return "max";
+  }
+  return "invalid";
+}
+
+ReduceOp parse_reduce_op(std::string_view name) {
+  if (name == "sum") return ReduceOp::sum;
+  if (name == "avg" || name == "mean") return ReduceOp::avg;
+  if (name == "max") return ReduceOp::max;
+  ZEROTH_THROW(InvalidArgument, "unknown reduction '{}' (use sum, avg or max)", name);
+}
+
+CommOptions CommOptions::from_env() {
+  CommOptions o;
+  if (auto seconds = env::get_int(env::kCommTimeout)) {
+    if (*seconds <= 0) ZEROTH_THROW(ConfigError, "{} must be a positive number of seconds, got {}", env::kCommTimeout, *seconds);
+    o.timeout = std::chrono::seconds(*seconds);
+  }
+  if (auto check = env::get(env::kCommCheck)) o.check_desync = *check != "0";
+  return o;
+}
+
+std::string Descriptor::describe() const {
+  std::string text = fmt::format("#{} {}(count={}, {}", sequence, collective_name(op), count, dtype_name(dtype));
+  if (op == CollectiveOp::all_reduce || op == CollectiveOp::reduce_scatter) text += fmt::format(", {}", reduce_op_name(reduce));
+  if (op == CollectiveOp::broadcast) text += fmt::format(", root={}", root);
+  if (op == CollectiveOp::send || op == CollectiveOp::recv) text += fmt::format(", peer={}", root);
+  return text + ")";
+}
+
+uint64_t CommStats::total_bytes() const {
+  uint64_t total = 0;
+  for (auto b : bytes) total += b;
+  return total;
+}
+
+Descriptor Communicator::begin(CollectiveOp op, uint64_t count, DType dtype, ReduceOp reduce, int root, uint64_t bytes,
+                               uint64_t bus_bytes) {
+  std::lock_guard lock(stats_mutex_);
+  const auto i = static_cast<size_t>(op);
+  ++stats_.calls[i];
+  stats_.bytes[i] += bytes;
+  stats_.bus_bytes[i] += bus_bytes;
+  return Descriptor{++sequence_, op, count, dtype, reduce, root};
+}
+
+CommStats Communicator::stats() const {
+  std::lock_guard lock(stats_mutex_);
+  return stats_;
+}
+
+namespace {
+uint64_t ring_share(uint64_t bytes, int n) { return n <= 1 ? 0 : bytes * (n - 1) / n; }
+}  // namespace
+
+void Communicator::all_gather(Stream& stream, TensorView send, TensorView recv) {
+  ZEROTH_CHECK(send.dtype == recv.dtype, "all_gather: send is {}, recv is {}", dtype_name(send.dtype), dtype_name(recv.dtype));
+  ZEROTH_CHECK(recv.numel == send.numel * size(), "all_gather: recv has {} elements, expected size {} x send {} = {}",
+               recv.numel, size(), send.numel, send.numel * size());
+  const uint64_t bytes = recv.bytes();
+  do_all_gather(stream, send, recv, begin(CollectiveOp::all_gather, send.numel, send.dtype, ReduceOp::sum, -1, bytes, ring_share(bytes, size())));
+}
+
+void Communicator::reduce_scatter(Stream& stream, TensorView send, TensorView recv, ReduceOp op) {
+  ZEROTH_CHECK(send.dtype == recv.dtype, "reduce_scatter: send is {}, recv is {}", dtype_name(send.dtype), dtype_name(recv.dtype));
+  ZEROTH_CHECK(send.numel == recv.numel * size(), "reduce_scatter: send has {} elements, expected size {} x recv {} = {}",
+               send.numel, size(), recv.numel, recv.numel * size());
+  const uint64_t bytes = send.bytes();
+  do_reduce_scatter(stream, send, recv, begin(CollectiveOp::reduce_scatter, recv.numel, send.dtype, op, -1, bytes, ring_share(bytes, size())));
+}
+
+void Communicator::all_reduce(Stream& stream, TensorView data, ReduceOp op) {
+  const uint64_t bytes = 2 * data.bytes();
+  do_all_reduce(stream, data, begin(CollectiveOp::all_reduce, data.numel, data.dtype, op, -1, bytes, ring_share(bytes, size())));
+}
+
+void Communicator::broadcast(Stream& stream, TensorView data, int root) {
+  ZEROTH_CHECK(root >= 0 && root < size(), "broadcast: root {} is not a rank of this communicator (size {})", root, size());
+  do_broadcast(stream, data, begin(CollectiveOp::broadcast, data.numel, data.dtype, ReduceOp::sum, root, data.bytes(), data.bytes()));
+}
+
+void Communicator::send(Stream& stream, TensorView data, int peer) {
+  ZEROTH_CHECK(peer >= 0 && peer < size() && peer != rank(), "send: peer {} is not another rank of this communicator (rank {}, size {})",
+               peer, rank(), size());
+  do_send(stream, data, begin(CollectiveOp::send, data.numel, data.dtype, ReduceOp::sum, peer, data.bytes(), data.bytes()));
+}
+
+void Communicator::recv(Stream& stream, TensorView data, int peer) {
+  ZEROTH_CHECK(peer >= 0 && peer < size() && peer != rank(), "recv: peer {} is not another rank of this communicator (rank {}, size {})",
+               peer, rank(), size());
+  do_recv(stream, data, begin(CollectiveOp::recv, data.numel, data.dtype, ReduceOp::sum, peer, data.bytes(), data.bytes()));
+}
+
+void Communicator::barrier(Stream& stream) {
+  do_barrier(stream, begin(CollectiveOp::barrier, 0, DType::f32, ReduceOp::sum, -1, 0, 0));
+}
+
+std::unique_ptr<Communicator> Communicator::split(int color, int key) {
+  return do_split(color, key, begin(CollectiveOp::split, 0, DType::f32, ReduceOp::sum, -1, 0, 0));
+}
+
+void Communicator::check_same(const Descriptor& mine, int my_rank, const Descriptor& theirs, int their_rank,
+                              std::string_view backend) {
+  // Point-to-point ops are matched pairwise, not group-wide: compare only what both must agree on.
+  if (mine == theirs) return;
+  ZEROTH_THROW(CommError, "collective desync on the {} communicator: rank {} issued {} while rank {} issued {}", backend,
+               my_rank, mine.describe(), their_rank, theirs.describe());
+}
+
+std::chrono::nanoseconds Communicator::modeled_time(uint64_t bus_bytes) const {
+  const auto& link = options_.link;
+  double seconds = link.latency_us * 1e-6;
+  if (link.bandwidth_gbps > 0) seconds += static_cast<double>(bus_bytes) / (link.bandwidth_gbps * 1e9);
+  return std::chrono::nanoseconds(static_cast<int64_t>(seconds * 1e9));
+}
+
+}  // namespace zeroth
