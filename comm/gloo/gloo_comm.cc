@@ -1,0 +1,530 @@
+// Gloo collectives as rings over unbound buffers. Slots are taken on the calling thread, in
+// program order, so every rank numbers the same op the same way even when several streams run
+// ops concurrently.
+#include "comm/gloo/gloo_comm.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <csignal>  // signal, SIGPIPE
+
+#include <gloo/common/error.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+
+#include <algorithm>  // std::max
+#include <cstring>    // memcpy
+#include <map>        // std::map
+#include <mutex>      // std::mutex
+
+#include "comm/tcp_store.h"
+#include "core/cpu/kernels.h"
+#include "core/env.h"
+#include "core/error.h"
+#include "core/log.h"
+
+namespace zeroth {
+
+namespace {
+
+using Buf = std::unique_ptr<gloo::transport::UnboundBuffer>;
+constexpr uint64_t kP2pSlotBase = uint64_t{1} << 62;
+
+// Gloo's store interface over our TCP store, with a key prefix per context.
+class PrefixedStore final : public gloo::rendezvous::Store {
+ public:
+  PrefixedStore(TcpStore& store, std::string prefix) : store_(store), prefix_(std::move(prefix)) {}
+  void set(const std::string& key, const std::vector<char>& data) override { store_.set(prefix_ + key, data); }
+  std::vector<char> get(const std::string& key) override { return store_.get(prefix_ + key); }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, store_.timeout()); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    std::vector<std::string> full;
+    for (const auto& k : keys) full.push_back(prefix_ + k);
+    store_.wait(full, timeout);
+  }
+
+ private:
+  TcpStore& store_;
+  std::string prefix_;
+};
+
+// Resources every communicator of one job shares. Members are destroyed bottom-up: the store
+// server (on rank 0) goes last and waits for the other ranks to disconnect.
+struct Shared {
+  std::unique_ptr<TcpStoreServer> server;
+  std::unique_ptr<TcpStore> store;
+  std::shared_ptr<gloo::transport::Device> device;
+};
+
+// The fixed-size image of a Descriptor that ranks exchange for the desync check.
+struct WireDescriptor {
+  uint64_t sequence, count;
+  int32_t root;
+  uint8_t op, dtype, reduce, pad;
+};
+
+// Reusable f32 scratch: collectives run every step with the same sizes, so the pages are touched
+// once, not on every call.
+class ScratchPool {
+ public:
+  class Lease {
+   public:
+    Lease(ScratchPool& pool, std::vector<float> v) : pool_(pool), v_(std::move(v)) {}
+    ~Lease() { pool_.give_back(std::move(v_)); }
+    float* data() { return v_.data(); }
+
+   private:
+    ScratchPool& pool_;
+    std::vector<float> v_;
+  };
+  Lease take(size_t n) {
+    std::lock_guard lock(mutex_);
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      if (it->size() >= n) {
+        auto v = std::move(*it);
+        free_.erase(it);
+        return Lease(*this, std::move(v));
+      }
+    }
+    return Lease(*this, std::vector<float>(std::max<size_t>(n, 1)));
+  }
+
+ private:
+  void give_back(std::vector<float> v) {
+    std::lock_guard lock(mutex_);
+    free_.push_back(std::move(v));
+  }
+  std::mutex mutex_;
+  std::vector<std::vector<float>> free_;
+};
+
+// The host address other ranks can reach this one at: loopback for a local master, else the
+// interface the kernel would route to the master through.
+gloo::transport::tcp::attr transport_attr(const RendezvousInfo& info) {
+  gloo::transport::tcp::attr attr;
+  if (auto iface = env::get(env::kSocketIfname)) {
+    attr.iface = *iface;
+    return attr;
+  }
+  const auto& m = info.master_addr;
+  if (m == "localhost" || m.starts_with("127.") || m == "::1") {
+    attr.hostname = "127.0.0.1";
+    return attr;
+  }
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(m.c_str(), std::to_string(info.master_port).c_str(), &hints, &res) != 0 || res == nullptr) {
+    ZEROTH_THROW(CommError, "cannot resolve MASTER_ADDR '{}'", m);
+  }
+  const int fd = SYSCALL_CHECK(::socket(res->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  const int rc = ::connect(fd, res->ai_addr, res->ai_addrlen);
+  sockaddr_storage local{};
+  socklen_t len = sizeof local;
+  const int rc2 = rc == 0 ? ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) : -1;
+  ::close(fd);
+  ::freeaddrinfo(res);
+  if (rc2 != 0) ZEROTH_THROW(CommError, "no route to MASTER_ADDR '{}': {}", m, detail::errno_text(errno));
+  char text[INET6_ADDRSTRLEN] = {};
+  const void* addr = local.ss_family == AF_INET6 ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr)
+                                                 : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr);
+  inet_ntop(local.ss_family, addr, text, sizeof text);
+  attr.hostname = text;
+  return attr;
+}
+
+class GlooCommunicator final : public Communicator {
+ public:
+  GlooCommunicator(std::shared_ptr<Shared> shared, std::shared_ptr<gloo::Context> context, std::string name,
+                   CommOptions options)
+      : Communicator(std::move(options)), shared_(std::move(shared)), ctx_(std::move(context)), name_(std::move(name)) {}
+
+  int rank() const override { return ctx_->rank; }
+  int size() const override { return ctx_->size; }
+  std::string_view backend() const override { return "gloo"; }
+
+ protected:
+  void do_all_gather(Stream& s, TensorView send, TensorView recv, const Descriptor& d) override {
+    const size_t c = send.bytes();
+    std::vector<size_t> offsets, lengths;
+    for (int p = 0; p < size(); ++p) {
+      offsets.push_back(p * c);
+      lengths.push_back(c);
+    }
+    enqueue(s, d, [=, this](uint64_t slot) {
+      char* base = static_cast<char*>(recv.data);
+      if (base + rank() * c != send.data && c > 0) std::memcpy(base + rank() * c, send.data, c);
+      ring_all_gather(base, offsets, lengths, slot, d);
+    });
+  }
+
+  void do_reduce_scatter(Stream& s, TensorView send, TensorView recv, const Descriptor& d) override {
+    std::vector<size_t> offsets, lengths;
+    for (int p = 0; p < size(); ++p) {
+      offsets.push_back(p * recv.numel);
+      lengths.push_back(recv.numel);
+    }
+    enqueue(s, d, [=, this](uint64_t slot) {
+      auto reduced = ring_reduce(send, offsets, lengths, d, slot);
+      finish(reduced.data(), recv, d);
+    });
+  }
+
+  void do_all_reduce(Stream& s, TensorView data, const Descriptor& d) override {
+    const size_t n = size(), chunk = (data.numel + n - 1) / n;
+    std::vector<size_t> offsets, lengths, byte_offsets, byte_lengths;
+    for (size_t p = 0; p < n; ++p) {
+      const size_t begin = std::min(data.numel, p * chunk);
+      offsets.push_back(begin);
+      lengths.push_back(std::min(data.numel, begin + chunk) - begin);
+      byte_offsets.push_back(begin * dtype_size(data.dtype));
+      byte_lengths.push_back(lengths.back() * dtype_size(data.dtype));
+    }
+    enqueue(s, d, [=, this](uint64_t slot) {
+      auto reduced = ring_reduce(data, offsets, lengths, d, slot);
+      finish(reduced.data(), data.slice(offsets[rank()], lengths[rank()]), d);
+      ring_all_gather(static_cast<char*>(data.data), byte_offsets, byte_lengths, slot + 1, d);
+    }, true, 2);
+  }
+
+  // A chain from the root, pipelined in segments so every link carries data at once.
+  void do_broadcast(Stream& s, TensorView data, const Descriptor& d) override {
+    enqueue(s, d, [=, this](uint64_t slot) {
+      const int n = size(), pos = (rank() - d.root + n) % n;
+      const int prev = (rank() - 1 + n) % n, next = (rank() + 1) % n;
+      const size_t bytes = data.bytes(), segment = size_t{4} << 20;
+      if (n == 1 || bytes == 0) return;
+      Buf buf = ctx_->createUnboundBuffer(data.data, bytes);
+      size_t sends = 0;
+      for (size_t off = 0; off < bytes; off += segment) {
+        const size_t len = std::min(segment, bytes - off);
+        if (pos > 0) {
+          post_recv(*buf, prev, slot, off, len, d);
+          wait_recv(*buf, prev, d);
+        }
+        if (pos < n - 1) {
+          post_send(*buf, next, slot, off, len, d);
+          ++sends;
+        }
+      }
+      for (size_t i = 0; i < sends; ++i) wait_send(*buf, next, d);
+    });
+  }
+
+  void do_barrier(Stream& s, const Descriptor& d) override {
+    enqueue(s, d, [=, this](uint64_t slot) {
+      std::vector<char> marks(size());
+      std::vector<size_t> offsets(size()), lengths(size(), 1);
+      for (int p = 0; p < size(); ++p) offsets[p] = p;
+      ring_all_gather(marks.data(), offsets, lengths, slot, d);
+    });
+  }
+
+  // A header (count, dtype) travels first, so a mismatched recv is reported, not corrupted.
+  void do_send(Stream& s, TensorView data, const Descriptor& d) override {
+    const uint64_t slot = next_p2p_slot(send_seq_, d.root);
+    enqueue(s, d, [=, this](uint64_t) {
+      uint64_t header[2] = {d.count, static_cast<uint64_t>(d.dtype)};
+      Buf h = ctx_->createUnboundBuffer(header, sizeof header);
+      post_send(*h, d.root, slot, 0, sizeof header, d);
+      wait_send(*h, d.root, d);
+      if (data.bytes() == 0) return;
+      Buf b = ctx_->createUnboundBuffer(data.data, data.bytes());
+      post_send(*b, d.root, slot + 1, 0, data.bytes(), d);
+      wait_send(*b, d.root, d);
+    }, false);
+  }
+
+  void do_recv(Stream& s, TensorView data, const Descriptor& d) override {
+    const uint64_t slot = next_p2p_slot(recv_seq_, d.root);
+    enqueue(s, d, [=, this](uint64_t) {
+      uint64_t header[2] = {};
+      Buf h = ctx_->createUnboundBuffer(header, sizeof header);
+      post_recv(*h, d.root, slot, 0, sizeof header, d);
+      wait_recv(*h, d.root, d);
+      if (header[0] != d.count || header[1] != static_cast<uint64_t>(d.dtype)) {
+        ZEROTH_THROW(CommError, "gloo send/recv mismatch: rank {} sent count={} {} but rank {} posted {}", d.root, header[0],
+                     dtype_name(static_cast<DType>(header[1])), rank(), d.describe());
+      }
+      if (data.bytes() == 0) return;
+      Buf b = ctx_->createUnboundBuffer(data.data, data.bytes());
+      post_recv(*b, d.root, slot + 1, 0, data.bytes(), d);
+      wait_recv(*b, d.root, d);
+    }, false);
+  }
+
+  std::unique_ptr<Communicator> do_split(int color, int key, const Descriptor& d) override {
+    // Blocking on the calling thread: everyone learns everyone's (color, key).
+    std::vector<int32_t> all(2 * size());
+    all[2 * rank()] = color;
+    all[2 * rank() + 1] = key;
+    std::vector<size_t> offsets, lengths;
+    for (int p = 0; p < size(); ++p) {
+      offsets.push_back(p * 8);
+      lengths.push_back(8);
+    }
+    const uint64_t slot = ctx_->nextSlot();
+    guarded(d, [&] { ring_all_gather(reinterpret_cast<char*>(all.data()), offsets, lengths, slot, d); });
+    if (color < 0) return nullptr;
+    std::vector<int> members;
+    for (int p = 0; p < size(); ++p) {
+      if (all[2 * p] == color) members.push_back(p);
+    }
+    std::stable_sort(members.begin(), members.end(), [&](int a, int b) { return all[2 * a + 1] < all[2 * b + 1]; });
+    const int new_rank = static_cast<int>(std::find(members.begin(), members.end(), rank()) - members.begin());
+    const std::string name = fmt::format("{}s{}c{}/", name_, d.sequence, color);
+    auto ctx = std::make_shared<gloo::rendezvous::Context>(new_rank, static_cast<int>(members.size()));
+    ctx->setTimeout(options_.timeout);
+    PrefixedStore store(*shared_->store, name);
+    guarded(d, [&] { ctx->connectFullMesh(store, shared_->device); });
+    return std::make_unique<GlooCommunicator>(shared_, std::move(ctx), name, options_);
+  }
+
+ private:
+  template <class Fn>
+  void guarded(const Descriptor& d, Fn&& fn) {
+    try {
+      fn();
+    } catch (const gloo::Exception& e) {
+      fail(-1, fmt::format("gloo {} on rank {} of {}: {}", d.describe(), rank(), size(), e.what()));
+    }
+  }
+
+  // One failure cascades: a rank whose neighbour died fails, then its own neighbours do. Every
+  // failing rank posts which peer it saw fail; after a short grace period, the peers that others
+  // saw fail but that posted nothing themselves are the ones that died or stalled, and every
+  // rank's error names them.
+  [[noreturn]] void fail(int peer, const std::string& what) {
+    std::string verdict;
+    try {
+      auto& store = *shared_->store;
+      const std::string key = name_ + "failure/";
+      const std::string mine = std::to_string(peer) + "|" + what;
+      store.set(key + std::to_string(rank()), {mine.begin(), mine.end()});
+      std::map<int, int> observed;  // peer -> a rank that saw it fail
+      std::vector<bool> reported(size(), false);
+      const auto grace_end = std::chrono::steady_clock::now() + std::chrono::milliseconds(1500);
+      do {
+        observed.clear();
+        for (int p = 0; p < size(); ++p) {
+          auto report = store.try_get(key + std::to_string(p));
+          reported[p] = report.has_value();
+          if (report) {
+            const int seen = std::atoi(std::string(report->begin(), report->end()).c_str());
+            if (seen >= 0) observed.emplace(seen, p);
+          }
+        }
+        bool all_explained = true;
+        for (auto& [seen, by] : observed) all_explained &= reported[seen];
+        if (!all_explained) break;  // somebody observed a rank that is silent: that is the culprit
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      } while (std::chrono::steady_clock::now() < grace_end);
+      for (auto& [seen, by] : observed) {
+        if (!reported[seen]) verdict += fmt::format("{}rank {} (seen failing by rank {})", verdict.empty() ? "" : ", ", seen, by);
+      }
+      if (!verdict.empty()) verdict = "; the rank(s) that died or stalled: " + verdict;
+    } catch (const CommError&) {
+      verdict = "; the rendezvous store hosted by rank 0 is unreachable: rank 0 died or exited";
+    }
+    throw CommError(what + verdict);
+  }
+
+  void post_send(gloo::transport::UnboundBuffer& b, int peer, uint64_t slot, size_t offset, size_t bytes, const Descriptor& d) {
+    try {
+      b.send(peer, slot, offset, bytes);
+    } catch (const gloo::Exception& e) {
+      fail(peer, fmt::format("gloo {} on rank {} of {}: sending to rank {} failed: {}", d.describe(), rank(), size(), peer, e.what()));
+    }
+  }
+
+  void post_recv(gloo::transport::UnboundBuffer& b, int peer, uint64_t slot, size_t offset, size_t bytes, const Descriptor& d) {
+    try {
+      b.recv(peer, slot, offset, bytes);
+    } catch (const gloo::Exception& e) {
+      fail(peer, fmt::format("gloo {} on rank {} of {}: receiving from rank {} failed: {}", d.describe(), rank(), size(), peer, e.what()));
+    }
+  }
+
+  // Runs body(slot) on the stream. Collectives take their slot (and the desync check's) now, on
+  // the calling thread; point-to-point ops number themselves per peer instead.
+  void enqueue(Stream& s, const Descriptor& d, std::function<void(uint64_t)> body, bool collective = true, int slots = 1) {
+    ZEROTH_CHECK(s.device().kind() == DeviceKind::cpu,
+                 "the gloo backend moves host memory: use it with the CPU device (for GPUs use the nccl backend); "
+                 "got a stream of {}",
+                 s.device().name());
+    // The check's slot comes first: ops that differ in their own slot count still agree on it.
+    const bool check = collective && options_.check_desync;
+    const uint64_t check_slot = check ? static_cast<uint64_t>(ctx_->nextSlot()) : 0;
+    const uint64_t slot = collective ? static_cast<uint64_t>(ctx_->nextSlot(slots)) : 0;
+    s.enqueue_host([=, this, body = std::move(body)] {
+      guarded(d, [&] {
+        if (check) check_desync(d, check_slot);
+        body(slot);
+      });
+    });
+  }
+
+  uint64_t next_p2p_slot(std::map<int, uint64_t>& counters, int peer) {
+    std::lock_guard lock(p2p_mutex_);
+    return kP2pSlotBase + 2 * counters[peer]++;
+  }
+
+  void wait_recv(gloo::transport::UnboundBuffer& b, int peer, const Descriptor& d) {
+    bool completed = false;
+    try {
+      completed = b.waitRecv(nullptr, options_.timeout);
+    } catch (const gloo::Exception& e) {
+      fail(peer, fmt::format("gloo {} on rank {} of {}: receiving from rank {} failed: {}", d.describe(),
+                       rank(), size(), peer, e.what()));
+    }
+    if (!completed) fail(peer, fmt::format("gloo {} on rank {} of {}: receive from rank {} aborted", d.describe(), rank(), size(), peer));
+  }
+
+  void wait_send(gloo::transport::UnboundBuffer& b, int peer, const Descriptor& d) {
+    bool completed = false;
+    try {
+      completed = b.waitSend(nullptr, options_.timeout);
+    } catch (const gloo::Exception& e) {
+      fail(peer, fmt::format("gloo {} on rank {} of {}: sending to rank {} failed: {}", d.describe(), rank(),
+                       size(), peer, e.what()));
+    }
+    if (!completed) fail(peer, fmt::format("gloo {} on rank {} of {}: send to rank {} aborted", d.describe(), rank(), size(), peer));
+  }
+
+  // Ring all-gather of byte ranges: each step forwards to the right the chunk that came from the
+  // left one step earlier.
+  void ring_all_gather(char* base, const std::vector<size_t>& offsets, const std::vector<size_t>& lengths, uint64_t slot,
+                       const Descriptor& d) {
+    const int n = size(), r = rank();
+    if (n == 1) return;
+    const int left = (r - 1 + n) % n, right = (r + 1) % n;
+    Buf buf = ctx_->createUnboundBuffer(base, offsets.back() + lengths.back());
+    for (int step = 0; step < n - 1; ++step) {
+      const int send_idx = (r - step + n) % n, recv_idx = (r - step - 1 + n) % n;
+      if (lengths[send_idx] > 0) post_send(*buf, right, slot, offsets[send_idx], lengths[send_idx], d);
+      if (lengths[recv_idx] > 0) {
+        post_recv(*buf, left, slot, offsets[recv_idx], lengths[recv_idx], d);
+        wait_recv(*buf, left, d);
+      }
+      if (lengths[send_idx] > 0) wait_send(*buf, right, d);
+    }
+  }
+
+  // Ring reduce-scatter with f32 partial sums on the wire: after n-1 steps this rank holds the
+  // reduction of its own chunk, unscaled, in f32. Returns a lease on that scratch.
+  struct Reduced {
+    ScratchPool::Lease lease;
+    float* data() { return lease.data(); }
+  };
+  Reduced ring_reduce(TensorView in, const std::vector<size_t>& offsets, const std::vector<size_t>& lengths,
+                      const Descriptor& d, uint64_t slot) {
+    const int n = size(), r = rank();
+    const size_t longest = *std::max_element(lengths.begin(), lengths.end());
+    auto a = pool_.take(longest), b = pool_.take(longest), tmp = pool_.take(longest);
+    const auto kind = d.reduce == ReduceOp::max ? ReduceKind::max : ReduceKind::sum;
+    auto widen = [&](int chunk, float* out) {
+      cpu::cast(in.slice(offsets[chunk], lengths[chunk]).data, in.dtype, out, DType::f32, lengths[chunk]);
+    };
+    if (n == 1) {
+      widen(0, a.data());
+      return {std::move(a)};
+    }
+    const int left = (r - 1 + n) % n, right = (r + 1) % n;
+    Buf ub_a = ctx_->createUnboundBuffer(a.data(), longest * 4), ub_b = ctx_->createUnboundBuffer(b.data(), longest * 4);
+    Buf ub_tmp = ctx_->createUnboundBuffer(tmp.data(), longest * 4);
+    ScratchPool::Lease* cur = &a;
+    ScratchPool::Lease* other = &b;
+    gloo::transport::UnboundBuffer* ub_cur = ub_a.get();
+    gloo::transport::UnboundBuffer* ub_other = ub_b.get();
+    const int first = (r - 1 + n) % n;
+    widen(first, cur->data());
+    bool other_in_flight = false;
+    if (lengths[first] > 0) post_send(*ub_cur, right, slot, 0, lengths[first] * 4, d);
+    bool cur_in_flight = lengths[first] > 0;
+    for (int step = 0; step < n - 1; ++step) {
+      const int recv_idx = (r - step - 2 + 2 * n) % n;
+      const size_t len = lengths[recv_idx];
+      if (len > 0) {
+        post_recv(*ub_tmp, left, slot, 0, len * 4, d);
+        wait_recv(*ub_tmp, left, d);
+      }
+      // The buffer sent the step before last is free once that send completed.
+      if (other_in_flight) wait_send(*ub_other, right, d);
+      widen(recv_idx, other->data());
+      const float* inputs[] = {other->data(), tmp.data()};
+      if (len > 0) cpu::reduce(reinterpret_cast<const void* const*>(inputs), 2, DType::f32, other->data(), DType::f32, kind, 1.0f, len);
+      std::swap(cur, other);
+      std::swap(ub_cur, ub_other);
+      std::swap(cur_in_flight, other_in_flight);
+      cur_in_flight = false;
+      if (step < n - 2 && len > 0) {
+        post_send(*ub_cur, right, slot, 0, len * 4, d);
+        cur_in_flight = true;
+      }
+    }
+    if (cur_in_flight) wait_send(*ub_cur, right, d);
+    if (other_in_flight) wait_send(*ub_other, right, d);
+    return {std::move(*cur)};
+  }
+
+  // out = scale * reduced, rounded once to out's dtype.
+  void finish(float* reduced, TensorView out, const Descriptor& d) {
+    if (out.numel == 0) return;
+    const float scale = d.reduce == ReduceOp::avg ? 1.0f / static_cast<float>(size()) : 1.0f;
+    const void* inputs[] = {reduced};
+    cpu::reduce(inputs, 1, DType::f32, out.data, out.dtype, ReduceKind::sum, scale, out.numel);
+  }
+
+  void check_desync(const Descriptor& d, uint64_t slot) {
+    std::vector<WireDescriptor> all(size());
+    all[rank()] = {d.sequence, d.count, d.root, static_cast<uint8_t>(d.op), static_cast<uint8_t>(d.dtype),
+                   static_cast<uint8_t>(d.reduce), 0};
+    std::vector<size_t> offsets, lengths;
+    for (int p = 0; p < size(); ++p) {
+      offsets.push_back(p * sizeof(WireDescriptor));
+      lengths.push_back(sizeof(WireDescriptor));
+    }
+    ring_all_gather(reinterpret_cast<char*>(all.data()), offsets, lengths, slot, d);
+    for (int p = 0; p < size(); ++p) {
+      const auto& w = all[p];
+      const Descriptor theirs{w.sequence, static_cast<CollectiveOp>(w.op), w.count, static_cast<DType>(w.dtype),
+                              static_cast<ReduceOp>(w.reduce), w.root};
+      check_same(d, rank(), theirs, p, "gloo");
+    }
+  }
+
+  std::shared_ptr<Shared> shared_;
+  std::shared_ptr<gloo::Context> ctx_;
+  std::string name_;
+  ScratchPool pool_;
+  std::mutex p2p_mutex_;
+  std::map<int, uint64_t> send_seq_, recv_seq_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_gloo_communicator(const RendezvousInfo& info, CommOptions options) {
+  // Gloo writes to peer sockets without MSG_NOSIGNAL: a dead peer would kill this process with
+  // SIGPIPE before the write's error could become a CommError that names it.
+  ::signal(SIGPIPE, SIG_IGN);
+  auto shared = std::make_shared<Shared>();
+  if (info.rank == 0) shared->server = std::make_unique<TcpStoreServer>(info.master_addr, info.master_port, options.timeout);
+  shared->store = std::make_unique<TcpStore>(info.master_addr, info.master_port, options.timeout);
+  try {
+    shared->device = gloo::transport::tcp::CreateDevice(transport_attr(info));
+    auto ctx = std::make_shared<gloo::rendezvous::Context>(info.rank, info.world_size);
+    ctx->setTimeout(options.timeout);
+    PrefixedStore store(*shared->store, "world/");
+    ctx->connectFullMesh(store, shared->device);
+    return std::make_unique<GlooCommunicator>(std::move(shared), std::move(ctx), "world/", std::move(options));
+  } catch (const gloo::Exception& e) {
+    ZEROTH_THROW(CommError, "gloo rendezvous of rank {} of {} through {}:{} failed: {}", info.rank, info.world_size,
+                 info.master_addr, info.master_port, e.what());
+  }
+}
+
+}  // namespace zeroth

@@ -1,0 +1,105 @@
+// Launcher environments, in the order torchrun > Slurm > Open MPI.
+#include "comm/rendezvous.h"
+
+#include <charconv>  // std::from_chars
+#include <cstdlib>   // std::getenv
+
+#include "core/error.h"
+
+namespace zeroth {
+
+namespace {
+
+std::optional<std::string> var(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  return std::string(v);
+}
+
+int int_var(const char* name, std::optional<int> fallback = std::nullopt) {
+  auto text = var(name);
+  if (!text) {
+    if (fallback) return *fallback;
+    ZEROTH_THROW(ConfigError, "environment variable {} is required by this launcher but not set", name);
+  }
+  int value = 0;
+  auto [end, ec] = std::from_chars(text->data(), text->data() + text->size(), value);
+  if (ec != std::errc() || end != text->data() + text->size() || value < 0) {
+    ZEROTH_THROW(ConfigError, "environment variable {}='{}' is not a non-negative integer", name, *text);
+  }
+  return value;
+}
+
+void validate(const RendezvousInfo& info, const char* rank_var, const char* size_var) {
+  if (info.world_size < 1) ZEROTH_THROW(ConfigError, "{}={} must be at least 1", size_var, info.world_size);
+  if (info.rank >= info.world_size) {
+    ZEROTH_THROW(ConfigError, "{}={} is not below {}={}", rank_var, info.rank, size_var, info.world_size);
+  }
+  if (info.local_rank >= info.local_world_size) {
+    ZEROTH_THROW(ConfigError, "local rank {} is not below the local world size {} ({} launcher)", info.local_rank,
+                 info.local_world_size, info.source);
+  }
+  if (info.master_port < 1 || info.master_port > 65535) {
+    ZEROTH_THROW(ConfigError, "MASTER_PORT={} is not a TCP port (1-65535)", info.master_port);
+  }
+}
+
+}  // namespace
+
+std::string first_slurm_host(const std::string& nodelist) {
+  const auto comma = nodelist.find(',');
+  const auto bracket = nodelist.find('[');
+  if (bracket == std::string::npos || (comma != std::string::npos && comma < bracket)) return nodelist.substr(0, comma);
+  const auto close = nodelist.find(']', bracket);
+  if (close == std::string::npos) ZEROTH_THROW(ConfigError, "SLURM_JOB_NODELIST='{}' has an unclosed '['", nodelist);
+  std::string first = nodelist.substr(bracket + 1, close - bracket - 1);
+  first = first.substr(0, first.find_first_of(",-"));
+  return nodelist.substr(0, bracket) + first;
+}
+
+std::optional<RendezvousInfo> rendezvous_from_env() {
+  RendezvousInfo info;
+  if (var("RANK") || var("WORLD_SIZE")) {
+    info.source = "torchrun";
+    info.rank = int_var("RANK");
+    info.world_size = int_var("WORLD_SIZE");
+    info.local_rank = int_var("LOCAL_RANK", info.rank);
+    info.local_world_size = int_var("LOCAL_WORLD_SIZE", info.world_size);
+    info.master_addr = var("MASTER_ADDR").value_or("127.0.0.1");
+    info.master_port = int_var("MASTER_PORT", 29500);
+    validate(info, "RANK", "WORLD_SIZE");
+    return info;
+  }
+  if (var("SLURM_PROCID") && var("SLURM_NTASKS")) {
+    info.source = "slurm";
+    info.rank = int_var("SLURM_PROCID");
+    info.world_size = int_var("SLURM_NTASKS");
+    info.local_rank = int_var("SLURM_LOCALID", 0);
+    // SLURM_NTASKS_PER_NODE is set only with --ntasks-per-node; the node count is the fallback.
+    const int nodes = int_var("SLURM_NNODES", 1);
+    info.local_world_size = int_var("SLURM_NTASKS_PER_NODE", (info.world_size + nodes - 1) / nodes);
+    if (auto addr = var("MASTER_ADDR")) info.master_addr = *addr;
+    else if (auto nodelist = var("SLURM_JOB_NODELIST")) info.master_addr = first_slurm_host(*nodelist);
+    info.master_port = int_var("MASTER_PORT", 29500);
+    validate(info, "SLURM_PROCID", "SLURM_NTASKS");
+    return info;
+  }
+  if (var("OMPI_COMM_WORLD_RANK") && var("OMPI_COMM_WORLD_SIZE")) {
+    info.source = "openmpi";
+    info.rank = int_var("OMPI_COMM_WORLD_RANK");
+    info.world_size = int_var("OMPI_COMM_WORLD_SIZE");
+    info.local_rank = int_var("OMPI_COMM_WORLD_LOCAL_RANK", 0);
+    info.local_world_size = int_var("OMPI_COMM_WORLD_LOCAL_SIZE", info.world_size);
+    if (auto addr = var("MASTER_ADDR")) {
+      info.master_addr = *addr;
+    } else if (info.local_world_size != info.world_size) {
+      ZEROTH_THROW(ConfigError, "Open MPI job across several hosts: set MASTER_ADDR to the host of rank 0");
+    }
+    info.master_port = int_var("MASTER_PORT", 29500);
+    validate(info, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE");
+    return info;
+  }
+  return std::nullopt;
+}
+
+}  // namespace zeroth
