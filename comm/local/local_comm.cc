@@ -136,23 +136,23 @@ class LocalCommunicator final : public Communicator {
     for (int p = 0; p < size(); ++p) check_same(d, rank_, all[p].desc, p, "local");
   }
 
-  Event& event(Stream& s, std::unique_ptr<Event>& slot) {
+  std::shared_ptr<Event>& event(Stream& s, std::shared_ptr<Event>& slot) {
     if (!slot || event_device_ != &s.device()) {
       ready_ = s.device().create_event();
       middle_ = s.device().create_event();
       done_ = s.device().create_event();
       event_device_ = &s.device();
     }
-    return *slot;
+    return slot;
   }
 
   // Marks this rank's stream, exchanges records, and makes the stream wait for every peer.
   std::vector<LocalGroup::Record> sync_point(Stream& s, const Descriptor& d, TensorView buffer,
-                                             std::shared_ptr<void> attachment, std::unique_ptr<Event>* which = nullptr) {
+                                             std::shared_ptr<void> attachment, std::shared_ptr<Event>* which = nullptr) {
     auto& slot = which ? *which : done_;
-    Event& e = event(s, slot);
-    e.record(s);
-    LocalGroup::Record mine{d, buffer, &e, std::move(attachment)};
+    const auto& e = event(s, slot);
+    e->record(s);
+    LocalGroup::Record mine{d, buffer, e, std::move(attachment)};
     auto all = group_->exchange(rank_, std::move(mine));
     check_all(all, d);
     for (int p = 0; p < size(); ++p) {
@@ -201,7 +201,7 @@ class LocalCommunicator final : public Communicator {
   Device* event_device_ = nullptr;
   // One event per sync point of an op, so a fast peer re-recording one cannot be confused with
   // another that a slow rank has yet to wait for.
-  std::unique_ptr<Event> ready_, middle_, done_;
+  std::shared_ptr<Event> ready_, middle_, done_;
   std::function<void()> link_deadline_;
 };
 
