@@ -10,6 +10,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("zeroth ") + ZEROTH_VERSION);
   zeroth::tools::add_report_command(app);
+  zeroth::tools::add_launch_command(app);
   auto* bench = app.add_subcommand("bench", "Measure kernels, communication, optimizers, offload I/O");
   bench->require_subcommand(1);
   zeroth::tools::add_bench_kernels_command(*bench);

@@ -1,0 +1,85 @@
+// `zeroth launch`: the environment each rank sees, rank-prefixed output, exit codes, one failing
+// rank stopping the others, signal forwarding, and a real Gloo job started through it.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <csignal>
+#include <string>
+#include <thread>
+
+#include "tests/process_util.h"
+
+namespace zeroth {
+namespace {
+
+using namespace std::chrono_literals;
+
+testing::Child launch(const std::vector<std::string>& args, const std::string& name) {
+  std::vector<std::string> argv = {ZEROTH_BIN, "launch"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return testing::spawn(argv, {}, ::testing::TempDir() + "launch_" + name + ".log");
+}
+
+TEST(Launch, EveryRankGetsTorchrunsEnvironmentAndPrefixedOutput) {
+  auto job = launch({"-n", "3", "--", "sh", "-c",
+                     "echo env $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR ${MASTER_PORT:+port}; echo oops >&2"},
+                    "env");
+  ASSERT_EQ(testing::wait_exit(job, 30s), 0) << job.output();
+  const auto out = job.output();
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_NE(out.find("[rank " + std::to_string(r) + "] env " + std::to_string(r) + " 3 " + std::to_string(r) +
+                       " 3 127.0.0.1 port"),
+              std::string::npos)
+        << out;
+    EXPECT_NE(out.find("[rank " + std::to_string(r) + "] oops"), std::string::npos) << out;
+  }
+}
+
+TEST(Launch, MultiNodeRanksAreOffsetByTheNodeRank) {
+  auto job = launch({"-n", "2", "--nnodes", "3", "--node-rank", "2", "--master-addr", "10.1.2.3", "--master-port", "4321",
+                     "--", "sh", "-c", "echo at $RANK of $WORLD_SIZE via $MASTER_ADDR:$MASTER_PORT"},
+                    "nodes");
+  ASSERT_EQ(testing::wait_exit(job, 30s), 0) << job.output();
+  const auto out = job.output();
+  EXPECT_NE(out.find("[rank 4] at 4 of 6 via 10.1.2.3:4321"), std::string::npos) << out;
+  EXPECT_NE(out.find("[rank 5] at 5 of 6 via 10.1.2.3:4321"), std::string::npos) << out;
+}
+
+TEST(Launch, AFailingRankStopsTheOthersAndItsCodeIsTheJobsCode) {
+  const auto start = std::chrono::steady_clock::now();
+  auto job = launch({"-n", "4", "--", "sh", "-c", "if [ $RANK = 2 ]; then sleep 0.3; exit 7; fi; sleep 60"}, "fail");
+  EXPECT_EQ(testing::wait_exit(job, 30s), 7) << job.output();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 15s) << "the other ranks were not stopped";
+  EXPECT_NE(job.output().find("rank 2 exited with code 7"), std::string::npos) << job.output();
+}
+
+TEST(Launch, SignalsAreForwardedToEveryRank) {
+  auto job = launch({"-n", "2", "--", "sh", "-c",
+                     "trap 'echo got TERM; exit 143' TERM; echo started; while true; do sleep 0.05; done"},
+                    "signal");
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while ((job.output().find("[rank 0] started") == std::string::npos ||
+          job.output().find("[rank 1] started") == std::string::npos) &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(20ms);
+  }
+  kill(job.pid, SIGTERM);
+  EXPECT_EQ(testing::wait_exit(job, 30s), 143) << job.output();
+  EXPECT_NE(job.output().find("[rank 0] got TERM"), std::string::npos) << job.output();
+  EXPECT_NE(job.output().find("[rank 1] got TERM"), std::string::npos) << job.output();
+}
+
+TEST(Launch, AMissingProgramIsAClearError) {
+  auto job = launch({"-n", "2", "--", "/nonexistent/program"}, "missing");
+  EXPECT_NE(testing::wait_exit(job, 30s), 0);
+  EXPECT_NE(job.output().find("cannot start '/nonexistent/program'"), std::string::npos) << job.output();
+}
+
+TEST(Launch, StartsARealGlooJob) {
+  auto job = launch({"-n", "3", "--", GLOO_WORKER, "--gtest_filter=GlooWorker.Split"}, "gloo");
+  EXPECT_EQ(testing::wait_exit(job, 120s), 0) << job.output();
+  EXPECT_NE(job.output().find("[rank 2] [  PASSED  ] 1 test."), std::string::npos) << job.output();
+}
+
+}  // namespace
+}  // namespace zeroth

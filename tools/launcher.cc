@@ -1,0 +1,220 @@
+// The process launcher. One poll loop watches every child's stdout and stderr pipes and a
+// signalfd for SIGCHLD and the signals to forward; each child runs in its own process group so
+// that stopping a rank also stops what it started.
+#include "tools/launcher.h"
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+
+extern char** environ;
+
+namespace zeroth::tools {
+
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+struct Rank {
+  int index = 0;
+  pid_t pid = -1;
+  bool running = false;
+  int exit_code = 0;
+  int out_fd = -1, err_fd = -1;
+  std::string out_partial, err_partial;
+};
+
+int pick_free_port() {
+  const int fd = SYSCALL_CHECK(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  SYSCALL_CHECK(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr));
+  socklen_t len = sizeof addr;
+  SYSCALL_CHECK(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len));
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// The parent's environment with `overrides` replacing variables of the same name.
+std::vector<std::string> child_environment(const std::map<std::string, std::string>& overrides) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry(*e);
+    const auto eq = entry.find('=');
+    if (eq != std::string::npos && overrides.count(entry.substr(0, eq)) != 0) continue;
+    env.push_back(entry);
+  }
+  for (const auto& [k, v] : overrides) env.push_back(k + "=" + v);
+  return env;
+}
+
+void write_line(FILE* out, int rank, std::string_view line) {
+  std::fprintf(out, "[rank %d] %.*s\n", rank, static_cast<int>(line.size()), line.data());
+}
+
+// Moves complete lines from `partial` + new bytes to `out`, prefixed with the rank.
+void emit(FILE* out, int rank, std::string& partial, const char* data, size_t n) {
+  partial.append(data, n);
+  size_t start = 0;
+  for (size_t nl; (nl = partial.find('\n', start)) != std::string::npos; start = nl + 1) {
+    write_line(out, rank, std::string_view(partial).substr(start, nl - start));
+  }
+  partial.erase(0, start);
+  std::fflush(out);
+}
+
+void signal_group(const Rank& r, int sig) {
+  if (r.running) ::kill(-r.pid, sig);  // the child's whole process group
+}
+
+}  // namespace
+
+int run_launch(const LaunchOptions& o) {
+  ZEROTH_CHECK(o.nproc_per_node >= 1, "--nproc-per-node (-n) must be at least 1, got {}", o.nproc_per_node);
+  ZEROTH_CHECK(o.nnodes >= 1, "--nnodes must be at least 1, got {}", o.nnodes);
+  ZEROTH_CHECK(o.node_rank >= 0 && o.node_rank < o.nnodes, "--node-rank {} must be in [0, {})", o.node_rank, o.nnodes);
+  ZEROTH_CHECK(!o.command.empty(), "no command to launch: put it after --, e.g. zeroth launch -n 2 -- zeroth train config.json");
+  const int port = o.master_port != 0 ? o.master_port : (o.nnodes == 1 ? pick_free_port() : 29500);
+  const int world = o.nproc_per_node * o.nnodes;
+
+  // Signals arrive through a signalfd; children get the default dispositions and mask back.
+  sigset_t handled;
+  sigemptyset(&handled);
+  for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&handled, sig);
+  sigset_t previous;
+  if (sigprocmask(SIG_BLOCK, &handled, &previous) != 0) ZEROTH_THROW(IoError, "sigprocmask failed: {}", detail::errno_text(errno));
+  const int sig_fd = SYSCALL_CHECK(::signalfd(-1, &handled, SFD_CLOEXEC | SFD_NONBLOCK));
+
+  std::vector<Rank> ranks(o.nproc_per_node);
+  for (int i = 0; i < o.nproc_per_node; ++i) {
+    Rank& r = ranks[i];
+    r.index = o.node_rank * o.nproc_per_node + i;
+    int out[2], err[2];
+    SYSCALL_CHECK(::pipe2(out, O_CLOEXEC));
+    SYSCALL_CHECK(::pipe2(err, O_CLOEXEC));
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, out[1], 1);
+    posix_spawn_file_actions_adddup2(&actions, err[1], 2);
+    posix_spawnattr_t attr;
+    posix_spawnattr_init(&attr);
+    posix_spawnattr_setpgroup(&attr, 0);
+    posix_spawnattr_setsigmask(&attr, &previous);
+    posix_spawnattr_setsigdefault(&attr, &handled);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+    auto env = child_environment({{"RANK", std::to_string(r.index)},
+                                  {"LOCAL_RANK", std::to_string(i)},
+                                  {"WORLD_SIZE", std::to_string(world)},
+                                  {"LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node)},
+                                  {"GROUP_RANK", std::to_string(o.node_rank)},
+                                  {"MASTER_ADDR", o.master_addr},
+                                  {"MASTER_PORT", std::to_string(port)}});
+    std::vector<char*> envp, argv;
+    for (auto& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    std::vector<std::string> args = o.command;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const int rc = posix_spawnp(&r.pid, argv[0], &actions, &attr, argv.data(), envp.data());
+    posix_spawn_file_actions_destroy(&actions);
+    posix_spawnattr_destroy(&attr);
+    ::close(out[1]);
+    ::close(err[1]);
+    r.out_fd = out[0];
+    r.err_fd = err[0];
+    if (rc != 0) {
+      for (auto& started : ranks) signal_group(started, SIGKILL);
+      ZEROTH_THROW(IoError, "cannot start '{}' for rank {}: {}", o.command[0], r.index, detail::errno_text(rc));
+    }
+    r.running = true;
+  }
+
+  std::optional<int> first_failure;  // exit code of the first rank that failed
+  std::optional<clock::time_point> kill_at;
+  auto stop_all = [&](int sig) {
+    for (auto& r : ranks) signal_group(r, sig);
+    if (!kill_at) kill_at = clock::now() + o.kill_grace;
+  };
+
+  for (;;) {
+    std::vector<pollfd> fds{{sig_fd, POLLIN, 0}};
+    std::vector<std::pair<Rank*, bool>> owners{{nullptr, false}};
+    for (auto& r : ranks) {
+      if (r.out_fd >= 0) fds.push_back({r.out_fd, POLLIN, 0}), owners.push_back({&r, false});
+      if (r.err_fd >= 0) fds.push_back({r.err_fd, POLLIN, 0}), owners.push_back({&r, true});
+    }
+    const bool any_running = std::any_of(ranks.begin(), ranks.end(), [](const Rank& r) { return r.running; });
+    if (!any_running && fds.size() == 1) break;
+    int timeout_ms = 200;
+    if (::poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) {
+      ZEROTH_THROW(IoError, "poll over {} child pipes failed: {}", fds.size() - 1, detail::errno_text(errno));
+    }
+    for (size_t k = 1; k < fds.size(); ++k) {
+      if (fds[k].revents == 0) continue;
+      auto [rank, is_err] = owners[k];
+      int& fd = is_err ? rank->err_fd : rank->out_fd;
+      std::string& partial = is_err ? rank->err_partial : rank->out_partial;
+      char buf[65536];
+      const ssize_t n = ::read(fd, buf, sizeof buf);
+      if (n > 0) {
+        emit(is_err ? stderr : stdout, rank->index, partial, buf, static_cast<size_t>(n));
+      } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
+        if (!partial.empty()) write_line(is_err ? stderr : stdout, rank->index, partial);
+        partial.clear();
+        ::close(fd);
+        fd = -1;
+      }
+    }
+    if (fds[0].revents != 0) {
+      signalfd_siginfo info{};
+      while (::read(sig_fd, &info, sizeof info) == sizeof info) {
+        if (info.ssi_signo == SIGCHLD) continue;
+        // Forward to every rank; they decide how to stop. A second signal is not needed: the
+        // grace period ends in SIGKILL.
+        std::fprintf(stderr, "zeroth launch: got signal %d, forwarding to %d rank(s)\n", info.ssi_signo, o.nproc_per_node);
+        stop_all(static_cast<int>(info.ssi_signo));
+        if (!first_failure) first_failure = 128 + static_cast<int>(info.ssi_signo);
+      }
+    }
+    for (auto& r : ranks) {
+      if (!r.running) continue;
+      int status = 0;
+      if (::waitpid(r.pid, &status, WNOHANG) != r.pid) continue;
+      r.running = false;
+      r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      if (r.exit_code != 0 && !first_failure) {
+        first_failure = r.exit_code;
+        std::fprintf(stderr, "zeroth launch: rank %d exited with code %d; stopping the other ranks\n", r.index, r.exit_code);
+        stop_all(SIGTERM);
+      }
+      // Whatever the rank started in its group goes with it.
+      ::kill(-r.pid, SIGKILL);
+    }
+    if (kill_at && clock::now() >= *kill_at) {
+      for (auto& r : ranks) signal_group(r, SIGKILL);
+      kill_at.reset();
+    }
+  }
+  ::close(sig_fd);
+  sigprocmask(SIG_SETMASK, &previous, nullptr);
+  return first_failure.value_or(0);
+}
+
+}  // namespace zeroth::tools
