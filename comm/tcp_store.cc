@@ -318,4 +318,11 @@ void TcpStore::wait(const std::vector<std::string>& keys, std::chrono::milliseco
   }
 }
 
+JobStore connect_job_store(const std::string& master_addr, int master_port, bool host, std::chrono::milliseconds timeout) {
+  JobStore job;
+  if (host) job.server = std::make_unique<TcpStoreServer>(master_addr, master_port, timeout);
+  job.client = std::make_unique<TcpStore>(master_addr, master_port, timeout);
+  return job;
+}
+
 }  // namespace zeroth

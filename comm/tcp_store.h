@@ -75,4 +75,12 @@ class TcpStore {
   std::mutex mutex_;
 };
 
+// The job's store connection: rank 0 hosts the server at MASTER_ADDR:MASTER_PORT, every rank
+// is a client. Members go in reverse order, so the server outlives its own client.
+struct JobStore {
+  std::unique_ptr<TcpStoreServer> server;
+  std::unique_ptr<TcpStore> client;
+};
+JobStore connect_job_store(const std::string& master_addr, int master_port, bool host, std::chrono::milliseconds timeout);
+
 }  // namespace zeroth

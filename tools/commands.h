@@ -8,5 +8,6 @@ namespace zeroth::tools {
 void add_report_command(CLI::App& app);
 void add_launch_command(CLI::App& app);
 void add_bench_kernels_command(CLI::App& bench);
+void add_bench_comm_command(CLI::App& bench);
 
 }  // namespace zeroth::tools

@@ -65,8 +65,10 @@ std::vector<std::string> child_environment(const std::map<std::string, std::stri
   return env;
 }
 
+// rank < 0: no prefix.
 void write_line(FILE* out, int rank, std::string_view line) {
-  std::fprintf(out, "[rank %d] %.*s\n", rank, static_cast<int>(line.size()), line.data());
+  if (rank >= 0) std::fprintf(out, "[rank %d] %.*s\n", rank, static_cast<int>(line.size()), line.data());
+  else std::fprintf(out, "%.*s\n", static_cast<int>(line.size()), line.data());
 }
 
 // Moves complete lines from `partial` + new bytes to `out`, prefixed with the rank.
@@ -119,13 +121,15 @@ int run_launch(const LaunchOptions& o) {
     posix_spawnattr_setsigmask(&attr, &previous);
     posix_spawnattr_setsigdefault(&attr, &handled);
     posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-    auto env = child_environment({{"RANK", std::to_string(r.index)},
-                                  {"LOCAL_RANK", std::to_string(i)},
-                                  {"WORLD_SIZE", std::to_string(world)},
-                                  {"LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node)},
-                                  {"GROUP_RANK", std::to_string(o.node_rank)},
-                                  {"MASTER_ADDR", o.master_addr},
-                                  {"MASTER_PORT", std::to_string(port)}});
+    std::map<std::string, std::string> vars = {{"RANK", std::to_string(r.index)},
+                                               {"LOCAL_RANK", std::to_string(i)},
+                                               {"WORLD_SIZE", std::to_string(world)},
+                                               {"LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node)},
+                                               {"GROUP_RANK", std::to_string(o.node_rank)},
+                                               {"MASTER_ADDR", o.master_addr},
+                                               {"MASTER_PORT", std::to_string(port)}};
+    for (const auto& [k, v] : o.extra_env) vars[k] = v;
+    auto env = child_environment(vars);
     std::vector<char*> envp, argv;
     for (auto& e : env) envp.push_back(e.data());
     envp.push_back(nullptr);
@@ -174,9 +178,9 @@ int run_launch(const LaunchOptions& o) {
       char buf[65536];
       const ssize_t n = ::read(fd, buf, sizeof buf);
       if (n > 0) {
-        emit(is_err ? stderr : stdout, rank->index, partial, buf, static_cast<size_t>(n));
+        emit(is_err ? stderr : stdout, o.prefix_output ? rank->index : -1, partial, buf, static_cast<size_t>(n));
       } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
-        if (!partial.empty()) write_line(is_err ? stderr : stdout, rank->index, partial);
+        if (!partial.empty()) write_line(is_err ? stderr : stdout, o.prefix_output ? rank->index : -1, partial);
         partial.clear();
         ::close(fd);
         fd = -1;

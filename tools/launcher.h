@@ -17,6 +17,8 @@ struct LaunchOptions {
   int master_port = 0;  // 0: a free port on a single node, 29500 across nodes
   std::chrono::seconds kill_grace{5};  // SIGTERM, then SIGKILL after this long
   std::vector<std::string> command;
+  bool prefix_output = true;  // "[rank N] " before each line
+  std::vector<std::pair<std::string, std::string>> extra_env;
 };
 
 // Returns the job's exit code: 0 when every rank succeeded, else the first failing rank's code

@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   auto* bench = app.add_subcommand("bench", "Measure kernels, communication, optimizers, offload I/O");
   bench->require_subcommand(1);
   zeroth::tools::add_bench_kernels_command(*bench);
+  zeroth::tools::add_bench_comm_command(*bench);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

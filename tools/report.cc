@@ -17,14 +17,12 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "comm/nccl/nccl_comm.h"
 #include "core/cpu/kernels.h"
 #include "core/cuda/cuda_info.h"
 #include "core/env.h"
 #include "core/memory.h"
 #include "tools/commands.h"
-#ifdef ZEROTH_WITH_CUDA
-#include <nccl.h>
-#endif
 
 namespace zeroth::tools {
 namespace {
@@ -80,16 +78,7 @@ std::string cuda_line(nlohmann::json& gpus) {
   return line;
 }
 
-std::string nccl_line() {
-#ifdef ZEROTH_WITH_CUDA
-  int version = 0;
-  const ncclResult_t rc = ncclGetVersion(&version);
-  if (rc != ncclSuccess) return fmt::format("ncclGetVersion failed: {}", ncclGetErrorString(rc));
-  return fmt::format("{}.{}.{}", version / 10000, version / 100 % 100, version % 100);
-#else
-  return "not built (CUDA backend off)";
-#endif
-}
+std::string nccl_line() { return nccl_version(); }
 
 std::string uring_line() {
   io_uring ring{};

@@ -55,8 +55,8 @@ class PrefixedStore final : public gloo::rendezvous::Store {
 // Resources every communicator of one job shares. Members are destroyed bottom-up: the store
 // server (on rank 0) goes last and waits for the other ranks to disconnect.
 struct Shared {
-  std::unique_ptr<TcpStoreServer> server;
-  std::unique_ptr<TcpStore> store;
+  JobStore job;
+  TcpStore* store = nullptr;
   std::shared_ptr<gloo::transport::Device> device;
 };
 
@@ -512,8 +512,8 @@ std::unique_ptr<Communicator> make_gloo_communicator(const RendezvousInfo& info,
   // SIGPIPE before the write's error could become a CommError that names it.
   ::signal(SIGPIPE, SIG_IGN);
   auto shared = std::make_shared<Shared>();
-  if (info.rank == 0) shared->server = std::make_unique<TcpStoreServer>(info.master_addr, info.master_port, options.timeout);
-  shared->store = std::make_unique<TcpStore>(info.master_addr, info.master_port, options.timeout);
+  shared->job = connect_job_store(info.master_addr, info.master_port, info.rank == 0, options.timeout);
+  shared->store = shared->job.client.get();
   try {
     shared->device = gloo::transport::tcp::CreateDevice(transport_attr(info));
     auto ctx = std::make_shared<gloo::rendezvous::Context>(info.rank, info.world_size);

@@ -43,8 +43,9 @@ class LocalCommunicator final : public Communicator {
     depart(s, d);
   }
 
-  // Phase 1: rank r reduces chunk r of everyone's data into its scratch. Phase 2: every rank
-  // copies all reduced chunks into its own data. Nobody writes data before all have read it.
+  // Phase 1: rank r reduces chunk r of everyone's data into its own data, in place (nobody else
+  // reads chunk r of rank r's data). Phase 2: rank r copies every other reduced chunk p from
+  // rank p's data (nobody else writes it any more, and nobody reads the chunks r writes).
   void do_all_reduce(Stream& s, TensorView data, const Descriptor& d) override {
     auto all = arrive(s, d, data, 2 * data.bytes());
     const size_t n = size(), chunk = (data.numel + n - 1) / n;
@@ -53,20 +54,19 @@ class LocalCommunicator final : public Communicator {
       return std::pair{begin, std::min(data.numel, begin + chunk) - begin};
     };
     const auto [my_begin, my_len] = range(rank_);
-    auto scratch = std::make_shared<Buffer>(s.device().allocate(std::max<size_t>(my_len * dtype_size(data.dtype), 1), MemTag::buffers));
-    const TensorView reduced{scratch->data(), my_len, data.dtype};
     if (my_len > 0) {
       std::vector<TensorView> inputs;
       for (size_t p = 0; p < n; ++p) inputs.push_back(all[p].buffer.slice(my_begin, my_len));
-      reduce(s, reduced, inputs, d.reduce);
+      reduce(s, data.slice(my_begin, my_len), inputs, d.reduce);
     }
-    auto middle = sync_point(s, d, reduced, scratch, &middle_);
+    sync_point(s, d, data, nullptr, &middle_);
     for (size_t p = 0; p < n; ++p) {
       const auto [begin, len] = range(p);
-      if (len > 0) s.device().copy(s, data.slice(begin, len).data, middle[p].buffer.data, len * dtype_size(data.dtype));
+      if (p != static_cast<size_t>(rank_) && len > 0) {
+        s.device().copy(s, data.slice(begin, len).data, all[p].buffer.slice(begin, len).data, len * dtype_size(data.dtype));
+      }
     }
     depart(s, d);
-    release_after(s, std::move(scratch));
   }
 
   void do_broadcast(Stream& s, TensorView data, const Descriptor& d) override {
@@ -188,12 +188,6 @@ class LocalCommunicator final : public Communicator {
   void reduce(Stream& s, TensorView out, const std::vector<TensorView>& inputs, ReduceOp op) {
     const float scale = op == ReduceOp::avg ? 1.0f / static_cast<float>(size()) : 1.0f;
     s.device().reduce(s, out, inputs, op == ReduceOp::max ? ReduceKind::max : ReduceKind::sum, scale);
-  }
-
-  // Keeps a scratch buffer alive until the stream has passed the work that reads it. CPU
-  // streams run host tasks in order; CUDA frees are stream-ordered by the device already.
-  static void release_after(Stream& s, std::shared_ptr<Buffer> buffer) {
-    if (s.device().kind() == DeviceKind::cpu) s.enqueue_host([buffer = std::move(buffer)] {});
   }
 
   std::shared_ptr<LocalGroup> group_;

@@ -106,9 +106,10 @@ void cast(const void* src, DType src_type, void* dst, DType dst_type, size_t n, 
 
 void copy(void* dst, const void* src, size_t bytes) {
   if (bytes == 0 || dst == src) return;
+  const auto& table = kernel_table(active_simd_level());
+  const bool nt = bytes >= kStreamingStoreBytes;
   for_chunks(
-      bytes, [&](size_t b, size_t e) { std::memcpy(at<char>(dst, b), at<char>(src, b), e - b); },
-      size_t{4} << 20);  // large pieces: glibc switches to streaming stores for them
+      bytes, [&](size_t b, size_t e) { table.copy(at<char>(dst, b), at<char>(src, b), e - b, nt); }, size_t{1} << 20);
 }
 
 void fill(void* dst, DType type, float value, size_t n) {
@@ -158,6 +159,7 @@ void reduce(const void* const* inputs, int k, DType in_type, void* out, DType ou
   ZEROTH_CHECK(k >= 1, "reduce needs at least one input, got {}", k);
   const auto& table = kernel_table(level);
   const size_t is = dtype_size(in_type), os = dtype_size(out_type);
+  const bool nt = n * os >= kStreamingStoreBytes;
   for_chunks(n, [&](size_t b, size_t e) {
     constexpr int kInline = 64;
     std::array<const void*, kInline> inline_ptrs;
@@ -168,7 +170,7 @@ void reduce(const void* const* inputs, int k, DType in_type, void* out, DType ou
       ptrs = heap_ptrs.data();
     }
     for (int p = 0; p < k; ++p) ptrs[p] = at<char>(inputs[p], b * is);
-    table.reduce(ptrs, k, in_type, at<char>(out, b * os), out_type, kind, scale, e - b);
+    table.reduce(ptrs, k, in_type, at<char>(out, b * os), out_type, kind, scale, e - b, nt);
   });
 }
 

@@ -45,7 +45,8 @@ struct KernelTable {
   void (*sumsq)(const void* x, DType type, size_t n, float lanes[16]);
   bool (*has_nonfinite)(const void* x, DType type, size_t n);
   void (*reduce)(const void* const* inputs, int k, DType in_type, void* out, DType out_type, ReduceKind kind,
-                 float scale, size_t n);
+                 float scale, size_t n, bool nt);
+  void (*copy)(void* dst, const void* src, size_t bytes, bool nt);
 };
 const KernelTable& kernel_table(SimdLevel level);
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>    // std::max
 #include <cstdint>      // uint16_t, uint32_t, uintptr_t
+#include <cstring>      // memcpy
 #include <type_traits>  // std::conditional_t
 
 #include "core/cpu/kernels.h"
@@ -84,6 +85,12 @@ struct Isa {
     store_u16x8<NT>(p, h);
   }
   static void store_fence() { _mm_sfence(); }
+  // d is 64-byte aligned.
+  static void stream_copy_128(char* d, const char* s) {
+    for (int k = 0; k < 4; ++k) {
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(d + 32 * k), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 32 * k)));
+    }
+  }
   static F set1(float v) { return _mm256_set1_ps(v); }
   static F add(F a, F b) { return _mm256_add_ps(a, b); }
   static F mul(F a, F b) { return _mm256_mul_ps(a, b); }

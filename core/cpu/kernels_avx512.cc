@@ -9,6 +9,7 @@
 
 #include <algorithm>    // std::max
 #include <cstdint>      // uint16_t, uint32_t, uintptr_t
+#include <cstring>      // memcpy
 #include <type_traits>  // std::conditional_t
 
 #include "core/cpu/kernels.h"
@@ -84,6 +85,12 @@ struct Isa {
     store_u16x16<NT>(p, h);
   }
   static void store_fence() { _mm_sfence(); }
+  // d is 64-byte aligned.
+  static void stream_copy_128(char* d, const char* s) {
+    const __m512i a = _mm512_loadu_si512(s), b = _mm512_loadu_si512(s + 64);
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(d), a);
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(d + 64), b);
+  }
   static F set1(float v) { return _mm512_set1_ps(v); }
   static F add(F a, F b) { return _mm512_add_ps(a, b); }
   static F mul(F a, F b) { return _mm512_mul_ps(a, b); }

@@ -1,6 +1,7 @@
 // Scalar kernels: the reference level, runs on any x86-64.
 #include <algorithm>    // std::max
 #include <cstdint>      // uint16_t, uint32_t, uintptr_t
+#include <cstring>      // memcpy
 #include <type_traits>  // std::conditional_t
 
 #include "core/cpu/kernels.h"
@@ -19,6 +20,7 @@ struct Isa {
   template <bool NT> static void store_bf16(uint16_t* p, F v) { *p = scalar_f32_to_bf16(f32_bits(v)); }
   template <bool NT> static void store_f16(uint16_t* p, F v) { *p = scalar_f32_to_f16(f32_bits(v)); }
   static void store_fence() {}
+  static void stream_copy_128(char* d, const char* s) { std::memcpy(d, s, 128); }
   static F set1(float v) { return v; }
   static F add(F a, F b) { return a + b; }
   static F mul(F a, F b) { return a * b; }

@@ -1,0 +1,268 @@
+// NCCL collectives. Communicators are non-blocking (config.blocking = 0): every call is followed
+// by a bounded wait on ncclCommGetAsyncError, so neither initialisation nor a dead peer can hang
+// a rank past the timeout; a watchdog thread does the same for ops already on a stream.
+#include "comm/nccl/nccl_comm.h"
+
+#include "core/error.h"
+
+#ifdef ZEROTH_WITH_CUDA
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "comm/tcp_store.h"
+#include "core/cuda/cuda_check.h"
+#include "core/cuda/cuda_device.h"
+#include "core/cuda/cuda_info.h"
+#include "core/log.h"
+
+namespace zeroth {
+
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::f32: return ncclFloat32;
+    case DType::bf16: return ncclBfloat16;
+    case DType::f16: return ncclFloat16;
+  }
+  return ncclFloat32;
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return ncclSum;
+    case ReduceOp::avg: return ncclAvg;
+    case ReduceOp::max: return ncclMax;
+  }
+  return ncclSum;
+}
+
+// Waits (bounded) until a non-blocking communicator has finished the call just made.
+void settle(ncclComm_t comm, ncclResult_t rc, const std::string& what, std::chrono::milliseconds timeout) {
+  const auto deadline = clock::now() + timeout;
+  while (rc == ncclInProgress) {
+    if (clock::now() > deadline) {
+      ncclCommAbort(comm);
+      ZEROTH_THROW(CommError, "{}: not finished after {} s; the communicator was aborted (a peer died or never arrived?)",
+                   what, timeout.count() / 1000.0);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+    if (ncclCommGetAsyncError(comm, &rc) != ncclSuccess) break;
+  }
+  if (rc != ncclSuccess) {
+    const char* last = ncclGetLastError(comm);
+    ZEROTH_THROW(CommError, "{} failed: {} ({})", what, ncclGetErrorString(rc), last ? last : "no detail");
+  }
+}
+
+// Aborts a communicator whose op has not completed within the timeout, so that the ranks'
+// stream synchronisations fail instead of hanging (torch's NCCL watchdog does the same).
+class Watchdog {
+ public:
+  Watchdog(ncclComm_t comm, std::chrono::milliseconds timeout) : comm_(comm), timeout_(timeout), thread_([this] { run(); }) {}
+  ~Watchdog() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    changed_.notify_all();
+    thread_.join();
+    for (auto& w : pending_) cudaEventDestroy(w.event);
+  }
+
+  void watch(cudaStream_t stream, std::string what, int device) {
+    cudaEvent_t event = nullptr;
+    CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventRecord(event, stream));
+    std::lock_guard lock(mutex_);
+    pending_.push_back({event, clock::now() + timeout_, std::move(what), device});
+    changed_.notify_all();
+  }
+
+ private:
+  struct Watched {
+    cudaEvent_t event;
+    clock::time_point deadline;
+    std::string what;
+    int device;
+  };
+
+  void run() {
+    std::unique_lock lock(mutex_);
+    while (!stop_) {
+      changed_.wait_for(lock, std::chrono::milliseconds(50));
+      while (!pending_.empty()) {
+        auto& w = pending_.front();
+        cudaSetDevice(w.device);
+        const cudaError_t state = cudaEventQuery(w.event);
+        if (state == cudaSuccess) {
+          cudaEventDestroy(w.event);
+          pending_.pop_front();
+          continue;
+        }
+        if (state != cudaErrorNotReady || clock::now() > w.deadline) {
+          ZLOG_ERROR("nccl watchdog: {} did not complete within {} s ({}); aborting the communicator", w.what,
+                     timeout_.count() / 1000.0, state == cudaErrorNotReady ? "still running" : cudaGetErrorString(state));
+          ncclCommAbort(comm_);
+          stop_ = true;
+        }
+        break;
+      }
+    }
+  }
+
+  ncclComm_t comm_;
+  std::chrono::milliseconds timeout_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<Watched> pending_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(std::shared_ptr<JobStore> job, ncclComm_t comm, int gpu, CommOptions options)
+      : Communicator(std::move(options)), job_(std::move(job)), comm_(comm), gpu_(gpu) {
+    ncclCommUserRank(comm_, &rank_);
+    ncclCommCount(comm_, &size_);
+    watchdog_ = std::make_unique<Watchdog>(comm_, options_.timeout);
+  }
+  ~NcclCommunicator() override {
+    watchdog_.reset();
+    if (scratch_ != nullptr) cudaFree(scratch_);
+    ncclCommDestroy(comm_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string_view backend() const override { return "nccl"; }
+
+ protected:
+  void do_all_gather(Stream& s, TensorView send, TensorView recv, const Descriptor& d) override {
+    run(s, d, [&](cudaStream_t st) { return ncclAllGather(send.data, recv.data, send.numel, nccl_type(d.dtype), comm_, st); });
+  }
+  void do_reduce_scatter(Stream& s, TensorView send, TensorView recv, const Descriptor& d) override {
+    run(s, d, [&](cudaStream_t st) {
+      return ncclReduceScatter(send.data, recv.data, recv.numel, nccl_type(d.dtype), nccl_op(d.reduce), comm_, st);
+    });
+  }
+  void do_all_reduce(Stream& s, TensorView data, const Descriptor& d) override {
+    run(s, d, [&](cudaStream_t st) {
+      return ncclAllReduce(data.data, data.data, data.numel, nccl_type(d.dtype), nccl_op(d.reduce), comm_, st);
+    });
+  }
+  void do_broadcast(Stream& s, TensorView data, const Descriptor& d) override {
+    run(s, d, [&](cudaStream_t st) { return ncclBroadcast(data.data, data.data, data.numel, nccl_type(d.dtype), d.root, comm_, st); });
+  }
+  void do_send(Stream& s, TensorView data, const Descriptor& d) override {
+    run(s, d, [&](cudaStream_t st) { return ncclSend(data.data, data.numel, nccl_type(d.dtype), d.root, comm_, st); });
+  }
+  void do_recv(Stream& s, TensorView data, const Descriptor& d) override {
+    run(s, d, [&](cudaStream_t st) { return ncclRecv(data.data, data.numel, nccl_type(d.dtype), d.root, comm_, st); });
+  }
+  // NCCL has no barrier: an all-reduce of one float orders every rank's stream behind it.
+  void do_barrier(Stream& s, const Descriptor& d) override {
+    if (scratch_ == nullptr) {
+      CudaDeviceGuard guard(gpu_);
+      CUDA_CHECK(cudaMalloc(&scratch_, sizeof(float)));
+    }
+    run(s, d, [&](cudaStream_t st) { return ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, st); });
+  }
+  std::unique_ptr<Communicator> do_split(int color, int key, const Descriptor& d) override {
+    CudaDeviceGuard guard(gpu_);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclComm_t child = nullptr;
+    const ncclResult_t rc = ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, &config);
+    settle(comm_, rc, fmt::format("nccl {} on rank {} of {}", d.describe(), rank_, size_), options_.timeout);
+    if (child == nullptr) return nullptr;
+    ncclResult_t child_state = ncclInProgress;
+    ncclCommGetAsyncError(child, &child_state);
+    settle(child, child_state, fmt::format("nccl {} (new communicator) on rank {}", d.describe(), rank_), options_.timeout);
+    return std::make_unique<NcclCommunicator>(job_, child, gpu_, options_);
+  }
+
+ private:
+  template <class Call>
+  void run(Stream& s, const Descriptor& d, Call&& call) {
+    auto* cuda_stream = dynamic_cast<CudaStream*>(&s);
+    ZEROTH_CHECK(cuda_stream != nullptr,
+                 "the nccl backend runs on CUDA streams; got a stream of {} (use the gloo or local backend on the CPU)",
+                 s.device().name());
+    CudaDeviceGuard guard(gpu_);
+    const std::string what = fmt::format("nccl {} on rank {} of {}", d.describe(), rank_, size_);
+    settle(comm_, call(cuda_stream->handle()), what, options_.timeout);
+    watchdog_->watch(cuda_stream->handle(), what, gpu_);
+  }
+
+  std::shared_ptr<JobStore> job_;
+  ncclComm_t comm_;
+  int gpu_;
+  int rank_ = 0, size_ = 1;
+  void* scratch_ = nullptr;
+  std::unique_ptr<Watchdog> watchdog_;
+};
+
+}  // namespace
+
+std::string nccl_version() {
+  int version = 0;
+  const ncclResult_t rc = ncclGetVersion(&version);
+  if (rc != ncclSuccess) return fmt::format("unavailable: ncclGetVersion failed: {}", ncclGetErrorString(rc));
+  return fmt::format("{}.{}.{}", version / 10000, version / 100 % 100, version % 100);
+}
+
+std::unique_ptr<Communicator> make_nccl_communicator(const RendezvousInfo& info, int gpu, CommOptions options) {
+  const int gpus = cuda_device_count();
+  if (gpu < 0 || gpu >= gpus) {
+    ZEROTH_THROW(CommError, "nccl backend: rank {} wants GPU {} but {} usable GPU(s) are present ({})", info.rank, gpu, gpus,
+                 gpus == 0 ? cuda_info().problem : "use LOCAL_RANK < GPUs per node");
+  }
+  auto job = std::make_shared<JobStore>(connect_job_store(info.master_addr, info.master_port, info.rank == 0, options.timeout));
+  ncclUniqueId id{};
+  if (info.rank == 0) {
+    const ncclResult_t rc = ncclGetUniqueId(&id);
+    if (rc != ncclSuccess) ZEROTH_THROW(CommError, "ncclGetUniqueId failed: {}", ncclGetErrorString(rc));
+    job->client->set("nccl/unique_id", std::vector<char>(id.internal, id.internal + sizeof id.internal));
+  } else {
+    const auto bytes = job->client->get("nccl/unique_id");
+    ZEROTH_CHECK(bytes.size() == sizeof id.internal, "nccl unique id from the store has {} bytes, expected {}", bytes.size(),
+                 sizeof id.internal);
+    std::copy(bytes.begin(), bytes.end(), id.internal);
+  }
+  CudaDeviceGuard guard(gpu);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t comm = nullptr;
+  const ncclResult_t rc = ncclCommInitRankConfig(&comm, info.world_size, id, info.rank, &config);
+  settle(comm, rc, fmt::format("ncclCommInitRankConfig(rank {} of {}, GPU {})", info.rank, info.world_size, gpu), options.timeout);
+  return std::make_unique<NcclCommunicator>(std::move(job), comm, gpu, std::move(options));
+}
+
+}  // namespace zeroth
+
+#else  // no CUDA backend
+
+namespace zeroth {
+
+std::string nccl_version() { return "not built (zeroth was built without the CUDA backend)"; }
+
+std::unique_ptr<Communicator> make_nccl_communicator(const RendezvousInfo& info, int, CommOptions) {
+  ZEROTH_THROW(CommError,
+               "rank {}: the nccl backend needs zeroth built with the CUDA backend (-DZEROTH_CUDA=ON on a machine with "
+               "the CUDA toolkit); use the gloo backend on CPUs",
+               info.rank);
+}
+
+}  // namespace zeroth
+
+#endif
