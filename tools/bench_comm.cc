@@ -72,43 +72,51 @@ double concurrent_memcpy_gbps(int threads, size_t collective_bytes) {
   return bytes / times[times.size() / 2] / 1e9;
 }
 
-// One TCP connection over loopback, writer and reader in two threads: the most a byte stream
-// between two processes on this host can carry.
-double loopback_tcp_gbps(size_t bytes) {
-  const int listener = SYSCALL_CHECK(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  SYSCALL_CHECK(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr));
-  socklen_t len = sizeof addr;
-  SYSCALL_CHECK(::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len));
-  SYSCALL_CHECK(::listen(listener, 1));
-  double gbps = 0;
-  std::thread reader([&] {
-    const int fd = ::accept(listener, nullptr, nullptr);
-    if (fd < 0) return;
-    std::vector<char> buf(size_t{1} << 20);
-    size_t got = 0;
-    const auto t0 = clock::now();
-    while (got < bytes) {
-      const ssize_t n = ::recv(fd, buf.data(), buf.size(), 0);
-      if (n <= 0) break;
-      got += static_cast<size_t>(n);
-    }
-    gbps = got / seconds_since(t0) / 1e9;
-    ::close(fd);
-  });
-  const int fd = SYSCALL_CHECK(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  SYSCALL_CHECK(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr));
-  std::vector<char> buf(size_t{1} << 20, 7);
-  for (size_t sent = 0; sent < bytes;) {
-    const ssize_t n = ::send(fd, buf.data(), std::min(buf.size(), bytes - sent), MSG_NOSIGNAL);
-    if (n <= 0) break;
-    sent += static_cast<size_t>(n);
+// `streams` TCP connections over loopback at once, each with a writer and a reader thread, each
+// carrying `bytes`: with one stream, the most a byte stream between two processes on this host
+// can carry; with one stream per rank, what each rank's link gets when all ranks send at once
+// (as in a ring step). Returns GB/s per stream.
+double loopback_tcp_gbps(int streams, size_t bytes) {
+  struct Pair {
+    int listener = -1, writer = -1, reader = -1;
+  };
+  std::vector<Pair> pairs(streams);
+  for (auto& p : pairs) {
+    p.listener = SYSCALL_CHECK(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    SYSCALL_CHECK(::bind(p.listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr));
+    socklen_t len = sizeof addr;
+    SYSCALL_CHECK(::getsockname(p.listener, reinterpret_cast<sockaddr*>(&addr), &len));
+    SYSCALL_CHECK(::listen(p.listener, 1));
+    p.writer = SYSCALL_CHECK(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    SYSCALL_CHECK(::connect(p.writer, reinterpret_cast<sockaddr*>(&addr), sizeof addr));
+    p.reader = SYSCALL_CHECK(::accept(p.listener, nullptr, nullptr));
   }
-  ::close(fd);
-  reader.join();
-  ::close(listener);
+  std::vector<std::thread> threads;
+  const auto t0 = clock::now();
+  for (auto& p : pairs) {
+    threads.emplace_back([&p, bytes] {
+      std::vector<char> buf(size_t{1} << 20, 7);
+      for (size_t sent = 0; sent < bytes;) {
+        const ssize_t n = ::send(p.writer, buf.data(), std::min(buf.size(), bytes - sent), MSG_NOSIGNAL);
+        if (n <= 0) break;
+        sent += static_cast<size_t>(n);
+      }
+    });
+    threads.emplace_back([&p, bytes] {
+      std::vector<char> buf(size_t{1} << 20);
+      for (size_t got = 0; got < bytes;) {
+        const ssize_t n = ::recv(p.reader, buf.data(), buf.size(), 0);
+        if (n <= 0) break;
+        got += static_cast<size_t>(n);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  const double gbps = bytes / seconds_since(t0) / 1e9;
+  for (auto& p : pairs) ::close(p.writer), ::close(p.reader), ::close(p.listener);
   return gbps;
 }
 
@@ -232,7 +240,11 @@ void run(const Options& o) {
   std::vector<Ceiling> ceilings;
   if (gloo && info->rank == 0) {
     const size_t probe = std::max<size_t>(max_bytes, size_t{256} << 20);
-    ceilings.push_back({fmt::format("one loopback TCP stream, {}", format_bytes(probe)), loopback_tcp_gbps(probe)});
+    ceilings.push_back({fmt::format("one loopback TCP stream, {}", format_bytes(probe)), loopback_tcp_gbps(1, probe)});
+    const size_t per_rank = std::min(max_bytes, size_t{64} << 20) / info->world_size * (info->world_size - 1);
+    ceilings.push_back({fmt::format("{} loopback TCP streams at once, {} each (per stream)", info->world_size,
+                                    format_bytes(per_rank)),
+                        loopback_tcp_gbps(info->world_size, per_rank)});
   }
   auto comm = gloo ? make_gloo_communicator(*info) : make_nccl_communicator(*info, info->local_rank);
   auto device = make_device(gloo ? "cpu" : fmt::format("cuda:{}", info->local_rank));

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -128,6 +129,11 @@ int run_launch(const LaunchOptions& o) {
                                                {"GROUP_RANK", std::to_string(o.node_rank)},
                                                {"MASTER_ADDR", o.master_addr},
                                                {"MASTER_PORT", std::to_string(port)}};
+    // Like torchrun's OMP_NUM_THREADS: ranks sharing a host split its cores unless told otherwise.
+    if (std::getenv("ZEROTH_NUM_THREADS") == nullptr) {
+      const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
+      vars["ZEROTH_NUM_THREADS"] = std::to_string(std::max(1L, cores / o.nproc_per_node));
+    }
     for (const auto& [k, v] : o.extra_env) vars[k] = v;
     auto env = child_environment(vars);
     std::vector<char*> envp, argv;

@@ -395,80 +395,103 @@ class GlooCommunicator final : public Communicator {
     if (!completed) fail(peer, fmt::format("gloo {} on rank {} of {}: send to rank {} aborted", d.describe(), rank(), size(), peer));
   }
 
-  // Ring all-gather of byte ranges: each step forwards to the right the chunk that came from the
-  // left one step earlier.
+  // Pieces of a chunk that travel separately, so that a rank forwards (or reduces) the first
+  // piece while the next is still on the wire: the ring becomes a pipeline.
+  static constexpr size_t kSegmentBytes = size_t{1} << 20;
+  static std::vector<std::pair<size_t, size_t>> segments(size_t offset, size_t length) {
+    std::vector<std::pair<size_t, size_t>> out;
+    for (size_t done = 0; done < length; done += kSegmentBytes) out.push_back({offset + done, std::min(kSegmentBytes, length - done)});
+    return out;
+  }
+
+  // Ring all-gather of byte ranges: this rank's chunk goes right, and every chunk arriving from
+  // the left is forwarded right piece by piece as it lands, until it reaches its origin's left
+  // neighbour.
   void ring_all_gather(char* base, const std::vector<size_t>& offsets, const std::vector<size_t>& lengths, uint64_t slot,
                        const Descriptor& d) {
     const int n = size(), r = rank();
     if (n == 1) return;
     const int left = (r - 1 + n) % n, right = (r + 1) % n;
     Buf buf = ctx_->createUnboundBuffer(base, offsets.back() + lengths.back());
+    size_t sends = 0;
+    for (auto [off, len] : segments(offsets[r], lengths[r])) post_send(*buf, right, slot, off, len, d), ++sends;
     for (int step = 0; step < n - 1; ++step) {
-      const int send_idx = (r - step + n) % n, recv_idx = (r - step - 1 + n) % n;
-      if (lengths[send_idx] > 0) post_send(*buf, right, slot, offsets[send_idx], lengths[send_idx], d);
-      if (lengths[recv_idx] > 0) {
-        post_recv(*buf, left, slot, offsets[recv_idx], lengths[recv_idx], d);
+      const int recv_idx = (r - step - 1 + n) % n;
+      const auto pieces = segments(offsets[recv_idx], lengths[recv_idx]);
+      for (auto [off, len] : pieces) post_recv(*buf, left, slot, off, len, d);
+      for (auto [off, len] : pieces) {
         wait_recv(*buf, left, d);
+        if (step < n - 2) post_send(*buf, right, slot, off, len, d), ++sends;
       }
-      if (lengths[send_idx] > 0) wait_send(*buf, right, d);
     }
+    for (size_t i = 0; i < sends; ++i) wait_send(*buf, right, d);
   }
 
   // Ring reduce-scatter with f32 partial sums on the wire: after n-1 steps this rank holds the
-  // reduction of its own chunk, unscaled, in f32. Returns a lease on that scratch.
+  // reduction of its own chunk, unscaled, in f32. Pieces are reduced and forwarded as they land.
   struct Reduced {
     ScratchPool::Lease lease;
-    float* data() { return lease.data(); }
+    size_t offset;  // where in the lease the result starts
+    float* data() { return lease.data() + offset; }
   };
   Reduced ring_reduce(TensorView in, const std::vector<size_t>& offsets, const std::vector<size_t>& lengths,
                       const Descriptor& d, uint64_t slot) {
     const int n = size(), r = rank();
     const size_t longest = *std::max_element(lengths.begin(), lengths.end());
-    auto a = pool_.take(longest), b = pool_.take(longest), tmp = pool_.take(longest);
+    // Two partial-sum buffers that alternate, and the landing zone for the left neighbour's.
+    ScratchPool::Lease part_leases[2] = {pool_.take(longest), pool_.take(longest)};
+    auto landing = pool_.take(longest);
+    float* const part[2] = {part_leases[0].data(), part_leases[1].data()};
     const auto kind = d.reduce == ReduceOp::max ? ReduceKind::max : ReduceKind::sum;
-    auto widen = [&](int chunk, float* out) {
-      cpu::cast(in.slice(offsets[chunk], lengths[chunk]).data, in.dtype, out, DType::f32, lengths[chunk]);
+    // Serial kernels: the ranks of one host already keep every core busy with the transport, and
+    // a parallel kernel's spinning workers would take cycles from it.
+    const auto& kernels = cpu::kernel_table(cpu::active_simd_level());
+    auto widen = [&](int chunk, size_t begin, size_t count, float* out) {
+      kernels.cast(in.slice(offsets[chunk] + begin, count).data, in.dtype, out + begin, DType::f32, count, false);
     };
     if (n == 1) {
-      widen(0, a.data());
-      return {std::move(a)};
+      widen(0, 0, lengths[0], part[0]);
+      return {std::move(part_leases[0]), 0};
     }
     const int left = (r - 1 + n) % n, right = (r + 1) % n;
-    Buf ub_a = ctx_->createUnboundBuffer(a.data(), longest * 4), ub_b = ctx_->createUnboundBuffer(b.data(), longest * 4);
-    Buf ub_tmp = ctx_->createUnboundBuffer(tmp.data(), longest * 4);
-    ScratchPool::Lease* cur = &a;
-    ScratchPool::Lease* other = &b;
-    gloo::transport::UnboundBuffer* ub_cur = ub_a.get();
-    gloo::transport::UnboundBuffer* ub_other = ub_b.get();
+    Buf ub_part[2] = {ctx_->createUnboundBuffer(part[0], longest * 4), ctx_->createUnboundBuffer(part[1], longest * 4)};
+    Buf ub_landing = ctx_->createUnboundBuffer(landing.data(), longest * 4);
+    // part[cur] holds what was sent last step (its sends may be in flight); part[1 - cur] takes
+    // the next partial sum once its sends from two steps ago have completed.
+    int cur = 0;
+    size_t sends[2] = {0, 0};
     const int first = (r - 1 + n) % n;
-    widen(first, cur->data());
-    bool other_in_flight = false;
-    if (lengths[first] > 0) post_send(*ub_cur, right, slot, 0, lengths[first] * 4, d);
-    bool cur_in_flight = lengths[first] > 0;
-    for (int step = 0; step < n - 1; ++step) {
-      const int recv_idx = (r - step - 2 + 2 * n) % n;
-      const size_t len = lengths[recv_idx];
-      if (len > 0) {
-        post_recv(*ub_tmp, left, slot, 0, len * 4, d);
-        wait_recv(*ub_tmp, left, d);
-      }
-      // The buffer sent the step before last is free once that send completed.
-      if (other_in_flight) wait_send(*ub_other, right, d);
-      widen(recv_idx, other->data());
-      const float* inputs[] = {other->data(), tmp.data()};
-      if (len > 0) cpu::reduce(reinterpret_cast<const void* const*>(inputs), 2, DType::f32, other->data(), DType::f32, kind, 1.0f, len);
-      std::swap(cur, other);
-      std::swap(ub_cur, ub_other);
-      std::swap(cur_in_flight, other_in_flight);
-      cur_in_flight = false;
-      if (step < n - 2 && len > 0) {
-        post_send(*ub_cur, right, slot, 0, len * 4, d);
-        cur_in_flight = true;
-      }
+    for (auto [off, len] : segments(0, lengths[first] * 4)) {
+      widen(first, off / 4, len / 4, part[cur]);
+      post_send(*ub_part[cur], right, slot, off, len, d);
+      ++sends[cur];
     }
-    if (cur_in_flight) wait_send(*ub_cur, right, d);
-    if (other_in_flight) wait_send(*ub_other, right, d);
-    return {std::move(*cur)};
+    for (int step = 0; step < n - 1; ++step) {
+      const int next = 1 - cur;
+      const int recv_idx = (r - step - 2 + 2 * n) % n;
+      const auto pieces = segments(0, lengths[recv_idx] * 4);
+      for (auto [off, len] : pieces) post_recv(*ub_landing, left, slot, off, len, d);
+      for (; sends[next] > 0; --sends[next]) wait_send(*ub_part[next], right, d);
+      for (auto [off, len] : pieces) {
+        wait_recv(*ub_landing, left, d);
+        const size_t begin = off / 4, count = len / 4;
+        // f32 input is reduced straight from the caller's buffer; narrower input is widened first.
+        const float* own = static_cast<const float*>(in.slice(offsets[recv_idx] + begin, count).data);
+        if (in.dtype != DType::f32) {
+          widen(recv_idx, begin, count, part[next]);
+          own = part[next] + begin;
+        }
+        const float* inputs[] = {own, landing.data() + begin};
+        kernels.reduce(reinterpret_cast<const void* const*>(inputs), 2, DType::f32, part[next] + begin, DType::f32, kind,
+                       1.0f, count, false);
+        if (step < n - 2) post_send(*ub_part[next], right, slot, off, len, d), ++sends[next];
+      }
+      cur = next;
+    }
+    for (int k : {0, 1}) {
+      for (; sends[k] > 0; --sends[k]) wait_send(*ub_part[k], right, d);
+    }
+    return {std::move(part_leases[cur]), 0};
   }
 
   // out = scale * reduced, rounded once to out's dtype.
