@@ -18,7 +18,7 @@ fi
 nvidia-smi -L | tee "$out/gpus.txt"
 
 step() { printf '\n== %s (%ds)\n' "$1" $(($(date +%s) - start)); }
-status_build=FAIL status_tests=FAIL status_bench=FAIL
+status_build=FAIL status_tests=FAIL status_bench=FAIL status_comm=FAIL
 
 step "build (ZEROTH_CUDA=ON, sm_80/sm_90)"
 # Only the GPU architecture of this machine, to keep the build inside the time budget.
@@ -49,10 +49,18 @@ if [[ $status_build == ok ]]; then
     cat "$out/bench.err"
   fi
   build-gpu/tools/zeroth bench kernels --device cuda --size 1GiB --reps 20 | tee "$out/bench_kernels_cuda.txt"
+
+  step "bench comm on the GPUs (nccl, one rank per GPU)"
+  gpus=$(nvidia-smi -L | wc -l)
+  if build-gpu/tools/zeroth bench comm --backend nccl --ranks "$gpus" --min-bytes 1MiB --max-bytes 256MiB \
+      | tee "$out/bench_comm_nccl.txt"; then
+    status_comm=ok
+  fi
 fi
 
 step "summary"
-printf '%-28s %s\n' "build (CUDA)" "$status_build" "tests" "$status_tests" "bench kernels (cuda)" "$status_bench"
+printf '%-28s %s\n' "build (CUDA)" "$status_build" "tests" "$status_tests" "bench kernels (cuda)" "$status_bench" \
+  "bench comm (nccl)" "$status_comm"
 if [[ -f $out/bench_kernels_cuda.json ]]; then
   python3 - "$out/bench_kernels_cuda.json" <<'PY' || true
 import json, sys
@@ -64,4 +72,4 @@ for k in r["kernels"]:
 PY
 fi
 echo "elapsed: $(($(date +%s) - start)) s"
-[[ $status_build == ok && $status_tests == ok && $status_bench == ok ]]
+[[ $status_build == ok && $status_tests == ok && $status_bench == ok && $status_comm == ok ]]

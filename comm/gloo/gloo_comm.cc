@@ -198,7 +198,8 @@ class GlooCommunicator final : public Communicator {
       const int prev = (rank() - 1 + n) % n, next = (rank() + 1) % n;
       const size_t bytes = data.bytes(), segment = size_t{4} << 20;
       if (n == 1 || bytes == 0) return;
-      Buf buf = ctx_->createUnboundBuffer(data.data, bytes);
+      BufferKeeper keep(*this);
+      auto* buf = &keep.make(data.data, bytes);
       size_t sends = 0;
       for (size_t off = 0; off < bytes; off += segment) {
         const size_t len = std::min(segment, bytes - off);
@@ -229,11 +230,12 @@ class GlooCommunicator final : public Communicator {
     const uint64_t slot = next_p2p_slot(send_seq_, d.root);
     enqueue(s, d, [=, this](uint64_t) {
       uint64_t header[2] = {d.count, static_cast<uint64_t>(d.dtype)};
-      Buf h = ctx_->createUnboundBuffer(header, sizeof header);
+      BufferKeeper keep(*this);
+      auto* h = &keep.make(header, sizeof header);
       post_send(*h, d.root, slot, 0, sizeof header, d);
       wait_send(*h, d.root, d);
       if (data.bytes() == 0) return;
-      Buf b = ctx_->createUnboundBuffer(data.data, data.bytes());
+      auto* b = &keep.make(data.data, data.bytes());
       post_send(*b, d.root, slot + 1, 0, data.bytes(), d);
       wait_send(*b, d.root, d);
     }, false);
@@ -243,7 +245,8 @@ class GlooCommunicator final : public Communicator {
     const uint64_t slot = next_p2p_slot(recv_seq_, d.root);
     enqueue(s, d, [=, this](uint64_t) {
       uint64_t header[2] = {};
-      Buf h = ctx_->createUnboundBuffer(header, sizeof header);
+      BufferKeeper keep(*this);
+      auto* h = &keep.make(header, sizeof header);
       post_recv(*h, d.root, slot, 0, sizeof header, d);
       wait_recv(*h, d.root, d);
       if (header[0] != d.count || header[1] != static_cast<uint64_t>(d.dtype)) {
@@ -251,7 +254,7 @@ class GlooCommunicator final : public Communicator {
                      dtype_name(static_cast<DType>(header[1])), rank(), d.describe());
       }
       if (data.bytes() == 0) return;
-      Buf b = ctx_->createUnboundBuffer(data.data, data.bytes());
+      auto* b = &keep.make(data.data, data.bytes());
       post_recv(*b, d.root, slot + 1, 0, data.bytes(), d);
       wait_recv(*b, d.root, d);
     }, false);
@@ -285,6 +288,28 @@ class GlooCommunicator final : public Communicator {
   }
 
  private:
+  // Creates an op's unbound buffers and, when the op fails, keeps them alive until the
+  // communicator goes: Gloo's I/O thread may still signal a buffer whose wait has thrown.
+  class BufferKeeper {
+   public:
+    explicit BufferKeeper(GlooCommunicator& comm) : comm_(comm) {}
+    ~BufferKeeper() {
+      if (std::uncaught_exceptions() > exceptions_) {
+        std::lock_guard lock(comm_.abandoned_mutex_);
+        for (auto& b : buffers_) comm_.abandoned_.push_back(std::move(b));
+      }
+    }
+    gloo::transport::UnboundBuffer& make(void* data, size_t bytes) {
+      buffers_.push_back(comm_.ctx_->createUnboundBuffer(data, bytes));
+      return *buffers_.back();
+    }
+
+   private:
+    GlooCommunicator& comm_;
+    int exceptions_ = std::uncaught_exceptions();
+    std::vector<Buf> buffers_;
+  };
+
   template <class Fn>
   void guarded(const Descriptor& d, Fn&& fn) {
     try {
@@ -412,7 +437,8 @@ class GlooCommunicator final : public Communicator {
     const int n = size(), r = rank();
     if (n == 1) return;
     const int left = (r - 1 + n) % n, right = (r + 1) % n;
-    Buf buf = ctx_->createUnboundBuffer(base, offsets.back() + lengths.back());
+    BufferKeeper keep(*this);
+    auto* buf = &keep.make(base, offsets.back() + lengths.back());
     size_t sends = 0;
     for (auto [off, len] : segments(offsets[r], lengths[r])) post_send(*buf, right, slot, off, len, d), ++sends;
     for (int step = 0; step < n - 1; ++step) {
@@ -454,8 +480,9 @@ class GlooCommunicator final : public Communicator {
       return {std::move(part_leases[0]), 0};
     }
     const int left = (r - 1 + n) % n, right = (r + 1) % n;
-    Buf ub_part[2] = {ctx_->createUnboundBuffer(part[0], longest * 4), ctx_->createUnboundBuffer(part[1], longest * 4)};
-    Buf ub_landing = ctx_->createUnboundBuffer(landing.data(), longest * 4);
+    BufferKeeper keep(*this);
+    gloo::transport::UnboundBuffer* ub_part[2] = {&keep.make(part[0], longest * 4), &keep.make(part[1], longest * 4)};
+    auto* ub_landing = &keep.make(landing.data(), longest * 4);
     // part[cur] holds what was sent last step (its sends may be in flight); part[1 - cur] takes
     // the next partial sum once its sends from two steps ago have completed.
     int cur = 0;
@@ -521,9 +548,13 @@ class GlooCommunicator final : public Communicator {
   }
 
   std::shared_ptr<Shared> shared_;
+  // Declared before ctx_ so they are destroyed after it (see BufferKeeper); so is the scratch
+  // such buffers may point into.
+  ScratchPool pool_;
+  std::mutex abandoned_mutex_;
+  std::vector<Buf> abandoned_;
   std::shared_ptr<gloo::Context> ctx_;
   std::string name_;
-  ScratchPool pool_;
   std::mutex p2p_mutex_;
   std::map<int, uint64_t> send_seq_, recv_seq_;
 };

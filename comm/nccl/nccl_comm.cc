@@ -14,6 +14,7 @@
 #include <deque>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "comm/tcp_store.h"
 #include "core/cuda/cuda_check.h"
@@ -139,6 +140,7 @@ class NcclCommunicator final : public Communicator {
   ~NcclCommunicator() override {
     watchdog_.reset();
     if (scratch_ != nullptr) cudaFree(scratch_);
+    if (desync_buffer_ != nullptr) cudaFree(desync_buffer_);
     ncclCommDestroy(comm_);
   }
 
@@ -200,8 +202,35 @@ class NcclCommunicator final : public Communicator {
                  s.device().name());
     CudaDeviceGuard guard(gpu_);
     const std::string what = fmt::format("nccl {} on rank {} of {}", d.describe(), rank_, size_);
+    if (options_.check_desync) check_desync(cuda_stream->handle(), d, what);
     settle(comm_, call(cuda_stream->handle()), what, options_.timeout);
     watchdog_->watch(cuda_stream->handle(), what, gpu_);
+  }
+
+  // Debug mode: every rank's descriptor is all-gathered (and waited for) before the op itself.
+  struct WireDescriptor {
+    uint64_t sequence, count;
+    int32_t root;
+    uint8_t op, dtype, reduce, pad;
+  };
+  void check_desync(cudaStream_t stream, const Descriptor& d, const std::string& what) {
+    const size_t bytes = sizeof(WireDescriptor) * size_;
+    if (desync_buffer_ == nullptr) CUDA_CHECK(cudaMalloc(&desync_buffer_, bytes));
+    std::vector<WireDescriptor> all(size_);
+    all[rank_] = {d.sequence, d.count, d.root, static_cast<uint8_t>(d.op), static_cast<uint8_t>(d.dtype),
+                  static_cast<uint8_t>(d.reduce), 0};
+    auto* mine = static_cast<char*>(desync_buffer_) + rank_ * sizeof(WireDescriptor);
+    CUDA_CHECK(cudaMemcpyAsync(mine, &all[rank_], sizeof(WireDescriptor), cudaMemcpyHostToDevice, stream));
+    settle(comm_, ncclAllGather(mine, desync_buffer_, sizeof(WireDescriptor), ncclUint8, comm_, stream), what + " (desync check)",
+           options_.timeout);
+    CUDA_CHECK(cudaMemcpyAsync(all.data(), desync_buffer_, bytes, cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    for (int p = 0; p < size_; ++p) {
+      const auto& w = all[p];
+      check_same(d, rank_, {w.sequence, static_cast<CollectiveOp>(w.op), w.count, static_cast<DType>(w.dtype),
+                            static_cast<ReduceOp>(w.reduce), w.root},
+                 p, "nccl");
+    }
   }
 
   std::shared_ptr<JobStore> job_;
@@ -209,6 +238,7 @@ class NcclCommunicator final : public Communicator {
   int gpu_;
   int rank_ = 0, size_ = 1;
   void* scratch_ = nullptr;
+  void* desync_buffer_ = nullptr;
   std::unique_ptr<Watchdog> watchdog_;
 };
 
