@@ -487,12 +487,17 @@ class GlooCommunicator final : public Communicator {
     // the next partial sum once its sends from two steps ago have completed.
     int cur = 0;
     size_t sends[2] = {0, 0};
+    // The first chunk goes out as it is: straight from the caller's buffer when it is f32.
     const int first = (r - 1 + n) % n;
+    gloo::transport::UnboundBuffer* ub_first = ub_part[cur];
+    if (in.dtype == DType::f32 && lengths[first] > 0) ub_first = &keep.make(in.slice(offsets[first], lengths[first]).data, lengths[first] * 4);
+    size_t first_sends = 0;
     for (auto [off, len] : segments(0, lengths[first] * 4)) {
-      widen(first, off / 4, len / 4, part[cur]);
-      post_send(*ub_part[cur], right, slot, off, len, d);
-      ++sends[cur];
+      if (in.dtype != DType::f32) widen(first, off / 4, len / 4, part[cur]);
+      post_send(*ub_first, right, slot, off, len, d);
+      ++first_sends;
     }
+    if (ub_first == ub_part[cur]) sends[cur] += first_sends;
     for (int step = 0; step < n - 1; ++step) {
       const int next = 1 - cur;
       const int recv_idx = (r - step - 2 + 2 * n) % n;
@@ -517,6 +522,9 @@ class GlooCommunicator final : public Communicator {
     }
     for (int k : {0, 1}) {
       for (; sends[k] > 0; --sends[k]) wait_send(*ub_part[k], right, d);
+    }
+    if (ub_first != ub_part[0]) {
+      for (; first_sends > 0; --first_sends) wait_send(*ub_first, right, d);
     }
     return {std::move(part_leases[cur]), 0};
   }
