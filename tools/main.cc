@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   bench->require_subcommand(1);
   zeroth::tools::add_bench_kernels_command(*bench);
   zeroth::tools::add_bench_comm_command(*bench);
+  zeroth::tools::add_bench_optim_command(*bench);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -11,6 +11,7 @@ namespace {
 #include "core/cpu/convert_scalar.inc"
 
 #include "core/cpu/isa_scalar.inc"
+using Isa = ScalarIsa;
 
 #include "core/cpu/kernels_body.inc"
 }  // namespace

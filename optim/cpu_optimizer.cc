@@ -1,0 +1,127 @@
+// The CPU optimizer step: constants once per step, then fixed chunks over oneTBB, each a single
+// pass of the dispatched kernel.
+#include <tbb/parallel_for.h>
+
+#include <cmath>  // std::pow, std::sqrt
+
+#include "core/error.h"
+#include "optim/cpu/optim_kernels.h"
+#include "optim/optimizer.h"
+
+namespace zeroth {
+
+namespace optim_cpu {
+const OptimTable& optim_table_scalar();
+const OptimTable& optim_table_avx2();
+const OptimTable& optim_table_avx512();
+
+const OptimTable& optim_table(cpu::SimdLevel level) {
+  ZEROTH_CHECK(level <= cpu::best_simd_level(), "SIMD level {} is not supported by this CPU", cpu::simd_level_name(level));
+  switch (level) {
+    case cpu::SimdLevel::avx512: return optim_table_avx512();
+    case cpu::SimdLevel::avx2: return optim_table_avx2();
+    case cpu::SimdLevel::scalar: break;
+  }
+  return optim_table_scalar();
+}
+}  // namespace optim_cpu
+
+namespace {
+
+using optim_cpu::Kind;
+using optim_cpu::StepConstants;
+
+// Outputs this large go around the cache (the copy-out is not read back by the step).
+constexpr size_t kStreamingBytes = size_t{8} << 20;
+// Elements per task: 16 KiB of each f32 array, so the five streams of a chunk stay in L2.
+constexpr size_t kChunk = size_t{1} << 14;
+
+Kind kind_of(const OptimizerParams& p) {
+  switch (p.kind) {
+    case OptimizerKind::adam: return Kind::adam_l2;
+    case OptimizerKind::adamw: return Kind::adamw;
+    case OptimizerKind::lion: return Kind::lion;
+    case OptimizerKind::sgd:
+      if (p.momentum == 0.0f) return Kind::sgd;
+      return p.nesterov ? Kind::sgd_nesterov : Kind::sgd_momentum;
+  }
+  return Kind::adamw;
+}
+
+StepConstants constants(const OptimizerParams& p, const OptimizerStep& s) {
+  StepConstants c{};
+  c.lr = s.lr;
+  c.beta1 = p.beta1;
+  c.beta2 = p.beta2;
+  c.one_minus_beta1 = 1.0f - p.beta1;
+  c.one_minus_beta2 = 1.0f - p.beta2;
+  c.eps = p.eps;
+  c.weight_decay = p.weight_decay;
+  c.decay_factor = 1.0f - s.lr * p.weight_decay;
+  c.grad_scale = s.grad_scale;
+  c.momentum = p.momentum;
+  c.one_minus_dampening = 1.0f - p.dampening;
+  c.first_step = s.step == 1;
+  // Bias corrections in double, as PyTorch computes them in Python floats.
+  const double bias1 = p.bias_correction ? 1.0 - std::pow(static_cast<double>(p.beta1), static_cast<double>(s.step)) : 1.0;
+  const double bias2 = p.bias_correction ? 1.0 - std::pow(static_cast<double>(p.beta2), static_cast<double>(s.step)) : 1.0;
+  c.step_size = static_cast<float>(s.lr / bias1);
+  c.inv_bias2_sqrt = static_cast<float>(1.0 / std::sqrt(bias2));
+  return c;
+}
+
+void run(Kind kind, const OptimizerStep& s, const StepConstants& c, cpu::SimdLevel level) {
+  const auto& table = optim_cpu::optim_table(level);
+  const bool nt = s.copy_out != nullptr && s.count * dtype_size(s.copy_out_type) >= kStreamingBytes;
+  const size_t gsize = dtype_size(s.grad_type), osize = dtype_size(s.copy_out_type);
+  auto body = [&](size_t b, size_t e) {
+    table.step(static_cast<int>(kind), s.params + b, static_cast<const char*>(s.grads) + b * gsize, s.grad_type,
+               s.state[0] ? s.state[0] + b : nullptr, s.state[1] ? s.state[1] + b : nullptr,
+               s.copy_out ? static_cast<char*>(s.copy_out) + b * osize : nullptr, s.copy_out_type, e - b, c, nt);
+  };
+  const size_t chunks = (s.count + kChunk - 1) / kChunk;
+  if (chunks <= 1) {
+    if (s.count > 0) body(0, s.count);
+    return;
+  }
+  cpu::num_threads();  // applies ZEROTH_NUM_THREADS before the first parallel region
+  tbb::parallel_for(tbb::blocked_range<size_t>(0, chunks, 1), [&](const tbb::blocked_range<size_t>& r) {
+    for (size_t k = r.begin(); k != r.end(); ++k) body(k * kChunk, std::min(s.count, (k + 1) * kChunk));
+  });
+}
+
+void check_step(const OptimizerParams& p, const OptimizerStep& s) {
+  if (s.count == 0) return;
+  ZEROTH_CHECK(s.params != nullptr && s.grads != nullptr, "optimizer step over {} parameters with null params or grads", s.count);
+  ZEROTH_CHECK(s.step >= 1, "optimizer step number must start at 1, got {}", s.step);
+  for (int k = 0; k < p.state_arrays(); ++k) {
+    ZEROTH_CHECK(s.state[k] != nullptr, "{} needs {} state array(s); state[{}] is null", optimizer_name(p.kind), p.state_arrays(), k);
+  }
+}
+
+}  // namespace
+
+StepReport cpu_optimizer_step(const OptimizerParams& params, const OptimizerStep& step, cpu::SimdLevel level) {
+  check_step(params, step);
+  if (step.count == 0) return {};
+  if (step.check_finite && cpu::has_nonfinite(step.grads, step.grad_type, step.count, level)) return {.skipped = true};
+  run(kind_of(params), step, constants(params, step), level);
+  return {};
+}
+
+void cpu_optimizer_stream_ceiling(const OptimizerStep& step, cpu::SimdLevel level) {
+  ZEROTH_CHECK(step.state[0] != nullptr && step.state[1] != nullptr, "the ceiling kernel streams two state arrays");
+  StepConstants c{};
+  c.grad_scale = step.grad_scale;
+  run(Kind::ceiling, step, c, level);
+}
+
+size_t optimizer_bytes_per_param(OptimizerKind kind, DType grad_type, bool copy_out, DType copy_out_type) {
+  OptimizerParams p;
+  p.kind = kind;
+  p.momentum = kind == OptimizerKind::sgd ? 0.9f : 0.0f;
+  // params read + written, gradients read, each state array read + written, copy-out written
+  return 8 + dtype_size(grad_type) + 8 * static_cast<size_t>(p.state_arrays()) + (copy_out ? dtype_size(copy_out_type) : 0);
+}
+
+}  // namespace zeroth

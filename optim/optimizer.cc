@@ -1,0 +1,149 @@
+// Optimizer names, state sizes, validation and DeepSpeed's `optimizer` section.
+#include "optim/optimizer.h"
+
+#include <cctype>  // std::tolower
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/strings.h"
+
+namespace zeroth {
+
+std::string_view optimizer_name(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::adam: return "Adam";
+    case OptimizerKind::adamw: return "AdamW";
+    case OptimizerKind::sgd: return "SGD";
+    case OptimizerKind::lion: return "Lion";
+  }
+  return "invalid";
+}
+
+int OptimizerParams::state_arrays() const {
+  switch (kind) {
+    case OptimizerKind::adam:
+    case OptimizerKind::adamw: return 2;
+    case OptimizerKind::lion: return 1;
+    case OptimizerKind::sgd: return momentum != 0.0f ? 1 : 0;
+  }
+  return 0;
+}
+
+void OptimizerParams::validate() const {
+  auto fail = [&](std::string_view key, auto value, std::string_view rule) {
+    ZEROTH_THROW(ConfigError, "optimizer.params.{} = {} for {}: {}", key, value, optimizer_name(kind), rule);
+  };
+  if (!(lr >= 0.0f)) fail("lr", lr, "must be >= 0");
+  if (!(weight_decay >= 0.0f)) fail("weight_decay", weight_decay, "must be >= 0");
+  if (kind == OptimizerKind::sgd) {
+    if (!(momentum >= 0.0f)) fail("momentum", momentum, "must be >= 0");
+    if (!(dampening >= 0.0f && dampening <= 1.0f)) fail("dampening", dampening, "must be in [0, 1]");
+    if (nesterov && (momentum <= 0.0f || dampening != 0.0f)) {
+      fail("nesterov", "true", "needs momentum > 0 and dampening 0 (as in PyTorch)");
+    }
+    return;
+  }
+  if (!(beta1 >= 0.0f && beta1 < 1.0f)) fail("betas[0]", beta1, "must be in [0, 1)");
+  if (!(beta2 >= 0.0f && beta2 < 1.0f)) fail("betas[1]", beta2, "must be in [0, 1)");
+  if (kind != OptimizerKind::lion && !(eps > 0.0f)) fail("eps", eps, "must be > 0");
+}
+
+namespace {
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (auto& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+float number(const nlohmann::json& params, const std::string& key) {
+  const auto& v = params.at(key);
+  if (v.is_string() && v.get<std::string>() == "auto") {
+    ZEROTH_THROW(ConfigError, "optimizer.params.{} is \"auto\": auto values are resolved by the training config; here it must be a number", key);
+  }
+  if (!v.is_number()) ZEROTH_THROW(ConfigError, "optimizer.params.{} must be a number, got {}", key, v.dump());
+  return v.get<float>();
+}
+
+bool boolean(const nlohmann::json& params, const std::string& key) {
+  const auto& v = params.at(key);
+  if (!v.is_boolean()) ZEROTH_THROW(ConfigError, "optimizer.params.{} must be true or false, got {}", key, v.dump());
+  return v.get<bool>();
+}
+
+}  // namespace
+
+OptimizerParams OptimizerParams::from_deepspeed(const nlohmann::json& section) {
+  if (!section.is_object()) ZEROTH_THROW(ConfigError, "optimizer must be an object like {{\"type\": \"AdamW\", \"params\": {{...}}}}");
+  for (const auto& [key, value] : section.items()) {
+    static constexpr std::string_view kKeys[] = {"type", "params"};
+    if (key != "type" && key != "params") {
+      ZEROTH_THROW(ConfigError, "optimizer.{} is not a known key{}", key, did_you_mean(key, kKeys));
+    }
+  }
+  if (!section.contains("type") || !section["type"].is_string()) {
+    ZEROTH_THROW(ConfigError, "optimizer.type is required (Adam, AdamW, SGD or Lion)");
+  }
+  const std::string type = section["type"].get<std::string>();
+  const nlohmann::json params = section.value("params", nlohmann::json::object());
+  if (!params.is_object()) ZEROTH_THROW(ConfigError, "optimizer.params must be an object");
+
+  OptimizerParams p;
+  std::vector<std::string_view> allowed;
+  const std::string t = lower(type);
+  if (t == "adam" || t == "adamw") {
+    p.kind = OptimizerKind::adamw;  // DeepSpeed's Adam decouples weight decay unless adam_w_mode is false
+    allowed = {"lr", "betas", "eps", "weight_decay", "bias_correction", "adam_w_mode", "amsgrad", "torch_adam"};
+  } else if (t == "sgd") {
+    p.kind = OptimizerKind::sgd;
+    allowed = {"lr", "momentum", "dampening", "weight_decay", "nesterov"};
+    if (!params.contains("lr")) ZEROTH_THROW(ConfigError, "optimizer.params.lr is required for SGD");
+  } else if (t == "lion") {
+    p.kind = OptimizerKind::lion;
+    p.beta2 = 0.999f;
+    allowed = {"lr", "betas", "weight_decay"};
+  } else {
+    static constexpr std::string_view kTypes[] = {"Adam", "AdamW", "SGD", "Lion", "Lamb", "OneBitAdam", "ZeroOneAdam",
+                                                  "OneBitLamb", "Adagrad", "MuAdam", "MuAdamW", "MuSGD"};
+    static constexpr std::string_view kSupported[] = {"Adam", "AdamW", "SGD", "Lion"};
+    const auto known = closest_match(type, kTypes);
+    if (!known.empty() && lower(known) == t) {
+      ZEROTH_THROW(ConfigError, "optimizer.type \"{}\" is a DeepSpeed optimizer zeroth does not support; use Adam, AdamW, SGD or Lion", type);
+    }
+    ZEROTH_THROW(ConfigError, "optimizer.type \"{}\" is unknown{}; zeroth supports Adam, AdamW, SGD and Lion", type,
+                 did_you_mean(type, kSupported));
+  }
+  for (const auto& [key, value] : params.items()) {
+    if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
+      ZEROTH_THROW(ConfigError, "optimizer.params.{} is not a parameter of {}{}", key, type, did_you_mean(key, allowed));
+    }
+  }
+  if (params.contains("lr")) p.lr = number(params, "lr");
+  if (params.contains("betas")) {
+    const auto& b = params["betas"];
+    if (!b.is_array() || b.size() != 2 || !b[0].is_number() || !b[1].is_number()) {
+      ZEROTH_THROW(ConfigError, "optimizer.params.betas must be two numbers like [0.9, 0.999], got {}", b.dump());
+    }
+    p.beta1 = b[0].get<float>();
+    p.beta2 = b[1].get<float>();
+  }
+  if (params.contains("eps")) p.eps = number(params, "eps");
+  if (params.contains("weight_decay")) p.weight_decay = number(params, "weight_decay");
+  if (params.contains("bias_correction")) p.bias_correction = boolean(params, "bias_correction");
+  if (params.contains("adam_w_mode") && t == "adam" && !boolean(params, "adam_w_mode")) p.kind = OptimizerKind::adam;
+  if (params.contains("adam_w_mode") && t == "adamw" && !boolean(params, "adam_w_mode")) {
+    ZEROTH_THROW(ConfigError, "optimizer.params.adam_w_mode = false contradicts type AdamW; use type Adam for L2 weight decay");
+  }
+  if (params.contains("amsgrad") && boolean(params, "amsgrad")) {
+    ZEROTH_THROW(ConfigError, "optimizer.params.amsgrad = true is not supported by zeroth");
+  }
+  if (params.contains("torch_adam")) boolean(params, "torch_adam");  // picks an implementation in DeepSpeed; zeroth has one
+  if (params.contains("momentum")) p.momentum = number(params, "momentum");
+  if (params.contains("dampening")) p.dampening = number(params, "dampening");
+  if (params.contains("nesterov")) p.nesterov = boolean(params, "nesterov");
+  p.validate();
+  return p;
+}
+
+}  // namespace zeroth

@@ -1,0 +1,244 @@
+// `zeroth bench optim`: the CPU optimizer step in params/s and GB/s (bytes the step must move),
+// next to a ceiling kernel that streams the same arrays in the same pattern with trivial
+// arithmetic, and next to PyTorch's AdamW (foreach) when Debian's python3-torch is installed.
+#include <tbb/global_control.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/cpu/kernels.h"
+#include "core/device.h"
+#include "core/error.h"
+#include "optim/optimizer.h"
+#include "tools/commands.h"
+
+namespace zeroth::tools {
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+struct Options {
+  std::vector<std::string> params = {"1e6", "1e7", "1e8"};
+  std::vector<int> threads;  // default: 1 and all
+  int reps = 7;
+  bool torch = true;
+  bool json = false;
+};
+
+struct Row {
+  std::string optimizer;
+  size_t params = 0;
+  int threads = 0;
+  std::string grad_dtype;
+  bool copy_out = false;
+  double seconds = 0, ceiling_seconds = 0;
+  size_t bytes_per_param = 0;
+  double params_per_s() const { return params / seconds; }
+  double gbps() const { return params * bytes_per_param / seconds / 1e9; }
+  double ceiling_gbps() const { return params * bytes_per_param / ceiling_seconds / 1e9; }
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+template <class Fn>
+double time_median(int reps, Fn&& fn) {
+  fn();
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = clock::now();
+    fn();
+    t.push_back(std::chrono::duration<double>(clock::now() - t0).count());
+  }
+  return median(t);
+}
+
+size_t parse_count(const std::string& text) {
+  const double v = std::stod(text);
+  ZEROTH_CHECK(v >= 1 && v <= 4e9, "--params {} is out of range (1 .. 4e9)", text);
+  return static_cast<size_t>(v);
+}
+
+// PyTorch's AdamW (foreach) on the same sizes and threads, in a child Python process. Returns
+// one JSON object per (params, threads), or nothing when torch is not installed.
+constexpr const char* kTorchScript = R"PY(
+import json, sys, time
+import torch
+sizes = [int(x) for x in sys.argv[1].split(",")]
+threads = [int(x) for x in sys.argv[2].split(",")]
+reps = int(sys.argv[3])
+out = []
+for t in threads:
+    torch.set_num_threads(t)
+    for n in sizes:
+        p = torch.nn.Parameter(torch.randn(n))
+        p.grad = torch.randn(n) * 1e-3
+        opt = torch.optim.AdamW([p], lr=1e-3, weight_decay=0.01, foreach=True)
+        opt.step()
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            opt.step()
+            times.append(time.perf_counter() - t0)
+        times.sort()
+        out.append({"params": n, "threads": t, "seconds": times[len(times) // 2]})
+        del opt, p
+print(json.dumps(out))
+)PY";
+
+nlohmann::json run_torch(const std::vector<size_t>& sizes, const std::vector<int>& threads, int reps, bool tuned_malloc) {
+  if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) return nullptr;
+  const std::string script = "/tmp/zeroth_torch_adamw.py";
+  std::ofstream(script) << kTorchScript;
+  std::string sz, th;
+  for (auto s : sizes) sz += (sz.empty() ? "" : ",") + std::to_string(s);
+  for (auto t : threads) th += (th.empty() ? "" : ",") + std::to_string(t);
+  // glibc returns large freed blocks to the OS by default, so every torch step pays page faults
+  // for its temporaries; these settings keep them (MACHINE.md).
+  const std::string env = tuned_malloc ? "MALLOC_MMAP_THRESHOLD_=17179869184 MALLOC_TRIM_THRESHOLD_=17179869184 MALLOC_TOP_PAD_=1073741824 " : "";
+  const std::string cmd = fmt::format("env {}/usr/bin/python3 {} {} {} {}", env, script, sz, th, reps);
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (pipe == nullptr) return nullptr;
+  std::string text;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, pipe)) text.append(buf, n);
+  if (pclose(pipe) != 0) return nullptr;
+  try {
+    return nlohmann::json::parse(text);
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+void run(const Options& o) {
+  std::vector<size_t> sizes;
+  for (const auto& p : o.params) sizes.push_back(parse_count(p));
+  std::vector<int> threads = o.threads;
+  const int all = cpu::num_threads();
+  if (threads.empty()) threads = all > 1 ? std::vector<int>{1, all} : std::vector<int>{1};
+
+  auto device = make_device("cpu");
+  std::vector<Row> rows;
+  OptimizerParams adamw;
+  adamw.kind = OptimizerKind::adamw;
+  adamw.weight_decay = 0.01f;
+  for (size_t n : sizes) {
+    // Allocated (and touched) once per size; steps reuse them, as the engine's shards do.
+    Buffer p = device->allocate(n * 4, MemTag::params), g = device->allocate(n * 4, MemTag::grads);
+    Buffer m = device->allocate(n * 4, MemTag::optimizer), v = device->allocate(n * 4, MemTag::optimizer);
+    Buffer out = device->allocate(n * 2, MemTag::params), g16 = device->allocate(n * 2, MemTag::grads);
+    auto& s = device->default_stream();
+    device->fill(s, p.view(DType::f32), 0.5f);
+    device->fill(s, g.view(DType::f32), 1e-3f);
+    device->fill(s, g16.view(DType::bf16), 1e-3f);
+    device->fill(s, m.view(DType::f32), 0.0f);
+    device->fill(s, v.view(DType::f32), 0.0f);
+    s.synchronize();
+    for (int t : threads) {
+      cpu::set_num_threads(t);
+      for (DType gt : {DType::f32, DType::bf16}) {
+        for (bool copy : {false, true}) {
+          OptimizerStep step;
+          step.params = p.as<float>();
+          step.grads = gt == DType::f32 ? g.data() : g16.data();
+          step.grad_type = gt;
+          step.state[0] = m.as<float>();
+          step.state[1] = v.as<float>();
+          step.copy_out = copy ? out.data() : nullptr;
+          step.count = n;
+          step.check_finite = false;  // the engine checks overflow itself before stepping
+          int64_t number = 1;
+          Row r{"AdamW", n, t, std::string(dtype_name(gt)), copy};
+          r.bytes_per_param = optimizer_bytes_per_param(OptimizerKind::adamw, gt, copy, DType::bf16);
+          r.seconds = time_median(o.reps, [&] {
+            step.step = number++;
+            cpu_optimizer_step(adamw, step);
+          });
+          r.ceiling_seconds = time_median(o.reps, [&] { cpu_optimizer_stream_ceiling(step); });
+          rows.push_back(r);
+        }
+      }
+    }
+  }
+  cpu::set_num_threads(all);
+
+  nlohmann::json torch_default, torch_tuned;
+  if (o.torch) {
+    torch_tuned = run_torch(sizes, threads, o.reps, true);
+    torch_default = run_torch(sizes, threads, o.reps, false);
+  }
+  auto torch_seconds = [](const nlohmann::json& t, size_t n, int threads) {
+    if (!t.is_array()) return 0.0;
+    for (const auto& e : t) {
+      if (e["params"].get<size_t>() == n && e["threads"].get<int>() == threads) return e["seconds"].get<double>();
+    }
+    return 0.0;
+  };
+
+  if (o.json) {
+    nlohmann::json j;
+    double ceiling = 0;
+    j["results"] = nlohmann::json::array();
+    for (const auto& r : rows) {
+      ceiling = std::max(ceiling, r.ceiling_gbps());
+      j["results"].push_back({{"optimizer", r.optimizer}, {"params", r.params}, {"threads", r.threads},
+                              {"grad_dtype", r.grad_dtype}, {"copy_out", r.copy_out}, {"params_per_s", r.params_per_s()},
+                              {"gbps", r.gbps()}, {"ceiling_gbps", r.ceiling_gbps()},
+                              {"vs_ceiling", r.gbps() / r.ceiling_gbps()}});
+    }
+    j["ceiling_gbps"] = ceiling;
+    j["simd"] = cpu::simd_level_name(cpu::active_simd_level());
+    j["torch"] = nlohmann::json::array();
+    for (const auto* t : {&torch_tuned, &torch_default}) {
+      if (!t->is_array()) continue;
+      for (auto e : *t) {
+        e["malloc"] = t == &torch_tuned ? "tuned" : "default";
+        e["params_per_s"] = e["params"].get<double>() / e["seconds"].get<double>();
+        j["torch"].push_back(e);
+      }
+    }
+    std::printf("%s\n", j.dump(2).c_str());
+    return;
+  }
+  std::printf("zeroth bench optim: AdamW step on the CPU (%s kernels), median of %d; GB/s counts the bytes the step "
+              "must move\n",
+              std::string(cpu::simd_level_name(cpu::active_simd_level())).c_str(), o.reps);
+  std::printf("%12s %7s %5s %5s %12s %8s %12s %8s %13s %13s\n", "params", "threads", "grads", "copy", "Mparams/s", "GB/s",
+              "ceiling GB/s", "vs ceil", "torch tuned", "torch default");
+  for (const auto& r : rows) {
+    const double tt = r.grad_dtype == "f32" && !r.copy_out ? torch_seconds(torch_tuned, r.params, r.threads) : 0;
+    const double td = r.grad_dtype == "f32" && !r.copy_out ? torch_seconds(torch_default, r.params, r.threads) : 0;
+    auto ratio = [&](double torch_s) { return torch_s > 0 ? fmt::format("{:.2f}x", torch_s / r.seconds) : std::string("-"); };
+    std::printf("%12zu %7d %5s %5s %12.1f %8.2f %12.2f %7.0f%% %13s %13s\n", r.params, r.threads, r.grad_dtype.c_str(),
+                r.copy_out ? "bf16" : "-", r.params_per_s() / 1e6, r.gbps(), r.ceiling_gbps(), 100 * r.gbps() / r.ceiling_gbps(),
+                ratio(tt).c_str(), ratio(td).c_str());
+  }
+  if (!o.torch) std::printf("(PyTorch skipped: --no-torch)\n");
+  else if (!torch_tuned.is_array()) std::printf("(PyTorch not measured: /usr/bin/python3 cannot import torch)\n");
+  else std::printf("(torch columns: zeroth's speed-up over torch.optim.AdamW(foreach=True), f32 grads, same threads)\n");
+}
+
+}  // namespace
+
+void add_bench_optim_command(CLI::App& bench) {
+  auto options = std::make_shared<Options>();
+  auto* cmd = bench.add_subcommand("optim", "CPU AdamW step: params/s and GB/s next to a ceiling kernel and PyTorch");
+  cmd->add_option("--params", options->params, "Parameter counts (default 1e6 1e7 1e8)");
+  cmd->add_option("--threads", options->threads, "Thread counts (default 1 and all)");
+  cmd->add_option("--reps", options->reps, "Timed steps; the median is reported");
+  cmd->add_flag("!--no-torch", options->torch, "Skip the PyTorch comparison");
+  cmd->add_flag("--json", options->json, "Print JSON");
+  cmd->callback([options] { run(*options); });
+}
+
+}  // namespace zeroth::tools
