@@ -42,31 +42,31 @@ Kind kind_of(const OptimizerParams& p) {
     case OptimizerKind::adamw: return Kind::adamw;
     case OptimizerKind::lion: return Kind::lion;
     case OptimizerKind::sgd:
-      if (p.momentum == 0.0f) return Kind::sgd;
+      if (p.momentum == 0.0) return Kind::sgd;
       return p.nesterov ? Kind::sgd_nesterov : Kind::sgd_momentum;
   }
   return Kind::adamw;
 }
 
 StepConstants constants(const OptimizerParams& p, const OptimizerStep& s) {
+  auto f = [](double x) { return static_cast<float>(x); };
   StepConstants c{};
-  c.lr = s.lr;
-  c.beta1 = p.beta1;
-  c.beta2 = p.beta2;
-  c.one_minus_beta1 = 1.0f - p.beta1;
-  c.one_minus_beta2 = 1.0f - p.beta2;
-  c.eps = p.eps;
-  c.weight_decay = p.weight_decay;
-  c.decay_factor = 1.0f - s.lr * p.weight_decay;
+  c.lr = f(s.lr);
+  c.beta1 = f(p.beta1);
+  c.beta2 = f(p.beta2);
+  c.one_minus_beta1 = f(1.0 - p.beta1);
+  c.one_minus_beta2 = f(1.0 - p.beta2);
+  c.eps = f(p.eps);
+  c.weight_decay = f(p.weight_decay);
+  c.decay_factor = f(1.0 - s.lr * p.weight_decay);
   c.grad_scale = s.grad_scale;
-  c.momentum = p.momentum;
-  c.one_minus_dampening = 1.0f - p.dampening;
+  c.momentum = f(p.momentum);
+  c.one_minus_dampening = f(1.0 - p.dampening);
   c.first_step = s.step == 1;
-  // Bias corrections in double, as PyTorch computes them in Python floats.
-  const double bias1 = p.bias_correction ? 1.0 - std::pow(static_cast<double>(p.beta1), static_cast<double>(s.step)) : 1.0;
-  const double bias2 = p.bias_correction ? 1.0 - std::pow(static_cast<double>(p.beta2), static_cast<double>(s.step)) : 1.0;
-  c.step_size = static_cast<float>(s.lr / bias1);
-  c.inv_bias2_sqrt = static_cast<float>(1.0 / std::sqrt(bias2));
+  const double bias1 = p.bias_correction ? 1.0 - std::pow(p.beta1, static_cast<double>(s.step)) : 1.0;
+  const double bias2 = p.bias_correction ? 1.0 - std::pow(p.beta2, static_cast<double>(s.step)) : 1.0;
+  c.step_size = f(s.lr / bias1);
+  c.inv_bias2_sqrt = f(1.0 / std::sqrt(bias2));
   return c;
 }
 
@@ -119,7 +119,7 @@ void cpu_optimizer_stream_ceiling(const OptimizerStep& step, cpu::SimdLevel leve
 size_t optimizer_bytes_per_param(OptimizerKind kind, DType grad_type, bool copy_out, DType copy_out_type) {
   OptimizerParams p;
   p.kind = kind;
-  p.momentum = kind == OptimizerKind::sgd ? 0.9f : 0.0f;
+  p.momentum = kind == OptimizerKind::sgd ? 0.9 : 0.0;
   // params read + written, gradients read, each state array read + written, copy-out written
   return 8 + dtype_size(grad_type) + 8 * static_cast<size_t>(p.state_arrays()) + (copy_out ? dtype_size(copy_out_type) : 0);
 }

@@ -25,7 +25,7 @@ int OptimizerParams::state_arrays() const {
     case OptimizerKind::adam:
     case OptimizerKind::adamw: return 2;
     case OptimizerKind::lion: return 1;
-    case OptimizerKind::sgd: return momentum != 0.0f ? 1 : 0;
+    case OptimizerKind::sgd: return momentum != 0.0 ? 1 : 0;
   }
   return 0;
 }
@@ -34,19 +34,19 @@ void OptimizerParams::validate() const {
   auto fail = [&](std::string_view key, auto value, std::string_view rule) {
     ZEROTH_THROW(ConfigError, "optimizer.params.{} = {} for {}: {}", key, value, optimizer_name(kind), rule);
   };
-  if (!(lr >= 0.0f)) fail("lr", lr, "must be >= 0");
-  if (!(weight_decay >= 0.0f)) fail("weight_decay", weight_decay, "must be >= 0");
+  if (!(lr >= 0.0)) fail("lr", lr, "must be >= 0");
+  if (!(weight_decay >= 0.0)) fail("weight_decay", weight_decay, "must be >= 0");
   if (kind == OptimizerKind::sgd) {
-    if (!(momentum >= 0.0f)) fail("momentum", momentum, "must be >= 0");
-    if (!(dampening >= 0.0f && dampening <= 1.0f)) fail("dampening", dampening, "must be in [0, 1]");
-    if (nesterov && (momentum <= 0.0f || dampening != 0.0f)) {
+    if (!(momentum >= 0.0)) fail("momentum", momentum, "must be >= 0");
+    if (!(dampening >= 0.0 && dampening <= 1.0)) fail("dampening", dampening, "must be in [0, 1]");
+    if (nesterov && (momentum <= 0.0 || dampening != 0.0)) {
       fail("nesterov", "true", "needs momentum > 0 and dampening 0 (as in PyTorch)");
     }
     return;
   }
-  if (!(beta1 >= 0.0f && beta1 < 1.0f)) fail("betas[0]", beta1, "must be in [0, 1)");
-  if (!(beta2 >= 0.0f && beta2 < 1.0f)) fail("betas[1]", beta2, "must be in [0, 1)");
-  if (kind != OptimizerKind::lion && !(eps > 0.0f)) fail("eps", eps, "must be > 0");
+  if (!(beta1 >= 0.0 && beta1 < 1.0)) fail("betas[0]", beta1, "must be in [0, 1)");
+  if (!(beta2 >= 0.0 && beta2 < 1.0)) fail("betas[1]", beta2, "must be in [0, 1)");
+  if (kind != OptimizerKind::lion && !(eps > 0.0)) fail("eps", eps, "must be > 0");
 }
 
 namespace {
@@ -57,13 +57,13 @@ std::string lower(std::string_view s) {
   return out;
 }
 
-float number(const nlohmann::json& params, const std::string& key) {
+double number(const nlohmann::json& params, const std::string& key) {
   const auto& v = params.at(key);
   if (v.is_string() && v.get<std::string>() == "auto") {
     ZEROTH_THROW(ConfigError, "optimizer.params.{} is \"auto\": auto values are resolved by the training config; here it must be a number", key);
   }
   if (!v.is_number()) ZEROTH_THROW(ConfigError, "optimizer.params.{} must be a number, got {}", key, v.dump());
-  return v.get<float>();
+  return v.get<double>();
 }
 
 bool boolean(const nlohmann::json& params, const std::string& key) {
@@ -101,7 +101,7 @@ OptimizerParams OptimizerParams::from_deepspeed(const nlohmann::json& section) {
     if (!params.contains("lr")) ZEROTH_THROW(ConfigError, "optimizer.params.lr is required for SGD");
   } else if (t == "lion") {
     p.kind = OptimizerKind::lion;
-    p.beta2 = 0.999f;
+    p.beta2 = 0.999;
     allowed = {"lr", "betas", "weight_decay"};
   } else {
     static constexpr std::string_view kTypes[] = {"Adam", "AdamW", "SGD", "Lion", "Lamb", "OneBitAdam", "ZeroOneAdam",
@@ -125,8 +125,8 @@ OptimizerParams OptimizerParams::from_deepspeed(const nlohmann::json& section) {
     if (!b.is_array() || b.size() != 2 || !b[0].is_number() || !b[1].is_number()) {
       ZEROTH_THROW(ConfigError, "optimizer.params.betas must be two numbers like [0.9, 0.999], got {}", b.dump());
     }
-    p.beta1 = b[0].get<float>();
-    p.beta2 = b[1].get<float>();
+    p.beta1 = b[0].get<double>();
+    p.beta2 = b[1].get<double>();
   }
   if (params.contains("eps")) p.eps = number(params, "eps");
   if (params.contains("weight_decay")) p.weight_decay = number(params, "weight_decay");

@@ -22,14 +22,16 @@ namespace zeroth {
 enum class OptimizerKind : uint8_t { adam, adamw, sgd, lion };
 std::string_view optimizer_name(OptimizerKind kind);
 
+// Hyper-parameters are doubles, as in the Python frameworks: derived constants such as 1 - beta2
+// are formed in double and rounded to f32 once (1 - 0.999f would be 1.3e-5 off).
 struct OptimizerParams {
   OptimizerKind kind = OptimizerKind::adamw;
-  float lr = 1e-3f;
-  float beta1 = 0.9f, beta2 = 0.999f;  // lion: 0.9, 0.99
-  float eps = 1e-8f;
-  float weight_decay = 0.0f;  // adam: L2 added to the gradient; adamw, lion: decoupled
+  double lr = 1e-3;
+  double beta1 = 0.9, beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;  // adam: L2 added to the gradient; adamw, lion: decoupled
   bool bias_correction = true;
-  float momentum = 0.0f, dampening = 0.0f;  // sgd
+  double momentum = 0.0, dampening = 0.0;  // sgd
   bool nesterov = false;
 
   // State arrays per parameter (see the layout above).
@@ -51,7 +53,7 @@ struct OptimizerStep {
   DType copy_out_type = DType::bf16;  // bf16 or f16 (f32 is allowed too)
   size_t count = 0;
   int64_t step = 1;                   // 1-based step number (bias correction, SGD's first step)
-  float lr = 1e-3f;                   // this step's learning rate (from the schedule)
+  double lr = 1e-3;                   // this step's learning rate (from the schedule)
   float grad_scale = 1.0f;            // gradients are multiplied by this first (unscaling, clipping)
   // Look for Inf/NaN in the gradients first and skip the whole step if there is any (one extra
   // read of the gradients). Pass false when the caller has checked already (the engine does).
