@@ -1,0 +1,91 @@
+// DeepSpeed's DynamicLossScaler, step for step.
+#include "optim/loss_scaler.h"
+
+#include <algorithm>  // std::max
+#include <cmath>      // std::ldexp
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/strings.h"
+
+namespace zeroth {
+
+LossScalerConfig LossScalerConfig::from_deepspeed(const nlohmann::json& fp16) {
+  LossScalerConfig c;
+  static constexpr std::string_view kKeys[] = {"enabled", "auto_cast", "loss_scale", "initial_scale_power", "loss_scale_window",
+                                               "hysteresis", "consecutive_hysteresis", "min_loss_scale", "fp16_master_weights_and_grads"};
+  for (const auto& [key, value] : fp16.items()) {
+    if (std::find(std::begin(kKeys), std::end(kKeys), key) == std::end(kKeys)) {
+      ZEROTH_THROW(ConfigError, "fp16.{} is not a known key{}", key, did_you_mean(key, kKeys));
+    }
+  }
+  auto num = [&](const char* key, auto& out) {
+    if (!fp16.contains(key)) return;
+    if (!fp16[key].is_number()) ZEROTH_THROW(ConfigError, "fp16.{} must be a number, got {}", key, fp16[key].dump());
+    out = fp16[key].get<std::remove_reference_t<decltype(out)>>();
+  };
+  num("loss_scale", c.loss_scale);
+  num("initial_scale_power", c.initial_scale_power);
+  num("loss_scale_window", c.loss_scale_window);
+  num("hysteresis", c.hysteresis);
+  num("min_loss_scale", c.min_loss_scale);
+  if (fp16.contains("consecutive_hysteresis")) c.consecutive_hysteresis = fp16["consecutive_hysteresis"].get<bool>();
+  if (fp16.value("fp16_master_weights_and_grads", false)) {
+    ZEROTH_THROW(ConfigError, "fp16.fp16_master_weights_and_grads is not supported: zeroth keeps fp32 master weights");
+  }
+  if (c.loss_scale < 0) ZEROTH_THROW(ConfigError, "fp16.loss_scale must be 0 (dynamic) or positive, got {}", c.loss_scale);
+  if (c.initial_scale_power < 0 || c.initial_scale_power > 64) {
+    ZEROTH_THROW(ConfigError, "fp16.initial_scale_power must be in [0, 64], got {}", c.initial_scale_power);
+  }
+  if (c.loss_scale_window < 1) ZEROTH_THROW(ConfigError, "fp16.loss_scale_window must be >= 1, got {}", c.loss_scale_window);
+  if (c.hysteresis < 1) ZEROTH_THROW(ConfigError, "fp16.hysteresis must be >= 1, got {}", c.hysteresis);
+  if (!(c.min_loss_scale > 0)) ZEROTH_THROW(ConfigError, "fp16.min_loss_scale must be > 0, got {}", c.min_loss_scale);
+  return c;
+}
+
+LossScaler::LossScaler(LossScalerConfig config)
+    : config_(config),
+      scale_(config.loss_scale > 0 ? config.loss_scale : std::ldexp(1.0, config.initial_scale_power)),
+      hysteresis_(config.hysteresis) {}
+
+void LossScaler::update(bool overflow) {
+  if (!dynamic()) {
+    ++iteration_;
+    return;
+  }
+  if (overflow) {
+    if (config_.hysteresis == 1 || hysteresis_ == 1) {
+      if (scale_ == config_.min_loss_scale && config_.raise_error_at_min_scale) {
+        ZEROTH_THROW(Error,
+                     "f16 gradients overflow although the loss scale is already at its minimum ({}): the model "
+                     "diverged or f16 cannot hold its values; lower the learning rate, or train in bf16",
+                     config_.min_loss_scale);
+      }
+      scale_ = std::max(scale_ / config_.scale_factor, config_.min_loss_scale);
+    } else {
+      --hysteresis_;
+    }
+    last_overflow_ = iteration_;
+  } else {
+    if (config_.consecutive_hysteresis) hysteresis_ = config_.hysteresis;
+    if ((iteration_ - last_overflow_) % config_.loss_scale_window == 0) {
+      if (!config_.consecutive_hysteresis) hysteresis_ = config_.hysteresis;
+      scale_ *= config_.scale_factor;
+    }
+  }
+  ++iteration_;
+}
+
+bool LossScaler::has_overflow(Device& device, Stream& stream, std::span<const TensorView> tensors) {
+  Buffer flag = device.allocate(sizeof(int32_t), MemTag::buffers);
+  const int32_t zero = 0;
+  device.copy(stream, flag.data(), &zero, sizeof zero);
+  for (const auto& t : tensors) device.flag_nonfinite(stream, t, flag.as<int32_t>());
+  int32_t result = 0;
+  device.copy(stream, &result, flag.data(), sizeof result);
+  stream.synchronize();
+  return result != 0;
+}
+
+}  // namespace zeroth

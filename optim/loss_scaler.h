@@ -1,0 +1,54 @@
+// Loss scaling for f16 training, with DeepSpeed's semantics: `fp16.loss_scale` 0 means dynamic,
+// starting at 2^initial_scale_power; an overflow halves the scale once `hysteresis` overflows
+// have been absorbed, and loss_scale_window clean steps double it.
+#pragma once
+
+#include <cstdint>  // int64_t
+#include <span>     // std::span
+
+#include <nlohmann/json_fwd.hpp>  // nlohmann::json
+
+#include "core/device.h"  // Device, Stream, TensorView
+
+namespace zeroth {
+
+struct LossScalerConfig {
+  double loss_scale = 0.0;  // 0: dynamic; > 0: this static scale
+  int initial_scale_power = 16;
+  int64_t loss_scale_window = 1000;
+  int hysteresis = 2;
+  bool consecutive_hysteresis = false;
+  double min_loss_scale = 1.0;
+  double scale_factor = 2.0;
+  bool raise_error_at_min_scale = true;
+
+  // DeepSpeed's `fp16` section (its "enabled" and "auto_cast" are read by the caller).
+  static LossScalerConfig from_deepspeed(const nlohmann::json& fp16);
+};
+
+class LossScaler {
+ public:
+  explicit LossScaler(LossScalerConfig config = {});
+
+  double scale() const { return scale_; }
+  bool dynamic() const { return config_.loss_scale == 0.0; }
+  // Records one step's outcome: an overflowing step is skipped by the caller, and the scale
+  // moves as DeepSpeed's DynamicLossScaler moves it. Throws Error when the scale would have to
+  // drop below the minimum (and raise_error_at_min_scale).
+  void update(bool overflow);
+  int64_t iteration() const { return iteration_; }
+  int64_t last_overflow_iteration() const { return last_overflow_; }
+  int hysteresis_left() const { return hysteresis_; }
+
+  // True when any tensor holds Inf or NaN (all on `device`, checked on `stream`, synchronizing).
+  static bool has_overflow(Device& device, Stream& stream, std::span<const TensorView> tensors);
+
+ private:
+  LossScalerConfig config_;
+  double scale_;
+  int64_t iteration_ = 0;
+  int64_t last_overflow_ = -1;
+  int hysteresis_;
+};
+
+}  // namespace zeroth
