@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "optim/cpu/optim_kernels.h"
 #include "optim/optimizer.h"
+#include "optim/step_setup.h"
 
 namespace zeroth {
 
@@ -26,15 +27,7 @@ const OptimTable& optim_table(cpu::SimdLevel level) {
 }
 }  // namespace optim_cpu
 
-namespace {
-
-using optim_cpu::Kind;
-using optim_cpu::StepConstants;
-
-// Outputs this large go around the cache (the copy-out is not read back by the step).
-constexpr size_t kStreamingBytes = size_t{8} << 20;
-// Elements per task: 16 KiB of each f32 array, so the five streams of a chunk stay in L2.
-constexpr size_t kChunk = size_t{1} << 14;
+namespace optim_cpu {
 
 Kind kind_of(const OptimizerParams& p) {
   switch (p.kind) {
@@ -48,7 +41,7 @@ Kind kind_of(const OptimizerParams& p) {
   return Kind::adamw;
 }
 
-StepConstants constants(const OptimizerParams& p, const OptimizerStep& s) {
+StepConstants make_constants(const OptimizerParams& p, const OptimizerStep& s) {
   auto f = [](double x) { return static_cast<float>(x); };
   StepConstants c{};
   c.lr = f(s.lr);
@@ -70,6 +63,27 @@ StepConstants constants(const OptimizerParams& p, const OptimizerStep& s) {
   return c;
 }
 
+void check_step(const OptimizerParams& p, const OptimizerStep& s) {
+  if (s.count == 0) return;
+  ZEROTH_CHECK(s.params != nullptr && s.grads != nullptr, "optimizer step over {} parameters with null params or grads", s.count);
+  ZEROTH_CHECK(s.step >= 1, "optimizer step number must start at 1, got {}", s.step);
+  for (int k = 0; k < p.state_arrays(); ++k) {
+    ZEROTH_CHECK(s.state[k] != nullptr, "{} needs {} state array(s); state[{}] is null", optimizer_name(p.kind), p.state_arrays(), k);
+  }
+}
+
+}  // namespace optim_cpu
+
+namespace {
+
+using optim_cpu::Kind;
+using optim_cpu::StepConstants;
+
+// Outputs this large go around the cache (the copy-out is not read back by the step).
+constexpr size_t kStreamingBytes = size_t{8} << 20;
+// Elements per task: 16 KiB of each f32 array, so the five streams of a chunk stay in L2.
+constexpr size_t kChunk = size_t{1} << 14;
+
 void run(Kind kind, const OptimizerStep& s, const StepConstants& c, cpu::SimdLevel level) {
   const auto& table = optim_cpu::optim_table(level);
   const bool nt = s.copy_out != nullptr && s.count * dtype_size(s.copy_out_type) >= kStreamingBytes;
@@ -90,22 +104,13 @@ void run(Kind kind, const OptimizerStep& s, const StepConstants& c, cpu::SimdLev
   });
 }
 
-void check_step(const OptimizerParams& p, const OptimizerStep& s) {
-  if (s.count == 0) return;
-  ZEROTH_CHECK(s.params != nullptr && s.grads != nullptr, "optimizer step over {} parameters with null params or grads", s.count);
-  ZEROTH_CHECK(s.step >= 1, "optimizer step number must start at 1, got {}", s.step);
-  for (int k = 0; k < p.state_arrays(); ++k) {
-    ZEROTH_CHECK(s.state[k] != nullptr, "{} needs {} state array(s); state[{}] is null", optimizer_name(p.kind), p.state_arrays(), k);
-  }
-}
-
 }  // namespace
 
 StepReport cpu_optimizer_step(const OptimizerParams& params, const OptimizerStep& step, cpu::SimdLevel level) {
-  check_step(params, step);
+  optim_cpu::check_step(params, step);
   if (step.count == 0) return {};
   if (step.check_finite && cpu::has_nonfinite(step.grads, step.grad_type, step.count, level)) return {.skipped = true};
-  run(kind_of(params), step, constants(params, step), level);
+  run(optim_cpu::kind_of(params), step, optim_cpu::make_constants(params, step), level);
   return {};
 }
 

@@ -12,9 +12,12 @@
 #include <string>       // std::string
 #include <string_view>  // std::string_view
 
+#include <span>         // std::span
+
 #include <nlohmann/json_fwd.hpp>  // nlohmann::json
 
 #include "core/cpu/kernels.h"  // SimdLevel
+#include "core/device.h"       // Stream
 #include "core/dtype.h"        // DType
 
 namespace zeroth {
@@ -68,6 +71,12 @@ struct StepReport {
 // the same bits: no FMA contraction, IEEE sqrt and division).
 StepReport cpu_optimizer_step(const OptimizerParams& params, const OptimizerStep& step,
                               cpu::SimdLevel level = cpu::active_simd_level());
+
+// Several shards in one fused launch on a CUDA stream (all shards share the step's number, lr,
+// grad and copy-out dtypes). With check_finite, the gradients are checked on the GPU first and
+// the host waits for the verdict (a synchronisation: the engine checks overflow itself instead).
+// Throws CudaError without the CUDA backend.
+StepReport cuda_optimizer_step(const OptimizerParams& params, std::span<const OptimizerStep> shards, Stream& stream);
 
 // The ceiling for benchmarks: reads and writes exactly what an Adam step does (params, grads,
 // both moments, the copy-out) in the same loop, with one addition per array instead of the

@@ -26,6 +26,7 @@ namespace {
 using clock = std::chrono::steady_clock;
 
 struct Options {
+  std::string device = "cpu";
   std::vector<std::string> params = {"1e6", "1e7", "1e8"};
   std::vector<int> threads;  // default: 1 and all
   int reps = 7;
@@ -120,9 +121,49 @@ nlohmann::json run_torch(const std::vector<size_t>& sizes, const std::vector<int
   }
 }
 
+// The fused CUDA step next to a device-to-device copy of the same number of bytes.
+void run_cuda(const Options& o, const std::vector<size_t>& sizes) {
+  auto device = make_device(o.device);
+  auto& s = device->default_stream();
+  OptimizerParams adamw;
+  adamw.weight_decay = 0.01;
+  std::printf("zeroth bench optim on %s: fused AdamW step vs a device-to-device copy of the same bytes, median of %d\n",
+              device->name().c_str(), o.reps);
+  std::printf("%12s %5s %5s %12s %10s %14s %8s\n", "params", "grads", "copy", "Gparams/s", "GB/s", "copy GB/s", "vs copy");
+  for (size_t n : sizes) {
+    Buffer p = device->allocate(n * 4, MemTag::params), g = device->allocate(n * 4, MemTag::grads);
+    Buffer m = device->allocate(n * 4, MemTag::optimizer), v = device->allocate(n * 4, MemTag::optimizer);
+    Buffer out = device->allocate(n * 2, MemTag::params);
+    for (Buffer* b : {&p, &g, &m, &v}) device->fill(s, b->view(DType::f32), 1e-3f);
+    for (bool copy : {false, true}) {
+      OptimizerStep step{p.as<float>(), g.data(), DType::f32, {m.as<float>(), v.as<float>()}, copy ? out.data() : nullptr,
+                         DType::bf16, n};
+      step.check_finite = false;
+      int64_t number = 1;
+      const OptimizerStep shards[] = {step};
+      const double t = time_median(o.reps, [&] {
+        OptimizerStep st = shards[0];
+        st.step = number++;
+        cuda_optimizer_step(adamw, {&st, 1}, s);
+        s.synchronize();
+      });
+      const size_t bytes = n * optimizer_bytes_per_param(OptimizerKind::adamw, DType::f32, copy, DType::bf16);
+      // The copy moves bytes / 2 each way: read + write counted like the step's.
+      Buffer a = device->allocate(bytes / 2, MemTag::buffers), b = device->allocate(bytes / 2, MemTag::buffers);
+      const double tc = time_median(o.reps, [&] {
+        device->copy(s, b.data(), a.data(), bytes / 2);
+        s.synchronize();
+      });
+      std::printf("%12zu %5s %5s %12.2f %10.1f %14.1f %7.0f%%\n", n, "f32", copy ? "bf16" : "-", n / t / 1e9, bytes / t / 1e9,
+                  bytes / tc / 1e9, 100 * tc / t);
+    }
+  }
+}
+
 void run(const Options& o) {
   std::vector<size_t> sizes;
   for (const auto& p : o.params) sizes.push_back(parse_count(p));
+  if (o.device != "cpu") return run_cuda(o, sizes);
   std::vector<int> threads = o.threads;
   const int all = cpu::num_threads();
   if (threads.empty()) threads = all > 1 ? std::vector<int>{1, all} : std::vector<int>{1};
@@ -233,6 +274,7 @@ void run(const Options& o) {
 void add_bench_optim_command(CLI::App& bench) {
   auto options = std::make_shared<Options>();
   auto* cmd = bench.add_subcommand("optim", "CPU AdamW step: params/s and GB/s next to a ceiling kernel and PyTorch");
+  cmd->add_option("--device", options->device, "cpu (default) or cuda[:N]");
   cmd->add_option("--params", options->params, "Parameter counts (default 1e6 1e7 1e8)");
   cmd->add_option("--threads", options->threads, "Thread counts (default 1 and all)");
   cmd->add_option("--reps", options->reps, "Timed steps; the median is reported");

@@ -50,6 +50,9 @@ if [[ $status_build == ok ]]; then
   fi
   build-gpu/tools/zeroth bench kernels --device cuda --size 1GiB --reps 20 | tee "$out/bench_kernels_cuda.txt"
 
+  step "bench optim on the GPU (fused AdamW vs device-to-device copy)"
+  build-gpu/tools/zeroth bench optim --device cuda --params 1e8 1e9 --reps 20 | tee "$out/bench_optim_cuda.txt" || status_bench=FAIL
+
   step "bench comm on the GPUs (nccl, one rank per GPU)"
   gpus=$(nvidia-smi -L | wc -l)
   if build-gpu/tools/zeroth bench comm --backend nccl --ranks "$gpus" --min-bytes 1MiB --max-bytes 256MiB \

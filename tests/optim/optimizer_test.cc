@@ -14,6 +14,7 @@
 #include "core/cpu/kernels.h"
 #include "core/error_types.h"
 #include "optim/optimizer.h"
+#include "tests/test_util.h"
 
 namespace zeroth {
 namespace {
@@ -209,6 +210,57 @@ TEST_P(Optimizers, EveryLevelIsBitIdenticalToScalarOnOddSizesAndUnalignedPointer
               << GetParam().name << " " << cpu::simd_level_name(level) << " n " << n << " offset " << offset;
         }
       }
+    }
+  }
+}
+
+// The fused CUDA kernel does the CPU's operations in the CPU's order: same bits, two shards in
+// one launch.
+TEST_P(Optimizers, CudaStepGivesTheCpuBits) {
+  ZEROTH_SKIP_WITHOUT("cuda");
+  const auto& o = GetParam().params;
+  auto device = make_device("cuda");
+  auto& stream = device->default_stream();
+  const size_t sizes[2] = {100003, 17};
+  for (DType gt : {DType::f32, DType::bf16}) {
+    std::vector<float> p[2], m[2], v[2];
+    std::vector<uint8_t> g[2];
+    std::vector<Buffer> bufs;
+    std::vector<OptimizerStep> shards;
+    for (int k = 0; k < 2; ++k) {
+      const size_t n = sizes[k];
+      p[k] = random_floats(n, 3 + k, -1.0f, 1.0f);
+      m[k].assign(n, 0.01f);
+      v[k].assign(n, 0.02f);
+      g[k] = encode(random_floats(n, 5 + k, -0.05f, 0.05f), gt);
+      for (size_t bytes : {n * 4, n * 4, n * 4, g[k].size(), n * 2}) bufs.push_back(device->allocate(bytes, MemTag::other));
+      auto* b = &bufs[bufs.size() - 5];
+      device->copy(stream, b[0].data(), p[k].data(), n * 4);
+      device->copy(stream, b[1].data(), m[k].data(), n * 4);
+      device->copy(stream, b[2].data(), v[k].data(), n * 4);
+      device->copy(stream, b[3].data(), g[k].data(), g[k].size());
+      OptimizerStep st{b[0].as<float>(), b[3].data(), gt, {b[1].as<float>(), b[2].as<float>()}, b[4].data(), DType::bf16, n};
+      st.step = 3;
+      st.lr = o.lr;
+      st.check_finite = false;
+      shards.push_back(st);
+    }
+    ASSERT_FALSE(cuda_optimizer_step(o, shards, stream).skipped);
+    for (int k = 0; k < 2; ++k) {
+      const size_t n = sizes[k];
+      std::vector<uint8_t> copy(n * 2), gpu_copy(n * 2);
+      OptimizerStep cpu{p[k].data(), g[k].data(), gt, {m[k].data(), v[k].data()}, copy.data(), DType::bf16, n};
+      cpu.step = 3;
+      cpu.lr = o.lr;
+      cpu_optimizer_step(o, cpu);
+      std::vector<float> gp(n), gm(n), gv(n);
+      auto* b = &bufs[5 * k];
+      device->copy(stream, gp.data(), b[0].data(), n * 4);
+      device->copy(stream, gm.data(), b[1].data(), n * 4);
+      device->copy(stream, gv.data(), b[2].data(), n * 4);
+      device->copy(stream, gpu_copy.data(), b[4].data(), n * 2);
+      stream.synchronize();
+      EXPECT_TRUE(gp == p[k] && gm == m[k] && gv == v[k] && gpu_copy == copy) << GetParam().name << " shard " << k;
     }
   }
 }

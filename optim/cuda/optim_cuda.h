@@ -1,0 +1,28 @@
+// Launcher of the fused CUDA optimizer kernel (optim_cuda.cu); plain C++ for host callers.
+#pragma once
+
+#include <cuda_runtime_api.h>  // cudaStream_t
+
+#include <cstddef>  // size_t
+
+#include "core/dtype.h"
+#include "optim/cpu/optim_kernels.h"  // StepConstants, Kind
+
+namespace zeroth::optim_cuda {
+
+struct Shard {
+  float* params;
+  const void* grads;
+  float* m;
+  float* v;
+  void* out;
+  size_t count;
+};
+
+// One launch updates up to kMaxShards shards (blockIdx.y picks the shard); more are split into
+// several launches. The arithmetic is the CPU kernels', operation for operation.
+inline constexpr int kMaxShards = 16;
+void launch_step(optim_cpu::Kind kind, const Shard* shards, int count, DType grad_type, DType out_type,
+                 const optim_cpu::StepConstants& c, cudaStream_t stream);
+
+}  // namespace zeroth::optim_cuda
