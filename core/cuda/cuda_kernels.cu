@@ -21,28 +21,8 @@ int blocks_for(size_t n) {
   return static_cast<int>(blocks < kMaxBlocks ? (blocks == 0 ? 1 : blocks) : kMaxBlocks);
 }
 
-template <DType T>
-__device__ inline float load(const void* p, size_t i) {
-  if constexpr (T == DType::f32) return static_cast<const float*>(p)[i];
-  else if constexpr (T == DType::bf16) return bits_f32(scalar_bf16_to_f32(static_cast<const uint16_t*>(p)[i]));
-  else return bits_f32(scalar_f16_to_f32(static_cast<const uint16_t*>(p)[i]));
-}
+#include "core/cuda/cuda_access.cuh"
 
-template <DType T>
-__device__ inline void store(void* p, size_t i, float v) {
-  if constexpr (T == DType::f32) static_cast<float*>(p)[i] = v;
-  else if constexpr (T == DType::bf16) static_cast<uint16_t*>(p)[i] = scalar_f32_to_bf16(f32_bits(v));
-  else static_cast<uint16_t*>(p)[i] = scalar_f32_to_f16(f32_bits(v));
-}
-
-template <class Fn>
-void with_dtype(DType t, Fn&& fn) {
-  switch (t) {
-    case DType::f32: fn.template operator()<DType::f32>(); return;
-    case DType::bf16: fn.template operator()<DType::bf16>(); return;
-    case DType::f16: fn.template operator()<DType::f16>(); return;
-  }
-}
 
 #define GRID_STRIDE(i, n) \
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < (n); i += size_t{gridDim.x} * blockDim.x)
