@@ -169,7 +169,7 @@ class GlooCommunicator final : public Communicator {
       lengths.push_back(recv.numel);
     }
     enqueue(s, d, [=, this](uint64_t slot) {
-      auto reduced = ring_reduce(send, offsets, lengths, d, slot);
+      auto reduced = reduce_to_chunk(send, offsets, lengths, d, slot);
       finish(reduced.data(), recv, d);
     });
   }
@@ -185,7 +185,7 @@ class GlooCommunicator final : public Communicator {
       byte_lengths.push_back(lengths.back() * dtype_size(data.dtype));
     }
     enqueue(s, d, [=, this](uint64_t slot) {
-      auto reduced = ring_reduce(data, offsets, lengths, d, slot);
+      auto reduced = reduce_to_chunk(data, offsets, lengths, d, slot);
       finish(reduced.data(), data.slice(offsets[rank()], lengths[rank()]), d);
       ring_all_gather(static_cast<char*>(data.data), byte_offsets, byte_lengths, slot + 1, d);
     }, true, 2);
@@ -319,10 +319,9 @@ class GlooCommunicator final : public Communicator {
     }
   }
 
-  // One failure cascades: a rank whose neighbour died fails, then its own neighbours do. Every
-  // failing rank posts which peer it saw fail; after a short grace period, the peers that others
-  // saw fail but that posted nothing themselves are the ones that died or stalled, and every
-  // rank's error names them.
+  // One failure cascades: a rank whose peer died fails, then its own peers do. Every failing rank
+  // posts which peer it saw fail; after a grace period, the peers that others saw fail but that
+  // posted nothing themselves are the ones that died or stalled, and every rank's error names them.
   [[noreturn]] void fail(int peer, const std::string& what) {
     std::string verdict;
     try {
@@ -343,9 +342,9 @@ class GlooCommunicator final : public Communicator {
             if (seen >= 0) observed.emplace(seen, p);
           }
         }
-        bool all_explained = true;
-        for (auto& [seen, by] : observed) all_explained &= reported[seen];
-        if (!all_explained) break;  // somebody observed a rank that is silent: that is the culprit
+        // Wait out the grace period (a cascading rank may report a moment after us) unless every
+        // other rank has reported already.
+        if (std::count(reported.begin(), reported.end(), true) == size()) break;
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
       } while (std::chrono::steady_clock::now() < grace_end);
       for (auto& [seen, by] : observed) {
@@ -527,6 +526,57 @@ class GlooCommunicator final : public Communicator {
       for (; first_sends > 0; --first_sends) wait_send(*ub_first, right, d);
     }
     return {std::move(part_leases[cur]), 0};
+  }
+
+  // Below this many ranks, reductions exchange chunks directly (every rank sends each peer its
+  // slice) instead of passing partial sums around a ring: the same bytes on the wire, no
+  // store-and-forward, the original dtype on the wire (bf16 travels as bf16), and one pass that
+  // sums all n slices in rank order, so the result equals the local backend's bit for bit.
+  static constexpr int kDirectMaxRanks = 8;
+
+  Reduced direct_reduce(TensorView in, const std::vector<size_t>& offsets, const std::vector<size_t>& lengths,
+                        const Descriptor& d, uint64_t slot) {
+    const int n = size(), r = rank();
+    const size_t len = lengths[r], esize = dtype_size(in.dtype);
+    auto landing = pool_.take(((n - 1) * len * esize + 3) / 4);
+    auto result = pool_.take(len);
+    // One unbound buffer per peer and direction, so that a failure names the peer it came from.
+    BufferKeeper keep(*this);
+    std::vector<int> peers;
+    for (int k = 1; k < n; ++k) peers.push_back((r + k) % n);  // staggered: no rank is everyone's first
+    std::vector<gloo::transport::UnboundBuffer*> from(n, nullptr), to(n, nullptr);
+    char* const landing_bytes = reinterpret_cast<char*>(landing.data());
+    for (size_t k = 0; k < peers.size(); ++k) {
+      const int p = peers[k];
+      if (len > 0) {
+        from[p] = &keep.make(landing_bytes + k * len * esize, len * esize);
+        post_recv(*from[p], p, slot, 0, len * esize, d);
+      }
+      if (lengths[p] > 0) {
+        to[p] = &keep.make(static_cast<char*>(in.data) + offsets[p] * esize, lengths[p] * esize);
+        post_send(*to[p], p, slot, 0, lengths[p] * esize, d);
+      }
+    }
+    if (len > 0) {
+      std::vector<const void*> inputs(n);
+      for (size_t k = 0; k < peers.size(); ++k) {
+        wait_recv(*from[peers[k]], peers[k], d);
+        inputs[peers[k]] = landing_bytes + k * len * esize;
+      }
+      inputs[r] = static_cast<const char*>(in.data) + offsets[r] * esize;
+      const auto kind = d.reduce == ReduceOp::max ? ReduceKind::max : ReduceKind::sum;
+      cpu::kernel_table(cpu::active_simd_level()).reduce(inputs.data(), n, in.dtype, result.data(), DType::f32, kind, 1.0f, len, false);
+    }
+    for (int p : peers) {
+      if (to[p] != nullptr) wait_send(*to[p], p, d);
+    }
+    return {std::move(result), 0};
+  }
+
+  Reduced reduce_to_chunk(TensorView in, const std::vector<size_t>& offsets, const std::vector<size_t>& lengths,
+                          const Descriptor& d, uint64_t slot) {
+    if (size() <= kDirectMaxRanks) return direct_reduce(in, offsets, lengths, d, slot);
+    return ring_reduce(in, offsets, lengths, d, slot);
   }
 
   // out = scale * reduced, rounded once to out's dtype.
