@@ -132,7 +132,7 @@ void run_report(bool json_output) {
     nlohmann::json variables = nlohmann::json::object();
     for (const auto& v : env::all()) {
       auto value = env::get(v.name);
-      variables[std::string(v.name)] = value ? *value : nullptr;
+      variables[std::string(v.name)] = value ? nlohmann::json(*value) : nlohmann::json(nullptr);
     }
     out["environment"] = variables;
     std::printf("%s\n", out.dump(2).c_str());
