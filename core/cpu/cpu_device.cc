@@ -31,31 +31,50 @@ void* HostBlockCache::map_block(size_t size) {
     if (p == nullptr) ZEROTH_THROW(OutOfMemory, "aligned_alloc({}, {}) failed: host memory exhausted", kSmallAlign, size);
     return p;
   }
-  // Map 2 MiB extra and trim, so the block starts on a huge-page boundary.
-  const size_t mapped = size + kHugePage;
-  void* raw = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  constexpr unsigned kColors = 8;
+  unsigned color;
+  {
+    std::lock_guard lock(mutex_);
+    color = color_++ % kColors;
+  }
+  // One huge page of slack for alignment, and the color's offset; the slack stays mapped but is
+  // never touched, so it costs address space only.
+  const size_t length = size + kHugePage * (1 + color);
+  void* raw = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (raw == MAP_FAILED) {
-    ZEROTH_THROW(OutOfMemory, "mmap({} bytes) failed: {}", mapped, detail::errno_text(errno));
+    ZEROTH_THROW(OutOfMemory, "mmap({} bytes) failed: {}", length, detail::errno_text(errno));
   }
   const auto base = reinterpret_cast<uintptr_t>(raw);
-  const uintptr_t aligned = (base + kHugePage - 1) / kHugePage * kHugePage;
-  if (aligned > base) SYSCALL_CHECK(munmap(raw, aligned - base));
-  const uintptr_t end = base + mapped, block_end = aligned + size;
-  if (end > block_end) SYSCALL_CHECK(munmap(reinterpret_cast<void*>(block_end), end - block_end));
+  const uintptr_t aligned = (base + kHugePage - 1) / kHugePage * kHugePage + color * kHugePage;
   void* block = reinterpret_cast<void*>(aligned);
   madvise(block, size, MADV_HUGEPAGE);  // advisory: a kernel without THP just ignores it
   // Touch every page now, at allocation time, instead of inside the first step that uses it.
   auto* bytes = static_cast<volatile char*>(block);
   for (size_t off = 0; off < size; off += kPage) bytes[off] = 0;
+  std::lock_guard lock(mutex_);
+  mappings_[block] = {raw, length};
   return block;
 }
 
 void HostBlockCache::unmap_block(void* data, size_t size) {
   if (size < kHugePage) {
     std::free(data);
-  } else if (munmap(data, size) != 0) {
+    return;
+  }
+  Mapping m{};
+  {
+    std::lock_guard lock(mutex_);
+    auto it = mappings_.find(data);
+    if (it == mappings_.end()) {
+      ZLOG_ERROR("host block cache: no mapping recorded for block {} of {} bytes; leaking it", data, size);
+      return;
+    }
+    m = it->second;
+    mappings_.erase(it);
+  }
+  if (munmap(m.base, m.length) != 0) {
     // Runs from destructors: report, do not throw.
-    ZLOG_ERROR("munmap({}, {}) failed: {}", data, size, detail::errno_text(errno));
+    ZLOG_ERROR("munmap({}, {}) failed: {}", m.base, m.length, detail::errno_text(errno));
   }
 }
 

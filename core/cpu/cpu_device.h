@@ -14,6 +14,10 @@ namespace zeroth {
 // Blocks are kept after free and handed out again for the same rounded size, so a training step
 // that allocates what the previous one freed never pays the first touch of fresh pages (seconds
 // per GiB on virtual machines). New blocks are touched once, when allocated.
+//
+// Large blocks start at a varying multiple of 2 MiB past a huge-page boundary ("colors"): arrays
+// whose starts are a large power-of-two multiple apart collide in the TLB and cache sets when
+// streamed together, which cut a five-array optimizer step from 1.7 to 1.0 G params/s here.
 class HostBlockCache {
  public:
   ~HostBlockCache();
@@ -24,12 +28,18 @@ class HostBlockCache {
   size_t cached_bytes() const;
 
  private:
+  struct Mapping {
+    void* base;
+    size_t length;
+  };
   static size_t rounded(size_t bytes);
-  static void* map_block(size_t size);
-  static void unmap_block(void* data, size_t size);
+  void* map_block(size_t size);
+  void unmap_block(void* data, size_t size);
 
   mutable std::mutex mutex_;
   std::multimap<size_t, void*> free_blocks_;  // rounded size -> block
+  std::map<void*, Mapping> mappings_;         // large block -> the mapping it lives in
+  unsigned color_ = 0;
   size_t reserved_ = 0;
   size_t cached_ = 0;
 };
