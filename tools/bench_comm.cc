@@ -42,6 +42,7 @@ struct Options {
 
 struct Row {
   std::string op;
+  bool in_place = false;
   size_t bytes = 0;
   size_t count = 0;
   double time_us = 0, algbw = 0, busbw = 0;
@@ -130,7 +131,15 @@ std::vector<Row> run_rank(Communicator& comm, Device& device, const Options& o) 
   const size_t max_bytes = parse_bytes(o.max_bytes);
   Buffer timing = device.allocate(sizeof(float), MemTag::buffers);
   std::vector<Row> rows;
-  for (const char* op : {"all_gather", "reduce_scatter", "all_reduce"}) {
+  // As nccl-tests: out of place, then in place (the send buffer is this rank's slice of the
+  // receive buffer for all_gather, the receive buffer is its slice of the input for
+  // reduce_scatter; ZeRO's gathers and scatters are in place). all_reduce is always in place.
+  struct Variant {
+    const char* op;
+    bool in_place;
+  };
+  for (const auto [op, in_place] : {Variant{"all_gather", false}, Variant{"all_gather", true}, Variant{"reduce_scatter", false},
+                                    Variant{"reduce_scatter", true}, Variant{"all_reduce", true}}) {
     for (size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 2) {
       // nccl-tests' sizes: the gathered buffer, the scattered input, the reduced buffer.
       const size_t count = bytes / esize / n * n;
@@ -139,7 +148,10 @@ std::vector<Row> run_rank(Communicator& comm, Device& device, const Options& o) 
       Buffer small = device.allocate(count / n * esize, MemTag::buffers);
       device.fill(*stream, {big.data(), count, type}, 1.0f);
       device.fill(*stream, {small.data(), count / n, type}, 1.0f);
-      const TensorView whole{big.data(), count, type}, part{small.data(), count / n, type};
+      const TensorView whole{big.data(), count, type};
+      const TensorView part = in_place && std::string_view(op) != "all_reduce"
+                                  ? whole.slice(comm.rank() * (count / n), count / n)
+                                  : TensorView{small.data(), count / n, type};
       auto once = [&] {
         if (std::string_view(op) == "all_gather") comm.all_gather(*stream, part, whole);
         else if (std::string_view(op) == "reduce_scatter") comm.reduce_scatter(*stream, whole, part, ReduceOp::sum);
@@ -159,7 +171,7 @@ std::vector<Row> run_rank(Communicator& comm, Device& device, const Options& o) 
       stream->synchronize();
       const double algbw = count * esize / static_cast<double>(elapsed) / 1e9;
       const double factor = std::string_view(op) == "all_reduce" ? 2.0 * (n - 1) / n : (n - 1.0) / n;
-      rows.push_back({op, count * esize, count, elapsed * 1e6, algbw, algbw * factor});
+      rows.push_back({op, in_place, count * esize, count, elapsed * 1e6, algbw, algbw * factor});
     }
   }
   return rows;
@@ -183,7 +195,7 @@ void print(const Options& o, int ranks, const std::vector<Ceiling>& ceilings, co
     for (const auto& c : ceilings) out["ceilings"].push_back({{"name", c.name}, {"gbps", c.gbps}});
     out["results"] = nlohmann::json::array();
     for (const auto& r : rows) {
-      out["results"].push_back({{"op", r.op}, {"bytes", r.bytes}, {"dtype", o.dtype}, {"time_us", r.time_us},
+      out["results"].push_back({{"op", r.op}, {"in_place", r.in_place}, {"bytes", r.bytes}, {"dtype", o.dtype}, {"time_us", r.time_us},
                                 {"algbw", r.algbw}, {"busbw", r.busbw}});
     }
     std::printf("%s\n", out.dump(2).c_str());
@@ -193,12 +205,13 @@ void print(const Options& o, int ranks, const std::vector<Ceiling>& ceilings, co
   for (size_t i = 0; i < ceilings.size(); ++i) {
     std::printf("# ceiling %zu: %s: %.2f GB/s (same run)\n", i + 1, ceilings[i].name.c_str(), ceilings[i].gbps);
   }
-  std::printf("#%14s %12s %6s %16s %12s %12s %12s", "size(B)", "count", "type", "op", "time(us)", "algbw(GB/s)", "busbw(GB/s)");
+  std::printf("#%14s %12s %6s %16s %8s %12s %12s %12s", "size(B)", "count", "type", "op", "place", "time(us)", "algbw(GB/s)",
+              "busbw(GB/s)");
   for (size_t i = 0; i < ceilings.size(); ++i) std::printf(" %9s%zu", "vs ceil", i + 1);
   std::printf("\n");
   for (const auto& r : rows) {
-    std::printf(" %14zu %12zu %6s %16s %12.1f %12.3f %12.3f", r.bytes, r.count, o.dtype.c_str(), r.op.c_str(), r.time_us,
-                r.algbw, r.busbw);
+    std::printf(" %14zu %12zu %6s %16s %8s %12.1f %12.3f %12.3f", r.bytes, r.count, o.dtype.c_str(), r.op.c_str(),
+                r.in_place ? "in" : "out", r.time_us, r.algbw, r.busbw);
     for (const auto& c : ceilings) std::printf(" %9.0f%%", 100 * r.busbw / c.gbps);
     std::printf("\n");
   }
