@@ -36,7 +36,7 @@ if [[ $status_build == ok ]]; then
   step "tests (GPU cases enabled)"
   if ctest --test-dir build-gpu --output-on-failure -j 4 --timeout 300 >"$out/tests.log" 2>&1; then status_tests=ok; fi
   grep -E "tests passed|tests failed" "$out/tests.log"
-  skipped=$(grep -c "cuda.*Skipped" "$out/tests.log" || true)
+  skipped=$(grep -ciE "(cuda|nccl).*Skipped" "$out/tests.log" || true)
   if [[ $skipped != 0 ]]; then
     echo "gpu-check: $skipped GPU test(s) skipped although a GPU is present" >&2
     status_tests=FAIL
