@@ -3,6 +3,8 @@
 // arithmetic, and next to PyTorch's AdamW (foreach) when Debian's python3-torch is installed.
 #include <tbb/global_control.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -99,7 +101,7 @@ print(json.dumps(out))
 
 nlohmann::json run_torch(const std::vector<size_t>& sizes, const std::vector<int>& threads, int reps, bool tuned_malloc) {
   if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) return nullptr;
-  const std::string script = "/tmp/zeroth_torch_adamw.py";
+  const std::string script = fmt::format("/tmp/zeroth_torch_adamw_{}.py", ::getpid());
   std::ofstream(script) << kTorchScript;
   std::string sz, th;
   for (auto s : sizes) sz += (sz.empty() ? "" : ",") + std::to_string(s);
@@ -113,7 +115,9 @@ nlohmann::json run_torch(const std::vector<size_t>& sizes, const std::vector<int
   std::string text;
   char buf[4096];
   while (size_t n = fread(buf, 1, sizeof buf, pipe)) text.append(buf, n);
-  if (pclose(pipe) != 0) return nullptr;
+  const int status = pclose(pipe);
+  std::remove(script.c_str());
+  if (status != 0) return nullptr;
   try {
     return nlohmann::json::parse(text);
   } catch (...) {
