@@ -16,8 +16,9 @@ namespace zeroth {
 // per GiB on virtual machines). New blocks are touched once, when allocated.
 //
 // Large blocks start at a varying multiple of 2 MiB past a huge-page boundary ("colors"): arrays
-// whose starts are a large power-of-two multiple apart collide in the TLB and cache sets when
-// streamed together, which cut a five-array optimizer step from 1.7 to 1.0 G params/s here.
+// whose starts are a large power-of-two multiple apart collide (by all appearances in TLB or
+// cache sets) when streamed together, which cut a five-array optimizer step from 1.7 to
+// 1.0 G params/s here.
 class HostBlockCache {
  public:
   ~HostBlockCache();
