@@ -18,6 +18,7 @@
 
 #include <algorithm>  // std::max
 #include <cstring>    // memcpy
+#include <condition_variable>  // std::condition_variable
 #include <map>        // std::map
 #include <mutex>      // std::mutex
 
@@ -142,6 +143,15 @@ class GlooCommunicator final : public Communicator {
   GlooCommunicator(std::shared_ptr<Shared> shared, std::shared_ptr<gloo::Context> context, std::string name,
                    CommOptions options)
       : Communicator(std::move(options)), shared_(std::move(shared)), ctx_(std::move(context)), name_(std::move(name)) {}
+
+  // Ops still queued on streams run against this object: wait for them before it goes.
+  ~GlooCommunicator() override {
+    std::unique_lock lock(in_flight_mutex_);
+    if (!in_flight_done_.wait_for(lock, options_.timeout, [&] { return in_flight_ == 0; })) {
+      ZLOG_ERROR("gloo communicator destroyed with {} op(s) still queued after {} s; their streams will fail", in_flight_,
+                 options_.timeout.count() / 1000.0);
+    }
+  }
 
   int rank() const override { return ctx_->rank; }
   int size() const override { return ctx_->size; }
@@ -384,7 +394,18 @@ class GlooCommunicator final : public Communicator {
     const bool check = collective && options_.check_desync;
     const uint64_t check_slot = check ? static_cast<uint64_t>(ctx_->nextSlot()) : 0;
     const uint64_t slot = collective ? static_cast<uint64_t>(ctx_->nextSlot(slots)) : 0;
+    {
+      std::lock_guard lock(in_flight_mutex_);
+      ++in_flight_;
+    }
     s.enqueue_host([=, this, body = std::move(body)] {
+      struct Done {
+        GlooCommunicator& comm;
+        ~Done() {
+          std::lock_guard lock(comm.in_flight_mutex_);
+          if (--comm.in_flight_ == 0) comm.in_flight_done_.notify_all();
+        }
+      } done{*this};
       guarded(d, [&] {
         if (check) check_desync(d, check_slot);
         body(slot);
@@ -615,6 +636,9 @@ class GlooCommunicator final : public Communicator {
   std::string name_;
   std::mutex p2p_mutex_;
   std::map<int, uint64_t> send_seq_, recv_seq_;
+  std::mutex in_flight_mutex_;
+  std::condition_variable in_flight_done_;
+  int in_flight_ = 0;
 };
 
 }  // namespace

@@ -50,6 +50,11 @@ TEST(Gloo, SplitGroupsWork) {
   for (size_t r = 0; r < ranks.size(); ++r) EXPECT_EQ(testing::wait_exit(ranks[r], 120s), 0) << ranks[r].output();
 }
 
+TEST(Gloo, DestroyingACommunicatorWaitsForItsQueuedOps) {
+  auto ranks = start_ranks(3, "DestroyWhileInFlight");
+  for (size_t r = 0; r < ranks.size(); ++r) EXPECT_EQ(testing::wait_exit(ranks[r], 120s), 0) << ranks[r].output();
+}
+
 TEST(Gloo, DesyncIsReportedWithBothSidesWhenChecked) {
   auto ranks = start_ranks(2, "Desync", {"ZEROTH_COMM_CHECK=1", "ZEROTH_COMM_TIMEOUT=20"});
   for (size_t r = 0; r < ranks.size(); ++r) {

@@ -59,6 +59,24 @@ TEST(GlooWorker, RunUntilAPeerDies) {
   }
 }
 
+// The communicator goes out of scope while its op is still queued: destruction waits for it.
+TEST(GlooWorker, DestroyWhileInFlight) {
+  auto device = make_device("cpu");
+  auto stream = device->create_stream();
+  Buffer b = device->allocate(4 << 20, MemTag::buffers);
+  device->fill(*stream, b.view(DType::f32), 1.0f);
+  {
+    auto comm = connect();
+    stream->enqueue_host([] { std::this_thread::sleep_for(std::chrono::milliseconds(200)); });
+    comm->all_reduce(*stream, b.view(DType::f32), ReduceOp::sum);
+    const int n = comm->size();
+    stream->enqueue_host([&b, n] {
+      if (b.as<float>()[12345] != static_cast<float>(n)) throw std::runtime_error("wrong all_reduce result");
+    });
+  }
+  stream->synchronize();
+}
+
 TEST(GlooWorker, Desync) {
   auto comm = connect();
   auto device = make_device("cpu");
