@@ -56,8 +56,16 @@ class PrefixedStore final : public gloo::rendezvous::Store {
 // Resources every communicator of one job shares. Members are destroyed bottom-up: the store
 // server (on rank 0) goes last and waits for the other ranks to disconnect.
 struct Shared {
+  // Buffers of failed ops (see BufferKeeper) are never freed: Gloo's I/O thread can still
+  // signal them while its pairs wind down, at a time no owner here controls. A failed job is on
+  // its way out, so the few hundred bytes each are left to the process's exit.
+  ~Shared() {
+    for (auto& b : abandoned) static_cast<void>(b.release());
+  }
   JobStore job;
   TcpStore* store = nullptr;
+  std::mutex abandoned_mutex;
+  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> abandoned;
   std::shared_ptr<gloo::transport::Device> device;
 };
 
@@ -298,15 +306,15 @@ class GlooCommunicator final : public Communicator {
   }
 
  private:
-  // Creates an op's unbound buffers and, when the op fails, keeps them alive until the
-  // communicator goes: Gloo's I/O thread may still signal a buffer whose wait has thrown.
+  // Creates an op's unbound buffers and, when the op fails, hands them to the job's shared state,
+  // which outlives Gloo's I/O thread: that thread may still signal a buffer whose wait has thrown.
   class BufferKeeper {
    public:
     explicit BufferKeeper(GlooCommunicator& comm) : comm_(comm) {}
     ~BufferKeeper() {
       if (std::uncaught_exceptions() > exceptions_) {
-        std::lock_guard lock(comm_.abandoned_mutex_);
-        for (auto& b : buffers_) comm_.abandoned_.push_back(std::move(b));
+        std::lock_guard lock(comm_.shared_->abandoned_mutex);
+        for (auto& b : buffers_) comm_.shared_->abandoned.push_back(std::move(b));
       }
     }
     gloo::transport::UnboundBuffer& make(void* data, size_t bytes) {
@@ -627,11 +635,7 @@ class GlooCommunicator final : public Communicator {
   }
 
   std::shared_ptr<Shared> shared_;
-  // Declared before ctx_ so they are destroyed after it (see BufferKeeper); so is the scratch
-  // such buffers may point into.
   ScratchPool pool_;
-  std::mutex abandoned_mutex_;
-  std::vector<Buf> abandoned_;
   std::shared_ptr<gloo::Context> ctx_;
   std::string name_;
   std::mutex p2p_mutex_;
