@@ -54,7 +54,7 @@ Buffer Device::allocate(size_t bytes, MemTag tag) {
 
 void Device::check_stream(const Stream& stream, std::string_view op) const {
   ZEROTH_CHECK(&stream.device() == this, "{}: stream belongs to {}, not to {}", op, stream.device().name(),
-               const_cast<Device*>(this)->name());
+               name());
 }
 
 void Device::fill(Stream& stream, TensorView dst, float value) {

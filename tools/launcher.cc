@@ -134,7 +134,6 @@ int run_launch(const LaunchOptions& o) {
       const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
       vars["ZEROTH_NUM_THREADS"] = std::to_string(std::max(1L, cores / o.nproc_per_node));
     }
-    for (const auto& [k, v] : o.extra_env) vars[k] = v;
     auto env = child_environment(vars);
     std::vector<char*> envp, argv;
     for (auto& e : env) envp.push_back(e.data());

@@ -18,7 +18,6 @@ struct LaunchOptions {
   std::chrono::seconds kill_grace{5};  // SIGTERM, then SIGKILL after this long
   std::vector<std::string> command;
   bool prefix_output = true;  // "[rank N] " before each line
-  std::vector<std::pair<std::string, std::string>> extra_env;
 };
 
 // Returns the job's exit code: 0 when every rank succeeded, else the first failing rank's code

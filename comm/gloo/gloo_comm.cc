@@ -485,8 +485,7 @@ class GlooCommunicator final : public Communicator {
   // reduction of its own chunk, unscaled, in f32. Pieces are reduced and forwarded as they land.
   struct Reduced {
     ScratchPool::Lease lease;
-    size_t offset;  // where in the lease the result starts
-    float* data() { return lease.data() + offset; }
+    float* data() { return lease.data(); }
   };
   Reduced ring_reduce(TensorView in, const std::vector<size_t>& offsets, const std::vector<size_t>& lengths,
                       const Descriptor& d, uint64_t slot) {
@@ -505,7 +504,7 @@ class GlooCommunicator final : public Communicator {
     };
     if (n == 1) {
       widen(0, 0, lengths[0], part[0]);
-      return {std::move(part_leases[0]), 0};
+      return {std::move(part_leases[0])};
     }
     const int left = (r - 1 + n) % n, right = (r + 1) % n;
     BufferKeeper keep(*this);
@@ -554,7 +553,7 @@ class GlooCommunicator final : public Communicator {
     if (ub_first != ub_part[0]) {
       for (; first_sends > 0; --first_sends) wait_send(*ub_first, right, d);
     }
-    return {std::move(part_leases[cur]), 0};
+    return {std::move(part_leases[cur])};
   }
 
   // Below this many ranks, reductions exchange chunks directly (every rank sends each peer its
@@ -599,7 +598,7 @@ class GlooCommunicator final : public Communicator {
     for (int p : peers) {
       if (to[p] != nullptr) wait_send(*to[p], p, d);
     }
-    return {std::move(result), 0};
+    return {std::move(result)};
   }
 
   Reduced reduce_to_chunk(TensorView in, const std::vector<size_t>& offsets, const std::vector<size_t>& lengths,
