@@ -1,0 +1,52 @@
+// What the engine needs to know about a run: the ZeRO section in DeepSpeed's names and
+// defaults, precision, accumulation, clipping, optimizer and schedule. The training config
+// (JSON, "auto" resolution, batch rules) fills this in; tests and benches build it directly.
+#pragma once
+
+#include <cstdint>  // int64_t, uint64_t
+
+#include <nlohmann/json_fwd.hpp>  // nlohmann::json
+
+#include "core/dtype.h"         // DType
+#include "optim/loss_scaler.h"  // LossScalerConfig
+#include "optim/lr_schedule.h"  // LrSchedule
+#include "optim/optimizer.h"    // OptimizerParams
+
+namespace zeroth {
+
+// DeepSpeed's `zero_optimization` section. Sizes are in elements, as in DeepSpeed.
+struct ZeroConfig {
+  int stage = 0;
+  uint64_t reduce_bucket_size = 500'000'000;
+  uint64_t allgather_bucket_size = 500'000'000;
+  bool overlap_comm = false;  // DeepSpeed turns it on for stage 3 when the key is absent
+  bool contiguous_gradients = true;
+  bool reduce_scatter = true;
+  uint64_t stage3_prefetch_bucket_size = 50'000'000;
+  uint64_t stage3_max_live_parameters = 1'000'000'000;
+  uint64_t stage3_max_reuse_distance = 1'000'000'000;
+  uint64_t stage3_param_persistence_threshold = 100'000;
+
+  // Unknown keys are ConfigErrors with a suggestion; DeepSpeed keys zeroth does not implement
+  // are ConfigErrors naming them; "auto" must have been resolved by the caller.
+  static ZeroConfig from_deepspeed(const nlohmann::json& section);
+  void validate() const;
+};
+
+struct EngineConfig {
+  ZeroConfig zero;
+  DType compute_dtype = DType::f32;     // bf16.enabled -> bf16, fp16.enabled -> f16
+  DType communication_dtype = DType::f32;  // gradient reduction (communication_data_type)
+  LossScalerConfig loss_scaler;         // used when compute_dtype is f16
+  int64_t gradient_accumulation_steps = 1;
+  double gradient_clipping = 0.0;       // 0: off
+  OptimizerParams optimizer;
+  LrSchedule schedule;                  // base_lr should equal optimizer.lr
+  uint64_t seed = 1234;
+  // Parameters are padded so each rank's shard starts on this many elements (256 bytes of f32).
+  uint64_t alignment = 64;
+
+  void validate() const;
+};
+
+}  // namespace zeroth

@@ -1,0 +1,49 @@
+// Counter-based initialisation: a SplitMix64 hash of (seed, name, index) gives independent
+// uniform draws; normals come from Box-Muller on two of them.
+#include "engine/init.h"
+
+#include <cmath>  // std::sqrt, std::log, std::cos
+
+#include <tbb/parallel_for.h>  // tbb::parallel_for
+
+namespace zeroth {
+namespace {
+
+uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// (0, 1], 53 bits.
+double uniform(uint64_t key, uint64_t counter) {
+  return (static_cast<double>(mix(key ^ mix(counter)) >> 11) + 1.0) * 0x1.0p-53;
+}
+
+}  // namespace
+
+void init_values(const InitRule& rule, uint64_t seed, std::string_view name, size_t begin, size_t count, float* out) {
+  uint64_t key = 0xcbf29ce484222325ULL;  // FNV-1a of the name, then the seed
+  for (unsigned char ch : name) key = (key ^ ch) * 0x100000001b3ULL;
+  key = mix(key ^ mix(seed));
+  tbb::parallel_for(tbb::blocked_range<size_t>(0, count, 1 << 16), [&](const tbb::blocked_range<size_t>& r) {
+    for (size_t k = r.begin(); k < r.end(); ++k) {
+      const uint64_t i = begin + k;
+      double v = 0;
+      switch (rule.kind) {
+        case InitRule::Kind::zeros: v = 0; break;
+        case InitRule::Kind::constant: v = rule.a; break;
+        case InitRule::Kind::uniform: v = rule.a + (rule.b - rule.a) * (1.0 - uniform(key, i)); break;
+        case InitRule::Kind::normal: {
+          const double u1 = uniform(key, 2 * i), u2 = uniform(key, 2 * i + 1);
+          v = rule.a + rule.b * std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+          break;
+        }
+      }
+      out[k] = static_cast<float>(v);
+    }
+  });
+}
+
+}  // namespace zeroth

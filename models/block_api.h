@@ -1,0 +1,73 @@
+// The block API: the contract between a model and the engine that owns its parameters. A model is
+// an ordered list of blocks; each declares its parameters once and, per micro-step, runs its
+// forward and backward between the host's begin_/end_ calls on the views the host hands out.
+// The engine implements BlockHost; models never see how parameters are sharded or gathered.
+#pragma once
+
+#include <cstddef>  // size_t
+#include <cstdint>  // int64_t, uint8_t
+#include <string>   // std::string
+#include <vector>   // std::vector
+
+#include "core/device.h"  // Device, Stream, TensorView
+
+namespace zeroth {
+
+// How a parameter starts: its values depend on the run's seed and the parameter's name only,
+// never on the world size or the shard layout.
+struct InitRule {
+  enum class Kind : uint8_t { zeros, constant, normal, uniform };
+  Kind kind = Kind::zeros;
+  double a = 0, b = 0;  // constant: a; normal: mean a, std b; uniform: [a, b)
+  static InitRule zeros() { return {}; }
+  static InitRule constant(double v) { return {Kind::constant, v, 0}; }
+  static InitRule normal(double std, double mean = 0) { return {Kind::normal, mean, std}; }
+  static InitRule uniform(double lo, double hi) { return {Kind::uniform, lo, hi}; }
+};
+
+struct ParamSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  InitRule init;
+  bool weight_decay = true;
+  size_t numel() const;
+};
+
+struct BlockSpec {
+  std::string name;
+  std::vector<ParamSpec> params;
+};
+
+// Where a model uses its blocks in one micro-step: forward uses, then backward uses. A block may
+// appear more than once (tied weights); its gradients are complete after its last backward use.
+struct BlockSchedule {
+  std::vector<int> forward;
+  std::vector<int> backward;
+};
+
+// Default schedule: forward in registration order, backward in reverse.
+BlockSchedule default_schedule(size_t blocks);
+
+struct BlockViews {
+  std::vector<TensorView> params;  // full parameters in the compute dtype, in the block's order
+  std::vector<TensorView> grads;   // after begin_backward: where the backward ADDS its gradients
+};
+
+class BlockHost {
+ public:
+  virtual ~BlockHost() = default;
+  virtual int add_block(BlockSpec spec) = 0;
+  virtual void set_schedule(BlockSchedule schedule) = 0;
+  virtual const BlockViews& begin_forward(int block) = 0;
+  virtual void end_forward(int block) = 0;
+  virtual const BlockViews& begin_backward(int block) = 0;
+  virtual void end_backward(int block) = 0;
+  // The model enqueues its work here; the host orders its own work against it with events.
+  virtual Stream& compute_stream() = 0;
+  virtual Device& device() = 0;
+  virtual DType compute_dtype() const = 0;
+  // The model multiplies its loss gradient by this (f16 loss scaling; 1 otherwise).
+  virtual double loss_scale() const = 0;
+};
+
+}  // namespace zeroth

@@ -1,0 +1,121 @@
+// The equivalence harness: trains the MLP on one rank of a data-parallel group and reports what
+// the tests compare across stages, world sizes and backends. Every step's global batch is the
+// same whatever the world: rank r's micro-batch m holds rows [(r * gas + m) * mb, ... + mb).
+#pragma once
+
+#include <array>    // std::array
+#include <cmath>    // std::sin
+#include <random>   // std::mt19937
+#include <vector>   // std::vector
+
+#include "comm/communicator.h"
+#include "core/device.h"
+#include "engine/engine.h"
+#include "models/mlp/mlp.h"
+
+namespace zeroth::testing {
+
+struct MlpRun {
+  int stage = 0;
+  int gas = 1;
+  DType dtype = DType::f32;
+  int steps = 4;
+  int global_batch = 24;
+  std::vector<int> widths = {16, 32, 32, 8};
+  size_t memory_budget = 0;
+  // Applied to the config after the defaults below.
+  std::function<void(EngineConfig&)> tweak;
+  // Multiplies one rank's targets on one step by Inf (to inject an overflow).
+  int poison_rank = -1, poison_step = -1;
+};
+
+struct RankResult {
+  std::vector<double> losses;                // per step: mean of this rank's micro-batch losses
+  std::vector<StepResult> steps;             // the boundary step results
+  std::vector<std::vector<float>> weights;   // per block: the fp32 master values after training
+  std::array<size_t, kMemTagCount> peak{};   // measured on the rank's device
+  std::array<size_t, kMemTagCount> planned{};
+  uint64_t comm_bytes_per_step = 0;          // logical bytes the engine's collectives moved in the last step
+  double final_loss_scale = 1;
+};
+
+inline EngineConfig mlp_config(const MlpRun& run) {
+  EngineConfig c;
+  c.zero.stage = run.stage;
+  c.zero.reduce_bucket_size = 1200;  // two buckets for the default widths: both single and staged paths
+  c.zero.allgather_bucket_size = 1200;
+  c.zero.stage3_prefetch_bucket_size = 2000;
+  c.zero.stage3_param_persistence_threshold = 0;
+  c.zero.stage3_max_reuse_distance = 0;
+  c.compute_dtype = run.dtype;
+  c.gradient_accumulation_steps = run.gas;
+  c.gradient_clipping = 1.0;
+  c.optimizer.kind = OptimizerKind::adamw;
+  c.optimizer.lr = 1e-2;
+  c.optimizer.weight_decay = 0.01;
+  c.schedule.kind = ScheduleKind::warmup;
+  c.schedule.warmup_min_lr = 0;
+  c.schedule.warmup_max_lr = 1e-2;
+  c.schedule.warmup_num_steps = 3;
+  c.schedule.warmup_type = WarmupType::linear;
+  c.loss_scaler.initial_scale_power = 8;
+  c.loss_scaler.hysteresis = 1;
+  c.seed = 7;
+  if (run.tweak) run.tweak(c);
+  return c;
+}
+
+// Row i of step k's global batch: inputs uniform in [-1, 1), targets a smooth function of them.
+inline void mlp_batch(int step, int rows, int in, int out, std::vector<float>& x, std::vector<float>& t) {
+  std::mt19937 gen(1000 + step);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  x.resize(static_cast<size_t>(rows) * in);
+  t.resize(static_cast<size_t>(rows) * out);
+  for (auto& v : x) v = u(gen);
+  for (int i = 0; i < rows; ++i) {
+    for (int j = 0; j < out; ++j) t[i * out + j] = std::sin(x[i * in + j % in] + 0.5f * x[i * in + (j + 1) % in]);
+  }
+}
+
+inline RankResult train_mlp(Communicator& comm, const MlpRun& run) {
+  auto device = make_device("cpu", {.memory_budget = run.memory_budget});
+  const int dp = comm.size(), r = comm.rank();
+  const int mb = run.global_batch / (dp * run.gas);
+  const int in = run.widths.front(), out = run.widths.back();
+  RankResult result;
+  {
+    Engine engine(*device, comm, mlp_config(run));
+    Mlp mlp(engine, {run.widths});
+    engine.finalize();
+    std::vector<float> x, t;
+    std::vector<float> losses(run.gas);
+    for (int k = 0; k < run.steps; ++k) {
+      mlp_batch(k, run.global_batch, in, out, x, t);
+      if (k == run.poison_step && r == run.poison_rank) t[0] = std::numeric_limits<float>::infinity();
+      const uint64_t before = engine.comm_bytes();
+      for (int m = 0; m < run.gas; ++m) {
+        const size_t row = static_cast<size_t>(r * run.gas + m) * mb;
+        mlp.forward_backward(x.data() + row * in, t.data() + row * out, mb, &losses[m]);
+        const auto s = engine.step();
+        if (s.boundary) result.steps.push_back(s);
+      }
+      engine.compute_stream().synchronize();
+      result.comm_bytes_per_step = engine.comm_bytes() - before;
+      double sum = 0;
+      for (float l : losses) sum += l;
+      result.losses.push_back(sum / run.gas);
+    }
+    const auto stats = device->memory().stats();
+    result.peak = stats.peak;
+    result.planned = engine.plan().bytes;
+    result.final_loss_scale = engine.loss_scale();
+    for (size_t b = 0; b < engine.plan().blocks.size(); ++b) {
+      auto w = engine.master_values(static_cast<int>(b));
+      w.resize(engine.plan().blocks[b].numel);  // padding differs with the world size
+      result.weights.push_back(std::move(w));
+    }
+  }
+  return result;
+}
+
+}  // namespace zeroth::testing
