@@ -28,16 +28,22 @@ const float* as_f32(TensorView v, std::vector<float>& tmp) {
 
 }  // namespace
 
-Mlp::Mlp(BlockHost& host, MlpConfig config) : host_(host), config_(std::move(config)), scratch_(std::make_shared<Scratch>()) {
-  ZEROTH_CHECK(config_.widths.size() >= 2, "an MLP needs at least an input and an output width");
-  ZEROTH_CHECK(host_.device().kind() == DeviceKind::cpu, "the MLP model runs on the CPU device only, not {}", host_.device().name());
-  for (int l = 0; l < layers(); ++l) {
-    const int in = config_.widths[l], out = config_.widths[l + 1];
-    ZEROTH_CHECK(in > 0 && out > 0, "MLP widths must be positive");
-    blocks_.push_back(host_.add_block({"layer" + std::to_string(l),
-                                       {{"weight", {out, in}, InitRule::normal(1.0 / std::sqrt(in)), true},
-                                        {"bias", {out}, InitRule::zeros(), false}}}));
+std::vector<BlockSpec> Mlp::block_specs(const MlpConfig& config) {
+  ZEROTH_CHECK(config.widths.size() >= 2, "an MLP needs at least an input and an output width");
+  std::vector<BlockSpec> out;
+  for (size_t l = 0; l + 1 < config.widths.size(); ++l) {
+    const int in = config.widths[l], o = config.widths[l + 1];
+    ZEROTH_CHECK(in > 0 && o > 0, "MLP widths must be positive");
+    out.push_back({"layer" + std::to_string(l),
+                   {{"weight", {o, in}, InitRule::normal(1.0 / std::sqrt(in)), true},
+                    {"bias", {o}, InitRule::zeros(), false}}});
   }
+  return out;
+}
+
+Mlp::Mlp(BlockHost& host, MlpConfig config) : host_(host), config_(std::move(config)), scratch_(std::make_shared<Scratch>()) {
+  ZEROTH_CHECK(host_.device().kind() == DeviceKind::cpu, "the MLP model runs on the CPU device only, not {}", host_.device().name());
+  for (auto& spec : block_specs(config_)) blocks_.push_back(host_.add_block(std::move(spec)));
   scratch_->h.resize(layers() + 1);
 }
 

@@ -20,6 +20,8 @@ class Mlp {
   // Registers the layers as blocks "layer0", "layer1", ...; weights start normal(0, 1/sqrt(in)),
   // biases at zero and without weight decay.
   Mlp(BlockHost& host, MlpConfig config);
+  // The blocks the constructor registers (for plans made without a host).
+  static std::vector<BlockSpec> block_specs(const MlpConfig& config);
 
   // Enqueues one micro-step (forward over the blocks, then backward) of `batch` rows on the
   // host's compute stream. x is [batch, inputs], target [batch, outputs]; both must stay valid,

@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <mutex>
 
 #include "comm/local/local_comm.h"
+#include "core/error.h"
 #include "tests/engine/mlp_harness.h"
 
 namespace zeroth {
@@ -106,6 +108,104 @@ INSTANTIATE_TEST_SUITE_P(Stages, Equivalence, ::testing::ValuesIn(all_cases()), 
   return "stage" + std::to_string(c.stage) + "_dp" + std::to_string(c.dp) + "_gas" + std::to_string(c.gas) + "_" +
          std::string(dtype_name(c.dtype));
 });
+
+size_t tag(const std::array<size_t, kMemTagCount>& a, MemTag t) { return a[static_cast<size_t>(t)]; }
+
+TEST(EngineMemory, MeasuredPeakPerTagIsThePlansPredictionAndStage3HoldsAQuarter) {
+  std::map<int, size_t> state_bytes, arena_bytes;
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    for (int stage : {0, 1, 2, 3}) {
+      MlpRun run;
+      run.stage = stage;
+      run.dtype = dtype;
+      run.steps = 2;
+      run.widths = {64, 128, 128, 64};
+      run.global_batch = 8;
+      const auto ranks = run_ranks(4, run);
+      for (const auto& r : ranks) {
+        for (MemTag t : {MemTag::params, MemTag::grads, MemTag::optimizer}) {
+          EXPECT_EQ(tag(r.peak, t), tag(r.planned, t)) << "stage " << stage << " " << dtype_name(dtype) << " " << mem_tag_name(t);
+        }
+      }
+      if (dtype == DType::f32) {
+        const auto& p = ranks[0].planned;
+        state_bytes[stage] = tag(p, MemTag::params) + tag(p, MemTag::grads) + tag(p, MemTag::optimizer);
+      }
+    }
+  }
+  // Stage 3 at dp=4 keeps a quarter of stage 0's state plus its transient gather/gradient arenas.
+  MlpRun run;
+  run.stage = 3;
+  run.widths = {64, 128, 128, 64};
+  EngineConfig c = testing::mlp_config(run);
+  const auto specs = Mlp::block_specs({run.widths});
+  const auto plan = make_plan(specs, default_schedule(specs.size()), c, 4, 0);
+  const size_t arenas = (plan.param_arena + plan.grad_arena) * 4;
+  std::printf("stage 0: %zu B, stage 3: %zu B (arenas %zu B)\n", state_bytes[0], state_bytes[3], arenas);
+  EXPECT_LE(state_bytes[3], state_bytes[0] / 4 + arenas);
+  EXPECT_LT(state_bytes[3], state_bytes[0] / 2);
+}
+
+TEST(EngineTraffic, BytesPerStepAreTwoPsiForStages0To2AndThreePsiForStage3) {
+  for (int stage : {0, 1, 2, 3}) {
+    MlpRun run;
+    run.stage = stage;
+    run.steps = 2;
+    const auto ranks = run_ranks(4, run);
+    // Psi: every block's padded size, in f32 bytes; the norm's all-reduce adds 8 bytes for 1-3.
+    EngineConfig c = testing::mlp_config(run);
+    const auto specs = Mlp::block_specs({run.widths});
+    const auto plan = make_plan(specs, default_schedule(specs.size()), c, 4, 0);
+    const uint64_t psi = plan.total_padded * 4;
+    uint64_t expected = 2 * psi;
+    if (stage >= 1) expected += 8;
+    // Stage 3 gathers every block for forward and again for backward, except the last one, which
+    // backward uses right away (reuse distance 0 keeps it).
+    if (stage == 3) expected += psi - plan.blocks.back().padded * 4;
+    for (const auto& r : ranks) EXPECT_EQ(r.comm_bytes_per_step, expected) << "stage " << stage;
+    std::printf("stage %d: %.3f Psi per step\n", stage, static_cast<double>(ranks[0].comm_bytes_per_step) / psi);
+  }
+}
+
+TEST(EngineOverflow, AnInfOnOneRankSkipsTheStepEverywhereAndLowersTheScale) {
+  for (int stage : {0, 2, 3}) {
+    MlpRun clean;
+    clean.stage = stage;
+    clean.dtype = DType::f16;
+    clean.steps = 1;
+    MlpRun poisoned = clean;
+    poisoned.steps = 2;
+    poisoned.poison_rank = 1;
+    poisoned.poison_step = 1;
+    const auto a = run_ranks(2, clean);
+    const auto b = run_ranks(2, poisoned);
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_EQ(b[r].steps.size(), 2u);
+      EXPECT_FALSE(b[r].steps[0].skipped);
+      EXPECT_TRUE(b[r].steps[1].skipped) << "stage " << stage << " rank " << r;
+      EXPECT_EQ(b[r].final_loss_scale, a[r].final_loss_scale / 2) << "rank " << r;
+      EXPECT_EQ(b[r].steps[1].step, 1);
+      // No rank moved: the weights are bit for bit those after the first step.
+      EXPECT_EQ(b[r].weights, a[r].weights) << "stage " << stage << " rank " << r;
+    }
+  }
+}
+
+TEST(EngineMemory, APlanOverTheDeviceBudgetFailsBeforeTheFirstStepWithItsNumbers) {
+  MlpRun run;
+  run.stage = 1;
+  run.memory_budget = 16 * 1024;
+  try {
+    run_ranks(2, run);
+    FAIL() << "a plan over budget was accepted";
+  } catch (const OutOfMemory& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("the ZeRO stage 1 plan needs"), std::string::npos) << what;
+    EXPECT_NE(what.find("optimizer"), std::string::npos) << what;
+    EXPECT_NE(what.find("raise zero_optimization.stage"), std::string::npos) << what;
+    EXPECT_NE(what.find("nothing was allocated"), std::string::npos) << what;
+  }
+}
 
 }  // namespace
 }  // namespace zeroth

@@ -5,6 +5,8 @@
 
 #include <array>    // std::array
 #include <cmath>    // std::sin
+#include <functional>  // std::function
+#include <limits>   // std::numeric_limits
 #include <random>   // std::mt19937
 #include <vector>   // std::vector
 
@@ -91,7 +93,7 @@ inline RankResult train_mlp(Communicator& comm, const MlpRun& run) {
     std::vector<float> losses(run.gas);
     for (int k = 0; k < run.steps; ++k) {
       mlp_batch(k, run.global_batch, in, out, x, t);
-      if (k == run.poison_step && r == run.poison_rank) t[0] = std::numeric_limits<float>::infinity();
+      if (k == run.poison_step && r == run.poison_rank) t[static_cast<size_t>(r * run.gas) * mb * out] = std::numeric_limits<float>::infinity();
       const uint64_t before = engine.comm_bytes();
       for (int m = 0; m < run.gas; ++m) {
         const size_t row = static_cast<size_t>(r * run.gas + m) * mb;

@@ -1,0 +1,125 @@
+// The plan by itself: layout, shard order, stage-3 gathers and releases along a schedule with a
+// tied block, the dry-run arenas, the JSON dump, and configuration errors.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "engine/plan.h"
+
+namespace zeroth {
+namespace {
+
+std::vector<BlockSpec> three_blocks() {
+  return {{"embed", {{"weight", {100, 8}, InitRule::normal(0.02)}}},
+          {"layer", {{"w", {8, 8}, InitRule::normal(0.1)}, {"b", {8}, InitRule::zeros(), false}}},
+          {"norm", {{"g", {8}, InitRule::constant(1.0), false}}}};
+}
+
+EngineConfig stage3(uint64_t prefetch, uint64_t reuse) {
+  EngineConfig c;
+  c.zero.stage = 3;
+  c.zero.stage3_prefetch_bucket_size = prefetch;
+  c.zero.stage3_max_reuse_distance = reuse;
+  c.zero.stage3_param_persistence_threshold = 0;
+  c.alignment = 8;
+  return c;
+}
+
+TEST(Plan, LaysOutBlocksPaddedToTheWorldAndShardsThemByLastBackwardUse) {
+  const auto plan = make_plan(three_blocks(), default_schedule(3), stage3(0, 0), 4, 1);
+  ASSERT_EQ(plan.blocks.size(), 3u);
+  EXPECT_EQ(plan.blocks[0].numel, 800u);
+  EXPECT_EQ(plan.blocks[1].param_offsets, (std::vector<size_t>{0, 64}));
+  EXPECT_EQ(plan.blocks[1].numel, 72u);
+  EXPECT_EQ(plan.blocks[1].padded, 96u);  // a multiple of dp * alignment = 32
+  EXPECT_EQ(plan.blocks[1].shard, 24u);
+  // Backward runs norm, layer, embed: that is the order gradients complete and shards are laid out.
+  EXPECT_EQ(plan.shard_order, (std::vector<int>{2, 1, 0}));
+  EXPECT_EQ(plan.blocks[2].shard_offset, 0u);
+  EXPECT_EQ(plan.blocks[1].shard_offset, 8u);
+  EXPECT_EQ(plan.blocks[0].shard_offset, 32u);
+  EXPECT_EQ(plan.shard_numel, 8u + 24 + 200);
+}
+
+TEST(Plan, TiedBlockIsGatheredPerUseAndItsGradientsCompleteAtItsLastBackwardUse) {
+  // The embedding is used again as the output head (weights tied).
+  const BlockSchedule tied{{0, 1, 2, 0}, {0, 2, 1, 0}};
+  const auto plan = make_plan(three_blocks(), tied, stage3(0, 0), 2, 0);
+  ASSERT_EQ(plan.uses.size(), 8u);
+  std::vector<int> gathered, released;
+  for (const auto& u : plan.uses) {
+    for (const auto& g : u.gathers) gathered.push_back(g.block);
+    for (int r : u.releases) released.push_back(r);
+  }
+  // Without prefetch each use gathers its block; with reuse distance 0 only the head's forward
+  // use keeps the embedding for the backward use that follows it at once.
+  EXPECT_EQ(gathered, (std::vector<int>{0, 1, 2, 0, 2, 1, 0}));
+  EXPECT_EQ(released, (std::vector<int>{0, 1, 2, 0, 2, 1, 0}));
+  EXPECT_FALSE(plan.uses[4].last_backward_use);  // first backward use of the embedding
+  EXPECT_TRUE(plan.uses[7].last_backward_use);
+  EXPECT_EQ(plan.shard_order, (std::vector<int>{2, 1, 0}));
+  EXPECT_EQ(plan.uses[4].grad_alloc, true);
+  EXPECT_EQ(plan.uses[7].fire_bucket, plan.blocks[0].reduce_bucket);
+}
+
+TEST(Plan, PrefetchGathersAheadWithinTheBucketAndTheLiveLimit) {
+  EngineConfig c = stage3(1000, 0);
+  c.zero.stage3_max_live_parameters = 10'000;
+  const auto plan = make_plan(three_blocks(), default_schedule(3), c, 2, 0);
+  // At the first use, the embedding (on demand) and the next two blocks (prefetch) are gathered.
+  ASSERT_EQ(plan.uses[0].gathers.size(), 3u);
+  EXPECT_EQ(plan.uses[0].gathers[1].block, 1);
+  // The arena holds all three at once: the peak is their padded sum.
+  EXPECT_EQ(plan.param_arena, plan.blocks[0].padded + plan.blocks[1].padded + plan.blocks[2].padded);
+  c.zero.stage3_max_live_parameters = plan.blocks[0].padded + plan.blocks[1].padded;
+  const auto limited = make_plan(three_blocks(), default_schedule(3), c, 2, 0);
+  EXPECT_EQ(limited.uses[0].gathers.size(), 2u);
+}
+
+TEST(Plan, DumpsAsJsonWithBytesPerTag) {
+  const auto plan = make_plan(three_blocks(), default_schedule(3), stage3(0, 0), 2, 0);
+  const auto j = plan.to_json();
+  EXPECT_EQ(j["stage"], 3);
+  EXPECT_EQ(j["blocks"].size(), 3u);
+  EXPECT_EQ(j["bytes"]["total"].get<size_t>(), plan.total_bytes());
+  EXPECT_EQ(j["bytes"]["params"].get<size_t>(), (plan.shard_numel + plan.param_arena) * 4);
+  EXPECT_NE(plan.table().find("stage 3"), std::string::npos);
+}
+
+TEST(Plan, RejectsSchedulesThatSkipABlockAndDuplicateNames) {
+  EXPECT_THROW(make_plan(three_blocks(), {{0, 1}, {1, 0}}, EngineConfig{}, 1, 0), ConfigError);
+  auto dup = three_blocks();
+  dup[1].name = "embed";
+  try {
+    make_plan(dup, default_schedule(3), EngineConfig{}, 1, 0);
+    FAIL() << "duplicate names accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("\"embed\""), std::string::npos) << e.what();
+  }
+}
+
+TEST(ZeroConfig, ReadsDeepSpeedKeysAndRejectsUnknownAndUnsupportedOnes) {
+  const auto z = ZeroConfig::from_deepspeed(nlohmann::json::parse(
+      R"({"stage": 3, "reduce_bucket_size": 5e5, "stage3_prefetch_bucket_size": 4.5e5, "offload_optimizer": {"device": "none"}})"));
+  EXPECT_EQ(z.stage, 3);
+  EXPECT_EQ(z.reduce_bucket_size, 500000u);
+  EXPECT_EQ(z.stage3_prefetch_bucket_size, 450000u);
+  EXPECT_TRUE(z.overlap_comm);  // DeepSpeed's default for stage 3
+  auto message = [](const char* text) {
+    try {
+      ZeroConfig::from_deepspeed(nlohmann::json::parse(text));
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(message(R"({"stage": 2, "reduce_bucket_sise": 1})").find("did you mean 'reduce_bucket_size'"), std::string::npos);
+  EXPECT_NE(message(R"({"stage": 4})").find("0, 1, 2 or 3"), std::string::npos);
+  EXPECT_NE(message(R"({"stage": 2, "zero_quantized_weights": true})").find("does not support"), std::string::npos);
+  EXPECT_NE(message(R"({"stage": 2, "reduce_bucket_size": "auto"})").find("\"auto\""), std::string::npos);
+  EXPECT_NE(message(R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})").find("offload"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace zeroth
