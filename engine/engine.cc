@@ -101,6 +101,7 @@ void Engine::finalize() {
   gathered_.assign(n, nullptr);
   persistent_offset_.assign(n, 0);
   grad_offset_.assign(n, 0);
+  grad_reduced_.assign(n, nullptr);
   views_.resize(n);
   size_t at = 0;
   for (int b : plan_.shard_order) {
@@ -118,10 +119,16 @@ void Engine::finalize() {
   finalized_ = true;
 }
 
-uint64_t Engine::comm_bytes() const {
-  uint64_t total = 0;
+CommStats Engine::comm_stats() const {
+  CommStats total;
   for (const auto* c : {gather_comm_.get(), reduce_comm_.get(), step_comm_.get()}) {
-    if (c != nullptr) total += c->stats().total_bytes();
+    if (c == nullptr) continue;
+    const auto s = c->stats();
+    for (size_t op = 0; op < kCollectiveOpCount; ++op) {
+      total.calls[op] += s.calls[op];
+      total.bytes[op] += s.bytes[op];
+      total.bus_bytes[op] += s.bus_bytes[op];
+    }
   }
   return total;
 }
@@ -252,13 +259,17 @@ void Engine::end_backward(int block) {
   const size_t c = dtype_size(plan_.compute_dtype);
   if (use.last_backward_use && plan_.stage <= 1 && transient) {
     // Narrow gradients join the f32 accumulator as soon as the block is done with them.
-    const auto& blk = plan_.blocks[block];
     device_.axpy(compute_stream(), accumulated(block), 1.0f, grad_view(block));
   }
   if (use.fire_bucket >= 0 && (plan_.stage >= 2 || boundary)) fire_bucket(use.fire_bucket);
   for (int b : use.grad_releases) {
-    // Stage 0-1 release right after the accumulation on compute; 2-3 after the reduction.
-    release(grad_arena_, grad_offset_[b], plan_.blocks[b].padded, plan_.stage <= 1 ? compute_stream() : *reduce_stream_);
+    // Stages 0-1: free once the compute stream has added them up; 2-3: once their bucket's
+    // reduction (maybe still running) is done.
+    if (plan_.stage <= 1) {
+      release(grad_arena_, grad_offset_[b], plan_.blocks[b].padded, compute_stream());
+    } else {
+      grad_arena_.released.push_back({grad_offset_[b], plan_.blocks[b].padded, grad_reduced_[b]});
+    }
   }
   for (int b : use.releases) {
     release(param_arena_, (static_cast<char*>(gathered_[b]) - static_cast<char*>(param_arena_.buffer.data())) / c,
@@ -318,6 +329,7 @@ void Engine::fire_bucket(int index) {
     }
   }
   reduced_ = record(rs);
+  for (int b : bucket.blocks) grad_reduced_[b] = reduced_;
 }
 
 // ---- the step -------------------------------------------------------------------------------

@@ -57,8 +57,8 @@ class Engine final : public BlockHost {
   // The engine's collectives travel on communicators split from `dp` at finalize(), so the
   // caller may keep using `dp` on its own streams.
   Communicator& comm() { return comm_; }
-  // Bytes moved by the engine's own collectives so far.
-  uint64_t comm_bytes() const;
+  // What the engine's own collectives moved so far.
+  CommStats comm_stats() const;
   Stream& compute_stream() override { return device_.default_stream(); }
   DType compute_dtype() const override { return config_.compute_dtype; }
   double loss_scale() const override { return scaler_.scale(); }
@@ -123,6 +123,7 @@ class Engine final : public BlockHost {
   std::vector<void*> gathered_;                   // stage 3: where each block's full parameters are now
   std::vector<std::unique_ptr<Event>> gathered_event_;
   std::vector<size_t> grad_offset_;               // in the gradient arena, while placed
+  std::vector<std::shared_ptr<Event>> grad_reduced_;  // stages 2-3: the reduction that read them
   std::vector<BlockViews> views_;
   std::shared_ptr<Event> reduced_;                // the last bucket's reduction
 

@@ -169,6 +169,10 @@ Plan make_plan(const std::vector<BlockSpec>& specs, const BlockSchedule& schedul
   ArenaSim params(config.alignment), grads(config.alignment);
   std::map<int, size_t> live, grad_live;  // block -> arena offset
   size_t live_numel = 0;
+  // Stages 2-3: a fired bucket's gradient buffers stay placed until the next bucket fires, so
+  // the backward writes new gradients while the previous reduction is still on the wire.
+  std::vector<int> in_flight;
+  const size_t last_use = p.uses.size() - 1;
   auto gather = [&](size_t at, int b) {
     const size_t off = params.allocate(p.blocks[b].padded);
     live[b] = off;
@@ -203,11 +207,16 @@ Plan make_plan(const std::vector<BlockSpec>& specs, const BlockSchedule& schedul
         if (z.stage <= 1) {
           use.grad_releases.push_back(b);
         } else if (use.fire_bucket >= 0) {
-          use.grad_releases = bucket.blocks;
+          use.grad_releases = std::move(in_flight);
+          in_flight = bucket.blocks;
         }
-        for (int g : use.grad_releases) grads.release(grad_live.at(g));
       }
     }
+    if (transient_grads && z.stage >= 2 && i == last_use) {
+      use.grad_releases.insert(use.grad_releases.end(), in_flight.begin(), in_flight.end());
+      in_flight.clear();
+    }
+    for (int g : use.grad_releases) grads.release(grad_live.at(g));
     if (z.stage == 3 && !blk.persistent) {
       // Keep the block if it is used again soon; "soon" is the parameters touched in between.
       size_t next = i + 1, between = 0;

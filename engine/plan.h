@@ -54,7 +54,9 @@ struct PlannedUse {
   std::vector<int> releases;          // after this use
   bool grad_alloc = false;            // first backward use: the gradient buffer is placed
   size_t grad_arena_offset = 0;       // elements of the compute dtype in the gradient arena
-  std::vector<int> grad_releases;     // after this use (stages 0-1: the block itself; 2-3: a fired bucket's blocks)
+  // After this use. Stages 0-1: the block itself, once added to the accumulator; 2-3: the blocks
+  // of the bucket fired before this use's (double buffering), and at the end every one left.
+  std::vector<int> grad_releases;
   int fire_bucket = -1;               // the reduce bucket that is complete after this use
 };
 

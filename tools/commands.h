@@ -10,5 +10,6 @@ void add_launch_command(CLI::App& app);
 void add_bench_kernels_command(CLI::App& bench);
 void add_bench_comm_command(CLI::App& bench);
 void add_bench_optim_command(CLI::App& bench);
+void add_bench_engine_command(CLI::App& bench);
 
 }  // namespace zeroth::tools

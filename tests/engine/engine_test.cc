@@ -119,7 +119,7 @@ TEST(EngineMemory, MeasuredPeakPerTagIsThePlansPredictionAndStage3HoldsAQuarter)
       run.stage = stage;
       run.dtype = dtype;
       run.steps = 2;
-      run.widths = {64, 128, 128, 64};
+      run.widths = std::vector<int>(9, 64);
       run.global_batch = 8;
       const auto ranks = run_ranks(4, run);
       for (const auto& r : ranks) {
@@ -136,7 +136,7 @@ TEST(EngineMemory, MeasuredPeakPerTagIsThePlansPredictionAndStage3HoldsAQuarter)
   // Stage 3 at dp=4 keeps a quarter of stage 0's state plus its transient gather/gradient arenas.
   MlpRun run;
   run.stage = 3;
-  run.widths = {64, 128, 128, 64};
+  run.widths = std::vector<int>(9, 64);
   EngineConfig c = testing::mlp_config(run);
   const auto specs = Mlp::block_specs({run.widths});
   const auto plan = make_plan(specs, default_schedule(specs.size()), c, 4, 0);

@@ -94,7 +94,7 @@ inline RankResult train_mlp(Communicator& comm, const MlpRun& run) {
     for (int k = 0; k < run.steps; ++k) {
       mlp_batch(k, run.global_batch, in, out, x, t);
       if (k == run.poison_step && r == run.poison_rank) t[static_cast<size_t>(r * run.gas) * mb * out] = std::numeric_limits<float>::infinity();
-      const uint64_t before = engine.comm_bytes();
+      const uint64_t before = engine.comm_stats().total_bytes();
       for (int m = 0; m < run.gas; ++m) {
         const size_t row = static_cast<size_t>(r * run.gas + m) * mb;
         mlp.forward_backward(x.data() + row * in, t.data() + row * out, mb, &losses[m]);
@@ -102,7 +102,7 @@ inline RankResult train_mlp(Communicator& comm, const MlpRun& run) {
         if (s.boundary) result.steps.push_back(s);
       }
       engine.compute_stream().synchronize();
-      result.comm_bytes_per_step = engine.comm_bytes() - before;
+      result.comm_bytes_per_step = engine.comm_stats().total_bytes() - before;
       double sum = 0;
       for (float l : losses) sum += l;
       result.losses.push_back(sum / run.gas);
