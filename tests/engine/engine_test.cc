@@ -7,10 +7,15 @@
 #include <cmath>
 #include <map>
 #include <mutex>
+#include <cstdio>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
 
 #include "comm/local/local_comm.h"
 #include "core/error.h"
 #include "tests/engine/mlp_harness.h"
+#include "tests/process_util.h"
 
 namespace zeroth {
 namespace {
@@ -205,6 +210,34 @@ TEST(EngineMemory, APlanOverTheDeviceBudgetFailsBeforeTheFirstStepWithItsNumbers
     EXPECT_NE(what.find("raise zero_optimization.stage"), std::string::npos) << what;
     EXPECT_NE(what.find("nothing was allocated"), std::string::npos) << what;
   }
+}
+
+TEST(EngineGloo, Stage3InProcessesTrainsLikeOneRankStageZero) {
+  const int port = testing::free_port();
+  std::vector<testing::Child> ranks;
+  std::vector<std::string> outputs;
+  for (int r = 0; r < 2; ++r) {
+    outputs.push_back(::testing::TempDir() + "engine_gloo_" + std::to_string(r) + ".json");
+    std::remove(outputs.back().c_str());
+    ranks.push_back(testing::spawn({std::string(ZEROTH_TEST_BIN_DIR) + "/engine_gloo_worker", outputs.back()},
+                                   {"RANK=" + std::to_string(r), "WORLD_SIZE=2", "LOCAL_RANK=" + std::to_string(r), "LOCAL_WORLD_SIZE=2",
+                                    "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port)},
+                                   outputs.back() + ".log"));
+  }
+  for (auto& child : ranks) ASSERT_EQ(testing::wait_exit(child, std::chrono::seconds(120)), 0) << child.output();
+  const auto& ref = reference(DType::f32);
+  std::vector<RankResult> results(2);
+  for (int r = 0; r < 2; ++r) {
+    std::ifstream in(outputs[r]);
+    const auto j = nlohmann::json::parse(in);
+    results[r].losses = j["losses"].get<std::vector<double>>();
+    results[r].weights = j["weights"].get<std::vector<std::vector<float>>>();
+    const double err = weight_error(results[r], ref);
+    std::printf("gloo stage 3 rank %d: weights %.3g\n", r, err);
+    EXPECT_LE(err, 1e-6);
+  }
+  const auto losses = global_losses(results);
+  for (size_t k = 0; k < losses.size(); ++k) EXPECT_NEAR(losses[k], ref.losses[k], 1e-6 * ref.losses[k]) << "step " << k;
 }
 
 }  // namespace
