@@ -16,6 +16,7 @@ constexpr Variable kVariables[] = {
     {kCommTimeout, "300", "seconds a collective waits for its peers before failing"},
     {kCommCheck, "0", "1: compare each collective's sequence, op, count and dtype across ranks"},
     {kSocketIfname, "auto", "network interface for the Gloo transport"},
+    {kPlanJson, "", "file the engine writes its plan to (rank 0, JSON)"},
 };
 }  // namespace
 

@@ -31,6 +31,9 @@ inline constexpr std::string_view kCommCheck = "ZEROTH_COMM_CHECK";
 // else the address the host name resolves to).
 inline constexpr std::string_view kSocketIfname = "ZEROTH_SOCKET_IFNAME";
 
+// ZEROTH_PLAN_JSON: path; the engine writes rank 0's plan there as JSON when it is made.
+inline constexpr std::string_view kPlanJson = "ZEROTH_PLAN_JSON";
+
 std::span<const Variable> all();
 
 // The raw value, or nullopt when unset or empty.

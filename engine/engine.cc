@@ -5,8 +5,12 @@
 #include <algorithm>  // std::min
 #include <array>      // std::array
 #include <cmath>      // std::sqrt, std::isfinite
+#include <fstream>    // std::ofstream
+
+#include <nlohmann/json.hpp>  // nlohmann::json
 
 #include "core/cpu/kernels.h"  // cpu::cast
+#include "core/env.h"          // env::kPlanJson
 #include "core/error.h"        // ZEROTH_THROW
 #include "core/log.h"          // ZLOG_INFO
 #include "engine/init.h"       // init_values
@@ -68,7 +72,14 @@ void Engine::finalize() {
   if (!schedule_set_) schedule_ = default_schedule(specs_.size());
   plan_ = make_plan(specs_, schedule_, config_, comm_.size(), comm_.rank());
   check_budget();
-  if (plan_.rank == 0) ZLOG_INFO("{}", plan_.table());
+  if (plan_.rank == 0) {
+    ZLOG_INFO("{}", plan_.table());
+    if (const auto path = env::get(env::kPlanJson)) {
+      std::ofstream out(*path);
+      out << plan_.to_json().dump(1) << "\n";
+      if (!out) ZEROTH_THROW(IoError, "writing the plan to {} (ZEROTH_PLAN_JSON) failed", *path);
+    }
+  }
 
   const size_t c = dtype_size(plan_.compute_dtype);
   const size_t owned = plan_.stage == 0 ? plan_.total_padded : plan_.shard_numel;

@@ -185,14 +185,19 @@ Plan make_plan(const std::vector<BlockSpec>& specs, const BlockSchedule& schedul
     const auto& blk = p.blocks[b];
     if (z.stage == 3) {
       if (!blk.persistent && !live.contains(b)) gather(i, b);
+      // The window ahead holds up to the prefetch bucket of parameters, counting the blocks
+      // already gathered for it, so it slides along the schedule instead of growing.
       uint64_t budget = z.stage3_prefetch_bucket_size;
+      std::set<int> ahead;
       for (size_t j = i + 1; j < p.uses.size() && budget > 0; ++j) {
         const int c = p.uses[j].block;
         const auto& cb = p.blocks[c];
-        if (cb.persistent || live.contains(c)) continue;
-        if (cb.padded > budget || live_numel + cb.padded > z.stage3_max_live_parameters) break;
-        gather(i, c);
+        if (c == b || cb.persistent || !ahead.insert(c).second) continue;
+        if (cb.padded > budget) break;
         budget -= cb.padded;
+        if (live.contains(c)) continue;
+        if (live_numel + cb.padded > z.stage3_max_live_parameters) break;
+        gather(i, c);
       }
     }
     if (use.backward && transient_grads && first_back[b] == i - nf) {
