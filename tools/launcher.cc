@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/signalfd.h>
@@ -83,6 +84,12 @@ void emit(FILE* out, int rank, std::string& partial, const char* data, size_t n)
   std::fflush(out);
 }
 
+pthread_t g_launcher_thread;
+
+void pass_to_launcher_thread(int sig) {
+  if (!::pthread_equal(::pthread_self(), g_launcher_thread)) ::pthread_kill(g_launcher_thread, sig);
+}
+
 void signal_group(const Rank& r, int sig) {
   if (r.running) ::kill(-r.pid, sig);  // the child's whole process group
 }
@@ -98,9 +105,18 @@ int run_launch(const LaunchOptions& o) {
   const int world = o.nproc_per_node * o.nnodes;
 
   // Signals arrive through a signalfd; children get the default dispositions and mask back.
+  // Threads that libraries started before main (OpenBLAS's pool) do not block them, so a signal
+  // sent to the process may land there: a handler passes it on to this thread.
   sigset_t handled;
   sigemptyset(&handled);
   for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&handled, sig);
+  g_launcher_thread = ::pthread_self();
+  struct sigaction forward {};
+  forward.sa_handler = pass_to_launcher_thread;
+  forward.sa_flags = SA_RESTART;
+  for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT}) {
+    if (::sigaction(sig, &forward, nullptr) != 0) ZEROTH_THROW(IoError, "sigaction({}) failed: {}", sig, detail::errno_text(errno));
+  }
   sigset_t previous;
   if (sigprocmask(SIG_BLOCK, &handled, &previous) != 0) ZEROTH_THROW(IoError, "sigprocmask failed: {}", detail::errno_text(errno));
   const int sig_fd = SYSCALL_CHECK(::signalfd(-1, &handled, SFD_CLOEXEC | SFD_NONBLOCK));
