@@ -202,6 +202,15 @@ void Engine::gather_block(int block, size_t arena_offset) {
   gathered_event_[block]->record(*gather_stream_);
 }
 
+void Engine::release_params(const PlannedUse& use) {
+  for (int b : use.releases) {
+    const size_t offset = (static_cast<char*>(gathered_[b]) - static_cast<char*>(param_arena_.buffer.data())) /
+                          dtype_size(plan_.compute_dtype);
+    release(param_arena_, offset, plan_.blocks[b].padded, compute_stream());
+    gathered_[b] = nullptr;
+  }
+}
+
 const PlannedUse& Engine::enter(int block, bool backward, const char* what) {
   if (!finalized_) ZEROTH_THROW(InvalidArgument, "{}({}) before finalize()", what, block);
   if (pos_ >= plan_.uses.size()) {
@@ -231,12 +240,7 @@ const BlockViews& Engine::begin_forward(int block) {
 
 void Engine::end_forward(int block) {
   const auto& use = enter(block, false, "end_forward");
-  for (int b : use.releases) {
-    release(param_arena_, (static_cast<char*>(gathered_[b]) - static_cast<char*>(param_arena_.buffer.data())) /
-                              dtype_size(plan_.compute_dtype),
-            plan_.blocks[b].padded, compute_stream());
-    gathered_[b] = nullptr;
-  }
+  release_params(use);
   ++pos_;
 }
 
@@ -267,7 +271,6 @@ void Engine::end_backward(int block) {
   const auto& use = enter(block, true, "end_backward");
   const bool boundary = micro_ + 1 == config_.gradient_accumulation_steps;
   const bool transient = plan_.stage >= 2 || plan_.compute_dtype != DType::f32;
-  const size_t c = dtype_size(plan_.compute_dtype);
   if (use.last_backward_use && plan_.stage <= 1 && transient) {
     // Narrow gradients join the f32 accumulator as soon as the block is done with them.
     device_.axpy(compute_stream(), accumulated(block), 1.0f, grad_view(block));
@@ -282,11 +285,7 @@ void Engine::end_backward(int block) {
       grad_arena_.released.push_back({grad_offset_[b], plan_.blocks[b].padded, grad_reduced_[b]});
     }
   }
-  for (int b : use.releases) {
-    release(param_arena_, (static_cast<char*>(gathered_[b]) - static_cast<char*>(param_arena_.buffer.data())) / c,
-            plan_.blocks[b].padded, compute_stream());
-    gathered_[b] = nullptr;
-  }
+  release_params(use);
   ++pos_;
 }
 

@@ -89,6 +89,7 @@ class Engine final : public BlockHost {
   void place(Arena& arena, size_t offset, size_t length, Stream& writer);
   void release(Arena& arena, size_t offset, size_t length, Stream& last_user);
   void gather_block(int block, size_t arena_offset);
+  void release_params(const PlannedUse& use);  // stage 3: the blocks this use lets go of
   void fire_bucket(int bucket);
   void gather_after_step();
   void apply_optimizer(int64_t t, double lr, float grad_scale);
