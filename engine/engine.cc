@@ -202,13 +202,15 @@ void Engine::gather_block(int block, size_t arena_offset) {
   gathered_event_[block]->record(*gather_stream_);
 }
 
+void Engine::release_gathered(int b) {
+  const size_t offset = (static_cast<char*>(gathered_[b]) - static_cast<char*>(param_arena_.buffer.data())) /
+                        dtype_size(plan_.compute_dtype);
+  release(param_arena_, offset, plan_.blocks[b].padded, compute_stream());
+  gathered_[b] = nullptr;
+}
+
 void Engine::release_params(const PlannedUse& use) {
-  for (int b : use.releases) {
-    const size_t offset = (static_cast<char*>(gathered_[b]) - static_cast<char*>(param_arena_.buffer.data())) /
-                          dtype_size(plan_.compute_dtype);
-    release(param_arena_, offset, plan_.blocks[b].padded, compute_stream());
-    gathered_[b] = nullptr;
-  }
+  for (int b : use.releases) release_gathered(b);
 }
 
 const PlannedUse& Engine::enter(int block, bool backward, const char* what) {
@@ -244,7 +246,29 @@ void Engine::end_forward(int block) {
   ++pos_;
 }
 
+void Engine::begin_evaluation() {
+  if (!finalized_) ZEROTH_THROW(InvalidArgument, "begin_evaluation() before finalize()");
+  if (evaluating_ || pos_ != 0) {
+    ZEROTH_THROW(InvalidArgument, "begin_evaluation() inside a micro-step (use {} of {}); evaluate between steps", pos_, plan_.uses.size());
+  }
+  evaluating_ = true;
+}
+
+void Engine::end_evaluation() {
+  if (!evaluating_) ZEROTH_THROW(InvalidArgument, "end_evaluation() without begin_evaluation()");
+  // Stage 3: the forward uses gathered (and prefetched for the backward that will not come)
+  // blocks; they go back to the arena so the next micro-step starts from the planned state.
+  for (size_t b = 0; b < plan_.blocks.size(); ++b) {
+    if (plan_.stage != 3 || gathered_[b] == nullptr || plan_.blocks[b].persistent) continue;
+    compute_stream().wait(*gathered_event_[b]);
+    release_gathered(static_cast<int>(b));
+  }
+  pos_ = 0;
+  evaluating_ = false;
+}
+
 const BlockViews& Engine::begin_backward(int block) {
+  if (evaluating_) ZEROTH_THROW(InvalidArgument, "begin_backward({}) during evaluation", block);
   const auto& use = enter(block, true, "begin_backward");
   for (const auto& g : use.gathers) gather_block(g.block, g.arena_offset);
   if (plan_.stage == 3) compute_stream().wait(*gathered_event_[block]);
@@ -346,6 +370,7 @@ void Engine::fire_bucket(int index) {
 
 StepResult Engine::step() {
   if (!finalized_) ZEROTH_THROW(InvalidArgument, "step() before finalize()");
+  if (evaluating_) ZEROTH_THROW(InvalidArgument, "step() during evaluation; call end_evaluation() first");
   if (pos_ != plan_.uses.size()) {
     ZEROTH_THROW(InvalidArgument, "step() after {} of the micro-step's {} block uses; run the whole forward and backward first", pos_,
                  plan_.uses.size());
@@ -493,37 +518,71 @@ void Engine::gather_after_step() {
 
 // ---- initial values and inspection ----------------------------------------------------------
 
-void Engine::initialise() {
+void Engine::write_block(int b, const std::function<void(size_t, size_t, float*)>& fill) {
   Stream& cs = compute_stream();
   const size_t c = dtype_size(plan_.compute_dtype);
   const int r = plan_.rank;
+  const auto& blk = plan_.blocks[b];
+  // Stages 0-2 hold the whole block on every rank; stage 3 only this rank's shard.
+  const size_t lo = plan_.stage == 3 ? r * blk.shard : 0, hi = plan_.stage == 3 ? lo + blk.shard : blk.padded;
+  std::vector<float> values(hi - lo, 0.0f);
+  fill(lo, hi, values.data());
+  std::vector<char> narrow(values.size() * c);
+  cpu::cast(values.data(), DType::f32, narrow.data(), plan_.compute_dtype, values.size());
+  void* dst = plan_.stage <= 2 ? gathered_[b] : static_cast<char*>(param_shard_.data()) + blk.shard_offset * c;
+  device_.copy(cs, dst, narrow.data(), narrow.size());
+  if (!plan_.master_aliases_params) {
+    const size_t off = plan_.stage == 0 ? 0 : r * blk.shard - lo;  // stages 1-2: the shard of the whole block
+    const size_t count = plan_.stage == 0 ? blk.padded : blk.shard;
+    device_.copy(cs, master_shard(b), values.data() + off, count * sizeof(float));
+  }
+  cs.synchronize();  // `values` and `narrow` go out of scope
+}
+
+void Engine::initialise() {
+  Stream& cs = compute_stream();
   for (int b : plan_.shard_order) {
     const auto& blk = plan_.blocks[b];
     const auto& spec = specs_[b];
-    // Stages 0-2 hold the whole block on every rank; stage 3 only this rank's shard.
-    const size_t lo = plan_.stage == 3 ? r * blk.shard : 0, hi = plan_.stage == 3 ? lo + blk.shard : blk.padded;
-    std::vector<float> values(hi - lo, 0.0f);
-    for (size_t i = 0; i < spec.params.size(); ++i) {
-      const size_t p0 = blk.param_offsets[i], p1 = p0 + spec.params[i].numel();
-      const size_t a = std::max(p0, lo), e = std::min(p1, hi);
-      if (a < e) init_values(spec.params[i].init, config_.seed, spec.name + "." + spec.params[i].name, a - p0, e - a, values.data() + (a - lo));
-    }
-    std::vector<char> narrow(values.size() * c);
-    cpu::cast(values.data(), DType::f32, narrow.data(), plan_.compute_dtype, values.size());
-    void* dst = plan_.stage <= 2 ? gathered_[b] : static_cast<char*>(param_shard_.data()) + blk.shard_offset * c;
-    device_.copy(cs, dst, narrow.data(), narrow.size());
-    if (!plan_.master_aliases_params) {
-      const size_t off = plan_.stage == 0 ? 0 : r * blk.shard - lo;  // stages 1-2: the shard of the whole block
-      const size_t count = plan_.stage == 0 ? blk.padded : blk.shard;
-      device_.copy(cs, master_shard(b), values.data() + off, count * sizeof(float));
-    }
-    cs.synchronize();  // `values` and `narrow` go out of scope
+    write_block(b, [&](size_t lo, size_t hi, float* out) {
+      for (size_t i = 0; i < spec.params.size(); ++i) {
+        const size_t p0 = blk.param_offsets[i], p1 = p0 + spec.params[i].numel();
+        const size_t a = std::max(p0, lo), e = std::min(p1, hi);
+        if (a < e) init_values(spec.params[i].init, config_.seed, spec.name + "." + spec.params[i].name, a - p0, e - a, out + (a - lo));
+      }
+    });
   }
   for (int k = 0; k < plan_.state_arrays; ++k) device_.fill(cs, state_[k].view(DType::f32), 0.0f);
   if (grad_accum_) device_.fill(cs, grad_accum_.view(DType::f32), 0.0f);
   if (grad_shard_) device_.fill(cs, grad_shard_.view(DType::f32), 0.0f);
   if (plan_.stage == 3) gather_after_step();
   cs.synchronize();
+}
+
+void Engine::set_master_values(int block, std::span<const float> values) {
+  ZEROTH_CHECK(finalized_ && block >= 0 && static_cast<size_t>(block) < plan_.blocks.size(), "set_master_values({})", block);
+  if (pos_ != 0 || micro_ != 0) ZEROTH_THROW(InvalidArgument, "set_master_values({}) in the middle of a step", specs_[block].name);
+  const auto& blk = plan_.blocks[block];
+  const auto& spec = specs_[block];
+  size_t unpadded = 0;
+  for (const auto& p : spec.params) unpadded += p.numel();
+  if (values.size() != unpadded && values.size() != blk.padded) {
+    ZEROTH_THROW(InvalidArgument, "set_master_values({}): {} values, but the block has {} parameters ({} padded)", spec.name,
+                 values.size(), unpadded, blk.padded);
+  }
+  const bool padded = values.size() == blk.padded;
+  write_block(block, [&](size_t lo, size_t hi, float* out) {
+    size_t src = 0;
+    for (size_t i = 0; i < spec.params.size(); ++i) {
+      const size_t p0 = blk.param_offsets[i], n = spec.params[i].numel();
+      if (padded) src = p0;
+      const size_t a = std::max(p0, lo), e = std::min(p0 + n, hi);
+      if (a < e) std::copy(values.begin() + (src + a - p0), values.begin() + (src + e - p0), out + (a - lo));
+      src += n;
+    }
+  });
+  if (plan_.stage == 3) gather_after_step();
+  compute_stream().synchronize();
 }
 
 std::vector<float> Engine::master_values(int block) {

@@ -15,7 +15,9 @@
 #pragma once
 
 #include <cstdint>  // int64_t
+#include <functional>  // std::function
 #include <memory>   // std::unique_ptr
+#include <span>     // std::span
 #include <string>   // std::string
 #include <vector>   // std::vector
 
@@ -68,11 +70,17 @@ class Engine final : public BlockHost {
   void end_forward(int block) override;
   const BlockViews& begin_backward(int block) override;
   void end_backward(int block) override;
+  void begin_evaluation() override;
+  void end_evaluation() override;
   StepResult step();
 
   // The fp32 master values of a block's parameters, whole (padded), on the host. Collective
   // over the data-parallel group; synchronizes.
   std::vector<float> master_values(int block);
+  // Replaces a block's fp32 master values (and the parameters computed from them) with `values`:
+  // the block's parameters in order, padded or not. Every rank passes the same values; the
+  // optimizer state is kept. Between steps only.
+  void set_master_values(int block, std::span<const float> values);
 
  private:
   struct Released {
@@ -89,11 +97,15 @@ class Engine final : public BlockHost {
   void place(Arena& arena, size_t offset, size_t length, Stream& writer);
   void release(Arena& arena, size_t offset, size_t length, Stream& last_user);
   void gather_block(int block, size_t arena_offset);
+  void release_gathered(int block);            // stage 3: back to the arena once compute is done with it
   void release_params(const PlannedUse& use);  // stage 3: the blocks this use lets go of
   void fire_bucket(int bucket);
   void gather_after_step();
   void apply_optimizer(int64_t t, double lr, float grad_scale);
   void initialise();
+  // Writes the part of block b's values that this rank holds; fill(lo, hi, out) provides padded
+  // elements [lo, hi) of the block.
+  void write_block(int b, const std::function<void(size_t, size_t, float*)>& fill);
   void check_budget() const;
   TensorView full_params(int block) const;
   TensorView grad_view(int block) const;    // where the model adds the block's gradients
@@ -109,6 +121,7 @@ class Engine final : public BlockHost {
   bool schedule_set_ = false;
   Plan plan_;
   bool finalized_ = false;
+  bool evaluating_ = false;
 
   std::unique_ptr<Stream> gather_stream_, reduce_stream_;
   std::unique_ptr<Communicator> gather_comm_, reduce_comm_, step_comm_;  // split from comm_, one per stream

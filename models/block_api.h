@@ -62,6 +62,10 @@ class BlockHost {
   virtual void end_forward(int block) = 0;
   virtual const BlockViews& begin_backward(int block) = 0;
   virtual void end_backward(int block) = 0;
+  // A forward-only pass (validation) between micro-steps: the forward uses of the schedule, with
+  // begin_/end_forward, and no backward. Gradients and optimizer state are left alone.
+  virtual void begin_evaluation() = 0;
+  virtual void end_evaluation() = 0;
   // The model enqueues its work here; the host orders its own work against it with events.
   virtual Stream& compute_stream() = 0;
   virtual Device& device() = 0;

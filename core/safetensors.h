@@ -1,0 +1,38 @@
+// The safetensors file format (an 8-byte little-endian header length, a JSON header naming each
+// tensor's dtype, shape and byte range, then the raw data): PyTorch and Hugging Face exchange
+// weights this way, and zeroth reads reference files and writes exported weights with it.
+#pragma once
+
+#include <cstdint>  // int64_t
+#include <map>      // std::map
+#include <string>   // std::string
+#include <vector>   // std::vector
+
+#include "core/dtype.h"  // DType
+
+namespace zeroth {
+
+struct SafeTensor {
+  std::string dtype;  // "F32", "BF16", "F16", "I32", ...
+  std::vector<int64_t> shape;
+  std::vector<char> data;
+  size_t numel() const;
+  // The values as f32 (F32, BF16, F16) or int32 (I32); InvalidArgument for other dtypes.
+  std::vector<float> as_f32() const;
+  std::vector<int32_t> as_i32() const;
+};
+
+struct SafeTensors {
+  std::map<std::string, SafeTensor> tensors;
+  std::map<std::string, std::string> metadata;
+  // InvalidArgument naming the missing tensor and the file.
+  const SafeTensor& at(const std::string& name) const;
+  std::string source;  // the path it was read from
+};
+
+// IoError when the file cannot be read; InvalidArgument (with the path) when it is not valid.
+SafeTensors read_safetensors(const std::string& path);
+// Written to `path`.tmp and renamed, so a crash never leaves a half-written file under `path`.
+void write_safetensors(const std::string& path, const SafeTensors& file);
+
+}  // namespace zeroth

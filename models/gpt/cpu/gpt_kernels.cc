@@ -1,0 +1,366 @@
+// GPT kernels on the CPU. GEMMs go to OpenBLAS (its own threads); the rest is split over oneTBB
+// in fixed chunks, so reductions add in the same order whatever the thread count. The row loops
+// are compiled per ISA (x86-64-v4, v3, baseline) through GCC's target_clones, which picks one at
+// load time: the same single dispatch idea as core/cpu, without hand-written intrinsics, because
+// these loops vectorise cleanly once exp is a polynomial instead of a libm call.
+#include "models/gpt/cpu/gpt_kernels.h"
+
+#include <cblas.h>  // cblas_sgemm, cblas_sgemv
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+
+#include <algorithm>  // std::min
+#include <cmath>      // std::sqrt, std::log
+#include <cstring>    // std::memcpy
+#include <vector>     // std::vector
+
+#define ZEROTH_ISA_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+
+namespace zeroth::gpt::cpu {
+namespace {
+
+constexpr size_t kRowChunk = 16;  // rows per task for row-wise kernels
+
+// expf to ~2 ulp on [-87, 88] (Cephes' polynomial), written so loops over it vectorise.
+inline float fast_exp(float x) {
+  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+  const float kMagic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  float n = x * 1.44269504088896341f + kMagic;
+  n -= kMagic;
+  float r = x - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t e = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &e, sizeof scale);
+  return p * scale;
+}
+
+// Sums and maxima in 16 lanes, combined in a fixed order: vectorisable without reassociation.
+ZEROTH_ISA_CLONES float row_max(const float* x, int n) {
+  float lanes[16];
+  for (float& l : lanes) l = -3.0e38f;
+  int j = 0;
+  for (; j + 16 <= n; j += 16) {
+    for (int k = 0; k < 16; ++k) lanes[k] = x[j + k] > lanes[k] ? x[j + k] : lanes[k];
+  }
+  float m = -3.0e38f;
+  for (float l : lanes) m = l > m ? l : m;
+  for (; j < n; ++j) m = x[j] > m ? x[j] : m;
+  return m;
+}
+
+// x[j] = exp(x[j] - shift); returns the sum.
+ZEROTH_ISA_CLONES float exp_shifted_sum(float* x, int n, float shift) {
+  float lanes[16] = {};
+  int j = 0;
+  for (; j + 16 <= n; j += 16) {
+    for (int k = 0; k < 16; ++k) {
+      const float e = fast_exp(x[j + k] - shift);
+      x[j + k] = e;
+      lanes[k] += e;
+    }
+  }
+  float s = 0;
+  for (float l : lanes) s += l;
+  for (; j < n; ++j) {
+    x[j] = fast_exp(x[j] - shift);
+    s += x[j];
+  }
+  return s;
+}
+
+ZEROTH_ISA_CLONES void scale_row(float* x, int n, float a) {
+  for (int j = 0; j < n; ++j) x[j] *= a;
+}
+
+ZEROTH_ISA_CLONES void gelu_rows(float* out, const float* inp, size_t n) {
+  const float k = 0.7978845608028654f;  // sqrt(2 / pi)
+  for (size_t i = 0; i < n; ++i) {
+    const float x = inp[i];
+    const float u = k * (x + 0.044715f * x * x * x);
+    // 0.5 * x * (1 + tanh(u)) == x * sigmoid(2u): no cancellation near zero.
+    out[i] = x / (1.0f + fast_exp(-2.0f * u));
+  }
+}
+
+ZEROTH_ISA_CLONES void gelu_backward_rows(float* dinp, const float* inp, const float* dout, size_t n) {
+  const float k = 0.7978845608028654f;
+  for (size_t i = 0; i < n; ++i) {
+    const float x = inp[i];
+    const float u = k * (x + 0.044715f * x * x * x);
+    const float s = 1.0f / (1.0f + fast_exp(-2.0f * u));  // (1 + tanh u) / 2
+    const float du = k * (1.0f + 3.0f * 0.044715f * x * x);
+    dinp[i] = (s + x * 2.0f * s * (1.0f - s) * du) * dout[i];
+  }
+}
+
+ZEROTH_ISA_CLONES void add_rows(float* out, const float* a, const float* b, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+ZEROTH_ISA_CLONES void layernorm_row(float* out, float* mean_out, float* rstd_out, const float* x, const float* w,
+                                     const float* b, int C) {
+  float lanes[16] = {};
+  int j = 0;
+  for (; j + 16 <= C; j += 16) {
+    for (int k = 0; k < 16; ++k) lanes[k] += x[j + k];
+  }
+  float s = 0;
+  for (float l : lanes) s += l;
+  for (; j < C; ++j) s += x[j];
+  const float m = s / C;
+  for (float& l : lanes) l = 0;
+  for (j = 0; j + 16 <= C; j += 16) {
+    for (int k = 0; k < 16; ++k) lanes[k] += (x[j + k] - m) * (x[j + k] - m);
+  }
+  float v = 0;
+  for (float l : lanes) v += l;
+  for (; j < C; ++j) v += (x[j] - m) * (x[j] - m);
+  const float rs = 1.0f / std::sqrt(v / C + 1e-5f);
+  for (j = 0; j < C; ++j) out[j] = (x[j] - m) * rs * w[j] + b[j];
+  *mean_out = m;
+  *rstd_out = rs;
+}
+
+// One row's LayerNorm backward; dw and db are this chunk's partial sums.
+ZEROTH_ISA_CLONES void layernorm_backward_row(float* dx, float* dw, float* db, const float* dy, const float* x,
+                                              const float* w, float m, float rs, int C) {
+  float l1[16] = {}, l2[16] = {};
+  int j = 0;
+  for (; j + 16 <= C; j += 16) {
+    for (int k = 0; k < 16; ++k) {
+      const float xhat = (x[j + k] - m) * rs;
+      const float g = w[j + k] * dy[j + k];
+      l1[k] += g;
+      l2[k] += g * xhat;
+    }
+  }
+  float mean_g = 0, mean_gx = 0;
+  for (int k = 0; k < 16; ++k) {
+    mean_g += l1[k];
+    mean_gx += l2[k];
+  }
+  for (; j < C; ++j) {
+    const float xhat = (x[j] - m) * rs;
+    const float g = w[j] * dy[j];
+    mean_g += g;
+    mean_gx += g * xhat;
+  }
+  mean_g /= C;
+  mean_gx /= C;
+  for (j = 0; j < C; ++j) {
+    const float xhat = (x[j] - m) * rs;
+    db[j] += dy[j];
+    dw[j] += xhat * dy[j];
+    dx[j] += (w[j] * dy[j] - mean_g - xhat * mean_gx) * rs;
+  }
+}
+
+// Softmax backward of one causal row: datt <- att * (datt - <att, datt>) * scale, for j <= t.
+ZEROTH_ISA_CLONES void softmax_backward_row(float* datt, const float* att, int n, float scale) {
+  float lanes[16] = {};
+  int j = 0;
+  for (; j + 16 <= n; j += 16) {
+    for (int k = 0; k < 16; ++k) lanes[k] += att[j + k] * datt[j + k];
+  }
+  float dot = 0;
+  for (float l : lanes) dot += l;
+  for (; j < n; ++j) dot += att[j] * datt[j];
+  for (j = 0; j < n; ++j) datt[j] = att[j] * (datt[j] - dot) * scale;
+}
+
+template <class F>
+void for_rows(size_t n, size_t grain, F&& f) {
+  tbb::parallel_for(tbb::blocked_range<size_t>(0, n, grain), [&](const tbb::blocked_range<size_t>& r) {
+    for (size_t i = r.begin(); i < r.end(); ++i) f(i);
+  });
+}
+
+// Element-wise over n values in chunks of 64 Ki.
+template <class F>
+void for_chunks(size_t n, F&& f) {
+  constexpr size_t kChunk = size_t{1} << 16;
+  const size_t chunks = (n + kChunk - 1) / kChunk;
+  for_rows(chunks, 1, [&](size_t c) {
+    const size_t begin = c * kChunk;
+    f(begin, std::min(n, begin + kChunk) - begin);
+  });
+}
+
+}  // namespace
+
+void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C) {
+  for_rows(static_cast<size_t>(B) * T, kRowChunk, [&](size_t n) {
+    add_rows(out + n * C, wte + static_cast<size_t>(tokens[n]) * C, wpe + (n % T) * C, C);
+  });
+}
+
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C) {
+  // Rows of the same token collide in dwte, so tokens are added serially in row order; the
+  // channels of a row are the vector lanes.
+  for (size_t n = 0; n < static_cast<size_t>(B) * T; ++n) {
+    float* dst = dwte + static_cast<size_t>(tokens[n]) * C;
+    add_rows(dst, dst, dout + n * C, C);
+  }
+  for_rows(static_cast<size_t>(T), 1, [&](size_t t) {
+    float* dst = dwpe + t * C;
+    for (int b = 0; b < B; ++b) add_rows(dst, dst, dout + (static_cast<size_t>(b) * T + t) * C, C);
+  });
+}
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
+                       size_t N, int C) {
+  for_rows(N, kRowChunk, [&](size_t n) { layernorm_row(out + n * C, mean + n, rstd + n, inp + n * C, weight, bias, C); });
+}
+
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                        const float* weight, const float* mean, const float* rstd, size_t N, int C) {
+  const size_t chunks = (N + kRowChunk - 1) / kRowChunk;
+  std::vector<float> partial(chunks * 2 * C, 0.0f);
+  for_rows(chunks, 1, [&](size_t c) {
+    float* dw = partial.data() + c * 2 * C;
+    float* db = dw + C;
+    for (size_t n = c * kRowChunk; n < std::min(N, (c + 1) * kRowChunk); ++n) {
+      layernorm_backward_row(dinp + n * C, dw, db, dout + n * C, inp + n * C, weight, mean[n], rstd[n], C);
+    }
+  });
+  for (size_t c = 0; c < chunks; ++c) {
+    add_rows(dweight, dweight, partial.data() + c * 2 * C, C);
+    add_rows(dbias, dbias, partial.data() + c * 2 * C + C, C);
+  }
+}
+
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, size_t N, int IC, int OC) {
+  float beta = 0.0f;
+  if (bias != nullptr) {
+    for_rows(N, kRowChunk, [&](size_t n) { std::memcpy(out + n * OC, bias, sizeof(float) * OC); });
+    beta = 1.0f;
+  }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(N), OC, IC, 1.0f, inp, IC, weight, IC, beta, out,
+              OC);
+}
+
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, size_t N, int IC, int OC) {
+  const int n = static_cast<int>(N);
+  if (dinp != nullptr) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, IC, OC, 1.0f, dout, OC, weight, IC, 0.0f, dinp, IC);
+  }
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, n, 1.0f, dout, OC, inp, IC, 1.0f, dweight, IC);
+  if (dbias != nullptr) {
+    const size_t chunks = (N + 63) / 64;
+    std::vector<float> partial(chunks * OC, 0.0f);
+    for_rows(chunks, 1, [&](size_t c) {
+      float* dst = partial.data() + c * OC;
+      for (size_t r = c * 64; r < std::min(N, (c + 1) * 64); ++r) add_rows(dst, dst, dout + r * OC, OC);
+    });
+    for (size_t c = 0; c < chunks; ++c) add_rows(dbias, dbias, partial.data() + c * OC, OC);
+  }
+}
+
+void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
+  const int hs = C / NH, C3 = 3 * C;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const size_t TT = static_cast<size_t>(T) * T;
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < NH; ++h) {
+      const float* q = qkv + static_cast<size_t>(b) * T * C3 + h * hs;
+      float* a = att + (static_cast<size_t>(b) * NH + h) * TT;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, C3, q + C, C3, 0.0f, a, T);
+    }
+  }
+  for_rows(static_cast<size_t>(B) * NH * T, kRowChunk, [&](size_t row) {
+    const int t = static_cast<int>(row % T);
+    float* a = att + row * T;
+    const float m = row_max(a, t + 1);
+    const float s = exp_shifted_sum(a, t + 1, m);
+    scale_row(a, t + 1, 1.0f / s);
+    std::fill(a + t + 1, a + T, 0.0f);
+  });
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < NH; ++h) {
+      const float* v = qkv + static_cast<size_t>(b) * T * C3 + 2 * C + h * hs;
+      const float* a = att + (static_cast<size_t>(b) * NH + h) * TT;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, v, C3, 0.0f,
+                  out + static_cast<size_t>(b) * T * C + h * hs, C);
+    }
+  }
+}
+
+void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int B, int T,
+                        int C, int NH) {
+  const int hs = C / NH, C3 = 3 * C;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const size_t TT = static_cast<size_t>(T) * T;
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < NH; ++h) {
+      const size_t base = static_cast<size_t>(b) * T * C3 + h * hs;
+      const float* dy = dout + static_cast<size_t>(b) * T * C + h * hs;
+      const float* a = att + (static_cast<size_t>(b) * NH + h) * TT;
+      float* da = datt + (static_cast<size_t>(b) * NH + h) * TT;
+      // datt = dy v^T;  dv = att^T dy
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dy, C, qkv + base + 2 * C, C3, 0.0f, da, T);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, dy, C, 0.0f, dqkv + base + 2 * C, C3);
+    }
+  }
+  for_rows(static_cast<size_t>(B) * NH * T, kRowChunk, [&](size_t row) {
+    const int t = static_cast<int>(row % T);
+    softmax_backward_row(datt + row * T, att + row * T, t + 1, scale);
+    std::fill(datt + row * T + t + 1, datt + row * T + T, 0.0f);
+  });
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < NH; ++h) {
+      const size_t base = static_cast<size_t>(b) * T * C3 + h * hs;
+      const float* da = datt + (static_cast<size_t>(b) * NH + h) * TT;
+      // dq = dS k;  dk = dS^T q
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, da, T, qkv + base + C, C3, 0.0f, dqkv + base,
+                  C3);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, da, T, qkv + base, C3, 0.0f, dqkv + base + C,
+                  C3);
+    }
+  }
+}
+
+void gelu_forward(float* out, const float* inp, size_t n) {
+  for_chunks(n, [&](size_t begin, size_t len) { gelu_rows(out + begin, inp + begin, len); });
+}
+
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
+  for_chunks(n, [&](size_t begin, size_t len) { gelu_backward_rows(dinp + begin, inp + begin, dout + begin, len); });
+}
+
+void residual_forward(float* out, const float* a, const float* b, size_t n) {
+  for_chunks(n, [&](size_t begin, size_t len) { add_rows(out + begin, a + begin, b + begin, len); });
+}
+
+void accumulate(float* y, const float* x, size_t n) {
+  for_chunks(n, [&](size_t begin, size_t len) { add_rows(y + begin, y + begin, x + begin, len); });
+}
+
+double crossentropy(float* logits, const int32_t* targets, size_t N, int V, float dlogits_scale) {
+  std::vector<double> losses(N);
+  for_rows(N, 1, [&](size_t n) {
+    float* row = logits + n * V;
+    const int32_t target = targets[n];
+    const float m = row_max(row, V);
+    const float picked = row[target];
+    const float s = exp_shifted_sum(row, V, m);
+    losses[n] = std::log(static_cast<double>(s)) + m - picked;
+    if (dlogits_scale != 0.0f) {
+      scale_row(row, V, dlogits_scale / s);
+      row[target] -= dlogits_scale;
+    }
+  });
+  double sum = 0;
+  for (double l : losses) sum += l;
+  return sum;
+}
+
+}  // namespace zeroth::gpt::cpu

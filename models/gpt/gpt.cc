@@ -1,0 +1,397 @@
+// The GPT's blocks and its micro-step: which kernels run in which block use, and where the
+// activations live. Kernels are in cpu/gpt_kernels.cc; all work is enqueued on the host's
+// compute stream, one closure per block use, so the engine's gathers and reductions overlap it.
+#include "models/gpt/gpt.h"
+
+#include <algorithm>  // std::max
+#include <cmath>      // std::sqrt
+#include <cstring>    // std::memcpy
+
+#include "core/cpu/kernels.h"            // cpu::cast, cpu::axpy, cpu::fill
+#include "core/device.h"                 // Buffer
+#include "core/error.h"                  // ZEROTH_THROW
+#include "models/gpt/cpu/gpt_kernels.h"  // gpt::cpu::*
+
+namespace zeroth {
+
+namespace k = gpt::cpu;
+
+// ---- configuration --------------------------------------------------------------------------
+
+GptConfig GptConfig::preset(std::string_view name) {
+  GptConfig c;
+  if (name == "gpt2-124m" || name == "gpt2") return c;
+  if (name == "gpt2-350m") c.n_layer = 24, c.n_head = 16, c.n_embd = 1024;
+  else if (name == "gpt2-774m") c.n_layer = 36, c.n_head = 20, c.n_embd = 1280;
+  else if (name == "gpt2-1558m") c.n_layer = 48, c.n_head = 25, c.n_embd = 1600;
+  else ZEROTH_THROW(ConfigError, "model.preset \"{}\" is not a known preset; use one of gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1558m", name);
+  return c;
+}
+
+std::vector<std::string> GptConfig::preset_names() { return {"gpt2-124m", "gpt2-350m", "gpt2-774m", "gpt2-1558m"}; }
+
+size_t GptConfig::num_parameters() const {
+  size_t n = 0;
+  for (const auto& b : Gpt::block_specs(*this)) {
+    for (const auto& p : b.params) n += p.numel();
+  }
+  return n;
+}
+
+void GptConfig::validate() const {
+  auto positive = [](const char* key, int v) {
+    if (v <= 0) ZEROTH_THROW(ConfigError, "model.{} must be a positive integer, got {}", key, v);
+  };
+  positive("vocab_size", vocab_size);
+  positive("seq_len", seq_len);
+  positive("n_layer", n_layer);
+  positive("n_head", n_head);
+  positive("n_embd", n_embd);
+  if (n_embd % n_head != 0) {
+    ZEROTH_THROW(ConfigError, "model.n_embd ({}) must be a multiple of model.n_head ({}): each head gets n_embd / n_head channels", n_embd, n_head);
+  }
+}
+
+// ---- blocks ---------------------------------------------------------------------------------
+
+std::vector<BlockSpec> Gpt::block_specs(const GptConfig& c) {
+  c.validate();
+  const int64_t V = c.vocab_size, T = c.seq_len, C = c.n_embd;
+  const double proj_std = 0.02 / std::sqrt(2.0 * c.n_layer);  // GPT-2: residual projections scaled by depth
+  std::vector<BlockSpec> out;
+  out.push_back({"embed", {{"wte", {V, C}, InitRule::normal(0.02), true}, {"wpe", {T, C}, InitRule::normal(0.02), true}}});
+  for (int l = 0; l < c.n_layer; ++l) {
+    out.push_back({"h." + std::to_string(l),
+                   {{"ln_1.weight", {C}, InitRule::constant(1), false},
+                    {"ln_1.bias", {C}, InitRule::zeros(), false},
+                    {"attn.c_attn.weight", {3 * C, C}, InitRule::normal(0.02), true},
+                    {"attn.c_attn.bias", {3 * C}, InitRule::zeros(), false},
+                    {"attn.c_proj.weight", {C, C}, InitRule::normal(proj_std), true},
+                    {"attn.c_proj.bias", {C}, InitRule::zeros(), false},
+                    {"ln_2.weight", {C}, InitRule::constant(1), false},
+                    {"ln_2.bias", {C}, InitRule::zeros(), false},
+                    {"mlp.c_fc.weight", {4 * C, C}, InitRule::normal(0.02), true},
+                    {"mlp.c_fc.bias", {4 * C}, InitRule::zeros(), false},
+                    {"mlp.c_proj.weight", {C, 4 * C}, InitRule::normal(proj_std), true},
+                    {"mlp.c_proj.bias", {C}, InitRule::zeros(), false}}});
+  }
+  out.push_back({"ln_f", {{"weight", {C}, InitRule::constant(1), false}, {"bias", {C}, InitRule::zeros(), false}}});
+  return out;
+}
+
+BlockSchedule Gpt::schedule(const GptConfig& c) {
+  const int L = c.n_layer, embed = 0, ln_f = L + 1;
+  BlockSchedule s;
+  s.forward.push_back(embed);
+  for (int l = 0; l < L; ++l) s.forward.push_back(1 + l);
+  s.forward.push_back(ln_f);
+  s.forward.push_back(embed);  // the LM head
+  s.backward.push_back(embed);
+  s.backward.push_back(ln_f);
+  for (int l = L - 1; l >= 0; --l) s.backward.push_back(1 + l);
+  s.backward.push_back(embed);
+  return s;
+}
+
+// ---- activations ----------------------------------------------------------------------------
+
+namespace {
+
+// What one transformer block keeps from forward for backward.
+struct LayerActs {
+  float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu;
+};
+
+// Backward scratch: the residual stream's gradient and the per-kernel gradients of activations.
+struct GradScratch {
+  float *dresid = nullptr, *dC = nullptr, *dqkv = nullptr, *dfch = nullptr, *datt = nullptr;
+};
+
+}  // namespace
+
+struct Gpt::State {
+  GptConfig cfg;
+  Device* device = nullptr;
+  int B = 0, T = 0;
+  Buffer buffer;                // every activation, one allocation (tag: activations)
+  std::vector<float*> resid;    // [L + 1] residual stream: resid[l] is block l's input
+  std::vector<LayerActs> layer; // [L], or [1] shared when checkpointing
+  float *lnf = nullptr, *lnf_mean = nullptr, *lnf_rstd = nullptr, *logits = nullptr;
+  GradScratch d;
+  std::vector<float> wbuf, gbuf;  // f32 copies of a narrow block's parameters and gradients
+
+  static size_t layer_floats(const GptConfig& c, size_t BT, size_t B, size_t T) {
+    const size_t C = c.n_embd;
+    return 15 * BT * C + 4 * BT + B * c.n_head * T * T;
+  }
+  static size_t total_floats(const GptConfig& c, int B, int T) {
+    const size_t BT = static_cast<size_t>(B) * T, C = c.n_embd, L = c.n_layer;
+    const size_t layers = c.activation_checkpointing ? 1 : L;
+    return (L + 1) * BT * C + layers * layer_floats(c, BT, B, T) + BT * C + 2 * BT + BT * c.vocab_size  // forward
+           + BT * C * (1 + 1 + 3 + 4) + static_cast<size_t>(B) * c.n_head * T * T;                    // backward scratch
+  }
+
+  void reserve(int b, int t) {
+    if (b == B && t == T) return;
+    const size_t BT = static_cast<size_t>(b) * t, C = cfg.n_embd, L = cfg.n_layer;
+    buffer.reset();
+    buffer = device->allocate(total_floats(cfg, b, t) * sizeof(float), MemTag::activations);
+    // Pre-touched once here: first touch of fresh memory is slow, and a step must not pay it.
+    cpu::fill(buffer.data(), DType::f32, 0.0f, buffer.bytes() / sizeof(float));
+    float* at = buffer.as<float>();
+    auto take = [&](size_t n) {
+      float* p = at;
+      at += n;
+      return p;
+    };
+    resid.assign(L + 1, nullptr);
+    for (auto& r : resid) r = take(BT * C);
+    layer.assign(cfg.activation_checkpointing ? 1 : L, {});
+    for (auto& a : layer) {
+      a.ln1 = take(BT * C), a.ln1_mean = take(BT), a.ln1_rstd = take(BT), a.qkv = take(3 * BT * C);
+      a.att = take(static_cast<size_t>(b) * cfg.n_head * t * t), a.atty = take(BT * C), a.res2 = take(BT * C);
+      a.ln2 = take(BT * C), a.ln2_mean = take(BT), a.ln2_rstd = take(BT), a.fch = take(4 * BT * C), a.fch_gelu = take(4 * BT * C);
+    }
+    lnf = take(BT * C), lnf_mean = take(BT), lnf_rstd = take(BT), logits = take(BT * cfg.vocab_size);
+    d.dresid = take(BT * C), d.dC = take(BT * C), d.dqkv = take(3 * BT * C), d.dfch = take(4 * BT * C);
+    d.datt = take(static_cast<size_t>(b) * cfg.n_head * t * t);
+    B = b, T = t;
+  }
+};
+
+namespace {
+
+// A block's parameters as f32 pointers, and where its backward adds gradients in f32. For an f32
+// block these are the engine's own views; for bf16/f16 the parameters are widened into scratch and
+// the gradients gathered in f32 scratch, then added into the narrow views once (flush).
+class Bound {
+ public:
+  Bound(const std::vector<TensorView>& params, const std::vector<TensorView>* grads, std::vector<float>& wbuf,
+        std::vector<float>& gbuf)
+      : grads_(grads) {
+    size_t total = 0;
+    for (const auto& p : params) total += p.numel;
+    narrow_ = !params.empty() && params[0].dtype != DType::f32;
+    if (narrow_) {
+      if (wbuf.size() < total) wbuf.resize(total);
+      if (grads != nullptr) {
+        if (gbuf.size() < total) gbuf.resize(total);
+        cpu::fill(gbuf.data(), DType::f32, 0.0f, total);
+      }
+    }
+    size_t off = 0;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (narrow_) {
+        cpu::cast(params[i].data, params[i].dtype, wbuf.data() + off, DType::f32, params[i].numel);
+        p_.push_back(wbuf.data() + off);
+        if (grads != nullptr) g_.push_back(gbuf.data() + off);
+      } else {
+        p_.push_back(params[i].as<float>());
+        if (grads != nullptr) g_.push_back((*grads)[i].as<float>());
+      }
+      off += params[i].numel;
+    }
+  }
+  const float* p(size_t i) const { return p_[i]; }
+  float* g(size_t i) const { return g_[i]; }
+  void flush() const {
+    if (!narrow_ || grads_ == nullptr) return;
+    for (size_t i = 0; i < grads_->size(); ++i) {
+      const auto& v = (*grads_)[i];
+      cpu::axpy(v.data, v.dtype, 1.0f, g_[i], DType::f32, v.numel);
+    }
+  }
+
+ private:
+  const std::vector<TensorView>* grads_;
+  bool narrow_ = false;
+  std::vector<const float*> p_;
+  std::vector<float*> g_;
+};
+
+// Parameter indices inside a transformer block, in block_specs order.
+enum LayerParam { kLn1W, kLn1B, kAttnW, kAttnB, kProjW, kProjB, kLn2W, kLn2B, kFcW, kFcB, kFcProjW, kFcProjB };
+
+void layer_forward(const GptConfig& c, const Bound& w, const LayerActs& a, const float* x, float* out, int B, int T) {
+  const size_t BT = static_cast<size_t>(B) * T, C = c.n_embd;
+  const int Ci = c.n_embd;
+  k::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w.p(kLn1W), w.p(kLn1B), BT, Ci);
+  k::matmul_forward(a.qkv, a.ln1, w.p(kAttnW), w.p(kAttnB), BT, Ci, 3 * Ci);
+  k::attention_forward(a.atty, a.att, a.qkv, B, T, Ci, c.n_head);
+  k::matmul_forward(a.res2, a.atty, w.p(kProjW), w.p(kProjB), BT, Ci, Ci);
+  k::accumulate(a.res2, x, BT * C);
+  k::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, w.p(kLn2W), w.p(kLn2B), BT, Ci);
+  k::matmul_forward(a.fch, a.ln2, w.p(kFcW), w.p(kFcB), BT, Ci, 4 * Ci);
+  k::gelu_forward(a.fch_gelu, a.fch, 4 * BT * C);
+  if (out != nullptr) {
+    k::matmul_forward(out, a.fch_gelu, w.p(kFcProjW), w.p(kFcProjB), BT, 4 * Ci, Ci);
+    k::accumulate(out, a.res2, BT * C);
+  }
+}
+
+// dresid holds the gradient at the block's output on entry and at its input on return.
+void layer_backward(const GptConfig& c, const Bound& w, const LayerActs& a, const GradScratch& s, const float* x, int B,
+                    int T) {
+  const size_t BT = static_cast<size_t>(B) * T;
+  const int C = c.n_embd;
+  float* dresid = s.dresid;
+  k::matmul_backward(s.dfch, w.g(kFcProjW), w.g(kFcProjB), dresid, a.fch_gelu, w.p(kFcProjW), BT, 4 * C, C);
+  k::gelu_backward(s.dfch, a.fch, s.dfch, 4 * BT * C);
+  k::matmul_backward(s.dC, w.g(kFcW), w.g(kFcB), s.dfch, a.ln2, w.p(kFcW), BT, C, 4 * C);
+  k::layernorm_backward(dresid, w.g(kLn2W), w.g(kLn2B), s.dC, a.res2, w.p(kLn2W), a.ln2_mean, a.ln2_rstd, BT, C);
+  k::matmul_backward(s.dC, w.g(kProjW), w.g(kProjB), dresid, a.atty, w.p(kProjW), BT, C, C);
+  k::attention_backward(s.dqkv, s.datt, s.dC, a.qkv, a.att, B, T, C, c.n_head);
+  k::matmul_backward(s.dC, w.g(kAttnW), w.g(kAttnB), s.dqkv, a.ln1, w.p(kAttnW), BT, C, 3 * C);
+  k::layernorm_backward(dresid, w.g(kLn1W), w.g(kLn1B), s.dC, x, w.p(kLn1W), a.ln1_mean, a.ln1_rstd, BT, C);
+}
+
+void check_tokens(const int32_t* t, size_t n, int V, const char* what) {
+  for (size_t i = 0; i < n; ++i) {
+    if (t[i] < 0 || t[i] >= V) {
+      ZEROTH_THROW(InvalidArgument, "{} id {} at position {} is outside the model's vocabulary [0, {}): the data and model.vocab_size disagree",
+                   what, t[i], i, V);
+    }
+  }
+}
+
+}  // namespace
+
+// ---- the micro-step -------------------------------------------------------------------------
+
+Gpt::Gpt(BlockHost& host, GptConfig config) : host_(host), config_(config), state_(std::make_shared<State>()) {
+  if (host_.device().kind() != DeviceKind::cpu) {
+    ZEROTH_THROW(ConfigError, "the GPT model's kernels run on the CPU device; device {} is not supported by this build of the model (run.device = \"cpu\")",
+                 host_.device().name());
+  }
+  auto specs = block_specs(config_);
+  for (auto& spec : specs) {
+    const int id = host_.add_block(std::move(spec));
+    if (embed_ < 0) embed_ = id;
+    else if (static_cast<int>(layers_.size()) < config_.n_layer) layers_.push_back(id);
+    else ln_f_ = id;
+  }
+  host_.set_schedule(schedule(config_));
+  state_->cfg = config_;
+  state_->device = &host_.device();
+}
+
+Gpt::~Gpt() {
+  // The stream may still run closures that use the state; they hold it through a shared_ptr, but
+  // its buffer belongs to the device, which outlives us only until the caller tears it down.
+  host_.compute_stream().synchronize();
+}
+
+size_t Gpt::activation_bytes(int B, int T) const { return State::total_floats(config_, B, T) * sizeof(float); }
+
+void Gpt::forward_backward(const int32_t* tokens, const int32_t* targets, int B, int T, float* loss) {
+  run(tokens, targets, B, T, loss, nullptr, true);
+}
+
+void Gpt::evaluate(const int32_t* tokens, const int32_t* targets, int B, int T, float* loss, float* logits) {
+  host_.begin_evaluation();
+  try {
+    run(tokens, targets, B, T, loss, logits, false);
+  } catch (...) {
+    host_.end_evaluation();
+    throw;
+  }
+  host_.end_evaluation();
+}
+
+void Gpt::run(const int32_t* tokens, const int32_t* targets, int B, int T, float* loss, float* logits, bool backward) {
+  if (B <= 0 || T <= 0 || T > config_.seq_len) {
+    ZEROTH_THROW(InvalidArgument, "GPT micro-batch {} x {}: need B >= 1 and 1 <= T <= model.seq_len ({})", B, T, config_.seq_len);
+  }
+  auto s = state_;
+  Stream& stream = host_.compute_stream();
+  const GptConfig c = config_;
+  const size_t BT = static_cast<size_t>(B) * T;
+  const int L = c.n_layer, C = c.n_embd, V = c.vocab_size;
+  const bool ckpt = c.activation_checkpointing && backward;
+  auto acts = [s, ckpt](int l) -> const LayerActs& { return s->layer[ckpt || s->layer.size() == 1 ? 0 : l]; };
+  // Without backward nothing is kept per layer: evaluation runs in the shared set.
+  auto fwd_acts = [s, backward, acts](int l) -> const LayerActs& { return backward ? acts(l) : s->layer[0]; };
+
+  // Forward
+  {
+    const auto& v = host_.begin_forward(embed_);
+    stream.enqueue_host([s, tokens, targets, B, T, BT, C, V, params = v.params] {
+      s->reserve(B, T);
+      check_tokens(tokens, BT, V, "token");
+      check_tokens(targets, BT, V, "target");
+      Bound w(params, nullptr, s->wbuf, s->gbuf);
+      k::encoder_forward(s->resid[0], tokens, w.p(0), w.p(1), B, T, C);
+    });
+    host_.end_forward(embed_);
+  }
+  for (int l = 0; l < L; ++l) {
+    const auto& v = host_.begin_forward(layers_[l]);
+    stream.enqueue_host([s, c, l, B, T, fwd_acts, params = v.params] {
+      Bound w(params, nullptr, s->wbuf, s->gbuf);
+      layer_forward(c, w, fwd_acts(l), s->resid[l], s->resid[l + 1], B, T);
+    });
+    host_.end_forward(layers_[l]);
+  }
+  {
+    const auto& v = host_.begin_forward(ln_f_);
+    stream.enqueue_host([s, L, BT, C, params = v.params] {
+      Bound w(params, nullptr, s->wbuf, s->gbuf);
+      k::layernorm_forward(s->lnf, s->lnf_mean, s->lnf_rstd, s->resid[L], w.p(0), w.p(1), BT, C);
+    });
+    host_.end_forward(ln_f_);
+  }
+  {
+    const auto& v = host_.begin_forward(embed_);
+    const float dscale = backward ? static_cast<float>(host_.loss_scale() / static_cast<double>(BT)) : 0.0f;
+    stream.enqueue_host([s, targets, BT, C, V, loss, logits, dscale, params = v.params] {
+      Bound w(params, nullptr, s->wbuf, s->gbuf);
+      k::matmul_forward(s->logits, s->lnf, w.p(0), nullptr, BT, C, V);
+      if (logits != nullptr) std::memcpy(logits, s->logits, BT * V * sizeof(float));
+      *loss = static_cast<float>(k::crossentropy(s->logits, targets, BT, V, dscale) / static_cast<double>(BT));
+    });
+    host_.end_forward(embed_);
+  }
+  if (!backward) return;
+
+  // Backward
+  {
+    const auto& v = host_.begin_backward(embed_);
+    stream.enqueue_host([s, BT, C, V, params = v.params, grads = v.grads] {
+      Bound w(params, &grads, s->wbuf, s->gbuf);
+      k::matmul_backward(s->d.dC, w.g(0), nullptr, s->logits, s->lnf, w.p(0), BT, C, V);
+      w.flush();
+    });
+    host_.end_backward(embed_);
+  }
+  {
+    const auto& v = host_.begin_backward(ln_f_);
+    stream.enqueue_host([s, L, BT, C, params = v.params, grads = v.grads] {
+      Bound w(params, &grads, s->wbuf, s->gbuf);
+      cpu::fill(s->d.dresid, DType::f32, 0.0f, BT * C);
+      k::layernorm_backward(s->d.dresid, w.g(0), w.g(1), s->d.dC, s->resid[L], w.p(0), s->lnf_mean, s->lnf_rstd, BT, C);
+      w.flush();
+    });
+    host_.end_backward(ln_f_);
+  }
+  for (int l = L - 1; l >= 0; --l) {
+    const auto& v = host_.begin_backward(layers_[l]);
+    stream.enqueue_host([s, c, l, B, T, ckpt, acts, params = v.params, grads = v.grads] {
+      Bound w(params, &grads, s->wbuf, s->gbuf);
+      if (ckpt) layer_forward(c, w, acts(l), s->resid[l], nullptr, B, T);
+      layer_backward(c, w, acts(l), s->d, s->resid[l], B, T);
+      w.flush();
+    });
+    host_.end_backward(layers_[l]);
+  }
+  {
+    const auto& v = host_.begin_backward(embed_);
+    stream.enqueue_host([s, tokens, B, T, C, params = v.params, grads = v.grads] {
+      Bound w(params, &grads, s->wbuf, s->gbuf);
+      k::encoder_backward(w.g(0), w.g(1), s->d.dresid, tokens, B, T, C);
+      w.flush();
+    });
+    host_.end_backward(embed_);
+  }
+}
+
+}  // namespace zeroth
