@@ -9,6 +9,7 @@ int main(int argc, char** argv) {
   CLI::App app{"zeroth: ZeRO training engine (stages 1-3, offload to CPU and NVMe)"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("zeroth ") + ZEROTH_VERSION);
+  zeroth::tools::add_train_command(app);
   zeroth::tools::add_report_command(app);
   zeroth::tools::add_launch_command(app);
   auto* bench = app.add_subcommand("bench", "Measure kernels, communication, optimizers, offload I/O");

@@ -281,7 +281,7 @@ Gpt::~Gpt() {
   host_.compute_stream().synchronize();
 }
 
-size_t Gpt::activation_bytes(int B, int T) const { return State::total_floats(config_, B, T) * sizeof(float); }
+size_t Gpt::activation_bytes(const GptConfig& config, int B, int T) { return State::total_floats(config, B, T) * sizeof(float); }
 
 void Gpt::forward_backward(const int32_t* tokens, const int32_t* targets, int B, int T, float* loss) {
   run(tokens, targets, B, T, loss, nullptr, true);

@@ -57,7 +57,7 @@ class Gpt {
   void evaluate(const int32_t* tokens, const int32_t* targets, int B, int T, float* loss, float* logits = nullptr);
 
   // Activation bytes a micro-batch of B x T needs (what the model allocates, tagged activations).
-  size_t activation_bytes(int B, int T) const;
+  static size_t activation_bytes(const GptConfig& config, int B, int T);
   const GptConfig& config() const { return config_; }
 
  private:

@@ -1,0 +1,180 @@
+// Token files and the loader.
+#include "engine/data.h"
+
+#include <fcntl.h>     // open
+#include <sys/mman.h>  // mmap, munmap
+#include <sys/stat.h>  // fstat
+#include <unistd.h>    // close
+
+#include <algorithm>   // std::sort
+#include <cerrno>     // errno
+#include <filesystem>  // std::filesystem
+#include <cstring>    // std::strerror
+#include <fstream>    // std::ifstream
+#include <iterator>   // std::istreambuf_iterator
+
+#include "core/error.h"  // ZEROTH_THROW
+
+namespace zeroth {
+namespace {
+
+constexpr int32_t kBinMagic = 20240520;
+constexpr size_t kBinHeaderBytes = 256 * sizeof(int32_t);
+
+// splitmix64: a portable stream of 64-bit values (std:: distributions differ between libraries).
+uint64_t mix(uint64_t& state) {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+struct Mapping {
+  void* addr = nullptr;
+  size_t bytes = 0;
+  ~Mapping() {
+    if (addr != nullptr) munmap(addr, bytes);
+  }
+};
+
+}  // namespace
+
+TokenData TokenData::open_bin(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) ZEROTH_THROW(IoError, "open(\"{}\", O_RDONLY): {}", path, std::strerror(errno));
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    ZEROTH_THROW(IoError, "fstat(\"{}\"): {}", path, std::strerror(err));
+  }
+  const size_t bytes = static_cast<size_t>(st.st_size);
+  if (bytes < kBinHeaderBytes) {
+    ::close(fd);
+    ZEROTH_THROW(InvalidArgument, "{} is {} bytes, shorter than the 1024-byte header of an llm.c token file; set data.format to \"text\" for plain text", path, bytes);
+  }
+  auto map = std::make_shared<Mapping>();
+  map->addr = mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+  const int err = errno;
+  ::close(fd);
+  if (map->addr == MAP_FAILED) {
+    map->addr = nullptr;
+    ZEROTH_THROW(IoError, "mmap(\"{}\", {} bytes): {}", path, bytes, std::strerror(err));
+  }
+  map->bytes = bytes;
+  const auto* header = static_cast<const int32_t*>(map->addr);
+  if (header[0] != kBinMagic) {
+    ZEROTH_THROW(InvalidArgument, "{} is not an llm.c token file: magic {} instead of {}; set data.format to \"text\" for plain text", path, header[0], kBinMagic);
+  }
+  if (header[1] != 1) ZEROTH_THROW(InvalidArgument, "{}: llm.c token file version {}; only version 1 (uint16 tokens) is supported", path, header[1]);
+  const size_t n = static_cast<uint32_t>(header[2]);
+  if (kBinHeaderBytes + 2 * n != bytes) {
+    ZEROTH_THROW(InvalidArgument, "{}: the header says {} tokens ({} bytes with the header) but the file has {} bytes; it is truncated or not a token file",
+                 path, n, kBinHeaderBytes + 2 * n, bytes);
+  }
+  TokenData t;
+  t.data_ = reinterpret_cast<const uint16_t*>(static_cast<const char*>(map->addr) + kBinHeaderBytes);
+  t.size_ = n;
+  t.storage_ = std::move(map);
+  return t;
+}
+
+TokenData TokenData::open_text(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::vector<fs::path> files;
+  if (fs::is_directory(path, ec)) {
+    // A folder of texts (e.g. /usr/share/games/fortunes): its regular files in name order;
+    // symbolic links (duplicates) and binary files (those holding a NUL byte) are skipped.
+    for (const auto& e : fs::directory_iterator(path, ec)) {
+      if (e.is_regular_file() && !e.is_symlink()) files.push_back(e.path());
+    }
+    if (ec) ZEROTH_THROW(IoError, "listing {}: {}", path, ec.message());
+    std::sort(files.begin(), files.end());
+  } else {
+    files.push_back(path);
+  }
+  auto v = std::make_shared<std::vector<uint16_t>>();
+  for (const auto& f : files) {
+    std::ifstream in(f, std::ios::binary);
+    if (!in) ZEROTH_THROW(IoError, "open(\"{}\"): {}", f.string(), std::strerror(errno));
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (files.size() > 1 && bytes.find('\0') != std::string::npos) continue;
+    v->insert(v->end(), reinterpret_cast<const unsigned char*>(bytes.data()), reinterpret_cast<const unsigned char*>(bytes.data()) + bytes.size());
+  }
+  if (v->empty()) ZEROTH_THROW(InvalidArgument, "{} holds no text", path);
+  TokenData t;
+  t.data_ = v->data();
+  t.size_ = v->size();
+  t.storage_ = std::move(v);
+  return t;
+}
+
+TokenData TokenData::synthetic(int vocab, int64_t tokens, uint64_t seed) {
+  if (vocab < 2 || vocab > 65536) ZEROTH_THROW(InvalidArgument, "synthetic data: vocabulary {} outside [2, 65536]", vocab);
+  uint64_t state = seed * 0x2545f4914f6cdd1dULL + 17;
+  std::vector<uint16_t> next(static_cast<size_t>(vocab) * 4);
+  for (auto& n : next) n = static_cast<uint16_t>(mix(state) % static_cast<uint64_t>(vocab));
+  auto v = std::make_shared<std::vector<uint16_t>>(static_cast<size_t>(tokens));
+  uint16_t cur = 0;
+  for (auto& tok : *v) {
+    tok = cur;
+    cur = next[static_cast<size_t>(cur) * 4 + mix(state) % 4];
+  }
+  TokenData t;
+  t.data_ = v->data();
+  t.size_ = v->size();
+  t.storage_ = std::move(v);
+  return t;
+}
+
+TokenData TokenData::slice(size_t begin, size_t end) const {
+  if (begin > end || end > size_) ZEROTH_THROW(InvalidArgument, "token slice [{}, {}) outside {} tokens", begin, end, size_);
+  TokenData t = *this;
+  t.data_ = data_ + begin;
+  t.size_ = end - begin;
+  return t;
+}
+
+int TokenData::max_token() const {
+  int m = 0;
+  for (size_t i = 0; i < size_; ++i) m = data_[i] > m ? data_[i] : m;
+  return m;
+}
+
+Loader::Loader(TokenData data, int seq_len, int micro_batch, int gradient_accumulation, int dp, int rank, uint64_t seed,
+               bool shuffle)
+    : data_(std::move(data)), T_(seq_len), micro_(micro_batch), gas_(gradient_accumulation), dp_(dp), rank_(rank), seed_(seed),
+      shuffle_(shuffle) {
+  windows_ = data_.size() > 0 ? static_cast<int64_t>((data_.size() - 1) / T_) : 0;
+  if (windows_ < 1) {
+    ZEROTH_THROW(ConfigError, "the data has {} tokens, fewer than one sequence of model.seq_len + 1 = {} tokens; use more data or a shorter model.seq_len",
+                 data_.size(), T_ + 1);
+  }
+}
+
+int64_t Loader::window(int64_t sample) {
+  if (!shuffle_) return sample % windows_;
+  const int64_t epoch = sample / windows_;
+  if (epoch != epoch_) {
+    perm_.resize(windows_);
+    for (int64_t i = 0; i < windows_; ++i) perm_[i] = i;
+    uint64_t state = seed_ ^ (0x632be59bd9b4e019ULL * static_cast<uint64_t>(epoch + 1));
+    for (int64_t i = windows_ - 1; i > 0; --i) std::swap(perm_[i], perm_[mix(state) % static_cast<uint64_t>(i + 1)]);
+    epoch_ = epoch;
+  }
+  return perm_[sample % windows_];
+}
+
+void Loader::batch(int64_t step, int micro, int32_t* tokens, int32_t* targets) {
+  const int64_t first = step * global_batch() + static_cast<int64_t>(rank_ * gas_ + micro) * micro_;
+  for (int b = 0; b < micro_; ++b) {
+    const size_t start = static_cast<size_t>(window(first + b)) * T_;
+    for (int t = 0; t < T_; ++t) {
+      tokens[static_cast<size_t>(b) * T_ + t] = data_[start + t];
+      targets[static_cast<size_t>(b) * T_ + t] = data_[start + t + 1];
+    }
+  }
+}
+
+}  // namespace zeroth

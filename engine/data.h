@@ -1,0 +1,66 @@
+// Training data: token streams (llm.c's .bin files, text as bytes, a synthetic source for tests)
+// and the data-parallel loader that cuts them into micro-batches.
+//
+// The loader is a pure function of (step, micro-step, rank): sample i of the run is the window
+// tokens[p * T, p * T + T + 1) with p = perm_epoch(i mod S), S windows per epoch, a permutation
+// seeded by (seed, epoch). Optimizer step k takes samples [k G, (k + 1) G) with G = the global
+// batch; rank r's micro-step m the slice starting at (r * gas + m) * micro. So every world size
+// sees the same global batches, and a run resumes exactly from its step count.
+#pragma once
+
+#include <cstddef>  // size_t
+#include <cstdint>  // int32_t, int64_t, uint16_t
+#include <memory>   // std::shared_ptr
+#include <string>   // std::string
+#include <vector>   // std::vector
+
+namespace zeroth {
+
+class TokenData {
+ public:
+  // llm.c's format: 256 int32 header (magic 20240520, version 1, token count), then uint16
+  // tokens; mapped, not read. IoError / InvalidArgument naming the path and what is wrong.
+  static TokenData open_bin(const std::string& path);
+  // Every byte is a token (vocabulary 256). A folder: its text files, concatenated in name order.
+  static TokenData open_text(const std::string& path);
+  // A first-order Markov source: each token has 4 possible successors, chosen from the seed, so a
+  // model can learn it down to ln 4 = 1.386 nats. Deterministic for (vocab, tokens, seed).
+  static TokenData synthetic(int vocab, int64_t tokens, uint64_t seed);
+
+  size_t size() const { return size_; }
+  int32_t operator[](size_t i) const { return data_[i]; }
+  const uint16_t* data() const { return data_; }
+  // Tokens [begin, end), sharing the storage.
+  TokenData slice(size_t begin, size_t end) const;
+  int max_token() const;  // largest token id (scans the data)
+
+ private:
+  std::shared_ptr<const void> storage_;
+  const uint16_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+class Loader {
+ public:
+  // `shuffle`: permute windows per epoch (training); off for validation (in order from the start).
+  Loader(TokenData data, int seq_len, int micro_batch, int gradient_accumulation, int dp, int rank, uint64_t seed, bool shuffle);
+
+  // Fills tokens and targets ([micro_batch, seq_len] each) for this rank's micro-step `micro` of
+  // optimizer step `step`.
+  void batch(int64_t step, int micro, int32_t* tokens, int32_t* targets);
+  int64_t windows_per_epoch() const { return windows_; }
+  // Samples (sequences) the whole run consumes per optimizer step.
+  int64_t global_batch() const { return static_cast<int64_t>(micro_) * gas_ * dp_; }
+
+ private:
+  int64_t window(int64_t sample);  // sample index -> window index
+  TokenData data_;
+  int T_, micro_, gas_, dp_, rank_;
+  uint64_t seed_;
+  bool shuffle_;
+  int64_t windows_;
+  int64_t epoch_ = -1;
+  std::vector<int64_t> perm_;
+};
+
+}  // namespace zeroth

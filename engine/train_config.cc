@@ -1,0 +1,488 @@
+// Resolution and validation of a training config. The order matters: "auto" values are filled
+// in first (they depend on other keys), then each section is read into typed values with its
+// key paths in every message, then cross-section rules (the batch triple) are checked.
+#include "engine/train_config.h"
+
+#include <algorithm>  // std::find
+#include <cerrno>     // errno
+#include <cmath>      // std::floor
+#include <cstring>    // std::strerror
+#include <fstream>    // std::ifstream
+#include <span>       // std::span
+#include <sstream>    // std::stringstream
+#include <vector>     // std::vector
+
+#include "core/error.h"    // ZEROTH_THROW
+#include "core/memory.h"   // parse_bytes
+#include "core/strings.h"  // did_you_mean
+
+namespace zeroth {
+namespace {
+
+using json = nlohmann::json;
+
+bool is_auto(const json& v) { return v.is_string() && v.get<std::string>() == "auto"; }
+
+// One object of the config: unknown keys are errors, typed getters name the key path.
+class Section {
+ public:
+  Section(const json& j, std::string path, std::span<const std::string_view> keys) : j_(j), path_(std::move(path)) {
+    if (!j_.is_object()) ZEROTH_THROW(ConfigError, "{} must be an object, got {}", path_, j_.dump());
+    for (const auto& [key, v] : j_.items()) {
+      if (std::find(keys.begin(), keys.end(), key) == keys.end()) {
+        ZEROTH_THROW(ConfigError, "{} is not a known key{}", at(key), did_you_mean(key, keys));
+      }
+      if (is_auto(v)) ZEROTH_THROW(ConfigError, "{} is \"auto\", which zeroth cannot resolve for this key; give a value", at(key));
+    }
+  }
+  std::string at(std::string_view key) const { return path_.empty() ? std::string(key) : path_ + "." + std::string(key); }
+  bool has(const char* key) const { return j_.contains(key) && !j_[key].is_null(); }
+  const json& raw(const char* key) const { return j_[key]; }
+
+  int64_t integer(const char* key, int64_t def, int64_t lo, int64_t hi) const {
+    if (!has(key)) return def;
+    const auto& v = j_[key];
+    if (!v.is_number() || std::floor(v.get<double>()) != v.get<double>()) {
+      ZEROTH_THROW(ConfigError, "{} must be an integer in [{}, {}], got {}", at(key), lo, hi, v.dump());
+    }
+    const double d = v.get<double>();
+    if (d < static_cast<double>(lo) || d > static_cast<double>(hi)) {
+      ZEROTH_THROW(ConfigError, "{} must be an integer in [{}, {}], got {}", at(key), lo, hi, v.dump());
+    }
+    return static_cast<int64_t>(d);
+  }
+  double number(const char* key, double def, double lo, double hi) const {
+    if (!has(key)) return def;
+    const auto& v = j_[key];
+    if (!v.is_number() || v.get<double>() < lo || v.get<double>() > hi) {
+      ZEROTH_THROW(ConfigError, "{} must be a number in [{}, {}], got {}", at(key), lo, hi, v.dump());
+    }
+    return v.get<double>();
+  }
+  bool flag(const char* key, bool def) const {
+    if (!has(key)) return def;
+    if (!j_[key].is_boolean()) ZEROTH_THROW(ConfigError, "{} must be true or false, got {}", at(key), j_[key].dump());
+    return j_[key].get<bool>();
+  }
+  std::string string(const char* key, std::string def, std::span<const std::string_view> choices = {}) const {
+    if (!has(key)) return def;
+    const auto& v = j_[key];
+    if (!v.is_string()) ZEROTH_THROW(ConfigError, "{} must be a string, got {}", at(key), v.dump());
+    std::string s = v.get<std::string>();
+    if (!choices.empty() && std::find(choices.begin(), choices.end(), s) == choices.end()) {
+      std::string list;
+      for (auto c : choices) list += (list.empty() ? "" : ", ") + std::string(c);
+      ZEROTH_THROW(ConfigError, "{} = \"{}\" is not one of: {}{}", at(key), s, list, did_you_mean(s, choices));
+    }
+    return s;
+  }
+
+ private:
+  const json& j_;
+  std::string path_;
+};
+
+constexpr std::string_view kTopKeys[] = {
+    "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "steps_per_print", "optimizer",
+    "scheduler", "fp16", "bf16", "bfloat16", "zero_optimization", "gradient_clipping", "aio", "activation_checkpointing",
+    "communication_data_type", "wall_clock_breakdown", "memory_breakdown", "zero_allow_untested_optimizer",
+    "zero_force_ds_cpu_optimizer", "prescale_gradients", "gradient_predivide_factor", "sparse_gradients", "dump_state",
+    "amp", "tensorboard", "wandb", "csv_monitor", "comet", "flops_profiler", "comms_logger", "checkpoint", "data_types",
+    "elasticity", "autotuning", "pipeline", "compression_training", "curriculum_learning", "data_efficiency",
+    "sparse_attention", "model", "data", "run"};
+
+// DeepSpeed sections that only observe (monitors, profilers): fine while disabled.
+constexpr std::string_view kObservers[] = {"tensorboard", "wandb", "csv_monitor", "comet", "flops_profiler", "comms_logger"};
+// DeepSpeed features zeroth does not implement: an error when present and enabled.
+constexpr std::string_view kUnsupported[] = {"amp", "checkpoint", "elasticity", "autotuning", "pipeline", "compression_training",
+                                             "curriculum_learning", "data_efficiency", "sparse_attention"};
+
+bool section_enabled(const json& v) {
+  if (v.is_boolean()) return v.get<bool>();
+  if (v.is_object()) return v.value("enabled", !v.contains("enabled") && !v.empty());
+  return !v.is_null();
+}
+
+// The Hugging Face integration's "auto" rules, with its TrainingArguments defaults where the
+// value comes from the trainer, and with this config's own values where it has them.
+void resolve_auto(json& c, int world_size, int64_t steps, int hidden) {
+  auto fill = [](json& obj, const char* key, const json& value) {
+    if (obj.is_object() && obj.contains(key) && is_auto(obj[key])) obj[key] = value;
+  };
+  fill(c, "train_micro_batch_size_per_gpu", 8);  // per_device_train_batch_size
+  fill(c, "gradient_accumulation_steps", 1);
+  if (c.contains("train_batch_size") && is_auto(c["train_batch_size"])) {
+    // train_batch_size = world x micro x accumulation, once those two are known.
+    const json mb = c.value("train_micro_batch_size_per_gpu", json(1)), gas = c.value("gradient_accumulation_steps", json(1));
+    if (mb.is_number_integer() && gas.is_number_integer()) c["train_batch_size"] = world_size * mb.get<int64_t>() * gas.get<int64_t>();
+  }
+  fill(c, "gradient_clipping", 1.0);  // max_grad_norm
+  for (const char* k : {"fp16", "bf16", "bfloat16"}) {
+    if (c.contains(k)) fill(c[k], "enabled", false);  // HF: the trainer's --fp16 / --bf16 flags, off by default
+  }
+  double lr = 5e-5;  // learning_rate
+  if (c.contains("optimizer") && c["optimizer"].contains("params")) {
+    json& p = c["optimizer"]["params"];
+    fill(p, "lr", lr);
+    fill(p, "betas", json::array({0.9, 0.999}));
+    fill(p, "eps", 1e-8);
+    fill(p, "weight_decay", 0.0);
+    if (p.contains("lr") && p["lr"].is_number()) lr = p["lr"].get<double>();
+  }
+  if (c.contains("scheduler") && c["scheduler"].contains("params")) {
+    json& p = c["scheduler"]["params"];
+    fill(p, "warmup_min_lr", 0.0);
+    fill(p, "warmup_max_lr", lr);
+    fill(p, "warmup_num_steps", 0);  // warmup_steps / warmup_ratio default to 0
+    fill(p, "total_num_steps", steps);
+  }
+  if (c.contains("zero_optimization")) {
+    json& z = c["zero_optimization"];
+    const int64_t h2 = static_cast<int64_t>(hidden) * hidden;
+    fill(z, "reduce_bucket_size", h2);
+    fill(z, "stage3_prefetch_bucket_size", static_cast<int64_t>(0.9 * static_cast<double>(h2)));
+    fill(z, "stage3_param_persistence_threshold", 10 * static_cast<int64_t>(hidden));
+  }
+}
+
+DType parse_comm_dtype(const std::string& s) {
+  if (s == "fp32" || s == "float32") return DType::f32;
+  if (s == "bf16" || s == "bfloat16") return DType::bf16;
+  if (s == "fp16" || s == "float16") return DType::f16;
+  ZEROTH_THROW(ConfigError, "communication_data_type = \"{}\" is not one of: fp32, bf16, fp16", s);
+}
+
+void read_model(TrainConfig& t, const json& j, int default_vocab) {
+  static constexpr std::string_view kKeys[] = {"preset", "vocab_size", "seq_len", "n_layer", "n_head", "n_embd",
+                                               "activation_checkpointing"};
+  const json m = j.value("model", json::object());
+  json copy = m;
+  if (copy.is_object() && copy.contains("vocab_size") && is_auto(copy["vocab_size"])) copy.erase("vocab_size");
+  Section s(copy, "model", kKeys);
+  GptConfig g;
+  if (s.has("preset")) {
+    t.model_preset = s.string("preset", "");
+    g = GptConfig::preset(t.model_preset);
+  }
+  g.vocab_size = static_cast<int>(s.integer("vocab_size", default_vocab, 1, 1 << 24));
+  g.seq_len = static_cast<int>(s.integer("seq_len", s.has("preset") ? g.seq_len : 256, 1, 1 << 20));
+  g.n_layer = static_cast<int>(s.integer("n_layer", g.n_layer, 1, 4096));
+  g.n_head = static_cast<int>(s.integer("n_head", g.n_head, 1, 4096));
+  g.n_embd = static_cast<int>(s.integer("n_embd", g.n_embd, 1, 1 << 20));
+  // DeepSpeed's activation_checkpointing section turns it on unless the model section says otherwise.
+  g.activation_checkpointing = s.flag("activation_checkpointing", j.contains("activation_checkpointing"));
+  g.validate();
+  t.model = g;
+}
+
+void read_data(TrainConfig& t, const json& j) {
+  static constexpr std::string_view kKeys[] = {"format", "train", "val", "val_fraction", "vocab_size", "tokens"};
+  static constexpr std::string_view kFormats[] = {"bin", "text", "synthetic"};
+  const json section = j.value("data", json::object());
+  Section s(section, "data", kKeys);
+  DataConfig d;
+  const std::string f = s.string("format", s.has("train") ? "bin" : "synthetic", kFormats);
+  d.format = f == "bin" ? DataFormat::bin : f == "text" ? DataFormat::text : DataFormat::synthetic;
+  d.train = s.string("train", "");
+  d.val = s.string("val", "");
+  d.val_fraction = s.number("val_fraction", 0.1, 0.0, 0.5);
+  if (d.format != DataFormat::synthetic && d.train.empty()) {
+    ZEROTH_THROW(ConfigError, "data.train is required for data.format \"{}\" (a path to the training {})", f,
+                 d.format == DataFormat::bin ? "token file in llm.c's .bin format" : "text file");
+  }
+  if (d.format == DataFormat::synthetic) {
+    if (s.has("train") || s.has("val")) ZEROTH_THROW(ConfigError, "data.format \"synthetic\" takes no data.train / data.val paths; set data.format to \"bin\" or \"text\"");
+    d.vocab_size = static_cast<int>(s.integer("vocab_size", 256, 2, 65536));
+    d.synthetic_tokens = s.integer("tokens", 1 << 20, 1024, int64_t{1} << 40);
+  } else if (s.has("vocab_size") || s.has("tokens")) {
+    ZEROTH_THROW(ConfigError, "data.vocab_size and data.tokens belong to data.format \"synthetic\"; the vocabulary of \"{}\" data is fixed (model.vocab_size)", f);
+  }
+  t.data = d;
+}
+
+void read_run(TrainConfig& t, const json& j, int launched_world_size) {
+  static constexpr std::string_view kKeys[] = {"name", "steps", "eval_interval", "eval_batches", "seed", "output_dir", "device",
+                                               "device_memory", "world_size", "backend", "progress"};
+  static constexpr std::string_view kBackends[] = {"local", "gloo", "nccl"};
+  static constexpr std::string_view kProgress[] = {"auto", "bar", "lines"};
+  json copy = j.value("run", json::object());
+  const bool world_auto = copy.is_object() && copy.contains("world_size") && is_auto(copy["world_size"]);
+  if (world_auto) copy.erase("world_size");
+  Section s(copy, "run", kKeys);
+  RunConfig r;
+  r.name = s.string("name", r.name);
+  r.steps = s.integer("steps", r.steps, 1, int64_t{1} << 40);
+  r.eval_interval = s.integer("eval_interval", 0, 0, int64_t{1} << 40);
+  r.eval_batches = s.integer("eval_batches", r.eval_batches, 1, 1 << 20);
+  r.seed = static_cast<uint64_t>(s.integer("seed", 1234, 0, int64_t{1} << 53));
+  r.output_dir = s.string("output_dir", "runs/" + r.name);
+  r.device = s.string("device", "cpu");
+  if (r.device != "cpu" && r.device != "cuda" && !r.device.starts_with("cuda:")) {
+    ZEROTH_THROW(ConfigError, "run.device = \"{}\" is not one of: cpu, cuda, cuda:N", r.device);
+  }
+  if (s.has("device_memory")) {
+    const auto& v = s.raw("device_memory");
+    try {
+      r.device_memory = v.is_number() ? static_cast<size_t>(v.get<double>()) : parse_bytes(v.get<std::string>());
+    } catch (const std::exception&) {
+      ZEROTH_THROW(ConfigError, "run.device_memory must be a size like \"2GiB\" or a number of bytes, got {}", v.dump());
+    }
+  }
+  r.progress = s.string("progress", "auto", kProgress);
+  if (launched_world_size > 0) {
+    r.world_size = static_cast<int>(s.integer("world_size", launched_world_size, 1, 1 << 20));
+    if (r.world_size != launched_world_size) {
+      ZEROTH_THROW(ConfigError, "run.world_size = {} but the launcher started {} ranks (WORLD_SIZE); remove run.world_size or make them agree",
+                   r.world_size, launched_world_size);
+    }
+    r.backend = s.string("backend", r.device == "cpu" ? "gloo" : "nccl", kBackends);
+    if (r.backend == "local") {
+      ZEROTH_THROW(ConfigError, "run.backend = \"local\" runs ranks as threads of one process, but this process was started by a launcher; use \"gloo\" (CPU) or \"nccl\" (GPUs)");
+    }
+  } else {
+    r.world_size = static_cast<int>(s.integer("world_size", world_auto ? 1 : r.world_size, 1, 1 << 12));
+    r.backend = s.string("backend", "local", kBackends);
+    if (r.backend != "local" && r.world_size > 1) {
+      ZEROTH_THROW(ConfigError, "run.backend = \"{}\" needs one process per rank: start with `zeroth launch -n {} -- zeroth train ...` (or set run.backend to \"local\" for threads)",
+                   r.backend, r.world_size);
+    }
+  }
+  t.run = r;
+}
+
+// DeepSpeed's batch rule: train_batch_size = micro x accumulation x world, any two give the third.
+void resolve_batch(TrainConfig& t, const json& j) {
+  auto get = [&](const char* key) -> int64_t {
+    if (!j.contains(key) || j[key].is_null()) return 0;
+    const auto& v = j[key];
+    if (!v.is_number_integer() || v.get<int64_t>() < 1) ZEROTH_THROW(ConfigError, "{} must be a positive integer, got {}", key, v.dump());
+    return v.get<int64_t>();
+  };
+  int64_t tbs = get("train_batch_size"), mb = get("train_micro_batch_size_per_gpu"), gas = get("gradient_accumulation_steps");
+  const int64_t dp = t.run.world_size;
+  if (tbs && mb && gas) {
+    // all given: checked below
+  } else if (tbs && mb) {
+    gas = tbs / (mb * dp);
+  } else if (tbs && gas) {
+    mb = tbs / (gas * dp);
+  } else if (mb && gas) {
+    tbs = mb * gas * dp;
+  } else if (tbs) {
+    gas = 1;
+    mb = tbs / dp;
+  } else if (mb) {
+    gas = 1;
+    tbs = mb * dp;
+  } else {
+    ZEROTH_THROW(ConfigError, "the batch size is not set: give train_micro_batch_size_per_gpu (sequences per rank per micro-step) and/or train_batch_size (sequences per optimizer step)");
+  }
+  if (mb < 1 || gas < 1 || tbs != mb * gas * dp) {
+    ZEROTH_THROW(ConfigError, "train_batch_size ({}) must equal train_micro_batch_size_per_gpu ({}) x gradient_accumulation_steps ({}) x data-parallel ranks ({}) = {}",
+                 tbs, mb, gas, dp, mb * gas * dp);
+  }
+  t.train_batch_size = tbs;
+  t.micro_batch_size = mb;
+  t.engine.gradient_accumulation_steps = gas;
+}
+
+void check_deepspeed_extras(const json& j) {
+  for (auto k : kObservers) {
+    if (j.contains(std::string(k)) && section_enabled(j[std::string(k)])) {
+      ZEROTH_THROW(ConfigError, "{} is enabled: zeroth does not have this DeepSpeed monitor; its own metrics go to <run.output_dir>/metrics.jsonl. Remove the section or set \"enabled\": false", k);
+    }
+  }
+  for (auto k : kUnsupported) {
+    if (j.contains(std::string(k)) && section_enabled(j[std::string(k)])) {
+      ZEROTH_THROW(ConfigError, "{} is a DeepSpeed feature zeroth does not support; remove the section", k);
+    }
+  }
+  auto must = [&](const char* key, const json& inert, const char* why) {
+    if (j.contains(key) && j[key] != inert) ZEROTH_THROW(ConfigError, "{} = {} is not supported: {}", key, j[key].dump(), why);
+  };
+  must("prescale_gradients", false, "gradients are averaged once, after the reduction");
+  must("gradient_predivide_factor", 1.0, "gradients are averaged once, after the reduction");
+  must("sparse_gradients", false, "the engine reduces dense gradients only");
+  for (const char* k : {"zero_force_ds_cpu_optimizer", "wall_clock_breakdown", "memory_breakdown", "dump_state", "zero_allow_untested_optimizer"}) {
+    if (j.contains(k) && !j[k].is_boolean()) ZEROTH_THROW(ConfigError, "{} must be true or false, got {}", k, j[k].dump());
+  }
+  if (j.contains("data_types")) {
+    static constexpr std::string_view kKeys[] = {"grad_accum_dtype"};
+    Section s(j["data_types"], "data_types", kKeys);
+    const std::string g = s.string("grad_accum_dtype", "fp32");
+    if (g != "fp32") ZEROTH_THROW(ConfigError, "data_types.grad_accum_dtype = \"{}\": zeroth accumulates gradients in fp32 only", g);
+  }
+  if (j.contains("aio")) {
+    static constexpr std::string_view kKeys[] = {"block_size", "queue_depth", "thread_count", "intra_op_parallelism",
+                                                 "single_submit", "overlap_events", "use_gds"};
+    Section s(j["aio"], "aio", kKeys);
+    s.integer("block_size", 1 << 20, 4096, int64_t{1} << 30);
+    s.integer("queue_depth", 8, 1, 4096);
+    s.integer("thread_count", 1, 1, 256);
+    s.integer("intra_op_parallelism", 1, 1, 256);
+    s.flag("single_submit", false);
+    s.flag("overlap_events", true);
+    if (s.flag("use_gds", false)) ZEROTH_THROW(ConfigError, "aio.use_gds = true: GPUDirect Storage is not supported; remove the key");
+  }
+  if (j.contains("activation_checkpointing")) {
+    static constexpr std::string_view kKeys[] = {"partition_activations", "cpu_checkpointing", "contiguous_memory_optimization",
+                                                 "number_checkpoints", "synchronize_checkpoint_boundary", "profile"};
+    Section s(j["activation_checkpointing"], "activation_checkpointing", kKeys);
+    if (s.flag("partition_activations", false)) {
+      ZEROTH_THROW(ConfigError, "activation_checkpointing.partition_activations = true needs tensor parallelism, which this run does not have; remove the key");
+    }
+    if (s.flag("cpu_checkpointing", false)) {
+      ZEROTH_THROW(ConfigError, "activation_checkpointing.cpu_checkpointing = true is not supported: checkpoints stay on the device; remove the key");
+    }
+    s.flag("contiguous_memory_optimization", false);
+    s.flag("synchronize_checkpoint_boundary", false);
+    s.flag("profile", false);
+    if (s.has("number_checkpoints")) s.integer("number_checkpoints", 0, 0, 1 << 20);
+  }
+}
+
+void read_precision(TrainConfig& t, const json& j) {
+  static constexpr std::string_view kBf16Keys[] = {"enabled", "immediate_grad_update", "check_grad_overflow"};
+  const char* bf16_key = j.contains("bf16") ? "bf16" : "bfloat16";
+  bool fp16 = false, bf16 = false;
+  if (j.contains(bf16_key)) {
+    Section s(j[bf16_key], bf16_key, kBf16Keys);
+    bf16 = s.flag("enabled", false);
+    s.flag("immediate_grad_update", false);
+    s.flag("check_grad_overflow", false);
+  }
+  if (j.contains("fp16")) {
+    const json& f = j["fp16"];
+    if (!f.is_object()) ZEROTH_THROW(ConfigError, "fp16 must be an object like {{\"enabled\": true}}");
+    if (f.contains("enabled") && !f["enabled"].is_boolean()) ZEROTH_THROW(ConfigError, "fp16.enabled must be true, false or \"auto\", got {}", f["enabled"].dump());
+    fp16 = f.value("enabled", false);
+    t.engine.loss_scaler = LossScalerConfig::from_deepspeed(f);
+    if (f.value("auto_cast", false)) ZEROTH_THROW(ConfigError, "fp16.auto_cast = true is not supported: the model computes in fp16 throughout when fp16 is enabled");
+  }
+  if (fp16 && bf16) ZEROTH_THROW(ConfigError, "fp16.enabled and {}.enabled are both true; choose one precision", bf16_key);
+  t.engine.compute_dtype = bf16 ? DType::bf16 : fp16 ? DType::f16 : DType::f32;
+  if (j.contains("communication_data_type") && !j["communication_data_type"].is_null()) {
+    if (!j["communication_data_type"].is_string()) ZEROTH_THROW(ConfigError, "communication_data_type must be \"fp32\", \"bf16\" or \"fp16\"");
+    t.engine.communication_dtype = parse_comm_dtype(j["communication_data_type"].get<std::string>());
+  }
+}
+
+}  // namespace
+
+TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) {
+  if (!config.is_object()) ZEROTH_THROW(ConfigError, "a training config must be a JSON object, got {}", config.type_name());
+  for (const auto& [key, v] : config.items()) {
+    if (std::find(std::begin(kTopKeys), std::end(kTopKeys), key) == std::end(kTopKeys)) {
+      ZEROTH_THROW(ConfigError, "{} is not a known key{}", key, did_you_mean(key, kTopKeys));
+    }
+  }
+  TrainConfig t;
+  // Sections that others' "auto" values depend on come first.
+  read_run(t, config, launched_world_size);
+  read_data(t, config);
+  const int default_vocab = t.data.format == DataFormat::text ? 256 : t.data.format == DataFormat::bin ? 50257 : t.data.vocab_size;
+  read_model(t, config, default_vocab);
+  if (t.data.format == DataFormat::synthetic && t.model.vocab_size < t.data.vocab_size) {
+    ZEROTH_THROW(ConfigError, "model.vocab_size ({}) is smaller than data.vocab_size ({}): every token id must have an embedding row",
+                 t.model.vocab_size, t.data.vocab_size);
+  }
+  if (t.data.format == DataFormat::text && t.model.vocab_size < 256) {
+    ZEROTH_THROW(ConfigError, "model.vocab_size ({}) is smaller than 256, but text data has one token per byte", t.model.vocab_size);
+  }
+
+  json c = config;
+  resolve_auto(c, t.run.world_size, t.run.steps, t.model.n_embd);
+  check_deepspeed_extras(c);
+  resolve_batch(t, c);
+  t.steps_per_print = c.contains("steps_per_print") ? Section(c, "", kTopKeys).integer("steps_per_print", 10, 1, int64_t{1} << 40) : 10;
+  read_precision(t, c);
+  if (c.contains("gradient_clipping")) t.engine.gradient_clipping = Section(c, "", kTopKeys).number("gradient_clipping", 0, 0, 1e30);
+
+  // DeepSpeed without an optimizer section leaves it to the client; here there is no client code,
+  // so the default is stated: AdamW, lr 1e-3 (zeroth's OptimizerParams defaults).
+  if (c.contains("optimizer")) t.engine.optimizer = OptimizerParams::from_deepspeed(c["optimizer"]);
+  t.engine.schedule.base_lr = t.engine.optimizer.lr;
+  if (c.contains("scheduler")) t.engine.schedule = LrSchedule::from_deepspeed(c["scheduler"], t.engine.optimizer.lr);
+  if (c.contains("zero_optimization")) t.engine.zero = ZeroConfig::from_deepspeed(c["zero_optimization"]);
+  t.engine.seed = t.run.seed;
+  t.engine.validate();
+
+  // The resolved config: what was given, with "auto" filled in and the derived values spelled out.
+  c["train_batch_size"] = t.train_batch_size;
+  c["train_micro_batch_size_per_gpu"] = t.micro_batch_size;
+  c["gradient_accumulation_steps"] = t.engine.gradient_accumulation_steps;
+  c["steps_per_print"] = t.steps_per_print;
+  c["gradient_clipping"] = t.engine.gradient_clipping;
+  c["model"] = {{"vocab_size", t.model.vocab_size}, {"seq_len", t.model.seq_len}, {"n_layer", t.model.n_layer},
+                {"n_head", t.model.n_head}, {"n_embd", t.model.n_embd}, {"activation_checkpointing", t.model.activation_checkpointing}};
+  if (!t.model_preset.empty()) c["model"]["preset"] = t.model_preset;
+  const char* formats[] = {"bin", "text", "synthetic"};
+  c["data"] = {{"format", formats[static_cast<int>(t.data.format)]}};
+  if (t.data.format == DataFormat::synthetic) {
+    c["data"]["vocab_size"] = t.data.vocab_size;
+    c["data"]["tokens"] = t.data.synthetic_tokens;
+  } else {
+    c["data"]["train"] = t.data.train;
+    if (!t.data.val.empty()) c["data"]["val"] = t.data.val;
+    else c["data"]["val_fraction"] = t.data.val_fraction;
+  }
+  c["run"] = {{"name", t.run.name}, {"steps", t.run.steps}, {"eval_interval", t.run.eval_interval}, {"eval_batches", t.run.eval_batches},
+              {"seed", t.run.seed}, {"output_dir", t.run.output_dir}, {"device", t.run.device}, {"device_memory", t.run.device_memory},
+              {"world_size", t.run.world_size}, {"backend", t.run.backend}, {"progress", t.run.progress}};
+  t.resolved = std::move(c);
+  return t;
+}
+
+json read_config_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) ZEROTH_THROW(IoError, "cannot read config {}: {}", path, std::strerror(errno));
+  std::stringstream text;
+  text << in.rdbuf();
+  try {
+    return json::parse(text.str(), nullptr, true, /*ignore_comments=*/true);
+  } catch (const json::parse_error& e) {
+    // e.byte is 1-based; turn it into a line and column.
+    const std::string s = text.str();
+    size_t line = 1, col = 1;
+    for (size_t i = 0; i + 1 < e.byte && i < s.size(); ++i) {
+      if (s[i] == '\n') ++line, col = 1;
+      else ++col;
+    }
+    ZEROTH_THROW(ConfigError, "{}:{}:{}: not valid JSON: {}", path, line, col, e.what());
+  }
+}
+
+void apply_override(json& config, std::string_view assignment) {
+  const auto eq = assignment.find('=');
+  if (eq == std::string_view::npos || eq == 0) {
+    ZEROTH_THROW(ConfigError, "--set \"{}\": expected key.path=value, e.g. zero_optimization.stage=2", assignment);
+  }
+  const std::string path(assignment.substr(0, eq)), text(assignment.substr(eq + 1));
+  json value;
+  try {
+    value = json::parse(text);
+  } catch (const json::parse_error&) {
+    value = text;  // a bare word is a string: run.name=demo
+  }
+  json* at = &config;
+  std::string walked;
+  size_t start = 0;
+  while (true) {
+    const size_t dot = path.find('.', start);
+    const std::string key = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    if (key.empty()) ZEROTH_THROW(ConfigError, "--set \"{}\": empty key in the path", assignment);
+    if (!at->is_object()) {
+      ZEROTH_THROW(ConfigError, "--set \"{}\": {} is {}, not an object", assignment, walked, at->dump());
+    }
+    walked += (walked.empty() ? "" : ".") + key;
+    if (dot == std::string::npos) {
+      (*at)[key] = value;
+      return;
+    }
+    at = &(*at)[key];
+    if (at->is_null()) *at = json::object();
+    start = dot + 1;
+  }
+}
+
+}  // namespace zeroth

@@ -1,0 +1,72 @@
+// A training run's configuration: one JSON file in DeepSpeed's vocabulary (batch triple, fp16,
+// bf16, optimizer, scheduler, zero_optimization, gradient_clipping, steps_per_print, aio,
+// activation_checkpointing, ...) plus zeroth's own sections `model`, `data` and `run`.
+//
+// Everything is resolved and validated before anything is allocated: "auto" values get what the
+// Hugging Face integration would give them (from the rest of the config and HF's defaults),
+// unknown keys are errors with a "did you mean", wrong types and ranges name the key path and the
+// allowed values, and DeepSpeed options zeroth does not implement are errors naming them.
+#pragma once
+
+#include <cstddef>      // size_t
+#include <cstdint>      // int64_t
+#include <string>       // std::string
+#include <string_view>  // std::string_view
+
+#include <nlohmann/json.hpp>  // nlohmann::json
+
+#include "engine/config.h"    // EngineConfig
+#include "models/gpt/gpt.h"   // GptConfig
+
+namespace zeroth {
+
+enum class DataFormat : uint8_t { bin, text, synthetic };
+
+struct DataConfig {
+  DataFormat format = DataFormat::synthetic;
+  std::string train;          // bin: llm.c token file; text: any file, one token per byte
+  std::string val;            // optional; without it the last val_fraction of train is held out
+  double val_fraction = 0.1;
+  int vocab_size = 256;       // synthetic only
+  int64_t synthetic_tokens = 1 << 20;
+};
+
+struct RunConfig {
+  std::string name = "run";
+  int64_t steps = 100;          // optimizer steps
+  int64_t eval_interval = 0;    // validation every this many steps (0: at the end only)
+  int64_t eval_batches = 4;     // micro-batches per rank per validation
+  uint64_t seed = 1234;
+  std::string output_dir;       // metrics.jsonl and config.json; "" = runs/<name>
+  std::string device = "cpu";
+  size_t device_memory = 0;     // bytes; 0: unlimited on the CPU
+  int world_size = 1;           // data-parallel ranks
+  std::string backend = "local";  // local (threads) | gloo (processes) | nccl (GPUs)
+  std::string progress = "auto";  // auto (a bar on a terminal) | bar | lines
+};
+
+struct TrainConfig {
+  EngineConfig engine;
+  GptConfig model;
+  std::string model_preset;     // "" when the shape was given key by key
+  DataConfig data;
+  RunConfig run;
+  int64_t train_batch_size = 0;
+  int64_t micro_batch_size = 0;  // sequences per rank per micro-step
+  int64_t steps_per_print = 10;
+  nlohmann::json resolved;       // the config with every default and "auto" filled in
+
+  // `launched_world_size` > 0 when the process was started by a launcher (its WORLD_SIZE); the
+  // config's run.world_size must then agree (or be "auto"). ConfigError on any problem.
+  static TrainConfig from_json(const nlohmann::json& config, int launched_world_size = 0);
+  int64_t tokens_per_step() const { return train_batch_size * model.seq_len; }
+};
+
+// Reads and parses a config file: IoError if it cannot be read, ConfigError (with line and
+// column) if it is not JSON.
+nlohmann::json read_config_file(const std::string& path);
+// Applies "key.path=value" (value parsed as JSON, else taken as a string), creating objects on
+// the way. ConfigError when the assignment is malformed or crosses a non-object.
+void apply_override(nlohmann::json& config, std::string_view assignment);
+
+}  // namespace zeroth

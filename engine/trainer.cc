@@ -1,0 +1,166 @@
+// The loop: per optimizer step, gradient_accumulation micro-steps of forward+backward, the
+// engine's step, one small all-reduce for the mean loss and the stop flag, then reporting.
+#include "engine/trainer.h"
+
+#include <algorithm>  // std::sort
+#include <chrono>     // std::chrono::steady_clock
+#include <vector>     // std::vector
+
+#include "core/error.h"      // ZEROTH_THROW
+#include "engine/data.h"     // TokenData, Loader
+#include "engine/engine.h"   // Engine
+#include "models/gpt/gpt.h"  // Gpt
+
+namespace zeroth {
+namespace {
+
+struct Splits {
+  TokenData train, val;
+  bool has_val = false;
+};
+
+Splits load_data(const TrainConfig& c) {
+  Splits s;
+  const auto& d = c.data;
+  auto open = [&](const std::string& path) { return d.format == DataFormat::bin ? TokenData::open_bin(path) : TokenData::open_text(path); };
+  TokenData all = d.format == DataFormat::synthetic ? TokenData::synthetic(d.vocab_size, d.synthetic_tokens, c.run.seed) : open(d.train);
+  if (!d.val.empty()) {
+    s.train = all;
+    s.val = open(d.val);
+    s.has_val = true;
+  } else if (d.val_fraction > 0) {
+    // The tail is held out; at least one sequence of it.
+    const size_t need = static_cast<size_t>(c.model.seq_len) + 1;
+    size_t n_val = std::max(need, static_cast<size_t>(static_cast<double>(all.size()) * d.val_fraction));
+    if (n_val + need > all.size()) {
+      ZEROTH_THROW(ConfigError, "{}: {} tokens are too few to hold out data.val_fraction = {} and still train on sequences of {} tokens; give more data, a data.val file, or data.val_fraction = 0",
+                   d.train.empty() ? "synthetic data" : d.train, all.size(), d.val_fraction, need);
+    }
+    s.train = all.slice(0, all.size() - n_val);
+    s.val = all.slice(all.size() - n_val, all.size());
+    s.has_val = true;
+  } else {
+    s.train = all;
+  }
+  const int vmax = std::max(s.train.max_token(), s.has_val ? s.val.max_token() : 0);
+  if (vmax >= c.model.vocab_size) {
+    ZEROTH_THROW(ConfigError, "the data holds token id {} but model.vocab_size is {}; raise model.vocab_size above {}", vmax,
+                 c.model.vocab_size, vmax);
+  }
+  return s;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+TrainSummary train(const TrainConfig& config, Communicator& dp, Device& device, TrainObserver* observer,
+                   const std::atomic<bool>* stop) {
+  const bool lead = dp.rank() == 0;
+  if (dp.size() != config.run.world_size) {
+    ZEROTH_THROW(ConfigError, "run.world_size is {} but the communicator has {} ranks", config.run.world_size, dp.size());
+  }
+  const int mb = static_cast<int>(config.micro_batch_size), T = config.model.seq_len;
+  const int gas = static_cast<int>(config.engine.gradient_accumulation_steps);
+  Splits data = load_data(config);
+  Loader train_loader(data.train, T, mb, gas, dp.size(), dp.rank(), config.run.seed, true);
+  std::unique_ptr<Loader> val_loader;
+  if (data.has_val) {
+    val_loader = std::make_unique<Loader>(data.val, T, mb, static_cast<int>(config.run.eval_batches), dp.size(), dp.rank(), 0, false);
+  }
+
+  TrainSummary summary;
+  Engine engine(device, dp, config.engine);
+  Gpt gpt(engine, config.model);
+  summary.parameters = config.model.num_parameters();
+  engine.finalize();
+  if (lead && observer != nullptr) {
+    const RunFacts facts{summary.parameters, data.train.size(), data.has_val ? data.val.size() : 0, Gpt::activation_bytes(config.model, mb, T)};
+    observer->on_start(config, engine.plan(), facts);
+  }
+
+  const size_t n = static_cast<size_t>(mb) * T;
+  std::vector<int32_t> tokens(n * gas), targets(n * gas);
+  std::vector<float> losses(std::max<int64_t>(gas, config.run.eval_batches));
+  Buffer shared = device.allocate(2 * sizeof(float), MemTag::buffers);
+  Stream& cs = engine.compute_stream();
+
+  // Mean of each rank's value over the group (and whether any rank asked to stop), on the
+  // compute stream: the engine's own collectives travel on communicators split from dp.
+  auto agree = [&](double value, bool stop_here) {
+    float host[2] = {static_cast<float>(value), stop_here ? 1.0f : 0.0f};
+    device.copy(cs, shared.data(), host, sizeof host);
+    dp.all_reduce(cs, shared.view(DType::f32), ReduceOp::sum);
+    device.copy(cs, host, shared.data(), sizeof host);
+    cs.synchronize();
+    return std::pair<double, bool>{host[0] / dp.size(), host[1] > 0};
+  };
+  auto evaluate = [&](int64_t step) {
+    if (!val_loader) return;
+    for (int m = 0; m < config.run.eval_batches; ++m) {
+      val_loader->batch(0, m, tokens.data(), targets.data());
+      gpt.evaluate(tokens.data(), targets.data(), mb, T, &losses[m]);
+      cs.synchronize();  // the next batch reuses the token buffers
+    }
+    double sum = 0;
+    for (int m = 0; m < config.run.eval_batches; ++m) sum += losses[m];
+    const double val = agree(sum / static_cast<double>(config.run.eval_batches), false).first;
+    if (summary.first_val_loss < 0) summary.first_val_loss = val;
+    summary.last_val_loss = val;
+    if (lead && observer != nullptr) observer->on_eval(step, val);
+  };
+
+  evaluate(0);
+  std::vector<double> rates;
+  const double tokens_per_step = static_cast<double>(config.tokens_per_step());
+  for (int64_t k = 0; k < config.run.steps; ++k) {
+    const auto t0 = std::chrono::steady_clock::now();
+    StepResult r;
+    for (int m = 0; m < gas; ++m) {
+      train_loader.batch(k, m, tokens.data() + m * n, targets.data() + m * n);
+      gpt.forward_backward(tokens.data() + m * n, targets.data() + m * n, mb, T, &losses[m]);
+      r = engine.step();
+    }
+    cs.synchronize();
+    double sum = 0;
+    for (int m = 0; m < gas; ++m) sum += losses[m];
+    const auto [loss, stopping] = agree(sum / gas, stop != nullptr && stop->load());
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    summary.seconds += seconds;
+    if (k > 0) rates.push_back(tokens_per_step / seconds);
+    if (k == 0) summary.first_loss = loss;
+    summary.last_loss = loss;
+    summary.steps = k + 1;
+    if (lead && observer != nullptr) {
+      StepMetrics s;
+      s.step = k + 1;
+      s.loss = loss;
+      s.lr = r.lr;
+      s.grad_norm = r.grad_norm;
+      s.loss_scale = r.loss_scale;
+      s.skipped = r.skipped;
+      s.step_seconds = seconds;
+      s.tokens_per_second = tokens_per_step / seconds;
+      s.peak_bytes = device.memory().stats().total_peak;
+      observer->on_step(s);
+    }
+    if (stopping) {
+      summary.interrupted = true;
+      break;
+    }
+    const bool last = k + 1 == config.run.steps;
+    if (last || (config.run.eval_interval > 0 && (k + 1) % config.run.eval_interval == 0)) evaluate(k + 1);
+  }
+  summary.tokens_per_second = rates.empty() ? tokens_per_step / std::max(summary.seconds, 1e-9) : median(rates);
+  const auto stats = device.memory().stats();
+  summary.peak = stats.peak;
+  summary.peak_total = stats.total_peak;
+  if (lead && observer != nullptr) observer->on_end(summary);
+  return summary;
+}
+
+}  // namespace zeroth

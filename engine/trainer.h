@@ -1,0 +1,63 @@
+// The training loop of `zeroth train`: one rank's run of a TrainConfig on a device and a
+// data-parallel communicator. The GPT, the engine and the loader are built here; what is shown to
+// the user (config box, progress, metrics files) is the observer's business, called on rank 0.
+#pragma once
+
+#include <array>    // std::array
+#include <atomic>   // std::atomic
+#include <cstdint>  // int64_t
+
+#include "comm/communicator.h"    // Communicator
+#include "core/device.h"          // Device
+#include "core/memory.h"          // kMemTagCount
+#include "engine/plan.h"          // Plan
+#include "engine/train_config.h"  // TrainConfig
+
+namespace zeroth {
+
+struct StepMetrics {
+  int64_t step = 0;           // 1-based optimizer step
+  double loss = 0;            // mean over the global batch
+  double lr = 0;
+  double grad_norm = 0;
+  double loss_scale = 1;
+  bool skipped = false;       // overflow: no update
+  double step_seconds = 0;
+  double tokens_per_second = 0;
+  size_t peak_bytes = 0;      // this rank's device, all tags
+};
+
+struct TrainSummary {
+  int64_t steps = 0;          // optimizer steps run
+  bool interrupted = false;   // stopped early on request (Ctrl-C)
+  double seconds = 0;         // wall time of the steps (validation excluded)
+  double tokens_per_second = 0;  // median over the steps after the first
+  double first_loss = 0, last_loss = 0;
+  double first_val_loss = -1, last_val_loss = -1;  // -1: no validation ran
+  size_t parameters = 0;
+  std::array<size_t, kMemTagCount> peak{};  // this rank's device, per tag
+  size_t peak_total = 0;
+};
+
+// What the run found out at start, for the config box.
+struct RunFacts {
+  size_t parameters = 0;
+  size_t train_tokens = 0, val_tokens = 0;
+  size_t activation_bytes = 0;  // per rank, per micro-batch
+};
+
+class TrainObserver {
+ public:
+  virtual ~TrainObserver() = default;
+  virtual void on_start(const TrainConfig&, const Plan&, const RunFacts&) {}
+  virtual void on_step(const StepMetrics&) {}
+  virtual void on_eval(int64_t /*step*/, double /*val_loss*/) {}
+  virtual void on_end(const TrainSummary&) {}
+};
+
+// Runs the config's steps on this rank (collective over `dp`). `observer` is called on rank 0
+// only; `stop` (any rank) ends the run cleanly after the current step on every rank.
+TrainSummary train(const TrainConfig& config, Communicator& dp, Device& device, TrainObserver* observer,
+                   const std::atomic<bool>* stop = nullptr);
+
+}  // namespace zeroth

@@ -1,0 +1,24 @@
+// Core sharing between the ranks of one machine.
+#include "models/threads.h"
+
+#include <cblas.h>  // openblas_set_num_threads
+
+#include <algorithm>  // std::max
+#include <cstdlib>    // std::getenv
+#include <string>     // std::string
+#include <thread>     // std::thread::hardware_concurrency
+
+#include "core/cpu/kernels.h"  // cpu::set_num_threads
+#include "core/env.h"          // env::kNumThreads
+
+namespace zeroth {
+
+int share_cores(int ranks_per_machine) {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int share = std::max(1, cores / std::max(1, ranks_per_machine));
+  if (std::getenv(std::string(env::kNumThreads).c_str()) == nullptr) cpu::set_num_threads(share);
+  if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr) openblas_set_num_threads(share);
+  return cpu::num_threads();
+}
+
+}  // namespace zeroth

@@ -1,0 +1,239 @@
+// `zeroth train CONFIG [--set key.path=value]... [--dry-run]`: resolves the config, starts the
+// ranks (threads on the local backend, or this process as one rank when a launcher started it)
+// and shows the run: a config box, a progress bar on a terminal or plain lines when piped,
+// validation losses, a summary; metrics also go to <output_dir>/metrics.jsonl.
+#include <unistd.h>  // isatty
+
+#include <atomic>      // std::atomic
+#include <csignal>     // std::signal
+#include <cstdio>      // std::printf
+#include <cstdlib>     // std::getenv
+#include <filesystem>  // std::filesystem
+#include <fstream>     // std::ofstream
+#include <memory>      // std::make_shared
+#include <mutex>       // std::mutex
+#include <string>      // std::string
+#include <vector>      // std::vector
+
+#include <CLI/CLI.hpp>        // CLI::App
+#include <fmt/format.h>       // fmt::format
+#include <nlohmann/json.hpp>  // nlohmann::json
+
+#include "comm/gloo/gloo_comm.h"    // make_gloo_communicator
+#include "comm/local/local_comm.h"  // run_local_ranks
+#include "comm/rendezvous.h"        // rendezvous_from_env
+#include "core/cpu/kernels.h"       // cpu::num_threads
+#include "core/env.h"               // env::kLogLevel
+#include "core/error.h"             // ZEROTH_THROW
+#include "core/log.h"               // log::set_level
+#include "engine/plan.h"            // make_plan
+#include "engine/trainer.h"         // train
+#include "models/gpt/gpt.h"         // Gpt
+#include "models/threads.h"         // share_cores
+#include "tools/commands.h"
+
+namespace zeroth::tools {
+namespace {
+
+std::atomic<bool> g_stop{false};
+
+extern "C" void on_interrupt(int) {
+  if (g_stop.exchange(true)) std::_Exit(130);  // a second Ctrl-C does not wait for the step
+}
+
+std::string si(double v) {
+  if (v >= 1e9) return fmt::format("{:.2f}G", v / 1e9);
+  if (v >= 1e6) return fmt::format("{:.2f}M", v / 1e6);
+  if (v >= 1e3) return fmt::format("{:.1f}k", v / 1e3);
+  return fmt::format("{:.0f}", v);
+}
+
+const char* dtype_label(DType t) { return t == DType::bf16 ? "bf16" : t == DType::f16 ? "fp16" : "fp32"; }
+
+std::string optimizer_line(const OptimizerParams& o) {
+  std::string s = fmt::format("{} lr {:g}", optimizer_name(o.kind), o.lr);
+  if (o.kind != OptimizerKind::sgd) s += fmt::format(", betas ({:g}, {:g})", o.beta1, o.beta2);
+  if (o.weight_decay > 0) s += fmt::format(", weight decay {:g}", o.weight_decay);
+  return s;
+}
+
+class Console final : public TrainObserver {
+ public:
+  explicit Console(const TrainConfig& c) : c_(c) {
+    bar_ = c.run.progress == "bar" || (c.run.progress == "auto" && isatty(STDOUT_FILENO) == 1);
+    std::filesystem::create_directories(c.run.output_dir);
+    metrics_.open(c.run.output_dir + "/metrics.jsonl", std::ios::trunc);
+    if (!metrics_) ZEROTH_THROW(IoError, "cannot write {}/metrics.jsonl; check run.output_dir", c.run.output_dir);
+    std::ofstream(c.run.output_dir + "/config.json") << c.resolved.dump(2) << "\n";
+  }
+
+  void on_start(const TrainConfig& c, const Plan& plan, const RunFacts& f) override {
+    const auto& m = c.model;
+    const int64_t gas = c.engine.gradient_accumulation_steps;
+    std::vector<std::pair<std::string, std::string>> rows;
+    rows.emplace_back("model", fmt::format("GPT{} {} layers, {} heads, {} wide, seq {}, vocab {}: {} parameters{}",
+                                           c.model_preset.empty() ? "" : " (" + c.model_preset + ")", m.n_layer, m.n_head, m.n_embd,
+                                           m.seq_len, m.vocab_size, si(static_cast<double>(f.parameters)),
+                                           m.activation_checkpointing ? ", activation checkpointing" : ""));
+    const std::string source = c.data.format == DataFormat::synthetic ? "synthetic" : c.data.train;
+    rows.emplace_back("data", fmt::format("{}: {} tokens train, {} validation", source, si(static_cast<double>(f.train_tokens)),
+                                          si(static_cast<double>(f.val_tokens))));
+    rows.emplace_back("parallel", fmt::format("{} rank{} ({}, {} kernel thread{} each), ZeRO stage {}, {} compute, fp32 master weights, {} reduction",
+                                              c.run.world_size, c.run.world_size == 1 ? "" : "s",
+                                              c.run.backend == "local" ? "threads" : c.run.backend + " processes", cpu::num_threads(),
+                                              cpu::num_threads() == 1 ? "" : "s", c.engine.zero.stage,
+                                              dtype_label(c.engine.compute_dtype), dtype_label(c.engine.communication_dtype)));
+    rows.emplace_back("batch", fmt::format("{} seq/rank x {} accumulation x {} ranks = {} sequences = {} tokens/step",
+                                           c.micro_batch_size, gas, c.run.world_size, c.train_batch_size, si(static_cast<double>(c.tokens_per_step()))));
+    rows.emplace_back("optimizer", optimizer_line(c.engine.optimizer) +
+                                       (c.engine.gradient_clipping > 0 ? fmt::format(", clip {:g}", c.engine.gradient_clipping) : ""));
+    rows.emplace_back("schedule", c.engine.schedule.describe());
+    rows.emplace_back("steps", fmt::format("{}, print every {}, validation {}", c.run.steps, c.steps_per_print,
+                                           c.run.eval_interval > 0 ? fmt::format("every {} steps", c.run.eval_interval) : "at the end"));
+    rows.emplace_back("memory", fmt::format("per rank: params {}, grads {}, optimizer {}, buffers {}, activations {}",
+                                            format_bytes(plan.bytes[0]), format_bytes(plan.bytes[1]), format_bytes(plan.bytes[2]),
+                                            format_bytes(plan.bytes[3]), format_bytes(f.activation_bytes)));
+    rows.emplace_back("output", c.run.output_dir + "/metrics.jsonl");
+    std::printf("zeroth train: %s\n", c.run.name.c_str());
+    for (const auto& [k, v] : rows) std::printf("  %-10s %s\n", k.c_str(), v.c_str());
+    std::fflush(stdout);
+  }
+
+  void on_step(const StepMetrics& s) override {
+    metrics_ << nlohmann::json{{"step", s.step}, {"loss", s.loss}, {"lr", s.lr}, {"grad_norm", s.grad_norm}, {"loss_scale", s.loss_scale},
+                               {"skipped", s.skipped}, {"step_ms", s.step_seconds * 1e3}, {"tokens_per_s", s.tokens_per_second},
+                               {"peak_bytes", s.peak_bytes}}
+                    .dump()
+             << "\n";
+    metrics_.flush();
+    const bool print = s.step == 1 || s.step % c_.steps_per_print == 0 || s.step == c_.run.steps;
+    const std::string line = fmt::format("step {:>{}}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f}{} | {} tok/s | {:.0f} ms | peak {}",
+                                         s.step, std::to_string(c_.run.steps).size(), c_.run.steps, s.loss, s.lr, s.grad_norm,
+                                         c_.engine.compute_dtype == DType::f16 ? fmt::format(" | scale {:g}", s.loss_scale) : "",
+                                         si(s.tokens_per_second), s.step_seconds * 1e3, format_bytes(s.peak_bytes));
+    if (bar_) {
+      clear_bar();
+      if (print) std::printf("%s%s\n", line.c_str(), s.skipped ? " (overflow: skipped)" : "");
+      const int width = 30;
+      const int done = static_cast<int>(width * s.step / c_.run.steps);
+      const double eta = s.step_seconds * static_cast<double>(c_.run.steps - s.step);
+      std::printf("[%s%s] %lld/%lld  loss %.4f  %s tok/s  eta %.0fs", std::string(done, '#').c_str(), std::string(width - done, '.').c_str(),
+                  static_cast<long long>(s.step), static_cast<long long>(c_.run.steps), s.loss, si(s.tokens_per_second).c_str(), eta);
+      bar_shown_ = true;
+    } else if (print) {
+      std::printf("%s%s\n", line.c_str(), s.skipped ? " (overflow: skipped)" : "");
+    }
+    std::fflush(stdout);
+  }
+
+  void on_eval(int64_t step, double val) override {
+    metrics_ << nlohmann::json{{"step", step}, {"val_loss", val}}.dump() << "\n";
+    metrics_.flush();
+    clear_bar();
+    std::printf("validation at step %lld: loss %.4f\n", static_cast<long long>(step), val);
+    std::fflush(stdout);
+  }
+
+  void on_end(const TrainSummary& s) override {
+    clear_bar();
+    std::printf("%s after %lld steps in %.1f s: %s tok/s (median), loss %.4f -> %.4f", s.interrupted ? "stopped (interrupted)" : "done",
+                static_cast<long long>(s.steps), s.seconds, si(s.tokens_per_second).c_str(), s.first_loss, s.last_loss);
+    if (s.first_val_loss >= 0) std::printf(", validation %.4f -> %.4f", s.first_val_loss, s.last_val_loss);
+    std::printf("\n  peak memory on rank 0: %s (params %s, grads %s, optimizer %s, buffers %s, activations %s)\n  metrics: %s/metrics.jsonl\n",
+                format_bytes(s.peak_total).c_str(), format_bytes(s.peak[0]).c_str(), format_bytes(s.peak[1]).c_str(),
+                format_bytes(s.peak[2]).c_str(), format_bytes(s.peak[3]).c_str(), format_bytes(s.peak[4]).c_str(),
+                c_.run.output_dir.c_str());
+    metrics_ << nlohmann::json{{"summary", {{"steps", s.steps}, {"interrupted", s.interrupted}, {"seconds", s.seconds},
+                                            {"tokens_per_s", s.tokens_per_second}, {"loss", s.last_loss}, {"val_loss", s.last_val_loss},
+                                            {"peak_bytes", s.peak_total}}}}
+                    .dump()
+             << "\n";
+    std::fflush(stdout);
+  }
+
+ private:
+  void clear_bar() {
+    if (bar_shown_) std::printf("\r\033[K");
+    bar_shown_ = false;
+  }
+  const TrainConfig& c_;
+  bool bar_ = false, bar_shown_ = false;
+  std::ofstream metrics_;
+};
+
+struct Options {
+  std::string config;
+  std::vector<std::string> overrides;
+  bool dry_run = false;
+};
+
+void dry_run(const TrainConfig& c) {
+  std::printf("%s\n", c.resolved.dump(2).c_str());
+  const Plan plan = make_plan(Gpt::block_specs(c.model), Gpt::schedule(c.model), c.engine, c.run.world_size, 0);
+  std::printf("%s\n", plan.table().c_str());
+  // What one rank will hold: the engine's plan plus the model's activations for one micro-batch.
+  const size_t acts = Gpt::activation_bytes(c.model, static_cast<int>(c.micro_batch_size), c.model.seq_len);
+  std::printf("activations per rank (micro-batch %lld x %d): %s\nper rank in all: %s%s\n", static_cast<long long>(c.micro_batch_size),
+              c.model.seq_len, format_bytes(acts).c_str(), format_bytes(plan.total_bytes() + acts).c_str(),
+              c.run.device_memory > 0 ? fmt::format(" of the {} budget", format_bytes(c.run.device_memory)).c_str() : "");
+}
+
+int run(const Options& o) {
+  nlohmann::json j = read_config_file(o.config);
+  if (!j.is_object()) ZEROTH_THROW(ConfigError, "{}: a training config must be a JSON object", o.config);
+  if (!j.contains("run") || !j["run"].contains("name")) j["run"]["name"] = std::filesystem::path(o.config).stem().string();
+  for (const auto& s : o.overrides) apply_override(j, s);
+  const auto launched = rendezvous_from_env();
+  const TrainConfig c = TrainConfig::from_json(j, launched ? launched->world_size : 0);
+  if (o.dry_run) {
+    dry_run(c);
+    return 0;
+  }
+  // The engine's own start-up log (its plan) is in the config box already.
+  if (std::getenv(std::string(env::kLogLevel).c_str()) == nullptr) log::set_level(log::Level::warn);
+  std::signal(SIGINT, on_interrupt);
+  std::signal(SIGTERM, on_interrupt);
+  const DeviceOptions dev{.memory_budget = c.run.device_memory};
+  if (launched) {
+    log::set_rank(launched->rank);
+    if (c.run.backend != "gloo") {
+      ZEROTH_THROW(ConfigError, "run.backend = \"{}\" with run.device = \"{}\": the GPT model runs on the CPU device, over gloo", c.run.backend, c.run.device);
+    }
+    share_cores(launched->local_world_size);
+    auto comm = make_gloo_communicator(*launched);
+    auto device = make_device(c.run.device, dev);
+    std::unique_ptr<Console> console;
+    if (comm->rank() == 0) console = std::make_unique<Console>(c);
+    const auto s = train(c, *comm, *device, console.get(), &g_stop);
+    return s.interrupted ? 130 : 0;
+  }
+  share_cores(c.run.world_size);
+  std::unique_ptr<Console> console = std::make_unique<Console>(c);
+  bool interrupted = false;
+  std::mutex mutex;
+  run_local_ranks(c.run.world_size, [&](Communicator& comm) {
+    auto device = make_device(c.run.device, dev);
+    const auto s = train(c, comm, *device, comm.rank() == 0 ? console.get() : nullptr, &g_stop);
+    std::lock_guard lock(mutex);
+    interrupted = interrupted || s.interrupted;
+  });
+  return interrupted ? 130 : 0;
+}
+
+}  // namespace
+
+void add_train_command(CLI::App& app) {
+  auto o = std::make_shared<Options>();
+  auto* cmd = app.add_subcommand("train", "Train a GPT from a JSON config (DeepSpeed keys plus model, data, run)");
+  cmd->add_option("config", o->config, "The run's JSON config (see configs/)")->required();
+  cmd->add_option("--set", o->overrides, "Override a key: --set zero_optimization.stage=2 --set run.steps=50")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  cmd->add_flag("--dry-run", o->dry_run, "Print the resolved config and the per-rank memory plan, then exit");
+  cmd->callback([o] {
+    const int code = run(*o);
+    if (code != 0) std::exit(code);
+  });
+}
+
+}  // namespace zeroth::tools
