@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   zeroth::tools::add_bench_comm_command(*bench);
   zeroth::tools::add_bench_optim_command(*bench);
   zeroth::tools::add_bench_engine_command(*bench);
+  zeroth::tools::add_bench_train_command(*bench);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,130 @@
+// `zeroth bench train`: training throughput (tokens/s) of a GPT on the CPU device, next to the
+// same model and step in PyTorch (tools/bench/train_torch.py, Debian's python3-torch) with the
+// same shapes, threads and precision, in one run. Both sides skip a warm-up step and report the
+// median step. OpenBLAS reads its environment at load time, so run the whole command under the
+// environment you want both sides to see (see docs/PERFORMANCE.md).
+#include <algorithm>  // std::sort
+#include <cstdio>     // popen
+#include <string>     // std::string
+#include <thread>     // std::thread::hardware_concurrency
+#include <vector>     // std::vector
+
+#include <CLI/CLI.hpp>        // CLI::App
+#include <fmt/format.h>       // fmt::format
+#include <nlohmann/json.hpp>  // nlohmann::json
+
+#include "comm/local/local_comm.h"  // run_local_ranks
+#include "core/error.h"             // ZEROTH_THROW
+#include "core/log.h"               // log::set_level
+#include "engine/trainer.h"         // train
+#include "models/threads.h"         // share_cores
+#include "tools/commands.h"
+
+namespace zeroth::tools {
+namespace {
+
+struct Options {
+  std::string preset = "gpt2-124m";
+  int seq = 256;
+  int batch = 4;
+  int steps = 5;
+  int threads = 0;  // 0: every core
+  std::string dtype = "fp32";
+  int stage = 0;
+  bool reference = true;
+  std::string python = "/usr/bin/python3";
+  std::string script = std::string(ZEROTH_SOURCE_DIR) + "/tools/bench/train_torch.py";
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+class StepTimes final : public TrainObserver {
+ public:
+  void on_step(const StepMetrics& s) override { seconds.push_back(s.step_seconds); }
+  std::vector<double> seconds;
+};
+
+std::vector<double> run_zeroth(const Options& o, const GptConfig& model) {
+  nlohmann::json j = {
+      {"train_micro_batch_size_per_gpu", o.batch},
+      {"gradient_clipping", 1.0},
+      {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 6e-4}, {"betas", {0.9, 0.95}}, {"eps", 1e-8}, {"weight_decay", 0.1}}}}},
+      {"zero_optimization", {{"stage", o.stage}}},
+      {"model", {{"n_layer", model.n_layer}, {"n_head", model.n_head}, {"n_embd", model.n_embd}, {"vocab_size", model.vocab_size},
+                 {"seq_len", o.seq}}},
+      {"data", {{"format", "synthetic"}, {"vocab_size", model.vocab_size}, {"tokens", static_cast<int64_t>(o.steps + 2) * o.batch * o.seq + 1},
+                {"val_fraction", 0.0}}},
+      {"run", {{"steps", o.steps + 1}, {"world_size", 1}}}};
+  if (o.dtype == "bf16") j["bf16"] = {{"enabled", true}};
+  const TrainConfig c = TrainConfig::from_json(j);
+  StepTimes times;
+  run_local_ranks(1, [&](Communicator& comm) {
+    auto device = make_device("cpu");
+    train(c, comm, *device, &times);
+  });
+  times.seconds.erase(times.seconds.begin());  // warm-up
+  return times.seconds;
+}
+
+nlohmann::json run_torch(const Options& o, const GptConfig& m, int threads) {
+  const std::string cmd = fmt::format("{} {} --layers {} --heads {} --embd {} --vocab {} --seq {} --batch {} --steps {} --threads {}",
+                                      o.python, o.script, m.n_layer, m.n_head, m.n_embd, m.vocab_size, o.seq, o.batch, o.steps, threads);
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (pipe == nullptr) ZEROTH_THROW(IoError, "popen(\"{}\") failed", cmd);
+  std::string out;
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
+  const int status = pclose(pipe);
+  if (status != 0) {
+    ZEROTH_THROW(Error, "the PyTorch reference failed (status {}): {}\n  command: {}\n  (needs Debian's python3-torch; --no-reference skips it)", status,
+                 out, cmd);
+  }
+  return nlohmann::json::parse(out.substr(out.rfind('{')));
+}
+
+void run(const Options& o) {
+  if (o.dtype != "fp32" && o.dtype != "bf16") ZEROTH_THROW(InvalidArgument, "--dtype must be fp32 or bf16, got {}", o.dtype);
+  if (o.dtype == "bf16" && o.reference) {
+    ZEROTH_THROW(InvalidArgument, "--dtype bf16: the PyTorch side runs fp32 only (CPU autocast is not the same computation); add --no-reference");
+  }
+  GptConfig m = GptConfig::preset(o.preset);
+  m.seq_len = o.seq;
+  const int threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  share_cores(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / threads));
+  log::set_level(log::Level::warn);
+  const double tokens = static_cast<double>(o.batch) * o.seq;
+  std::printf("bench train: GPT %s (%.2fM parameters), seq %d, batch %d = %.0f tokens/step, %s, %d thread%s, %d timed steps after 1 warm-up\n",
+              o.preset.c_str(), static_cast<double>(m.num_parameters()) / 1e6, o.seq, o.batch, tokens, o.dtype.c_str(), threads,
+              threads == 1 ? "" : "s", o.steps);
+  std::fflush(stdout);
+  const double z = median(run_zeroth(o, m));
+  std::printf("  %-22s median step %7.3f s   %8.0f tokens/s\n", fmt::format("zeroth (stage {})", o.stage).c_str(), z, tokens / z);
+  std::fflush(stdout);
+  if (!o.reference) return;
+  const auto t = run_torch(o, m, threads);
+  const double r = median(t["step_s"].get<std::vector<double>>());
+  std::printf("  %-22s median step %7.3f s   %8.0f tokens/s\n", fmt::format("pytorch {}", t["torch"].get<std::string>()).c_str(), r, tokens / r);
+  std::printf("  zeroth / pytorch: %.2fx tokens/s\n", r / z);
+}
+
+}  // namespace
+
+void add_bench_train_command(CLI::App& bench) {
+  auto o = std::make_shared<Options>();
+  auto* cmd = bench.add_subcommand("train", "GPT training tokens/s on the CPU, next to PyTorch");
+  cmd->add_option("--preset", o->preset, "Model shape: gpt2-124m, gpt2-350m, ...");
+  cmd->add_option("--seq", o->seq, "Sequence length");
+  cmd->add_option("--batch", o->batch, "Sequences per step");
+  cmd->add_option("--steps", o->steps, "Timed steps (after one warm-up step)");
+  cmd->add_option("--threads", o->threads, "Threads for both sides (default: every core)");
+  cmd->add_option("--dtype", o->dtype, "fp32 or bf16 (bf16: zeroth only)");
+  cmd->add_option("--stage", o->stage, "ZeRO stage (one rank)");
+  cmd->add_flag("!--no-reference", o->reference, "Skip the PyTorch side");
+  cmd->add_option("--python", o->python, "Interpreter with torch");
+  cmd->callback([o] { run(*o); });
+}
+
+}  // namespace zeroth::tools
