@@ -263,12 +263,21 @@ void resolve_batch(TrainConfig& t, const json& j) {
   if (tbs && mb && gas) {
     // all given: checked below
   } else if (tbs && mb) {
+    if (tbs % (mb * dp) != 0) {
+      ZEROTH_THROW(ConfigError, "train_batch_size ({}) is not a multiple of train_micro_batch_size_per_gpu ({}) x data-parallel ranks ({}) = {}, so gradient_accumulation_steps cannot be derived",
+                   tbs, mb, dp, mb * dp);
+    }
     gas = tbs / (mb * dp);
   } else if (tbs && gas) {
+    if (tbs % (gas * dp) != 0) {
+      ZEROTH_THROW(ConfigError, "train_batch_size ({}) is not a multiple of gradient_accumulation_steps ({}) x data-parallel ranks ({}) = {}, so train_micro_batch_size_per_gpu cannot be derived",
+                   tbs, gas, dp, gas * dp);
+    }
     mb = tbs / (gas * dp);
   } else if (mb && gas) {
     tbs = mb * gas * dp;
   } else if (tbs) {
+    if (tbs % dp != 0) ZEROTH_THROW(ConfigError, "train_batch_size ({}) is not a multiple of the data-parallel ranks ({})", tbs, dp);
     gas = 1;
     mb = tbs / dp;
   } else if (mb) {

@@ -1,0 +1,196 @@
+// The training config: a table of valid configs (real-world DeepSpeed files with "auto", aliases,
+// missing batch keys) and what they resolve to, and of invalid ones and their exact errors.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "engine/train_config.h"
+
+namespace zeroth {
+namespace {
+
+using json = nlohmann::json;
+
+// A base every case extends: a tiny model on synthetic data.
+json base() { return json::parse(R"({"train_micro_batch_size_per_gpu": 2, "model": {"n_layer": 1, "n_head": 2, "n_embd": 16, "seq_len": 8}})"); }
+
+json with(json j, const std::string& patch) {
+  j.merge_patch(json::parse(patch));
+  return j;
+}
+
+// The message without the " [file:line]" breadcrumb errors carry.
+std::string message(const std::exception& e) {
+  std::string s = e.what();
+  const auto at = s.rfind(" [");
+  return at == std::string::npos ? s : s.substr(0, at);
+}
+
+std::string error_of(const json& j, int launched = 0) {
+  try {
+    TrainConfig::from_json(j, launched);
+  } catch (const ConfigError& e) {
+    return message(e);
+  }
+  return "(no error)";
+}
+
+// The Hugging Face integration's typical ds_config, verbatim apart from the model/data/run sections.
+TEST(TrainConfig, HuggingFaceAutoConfigResolves) {
+  const json j = json::parse(R"({
+    "fp16": {"enabled": "auto", "loss_scale": 0, "loss_scale_window": 1000, "initial_scale_power": 16, "hysteresis": 2, "min_loss_scale": 1},
+    "bf16": {"enabled": "auto"},
+    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+    "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto", "warmup_num_steps": "auto", "total_num_steps": "auto"}},
+    "zero_optimization": {"stage": 3, "overlap_comm": true, "contiguous_gradients": true, "sub_group_size": 1e9,
+      "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto", "stage3_param_persistence_threshold": "auto",
+      "stage3_max_live_parameters": 1e9, "stage3_max_reuse_distance": 1e9, "stage3_gather_16bit_weights_on_model_save": true},
+    "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "steps_per_print": 2000,
+    "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "wall_clock_breakdown": false,
+    "model": {"n_layer": 1, "n_head": 2, "n_embd": 16, "seq_len": 8}, "run": {"steps": 50, "world_size": 2}})");
+  const auto c = TrainConfig::from_json(j);
+  EXPECT_EQ(c.micro_batch_size, 8);  // HF per_device_train_batch_size
+  EXPECT_EQ(c.engine.gradient_accumulation_steps, 1);
+  EXPECT_EQ(c.train_batch_size, 16);
+  EXPECT_EQ(c.engine.gradient_clipping, 1.0);
+  EXPECT_EQ(c.engine.compute_dtype, DType::f32);  // fp16/bf16 "auto" follow the trainer's flags: off
+  EXPECT_DOUBLE_EQ(c.engine.optimizer.lr, 5e-5);
+  EXPECT_DOUBLE_EQ(c.engine.optimizer.beta2, 0.999);
+  EXPECT_EQ(c.engine.schedule.kind, ScheduleKind::warmup_decay);
+  EXPECT_EQ(c.engine.schedule.total_num_steps, 50);
+  EXPECT_DOUBLE_EQ(c.engine.schedule.warmup_max_lr, 5e-5);
+  EXPECT_EQ(c.engine.zero.stage, 3);
+  EXPECT_EQ(c.engine.zero.reduce_bucket_size, 256u);                 // hidden^2
+  EXPECT_EQ(c.engine.zero.stage3_prefetch_bucket_size, 230u);        // 0.9 hidden^2
+  EXPECT_EQ(c.engine.zero.stage3_param_persistence_threshold, 160u); // 10 hidden
+  EXPECT_EQ(c.steps_per_print, 2000);
+  EXPECT_EQ(c.resolved["train_batch_size"], 16);
+  EXPECT_EQ(c.resolved["optimizer"]["params"]["lr"], 5e-5);
+}
+
+struct BatchCase {
+  const char* patch;
+  int world;
+  int64_t tbs, mb, gas;
+};
+
+class BatchRule : public ::testing::TestWithParam<BatchCase> {};
+
+TEST_P(BatchRule, AnyTwoGiveTheThird) {
+  const auto& p = GetParam();
+  json j = json::parse(R"({"model": {"n_layer": 1, "n_head": 2, "n_embd": 16, "seq_len": 8}})");
+  j.merge_patch(json::parse(p.patch));
+  j["run"]["world_size"] = p.world;
+  const auto c = TrainConfig::from_json(j);
+  EXPECT_EQ(c.train_batch_size, p.tbs);
+  EXPECT_EQ(c.micro_batch_size, p.mb);
+  EXPECT_EQ(c.engine.gradient_accumulation_steps, p.gas);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Table, BatchRule,
+    ::testing::Values(BatchCase{R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2})", 4, 32, 4, 2},
+                      BatchCase{R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4})", 4, 32, 4, 2},
+                      BatchCase{R"({"train_batch_size": 32, "gradient_accumulation_steps": 4})", 4, 32, 2, 4},
+                      BatchCase{R"({"train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 5})", 2, 30, 3, 5},
+                      BatchCase{R"({"train_batch_size": 12})", 3, 12, 4, 1},
+                      BatchCase{R"({"train_micro_batch_size_per_gpu": 6})", 2, 12, 6, 1}));
+
+struct ErrorCase {
+  const char* name;
+  const char* patch;
+  const char* error;
+  int launched = 0;
+};
+
+class Invalid : public ::testing::TestWithParam<ErrorCase> {};
+
+TEST_P(Invalid, GivesTheExactError) {
+  const auto& p = GetParam();
+  EXPECT_EQ(error_of(with(base(), p.patch), p.launched), p.error);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Table, Invalid,
+    ::testing::Values(
+        ErrorCase{"Typo", R"({"train_micro_batch_size_per_gpuu": 2})",
+                  "train_micro_batch_size_per_gpuu is not a known key (did you mean 'train_micro_batch_size_per_gpu'?)"},
+        ErrorCase{"BatchRule", R"({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2, "run": {"world_size": 2}})",
+                  "train_batch_size (10) must equal train_micro_batch_size_per_gpu (2) x gradient_accumulation_steps (2) x data-parallel ranks (2) = 8"},
+        ErrorCase{"BatchIndivisible", R"({"train_batch_size": 7, "train_micro_batch_size_per_gpu": 2})",
+                  "train_batch_size (7) is not a multiple of train_micro_batch_size_per_gpu (2) x data-parallel ranks (1) = 2, so gradient_accumulation_steps cannot be derived"},
+        ErrorCase{"NoBatch", R"({"train_micro_batch_size_per_gpu": null})",
+                  "the batch size is not set: give train_micro_batch_size_per_gpu (sequences per rank per micro-step) and/or train_batch_size (sequences per optimizer step)"},
+        ErrorCase{"ModelKeyType", R"({"model": {"n_layer": "two"}})", "model.n_layer must be an integer in [1, 4096], got \"two\""},
+        ErrorCase{"ModelKeyTypo", R"({"model": {"n_heads": 2}})", "model.n_heads is not a known key (did you mean 'n_head'?)"},
+        ErrorCase{"HeadsDivide", R"({"model": {"n_head": 3}})",
+                  "model.n_embd (16) must be a multiple of model.n_head (3): each head gets n_embd / n_head channels"},
+        ErrorCase{"Preset", R"({"model": {"preset": "gpt3"}})",
+                  "model.preset \"gpt3\" is not a known preset; use one of gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1558m"},
+        ErrorCase{"Stage", R"({"zero_optimization": {"stage": 4}})", "zero_optimization.stage must be 0, 1, 2 or 3, got 4"},
+        ErrorCase{"Offload", R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}})",
+                  "zero_optimization.offload_optimizer = {\"device\":\"cpu\"}: offloading is not available in this build of the engine; remove the key or set its device to \"none\""},
+        ErrorCase{"BothPrecisions", R"({"fp16": {"enabled": true}, "bf16": {"enabled": true}})",
+                  "fp16.enabled and bf16.enabled are both true; choose one precision"},
+        ErrorCase{"Monitor", R"({"tensorboard": {"enabled": true, "output_path": "tb"}})",
+                  "tensorboard is enabled: zeroth does not have this DeepSpeed monitor; its own metrics go to <run.output_dir>/metrics.jsonl. Remove the section or set \"enabled\": false"},
+        ErrorCase{"Unsupported", R"({"pipeline": {"stages": 2}})", "pipeline is a DeepSpeed feature zeroth does not support; remove the section"},
+        ErrorCase{"PartitionActivations", R"({"activation_checkpointing": {"partition_activations": true}})",
+                  "activation_checkpointing.partition_activations = true needs tensor parallelism, which this run does not have; remove the key"},
+        ErrorCase{"AioRange", R"({"aio": {"queue_depth": 0}})", "aio.queue_depth must be an integer in [1, 4096], got 0"},
+        ErrorCase{"Backend", R"({"run": {"backend": "mpi"}})", "run.backend = \"mpi\" is not one of: local, gloo, nccl"},
+        ErrorCase{"GlooNeedsLauncher", R"({"run": {"backend": "gloo", "world_size": 2}})",
+                  "run.backend = \"gloo\" needs one process per rank: start with `zeroth launch -n 2 -- zeroth train ...` (or set run.backend to \"local\" for threads)"},
+        ErrorCase{"LaunchedWorld", R"({"run": {"world_size": 4}})",
+                  "run.world_size = 4 but the launcher started 2 ranks (WORLD_SIZE); remove run.world_size or make them agree", 2},
+        ErrorCase{"DataNeedsPath", R"({"data": {"format": "text"}})", "data.train is required for data.format \"text\" (a path to the training text file)"},
+        ErrorCase{"DataFormat", R"({"data": {"format": "json", "train": "x"}})", "data.format = \"json\" is not one of: bin, text, synthetic"},
+        ErrorCase{"AutoWhereUnknown", R"({"zero_optimization": {"allgather_bucket_size": "auto"}})",
+                  "zero_optimization.allgather_bucket_size is \"auto\": auto values are resolved by the training config; here it must be a number"},
+        ErrorCase{"Optimizer", R"({"optimizer": {"type": "AdamW", "params": {"lr": -1}}})", "optimizer.params.lr = -1 for AdamW: must be >= 0"},
+        ErrorCase{"Clipping", R"({"gradient_clipping": -1})", "gradient_clipping must be a number in [0, 1e+30], got -1"},
+        ErrorCase{"Vocab", R"({"model": {"vocab_size": 100}, "data": {"format": "synthetic", "vocab_size": 200}})",
+                  "model.vocab_size (100) is smaller than data.vocab_size (200): every token id must have an embedding row"}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+TEST(TrainConfig, OverridesSetNestedKeysAndParseValues) {
+  json j = base();
+  apply_override(j, "zero_optimization.stage=2");
+  apply_override(j, "bf16.enabled=true");
+  apply_override(j, "run.name=demo");
+  apply_override(j, "optimizer.params.betas=[0.8,0.9]");
+  EXPECT_EQ(j["zero_optimization"]["stage"], 2);
+  EXPECT_EQ(j["bf16"]["enabled"], true);
+  EXPECT_EQ(j["run"]["name"], "demo");
+  EXPECT_EQ(j["optimizer"]["params"]["betas"][1], 0.9);
+  try {
+    apply_override(j, "run.name.first=x");
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(message(e), "--set \"run.name.first=x\": run.name is \"demo\", not an object");
+  }
+  EXPECT_THROW(apply_override(j, "novalue"), ConfigError);
+}
+
+TEST(TrainConfig, DefaultsAndAliases) {
+  const auto c = TrainConfig::from_json(with(base(), R"({"bfloat16": {"enabled": true}, "activation_checkpointing": {}, "communication_data_type": "bf16"})"));
+  EXPECT_EQ(c.engine.compute_dtype, DType::bf16);
+  EXPECT_EQ(c.engine.communication_dtype, DType::bf16);
+  EXPECT_TRUE(c.model.activation_checkpointing);  // the DeepSpeed section turns it on
+  EXPECT_EQ(c.steps_per_print, 10);
+  EXPECT_EQ(c.data.format, DataFormat::synthetic);
+  EXPECT_EQ(c.model.vocab_size, 256);
+  EXPECT_EQ(c.run.output_dir, "runs/run");
+  EXPECT_EQ(c.engine.zero.stage, 0);
+  const auto p = TrainConfig::from_json(json::parse(R"({"train_batch_size": 8, "model": {"preset": "gpt2-124m", "seq_len": 256}, "data": {"format": "bin", "train": "x.bin"}})"));
+  EXPECT_EQ(p.model.n_layer, 12);
+  EXPECT_EQ(p.model.seq_len, 256);
+  EXPECT_EQ(p.model.vocab_size, 50257);
+  EXPECT_NEAR(static_cast<double>(p.model.num_parameters()), 123.85e6, 0.01e6);
+}
+
+}  // namespace
+}  // namespace zeroth
