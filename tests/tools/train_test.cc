@@ -1,0 +1,174 @@
+// `zeroth train` end to end: local ranks (threads) and gloo processes started by `zeroth launch`
+// train the same losses; text and llm.c .bin data; metrics files; Ctrl-C; config errors; dry run.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/process_util.h"
+
+namespace zeroth {
+namespace {
+
+using namespace std::chrono_literals;
+using json = nlohmann::json;
+
+std::string temp(const std::string& name) { return ::testing::TempDir() + "train_" + name; }
+
+// A tiny GPT on synthetic data: 2 ranks, ZeRO-3, 6 steps, validation every 3.
+json tiny(const std::string& name) {
+  json j = json::parse(R"({
+    "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2, "steps_per_print": 2, "gradient_clipping": 1.0,
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}},
+    "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+    "model": {"n_layer": 2, "n_head": 2, "n_embd": 32, "seq_len": 16},
+    "data": {"format": "synthetic", "vocab_size": 64, "tokens": 65536},
+    "run": {"steps": 6, "eval_interval": 3, "eval_batches": 2, "world_size": 2}})");
+  j["run"]["output_dir"] = temp(name);
+  return j;
+}
+
+std::string write_config(const std::string& name, const json& j) {
+  const std::string path = temp(name) + ".json";
+  std::ofstream(path) << j.dump(2);
+  return path;
+}
+
+struct Run {
+  int code;
+  std::string output;
+  std::vector<json> metrics;
+};
+
+Run run(const std::vector<std::string>& args, const std::string& name, std::chrono::seconds timeout = 300s) {
+  auto child = testing::spawn(args, {}, temp(name) + ".out");
+  Run r{testing::wait_exit(child, timeout), child.output(), {}};
+  std::ifstream in(temp(name) + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) r.metrics.push_back(json::parse(line));
+  return r;
+}
+
+std::vector<double> losses(const Run& r) {
+  std::vector<double> out;
+  for (const auto& m : r.metrics) {
+    if (m.contains("loss") && m.contains("lr")) out.push_back(m["loss"]);
+  }
+  return out;
+}
+
+TEST(Train, LocalRanksTrainAndWriteMetrics) {
+  json j = tiny("local");
+  const auto r = run({ZEROTH_BIN, "train", write_config("local", j)}, "local");
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (const char* text : {"zeroth train: train_local", "ZeRO stage 3", "step 6/6", "validation at step 3:", "validation at step 6:", "done after 6 steps"}) {
+    EXPECT_NE(r.output.find(text), std::string::npos) << text << " missing in\n" << r.output;
+  }
+  const auto l = losses(r);
+  ASSERT_EQ(l.size(), 6u);
+  EXPECT_LT(l.back(), l.front());
+  int val = 0;
+  for (const auto& m : r.metrics) val += m.contains("val_loss");
+  EXPECT_EQ(val, 3);  // before training, at 3 and at 6
+  EXPECT_TRUE(r.metrics.back().contains("summary"));
+  EXPECT_TRUE(std::filesystem::exists(temp("local") + "/config.json"));
+}
+
+TEST(Train, GlooProcessesTrainTheSameLossesAsLocalThreads) {
+  json j = tiny("gloo_local");
+  const auto local = run({ZEROTH_BIN, "train", write_config("gloo_local", j)}, "gloo_local");
+  ASSERT_EQ(local.code, 0) << local.output;
+  j["run"]["output_dir"] = temp("gloo");
+  j["run"]["backend"] = "gloo";
+  const auto gloo = run({ZEROTH_BIN, "launch", "-n", "2", "--", ZEROTH_BIN, "train", write_config("gloo", j)}, "gloo");
+  ASSERT_EQ(gloo.code, 0) << gloo.output;
+  EXPECT_NE(gloo.output.find("gloo processes"), std::string::npos) << gloo.output;
+  const auto a = losses(local), b = losses(gloo);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5 * a[i]) << "step " << i + 1;
+}
+
+TEST(Train, TextAndBinData) {
+  // Text: every byte a token.
+  std::string text;
+  for (int i = 0; i < 400; ++i) text += "the quick brown fox jumps over the lazy dog. ";
+  std::ofstream(temp("corpus.txt")) << text;
+  json j = tiny("text");
+  j["data"] = {{"format", "text"}, {"train", temp("corpus.txt")}};
+  j["model"].erase("vocab_size");
+  j["run"]["steps"] = 3;
+  auto r = run({ZEROTH_BIN, "train", write_config("text", j)}, "text");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("vocab 256"), std::string::npos) << r.output;
+  // llm.c .bin: 256 int32 header (magic, version, count), then uint16 tokens.
+  std::vector<int32_t> header(256, 0);
+  header[0] = 20240520, header[1] = 1, header[2] = 20000;
+  std::vector<uint16_t> tokens(20000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 7) % 50);
+  {
+    std::ofstream out(temp("tokens.bin"), std::ios::binary);
+    out.write(reinterpret_cast<const char*>(header.data()), 1024);
+    out.write(reinterpret_cast<const char*>(tokens.data()), 40000);
+  }
+  j["data"] = {{"format", "bin"}, {"train", temp("tokens.bin")}};
+  j["model"]["vocab_size"] = 64;
+  j["run"]["output_dir"] = temp("bin");
+  r = run({ZEROTH_BIN, "train", write_config("bin", j)}, "bin");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("done after 3 steps"), std::string::npos) << r.output;
+  // A truncated .bin file is named with what is wrong.
+  std::filesystem::resize_file(temp("tokens.bin"), 2000);
+  r = run({ZEROTH_BIN, "train", write_config("bin", j)}, "bin");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("the header says 20000 tokens"), std::string::npos) << r.output;
+}
+
+TEST(Train, CtrlCStopsCleanlyAfterTheCurrentStep) {
+  json j = tiny("interrupt");
+  j["run"]["steps"] = 100000;
+  j["run"]["eval_interval"] = 0;
+  auto child = testing::spawn({ZEROTH_BIN, "train", write_config("interrupt", j)}, {}, temp("interrupt") + ".out");
+  // Wait for the first step's line in the metrics, then interrupt.
+  for (int i = 0; i < 3000; ++i) {
+    std::ifstream in(temp("interrupt") + "/metrics.jsonl");
+    std::string line;
+    if (std::getline(in, line) && std::getline(in, line)) break;
+    std::this_thread::sleep_for(20ms);
+  }
+  kill(child.pid, SIGINT);
+  EXPECT_EQ(testing::wait_exit(child, 60s), 130) << child.output();
+  EXPECT_NE(child.output().find("stopped (interrupted) after"), std::string::npos) << child.output();
+}
+
+TEST(Train, ConfigErrorsExitWithTheMessage) {
+  json j = tiny("bad");
+  j["zero_optimization"]["stag"] = 2;
+  const auto r = run({ZEROTH_BIN, "train", write_config("bad", j)}, "bad");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("zeroth: error: zero_optimization.stag is not a known key (did you mean 'stage'?)"), std::string::npos) << r.output;
+  const auto missing = run({ZEROTH_BIN, "train", temp("no-such-config.json")}, "missing");
+  EXPECT_EQ(missing.code, 1);
+  EXPECT_NE(missing.output.find("cannot read config"), std::string::npos) << missing.output;
+}
+
+TEST(Train, DryRunPrintsTheResolvedConfigAndPlan) {
+  json j = tiny("dry");
+  const auto r = run({ZEROTH_BIN, "train", write_config("dry", j), "--dry-run", "--set", "zero_optimization.stage=2", "--set",
+                      "train_batch_size=auto"},
+                     "dry");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("\"train_batch_size\": 8"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("ZeRO stage 2 plan"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("activations per rank"), std::string::npos) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(temp("dry") + "/metrics.jsonl"));
+}
+
+}  // namespace
+}  // namespace zeroth
