@@ -134,6 +134,7 @@ TEST(Train, CtrlCStopsCleanlyAfterTheCurrentStep) {
   json j = tiny("interrupt");
   j["run"]["steps"] = 100000;
   j["run"]["eval_interval"] = 0;
+  std::filesystem::remove_all(temp("interrupt"));  // no metrics of an earlier run
   auto child = testing::spawn({ZEROTH_BIN, "train", write_config("interrupt", j)}, {}, temp("interrupt") + ".out");
   // Wait for the first step's line in the metrics, then interrupt.
   for (int i = 0; i < 3000; ++i) {
