@@ -2,6 +2,8 @@
 # The project's one entry point for setting up, building and testing on a fresh Debian machine.
 #   tools/dev.sh test [CMAKE_ARGS]  install packages, build (CUDA backend when nvcc exists), run ctest
 #   tools/dev.sh build [CMAKE_ARGS] install packages and build only
+#   tools/dev.sh train [CONFIG [ARGS]] install packages, build the zeroth binary, run `zeroth train`
+#                                   (default: configs/gpt-fortunes-zero3-bf16.json)
 #   tools/dev.sh sanitize KIND      build with ZEROTH_SANITIZE=KIND (address,undefined | thread), run ctest
 # Environment: BUILD_DIR (default build), ZEROTH_CUDA (AUTO|ON|OFF), JOBS (default: all cores).
 set -euo pipefail
@@ -16,7 +18,7 @@ configure_and_build() {
   "$root/tools/install-deps.sh"
   cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-Release}" \
     -DZEROTH_CUDA="${ZEROTH_CUDA:-AUTO}" "$@"
-  cmake --build "$dir" -j "$jobs"
+  cmake --build "$dir" -j "$jobs" ${TARGET:+--target "$TARGET"}
 }
 
 run_tests() {
@@ -31,6 +33,11 @@ case "${1:-}" in
     ;;
   build)
     configure_and_build "${BUILD_DIR:-build}" "${@:2}"
+    ;;
+  train)
+    TARGET=zeroth configure_and_build "${BUILD_DIR:-build}"
+    config=${2:-configs/gpt-fortunes-zero3-bf16.json}
+    exec "${BUILD_DIR:-build}/tools/zeroth" train "$config" "${@:3}"
     ;;
   sanitize)
     kind=${2:?"usage: tools/dev.sh sanitize address,undefined|thread"}
@@ -47,7 +54,7 @@ case "${1:-}" in
     run_tests "$dir"
     ;;
   *)
-    echo "usage: tools/dev.sh test | build | sanitize address,undefined|thread" >&2
+    echo "usage: tools/dev.sh test | build | train [CONFIG [ARGS]] | sanitize address,undefined|thread" >&2
     exit 2
     ;;
 esac

@@ -2,6 +2,7 @@
 // missing batch keys) and what they resolve to, and of invalid ones and their exact errors.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -190,6 +191,25 @@ TEST(TrainConfig, DefaultsAndAliases) {
   EXPECT_EQ(p.model.seq_len, 256);
   EXPECT_EQ(p.model.vocab_size, 50257);
   EXPECT_NEAR(static_cast<double>(p.model.num_parameters()), 123.85e6, 0.01e6);
+}
+
+}  // namespace
+}  // namespace zeroth
+
+namespace zeroth {
+namespace {
+
+// Every example in configs/ resolves (the README's table lists them).
+TEST(TrainConfig, ExampleConfigsResolve) {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(ZEROTH_CONFIGS_DIR)) {
+    if (e.path().extension() != ".json") continue;
+    SCOPED_TRACE(e.path().string());
+    const auto c = TrainConfig::from_json(read_config_file(e.path().string()));
+    EXPECT_GT(c.run.steps, 0);
+    ++n;
+  }
+  EXPECT_GE(n, 8);
 }
 
 }  // namespace
