@@ -5,16 +5,12 @@
 
 #include <algorithm>  // std::max
 #include <cmath>      // std::sqrt
-#include <cstring>    // std::memcpy
 
-#include "core/cpu/kernels.h"            // cpu::cast, cpu::axpy, cpu::fill
-#include "core/device.h"                 // Buffer
-#include "core/error.h"                  // ZEROTH_THROW
-#include "models/gpt/cpu/gpt_kernels.h"  // gpt::cpu::*
+#include "core/device.h"          // Buffer
+#include "core/error.h"           // ZEROTH_THROW
+#include "models/gpt/kernels.h"   // gpt::Kernels
 
 namespace zeroth {
-
-namespace k = gpt::cpu;
 
 // ---- configuration --------------------------------------------------------------------------
 
@@ -112,13 +108,16 @@ struct GradScratch {
 struct Gpt::State {
   GptConfig cfg;
   Device* device = nullptr;
+  std::unique_ptr<gpt::Kernels> k;
   int B = 0, T = 0;
   Buffer buffer;                // every activation, one allocation (tag: activations)
+  Buffer token_buffer;          // tokens and targets of the micro-batch, on the device
+  int32_t *tokens = nullptr, *targets = nullptr;
   std::vector<float*> resid;    // [L + 1] residual stream: resid[l] is block l's input
   std::vector<LayerActs> layer; // [L], or [1] shared when checkpointing
-  float *lnf = nullptr, *lnf_mean = nullptr, *lnf_rstd = nullptr, *logits = nullptr;
+  float *lnf = nullptr, *lnf_mean = nullptr, *lnf_rstd = nullptr, *logits = nullptr, *row_loss = nullptr;
   GradScratch d;
-  std::vector<float> wbuf, gbuf;  // f32 copies of a narrow block's parameters and gradients
+  Buffer wbuf, gbuf;            // f32 copies of a narrow block's parameters and gradients
 
   static size_t layer_floats(const GptConfig& c, size_t BT, size_t B, size_t T) {
     const size_t C = c.n_embd;
@@ -127,17 +126,23 @@ struct Gpt::State {
   static size_t total_floats(const GptConfig& c, int B, int T) {
     const size_t BT = static_cast<size_t>(B) * T, C = c.n_embd, L = c.n_layer;
     const size_t layers = c.activation_checkpointing ? 1 : L;
-    return (L + 1) * BT * C + layers * layer_floats(c, BT, B, T) + BT * C + 2 * BT + BT * c.vocab_size  // forward
+    return (L + 1) * BT * C + layers * layer_floats(c, BT, B, T) + BT * C + 3 * BT + BT * c.vocab_size  // forward
            + BT * C * (1 + 1 + 3 + 4) + static_cast<size_t>(B) * c.n_head * T * T;                    // backward scratch
   }
 
-  void reserve(int b, int t) {
+  // On the caller's thread: a new shape waits for the stream to finish with the old buffers.
+  void reserve(Stream& stream, int b, int t) {
     if (b == B && t == T) return;
+    stream.synchronize();
     const size_t BT = static_cast<size_t>(b) * t, C = cfg.n_embd, L = cfg.n_layer;
     buffer.reset();
     buffer = device->allocate(total_floats(cfg, b, t) * sizeof(float), MemTag::activations);
-    // Pre-touched once here: first touch of fresh memory is slow, and a step must not pay it.
-    cpu::fill(buffer.data(), DType::f32, 0.0f, buffer.bytes() / sizeof(float));
+    token_buffer = device->allocate(2 * BT * sizeof(int32_t), MemTag::activations);
+    // Touched once here: first touch of fresh memory is slow, and a step must not pay it.
+    device->fill(stream, buffer.view(DType::f32), 0.0f);
+    stream.synchronize();
+    tokens = token_buffer.as<int32_t>();
+    targets = tokens + BT;
     float* at = buffer.as<float>();
     auto take = [&](size_t n) {
       float* p = at;
@@ -152,7 +157,7 @@ struct Gpt::State {
       a.att = take(static_cast<size_t>(b) * cfg.n_head * t * t), a.atty = take(BT * C), a.res2 = take(BT * C);
       a.ln2 = take(BT * C), a.ln2_mean = take(BT), a.ln2_rstd = take(BT), a.fch = take(4 * BT * C), a.fch_gelu = take(4 * BT * C);
     }
-    lnf = take(BT * C), lnf_mean = take(BT), lnf_rstd = take(BT), logits = take(BT * cfg.vocab_size);
+    lnf = take(BT * C), lnf_mean = take(BT), lnf_rstd = take(BT), logits = take(BT * cfg.vocab_size), row_loss = take(BT);
     d.dresid = take(BT * C), d.dC = take(BT * C), d.dqkv = take(3 * BT * C), d.dfch = take(4 * BT * C);
     d.datt = take(static_cast<size_t>(b) * cfg.n_head * t * t);
     B = b, T = t;
@@ -166,25 +171,19 @@ namespace {
 // the gradients gathered in f32 scratch, then added into the narrow views once (flush).
 class Bound {
  public:
-  Bound(const std::vector<TensorView>& params, const std::vector<TensorView>* grads, std::vector<float>& wbuf,
-        std::vector<float>& gbuf)
-      : grads_(grads) {
+  Bound(gpt::Kernels& k, const std::vector<TensorView>& params, const std::vector<TensorView>* grads, const Buffer& wbuf,
+        const Buffer& gbuf)
+      : k_(k), grads_(grads) {
     size_t total = 0;
     for (const auto& p : params) total += p.numel;
     narrow_ = !params.empty() && params[0].dtype != DType::f32;
-    if (narrow_) {
-      if (wbuf.size() < total) wbuf.resize(total);
-      if (grads != nullptr) {
-        if (gbuf.size() < total) gbuf.resize(total);
-        cpu::fill(gbuf.data(), DType::f32, 0.0f, total);
-      }
-    }
+    if (narrow_ && grads != nullptr) k_.zero(gbuf.as<float>(), total);
     size_t off = 0;
     for (size_t i = 0; i < params.size(); ++i) {
       if (narrow_) {
-        cpu::cast(params[i].data, params[i].dtype, wbuf.data() + off, DType::f32, params[i].numel);
-        p_.push_back(wbuf.data() + off);
-        if (grads != nullptr) g_.push_back(gbuf.data() + off);
+        k_.widen(params[i], wbuf.as<float>() + off);
+        p_.push_back(wbuf.as<float>() + off);
+        if (grads != nullptr) g_.push_back(gbuf.as<float>() + off);
       } else {
         p_.push_back(params[i].as<float>());
         if (grads != nullptr) g_.push_back((*grads)[i].as<float>());
@@ -196,13 +195,11 @@ class Bound {
   float* g(size_t i) const { return g_[i]; }
   void flush() const {
     if (!narrow_ || grads_ == nullptr) return;
-    for (size_t i = 0; i < grads_->size(); ++i) {
-      const auto& v = (*grads_)[i];
-      cpu::axpy(v.data, v.dtype, 1.0f, g_[i], DType::f32, v.numel);
-    }
+    for (size_t i = 0; i < grads_->size(); ++i) k_.add_into((*grads_)[i], g_[i]);
   }
 
  private:
+  gpt::Kernels& k_;
   const std::vector<TensorView>* grads_;
   bool narrow_ = false;
   std::vector<const float*> p_;
@@ -212,37 +209,37 @@ class Bound {
 // Parameter indices inside a transformer block, in block_specs order.
 enum LayerParam { kLn1W, kLn1B, kAttnW, kAttnB, kProjW, kProjB, kLn2W, kLn2B, kFcW, kFcB, kFcProjW, kFcProjB };
 
-void layer_forward(const GptConfig& c, const Bound& w, const LayerActs& a, const float* x, float* out, int B, int T) {
+void layer_forward(gpt::Kernels& k, const GptConfig& c, const Bound& w, const LayerActs& a, const float* x, float* out, int B, int T) {
   const size_t BT = static_cast<size_t>(B) * T, C = c.n_embd;
   const int Ci = c.n_embd;
-  k::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w.p(kLn1W), w.p(kLn1B), BT, Ci);
-  k::matmul_forward(a.qkv, a.ln1, w.p(kAttnW), w.p(kAttnB), BT, Ci, 3 * Ci);
-  k::attention_forward(a.atty, a.att, a.qkv, B, T, Ci, c.n_head);
-  k::matmul_forward(a.res2, a.atty, w.p(kProjW), w.p(kProjB), BT, Ci, Ci);
-  k::accumulate(a.res2, x, BT * C);
-  k::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, w.p(kLn2W), w.p(kLn2B), BT, Ci);
-  k::matmul_forward(a.fch, a.ln2, w.p(kFcW), w.p(kFcB), BT, Ci, 4 * Ci);
-  k::gelu_forward(a.fch_gelu, a.fch, 4 * BT * C);
+  k.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w.p(kLn1W), w.p(kLn1B), BT, Ci);
+  k.matmul_forward(a.qkv, a.ln1, w.p(kAttnW), w.p(kAttnB), BT, Ci, 3 * Ci);
+  k.attention_forward(a.atty, a.att, a.qkv, B, T, Ci, c.n_head);
+  k.matmul_forward(a.res2, a.atty, w.p(kProjW), w.p(kProjB), BT, Ci, Ci);
+  k.accumulate(a.res2, x, BT * C);
+  k.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, w.p(kLn2W), w.p(kLn2B), BT, Ci);
+  k.matmul_forward(a.fch, a.ln2, w.p(kFcW), w.p(kFcB), BT, Ci, 4 * Ci);
+  k.gelu_forward(a.fch_gelu, a.fch, 4 * BT * C);
   if (out != nullptr) {
-    k::matmul_forward(out, a.fch_gelu, w.p(kFcProjW), w.p(kFcProjB), BT, 4 * Ci, Ci);
-    k::accumulate(out, a.res2, BT * C);
+    k.matmul_forward(out, a.fch_gelu, w.p(kFcProjW), w.p(kFcProjB), BT, 4 * Ci, Ci);
+    k.accumulate(out, a.res2, BT * C);
   }
 }
 
 // dresid holds the gradient at the block's output on entry and at its input on return.
-void layer_backward(const GptConfig& c, const Bound& w, const LayerActs& a, const GradScratch& s, const float* x, int B,
-                    int T) {
+void layer_backward(gpt::Kernels& k, const GptConfig& c, const Bound& w, const LayerActs& a, const GradScratch& s, const float* x,
+                    int B, int T) {
   const size_t BT = static_cast<size_t>(B) * T;
   const int C = c.n_embd;
   float* dresid = s.dresid;
-  k::matmul_backward(s.dfch, w.g(kFcProjW), w.g(kFcProjB), dresid, a.fch_gelu, w.p(kFcProjW), BT, 4 * C, C);
-  k::gelu_backward(s.dfch, a.fch, s.dfch, 4 * BT * C);
-  k::matmul_backward(s.dC, w.g(kFcW), w.g(kFcB), s.dfch, a.ln2, w.p(kFcW), BT, C, 4 * C);
-  k::layernorm_backward(dresid, w.g(kLn2W), w.g(kLn2B), s.dC, a.res2, w.p(kLn2W), a.ln2_mean, a.ln2_rstd, BT, C);
-  k::matmul_backward(s.dC, w.g(kProjW), w.g(kProjB), dresid, a.atty, w.p(kProjW), BT, C, C);
-  k::attention_backward(s.dqkv, s.datt, s.dC, a.qkv, a.att, B, T, C, c.n_head);
-  k::matmul_backward(s.dC, w.g(kAttnW), w.g(kAttnB), s.dqkv, a.ln1, w.p(kAttnW), BT, C, 3 * C);
-  k::layernorm_backward(dresid, w.g(kLn1W), w.g(kLn1B), s.dC, x, w.p(kLn1W), a.ln1_mean, a.ln1_rstd, BT, C);
+  k.matmul_backward(s.dfch, w.g(kFcProjW), w.g(kFcProjB), dresid, a.fch_gelu, w.p(kFcProjW), BT, 4 * C, C);
+  k.gelu_backward(s.dfch, a.fch, s.dfch, 4 * BT * C);
+  k.matmul_backward(s.dC, w.g(kFcW), w.g(kFcB), s.dfch, a.ln2, w.p(kFcW), BT, C, 4 * C);
+  k.layernorm_backward(dresid, w.g(kLn2W), w.g(kLn2B), s.dC, a.res2, w.p(kLn2W), a.ln2_mean, a.ln2_rstd, BT, C);
+  k.matmul_backward(s.dC, w.g(kProjW), w.g(kProjB), dresid, a.atty, w.p(kProjW), BT, C, C);
+  k.attention_backward(s.dqkv, s.datt, s.dC, a.qkv, a.att, B, T, C, c.n_head);
+  k.matmul_backward(s.dC, w.g(kAttnW), w.g(kAttnB), s.dqkv, a.ln1, w.p(kAttnW), BT, C, 3 * C);
+  k.layernorm_backward(dresid, w.g(kLn1W), w.g(kLn1B), s.dC, x, w.p(kLn1W), a.ln1_mean, a.ln1_rstd, BT, C);
 }
 
 void check_tokens(const int32_t* t, size_t n, int V, const char* what) {
@@ -259,11 +256,13 @@ void check_tokens(const int32_t* t, size_t n, int V, const char* what) {
 // ---- the micro-step -------------------------------------------------------------------------
 
 Gpt::Gpt(BlockHost& host, GptConfig config) : host_(host), config_(config), state_(std::make_shared<State>()) {
-  if (host_.device().kind() != DeviceKind::cpu) {
-    ZEROTH_THROW(ConfigError, "the GPT model's kernels run on the CPU device; device {} is not supported by this build of the model (run.device = \"cpu\")",
-                 host_.device().name());
-  }
   auto specs = block_specs(config_);
+  size_t widest = 0;
+  for (const auto& spec : specs) {
+    size_t n = 0;
+    for (const auto& p : spec.params) n += p.numel();
+    widest = std::max(widest, n);
+  }
   for (auto& spec : specs) {
     const int id = host_.add_block(std::move(spec));
     if (embed_ < 0) embed_ = id;
@@ -273,11 +272,15 @@ Gpt::Gpt(BlockHost& host, GptConfig config) : host_(host), config_(config), stat
   host_.set_schedule(schedule(config_));
   state_->cfg = config_;
   state_->device = &host_.device();
+  state_->k = gpt::make_kernels(host_.compute_stream());
+  if (host_.compute_dtype() != DType::f32) {
+    state_->wbuf = host_.device().allocate(widest * sizeof(float), MemTag::buffers);
+    state_->gbuf = host_.device().allocate(widest * sizeof(float), MemTag::buffers);
+  }
 }
 
 Gpt::~Gpt() {
-  // The stream may still run closures that use the state; they hold it through a shared_ptr, but
-  // its buffer belongs to the device, which outlives us only until the caller tears it down.
+  // Work still queued on the stream uses the state's buffers.
   host_.compute_stream().synchronize();
 }
 
@@ -302,8 +305,15 @@ void Gpt::run(const int32_t* tokens, const int32_t* targets, int B, int T, float
   if (B <= 0 || T <= 0 || T > config_.seq_len) {
     ZEROTH_THROW(InvalidArgument, "GPT micro-batch {} x {}: need B >= 1 and 1 <= T <= model.seq_len ({})", B, T, config_.seq_len);
   }
+  // The caller's host arrays are checked here and copied in stream order to the device.
+  check_tokens(tokens, static_cast<size_t>(B) * T, config_.vocab_size, "token");
+  check_tokens(targets, static_cast<size_t>(B) * T, config_.vocab_size, "target");
   auto s = state_;
   Stream& stream = host_.compute_stream();
+  s->reserve(stream, B, T);
+  host_.device().copy(stream, s->tokens, tokens, static_cast<size_t>(B) * T * sizeof(int32_t));
+  host_.device().copy(stream, s->targets, targets, static_cast<size_t>(B) * T * sizeof(int32_t));
+  gpt::Kernels& k = *s->k;
   const GptConfig c = config_;
   const size_t BT = static_cast<size_t>(B) * T;
   const int L = c.n_layer, C = c.n_embd, V = c.vocab_size;
@@ -315,39 +325,36 @@ void Gpt::run(const int32_t* tokens, const int32_t* targets, int B, int T, float
   // Forward
   {
     const auto& v = host_.begin_forward(embed_);
-    stream.enqueue_host([s, tokens, targets, B, T, BT, C, V, params = v.params] {
-      s->reserve(B, T);
-      check_tokens(tokens, BT, V, "token");
-      check_tokens(targets, BT, V, "target");
-      Bound w(params, nullptr, s->wbuf, s->gbuf);
-      k::encoder_forward(s->resid[0], tokens, w.p(0), w.p(1), B, T, C);
+    k.submit([s, &k, B, T, C, params = v.params] {
+      Bound w(k, params, nullptr, s->wbuf, s->gbuf);
+      k.encoder_forward(s->resid[0], s->tokens, w.p(0), w.p(1), B, T, C);
     });
     host_.end_forward(embed_);
   }
   for (int l = 0; l < L; ++l) {
     const auto& v = host_.begin_forward(layers_[l]);
-    stream.enqueue_host([s, c, l, B, T, fwd_acts, params = v.params] {
-      Bound w(params, nullptr, s->wbuf, s->gbuf);
-      layer_forward(c, w, fwd_acts(l), s->resid[l], s->resid[l + 1], B, T);
+    k.submit([s, &k, c, l, B, T, fwd_acts, params = v.params] {
+      Bound w(k, params, nullptr, s->wbuf, s->gbuf);
+      layer_forward(k, c, w, fwd_acts(l), s->resid[l], s->resid[l + 1], B, T);
     });
     host_.end_forward(layers_[l]);
   }
   {
     const auto& v = host_.begin_forward(ln_f_);
-    stream.enqueue_host([s, L, BT, C, params = v.params] {
-      Bound w(params, nullptr, s->wbuf, s->gbuf);
-      k::layernorm_forward(s->lnf, s->lnf_mean, s->lnf_rstd, s->resid[L], w.p(0), w.p(1), BT, C);
+    k.submit([s, &k, L, BT, C, params = v.params] {
+      Bound w(k, params, nullptr, s->wbuf, s->gbuf);
+      k.layernorm_forward(s->lnf, s->lnf_mean, s->lnf_rstd, s->resid[L], w.p(0), w.p(1), BT, C);
     });
     host_.end_forward(ln_f_);
   }
   {
     const auto& v = host_.begin_forward(embed_);
     const float dscale = backward ? static_cast<float>(host_.loss_scale() / static_cast<double>(BT)) : 0.0f;
-    stream.enqueue_host([s, targets, BT, C, V, loss, logits, dscale, params = v.params] {
-      Bound w(params, nullptr, s->wbuf, s->gbuf);
-      k::matmul_forward(s->logits, s->lnf, w.p(0), nullptr, BT, C, V);
-      if (logits != nullptr) std::memcpy(logits, s->logits, BT * V * sizeof(float));
-      *loss = static_cast<float>(k::crossentropy(s->logits, targets, BT, V, dscale) / static_cast<double>(BT));
+    k.submit([s, &k, BT, C, V, loss, logits, dscale, params = v.params] {
+      Bound w(k, params, nullptr, s->wbuf, s->gbuf);
+      k.matmul_forward(s->logits, s->lnf, w.p(0), nullptr, BT, C, V);
+      if (logits != nullptr) k.download(logits, s->logits, BT * V);
+      k.crossentropy(s->logits, s->targets, BT, V, dscale, s->row_loss, loss);
     });
     host_.end_forward(embed_);
   }
@@ -356,38 +363,38 @@ void Gpt::run(const int32_t* tokens, const int32_t* targets, int B, int T, float
   // Backward
   {
     const auto& v = host_.begin_backward(embed_);
-    stream.enqueue_host([s, BT, C, V, params = v.params, grads = v.grads] {
-      Bound w(params, &grads, s->wbuf, s->gbuf);
-      k::matmul_backward(s->d.dC, w.g(0), nullptr, s->logits, s->lnf, w.p(0), BT, C, V);
+    k.submit([s, &k, BT, C, V, params = v.params, grads = v.grads] {
+      Bound w(k, params, &grads, s->wbuf, s->gbuf);
+      k.matmul_backward(s->d.dC, w.g(0), nullptr, s->logits, s->lnf, w.p(0), BT, C, V);
       w.flush();
     });
     host_.end_backward(embed_);
   }
   {
     const auto& v = host_.begin_backward(ln_f_);
-    stream.enqueue_host([s, L, BT, C, params = v.params, grads = v.grads] {
-      Bound w(params, &grads, s->wbuf, s->gbuf);
-      cpu::fill(s->d.dresid, DType::f32, 0.0f, BT * C);
-      k::layernorm_backward(s->d.dresid, w.g(0), w.g(1), s->d.dC, s->resid[L], w.p(0), s->lnf_mean, s->lnf_rstd, BT, C);
+    k.submit([s, &k, L, BT, C, params = v.params, grads = v.grads] {
+      Bound w(k, params, &grads, s->wbuf, s->gbuf);
+      k.zero(s->d.dresid, BT * C);
+      k.layernorm_backward(s->d.dresid, w.g(0), w.g(1), s->d.dC, s->resid[L], w.p(0), s->lnf_mean, s->lnf_rstd, BT, C);
       w.flush();
     });
     host_.end_backward(ln_f_);
   }
   for (int l = L - 1; l >= 0; --l) {
     const auto& v = host_.begin_backward(layers_[l]);
-    stream.enqueue_host([s, c, l, B, T, ckpt, acts, params = v.params, grads = v.grads] {
-      Bound w(params, &grads, s->wbuf, s->gbuf);
-      if (ckpt) layer_forward(c, w, acts(l), s->resid[l], nullptr, B, T);
-      layer_backward(c, w, acts(l), s->d, s->resid[l], B, T);
+    k.submit([s, &k, c, l, B, T, ckpt, acts, params = v.params, grads = v.grads] {
+      Bound w(k, params, &grads, s->wbuf, s->gbuf);
+      if (ckpt) layer_forward(k, c, w, acts(l), s->resid[l], nullptr, B, T);
+      layer_backward(k, c, w, acts(l), s->d, s->resid[l], B, T);
       w.flush();
     });
     host_.end_backward(layers_[l]);
   }
   {
     const auto& v = host_.begin_backward(embed_);
-    stream.enqueue_host([s, tokens, B, T, C, params = v.params, grads = v.grads] {
-      Bound w(params, &grads, s->wbuf, s->gbuf);
-      k::encoder_backward(w.g(0), w.g(1), s->d.dresid, tokens, B, T, C);
+    k.submit([s, &k, B, T, C, params = v.params, grads = v.grads] {
+      Bound w(k, params, &grads, s->wbuf, s->gbuf);
+      k.encoder_backward(w.g(0), w.g(1), s->d.dresid, s->tokens, B, T, C);
       w.flush();
     });
     host_.end_backward(embed_);

@@ -1,0 +1,75 @@
+// The GPT's CPU backend: the kernels of gpt_kernels.cc, run on the stream's thread.
+#include <cstring>  // std::memcpy
+
+#include "core/cpu/kernels.h"            // cpu::cast, cpu::axpy, cpu::fill
+#include "core/error.h"                  // ZEROTH_THROW
+#include "models/gpt/cpu/gpt_kernels.h"  // gpt::cpu::*
+#include "models/gpt/kernels.h"
+
+namespace zeroth::gpt {
+namespace {
+
+class CpuKernels final : public Kernels {
+ public:
+  explicit CpuKernels(Stream& stream) : stream_(stream) {}
+  void submit(std::function<void()> work) override { stream_.enqueue_host(std::move(work)); }
+
+  void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C) override {
+    cpu::encoder_forward(out, tokens, wte, wpe, B, T, C);
+  }
+  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C) override {
+    cpu::encoder_backward(dwte, dwpe, dout, tokens, B, T, C);
+  }
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias, size_t N,
+                         int C) override {
+    cpu::layernorm_forward(out, mean, rstd, inp, weight, bias, N, C);
+  }
+  void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight,
+                          const float* mean, const float* rstd, size_t N, int C) override {
+    cpu::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+  }
+  void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, size_t N, int IC, int OC) override {
+    cpu::matmul_forward(out, inp, weight, bias, N, IC, OC);
+  }
+  void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight, size_t N,
+                       int IC, int OC) override {
+    cpu::matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
+  }
+  void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) override {
+    cpu::attention_forward(out, att, qkv, B, T, C, NH);
+  }
+  void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int B, int T, int C,
+                          int NH) override {
+    cpu::attention_backward(dqkv, datt, dout, qkv, att, B, T, C, NH);
+  }
+  void gelu_forward(float* out, const float* inp, size_t n) override { cpu::gelu_forward(out, inp, n); }
+  void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) override { cpu::gelu_backward(dinp, inp, dout, n); }
+  void accumulate(float* y, const float* x, size_t n) override { cpu::accumulate(y, x, n); }
+  void zero(float* x, size_t n) override { zeroth::cpu::fill(x, DType::f32, 0.0f, n); }
+  void widen(TensorView src, float* dst) override { zeroth::cpu::cast(src.data, src.dtype, dst, DType::f32, src.numel); }
+  void add_into(TensorView dst, const float* src) override { zeroth::cpu::axpy(dst.data, dst.dtype, 1.0f, src, DType::f32, dst.numel); }
+  void crossentropy(float* logits, const int32_t* targets, size_t N, int V, float dlogits_scale, float*, float* loss) override {
+    *loss = static_cast<float>(cpu::crossentropy(logits, targets, N, V, dlogits_scale) / static_cast<double>(N));
+  }
+  void download(float* host, const float* src, size_t n) override { std::memcpy(host, src, n * sizeof(float)); }
+
+ private:
+  Stream& stream_;
+};
+
+}  // namespace
+
+#ifndef ZEROTH_WITH_CUDA
+std::unique_ptr<Kernels> make_cuda_kernels(Stream&) {
+  ZEROTH_THROW(CudaError, "the GPT's CUDA kernels are not in this build (configure with -DZEROTH_CUDA=ON on a machine with nvcc)");
+}
+#else
+std::unique_ptr<Kernels> make_cuda_kernels(Stream& stream);
+#endif
+
+std::unique_ptr<Kernels> make_kernels(Stream& stream) {
+  if (stream.device().kind() == DeviceKind::cuda) return make_cuda_kernels(stream);
+  return std::make_unique<CpuKernels>(stream);
+}
+
+}  // namespace zeroth::gpt

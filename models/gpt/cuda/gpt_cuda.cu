@@ -1,0 +1,378 @@
+// The GPT's CUDA backend: cuBLAS for every product (row-major tensors as column-major
+// transposes, as llm.c does), and kernels for the rest: one warp per row for LayerNorm, softmax
+// and cross-entropy, one thread per column for the parameter-gradient sums (deterministic: no
+// atomics, except the token embedding's scatter, where repeated tokens meet).
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <string>  // std::string
+
+#include "core/cuda/cuda_check.h"    // CUDA_CHECK
+#include "core/cuda/cuda_device.h"   // CudaStream, CudaDeviceGuard
+#include "core/cuda/cuda_kernels.h"  // cuda::launch_cast, launch_axpy
+#include "models/gpt/kernels.h"
+
+#define CUBLAS_CHECK(call)                                                                                         \
+  do {                                                                                                             \
+    const cublasStatus_t zeroth_cublas_status_ = (call);                                                           \
+    if (zeroth_cublas_status_ != CUBLAS_STATUS_SUCCESS) [[unlikely]] {                                             \
+      throw ::zeroth::CudaError(std::string(#call) + " failed: cuBLAS status " + std::to_string(zeroth_cublas_status_) + \
+                                " [" + ::zeroth::detail::where(__FILE__, __LINE__) + "]");                        \
+    }                                                                                                              \
+  } while (0)
+
+namespace zeroth::gpt {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarp = 32;
+
+unsigned blocks_for(size_t n, int threads = kThreads) { return static_cast<unsigned>((n + threads - 1) / threads); }
+
+__device__ float warp_sum(float v) {
+  for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ float warp_max(float v) {
+  for (int o = kWarp / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Block-wide sum (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+__device__ float block_sum(float v) {
+  __shared__ float partial[32];
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
+  v = warp_sum(v);
+  __syncthreads();
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  v = lane < warps ? partial[lane] : 0.0f;
+  return warp_sum(v);
+}
+
+__device__ float block_max(float v) {
+  __shared__ float partial[32];
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  v = lane < warps ? partial[lane] : -INFINITY;
+  return warp_max(v);
+}
+
+__global__ void encoder_forward_kernel(float* out, const int32_t* tokens, const float* wte, const float* wpe, int T, int C, size_t n) {
+  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  const size_t row = i / C, c = i % C;
+  out[i] = wte[static_cast<size_t>(tokens[row]) * C + c] + wpe[(row % T) * C + c];
+}
+
+__global__ void encoder_backward_wte_kernel(float* dwte, const float* dout, const int32_t* tokens, int C, size_t n) {
+  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  const size_t row = i / C, c = i % C;
+  atomicAdd(dwte + static_cast<size_t>(tokens[row]) * C + c, dout[i]);
+}
+
+__global__ void encoder_backward_wpe_kernel(float* dwpe, const float* dout, int B, int T, int C) {
+  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  if (i >= static_cast<size_t>(T) * C) return;
+  float s = 0;
+  for (int b = 0; b < B; ++b) s += dout[static_cast<size_t>(b) * T * C + i];
+  dwpe[i] += s;
+}
+
+// One warp per row.
+__global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp, const float* w, const float* b,
+                                         size_t N, int C) {
+  const size_t row = (blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x) / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (row >= N) return;
+  const float* x = inp + row * C;
+  float s = 0;
+  for (int c = lane; c < C; c += kWarp) s += x[c];
+  const float m = warp_sum(s) / C;
+  float v = 0;
+  for (int c = lane; c < C; c += kWarp) v += (x[c] - m) * (x[c] - m);
+  const float rs = rsqrtf(warp_sum(v) / C + 1e-5f);
+  float* y = out + row * C;
+  for (int c = lane; c < C; c += kWarp) y[c] = (x[c] - m) * rs * w[c] + b[c];
+  if (lane == 0) {
+    mean[row] = m;
+    rstd[row] = rs;
+  }
+}
+
+// dinp += ..., one warp per row.
+__global__ void layernorm_backward_input_kernel(float* dinp, const float* dout, const float* inp, const float* w, const float* mean,
+                                                const float* rstd, size_t N, int C) {
+  const size_t row = (blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x) / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (row >= N) return;
+  const float* x = inp + row * C;
+  const float* dy = dout + row * C;
+  const float m = mean[row], rs = rstd[row];
+  float g = 0, gx = 0;
+  for (int c = lane; c < C; c += kWarp) {
+    const float xhat = (x[c] - m) * rs;
+    g += w[c] * dy[c];
+    gx += w[c] * dy[c] * xhat;
+  }
+  const float mean_g = warp_sum(g) / C, mean_gx = warp_sum(gx) / C;
+  float* dx = dinp + row * C;
+  for (int c = lane; c < C; c += kWarp) {
+    const float xhat = (x[c] - m) * rs;
+    dx[c] += (w[c] * dy[c] - mean_g - xhat * mean_gx) * rs;
+  }
+}
+
+// dweight += sum over rows of dy * xhat, dbias += sum of dy: one thread per channel, rows in order.
+__global__ void layernorm_backward_params_kernel(float* dw, float* db, const float* dout, const float* inp, const float* mean,
+                                                 const float* rstd, size_t N, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float sw = 0, sb = 0;
+  for (size_t r = 0; r < N; ++r) {
+    const float dy = dout[r * C + c];
+    sw += dy * (inp[r * C + c] - mean[r]) * rstd[r];
+    sb += dy;
+  }
+  dw[c] += sw;
+  db[c] += sb;
+}
+
+__global__ void bias_rows_kernel(float* out, const float* bias, int OC, size_t n) {
+  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  if (i < n) out[i] = bias[i % OC];
+}
+
+__global__ void column_sum_kernel(float* dbias, const float* dout, size_t N, int OC) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= OC) return;
+  float s = 0;
+  for (size_t r = 0; r < N; ++r) s += dout[r * OC + c];
+  dbias[c] += s;
+}
+
+__device__ float gelu_sigmoid(float x) {
+  const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+  return 1.0f / (1.0f + expf(-2.0f * u));
+}
+
+__global__ void gelu_forward_kernel(float* out, const float* inp, size_t n) {
+  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  if (i < n) out[i] = inp[i] * gelu_sigmoid(inp[i]);
+}
+
+__global__ void gelu_backward_kernel(float* dinp, const float* inp, const float* dout, size_t n) {
+  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  const float x = inp[i], s = gelu_sigmoid(x);
+  const float du = 0.7978845608028654f * (1.0f + 3.0f * 0.044715f * x * x);
+  dinp[i] = (s + x * 2.0f * s * (1.0f - s) * du) * dout[i];
+}
+
+// Causal softmax of each row of att (B*NH*T rows of T), in place; zeros above the diagonal.
+__global__ void causal_softmax_kernel(float* att, size_t rows, int T) {
+  const size_t row = (blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x) / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (row >= rows) return;
+  const int t = static_cast<int>(row % T);
+  float* a = att + row * T;
+  float m = -INFINITY;
+  for (int j = lane; j <= t; j += kWarp) m = fmaxf(m, a[j]);
+  m = warp_max(m);
+  float s = 0;
+  for (int j = lane; j <= t; j += kWarp) {
+    const float e = expf(a[j] - m);
+    a[j] = e;
+    s += e;
+  }
+  const float inv = 1.0f / warp_sum(s);
+  for (int j = lane; j < T; j += kWarp) a[j] = j <= t ? a[j] * inv : 0.0f;
+}
+
+// datt <- att * (datt - <att, datt>) * scale per row, zero above the diagonal.
+__global__ void softmax_backward_kernel(float* datt, const float* att, size_t rows, int T, float scale) {
+  const size_t row = (blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x) / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (row >= rows) return;
+  const int t = static_cast<int>(row % T);
+  float* d = datt + row * T;
+  const float* a = att + row * T;
+  float dot = 0;
+  for (int j = lane; j <= t; j += kWarp) dot += a[j] * d[j];
+  dot = warp_sum(dot);
+  for (int j = lane; j < T; j += kWarp) d[j] = j <= t ? a[j] * (d[j] - dot) * scale : 0.0f;
+}
+
+// One block per row: loss[row] = logsumexp - logit[target]; logits become the scaled gradient.
+__global__ void crossentropy_kernel(float* logits, const int32_t* targets, float* loss, int V, float dscale) {
+  const size_t row = blockIdx.x;
+  float* x = logits + row * V;
+  const int target = targets[row];
+  float m = -INFINITY;
+  for (int j = threadIdx.x; j < V; j += blockDim.x) m = fmaxf(m, x[j]);
+  m = block_max(m);
+  float s = 0;
+  for (int j = threadIdx.x; j < V; j += blockDim.x) s += expf(x[j] - m);
+  s = block_sum(s);
+  const float picked = x[target];
+  __syncthreads();  // every thread has read x[target] before it is overwritten
+  if (threadIdx.x == 0) loss[row] = logf(s) + m - picked;
+  if (dscale != 0.0f) {
+    const float inv = 1.0f / s;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) x[j] = (expf(x[j] - m) * inv - (j == target ? 1.0f : 0.0f)) * dscale;
+  }
+}
+
+// out[0] = sum(in[0..n)) / n, one block, in a fixed order.
+__global__ void mean_kernel(float* out, const float* in, size_t n) {
+  float s = 0;
+  for (size_t i = threadIdx.x; i < n; i += blockDim.x) s += in[i];
+  s = block_sum(s);
+  if (threadIdx.x == 0) out[0] = s / static_cast<float>(n);
+}
+
+class CudaKernels final : public Kernels {
+ public:
+  explicit CudaKernels(Stream& stream) : stream_(dynamic_cast<CudaStream&>(stream)), index_(static_cast<CudaDevice&>(stream.device()).index()) {
+    CudaDeviceGuard guard(index_);
+    CUBLAS_CHECK(cublasCreate(&handle_));
+    CUBLAS_CHECK(cublasSetStream(handle_, stream_.handle()));
+    // Plain fp32 products: the reference tests compare with PyTorch at f32 tolerances.
+    CUBLAS_CHECK(cublasSetMathMode(handle_, CUBLAS_DEFAULT_MATH));
+  }
+  ~CudaKernels() override {
+    CudaDeviceGuard guard(index_);
+    cublasDestroy(handle_);
+  }
+
+  void submit(std::function<void()> work) override {
+    CudaDeviceGuard guard(index_);
+    work();
+    CUDA_CHECK(cudaGetLastError());
+  }
+
+  void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C) override {
+    const size_t n = static_cast<size_t>(B) * T * C;
+    encoder_forward_kernel<<<blocks_for(n), kThreads, 0, s()>>>(out, tokens, wte, wpe, T, C, n);
+  }
+  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C) override {
+    const size_t n = static_cast<size_t>(B) * T * C;
+    encoder_backward_wte_kernel<<<blocks_for(n), kThreads, 0, s()>>>(dwte, dout, tokens, C, n);
+    encoder_backward_wpe_kernel<<<blocks_for(static_cast<size_t>(T) * C), kThreads, 0, s()>>>(dwpe, dout, B, T, C);
+  }
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias, size_t N,
+                         int C) override {
+    layernorm_forward_kernel<<<blocks_for(N * kWarp), kThreads, 0, s()>>>(out, mean, rstd, inp, weight, bias, N, C);
+  }
+  void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight,
+                          const float* mean, const float* rstd, size_t N, int C) override {
+    layernorm_backward_params_kernel<<<blocks_for(C), kThreads, 0, s()>>>(dweight, dbias, dout, inp, mean, rstd, N, C);
+    layernorm_backward_input_kernel<<<blocks_for(N * kWarp), kThreads, 0, s()>>>(dinp, dout, inp, weight, mean, rstd, N, C);
+  }
+  void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, size_t N, int IC, int OC) override {
+    float beta = 0.0f;
+    if (bias != nullptr) {
+      bias_rows_kernel<<<blocks_for(N * OC), kThreads, 0, s()>>>(out, bias, OC, N * OC);
+      beta = 1.0f;
+    }
+    const float one = 1.0f;
+    CUBLAS_CHECK(cublasSgemm(handle_, CUBLAS_OP_T, CUBLAS_OP_N, OC, static_cast<int>(N), IC, &one, weight, IC, inp, IC, &beta, out, OC));
+  }
+  void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight, size_t N,
+                       int IC, int OC) override {
+    const float one = 1.0f, zero = 0.0f;
+    const int n = static_cast<int>(N);
+    if (dinp != nullptr) CUBLAS_CHECK(cublasSgemm(handle_, CUBLAS_OP_N, CUBLAS_OP_N, IC, n, OC, &one, weight, IC, dout, OC, &zero, dinp, IC));
+    CUBLAS_CHECK(cublasSgemm(handle_, CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, n, &one, inp, IC, dout, OC, &one, dweight, IC));
+    if (dbias != nullptr) column_sum_kernel<<<blocks_for(OC), kThreads, 0, s()>>>(dbias, dout, N, OC);
+  }
+  void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) override {
+    const int hs = C / NH, C3 = 3 * C;
+    const float scale = 1.0f / sqrtf(static_cast<float>(hs)), zero = 0.0f, one = 1.0f;
+    const long long TT = static_cast<long long>(T) * T;
+    for (int b = 0; b < B; ++b) {
+      const float* q = qkv + static_cast<size_t>(b) * T * C3;
+      float* a = att + static_cast<size_t>(b) * NH * TT;
+      // att^T (keys x queries) = K Q^T per head
+      CUBLAS_CHECK(cublasSgemmStridedBatched(handle_, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, &scale, q + C, C3, hs, q, C3, hs, &zero, a,
+                                             T, TT, NH));
+    }
+    const size_t rows = static_cast<size_t>(B) * NH * T;
+    causal_softmax_kernel<<<blocks_for(rows * kWarp), kThreads, 0, s()>>>(att, rows, T);
+    for (int b = 0; b < B; ++b) {
+      const float* v = qkv + static_cast<size_t>(b) * T * C3 + 2 * C;
+      const float* a = att + static_cast<size_t>(b) * NH * TT;
+      // y^T (hs x T) = V^T P^T per head
+      CUBLAS_CHECK(cublasSgemmStridedBatched(handle_, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, &one, v, C3, hs, a, T, TT, &zero,
+                                             out + static_cast<size_t>(b) * T * C, C, hs, NH));
+    }
+  }
+  void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int B, int T, int C,
+                          int NH) override {
+    const int hs = C / NH, C3 = 3 * C;
+    const float scale = 1.0f / sqrtf(static_cast<float>(hs)), zero = 0.0f, one = 1.0f;
+    const long long TT = static_cast<long long>(T) * T;
+    for (int b = 0; b < B; ++b) {
+      const float* base = qkv + static_cast<size_t>(b) * T * C3;
+      const float* dy = dout + static_cast<size_t>(b) * T * C;
+      const float* a = att + static_cast<size_t>(b) * NH * TT;
+      float* da = datt + static_cast<size_t>(b) * NH * TT;
+      float* dbase = dqkv + static_cast<size_t>(b) * T * C3;
+      // datt = dy V^T: (datt)^T = V dy^T
+      CUBLAS_CHECK(cublasSgemmStridedBatched(handle_, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, &one, base + 2 * C, C3, hs, dy, C, hs, &zero,
+                                             da, T, TT, NH));
+      // dV = att^T dy: (dV)^T = dy^T att
+      CUBLAS_CHECK(cublasSgemmStridedBatched(handle_, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, &one, dy, C, hs, a, T, TT, &zero,
+                                             dbase + 2 * C, C3, hs, NH));
+    }
+    const size_t rows = static_cast<size_t>(B) * NH * T;
+    softmax_backward_kernel<<<blocks_for(rows * kWarp), kThreads, 0, s()>>>(datt, att, rows, T, scale);
+    for (int b = 0; b < B; ++b) {
+      const float* base = qkv + static_cast<size_t>(b) * T * C3;
+      const float* da = datt + static_cast<size_t>(b) * NH * TT;
+      float* dbase = dqkv + static_cast<size_t>(b) * T * C3;
+      // dQ = dS K: (dQ)^T = K^T dS^T
+      CUBLAS_CHECK(cublasSgemmStridedBatched(handle_, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, &one, base + C, C3, hs, da, T, TT, &zero,
+                                             dbase, C3, hs, NH));
+      // dK = dS^T Q: (dK)^T = Q^T dS
+      CUBLAS_CHECK(cublasSgemmStridedBatched(handle_, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, &one, base, C3, hs, da, T, TT, &zero,
+                                             dbase + C, C3, hs, NH));
+    }
+  }
+  void gelu_forward(float* out, const float* inp, size_t n) override {
+    gelu_forward_kernel<<<blocks_for(n), kThreads, 0, s()>>>(out, inp, n);
+  }
+  void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) override {
+    gelu_backward_kernel<<<blocks_for(n), kThreads, 0, s()>>>(dinp, inp, dout, n);
+  }
+  void accumulate(float* y, const float* x, size_t n) override { cuda::launch_axpy(y, DType::f32, 1.0f, x, DType::f32, n, s()); }
+  void zero(float* x, size_t n) override { CUDA_CHECK(cudaMemsetAsync(x, 0, n * sizeof(float), s())); }
+  void widen(TensorView src, float* dst) override { cuda::launch_cast(src.data, src.dtype, dst, DType::f32, src.numel, s()); }
+  void add_into(TensorView dst, const float* src) override { cuda::launch_axpy(dst.data, dst.dtype, 1.0f, src, DType::f32, dst.numel, s()); }
+  void crossentropy(float* logits, const int32_t* targets, size_t N, int V, float dlogits_scale, float* scratch, float* loss) override {
+    crossentropy_kernel<<<static_cast<unsigned>(N), 1024, 0, s()>>>(logits, targets, scratch, V, dlogits_scale);
+    // The mean goes to scratch[0]: every row loss is read before thread 0 writes it.
+    mean_kernel<<<1, 1024, 0, s()>>>(scratch, scratch, N);
+    CUDA_CHECK(cudaMemcpyAsync(loss, scratch, sizeof(float), cudaMemcpyDeviceToHost, s()));
+  }
+  void download(float* host, const float* src, size_t n) override {
+    CUDA_CHECK(cudaMemcpyAsync(host, src, n * sizeof(float), cudaMemcpyDeviceToHost, s()));
+  }
+
+ private:
+  cudaStream_t s() const { return stream_.handle(); }
+  CudaStream& stream_;
+  int index_;
+  cublasHandle_t handle_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<Kernels> make_cuda_kernels(Stream& stream) { return std::make_unique<CudaKernels>(stream); }
+
+}  // namespace zeroth::gpt

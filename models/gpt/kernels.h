@@ -1,0 +1,56 @@
+// The GPT's kernels behind one small interface, one implementation per device: the CPU's
+// (OpenBLAS + oneTBB, cpu/gpt_kernels.cc) and CUDA's (cuBLAS + the kernels of
+// cuda/gpt_cuda.cu). The model's block uses are written once against it.
+//
+// Every pointer is device memory of the backend's device. submit() puts a block use's work in
+// stream order: the CPU backend runs it later on the stream's thread, the CUDA backend runs it
+// now, launching onto the stream. Semantics of each kernel are those of cpu/gpt_kernels.h
+// (gradient kernels ADD into parameter gradients).
+#pragma once
+
+#include <cstddef>     // size_t
+#include <cstdint>     // int32_t
+#include <functional>  // std::function
+#include <memory>      // std::unique_ptr
+
+#include "core/device.h"  // Device, Stream, TensorView
+
+namespace zeroth::gpt {
+
+class Kernels {
+ public:
+  virtual ~Kernels() = default;
+  virtual void submit(std::function<void()> work) = 0;
+
+  virtual void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C) = 0;
+  virtual void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C) = 0;
+  virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
+                                 size_t N, int C) = 0;
+  virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                                  const float* weight, const float* mean, const float* rstd, size_t N, int C) = 0;
+  virtual void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, size_t N, int IC, int OC) = 0;
+  virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                               const float* weight, size_t N, int IC, int OC) = 0;
+  virtual void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) = 0;
+  virtual void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int B, int T,
+                                  int C, int NH) = 0;
+  virtual void gelu_forward(float* out, const float* inp, size_t n) = 0;
+  virtual void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) = 0;
+  virtual void accumulate(float* y, const float* x, size_t n) = 0;
+  virtual void zero(float* x, size_t n) = 0;
+  // dst (f32) = src widened; dst (any dtype) += src (f32).
+  virtual void widen(TensorView src, float* dst) = 0;
+  virtual void add_into(TensorView dst, const float* src) = 0;
+  // Mean cross-entropy over the N rows into *loss (host memory, written in stream order); with
+  // dlogits_scale != 0 the logits become their gradient times dlogits_scale. `scratch` holds N
+  // floats of device memory.
+  virtual void crossentropy(float* logits, const int32_t* targets, size_t N, int V, float dlogits_scale, float* scratch,
+                            float* loss) = 0;
+  // host <- device, in stream order.
+  virtual void download(float* host, const float* src, size_t n) = 0;
+};
+
+// The backend for `stream`'s device. CUDA on a build without it raises CudaError.
+std::unique_ptr<Kernels> make_kernels(Stream& stream);
+
+}  // namespace zeroth::gpt
