@@ -1,5 +1,5 @@
-// A BlockHost without an engine: it owns every parameter and gradient whole, in one dtype, so a
-// model's forward and backward can be compared tensor by tensor with a reference.
+// A BlockHost without an engine: it owns every parameter and gradient whole, in one dtype, on
+// one device, so a model's forward and backward can be compared tensor by tensor with a reference.
 #pragma once
 
 #include <string>
@@ -18,19 +18,21 @@ class DirectHost final : public BlockHost {
   int add_block(BlockSpec spec) override {
     Block b;
     for (const auto& p : spec.params) {
-      b.param.emplace_back(p.numel() * dtype_size(dtype_), 0);
-      b.grad.emplace_back(p.numel() * dtype_size(dtype_), 0);
+      const size_t bytes = p.numel() * dtype_size(dtype_);
+      b.param.push_back(device_.allocate(bytes, MemTag::params));
+      b.grad.push_back(device_.allocate(bytes, MemTag::grads));
+      device_.fill(device_.default_stream(), b.grad.back().view(dtype_), 0.0f);
+      b.views.params.push_back(b.param.back().view(dtype_));
+      b.views.grads.push_back(b.grad.back().view(dtype_));
     }
-    for (size_t i = 0; i < spec.params.size(); ++i) {
-      b.views.params.push_back({b.param[i].data(), spec.params[i].numel(), dtype_});
-      b.views.grads.push_back({b.grad[i].data(), spec.params[i].numel(), dtype_});
-    }
+    b.forward.params = b.views.params;
     b.spec = std::move(spec);
     blocks_.push_back(std::move(b));
+    device_.default_stream().synchronize();
     return static_cast<int>(blocks_.size()) - 1;
   }
   void set_schedule(BlockSchedule) override {}
-  const BlockViews& begin_forward(int b) override { return forward_views(b); }
+  const BlockViews& begin_forward(int b) override { return blocks_[b].forward; }
   void end_forward(int) override {}
   const BlockViews& begin_backward(int b) override { return blocks_[b].views; }
   void end_backward(int) override {}
@@ -44,30 +46,27 @@ class DirectHost final : public BlockHost {
   size_t blocks() const { return blocks_.size(); }
   const BlockSpec& spec(int b) const { return blocks_[b].spec; }
   void set_param(int b, size_t i, const std::vector<float>& values) {
-    cpu::cast(values.data(), DType::f32, blocks_[b].param[i].data(), dtype_, values.size());
+    std::vector<char> narrow(values.size() * dtype_size(dtype_));
+    cpu::cast(values.data(), DType::f32, narrow.data(), dtype_, values.size());
+    device_.copy(device_.default_stream(), blocks_[b].param[i].data(), narrow.data(), narrow.size());
+    device_.default_stream().synchronize();
   }
-  std::vector<float> values(int b, size_t i, bool grad) const {
+  std::vector<float> values(int b, size_t i, bool grad) {
     const auto& v = grad ? blocks_[b].views.grads[i] : blocks_[b].views.params[i];
+    std::vector<char> narrow(v.bytes());
+    device_.copy(device_.default_stream(), narrow.data(), v.data, v.bytes());
+    device_.default_stream().synchronize();
     std::vector<float> out(v.numel);
-    cpu::cast(v.data, v.dtype, out.data(), DType::f32, v.numel);
+    cpu::cast(narrow.data(), v.dtype, out.data(), DType::f32, v.numel);
     return out;
-  }
-  void zero_grads() {
-    for (auto& b : blocks_) {
-      for (auto& g : b.grad) std::fill(g.begin(), g.end(), 0);
-    }
   }
 
  private:
   struct Block {
     BlockSpec spec;
-    std::vector<std::vector<char>> param, grad;
+    std::vector<Buffer> param, grad;
     BlockViews views, forward;
   };
-  const BlockViews& forward_views(int b) {
-    blocks_[b].forward.params = blocks_[b].views.params;
-    return blocks_[b].forward;
-  }
   Device& device_;
   DType dtype_;
   std::vector<Block> blocks_;

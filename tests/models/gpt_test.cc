@@ -15,6 +15,7 @@
 #include "engine/engine.h"
 #include "models/gpt/gpt.h"
 #include "tests/models/direct_host.h"
+#include "tests/test_util.h"
 
 namespace zeroth {
 namespace {
@@ -43,11 +44,11 @@ double rel_error(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 struct Loaded {
-  std::unique_ptr<Device> device = make_device("cpu");
+  std::unique_ptr<Device> device;
   testing::DirectHost host;
   Gpt gpt;
-  Loaded(DType dtype, bool checkpointing)
-      : host(*device, dtype), gpt(host, [&] {
+  Loaded(DType dtype, bool checkpointing, const std::string& spec = "cpu")
+      : device(make_device(spec)), host(*device, dtype), gpt(host, [&] {
           auto c = reference_config();
           c.activation_checkpointing = checkpointing;
           return c;
@@ -72,7 +73,7 @@ float forward_backward(Loaded& m) {
 }
 
 // Every gradient within `tol` of PyTorch's (relative to the tensor's largest value).
-void expect_gradients(const Loaded& m, double tol) {
+void expect_gradients(Loaded& m, double tol) {
   double worst = 0;
   for (size_t b = 0; b < m.host.blocks(); ++b) {
     const auto& spec = m.host.spec(static_cast<int>(b));
@@ -86,9 +87,15 @@ void expect_gradients(const Loaded& m, double tol) {
   std::printf("worst gradient error %.3g (bound %.3g)\n", worst, tol);
 }
 
+// Each case runs on every device (GPU cases skip without a GPU).
+class GptOnDevice : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override { ZEROTH_SKIP_WITHOUT(GetParam()); }
+};
+
 // f32: the kernels differ from PyTorch's only in summation order and exp/GELU polynomials.
-TEST(GptReference, ForwardBackwardMatchesPyTorchF32) {
-  Loaded m(DType::f32, false);
+TEST_P(GptOnDevice, ForwardBackwardMatchesPyTorchF32) {
+  Loaded m(DType::f32, false, GetParam());
   const float loss = forward_backward(m);
   const float ref = reference().at("loss").as_f32()[0];
   std::printf("loss %.7f torch %.7f\n", loss, ref);
@@ -99,8 +106,8 @@ TEST(GptReference, ForwardBackwardMatchesPyTorchF32) {
 // bf16 parameters and gradients against the f32 reference: weights round to 8 mantissa bits
 // (2^-9 relative), gradients too, and the errors compound through two layers; 3% of each
 // tensor's largest value bounds it, and the loss moves by less than 0.2%.
-TEST(GptReference, ForwardBackwardMatchesPyTorchBf16) {
-  Loaded m(DType::bf16, false);
+TEST_P(GptOnDevice, ForwardBackwardMatchesPyTorchBf16) {
+  Loaded m(DType::bf16, false, GetParam());
   const float loss = forward_backward(m);
   const float ref = reference().at("loss").as_f32()[0];
   std::printf("bf16 loss %.7f torch %.7f\n", loss, ref);
@@ -109,8 +116,8 @@ TEST(GptReference, ForwardBackwardMatchesPyTorchBf16) {
 }
 
 // Recomputing a block in its backward runs the same kernels on the same inputs: identical bits.
-TEST(GptReference, ActivationCheckpointingGivesIdenticalGradients) {
-  Loaded plain(DType::f32, false), ckpt(DType::f32, true);
+TEST_P(GptOnDevice, ActivationCheckpointingGivesIdenticalGradients) {
+  Loaded plain(DType::f32, false, GetParam()), ckpt(DType::f32, true, GetParam());
   EXPECT_EQ(forward_backward(plain), forward_backward(ckpt));
   for (size_t b = 0; b < plain.host.blocks(); ++b) {
     for (size_t i = 0; i < plain.host.spec(static_cast<int>(b)).params.size(); ++i) {
@@ -121,8 +128,8 @@ TEST(GptReference, ActivationCheckpointingGivesIdenticalGradients) {
   EXPECT_LT(Gpt::activation_bytes(ckpt.gpt.config(), 3, 20), Gpt::activation_bytes(plain.gpt.config(), 3, 20));
 }
 
-TEST(GptReference, EvaluateGivesPyTorchLogitsAndLoss) {
-  Loaded m(DType::f32, false);
+TEST_P(GptOnDevice, EvaluateGivesPyTorchLogitsAndLoss) {
+  Loaded m(DType::f32, false, GetParam());
   const auto tokens = reference().at("batch.tokens").as_i32(), targets = reference().at("batch.targets").as_i32();
   const auto& ref_logits = reference().at("logits");
   std::vector<float> logits(ref_logits.numel());
@@ -134,6 +141,8 @@ TEST(GptReference, EvaluateGivesPyTorchLogitsAndLoss) {
   EXPECT_LT(e, 1e-5);
   EXPECT_NEAR(loss, reference().at("loss").as_f32()[0], 2e-6 * loss);
 }
+
+INSTANTIATE_TEST_SUITE_P(Devices, GptOnDevice, ::testing::ValuesIn(testing::device_specs()));
 
 TEST(GptReference, TokensOutsideTheVocabularyAreErrors) {
   Loaded m(DType::f32, false);

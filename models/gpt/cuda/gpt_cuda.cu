@@ -1,7 +1,7 @@
 // The GPT's CUDA backend: cuBLAS for every product (row-major tensors as column-major
 // transposes, as llm.c does), and kernels for the rest: one warp per row for LayerNorm, softmax
-// and cross-entropy, one thread per column for the parameter-gradient sums (deterministic: no
-// atomics, except the token embedding's scatter, where repeated tokens meet).
+// and cross-entropy, one thread per column for the parameter-gradient sums. No atomics: every
+// sum is added in a fixed order, so a step gives the same bits every time.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -69,11 +69,21 @@ __global__ void encoder_forward_kernel(float* out, const int32_t* tokens, const 
   out[i] = wte[static_cast<size_t>(tokens[row]) * C + c] + wpe[(row % T) * C + c];
 }
 
-__global__ void encoder_backward_wte_kernel(float* dwte, const float* dout, const int32_t* tokens, int C, size_t n) {
-  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
-  if (i >= n) return;
-  const size_t row = i / C, c = i % C;
-  atomicAdd(dwte + static_cast<size_t>(tokens[row]) * C + c, dout[i]);
+// One block per row n; the first row holding a token adds the rows of that token in row order,
+// so repeated tokens sum deterministically (no atomics).
+__global__ void encoder_backward_wte_kernel(float* dwte, const float* dout, const int32_t* tokens, int C, int rows) {
+  const int n = blockIdx.x;
+  const int tok = tokens[n];
+  int earlier = 0;
+  for (int m = threadIdx.x; m < n; m += blockDim.x) earlier |= tokens[m] == tok;
+  if (__syncthreads_or(earlier)) return;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    float acc = 0;
+    for (int m = n; m < rows; ++m) {
+      if (tokens[m] == tok) acc += dout[static_cast<size_t>(m) * C + c];
+    }
+    dwte[static_cast<size_t>(tok) * C + c] += acc;
+  }
 }
 
 __global__ void encoder_backward_wpe_kernel(float* dwpe, const float* dout, int B, int T, int C) {
@@ -261,8 +271,7 @@ class CudaKernels final : public Kernels {
     encoder_forward_kernel<<<blocks_for(n), kThreads, 0, s()>>>(out, tokens, wte, wpe, T, C, n);
   }
   void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C) override {
-    const size_t n = static_cast<size_t>(B) * T * C;
-    encoder_backward_wte_kernel<<<blocks_for(n), kThreads, 0, s()>>>(dwte, dout, tokens, C, n);
+    encoder_backward_wte_kernel<<<static_cast<unsigned>(B * T), kThreads, 0, s()>>>(dwte, dout, tokens, C, B * T);
     encoder_backward_wpe_kernel<<<blocks_for(static_cast<size_t>(T) * C), kThreads, 0, s()>>>(dwpe, dout, B, T, C);
   }
   void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias, size_t N,
