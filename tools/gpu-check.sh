@@ -53,6 +53,13 @@ if [[ $status_build == ok ]]; then
   step "bench optim on the GPU (fused AdamW vs device-to-device copy)"
   build-gpu/tools/zeroth bench optim --device cuda --params 1e8 1e9 --reps 20 | tee "$out/bench_optim_cuda.txt" || status_bench=FAIL
 
+  step "GPT training on one GPU (the README's config, 30 steps)"
+  status_train=FAIL
+  if build-gpu/tools/zeroth train configs/gpt-fortunes-zero3-bf16.json --set run.device=cuda --set run.world_size=1 \
+      --set run.steps=30 --set run.eval_interval=0 --set run.output_dir="$out/train" | tee "$out/train_cuda.txt"; then
+    status_train=ok
+  fi
+
   step "bench comm on the GPUs (nccl, one rank per GPU)"
   gpus=$(nvidia-smi -L | wc -l)
   if build-gpu/tools/zeroth bench comm --backend nccl --ranks "$gpus" --min-bytes 1MiB --max-bytes 256MiB \
@@ -63,7 +70,7 @@ fi
 
 step "summary"
 printf '%-28s %s\n' "build (CUDA)" "$status_build" "tests" "$status_tests" "bench kernels (cuda)" "$status_bench" \
-  "bench comm (nccl)" "$status_comm"
+  "bench comm (nccl)" "$status_comm" "train GPT (cuda)" "${status_train:-not run}"
 if [[ -f $out/bench_kernels_cuda.json ]]; then
   python3 - "$out/bench_kernels_cuda.json" <<'PY' || true
 import json, sys
