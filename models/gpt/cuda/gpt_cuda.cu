@@ -29,37 +29,31 @@ constexpr int kWarp = 32;
 
 unsigned blocks_for(size_t n, int threads = kThreads) { return static_cast<unsigned>((n + threads - 1) / threads); }
 
-__device__ float warp_sum(float v) {
-  for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+struct Sum {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+struct Max {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+template <class Op>
+__device__ float warp_reduce(float v, Op op) {
+  for (int o = kWarp / 2; o > 0; o /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
+__device__ float warp_sum(float v) { return warp_reduce(v, Sum{}); }
+__device__ float warp_max(float v) { return warp_reduce(v, Max{}); }
 
-__device__ float warp_max(float v) {
-  for (int o = kWarp / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
-// Block-wide sum (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
-__device__ float block_sum(float v) {
+// Block-wide reduction (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+template <class Op>
+__device__ float block_reduce(float v, Op op, float identity) {
   __shared__ float partial[32];
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
-  v = warp_sum(v);
-  __syncthreads();
+  v = warp_reduce(v, op);
+  __syncthreads();  // the previous reduction's readers are done with `partial`
   if (lane == 0) partial[warp] = v;
   __syncthreads();
-  v = lane < warps ? partial[lane] : 0.0f;
-  return warp_sum(v);
-}
-
-__device__ float block_max(float v) {
-  __shared__ float partial[32];
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
-  v = warp_max(v);
-  __syncthreads();
-  if (lane == 0) partial[warp] = v;
-  __syncthreads();
-  v = lane < warps ? partial[lane] : -INFINITY;
-  return warp_max(v);
+  return warp_reduce(lane < warps ? partial[lane] : identity, op);
 }
 
 __global__ void encoder_forward_kernel(float* out, const int32_t* tokens, const float* wte, const float* wpe, int T, int C, size_t n) {
@@ -225,10 +219,10 @@ __global__ void crossentropy_kernel(float* logits, const int32_t* targets, float
   const int target = targets[row];
   float m = -INFINITY;
   for (int j = threadIdx.x; j < V; j += blockDim.x) m = fmaxf(m, x[j]);
-  m = block_max(m);
+  m = block_reduce(m, Max{}, -INFINITY);
   float s = 0;
   for (int j = threadIdx.x; j < V; j += blockDim.x) s += expf(x[j] - m);
-  s = block_sum(s);
+  s = block_reduce(s, Sum{}, 0.0f);
   const float picked = x[target];
   __syncthreads();  // every thread has read x[target] before it is overwritten
   if (threadIdx.x == 0) loss[row] = logf(s) + m - picked;
@@ -242,7 +236,7 @@ __global__ void crossentropy_kernel(float* logits, const int32_t* targets, float
 __global__ void mean_kernel(float* out, const float* in, size_t n) {
   float s = 0;
   for (size_t i = threadIdx.x; i < n; i += blockDim.x) s += in[i];
-  s = block_sum(s);
+  s = block_reduce(s, Sum{}, 0.0f);
   if (threadIdx.x == 0) out[0] = s / static_cast<float>(n);
 }
 
