@@ -52,7 +52,12 @@ void for_chunks(size_t n, Body&& body, size_t chunk = kChunkElements) {
     if (n > 0) body(size_t{0}, n);
     return;
   }
-  [[maybe_unused]] static const int apply_thread_limit = num_threads();
+  if (num_threads() == 1) {
+    // One thread (a rank per core, or TSan runs): the same chunks in order, without a task arena
+    // shared by every rank thread of the process.
+    for (size_t c = 0; c < chunks; ++c) body(c * chunk, std::min(n, (c + 1) * chunk));
+    return;
+  }
   tbb::parallel_for(tbb::blocked_range<size_t>(0, chunks, 1), [&](const tbb::blocked_range<size_t>& r) {
     for (size_t c = r.begin(); c != r.end(); ++c) {
       const size_t begin = c * chunk;

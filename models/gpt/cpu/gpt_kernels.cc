@@ -5,7 +5,7 @@
 // these loops vectorise cleanly once exp is a polynomial instead of a libm call.
 #include "models/gpt/cpu/gpt_kernels.h"
 
-#include <cblas.h>  // cblas_sgemm, cblas_sgemv
+#include <cblas.h>  // cblas_sgemm
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 
@@ -14,7 +14,13 @@
 #include <cstring>    // std::memcpy
 #include <vector>     // std::vector
 
+#include "core/cpu/kernels.h"  // cpu::num_threads
+
+#ifdef ZEROTH_NO_ISA_CLONES
+#define ZEROTH_ISA_CLONES
+#else
 #define ZEROTH_ISA_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
 
 namespace zeroth::gpt::cpu {
 namespace {
@@ -178,6 +184,11 @@ ZEROTH_ISA_CLONES void softmax_backward_row(float* datt, const float* att, int n
 
 template <class F>
 void for_rows(size_t n, size_t grain, F&& f) {
+  if (zeroth::cpu::num_threads() == 1) {
+    // A rank per core (or a TSan run): no task arena shared with the other rank threads.
+    for (size_t i = 0; i < n; ++i) f(i);
+    return;
+  }
   tbb::parallel_for(tbb::blocked_range<size_t>(0, n, grain), [&](const tbb::blocked_range<size_t>& r) {
     for (size_t i = r.begin(); i < r.end(); ++i) f(i);
   });
