@@ -17,6 +17,7 @@
 #include <gloo/transport/unbound_buffer.h>
 
 #include <algorithm>  // std::max
+#include <exception>  // std::uncaught_exceptions
 #include <cstring>    // memcpy
 #include <condition_variable>  // std::condition_variable
 #include <map>        // std::map
@@ -76,6 +77,15 @@ struct WireDescriptor {
   uint8_t op, dtype, reduce, pad;
 };
 
+// Scratch of an operation that failed: Gloo's I/O thread may still receive into it after the
+// wait threw, so it is kept (reachable, not leaked) until the process, which is failing, exits.
+void abandon_scratch(std::vector<float> v) {
+  static std::mutex mutex;
+  static auto* kept = new std::vector<std::vector<float>>();
+  std::lock_guard lock(mutex);
+  kept->push_back(std::move(v));
+}
+
 // Reusable f32 scratch: collectives run every step with the same sizes, so the pages are touched
 // once, not on every call.
 class ScratchPool {
@@ -83,12 +93,19 @@ class ScratchPool {
   class Lease {
    public:
     Lease(ScratchPool& pool, std::vector<float> v) : pool_(pool), v_(std::move(v)) {}
-    ~Lease() { pool_.give_back(std::move(v_)); }
+    ~Lease() {
+      if (std::uncaught_exceptions() > exceptions_) {
+        abandon_scratch(std::move(v_));
+      } else {
+        pool_.give_back(std::move(v_));
+      }
+    }
     float* data() { return v_.data(); }
 
    private:
     ScratchPool& pool_;
     std::vector<float> v_;
+    int exceptions_ = std::uncaught_exceptions();
   };
   Lease take(size_t n) {
     std::lock_guard lock(mutex_);

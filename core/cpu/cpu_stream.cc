@@ -87,6 +87,10 @@ void CpuStream::run() {
     {
       std::lock_guard lock(mutex_);
       if (!error_) error_ = error;
+      // Dropped under the lock: the exception's last owner is then the thread that takes error_
+      // in synchronize(), ordered after this by the mutex (its reference count alone is not
+      // visible to ThreadSanitizer).
+      error = nullptr;
       ++completed_;
     }
     drained_.notify_all();
