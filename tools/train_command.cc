@@ -92,7 +92,8 @@ class Console final : public TrainObserver {
                                            c.run.eval_interval > 0 ? fmt::format("every {} steps", c.run.eval_interval) : "at the end"));
     rows.emplace_back("memory", fmt::format("per rank: params {}, grads {}, optimizer {}, buffers {}, activations {}",
                                             format_bytes(plan.bytes[0]), format_bytes(plan.bytes[1]), format_bytes(plan.bytes[2]),
-                                            format_bytes(plan.bytes[3]), format_bytes(f.activation_bytes)));
+                                            format_bytes(plan.bytes[3] + Gpt::scratch_bytes(c.model, c.engine.compute_dtype)),
+                                            format_bytes(f.activation_bytes)));
     rows.emplace_back("output", c.run.output_dir + "/metrics.jsonl");
     std::printf("zeroth train: %s\n", c.run.name.c_str());
     for (const auto& [k, v] : rows) std::printf("  %-10s %s\n", k.c_str(), v.c_str());
@@ -172,8 +173,9 @@ void dry_run(const TrainConfig& c) {
   const Plan plan = make_plan(Gpt::block_specs(c.model), Gpt::schedule(c.model), c.engine, c.run.world_size, 0);
   std::printf("%s\n", plan.table().c_str());
   // What one rank will hold: the engine's plan plus the model's activations for one micro-batch.
-  const size_t acts = Gpt::activation_bytes(c.model, static_cast<int>(c.micro_batch_size), c.model.seq_len);
-  std::printf("activations per rank (micro-batch %lld x %d): %s\nper rank in all: %s%s\n", static_cast<long long>(c.micro_batch_size),
+  const size_t acts = Gpt::activation_bytes(c.model, static_cast<int>(c.micro_batch_size), c.model.seq_len) +
+                      Gpt::scratch_bytes(c.model, c.engine.compute_dtype);
+  std::printf("activations and model scratch per rank (micro-batch %lld x %d): %s\nper rank in all: %s%s\n", static_cast<long long>(c.micro_batch_size),
               c.model.seq_len, format_bytes(acts).c_str(), format_bytes(plan.total_bytes() + acts).c_str(),
               c.run.device_memory > 0 ? fmt::format(" of the {} budget", format_bytes(c.run.device_memory)).c_str() : "");
 }

@@ -255,14 +255,19 @@ void check_tokens(const int32_t* t, size_t n, int V, const char* what) {
 
 // ---- the micro-step -------------------------------------------------------------------------
 
-Gpt::Gpt(BlockHost& host, GptConfig config) : host_(host), config_(config), state_(std::make_shared<State>()) {
-  auto specs = block_specs(config_);
+size_t Gpt::scratch_bytes(const GptConfig& config, DType compute) {
+  if (compute == DType::f32) return 0;
   size_t widest = 0;
-  for (const auto& spec : specs) {
+  for (const auto& spec : block_specs(config)) {
     size_t n = 0;
     for (const auto& p : spec.params) n += p.numel();
     widest = std::max(widest, n);
   }
+  return 2 * widest * sizeof(float);
+}
+
+Gpt::Gpt(BlockHost& host, GptConfig config) : host_(host), config_(config), state_(std::make_shared<State>()) {
+  auto specs = block_specs(config_);
   for (auto& spec : specs) {
     const int id = host_.add_block(std::move(spec));
     if (embed_ < 0) embed_ = id;
@@ -273,9 +278,9 @@ Gpt::Gpt(BlockHost& host, GptConfig config) : host_(host), config_(config), stat
   state_->cfg = config_;
   state_->device = &host_.device();
   state_->k = gpt::make_kernels(host_.compute_stream());
-  if (host_.compute_dtype() != DType::f32) {
-    state_->wbuf = host_.device().allocate(widest * sizeof(float), MemTag::buffers);
-    state_->gbuf = host_.device().allocate(widest * sizeof(float), MemTag::buffers);
+  if (const size_t scratch = scratch_bytes(config_, host_.compute_dtype()); scratch > 0) {
+    state_->wbuf = host_.device().allocate(scratch / 2, MemTag::buffers);
+    state_->gbuf = host_.device().allocate(scratch / 2, MemTag::buffers);
   }
 }
 

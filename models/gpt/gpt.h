@@ -58,6 +58,8 @@ class Gpt {
 
   // Activation bytes a micro-batch of B x T needs (what the model allocates, tagged activations).
   static size_t activation_bytes(const GptConfig& config, int B, int T);
+  // f32 copies of one block's parameters and gradients, when the compute dtype is narrow (tag: buffers).
+  static size_t scratch_bytes(const GptConfig& config, DType compute);
   const GptConfig& config() const { return config_; }
 
  private:

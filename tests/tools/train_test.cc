@@ -167,7 +167,7 @@ TEST(Train, DryRunPrintsTheResolvedConfigAndPlan) {
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("\"train_batch_size\": 8"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("ZeRO stage 2 plan"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("activations per rank"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("activations and model scratch per rank"), std::string::npos) << r.output;
   EXPECT_FALSE(std::filesystem::exists(temp("dry") + "/metrics.jsonl"));
 }
 
