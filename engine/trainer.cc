@@ -6,7 +6,10 @@
 #include <chrono>     // std::chrono::steady_clock
 #include <vector>     // std::vector
 
+#include <fmt/format.h>  // fmt::format
+
 #include "core/error.h"      // ZEROTH_THROW
+#include "core/memory.h"     // format_bytes
 #include "engine/data.h"     // TokenData, Loader
 #include "engine/engine.h"   // Engine
 #include "models/gpt/gpt.h"  // Gpt
@@ -73,6 +76,19 @@ TrainSummary train(const TrainConfig& config, Communicator& dp, Device& device, 
     val_loader = std::make_unique<Loader>(data.val, T, mb, static_cast<int>(config.run.eval_batches), dp.size(), dp.rank(), 0, false);
   }
 
+  // The whole need per rank (the engine's plan, the activations of a micro-batch, the model's
+  // scratch) is held against the budget before anything is allocated.
+  if (const size_t budget = device.memory().budget(); budget > 0) {
+    const Plan plan = make_plan(Gpt::block_specs(config.model), Gpt::schedule(config.model), config.engine, dp.size(), dp.rank());
+    const size_t acts = Gpt::activation_bytes(config.model, mb, T), scratch = Gpt::scratch_bytes(config.model, config.engine.compute_dtype);
+    const size_t in_use = device.memory().stats().total_in_use;
+    if (plan.total_bytes() + acts + scratch + in_use > budget) {
+      ZEROTH_THROW(OutOfMemory, "a rank needs {} (ZeRO stage {} state {}, activations of a {} x {} micro-batch {}, model scratch {}) but run.device_memory is {}{}; nothing was allocated. To fit: a smaller train_micro_batch_size_per_gpu (with more gradient_accumulation_steps), activation checkpointing, a higher ZeRO stage or more ranks",
+                   format_bytes(plan.total_bytes() + acts + scratch), config.engine.zero.stage, format_bytes(plan.total_bytes()), mb, T,
+                   format_bytes(acts), format_bytes(scratch), format_bytes(budget),
+                   in_use > 0 ? fmt::format(" ({} already in use)", format_bytes(in_use)) : std::string());
+    }
+  }
   TrainSummary summary;
   Engine engine(device, dp, config.engine);
   Gpt gpt(engine, config.model);

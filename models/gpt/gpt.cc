@@ -8,6 +8,7 @@
 
 #include "core/device.h"          // Buffer
 #include "core/error.h"           // ZEROTH_THROW
+#include "core/log.h"             // ZLOG_WARN
 #include "models/gpt/kernels.h"   // gpt::Kernels
 
 namespace zeroth {
@@ -285,8 +286,13 @@ Gpt::Gpt(BlockHost& host, GptConfig config) : host_(host), config_(config), stat
 }
 
 Gpt::~Gpt() {
-  // Work still queued on the stream uses the state's buffers.
-  host_.compute_stream().synchronize();
+  // Work still queued on the stream uses the state's buffers. A destructor must not throw: an
+  // error the stream kept (the run is usually unwinding from it already) is logged instead.
+  try {
+    host_.compute_stream().synchronize();
+  } catch (const std::exception& e) {
+    ZLOG_WARN("GPT teardown: the compute stream had failed: {}", e.what());
+  }
 }
 
 size_t Gpt::activation_bytes(const GptConfig& config, int B, int T) { return State::total_floats(config, B, T) * sizeof(float); }

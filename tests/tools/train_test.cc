@@ -154,6 +154,11 @@ TEST(Train, ConfigErrorsExitWithTheMessage) {
   const auto r = run({ZEROTH_BIN, "train", write_config("bad", j)}, "bad");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.output.find("zeroth: error: zero_optimization.stag is not a known key (did you mean 'stage'?)"), std::string::npos) << r.output;
+  // A budget too small for the whole need: refused before anything is allocated, with the parts.
+  j = tiny("budget");
+  const auto budget = run({ZEROTH_BIN, "train", write_config("budget", j), "--set", "run.device_memory=\"300KiB\""}, "budget");
+  EXPECT_EQ(budget.code, 1);
+  EXPECT_NE(budget.output.find("but run.device_memory is 300.00 KiB; nothing was allocated"), std::string::npos) << budget.output;
   const auto missing = run({ZEROTH_BIN, "train", temp("no-such-config.json")}, "missing");
   EXPECT_EQ(missing.code, 1);
   EXPECT_NE(missing.output.find("cannot read config"), std::string::npos) << missing.output;
