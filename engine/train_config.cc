@@ -312,8 +312,14 @@ void check_deepspeed_extras(const json& j) {
   must("prescale_gradients", false, "gradients are averaged once, after the reduction");
   must("gradient_predivide_factor", 1.0, "gradients are averaged once, after the reduction");
   must("sparse_gradients", false, "the engine reduces dense gradients only");
+  // memory_breakdown and dump_state are what zeroth always does (peak memory per tag in every
+  // line and the summary; the resolved config in the box and config.json); the optimizer flags
+  // only matter to DeepSpeed's own optimizer selection.
   for (const char* k : {"zero_force_ds_cpu_optimizer", "wall_clock_breakdown", "memory_breakdown", "dump_state", "zero_allow_untested_optimizer"}) {
     if (j.contains(k) && !j[k].is_boolean()) ZEROTH_THROW(ConfigError, "{} must be true or false, got {}", k, j[k].dump());
+  }
+  if (j.value("wall_clock_breakdown", false)) {
+    ZEROTH_THROW(ConfigError, "wall_clock_breakdown = true is not supported: zeroth reports each step's time (not its forward/backward/step parts) in the step lines and metrics.jsonl; remove the key or set it to false");
   }
   if (j.contains("data_types")) {
     static constexpr std::string_view kKeys[] = {"grad_accum_dtype"};

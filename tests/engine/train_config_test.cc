@@ -138,6 +138,8 @@ INSTANTIATE_TEST_SUITE_P(
                   "fp16.enabled and bf16.enabled are both true; choose one precision"},
         ErrorCase{"Monitor", R"({"tensorboard": {"enabled": true, "output_path": "tb"}})",
                   "tensorboard is enabled: zeroth does not have this DeepSpeed monitor; its own metrics go to <run.output_dir>/metrics.jsonl. Remove the section or set \"enabled\": false"},
+        ErrorCase{"WallClock", R"({"wall_clock_breakdown": true})",
+                  "wall_clock_breakdown = true is not supported: zeroth reports each step's time (not its forward/backward/step parts) in the step lines and metrics.jsonl; remove the key or set it to false"},
         ErrorCase{"Unsupported", R"({"pipeline": {"stages": 2}})", "pipeline is a DeepSpeed feature zeroth does not support; remove the section"},
         ErrorCase{"PartitionActivations", R"({"activation_checkpointing": {"partition_activations": true}})",
                   "activation_checkpointing.partition_activations = true needs tensor parallelism, which this run does not have; remove the key"},
