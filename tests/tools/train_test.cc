@@ -81,6 +81,16 @@ TEST(Train, LocalRanksTrainAndWriteMetrics) {
   EXPECT_TRUE(std::filesystem::exists(temp("local") + "/config.json"));
 }
 
+TEST(Train, ProgressBarRedrawsInPlace) {
+  json j = tiny("bar");
+  j["run"]["progress"] = "bar";
+  const auto r = run({ZEROTH_BIN, "train", write_config("bar", j)}, "bar");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("[##########"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\r\033[K"), std::string::npos) << "the bar is not cleared before a line";
+  EXPECT_NE(r.output.find("step 6/6"), std::string::npos) << r.output;
+}
+
 TEST(Train, GlooProcessesTrainTheSameLossesAsLocalThreads) {
   json j = tiny("gloo_local");
   const auto local = run({ZEROTH_BIN, "train", write_config("gloo_local", j)}, "gloo_local");
