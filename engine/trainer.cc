@@ -2,7 +2,7 @@
 // engine's step, one small all-reduce for the mean loss and the stop flag, then reporting.
 #include "engine/trainer.h"
 
-#include <algorithm>  // std::sort
+#include <algorithm>  // std::max
 #include <chrono>     // std::chrono::steady_clock
 #include <vector>     // std::vector
 
@@ -10,6 +10,7 @@
 
 #include "core/error.h"      // ZEROTH_THROW
 #include "core/memory.h"     // format_bytes
+#include "core/stats.h"      // median
 #include "engine/data.h"     // TokenData, Loader
 #include "engine/engine.h"   // Engine
 #include "models/gpt/gpt.h"  // Gpt
@@ -51,12 +52,6 @@ Splits load_data(const TrainConfig& c) {
                  c.model.vocab_size, vmax);
   }
   return s;
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 }  // namespace

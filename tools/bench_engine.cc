@@ -4,7 +4,6 @@
 // with prefetch should then cost about max(compute, communication), without it their sum.
 #include <cblas.h>  // openblas_set_num_threads
 
-#include <algorithm>  // std::sort
 #include <chrono>     // std::chrono::steady_clock
 #include <cstdio>     // std::printf
 #include <memory>     // std::make_shared
@@ -15,6 +14,7 @@
 #include <CLI/CLI.hpp>        // CLI::App
 #include <nlohmann/json.hpp>  // nlohmann::json
 
+#include "core/stats.h"  // median
 #include "comm/local/local_comm.h"  // run_local_ranks
 #include "core/error.h"             // ZEROTH_CHECK
 #include "engine/engine.h"          // Engine
@@ -42,11 +42,6 @@ struct Timing {
   uint64_t bus_bytes = 0;  // per step, rank 0
   uint64_t ops = 0;        // collectives per step, rank 0
 };
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 Timing time_stage(const Options& o, int stage, bool prefetch, const LinkModel& link) {
   EngineConfig c;

@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/stats.h"  // median
 #include "core/cpu/kernels.h"
 #include "core/device.h"
 #include "core/error.h"
@@ -48,11 +49,6 @@ struct Row {
   double gbps() const { return params * bytes_per_param / seconds / 1e9; }
   double ceiling_gbps() const { return params * bytes_per_param / ceiling_seconds / 1e9; }
 };
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 template <class Fn>
 double time_median(int reps, Fn&& fn) {

@@ -3,7 +3,7 @@
 // same shapes, threads and precision, in one run. Both sides skip a warm-up step and report the
 // median step. OpenBLAS reads its environment at load time, so run the whole command under the
 // environment you want both sides to see (see docs/PERFORMANCE.md).
-#include <algorithm>  // std::sort
+#include <algorithm>  // std::max
 #include <cstdio>     // popen
 #include <string>     // std::string
 #include <thread>     // std::thread::hardware_concurrency
@@ -13,6 +13,7 @@
 #include <fmt/format.h>       // fmt::format
 #include <nlohmann/json.hpp>  // nlohmann::json
 
+#include "core/stats.h"  // median
 #include "comm/local/local_comm.h"  // run_local_ranks
 #include "core/error.h"             // ZEROTH_THROW
 #include "core/log.h"               // log::set_level
@@ -35,11 +36,6 @@ struct Options {
   std::string python = "/usr/bin/python3";
   std::string script = std::string(ZEROTH_SOURCE_DIR) + "/tools/bench/train_torch.py";
 };
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 class StepTimes final : public TrainObserver {
  public:
