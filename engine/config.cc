@@ -43,7 +43,7 @@ bool inert(const std::string& key, const nlohmann::json& v) {
   return key == "load_from_fp32_weights" || key == "elastic_checkpoint" || key == "ignore_unused_parameters" ||
          key == "stage3_gather_16bit_weights_on_model_save" || key == "stage3_gather_fp16_weights_on_model_save" ||
          key == "memory_efficient_linear" || key == "pipeline_loading_checkpoint" || key == "override_module_apply" ||
-         key == "log_trace_cache_warnings" || key == "allgather_partitions" || key == "sub_group_size" ||
+         key == "log_trace_cache_warnings" || key == "allgather_partitions" ||
          key == "module_granularity_threshold";
 }
 
@@ -94,6 +94,8 @@ ZeroConfig ZeroConfig::from_deepspeed(const nlohmann::json& section) {
       z.stage3_max_reuse_distance = count(v, key);
     } else if (key == "stage3_param_persistence_threshold" || key == "param_persistence_threshold") {
       z.stage3_param_persistence_threshold = count(v, key);
+    } else if (key == "sub_group_size") {
+      z.sub_group_size = count(v, key);
     } else if (!inert(key, v)) {
       if (key == "offload_optimizer" || key == "offload_param" || key == "cpu_offload") {
         ZEROTH_THROW(ConfigError, "zero_optimization.{} = {}: offloading is not available in this build of the engine; remove the key or set its device to \"none\"",
@@ -111,6 +113,7 @@ ZeroConfig ZeroConfig::from_deepspeed(const nlohmann::json& section) {
 void ZeroConfig::validate() const {
   if (stage < 0 || stage > 3) ZEROTH_THROW(ConfigError, "zero_optimization.stage must be 0, 1, 2 or 3, got {}", stage);
   if (reduce_bucket_size == 0) ZEROTH_THROW(ConfigError, "zero_optimization.reduce_bucket_size must be at least 1 element");
+  if (sub_group_size == 0) ZEROTH_THROW(ConfigError, "zero_optimization.sub_group_size must be at least 1 element");
   if (allgather_bucket_size == 0) {
     ZEROTH_THROW(ConfigError, "zero_optimization.allgather_bucket_size must be at least 1 element");
   }

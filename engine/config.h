@@ -3,6 +3,7 @@
 // (JSON, "auto" resolution, batch rules) fills this in; tests and benches build it directly.
 #pragma once
 
+#include <cstddef>  // size_t
 #include <cstdint>  // int64_t, uint64_t
 
 #include <nlohmann/json_fwd.hpp>  // nlohmann::json
@@ -26,6 +27,9 @@ struct ZeroConfig {
   uint64_t stage3_max_live_parameters = 1'000'000'000;
   uint64_t stage3_max_reuse_distance = 1'000'000'000;
   uint64_t stage3_param_persistence_threshold = 100'000;
+  // The optimizer steps the shard in sub-groups of at most this many elements (the unit offload
+  // swaps; DeepSpeed's default).
+  uint64_t sub_group_size = 1'000'000'000;
 
   // Unknown keys are ConfigErrors with a suggestion; DeepSpeed keys zeroth does not implement
   // are ConfigErrors naming them; "auto" must have been resolved by the caller.
@@ -43,6 +47,9 @@ struct EngineConfig {
   OptimizerParams optimizer;
   LrSchedule schedule;                  // base_lr should equal optimizer.lr
   uint64_t seed = 1234;
+  // Bytes of host memory (pinned and pageable) the engine may hold for state it places there;
+  // 0: unlimited. The device's own budget is the device's.
+  size_t host_memory = 0;
   // Parameters are padded so each rank's shard starts on this many elements (256 bytes of f32).
   uint64_t alignment = 64;
 

@@ -1,14 +1,10 @@
-// Building the plan: layout, buckets, and a dry run of one micro-step that places every
-// transient buffer, so the executor only replays decisions made here.
+// Building the plan: each block's layout and shard, the rank's buffers and owned ranges, the
+// buckets and optimizer sub-groups, then the programs (program.cc) and the bytes per tier and tag.
+// Stage differences are decided here and in program.cc, nowhere else.
 #include "engine/plan.h"
 
 #include <algorithm>  // std::max, std::sort
-#include <map>        // std::map
-#include <numeric>    // std::accumulate
 #include <set>        // std::set
-
-#include <fmt/format.h>       // fmt::format
-#include <nlohmann/json.hpp>  // nlohmann::json
 
 #include "core/error.h"  // ZEROTH_THROW
 
@@ -19,30 +15,6 @@ namespace {
 constexpr size_t kParamAlign = 8;
 
 size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
-
-// First-fit placement on a timeline; its high-water mark is what the arena must hold.
-class ArenaSim {
- public:
-  explicit ArenaSim(size_t align) : align_(align) {}
-  size_t allocate(size_t n) {
-    n = round_up(std::max<size_t>(n, 1), align_);
-    size_t at = 0;
-    for (const auto& [off, len] : used_) {
-      if (off >= at + n) break;
-      at = std::max(at, off + len);
-    }
-    used_[at] = n;
-    peak_ = std::max(peak_, at + n);
-    return at;
-  }
-  void release(size_t offset) { used_.erase(offset); }
-  size_t peak() const { return peak_; }
-
- private:
-  size_t align_;
-  std::map<size_t, size_t> used_;
-  size_t peak_ = 0;
-};
 
 void check_schedule(const BlockSchedule& s, size_t n) {
   std::vector<int> seen_f(n, 0), seen_b(n, 0);
@@ -62,10 +34,32 @@ void check_schedule(const BlockSchedule& s, size_t n) {
   }
 }
 
-std::vector<Bucket> make_buckets(const Plan& p, uint64_t limit) {
+// Every micro-batch of the cycle once forward and once backward, forward first; forwards in
+// micro-batch order and backwards too, so the micro-batches in flight are consecutive.
+int check_passes(const std::vector<PassRef>& passes, int micro_batches) {
+  int next_f = 0, next_b = 0, in_flight = 0, most = 0;
+  for (const auto& p : passes) {
+    const bool fwd = p.pass == Pass::forward;
+    int& next = fwd ? next_f : next_b;
+    if (p.micro != next || p.micro >= micro_batches || (!fwd && next_b >= next_f)) {
+      ZEROTH_THROW(ConfigError, "pass order: {} of micro-batch {} comes out of order; each of the {} micro-batches of a cycle runs forward then backward, forwards in micro-batch order and backwards too",
+                   fwd ? "forward" : "backward", p.micro, micro_batches);
+    }
+    ++next;
+    in_flight += fwd ? 1 : -1;
+    most = std::max(most, in_flight);
+  }
+  if (next_f != micro_batches || next_b != micro_batches) {
+    ZEROTH_THROW(ConfigError, "pass order: it has {} forward and {} backward passes, but the cycle has {} micro-batches (gradient_accumulation_steps)",
+                 next_f, next_b, micro_batches);
+  }
+  return most;
+}
+
+std::vector<Bucket> make_buckets(const Plan& p, uint64_t limit, const std::vector<int>& order) {
   std::vector<Bucket> out;
   size_t full = 0;
-  for (int b : p.shard_order) {
+  for (int b : order) {
     const auto& blk = p.blocks[b];
     if (out.empty() || full + blk.padded > limit) {
       out.push_back({{}, blk.shard_offset, 0, blk.full_offset, false});
@@ -78,12 +72,160 @@ std::vector<Bucket> make_buckets(const Plan& p, uint64_t limit) {
   return out;
 }
 
+int add_buffer(Plan& p, std::string name, MemTag tag, DType dtype, size_t numel, bool zeroed = false) {
+  if (numel == 0) return -1;
+  p.buffers.push_back({std::move(name), Tier::device, tag, dtype, numel, zeroed});
+  return static_cast<int>(p.buffers.size()) - 1;
+}
+
+void own(Plan& p, StateKind kind, int block, size_t lo, size_t hi, int buffer, size_t offset) {
+  p.owned_index[block][static_cast<size_t>(kind)] = static_cast<int>(p.owned.size());
+  p.owned.push_back({kind, block, lo, hi, buffer, offset});
+}
+
+// The rank's buffers, in the order they are allocated, and what of every block lives where.
+void lay_out_state(Plan& p, const EngineConfig& config, const ArenaSizes& arenas) {
+  const int stage = p.stage, r = p.rank;
+  const DType c = p.compute_dtype;
+  const bool sharded_params = stage == 3, aliases = c == DType::f32;
+  size_t persistent = 0;
+  for (const auto& blk : p.blocks) persistent += blk.persistent ? blk.padded : 0;
+  const size_t owned_numel = stage == 0 ? p.total_padded : p.shard_numel;
+  const int shard_buf = sharded_params ? add_buffer(p, "param_shard", MemTag::params, c, p.shard_numel) : -1;
+  const int params_buf = add_buffer(p, "params", MemTag::params, c, sharded_params ? persistent : p.total_padded);
+  p.param_arena = add_buffer(p, "param_arena", MemTag::params, c, arenas.params);
+  const int master_buf = aliases ? -1 : add_buffer(p, "master", MemTag::optimizer, DType::f32, owned_numel);
+  int moment_buf[2] = {-1, -1};
+  for (int k = 0; k < config.optimizer.state_arrays(); ++k) {
+    moment_buf[k] = add_buffer(p, k == 0 ? "moment0" : "moment1", MemTag::optimizer, DType::f32, owned_numel, true);
+  }
+  const int accum_buf = stage <= 1 ? add_buffer(p, "grad_accum", MemTag::grads, DType::f32, p.total_padded, true) : -1;
+  const int gshard_buf = stage >= 1 ? add_buffer(p, "grad_shard", MemTag::grads, DType::f32, p.shard_numel, true) : -1;
+
+  p.owned_index.assign(p.blocks.size(), {});
+  for (auto& idx : p.owned_index) idx.fill(-1);
+  size_t persistent_at = 0;
+  for (int b : p.shard_order) {
+    const auto& blk = p.blocks[b];
+    // What the optimizer owns: the whole block at stage 0, this rank's slice otherwise.
+    const size_t lo = stage == 0 ? 0 : r * blk.shard, hi = stage == 0 ? blk.padded : lo + blk.shard;
+    const size_t owned_at = stage == 0 ? blk.full_offset : blk.shard_offset;
+    if (!sharded_params) {
+      own(p, StateKind::params, b, 0, blk.padded, params_buf, blk.full_offset);
+      own(p, StateKind::param_shard, b, lo, hi, params_buf, blk.full_offset + lo);
+    } else {
+      if (blk.persistent) {
+        own(p, StateKind::params, b, 0, blk.padded, params_buf, persistent_at);
+        persistent_at += blk.padded;
+      }
+      own(p, StateKind::param_shard, b, lo, hi, shard_buf, blk.shard_offset);
+    }
+    if (aliases) {
+      const auto& shard = p.range(StateKind::param_shard, b);
+      own(p, StateKind::master, b, lo, hi, shard.buffer, shard.offset);
+    } else {
+      own(p, StateKind::master, b, lo, hi, master_buf, owned_at);
+    }
+    for (int k = 0; k < 2; ++k) {
+      if (moment_buf[k] >= 0) own(p, k == 0 ? StateKind::moment0 : StateKind::moment1, b, lo, hi, moment_buf[k], owned_at);
+    }
+    if (accum_buf >= 0) own(p, StateKind::grad_accum, b, 0, blk.padded, accum_buf, blk.full_offset);
+    // Stage 0's reduced gradients are the all-reduced accumulator itself.
+    if (gshard_buf >= 0) {
+      own(p, StateKind::grad_shard, b, lo, hi, gshard_buf, blk.shard_offset);
+    } else {
+      own(p, StateKind::grad_shard, b, lo, hi, accum_buf, blk.full_offset);
+    }
+  }
+}
+
+// The optimizer's owned ranges split where weight decay changes (padding after a parameter goes
+// with it and stays zero under every update), packed into sub-groups of at most `limit` elements.
+void make_sub_groups(Plan& p, const std::vector<BlockSpec>& specs, uint64_t limit) {
+  std::vector<UpdateSpan> spans;
+  for (int b : p.shard_order) {
+    const auto& blk = p.blocks[b];
+    const auto& params = specs[b].params;
+    const auto& m = p.range(StateKind::master, b);
+    size_t at = m.lo;
+    while (at < m.hi) {
+      size_t i = 0;
+      while (i + 1 < params.size() && blk.param_offsets[i + 1] <= at) ++i;
+      const bool wd = params.empty() || params[i].weight_decay;
+      size_t end = m.hi;
+      for (size_t q = i + 1; q < params.size(); ++q) {
+        if (params[q].weight_decay != wd) {
+          end = std::min(m.hi, blk.param_offsets[q]);
+          break;
+        }
+      }
+      for (size_t s = at; s < end; s = std::min<size_t>(end, s + limit)) spans.push_back({b, s, std::min<size_t>(end, s + limit), wd});
+      at = end;
+    }
+  }
+  size_t filled = limit;
+  for (const auto& s : spans) {
+    if (filled + (s.hi - s.lo) > limit) {
+      p.sub_groups.emplace_back();
+      filled = 0;
+    }
+    p.sub_groups.back().push_back(s);
+    filled += s.hi - s.lo;
+  }
+}
+
+void make_step_program(Plan& p, const EngineConfig& config) {
+  auto add = [&](ActionKind kind, int target, bool flag = false) {
+    Action a;
+    a.kind = kind;
+    a.target = target;
+    a.flag = flag;
+    p.step_program.push_back(a);
+  };
+  add(ActionKind::grad_norm, p.range(StateKind::grad_shard, p.shard_order.front()).buffer, p.stage >= 1);
+  for (size_t g = 0; g < p.sub_groups.size(); ++g) add(ActionKind::update, static_cast<int>(g));
+  for (size_t b = 0; b < p.buffers.size(); ++b) {
+    if (p.buffers[b].name == "grad_accum") add(ActionKind::zero, static_cast<int>(b));
+  }
+  for (size_t k = 0; k < p.gather_buckets.size(); ++k) add(ActionKind::all_gather, static_cast<int>(k));
+  (void)config;
+}
+
 }  // namespace
 
-size_t Plan::total_bytes() const { return std::accumulate(bytes.begin(), bytes.end(), size_t{0}); }
+std::vector<PassRef> sequential_passes(int micro_batches) {
+  std::vector<PassRef> out;
+  for (int m = 0; m < micro_batches; ++m) {
+    out.push_back({m, Pass::forward});
+    out.push_back({m, Pass::backward});
+  }
+  return out;
+}
+
+std::vector<PassRef> one_f_one_b_passes(int micro_batches, int in_flight) {
+  const int k = std::clamp(in_flight, 1, std::max(1, micro_batches));
+  std::vector<PassRef> out;
+  for (int m = 0; m < k; ++m) out.push_back({m, Pass::forward});
+  for (int m = 0; m < micro_batches; ++m) {
+    out.push_back({m, Pass::backward});
+    if (m + k < micro_batches) out.push_back({m + k, Pass::forward});
+  }
+  return out;
+}
+
+const OwnedRange* Plan::find(StateKind kind, int block) const {
+  const int i = owned_index.at(block)[static_cast<size_t>(kind)];
+  return i < 0 ? nullptr : &owned[i];
+}
+
+const OwnedRange& Plan::range(StateKind kind, int block) const {
+  const auto* r = find(kind, block);
+  ZEROTH_CHECK(r != nullptr, "rank {} holds no {} of block {}", rank, state_kind_name(kind), blocks.at(block).name);
+  return *r;
+}
 
 Plan make_plan(const std::vector<BlockSpec>& specs, const BlockSchedule& schedule, const EngineConfig& config, int dp,
-               int rank) {
+               int rank, std::vector<PassRef> passes) {
   config.validate();
   if (specs.empty()) ZEROTH_THROW(ConfigError, "the model registered no blocks");
   if (dp < 1 || rank < 0 || rank >= dp) ZEROTH_THROW(InvalidArgument, "make_plan: rank {} of {}", rank, dp);
@@ -95,8 +237,9 @@ Plan make_plan(const std::vector<BlockSpec>& specs, const BlockSchedule& schedul
   p.rank = rank;
   p.compute_dtype = config.compute_dtype;
   p.comm_dtype = config.communication_dtype;
-  p.state_arrays = config.optimizer.state_arrays();
-  p.master_aliases_params = config.compute_dtype == DType::f32;
+  p.micro_batches = static_cast<int>(config.gradient_accumulation_steps);
+  p.passes = passes.empty() ? sequential_passes(p.micro_batches) : std::move(passes);
+  p.max_in_flight = check_passes(p.passes, p.micro_batches);
 
   std::set<std::string> names;
   for (const auto& spec : specs) {
@@ -113,200 +256,64 @@ Plan make_plan(const std::vector<BlockSpec>& specs, const BlockSchedule& schedul
     blk.padded = round_up(std::max<size_t>(blk.numel, 1), static_cast<size_t>(dp) * config.alignment);
     blk.shard = blk.padded / dp;
     blk.persistent = z.stage == 3 && blk.numel <= z.stage3_param_persistence_threshold;
+    // Narrow gradients, and every gradient once they are reduced per micro-batch, live in the
+    // arena only while their block needs them; stages 0-1 in f32 add straight into the accumulator.
+    blk.transient_grads = z.stage >= 2 || config.compute_dtype != DType::f32;
     p.total_numel += blk.numel;
     p.total_padded += blk.padded;
     p.blocks.push_back(std::move(blk));
   }
 
   // Shard order: by last backward use, so buckets fill in the order gradients complete.
-  const size_t nf = schedule.forward.size();
-  std::vector<size_t> last_back(specs.size()), first_back(specs.size(), SIZE_MAX);
-  for (size_t i = 0; i < schedule.backward.size(); ++i) {
-    const int b = schedule.backward[i];
-    last_back[b] = i;
-    first_back[b] = std::min(first_back[b], i);
-  }
+  std::vector<size_t> last_back(specs.size());
+  for (size_t i = 0; i < schedule.backward.size(); ++i) last_back[schedule.backward[i]] = i;
   for (size_t b = 0; b < specs.size(); ++b) p.shard_order.push_back(static_cast<int>(b));
-  std::sort(p.shard_order.begin(), p.shard_order.end(), [&](int a, int b) { return last_back[a] < last_back[b]; });
+  std::stable_sort(p.shard_order.begin(), p.shard_order.end(), [&](int a, int b) { return last_back[a] < last_back[b]; });
   for (int b : p.shard_order) {
     auto& blk = p.blocks[b];
     blk.shard_offset = p.shard_numel;
     blk.full_offset = p.shard_numel * dp;
     p.shard_numel += blk.shard;
-    if (blk.persistent) p.persistent_numel += blk.padded;
   }
 
-  const bool transient_grads = z.stage >= 2 || config.compute_dtype != DType::f32;
+  // Stage 0 all-reduces the contiguous accumulator in place; the others reduce-scatter, which
+  // needs a rank-major layout that only a single block has by itself.
   const DType grad_source = z.stage <= 1 ? DType::f32 : config.compute_dtype;
-  p.reduce_buckets = make_buckets(p, z.reduce_bucket_size);
+  size_t reduce_staging = 0, gather_staging = 0;
+  p.reduce_buckets = make_buckets(p, z.reduce_bucket_size, p.shard_order);
   for (size_t k = 0; k < p.reduce_buckets.size(); ++k) {
     auto& bucket = p.reduce_buckets[k];
-    // Stage 0 all-reduces the contiguous accumulator in place; the others reduce-scatter, which
-    // needs a rank-major layout that only a single block has by itself.
     bucket.staged = z.stage == 0 ? config.communication_dtype != DType::f32
                                  : bucket.blocks.size() > 1 || grad_source != config.communication_dtype;
     for (int b : bucket.blocks) p.blocks[b].reduce_bucket = static_cast<int>(k);
-    if (bucket.staged) p.reduce_staging = std::max(p.reduce_staging, bucket.shard_numel * dp);
+    if (bucket.staged) reduce_staging = std::max(reduce_staging, bucket.shard_numel * dp);
   }
   if (z.stage == 1 || z.stage == 2) {
-    p.gather_buckets = make_buckets(p, z.allgather_bucket_size);
-    for (size_t k = 0; k < p.gather_buckets.size(); ++k) {
-      auto& bucket = p.gather_buckets[k];
-      bucket.staged = bucket.blocks.size() > 1;
-      for (int b : bucket.blocks) p.blocks[b].gather_bucket = static_cast<int>(k);
-      if (bucket.staged) p.gather_staging = std::max(p.gather_staging, bucket.shard_numel * dp);
+    p.gather_buckets = make_buckets(p, z.allgather_bucket_size, p.shard_order);
+  } else if (z.stage == 3) {
+    // Persistent blocks are refreshed from their shards after each step, one by one.
+    for (size_t b = 0; b < p.blocks.size(); ++b) {
+      if (p.blocks[b].persistent) p.gather_buckets.push_back(make_buckets(p, 0, {static_cast<int>(b)}).front());
     }
+  }
+  for (size_t k = 0; k < p.gather_buckets.size(); ++k) {
+    auto& bucket = p.gather_buckets[k];
+    bucket.staged = bucket.blocks.size() > 1;
+    for (int b : bucket.blocks) p.blocks[b].gather_bucket = static_cast<int>(k);
+    if (bucket.staged) gather_staging = std::max(gather_staging, bucket.shard_numel * dp);
   }
 
-  // One micro-step, dry run.
-  for (int b : schedule.forward) p.uses.emplace_back().block = b;
-  for (size_t i = 0; i < schedule.backward.size(); ++i) {
-    auto& use = p.uses.emplace_back();
-    use.block = schedule.backward[i];
-    use.backward = true;
-    use.last_backward_use = last_back[use.block] == i;
-  }
-  ArenaSim params(config.alignment), grads(config.alignment);
-  std::map<int, size_t> live, grad_live;  // block -> arena offset
-  size_t live_numel = 0;
-  // Stages 2-3: a fired bucket's gradient buffers stay placed until the next bucket fires, so
-  // the backward writes new gradients while the previous reduction is still on the wire.
-  std::vector<int> in_flight;
-  const size_t last_use = p.uses.size() - 1;
-  auto gather = [&](size_t at, int b) {
-    const size_t off = params.allocate(p.blocks[b].padded);
-    live[b] = off;
-    live_numel += p.blocks[b].padded;
-    p.uses[at].gathers.push_back({b, off});
-  };
-  for (size_t i = 0; i < p.uses.size(); ++i) {
-    auto& use = p.uses[i];
-    const int b = use.block;
-    const auto& blk = p.blocks[b];
-    if (z.stage == 3) {
-      if (!blk.persistent && !live.contains(b)) gather(i, b);
-      // The window ahead holds up to the prefetch bucket of parameters, counting the blocks
-      // already gathered for it, so it slides along the schedule instead of growing.
-      uint64_t budget = z.stage3_prefetch_bucket_size;
-      std::set<int> ahead;
-      for (size_t j = i + 1; j < p.uses.size() && budget > 0; ++j) {
-        const int c = p.uses[j].block;
-        const auto& cb = p.blocks[c];
-        if (c == b || cb.persistent || !ahead.insert(c).second) continue;
-        if (cb.padded > budget) break;
-        budget -= cb.padded;
-        if (live.contains(c)) continue;
-        if (live_numel + cb.padded > z.stage3_max_live_parameters) break;
-        gather(i, c);
-      }
-    }
-    if (use.backward && transient_grads && first_back[b] == i - nf) {
-      use.grad_alloc = true;
-      use.grad_arena_offset = grads.allocate(blk.padded);
-      grad_live[b] = use.grad_arena_offset;
-    }
-    if (use.last_backward_use) {
-      const auto& bucket = p.reduce_buckets[blk.reduce_bucket];
-      if (bucket.blocks.back() == b) use.fire_bucket = blk.reduce_bucket;
-      if (transient_grads) {
-        if (z.stage <= 1) {
-          use.grad_releases.push_back(b);
-        } else if (use.fire_bucket >= 0) {
-          use.grad_releases = std::move(in_flight);
-          in_flight = bucket.blocks;
-        }
-      }
-    }
-    if (transient_grads && z.stage >= 2 && i == last_use) {
-      use.grad_releases.insert(use.grad_releases.end(), in_flight.begin(), in_flight.end());
-      in_flight.clear();
-    }
-    for (int g : use.grad_releases) grads.release(grad_live.at(g));
-    if (z.stage == 3 && !blk.persistent) {
-      // Keep the block if it is used again soon; "soon" is the parameters touched in between.
-      size_t next = i + 1, between = 0;
-      while (next < p.uses.size() && p.uses[next].block != b) between += p.blocks[p.uses[next++].block].padded;
-      if (next == p.uses.size() || between > z.stage3_max_reuse_distance) {
-        use.releases.push_back(b);
-        params.release(live.at(b));
-        live_numel -= blk.padded;
-        live.erase(b);
-      }
-    }
-  }
-  p.param_arena = params.peak();
-  p.grad_arena = grads.peak();
+  const ArenaSizes arenas = build_programs(p, schedule, config);
+  lay_out_state(p, config, arenas);
+  p.grad_arena = add_buffer(p, "grad_arena", MemTag::grads, config.compute_dtype, arenas.grads);
+  p.reduce_staging = add_buffer(p, "reduce_staging", MemTag::buffers, config.communication_dtype, reduce_staging);
+  p.gather_staging = add_buffer(p, "gather_staging", MemTag::buffers, config.compute_dtype, gather_staging);
+  p.scalar = add_buffer(p, "scalar", MemTag::buffers, DType::f32, 1);
 
-  const size_t c = dtype_size(config.compute_dtype);
-  const size_t owned = z.stage == 0 ? p.total_padded : p.shard_numel;
-  auto& bytes = p.bytes;
-  bytes[static_cast<size_t>(MemTag::params)] =
-      z.stage <= 2 ? p.total_padded * c : (p.shard_numel + p.persistent_numel + p.param_arena) * c;
-  bytes[static_cast<size_t>(MemTag::optimizer)] = (p.master_aliases_params ? 0 : owned * 4) + p.state_arrays * owned * 4;
-  bytes[static_cast<size_t>(MemTag::grads)] = (z.stage <= 1 ? p.total_padded * 4 : 0) + (z.stage >= 1 ? p.shard_numel * 4 : 0) +
-                                              p.grad_arena * c;
-  bytes[static_cast<size_t>(MemTag::buffers)] =
-      p.reduce_staging * dtype_size(config.communication_dtype) + p.gather_staging * c + sizeof(float);
+  make_sub_groups(p, specs, std::max<uint64_t>(1, z.sub_group_size));
+  make_step_program(p, config);
+  for (const auto& buf : p.buffers) at(p.bytes, buf.tier, buf.tag) += buf.bytes();
   return p;
-}
-
-nlohmann::json Plan::to_json() const {
-  nlohmann::json j;
-  j["stage"] = stage;
-  j["dp"] = dp;
-  j["rank"] = rank;
-  j["compute_dtype"] = dtype_name(compute_dtype);
-  j["communication_dtype"] = dtype_name(comm_dtype);
-  j["total_numel"] = total_numel;
-  j["total_padded"] = total_padded;
-  j["shard_numel"] = shard_numel;
-  j["master_aliases_params"] = master_aliases_params;
-  auto& jb = j["blocks"] = nlohmann::json::array();
-  for (const auto& b : blocks) {
-    jb.push_back({{"name", b.name}, {"numel", b.numel}, {"padded", b.padded}, {"shard", b.shard},
-                  {"shard_offset", b.shard_offset}, {"persistent", b.persistent}, {"reduce_bucket", b.reduce_bucket},
-                  {"gather_bucket", b.gather_bucket}});
-  }
-  auto buckets = [&](const std::vector<Bucket>& v) {
-    auto out = nlohmann::json::array();
-    for (const auto& k : v) out.push_back({{"blocks", k.blocks}, {"shard_numel", k.shard_numel}, {"staged", k.staged}});
-    return out;
-  };
-  j["reduce_buckets"] = buckets(reduce_buckets);
-  j["gather_buckets"] = buckets(gather_buckets);
-  auto& ju = j["uses"] = nlohmann::json::array();
-  for (const auto& u : uses) {
-    nlohmann::json e{{"block", u.block}, {"pass", u.backward ? "backward" : "forward"}};
-    if (!u.gathers.empty()) {
-      auto g = nlohmann::json::array();
-      for (const auto& x : u.gathers) g.push_back({x.block, x.arena_offset});
-      e["gather"] = g;
-    }
-    if (!u.releases.empty()) e["release"] = u.releases;
-    if (u.fire_bucket >= 0) e["reduce_bucket"] = u.fire_bucket;
-    ju.push_back(e);
-  }
-  j["arena"] = {{"params", param_arena}, {"grads", grad_arena}, {"reduce_staging", reduce_staging},
-                {"gather_staging", gather_staging}};
-  auto& jm = j["bytes"];
-  for (size_t t = 0; t < kMemTagCount; ++t) jm[std::string(mem_tag_name(static_cast<MemTag>(t)))] = bytes[t];
-  jm["total"] = total_bytes();
-  return j;
-}
-
-std::string Plan::table() const {
-  size_t gathers = 0;
-  for (const auto& u : uses) gathers += u.gathers.size();
-  std::string out = fmt::format("ZeRO stage {} plan, rank {} of {}: {} blocks, {} parameters ({} padded), shard {} per rank\n",
-                                stage, rank, dp, blocks.size(), total_numel, total_padded, shard_numel);
-  out += fmt::format("  compute {}, gradient reduction {}, {} reduce bucket(s), {} gather bucket(s), {} gather(s) per micro-step\n",
-                     dtype_name(compute_dtype), dtype_name(comm_dtype), reduce_buckets.size(), gather_buckets.size(), gathers);
-  out += "  bytes per rank at peak:";
-  for (size_t t = 0; t < kMemTagCount; ++t) {
-    if (bytes[t] > 0) out += fmt::format(" {} {},", mem_tag_name(static_cast<MemTag>(t)), format_bytes(bytes[t]));
-  }
-  out += fmt::format(" total {}", format_bytes(total_bytes()));
-  return out;
 }
 
 }  // namespace zeroth

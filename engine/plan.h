@@ -1,23 +1,68 @@
-// The engine's plan: decided once from the blocks, the config and the world size, then walked by
-// every step. It fixes each block's flat layout and shard, the buckets, the stage-3 gather and
-// release points along the block schedule, the arena offsets of transient buffers, and the bytes
-// per memory tag that a rank holds at peak. Every rank computes the same plan, so collective
-// membership and order never depend on what happens at run time.
+// The engine's plan: decided once from the blocks, the config, the data-parallel group and the
+// order of the micro-batches' passes, then interpreted by the executor every step.
+//
+// It has three parts:
+// - shard state as data: each block's flat layout, and for every block and kind of state (fp32
+//   master, moments, gradients, compute-dtype parameters) the element range this rank owns, the
+//   buffer it lives in, its offset there and the buffer's tier. Everything that touches a rank's
+//   state (the reducer, the optimizer, initialisation, inspection, next checkpoints, swappers and
+//   the estimator) walks this one list.
+// - the program: a typed list of actions keyed by (micro-batch, block, pass) for one
+//   accumulation cycle (gather, release, place gradients, accumulate, reduce a bucket, ...), one
+//   for a forward-only evaluation pass, and the step's own (norm, update sub-groups, post-step
+//   gather). Stages, and later offload and pipelines, are different programs; the executor only
+//   interprets them.
+// - bytes per tier and tag that the rank holds at peak.
+// Every rank computes the same plan, so collective membership and order never depend on what
+// happens at run time.
 #pragma once
 
 #include <array>    // std::array
 #include <cstddef>  // size_t
-#include <cstdint>  // int64_t
+#include <cstdint>  // uint8_t
 #include <string>   // std::string
 #include <vector>   // std::vector
 
 #include <nlohmann/json_fwd.hpp>  // nlohmann::json
 
-#include "core/memory.h"    // kMemTagCount
-#include "engine/config.h"  // EngineConfig
-#include "models/block_api.h"  // BlockSpec, BlockSchedule
+#include "core/dtype.h"        // DType
+#include "core/memory.h"       // MemTag
+#include "engine/config.h"     // EngineConfig
+#include "engine/tier.h"       // Tier, TierBytes
+#include "models/block_api.h"  // BlockSpec, BlockSchedule, Pass
 
 namespace zeroth {
+
+// ---- shard state ------------------------------------------------------------------------------
+
+// What a rank holds of a block. `params` are the full compute-dtype parameters the model reads
+// (every block at stages 0-2, persistent blocks at stage 3); `param_shard` is this rank's slice of
+// them (inside `params` at stages 1-2); `grad_accum` the f32 gradients summed over micro-batches
+// (stages 0-1); `grad_shard` the reduced f32 gradients the optimizer reads.
+enum class StateKind : uint8_t { params = 0, param_shard, master, moment0, moment1, grad_accum, grad_shard };
+inline constexpr size_t kStateKindCount = 7;
+std::string_view state_kind_name(StateKind kind);
+
+// One allocation of the rank, on one tier.
+struct PlannedBuffer {
+  std::string name;
+  Tier tier = Tier::device;
+  MemTag tag = MemTag::other;
+  DType dtype = DType::f32;
+  size_t numel = 0;
+  bool zeroed = false;  // starts at zero (moments, gradient accumulators)
+  size_t bytes() const { return numel * dtype_size(dtype); }
+};
+
+// Elements [lo, hi) of a block's padded flat space, held by this rank in `buffer` from `offset`.
+struct OwnedRange {
+  StateKind kind = StateKind::params;
+  int block = -1;
+  size_t lo = 0, hi = 0;
+  int buffer = -1;
+  size_t offset = 0;
+  size_t numel() const { return hi - lo; }
+};
 
 struct PlannedBlock {
   std::string name;
@@ -26,10 +71,11 @@ struct PlannedBlock {
   size_t padded = 0;                   // flat size: a multiple of dp * alignment
   size_t shard = 0;                    // padded / dp
   size_t shard_offset = 0;             // in the rank's concatenated shard space
-  size_t full_offset = 0;              // in the concatenated full space (stages 0-2, persistent blocks)
+  size_t full_offset = 0;              // in the concatenated full space
   bool persistent = false;             // stage 3: small enough to stay gathered
+  bool transient_grads = false;        // gradients live in the arena per micro-batch
   int reduce_bucket = -1;
-  int gather_bucket = -1;  // stages 1-2: the post-step all-gather bucket
+  int gather_bucket = -1;              // the post-step all-gather bucket, if any
 };
 
 // Consecutive blocks in shard order whose collective runs as one.
@@ -41,24 +87,55 @@ struct Bucket {
   bool staged = false;      // goes through the rank-major staging buffer (more than one block, or a dtype change)
 };
 
-// One step of a micro-step's walk (stage 3 gathers and releases; transient gradient buffers).
-struct PlannedUse {
+// An update range of the optimizer: owned elements [lo, hi) of a block with one weight decay.
+struct UpdateSpan {
   int block = -1;
-  bool backward = false;
-  bool last_backward_use = false;  // gradients complete after it
-  struct Gather {
-    int block;
-    size_t arena_offset;  // elements of the compute dtype in the parameter arena
-  };
-  std::vector<Gather> gathers;        // issued before this use (on demand and prefetch)
-  std::vector<int> releases;          // after this use
-  bool grad_alloc = false;            // first backward use: the gradient buffer is placed
-  size_t grad_arena_offset = 0;       // elements of the compute dtype in the gradient arena
-  // After this use. Stages 0-1: the block itself, once added to the accumulator; 2-3: the blocks
-  // of the bucket fired before this use's (double buffering), and at the end every one left.
-  std::vector<int> grad_releases;
-  int fire_bucket = -1;               // the reduce bucket that is complete after this use
+  size_t lo = 0, hi = 0;
+  bool decay = true;
 };
+
+// ---- the program ------------------------------------------------------------------------------
+
+enum class ActionKind : uint8_t {
+  run,             // the model runs the block's pass, between begin_ and end_
+  gather,          // all-gather the block's parameter shard into the parameter arena at `offset`
+  release,         // the block's gathered parameters return to the arena once compute is done
+  place_grads,     // the block's gradient buffer goes to the gradient arena at `offset`, zeroed
+  accumulate,      // the block's gradient buffer is added into the f32 accumulator
+  release_grads,   // the block's gradient buffer returns to the arena once its last reader is done
+  all_reduce,      // bucket `target`: summed over ranks in place
+  reduce_scatter,  // bucket `target`: summed, this rank's slice into grad_shard (`flag`: added to it)
+  grad_norm,       // step: squared norm of buffer `target` (`flag`: summed over ranks)
+  update,          // step: the optimizer on sub-group `target`
+  zero,            // step: buffer `target` back to zero (also after a skipped step)
+  all_gather,      // step: gather bucket `target`, every rank's updated parameter slice to the full copies
+};
+inline constexpr size_t kActionKindCount = 12;
+std::string_view action_name(ActionKind kind);
+
+struct Action {
+  ActionKind kind = ActionKind::run;
+  int use = -1;    // ordinal of the block use it belongs to (-1: the step)
+  int micro = -1;  // the use's key: micro-batch, block, pass
+  int block = -1;
+  Pass pass = Pass::forward;
+  int target = -1;  // the block, bucket, buffer or sub-group acted on
+  size_t offset = 0;
+  bool flag = false;
+};
+
+// One pass of one micro-batch of the accumulation cycle.
+struct PassRef {
+  int micro = 0;
+  Pass pass = Pass::forward;
+  bool operator==(const PassRef&) const = default;
+};
+
+// F0 B0 F1 B1 ...: each micro-batch's forward then backward.
+std::vector<PassRef> sequential_passes(int micro_batches);
+// One-forward-one-backward with `in_flight` micro-batches forwarded ahead:
+// F0 .. F{k-1}, then B0 F{k} B1 F{k+1} ..., then the remaining backwards (k = in_flight).
+std::vector<PassRef> one_f_one_b_passes(int micro_batches, int in_flight);
 
 struct Plan {
   int stage = 0;
@@ -66,25 +143,45 @@ struct Plan {
   int rank = 0;
   DType compute_dtype = DType::f32;
   DType comm_dtype = DType::f32;
-  int state_arrays = 0;
+  int micro_batches = 1;  // per accumulation cycle
+  int max_in_flight = 1;  // micro-batches forwarded but not yet backwarded, at most
   std::vector<PlannedBlock> blocks;  // in registration order
   std::vector<int> shard_order;      // block indices by last backward use
+  std::vector<PlannedBuffer> buffers;
+  std::vector<OwnedRange> owned;
   std::vector<Bucket> reduce_buckets, gather_buckets;
-  std::vector<PlannedUse> uses;      // forward uses, then backward uses
+  std::vector<std::vector<UpdateSpan>> sub_groups;
+  std::vector<PassRef> passes;
+  std::vector<Action> program;       // one accumulation cycle, in the order of `passes`
+  std::vector<Action> eval_program;  // one forward-only pass (validation)
+  std::vector<Action> step_program;  // at the end of the cycle
   size_t total_numel = 0, total_padded = 0, shard_numel = 0;  // shard_numel: this rank's, all blocks
-  size_t persistent_numel = 0;                                 // stage 3, full elements held
-  size_t param_arena = 0, grad_arena = 0;                      // elements of the compute dtype
-  size_t reduce_staging = 0, gather_staging = 0;               // elements (comm dtype / compute dtype)
-  bool master_aliases_params = false;  // f32 compute: the master weights are the parameters' own shard
-  std::array<size_t, kMemTagCount> bytes{};  // what the engine holds per tag at peak
+  int param_arena = -1, grad_arena = -1, reduce_staging = -1, gather_staging = -1, scalar = -1;  // buffers
+  TierBytes bytes{};  // what the engine holds per tier and tag at peak
 
-  size_t total_bytes() const;
+  // The owned range of a kind of a block, or nullptr when the rank holds none.
+  const OwnedRange* find(StateKind kind, int block) const;
+  const OwnedRange& range(StateKind kind, int block) const;  // throws when there is none
+  size_t buffer_numel(int buffer) const { return buffer < 0 ? 0 : buffers[buffer].numel; }
+  size_t device_bytes() const { return tier_total(bytes, Tier::device); }
   nlohmann::json to_json() const;
-  std::string table() const;  // compact, for the log at start
+  std::string table() const;     // compact, for the log at start
+  std::string program_summary() const;  // counts per action kind and the first micro-batch in full
+
+  std::vector<std::array<int, kStateKindCount>> owned_index;  // [block][kind] -> index in owned, or -1
 };
 
-// Throws ConfigError on a schedule that names unknown blocks or misses one.
+// Throws ConfigError on a schedule that names unknown blocks or misses one, or on a pass order
+// that is not a valid order of the cycle's micro-batches. Empty `passes`: sequential.
 Plan make_plan(const std::vector<BlockSpec>& blocks, const BlockSchedule& schedule, const EngineConfig& config, int dp,
-               int rank);
+               int rank, std::vector<PassRef> passes = {});
+
+// The program part of make_plan, on a plan whose layout and buckets are made: fills the cycle's
+// and the evaluation's programs and returns the arena high-water marks they need (elements of
+// the compute dtype).
+struct ArenaSizes {
+  size_t params = 0, grads = 0;
+};
+ArenaSizes build_programs(Plan& plan, const BlockSchedule& schedule, const EngineConfig& config);
 
 }  // namespace zeroth

@@ -48,22 +48,39 @@ struct BlockSchedule {
 // Default schedule: forward in registration order, backward in reverse.
 BlockSchedule default_schedule(size_t blocks);
 
+enum class Pass : uint8_t { forward, backward };
+
+// What a model allocates besides the parameters the host owns, per rank: the estimate adds it to
+// the host's plan, and budgets are checked against the sum before anything is allocated.
+struct ModelFootprint {
+  size_t activations = 0;  // every activation slot, token ids, backward scratch (tag activations)
+  size_t scratch = 0;      // f32 copies of narrow parameters and gradients (tag buffers)
+  std::string note;        // what the activations are, for messages ("2 slots of a 4 x 128 micro-batch")
+};
+
 struct BlockViews {
   std::vector<TensorView> params;  // full parameters in the compute dtype, in the block's order
   std::vector<TensorView> grads;   // after begin_backward: where the backward ADDS its gradients
 };
 
+// Each call names the micro-batch of the accumulation cycle (0 .. gradient_accumulation - 1) it
+// belongs to: a schedule may interleave micro-batches (1F1B runs the forward of micro-batch m + 1
+// before the backward of m), and the host checks every call against its program.
 class BlockHost {
  public:
   virtual ~BlockHost() = default;
   virtual int add_block(BlockSpec spec) = 0;
   virtual void set_schedule(BlockSchedule schedule) = 0;
-  virtual const BlockViews& begin_forward(int block) = 0;
-  virtual void end_forward(int block) = 0;
-  virtual const BlockViews& begin_backward(int block) = 0;
-  virtual void end_backward(int block) = 0;
-  // A forward-only pass (validation) between micro-steps: the forward uses of the schedule, with
-  // begin_/end_forward, and no backward. Gradients and optimizer state are left alone.
+  virtual const BlockViews& begin_forward(int block, int micro) = 0;
+  virtual void end_forward(int block, int micro) = 0;
+  virtual const BlockViews& begin_backward(int block, int micro) = 0;
+  virtual void end_backward(int block, int micro) = 0;
+  // Micro-batches forwarded but not yet backwarded, at most: the activation slots a model keeps
+  // (micro-batch m uses slot m mod this). Known once the host has planned.
+  virtual int micro_batches_in_flight() const = 0;
+  // A forward-only pass (validation) between cycles: the forward uses of the schedule as
+  // micro-batch 0, with begin_/end_forward, and no backward. Gradients and optimizer state are
+  // left alone.
   virtual void begin_evaluation() = 0;
   virtual void end_evaluation() = 0;
   // The model enqueues its work here; the host orders its own work against it with events.

@@ -17,7 +17,7 @@
 #include "comm/local/local_comm.h"  // run_local_ranks
 #include "core/error.h"             // ZEROTH_THROW
 #include "core/log.h"               // log::set_level
-#include "engine/trainer.h"         // train
+#include "train/trainer.h"         // train
 #include "models/threads.h"         // share_cores
 #include "tools/commands.h"
 

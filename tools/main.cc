@@ -6,13 +6,13 @@
 #include "tools/commands.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"zeroth: ZeRO training engine (stages 1-3, offload to CPU and NVMe)"};
+  CLI::App app{"zeroth: ZeRO training engine (stages 0-3, data-parallel over threads, processes or GPUs)"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("zeroth ") + ZEROTH_VERSION);
   zeroth::tools::add_train_command(app);
   zeroth::tools::add_report_command(app);
   zeroth::tools::add_launch_command(app);
-  auto* bench = app.add_subcommand("bench", "Measure kernels, communication, optimizers, offload I/O");
+  auto* bench = app.add_subcommand("bench", "Measure kernels, communication, optimizers, the engine, training");
   bench->require_subcommand(1);
   zeroth::tools::add_bench_kernels_command(*bench);
   zeroth::tools::add_bench_comm_command(*bench);

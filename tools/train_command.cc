@@ -26,8 +26,9 @@
 #include "core/env.h"               // env::kLogLevel
 #include "core/error.h"             // ZEROTH_THROW
 #include "core/log.h"               // log::set_level
+#include "engine/estimate.h"        // estimate
 #include "engine/plan.h"            // make_plan
-#include "engine/trainer.h"         // train
+#include "train/trainer.h"          // train
 #include "models/gpt/gpt.h"         // Gpt
 #include "models/threads.h"         // share_cores
 #include "tools/commands.h"
@@ -57,6 +58,21 @@ std::string optimizer_line(const OptimizerParams& o) {
   return s;
 }
 
+// Per rank, per tier that holds anything: "params 7.77 MiB, grads ..., activations ...".
+std::string memory_line(const MemoryNeed& need) {
+  std::string out = "per rank:";
+  for (size_t t = 0; t < kTierCount; ++t) {
+    const Tier tier = static_cast<Tier>(t);
+    if (tier_total(need.bytes, tier) == 0) continue;
+    std::string parts;
+    for (MemTag tag : {MemTag::params, MemTag::grads, MemTag::optimizer, MemTag::buffers, MemTag::activations}) {
+      parts += fmt::format("{}{} {}", parts.empty() ? "" : ", ", mem_tag_name(tag), format_bytes(at(need.bytes, tier, tag)));
+    }
+    out += fmt::format("{} {}", t == 0 ? "" : ";", tier == Tier::device ? parts : fmt::format("{}: {}", tier_name(tier), parts));
+  }
+  return out;
+}
+
 class Console final : public TrainObserver {
  public:
   explicit Console(const TrainConfig& c) : c_(c) {
@@ -67,7 +83,7 @@ class Console final : public TrainObserver {
     std::ofstream(c.run.output_dir + "/config.json") << c.resolved.dump(2) << "\n";
   }
 
-  void on_start(const TrainConfig& c, const Plan& plan, const RunFacts& f) override {
+  void on_start(const TrainConfig& c, const Plan&, const RunFacts& f) override {
     const auto& m = c.model;
     const int64_t gas = c.engine.gradient_accumulation_steps;
     std::vector<std::pair<std::string, std::string>> rows;
@@ -90,10 +106,7 @@ class Console final : public TrainObserver {
     rows.emplace_back("schedule", c.engine.schedule.describe());
     rows.emplace_back("steps", fmt::format("{}, print every {}, validation {}", c.run.steps, c.steps_per_print,
                                            c.run.eval_interval > 0 ? fmt::format("every {} steps", c.run.eval_interval) : "at the end"));
-    rows.emplace_back("memory", fmt::format("per rank: params {}, grads {}, optimizer {}, buffers {}, activations {}",
-                                            format_bytes(plan.bytes[0]), format_bytes(plan.bytes[1]), format_bytes(plan.bytes[2]),
-                                            format_bytes(plan.bytes[3] + Gpt::scratch_bytes(c.model, c.engine.compute_dtype)),
-                                            format_bytes(f.activation_bytes)));
+    rows.emplace_back("memory", memory_line(f.need));
     rows.emplace_back("output", c.run.output_dir + "/metrics.jsonl");
     std::printf("zeroth train: %s\n", c.run.name.c_str());
     for (const auto& [k, v] : rows) std::printf("  %-10s %s\n", k.c_str(), v.c_str());
@@ -171,12 +184,16 @@ struct Options {
 void dry_run(const TrainConfig& c) {
   std::printf("%s\n", c.resolved.dump(2).c_str());
   const Plan plan = make_plan(Gpt::block_specs(c.model), Gpt::schedule(c.model), c.engine, c.run.world_size, 0);
-  std::printf("%s\n", plan.table().c_str());
-  // What one rank will hold: the engine's plan plus the model's activations for one micro-batch.
-  const size_t acts = Gpt::activation_bytes(c.model, static_cast<int>(c.micro_batch_size), c.model.seq_len) +
-                      Gpt::scratch_bytes(c.model, c.engine.compute_dtype);
-  std::printf("activations and model scratch per rank (micro-batch %lld x %d): %s\nper rank in all: %s%s\n", static_cast<long long>(c.micro_batch_size),
-              c.model.seq_len, format_bytes(acts).c_str(), format_bytes(plan.total_bytes() + acts).c_str(),
+  if (const auto path = env::get(env::kPlanJson)) {
+    std::ofstream out(*path);
+    out << plan.to_json().dump(1) << "\n";
+    if (!out) ZEROTH_THROW(IoError, "writing the plan to {} (ZEROTH_PLAN_JSON) failed", *path);
+  }
+  std::printf("%s\n%s\n", plan.table().c_str(), plan.program_summary().c_str());
+  // What one rank will hold: the engine's plan plus the model's activations and scratch.
+  const auto need = estimate(plan, Gpt::footprint(c.model, static_cast<int>(c.micro_batch_size), c.model.seq_len, c.engine.compute_dtype,
+                                                  plan.max_in_flight));
+  std::printf("per rank on the device: %s\nin all: %s%s\n", need.describe(Tier::device).c_str(), format_bytes(need.total(Tier::device)).c_str(),
               c.run.device_memory > 0 ? fmt::format(" of the {} budget", format_bytes(c.run.device_memory)).c_str() : "");
 }
 

@@ -6,6 +6,8 @@
 #include <algorithm>  // std::max
 #include <cmath>      // std::sqrt
 
+#include <fmt/format.h>  // fmt::format
+
 #include "core/device.h"          // Buffer
 #include "core/error.h"           // ZEROTH_THROW
 #include "core/log.h"             // ZLOG_WARN
@@ -106,59 +108,78 @@ struct GradScratch {
 
 }  // namespace
 
+// One micro-batch in flight: what its backward needs from its forward.
+struct Slot {
+  int B = 0, T = 0;
+  int32_t *tokens = nullptr, *targets = nullptr;
+  std::vector<float*> resid;    // [L + 1] residual stream: resid[l] is block l's input
+  std::vector<LayerActs> layer; // [L], or [1] shared when checkpointing
+  float *lnf = nullptr, *lnf_mean = nullptr, *lnf_rstd = nullptr, *logits = nullptr, *row_loss = nullptr;
+};
+
 struct Gpt::State {
   GptConfig cfg;
   Device* device = nullptr;
   std::unique_ptr<gpt::Kernels> k;
   int B = 0, T = 0;
-  Buffer buffer;                // every activation, one allocation (tag: activations)
-  Buffer token_buffer;          // tokens and targets of the micro-batch, on the device
-  int32_t *tokens = nullptr, *targets = nullptr;
-  std::vector<float*> resid;    // [L + 1] residual stream: resid[l] is block l's input
-  std::vector<LayerActs> layer; // [L], or [1] shared when checkpointing
-  float *lnf = nullptr, *lnf_mean = nullptr, *lnf_rstd = nullptr, *logits = nullptr, *row_loss = nullptr;
-  GradScratch d;
+  Buffer buffer;                // every activation slot and the backward scratch, one allocation (tag: activations)
+  Buffer token_buffer;          // tokens and targets of every slot, on the device
+  std::vector<Slot> slots;      // micro-batch m uses slot m mod slots.size()
+  GradScratch d;                // backward passes run one at a time: shared
   Buffer wbuf, gbuf;            // f32 copies of a narrow block's parameters and gradients
 
   static size_t layer_floats(const GptConfig& c, size_t BT, size_t B, size_t T) {
     const size_t C = c.n_embd;
     return 15 * BT * C + 4 * BT + B * c.n_head * T * T;
   }
-  static size_t total_floats(const GptConfig& c, int B, int T) {
+  static size_t slot_floats(const GptConfig& c, int B, int T) {
     const size_t BT = static_cast<size_t>(B) * T, C = c.n_embd, L = c.n_layer;
     const size_t layers = c.activation_checkpointing ? 1 : L;
-    return (L + 1) * BT * C + layers * layer_floats(c, BT, B, T) + BT * C + 3 * BT + BT * c.vocab_size  // forward
-           + BT * C * (1 + 1 + 3 + 4) + static_cast<size_t>(B) * c.n_head * T * T;                    // backward scratch
+    return (L + 1) * BT * C + layers * layer_floats(c, BT, B, T) + BT * C + 3 * BT + BT * c.vocab_size;
+  }
+  static size_t scratch_floats(const GptConfig& c, int B, int T) {
+    const size_t BT = static_cast<size_t>(B) * T, C = c.n_embd;
+    return BT * C * (1 + 1 + 3 + 4) + static_cast<size_t>(B) * c.n_head * T * T;
   }
 
   // On the caller's thread: a new shape waits for the stream to finish with the old buffers.
-  void reserve(Stream& stream, int b, int t) {
-    if (b == B && t == T) return;
+  void reserve(Stream& stream, int b, int t, int n_slots, DType compute) {
+    if (b == B && t == T && static_cast<size_t>(n_slots) == slots.size()) return;
     stream.synchronize();
     const size_t BT = static_cast<size_t>(b) * t, C = cfg.n_embd, L = cfg.n_layer;
     buffer.reset();
-    buffer = device->allocate(total_floats(cfg, b, t) * sizeof(float), MemTag::activations);
-    token_buffer = device->allocate(2 * BT * sizeof(int32_t), MemTag::activations);
+    token_buffer.reset();
+    buffer = device->allocate((n_slots * slot_floats(cfg, b, t) + scratch_floats(cfg, b, t)) * sizeof(float), MemTag::activations);
+    token_buffer = device->allocate(n_slots * 2 * BT * sizeof(int32_t), MemTag::activations);
+    if (const size_t scratch = Gpt::scratch_bytes(cfg, compute); scratch > 0 && !wbuf) {
+      wbuf = device->allocate(scratch / 2, MemTag::buffers);
+      gbuf = device->allocate(scratch / 2, MemTag::buffers);
+    }
     // Touched once here: first touch of fresh memory is slow, and a step must not pay it.
     device->fill(stream, buffer.view(DType::f32), 0.0f);
     stream.synchronize();
-    tokens = token_buffer.as<int32_t>();
-    targets = tokens + BT;
     float* at = buffer.as<float>();
     auto take = [&](size_t n) {
       float* p = at;
       at += n;
       return p;
     };
-    resid.assign(L + 1, nullptr);
-    for (auto& r : resid) r = take(BT * C);
-    layer.assign(cfg.activation_checkpointing ? 1 : L, {});
-    for (auto& a : layer) {
-      a.ln1 = take(BT * C), a.ln1_mean = take(BT), a.ln1_rstd = take(BT), a.qkv = take(3 * BT * C);
-      a.att = take(static_cast<size_t>(b) * cfg.n_head * t * t), a.atty = take(BT * C), a.res2 = take(BT * C);
-      a.ln2 = take(BT * C), a.ln2_mean = take(BT), a.ln2_rstd = take(BT), a.fch = take(4 * BT * C), a.fch_gelu = take(4 * BT * C);
+    slots.assign(n_slots, {});
+    for (int i = 0; i < n_slots; ++i) {
+      auto& sl = slots[i];
+      sl.B = b, sl.T = t;
+      sl.tokens = token_buffer.as<int32_t>() + 2 * BT * i;
+      sl.targets = sl.tokens + BT;
+      sl.resid.assign(L + 1, nullptr);
+      for (auto& r : sl.resid) r = take(BT * C);
+      sl.layer.assign(cfg.activation_checkpointing ? 1 : L, {});
+      for (auto& a : sl.layer) {
+        a.ln1 = take(BT * C), a.ln1_mean = take(BT), a.ln1_rstd = take(BT), a.qkv = take(3 * BT * C);
+        a.att = take(static_cast<size_t>(b) * cfg.n_head * t * t), a.atty = take(BT * C), a.res2 = take(BT * C);
+        a.ln2 = take(BT * C), a.ln2_mean = take(BT), a.ln2_rstd = take(BT), a.fch = take(4 * BT * C), a.fch_gelu = take(4 * BT * C);
+      }
+      sl.lnf = take(BT * C), sl.lnf_mean = take(BT), sl.lnf_rstd = take(BT), sl.logits = take(BT * cfg.vocab_size), sl.row_loss = take(BT);
     }
-    lnf = take(BT * C), lnf_mean = take(BT), lnf_rstd = take(BT), logits = take(BT * cfg.vocab_size), row_loss = take(BT);
     d.dresid = take(BT * C), d.dC = take(BT * C), d.dqkv = take(3 * BT * C), d.dfch = take(4 * BT * C);
     d.datt = take(static_cast<size_t>(b) * cfg.n_head * t * t);
     B = b, T = t;
@@ -279,10 +300,6 @@ Gpt::Gpt(BlockHost& host, GptConfig config) : host_(host), config_(config), stat
   state_->cfg = config_;
   state_->device = &host_.device();
   state_->k = gpt::make_kernels(host_.compute_stream());
-  if (const size_t scratch = scratch_bytes(config_, host_.compute_dtype()); scratch > 0) {
-    state_->wbuf = host_.device().allocate(scratch / 2, MemTag::buffers);
-    state_->gbuf = host_.device().allocate(scratch / 2, MemTag::buffers);
-  }
 }
 
 Gpt::~Gpt() {
@@ -295,16 +312,26 @@ Gpt::~Gpt() {
   }
 }
 
-size_t Gpt::activation_bytes(const GptConfig& config, int B, int T) { return State::total_floats(config, B, T) * sizeof(float); }
+size_t Gpt::activation_bytes(const GptConfig& config, int B, int T, int slots) {
+  const size_t BT = static_cast<size_t>(B) * T;
+  return (slots * State::slot_floats(config, B, T) + State::scratch_floats(config, B, T)) * sizeof(float) +
+         slots * 2 * BT * sizeof(int32_t);
+}
 
-void Gpt::forward_backward(const int32_t* tokens, const int32_t* targets, int B, int T, float* loss) {
-  run(tokens, targets, B, T, loss, nullptr, true);
+ModelFootprint Gpt::footprint(const GptConfig& config, int B, int T, DType compute, int slots) {
+  return {activation_bytes(config, B, T, slots), scratch_bytes(config, compute),
+          fmt::format("{} slot{} of a {} x {} micro-batch", slots, slots == 1 ? "" : "s", B, T)};
+}
+
+void Gpt::forward_backward(const int32_t* tokens, const int32_t* targets, int B, int T, float* loss, int micro) {
+  forward(micro, tokens, targets, B, T, loss);
+  backward(micro);
 }
 
 void Gpt::evaluate(const int32_t* tokens, const int32_t* targets, int B, int T, float* loss, float* logits) {
   host_.begin_evaluation();
   try {
-    run(tokens, targets, B, T, loss, logits, false);
+    run_forward(0, tokens, targets, B, T, loss, logits, false);
   } catch (...) {
     host_.end_evaluation();
     throw;
@@ -312,103 +339,115 @@ void Gpt::evaluate(const int32_t* tokens, const int32_t* targets, int B, int T, 
   host_.end_evaluation();
 }
 
-void Gpt::run(const int32_t* tokens, const int32_t* targets, int B, int T, float* loss, float* logits, bool backward) {
+void Gpt::forward(int micro, const int32_t* tokens, const int32_t* targets, int B, int T, float* loss) {
+  run_forward(micro, tokens, targets, B, T, loss, nullptr, true);
+}
+
+void Gpt::run_forward(int micro, const int32_t* tokens, const int32_t* targets, int B, int T, float* loss, float* logits, bool training) {
   if (B <= 0 || T <= 0 || T > config_.seq_len) {
     ZEROTH_THROW(InvalidArgument, "GPT micro-batch {} x {}: need B >= 1 and 1 <= T <= model.seq_len ({})", B, T, config_.seq_len);
   }
+  if (micro < 0) ZEROTH_THROW(InvalidArgument, "GPT forward of micro-batch {}: micro-batch ids start at 0", micro);
   // The caller's host arrays are checked here and copied in stream order to the device.
   check_tokens(tokens, static_cast<size_t>(B) * T, config_.vocab_size, "token");
   check_tokens(targets, static_cast<size_t>(B) * T, config_.vocab_size, "target");
   auto s = state_;
   Stream& stream = host_.compute_stream();
-  s->reserve(stream, B, T);
-  host_.device().copy(stream, s->tokens, tokens, static_cast<size_t>(B) * T * sizeof(int32_t));
-  host_.device().copy(stream, s->targets, targets, static_cast<size_t>(B) * T * sizeof(int32_t));
+  s->reserve(stream, B, T, host_.micro_batches_in_flight(), host_.compute_dtype());
+  Slot* sl = &s->slots[training ? micro % s->slots.size() : 0];
+  host_.device().copy(stream, sl->tokens, tokens, static_cast<size_t>(B) * T * sizeof(int32_t));
+  host_.device().copy(stream, sl->targets, targets, static_cast<size_t>(B) * T * sizeof(int32_t));
   gpt::Kernels& k = *s->k;
   const GptConfig c = config_;
   const size_t BT = static_cast<size_t>(B) * T;
   const int L = c.n_layer, C = c.n_embd, V = c.vocab_size;
-  const bool ckpt = c.activation_checkpointing && backward;
-  auto acts = [s, ckpt](int l) -> const LayerActs& { return s->layer[ckpt || s->layer.size() == 1 ? 0 : l]; };
-  // Without backward nothing is kept per layer: evaluation runs in the shared set.
-  auto fwd_acts = [s, backward, acts](int l) -> const LayerActs& { return backward ? acts(l) : s->layer[0]; };
-
-  // Forward
+  // Without backward nothing is kept per layer: evaluation runs in the first set.
+  auto acts = [sl, training](int l) -> const LayerActs& { return sl->layer[!training || sl->layer.size() == 1 ? 0 : l]; };
   {
-    const auto& v = host_.begin_forward(embed_);
-    k.submit([s, &k, B, T, C, params = v.params] {
+    const auto& v = host_.begin_forward(embed_, micro);
+    k.submit([s, sl, &k, B, T, C, params = v.params] {
       Bound w(k, params, nullptr, s->wbuf, s->gbuf);
-      k.encoder_forward(s->resid[0], s->tokens, w.p(0), w.p(1), B, T, C);
+      k.encoder_forward(sl->resid[0], sl->tokens, w.p(0), w.p(1), B, T, C);
     });
-    host_.end_forward(embed_);
+    host_.end_forward(embed_, micro);
   }
   for (int l = 0; l < L; ++l) {
-    const auto& v = host_.begin_forward(layers_[l]);
-    k.submit([s, &k, c, l, B, T, fwd_acts, params = v.params] {
+    const auto& v = host_.begin_forward(layers_[l], micro);
+    k.submit([s, sl, &k, c, l, B, T, acts, params = v.params] {
       Bound w(k, params, nullptr, s->wbuf, s->gbuf);
-      layer_forward(k, c, w, fwd_acts(l), s->resid[l], s->resid[l + 1], B, T);
+      layer_forward(k, c, w, acts(l), sl->resid[l], sl->resid[l + 1], B, T);
     });
-    host_.end_forward(layers_[l]);
+    host_.end_forward(layers_[l], micro);
   }
   {
-    const auto& v = host_.begin_forward(ln_f_);
-    k.submit([s, &k, L, BT, C, params = v.params] {
+    const auto& v = host_.begin_forward(ln_f_, micro);
+    k.submit([s, sl, &k, L, BT, C, params = v.params] {
       Bound w(k, params, nullptr, s->wbuf, s->gbuf);
-      k.layernorm_forward(s->lnf, s->lnf_mean, s->lnf_rstd, s->resid[L], w.p(0), w.p(1), BT, C);
+      k.layernorm_forward(sl->lnf, sl->lnf_mean, sl->lnf_rstd, sl->resid[L], w.p(0), w.p(1), BT, C);
     });
-    host_.end_forward(ln_f_);
+    host_.end_forward(ln_f_, micro);
   }
   {
-    const auto& v = host_.begin_forward(embed_);
-    const float dscale = backward ? static_cast<float>(host_.loss_scale() / static_cast<double>(BT)) : 0.0f;
-    k.submit([s, &k, BT, C, V, loss, logits, dscale, params = v.params] {
+    const auto& v = host_.begin_forward(embed_, micro);
+    const float dscale = training ? static_cast<float>(host_.loss_scale() / static_cast<double>(BT)) : 0.0f;
+    k.submit([s, sl, &k, BT, C, V, loss, logits, dscale, params = v.params] {
       Bound w(k, params, nullptr, s->wbuf, s->gbuf);
-      k.matmul_forward(s->logits, s->lnf, w.p(0), nullptr, BT, C, V);
-      if (logits != nullptr) k.download(logits, s->logits, BT * V);
-      k.crossentropy(s->logits, s->targets, BT, V, dscale, s->row_loss, loss);
+      k.matmul_forward(sl->logits, sl->lnf, w.p(0), nullptr, BT, C, V);
+      if (logits != nullptr) k.download(logits, sl->logits, BT * V);
+      k.crossentropy(sl->logits, sl->targets, BT, V, dscale, sl->row_loss, loss);
     });
-    host_.end_forward(embed_);
+    host_.end_forward(embed_, micro);
   }
-  if (!backward) return;
+}
 
-  // Backward
+void Gpt::backward(int micro) {
+  auto s = state_;
+  if (s->slots.empty() || micro < 0) ZEROTH_THROW(InvalidArgument, "GPT backward of micro-batch {} before its forward", micro);
+  Slot* sl = &s->slots[micro % s->slots.size()];
+  gpt::Kernels& k = *s->k;
+  const GptConfig c = config_;
+  const int B = sl->B, T = sl->T;
+  const size_t BT = static_cast<size_t>(B) * T;
+  const int L = c.n_layer, C = c.n_embd, V = c.vocab_size;
+  const bool ckpt = c.activation_checkpointing;
+  auto acts = [sl](int l) -> const LayerActs& { return sl->layer[sl->layer.size() == 1 ? 0 : l]; };
   {
-    const auto& v = host_.begin_backward(embed_);
-    k.submit([s, &k, BT, C, V, params = v.params, grads = v.grads] {
+    const auto& v = host_.begin_backward(embed_, micro);
+    k.submit([s, sl, &k, BT, C, V, params = v.params, grads = v.grads] {
       Bound w(k, params, &grads, s->wbuf, s->gbuf);
-      k.matmul_backward(s->d.dC, w.g(0), nullptr, s->logits, s->lnf, w.p(0), BT, C, V);
+      k.matmul_backward(s->d.dC, w.g(0), nullptr, sl->logits, sl->lnf, w.p(0), BT, C, V);
       w.flush();
     });
-    host_.end_backward(embed_);
+    host_.end_backward(embed_, micro);
   }
   {
-    const auto& v = host_.begin_backward(ln_f_);
-    k.submit([s, &k, L, BT, C, params = v.params, grads = v.grads] {
+    const auto& v = host_.begin_backward(ln_f_, micro);
+    k.submit([s, sl, &k, L, BT, C, params = v.params, grads = v.grads] {
       Bound w(k, params, &grads, s->wbuf, s->gbuf);
       k.zero(s->d.dresid, BT * C);
-      k.layernorm_backward(s->d.dresid, w.g(0), w.g(1), s->d.dC, s->resid[L], w.p(0), s->lnf_mean, s->lnf_rstd, BT, C);
+      k.layernorm_backward(s->d.dresid, w.g(0), w.g(1), s->d.dC, sl->resid[L], w.p(0), sl->lnf_mean, sl->lnf_rstd, BT, C);
       w.flush();
     });
-    host_.end_backward(ln_f_);
+    host_.end_backward(ln_f_, micro);
   }
   for (int l = L - 1; l >= 0; --l) {
-    const auto& v = host_.begin_backward(layers_[l]);
-    k.submit([s, &k, c, l, B, T, ckpt, acts, params = v.params, grads = v.grads] {
+    const auto& v = host_.begin_backward(layers_[l], micro);
+    k.submit([s, sl, &k, c, l, B, T, ckpt, acts, params = v.params, grads = v.grads] {
       Bound w(k, params, &grads, s->wbuf, s->gbuf);
-      if (ckpt) layer_forward(k, c, w, acts(l), s->resid[l], nullptr, B, T);
-      layer_backward(k, c, w, acts(l), s->d, s->resid[l], B, T);
+      if (ckpt) layer_forward(k, c, w, acts(l), sl->resid[l], nullptr, B, T);
+      layer_backward(k, c, w, acts(l), s->d, sl->resid[l], B, T);
       w.flush();
     });
-    host_.end_backward(layers_[l]);
+    host_.end_backward(layers_[l], micro);
   }
   {
-    const auto& v = host_.begin_backward(embed_);
-    k.submit([s, &k, B, T, C, params = v.params, grads = v.grads] {
+    const auto& v = host_.begin_backward(embed_, micro);
+    k.submit([s, sl, &k, B, T, C, params = v.params, grads = v.grads] {
       Bound w(k, params, &grads, s->wbuf, s->gbuf);
-      k.encoder_backward(w.g(0), w.g(1), s->d.dresid, s->tokens, B, T, C);
+      k.encoder_backward(w.g(0), w.g(1), s->d.dresid, sl->tokens, B, T, C);
       w.flush();
     });
-    host_.end_backward(embed_);
+    host_.end_backward(embed_, micro);
   }
 }
 

@@ -41,30 +41,37 @@ struct GptConfig {
 
 class Gpt {
  public:
-  // Registers the blocks and the schedule with the host. CPU device only for now.
+  // Registers the blocks and the schedule with the host.
   Gpt(BlockHost& host, GptConfig config);
   ~Gpt();
 
   static std::vector<BlockSpec> block_specs(const GptConfig& config);
   static BlockSchedule schedule(const GptConfig& config);
 
-  // Enqueues forward and backward of one micro-batch on the host's compute stream: tokens and
-  // targets are [B, T] with T <= seq_len; *loss (mean cross-entropy over B*T) is written when the
-  // stream gets there. All pointers must stay valid until then.
-  void forward_backward(const int32_t* tokens, const int32_t* targets, int B, int T, float* loss);
+  // Enqueues the forward of micro-batch `micro` of the cycle on the host's compute stream:
+  // tokens and targets are [B, T] with T <= seq_len; *loss (mean cross-entropy over B*T) is
+  // written when the stream gets there. All pointers must stay valid until then. The
+  // activations stay in the micro-batch's slot until its backward.
+  void forward(int micro, const int32_t* tokens, const int32_t* targets, int B, int T, float* loss);
+  // Enqueues the backward of a micro-batch whose forward ran.
+  void backward(int micro);
+  void forward_backward(const int32_t* tokens, const int32_t* targets, int B, int T, float* loss, int micro = 0);
   // Forward only, between the host's begin_/end_evaluation (which this calls). With `logits`,
   // the [B, T, V] logits are copied there too.
   void evaluate(const int32_t* tokens, const int32_t* targets, int B, int T, float* loss, float* logits = nullptr);
 
-  // Activation bytes a micro-batch of B x T needs (what the model allocates, tagged activations).
-  static size_t activation_bytes(const GptConfig& config, int B, int T);
+  // Activation bytes for `slots` micro-batches of B x T in flight (what the model allocates,
+  // tag activations: the slots, their token ids, the backward scratch).
+  static size_t activation_bytes(const GptConfig& config, int B, int T, int slots = 1);
   // f32 copies of one block's parameters and gradients, when the compute dtype is narrow (tag: buffers).
   static size_t scratch_bytes(const GptConfig& config, DType compute);
+  // Both, for the host's estimate.
+  static ModelFootprint footprint(const GptConfig& config, int B, int T, DType compute, int slots);
   const GptConfig& config() const { return config_; }
 
  private:
   struct State;
-  void run(const int32_t* tokens, const int32_t* targets, int B, int T, float* loss, float* logits, bool backward);
+  void run_forward(int micro, const int32_t* tokens, const int32_t* targets, int B, int T, float* loss, float* logits, bool training);
 
   BlockHost& host_;
   GptConfig config_;

@@ -47,14 +47,17 @@ Mlp::Mlp(BlockHost& host, MlpConfig config) : host_(host), config_(std::move(con
   scratch_->h.resize(layers() + 1);
 }
 
-void Mlp::forward_backward(const float* x, const float* target, int batch, float* loss) {
+void Mlp::forward_backward(const float* x, const float* target, int batch, float* loss, int micro) {
   ZEROTH_CHECK(batch > 0, "MLP micro-batch must have rows");
+  // One set of activations: each micro-batch's backward must follow its forward.
+  ZEROTH_CHECK(host_.micro_batches_in_flight() == 1, "the MLP keeps one micro-batch of activations; its host's pass order has {} in flight",
+               host_.micro_batches_in_flight());
   const int L = layers();
   const auto& wd = config_.widths;
   auto s = scratch_;
   Stream& stream = host_.compute_stream();
   for (int l = 0; l < L; ++l) {
-    const auto& v = host_.begin_forward(blocks_[l]);
+    const auto& v = host_.begin_forward(blocks_[l], micro);
     stream.enqueue_host([s, l, L, batch, x, in = wd[l], out = wd[l + 1], W = v.params[0], bias = v.params[1]] {
       if (l == 0) s->h[0].assign(x, x + static_cast<size_t>(batch) * in);
       std::vector<float> bias_tmp;
@@ -68,7 +71,7 @@ void Mlp::forward_backward(const float* x, const float* target, int batch, float
         for (int j = 0; j < out; ++j) row[j] = l + 1 < L ? std::tanh(row[j] + b[j]) : row[j] + b[j];
       }
     });
-    host_.end_forward(blocks_[l]);
+    host_.end_forward(blocks_[l], micro);
   }
   const float scale = static_cast<float>(host_.loss_scale());
   stream.enqueue_host([s, L, batch, target, loss, out = wd[L], scale] {
@@ -84,7 +87,7 @@ void Mlp::forward_backward(const float* x, const float* target, int batch, float
     (void)out;
   });
   for (int l = L - 1; l >= 0; --l) {
-    const auto& v = host_.begin_backward(blocks_[l]);
+    const auto& v = host_.begin_backward(blocks_[l], micro);
     stream.enqueue_host([s, l, L, batch, in = wd[l], out = wd[l + 1], W = v.params[0], dW = v.grads[0], db = v.grads[1]] {
       // s->g is the gradient at this layer's output; through tanh first (the last layer is linear).
       if (l + 1 < L) {
@@ -111,7 +114,7 @@ void Mlp::forward_backward(const float* x, const float* target, int batch, float
         s->g.swap(s->g_next);
       }
     });
-    host_.end_backward(blocks_[l]);
+    host_.end_backward(blocks_[l], micro);
   }
 }
 

@@ -23,10 +23,10 @@ class Mlp {
   // The blocks the constructor registers (for plans made without a host).
   static std::vector<BlockSpec> block_specs(const MlpConfig& config);
 
-  // Enqueues one micro-step (forward over the blocks, then backward) of `batch` rows on the
-  // host's compute stream. x is [batch, inputs], target [batch, outputs]; both must stay valid,
-  // and *loss is written, when the stream gets there.
-  void forward_backward(const float* x, const float* target, int batch, float* loss);
+  // Enqueues micro-batch `micro` of the cycle (forward over the blocks, then backward) of `batch`
+  // rows on the host's compute stream. x is [batch, inputs], target [batch, outputs]; both must
+  // stay valid, and *loss is written, when the stream gets there.
+  void forward_backward(const float* x, const float* target, int batch, float* loss, int micro = 0);
 
   int layers() const { return static_cast<int>(config_.widths.size()) - 1; }
 

@@ -10,7 +10,7 @@
 #include <mutex>
 
 #include "comm/local/local_comm.h"
-#include "engine/data.h"
+#include "train/data.h"
 #include "engine/engine.h"
 #include "models/gpt/gpt.h"
 
@@ -73,7 +73,7 @@ GptResult train_gpt(const GptCase& k) {
         int32_t* tk = tokens.data() + static_cast<size_t>(m) * mb * T;
         int32_t* tg = targets.data() + static_cast<size_t>(m) * mb * T;
         loader.batch(s, m, tk, tg);
-        gpt.forward_backward(tk, tg, mb, T, &micro[m]);
+        gpt.forward_backward(tk, tg, mb, T, &micro[m], m);
         engine.step();
       }
       engine.compute_stream().synchronize();

@@ -97,7 +97,7 @@ inline RankResult train_mlp(Communicator& comm, const MlpRun& run) {
       const uint64_t before = engine.comm_stats().total_bytes();
       for (int m = 0; m < run.gas; ++m) {
         const size_t row = static_cast<size_t>(r * run.gas + m) * mb;
-        mlp.forward_backward(x.data() + row * in, t.data() + row * out, mb, &losses[m]);
+        mlp.forward_backward(x.data() + row * in, t.data() + row * out, mb, &losses[m], m);
         const auto s = engine.step();
         if (s.boundary) result.steps.push_back(s);
       }
@@ -109,7 +109,7 @@ inline RankResult train_mlp(Communicator& comm, const MlpRun& run) {
     }
     const auto stats = device->memory().stats();
     result.peak = stats.peak;
-    result.planned = engine.plan().bytes;
+    result.planned = engine.plan().bytes[static_cast<size_t>(Tier::device)];
     result.final_loss_scale = engine.loss_scale();
     for (size_t b = 0; b < engine.plan().blocks.size(); ++b) {
       auto w = engine.master_values(static_cast<int>(b));

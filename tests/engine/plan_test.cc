@@ -42,49 +42,75 @@ TEST(Plan, LaysOutBlocksPaddedToTheWorldAndShardsThemByLastBackwardUse) {
   EXPECT_EQ(plan.shard_numel, 8u + 24 + 200);
 }
 
+// The actions of one kind, as the blocks or buckets they act on.
+std::vector<int> targets(const std::vector<Action>& program, ActionKind kind) {
+  std::vector<int> out;
+  for (const auto& a : program) {
+    if (a.kind == kind) out.push_back(a.target);
+  }
+  return out;
+}
+
 TEST(Plan, TiedBlockIsGatheredPerUseAndItsGradientsCompleteAtItsLastBackwardUse) {
   // The embedding is used again as the output head (weights tied).
   const BlockSchedule tied{{0, 1, 2, 0}, {0, 2, 1, 0}};
   const auto plan = make_plan(three_blocks(), tied, stage3(0, 0), 2, 0);
-  ASSERT_EQ(plan.uses.size(), 8u);
-  std::vector<int> gathered, released;
-  for (const auto& u : plan.uses) {
-    for (const auto& g : u.gathers) gathered.push_back(g.block);
-    for (int r : u.releases) released.push_back(r);
-  }
   // Without prefetch each use gathers its block; with reuse distance 0 only the head's forward
   // use keeps the embedding for the backward use that follows it at once.
-  EXPECT_EQ(gathered, (std::vector<int>{0, 1, 2, 0, 2, 1, 0}));
-  EXPECT_EQ(released, (std::vector<int>{0, 1, 2, 0, 2, 1, 0}));
-  EXPECT_FALSE(plan.uses[4].last_backward_use);  // first backward use of the embedding
-  EXPECT_TRUE(plan.uses[7].last_backward_use);
+  EXPECT_EQ(targets(plan.program, ActionKind::gather), (std::vector<int>{0, 1, 2, 0, 2, 1, 0}));
+  EXPECT_EQ(targets(plan.program, ActionKind::release), (std::vector<int>{0, 1, 2, 0, 2, 1, 0}));
+  EXPECT_EQ(targets(plan.program, ActionKind::run), (std::vector<int>{0, 1, 2, 0, 0, 2, 1, 0}));
   EXPECT_EQ(plan.shard_order, (std::vector<int>{2, 1, 0}));
-  EXPECT_EQ(plan.uses[4].grad_alloc, true);
-  EXPECT_EQ(plan.uses[7].fire_bucket, plan.blocks[0].reduce_bucket);
+  // The embedding's gradient buffer is placed at its first backward use (use 4) and its bucket
+  // reduced after its last (use 7), on the one reduce action of the block.
+  for (const auto& a : plan.program) {
+    if (a.kind == ActionKind::place_grads && a.target == 0) EXPECT_EQ(a.use, 4);
+    if (a.kind == ActionKind::reduce_scatter && a.target == plan.blocks[0].reduce_bucket) EXPECT_EQ(a.use, 7);
+  }
+  EXPECT_EQ(targets(plan.program, ActionKind::place_grads), (std::vector<int>{0, 2, 1}));
+  // Every action carries the key of its use.
+  for (const auto& a : plan.program) {
+    EXPECT_EQ(a.micro, 0);
+    EXPECT_EQ(a.pass, a.use < 4 ? Pass::forward : Pass::backward);
+  }
 }
 
 TEST(Plan, PrefetchGathersAheadWithinTheBucketAndTheLiveLimit) {
   EngineConfig c = stage3(1000, 0);
   c.zero.stage3_max_live_parameters = 10'000;
   const auto plan = make_plan(three_blocks(), default_schedule(3), c, 2, 0);
-  // At the first use, the embedding (on demand) and the next two blocks (prefetch) are gathered.
-  ASSERT_EQ(plan.uses[0].gathers.size(), 3u);
-  EXPECT_EQ(plan.uses[0].gathers[1].block, 1);
+  // At the first use, the embedding (on demand) and the next two blocks (prefetch) are gathered
+  // before the block runs.
+  std::vector<int> first_use;
+  for (const auto& a : plan.program) {
+    if (a.use == 0 && a.kind == ActionKind::gather) first_use.push_back(a.target);
+  }
+  EXPECT_EQ(first_use, (std::vector<int>{0, 1, 2}));
   // The arena holds all three at once: the peak is their padded sum.
-  EXPECT_EQ(plan.param_arena, plan.blocks[0].padded + plan.blocks[1].padded + plan.blocks[2].padded);
+  EXPECT_EQ(plan.buffer_numel(plan.param_arena), plan.blocks[0].padded + plan.blocks[1].padded + plan.blocks[2].padded);
   c.zero.stage3_max_live_parameters = plan.blocks[0].padded + plan.blocks[1].padded;
   const auto limited = make_plan(three_blocks(), default_schedule(3), c, 2, 0);
-  EXPECT_EQ(limited.uses[0].gathers.size(), 2u);
+  size_t gathers = 0;
+  for (const auto& a : limited.program) gathers += a.use == 0 && a.kind == ActionKind::gather;
+  EXPECT_EQ(gathers, 2u);
 }
 
-TEST(Plan, DumpsAsJsonWithBytesPerTag) {
+TEST(Plan, DumpsAsJsonWithBytesPerTierAndTagAndTheActionList) {
   const auto plan = make_plan(three_blocks(), default_schedule(3), stage3(0, 0), 2, 0);
   const auto j = plan.to_json();
   EXPECT_EQ(j["stage"], 3);
   EXPECT_EQ(j["blocks"].size(), 3u);
-  EXPECT_EQ(j["bytes"]["total"].get<size_t>(), plan.total_bytes());
-  EXPECT_EQ(j["bytes"]["params"].get<size_t>(), (plan.shard_numel + plan.param_arena) * 4);
+  EXPECT_EQ(j["bytes"]["device"]["total"].get<size_t>(), plan.device_bytes());
+  EXPECT_EQ(j["bytes"]["device"]["params"].get<size_t>(), (plan.shard_numel + plan.buffer_numel(plan.param_arena)) * 4);
+  ASSERT_EQ(j["actions"].size(), plan.program.size());
+  EXPECT_EQ(j["actions"][0]["op"], "gather");
+  EXPECT_EQ(j["actions"][0]["block"], 0);
+  EXPECT_EQ(j["actions"][0]["pass"], "forward");
+  EXPECT_EQ(j["step_actions"][0]["op"], "grad_norm");
   EXPECT_NE(plan.table().find("stage 3"), std::string::npos);
+  const std::string summary = plan.program_summary();
+  EXPECT_NE(summary.find("gather 5,"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("F embed      gather embed | run | release embed"), std::string::npos) << summary;
 }
 
 TEST(Plan, RejectsSchedulesThatSkipABlockAndDuplicateNames) {
@@ -119,6 +145,8 @@ TEST(ZeroConfig, ReadsDeepSpeedKeysAndRejectsUnknownAndUnsupportedOnes) {
   EXPECT_NE(message(R"({"stage": 2, "zero_quantized_weights": true})").find("does not support"), std::string::npos);
   EXPECT_NE(message(R"({"stage": 2, "reduce_bucket_size": "auto"})").find("\"auto\""), std::string::npos);
   EXPECT_NE(message(R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})").find("offload"), std::string::npos);
+  EXPECT_NE(message(R"({"stage": 2, "sub_group_size": 0})").find("sub_group_size"), std::string::npos);
+  EXPECT_EQ(ZeroConfig::from_deepspeed(nlohmann::json::parse(R"({"sub_group_size": 1e6})")).sub_group_size, 1'000'000u);
 }
 
 }  // namespace

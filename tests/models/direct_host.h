@@ -32,10 +32,11 @@ class DirectHost final : public BlockHost {
     return static_cast<int>(blocks_.size()) - 1;
   }
   void set_schedule(BlockSchedule) override {}
-  const BlockViews& begin_forward(int b) override { return blocks_[b].forward; }
-  void end_forward(int) override {}
-  const BlockViews& begin_backward(int b) override { return blocks_[b].views; }
-  void end_backward(int) override {}
+  const BlockViews& begin_forward(int b, int) override { return blocks_[b].forward; }
+  void end_forward(int, int) override {}
+  const BlockViews& begin_backward(int b, int) override { return blocks_[b].views; }
+  void end_backward(int, int) override {}
+  int micro_batches_in_flight() const override { return 1; }
   void begin_evaluation() override {}
   void end_evaluation() override {}
   Stream& compute_stream() override { return device_.default_stream(); }

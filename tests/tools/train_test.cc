@@ -174,16 +174,33 @@ TEST(Train, ConfigErrorsExitWithTheMessage) {
   EXPECT_NE(missing.output.find("cannot read config"), std::string::npos) << missing.output;
 }
 
-TEST(Train, DryRunPrintsTheResolvedConfigAndPlan) {
+TEST(Train, DryRunPrintsTheResolvedConfigThePlanAndItsProgram) {
   json j = tiny("dry");
-  const auto r = run({ZEROTH_BIN, "train", write_config("dry", j), "--dry-run", "--set", "zero_optimization.stage=2", "--set",
-                      "train_batch_size=auto"},
-                     "dry");
-  ASSERT_EQ(r.code, 0) << r.output;
-  EXPECT_NE(r.output.find("\"train_batch_size\": 8"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("ZeRO stage 2 plan"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("activations and model scratch per rank"), std::string::npos) << r.output;
+  const std::string plan_json = temp("dry") + ".plan.json";
+  std::filesystem::remove(plan_json);
+  auto child = testing::spawn({ZEROTH_BIN, "train", write_config("dry", j), "--dry-run", "--set", "zero_optimization.stage=2", "--set",
+                               "train_batch_size=auto"},
+                              {"ZEROTH_PLAN_JSON=" + plan_json}, temp("dry") + ".out");
+  ASSERT_EQ(testing::wait_exit(child, std::chrono::seconds(60)), 0) << child.output();
+  const std::string out = child.output();
+  EXPECT_NE(out.find("\"train_batch_size\": 8"), std::string::npos) << out;
+  EXPECT_NE(out.find("ZeRO stage 2 plan"), std::string::npos) << out;
+  // The program, compactly: counts per action kind and the first micro-batch in full.
+  EXPECT_NE(out.find("program: "), std::string::npos) << out;
+  EXPECT_NE(out.find("reduce_scatter"), std::string::npos) << out;
+  EXPECT_NE(out.find("B embed"), std::string::npos) << out;
+  EXPECT_NE(out.find("per rank on the device: params"), std::string::npos) << out;
+  EXPECT_NE(out.find("activations"), std::string::npos) << out;
   EXPECT_FALSE(std::filesystem::exists(temp("dry") + "/metrics.jsonl"));
+  // ZEROTH_PLAN_JSON holds the plan with its action list, on a dry run too.
+  std::ifstream in(plan_json);
+  ASSERT_TRUE(in) << plan_json;
+  const auto plan = json::parse(in);
+  EXPECT_EQ(plan["stage"], 2);
+  ASSERT_FALSE(plan["actions"].empty());
+  size_t reductions = 0;
+  for (const auto& a : plan["actions"]) reductions += a["op"] == "reduce_scatter";
+  EXPECT_EQ(reductions, plan["reduce_buckets"].size() * plan["micro_batches"].get<size_t>());
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // The loop: per optimizer step, gradient_accumulation micro-steps of forward+backward, the
 // engine's step, one small all-reduce for the mean loss and the stop flag, then reporting.
-#include "engine/trainer.h"
+#include "train/trainer.h"
 
 #include <algorithm>  // std::max
 #include <chrono>     // std::chrono::steady_clock
@@ -11,9 +11,10 @@
 #include "core/error.h"      // ZEROTH_THROW
 #include "core/memory.h"     // format_bytes
 #include "core/stats.h"      // median
-#include "engine/data.h"     // TokenData, Loader
 #include "engine/engine.h"   // Engine
+#include "engine/estimate.h" // estimate, check_fits
 #include "models/gpt/gpt.h"  // Gpt
+#include "train/data.h"      // TokenData, Loader
 
 namespace zeroth {
 namespace {
@@ -71,26 +72,20 @@ TrainSummary train(const TrainConfig& config, Communicator& dp, Device& device, 
     val_loader = std::make_unique<Loader>(data.val, T, mb, static_cast<int>(config.run.eval_batches), dp.size(), dp.rank(), 0, false);
   }
 
-  // The whole need per rank (the engine's plan, the activations of a micro-batch, the model's
-  // scratch) is held against the budget before anything is allocated.
-  if (const size_t budget = device.memory().budget(); budget > 0) {
-    const Plan plan = make_plan(Gpt::block_specs(config.model), Gpt::schedule(config.model), config.engine, dp.size(), dp.rank());
-    const size_t acts = Gpt::activation_bytes(config.model, mb, T), scratch = Gpt::scratch_bytes(config.model, config.engine.compute_dtype);
-    const size_t in_use = device.memory().stats().total_in_use;
-    if (plan.total_bytes() + acts + scratch + in_use > budget) {
-      ZEROTH_THROW(OutOfMemory, "a rank needs {} (ZeRO stage {} state {}, activations of a {} x {} micro-batch {}, model scratch {}) but run.device_memory is {}{}; nothing was allocated. To fit: a smaller train_micro_batch_size_per_gpu (with more gradient_accumulation_steps), activation checkpointing, a higher ZeRO stage or more ranks",
-                   format_bytes(plan.total_bytes() + acts + scratch), config.engine.zero.stage, format_bytes(plan.total_bytes()), mb, T,
-                   format_bytes(acts), format_bytes(scratch), format_bytes(budget),
-                   in_use > 0 ? fmt::format(" ({} already in use)", format_bytes(in_use)) : std::string());
-    }
-  }
+  // Planned once: the whole need per rank (the engine's plan, the model's activations and
+  // scratch) is held against the budgets before anything is allocated.
+  Plan plan = make_plan(Gpt::block_specs(config.model), Gpt::schedule(config.model), config.engine, dp.size(), dp.rank());
+  const ModelFootprint model = Gpt::footprint(config.model, mb, T, config.engine.compute_dtype, plan.max_in_flight);
+  const MemoryNeed need = estimate(plan, model);
+  check_fits(need, plan, Tier::device, device.memory().budget(), device.memory().stats().total_in_use, "run.device_memory");
+  check_fits(need, plan, Tier::host, config.engine.host_memory, 0, "run.host_memory");
   TrainSummary summary;
   Engine engine(device, dp, config.engine);
   Gpt gpt(engine, config.model);
   summary.parameters = config.model.num_parameters();
-  engine.finalize();
+  engine.finalize(std::move(plan), model);
   if (lead && observer != nullptr) {
-    const RunFacts facts{summary.parameters, data.train.size(), data.has_val ? data.val.size() : 0, Gpt::activation_bytes(config.model, mb, T)};
+    const RunFacts facts{summary.parameters, data.train.size(), data.has_val ? data.val.size() : 0, need};
     observer->on_start(config, engine.plan(), facts);
   }
 
@@ -130,12 +125,17 @@ TrainSummary train(const TrainConfig& config, Communicator& dp, Device& device, 
   const double tokens_per_step = static_cast<double>(config.tokens_per_step());
   for (int64_t k = 0; k < config.run.steps; ++k) {
     const auto t0 = std::chrono::steady_clock::now();
-    StepResult r;
-    for (int m = 0; m < gas; ++m) {
-      train_loader.batch(k, m, tokens.data() + m * n, targets.data() + m * n);
-      gpt.forward_backward(tokens.data() + m * n, targets.data() + m * n, mb, T, &losses[m]);
-      r = engine.step();
+    // The cycle's passes in the engine's order; the update comes after the last backward.
+    for (const auto& p : engine.plan().passes) {
+      const int m = p.micro;
+      if (p.pass == Pass::forward) {
+        train_loader.batch(k, m, tokens.data() + m * n, targets.data() + m * n);
+        gpt.forward(m, tokens.data() + m * n, targets.data() + m * n, mb, T, &losses[m]);
+      } else {
+        gpt.backward(m);
+      }
     }
+    const StepResult r = engine.step();
     cs.synchronize();
     double sum = 0;
     for (int m = 0; m < gas; ++m) sum += losses[m];

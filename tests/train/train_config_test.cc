@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "engine/train_config.h"
+#include "train/train_config.h"
 
 namespace zeroth {
 namespace {

@@ -10,8 +10,9 @@
 #include "comm/communicator.h"    // Communicator
 #include "core/device.h"          // Device
 #include "core/memory.h"          // kMemTagCount
+#include "engine/estimate.h"      // MemoryNeed
 #include "engine/plan.h"          // Plan
-#include "engine/train_config.h"  // TrainConfig
+#include "train/train_config.h"   // TrainConfig
 
 namespace zeroth {
 
@@ -43,7 +44,7 @@ struct TrainSummary {
 struct RunFacts {
   size_t parameters = 0;
   size_t train_tokens = 0, val_tokens = 0;
-  size_t activation_bytes = 0;  // per rank, per micro-batch
+  MemoryNeed need;  // per rank: the engine's plan, the model's activations and scratch
 };
 
 class TrainObserver {

@@ -39,7 +39,8 @@ struct RunConfig {
   uint64_t seed = 1234;
   std::string output_dir;       // metrics.jsonl and config.json; "" = runs/<name>
   std::string device = "cpu";
-  size_t device_memory = 0;     // bytes; 0: unlimited on the CPU
+  size_t device_memory = 0;     // bytes of the device (the accelerator); 0: unlimited on the CPU
+  size_t host_memory = 0;       // bytes of host memory the engine may hold state in; 0: unlimited
   int world_size = 1;           // data-parallel ranks
   std::string backend = "local";  // local (threads) | gloo (processes) | nccl (GPUs)
   std::string progress = "auto";  // auto (a bar on a terminal) | bar | lines

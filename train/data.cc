@@ -1,5 +1,5 @@
 // Token files and the loader.
-#include "engine/data.h"
+#include "train/data.h"
 
 #include <fcntl.h>     // open
 #include <sys/mman.h>  // mmap, munmap

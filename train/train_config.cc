@@ -1,7 +1,7 @@
 // Resolution and validation of a training config. The order matters: "auto" values are filled
 // in first (they depend on other keys), then each section is read into typed values with its
 // key paths in every message, then cross-section rules (the batch triple) are checked.
-#include "engine/train_config.h"
+#include "train/train_config.h"
 
 #include <algorithm>  // std::find
 #include <cerrno>     // errno
@@ -202,7 +202,7 @@ void read_data(TrainConfig& t, const json& j) {
 
 void read_run(TrainConfig& t, const json& j, int launched_world_size) {
   static constexpr std::string_view kKeys[] = {"name", "steps", "eval_interval", "eval_batches", "seed", "output_dir", "device",
-                                               "device_memory", "world_size", "backend", "progress"};
+                                               "device_memory", "host_memory", "world_size", "backend", "progress"};
   static constexpr std::string_view kBackends[] = {"local", "gloo", "nccl"};
   static constexpr std::string_view kProgress[] = {"auto", "bar", "lines"};
   json copy = j.value("run", json::object());
@@ -220,14 +220,18 @@ void read_run(TrainConfig& t, const json& j, int launched_world_size) {
   if (r.device != "cpu" && r.device != "cuda" && !r.device.starts_with("cuda:")) {
     ZEROTH_THROW(ConfigError, "run.device = \"{}\" is not one of: cpu, cuda, cuda:N", r.device);
   }
-  if (s.has("device_memory")) {
-    const auto& v = s.raw("device_memory");
+  // Byte sizes: "2GiB" or a number of bytes; absent or 0: unlimited.
+  auto bytes = [&](const char* key, size_t& out) {
+    if (!s.has(key)) return;
+    const auto& v = s.raw(key);
     try {
-      r.device_memory = v.is_number() ? static_cast<size_t>(v.get<double>()) : parse_bytes(v.get<std::string>());
+      out = v.is_number() ? static_cast<size_t>(v.get<double>()) : parse_bytes(v.get<std::string>());
     } catch (const std::exception&) {
-      ZEROTH_THROW(ConfigError, "run.device_memory must be a size like \"2GiB\" or a number of bytes, got {}", v.dump());
+      ZEROTH_THROW(ConfigError, "run.{} must be a size like \"2GiB\" or a number of bytes, got {}", key, v.dump());
     }
-  }
+  };
+  bytes("device_memory", r.device_memory);
+  bytes("host_memory", r.host_memory);
   r.progress = s.string("progress", "auto", kProgress);
   if (launched_world_size > 0) {
     r.world_size = static_cast<int>(s.integer("world_size", launched_world_size, 1, 1 << 20));
@@ -420,6 +424,7 @@ TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) 
   if (c.contains("scheduler")) t.engine.schedule = LrSchedule::from_deepspeed(c["scheduler"], t.engine.optimizer.lr);
   if (c.contains("zero_optimization")) t.engine.zero = ZeroConfig::from_deepspeed(c["zero_optimization"]);
   t.engine.seed = t.run.seed;
+  t.engine.host_memory = t.run.host_memory;
   t.engine.validate();
 
   // The resolved config: what was given, with "auto" filled in and the derived values spelled out.
@@ -443,7 +448,7 @@ TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) 
   }
   c["run"] = {{"name", t.run.name}, {"steps", t.run.steps}, {"eval_interval", t.run.eval_interval}, {"eval_batches", t.run.eval_batches},
               {"seed", t.run.seed}, {"output_dir", t.run.output_dir}, {"device", t.run.device}, {"device_memory", t.run.device_memory},
-              {"world_size", t.run.world_size}, {"backend", t.run.backend}, {"progress", t.run.progress}};
+              {"host_memory", t.run.host_memory}, {"world_size", t.run.world_size}, {"backend", t.run.backend}, {"progress", t.run.progress}};
   t.resolved = std::move(c);
   return t;
 }

@@ -1,0 +1,50 @@
+// The estimate and the check against a budget.
+#include "engine/estimate.h"
+
+#include <fmt/format.h>  // fmt::format
+
+#include "core/error.h"  // ZEROTH_THROW
+
+namespace zeroth {
+
+size_t MemoryNeed::total(Tier tier) const { return tier_total(bytes, tier) + (tier == Tier::device ? allowance : 0); }
+
+std::string MemoryNeed::describe(Tier tier) const {
+  std::string out;
+  for (size_t g = 0; g < kMemTagCount; ++g) {
+    const size_t n = bytes[static_cast<size_t>(tier)][g];
+    if (n == 0) continue;
+    const bool acts = static_cast<MemTag>(g) == MemTag::activations && !activation_note.empty();
+    out += fmt::format("{}{} {}{}", out.empty() ? "" : ", ", mem_tag_name(static_cast<MemTag>(g)), format_bytes(n),
+                       acts ? " (" + activation_note + ")" : "");
+  }
+  if (tier == Tier::device) out += fmt::format("{}allowance {}", out.empty() ? "" : ", ", format_bytes(allowance));
+  return out;
+}
+
+MemoryNeed estimate(const Plan& plan, const ModelFootprint& model) {
+  MemoryNeed need;
+  need.bytes = plan.bytes;
+  at(need.bytes, Tier::device, MemTag::activations) += model.activations;
+  at(need.bytes, Tier::device, MemTag::buffers) += model.scratch;
+  need.activation_note = model.note;
+  return need;
+}
+
+void check_fits(const MemoryNeed& need, const Plan& plan, Tier tier, size_t budget, size_t in_use, std::string_view budget_name) {
+  const size_t total = need.total(tier);
+  if (budget == 0 || (in_use <= budget && total <= budget - in_use)) return;
+  std::string advice;
+  if (at(need.bytes, tier, MemTag::activations) > 0) {
+    advice += " a smaller train_micro_batch_size_per_gpu (with more gradient_accumulation_steps), activation checkpointing;";
+  }
+  if (plan.stage < 3) advice += fmt::format(" raise zero_optimization.stage (now {}) to shard more state;", plan.stage);
+  if (plan.reduce_staging >= 0 || plan.gather_staging >= 0) advice += " lower reduce_bucket_size / allgather_bucket_size;";
+  if (plan.stage == 3) advice += " lower stage3_prefetch_bucket_size / stage3_max_live_parameters or stage3_param_persistence_threshold;";
+  advice += " use more data-parallel ranks, or a larger budget";
+  ZEROTH_THROW(OutOfMemory, "the ZeRO stage {} plan needs {} per rank on the {} tier ({}) but {} is {}{}; nothing was allocated. To fit:{}",
+               plan.stage, format_bytes(total), tier_name(tier), need.describe(tier), budget_name, format_bytes(budget),
+               in_use > 0 ? fmt::format(" ({} already in use)", format_bytes(in_use)) : std::string(), advice);
+}
+
+}  // namespace zeroth

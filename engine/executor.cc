@@ -1,0 +1,291 @@
+// The executor's walk over a program and the actions of a block use: gathers and releases of
+// parameters, placement and release of gradient buffers, accumulation and bucket reductions.
+// The step's actions and the writes of values are in executor_step.cc.
+#include "engine/executor.h"
+
+#include <fmt/format.h>  // fmt::format
+
+#include "core/error.h"  // ZEROTH_THROW
+#include "core/log.h"    // ZLOG_WARN
+
+namespace zeroth {
+
+Executor::Executor(Device& device, TierAllocators& tiers, Communicator& dp, const Plan& plan, const std::vector<BlockSpec>& specs,
+                   const EngineConfig& config)
+    : device_(device), plan_(plan), specs_(specs), config_(config) {
+  gather_stream_ = device_.create_stream();
+  reduce_stream_ = device_.create_stream();
+  gather_comm_ = dp.split(0, dp.rank());
+  reduce_comm_ = dp.split(0, dp.rank());
+  step_comm_ = dp.split(0, dp.rank());
+  for (const auto& b : plan_.buffers) buffers_.push_back(tiers.allocate(b.tier, b.bytes(), b.tag));
+
+  const size_t n = plan_.blocks.size();
+  gathered_.assign(n, nullptr);
+  gather_pending_.assign(n, false);
+  grads_.assign(n, nullptr);
+  grad_reader_.assign(n, nullptr);
+  views_.resize(n);
+  for (size_t b = 0; b < n; ++b) {
+    gathered_event_.push_back(device_.create_event());
+    // Resident state has one home for the whole run; the rest is placed by the program.
+    if (const auto* r = plan_.find(StateKind::params, static_cast<int>(b))) gathered_[b] = at(*r, 0);
+    if (!plan_.blocks[b].transient_grads) grads_[b] = at(plan_.range(StateKind::grad_accum, static_cast<int>(b)), 0);
+  }
+}
+
+Executor::~Executor() {
+  // Streams may still run work that points into our buffers.
+  try {
+    gather_stream_->synchronize();
+    reduce_stream_->synchronize();
+    compute_stream().synchronize();
+  } catch (const std::exception& e) {
+    ZLOG_WARN("engine shutting down after a failed step: {}", e.what());
+  }
+}
+
+CommStats Executor::comm_stats() const {
+  CommStats total;
+  for (const auto* c : {gather_comm_.get(), reduce_comm_.get(), step_comm_.get()}) {
+    const auto s = c->stats();
+    for (size_t op = 0; op < kCollectiveOpCount; ++op) {
+      total.calls[op] += s.calls[op];
+      total.bytes[op] += s.bytes[op];
+      total.bus_bytes[op] += s.bus_bytes[op];
+    }
+  }
+  return total;
+}
+
+// ---- views of the state -----------------------------------------------------------------------
+
+void* Executor::at(const OwnedRange& r, size_t element) const {
+  ZEROTH_CHECK(element >= r.lo && element <= r.hi, "element {} is outside the owned range [{}, {}) of {} of block {}", element, r.lo,
+               r.hi, state_kind_name(r.kind), plan_.blocks[r.block].name);
+  const auto& buf = plan_.buffers[r.buffer];
+  return static_cast<char*>(buffers_[r.buffer].data()) + (r.offset + element - r.lo) * dtype_size(buf.dtype);
+}
+
+TensorView Executor::view(StateKind kind, int block) const {
+  const auto& r = plan_.range(kind, block);
+  return {at(r, r.lo), r.numel(), plan_.buffers[r.buffer].dtype};
+}
+
+TensorView Executor::buffer_view(int buffer) const { return {buffers_[buffer].data(), plan_.buffers[buffer].numel, plan_.buffers[buffer].dtype}; }
+
+TensorView Executor::full_params(int block) const {
+  ZEROTH_CHECK(gathered_[block] != nullptr, "block {} is not gathered", plan_.blocks[block].name);
+  return {gathered_[block], plan_.blocks[block].padded, plan_.compute_dtype};
+}
+
+TensorView Executor::grad_view(int block) const {
+  const auto& blk = plan_.blocks[block];
+  ZEROTH_CHECK(grads_[block] != nullptr, "block {} has no gradient buffer placed", blk.name);
+  return {grads_[block], blk.padded, blk.transient_grads ? plan_.compute_dtype : DType::f32};
+}
+
+// ---- the walk ---------------------------------------------------------------------------------
+
+const Action& Executor::expect_run(size_t from, int block, int micro, Pass pass, const char* what) const {
+  const auto& prog = evaluating_ ? plan_.eval_program : plan_.program;
+  size_t r = from;
+  while (r < prog.size() && prog[r].kind != ActionKind::run) ++r;
+  auto name = [&](int b) { return b >= 0 && static_cast<size_t>(b) < specs_.size() ? specs_[b].name : std::to_string(b); };
+  if (r == prog.size()) {
+    ZEROTH_THROW(InvalidArgument, "{}({}, micro-batch {}): the {} is complete; {}", what, name(block), micro,
+                 evaluating_ ? "evaluation pass" : "accumulation cycle", evaluating_ ? "call end_evaluation()" : "call step() first");
+  }
+  const auto& a = prog[r];
+  if (a.block != block || a.micro != micro || a.pass != pass) {
+    ZEROTH_THROW(InvalidArgument, "{}({}, micro-batch {}) out of order: the program's next use is the {} of block {} for micro-batch {}; the model must follow the block schedule and pass order given to the engine",
+                 what, name(block), micro, a.pass == Pass::forward ? "forward" : "backward", name(a.block), a.micro);
+  }
+  return a;
+}
+
+const BlockViews& Executor::begin(int block, int micro, Pass pass, const char* what) {
+  const auto& prog = evaluating_ ? plan_.eval_program : plan_.program;
+  size_t& cursor = evaluating_ ? eval_cursor_ : cursor_;
+  expect_run(cursor, block, micro, pass, what);
+  while (prog[cursor].kind != ActionKind::run) execute(prog[cursor++]);
+  if (gather_pending_[block]) {
+    compute_stream().wait(*gathered_event_[block]);
+    gather_pending_[block] = false;
+  }
+  auto& v = views_[block];
+  v.params.clear();
+  v.grads.clear();
+  const auto full = full_params(block);
+  const auto& spec = specs_[block];
+  for (size_t i = 0; i < spec.params.size(); ++i) {
+    const size_t off = plan_.blocks[block].param_offsets[i], n = spec.params[i].numel();
+    v.params.push_back(full.slice(off, n));
+    if (pass == Pass::backward) v.grads.push_back(grad_view(block).slice(off, n));
+  }
+  return v;
+}
+
+void Executor::end(int block, int micro, Pass pass, const char* what) {
+  const auto& prog = evaluating_ ? plan_.eval_program : plan_.program;
+  size_t& cursor = evaluating_ ? eval_cursor_ : cursor_;
+  const auto& run = expect_run(cursor, block, micro, pass, what);
+  if (prog[cursor].kind != ActionKind::run) {
+    ZEROTH_THROW(InvalidArgument, "{}({}, micro-batch {}) before its begin_{}", what, specs_[block].name, micro,
+                 pass == Pass::forward ? "forward" : "backward");
+  }
+  const int use = run.use;
+  ++cursor;
+  while (cursor < prog.size() && prog[cursor].use == use) execute(prog[cursor++]);
+}
+
+void Executor::begin_evaluation() {
+  evaluating_ = true;
+  eval_cursor_ = 0;
+}
+
+void Executor::end_evaluation() {
+  // A pass cut short leaves gathered blocks placed; they go back to the arena so the next cycle
+  // starts from the planned state. After a whole pass there are none.
+  for (size_t b = 0; b < gathered_.size(); ++b) {
+    if (gathered_[b] == nullptr || plan_.find(StateKind::params, static_cast<int>(b)) != nullptr) continue;
+    if (gather_pending_[b]) compute_stream().wait(*gathered_event_[b]);
+    gather_pending_[b] = false;
+    release(static_cast<int>(b));
+  }
+  evaluating_ = false;
+}
+
+bool Executor::after_backward_pass() const {
+  const auto& prog = plan_.program;
+  if (cursor_ == 0) return false;
+  const auto& last = prog[cursor_ - 1];
+  return last.pass == Pass::backward && (cursor_ == prog.size() || prog[cursor_].micro != last.micro || prog[cursor_].pass != last.pass);
+}
+
+size_t Executor::uses_done() const {
+  size_t n = 0;
+  for (size_t i = 0; i < cursor_; ++i) n += plan_.program[i].kind == ActionKind::run;
+  return n;
+}
+
+void Executor::execute(const Action& a) {
+  switch (a.kind) {
+    case ActionKind::gather: return gather(a.target, a.offset);
+    case ActionKind::release: return release(a.target);
+    case ActionKind::place_grads: return place_grads(a.target, a.offset);
+    case ActionKind::accumulate:
+      device_.axpy(compute_stream(), view(StateKind::grad_accum, a.target), 1.0f, grad_view(a.target));
+      grad_reader_[a.target] = record(compute_stream());
+      return;
+    case ActionKind::release_grads: return release_grads(a.target);
+    case ActionKind::all_reduce: return all_reduce(a.target);
+    case ActionKind::reduce_scatter: return reduce_scatter(a.target, a.flag);
+    default:
+      ZEROTH_THROW(InvalidArgument, "action {} cannot run inside a block use", action_name(a.kind));
+  }
+}
+
+std::shared_ptr<Event> Executor::record(Stream& stream) {
+  std::shared_ptr<Event> e = device_.create_event();
+  e->record(stream);
+  return e;
+}
+
+void Executor::place(Arena& arena, size_t offset, size_t length, Stream& writer) {
+  // The region's previous tenants must be done with it before the writer overwrites it.
+  std::erase_if(arena.released, [&](const Released& r) {
+    if (r.offset >= offset + length || offset >= r.offset + r.length) return false;
+    writer.wait(*r.done);
+    return r.offset >= offset && r.offset + r.length <= offset + length;
+  });
+}
+
+void Executor::gather(int block, size_t arena_offset) {
+  const auto& blk = plan_.blocks[block];
+  place(param_arena_, arena_offset, blk.padded, *gather_stream_);
+  gathered_[block] = static_cast<char*>(buffers_[plan_.param_arena].data()) + arena_offset * dtype_size(plan_.compute_dtype);
+  gather_comm_->all_gather(*gather_stream_, view(StateKind::param_shard, block), full_params(block));
+  gathered_event_[block]->record(*gather_stream_);
+  gather_pending_[block] = true;
+}
+
+void Executor::release(int block) {
+  const size_t offset = (static_cast<char*>(gathered_[block]) - static_cast<char*>(buffers_[plan_.param_arena].data())) /
+                        dtype_size(plan_.compute_dtype);
+  param_arena_.released.push_back({offset, plan_.blocks[block].padded, record(compute_stream())});
+  gathered_[block] = nullptr;
+}
+
+void Executor::place_grads(int block, size_t arena_offset) {
+  place(grad_arena_, arena_offset, plan_.blocks[block].padded, compute_stream());
+  grads_[block] = static_cast<char*>(buffers_[plan_.grad_arena].data()) + arena_offset * dtype_size(plan_.compute_dtype);
+  device_.fill(compute_stream(), grad_view(block), 0.0f);
+}
+
+void Executor::release_grads(int block) {
+  // Free once the last work that read them (the accumulation, or the bucket's reduction, which
+  // may still run) is done.
+  const size_t offset = (static_cast<char*>(grads_[block]) - static_cast<char*>(buffers_[plan_.grad_arena].data())) /
+                        dtype_size(plan_.compute_dtype);
+  grad_arena_.released.push_back({offset, plan_.blocks[block].padded, grad_reader_[block]});
+  grads_[block] = nullptr;
+}
+
+void Executor::all_reduce(int index) {
+  const auto& bucket = plan_.reduce_buckets[index];
+  Stream& rs = *reduce_stream_;
+  rs.wait(*record(compute_stream()));
+  size_t full = 0;
+  for (int b : bucket.blocks) full += plan_.blocks[b].padded;
+  const TensorView grads{at(plan_.range(StateKind::grad_accum, bucket.blocks.front()), 0), full, DType::f32};
+  if (bucket.staged) {
+    const TensorView staging{buffers_[plan_.reduce_staging].data(), full, plan_.comm_dtype};
+    device_.cast(rs, staging, grads);
+    reduce_comm_->all_reduce(rs, staging, ReduceOp::sum);
+    device_.cast(rs, grads, staging);
+  } else {
+    reduce_comm_->all_reduce(rs, grads, ReduceOp::sum);
+  }
+  reduced_ = record(rs);
+  for (int b : bucket.blocks) grad_reader_[b] = reduced_;
+}
+
+void Executor::reduce_scatter(int index, bool add) {
+  const auto& bucket = plan_.reduce_buckets[index];
+  const int dp = plan_.dp, r = plan_.rank;
+  Stream& rs = *reduce_stream_;
+  rs.wait(*record(compute_stream()));
+  // The reduction reads the f32 accumulator where the rank keeps one, else the block's buffer.
+  auto source = [&](int b) { return plan_.find(StateKind::grad_accum, b) ? view(StateKind::grad_accum, b) : grad_view(b); };
+  const size_t n = bucket.shard_numel;
+  TensorView send;
+  if (bucket.staged) {
+    send = {buffers_[plan_.reduce_staging].data(), n * dp, plan_.comm_dtype};
+    for (int b : bucket.blocks) {
+      const auto& blk = plan_.blocks[b];
+      const TensorView src = source(b);
+      for (int k = 0; k < dp; ++k) {
+        device_.cast(rs, send.slice(k * n + (blk.shard_offset - bucket.shard_offset), blk.shard), src.slice(k * blk.shard, blk.shard));
+      }
+    }
+  } else {
+    send = source(bucket.blocks.front());
+  }
+  const TensorView shard{view(StateKind::grad_shard, bucket.blocks.front()).data, n, DType::f32};
+  if (!add && send.dtype == DType::f32) {
+    reduce_comm_->reduce_scatter(rs, send, shard, ReduceOp::sum);
+  } else {
+    const TensorView mine = send.slice(r * n, n);
+    reduce_comm_->reduce_scatter(rs, send, mine, ReduceOp::sum);
+    if (add) {
+      device_.axpy(rs, shard, 1.0f, mine);
+    } else {
+      device_.cast(rs, shard, mine);
+    }
+  }
+  reduced_ = record(rs);
+  for (int b : bucket.blocks) grad_reader_[b] = reduced_;
+}
+
+}  // namespace zeroth

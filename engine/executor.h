@@ -1,0 +1,121 @@
+// The executor: the rank's buffers, allocated per the plan on their tiers, and the interpreter of
+// the plan's programs. It holds no decision of its own: what is gathered, placed, reduced,
+// released and updated, and when, is in the actions; the executor only knows how to do each kind.
+//
+// Three streams: compute (the model's, the device's default), gather (parameter all-gathers) and
+// reduce (gradient reductions); events order them, so gathers, reductions and compute overlap.
+#pragma once
+
+#include <cstdint>     // int64_t
+#include <functional>  // std::function
+#include <memory>      // std::unique_ptr, std::shared_ptr
+#include <optional>    // std::optional
+#include <vector>      // std::vector
+
+#include "comm/communicator.h"  // Communicator
+#include "core/device.h"        // Device, Stream, Event, Buffer
+#include "engine/config.h"      // EngineConfig
+#include "engine/plan.h"        // Plan, Action
+#include "engine/tiers.h"       // TierAllocators
+#include "models/block_api.h"   // BlockSpec, BlockViews
+
+namespace zeroth {
+
+// What the step passes to the update actions.
+struct UpdateArgs {
+  int64_t step = 1;   // 1-based
+  double lr = 0;
+  float grad_scale = 1;  // unscaling, averaging and clipping in one factor
+};
+
+class Executor {
+ public:
+  Executor(Device& device, TierAllocators& tiers, Communicator& dp, const Plan& plan, const std::vector<BlockSpec>& specs,
+           const EngineConfig& config);
+  ~Executor();
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+
+  Stream& compute_stream() { return device_.default_stream(); }
+  CommStats comm_stats() const;
+
+  // The block uses, checked against the program (the training cycle, or the evaluation pass).
+  const BlockViews& begin(int block, int micro, Pass pass, const char* what);
+  void end(int block, int micro, Pass pass, const char* what);
+  void begin_evaluation();
+  void end_evaluation();
+  bool evaluating() const { return evaluating_; }
+  // Where the walk is: at the start of the cycle, right after a backward pass, or at its end.
+  bool at_cycle_start() const { return cursor_ == 0; }
+  bool after_backward_pass() const;
+  bool cycle_complete() const { return cursor_ == plan_.program.size(); }
+  size_t uses_done() const;
+
+  // The step phase. grad_norm(): the squared global norm of the reduced gradients (waits for the
+  // reductions; synchronizes). finish_step(): with args, the update, clearing and post-step
+  // gather actions; without (a skipped step), the clearing ones only. Rewinds the cycle.
+  double grad_norm();
+  void finish_step(const std::optional<UpdateArgs>& args);
+
+  // Values of a block: fill(lo, hi, out) provides padded elements [lo, hi) in f32; every kind
+  // this rank holds of the block (parameters, parameter shard, master) is written from them, then
+  // the post-step gathers run. Between cycles; synchronizes.
+  void write_block(int block, const std::function<void(size_t, size_t, float*)>& fill);
+  // Zeroes what starts at zero (moments, gradient accumulators) and refreshes gathered copies.
+  void start();
+  // The post-step gathers: every rank's parameter slices to the full copies. Synchronizes.
+  void refresh();
+  // The fp32 master values of a block, whole (padded). Collective over the group; synchronizes.
+  std::vector<float> master_values(int block);
+
+ private:
+  struct Released {
+    size_t offset, length;
+    std::shared_ptr<Event> done;
+  };
+  struct Arena {
+    std::vector<Released> released;
+  };
+
+  void execute(const Action& a);
+  const Action& expect_run(size_t at, int block, int micro, Pass pass, const char* what) const;
+  void place(Arena& arena, size_t offset, size_t length, Stream& writer);
+  std::shared_ptr<Event> record(Stream& stream);
+  void gather(int block, size_t arena_offset);
+  void release(int block);
+  void place_grads(int block, size_t arena_offset);
+  void release_grads(int block);
+  void all_reduce(int bucket);
+  void reduce_scatter(int bucket, bool add);
+  void all_gather(int bucket);
+  void update(int sub_group, const UpdateArgs& args);
+
+  void* at(const OwnedRange& r, size_t element) const;  // where element `element` of the block is
+  TensorView view(StateKind kind, int block) const;      // the whole owned range
+  TensorView buffer_view(int buffer) const;
+  TensorView full_params(int block) const;
+  TensorView grad_view(int block) const;  // where the model adds the block's gradients
+
+  Device& device_;
+  const Plan& plan_;
+  const std::vector<BlockSpec>& specs_;
+  const EngineConfig& config_;
+  std::unique_ptr<Stream> gather_stream_, reduce_stream_;
+  // One communicator per stream: collectives of one communicator must run in the same order on
+  // every rank, which two streams running concurrently would not guarantee.
+  std::unique_ptr<Communicator> gather_comm_, reduce_comm_, step_comm_;
+  std::vector<Buffer> buffers_;  // as plan.buffers
+  Arena param_arena_, grad_arena_;
+  std::vector<void*> gathered_;                        // where each block's full parameters are now
+  std::vector<std::unique_ptr<Event>> gathered_event_;
+  std::vector<bool> gather_pending_;                   // compute must wait for the block's gather
+  std::vector<void*> grads_;                           // where each block's gradients are added now
+  std::vector<std::shared_ptr<Event>> grad_reader_;    // the last work that read them
+  std::vector<BlockViews> views_;
+  std::shared_ptr<Event> reduced_;  // the last bucket's reduction
+  size_t cursor_ = 0;               // next action of the program being walked
+  size_t eval_cursor_ = 0;
+  bool evaluating_ = false;
+};
+
+}  // namespace zeroth

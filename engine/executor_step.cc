@@ -1,0 +1,186 @@
+// The executor's step phase (norm, update of the sub-groups, clearing, post-step gathers) and
+// the writes and reads of values, all walking the plan's owned ranges.
+#include <algorithm>  // std::min, std::max
+#include <array>      // std::array
+
+#include "core/cpu/kernels.h"  // cpu::cast
+#include "core/error.h"        // ZEROTH_CHECK
+#include "engine/executor.h"
+#include "optim/optimizer.h"   // cpu_optimizer_step, cuda_optimizer_step
+
+namespace zeroth {
+namespace {
+
+// Two ranges put the same elements at the same place.
+bool same_place(const OwnedRange& a, const OwnedRange& b) { return a.buffer == b.buffer && a.offset - a.lo == b.offset - b.lo; }
+
+}  // namespace
+
+double Executor::grad_norm() {
+  Stream& cs = compute_stream();
+  if (reduced_) cs.wait(*reduced_);
+  const TensorView scalar = buffer_view(plan_.scalar);
+  bool first = true;
+  for (const auto& a : plan_.step_program) {
+    if (a.kind != ActionKind::grad_norm) continue;
+    device_.sum_squares(cs, buffer_view(a.target), scalar.as<float>(), !first);
+    if (a.flag) step_comm_->all_reduce(cs, scalar, ReduceOp::sum);
+    first = false;
+  }
+  float sumsq = 0;
+  device_.copy(cs, &sumsq, scalar.data, sizeof(float));
+  cs.synchronize();
+  return sumsq;
+}
+
+void Executor::finish_step(const std::optional<UpdateArgs>& args) {
+  Stream& cs = compute_stream();
+  Stream& gs = *gather_stream_;
+  bool gathering = false;
+  for (const auto& a : plan_.step_program) {
+    switch (a.kind) {
+      case ActionKind::update:
+        if (args) update(a.target, *args);
+        break;
+      case ActionKind::zero:
+        device_.fill(cs, buffer_view(a.target), 0.0f);
+        break;
+      case ActionKind::all_gather:
+        if (!args) break;
+        if (!gathering) gs.wait(*record(cs));
+        gathering = true;
+        all_gather(a.target);
+        break;
+      default:
+        break;
+    }
+  }
+  if (gathering) cs.wait(*record(gs));
+  cursor_ = 0;
+}
+
+void Executor::update(int sub_group, const UpdateArgs& args) {
+  OptimizerParams decay = config_.optimizer, no_decay = config_.optimizer;
+  no_decay.weight_decay = 0;
+  std::array<std::vector<OptimizerStep>, 2> steps;  // [0]: no decay, [1]: decay
+  for (const auto& span : plan_.sub_groups[sub_group]) {
+    const int b = span.block;
+    const auto& master = plan_.range(StateKind::master, b);
+    const auto& shard = plan_.range(StateKind::param_shard, b);
+    OptimizerStep s;
+    s.params = static_cast<float*>(at(master, span.lo));
+    s.grad_type = DType::f32;
+    s.grads = at(plan_.range(StateKind::grad_shard, b), span.lo);
+    const StateKind moments[2] = {StateKind::moment0, StateKind::moment1};
+    for (int k = 0; k < 2; ++k) {
+      if (const auto* m = plan_.find(moments[k], b)) s.state[k] = static_cast<float*>(at(*m, span.lo));
+    }
+    // Narrow parameters are written from the updated master values in the same pass.
+    if (!same_place(master, shard)) {
+      s.copy_out = at(shard, span.lo);
+      s.copy_out_type = plan_.compute_dtype;
+    }
+    s.count = span.hi - span.lo;
+    s.step = args.step;
+    s.lr = args.lr;
+    s.grad_scale = args.grad_scale;
+    s.check_finite = false;
+    steps[span.decay ? 1 : 0].push_back(s);
+  }
+  Stream& cs = compute_stream();
+  if (device_.kind() == DeviceKind::cuda) {
+    if (!steps[0].empty()) cuda_optimizer_step(no_decay, steps[0], cs);
+    if (!steps[1].empty()) cuda_optimizer_step(decay, steps[1], cs);
+    return;
+  }
+  cs.enqueue_host([decay, no_decay, steps = std::move(steps)] {
+    for (const auto& s : steps[0]) cpu_optimizer_step(no_decay, s);
+    for (const auto& s : steps[1]) cpu_optimizer_step(decay, s);
+  });
+}
+
+void Executor::all_gather(int index) {
+  const auto& bucket = plan_.gather_buckets[index];
+  Stream& gs = *gather_stream_;
+  if (!bucket.staged) {
+    const int b = bucket.blocks.front();
+    gather_comm_->all_gather(gs, view(StateKind::param_shard, b), view(StateKind::params, b));
+    return;
+  }
+  const int dp = plan_.dp, r = plan_.rank;
+  const size_t n = bucket.shard_numel, c = dtype_size(plan_.compute_dtype);
+  const TensorView staging{buffers_[plan_.gather_staging].data(), n * dp, plan_.compute_dtype};
+  for (int b : bucket.blocks) {
+    const auto& blk = plan_.blocks[b];
+    device_.copy(gs, staging.slice(r * n + blk.shard_offset - bucket.shard_offset, blk.shard).data, view(StateKind::param_shard, b).data,
+                 blk.shard * c);
+  }
+  gather_comm_->all_gather(gs, staging.slice(r * n, n), staging);
+  for (int b : bucket.blocks) {
+    const auto& blk = plan_.blocks[b];
+    const TensorView full = view(StateKind::params, b);
+    for (int k = 0; k < dp; ++k) {
+      if (k == r) continue;
+      device_.copy(gs, full.slice(k * blk.shard, blk.shard).data, staging.slice(k * n + blk.shard_offset - bucket.shard_offset, blk.shard).data,
+                   blk.shard * c);
+    }
+  }
+}
+
+void Executor::write_block(int b, const std::function<void(size_t, size_t, float*)>& fill) {
+  const OwnedRange* params = plan_.find(StateKind::params, b);
+  const OwnedRange& shard = plan_.range(StateKind::param_shard, b);
+  const OwnedRange& master = plan_.range(StateKind::master, b);
+  size_t lo = std::min(shard.lo, master.lo), hi = std::max(shard.hi, master.hi);
+  if (params != nullptr) lo = std::min(lo, params->lo), hi = std::max(hi, params->hi);
+  std::vector<float> values(hi - lo, 0.0f);
+  fill(lo, hi, values.data());
+  const size_t c = dtype_size(plan_.compute_dtype);
+  std::vector<char> narrow(values.size() * c);
+  cpu::cast(values.data(), DType::f32, narrow.data(), plan_.compute_dtype, values.size());
+  Stream& cs = compute_stream();
+  if (params != nullptr) device_.copy(cs, at(*params, params->lo), narrow.data() + (params->lo - lo) * c, params->numel() * c);
+  if (params == nullptr || params->buffer != shard.buffer) {
+    device_.copy(cs, at(shard, shard.lo), narrow.data() + (shard.lo - lo) * c, shard.numel() * c);
+  }
+  if (!same_place(master, shard)) device_.copy(cs, at(master, master.lo), values.data() + (master.lo - lo), master.numel() * sizeof(float));
+  cs.synchronize();  // `values` and `narrow` go out of scope
+}
+
+void Executor::start() {
+  Stream& cs = compute_stream();
+  for (size_t b = 0; b < buffers_.size(); ++b) {
+    if (plan_.buffers[b].zeroed) device_.fill(cs, buffer_view(static_cast<int>(b)), 0.0f);
+  }
+  refresh();
+}
+
+void Executor::refresh() {
+  Stream& cs = compute_stream();
+  Stream& gs = *gather_stream_;
+  gs.wait(*record(cs));
+  for (const auto& a : plan_.step_program) {
+    if (a.kind == ActionKind::all_gather) all_gather(a.target);
+  }
+  cs.wait(*record(gs));
+  cs.synchronize();
+}
+
+std::vector<float> Executor::master_values(int block) {
+  const auto& blk = plan_.blocks[block];
+  const auto& m = plan_.range(StateKind::master, block);
+  Stream& cs = compute_stream();
+  std::vector<float> out(blk.padded);
+  if (m.lo == 0 && m.hi == blk.padded) {
+    device_.copy(cs, out.data(), at(m, 0), blk.padded * sizeof(float));
+    cs.synchronize();
+    return out;
+  }
+  Buffer full = device_.allocate(blk.padded * sizeof(float), MemTag::other);
+  step_comm_->all_gather(cs, view(StateKind::master, block), full.view(DType::f32));
+  device_.copy(cs, out.data(), full.data(), blk.padded * sizeof(float));
+  cs.synchronize();
+  return out;
+}
+
+}  // namespace zeroth

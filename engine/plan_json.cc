@@ -1,0 +1,173 @@
+// The plan as text: JSON (ZEROTH_PLAN_JSON, --dry-run), the one-paragraph table logged at start,
+// and the program summarised (counts per action kind, the first micro-batch in full).
+#include <fmt/format.h>       // fmt::format
+#include <nlohmann/json.hpp>  // nlohmann::json
+
+#include "engine/plan.h"
+
+namespace zeroth {
+
+std::string_view tier_name(Tier tier) {
+  constexpr std::string_view kNames[] = {"device", "pinned_host", "host", "nvme"};
+  const auto i = static_cast<size_t>(tier);
+  return i < kTierCount ? kNames[i] : "invalid";
+}
+
+size_t tier_total(const TierBytes& b, Tier tier) {
+  size_t n = 0;
+  for (size_t v : b[static_cast<size_t>(tier)]) n += v;
+  return n;
+}
+
+std::string_view state_kind_name(StateKind kind) {
+  constexpr std::string_view kNames[] = {"params", "param_shard", "master", "moment0", "moment1", "grad_accum", "grad_shard"};
+  const auto i = static_cast<size_t>(kind);
+  return i < kStateKindCount ? kNames[i] : "invalid";
+}
+
+std::string_view action_name(ActionKind kind) {
+  constexpr std::string_view kNames[] = {"run", "gather", "release", "place_grads", "accumulate", "release_grads",
+                                         "all_reduce", "reduce_scatter", "grad_norm", "update", "zero", "all_gather"};
+  const auto i = static_cast<size_t>(kind);
+  return i < kActionKindCount ? kNames[i] : "invalid";
+}
+
+namespace {
+
+std::string_view pass_name(Pass pass) { return pass == Pass::forward ? "forward" : "backward"; }
+
+nlohmann::json action_json(const Action& a) {
+  nlohmann::json j{{"op", action_name(a.kind)}};
+  if (a.use >= 0) {
+    j["micro"] = a.micro;
+    j["block"] = a.block;
+    j["pass"] = pass_name(a.pass);
+  }
+  if (a.kind != ActionKind::run) j["target"] = a.target;
+  if (a.kind == ActionKind::gather || a.kind == ActionKind::place_grads) j["offset"] = a.offset;
+  if (a.kind == ActionKind::reduce_scatter) j["add"] = a.flag;
+  if (a.kind == ActionKind::grad_norm) j["sum_over_ranks"] = a.flag;
+  return j;
+}
+
+nlohmann::json actions_json(const std::vector<Action>& actions) {
+  auto out = nlohmann::json::array();
+  for (const auto& a : actions) out.push_back(action_json(a));
+  return out;
+}
+
+}  // namespace
+
+nlohmann::json Plan::to_json() const {
+  nlohmann::json j;
+  j["stage"] = stage;
+  j["dp"] = dp;
+  j["rank"] = rank;
+  j["compute_dtype"] = dtype_name(compute_dtype);
+  j["communication_dtype"] = dtype_name(comm_dtype);
+  j["micro_batches"] = micro_batches;
+  j["max_in_flight"] = max_in_flight;
+  j["total_numel"] = total_numel;
+  j["total_padded"] = total_padded;
+  j["shard_numel"] = shard_numel;
+  auto& jb = j["blocks"] = nlohmann::json::array();
+  for (const auto& b : blocks) {
+    jb.push_back({{"name", b.name}, {"numel", b.numel}, {"padded", b.padded}, {"shard", b.shard},
+                  {"shard_offset", b.shard_offset}, {"persistent", b.persistent}, {"transient_grads", b.transient_grads},
+                  {"reduce_bucket", b.reduce_bucket}, {"gather_bucket", b.gather_bucket}});
+  }
+  auto& jbuf = j["buffers"] = nlohmann::json::array();
+  for (const auto& b : buffers) {
+    jbuf.push_back({{"name", b.name}, {"tier", tier_name(b.tier)}, {"tag", mem_tag_name(b.tag)}, {"dtype", dtype_name(b.dtype)},
+                    {"numel", b.numel}, {"bytes", b.bytes()}});
+  }
+  auto& jo = j["owned"] = nlohmann::json::array();
+  for (const auto& o : owned) {
+    jo.push_back({{"kind", state_kind_name(o.kind)}, {"block", o.block}, {"range", {o.lo, o.hi}}, {"buffer", o.buffer},
+                  {"offset", o.offset}, {"tier", tier_name(buffers[o.buffer].tier)}});
+  }
+  auto buckets = [&](const std::vector<Bucket>& v) {
+    auto out = nlohmann::json::array();
+    for (const auto& k : v) out.push_back({{"blocks", k.blocks}, {"shard_numel", k.shard_numel}, {"staged", k.staged}});
+    return out;
+  };
+  j["reduce_buckets"] = buckets(reduce_buckets);
+  j["gather_buckets"] = buckets(gather_buckets);
+  auto& jg = j["sub_groups"] = nlohmann::json::array();
+  for (const auto& g : sub_groups) {
+    auto spans = nlohmann::json::array();
+    for (const auto& s : g) spans.push_back({{"block", s.block}, {"range", {s.lo, s.hi}}, {"decay", s.decay}});
+    jg.push_back(spans);
+  }
+  auto& jp = j["passes"] = nlohmann::json::array();
+  for (const auto& p : passes) jp.push_back({{"micro", p.micro}, {"pass", pass_name(p.pass)}});
+  j["actions"] = actions_json(program);
+  j["eval_actions"] = actions_json(eval_program);
+  j["step_actions"] = actions_json(step_program);
+  auto& jm = j["bytes"];
+  for (size_t t = 0; t < kTierCount; ++t) {
+    if (tier_total(bytes, static_cast<Tier>(t)) == 0 && t != 0) continue;
+    auto& jt = jm[std::string(tier_name(static_cast<Tier>(t)))];
+    for (size_t g = 0; g < kMemTagCount; ++g) jt[std::string(mem_tag_name(static_cast<MemTag>(g)))] = bytes[t][g];
+    jt["total"] = tier_total(bytes, static_cast<Tier>(t));
+  }
+  return j;
+}
+
+std::string Plan::table() const {
+  size_t gathers = 0;
+  for (const auto& a : program) gathers += a.kind == ActionKind::gather;
+  std::string out = fmt::format("ZeRO stage {} plan, rank {} of {}: {} blocks, {} parameters ({} padded), shard {} per rank\n",
+                                stage, rank, dp, blocks.size(), total_numel, total_padded, shard_numel);
+  out += fmt::format("  compute {}, gradient reduction {}, {} reduce bucket(s), {} gather bucket(s), {} gather(s) per cycle of {} micro-batch(es)\n",
+                     dtype_name(compute_dtype), dtype_name(comm_dtype), reduce_buckets.size(), gather_buckets.size(), gathers,
+                     micro_batches);
+  for (size_t t = 0; t < kTierCount; ++t) {
+    const size_t total = tier_total(bytes, static_cast<Tier>(t));
+    if (total == 0 && t != 0) continue;
+    out += fmt::format("  {} bytes per rank at peak:", tier_name(static_cast<Tier>(t)));
+    for (size_t g = 0; g < kMemTagCount; ++g) {
+      if (bytes[t][g] > 0) out += fmt::format(" {} {},", mem_tag_name(static_cast<MemTag>(g)), format_bytes(bytes[t][g]));
+    }
+    out += fmt::format(" total {}", format_bytes(total));
+  }
+  return out;
+}
+
+std::string Plan::program_summary() const {
+  size_t counts[kActionKindCount] = {};
+  for (const auto& a : program) ++counts[static_cast<size_t>(a.kind)];
+  for (const auto& a : step_program) ++counts[static_cast<size_t>(a.kind)];
+  std::string out = fmt::format("program: {} actions per cycle of {} micro-batch(es) (at most {} in flight), {} at the step:",
+                                program.size(), micro_batches, max_in_flight, step_program.size());
+  for (size_t k = 0; k < kActionKindCount; ++k) {
+    if (counts[k] > 0) out += fmt::format(" {} {},", action_name(static_cast<ActionKind>(k)), counts[k]);
+  }
+  out.pop_back();
+  out += "\nmicro-batch 0:";
+  int use = -1;
+  for (const auto& a : program) {
+    if (a.micro != 0) continue;
+    if (a.use != use) {
+      use = a.use;
+      out += fmt::format("\n  {} {:<10}", a.pass == Pass::forward ? "F" : "B", blocks[a.block].name);
+    }
+    if (a.kind == ActionKind::run) {
+      out += " | run |";
+    } else if (a.kind == ActionKind::gather || a.kind == ActionKind::release || a.kind == ActionKind::place_grads ||
+               a.kind == ActionKind::accumulate || a.kind == ActionKind::release_grads) {
+      out += fmt::format(" {} {}", action_name(a.kind), blocks[a.target].name);
+    } else {
+      out += fmt::format(" {} bucket {}{}", action_name(a.kind), a.target, a.flag ? " (add)" : "");
+    }
+  }
+  out += "\nstep:";
+  for (const auto& a : step_program) {
+    out += fmt::format(" {} {}{},", action_name(a.kind), a.kind == ActionKind::update ? "sub-group " : a.kind == ActionKind::all_gather ? "bucket " : "",
+                       a.kind == ActionKind::grad_norm || a.kind == ActionKind::zero ? buffers[a.target].name : std::to_string(a.target));
+  }
+  out.pop_back();
+  return out;
+}
+
+}  // namespace zeroth

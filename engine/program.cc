@@ -1,0 +1,216 @@
+// The programs: a dry run of one accumulation cycle (every micro-batch's passes in the planned
+// order) and of one evaluation pass, which places every transient buffer and records each action
+// against the block use it belongs to, so the executor only replays decisions made here.
+#include <algorithm>  // std::max
+#include <map>        // std::map
+#include <set>        // std::set
+
+#include "core/error.h"  // ZEROTH_CHECK
+#include "engine/plan.h"
+
+namespace zeroth {
+namespace {
+
+size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
+
+// First-fit placement on a timeline; its high-water mark is what the arena must hold.
+class ArenaSim {
+ public:
+  explicit ArenaSim(size_t align) : align_(align) {}
+  size_t allocate(size_t n) {
+    n = round_up(std::max<size_t>(n, 1), align_);
+    size_t at = 0;
+    for (const auto& [off, len] : used_) {
+      if (off >= at + n) break;
+      at = std::max(at, off + len);
+    }
+    used_[at] = n;
+    peak_ = std::max(peak_, at + n);
+    return at;
+  }
+  void release(size_t offset) { used_.erase(offset); }
+  size_t peak() const { return peak_; }
+
+ private:
+  size_t align_;
+  std::map<size_t, size_t> used_;
+  size_t peak_ = 0;
+};
+
+struct Use {
+  int micro = 0;
+  Pass pass = Pass::forward;
+  int block = -1;
+  bool first_backward = false;  // the block's first backward use in its pass
+  bool last_backward = false;   // its gradients are complete after it
+  bool ends_pass = false;
+  bool first_backward_pass = false, last_backward_pass = false;  // of the cycle
+  size_t run_end = 0;  // one past the last use of the contiguous run of this micro-batch's uses
+};
+
+class Builder {
+ public:
+  Builder(Plan& p, const EngineConfig& config, std::vector<Action>& out)
+      : p_(p), z_(config.zero), out_(out), params_(config.alignment), grads_(config.alignment) {}
+
+  void run(const std::vector<Use>& uses) {
+    uses_ = &uses;
+    for (size_t i = 0; i < uses.size(); ++i) step(i);
+    ZEROTH_CHECK(live_.empty() && grad_live_.empty() && in_flight_.empty(), "the program leaves buffers placed at its end");
+  }
+  size_t param_peak() const { return params_.peak(); }
+  size_t grad_peak() const { return grads_.peak(); }
+
+ private:
+  void emit(size_t use, ActionKind kind, int target, size_t offset = 0, bool flag = false) {
+    const auto& u = (*uses_)[use];
+    out_.push_back({kind, static_cast<int>(use), u.micro, u.block, u.pass, target, offset, flag});
+  }
+
+  void gather(size_t use, int b) {
+    const size_t off = params_.allocate(p_.blocks[b].padded);
+    live_[b] = off;
+    live_numel_ += p_.blocks[b].padded;
+    emit(use, ActionKind::gather, b, off);
+  }
+
+  // Stage 3: the block on demand, then the window ahead up to the prefetch bucket of parameters,
+  // counting the blocks already gathered for it, so it slides along the schedule instead of growing.
+  void gathers(size_t i) {
+    const auto& uses = *uses_;
+    const int b = uses[i].block;
+    if (!p_.blocks[b].persistent && !live_.contains(b)) gather(i, b);
+    uint64_t budget = z_.stage3_prefetch_bucket_size;
+    std::set<int> ahead;
+    for (size_t j = i + 1; j < uses[i].run_end && budget > 0; ++j) {
+      const int c = uses[j].block;
+      const auto& cb = p_.blocks[c];
+      if (c == b || cb.persistent || !ahead.insert(c).second) continue;
+      if (cb.padded > budget) break;
+      budget -= cb.padded;
+      if (live_.contains(c)) continue;
+      if (live_numel_ + cb.padded > z_.stage3_max_live_parameters) break;
+      gather(i, c);
+    }
+  }
+
+  void step(size_t i) {
+    const auto& u = (*uses_)[i];
+    const int b = u.block;
+    const auto& blk = p_.blocks[b];
+    const bool stage3 = p_.stage == 3, backward = u.pass == Pass::backward;
+    if (stage3) gathers(i);
+    if (backward && blk.transient_grads && u.first_backward) {
+      grad_live_[b] = grads_.allocate(blk.padded);
+      emit(i, ActionKind::place_grads, b, grad_live_[b]);
+    }
+    emit(i, ActionKind::run, b);
+
+    std::vector<int> grad_releases;
+    if (backward && u.last_backward) {
+      if (blk.transient_grads && p_.stage <= 1) {
+        // Narrow gradients join the f32 accumulator as soon as the block is done with them.
+        emit(i, ActionKind::accumulate, b);
+        grad_releases.push_back(b);
+      }
+      // Stages 0-1 reduce the accumulator once per cycle; 2-3 reduce every micro-batch and add up.
+      const auto& bucket = p_.reduce_buckets[blk.reduce_bucket];
+      if (bucket.blocks.back() == b && (p_.stage >= 2 || u.last_backward_pass)) {
+        if (p_.stage == 0) {
+          emit(i, ActionKind::all_reduce, blk.reduce_bucket);
+        } else {
+          emit(i, ActionKind::reduce_scatter, blk.reduce_bucket, 0, p_.stage >= 2 && !u.first_backward_pass);
+        }
+        // A fired bucket's gradient buffers stay placed until the next bucket fires, so the
+        // backward writes new gradients while the previous reduction is still on the wire.
+        if (blk.transient_grads && p_.stage >= 2) {
+          grad_releases = std::move(in_flight_);
+          in_flight_ = bucket.blocks;
+        }
+      }
+    }
+    if (backward && u.ends_pass && blk.transient_grads && p_.stage >= 2) {
+      grad_releases.insert(grad_releases.end(), in_flight_.begin(), in_flight_.end());
+      in_flight_.clear();
+    }
+    for (int g : grad_releases) {
+      emit(i, ActionKind::release_grads, g);
+      grads_.release(grad_live_.at(g));
+      grad_live_.erase(g);
+    }
+    if (stage3 && !blk.persistent) {
+      // Keep the block if this micro-batch uses it again soon; "soon" is the parameters touched
+      // in between.
+      const auto& uses = *uses_;
+      size_t next = i + 1, between = 0;
+      while (next < u.run_end && uses[next].block != b) between += p_.blocks[uses[next++].block].padded;
+      if (next == u.run_end || between > z_.stage3_max_reuse_distance) {
+        emit(i, ActionKind::release, b);
+        params_.release(live_.at(b));
+        live_numel_ -= blk.padded;
+        live_.erase(b);
+      }
+    }
+  }
+
+  Plan& p_;
+  const ZeroConfig& z_;
+  std::vector<Action>& out_;
+  const std::vector<Use>* uses_ = nullptr;
+  ArenaSim params_, grads_;
+  std::map<int, size_t> live_, grad_live_;  // block -> arena offset
+  size_t live_numel_ = 0;
+  std::vector<int> in_flight_;
+};
+
+// The block uses of `passes` in order, with what the builder needs to know about each.
+std::vector<Use> expand(const std::vector<PassRef>& passes, const BlockSchedule& schedule, size_t blocks) {
+  std::vector<Use> uses;
+  int first_bwd_pass = -1, last_bwd_pass = -1;
+  for (size_t k = 0; k < passes.size(); ++k) {
+    if (passes[k].pass != Pass::backward) continue;
+    if (first_bwd_pass < 0) first_bwd_pass = static_cast<int>(k);
+    last_bwd_pass = static_cast<int>(k);
+  }
+  for (size_t k = 0; k < passes.size(); ++k) {
+    const auto& pr = passes[k];
+    const auto& order = pr.pass == Pass::forward ? schedule.forward : schedule.backward;
+    std::vector<size_t> first(blocks, SIZE_MAX), last(blocks, 0);
+    for (size_t j = 0; j < order.size(); ++j) {
+      first[order[j]] = std::min(first[order[j]], j);
+      last[order[j]] = j;
+    }
+    for (size_t j = 0; j < order.size(); ++j) {
+      Use u;
+      u.micro = pr.micro;
+      u.pass = pr.pass;
+      u.block = order[j];
+      u.first_backward = first[u.block] == j;
+      u.last_backward = last[u.block] == j;
+      u.ends_pass = j + 1 == order.size();
+      u.first_backward_pass = static_cast<int>(k) == first_bwd_pass;
+      u.last_backward_pass = static_cast<int>(k) == last_bwd_pass;
+      uses.push_back(u);
+    }
+  }
+  for (size_t i = uses.size(); i-- > 0;) {
+    uses[i].run_end = i + 1 < uses.size() && uses[i + 1].micro == uses[i].micro ? uses[i + 1].run_end : i + 1;
+  }
+  return uses;
+}
+
+}  // namespace
+
+ArenaSizes build_programs(Plan& p, const BlockSchedule& schedule, const EngineConfig& config) {
+  ArenaSizes sizes;
+  Builder cycle(p, config, p.program);
+  cycle.run(expand(p.passes, schedule, p.blocks.size()));
+  // Evaluation runs between cycles, when every transient buffer is back in its arena.
+  Builder eval(p, config, p.eval_program);
+  eval.run(expand({{0, Pass::forward}}, schedule, p.blocks.size()));
+  sizes.params = std::max(cycle.param_peak(), eval.param_peak());
+  sizes.grads = cycle.grad_peak();
+  return sizes;
+}
+
+}  // namespace zeroth
