@@ -100,7 +100,7 @@ class Device {
   virtual std::string name() const = 0;
   MemoryAccounting& memory() { return memory_; }
 
-  // Throws OutOfMemory past the budget. Memory is not initialised.
+  // Throws OutOfMemory past the budget. Memory is not initialized.
   Buffer allocate(size_t bytes, MemTag tag);
   virtual std::unique_ptr<Stream> create_stream() = 0;
   virtual std::unique_ptr<Event> create_event() = 0;

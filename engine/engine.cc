@@ -79,10 +79,10 @@ void Engine::finalize(Plan plan, const ModelFootprint& model) {
     }
   }
   exec_ = std::make_unique<Executor>(device_, tiers_, comm_, plan_, specs_, config_);
-  initialise();
+  initialize();
 }
 
-void Engine::initialise() {
+void Engine::initialize() {
   for (size_t b = 0; b < specs_.size(); ++b) {
     const auto& blk = plan_.blocks[b];
     const auto& spec = specs_[b];

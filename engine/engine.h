@@ -59,7 +59,7 @@ class Engine final : public BlockHost {
   // Optional: the order of the cycle's passes (default: each micro-batch forward then backward).
   void set_pass_order(std::vector<PassRef> passes);
   // Plans, checks the plan and the model's footprint against the budgets (nothing is allocated
-  // when they do not fit), allocates and initialises. Collective.
+  // when they do not fit), allocates and initializes. Collective.
   void finalize(const ModelFootprint& model = {});
   // The same with a plan the caller made (make_plan on the registered blocks, schedule and
   // config, for this rank), so a run plans once.
@@ -100,7 +100,7 @@ class Engine final : public BlockHost {
 
  private:
   Executor& running(const char* what, int block) const;
-  void initialise();
+  void initialize();
 
   Device& device_;
   Communicator& comm_;

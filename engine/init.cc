@@ -1,4 +1,4 @@
-// Counter-based initialisation: a SplitMix64 hash of (seed, name, index) gives independent
+// Counter-based initialization: a SplitMix64 hash of (seed, name, index) gives independent
 // uniform draws; normals come from Box-Muller on two of them.
 #include "engine/init.h"
 

@@ -1,4 +1,4 @@
-// Parameter initialisation that depends on the seed and the parameter's name only: element i of
+// Parameter initialization that depends on the seed and the parameter's name only: element i of
 // a parameter is a pure function of (seed, name, i), so any rank can fill any shard of it and
 // every world size starts from the same weights.
 #pragma once

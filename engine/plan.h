@@ -5,7 +5,7 @@
 // - shard state as data: each block's flat layout, and for every block and kind of state (fp32
 //   master, moments, gradients, compute-dtype parameters) the element range this rank owns, the
 //   buffer it lives in, its offset there and the buffer's tier. Everything that touches a rank's
-//   state (the reducer, the optimizer, initialisation, inspection, next checkpoints, swappers and
+//   state (the reducer, the optimizer, initialization, inspection, next checkpoints, swappers and
 //   the estimator) walks this one list.
 // - the program: a typed list of actions keyed by (micro-batch, block, pass) for one
 //   accumulation cycle (gather, release, place gradients, accumulate, reduce a bucket, ...), one

@@ -1,5 +1,5 @@
 // The plan as text: JSON (ZEROTH_PLAN_JSON, --dry-run), the one-paragraph table logged at start,
-// and the program summarised (counts per action kind, the first micro-batch in full).
+// and the program summarized (counts per action kind, the first micro-batch in full).
 #include <fmt/format.h>       // fmt::format
 #include <nlohmann/json.hpp>  // nlohmann::json
 

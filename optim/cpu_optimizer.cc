@@ -2,8 +2,6 @@
 // pass of the dispatched kernel.
 #include <tbb/parallel_for.h>
 
-#include <cmath>  // std::pow, std::sqrt
-
 #include "core/error.h"
 #include "optim/cpu/optim_kernels.h"
 #include "optim/optimizer.h"
@@ -27,57 +25,10 @@ const OptimTable& optim_table(cpu::SimdLevel level) {
 }
 }  // namespace optim_cpu
 
-namespace optim_cpu {
-
-Kind kind_of(const OptimizerParams& p) {
-  switch (p.kind) {
-    case OptimizerKind::adam: return Kind::adam_l2;
-    case OptimizerKind::adamw: return Kind::adamw;
-    case OptimizerKind::lion: return Kind::lion;
-    case OptimizerKind::sgd:
-      if (p.momentum == 0.0) return Kind::sgd;
-      return p.nesterov ? Kind::sgd_nesterov : Kind::sgd_momentum;
-  }
-  return Kind::adamw;
-}
-
-StepConstants make_constants(const OptimizerParams& p, const OptimizerStep& s) {
-  auto f = [](double x) { return static_cast<float>(x); };
-  StepConstants c{};
-  c.lr = f(s.lr);
-  c.beta1 = f(p.beta1);
-  c.beta2 = f(p.beta2);
-  c.one_minus_beta1 = f(1.0 - p.beta1);
-  c.one_minus_beta2 = f(1.0 - p.beta2);
-  c.eps = f(p.eps);
-  c.weight_decay = f(p.weight_decay);
-  c.decay_factor = f(1.0 - s.lr * p.weight_decay);
-  c.grad_scale = s.grad_scale;
-  c.momentum = f(p.momentum);
-  c.one_minus_dampening = f(1.0 - p.dampening);
-  c.first_step = s.step == 1;
-  const double bias1 = p.bias_correction ? 1.0 - std::pow(p.beta1, static_cast<double>(s.step)) : 1.0;
-  const double bias2 = p.bias_correction ? 1.0 - std::pow(p.beta2, static_cast<double>(s.step)) : 1.0;
-  c.step_size = f(s.lr / bias1);
-  c.inv_bias2_sqrt = f(1.0 / std::sqrt(bias2));
-  return c;
-}
-
-void check_step(const OptimizerParams& p, const OptimizerStep& s) {
-  if (s.count == 0) return;
-  ZEROTH_CHECK(s.params != nullptr && s.grads != nullptr, "optimizer step over {} parameters with null params or grads", s.count);
-  ZEROTH_CHECK(s.step >= 1, "optimizer step number must start at 1, got {}", s.step);
-  for (int k = 0; k < p.state_arrays(); ++k) {
-    ZEROTH_CHECK(s.state[k] != nullptr, "{} needs {} state array(s); state[{}] is null", optimizer_name(p.kind), p.state_arrays(), k);
-  }
-}
-
-}  // namespace optim_cpu
-
 namespace {
 
-using optim_cpu::Kind;
-using optim_cpu::StepConstants;
+using optim::Kind;
+using optim::StepConstants;
 
 // Outputs this large go around the cache (the copy-out is not read back by the step).
 constexpr size_t kStreamingBytes = size_t{8} << 20;
@@ -107,10 +58,10 @@ void run(Kind kind, const OptimizerStep& s, const StepConstants& c, cpu::SimdLev
 }  // namespace
 
 StepReport cpu_optimizer_step(const OptimizerParams& params, const OptimizerStep& step, cpu::SimdLevel level) {
-  optim_cpu::check_step(params, step);
+  optim::check_step(params, step);
   if (step.count == 0) return {};
   if (step.check_finite && cpu::has_nonfinite(step.grads, step.grad_type, step.count, level)) return {.skipped = true};
-  run(optim_cpu::kind_of(params), step, optim_cpu::make_constants(params, step), level);
+  run(optim::kind_of(params), step, optim::make_constants(params, step), level);
   return {};
 }
 

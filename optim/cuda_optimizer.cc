@@ -18,7 +18,7 @@ StepReport cuda_optimizer_step(const OptimizerParams& params, std::span<const Op
   if (shards.empty()) return {};
   const auto& first = shards.front();
   for (const auto& s : shards) {
-    optim_cpu::check_step(params, s);
+    optim::check_step(params, s);
     ZEROTH_CHECK(s.step == first.step && s.lr == first.lr && s.grad_type == first.grad_type &&
                      s.copy_out_type == first.copy_out_type && s.grad_scale == first.grad_scale,
                  "shards of one fused step must share step number, lr, grad scale and dtypes");
@@ -37,8 +37,8 @@ StepReport cuda_optimizer_step(const OptimizerParams& params, std::span<const Op
   std::vector<optim_cuda::Shard> table;
   for (const auto& s : shards) table.push_back({s.params, s.grads, s.state[0], s.state[1], s.copy_out, s.count});
   CudaDeviceGuard guard(static_cast<CudaDevice&>(device).index());
-  optim_cuda::launch_step(optim_cpu::kind_of(params), table.data(), static_cast<int>(table.size()), first.grad_type,
-                          first.copy_out_type, optim_cpu::make_constants(params, first), cuda_stream->handle());
+  optim_cuda::launch_step(optim::kind_of(params), table.data(), static_cast<int>(table.size()), first.grad_type,
+                          first.copy_out_type, optim::make_constants(params, first), cuda_stream->handle());
   return {};
 }
 

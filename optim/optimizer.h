@@ -74,7 +74,7 @@ StepReport cpu_optimizer_step(const OptimizerParams& params, const OptimizerStep
 
 // Several shards in one fused launch on a CUDA stream (all shards share the step's number, lr,
 // grad and copy-out dtypes). With check_finite, the gradients are checked on the GPU first and
-// the host waits for the verdict (a synchronisation: the engine checks overflow itself instead).
+// the host waits for the verdict (a synchronization: the engine checks overflow itself instead).
 // Throws CudaError without the CUDA backend.
 StepReport cuda_optimizer_step(const OptimizerParams& params, std::span<const OptimizerStep> shards, Stream& stream);
 

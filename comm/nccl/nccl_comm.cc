@@ -1,5 +1,5 @@
 // NCCL collectives. Communicators are non-blocking (config.blocking = 0): every call is followed
-// by a bounded wait on ncclCommGetAsyncError, so neither initialisation nor a dead peer can hang
+// by a bounded wait on ncclCommGetAsyncError, so neither initialization nor a dead peer can hang
 // a rank past the timeout; a watchdog thread does the same for ops already on a stream.
 #include "comm/nccl/nccl_comm.h"
 
@@ -65,7 +65,7 @@ void settle(ncclComm_t comm, ncclResult_t rc, const std::string& what, std::chro
 }
 
 // Aborts a communicator whose op has not completed within the timeout, so that the ranks'
-// stream synchronisations fail instead of hanging (torch's NCCL watchdog does the same).
+// stream synchronizations fail instead of hanging (torch's NCCL watchdog does the same).
 class Watchdog {
  public:
   Watchdog(ncclComm_t comm, std::chrono::milliseconds timeout) : comm_(comm), timeout_(timeout), thread_([this] { run(); }) {}

@@ -1,7 +1,7 @@
 // GPT-2 on the block API: token + position embedding, n_layer pre-LayerNorm transformer blocks
 // (causal multi-head attention, GELU MLP), final LayerNorm, and an LM head tied to the token
 // embedding, trained with cross-entropy. Forward and backward are written out per block; there
-// is no autograd. Parameter names, shapes ([out, in]) and initialisation follow GPT-2 / nanoGPT,
+// is no autograd. Parameter names, shapes ([out, in]) and initialization follow GPT-2 / nanoGPT,
 // so weights move to and from PyTorch by name.
 //
 // Blocks: "embed" {wte [V, C], wpe [T, C]}, "h.0" .. "h.{L-1}", "ln_f". The schedule uses

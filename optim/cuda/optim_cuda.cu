@@ -14,8 +14,8 @@ namespace {
 #define ZEROTH_HD __host__ __device__
 #include "core/cpu/convert_scalar.inc"
 
-using optim_cpu::Kind;
-using optim_cpu::StepConstants;
+using optim::Kind;
+using optim::StepConstants;
 
 struct Shards {
   Shard s[kMaxShards];

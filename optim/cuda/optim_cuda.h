@@ -6,7 +6,7 @@
 #include <cstddef>  // size_t
 
 #include "core/dtype.h"
-#include "optim/cpu/optim_kernels.h"  // StepConstants, Kind
+#include "optim/step_constants.h"  // StepConstants, Kind
 
 namespace zeroth::optim_cuda {
 
@@ -22,7 +22,7 @@ struct Shard {
 // One launch updates up to kMaxShards shards (blockIdx.y picks the shard); more are split into
 // several launches. The arithmetic is the CPU kernels', operation for operation.
 inline constexpr int kMaxShards = 16;
-void launch_step(optim_cpu::Kind kind, const Shard* shards, int count, DType grad_type, DType out_type,
-                 const optim_cpu::StepConstants& c, cudaStream_t stream);
+void launch_step(optim::Kind kind, const Shard* shards, int count, DType grad_type, DType out_type,
+                 const optim::StepConstants& c, cudaStream_t stream);
 
 }  // namespace zeroth::optim_cuda

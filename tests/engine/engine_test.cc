@@ -14,6 +14,7 @@
 
 #include "comm/local/local_comm.h"
 #include "core/error.h"
+#include "models/gpt/gpt.h"
 #include "tests/engine/mlp_harness.h"
 #include "tests/process_util.h"
 
@@ -149,6 +150,100 @@ TEST(EngineMemory, MeasuredPeakPerTagIsThePlansPredictionAndStage3HoldsAQuarter)
   std::printf("stage 0: %zu B, stage 3: %zu B (arenas %zu B)\n", state_bytes[0], state_bytes[3], arenas);
   EXPECT_LE(state_bytes[3], state_bytes[0] / 4 + arenas);
   EXPECT_LT(state_bytes[3], state_bytes[0] / 2);
+}
+
+// What the allocators hand out at finalize is the plan's bytes, tier by tier and tag by tag, for
+// every stage, world size and model (the GPT allocates its own memory only when it first runs).
+TEST(EngineMemory, AllocatorsHandOutThePlannedBytesPerTierAndTag) {
+  GptConfig g;
+  g.vocab_size = 61, g.seq_len = 16, g.n_layer = 2, g.n_head = 2, g.n_embd = 24;
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    for (int stage : {0, 1, 2, 3}) {
+      for (int dp = 1; dp <= 4; ++dp) {
+        for (const char* model : {"gpt", "mlp"}) {
+          MlpRun run;
+          run.stage = stage;
+          run.dtype = dtype;
+          EngineConfig c = testing::mlp_config(run);
+          c.zero.stage3_param_persistence_threshold = 100;
+          run_local_ranks(dp, [&](Communicator& comm) {
+            auto device = make_device("cpu");
+            Engine engine(*device, comm, c);
+            std::unique_ptr<Gpt> gpt;
+            std::unique_ptr<Mlp> mlp;
+            if (model[0] == 'g') gpt = std::make_unique<Gpt>(engine, g);
+            else mlp = std::make_unique<Mlp>(engine, MlpConfig{run.widths});
+            engine.finalize();
+            for (size_t t = 0; t < kTierCount; ++t) {
+              const auto stats = engine.tier_stats(static_cast<Tier>(t));
+              for (size_t tag = 0; tag < kMemTagCount; ++tag) {
+                EXPECT_EQ(stats.in_use[tag], engine.plan().bytes[t][tag])
+                    << model << " " << dtype_name(dtype) << " stage " << stage << " dp " << dp << " " << tier_name(static_cast<Tier>(t)) << " "
+                    << mem_tag_name(static_cast<MemTag>(tag));
+              }
+            }
+          });
+        }
+      }
+    }
+  }
+}
+
+// The engine checks every block use against its program and says what it expected instead.
+TEST(EngineProgram, UsesOutOfThePlannedOrderAreRefusedNamingTheExpectedUse) {
+  MlpRun run;
+  run.stage = 3;
+  run.gas = 2;
+  EngineConfig c = testing::mlp_config(run);
+  run_local_ranks(1, [&](Communicator& comm) {
+    auto device = make_device("cpu");
+    Engine engine(*device, comm, c);
+    Mlp mlp(engine, {run.widths});
+    engine.set_pass_order(one_f_one_b_passes(2, 2));
+    engine.finalize();
+    auto message = [](auto&& fn) {
+      try {
+        fn();
+      } catch (const InvalidArgument& e) {
+        return std::string(e.what());
+      }
+      return std::string("accepted");
+    };
+    EXPECT_NE(message([&] { engine.begin_backward(0, 0); }).find("out of order: the program's next use is the forward of block layer0 for micro-batch 0"),
+              std::string::npos);
+    engine.begin_forward(0, 0);
+    EXPECT_NE(message([&] { engine.end_forward(0, 1); }).find("out of order"), std::string::npos);
+    engine.end_forward(0, 0);
+    EXPECT_NE(message([&] { engine.step(); }).find("not at the end of a backward pass"), std::string::npos);
+    // The MLP keeps one micro-batch of activations; a pass order with two in flight is refused.
+    EXPECT_NE(message([&] {
+                float loss;
+                std::vector<float> x(64), t(64);
+                mlp.forward_backward(x.data(), t.data(), 1, &loss, 0);
+              }).find("2 in flight"),
+              std::string::npos);
+    engine.compute_stream().synchronize();
+  });
+}
+
+// On a process grid the engine partitions over the grid's data-parallel group: with dp 2 x tp 2,
+// each tensor-parallel pair (the same data) holds what a plain dp-2 run holds, bit for bit.
+TEST(EngineGrid, PartitionsOverTheGridsDataParallelGroup) {
+  MlpRun run;
+  run.stage = 3;
+  run.gas = 2;
+  const auto plain = run_ranks(2, run);
+  std::vector<RankResult> grid_results(4);
+  run_local_ranks(4, [&](Communicator& world) {
+    const ProcessGrid grid(2, 1, 2);
+    auto groups = grid.split(world);
+    grid_results[world.rank()] = testing::train_mlp(*groups.dp, run, &groups);
+  });
+  for (int r = 0; r < 4; ++r) {
+    const int dp_index = ProcessGrid(2, 1, 2).coords(r).dp;
+    EXPECT_EQ(grid_results[r].weights, plain[dp_index].weights) << "rank " << r;
+    EXPECT_EQ(grid_results[r].losses, plain[dp_index].losses) << "rank " << r;
+  }
 }
 
 TEST(EngineTraffic, BytesPerStepAreTwoPsiForStages0To2AndThreePsiForStage3) {

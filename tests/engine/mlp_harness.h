@@ -11,6 +11,7 @@
 #include <vector>   // std::vector
 
 #include "comm/communicator.h"
+#include "comm/process_grid.h"
 #include "core/device.h"
 #include "engine/engine.h"
 #include "models/mlp/mlp.h"
@@ -79,14 +80,15 @@ inline void mlp_batch(int step, int rows, int in, int out, std::vector<float>& x
   }
 }
 
-inline RankResult train_mlp(Communicator& comm, const MlpRun& run) {
+// With `groups`, the engine is built on a process grid's groups and `comm` is their dp group.
+inline RankResult train_mlp(Communicator& comm, const MlpRun& run, const ProcessGrid::Groups* groups = nullptr) {
   auto device = make_device("cpu", {.memory_budget = run.memory_budget});
   const int dp = comm.size(), r = comm.rank();
   const int mb = run.global_batch / (dp * run.gas);
   const int in = run.widths.front(), out = run.widths.back();
   RankResult result;
   {
-    Engine engine(*device, comm, mlp_config(run));
+    Engine engine = groups != nullptr ? Engine(*device, *groups, mlp_config(run)) : Engine(*device, comm, mlp_config(run));
     Mlp mlp(engine, {run.widths});
     engine.finalize();
     std::vector<float> x, t;

@@ -2,10 +2,16 @@
 // tied block, the dry-run arenas, the JSON dump, and configuration errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
+#include <fmt/format.h>
+
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "engine/plan.h"
+#include "models/gpt/gpt.h"
+#include "models/mlp/mlp.h"
 
 namespace zeroth {
 namespace {
@@ -64,8 +70,12 @@ TEST(Plan, TiedBlockIsGatheredPerUseAndItsGradientsCompleteAtItsLastBackwardUse)
   // The embedding's gradient buffer is placed at its first backward use (use 4) and its bucket
   // reduced after its last (use 7), on the one reduce action of the block.
   for (const auto& a : plan.program) {
-    if (a.kind == ActionKind::place_grads && a.target == 0) EXPECT_EQ(a.use, 4);
-    if (a.kind == ActionKind::reduce_scatter && a.target == plan.blocks[0].reduce_bucket) EXPECT_EQ(a.use, 7);
+    if (a.kind == ActionKind::place_grads && a.target == 0) {
+      EXPECT_EQ(a.use, 4);
+    }
+    if (a.kind == ActionKind::reduce_scatter && a.target == plan.blocks[0].reduce_bucket) {
+      EXPECT_EQ(a.use, 7);
+    }
   }
   EXPECT_EQ(targets(plan.program, ActionKind::place_grads), (std::vector<int>{0, 2, 1}));
   // Every action carries the key of its use.
@@ -123,6 +133,125 @@ TEST(Plan, RejectsSchedulesThatSkipABlockAndDuplicateNames) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("\"embed\""), std::string::npos) << e.what();
   }
+}
+
+struct Model {
+  const char* name;
+  std::vector<BlockSpec> specs;
+  BlockSchedule schedule;
+};
+
+std::vector<Model> models() {
+  GptConfig g;
+  g.vocab_size = 61, g.seq_len = 16, g.n_layer = 2, g.n_head = 2, g.n_embd = 24;
+  const auto mlp = Mlp::block_specs({{16, 40, 24, 8}});
+  return {{"gpt", Gpt::block_specs(g), Gpt::schedule(g)}, {"mlp", mlp, default_schedule(mlp.size())}};
+}
+
+// For every stage, world size, model and dtype: the ranks' owned ranges of each kind cover every
+// element of every block exactly once (stage 0: each rank holds all of it), within their buffers
+// and without overlap; the optimizer's sub-groups cover each rank's master range exactly once,
+// with the weight decay of the parameter each element belongs to.
+TEST(Plan, OwnedRangesCoverEveryParameterExactlyOncePerKind) {
+  const StateKind sharded[] = {StateKind::param_shard, StateKind::master, StateKind::moment0, StateKind::moment1, StateKind::grad_shard};
+  for (const auto& model : models()) {
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      for (int stage : {0, 1, 2, 3}) {
+        for (int dp = 1; dp <= 4; ++dp) {
+          EngineConfig c;
+          c.zero.stage = stage;
+          c.zero.stage3_param_persistence_threshold = 200;  // some blocks persistent at stage 3
+          c.zero.sub_group_size = 300;                       // several sub-groups, spans split across them
+          c.compute_dtype = dtype;
+          c.alignment = 8;
+          std::vector<Plan> plans;
+          for (int r = 0; r < dp; ++r) plans.push_back(make_plan(model.specs, model.schedule, c, dp, r));
+          const std::string where = fmt::format("{} {} stage {} dp {}", model.name, dtype_name(dtype), stage, dp);
+          for (size_t b = 0; b < model.specs.size(); ++b) {
+            const auto& blk = plans[0].blocks[b];
+            for (StateKind kind : sharded) {
+              std::vector<int> count(blk.padded, 0);
+              for (const auto& p : plans) {
+                const auto& o = p.range(kind, static_cast<int>(b));
+                ASSERT_LE(o.hi, blk.padded) << where;
+                ASSERT_LE(o.offset + o.numel(), p.buffers[o.buffer].numel) << where << " " << state_kind_name(kind);
+                for (size_t e = o.lo; e < o.hi; ++e) ++count[e];
+              }
+              const int expected = stage == 0 ? dp : 1;
+              EXPECT_EQ(std::count(count.begin(), count.end(), expected), static_cast<long>(blk.padded))
+                  << where << " block " << b << " " << state_kind_name(kind);
+            }
+            // Full parameters: every block everywhere at stages 0-2, persistent blocks at stage 3.
+            for (const auto& p : plans) EXPECT_EQ(p.find(StateKind::params, static_cast<int>(b)) != nullptr, stage < 3 || blk.persistent) << where;
+          }
+          for (const auto& p : plans) {
+            // Ranges of one kind never share an element of their buffer.
+            for (size_t k = 0; k < kStateKindCount; ++k) {
+              std::vector<std::pair<size_t, size_t>> spans;
+              for (const auto& o : p.owned) {
+                if (static_cast<size_t>(o.kind) == k) spans.push_back({o.offset, o.offset + o.numel()});
+              }
+              std::sort(spans.begin(), spans.end());
+              for (size_t i = 1; i < spans.size(); ++i) EXPECT_LE(spans[i - 1].second, spans[i].first) << where;
+            }
+            std::vector<std::vector<int>> updated(p.blocks.size());
+            for (size_t b = 0; b < p.blocks.size(); ++b) updated[b].assign(p.blocks[b].padded, 0);
+            size_t group_max = 0;
+            for (const auto& g : p.sub_groups) {
+              size_t n = 0;
+              for (const auto& sp : g) {
+                n += sp.hi - sp.lo;
+                const auto& params = model.specs[sp.block].params;
+                for (size_t e = sp.lo; e < sp.hi; ++e) {
+                  ++updated[sp.block][e];
+                  size_t i = 0;
+                  while (i + 1 < params.size() && p.blocks[sp.block].param_offsets[i + 1] <= e) ++i;
+                  ASSERT_EQ(sp.decay, params[i].weight_decay) << where << " element " << e;
+                }
+              }
+              group_max = std::max(group_max, n);
+            }
+            EXPECT_LE(group_max, 300u) << where;
+            for (size_t b = 0; b < p.blocks.size(); ++b) {
+              const auto& m = p.range(StateKind::master, static_cast<int>(b));
+              for (size_t e = 0; e < p.blocks[b].padded; ++e) EXPECT_EQ(updated[b][e], e >= m.lo && e < m.hi ? 1 : 0) << where;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Plan, PassOrdersMustRunEachMicroBatchForwardThenBackwardInOrder) {
+  EngineConfig c;
+  c.gradient_accumulation_steps = 4;
+  const auto one_f_one_b = one_f_one_b_passes(4, 2);
+  ASSERT_EQ(one_f_one_b.size(), 8u);
+  EXPECT_EQ(one_f_one_b[2], (PassRef{0, Pass::backward}));
+  EXPECT_EQ(one_f_one_b[3], (PassRef{2, Pass::forward}));
+  const auto plan = make_plan(three_blocks(), default_schedule(3), c, 2, 0, one_f_one_b);
+  EXPECT_EQ(plan.max_in_flight, 2);
+  // The reduction of stage 0 is once per cycle, in the last backward pass.
+  size_t reductions = 0;
+  for (const auto& a : plan.program) {
+    if (a.kind == ActionKind::all_reduce) {
+      ++reductions;
+      EXPECT_EQ(a.micro, 3);
+    }
+  }
+  EXPECT_EQ(reductions, plan.reduce_buckets.size());
+  auto message = [&](std::vector<PassRef> passes) {
+    try {
+      make_plan(three_blocks(), default_schedule(3), c, 2, 0, std::move(passes));
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(message({{0, Pass::backward}}).find("backward of micro-batch 0 comes out of order"), std::string::npos);
+  EXPECT_NE(message({{1, Pass::forward}}).find("forward of micro-batch 1 comes out of order"), std::string::npos);
+  EXPECT_NE(message(sequential_passes(3)).find("the cycle has 4 micro-batches"), std::string::npos);
 }
 
 TEST(ZeroConfig, ReadsDeepSpeedKeysAndRejectsUnknownAndUnsupportedOnes) {

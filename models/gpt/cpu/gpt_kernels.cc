@@ -2,7 +2,7 @@
 // in fixed chunks, so reductions add in the same order whatever the thread count. The row loops
 // are compiled per ISA (x86-64-v4, v3, baseline) through GCC's target_clones, which picks one at
 // load time: the same single dispatch idea as core/cpu, without hand-written intrinsics, because
-// these loops vectorise cleanly once exp is a polynomial instead of a libm call.
+// these loops vectorize cleanly once exp is a polynomial instead of a libm call.
 #include "models/gpt/cpu/gpt_kernels.h"
 
 #include <cblas.h>  // cblas_sgemm
@@ -27,7 +27,7 @@ namespace {
 
 constexpr size_t kRowChunk = 16;  // rows per task for row-wise kernels
 
-// expf to ~2 ulp on [-87, 88] (Cephes' polynomial), written so loops over it vectorise.
+// expf to ~2 ulp on [-87, 88] (Cephes' polynomial), written so loops over it vectorize.
 inline float fast_exp(float x) {
   x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
   const float kMagic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer

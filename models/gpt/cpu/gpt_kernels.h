@@ -1,5 +1,5 @@
 // The GPT's CPU kernels, in f32: GEMMs through OpenBLAS, everything else over oneTBB with loops
-// the compiler vectorises per ISA. Shapes follow llm.c: N = B*T rows of C channels; weights are
+// the compiler vectorizes per ISA. Shapes follow llm.c: N = B*T rows of C channels; weights are
 // [out, in] as in torch.nn.Linear. Every gradient kernel ADDS into parameter gradients (a block
 // may be used twice per micro-step) and overwrites activation gradients unless it says otherwise.
 #pragma once
