@@ -57,8 +57,13 @@ void Engine::finalize(Plan plan, const ModelFootprint& model) {
   // A plan from elsewhere must be the one this engine would make.
   bool same = plan.blocks.size() == specs_.size() && plan.dp == comm_.size() && plan.rank == comm_.rank() &&
               plan.stage == config_.zero.stage && plan.compute_dtype == config_.compute_dtype &&
-              plan.micro_batches == config_.gradient_accumulation_steps;
-  for (size_t b = 0; same && b < specs_.size(); ++b) same = plan.blocks[b].name == specs_[b].name;
+              plan.comm_dtype == config_.communication_dtype && plan.micro_batches == config_.gradient_accumulation_steps &&
+              (passes_.empty() || plan.passes == passes_);
+  for (size_t b = 0; same && b < specs_.size(); ++b) {
+    size_t numel = 0;
+    for (const auto& p : specs_[b].params) numel += p.numel();
+    same = plan.blocks[b].name == specs_[b].name && plan.blocks[b].numel >= numel && plan.blocks[b].param_offsets.size() == specs_[b].params.size();
+  }
   if (!same) {
     ZEROTH_THROW(InvalidArgument, "finalize(plan): the plan (stage {}, {} blocks, rank {} of {}) was not made for this engine's blocks, config and group (stage {}, {} blocks, rank {} of {})",
                  plan.stage, plan.blocks.size(), plan.rank, plan.dp, config_.zero.stage, specs_.size(), comm_.rank(), comm_.size());
@@ -119,8 +124,7 @@ void Engine::end_backward(int block, int micro) { running("end_backward", block)
 void Engine::begin_evaluation() {
   auto& exec = running("begin_evaluation", -1);
   if (exec.evaluating() || !exec.at_cycle_start()) {
-    ZEROTH_THROW(InvalidArgument, "begin_evaluation() inside a cycle ({} of its {} block uses done); evaluate between steps", exec.uses_done(),
-                 plan_.program.size());
+    ZEROTH_THROW(InvalidArgument, "begin_evaluation() inside a cycle ({} block uses done); evaluate between steps", exec.uses_done());
   }
   exec.begin_evaluation();
 }
@@ -195,7 +199,6 @@ void Engine::set_master_values(int block, std::span<const float> values) {
       src += n;
     }
   });
-  exec_->refresh();
 }
 
 }  // namespace zeroth

@@ -35,13 +35,14 @@ Executor::Executor(Device& device, TierAllocators& tiers, Communicator& dp, cons
 }
 
 Executor::~Executor() {
-  // Streams may still run work that points into our buffers.
-  try {
-    gather_stream_->synchronize();
-    reduce_stream_->synchronize();
-    compute_stream().synchronize();
-  } catch (const std::exception& e) {
-    ZLOG_WARN("engine shutting down after a failed step: {}", e.what());
+  // Streams may still run work that points into our buffers: every one is drained, even when
+  // another failed.
+  for (Stream* s : {gather_stream_.get(), reduce_stream_.get(), &compute_stream()}) {
+    try {
+      s->synchronize();
+    } catch (const std::exception& e) {
+      ZLOG_WARN("engine shutting down after a failed step: {}", e.what());
+    }
   }
 }
 
@@ -107,8 +108,12 @@ const Action& Executor::expect_run(size_t from, int block, int micro, Pass pass,
 const BlockViews& Executor::begin(int block, int micro, Pass pass, const char* what) {
   const auto& prog = evaluating_ ? plan_.eval_program : plan_.program;
   size_t& cursor = evaluating_ ? eval_cursor_ : cursor_;
-  expect_run(cursor, block, micro, pass, what);
+  if (open_use_ >= 0) {
+    ZEROTH_THROW(InvalidArgument, "{}({}, micro-batch {}) while the use before it is open; call its end_ first", what, specs_[block].name, micro);
+  }
+  const auto& run = expect_run(cursor, block, micro, pass, what);
   while (prog[cursor].kind != ActionKind::run) execute(prog[cursor++]);
+  open_use_ = run.use;
   if (gather_pending_[block]) {
     compute_stream().wait(*gathered_event_[block]);
     gather_pending_[block] = false;
@@ -130,11 +135,12 @@ void Executor::end(int block, int micro, Pass pass, const char* what) {
   const auto& prog = evaluating_ ? plan_.eval_program : plan_.program;
   size_t& cursor = evaluating_ ? eval_cursor_ : cursor_;
   const auto& run = expect_run(cursor, block, micro, pass, what);
-  if (prog[cursor].kind != ActionKind::run) {
+  if (open_use_ != run.use) {
     ZEROTH_THROW(InvalidArgument, "{}({}, micro-batch {}) before its begin_{}", what, specs_[block].name, micro,
                  pass == Pass::forward ? "forward" : "backward");
   }
   const int use = run.use;
+  open_use_ = -1;
   ++cursor;
   while (cursor < prog.size() && prog[cursor].use == use) execute(prog[cursor++]);
 }
@@ -142,6 +148,7 @@ void Executor::end(int block, int micro, Pass pass, const char* what) {
 void Executor::begin_evaluation() {
   evaluating_ = true;
   eval_cursor_ = 0;
+  open_use_ = -1;
 }
 
 void Executor::end_evaluation() {
@@ -154,6 +161,7 @@ void Executor::end_evaluation() {
     release(static_cast<int>(b));
   }
   evaluating_ = false;
+  open_use_ = -1;
 }
 
 bool Executor::after_backward_pass() const {
@@ -256,8 +264,7 @@ void Executor::reduce_scatter(int index, bool add) {
   const int dp = plan_.dp, r = plan_.rank;
   Stream& rs = *reduce_stream_;
   rs.wait(*record(compute_stream()));
-  // The reduction reads the f32 accumulator where the rank keeps one, else the block's buffer.
-  auto source = [&](int b) { return plan_.find(StateKind::grad_accum, b) ? view(StateKind::grad_accum, b) : grad_view(b); };
+  auto source = [&](int b) { return bucket.from_accumulator ? view(StateKind::grad_accum, b) : grad_view(b); };
   const size_t n = bucket.shard_numel;
   TensorView send;
   if (bucket.staged) {

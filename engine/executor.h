@@ -58,13 +58,11 @@ class Executor {
   void finish_step(const std::optional<UpdateArgs>& args);
 
   // Values of a block: fill(lo, hi, out) provides padded elements [lo, hi) in f32; every kind
-  // this rank holds of the block (parameters, parameter shard, master) is written from them, then
-  // the post-step gathers run. Between cycles; synchronizes.
+  // this rank holds of the block (full parameters, parameter shard, master) is written from them,
+  // so no collective is needed. Between cycles; synchronizes.
   void write_block(int block, const std::function<void(size_t, size_t, float*)>& fill);
-  // Zeroes what starts at zero (moments, gradient accumulators) and refreshes gathered copies.
+  // Zeroes what starts at zero (moments, gradient accumulators).
   void start();
-  // The post-step gathers: every rank's parameter slices to the full copies. Synchronizes.
-  void refresh();
   // The fp32 master values of a block, whole (padded). Collective over the group; synchronizes.
   std::vector<float> master_values(int block);
 
@@ -114,6 +112,7 @@ class Executor {
   std::vector<BlockViews> views_;
   std::shared_ptr<Event> reduced_;  // the last bucket's reduction
   size_t cursor_ = 0;               // next action of the program being walked
+  int open_use_ = -1;               // the use between its begin_ and end_
   size_t eval_cursor_ = 0;
   bool evaluating_ = false;
 };

@@ -36,26 +36,21 @@ double Executor::grad_norm() {
 void Executor::finish_step(const std::optional<UpdateArgs>& args) {
   Stream& cs = compute_stream();
   Stream& gs = *gather_stream_;
-  bool gathering = false;
+  // A skipped step changes no state; it only clears what the cycle accumulated.
   for (const auto& a : plan_.step_program) {
-    switch (a.kind) {
-      case ActionKind::update:
-        if (args) update(a.target, *args);
-        break;
-      case ActionKind::zero:
-        device_.fill(cs, buffer_view(a.target), 0.0f);
-        break;
-      case ActionKind::all_gather:
-        if (!args) break;
-        if (!gathering) gs.wait(*record(cs));
-        gathering = true;
-        all_gather(a.target);
-        break;
-      default:
-        break;
-    }
+    if (a.kind == ActionKind::update && args) update(a.target, *args);
+    if (a.kind == ActionKind::zero) device_.fill(cs, buffer_view(a.target), 0.0f);
   }
-  if (gathering) cs.wait(*record(gs));
+  // Whatever the gather stream reads next (this step's post-step gathers, the next cycle's
+  // gathers of parameter shards) must see the update.
+  gs.wait(*record(cs));
+  bool gathered = false;
+  for (const auto& a : plan_.step_program) {
+    if (a.kind != ActionKind::all_gather || !args) continue;
+    all_gather(a.target);
+    gathered = true;
+  }
+  if (gathered) cs.wait(*record(gs));
   cursor_ = 0;
 }
 
@@ -152,17 +147,6 @@ void Executor::start() {
   for (size_t b = 0; b < buffers_.size(); ++b) {
     if (plan_.buffers[b].zeroed) device_.fill(cs, buffer_view(static_cast<int>(b)), 0.0f);
   }
-  refresh();
-}
-
-void Executor::refresh() {
-  Stream& cs = compute_stream();
-  Stream& gs = *gather_stream_;
-  gs.wait(*record(cs));
-  for (const auto& a : plan_.step_program) {
-    if (a.kind == ActionKind::all_gather) all_gather(a.target);
-  }
-  cs.wait(*record(gs));
   cs.synchronize();
 }
 

@@ -174,7 +174,7 @@ void make_sub_groups(Plan& p, const std::vector<BlockSpec>& specs, uint64_t limi
   }
 }
 
-void make_step_program(Plan& p, const EngineConfig& config) {
+void make_step_program(Plan& p) {
   auto add = [&](ActionKind kind, int target, bool flag = false) {
     Action a;
     a.kind = kind;
@@ -184,11 +184,8 @@ void make_step_program(Plan& p, const EngineConfig& config) {
   };
   add(ActionKind::grad_norm, p.range(StateKind::grad_shard, p.shard_order.front()).buffer, p.stage >= 1);
   for (size_t g = 0; g < p.sub_groups.size(); ++g) add(ActionKind::update, static_cast<int>(g));
-  for (size_t b = 0; b < p.buffers.size(); ++b) {
-    if (p.buffers[b].name == "grad_accum") add(ActionKind::zero, static_cast<int>(b));
-  }
+  if (const auto* accum = p.find(StateKind::grad_accum, p.shard_order.front())) add(ActionKind::zero, accum->buffer);
   for (size_t k = 0; k < p.gather_buckets.size(); ++k) add(ActionKind::all_gather, static_cast<int>(k));
-  (void)config;
 }
 
 }  // namespace
@@ -285,6 +282,7 @@ Plan make_plan(const std::vector<BlockSpec>& specs, const BlockSchedule& schedul
     auto& bucket = p.reduce_buckets[k];
     bucket.staged = z.stage == 0 ? config.communication_dtype != DType::f32
                                  : bucket.blocks.size() > 1 || grad_source != config.communication_dtype;
+    bucket.from_accumulator = z.stage <= 1;
     for (int b : bucket.blocks) p.blocks[b].reduce_bucket = static_cast<int>(k);
     if (bucket.staged) reduce_staging = std::max(reduce_staging, bucket.shard_numel * dp);
   }
@@ -311,7 +309,7 @@ Plan make_plan(const std::vector<BlockSpec>& specs, const BlockSchedule& schedul
   p.scalar = add_buffer(p, "scalar", MemTag::buffers, DType::f32, 1);
 
   make_sub_groups(p, specs, std::max<uint64_t>(1, z.sub_group_size));
-  make_step_program(p, config);
+  make_step_program(p);
   for (const auto& buf : p.buffers) at(p.bytes, buf.tier, buf.tag) += buf.bytes();
   return p;
 }

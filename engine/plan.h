@@ -85,6 +85,7 @@ struct Bucket {
   size_t shard_numel = 0;   // per rank
   size_t full_offset = 0;
   bool staged = false;      // goes through the rank-major staging buffer (more than one block, or a dtype change)
+  bool from_accumulator = false;  // reduces the f32 accumulator (stages 0-1), else the blocks' gradient buffers
 };
 
 // An update range of the optimizer: owned elements [lo, hi) of a block with one weight decay.
@@ -122,6 +123,7 @@ struct Action {
   int target = -1;  // the block, bucket, buffer or sub-group acted on
   size_t offset = 0;
   bool flag = false;
+  bool operator==(const Action&) const = default;
 };
 
 // One pass of one micro-batch of the accumulation cycle.

@@ -88,7 +88,9 @@ nlohmann::json Plan::to_json() const {
   }
   auto buckets = [&](const std::vector<Bucket>& v) {
     auto out = nlohmann::json::array();
-    for (const auto& k : v) out.push_back({{"blocks", k.blocks}, {"shard_numel", k.shard_numel}, {"staged", k.staged}});
+    for (const auto& k : v) {
+      out.push_back({{"blocks", k.blocks}, {"shard_numel", k.shard_numel}, {"staged", k.staged}, {"from_accumulator", k.from_accumulator}});
+    }
     return out;
   };
   j["reduce_buckets"] = buckets(reduce_buckets);

@@ -125,6 +125,7 @@ struct Gpt::State {
   Buffer buffer;                // every activation slot and the backward scratch, one allocation (tag: activations)
   Buffer token_buffer;          // tokens and targets of every slot, on the device
   std::vector<Slot> slots;      // micro-batch m uses slot m mod slots.size()
+  int in_flight = 0;            // forwards whose backward has not been enqueued
   GradScratch d;                // backward passes run one at a time: shared
   Buffer wbuf, gbuf;            // f32 copies of a narrow block's parameters and gradients
 
@@ -143,8 +144,16 @@ struct Gpt::State {
   }
 
   // On the caller's thread: a new shape waits for the stream to finish with the old buffers.
+  void check_shape(int b, int t) const {
+    if (in_flight > 0 && (b != B || t != T)) {
+      ZEROTH_THROW(InvalidArgument, "GPT micro-batch of {} x {} while {} micro-batch(es) of {} x {} are in flight: the micro-batches of a cycle share one shape",
+                   b, t, in_flight, B, T);
+    }
+  }
+
   void reserve(Stream& stream, int b, int t, int n_slots, DType compute) {
     if (b == B && t == T && static_cast<size_t>(n_slots) == slots.size()) return;
+    check_shape(b, t);
     stream.synchronize();
     const size_t BT = static_cast<size_t>(b) * t, C = cfg.n_embd, L = cfg.n_layer;
     buffer.reset();
@@ -348,11 +357,14 @@ void Gpt::run_forward(int micro, const int32_t* tokens, const int32_t* targets, 
     ZEROTH_THROW(InvalidArgument, "GPT micro-batch {} x {}: need B >= 1 and 1 <= T <= model.seq_len ({})", B, T, config_.seq_len);
   }
   if (micro < 0) ZEROTH_THROW(InvalidArgument, "GPT forward of micro-batch {}: micro-batch ids start at 0", micro);
-  // The caller's host arrays are checked here and copied in stream order to the device.
+  // The caller's host arrays are checked here and copied in stream order to the device, once
+  // the host has accepted the use (so a refused call leaves every slot as it was).
   check_tokens(tokens, static_cast<size_t>(B) * T, config_.vocab_size, "token");
   check_tokens(targets, static_cast<size_t>(B) * T, config_.vocab_size, "target");
   auto s = state_;
   Stream& stream = host_.compute_stream();
+  s->check_shape(B, T);
+  const auto& embed = host_.begin_forward(embed_, micro);
   s->reserve(stream, B, T, host_.micro_batches_in_flight(), host_.compute_dtype());
   Slot* sl = &s->slots[training ? micro % s->slots.size() : 0];
   host_.device().copy(stream, sl->tokens, tokens, static_cast<size_t>(B) * T * sizeof(int32_t));
@@ -364,8 +376,7 @@ void Gpt::run_forward(int micro, const int32_t* tokens, const int32_t* targets, 
   // Without backward nothing is kept per layer: evaluation runs in the first set.
   auto acts = [sl, training](int l) -> const LayerActs& { return sl->layer[!training || sl->layer.size() == 1 ? 0 : l]; };
   {
-    const auto& v = host_.begin_forward(embed_, micro);
-    k.submit([s, sl, &k, B, T, C, params = v.params] {
+    k.submit([s, sl, &k, B, T, C, params = embed.params] {
       Bound w(k, params, nullptr, s->wbuf, s->gbuf);
       k.encoder_forward(sl->resid[0], sl->tokens, w.p(0), w.p(1), B, T, C);
     });
@@ -398,6 +409,7 @@ void Gpt::run_forward(int micro, const int32_t* tokens, const int32_t* targets, 
     });
     host_.end_forward(embed_, micro);
   }
+  if (training) ++s->in_flight;
 }
 
 void Gpt::backward(int micro) {
@@ -413,6 +425,7 @@ void Gpt::backward(int micro) {
   auto acts = [sl](int l) -> const LayerActs& { return sl->layer[sl->layer.size() == 1 ? 0 : l]; };
   {
     const auto& v = host_.begin_backward(embed_, micro);
+    --s->in_flight;
     k.submit([s, sl, &k, BT, C, V, params = v.params, grads = v.grads] {
       Bound w(k, params, &grads, s->wbuf, s->gbuf);
       k.matmul_backward(s->d.dC, w.g(0), nullptr, sl->logits, sl->lnf, w.p(0), BT, C, V);

@@ -201,6 +201,8 @@ TEST(EngineProgram, UsesOutOfThePlannedOrderAreRefusedNamingTheExpectedUse) {
     Mlp mlp(engine, {run.widths});
     engine.set_pass_order(one_f_one_b_passes(2, 2));
     engine.finalize();
+    // Every rank computes its initial values itself: no collective at start.
+    EXPECT_EQ(engine.comm_stats().total_bytes(), 0u);
     auto message = [](auto&& fn) {
       try {
         fn();
@@ -209,6 +211,7 @@ TEST(EngineProgram, UsesOutOfThePlannedOrderAreRefusedNamingTheExpectedUse) {
       }
       return std::string("accepted");
     };
+    EXPECT_NE(message([&] { engine.end_forward(0, 0); }).find("before its begin_forward"), std::string::npos);
     EXPECT_NE(message([&] { engine.begin_backward(0, 0); }).find("out of order: the program's next use is the forward of block layer0 for micro-batch 0"),
               std::string::npos);
     engine.begin_forward(0, 0);
@@ -244,6 +247,19 @@ TEST(EngineGrid, PartitionsOverTheGridsDataParallelGroup) {
     EXPECT_EQ(grid_results[r].weights, plain[dp_index].weights) << "rank " << r;
     EXPECT_EQ(grid_results[r].losses, plain[dp_index].losses) << "rank " << r;
   }
+}
+
+// The next cycle's gathers read the parameter shards the step just wrote; the engine orders
+// them itself, with no host synchronisation between the step and the next forward.
+TEST(EngineStreams, Stage3GathersAfterAStepSeeTheUpdateWithoutAHostSync) {
+  MlpRun run;
+  run.stage = 3;
+  run.synchronize_steps = false;
+  const auto ranks = run_ranks(2, run);
+  const auto& ref = reference(DType::f32);
+  for (const auto& r : ranks) EXPECT_LE(weight_error(r, ref), 1e-6);
+  const auto losses = global_losses(ranks);
+  for (size_t k = 0; k < losses.size(); ++k) EXPECT_NEAR(losses[k], ref.losses[k], 1e-6 * ref.losses[k]) << "step " << k;
 }
 
 TEST(EngineTraffic, BytesPerStepAreTwoPsiForStages0To2AndThreePsiForStage3) {

@@ -160,6 +160,40 @@ INSTANTIATE_TEST_SUITE_P(Cases, GptEquivalence,
                                            GptCase{1, 2, 2, DType::bf16, true}),
                          name);
 
+// Evaluation through the engine (stage 3: its own program of gathers and releases) computes the
+// loss the training forward computes for the same batch and weights, bit for bit, before and
+// after a step.
+TEST(GptEvaluation, ThroughTheEngineGivesTheTrainingForwardsLoss) {
+  const GptConfig gc = tiny(false);
+  const TokenData data = TokenData::synthetic(gc.vocab_size, 1 << 14, 3);
+  for (int stage : {0, 3}) {
+    run_local_ranks(2, [&](Communicator& comm) {
+      EngineConfig ec;
+      ec.zero.stage = stage;
+      ec.zero.stage3_param_persistence_threshold = 100;
+      ec.zero.stage3_prefetch_bucket_size = 8000;
+      auto device = make_device("cpu");
+      Engine engine(*device, comm, ec);
+      Gpt gpt(engine, gc);
+      engine.finalize();
+      const int mb = 2, T = gc.seq_len;
+      Loader loader(data, T, mb, 1, 2, comm.rank(), 11, true);
+      std::vector<int32_t> tokens(static_cast<size_t>(mb) * T), targets(tokens.size());
+      for (int s = 0; s < 2; ++s) {
+        loader.batch(s, 0, tokens.data(), targets.data());
+        float eval_loss = 0, train_loss = 0;
+        gpt.evaluate(tokens.data(), targets.data(), mb, T, &eval_loss);
+        gpt.forward(0, tokens.data(), targets.data(), mb, T, &train_loss);
+        gpt.backward(0);
+        EXPECT_TRUE(engine.step().boundary);
+        engine.compute_stream().synchronize();
+        EXPECT_EQ(eval_loss, train_loss) << "stage " << stage << " step " << s;
+        EXPECT_GT(eval_loss, 0.0f);
+      }
+    });
+  }
+}
+
 // A 1F1B order runs the forward of later micro-batches before the backward of earlier ones; the
 // gradients still add up in micro-batch order, so every stage gives the sequential order's bits.
 class GptInterleaved : public ::testing::TestWithParam<GptCase> {};

@@ -30,6 +30,8 @@ struct MlpRun {
   std::function<void(EngineConfig&)> tweak;
   // Multiplies one rank's targets on one step by Inf (to inject an overflow).
   int poison_rank = -1, poison_step = -1;
+  // Wait for each step on the host before the next; false: only at the end (losses read then).
+  bool synchronize_steps = true;
 };
 
 struct RankResult {
@@ -91,22 +93,28 @@ inline RankResult train_mlp(Communicator& comm, const MlpRun& run, const Process
     Engine engine = groups != nullptr ? Engine(*device, *groups, mlp_config(run)) : Engine(*device, comm, mlp_config(run));
     Mlp mlp(engine, {run.widths});
     engine.finalize();
-    std::vector<float> x, t;
-    std::vector<float> losses(run.gas);
+    // Every step keeps its own batch and losses: without a host sync per step the stream may
+    // still read them when the host prepares the next.
+    std::vector<std::vector<float>> xs(run.steps), ts(run.steps), losses(run.steps, std::vector<float>(run.gas));
     for (int k = 0; k < run.steps; ++k) {
+      auto& x = xs[k];
+      auto& t = ts[k];
       mlp_batch(k, run.global_batch, in, out, x, t);
       if (k == run.poison_step && r == run.poison_rank) t[static_cast<size_t>(r * run.gas) * mb * out] = std::numeric_limits<float>::infinity();
       const uint64_t before = engine.comm_stats().total_bytes();
       for (int m = 0; m < run.gas; ++m) {
         const size_t row = static_cast<size_t>(r * run.gas + m) * mb;
-        mlp.forward_backward(x.data() + row * in, t.data() + row * out, mb, &losses[m], m);
+        mlp.forward_backward(x.data() + row * in, t.data() + row * out, mb, &losses[k][m], m);
         const auto s = engine.step();
         if (s.boundary) result.steps.push_back(s);
       }
-      engine.compute_stream().synchronize();
+      if (run.synchronize_steps) engine.compute_stream().synchronize();
       result.comm_bytes_per_step = engine.comm_stats().total_bytes() - before;
+    }
+    engine.compute_stream().synchronize();
+    for (const auto& step : losses) {
       double sum = 0;
-      for (float l : losses) sum += l;
+      for (float l : step) sum += l;
       result.losses.push_back(sum / run.gas);
     }
     const auto stats = device->memory().stats();

@@ -78,6 +78,9 @@ TEST(Plan, TiedBlockIsGatheredPerUseAndItsGradientsCompleteAtItsLastBackwardUse)
     }
   }
   EXPECT_EQ(targets(plan.program, ActionKind::place_grads), (std::vector<int>{0, 2, 1}));
+  EXPECT_EQ(std::count(plan.program.begin(), plan.program.end(), Action{ActionKind::reduce_scatter, 7, 0, 0, Pass::backward,
+                                                                         plan.blocks[0].reduce_bucket, 0, false}),
+            1);
   // Every action carries the key of its use.
   for (const auto& a : plan.program) {
     EXPECT_EQ(a.micro, 0);
@@ -182,7 +185,18 @@ TEST(Plan, OwnedRangesCoverEveryParameterExactlyOncePerKind) {
                   << where << " block " << b << " " << state_kind_name(kind);
             }
             // Full parameters: every block everywhere at stages 0-2, persistent blocks at stage 3.
-            for (const auto& p : plans) EXPECT_EQ(p.find(StateKind::params, static_cast<int>(b)) != nullptr, stage < 3 || blk.persistent) << where;
+            // At stages 0-2 the shard is the rank's slice of them, so the post-step all-gather
+            // runs in place.
+            for (const auto& p : plans) {
+              const auto* full = p.find(StateKind::params, static_cast<int>(b));
+              EXPECT_EQ(full != nullptr, stage < 3 || blk.persistent) << where;
+              const auto& shard = p.range(StateKind::param_shard, static_cast<int>(b));
+              if (stage < 3) {
+                ASSERT_NE(full, nullptr);
+                EXPECT_EQ(shard.buffer, full->buffer) << where;
+                EXPECT_EQ(shard.offset, full->offset + shard.lo) << where;
+              }
+            }
           }
           for (const auto& p : plans) {
             // Ranges of one kind never share an element of their buffer.
