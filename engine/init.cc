@@ -6,6 +6,8 @@
 
 #include <tbb/parallel_for.h>  // tbb::parallel_for
 
+#include "core/cpu/kernels.h"  // cpu::num_threads
+
 namespace zeroth {
 namespace {
 
@@ -27,8 +29,8 @@ void init_values(const InitRule& rule, uint64_t seed, std::string_view name, siz
   uint64_t key = 0xcbf29ce484222325ULL;  // FNV-1a of the name, then the seed
   for (unsigned char ch : name) key = (key ^ ch) * 0x100000001b3ULL;
   key = mix(key ^ mix(seed));
-  tbb::parallel_for(tbb::blocked_range<size_t>(0, count, 1 << 16), [&](const tbb::blocked_range<size_t>& r) {
-    for (size_t k = r.begin(); k < r.end(); ++k) {
+  auto fill = [&](size_t lo, size_t hi) {
+    for (size_t k = lo; k < hi; ++k) {
       const uint64_t i = begin + k;
       double v = 0;
       switch (rule.kind) {
@@ -43,7 +45,15 @@ void init_values(const InitRule& rule, uint64_t seed, std::string_view name, siz
       }
       out[k] = static_cast<float>(v);
     }
-  });
+  };
+  // One thread (a rank per core, or TSan runs) fills in order, outside any task arena shared by
+  // the rank threads of the process.
+  constexpr size_t kGrain = size_t{1} << 16;
+  if (count <= kGrain || cpu::num_threads() == 1) {
+    fill(0, count);
+    return;
+  }
+  tbb::parallel_for(tbb::blocked_range<size_t>(0, count, kGrain), [&](const tbb::blocked_range<size_t>& r) { fill(r.begin(), r.end()); });
 }
 
 }  // namespace zeroth
