@@ -127,7 +127,7 @@ std::string Plan::table() const {
   for (size_t t = 0; t < kTierCount; ++t) {
     const size_t total = tier_total(bytes, static_cast<Tier>(t));
     if (total == 0 && t != 0) continue;
-    out += fmt::format("  {} bytes per rank at peak:", tier_name(static_cast<Tier>(t)));
+    out += fmt::format("  engine state per rank at peak, {} tier:", tier_name(static_cast<Tier>(t)));
     for (size_t g = 0; g < kMemTagCount; ++g) {
       if (bytes[t][g] > 0) out += fmt::format(" {} {},", mem_tag_name(static_cast<MemTag>(g)), format_bytes(bytes[t][g]));
     }
@@ -137,15 +137,17 @@ std::string Plan::table() const {
 }
 
 std::string Plan::program_summary() const {
-  size_t counts[kActionKindCount] = {};
-  for (const auto& a : program) ++counts[static_cast<size_t>(a.kind)];
-  for (const auto& a : step_program) ++counts[static_cast<size_t>(a.kind)];
-  std::string out = fmt::format("program: {} actions per cycle of {} micro-batch(es) (at most {} in flight), {} at the step:",
-                                program.size(), micro_batches, max_in_flight, step_program.size());
-  for (size_t k = 0; k < kActionKindCount; ++k) {
-    if (counts[k] > 0) out += fmt::format(" {} {},", action_name(static_cast<ActionKind>(k)), counts[k]);
-  }
-  out.pop_back();
+  auto counts = [](const std::vector<Action>& actions) {
+    size_t n[kActionKindCount] = {};
+    for (const auto& a : actions) ++n[static_cast<size_t>(a.kind)];
+    std::string text;
+    for (size_t k = 0; k < kActionKindCount; ++k) {
+      if (n[k] > 0) text += fmt::format("{}{} {}", text.empty() ? "" : ", ", action_name(static_cast<ActionKind>(k)), n[k]);
+    }
+    return text;
+  };
+  std::string out = fmt::format("program: {} actions per cycle of {} micro-batch(es), at most {} in flight ({}); {} at the step ({})",
+                                program.size(), micro_batches, max_in_flight, counts(program), step_program.size(), counts(step_program));
   out += "\nmicro-batch 0:";
   int use = -1;
   for (const auto& a : program) {

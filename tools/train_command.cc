@@ -75,15 +75,20 @@ std::string memory_line(const MemoryNeed& need) {
 
 class Console final : public TrainObserver {
  public:
+  // The output folder must be writable before the ranks start; what an earlier run left there is
+  // replaced only once this run has passed its checks (on_start), so a refused run loses nothing.
   explicit Console(const TrainConfig& c) : c_(c) {
     bar_ = c.run.progress == "bar" || (c.run.progress == "auto" && isatty(STDOUT_FILENO) == 1);
     std::filesystem::create_directories(c.run.output_dir);
-    metrics_.open(c.run.output_dir + "/metrics.jsonl", std::ios::trunc);
+    metrics_.open(c.run.output_dir + "/metrics.jsonl", std::ios::app);
     if (!metrics_) ZEROTH_THROW(IoError, "cannot write {}/metrics.jsonl; check run.output_dir", c.run.output_dir);
-    std::ofstream(c.run.output_dir + "/config.json") << c.resolved.dump(2) << "\n";
   }
 
   void on_start(const TrainConfig& c, const Plan&, const RunFacts& f) override {
+    metrics_.close();
+    metrics_.open(c.run.output_dir + "/metrics.jsonl", std::ios::trunc);
+    std::ofstream(c.run.output_dir + "/config.json") << c.resolved.dump(2) << "\n";
+    if (!metrics_) ZEROTH_THROW(IoError, "cannot write {}/metrics.jsonl; check run.output_dir", c.run.output_dir);
     const auto& m = c.model;
     const int64_t gas = c.engine.gradient_accumulation_steps;
     std::vector<std::pair<std::string, std::string>> rows;

@@ -164,11 +164,17 @@ TEST(Train, ConfigErrorsExitWithTheMessage) {
   const auto r = run({ZEROTH_BIN, "train", write_config("bad", j)}, "bad");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.output.find("zeroth: error: zero_optimization.stag is not a known key (did you mean 'stage'?)"), std::string::npos) << r.output;
-  // A budget too small for the whole need: refused before anything is allocated, with the parts.
+  // A budget too small for the whole need: refused before anything is allocated, with the parts,
+  // and what an earlier run left in the output folder is kept.
   j = tiny("budget");
+  std::filesystem::create_directories(temp("budget"));
+  const std::string earlier = "{\"step\": 1, \"loss\": 4.2}\n";
+  std::ofstream(temp("budget") + "/metrics.jsonl") << earlier;
   const auto budget = run({ZEROTH_BIN, "train", write_config("budget", j), "--set", "run.device_memory=\"300KiB\""}, "budget");
   EXPECT_EQ(budget.code, 1);
   EXPECT_NE(budget.output.find("but run.device_memory is 300.00 KiB; nothing was allocated"), std::string::npos) << budget.output;
+  std::ifstream kept(temp("budget") + "/metrics.jsonl");
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(kept), {}), earlier);
   const auto missing = run({ZEROTH_BIN, "train", temp("no-such-config.json")}, "missing");
   EXPECT_EQ(missing.code, 1);
   EXPECT_NE(missing.output.find("cannot read config"), std::string::npos) << missing.output;
