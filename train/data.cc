@@ -99,7 +99,10 @@ TokenData TokenData::open_text(const std::string& path) {
     std::ifstream in(f, std::ios::binary);
     if (!in) ZEROTH_THROW(IoError, "open(\"{}\"): {}", f.string(), std::strerror(errno));
     std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (files.size() > 1 && bytes.find('\0') != std::string::npos) continue;
+    if (const size_t nul = bytes.find('\0'); nul != std::string::npos) {
+      if (files.size() > 1) continue;
+      ZEROTH_THROW(InvalidArgument, "{} holds a NUL byte at offset {}: it is not text. Token files (llm.c's .bin) take data.format \"bin\"", f.string(), nul);
+    }
     v->insert(v->end(), reinterpret_cast<const unsigned char*>(bytes.data()), reinterpret_cast<const unsigned char*>(bytes.data()) + bytes.size());
   }
   if (v->empty()) ZEROTH_THROW(InvalidArgument, "{} holds no text", path);
@@ -150,6 +153,11 @@ Loader::Loader(TokenData data, int seq_len, int micro_batch, int gradient_accumu
   if (windows_ < 1) {
     ZEROTH_THROW(ConfigError, "the data has {} tokens, fewer than one sequence of model.seq_len + 1 = {} tokens; use more data or a shorter model.seq_len",
                  data_.size(), T_ + 1);
+  }
+  // One batch never holds the same sequence twice.
+  if (windows_ < global_batch()) {
+    ZEROTH_THROW(ConfigError, "the data has {} sequences of {} tokens, but one batch takes {} ({} per micro-batch x {} x {} ranks): sequences would repeat inside a batch; use more data, a shorter model.seq_len or a smaller batch",
+                 windows_, T_ + 1, global_batch(), micro_, gas_, dp_);
   }
 }
 
