@@ -17,6 +17,7 @@ namespace {
 struct Layout {
   int dp, pp, tp;
 };
+void PrintTo(const Layout& l, std::ostream* os) { *os << "dp " << l.dp << " x pp " << l.pp << " x tp " << l.tp; }
 
 // Megatron-LM's initialize_model_parallel enumeration, written out independently.
 std::set<std::vector<int>> megatron_tp_groups(int world, int tp) {

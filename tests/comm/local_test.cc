@@ -21,6 +21,7 @@ struct WorldCase {
   std::string device;
   int ranks;
 };
+void PrintTo(const WorldCase& w, std::ostream* os) { *os << w.ranks << " ranks on " << w.device; }
 
 class LocalCollectives : public ::testing::TestWithParam<WorldCase> {};
 

@@ -27,6 +27,7 @@ struct Format {
   int bias;       // exponent bias
   int exp_bits;
 };
+void PrintTo(const Format& f, std::ostream* os) { *os << dtype_name(f.type); }
 constexpr Format kBf16{DType::bf16, 7, 127, 8};
 constexpr Format kF16{DType::f16, 10, 15, 5};
 

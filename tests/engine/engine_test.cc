@@ -67,6 +67,9 @@ struct Case {
   int stage, dp, gas;
   DType dtype;
 };
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << "stage " << c.stage << ", dp " << c.dp << ", gas " << c.gas << ", " << dtype_name(c.dtype);
+}
 
 class Equivalence : public ::testing::TestWithParam<Case> {};
 

@@ -23,6 +23,10 @@ struct GptCase {
   bool checkpointing;
   int in_flight = 0;  // > 0: a 1F1B pass order with this many micro-batches forwarded ahead
 };
+void PrintTo(const GptCase& k, std::ostream* os) {
+  *os << "stage " << k.stage << ", dp " << k.dp << ", gas " << k.gas << ", " << dtype_name(k.dtype) << (k.checkpointing ? ", checkpointing" : "");
+  if (k.in_flight > 0) *os << ", 1F1B with " << k.in_flight << " in flight";
+}
 
 struct GptResult {
   std::vector<double> losses;               // per step, mean over the global batch

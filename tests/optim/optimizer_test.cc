@@ -25,6 +25,8 @@ struct Case {
   std::string name;
   OptimizerParams params;
 };
+// ctest and failure messages show the case by name, not as raw bytes.
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 std::vector<Case> cases() {
   std::vector<Case> c;

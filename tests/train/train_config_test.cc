@@ -77,6 +77,7 @@ struct BatchCase {
   int world;
   int64_t tbs, mb, gas;
 };
+void PrintTo(const BatchCase& c, std::ostream* os) { *os << c.patch << " on " << c.world << " ranks"; }
 
 class BatchRule : public ::testing::TestWithParam<BatchCase> {};
 
@@ -106,6 +107,7 @@ struct ErrorCase {
   const char* error;
   int launched = 0;
 };
+void PrintTo(const ErrorCase& c, std::ostream* os) { *os << c.name; }
 
 class Invalid : public ::testing::TestWithParam<ErrorCase> {};
 
