@@ -18,6 +18,8 @@ class IoError : public Error { using Error::Error; };
 class CommError : public Error { using Error::Error; };
 class CudaError : public Error { using Error::Error; };
 class OutOfMemory : public Error { using Error::Error; };
+// A run whose numbers went wrong for good (gradients non-finite step after step).
+class NumericError : public Error { using Error::Error; };
 
 namespace detail {
 std::string where(const char* file, int line);

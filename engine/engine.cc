@@ -147,6 +147,7 @@ StepResult Engine::step() {
   result.loss_scale = scaler_.scale();
   if (!exec.cycle_complete()) return result;
   result.boundary = true;
+  ++cycles_;
 
   const double sumsq = exec.grad_norm();
   const double inv = 1.0 / (scaler_.scale() * plan_.dp * static_cast<double>(config_.gradient_accumulation_steps));
@@ -156,7 +157,7 @@ StepResult Engine::step() {
   result.loss_scale = scaler_.scale();
   if (overflow) {
     result.skipped = true;
-    if (config_.compute_dtype != DType::f16) ZLOG_WARN("step {}: the gradients hold Inf or NaN; the step is skipped", applied_ + 1);
+    if (config_.compute_dtype != DType::f16) ZLOG_WARN("step {}: the gradients hold Inf or NaN; the step is skipped", cycles_);
     exec.finish_step(std::nullopt);
     return result;
   }

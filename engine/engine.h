@@ -113,6 +113,7 @@ class Engine final : public BlockHost {
   std::unique_ptr<Executor> exec_;
   LossScaler scaler_;
   int64_t applied_ = 0;  // optimizer steps applied
+  int64_t cycles_ = 0;   // steps run, skipped ones included
 };
 
 }  // namespace zeroth

@@ -5,7 +5,9 @@
 #include <unistd.h>  // isatty
 
 #include <atomic>      // std::atomic
+#include <cerrno>      // errno
 #include <csignal>     // std::signal
+#include <cstring>     // std::strerror
 #include <cstdio>      // std::printf
 #include <cstdlib>     // std::getenv
 #include <filesystem>  // std::filesystem
@@ -87,8 +89,11 @@ class Console final : public TrainObserver {
   void on_start(const TrainConfig& c, const Plan&, const RunFacts& f) override {
     metrics_.close();
     metrics_.open(c.run.output_dir + "/metrics.jsonl", std::ios::trunc);
-    std::ofstream(c.run.output_dir + "/config.json") << c.resolved.dump(2) << "\n";
-    if (!metrics_) ZEROTH_THROW(IoError, "cannot write {}/metrics.jsonl; check run.output_dir", c.run.output_dir);
+    std::ofstream config(c.run.output_dir + "/config.json");
+    config << c.resolved.dump(2) << "\n";
+    config.flush();
+    if (!config) ZEROTH_THROW(IoError, "writing {}/config.json failed: {}; the disk may be full or the folder read-only", c.run.output_dir, std::strerror(errno));
+    check_written();
     const auto& m = c.model;
     const int64_t gas = c.engine.gradient_accumulation_steps;
     std::vector<std::pair<std::string, std::string>> rows;
@@ -124,7 +129,7 @@ class Console final : public TrainObserver {
                                {"peak_bytes", s.peak_bytes}}
                     .dump()
              << "\n";
-    metrics_.flush();
+    check_written();
     const bool print = s.step == 1 || s.step % c_.steps_per_print == 0 || s.step == c_.run.steps;
     const std::string line = fmt::format("step {:>{}}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f}{} | {} tok/s | {:.0f} ms | peak {}",
                                          s.step, std::to_string(c_.run.steps).size(), c_.run.steps, s.loss, s.lr, s.grad_norm,
@@ -147,7 +152,7 @@ class Console final : public TrainObserver {
 
   void on_eval(int64_t step, double val) override {
     metrics_ << nlohmann::json{{"step", step}, {"val_loss", val}}.dump() << "\n";
-    metrics_.flush();
+    check_written();
     clear_bar();
     std::printf("validation at step %lld: loss %.4f\n", static_cast<long long>(step), val);
     std::fflush(stdout);
@@ -167,10 +172,19 @@ class Console final : public TrainObserver {
                                             {"peak_bytes", s.peak_total}}}}
                     .dump()
              << "\n";
+    check_written();
     std::fflush(stdout);
   }
 
  private:
+  // Every record reaches the file or the run ends with an error naming it.
+  void check_written() {
+    metrics_.flush();
+    if (!metrics_) {
+      ZEROTH_THROW(IoError, "writing {}/metrics.jsonl failed: {}; the disk may be full or the folder read-only", c_.run.output_dir,
+                   std::strerror(errno));
+    }
+  }
   void clear_bar() {
     if (bar_shown_) std::printf("\r\033[K");
     bar_shown_ = false;

@@ -202,7 +202,8 @@ void read_data(TrainConfig& t, const json& j) {
 
 void read_run(TrainConfig& t, const json& j, int launched_world_size) {
   static constexpr std::string_view kKeys[] = {"name", "steps", "eval_interval", "eval_batches", "seed", "output_dir", "device",
-                                               "device_memory", "host_memory", "world_size", "backend", "progress"};
+                                               "device_memory", "host_memory", "world_size", "backend", "progress",
+                                               "max_nonfinite_steps"};
   static constexpr std::string_view kBackends[] = {"local", "gloo", "nccl"};
   static constexpr std::string_view kProgress[] = {"auto", "bar", "lines"};
   json copy = j.value("run", json::object());
@@ -233,6 +234,7 @@ void read_run(TrainConfig& t, const json& j, int launched_world_size) {
   bytes("device_memory", r.device_memory);
   bytes("host_memory", r.host_memory);
   r.progress = s.string("progress", "auto", kProgress);
+  r.max_nonfinite_steps = s.integer("max_nonfinite_steps", r.max_nonfinite_steps, 0, int64_t{1} << 40);
   if (launched_world_size > 0) {
     r.world_size = static_cast<int>(s.integer("world_size", launched_world_size, 1, 1 << 20));
     if (r.world_size != launched_world_size) {
@@ -448,7 +450,8 @@ TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) 
   }
   c["run"] = {{"name", t.run.name}, {"steps", t.run.steps}, {"eval_interval", t.run.eval_interval}, {"eval_batches", t.run.eval_batches},
               {"seed", t.run.seed}, {"output_dir", t.run.output_dir}, {"device", t.run.device}, {"device_memory", t.run.device_memory},
-              {"host_memory", t.run.host_memory}, {"world_size", t.run.world_size}, {"backend", t.run.backend}, {"progress", t.run.progress}};
+              {"host_memory", t.run.host_memory}, {"world_size", t.run.world_size}, {"backend", t.run.backend}, {"progress", t.run.progress},
+              {"max_nonfinite_steps", t.run.max_nonfinite_steps}};
   t.resolved = std::move(c);
   return t;
 }

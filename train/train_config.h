@@ -44,6 +44,9 @@ struct RunConfig {
   int world_size = 1;           // data-parallel ranks
   std::string backend = "local";  // local (threads) | gloo (processes) | nccl (GPUs)
   std::string progress = "auto";  // auto (a bar on a terminal) | bar | lines
+  // Steps in a row whose gradients are non-finite (with fp16: at the smallest loss scale) after
+  // which the run ends with an error; 0: never.
+  int64_t max_nonfinite_steps = 10;
 };
 
 struct TrainConfig {

@@ -4,6 +4,8 @@
 
 #include <algorithm>  // std::max
 #include <chrono>     // std::chrono::steady_clock
+#include <cmath>      // std::isfinite
+#include <exception>  // std::exception_ptr
 #include <vector>     // std::vector
 
 #include <fmt/format.h>  // fmt::format
@@ -84,10 +86,19 @@ TrainSummary train(const TrainConfig& config, Communicator& dp, Device& device, 
   Gpt gpt(engine, config.model);
   summary.parameters = config.model.num_parameters();
   engine.finalize(std::move(plan), model);
-  if (lead && observer != nullptr) {
-    const RunFacts facts{summary.parameters, data.train.size(), data.has_val ? data.val.size() : 0, need};
-    observer->on_start(config, engine.plan(), facts);
-  }
+  // Rank 0's observer writes the run's files; a failure there (disk full, read-only) is kept and
+  // every rank stops at the next agreement, so no rank waits in a collective for rank 0.
+  std::exception_ptr report_error;
+  auto report = [&](auto&& fn) {
+    if (!lead || observer == nullptr || report_error) return;
+    try {
+      fn();
+    } catch (...) {
+      report_error = std::current_exception();
+    }
+  };
+  const RunFacts facts{summary.parameters, data.train.size(), data.has_val ? data.val.size() : 0, need};
+  report([&] { observer->on_start(config, engine.plan(), facts); });
 
   const size_t n = static_cast<size_t>(mb) * T;
   std::vector<int32_t> tokens(n * gas), targets(n * gas);
@@ -117,11 +128,13 @@ TrainSummary train(const TrainConfig& config, Communicator& dp, Device& device, 
     const double val = agree(sum / static_cast<double>(config.run.eval_batches), false).first;
     if (summary.first_val_loss < 0) summary.first_val_loss = val;
     summary.last_val_loss = val;
-    if (lead && observer != nullptr) observer->on_eval(step, val);
+    report([&] { observer->on_eval(step, val); });
   };
 
   evaluate(0);
   std::vector<double> rates;
+  int64_t nonfinite = 0, last_finite_step = 0;
+  double last_finite_loss = 0;
   const double tokens_per_step = static_cast<double>(config.tokens_per_step());
   for (int64_t k = 0; k < config.run.steps; ++k) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -139,14 +152,14 @@ TrainSummary train(const TrainConfig& config, Communicator& dp, Device& device, 
     cs.synchronize();
     double sum = 0;
     for (int m = 0; m < gas; ++m) sum += losses[m];
-    const auto [loss, stopping] = agree(sum / gas, stop != nullptr && stop->load());
+    const auto [loss, stopping] = agree(sum / gas, (stop != nullptr && stop->load()) || report_error != nullptr);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     summary.seconds += seconds;
     if (k > 0) rates.push_back(tokens_per_step / seconds);
     if (k == 0) summary.first_loss = loss;
     summary.last_loss = loss;
     summary.steps = k + 1;
-    if (lead && observer != nullptr) {
+    report([&] {
       StepMetrics s;
       s.step = k + 1;
       s.loss = loss;
@@ -158,7 +171,17 @@ TrainSummary train(const TrainConfig& config, Communicator& dp, Device& device, 
       s.tokens_per_second = tokens_per_step / seconds;
       s.peak_bytes = device.memory().stats().total_peak;
       observer->on_step(s);
+    });
+    // The skip is the same on every rank (a global norm), so every rank ends here together.
+    const bool stuck = r.skipped && (config.engine.compute_dtype != DType::f16 || r.loss_scale <= config.engine.loss_scaler.min_loss_scale);
+    nonfinite = stuck ? nonfinite + 1 : r.skipped ? nonfinite : 0;
+    if (config.run.max_nonfinite_steps > 0 && nonfinite >= config.run.max_nonfinite_steps) {
+      ZEROTH_THROW(NumericError, "steps {} to {}: the gradients held Inf or NaN {} steps in a row (run.max_nonfinite_steps = {}){}; the run stops. Lower the learning rate, turn on gradient_clipping, or train in bf16 instead of fp16",
+                   k + 2 - nonfinite, k + 1, nonfinite, config.run.max_nonfinite_steps,
+                   last_finite_step > 0 ? fmt::format("; the last finite loss was {:.4f} at step {}", last_finite_loss, last_finite_step)
+                                        : std::string("; no step had a finite loss"));
     }
+    if (std::isfinite(loss)) last_finite_loss = loss, last_finite_step = k + 1;
     if (stopping) {
       summary.interrupted = true;
       break;
@@ -166,6 +189,7 @@ TrainSummary train(const TrainConfig& config, Communicator& dp, Device& device, 
     const bool last = k + 1 == config.run.steps;
     if (last || (config.run.eval_interval > 0 && (k + 1) % config.run.eval_interval == 0)) evaluate(k + 1);
   }
+  if (report_error) std::rethrow_exception(report_error);
   summary.tokens_per_second = rates.empty() ? tokens_per_step / std::max(summary.seconds, 1e-9) : median(rates);
   const auto stats = device.memory().stats();
   summary.peak = stats.peak;

@@ -180,6 +180,36 @@ TEST(Train, ConfigErrorsExitWithTheMessage) {
   EXPECT_NE(missing.output.find("cannot read config"), std::string::npos) << missing.output;
 }
 
+// Gradients that stay non-finite end the run, on every rank, naming the steps and the last finite
+// loss, instead of skipping to the end.
+TEST(Train, NonFiniteGradientsStepAfterStepEndTheRun) {
+  json j = tiny("nonfinite");
+  j["optimizer"]["params"]["lr"] = 1e30;  // the first update blows the weights up
+  j["gradient_clipping"] = 0;
+  j["run"]["steps"] = 8;
+  j["run"]["max_nonfinite_steps"] = 3;
+  const auto r = run({ZEROTH_BIN, "train", write_config("nonfinite", j)}, "nonfinite", 120s);
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("steps 2 to 4: the gradients held Inf or NaN 3 steps in a row (run.max_nonfinite_steps = 3); the last finite loss was"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("at step 1"), std::string::npos) << r.output;
+  ASSERT_EQ(r.metrics.size(), 6u) << r.output;  // validation at 0 and 3, steps 1-4
+  EXPECT_EQ(r.metrics.back()["step"], 4);
+  EXPECT_TRUE(r.metrics.back()["skipped"].get<bool>());
+}
+
+// A write that fails (here: a full disk) ends the run on every rank with an error naming the file.
+TEST(Train, AFailedWriteOfTheMetricsEndsTheRunNamingTheFile) {
+  json j = tiny("full");
+  std::filesystem::remove_all(temp("full"));
+  std::filesystem::create_directories(temp("full"));
+  std::filesystem::create_symlink("/dev/full", temp("full") + "/metrics.jsonl");
+  auto child = testing::spawn({ZEROTH_BIN, "train", write_config("full", j)}, {}, temp("full") + ".out");
+  EXPECT_EQ(testing::wait_exit(child, 120s), 1) << child.output();
+  EXPECT_NE(child.output().find("metrics.jsonl failed: No space left on device"), std::string::npos) << child.output();
+}
+
 TEST(Train, DryRunPrintsTheResolvedConfigThePlanAndItsProgram) {
   json j = tiny("dry");
   const std::string plan_json = temp("dry") + ".plan.json";
