@@ -5,6 +5,7 @@
 
 #include <cstddef>  // size_t
 #include <cstdint>  // int64_t, uint64_t
+#include <string>   // std::string
 
 #include <nlohmann/json_fwd.hpp>  // nlohmann::json
 
@@ -50,6 +51,8 @@ struct EngineConfig {
   // Bytes of host memory (pinned and pageable) the engine may hold for state it places there;
   // 0: unlimited. The device's own budget is the device's.
   size_t host_memory = 0;
+  // What the budgets are called where the user sets them, for the messages that refuse a plan.
+  std::string device_budget_name = "the device's memory budget", host_budget_name = "the host memory budget";
   // Parameters are padded so each rank's shard starts on this many elements (256 bytes of f32).
   uint64_t alignment = 64;
 

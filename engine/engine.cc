@@ -3,11 +3,7 @@
 #include "engine/engine.h"
 
 #include <cmath>    // std::sqrt, std::isfinite
-#include <fstream>  // std::ofstream
 
-#include <nlohmann/json.hpp>  // nlohmann::json
-
-#include "core/env.h"          // env::kPlanJson
 #include "core/error.h"        // ZEROTH_THROW
 #include "core/log.h"          // ZLOG_INFO
 #include "engine/estimate.h"   // estimate, check_fits
@@ -73,15 +69,11 @@ void Engine::finalize(Plan plan, const ModelFootprint& model) {
   for (Tier tier : {Tier::device, Tier::host}) {
     const auto stats = tiers_.stats(tier);
     check_fits(need, plan_, tier, tiers_.budget(tier), stats.total_in_use,
-               tier == Tier::device ? fmt::format("the {} device's budget", device_.name()) : std::string("run.host_memory"));
+               tier == Tier::device ? config_.device_budget_name : config_.host_budget_name);
   }
   if (plan_.rank == 0) {
     ZLOG_INFO("{}", plan_.table());
-    if (const auto path = env::get(env::kPlanJson)) {
-      std::ofstream out(*path);
-      out << plan_.to_json().dump(1) << "\n";
-      if (!out) ZEROTH_THROW(IoError, "writing the plan to {} (ZEROTH_PLAN_JSON) failed", *path);
-    }
+    plan_.write_json_if_requested();
   }
   exec_ = std::make_unique<Executor>(device_, tiers_, comm_, plan_, specs_, config_);
   initialize();

@@ -1,6 +1,7 @@
 // One estimate of a rank's memory: the plan's bytes per tier and tag, the model's activations
 // and scratch, and a stated allowance for small allocations outside both. The engine's budget
-// check, the trainer's pre-check, the config box, `--dry-run` (and `zeroth estimate`) all read it.
+// check (which refuses a run before anything is allocated), the config box, `--dry-run` (and
+// `zeroth estimate`) all read it.
 #pragma once
 
 #include <cstddef>      // size_t

@@ -122,11 +122,12 @@ const BlockViews& Executor::begin(int block, int micro, Pass pass, const char* w
   v.params.clear();
   v.grads.clear();
   const auto full = full_params(block);
+  const auto grads = pass == Pass::backward ? grad_view(block) : TensorView{};
   const auto& spec = specs_[block];
   for (size_t i = 0; i < spec.params.size(); ++i) {
     const size_t off = plan_.blocks[block].param_offsets[i], n = spec.params[i].numel();
     v.params.push_back(full.slice(off, n));
-    if (pass == Pass::backward) v.grads.push_back(grad_view(block).slice(off, n));
+    if (pass == Pass::backward) v.grads.push_back(grads.slice(off, n));
   }
   return v;
 }

@@ -4,9 +4,7 @@
 
 #include <cmath>  // std::sqrt, std::log, std::cos
 
-#include <tbb/parallel_for.h>  // tbb::parallel_for
-
-#include "core/cpu/kernels.h"  // cpu::num_threads
+#include "core/cpu/parallel.h"  // cpu::for_chunks
 
 namespace zeroth {
 namespace {
@@ -46,14 +44,7 @@ void init_values(const InitRule& rule, uint64_t seed, std::string_view name, siz
       out[k] = static_cast<float>(v);
     }
   };
-  // One thread (a rank per core, or TSan runs) fills in order, outside any task arena shared by
-  // the rank threads of the process.
-  constexpr size_t kGrain = size_t{1} << 16;
-  if (count <= kGrain || cpu::num_threads() == 1) {
-    fill(0, count);
-    return;
-  }
-  tbb::parallel_for(tbb::blocked_range<size_t>(0, count, kGrain), [&](const tbb::blocked_range<size_t>& r) { fill(r.begin(), r.end()); });
+  cpu::for_chunks(count, size_t{1} << 16, fill);
 }
 
 }  // namespace zeroth

@@ -151,6 +151,7 @@ struct Plan {
   std::vector<int> shard_order;      // block indices by last backward use
   std::vector<PlannedBuffer> buffers;
   std::vector<OwnedRange> owned;
+  std::vector<std::array<int, kStateKindCount>> owned_index;  // [block][kind] -> index in owned, or -1
   std::vector<Bucket> reduce_buckets, gather_buckets;
   std::vector<std::vector<UpdateSpan>> sub_groups;
   std::vector<PassRef> passes;
@@ -169,8 +170,8 @@ struct Plan {
   nlohmann::json to_json() const;
   std::string table() const;     // compact, for the log at start
   std::string program_summary() const;  // counts per action kind and the first micro-batch in full
-
-  std::vector<std::array<int, kStateKindCount>> owned_index;  // [block][kind] -> index in owned, or -1
+  // Writes to_json() to the path in ZEROTH_PLAN_JSON, when it is set (IoError if that fails).
+  void write_json_if_requested() const;
 };
 
 // Throws ConfigError on a schedule that names unknown blocks or misses one, or on a pass order

@@ -1,8 +1,14 @@
 // The plan as text: JSON (ZEROTH_PLAN_JSON, --dry-run), the one-paragraph table logged at start,
 // and the program summarized (counts per action kind, the first micro-batch in full).
+#include <cerrno>   // errno
+#include <cstring>  // std::strerror
+#include <fstream>  // std::ofstream
+
 #include <fmt/format.h>       // fmt::format
 #include <nlohmann/json.hpp>  // nlohmann::json
 
+#include "core/env.h"    // env::kPlanJson
+#include "core/error.h"  // ZEROTH_THROW
 #include "engine/plan.h"
 
 namespace zeroth {
@@ -114,6 +120,15 @@ nlohmann::json Plan::to_json() const {
     jt["total"] = tier_total(bytes, static_cast<Tier>(t));
   }
   return j;
+}
+
+void Plan::write_json_if_requested() const {
+  const auto path = env::get(env::kPlanJson);
+  if (!path) return;
+  std::ofstream out(*path);
+  out << to_json().dump(1) << "\n";
+  out.flush();
+  if (!out) ZEROTH_THROW(IoError, "writing the plan to {} (ZEROTH_PLAN_JSON) failed: {}", *path, std::strerror(errno));
 }
 
 std::string Plan::table() const {

@@ -203,11 +203,7 @@ struct Options {
 void dry_run(const TrainConfig& c) {
   std::printf("%s\n", c.resolved.dump(2).c_str());
   const Plan plan = make_plan(Gpt::block_specs(c.model), Gpt::schedule(c.model), c.engine, c.run.world_size, 0);
-  if (const auto path = env::get(env::kPlanJson)) {
-    std::ofstream out(*path);
-    out << plan.to_json().dump(1) << "\n";
-    if (!out) ZEROTH_THROW(IoError, "writing the plan to {} (ZEROTH_PLAN_JSON) failed", *path);
-  }
+  plan.write_json_if_requested();
   std::printf("%s\n%s\n", plan.table().c_str(), plan.program_summary().c_str());
   // What one rank will hold: the engine's plan plus the model's activations and scratch.
   const auto need = estimate(plan, Gpt::footprint(c.model, static_cast<int>(c.micro_batch_size), c.model.seq_len, c.engine.compute_dtype,

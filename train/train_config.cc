@@ -427,6 +427,8 @@ TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) 
   if (c.contains("zero_optimization")) t.engine.zero = ZeroConfig::from_deepspeed(c["zero_optimization"]);
   t.engine.seed = t.run.seed;
   t.engine.host_memory = t.run.host_memory;
+  t.engine.device_budget_name = "run.device_memory";
+  t.engine.host_budget_name = "run.host_memory";
   t.engine.validate();
 
   // The resolved config: what was given, with "auto" filled in and the derived values spelled out.

@@ -14,7 +14,7 @@
 #include "core/memory.h"     // format_bytes
 #include "core/stats.h"      // median
 #include "engine/engine.h"   // Engine
-#include "engine/estimate.h" // estimate, check_fits
+#include "engine/estimate.h" // estimate
 #include "models/gpt/gpt.h"  // Gpt
 #include "train/data.h"      // TokenData, Loader
 
@@ -74,13 +74,11 @@ TrainSummary train(const TrainConfig& config, Communicator& dp, Device& device, 
     val_loader = std::make_unique<Loader>(data.val, T, mb, static_cast<int>(config.run.eval_batches), dp.size(), dp.rank(), 0, false);
   }
 
-  // Planned once: the whole need per rank (the engine's plan, the model's activations and
-  // scratch) is held against the budgets before anything is allocated.
+  // Planned once. The engine holds the whole need per rank (its plan, the model's activations
+  // and scratch) against the budgets before anything is allocated.
   Plan plan = make_plan(Gpt::block_specs(config.model), Gpt::schedule(config.model), config.engine, dp.size(), dp.rank());
   const ModelFootprint model = Gpt::footprint(config.model, mb, T, config.engine.compute_dtype, plan.max_in_flight);
   const MemoryNeed need = estimate(plan, model);
-  check_fits(need, plan, Tier::device, device.memory().budget(), device.memory().stats().total_in_use, "run.device_memory");
-  check_fits(need, plan, Tier::host, config.engine.host_memory, 0, "run.host_memory");
   TrainSummary summary;
   Engine engine(device, dp, config.engine);
   Gpt gpt(engine, config.model);

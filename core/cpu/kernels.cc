@@ -4,7 +4,6 @@
 
 #include <tbb/global_control.h>
 #include <tbb/info.h>
-#include <tbb/parallel_for.h>
 
 #include <algorithm>  // std::min, std::fill
 #include <array>      // std::array
@@ -13,6 +12,7 @@
 #include <memory>     // std::unique_ptr
 #include <mutex>      // std::mutex
 
+#include "core/cpu/parallel.h"
 #include "core/env.h"
 #include "core/error.h"
 
@@ -43,28 +43,6 @@ std::unique_ptr<tbb::global_control> thread_limit;
 int thread_count = 0;
 
 size_t chunk_count(size_t n, size_t chunk = kChunkElements) { return (n + chunk - 1) / chunk; }
-
-// Runs body(begin, end) over fixed chunks of `chunk` items; small inputs stay on the calling thread.
-template <class Body>
-void for_chunks(size_t n, Body&& body, size_t chunk = kChunkElements) {
-  const size_t chunks = chunk_count(n, chunk);
-  if (chunks <= 1) {
-    if (n > 0) body(size_t{0}, n);
-    return;
-  }
-  if (num_threads() == 1) {
-    // One thread (a rank per core, or TSan runs): the same chunks in order, without a task arena
-    // shared by every rank thread of the process.
-    for (size_t c = 0; c < chunks; ++c) body(c * chunk, std::min(n, (c + 1) * chunk));
-    return;
-  }
-  tbb::parallel_for(tbb::blocked_range<size_t>(0, chunks, 1), [&](const tbb::blocked_range<size_t>& r) {
-    for (size_t c = r.begin(); c != r.end(); ++c) {
-      const size_t begin = c * chunk;
-      body(begin, std::min(n, begin + chunk));
-    }
-  });
-}
 
 template <class T>
 T* at(void* p, size_t byte_offset) {
@@ -104,7 +82,7 @@ void cast(const void* src, DType src_type, void* dst, DType dst_type, size_t n, 
   const auto& table = kernel_table(level);
   const bool nt = n * dtype_size(dst_type) >= kStreamingStoreBytes;
   const size_t ss = dtype_size(src_type), ds = dtype_size(dst_type);
-  for_chunks(n, [&](size_t b, size_t e) {
+  for_chunks(n, kChunkElements, [&](size_t b, size_t e) {
     table.cast(at<char>(src, b * ss), src_type, at<char>(dst, b * ds), dst_type, e - b, nt);
   });
 }
@@ -113,23 +91,22 @@ void copy(void* dst, const void* src, size_t bytes) {
   if (bytes == 0 || dst == src) return;
   const auto& table = kernel_table(active_simd_level());
   const bool nt = bytes >= kStreamingStoreBytes;
-  for_chunks(
-      bytes, [&](size_t b, size_t e) { table.copy(at<char>(dst, b), at<char>(src, b), e - b, nt); }, size_t{1} << 20);
+  for_chunks(bytes, size_t{1} << 20, [&](size_t b, size_t e) { table.copy(at<char>(dst, b), at<char>(src, b), e - b, nt); });
 }
 
 void fill(void* dst, DType type, float value, size_t n) {
   if (type == DType::f32) {
-    for_chunks(n, [&](size_t b, size_t e) { std::fill(at<float>(dst, b * 4), at<float>(dst, e * 4), value); });
+    for_chunks(n, kChunkElements, [&](size_t b, size_t e) { std::fill(at<float>(dst, b * 4), at<float>(dst, e * 4), value); });
     return;
   }
   uint16_t bits = type == DType::bf16 ? f32_to_bf16_bits(value) : f32_to_f16_bits(value);
-  for_chunks(n, [&](size_t b, size_t e) { std::fill(at<uint16_t>(dst, b * 2), at<uint16_t>(dst, e * 2), bits); });
+  for_chunks(n, kChunkElements, [&](size_t b, size_t e) { std::fill(at<uint16_t>(dst, b * 2), at<uint16_t>(dst, e * 2), bits); });
 }
 
 void axpy(void* y, DType y_type, float alpha, const void* x, DType x_type, size_t n, SimdLevel level) {
   const auto& table = kernel_table(level);
   const size_t ys = dtype_size(y_type), xs = dtype_size(x_type);
-  for_chunks(n, [&](size_t b, size_t e) {
+  for_chunks(n, kChunkElements, [&](size_t b, size_t e) {
     table.axpy(at<char>(y, b * ys), y_type, alpha, at<char>(x, b * xs), x_type, e - b);
   });
 }
@@ -137,7 +114,7 @@ void axpy(void* y, DType y_type, float alpha, const void* x, DType x_type, size_
 void scale(void* x, DType type, float alpha, size_t n, SimdLevel level) {
   const auto& table = kernel_table(level);
   const size_t s = dtype_size(type);
-  for_chunks(n, [&](size_t b, size_t e) { table.scale(at<char>(x, b * s), type, alpha, e - b); });
+  for_chunks(n, kChunkElements, [&](size_t b, size_t e) { table.scale(at<char>(x, b * s), type, alpha, e - b); });
 }
 
 double sum_squares(const void* x, DType type, size_t n, SimdLevel level) {
@@ -145,7 +122,7 @@ double sum_squares(const void* x, DType type, size_t n, SimdLevel level) {
   const size_t s = dtype_size(type);
   const size_t chunks = chunk_count(n);
   std::vector<double> partial(chunks, 0.0);
-  for_chunks(n, [&](size_t b, size_t e) {
+  for_chunks(n, kChunkElements, [&](size_t b, size_t e) {
     float lanes[16] = {};
     table.sumsq(at<char>(x, b * s), type, e - b, lanes);
     // Fixed pairwise tree over the 16 lanes, in f32 like the lanes themselves.
@@ -165,7 +142,7 @@ void reduce(const void* const* inputs, int k, DType in_type, void* out, DType ou
   const auto& table = kernel_table(level);
   const size_t is = dtype_size(in_type), os = dtype_size(out_type);
   const bool nt = n * os >= kStreamingStoreBytes;
-  for_chunks(n, [&](size_t b, size_t e) {
+  for_chunks(n, kChunkElements, [&](size_t b, size_t e) {
     constexpr int kInline = 64;
     std::array<const void*, kInline> inline_ptrs;
     std::vector<const void*> heap_ptrs;
@@ -183,7 +160,7 @@ bool has_nonfinite(const void* x, DType type, size_t n, SimdLevel level) {
   const auto& table = kernel_table(level);
   const size_t s = dtype_size(type);
   std::atomic<bool> found{false};
-  for_chunks(n, [&](size_t b, size_t e) {
+  for_chunks(n, kChunkElements, [&](size_t b, size_t e) {
     if (!found.load(std::memory_order_relaxed) && table.has_nonfinite(at<char>(x, b * s), type, e - b)) {
       found.store(true, std::memory_order_relaxed);
     }
