@@ -1,14 +1,50 @@
 #!/usr/bin/env python3
-"""Writes gpt_torch.safetensors: a small GPT-2 in PyTorch (Debian python3-torch) with its weights,
-one micro-batch, the logits, the loss and every gradient, then 10 AdamW steps (clipping, no decay
-on biases and LayerNorms) with their losses and gradient norms, so the C++ tests compare against
-PyTorch without torch installed. Run with /usr/bin/python3:
-    /usr/bin/python3 tests/reference/gpt_reference.py tests/reference/gpt_torch.safetensors
+"""The PyTorch references of the GPT tests, written with Debian's python3-torch so the C++ tests
+compare against PyTorch without torch installed. Run with /usr/bin/python3:
+
+    /usr/bin/python3 tests/reference/gpt_reference.py --forward tests/reference/gpt_torch.safetensors
+    /usr/bin/python3 tests/reference/gpt_reference.py --train tests/reference/gpt_train_torch.safetensors
+
+--forward (tests/models/gpt_test.cc): a small GPT-2 with its weights, one micro-batch, the logits,
+the loss and every gradient, then 10 AdamW steps (clipping, no decay on biases and LayerNorms)
+with their losses and gradient norms.
+
+--train (tests/engine/gpt_torch_test.cc): 10 optimizer steps of a tiny GPT-2 as DeepSpeed's engine
+takes them, in f32 and in zeroth's bf16 mode:
+- each step's global batch is 16 sequences in 8 micro-batches of 2; any split into data-parallel
+  ranks x accumulation steps (dp 1 x 8, 2 x 4, 4 x 2) computes the same step. Each micro-batch's
+  loss is divided by the accumulation count before backward (DeepSpeed's engine.backward), the
+  gradients are summed over a rank's micro-batches and averaged over the ranks;
+- clipping to a global norm: coef = max_norm / (norm + 1e-6), applied when < 1;
+- AdamW, weight decay on the matrices only (not on biases and LayerNorm parameters);
+- WarmupCosineLR built before step 1 with last_batch_iteration = -1 (lr 0) and stepped after each
+  optimizer step, so optimizer step k runs with the lr of iteration k - 2. Warmup ends at
+  iteration 3 and the cosine at 7, so the steps see the warmup, the cosine and the clamp past
+  total_num_steps; the clip value clips some steps and not others.
+It records per step the loss (mean over the global batch), the global gradient norm before
+clipping and the lr used (metadata "steps", exact doubles), and the final weights.
+
+zeroth's bf16 mode (models/gpt, engine/) and how the reference emulates it:
+- bf16: the parameters the model reads, rounded to nearest even from the fp32 master weights
+  after every step (and at the start); the gradient buffer of each block, per rank and
+  micro-batch: the block's f32 gradient is added into it and rounded once per block use. The
+  tied token embedding is used twice (embedding and LM head), so its buffer holds
+  bf16(bf16(g_head) + g_embedding). The reference uses two leaves for the tied matrix and rounds
+  the same way.
+- f32: activations and every matmul (weights are widened from bf16, activations stay f32), the
+  sum of the micro-batches' gradients and the reduction over ranks (communication_data_type
+  unset), the norm, clipping, the master weights and Adam's moments.
+Where the reference can differ from zeroth: the order of f32 sums inside the kernels (matmul,
+softmax, LayerNorm, the reduction over ranks and micro-batches) and exp/tanh, which moves results
+by a few f32 ulps; in bf16 such a difference now and then flips a rounding to the other
+neighbour, a 2^-8 relative change of one gradient or parameter element, and Adam carries it into
+the later steps. Dividing by the accumulation count and by dp is exact here (powers of 2), so it
+rounds nothing in either.
 """
+import argparse
 import json
 import math
 import struct
-import sys
 
 import torch
 import torch.nn.functional as F
@@ -19,13 +55,23 @@ STEPS = 10
 OPT = dict(lr=3e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
 CLIP = 1.0
 
+TRAIN_CFG = dict(vocab_size=64, seq_len=16, n_layer=2, n_head=2, n_embd=32)
+TRAIN_BATCH = dict(sequences=16, micro_batch=2, seq=16)  # 8 micro-batches of 2 per step
+TRAIN_STEPS = 10
+TRAIN_OPT = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+TRAIN_SCHEDULER = {"type": "WarmupCosineLR",
+                   "params": {"total_num_steps": 7, "warmup_num_steps": 3, "warmup_min_ratio": 0.1, "cos_min_ratio": 0.1,
+                              "warmup_type": "log"}}
+TRAIN_CLIP = 0.55
+
 
 def layernorm(x, w, b):
     return F.layer_norm(x, (x.shape[-1],), w, b, eps=1e-5)
 
 
-def forward(p, idx, targets):
-    L, H, C = CFG["n_layer"], CFG["n_head"], CFG["n_embd"]
+def forward(p, idx, targets, cfg=CFG, head=None):
+    """`head`: the LM head's matrix when it is a leaf of its own (default: the tied embedding)."""
+    L, H, C = cfg["n_layer"], cfg["n_head"], cfg["n_embd"]
     b, t = idx.shape
     x = p["embed.wte"][idx] + p["embed.wpe"][:t]
     mask = torch.tril(torch.ones(t, t, dtype=torch.bool))
@@ -43,13 +89,13 @@ def forward(p, idx, targets):
         h = F.gelu(h @ q("mlp.c_fc.weight").T + q("mlp.c_fc.bias"), approximate="tanh")
         x = x + h @ q("mlp.c_proj.weight").T + q("mlp.c_proj.bias")
     x = layernorm(x, p["ln_f.weight"], p["ln_f.bias"])
-    logits = x @ p["embed.wte"].T
+    logits = x @ (p["embed.wte"] if head is None else head).T
     loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
     return logits, loss
 
 
-def make_params(gen):
-    V, Tm, L, C = CFG["vocab_size"], CFG["seq_len"], CFG["n_layer"], CFG["n_embd"]
+def make_params(gen, cfg=CFG):
+    V, Tm, L, C = cfg["vocab_size"], cfg["seq_len"], cfg["n_layer"], cfg["n_embd"]
     p = {"embed.wte": torch.randn(V, C, generator=gen) * 0.02, "embed.wpe": torch.randn(Tm, C, generator=gen) * 0.02}
     for l in range(L):
         # LayerNorm and bias values away from their init, so their gradients are not trivial.
@@ -83,7 +129,7 @@ def write_safetensors(path, tensors, metadata):
             f.write(b)
 
 
-def main(path):
+def write_forward(path):
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(1234)
     params = {k: v.float().requires_grad_(True) for k, v in make_params(gen).items()}
@@ -126,5 +172,124 @@ def main(path):
     print(f"wrote {path}: loss {float(out['loss']):.6f}, train losses {losses[0]:.4f} -> {losses[-1]:.4f}")
 
 
+class WarmupCosineLR:
+    """DeepSpeed's WarmupCosineLR (deepspeed/runtime/lr_schedules.py), its formulas and stepping:
+    the constructor sets the lr of last_batch_iteration = -1 (0), step() advances one iteration."""
+
+    def __init__(self, optimizer, total_num_steps, warmup_min_ratio, warmup_num_steps, cos_min_ratio, warmup_type):
+        self.optimizer, self.total_num_steps = optimizer, total_num_steps
+        self.warmup_min_ratio, self.cos_min_ratio, self.warmup_type = warmup_min_ratio, cos_min_ratio, warmup_type
+        self.warmup_num_steps = max(2, warmup_num_steps)
+        self.inverse_log_warm_up = 1.0 / math.log(self.warmup_num_steps)
+        self.org_lrs = [g["lr"] for g in optimizer.param_groups]
+        self.last_batch_iteration = -1
+        self._set()
+
+    def ratio(self):
+        i = self.last_batch_iteration
+        if i < 0:
+            return 0.0
+        if i < self.warmup_num_steps:
+            r = self.inverse_log_warm_up * math.log(i + 1) if self.warmup_type == "log" else i / self.warmup_num_steps
+            return self.warmup_min_ratio + r * (1.0 - self.warmup_min_ratio)
+        progress = min(1.0, (i - self.warmup_num_steps + 1) / max(1, self.total_num_steps - self.warmup_num_steps))
+        return max(0.0, self.cos_min_ratio + (1.0 - self.cos_min_ratio) * ((1 + math.cos(math.pi * progress)) / 2))
+
+    def _set(self):
+        for g, lr in zip(self.optimizer.param_groups, self.org_lrs):
+            g["lr"] = lr * self.ratio()
+
+    def step(self):
+        self.last_batch_iteration += 1
+        self._set()
+
+
+def bf16(t):
+    """Rounded to bf16 (nearest, ties to even) and back: the value zeroth's bf16 buffers hold."""
+    return t.to(torch.bfloat16).float()
+
+
+def train(init, batches, narrow, dp=2):
+    """TRAIN_STEPS optimizer steps from `init`; `narrow`: zeroth's bf16 mode. Returns the final
+    master weights and, per step, (loss, grad norm before clipping, lr)."""
+    mb = TRAIN_BATCH["micro_batch"]
+    gas = TRAIN_BATCH["sequences"] // (mb * dp)
+    master = {k: v.clone() for k, v in init.items()}
+    opt = torch.optim.AdamW([{"params": [v for v in master.values() if v.dim() >= 2], "weight_decay": TRAIN_OPT["weight_decay"]},
+                             {"params": [v for v in master.values() if v.dim() < 2], "weight_decay": 0.0}],
+                            lr=TRAIN_OPT["lr"], betas=TRAIN_OPT["betas"], eps=TRAIN_OPT["eps"])
+    sched = WarmupCosineLR(opt, **TRAIN_SCHEDULER["params"])
+    steps = []
+    for s in range(TRAIN_STEPS):
+        tokens, targets = batches[s % len(batches)]
+        total = {k: torch.zeros_like(v) for k, v in master.items()}
+        loss_sum = 0.0
+        for r in range(dp):
+            mine = {k: torch.zeros_like(v) for k, v in master.items()}  # the rank's f32 accumulator
+            for m in range(gas):
+                j = (r * gas + m) * mb
+                w = {k: (bf16(v) if narrow else v.clone()).requires_grad_(True) for k, v in master.items()}
+                head = w["embed.wte"].detach().clone().requires_grad_(True)
+                _, loss = forward(w, tokens[j:j + mb], targets[j:j + mb], TRAIN_CFG, head)
+                (loss / gas).backward()
+                loss_sum += float(loss)
+                for k, v in w.items():
+                    # The block's gradient buffer: the LM head's use first, then the embedding's.
+                    g = v.grad + head.grad if k == "embed.wte" and not narrow else v.grad
+                    if narrow:
+                        g = bf16(bf16(head.grad) + v.grad) if k == "embed.wte" else bf16(g)
+                    mine[k] += g
+            for k in total:
+                total[k] += mine[k]
+        for k, v in master.items():
+            v.grad = total[k] / dp
+        norm = math.sqrt(sum(float(v.grad.double().square().sum()) for v in master.values()))
+        coef = TRAIN_CLIP / (norm + 1e-6)
+        if coef < 1:
+            for v in master.values():
+                v.grad.mul_(coef)
+        lr = opt.param_groups[0]["lr"]
+        opt.step()
+        sched.step()
+        steps.append((loss_sum / (dp * gas), norm, lr))
+    return master, steps
+
+
+def write_train(path):
+    torch.set_num_threads(1)
+    gen = torch.Generator().manual_seed(4321)
+    init = make_params(gen, TRAIN_CFG)
+    n, t = TRAIN_BATCH["sequences"], TRAIN_BATCH["seq"]
+    data = torch.randint(0, TRAIN_CFG["vocab_size"], (2, n, t + 1), generator=gen, dtype=torch.int64)
+    batches = [(data[b, :, :t], data[b, :, 1:]) for b in range(2)]  # alternating, so the loss falls
+    out = {f"init.{k}": v.clone() for k, v in init.items()}
+    out["train.tokens"] = data[:, :, :t].to(torch.int32)
+    out["train.targets"] = data[:, :, 1:].to(torch.int32)
+    record = {}
+    for name, narrow in (("f32", False), ("bf16", True)):
+        final, steps = train(init, batches, narrow)
+        for k, v in final.items():
+            out[f"{name}.final.{k}"] = v.detach().clone()
+        record[name] = {"loss": [s[0] for s in steps], "grad_norm": [s[1] for s in steps], "lr": [s[2] for s in steps]}
+        clipped = sum(s[1] + 1e-6 > TRAIN_CLIP for s in steps)
+        print(f"{name}: loss {steps[0][0]:.4f} -> {steps[-1][0]:.4f}, grad norms {min(s[1] for s in steps):.4f} .. "
+              f"{max(s[1] for s in steps):.4f} ({clipped} of {len(steps)} steps clipped at {TRAIN_CLIP})")
+    assert record["f32"]["lr"] == record["bf16"]["lr"]
+    meta = {"torch": torch.__version__, "config": json.dumps(TRAIN_CFG), "batch": json.dumps(TRAIN_BATCH),
+            "optimizer": json.dumps(TRAIN_OPT), "scheduler": json.dumps(TRAIN_SCHEDULER), "clip": repr(TRAIN_CLIP),
+            "steps": json.dumps(record)}
+    write_safetensors(path, out, meta)
+    print(f"wrote {path}: lr per step {[f'{x:.4g}' for x in record['f32']['lr']]}")
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--forward", metavar="PATH", help="write the forward/backward reference (gpt_torch.safetensors)")
+    parser.add_argument("--train", metavar="PATH", help="write the training reference (gpt_train_torch.safetensors)")
+    args = parser.parse_args()
+    if not args.forward and not args.train:
+        parser.error("name at least one of --forward PATH, --train PATH")
+    if args.forward:
+        write_forward(args.forward)
+    if args.train:
+        write_train(args.train)
