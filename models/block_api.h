@@ -87,8 +87,10 @@ class BlockHost {
   virtual Stream& compute_stream() = 0;
   virtual Device& device() = 0;
   virtual DType compute_dtype() const = 0;
-  // The model multiplies its loss gradient by this (f16 loss scaling; 1 otherwise).
-  virtual double loss_scale() const = 0;
+  // The model multiplies the gradient of its mean loss by this: the f16 loss scale (1 otherwise)
+  // divided by the number of micro-batches accumulated per step, as DeepSpeed divides each
+  // micro-batch's loss before backward, so scaled gradients have DeepSpeed's magnitudes.
+  virtual double loss_gradient_scale() const = 0;
 };
 
 }  // namespace zeroth

@@ -133,7 +133,9 @@ void resolve_auto(json& c, int world_size, int64_t steps, int hidden) {
     json& p = c["scheduler"]["params"];
     fill(p, "warmup_min_lr", 0.0);
     fill(p, "warmup_max_lr", lr);
-    fill(p, "warmup_num_steps", 0);  // warmup_steps / warmup_ratio default to 0
+    // HF's warmup_steps / warmup_ratio default to 0, which DeepSpeed's schedulers now refuse; 1
+    // warms up exactly as 0 did (both are raised to DeepSpeed's minimum of 2).
+    fill(p, "warmup_num_steps", 1);
     fill(p, "total_num_steps", steps);
   }
   if (c.contains("zero_optimization")) {
@@ -423,7 +425,7 @@ TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) 
   // so the default is stated: AdamW, lr 1e-3 (zeroth's OptimizerParams defaults).
   if (c.contains("optimizer")) t.engine.optimizer = OptimizerParams::from_deepspeed(c["optimizer"]);
   t.engine.schedule.base_lr = t.engine.optimizer.lr;
-  if (c.contains("scheduler")) t.engine.schedule = LrSchedule::from_deepspeed(c["scheduler"], t.engine.optimizer.lr);
+  if (c.contains("scheduler")) t.engine.schedule = LrSchedule::from_deepspeed(c["scheduler"], t.engine.optimizer.lr, t.engine.optimizer.kind != OptimizerKind::sgd);
   if (c.contains("zero_optimization")) t.engine.zero = ZeroConfig::from_deepspeed(c["zero_optimization"]);
   t.engine.seed = t.run.seed;
   t.engine.host_memory = t.run.host_memory;

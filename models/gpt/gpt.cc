@@ -400,7 +400,7 @@ void Gpt::run_forward(int micro, const int32_t* tokens, const int32_t* targets, 
   }
   {
     const auto& v = host_.begin_forward(embed_, micro);
-    const float dscale = training ? static_cast<float>(host_.loss_scale() / static_cast<double>(BT)) : 0.0f;
+    const float dscale = training ? static_cast<float>(host_.loss_gradient_scale() / static_cast<double>(BT)) : 0.0f;
     k.submit([s, sl, &k, BT, C, V, loss, logits, dscale, params = v.params] {
       Bound w(k, params, nullptr, s->wbuf, s->gbuf);
       k.matmul_forward(sl->logits, sl->lnf, w.p(0), nullptr, BT, C, V);

@@ -73,7 +73,7 @@ void Mlp::forward_backward(const float* x, const float* target, int batch, float
     });
     host_.end_forward(blocks_[l], micro);
   }
-  const float scale = static_cast<float>(host_.loss_scale());
+  const float scale = static_cast<float>(host_.loss_gradient_scale());
   stream.enqueue_host([s, L, batch, target, loss, out = wd[L], scale] {
     const auto& y = s->h[L];
     s->g.resize(y.size());
