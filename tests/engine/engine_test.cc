@@ -332,6 +332,33 @@ TEST(EngineSchedule, ASkippedStepDoesNotAdvanceTheSchedule) {
   }
 }
 
+// OneCycle's cycle_momentum writes (beta1, 0.99) into the optimizer: a flat cycle (lr and momentum
+// bounds equal) must train exactly as a constant lr with those betas, at a stage that shards.
+TEST(EngineSchedule, OneCycleMomentumReachesTheOptimizer) {
+  auto run_with = [](std::function<void(EngineConfig&)> tweak) {
+    MlpRun run;
+    run.stage = 2;
+    run.tweak = std::move(tweak);
+    return run_ranks(2, run)[0].weights;
+  };
+  auto one_cycle = [](bool momentum) {
+    return [momentum](EngineConfig& c) {
+      c.schedule = LrSchedule::from_deepspeed(
+          nlohmann::json{{"type", "OneCycle"},
+                         {"params", {{"cycle_min_lr", 1e-2}, {"cycle_max_lr", 1e-2}, {"cycle_min_mom", 0.5}, {"cycle_max_mom", 0.5}, {"cycle_momentum", momentum}}}},
+          c.optimizer.lr);
+    };
+  };
+  const auto constant = run_with([](EngineConfig& c) {
+    c.schedule = LrSchedule{};
+    c.schedule.base_lr = 1e-2;
+    c.optimizer.beta1 = 0.5;
+    c.optimizer.beta2 = 0.99;
+  });
+  EXPECT_EQ(run_with(one_cycle(true)), constant);
+  EXPECT_NE(run_with(one_cycle(false)), constant) << "without cycle_momentum the optimizer's own betas (0.9, 0.999) apply";
+}
+
 // DeepSpeed divides each micro-batch's loss by the accumulation count before backward, so an
 // f16 gradient overflows at a loss scale gas times larger than without accumulation. With every
 // micro-batch holding the same rows, the smallest overflowing scale moves by exactly log2(4) = 2
