@@ -25,11 +25,14 @@ struct InitRule {
   static InitRule uniform(double lo, double hi) { return {Kind::uniform, lo, hi}; }
 };
 
+// What a parameter is, for rules that treat kinds differently (weight decay exclusions).
+enum class ParamRole : uint8_t { weight, bias, norm, embedding };
+
 struct ParamSpec {
   std::string name;
   std::vector<int64_t> shape;
   InitRule init;
-  bool weight_decay = true;
+  ParamRole role = ParamRole::weight;
   size_t numel() const;
 };
 

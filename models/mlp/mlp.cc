@@ -35,8 +35,8 @@ std::vector<BlockSpec> Mlp::block_specs(const MlpConfig& config) {
     const int in = config.widths[l], o = config.widths[l + 1];
     ZEROTH_CHECK(in > 0 && o > 0, "MLP widths must be positive");
     out.push_back({"layer" + std::to_string(l),
-                   {{"weight", {o, in}, InitRule::normal(1.0 / std::sqrt(in)), true},
-                    {"bias", {o}, InitRule::zeros(), false}}});
+                   {{"weight", {o, in}, InitRule::normal(1.0 / std::sqrt(in)), ParamRole::weight},
+                    {"bias", {o}, InitRule::zeros(), ParamRole::bias}}});
   }
   return out;
 }
