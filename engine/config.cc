@@ -1,7 +1,9 @@
 // Parsing and validation of the engine's part of a DeepSpeed config.
 #include "engine/config.h"
 
-#include <algorithm>    // std::find
+#include <fnmatch.h>  // fnmatch
+
+#include <algorithm>    // std::find, std::none_of
 #include <string>       // std::string
 #include <string_view>  // std::string_view
 
@@ -119,6 +121,47 @@ void ZeroConfig::validate() const {
   }
   if (!reduce_scatter && stage >= 1) {
     ZEROTH_THROW(ConfigError, "zero_optimization.reduce_scatter = false with stage {}: zeroth reduces sharded gradients with reduce-scatter only (half the traffic of all-reduce); remove the key", stage);
+  }
+}
+
+namespace {
+
+constexpr std::pair<std::string_view, ParamRole> kRoles[] = {
+    {"weight", ParamRole::weight}, {"bias", ParamRole::bias}, {"norm", ParamRole::norm}, {"embedding", ParamRole::embedding}};
+
+const ParamRole* role_named(const std::string& entry) {
+  for (const auto& [name, role] : kRoles) {
+    if (entry == name) return &role;
+  }
+  return nullptr;
+}
+
+bool matches(const std::string& entry, const std::string& block, const ParamSpec& param) {
+  if (const ParamRole* role = role_named(entry)) return *role == param.role;
+  const std::string full = block + "." + param.name;
+  return fnmatch(entry.c_str(), full.c_str(), 0) == 0;
+}
+
+}  // namespace
+
+bool WeightDecayRule::decays(const std::string& block, const ParamSpec& param) const {
+  return std::none_of(exclude.begin(), exclude.end(), [&](const std::string& e) { return matches(e, block, param); });
+}
+
+void WeightDecayRule::check(const std::vector<BlockSpec>& specs) const {
+  for (const auto& entry : exclude) {
+    if (role_named(entry) != nullptr) continue;
+    bool any = false;
+    for (const auto& spec : specs) {
+      for (const auto& p : spec.params) any = any || matches(entry, spec.name, p);
+    }
+    if (!any) {
+      const std::string example = specs.empty() || specs.front().params.empty() ? "" : " (e.g. \"" + specs.front().name + "." + specs.front().params.front().name + "\")";
+      ZEROTH_THROW(ConfigError,
+                   "model.no_weight_decay entry \"{}\" is neither a role (weight, bias, norm, embedding) nor a pattern matching any "
+                   "parameter name{}",
+                   entry, example);
+    }
   }
 }
 

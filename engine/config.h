@@ -6,10 +6,12 @@
 #include <cstddef>  // size_t
 #include <cstdint>  // int64_t, uint64_t
 #include <string>   // std::string
+#include <vector>   // std::vector
 
 #include <nlohmann/json_fwd.hpp>  // nlohmann::json
 
 #include "core/dtype.h"         // DType
+#include "models/block_api.h"   // BlockSpec, ParamSpec, ParamRole
 #include "optim/loss_scaler.h"  // LossScalerConfig
 #include "optim/lr_schedule.h"  // LrSchedule
 #include "optim/optimizer.h"    // OptimizerParams
@@ -38,6 +40,19 @@ struct ZeroConfig {
   void validate() const;
 };
 
+// Which parameters the optimizer's weight decay skips. Each entry is a role (`bias`, `norm`,
+// `embedding`, `weight`: what the model says each parameter is) or a glob over
+// "<block>.<parameter>" names (fnmatch, e.g. "h.*.attn.*"). The default is Hugging Face
+// Trainer's rule: no decay on biases and LayerNorm parameters; optimizer.params.weight_decay
+// applies to the rest.
+struct WeightDecayRule {
+  std::vector<std::string> exclude = {"bias", "norm"};
+
+  bool decays(const std::string& block, const ParamSpec& param) const;
+  // A glob that matches no parameter is a ConfigError (a typo would silently decay everything).
+  void check(const std::vector<BlockSpec>& specs) const;
+};
+
 struct EngineConfig {
   ZeroConfig zero;
   DType compute_dtype = DType::f32;     // bf16.enabled -> bf16, fp16.enabled -> f16
@@ -46,6 +61,7 @@ struct EngineConfig {
   int64_t gradient_accumulation_steps = 1;
   double gradient_clipping = 0.0;       // 0: off
   OptimizerParams optimizer;
+  WeightDecayRule no_weight_decay;
   LrSchedule schedule;                  // base_lr should equal optimizer.lr
   uint64_t seed = 1234;
   // Bytes of host memory (pinned and pageable) the engine may hold for state it places there;

@@ -127,6 +127,10 @@ void Engine::end_evaluation() {
   exec.end_evaluation();
 }
 
+double Engine::loss_gradient_scale() const {
+  return scaler_.scale() / static_cast<double>(config_.gradient_accumulation_steps);
+}
+
 StepResult Engine::step() {
   auto& exec = running("step", -1);
   if (exec.evaluating()) ZEROTH_THROW(InvalidArgument, "step() during evaluation; call end_evaluation() first");
@@ -142,7 +146,9 @@ StepResult Engine::step() {
   ++cycles_;
 
   const double sumsq = exec.grad_norm();
-  const double inv = 1.0 / (scaler_.scale() * plan_.dp * static_cast<double>(config_.gradient_accumulation_steps));
+  // The micro-batches' gradients were scaled by loss_gradient_scale(), so their sum is the
+  // accumulated mean times the loss scale; the ranks' sum is dp times the average.
+  const double inv = 1.0 / (scaler_.scale() * plan_.dp);
   const bool overflow = !std::isfinite(sumsq);
   result.grad_norm = std::sqrt(sumsq) * inv;
   if (config_.compute_dtype == DType::f16) scaler_.update(overflow);
@@ -158,8 +164,11 @@ StepResult Engine::step() {
     clip = config_.gradient_clipping / (result.grad_norm + 1e-6);
   }
   const int64_t t = applied_ + 1;
-  result.lr = config_.schedule.lr(t - 1);
-  exec.finish_step(UpdateArgs{t, result.lr, static_cast<float>(inv * clip)});
+  const ScheduledValues scheduled = config_.schedule.at_step(t);
+  result.lr = scheduled.lr;
+  UpdateArgs args{t, scheduled.lr, static_cast<float>(inv * clip)};
+  if (scheduled.sets_betas) args.betas = {scheduled.beta1, scheduled.beta2};
+  exec.finish_step(args);
   applied_ = t;
   result.step = t;
   return result;

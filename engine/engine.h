@@ -12,7 +12,7 @@
 // The model enqueues its work on compute_stream(); the engine orders communication against it
 // with events. Gradient views start at zero each micro-batch (or hold the micro-batches so far,
 // stages 0-1 in f32): a block used twice adds twice. The model multiplies its loss gradient by
-// loss_scale().
+// loss_gradient_scale() (the loss scale over the accumulation count).
 #pragma once
 
 #include <cstdint>     // int64_t
@@ -76,7 +76,8 @@ class Engine final : public BlockHost {
   Stream& compute_stream() override { return device_.default_stream(); }
   // The one precision: the config's, which the plan is made from (finalize checks they agree).
   DType compute_dtype() const override { return config_.compute_dtype; }
-  double loss_scale() const override { return scaler_.scale(); }
+  double loss_gradient_scale() const override;
+  double loss_scale() const { return scaler_.scale(); }
   int micro_batches_in_flight() const override;
   int64_t steps_applied() const { return applied_; }
   // What each tier's allocator holds (device: the device's own accounting).

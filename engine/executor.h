@@ -6,6 +6,7 @@
 // reduce (gradient reductions); events order them, so gathers, reductions and compute overlap.
 #pragma once
 
+#include <array>       // std::array
 #include <cstdint>     // int64_t
 #include <functional>  // std::function
 #include <memory>      // std::unique_ptr, std::shared_ptr
@@ -26,6 +27,7 @@ struct UpdateArgs {
   int64_t step = 1;   // 1-based
   double lr = 0;
   float grad_scale = 1;  // unscaling, averaging and clipping in one factor
+  std::optional<std::array<double, 2>> betas;  // the schedule's (OneCycle's cycle_momentum), else the optimizer's
 };
 
 class Executor {

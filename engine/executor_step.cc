@@ -55,7 +55,12 @@ void Executor::finish_step(const std::optional<UpdateArgs>& args) {
 }
 
 void Executor::update(int sub_group, const UpdateArgs& args) {
-  OptimizerParams decay = config_.optimizer, no_decay = config_.optimizer;
+  OptimizerParams decay = config_.optimizer;
+  if (args.betas) {
+    decay.beta1 = (*args.betas)[0];
+    decay.beta2 = (*args.betas)[1];
+  }
+  OptimizerParams no_decay = decay;
   no_decay.weight_decay = 0;
   std::array<std::vector<OptimizerStep>, 2> steps;  // [0]: no decay, [1]: decay
   for (const auto& span : plan_.sub_groups[sub_group]) {

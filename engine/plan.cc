@@ -141,7 +141,7 @@ void lay_out_state(Plan& p, const EngineConfig& config, const ArenaSizes& arenas
 
 // The optimizer's owned ranges split where weight decay changes (padding after a parameter goes
 // with it and stays zero under every update), packed into sub-groups of at most `limit` elements.
-void make_sub_groups(Plan& p, const std::vector<BlockSpec>& specs, uint64_t limit) {
+void make_sub_groups(Plan& p, const std::vector<BlockSpec>& specs, const WeightDecayRule& rule, uint64_t limit) {
   std::vector<UpdateSpan> spans;
   for (int b : p.shard_order) {
     const auto& blk = p.blocks[b];
@@ -151,10 +151,11 @@ void make_sub_groups(Plan& p, const std::vector<BlockSpec>& specs, uint64_t limi
     while (at < m.hi) {
       size_t i = 0;
       while (i + 1 < params.size() && blk.param_offsets[i + 1] <= at) ++i;
-      const bool wd = params.empty() || params[i].weight_decay;
+      auto decays = [&](size_t q) { return rule.decays(specs[b].name, params[q]); };
+      const bool wd = params.empty() || decays(i);
       size_t end = m.hi;
       for (size_t q = i + 1; q < params.size(); ++q) {
-        if (params[q].weight_decay != wd) {
+        if (decays(q) != wd) {
           end = std::min(m.hi, blk.param_offsets[q]);
           break;
         }
@@ -308,7 +309,8 @@ Plan make_plan(const std::vector<BlockSpec>& specs, const BlockSchedule& schedul
   p.gather_staging = add_buffer(p, "gather_staging", MemTag::buffers, config.compute_dtype, gather_staging);
   p.scalar = add_buffer(p, "scalar", MemTag::buffers, DType::f32, 1);
 
-  make_sub_groups(p, specs, std::max<uint64_t>(1, z.sub_group_size));
+  config.no_weight_decay.check(specs);
+  make_sub_groups(p, specs, config.no_weight_decay, std::max<uint64_t>(1, z.sub_group_size));
   make_step_program(p);
   for (const auto& buf : p.buffers) at(p.bytes, buf.tier, buf.tag) += buf.bytes();
   return p;

@@ -25,11 +25,14 @@ struct InitRule {
   static InitRule uniform(double lo, double hi) { return {Kind::uniform, lo, hi}; }
 };
 
+// What a parameter is, for rules that treat kinds differently (weight decay exclusions).
+enum class ParamRole : uint8_t { weight, bias, norm, embedding };
+
 struct ParamSpec {
   std::string name;
   std::vector<int64_t> shape;
   InitRule init;
-  bool weight_decay = true;
+  ParamRole role = ParamRole::weight;
   size_t numel() const;
 };
 
@@ -87,8 +90,10 @@ class BlockHost {
   virtual Stream& compute_stream() = 0;
   virtual Device& device() = 0;
   virtual DType compute_dtype() const = 0;
-  // The model multiplies its loss gradient by this (f16 loss scaling; 1 otherwise).
-  virtual double loss_scale() const = 0;
+  // The model multiplies the gradient of its mean loss by this: the f16 loss scale (1 otherwise)
+  // divided by the number of micro-batches accumulated per step, as DeepSpeed divides each
+  // micro-batch's loss before backward, so scaled gradients have DeepSpeed's magnitudes.
+  virtual double loss_gradient_scale() const = 0;
 };
 
 }  // namespace zeroth

@@ -57,10 +57,11 @@ void LossScaler::update(bool overflow) {
   if (overflow) {
     if (config_.hysteresis == 1 || hysteresis_ == 1) {
       if (scale_ == config_.min_loss_scale && config_.raise_error_at_min_scale) {
-        ZEROTH_THROW(Error,
-                     "f16 gradients overflow although the loss scale is already at its minimum ({}): the model "
-                     "diverged or f16 cannot hold its values; lower the learning rate, or train in bf16",
-                     config_.min_loss_scale);
+        ZEROTH_THROW(NumericError,
+                     "f16 gradients overflow at step run {} although the loss scale is already at its minimum (fp16.min_loss_scale "
+                     "= {}) and the hysteresis is spent: the model diverged or f16 cannot hold its values; lower the learning "
+                     "rate, or train in bf16",
+                     iteration_ + 1, config_.min_loss_scale);
       }
       scale_ = std::max(scale_ / config_.scale_factor, config_.min_loss_scale);
     } else {
@@ -69,7 +70,11 @@ void LossScaler::update(bool overflow) {
     last_overflow_ = iteration_;
   } else {
     if (config_.consecutive_hysteresis) hysteresis_ = config_.hysteresis;
-    if ((iteration_ - last_overflow_) % config_.loss_scale_window == 0) {
+    // DynamicLossScaler.update_scale (DeepSpeed >= 0.17.1): the scale grows on the
+    // (window + 1)-th clean step after the last overflow (or the start), and only then is the
+    // hysteresis refilled unless consecutive_hysteresis refills it on every clean step.
+    const int64_t stable_interval = iteration_ - last_overflow_ - 1;
+    if (stable_interval > 0 && stable_interval % config_.loss_scale_window == 0) {
       if (!config_.consecutive_hysteresis) hysteresis_ = config_.hysteresis;
       scale_ *= config_.scale_factor;
     }

@@ -1,6 +1,7 @@
 // Loss scaling for f16 training, with DeepSpeed's semantics: `fp16.loss_scale` 0 means dynamic,
 // starting at 2^initial_scale_power; an overflow halves the scale once `hysteresis` overflows
-// have been absorbed, and loss_scale_window clean steps double it.
+// have been absorbed, and the (loss_scale_window + 1)-th clean step after the last overflow
+// doubles it (DeepSpeed >= 0.17.1).
 #pragma once
 
 #include <cstdint>  // int64_t

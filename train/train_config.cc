@@ -3,7 +3,7 @@
 // key paths in every message, then cross-section rules (the batch triple) are checked.
 #include "train/train_config.h"
 
-#include <algorithm>  // std::find
+#include <algorithm>  // std::find, std::all_of
 #include <cerrno>     // errno
 #include <cmath>      // std::floor
 #include <cstring>    // std::strerror
@@ -133,7 +133,9 @@ void resolve_auto(json& c, int world_size, int64_t steps, int hidden) {
     json& p = c["scheduler"]["params"];
     fill(p, "warmup_min_lr", 0.0);
     fill(p, "warmup_max_lr", lr);
-    fill(p, "warmup_num_steps", 0);  // warmup_steps / warmup_ratio default to 0
+    // HF's warmup_steps / warmup_ratio default to 0, which DeepSpeed's schedulers now refuse; 1
+    // warms up exactly as 0 did (both are raised to DeepSpeed's minimum of 2).
+    fill(p, "warmup_num_steps", 1);
     fill(p, "total_num_steps", steps);
   }
   if (c.contains("zero_optimization")) {
@@ -154,7 +156,7 @@ DType parse_comm_dtype(const std::string& s) {
 
 void read_model(TrainConfig& t, const json& j, int default_vocab) {
   static constexpr std::string_view kKeys[] = {"preset", "vocab_size", "seq_len", "n_layer", "n_head", "n_embd",
-                                               "activation_checkpointing"};
+                                               "activation_checkpointing", "no_weight_decay"};
   const json m = j.value("model", json::object());
   json copy = m;
   if (copy.is_object() && copy.contains("vocab_size") && is_auto(copy["vocab_size"])) copy.erase("vocab_size");
@@ -173,6 +175,15 @@ void read_model(TrainConfig& t, const json& j, int default_vocab) {
   g.activation_checkpointing = s.flag("activation_checkpointing", j.contains("activation_checkpointing"));
   g.validate();
   t.model = g;
+  if (s.has("no_weight_decay")) {
+    const json& v = s.raw("no_weight_decay");
+    if (!v.is_array() || !std::all_of(v.begin(), v.end(), [](const json& e) { return e.is_string(); })) {
+      ZEROTH_THROW(ConfigError, "model.no_weight_decay must be a list of roles (weight, bias, norm, embedding) or parameter-name globs like \"h.*.attn.*\", got {}",
+                   v.dump());
+    }
+    t.engine.no_weight_decay.exclude = v.get<std::vector<std::string>>();
+  }
+  t.engine.no_weight_decay.check(Gpt::block_specs(g));
 }
 
 void read_data(TrainConfig& t, const json& j) {
@@ -423,7 +434,7 @@ TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) 
   // so the default is stated: AdamW, lr 1e-3 (zeroth's OptimizerParams defaults).
   if (c.contains("optimizer")) t.engine.optimizer = OptimizerParams::from_deepspeed(c["optimizer"]);
   t.engine.schedule.base_lr = t.engine.optimizer.lr;
-  if (c.contains("scheduler")) t.engine.schedule = LrSchedule::from_deepspeed(c["scheduler"], t.engine.optimizer.lr);
+  if (c.contains("scheduler")) t.engine.schedule = LrSchedule::from_deepspeed(c["scheduler"], t.engine.optimizer.lr, t.engine.optimizer.kind != OptimizerKind::sgd);
   if (c.contains("zero_optimization")) t.engine.zero = ZeroConfig::from_deepspeed(c["zero_optimization"]);
   t.engine.seed = t.run.seed;
   t.engine.host_memory = t.run.host_memory;

@@ -58,23 +58,23 @@ std::vector<BlockSpec> Gpt::block_specs(const GptConfig& c) {
   const int64_t V = c.vocab_size, T = c.seq_len, C = c.n_embd;
   const double proj_std = 0.02 / std::sqrt(2.0 * c.n_layer);  // GPT-2: residual projections scaled by depth
   std::vector<BlockSpec> out;
-  out.push_back({"embed", {{"wte", {V, C}, InitRule::normal(0.02), true}, {"wpe", {T, C}, InitRule::normal(0.02), true}}});
+  out.push_back({"embed", {{"wte", {V, C}, InitRule::normal(0.02), ParamRole::embedding}, {"wpe", {T, C}, InitRule::normal(0.02), ParamRole::embedding}}});
   for (int l = 0; l < c.n_layer; ++l) {
     out.push_back({"h." + std::to_string(l),
-                   {{"ln_1.weight", {C}, InitRule::constant(1), false},
-                    {"ln_1.bias", {C}, InitRule::zeros(), false},
-                    {"attn.c_attn.weight", {3 * C, C}, InitRule::normal(0.02), true},
-                    {"attn.c_attn.bias", {3 * C}, InitRule::zeros(), false},
-                    {"attn.c_proj.weight", {C, C}, InitRule::normal(proj_std), true},
-                    {"attn.c_proj.bias", {C}, InitRule::zeros(), false},
-                    {"ln_2.weight", {C}, InitRule::constant(1), false},
-                    {"ln_2.bias", {C}, InitRule::zeros(), false},
-                    {"mlp.c_fc.weight", {4 * C, C}, InitRule::normal(0.02), true},
-                    {"mlp.c_fc.bias", {4 * C}, InitRule::zeros(), false},
-                    {"mlp.c_proj.weight", {C, 4 * C}, InitRule::normal(proj_std), true},
-                    {"mlp.c_proj.bias", {C}, InitRule::zeros(), false}}});
+                   {{"ln_1.weight", {C}, InitRule::constant(1), ParamRole::norm},
+                    {"ln_1.bias", {C}, InitRule::zeros(), ParamRole::norm},
+                    {"attn.c_attn.weight", {3 * C, C}, InitRule::normal(0.02), ParamRole::weight},
+                    {"attn.c_attn.bias", {3 * C}, InitRule::zeros(), ParamRole::bias},
+                    {"attn.c_proj.weight", {C, C}, InitRule::normal(proj_std), ParamRole::weight},
+                    {"attn.c_proj.bias", {C}, InitRule::zeros(), ParamRole::bias},
+                    {"ln_2.weight", {C}, InitRule::constant(1), ParamRole::norm},
+                    {"ln_2.bias", {C}, InitRule::zeros(), ParamRole::norm},
+                    {"mlp.c_fc.weight", {4 * C, C}, InitRule::normal(0.02), ParamRole::weight},
+                    {"mlp.c_fc.bias", {4 * C}, InitRule::zeros(), ParamRole::bias},
+                    {"mlp.c_proj.weight", {C, 4 * C}, InitRule::normal(proj_std), ParamRole::weight},
+                    {"mlp.c_proj.bias", {C}, InitRule::zeros(), ParamRole::bias}}});
   }
-  out.push_back({"ln_f", {{"weight", {C}, InitRule::constant(1), false}, {"bias", {C}, InitRule::zeros(), false}}});
+  out.push_back({"ln_f", {{"weight", {C}, InitRule::constant(1), ParamRole::norm}, {"bias", {C}, InitRule::zeros(), ParamRole::norm}}});
   return out;
 }
 
@@ -400,7 +400,7 @@ void Gpt::run_forward(int micro, const int32_t* tokens, const int32_t* targets, 
   }
   {
     const auto& v = host_.begin_forward(embed_, micro);
-    const float dscale = training ? static_cast<float>(host_.loss_scale() / static_cast<double>(BT)) : 0.0f;
+    const float dscale = training ? static_cast<float>(host_.loss_gradient_scale() / static_cast<double>(BT)) : 0.0f;
     k.submit([s, sl, &k, BT, C, V, loss, logits, dscale, params = v.params] {
       Bound w(k, params, nullptr, s->wbuf, s->gbuf);
       k.matmul_forward(sl->logits, sl->lnf, w.p(0), nullptr, BT, C, V);

@@ -35,8 +35,8 @@ std::vector<BlockSpec> Mlp::block_specs(const MlpConfig& config) {
     const int in = config.widths[l], o = config.widths[l + 1];
     ZEROTH_CHECK(in > 0 && o > 0, "MLP widths must be positive");
     out.push_back({"layer" + std::to_string(l),
-                   {{"weight", {o, in}, InitRule::normal(1.0 / std::sqrt(in)), true},
-                    {"bias", {o}, InitRule::zeros(), false}}});
+                   {{"weight", {o, in}, InitRule::normal(1.0 / std::sqrt(in)), ParamRole::weight},
+                    {"bias", {o}, InitRule::zeros(), ParamRole::bias}}});
   }
   return out;
 }
@@ -73,7 +73,7 @@ void Mlp::forward_backward(const float* x, const float* target, int batch, float
     });
     host_.end_forward(blocks_[l], micro);
   }
-  const float scale = static_cast<float>(host_.loss_scale());
+  const float scale = static_cast<float>(host_.loss_gradient_scale());
   stream.enqueue_host([s, L, batch, target, loss, out = wd[L], scale] {
     const auto& y = s->h[L];
     s->g.resize(y.size());

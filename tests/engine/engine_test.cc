@@ -310,6 +310,78 @@ TEST(EngineOverflow, AnInfOnOneRankSkipsTheStepEverywhereAndLowersTheScale) {
   }
 }
 
+// DeepSpeed steps its scheduler after applied steps only: step k of those applied runs the lr of
+// iteration k - 2 (WarmupLR linear, W = 3, 0 -> 1e-2: 0 from the constructor, 0 at iteration 0,
+// then 1e-2 / 3), whatever was skipped in between.
+TEST(EngineSchedule, ASkippedStepDoesNotAdvanceTheSchedule) {
+  MlpRun run;
+  run.dtype = DType::f16;
+  run.steps = 5;
+  run.poison_rank = 0;
+  run.poison_step = 1;
+  const auto ranks = run_ranks(1, run);
+  const auto& steps = ranks[0].steps;
+  ASSERT_EQ(steps.size(), 5u);
+  EXPECT_TRUE(steps[1].skipped);
+  const double want[] = {0.0, 0.0, 1e-2 / 3, 1e-2 * 2 / 3};
+  int applied = 0;
+  for (const auto& s : steps) {
+    if (s.skipped) continue;
+    EXPECT_DOUBLE_EQ(s.lr, want[applied]) << "applied step " << applied + 1;
+    EXPECT_EQ(s.step, ++applied);
+  }
+}
+
+// OneCycle's cycle_momentum writes (beta1, 0.99) into the optimizer: a flat cycle (lr and momentum
+// bounds equal) must train exactly as a constant lr with those betas, at a stage that shards.
+TEST(EngineSchedule, OneCycleMomentumReachesTheOptimizer) {
+  auto run_with = [](std::function<void(EngineConfig&)> tweak) {
+    MlpRun run;
+    run.stage = 2;
+    run.tweak = std::move(tweak);
+    return run_ranks(2, run)[0].weights;
+  };
+  auto one_cycle = [](bool momentum) {
+    return [momentum](EngineConfig& c) {
+      c.schedule = LrSchedule::from_deepspeed(
+          nlohmann::json{{"type", "OneCycle"},
+                         {"params", {{"cycle_min_lr", 1e-2}, {"cycle_max_lr", 1e-2}, {"cycle_min_mom", 0.5}, {"cycle_max_mom", 0.5}, {"cycle_momentum", momentum}}}},
+          c.optimizer.lr);
+    };
+  };
+  const auto constant = run_with([](EngineConfig& c) {
+    c.schedule = LrSchedule{};
+    c.schedule.base_lr = 1e-2;
+    c.optimizer.beta1 = 0.5;
+    c.optimizer.beta2 = 0.99;
+  });
+  EXPECT_EQ(run_with(one_cycle(true)), constant);
+  EXPECT_NE(run_with(one_cycle(false)), constant) << "without cycle_momentum the optimizer's own betas (0.9, 0.999) apply";
+}
+
+// DeepSpeed divides each micro-batch's loss by the accumulation count before backward, so an
+// f16 gradient overflows at a loss scale gas times larger than without accumulation. With every
+// micro-batch holding the same rows, the smallest overflowing scale moves by exactly log2(4) = 2
+// powers of two.
+TEST(EngineLossScale, AccumulatedMicroBatchesSeeTheLossScaleOverTheAccumulationCount) {
+  auto first_overflowing_power = [](int gas) {
+    for (int power = 0; power <= 40; ++power) {
+      MlpRun run;
+      run.dtype = DType::f16;
+      run.steps = 1;
+      run.gas = gas;
+      run.global_batch = 6 * gas;
+      run.repeat_first_micro = true;
+      run.tweak = [power](EngineConfig& c) { c.loss_scaler.initial_scale_power = power; };
+      if (run_ranks(1, run)[0].steps[0].skipped) return power;
+    }
+    return -1;
+  };
+  const int single = first_overflowing_power(1);
+  ASSERT_GT(single, 0) << "no loss scale up to 2^40 overflowed the f16 gradients";
+  EXPECT_EQ(first_overflowing_power(4), single + 2);
+}
+
 TEST(EngineMemory, APlanOverTheDeviceBudgetFailsBeforeTheFirstStepWithItsNumbers) {
   MlpRun run;
   run.stage = 1;

@@ -30,6 +30,9 @@ struct MlpRun {
   std::function<void(EngineConfig&)> tweak;
   // Multiplies one rank's targets on one step by Inf (to inject an overflow).
   int poison_rank = -1, poison_step = -1;
+  // Every micro-batch of a rank takes the rows of its first one (the accumulated gradient is
+  // then gas times one micro-batch's).
+  bool repeat_first_micro = false;
   // Wait for each step on the host before the next; false: only at the end (losses read then).
   bool synchronize_steps = true;
 };
@@ -103,7 +106,7 @@ inline RankResult train_mlp(Communicator& comm, const MlpRun& run, const Process
       if (k == run.poison_step && r == run.poison_rank) t[static_cast<size_t>(r * run.gas) * mb * out] = std::numeric_limits<float>::infinity();
       const uint64_t before = engine.comm_stats().total_bytes();
       for (int m = 0; m < run.gas; ++m) {
-        const size_t row = static_cast<size_t>(r * run.gas + m) * mb;
+        const size_t row = static_cast<size_t>(r * run.gas + (run.repeat_first_micro ? 0 : m)) * mb;
         mlp.forward_backward(x.data() + row * in, t.data() + row * out, mb, &losses[k][m], m);
         const auto s = engine.step();
         if (s.boundary) result.steps.push_back(s);

@@ -18,8 +18,8 @@ namespace {
 
 std::vector<BlockSpec> three_blocks() {
   return {{"embed", {{"weight", {100, 8}, InitRule::normal(0.02)}}},
-          {"layer", {{"w", {8, 8}, InitRule::normal(0.1)}, {"b", {8}, InitRule::zeros(), false}}},
-          {"norm", {{"g", {8}, InitRule::constant(1.0), false}}}};
+          {"layer", {{"w", {8, 8}, InitRule::normal(0.1)}, {"b", {8}, InitRule::zeros(), ParamRole::bias}}},
+          {"norm", {{"g", {8}, InitRule::constant(1.0), ParamRole::norm}}}};
 }
 
 EngineConfig stage3(uint64_t prefetch, uint64_t reuse) {
@@ -220,7 +220,7 @@ TEST(Plan, OwnedRangesCoverEveryParameterExactlyOncePerKind) {
                   ++updated[sp.block][e];
                   size_t i = 0;
                   while (i + 1 < params.size() && p.blocks[sp.block].param_offsets[i + 1] <= e) ++i;
-                  ASSERT_EQ(sp.decay, params[i].weight_decay) << where << " element " << e;
+                  ASSERT_EQ(sp.decay, params[i].role == ParamRole::weight || params[i].role == ParamRole::embedding) << where << " element " << e;
                 }
               }
               group_max = std::max(group_max, n);

@@ -42,7 +42,7 @@ class DirectHost final : public BlockHost {
   Stream& compute_stream() override { return device_.default_stream(); }
   Device& device() override { return device_; }
   DType compute_dtype() const override { return dtype_; }
-  double loss_scale() const override { return 1.0; }
+  double loss_gradient_scale() const override { return 1.0; }
 
   size_t blocks() const { return blocks_.size(); }
   const BlockSpec& spec(int b) const { return blocks_[b].spec; }

@@ -19,58 +19,122 @@ LrSchedule parse(const char* text, double base_lr = 1e-3) {
   return LrSchedule::from_deepspeed(nlohmann::json::parse(text), base_lr);
 }
 
-TEST(Schedules, WarmupLrLogAndLinearMatchTheirFormulas) {
-  auto log = parse(R"({"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 0.01, "warmup_num_steps": 100}})");
-  EXPECT_DOUBLE_EQ(log.lr(0), 0.0);  // log(1) = 0: warmup start
-  EXPECT_DOUBLE_EQ(log.lr(9), 0.01 * std::log(10.0) / std::log(100.0));
-  EXPECT_DOUBLE_EQ(log.lr(99), 0.01 * std::log(100.0) / std::log(100.0));  // warmup end
-  EXPECT_DOUBLE_EQ(log.lr(100), 0.01);
-  EXPECT_DOUBLE_EQ(log.lr(5000), 0.01);
-  auto lin = parse(R"({"type": "WarmupLR", "params": {"warmup_min_lr": 0.001, "warmup_max_lr": 0.003, "warmup_num_steps": 10, "warmup_type": "linear"}})");
-  EXPECT_DOUBLE_EQ(lin.lr(0), 0.001);
-  EXPECT_DOUBLE_EQ(lin.lr(5), 0.001 + 0.002 * 0.5);
-  EXPECT_DOUBLE_EQ(lin.lr(10), 0.003);
+// Each expected value below is DeepSpeed's deepspeed/runtime/lr_schedules.py (commit 22779f2)
+// evaluated by hand, the method it follows named in the comment. `at_step(k)` is what optimizer
+// step k uses: DeepSpeed's engine builds the scheduler before step 1 (last_batch_iteration = -1,
+// the constructor's update_lr) and calls scheduler.step() after each applied step
+// (engine.py, _take_model_step), so step k sees iteration k - 2.
+std::vector<double> lrs_of_steps(const LrSchedule& s, int steps) {
+  std::vector<double> out;
+  for (int k = 1; k <= steps; ++k) out.push_back(s.at_step(k).lr);
+  return out;
 }
 
-TEST(Schedules, WarmupDecayLrDecaysLinearlyToZeroAtTheEnd) {
-  auto s = parse(R"({"type": "WarmupDecayLR", "params": {"total_num_steps": 1000, "warmup_max_lr": 0.02, "warmup_num_steps": 100, "warmup_type": "linear"}})");
-  EXPECT_DOUBLE_EQ(s.lr(50), 0.01);
-  EXPECT_DOUBLE_EQ(s.lr(100), 0.02);                      // warmup end: decay starts at full lr
-  EXPECT_DOUBLE_EQ(s.lr(550), 0.02 * 450.0 / 900.0);      // halfway
-  EXPECT_DOUBLE_EQ(s.lr(1000), 0.0);                      // decay end
-  EXPECT_DOUBLE_EQ(s.lr(1200), 0.0);                      // never negative
+void expect_sequence(const std::vector<double>& got, const std::vector<double>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_DOUBLE_EQ(got[i], want[i]) << "optimizer step " << i + 1;
 }
 
-TEST(Schedules, WarmupCosineLrReachesItsFloor) {
-  auto s = parse(R"({"type": "WarmupCosineLR", "params": {"total_num_steps": 1100, "warmup_num_steps": 100, "cos_min_ratio": 0.1, "warmup_type": "linear", "warmup_min_ratio": 0.2}})",
-                 3e-4);
-  EXPECT_DOUBLE_EQ(s.lr(0), 3e-4 * 0.2);  // warmup start at warmup_min_ratio
-  EXPECT_DOUBLE_EQ(s.lr(50), 3e-4 * (0.2 + 0.5 * 0.8));
-  EXPECT_DOUBLE_EQ(s.lr(100), 3e-4 * (0.1 + 0.9 * (1 + std::cos(M_PI * 1 / 1000.0)) / 2));
-  EXPECT_DOUBLE_EQ(s.lr(599), 3e-4 * (0.1 + 0.9 * 0.5));  // cosine midpoint
-  EXPECT_NEAR(s.lr(1099), 3e-4 * 0.1, 1e-18);              // the floor
+TEST(Schedules, WarmupLrStepsAsDeepSpeedsEngine) {
+  // warmup_max_lr absent: WarmupLR.__init__ takes the optimizer's lr (0.01). Log warmup over W = 4:
+  // _get_gamma = log(i + 1) / log(4) reaches 1 at i = W - 1 = 3.
+  auto log = parse(R"({"type": "WarmupLR", "params": {"warmup_num_steps": 4}})", 0.01);
+  const double l4 = std::log(4.0);
+  expect_sequence(lrs_of_steps(log, 7), {0.0,                           // step 1: constructor, min_lr
+                                         0.0,                           // iteration 0: log(1) = 0
+                                         0.01 * std::log(2.0) / l4,     // iteration 1
+                                         0.01 * std::log(3.0) / l4,     // iteration 2
+                                         0.01,                          // iteration 3 = W - 1: the max
+                                         0.01, 0.01});
+  // warmup_num_steps 1 is raised to 2 (max(2, warmup_num_steps)); linear: i / W.
+  auto lin = parse(R"({"type": "WarmupLR", "params": {"warmup_min_lr": 0.001, "warmup_max_lr": 0.003, "warmup_num_steps": 1, "warmup_type": "linear"}})");
+  expect_sequence(lrs_of_steps(lin, 5), {0.001, 0.001, 0.002, 0.003, 0.003});
+  // An unknown warmup_type falls back to log (a warning, not an error).
+  auto cubic = parse(R"({"type": "WarmupLR", "params": {"warmup_max_lr": 0.01, "warmup_num_steps": 4, "warmup_type": "cubic"}})");
+  expect_sequence(lrs_of_steps(cubic, 7), lrs_of_steps(log, 7));
 }
 
-TEST(Schedules, OneCycleRisesFallsAndDecays) {
-  auto s = parse(R"({"type": "OneCycle", "params": {"cycle_min_lr": 0.001, "cycle_max_lr": 0.011, "cycle_first_step_size": 100, "cycle_second_step_size": 300, "decay_step_size": 50, "decay_lr_rate": 0.1, "cycle_momentum": false}})");
-  EXPECT_DOUBLE_EQ(s.lr(0), 0.001);
-  EXPECT_DOUBLE_EQ(s.lr(50), 0.006);
-  EXPECT_DOUBLE_EQ(s.lr(100), 0.011);                      // peak
-  EXPECT_DOUBLE_EQ(s.lr(250), 0.001 + 0.01 * 0.5);         // halfway down
-  EXPECT_NEAR(s.lr(400), 0.001, 1e-15);                    // cycle end
-  EXPECT_DOUBLE_EQ(s.lr(500), 0.001 * (1 + 0.1 * 2.0));    // decay phase: 100 steps / 50
+TEST(Schedules, WarmupDecayLrDecaysToItsMinimumAndStays) {
+  // WarmupDecayLR._get_gamma: after warmup max(0, (T - i) / max(1, T - W)); lr = min + delta * gamma.
+  auto s = parse(R"({"type": "WarmupDecayLR", "params": {"total_num_steps": 6, "warmup_min_lr": 0.0002, "warmup_max_lr": 0.001, "warmup_num_steps": 2, "warmup_type": "linear"}})");
+  const double lo = 0.0002, d = 0.0008;
+  expect_sequence(lrs_of_steps(s, 12), {lo, lo, lo + d * 0.5, lo + d, lo + d * 0.75, lo + d * 0.5, lo + d * 0.25, lo, lo, lo, lo, lo});
+  // WarmupDecayLR.__init__'s own warmup_max_lr default is 0.001, not the optimizer's lr.
+  auto dflt = parse(R"({"type": "WarmupDecayLR", "params": {"total_num_steps": 100, "warmup_num_steps": 2, "warmup_type": "linear"}})", 0.5);
+  EXPECT_DOUBLE_EQ(dflt.lr(2), 0.001);
+}
+
+TEST(Schedules, WarmupCosineLrStartsAtZeroAndClampsAtItsFloor) {
+  // WarmupCosineLR.get_lr: 0.0 before the first step(), even with warmup_min_ratio > 0; then
+  // get_lr_ratio: warmup_min_ratio + r * (1 - warmup_min_ratio), and after warmup
+  // cos_min_ratio + (1 - cos_min_ratio) * (1 + cos(pi * min(1, (i - W + 1) / (T - W)))) / 2.
+  auto s = parse(R"({"type": "WarmupCosineLR", "params": {"total_num_steps": 7, "warmup_num_steps": 3, "warmup_min_ratio": 0.2, "cos_min_ratio": 0.1, "warmup_type": "linear"}})",
+                 0.1);
+  auto cosine = [](double progress) { return 0.1 * (0.1 + 0.9 * (1 + std::cos(M_PI * progress)) / 2); };
+  expect_sequence(lrs_of_steps(s, 12), {0.0,                                   // constructor
+                                        0.1 * 0.2,                             // iteration 0
+                                        0.1 * (0.2 + 0.8 / 3), 0.1 * (0.2 + 0.8 * 2 / 3),
+                                        cosine(0.25), cosine(0.5), cosine(0.75), cosine(1.0),  // iterations 3-6
+                                        cosine(1.0), cosine(1.0), cosine(1.0), cosine(1.0)});  // clamped past T
+  EXPECT_NEAR(s.lr(6), 0.1 * 0.1, 1e-17);
+}
+
+TEST(Schedules, OneCycleCyclesLrAndMomentumThenDecays) {
+  // OneCycle, total 4 + 6 = 10, step_ratio 0.4; _get_scale_factor uses batch b = i + 1.
+  auto s = parse(R"({"type": "OneCycle", "params": {"cycle_min_lr": 0.001, "cycle_max_lr": 0.011, "cycle_first_step_size": 4, "cycle_second_step_size": 6, "decay_step_size": 5, "decay_lr_rate": 0.5, "cycle_min_mom": 0.85, "cycle_max_mom": 0.95, "decay_mom_rate": 0.01}})");
+  struct Row { int64_t iteration; double lr, beta1; };
+  const Row rows[] = {
+      {-1, 0.001, 0.85},                                  // _initialize_lr / _initialize_momentum: the minima
+      {0, 0.001 + 0.01 * 0.25, 0.95 - 0.1 * 0.25},        // x = 0.1: scale 0.1 / 0.4
+      {2, 0.001 + 0.01 * 0.75, 0.95 - 0.1 * 0.75},        // x = 0.3
+      {3, 0.011, 0.85},                                   // x = 0.4: the peak, momentum at its minimum
+      {4, 0.001 + 0.01 * (0.5 / 0.6), 0.95 - 0.1 * (0.5 / 0.6)},  // x = 0.5: (x - 1) / (0.4 - 1)
+      {8, 0.001 + 0.01 * (0.1 / 0.6), 0.95 - 0.1 * (0.1 / 0.6)},
+      {9, 0.001, 0.95},                                   // b = 10: the cycle's end
+      {10, 0.001 / (1 + 0.5 * 1 / 5.0), 0.95 * (1 + 0.01 * 1 / 5.0)},    // _get_decay_lr: min / (1 + rate * 1/5)
+      {19, 0.001 / (1 + 0.5 * 10 / 5.0), 0.95 * (1 + 0.01 * 10 / 5.0)},  // a fall, not a growth
+  };
+  for (const auto& r : rows) {
+    const auto v = s.values(r.iteration);
+    EXPECT_DOUBLE_EQ(v.lr, r.lr) << "iteration " << r.iteration;
+    ASSERT_TRUE(v.sets_betas) << "cycle_momentum defaults to true";
+    EXPECT_DOUBLE_EQ(v.beta1, r.beta1) << "iteration " << r.iteration;
+    EXPECT_EQ(v.beta2, 0.99) << "DeepSpeed sets beta2 to 0.99";
+  }
+  EXPECT_DOUBLE_EQ(s.at_step(1).beta1, 0.85);
+  EXPECT_DOUBLE_EQ(s.at_step(5).lr, 0.011);  // step 5 sees iteration 3
+  // Without momentum cycling (or with an optimizer without betas) the optimizer keeps its betas.
+  EXPECT_FALSE(parse(R"({"type": "OneCycle", "params": {"cycle_min_lr": 0, "cycle_max_lr": 1, "cycle_momentum": false}})").at_step(3).sets_betas);
+  EXPECT_FALSE(LrSchedule::from_deepspeed(nlohmann::json::parse(R"({"type": "OneCycle", "params": {"cycle_min_lr": 0, "cycle_max_lr": 1}})"), 0.1, false)
+                   .at_step(3).sets_betas);
+}
+
+TEST(Schedules, OneCycleStaircaseHoldsEachStair) {
+  // cycle_first_stair_count 2 (the second half takes the same count): _get_scale_factor's
+  // floor(position) / stairs, the position from the batch's offset inside the cycle of 8.
+  auto s = parse(R"({"type": "OneCycle", "params": {"cycle_min_lr": 0.0, "cycle_max_lr": 0.01, "cycle_first_step_size": 4, "cycle_first_stair_count": 2, "cycle_momentum": false}})");
+  const double want[] = {0.0, 0.005, 0.005, 0.01, 0.005, 0.005, 0.0, 0.0};  // iterations 0..7 (b = 1..8)
+  for (int i = 0; i < 8; ++i) EXPECT_DOUBLE_EQ(s.lr(i), want[i]) << "iteration " << i;
+}
+
+TEST(Schedules, LrRangeTestGrowsContinuouslyOrInStairs) {
+  // LRRangeTest.get_lr: min_lr * (1 + rate * (i + 1) / step_size), floored in staircase mode.
+  auto cont = parse(R"({"type": "LRRangeTest", "params": {"lr_range_test_min_lr": 0.01, "lr_range_test_step_size": 3, "lr_range_test_step_rate": 0.5}})");
+  expect_sequence(lrs_of_steps(cont, 4), {0.01, 0.01 * (1 + 0.5 / 3), 0.01 * (1 + 0.5 * 2 / 3), 0.01 * 1.5});
+  auto stairs = parse(R"({"type": "LRRangeTest", "params": {"lr_range_test_min_lr": 0.01, "lr_range_test_step_size": 3, "lr_range_test_step_rate": 0.5, "lr_range_test_staircase": true}})");
+  expect_sequence(lrs_of_steps(stairs, 8), {0.01, 0.01, 0.01, 0.015, 0.015, 0.015, 0.02, 0.02});
 }
 
 TEST(Schedules, ConstantAndResumeAreFunctionsOfTheStep) {
   LrSchedule c;
   c.base_lr = 0.5;
-  EXPECT_DOUBLE_EQ(c.lr(0), 0.5);
-  EXPECT_DOUBLE_EQ(c.lr(123456), 0.5);
-  auto s = parse(R"({"type": "WarmupDecayLR", "params": {"total_num_steps": 100, "warmup_num_steps": 10}})");
-  std::vector<double> run;
-  for (int i = 0; i < 100; ++i) run.push_back(s.lr(i));
-  auto resumed = parse(R"({"type": "WarmupDecayLR", "params": {"total_num_steps": 100, "warmup_num_steps": 10}})");
-  for (int i = 40; i < 100; ++i) EXPECT_EQ(resumed.lr(i), run[i]);
+  EXPECT_DOUBLE_EQ(c.at_step(1).lr, 0.5);
+  EXPECT_DOUBLE_EQ(c.at_step(123456).lr, 0.5);
+  // last_batch_iteration 9: the constructors set nothing, so step 1 keeps the optimizer's lr, and
+  // step k runs iteration 9 + k - 1.
+  auto resumed = parse(R"({"type": "WarmupLR", "params": {"warmup_max_lr": 0.02, "warmup_num_steps": 20, "warmup_type": "linear", "last_batch_iteration": 9}})",
+                       0.05);
+  expect_sequence(lrs_of_steps(resumed, 3), {0.05, 0.02 * 10 / 20, 0.02 * 11 / 20});
 }
 
 TEST(Schedules, MistakesAreNamed) {
@@ -85,38 +149,52 @@ TEST(Schedules, MistakesAreNamed) {
   EXPECT_NE(error(R"({"type": "WarmupLr"})").find("did you mean 'WarmupLR'"), std::string::npos);
   EXPECT_NE(error(R"({"type": "WarmupLR", "params": {"warmup_max": 1}})").find("did you mean 'warmup_max_lr'"), std::string::npos);
   EXPECT_NE(error(R"({"type": "WarmupDecayLR", "params": {}})").find("total_num_steps is required"), std::string::npos);
-  EXPECT_NE(error(R"({"type": "WarmupLR", "params": {"warmup_type": "cubic"}})").find("warmup_type"), std::string::npos);
-  EXPECT_NE(error(R"({"type": "OneCycle", "params": {"cycle_min_lr": 0, "cycle_max_lr": 1, "cycle_momentum": true}})").find("cycle_momentum"), std::string::npos);
+  EXPECT_NE(error(R"({"type": "WarmupLR", "params": {"warmup_num_steps": 0}})").find("warmup_num_steps must be an integer >= 1"), std::string::npos);
+  EXPECT_NE(error(R"({"type": "OneCycle", "params": {"cycle_min_lr": 0}})").find("cycle_max_lr are required"), std::string::npos);
+  EXPECT_NE(error(R"({"type": "OneCycle", "params": {"cycle_min_lr": 0, "cycle_max_lr": 1, "cycle_max_mom": 1.5}})").find("beta1"), std::string::npos);
+  EXPECT_NE(error(R"({"type": "LRRangeTest", "params": {"lr_range_test_step_size": 0}})").find("lr_range_test_step_size"), std::string::npos);
 }
 
 TEST(LossScaler, ScriptedOverflowsMoveTheScaleAsDeepSpeedDoes) {
+  // DynamicLossScaler.update_scale (deepspeed/runtime/fp16/loss_scaler.py): the scale grows when
+  // (cur_iter - last_overflow_iter - 1) is a positive multiple of the window, i.e. on the
+  // (window + 1)-th clean step; an overflow absorbed by hysteresis restarts that count.
   LossScalerConfig c;
   c.initial_scale_power = 4;  // 16
   c.loss_scale_window = 3;
   c.hysteresis = 2;
   LossScaler s(c);
-  EXPECT_EQ(s.scale(), 16.0);
-  // overflow #1 is absorbed by hysteresis; #2 halves the scale.
-  s.update(true);
-  EXPECT_EQ(s.scale(), 16.0);
-  EXPECT_EQ(s.hysteresis_left(), 1);
-  s.update(true);
-  EXPECT_EQ(s.scale(), 8.0);
-  // Clean steps: the window counts from the last overflow (iteration 1); at iteration 4 it is 3.
-  s.update(false);  // it 2
-  s.update(false);  // it 3
-  EXPECT_EQ(s.scale(), 8.0);
-  s.update(false);  // it 4: (4 - 1) % 3 == 0 -> double, hysteresis restored
-  EXPECT_EQ(s.scale(), 16.0);
-  EXPECT_EQ(s.hysteresis_left(), 2);
-  // An isolated overflow is absorbed again, and the clean count restarts from it.
-  s.update(true);   // it 5
-  EXPECT_EQ(s.scale(), 16.0);
-  s.update(false);  // 6
-  s.update(false);  // 7
-  EXPECT_EQ(s.scale(), 16.0);
-  s.update(false);  // 8: (8 - 5) % 3 == 0
-  EXPECT_EQ(s.scale(), 32.0);
+  struct Row { bool overflow; double scale; int hysteresis; };
+  const Row script[] = {
+      {true, 16, 1},    // it 0: absorbed by hysteresis; last overflow = 0
+      {false, 16, 1},   // it 1: stable interval 0; the hysteresis is not refilled by a clean step
+      {false, 16, 1},   // it 2: 1
+      {false, 16, 1},   // it 3: 2
+      {false, 32, 2},   // it 4: 3, the 4th clean step: doubles, and only now the hysteresis refills
+      {true, 32, 1},    // it 5: absorbed
+      {true, 16, 1},    // it 6: hysteresis spent: halves
+      {false, 16, 1}, {false, 16, 1}, {false, 16, 1},
+      {false, 32, 2},   // it 10: stable interval 3
+  };
+  int it = 0;
+  for (const auto& r : script) {
+    s.update(r.overflow);
+    EXPECT_EQ(s.scale(), r.scale) << "iteration " << it;
+    EXPECT_EQ(s.hysteresis_left(), r.hysteresis) << "iteration " << it;
+    ++it;
+  }
+  // From the start (last overflow -1) the first growth is at iteration `window`.
+  LossScaler fresh(c);
+  for (int i = 0; i < 3; ++i) fresh.update(false);
+  EXPECT_EQ(fresh.scale(), 16.0);
+  fresh.update(false);
+  EXPECT_EQ(fresh.scale(), 32.0);
+  // consecutive_hysteresis refills on every clean step, so isolated overflows never halve.
+  c.consecutive_hysteresis = true;
+  LossScaler consecutive(c);
+  for (bool overflow : {true, false, true, false, true}) consecutive.update(overflow);
+  EXPECT_EQ(consecutive.scale(), 16.0);
+  EXPECT_EQ(consecutive.hysteresis_left(), 1);
 }
 
 TEST(LossScaler, TheMinimumIsAnErrorAndStaticScalesNeverMove) {
@@ -127,7 +205,20 @@ TEST(LossScaler, TheMinimumIsAnErrorAndStaticScalesNeverMove) {
   LossScaler s(c);
   s.update(true);
   EXPECT_EQ(s.scale(), 1.0);
-  EXPECT_THROW(s.update(true), Error);
+  EXPECT_THROW(s.update(true), NumericError);
+  // With hysteresis, the overflows it absorbs at the minimum come first.
+  c.hysteresis = 2;
+  LossScaler h(c);
+  h.update(true);  // absorbed at 2
+  h.update(true);  // halves to 1
+  EXPECT_EQ(h.scale(), 1.0);
+  // The hysteresis spent on the way down is not refilled: the next overflow ends the run.
+  try {
+    h.update(true);
+    ADD_FAILURE() << "an overflow at the minimum scale with the hysteresis spent must end the run";
+  } catch (const NumericError& e) {
+    EXPECT_NE(std::string(e.what()).find("min_loss_scale"), std::string::npos) << e.what();
+  }
   LossScalerConfig fixed;
   fixed.loss_scale = 128;
   LossScaler f(fixed);

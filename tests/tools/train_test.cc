@@ -194,9 +194,24 @@ TEST(Train, NonFiniteGradientsStepAfterStepEndTheRun) {
             std::string::npos)
       << r.output;
   EXPECT_NE(r.output.find("at step 1"), std::string::npos) << r.output;
+  // The skip warning names the step run, not the count of applied steps (which stays 1).
+  EXPECT_NE(r.output.find("step 3: the gradients hold Inf or NaN; the step is skipped"), std::string::npos) << r.output;
   ASSERT_EQ(r.metrics.size(), 6u) << r.output;  // validation at 0 and 3, steps 1-4
   EXPECT_EQ(r.metrics.back()["step"], 4);
   EXPECT_TRUE(r.metrics.back()["skipped"].get<bool>());
+}
+
+// DeepSpeed's DynamicLossScaler raises when an f16 overflow finds the scale at its minimum and the
+// hysteresis spent. A scale of 2^40 overflows f16 at once: 2^40 -> 2^39 -> 2^38 (the minimum) ->
+// the end of the run, on every rank.
+TEST(Train, AnF16OverflowAtTheMinimumLossScaleEndsTheRun) {
+  json j = tiny("minscale");
+  j["fp16"] = {{"enabled", true}, {"initial_scale_power", 40}, {"min_loss_scale", std::ldexp(1.0, 38)}, {"hysteresis", 1}};
+  const auto r = run({ZEROTH_BIN, "train", write_config("minscale", j)}, "minscale", 120s);
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("f16 gradients overflow at step run 3 although the loss scale is already at its minimum (fp16.min_loss_scale = 274877906944)"),
+            std::string::npos)
+      << r.output;
 }
 
 // A write that fails (here: a full disk) ends the run on every rank with an error naming the file.

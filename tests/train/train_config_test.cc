@@ -2,12 +2,15 @@
 // missing batch keys) and what they resolve to, and of invalid ones and their exact errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <map>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "engine/plan.h"
 #include "train/train_config.h"
 
 namespace zeroth {
@@ -157,9 +160,60 @@ INSTANTIATE_TEST_SUITE_P(
                   "zero_optimization.allgather_bucket_size is \"auto\": auto values are resolved by the training config; here it must be a number"},
         ErrorCase{"Optimizer", R"({"optimizer": {"type": "AdamW", "params": {"lr": -1}}})", "optimizer.params.lr = -1 for AdamW: must be >= 0"},
         ErrorCase{"Clipping", R"({"gradient_clipping": -1})", "gradient_clipping must be a number in [0, 1e+30], got -1"},
+        ErrorCase{"NoDecayPattern", R"({"model": {"no_weight_decay": ["bias", "attn.*"]}})",
+                  "model.no_weight_decay entry \"attn.*\" is neither a role (weight, bias, norm, embedding) nor a pattern matching any parameter name (e.g. \"embed.wte\")"},
+        ErrorCase{"NoDecayType", R"({"model": {"no_weight_decay": "bias"}})",
+                  "model.no_weight_decay must be a list of roles (weight, bias, norm, embedding) or parameter-name globs like \"h.*.attn.*\", got \"bias\""},
         ErrorCase{"Vocab", R"({"model": {"vocab_size": 100}, "data": {"format": "synthetic", "vocab_size": 200}})",
                   "model.vocab_size (100) is smaller than data.vocab_size (200): every token id must have an embedding row"}),
     [](const auto& info) { return std::string(info.param.name); });
+
+// Weight decay follows a stated rule: by default Hugging Face Trainer's (none on biases and
+// LayerNorm parameters), replaced by model.no_weight_decay's roles and name globs; the plan's
+// update spans carry it.
+TEST(TrainConfig, WeightDecayExclusionsAreARule) {
+  auto decay_of = [](const TrainConfig& c) {
+    std::map<std::string, bool> out;
+    for (const auto& spec : Gpt::block_specs(c.model)) {
+      for (const auto& p : spec.params) out[spec.name + "." + p.name] = c.engine.no_weight_decay.decays(spec.name, p);
+    }
+    return out;
+  };
+  const auto dflt = decay_of(TrainConfig::from_json(base()));
+  EXPECT_TRUE(dflt.at("embed.wte"));
+  EXPECT_TRUE(dflt.at("h.0.attn.c_attn.weight"));
+  EXPECT_FALSE(dflt.at("h.0.attn.c_attn.bias"));
+  EXPECT_FALSE(dflt.at("h.0.ln_1.weight"));
+  EXPECT_FALSE(dflt.at("ln_f.bias"));
+  const auto custom = TrainConfig::from_json(with(base(), R"({"model": {"no_weight_decay": ["norm", "embedding", "h.*.attn.*"]}})"));
+  const auto rule = decay_of(custom);
+  EXPECT_FALSE(rule.at("embed.wpe"));
+  EXPECT_FALSE(rule.at("h.0.attn.c_proj.weight"));
+  EXPECT_FALSE(rule.at("h.0.ln_2.bias"));
+  EXPECT_TRUE(rule.at("h.0.mlp.c_fc.bias")) << "biases decay once \"bias\" is not in the list";
+  EXPECT_TRUE(rule.at("h.0.mlp.c_proj.weight"));
+  // The plan's update spans follow the rule, element by element.
+  const auto specs = Gpt::block_specs(custom.model);
+  const Plan plan = make_plan(specs, Gpt::schedule(custom.model), custom.engine, 1, 0);
+  size_t checked = 0;
+  for (const auto& group : plan.sub_groups) {
+    for (const auto& span : group) {
+      const auto& blk = plan.blocks[span.block];
+      const auto& params = specs[span.block].params;
+      for (size_t i = 0; i < params.size(); ++i) {
+        const size_t lo = std::max(span.lo, blk.param_offsets[i]), hi = std::min(span.hi, blk.param_offsets[i] + params[i].numel());
+        if (lo >= hi) continue;
+        EXPECT_EQ(span.decay, rule.at(specs[span.block].name + "." + params[i].name)) << params[i].name;
+        checked += hi - lo;
+      }
+    }
+  }
+  size_t total = 0;
+  for (const auto& spec : specs) {
+    for (const auto& p : spec.params) total += p.numel();
+  }
+  EXPECT_EQ(checked, total);
+}
 
 TEST(TrainConfig, OverridesSetNestedKeysAndParseValues) {
   json j = base();
