@@ -11,8 +11,9 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
-#include <mutex>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -102,9 +103,10 @@ Trained train_through_engine(const TorchCase& k) {
         gpt.forward(m, tokens.data() + at, targets.data() + at, mb, T, &micro[m]);
         gpt.backward(m);
         const auto r = engine.step();
-        ASSERT_EQ(r.boundary, m + 1 == gas);
+        // EXPECT, not ASSERT: a rank that left early would strand the others in a collective.
+        EXPECT_EQ(r.boundary, m + 1 == gas);
         if (!r.boundary) continue;
-        ASSERT_FALSE(r.skipped) << "step " << s + 1;
+        EXPECT_FALSE(r.skipped) << "step " << s + 1;
         mine.grad_norm.push_back(r.grad_norm);
         mine.lr.push_back(r.lr);
       }
@@ -171,8 +173,10 @@ TensorError compare(const std::string& name, std::vector<float> got, std::vector
 // - bf16: as f32, but now and then an f32 difference puts a gradient or a compute weight on the
 //   other side of a bf16 rounding (2^-8 of that element), and the later steps carry it: from
 //   2e-7 at step 1 the differences grow step by step. Measured: loss 4.0e-6, gradient norm
-//   2.5e-4, weights 1.3e-3. A different split of the batch (rounding other sums of sequences) or
-//   bf16 communication moves the weights by 4e-3 to 1.5e-2, beyond the bound.
+//   2.5e-4, weights 1.3e-3. The bounds still see the bf16 mode's own roundings: the reference
+//   rounding micro-batches of 1 or 4 sequences instead of 2 moves its weights by 5e-3 to 9e-3,
+//   and bf16 communication fails every bf16 case whose reduction it rounds (stages 0-1 at any dp,
+//   2-3 from dp 2: loss 7e-6 to 5e-5, gradient norm 1.5e-3 to 4.5e-3, weights 2.4e-3 to 6.1e-3).
 struct Bounds {
   double loss, grad_norm, weights;
 };
