@@ -64,6 +64,8 @@ struct EngineConfig {
   WeightDecayRule no_weight_decay;
   LrSchedule schedule;                  // base_lr should equal optimizer.lr
   uint64_t seed = 1234;
+  // DeepSpeed's wall_clock_breakdown: step() synchronizes to time its parts (StepResult).
+  bool time_breakdown = false;
   // Bytes of host memory (pinned and pageable) the engine may hold for state it places there;
   // 0: unlimited. The device's own budget is the device's.
   size_t host_memory = 0;

@@ -56,6 +56,8 @@ class Executor {
   // The step phase. grad_norm(): the squared global norm of the reduced gradients (waits for the
   // reductions; synchronizes). finish_step(): with args, the update, clearing and post-step
   // gather actions; without (a skipped step), the clearing ones only. Rewinds the cycle.
+  // Blocks the host until the cycle's gradient reductions are done.
+  void wait_for_reductions();
   double grad_norm();
   void finish_step(const std::optional<UpdateArgs>& args);
 

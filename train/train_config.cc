@@ -335,9 +335,6 @@ void check_deepspeed_extras(const json& j) {
   for (const char* k : {"zero_force_ds_cpu_optimizer", "wall_clock_breakdown", "memory_breakdown", "dump_state", "zero_allow_untested_optimizer"}) {
     if (j.contains(k) && !j[k].is_boolean()) ZEROTH_THROW(ConfigError, "{} must be true or false, got {}", k, j[k].dump());
   }
-  if (j.value("wall_clock_breakdown", false)) {
-    ZEROTH_THROW(ConfigError, "wall_clock_breakdown = true is not supported: zeroth reports each step's time (not its forward/backward/step parts) in the step lines and metrics.jsonl; remove the key or set it to false");
-  }
   if (j.contains("data_types")) {
     static constexpr std::string_view kKeys[] = {"grad_accum_dtype"};
     Section s(j["data_types"], "data_types", kKeys);
@@ -437,6 +434,7 @@ TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) 
   if (c.contains("scheduler")) t.engine.schedule = LrSchedule::from_deepspeed(c["scheduler"], t.engine.optimizer.lr, t.engine.optimizer.kind != OptimizerKind::sgd);
   if (c.contains("zero_optimization")) t.engine.zero = ZeroConfig::from_deepspeed(c["zero_optimization"]);
   t.engine.seed = t.run.seed;
+  t.engine.time_breakdown = c.value("wall_clock_breakdown", false);
   t.engine.host_memory = t.run.host_memory;
   t.engine.device_budget_name = "run.device_memory";
   t.engine.host_budget_name = "run.host_memory";

@@ -214,6 +214,29 @@ TEST(Train, AnF16OverflowAtTheMinimumLossScaleEndsTheRun) {
       << r.output;
 }
 
+// DeepSpeed's wall_clock_breakdown: forward, backward, the wait for reductions and the optimizer
+// step, timed (synchronized) on every step, printed with the step lines, written to the metrics.
+TEST(Train, WallClockBreakdownTimesThePartsOfEachStep) {
+  json j = tiny("wallclock");
+  j["wall_clock_breakdown"] = true;
+  const auto r = run({ZEROTH_BIN, "train", write_config("wallclock", j)}, "wallclock", 120s);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("  time (ms) | forward: "), std::string::npos) << r.output;
+  int steps = 0;
+  for (const auto& m : r.metrics) {
+    if (!m.contains("loss")) continue;
+    ++steps;
+    const double parts = m["forward_ms"].get<double>() + m["backward_ms"].get<double>() + m["reduce_wait_ms"].get<double>() +
+                         m["optimizer_ms"].get<double>();
+    EXPECT_GT(m["forward_ms"].get<double>(), 0) << m.dump();
+    EXPECT_GT(m["backward_ms"].get<double>(), 0) << m.dump();
+    EXPECT_GE(m["reduce_wait_ms"].get<double>(), 0) << m.dump();
+    EXPECT_GT(m["optimizer_ms"].get<double>(), 0) << m.dump();
+    EXPECT_LE(parts, m["step_ms"].get<double>()) << "the parts lie inside the step: " << m.dump();
+  }
+  EXPECT_EQ(steps, 6);
+}
+
 // A write that fails (here: a full disk) ends the run on every rank with an error naming the file.
 TEST(Train, AFailedWriteOfTheMetricsEndsTheRunNamingTheFile) {
   json j = tiny("full");
