@@ -117,6 +117,8 @@ class Console final : public TrainObserver {
     rows.emplace_back("steps", fmt::format("{}, print every {}, validation {}", c.run.steps, c.steps_per_print,
                                            c.run.eval_interval > 0 ? fmt::format("every {} steps", c.run.eval_interval) : "at the end"));
     rows.emplace_back("memory", memory_line(f.need));
+    // DeepSpeed keys that change nothing here, named once (the README's table says why for each).
+    for (const auto& n : c.no_effect) rows.emplace_back("no effect", n);
     rows.emplace_back("output", c.run.output_dir + "/metrics.jsonl");
     std::printf("zeroth train: %s\n", c.run.name.c_str());
     for (const auto& [k, v] : rows) std::printf("  %-10s %s\n", k.c_str(), v.c_str());
