@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/cpu/blas_info.h"
 #include "tests/process_util.h"
 
 namespace zeroth {
@@ -35,6 +36,21 @@ TEST(Cli, ReportJsonNamesEveryComponent) {
     EXPECT_TRUE(r.contains(key)) << key << " missing in " << r.dump();
   }
   EXPECT_TRUE(r["environment"].contains("ZEROTH_COMM_TIMEOUT"));
+  // The BLAS core is the one this process's OpenBLAS runs (same library, same environment).
+  const auto& blas = r["blas"];
+  EXPECT_EQ(blas["core"], cpu::blas_info().core) << blas.dump();
+  EXPECT_EQ(blas["threads"], cpu::blas_info().threads) << blas.dump();
+  EXPECT_GT(blas["sgemm"]["gflops"].get<double>(), 0.0) << blas.dump();
+  EXPECT_EQ(blas["below_cpu"].get<bool>(), !blas["note"].get<std::string>().empty()) << blas.dump();
+}
+
+TEST(Cli, ReportTextNamesTheBlasCoreAndItsSgemmRate) {
+  const auto core = cpu::blas_info().core;
+  auto child = testing::spawn({ZEROTH_BIN, "report"}, {"ZEROTH_LOG_LEVEL=error"}, ::testing::TempDir() + "cli_report.txt");
+  ASSERT_EQ(testing::wait_exit(child, 300s), 0) << child.output();
+  const std::string text = child.output();
+  EXPECT_NE(text.find("core " + core + " ("), std::string::npos) << text;
+  EXPECT_NE(text.find(" GFLOP/s (2048x2048x2048 f32"), std::string::npos) << text;
 }
 
 TEST(Cli, BenchKernelsJson) {
