@@ -2,6 +2,7 @@
 // carry the fields the issues specify, with positive figures.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <set>
 #include <string>
@@ -77,6 +78,27 @@ TEST(Cli, BenchCommJsonLocalAndGloo) {
       EXPECT_GT(row["time_us"].get<double>(), 0.0);
     }
   }
+}
+
+TEST(Cli, BenchEngineJsonLabelsEachRowsTransportAndItsBounds) {
+  // A model this small steps in about a millisecond: no room for a link latency per collective.
+  const auto r = run_json({"bench", "engine", "--layers", "2", "--width", "32", "--batch", "4", "--warmup", "1", "--steps", "5",
+                           "--rounds", "1", "--latency-us", "0", "--json"},
+                          "engine");
+  EXPECT_EQ(r["ranks"], 2);
+  EXPECT_GT(r["link_gbps"].get<double>(), 0.0);
+  std::vector<std::string> rows;
+  for (const auto& row : r["rows"]) {
+    rows.push_back(row["transport"].get<std::string>() + ": " + row["name"].get<std::string>());
+    EXPECT_EQ(row["steps_s"].size(), 5u) << row.dump();
+    EXPECT_GT(row["median_s"].get<double>(), 0.0) << row.dump();
+    EXPECT_EQ(row["full_overlap_s"], std::max(row["compute_s"].get<double>(), row["comm_s"].get<double>())) << row.dump();
+    EXPECT_EQ(row["serial_s"], row["compute_s"].get<double>() + row["comm_s"].get<double>()) << row.dump();
+  }
+  EXPECT_EQ(rows, (std::vector<std::string>{"link model: stage 3, prefetch", "link model: stage 3, no prefetch",
+                                            "link model: stage 3, prefetch, overlap_comm false",
+                                            "gloo: stage 3, overlap_comm false, 1 row per rank", "gloo: stage 3, prefetch",
+                                            "gloo: stage 3, no prefetch", "gloo: stage 3, prefetch, overlap_comm false"}));
 }
 
 TEST(Cli, BenchOptimJson) {

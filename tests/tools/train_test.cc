@@ -277,5 +277,20 @@ TEST(Train, DryRunPrintsTheResolvedConfigThePlanAndItsProgram) {
   EXPECT_EQ(reductions, plan["reduce_buckets"].size() * plan["micro_batches"].get<size_t>());
 }
 
+// zero_optimization.overlap_comm from the config reaches the plan: false puts the cycle's
+// collectives on the compute stream, and the dry run says so.
+TEST(Train, DryRunShowsOverlapCommFalseAsCollectivesSerialisedWithCompute) {
+  for (const bool overlap : {true, false}) {
+    const std::string name = overlap ? "overlap_on" : "overlap_off";
+    auto child = testing::spawn({ZEROTH_BIN, "train", write_config(name, tiny(name)), "--dry-run", "--set", "zero_optimization.stage=3", "--set",
+                                 std::string("zero_optimization.overlap_comm=") + (overlap ? "true" : "false")},
+                                {}, temp(name) + ".out");
+    ASSERT_EQ(testing::wait_exit(child, std::chrono::seconds(60)), 0) << child.output();
+    const std::string out = child.output();
+    EXPECT_NE(out.find(overlap ? "communication overlapped with compute" : "communication serialised with compute"), std::string::npos) << out;
+    EXPECT_EQ(out.find("(serial)") != std::string::npos, !overlap) << out;
+  }
+}
+
 }  // namespace
 }  // namespace zeroth
