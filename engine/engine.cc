@@ -173,7 +173,8 @@ StepResult Engine::step() {
     return timed(result);
   }
   double clip = 1.0;
-  if (config_.gradient_clipping > 0 && result.grad_norm > config_.gradient_clipping) {
+  // DeepSpeed's unscale_and_clip_grads: clip when (norm + 1e-6) / max_norm exceeds 1.
+  if (config_.gradient_clipping > 0 && result.grad_norm + 1e-6 > config_.gradient_clipping) {
     clip = config_.gradient_clipping / (result.grad_norm + 1e-6);
   }
   const int64_t t = applied_ + 1;
