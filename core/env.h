@@ -34,6 +34,12 @@ inline constexpr std::string_view kSocketIfname = "ZEROTH_SOCKET_IFNAME";
 // ZEROTH_PLAN_JSON: path; the engine writes rank 0's plan there as JSON when it is made.
 inline constexpr std::string_view kPlanJson = "ZEROTH_PLAN_JSON";
 
+// Not zeroth's own tunables, so not in all(): OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE are read by
+// OpenBLAS when it is loaded (the kernel set, the cache size it tiles for); zeroth reads them only
+// to name them next to the core OpenBLAS runs (core/cpu/blas_info.h).
+inline constexpr std::string_view kOpenblasCoretype = "OPENBLAS_CORETYPE";
+inline constexpr std::string_view kOpenblasL2Size = "OPENBLAS_L2_SIZE";
+
 std::span<const Variable> all();
 
 // The raw value, or nullopt when unset or empty.

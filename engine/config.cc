@@ -11,43 +11,16 @@
 
 #include "core/error.h"    // ZEROTH_THROW
 #include "core/strings.h"  // did_you_mean
+#include "engine/deepspeed_keys.h"  // handle_deepspeed_key
 
 namespace zeroth {
 namespace {
 
+// The keys zeroth reads; the rest of DeepSpeed's vocabulary is in engine/deepspeed_keys.cc.
 constexpr std::string_view kZeroKeys[] = {
-    "stage", "reduce_bucket_size", "allgather_bucket_size", "overlap_comm", "contiguous_gradients", "reduce_scatter",
-    "allgather_partitions", "stage3_prefetch_bucket_size", "stage3_max_live_parameters", "stage3_max_reuse_distance",
-    "stage3_param_persistence_threshold", "offload_optimizer", "offload_param", "sub_group_size",
-    "load_from_fp32_weights", "elastic_checkpoint", "round_robin_gradients", "stage3_gather_16bit_weights_on_model_save",
-    "stage3_gather_fp16_weights_on_model_save", "ignore_unused_parameters", "cpu_offload", "zero_hpz_partition_size",
-    "zero_quantized_weights", "zero_quantized_gradients", "zero_quantized_nontrainable_weights", "mics_shard_size",
-    "mics_hierarchical_params_gather", "memory_efficient_linear", "pipeline_loading_checkpoint",
-    "override_module_apply", "use_multi_rank_bucket_allreduce", "module_granularity_threshold",
-    "use_all_reduce_for_fetch_params", "prefetch_bucket_size", "param_persistence_threshold",
-    "max_live_parameters", "max_reuse_distance", "log_trace_cache_warnings", "legacy_stage1"};
-
-// Keys DeepSpeed accepts that change what the engine does in ways zeroth does not (yet) do.
-// They are errors when set to anything but their inert default, never silently ignored.
-bool inert(const std::string& key, const nlohmann::json& v) {
-  if (key == "zero_hpz_partition_size") return v.is_number() && v.get<double>() <= 1;
-  if (key == "mics_shard_size") return v.is_number() && v.get<double>() < 0;
-  if (key == "offload_optimizer" || key == "offload_param") {
-    return v.is_null() || (v.is_object() && v.value("device", std::string("none")) == "none");
-  }
-  if (key == "cpu_offload") return v.is_boolean() && !v.get<bool>();
-  if (key.starts_with("zero_quantized") || key == "round_robin_gradients" || key == "legacy_stage1" ||
-      key == "mics_hierarchical_params_gather" || key == "use_multi_rank_bucket_allreduce" ||
-      key == "use_all_reduce_for_fetch_params") {
-    return v.is_boolean() && !v.get<bool>();
-  }
-  // Affect only checkpoint conventions, logging or module hooks that the block API does not have.
-  return key == "load_from_fp32_weights" || key == "elastic_checkpoint" || key == "ignore_unused_parameters" ||
-         key == "stage3_gather_16bit_weights_on_model_save" || key == "stage3_gather_fp16_weights_on_model_save" ||
-         key == "memory_efficient_linear" || key == "pipeline_loading_checkpoint" || key == "override_module_apply" ||
-         key == "log_trace_cache_warnings" || key == "allgather_partitions" ||
-         key == "module_granularity_threshold";
-}
+    "stage", "reduce_bucket_size", "allgather_bucket_size", "overlap_comm", "stage3_prefetch_bucket_size", "prefetch_bucket_size",
+    "stage3_max_live_parameters", "max_live_parameters", "stage3_max_reuse_distance", "max_reuse_distance",
+    "stage3_param_persistence_threshold", "param_persistence_threshold", "sub_group_size"};
 
 uint64_t count(const nlohmann::json& v, const std::string& key) {
   if (v.is_string() && v.get<std::string>() == "auto") {
@@ -72,7 +45,10 @@ ZeroConfig ZeroConfig::from_deepspeed(const nlohmann::json& section) {
   bool overlap_set = false;
   for (const auto& [key, v] : section.items()) {
     if (std::find(std::begin(kZeroKeys), std::end(kZeroKeys), key) == std::end(kZeroKeys)) {
-      ZEROTH_THROW(ConfigError, "zero_optimization.{} is not a known key{}", key, did_you_mean(key, kZeroKeys));
+      if (handle_deepspeed_key("zero_optimization", key, v, &z.no_effect)) continue;
+      std::vector<std::string_view> known(std::begin(kZeroKeys), std::end(kZeroKeys));
+      for (auto k : deepspeed_key_names("zero_optimization")) known.push_back(k);
+      ZEROTH_THROW(ConfigError, "zero_optimization.{} is not a known key{}", key, did_you_mean(key, known));
     }
     if (key == "stage") {
       if (!v.is_number_integer()) ZEROTH_THROW(ConfigError, "zero_optimization.stage must be 0, 1, 2 or 3, got {}", v.dump());
@@ -84,10 +60,6 @@ ZeroConfig ZeroConfig::from_deepspeed(const nlohmann::json& section) {
     } else if (key == "overlap_comm") {
       z.overlap_comm = flag(v, key);
       overlap_set = true;
-    } else if (key == "contiguous_gradients") {
-      z.contiguous_gradients = flag(v, key);
-    } else if (key == "reduce_scatter") {
-      z.reduce_scatter = flag(v, key);
     } else if (key == "stage3_prefetch_bucket_size" || key == "prefetch_bucket_size") {
       z.stage3_prefetch_bucket_size = count(v, key);
     } else if (key == "stage3_max_live_parameters" || key == "max_live_parameters") {
@@ -98,13 +70,6 @@ ZeroConfig ZeroConfig::from_deepspeed(const nlohmann::json& section) {
       z.stage3_param_persistence_threshold = count(v, key);
     } else if (key == "sub_group_size") {
       z.sub_group_size = count(v, key);
-    } else if (!inert(key, v)) {
-      if (key == "offload_optimizer" || key == "offload_param" || key == "cpu_offload") {
-        ZEROTH_THROW(ConfigError, "zero_optimization.{} = {}: offloading is not available in this build of the engine; remove the key or set its device to \"none\"",
-                     key, v.dump());
-      }
-      ZEROTH_THROW(ConfigError, "zero_optimization.{} = {} is a DeepSpeed option zeroth does not support; remove it", key,
-                   v.dump());
     }
   }
   if (!overlap_set) z.overlap_comm = z.stage == 3;
@@ -118,9 +83,6 @@ void ZeroConfig::validate() const {
   if (sub_group_size == 0) ZEROTH_THROW(ConfigError, "zero_optimization.sub_group_size must be at least 1 element");
   if (allgather_bucket_size == 0) {
     ZEROTH_THROW(ConfigError, "zero_optimization.allgather_bucket_size must be at least 1 element");
-  }
-  if (!reduce_scatter && stage >= 1) {
-    ZEROTH_THROW(ConfigError, "zero_optimization.reduce_scatter = false with stage {}: zeroth reduces sharded gradients with reduce-scatter only (half the traffic of all-reduce); remove the key", stage);
   }
 }
 

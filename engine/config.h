@@ -24,8 +24,6 @@ struct ZeroConfig {
   uint64_t reduce_bucket_size = 500'000'000;
   uint64_t allgather_bucket_size = 500'000'000;
   bool overlap_comm = false;  // DeepSpeed turns it on for stage 3 when the key is absent
-  bool contiguous_gradients = true;
-  bool reduce_scatter = true;
   uint64_t stage3_prefetch_bucket_size = 50'000'000;
   uint64_t stage3_max_live_parameters = 1'000'000'000;
   uint64_t stage3_max_reuse_distance = 1'000'000'000;
@@ -33,9 +31,11 @@ struct ZeroConfig {
   // The optimizer steps the shard in sub-groups of at most this many elements (the unit offload
   // swaps; DeepSpeed's default).
   uint64_t sub_group_size = 1'000'000'000;
+  // Keys present that have no effect in zeroth ("path: why"), for the log at start.
+  std::vector<std::string> no_effect;
 
-  // Unknown keys are ConfigErrors with a suggestion; DeepSpeed keys zeroth does not implement
-  // are ConfigErrors naming them; "auto" must have been resolved by the caller.
+  // Unknown keys are ConfigErrors with a suggestion; DeepSpeed's other keys are handled by the
+  // table in engine/deepspeed_keys.h; "auto" must have been resolved by the caller.
   static ZeroConfig from_deepspeed(const nlohmann::json& section);
   void validate() const;
 };
@@ -64,6 +64,8 @@ struct EngineConfig {
   WeightDecayRule no_weight_decay;
   LrSchedule schedule;                  // base_lr should equal optimizer.lr
   uint64_t seed = 1234;
+  // DeepSpeed's wall_clock_breakdown: step() synchronizes to time its parts (StepResult).
+  bool time_breakdown = false;
   // Bytes of host memory (pinned and pageable) the engine may hold for state it places there;
   // 0: unlimited. The device's own budget is the device's.
   size_t host_memory = 0;

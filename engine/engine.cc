@@ -2,6 +2,7 @@
 // the executor, and the step's policy (overflow, loss scale, clipping, learning rate).
 #include "engine/engine.h"
 
+#include <chrono>   // std::chrono::steady_clock
 #include <cmath>    // std::sqrt, std::isfinite
 
 #include "core/error.h"        // ZEROTH_THROW
@@ -145,6 +146,18 @@ StepResult Engine::step() {
   result.boundary = true;
   ++cycles_;
 
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  if (config_.time_breakdown) exec.wait_for_reductions();
+  const auto t1 = Clock::now();
+  // Every return below goes through here once the step's work is enqueued.
+  auto timed = [&](StepResult r) {
+    if (!config_.time_breakdown) return r;
+    compute_stream().synchronize();
+    r.reduce_wait_seconds = std::chrono::duration<double>(t1 - t0).count();
+    r.update_seconds = std::chrono::duration<double>(Clock::now() - t1).count();
+    return r;
+  };
   const double sumsq = exec.grad_norm();
   // The micro-batches' gradients were scaled by loss_gradient_scale(), so their sum is the
   // accumulated mean times the loss scale; the ranks' sum is dp times the average.
@@ -157,10 +170,11 @@ StepResult Engine::step() {
     result.skipped = true;
     if (config_.compute_dtype != DType::f16) ZLOG_WARN("step {}: the gradients hold Inf or NaN; the step is skipped", cycles_);
     exec.finish_step(std::nullopt);
-    return result;
+    return timed(result);
   }
   double clip = 1.0;
-  if (config_.gradient_clipping > 0 && result.grad_norm > config_.gradient_clipping) {
+  // DeepSpeed's unscale_and_clip_grads: clip when (norm + 1e-6) / max_norm exceeds 1.
+  if (config_.gradient_clipping > 0 && result.grad_norm + 1e-6 > config_.gradient_clipping) {
     clip = config_.gradient_clipping / (result.grad_norm + 1e-6);
   }
   const int64_t t = applied_ + 1;
@@ -171,7 +185,7 @@ StepResult Engine::step() {
   exec.finish_step(args);
   applied_ = t;
   result.step = t;
-  return result;
+  return timed(result);
 }
 
 std::vector<float> Engine::master_values(int block) {

@@ -41,6 +41,10 @@ struct StepResult {
   double grad_norm = 0;   // global L2 norm of the averaged, unscaled gradient, before clipping
   double lr = 0;          // the learning rate the step used
   double loss_scale = 1;  // the scale of the next micro-batch
+  // With EngineConfig::time_breakdown (synchronizing): how long the step waited for the
+  // gradient reductions still running after the last backward, and the rest of the step (norm,
+  // update, post-step gathers).
+  double reduce_wait_seconds = 0, update_seconds = 0;
 };
 
 class Engine final : public BlockHost {

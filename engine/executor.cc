@@ -179,8 +179,10 @@ size_t Executor::uses_done() const {
 }
 
 void Executor::execute(const Action& a) {
+  Stream& gs = a.serial ? compute_stream() : *gather_stream_;
+  Stream& rs = a.serial ? compute_stream() : *reduce_stream_;
   switch (a.kind) {
-    case ActionKind::gather: return gather(a.target, a.offset);
+    case ActionKind::gather: return gather(a.target, a.offset, gs);
     case ActionKind::release: return release(a.target);
     case ActionKind::place_grads: return place_grads(a.target, a.offset);
     case ActionKind::accumulate:
@@ -188,8 +190,8 @@ void Executor::execute(const Action& a) {
       grad_reader_[a.target] = record(compute_stream());
       return;
     case ActionKind::release_grads: return release_grads(a.target);
-    case ActionKind::all_reduce: return all_reduce(a.target);
-    case ActionKind::reduce_scatter: return reduce_scatter(a.target, a.flag);
+    case ActionKind::all_reduce: return all_reduce(a.target, rs);
+    case ActionKind::reduce_scatter: return reduce_scatter(a.target, a.flag, rs);
     default:
       ZEROTH_THROW(InvalidArgument, "action {} cannot run inside a block use", action_name(a.kind));
   }
@@ -210,12 +212,12 @@ void Executor::place(Arena& arena, size_t offset, size_t length, Stream& writer)
   });
 }
 
-void Executor::gather(int block, size_t arena_offset) {
+void Executor::gather(int block, size_t arena_offset, Stream& gs) {
   const auto& blk = plan_.blocks[block];
-  place(param_arena_, arena_offset, blk.padded, *gather_stream_);
+  place(param_arena_, arena_offset, blk.padded, gs);
   gathered_[block] = static_cast<char*>(buffers_[plan_.param_arena].data()) + arena_offset * dtype_size(plan_.compute_dtype);
-  gather_comm_->all_gather(*gather_stream_, view(StateKind::param_shard, block), full_params(block));
-  gathered_event_[block]->record(*gather_stream_);
+  gather_comm_->all_gather(gs, view(StateKind::param_shard, block), full_params(block));
+  gathered_event_[block]->record(gs);
   gather_pending_[block] = true;
 }
 
@@ -241,9 +243,8 @@ void Executor::release_grads(int block) {
   grads_[block] = nullptr;
 }
 
-void Executor::all_reduce(int index) {
+void Executor::all_reduce(int index, Stream& rs) {
   const auto& bucket = plan_.reduce_buckets[index];
-  Stream& rs = *reduce_stream_;
   rs.wait(*record(compute_stream()));
   size_t full = 0;
   for (int b : bucket.blocks) full += plan_.blocks[b].padded;
@@ -260,10 +261,9 @@ void Executor::all_reduce(int index) {
   for (int b : bucket.blocks) grad_reader_[b] = reduced_;
 }
 
-void Executor::reduce_scatter(int index, bool add) {
+void Executor::reduce_scatter(int index, bool add, Stream& rs) {
   const auto& bucket = plan_.reduce_buckets[index];
   const int dp = plan_.dp, r = plan_.rank;
-  Stream& rs = *reduce_stream_;
   rs.wait(*record(compute_stream()));
   auto source = [&](int b) { return bucket.from_accumulator ? view(StateKind::grad_accum, b) : grad_view(b); };
   const size_t n = bucket.shard_numel;

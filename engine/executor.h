@@ -4,6 +4,7 @@
 //
 // Three streams: compute (the model's, the device's default), gather (parameter all-gathers) and
 // reduce (gradient reductions); events order them, so gathers, reductions and compute overlap.
+// A collective the plan marks serial runs on the compute stream instead, in order with compute.
 #pragma once
 
 #include <array>       // std::array
@@ -56,6 +57,8 @@ class Executor {
   // The step phase. grad_norm(): the squared global norm of the reduced gradients (waits for the
   // reductions; synchronizes). finish_step(): with args, the update, clearing and post-step
   // gather actions; without (a skipped step), the clearing ones only. Rewinds the cycle.
+  // Blocks the host until the cycle's gradient reductions are done.
+  void wait_for_reductions();
   double grad_norm();
   void finish_step(const std::optional<UpdateArgs>& args);
 
@@ -81,12 +84,12 @@ class Executor {
   const Action& expect_run(size_t at, int block, int micro, Pass pass, const char* what) const;
   void place(Arena& arena, size_t offset, size_t length, Stream& writer);
   std::shared_ptr<Event> record(Stream& stream);
-  void gather(int block, size_t arena_offset);
+  void gather(int block, size_t arena_offset, Stream& gs);
   void release(int block);
   void place_grads(int block, size_t arena_offset);
   void release_grads(int block);
-  void all_reduce(int bucket);
-  void reduce_scatter(int bucket, bool add);
+  void all_reduce(int bucket, Stream& rs);
+  void reduce_scatter(int bucket, bool add, Stream& rs);
   void all_gather(int bucket);
   void update(int sub_group, const UpdateArgs& args);
 

@@ -16,6 +16,12 @@ bool same_place(const OwnedRange& a, const OwnedRange& b) { return a.buffer == b
 
 }  // namespace
 
+void Executor::wait_for_reductions() {
+  Stream& cs = compute_stream();
+  if (reduced_) cs.wait(*reduced_);
+  cs.synchronize();
+}
+
 double Executor::grad_norm() {
   Stream& cs = compute_stream();
   if (reduced_) cs.wait(*reduced_);

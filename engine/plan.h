@@ -123,6 +123,10 @@ struct Action {
   int target = -1;  // the block, bucket, buffer or sub-group acted on
   size_t offset = 0;
   bool flag = false;
+  // A collective (gather, all_reduce, reduce_scatter) issued on the compute stream, in order with
+  // the model's work, instead of on its own stream: compute waits for it and it for compute
+  // (zero_optimization.overlap_comm = false, as DeepSpeed runs it on the default stream).
+  bool serial = false;
   bool operator==(const Action&) const = default;
 };
 

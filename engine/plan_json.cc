@@ -52,6 +52,7 @@ nlohmann::json action_json(const Action& a) {
   if (a.kind != ActionKind::run) j["target"] = a.target;
   if (a.kind == ActionKind::gather || a.kind == ActionKind::place_grads) j["offset"] = a.offset;
   if (a.kind == ActionKind::reduce_scatter) j["add"] = a.flag;
+  if (a.kind == ActionKind::gather || a.kind == ActionKind::all_reduce || a.kind == ActionKind::reduce_scatter) j["serial"] = a.serial;
   if (a.kind == ActionKind::grad_norm) j["sum_over_ranks"] = a.flag;
   return j;
 }
@@ -132,13 +133,16 @@ void Plan::write_json_if_requested() const {
 }
 
 std::string Plan::table() const {
-  size_t gathers = 0;
-  for (const auto& a : program) gathers += a.kind == ActionKind::gather;
+  size_t gathers = 0, serial = 0;
+  for (const auto& a : program) {
+    gathers += a.kind == ActionKind::gather;
+    serial += a.serial;
+  }
   std::string out = fmt::format("ZeRO stage {} plan, rank {} of {}: {} blocks, {} parameters ({} padded), shard {} per rank\n",
                                 stage, rank, dp, blocks.size(), total_numel, total_padded, shard_numel);
-  out += fmt::format("  compute {}, gradient reduction {}, {} reduce bucket(s), {} gather bucket(s), {} gather(s) per cycle of {} micro-batch(es)\n",
+  out += fmt::format("  compute {}, gradient reduction {}, {} reduce bucket(s), {} gather bucket(s), {} gather(s) per cycle of {} micro-batch(es); {}\n",
                      dtype_name(compute_dtype), dtype_name(comm_dtype), reduce_buckets.size(), gather_buckets.size(), gathers,
-                     micro_batches);
+                     micro_batches, serial > 0 ? "communication serialised with compute" : "communication overlapped with compute");
   for (size_t t = 0; t < kTierCount; ++t) {
     const size_t total = tier_total(bytes, static_cast<Tier>(t));
     if (total == 0 && t != 0) continue;
@@ -175,9 +179,9 @@ std::string Plan::program_summary() const {
       out += " | run |";
     } else if (a.kind == ActionKind::gather || a.kind == ActionKind::release || a.kind == ActionKind::place_grads ||
                a.kind == ActionKind::accumulate || a.kind == ActionKind::release_grads) {
-      out += fmt::format(" {} {}", action_name(a.kind), blocks[a.target].name);
+      out += fmt::format(" {} {}{}", action_name(a.kind), blocks[a.target].name, a.serial ? " (serial)" : "");
     } else {
-      out += fmt::format(" {} bucket {}{}", action_name(a.kind), a.target, a.flag ? " (add)" : "");
+      out += fmt::format(" {} bucket {}{}{}", action_name(a.kind), a.target, a.flag ? " (add)" : "", a.serial ? " (serial)" : "");
     }
   }
   out += "\nstep:";

@@ -64,7 +64,8 @@ class Builder {
  private:
   void emit(size_t use, ActionKind kind, int target, size_t offset = 0, bool flag = false) {
     const auto& u = (*uses_)[use];
-    out_.push_back({kind, static_cast<int>(use), u.micro, u.block, u.pass, target, offset, flag});
+    const bool collective = kind == ActionKind::gather || kind == ActionKind::all_reduce || kind == ActionKind::reduce_scatter;
+    out_.push_back({kind, static_cast<int>(use), u.micro, u.block, u.pass, target, offset, flag, collective && !z_.overlap_comm});
   }
 
   void gather(size_t use, int b) {

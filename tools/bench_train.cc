@@ -15,6 +15,7 @@
 
 #include "core/stats.h"  // median
 #include "comm/local/local_comm.h"  // run_local_ranks
+#include "core/cpu/blas_info.h"     // blas_info
 #include "core/error.h"             // ZEROTH_THROW
 #include "core/log.h"               // log::set_level
 #include "train/trainer.h"         // train
@@ -95,6 +96,11 @@ void run(const Options& o) {
   std::printf("bench train: GPT %s (%.2fM parameters), seq %d, batch %d = %.0f tokens/step, %s, %d thread%s, %d timed steps after 1 warm-up\n",
               o.preset.c_str(), static_cast<double>(m.num_parameters()) / 1e6, o.seq, o.batch, tokens, o.dtype.c_str(), threads,
               threads == 1 ? "" : "s", o.steps);
+  // The core decides the matmul speed (2x or more between cores): figures compare only with
+  // figures taken on the same core.
+  const cpu::BlasInfo blas = cpu::blas_info();
+  std::printf("  blas: %s\n", blas.summary().c_str());
+  if (blas.below_cpu()) std::printf("  blas: below this CPU's kernels; `zeroth report` says why and what changing it risks\n");
   std::fflush(stdout);
   const double z = median(run_zeroth(o, m));
   std::printf("  %-22s median step %7.3f s   %8.0f tokens/s\n", fmt::format("zeroth (stage {})", o.stage).c_str(), z, tokens / z);

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The project's one entry point for setting up, building and testing on a fresh Debian machine.
-#   tools/dev.sh test [CMAKE_ARGS]  install packages, build (CUDA backend when nvcc exists), run ctest
+#   tools/dev.sh test [CMAKE_ARGS]  install packages, build (CUDA backend when nvcc exists), run ctest,
+#                                   check the source layout (tools/format.sh check)
 #   tools/dev.sh build [CMAKE_ARGS] install packages and build only
 #   tools/dev.sh train [CONFIG [ARGS]] install packages, build the zeroth binary, run `zeroth train`
 #                                   (default: configs/gpt-fortunes-zero3-bf16.json)
@@ -30,6 +31,8 @@ case "${1:-}" in
   test)
     configure_and_build "${BUILD_DIR:-build}" "${@:2}"
     run_tests "${BUILD_DIR:-build}"
+    # After the tests, so a layout difference never hides their results.
+    "$root/tools/format.sh" check
     ;;
   build)
     configure_and_build "${BUILD_DIR:-build}" "${@:2}"

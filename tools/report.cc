@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/nccl/nccl_comm.h"
+#include "core/cpu/blas_info.h"
 #include "core/cpu/kernels.h"
 #include "core/cuda/cuda_info.h"
 #include "core/env.h"
@@ -80,6 +81,48 @@ std::string cuda_line(nlohmann::json& gpus) {
 
 std::string nccl_line() { return nccl_version(); }
 
+// Breaks `text` at spaces into lines of at most `width` characters; the first starts with `lead`,
+// the others with as many spaces.
+std::string wrap(const std::string& text, const std::string& lead, size_t width) {
+  std::string out, line = lead;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find(' ', pos);
+    if (end == std::string::npos) end = text.size();
+    const std::string word = text.substr(pos, end - pos);
+    if (line.size() > lead.size() && line.size() + 1 + word.size() > width) {
+      out += line + "\n";
+      line = std::string(lead.size(), ' ');
+    }
+    line += (line.size() > lead.size() ? " " : "") + word;
+    pos = end + 1;
+  }
+  return out + line + "\n";
+}
+
+// Large enough that sgemm is compute-bound (about 0.1 s a call on AVX2 kernels, two cores).
+constexpr int kSgemmSize = 2048;
+constexpr int kSgemmReps = 5;
+
+// The BLAS rows: core and threads, a checked sgemm timing, and a note when the core is below the
+// CPU. `blas` collects the same for --json.
+std::string blas_lines(nlohmann::json& blas, std::string& sgemm, std::string& note) {
+  const cpu::BlasInfo info = cpu::blas_info();
+  blas = {{"version", info.version}, {"config", info.config}, {"core", info.core}, {"threads", info.threads},
+          {"core_isa", cpu::vector_isa_name(info.core_isa)}, {"cpu_isa", cpu::vector_isa_name(info.cpu_isa)},
+          {"below_cpu", info.below_cpu()}, {"note", info.note()},
+          {std::string(env::kOpenblasCoretype), info.coretype ? nlohmann::json(*info.coretype) : nlohmann::json(nullptr)},
+          {std::string(env::kOpenblasL2Size), info.l2_size ? nlohmann::json(*info.l2_size) : nlohmann::json(nullptr)}};
+  note = info.note();
+  sgemm = guarded([&] {
+    const cpu::SgemmRate r = cpu::measure_sgemm(kSgemmSize, kSgemmReps);
+    blas["sgemm"] = {{"n", r.n}, {"reps", r.reps}, {"seconds", r.seconds}, {"gflops", r.gflops}};
+    return fmt::format("{:.0f} GFLOP/s ({}x{}x{} f32, median of {}, {} thread{}, result exact)", r.gflops, r.n, r.n, r.n, r.reps,
+                       info.threads, info.threads == 1 ? "" : "s");
+  });
+  return info.summary();
+}
+
 std::string uring_line() {
   io_uring ring{};
   const int rc = io_uring_queue_init(8, &ring, 0);
@@ -111,6 +154,9 @@ std::string memory_line() {
 
 void run_report(bool json_output) {
   nlohmann::json gpus = nlohmann::json::array();
+  nlohmann::json blas = nlohmann::json::object();
+  std::string sgemm, blas_note;
+  const std::string blas_line = guarded([&] { return blas_lines(blas, sgemm, blas_note); });
   struct utsname uts {};
   const std::string kernel = uname(&uts) == 0 ? fmt::format("{} {}", uts.sysname, uts.release) : "unknown";
   const std::pair<std::string, std::string> rows[] = {
@@ -120,6 +166,8 @@ void run_report(bool json_output) {
       {"cpu kernels", guarded(kernel_line)},
       {"threads", guarded([] { return fmt::format("{} (oneTBB {}, {} cores online)", cpu::num_threads(), TBB_VERSION_STRING, sysconf(_SC_NPROCESSORS_ONLN)); })},
       {"memory", guarded(memory_line)},
+      {"blas", blas_line},
+      {"sgemm", sgemm},
       {"cuda", guarded([&] { return cuda_line(gpus); })},
       {"nccl", guarded(nccl_line)},
       {"io_uring", guarded(uring_line)},
@@ -128,6 +176,10 @@ void run_report(bool json_output) {
   if (json_output) {
     nlohmann::json out;
     for (const auto& [key, value] : rows) out[key] = value;
+    // One object: the summary line and the figures behind it.
+    blas["summary"] = blas_line;
+    out["blas"] = blas;
+    out.erase("sgemm");
     out["gpus"] = gpus;
     nlohmann::json variables = nlohmann::json::object();
     for (const auto& v : env::all()) {
@@ -139,7 +191,10 @@ void run_report(bool json_output) {
     return;
   }
   std::printf("zeroth report\n");
-  for (const auto& [key, value] : rows) std::printf("  %-12s %s\n", key.c_str(), value.c_str());
+  for (const auto& [key, value] : rows) {
+    std::printf("  %-12s %s\n", key.c_str(), value.c_str());
+    if (key == "sgemm" && !blas_note.empty()) std::printf("%s", wrap(blas_note, "  blas note    ", 100).c_str());
+  }
   for (const auto& g : gpus) {
     std::printf("  %-12s %s\n", fmt::format("gpu {}", g["index"].get<int>()).c_str(),
                 fmt::format("{}, {}, cc {}, {} SMs", g["name"].get<std::string>(), format_bytes(g["memory_bytes"].get<size_t>()),
@@ -156,7 +211,7 @@ void run_report(bool json_output) {
 }  // namespace
 
 void add_report_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("report", "Show versions, CPU features, GPUs, NCCL, io_uring, Gloo, memory");
+  auto* cmd = app.add_subcommand("report", "Show versions, CPU features, BLAS core and sgemm speed, GPUs, NCCL, io_uring, Gloo, memory");
   auto json_output = std::make_shared<bool>(false);
   cmd->add_flag("--json", *json_output, "Print JSON");
   cmd->callback([json_output] { run_report(*json_output); });

@@ -117,6 +117,8 @@ class Console final : public TrainObserver {
     rows.emplace_back("steps", fmt::format("{}, print every {}, validation {}", c.run.steps, c.steps_per_print,
                                            c.run.eval_interval > 0 ? fmt::format("every {} steps", c.run.eval_interval) : "at the end"));
     rows.emplace_back("memory", memory_line(f.need));
+    // DeepSpeed keys that change nothing here, named once (the README's table says why for each).
+    for (const auto& n : c.no_effect) rows.emplace_back("no effect", n);
     rows.emplace_back("output", c.run.output_dir + "/metrics.jsonl");
     std::printf("zeroth train: %s\n", c.run.name.c_str());
     for (const auto& [k, v] : rows) std::printf("  %-10s %s\n", k.c_str(), v.c_str());
@@ -124,11 +126,14 @@ class Console final : public TrainObserver {
   }
 
   void on_step(const StepMetrics& s) override {
-    metrics_ << nlohmann::json{{"step", s.step}, {"loss", s.loss}, {"lr", s.lr}, {"grad_norm", s.grad_norm}, {"loss_scale", s.loss_scale},
-                               {"skipped", s.skipped}, {"step_ms", s.step_seconds * 1e3}, {"tokens_per_s", s.tokens_per_second},
-                               {"peak_bytes", s.peak_bytes}}
-                    .dump()
-             << "\n";
+    nlohmann::json record{{"step", s.step}, {"loss", s.loss}, {"lr", s.lr}, {"grad_norm", s.grad_norm}, {"loss_scale", s.loss_scale},
+                          {"skipped", s.skipped}, {"step_ms", s.step_seconds * 1e3}, {"tokens_per_s", s.tokens_per_second},
+                          {"peak_bytes", s.peak_bytes}};
+    if (c_.engine.time_breakdown) {
+      record.update({{"forward_ms", s.forward_seconds * 1e3}, {"backward_ms", s.backward_seconds * 1e3},
+                     {"reduce_wait_ms", s.reduce_wait_seconds * 1e3}, {"optimizer_ms", s.optimizer_seconds * 1e3}});
+    }
+    metrics_ << record.dump() << "\n";
     check_written();
     const bool print = s.step == 1 || s.step % c_.steps_per_print == 0 || s.step == c_.run.steps;
     const std::string line = fmt::format("step {:>{}}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f}{} | {} tok/s | {:.0f} ms | peak {}",
@@ -137,7 +142,7 @@ class Console final : public TrainObserver {
                                          si(s.tokens_per_second), s.step_seconds * 1e3, format_bytes(s.peak_bytes));
     if (bar_) {
       clear_bar();
-      if (print) std::printf("%s%s\n", line.c_str(), s.skipped ? " (overflow: skipped)" : "");
+      if (print) std::printf("%s%s\n%s", line.c_str(), s.skipped ? " (overflow: skipped)" : "", breakdown_line(s).c_str());
       const int width = 30;
       const int done = static_cast<int>(width * s.step / c_.run.steps);
       const double eta = s.step_seconds * static_cast<double>(c_.run.steps - s.step);
@@ -145,9 +150,16 @@ class Console final : public TrainObserver {
                   static_cast<long long>(s.step), static_cast<long long>(c_.run.steps), s.loss, si(s.tokens_per_second).c_str(), eta);
       bar_shown_ = true;
     } else if (print) {
-      std::printf("%s%s\n", line.c_str(), s.skipped ? " (overflow: skipped)" : "");
+      std::printf("%s%s\n%s", line.c_str(), s.skipped ? " (overflow: skipped)" : "", breakdown_line(s).c_str());
     }
     std::fflush(stdout);
+  }
+
+  // DeepSpeed's wall_clock_breakdown line, printed with the step line.
+  std::string breakdown_line(const StepMetrics& s) const {
+    if (!c_.engine.time_breakdown) return "";
+    return fmt::format("  time (ms) | forward: {:.2f} | backward: {:.2f} | reduce wait: {:.2f} | optimizer: {:.2f}\n", s.forward_seconds * 1e3,
+                       s.backward_seconds * 1e3, s.reduce_wait_seconds * 1e3, s.optimizer_seconds * 1e3);
   }
 
   void on_eval(int64_t step, double val) override {

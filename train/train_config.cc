@@ -15,6 +15,7 @@
 #include "core/error.h"    // ZEROTH_THROW
 #include "core/memory.h"   // parse_bytes
 #include "core/strings.h"  // did_you_mean
+#include "engine/deepspeed_keys.h"  // handle_deepspeed_key
 
 namespace zeroth {
 namespace {
@@ -82,25 +83,29 @@ class Section {
   std::string path_;
 };
 
+// The top-level keys zeroth reads; DeepSpeed's others are in engine/deepspeed_keys.cc.
 constexpr std::string_view kTopKeys[] = {
     "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "steps_per_print", "optimizer",
-    "scheduler", "fp16", "bf16", "bfloat16", "zero_optimization", "gradient_clipping", "aio", "activation_checkpointing",
-    "communication_data_type", "wall_clock_breakdown", "memory_breakdown", "zero_allow_untested_optimizer",
-    "zero_force_ds_cpu_optimizer", "prescale_gradients", "gradient_predivide_factor", "sparse_gradients", "dump_state",
-    "amp", "tensorboard", "wandb", "csv_monitor", "comet", "flops_profiler", "comms_logger", "checkpoint", "data_types",
-    "elasticity", "autotuning", "pipeline", "compression_training", "curriculum_learning", "data_efficiency",
-    "sparse_attention", "model", "data", "run"};
+    "scheduler", "fp16", "bf16", "bfloat16", "zero_optimization", "gradient_clipping", "activation_checkpointing",
+    "communication_data_type", "wall_clock_breakdown", "data_types", "model", "data", "run"};
 
-// DeepSpeed sections that only observe (monitors, profilers): fine while disabled.
-constexpr std::string_view kObservers[] = {"tensorboard", "wandb", "csv_monitor", "comet", "flops_profiler", "comms_logger"};
-// DeepSpeed features zeroth does not implement: an error when present and enabled.
-constexpr std::string_view kUnsupported[] = {"amp", "checkpoint", "elasticity", "autotuning", "pipeline", "compression_training",
-                                             "curriculum_learning", "data_efficiency", "sparse_attention"};
-
-bool section_enabled(const json& v) {
-  if (v.is_boolean()) return v.get<bool>();
-  if (v.is_object()) return v.value("enabled", !v.contains("enabled") && !v.empty());
-  return !v.is_null();
+// `section` without the keys DeepSpeed's vocabulary table handles (which throws for those asking
+// for what zeroth lacks, and records those with no effect), so the section's own parser sees only
+// the keys it reads. A key in neither is a typo: "not a known key", with a suggestion from both.
+json without_deepspeed_extras(const json& section, std::string_view path, std::span<const std::string_view> own,
+                              std::vector<std::string>& no_effect) {
+  if (!section.is_object()) return section;
+  json rest = json::object();
+  for (const auto& [key, v] : section.items()) {
+    if (std::find(own.begin(), own.end(), key) != own.end()) {
+      rest[key] = v;
+    } else if (!handle_deepspeed_key(path, key, v, &no_effect)) {
+      std::vector<std::string_view> known(own.begin(), own.end());
+      for (auto k : deepspeed_key_names(path)) known.push_back(k);
+      ZEROTH_THROW(ConfigError, "{}{} is not a known key{}", path.empty() ? "" : std::string(path) + ".", key, did_you_mean(key, known));
+    }
+  }
+  return rest;
 }
 
 // The Hugging Face integration's "auto" rules, with its TrainingArguments defaults where the
@@ -312,80 +317,45 @@ void resolve_batch(TrainConfig& t, const json& j) {
   t.engine.gradient_accumulation_steps = gas;
 }
 
-void check_deepspeed_extras(const json& j) {
-  for (auto k : kObservers) {
-    if (j.contains(std::string(k)) && section_enabled(j[std::string(k)])) {
-      ZEROTH_THROW(ConfigError, "{} is enabled: zeroth does not have this DeepSpeed monitor; its own metrics go to <run.output_dir>/metrics.jsonl. Remove the section or set \"enabled\": false", k);
-    }
-  }
-  for (auto k : kUnsupported) {
-    if (j.contains(std::string(k)) && section_enabled(j[std::string(k)])) {
-      ZEROTH_THROW(ConfigError, "{} is a DeepSpeed feature zeroth does not support; remove the section", k);
-    }
-  }
-  auto must = [&](const char* key, const json& inert, const char* why) {
-    if (j.contains(key) && j[key] != inert) ZEROTH_THROW(ConfigError, "{} = {} is not supported: {}", key, j[key].dump(), why);
-  };
-  must("prescale_gradients", false, "gradients are averaged once, after the reduction");
-  must("gradient_predivide_factor", 1.0, "gradients are averaged once, after the reduction");
-  must("sparse_gradients", false, "the engine reduces dense gradients only");
-  // memory_breakdown and dump_state are what zeroth always does (peak memory per tag in every
-  // line and the summary; the resolved config in the box and config.json); the optimizer flags
-  // only matter to DeepSpeed's own optimizer selection.
-  for (const char* k : {"zero_force_ds_cpu_optimizer", "wall_clock_breakdown", "memory_breakdown", "dump_state", "zero_allow_untested_optimizer"}) {
-    if (j.contains(k) && !j[k].is_boolean()) ZEROTH_THROW(ConfigError, "{} must be true or false, got {}", k, j[k].dump());
-  }
-  if (j.value("wall_clock_breakdown", false)) {
-    ZEROTH_THROW(ConfigError, "wall_clock_breakdown = true is not supported: zeroth reports each step's time (not its forward/backward/step parts) in the step lines and metrics.jsonl; remove the key or set it to false");
+// The sections of DeepSpeed's that zeroth reads only in part.
+void check_deepspeed_extras(TrainConfig& t, json& j) {
+  if (j.contains("wall_clock_breakdown") && !j["wall_clock_breakdown"].is_boolean()) {
+    ZEROTH_THROW(ConfigError, "wall_clock_breakdown must be true or false, got {}", j["wall_clock_breakdown"].dump());
   }
   if (j.contains("data_types")) {
-    static constexpr std::string_view kKeys[] = {"grad_accum_dtype"};
+    static constexpr std::string_view kKeys[] = {"grad_accum_dtype", "param_dtype", "buffer_dtype"};
     Section s(j["data_types"], "data_types", kKeys);
     const std::string g = s.string("grad_accum_dtype", "fp32");
     if (g != "fp32") ZEROTH_THROW(ConfigError, "data_types.grad_accum_dtype = \"{}\": zeroth accumulates gradients in fp32 only", g);
-  }
-  if (j.contains("aio")) {
-    static constexpr std::string_view kKeys[] = {"block_size", "queue_depth", "thread_count", "intra_op_parallelism",
-                                                 "single_submit", "overlap_events", "use_gds"};
-    Section s(j["aio"], "aio", kKeys);
-    s.integer("block_size", 1 << 20, 4096, int64_t{1} << 30);
-    s.integer("queue_depth", 8, 1, 4096);
-    s.integer("thread_count", 1, 1, 256);
-    s.integer("intra_op_parallelism", 1, 1, 256);
-    s.flag("single_submit", false);
-    s.flag("overlap_events", true);
-    if (s.flag("use_gds", false)) ZEROTH_THROW(ConfigError, "aio.use_gds = true: GPUDirect Storage is not supported; remove the key");
+    for (const char* k : {"param_dtype", "buffer_dtype"}) {
+      if (s.has(k) && !s.raw(k).is_null()) {
+        ZEROTH_THROW(ConfigError, "data_types.{} = {} is a DeepSpeed feature zeroth does not support (parameters in another dtype than the compute precision); remove it",
+                     k, s.raw(k).dump());
+      }
+    }
   }
   if (j.contains("activation_checkpointing")) {
-    static constexpr std::string_view kKeys[] = {"partition_activations", "cpu_checkpointing", "contiguous_memory_optimization",
-                                                 "number_checkpoints", "synchronize_checkpoint_boundary", "profile"};
-    Section s(j["activation_checkpointing"], "activation_checkpointing", kKeys);
-    if (s.flag("partition_activations", false)) {
-      ZEROTH_THROW(ConfigError, "activation_checkpointing.partition_activations = true needs tensor parallelism, which this run does not have; remove the key");
-    }
-    if (s.flag("cpu_checkpointing", false)) {
-      ZEROTH_THROW(ConfigError, "activation_checkpointing.cpu_checkpointing = true is not supported: checkpoints stay on the device; remove the key");
-    }
-    s.flag("contiguous_memory_optimization", false);
-    s.flag("synchronize_checkpoint_boundary", false);
-    s.flag("profile", false);
-    if (s.has("number_checkpoints")) s.integer("number_checkpoints", 0, 0, 1 << 20);
+    // Every flag is in the vocabulary table: the section's presence is what turns checkpointing on.
+    if (!j["activation_checkpointing"].is_object()) ZEROTH_THROW(ConfigError, "activation_checkpointing must be an object");
+    without_deepspeed_extras(j["activation_checkpointing"], "activation_checkpointing", {}, t.no_effect);
   }
 }
 
 void read_precision(TrainConfig& t, const json& j) {
-  static constexpr std::string_view kBf16Keys[] = {"enabled", "immediate_grad_update", "check_grad_overflow"};
+  static constexpr std::string_view kBf16Keys[] = {"enabled"};
+  static constexpr std::string_view kFp16Keys[] = {"enabled", "auto_cast", "loss_scale", "initial_scale_power", "loss_scale_window",
+                                                   "hysteresis", "consecutive_hysteresis", "min_loss_scale", "fp16_master_weights_and_grads"};
   const char* bf16_key = j.contains("bf16") ? "bf16" : "bfloat16";
   bool fp16 = false, bf16 = false;
   if (j.contains(bf16_key)) {
-    Section s(j[bf16_key], bf16_key, kBf16Keys);
+    // bfloat16 is DeepSpeed's old name of the same section.
+    const json rest = without_deepspeed_extras(j[bf16_key], "bf16", kBf16Keys, t.no_effect);
+    const Section s(rest, bf16_key, kBf16Keys);
     bf16 = s.flag("enabled", false);
-    s.flag("immediate_grad_update", false);
-    s.flag("check_grad_overflow", false);
   }
   if (j.contains("fp16")) {
-    const json& f = j["fp16"];
-    if (!f.is_object()) ZEROTH_THROW(ConfigError, "fp16 must be an object like {{\"enabled\": true}}");
+    if (!j["fp16"].is_object()) ZEROTH_THROW(ConfigError, "fp16 must be an object like {{\"enabled\": true}}");
+    const json f = without_deepspeed_extras(j["fp16"], "fp16", kFp16Keys, t.no_effect);
     if (f.contains("enabled") && !f["enabled"].is_boolean()) ZEROTH_THROW(ConfigError, "fp16.enabled must be true, false or \"auto\", got {}", f["enabled"].dump());
     fp16 = f.value("enabled", false);
     t.engine.loss_scaler = LossScalerConfig::from_deepspeed(f);
@@ -393,6 +363,9 @@ void read_precision(TrainConfig& t, const json& j) {
   }
   if (fp16 && bf16) ZEROTH_THROW(ConfigError, "fp16.enabled and {}.enabled are both true; choose one precision", bf16_key);
   t.engine.compute_dtype = bf16 ? DType::bf16 : fp16 ? DType::f16 : DType::f32;
+  // DeepSpeed's engine reduces in the gradients' dtype unless communication_data_type says
+  // otherwise (DeepSpeedEngine.communication_data_type: fp16, else bf16, else fp32).
+  t.engine.communication_dtype = t.engine.compute_dtype;
   if (j.contains("communication_data_type") && !j["communication_data_type"].is_null()) {
     if (!j["communication_data_type"].is_string()) ZEROTH_THROW(ConfigError, "communication_data_type must be \"fp32\", \"bf16\" or \"fp16\"");
     t.engine.communication_dtype = parse_comm_dtype(j["communication_data_type"].get<std::string>());
@@ -403,12 +376,8 @@ void read_precision(TrainConfig& t, const json& j) {
 
 TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) {
   if (!config.is_object()) ZEROTH_THROW(ConfigError, "a training config must be a JSON object, got {}", config.type_name());
-  for (const auto& [key, v] : config.items()) {
-    if (std::find(std::begin(kTopKeys), std::end(kTopKeys), key) == std::end(kTopKeys)) {
-      ZEROTH_THROW(ConfigError, "{} is not a known key{}", key, did_you_mean(key, kTopKeys));
-    }
-  }
   TrainConfig t;
+  without_deepspeed_extras(config, "", kTopKeys, t.no_effect);
   // Sections that others' "auto" values depend on come first.
   read_run(t, config, launched_world_size);
   read_data(t, config);
@@ -424,11 +393,14 @@ TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) 
 
   json c = config;
   resolve_auto(c, t.run.world_size, t.run.steps, t.model.n_embd);
-  check_deepspeed_extras(c);
+  check_deepspeed_extras(t, c);
   resolve_batch(t, c);
-  t.steps_per_print = c.contains("steps_per_print") ? Section(c, "", kTopKeys).integer("steps_per_print", 10, 1, int64_t{1} << 40) : 10;
+  std::vector<std::string> recorded;  // the no-effect keys were recorded above
+  const json own = without_deepspeed_extras(c, "", kTopKeys, recorded);
+  const Section top(own, "", kTopKeys);
+  t.steps_per_print = top.integer("steps_per_print", 10, 1, int64_t{1} << 40);
   read_precision(t, c);
-  if (c.contains("gradient_clipping")) t.engine.gradient_clipping = Section(c, "", kTopKeys).number("gradient_clipping", 0, 0, 1e30);
+  if (c.contains("gradient_clipping")) t.engine.gradient_clipping = top.number("gradient_clipping", 0, 0, 1e30);
 
   // DeepSpeed without an optimizer section leaves it to the client; here there is no client code,
   // so the default is stated: AdamW, lr 1e-3 (zeroth's OptimizerParams defaults).
@@ -436,7 +408,9 @@ TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) 
   t.engine.schedule.base_lr = t.engine.optimizer.lr;
   if (c.contains("scheduler")) t.engine.schedule = LrSchedule::from_deepspeed(c["scheduler"], t.engine.optimizer.lr, t.engine.optimizer.kind != OptimizerKind::sgd);
   if (c.contains("zero_optimization")) t.engine.zero = ZeroConfig::from_deepspeed(c["zero_optimization"]);
+  t.no_effect.insert(t.no_effect.end(), t.engine.zero.no_effect.begin(), t.engine.zero.no_effect.end());
   t.engine.seed = t.run.seed;
+  t.engine.time_breakdown = c.value("wall_clock_breakdown", false);
   t.engine.host_memory = t.run.host_memory;
   t.engine.device_budget_name = "run.device_memory";
   t.engine.host_budget_name = "run.host_memory";

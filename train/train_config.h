@@ -5,13 +5,15 @@
 // Everything is resolved and validated before anything is allocated: "auto" values get what the
 // Hugging Face integration would give them (from the rest of the config and HF's defaults),
 // unknown keys are errors with a "did you mean", wrong types and ranges name the key path and the
-// allowed values, and DeepSpeed options zeroth does not implement are errors naming them.
+// allowed values, and DeepSpeed options zeroth does not implement are errors naming them and
+// what they do (engine/deepspeed_keys.h), or, when zeroth always does what they ask, named once.
 #pragma once
 
 #include <cstddef>      // size_t
 #include <cstdint>      // int64_t
 #include <string>       // std::string
 #include <string_view>  // std::string_view
+#include <vector>       // std::vector
 
 #include <nlohmann/json.hpp>  // nlohmann::json
 
@@ -59,6 +61,8 @@ struct TrainConfig {
   int64_t micro_batch_size = 0;  // sequences per rank per micro-step
   int64_t steps_per_print = 10;
   nlohmann::json resolved;       // the config with every default and "auto" filled in
+  // DeepSpeed keys present that change nothing in zeroth ("path: why"; engine/deepspeed_keys.h).
+  std::vector<std::string> no_effect;
 
   // `launched_world_size` > 0 when the process was started by a launcher (its WORLD_SIZE); the
   // config's run.world_size must then agree (or be "auto"). ConfigError on any problem.

@@ -134,16 +134,25 @@ TrainSummary train(const TrainConfig& config, Communicator& dp, Device& device, 
   int64_t nonfinite = 0, last_finite_step = 0;
   double last_finite_loss = 0;
   const double tokens_per_step = static_cast<double>(config.tokens_per_step());
+  const bool timed = config.engine.time_breakdown;
+  using Clock = std::chrono::steady_clock;
   for (int64_t k = 0; k < config.run.steps; ++k) {
-    const auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = Clock::now();
+    double pass_seconds[2] = {0, 0};  // forward, backward
     // The cycle's passes in the engine's order; the update comes after the last backward.
     for (const auto& p : engine.plan().passes) {
       const int m = p.micro;
+      const auto start = Clock::now();
       if (p.pass == Pass::forward) {
         train_loader.batch(k, m, tokens.data() + m * n, targets.data() + m * n);
         gpt.forward(m, tokens.data() + m * n, targets.data() + m * n, mb, T, &losses[m]);
       } else {
         gpt.backward(m);
+      }
+      if (timed) {
+        // As DeepSpeed's timers do: a pass ends when its work has run, not when it is enqueued.
+        cs.synchronize();
+        pass_seconds[p.pass == Pass::forward ? 0 : 1] += std::chrono::duration<double>(Clock::now() - start).count();
       }
     }
     const StepResult r = engine.step();
@@ -151,7 +160,7 @@ TrainSummary train(const TrainConfig& config, Communicator& dp, Device& device, 
     double sum = 0;
     for (int m = 0; m < gas; ++m) sum += losses[m];
     const auto [loss, stopping] = agree(sum / gas, (stop != nullptr && stop->load()) || report_error != nullptr);
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     summary.seconds += seconds;
     if (k > 0) rates.push_back(tokens_per_step / seconds);
     if (k == 0) summary.first_loss = loss;
@@ -168,6 +177,10 @@ TrainSummary train(const TrainConfig& config, Communicator& dp, Device& device, 
       s.step_seconds = seconds;
       s.tokens_per_second = tokens_per_step / seconds;
       s.peak_bytes = device.memory().stats().total_peak;
+      s.forward_seconds = pass_seconds[0];
+      s.backward_seconds = pass_seconds[1];
+      s.reduce_wait_seconds = r.reduce_wait_seconds;
+      s.optimizer_seconds = r.update_seconds;
       observer->on_step(s);
     });
     // The skip is the same on every rank (a global norm), so every rank ends here together.

@@ -26,6 +26,9 @@ struct StepMetrics {
   double step_seconds = 0;
   double tokens_per_second = 0;
   size_t peak_bytes = 0;      // this rank's device, all tags
+  // wall_clock_breakdown: rank 0's forward and backward passes (synchronized), the wait for the
+  // reductions after the last backward, and the rest of the optimizer step.
+  double forward_seconds = 0, backward_seconds = 0, reduce_wait_seconds = 0, optimizer_seconds = 0;
 };
 
 struct TrainSummary {

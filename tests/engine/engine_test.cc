@@ -265,6 +265,26 @@ TEST(EngineStreams, Stage3GathersAfterAStepSeeTheUpdateWithoutAHostSync) {
   for (size_t k = 0; k < losses.size(); ++k) EXPECT_NEAR(losses[k], ref.losses[k], 1e-6 * ref.losses[k]) << "step " << k;
 }
 
+// overlap_comm = false runs the same collectives in the same order on the compute stream: the
+// numbers are bit for bit those of the overlapped run (and both those of one rank, to 1e-6).
+TEST(EngineStreams, OverlapCommOffTrainsBitIdenticallyToOverlapOn) {
+  const auto& ref = reference(DType::f32);
+  for (int stage : {0, 1, 2, 3}) {
+    MlpRun run;
+    run.stage = stage;
+    run.gas = 2;
+    const auto overlapped = run_ranks(2, run);
+    run.tweak = [](EngineConfig& c) { c.zero.overlap_comm = false; };
+    const auto serial = run_ranks(2, run);
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(serial[r].losses, overlapped[r].losses) << "stage " << stage << " rank " << r;
+      EXPECT_EQ(serial[r].weights, overlapped[r].weights) << "stage " << stage << " rank " << r;
+      EXPECT_EQ(serial[r].comm_bytes_per_step, overlapped[r].comm_bytes_per_step) << "stage " << stage << " rank " << r;
+      EXPECT_LE(weight_error(serial[r], ref), 1e-6) << "stage " << stage << " rank " << r;
+    }
+  }
+}
+
 TEST(EngineTraffic, BytesPerStepAreTwoPsiForStages0To2AndThreePsiForStage3) {
   for (int stage : {0, 1, 2, 3}) {
     MlpRun run;

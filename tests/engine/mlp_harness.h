@@ -55,6 +55,7 @@ inline EngineConfig mlp_config(const MlpRun& run) {
   c.zero.stage3_prefetch_bucket_size = 2000;
   c.zero.stage3_param_persistence_threshold = 0;
   c.zero.stage3_max_reuse_distance = 0;
+  c.zero.overlap_comm = true;
   c.compute_dtype = run.dtype;
   c.gradient_accumulation_steps = run.gas;
   c.gradient_clipping = 1.0;

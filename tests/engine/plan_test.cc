@@ -28,6 +28,7 @@ EngineConfig stage3(uint64_t prefetch, uint64_t reuse) {
   c.zero.stage3_prefetch_bucket_size = prefetch;
   c.zero.stage3_max_reuse_distance = reuse;
   c.zero.stage3_param_persistence_threshold = 0;
+  c.zero.overlap_comm = true;  // DeepSpeed's default for stage 3
   c.alignment = 8;
   return c;
 }
@@ -124,6 +125,56 @@ TEST(Plan, DumpsAsJsonWithBytesPerTierAndTagAndTheActionList) {
   const std::string summary = plan.program_summary();
   EXPECT_NE(summary.find("gather 5,"), std::string::npos) << summary;
   EXPECT_NE(summary.find("F embed      gather embed | run | release embed"), std::string::npos) << summary;
+}
+
+// overlap_comm = false moves every collective of a block use onto the compute stream and changes
+// nothing else: the same actions in the same order, so the same arithmetic.
+TEST(Plan, OverlapCommOffRunsEachCycleCollectiveOnTheComputeStreamAndChangesNothingElse) {
+  auto is_collective = [](const Action& a) {
+    return a.kind == ActionKind::gather || a.kind == ActionKind::all_reduce || a.kind == ActionKind::reduce_scatter;
+  };
+  for (int stage : {0, 1, 2, 3}) {
+    EngineConfig c = stage3(40, 0);
+    c.zero.stage = stage;
+    c.zero.reduce_bucket_size = 100;
+    c.gradient_accumulation_steps = 2;
+    const auto overlapped = make_plan(three_blocks(), default_schedule(3), c, 2, 0);
+    c.zero.overlap_comm = false;
+    const auto serial = make_plan(three_blocks(), default_schedule(3), c, 2, 0);
+    for (const auto* program : {&serial.program, &serial.eval_program}) {
+      for (const auto& a : *program) EXPECT_EQ(a.serial, is_collective(a)) << "stage " << stage << ": " << action_name(a.kind);
+    }
+    size_t collectives = 0;
+    for (const auto& a : serial.program) collectives += is_collective(a);
+    // Stages 0-1 reduce the accumulator once per cycle (two buckets); 2-3 every micro-batch; 3
+    // also gathers each block per use.
+    EXPECT_EQ(collectives, std::vector<size_t>({2, 2, 4, 4 + 2 * 5})[stage]) << "stage " << stage;
+    for (const auto& a : serial.step_program) EXPECT_FALSE(a.serial) << "stage " << stage;
+    auto cleared = [](std::vector<Action> program) {
+      for (auto& a : program) a.serial = false;
+      return program;
+    };
+    EXPECT_EQ(cleared(serial.program), overlapped.program) << "stage " << stage;
+    EXPECT_EQ(cleared(serial.eval_program), overlapped.eval_program) << "stage " << stage;
+    EXPECT_EQ(serial.step_program, overlapped.step_program) << "stage " << stage;
+    for (const auto& a : overlapped.program) EXPECT_FALSE(a.serial) << "stage " << stage;
+    EXPECT_EQ(serial.bytes, overlapped.bytes) << "stage " << stage;
+
+    // What --dry-run and ZEROTH_PLAN_JSON show.
+    const auto j = serial.to_json();
+    for (const auto& a : j["actions"]) {
+      const std::string op = a["op"];
+      if (op == "gather" || op == "all_reduce" || op == "reduce_scatter") EXPECT_EQ(a["serial"], true) << op;
+    }
+    EXPECT_NE(serial.table().find("communication serialised with compute"), std::string::npos) << serial.table();
+    EXPECT_NE(overlapped.table().find("communication overlapped with compute"), std::string::npos) << overlapped.table();
+    // The summary spells out micro-batch 0, where stages 0-1 do not reduce yet.
+    if (stage >= 2) {
+      EXPECT_NE(serial.program_summary().find(stage == 3 ? "gather embed (serial)" : "reduce_scatter bucket 0 (serial)"), std::string::npos)
+          << serial.program_summary();
+    }
+    EXPECT_EQ(overlapped.program_summary().find("(serial)"), std::string::npos) << overlapped.program_summary();
+  }
 }
 
 TEST(Plan, RejectsSchedulesThatSkipABlockAndDuplicateNames) {
@@ -275,6 +326,8 @@ TEST(ZeroConfig, ReadsDeepSpeedKeysAndRejectsUnknownAndUnsupportedOnes) {
   EXPECT_EQ(z.reduce_bucket_size, 500000u);
   EXPECT_EQ(z.stage3_prefetch_bucket_size, 450000u);
   EXPECT_TRUE(z.overlap_comm);  // DeepSpeed's default for stage 3
+  EXPECT_FALSE(ZeroConfig::from_deepspeed(nlohmann::json::parse(R"({"stage": 2})")).overlap_comm);  // and for the others
+  EXPECT_FALSE(ZeroConfig::from_deepspeed(nlohmann::json::parse(R"({"stage": 3, "overlap_comm": false})")).overlap_comm);
   auto message = [](const char* text) {
     try {
       ZeroConfig::from_deepspeed(nlohmann::json::parse(text));
@@ -289,6 +342,7 @@ TEST(ZeroConfig, ReadsDeepSpeedKeysAndRejectsUnknownAndUnsupportedOnes) {
   EXPECT_NE(message(R"({"stage": 2, "reduce_bucket_size": "auto"})").find("\"auto\""), std::string::npos);
   EXPECT_NE(message(R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})").find("offload"), std::string::npos);
   EXPECT_NE(message(R"({"stage": 2, "sub_group_size": 0})").find("sub_group_size"), std::string::npos);
+  EXPECT_NE(message(R"({"stage": 3, "overlap_comm": 1})").find("zero_optimization.overlap_comm must be true or false"), std::string::npos);
   EXPECT_EQ(ZeroConfig::from_deepspeed(nlohmann::json::parse(R"({"sub_group_size": 1e6})")).sub_group_size, 1'000'000u);
 }
 

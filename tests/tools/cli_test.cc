@@ -2,12 +2,14 @@
 // carry the fields the issues specify, with positive figures.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <set>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
+#include "core/cpu/blas_info.h"
 #include "tests/process_util.h"
 
 namespace zeroth {
@@ -35,6 +37,21 @@ TEST(Cli, ReportJsonNamesEveryComponent) {
     EXPECT_TRUE(r.contains(key)) << key << " missing in " << r.dump();
   }
   EXPECT_TRUE(r["environment"].contains("ZEROTH_COMM_TIMEOUT"));
+  // The BLAS core is the one this process's OpenBLAS runs (same library, same environment).
+  const auto& blas = r["blas"];
+  EXPECT_EQ(blas["core"], cpu::blas_info().core) << blas.dump();
+  EXPECT_EQ(blas["threads"], cpu::blas_info().threads) << blas.dump();
+  EXPECT_GT(blas["sgemm"]["gflops"].get<double>(), 0.0) << blas.dump();
+  EXPECT_EQ(blas["below_cpu"].get<bool>(), !blas["note"].get<std::string>().empty()) << blas.dump();
+}
+
+TEST(Cli, ReportTextNamesTheBlasCoreAndItsSgemmRate) {
+  const auto core = cpu::blas_info().core;
+  auto child = testing::spawn({ZEROTH_BIN, "report"}, {"ZEROTH_LOG_LEVEL=error"}, ::testing::TempDir() + "cli_report.txt");
+  ASSERT_EQ(testing::wait_exit(child, 300s), 0) << child.output();
+  const std::string text = child.output();
+  EXPECT_NE(text.find("core " + core + " ("), std::string::npos) << text;
+  EXPECT_NE(text.find(" GFLOP/s (2048x2048x2048 f32"), std::string::npos) << text;
 }
 
 TEST(Cli, BenchKernelsJson) {
@@ -61,6 +78,27 @@ TEST(Cli, BenchCommJsonLocalAndGloo) {
       EXPECT_GT(row["time_us"].get<double>(), 0.0);
     }
   }
+}
+
+TEST(Cli, BenchEngineJsonLabelsEachRowsTransportAndItsBounds) {
+  // A model this small steps in about a millisecond: no room for a link latency per collective.
+  const auto r = run_json({"bench", "engine", "--layers", "2", "--width", "32", "--batch", "4", "--warmup", "1", "--steps", "5",
+                           "--rounds", "1", "--latency-us", "0", "--json"},
+                          "engine");
+  EXPECT_EQ(r["ranks"], 2);
+  EXPECT_GT(r["link_gbps"].get<double>(), 0.0);
+  std::vector<std::string> rows;
+  for (const auto& row : r["rows"]) {
+    rows.push_back(row["transport"].get<std::string>() + ": " + row["name"].get<std::string>());
+    EXPECT_EQ(row["steps_s"].size(), 5u) << row.dump();
+    EXPECT_GT(row["median_s"].get<double>(), 0.0) << row.dump();
+    EXPECT_EQ(row["full_overlap_s"], std::max(row["compute_s"].get<double>(), row["comm_s"].get<double>())) << row.dump();
+    EXPECT_EQ(row["serial_s"], row["compute_s"].get<double>() + row["comm_s"].get<double>()) << row.dump();
+  }
+  EXPECT_EQ(rows, (std::vector<std::string>{"link model: stage 3, prefetch", "link model: stage 3, no prefetch",
+                                            "link model: stage 3, prefetch, overlap_comm false",
+                                            "gloo: stage 3, overlap_comm false, 1 row per rank", "gloo: stage 3, prefetch",
+                                            "gloo: stage 3, no prefetch", "gloo: stage 3, prefetch, overlap_comm false"}));
 }
 
 TEST(Cli, BenchOptimJson) {

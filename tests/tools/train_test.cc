@@ -214,6 +214,29 @@ TEST(Train, AnF16OverflowAtTheMinimumLossScaleEndsTheRun) {
       << r.output;
 }
 
+// DeepSpeed's wall_clock_breakdown: forward, backward, the wait for reductions and the optimizer
+// step, timed (synchronized) on every step, printed with the step lines, written to the metrics.
+TEST(Train, WallClockBreakdownTimesThePartsOfEachStep) {
+  json j = tiny("wallclock");
+  j["wall_clock_breakdown"] = true;
+  const auto r = run({ZEROTH_BIN, "train", write_config("wallclock", j)}, "wallclock", 120s);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("  time (ms) | forward: "), std::string::npos) << r.output;
+  int steps = 0;
+  for (const auto& m : r.metrics) {
+    if (!m.contains("loss")) continue;
+    ++steps;
+    const double parts = m["forward_ms"].get<double>() + m["backward_ms"].get<double>() + m["reduce_wait_ms"].get<double>() +
+                         m["optimizer_ms"].get<double>();
+    EXPECT_GT(m["forward_ms"].get<double>(), 0) << m.dump();
+    EXPECT_GT(m["backward_ms"].get<double>(), 0) << m.dump();
+    EXPECT_GE(m["reduce_wait_ms"].get<double>(), 0) << m.dump();
+    EXPECT_GT(m["optimizer_ms"].get<double>(), 0) << m.dump();
+    EXPECT_LE(parts, m["step_ms"].get<double>()) << "the parts lie inside the step: " << m.dump();
+  }
+  EXPECT_EQ(steps, 6);
+}
+
 // A write that fails (here: a full disk) ends the run on every rank with an error naming the file.
 TEST(Train, AFailedWriteOfTheMetricsEndsTheRunNamingTheFile) {
   json j = tiny("full");
@@ -252,6 +275,21 @@ TEST(Train, DryRunPrintsTheResolvedConfigThePlanAndItsProgram) {
   size_t reductions = 0;
   for (const auto& a : plan["actions"]) reductions += a["op"] == "reduce_scatter";
   EXPECT_EQ(reductions, plan["reduce_buckets"].size() * plan["micro_batches"].get<size_t>());
+}
+
+// zero_optimization.overlap_comm from the config reaches the plan: false puts the cycle's
+// collectives on the compute stream, and the dry run says so.
+TEST(Train, DryRunShowsOverlapCommFalseAsCollectivesSerialisedWithCompute) {
+  for (const bool overlap : {true, false}) {
+    const std::string name = overlap ? "overlap_on" : "overlap_off";
+    auto child = testing::spawn({ZEROTH_BIN, "train", write_config(name, tiny(name)), "--dry-run", "--set", "zero_optimization.stage=3", "--set",
+                                 std::string("zero_optimization.overlap_comm=") + (overlap ? "true" : "false")},
+                                {}, temp(name) + ".out");
+    ASSERT_EQ(testing::wait_exit(child, std::chrono::seconds(60)), 0) << child.output();
+    const std::string out = child.output();
+    EXPECT_NE(out.find(overlap ? "communication overlapped with compute" : "communication serialised with compute"), std::string::npos) << out;
+    EXPECT_EQ(out.find("(serial)") != std::string::npos, !overlap) << out;
+  }
 }
 
 }  // namespace

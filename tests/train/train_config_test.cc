@@ -4,12 +4,15 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "engine/deepspeed_keys.h"
 #include "engine/plan.h"
 #include "train/train_config.h"
 
@@ -51,7 +54,7 @@ TEST(TrainConfig, HuggingFaceAutoConfigResolves) {
     "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto", "warmup_num_steps": "auto", "total_num_steps": "auto"}},
     "zero_optimization": {"stage": 3, "overlap_comm": true, "contiguous_gradients": true, "sub_group_size": 1e9,
       "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto", "stage3_param_persistence_threshold": "auto",
-      "stage3_max_live_parameters": 1e9, "stage3_max_reuse_distance": 1e9, "stage3_gather_16bit_weights_on_model_save": true},
+      "stage3_max_live_parameters": 1e9, "stage3_max_reuse_distance": 1e9, "stage3_gather_16bit_weights_on_model_save": false},
     "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "steps_per_print": 2000,
     "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "wall_clock_breakdown": false,
     "model": {"n_layer": 1, "n_head": 2, "n_embd": 16, "seq_len": 8}, "run": {"steps": 50, "world_size": 2}})");
@@ -73,6 +76,9 @@ TEST(TrainConfig, HuggingFaceAutoConfigResolves) {
   EXPECT_EQ(c.steps_per_print, 2000);
   EXPECT_EQ(c.resolved["train_batch_size"], 16);
   EXPECT_EQ(c.resolved["optimizer"]["params"]["lr"], 5e-5);
+  // contiguous_gradients asks for what zeroth always does: accepted, and named once at start.
+  ASSERT_EQ(c.no_effect.size(), 1u);
+  EXPECT_EQ(c.no_effect[0], "zero_optimization.contiguous_gradients: zeroth's gradients always live in one flat buffer per block");
 }
 
 struct BatchCase {
@@ -138,17 +144,26 @@ INSTANTIATE_TEST_SUITE_P(
                   "model.preset \"gpt3\" is not a known preset; use one of gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1558m"},
         ErrorCase{"Stage", R"({"zero_optimization": {"stage": 4}})", "zero_optimization.stage must be 0, 1, 2 or 3, got 4"},
         ErrorCase{"Offload", R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}})",
-                  "zero_optimization.offload_optimizer = {\"device\":\"cpu\"}: offloading is not available in this build of the engine; remove the key or set its device to \"none\""},
+                  "zero_optimization.offload_optimizer = {\"device\":\"cpu\"} asks for optimizer state and its step on the CPU or NVMe (offload), which zeroth does not have yet; remove it"},
+        ErrorCase{"GatherOnSave", R"({"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": true}})",
+                  "zero_optimization.stage3_gather_16bit_weights_on_model_save = true asks for 16-bit weights gathered when the model is saved (checkpoints), which zeroth does not have yet; remove it"},
+        ErrorCase{"KnownButUnsupported", R"({"progressive_layer_drop": {"enabled": true, "theta": 0.5}})",
+                  "progressive_layer_drop = {\"enabled\":true,\"theta\":0.5} is a DeepSpeed feature zeroth does not support (skips transformer layers stochastically during training); remove it or set \"enabled\": false"},
+        ErrorCase{"ZeroPlusPlus", R"({"zero_optimization": {"stage": 3, "zero_quantized_gradients": true}})",
+                  "zero_optimization.zero_quantized_gradients = true is a DeepSpeed feature zeroth does not support (ZeRO++ reduces gradients quantized to int4); remove it"},
+        ErrorCase{"TypoStillATypo", R"({"zero_optimization": {"stage": 3, "contiguous_gradient": true}})",
+                  "zero_optimization.contiguous_gradient is not a known key (did you mean 'contiguous_gradients'?)"},
         ErrorCase{"BothPrecisions", R"({"fp16": {"enabled": true}, "bf16": {"enabled": true}})",
                   "fp16.enabled and bf16.enabled are both true; choose one precision"},
         ErrorCase{"Monitor", R"({"tensorboard": {"enabled": true, "output_path": "tb"}})",
-                  "tensorboard is enabled: zeroth does not have this DeepSpeed monitor; its own metrics go to <run.output_dir>/metrics.jsonl. Remove the section or set \"enabled\": false"},
-        ErrorCase{"WallClock", R"({"wall_clock_breakdown": true})",
-                  "wall_clock_breakdown = true is not supported: zeroth reports each step's time (not its forward/backward/step parts) in the step lines and metrics.jsonl; remove the key or set it to false"},
-        ErrorCase{"Unsupported", R"({"pipeline": {"stages": 2}})", "pipeline is a DeepSpeed feature zeroth does not support; remove the section"},
-        ErrorCase{"PartitionActivations", R"({"activation_checkpointing": {"partition_activations": true}})",
-                  "activation_checkpointing.partition_activations = true needs tensor parallelism, which this run does not have; remove the key"},
-        ErrorCase{"AioRange", R"({"aio": {"queue_depth": 0}})", "aio.queue_depth must be an integer in [1, 4096], got 0"},
+                  "tensorboard = {\"enabled\":true,\"output_path\":\"tb\"} is a DeepSpeed feature zeroth does not support (writes metrics to TensorBoard; zeroth writes its metrics to <run.output_dir>/metrics.jsonl); remove it or set \"enabled\": false"},
+        ErrorCase{"WallClock", R"({"wall_clock_breakdown": "yes"})", "wall_clock_breakdown must be true or false, got \"yes\""},
+        ErrorCase{"Unsupported", R"({"pipeline": {"stages": 2}})",
+                  "pipeline = {\"stages\":2} is a DeepSpeed feature zeroth does not support (pipeline parallelism: consecutive layers on different ranks); remove it"},
+        ErrorCase{"CpuCheckpointing", R"({"activation_checkpointing": {"cpu_checkpointing": true}})",
+                  "activation_checkpointing.cpu_checkpointing = true is a DeepSpeed feature zeroth does not support (moves activation checkpoints to host memory); remove it"},
+        ErrorCase{"Aio", R"({"aio": {"queue_depth": 8}})",
+                  "aio = {\"queue_depth\":8} asks for NVMe swapping's asynchronous I/O settings (NVMe offload), which zeroth does not have yet; remove it"},
         ErrorCase{"Backend", R"({"run": {"backend": "mpi"}})", "run.backend = \"mpi\" is not one of: local, gloo, nccl"},
         ErrorCase{"GlooNeedsLauncher", R"({"run": {"backend": "gloo", "world_size": 2}})",
                   "run.backend = \"gloo\" needs one process per rank: start with `zeroth launch -n 2 -- zeroth train ...` (or set run.backend to \"local\" for threads)"},
@@ -215,6 +230,28 @@ TEST(TrainConfig, WeightDecayExclusionsAreARule) {
   EXPECT_EQ(checked, total);
 }
 
+// The README's table of keys with no effect is the code's table: every row, with its reason.
+TEST(TrainConfig, TheReadmeListsEveryKeyWithoutEffect) {
+  std::ifstream in(std::string(ZEROTH_CONFIGS_DIR) + "/../README.md");
+  ASSERT_TRUE(in) << "README.md not found";
+  const std::string readme((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  size_t rows = 0;
+  for (const auto& k : deepspeed_keys()) {
+    if (k.treatment != KeyTreatment::no_effect) continue;
+    ++rows;
+    const std::string row = "| `" + std::string(k.path) + "` | " + std::string(k.text) + " |";
+    EXPECT_NE(readme.find(row), std::string::npos) << "README.md lacks the row " << row;
+  }
+  size_t table_rows = 0;
+  for (size_t at = readme.find("| why it changes nothing in zeroth |"); at != std::string::npos;) {
+    at = readme.find("\n| `", at + 1);
+    if (at == std::string::npos || readme.compare(at + 1, 2, "| ") != 0) break;
+    ++table_rows;
+    if (readme.find("\n\n", at) < readme.find("\n| `", at + 1)) break;
+  }
+  EXPECT_EQ(table_rows, rows) << "the README's table has rows the code does not";
+}
+
 TEST(TrainConfig, OverridesSetNestedKeysAndParseValues) {
   json j = base();
   apply_override(j, "zero_optimization.stage=2");
@@ -244,6 +281,13 @@ TEST(TrainConfig, DefaultsAndAliases) {
   EXPECT_EQ(c.model.vocab_size, 256);
   EXPECT_EQ(c.run.output_dir, "runs/run");
   EXPECT_EQ(c.engine.zero.stage, 0);
+  // communication_data_type defaults to the gradients' dtype, as DeepSpeed's engine resolves it.
+  for (const auto& [patch, want] : std::vector<std::pair<const char*, DType>>{{R"({"bf16": {"enabled": true}})", DType::bf16},
+                                                                              {R"({"fp16": {"enabled": true}})", DType::f16},
+                                                                              {R"({})", DType::f32},
+                                                                              {R"({"bf16": {"enabled": true}, "communication_data_type": "fp32"})", DType::f32}}) {
+    EXPECT_EQ(TrainConfig::from_json(with(base(), patch)).engine.communication_dtype, want) << patch;
+  }
   const auto p = TrainConfig::from_json(json::parse(R"({"train_batch_size": 8, "model": {"preset": "gpt2-124m", "seq_len": 256}, "data": {"format": "bin", "train": "x.bin"}})"));
   EXPECT_EQ(p.model.n_layer, 12);
   EXPECT_EQ(p.model.seq_len, 256);
