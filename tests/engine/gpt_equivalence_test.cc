@@ -8,11 +8,14 @@
 #include <cmath>
 #include <map>
 #include <mutex>
+#include <string>
+#include <vector>
 
 #include "comm/local/local_comm.h"
 #include "train/data.h"
 #include "engine/engine.h"
 #include "models/gpt/gpt.h"
+#include "tests/engine/tensor_error.h"
 
 namespace zeroth {
 namespace {
@@ -127,11 +130,12 @@ const GptResult& reference(DType dtype) {
 
 class GptEquivalence : public ::testing::TestWithParam<GptCase> {};
 
-// f32: only the order of float sums differs (the batch split, the bucketed reductions): 5e-5 of
-// the largest weight after 4 AdamW steps (measured 4e-6 .. 7e-6; Adam turns rounding in elements
-// with near-zero gradients, such as the attention key bias, into full-size steps; see the
-// PyTorch comparison in tests/models). bf16: gradients round to bf16 per
-// micro-batch before they are summed, so a different split rounds differently: 2^-8.
+// Weights, per tensor (its largest |difference| over its largest |value|; the attention key bias,
+// whose gradient is rounding noise that Adam turns into full-size steps, is left out as in the
+// PyTorch comparison). f32: only the order of float sums differs (the batch split, the bucketed
+// reductions): 2e-6 (measured up to 4.3e-7 after 4 AdamW steps). bf16: gradients round to bf16
+// per micro-batch before they are summed, so a different split rounds differently, and Adam
+// carries it: 2e-2 (measured up to 6.8e-3, in attn.c_proj.weight).
 // The gradient norm of every step, relative: f32 5e-7 (measured up to 1.7e-7: the sums of squares
 // in another order, and the weights' own differences); bf16 1.5e-3 (measured 4.4e-4: the
 // split's other roundings of the gradients and the weights they moved).
@@ -139,14 +143,20 @@ TEST_P(GptEquivalence, TrainsLikeOneRankStageZero) {
   const auto k = GetParam();
   const auto got = train_gpt(k);
   const auto& ref = reference(k.dtype);
-  const double bound = k.dtype == DType::f32 ? 5e-5 : 1.0 / 256;
+  const double bound = k.dtype == DType::f32 ? 2e-6 : 2e-2;
   const double norm_bound = k.dtype == DType::f32 ? 5e-7 : 1.5e-3;
-  double diff = 0, scale = 0;
+  // Per tensor: the blocks' flat values cut at their parameters' sizes.
+  const auto specs = Gpt::block_specs(tiny(k.checkpointing));
+  testing::TensorError worst;
   for (size_t b = 0; b < ref.weights.size(); ++b) {
     ASSERT_EQ(got.weights[b].size(), ref.weights[b].size());
-    for (size_t i = 0; i < ref.weights[b].size(); ++i) {
-      diff = std::max(diff, std::abs(static_cast<double>(got.weights[b][i]) - ref.weights[b][i]));
-      scale = std::max(scale, std::abs(static_cast<double>(ref.weights[b][i])));
+    size_t at = 0;
+    for (const auto& p : specs[b].params) {
+      const auto slice = [&](const std::vector<float>& w) { return std::vector<float>(w.begin() + at, w.begin() + at + p.numel()); };
+      const auto e = testing::compare(specs[b].name + "." + p.name, slice(got.weights[b]), slice(ref.weights[b]));
+      EXPECT_LT(e.rel(), bound) << e.name << ": max |difference| " << e.max_abs << " of max |value| " << e.scale;
+      if (e.rel() > worst.rel()) worst = e;
+      at += p.numel();
     }
   }
   ASSERT_EQ(got.grad_norms.size(), ref.grad_norms.size());
@@ -156,10 +166,14 @@ TEST_P(GptEquivalence, TrainsLikeOneRankStageZero) {
     norm_err = std::max(norm_err, e);
     EXPECT_LT(e, norm_bound) << "step " << s << ": gradient norm " << got.grad_norms[s] << ", one rank at stage 0 " << ref.grad_norms[s];
   }
-  std::printf("stage %d dp %d gas %d: weight error %.3g of the largest weight (bound %.3g), gradient norm error %.3g (bound %.3g); loss %.6f -> %.6f\n",
-              k.stage, k.dp, k.gas, diff / scale, bound, norm_err, norm_bound, got.losses.front(), got.losses.back());
-  EXPECT_LT(diff / scale, bound);
-  for (int s = 0; s < kSteps; ++s) EXPECT_NEAR(got.losses[s], ref.losses[s], 10 * bound * ref.losses[s]) << "step " << s;
+  std::printf("stage %d dp %d gas %d: worst weight error %.3g of its tensor (%s; bound %.3g), gradient norm error %.3g (bound %.3g); loss %.6f -> %.6f\n",
+              k.stage, k.dp, k.gas, worst.rel(), worst.name.c_str(), bound, norm_err, norm_bound, got.losses.front(), got.losses.back());
+  double loss_err = 0;
+  for (int s = 0; s < kSteps; ++s) loss_err = std::max(loss_err, std::abs(got.losses[s] - ref.losses[s]) / ref.losses[s]);
+  std::printf("  loss error %.3g (relative)\n", loss_err);
+  // Relative: f32 3e-7 (measured up to 5.8e-8), bf16 2e-5 (measured up to 4.4e-6).
+  const double loss_bound = k.dtype == DType::f32 ? 3e-7 : 2e-5;
+  for (int s = 0; s < kSteps; ++s) EXPECT_NEAR(got.losses[s], ref.losses[s], loss_bound * ref.losses[s]) << "step " << s;
   EXPECT_LT(got.losses.back(), got.losses.front());
 }
 

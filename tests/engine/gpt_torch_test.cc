@@ -21,9 +21,12 @@
 #include "core/safetensors.h"
 #include "engine/engine.h"
 #include "models/gpt/gpt.h"
+#include "tests/engine/tensor_error.h"
 
 namespace zeroth {
 namespace {
+using testing::TensorError;
+using testing::compare;
 
 const SafeTensors& reference() {
   static const SafeTensors ref = read_safetensors(std::string(ZEROTH_TEST_DATA_DIR) + "/reference/gpt_train_torch.safetensors");
@@ -137,33 +140,6 @@ Trained train_through_engine(const TorchCase& k) {
 
 // One tensor against its reference: the largest difference and the tensor's own scale (the bound
 // is on their ratio), and the relative L2 error, printed as evidence.
-struct TensorError {
-  std::string name;
-  double max_abs = 0, scale = 0, l2_rel = 0;
-  double rel() const { return max_abs / std::max(scale, 1e-30); }
-};
-
-TensorError compare(const std::string& name, std::vector<float> got, std::vector<float> ref) {
-  if (name.ends_with("attn.c_attn.bias")) {
-    // The key bias adds the same q.b to every score of a row, which softmax ignores: its gradient
-    // is zero up to rounding, and Adam turns that rounding noise into full-size steps of either
-    // sign, in PyTorch as here. Only the query and value biases are compared.
-    const size_t C = ref.size() / 3;
-    std::fill(got.begin() + C, got.begin() + 2 * C, 0.0f);
-    std::fill(ref.begin() + C, ref.begin() + 2 * C, 0.0f);
-  }
-  TensorError e{name};
-  double diff2 = 0, ref2 = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    const double d = static_cast<double>(got[i]) - ref[i];
-    e.max_abs = std::max(e.max_abs, std::abs(d));
-    e.scale = std::max(e.scale, std::abs(static_cast<double>(ref[i])));
-    diff2 += d * d, ref2 += static_cast<double>(ref[i]) * ref[i];
-  }
-  e.l2_rel = std::sqrt(diff2 / std::max(ref2, 1e-60));
-  return e;
-}
-
 // Bounds, relative to each quantity (a weight tensor's: its largest |difference| over its largest
 // |value|), 3-4x the worst measured over the 12 cases of each dtype on this machine (the test
 // prints them):
