@@ -79,11 +79,7 @@ ZeroConfig ZeroConfig::from_deepspeed(const nlohmann::json& section) {
 
 void ZeroConfig::validate() const {
   if (stage < 0 || stage > 3) ZEROTH_THROW(ConfigError, "zero_optimization.stage must be 0, 1, 2 or 3, got {}", stage);
-  if (reduce_bucket_size == 0) ZEROTH_THROW(ConfigError, "zero_optimization.reduce_bucket_size must be at least 1 element");
   if (sub_group_size == 0) ZEROTH_THROW(ConfigError, "zero_optimization.sub_group_size must be at least 1 element");
-  if (allgather_bucket_size == 0) {
-    ZEROTH_THROW(ConfigError, "zero_optimization.allgather_bucket_size must be at least 1 element");
-  }
 }
 
 namespace {

@@ -21,6 +21,8 @@ namespace zeroth {
 // DeepSpeed's `zero_optimization` section. Sizes are in elements, as in DeepSpeed.
 struct ZeroConfig {
   int stage = 0;
+  // 0, or anything below a block's size, makes one bucket per block (DeepSpeed then reduces each
+  // gradient on its own).
   uint64_t reduce_bucket_size = 500'000'000;
   uint64_t allgather_bucket_size = 500'000'000;
   bool overlap_comm = false;  // DeepSpeed turns it on for stage 3 when the key is absent

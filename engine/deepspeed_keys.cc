@@ -67,6 +67,8 @@ const DeepSpeedKey kKeys[] = {
     {"bf16.immediate_grad_update", kNone, "zeroth updates the weights once per step, from fp32 master weights"},
     {"bf16.check_grad_overflow", kNone, "zeroth always checks the gradients for Inf/NaN and skips such steps"},
     {"fp16.fused_mode", kNone, "zeroth's optimizer step is always one fused pass"},
+    {"fp16.auto_cast", kNone, "it casts floating-point inputs to fp16; a GPT's inputs are token ids, and the model computes in the run's precision throughout"},
+    {"optimizer.legacy_fusion", kNone, "zeroth's optimizer step is always one fused pass"},
     {"activation_checkpointing.partition_activations", kNone,
      "it partitions checkpoints across tensor-parallel ranks, which this run does not have"},
     {"activation_checkpointing.contiguous_memory_optimization", kNone, "zeroth's model keeps each block's checkpoint in its own slot"},
@@ -150,14 +152,17 @@ std::string full_path(std::string_view section, const std::string& key) {
   return section.empty() ? key : std::string(section) + "." + key;
 }
 
+// bfloat16 is DeepSpeed's old name of the bf16 section; the table says bf16.
+std::string_view table_section(std::string_view section) { return section == "bfloat16" ? "bf16" : section; }
+
 }  // namespace
 
 std::span<const DeepSpeedKey> deepspeed_keys() { return kKeys; }
 
 bool handle_deepspeed_key(std::string_view section, const std::string& key, const nlohmann::json& value, std::vector<std::string>* no_effect) {
-  const std::string path = full_path(section, key);
+  const std::string path = full_path(section, key), entry = full_path(table_section(section), key);
   for (const auto& k : kKeys) {
-    if (k.path != path) continue;
+    if (k.path != entry) continue;
     switch (k.treatment) {
       case KeyTreatment::no_effect:
         if (no_effect != nullptr) no_effect->push_back(path + ": " + std::string(k.text));
@@ -175,6 +180,7 @@ bool handle_deepspeed_key(std::string_view section, const std::string& key, cons
 }
 
 std::vector<std::string_view> deepspeed_key_names(std::string_view section) {
+  section = table_section(section);
   std::vector<std::string_view> out;
   for (const auto& k : kKeys) {
     const std::string_view p = k.path;

@@ -126,29 +126,45 @@ ScheduledValues LrSchedule::at_step(int64_t step) const {
   return values(last_batch_iteration + step - 1);
 }
 
+// In optimizer steps as the run counts them: step k runs iteration k - 2 (see at_step).
 std::string LrSchedule::describe() const {
+  const int64_t warm = std::max<int64_t>(2, warmup_num_steps);
   const char* warmup = warmup_type == WarmupType::log ? "log" : "linear";
+  // The log warmup reaches its top at iteration W - 1, the linear one at W.
+  const int64_t top = (warmup_type == WarmupType::log ? warm - 1 : warm) + 2;
+  std::string text;
   switch (kind) {
-    case ScheduleKind::constant: return fmt::format("constant lr {}", base_lr);
+    case ScheduleKind::constant: text = fmt::format("constant lr {}", base_lr); break;
     case ScheduleKind::warmup:
-      return fmt::format("WarmupLR {} -> {} over {} steps ({})", warmup_min_lr, warmup_max_lr, std::max<int64_t>(2, warmup_num_steps), warmup);
+      text = fmt::format("WarmupLR {} at steps 1-2, {} warmup to {} at step {}, then held", warmup_min_lr, warmup, warmup_max_lr, top);
+      break;
     case ScheduleKind::warmup_decay:
-      return fmt::format("WarmupDecayLR {} -> {} over {} steps ({}), linear decay to {} at step {}", warmup_min_lr, warmup_max_lr,
-                         std::max<int64_t>(2, warmup_num_steps), warmup, warmup_min_lr, total_num_steps);
+      text = fmt::format("WarmupDecayLR {} at steps 1-2, {} warmup to {} at step {}, linear decay to {} at step {}, then held", warmup_min_lr,
+                         warmup, warmup_max_lr, top, warmup_min_lr, total_num_steps + 2);
+      break;
     case ScheduleKind::warmup_cosine:
-      return fmt::format("WarmupCosineLR 0, then {} x {} rising to {} over {} steps ({}), cosine to {} x {} at step {}", warmup_min_ratio,
-                         base_lr, base_lr, std::max<int64_t>(2, warmup_num_steps), warmup, cos_min_ratio, base_lr, total_num_steps);
+      text = fmt::format("WarmupCosineLR 0 at step 1, {} warmup from {} x {} over {} steps, cosine to {} x {} at step {}, then held", warmup,
+                         warmup_min_ratio, base_lr, warm, cos_min_ratio, base_lr, total_num_steps > warm ? total_num_steps + 1 : warm + 2);
+      break;
     case ScheduleKind::one_cycle: {
-      std::string text = fmt::format("OneCycle {} <-> {} over {} + {} steps", cycle_min_lr, cycle_max_lr, cycle_first_step_size,
-                                     cycle_second_step_size < 0 ? cycle_first_step_size : cycle_second_step_size);
-      if (cycle_momentum) text += fmt::format("; beta1 cycles {} <-> {} and beta2 is 0.99 (cycle_momentum)", cycle_max_mom, cycle_min_mom);
-      return text;
+      const int64_t second = cycle_second_step_size < 0 ? cycle_first_step_size : cycle_second_step_size;
+      const int64_t stairs2 = cycle_second_stair_count < 0 ? cycle_first_stair_count : cycle_second_stair_count;
+      text = fmt::format("OneCycle {} at step 1, up to {} over {} steps{}, down over {}{}, then {}", cycle_min_lr, cycle_max_lr,
+                         cycle_first_step_size, cycle_first_stair_count > 0 ? fmt::format(" in {} stairs", cycle_first_stair_count) : "",
+                         second, stairs2 > 0 ? fmt::format(" in {} stairs", stairs2) : "",
+                         decay_step_size > 0 && decay_lr_rate != 0.0
+                             ? fmt::format("lr / (1 + {} x steps past the cycle / {})", decay_lr_rate, decay_step_size)
+                             : fmt::format("held at {}", cycle_min_lr));
+      if (cycle_momentum) text += fmt::format("; beta1 cycles {} <-> {} against it and beta2 is 0.99 (cycle_momentum)", cycle_max_mom, cycle_min_mom);
+      break;
     }
     case ScheduleKind::lr_range_test:
-      return fmt::format("LRRangeTest from {} x (1 + {} x {}steps / {})", lr_range_test_min_lr, lr_range_test_step_rate,
+      text = fmt::format("LRRangeTest from {} x (1 + {} x {}steps / {})", lr_range_test_min_lr, lr_range_test_step_rate,
                          lr_range_test_staircase ? "floor of " : "", lr_range_test_step_size);
+      break;
   }
-  return "invalid";
+  if (last_batch_iteration != -1) text += fmt::format(" (resumed at iteration {}: steps count from there)", last_batch_iteration);
+  return text;
 }
 
 LrSchedule LrSchedule::from_deepspeed(const nlohmann::json& section, double base_lr, bool optimizer_has_betas) {

@@ -112,7 +112,8 @@ class Console final : public TrainObserver {
     rows.emplace_back("batch", fmt::format("{} seq/rank x {} accumulation x {} ranks = {} sequences = {} tokens/step",
                                            c.micro_batch_size, gas, c.run.world_size, c.train_batch_size, si(static_cast<double>(c.tokens_per_step()))));
     rows.emplace_back("optimizer", optimizer_line(c.engine.optimizer) +
-                                       (c.engine.gradient_clipping > 0 ? fmt::format(", clip {:g}", c.engine.gradient_clipping) : ""));
+                                       (c.engine.gradient_clipping > 0 ? fmt::format(", clip {:g}", c.engine.gradient_clipping) : "") +
+                                       (c.resolved.contains("optimizer") ? "" : " (zeroth's default: the config has no optimizer section)"));
     rows.emplace_back("schedule", c.engine.schedule.describe());
     rows.emplace_back("steps", fmt::format("{}, print every {}, validation {}", c.run.steps, c.steps_per_print,
                                            c.run.eval_interval > 0 ? fmt::format("every {} steps", c.run.eval_interval) : "at the end"));
@@ -214,6 +215,7 @@ struct Options {
 
 void dry_run(const TrainConfig& c) {
   std::printf("%s\n", c.resolved.dump(2).c_str());
+  check_data(c);
   const Plan plan = make_plan(Gpt::block_specs(c.model), Gpt::schedule(c.model), c.engine, c.run.world_size, 0);
   plan.write_json_if_requested();
   std::printf("%s\n%s\n", plan.table().c_str(), plan.program_summary().c_str());

@@ -154,9 +154,14 @@ Loader::Loader(TokenData data, int seq_len, int micro_batch, int gradient_accumu
     ZEROTH_THROW(ConfigError, "the data has {} tokens, fewer than one sequence of model.seq_len + 1 = {} tokens; use more data or a shorter model.seq_len",
                  data_.size(), T_ + 1);
   }
-  // One batch never holds the same sequence twice.
+  // One batch never holds the same sequence twice. Validation (not shuffled) reads eval_batches
+  // micro-batches per rank where training reads the accumulation's.
+  if (windows_ < global_batch() && shuffle_) {
+    ZEROTH_THROW(ConfigError, "the training data has {} sequences of {} tokens, but one batch takes {} ({} per micro-batch x {} accumulation steps x {} ranks): sequences would repeat inside a batch; use more data, a shorter model.seq_len or a smaller batch",
+                 windows_, T_ + 1, global_batch(), micro_, gas_, dp_);
+  }
   if (windows_ < global_batch()) {
-    ZEROTH_THROW(ConfigError, "the data has {} sequences of {} tokens, but one batch takes {} ({} per micro-batch x {} x {} ranks): sequences would repeat inside a batch; use more data, a shorter model.seq_len or a smaller batch",
+    ZEROTH_THROW(ConfigError, "the validation data has {} sequences of {} tokens, but one validation pass takes {} ({} per micro-batch x {} run.eval_batches x {} ranks): sequences would repeat; use fewer run.eval_batches, more validation data (data.val, or a larger data.val_fraction) or a smaller micro-batch",
                  windows_, T_ + 1, global_batch(), micro_, gas_, dp_);
   }
 }

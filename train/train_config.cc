@@ -4,10 +4,12 @@
 #include "train/train_config.h"
 
 #include <algorithm>  // std::find, std::all_of
+#include <cctype>     // std::tolower
 #include <cerrno>     // errno
 #include <cmath>      // std::floor
 #include <cstring>    // std::strerror
 #include <fstream>    // std::ifstream
+#include <functional> // std::function
 #include <span>       // std::span
 #include <sstream>    // std::stringstream
 #include <vector>     // std::vector
@@ -102,7 +104,8 @@ json without_deepspeed_extras(const json& section, std::string_view path, std::s
     } else if (!handle_deepspeed_key(path, key, v, &no_effect)) {
       std::vector<std::string_view> known(own.begin(), own.end());
       for (auto k : deepspeed_key_names(path)) known.push_back(k);
-      ZEROTH_THROW(ConfigError, "{}{} is not a known key{}", path.empty() ? "" : std::string(path) + ".", key, did_you_mean(key, known));
+      ZEROTH_THROW(ConfigError, "{}{} is not a known key{}{}", path.empty() ? "" : std::string(path) + ".", key, did_you_mean(key, known),
+                   path.empty() ? " (DeepSpeed ignores top-level keys it does not know; zeroth refuses them, so a typo cannot pass unnoticed)" : "");
     }
   }
   return rest;
@@ -150,11 +153,29 @@ void resolve_auto(json& c, int world_size, int64_t steps, int hidden) {
     fill(z, "stage3_prefetch_bucket_size", static_cast<int64_t>(0.9 * static_cast<double>(h2)));
     fill(z, "stage3_param_persistence_threshold", 10 * static_cast<int64_t>(hidden));
   }
+  // The "auto" values Hugging Face leaves in these sections, DeepSpeed's config models drop, so
+  // the keys take DeepSpeed's defaults (DeepSpeedConfigModel.__init__).
+  std::function<void(json&)> drop_auto = [&](json& obj) {
+    if (!obj.is_object()) return;
+    for (auto it = obj.begin(); it != obj.end();) {
+      if (is_auto(*it)) {
+        it = obj.erase(it);
+      } else {
+        drop_auto(*it);
+        ++it;
+      }
+    }
+  };
+  for (const char* k : {"zero_optimization", "fp16", "bf16", "bfloat16"}) {
+    if (c.contains(k)) drop_auto(c[k]);
+  }
 }
 
-DType parse_comm_dtype(const std::string& s) {
+DType parse_comm_dtype(std::string s) {
+  // DeepSpeed lower-cases the value; "bfp16" is its older spelling of bf16.
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
   if (s == "fp32" || s == "float32") return DType::f32;
-  if (s == "bf16" || s == "bfloat16") return DType::bf16;
+  if (s == "bf16" || s == "bfloat16" || s == "bfp16") return DType::bf16;
   if (s == "fp16" || s == "float16") return DType::f16;
   ZEROTH_THROW(ConfigError, "communication_data_type = \"{}\" is not one of: fp32, bf16, fp16", s);
 }
@@ -343,13 +364,13 @@ void check_deepspeed_extras(TrainConfig& t, json& j) {
 
 void read_precision(TrainConfig& t, const json& j) {
   static constexpr std::string_view kBf16Keys[] = {"enabled"};
-  static constexpr std::string_view kFp16Keys[] = {"enabled", "auto_cast", "loss_scale", "initial_scale_power", "loss_scale_window",
+  static constexpr std::string_view kFp16Keys[] = {"enabled", "loss_scale", "initial_scale_power", "loss_scale_window",
                                                    "hysteresis", "consecutive_hysteresis", "min_loss_scale", "fp16_master_weights_and_grads"};
   const char* bf16_key = j.contains("bf16") ? "bf16" : "bfloat16";
   bool fp16 = false, bf16 = false;
   if (j.contains(bf16_key)) {
     // bfloat16 is DeepSpeed's old name of the same section.
-    const json rest = without_deepspeed_extras(j[bf16_key], "bf16", kBf16Keys, t.no_effect);
+    const json rest = without_deepspeed_extras(j[bf16_key], bf16_key, kBf16Keys, t.no_effect);
     const Section s(rest, bf16_key, kBf16Keys);
     bf16 = s.flag("enabled", false);
   }
@@ -359,7 +380,6 @@ void read_precision(TrainConfig& t, const json& j) {
     if (f.contains("enabled") && !f["enabled"].is_boolean()) ZEROTH_THROW(ConfigError, "fp16.enabled must be true, false or \"auto\", got {}", f["enabled"].dump());
     fp16 = f.value("enabled", false);
     t.engine.loss_scaler = LossScalerConfig::from_deepspeed(f);
-    if (f.value("auto_cast", false)) ZEROTH_THROW(ConfigError, "fp16.auto_cast = true is not supported: the model computes in fp16 throughout when fp16 is enabled");
   }
   if (fp16 && bf16) ZEROTH_THROW(ConfigError, "fp16.enabled and {}.enabled are both true; choose one precision", bf16_key);
   t.engine.compute_dtype = bf16 ? DType::bf16 : fp16 ? DType::f16 : DType::f32;
@@ -404,7 +424,10 @@ TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) 
 
   // DeepSpeed without an optimizer section leaves it to the client; here there is no client code,
   // so the default is stated: AdamW, lr 1e-3 (zeroth's OptimizerParams defaults).
-  if (c.contains("optimizer")) t.engine.optimizer = OptimizerParams::from_deepspeed(c["optimizer"]);
+  if (c.contains("optimizer")) {
+    static constexpr std::string_view kOptimizerKeys[] = {"type", "params"};
+    t.engine.optimizer = OptimizerParams::from_deepspeed(without_deepspeed_extras(c["optimizer"], "optimizer", kOptimizerKeys, t.no_effect));
+  }
   t.engine.schedule.base_lr = t.engine.optimizer.lr;
   if (c.contains("scheduler")) t.engine.schedule = LrSchedule::from_deepspeed(c["scheduler"], t.engine.optimizer.lr, t.engine.optimizer.kind != OptimizerKind::sgd);
   if (c.contains("zero_optimization")) t.engine.zero = ZeroConfig::from_deepspeed(c["zero_optimization"]);

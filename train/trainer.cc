@@ -57,7 +57,26 @@ Splits load_data(const TrainConfig& c) {
   return s;
 }
 
+struct RunData {
+  Splits splits;
+  Loader train;
+  std::unique_ptr<Loader> val;
+};
+
+RunData open_data(const TrainConfig& config, int dp, int rank) {
+  const int mb = static_cast<int>(config.micro_batch_size), T = config.model.seq_len;
+  Splits data = load_data(config);
+  Loader train_loader(data.train, T, mb, static_cast<int>(config.engine.gradient_accumulation_steps), dp, rank, config.run.seed, true);
+  std::unique_ptr<Loader> val_loader;
+  if (data.has_val) {
+    val_loader = std::make_unique<Loader>(data.val, T, mb, static_cast<int>(config.run.eval_batches), dp, rank, 0, false);
+  }
+  return {std::move(data), std::move(train_loader), std::move(val_loader)};
+}
+
 }  // namespace
+
+void check_data(const TrainConfig& config) { open_data(config, config.run.world_size, 0); }
 
 TrainSummary train(const TrainConfig& config, Communicator& dp, Device& device, TrainObserver* observer,
                    const std::atomic<bool>* stop) {
@@ -67,12 +86,10 @@ TrainSummary train(const TrainConfig& config, Communicator& dp, Device& device, 
   }
   const int mb = static_cast<int>(config.micro_batch_size), T = config.model.seq_len;
   const int gas = static_cast<int>(config.engine.gradient_accumulation_steps);
-  Splits data = load_data(config);
-  Loader train_loader(data.train, T, mb, gas, dp.size(), dp.rank(), config.run.seed, true);
-  std::unique_ptr<Loader> val_loader;
-  if (data.has_val) {
-    val_loader = std::make_unique<Loader>(data.val, T, mb, static_cast<int>(config.run.eval_batches), dp.size(), dp.rank(), 0, false);
-  }
+  RunData run_data = open_data(config, dp.size(), dp.rank());
+  const Splits& data = run_data.splits;
+  Loader& train_loader = run_data.train;
+  std::unique_ptr<Loader>& val_loader = run_data.val;
 
   // Planned once. The engine holds the whole need per rank (its plan, the model's activations
   // and scratch) against the budgets before anything is allocated.

@@ -61,6 +61,10 @@ class TrainObserver {
 
 // Runs the config's steps on this rank (collective over `dp`). `observer` is called on rank 0
 // only; `stop` (any rank) ends the run cleanly after the current step on every rank.
+// Opens the config's data and checks it against the batch (what train() does first), for
+// --dry-run. ConfigError / IoError as train() would give.
+void check_data(const TrainConfig& config);
+
 TrainSummary train(const TrainConfig& config, Communicator& dp, Device& device, TrainObserver* observer,
                    const std::atomic<bool>* stop = nullptr);
 

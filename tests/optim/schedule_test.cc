@@ -137,6 +137,20 @@ TEST(Schedules, ConstantAndResumeAreFunctionsOfTheStep) {
   expect_sequence(lrs_of_steps(resumed, 3), {0.05, 0.02 * 10 / 20, 0.02 * 11 / 20});
 }
 
+// The start box's description counts optimizer steps; its claims hold against at_step.
+TEST(Schedules, DescriptionsCountOptimizerSteps) {
+  auto log = parse(R"({"type": "WarmupDecayLR", "params": {"warmup_max_lr": 0.01, "warmup_num_steps": 4, "total_num_steps": 10}})");
+  EXPECT_EQ(log.describe(), "WarmupDecayLR 0 at steps 1-2, log warmup to 0.01 at step 5, linear decay to 0 at step 12, then held");
+  EXPECT_LT(log.at_step(4).lr, 0.01);
+  EXPECT_DOUBLE_EQ(log.at_step(5).lr, 0.01);
+  EXPECT_GT(log.at_step(11).lr, 0.0);
+  EXPECT_EQ(log.at_step(12).lr, 0.0);
+  auto cosine = parse(R"({"type": "WarmupCosineLR", "params": {"warmup_num_steps": 3, "total_num_steps": 7, "cos_min_ratio": 0.1}})", 0.1);
+  EXPECT_NE(cosine.describe().find("cosine to 0.1 x 0.1 at step 8"), std::string::npos) << cosine.describe();
+  EXPECT_GT(cosine.at_step(7).lr, cosine.at_step(8).lr);
+  EXPECT_DOUBLE_EQ(cosine.at_step(8).lr, cosine.at_step(20).lr);
+}
+
 TEST(Schedules, MistakesAreNamed) {
   auto error = [](const char* text) {
     try {

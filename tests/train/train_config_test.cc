@@ -74,6 +74,13 @@ TEST(TrainConfig, HuggingFaceAutoConfigResolves) {
   EXPECT_EQ(c.engine.zero.stage3_prefetch_bucket_size, 230u);        // 0.9 hidden^2
   EXPECT_EQ(c.engine.zero.stage3_param_persistence_threshold, 160u); // 10 hidden
   EXPECT_EQ(c.steps_per_print, 2000);
+  // "auto" left in DeepSpeed's own sections takes DeepSpeed's default, as its config models drop it.
+  const auto dropped = TrainConfig::from_json(with(j, R"({"zero_optimization": {"allgather_bucket_size": "auto", "overlap_comm": "auto", "stage3_gather_16bit_weights_on_model_save": "auto"}, "fp16": {"loss_scale_window": "auto"}})"));
+  EXPECT_EQ(dropped.engine.zero.allgather_bucket_size, 500'000'000u);
+  EXPECT_TRUE(dropped.engine.zero.overlap_comm);  // stage 3's default
+  EXPECT_EQ(dropped.engine.loss_scaler.loss_scale_window, 1000);
+  // reduce_bucket_size 0 is DeepSpeed's "each gradient on its own": here one bucket per block.
+  EXPECT_EQ(TrainConfig::from_json(with(j, R"({"zero_optimization": {"reduce_bucket_size": 0}})")).engine.zero.reduce_bucket_size, 0u);
   EXPECT_EQ(c.resolved["train_batch_size"], 16);
   EXPECT_EQ(c.resolved["optimizer"]["params"]["lr"], 5e-5);
   // contiguous_gradients asks for what zeroth always does: accepted, and named once at start.
@@ -129,7 +136,7 @@ INSTANTIATE_TEST_SUITE_P(
     Table, Invalid,
     ::testing::Values(
         ErrorCase{"Typo", R"({"train_micro_batch_size_per_gpuu": 2})",
-                  "train_micro_batch_size_per_gpuu is not a known key (did you mean 'train_micro_batch_size_per_gpu'?)"},
+                  "train_micro_batch_size_per_gpuu is not a known key (did you mean 'train_micro_batch_size_per_gpu'?) (DeepSpeed ignores top-level keys it does not know; zeroth refuses them, so a typo cannot pass unnoticed)"},
         ErrorCase{"BatchRule", R"({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2, "run": {"world_size": 2}})",
                   "train_batch_size (10) must equal train_micro_batch_size_per_gpu (2) x gradient_accumulation_steps (2) x data-parallel ranks (2) = 8"},
         ErrorCase{"BatchIndivisible", R"({"train_batch_size": 7, "train_micro_batch_size_per_gpu": 2})",
@@ -171,8 +178,7 @@ INSTANTIATE_TEST_SUITE_P(
                   "run.world_size = 4 but the launcher started 2 ranks (WORLD_SIZE); remove run.world_size or make them agree", 2},
         ErrorCase{"DataNeedsPath", R"({"data": {"format": "text"}})", "data.train is required for data.format \"text\" (a path to the training text file)"},
         ErrorCase{"DataFormat", R"({"data": {"format": "json", "train": "x"}})", "data.format = \"json\" is not one of: bin, text, synthetic"},
-        ErrorCase{"AutoWhereUnknown", R"({"zero_optimization": {"allgather_bucket_size": "auto"}})",
-                  "zero_optimization.allgather_bucket_size is \"auto\": auto values are resolved by the training config; here it must be a number"},
+        ErrorCase{"AutoWhereUnknown", R"({"steps_per_print": "auto"})", "steps_per_print is \"auto\", which zeroth cannot resolve for this key; give a value"},
         ErrorCase{"Optimizer", R"({"optimizer": {"type": "AdamW", "params": {"lr": -1}}})", "optimizer.params.lr = -1 for AdamW: must be >= 0"},
         ErrorCase{"Clipping", R"({"gradient_clipping": -1})", "gradient_clipping must be a number in [0, 1e+30], got -1"},
         ErrorCase{"NoDecayPattern", R"({"model": {"no_weight_decay": ["bias", "attn.*"]}})",
