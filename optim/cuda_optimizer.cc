@@ -76,7 +76,8 @@ StepReport cuda_optimizer_step(const OptimizerParams& params, std::span<const Op
     if (found != 0) return {.skipped = true};
   }
   if (params.kind == OptimizerKind::lamb) {
-    // Each shard is one tensor: a pair of sums of its own, freed in stream order (cudaFreeAsync).
+    // Each shard is one tensor with a pair of sums of its own; the device frees them on the legacy
+    // stream, after this stream's work.
     Buffer sums = device.allocate(2 * shards.size() * sizeof(float), MemTag::buffers);
     device.fill(stream, sums.view(DType::f32), 0.0f);
     std::vector<float*> norms;

@@ -18,7 +18,7 @@ struct StepConstants {
   float grad_scale;
   float momentum, one_minus_dampening;  // sgd
   bool first_step;                      // sgd: the momentum buffer starts as the gradient
-  float bias1, bias2;                   // lamb: 1 - beta^step (1 without bias correction), divisors of m and v
+  float inv_bias1, inv_bias2;           // lamb: 1 / (1 - beta^step) (1 without bias correction)
   float max_coeff, min_coeff;           // lamb: the trust ratio's clamp
   bool eps_inside_sqrt;                 // lamb: sqrt(v_hat + eps) instead of sqrt(v_hat) + eps
 };

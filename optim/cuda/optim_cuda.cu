@@ -82,9 +82,9 @@ struct LambShards {
 };
 
 __device__ inline float lamb_direction(float p, float m, float v, const StepConstants& c) {
-  const float m_hat = __fdiv_rn(m, c.bias1);
-  const float v_hat = __fdiv_rn(v, c.bias2);
-  const float denom = c.eps_inside_sqrt ? __fsqrt_rn(__fadd_rn(v_hat, c.eps)) : __fadd_rn(__fsqrt_rn(v_hat), c.eps);
+  const float m_hat = __fmul_rn(m, c.inv_bias1);
+  const float denom = c.eps_inside_sqrt ? __fsqrt_rn(__fadd_rn(__fmul_rn(v, c.inv_bias2), c.eps))
+                                        : __fadd_rn(__fmul_rn(__fsqrt_rn(v), c.inv_bias2_sqrt), c.eps);
   return __fadd_rn(__fdiv_rn(m_hat, denom), __fmul_rn(c.weight_decay, p));
 }
 
