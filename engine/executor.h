@@ -92,6 +92,15 @@ class Executor {
   void reduce_scatter(int bucket, bool add, Stream& rs);
   void all_gather(int bucket);
   void update(int sub_group, const UpdateArgs& args);
+  void update_norms(int sub_group, const UpdateArgs& args);
+  // A sub-group's spans as optimizer steps, [0] without weight decay and [1] with, and where each
+  // span's tensor norms are (null when the spans name no tensor).
+  struct SubGroupSteps {
+    OptimizerParams params[2];
+    std::array<std::vector<OptimizerStep>, 2> steps;
+    std::array<std::vector<float*>, 2> norms;
+  };
+  SubGroupSteps sub_group_steps(int sub_group, const UpdateArgs& args) const;
 
   void* at(const OwnedRange& r, size_t element) const;  // where element `element` of the block is
   TensorView view(StateKind kind, int block) const;      // the whole owned range

@@ -44,6 +44,8 @@ void Executor::finish_step(const std::optional<UpdateArgs>& args) {
   Stream& gs = *gather_stream_;
   // A skipped step changes no state; it only clears what the cycle accumulated.
   for (const auto& a : plan_.step_program) {
+    if (a.kind == ActionKind::update_norms && args) update_norms(a.target, *args);
+    if (a.kind == ActionKind::sum_norms && args) step_comm_->all_reduce(cs, buffer_view(a.target), ReduceOp::sum);
     if (a.kind == ActionKind::update && args) update(a.target, *args);
     if (a.kind == ActionKind::zero) device_.fill(cs, buffer_view(a.target), 0.0f);
   }
@@ -60,15 +62,15 @@ void Executor::finish_step(const std::optional<UpdateArgs>& args) {
   cursor_ = 0;
 }
 
-void Executor::update(int sub_group, const UpdateArgs& args) {
-  OptimizerParams decay = config_.optimizer;
-  if (args.betas) {
-    decay.beta1 = (*args.betas)[0];
-    decay.beta2 = (*args.betas)[1];
+Executor::SubGroupSteps Executor::sub_group_steps(int sub_group, const UpdateArgs& args) const {
+  SubGroupSteps out{config_.optimizer, config_.optimizer, {}, {}};
+  for (auto& p : out.params) {
+    if (args.betas) {
+      p.beta1 = (*args.betas)[0];
+      p.beta2 = (*args.betas)[1];
+    }
   }
-  OptimizerParams no_decay = decay;
-  no_decay.weight_decay = 0;
-  std::array<std::vector<OptimizerStep>, 2> steps;  // [0]: no decay, [1]: decay
+  out.params[0].weight_decay = 0;
   for (const auto& span : plan_.sub_groups[sub_group]) {
     const int b = span.block;
     const auto& master = plan_.range(StateKind::master, b);
@@ -91,17 +93,47 @@ void Executor::update(int sub_group, const UpdateArgs& args) {
     s.lr = args.lr;
     s.grad_scale = args.grad_scale;
     s.check_finite = false;
-    steps[span.decay ? 1 : 0].push_back(s);
+    const int d = span.decay ? 1 : 0;
+    out.steps[d].push_back(s);
+    out.norms[d].push_back(span.tensor >= 0 ? buffer_view(plan_.tensor_norms).as<float>() + 2 * span.tensor : nullptr);
   }
+  return out;
+}
+
+void Executor::update_norms(int sub_group, const UpdateArgs& args) {
+  auto g = sub_group_steps(sub_group, args);
   Stream& cs = compute_stream();
   if (device_.kind() == DeviceKind::cuda) {
-    if (!steps[0].empty()) cuda_optimizer_step(no_decay, steps[0], cs);
-    if (!steps[1].empty()) cuda_optimizer_step(decay, steps[1], cs);
+    for (int d = 0; d < 2; ++d) cuda_lamb_norms(g.params[d], g.steps[d], g.norms[d], cs);
     return;
   }
-  cs.enqueue_host([decay, no_decay, steps = std::move(steps)] {
-    for (const auto& s : steps[0]) cpu_optimizer_step(no_decay, s);
-    for (const auto& s : steps[1]) cpu_optimizer_step(decay, s);
+  cs.enqueue_host([g = std::move(g)] {
+    for (int d = 0; d < 2; ++d) {
+      for (size_t k = 0; k < g.steps[d].size(); ++k) cpu_lamb_norms(g.params[d], g.steps[d][k], g.norms[d][k]);
+    }
+  });
+}
+
+void Executor::update(int sub_group, const UpdateArgs& args) {
+  auto g = sub_group_steps(sub_group, args);
+  // Spans that name their tensor read its summed norms (the second pass of Lamb).
+  const bool per_tensor = !plan_.sub_groups[sub_group].empty() && plan_.sub_groups[sub_group].front().tensor >= 0;
+  Stream& cs = compute_stream();
+  if (device_.kind() == DeviceKind::cuda) {
+    for (int d = 0; d < 2; ++d) {
+      if (g.steps[d].empty()) continue;
+      if (per_tensor) cuda_lamb_apply(g.params[d], g.steps[d], std::vector<const float*>(g.norms[d].begin(), g.norms[d].end()), cs);
+      else cuda_optimizer_step(g.params[d], g.steps[d], cs);
+    }
+    return;
+  }
+  cs.enqueue_host([g = std::move(g), per_tensor] {
+    for (int d = 0; d < 2; ++d) {
+      for (size_t k = 0; k < g.steps[d].size(); ++k) {
+        if (per_tensor) cpu_lamb_apply(g.params[d], g.steps[d][k], g.norms[d][k]);
+        else cpu_optimizer_step(g.params[d], g.steps[d][k]);
+      }
+    }
   });
 }
 

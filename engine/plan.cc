@@ -141,9 +141,14 @@ void lay_out_state(Plan& p, const EngineConfig& config, const ArenaSizes& arenas
 
 // The optimizer's owned ranges split where weight decay changes (padding after a parameter goes
 // with it and stays zero under every update), packed into sub-groups of at most `limit` elements.
-void make_sub_groups(Plan& p, const std::vector<BlockSpec>& specs, const WeightDecayRule& rule, uint64_t limit) {
+// per_tensor: split at every parameter too and name its tensor (a block without parameters has
+// nothing to update then).
+void make_sub_groups(Plan& p, const std::vector<BlockSpec>& specs, const WeightDecayRule& rule, uint64_t limit, bool per_tensor) {
+  std::vector<int> first_tensor(specs.size() + 1, 0);
+  for (size_t b = 0; b < specs.size(); ++b) first_tensor[b + 1] = first_tensor[b] + static_cast<int>(specs[b].params.size());
   std::vector<UpdateSpan> spans;
   for (int b : p.shard_order) {
+    if (per_tensor && specs[b].params.empty()) continue;
     const auto& blk = p.blocks[b];
     const auto& params = specs[b].params;
     const auto& m = p.range(StateKind::master, b);
@@ -155,12 +160,13 @@ void make_sub_groups(Plan& p, const std::vector<BlockSpec>& specs, const WeightD
       const bool wd = params.empty() || decays(i);
       size_t end = m.hi;
       for (size_t q = i + 1; q < params.size(); ++q) {
-        if (decays(q) != wd) {
+        if (per_tensor || decays(q) != wd) {
           end = std::min(m.hi, blk.param_offsets[q]);
           break;
         }
       }
-      for (size_t s = at; s < end; s = std::min<size_t>(end, s + limit)) spans.push_back({b, s, std::min<size_t>(end, s + limit), wd});
+      const int tensor = per_tensor ? first_tensor[b] + static_cast<int>(i) : -1;
+      for (size_t s = at; s < end; s = std::min<size_t>(end, s + limit)) spans.push_back({b, s, std::min<size_t>(end, s + limit), wd, tensor});
       at = end;
     }
   }
@@ -173,6 +179,7 @@ void make_sub_groups(Plan& p, const std::vector<BlockSpec>& specs, const WeightD
     p.sub_groups.back().push_back(s);
     filled += s.hi - s.lo;
   }
+  if (per_tensor) p.tensor_norms = add_buffer(p, "tensor_norms", MemTag::optimizer, DType::f32, 2 * static_cast<size_t>(first_tensor.back()), true);
 }
 
 void make_step_program(Plan& p) {
@@ -184,8 +191,15 @@ void make_step_program(Plan& p) {
     p.step_program.push_back(a);
   };
   add(ActionKind::grad_norm, p.range(StateKind::grad_shard, p.shard_order.front()).buffer, p.stage >= 1);
+  // Per-tensor norms: every owned piece first, then the sums over the ranks that split the tensors
+  // (stage 0 owns whole tensors on every rank), then the update that reads them.
+  if (p.tensor_norms >= 0) {
+    for (size_t g = 0; g < p.sub_groups.size(); ++g) add(ActionKind::update_norms, static_cast<int>(g));
+    if (p.stage >= 1 && p.dp > 1) add(ActionKind::sum_norms, p.tensor_norms);
+  }
   for (size_t g = 0; g < p.sub_groups.size(); ++g) add(ActionKind::update, static_cast<int>(g));
   if (const auto* accum = p.find(StateKind::grad_accum, p.shard_order.front())) add(ActionKind::zero, accum->buffer);
+  if (p.tensor_norms >= 0) add(ActionKind::zero, p.tensor_norms);
   for (size_t k = 0; k < p.gather_buckets.size(); ++k) add(ActionKind::all_gather, static_cast<int>(k));
 }
 
@@ -310,7 +324,7 @@ Plan make_plan(const std::vector<BlockSpec>& specs, const BlockSchedule& schedul
   p.scalar = add_buffer(p, "scalar", MemTag::buffers, DType::f32, 1);
 
   config.no_weight_decay.check(specs);
-  make_sub_groups(p, specs, config.no_weight_decay, std::max<uint64_t>(1, z.sub_group_size));
+  make_sub_groups(p, specs, config.no_weight_decay, std::max<uint64_t>(1, z.sub_group_size), config.optimizer.kind == OptimizerKind::lamb);
   make_step_program(p);
   for (const auto& buf : p.buffers) at(p.bytes, buf.tier, buf.tag) += buf.bytes();
   return p;

@@ -89,10 +89,14 @@ struct Bucket {
 };
 
 // An update range of the optimizer: owned elements [lo, hi) of a block with one weight decay.
+// tensor: for an optimizer whose update needs norms of whole tensors (Lamb), the parameter tensor
+// the range lies in (its pair in the buffer `tensor_norms`; numbered over all blocks in registration
+// order); -1 otherwise.
 struct UpdateSpan {
   int block = -1;
   size_t lo = 0, hi = 0;
   bool decay = true;
+  int tensor = -1;
 };
 
 // ---- the program ------------------------------------------------------------------------------
@@ -110,8 +114,11 @@ enum class ActionKind : uint8_t {
   update,          // step: the optimizer on sub-group `target`
   zero,            // step: buffer `target` back to zero (also after a skipped step)
   all_gather,      // step: gather bucket `target`, every rank's updated parameter slice to the full copies
+  update_norms,    // step: first pass of a per-tensor update (Lamb) on sub-group `target`: the moments, and
+                   // each tensor's squared norms of weights and update added into buffer `tensor_norms`
+  sum_norms,       // step: buffer `target` summed over ranks in place (tensors split across ranks)
 };
-inline constexpr size_t kActionKindCount = 12;
+inline constexpr size_t kActionKindCount = 14;
 std::string_view action_name(ActionKind kind);
 
 struct Action {
@@ -164,6 +171,7 @@ struct Plan {
   std::vector<Action> step_program;  // at the end of the cycle
   size_t total_numel = 0, total_padded = 0, shard_numel = 0;  // shard_numel: this rank's, all blocks
   int param_arena = -1, grad_arena = -1, reduce_staging = -1, gather_staging = -1, scalar = -1;  // buffers
+  int tensor_norms = -1;  // buffer: two f32 per parameter tensor (Lamb's trust ratio), or -1
   TierBytes bytes{};  // what the engine holds per tier and tag at peak
 
   // The owned range of a kind of a block, or nullptr when the rank holds none.

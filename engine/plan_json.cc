@@ -33,7 +33,8 @@ std::string_view state_kind_name(StateKind kind) {
 
 std::string_view action_name(ActionKind kind) {
   constexpr std::string_view kNames[] = {"run", "gather", "release", "place_grads", "accumulate", "release_grads",
-                                         "all_reduce", "reduce_scatter", "grad_norm", "update", "zero", "all_gather"};
+                                         "all_reduce", "reduce_scatter", "grad_norm", "update", "zero", "all_gather",
+                                         "update_norms", "sum_norms"};
   const auto i = static_cast<size_t>(kind);
   return i < kActionKindCount ? kNames[i] : "invalid";
 }
@@ -105,7 +106,10 @@ nlohmann::json Plan::to_json() const {
   auto& jg = j["sub_groups"] = nlohmann::json::array();
   for (const auto& g : sub_groups) {
     auto spans = nlohmann::json::array();
-    for (const auto& s : g) spans.push_back({{"block", s.block}, {"range", {s.lo, s.hi}}, {"decay", s.decay}});
+    for (const auto& s : g) {
+      spans.push_back({{"block", s.block}, {"range", {s.lo, s.hi}}, {"decay", s.decay}});
+      if (s.tensor >= 0) spans.back()["tensor"] = s.tensor;
+    }
     jg.push_back(spans);
   }
   auto& jp = j["passes"] = nlohmann::json::array();
@@ -186,8 +190,10 @@ std::string Plan::program_summary() const {
   }
   out += "\nstep:";
   for (const auto& a : step_program) {
-    out += fmt::format(" {} {}{},", action_name(a.kind), a.kind == ActionKind::update ? "sub-group " : a.kind == ActionKind::all_gather ? "bucket " : "",
-                       a.kind == ActionKind::grad_norm || a.kind == ActionKind::zero ? buffers[a.target].name : std::to_string(a.target));
+    const bool group = a.kind == ActionKind::update || a.kind == ActionKind::update_norms;
+    const bool buffer = a.kind == ActionKind::grad_norm || a.kind == ActionKind::zero || a.kind == ActionKind::sum_norms;
+    out += fmt::format(" {} {}{},", action_name(a.kind), group ? "sub-group " : a.kind == ActionKind::all_gather ? "bucket " : "",
+                       buffer ? buffers[a.target].name : std::to_string(a.target));
   }
   out.pop_back();
   return out;

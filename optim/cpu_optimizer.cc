@@ -2,6 +2,9 @@
 // pass of the dispatched kernel.
 #include <tbb/parallel_for.h>
 
+#include <vector>  // std::vector
+
+#include "core/cpu/parallel.h"  // for_chunks
 #include "core/error.h"
 #include "optim/cpu/optim_kernels.h"
 #include "optim/optimizer.h"
@@ -55,12 +58,71 @@ void run(Kind kind, const OptimizerStep& s, const StepConstants& c, cpu::SimdLev
   });
 }
 
+// Elements of a chunk's step and offsets into its arrays.
+struct Chunk {
+  const OptimizerStep& s;
+  size_t b;
+  float* params() const { return s.params + b; }
+  const void* grads() const { return static_cast<const char*>(s.grads) + b * dtype_size(s.grad_type); }
+  float* m() const { return s.state[0] + b; }
+  float* v() const { return s.state[1] + b; }
+  void* out() const { return s.copy_out ? static_cast<char*>(s.copy_out) + b * dtype_size(s.copy_out_type) : nullptr; }
+};
+
 }  // namespace
+
+void cpu_lamb_norms(const OptimizerParams& params, const OptimizerStep& s, float* norms, cpu::SimdLevel level) {
+  ZEROTH_CHECK(params.kind == OptimizerKind::lamb, "cpu_lamb_norms with {}", optimizer_name(params.kind));
+  optim::check_step(params, s);
+  if (s.count == 0) return;
+  const auto& table = optim_cpu::optim_table(level);
+  const StepConstants c = optim::make_constants(params, s);
+  // Per chunk, the lanes fold in a fixed tree in f32 (as core's sum of squares); chunks add in
+  // order in f64: the sums depend on neither the SIMD level nor the thread count.
+  constexpr size_t chunk = optim::kLambChunk;
+  std::vector<double> partial(2 * ((s.count + chunk - 1) / chunk));
+  cpu::for_chunks(s.count, chunk, [&](size_t b, size_t e) {
+    const Chunk at{s, b};
+    float lanes[2][16] = {};
+    table.lamb_norms(at.params(), at.grads(), s.grad_type, at.m(), at.v(), e - b, c, lanes);
+    for (auto& l : lanes) {
+      for (int width = 8; width >= 1; width /= 2) {
+        for (int i = 0; i < width; ++i) l[i] += l[i + width];
+      }
+    }
+    partial[2 * (b / chunk)] = lanes[0][0];
+    partial[2 * (b / chunk) + 1] = lanes[1][0];
+  });
+  double w_sq = 0, u_sq = 0;
+  for (size_t k = 0; k < partial.size(); k += 2) w_sq += partial[k], u_sq += partial[k + 1];
+  norms[0] += static_cast<float>(w_sq);
+  norms[1] += static_cast<float>(u_sq);
+}
+
+void cpu_lamb_apply(const OptimizerParams& params, const OptimizerStep& s, const float* norms, cpu::SimdLevel level) {
+  ZEROTH_CHECK(params.kind == OptimizerKind::lamb, "cpu_lamb_apply with {}", optimizer_name(params.kind));
+  optim::check_step(params, s);
+  if (s.count == 0) return;
+  const auto& table = optim_cpu::optim_table(level);
+  const StepConstants c = optim::make_constants(params, s);
+  const float lr_ratio = c.lr * optim::lamb_trust_ratio(norms[0], norms[1], c);
+  const bool nt = s.copy_out != nullptr && s.count * dtype_size(s.copy_out_type) >= kStreamingBytes;
+  cpu::for_chunks(s.count, kChunk, [&](size_t b, size_t e) {
+    const Chunk at{s, b};
+    table.lamb_apply(at.params(), at.m(), at.v(), at.out(), s.copy_out_type, e - b, c, lr_ratio, nt);
+  });
+}
 
 StepReport cpu_optimizer_step(const OptimizerParams& params, const OptimizerStep& step, cpu::SimdLevel level) {
   optim::check_step(params, step);
   if (step.count == 0) return {};
   if (step.check_finite && cpu::has_nonfinite(step.grads, step.grad_type, step.count, level)) return {.skipped = true};
+  if (params.kind == OptimizerKind::lamb) {
+    float norms[2] = {0.0f, 0.0f};
+    cpu_lamb_norms(params, step, norms, level);
+    cpu_lamb_apply(params, step, norms, level);
+    return {};
+  }
   run(optim::kind_of(params), step, optim::make_constants(params, step), level);
   return {};
 }
@@ -76,8 +138,10 @@ size_t optimizer_bytes_per_param(OptimizerKind kind, DType grad_type, bool copy_
   OptimizerParams p;
   p.kind = kind;
   p.momentum = kind == OptimizerKind::sgd ? 0.9 : 0.0;
+  // Lamb's second pass reads the params and both moments again.
+  const size_t second_pass = kind == OptimizerKind::lamb ? 12 : 0;
   // params read + written, gradients read, each state array read + written, copy-out written
-  return 8 + dtype_size(grad_type) + 8 * static_cast<size_t>(p.state_arrays()) + (copy_out ? dtype_size(copy_out_type) : 0);
+  return second_pass + 8 + dtype_size(grad_type) + 8 * static_cast<size_t>(p.state_arrays()) + (copy_out ? dtype_size(copy_out_type) : 0);
 }
 
 }  // namespace zeroth

@@ -16,6 +16,7 @@ std::string_view optimizer_name(OptimizerKind kind) {
     case OptimizerKind::adamw: return "AdamW";
     case OptimizerKind::sgd: return "SGD";
     case OptimizerKind::lion: return "Lion";
+    case OptimizerKind::lamb: return "Lamb";
   }
   return "invalid";
 }
@@ -23,7 +24,8 @@ std::string_view optimizer_name(OptimizerKind kind) {
 int OptimizerParams::state_arrays() const {
   switch (kind) {
     case OptimizerKind::adam:
-    case OptimizerKind::adamw: return 2;
+    case OptimizerKind::adamw:
+    case OptimizerKind::lamb: return 2;
     case OptimizerKind::lion: return 1;
     case OptimizerKind::sgd: return momentum != 0.0 ? 1 : 0;
   }
@@ -47,6 +49,10 @@ void OptimizerParams::validate() const {
   if (!(beta1 >= 0.0 && beta1 < 1.0)) fail("betas[0]", beta1, "must be in [0, 1)");
   if (!(beta2 >= 0.0 && beta2 < 1.0)) fail("betas[1]", beta2, "must be in [0, 1)");
   if (kind != OptimizerKind::lion && !(eps > 0.0)) fail("eps", eps, "must be > 0");
+  if (kind == OptimizerKind::lamb) {
+    if (!(min_coeff >= 0.0)) fail("min_coeff", min_coeff, "must be >= 0");
+    if (!(max_coeff >= min_coeff)) fail("max_coeff", max_coeff, "must be >= min_coeff");
+  }
 }
 
 namespace {
@@ -83,7 +89,7 @@ OptimizerParams OptimizerParams::from_deepspeed(const nlohmann::json& section) {
     }
   }
   if (!section.contains("type") || !section["type"].is_string()) {
-    ZEROTH_THROW(ConfigError, "optimizer.type is required (Adam, AdamW, SGD or Lion)");
+    ZEROTH_THROW(ConfigError, "optimizer.type is required (Adam, AdamW, SGD, Lion or Lamb)");
   }
   const std::string type = section["type"].get<std::string>();
   const nlohmann::json params = section.value("params", nlohmann::json::object());
@@ -103,15 +109,23 @@ OptimizerParams OptimizerParams::from_deepspeed(const nlohmann::json& section) {
     p.kind = OptimizerKind::lion;
     p.beta2 = 0.999;
     allowed = {"lr", "betas", "weight_decay"};
+  } else if (t == "lamb") {
+    // FusedLamb's constructor (deepspeed/ops/lamb/fused_lamb.py, lines 39-51 at microsoft/DeepSpeed
+    // 077e674): lr 1e-3, bias_correction true, betas (0.9, 0.999), eps 1e-8, eps_inside_sqrt false,
+    // weight_decay 0, max_grad_norm 0, max_coeff 10, min_coeff 0.01, amsgrad false (an error
+    // there too); the defaults of OptimizerParams.
+    p.kind = OptimizerKind::lamb;
+    allowed = {"lr", "bias_correction", "betas", "eps", "eps_inside_sqrt", "weight_decay", "max_grad_norm",
+               "max_coeff", "min_coeff", "amsgrad"};
   } else {
     static constexpr std::string_view kTypes[] = {"Adam", "AdamW", "SGD", "Lion", "Lamb", "OneBitAdam", "ZeroOneAdam",
                                                   "OneBitLamb", "Adagrad", "MuAdam", "MuAdamW", "MuSGD"};
-    static constexpr std::string_view kSupported[] = {"Adam", "AdamW", "SGD", "Lion"};
+    static constexpr std::string_view kSupported[] = {"Adam", "AdamW", "SGD", "Lion", "Lamb"};
     const auto known = closest_match(type, kTypes);
     if (!known.empty() && lower(known) == t) {
-      ZEROTH_THROW(ConfigError, "optimizer.type \"{}\" is a DeepSpeed optimizer zeroth does not support; use Adam, AdamW, SGD or Lion", type);
+      ZEROTH_THROW(ConfigError, "optimizer.type \"{}\" is a DeepSpeed optimizer zeroth does not support; use Adam, AdamW, SGD, Lion or Lamb", type);
     }
-    ZEROTH_THROW(ConfigError, "optimizer.type \"{}\" is unknown{}; zeroth supports Adam, AdamW, SGD and Lion", type,
+    ZEROTH_THROW(ConfigError, "optimizer.type \"{}\" is unknown{}; zeroth supports Adam, AdamW, SGD, Lion and Lamb", type,
                  did_you_mean(type, kSupported));
   }
   for (const auto& [key, value] : params.items()) {
@@ -137,6 +151,15 @@ OptimizerParams OptimizerParams::from_deepspeed(const nlohmann::json& section) {
   }
   if (params.contains("amsgrad") && boolean(params, "amsgrad")) {
     ZEROTH_THROW(ConfigError, "optimizer.params.amsgrad = true is not supported by zeroth");
+  }
+  if (params.contains("eps_inside_sqrt")) p.eps_inside_sqrt = boolean(params, "eps_inside_sqrt");
+  if (params.contains("max_coeff")) p.max_coeff = number(params, "max_coeff");
+  if (params.contains("min_coeff")) p.min_coeff = number(params, "min_coeff");
+  // FusedLamb's own clipping rescales each tensor's gradient by a norm its caller passes to step();
+  // zeroth clips by the global norm of all gradients (gradient_clipping) before every optimizer.
+  if (params.contains("max_grad_norm") && number(params, "max_grad_norm") != 0.0) {
+    ZEROTH_THROW(ConfigError, "optimizer.params.max_grad_norm = {} is not supported by zeroth; set it to 0 and use the top-level \"gradient_clipping\" (clipping by the global gradient norm)",
+                 number(params, "max_grad_norm"));
   }
   if (params.contains("torch_adam")) boolean(params, "torch_adam");  // picks an implementation in DeepSpeed; zeroth has one
   if (params.contains("momentum")) p.momentum = number(params, "momentum");

@@ -1,4 +1,4 @@
-// Optimizers over one flat fp32 shard: Adam, AdamW, SGD (momentum, Nesterov) and Lion, with
+// Optimizers over one flat fp32 shard: Adam, AdamW, SGD (momentum, Nesterov), Lion and Lamb, with
 // DeepSpeed's hyper-parameter names. The shard may live on the device, in pinned host memory or
 // in a buffer just read from NVMe: a step only needs pointers.
 //
@@ -22,7 +22,7 @@
 
 namespace zeroth {
 
-enum class OptimizerKind : uint8_t { adam, adamw, sgd, lion };
+enum class OptimizerKind : uint8_t { adam, adamw, sgd, lion, lamb };
 std::string_view optimizer_name(OptimizerKind kind);
 
 // Hyper-parameters are doubles, as in the Python frameworks: derived constants such as 1 - beta2
@@ -32,15 +32,17 @@ struct OptimizerParams {
   double lr = 1e-3;
   double beta1 = 0.9, beta2 = 0.999;
   double eps = 1e-8;
-  double weight_decay = 0.0;  // adam: L2 added to the gradient; adamw, lion: decoupled
+  double weight_decay = 0.0;  // adam: L2 added to the gradient; adamw, lion: decoupled; lamb: in the update
   bool bias_correction = true;
   double momentum = 0.0, dampening = 0.0;  // sgd
   bool nesterov = false;
+  double max_coeff = 10.0, min_coeff = 0.01;  // lamb: the trust ratio's clamp
+  bool eps_inside_sqrt = false;                // lamb: sqrt(v_hat + eps) instead of sqrt(v_hat) + eps
 
   // State arrays per parameter (see the layout above).
   int state_arrays() const;
   // DeepSpeed's `optimizer` section: {"type": "AdamW", "params": {"lr": ..., "betas": [...], ...}}.
-  // Types: Adam (adam_w_mode defaults to true, as in DeepSpeed), AdamW, SGD, Lion; unknown types
+  // Types: Adam (adam_w_mode defaults to true, as in DeepSpeed), AdamW, SGD, Lion, Lamb; unknown types
   // and keys are ConfigErrors that name them (with a suggestion).
   static OptimizerParams from_deepspeed(const nlohmann::json& section);
   // Range checks (lr >= 0, 0 <= beta < 1, eps > 0, ...); ConfigError naming the key.
@@ -67,6 +69,32 @@ struct StepReport {
   bool skipped = false;  // the gradients held Inf or NaN: nothing was written
 };
 
+// Lamb (DeepSpeed's FusedLamb; You et al. 2019): with m, v updated as in Adam,
+//   u = m_hat / (sqrt(v_hat) + eps) + weight_decay * w,   m_hat = m / (1 - beta1^t), v_hat = v / (1 - beta2^t)
+//   w -= lr * ratio * u,   ratio = ||w|| / ||u|| over the whole parameter tensor, clamped to
+//   [min_coeff, max_coeff]; 1 when either norm is 0.
+// The ratio needs norms of a whole tensor, so Lamb takes two passes: lamb_norms updates the moments
+// and adds the range's sums of w^2 (weights before the step) and u^2 to norms[0], norms[1];
+// lamb_apply recomputes u from the updated moments (the same operations, so the same bits) and
+// applies it. Bytes per parameter: pass one reads w, g, m, v and writes m, v; pass two reads w, m,
+// v and writes w and the copy-out: 36 + grad + copy-out bytes (AdamW: 24 + grad + copy-out).
+// The engine runs pass one over every owned piece of a tensor (ranks and sub-groups split
+// tensors), sums the pairs over the data-parallel group, then runs pass two: the ratio is per
+// tensor whatever the world size. DeepSpeed with ZeRO applies FusedLamb to each rank's flat
+// partition instead, so its ratios (and results) depend on the world size; zeroth's are Lamb as
+// defined, as DeepSpeed computes it without ZeRO. cpu_optimizer_step and cuda_optimizer_step take
+// each step's range as one whole tensor. The lamb_ functions do not look for Inf/NaN.
+void cpu_lamb_norms(const OptimizerParams& params, const OptimizerStep& step, float* norms,
+                    cpu::SimdLevel level = cpu::active_simd_level());
+void cpu_lamb_apply(const OptimizerParams& params, const OptimizerStep& step, const float* norms,
+                    cpu::SimdLevel level = cpu::active_simd_level());
+// The same on a CUDA stream, shard k's pair at norms[k] in device memory; the GPU gives the CPU's
+// bits (same chunking of the sums). Throws CudaError without the CUDA backend.
+void cuda_lamb_norms(const OptimizerParams& params, std::span<const OptimizerStep> shards, std::span<float* const> norms,
+                     Stream& stream);
+void cuda_lamb_apply(const OptimizerParams& params, std::span<const OptimizerStep> shards,
+                     std::span<const float* const> norms, Stream& stream);
+
 // One step on the CPU, parallel over oneTBB, at the dispatcher's SIMD level (every level gives
 // the same bits: no FMA contraction, IEEE sqrt and division).
 StepReport cpu_optimizer_step(const OptimizerParams& params, const OptimizerStep& step,
@@ -83,7 +111,7 @@ StepReport cuda_optimizer_step(const OptimizerParams& params, std::span<const Op
 // update. A step that runs as fast as this is memory-bound.
 void cpu_optimizer_stream_ceiling(const OptimizerStep& step, cpu::SimdLevel level = cpu::active_simd_level());
 
-// Bytes an Adam-family step must move per parameter (reads + writes), for GB/s figures.
+// Bytes a step must move per parameter (reads + writes, both passes for Lamb), for GB/s figures.
 size_t optimizer_bytes_per_param(OptimizerKind kind, DType grad_type, bool copy_out, DType copy_out_type);
 
 }  // namespace zeroth

@@ -12,6 +12,7 @@ Kind kind_of(const OptimizerParams& p) {
     case OptimizerKind::adam: return Kind::adam_l2;
     case OptimizerKind::adamw: return Kind::adamw;
     case OptimizerKind::lion: return Kind::lion;
+    case OptimizerKind::lamb: return Kind::lamb;
     case OptimizerKind::sgd:
       if (p.momentum == 0.0) return Kind::sgd;
       return p.nesterov ? Kind::sgd_nesterov : Kind::sgd_momentum;
@@ -38,6 +39,11 @@ StepConstants make_constants(const OptimizerParams& p, const OptimizerStep& s) {
   const double bias2 = p.bias_correction ? 1.0 - std::pow(p.beta2, static_cast<double>(s.step)) : 1.0;
   c.step_size = f(s.lr / bias1);
   c.inv_bias2_sqrt = f(1.0 / std::sqrt(bias2));
+  c.inv_bias1 = f(1.0 / bias1);
+  c.inv_bias2 = f(1.0 / bias2);
+  c.max_coeff = f(p.max_coeff);
+  c.min_coeff = f(p.min_coeff);
+  c.eps_inside_sqrt = p.eps_inside_sqrt;
   return c;
 }
 

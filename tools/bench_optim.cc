@@ -1,6 +1,7 @@
-// `zeroth bench optim`: the CPU optimizer step in params/s and GB/s (bytes the step must move),
-// next to a ceiling kernel that streams the same arrays in the same pattern with trivial
-// arithmetic, and next to PyTorch's AdamW (foreach) when Debian's python3-torch is installed.
+// `zeroth bench optim`: the CPU optimizer steps (AdamW, and Lamb's two passes) in params/s and
+// GB/s (bytes the step must move), next to a ceiling kernel that streams AdamW's arrays in the
+// same pattern with trivial arithmetic, and next to PyTorch's AdamW (foreach) when Debian's
+// python3-torch is installed.
 #include <tbb/global_control.h>
 
 #include <unistd.h>
@@ -44,10 +45,10 @@ struct Row {
   std::string grad_dtype;
   bool copy_out = false;
   double seconds = 0, ceiling_seconds = 0;
-  size_t bytes_per_param = 0;
+  size_t bytes_per_param = 0, ceiling_bytes_per_param = 0;
   double params_per_s() const { return params / seconds; }
   double gbps() const { return params * bytes_per_param / seconds / 1e9; }
-  double ceiling_gbps() const { return params * bytes_per_param / ceiling_seconds / 1e9; }
+  double ceiling_gbps() const { return params * ceiling_bytes_per_param / ceiling_seconds / 1e9; }
 };
 
 template <class Fn>
@@ -121,41 +122,45 @@ nlohmann::json run_torch(const std::vector<size_t>& sizes, const std::vector<int
   }
 }
 
-// The fused CUDA step next to a device-to-device copy of the same number of bytes.
+// The fused CUDA steps (AdamW; Lamb's two passes) next to a device-to-device copy of the same
+// number of bytes.
 void run_cuda(const Options& o, const std::vector<size_t>& sizes) {
   auto device = make_device(o.device);
   auto& s = device->default_stream();
-  OptimizerParams adamw;
+  OptimizerParams adamw, lamb;
   adamw.weight_decay = 0.01;
-  std::printf("zeroth bench optim on %s: fused AdamW step vs a device-to-device copy of the same bytes, median of %d\n",
+  lamb.kind = OptimizerKind::lamb;
+  lamb.weight_decay = 0.01;
+  std::printf("zeroth bench optim on %s: fused AdamW and Lamb steps vs a device-to-device copy of the same bytes, median of %d\n",
               device->name().c_str(), o.reps);
-  std::printf("%12s %5s %5s %12s %10s %14s %8s\n", "params", "grads", "copy", "Gparams/s", "GB/s", "copy GB/s", "vs copy");
+  std::printf("%6s %12s %5s %5s %12s %10s %14s %8s\n", "step", "params", "grads", "copy", "Gparams/s", "GB/s", "copy GB/s", "vs copy");
   for (size_t n : sizes) {
     Buffer p = device->allocate(n * 4, MemTag::params), g = device->allocate(n * 4, MemTag::grads);
     Buffer m = device->allocate(n * 4, MemTag::optimizer), v = device->allocate(n * 4, MemTag::optimizer);
     Buffer out = device->allocate(n * 2, MemTag::params);
     for (Buffer* b : {&p, &g, &m, &v}) device->fill(s, b->view(DType::f32), 1e-3f);
-    for (bool copy : {false, true}) {
-      OptimizerStep step{p.as<float>(), g.data(), DType::f32, {m.as<float>(), v.as<float>()}, copy ? out.data() : nullptr,
-                         DType::bf16, n};
-      step.check_finite = false;
-      int64_t number = 1;
-      const OptimizerStep shards[] = {step};
-      const double t = time_median(o.reps, [&] {
-        OptimizerStep st = shards[0];
-        st.step = number++;
-        cuda_optimizer_step(adamw, {&st, 1}, s);
-        s.synchronize();
-      });
-      const size_t bytes = n * optimizer_bytes_per_param(OptimizerKind::adamw, DType::f32, copy, DType::bf16);
-      // The copy moves bytes / 2 each way: read + write counted like the step's.
-      Buffer a = device->allocate(bytes / 2, MemTag::buffers), b = device->allocate(bytes / 2, MemTag::buffers);
-      const double tc = time_median(o.reps, [&] {
-        device->copy(s, b.data(), a.data(), bytes / 2);
-        s.synchronize();
-      });
-      std::printf("%12zu %5s %5s %12.2f %10.1f %14.1f %7.0f%%\n", n, "f32", copy ? "bf16" : "-", n / t / 1e9, bytes / t / 1e9,
-                  bytes / tc / 1e9, 100 * tc / t);
+    for (const OptimizerParams* opt : {&adamw, &lamb}) {
+      for (bool copy : {false, true}) {
+        OptimizerStep step{p.as<float>(), g.data(), DType::f32, {m.as<float>(), v.as<float>()}, copy ? out.data() : nullptr,
+                           DType::bf16, n};
+        step.check_finite = false;
+        int64_t number = 1;
+        const double t = time_median(o.reps, [&] {
+          OptimizerStep st = step;
+          st.step = number++;
+          cuda_optimizer_step(*opt, {&st, 1}, s);
+          s.synchronize();
+        });
+        const size_t bytes = n * optimizer_bytes_per_param(opt->kind, DType::f32, copy, DType::bf16);
+        // The copy moves bytes / 2 each way: read + write counted like the step's.
+        Buffer a = device->allocate(bytes / 2, MemTag::buffers), b = device->allocate(bytes / 2, MemTag::buffers);
+        const double tc = time_median(o.reps, [&] {
+          device->copy(s, b.data(), a.data(), bytes / 2);
+          s.synchronize();
+        });
+        std::printf("%6s %12zu %5s %5s %12.2f %10.1f %14.1f %7.0f%%\n", std::string(optimizer_name(opt->kind)).c_str(), n, "f32",
+                    copy ? "bf16" : "-", n / t / 1e9, bytes / t / 1e9, bytes / tc / 1e9, 100 * tc / t);
+      }
     }
   }
 }
@@ -170,9 +175,11 @@ void run(const Options& o) {
 
   auto device = make_device("cpu");
   std::vector<Row> rows;
-  OptimizerParams adamw;
+  OptimizerParams adamw, lamb;
   adamw.kind = OptimizerKind::adamw;
   adamw.weight_decay = 0.01f;
+  lamb.kind = OptimizerKind::lamb;
+  lamb.weight_decay = 0.01f;
   for (size_t n : sizes) {
     // Allocated (and touched) once per size; steps reuse them, as the engine's shards do.
     Buffer p = device->allocate(n * 4, MemTag::params), g = device->allocate(n * 4, MemTag::grads);
@@ -199,10 +206,15 @@ void run(const Options& o) {
           step.count = n;
           step.check_finite = false;  // the engine checks overflow itself before stepping
           int64_t number = 1;
-          Row r{"AdamW", n, t, std::string(dtype_name(gt)), copy};
-          r.bytes_per_param = optimizer_bytes_per_param(OptimizerKind::adamw, gt, copy, DType::bf16);
-          // Step and ceiling alternate, so both see the same (noisy) memory system.
-          std::vector<double> step_times, ceiling_times;
+          const size_t ceiling_bytes = optimizer_bytes_per_param(OptimizerKind::adamw, gt, copy, DType::bf16);
+          Row a{"AdamW", n, t, std::string(dtype_name(gt)), copy};
+          a.bytes_per_param = a.ceiling_bytes_per_param = ceiling_bytes;
+          Row l{"Lamb", n, t, std::string(dtype_name(gt)), copy};
+          l.bytes_per_param = optimizer_bytes_per_param(OptimizerKind::lamb, gt, copy, DType::bf16);
+          l.ceiling_bytes_per_param = ceiling_bytes;
+          // Steps and ceiling alternate, so all see the same (noisy) memory system; the whole
+          // array is one tensor for Lamb (both passes, the norms in between).
+          std::vector<double> adamw_times, lamb_times, ceiling_times;
           for (int rep = 0; rep <= o.reps; ++rep) {
             auto t0 = clock::now();
             step.step = number++;
@@ -210,13 +222,18 @@ void run(const Options& o) {
             auto t1 = clock::now();
             cpu_optimizer_stream_ceiling(step);
             auto t2 = clock::now();
+            cpu_optimizer_step(lamb, step);
+            auto t3 = clock::now();
             if (rep == 0) continue;  // warm-up
-            step_times.push_back(std::chrono::duration<double>(t1 - t0).count());
+            adamw_times.push_back(std::chrono::duration<double>(t1 - t0).count());
             ceiling_times.push_back(std::chrono::duration<double>(t2 - t1).count());
+            lamb_times.push_back(std::chrono::duration<double>(t3 - t2).count());
           }
-          r.seconds = median(step_times);
-          r.ceiling_seconds = median(ceiling_times);
-          rows.push_back(r);
+          a.seconds = median(adamw_times);
+          l.seconds = median(lamb_times);
+          a.ceiling_seconds = l.ceiling_seconds = median(ceiling_times);
+          rows.push_back(a);
+          rows.push_back(l);
         }
       }
     }
@@ -243,7 +260,8 @@ void run(const Options& o) {
     for (const auto& r : rows) {
       ceiling = std::max(ceiling, r.ceiling_gbps());
       j["results"].push_back({{"optimizer", r.optimizer}, {"params", r.params}, {"threads", r.threads},
-                              {"grad_dtype", r.grad_dtype}, {"copy_out", r.copy_out}, {"params_per_s", r.params_per_s()},
+                              {"grad_dtype", r.grad_dtype}, {"copy_out", r.copy_out}, {"bytes_per_param", r.bytes_per_param},
+                              {"params_per_s", r.params_per_s()},
                               {"gbps", r.gbps()}, {"ceiling_gbps", r.ceiling_gbps()},
                               {"vs_ceiling", r.gbps() / r.ceiling_gbps()}});
     }
@@ -261,18 +279,19 @@ void run(const Options& o) {
     std::printf("%s\n", j.dump(2).c_str());
     return;
   }
-  std::printf("zeroth bench optim: AdamW step on the CPU (%s kernels), median of %d; GB/s counts the bytes the step "
-              "must move\n",
+  std::printf("zeroth bench optim: AdamW and Lamb steps on the CPU (%s kernels), median of %d; GB/s counts the bytes the "
+              "step must move (B/p), the ceiling streams AdamW's\n",
               std::string(cpu::simd_level_name(cpu::active_simd_level())).c_str(), o.reps);
-  std::printf("%12s %7s %5s %5s %12s %8s %12s %8s %13s %13s\n", "params", "threads", "grads", "copy", "Mparams/s", "GB/s",
-              "ceiling GB/s", "vs ceil", "torch tuned", "torch default");
+  std::printf("%6s %12s %7s %5s %5s %4s %12s %8s %12s %8s %13s %13s\n", "step", "params", "threads", "grads", "copy", "B/p",
+              "Mparams/s", "GB/s", "ceiling GB/s", "vs ceil", "torch tuned", "torch default");
   for (const auto& r : rows) {
-    const double tt = r.grad_dtype == "f32" && !r.copy_out ? torch_seconds(torch_tuned, r.params, r.threads) : 0;
-    const double td = r.grad_dtype == "f32" && !r.copy_out ? torch_seconds(torch_default, r.params, r.threads) : 0;
+    const bool vs_torch = r.optimizer == "AdamW" && r.grad_dtype == "f32" && !r.copy_out;
+    const double tt = vs_torch ? torch_seconds(torch_tuned, r.params, r.threads) : 0;
+    const double td = vs_torch ? torch_seconds(torch_default, r.params, r.threads) : 0;
     auto ratio = [&](double torch_s) { return torch_s > 0 ? fmt::format("{:.2f}x", torch_s / r.seconds) : std::string("-"); };
-    std::printf("%12zu %7d %5s %5s %12.1f %8.2f %12.2f %7.0f%% %13s %13s\n", r.params, r.threads, r.grad_dtype.c_str(),
-                r.copy_out ? "bf16" : "-", r.params_per_s() / 1e6, r.gbps(), r.ceiling_gbps(), 100 * r.gbps() / r.ceiling_gbps(),
-                ratio(tt).c_str(), ratio(td).c_str());
+    std::printf("%6s %12zu %7d %5s %5s %4zu %12.1f %8.2f %12.2f %7.0f%% %13s %13s\n", r.optimizer.c_str(), r.params, r.threads,
+                r.grad_dtype.c_str(), r.copy_out ? "bf16" : "-", r.bytes_per_param, r.params_per_s() / 1e6, r.gbps(),
+                r.ceiling_gbps(), 100 * r.gbps() / r.ceiling_gbps(), ratio(tt).c_str(), ratio(td).c_str());
   }
   if (!o.torch) std::printf("(PyTorch skipped: --no-torch)\n");
   else if (!torch_tuned.is_array()) std::printf("(PyTorch not measured: /usr/bin/python3 cannot import torch)\n");
@@ -283,7 +302,7 @@ void run(const Options& o) {
 
 void add_bench_optim_command(CLI::App& bench) {
   auto options = std::make_shared<Options>();
-  auto* cmd = bench.add_subcommand("optim", "CPU AdamW step: params/s and GB/s next to a ceiling kernel and PyTorch");
+  auto* cmd = bench.add_subcommand("optim", "CPU AdamW and Lamb steps: params/s and GB/s next to a ceiling kernel and PyTorch");
   cmd->add_option("--device", options->device, "cpu (default) or cuda[:N]");
   cmd->add_option("--params", options->params, "Parameter counts (default 1e6 1e7 1e8)");
   cmd->add_option("--threads", options->threads, "Thread counts (default 1 and all)");

@@ -57,6 +57,7 @@ std::string optimizer_line(const OptimizerParams& o) {
   std::string s = fmt::format("{} lr {:g}", optimizer_name(o.kind), o.lr);
   if (o.kind != OptimizerKind::sgd) s += fmt::format(", betas ({:g}, {:g})", o.beta1, o.beta2);
   if (o.weight_decay > 0) s += fmt::format(", weight decay {:g}", o.weight_decay);
+  if (o.kind == OptimizerKind::lamb) s += fmt::format(", trust ratio in [{:g}, {:g}]", o.min_coeff, o.max_coeff);
   return s;
 }
 

@@ -22,7 +22,7 @@ namespace {
 }  // namespace
 
 const OptimTable& optim_table_avx512() {
-  static constexpr OptimTable table{&optim_step_fn};
+  static constexpr OptimTable table{&optim_step_fn, &lamb_norms_fn, &lamb_apply_fn};
   return table;
 }
 

@@ -21,7 +21,7 @@ using Isa = ScalarIsa;
 }  // namespace
 
 const OptimTable& optim_table_scalar() {
-  static constexpr OptimTable table{&optim_step_fn};
+  static constexpr OptimTable table{&optim_step_fn, &lamb_norms_fn, &lamb_apply_fn};
   return table;
 }
 

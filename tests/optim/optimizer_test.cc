@@ -14,6 +14,7 @@
 #include "core/cpu/kernels.h"
 #include "core/error_types.h"
 #include "optim/optimizer.h"
+#include "tests/optim/lamb_reference.h"
 #include "tests/test_util.h"
 
 namespace zeroth {
@@ -51,12 +52,20 @@ std::vector<Case> cases() {
   p = {};
   p.kind = OptimizerKind::lion, p.lr = 1e-3f, p.beta1 = 0.9f, p.beta2 = 0.99f, p.weight_decay = 0.1f;
   c.push_back({"Lion", p});
+  // The whole array is one tensor; per-tensor norms, clamping and ZeRO splits: lamb_test.cc.
+  p = {};
+  p.kind = OptimizerKind::lamb, p.lr = 1e-2f, p.weight_decay = 0.01f;
+  c.push_back({"Lamb", p});
   return c;
 }
 
 // The float64 reference, written from the papers' and PyTorch's formulas.
 void reference_step(const OptimizerParams& o, double lr, int64_t t, std::vector<double>& p, const std::vector<double>& g_in,
                     std::vector<double>& m, std::vector<double>& v, std::vector<bool>* lion_ambiguous) {
+  if (o.kind == OptimizerKind::lamb) {
+    testing::lamb_reference_step(o, lr, t, p, g_in, m, v);
+    return;
+  }
   const double b1 = o.beta1, b2 = o.beta2, wd = o.weight_decay;
   for (size_t i = 0; i < p.size(); ++i) {
     double g = g_in[i];
@@ -80,6 +89,7 @@ void reference_step(const OptimizerParams& o, double lr, int64_t t, std::vector<
         p[i] -= lr * g;
         break;
       }
+      case OptimizerKind::lamb: break;  // above: the whole array
       case OptimizerKind::lion: {
         const double c = b1 * m[i] + (1 - b1) * g;
         // Where c is within rounding of zero, f32 and f64 may pick different signs.
@@ -391,13 +401,52 @@ TEST(OptimizerConfig, DeepSpeedSectionsParseWithDeepSpeedDefaults) {
 TEST(OptimizerConfig, MistakesAreNamedWithSuggestions) {
   EXPECT_NE(error_of(R"({"type": "AdamW", "params": {"weight_decy": 0.1}})").find("optimizer.params.weight_decy is not a parameter of AdamW (did you mean 'weight_decay'?)"), std::string::npos);
   EXPECT_NE(error_of(R"({"type": "Adamw2"})").find("did you mean 'AdamW'"), std::string::npos);
-  EXPECT_NE(error_of(R"({"type": "Lamb"})").find("zeroth does not support"), std::string::npos);
+  EXPECT_NE(error_of(R"({"type": "OneBitLamb"})").find("zeroth does not support"), std::string::npos);
   EXPECT_NE(error_of(R"({"type": "AdamW", "params": {"lr": "auto"}})").find("\"auto\""), std::string::npos);
   EXPECT_NE(error_of(R"({"type": "AdamW", "params": {"betas": [0.9]}})").find("betas must be two numbers"), std::string::npos);
   EXPECT_NE(error_of(R"({"type": "AdamW", "params": {"betas": [0.9, 1.0]}})").find("betas[1] = 1"), std::string::npos);
   EXPECT_NE(error_of(R"({"type": "SGD", "params": {"momentum": 0.9}})").find("lr is required for SGD"), std::string::npos);
   EXPECT_NE(error_of(R"({"type": "AdamW", "params": {"amsgrad": true}})").find("amsgrad"), std::string::npos);
   EXPECT_NE(error_of(R"({"type": "AdamW", "parms": {}})").find("did you mean 'params'"), std::string::npos);
+}
+
+TEST(OptimizerConfig, LambParsesWithFusedLambsDefaultsAndKeys) {
+  const auto d = parse(R"({"type": "Lamb"})");
+  EXPECT_EQ(d.kind, OptimizerKind::lamb);
+  EXPECT_EQ(d.state_arrays(), 2);
+  EXPECT_DOUBLE_EQ(d.lr, 1e-3);
+  EXPECT_DOUBLE_EQ(d.beta1, 0.9);
+  EXPECT_DOUBLE_EQ(d.beta2, 0.999);
+  EXPECT_DOUBLE_EQ(d.eps, 1e-8);
+  EXPECT_DOUBLE_EQ(d.weight_decay, 0.0);
+  EXPECT_TRUE(d.bias_correction);
+  EXPECT_FALSE(d.eps_inside_sqrt);
+  EXPECT_DOUBLE_EQ(d.max_coeff, 10.0);
+  EXPECT_DOUBLE_EQ(d.min_coeff, 0.01);
+  const auto l = parse(R"({"type": "LAMB", "params": {"lr": 0.002, "betas": [0.8, 0.99], "eps": 1e-6, "weight_decay": 0.01,
+      "bias_correction": false, "eps_inside_sqrt": true, "max_coeff": 5, "min_coeff": 0.1, "max_grad_norm": 0, "amsgrad": false}})");
+  EXPECT_EQ(l.kind, OptimizerKind::lamb);
+  EXPECT_DOUBLE_EQ(l.lr, 0.002);
+  EXPECT_DOUBLE_EQ(l.beta1, 0.8);
+  EXPECT_DOUBLE_EQ(l.beta2, 0.99);
+  EXPECT_DOUBLE_EQ(l.eps, 1e-6);
+  EXPECT_DOUBLE_EQ(l.weight_decay, 0.01);
+  EXPECT_FALSE(l.bias_correction);
+  EXPECT_TRUE(l.eps_inside_sqrt);
+  EXPECT_DOUBLE_EQ(l.max_coeff, 5.0);
+  EXPECT_DOUBLE_EQ(l.min_coeff, 0.1);
+}
+
+TEST(OptimizerConfig, LambKeysItDoesNotHonourAreNamed) {
+  EXPECT_NE(error_of(R"({"type": "Lamb", "params": {"max_coef": 5}})").find("optimizer.params.max_coef is not a parameter of Lamb (did you mean 'max_coeff'?)"), std::string::npos);
+  EXPECT_NE(error_of(R"({"type": "Lamb", "params": {"adam_w_mode": true}})").find("optimizer.params.adam_w_mode is not a parameter of Lamb"), std::string::npos);
+  EXPECT_NE(error_of(R"({"type": "Lamb", "params": {"amsgrad": true}})").find("optimizer.params.amsgrad = true"), std::string::npos);
+  const auto clip = error_of(R"({"type": "Lamb", "params": {"max_grad_norm": 1.0}})");
+  EXPECT_NE(clip.find("optimizer.params.max_grad_norm = 1"), std::string::npos) << clip;
+  EXPECT_NE(clip.find("gradient_clipping"), std::string::npos) << clip;
+  EXPECT_NE(error_of(R"({"type": "Lamb", "params": {"max_coeff": 0.5, "min_coeff": 1}})").find("optimizer.params.max_coeff = 0.5"), std::string::npos);
+  EXPECT_NE(error_of(R"({"type": "Lamb", "params": {"min_coeff": -1}})").find("optimizer.params.min_coeff = -1"), std::string::npos);
+  EXPECT_NE(error_of(R"({"type": "Lamb", "params": {"eps_inside_sqrt": 1}})").find("eps_inside_sqrt must be true or false"), std::string::npos);
 }
 
 }  // namespace

@@ -104,12 +104,15 @@ TEST(Cli, BenchEngineJsonLabelsEachRowsTransportAndItsBounds) {
 TEST(Cli, BenchOptimJson) {
   const auto r = run_json({"bench", "optim", "--params", "1e5", "--threads", "1", "--reps", "3", "--no-torch", "--json"}, "optim");
   EXPECT_GT(r["ceiling_gbps"].get<double>(), 0.0);
-  ASSERT_EQ(r["results"].size(), 4u);  // f32/bf16 grads x with/without copy-out
+  ASSERT_EQ(r["results"].size(), 8u);  // AdamW and Lamb x f32/bf16 grads x with/without copy-out
   for (const auto& row : r["results"]) {
-    for (const char* key : {"optimizer", "params", "threads", "grad_dtype", "copy_out", "params_per_s", "gbps"}) {
+    for (const char* key : {"optimizer", "params", "threads", "grad_dtype", "copy_out", "bytes_per_param", "params_per_s", "gbps"}) {
       EXPECT_TRUE(row.contains(key)) << key;
     }
     EXPECT_GT(row["params_per_s"].get<double>(), 0.0);
+    // Lamb's second pass reads the weights and both moments again: 12 bytes more than AdamW.
+    const size_t adamw = 8 + (row["grad_dtype"] == "f32" ? 4 : 2) + 16 + (row["copy_out"].get<bool>() ? 2 : 0);
+    EXPECT_EQ(row["bytes_per_param"].get<size_t>(), row["optimizer"] == "Lamb" ? adamw + 12 : adamw) << row.dump();
   }
   EXPECT_TRUE(r["torch"].is_array());
 }
