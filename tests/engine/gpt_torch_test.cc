@@ -20,6 +20,7 @@
 #include "comm/local/local_comm.h"
 #include "core/safetensors.h"
 #include "engine/engine.h"
+#include "tests/engine/reference_init.h"
 #include "models/gpt/gpt.h"
 #include "tests/engine/tensor_error.h"
 
@@ -88,15 +89,7 @@ Trained train_through_engine(const TorchCase& k) {
     Engine engine(*device, comm, ec);
     Gpt gpt(engine, gc);
     engine.finalize();
-    for (size_t b = 0; b < engine.plan().blocks.size(); ++b) {
-      const auto& spec = engine.block_spec(static_cast<int>(b));
-      std::vector<float> values;
-      for (const auto& p : spec.params) {
-        const auto v = reference().at("init." + spec.name + "." + p.name).as_f32();
-        values.insert(values.end(), v.begin(), v.end());
-      }
-      engine.set_master_values(static_cast<int>(b), values);
-    }
+    testing::set_master_from_reference(engine, reference());
     std::vector<float> micro(gas);
     Steps mine;
     for (int s = 0; s < steps; ++s) {

@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/safetensors.h"
 #include "engine/engine.h"
+#include "tests/engine/reference_init.h"
 #include "models/gpt/gpt.h"
 #include "tests/models/direct_host.h"
 #include "tests/test_util.h"
@@ -185,15 +186,7 @@ void train_like_pytorch(int dp, int stage) {
     Engine engine(*device, comm, ec);
     Gpt gpt(engine, reference_config());
     engine.finalize();
-    for (size_t b = 0; b < engine.plan().blocks.size(); ++b) {
-      const auto& spec = engine.block_spec(static_cast<int>(b));
-      std::vector<float> values;
-      for (const auto& p : spec.params) {
-        const auto v = reference().at("init." + spec.name + "." + p.name).as_f32();
-        values.insert(values.end(), v.begin(), v.end());
-      }
-      engine.set_master_values(static_cast<int>(b), values);
-    }
+    testing::set_master_from_reference(engine, reference());
     for (int s = 0; s < static_cast<int>(ref_losses.size()); ++s) {
       const size_t at = static_cast<size_t>(s % 2) * B * T + static_cast<size_t>(comm.rank()) * mb * T;
       float loss = 0;
