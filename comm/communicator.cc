@@ -73,18 +73,20 @@ uint64_t ring_share(uint64_t bytes, int n) { return n <= 1 ? 0 : bytes * (n - 1)
 
 void Communicator::all_gather(Stream& stream, TensorView send, TensorView recv) {
   ZEROTH_CHECK(send.dtype == recv.dtype, "all_gather: send is {}, recv is {}", dtype_name(send.dtype), dtype_name(recv.dtype));
-  ZEROTH_CHECK(recv.numel == send.numel * size(), "all_gather: recv has {} elements, expected size {} x send {} = {}",
-               recv.numel, size(), send.numel, send.numel * size());
+  ZEROTH_CHECK(recv.numel == send.numel * size(), "all_gather: recv has {} elements, expected size {} x send {} = {}", recv.numel,
+               size(), send.numel, send.numel * size());
   const uint64_t bytes = recv.bytes();
-  do_all_gather(stream, send, recv, begin(CollectiveOp::all_gather, send.numel, send.dtype, ReduceOp::sum, -1, bytes, ring_share(bytes, size())));
+  do_all_gather(stream, send, recv,
+                begin(CollectiveOp::all_gather, send.numel, send.dtype, ReduceOp::sum, -1, bytes, ring_share(bytes, size())));
 }
 
 void Communicator::reduce_scatter(Stream& stream, TensorView send, TensorView recv, ReduceOp op) {
   ZEROTH_CHECK(send.dtype == recv.dtype, "reduce_scatter: send is {}, recv is {}", dtype_name(send.dtype), dtype_name(recv.dtype));
-  ZEROTH_CHECK(send.numel == recv.numel * size(), "reduce_scatter: send has {} elements, expected size {} x recv {} = {}",
-               send.numel, size(), recv.numel, recv.numel * size());
+  ZEROTH_CHECK(send.numel == recv.numel * size(), "reduce_scatter: send has {} elements, expected size {} x recv {} = {}", send.numel,
+               size(), recv.numel, recv.numel * size());
   const uint64_t bytes = send.bytes();
-  do_reduce_scatter(stream, send, recv, begin(CollectiveOp::reduce_scatter, recv.numel, send.dtype, op, -1, bytes, ring_share(bytes, size())));
+  do_reduce_scatter(stream, send, recv,
+                    begin(CollectiveOp::reduce_scatter, recv.numel, send.dtype, op, -1, bytes, ring_share(bytes, size())));
 }
 
 void Communicator::all_reduce(Stream& stream, TensorView data, ReduceOp op) {
@@ -98,14 +100,14 @@ void Communicator::broadcast(Stream& stream, TensorView data, int root) {
 }
 
 void Communicator::send(Stream& stream, TensorView data, int peer) {
-  ZEROTH_CHECK(peer >= 0 && peer < size() && peer != rank(), "send: peer {} is not another rank of this communicator (rank {}, size {})",
-               peer, rank(), size());
+  ZEROTH_CHECK(peer >= 0 && peer < size() && peer != rank(),
+               "send: peer {} is not another rank of this communicator (rank {}, size {})", peer, rank(), size());
   do_send(stream, data, begin(CollectiveOp::send, data.numel, data.dtype, ReduceOp::sum, peer, data.bytes(), data.bytes()));
 }
 
 void Communicator::recv(Stream& stream, TensorView data, int peer) {
-  ZEROTH_CHECK(peer >= 0 && peer < size() && peer != rank(), "recv: peer {} is not another rank of this communicator (rank {}, size {})",
-               peer, rank(), size());
+  ZEROTH_CHECK(peer >= 0 && peer < size() && peer != rank(),
+               "recv: peer {} is not another rank of this communicator (rank {}, size {})", peer, rank(), size());
   do_recv(stream, data, begin(CollectiveOp::recv, data.numel, data.dtype, ReduceOp::sum, peer, data.bytes(), data.bytes()));
 }
 
@@ -121,8 +123,8 @@ void Communicator::check_same(const Descriptor& mine, int my_rank, const Descrip
                               std::string_view backend) {
   // Point-to-point ops are matched pairwise, not group-wide: compare only what both must agree on.
   if (mine == theirs) return;
-  ZEROTH_THROW(CommError, "collective desync on the {} communicator: rank {} issued {} while rank {} issued {}", backend,
-               my_rank, mine.describe(), their_rank, theirs.describe());
+  ZEROTH_THROW(CommError, "collective desync on the {} communicator: rank {} issued {} while rank {} issued {}", backend, my_rank,
+               mine.describe(), their_rank, theirs.describe());
 }
 
 std::chrono::nanoseconds Communicator::modeled_time(uint64_t bus_bytes) const {

@@ -31,7 +31,7 @@ struct LinkModel {
 
 struct CommOptions {
   std::chrono::milliseconds timeout{300'000};  // a peer that does not arrive in time is an error
-  bool check_desync = false;                    // compare (sequence, op, count, dtype) before each op
+  bool check_desync = false;                   // compare (sequence, op, count, dtype) before each op
   LinkModel link;
   // Defaults overridden by ZEROTH_COMM_TIMEOUT (seconds) and ZEROTH_COMM_CHECK=1.
   static CommOptions from_env();
@@ -44,7 +44,7 @@ struct Descriptor {
   uint64_t count = 0;  // elements per rank (send count; recv count for recv)
   DType dtype = DType::f32;
   ReduceOp reduce = ReduceOp::sum;
-  int32_t root = -1;   // broadcast root, or the peer of send/recv
+  int32_t root = -1;  // broadcast root, or the peer of send/recv
   bool operator==(const Descriptor&) const = default;
   std::string describe() const;  // "#12 all_gather(count=1024, bf16)"
 };
@@ -99,16 +99,14 @@ class Communicator {
   virtual std::unique_ptr<Communicator> do_split(int color, int key, const Descriptor& d) = 0;
 
   // Throws CommError when two ranks' descriptors differ, naming both.
-  static void check_same(const Descriptor& mine, int my_rank, const Descriptor& theirs, int their_rank,
-                         std::string_view backend);
+  static void check_same(const Descriptor& mine, int my_rank, const Descriptor& theirs, int their_rank, std::string_view backend);
   // Wall-clock time the link model says an op of `bus_bytes` takes.
   std::chrono::nanoseconds modeled_time(uint64_t bus_bytes) const;
 
   CommOptions options_;
 
  private:
-  Descriptor begin(CollectiveOp op, uint64_t count, DType dtype, ReduceOp reduce, int root, uint64_t bytes,
-                   uint64_t bus_bytes);
+  Descriptor begin(CollectiveOp op, uint64_t count, DType dtype, ReduceOp reduce, int root, uint64_t bytes, uint64_t bus_bytes);
 
   mutable std::mutex stats_mutex_;
   CommStats stats_;

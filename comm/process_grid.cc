@@ -59,13 +59,11 @@ int ProcessGrid::pipeline_next(int rank) const {
   return rank_of(c);
 }
 
-std::string ProcessGrid::describe() const {
-  return fmt::format("dp={} x pp={} x tp={} ({} ranks)", dp_, pp_, tp_, world_size());
-}
+std::string ProcessGrid::describe() const { return fmt::format("dp={} x pp={} x tp={} ({} ranks)", dp_, pp_, tp_, world_size()); }
 
 ProcessGrid::Groups ProcessGrid::split(Communicator& world) const {
-  ZEROTH_CHECK(world.size() == world_size(), "process grid {} needs {} ranks, the communicator has {}", describe(),
-               world_size(), world.size());
+  ZEROTH_CHECK(world.size() == world_size(), "process grid {} needs {} ranks, the communicator has {}", describe(), world_size(),
+               world.size());
   const auto c = coords(world.rank());
   // Color: the coordinates the group shares; key: the coordinate that varies inside it.
   Groups g;

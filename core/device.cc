@@ -12,8 +12,8 @@
 namespace zeroth {
 
 TensorView TensorView::slice(size_t offset, size_t count) const {
-  ZEROTH_CHECK(offset <= numel && count <= numel - offset, "slice [{}, {}) is outside a view of {} elements",
-               offset, offset + count, numel);
+  ZEROTH_CHECK(offset <= numel && count <= numel - offset, "slice [{}, {}) is outside a view of {} elements", offset, offset + count,
+               numel);
   return {static_cast<char*>(data) + offset * dtype_size(dtype), count, dtype};
 }
 
@@ -53,8 +53,7 @@ Buffer Device::allocate(size_t bytes, MemTag tag) {
 }
 
 void Device::check_stream(const Stream& stream, std::string_view op) const {
-  ZEROTH_CHECK(&stream.device() == this, "{}: stream belongs to {}, not to {}", op, stream.device().name(),
-               name());
+  ZEROTH_CHECK(&stream.device() == this, "{}: stream belongs to {}, not to {}", op, stream.device().name(), name());
 }
 
 void Device::fill(Stream& stream, TensorView dst, float value) {
@@ -107,9 +106,8 @@ void Device::reduce(Stream& stream, TensorView out, std::span<const TensorView> 
   check_stream(stream, "reduce");
   ZEROTH_CHECK(!inputs.empty(), "reduce needs at least one input");
   for (const auto& in : inputs) {
-    ZEROTH_CHECK(in.numel == out.numel && in.dtype == inputs[0].dtype,
-                 "reduce: inputs must all be {} elements of {}; got {} of {}", out.numel,
-                 dtype_name(inputs[0].dtype), in.numel, dtype_name(in.dtype));
+    ZEROTH_CHECK(in.numel == out.numel && in.dtype == inputs[0].dtype, "reduce: inputs must all be {} elements of {}; got {} of {}",
+                 out.numel, dtype_name(inputs[0].dtype), in.numel, dtype_name(in.dtype));
   }
   if (out.numel == 0) return;
   do_reduce(stream, out, inputs, kind, scale);

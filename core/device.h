@@ -29,7 +29,9 @@ struct TensorView {
   size_t bytes() const { return numel * dtype_size(dtype); }
   TensorView slice(size_t offset, size_t count) const;
   template <class T>
-  T* as() const { return static_cast<T*>(data); }
+  T* as() const {
+    return static_cast<T*>(data);
+  }
 };
 
 // Owns one allocation on a device; returns it (and its accounting) when destroyed. Free a buffer
@@ -51,7 +53,9 @@ class Buffer {
   Device* device() const { return device_; }
   explicit operator bool() const { return data_ != nullptr; }
   template <class T>
-  T* as() const { return static_cast<T*>(data_); }
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
   // The whole buffer as `numel = bytes / dtype_size` elements.
   TensorView view(DType dtype) const;
 
@@ -115,7 +119,7 @@ class Device {
   void copy(Stream& stream, void* dst, const void* src, size_t bytes);  // host<->device too on CUDA
   void cast(Stream& stream, TensorView dst, TensorView src);            // numel must match
   void scale(Stream& stream, TensorView x, float alpha);
-  void axpy(Stream& stream, TensorView y, float alpha, TensorView x);   // y += alpha * x, in f32
+  void axpy(Stream& stream, TensorView y, float alpha, TensorView x);  // y += alpha * x, in f32
   // *out = sum(x^2) (or += with accumulate), f32 accumulation; out is one f32 in device memory.
   void sum_squares(Stream& stream, TensorView x, float* out, bool accumulate);
   // Sets *flag = 1 when x holds an Inf or NaN; leaves it alone otherwise (so flags accumulate).
@@ -136,8 +140,7 @@ class Device {
   virtual void do_axpy(Stream& stream, TensorView y, float alpha, TensorView x) = 0;
   virtual void do_sum_squares(Stream& stream, TensorView x, float* out, bool accumulate) = 0;
   virtual void do_flag_nonfinite(Stream& stream, TensorView x, int32_t* flag) = 0;
-  virtual void do_reduce(Stream& stream, TensorView out, std::span<const TensorView> inputs, ReduceKind kind,
-                         float scale) = 0;
+  virtual void do_reduce(Stream& stream, TensorView out, std::span<const TensorView> inputs, ReduceKind kind, float scale) = 0;
 
  private:
   void check_stream(const Stream& stream, std::string_view op) const;

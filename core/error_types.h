@@ -12,14 +12,28 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-class InvalidArgument : public Error { using Error::Error; };
-class ConfigError : public Error { using Error::Error; };
-class IoError : public Error { using Error::Error; };
-class CommError : public Error { using Error::Error; };
-class CudaError : public Error { using Error::Error; };
-class OutOfMemory : public Error { using Error::Error; };
+class InvalidArgument : public Error {
+  using Error::Error;
+};
+class ConfigError : public Error {
+  using Error::Error;
+};
+class IoError : public Error {
+  using Error::Error;
+};
+class CommError : public Error {
+  using Error::Error;
+};
+class CudaError : public Error {
+  using Error::Error;
+};
+class OutOfMemory : public Error {
+  using Error::Error;
+};
 // A run whose numbers went wrong for good (gradients non-finite step after step).
-class NumericError : public Error { using Error::Error; };
+class NumericError : public Error {
+  using Error::Error;
+};
 
 namespace detail {
 std::string where(const char* file, int line);
@@ -28,4 +42,3 @@ std::string errno_text(int err);
 }  // namespace detail
 
 }  // namespace zeroth
-

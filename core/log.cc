@@ -1,11 +1,11 @@
 // The logger: the one piece of global state zeroth keeps.
 #include "core/log.h"
 
-#include <atomic>   // std::atomic
-#include <chrono>   // timestamps
-#include <cstdio>   // fwrite
-#include <mutex>    // one line at a time
-#include <string>   // std::string
+#include <atomic>  // std::atomic
+#include <chrono>  // timestamps
+#include <cstdio>  // fwrite
+#include <mutex>   // one line at a time
+#include <string>  // std::string
 
 #include "core/env.h"
 #include "core/error.h"
@@ -41,8 +41,7 @@ Level parse_level(std::string_view name) {
   for (size_t i = 0; i < std::size(kNames); ++i) {
     if (name == kNames[i]) return static_cast<Level>(i);
   }
-  ZEROTH_THROW(ConfigError, "unknown log level '{}' (use trace, debug, info, warn, error or off)",
-               name);
+  ZEROTH_THROW(ConfigError, "unknown log level '{}' (use trace, debug, info, warn, error or off)", name);
 }
 
 void set_rank(int rank) { process_rank.store(rank); }
@@ -53,10 +52,8 @@ void write(Level lvl, std::string_view message) {
   static const auto start = steady_clock::now();
   const double t = duration<double>(steady_clock::now() - start).count();
   const int rank = tls_rank >= 0 ? tls_rank : process_rank.load();
-  std::string line = rank >= 0 ? fmt::format("[{:8.3f}] [rank {}] {}: {}\n", t, rank,
-                                             kNames[static_cast<int>(lvl)], message)
-                               : fmt::format("[{:8.3f}] {}: {}\n", t,
-                                             kNames[static_cast<int>(lvl)], message);
+  std::string line = rank >= 0 ? fmt::format("[{:8.3f}] [rank {}] {}: {}\n", t, rank, kNames[static_cast<int>(lvl)], message)
+                               : fmt::format("[{:8.3f}] {}: {}\n", t, kNames[static_cast<int>(lvl)], message);
   std::lock_guard lock(write_mutex);
   std::fwrite(line.data(), 1, line.size(), stderr);
 }

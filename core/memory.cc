@@ -33,8 +33,7 @@ size_t parse_bytes(std::string_view text) {
   while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.remove_suffix(1);
   while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front()))) text.remove_prefix(1);
   size_t number_end = 0;
-  while (number_end < text.size() &&
-         (std::isdigit(static_cast<unsigned char>(text[number_end])) || text[number_end] == '.')) {
+  while (number_end < text.size() && (std::isdigit(static_cast<unsigned char>(text[number_end])) || text[number_end] == '.')) {
     ++number_end;
   }
   double number = 0;
@@ -49,10 +48,20 @@ size_t parse_bytes(std::string_view text) {
     std::string_view name;
     double scale;
   };
-  constexpr Unit kUnits[] = {{"", 1},          {"b", 1},          {"k", 1024.0},     {"kib", 1024.0},
-                             {"kb", 1e3},      {"m", 1048576.0},  {"mib", 1048576.0}, {"mb", 1e6},
-                             {"g", 1073741824.0}, {"gib", 1073741824.0}, {"gb", 1e9},
-                             {"t", 1099511627776.0}, {"tib", 1099511627776.0}, {"tb", 1e12}};
+  constexpr Unit kUnits[] = {{"", 1},
+                             {"b", 1},
+                             {"k", 1024.0},
+                             {"kib", 1024.0},
+                             {"kb", 1e3},
+                             {"m", 1048576.0},
+                             {"mib", 1048576.0},
+                             {"mb", 1e6},
+                             {"g", 1073741824.0},
+                             {"gib", 1073741824.0},
+                             {"gb", 1e9},
+                             {"t", 1099511627776.0},
+                             {"tib", 1099511627776.0},
+                             {"tb", 1e12}};
   for (const auto& u : kUnits) {
     if (unit == u.name) {
       const double bytes = number * u.scale;
@@ -62,12 +71,10 @@ size_t parse_bytes(std::string_view text) {
       return static_cast<size_t>(bytes);
     }
   }
-  ZEROTH_THROW(InvalidArgument, "'{}' has an unknown unit '{}' (use B, KiB, MiB, GiB, TiB, or KB, MB, GB, TB)",
-               original, unit);
+  ZEROTH_THROW(InvalidArgument, "'{}' has an unknown unit '{}' (use B, KiB, MiB, GiB, TiB, or KB, MB, GB, TB)", original, unit);
 }
 
-MemoryAccounting::MemoryAccounting(std::string device_name, size_t budget)
-    : device_name_(std::move(device_name)), budget_(budget) {
+MemoryAccounting::MemoryAccounting(std::string device_name, size_t budget) : device_name_(std::move(device_name)), budget_(budget) {
   stats_.budget = budget;
 }
 
@@ -85,12 +92,11 @@ void MemoryAccounting::charge(size_t bytes, MemTag tag) {
   std::lock_guard lock(mutex_);
   const auto t = static_cast<size_t>(tag);
   if (budget_ != 0 && (bytes > budget_ || stats_.total_in_use > budget_ - bytes)) {
-    throw OutOfMemory(fmt::format(
-        "{} out of memory: requested {} ({} bytes) for '{}'; in use {} of budget {} (peak {}); "
-        "in use by tag: {}. Lower the memory need (higher ZeRO stage, offload, smaller buckets or "
-        "micro-batch) or raise the device memory budget",
-        device_name_, format_bytes(bytes), bytes, mem_tag_name(tag), format_bytes(stats_.total_in_use),
-        format_bytes(budget_), format_bytes(stats_.total_peak), describe_locked()));
+    throw OutOfMemory(fmt::format("{} out of memory: requested {} ({} bytes) for '{}'; in use {} of budget {} (peak {}); "
+                                  "in use by tag: {}. Lower the memory need (higher ZeRO stage, offload, smaller buckets or "
+                                  "micro-batch) or raise the device memory budget",
+                                  device_name_, format_bytes(bytes), bytes, mem_tag_name(tag), format_bytes(stats_.total_in_use),
+                                  format_bytes(budget_), format_bytes(stats_.total_peak), describe_locked()));
   }
   stats_.in_use[t] += bytes;
   stats_.peak[t] = std::max(stats_.peak[t], stats_.in_use[t]);
@@ -101,8 +107,8 @@ void MemoryAccounting::charge(size_t bytes, MemTag tag) {
 void MemoryAccounting::release(size_t bytes, MemTag tag) {
   std::lock_guard lock(mutex_);
   const auto t = static_cast<size_t>(tag);
-  ZEROTH_CHECK(stats_.in_use[t] >= bytes, "{}: releasing {} bytes of '{}' but only {} are in use", device_name_,
-               bytes, mem_tag_name(tag), stats_.in_use[t]);
+  ZEROTH_CHECK(stats_.in_use[t] >= bytes, "{}: releasing {} bytes of '{}' but only {} are in use", device_name_, bytes,
+               mem_tag_name(tag), stats_.in_use[t]);
   stats_.in_use[t] -= bytes;
   stats_.total_in_use -= bytes;
 }

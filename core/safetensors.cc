@@ -1,10 +1,10 @@
 // Reading and writing safetensors files.
 #include "core/safetensors.h"
 
-#include <cerrno>      // errno
-#include <cstdio>      // std::rename
-#include <cstring>     // std::strerror, std::memcpy
-#include <fstream>     // std::ifstream, std::ofstream
+#include <cerrno>   // errno
+#include <cstdio>   // std::rename
+#include <cstring>  // std::strerror, std::memcpy
+#include <fstream>  // std::ifstream, std::ofstream
 
 #include <nlohmann/json.hpp>  // nlohmann::json
 

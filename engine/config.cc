@@ -9,22 +9,32 @@
 
 #include <nlohmann/json.hpp>  // nlohmann::json
 
-#include "core/error.h"    // ZEROTH_THROW
-#include "core/strings.h"  // did_you_mean
+#include "core/error.h"             // ZEROTH_THROW
+#include "core/strings.h"           // did_you_mean
 #include "engine/deepspeed_keys.h"  // handle_deepspeed_key
 
 namespace zeroth {
 namespace {
 
 // The keys zeroth reads; the rest of DeepSpeed's vocabulary is in engine/deepspeed_keys.cc.
-constexpr std::string_view kZeroKeys[] = {
-    "stage", "reduce_bucket_size", "allgather_bucket_size", "overlap_comm", "stage3_prefetch_bucket_size", "prefetch_bucket_size",
-    "stage3_max_live_parameters", "max_live_parameters", "stage3_max_reuse_distance", "max_reuse_distance",
-    "stage3_param_persistence_threshold", "param_persistence_threshold", "sub_group_size"};
+constexpr std::string_view kZeroKeys[] = {"stage",
+                                          "reduce_bucket_size",
+                                          "allgather_bucket_size",
+                                          "overlap_comm",
+                                          "stage3_prefetch_bucket_size",
+                                          "prefetch_bucket_size",
+                                          "stage3_max_live_parameters",
+                                          "max_live_parameters",
+                                          "stage3_max_reuse_distance",
+                                          "max_reuse_distance",
+                                          "stage3_param_persistence_threshold",
+                                          "param_persistence_threshold",
+                                          "sub_group_size"};
 
 uint64_t count(const nlohmann::json& v, const std::string& key) {
   if (v.is_string() && v.get<std::string>() == "auto") {
-    ZEROTH_THROW(ConfigError, "zero_optimization.{} is \"auto\": auto values are resolved by the training config; here it must be a number", key);
+    ZEROTH_THROW(ConfigError,
+                 "zero_optimization.{} is \"auto\": auto values are resolved by the training config; here it must be a number", key);
   }
   if (!v.is_number() || v.get<double>() < 0 || v.get<double>() > 1e18) {
     ZEROTH_THROW(ConfigError, "zero_optimization.{} must be a non-negative number of elements, got {}", key, v.dump());
@@ -84,8 +94,10 @@ void ZeroConfig::validate() const {
 
 namespace {
 
-constexpr std::pair<std::string_view, ParamRole> kRoles[] = {
-    {"weight", ParamRole::weight}, {"bias", ParamRole::bias}, {"norm", ParamRole::norm}, {"embedding", ParamRole::embedding}};
+constexpr std::pair<std::string_view, ParamRole> kRoles[] = {{"weight", ParamRole::weight},
+                                                             {"bias", ParamRole::bias},
+                                                             {"norm", ParamRole::norm},
+                                                             {"embedding", ParamRole::embedding}};
 
 const ParamRole* role_named(const std::string& entry) {
   for (const auto& [name, role] : kRoles) {
@@ -114,7 +126,9 @@ void WeightDecayRule::check(const std::vector<BlockSpec>& specs) const {
       for (const auto& p : spec.params) any = any || matches(entry, spec.name, p);
     }
     if (!any) {
-      const std::string example = specs.empty() || specs.front().params.empty() ? "" : " (e.g. \"" + specs.front().name + "." + specs.front().params.front().name + "\")";
+      const std::string example = specs.empty() || specs.front().params.empty()
+                                      ? ""
+                                      : " (e.g. \"" + specs.front().name + "." + specs.front().params.front().name + "\")";
       ZEROTH_THROW(ConfigError,
                    "model.no_weight_decay entry \"{}\" is neither a role (weight, bias, norm, embedding) nor a pattern matching any "
                    "parameter name{}",

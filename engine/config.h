@@ -57,14 +57,14 @@ struct WeightDecayRule {
 
 struct EngineConfig {
   ZeroConfig zero;
-  DType compute_dtype = DType::f32;     // bf16.enabled -> bf16, fp16.enabled -> f16
+  DType compute_dtype = DType::f32;        // bf16.enabled -> bf16, fp16.enabled -> f16
   DType communication_dtype = DType::f32;  // gradient reduction (communication_data_type)
-  LossScalerConfig loss_scaler;         // used when compute_dtype is f16
+  LossScalerConfig loss_scaler;            // used when compute_dtype is f16
   int64_t gradient_accumulation_steps = 1;
-  double gradient_clipping = 0.0;       // 0: off
+  double gradient_clipping = 0.0;  // 0: off
   OptimizerParams optimizer;
   WeightDecayRule no_weight_decay;
-  LrSchedule schedule;                  // base_lr should equal optimizer.lr
+  LrSchedule schedule;  // base_lr should equal optimizer.lr
   uint64_t seed = 1234;
   // DeepSpeed's wall_clock_breakdown: step() synchronizes to time its parts (StepResult).
   bool time_breakdown = false;

@@ -53,8 +53,10 @@ const DeepSpeedKey kKeys[] = {
      "zeroth reduces sharded gradients with reduce-scatter and replicated ones (stage 0) with all-reduce; the sums are the same"},
     {"zero_optimization.use_multi_rank_bucket_allreduce", kNone, "zeroth issues one collective per bucket"},
     {"zero_optimization.use_all_reduce_for_fetch_params", kNone, "zeroth fetches parameters with all-gather; the values are the same"},
-    {"zero_optimization.stage3_use_all_reduce_for_fetch_params", kNone, "zeroth fetches parameters with all-gather; the values are the same"},
-    {"zero_optimization.round_robin_gradients", kNone, "it orders gradient copies for optimizer offload, which zeroth does not have yet"},
+    {"zero_optimization.stage3_use_all_reduce_for_fetch_params", kNone,
+     "zeroth fetches parameters with all-gather; the values are the same"},
+    {"zero_optimization.round_robin_gradients", kNone,
+     "it orders gradient copies for optimizer offload, which zeroth does not have yet"},
     {"zero_optimization.ignore_unused_parameters", kNone, "every block of a zeroth model is used in every step (the plan checks)"},
     {"zero_optimization.elastic_checkpoint", kNone, "DeepSpeed no longer supports it"},
     {"zero_optimization.memory_efficient_linear", kNone, kPytorchHooks},
@@ -67,13 +69,15 @@ const DeepSpeedKey kKeys[] = {
     {"bf16.immediate_grad_update", kNone, "zeroth updates the weights once per step, from fp32 master weights"},
     {"bf16.check_grad_overflow", kNone, "zeroth always checks the gradients for Inf/NaN and skips such steps"},
     {"fp16.fused_mode", kNone, "zeroth's optimizer step is always one fused pass"},
-    {"fp16.auto_cast", kNone, "it casts floating-point inputs to fp16; a GPT's inputs are token ids, and the model computes in the run's precision throughout"},
+    {"fp16.auto_cast", kNone,
+     "it casts floating-point inputs to fp16; a GPT's inputs are token ids, and the model computes in the run's precision throughout"},
     {"optimizer.legacy_fusion", kNone, "zeroth's optimizer step is always one fused pass"},
     {"activation_checkpointing.partition_activations", kNone,
      "it partitions checkpoints across tensor-parallel ranks, which this run does not have"},
     {"activation_checkpointing.contiguous_memory_optimization", kNone, "zeroth's model keeps each block's checkpoint in its own slot"},
     {"activation_checkpointing.number_checkpoints", kNone, "zeroth's model keeps each block's checkpoint in its own slot"},
-    {"activation_checkpointing.synchronize_checkpoint_boundary", kNone, "zeroth's streams order the recomputation; there is nothing to synchronize"},
+    {"activation_checkpointing.synchronize_checkpoint_boundary", kNone,
+     "zeroth's streams order the recomputation; there is nothing to synchronize"},
     {"activation_checkpointing.profile", kNone, "wall_clock_breakdown times the forward and backward passes"},
 
     // ---- DeepSpeed features zeroth does not have
@@ -87,7 +91,8 @@ const DeepSpeedKey kKeys[] = {
     {"graph_harvesting", kUnsupported, "captures the optimizer's kernels as CUDA graphs", is_false},
     {"log_level", kUnsupported, "sets DeepSpeed's Python log level; zeroth's is the ZEROTH_LOG_LEVEL variable", is_null},
     {"amp", kUnsupported, "NVIDIA Apex automatic mixed precision; use the bf16 or fp16 section", disabled},
-    {"torch_autocast", kUnsupported, "runs the forward under torch.autocast; the bf16 and fp16 sections set zeroth's precision", disabled},
+    {"torch_autocast", kUnsupported, "runs the forward under torch.autocast; the bf16 and fp16 sections set zeroth's precision",
+     disabled},
     {"sparse_attention", kUnsupported, "block-sparse attention layouts for DeepSpeed's SparseSelfAttention modules", disabled},
     {"pipeline", kUnsupported, "pipeline parallelism: consecutive layers on different ranks", disabled},
     {"progressive_layer_drop", kUnsupported, "skips transformer layers stochastically during training", disabled},
@@ -106,19 +111,24 @@ const DeepSpeedKey kKeys[] = {
     {"sequence_parallel_size", kUnsupported, "Ulysses sequence parallelism", at_most_one},
     {"nebula", kUnsupported, "Azure Nebula's checkpoint engine", disabled},
     {"datastates_ckpt", kUnsupported, "the DataStates asynchronous checkpoint engine", is_null},
-    {"tensorboard", kUnsupported, "writes metrics to TensorBoard; zeroth writes its metrics to <run.output_dir>/metrics.jsonl", disabled},
-    {"wandb", kUnsupported, "sends metrics to Weights & Biases; zeroth writes its metrics to <run.output_dir>/metrics.jsonl", disabled},
-    {"csv_monitor", kUnsupported, "writes metrics to CSV files; zeroth writes its metrics to <run.output_dir>/metrics.jsonl", disabled},
+    {"tensorboard", kUnsupported, "writes metrics to TensorBoard; zeroth writes its metrics to <run.output_dir>/metrics.jsonl",
+     disabled},
+    {"wandb", kUnsupported, "sends metrics to Weights & Biases; zeroth writes its metrics to <run.output_dir>/metrics.jsonl",
+     disabled},
+    {"csv_monitor", kUnsupported, "writes metrics to CSV files; zeroth writes its metrics to <run.output_dir>/metrics.jsonl",
+     disabled},
     {"comet", kUnsupported, "sends metrics to Comet; zeroth writes its metrics to <run.output_dir>/metrics.jsonl", disabled},
     {"trackio", kUnsupported, "sends metrics to Trackio; zeroth writes its metrics to <run.output_dir>/metrics.jsonl", disabled},
     {"flops_profiler", kUnsupported, "profiles FLOPs and latency per module", disabled},
     {"comms_logger", kUnsupported, "logs every collective with its size and time", disabled},
-    {"zero_optimization.zero_hpz_partition_size", kUnsupported, "ZeRO++ hierarchical partitioning: a secondary parameter copy per node", at_most_one},
+    {"zero_optimization.zero_hpz_partition_size", kUnsupported,
+     "ZeRO++ hierarchical partitioning: a secondary parameter copy per node", at_most_one},
     {"zero_optimization.zero_quantized_weights", kUnsupported, "ZeRO++ all-gathers weights quantized to int8", is_false},
     {"zero_optimization.zero_quantized_gradients", kUnsupported, "ZeRO++ reduces gradients quantized to int4", is_false},
     {"zero_optimization.zero_quantized_nontrainable_weights", kUnsupported, "keeps frozen weights quantized", is_false},
     {"zero_optimization.zeropp_loco_param", kUnsupported, "LoCo error feedback for ZeRO++ quantized gradients", is_null},
-    {"zero_optimization.mics_shard_size", kUnsupported, "MiCS: shards over a subgroup of ranks and replicates across subgroups", negative},
+    {"zero_optimization.mics_shard_size", kUnsupported, "MiCS: shards over a subgroup of ranks and replicates across subgroups",
+     negative},
     {"zero_optimization.mics_hierarchical_params_gather", kUnsupported, "MiCS's hierarchical parameter all-gather", is_false},
     {"zero_optimization.legacy_stage1", kUnsupported, "DeepSpeed's old stage 1 (DeepSpeed itself refuses it)", is_false},
     {"zero_optimization.zenflow", kUnsupported, "ZenFlow: stall-free updates of offloaded optimizer state", is_null},
@@ -126,10 +136,12 @@ const DeepSpeedKey kKeys[] = {
     {"zero_optimization.model_persistence_threshold", kUnsupported, "caps the total size of persistent parameters", unbounded},
     {"zero_optimization.stage3_allgather_sequential", kUnsupported, "fetches parameters one at a time", is_false},
     {"zero_optimization.allgather_sequential", kUnsupported, "fetches parameters one at a time", is_false},
-    {"zero_optimization.stage3_partition_stream_chunk_size", kUnsupported, "partitions parameters in chunks on a side stream", is_zero},
+    {"zero_optimization.stage3_partition_stream_chunk_size", kUnsupported, "partitions parameters in chunks on a side stream",
+     is_zero},
     {"zero_optimization.save_muon_momentum_buffer_in_memory", kUnsupported, "keeps Muon's momentum buffer in memory", is_false},
     {"zero_optimization.leaf_module", kUnsupported, "treats listed PyTorch modules as leaves when fetching", is_null},
-    {"bf16.bf16_master_weights_and_grads", kUnsupported, "keeps master weights and gradients in bf16; zeroth keeps fp32 master weights", is_false},
+    {"bf16.bf16_master_weights_and_grads", kUnsupported,
+     "keeps master weights and gradients in bf16; zeroth keeps fp32 master weights", is_false},
     {"bf16.bf16_optimizer_states", kUnsupported, "keeps optimizer state in bf16; zeroth keeps it in fp32", is_false},
     {"activation_checkpointing.cpu_checkpointing", kUnsupported, "moves activation checkpoints to host memory", is_false},
 
@@ -141,9 +153,12 @@ const DeepSpeedKey kKeys[] = {
     {"zero_optimization.cpu_offload", kLater, "optimizer state on the CPU, under DeepSpeed's old name (offload)", is_false},
     {"zero_optimization.cpu_offload_param", kLater, "parameters on the CPU, under DeepSpeed's old name (offload)", is_false},
     {"zero_optimization.cpu_offload_use_pin_memory", kLater, "pinned buffers for DeepSpeed's old CPU offload (offload)", is_false},
-    {"zero_optimization.stage3_gather_16bit_weights_on_model_save", kLater, "16-bit weights gathered when the model is saved (checkpoints)", is_false},
-    {"zero_optimization.gather_16bit_weights_on_model_save", kLater, "16-bit weights gathered when the model is saved (checkpoints)", is_false},
-    {"zero_optimization.stage3_gather_fp16_weights_on_model_save", kLater, "16-bit weights gathered when the model is saved (checkpoints)", is_false},
+    {"zero_optimization.stage3_gather_16bit_weights_on_model_save", kLater,
+     "16-bit weights gathered when the model is saved (checkpoints)", is_false},
+    {"zero_optimization.gather_16bit_weights_on_model_save", kLater, "16-bit weights gathered when the model is saved (checkpoints)",
+     is_false},
+    {"zero_optimization.stage3_gather_fp16_weights_on_model_save", kLater,
+     "16-bit weights gathered when the model is saved (checkpoints)", is_false},
     {"zero_optimization.load_from_fp32_weights", kLater, "master weights loaded from the 16-bit copy in a checkpoint (checkpoints)",
      [](const json& v) { return v.is_null() || is_true(v); }},
 };
@@ -159,7 +174,8 @@ std::string_view table_section(std::string_view section) { return section == "bf
 
 std::span<const DeepSpeedKey> deepspeed_keys() { return kKeys; }
 
-bool handle_deepspeed_key(std::string_view section, const std::string& key, const nlohmann::json& value, std::vector<std::string>* no_effect) {
+bool handle_deepspeed_key(std::string_view section, const std::string& key, const nlohmann::json& value,
+                          std::vector<std::string>* no_effect) {
   const std::string path = full_path(section, key), entry = full_path(table_section(section), key);
   for (const auto& k : kKeys) {
     if (k.path != entry) continue;
@@ -169,8 +185,8 @@ bool handle_deepspeed_key(std::string_view section, const std::string& key, cons
         return true;
       case KeyTreatment::unsupported:
         if (k.inert != nullptr && k.inert(value)) return true;
-        ZEROTH_THROW(ConfigError, "{} = {} is a DeepSpeed feature zeroth does not support ({}); remove it{}", path, value.dump(), k.text,
-                     value.is_object() && value.contains("enabled") ? " or set \"enabled\": false" : "");
+        ZEROTH_THROW(ConfigError, "{} = {} is a DeepSpeed feature zeroth does not support ({}); remove it{}", path, value.dump(),
+                     k.text, value.is_object() && value.contains("enabled") ? " or set \"enabled\": false" : "");
       case KeyTreatment::later:
         if (k.inert != nullptr && k.inert(value)) return true;
         ZEROTH_THROW(ConfigError, "{} = {} asks for {}, which zeroth does not have yet; remove it", path, value.dump(), k.text);

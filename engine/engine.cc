@@ -2,14 +2,14 @@
 // the executor, and the step's policy (overflow, loss scale, clipping, learning rate).
 #include "engine/engine.h"
 
-#include <chrono>   // std::chrono::steady_clock
-#include <cmath>    // std::sqrt, std::isfinite
+#include <chrono>  // std::chrono::steady_clock
+#include <cmath>   // std::sqrt, std::isfinite
 
-#include "core/error.h"        // ZEROTH_THROW
-#include "core/log.h"          // ZLOG_INFO
-#include "engine/estimate.h"   // estimate, check_fits
-#include "engine/executor.h"   // Executor
-#include "engine/init.h"       // init_values
+#include "core/error.h"       // ZEROTH_THROW
+#include "core/log.h"         // ZLOG_INFO
+#include "engine/estimate.h"  // estimate, check_fits
+#include "engine/executor.h"  // Executor
+#include "engine/init.h"      // init_values
 
 namespace zeroth {
 
@@ -19,7 +19,8 @@ Engine::Engine(Device& device, Communicator& dp, EngineConfig config)
   if (config_.compute_dtype != DType::f16) scaler_ = LossScaler(LossScalerConfig{.loss_scale = 1.0});
 }
 
-Engine::Engine(Device& device, const ProcessGrid::Groups& groups, EngineConfig config) : Engine(device, *groups.dp, std::move(config)) {}
+Engine::Engine(Device& device, const ProcessGrid::Groups& groups, EngineConfig config)
+    : Engine(device, *groups.dp, std::move(config)) {}
 
 Engine::~Engine() = default;
 
@@ -46,7 +47,8 @@ int Engine::micro_batches_in_flight() const {
 
 void Engine::finalize(const ModelFootprint& model) {
   if (exec_) ZEROTH_THROW(InvalidArgument, "finalize() called twice");
-  finalize(make_plan(specs_, schedule_.value_or(default_schedule(specs_.size())), config_, comm_.size(), comm_.rank(), passes_), model);
+  finalize(make_plan(specs_, schedule_.value_or(default_schedule(specs_.size())), config_, comm_.size(), comm_.rank(), passes_),
+           model);
 }
 
 void Engine::finalize(Plan plan, const ModelFootprint& model) {
@@ -59,10 +61,13 @@ void Engine::finalize(Plan plan, const ModelFootprint& model) {
   for (size_t b = 0; same && b < specs_.size(); ++b) {
     size_t numel = 0;
     for (const auto& p : specs_[b].params) numel += p.numel();
-    same = plan.blocks[b].name == specs_[b].name && plan.blocks[b].numel >= numel && plan.blocks[b].param_offsets.size() == specs_[b].params.size();
+    same = plan.blocks[b].name == specs_[b].name && plan.blocks[b].numel >= numel &&
+           plan.blocks[b].param_offsets.size() == specs_[b].params.size();
   }
   if (!same) {
-    ZEROTH_THROW(InvalidArgument, "finalize(plan): the plan (stage {}, {} blocks, rank {} of {}) was not made for this engine's blocks, config and group (stage {}, {} blocks, rank {} of {})",
+    ZEROTH_THROW(InvalidArgument,
+                 "finalize(plan): the plan (stage {}, {} blocks, rank {} of {}) was not made for this engine's blocks, config and "
+                 "group (stage {}, {} blocks, rank {} of {})",
                  plan.stage, plan.blocks.size(), plan.rank, plan.dp, config_.zero.stage, specs_.size(), comm_.rank(), comm_.size());
   }
   plan_ = std::move(plan);
@@ -88,7 +93,8 @@ void Engine::initialize() {
       for (size_t i = 0; i < spec.params.size(); ++i) {
         const size_t p0 = blk.param_offsets[i], p1 = p0 + spec.params[i].numel();
         const size_t a = std::max(p0, lo), e = std::min(p1, hi);
-        if (a < e) init_values(spec.params[i].init, config_.seed, spec.name + "." + spec.params[i].name, a - p0, e - a, out + (a - lo));
+        if (a < e)
+          init_values(spec.params[i].init, config_.seed, spec.name + "." + spec.params[i].name, a - p0, e - a, out + (a - lo));
       }
     });
   }
@@ -102,7 +108,9 @@ Executor& Engine::running(const char* what, int block) const {
   return *exec_;
 }
 
-const BlockViews& Engine::begin_forward(int block, int micro) { return running("begin_forward", block).begin(block, micro, Pass::forward, "begin_forward"); }
+const BlockViews& Engine::begin_forward(int block, int micro) {
+  return running("begin_forward", block).begin(block, micro, Pass::forward, "begin_forward");
+}
 
 void Engine::end_forward(int block, int micro) { running("end_forward", block).end(block, micro, Pass::forward, "end_forward"); }
 
@@ -128,16 +136,16 @@ void Engine::end_evaluation() {
   exec.end_evaluation();
 }
 
-double Engine::loss_gradient_scale() const {
-  return scaler_.scale() / static_cast<double>(config_.gradient_accumulation_steps);
-}
+double Engine::loss_gradient_scale() const { return scaler_.scale() / static_cast<double>(config_.gradient_accumulation_steps); }
 
 StepResult Engine::step() {
   auto& exec = running("step", -1);
   if (exec.evaluating()) ZEROTH_THROW(InvalidArgument, "step() during evaluation; call end_evaluation() first");
   if (!exec.after_backward_pass()) {
-    ZEROTH_THROW(InvalidArgument, "step() after {} block uses of the cycle, not at the end of a backward pass; run the micro-batch's forward and backward first",
-                 exec.uses_done());
+    ZEROTH_THROW(
+        InvalidArgument,
+        "step() after {} block uses of the cycle, not at the end of a backward pass; run the micro-batch's forward and backward first",
+        exec.uses_done());
   }
   StepResult result;
   result.step = applied_;
@@ -195,7 +203,8 @@ std::vector<float> Engine::master_values(int block) {
 
 void Engine::set_master_values(int block, std::span<const float> values) {
   ZEROTH_CHECK(exec_ && block >= 0 && static_cast<size_t>(block) < plan_.blocks.size(), "set_master_values({})", block);
-  if (!exec_->at_cycle_start() || exec_->evaluating()) ZEROTH_THROW(InvalidArgument, "set_master_values({}) in the middle of a cycle", specs_[block].name);
+  if (!exec_->at_cycle_start() || exec_->evaluating())
+    ZEROTH_THROW(InvalidArgument, "set_master_values({}) in the middle of a cycle", specs_[block].name);
   const auto& blk = plan_.blocks[block];
   const auto& spec = specs_[block];
   size_t unpadded = 0;

@@ -15,11 +15,11 @@
 // loss_gradient_scale() (the loss scale over the accumulation count).
 #pragma once
 
-#include <cstdint>     // int64_t
-#include <memory>      // std::unique_ptr
-#include <optional>    // std::optional
-#include <span>        // std::span
-#include <vector>      // std::vector
+#include <cstdint>   // int64_t
+#include <memory>    // std::unique_ptr
+#include <optional>  // std::optional
+#include <span>      // std::span
+#include <vector>    // std::vector
 
 #include "comm/communicator.h"  // Communicator
 #include "comm/process_grid.h"  // ProcessGrid::Groups

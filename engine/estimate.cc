@@ -40,9 +40,11 @@ void check_fits(const MemoryNeed& need, const Plan& plan, Tier tier, size_t budg
   }
   if (plan.stage < 3) advice += fmt::format(" raise zero_optimization.stage (now {}) to shard more state;", plan.stage);
   if (plan.reduce_staging >= 0 || plan.gather_staging >= 0) advice += " lower reduce_bucket_size / allgather_bucket_size;";
-  if (plan.stage == 3) advice += " lower stage3_prefetch_bucket_size / stage3_max_live_parameters or stage3_param_persistence_threshold;";
+  if (plan.stage == 3)
+    advice += " lower stage3_prefetch_bucket_size / stage3_max_live_parameters or stage3_param_persistence_threshold;";
   advice += " use more data-parallel ranks, or a larger budget";
-  ZEROTH_THROW(OutOfMemory, "the ZeRO stage {} plan needs {} per rank on the {} tier ({}) but {} is {}{}; nothing was allocated. To fit:{}",
+  ZEROTH_THROW(OutOfMemory,
+               "the ZeRO stage {} plan needs {} per rank on the {} tier ({}) but {} is {}{}; nothing was allocated. To fit:{}",
                plan.stage, format_bytes(total), tier_name(tier), need.describe(tier), budget_name, format_bytes(budget),
                in_use > 0 ? fmt::format(" ({} already in use)", format_bytes(in_use)) : std::string(), advice);
 }

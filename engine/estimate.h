@@ -19,10 +19,10 @@ namespace zeroth {
 inline constexpr size_t kEstimateAllowance = 64 * 1024;
 
 struct MemoryNeed {
-  TierBytes bytes{};  // plan + model, per tier and tag
+  TierBytes bytes{};                      // plan + model, per tier and tag
   size_t allowance = kEstimateAllowance;  // on the device tier
   std::string activation_note;
-  size_t total(Tier tier) const;  // with the allowance on the device tier
+  size_t total(Tier tier) const;          // with the allowance on the device tier
   std::string describe(Tier tier) const;  // "params 7.77 MiB, grads ..., allowance 64.00 KiB"
 };
 

@@ -73,7 +73,9 @@ TensorView Executor::view(StateKind kind, int block) const {
   return {at(r, r.lo), r.numel(), plan_.buffers[r.buffer].dtype};
 }
 
-TensorView Executor::buffer_view(int buffer) const { return {buffers_[buffer].data(), plan_.buffers[buffer].numel, plan_.buffers[buffer].dtype}; }
+TensorView Executor::buffer_view(int buffer) const {
+  return {buffers_[buffer].data(), plan_.buffers[buffer].numel, plan_.buffers[buffer].dtype};
+}
 
 TensorView Executor::full_params(int block) const {
   ZEROTH_CHECK(gathered_[block] != nullptr, "block {} is not gathered", plan_.blocks[block].name);
@@ -99,7 +101,9 @@ const Action& Executor::expect_run(size_t from, int block, int micro, Pass pass,
   }
   const auto& a = prog[r];
   if (a.block != block || a.micro != micro || a.pass != pass) {
-    ZEROTH_THROW(InvalidArgument, "{}({}, micro-batch {}) out of order: the program's next use is the {} of block {} for micro-batch {}; the model must follow the block schedule and pass order given to the engine",
+    ZEROTH_THROW(InvalidArgument,
+                 "{}({}, micro-batch {}) out of order: the program's next use is the {} of block {} for micro-batch {}; the model "
+                 "must follow the block schedule and pass order given to the engine",
                  what, name(block), micro, a.pass == Pass::forward ? "forward" : "backward", name(a.block), a.micro);
   }
   return a;
@@ -109,7 +113,8 @@ const BlockViews& Executor::begin(int block, int micro, Pass pass, const char* w
   const auto& prog = evaluating_ ? plan_.eval_program : plan_.program;
   size_t& cursor = evaluating_ ? eval_cursor_ : cursor_;
   if (open_use_ >= 0) {
-    ZEROTH_THROW(InvalidArgument, "{}({}, micro-batch {}) while the use before it is open; call its end_ first", what, specs_[block].name, micro);
+    ZEROTH_THROW(InvalidArgument, "{}({}, micro-batch {}) while the use before it is open; call its end_ first", what,
+                 specs_[block].name, micro);
   }
   const auto& run = expect_run(cursor, block, micro, pass, what);
   while (prog[cursor].kind != ActionKind::run) execute(prog[cursor++]);
@@ -169,7 +174,8 @@ bool Executor::after_backward_pass() const {
   const auto& prog = plan_.program;
   if (cursor_ == 0) return false;
   const auto& last = prog[cursor_ - 1];
-  return last.pass == Pass::backward && (cursor_ == prog.size() || prog[cursor_].micro != last.micro || prog[cursor_].pass != last.pass);
+  return last.pass == Pass::backward &&
+         (cursor_ == prog.size() || prog[cursor_].micro != last.micro || prog[cursor_].pass != last.pass);
 }
 
 size_t Executor::uses_done() const {
@@ -192,8 +198,7 @@ void Executor::execute(const Action& a) {
     case ActionKind::release_grads: return release_grads(a.target);
     case ActionKind::all_reduce: return all_reduce(a.target, rs);
     case ActionKind::reduce_scatter: return reduce_scatter(a.target, a.flag, rs);
-    default:
-      ZEROTH_THROW(InvalidArgument, "action {} cannot run inside a block use", action_name(a.kind));
+    default: ZEROTH_THROW(InvalidArgument, "action {} cannot run inside a block use", action_name(a.kind));
   }
 }
 

@@ -25,9 +25,9 @@ namespace zeroth {
 
 // What the step passes to the update actions.
 struct UpdateArgs {
-  int64_t step = 1;   // 1-based
+  int64_t step = 1;  // 1-based
   double lr = 0;
-  float grad_scale = 1;  // unscaling, averaging and clipping in one factor
+  float grad_scale = 1;                        // unscaling, averaging and clipping in one factor
   std::optional<std::array<double, 2>> betas;  // the schedule's (OneCycle's cycle_momentum), else the optimizer's
 };
 
@@ -103,7 +103,7 @@ class Executor {
   SubGroupSteps sub_group_steps(int sub_group, const UpdateArgs& args) const;
 
   void* at(const OwnedRange& r, size_t element) const;  // where element `element` of the block is
-  TensorView view(StateKind kind, int block) const;      // the whole owned range
+  TensorView view(StateKind kind, int block) const;     // the whole owned range
   TensorView buffer_view(int buffer) const;
   TensorView full_params(int block) const;
   TensorView grad_view(int block) const;  // where the model adds the block's gradients
@@ -118,11 +118,11 @@ class Executor {
   std::unique_ptr<Communicator> gather_comm_, reduce_comm_, step_comm_;
   std::vector<Buffer> buffers_;  // as plan.buffers
   Arena param_arena_, grad_arena_;
-  std::vector<void*> gathered_;                        // where each block's full parameters are now
+  std::vector<void*> gathered_;  // where each block's full parameters are now
   std::vector<std::unique_ptr<Event>> gathered_event_;
-  std::vector<bool> gather_pending_;                   // compute must wait for the block's gather
-  std::vector<void*> grads_;                           // where each block's gradients are added now
-  std::vector<std::shared_ptr<Event>> grad_reader_;    // the last work that read them
+  std::vector<bool> gather_pending_;                 // compute must wait for the block's gather
+  std::vector<void*> grads_;                         // where each block's gradients are added now
+  std::vector<std::shared_ptr<Event>> grad_reader_;  // the last work that read them
   std::vector<BlockViews> views_;
   std::shared_ptr<Event> reduced_;  // the last bucket's reduction
   size_t cursor_ = 0;               // next action of the program being walked

@@ -6,7 +6,7 @@
 #include "core/cpu/kernels.h"  // cpu::cast
 #include "core/error.h"        // ZEROTH_CHECK
 #include "engine/executor.h"
-#include "optim/optimizer.h"   // cpu_optimizer_step, cuda_optimizer_step
+#include "optim/optimizer.h"  // cpu_optimizer_step, cuda_optimizer_step
 
 namespace zeroth {
 namespace {
@@ -150,8 +150,8 @@ void Executor::all_gather(int index) {
   const TensorView staging{buffers_[plan_.gather_staging].data(), n * dp, plan_.compute_dtype};
   for (int b : bucket.blocks) {
     const auto& blk = plan_.blocks[b];
-    device_.copy(gs, staging.slice(r * n + blk.shard_offset - bucket.shard_offset, blk.shard).data, view(StateKind::param_shard, b).data,
-                 blk.shard * c);
+    device_.copy(gs, staging.slice(r * n + blk.shard_offset - bucket.shard_offset, blk.shard).data,
+                 view(StateKind::param_shard, b).data, blk.shard * c);
   }
   gather_comm_->all_gather(gs, staging.slice(r * n, n), staging);
   for (int b : bucket.blocks) {
@@ -159,8 +159,8 @@ void Executor::all_gather(int index) {
     const TensorView full = view(StateKind::params, b);
     for (int k = 0; k < dp; ++k) {
       if (k == r) continue;
-      device_.copy(gs, full.slice(k * blk.shard, blk.shard).data, staging.slice(k * n + blk.shard_offset - bucket.shard_offset, blk.shard).data,
-                   blk.shard * c);
+      device_.copy(gs, full.slice(k * blk.shard, blk.shard).data,
+                   staging.slice(k * n + blk.shard_offset - bucket.shard_offset, blk.shard).data, blk.shard * c);
     }
   }
 }
@@ -181,7 +181,8 @@ void Executor::write_block(int b, const std::function<void(size_t, size_t, float
   if (params == nullptr || params->buffer != shard.buffer) {
     device_.copy(cs, at(shard, shard.lo), narrow.data() + (shard.lo - lo) * c, shard.numel() * c);
   }
-  if (!same_place(master, shard)) device_.copy(cs, at(master, master.lo), values.data() + (master.lo - lo), master.numel() * sizeof(float));
+  if (!same_place(master, shard))
+    device_.copy(cs, at(master, master.lo), values.data() + (master.lo - lo), master.numel() * sizeof(float));
   cs.synchronize();  // `values` and `narrow` go out of scope
 }
 

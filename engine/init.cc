@@ -17,9 +17,7 @@ uint64_t mix(uint64_t x) {
 }
 
 // (0, 1], 53 bits.
-double uniform(uint64_t key, uint64_t counter) {
-  return (static_cast<double>(mix(key ^ mix(counter)) >> 11) + 1.0) * 0x1.0p-53;
-}
+double uniform(uint64_t key, uint64_t counter) { return (static_cast<double>(mix(key ^ mix(counter)) >> 11) + 1.0) * 0x1.0p-53; }
 
 }  // namespace
 

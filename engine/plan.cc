@@ -19,17 +19,21 @@ size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
 void check_schedule(const BlockSchedule& s, size_t n) {
   std::vector<int> seen_f(n, 0), seen_b(n, 0);
   for (int b : s.forward) {
-    if (b < 0 || static_cast<size_t>(b) >= n) ZEROTH_THROW(ConfigError, "block schedule: forward names block {}, but there are {} blocks", b, n);
+    if (b < 0 || static_cast<size_t>(b) >= n)
+      ZEROTH_THROW(ConfigError, "block schedule: forward names block {}, but there are {} blocks", b, n);
     ++seen_f[b];
   }
   for (int b : s.backward) {
-    if (b < 0 || static_cast<size_t>(b) >= n) ZEROTH_THROW(ConfigError, "block schedule: backward names block {}, but there are {} blocks", b, n);
+    if (b < 0 || static_cast<size_t>(b) >= n)
+      ZEROTH_THROW(ConfigError, "block schedule: backward names block {}, but there are {} blocks", b, n);
     ++seen_b[b];
   }
   for (size_t b = 0; b < n; ++b) {
     if (seen_f[b] == 0 || seen_b[b] == 0) {
-      ZEROTH_THROW(ConfigError, "block schedule: block {} is never used in the {} pass; every block must be used in both (frozen blocks are not supported)",
-                   b, seen_f[b] == 0 ? "forward" : "backward");
+      ZEROTH_THROW(
+          ConfigError,
+          "block schedule: block {} is never used in the {} pass; every block must be used in both (frozen blocks are not supported)",
+          b, seen_f[b] == 0 ? "forward" : "backward");
     }
   }
 }
@@ -42,7 +46,9 @@ int check_passes(const std::vector<PassRef>& passes, int micro_batches) {
     const bool fwd = p.pass == Pass::forward;
     int& next = fwd ? next_f : next_b;
     if (p.micro != next || p.micro >= micro_batches || (!fwd && next_b >= next_f)) {
-      ZEROTH_THROW(ConfigError, "pass order: {} of micro-batch {} comes out of order; each of the {} micro-batches of a cycle runs forward then backward, forwards in micro-batch order and backwards too",
+      ZEROTH_THROW(ConfigError,
+                   "pass order: {} of micro-batch {} comes out of order; each of the {} micro-batches of a cycle runs forward then "
+                   "backward, forwards in micro-batch order and backwards too",
                    fwd ? "forward" : "backward", p.micro, micro_batches);
     }
     ++next;
@@ -50,8 +56,10 @@ int check_passes(const std::vector<PassRef>& passes, int micro_batches) {
     most = std::max(most, in_flight);
   }
   if (next_f != micro_batches || next_b != micro_batches) {
-    ZEROTH_THROW(ConfigError, "pass order: it has {} forward and {} backward passes, but the cycle has {} micro-batches (gradient_accumulation_steps)",
-                 next_f, next_b, micro_batches);
+    ZEROTH_THROW(
+        ConfigError,
+        "pass order: it has {} forward and {} backward passes, but the cycle has {} micro-batches (gradient_accumulation_steps)",
+        next_f, next_b, micro_batches);
   }
   return most;
 }
@@ -166,7 +174,8 @@ void make_sub_groups(Plan& p, const std::vector<BlockSpec>& specs, const WeightD
         }
       }
       const int tensor = per_tensor ? first_tensor[b] + static_cast<int>(i) : -1;
-      for (size_t s = at; s < end; s = std::min<size_t>(end, s + limit)) spans.push_back({b, s, std::min<size_t>(end, s + limit), wd, tensor});
+      for (size_t s = at; s < end; s = std::min<size_t>(end, s + limit))
+        spans.push_back({b, s, std::min<size_t>(end, s + limit), wd, tensor});
       at = end;
     }
   }
@@ -179,7 +188,8 @@ void make_sub_groups(Plan& p, const std::vector<BlockSpec>& specs, const WeightD
     p.sub_groups.back().push_back(s);
     filled += s.hi - s.lo;
   }
-  if (per_tensor) p.tensor_norms = add_buffer(p, "tensor_norms", MemTag::optimizer, DType::f32, 2 * static_cast<size_t>(first_tensor.back()), true);
+  if (per_tensor)
+    p.tensor_norms = add_buffer(p, "tensor_norms", MemTag::optimizer, DType::f32, 2 * static_cast<size_t>(first_tensor.back()), true);
 }
 
 void make_step_program(Plan& p) {
@@ -236,8 +246,8 @@ const OwnedRange& Plan::range(StateKind kind, int block) const {
   return *r;
 }
 
-Plan make_plan(const std::vector<BlockSpec>& specs, const BlockSchedule& schedule, const EngineConfig& config, int dp,
-               int rank, std::vector<PassRef> passes) {
+Plan make_plan(const std::vector<BlockSpec>& specs, const BlockSchedule& schedule, const EngineConfig& config, int dp, int rank,
+               std::vector<PassRef> passes) {
   config.validate();
   if (specs.empty()) ZEROTH_THROW(ConfigError, "the model registered no blocks");
   if (dp < 1 || rank < 0 || rank >= dp) ZEROTH_THROW(InvalidArgument, "make_plan: rank {} of {}", rank, dp);
@@ -255,12 +265,14 @@ Plan make_plan(const std::vector<BlockSpec>& specs, const BlockSchedule& schedul
 
   std::set<std::string> names;
   for (const auto& spec : specs) {
-    if (!names.insert(spec.name).second) ZEROTH_THROW(ConfigError, "two blocks are named \"{}\"; block names must be unique", spec.name);
+    if (!names.insert(spec.name).second)
+      ZEROTH_THROW(ConfigError, "two blocks are named \"{}\"; block names must be unique", spec.name);
     PlannedBlock blk;
     blk.name = spec.name;
     std::set<std::string> pnames;
     for (const auto& param : spec.params) {
-      if (!pnames.insert(param.name).second) ZEROTH_THROW(ConfigError, "block {} has two parameters named \"{}\"", spec.name, param.name);
+      if (!pnames.insert(param.name).second)
+        ZEROTH_THROW(ConfigError, "block {} has two parameters named \"{}\"", spec.name, param.name);
       blk.numel = round_up(blk.numel, kParamAlign);
       blk.param_offsets.push_back(blk.numel);
       blk.numel += param.numel();
@@ -324,7 +336,8 @@ Plan make_plan(const std::vector<BlockSpec>& specs, const BlockSchedule& schedul
   p.scalar = add_buffer(p, "scalar", MemTag::buffers, DType::f32, 1);
 
   config.no_weight_decay.check(specs);
-  make_sub_groups(p, specs, config.no_weight_decay, std::max<uint64_t>(1, z.sub_group_size), config.optimizer.kind == OptimizerKind::lamb);
+  make_sub_groups(p, specs, config.no_weight_decay, std::max<uint64_t>(1, z.sub_group_size),
+                  config.optimizer.kind == OptimizerKind::lamb);
   make_step_program(p);
   for (const auto& buf : p.buffers) at(p.bytes, buf.tier, buf.tag) += buf.bytes();
   return p;

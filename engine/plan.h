@@ -67,15 +67,15 @@ struct OwnedRange {
 struct PlannedBlock {
   std::string name;
   std::vector<size_t> param_offsets;  // element offsets in the block's flat buffer
-  size_t numel = 0;                    // sum of parameter sizes, without padding
-  size_t padded = 0;                   // flat size: a multiple of dp * alignment
-  size_t shard = 0;                    // padded / dp
-  size_t shard_offset = 0;             // in the rank's concatenated shard space
-  size_t full_offset = 0;              // in the concatenated full space
-  bool persistent = false;             // stage 3: small enough to stay gathered
-  bool transient_grads = false;        // gradients live in the arena per micro-batch
+  size_t numel = 0;                   // sum of parameter sizes, without padding
+  size_t padded = 0;                  // flat size: a multiple of dp * alignment
+  size_t shard = 0;                   // padded / dp
+  size_t shard_offset = 0;            // in the rank's concatenated shard space
+  size_t full_offset = 0;             // in the concatenated full space
+  bool persistent = false;            // stage 3: small enough to stay gathered
+  bool transient_grads = false;       // gradients live in the arena per micro-batch
   int reduce_bucket = -1;
-  int gather_bucket = -1;              // the post-step all-gather bucket, if any
+  int gather_bucket = -1;  // the post-step all-gather bucket, if any
 };
 
 // Consecutive blocks in shard order whose collective runs as one.
@@ -84,7 +84,7 @@ struct Bucket {
   size_t shard_offset = 0;  // of the first block
   size_t shard_numel = 0;   // per rank
   size_t full_offset = 0;
-  bool staged = false;      // goes through the rank-major staging buffer (more than one block, or a dtype change)
+  bool staged = false;            // goes through the rank-major staging buffer (more than one block, or a dtype change)
   bool from_accumulator = false;  // reduces the f32 accumulator (stages 0-1), else the blocks' gradient buffers
 };
 
@@ -156,8 +156,8 @@ struct Plan {
   int rank = 0;
   DType compute_dtype = DType::f32;
   DType comm_dtype = DType::f32;
-  int micro_batches = 1;  // per accumulation cycle
-  int max_in_flight = 1;  // micro-batches forwarded but not yet backwarded, at most
+  int micro_batches = 1;             // per accumulation cycle
+  int max_in_flight = 1;             // micro-batches forwarded but not yet backwarded, at most
   std::vector<PlannedBlock> blocks;  // in registration order
   std::vector<int> shard_order;      // block indices by last backward use
   std::vector<PlannedBuffer> buffers;
@@ -166,13 +166,13 @@ struct Plan {
   std::vector<Bucket> reduce_buckets, gather_buckets;
   std::vector<std::vector<UpdateSpan>> sub_groups;
   std::vector<PassRef> passes;
-  std::vector<Action> program;       // one accumulation cycle, in the order of `passes`
-  std::vector<Action> eval_program;  // one forward-only pass (validation)
-  std::vector<Action> step_program;  // at the end of the cycle
+  std::vector<Action> program;                                // one accumulation cycle, in the order of `passes`
+  std::vector<Action> eval_program;                           // one forward-only pass (validation)
+  std::vector<Action> step_program;                           // at the end of the cycle
   size_t total_numel = 0, total_padded = 0, shard_numel = 0;  // shard_numel: this rank's, all blocks
   int param_arena = -1, grad_arena = -1, reduce_staging = -1, gather_staging = -1, scalar = -1;  // buffers
   int tensor_norms = -1;  // buffer: two f32 per parameter tensor (Lamb's trust ratio), or -1
-  TierBytes bytes{};  // what the engine holds per tier and tag at peak
+  TierBytes bytes{};      // what the engine holds per tier and tag at peak
 
   // The owned range of a kind of a block, or nullptr when the rank holds none.
   const OwnedRange* find(StateKind kind, int block) const;
@@ -180,7 +180,7 @@ struct Plan {
   size_t buffer_numel(int buffer) const { return buffer < 0 ? 0 : buffers[buffer].numel; }
   size_t device_bytes() const { return tier_total(bytes, Tier::device); }
   nlohmann::json to_json() const;
-  std::string table() const;     // compact, for the log at start
+  std::string table() const;            // compact, for the log at start
   std::string program_summary() const;  // counts per action kind and the first micro-batch in full
   // Writes to_json() to the path in ZEROTH_PLAN_JSON, when it is set (IoError if that fails).
   void write_json_if_requested() const;
@@ -188,8 +188,8 @@ struct Plan {
 
 // Throws ConfigError on a schedule that names unknown blocks or misses one, or on a pass order
 // that is not a valid order of the cycle's micro-batches. Empty `passes`: sequential.
-Plan make_plan(const std::vector<BlockSpec>& blocks, const BlockSchedule& schedule, const EngineConfig& config, int dp,
-               int rank, std::vector<PassRef> passes = {});
+Plan make_plan(const std::vector<BlockSpec>& blocks, const BlockSchedule& schedule, const EngineConfig& config, int dp, int rank,
+               std::vector<PassRef> passes = {});
 
 // The program part of make_plan, on a plan whose layout and buckets are made: fills the cycle's
 // and the evaluation's programs and returns the arena high-water marks they need (elements of

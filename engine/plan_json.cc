@@ -32,9 +32,9 @@ std::string_view state_kind_name(StateKind kind) {
 }
 
 std::string_view action_name(ActionKind kind) {
-  constexpr std::string_view kNames[] = {"run", "gather", "release", "place_grads", "accumulate", "release_grads",
-                                         "all_reduce", "reduce_scatter", "grad_norm", "update", "zero", "all_gather",
-                                         "update_norms", "sum_norms"};
+  constexpr std::string_view kNames[] = {"run",           "gather",     "release",        "place_grads", "accumulate",
+                                         "release_grads", "all_reduce", "reduce_scatter", "grad_norm",   "update",
+                                         "zero",          "all_gather", "update_norms",   "sum_norms"};
   const auto i = static_cast<size_t>(kind);
   return i < kActionKindCount ? kNames[i] : "invalid";
 }
@@ -80,24 +80,39 @@ nlohmann::json Plan::to_json() const {
   j["shard_numel"] = shard_numel;
   auto& jb = j["blocks"] = nlohmann::json::array();
   for (const auto& b : blocks) {
-    jb.push_back({{"name", b.name}, {"numel", b.numel}, {"padded", b.padded}, {"shard", b.shard},
-                  {"shard_offset", b.shard_offset}, {"persistent", b.persistent}, {"transient_grads", b.transient_grads},
-                  {"reduce_bucket", b.reduce_bucket}, {"gather_bucket", b.gather_bucket}});
+    jb.push_back({{"name", b.name},
+                  {"numel", b.numel},
+                  {"padded", b.padded},
+                  {"shard", b.shard},
+                  {"shard_offset", b.shard_offset},
+                  {"persistent", b.persistent},
+                  {"transient_grads", b.transient_grads},
+                  {"reduce_bucket", b.reduce_bucket},
+                  {"gather_bucket", b.gather_bucket}});
   }
   auto& jbuf = j["buffers"] = nlohmann::json::array();
   for (const auto& b : buffers) {
-    jbuf.push_back({{"name", b.name}, {"tier", tier_name(b.tier)}, {"tag", mem_tag_name(b.tag)}, {"dtype", dtype_name(b.dtype)},
-                    {"numel", b.numel}, {"bytes", b.bytes()}});
+    jbuf.push_back({{"name", b.name},
+                    {"tier", tier_name(b.tier)},
+                    {"tag", mem_tag_name(b.tag)},
+                    {"dtype", dtype_name(b.dtype)},
+                    {"numel", b.numel},
+                    {"bytes", b.bytes()}});
   }
   auto& jo = j["owned"] = nlohmann::json::array();
   for (const auto& o : owned) {
-    jo.push_back({{"kind", state_kind_name(o.kind)}, {"block", o.block}, {"range", {o.lo, o.hi}}, {"buffer", o.buffer},
-                  {"offset", o.offset}, {"tier", tier_name(buffers[o.buffer].tier)}});
+    jo.push_back({{"kind", state_kind_name(o.kind)},
+                  {"block", o.block},
+                  {"range", {o.lo, o.hi}},
+                  {"buffer", o.buffer},
+                  {"offset", o.offset},
+                  {"tier", tier_name(buffers[o.buffer].tier)}});
   }
   auto buckets = [&](const std::vector<Bucket>& v) {
     auto out = nlohmann::json::array();
     for (const auto& k : v) {
-      out.push_back({{"blocks", k.blocks}, {"shard_numel", k.shard_numel}, {"staged", k.staged}, {"from_accumulator", k.from_accumulator}});
+      out.push_back(
+          {{"blocks", k.blocks}, {"shard_numel", k.shard_numel}, {"staged", k.staged}, {"from_accumulator", k.from_accumulator}});
     }
     return out;
   };
@@ -142,9 +157,10 @@ std::string Plan::table() const {
     gathers += a.kind == ActionKind::gather;
     serial += a.serial;
   }
-  std::string out = fmt::format("ZeRO stage {} plan, rank {} of {}: {} blocks, {} parameters ({} padded), shard {} per rank\n",
-                                stage, rank, dp, blocks.size(), total_numel, total_padded, shard_numel);
-  out += fmt::format("  compute {}, gradient reduction {}, {} reduce bucket(s), {} gather bucket(s), {} gather(s) per cycle of {} micro-batch(es); {}\n",
+  std::string out = fmt::format("ZeRO stage {} plan, rank {} of {}: {} blocks, {} parameters ({} padded), shard {} per rank\n", stage,
+                                rank, dp, blocks.size(), total_numel, total_padded, shard_numel);
+  out += fmt::format("  compute {}, gradient reduction {}, {} reduce bucket(s), {} gather bucket(s), {} gather(s) per cycle of {} "
+                     "micro-batch(es); {}\n",
                      dtype_name(compute_dtype), dtype_name(comm_dtype), reduce_buckets.size(), gather_buckets.size(), gathers,
                      micro_batches, serial > 0 ? "communication serialised with compute" : "communication overlapped with compute");
   for (size_t t = 0; t < kTierCount; ++t) {
@@ -170,7 +186,8 @@ std::string Plan::program_summary() const {
     return text;
   };
   std::string out = fmt::format("program: {} actions per cycle of {} micro-batch(es), at most {} in flight ({}); {} at the step ({})",
-                                program.size(), micro_batches, max_in_flight, counts(program), step_program.size(), counts(step_program));
+                                program.size(), micro_batches, max_in_flight, counts(program), step_program.size(),
+                                counts(step_program));
   out += "\nmicro-batch 0:";
   int use = -1;
   for (const auto& a : program) {
@@ -192,7 +209,10 @@ std::string Plan::program_summary() const {
   for (const auto& a : step_program) {
     const bool group = a.kind == ActionKind::update || a.kind == ActionKind::update_norms;
     const bool buffer = a.kind == ActionKind::grad_norm || a.kind == ActionKind::zero || a.kind == ActionKind::sum_norms;
-    out += fmt::format(" {} {}{},", action_name(a.kind), group ? "sub-group " : a.kind == ActionKind::all_gather ? "bucket " : "",
+    out += fmt::format(" {} {}{},", action_name(a.kind),
+                       group                              ? "sub-group "
+                       : a.kind == ActionKind::all_gather ? "bucket "
+                                                          : "",
                        buffer ? buffers[a.target].name : std::to_string(a.target));
   }
   out.pop_back();

@@ -12,17 +12,15 @@ Device& TierAllocators::host() {
 
 Buffer TierAllocators::allocate(Tier tier, size_t bytes, MemTag tag) {
   switch (tier) {
-    case Tier::device:
-      return device_.allocate(bytes, tag);
+    case Tier::device: return device_.allocate(bytes, tag);
     case Tier::pinned_host:
       if (device_.kind() != DeviceKind::cpu) {
-        ZEROTH_THROW(InvalidArgument, "pinned host memory for {} is not available in this build: no plan places state there yet", device_.name());
+        ZEROTH_THROW(InvalidArgument, "pinned host memory for {} is not available in this build: no plan places state there yet",
+                     device_.name());
       }
       return host().allocate(bytes, tag);
-    case Tier::host:
-      return host().allocate(bytes, tag);
-    case Tier::nvme:
-      break;
+    case Tier::host: return host().allocate(bytes, tag);
+    case Tier::nvme: break;
   }
   ZEROTH_THROW(InvalidArgument, "the {} tier has no allocator in this build: no plan places state there yet", tier_name(tier));
 }

@@ -141,7 +141,8 @@ size_t optimizer_bytes_per_param(OptimizerKind kind, DType grad_type, bool copy_
   // Lamb's second pass reads the params and both moments again.
   const size_t second_pass = kind == OptimizerKind::lamb ? 12 : 0;
   // params read + written, gradients read, each state array read + written, copy-out written
-  return second_pass + 8 + dtype_size(grad_type) + 8 * static_cast<size_t>(p.state_arrays()) + (copy_out ? dtype_size(copy_out_type) : 0);
+  return second_pass + 8 + dtype_size(grad_type) + 8 * static_cast<size_t>(p.state_arrays()) +
+         (copy_out ? dtype_size(copy_out_type) : 0);
 }
 
 }  // namespace zeroth

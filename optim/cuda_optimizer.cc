@@ -38,8 +38,8 @@ std::vector<optim_cuda::Shard> shard_table(std::span<const OptimizerStep> shards
 
 void cuda_lamb_norms(const OptimizerParams& params, std::span<const OptimizerStep> shards, std::span<float* const> norms,
                      Stream& stream) {
-  ZEROTH_CHECK(params.kind == OptimizerKind::lamb && norms.size() == shards.size(), "cuda_lamb_norms: {} with {} shards and {} norm pairs",
-               optimizer_name(params.kind), shards.size(), norms.size());
+  ZEROTH_CHECK(params.kind == OptimizerKind::lamb && norms.size() == shards.size(),
+               "cuda_lamb_norms: {} with {} shards and {} norm pairs", optimizer_name(params.kind), shards.size(), norms.size());
   const cudaStream_t handle = checked_stream(params, shards, stream, "cuda_lamb_norms");
   if (shards.empty()) return;
   const auto table = shard_table(shards);
@@ -48,10 +48,10 @@ void cuda_lamb_norms(const OptimizerParams& params, std::span<const OptimizerSte
                                 optim::make_constants(params, shards.front()), handle);
 }
 
-void cuda_lamb_apply(const OptimizerParams& params, std::span<const OptimizerStep> shards,
-                     std::span<const float* const> norms, Stream& stream) {
-  ZEROTH_CHECK(params.kind == OptimizerKind::lamb && norms.size() == shards.size(), "cuda_lamb_apply: {} with {} shards and {} norm pairs",
-               optimizer_name(params.kind), shards.size(), norms.size());
+void cuda_lamb_apply(const OptimizerParams& params, std::span<const OptimizerStep> shards, std::span<const float* const> norms,
+                     Stream& stream) {
+  ZEROTH_CHECK(params.kind == OptimizerKind::lamb && norms.size() == shards.size(),
+               "cuda_lamb_apply: {} with {} shards and {} norm pairs", optimizer_name(params.kind), shards.size(), norms.size());
   const cudaStream_t handle = checked_stream(params, shards, stream, "cuda_lamb_apply");
   if (shards.empty()) return;
   const auto table = shard_table(shards);
@@ -88,8 +88,8 @@ StepReport cuda_optimizer_step(const OptimizerParams& params, std::span<const Op
   }
   const auto table = shard_table(shards);
   CudaDeviceGuard guard(static_cast<CudaDevice&>(device).index());
-  optim_cuda::launch_step(optim::kind_of(params), table.data(), static_cast<int>(table.size()), first.grad_type,
-                          first.copy_out_type, optim::make_constants(params, first), handle);
+  optim_cuda::launch_step(optim::kind_of(params), table.data(), static_cast<int>(table.size()), first.grad_type, first.copy_out_type,
+                          optim::make_constants(params, first), handle);
   return {};
 }
 

@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "core/log.h"      // ZLOG_WARN
+#include "core/log.h"  // ZLOG_WARN
 #include "core/strings.h"
 
 namespace zeroth {
@@ -45,10 +45,9 @@ ScheduledValues LrSchedule::values(int64_t iteration) const {
       } else if (iteration >= warm) {
         // WarmupLR._get_gamma holds the maximum; WarmupDecayLR._get_gamma decays linearly to
         // the minimum at total_num_steps and stays there.
-        gamma = kind == ScheduleKind::warmup
-                    ? 1.0
-                    : std::max(0.0, static_cast<double>(total_num_steps - iteration) /
-                                        std::max(1.0, static_cast<double>(total_num_steps - warm)));
+        gamma = kind == ScheduleKind::warmup ? 1.0
+                                             : std::max(0.0, static_cast<double>(total_num_steps - iteration) /
+                                                                 std::max(1.0, static_cast<double>(total_num_steps - warm)));
       }
       v.lr = warmup_min_lr + (warmup_max_lr - warmup_min_lr) * gamma;
       break;
@@ -100,10 +99,12 @@ ScheduledValues LrSchedule::values(int64_t iteration) const {
       }
       // _get_decay_lr / _get_decay_mom: the lr falls as 1 / (1 + rate * interval); the momentum
       // grows by (1 + rate * interval). A zero decay_step_size or rate holds the end values.
-      const double interval =
-          decay_step_size == 0 ? 0.0 : static_cast<double>(iteration - static_cast<int64_t>(total) + 1) / static_cast<double>(decay_step_size);
+      const double interval = decay_step_size == 0 ? 0.0
+                                                   : static_cast<double>(iteration - static_cast<int64_t>(total) + 1) /
+                                                         static_cast<double>(decay_step_size);
       v.lr = decay_lr_rate == 0.0 ? cycle_min_lr : cycle_min_lr / (1.0 + decay_lr_rate * interval);
-      if (cycle_momentum) v = {v.lr, true, decay_mom_rate == 0.0 ? cycle_max_mom : cycle_max_mom * (1.0 + decay_mom_rate * interval), kCycleBeta2};
+      if (cycle_momentum)
+        v = {v.lr, true, decay_mom_rate == 0.0 ? cycle_max_mom : cycle_max_mom * (1.0 + decay_mom_rate * interval), kCycleBeta2};
       break;
     }
     case ScheduleKind::lr_range_test: {
@@ -139,23 +140,26 @@ std::string LrSchedule::describe() const {
       text = fmt::format("WarmupLR {} at steps 1-2, {} warmup to {} at step {}, then held", warmup_min_lr, warmup, warmup_max_lr, top);
       break;
     case ScheduleKind::warmup_decay:
-      text = fmt::format("WarmupDecayLR {} at steps 1-2, {} warmup to {} at step {}, linear decay to {} at step {}, then held", warmup_min_lr,
-                         warmup, warmup_max_lr, top, warmup_min_lr, total_num_steps + 2);
+      text = fmt::format("WarmupDecayLR {} at steps 1-2, {} warmup to {} at step {}, linear decay to {} at step {}, then held",
+                         warmup_min_lr, warmup, warmup_max_lr, top, warmup_min_lr, total_num_steps + 2);
       break;
     case ScheduleKind::warmup_cosine:
-      text = fmt::format("WarmupCosineLR 0 at step 1, {} warmup from {} x {} over {} steps, cosine to {} x {} at step {}, then held", warmup,
-                         warmup_min_ratio, base_lr, warm, cos_min_ratio, base_lr, total_num_steps > warm ? total_num_steps + 1 : warm + 2);
+      text = fmt::format("WarmupCosineLR 0 at step 1, {} warmup from {} x {} over {} steps, cosine to {} x {} at step {}, then held",
+                         warmup, warmup_min_ratio, base_lr, warm, cos_min_ratio, base_lr,
+                         total_num_steps > warm ? total_num_steps + 1 : warm + 2);
       break;
     case ScheduleKind::one_cycle: {
       const int64_t second = cycle_second_step_size < 0 ? cycle_first_step_size : cycle_second_step_size;
       const int64_t stairs2 = cycle_second_stair_count < 0 ? cycle_first_stair_count : cycle_second_stair_count;
       text = fmt::format("OneCycle {} at step 1, up to {} over {} steps{}, down over {}{}, then {}", cycle_min_lr, cycle_max_lr,
-                         cycle_first_step_size, cycle_first_stair_count > 0 ? fmt::format(" in {} stairs", cycle_first_stair_count) : "",
-                         second, stairs2 > 0 ? fmt::format(" in {} stairs", stairs2) : "",
+                         cycle_first_step_size,
+                         cycle_first_stair_count > 0 ? fmt::format(" in {} stairs", cycle_first_stair_count) : "", second,
+                         stairs2 > 0 ? fmt::format(" in {} stairs", stairs2) : "",
                          decay_step_size > 0 && decay_lr_rate != 0.0
                              ? fmt::format("lr / (1 + {} x steps past the cycle / {})", decay_lr_rate, decay_step_size)
                              : fmt::format("held at {}", cycle_min_lr));
-      if (cycle_momentum) text += fmt::format("; beta1 cycles {} <-> {} against it and beta2 is 0.99 (cycle_momentum)", cycle_max_mom, cycle_min_mom);
+      if (cycle_momentum)
+        text += fmt::format("; beta1 cycles {} <-> {} against it and beta2 is 0.99 (cycle_momentum)", cycle_max_mom, cycle_min_mom);
       break;
     }
     case ScheduleKind::lr_range_test:
@@ -172,11 +176,13 @@ LrSchedule LrSchedule::from_deepspeed(const nlohmann::json& section, double base
   s.base_lr = base_lr;
   static constexpr std::string_view kTypes[] = {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle", "LRRangeTest"};
   if (!section.is_object() || !section.contains("type") || !section["type"].is_string()) {
-    ZEROTH_THROW(ConfigError, "scheduler must be an object with a \"type\" (WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest)");
+    ZEROTH_THROW(ConfigError,
+                 "scheduler must be an object with a \"type\" (WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest)");
   }
   for (const auto& [key, value] : section.items()) {
     static constexpr std::string_view kKeys[] = {"type", "params"};
-    if (key != "type" && key != "params") ZEROTH_THROW(ConfigError, "scheduler.{} is not a known key{}", key, did_you_mean(key, kKeys));
+    if (key != "type" && key != "params")
+      ZEROTH_THROW(ConfigError, "scheduler.{} is not a known key{}", key, did_you_mean(key, kKeys));
   }
   const std::string type = section["type"];
   const nlohmann::json params = section.value("params", nlohmann::json::object());
@@ -196,13 +202,16 @@ LrSchedule LrSchedule::from_deepspeed(const nlohmann::json& section, double base
     allow({"total_num_steps", "warmup_min_ratio", "warmup_num_steps", "cos_min_ratio", "warmup_type"});
   } else if (type == "OneCycle") {
     s.kind = ScheduleKind::one_cycle;
-    allow({"cycle_min_lr", "cycle_max_lr", "decay_lr_rate", "cycle_first_step_size", "cycle_second_step_size", "cycle_first_stair_count",
-           "cycle_second_stair_count", "decay_step_size", "cycle_momentum", "cycle_min_mom", "cycle_max_mom", "decay_mom_rate"});
+    allow({"cycle_min_lr", "cycle_max_lr", "decay_lr_rate", "cycle_first_step_size", "cycle_second_step_size",
+           "cycle_first_stair_count", "cycle_second_stair_count", "decay_step_size", "cycle_momentum", "cycle_min_mom",
+           "cycle_max_mom", "decay_mom_rate"});
   } else if (type == "LRRangeTest") {
     s.kind = ScheduleKind::lr_range_test;
     allow({"lr_range_test_min_lr", "lr_range_test_step_size", "lr_range_test_step_rate", "lr_range_test_staircase"});
   } else {
-    ZEROTH_THROW(ConfigError, "scheduler.type \"{}\" is unknown{}; the DeepSpeed schedulers are WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle and LRRangeTest",
+    ZEROTH_THROW(ConfigError,
+                 "scheduler.type \"{}\" is unknown{}; the DeepSpeed schedulers are WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle "
+                 "and LRRangeTest",
                  type, did_you_mean(type, kTypes));
   }
   for (const auto& [key, value] : params.items()) {
@@ -227,7 +236,8 @@ LrSchedule LrSchedule::from_deepspeed(const nlohmann::json& section, double base
   };
   auto flag = [&](const char* key, bool& out) {
     if (!params.contains(key)) return;
-    if (!params[key].is_boolean()) ZEROTH_THROW(ConfigError, "scheduler.params.{} must be true or false, got {}", key, params[key].dump());
+    if (!params[key].is_boolean())
+      ZEROTH_THROW(ConfigError, "scheduler.params.{} must be true or false, got {}", key, params[key].dump());
     out = params[key].get<bool>();
   };
   integer("last_batch_iteration", s.last_batch_iteration, -1);
@@ -260,7 +270,8 @@ LrSchedule LrSchedule::from_deepspeed(const nlohmann::json& section, double base
     const auto& v = params["warmup_type"];
     s.warmup_type = v == "linear" ? WarmupType::linear : WarmupType::log;
     if (v != "linear" && v != "log") {
-      ZLOG_WARN("scheduler.params.warmup_type {} is not \"log\" or \"linear\"; the warmup is log, as DeepSpeed falls back to", v.dump());
+      ZLOG_WARN("scheduler.params.warmup_type {} is not \"log\" or \"linear\"; the warmup is log, as DeepSpeed falls back to",
+                v.dump());
     }
   }
   if ((s.kind == ScheduleKind::warmup_decay || s.kind == ScheduleKind::warmup_cosine) && !params.contains("total_num_steps")) {

@@ -44,7 +44,7 @@ struct LrSchedule {
   int64_t cycle_first_step_size = 2000, cycle_second_step_size = -1;  // -1: same as the first
   int64_t decay_step_size = 0;
   int64_t cycle_first_stair_count = 0, cycle_second_stair_count = -1;  // -1: same as the first
-  bool cycle_momentum = false;  // set by from_deepspeed (DeepSpeed's default is true)
+  bool cycle_momentum = false;                                         // set by from_deepspeed (DeepSpeed's default is true)
   double cycle_min_mom = 0.8, cycle_max_mom = 0.9, decay_mom_rate = 0.0;
   // LRRangeTest
   double lr_range_test_min_lr = 1e-3, lr_range_test_step_rate = 1.0;

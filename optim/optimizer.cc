@@ -66,7 +66,8 @@ std::string lower(std::string_view s) {
 double number(const nlohmann::json& params, const std::string& key) {
   const auto& v = params.at(key);
   if (v.is_string() && v.get<std::string>() == "auto") {
-    ZEROTH_THROW(ConfigError, "optimizer.params.{} is \"auto\": auto values are resolved by the training config; here it must be a number", key);
+    ZEROTH_THROW(ConfigError,
+                 "optimizer.params.{} is \"auto\": auto values are resolved by the training config; here it must be a number", key);
   }
   if (!v.is_number()) ZEROTH_THROW(ConfigError, "optimizer.params.{} must be a number, got {}", key, v.dump());
   return v.get<double>();
@@ -115,15 +116,16 @@ OptimizerParams OptimizerParams::from_deepspeed(const nlohmann::json& section) {
     // weight_decay 0, max_grad_norm 0, max_coeff 10, min_coeff 0.01, amsgrad false (an error
     // there too); the defaults of OptimizerParams.
     p.kind = OptimizerKind::lamb;
-    allowed = {"lr", "bias_correction", "betas", "eps", "eps_inside_sqrt", "weight_decay", "max_grad_norm",
-               "max_coeff", "min_coeff", "amsgrad"};
+    allowed = {"lr",           "bias_correction", "betas",     "eps",       "eps_inside_sqrt",
+               "weight_decay", "max_grad_norm",   "max_coeff", "min_coeff", "amsgrad"};
   } else {
-    static constexpr std::string_view kTypes[] = {"Adam", "AdamW", "SGD", "Lion", "Lamb", "OneBitAdam", "ZeroOneAdam",
-                                                  "OneBitLamb", "Adagrad", "MuAdam", "MuAdamW", "MuSGD"};
+    static constexpr std::string_view kTypes[] = {"Adam",        "AdamW",      "SGD",     "Lion",   "Lamb",    "OneBitAdam",
+                                                  "ZeroOneAdam", "OneBitLamb", "Adagrad", "MuAdam", "MuAdamW", "MuSGD"};
     static constexpr std::string_view kSupported[] = {"Adam", "AdamW", "SGD", "Lion", "Lamb"};
     const auto known = closest_match(type, kTypes);
     if (!known.empty() && lower(known) == t) {
-      ZEROTH_THROW(ConfigError, "optimizer.type \"{}\" is a DeepSpeed optimizer zeroth does not support; use Adam, AdamW, SGD, Lion or Lamb", type);
+      ZEROTH_THROW(ConfigError,
+                   "optimizer.type \"{}\" is a DeepSpeed optimizer zeroth does not support; use Adam, AdamW, SGD, Lion or Lamb", type);
     }
     ZEROTH_THROW(ConfigError, "optimizer.type \"{}\" is unknown{}; zeroth supports Adam, AdamW, SGD, Lion and Lamb", type,
                  did_you_mean(type, kSupported));
@@ -158,7 +160,9 @@ OptimizerParams OptimizerParams::from_deepspeed(const nlohmann::json& section) {
   // FusedLamb's own clipping rescales each tensor's gradient by a norm its caller passes to step();
   // zeroth clips by the global norm of all gradients (gradient_clipping) before every optimizer.
   if (params.contains("max_grad_norm") && number(params, "max_grad_norm") != 0.0) {
-    ZEROTH_THROW(ConfigError, "optimizer.params.max_grad_norm = {} is not supported by zeroth; set it to 0 and use the top-level \"gradient_clipping\" (clipping by the global gradient norm)",
+    ZEROTH_THROW(ConfigError,
+                 "optimizer.params.max_grad_norm = {} is not supported by zeroth; set it to 0 and use the top-level "
+                 "\"gradient_clipping\" (clipping by the global gradient norm)",
                  number(params, "max_grad_norm"));
   }
   if (params.contains("torch_adam")) boolean(params, "torch_adam");  // picks an implementation in DeepSpeed; zeroth has one

@@ -12,7 +12,7 @@
 #include <string>       // std::string
 #include <string_view>  // std::string_view
 
-#include <span>         // std::span
+#include <span>  // std::span
 
 #include <nlohmann/json_fwd.hpp>  // nlohmann::json
 
@@ -37,7 +37,7 @@ struct OptimizerParams {
   double momentum = 0.0, dampening = 0.0;  // sgd
   bool nesterov = false;
   double max_coeff = 10.0, min_coeff = 0.01;  // lamb: the trust ratio's clamp
-  bool eps_inside_sqrt = false;                // lamb: sqrt(v_hat + eps) instead of sqrt(v_hat) + eps
+  bool eps_inside_sqrt = false;               // lamb: sqrt(v_hat + eps) instead of sqrt(v_hat) + eps
 
   // State arrays per parameter (see the layout above).
   int state_arrays() const;
@@ -50,16 +50,16 @@ struct OptimizerParams {
 };
 
 struct OptimizerStep {
-  float* params = nullptr;            // fp32 master weights, updated in place
-  const void* grads = nullptr;        // f32, bf16 or f16
+  float* params = nullptr;      // fp32 master weights, updated in place
+  const void* grads = nullptr;  // f32, bf16 or f16
   DType grad_type = DType::f32;
   float* state[2] = {nullptr, nullptr};
   void* copy_out = nullptr;           // optional: the updated weights in copy_out_type
   DType copy_out_type = DType::bf16;  // bf16 or f16 (f32 is allowed too)
   size_t count = 0;
-  int64_t step = 1;                   // 1-based step number (bias correction, SGD's first step)
-  double lr = 1e-3;                   // this step's learning rate (from the schedule)
-  float grad_scale = 1.0f;            // gradients are multiplied by this first (unscaling, clipping)
+  int64_t step = 1;         // 1-based step number (bias correction, SGD's first step)
+  double lr = 1e-3;         // this step's learning rate (from the schedule)
+  float grad_scale = 1.0f;  // gradients are multiplied by this first (unscaling, clipping)
   // Look for Inf/NaN in the gradients first and skip the whole step if there is any (one extra
   // read of the gradients). Pass false when the caller has checked already (the engine does).
   bool check_finite = true;
@@ -92,8 +92,8 @@ void cpu_lamb_apply(const OptimizerParams& params, const OptimizerStep& step, co
 // bits (same chunking of the sums). Throws CudaError without the CUDA backend.
 void cuda_lamb_norms(const OptimizerParams& params, std::span<const OptimizerStep> shards, std::span<float* const> norms,
                      Stream& stream);
-void cuda_lamb_apply(const OptimizerParams& params, std::span<const OptimizerStep> shards,
-                     std::span<const float* const> norms, Stream& stream);
+void cuda_lamb_apply(const OptimizerParams& params, std::span<const OptimizerStep> shards, std::span<const float* const> norms,
+                     Stream& stream);
 
 // One step on the CPU, parallel over oneTBB, at the dispatcher's SIMD level (every level gives
 // the same bits: no FMA contraction, IEEE sqrt and division).

@@ -17,9 +17,9 @@ inline std::vector<std::string> device_specs() { return {"cpu", "cuda"}; }
 
 inline bool device_available(const std::string& spec) { return spec == "cpu" || cuda_device_count() > 0; }
 
-#define ZEROTH_SKIP_WITHOUT(spec)                                                           \
-  do {                                                                                      \
-    if (!::zeroth::testing::device_available(spec))                                         \
+#define ZEROTH_SKIP_WITHOUT(spec)                                                                   \
+  do {                                                                                              \
+    if (!::zeroth::testing::device_available(spec))                                                 \
       GTEST_SKIP() << "device '" << (spec) << "' not available: " << ::zeroth::cuda_info().problem; \
   } while (0)
 
@@ -42,8 +42,7 @@ struct DeviceArray {
   size_t numel;
 
   DeviceArray(Device& d, const std::vector<uint8_t>& host, DType type, size_t count)
-      : device(d), buffer(d.allocate(std::max<size_t>(host.size(), 1), MemTag::other)), bytes(host.size()),
-        dtype(type), numel(count) {
+      : device(d), buffer(d.allocate(std::max<size_t>(host.size(), 1), MemTag::other)), bytes(host.size()), dtype(type), numel(count) {
     device.copy(device.default_stream(), buffer.data(), host.data(), bytes);
     device.default_stream().synchronize();
   }

@@ -149,9 +149,8 @@ std::vector<Row> run_rank(Communicator& comm, Device& device, const Options& o) 
       device.fill(*stream, {big.data(), count, type}, 1.0f);
       device.fill(*stream, {small.data(), count / n, type}, 1.0f);
       const TensorView whole{big.data(), count, type};
-      const TensorView part = in_place && std::string_view(op) != "all_reduce"
-                                  ? whole.slice(comm.rank() * (count / n), count / n)
-                                  : TensorView{small.data(), count / n, type};
+      const TensorView part = in_place && std::string_view(op) != "all_reduce" ? whole.slice(comm.rank() * (count / n), count / n)
+                                                                               : TensorView{small.data(), count / n, type};
       auto once = [&] {
         if (std::string_view(op) == "all_gather") comm.all_gather(*stream, part, whole);
         else if (std::string_view(op) == "reduce_scatter") comm.reduce_scatter(*stream, whole, part, ReduceOp::sum);
@@ -195,8 +194,13 @@ void print(const Options& o, int ranks, const std::vector<Ceiling>& ceilings, co
     for (const auto& c : ceilings) out["ceilings"].push_back({{"name", c.name}, {"gbps", c.gbps}});
     out["results"] = nlohmann::json::array();
     for (const auto& r : rows) {
-      out["results"].push_back({{"op", r.op}, {"in_place", r.in_place}, {"bytes", r.bytes}, {"dtype", o.dtype}, {"time_us", r.time_us},
-                                {"algbw", r.algbw}, {"busbw", r.busbw}});
+      out["results"].push_back({{"op", r.op},
+                                {"in_place", r.in_place},
+                                {"bytes", r.bytes},
+                                {"dtype", o.dtype},
+                                {"time_us", r.time_us},
+                                {"algbw", r.algbw},
+                                {"busbw", r.busbw}});
     }
     std::printf("%s\n", out.dump(2).c_str());
     return;
@@ -222,10 +226,10 @@ void run(const Options& o) {
   const size_t max_bytes = parse_bytes(o.max_bytes);
   if (o.backend == "local") {
     const size_t probe = std::min(max_bytes, size_t{64} << 20);
-    const std::vector<Ceiling> ceilings = {
-        {fmt::format("memcpy of {} on one thread", format_bytes(probe)), memcpy_gbps(probe)},
-        {fmt::format("memcpy of the bytes a rank receives, {} threads at once (per thread)", o.ranks),
-         concurrent_memcpy_gbps(o.ranks, probe)}};
+    const std::vector<Ceiling> ceilings = {{fmt::format("memcpy of {} on one thread", format_bytes(probe)), memcpy_gbps(probe)},
+                                           {fmt::format("memcpy of the bytes a rank receives, {} threads at once (per thread)",
+                                                        o.ranks),
+                                            concurrent_memcpy_gbps(o.ranks, probe)}};
     auto device = make_device("cpu");
     std::vector<Row> rows;
     run_local_ranks(o.ranks, [&](Communicator& comm) {
@@ -242,8 +246,8 @@ void run(const Options& o) {
     LaunchOptions launch;
     launch.nproc_per_node = o.ranks;
     launch.prefix_output = false;
-    launch.command = {"/proc/self/exe", "bench", "comm", "--backend", o.backend, "--min-bytes", o.min_bytes,
-                      "--max-bytes", o.max_bytes, "--dtype", o.dtype};
+    launch.command = {"/proc/self/exe", "bench",       "comm",      "--backend", o.backend, "--min-bytes",
+                      o.min_bytes,      "--max-bytes", o.max_bytes, "--dtype",   o.dtype};
     if (o.json) launch.command.push_back("--json");
     const int code = run_launch(launch);
     if (code != 0) ZEROTH_THROW(CommError, "bench comm: a rank exited with code {}", code);
@@ -255,8 +259,7 @@ void run(const Options& o) {
     const size_t probe = std::max<size_t>(max_bytes, size_t{256} << 20);
     ceilings.push_back({fmt::format("one loopback TCP stream, {}", format_bytes(probe)), loopback_tcp_gbps(1, probe)});
     const size_t per_rank = std::min(max_bytes, size_t{64} << 20) / info->world_size * (info->world_size - 1);
-    ceilings.push_back({fmt::format("{} loopback TCP streams at once, {} each (per stream)", info->world_size,
-                                    format_bytes(per_rank)),
+    ceilings.push_back({fmt::format("{} loopback TCP streams at once, {} each (per stream)", info->world_size, format_bytes(per_rank)),
                         loopback_tcp_gbps(info->world_size, per_rank)});
   }
   auto comm = gloo ? make_gloo_communicator(*info) : make_nccl_communicator(*info, info->local_rank);

@@ -7,8 +7,8 @@
 //   a GPU's copy engines and NICs do): it shows what the engine's schedule hides.
 // - gloo: ranks as processes over loopback TCP on the same cores. Real communication, whose
 //   copies and protocol cost CPU time the compute also needs: what this machine gets.
-#include <cblas.h>     // openblas_set_num_threads
-#include <unistd.h>    // getpid
+#include <cblas.h>   // openblas_set_num_threads
+#include <unistd.h>  // getpid
 
 #include <algorithm>   // std::minmax_element, std::max
 #include <chrono>      // std::chrono::steady_clock
@@ -34,7 +34,7 @@
 #include "engine/engine.h"          // Engine
 #include "models/mlp/mlp.h"         // Mlp
 #include "tools/commands.h"
-#include "tools/launcher.h"         // run_launch
+#include "tools/launcher.h"  // run_launch
 
 namespace zeroth::tools {
 namespace {
@@ -131,10 +131,13 @@ Timing run_local(const Options& o, const Row& r, const LinkModel& link) {
   CommOptions comm_options = CommOptions::from_env();
   comm_options.link = link;
   Timing timing;
-  run_local_ranks(o.ranks, [&](Communicator& comm) {
+  run_local_ranks(
+      o.ranks,
+      [&](Communicator& comm) {
     auto mine = run_rank(comm, o, r);
     if (comm.rank() == 0) timing = std::move(mine);
-  }, comm_options);
+      },
+      comm_options);
   return timing;
 }
 
@@ -153,9 +156,7 @@ std::vector<Row> gloo_rows() {
   return rows;
 }
 
-nlohmann::json timing_json(const Timing& t) {
-  return {{"steps_s", t.steps}, {"bus_bytes", t.bus_bytes}, {"ops", t.ops}};
-}
+nlohmann::json timing_json(const Timing& t) { return {{"steps_s", t.steps}, {"bus_bytes", t.bus_bytes}, {"ops", t.ops}}; }
 
 Timing timing_from_json(const nlohmann::json& j) {
   return {j.at("steps_s").get<std::vector<double>>(), j.at("bus_bytes").get<uint64_t>(), j.at("ops").get<uint64_t>()};
@@ -180,10 +181,21 @@ std::vector<Timing> run_gloo(const Options& o) {
   std::remove(path.c_str());
   LaunchOptions launch;
   launch.nproc_per_node = o.ranks;
-  launch.command = {"/proc/self/exe", "bench", "engine", "--gloo-worker", path,
-                    "--layers", std::to_string(o.layers), "--width", std::to_string(o.width),
-                    "--batch", std::to_string(o.batch), "--warmup", std::to_string(o.warmup),
-                    "--steps", std::to_string(o.steps)};
+  launch.command = {"/proc/self/exe",
+                    "bench",
+                    "engine",
+                    "--gloo-worker",
+                    path,
+                    "--layers",
+                    std::to_string(o.layers),
+                    "--width",
+                    std::to_string(o.width),
+                    "--batch",
+                    std::to_string(o.batch),
+                    "--warmup",
+                    std::to_string(o.warmup),
+                    "--steps",
+                    std::to_string(o.steps)};
   const int code = run_launch(launch);
   if (code != 0) ZEROTH_THROW(CommError, "bench engine: a gloo rank exited with code {}", code);
   std::ifstream in(path);
@@ -234,8 +246,10 @@ void run(const Options& o) {
   // plus a latency per collective.
   const double target = o.ratio * first.median();
   const double transfer = target - first.ops * o.latency_us * 1e-6;
-  ZEROTH_CHECK(transfer > 0, "bench engine: {} collectives at {} us latency already exceed the communication budget of {:.3f} ms; lower --latency-us",
-               first.ops, o.latency_us, target * 1e3);
+  ZEROTH_CHECK(
+      transfer > 0,
+      "bench engine: {} collectives at {} us latency already exceed the communication budget of {:.3f} ms; lower --latency-us",
+      first.ops, o.latency_us, target * 1e3);
   const LinkModel link{o.latency_us, first.bus_bytes / transfer / 1e9};
   auto modeled = [&](const Timing& t) { return t.ops * link.latency_us * 1e-6 + t.bus_bytes / (link.bandwidth_gbps * 1e9); };
 
@@ -259,7 +273,8 @@ void run(const Options& o) {
   std::vector<Timing> link_t(link_rows.size()), gloo_t(glooed.size());
   // Rounds take turns through every row, so a disturbance of the shared machine spreads over them.
   for (int round = 0; round < o.rounds; ++round) {
-    for (size_t i = round == 0 ? 1 : 0; i < free_rows.size(); ++i) free_t[i].add(run_local(i == 0 ? twice : o, free_rows[i], free_link));
+    for (size_t i = round == 0 ? 1 : 0; i < free_rows.size(); ++i)
+      free_t[i].add(run_local(i == 0 ? twice : o, free_rows[i], free_link));
     for (size_t i = 0; i < link_rows.size(); ++i) link_t[i].add(run_local(o, link_rows[i], link));
     if (!o.gloo) continue;
     const auto timings = run_gloo(o);
@@ -281,8 +296,13 @@ void run(const Options& o) {
 
   const double params = static_cast<double>(o.layers) * o.width * (o.width + 1);
   if (o.json) {
-    nlohmann::json j{{"ranks", o.ranks}, {"params", params}, {"rows_per_rank", o.batch}, {"warmup", o.warmup},
-                     {"compute", timing_json(compute)}, {"link_gbps", link.bandwidth_gbps}, {"latency_us", link.latency_us}};
+    nlohmann::json j{{"ranks", o.ranks},
+                     {"params", params},
+                     {"rows_per_rank", o.batch},
+                     {"warmup", o.warmup},
+                     {"compute", timing_json(compute)},
+                     {"link_gbps", link.bandwidth_gbps},
+                     {"latency_us", link.latency_us}};
     auto& jr = j["rows"] = nlohmann::json::array();
     for (const auto& r : results) {
       auto row = timing_json(r.t);
@@ -301,7 +321,8 @@ void run(const Options& o) {
   std::printf("# zeroth bench engine: %d ranks, MLP %d x %d (%.1f M params, f32), %d rows per rank; every row: %d round(s) of "
               "%d warm-up steps and %d timed steps of rank 0, median (min-max) of the timed steps\n",
               o.ranks, o.layers, o.width, params / 1e6, o.batch, o.rounds, o.warmup, o.steps);
-  std::printf("# C (compute) = stage 3 with prefetch, ranks as threads, collectives as memcpy without a link model, %zu steps: %.1f ms (%.1f-%.1f)\n",
+  std::printf("# C (compute) = stage 3 with prefetch, ranks as threads, collectives as memcpy without a link model, %zu steps: %.1f "
+              "ms (%.1f-%.1f)\n",
               compute.steps.size(), c * 1e3, compute.min() * 1e3, compute.max() * 1e3);
   std::printf("# max(C,M): the step if communication hid entirely behind compute; C+M: if none of it did; "
               "exposed = (step - C) / M\n#\n");

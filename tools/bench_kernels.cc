@@ -96,17 +96,28 @@ void run(const Options& o) {
   device->fill(stream, {flag, 1, DType::f32}, 0.0f);  // 0.0f has all-zero bits
   std::vector<Result> results;
   // The ceiling: a plain copy of the same bytes (memcpy on the host, device-to-device on a GPU).
-  results.push_back({on_cpu ? "memcpy" : "memcpy_d2d", 2 * n * 4, median_seconds(o.reps, on_cpu ? std::function<void()>([&] { parallel_memcpy(b.data(), a.data(), n * 4, threads); })
-                                                                        : on_stream([&] { device->copy(stream, b.data(), a.data(), n * 4); }))});
-  results.push_back({"cast_f32_bf16", n * 6, median_seconds(o.reps, on_stream([&] { device->cast(stream, h.view(DType::bf16), a.view(DType::f32)); }))});
-  results.push_back({"cast_bf16_f32", n * 6, median_seconds(o.reps, on_stream([&] { device->cast(stream, b.view(DType::f32), h.view(DType::bf16)); }))});
-  results.push_back({"cast_f32_f16", n * 6, median_seconds(o.reps, on_stream([&] { device->cast(stream, h.view(DType::f16), a.view(DType::f32)); }))});
-  results.push_back({"axpy", n * 12, median_seconds(o.reps, on_stream([&] { device->axpy(stream, b.view(DType::f32), 1e-3f, a.view(DType::f32)); }))});
-  results.push_back({"axpy_f32_bf16", n * 10, median_seconds(o.reps, on_stream([&] { device->axpy(stream, b.view(DType::f32), 1e-3f, h.view(DType::bf16)); }))});
+  results.push_back(
+      {on_cpu ? "memcpy" : "memcpy_d2d", 2 * n * 4,
+       median_seconds(o.reps, on_cpu ? std::function<void()>([&] { parallel_memcpy(b.data(), a.data(), n * 4, threads); })
+                                     : on_stream([&] { device->copy(stream, b.data(), a.data(), n * 4); }))});
+  results.push_back({"cast_f32_bf16", n * 6,
+                     median_seconds(o.reps, on_stream([&] { device->cast(stream, h.view(DType::bf16), a.view(DType::f32)); }))});
+  results.push_back({"cast_bf16_f32", n * 6,
+                     median_seconds(o.reps, on_stream([&] { device->cast(stream, b.view(DType::f32), h.view(DType::bf16)); }))});
+  results.push_back({"cast_f32_f16", n * 6,
+                     median_seconds(o.reps, on_stream([&] { device->cast(stream, h.view(DType::f16), a.view(DType::f32)); }))});
+  results.push_back({"axpy", n * 12,
+                     median_seconds(o.reps, on_stream([&] { device->axpy(stream, b.view(DType::f32), 1e-3f, a.view(DType::f32)); }))});
+  results.push_back({"axpy_f32_bf16", n * 10, median_seconds(o.reps, on_stream([&] {
+                                                               device->axpy(stream, b.view(DType::f32), 1e-3f, h.view(DType::bf16));
+                                                             }))});
   results.push_back({"scale", n * 8, median_seconds(o.reps, on_stream([&] { device->scale(stream, b.view(DType::f32), 0.999f); }))});
-  results.push_back({"sumsq", n * 4, median_seconds(o.reps, on_stream([&] { device->sum_squares(stream, a.view(DType::f32), sum_out, false); }))});
-  results.push_back({"sumsq_bf16", n * 2, median_seconds(o.reps, on_stream([&] { device->sum_squares(stream, h.view(DType::bf16), sum_out, false); }))});
-  results.push_back({"nonfinite", n * 4, median_seconds(o.reps, on_stream([&] { device->flag_nonfinite(stream, a.view(DType::f32), flag); }))});
+  results.push_back(
+      {"sumsq", n * 4, median_seconds(o.reps, on_stream([&] { device->sum_squares(stream, a.view(DType::f32), sum_out, false); }))});
+  results.push_back({"sumsq_bf16", n * 2,
+                     median_seconds(o.reps, on_stream([&] { device->sum_squares(stream, h.view(DType::bf16), sum_out, false); }))});
+  results.push_back(
+      {"nonfinite", n * 4, median_seconds(o.reps, on_stream([&] { device->flag_nonfinite(stream, a.view(DType::f32), flag); }))});
 
   const double memcpy_gbps = results[0].bytes / results[0].median_s / 1e9;
   if (o.json) {
@@ -119,14 +130,18 @@ void run(const Options& o) {
     out["kernels"] = nlohmann::json::array();
     for (size_t i = 1; i < results.size(); ++i) {
       const double gbps = results[i].bytes / results[i].median_s / 1e9;
-      out["kernels"].push_back({{"name", results[i].name}, {"gbps", gbps}, {"ratio", gbps / memcpy_gbps},
-                                {"bytes", results[i].bytes}, {"median_ms", results[i].median_s * 1e3}});
+      out["kernels"].push_back({{"name", results[i].name},
+                                {"gbps", gbps},
+                                {"ratio", gbps / memcpy_gbps},
+                                {"bytes", results[i].bytes},
+                                {"median_ms", results[i].median_s * 1e3}});
     }
     std::printf("%s\n", out.dump(2).c_str());
     return;
   }
-  const std::string where = on_cpu ? fmt::format("cpu, {} thread(s), {} kernels", threads, cpu::simd_level_name(cpu::active_simd_level()))
-                                   : device->name();
+  const std::string where = on_cpu
+                                ? fmt::format("cpu, {} thread(s), {} kernels", threads, cpu::simd_level_name(cpu::active_simd_level()))
+                                : device->name();
   std::printf("zeroth bench kernels: %s f32 arrays on %s, median of %d\n", format_bytes(array_bytes).c_str(), where.c_str(), o.reps);
   std::printf("%-16s %12s %11s %9s %10s\n", "kernel", "bytes moved", "median ms", "GB/s", "vs memcpy");
   for (const auto& r : results) {

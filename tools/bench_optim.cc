@@ -105,7 +105,9 @@ nlohmann::json run_torch(const std::vector<size_t>& sizes, const std::vector<int
   for (auto t : threads) th += (th.empty() ? "" : ",") + std::to_string(t);
   // glibc returns large freed blocks to the OS by default, so every torch step pays page faults
   // for its temporaries; these settings keep them (MACHINE.md).
-  const std::string env = tuned_malloc ? "MALLOC_MMAP_THRESHOLD_=17179869184 MALLOC_TRIM_THRESHOLD_=17179869184 MALLOC_TOP_PAD_=1073741824 " : "";
+  const std::string env = tuned_malloc
+                              ? "MALLOC_MMAP_THRESHOLD_=17179869184 MALLOC_TRIM_THRESHOLD_=17179869184 MALLOC_TOP_PAD_=1073741824 "
+                              : "";
   const std::string cmd = fmt::format("env {}/usr/bin/python3 {} {} {} {}", env, script, sz, th, reps);
   FILE* pipe = popen(cmd.c_str(), "r");
   if (pipe == nullptr) return nullptr;
@@ -142,7 +144,7 @@ void run_cuda(const Options& o, const std::vector<size_t>& sizes) {
     for (const OptimizerParams* opt : {&adamw, &lamb}) {
       for (bool copy : {false, true}) {
         OptimizerStep step{p.as<float>(), g.data(), DType::f32, {m.as<float>(), v.as<float>()}, copy ? out.data() : nullptr,
-                           DType::bf16, n};
+                           DType::bf16,   n};
         step.check_finite = false;
         int64_t number = 1;
         const double t = time_median(o.reps, [&] {
@@ -259,10 +261,15 @@ void run(const Options& o) {
     j["results"] = nlohmann::json::array();
     for (const auto& r : rows) {
       ceiling = std::max(ceiling, r.ceiling_gbps());
-      j["results"].push_back({{"optimizer", r.optimizer}, {"params", r.params}, {"threads", r.threads},
-                              {"grad_dtype", r.grad_dtype}, {"copy_out", r.copy_out}, {"bytes_per_param", r.bytes_per_param},
+      j["results"].push_back({{"optimizer", r.optimizer},
+                              {"params", r.params},
+                              {"threads", r.threads},
+                              {"grad_dtype", r.grad_dtype},
+                              {"copy_out", r.copy_out},
+                              {"bytes_per_param", r.bytes_per_param},
                               {"params_per_s", r.params_per_s()},
-                              {"gbps", r.gbps()}, {"ceiling_gbps", r.ceiling_gbps()},
+                              {"gbps", r.gbps()},
+                              {"ceiling_gbps", r.ceiling_gbps()},
                               {"vs_ceiling", r.gbps() / r.ceiling_gbps()}});
     }
     j["ceiling_gbps"] = ceiling;
@@ -290,8 +297,8 @@ void run(const Options& o) {
     const double td = vs_torch ? torch_seconds(torch_default, r.params, r.threads) : 0;
     auto ratio = [&](double torch_s) { return torch_s > 0 ? fmt::format("{:.2f}x", torch_s / r.seconds) : std::string("-"); };
     std::printf("%6s %12zu %7d %5s %5s %4zu %12.1f %8.2f %12.2f %7.0f%% %13s %13s\n", r.optimizer.c_str(), r.params, r.threads,
-                r.grad_dtype.c_str(), r.copy_out ? "bf16" : "-", r.bytes_per_param, r.params_per_s() / 1e6, r.gbps(),
-                r.ceiling_gbps(), 100 * r.gbps() / r.ceiling_gbps(), ratio(tt).c_str(), ratio(td).c_str());
+                r.grad_dtype.c_str(), r.copy_out ? "bf16" : "-", r.bytes_per_param, r.params_per_s() / 1e6, r.gbps(), r.ceiling_gbps(),
+                100 * r.gbps() / r.ceiling_gbps(), ratio(tt).c_str(), ratio(td).c_str());
   }
   if (!o.torch) std::printf("(PyTorch skipped: --no-torch)\n");
   else if (!torch_tuned.is_array()) std::printf("(PyTorch not measured: /usr/bin/python3 cannot import torch)\n");

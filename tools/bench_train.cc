@@ -13,12 +13,12 @@
 #include <fmt/format.h>       // fmt::format
 #include <nlohmann/json.hpp>  // nlohmann::json
 
-#include "core/stats.h"  // median
+#include "core/stats.h"             // median
 #include "comm/local/local_comm.h"  // run_local_ranks
 #include "core/cpu/blas_info.h"     // blas_info
 #include "core/error.h"             // ZEROTH_THROW
 #include "core/log.h"               // log::set_level
-#include "train/trainer.h"         // train
+#include "train/trainer.h"          // train
 #include "models/threads.h"         // share_cores
 #include "tools/commands.h"
 
@@ -45,16 +45,23 @@ class StepTimes final : public TrainObserver {
 };
 
 std::vector<double> run_zeroth(const Options& o, const GptConfig& model) {
-  nlohmann::json j = {
-      {"train_micro_batch_size_per_gpu", o.batch},
-      {"gradient_clipping", 1.0},
-      {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 6e-4}, {"betas", {0.9, 0.95}}, {"eps", 1e-8}, {"weight_decay", 0.1}}}}},
-      {"zero_optimization", {{"stage", o.stage}}},
-      {"model", {{"n_layer", model.n_layer}, {"n_head", model.n_head}, {"n_embd", model.n_embd}, {"vocab_size", model.vocab_size},
-                 {"seq_len", o.seq}}},
-      {"data", {{"format", "synthetic"}, {"vocab_size", model.vocab_size}, {"tokens", static_cast<int64_t>(o.steps + 2) * o.batch * o.seq + 1},
-                {"val_fraction", 0.0}}},
-      {"run", {{"steps", o.steps + 1}, {"world_size", 1}}}};
+  nlohmann::json j = {{"train_micro_batch_size_per_gpu", o.batch},
+                      {"gradient_clipping", 1.0},
+                      {"optimizer",
+                       {{"type", "AdamW"}, {"params", {{"lr", 6e-4}, {"betas", {0.9, 0.95}}, {"eps", 1e-8}, {"weight_decay", 0.1}}}}},
+                      {"zero_optimization", {{"stage", o.stage}}},
+                      {"model",
+                       {{"n_layer", model.n_layer},
+                        {"n_head", model.n_head},
+                        {"n_embd", model.n_embd},
+                        {"vocab_size", model.vocab_size},
+                        {"seq_len", o.seq}}},
+                      {"data",
+                       {{"format", "synthetic"},
+                        {"vocab_size", model.vocab_size},
+                        {"tokens", static_cast<int64_t>(o.steps + 2) * o.batch * o.seq + 1},
+                        {"val_fraction", 0.0}}},
+                      {"run", {{"steps", o.steps + 1}, {"world_size", 1}}}};
   if (o.dtype == "bf16") j["bf16"] = {{"enabled", true}};
   const TrainConfig c = TrainConfig::from_json(j);
   StepTimes times;
@@ -68,7 +75,8 @@ std::vector<double> run_zeroth(const Options& o, const GptConfig& model) {
 
 nlohmann::json run_torch(const Options& o, const GptConfig& m, int threads) {
   const std::string cmd = fmt::format("{} {} --layers {} --heads {} --embd {} --vocab {} --seq {} --batch {} --steps {} --threads {}",
-                                      o.python, o.script, m.n_layer, m.n_head, m.n_embd, m.vocab_size, o.seq, o.batch, o.steps, threads);
+                                      o.python, o.script, m.n_layer, m.n_head, m.n_embd, m.vocab_size, o.seq, o.batch, o.steps,
+                                      threads);
   FILE* pipe = popen(cmd.c_str(), "r");
   if (pipe == nullptr) ZEROTH_THROW(IoError, "popen(\"{}\") failed", cmd);
   std::string out;
@@ -76,8 +84,10 @@ nlohmann::json run_torch(const Options& o, const GptConfig& m, int threads) {
   while (size_t n = std::fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
   const int status = pclose(pipe);
   if (status != 0) {
-    ZEROTH_THROW(Error, "the PyTorch reference failed (status {}): {}\n  command: {}\n  (needs Debian's python3-torch; --no-reference skips it)", status,
-                 out, cmd);
+    ZEROTH_THROW(
+        Error,
+        "the PyTorch reference failed (status {}): {}\n  command: {}\n  (needs Debian's python3-torch; --no-reference skips it)",
+        status, out, cmd);
   }
   return nlohmann::json::parse(out.substr(out.rfind('{')));
 }
@@ -85,7 +95,8 @@ nlohmann::json run_torch(const Options& o, const GptConfig& m, int threads) {
 void run(const Options& o) {
   if (o.dtype != "fp32" && o.dtype != "bf16") ZEROTH_THROW(InvalidArgument, "--dtype must be fp32 or bf16, got {}", o.dtype);
   if (o.dtype == "bf16" && o.reference) {
-    ZEROTH_THROW(InvalidArgument, "--dtype bf16: the PyTorch side runs fp32 only (CPU autocast is not the same computation); add --no-reference");
+    ZEROTH_THROW(InvalidArgument,
+                 "--dtype bf16: the PyTorch side runs fp32 only (CPU autocast is not the same computation); add --no-reference");
   }
   GptConfig m = GptConfig::preset(o.preset);
   m.seq_len = o.seq;
@@ -93,9 +104,10 @@ void run(const Options& o) {
   share_cores(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / threads));
   log::set_level(log::Level::warn);
   const double tokens = static_cast<double>(o.batch) * o.seq;
-  std::printf("bench train: GPT %s (%.2fM parameters), seq %d, batch %d = %.0f tokens/step, %s, %d thread%s, %d timed steps after 1 warm-up\n",
-              o.preset.c_str(), static_cast<double>(m.num_parameters()) / 1e6, o.seq, o.batch, tokens, o.dtype.c_str(), threads,
-              threads == 1 ? "" : "s", o.steps);
+  std::printf(
+      "bench train: GPT %s (%.2fM parameters), seq %d, batch %d = %.0f tokens/step, %s, %d thread%s, %d timed steps after 1 warm-up\n",
+      o.preset.c_str(), static_cast<double>(m.num_parameters()) / 1e6, o.seq, o.batch, tokens, o.dtype.c_str(), threads,
+      threads == 1 ? "" : "s", o.steps);
   // The core decides the matmul speed (2x or more between cores): figures compare only with
   // figures taken on the same core.
   const cpu::BlasInfo blas = cpu::blas_info();
@@ -108,7 +120,8 @@ void run(const Options& o) {
   if (!o.reference) return;
   const auto t = run_torch(o, m, threads);
   const double r = median(t["step_s"].get<std::vector<double>>());
-  std::printf("  %-22s median step %7.3f s   %8.0f tokens/s\n", fmt::format("pytorch {}", t["torch"].get<std::string>()).c_str(), r, tokens / r);
+  std::printf("  %-22s median step %7.3f s   %8.0f tokens/s\n", fmt::format("pytorch {}", t["torch"].get<std::string>()).c_str(), r,
+              tokens / r);
   std::printf("  zeroth / pytorch: %.2fx tokens/s\n", r / z);
 }
 

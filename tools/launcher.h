@@ -14,7 +14,7 @@ struct LaunchOptions {
   int nnodes = 1;
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
-  int master_port = 0;  // 0: a free port on a single node, 29500 across nodes
+  int master_port = 0;                 // 0: a free port on a single node, 29500 across nodes
   std::chrono::seconds kill_grace{5};  // SIGTERM, then SIGKILL after this long
   std::vector<std::string> command;
   bool prefix_output = true;  // "[rank N] " before each line

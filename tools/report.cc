@@ -68,12 +68,15 @@ std::string cuda_line(nlohmann::json& gpus) {
   const CudaInfo info = cuda_info();
   if (!info.compiled) return info.problem;
   std::string line = fmt::format("runtime {}.{}, driver {}", info.runtime_version / 1000, info.runtime_version % 1000 / 10,
-                                 info.driver_version == 0 ? std::string("none")
-                                                          : fmt::format("{}.{}", info.driver_version / 1000,
-                                                                        info.driver_version % 1000 / 10));
+                                 info.driver_version == 0
+                                     ? std::string("none")
+                                     : fmt::format("{}.{}", info.driver_version / 1000, info.driver_version % 1000 / 10));
   for (const auto& g : info.gpus) {
-    gpus.push_back({{"index", g.index}, {"name", g.name}, {"memory_bytes", g.total_memory},
-                    {"compute_capability", fmt::format("{}.{}", g.cc_major, g.cc_minor)}, {"sms", g.multiprocessors}});
+    gpus.push_back({{"index", g.index},
+                    {"name", g.name},
+                    {"memory_bytes", g.total_memory},
+                    {"compute_capability", fmt::format("{}.{}", g.cc_major, g.cc_minor)},
+                    {"sms", g.multiprocessors}});
   }
   if (info.gpus.empty()) line += fmt::format("; GPUs: none ({})", info.problem);
   return line;
@@ -108,9 +111,14 @@ constexpr int kSgemmReps = 5;
 // CPU. `blas` collects the same for --json.
 std::string blas_lines(nlohmann::json& blas, std::string& sgemm, std::string& note) {
   const cpu::BlasInfo info = cpu::blas_info();
-  blas = {{"version", info.version}, {"config", info.config}, {"core", info.core}, {"threads", info.threads},
-          {"core_isa", cpu::vector_isa_name(info.core_isa)}, {"cpu_isa", cpu::vector_isa_name(info.cpu_isa)},
-          {"below_cpu", info.below_cpu()}, {"note", info.note()},
+  blas = {{"version", info.version},
+          {"config", info.config},
+          {"core", info.core},
+          {"threads", info.threads},
+          {"core_isa", cpu::vector_isa_name(info.core_isa)},
+          {"cpu_isa", cpu::vector_isa_name(info.cpu_isa)},
+          {"below_cpu", info.below_cpu()},
+          {"note", info.note()},
           {std::string(env::kOpenblasCoretype), info.coretype ? nlohmann::json(*info.coretype) : nlohmann::json(nullptr)},
           {std::string(env::kOpenblasL2Size), info.l2_size ? nlohmann::json(*info.l2_size) : nlohmann::json(nullptr)}};
   note = info.note();
@@ -126,7 +134,8 @@ std::string blas_lines(nlohmann::json& blas, std::string& sgemm, std::string& no
 std::string uring_line() {
   io_uring ring{};
   const int rc = io_uring_queue_init(8, &ring, 0);
-  if (rc < 0) return fmt::format("unusable: io_uring_queue_init(8) failed: {} (check kernel.io_uring_disabled and seccomp)", strerror(-rc));
+  if (rc < 0)
+    return fmt::format("unusable: io_uring_queue_init(8) failed: {} (check kernel.io_uring_disabled and seccomp)", strerror(-rc));
   std::string line = "usable";
   if (io_uring_probe* probe = io_uring_get_probe_ring(&ring)) {
     line += fmt::format(" (read {}, write {}, fsync {})", io_uring_opcode_supported(probe, IORING_OP_READ) ? "yes" : "no",
@@ -164,7 +173,9 @@ void run_report(bool json_output) {
       {"os", kernel},
       {"cpu", guarded(cpu_line)},
       {"cpu kernels", guarded(kernel_line)},
-      {"threads", guarded([] { return fmt::format("{} (oneTBB {}, {} cores online)", cpu::num_threads(), TBB_VERSION_STRING, sysconf(_SC_NPROCESSORS_ONLN)); })},
+      {"threads", guarded([] {
+         return fmt::format("{} (oneTBB {}, {} cores online)", cpu::num_threads(), TBB_VERSION_STRING, sysconf(_SC_NPROCESSORS_ONLN));
+       })},
       {"memory", guarded(memory_line)},
       {"blas", blas_line},
       {"sgemm", sgemm},
@@ -198,7 +209,8 @@ void run_report(bool json_output) {
   for (const auto& g : gpus) {
     std::printf("  %-12s %s\n", fmt::format("gpu {}", g["index"].get<int>()).c_str(),
                 fmt::format("{}, {}, cc {}, {} SMs", g["name"].get<std::string>(), format_bytes(g["memory_bytes"].get<size_t>()),
-                            g["compute_capability"].get<std::string>(), g["sms"].get<int>()).c_str());
+                            g["compute_capability"].get<std::string>(), g["sms"].get<int>())
+                    .c_str());
   }
   std::printf("  environment:\n");
   for (const auto& v : env::all()) {
@@ -211,7 +223,8 @@ void run_report(bool json_output) {
 }  // namespace
 
 void add_report_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("report", "Show versions, CPU features, BLAS core and sgemm speed, GPUs, NCCL, io_uring, Gloo, memory");
+  auto* cmd = app.add_subcommand("report",
+                                 "Show versions, CPU features, BLAS core and sgemm speed, GPUs, NCCL, io_uring, Gloo, memory");
   auto json_output = std::make_shared<bool>(false);
   cmd->add_flag("--json", *json_output, "Print JSON");
   cmd->callback([json_output] { run_report(*json_output); });

@@ -93,7 +93,9 @@ class Console final : public TrainObserver {
     std::ofstream config(c.run.output_dir + "/config.json");
     config << c.resolved.dump(2) << "\n";
     config.flush();
-    if (!config) ZEROTH_THROW(IoError, "writing {}/config.json failed: {}; the disk may be full or the folder read-only", c.run.output_dir, std::strerror(errno));
+    if (!config)
+      ZEROTH_THROW(IoError, "writing {}/config.json failed: {}; the disk may be full or the folder read-only", c.run.output_dir,
+                   std::strerror(errno));
     check_written();
     const auto& m = c.model;
     const int64_t gas = c.engine.gradient_accumulation_steps;
@@ -105,19 +107,24 @@ class Console final : public TrainObserver {
     const std::string source = c.data.format == DataFormat::synthetic ? "synthetic" : c.data.train;
     rows.emplace_back("data", fmt::format("{}: {} tokens train, {} validation", source, si(static_cast<double>(f.train_tokens)),
                                           si(static_cast<double>(f.val_tokens))));
-    rows.emplace_back("parallel", fmt::format("{} rank{} ({}, {} kernel thread{} each), ZeRO stage {}, {} compute, fp32 master weights, {} reduction",
-                                              c.run.world_size, c.run.world_size == 1 ? "" : "s",
-                                              c.run.backend == "local" ? "threads" : c.run.backend + " processes", cpu::num_threads(),
-                                              cpu::num_threads() == 1 ? "" : "s", c.engine.zero.stage,
-                                              dtype_label(c.engine.compute_dtype), dtype_label(c.engine.communication_dtype)));
-    rows.emplace_back("batch", fmt::format("{} seq/rank x {} accumulation x {} ranks = {} sequences = {} tokens/step",
-                                           c.micro_batch_size, gas, c.run.world_size, c.train_batch_size, si(static_cast<double>(c.tokens_per_step()))));
-    rows.emplace_back("optimizer", optimizer_line(c.engine.optimizer) +
-                                       (c.engine.gradient_clipping > 0 ? fmt::format(", clip {:g}", c.engine.gradient_clipping) : "") +
-                                       (c.resolved.contains("optimizer") ? "" : " (zeroth's default: the config has no optimizer section)"));
+    rows.emplace_back(
+        "parallel",
+        fmt::format("{} rank{} ({}, {} kernel thread{} each), ZeRO stage {}, {} compute, fp32 master weights, {} reduction",
+                    c.run.world_size, c.run.world_size == 1 ? "" : "s",
+                    c.run.backend == "local" ? "threads" : c.run.backend + " processes", cpu::num_threads(),
+                    cpu::num_threads() == 1 ? "" : "s", c.engine.zero.stage, dtype_label(c.engine.compute_dtype),
+                    dtype_label(c.engine.communication_dtype)));
+    rows.emplace_back("batch",
+                      fmt::format("{} seq/rank x {} accumulation x {} ranks = {} sequences = {} tokens/step", c.micro_batch_size, gas,
+                                  c.run.world_size, c.train_batch_size, si(static_cast<double>(c.tokens_per_step()))));
+    rows.emplace_back("optimizer",
+                      optimizer_line(c.engine.optimizer) +
+                          (c.engine.gradient_clipping > 0 ? fmt::format(", clip {:g}", c.engine.gradient_clipping) : "") +
+                          (c.resolved.contains("optimizer") ? "" : " (zeroth's default: the config has no optimizer section)"));
     rows.emplace_back("schedule", c.engine.schedule.describe());
-    rows.emplace_back("steps", fmt::format("{}, print every {}, validation {}", c.run.steps, c.steps_per_print,
-                                           c.run.eval_interval > 0 ? fmt::format("every {} steps", c.run.eval_interval) : "at the end"));
+    rows.emplace_back("steps",
+                      fmt::format("{}, print every {}, validation {}", c.run.steps, c.steps_per_print,
+                                  c.run.eval_interval > 0 ? fmt::format("every {} steps", c.run.eval_interval) : "at the end"));
     rows.emplace_back("memory", memory_line(f.need));
     // DeepSpeed keys that change nothing here, named once (the README's table says why for each).
     for (const auto& n : c.no_effect) rows.emplace_back("no effect", n);
@@ -128,28 +135,38 @@ class Console final : public TrainObserver {
   }
 
   void on_step(const StepMetrics& s) override {
-    nlohmann::json record{{"step", s.step}, {"loss", s.loss}, {"lr", s.lr}, {"grad_norm", s.grad_norm}, {"loss_scale", s.loss_scale},
-                          {"skipped", s.skipped}, {"step_ms", s.step_seconds * 1e3}, {"tokens_per_s", s.tokens_per_second},
+    nlohmann::json record{{"step", s.step},
+                          {"loss", s.loss},
+                          {"lr", s.lr},
+                          {"grad_norm", s.grad_norm},
+                          {"loss_scale", s.loss_scale},
+                          {"skipped", s.skipped},
+                          {"step_ms", s.step_seconds * 1e3},
+                          {"tokens_per_s", s.tokens_per_second},
                           {"peak_bytes", s.peak_bytes}};
     if (c_.engine.time_breakdown) {
-      record.update({{"forward_ms", s.forward_seconds * 1e3}, {"backward_ms", s.backward_seconds * 1e3},
-                     {"reduce_wait_ms", s.reduce_wait_seconds * 1e3}, {"optimizer_ms", s.optimizer_seconds * 1e3}});
+      record.update({{"forward_ms", s.forward_seconds * 1e3},
+                     {"backward_ms", s.backward_seconds * 1e3},
+                     {"reduce_wait_ms", s.reduce_wait_seconds * 1e3},
+                     {"optimizer_ms", s.optimizer_seconds * 1e3}});
     }
     metrics_ << record.dump() << "\n";
     check_written();
     const bool print = s.step == 1 || s.step % c_.steps_per_print == 0 || s.step == c_.run.steps;
-    const std::string line = fmt::format("step {:>{}}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f}{} | {} tok/s | {:.0f} ms | peak {}",
-                                         s.step, std::to_string(c_.run.steps).size(), c_.run.steps, s.loss, s.lr, s.grad_norm,
-                                         c_.engine.compute_dtype == DType::f16 ? fmt::format(" | scale {:g}", s.loss_scale) : "",
-                                         si(s.tokens_per_second), s.step_seconds * 1e3, format_bytes(s.peak_bytes));
+    const std::string line =
+        fmt::format("step {:>{}}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f}{} | {} tok/s | {:.0f} ms | peak {}", s.step,
+                    std::to_string(c_.run.steps).size(), c_.run.steps, s.loss, s.lr, s.grad_norm,
+                    c_.engine.compute_dtype == DType::f16 ? fmt::format(" | scale {:g}", s.loss_scale) : "", si(s.tokens_per_second),
+                    s.step_seconds * 1e3, format_bytes(s.peak_bytes));
     if (bar_) {
       clear_bar();
       if (print) std::printf("%s%s\n%s", line.c_str(), s.skipped ? " (overflow: skipped)" : "", breakdown_line(s).c_str());
       const int width = 30;
       const int done = static_cast<int>(width * s.step / c_.run.steps);
       const double eta = s.step_seconds * static_cast<double>(c_.run.steps - s.step);
-      std::printf("[%s%s] %lld/%lld  loss %.4f  %s tok/s  eta %.0fs", std::string(done, '#').c_str(), std::string(width - done, '.').c_str(),
-                  static_cast<long long>(s.step), static_cast<long long>(c_.run.steps), s.loss, si(s.tokens_per_second).c_str(), eta);
+      std::printf("[%s%s] %lld/%lld  loss %.4f  %s tok/s  eta %.0fs", std::string(done, '#').c_str(),
+                  std::string(width - done, '.').c_str(), static_cast<long long>(s.step), static_cast<long long>(c_.run.steps), s.loss,
+                  si(s.tokens_per_second).c_str(), eta);
       bar_shown_ = true;
     } else if (print) {
       std::printf("%s%s\n%s", line.c_str(), s.skipped ? " (overflow: skipped)" : "", breakdown_line(s).c_str());
@@ -160,8 +177,8 @@ class Console final : public TrainObserver {
   // DeepSpeed's wall_clock_breakdown line, printed with the step line.
   std::string breakdown_line(const StepMetrics& s) const {
     if (!c_.engine.time_breakdown) return "";
-    return fmt::format("  time (ms) | forward: {:.2f} | backward: {:.2f} | reduce wait: {:.2f} | optimizer: {:.2f}\n", s.forward_seconds * 1e3,
-                       s.backward_seconds * 1e3, s.reduce_wait_seconds * 1e3, s.optimizer_seconds * 1e3);
+    return fmt::format("  time (ms) | forward: {:.2f} | backward: {:.2f} | reduce wait: {:.2f} | optimizer: {:.2f}\n",
+                       s.forward_seconds * 1e3, s.backward_seconds * 1e3, s.reduce_wait_seconds * 1e3, s.optimizer_seconds * 1e3);
   }
 
   void on_eval(int64_t step, double val) override {
@@ -174,16 +191,22 @@ class Console final : public TrainObserver {
 
   void on_end(const TrainSummary& s) override {
     clear_bar();
-    std::printf("%s after %lld steps in %.1f s: %s tok/s (median), loss %.4f -> %.4f", s.interrupted ? "stopped (interrupted)" : "done",
-                static_cast<long long>(s.steps), s.seconds, si(s.tokens_per_second).c_str(), s.first_loss, s.last_loss);
+    std::printf("%s after %lld steps in %.1f s: %s tok/s (median), loss %.4f -> %.4f",
+                s.interrupted ? "stopped (interrupted)" : "done", static_cast<long long>(s.steps), s.seconds,
+                si(s.tokens_per_second).c_str(), s.first_loss, s.last_loss);
     if (s.first_val_loss >= 0) std::printf(", validation %.4f -> %.4f", s.first_val_loss, s.last_val_loss);
-    std::printf("\n  peak memory on rank 0: %s (params %s, grads %s, optimizer %s, buffers %s, activations %s)\n  metrics: %s/metrics.jsonl\n",
-                format_bytes(s.peak_total).c_str(), format_bytes(s.peak[0]).c_str(), format_bytes(s.peak[1]).c_str(),
-                format_bytes(s.peak[2]).c_str(), format_bytes(s.peak[3]).c_str(), format_bytes(s.peak[4]).c_str(),
-                c_.run.output_dir.c_str());
-    metrics_ << nlohmann::json{{"summary", {{"steps", s.steps}, {"interrupted", s.interrupted}, {"seconds", s.seconds},
-                                            {"tokens_per_s", s.tokens_per_second}, {"loss", s.last_loss}, {"val_loss", s.last_val_loss},
-                                            {"peak_bytes", s.peak_total}}}}
+    std::printf(
+        "\n  peak memory on rank 0: %s (params %s, grads %s, optimizer %s, buffers %s, activations %s)\n  metrics: %s/metrics.jsonl\n",
+        format_bytes(s.peak_total).c_str(), format_bytes(s.peak[0]).c_str(), format_bytes(s.peak[1]).c_str(),
+        format_bytes(s.peak[2]).c_str(), format_bytes(s.peak[3]).c_str(), format_bytes(s.peak[4]).c_str(), c_.run.output_dir.c_str());
+    metrics_ << nlohmann::json{{"summary",
+                                {{"steps", s.steps},
+                                 {"interrupted", s.interrupted},
+                                 {"seconds", s.seconds},
+                                 {"tokens_per_s", s.tokens_per_second},
+                                 {"loss", s.last_loss},
+                                 {"val_loss", s.last_val_loss},
+                                 {"peak_bytes", s.peak_total}}}}
                     .dump()
              << "\n";
     check_written();
@@ -221,9 +244,10 @@ void dry_run(const TrainConfig& c) {
   plan.write_json_if_requested();
   std::printf("%s\n%s\n", plan.table().c_str(), plan.program_summary().c_str());
   // What one rank will hold: the engine's plan plus the model's activations and scratch.
-  const auto need = estimate(plan, Gpt::footprint(c.model, static_cast<int>(c.micro_batch_size), c.model.seq_len, c.engine.compute_dtype,
-                                                  plan.max_in_flight));
-  std::printf("per rank on the device: %s\nin all: %s%s\n", need.describe(Tier::device).c_str(), format_bytes(need.total(Tier::device)).c_str(),
+  const auto need = estimate(plan, Gpt::footprint(c.model, static_cast<int>(c.micro_batch_size), c.model.seq_len,
+                                                  c.engine.compute_dtype, plan.max_in_flight));
+  std::printf("per rank on the device: %s\nin all: %s%s\n", need.describe(Tier::device).c_str(),
+              format_bytes(need.total(Tier::device)).c_str(),
               c.run.device_memory > 0 ? fmt::format(" of the {} budget", format_bytes(c.run.device_memory)).c_str() : "");
 }
 
@@ -246,7 +270,8 @@ int run(const Options& o) {
   if (launched) {
     log::set_rank(launched->rank);
     if (c.run.backend != "gloo") {
-      ZEROTH_THROW(ConfigError, "run.backend = \"{}\" with run.device = \"{}\": the GPT model runs on the CPU device, over gloo", c.run.backend, c.run.device);
+      ZEROTH_THROW(ConfigError, "run.backend = \"{}\" with run.device = \"{}\": the GPT model runs on the CPU device, over gloo",
+                   c.run.backend, c.run.device);
     }
     share_cores(launched->local_world_size);
     auto comm = make_gloo_communicator(*launched);

@@ -7,11 +7,11 @@
 #include <unistd.h>    // close
 
 #include <algorithm>   // std::sort
-#include <cerrno>     // errno
+#include <cerrno>      // errno
 #include <filesystem>  // std::filesystem
-#include <cstring>    // std::strerror
-#include <fstream>    // std::ifstream
-#include <iterator>   // std::istreambuf_iterator
+#include <cstring>     // std::strerror
+#include <fstream>     // std::ifstream
+#include <iterator>    // std::istreambuf_iterator
 
 #include "core/error.h"  // ZEROTH_THROW
 
@@ -51,7 +51,10 @@ TokenData TokenData::open_bin(const std::string& path) {
   const size_t bytes = static_cast<size_t>(st.st_size);
   if (bytes < kBinHeaderBytes) {
     ::close(fd);
-    ZEROTH_THROW(InvalidArgument, "{} is {} bytes, shorter than the 1024-byte header of an llm.c token file; set data.format to \"text\" for plain text", path, bytes);
+    ZEROTH_THROW(
+        InvalidArgument,
+        "{} is {} bytes, shorter than the 1024-byte header of an llm.c token file; set data.format to \"text\" for plain text", path,
+        bytes);
   }
   auto map = std::make_shared<Mapping>();
   map->addr = mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -64,13 +67,17 @@ TokenData TokenData::open_bin(const std::string& path) {
   map->bytes = bytes;
   const auto* header = static_cast<const int32_t*>(map->addr);
   if (header[0] != kBinMagic) {
-    ZEROTH_THROW(InvalidArgument, "{} is not an llm.c token file: magic {} instead of {}; set data.format to \"text\" for plain text", path, header[0], kBinMagic);
+    ZEROTH_THROW(InvalidArgument, "{} is not an llm.c token file: magic {} instead of {}; set data.format to \"text\" for plain text",
+                 path, header[0], kBinMagic);
   }
-  if (header[1] != 1) ZEROTH_THROW(InvalidArgument, "{}: llm.c token file version {}; only version 1 (uint16 tokens) is supported", path, header[1]);
+  if (header[1] != 1)
+    ZEROTH_THROW(InvalidArgument, "{}: llm.c token file version {}; only version 1 (uint16 tokens) is supported", path, header[1]);
   const size_t n = static_cast<uint32_t>(header[2]);
   if (kBinHeaderBytes + 2 * n != bytes) {
-    ZEROTH_THROW(InvalidArgument, "{}: the header says {} tokens ({} bytes with the header) but the file has {} bytes; it is truncated or not a token file",
-                 path, n, kBinHeaderBytes + 2 * n, bytes);
+    ZEROTH_THROW(
+        InvalidArgument,
+        "{}: the header says {} tokens ({} bytes with the header) but the file has {} bytes; it is truncated or not a token file",
+        path, n, kBinHeaderBytes + 2 * n, bytes);
   }
   TokenData t;
   t.data_ = reinterpret_cast<const uint16_t*>(static_cast<const char*>(map->addr) + kBinHeaderBytes);
@@ -101,9 +108,12 @@ TokenData TokenData::open_text(const std::string& path) {
     std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     if (const size_t nul = bytes.find('\0'); nul != std::string::npos) {
       if (files.size() > 1) continue;
-      ZEROTH_THROW(InvalidArgument, "{} holds a NUL byte at offset {}: it is not text. Token files (llm.c's .bin) take data.format \"bin\"", f.string(), nul);
+      ZEROTH_THROW(InvalidArgument,
+                   "{} holds a NUL byte at offset {}: it is not text. Token files (llm.c's .bin) take data.format \"bin\"", f.string(),
+                   nul);
     }
-    v->insert(v->end(), reinterpret_cast<const unsigned char*>(bytes.data()), reinterpret_cast<const unsigned char*>(bytes.data()) + bytes.size());
+    v->insert(v->end(), reinterpret_cast<const unsigned char*>(bytes.data()),
+              reinterpret_cast<const unsigned char*>(bytes.data()) + bytes.size());
   }
   if (v->empty()) ZEROTH_THROW(InvalidArgument, "{} holds no text", path);
   TokenData t;
@@ -145,23 +155,35 @@ int TokenData::max_token() const {
   return m;
 }
 
-Loader::Loader(TokenData data, int seq_len, int micro_batch, int gradient_accumulation, int dp, int rank, uint64_t seed,
-               bool shuffle)
-    : data_(std::move(data)), T_(seq_len), micro_(micro_batch), gas_(gradient_accumulation), dp_(dp), rank_(rank), seed_(seed),
+Loader::Loader(TokenData data, int seq_len, int micro_batch, int gradient_accumulation, int dp, int rank, uint64_t seed, bool shuffle)
+    : data_(std::move(data)),
+      T_(seq_len),
+      micro_(micro_batch),
+      gas_(gradient_accumulation),
+      dp_(dp),
+      rank_(rank),
+      seed_(seed),
       shuffle_(shuffle) {
   windows_ = data_.size() > 0 ? static_cast<int64_t>((data_.size() - 1) / T_) : 0;
   if (windows_ < 1) {
-    ZEROTH_THROW(ConfigError, "the data has {} tokens, fewer than one sequence of model.seq_len + 1 = {} tokens; use more data or a shorter model.seq_len",
-                 data_.size(), T_ + 1);
+    ZEROTH_THROW(
+        ConfigError,
+        "the data has {} tokens, fewer than one sequence of model.seq_len + 1 = {} tokens; use more data or a shorter model.seq_len",
+        data_.size(), T_ + 1);
   }
   // One batch never holds the same sequence twice. Validation (not shuffled) reads eval_batches
   // micro-batches per rank where training reads the accumulation's.
   if (windows_ < global_batch() && shuffle_) {
-    ZEROTH_THROW(ConfigError, "the training data has {} sequences of {} tokens, but one batch takes {} ({} per micro-batch x {} accumulation steps x {} ranks): sequences would repeat inside a batch; use more data, a shorter model.seq_len or a smaller batch",
+    ZEROTH_THROW(ConfigError,
+                 "the training data has {} sequences of {} tokens, but one batch takes {} ({} per micro-batch x {} accumulation steps "
+                 "x {} ranks): sequences would repeat inside a batch; use more data, a shorter model.seq_len or a smaller batch",
                  windows_, T_ + 1, global_batch(), micro_, gas_, dp_);
   }
   if (windows_ < global_batch()) {
-    ZEROTH_THROW(ConfigError, "the validation data has {} sequences of {} tokens, but one validation pass takes {} ({} per micro-batch x {} run.eval_batches x {} ranks): sequences would repeat; use fewer run.eval_batches, more validation data (data.val, or a larger data.val_fraction) or a smaller micro-batch",
+    ZEROTH_THROW(ConfigError,
+                 "the validation data has {} sequences of {} tokens, but one validation pass takes {} ({} per micro-batch x {} "
+                 "run.eval_batches x {} ranks): sequences would repeat; use fewer run.eval_batches, more validation data (data.val, "
+                 "or a larger data.val_fraction) or a smaller micro-batch",
                  windows_, T_ + 1, global_batch(), micro_, gas_, dp_);
   }
 }

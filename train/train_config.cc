@@ -3,20 +3,20 @@
 // key paths in every message, then cross-section rules (the batch triple) are checked.
 #include "train/train_config.h"
 
-#include <algorithm>  // std::find, std::all_of
-#include <cctype>     // std::tolower
-#include <cerrno>     // errno
-#include <cmath>      // std::floor
-#include <cstring>    // std::strerror
-#include <fstream>    // std::ifstream
-#include <functional> // std::function
-#include <span>       // std::span
-#include <sstream>    // std::stringstream
-#include <vector>     // std::vector
+#include <algorithm>   // std::find, std::all_of
+#include <cctype>      // std::tolower
+#include <cerrno>      // errno
+#include <cmath>       // std::floor
+#include <cstring>     // std::strerror
+#include <fstream>     // std::ifstream
+#include <functional>  // std::function
+#include <span>        // std::span
+#include <sstream>     // std::stringstream
+#include <vector>      // std::vector
 
-#include "core/error.h"    // ZEROTH_THROW
-#include "core/memory.h"   // parse_bytes
-#include "core/strings.h"  // did_you_mean
+#include "core/error.h"             // ZEROTH_THROW
+#include "core/memory.h"            // parse_bytes
+#include "core/strings.h"           // did_you_mean
 #include "engine/deepspeed_keys.h"  // handle_deepspeed_key
 
 namespace zeroth {
@@ -86,10 +86,24 @@ class Section {
 };
 
 // The top-level keys zeroth reads; DeepSpeed's others are in engine/deepspeed_keys.cc.
-constexpr std::string_view kTopKeys[] = {
-    "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "steps_per_print", "optimizer",
-    "scheduler", "fp16", "bf16", "bfloat16", "zero_optimization", "gradient_clipping", "activation_checkpointing",
-    "communication_data_type", "wall_clock_breakdown", "data_types", "model", "data", "run"};
+constexpr std::string_view kTopKeys[] = {"train_batch_size",
+                                         "train_micro_batch_size_per_gpu",
+                                         "gradient_accumulation_steps",
+                                         "steps_per_print",
+                                         "optimizer",
+                                         "scheduler",
+                                         "fp16",
+                                         "bf16",
+                                         "bfloat16",
+                                         "zero_optimization",
+                                         "gradient_clipping",
+                                         "activation_checkpointing",
+                                         "communication_data_type",
+                                         "wall_clock_breakdown",
+                                         "data_types",
+                                         "model",
+                                         "data",
+                                         "run"};
 
 // `section` without the keys DeepSpeed's vocabulary table handles (which throws for those asking
 // for what zeroth lacks, and records those with no effect), so the section's own parser sees only
@@ -104,8 +118,11 @@ json without_deepspeed_extras(const json& section, std::string_view path, std::s
     } else if (!handle_deepspeed_key(path, key, v, &no_effect)) {
       std::vector<std::string_view> known(own.begin(), own.end());
       for (auto k : deepspeed_key_names(path)) known.push_back(k);
-      ZEROTH_THROW(ConfigError, "{}{} is not a known key{}{}", path.empty() ? "" : std::string(path) + ".", key, did_you_mean(key, known),
-                   path.empty() ? " (DeepSpeed ignores top-level keys it does not know; zeroth refuses them, so a typo cannot pass unnoticed)" : "");
+      ZEROTH_THROW(ConfigError, "{}{} is not a known key{}{}", path.empty() ? "" : std::string(path) + ".", key,
+                   did_you_mean(key, known),
+                   path.empty()
+                       ? " (DeepSpeed ignores top-level keys it does not know; zeroth refuses them, so a typo cannot pass unnoticed)"
+                       : "");
     }
   }
   return rest;
@@ -181,8 +198,8 @@ DType parse_comm_dtype(std::string s) {
 }
 
 void read_model(TrainConfig& t, const json& j, int default_vocab) {
-  static constexpr std::string_view kKeys[] = {"preset", "vocab_size", "seq_len", "n_layer", "n_head", "n_embd",
-                                               "activation_checkpointing", "no_weight_decay"};
+  static constexpr std::string_view kKeys[] = {
+      "preset", "vocab_size", "seq_len", "n_layer", "n_head", "n_embd", "activation_checkpointing", "no_weight_decay"};
   const json m = j.value("model", json::object());
   json copy = m;
   if (copy.is_object() && copy.contains("vocab_size") && is_auto(copy["vocab_size"])) copy.erase("vocab_size");
@@ -204,7 +221,9 @@ void read_model(TrainConfig& t, const json& j, int default_vocab) {
   if (s.has("no_weight_decay")) {
     const json& v = s.raw("no_weight_decay");
     if (!v.is_array() || !std::all_of(v.begin(), v.end(), [](const json& e) { return e.is_string(); })) {
-      ZEROTH_THROW(ConfigError, "model.no_weight_decay must be a list of roles (weight, bias, norm, embedding) or parameter-name globs like \"h.*.attn.*\", got {}",
+      ZEROTH_THROW(ConfigError,
+                   "model.no_weight_decay must be a list of roles (weight, bias, norm, embedding) or parameter-name globs like "
+                   "\"h.*.attn.*\", got {}",
                    v.dump());
     }
     t.engine.no_weight_decay.exclude = v.get<std::vector<std::string>>();
@@ -228,19 +247,24 @@ void read_data(TrainConfig& t, const json& j) {
                  d.format == DataFormat::bin ? "token file in llm.c's .bin format" : "text file");
   }
   if (d.format == DataFormat::synthetic) {
-    if (s.has("train") || s.has("val")) ZEROTH_THROW(ConfigError, "data.format \"synthetic\" takes no data.train / data.val paths; set data.format to \"bin\" or \"text\"");
+    if (s.has("train") || s.has("val"))
+      ZEROTH_THROW(ConfigError,
+                   "data.format \"synthetic\" takes no data.train / data.val paths; set data.format to \"bin\" or \"text\"");
     d.vocab_size = static_cast<int>(s.integer("vocab_size", 256, 2, 65536));
     d.synthetic_tokens = s.integer("tokens", 1 << 20, 1024, int64_t{1} << 40);
   } else if (s.has("vocab_size") || s.has("tokens")) {
-    ZEROTH_THROW(ConfigError, "data.vocab_size and data.tokens belong to data.format \"synthetic\"; the vocabulary of \"{}\" data is fixed (model.vocab_size)", f);
+    ZEROTH_THROW(ConfigError,
+                 "data.vocab_size and data.tokens belong to data.format \"synthetic\"; the vocabulary of \"{}\" data is fixed "
+                 "(model.vocab_size)",
+                 f);
   }
   t.data = d;
 }
 
 void read_run(TrainConfig& t, const json& j, int launched_world_size) {
-  static constexpr std::string_view kKeys[] = {"name", "steps", "eval_interval", "eval_batches", "seed", "output_dir", "device",
-                                               "device_memory", "host_memory", "world_size", "backend", "progress",
-                                               "max_nonfinite_steps"};
+  static constexpr std::string_view kKeys[] = {"name",       "steps",    "eval_interval",      "eval_batches", "seed",
+                                               "output_dir", "device",   "device_memory",      "host_memory",  "world_size",
+                                               "backend",    "progress", "max_nonfinite_steps"};
   static constexpr std::string_view kBackends[] = {"local", "gloo", "nccl"};
   static constexpr std::string_view kProgress[] = {"auto", "bar", "lines"};
   json copy = j.value("run", json::object());
@@ -275,18 +299,22 @@ void read_run(TrainConfig& t, const json& j, int launched_world_size) {
   if (launched_world_size > 0) {
     r.world_size = static_cast<int>(s.integer("world_size", launched_world_size, 1, 1 << 20));
     if (r.world_size != launched_world_size) {
-      ZEROTH_THROW(ConfigError, "run.world_size = {} but the launcher started {} ranks (WORLD_SIZE); remove run.world_size or make them agree",
+      ZEROTH_THROW(ConfigError,
+                   "run.world_size = {} but the launcher started {} ranks (WORLD_SIZE); remove run.world_size or make them agree",
                    r.world_size, launched_world_size);
     }
     r.backend = s.string("backend", r.device == "cpu" ? "gloo" : "nccl", kBackends);
     if (r.backend == "local") {
-      ZEROTH_THROW(ConfigError, "run.backend = \"local\" runs ranks as threads of one process, but this process was started by a launcher; use \"gloo\" (CPU) or \"nccl\" (GPUs)");
+      ZEROTH_THROW(ConfigError, "run.backend = \"local\" runs ranks as threads of one process, but this process was started by a "
+                                "launcher; use \"gloo\" (CPU) or \"nccl\" (GPUs)");
     }
   } else {
     r.world_size = static_cast<int>(s.integer("world_size", world_auto ? 1 : r.world_size, 1, 1 << 12));
     r.backend = s.string("backend", "local", kBackends);
     if (r.backend != "local" && r.world_size > 1) {
-      ZEROTH_THROW(ConfigError, "run.backend = \"{}\" needs one process per rank: start with `zeroth launch -n {} -- zeroth train ...` (or set run.backend to \"local\" for threads)",
+      ZEROTH_THROW(ConfigError,
+                   "run.backend = \"{}\" needs one process per rank: start with `zeroth launch -n {} -- zeroth train ...` (or set "
+                   "run.backend to \"local\" for threads)",
                    r.backend, r.world_size);
     }
   }
@@ -298,7 +326,8 @@ void resolve_batch(TrainConfig& t, const json& j) {
   auto get = [&](const char* key) -> int64_t {
     if (!j.contains(key) || j[key].is_null()) return 0;
     const auto& v = j[key];
-    if (!v.is_number_integer() || v.get<int64_t>() < 1) ZEROTH_THROW(ConfigError, "{} must be a positive integer, got {}", key, v.dump());
+    if (!v.is_number_integer() || v.get<int64_t>() < 1)
+      ZEROTH_THROW(ConfigError, "{} must be a positive integer, got {}", key, v.dump());
     return v.get<int64_t>();
   };
   int64_t tbs = get("train_batch_size"), mb = get("train_micro_batch_size_per_gpu"), gas = get("gradient_accumulation_steps");
@@ -307,13 +336,17 @@ void resolve_batch(TrainConfig& t, const json& j) {
     // all given: checked below
   } else if (tbs && mb) {
     if (tbs % (mb * dp) != 0) {
-      ZEROTH_THROW(ConfigError, "train_batch_size ({}) is not a multiple of train_micro_batch_size_per_gpu ({}) x data-parallel ranks ({}) = {}, so gradient_accumulation_steps cannot be derived",
+      ZEROTH_THROW(ConfigError,
+                   "train_batch_size ({}) is not a multiple of train_micro_batch_size_per_gpu ({}) x data-parallel ranks ({}) = {}, "
+                   "so gradient_accumulation_steps cannot be derived",
                    tbs, mb, dp, mb * dp);
     }
     gas = tbs / (mb * dp);
   } else if (tbs && gas) {
     if (tbs % (gas * dp) != 0) {
-      ZEROTH_THROW(ConfigError, "train_batch_size ({}) is not a multiple of gradient_accumulation_steps ({}) x data-parallel ranks ({}) = {}, so train_micro_batch_size_per_gpu cannot be derived",
+      ZEROTH_THROW(ConfigError,
+                   "train_batch_size ({}) is not a multiple of gradient_accumulation_steps ({}) x data-parallel ranks ({}) = {}, so "
+                   "train_micro_batch_size_per_gpu cannot be derived",
                    tbs, gas, dp, gas * dp);
     }
     mb = tbs / (gas * dp);
@@ -327,10 +360,13 @@ void resolve_batch(TrainConfig& t, const json& j) {
     gas = 1;
     tbs = mb * dp;
   } else {
-    ZEROTH_THROW(ConfigError, "the batch size is not set: give train_micro_batch_size_per_gpu (sequences per rank per micro-step) and/or train_batch_size (sequences per optimizer step)");
+    ZEROTH_THROW(ConfigError, "the batch size is not set: give train_micro_batch_size_per_gpu (sequences per rank per micro-step) "
+                              "and/or train_batch_size (sequences per optimizer step)");
   }
   if (mb < 1 || gas < 1 || tbs != mb * gas * dp) {
-    ZEROTH_THROW(ConfigError, "train_batch_size ({}) must equal train_micro_batch_size_per_gpu ({}) x gradient_accumulation_steps ({}) x data-parallel ranks ({}) = {}",
+    ZEROTH_THROW(ConfigError,
+                 "train_batch_size ({}) must equal train_micro_batch_size_per_gpu ({}) x gradient_accumulation_steps ({}) x "
+                 "data-parallel ranks ({}) = {}",
                  tbs, mb, gas, dp, mb * gas * dp);
   }
   t.train_batch_size = tbs;
@@ -350,7 +386,9 @@ void check_deepspeed_extras(TrainConfig& t, json& j) {
     if (g != "fp32") ZEROTH_THROW(ConfigError, "data_types.grad_accum_dtype = \"{}\": zeroth accumulates gradients in fp32 only", g);
     for (const char* k : {"param_dtype", "buffer_dtype"}) {
       if (s.has(k) && !s.raw(k).is_null()) {
-        ZEROTH_THROW(ConfigError, "data_types.{} = {} is a DeepSpeed feature zeroth does not support (parameters in another dtype than the compute precision); remove it",
+        ZEROTH_THROW(ConfigError,
+                     "data_types.{} = {} is a DeepSpeed feature zeroth does not support (parameters in another dtype than the compute "
+                     "precision); remove it",
                      k, s.raw(k).dump());
       }
     }
@@ -364,8 +402,14 @@ void check_deepspeed_extras(TrainConfig& t, json& j) {
 
 void read_precision(TrainConfig& t, const json& j) {
   static constexpr std::string_view kBf16Keys[] = {"enabled"};
-  static constexpr std::string_view kFp16Keys[] = {"enabled", "loss_scale", "initial_scale_power", "loss_scale_window",
-                                                   "hysteresis", "consecutive_hysteresis", "min_loss_scale", "fp16_master_weights_and_grads"};
+  static constexpr std::string_view kFp16Keys[] = {"enabled",
+                                                   "loss_scale",
+                                                   "initial_scale_power",
+                                                   "loss_scale_window",
+                                                   "hysteresis",
+                                                   "consecutive_hysteresis",
+                                                   "min_loss_scale",
+                                                   "fp16_master_weights_and_grads"};
   const char* bf16_key = j.contains("bf16") ? "bf16" : "bfloat16";
   bool fp16 = false, bf16 = false;
   if (j.contains(bf16_key)) {
@@ -377,7 +421,8 @@ void read_precision(TrainConfig& t, const json& j) {
   if (j.contains("fp16")) {
     if (!j["fp16"].is_object()) ZEROTH_THROW(ConfigError, "fp16 must be an object like {{\"enabled\": true}}");
     const json f = without_deepspeed_extras(j["fp16"], "fp16", kFp16Keys, t.no_effect);
-    if (f.contains("enabled") && !f["enabled"].is_boolean()) ZEROTH_THROW(ConfigError, "fp16.enabled must be true, false or \"auto\", got {}", f["enabled"].dump());
+    if (f.contains("enabled") && !f["enabled"].is_boolean())
+      ZEROTH_THROW(ConfigError, "fp16.enabled must be true, false or \"auto\", got {}", f["enabled"].dump());
     fp16 = f.value("enabled", false);
     t.engine.loss_scaler = LossScalerConfig::from_deepspeed(f);
   }
@@ -387,7 +432,8 @@ void read_precision(TrainConfig& t, const json& j) {
   // otherwise (DeepSpeedEngine.communication_data_type: fp16, else bf16, else fp32).
   t.engine.communication_dtype = t.engine.compute_dtype;
   if (j.contains("communication_data_type") && !j["communication_data_type"].is_null()) {
-    if (!j["communication_data_type"].is_string()) ZEROTH_THROW(ConfigError, "communication_data_type must be \"fp32\", \"bf16\" or \"fp16\"");
+    if (!j["communication_data_type"].is_string())
+      ZEROTH_THROW(ConfigError, "communication_data_type must be \"fp32\", \"bf16\" or \"fp16\"");
     t.engine.communication_dtype = parse_comm_dtype(j["communication_data_type"].get<std::string>());
   }
 }
@@ -426,10 +472,13 @@ TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) 
   // so the default is stated: AdamW, lr 1e-3 (zeroth's OptimizerParams defaults).
   if (c.contains("optimizer")) {
     static constexpr std::string_view kOptimizerKeys[] = {"type", "params"};
-    t.engine.optimizer = OptimizerParams::from_deepspeed(without_deepspeed_extras(c["optimizer"], "optimizer", kOptimizerKeys, t.no_effect));
+    t.engine.optimizer = OptimizerParams::from_deepspeed(
+        without_deepspeed_extras(c["optimizer"], "optimizer", kOptimizerKeys, t.no_effect));
   }
   t.engine.schedule.base_lr = t.engine.optimizer.lr;
-  if (c.contains("scheduler")) t.engine.schedule = LrSchedule::from_deepspeed(c["scheduler"], t.engine.optimizer.lr, t.engine.optimizer.kind != OptimizerKind::sgd);
+  if (c.contains("scheduler"))
+    t.engine.schedule = LrSchedule::from_deepspeed(c["scheduler"], t.engine.optimizer.lr,
+                                                   t.engine.optimizer.kind != OptimizerKind::sgd);
   if (c.contains("zero_optimization")) t.engine.zero = ZeroConfig::from_deepspeed(c["zero_optimization"]);
   t.no_effect.insert(t.no_effect.end(), t.engine.zero.no_effect.begin(), t.engine.zero.no_effect.end());
   t.engine.seed = t.run.seed;
@@ -445,8 +494,9 @@ TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) 
   c["gradient_accumulation_steps"] = t.engine.gradient_accumulation_steps;
   c["steps_per_print"] = t.steps_per_print;
   c["gradient_clipping"] = t.engine.gradient_clipping;
-  c["model"] = {{"vocab_size", t.model.vocab_size}, {"seq_len", t.model.seq_len}, {"n_layer", t.model.n_layer},
-                {"n_head", t.model.n_head}, {"n_embd", t.model.n_embd}, {"activation_checkpointing", t.model.activation_checkpointing}};
+  c["model"] = {{"vocab_size", t.model.vocab_size}, {"seq_len", t.model.seq_len},
+                {"n_layer", t.model.n_layer},       {"n_head", t.model.n_head},
+                {"n_embd", t.model.n_embd},         {"activation_checkpointing", t.model.activation_checkpointing}};
   if (!t.model_preset.empty()) c["model"]["preset"] = t.model_preset;
   const char* formats[] = {"bin", "text", "synthetic"};
   c["data"] = {{"format", formats[static_cast<int>(t.data.format)]}};
@@ -458,9 +508,18 @@ TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) 
     if (!t.data.val.empty()) c["data"]["val"] = t.data.val;
     else c["data"]["val_fraction"] = t.data.val_fraction;
   }
-  c["run"] = {{"name", t.run.name}, {"steps", t.run.steps}, {"eval_interval", t.run.eval_interval}, {"eval_batches", t.run.eval_batches},
-              {"seed", t.run.seed}, {"output_dir", t.run.output_dir}, {"device", t.run.device}, {"device_memory", t.run.device_memory},
-              {"host_memory", t.run.host_memory}, {"world_size", t.run.world_size}, {"backend", t.run.backend}, {"progress", t.run.progress},
+  c["run"] = {{"name", t.run.name},
+              {"steps", t.run.steps},
+              {"eval_interval", t.run.eval_interval},
+              {"eval_batches", t.run.eval_batches},
+              {"seed", t.run.seed},
+              {"output_dir", t.run.output_dir},
+              {"device", t.run.device},
+              {"device_memory", t.run.device_memory},
+              {"host_memory", t.run.host_memory},
+              {"world_size", t.run.world_size},
+              {"backend", t.run.backend},
+              {"progress", t.run.progress},
               {"max_nonfinite_steps", t.run.max_nonfinite_steps}};
   t.resolved = std::move(c);
   return t;

@@ -17,8 +17,8 @@
 
 #include <nlohmann/json.hpp>  // nlohmann::json
 
-#include "engine/config.h"    // EngineConfig
-#include "models/gpt/gpt.h"   // GptConfig
+#include "engine/config.h"   // EngineConfig
+#include "models/gpt/gpt.h"  // GptConfig
 
 namespace zeroth {
 
@@ -26,24 +26,24 @@ enum class DataFormat : uint8_t { bin, text, synthetic };
 
 struct DataConfig {
   DataFormat format = DataFormat::synthetic;
-  std::string train;          // bin: llm.c token file; text: any file, one token per byte
-  std::string val;            // optional; without it the last val_fraction of train is held out
+  std::string train;  // bin: llm.c token file; text: any file, one token per byte
+  std::string val;    // optional; without it the last val_fraction of train is held out
   double val_fraction = 0.1;
-  int vocab_size = 256;       // synthetic only
+  int vocab_size = 256;  // synthetic only
   int64_t synthetic_tokens = 1 << 20;
 };
 
 struct RunConfig {
   std::string name = "run";
-  int64_t steps = 100;          // optimizer steps
-  int64_t eval_interval = 0;    // validation every this many steps (0: at the end only)
-  int64_t eval_batches = 4;     // micro-batches per rank per validation
+  int64_t steps = 100;        // optimizer steps
+  int64_t eval_interval = 0;  // validation every this many steps (0: at the end only)
+  int64_t eval_batches = 4;   // micro-batches per rank per validation
   uint64_t seed = 1234;
-  std::string output_dir;       // metrics.jsonl and config.json; "" = runs/<name>
+  std::string output_dir;  // metrics.jsonl and config.json; "" = runs/<name>
   std::string device = "cpu";
-  size_t device_memory = 0;     // bytes of the device (the accelerator); 0: unlimited on the CPU
-  size_t host_memory = 0;       // bytes of host memory the engine may hold state in; 0: unlimited
-  int world_size = 1;           // data-parallel ranks
+  size_t device_memory = 0;       // bytes of the device (the accelerator); 0: unlimited on the CPU
+  size_t host_memory = 0;         // bytes of host memory the engine may hold state in; 0: unlimited
+  int world_size = 1;             // data-parallel ranks
   std::string backend = "local";  // local (threads) | gloo (processes) | nccl (GPUs)
   std::string progress = "auto";  // auto (a bar on a terminal) | bar | lines
   // Steps in a row whose gradients are non-finite (with fp16: at the smallest loss scale) after
@@ -54,13 +54,13 @@ struct RunConfig {
 struct TrainConfig {
   EngineConfig engine;
   GptConfig model;
-  std::string model_preset;     // "" when the shape was given key by key
+  std::string model_preset;  // "" when the shape was given key by key
   DataConfig data;
   RunConfig run;
   int64_t train_batch_size = 0;
   int64_t micro_batch_size = 0;  // sequences per rank per micro-step
   int64_t steps_per_print = 10;
-  nlohmann::json resolved;       // the config with every default and "auto" filled in
+  nlohmann::json resolved;  // the config with every default and "auto" filled in
   // DeepSpeed keys present that change nothing in zeroth ("path: why"; engine/deepspeed_keys.h).
   std::vector<std::string> no_effect;
 

@@ -10,13 +10,13 @@
 
 #include <fmt/format.h>  // fmt::format
 
-#include "core/error.h"      // ZEROTH_THROW
-#include "core/memory.h"     // format_bytes
-#include "core/stats.h"      // median
-#include "engine/engine.h"   // Engine
-#include "engine/estimate.h" // estimate
-#include "models/gpt/gpt.h"  // Gpt
-#include "train/data.h"      // TokenData, Loader
+#include "core/error.h"       // ZEROTH_THROW
+#include "core/memory.h"      // format_bytes
+#include "core/stats.h"       // median
+#include "engine/engine.h"    // Engine
+#include "engine/estimate.h"  // estimate
+#include "models/gpt/gpt.h"   // Gpt
+#include "train/data.h"       // TokenData, Loader
 
 namespace zeroth {
 namespace {
@@ -29,8 +29,11 @@ struct Splits {
 Splits load_data(const TrainConfig& c) {
   Splits s;
   const auto& d = c.data;
-  auto open = [&](const std::string& path) { return d.format == DataFormat::bin ? TokenData::open_bin(path) : TokenData::open_text(path); };
-  TokenData all = d.format == DataFormat::synthetic ? TokenData::synthetic(d.vocab_size, d.synthetic_tokens, c.run.seed) : open(d.train);
+  auto open = [&](const std::string& path) {
+    return d.format == DataFormat::bin ? TokenData::open_bin(path) : TokenData::open_text(path);
+  };
+  TokenData all = d.format == DataFormat::synthetic ? TokenData::synthetic(d.vocab_size, d.synthetic_tokens, c.run.seed)
+                                                    : open(d.train);
   if (!d.val.empty()) {
     s.train = all;
     s.val = open(d.val);
@@ -40,7 +43,9 @@ Splits load_data(const TrainConfig& c) {
     const size_t need = static_cast<size_t>(c.model.seq_len) + 1;
     size_t n_val = std::max(need, static_cast<size_t>(static_cast<double>(all.size()) * d.val_fraction));
     if (n_val + need > all.size()) {
-      ZEROTH_THROW(ConfigError, "{}: {} tokens are too few to hold out data.val_fraction = {} and still train on sequences of {} tokens; give more data, a data.val file, or data.val_fraction = 0",
+      ZEROTH_THROW(ConfigError,
+                   "{}: {} tokens are too few to hold out data.val_fraction = {} and still train on sequences of {} tokens; give more "
+                   "data, a data.val file, or data.val_fraction = 0",
                    d.train.empty() ? "synthetic data" : d.train, all.size(), d.val_fraction, need);
     }
     s.train = all.slice(0, all.size() - n_val);
@@ -201,13 +206,17 @@ TrainSummary train(const TrainConfig& config, Communicator& dp, Device& device, 
       observer->on_step(s);
     });
     // The skip is the same on every rank (a global norm), so every rank ends here together.
-    const bool stuck = r.skipped && (config.engine.compute_dtype != DType::f16 || r.loss_scale <= config.engine.loss_scaler.min_loss_scale);
+    const bool stuck = r.skipped &&
+                       (config.engine.compute_dtype != DType::f16 || r.loss_scale <= config.engine.loss_scaler.min_loss_scale);
     nonfinite = stuck ? nonfinite + 1 : r.skipped ? nonfinite : 0;
     if (config.run.max_nonfinite_steps > 0 && nonfinite >= config.run.max_nonfinite_steps) {
-      ZEROTH_THROW(NumericError, "steps {} to {}: the gradients held Inf or NaN {} steps in a row (run.max_nonfinite_steps = {}){}; the run stops. Lower the learning rate, turn on gradient_clipping, or train in bf16 instead of fp16",
+      ZEROTH_THROW(NumericError,
+                   "steps {} to {}: the gradients held Inf or NaN {} steps in a row (run.max_nonfinite_steps = {}){}; the run stops. "
+                   "Lower the learning rate, turn on gradient_clipping, or train in bf16 instead of fp16",
                    k + 2 - nonfinite, k + 1, nonfinite, config.run.max_nonfinite_steps,
-                   last_finite_step > 0 ? fmt::format("; the last finite loss was {:.4f} at step {}", last_finite_loss, last_finite_step)
-                                        : std::string("; no step had a finite loss"));
+                   last_finite_step > 0
+                       ? fmt::format("; the last finite loss was {:.4f} at step {}", last_finite_loss, last_finite_step)
+                       : std::string("; no step had a finite loss"));
     }
     if (std::isfinite(loss)) last_finite_loss = loss, last_finite_step = k + 1;
     if (stopping) {

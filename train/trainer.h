@@ -7,34 +7,34 @@
 #include <atomic>   // std::atomic
 #include <cstdint>  // int64_t
 
-#include "comm/communicator.h"    // Communicator
-#include "core/device.h"          // Device
-#include "core/memory.h"          // kMemTagCount
-#include "engine/estimate.h"      // MemoryNeed
-#include "engine/plan.h"          // Plan
-#include "train/train_config.h"   // TrainConfig
+#include "comm/communicator.h"   // Communicator
+#include "core/device.h"         // Device
+#include "core/memory.h"         // kMemTagCount
+#include "engine/estimate.h"     // MemoryNeed
+#include "engine/plan.h"         // Plan
+#include "train/train_config.h"  // TrainConfig
 
 namespace zeroth {
 
 struct StepMetrics {
-  int64_t step = 0;           // 1-based optimizer step
-  double loss = 0;            // mean over the global batch
+  int64_t step = 0;  // 1-based optimizer step
+  double loss = 0;   // mean over the global batch
   double lr = 0;
   double grad_norm = 0;
   double loss_scale = 1;
-  bool skipped = false;       // overflow: no update
+  bool skipped = false;  // overflow: no update
   double step_seconds = 0;
   double tokens_per_second = 0;
-  size_t peak_bytes = 0;      // this rank's device, all tags
+  size_t peak_bytes = 0;  // this rank's device, all tags
   // wall_clock_breakdown: rank 0's forward and backward passes (synchronized), the wait for the
   // reductions after the last backward, and the rest of the optimizer step.
   double forward_seconds = 0, backward_seconds = 0, reduce_wait_seconds = 0, optimizer_seconds = 0;
 };
 
 struct TrainSummary {
-  int64_t steps = 0;          // optimizer steps run
-  bool interrupted = false;   // stopped early on request (Ctrl-C)
-  double seconds = 0;         // wall time of the steps (validation excluded)
+  int64_t steps = 0;             // optimizer steps run
+  bool interrupted = false;      // stopped early on request (Ctrl-C)
+  double seconds = 0;            // wall time of the steps (validation excluded)
   double tokens_per_second = 0;  // median over the steps after the first
   double first_loss = 0, last_loss = 0;
   double first_val_loss = -1, last_val_loss = -1;  // -1: no validation ran

@@ -16,12 +16,12 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 
-#include <algorithm>  // std::max
-#include <exception>  // std::uncaught_exceptions
-#include <cstring>    // memcpy
+#include <algorithm>           // std::max
+#include <exception>           // std::uncaught_exceptions
+#include <cstring>             // memcpy
 #include <condition_variable>  // std::condition_variable
-#include <map>        // std::map
-#include <mutex>      // std::mutex
+#include <map>                 // std::map
+#include <mutex>               // std::mutex
 
 #include "comm/tcp_store.h"
 #include "core/cpu/kernels.h"
@@ -165,8 +165,7 @@ gloo::transport::tcp::attr transport_attr(const RendezvousInfo& info) {
 
 class GlooCommunicator final : public Communicator {
  public:
-  GlooCommunicator(std::shared_ptr<Shared> shared, std::shared_ptr<gloo::Context> context, std::string name,
-                   CommOptions options)
+  GlooCommunicator(std::shared_ptr<Shared> shared, std::shared_ptr<gloo::Context> context, std::string name, CommOptions options)
       : Communicator(std::move(options)), shared_(std::move(shared)), ctx_(std::move(context)), name_(std::move(name)) {}
 
   // Ops still queued on streams run against this object: wait for them before it goes.
@@ -219,11 +218,14 @@ class GlooCommunicator final : public Communicator {
       byte_offsets.push_back(begin * dtype_size(data.dtype));
       byte_lengths.push_back(lengths.back() * dtype_size(data.dtype));
     }
-    enqueue(s, d, [=, this](uint64_t slot) {
+    enqueue(
+        s, d,
+        [=, this](uint64_t slot) {
       auto reduced = reduce_to_chunk(data, offsets, lengths, d, slot);
       finish(reduced.data(), data.slice(offsets[rank()], lengths[rank()]), d);
       ring_all_gather(static_cast<char*>(data.data), byte_offsets, byte_lengths, slot + 1, d);
-    }, true, 2);
+        },
+        true, 2);
   }
 
   // A chain from the root, pipelined in segments so every link carries data at once.
@@ -263,7 +265,9 @@ class GlooCommunicator final : public Communicator {
   // A header (count, dtype) travels first, so a mismatched recv is reported, not corrupted.
   void do_send(Stream& s, TensorView data, const Descriptor& d) override {
     const uint64_t slot = next_p2p_slot(send_seq_, d.root);
-    enqueue(s, d, [=, this](uint64_t) {
+    enqueue(
+        s, d,
+        [=, this](uint64_t) {
       uint64_t header[2] = {d.count, static_cast<uint64_t>(d.dtype)};
       BufferKeeper keep(*this);
       auto* h = &keep.make(header, sizeof header);
@@ -273,12 +277,15 @@ class GlooCommunicator final : public Communicator {
       auto* b = &keep.make(data.data, data.bytes());
       post_send(*b, d.root, slot + 1, 0, data.bytes(), d);
       wait_send(*b, d.root, d);
-    }, false);
+        },
+        false);
   }
 
   void do_recv(Stream& s, TensorView data, const Descriptor& d) override {
     const uint64_t slot = next_p2p_slot(recv_seq_, d.root);
-    enqueue(s, d, [=, this](uint64_t) {
+    enqueue(
+        s, d,
+        [=, this](uint64_t) {
       uint64_t header[2] = {};
       BufferKeeper keep(*this);
       auto* h = &keep.make(header, sizeof header);
@@ -292,7 +299,8 @@ class GlooCommunicator final : public Communicator {
       auto* b = &keep.make(data.data, data.bytes());
       post_recv(*b, d.root, slot + 1, 0, data.bytes(), d);
       wait_recv(*b, d.root, d);
-    }, false);
+        },
+        false);
   }
 
   std::unique_ptr<Communicator> do_split(int color, int key, const Descriptor& d) override {
@@ -404,7 +412,8 @@ class GlooCommunicator final : public Communicator {
     try {
       b.recv(peer, slot, offset, bytes);
     } catch (const gloo::Exception& e) {
-      fail(peer, fmt::format("gloo {} on rank {} of {}: receiving from rank {} failed: {}", d.describe(), rank(), size(), peer, e.what()));
+      fail(peer,
+           fmt::format("gloo {} on rank {} of {}: receiving from rank {} failed: {}", d.describe(), rank(), size(), peer, e.what()));
     }
   }
 
@@ -448,10 +457,11 @@ class GlooCommunicator final : public Communicator {
     try {
       completed = b.waitRecv(nullptr, options_.timeout);
     } catch (const gloo::Exception& e) {
-      fail(peer, fmt::format("gloo {} on rank {} of {}: receiving from rank {} failed: {}", d.describe(),
-                       rank(), size(), peer, e.what()));
+      fail(peer,
+           fmt::format("gloo {} on rank {} of {}: receiving from rank {} failed: {}", d.describe(), rank(), size(), peer, e.what()));
     }
-    if (!completed) fail(peer, fmt::format("gloo {} on rank {} of {}: receive from rank {} aborted", d.describe(), rank(), size(), peer));
+    if (!completed)
+      fail(peer, fmt::format("gloo {} on rank {} of {}: receive from rank {} aborted", d.describe(), rank(), size(), peer));
   }
 
   void wait_send(gloo::transport::UnboundBuffer& b, int peer, const Descriptor& d) {
@@ -459,8 +469,7 @@ class GlooCommunicator final : public Communicator {
     try {
       completed = b.waitSend(nullptr, options_.timeout);
     } catch (const gloo::Exception& e) {
-      fail(peer, fmt::format("gloo {} on rank {} of {}: sending to rank {} failed: {}", d.describe(), rank(),
-                       size(), peer, e.what()));
+      fail(peer, fmt::format("gloo {} on rank {} of {}: sending to rank {} failed: {}", d.describe(), rank(), size(), peer, e.what()));
     }
     if (!completed) fail(peer, fmt::format("gloo {} on rank {} of {}: send to rank {} aborted", d.describe(), rank(), size(), peer));
   }
@@ -504,8 +513,8 @@ class GlooCommunicator final : public Communicator {
     ScratchPool::Lease lease;
     float* data() { return lease.data(); }
   };
-  Reduced ring_reduce(TensorView in, const std::vector<size_t>& offsets, const std::vector<size_t>& lengths,
-                      const Descriptor& d, uint64_t slot) {
+  Reduced ring_reduce(TensorView in, const std::vector<size_t>& offsets, const std::vector<size_t>& lengths, const Descriptor& d,
+                      uint64_t slot) {
     const int n = size(), r = rank();
     const size_t longest = *std::max_element(lengths.begin(), lengths.end());
     // Two partial-sum buffers that alternate, and the landing zone for the left neighbour's.
@@ -534,7 +543,8 @@ class GlooCommunicator final : public Communicator {
     // The first chunk goes out as it is: straight from the caller's buffer when it is f32.
     const int first = (r - 1 + n) % n;
     gloo::transport::UnboundBuffer* ub_first = ub_part[cur];
-    if (in.dtype == DType::f32 && lengths[first] > 0) ub_first = &keep.make(in.slice(offsets[first], lengths[first]).data, lengths[first] * 4);
+    if (in.dtype == DType::f32 && lengths[first] > 0)
+      ub_first = &keep.make(in.slice(offsets[first], lengths[first]).data, lengths[first] * 4);
     size_t first_sends = 0;
     for (auto [off, len] : segments(0, lengths[first] * 4)) {
       if (in.dtype != DType::f32) widen(first, off / 4, len / 4, part[cur]);
@@ -558,8 +568,8 @@ class GlooCommunicator final : public Communicator {
           own = part[next] + begin;
         }
         const float* inputs[] = {own, landing.data() + begin};
-        kernels.reduce(reinterpret_cast<const void* const*>(inputs), 2, DType::f32, part[next] + begin, DType::f32, kind,
-                       1.0f, count, false);
+        kernels.reduce(reinterpret_cast<const void* const*>(inputs), 2, DType::f32, part[next] + begin, DType::f32, kind, 1.0f, count,
+                       false);
         if (step < n - 2) post_send(*ub_part[next], right, slot, off, len, d), ++sends[next];
       }
       cur = next;
@@ -579,8 +589,8 @@ class GlooCommunicator final : public Communicator {
   // sums all n slices in rank order, so the result equals the local backend's bit for bit.
   static constexpr int kDirectMaxRanks = 8;
 
-  Reduced direct_reduce(TensorView in, const std::vector<size_t>& offsets, const std::vector<size_t>& lengths,
-                        const Descriptor& d, uint64_t slot) {
+  Reduced direct_reduce(TensorView in, const std::vector<size_t>& offsets, const std::vector<size_t>& lengths, const Descriptor& d,
+                        uint64_t slot) {
     const int n = size(), r = rank();
     const size_t len = lengths[r], esize = dtype_size(in.dtype);
     auto landing = pool_.take(((n - 1) * len * esize + 3) / 4);
@@ -610,7 +620,8 @@ class GlooCommunicator final : public Communicator {
       }
       inputs[r] = static_cast<const char*>(in.data) + offsets[r] * esize;
       const auto kind = d.reduce == ReduceOp::max ? ReduceKind::max : ReduceKind::sum;
-      cpu::kernel_table(cpu::active_simd_level()).reduce(inputs.data(), n, in.dtype, result.data(), DType::f32, kind, 1.0f, len, false);
+      cpu::kernel_table(cpu::active_simd_level())
+          .reduce(inputs.data(), n, in.dtype, result.data(), DType::f32, kind, 1.0f, len, false);
     }
     for (int p : peers) {
       if (to[p] != nullptr) wait_send(*to[p], p, d);
@@ -618,8 +629,8 @@ class GlooCommunicator final : public Communicator {
     return {std::move(result)};
   }
 
-  Reduced reduce_to_chunk(TensorView in, const std::vector<size_t>& offsets, const std::vector<size_t>& lengths,
-                          const Descriptor& d, uint64_t slot) {
+  Reduced reduce_to_chunk(TensorView in, const std::vector<size_t>& offsets, const std::vector<size_t>& lengths, const Descriptor& d,
+                          uint64_t slot) {
     if (size() <= kDirectMaxRanks) return direct_reduce(in, offsets, lengths, d, slot);
     return ring_reduce(in, offsets, lengths, d, slot);
   }
@@ -634,8 +645,8 @@ class GlooCommunicator final : public Communicator {
 
   void check_desync(const Descriptor& d, uint64_t slot) {
     std::vector<WireDescriptor> all(size());
-    all[rank()] = {d.sequence, d.count, d.root, static_cast<uint8_t>(d.op), static_cast<uint8_t>(d.dtype),
-                   static_cast<uint8_t>(d.reduce), 0};
+    all[rank()] = {
+        d.sequence, d.count, d.root, static_cast<uint8_t>(d.op), static_cast<uint8_t>(d.dtype), static_cast<uint8_t>(d.reduce), 0};
     std::vector<size_t> offsets, lengths;
     for (int p = 0; p < size(); ++p) {
       offsets.push_back(p * sizeof(WireDescriptor));
@@ -644,8 +655,8 @@ class GlooCommunicator final : public Communicator {
     ring_all_gather(reinterpret_cast<char*>(all.data()), offsets, lengths, slot, d);
     for (int p = 0; p < size(); ++p) {
       const auto& w = all[p];
-      const Descriptor theirs{w.sequence, static_cast<CollectiveOp>(w.op), w.count, static_cast<DType>(w.dtype),
-                              static_cast<ReduceOp>(w.reduce), w.root};
+      const Descriptor theirs{
+          w.sequence, static_cast<CollectiveOp>(w.op), w.count, static_cast<DType>(w.dtype), static_cast<ReduceOp>(w.reduce), w.root};
       check_same(d, rank(), theirs, p, "gloo");
     }
   }
@@ -678,8 +689,8 @@ std::unique_ptr<Communicator> make_gloo_communicator(const RendezvousInfo& info,
     ctx->connectFullMesh(store, shared->device);
     return std::make_unique<GlooCommunicator>(std::move(shared), std::move(ctx), "world/", std::move(options));
   } catch (const gloo::Exception& e) {
-    ZEROTH_THROW(CommError, "gloo rendezvous of rank {} of {} through {}:{} failed: {}", info.rank, info.world_size,
-                 info.master_addr, info.master_port, e.what());
+    ZEROTH_THROW(CommError, "gloo rendezvous of rank {} of {} through {}:{} failed: {}", info.rank, info.world_size, info.master_addr,
+                 info.master_port, e.what());
   }
 }
 

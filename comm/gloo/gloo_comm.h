@@ -12,7 +12,6 @@ namespace zeroth {
 
 // Collective over all ranks of the job: rank 0 hosts the rendezvous store at
 // MASTER_ADDR:MASTER_PORT, every rank connects, and the ranks connect to each other.
-std::unique_ptr<Communicator> make_gloo_communicator(const RendezvousInfo& info,
-                                                     CommOptions options = CommOptions::from_env());
+std::unique_ptr<Communicator> make_gloo_communicator(const RendezvousInfo& info, CommOptions options = CommOptions::from_env());
 
 }  // namespace zeroth

@@ -85,8 +85,8 @@ class LocalCommunicator final : public Communicator {
     group_->post(rank_, d.root, {d, data, ready, done});
     // Rendezvous: the sender's stream may reuse the buffer only after the receiver copied it.
     if (done_future.wait_for(options_.timeout) != std::future_status::ready) {
-      ZEROTH_THROW(CommError, "local {} on rank {} of {}: timed out after {} s waiting for rank {} to receive", d.describe(),
-                   rank_, size(), options_.timeout.count() / 1000.0, d.root);
+      ZEROTH_THROW(CommError, "local {} on rank {} of {}: timed out after {} s waiting for rank {} to receive", d.describe(), rank_,
+                   size(), options_.timeout.count() / 1000.0, d.root);
     }
     s.wait(*done_future.get());
   }
@@ -94,8 +94,8 @@ class LocalCommunicator final : public Communicator {
   void do_recv(Stream& s, TensorView data, const Descriptor& d) override {
     auto message = group_->take(d.root, rank_, d);
     if (message.desc.count != d.count || message.desc.dtype != d.dtype) {
-      auto error = std::make_exception_ptr(CommError(fmt::format(
-          "local send/recv mismatch: rank {} sent {} but rank {} posted {}", d.root, message.desc.describe(), rank_, d.describe())));
+      auto error = std::make_exception_ptr(CommError(fmt::format("local send/recv mismatch: rank {} sent {} but rank {} posted {}",
+                                                                 d.root, message.desc.describe(), rank_, d.describe())));
       message.done->set_exception(error);
       std::rethrow_exception(error);
     }
@@ -147,8 +147,8 @@ class LocalCommunicator final : public Communicator {
   }
 
   // Marks this rank's stream, exchanges records, and makes the stream wait for every peer.
-  std::vector<LocalGroup::Record> sync_point(Stream& s, const Descriptor& d, TensorView buffer,
-                                             std::shared_ptr<void> attachment, std::shared_ptr<Event>* which = nullptr) {
+  std::vector<LocalGroup::Record> sync_point(Stream& s, const Descriptor& d, TensorView buffer, std::shared_ptr<void> attachment,
+                                             std::shared_ptr<Event>* which = nullptr) {
     auto& slot = which ? *which : done_;
     const auto& e = event(s, slot);
     e->record(s);

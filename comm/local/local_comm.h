@@ -12,13 +12,11 @@
 namespace zeroth {
 
 // `size` communicators of one group; hand communicator r to the thread that runs rank r.
-std::vector<std::unique_ptr<Communicator>> make_local_communicators(int size,
-                                                                    CommOptions options = CommOptions::from_env());
+std::vector<std::unique_ptr<Communicator>> make_local_communicators(int size, CommOptions options = CommOptions::from_env());
 
 // Runs fn(comm) for every rank on its own thread and waits for all. The first rank to throw
 // aborts the group (the others' pending collectives fail with a CommError naming it), and its
 // error is rethrown here.
-void run_local_ranks(int size, const std::function<void(Communicator&)>& fn,
-                     CommOptions options = CommOptions::from_env());
+void run_local_ranks(int size, const std::function<void(Communicator&)>& fn, CommOptions options = CommOptions::from_env());
 
 }  // namespace zeroth

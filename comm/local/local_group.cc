@@ -54,8 +54,8 @@ LocalGroup::Message LocalGroup::take(int src, int dst, const Descriptor& wanted)
   const bool arrived = changed_.wait_for(lock, options_.timeout, [&] { return !box.empty() || aborted_; });
   if (aborted_) throw_aborted_locked(dst, wanted);
   if (!arrived) {
-    ZEROTH_THROW(CommError, "local {} on rank {} of {}: timed out after {} s waiting for rank {} to send", wanted.describe(),
-                 dst, size_, options_.timeout.count() / 1000.0, src);
+    ZEROTH_THROW(CommError, "local {} on rank {} of {}: timed out after {} s waiting for rank {} to send", wanted.describe(), dst,
+                 size_, options_.timeout.count() / 1000.0, src);
   }
   Message message = std::move(box.front());
   box.pop_front();

@@ -20,11 +20,11 @@ class LocalGroup {
  public:
   struct Record {
     Descriptor desc;
-    TensorView buffer;                // the rank's send (or data) buffer
+    TensorView buffer;  // the rank's send (or data) buffer
     // Marks the point in the rank's stream the others wait for. Shared: a peer that has finished
     // may destroy its communicator while a slower one is still about to wait on its event.
     std::shared_ptr<Event> event;
-    std::shared_ptr<void> attachment; // e.g. a scratch buffer or a new group for split
+    std::shared_ptr<void> attachment;  // e.g. a scratch buffer or a new group for split
     int color = 0, key = 0;
   };
 

@@ -52,8 +52,8 @@ void settle(ncclComm_t comm, ncclResult_t rc, const std::string& what, std::chro
   while (rc == ncclInProgress) {
     if (clock::now() > deadline) {
       ncclCommAbort(comm);
-      ZEROTH_THROW(CommError, "{}: not finished after {} s; the communicator was aborted (a peer died or never arrived?)",
-                   what, timeout.count() / 1000.0);
+      ZEROTH_THROW(CommError, "{}: not finished after {} s; the communicator was aborted (a peer died or never arrived?)", what,
+                   timeout.count() / 1000.0);
     }
     std::this_thread::sleep_for(std::chrono::microseconds(100));
     if (ncclCommGetAsyncError(comm, &rc) != ncclSuccess) break;
@@ -217,8 +217,8 @@ class NcclCommunicator final : public Communicator {
     const size_t bytes = sizeof(WireDescriptor) * size_;
     if (desync_buffer_ == nullptr) CUDA_CHECK(cudaMalloc(&desync_buffer_, bytes));
     std::vector<WireDescriptor> all(size_);
-    all[rank_] = {d.sequence, d.count, d.root, static_cast<uint8_t>(d.op), static_cast<uint8_t>(d.dtype),
-                  static_cast<uint8_t>(d.reduce), 0};
+    all[rank_] = {
+        d.sequence, d.count, d.root, static_cast<uint8_t>(d.op), static_cast<uint8_t>(d.dtype), static_cast<uint8_t>(d.reduce), 0};
     auto* mine = static_cast<char*>(desync_buffer_) + rank_ * sizeof(WireDescriptor);
     CUDA_CHECK(cudaMemcpyAsync(mine, &all[rank_], sizeof(WireDescriptor), cudaMemcpyHostToDevice, stream));
     settle(comm_, ncclAllGather(mine, desync_buffer_, sizeof(WireDescriptor), ncclUint8, comm_, stream), what + " (desync check)",
@@ -227,8 +227,9 @@ class NcclCommunicator final : public Communicator {
     CUDA_CHECK(cudaStreamSynchronize(stream));
     for (int p = 0; p < size_; ++p) {
       const auto& w = all[p];
-      check_same(d, rank_, {w.sequence, static_cast<CollectiveOp>(w.op), w.count, static_cast<DType>(w.dtype),
-                            static_cast<ReduceOp>(w.reduce), w.root},
+      check_same(d, rank_,
+                 {w.sequence, static_cast<CollectiveOp>(w.op), w.count, static_cast<DType>(w.dtype), static_cast<ReduceOp>(w.reduce),
+                  w.root},
                  p, "nccl");
     }
   }

@@ -30,10 +30,10 @@ bool same_ignoring_case(std::string_view a, std::string_view b) {
 // kernels use. Zen runs the Haswell kernels.
 constexpr std::string_view kAvx512Cores[] = {"SkylakeX", "Cooperlake", "SapphireRapids"};
 constexpr std::string_view kAvx2Cores[] = {"Haswell", "Zen"};
-constexpr std::string_view kOlderCores[] = {"Katmai",  "Coppermine", "Northwood", "Prescott",    "Banias",     "Atom",
-                                            "Core2",   "Penryn",     "Dunnington", "Nehalem",    "Athlon",     "Opteron",
-                                            "Opteron(SSE3)", "Barcelona", "Nano",  "Sandybridge", "Bobcat",    "Bulldozer",
-                                            "Piledriver", "Steamroller", "Excavator"};
+constexpr std::string_view kOlderCores[] = {"Katmai",        "Coppermine",  "Northwood",  "Prescott",    "Banias", "Atom",
+                                            "Core2",         "Penryn",      "Dunnington", "Nehalem",     "Athlon", "Opteron",
+                                            "Opteron(SSE3)", "Barcelona",   "Nano",       "Sandybridge", "Bobcat", "Bulldozer",
+                                            "Piledriver",    "Steamroller", "Excavator"};
 
 VectorIsa cpu_vector_isa() {
   const CpuFeatures& f = cpu_features();  // already masked by what the OS saves
@@ -64,9 +64,7 @@ VectorIsa blas_core_isa(std::string_view core) {
   return VectorIsa::unknown;
 }
 
-bool BlasInfo::below_cpu() const {
-  return core_isa != VectorIsa::unknown && cpu_isa != VectorIsa::unknown && core_isa < cpu_isa;
-}
+bool BlasInfo::below_cpu() const { return core_isa != VectorIsa::unknown && cpu_isa != VectorIsa::unknown && core_isa < cpu_isa; }
 
 std::string BlasInfo::summary() const {
   std::string how = fmt::format("{} kernels", vector_isa_name(core_isa));
@@ -125,7 +123,9 @@ SgemmRate measure_sgemm(int n, int reps) {
       b[i * n + k] = b_at(i, k);
     }
   }
-  auto call = [&] { cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n); };
+  auto call = [&] {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+  };
   call();  // page faults, thread start-up
   std::vector<double> seconds;
   for (int r = 0; r < reps; ++r) {
@@ -140,7 +140,8 @@ SgemmRate measure_sgemm(int n, int reps) {
       double want = 0;
       for (size_t k = 0; k < static_cast<size_t>(n); ++k) want += static_cast<double>(a_at(i, k)) * b_at(k, j);
       if (static_cast<double>(c[i * n + j]) != want) {
-        ZEROTH_THROW(Error, "cblas_sgemm ({}x{}x{}, OpenBLAS core {}) computed C[{}][{}] = {} instead of {}: this BLAS kernel set is "
+        ZEROTH_THROW(Error,
+                     "cblas_sgemm ({}x{}x{}, OpenBLAS core {}) computed C[{}][{}] = {} instead of {}: this BLAS kernel set is "
                      "wrong on this CPU; pin another with {}",
                      n, n, n, openblas_get_corename(), i, j, c[i * n + j], want, env::kOpenblasCoretype);
       }

@@ -40,10 +40,10 @@ std::string_view vector_isa_name(VectorIsa isa);
 VectorIsa blas_core_isa(std::string_view core);
 
 struct SgemmRate {
-  int n = 0;             // C(n x n) = A(n x n) B(n x n), single precision
-  int reps = 0;          // timed calls after one untimed call
-  double gflops = 0;     // median over the timed calls, 2 n^3 flops each
-  double seconds = 0;    // median time of one call
+  int n = 0;           // C(n x n) = A(n x n) B(n x n), single precision
+  int reps = 0;        // timed calls after one untimed call
+  double gflops = 0;   // median over the timed calls, 2 n^3 flops each
+  double seconds = 0;  // median time of one call
 };
 
 // Times cblas_sgemm on square matrices with the current BLAS threads. The inputs are small

@@ -130,8 +130,7 @@ size_t HostBlockCache::cached_bytes() const {
   return cached_;
 }
 
-CpuDevice::CpuDevice(size_t memory_budget)
-    : Device("cpu", memory_budget), default_stream_(std::make_unique<CpuStream>(*this)) {}
+CpuDevice::CpuDevice(size_t memory_budget) : Device("cpu", memory_budget), default_stream_(std::make_unique<CpuStream>(*this)) {}
 
 CpuDevice::~CpuDevice() { default_stream_.reset(); }
 
@@ -187,14 +186,12 @@ void CpuDevice::do_flag_nonfinite(Stream& stream, TensorView x, int32_t* flag) {
 
 namespace zeroth {
 
-void CpuDevice::do_reduce(Stream& stream, TensorView out, std::span<const TensorView> inputs, ReduceKind kind,
-                          float scale) {
+void CpuDevice::do_reduce(Stream& stream, TensorView out, std::span<const TensorView> inputs, ReduceKind kind, float scale) {
   std::vector<const void*> pointers;
   pointers.reserve(inputs.size());
   for (const auto& in : inputs) pointers.push_back(in.data);
   cpu_stream(stream).enqueue([=, pointers = std::move(pointers), in_type = inputs[0].dtype] {
-    cpu::reduce(pointers.data(), static_cast<int>(pointers.size()), in_type, out.data, out.dtype, kind, scale,
-                out.numel);
+    cpu::reduce(pointers.data(), static_cast<int>(pointers.size()), in_type, out.data, out.dtype, kind, scale, out.numel);
   });
 }
 

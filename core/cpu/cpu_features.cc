@@ -32,8 +32,8 @@ CpuFeatures detect() {
   f.avx = c & bit_AVX;
   if (osxsave) {
     const uint64_t xcr0 = read_xcr0();
-    f.os_avx = (xcr0 & 0x6) == 0x6;             // SSE and AVX state
-    f.os_avx512 = (xcr0 & 0xe6) == 0xe6;        // + opmask, ZMM_Hi256, Hi16_ZMM
+    f.os_avx = (xcr0 & 0x6) == 0x6;       // SSE and AVX state
+    f.os_avx512 = (xcr0 & 0xe6) == 0xe6;  // + opmask, ZMM_Hi256, Hi16_ZMM
   }
   if (max_leaf >= 7) {
     __get_cpuid_count(7, 0, &a, &b, &c, &d);

@@ -23,8 +23,7 @@ std::vector<CpuStream*> StreamRegistry::snapshot() const {
   return {streams_.begin(), streams_.end()};
 }
 
-CpuStream::CpuStream(Device& device, StreamRegistry* registry)
-    : device_(device), registry_(registry), worker_([this] { run(); }) {
+CpuStream::CpuStream(Device& device, StreamRegistry* registry) : device_(device), registry_(registry), worker_([this] { run(); }) {
   if (registry_ != nullptr) registry_->add(this);
 }
 
@@ -59,9 +58,7 @@ void CpuStream::push(Task task) {
 
 void CpuStream::enqueue(std::function<void()> work) { push(Task{std::move(work), {}}); }
 
-void CpuStream::enqueue_control(std::function<void(std::exception_ptr&)> control) {
-  push(Task{{}, std::move(control)});
-}
+void CpuStream::enqueue_control(std::function<void(std::exception_ptr&)> control) { push(Task{{}, std::move(control)}); }
 
 void CpuStream::run() {
   for (;;) {

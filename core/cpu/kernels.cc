@@ -23,8 +23,8 @@ const KernelTable& kernel_table_avx2();
 const KernelTable& kernel_table_avx512();
 
 const KernelTable& kernel_table(SimdLevel level) {
-  ZEROTH_CHECK(level <= best_simd_level(), "SIMD level {} is not supported by this CPU (best: {})",
-               simd_level_name(level), simd_level_name(best_simd_level()));
+  ZEROTH_CHECK(level <= best_simd_level(), "SIMD level {} is not supported by this CPU (best: {})", simd_level_name(level),
+               simd_level_name(best_simd_level()));
   switch (level) {
     case SimdLevel::avx512: return kernel_table_avx512();
     case SimdLevel::avx2: return kernel_table_avx2();
@@ -62,8 +62,7 @@ int num_threads() {
     if (auto requested = env::get_int(env::kNumThreads)) {
       ZEROTH_CHECK(*requested >= 1, "{} must be at least 1, got {}", env::kNumThreads, *requested);
       thread_count = static_cast<int>(std::min<int64_t>(*requested, 4096));
-      thread_limit = std::make_unique<tbb::global_control>(tbb::global_control::max_allowed_parallelism,
-                                                           thread_count);
+      thread_limit = std::make_unique<tbb::global_control>(tbb::global_control::max_allowed_parallelism, thread_count);
     }
   }
   return thread_count;
@@ -82,9 +81,8 @@ void cast(const void* src, DType src_type, void* dst, DType dst_type, size_t n, 
   const auto& table = kernel_table(level);
   const bool nt = n * dtype_size(dst_type) >= kStreamingStoreBytes;
   const size_t ss = dtype_size(src_type), ds = dtype_size(dst_type);
-  for_chunks(n, kChunkElements, [&](size_t b, size_t e) {
-    table.cast(at<char>(src, b * ss), src_type, at<char>(dst, b * ds), dst_type, e - b, nt);
-  });
+  for_chunks(n, kChunkElements,
+             [&](size_t b, size_t e) { table.cast(at<char>(src, b * ss), src_type, at<char>(dst, b * ds), dst_type, e - b, nt); });
 }
 
 void copy(void* dst, const void* src, size_t bytes) {
@@ -106,9 +104,8 @@ void fill(void* dst, DType type, float value, size_t n) {
 void axpy(void* y, DType y_type, float alpha, const void* x, DType x_type, size_t n, SimdLevel level) {
   const auto& table = kernel_table(level);
   const size_t ys = dtype_size(y_type), xs = dtype_size(x_type);
-  for_chunks(n, kChunkElements, [&](size_t b, size_t e) {
-    table.axpy(at<char>(y, b * ys), y_type, alpha, at<char>(x, b * xs), x_type, e - b);
-  });
+  for_chunks(n, kChunkElements,
+             [&](size_t b, size_t e) { table.axpy(at<char>(y, b * ys), y_type, alpha, at<char>(x, b * xs), x_type, e - b); });
 }
 
 void scale(void* x, DType type, float alpha, size_t n, SimdLevel level) {
@@ -136,8 +133,8 @@ double sum_squares(const void* x, DType type, size_t n, SimdLevel level) {
   return total;
 }
 
-void reduce(const void* const* inputs, int k, DType in_type, void* out, DType out_type, ReduceKind kind, float scale,
-            size_t n, SimdLevel level) {
+void reduce(const void* const* inputs, int k, DType in_type, void* out, DType out_type, ReduceKind kind, float scale, size_t n,
+            SimdLevel level) {
   ZEROTH_CHECK(k >= 1, "reduce needs at least one input, got {}", k);
   const auto& table = kernel_table(level);
   const size_t is = dtype_size(in_type), os = dtype_size(out_type);

@@ -44,21 +44,19 @@ struct KernelTable {
   void (*scale)(void* x, DType type, float alpha, size_t n);
   void (*sumsq)(const void* x, DType type, size_t n, float lanes[16]);
   bool (*has_nonfinite)(const void* x, DType type, size_t n);
-  void (*reduce)(const void* const* inputs, int k, DType in_type, void* out, DType out_type, ReduceKind kind,
-                 float scale, size_t n, bool nt);
+  void (*reduce)(const void* const* inputs, int k, DType in_type, void* out, DType out_type, ReduceKind kind, float scale, size_t n,
+                 bool nt);
   void (*copy)(void* dst, const void* src, size_t bytes, bool nt);
 };
 const KernelTable& kernel_table(SimdLevel level);
 
 // Parallel entry points. Every level gives bit-identical results (no FMA contraction, fixed
 // summation order); `level` exists so tests can compare them.
-void cast(const void* src, DType src_type, void* dst, DType dst_type, size_t n,
-          SimdLevel level = active_simd_level());
+void cast(const void* src, DType src_type, void* dst, DType dst_type, size_t n, SimdLevel level = active_simd_level());
 void fill(void* dst, DType type, float value, size_t n);
 void copy(void* dst, const void* src, size_t bytes);
 // y += alpha * x, computed in f32 and rounded to y's type.
-void axpy(void* y, DType y_type, float alpha, const void* x, DType x_type, size_t n,
-          SimdLevel level = active_simd_level());
+void axpy(void* y, DType y_type, float alpha, const void* x, DType x_type, size_t n, SimdLevel level = active_simd_level());
 // x *= alpha
 void scale(void* x, DType type, float alpha, size_t n, SimdLevel level = active_simd_level());
 // Sum of squares with f32 accumulation inside each chunk; chunks are added in double.
@@ -68,8 +66,8 @@ bool has_nonfinite(const void* x, DType type, size_t n, SimdLevel level = active
 
 // out = scale * sum(inputs) (or the element-wise max, scale ignored), accumulated in f32 in input
 // order. `out` may alias one of the inputs (element i is read before it is written).
-void reduce(const void* const* inputs, int k, DType in_type, void* out, DType out_type, ReduceKind kind, float scale,
-            size_t n, SimdLevel level = active_simd_level());
+void reduce(const void* const* inputs, int k, DType in_type, void* out, DType out_type, ReduceKind kind, float scale, size_t n,
+            SimdLevel level = active_simd_level());
 
 // Worker threads the kernels may use (ZEROTH_NUM_THREADS, or all cores).
 int num_threads();

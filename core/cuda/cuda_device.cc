@@ -165,8 +165,8 @@ void* CudaDevice::raw_allocate(size_t bytes) {
   const cudaError_t err = cudaMallocAsync(&data, bytes == 0 ? 1 : bytes, cudaStreamLegacy);
   if (err == cudaErrorMemoryAllocation) {
     cudaGetLastError();
-    ZEROTH_THROW(OutOfMemory, "cudaMallocAsync({} bytes) on {} failed: the GPU is out of memory ({})", bytes,
-                 name(), memory().summary());
+    ZEROTH_THROW(OutOfMemory, "cudaMallocAsync({} bytes) on {} failed: the GPU is out of memory ({})", bytes, name(),
+                 memory().summary());
   }
   CUDA_CHECK(err);
   CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
@@ -227,8 +227,7 @@ void CudaDevice::do_flag_nonfinite(Stream& stream, TensorView x, int32_t* flag) 
   cuda::launch_flag_nonfinite(x.data, x.dtype, x.numel, flag, handle(stream));
 }
 
-void CudaDevice::do_reduce(Stream& stream, TensorView out, std::span<const TensorView> inputs, ReduceKind kind,
-                           float scale) {
+void CudaDevice::do_reduce(Stream& stream, TensorView out, std::span<const TensorView> inputs, ReduceKind kind, float scale) {
   CudaDeviceGuard guard(index_);
   std::vector<const void*> pointers;
   for (const auto& in : inputs) pointers.push_back(in.data);

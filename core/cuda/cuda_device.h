@@ -74,8 +74,7 @@ class CudaDevice final : public Device {
   void do_axpy(Stream& stream, TensorView y, float alpha, TensorView x) override;
   void do_sum_squares(Stream& stream, TensorView x, float* out, bool accumulate) override;
   void do_flag_nonfinite(Stream& stream, TensorView x, int32_t* flag) override;
-  void do_reduce(Stream& stream, TensorView out, std::span<const TensorView> inputs, ReduceKind kind,
-                 float scale) override;
+  void do_reduce(Stream& stream, TensorView out, std::span<const TensorView> inputs, ReduceKind kind, float scale) override;
 
  private:
   cudaStream_t handle(Stream& stream) const;

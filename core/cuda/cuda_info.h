@@ -16,10 +16,10 @@ struct GpuInfo {
 };
 
 struct CudaInfo {
-  bool compiled = false;   // zeroth built with the CUDA backend
-  int runtime_version = 0; // e.g. 13000
-  int driver_version = 0;  // 0 when no driver is loaded
-  std::string problem;     // why no GPU can be used, when none can
+  bool compiled = false;    // zeroth built with the CUDA backend
+  int runtime_version = 0;  // e.g. 13000
+  int driver_version = 0;   // 0 when no driver is loaded
+  std::string problem;      // why no GPU can be used, when none can
   std::vector<GpuInfo> gpus;
 };
 

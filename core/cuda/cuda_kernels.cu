@@ -24,8 +24,7 @@ int blocks_for(size_t n) {
 #include "core/cuda/cuda_access.cuh"
 
 
-#define GRID_STRIDE(i, n) \
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < (n); i += size_t{gridDim.x} * blockDim.x)
+#define GRID_STRIDE(i, n) for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < (n); i += size_t{gridDim.x} * blockDim.x)
 
 template <DType T>
 __global__ void fill_kernel(void* dst, float value, size_t n) {
@@ -128,8 +127,8 @@ void check_launch(const char* kernel) {
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) {
     // Plain concatenation: fmt's compile-time format checks do not build under nvcc.
-    throw CudaError(std::string("launch of ") + kernel + " failed: " + cudaGetErrorName(err) + " (" +
-                    cudaGetErrorString(err) + ") [" + detail::where(__FILE__, __LINE__) + "]");
+    throw CudaError(std::string("launch of ") + kernel + " failed: " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ") [" +
+                    detail::where(__FILE__, __LINE__) + "]");
   }
 }
 
@@ -171,8 +170,8 @@ void launch_sum_squares(const void* x, DType type, size_t n, float* out, bool ac
   CUDA_CHECK(cudaFreeAsync(scratch, stream));
 }
 
-void launch_reduce(const void* const* inputs, int k, DType in_type, void* out, DType out_type, bool max, float scale,
-                   size_t n, cudaStream_t stream) {
+void launch_reduce(const void* const* inputs, int k, DType in_type, void* out, DType out_type, bool max, float scale, size_t n,
+                   cudaStream_t stream) {
   // More inputs than one launch takes: fold them into an f32 accumulator, a group at a time, in
   // order, and scale only in the last pass (so the result matches a single pass).
   void* scratch = nullptr;

@@ -18,8 +18,8 @@ void launch_axpy(void* y, DType y_type, float alpha, const void* x, DType x_type
 // Two passes through a stream-ordered scratch allocation: deterministic for a given n.
 void launch_sum_squares(const void* x, DType type, size_t n, float* out, bool accumulate, cudaStream_t stream);
 // out = scale * sum(inputs) or the element-wise max, f32 accumulation in input order.
-void launch_reduce(const void* const* inputs, int k, DType in_type, void* out, DType out_type, bool max, float scale,
-                   size_t n, cudaStream_t stream);
+void launch_reduce(const void* const* inputs, int k, DType in_type, void* out, DType out_type, bool max, float scale, size_t n,
+                   cudaStream_t stream);
 void launch_flag_nonfinite(const void* x, DType type, size_t n, int32_t* flag, cudaStream_t stream);
 
 }  // namespace zeroth::cuda

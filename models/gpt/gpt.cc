@@ -8,10 +8,10 @@
 
 #include <fmt/format.h>  // fmt::format
 
-#include "core/device.h"          // Buffer
-#include "core/error.h"           // ZEROTH_THROW
-#include "core/log.h"             // ZLOG_WARN
-#include "models/gpt/kernels.h"   // gpt::Kernels
+#include "core/device.h"         // Buffer
+#include "core/error.h"          // ZEROTH_THROW
+#include "core/log.h"            // ZLOG_WARN
+#include "models/gpt/kernels.h"  // gpt::Kernels
 
 namespace zeroth {
 
@@ -23,7 +23,9 @@ GptConfig GptConfig::preset(std::string_view name) {
   if (name == "gpt2-350m") c.n_layer = 24, c.n_head = 16, c.n_embd = 1024;
   else if (name == "gpt2-774m") c.n_layer = 36, c.n_head = 20, c.n_embd = 1280;
   else if (name == "gpt2-1558m") c.n_layer = 48, c.n_head = 25, c.n_embd = 1600;
-  else ZEROTH_THROW(ConfigError, "model.preset \"{}\" is not a known preset; use one of gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1558m", name);
+  else
+    ZEROTH_THROW(ConfigError, "model.preset \"{}\" is not a known preset; use one of gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1558m",
+                 name);
   return c;
 }
 
@@ -47,7 +49,8 @@ void GptConfig::validate() const {
   positive("n_head", n_head);
   positive("n_embd", n_embd);
   if (n_embd % n_head != 0) {
-    ZEROTH_THROW(ConfigError, "model.n_embd ({}) must be a multiple of model.n_head ({}): each head gets n_embd / n_head channels", n_embd, n_head);
+    ZEROTH_THROW(ConfigError, "model.n_embd ({}) must be a multiple of model.n_head ({}): each head gets n_embd / n_head channels",
+                 n_embd, n_head);
   }
 }
 
@@ -58,7 +61,9 @@ std::vector<BlockSpec> Gpt::block_specs(const GptConfig& c) {
   const int64_t V = c.vocab_size, T = c.seq_len, C = c.n_embd;
   const double proj_std = 0.02 / std::sqrt(2.0 * c.n_layer);  // GPT-2: residual projections scaled by depth
   std::vector<BlockSpec> out;
-  out.push_back({"embed", {{"wte", {V, C}, InitRule::normal(0.02), ParamRole::embedding}, {"wpe", {T, C}, InitRule::normal(0.02), ParamRole::embedding}}});
+  out.push_back({"embed",
+                 {{"wte", {V, C}, InitRule::normal(0.02), ParamRole::embedding},
+                  {"wpe", {T, C}, InitRule::normal(0.02), ParamRole::embedding}}});
   for (int l = 0; l < c.n_layer; ++l) {
     out.push_back({"h." + std::to_string(l),
                    {{"ln_1.weight", {C}, InitRule::constant(1), ParamRole::norm},
@@ -74,7 +79,8 @@ std::vector<BlockSpec> Gpt::block_specs(const GptConfig& c) {
                     {"mlp.c_proj.weight", {C, 4 * C}, InitRule::normal(proj_std), ParamRole::weight},
                     {"mlp.c_proj.bias", {C}, InitRule::zeros(), ParamRole::bias}}});
   }
-  out.push_back({"ln_f", {{"weight", {C}, InitRule::constant(1), ParamRole::norm}, {"bias", {C}, InitRule::zeros(), ParamRole::norm}}});
+  out.push_back(
+      {"ln_f", {{"weight", {C}, InitRule::constant(1), ParamRole::norm}, {"bias", {C}, InitRule::zeros(), ParamRole::norm}}});
   return out;
 }
 
@@ -112,8 +118,8 @@ struct GradScratch {
 struct Slot {
   int B = 0, T = 0;
   int32_t *tokens = nullptr, *targets = nullptr;
-  std::vector<float*> resid;    // [L + 1] residual stream: resid[l] is block l's input
-  std::vector<LayerActs> layer; // [L], or [1] shared when checkpointing
+  std::vector<float*> resid;     // [L + 1] residual stream: resid[l] is block l's input
+  std::vector<LayerActs> layer;  // [L], or [1] shared when checkpointing
   float *lnf = nullptr, *lnf_mean = nullptr, *lnf_rstd = nullptr, *logits = nullptr, *row_loss = nullptr;
 };
 
@@ -122,12 +128,12 @@ struct Gpt::State {
   Device* device = nullptr;
   std::unique_ptr<gpt::Kernels> k;
   int B = 0, T = 0;
-  Buffer buffer;                // every activation slot and the backward scratch, one allocation (tag: activations)
-  Buffer token_buffer;          // tokens and targets of every slot, on the device
-  std::vector<Slot> slots;      // micro-batch m uses slot m mod slots.size()
-  int in_flight = 0;            // forwards whose backward has not been enqueued
-  GradScratch d;                // backward passes run one at a time: shared
-  Buffer wbuf, gbuf;            // f32 copies of a narrow block's parameters and gradients
+  Buffer buffer;            // every activation slot and the backward scratch, one allocation (tag: activations)
+  Buffer token_buffer;      // tokens and targets of every slot, on the device
+  std::vector<Slot> slots;  // micro-batch m uses slot m mod slots.size()
+  int in_flight = 0;        // forwards whose backward has not been enqueued
+  GradScratch d;            // backward passes run one at a time: shared
+  Buffer wbuf, gbuf;        // f32 copies of a narrow block's parameters and gradients
 
   static size_t layer_floats(const GptConfig& c, size_t BT, size_t B, size_t T) {
     const size_t C = c.n_embd;
@@ -146,8 +152,10 @@ struct Gpt::State {
   // On the caller's thread: a new shape waits for the stream to finish with the old buffers.
   void check_shape(int b, int t) const {
     if (in_flight > 0 && (b != B || t != T)) {
-      ZEROTH_THROW(InvalidArgument, "GPT micro-batch of {} x {} while {} micro-batch(es) of {} x {} are in flight: the micro-batches of a cycle share one shape",
-                   b, t, in_flight, B, T);
+      ZEROTH_THROW(
+          InvalidArgument,
+          "GPT micro-batch of {} x {} while {} micro-batch(es) of {} x {} are in flight: the micro-batches of a cycle share one shape",
+          b, t, in_flight, B, T);
     }
   }
 
@@ -187,7 +195,8 @@ struct Gpt::State {
         a.att = take(static_cast<size_t>(b) * cfg.n_head * t * t), a.atty = take(BT * C), a.res2 = take(BT * C);
         a.ln2 = take(BT * C), a.ln2_mean = take(BT), a.ln2_rstd = take(BT), a.fch = take(4 * BT * C), a.fch_gelu = take(4 * BT * C);
       }
-      sl.lnf = take(BT * C), sl.lnf_mean = take(BT), sl.lnf_rstd = take(BT), sl.logits = take(BT * cfg.vocab_size), sl.row_loss = take(BT);
+      sl.lnf = take(BT * C), sl.lnf_mean = take(BT), sl.lnf_rstd = take(BT), sl.logits = take(BT * cfg.vocab_size),
+      sl.row_loss = take(BT);
     }
     d.dresid = take(BT * C), d.dC = take(BT * C), d.dqkv = take(3 * BT * C), d.dfch = take(4 * BT * C);
     d.datt = take(static_cast<size_t>(b) * cfg.n_head * t * t);
@@ -276,8 +285,9 @@ void layer_backward(gpt::Kernels& k, const GptConfig& c, const Bound& w, const L
 void check_tokens(const int32_t* t, size_t n, int V, const char* what) {
   for (size_t i = 0; i < n; ++i) {
     if (t[i] < 0 || t[i] >= V) {
-      ZEROTH_THROW(InvalidArgument, "{} id {} at position {} is outside the model's vocabulary [0, {}): the data and model.vocab_size disagree",
-                   what, t[i], i, V);
+      ZEROTH_THROW(InvalidArgument,
+                   "{} id {} at position {} is outside the model's vocabulary [0, {}): the data and model.vocab_size disagree", what,
+                   t[i], i, V);
     }
   }
 }
@@ -352,7 +362,8 @@ void Gpt::forward(int micro, const int32_t* tokens, const int32_t* targets, int 
   run_forward(micro, tokens, targets, B, T, loss, nullptr, true);
 }
 
-void Gpt::run_forward(int micro, const int32_t* tokens, const int32_t* targets, int B, int T, float* loss, float* logits, bool training) {
+void Gpt::run_forward(int micro, const int32_t* tokens, const int32_t* targets, int B, int T, float* loss, float* logits,
+                      bool training) {
   if (B <= 0 || T <= 0 || T > config_.seq_len) {
     ZEROTH_THROW(InvalidArgument, "GPT micro-batch {} x {}: need B >= 1 and 1 <= T <= model.seq_len ({})", B, T, config_.seq_len);
   }

@@ -26,14 +26,14 @@ class Kernels {
   virtual void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C) = 0;
   virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
                                  size_t N, int C) = 0;
-  virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                                  const float* weight, const float* mean, const float* rstd, size_t N, int C) = 0;
+  virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight,
+                                  const float* mean, const float* rstd, size_t N, int C) = 0;
   virtual void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, size_t N, int IC, int OC) = 0;
-  virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                               const float* weight, size_t N, int IC, int OC) = 0;
+  virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight,
+                               size_t N, int IC, int OC) = 0;
   virtual void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) = 0;
-  virtual void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int B, int T,
-                                  int C, int NH) = 0;
+  virtual void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int B, int T, int C,
+                                  int NH) = 0;
   virtual void gelu_forward(float* out, const float* inp, size_t n) = 0;
   virtual void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) = 0;
   virtual void accumulate(float* y, const float* x, size_t n) = 0;

@@ -50,7 +50,8 @@ Mlp::Mlp(BlockHost& host, MlpConfig config) : host_(host), config_(std::move(con
 void Mlp::forward_backward(const float* x, const float* target, int batch, float* loss, int micro) {
   ZEROTH_CHECK(batch > 0, "MLP micro-batch must have rows");
   // One set of activations: each micro-batch's backward must follow its forward.
-  ZEROTH_CHECK(host_.micro_batches_in_flight() == 1, "the MLP keeps one micro-batch of activations; its host's pass order has {} in flight",
+  ZEROTH_CHECK(host_.micro_batches_in_flight() == 1,
+               "the MLP keeps one micro-batch of activations; its host's pass order has {} in flight",
                host_.micro_batches_in_flight());
   const int L = layers();
   const auto& wd = config_.widths;
@@ -96,7 +97,8 @@ void Mlp::forward_backward(const float* x, const float* target, int batch, float
       }
       const float* g = s->g.data();
       if (dW.dtype == DType::f32) {
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, batch, 1.0f, g, out, s->h[l].data(), in, 1.0f, dW.as<float>(), in);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, batch, 1.0f, g, out, s->h[l].data(), in, 1.0f, dW.as<float>(),
+                    in);
       } else {
         s->dw.resize(static_cast<size_t>(out) * in);
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, batch, 1.0f, g, out, s->h[l].data(), in, 0.0f, s->dw.data(), in);

@@ -69,7 +69,9 @@ struct Tensor {
   TensorView view;
 
   Tensor(Device& d, Stream& s, size_t n, DType type)
-      : device(d), stream(s), buffer(d.allocate(std::max<size_t>(n * dtype_size(type), 1), MemTag::buffers)),
+      : device(d),
+        stream(s),
+        buffer(d.allocate(std::max<size_t>(n * dtype_size(type), 1), MemTag::buffers)),
         view{buffer.data(), n, type} {}
   void upload(const std::vector<float>& v) {
     auto bytes = to_bytes(v, view.dtype);
@@ -103,8 +105,8 @@ inline float reduce_reference(const std::vector<std::vector<float>>& inputs, siz
 inline double unit(DType t) { return t == DType::f32 ? 0x1p-24 : t == DType::bf16 ? 0x1p-8 : 0x1p-11; }
 
 // Compares got against the reference rounded to `type`; returns the number of mismatches.
-inline size_t compare_reduced(const std::vector<float>& got, const std::vector<std::vector<float>>& inputs, size_t offset,
-                              ReduceOp op, DType type, int n, bool exact, const std::string& what) {
+inline size_t compare_reduced(const std::vector<float>& got, const std::vector<std::vector<float>>& inputs, size_t offset, ReduceOp op,
+                              DType type, int n, bool exact, const std::string& what) {
   std::vector<float> refs(got.size());
   for (size_t i = 0; i < got.size(); ++i) refs[i] = reduce_reference(inputs, offset + i, op, n);
   const auto rounded = from_bytes(to_bytes(refs, type), type);
@@ -153,9 +155,9 @@ inline void check_all_gather(Communicator& comm, Device& dev, Stream& s, const C
           const auto want = rank_input(p, count, type, salt);
           for (size_t i = 0; i < count; ++i) {
             if (got[p * count + i] != want[i] && ++bad <= 3) {
-              ADD_FAILURE() << "all_gather " << dtype_name(type) << " count " << count << (in_place ? " in place" : "")
-                            << ": rank " << r << " has " << got[p * count + i] << " at [" << p << "][" << i << "], rank "
-                            << p << " sent " << want[i];
+              ADD_FAILURE() << "all_gather " << dtype_name(type) << " count " << count << (in_place ? " in place" : "") << ": rank "
+                            << r << " has " << got[p * count + i] << " at [" << p << "][" << i << "], rank " << p << " sent "
+                            << want[i];
             }
           }
         }

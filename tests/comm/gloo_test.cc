@@ -22,9 +22,9 @@ std::vector<Child> start_ranks(int n, const std::string& test, const std::vector
   const int port = testing::free_port();
   std::vector<Child> ranks;
   for (int r = 0; r < n; ++r) {
-    std::vector<std::string> vars = {"RANK=" + std::to_string(r), "WORLD_SIZE=" + std::to_string(n),
+    std::vector<std::string> vars = {"RANK=" + std::to_string(r),       "WORLD_SIZE=" + std::to_string(n),
                                      "LOCAL_RANK=" + std::to_string(r), "LOCAL_WORLD_SIZE=" + std::to_string(n),
-                                     "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port)};
+                                     "MASTER_ADDR=127.0.0.1",           "MASTER_PORT=" + std::to_string(port)};
     vars.insert(vars.end(), env.begin(), env.end());
     const std::string out = ::testing::TempDir() + "gloo_" + test + "_" + std::to_string(n) + "_" + std::to_string(r) + ".log";
     ranks.push_back(testing::spawn({worker_path(), "--gtest_filter=GlooWorker." + test}, vars, out));

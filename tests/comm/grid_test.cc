@@ -98,12 +98,10 @@ TEST_P(Grid, SplitCommunicatorsHoldTheGridsRanks) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Layouts, Grid,
-                         ::testing::Values(Layout{2, 2, 2}, Layout{1, 2, 4}, Layout{4, 1, 2}, Layout{8, 1, 1}),
+INSTANTIATE_TEST_SUITE_P(Layouts, Grid, ::testing::Values(Layout{2, 2, 2}, Layout{1, 2, 4}, Layout{4, 1, 2}, Layout{8, 1, 1}),
                          [](const auto& info) {
-                           return "dp" + std::to_string(info.param.dp) + "_pp" + std::to_string(info.param.pp) + "_tp" +
-                                  std::to_string(info.param.tp);
-                         });
+  return "dp" + std::to_string(info.param.dp) + "_pp" + std::to_string(info.param.pp) + "_tp" + std::to_string(info.param.tp);
+});
 
 TEST(GridErrors, BadSizesAndRanksAreRejected) {
   EXPECT_THROW(ProcessGrid(0, 1, 1), InvalidArgument);
@@ -114,10 +112,22 @@ TEST(GridErrors, BadSizesAndRanksAreRejected) {
 
 // The launcher environments all land in the same RendezvousInfo.
 TEST(Rendezvous, TorchrunSlurmAndOpenMpiVariablesAreRead) {
-  const char* all_vars[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                            "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NNODES", "SLURM_JOB_NODELIST",
-                            "SLURM_NTASKS_PER_NODE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-                            "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"};
+  const char* all_vars[] = {"RANK",
+                            "WORLD_SIZE",
+                            "LOCAL_RANK",
+                            "LOCAL_WORLD_SIZE",
+                            "MASTER_ADDR",
+                            "MASTER_PORT",
+                            "SLURM_PROCID",
+                            "SLURM_NTASKS",
+                            "SLURM_LOCALID",
+                            "SLURM_NNODES",
+                            "SLURM_JOB_NODELIST",
+                            "SLURM_NTASKS_PER_NODE",
+                            "OMPI_COMM_WORLD_RANK",
+                            "OMPI_COMM_WORLD_SIZE",
+                            "OMPI_COMM_WORLD_LOCAL_RANK",
+                            "OMPI_COMM_WORLD_LOCAL_SIZE"};
   auto clear = [&] {
     for (auto* v : all_vars) unsetenv(v);
   };

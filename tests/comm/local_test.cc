@@ -108,12 +108,15 @@ TEST(LocalComm, AFailingRankAbortsTheOthersAndItsErrorIsRethrown) {
   auto device = make_device("cpu");
   const auto start = std::chrono::steady_clock::now();
   try {
-    run_local_ranks(4, [&](Communicator& comm) {
+    run_local_ranks(
+        4,
+        [&](Communicator& comm) {
       auto stream = device->create_stream();
       if (comm.rank() == 2) throw IoError("rank 2's disk is full");
       comm.barrier(*stream);
       stream->synchronize();
-    }, short_timeout(60s));
+        },
+        short_timeout(60s));
     FAIL() << "no error";
   } catch (const IoError& e) {
     EXPECT_STREQ(e.what(), "rank 2's disk is full");
@@ -192,9 +195,11 @@ TEST(LocalComm, LinkModelMakesCollectivesTakeLinkTimeAndOverlapIsReal) {
   auto device = make_device("cpu");
   CommOptions o;
   o.link = {.latency_us = 100, .bandwidth_gbps = 0.01};  // 10 MB/s: 1.5 MB of bus bytes = 150 ms
-  const size_t count = 500'000;                           // f32 per rank; all_gather of 2 MB total
+  const size_t count = 500'000;                          // f32 per rank; all_gather of 2 MB total
   std::vector<double> comm_only(2), overlapped(2);
-  run_local_ranks(2, [&](Communicator& comm) {
+  run_local_ranks(
+      2,
+      [&](Communicator& comm) {
     auto comm_stream = device->create_stream(), compute = device->create_stream();
     Buffer buf = device->allocate(2 * count * 4, MemTag::buffers);
     auto all = buf.view(DType::f32);
@@ -208,11 +213,12 @@ TEST(LocalComm, LinkModelMakesCollectivesTakeLinkTimeAndOverlapIsReal) {
     comm_stream->synchronize();
     compute->synchronize();
     overlapped[comm.rank()] = std::chrono::duration<double>(clock::now() - t0).count();
-  }, o);
+      },
+      o);
   const double modeled = 100e-6 + (2.0 * count * 4 / 2) / (0.01e9);  // bus bytes = (n-1)/n of 4 MB
   for (int r = 0; r < 2; ++r) {
-    std::printf("[link model] rank %d: collective %.3f s (modeled %.3f s), with 0.150 s compute overlapped %.3f s\n", r,
-                comm_only[r], modeled, overlapped[r]);
+    std::printf("[link model] rank %d: collective %.3f s (modeled %.3f s), with 0.150 s compute overlapped %.3f s\n", r, comm_only[r],
+                modeled, overlapped[r]);
     EXPECT_GE(comm_only[r], modeled * 0.99);
     EXPECT_LT(overlapped[r], modeled + 0.150 * 0.6) << "compute did not overlap the collective";
   }

@@ -101,8 +101,8 @@ TEST_P(Kernels, ScaleIsWithinOneRoundingPerStepOfFloat64) {
             << dtype_name(t) << " n " << n << " i " << i;
       }
     }
-    std::printf("[scale %s on %s] max relative error %.3g (bound %.3g, plus the subnormal floor)\n", std::string(dtype_name(t)).c_str(),
-                GetParam().c_str(), worst, 0x1p-24 + unit_roundoff(t));
+    std::printf("[scale %s on %s] max relative error %.3g (bound %.3g, plus the subnormal floor)\n",
+                std::string(dtype_name(t)).c_str(), GetParam().c_str(), worst, 0x1p-24 + unit_roundoff(t));
   }
 }
 
@@ -264,16 +264,14 @@ TEST_P(Kernels, MismatchedShapesAreRejectedBeforeAnythingRuns) {
   Buffer a = device_->allocate(64, MemTag::other), b = device_->allocate(64, MemTag::other);
   EXPECT_THROW(device_->axpy(device_->default_stream(), {a.data(), 16, DType::f32}, 1.0f, {b.data(), 15, DType::f32}),
                InvalidArgument);
-  EXPECT_THROW(device_->cast(device_->default_stream(), {a.data(), 16, DType::bf16}, {b.data(), 15, DType::f32}),
-               InvalidArgument);
+  EXPECT_THROW(device_->cast(device_->default_stream(), {a.data(), 16, DType::bf16}, {b.data(), 15, DType::f32}), InvalidArgument);
   auto other = make_device("cpu");
   if (device_->kind() == DeviceKind::cpu) {
     EXPECT_THROW(device_->fill(other->default_stream(), a.view(DType::f32), 0.0f), InvalidArgument);
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Devices, Kernels, ::testing::ValuesIn(testing::device_specs()),
-                         [](const auto& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(Devices, Kernels, ::testing::ValuesIn(testing::device_specs()), [](const auto& info) { return info.param; });
 
 // Every SIMD level gives the same bits as the scalar one, for every kernel and dtype pair.
 TEST(KernelLevels, EveryLevelIsBitIdenticalToScalar) {
@@ -305,8 +303,7 @@ TEST(KernelLevels, EveryLevelIsBitIdenticalToScalar) {
           }
         }
       }
-      EXPECT_EQ(cpu::sum_squares(y_init.data(), yt, n, cpu::SimdLevel::scalar),
-                cpu::sum_squares(y_init.data(), yt, n, level))
+      EXPECT_EQ(cpu::sum_squares(y_init.data(), yt, n, cpu::SimdLevel::scalar), cpu::sum_squares(y_init.data(), yt, n, level))
           << "sumsq " << cpu::simd_level_name(level);
     }
   }

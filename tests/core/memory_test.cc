@@ -44,16 +44,14 @@ TEST(Memory, AccountingIsExactPerTagAndReturnsToZero) {
 TEST(Memory, OverrunThrowsOutOfMemoryNamingTagRequestUseBudgetAndPeak) {
   auto device = make_device("cpu", {.memory_budget = 10 << 20});
   Buffer held = device->allocate(6 << 20, MemTag::params);
-  {
-    Buffer transient = device->allocate(3 << 20, MemTag::activations);
-  }
+  { Buffer transient = device->allocate(3 << 20, MemTag::activations); }
   try {
     Buffer too_much = device->allocate(5 << 20, MemTag::optimizer);
     FAIL() << "allocation past the budget succeeded";
   } catch (const OutOfMemory& e) {
     const std::string msg = e.what();
-    for (const char* needle : {"cpu out of memory", "requested 5.00 MiB", "'optimizer'", "in use 6.00 MiB",
-                               "budget 10.00 MiB", "peak 9.00 MiB", "params 6.00 MiB"}) {
+    for (const char* needle : {"cpu out of memory", "requested 5.00 MiB", "'optimizer'", "in use 6.00 MiB", "budget 10.00 MiB",
+                               "peak 9.00 MiB", "params 6.00 MiB"}) {
       EXPECT_NE(msg.find(needle), std::string::npos) << "missing '" << needle << "' in: " << msg;
     }
   }

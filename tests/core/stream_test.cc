@@ -77,8 +77,7 @@ TEST_P(Streams, DeviceKernelsFollowStreamOrder) {
   for (float v : host) ASSERT_EQ(v, 1024.0f);
 }
 
-INSTANTIATE_TEST_SUITE_P(Devices, Streams, ::testing::ValuesIn(testing::device_specs()),
-                         [](const auto& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(Devices, Streams, ::testing::ValuesIn(testing::device_specs()), [](const auto& info) { return info.param; });
 
 // CPU only: CUDA may run host callbacks of all streams on one driver thread; kernel concurrency
 // on a GPU is the driver's business.

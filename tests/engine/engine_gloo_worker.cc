@@ -1,8 +1,8 @@
 // One rank of the multi-process engine test: trains the harness's MLP at ZeRO stage 3 over the
 // gloo backend (rendezvous from the launcher environment) and writes its losses and final
 // weights as JSON to the path in argv[1].
-#include <cstdio>    // std::fprintf
-#include <fstream>   // std::ofstream
+#include <cstdio>     // std::fprintf
+#include <fstream>    // std::ofstream
 #include <exception>  // std::exception
 
 #include <nlohmann/json.hpp>

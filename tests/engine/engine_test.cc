@@ -93,8 +93,9 @@ TEST_P(Equivalence, TrainsLikeOneRankStageZero) {
   for (int r = 0; r < c.dp; ++r) {
     const double err = weight_error(ranks[r], ref);
     EXPECT_LE(err, bound) << "rank " << r;
-    if (r == 0) std::printf("stage %d dp %d gas %d %s: weights %.3g, loss %.3g -> %.3g\n", c.stage, c.dp, c.gas,
-                            std::string(dtype_name(c.dtype)).c_str(), err, losses.front(), losses.back());
+    if (r == 0)
+      std::printf("stage %d dp %d gas %d %s: weights %.3g, loss %.3g -> %.3g\n", c.stage, c.dp, c.gas,
+                  std::string(dtype_name(c.dtype)).c_str(), err, losses.front(), losses.back());
     EXPECT_EQ(ranks[r].steps.size(), 4u);
   }
   EXPECT_LT(losses.back(), losses.front()) << "training must make progress";
@@ -181,8 +182,8 @@ TEST(EngineMemory, AllocatorsHandOutThePlannedBytesPerTierAndTag) {
               const auto stats = engine.tier_stats(static_cast<Tier>(t));
               for (size_t tag = 0; tag < kMemTagCount; ++tag) {
                 EXPECT_EQ(stats.in_use[tag], engine.plan().bytes[t][tag])
-                    << model << " " << dtype_name(dtype) << " stage " << stage << " dp " << dp << " " << tier_name(static_cast<Tier>(t)) << " "
-                    << mem_tag_name(static_cast<MemTag>(tag));
+                    << model << " " << dtype_name(dtype) << " stage " << stage << " dp " << dp << " "
+                    << tier_name(static_cast<Tier>(t)) << " " << mem_tag_name(static_cast<MemTag>(tag));
               }
             }
           });
@@ -215,7 +216,9 @@ TEST(EngineProgram, UsesOutOfThePlannedOrderAreRefusedNamingTheExpectedUse) {
       return std::string("accepted");
     };
     EXPECT_NE(message([&] { engine.end_forward(0, 0); }).find("before its begin_forward"), std::string::npos);
-    EXPECT_NE(message([&] { engine.begin_backward(0, 0); }).find("out of order: the program's next use is the forward of block layer0 for micro-batch 0"),
+    EXPECT_NE(message([&] {
+                engine.begin_backward(0, 0);
+              }).find("out of order: the program's next use is the forward of block layer0 for micro-batch 0"),
               std::string::npos);
     engine.begin_forward(0, 0);
     EXPECT_NE(message([&] { engine.end_forward(0, 1); }).find("out of order"), std::string::npos);
@@ -363,10 +366,14 @@ TEST(EngineSchedule, OneCycleMomentumReachesTheOptimizer) {
   };
   auto one_cycle = [](bool momentum) {
     return [momentum](EngineConfig& c) {
-      c.schedule = LrSchedule::from_deepspeed(
-          nlohmann::json{{"type", "OneCycle"},
-                         {"params", {{"cycle_min_lr", 1e-2}, {"cycle_max_lr", 1e-2}, {"cycle_min_mom", 0.5}, {"cycle_max_mom", 0.5}, {"cycle_momentum", momentum}}}},
-          c.optimizer.lr);
+      c.schedule = LrSchedule::from_deepspeed(nlohmann::json{{"type", "OneCycle"},
+                                                             {"params",
+                                                              {{"cycle_min_lr", 1e-2},
+                                                               {"cycle_max_lr", 1e-2},
+                                                               {"cycle_min_mom", 0.5},
+                                                               {"cycle_max_mom", 0.5},
+                                                               {"cycle_momentum", momentum}}}},
+                                              c.optimizer.lr);
     };
   };
   const auto constant = run_with([](EngineConfig& c) {
@@ -426,8 +433,8 @@ TEST(EngineGloo, Stage3InProcessesTrainsLikeOneRankStageZero) {
     outputs.push_back(::testing::TempDir() + "engine_gloo_" + std::to_string(r) + ".json");
     std::remove(outputs.back().c_str());
     ranks.push_back(testing::spawn({std::string(ZEROTH_TEST_BIN_DIR) + "/engine_gloo_worker", outputs.back()},
-                                   {"RANK=" + std::to_string(r), "WORLD_SIZE=2", "LOCAL_RANK=" + std::to_string(r), "LOCAL_WORLD_SIZE=2",
-                                    "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port)},
+                                   {"RANK=" + std::to_string(r), "WORLD_SIZE=2", "LOCAL_RANK=" + std::to_string(r),
+                                    "LOCAL_WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port)},
                                    outputs.back() + ".log"));
   }
   for (auto& child : ranks) ASSERT_EQ(testing::wait_exit(child, std::chrono::seconds(120)), 0) << child.output();

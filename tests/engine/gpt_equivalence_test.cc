@@ -27,7 +27,8 @@ struct GptCase {
   int in_flight = 0;  // > 0: a 1F1B pass order with this many micro-batches forwarded ahead
 };
 void PrintTo(const GptCase& k, std::ostream* os) {
-  *os << "stage " << k.stage << ", dp " << k.dp << ", gas " << k.gas << ", " << dtype_name(k.dtype) << (k.checkpointing ? ", checkpointing" : "");
+  *os << "stage " << k.stage << ", dp " << k.dp << ", gas " << k.gas << ", " << dtype_name(k.dtype)
+      << (k.checkpointing ? ", checkpointing" : "");
   if (k.in_flight > 0) *os << ", 1F1B with " << k.in_flight << " in flight";
 }
 
@@ -164,10 +165,13 @@ TEST_P(GptEquivalence, TrainsLikeOneRankStageZero) {
   for (int s = 0; s < kSteps; ++s) {
     const double e = std::abs(got.grad_norms[s] - ref.grad_norms[s]) / ref.grad_norms[s];
     norm_err = std::max(norm_err, e);
-    EXPECT_LT(e, norm_bound) << "step " << s << ": gradient norm " << got.grad_norms[s] << ", one rank at stage 0 " << ref.grad_norms[s];
+    EXPECT_LT(e, norm_bound) << "step " << s << ": gradient norm " << got.grad_norms[s] << ", one rank at stage 0 "
+                             << ref.grad_norms[s];
   }
-  std::printf("stage %d dp %d gas %d: worst weight error %.3g of its tensor (%s; bound %.3g), gradient norm error %.3g (bound %.3g); loss %.6f -> %.6f\n",
-              k.stage, k.dp, k.gas, worst.rel(), worst.name.c_str(), bound, norm_err, norm_bound, got.losses.front(), got.losses.back());
+  std::printf("stage %d dp %d gas %d: worst weight error %.3g of its tensor (%s; bound %.3g), gradient norm error %.3g (bound %.3g); "
+              "loss %.6f -> %.6f\n",
+              k.stage, k.dp, k.gas, worst.rel(), worst.name.c_str(), bound, norm_err, norm_bound, got.losses.front(),
+              got.losses.back());
   double loss_err = 0;
   for (int s = 0; s < kSteps; ++s) loss_err = std::max(loss_err, std::abs(got.losses[s] - ref.losses[s]) / ref.losses[s]);
   std::printf("  loss error %.3g (relative)\n", loss_err);
@@ -243,8 +247,8 @@ TEST_P(GptInterleaved, OneForwardOneBackwardIsBitIdenticalToSequential) {
   EXPECT_EQ(b.grad_norms, a.grad_norms);
   ASSERT_EQ(b.weights.size(), a.weights.size());
   for (size_t blk = 0; blk < a.weights.size(); ++blk) EXPECT_EQ(b.weights[blk], a.weights[blk]) << "block " << blk;
-  std::printf("stage %d %s, %d in flight: losses %.7f -> %.7f, bit-identical to sequential\n", k.stage, std::string(dtype_name(k.dtype)).c_str(),
-              k.in_flight, b.losses.front(), b.losses.back());
+  std::printf("stage %d %s, %d in flight: losses %.7f -> %.7f, bit-identical to sequential\n", k.stage,
+              std::string(dtype_name(k.dtype)).c_str(), k.in_flight, b.losses.front(), b.losses.back());
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, GptInterleaved,

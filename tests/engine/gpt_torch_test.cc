@@ -26,8 +26,8 @@
 
 namespace zeroth {
 namespace {
-using testing::TensorError;
 using testing::compare;
+using testing::TensorError;
 
 const SafeTensors& reference() {
   static const SafeTensors ref = read_safetensors(std::string(ZEROTH_TEST_DATA_DIR) + "/reference/gpt_train_torch.safetensors");
@@ -61,7 +61,8 @@ Trained train_through_engine(const TorchCase& k) {
   const int n = batch["sequences"], mb = batch["micro_batch"], T = batch["seq"];
   const int gas = n / (mb * k.dp);
   GptConfig gc;
-  gc.vocab_size = cfg["vocab_size"], gc.seq_len = cfg["seq_len"], gc.n_layer = cfg["n_layer"], gc.n_head = cfg["n_head"], gc.n_embd = cfg["n_embd"];
+  gc.vocab_size = cfg["vocab_size"], gc.seq_len = cfg["seq_len"], gc.n_layer = cfg["n_layer"], gc.n_head = cfg["n_head"],
+  gc.n_embd = cfg["n_embd"];
   EngineConfig ec;
   ec.zero.stage = k.stage;
   ec.zero.reduce_bucket_size = 6000;  // several buckets, and stage 3's gathers and releases per block
@@ -178,12 +179,14 @@ TEST_P(GptAgainstPyTorch, TrainsAsDeepSpeedStepsStepByStep) {
     errors.push_back(compare(name, values, reference().at(prefix + name).as_f32()));
   }
   ASSERT_EQ(static_cast<ptrdiff_t>(errors.size()), std::count_if(reference().tensors.begin(), reference().tensors.end(),
-                                         [&](const auto& t) { return t.first.starts_with(prefix); }));
+                                                                 [&](const auto& t) { return t.first.starts_with(prefix); }));
   const auto worst = *std::max_element(errors.begin(), errors.end(), [](const auto& a, const auto& b) { return a.rel() < b.rel(); });
-  std::printf("%s: worst relative error: loss %.3g, grad norm %.3g, weights %.3g (%s)\n", ::testing::PrintToString(k).c_str(), worst_loss,
-              worst_norm, worst.rel(), worst.name.c_str());
+  std::printf("%s: worst relative error: loss %.3g, grad norm %.3g, weights %.3g (%s)\n", ::testing::PrintToString(k).c_str(),
+              worst_loss, worst_norm, worst.rel(), worst.name.c_str());
   std::ostringstream table;
-  for (const auto& e : errors) table << "  " << e.name << ": max |diff| " << e.max_abs << ", max |torch| " << e.scale << ", rel " << e.rel() << ", relative L2 " << e.l2_rel << "\n";
+  for (const auto& e : errors)
+    table << "  " << e.name << ": max |diff| " << e.max_abs << ", max |torch| " << e.scale << ", rel " << e.rel() << ", relative L2 "
+          << e.l2_rel << "\n";
   EXPECT_LT(worst.rel(), bound.weights) << "final weights against PyTorch (bound " << bound.weights << "):\n" << table.str();
 }
 

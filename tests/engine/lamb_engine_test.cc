@@ -67,8 +67,9 @@ TEST_P(LambEquivalence, TrainsLikeOneRankStageZero) {
       }
     }
     EXPECT_LE(diff / scale, bound) << "rank " << r;
-    if (r == 0) std::printf("Lamb stage %d dp %d sub_group_size %llu %s: weights %.3g\n", c.stage, c.dp,
-                            static_cast<unsigned long long>(c.sub_group_size), std::string(dtype_name(c.dtype)).c_str(), diff / scale);
+    if (r == 0)
+      std::printf("Lamb stage %d dp %d sub_group_size %llu %s: weights %.3g\n", c.stage, c.dp,
+                  static_cast<unsigned long long>(c.sub_group_size), std::string(dtype_name(c.dtype)).c_str(), diff / scale);
   }
   double first = 0, last = 0;
   for (const auto& r : ranks) first += r.losses.front(), last += r.losses.back();
@@ -118,7 +119,8 @@ TEST(LambPlan, StepProgramSumsPerTensorNormsBeforeTheUpdates) {
         ASSERT_GE(s.tensor, first);
         const size_t i = static_cast<size_t>(s.tensor - first);
         const size_t end = i + 1 < offs.size() ? offs[i + 1] : p.blocks[s.block].padded;
-        EXPECT_TRUE(s.lo >= offs[i] && s.hi <= end) << "span [" << s.lo << ", " << s.hi << ") of block " << s.block << " leaves tensor " << s.tensor;
+        EXPECT_TRUE(s.lo >= offs[i] && s.hi <= end)
+            << "span [" << s.lo << ", " << s.hi << ") of block " << s.block << " leaves tensor " << s.tensor;
       }
     }
     std::vector<ActionKind> kinds;

@@ -3,12 +3,12 @@
 // same whatever the world: rank r's micro-batch m holds rows [(r * gas + m) * mb, ... + mb).
 #pragma once
 
-#include <array>    // std::array
-#include <cmath>    // std::sin
+#include <array>       // std::array
+#include <cmath>       // std::sin
 #include <functional>  // std::function
-#include <limits>   // std::numeric_limits
-#include <random>   // std::mt19937
-#include <vector>   // std::vector
+#include <limits>      // std::numeric_limits
+#include <random>      // std::mt19937
+#include <vector>      // std::vector
 
 #include "comm/communicator.h"
 #include "comm/process_grid.h"
@@ -38,12 +38,12 @@ struct MlpRun {
 };
 
 struct RankResult {
-  std::vector<double> losses;                // per step: mean of this rank's micro-batch losses
-  std::vector<StepResult> steps;             // the boundary step results
-  std::vector<std::vector<float>> weights;   // per block: the fp32 master values after training
-  std::array<size_t, kMemTagCount> peak{};   // measured on the rank's device
+  std::vector<double> losses;               // per step: mean of this rank's micro-batch losses
+  std::vector<StepResult> steps;            // the boundary step results
+  std::vector<std::vector<float>> weights;  // per block: the fp32 master values after training
+  std::array<size_t, kMemTagCount> peak{};  // measured on the rank's device
   std::array<size_t, kMemTagCount> planned{};
-  uint64_t comm_bytes_per_step = 0;          // logical bytes the engine's collectives moved in the last step
+  uint64_t comm_bytes_per_step = 0;  // logical bytes the engine's collectives moved in the last step
   double final_loss_scale = 1;
 };
 
@@ -104,7 +104,8 @@ inline RankResult train_mlp(Communicator& comm, const MlpRun& run, const Process
       auto& x = xs[k];
       auto& t = ts[k];
       mlp_batch(k, run.global_batch, in, out, x, t);
-      if (k == run.poison_step && r == run.poison_rank) t[static_cast<size_t>(r * run.gas) * mb * out] = std::numeric_limits<float>::infinity();
+      if (k == run.poison_step && r == run.poison_rank)
+        t[static_cast<size_t>(r * run.gas) * mb * out] = std::numeric_limits<float>::infinity();
       const uint64_t before = engine.comm_stats().total_bytes();
       for (int m = 0; m < run.gas; ++m) {
         const size_t row = static_cast<size_t>(r * run.gas + (run.repeat_first_micro ? 0 : m)) * mb;

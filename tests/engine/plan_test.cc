@@ -79,8 +79,8 @@ TEST(Plan, TiedBlockIsGatheredPerUseAndItsGradientsCompleteAtItsLastBackwardUse)
     }
   }
   EXPECT_EQ(targets(plan.program, ActionKind::place_grads), (std::vector<int>{0, 2, 1}));
-  EXPECT_EQ(std::count(plan.program.begin(), plan.program.end(), Action{ActionKind::reduce_scatter, 7, 0, 0, Pass::backward,
-                                                                         plan.blocks[0].reduce_bucket, 0, false}),
+  EXPECT_EQ(std::count(plan.program.begin(), plan.program.end(),
+                       Action{ActionKind::reduce_scatter, 7, 0, 0, Pass::backward, plan.blocks[0].reduce_bucket, 0, false}),
             1);
   // Every action carries the key of its use.
   for (const auto& a : plan.program) {
@@ -170,7 +170,8 @@ TEST(Plan, OverlapCommOffRunsEachCycleCollectiveOnTheComputeStreamAndChangesNoth
     EXPECT_NE(overlapped.table().find("communication overlapped with compute"), std::string::npos) << overlapped.table();
     // The summary spells out micro-batch 0, where stages 0-1 do not reduce yet.
     if (stage >= 2) {
-      EXPECT_NE(serial.program_summary().find(stage == 3 ? "gather embed (serial)" : "reduce_scatter bucket 0 (serial)"), std::string::npos)
+      EXPECT_NE(serial.program_summary().find(stage == 3 ? "gather embed (serial)" : "reduce_scatter bucket 0 (serial)"),
+                std::string::npos)
           << serial.program_summary();
     }
     EXPECT_EQ(overlapped.program_summary().find("(serial)"), std::string::npos) << overlapped.program_summary();
@@ -207,7 +208,8 @@ std::vector<Model> models() {
 // and without overlap; the optimizer's sub-groups cover each rank's master range exactly once,
 // with the weight decay of the parameter each element belongs to.
 TEST(Plan, OwnedRangesCoverEveryParameterExactlyOncePerKind) {
-  const StateKind sharded[] = {StateKind::param_shard, StateKind::master, StateKind::moment0, StateKind::moment1, StateKind::grad_shard};
+  const StateKind sharded[] = {StateKind::param_shard, StateKind::master, StateKind::moment0, StateKind::moment1,
+                               StateKind::grad_shard};
   for (const auto& model : models()) {
     for (DType dtype : {DType::f32, DType::bf16}) {
       for (int stage : {0, 1, 2, 3}) {
@@ -215,7 +217,7 @@ TEST(Plan, OwnedRangesCoverEveryParameterExactlyOncePerKind) {
           EngineConfig c;
           c.zero.stage = stage;
           c.zero.stage3_param_persistence_threshold = 200;  // some blocks persistent at stage 3
-          c.zero.sub_group_size = 300;                       // several sub-groups, spans split across them
+          c.zero.sub_group_size = 300;                      // several sub-groups, spans split across them
           c.compute_dtype = dtype;
           c.alignment = 8;
           std::vector<Plan> plans;
@@ -271,7 +273,8 @@ TEST(Plan, OwnedRangesCoverEveryParameterExactlyOncePerKind) {
                   ++updated[sp.block][e];
                   size_t i = 0;
                   while (i + 1 < params.size() && p.blocks[sp.block].param_offsets[i + 1] <= e) ++i;
-                  ASSERT_EQ(sp.decay, params[i].role == ParamRole::weight || params[i].role == ParamRole::embedding) << where << " element " << e;
+                  ASSERT_EQ(sp.decay, params[i].role == ParamRole::weight || params[i].role == ParamRole::embedding)
+                      << where << " element " << e;
                 }
               }
               group_max = std::max(group_max, n);
@@ -325,7 +328,7 @@ TEST(ZeroConfig, ReadsDeepSpeedKeysAndRejectsUnknownAndUnsupportedOnes) {
   EXPECT_EQ(z.stage, 3);
   EXPECT_EQ(z.reduce_bucket_size, 500000u);
   EXPECT_EQ(z.stage3_prefetch_bucket_size, 450000u);
-  EXPECT_TRUE(z.overlap_comm);  // DeepSpeed's default for stage 3
+  EXPECT_TRUE(z.overlap_comm);                                                                      // DeepSpeed's default for stage 3
   EXPECT_FALSE(ZeroConfig::from_deepspeed(nlohmann::json::parse(R"({"stage": 2})")).overlap_comm);  // and for the others
   EXPECT_FALSE(ZeroConfig::from_deepspeed(nlohmann::json::parse(R"({"stage": 3, "overlap_comm": false})")).overlap_comm);
   auto message = [](const char* text) {
@@ -342,7 +345,8 @@ TEST(ZeroConfig, ReadsDeepSpeedKeysAndRejectsUnknownAndUnsupportedOnes) {
   EXPECT_NE(message(R"({"stage": 2, "reduce_bucket_size": "auto"})").find("\"auto\""), std::string::npos);
   EXPECT_NE(message(R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})").find("offload"), std::string::npos);
   EXPECT_NE(message(R"({"stage": 2, "sub_group_size": 0})").find("sub_group_size"), std::string::npos);
-  EXPECT_NE(message(R"({"stage": 3, "overlap_comm": 1})").find("zero_optimization.overlap_comm must be true or false"), std::string::npos);
+  EXPECT_NE(message(R"({"stage": 3, "overlap_comm": 1})").find("zero_optimization.overlap_comm must be true or false"),
+            std::string::npos);
   EXPECT_EQ(ZeroConfig::from_deepspeed(nlohmann::json::parse(R"({"sub_group_size": 1e6})")).sub_group_size, 1'000'000u);
 }
 

@@ -155,7 +155,8 @@ TEST(GptReference, TokensOutsideTheVocabularyAreErrors) {
     m.gpt.forward_backward(tokens.data(), targets.data(), 1, 20, &loss);
     FAIL() << "no error";
   } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("token id 97 at position 7 is outside the model's vocabulary [0, 97)"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("token id 97 at position 7 is outside the model's vocabulary [0, 97)"), std::string::npos)
+        << e.what();
   }
   EXPECT_THROW(m.gpt.forward_backward(tokens.data(), targets.data(), 1, 25, &loss), InvalidArgument);  // T > seq_len
 }

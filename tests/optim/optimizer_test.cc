@@ -328,8 +328,8 @@ TEST(OptimizerTorch, TwentyStepsMatchPyTorch) {
         worst_elementwise = std::max(worst_elementwise, diff / std::max(std::fabs(want[i]), 1e-30f));
         ASSERT_LE(diff / scale, 1e-6) << name << " " << key << "[" << i << "]: " << got[i] << " vs torch " << want[i];
       }
-      std::printf("[%s vs torch %s] %s: max difference %.2e of the largest value (element-wise worst %.2e)\n",
-                  name.c_str(), ref["torch"].get<std::string>().c_str(), key, worst, worst_elementwise);
+      std::printf("[%s vs torch %s] %s: max difference %.2e of the largest value (element-wise worst %.2e)\n", name.c_str(),
+                  ref["torch"].get<std::string>().c_str(), key, worst, worst_elementwise);
     };
     compare(p, "final");
     if (c.contains("exp_avg")) compare(m, "exp_avg"), compare(v, "exp_avg_sq");
@@ -399,7 +399,9 @@ TEST(OptimizerConfig, DeepSpeedSectionsParseWithDeepSpeedDefaults) {
 }
 
 TEST(OptimizerConfig, MistakesAreNamedWithSuggestions) {
-  EXPECT_NE(error_of(R"({"type": "AdamW", "params": {"weight_decy": 0.1}})").find("optimizer.params.weight_decy is not a parameter of AdamW (did you mean 'weight_decay'?)"), std::string::npos);
+  EXPECT_NE(error_of(R"({"type": "AdamW", "params": {"weight_decy": 0.1}})")
+                .find("optimizer.params.weight_decy is not a parameter of AdamW (did you mean 'weight_decay'?)"),
+            std::string::npos);
   EXPECT_NE(error_of(R"({"type": "Adamw2"})").find("did you mean 'AdamW'"), std::string::npos);
   EXPECT_NE(error_of(R"({"type": "OneBitLamb"})").find("zeroth does not support"), std::string::npos);
   EXPECT_NE(error_of(R"({"type": "AdamW", "params": {"lr": "auto"}})").find("\"auto\""), std::string::npos);
@@ -438,15 +440,21 @@ TEST(OptimizerConfig, LambParsesWithFusedLambsDefaultsAndKeys) {
 }
 
 TEST(OptimizerConfig, LambKeysItDoesNotHonourAreNamed) {
-  EXPECT_NE(error_of(R"({"type": "Lamb", "params": {"max_coef": 5}})").find("optimizer.params.max_coef is not a parameter of Lamb (did you mean 'max_coeff'?)"), std::string::npos);
-  EXPECT_NE(error_of(R"({"type": "Lamb", "params": {"adam_w_mode": true}})").find("optimizer.params.adam_w_mode is not a parameter of Lamb"), std::string::npos);
+  EXPECT_NE(error_of(R"({"type": "Lamb", "params": {"max_coef": 5}})")
+                .find("optimizer.params.max_coef is not a parameter of Lamb (did you mean 'max_coeff'?)"),
+            std::string::npos);
+  EXPECT_NE(
+      error_of(R"({"type": "Lamb", "params": {"adam_w_mode": true}})").find("optimizer.params.adam_w_mode is not a parameter of Lamb"),
+      std::string::npos);
   EXPECT_NE(error_of(R"({"type": "Lamb", "params": {"amsgrad": true}})").find("optimizer.params.amsgrad = true"), std::string::npos);
   const auto clip = error_of(R"({"type": "Lamb", "params": {"max_grad_norm": 1.0}})");
   EXPECT_NE(clip.find("optimizer.params.max_grad_norm = 1"), std::string::npos) << clip;
   EXPECT_NE(clip.find("gradient_clipping"), std::string::npos) << clip;
-  EXPECT_NE(error_of(R"({"type": "Lamb", "params": {"max_coeff": 0.5, "min_coeff": 1}})").find("optimizer.params.max_coeff = 0.5"), std::string::npos);
+  EXPECT_NE(error_of(R"({"type": "Lamb", "params": {"max_coeff": 0.5, "min_coeff": 1}})").find("optimizer.params.max_coeff = 0.5"),
+            std::string::npos);
   EXPECT_NE(error_of(R"({"type": "Lamb", "params": {"min_coeff": -1}})").find("optimizer.params.min_coeff = -1"), std::string::npos);
-  EXPECT_NE(error_of(R"({"type": "Lamb", "params": {"eps_inside_sqrt": 1}})").find("eps_inside_sqrt must be true or false"), std::string::npos);
+  EXPECT_NE(error_of(R"({"type": "Lamb", "params": {"eps_inside_sqrt": 1}})").find("eps_inside_sqrt must be true or false"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -33,7 +33,8 @@ nlohmann::json run_json(const std::vector<std::string>& args, const std::string&
 
 TEST(Cli, ReportJsonNamesEveryComponent) {
   const auto r = run_json({"report", "--json"}, "report");
-  for (const char* key : {"zeroth", "cpu", "cpu kernels", "threads", "memory", "cuda", "nccl", "io_uring", "gloo", "gpus", "environment"}) {
+  for (const char* key :
+       {"zeroth", "cpu", "cpu kernels", "threads", "memory", "cuda", "nccl", "io_uring", "gloo", "gpus", "environment"}) {
     EXPECT_TRUE(r.contains(key)) << key << " missing in " << r.dump();
   }
   EXPECT_TRUE(r["environment"].contains("ZEROTH_COMM_TIMEOUT"));

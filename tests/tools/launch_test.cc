@@ -27,8 +27,7 @@ TEST(Launch, EveryRankGetsTorchrunsEnvironmentAndPrefixedOutput) {
   ASSERT_EQ(testing::wait_exit(job, 30s), 0) << job.output();
   const auto out = job.output();
   for (int r = 0; r < 3; ++r) {
-    EXPECT_NE(out.find("[rank " + std::to_string(r) + "] env " + std::to_string(r) + " 3 " + std::to_string(r) +
-                       " 3 127.0.0.1 port"),
+    EXPECT_NE(out.find("[rank " + std::to_string(r) + "] env " + std::to_string(r) + " 3 " + std::to_string(r) + " 3 127.0.0.1 port"),
               std::string::npos)
         << out;
     EXPECT_NE(out.find("[rank " + std::to_string(r) + "] oops"), std::string::npos) << out;
@@ -36,8 +35,8 @@ TEST(Launch, EveryRankGetsTorchrunsEnvironmentAndPrefixedOutput) {
 }
 
 TEST(Launch, MultiNodeRanksAreOffsetByTheNodeRank) {
-  auto job = launch({"-n", "2", "--nnodes", "3", "--node-rank", "2", "--master-addr", "10.1.2.3", "--master-port", "4321",
-                     "--", "sh", "-c", "echo at $RANK of $WORLD_SIZE via $MASTER_ADDR:$MASTER_PORT"},
+  auto job = launch({"-n", "2", "--nnodes", "3", "--node-rank", "2", "--master-addr", "10.1.2.3", "--master-port", "4321", "--", "sh",
+                     "-c", "echo at $RANK of $WORLD_SIZE via $MASTER_ADDR:$MASTER_PORT"},
                     "nodes");
   ASSERT_EQ(testing::wait_exit(job, 30s), 0) << job.output();
   const auto out = job.output();
@@ -58,8 +57,7 @@ TEST(Launch, SignalsAreForwardedToEveryRank) {
                      "trap 'echo got TERM; exit 143' TERM; echo started; while true; do sleep 0.05; done"},
                     "signal");
   const auto deadline = std::chrono::steady_clock::now() + 20s;
-  while ((job.output().find("[rank 0] started") == std::string::npos ||
-          job.output().find("[rank 1] started") == std::string::npos) &&
+  while ((job.output().find("[rank 0] started") == std::string::npos || job.output().find("[rank 1] started") == std::string::npos) &&
          std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(20ms);
   }

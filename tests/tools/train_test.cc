@@ -68,7 +68,8 @@ TEST(Train, LocalRanksTrainAndWriteMetrics) {
   json j = tiny("local");
   const auto r = run({ZEROTH_BIN, "train", write_config("local", j)}, "local");
   ASSERT_EQ(r.code, 0) << r.output;
-  for (const char* text : {"zeroth train: train_local", "ZeRO stage 3", "step 6/6", "validation at step 3:", "validation at step 6:", "done after 6 steps"}) {
+  for (const char* text : {"zeroth train: train_local", "ZeRO stage 3", "step 6/6",
+                           "validation at step 3:", "validation at step 6:", "done after 6 steps"}) {
     EXPECT_NE(r.output.find(text), std::string::npos) << text << " missing in\n" << r.output;
   }
   const auto l = losses(r);
@@ -163,7 +164,8 @@ TEST(Train, ConfigErrorsExitWithTheMessage) {
   j["zero_optimization"]["stag"] = 2;
   const auto r = run({ZEROTH_BIN, "train", write_config("bad", j)}, "bad");
   EXPECT_EQ(r.code, 1);
-  EXPECT_NE(r.output.find("zeroth: error: zero_optimization.stag is not a known key (did you mean 'stage'?)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("zeroth: error: zero_optimization.stag is not a known key (did you mean 'stage'?)"), std::string::npos)
+      << r.output;
   // A budget too small for the whole need: refused before anything is allocated, with the parts,
   // and what an earlier run left in the output folder is kept.
   j = tiny("budget");
@@ -190,8 +192,10 @@ TEST(Train, NonFiniteGradientsStepAfterStepEndTheRun) {
   j["run"]["max_nonfinite_steps"] = 3;
   const auto r = run({ZEROTH_BIN, "train", write_config("nonfinite", j)}, "nonfinite", 120s);
   EXPECT_EQ(r.code, 1) << r.output;
-  EXPECT_NE(r.output.find("steps 2 to 4: the gradients held Inf or NaN 3 steps in a row (run.max_nonfinite_steps = 3); the last finite loss was"),
-            std::string::npos)
+  EXPECT_NE(
+      r.output.find(
+          "steps 2 to 4: the gradients held Inf or NaN 3 steps in a row (run.max_nonfinite_steps = 3); the last finite loss was"),
+      std::string::npos)
       << r.output;
   EXPECT_NE(r.output.find("at step 1"), std::string::npos) << r.output;
   // The skip warning names the step run, not the count of applied steps (which stays 1).
@@ -209,7 +213,8 @@ TEST(Train, AnF16OverflowAtTheMinimumLossScaleEndsTheRun) {
   j["fp16"] = {{"enabled", true}, {"initial_scale_power", 40}, {"min_loss_scale", std::ldexp(1.0, 38)}, {"hysteresis", 1}};
   const auto r = run({ZEROTH_BIN, "train", write_config("minscale", j)}, "minscale", 120s);
   EXPECT_EQ(r.code, 1) << r.output;
-  EXPECT_NE(r.output.find("f16 gradients overflow at step run 3 although the loss scale is already at its minimum (fp16.min_loss_scale = 274877906944)"),
+  EXPECT_NE(r.output.find("f16 gradients overflow at step run 3 although the loss scale is already at its minimum "
+                          "(fp16.min_loss_scale = 274877906944)"),
             std::string::npos)
       << r.output;
 }
@@ -282,12 +287,14 @@ TEST(Train, DryRunPrintsTheResolvedConfigThePlanAndItsProgram) {
 TEST(Train, DryRunShowsOverlapCommFalseAsCollectivesSerialisedWithCompute) {
   for (const bool overlap : {true, false}) {
     const std::string name = overlap ? "overlap_on" : "overlap_off";
-    auto child = testing::spawn({ZEROTH_BIN, "train", write_config(name, tiny(name)), "--dry-run", "--set", "zero_optimization.stage=3", "--set",
+    auto child = testing::spawn({ZEROTH_BIN, "train", write_config(name, tiny(name)), "--dry-run", "--set",
+                                 "zero_optimization.stage=3", "--set",
                                  std::string("zero_optimization.overlap_comm=") + (overlap ? "true" : "false")},
                                 {}, temp(name) + ".out");
     ASSERT_EQ(testing::wait_exit(child, std::chrono::seconds(60)), 0) << child.output();
     const std::string out = child.output();
-    EXPECT_NE(out.find(overlap ? "communication overlapped with compute" : "communication serialised with compute"), std::string::npos) << out;
+    EXPECT_NE(out.find(overlap ? "communication overlapped with compute" : "communication serialised with compute"), std::string::npos)
+        << out;
     EXPECT_EQ(out.find("(serial)") != std::string::npos, !overlap) << out;
   }
 }

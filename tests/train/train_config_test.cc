@@ -22,7 +22,9 @@ namespace {
 using json = nlohmann::json;
 
 // A base every case extends: a tiny model on synthetic data.
-json base() { return json::parse(R"({"train_micro_batch_size_per_gpu": 2, "model": {"n_layer": 1, "n_head": 2, "n_embd": 16, "seq_len": 8}})"); }
+json base() {
+  return json::parse(R"({"train_micro_batch_size_per_gpu": 2, "model": {"n_layer": 1, "n_head": 2, "n_embd": 16, "seq_len": 8}})");
+}
 
 json with(json j, const std::string& patch) {
   j.merge_patch(json::parse(patch));
@@ -70,12 +72,14 @@ TEST(TrainConfig, HuggingFaceAutoConfigResolves) {
   EXPECT_EQ(c.engine.schedule.total_num_steps, 50);
   EXPECT_DOUBLE_EQ(c.engine.schedule.warmup_max_lr, 5e-5);
   EXPECT_EQ(c.engine.zero.stage, 3);
-  EXPECT_EQ(c.engine.zero.reduce_bucket_size, 256u);                 // hidden^2
-  EXPECT_EQ(c.engine.zero.stage3_prefetch_bucket_size, 230u);        // 0.9 hidden^2
-  EXPECT_EQ(c.engine.zero.stage3_param_persistence_threshold, 160u); // 10 hidden
+  EXPECT_EQ(c.engine.zero.reduce_bucket_size, 256u);                  // hidden^2
+  EXPECT_EQ(c.engine.zero.stage3_prefetch_bucket_size, 230u);         // 0.9 hidden^2
+  EXPECT_EQ(c.engine.zero.stage3_param_persistence_threshold, 160u);  // 10 hidden
   EXPECT_EQ(c.steps_per_print, 2000);
   // "auto" left in DeepSpeed's own sections takes DeepSpeed's default, as its config models drop it.
-  const auto dropped = TrainConfig::from_json(with(j, R"({"zero_optimization": {"allgather_bucket_size": "auto", "overlap_comm": "auto", "stage3_gather_16bit_weights_on_model_save": "auto"}, "fp16": {"loss_scale_window": "auto"}})"));
+  const auto dropped = TrainConfig::from_json(with(
+      j,
+      R"({"zero_optimization": {"allgather_bucket_size": "auto", "overlap_comm": "auto", "stage3_gather_16bit_weights_on_model_save": "auto"}, "fp16": {"loss_scale_window": "auto"}})"));
   EXPECT_EQ(dropped.engine.zero.allgather_bucket_size, 500'000'000u);
   EXPECT_TRUE(dropped.engine.zero.overlap_comm);  // stage 3's default
   EXPECT_EQ(dropped.engine.loss_scaler.loss_scale_window, 1000);
@@ -110,7 +114,8 @@ TEST_P(BatchRule, AnyTwoGiveTheThird) {
 
 INSTANTIATE_TEST_SUITE_P(
     Table, BatchRule,
-    ::testing::Values(BatchCase{R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2})", 4, 32, 4, 2},
+    ::testing::Values(BatchCase{R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2})",
+                                4, 32, 4, 2},
                       BatchCase{R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4})", 4, 32, 4, 2},
                       BatchCase{R"({"train_batch_size": 32, "gradient_accumulation_steps": 4})", 4, 32, 2, 4},
                       BatchCase{R"({"train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 5})", 2, 30, 3, 5},
@@ -136,13 +141,19 @@ INSTANTIATE_TEST_SUITE_P(
     Table, Invalid,
     ::testing::Values(
         ErrorCase{"Typo", R"({"train_micro_batch_size_per_gpuu": 2})",
-                  "train_micro_batch_size_per_gpuu is not a known key (did you mean 'train_micro_batch_size_per_gpu'?) (DeepSpeed ignores top-level keys it does not know; zeroth refuses them, so a typo cannot pass unnoticed)"},
-        ErrorCase{"BatchRule", R"({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2, "run": {"world_size": 2}})",
-                  "train_batch_size (10) must equal train_micro_batch_size_per_gpu (2) x gradient_accumulation_steps (2) x data-parallel ranks (2) = 8"},
+                  "train_micro_batch_size_per_gpuu is not a known key (did you mean 'train_micro_batch_size_per_gpu'?) (DeepSpeed "
+                  "ignores top-level keys it does not know; zeroth refuses them, so a typo cannot pass unnoticed)"},
+        ErrorCase{
+            "BatchRule",
+            R"({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2, "run": {"world_size": 2}})",
+            "train_batch_size (10) must equal train_micro_batch_size_per_gpu (2) x gradient_accumulation_steps (2) x data-parallel "
+            "ranks (2) = 8"},
         ErrorCase{"BatchIndivisible", R"({"train_batch_size": 7, "train_micro_batch_size_per_gpu": 2})",
-                  "train_batch_size (7) is not a multiple of train_micro_batch_size_per_gpu (2) x data-parallel ranks (1) = 2, so gradient_accumulation_steps cannot be derived"},
+                  "train_batch_size (7) is not a multiple of train_micro_batch_size_per_gpu (2) x data-parallel ranks (1) = 2, so "
+                  "gradient_accumulation_steps cannot be derived"},
         ErrorCase{"NoBatch", R"({"train_micro_batch_size_per_gpu": null})",
-                  "the batch size is not set: give train_micro_batch_size_per_gpu (sequences per rank per micro-step) and/or train_batch_size (sequences per optimizer step)"},
+                  "the batch size is not set: give train_micro_batch_size_per_gpu (sequences per rank per micro-step) and/or "
+                  "train_batch_size (sequences per optimizer step)"},
         ErrorCase{"ModelKeyType", R"({"model": {"n_layer": "two"}})", "model.n_layer must be an integer in [1, 4096], got \"two\""},
         ErrorCase{"ModelKeyTypo", R"({"model": {"n_heads": 2}})", "model.n_heads is not a known key (did you mean 'n_head'?)"},
         ErrorCase{"HeadsDivide", R"({"model": {"n_head": 3}})",
@@ -151,40 +162,56 @@ INSTANTIATE_TEST_SUITE_P(
                   "model.preset \"gpt3\" is not a known preset; use one of gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1558m"},
         ErrorCase{"Stage", R"({"zero_optimization": {"stage": 4}})", "zero_optimization.stage must be 0, 1, 2 or 3, got 4"},
         ErrorCase{"Offload", R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}})",
-                  "zero_optimization.offload_optimizer = {\"device\":\"cpu\"} asks for optimizer state and its step on the CPU or NVMe (offload), which zeroth does not have yet; remove it"},
+                  "zero_optimization.offload_optimizer = {\"device\":\"cpu\"} asks for optimizer state and its step on the CPU or "
+                  "NVMe (offload), which zeroth does not have yet; remove it"},
         ErrorCase{"GatherOnSave", R"({"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": true}})",
-                  "zero_optimization.stage3_gather_16bit_weights_on_model_save = true asks for 16-bit weights gathered when the model is saved (checkpoints), which zeroth does not have yet; remove it"},
+                  "zero_optimization.stage3_gather_16bit_weights_on_model_save = true asks for 16-bit weights gathered when the model "
+                  "is saved (checkpoints), which zeroth does not have yet; remove it"},
         ErrorCase{"KnownButUnsupported", R"({"progressive_layer_drop": {"enabled": true, "theta": 0.5}})",
-                  "progressive_layer_drop = {\"enabled\":true,\"theta\":0.5} is a DeepSpeed feature zeroth does not support (skips transformer layers stochastically during training); remove it or set \"enabled\": false"},
+                  "progressive_layer_drop = {\"enabled\":true,\"theta\":0.5} is a DeepSpeed feature zeroth does not support (skips "
+                  "transformer layers stochastically during training); remove it or set \"enabled\": false"},
         ErrorCase{"ZeroPlusPlus", R"({"zero_optimization": {"stage": 3, "zero_quantized_gradients": true}})",
-                  "zero_optimization.zero_quantized_gradients = true is a DeepSpeed feature zeroth does not support (ZeRO++ reduces gradients quantized to int4); remove it"},
+                  "zero_optimization.zero_quantized_gradients = true is a DeepSpeed feature zeroth does not support (ZeRO++ reduces "
+                  "gradients quantized to int4); remove it"},
         ErrorCase{"TypoStillATypo", R"({"zero_optimization": {"stage": 3, "contiguous_gradient": true}})",
                   "zero_optimization.contiguous_gradient is not a known key (did you mean 'contiguous_gradients'?)"},
         ErrorCase{"BothPrecisions", R"({"fp16": {"enabled": true}, "bf16": {"enabled": true}})",
                   "fp16.enabled and bf16.enabled are both true; choose one precision"},
-        ErrorCase{"Monitor", R"({"tensorboard": {"enabled": true, "output_path": "tb"}})",
-                  "tensorboard = {\"enabled\":true,\"output_path\":\"tb\"} is a DeepSpeed feature zeroth does not support (writes metrics to TensorBoard; zeroth writes its metrics to <run.output_dir>/metrics.jsonl); remove it or set \"enabled\": false"},
+        ErrorCase{
+            "Monitor", R"({"tensorboard": {"enabled": true, "output_path": "tb"}})",
+            "tensorboard = {\"enabled\":true,\"output_path\":\"tb\"} is a DeepSpeed feature zeroth does not support (writes metrics "
+            "to TensorBoard; zeroth writes its metrics to <run.output_dir>/metrics.jsonl); remove it or set \"enabled\": false"},
         ErrorCase{"WallClock", R"({"wall_clock_breakdown": "yes"})", "wall_clock_breakdown must be true or false, got \"yes\""},
         ErrorCase{"Unsupported", R"({"pipeline": {"stages": 2}})",
-                  "pipeline = {\"stages\":2} is a DeepSpeed feature zeroth does not support (pipeline parallelism: consecutive layers on different ranks); remove it"},
+                  "pipeline = {\"stages\":2} is a DeepSpeed feature zeroth does not support (pipeline parallelism: consecutive layers "
+                  "on different ranks); remove it"},
         ErrorCase{"CpuCheckpointing", R"({"activation_checkpointing": {"cpu_checkpointing": true}})",
-                  "activation_checkpointing.cpu_checkpointing = true is a DeepSpeed feature zeroth does not support (moves activation checkpoints to host memory); remove it"},
+                  "activation_checkpointing.cpu_checkpointing = true is a DeepSpeed feature zeroth does not support (moves activation "
+                  "checkpoints to host memory); remove it"},
         ErrorCase{"Aio", R"({"aio": {"queue_depth": 8}})",
-                  "aio = {\"queue_depth\":8} asks for NVMe swapping's asynchronous I/O settings (NVMe offload), which zeroth does not have yet; remove it"},
+                  "aio = {\"queue_depth\":8} asks for NVMe swapping's asynchronous I/O settings (NVMe offload), which zeroth does not "
+                  "have yet; remove it"},
         ErrorCase{"Backend", R"({"run": {"backend": "mpi"}})", "run.backend = \"mpi\" is not one of: local, gloo, nccl"},
         ErrorCase{"GlooNeedsLauncher", R"({"run": {"backend": "gloo", "world_size": 2}})",
-                  "run.backend = \"gloo\" needs one process per rank: start with `zeroth launch -n 2 -- zeroth train ...` (or set run.backend to \"local\" for threads)"},
+                  "run.backend = \"gloo\" needs one process per rank: start with `zeroth launch -n 2 -- zeroth train ...` (or set "
+                  "run.backend to \"local\" for threads)"},
         ErrorCase{"LaunchedWorld", R"({"run": {"world_size": 4}})",
                   "run.world_size = 4 but the launcher started 2 ranks (WORLD_SIZE); remove run.world_size or make them agree", 2},
-        ErrorCase{"DataNeedsPath", R"({"data": {"format": "text"}})", "data.train is required for data.format \"text\" (a path to the training text file)"},
-        ErrorCase{"DataFormat", R"({"data": {"format": "json", "train": "x"}})", "data.format = \"json\" is not one of: bin, text, synthetic"},
-        ErrorCase{"AutoWhereUnknown", R"({"steps_per_print": "auto"})", "steps_per_print is \"auto\", which zeroth cannot resolve for this key; give a value"},
-        ErrorCase{"Optimizer", R"({"optimizer": {"type": "AdamW", "params": {"lr": -1}}})", "optimizer.params.lr = -1 for AdamW: must be >= 0"},
+        ErrorCase{"DataNeedsPath", R"({"data": {"format": "text"}})",
+                  "data.train is required for data.format \"text\" (a path to the training text file)"},
+        ErrorCase{"DataFormat", R"({"data": {"format": "json", "train": "x"}})",
+                  "data.format = \"json\" is not one of: bin, text, synthetic"},
+        ErrorCase{"AutoWhereUnknown", R"({"steps_per_print": "auto"})",
+                  "steps_per_print is \"auto\", which zeroth cannot resolve for this key; give a value"},
+        ErrorCase{"Optimizer", R"({"optimizer": {"type": "AdamW", "params": {"lr": -1}}})",
+                  "optimizer.params.lr = -1 for AdamW: must be >= 0"},
         ErrorCase{"Clipping", R"({"gradient_clipping": -1})", "gradient_clipping must be a number in [0, 1e+30], got -1"},
         ErrorCase{"NoDecayPattern", R"({"model": {"no_weight_decay": ["bias", "attn.*"]}})",
-                  "model.no_weight_decay entry \"attn.*\" is neither a role (weight, bias, norm, embedding) nor a pattern matching any parameter name (e.g. \"embed.wte\")"},
+                  "model.no_weight_decay entry \"attn.*\" is neither a role (weight, bias, norm, embedding) nor a pattern matching "
+                  "any parameter name (e.g. \"embed.wte\")"},
         ErrorCase{"NoDecayType", R"({"model": {"no_weight_decay": "bias"}})",
-                  "model.no_weight_decay must be a list of roles (weight, bias, norm, embedding) or parameter-name globs like \"h.*.attn.*\", got \"bias\""},
+                  "model.no_weight_decay must be a list of roles (weight, bias, norm, embedding) or parameter-name globs like "
+                  "\"h.*.attn.*\", got \"bias\""},
         ErrorCase{"Vocab", R"({"model": {"vocab_size": 100}, "data": {"format": "synthetic", "vocab_size": 200}})",
                   "model.vocab_size (100) is smaller than data.vocab_size (200): every token id must have an embedding row"}),
     [](const auto& info) { return std::string(info.param.name); });
@@ -278,7 +305,8 @@ TEST(TrainConfig, OverridesSetNestedKeysAndParseValues) {
 }
 
 TEST(TrainConfig, DefaultsAndAliases) {
-  const auto c = TrainConfig::from_json(with(base(), R"({"bfloat16": {"enabled": true}, "activation_checkpointing": {}, "communication_data_type": "bf16"})"));
+  const auto c = TrainConfig::from_json(
+      with(base(), R"({"bfloat16": {"enabled": true}, "activation_checkpointing": {}, "communication_data_type": "bf16"})"));
   EXPECT_EQ(c.engine.compute_dtype, DType::bf16);
   EXPECT_EQ(c.engine.communication_dtype, DType::bf16);
   EXPECT_TRUE(c.model.activation_checkpointing);  // the DeepSpeed section turns it on
@@ -288,13 +316,15 @@ TEST(TrainConfig, DefaultsAndAliases) {
   EXPECT_EQ(c.run.output_dir, "runs/run");
   EXPECT_EQ(c.engine.zero.stage, 0);
   // communication_data_type defaults to the gradients' dtype, as DeepSpeed's engine resolves it.
-  for (const auto& [patch, want] : std::vector<std::pair<const char*, DType>>{{R"({"bf16": {"enabled": true}})", DType::bf16},
-                                                                              {R"({"fp16": {"enabled": true}})", DType::f16},
-                                                                              {R"({})", DType::f32},
-                                                                              {R"({"bf16": {"enabled": true}, "communication_data_type": "fp32"})", DType::f32}}) {
+  for (const auto& [patch, want] :
+       std::vector<std::pair<const char*, DType>>{{R"({"bf16": {"enabled": true}})", DType::bf16},
+                                                  {R"({"fp16": {"enabled": true}})", DType::f16},
+                                                  {R"({})", DType::f32},
+                                                  {R"({"bf16": {"enabled": true}, "communication_data_type": "fp32"})", DType::f32}}) {
     EXPECT_EQ(TrainConfig::from_json(with(base(), patch)).engine.communication_dtype, want) << patch;
   }
-  const auto p = TrainConfig::from_json(json::parse(R"({"train_batch_size": 8, "model": {"preset": "gpt2-124m", "seq_len": 256}, "data": {"format": "bin", "train": "x.bin"}})"));
+  const auto p = TrainConfig::from_json(json::parse(
+      R"({"train_batch_size": 8, "model": {"preset": "gpt2-124m", "seq_len": 256}, "data": {"format": "bin", "train": "x.bin"}})"));
   EXPECT_EQ(p.model.n_layer, 12);
   EXPECT_EQ(p.model.seq_len, 256);
   EXPECT_EQ(p.model.vocab_size, 50257);

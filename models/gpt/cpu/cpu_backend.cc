@@ -47,7 +47,9 @@ class CpuKernels final : public Kernels {
   void accumulate(float* y, const float* x, size_t n) override { cpu::accumulate(y, x, n); }
   void zero(float* x, size_t n) override { zeroth::cpu::fill(x, DType::f32, 0.0f, n); }
   void widen(TensorView src, float* dst) override { zeroth::cpu::cast(src.data, src.dtype, dst, DType::f32, src.numel); }
-  void add_into(TensorView dst, const float* src) override { zeroth::cpu::axpy(dst.data, dst.dtype, 1.0f, src, DType::f32, dst.numel); }
+  void add_into(TensorView dst, const float* src) override {
+    zeroth::cpu::axpy(dst.data, dst.dtype, 1.0f, src, DType::f32, dst.numel);
+  }
   void crossentropy(float* logits, const int32_t* targets, size_t N, int V, float dlogits_scale, float*, float* loss) override {
     *loss = static_cast<float>(cpu::crossentropy(logits, targets, N, V, dlogits_scale) / static_cast<double>(N));
   }

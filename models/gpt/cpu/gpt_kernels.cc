@@ -111,8 +111,8 @@ ZEROTH_ISA_CLONES void add_rows(float* out, const float* a, const float* b, size
   for (size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
 
-ZEROTH_ISA_CLONES void layernorm_row(float* out, float* mean_out, float* rstd_out, const float* x, const float* w,
-                                     const float* b, int C) {
+ZEROTH_ISA_CLONES void layernorm_row(float* out, float* mean_out, float* rstd_out, const float* x, const float* w, const float* b,
+                                     int C) {
   float lanes[16] = {};
   int j = 0;
   for (; j + 16 <= C; j += 16) {
@@ -136,8 +136,8 @@ ZEROTH_ISA_CLONES void layernorm_row(float* out, float* mean_out, float* rstd_ou
 }
 
 // One row's LayerNorm backward; dw and db are this chunk's partial sums.
-ZEROTH_ISA_CLONES void layernorm_backward_row(float* dx, float* dw, float* db, const float* dy, const float* x,
-                                              const float* w, float m, float rs, int C) {
+ZEROTH_ISA_CLONES void layernorm_backward_row(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
+                                              float m, float rs, int C) {
   float l1[16] = {}, l2[16] = {};
   int j = 0;
   for (; j + 16 <= C; j += 16) {
@@ -208,9 +208,8 @@ void for_chunks(size_t n, F&& f) {
 }  // namespace
 
 void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C) {
-  for_rows(static_cast<size_t>(B) * T, kRowChunk, [&](size_t n) {
-    add_rows(out + n * C, wte + static_cast<size_t>(tokens[n]) * C, wpe + (n % T) * C, C);
-  });
+  for_rows(static_cast<size_t>(B) * T, kRowChunk,
+           [&](size_t n) { add_rows(out + n * C, wte + static_cast<size_t>(tokens[n]) * C, wpe + (n % T) * C, C); });
 }
 
 void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C) {
@@ -226,13 +225,13 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t
   });
 }
 
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
-                       size_t N, int C) {
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias, size_t N,
+                       int C) {
   for_rows(N, kRowChunk, [&](size_t n) { layernorm_row(out + n * C, mean + n, rstd + n, inp + n * C, weight, bias, C); });
 }
 
-void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                        const float* weight, const float* mean, const float* rstd, size_t N, int C) {
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight,
+                        const float* mean, const float* rstd, size_t N, int C) {
   const size_t chunks = (N + kRowChunk - 1) / kRowChunk;
   std::vector<float> partial(chunks * 2 * C, 0.0f);
   for_rows(chunks, 1, [&](size_t c) {
@@ -254,12 +253,11 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
     for_rows(N, kRowChunk, [&](size_t n) { std::memcpy(out + n * OC, bias, sizeof(float) * OC); });
     beta = 1.0f;
   }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(N), OC, IC, 1.0f, inp, IC, weight, IC, beta, out,
-              OC);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(N), OC, IC, 1.0f, inp, IC, weight, IC, beta, out, OC);
 }
 
-void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, size_t N, int IC, int OC) {
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight, size_t N,
+                     int IC, int OC) {
   const int n = static_cast<int>(N);
   if (dinp != nullptr) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, IC, OC, 1.0f, dout, OC, weight, IC, 0.0f, dinp, IC);
@@ -305,8 +303,7 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
   }
 }
 
-void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int B, int T,
-                        int C, int NH) {
+void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int B, int T, int C, int NH) {
   const int hs = C / NH, C3 = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const size_t TT = static_cast<size_t>(T) * T;
@@ -331,10 +328,8 @@ void attention_backward(float* dqkv, float* datt, const float* dout, const float
       const size_t base = static_cast<size_t>(b) * T * C3 + h * hs;
       const float* da = datt + (static_cast<size_t>(b) * NH + h) * TT;
       // dq = dS k;  dk = dS^T q
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, da, T, qkv + base + C, C3, 0.0f, dqkv + base,
-                  C3);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, da, T, qkv + base, C3, 0.0f, dqkv + base + C,
-                  C3);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, da, T, qkv + base + C, C3, 0.0f, dqkv + base, C3);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, da, T, qkv + base, C3, 0.0f, dqkv + base + C, C3);
     }
   }
 }

@@ -15,24 +15,23 @@ void encoder_forward(float* out, const int32_t* tokens, const float* wte, const 
 void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C);
 
 // out = (inp - mean) * rstd * weight + bias, per row; mean and rstd [N] are kept for backward.
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
-                       size_t N, int C);
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias, size_t N,
+                       int C);
 // dinp += ..., dweight += ..., dbias += ... (dinp accumulates: it is the residual stream).
-void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                        const float* weight, const float* mean, const float* rstd, size_t N, int C);
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight,
+                        const float* mean, const float* rstd, size_t N, int C);
 
 // out[N, OC] = inp[N, IC] x weight[OC, IC]^T + bias
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, size_t N, int IC, int OC);
 // dinp = dout x weight (overwritten), dweight += dout^T x inp, dbias += column sums of dout.
-void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, size_t N, int IC, int OC);
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight, size_t N,
+                     int IC, int OC);
 
 // Causal self-attention over qkv [B, T, 3C] (q, k, v each C = NH heads of C/NH). att [B, NH, T, T]
 // keeps the probabilities (zero above the diagonal); out is [B, T, C].
 void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH);
 // dqkv is overwritten; datt is scratch of att's size.
-void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int B, int T,
-                        int C, int NH);
+void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int B, int T, int C, int NH);
 
 // GELU, tanh approximation (GPT-2's).
 void gelu_forward(float* out, const float* inp, size_t n);

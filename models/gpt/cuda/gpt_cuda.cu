@@ -12,13 +12,13 @@
 #include "core/cuda/cuda_kernels.h"  // cuda::launch_cast, launch_axpy
 #include "models/gpt/kernels.h"
 
-#define CUBLAS_CHECK(call)                                                                                         \
-  do {                                                                                                             \
-    const cublasStatus_t zeroth_cublas_status_ = (call);                                                           \
-    if (zeroth_cublas_status_ != CUBLAS_STATUS_SUCCESS) [[unlikely]] {                                             \
-      throw ::zeroth::CudaError(std::string(#call) + " failed: cuBLAS status " + std::to_string(zeroth_cublas_status_) + \
-                                " [" + ::zeroth::detail::where(__FILE__, __LINE__) + "]");                        \
-    }                                                                                                              \
+#define CUBLAS_CHECK(call)                                                                                                      \
+  do {                                                                                                                          \
+    const cublasStatus_t zeroth_cublas_status_ = (call);                                                                        \
+    if (zeroth_cublas_status_ != CUBLAS_STATUS_SUCCESS) [[unlikely]] {                                                          \
+      throw ::zeroth::CudaError(std::string(#call) + " failed: cuBLAS status " + std::to_string(zeroth_cublas_status_) + " [" + \
+                                ::zeroth::detail::where(__FILE__, __LINE__) + "]");                                             \
+    }                                                                                                                           \
   } while (0)
 
 namespace zeroth::gpt {
@@ -242,7 +242,8 @@ __global__ void mean_kernel(float* out, const float* in, size_t n) {
 
 class CudaKernels final : public Kernels {
  public:
-  explicit CudaKernels(Stream& stream) : stream_(dynamic_cast<CudaStream&>(stream)), index_(static_cast<CudaDevice&>(stream.device()).index()) {
+  explicit CudaKernels(Stream& stream)
+      : stream_(dynamic_cast<CudaStream&>(stream)), index_(static_cast<CudaDevice&>(stream.device()).index()) {
     CudaDeviceGuard guard(index_);
     CUBLAS_CHECK(cublasCreate(&handle_));
     CUBLAS_CHECK(cublasSetStream(handle_, stream_.handle()));
@@ -284,13 +285,15 @@ class CudaKernels final : public Kernels {
       beta = 1.0f;
     }
     const float one = 1.0f;
-    CUBLAS_CHECK(cublasSgemm(handle_, CUBLAS_OP_T, CUBLAS_OP_N, OC, static_cast<int>(N), IC, &one, weight, IC, inp, IC, &beta, out, OC));
+    CUBLAS_CHECK(
+        cublasSgemm(handle_, CUBLAS_OP_T, CUBLAS_OP_N, OC, static_cast<int>(N), IC, &one, weight, IC, inp, IC, &beta, out, OC));
   }
   void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight, size_t N,
                        int IC, int OC) override {
     const float one = 1.0f, zero = 0.0f;
     const int n = static_cast<int>(N);
-    if (dinp != nullptr) CUBLAS_CHECK(cublasSgemm(handle_, CUBLAS_OP_N, CUBLAS_OP_N, IC, n, OC, &one, weight, IC, dout, OC, &zero, dinp, IC));
+    if (dinp != nullptr)
+      CUBLAS_CHECK(cublasSgemm(handle_, CUBLAS_OP_N, CUBLAS_OP_N, IC, n, OC, &one, weight, IC, dout, OC, &zero, dinp, IC));
     CUBLAS_CHECK(cublasSgemm(handle_, CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, n, &one, inp, IC, dout, OC, &one, dweight, IC));
     if (dbias != nullptr) column_sum_kernel<<<blocks_for(OC), kThreads, 0, s()>>>(dbias, dout, N, OC);
   }
@@ -356,8 +359,11 @@ class CudaKernels final : public Kernels {
   void accumulate(float* y, const float* x, size_t n) override { cuda::launch_axpy(y, DType::f32, 1.0f, x, DType::f32, n, s()); }
   void zero(float* x, size_t n) override { CUDA_CHECK(cudaMemsetAsync(x, 0, n * sizeof(float), s())); }
   void widen(TensorView src, float* dst) override { cuda::launch_cast(src.data, src.dtype, dst, DType::f32, src.numel, s()); }
-  void add_into(TensorView dst, const float* src) override { cuda::launch_axpy(dst.data, dst.dtype, 1.0f, src, DType::f32, dst.numel, s()); }
-  void crossentropy(float* logits, const int32_t* targets, size_t N, int V, float dlogits_scale, float* scratch, float* loss) override {
+  void add_into(TensorView dst, const float* src) override {
+    cuda::launch_axpy(dst.data, dst.dtype, 1.0f, src, DType::f32, dst.numel, s());
+  }
+  void crossentropy(float* logits, const int32_t* targets, size_t N, int V, float dlogits_scale, float* scratch,
+                    float* loss) override {
     crossentropy_kernel<<<static_cast<unsigned>(N), 1024, 0, s()>>>(logits, targets, scratch, V, dlogits_scale);
     // The mean goes to scratch[0]: every row loss is read before thread 0 writes it.
     mean_kernel<<<1, 1024, 0, s()>>>(scratch, scratch, N);
