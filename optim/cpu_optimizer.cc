@@ -105,7 +105,7 @@ void cpu_lamb_apply(const OptimizerParams& params, const OptimizerStep& s, const
   if (s.count == 0) return;
   const auto& table = optim_cpu::optim_table(level);
   const StepConstants c = optim::make_constants(params, s);
-  const float lr_ratio = c.lr * optim::lamb_trust_ratio(norms[0], norms[1], c);
+  const float lr_ratio = c.lamb_step_size * optim::lamb_trust_ratio(norms[0], norms[1], c);
   const bool nt = s.copy_out != nullptr && s.count * dtype_size(s.copy_out_type) >= kStreamingBytes;
   cpu::for_chunks(s.count, kChunk, [&](size_t b, size_t e) {
     const Chunk at{s, b};

@@ -243,8 +243,9 @@ LrSchedule LrSchedule::from_deepspeed(const nlohmann::json& section, double base
   integer("last_batch_iteration", s.last_batch_iteration, -1);
   real("warmup_min_lr", s.warmup_min_lr);
   real("warmup_max_lr", s.warmup_max_lr);
-  // WarmupLR and WarmupCosineLR raise ValueError for a warmup_num_steps that is not a positive integer.
-  integer("warmup_num_steps", s.warmup_num_steps, 1);
+  // 0 warms up over DeepSpeed's minimum of 2, as DeepSpeed did before its newest releases began to
+  // refuse it; Hugging Face writes 0 for "auto" when there is no warmup.
+  integer("warmup_num_steps", s.warmup_num_steps, 0);
   integer("total_num_steps", s.total_num_steps, 1);
   real("warmup_min_ratio", s.warmup_min_ratio);
   real("cos_min_ratio", s.cos_min_ratio);

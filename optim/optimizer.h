@@ -37,7 +37,7 @@ struct OptimizerParams {
   double momentum = 0.0, dampening = 0.0;  // sgd
   bool nesterov = false;
   double max_coeff = 10.0, min_coeff = 0.01;  // lamb: the trust ratio's clamp
-  bool eps_inside_sqrt = false;               // lamb: sqrt(v_hat + eps) instead of sqrt(v_hat) + eps
+  bool eps_inside_sqrt = false;               // lamb: sqrt(v + eps) instead of sqrt(v) + eps
 
   // State arrays per parameter (see the layout above).
   int state_arrays() const;
@@ -69,9 +69,10 @@ struct StepReport {
   bool skipped = false;  // the gradients held Inf or NaN: nothing was written
 };
 
-// Lamb (DeepSpeed's FusedLamb; You et al. 2019): with m, v updated as in Adam,
-//   u = m_hat / (sqrt(v_hat) + eps) + weight_decay * w,   m_hat = m / (1 - beta1^t), v_hat = v / (1 - beta2^t)
-//   w -= lr * ratio * u,   ratio = ||w|| / ||u|| over the whole parameter tensor, clamped to
+// Lamb (DeepSpeed's FusedLamb, csrc/lamb/fused_lamb_cuda_kernel.cu): with m, v updated as in Adam,
+//   u = m / (sqrt(v) + eps) + weight_decay * w   (the moments as they are, no bias correction)
+//   w -= step_size * ratio * u,   step_size = lr * sqrt(1 - beta2^t) / (1 - beta1^t) (lr without
+//   bias correction),   ratio = ||w|| / ||u|| over the whole parameter tensor, clamped to
 //   [min_coeff, max_coeff]; 1 when either norm is 0.
 // The ratio needs norms of a whole tensor, so Lamb takes two passes: lamb_norms updates the moments
 // and adds the range's sums of w^2 (weights before the step) and u^2 to norms[0], norms[1];

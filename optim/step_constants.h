@@ -18,9 +18,9 @@ struct StepConstants {
   float grad_scale;
   float momentum, one_minus_dampening;  // sgd
   bool first_step;                      // sgd: the momentum buffer starts as the gradient
-  float inv_bias1, inv_bias2;           // lamb: 1 / (1 - beta^step) (1 without bias correction)
+  float lamb_step_size;                 // lamb: lr * sqrt(1 - beta2^step) / (1 - beta1^step) (lr without bias correction)
   float max_coeff, min_coeff;           // lamb: the trust ratio's clamp
-  bool eps_inside_sqrt;                 // lamb: sqrt(v_hat + eps) instead of sqrt(v_hat) + eps
+  bool eps_inside_sqrt;                 // lamb: sqrt(v + eps) instead of sqrt(v) + eps
 };
 
 // lamb: its first pass (moments, squared norms) and its second (the update scaled by the trust

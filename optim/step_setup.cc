@@ -39,8 +39,8 @@ StepConstants make_constants(const OptimizerParams& p, const OptimizerStep& s) {
   const double bias2 = p.bias_correction ? 1.0 - std::pow(p.beta2, static_cast<double>(s.step)) : 1.0;
   c.step_size = f(s.lr / bias1);
   c.inv_bias2_sqrt = f(1.0 / std::sqrt(bias2));
-  c.inv_bias1 = f(1.0 / bias1);
-  c.inv_bias2 = f(1.0 / bias2);
+  // DeepSpeed's fused_lamb_cuda: the bias corrections scale the step, outside the trust ratio.
+  c.lamb_step_size = f(s.lr * std::sqrt(bias2) / bias1);
   c.max_coeff = f(p.max_coeff);
   c.min_coeff = f(p.min_coeff);
   c.eps_inside_sqrt = p.eps_inside_sqrt;

@@ -158,9 +158,7 @@ void resolve_auto(json& c, int world_size, int64_t steps, int hidden) {
     json& p = c["scheduler"]["params"];
     fill(p, "warmup_min_lr", 0.0);
     fill(p, "warmup_max_lr", lr);
-    // HF's warmup_steps / warmup_ratio default to 0, which DeepSpeed's schedulers now refuse; 1
-    // warms up exactly as 0 did (both are raised to DeepSpeed's minimum of 2).
-    fill(p, "warmup_num_steps", 1);
+    fill(p, "warmup_num_steps", 0);  // HF's warmup_steps / warmup_ratio default to 0
     fill(p, "total_num_steps", steps);
   }
   if (c.contains("zero_optimization")) {

@@ -206,8 +206,9 @@ TrainSummary train(const TrainConfig& config, Communicator& dp, Device& device, 
       observer->on_step(s);
     });
     // The skip is the same on every rank (a global norm), so every rank ends here together.
-    const bool stuck = r.skipped &&
-                       (config.engine.compute_dtype != DType::f16 || r.loss_scale <= config.engine.loss_scaler.min_loss_scale);
+    // A dynamic f16 scale still has room to fall until it reaches its minimum; a static one never moves.
+    const bool dynamic_f16 = config.engine.compute_dtype == DType::f16 && config.engine.loss_scaler.loss_scale == 0.0;
+    const bool stuck = r.skipped && (!dynamic_f16 || r.loss_scale <= config.engine.loss_scaler.min_loss_scale);
     nonfinite = stuck ? nonfinite + 1 : r.skipped ? nonfinite : 0;
     if (config.run.max_nonfinite_steps > 0 && nonfinite >= config.run.max_nonfinite_steps) {
       ZEROTH_THROW(NumericError,

@@ -82,10 +82,8 @@ struct LambShards {
 };
 
 __device__ inline float lamb_direction(float p, float m, float v, const StepConstants& c) {
-  const float m_hat = __fmul_rn(m, c.inv_bias1);
-  const float denom = c.eps_inside_sqrt ? __fsqrt_rn(__fadd_rn(__fmul_rn(v, c.inv_bias2), c.eps))
-                                        : __fadd_rn(__fmul_rn(__fsqrt_rn(v), c.inv_bias2_sqrt), c.eps);
-  return __fadd_rn(__fdiv_rn(m_hat, denom), __fmul_rn(c.weight_decay, p));
+  const float denom = c.eps_inside_sqrt ? __fsqrt_rn(__fadd_rn(v, c.eps)) : __fadd_rn(__fsqrt_rn(v), c.eps);
+  return __fadd_rn(__fdiv_rn(m, denom), __fmul_rn(c.weight_decay, p));
 }
 
 // One thread per (chunk, lane) of a shard: lane l of a chunk takes its elements l, l + 16, ... in
@@ -139,7 +137,7 @@ template <bool Copy, DType O>
 __global__ void lamb_apply_kernel(LambShards shards, StepConstants c) {
   const Shard& s = shards.s[blockIdx.y];
   const float* norms = shards.norms[blockIdx.y];
-  const float lr_ratio = __fmul_rn(c.lr, optim::lamb_trust_ratio(norms[0], norms[1], c));
+  const float lr_ratio = __fmul_rn(c.lamb_step_size, optim::lamb_trust_ratio(norms[0], norms[1], c));
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < s.count; i += size_t{gridDim.x} * blockDim.x) {
     const float p = __fsub_rn(s.params[i], __fmul_rn(lr_ratio, lamb_direction(s.params[i], s.m[i], s.v[i], c)));
     s.params[i] = p;

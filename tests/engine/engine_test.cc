@@ -334,8 +334,8 @@ TEST(EngineOverflow, AnInfOnOneRankSkipsTheStepEverywhereAndLowersTheScale) {
 }
 
 // DeepSpeed steps its scheduler after applied steps only: step k of those applied runs the lr of
-// iteration k - 2 (WarmupLR linear, W = 3, 0 -> 1e-2: 0 from the constructor, 0 at iteration 0,
-// then 1e-2 / 3), whatever was skipped in between.
+// iteration k - 2 (WarmupLR linear, W = 3, 1e-3 -> 1e-2: 1e-3 from the constructor, 1e-3 at
+// iteration 0, then 1e-3 + 9e-3 / 3), whatever was skipped in between.
 TEST(EngineSchedule, ASkippedStepDoesNotAdvanceTheSchedule) {
   MlpRun run;
   run.dtype = DType::f16;
@@ -346,7 +346,7 @@ TEST(EngineSchedule, ASkippedStepDoesNotAdvanceTheSchedule) {
   const auto& steps = ranks[0].steps;
   ASSERT_EQ(steps.size(), 5u);
   EXPECT_TRUE(steps[1].skipped);
-  const double want[] = {0.0, 0.0, 1e-2 / 3, 1e-2 * 2 / 3};
+  const double want[] = {1e-3, 1e-3, 1e-3 + 9e-3 / 3, 1e-3 + 9e-3 * 2 / 3};
   int applied = 0;
   for (const auto& s : steps) {
     if (s.skipped) continue;

@@ -63,7 +63,7 @@ inline EngineConfig mlp_config(const MlpRun& run) {
   c.optimizer.lr = 1e-2;
   c.optimizer.weight_decay = 0.01;
   c.schedule.kind = ScheduleKind::warmup;
-  c.schedule.warmup_min_lr = 0;
+  c.schedule.warmup_min_lr = 1e-3;  // not 0: steps 1 and 2 (the constructor's lr, iteration 0) move the weights too
   c.schedule.warmup_max_lr = 1e-2;
   c.schedule.warmup_num_steps = 3;
   c.schedule.warmup_type = WarmupType::linear;

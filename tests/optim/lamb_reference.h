@@ -27,9 +27,10 @@ inline LambReference lamb_reference_step(const OptimizerParams& o, double lr, in
   for (size_t i = 0; i < p.size(); ++i) {
     m[i] = b1 * m[i] + (1 - b1) * g[i];
     v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i];
-    const double v_hat = v[i] / bc2;
-    const double denom = o.eps_inside_sqrt ? std::sqrt(v_hat + o.eps) : std::sqrt(v_hat) + o.eps;
-    r.update[i] = m[i] / bc1 / denom + o.weight_decay * p[i];
+    // DeepSpeed's lamb_cuda_kernel_part1/3: u from the moments as they are; the bias corrections
+    // scale the step below, outside the trust ratio.
+    const double denom = o.eps_inside_sqrt ? std::sqrt(v[i] + o.eps) : std::sqrt(v[i]) + o.eps;
+    r.update[i] = m[i] / denom + o.weight_decay * p[i];
     w_sq += p[i] * p[i];
     u_sq += r.update[i] * r.update[i];
   }
@@ -38,7 +39,8 @@ inline LambReference lamb_reference_step(const OptimizerParams& o, double lr, in
     r.unclamped = std::sqrt(w_sq) / std::sqrt(u_sq);
     r.ratio = std::max(o.min_coeff, std::min(o.max_coeff, r.unclamped));
   }
-  for (size_t i = 0; i < p.size(); ++i) p[i] -= lr * r.ratio * r.update[i];
+  const double step_size = lr * std::sqrt(bc2) / bc1;
+  for (size_t i = 0; i < p.size(); ++i) p[i] -= step_size * r.ratio * r.update[i];
   return r;
 }
 

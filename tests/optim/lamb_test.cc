@@ -22,11 +22,11 @@ struct TensorCase {
   float w_amp, g_amp;  // weights uniform in [-w_amp, w_amp], gradients in [-g_amp, g_amp]
 };
 
-// Several chunks and a vector tail; weights 50x larger than the updates (clamped at max_coeff);
+// Several chunks and a vector tail; weights 100x larger than the updates (clamped at max_coeff);
 // 1e-4 of them (clamped at min_coeff); no gradient (u = weight_decay * w, or 0); zero weights
 // (||w|| = 0 on the first step).
 const std::vector<TensorCase> kTensors = {{"ordinary", 2 * 16384 + 37, 1.0f, 0.05f},
-                                          {"large", 1000, 50.0f, 0.05f},
+                                          {"large", 1000, 100.0f, 0.05f},
                                           {"tiny", 999, 1e-4f, 0.05f},
                                           {"no_grad", 17, 1.0f, 0.0f},
                                           {"zero_weights", 300, 0.0f, 0.05f}};

@@ -179,8 +179,10 @@ TEST(Schedules, MistakesAreNamed) {
   EXPECT_NE(error(R"({"type": "WarmupLr"})").find("did you mean 'WarmupLR'"), std::string::npos);
   EXPECT_NE(error(R"({"type": "WarmupLR", "params": {"warmup_max": 1}})").find("did you mean 'warmup_max_lr'"), std::string::npos);
   EXPECT_NE(error(R"({"type": "WarmupDecayLR", "params": {}})").find("total_num_steps is required"), std::string::npos);
-  EXPECT_NE(error(R"({"type": "WarmupLR", "params": {"warmup_num_steps": 0}})").find("warmup_num_steps must be an integer >= 1"),
+  EXPECT_NE(error(R"({"type": "WarmupLR", "params": {"warmup_num_steps": -1}})").find("warmup_num_steps must be an integer >= 0"),
             std::string::npos);
+  EXPECT_EQ(parse(R"({"type": "WarmupLR", "params": {"warmup_max_lr": 0.01, "warmup_num_steps": 0, "warmup_type": "linear"}})").lr(1),
+            0.005);
   EXPECT_NE(error(R"({"type": "OneCycle", "params": {"cycle_min_lr": 0}})").find("cycle_max_lr are required"), std::string::npos);
   EXPECT_NE(error(R"({"type": "OneCycle", "params": {"cycle_min_lr": 0, "cycle_max_lr": 1, "cycle_max_mom": 1.5}})").find("beta1"),
             std::string::npos);

@@ -238,8 +238,23 @@ TEST(Train, WallClockBreakdownTimesThePartsOfEachStep) {
     EXPECT_GE(m["reduce_wait_ms"].get<double>(), 0) << m.dump();
     EXPECT_GT(m["optimizer_ms"].get<double>(), 0) << m.dump();
     EXPECT_LE(parts, m["step_ms"].get<double>()) << "the parts lie inside the step: " << m.dump();
+    // Synchronized timers cover the step's work; timers of enqueueing alone would see a sliver.
+    EXPECT_GE(parts, 0.5 * m["step_ms"].get<double>()) << m.dump();
   }
   EXPECT_EQ(steps, 6);
+}
+
+// A static f16 loss scale never falls, so every non-finite step counts.
+TEST(Train, NonFiniteStepsEndARunWithAStaticF16Scale) {
+  json j = tiny("nonfinite16");
+  j["optimizer"]["params"]["lr"] = 1e30;
+  j["gradient_clipping"] = 0;
+  j["fp16"] = {{"enabled", true}, {"loss_scale", 128}};
+  j["run"]["steps"] = 8;
+  j["run"]["max_nonfinite_steps"] = 3;
+  const auto r = run({ZEROTH_BIN, "train", write_config("nonfinite16", j)}, "nonfinite16", 120s);
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("steps 2 to 4: the gradients held Inf or NaN 3 steps in a row"), std::string::npos) << r.output;
 }
 
 // A write that fails (here: a full disk) ends the run on every rank with an error naming the file.

@@ -71,6 +71,8 @@ TEST(TrainConfig, HuggingFaceAutoConfigResolves) {
   EXPECT_EQ(c.engine.schedule.kind, ScheduleKind::warmup_decay);
   EXPECT_EQ(c.engine.schedule.total_num_steps, 50);
   EXPECT_DOUBLE_EQ(c.engine.schedule.warmup_max_lr, 5e-5);
+  EXPECT_EQ(c.engine.schedule.warmup_num_steps, 0);  // HF's default warmup_steps; DeepSpeed raises it to 2
+  EXPECT_EQ(c.engine.schedule.warmup_min_lr, 0.0);
   EXPECT_EQ(c.engine.zero.stage, 3);
   EXPECT_EQ(c.engine.zero.reduce_bucket_size, 256u);                  // hidden^2
   EXPECT_EQ(c.engine.zero.stage3_prefetch_bucket_size, 230u);         // 0.9 hidden^2
