@@ -65,7 +65,7 @@ void LossScaler::update(bool overflow) {
     if (config_.hysteresis == 1 || hysteresis_ == 1) {
       if (scale_ == config_.min_loss_scale && config_.raise_error_at_min_scale) {
         ZEROTH_THROW(NumericError,
-                     "f16 gradients overflow at step run {} although the loss scale is already at its minimum (fp16.min_loss_scale "
+                     "f16 gradients overflow at step {} although the loss scale is already at its minimum (fp16.min_loss_scale "
                      "= {}) and the hysteresis is spent: the model diverged or f16 cannot hold its values; lower the learning "
                      "rate, or train in bf16",
                      iteration_ + 1, config_.min_loss_scale);

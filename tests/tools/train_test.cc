@@ -213,7 +213,7 @@ TEST(Train, AnF16OverflowAtTheMinimumLossScaleEndsTheRun) {
   j["fp16"] = {{"enabled", true}, {"initial_scale_power", 40}, {"min_loss_scale", std::ldexp(1.0, 38)}, {"hysteresis", 1}};
   const auto r = run({ZEROTH_BIN, "train", write_config("minscale", j)}, "minscale", 120s);
   EXPECT_EQ(r.code, 1) << r.output;
-  EXPECT_NE(r.output.find("f16 gradients overflow at step run 3 although the loss scale is already at its minimum "
+  EXPECT_NE(r.output.find("f16 gradients overflow at step 3 although the loss scale is already at its minimum "
                           "(fp16.min_loss_scale = 274877906944)"),
             std::string::npos)
       << r.output;
