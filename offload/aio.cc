@@ -7,6 +7,7 @@
 #include <algorithm>  // std::max, std::min
 #include <cerrno>     // EINVAL, EINTR, EAGAIN
 #include <optional>   // std::optional
+#include <utility>    // std::pair
 #include <vector>     // std::vector
 
 #include "core/error.h"              // ZEROTH_CHECK, ZEROTH_THROW
@@ -206,9 +207,13 @@ void AsyncFile::run_sync() {
     while (again) {
       const ssize_t rc = piece.is_write ? ::pwrite(fd_, piece.buffer, piece.length, static_cast<off_t>(piece.offset))
                                         : ::pread(fd_, piece.buffer, piece.length, static_cast<off_t>(piece.offset));
-      again = complete(piece, rc == -1 ? -static_cast<long long>(errno) : rc);
-      std::lock_guard lock(mutex_);
-      ++stats_.pieces;
+      const long long result = rc == -1 ? -static_cast<long long>(errno) : rc;
+      {
+        // Counted before complete() wakes the waiter, so stats() after wait() includes it.
+        std::lock_guard lock(mutex_);
+        ++stats_.pieces;
+      }
+      again = complete(piece, result);
     }
   }
 }
@@ -221,6 +226,7 @@ void AsyncFile::run_ring() {
   for (unsigned s = depth; s-- > 0;) free_slots.push_back(s);
   std::deque<Piece> local;  // taken from queue_, waiting for a free slot
   unsigned in_flight = 0;
+  std::vector<std::pair<unsigned, int>> completions;  // (slot, result) of one reaping round
 
   // A broken ring (submission or wait failing for good) fails every request it still holds.
   auto fail_all = [&](const std::string& message) {
@@ -300,22 +306,24 @@ void AsyncFile::run_ring() {
       return;
     }
 
-    unsigned head, seen = 0;
+    // Collected first and counted before complete() wakes any waiter, so stats() after wait()
+    // includes the pieces of that request.
+    completions.clear();
+    unsigned head;
     io_uring_cqe* cqe;
-    std::uint64_t pieces = 0;
-    io_uring_for_each_cqe(ring, head, cqe) {
-      ++seen;
-      const unsigned slot = static_cast<unsigned>(io_uring_cqe_get_data64(cqe));
+    io_uring_for_each_cqe(ring, head, cqe) { completions.emplace_back(static_cast<unsigned>(io_uring_cqe_get_data64(cqe)), cqe->res); }
+    io_uring_cq_advance(ring, static_cast<unsigned>(completions.size()));
+    {
+      std::lock_guard lock(mutex_);
+      stats_.pieces += completions.size();
+    }
+    for (const auto& [slot, result] : completions) {
       Piece piece = std::move(*slots[slot]);
       slots[slot].reset();
       free_slots.push_back(slot);
       --in_flight;
-      ++pieces;
-      if (complete(piece, cqe->res)) local.push_front(std::move(piece));
+      if (complete(piece, result)) local.push_front(std::move(piece));
     }
-    io_uring_cq_advance(ring, seen);
-    std::lock_guard lock(mutex_);
-    stats_.pieces += pieces;
   }
 }
 
