@@ -57,9 +57,10 @@ bool IoHandle::done() const {
 namespace {
 
 std::once_flag buffered_warning, sync_warning;
+constexpr std::size_t kMaxBlockSize = std::size_t{1} << 30;
 
-bool failed(const detail::Request& request) {
-  std::lock_guard lock(const_cast<std::mutex&>(request.mutex));
+bool failed(detail::Request& request) {
+  std::lock_guard lock(request.mutex);
   return !request.error.empty();
 }
 
@@ -71,8 +72,10 @@ void fail(detail::Request& request, std::string message) {
 }  // namespace
 
 AsyncFile::AsyncFile(std::string path, Mode mode, IoOptions options) : path_(std::move(path)), options_(options) {
-  ZEROTH_CHECK(options_.block_size >= kIoAlignment && options_.block_size % kIoAlignment == 0,
-               "AsyncFile {}: block_size {} must be a positive multiple of {}", path_, options_.block_size, kIoAlignment);
+  // A piece's length travels in the 32-bit length field of a submission entry.
+  ZEROTH_CHECK(options_.block_size >= kIoAlignment && options_.block_size % kIoAlignment == 0 && options_.block_size <= kMaxBlockSize,
+               "AsyncFile {}: block_size {} must be a multiple of {} in [{}, {}]", path_, options_.block_size, kIoAlignment,
+               kIoAlignment, kMaxBlockSize);
   ZEROTH_CHECK(options_.queue_depth >= 1 && options_.queue_depth <= 4096, "AsyncFile {}: queue_depth {} must be in [1, 4096]", path_,
                options_.queue_depth);
   const int flags = (mode == Mode::read_write ? O_RDWR | O_CREAT : O_RDONLY) | O_CLOEXEC;

@@ -14,7 +14,7 @@
 namespace zeroth::offload {
 
 struct IoOptions {
-  // Each request is cut into pieces of at most this many bytes (a multiple of 4 KiB).
+  // Each request is cut into pieces of at most this many bytes (a multiple of 4 KiB, at most 1 GiB).
   std::size_t block_size = std::size_t{1} << 20;
   // Pieces in flight on the ring at once; the rest wait in the worker's queue.
   unsigned queue_depth = 32;

@@ -258,6 +258,7 @@ TEST_P(AsyncFileErrorTest, BadBlockSizeOrDepthIsInvalidArgument) {
   const std::string path = ::testing::TempDir() + "zeroth_aio_bad_options";
   EXPECT_THROW(AsyncFile(path, AsyncFile::Mode::read_write, IoOptions{1000, 2, GetParam()}), InvalidArgument);
   EXPECT_THROW(AsyncFile(path, AsyncFile::Mode::read_write, IoOptions{4 * kKiB, 0, GetParam()}), InvalidArgument);
+  EXPECT_THROW(AsyncFile(path, AsyncFile::Mode::read_write, IoOptions{std::size_t{4} << 30, 2, GetParam()}), InvalidArgument);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, AsyncFileErrorTest, ::testing::Bool(),
