@@ -242,6 +242,20 @@ TEST_P(AsyncFileErrorTest, WriteToFullDeviceRaisesIoErrorWithStrerror) {
   EXPECT_THROW(file.write(buffer.data(), 4 * kKiB, 0).wait(), IoError);
 }
 
+// Character devices refuse O_DIRECT as tmpfs did before Linux 6.6: the buffered fallback must
+// still move the bytes (every one zero here, the buffer starts as 0xA5).
+TEST_P(AsyncFileErrorTest, DeviceWithoutDirectIoFallsBackToBufferedReads) {
+  if (!std::filesystem::exists("/dev/zero")) GTEST_SKIP() << "no /dev/zero";
+  AlignedBuffer buffer(1 * kMiB + 8 * kKiB);
+  std::memset(buffer.data(), 0xA5, buffer.size());
+  AsyncFile file("/dev/zero", AsyncFile::Mode::read_only, IoOptions{64 * kKiB, 4, GetParam()});
+  EXPECT_FALSE(file.direct());
+  file.read(buffer.data(), buffer.size(), 12 * kKiB).wait();
+  std::size_t nonzero = 0;
+  for (std::size_t i = 0; i < buffer.size(); ++i) nonzero += buffer.data()[i] != std::byte{0};
+  EXPECT_EQ(nonzero, 0u);
+}
+
 TEST_P(AsyncFileErrorTest, OpeningDirectoryForWritingRaisesIoError) {
   const std::string dir = ::testing::TempDir();
   try {
