@@ -1,10 +1,16 @@
 // AsyncFile against pread/pwrite and a known byte pattern, on a disk file (O_DIRECT where the
 // file system has it) and on tmpfs (buffered fallback), through io_uring and through the worker.
-#include <sys/stat.h>  // stat
-#include <fcntl.h>     // open
-#include <unistd.h>    // pread, unlink, close
+#include <linux/filter.h>   // sock_filter, BPF_*
+#include <linux/seccomp.h>  // SECCOMP_RET_*, seccomp_data
+#include <sys/prctl.h>      // prctl
+#include <sys/stat.h>       // stat
+#include <sys/syscall.h>    // __NR_io_uring_setup
+#include <fcntl.h>          // open
+#include <unistd.h>         // pread, unlink, close
 
+#include <cstddef>     // offsetof
 #include <cstdint>     // std::uint64_t
+#include <cstdlib>     // std::exit
 #include <cstring>     // std::memcmp
 #include <filesystem>  // std::filesystem::exists
 #include <string>      // std::string
@@ -277,6 +283,45 @@ TEST_P(AsyncFileErrorTest, BadBlockSizeOrDepthIsInvalidArgument) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, AsyncFileErrorTest, ::testing::Bool(),
                          [](const auto& info) { return std::string(info.param ? "io_uring" : "worker"); });
+
+// A seccomp filter answering io_uring_setup with `err`, as container runtimes do; the child
+// process then round-trips 1 MiB and exits 0 only when the worker took over and the bytes match.
+void round_trip_with_io_uring_refused(int err, const std::string& path) {
+  sock_filter filter[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_io_uring_setup, 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | static_cast<unsigned>(err)),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+  };
+  sock_fprog program{static_cast<unsigned short>(std::size(filter)), filter};
+  if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 || ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) != 0) {
+    std::fprintf(stderr, "seccomp filter refused\n");
+    std::exit(2);
+  }
+  constexpr std::uint64_t kSeed = 5;
+  AlignedBuffer out(1 * kMiB), in(1 * kMiB);
+  fill_pattern(out, out.size(), 64 * kKiB, kSeed);
+  std::memset(in.data(), 0, in.size());
+  AsyncFile file(path, AsyncFile::Mode::read_write, IoOptions{64 * kKiB, 8, true});
+  if (file.io_uring()) {
+    std::fprintf(stderr, "io_uring in use despite the filter\n");
+    std::exit(3);
+  }
+  file.write(out.data(), out.size(), 64 * kKiB).wait();
+  file.read(in.data(), in.size(), 64 * kKiB).wait();
+  const std::size_t bad = pattern_mismatches(in.data(), in.size(), 64 * kKiB, kSeed);
+  std::fprintf(stderr, "mismatched words: %zu\n", bad);
+  std::exit(bad == 0 ? 0 : 4);
+}
+
+TEST(AsyncFileFallbackTest, IoUringRefusedByEnosysOrEpermUsesWorker) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  for (int err : {ENOSYS, EPERM}) {
+    const std::string path = fmt::format("{}zeroth_aio_refused_{}_{}", ::testing::TempDir(), err, ::getpid());
+    EXPECT_EXIT(round_trip_with_io_uring_refused(err, path), ::testing::ExitedWithCode(0), "mismatched words: 0") << "errno " << err;
+    ::unlink(path.c_str());
+  }
+}
 
 TEST(AlignedBufferTest, RoundsUpAndAligns) {
   AlignedBuffer buffer(5000);
