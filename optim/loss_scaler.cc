@@ -13,18 +13,9 @@ namespace zeroth {
 
 LossScalerConfig LossScalerConfig::from_deepspeed(const nlohmann::json& fp16) {
   LossScalerConfig c;
-  static constexpr std::string_view kKeys[] = {"enabled",
-                                               "auto_cast",
-                                               "loss_scale",
-                                               "initial_scale_power",
-                                               "loss_scale_window",
-                                               "hysteresis",
-                                               "consecutive_hysteresis",
-                                               "min_loss_scale",
-                                               "fp16_master_weights_and_grads"};
   for (const auto& [key, value] : fp16.items()) {
-    if (std::find(std::begin(kKeys), std::end(kKeys), key) == std::end(kKeys)) {
-      ZEROTH_THROW(ConfigError, "fp16.{} is not a known key{}", key, did_you_mean(key, kKeys));
+    if (std::find(std::begin(kDeepSpeedKeys), std::end(kDeepSpeedKeys), key) == std::end(kDeepSpeedKeys)) {
+      ZEROTH_THROW(ConfigError, "fp16.{} is not a known key{}", key, did_you_mean(key, kDeepSpeedKeys));
     }
   }
   auto num = [&](const char* key, auto& out) {

@@ -4,8 +4,9 @@
 // doubles it (DeepSpeed >= 0.17.1).
 #pragma once
 
-#include <cstdint>  // int64_t
-#include <span>     // std::span
+#include <cstdint>      // int64_t
+#include <span>         // std::span
+#include <string_view>  // std::string_view
 
 #include <nlohmann/json_fwd.hpp>  // nlohmann::json
 
@@ -23,7 +24,16 @@ struct LossScalerConfig {
   double scale_factor = 2.0;
   bool raise_error_at_min_scale = true;
 
-  // DeepSpeed's `fp16` section (its "enabled" and "auto_cast" are read by the caller).
+  // The keys of DeepSpeed's `fp16` section this parser reads ("enabled" is the caller's).
+  static constexpr std::string_view kDeepSpeedKeys[] = {"enabled",
+                                                        "loss_scale",
+                                                        "initial_scale_power",
+                                                        "loss_scale_window",
+                                                        "hysteresis",
+                                                        "consecutive_hysteresis",
+                                                        "min_loss_scale",
+                                                        "fp16_master_weights_and_grads"};
+  // DeepSpeed's `fp16` section (its "enabled" is read by the caller).
   static LossScalerConfig from_deepspeed(const nlohmann::json& fp16);
 };
 

@@ -400,14 +400,6 @@ void check_deepspeed_extras(TrainConfig& t, json& j) {
 
 void read_precision(TrainConfig& t, const json& j) {
   static constexpr std::string_view kBf16Keys[] = {"enabled"};
-  static constexpr std::string_view kFp16Keys[] = {"enabled",
-                                                   "loss_scale",
-                                                   "initial_scale_power",
-                                                   "loss_scale_window",
-                                                   "hysteresis",
-                                                   "consecutive_hysteresis",
-                                                   "min_loss_scale",
-                                                   "fp16_master_weights_and_grads"};
   const char* bf16_key = j.contains("bf16") ? "bf16" : "bfloat16";
   bool fp16 = false, bf16 = false;
   if (j.contains(bf16_key)) {
@@ -418,7 +410,7 @@ void read_precision(TrainConfig& t, const json& j) {
   }
   if (j.contains("fp16")) {
     if (!j["fp16"].is_object()) ZEROTH_THROW(ConfigError, "fp16 must be an object like {{\"enabled\": true}}");
-    const json f = without_deepspeed_extras(j["fp16"], "fp16", kFp16Keys, t.no_effect);
+    const json f = without_deepspeed_extras(j["fp16"], "fp16", LossScalerConfig::kDeepSpeedKeys, t.no_effect);
     if (f.contains("enabled") && !f["enabled"].is_boolean())
       ZEROTH_THROW(ConfigError, "fp16.enabled must be true, false or \"auto\", got {}", f["enabled"].dump());
     fp16 = f.value("enabled", false);

@@ -72,12 +72,7 @@ Trained train_through_engine(const TorchCase& k) {
   ec.compute_dtype = k.dtype;
   ec.gradient_accumulation_steps = gas;
   ec.gradient_clipping = std::stod(reference().metadata.at("clip"));
-  ec.optimizer.kind = OptimizerKind::adamw;
-  ec.optimizer.lr = opt["lr"];
-  ec.optimizer.beta1 = opt["betas"][0];
-  ec.optimizer.beta2 = opt["betas"][1];
-  ec.optimizer.eps = opt["eps"];
-  ec.optimizer.weight_decay = opt["weight_decay"];
+  ec.optimizer = testing::adamw_from_reference(opt);
   ec.schedule = LrSchedule::from_deepspeed(meta("scheduler"), ec.optimizer.lr);
   const auto tokens = reference().at("train.tokens").as_i32(), targets = reference().at("train.targets").as_i32();
   const size_t batches = reference().at("train.tokens").shape[0];

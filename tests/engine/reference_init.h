@@ -7,6 +7,7 @@
 
 #include "core/safetensors.h"  // SafeTensors
 #include "engine/engine.h"     // Engine
+#include <nlohmann/json.hpp>   // nlohmann::json
 
 namespace zeroth::testing {
 
@@ -20,6 +21,18 @@ inline void set_master_from_reference(Engine& engine, const SafeTensors& referen
     }
     engine.set_master_values(static_cast<int>(b), values);
   }
+}
+
+// The reference's AdamW ({"lr", "betas", "eps", "weight_decay"} in its metadata).
+inline OptimizerParams adamw_from_reference(const nlohmann::json& opt) {
+  OptimizerParams o;
+  o.kind = OptimizerKind::adamw;
+  o.lr = opt["lr"];
+  o.beta1 = opt["betas"][0];
+  o.beta2 = opt["betas"][1];
+  o.eps = opt["eps"];
+  o.weight_decay = opt["weight_decay"];
+  return o;
 }
 
 }  // namespace zeroth::testing

@@ -168,12 +168,7 @@ void train_like_pytorch(int dp, int stage) {
   EngineConfig ec;
   ec.zero.stage = stage;
   ec.zero.stage3_param_persistence_threshold = 0;
-  ec.optimizer.kind = OptimizerKind::adamw;
-  ec.optimizer.lr = opt["lr"];
-  ec.optimizer.beta1 = opt["betas"][0];
-  ec.optimizer.beta2 = opt["betas"][1];
-  ec.optimizer.eps = opt["eps"];
-  ec.optimizer.weight_decay = opt["weight_decay"];
+  ec.optimizer = testing::adamw_from_reference(opt);
   ec.schedule.base_lr = ec.optimizer.lr;
   ec.gradient_clipping = std::stod(reference().metadata.at("clip"));
   const auto tokens = reference().at("train.tokens").as_i32(), targets = reference().at("train.targets").as_i32();
