@@ -1,6 +1,10 @@
 // The validating front of the Device interface and the device factory.
 #include "core/device.h"
 
+#include <sys/mman.h>  // mlock, munlock
+
+#include <cerrno>  // errno
+
 #include <utility>  // std::exchange
 
 #include "core/cpu/cpu_device.h"
@@ -135,5 +139,14 @@ std::unique_ptr<Device> make_device(std::string_view spec, const DeviceOptions& 
   }
   ZEROTH_THROW(InvalidArgument, "unknown device '{}' (use cpu, cuda or cuda:N)", spec);
 }
+
+bool Device::pin_host(void* data, size_t bytes) {
+  if (mlock(data, bytes) == 0) return true;
+  const int err = errno;
+  if (err == EPERM || err == ENOMEM || err == EAGAIN) return false;  // over RLIMIT_MEMLOCK, or not allowed
+  ZEROTH_THROW(Error, "mlock({}, {}) failed: {}", data, bytes, detail::errno_text(err));
+}
+
+void Device::unpin_host(void* data, size_t bytes) { munlock(data, bytes); }
 
 }  // namespace zeroth

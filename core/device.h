@@ -113,6 +113,11 @@ class Device {
   virtual void synchronize() = 0;
   // Returns cached, unused blocks to the system.
   virtual void release_cached_memory() = 0;
+  // Page-locks host memory for transfers with this device (CUDA: cudaHostRegister; the CPU device:
+  // mlock). Returns false when the system refuses (RLIMIT_MEMLOCK, for mlock): the memory stays
+  // usable, pageable. unpin_host undoes a successful pin_host.
+  virtual bool pin_host(void* data, size_t bytes);
+  virtual void unpin_host(void* data, size_t bytes);
 
   // Element-wise kernels, validated here and enqueued on `stream`. Pointers are device memory.
   void fill(Stream& stream, TensorView dst, float value);

@@ -4,6 +4,8 @@
 #include <cctype>    // isdigit, isspace
 #include <charconv>  // std::from_chars
 #include <cmath>     // std::isfinite
+#include <cstdlib>   // std::strtoull
+#include <fstream>   // std::ifstream
 #include <string>    // std::string
 
 #include "core/error.h"
@@ -139,6 +141,15 @@ std::string MemoryAccounting::summary() const {
                         format_bytes(stats_.peak[i]));
   }
   return text;
+}
+
+size_t process_peak_rss() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return static_cast<size_t>(std::strtoull(line.c_str() + 6, nullptr, 10)) * 1024;
+  }
+  return 0;
 }
 
 }  // namespace zeroth

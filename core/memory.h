@@ -14,6 +14,10 @@ enum class MemTag : uint8_t { params = 0, grads, optimizer, buffers, activations
 inline constexpr size_t kMemTagCount = 6;
 std::string_view mem_tag_name(MemTag tag);
 
+// The process's peak resident set size in bytes (VmHWM of /proc/self/status); 0 where the kernel
+// does not report it.
+size_t process_peak_rss();
+
 // "1.50 GiB", "512 B"
 std::string format_bytes(size_t bytes);
 // "2GiB", "512 MiB", "1.5GB", "4096"; InvalidArgument on anything else.

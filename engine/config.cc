@@ -7,6 +7,7 @@
 #include <string>       // std::string
 #include <string_view>  // std::string_view
 
+#include <fmt/format.h>       // fmt::format
 #include <nlohmann/json.hpp>  // nlohmann::json
 
 #include "core/error.h"             // ZEROTH_THROW
@@ -29,7 +30,13 @@ constexpr std::string_view kZeroKeys[] = {"stage",
                                           "max_reuse_distance",
                                           "stage3_param_persistence_threshold",
                                           "param_persistence_threshold",
-                                          "sub_group_size"};
+                                          "sub_group_size",
+                                          "offload_optimizer",
+                                          "offload_param",
+                                          "cpu_offload",
+                                          "cpu_offload_param",
+                                          "cpu_offload_params",
+                                          "cpu_offload_use_pin_memory"};
 
 uint64_t count(const nlohmann::json& v, const std::string& key) {
   if (v.is_string() && v.get<std::string>() == "auto") {
@@ -52,7 +59,7 @@ bool flag(const nlohmann::json& v, const std::string& key) {
 ZeroConfig ZeroConfig::from_deepspeed(const nlohmann::json& section) {
   if (!section.is_object()) ZEROTH_THROW(ConfigError, "zero_optimization must be an object like {{\"stage\": 2}}");
   ZeroConfig z;
-  bool overlap_set = false;
+  bool overlap_set = false, legacy_optimizer = false, legacy_param = false, legacy_pin = false;
   for (const auto& [key, v] : section.items()) {
     if (std::find(std::begin(kZeroKeys), std::end(kZeroKeys), key) == std::end(kZeroKeys)) {
       if (handle_deepspeed_key("zero_optimization", key, v, &z.no_effect)) continue;
@@ -80,8 +87,33 @@ ZeroConfig ZeroConfig::from_deepspeed(const nlohmann::json& section) {
       z.stage3_param_persistence_threshold = count(v, key);
     } else if (key == "sub_group_size") {
       z.sub_group_size = count(v, key);
+    } else if (key == "offload_optimizer") {
+      z.offload_optimizer = OffloadConfig::from_deepspeed(v, "zero_optimization.offload_optimizer", false);
+    } else if (key == "offload_param") {
+      z.offload_param = OffloadConfig::from_deepspeed(v, "zero_optimization.offload_param", true);
+    } else if (key == "cpu_offload") {
+      legacy_optimizer = !v.is_null() && flag(v, key);
+    } else if (key == "cpu_offload_param" || key == "cpu_offload_params") {
+      legacy_param = !v.is_null() && flag(v, key);
+    } else if (key == "cpu_offload_use_pin_memory") {
+      legacy_pin = !v.is_null() && flag(v, key);
     }
   }
+  // DeepSpeed's old names: `cpu_offload: true` is offload_optimizer on the CPU, unless the new
+  // section says otherwise (the new one wins, as in DeepSpeed's deprecated-field handling).
+  auto legacy = [&](bool on, OffloadConfig& o, const char* name, const char* old) {
+    if (!on) return;
+    if (section.contains(name)) {
+      z.no_effect.push_back(fmt::format("zero_optimization.{}: zero_optimization.{} takes its place", old, name));
+      return;
+    }
+    o.device = OffloadDevice::cpu;
+    o.pin_memory = legacy_pin;
+  };
+  legacy(legacy_optimizer, z.offload_optimizer, "offload_optimizer", "cpu_offload");
+  legacy(legacy_param, z.offload_param, "offload_param", "cpu_offload_param");
+  for (const auto* o : {&z.offload_optimizer, &z.offload_param})
+    z.no_effect.insert(z.no_effect.end(), o->no_effect.begin(), o->no_effect.end());
   if (!overlap_set) z.overlap_comm = z.stage == 3;
   z.validate();
   return z;
@@ -90,6 +122,30 @@ ZeroConfig ZeroConfig::from_deepspeed(const nlohmann::json& section) {
 void ZeroConfig::validate() const {
   if (stage < 0 || stage > 3) ZEROTH_THROW(ConfigError, "zero_optimization.stage must be 0, 1, 2 or 3, got {}", stage);
   if (sub_group_size == 0) ZEROTH_THROW(ConfigError, "zero_optimization.sub_group_size must be at least 1 element");
+  if (offload_optimizer.enabled() && stage == 0) {
+    ZEROTH_THROW(ConfigError,
+                 "zero_optimization.offload_optimizer.device = \"{}\" needs zero_optimization.stage 1, 2 or 3 (the offloaded state is "
+                 "the rank's shard), got stage 0",
+                 offload_device_name(offload_optimizer.device));
+  }
+  if (offload_optimizer.ratio < 1.0) {
+    ZEROTH_THROW(ConfigError,
+                 "zero_optimization.offload_optimizer.ratio = {} (part of the shard updated on the device) is not available in zeroth "
+                 "yet; remove it or set 1",
+                 offload_optimizer.ratio);
+  }
+  if (offload_param.enabled() && stage != 3) {
+    ZEROTH_THROW(ConfigError,
+                 "zero_optimization.offload_param.device = \"{}\" needs zero_optimization.stage 3 (got {}): only stage 3 "
+                 "partitions the parameters",
+                 offload_device_name(offload_param.device), stage);
+  }
+  if (offload_param.enabled()) {
+    ZEROTH_THROW(ConfigError,
+                 "zero_optimization.offload_param.device = \"{}\": parameter offload is not available in zeroth yet; remove it "
+                 "(offload_optimizer works at stages 1-3)",
+                 offload_device_name(offload_param.device));
+  }
 }
 
 namespace {

@@ -18,6 +18,42 @@
 
 namespace zeroth {
 
+// Where offloaded state lives: DeepSpeed's offload_optimizer / offload_param "device".
+enum class OffloadDevice : uint8_t { none, cpu, nvme };
+std::string_view offload_device_name(OffloadDevice device);
+
+// DeepSpeed's `zero_optimization.offload_optimizer` (and `offload_param`) section, in its names
+// and defaults; the legacy `cpu_offload`, `cpu_offload_params` and `cpu_offload_use_pin_memory`
+// keys map onto it.
+struct OffloadConfig {
+  OffloadDevice device = OffloadDevice::none;
+  std::string nvme_path;    // folder for the swap files (device nvme)
+  bool pin_memory = false;  // host buffers page-locked (cudaHostAlloc with CUDA, mlock without)
+  // offload_optimizer: read the next sub-group's state while one updates, write the previous one
+  // back meanwhile. DeepSpeed's defaults are false; zeroth's are true (the same bytes, overlapped).
+  bool pipeline_read = true, pipeline_write = true;
+  // offload_param: the swap buffers (count, elements each) and the elements kept in host memory.
+  uint64_t buffer_count = 0, buffer_size = 100'000'000, max_in_cpu = 1'000'000'000;
+  double ratio = 1.0;  // offload_optimizer: the fraction of the shard updated on the host
+  std::vector<std::string> no_effect;
+  bool enabled() const { return device != OffloadDevice::none; }
+
+  // `where` names the section in messages; `params`: offload_param's keys and defaults.
+  static OffloadConfig from_deepspeed(const nlohmann::json& section, std::string_view where, bool params);
+};
+
+// DeepSpeed's top-level `aio` section: how swap files are read and written (offload/aio.h).
+struct AioConfig {
+  uint64_t block_size = 1'048'576;  // bytes per request piece
+  uint64_t queue_depth = 8;         // pieces in flight per ring
+  uint64_t threads = 1;             // intra_op_parallelism (thread_count): rings and their threads
+  bool single_submit = false;       // DeepSpeed's submit-one-at-a-time mode: accepted, pieces are still batched
+  bool overlap_events = true;       // accepted: completions are always reaped while others are in flight
+  std::vector<std::string> no_effect;
+
+  static AioConfig from_deepspeed(const nlohmann::json& section);
+};
+
 // DeepSpeed's `zero_optimization` section. Sizes are in elements, as in DeepSpeed.
 struct ZeroConfig {
   int stage = 0;
@@ -33,6 +69,7 @@ struct ZeroConfig {
   // The optimizer steps the shard in sub-groups of at most this many elements (the unit offload
   // swaps; DeepSpeed's default).
   uint64_t sub_group_size = 1'000'000'000;
+  OffloadConfig offload_optimizer{.buffer_count = 4}, offload_param{.buffer_count = 5};
   // Keys present that have no effect in zeroth ("path: why"), for the log at start.
   std::vector<std::string> no_effect;
 
@@ -68,6 +105,7 @@ struct EngineConfig {
   uint64_t seed = 1234;
   // DeepSpeed's wall_clock_breakdown: step() synchronizes to time its parts (StepResult).
   bool time_breakdown = false;
+  AioConfig aio;
   // Bytes of host memory (pinned and pageable) the engine may hold for state it places there;
   // 0: unlimited. The device's own budget is the device's.
   size_t host_memory = 0;

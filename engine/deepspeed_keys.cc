@@ -25,7 +25,6 @@ bool disabled(const json& v) {
   if (!v.is_object()) return false;
   return v.empty() || (v.contains("enabled") && is_false(v["enabled"]));
 }
-bool offload_none(const json& v) { return v.is_null() || (v.is_object() && v.value("device", std::string("none")) == "none"); }
 
 constexpr auto kNone = KeyTreatment::no_effect;
 constexpr auto kUnsupported = KeyTreatment::unsupported;
@@ -56,7 +55,7 @@ const DeepSpeedKey kKeys[] = {
     {"zero_optimization.stage3_use_all_reduce_for_fetch_params", kNone,
      "zeroth fetches parameters with all-gather; the values are the same"},
     {"zero_optimization.round_robin_gradients", kNone,
-     "it orders gradient copies for optimizer offload, which zeroth does not have yet"},
+     "zeroth copies each bucket's reduced gradients to the host in one transfer, in bucket order"},
     {"zero_optimization.ignore_unused_parameters", kNone, "every block of a zeroth model is used in every step (the plan checks)"},
     {"zero_optimization.elastic_checkpoint", kNone, "DeepSpeed no longer supports it"},
     {"zero_optimization.memory_efficient_linear", kNone, kPytorchHooks},
@@ -145,14 +144,8 @@ const DeepSpeedKey kKeys[] = {
     {"bf16.bf16_optimizer_states", kUnsupported, "keeps optimizer state in bf16; zeroth keeps it in fp32", is_false},
     {"activation_checkpointing.cpu_checkpointing", kUnsupported, "moves activation checkpoints to host memory", is_false},
 
-    // ---- meaningful once offload and checkpoints exist
-    {"aio", kLater, "NVMe swapping's asynchronous I/O settings (NVMe offload)", is_null},
+    // ---- meaningful once checkpoints exist
     {"checkpoint", kLater, "checkpoint tag validation, universal checkpoints and writers (checkpoints)", disabled},
-    {"zero_optimization.offload_optimizer", kLater, "optimizer state and its step on the CPU or NVMe (offload)", offload_none},
-    {"zero_optimization.offload_param", kLater, "stage-3 parameters on the CPU or NVMe (offload)", offload_none},
-    {"zero_optimization.cpu_offload", kLater, "optimizer state on the CPU, under DeepSpeed's old name (offload)", is_false},
-    {"zero_optimization.cpu_offload_param", kLater, "parameters on the CPU, under DeepSpeed's old name (offload)", is_false},
-    {"zero_optimization.cpu_offload_use_pin_memory", kLater, "pinned buffers for DeepSpeed's old CPU offload (offload)", is_false},
     {"zero_optimization.stage3_gather_16bit_weights_on_model_save", kLater,
      "16-bit weights gathered when the model is saved (checkpoints)", is_false},
     {"zero_optimization.gather_16bit_weights_on_model_save", kLater, "16-bit weights gathered when the model is saved (checkpoints)",

@@ -2,14 +2,17 @@
 // the executor, and the step's policy (overflow, loss scale, clipping, learning rate).
 #include "engine/engine.h"
 
+#include <filesystem>  // std::filesystem::create_directories
+
 #include <chrono>  // std::chrono::steady_clock
 #include <cmath>   // std::sqrt, std::isfinite
 
-#include "core/error.h"       // ZEROTH_THROW
-#include "core/log.h"         // ZLOG_INFO
-#include "engine/estimate.h"  // estimate, check_fits
-#include "engine/executor.h"  // Executor
-#include "engine/init.h"      // init_values
+#include "core/error.h"         // ZEROTH_THROW
+#include "core/log.h"           // ZLOG_INFO
+#include "engine/estimate.h"    // estimate, check_fits
+#include "offload/swap_file.h"  // offload::free_bytes
+#include "engine/executor.h"    // Executor
+#include "engine/init.h"        // init_values
 
 namespace zeroth {
 
@@ -76,6 +79,18 @@ void Engine::finalize(Plan plan, const ModelFootprint& model) {
     const auto stats = tiers_.stats(tier);
     check_fits(need, plan_, tier, tiers_.budget(tier), stats.total_in_use,
                tier == Tier::device ? config_.device_budget_name : config_.host_budget_name);
+  }
+  if (const size_t disk = need.total(Tier::nvme); disk > 0) {
+    const auto& path = config_.zero.offload_optimizer.nvme_path;
+    std::error_code made;  // a missing folder is made (as DeepSpeed does); SwapFile reports a failure
+    std::filesystem::create_directories(path, made);
+    if (const uint64_t free = offload::free_bytes(path); disk > free) {
+      ZEROTH_THROW(
+          OutOfMemory,
+          "the swap files of rank {} need {} ({}) but {} (zero_optimization.offload_optimizer.nvme_path) has {} free; nothing was "
+          "written. Free space there, point nvme_path at a larger drive, or use more data-parallel ranks",
+          plan_.rank, format_bytes(disk), need.describe(Tier::nvme), path, format_bytes(free));
+    }
   }
   if (plan_.rank == 0) {
     ZLOG_INFO("{}", plan_.table());

@@ -32,9 +32,21 @@ MemoryNeed estimate(const Plan& plan, const ModelFootprint& model) {
 }
 
 void check_fits(const MemoryNeed& need, const Plan& plan, Tier tier, size_t budget, size_t in_use, std::string_view budget_name) {
-  const size_t total = need.total(tier);
+  // One host budget covers pinned and pageable host memory.
+  const bool host = tier == Tier::host;
+  const size_t total = host ? need.total(Tier::host) + need.total(Tier::pinned_host) : need.total(tier);
   if (budget == 0 || (in_use <= budget && total <= budget - in_use)) return;
   std::string advice;
+  if (host) {
+    ZEROTH_THROW(
+        OutOfMemory,
+        "the ZeRO stage {} plan needs {} of host memory per rank ({}{}{}) but {} is {}{}; nothing was allocated. To fit: lower "
+        "zero_optimization.sub_group_size (the swap slots hold a few sub-groups) or reduce_bucket_size (the gradient staging "
+        "holds one bucket's shard), offload the optimizer to nvme instead of cpu, or raise {}",
+        plan.stage, format_bytes(total), need.describe(Tier::host), need.total(Tier::pinned_host) > 0 ? "; pinned: " : "",
+        need.describe(Tier::pinned_host), budget_name, format_bytes(budget),
+        in_use > 0 ? fmt::format(" ({} already in use)", format_bytes(in_use)) : std::string(), budget_name);
+  }
   if (at(need.bytes, tier, MemTag::activations) > 0) {
     advice += " a smaller train_micro_batch_size_per_gpu (with more gradient_accumulation_steps), activation checkpointing;";
   }

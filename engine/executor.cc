@@ -3,6 +3,8 @@
 // The step's actions and the writes of values are in executor_step.cc.
 #include "engine/executor.h"
 
+#include <unistd.h>  // getpid
+
 #include <fmt/format.h>  // fmt::format
 
 #include "core/error.h"  // ZEROTH_THROW
@@ -18,7 +20,31 @@ Executor::Executor(Device& device, TierAllocators& tiers, Communicator& dp, cons
   gather_comm_ = dp.split(0, dp.rank());
   reduce_comm_ = dp.split(0, dp.rank());
   step_comm_ = dp.split(0, dp.rank());
-  for (const auto& b : plan_.buffers) buffers_.push_back(tiers.allocate(b.tier, b.bytes(), b.tag));
+  const auto& offload = config_.zero.offload_optimizer;
+  for (const auto& b : plan_.buffers) {
+    if (b.tier != Tier::nvme) {
+      buffers_.push_back(tiers.allocate(b.tier, b.bytes(), b.tag));
+      files_.emplace_back();
+      continue;
+    }
+    // The pid keeps ranks of concurrent runs that share a folder apart; the file is unlinked at once.
+    const offload::IoOptions io{.block_size = config_.aio.block_size, .queue_depth = static_cast<unsigned>(config_.aio.queue_depth)};
+    buffers_.emplace_back();
+    files_.push_back(std::make_unique<offload::SwapFile>(offload.nvme_path,
+                                                         fmt::format("zeroth-{}-rank{}-{}.swap", ::getpid(), plan_.rank, b.name),
+                                                         b.bytes(), io));
+  }
+  if (offload.enabled()) {
+    swap_in_stream_ = device_.create_stream();
+    swap_out_stream_ = device_.create_stream();
+    landing_.resize(plan_.reduce_buckets.size());
+    bucket_sumsq_.assign(plan_.reduce_buckets.size(), 0.0);
+    for (int k = 0; k < 3; ++k) {
+      slot_ready_.push_back(device_.create_event());
+      slot_written_.push_back(device_.create_event());
+      slot_uploaded_.push_back(device_.create_event());
+    }
+  }
 
   const size_t n = plan_.blocks.size();
   gathered_.assign(n, nullptr);
@@ -37,7 +63,8 @@ Executor::Executor(Device& device, TierAllocators& tiers, Communicator& dp, cons
 Executor::~Executor() {
   // Streams may still run work that points into our buffers: every one is drained, even when
   // another failed.
-  for (Stream* s : {gather_stream_.get(), reduce_stream_.get(), &compute_stream()}) {
+  for (Stream* s : {gather_stream_.get(), reduce_stream_.get(), swap_in_stream_.get(), swap_out_stream_.get(), &compute_stream()}) {
+    if (s == nullptr) continue;
     try {
       s->synchronize();
     } catch (const std::exception& e) {
@@ -65,6 +92,8 @@ void* Executor::at(const OwnedRange& r, size_t element) const {
   ZEROTH_CHECK(element >= r.lo && element <= r.hi, "element {} is outside the owned range [{}, {}) of {} of block {}", element, r.lo,
                r.hi, state_kind_name(r.kind), plan_.blocks[r.block].name);
   const auto& buf = plan_.buffers[r.buffer];
+  ZEROTH_CHECK(buffers_[r.buffer], "{} of block {} lives in a swap file, not in memory", state_kind_name(r.kind),
+               plan_.blocks[r.block].name);
   return static_cast<char*>(buffers_[r.buffer].data()) + (r.offset + element - r.lo) * dtype_size(buf.dtype);
 }
 
@@ -198,6 +227,7 @@ void Executor::execute(const Action& a) {
     case ActionKind::release_grads: return release_grads(a.target);
     case ActionKind::all_reduce: return all_reduce(a.target, rs);
     case ActionKind::reduce_scatter: return reduce_scatter(a.target, a.flag, rs);
+    case ActionKind::offload_grads: return offload_grads(a.target, a.flag, rs);
     default: ZEROTH_THROW(InvalidArgument, "action {} cannot run inside a block use", action_name(a.kind));
   }
 }
@@ -285,10 +315,16 @@ void Executor::reduce_scatter(int index, bool add, Stream& rs) {
   } else {
     send = source(bucket.blocks.front());
   }
-  const TensorView shard{view(StateKind::grad_shard, bucket.blocks.front()).data, n, DType::f32};
-  if (!add && send.dtype == DType::f32) {
+  const int shard_buffer = plan_.range(StateKind::grad_shard, bucket.blocks.front()).buffer;
+  if (!on_device(shard_buffer)) {
+    // Offloaded: the slice stays in place until offload_grads takes it to the host.
+    landing_[index] = send.slice(r * n, n);
+    reduce_comm_->reduce_scatter(rs, send, landing_[index], ReduceOp::sum);
+  } else if (!add && send.dtype == DType::f32) {
+    const TensorView shard{view(StateKind::grad_shard, bucket.blocks.front()).data, n, DType::f32};
     reduce_comm_->reduce_scatter(rs, send, shard, ReduceOp::sum);
   } else {
+    const TensorView shard{view(StateKind::grad_shard, bucket.blocks.front()).data, n, DType::f32};
     const TensorView mine = send.slice(r * n, n);
     reduce_comm_->reduce_scatter(rs, send, mine, ReduceOp::sum);
     if (add) {

@@ -20,6 +20,7 @@
 #include "engine/plan.h"        // Plan, Action
 #include "engine/tiers.h"       // TierAllocators
 #include "models/block_api.h"   // BlockSpec, BlockViews
+#include "offload/swap_file.h"  // offload::SwapFile
 
 namespace zeroth {
 
@@ -91,8 +92,12 @@ class Executor {
   void all_reduce(int bucket, Stream& rs);
   void reduce_scatter(int bucket, bool add, Stream& rs);
   void all_gather(int bucket);
-  void update(int sub_group, const UpdateArgs& args);
+  void update(int sub_group, int slot, const UpdateArgs& args);
   void update_norms(int sub_group, const UpdateArgs& args);
+  void offload_grads(int bucket, bool add, Stream& rs);
+  void swap_in(int sub_group, int slot);
+  void swap_out(int sub_group, int slot);
+  void upload(int sub_group, int slot);
   // A sub-group's spans as optimizer steps, [0] without weight decay and [1] with, and where each
   // span's tensor norms are (null when the spans name no tensor).
   struct SubGroupSteps {
@@ -100,13 +105,24 @@ class Executor {
     std::array<std::vector<OptimizerStep>, 2> steps;
     std::array<std::vector<float*>, 2> norms;
   };
-  SubGroupSteps sub_group_steps(int sub_group, const UpdateArgs& args) const;
+  SubGroupSteps sub_group_steps(int sub_group, int slot, const UpdateArgs& args) const;
+
+  bool on_device(int buffer) const { return plan_.buffers[buffer].tier == Tier::device; }
+  // Where the update reads and writes element `element` of a block's state of `kind`: in its
+  // buffer, or in swap slot `slot` when the buffer is a swap file.
+  void* state_at(StateKind kind, int block, size_t element, int sub_group, int slot) const;
+  // Where a sub-group's updated narrow parameters wait for upload (param_out), or nullptr.
+  void* param_out_at(int sub_group, int slot, const OwnedRange& master, size_t element) const;
+  // A whole owned f32 range to or from host memory, whatever its tier (between steps; synchronous).
+  void read_owned(const OwnedRange& r, float* out);
+  void write_owned(const OwnedRange& r, const float* values);
 
   void* at(const OwnedRange& r, size_t element) const;  // where element `element` of the block is
   TensorView view(StateKind kind, int block) const;     // the whole owned range
   TensorView buffer_view(int buffer) const;
   TensorView full_params(int block) const;
-  TensorView grad_view(int block) const;  // where the model adds the block's gradients
+  TensorView grad_view(int block) const;       // where the model adds the block's gradients
+  TensorView reduced_grads(int bucket) const;  // a reduce bucket's reduced gradients (grad_shard)
 
   Device& device_;
   const Plan& plan_;
@@ -125,8 +141,17 @@ class Executor {
   std::vector<std::shared_ptr<Event>> grad_reader_;  // the last work that read them
   std::vector<BlockViews> views_;
   std::shared_ptr<Event> reduced_;  // the last bucket's reduction
-  size_t cursor_ = 0;               // next action of the program being walked
-  int open_use_ = -1;               // the use between its begin_ and end_
+  // Offload: the swap file of each buffer on the nvme tier (else null); the streams that read
+  // and write them; per reduce bucket, where its reduced slice waits on the device and the sum of
+  // squares of its offloaded gradients; per slot, when its read is complete, when the last write
+  // and upload from it are done.
+  std::vector<std::unique_ptr<offload::SwapFile>> files_;
+  std::unique_ptr<Stream> swap_in_stream_, swap_out_stream_;
+  std::vector<TensorView> landing_;
+  std::vector<double> bucket_sumsq_;
+  std::vector<std::unique_ptr<Event>> slot_ready_, slot_written_, slot_uploaded_;
+  size_t cursor_ = 0;  // next action of the program being walked
+  int open_use_ = -1;  // the use between its begin_ and end_
   size_t eval_cursor_ = 0;
   bool evaluating_ = false;
 };

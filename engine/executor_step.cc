@@ -26,17 +26,37 @@ double Executor::grad_norm() {
   Stream& cs = compute_stream();
   if (reduced_) cs.wait(*reduced_);
   const TensorView scalar = buffer_view(plan_.scalar);
-  bool first = true;
+  // Offloaded gradients left their buckets' squares on the host; they add up in f32 in bucket
+  // order, as the device's sum_squares accumulates.
+  const bool offloaded = config_.zero.offload_optimizer.enabled();
+  if (offloaded && reduced_) reduced_->synchronize();
+  bool first = true, over_ranks = false;
+  float host = 0;
   for (const auto& a : plan_.step_program) {
     if (a.kind != ActionKind::grad_norm) continue;
-    device_.sum_squares(cs, buffer_view(a.target), scalar.as<float>(), !first);
-    if (a.flag) step_comm_->all_reduce(cs, scalar, ReduceOp::sum);
+    if (offloaded) {
+      const auto s = static_cast<float>(bucket_sumsq_[a.target]);
+      host = first ? s : host + s;
+    } else {
+      device_.sum_squares(cs, reduced_grads(a.target), scalar.as<float>(), !first);
+    }
+    over_ranks = over_ranks || a.flag;
     first = false;
   }
+  if (offloaded) device_.copy(cs, scalar.data, &host, sizeof(float));
+  if (over_ranks) step_comm_->all_reduce(cs, scalar, ReduceOp::sum);
   float sumsq = 0;
   device_.copy(cs, &sumsq, scalar.data, sizeof(float));
   cs.synchronize();
   return sumsq;
+}
+
+TensorView Executor::reduced_grads(int bucket) const {
+  const auto& blocks = plan_.reduce_buckets[bucket].blocks;
+  const auto& first = plan_.range(StateKind::grad_shard, blocks.front());
+  size_t n = 0;
+  for (int b : blocks) n += plan_.range(StateKind::grad_shard, b).numel();
+  return {at(first, first.lo), n, DType::f32};
 }
 
 void Executor::finish_step(const std::optional<UpdateArgs>& args) {
@@ -46,7 +66,10 @@ void Executor::finish_step(const std::optional<UpdateArgs>& args) {
   for (const auto& a : plan_.step_program) {
     if (a.kind == ActionKind::update_norms && args) update_norms(a.target, *args);
     if (a.kind == ActionKind::sum_norms && args) step_comm_->all_reduce(cs, buffer_view(a.target), ReduceOp::sum);
-    if (a.kind == ActionKind::update && args) update(a.target, *args);
+    if (a.kind == ActionKind::update && args) update(a.target, static_cast<int>(a.offset), *args);
+    if (a.kind == ActionKind::upload && args) upload(a.target, static_cast<int>(a.offset));
+    if (a.kind == ActionKind::swap_in && args) swap_in(a.target, static_cast<int>(a.offset));
+    if (a.kind == ActionKind::swap_out && args) swap_out(a.target, static_cast<int>(a.offset));
     if (a.kind == ActionKind::zero) device_.fill(cs, buffer_view(a.target), 0.0f);
   }
   // Whatever the gather stream reads next (this step's post-step gathers, the next cycle's
@@ -62,7 +85,7 @@ void Executor::finish_step(const std::optional<UpdateArgs>& args) {
   cursor_ = 0;
 }
 
-Executor::SubGroupSteps Executor::sub_group_steps(int sub_group, const UpdateArgs& args) const {
+Executor::SubGroupSteps Executor::sub_group_steps(int sub_group, int slot, const UpdateArgs& args) const {
   SubGroupSteps out{config_.optimizer, config_.optimizer, {}, {}};
   for (auto& p : out.params) {
     if (args.betas) {
@@ -76,15 +99,20 @@ Executor::SubGroupSteps Executor::sub_group_steps(int sub_group, const UpdateArg
     const auto& master = plan_.range(StateKind::master, b);
     const auto& shard = plan_.range(StateKind::param_shard, b);
     OptimizerStep s;
-    s.params = static_cast<float*>(at(master, span.lo));
+    s.params = static_cast<float*>(state_at(StateKind::master, b, span.lo, sub_group, slot));
     s.grad_type = DType::f32;
-    s.grads = at(plan_.range(StateKind::grad_shard, b), span.lo);
+    s.grads = state_at(StateKind::grad_shard, b, span.lo, sub_group, slot);
     const StateKind moments[2] = {StateKind::moment0, StateKind::moment1};
     for (int k = 0; k < 2; ++k) {
-      if (const auto* m = plan_.find(moments[k], b)) s.state[k] = static_cast<float*>(at(*m, span.lo));
+      if (plan_.find(moments[k], b) != nullptr) s.state[k] = static_cast<float*>(state_at(moments[k], b, span.lo, sub_group, slot));
     }
-    // Narrow parameters are written from the updated master values in the same pass.
-    if (!same_place(master, shard)) {
+    // Narrow parameters are written from the updated master values in the same pass: straight
+    // into the shard, or, offloaded, into param_out for the upload (which copies f32 ones from
+    // the master itself).
+    if (config_.zero.offload_optimizer.enabled()) {
+      s.copy_out = param_out_at(sub_group, slot, master, span.lo);
+      s.copy_out_type = plan_.compute_dtype;
+    } else if (!same_place(master, shard)) {
       s.copy_out = at(shard, span.lo);
       s.copy_out_type = plan_.compute_dtype;
     }
@@ -101,7 +129,7 @@ Executor::SubGroupSteps Executor::sub_group_steps(int sub_group, const UpdateArg
 }
 
 void Executor::update_norms(int sub_group, const UpdateArgs& args) {
-  auto g = sub_group_steps(sub_group, args);
+  auto g = sub_group_steps(sub_group, 0, args);
   Stream& cs = compute_stream();
   if (device_.kind() == DeviceKind::cuda) {
     for (int d = 0; d < 2; ++d) cuda_lamb_norms(g.params[d], g.steps[d], g.norms[d], cs);
@@ -114,12 +142,18 @@ void Executor::update_norms(int sub_group, const UpdateArgs& args) {
   });
 }
 
-void Executor::update(int sub_group, const UpdateArgs& args) {
-  auto g = sub_group_steps(sub_group, args);
+void Executor::update(int sub_group, int slot, const UpdateArgs& args) {
+  auto g = sub_group_steps(sub_group, slot, args);
   // Spans that name their tensor read its summed norms (the second pass of Lamb).
   const bool per_tensor = !plan_.sub_groups[sub_group].empty() && plan_.sub_groups[sub_group].front().tensor >= 0;
   Stream& cs = compute_stream();
-  if (device_.kind() == DeviceKind::cuda) {
+  const bool offloaded = config_.zero.offload_optimizer.enabled();
+  if (offloaded) {
+    // The slot's state must have arrived, and its parameters of two sub-groups ago have left.
+    if (plan_.swap_slots >= 0) cs.wait(*slot_ready_[slot]);
+    if (plan_.param_out >= 0) cs.wait(*slot_uploaded_[slot]);
+  }
+  if (device_.kind() == DeviceKind::cuda && !offloaded) {
     for (int d = 0; d < 2; ++d) {
       if (g.steps[d].empty()) continue;
       if (per_tensor) cuda_lamb_apply(g.params[d], g.steps[d], std::vector<const float*>(g.norms[d].begin(), g.norms[d].end()), cs);
@@ -181,15 +215,21 @@ void Executor::write_block(int b, const std::function<void(size_t, size_t, float
   if (params == nullptr || params->buffer != shard.buffer) {
     device_.copy(cs, at(shard, shard.lo), narrow.data() + (shard.lo - lo) * c, shard.numel() * c);
   }
-  if (!same_place(master, shard))
-    device_.copy(cs, at(master, master.lo), values.data() + (master.lo - lo), master.numel() * sizeof(float));
-  cs.synchronize();  // `values` and `narrow` go out of scope
+  cs.synchronize();  // `narrow` goes out of scope
+  if (!same_place(master, shard)) write_owned(master, values.data() + (master.lo - lo));
 }
 
 void Executor::start() {
   Stream& cs = compute_stream();
   for (size_t b = 0; b < buffers_.size(); ++b) {
-    if (plan_.buffers[b].zeroed) device_.fill(cs, buffer_view(static_cast<int>(b)), 0.0f);
+    const auto& pb = plan_.buffers[b];
+    // Swap files start as zeroed extents (fallocate).
+    if (!pb.zeroed || pb.tier == Tier::nvme) continue;
+    if (pb.tier == Tier::device) {
+      device_.fill(cs, buffer_view(static_cast<int>(b)), 0.0f);
+    } else {
+      cpu::fill(buffers_[b].data(), pb.dtype, 0.0f, pb.numel);
+    }
   }
   cs.synchronize();
 }
@@ -200,12 +240,16 @@ std::vector<float> Executor::master_values(int block) {
   Stream& cs = compute_stream();
   std::vector<float> out(blk.padded);
   if (m.lo == 0 && m.hi == blk.padded) {
-    device_.copy(cs, out.data(), at(m, 0), blk.padded * sizeof(float));
-    cs.synchronize();
+    read_owned(m, out.data());
     return out;
   }
+  // The communicator gathers device memory: the owned range goes there first, wherever it lives.
+  std::vector<float> mine(m.numel());
+  read_owned(m, mine.data());
+  Buffer part = device_.allocate(m.numel() * sizeof(float), MemTag::other);
   Buffer full = device_.allocate(blk.padded * sizeof(float), MemTag::other);
-  step_comm_->all_gather(cs, view(StateKind::master, block), full.view(DType::f32));
+  device_.copy(cs, part.data(), mine.data(), m.numel() * sizeof(float));
+  step_comm_->all_gather(cs, part.view(DType::f32), full.view(DType::f32));
   device_.copy(cs, out.data(), full.data(), blk.padded * sizeof(float));
   cs.synchronize();
   return out;

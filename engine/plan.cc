@@ -16,6 +16,14 @@ constexpr size_t kParamAlign = 8;
 
 size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
 
+// f32 elements in 4 KiB, the O_DIRECT alignment of swap files (offload/aligned_buffer.h).
+constexpr size_t kSwapQuantum = 1024;
+
+size_t swap_slot_count(const OffloadConfig& o) { return 1 + (o.pipeline_read ? 1 : 0) + (o.pipeline_write ? 1 : 0); }
+// Slots the offloaded update cycles through (update action's offset): the swap slots, or two in
+// host memory, so one sub-group's upload overlaps the next one's update.
+size_t update_slot_count(const OffloadConfig& o) { return o.device == OffloadDevice::nvme ? swap_slot_count(o) : 2; }
+
 void check_schedule(const BlockSchedule& s, size_t n) {
   std::vector<int> seen_f(n, 0), seen_b(n, 0);
   for (int b : s.forward) {
@@ -80,11 +88,23 @@ std::vector<Bucket> make_buckets(const Plan& p, uint64_t limit, const std::vecto
   return out;
 }
 
-int add_buffer(Plan& p, std::string name, MemTag tag, DType dtype, size_t numel, bool zeroed = false) {
+int add_buffer(Plan& p, std::string name, MemTag tag, DType dtype, size_t numel, bool zeroed = false, Tier tier = Tier::device) {
   if (numel == 0) return -1;
-  p.buffers.push_back({std::move(name), Tier::device, tag, dtype, numel, zeroed});
+  p.buffers.push_back({std::move(name), tier, tag, dtype, numel, zeroed});
   return static_cast<int>(p.buffers.size()) - 1;
 }
+
+// Where the optimizer's state (master, moments, reduced gradients) lives, and the host memory
+// its transfers go through.
+Tier optimizer_tier(const ZeroConfig& z) {
+  switch (z.offload_optimizer.device) {
+    case OffloadDevice::none: return Tier::device;
+    case OffloadDevice::cpu: return z.offload_optimizer.pin_memory ? Tier::pinned_host : Tier::host;
+    case OffloadDevice::nvme: return Tier::nvme;
+  }
+  return Tier::device;
+}
+Tier staging_tier(const ZeroConfig& z) { return z.offload_optimizer.pin_memory ? Tier::pinned_host : Tier::host; }
 
 void own(Plan& p, StateKind kind, int block, size_t lo, size_t hi, int buffer, size_t offset) {
   p.owned_index[block][static_cast<size_t>(kind)] = static_cast<int>(p.owned.size());
@@ -95,20 +115,22 @@ void own(Plan& p, StateKind kind, int block, size_t lo, size_t hi, int buffer, s
 void lay_out_state(Plan& p, const EngineConfig& config, const ArenaSizes& arenas) {
   const int stage = p.stage, r = p.rank;
   const DType c = p.compute_dtype;
-  const bool sharded_params = stage == 3, aliases = c == DType::f32;
+  const Tier opt = optimizer_tier(config.zero);
+  // f32 parameters on the device are their own master copy, unless the master lives elsewhere.
+  const bool sharded_params = stage == 3, aliases = c == DType::f32 && opt == Tier::device;
   size_t persistent = 0;
   for (const auto& blk : p.blocks) persistent += blk.persistent ? blk.padded : 0;
   const size_t owned_numel = stage == 0 ? p.total_padded : p.shard_numel;
   const int shard_buf = sharded_params ? add_buffer(p, "param_shard", MemTag::params, c, p.shard_numel) : -1;
   const int params_buf = add_buffer(p, "params", MemTag::params, c, sharded_params ? persistent : p.total_padded);
   p.param_arena = add_buffer(p, "param_arena", MemTag::params, c, arenas.params);
-  const int master_buf = aliases ? -1 : add_buffer(p, "master", MemTag::optimizer, DType::f32, owned_numel);
+  const int master_buf = aliases ? -1 : add_buffer(p, "master", MemTag::optimizer, DType::f32, owned_numel, false, opt);
   int moment_buf[2] = {-1, -1};
   for (int k = 0; k < config.optimizer.state_arrays(); ++k) {
-    moment_buf[k] = add_buffer(p, k == 0 ? "moment0" : "moment1", MemTag::optimizer, DType::f32, owned_numel, true);
+    moment_buf[k] = add_buffer(p, k == 0 ? "moment0" : "moment1", MemTag::optimizer, DType::f32, owned_numel, true, opt);
   }
   const int accum_buf = stage <= 1 ? add_buffer(p, "grad_accum", MemTag::grads, DType::f32, p.total_padded, true) : -1;
-  const int gshard_buf = stage >= 1 ? add_buffer(p, "grad_shard", MemTag::grads, DType::f32, p.shard_numel, true) : -1;
+  const int gshard_buf = stage >= 1 ? add_buffer(p, "grad_shard", MemTag::grads, DType::f32, p.shard_numel, true, opt) : -1;
 
   p.owned_index.assign(p.blocks.size(), {});
   for (auto& idx : p.owned_index) idx.fill(-1);
@@ -148,13 +170,35 @@ void lay_out_state(Plan& p, const EngineConfig& config, const ArenaSizes& arenas
 }
 
 // The optimizer's owned ranges split where weight decay changes (padding after a parameter goes
-// with it and stays zero under every update), packed into sub-groups of at most `limit` elements.
+// with it and stays zero under every update), cut into sub-groups: contiguous pieces of the
+// rank's owned space of at most `limit` elements, starting on multiples of `quantum` (so a
+// sub-group's bytes in a swap file start and end on the file's I/O alignment).
 // per_tensor: split at every parameter too and name its tensor (a block without parameters has
 // nothing to update then).
-void make_sub_groups(Plan& p, const std::vector<BlockSpec>& specs, const WeightDecayRule& rule, uint64_t limit, bool per_tensor) {
+void make_sub_groups(Plan& p, const std::vector<BlockSpec>& specs, const WeightDecayRule& rule, uint64_t limit, size_t quantum,
+                     bool per_tensor) {
   std::vector<int> first_tensor(specs.size() + 1, 0);
   for (size_t b = 0; b < specs.size(); ++b) first_tensor[b + 1] = first_tensor[b] + static_cast<int>(specs[b].params.size());
-  std::vector<UpdateSpan> spans;
+  const size_t cap = std::max<size_t>(quantum, limit / quantum * quantum);
+  size_t group_end = 0;
+  auto add_span = [&](int b, size_t lo, size_t hi, bool wd, int tensor) {
+    // Owned position of element `lo`: where the state buffers hold it.
+    const auto& blk = p.blocks[b];
+    const auto& m = p.range(StateKind::master, b);
+    const size_t base = (p.stage == 0 ? blk.full_offset : blk.shard_offset) - m.lo;
+    for (size_t s = lo; s < hi;) {
+      const size_t pos = base + s;
+      if (p.sub_groups.empty() || pos >= group_end) {
+        p.sub_groups.emplace_back();
+        p.sub_group_extent.push_back({pos, pos});
+        group_end = pos + cap;
+      }
+      const size_t e = std::min(hi, s + (group_end - pos));
+      p.sub_groups.back().push_back({b, s, e, wd, tensor});
+      p.sub_group_extent.back()[1] = base + e;
+      s = e;
+    }
+  };
   for (int b : p.shard_order) {
     if (per_tensor && specs[b].params.empty()) continue;
     const auto& blk = p.blocks[b];
@@ -173,41 +217,72 @@ void make_sub_groups(Plan& p, const std::vector<BlockSpec>& specs, const WeightD
           break;
         }
       }
-      const int tensor = per_tensor ? first_tensor[b] + static_cast<int>(i) : -1;
-      for (size_t s = at; s < end; s = std::min<size_t>(end, s + limit))
-        spans.push_back({b, s, std::min<size_t>(end, s + limit), wd, tensor});
+      add_span(b, at, end, wd, per_tensor ? first_tensor[b] + static_cast<int>(i) : -1);
       at = end;
     }
-  }
-  size_t filled = limit;
-  for (const auto& s : spans) {
-    if (filled + (s.hi - s.lo) > limit) {
-      p.sub_groups.emplace_back();
-      filled = 0;
-    }
-    p.sub_groups.back().push_back(s);
-    filled += s.hi - s.lo;
   }
   if (per_tensor)
     p.tensor_norms = add_buffer(p, "tensor_norms", MemTag::optimizer, DType::f32, 2 * static_cast<size_t>(first_tensor.back()), true);
 }
 
-void make_step_program(Plan& p) {
-  auto add = [&](ActionKind kind, int target, bool flag = false) {
+// The host buffers offload moves state through (plan.h): sized by the largest bucket and
+// sub-group.
+void add_offload_buffers(Plan& p, const EngineConfig& config) {
+  const auto& o = config.zero.offload_optimizer;
+  if (!o.enabled()) return;
+  const Tier host = staging_tier(config.zero);
+  size_t bucket = 0;
+  for (const auto& k : p.reduce_buckets) bucket = std::max(bucket, k.shard_numel);
+  for (const auto& e : p.sub_group_extent) p.slot_numel = std::max(p.slot_numel, e[1] - e[0]);
+  p.grad_staging = add_buffer(p, "grad_staging", MemTag::buffers, p.comm_dtype, bucket, false, host);
+  if (o.device == OffloadDevice::nvme) {
+    p.grad_host = add_buffer(p, "grad_host", MemTag::buffers, DType::f32, bucket, false, host);
+    const size_t arrays = 2 + static_cast<size_t>(config.optimizer.state_arrays());
+    p.swap_slots = add_buffer(p, "swap_slots", MemTag::optimizer, DType::f32, swap_slot_count(o) * arrays * p.slot_numel, false, host);
+  }
+  if (p.compute_dtype != DType::f32)
+    p.param_out = add_buffer(p, "param_out", MemTag::params, p.compute_dtype, update_slot_count(o) * p.slot_numel, false, host);
+}
+
+void make_step_program(Plan& p, const OffloadConfig& offload) {
+  auto add = [&](ActionKind kind, int target, bool flag = false, size_t offset = 0) {
     Action a;
     a.kind = kind;
     a.target = target;
     a.flag = flag;
+    a.offset = offset;
     p.step_program.push_back(a);
   };
-  add(ActionKind::grad_norm, p.range(StateKind::grad_shard, p.shard_order.front()).buffer, p.stage >= 1);
+  // One pass of `kind` over the sub-groups. Offloaded, each updated sub-group's parameters go up
+  // to the device; swapped, each is read into a slot first and written back after, with the reads
+  // of the next (pipeline_read) and the writes of the previous (pipeline_write) overlapping the
+  // update: slots = 1 + one per pipelined direction, reused round robin.
+  const bool swapped = p.swap_slots >= 0;
+  const size_t slots = update_slot_count(offload);
+  auto sweep = [&](ActionKind kind) {
+    const int groups = static_cast<int>(p.sub_groups.size());
+    const int ahead = swapped && offload.pipeline_read ? 1 : 0;
+    int next_in = 0;
+    for (int g = 0; g < groups; ++g) {
+      for (; swapped && next_in <= std::min(g + ahead, groups - 1); ++next_in)
+        add(ActionKind::swap_in, next_in, false, next_in % slots);
+      add(kind, g, false, g % slots);
+      if (offload.enabled() && kind == ActionKind::update) add(ActionKind::upload, g, false, g % slots);
+      if (swapped) add(ActionKind::swap_out, g, false, g % slots);
+    }
+  };
+  // The squared norm bucket by bucket, in f32 as the buckets add up, so offloaded gradients (whose
+  // squares are taken on their way to the host) give the very same number; summed over the ranks
+  // after the last.
+  for (size_t k = 0; k < p.reduce_buckets.size(); ++k)
+    add(ActionKind::grad_norm, static_cast<int>(k), p.stage >= 1 && k + 1 == p.reduce_buckets.size());
   // Per-tensor norms: every owned piece first, then the sums over the ranks that split the tensors
   // (stage 0 owns whole tensors on every rank), then the update that reads them.
   if (p.tensor_norms >= 0) {
-    for (size_t g = 0; g < p.sub_groups.size(); ++g) add(ActionKind::update_norms, static_cast<int>(g));
+    sweep(ActionKind::update_norms);
     if (p.stage >= 1 && p.dp > 1) add(ActionKind::sum_norms, p.tensor_norms);
   }
-  for (size_t g = 0; g < p.sub_groups.size(); ++g) add(ActionKind::update, static_cast<int>(g));
+  sweep(ActionKind::update);
   if (const auto* accum = p.find(StateKind::grad_accum, p.shard_order.front())) add(ActionKind::zero, accum->buffer);
   if (p.tensor_norms >= 0) add(ActionKind::zero, p.tensor_norms);
   for (size_t k = 0; k < p.gather_buckets.size(); ++k) add(ActionKind::all_gather, static_cast<int>(k));
@@ -253,6 +328,14 @@ Plan make_plan(const std::vector<BlockSpec>& specs, const BlockSchedule& schedul
   if (dp < 1 || rank < 0 || rank >= dp) ZEROTH_THROW(InvalidArgument, "make_plan: rank {} of {}", rank, dp);
   check_schedule(schedule, specs.size());
   const auto& z = config.zero;
+  const bool swapped = z.offload_optimizer.device == OffloadDevice::nvme;
+  if (z.offload_optimizer.enabled() && config.optimizer.kind == OptimizerKind::lamb) {
+    ZEROTH_THROW(ConfigError,
+                 "optimizer Lamb with zero_optimization.offload_optimizer: the offloaded update runs Adam, AdamW or SGD (as "
+                 "DeepSpeed's CPU optimizers); choose one of them or remove offload_optimizer");
+  }
+  // Swapped shards start and end on the swap files' I/O alignment in every block.
+  const size_t alignment = swapped ? std::max<size_t>(config.alignment, kSwapQuantum) : config.alignment;
   Plan p;
   p.stage = z.stage;
   p.dp = dp;
@@ -277,7 +360,7 @@ Plan make_plan(const std::vector<BlockSpec>& specs, const BlockSchedule& schedul
       blk.param_offsets.push_back(blk.numel);
       blk.numel += param.numel();
     }
-    blk.padded = round_up(std::max<size_t>(blk.numel, 1), static_cast<size_t>(dp) * config.alignment);
+    blk.padded = round_up(std::max<size_t>(blk.numel, 1), static_cast<size_t>(dp) * alignment);
     blk.shard = blk.padded / dp;
     blk.persistent = z.stage == 3 && blk.numel <= z.stage3_param_persistence_threshold;
     // Narrow gradients, and every gradient once they are reduced per micro-batch, live in the
@@ -336,9 +419,10 @@ Plan make_plan(const std::vector<BlockSpec>& specs, const BlockSchedule& schedul
   p.scalar = add_buffer(p, "scalar", MemTag::buffers, DType::f32, 1);
 
   config.no_weight_decay.check(specs);
-  make_sub_groups(p, specs, config.no_weight_decay, std::max<uint64_t>(1, z.sub_group_size),
+  make_sub_groups(p, specs, config.no_weight_decay, std::max<uint64_t>(1, z.sub_group_size), swapped ? kSwapQuantum : 1,
                   config.optimizer.kind == OptimizerKind::lamb);
-  make_step_program(p);
+  add_offload_buffers(p, config);
+  make_step_program(p, z.offload_optimizer);
   for (const auto& buf : p.buffers) at(p.bytes, buf.tier, buf.tag) += buf.bytes();
   return p;
 }

@@ -110,15 +110,20 @@ enum class ActionKind : uint8_t {
   release_grads,   // the block's gradient buffer returns to the arena once its last reader is done
   all_reduce,      // bucket `target`: summed over ranks in place
   reduce_scatter,  // bucket `target`: summed, this rank's slice into grad_shard (`flag`: added to it)
-  grad_norm,       // step: squared norm of buffer `target` (`flag`: summed over ranks)
+  grad_norm,       // step: squared norm of reduce bucket `target`'s reduced gradients added up (`flag`: then summed over ranks)
   update,          // step: the optimizer on sub-group `target`
   zero,            // step: buffer `target` back to zero (also after a skipped step)
   all_gather,      // step: gather bucket `target`, every rank's updated parameter slice to the full copies
   update_norms,    // step: first pass of a per-tensor update (Lamb) on sub-group `target`: the moments, and
                    // each tensor's squared norms of weights and update added into buffer `tensor_norms`
   sum_norms,       // step: buffer `target` summed over ranks in place (tensors split across ranks)
+  // Offload (the optimizer's state off the device):
+  offload_grads,  // bucket `target`'s reduced slice to the host, cast (or `flag`: added) into grad_shard
+  swap_in,        // step: sub-group `target`'s state read from the swap files into swap slot `offset`
+  swap_out,       // step: sub-group `target`'s updated state written from slot `offset` back to the files
+  upload,         // step: sub-group `target`'s updated parameters (from slot `offset`) copied to the device shard
 };
-inline constexpr size_t kActionKindCount = 14;
+inline constexpr size_t kActionKindCount = 18;
 std::string_view action_name(ActionKind kind);
 
 struct Action {
@@ -165,6 +170,9 @@ struct Plan {
   std::vector<std::array<int, kStateKindCount>> owned_index;  // [block][kind] -> index in owned, or -1
   std::vector<Bucket> reduce_buckets, gather_buckets;
   std::vector<std::vector<UpdateSpan>> sub_groups;
+  // Each sub-group's extent in the rank's owned space (elements; the state buffers' offsets):
+  // contiguous, so one read and one write per array move a sub-group to and from its swap file.
+  std::vector<std::array<size_t, 2>> sub_group_extent;
   std::vector<PassRef> passes;
   std::vector<Action> program;                                // one accumulation cycle, in the order of `passes`
   std::vector<Action> eval_program;                           // one forward-only pass (validation)
@@ -172,6 +180,12 @@ struct Plan {
   size_t total_numel = 0, total_padded = 0, shard_numel = 0;  // shard_numel: this rank's, all blocks
   int param_arena = -1, grad_arena = -1, reduce_staging = -1, gather_staging = -1, scalar = -1;  // buffers
   int tensor_norms = -1;  // buffer: two f32 per parameter tensor (Lamb's trust ratio), or -1
+  // Offload buffers on the host, or -1: the reduced gradient slice of a bucket as it arrives from
+  // the device (communication dtype), the same in f32 on its way to the swap file, the narrow
+  // parameters an update writes for upload (two sub-groups), and the swap slots (each holds a
+  // sub-group's master, moments and gradients, in that order).
+  int grad_staging = -1, grad_host = -1, param_out = -1, swap_slots = -1;
+  size_t slot_numel = 0;  // elements per array in a swap or param_out slot: the largest sub-group
   TierBytes bytes{};      // what the engine holds per tier and tag at peak
 
   // The owned range of a kind of a block, or nullptr when the rank holds none.

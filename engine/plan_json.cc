@@ -34,7 +34,8 @@ std::string_view state_kind_name(StateKind kind) {
 std::string_view action_name(ActionKind kind) {
   constexpr std::string_view kNames[] = {"run",           "gather",     "release",        "place_grads", "accumulate",
                                          "release_grads", "all_reduce", "reduce_scatter", "grad_norm",   "update",
-                                         "zero",          "all_gather", "update_norms",   "sum_norms"};
+                                         "zero",          "all_gather", "update_norms",   "sum_norms",   "offload_grads",
+                                         "swap_in",       "swap_out",   "upload"};
   const auto i = static_cast<size_t>(kind);
   return i < kActionKindCount ? kNames[i] : "invalid";
 }
@@ -52,7 +53,8 @@ nlohmann::json action_json(const Action& a) {
   }
   if (a.kind != ActionKind::run) j["target"] = a.target;
   if (a.kind == ActionKind::gather || a.kind == ActionKind::place_grads) j["offset"] = a.offset;
-  if (a.kind == ActionKind::reduce_scatter) j["add"] = a.flag;
+  if (a.kind == ActionKind::reduce_scatter || a.kind == ActionKind::offload_grads) j["add"] = a.flag;
+  if (a.kind == ActionKind::swap_in || a.kind == ActionKind::swap_out || a.kind == ActionKind::upload) j["slot"] = a.offset;
   if (a.kind == ActionKind::gather || a.kind == ActionKind::all_reduce || a.kind == ActionKind::reduce_scatter) j["serial"] = a.serial;
   if (a.kind == ActionKind::grad_norm) j["sum_over_ranks"] = a.flag;
   return j;
@@ -166,7 +168,7 @@ std::string Plan::table() const {
   for (size_t t = 0; t < kTierCount; ++t) {
     const size_t total = tier_total(bytes, static_cast<Tier>(t));
     if (total == 0 && t != 0) continue;
-    out += fmt::format("  engine state per rank at peak, {} tier:", tier_name(static_cast<Tier>(t)));
+    out += fmt::format("{}  engine state per rank at peak, {} tier:", t == 0 ? "" : "\n", tier_name(static_cast<Tier>(t)));
     for (size_t g = 0; g < kMemTagCount; ++g) {
       if (bytes[t][g] > 0) out += fmt::format(" {} {},", mem_tag_name(static_cast<MemTag>(g)), format_bytes(bytes[t][g]));
     }

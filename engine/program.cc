@@ -64,7 +64,8 @@ class Builder {
  private:
   void emit(size_t use, ActionKind kind, int target, size_t offset = 0, bool flag = false) {
     const auto& u = (*uses_)[use];
-    const bool collective = kind == ActionKind::gather || kind == ActionKind::all_reduce || kind == ActionKind::reduce_scatter;
+    const bool collective = kind == ActionKind::gather || kind == ActionKind::all_reduce || kind == ActionKind::reduce_scatter ||
+                            kind == ActionKind::offload_grads;
     out_.push_back({kind, static_cast<int>(use), u.micro, u.block, u.pass, target, offset, flag, collective && !z_.overlap_comm});
   }
 
@@ -120,7 +121,10 @@ class Builder {
         if (p_.stage == 0) {
           emit(i, ActionKind::all_reduce, blk.reduce_bucket);
         } else {
-          emit(i, ActionKind::reduce_scatter, blk.reduce_bucket, 0, p_.stage >= 2 && !u.first_backward_pass);
+          const bool add = p_.stage >= 2 && !u.first_backward_pass;
+          emit(i, ActionKind::reduce_scatter, blk.reduce_bucket, 0, add);
+          // The reduced slice leaves the device as soon as it is complete.
+          if (z_.offload_optimizer.enabled()) emit(i, ActionKind::offload_grads, blk.reduce_bucket, 0, add);
         }
         // A fired bucket's gradient buffers stay placed until the next bucket fires, so the
         // backward writes new gradients while the previous reduction is still on the wire.

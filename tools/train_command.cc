@@ -199,6 +199,12 @@ class Console final : public TrainObserver {
         "\n  peak memory on rank 0: %s (params %s, grads %s, optimizer %s, buffers %s, activations %s)\n  metrics: %s/metrics.jsonl\n",
         format_bytes(s.peak_total).c_str(), format_bytes(s.peak[0]).c_str(), format_bytes(s.peak[1]).c_str(),
         format_bytes(s.peak[2]).c_str(), format_bytes(s.peak[3]).c_str(), format_bytes(s.peak[4]).c_str(), c_.run.output_dir.c_str());
+    if (s.host_peak > 0 || s.swap_bytes > 0) {
+      std::printf("  offload on rank 0: host memory peak %s%s, swap files %s; process peak RSS %s\n",
+                  format_bytes(s.host_peak).c_str(),
+                  c_.run.host_memory > 0 ? (" of " + format_bytes(c_.run.host_memory) + " (run.host_memory)").c_str() : "",
+                  format_bytes(s.swap_bytes).c_str(), format_bytes(s.peak_rss).c_str());
+    }
     metrics_ << nlohmann::json{{"summary",
                                 {{"steps", s.steps},
                                  {"interrupted", s.interrupted},
@@ -206,7 +212,10 @@ class Console final : public TrainObserver {
                                  {"tokens_per_s", s.tokens_per_second},
                                  {"loss", s.last_loss},
                                  {"val_loss", s.last_val_loss},
-                                 {"peak_bytes", s.peak_total}}}}
+                                 {"peak_bytes", s.peak_total},
+                                 {"host_peak_bytes", s.host_peak},
+                                 {"swap_bytes", s.swap_bytes},
+                                 {"peak_rss_bytes", s.peak_rss}}}}
                     .dump()
              << "\n";
     check_written();

@@ -96,6 +96,7 @@ constexpr std::string_view kTopKeys[] = {"train_batch_size",
                                          "bf16",
                                          "bfloat16",
                                          "zero_optimization",
+                                         "aio",
                                          "gradient_clipping",
                                          "activation_checkpointing",
                                          "communication_data_type",
@@ -471,6 +472,8 @@ TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) 
                                                    t.engine.optimizer.kind != OptimizerKind::sgd);
   if (c.contains("zero_optimization")) t.engine.zero = ZeroConfig::from_deepspeed(c["zero_optimization"]);
   t.no_effect.insert(t.no_effect.end(), t.engine.zero.no_effect.begin(), t.engine.zero.no_effect.end());
+  if (c.contains("aio")) t.engine.aio = AioConfig::from_deepspeed(c["aio"]);
+  t.no_effect.insert(t.no_effect.end(), t.engine.aio.no_effect.begin(), t.engine.aio.no_effect.end());
   t.engine.seed = t.run.seed;
   t.engine.time_breakdown = c.value("wall_clock_breakdown", false);
   t.engine.host_memory = t.run.host_memory;

@@ -21,14 +21,16 @@ HostBlockCache::~HostBlockCache() { release_all(); }
 
 size_t HostBlockCache::rounded(size_t bytes) {
   if (bytes == 0) bytes = 1;
-  const size_t align = bytes >= kHugePage ? kHugePage : kSmallAlign;
+  const size_t align = bytes >= kHugePage ? kHugePage : bytes >= kPage ? kPage : kSmallAlign;
   return (bytes + align - 1) / align * align;
 }
 
 void* HostBlockCache::map_block(size_t size) {
   if (size < kHugePage) {
-    void* p = std::aligned_alloc(kSmallAlign, size);
-    if (p == nullptr) ZEROTH_THROW(OutOfMemory, "aligned_alloc({}, {}) failed: host memory exhausted", kSmallAlign, size);
+    // Blocks of a page or more start on a page, as O_DIRECT transfers from them need.
+    const size_t align = size >= kPage ? kPage : kSmallAlign;
+    void* p = std::aligned_alloc(align, size);
+    if (p == nullptr) ZEROTH_THROW(OutOfMemory, "aligned_alloc({}, {}) failed: host memory exhausted", align, size);
     return p;
   }
   constexpr unsigned kColors = 8;

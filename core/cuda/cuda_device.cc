@@ -157,6 +157,19 @@ void CudaDevice::release_cached_memory() {
   CUDA_CHECK(cudaMemPoolTrimTo(pool_, 0));
 }
 
+bool CudaDevice::pin_host(void* data, size_t bytes) {
+  CudaDeviceGuard guard(index_);
+  CUDA_CHECK(cudaHostRegister(data, bytes, cudaHostRegisterDefault));
+  return true;
+}
+
+void CudaDevice::unpin_host(void* data, size_t bytes) {
+  // Called while buffers are torn down: a failure is reported, not thrown.
+  CudaDeviceGuard guard(index_);
+  if (const cudaError_t err = cudaHostUnregister(data); err != cudaSuccess)
+    ZLOG_WARN("cudaHostUnregister({}) of {} bytes failed: {}", data, bytes, cudaGetErrorString(err));
+}
+
 // Allocation and free go through the legacy default stream, which orders after all work on the
 // device's (blocking) streams: a block is reused only after the work that used it.
 void* CudaDevice::raw_allocate(size_t bytes) {

@@ -62,6 +62,8 @@ class CudaDevice final : public Device {
   Stream& default_stream() override { return *default_stream_; }
   void synchronize() override;
   void release_cached_memory() override;
+  bool pin_host(void* data, size_t bytes) override;
+  void unpin_host(void* data, size_t bytes) override;
 
  protected:
   void* raw_allocate(size_t bytes) override;

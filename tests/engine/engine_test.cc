@@ -23,12 +23,7 @@ namespace {
 
 using testing::MlpRun;
 using testing::RankResult;
-
-std::vector<RankResult> run_ranks(int dp, const MlpRun& run) {
-  std::vector<RankResult> results(dp);
-  run_local_ranks(dp, [&](Communicator& comm) { results[comm.rank()] = testing::train_mlp(comm, run); });
-  return results;
-}
+using testing::run_ranks;
 
 // Mean over ranks of each step's loss: the global batch's loss.
 std::vector<double> global_losses(const std::vector<RankResult>& ranks) {

@@ -17,6 +17,7 @@ namespace {
 
 using testing::MlpRun;
 using testing::RankResult;
+using testing::run_ranks;
 
 struct LambCase {
   int stage, dp;
@@ -37,12 +38,6 @@ MlpRun lamb_run(int stage, uint64_t sub_group_size, DType dtype) {
     c.zero.sub_group_size = sub_group_size;
   };
   return run;
-}
-
-std::vector<RankResult> run_ranks(int dp, const MlpRun& run) {
-  std::vector<RankResult> results(dp);
-  run_local_ranks(dp, [&](Communicator& comm) { results[comm.rank()] = testing::train_mlp(comm, run); });
-  return results;
 }
 
 class LambEquivalence : public ::testing::TestWithParam<LambCase> {};

@@ -11,6 +11,7 @@
 #include <vector>      // std::vector
 
 #include "comm/communicator.h"
+#include "comm/local/local_comm.h"
 #include "comm/process_grid.h"
 #include "core/device.h"
 #include "engine/engine.h"
@@ -133,6 +134,13 @@ inline RankResult train_mlp(Communicator& comm, const MlpRun& run, const Process
     }
   }
   return result;
+}
+
+// Every rank of a local (threads) group of `dp` trains the MLP; their results in rank order.
+inline std::vector<RankResult> run_ranks(int dp, const MlpRun& run) {
+  std::vector<RankResult> results(dp);
+  run_local_ranks(dp, [&](Communicator& comm) { results[comm.rank()] = train_mlp(comm, run); });
+  return results;
 }
 
 }  // namespace zeroth::testing

@@ -343,7 +343,22 @@ TEST(ZeroConfig, ReadsDeepSpeedKeysAndRejectsUnknownAndUnsupportedOnes) {
   EXPECT_NE(message(R"({"stage": 4})").find("0, 1, 2 or 3"), std::string::npos);
   EXPECT_NE(message(R"({"stage": 2, "zero_quantized_weights": true})").find("does not support"), std::string::npos);
   EXPECT_NE(message(R"({"stage": 2, "reduce_bucket_size": "auto"})").find("\"auto\""), std::string::npos);
-  EXPECT_NE(message(R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})").find("offload"), std::string::npos);
+  EXPECT_NE(message(R"({"stage": 2, "offload_param": {"device": "cpu"}})").find("needs zero_optimization.stage 3"), std::string::npos);
+  EXPECT_NE(message(R"({"stage": 2, "offload_optimizer": {"device": "disk"}})").find("\"none\", \"cpu\" or \"nvme\""),
+            std::string::npos);
+  EXPECT_NE(message(R"({"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 1.5}})").find("fraction in (0, 1]"),
+            std::string::npos);
+  // DeepSpeed's old names, and its new section winning over them.
+  const auto legacy = ZeroConfig::from_deepspeed(
+      nlohmann::json::parse(R"({"stage": 2, "cpu_offload": true, "cpu_offload_use_pin_memory": true})"));
+  EXPECT_EQ(legacy.offload_optimizer.device, OffloadDevice::cpu);
+  EXPECT_TRUE(legacy.offload_optimizer.pin_memory);
+  const auto both = ZeroConfig::from_deepspeed(
+      nlohmann::json::parse(R"({"stage": 2, "cpu_offload": true, "offload_optimizer": {"device": "nvme", "nvme_path": "/x"}})"));
+  EXPECT_EQ(both.offload_optimizer.device, OffloadDevice::nvme);
+  EXPECT_EQ(both.offload_optimizer.nvme_path, "/x");
+  EXPECT_EQ(both.offload_optimizer.buffer_count, 4u);  // DeepSpeed's default
+  EXPECT_EQ(both.offload_param.buffer_count, 5u);
   EXPECT_NE(message(R"({"stage": 2, "sub_group_size": 0})").find("sub_group_size"), std::string::npos);
   EXPECT_NE(message(R"({"stage": 3, "overlap_comm": 1})").find("zero_optimization.overlap_comm must be true or false"),
             std::string::npos);

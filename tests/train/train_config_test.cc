@@ -163,9 +163,15 @@ INSTANTIATE_TEST_SUITE_P(
         ErrorCase{"Preset", R"({"model": {"preset": "gpt3"}})",
                   "model.preset \"gpt3\" is not a known preset; use one of gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1558m"},
         ErrorCase{"Stage", R"({"zero_optimization": {"stage": 4}})", "zero_optimization.stage must be 0, 1, 2 or 3, got 4"},
-        ErrorCase{"Offload", R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}})",
-                  "zero_optimization.offload_optimizer = {\"device\":\"cpu\"} asks for optimizer state and its step on the CPU or "
-                  "NVMe (offload), which zeroth does not have yet; remove it"},
+        ErrorCase{"OffloadNeedsAPath", R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}})",
+                  "zero_optimization.offload_optimizer.device is \"nvme\" but zero_optimization.offload_optimizer.nvme_path is not "
+                  "set: name a folder on the drive for the swap files"},
+        ErrorCase{"OffloadAtStage0", R"({"zero_optimization": {"stage": 0, "cpu_offload": true}})",
+                  "zero_optimization.offload_optimizer.device = \"cpu\" needs zero_optimization.stage 1, 2 or 3 (the offloaded state "
+                  "is the rank's shard), got stage 0"},
+        ErrorCase{"OffloadKeyTypo",
+                  R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memroy": true}}})",
+                  "zero_optimization.offload_optimizer.pin_memroy is not a known key (did you mean 'pin_memory'?)"},
         ErrorCase{"GatherOnSave", R"({"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": true}})",
                   "zero_optimization.stage3_gather_16bit_weights_on_model_save = true asks for 16-bit weights gathered when the model "
                   "is saved (checkpoints), which zeroth does not have yet; remove it"},
@@ -190,9 +196,10 @@ INSTANTIATE_TEST_SUITE_P(
         ErrorCase{"CpuCheckpointing", R"({"activation_checkpointing": {"cpu_checkpointing": true}})",
                   "activation_checkpointing.cpu_checkpointing = true is a DeepSpeed feature zeroth does not support (moves activation "
                   "checkpoints to host memory); remove it"},
-        ErrorCase{"Aio", R"({"aio": {"queue_depth": 8}})",
-                  "aio = {\"queue_depth\":8} asks for NVMe swapping's asynchronous I/O settings (NVMe offload), which zeroth does not "
-                  "have yet; remove it"},
+        ErrorCase{"Aio", R"({"aio": {"block_size": 1000}})",
+                  "aio.block_size must be a multiple of 4096 bytes (O_DIRECT) and at most 1 GiB, got 1000"},
+        ErrorCase{"Gds", R"({"aio": {"use_gds": true}})",
+                  "aio.use_gds = true asks for GPUDirect Storage, a DeepSpeed feature zeroth does not support; remove it"},
         ErrorCase{"Backend", R"({"run": {"backend": "mpi"}})", "run.backend = \"mpi\" is not one of: local, gloo, nccl"},
         ErrorCase{"GlooNeedsLauncher", R"({"run": {"backend": "gloo", "world_size": 2}})",
                   "run.backend = \"gloo\" needs one process per rank: start with `zeroth launch -n 2 -- zeroth train ...` (or set "

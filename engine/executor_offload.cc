@@ -1,0 +1,173 @@
+// The executor's offload actions: reduced gradients to the host (and on to their swap file), the
+// swap of a sub-group's state between its files and a host slot, and the upload of updated
+// parameters to the device shard. Ordering is by events: a slot is read into only after its last
+// write-back and upload are done; an update waits for its slot's read.
+#include <cstring>  // std::memcpy
+
+#include "core/cpu/kernels.h"  // cpu::axpy, cpu::cast, cpu::fill, cpu::sum_squares
+#include "core/error.h"        // ZEROTH_CHECK
+#include "engine/executor.h"
+#include "offload/aligned_buffer.h"  // AlignedBuffer, kIoAlignment
+
+namespace zeroth {
+namespace {
+
+// The state arrays a swap slot holds, in order: master, the optimizer's moments, the gradients.
+int slot_array_index(StateKind kind, int state_arrays) {
+  switch (kind) {
+    case StateKind::master: return 0;
+    case StateKind::moment0: return 1;
+    case StateKind::moment1: return 2;
+    case StateKind::grad_shard: return 1 + state_arrays;
+    default: break;
+  }
+  ZEROTH_THROW(InvalidArgument, "{} has no place in a swap slot", state_kind_name(kind));
+}
+
+size_t round_to_io(size_t bytes) { return (bytes + offload::kIoAlignment - 1) / offload::kIoAlignment * offload::kIoAlignment; }
+
+}  // namespace
+
+void* Executor::state_at(StateKind kind, int block, size_t element, int sub_group, int slot) const {
+  const auto& r = plan_.range(kind, block);
+  if (buffers_[r.buffer]) return at(r, element);
+  const size_t arrays = 2 + static_cast<size_t>(config_.optimizer.state_arrays());
+  const size_t pos = r.offset + element - r.lo;
+  float* base = buffers_[plan_.swap_slots].as<float>() +
+                (slot * arrays + static_cast<size_t>(slot_array_index(kind, config_.optimizer.state_arrays()))) * plan_.slot_numel;
+  return base + (pos - plan_.sub_group_extent[sub_group][0]);
+}
+
+void* Executor::param_out_at(int sub_group, int slot, const OwnedRange& master, size_t element) const {
+  if (plan_.param_out < 0) return nullptr;
+  const size_t pos = master.offset + element - master.lo;
+  return static_cast<char*>(buffers_[plan_.param_out].data()) +
+         (slot * plan_.slot_numel + pos - plan_.sub_group_extent[sub_group][0]) * dtype_size(plan_.compute_dtype);
+}
+
+void Executor::offload_grads(int index, bool add, Stream& rs) {
+  const auto& bucket = plan_.reduce_buckets[index];
+  const TensorView landed = landing_[index];
+  const size_t n = landed.numel;
+  void* staging = buffers_[plan_.grad_staging].data();
+  device_.copy(rs, staging, landed.data, landed.bytes());
+  const OwnedRange& first = plan_.range(StateKind::grad_shard, bucket.blocks.front());
+  offload::SwapFile* file = files_[first.buffer].get();
+  float* host = file != nullptr ? buffers_[plan_.grad_host].as<float>() : static_cast<float*>(at(first, first.lo));
+  const uint64_t file_offset = first.offset * sizeof(float);
+  const DType comm = landed.dtype;
+  double* sumsq = &bucket_sumsq_[index];
+  // The squares are taken on the way, so the step's norm never reads the gradients back; the
+  // last micro-batch's pass leaves the final ones.
+  rs.enqueue_host([=] {
+    if (add) {
+      if (file != nullptr) file->read(host, round_to_io(n * sizeof(float)), file_offset).wait();
+      cpu::axpy(host, DType::f32, 1.0f, staging, comm, n);
+    } else {
+      cpu::cast(staging, comm, host, DType::f32, n);
+    }
+    *sumsq = cpu::sum_squares(host, DType::f32, n);
+    if (file != nullptr) file->write(host, round_to_io(n * sizeof(float)), file_offset).wait();
+  });
+  reduced_ = record(rs);
+  for (int b : bucket.blocks) grad_reader_[b] = reduced_;
+}
+
+void Executor::swap_in(int sub_group, int slot) {
+  Stream& ss = *swap_in_stream_;
+  ss.wait(*slot_written_[slot]);
+  ss.wait(*slot_uploaded_[slot]);
+  const int b = plan_.sub_groups[sub_group].front().block;
+  const auto [lo, hi] = plan_.sub_group_extent[sub_group];
+  struct Read {
+    offload::SwapFile* file;
+    void* into;
+  };
+  std::vector<Read> reads;
+  for (StateKind kind : {StateKind::master, StateKind::moment0, StateKind::moment1, StateKind::grad_shard}) {
+    const auto* r = plan_.find(kind, b);
+    if (r == nullptr) continue;
+    ZEROTH_CHECK(files_[r->buffer] != nullptr, "swap_in: {} is not in a swap file", state_kind_name(kind));
+    reads.push_back({files_[r->buffer].get(), state_at(kind, b, r->lo + (lo - r->offset), sub_group, slot)});
+  }
+  ss.enqueue_host([reads, lo, hi] {
+    std::vector<offload::IoHandle> handles;
+    for (const auto& r : reads) handles.push_back(r.file->read(r.into, round_to_io((hi - lo) * sizeof(float)), lo * sizeof(float)));
+    for (auto& h : handles) h.wait();
+  });
+  slot_ready_[slot]->record(ss);
+}
+
+void Executor::swap_out(int sub_group, int slot) {
+  Stream& ws = *swap_out_stream_;
+  ws.wait(*record(compute_stream()));
+  const int b = plan_.sub_groups[sub_group].front().block;
+  const auto [lo, hi] = plan_.sub_group_extent[sub_group];
+  std::vector<std::pair<offload::SwapFile*, const void*>> writes;
+  // The gradients are not written back: the next cycle replaces them.
+  for (StateKind kind : {StateKind::master, StateKind::moment0, StateKind::moment1}) {
+    const auto* r = plan_.find(kind, b);
+    if (r == nullptr) continue;
+    writes.emplace_back(files_[r->buffer].get(), state_at(kind, b, r->lo + (lo - r->offset), sub_group, slot));
+  }
+  ws.enqueue_host([writes, lo, hi] {
+    std::vector<offload::IoHandle> handles;
+    for (const auto& [file, from] : writes)
+      handles.push_back(file->write(from, round_to_io((hi - lo) * sizeof(float)), lo * sizeof(float)));
+    for (auto& h : handles) h.wait();
+  });
+  slot_written_[slot]->record(ws);
+}
+
+void Executor::upload(int sub_group, int slot) {
+  Stream& gs = *gather_stream_;
+  gs.wait(*record(compute_stream()));
+  const size_t c = dtype_size(plan_.compute_dtype);
+  const auto& spans = plan_.sub_groups[sub_group];
+  // Spans of one block that touch are one copy.
+  for (size_t i = 0; i < spans.size();) {
+    size_t j = i + 1;
+    while (j < spans.size() && spans[j].block == spans[i].block && spans[j].lo == spans[j - 1].hi) ++j;
+    const int b = spans[i].block;
+    const size_t lo = spans[i].lo, hi = spans[j - 1].hi;
+    const auto& master = plan_.range(StateKind::master, b);
+    const void* from = plan_.param_out >= 0 ? param_out_at(sub_group, slot, master, lo)
+                                            : state_at(StateKind::master, b, lo, sub_group, slot);
+    device_.copy(gs, at(plan_.range(StateKind::param_shard, b), lo), from, (hi - lo) * c);
+    i = j;
+  }
+  slot_uploaded_[slot]->record(gs);
+}
+
+void Executor::read_owned(const OwnedRange& r, float* out) {
+  const size_t bytes = r.numel() * sizeof(float);
+  if (buffers_[r.buffer]) {
+    Stream& cs = compute_stream();
+    device_.copy(cs, out, at(r, r.lo), bytes);
+    cs.synchronize();
+    return;
+  }
+  // The last step's write-backs may still be on their way to the file.
+  swap_out_stream_->synchronize();
+  offload::AlignedBuffer tmp(round_to_io(bytes));
+  files_[r.buffer]->read(tmp.data(), tmp.size(), r.offset * sizeof(float)).wait();
+  std::memcpy(out, tmp.data(), bytes);
+}
+
+void Executor::write_owned(const OwnedRange& r, const float* values) {
+  const size_t bytes = r.numel() * sizeof(float);
+  if (buffers_[r.buffer]) {
+    Stream& cs = compute_stream();
+    device_.copy(cs, at(r, r.lo), values, bytes);
+    cs.synchronize();
+    return;
+  }
+  swap_in_stream_->synchronize();
+  swap_out_stream_->synchronize();
+  offload::AlignedBuffer tmp(round_to_io(bytes));
+  std::memset(tmp.data(), 0, tmp.size());
+  std::memcpy(tmp.data(), values, bytes);
+  files_[r.buffer]->write(tmp.data(), tmp.size(), r.offset * sizeof(float)).wait();
+}
+
+}  // namespace zeroth
