@@ -140,11 +140,12 @@ void ZeroConfig::validate() const {
                  "partitions the parameters",
                  offload_device_name(offload_param.device), stage);
   }
-  if (offload_param.enabled()) {
-    ZEROTH_THROW(ConfigError,
-                 "zero_optimization.offload_param.device = \"{}\": parameter offload is not available in zeroth yet; remove it "
-                 "(offload_optimizer works at stages 1-3)",
-                 offload_device_name(offload_param.device));
+  if (offload_param.enabled() && !offload_optimizer.enabled()) {
+    ZEROTH_THROW(
+        ConfigError,
+        "zero_optimization.offload_param.device = \"{}\" needs offload_optimizer too (device cpu or nvme): the updated parameters "
+        "are written to their host or NVMe home by the host's optimizer step",
+        offload_device_name(offload_param.device));
   }
 }
 

@@ -3,6 +3,7 @@
 #include "engine/engine.h"
 
 #include <filesystem>  // std::filesystem::create_directories
+#include <map>         // std::map
 
 #include <chrono>  // std::chrono::steady_clock
 #include <cmath>   // std::sqrt, std::isfinite
@@ -80,16 +81,20 @@ void Engine::finalize(Plan plan, const ModelFootprint& model) {
     check_fits(need, plan_, tier, tiers_.budget(tier), stats.total_in_use,
                tier == Tier::device ? config_.device_budget_name : config_.host_budget_name);
   }
-  if (const size_t disk = need.total(Tier::nvme); disk > 0) {
-    const auto& path = config_.zero.offload_optimizer.nvme_path;
+  // Each swap folder must hold its files (a folder shared by parameters and optimizer state
+  // holds both).
+  std::map<std::string, size_t> disk;
+  for (const auto& b : plan_.buffers) {
+    if (b.tier == Tier::nvme) disk[swap_folder(config_.zero, b)] += b.bytes();
+  }
+  for (const auto& [path, bytes] : disk) {
     std::error_code made;  // a missing folder is made (as DeepSpeed does); SwapFile reports a failure
     std::filesystem::create_directories(path, made);
-    if (const uint64_t free = offload::free_bytes(path); disk > free) {
-      ZEROTH_THROW(
-          OutOfMemory,
-          "the swap files of rank {} need {} ({}) but {} (zero_optimization.offload_optimizer.nvme_path) has {} free; nothing was "
-          "written. Free space there, point nvme_path at a larger drive, or use more data-parallel ranks",
-          plan_.rank, format_bytes(disk), need.describe(Tier::nvme), path, format_bytes(free));
+    if (const uint64_t free = offload::free_bytes(path); bytes > free) {
+      ZEROTH_THROW(OutOfMemory,
+                   "the swap files of rank {} need {} in {} ({}) but it has {} free; nothing was written. Free space there, point "
+                   "offload_optimizer/offload_param.nvme_path at a larger drive, or use more data-parallel ranks",
+                   plan_.rank, format_bytes(bytes), path, need.describe(Tier::nvme), format_bytes(free));
     }
   }
   if (plan_.rank == 0) {

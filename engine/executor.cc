@@ -30,7 +30,7 @@ Executor::Executor(Device& device, TierAllocators& tiers, Communicator& dp, cons
     // The pid keeps ranks of concurrent runs that share a folder apart; the file is unlinked at once.
     const offload::IoOptions io{.block_size = config_.aio.block_size, .queue_depth = static_cast<unsigned>(config_.aio.queue_depth)};
     buffers_.emplace_back();
-    files_.push_back(std::make_unique<offload::SwapFile>(offload.nvme_path,
+    files_.push_back(std::make_unique<offload::SwapFile>(swap_folder(config_.zero, b),
                                                          fmt::format("zeroth-{}-rank{}-{}.swap", ::getpid(), plan_.rank, b.name),
                                                          b.bytes(), io));
   }
@@ -251,7 +251,7 @@ void Executor::gather(int block, size_t arena_offset, Stream& gs) {
   const auto& blk = plan_.blocks[block];
   place(param_arena_, arena_offset, blk.padded, gs);
   gathered_[block] = static_cast<char*>(buffers_[plan_.param_arena].data()) + arena_offset * dtype_size(plan_.compute_dtype);
-  gather_comm_->all_gather(gs, view(StateKind::param_shard, block), full_params(block));
+  gather_shards(gs, block, full_params(block));
   gathered_event_[block]->record(gs);
   gather_pending_[block] = true;
 }

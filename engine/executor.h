@@ -32,6 +32,9 @@ struct UpdateArgs {
   std::optional<std::array<double, 2>> betas;  // the schedule's (OneCycle's cycle_momentum), else the optimizer's
 };
 
+// The folder of a buffer's swap file: offload_param's for parameters, offload_optimizer's else.
+std::string swap_folder(const ZeroConfig& zero, const PlannedBuffer& buffer);
+
 class Executor {
  public:
   Executor(Device& device, TierAllocators& tiers, Communicator& dp, const Plan& plan, const std::vector<BlockSpec>& specs,
@@ -113,9 +116,13 @@ class Executor {
   void* state_at(StateKind kind, int block, size_t element, int sub_group, int slot) const;
   // Where a sub-group's updated narrow parameters wait for upload (param_out), or nullptr.
   void* param_out_at(int sub_group, int slot, const OwnedRange& master, size_t element) const;
-  // A whole owned f32 range to or from host memory, whatever its tier (between steps; synchronous).
-  void read_owned(const OwnedRange& r, float* out);
-  void write_owned(const OwnedRange& r, const float* values);
+  // A whole owned range (in its buffer's dtype) to or from host memory, whatever its tier (between
+  // steps; synchronous).
+  void read_owned(const OwnedRange& r, void* out);
+  void write_owned(const OwnedRange& r, const void* values);
+  // All-gathers a block's parameter shards into `full` on the device, bringing this rank's shard
+  // from the host or its swap file first when it lives there.
+  void gather_shards(Stream& gs, int block, TensorView full);
 
   void* at(const OwnedRange& r, size_t element) const;  // where element `element` of the block is
   TensorView view(StateKind kind, int block) const;     // the whole owned range

@@ -24,6 +24,14 @@ int slot_array_index(StateKind kind, int state_arrays) {
   ZEROTH_THROW(InvalidArgument, "{} has no place in a swap slot", state_kind_name(kind));
 }
 
+}  // namespace
+
+std::string swap_folder(const ZeroConfig& zero, const PlannedBuffer& buffer) {
+  return buffer.tag == MemTag::params ? zero.offload_param.nvme_path : zero.offload_optimizer.nvme_path;
+}
+
+namespace {
+
 size_t round_to_io(size_t bytes) { return (bytes + offload::kIoAlignment - 1) / offload::kIoAlignment * offload::kIoAlignment; }
 
 }  // namespace
@@ -124,6 +132,18 @@ void Executor::upload(int sub_group, int slot) {
   gs.wait(*record(compute_stream()));
   const size_t c = dtype_size(plan_.compute_dtype);
   const auto& spans = plan_.sub_groups[sub_group];
+  const auto& first = plan_.range(StateKind::param_shard, spans.front().block);
+  if (offload::SwapFile* file = files_[first.buffer].get()) {
+    // Parameter shards in a swap file (stage 3): the sub-group's extent is one write, as the
+    // shard and the optimizer state share the owned layout.
+    const auto [lo, hi] = plan_.sub_group_extent[sub_group];
+    const auto& master = plan_.range(StateKind::master, spans.front().block);
+    const void* from = plan_.param_out >= 0 ? param_out_at(sub_group, slot, master, spans.front().lo)
+                                            : state_at(StateKind::master, spans.front().block, spans.front().lo, sub_group, slot);
+    gs.enqueue_host([=] { file->write(from, round_to_io((hi - lo) * c), lo * c).wait(); });
+    slot_uploaded_[slot]->record(gs);
+    return;
+  }
   // Spans of one block that touch are one copy.
   for (size_t i = 0; i < spans.size();) {
     size_t j = i + 1;
@@ -139,8 +159,8 @@ void Executor::upload(int sub_group, int slot) {
   slot_uploaded_[slot]->record(gs);
 }
 
-void Executor::read_owned(const OwnedRange& r, float* out) {
-  const size_t bytes = r.numel() * sizeof(float);
+void Executor::read_owned(const OwnedRange& r, void* out) {
+  const size_t bytes = r.numel() * dtype_size(plan_.buffers[r.buffer].dtype);
   if (buffers_[r.buffer]) {
     Stream& cs = compute_stream();
     device_.copy(cs, out, at(r, r.lo), bytes);
@@ -150,12 +170,12 @@ void Executor::read_owned(const OwnedRange& r, float* out) {
   // The last step's write-backs may still be on their way to the file.
   swap_out_stream_->synchronize();
   offload::AlignedBuffer tmp(round_to_io(bytes));
-  files_[r.buffer]->read(tmp.data(), tmp.size(), r.offset * sizeof(float)).wait();
+  files_[r.buffer]->read(tmp.data(), tmp.size(), r.offset * dtype_size(plan_.buffers[r.buffer].dtype)).wait();
   std::memcpy(out, tmp.data(), bytes);
 }
 
-void Executor::write_owned(const OwnedRange& r, const float* values) {
-  const size_t bytes = r.numel() * sizeof(float);
+void Executor::write_owned(const OwnedRange& r, const void* values) {
+  const size_t bytes = r.numel() * dtype_size(plan_.buffers[r.buffer].dtype);
   if (buffers_[r.buffer]) {
     Stream& cs = compute_stream();
     device_.copy(cs, at(r, r.lo), values, bytes);
@@ -167,7 +187,26 @@ void Executor::write_owned(const OwnedRange& r, const float* values) {
   offload::AlignedBuffer tmp(round_to_io(bytes));
   std::memset(tmp.data(), 0, tmp.size());
   std::memcpy(tmp.data(), values, bytes);
-  files_[r.buffer]->write(tmp.data(), tmp.size(), r.offset * sizeof(float)).wait();
+  files_[r.buffer]->write(tmp.data(), tmp.size(), r.offset * dtype_size(plan_.buffers[r.buffer].dtype)).wait();
+}
+
+void Executor::gather_shards(Stream& gs, int block, TensorView full) {
+  const auto& r = plan_.range(StateKind::param_shard, block);
+  if (on_device(r.buffer)) {
+    gather_comm_->all_gather(gs, view(StateKind::param_shard, block), full);
+    return;
+  }
+  // This rank's slice of `full` receives the shard; the all-gather then runs in place.
+  const TensorView mine = full.slice(r.lo, r.numel());
+  if (offload::SwapFile* file = files_[r.buffer].get()) {
+    void* staging = buffers_[plan_.param_staging].data();
+    const size_t bytes = mine.bytes(), offset = r.offset * dtype_size(mine.dtype);
+    gs.enqueue_host([=] { file->read(staging, round_to_io(bytes), offset).wait(); });
+    device_.copy(gs, mine.data, staging, bytes);
+  } else {
+    device_.copy(gs, mine.data, at(r, r.lo), mine.bytes());
+  }
+  gather_comm_->all_gather(gs, mine, full);
 }
 
 }  // namespace zeroth

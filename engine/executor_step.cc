@@ -176,7 +176,7 @@ void Executor::all_gather(int index) {
   Stream& gs = *gather_stream_;
   if (!bucket.staged) {
     const int b = bucket.blocks.front();
-    gather_comm_->all_gather(gs, view(StateKind::param_shard, b), view(StateKind::params, b));
+    gather_shards(gs, b, view(StateKind::params, b));
     return;
   }
   const int dp = plan_.dp, r = plan_.rank;
@@ -212,10 +212,8 @@ void Executor::write_block(int b, const std::function<void(size_t, size_t, float
   cpu::cast(values.data(), DType::f32, narrow.data(), plan_.compute_dtype, values.size());
   Stream& cs = compute_stream();
   if (params != nullptr) device_.copy(cs, at(*params, params->lo), narrow.data() + (params->lo - lo) * c, params->numel() * c);
-  if (params == nullptr || params->buffer != shard.buffer) {
-    device_.copy(cs, at(shard, shard.lo), narrow.data() + (shard.lo - lo) * c, shard.numel() * c);
-  }
-  cs.synchronize();  // `narrow` goes out of scope
+  cs.synchronize();  // the copy has read `narrow`
+  if (params == nullptr || params->buffer != shard.buffer) write_owned(shard, narrow.data() + (shard.lo - lo) * c);
   if (!same_place(master, shard)) write_owned(master, values.data() + (master.lo - lo));
 }
 

@@ -105,6 +105,15 @@ Tier optimizer_tier(const ZeroConfig& z) {
   return Tier::device;
 }
 Tier staging_tier(const ZeroConfig& z) { return z.offload_optimizer.pin_memory ? Tier::pinned_host : Tier::host; }
+// Where stage 3's parameter shards live.
+Tier param_tier(const ZeroConfig& z) {
+  switch (z.offload_param.device) {
+    case OffloadDevice::none: return Tier::device;
+    case OffloadDevice::cpu: return z.offload_param.pin_memory ? Tier::pinned_host : Tier::host;
+    case OffloadDevice::nvme: return Tier::nvme;
+  }
+  return Tier::device;
+}
 
 void own(Plan& p, StateKind kind, int block, size_t lo, size_t hi, int buffer, size_t offset) {
   p.owned_index[block][static_cast<size_t>(kind)] = static_cast<int>(p.owned.size());
@@ -121,7 +130,8 @@ void lay_out_state(Plan& p, const EngineConfig& config, const ArenaSizes& arenas
   size_t persistent = 0;
   for (const auto& blk : p.blocks) persistent += blk.persistent ? blk.padded : 0;
   const size_t owned_numel = stage == 0 ? p.total_padded : p.shard_numel;
-  const int shard_buf = sharded_params ? add_buffer(p, "param_shard", MemTag::params, c, p.shard_numel) : -1;
+  const int shard_buf = sharded_params ? add_buffer(p, "param_shard", MemTag::params, c, p.shard_numel, false, param_tier(config.zero))
+                                       : -1;
   const int params_buf = add_buffer(p, "params", MemTag::params, c, sharded_params ? persistent : p.total_padded);
   p.param_arena = add_buffer(p, "param_arena", MemTag::params, c, arenas.params);
   const int master_buf = aliases ? -1 : add_buffer(p, "master", MemTag::optimizer, DType::f32, owned_numel, false, opt);
@@ -235,6 +245,13 @@ void add_offload_buffers(Plan& p, const EngineConfig& config) {
   for (const auto& k : p.reduce_buckets) bucket = std::max(bucket, k.shard_numel);
   for (const auto& e : p.sub_group_extent) p.slot_numel = std::max(p.slot_numel, e[1] - e[0]);
   p.grad_staging = add_buffer(p, "grad_staging", MemTag::buffers, p.comm_dtype, bucket, false, host);
+  if (config.zero.offload_param.device == OffloadDevice::nvme) {
+    // A block's parameter shard on its way from the file to the device (gathers run one at a time).
+    size_t shard = 0;
+    for (const auto& blk : p.blocks) shard = std::max(shard, blk.shard);
+    p.param_staging = add_buffer(p, "param_staging", MemTag::params, p.compute_dtype, shard, false,
+                                 config.zero.offload_param.pin_memory ? Tier::pinned_host : Tier::host);
+  }
   if (o.device == OffloadDevice::nvme) {
     p.grad_host = add_buffer(p, "grad_host", MemTag::buffers, DType::f32, bucket, false, host);
     const size_t arrays = 2 + static_cast<size_t>(config.optimizer.state_arrays());
@@ -329,13 +346,16 @@ Plan make_plan(const std::vector<BlockSpec>& specs, const BlockSchedule& schedul
   check_schedule(schedule, specs.size());
   const auto& z = config.zero;
   const bool swapped = z.offload_optimizer.device == OffloadDevice::nvme;
+  // Elements per 4 KiB (the swap files' I/O alignment) of every kind that lives in a swap file.
+  size_t quantum = swapped ? kSwapQuantum : 1;
+  if (z.offload_param.device == OffloadDevice::nvme) quantum = std::max(quantum, 4096 / dtype_size(config.compute_dtype));
   if (z.offload_optimizer.enabled() && config.optimizer.kind == OptimizerKind::lamb) {
     ZEROTH_THROW(ConfigError,
                  "optimizer Lamb with zero_optimization.offload_optimizer: the offloaded update runs Adam, AdamW or SGD (as "
                  "DeepSpeed's CPU optimizers); choose one of them or remove offload_optimizer");
   }
   // Swapped shards start and end on the swap files' I/O alignment in every block.
-  const size_t alignment = swapped ? std::max<size_t>(config.alignment, kSwapQuantum) : config.alignment;
+  const size_t alignment = std::max<size_t>(config.alignment, quantum);
   Plan p;
   p.stage = z.stage;
   p.dp = dp;
@@ -419,7 +439,7 @@ Plan make_plan(const std::vector<BlockSpec>& specs, const BlockSchedule& schedul
   p.scalar = add_buffer(p, "scalar", MemTag::buffers, DType::f32, 1);
 
   config.no_weight_decay.check(specs);
-  make_sub_groups(p, specs, config.no_weight_decay, std::max<uint64_t>(1, z.sub_group_size), swapped ? kSwapQuantum : 1,
+  make_sub_groups(p, specs, config.no_weight_decay, std::max<uint64_t>(1, z.sub_group_size), quantum,
                   config.optimizer.kind == OptimizerKind::lamb);
   add_offload_buffers(p, config);
   make_step_program(p, z.offload_optimizer);

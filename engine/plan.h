@@ -185,8 +185,9 @@ struct Plan {
   // parameters an update writes for upload (two sub-groups), and the swap slots (each holds a
   // sub-group's master, moments and gradients, in that order).
   int grad_staging = -1, grad_host = -1, param_out = -1, swap_slots = -1;
-  size_t slot_numel = 0;  // elements per array in a swap or param_out slot: the largest sub-group
-  TierBytes bytes{};      // what the engine holds per tier and tag at peak
+  int param_staging = -1;  // a block's parameter shard read from its swap file before the device copy
+  size_t slot_numel = 0;   // elements per array in a swap or param_out slot: the largest sub-group
+  TierBytes bytes{};       // what the engine holds per tier and tag at peak
 
   // The owned range of a kind of a block, or nullptr when the rank holds none.
   const OwnedRange* find(StateKind kind, int block) const;

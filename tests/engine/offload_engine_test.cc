@@ -42,10 +42,11 @@ struct Case {
   DType dtype;
   OffloadDevice device;
   bool pipeline;
+  OffloadDevice params = OffloadDevice::none;  // offload_param (stage 3)
 };
 void PrintTo(const Case& c, std::ostream* os) {
-  *os << "stage " << c.stage << ", dp " << c.dp << ", gas " << c.gas << ", " << dtype_name(c.dtype) << ", "
-      << offload_device_name(c.device) << (c.pipeline ? "" : ", no pipelining");
+  *os << "stage " << c.stage << ", dp " << c.dp << ", gas " << c.gas << ", " << dtype_name(c.dtype) << ", optimizer on "
+      << offload_device_name(c.device) << (c.pipeline ? "" : ", no pipelining") << ", parameters on " << offload_device_name(c.params);
 }
 
 MlpRun offload_run(const Case& c, bool offload) {
@@ -58,13 +59,17 @@ MlpRun offload_run(const Case& c, bool offload) {
     // Several sub-groups per rank, some across blocks, so swaps pipeline and slots are reused.
     e.zero.sub_group_size = 1000;
     if (!offload) {
-      // The same padding as the swapped plan, so the two runs hold the same elements.
+      // The same padding as the swapped plan (4 KiB of each swapped kind), so the two runs hold
+      // the same elements.
       if (c.device == OffloadDevice::nvme) e.alignment = 1024;
+      if (c.params == OffloadDevice::nvme) e.alignment = std::max<uint64_t>(e.alignment, 4096 / dtype_size(c.dtype));
       return;
     }
     e.zero.offload_optimizer.device = c.device;
     e.zero.offload_optimizer.nvme_path = swap_dir();
     e.zero.offload_optimizer.pipeline_read = e.zero.offload_optimizer.pipeline_write = c.pipeline;
+    e.zero.offload_param.device = c.params;
+    e.zero.offload_param.nvme_path = swap_dir();
   };
   return run;
 }
@@ -115,13 +120,24 @@ std::vector<Case> offload_cases() {
   // Swaps without read-ahead or write-behind: one slot, each sub-group in turn.
   out.push_back({2, 2, 2, DType::bf16, OffloadDevice::nvme, false});
   out.push_back({3, 1, 1, DType::f32, OffloadDevice::nvme, false});
+  // Stage 3 with the parameter shards off the device too (ZeRO-Infinity), gathered from there.
+  for (OffloadDevice device : {OffloadDevice::cpu, OffloadDevice::nvme}) {
+    for (int dp : {1, 2}) {
+      for (int gas : {1, 2}) {
+        for (DType dtype : {DType::f32, DType::bf16}) out.push_back({3, dp, gas, dtype, device, true, device});
+      }
+    }
+  }
+  out.push_back({3, 2, 1, DType::bf16, OffloadDevice::cpu, true, OffloadDevice::nvme});
+  out.push_back({3, 2, 2, DType::bf16, OffloadDevice::nvme, false, OffloadDevice::cpu});
   return out;
 }
 
 INSTANTIATE_TEST_SUITE_P(All, Offload, ::testing::ValuesIn(offload_cases()), [](const auto& info) {
   const Case& c = info.param;
-  return fmt::format("{}_stage{}_dp{}_gas{}_{}{}", offload_device_name(c.device), c.stage, c.dp, c.gas, dtype_name(c.dtype),
-                     c.pipeline ? "" : "_serial");
+  return fmt::format("{}_stage{}_dp{}_gas{}_{}{}{}", offload_device_name(c.device), c.stage, c.dp, c.gas, dtype_name(c.dtype),
+                     c.pipeline ? "" : "_serial",
+                     c.params == OffloadDevice::none ? "" : fmt::format("_params_{}", offload_device_name(c.params)));
 });
 
 }  // namespace
