@@ -184,6 +184,11 @@ StepResult Engine::step() {
     compute_stream().synchronize();
     r.reduce_wait_seconds = std::chrono::duration<double>(t1 - t0).count();
     r.update_seconds = std::chrono::duration<double>(Clock::now() - t1).count();
+    const SwapIo io = exec.swap_io();
+    r.swap_read_bytes = io.read_bytes - swap_io_.read_bytes;
+    r.swap_write_bytes = io.write_bytes - swap_io_.write_bytes;
+    r.swap_busy_seconds = io.busy_seconds - swap_io_.busy_seconds;
+    swap_io_ = io;
     return r;
   };
   const double sumsq = exec.grad_norm();

@@ -25,6 +25,7 @@
 #include "comm/process_grid.h"  // ProcessGrid::Groups
 #include "core/device.h"        // Device, Stream
 #include "engine/config.h"      // EngineConfig
+#include "engine/executor.h"    // SwapIo
 #include "engine/plan.h"        // Plan
 #include "engine/tiers.h"       // TierAllocators
 #include "models/block_api.h"   // BlockHost, BlockSpec, BlockViews, ModelFootprint
@@ -45,6 +46,10 @@ struct StepResult {
   // gradient reductions still running after the last backward, and the rest of the step (norm,
   // update, post-step gathers).
   double reduce_wait_seconds = 0, update_seconds = 0;
+  // Swap-file traffic of the cycle and step (offload to NVMe): bytes read and written since the
+  // last step, and the time the engine's streams spent waiting on them (summed over streams).
+  uint64_t swap_read_bytes = 0, swap_write_bytes = 0;
+  double swap_busy_seconds = 0;
 };
 
 class Engine final : public BlockHost {
@@ -105,6 +110,7 @@ class Engine final : public BlockHost {
 
  private:
   Executor& running(const char* what, int block) const;
+  SwapIo swap_io_{};  // the executor's totals at the last step
   void initialize();
 
   Device& device_;

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <array>       // std::array
+#include <atomic>      // std::atomic
 #include <cstdint>     // int64_t
 #include <functional>  // std::function
 #include <memory>      // std::unique_ptr, std::shared_ptr
@@ -32,6 +33,13 @@ struct UpdateArgs {
   std::optional<std::array<double, 2>> betas;  // the schedule's (OneCycle's cycle_momentum), else the optimizer's
 };
 
+// Bytes the executor moved through swap files so far, and the time its streams spent waiting on
+// those transfers (summed over streams, so it can exceed wall time when they overlap).
+struct SwapIo {
+  uint64_t read_bytes = 0, write_bytes = 0;
+  double busy_seconds = 0;
+};
+
 // The folder of a buffer's swap file: offload_param's for parameters, offload_optimizer's else.
 std::string swap_folder(const ZeroConfig& zero, const PlannedBuffer& buffer);
 
@@ -45,6 +53,7 @@ class Executor {
 
   Stream& compute_stream() { return device_.default_stream(); }
   CommStats comm_stats() const;
+  SwapIo swap_io() const;
 
   // The block uses, checked against the program (the training cycle, or the evaluation pass).
   const BlockViews& begin(int block, int micro, Pass pass, const char* what);
@@ -157,6 +166,9 @@ class Executor {
   std::vector<TensorView> landing_;
   std::vector<double> bucket_sumsq_;
   std::vector<std::unique_ptr<Event>> slot_ready_, slot_written_, slot_uploaded_;
+  // Runs `transfers` (issue and wait) on a host callback's thread, counting bytes and time.
+  void timed_io(uint64_t read_bytes, uint64_t write_bytes, const std::function<void()>& transfers);
+  std::atomic<uint64_t> io_read_{0}, io_written_{0}, io_busy_ns_{0};
   size_t cursor_ = 0;  // next action of the program being walked
   int open_use_ = -1;  // the use between its begin_ and end_
   size_t eval_cursor_ = 0;

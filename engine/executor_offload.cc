@@ -2,6 +2,7 @@
 // swap of a sub-group's state between its files and a host slot, and the upload of updated
 // parameters to the device shard. Ordering is by events: a slot is read into only after its last
 // write-back and upload are done; an update waits for its slot's read.
+#include <chrono>   // std::chrono::steady_clock
 #include <cstring>  // std::memcpy
 
 #include "core/cpu/kernels.h"  // cpu::axpy, cpu::cast, cpu::fill, cpu::sum_squares
@@ -36,6 +37,16 @@ size_t round_to_io(size_t bytes) { return (bytes + offload::kIoAlignment - 1) / 
 
 }  // namespace
 
+void Executor::timed_io(uint64_t read_bytes, uint64_t write_bytes, const std::function<void()>& transfers) {
+  const auto t0 = std::chrono::steady_clock::now();
+  transfers();
+  io_busy_ns_ += static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+  io_read_ += read_bytes;
+  io_written_ += write_bytes;
+}
+
+SwapIo Executor::swap_io() const { return {io_read_.load(), io_written_.load(), static_cast<double>(io_busy_ns_.load()) * 1e-9}; }
+
 void* Executor::state_at(StateKind kind, int block, size_t element, int sub_group, int slot) const {
   const auto& r = plan_.range(kind, block);
   if (buffers_[r.buffer]) return at(r, element);
@@ -67,15 +78,16 @@ void Executor::offload_grads(int index, bool add, Stream& rs) {
   double* sumsq = &bucket_sumsq_[index];
   // The squares are taken on the way, so the step's norm never reads the gradients back; the
   // last micro-batch's pass leaves the final ones.
-  rs.enqueue_host([=] {
+  const size_t bytes = round_to_io(n * sizeof(float));
+  rs.enqueue_host([=, this] {
     if (add) {
-      if (file != nullptr) file->read(host, round_to_io(n * sizeof(float)), file_offset).wait();
+      if (file != nullptr) timed_io(bytes, 0, [&] { file->read(host, bytes, file_offset).wait(); });
       cpu::axpy(host, DType::f32, 1.0f, staging, comm, n);
     } else {
       cpu::cast(staging, comm, host, DType::f32, n);
     }
     *sumsq = cpu::sum_squares(host, DType::f32, n);
-    if (file != nullptr) file->write(host, round_to_io(n * sizeof(float)), file_offset).wait();
+    if (file != nullptr) timed_io(0, bytes, [&] { file->write(host, bytes, file_offset).wait(); });
   });
   reduced_ = record(rs);
   for (int b : bucket.blocks) grad_reader_[b] = reduced_;
@@ -98,10 +110,13 @@ void Executor::swap_in(int sub_group, int slot) {
     ZEROTH_CHECK(files_[r->buffer] != nullptr, "swap_in: {} is not in a swap file", state_kind_name(kind));
     reads.push_back({files_[r->buffer].get(), state_at(kind, b, r->lo + (lo - r->offset), sub_group, slot)});
   }
-  ss.enqueue_host([reads, lo, hi] {
-    std::vector<offload::IoHandle> handles;
-    for (const auto& r : reads) handles.push_back(r.file->read(r.into, round_to_io((hi - lo) * sizeof(float)), lo * sizeof(float)));
-    for (auto& h : handles) h.wait();
+  ss.enqueue_host([reads, lo, hi, this] {
+    const size_t bytes = round_to_io((hi - lo) * sizeof(float));
+    timed_io(bytes * reads.size(), 0, [&] {
+      std::vector<offload::IoHandle> handles;
+      for (const auto& r : reads) handles.push_back(r.file->read(r.into, bytes, lo * sizeof(float)));
+      for (auto& h : handles) h.wait();
+    });
   });
   slot_ready_[slot]->record(ss);
 }
@@ -118,11 +133,13 @@ void Executor::swap_out(int sub_group, int slot) {
     if (r == nullptr) continue;
     writes.emplace_back(files_[r->buffer].get(), state_at(kind, b, r->lo + (lo - r->offset), sub_group, slot));
   }
-  ws.enqueue_host([writes, lo, hi] {
-    std::vector<offload::IoHandle> handles;
-    for (const auto& [file, from] : writes)
-      handles.push_back(file->write(from, round_to_io((hi - lo) * sizeof(float)), lo * sizeof(float)));
-    for (auto& h : handles) h.wait();
+  ws.enqueue_host([writes, lo, hi, this] {
+    const size_t bytes = round_to_io((hi - lo) * sizeof(float));
+    timed_io(0, bytes * writes.size(), [&] {
+      std::vector<offload::IoHandle> handles;
+      for (const auto& [file, from] : writes) handles.push_back(file->write(from, bytes, lo * sizeof(float)));
+      for (auto& h : handles) h.wait();
+    });
   });
   slot_written_[slot]->record(ws);
 }
@@ -140,7 +157,8 @@ void Executor::upload(int sub_group, int slot) {
     const auto& master = plan_.range(StateKind::master, spans.front().block);
     const void* from = plan_.param_out >= 0 ? param_out_at(sub_group, slot, master, spans.front().lo)
                                             : state_at(StateKind::master, spans.front().block, spans.front().lo, sub_group, slot);
-    gs.enqueue_host([=] { file->write(from, round_to_io((hi - lo) * c), lo * c).wait(); });
+    const size_t bytes = round_to_io((hi - lo) * c);
+    gs.enqueue_host([=, this] { timed_io(0, bytes, [&] { file->write(from, bytes, lo * c).wait(); }); });
     slot_uploaded_[slot]->record(gs);
     return;
   }
@@ -201,7 +219,7 @@ void Executor::gather_shards(Stream& gs, int block, TensorView full) {
   if (offload::SwapFile* file = files_[r.buffer].get()) {
     void* staging = buffers_[plan_.param_staging].data();
     const size_t bytes = mine.bytes(), offset = r.offset * dtype_size(mine.dtype);
-    gs.enqueue_host([=] { file->read(staging, round_to_io(bytes), offset).wait(); });
+    gs.enqueue_host([=, this] { timed_io(round_to_io(bytes), 0, [&] { file->read(staging, round_to_io(bytes), offset).wait(); }); });
     device_.copy(gs, mine.data, staging, bytes);
   } else {
     device_.copy(gs, mine.data, at(r, r.lo), mine.bytes());

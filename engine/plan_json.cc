@@ -209,13 +209,16 @@ std::string Plan::program_summary() const {
   }
   out += "\nstep:";
   for (const auto& a : step_program) {
-    const bool group = a.kind == ActionKind::update || a.kind == ActionKind::update_norms;
-    const bool buffer = a.kind == ActionKind::grad_norm || a.kind == ActionKind::zero || a.kind == ActionKind::sum_norms;
-    out += fmt::format(" {} {}{},", action_name(a.kind),
-                       group                              ? "sub-group "
-                       : a.kind == ActionKind::all_gather ? "bucket "
-                                                          : "",
-                       buffer ? buffers[a.target].name : std::to_string(a.target));
+    const bool group = a.kind == ActionKind::update || a.kind == ActionKind::update_norms || a.kind == ActionKind::swap_in ||
+                       a.kind == ActionKind::swap_out || a.kind == ActionKind::upload;
+    const bool bucket = a.kind == ActionKind::all_gather || a.kind == ActionKind::grad_norm;
+    const bool buffer = a.kind == ActionKind::zero || a.kind == ActionKind::sum_norms;
+    const bool slot = a.kind == ActionKind::swap_in || a.kind == ActionKind::swap_out || a.kind == ActionKind::upload;
+    out += fmt::format(" {} {}{}{},", action_name(a.kind),
+                       group    ? "sub-group "
+                       : bucket ? "bucket "
+                                : "",
+                       buffer ? buffers[a.target].name : std::to_string(a.target), slot ? fmt::format(" (slot {})", a.offset) : "");
   }
   out.pop_back();
   return out;

@@ -149,6 +149,11 @@ class Console final : public TrainObserver {
                      {"backward_ms", s.backward_seconds * 1e3},
                      {"reduce_wait_ms", s.reduce_wait_seconds * 1e3},
                      {"optimizer_ms", s.optimizer_seconds * 1e3}});
+      if (s.swap_read_bytes + s.swap_write_bytes > 0) {
+        record.update({{"swap_read_bytes", s.swap_read_bytes},
+                       {"swap_write_bytes", s.swap_write_bytes},
+                       {"swap_busy_ms", s.swap_busy_seconds * 1e3}});
+      }
     }
     metrics_ << record.dump() << "\n";
     check_written();
@@ -177,8 +182,13 @@ class Console final : public TrainObserver {
   // DeepSpeed's wall_clock_breakdown line, printed with the step line.
   std::string breakdown_line(const StepMetrics& s) const {
     if (!c_.engine.time_breakdown) return "";
-    return fmt::format("  time (ms) | forward: {:.2f} | backward: {:.2f} | reduce wait: {:.2f} | optimizer: {:.2f}\n",
-                       s.forward_seconds * 1e3, s.backward_seconds * 1e3, s.reduce_wait_seconds * 1e3, s.optimizer_seconds * 1e3);
+    std::string swaps;
+    if (s.swap_read_bytes + s.swap_write_bytes > 0) {
+      swaps = fmt::format(" | swap files: read {}, written {}, streams waited {:.2f}", format_bytes(s.swap_read_bytes),
+                          format_bytes(s.swap_write_bytes), s.swap_busy_seconds * 1e3);
+    }
+    return fmt::format("  time (ms) | forward: {:.2f} | backward: {:.2f} | reduce wait: {:.2f} | optimizer: {:.2f}{}\n",
+                       s.forward_seconds * 1e3, s.backward_seconds * 1e3, s.reduce_wait_seconds * 1e3, s.optimizer_seconds * 1e3, swaps);
   }
 
   void on_eval(int64_t step, double val) override {

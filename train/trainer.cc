@@ -203,6 +203,9 @@ TrainSummary train(const TrainConfig& config, Communicator& dp, Device& device, 
       s.backward_seconds = pass_seconds[1];
       s.reduce_wait_seconds = r.reduce_wait_seconds;
       s.optimizer_seconds = r.update_seconds;
+      s.swap_read_bytes = r.swap_read_bytes;
+      s.swap_write_bytes = r.swap_write_bytes;
+      s.swap_busy_seconds = r.swap_busy_seconds;
       observer->on_step(s);
     });
     // The skip is the same on every rank (a global norm), so every rank ends here together.

@@ -127,6 +127,50 @@ TEST(Plan, DumpsAsJsonWithBytesPerTierAndTagAndTheActionList) {
   EXPECT_NE(summary.find("F embed      gather embed | run | release embed"), std::string::npos) << summary;
 }
 
+// Offload is a program, not a flag: with the optimizer in swap files the step reads each
+// sub-group into a slot ahead of its update and writes it back after, round robin over three
+// slots; each reduction is followed by its bucket's copy to the host; the state buffers sit on
+// the nvme tier, the staging on the host, and sub-groups start on the file's 4 KiB.
+TEST(Plan, OffloadedOptimizerStepSwapsSubGroupsThroughSlotsInPipelineOrder) {
+  auto c = stage3(1000, 0);
+  c.zero.sub_group_size = 1024;
+  c.zero.reduce_bucket_size = 0;
+  c.zero.offload_optimizer.device = OffloadDevice::nvme;
+  c.zero.offload_optimizer.nvme_path = "/unused";
+  const auto blocks = std::vector<BlockSpec>{{"a", {{"w", {1500, 2}, InitRule::zeros()}}}, {"b", {{"w", {900}, InitRule::zeros()}}}};
+  const auto plan = make_plan(blocks, default_schedule(2), c, 1, 0);
+  for (const char* name : {"master", "moment0", "moment1", "grad_shard"}) {
+    const auto it = std::find_if(plan.buffers.begin(), plan.buffers.end(), [&](const auto& b) { return b.name == name; });
+    ASSERT_NE(it, plan.buffers.end()) << name;
+    EXPECT_EQ(it->tier, Tier::nvme) << name;
+  }
+  EXPECT_EQ(plan.buffers.at(plan.swap_slots).tier, Tier::host);
+  EXPECT_EQ(plan.buffers.at(plan.swap_slots).numel, 3u * 4u * plan.slot_numel);  // slots x (master, 2 moments, grads)
+  for (const auto& e : plan.sub_group_extent) EXPECT_EQ(e[0] % 1024, 0u);
+  // a: 3000 elements padded to 3072, b: 900 to 1024: four sub-groups of 1024.
+  ASSERT_EQ(plan.sub_groups.size(), 4u);
+  std::string step;
+  for (const auto& a : plan.step_program) {
+    if (a.kind == ActionKind::grad_norm) continue;
+    step += fmt::format("{} {}/{} ", action_name(a.kind), a.target, a.offset);
+  }
+  EXPECT_EQ(step,
+            "swap_in 0/0 swap_in 1/1 update 0/0 upload 0/0 swap_out 0/0 swap_in 2/2 update 1/1 upload 1/1 swap_out 1/1 swap_in 3/0 "
+            "update 2/2 upload 2/2 swap_out 2/2 update 3/0 upload 3/0 swap_out 3/0 ");
+  size_t reductions = 0, offloads = 0;
+  for (size_t i = 0; i < plan.program.size(); ++i) {
+    if (plan.program[i].kind != ActionKind::reduce_scatter) continue;
+    ++reductions;
+    ASSERT_LT(i + 1, plan.program.size());
+    offloads += plan.program[i + 1].kind == ActionKind::offload_grads && plan.program[i + 1].target == plan.program[i].target;
+  }
+  EXPECT_EQ(reductions, 2u);
+  EXPECT_EQ(offloads, reductions);
+  const std::string summary = plan.program_summary();
+  EXPECT_NE(summary.find("swap_in sub-group 3 (slot 0)"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("grad_norm bucket 1,"), std::string::npos) << summary;
+}
+
 // overlap_comm = false moves every collective of a block use onto the compute stream and changes
 // nothing else: the same actions in the same order, so the same arithmetic.
 TEST(Plan, OverlapCommOffRunsEachCycleCollectiveOnTheComputeStreamAndChangesNothingElse) {
