@@ -13,6 +13,7 @@
 #include <cstdlib>     // std::exit
 #include <cstring>     // std::memcmp
 #include <filesystem>  // std::filesystem::exists
+#include <fstream>     // std::ifstream
 #include <numeric>     // std::accumulate
 #include <random>      // std::mt19937_64
 #include <string>      // std::string
@@ -438,10 +439,10 @@ INSTANTIATE_TEST_SUITE_P(Rings, AsyncFileSqpollTest,
 });
 
 // One request of 512 pieces through a ring of depth 32: the first submission fills the ring,
-// every later one waits until half of it is free, so each carries at least 16 pieces (the last
-// may carry the remainder): at most 1 + 480 / 16 + 1 calls a direction, where submitting as
+// every later one waits until a quarter of it is free, so each carries at least 8 pieces (the
+// last may carry the remainder): at most 1 + 480 / 8 + 1 calls a direction, where submitting as
 // each piece completes takes hundreds.
-TEST(AsyncFileBatchTest, LargeRequestIsSubmittedInBatchesOfHalfTheDepth) {
+TEST(AsyncFileBatchTest, LargeRequestIsSubmittedInBatchesOfAQuarterOfTheDepth) {
   constexpr std::uint64_t kSeed = 31;
   constexpr std::size_t kBlock = 16 * kKiB, kPieces = 512;
   constexpr unsigned kDepth = 32;
@@ -460,7 +461,7 @@ TEST(AsyncFileBatchTest, LargeRequestIsSubmittedInBatchesOfHalfTheDepth) {
     EXPECT_EQ(stats.pieces, 2 * kPieces);
     EXPECT_EQ(stats.peak_in_flight, kDepth);
     EXPECT_GE(stats.submit_calls, 2 * kPieces / kDepth);  // no call carries more than the ring holds
-    EXPECT_LE(stats.submit_calls, 2 * (1 + (kPieces - kDepth) / (kDepth / 2) + 1));
+    EXPECT_LE(stats.submit_calls, 2 * (1 + (kPieces - kDepth) / (kDepth / 4) + 1));
   }
   EXPECT_EQ(pattern_mismatches(in.data(), in.size(), 0, kSeed), 0u);
   ::unlink(path.c_str());
@@ -512,6 +513,33 @@ TEST(AlignedBufferTest, RoundsUpAndAligns) {
   AlignedBuffer wide(1, 1 << 16);
   EXPECT_EQ(reinterpret_cast<std::uintptr_t>(wide.data()) % (1 << 16), 0u);
   EXPECT_THROW(AlignedBuffer(4096, 3000), InvalidArgument);
+}
+
+// The VmFlags of the mapping that holds `address` in /proc/self/smaps ("rd wr mr ... hg").
+std::string vm_flags_at(const void* address) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto at = reinterpret_cast<std::uintptr_t>(address);
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    std::uintptr_t begin = 0, end = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &begin, &end) == 2 && line.find(':') > line.find(' ')) inside = begin <= at && at < end;
+    if (inside && line.rfind("VmFlags:", 0) == 0) return line;
+  }
+  return "";
+}
+
+// A buffer of 2 MiB or more starts on a 2 MiB boundary, keeps the size it was asked for, and
+// its mapping carries the kernel's huge-page advice ("hg").
+TEST(AlignedBufferTest, LargeBufferIsHugePageAlignedAndAdvised) {
+  AlignedBuffer large(3 * kMiB + 12 * kKiB);
+  EXPECT_EQ(large.size(), 3 * kMiB + 12 * kKiB);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(large.data()) % kHugePageBytes, 0u);
+  std::memset(large.data(), 1, large.size());
+  if (!std::filesystem::exists("/sys/kernel/mm/transparent_hugepage/enabled")) GTEST_SKIP() << "this kernel has no huge pages";
+  const std::string flags = vm_flags_at(large.data());
+  EXPECT_NE((flags + " ").find(" hg "), std::string::npos) << flags;
+  AlignedBuffer small(1 * kMiB);
+  EXPECT_EQ((vm_flags_at(small.data()) + " ").find(" hg "), std::string::npos) << vm_flags_at(small.data());
 }
 
 }  // namespace
