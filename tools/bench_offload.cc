@@ -3,7 +3,7 @@
 // the same file and settings in the same run as the reference; prints the best setting as
 // DeepSpeed's `aio` section. With --device cuda, the host<->device copy rates as well.
 #include <fcntl.h>        // open, posix_fallocate
-#include <signal.h>       // sigaction
+#include <signal.h>       // sigaction, pthread_sigmask, kill
 #include <spawn.h>        // posix_spawnp
 #include <sys/mman.h>     // madvise
 #include <sys/statvfs.h>  // statvfs
@@ -88,6 +88,8 @@ struct Point {
 
 // The files this run creates, removed on every way out: scope exit and the usual signals.
 char g_data_path[4096], g_fio_path[4096];
+// The fio process running now, 0 when none: a signal ends it too, so it writes no file after.
+volatile sig_atomic_t g_child = 0;
 
 void remove_files() {
   if (g_data_path[0] != '\0') ::unlink(g_data_path);
@@ -95,6 +97,10 @@ void remove_files() {
 }
 
 extern "C" void remove_files_and_reraise(int signal) {
+  if (g_child != 0) {
+    ::kill(g_child, SIGKILL);
+    ::waitpid(g_child, nullptr, 0);
+  }
   remove_files();
   ::signal(signal, SIG_DFL);
   ::raise(signal);
@@ -134,8 +140,21 @@ int run_process(const std::vector<std::string>& argv, std::string& output) {
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
+  // The signals that end the bench wait until g_child names the new process; fio itself
+  // starts with this thread's usual mask.
+  sigset_t ending, usual;
+  sigemptyset(&ending);
+  for (int s : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&ending, s);
+  ::pthread_sigmask(SIG_BLOCK, &ending, &usual);
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  posix_spawnattr_setsigmask(&attributes, &usual);
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK);
   pid_t pid = 0;
-  const int rc = posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), environ);
+  const int rc = posix_spawnp(&pid, args[0], &actions, &attributes, args.data(), environ);
+  if (rc == 0) g_child = pid;
+  ::pthread_sigmask(SIG_SETMASK, &usual, nullptr);
+  posix_spawnattr_destroy(&attributes);
   posix_spawn_file_actions_destroy(&actions);
   ::close(pipe_fds[1]);
   if (rc != 0) {
@@ -152,6 +171,7 @@ int run_process(const std::vector<std::string>& argv, std::string& output) {
   int status = 0;
   while (::waitpid(pid, &status, 0) == -1 && errno == EINTR) {
   }
+  g_child = 0;
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
