@@ -405,6 +405,7 @@ struct PollCase {
   bool sqpoll;
   unsigned threads;
 };
+void PrintTo(const PollCase& c, std::ostream* os) { *os << (c.sqpoll ? "sqpoll, " : "no sqpoll, ") << c.threads << " thread(s)"; }
 
 class AsyncFileSqpollTest : public ::testing::TestWithParam<PollCase> {};
 
