@@ -122,19 +122,27 @@ AsyncFile::AsyncFile(std::string path, Mode mode, IoOptions options) : path_(std
     ::close(fd_);
     throw;
   }
-  for (auto& worker : workers_) {
-    Worker& w = *worker;
-    w.thread = std::thread([this, &w] { w.ring != nullptr ? run_ring(w) : run_sync(w); });
+  try {
+    for (auto& worker : workers_) {
+      Worker& w = *worker;
+      w.thread = std::thread([this, &w] { w.ring != nullptr ? run_ring(w) : run_sync(w); });
+    }
+  } catch (...) {
+    stop_workers();  // the ones that started (std::thread throws when the system has no more)
+    throw;
   }
 }
 
-AsyncFile::~AsyncFile() {
+AsyncFile::~AsyncFile() { stop_workers(); }
+
+void AsyncFile::stop_workers() {
   {
     std::lock_guard lock(mutex_);
     stopping_ = true;
   }
   for (auto& worker : workers_) worker->wake.notify_one();
-  for (auto& worker : workers_) worker->thread.join();
+  for (auto& worker : workers_)
+    if (worker->thread.joinable()) worker->thread.join();
   workers_.clear();
   ::close(fd_);
 }

@@ -99,6 +99,8 @@ class AsyncFile {
     unsigned first_slot;  // slots of IoRing::kMaxBufferBytes each, from here on
   };
   IoHandle enqueue(bool is_write, void* buffer, std::size_t length, std::uint64_t offset);
+  // Lets the workers finish what is queued, joins them, closes the rings and the file.
+  void stop_workers();
   // The registered slot [buffer, buffer + length) lies in, -1 for none; called under mutex_.
   int buffer_slot(const std::byte* buffer, std::size_t length) const;
   void run_ring(Worker& worker);
