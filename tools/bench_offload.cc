@@ -3,20 +3,21 @@
 // the same file and settings in the same run as the reference; prints the best setting as
 // DeepSpeed's `aio` section. With --device cuda, the host<->device copy rates as well.
 #include <fcntl.h>        // open, posix_fallocate
-#include <signal.h>       // sigaction, pthread_sigmask, kill
-#include <spawn.h>        // posix_spawnp
+#include <poll.h>         // poll
+#include <signal.h>       // sigaction, raise
 #include <sys/mman.h>     // madvise
+#include <sys/prctl.h>    // prctl, PR_SET_PDEATHSIG
 #include <sys/statvfs.h>  // statvfs
 #include <sys/wait.h>     // waitpid
-#include <unistd.h>       // unlink, access, close
+#include <unistd.h>       // fork, execv, unlink, access, close
 
 #include <algorithm>   // std::max, std::min
 #include <chrono>      // std::chrono::steady_clock
 #include <cstdio>      // std::printf
+#include <cctype>      // std::isspace
 #include <cstring>     // std::memset, std::strncpy
 #include <deque>       // std::deque
 #include <filesystem>  // std::filesystem::is_directory
-#include <fstream>     // std::ifstream
 #include <optional>    // std::optional
 #include <sstream>     // std::stringstream
 #include <string>      // std::string
@@ -33,8 +34,6 @@
 #include "offload/aligned_buffer.h"  // AlignedBuffer
 #include "tools/bench_offload.h"     // CopyRates, check_cuda_device, measure_cuda_copies
 #include "tools/commands.h"
-
-extern char** environ;
 
 namespace zeroth::tools {
 namespace {
@@ -86,38 +85,26 @@ struct Point {
   double score() const { return 2.0 / (1.0 / write() + 1.0 / read()); }
 };
 
-// The files this run creates, removed on every way out: scope exit and the usual signals.
-char g_data_path[4096], g_fio_path[4096];
-// The fio process running now, 0 when none: a signal ends it too, so it writes no file after.
-volatile sig_atomic_t g_child = 0;
+// The file this run creates, removed on every way out: scope exit and the usual signals.
+char g_data_path[4096];
 
-void remove_files() {
-  if (g_data_path[0] != '\0') ::unlink(g_data_path);
-  if (g_fio_path[0] != '\0') ::unlink(g_fio_path);
-}
-
-extern "C" void remove_files_and_reraise(int signal) {
-  if (g_child != 0) {
-    ::kill(g_child, SIGKILL);
-    ::waitpid(g_child, nullptr, 0);
-  }
-  remove_files();
+extern "C" void remove_file_and_reraise(int signal) {
+  ::unlink(g_data_path);
   ::signal(signal, SIG_DFL);
   ::raise(signal);
 }
 
 struct FileGuard {
-  FileGuard(const std::string& data, const std::string& fio) {
-    std::strncpy(g_data_path, data.c_str(), sizeof g_data_path - 1);
-    std::strncpy(g_fio_path, fio.c_str(), sizeof g_fio_path - 1);
+  explicit FileGuard(const std::string& path) {
+    std::strncpy(g_data_path, path.c_str(), sizeof g_data_path - 1);
     struct sigaction action {};
-    action.sa_handler = remove_files_and_reraise;
+    action.sa_handler = remove_file_and_reraise;
     for (int s : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(s, &action, nullptr);
   }
   ~FileGuard() {
     for (int s : {SIGINT, SIGTERM, SIGHUP}) ::signal(s, SIG_DFL);
-    remove_files();
-    g_data_path[0] = g_fio_path[0] = '\0';
+    ::unlink(g_data_path);
+    g_data_path[0] = '\0';
   }
 };
 
@@ -129,56 +116,65 @@ std::optional<std::string> find_on_path(const std::string& name) {
   return std::nullopt;
 }
 
-// Runs argv without a shell; returns its exit status, its stdout and stderr in `output`.
-int run_process(const std::vector<std::string>& argv, std::string& output) {
-  int pipe_fds[2];
-  SYSCALL_CHECK(::pipe2(pipe_fds, O_CLOEXEC));
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], 1);
-  posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], 2);
+struct ProcessResult {
+  int status = 0;  // exit code, 128 + signal when killed
+  std::string out, err;
+};
+
+// Runs argv (argv[0] a full path) without a shell. The child dies with this process
+// (PR_SET_PDEATHSIG), however this one ends, so an interrupted bench leaves no fio running.
+ProcessResult run_process(const std::vector<std::string>& argv) {
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
-  // The signals that end the bench wait until g_child names the new process; fio itself
-  // starts with this thread's usual mask.
-  sigset_t ending, usual;
-  sigemptyset(&ending);
-  for (int s : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&ending, s);
-  ::pthread_sigmask(SIG_BLOCK, &ending, &usual);
-  posix_spawnattr_t attributes;
-  posix_spawnattr_init(&attributes);
-  posix_spawnattr_setsigmask(&attributes, &usual);
-  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK);
-  pid_t pid = 0;
-  const int rc = posix_spawnp(&pid, args[0], &actions, &attributes, args.data(), environ);
-  if (rc == 0) g_child = pid;
-  ::pthread_sigmask(SIG_SETMASK, &usual, nullptr);
-  posix_spawnattr_destroy(&attributes);
-  posix_spawn_file_actions_destroy(&actions);
-  ::close(pipe_fds[1]);
-  if (rc != 0) {
-    ::close(pipe_fds[0]);
-    ZEROTH_THROW(IoError, "starting {} failed: {}", argv[0], zeroth::detail::errno_text(rc));
+  int out_pipe[2], err_pipe[2];
+  SYSCALL_CHECK(::pipe2(out_pipe, O_CLOEXEC));
+  SYSCALL_CHECK(::pipe2(err_pipe, O_CLOEXEC));
+  const pid_t parent = ::getpid();
+  const pid_t pid = SYSCALL_CHECK(::fork());
+  if (pid == 0) {
+    // Only async-signal-safe calls between fork and exec: other threads held locks at the fork.
+    if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() != parent) ::_exit(127);
+    ::dup2(out_pipe[1], 1);
+    ::dup2(err_pipe[1], 2);
+    ::execv(args[0], args.data());
+    ::_exit(127);
   }
-  output.clear();
-  char buffer[4096];
-  for (ssize_t n; (n = ::read(pipe_fds[0], buffer, sizeof buffer)) != 0;) {
-    if (n > 0) output.append(buffer, static_cast<std::size_t>(n));
-    else if (errno != EINTR) break;
+  ::close(out_pipe[1]);
+  ::close(err_pipe[1]);
+  ProcessResult result;
+  // Both pipes at once: a child blocked on a full stderr would never close stdout.
+  pollfd fds[2] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}};
+  std::string* sinks[2] = {&result.out, &result.err};
+  for (int open = 2; open > 0;) {
+    if (::poll(fds, 2, -1) == -1) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    for (int k = 0; k < 2; ++k) {
+      if (fds[k].fd < 0 || fds[k].revents == 0) continue;
+      char buffer[4096];
+      const ssize_t n = ::read(fds[k].fd, buffer, sizeof buffer);
+      if (n > 0) {
+        sinks[k]->append(buffer, static_cast<std::size_t>(n));
+      } else if (n == 0 || errno != EINTR) {
+        ::close(fds[k].fd);
+        fds[k].fd = -1;
+        --open;
+      }
+    }
   }
-  ::close(pipe_fds[0]);
   int status = 0;
   while (::waitpid(pid, &status, 0) == -1 && errno == EINTR) {
   }
-  g_child = 0;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  result.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return result;
 }
 
 class OffloadBench {
  public:
-  OffloadBench(const Options& o, std::string data_path, std::string fio_path, std::size_t size, std::optional<std::string> fio)
-      : o_(o), data_path_(std::move(data_path)), fio_path_(std::move(fio_path)), size_(size), fio_(std::move(fio)) {
+  OffloadBench(const Options& o, std::string data_path, std::size_t size, std::optional<std::string> fio)
+      : o_(o), data_path_(std::move(data_path)), size_(size), fio_(std::move(fio)) {
     // kOutstanding requests of the largest size, allocated and touched once for the whole
     // sweep. Each point uses the first kOutstanding requests' worth, 1.5 times its bytes in
     // flight, as fio holds one buffer per piece in flight. (Where the disk is a virtual
@@ -231,10 +227,9 @@ class OffloadBench {
   }
 
   std::string fio_version() {
-    std::string out;
-    run_process({*fio_, "--version"}, out);
-    while (!out.empty() && std::isspace(static_cast<unsigned char>(out.back()))) out.pop_back();
-    return out;
+    std::string version = run_process({*fio_, "--version"}).out;
+    while (!version.empty() && std::isspace(static_cast<unsigned char>(version.back()))) version.pop_back();
+    return version;
   }
 
  private:
@@ -261,7 +256,6 @@ class OffloadBench {
   std::pair<double, double> run_fio(const Setting& s) {
     const std::vector<std::string> argv = {*fio_,
                                            "--output-format=json",
-                                           "--output=" + fio_path_,
                                            "--filename=" + data_path_,
                                            fmt::format("--size={}", size_),
                                            fmt::format("--bs={}", s.block_size),
@@ -273,21 +267,19 @@ class OffloadBench {
                                            "--name=read",
                                            "--stonewall",
                                            "--rw=read"};
-    std::string output;
-    const int status = run_process(argv, output);
-    if (status != 0) ZEROTH_THROW(IoError, "fio exited with status {}: {}", status, output);
-    nlohmann::json report;
+    const ProcessResult fio = run_process(argv);
+    if (fio.status != 0) ZEROTH_THROW(IoError, "fio exited with status {}: {}", fio.status, fio.err);
     try {
-      report = nlohmann::json::parse(std::ifstream(fio_path_));
+      const auto report = nlohmann::json::parse(fio.out);
       const auto& jobs = report.at("jobs");
       return {jobs.at(0).at("write").at("bw_bytes").get<double>() / 1e9, jobs.at(1).at("read").at("bw_bytes").get<double>() / 1e9};
     } catch (const nlohmann::json::exception& e) {
-      ZEROTH_THROW(IoError, "fio's JSON report {} is not what fio 3 writes ({}): {}", fio_path_, e.what(), output);
+      ZEROTH_THROW(IoError, "fio's report is not the JSON fio 3 writes ({}): {}{}", e.what(), fio.out, fio.err);
     }
   }
 
   const Options& o_;
-  std::string data_path_, fio_path_;
+  std::string data_path_;
   std::size_t size_;
   std::optional<std::string> fio_;
   AlignedBuffer pool_;
@@ -363,10 +355,9 @@ void run(const Options& o) {
 
   const std::string dir = o.path.back() == '/' ? o.path : o.path + "/";
   const std::string data_path = fmt::format("{}zeroth-bench-offload-{}.data", dir, ::getpid());
-  const std::string fio_path = fmt::format("{}zeroth-bench-offload-{}.fio.json", dir, ::getpid());
-  FileGuard guard(data_path, fio_path);
+  FileGuard guard(data_path);
   std::optional<std::string> fio = find_on_path("fio");
-  OffloadBench bench(o, data_path, fio_path, size, fio);
+  OffloadBench bench(o, data_path, size, fio);
   if (fio && !bench.direct()) {
     ZLOG_WARN("bench offload: {} refuses O_DIRECT, so fio (direct=1) cannot run there; zeroth runs buffered", o.path);
     fio.reset();
