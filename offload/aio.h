@@ -28,7 +28,7 @@ struct IoOptions {
   bool sqpoll = false;
 };
 
-// What the worker has done so far; read after the requests of interest have been waited on.
+// What the workers have done so far; read after the requests of interest have been waited on.
 struct IoStats {
   std::uint64_t pieces = 0;                      // pieces completed, resumed remainders included
   std::uint64_t submit_calls = 0;                // io_uring_submit calls (one per batch)
