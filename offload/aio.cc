@@ -4,15 +4,18 @@
 #include <liburing.h>  // io_uring_*
 #include <unistd.h>    // close, pread, pwrite
 
-#include <algorithm>  // std::max, std::min
-#include <cerrno>     // EINVAL, EINTR, EAGAIN
-#include <optional>   // std::optional
-#include <utility>    // std::pair
-#include <vector>     // std::vector
+#include <algorithm>           // std::max, std::min
+#include <cerrno>              // EINVAL, EINTR, EAGAIN
+#include <condition_variable>  // std::condition_variable
+#include <deque>               // std::deque
+#include <optional>            // std::optional
+#include <thread>              // std::thread
+#include <utility>             // std::pair
 
 #include "core/error.h"              // ZEROTH_CHECK, ZEROTH_THROW
 #include "core/log.h"                // ZLOG_WARN
 #include "offload/aligned_buffer.h"  // kIoAlignment
+#include "offload/io_ring.h"         // IoRing
 
 namespace zeroth::offload {
 
@@ -31,14 +34,15 @@ struct AsyncFile::Piece {
   std::byte* buffer = nullptr;
   std::uint64_t offset = 0;
   std::size_t length = 0;
+  int buffer_slot = -1;  // the registered buffer slot it lies in, -1 for none
 };
 
-struct AsyncFile::Ring {
-  ::io_uring ring{};
-  bool initialised = false;
-  ~Ring() {
-    if (initialised) io_uring_queue_exit(&ring);
-  }
+struct AsyncFile::Worker {
+  std::unique_ptr<IoRing> ring;  // nullptr: pread/pwrite
+  std::deque<Piece> queue;       // pieces dealt to this worker, not yet taken
+  std::condition_variable wake;
+  std::uint64_t pieces = 0;
+  std::thread thread;
 };
 
 void IoHandle::wait() const {
@@ -58,6 +62,7 @@ namespace {
 
 std::once_flag buffered_warning, sync_warning;
 constexpr std::size_t kMaxBlockSize = std::size_t{1} << 30;
+constexpr unsigned kMaxThreads = 64;
 
 bool failed(detail::Request& request) {
   std::lock_guard lock(request.mutex);
@@ -78,6 +83,8 @@ AsyncFile::AsyncFile(std::string path, Mode mode, IoOptions options) : path_(std
                kIoAlignment, kMaxBlockSize);
   ZEROTH_CHECK(options_.queue_depth >= 1 && options_.queue_depth <= 4096, "AsyncFile {}: queue_depth {} must be in [1, 4096]", path_,
                options_.queue_depth);
+  ZEROTH_CHECK(options_.threads >= 1 && options_.threads <= kMaxThreads, "AsyncFile {}: threads {} must be in [1, {}]", path_,
+               options_.threads, kMaxThreads);
   const int flags = (mode == Mode::read_write ? O_RDWR | O_CREAT : O_RDONLY) | O_CLOEXEC;
   const char* flag_text = mode == Mode::read_write ? "O_RDWR|O_CREAT|O_CLOEXEC" : "O_RDONLY|O_CLOEXEC";
   fd_ = ::open(path_.c_str(), flags | O_DIRECT, 0644);
@@ -94,36 +101,49 @@ AsyncFile::AsyncFile(std::string path, Mode mode, IoOptions options) : path_(std
     ZEROTH_THROW(IoError, "open(\"{}\", {}{}) failed: {}", path_, flag_text, direct_ ? "|O_DIRECT" : "",
                  zeroth::detail::errno_text(errno));
 
-  if (options_.use_io_uring) {
-    ring_ = std::make_unique<Ring>();
-    const int rc = io_uring_queue_init(options_.queue_depth, &ring_->ring, 0);
-    if (rc == -ENOSYS || rc == -EPERM) {
-      // Containers often block io_uring with seccomp; one worker doing pread/pwrite still overlaps
-      // the transfers with compute, only without queue depth.
-      ring_.reset();
-      std::call_once(sync_warning, [&] {
-        ZLOG_WARN("io_uring_queue_init({}) refused: {}; file offload runs pread/pwrite on a worker thread", options_.queue_depth,
-                  zeroth::detail::errno_text(-rc));
-      });
-    } else if (rc < 0) {
-      ::close(fd_);
-      ZEROTH_THROW(IoError, "io_uring_queue_init({}, ring, 0) for {} failed: {}", options_.queue_depth, path_,
-                   zeroth::detail::errno_text(-rc));
-    } else {
-      ring_->initialised = true;
+  workers_.resize(options_.threads);
+  for (auto& worker : workers_) worker = std::make_unique<Worker>();
+  try {
+    for (unsigned t = 0; t < options_.threads && options_.use_io_uring; ++t) {
+      workers_[t]->ring = IoRing::open(fd_, path_, options_.queue_depth, options_.sqpoll, t > 0 ? workers_[0]->ring.get() : nullptr);
+      if (workers_[t]->ring == nullptr) {
+        // Containers often block io_uring with seccomp; workers doing pread/pwrite still overlap
+        // the transfers with compute, only without queue depth.
+        for (auto& worker : workers_) worker->ring.reset();
+        std::call_once(sync_warning, [&] {
+          ZLOG_WARN("io_uring_queue_init({}) refused; file offload runs pread/pwrite on {} worker thread(s)", options_.queue_depth,
+                    options_.threads);
+        });
+        break;
+      }
     }
+  } catch (...) {
+    workers_.clear();
+    ::close(fd_);
+    throw;
   }
-  worker_ = std::thread([this] { run(); });
+  try {
+    for (auto& worker : workers_) {
+      Worker& w = *worker;
+      w.thread = std::thread([this, &w] { w.ring != nullptr ? run_ring(w) : run_sync(w); });
+    }
+  } catch (...) {
+    stop_workers();  // the ones that started (std::thread throws when the system has no more)
+    throw;
+  }
 }
 
-AsyncFile::~AsyncFile() {
+AsyncFile::~AsyncFile() { stop_workers(); }
+
+void AsyncFile::stop_workers() {
   {
     std::lock_guard lock(mutex_);
     stopping_ = true;
   }
-  wake_.notify_one();
-  worker_.join();
-  ring_.reset();
+  for (auto& worker : workers_) worker->wake.notify_one();
+  for (auto& worker : workers_)
+    if (worker->thread.joinable()) worker->thread.join();
+  workers_.clear();
   ::close(fd_);
 }
 
@@ -133,9 +153,50 @@ IoHandle AsyncFile::write(const void* buffer, std::size_t length, std::uint64_t 
   return enqueue(true, const_cast<void*>(buffer), length, offset);
 }
 
+bool AsyncFile::io_uring() const { return workers_[0]->ring != nullptr; }
+bool AsyncFile::sqpoll() const { return io_uring() && workers_[0]->ring->sqpoll(); }
+bool AsyncFile::fixed_file() const { return io_uring() && workers_[0]->ring->fixed_file(); }
+
 IoStats AsyncFile::stats() const {
   std::lock_guard lock(mutex_);
-  return stats_;
+  IoStats stats = stats_;
+  for (const auto& worker : workers_) stats.pieces_per_thread.push_back(worker->pieces);
+  return stats;
+}
+
+bool AsyncFile::register_buffer(void* data, std::size_t bytes) {
+  auto* begin = static_cast<std::byte*>(data);
+  ZEROTH_CHECK(data != nullptr && bytes > 0, "register_buffer({}, {}) for {}: needs a non-empty region", data, bytes, path_);
+  std::lock_guard lock(mutex_);
+  for (const auto& r : regions_) {
+    ZEROTH_CHECK(begin + bytes <= r.begin || r.begin + r.bytes <= begin,
+                 "register_buffer({}, {}) for {}: overlaps the region of {} bytes at {} registered before", data, bytes, path_,
+                 r.bytes, static_cast<void*>(r.begin));
+  }
+  if (!io_uring() || !workers_[0]->ring->buffer_table()) return false;
+  const auto slots = static_cast<unsigned>((bytes + IoRing::kMaxBufferBytes - 1) / IoRing::kMaxBufferBytes);
+  ZEROTH_CHECK(next_slot_ + slots <= IoRing::kBufferSlots,
+               "register_buffer({}, {}) for {}: needs {} more buffer slots of 1 GiB, {} of {} are taken", data, bytes, path_, slots,
+               next_slot_, IoRing::kBufferSlots);
+  for (auto& worker : workers_)
+    for (unsigned s = 0; s < slots; ++s) {
+      const std::size_t done = s * IoRing::kMaxBufferBytes;
+      worker->ring->register_buffer(next_slot_ + s, begin + done, std::min(IoRing::kMaxBufferBytes, bytes - done));
+    }
+  regions_.push_back({begin, bytes, next_slot_});
+  next_slot_ += slots;
+  return true;
+}
+
+int AsyncFile::buffer_slot(const std::byte* buffer, std::size_t length) const {
+  for (const auto& r : regions_) {
+    if (buffer < r.begin || buffer + length > r.begin + r.bytes) continue;
+    const std::size_t first = static_cast<std::size_t>(buffer - r.begin) / IoRing::kMaxBufferBytes;
+    const std::size_t last = static_cast<std::size_t>(buffer + length - 1 - r.begin) / IoRing::kMaxBufferBytes;
+    // A piece across a 1 GiB slot boundary is in no single registered buffer: it runs unregistered.
+    return first == last ? static_cast<int>(r.first_slot + first) : -1;
+  }
+  return -1;
 }
 
 IoHandle AsyncFile::enqueue(bool is_write, void* buffer, std::size_t length, std::uint64_t offset) {
@@ -149,13 +210,22 @@ IoHandle AsyncFile::enqueue(bool is_write, void* buffer, std::size_t length, std
   auto request = std::make_shared<detail::Request>();
   request->outstanding = (length + options_.block_size - 1) / options_.block_size;
   if (request->outstanding == 0) return IoHandle(std::move(request));
+  std::vector<bool> woken(workers_.size());
   {
     std::lock_guard lock(mutex_);
-    for (std::size_t done = 0; done < length; done += options_.block_size)
-      queue_.push_back(Piece{request, is_write, static_cast<std::byte*>(buffer) + done, offset + done,
-                             std::min(options_.block_size, length - done)});
+    for (std::size_t done = 0; done < length; done += options_.block_size) {
+      auto* piece_buffer = static_cast<std::byte*>(buffer) + done;
+      const std::size_t piece_length = std::min(options_.block_size, length - done);
+      // Dealt in turn across requests too, so requests of one piece also spread over the rings.
+      const std::size_t w = next_worker_;
+      next_worker_ = (next_worker_ + 1) % workers_.size();
+      workers_[w]->queue.push_back(
+          Piece{request, is_write, piece_buffer, offset + done, piece_length, buffer_slot(piece_buffer, piece_length)});
+      woken[w] = true;
+    }
   }
-  wake_.notify_one();
+  for (std::size_t w = 0; w < workers_.size(); ++w)
+    if (woken[w]) workers_[w]->wake.notify_one();
   return IoHandle(std::move(request));
 }
 
@@ -186,21 +256,15 @@ bool AsyncFile::complete(Piece& piece, long long result) {
   return false;
 }
 
-void AsyncFile::run() {
-  if (ring_ != nullptr) run_ring();
-  else run_sync();
-}
-
-void AsyncFile::run_sync() {
+void AsyncFile::run_sync(Worker& worker) {
   for (;;) {
     Piece piece;
     {
       std::unique_lock lock(mutex_);
-      wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping with nothing left
-      piece = std::move(queue_.front());
-      queue_.pop_front();
-      stats_.peak_in_flight = 1;
+      worker.wake.wait(lock, [&] { return stopping_ || !worker.queue.empty(); });
+      if (worker.queue.empty()) return;  // stopping with nothing left
+      piece = std::move(worker.queue.front());
+      worker.queue.pop_front();
     }
     if (failed(*piece.request)) {
       finish(piece);
@@ -208,6 +272,10 @@ void AsyncFile::run_sync() {
     }
     bool again = true;
     while (again) {
+      {
+        std::lock_guard lock(mutex_);
+        stats_.peak_in_flight = std::max(stats_.peak_in_flight, ++in_flight_);
+      }
       const ssize_t rc = piece.is_write ? ::pwrite(fd_, piece.buffer, piece.length, static_cast<off_t>(piece.offset))
                                         : ::pread(fd_, piece.buffer, piece.length, static_cast<off_t>(piece.offset));
       const long long result = rc == -1 ? -static_cast<long long>(errno) : rc;
@@ -215,20 +283,29 @@ void AsyncFile::run_sync() {
         // Counted before complete() wakes the waiter, so stats() after wait() includes it.
         std::lock_guard lock(mutex_);
         ++stats_.pieces;
+        ++worker.pieces;
+        --in_flight_;
       }
       again = complete(piece, result);
     }
   }
 }
 
-void AsyncFile::run_ring() {
-  ::io_uring* ring = &ring_->ring;
+void AsyncFile::run_ring(Worker& worker) {
+  IoRing& io_ring = *worker.ring;
+  ::io_uring* ring = io_ring.get();
   const unsigned depth = options_.queue_depth;
+  // The ring is refilled once this many of its slots are free, so one submission carries a
+  // batch of pieces while three quarters of the ring keep the device busy. (Refilling on every
+  // completion costs a system call per piece; waiting for half the ring to drain halves the
+  // depth the device sees at small depths.)
+  const unsigned batch = std::max(1u, depth / 4);
   std::vector<std::optional<Piece>> slots(depth);  // user_data is the slot index
   std::vector<unsigned> free_slots;
   for (unsigned s = depth; s-- > 0;) free_slots.push_back(s);
-  std::deque<Piece> local;  // taken from queue_, waiting for a free slot
+  std::deque<Piece> local;  // taken from the worker's queue, waiting for a free slot
   unsigned in_flight = 0;
+  bool unsubmitted = false;                           // entries prepared and not yet handed to the kernel
   std::vector<std::pair<unsigned, int>> completions;  // (slot, result) of one reaping round
 
   // A broken ring (submission or wait failing for good) fails every request it still holds.
@@ -240,10 +317,11 @@ void AsyncFile::run_ring() {
         slot.reset();
       }
     std::unique_lock lock(mutex_);
+    in_flight_ -= in_flight;
     for (;;) {
-      while (!queue_.empty()) {
-        local.push_back(std::move(queue_.front()));
-        queue_.pop_front();
+      while (!worker.queue.empty()) {
+        local.push_back(std::move(worker.queue.front()));
+        worker.queue.pop_front();
       }
       lock.unlock();
       for (auto& piece : local) {
@@ -252,21 +330,22 @@ void AsyncFile::run_ring() {
       }
       local.clear();
       lock.lock();
-      wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;
+      worker.wake.wait(lock, [&] { return stopping_ || !worker.queue.empty(); });
+      if (worker.queue.empty()) return;
     }
   };
 
   for (;;) {
     {
       std::unique_lock lock(mutex_);
-      if (in_flight == 0 && local.empty()) wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      while (!queue_.empty()) {
-        local.push_back(std::move(queue_.front()));
-        queue_.pop_front();
+      if (in_flight == 0 && local.empty()) worker.wake.wait(lock, [&] { return stopping_ || !worker.queue.empty(); });
+      while (!worker.queue.empty()) {
+        local.push_back(std::move(worker.queue.front()));
+        worker.queue.pop_front();
       }
       if (in_flight == 0 && local.empty()) return;  // stopping with nothing left
     }
+    unsigned prepared = 0, fixed = 0;
     while (!local.empty() && !free_slots.empty()) {
       Piece piece = std::move(local.front());
       local.pop_front();
@@ -281,31 +360,42 @@ void AsyncFile::run_ring() {
       }
       const unsigned slot = free_slots.back();
       free_slots.pop_back();
-      if (piece.is_write) io_uring_prep_write(sqe, fd_, piece.buffer, static_cast<unsigned>(piece.length), piece.offset);
-      else io_uring_prep_read(sqe, fd_, piece.buffer, static_cast<unsigned>(piece.length), piece.offset);
+      io_ring.prepare(sqe, piece.is_write, piece.buffer, static_cast<unsigned>(piece.length), piece.offset, piece.buffer_slot);
       io_uring_sqe_set_data64(sqe, slot);
+      fixed += piece.buffer_slot >= 0;
       slots[slot] = std::move(piece);
-      ++in_flight;
+      ++prepared;
+    }
+    if (prepared > 0) {
+      in_flight += prepared;
+      unsubmitted = true;
+      std::lock_guard lock(mutex_);
+      in_flight_ += prepared;
+      stats_.peak_in_flight = std::max(stats_.peak_in_flight, in_flight_);
+      stats_.fixed_pieces += fixed;
     }
     if (in_flight == 0) continue;
-    {
-      std::lock_guard lock(mutex_);
-      stats_.peak_in_flight = std::max(stats_.peak_in_flight, in_flight);
-    }
 
-    // One call submits the whole batch and waits for the first completion.
+    // Wait until `batch` slots are free, or for one completion when the ring holds less than
+    // that (then nothing is waiting for a slot, and what arrives next goes out at once).
+    const unsigned busy_floor = depth - batch;
+    const unsigned want = in_flight > busy_floor ? in_flight - busy_floor : 1;
     int rc;
-    if (io_uring_sq_ready(ring) > 0) {
-      rc = io_uring_submit_and_wait(ring, 1);
+    if (unsubmitted) {
+      // One call submits the whole batch and waits.
+      rc = io_uring_submit_and_wait(ring, want);
+      // The kernel stops at an entry it cannot take and returns without waiting; the rest go
+      // with the next call. (A polling thread takes them in its own time.)
+      if (rc >= 0) unsubmitted = !io_ring.sqpoll() && io_uring_sq_ready(ring) > 0;
       std::lock_guard lock(mutex_);
       ++stats_.submit_calls;
     } else {
       io_uring_cqe* first = nullptr;
-      rc = io_uring_wait_cqe(ring, &first);
+      rc = io_uring_wait_cqe_nr(ring, &first, want);
     }
     if (rc == -EINTR || rc == -EAGAIN || rc == -EBUSY) continue;
     if (rc < 0) {
-      fail_all(fmt::format("io_uring_submit_and_wait(ring of {}, 1) failed: {}", path_, zeroth::detail::errno_text(-rc)));
+      fail_all(fmt::format("io_uring_submit_and_wait(ring of {}, {}) failed: {}", path_, want, zeroth::detail::errno_text(-rc)));
       return;
     }
 
@@ -319,6 +409,8 @@ void AsyncFile::run_ring() {
     {
       std::lock_guard lock(mutex_);
       stats_.pieces += completions.size();
+      worker.pieces += completions.size();
+      in_flight_ -= static_cast<unsigned>(completions.size());
     }
     for (const auto& [slot, result] : completions) {
       Piece piece = std::move(*slots[slot]);

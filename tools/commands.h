@@ -13,5 +13,6 @@ void add_bench_comm_command(CLI::App& bench);
 void add_bench_optim_command(CLI::App& bench);
 void add_bench_engine_command(CLI::App& bench);
 void add_bench_train_command(CLI::App& bench);
+void add_bench_offload_command(CLI::App& bench);
 
 }  // namespace zeroth::tools

@@ -18,7 +18,7 @@ fi
 nvidia-smi -L | tee "$out/gpus.txt"
 
 step() { printf '\n== %s (%ds)\n' "$1" $(($(date +%s) - start)); }
-status_build=FAIL status_tests=FAIL status_bench=FAIL status_comm=FAIL
+status_build=FAIL status_tests=FAIL status_bench=FAIL status_comm=FAIL status_offload=FAIL
 
 step "build (ZEROTH_CUDA=ON, sm_80/sm_90)"
 # Only the GPU architecture of this machine, to keep the build inside the time budget.
@@ -53,6 +53,11 @@ if [[ $status_build == ok ]]; then
   step "bench optim on the GPU (fused AdamW vs device-to-device copy)"
   build-gpu/tools/zeroth bench optim --device cuda --params 1e8 1e9 --reps 20 | tee "$out/bench_optim_cuda.txt" || status_bench=FAIL
 
+  step "bench offload: disk sweep (fio beside it when installed), host<->GPU copies from pinned and pageable memory"
+  if build-gpu/tools/zeroth bench offload --device cuda --size 1GiB --path /tmp | tee "$out/bench_offload_cuda.txt"; then
+    status_offload=ok
+  fi
+
   step "GPT training on one GPU (the README's config, 30 steps)"
   status_train=FAIL
   if build-gpu/tools/zeroth train configs/gpt-fortunes-zero3-bf16.json --set run.device=cuda --set run.world_size=1 \
@@ -70,7 +75,7 @@ fi
 
 step "summary"
 printf '%-28s %s\n' "build (CUDA)" "$status_build" "tests" "$status_tests" "bench kernels (cuda)" "$status_bench" \
-  "bench comm (nccl)" "$status_comm" "train GPT (cuda)" "${status_train:-not run}"
+  "bench comm (nccl)" "$status_comm" "bench offload (cuda)" "$status_offload" "train GPT (cuda)" "${status_train:-not run}"
 if [[ -f $out/bench_kernels_cuda.json ]]; then
   python3 - "$out/bench_kernels_cuda.json" <<'PY' || true
 import json, sys
@@ -82,4 +87,4 @@ for k in r["kernels"]:
 PY
 fi
 echo "elapsed: $(($(date +%s) - start)) s"
-[[ $status_build == ok && $status_tests == ok && $status_bench == ok && $status_comm == ok ]]
+[[ $status_build == ok && $status_tests == ok && $status_bench == ok && $status_comm == ok && $status_offload == ok ]]

@@ -10,6 +10,7 @@ packages=(
   libgloo-dev libopenblas-dev libcli11-dev libfmt-dev libxxhash-dev
   clang-format  # tools/format.sh, the layout check of tools/dev.sh test
   fortunes  # English text for the example training runs in configs/ (/usr/share/games/fortunes)
+  fio  # the reference beside `zeroth bench offload`
 )
 
 missing=()

@@ -12,13 +12,14 @@ int main(int argc, char** argv) {
   zeroth::tools::add_train_command(app);
   zeroth::tools::add_report_command(app);
   zeroth::tools::add_launch_command(app);
-  auto* bench = app.add_subcommand("bench", "Measure kernels, communication, optimizers, the engine, training");
+  auto* bench = app.add_subcommand("bench", "Measure kernels, communication, optimizers, the engine, training, offload I/O");
   bench->require_subcommand(1);
   zeroth::tools::add_bench_kernels_command(*bench);
   zeroth::tools::add_bench_comm_command(*bench);
   zeroth::tools::add_bench_optim_command(*bench);
   zeroth::tools::add_bench_engine_command(*bench);
   zeroth::tools::add_bench_train_command(*bench);
+  zeroth::tools::add_bench_offload_command(*bench);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -13,8 +13,13 @@
 #include <cstdlib>     // std::exit
 #include <cstring>     // std::memcmp
 #include <filesystem>  // std::filesystem::exists
+#include <fstream>     // std::ifstream
+#include <numeric>     // std::accumulate
+#include <random>      // std::mt19937_64
 #include <string>      // std::string
 #include <vector>      // std::vector
+
+#include <liburing.h>  // io_uring_queue_init_params: what this kernel allows, asked directly
 
 #include <fmt/format.h>   // fmt::format
 #include <gtest/gtest.h>  // TEST_P, EXPECT_*
@@ -98,8 +103,8 @@ class AsyncFileTest : public ::testing::TestWithParam<Place> {
     ::unlink(path_.c_str());
   }
   void TearDown() override { ::unlink(path_.c_str()); }
-  IoOptions options(std::size_t block_size, unsigned queue_depth) const {
-    return IoOptions{block_size, queue_depth, GetParam().use_io_uring};
+  IoOptions options(std::size_t block_size, unsigned queue_depth, unsigned threads = 1, bool sqpoll = false) const {
+    return IoOptions{block_size, queue_depth, GetParam().use_io_uring, threads, sqpoll};
   }
   std::string path_;
 };
@@ -220,6 +225,106 @@ TEST_P(AsyncFileTest, MisalignedArgumentsRefusedBeforeSubmission) {
   EXPECT_EQ(file_size(path_), 0u);
 }
 
+// Random lengths (4 KiB to 1 MiB) at random gaps, issued in shuffled order before the first
+// wait, through 3 rings of depth 4: pieces of every request land on several rings.
+TEST_P(AsyncFileTest, ThreeThreadsRoundTripRandomRegionsByteExactly) {
+  constexpr std::uint64_t kSeed = 19;
+  constexpr unsigned kThreads = 3;
+  const std::size_t block = 64 * kKiB;
+  struct Region {
+    std::uint64_t offset;
+    std::size_t length;
+  };
+  std::mt19937_64 rng(kSeed);
+  std::vector<Region> regions;
+  std::uint64_t end = 0;
+  for (int i = 0; i < 40; ++i) {
+    end += 4 * kKiB * (rng() % 17);  // a gap of 0 to 64 KiB
+    const std::size_t length = 4 * kKiB * (1 + rng() % 256);
+    regions.push_back({end, length});
+    end += length;
+  }
+  std::vector<std::size_t> order(regions.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+
+  std::vector<AlignedBuffer> out(regions.size()), in(regions.size());
+  std::size_t expected_pieces = 0;
+  {
+    AsyncFile file(path_, AsyncFile::Mode::read_write, options(block, 4, kThreads));
+    EXPECT_EQ(file.threads(), kThreads);
+    std::vector<IoHandle> handles;
+    for (std::size_t i : order) {
+      out[i] = AlignedBuffer(regions[i].length);
+      fill_pattern(out[i], regions[i].length, regions[i].offset, kSeed);
+      handles.push_back(file.write(out[i].data(), regions[i].length, regions[i].offset));
+      expected_pieces += (regions[i].length + block - 1) / block;
+    }
+    for (auto& h : handles) h.wait();
+    handles.clear();
+    for (std::size_t i : order) {
+      in[i] = AlignedBuffer(regions[i].length);
+      std::memset(in[i].data(), 0xA5, regions[i].length);
+      handles.push_back(file.read(in[i].data(), regions[i].length, regions[i].offset));
+    }
+    for (auto& h : handles) h.wait();
+    expected_pieces *= 2;
+    const IoStats stats = file.stats();
+    ASSERT_EQ(stats.pieces_per_thread.size(), kThreads);
+    EXPECT_EQ(std::accumulate(stats.pieces_per_thread.begin(), stats.pieces_per_thread.end(), std::uint64_t{0}), stats.pieces);
+    // Dealt in turn: each worker ran a third of the pieces, rounded down (resumed remainders add).
+    for (unsigned t = 0; t < kThreads; ++t) EXPECT_GE(stats.pieces_per_thread[t], expected_pieces / kThreads) << "thread " << t;
+    EXPECT_LE(stats.peak_in_flight, GetParam().use_io_uring ? 4 * kThreads : kThreads);
+  }
+  for (std::size_t i = 0; i < regions.size(); ++i) {
+    EXPECT_EQ(pattern_mismatches(in[i].data(), regions[i].length, regions[i].offset, kSeed), 0u) << "region " << i;
+    const auto on_disk = pread_all(path_, regions[i].length, regions[i].offset);
+    EXPECT_EQ(pattern_mismatches(on_disk.data(), regions[i].length, regions[i].offset, kSeed), 0u) << "region " << i;
+  }
+  EXPECT_EQ(file_size(path_), regions.back().offset + regions.back().length);
+}
+
+// Whether this kernel gives a ring a sparse buffer table (Linux 5.19+), asked without zeroth.
+bool kernel_has_buffer_table() {
+  ::io_uring ring{};
+  if (io_uring_queue_init(4, &ring, 0) != 0) return false;
+  const bool ok = io_uring_register_buffers_sparse(&ring, 4) == 0;
+  io_uring_queue_exit(&ring);
+  return ok;
+}
+
+// Pieces inside the registered region go out as READ_FIXED/WRITE_FIXED, the ones of a buffer
+// outside it as plain reads and writes; the bytes round-trip either way.
+TEST_P(AsyncFileTest, RegisteredBufferPiecesRunFixedAndRoundTrip) {
+  constexpr std::uint64_t kSeed = 23;
+  const std::size_t block = 256 * kKiB;
+  AlignedBuffer pool(4 * kMiB), plain(1 * kMiB);
+  fill_pattern(pool, pool.size(), 0, kSeed);
+  fill_pattern(plain, plain.size(), pool.size(), kSeed);
+  AsyncFile file(path_, AsyncFile::Mode::read_write, options(block, 4, 2));
+  const bool registered = file.register_buffer(pool.data(), pool.size());
+  EXPECT_EQ(registered, file.io_uring() && kernel_has_buffer_table());
+  // Two requests from the region (one starting mid-block), one from outside it.
+  file.write(pool.data(), 3 * kMiB, 0).wait();
+  file.write(pool.data() + 3 * kMiB, 1 * kMiB, 3 * kMiB).wait();
+  file.write(plain.data(), plain.size(), pool.size()).wait();
+  std::memset(pool.data(), 0, pool.size());
+  std::memset(plain.data(), 0, plain.size());
+  file.read(pool.data(), pool.size(), 0).wait();
+  file.read(plain.data(), plain.size(), pool.size()).wait();
+  EXPECT_EQ(pattern_mismatches(pool.data(), pool.size(), 0, kSeed), 0u);
+  EXPECT_EQ(pattern_mismatches(plain.data(), plain.size(), pool.size(), kSeed), 0u);
+  const IoStats stats = file.stats();
+  const std::uint64_t pool_pieces = 2 * (3 * kMiB / block + 1 * kMiB / block), plain_pieces = 2 * (1 * kMiB / block);
+  EXPECT_EQ(stats.pieces, pool_pieces + plain_pieces);
+  EXPECT_EQ(stats.fixed_pieces, registered ? pool_pieces : 0u);
+  if (registered) {
+    EXPECT_THROW(file.register_buffer(pool.data() + 4 * kKiB, 8 * kKiB), InvalidArgument);  // inside the region
+    EXPECT_THROW(file.register_buffer(pool.data() - 4 * kKiB, 8 * kKiB), InvalidArgument);  // straddles its start
+    EXPECT_TRUE(file.register_buffer(plain.data(), plain.size()));
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Places, AsyncFileTest, ::testing::ValuesIn(places()), [](const auto& info) {
   return std::string(info.param.dir.rfind("/dev/shm", 0) == 0 ? "tmpfs" : "tempdir") +
          (info.param.use_io_uring ? "_io_uring" : "_worker");
@@ -279,10 +384,89 @@ TEST_P(AsyncFileErrorTest, BadBlockSizeOrDepthIsInvalidArgument) {
   EXPECT_THROW(AsyncFile(path, AsyncFile::Mode::read_write, IoOptions{1000, 2, GetParam()}), InvalidArgument);
   EXPECT_THROW(AsyncFile(path, AsyncFile::Mode::read_write, IoOptions{4 * kKiB, 0, GetParam()}), InvalidArgument);
   EXPECT_THROW(AsyncFile(path, AsyncFile::Mode::read_write, IoOptions{std::size_t{4} << 30, 2, GetParam()}), InvalidArgument);
+  EXPECT_THROW(AsyncFile(path, AsyncFile::Mode::read_write, IoOptions{4 * kKiB, 2, GetParam(), 0}), InvalidArgument);
+  EXPECT_THROW(AsyncFile(path, AsyncFile::Mode::read_write, IoOptions{4 * kKiB, 2, GetParam(), 65}), InvalidArgument);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, AsyncFileErrorTest, ::testing::Bool(),
                          [](const auto& info) { return std::string(info.param ? "io_uring" : "worker"); });
+
+// Whether this kernel sets up a ring with a polling thread, asked without zeroth.
+bool kernel_allows_sqpoll() {
+  ::io_uring ring{};
+  io_uring_params params{};
+  params.flags = IORING_SETUP_SQPOLL;
+  if (io_uring_queue_init_params(4, &ring, &params) != 0) return false;
+  io_uring_queue_exit(&ring);
+  return true;
+}
+
+struct PollCase {
+  bool sqpoll;
+  unsigned threads;
+};
+void PrintTo(const PollCase& c, std::ostream* os) { *os << (c.sqpoll ? "sqpoll, " : "no sqpoll, ") << c.threads << " thread(s)"; }
+
+class AsyncFileSqpollTest : public ::testing::TestWithParam<PollCase> {};
+
+// With a polling thread (shared by two rings in the second case) and without: 8 MiB out and
+// back in 128 pieces.
+TEST_P(AsyncFileSqpollTest, RoundTripMatchesPattern) {
+  constexpr std::uint64_t kSeed = 29;
+  const auto [sqpoll, threads] = GetParam();
+  const std::string path = fmt::format("{}zeroth_aio_sqpoll_{}_{}_{}", ::testing::TempDir(), sqpoll, threads, ::getpid());
+  AlignedBuffer out(8 * kMiB), in(8 * kMiB);
+  fill_pattern(out, out.size(), 0, kSeed);
+  std::memset(in.data(), 0, in.size());
+  {
+    AsyncFile file(path, AsyncFile::Mode::read_write, IoOptions{64 * kKiB, 8, true, threads, sqpoll});
+    if (!file.io_uring()) GTEST_SKIP() << "io_uring is refused here";
+    EXPECT_EQ(file.sqpoll(), sqpoll && kernel_allows_sqpoll());
+    EXPECT_TRUE(file.fixed_file());
+    file.write(out.data(), out.size(), 0).wait();
+    file.read(in.data(), in.size(), 0).wait();
+    EXPECT_EQ(file.stats().pieces, 2 * out.size() / (64 * kKiB));
+  }
+  EXPECT_EQ(pattern_mismatches(in.data(), in.size(), 0, kSeed), 0u);
+  const auto on_disk = pread_all(path, out.size(), 0);
+  EXPECT_EQ(pattern_mismatches(on_disk.data(), on_disk.size(), 0, kSeed), 0u);
+  ::unlink(path.c_str());
+}
+
+INSTANTIATE_TEST_SUITE_P(Rings, AsyncFileSqpollTest,
+                         ::testing::Values(PollCase{false, 1}, PollCase{true, 1}, PollCase{false, 2}, PollCase{true, 2}),
+                         [](const auto& info) {
+  return fmt::format("{}_{}threads", info.param.sqpoll ? "sqpoll" : "plain", info.param.threads);
+});
+
+// One request of 512 pieces through a ring of depth 32: the first submission fills the ring,
+// every later one waits until a quarter of it is free, so each carries at least 8 pieces (the
+// last may carry the remainder): at most 1 + 480 / 8 + 1 calls a direction, where submitting as
+// each piece completes takes hundreds.
+TEST(AsyncFileBatchTest, LargeRequestIsSubmittedInBatchesOfAQuarterOfTheDepth) {
+  constexpr std::uint64_t kSeed = 31;
+  constexpr std::size_t kBlock = 16 * kKiB, kPieces = 512;
+  constexpr unsigned kDepth = 32;
+  const std::string path = fmt::format("{}zeroth_aio_batch_{}", ::testing::TempDir(), ::getpid());
+  AlignedBuffer out(kPieces * kBlock), in(kPieces * kBlock);
+  fill_pattern(out, out.size(), 0, kSeed);
+  std::memset(in.data(), 0, in.size());
+  {
+    AsyncFile file(path, AsyncFile::Mode::read_write, IoOptions{kBlock, kDepth, true});
+    if (!file.io_uring()) GTEST_SKIP() << "io_uring is refused here";
+    file.write(out.data(), out.size(), 0).wait();
+    file.read(in.data(), in.size(), 0).wait();
+    const IoStats stats = file.stats();
+    std::printf("pieces=%llu submit_calls=%llu peak_in_flight=%u\n", static_cast<unsigned long long>(stats.pieces),
+                static_cast<unsigned long long>(stats.submit_calls), stats.peak_in_flight);
+    EXPECT_EQ(stats.pieces, 2 * kPieces);
+    EXPECT_EQ(stats.peak_in_flight, kDepth);
+    EXPECT_GE(stats.submit_calls, 2 * kPieces / kDepth);  // no call carries more than the ring holds
+    EXPECT_LE(stats.submit_calls, 2 * (1 + (kPieces - kDepth) / (kDepth / 4) + 1));
+  }
+  EXPECT_EQ(pattern_mismatches(in.data(), in.size(), 0, kSeed), 0u);
+  ::unlink(path.c_str());
+}
 
 // A seccomp filter answering io_uring_setup with `err`, as container runtimes do; the child
 // process then round-trips 1 MiB and exits 0 only when the worker took over and the bytes match.
@@ -330,6 +514,33 @@ TEST(AlignedBufferTest, RoundsUpAndAligns) {
   AlignedBuffer wide(1, 1 << 16);
   EXPECT_EQ(reinterpret_cast<std::uintptr_t>(wide.data()) % (1 << 16), 0u);
   EXPECT_THROW(AlignedBuffer(4096, 3000), InvalidArgument);
+}
+
+// The VmFlags of the mapping that holds `address` in /proc/self/smaps ("rd wr mr ... hg").
+std::string vm_flags_at(const void* address) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto at = reinterpret_cast<std::uintptr_t>(address);
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    std::uintptr_t begin = 0, end = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &begin, &end) == 2 && line.find(':') > line.find(' ')) inside = begin <= at && at < end;
+    if (inside && line.rfind("VmFlags:", 0) == 0) return line;
+  }
+  return "";
+}
+
+// A buffer of 2 MiB or more starts on a 2 MiB boundary, keeps the size it was asked for, and
+// its mapping carries the kernel's huge-page advice ("hg").
+TEST(AlignedBufferTest, LargeBufferIsHugePageAlignedAndAdvised) {
+  AlignedBuffer large(3 * kMiB + 12 * kKiB);
+  EXPECT_EQ(large.size(), 3 * kMiB + 12 * kKiB);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(large.data()) % kHugePageBytes, 0u);
+  std::memset(large.data(), 1, large.size());
+  if (!std::filesystem::exists("/sys/kernel/mm/transparent_hugepage/enabled")) GTEST_SKIP() << "this kernel has no huge pages";
+  const std::string flags = vm_flags_at(large.data());
+  EXPECT_NE((flags + " ").find(" hg "), std::string::npos) << flags;
+  AlignedBuffer small(1 * kMiB);
+  EXPECT_EQ((vm_flags_at(small.data()) + " ").find(" hg "), std::string::npos) << vm_flags_at(small.data());
 }
 
 }  // namespace

@@ -2,14 +2,21 @@
 // carry the fields the issues specify, with positive figures.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <filesystem>
 #include <set>
 #include <string>
+#include <thread>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "core/cpu/blas_info.h"
+#include "core/cuda/cuda_info.h"
 #include "tests/process_util.h"
 
 namespace zeroth {
@@ -116,6 +123,129 @@ TEST(Cli, BenchOptimJson) {
     EXPECT_EQ(row["bytes_per_param"].get<size_t>(), row["optimizer"] == "Lamb" ? adamw + 12 : adamw) << row.dump();
   }
   EXPECT_TRUE(r["torch"].is_array());
+}
+
+// A fresh, empty directory for one bench offload run; the bench must leave it empty.
+std::string offload_dir(const std::string& name) {
+  const std::string dir = fmt::format("{}zeroth_bench_offload_{}_{}", ::testing::TempDir(), name, ::getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directory(dir);
+  return dir;
+}
+
+std::vector<std::string> files_in(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) names.push_back(entry.path().filename().string());
+  return names;
+}
+
+bool fio_on_path() { return std::system("command -v fio >/dev/null 2>&1") == 0; }
+
+TEST(Cli, BenchOffloadJsonCarriesBestFioSweepAndRemovesItsFile) {
+  const std::string dir = offload_dir("json");
+  const auto r = run_json({"bench", "offload", "--path", dir, "--size", "8MiB", "--reps", "1", "--json"}, "offload");
+  const auto& best = r["best"];
+  EXPECT_GT(best["read_gbps"].get<double>(), 0.0) << best.dump();
+  EXPECT_GT(best["write_gbps"].get<double>(), 0.0) << best.dump();
+  EXPECT_TRUE(std::set<size_t>({128 << 10, 256 << 10, 1 << 20, 4 << 20}).count(best["block_size"].get<size_t>())) << best.dump();
+  EXPECT_TRUE(std::set<unsigned>({1, 4, 8, 16, 32, 64}).count(best["queue_depth"].get<unsigned>())) << best.dump();
+  EXPECT_TRUE(std::set<unsigned>({1, 2, 4}).count(best["threads"].get<unsigned>())) << best.dump();
+  // The DeepSpeed section carries the best setting under DeepSpeed's names.
+  EXPECT_EQ(r["aio"]["block_size"], best["block_size"]);
+  EXPECT_EQ(r["aio"]["queue_depth"], best["queue_depth"]);
+  EXPECT_EQ(r["aio"]["intra_op_parallelism"], best["threads"]);
+  EXPECT_EQ(r["aio"]["single_submit"], false);
+  EXPECT_EQ(r["aio"]["overlap_events"], true);
+  EXPECT_TRUE(r.contains("swapper_gbps") && r["swapper_gbps"].is_null());
+  EXPECT_TRUE(r["cuda"].is_null());
+  if (fio_on_path()) {
+    EXPECT_GT(r["fio"]["read_gbps"].get<double>(), 0.0) << r["fio"].dump();
+    EXPECT_GT(r["fio"]["write_gbps"].get<double>(), 0.0) << r["fio"].dump();
+    EXPECT_EQ(r["ratio"]["read"].get<double>(), r["max"]["read_gbps"].get<double>() / r["fio"]["read_gbps"].get<double>());
+    // Zeroth over fio at each point fio ran at (the first 9, one repetition each): the upper median.
+    std::vector<double> ratios;
+    for (size_t i = 0; i < 9; ++i)
+      ratios.push_back(r["sweep"][i]["write_gbps"].get<double>() / r["sweep"][i]["fio_write_gbps"].get<double>());
+    std::sort(ratios.begin(), ratios.end());
+    EXPECT_EQ(r["ratio"]["paired_write"].get<double>(), ratios[4]);
+  } else {
+    EXPECT_TRUE(r["fio"].is_null());
+  }
+  // Depths at 1 MiB (6), then the other block sizes up to half the file (3), then threads 2 and
+  // 4, then SQPOLL and unregistered buffers at the best of those (where io_uring is allowed).
+  ASSERT_EQ(r["sweep"].size(), r["io_uring"].get<bool>() ? 13u : 11u) << r["sweep"].dump();
+  double max_read = 0;
+  for (const auto& p : r["sweep"]) {
+    EXPECT_GT(p["write_gbps"].get<double>(), 0.0) << p.dump();
+    EXPECT_EQ(p["read_runs"].size(), 1u) << p.dump();
+    max_read = std::max(max_read, p["read_gbps"].get<double>());
+  }
+  EXPECT_EQ(r["max"]["read_gbps"].get<double>(), max_read);
+  EXPECT_EQ(files_in(dir), std::vector<std::string>{});
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Cli, BenchOffloadInterruptedRemovesItsFile) {
+  const std::string dir = offload_dir("interrupted");
+  auto child = testing::spawn({ZEROTH_BIN, "bench", "offload", "--path", dir, "--size", "256MiB"}, {},
+                              ::testing::TempDir() + "cli_offload_interrupted.log");
+  // Long enough to be inside the sweep (the file is created within the first second).
+  for (int i = 0; i < 100 && files_in(dir).empty(); ++i) std::this_thread::sleep_for(50ms);
+  std::this_thread::sleep_for(500ms);
+  ::kill(child.pid, SIGINT);
+  EXPECT_EQ(testing::wait_exit(child, 60s), 128 + SIGINT) << child.output();
+  EXPECT_EQ(files_in(dir), std::vector<std::string>{});
+  std::filesystem::remove_all(dir);
+}
+
+// Each bad option is an error naming it, before any file is made (a size beyond the free space
+// included).
+TEST(Cli, BenchOffloadOptionsAreCheckedBeforeAnyFile) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const std::string dir = offload_dir("options");
+  const std::vector<Case> cases = {
+      {{"bench", "offload"}, "--path is required"},
+      {{"bench", "offload", "--path", dir + "/missing"}, "zeroth: error: --path " + dir + "/missing: not a directory"},
+      {{"bench", "offload", "--path", dir, "--size", "6.5MiB"}, "zeroth: error: --size 6.5MiB: must be a whole number of MiB"},
+      {{"bench", "offload", "--path", dir, "--size", "2MiB"},
+       "zeroth: error: --size 2MiB: must be a whole number of MiB, at least 4 MiB"},
+      {{"bench", "offload", "--path", dir, "--size", "1000TiB"}, "zeroth: error: --size 1000.00 TiB does not fit in " + dir},
+      {{"bench", "offload", "--path", dir, "--reps", "0"}, "zeroth: error: --reps 0: must be at least 1"},
+      {{"bench", "offload", "--path", dir, "--device", "tpu"}, "zeroth: error: --device tpu: use cpu, cuda or cuda:N"},
+  };
+  for (const auto& c : cases) {
+    std::vector<std::string> argv = {ZEROTH_BIN};
+    argv.insert(argv.end(), c.args.begin(), c.args.end());
+    auto child = testing::spawn(argv, {}, ::testing::TempDir() + "cli_offload_options.log");
+    EXPECT_NE(testing::wait_exit(child, 60s), 0) << c.message;
+    EXPECT_NE(child.output().find(c.message), std::string::npos) << child.output();
+  }
+  EXPECT_EQ(files_in(dir), std::vector<std::string>{});
+  std::filesystem::remove_all(dir);
+}
+
+// Without a GPU (or a CUDA build) --device cuda says why before any disk work; with one, the
+// copy rates come back.
+TEST(Cli, BenchOffloadDeviceCudaCopiesOrSaysWhyNot) {
+  const std::string dir = offload_dir("cuda");
+  if (cuda_device_count() > 0) {
+    const auto r = run_json({"bench", "offload", "--path", dir, "--size", "8MiB", "--reps", "1", "--device", "cuda", "--json"},
+                            "offload_cuda");
+    for (const char* key : {"h2d_pinned_gbps", "d2h_pinned_gbps", "h2d_pageable_gbps", "d2h_pageable_gbps"})
+      EXPECT_GT(r["cuda"][key].get<double>(), 0.0) << r["cuda"].dump();
+  } else {
+    auto child = testing::spawn({ZEROTH_BIN, "bench", "offload", "--path", dir, "--size", "8MiB", "--device", "cuda"}, {},
+                                ::testing::TempDir() + "cli_offload_cuda.log");
+    EXPECT_EQ(testing::wait_exit(child, 60s), 1);
+    const std::string why = cuda_info().compiled ? "zeroth: error: --device cuda: no usable GPU here"
+                                                 : "zeroth: error: --device cuda: this zeroth was built without the CUDA backend";
+    EXPECT_NE(child.output().find(why), std::string::npos) << child.output();
+  }
+  EXPECT_EQ(files_in(dir), std::vector<std::string>{});
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Cli, BadArgumentsGiveOneLineErrors) {
