@@ -28,7 +28,9 @@ Executor::Executor(Device& device, TierAllocators& tiers, Communicator& dp, cons
       continue;
     }
     // The pid keeps ranks of concurrent runs that share a folder apart; the file is unlinked at once.
-    const offload::IoOptions io{.block_size = config_.aio.block_size, .queue_depth = static_cast<unsigned>(config_.aio.queue_depth)};
+    const offload::IoOptions io{.block_size = config_.aio.block_size,
+                                .queue_depth = static_cast<unsigned>(config_.aio.queue_depth),
+                                .threads = static_cast<unsigned>(config_.aio.threads)};
     buffers_.emplace_back();
     files_.push_back(std::make_unique<offload::SwapFile>(swap_folder(config_.zero, b),
                                                          fmt::format("zeroth-{}-rank{}-{}.swap", ::getpid(), plan_.rank, b.name),

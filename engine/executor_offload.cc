@@ -40,7 +40,8 @@ size_t round_to_io(size_t bytes) { return (bytes + offload::kIoAlignment - 1) / 
 void Executor::timed_io(uint64_t read_bytes, uint64_t write_bytes, const std::function<void()>& transfers) {
   const auto t0 = std::chrono::steady_clock::now();
   transfers();
-  io_busy_ns_ += static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+  io_busy_ns_ += static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
   io_read_ += read_bytes;
   io_written_ += write_bytes;
 }

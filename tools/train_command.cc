@@ -188,7 +188,8 @@ class Console final : public TrainObserver {
                           format_bytes(s.swap_write_bytes), s.swap_busy_seconds * 1e3);
     }
     return fmt::format("  time (ms) | forward: {:.2f} | backward: {:.2f} | reduce wait: {:.2f} | optimizer: {:.2f}{}\n",
-                       s.forward_seconds * 1e3, s.backward_seconds * 1e3, s.reduce_wait_seconds * 1e3, s.optimizer_seconds * 1e3, swaps);
+                       s.forward_seconds * 1e3, s.backward_seconds * 1e3, s.reduce_wait_seconds * 1e3, s.optimizer_seconds * 1e3,
+                       swaps);
   }
 
   void on_eval(int64_t step, double val) override {

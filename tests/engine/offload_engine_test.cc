@@ -8,7 +8,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
+#include <fstream>
+#include <memory>
 #include <map>
 #include <string>
 #include <vector>
@@ -139,6 +142,72 @@ INSTANTIATE_TEST_SUITE_P(All, Offload, ::testing::ValuesIn(offload_cases()), [](
                      c.pipeline ? "" : "_serial",
                      c.params == OffloadDevice::none ? "" : fmt::format("_params_{}", offload_device_name(c.params)));
 });
+
+size_t resident_bytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return static_cast<size_t>(std::strtoull(line.c_str() + 6, nullptr, 10)) * 1024;
+  }
+  return 0;
+}
+
+// ZeRO-Infinity's promise: with parameters and optimizer state in swap files, the process holds
+// the device's working set and the bounded host pool, not the model states. Here the states take
+// 16 bytes x 33.6M parameters = 538 MB on disk; the host pool is capped at 32 MiB. The engine's
+// host accounting must stay under the cap, and the process's resident memory (the kernel's
+// count, independent of that accounting) must grow by no more than the device's and the host's
+// peaks plus a stated 48 MiB: what neither counts (initialization's per-block staging of values,
+// allocator arenas of the stream and I/O threads, 2 MiB huge-page rounding of large buffers).
+TEST(OffloadMemory, WithEverythingInSwapFilesTheProcessHoldsTheHostPoolNotTheModelStates) {
+  const size_t pool = 32u << 20;
+  MlpRun run;
+  run.stage = 3;
+  run.dtype = DType::bf16;
+  run.widths.assign(33, 1024);  // 32 layers of 1M parameters
+  run.global_batch = 8;
+  run.steps = 2;
+  run.tweak = [&](EngineConfig& e) {
+    e.zero.reduce_bucket_size = 0;
+    e.zero.sub_group_size = 1u << 18;
+    e.zero.stage3_prefetch_bucket_size = 0;
+    e.zero.stage3_max_live_parameters = 1;
+    for (auto* o : {&e.zero.offload_optimizer, &e.zero.offload_param}) {
+      o->device = OffloadDevice::nvme;
+      o->nvme_path = swap_dir();
+    }
+    e.host_memory = pool;
+  };
+  const size_t before = resident_bytes();
+  std::unique_ptr<Device> device = make_device("cpu");
+  auto comms = make_local_communicators(1);
+  size_t host_peak = 0, device_peak = 0, on_disk = 0;
+  {
+    Engine engine(*device, *comms[0], testing::mlp_config(run));
+    Mlp mlp(engine, {run.widths});
+    engine.finalize();
+    std::vector<float> x, t;
+    for (int k = 0; k < run.steps; ++k) {
+      testing::mlp_batch(k, run.global_batch, run.widths.front(), run.widths.back(), x, t);
+      float loss = 0;
+      mlp.forward_backward(x.data(), t.data(), run.global_batch, &loss, 0);
+      const auto r = engine.step();
+      engine.compute_stream().synchronize();
+      ASSERT_TRUE(std::isfinite(loss));
+      ASSERT_TRUE(r.boundary);
+    }
+    host_peak = engine.tier_stats(Tier::host).total_peak;
+    device_peak = device->memory().stats().total_peak;
+    on_disk = tier_total(engine.plan().bytes, Tier::nvme);
+  }
+  const size_t grown = process_peak_rss() - std::min(before, process_peak_rss());
+  std::printf("states on disk %.1f MiB; host pool peak %.1f MiB of %.1f; device peak %.1f MiB; resident growth %.1f MiB\n",
+              on_disk / 1048576.0, host_peak / 1048576.0, pool / 1048576.0, device_peak / 1048576.0, grown / 1048576.0);
+  EXPECT_GE(on_disk, 530'000'000u);
+  EXPECT_LE(host_peak, pool);
+  EXPECT_LE(grown, device_peak + host_peak + (48u << 20));
+  EXPECT_LT(grown, on_disk / 4) << "the model states are resident";
+}
 
 }  // namespace
 }  // namespace zeroth
