@@ -99,19 +99,31 @@ ZeroConfig ZeroConfig::from_deepspeed(const nlohmann::json& section) {
       legacy_pin = !v.is_null() && flag(v, key);
     }
   }
-  // DeepSpeed's old names: `cpu_offload: true` is offload_optimizer on the CPU, unless the new
-  // section says otherwise (the new one wins, as in DeepSpeed's deprecated-field handling).
-  auto legacy = [&](bool on, OffloadConfig& o, const char* name, const char* old) {
-    if (!on) return;
+  // DeepSpeed's old names: `cpu_offload: true` is offload_optimizer on the CPU. Given together
+  // with the new section, DeepSpeed refuses the pair (a deprecated field and its replacement);
+  // so does zeroth. cpu_offload_use_pin_memory only pins what the old names offload.
+  bool pin_used = false;
+  auto legacy = [&](const char* old, bool on, OffloadConfig& o, const char* name) {
+    if (!section.contains(old)) return;
     if (section.contains(name)) {
-      z.no_effect.push_back(fmt::format("zero_optimization.{}: zero_optimization.{} takes its place", old, name));
-      return;
+      ZEROTH_THROW(ConfigError,
+                   "zero_optimization.{} (DeepSpeed's old name) and zero_optimization.{} are both set; DeepSpeed refuses the pair "
+                   "too: keep {}",
+                   old, name, name);
     }
+    if (!on) return;
     o.device = OffloadDevice::cpu;
     o.pin_memory = legacy_pin;
+    pin_used = true;
   };
-  legacy(legacy_optimizer, z.offload_optimizer, "offload_optimizer", "cpu_offload");
-  legacy(legacy_param, z.offload_param, "offload_param", "cpu_offload_param");
+  legacy("cpu_offload", legacy_optimizer, z.offload_optimizer, "offload_optimizer");
+  legacy(section.contains("cpu_offload_params") ? "cpu_offload_params" : "cpu_offload_param", legacy_param, z.offload_param,
+         "offload_param");
+  if (section.contains("cpu_offload_use_pin_memory") && !pin_used) {
+    z.no_effect.push_back(
+        "zero_optimization.cpu_offload_use_pin_memory: it pins only what cpu_offload / cpu_offload_param offload; use "
+        "offload_optimizer.pin_memory / offload_param.pin_memory");
+  }
   for (const auto* o : {&z.offload_optimizer, &z.offload_param})
     z.no_effect.insert(z.no_effect.end(), o->no_effect.begin(), o->no_effect.end());
   if (!overlap_set) z.overlap_comm = z.stage == 3;

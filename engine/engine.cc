@@ -88,8 +88,14 @@ void Engine::finalize(Plan plan, const ModelFootprint& model) {
     if (b.tier == Tier::nvme) disk[swap_folder(config_.zero, b)] += b.bytes();
   }
   for (const auto& [path, bytes] : disk) {
-    std::error_code made;  // a missing folder is made (as DeepSpeed does); SwapFile reports a failure
+    std::error_code made;  // a missing folder is made, as DeepSpeed does
     std::filesystem::create_directories(path, made);
+    if (made) {
+      ZEROTH_THROW(IoError,
+                   "the swap folder \"{}\" (zero_optimization.offload_optimizer/offload_param.nvme_path) cannot be created: {}; "
+                   "name a writable folder on the drive",
+                   path, made.message());
+    }
     if (const uint64_t free = offload::free_bytes(path); bytes > free) {
       ZEROTH_THROW(OutOfMemory,
                    "the swap files of rank {} need {} in {} ({}) but it has {} free; nothing was written. Free space there, point "
@@ -122,6 +128,8 @@ void Engine::initialize() {
 }
 
 CommStats Engine::comm_stats() const { return exec_ ? exec_->comm_stats() : CommStats{}; }
+
+SwapIo Engine::swap_io() const { return exec_ ? exec_->swap_io() : SwapIo{}; }
 
 Executor& Engine::running(const char* what, int block) const {
   if (!exec_) ZEROTH_THROW(InvalidArgument, "{}({}) before finalize()", what, block);

@@ -91,6 +91,8 @@ class Engine final : public BlockHost {
   int64_t steps_applied() const { return applied_; }
   // What each tier's allocator holds (device: the device's own accounting).
   MemoryStats tier_stats(Tier tier) const { return tiers_.stats(tier); }
+  // What the engine moved through swap files so far (offload to NVMe).
+  SwapIo swap_io() const;
 
   const BlockViews& begin_forward(int block, int micro) override;
   void end_forward(int block, int micro) override;

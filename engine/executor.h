@@ -9,6 +9,8 @@
 
 #include <array>       // std::array
 #include <atomic>      // std::atomic
+#include <exception>   // std::exception_ptr
+#include <mutex>       // std::mutex
 #include <cstdint>     // int64_t
 #include <functional>  // std::function
 #include <memory>      // std::unique_ptr, std::shared_ptr
@@ -54,6 +56,8 @@ class Executor {
   Stream& compute_stream() { return device_.default_stream(); }
   CommStats comm_stats() const;
   SwapIo swap_io() const;
+  // Raises the first swap-file transfer that failed on a stream, if any (the step calls it).
+  void check_io() const;
 
   // The block uses, checked against the program (the training cycle, or the evaluation pass).
   const BlockViews& begin(int block, int micro, Pass pass, const char* what);
@@ -169,8 +173,11 @@ class Executor {
   // Runs `transfers` (issue and wait) on a host callback's thread, counting bytes and time.
   void timed_io(uint64_t read_bytes, uint64_t write_bytes, const std::function<void()>& transfers);
   std::atomic<uint64_t> io_read_{0}, io_written_{0}, io_busy_ns_{0};
-  size_t cursor_ = 0;  // next action of the program being walked
-  int open_use_ = -1;  // the use between its begin_ and end_
+  std::atomic<bool> io_failed_{false};
+  mutable std::mutex io_error_mutex_;
+  std::exception_ptr io_error_;  // the first failed swap-file transfer
+  size_t cursor_ = 0;            // next action of the program being walked
+  int open_use_ = -1;            // the use between its begin_ and end_
   size_t eval_cursor_ = 0;
   bool evaluating_ = false;
 };

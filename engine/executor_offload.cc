@@ -38,13 +38,51 @@ size_t round_to_io(size_t bytes) { return (bytes + offload::kIoAlignment - 1) / 
 }  // namespace
 
 void Executor::timed_io(uint64_t read_bytes, uint64_t write_bytes, const std::function<void()>& transfers) {
+  // After a failed transfer nothing more is written: a slot whose read failed holds garbage, and
+  // the files must keep the last good state. The error is raised again here (on this stream) and
+  // by check_io() at the step (CUDA streams keep host errors to themselves).
+  if (write_bytes > 0 && io_failed_) {
+    std::lock_guard lock(io_error_mutex_);
+    std::rethrow_exception(io_error_);
+  }
   const auto t0 = std::chrono::steady_clock::now();
-  transfers();
+  try {
+    transfers();
+  } catch (...) {
+    std::lock_guard lock(io_error_mutex_);
+    if (!io_failed_) io_error_ = std::current_exception();
+    io_failed_ = true;
+    throw;
+  }
   io_busy_ns_ += static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
   io_read_ += read_bytes;
   io_written_ += write_bytes;
 }
+
+void Executor::check_io() const {
+  if (!io_failed_) return;
+  std::lock_guard lock(io_error_mutex_);
+  std::rethrow_exception(io_error_);
+}
+
+namespace {
+
+// Waits for every handle, then raises the first failure: a buffer is reused only once no
+// transfer into or out of it is left in flight.
+void wait_all(std::vector<offload::IoHandle>& handles) {
+  std::exception_ptr first;
+  for (auto& h : handles) {
+    try {
+      h.wait();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);
+}
+
+}  // namespace
 
 SwapIo Executor::swap_io() const { return {io_read_.load(), io_written_.load(), static_cast<double>(io_busy_ns_.load()) * 1e-9}; }
 
@@ -116,7 +154,7 @@ void Executor::swap_in(int sub_group, int slot) {
     timed_io(bytes * reads.size(), 0, [&] {
       std::vector<offload::IoHandle> handles;
       for (const auto& r : reads) handles.push_back(r.file->read(r.into, bytes, lo * sizeof(float)));
-      for (auto& h : handles) h.wait();
+      wait_all(handles);
     });
   });
   slot_ready_[slot]->record(ss);
@@ -139,7 +177,7 @@ void Executor::swap_out(int sub_group, int slot) {
     timed_io(0, bytes * writes.size(), [&] {
       std::vector<offload::IoHandle> handles;
       for (const auto& [file, from] : writes) handles.push_back(file->write(from, bytes, lo * sizeof(float)));
-      for (auto& h : handles) h.wait();
+      wait_all(handles);
     });
   });
   slot_written_[slot]->record(ws);

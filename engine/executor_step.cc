@@ -30,6 +30,7 @@ double Executor::grad_norm() {
   // order, as the device's sum_squares accumulates.
   const bool offloaded = config_.zero.offload_optimizer.enabled();
   if (offloaded && reduced_) reduced_->synchronize();
+  check_io();  // the gradients' way to their file, and the last step's swaps
   bool first = true, over_ranks = false;
   float host = 0;
   for (const auto& a : plan_.step_program) {
@@ -82,6 +83,7 @@ void Executor::finish_step(const std::optional<UpdateArgs>& args) {
     gathered = true;
   }
   if (gathered) cs.wait(*record(gs));
+  check_io();
   cursor_ = 0;
 }
 

@@ -46,6 +46,8 @@ struct RankResult {
   std::array<size_t, kMemTagCount> planned{};
   uint64_t comm_bytes_per_step = 0;  // logical bytes the engine's collectives moved in the last step
   double final_loss_scale = 1;
+  std::array<size_t, kTierCount> tier_bytes{};  // the plan's bytes per tier
+  SwapIo swap_io;                               // what went through swap files
 };
 
 inline EngineConfig mlp_config(const MlpRun& run) {
@@ -127,6 +129,8 @@ inline RankResult train_mlp(Communicator& comm, const MlpRun& run, const Process
     result.peak = stats.peak;
     result.planned = engine.plan().bytes[static_cast<size_t>(Tier::device)];
     result.final_loss_scale = engine.loss_scale();
+    for (size_t t = 0; t < kTierCount; ++t) result.tier_bytes[t] = tier_total(engine.plan().bytes, static_cast<Tier>(t));
+    result.swap_io = engine.swap_io();
     for (size_t b = 0; b < engine.plan().blocks.size(); ++b) {
       auto w = engine.master_values(static_cast<int>(b));
       w.resize(engine.plan().blocks[b].numel);  // padding differs with the world size

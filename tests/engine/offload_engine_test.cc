@@ -96,6 +96,21 @@ TEST_P(Offload, TrainsBitIdenticallyToTheInDeviceRun) {
       EXPECT_EQ(differ, 0u) << "rank " << r << " block " << b << ": " << differ << " weights differ";
     }
   }
+  // The state really left the device: less of it there, the optimizer's (and with offload_param
+  // the parameters') bytes on the host or on disk, and swap files really read and written.
+  const auto tier = [&](Tier t) { return off[0].tier_bytes[static_cast<size_t>(t)]; };
+  EXPECT_LT(tier(Tier::device), ref[0].tier_bytes[static_cast<size_t>(Tier::device)]);
+  EXPECT_EQ(ref[0].tier_bytes[static_cast<size_t>(Tier::nvme)] + ref[0].tier_bytes[static_cast<size_t>(Tier::host)], 0u);
+  const bool any_nvme = c.device == OffloadDevice::nvme || c.params == OffloadDevice::nvme;
+  EXPECT_EQ(tier(Tier::nvme) > 0, any_nvme);
+  EXPECT_GT(tier(Tier::host), 0u);
+  if (any_nvme) {
+    // Every step reads and writes at least the optimizer's or the parameters' share again.
+    EXPECT_GE(off[0].swap_io.read_bytes, 5u * 4096u);
+    EXPECT_GE(off[0].swap_io.write_bytes, 5u * 4096u);
+  } else {
+    EXPECT_EQ(off[0].swap_io.read_bytes + off[0].swap_io.write_bytes, 0u);
+  }
   // The weights moved: the comparison is not between two untouched initializations.
   const auto init = run_ranks(1, [&] {
     MlpRun r = offload_run(c, false);
@@ -154,9 +169,9 @@ size_t resident_bytes() {
 
 // ZeRO-Infinity's promise: with parameters and optimizer state in swap files, the process holds
 // the device's working set and the bounded host pool, not the model states. Here the states take
-// 16 bytes x 33.6M parameters = 538 MB on disk; the host pool is capped at 32 MiB. The engine's
-// host accounting must stay under the cap, and the process's resident memory (the kernel's
-// count, independent of that accounting) must grow by no more than the device's and the host's
+// 16 bytes x 33.6M parameters = 538 MB on disk; the host pool is capped at 32 MiB (the host
+// allocator refuses to go past it). The process's resident memory (the kernel's count,
+// independent of zeroth's accounting) must grow by no more than the device's and the host's
 // peaks plus a stated 48 MiB: what neither counts (initialization's per-block staging of values,
 // allocator arenas of the stream and I/O threads, 2 MiB huge-page rounding of large buffers).
 TEST(OffloadMemory, WithEverythingInSwapFilesTheProcessHoldsTheHostPoolNotTheModelStates) {
@@ -178,6 +193,9 @@ TEST(OffloadMemory, WithEverythingInSwapFilesTheProcessHoldsTheHostPoolNotTheMod
     }
     e.host_memory = pool;
   };
+  // The kernel's peak starts again from here (clear_refs 5 resets VmHWM), so earlier tests in
+  // this process do not count.
+  std::ofstream("/proc/self/clear_refs") << "5";
   const size_t before = resident_bytes();
   std::unique_ptr<Device> device = make_device("cpu");
   auto comms = make_local_communicators(1);
@@ -204,7 +222,6 @@ TEST(OffloadMemory, WithEverythingInSwapFilesTheProcessHoldsTheHostPoolNotTheMod
   std::printf("states on disk %.1f MiB; host pool peak %.1f MiB of %.1f; device peak %.1f MiB; resident growth %.1f MiB\n",
               on_disk / 1048576.0, host_peak / 1048576.0, pool / 1048576.0, device_peak / 1048576.0, grown / 1048576.0);
   EXPECT_GE(on_disk, 530'000'000u);
-  EXPECT_LE(host_peak, pool);
   EXPECT_LE(grown, device_peak + host_peak + (48u << 20));
   EXPECT_LT(grown, on_disk / 4) << "the model states are resident";
 }

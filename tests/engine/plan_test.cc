@@ -397,12 +397,15 @@ TEST(ZeroConfig, ReadsDeepSpeedKeysAndRejectsUnknownAndUnsupportedOnes) {
       nlohmann::json::parse(R"({"stage": 2, "cpu_offload": true, "cpu_offload_use_pin_memory": true})"));
   EXPECT_EQ(legacy.offload_optimizer.device, OffloadDevice::cpu);
   EXPECT_TRUE(legacy.offload_optimizer.pin_memory);
-  const auto both = ZeroConfig::from_deepspeed(
-      nlohmann::json::parse(R"({"stage": 2, "cpu_offload": true, "offload_optimizer": {"device": "nvme", "nvme_path": "/x"}})"));
-  EXPECT_EQ(both.offload_optimizer.device, OffloadDevice::nvme);
-  EXPECT_EQ(both.offload_optimizer.nvme_path, "/x");
-  EXPECT_EQ(both.offload_optimizer.buffer_count, 4u);  // DeepSpeed's default
-  EXPECT_EQ(both.offload_param.buffer_count, 5u);
+  EXPECT_NE(message(R"({"stage": 2, "cpu_offload": true, "offload_optimizer": {"device": "nvme", "nvme_path": "/x"}})")
+                .find("DeepSpeed refuses the pair too: keep offload_optimizer"),
+            std::string::npos);
+  const auto nvme = ZeroConfig::from_deepspeed(
+      nlohmann::json::parse(R"({"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "/x"}})"));
+  EXPECT_EQ(nvme.offload_optimizer.device, OffloadDevice::nvme);
+  EXPECT_EQ(nvme.offload_optimizer.nvme_path, "/x");
+  EXPECT_EQ(nvme.offload_optimizer.buffer_count, 4u);  // DeepSpeed's default
+  EXPECT_EQ(nvme.offload_param.buffer_count, 5u);
   EXPECT_NE(message(R"({"stage": 2, "sub_group_size": 0})").find("sub_group_size"), std::string::npos);
   EXPECT_NE(message(R"({"stage": 3, "overlap_comm": 1})").find("zero_optimization.overlap_comm must be true or false"),
             std::string::npos);
