@@ -256,6 +256,9 @@ class OffloadBench {
   std::pair<double, double> run_fio(const Setting& s) {
     const std::vector<std::string> argv = {*fio_,
                                            "--output-format=json",
+                                           // Jobs as threads of the one process the parent-death
+                                           // signal kills; forked job processes outlived it.
+                                           "--thread",
                                            "--filename=" + data_path_,
                                            fmt::format("--size={}", size_),
                                            fmt::format("--bs={}", s.block_size),
