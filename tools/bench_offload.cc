@@ -254,22 +254,13 @@ class OffloadBench {
 
   // fio's sequential write then read of the same file (one job after the other), GB/s each.
   std::pair<double, double> run_fio(const Setting& s) {
-    const std::vector<std::string> argv = {*fio_,
-                                           "--output-format=json",
+    const std::vector<std::string> argv = {*fio_, "--output-format=json",
                                            // Jobs as threads of the one process the parent-death
                                            // signal kills; forked job processes outlived it.
-                                           "--thread",
-                                           "--filename=" + data_path_,
-                                           fmt::format("--size={}", size_),
-                                           fmt::format("--bs={}", s.block_size),
-                                           fmt::format("--iodepth={}", s.queue_depth),
-                                           "--ioengine=io_uring",
-                                           "--direct=1",
-                                           "--name=write",
-                                           "--rw=write",
-                                           "--name=read",
-                                           "--stonewall",
-                                           "--rw=read"};
+                                           "--thread", "--filename=" + data_path_, fmt::format("--size={}", size_),
+                                           fmt::format("--bs={}", s.block_size), fmt::format("--iodepth={}", s.queue_depth),
+                                           "--ioengine=io_uring", "--direct=1", "--name=write", "--rw=write", "--name=read",
+                                           "--stonewall", "--rw=read"};
     const ProcessResult fio = run_process(argv);
     if (fio.status != 0) ZEROTH_THROW(IoError, "fio exited with status {}: {}", fio.status, fio.err);
     try {
