@@ -38,6 +38,12 @@ struct OffloadConfig {
   std::vector<std::string> no_effect;
   bool enabled() const { return device != OffloadDevice::none; }
 
+  // DeepSpeed's defaults of offload_optimizer, or with `params` of offload_param.
+  static OffloadConfig defaults(bool params) {
+    OffloadConfig o;
+    o.buffer_count = params ? 5 : 4;
+    return o;
+  }
   // `where` names the section in messages; `params`: offload_param's keys and defaults.
   static OffloadConfig from_deepspeed(const nlohmann::json& section, std::string_view where, bool params);
 };
@@ -69,7 +75,7 @@ struct ZeroConfig {
   // The optimizer steps the shard in sub-groups of at most this many elements (the unit offload
   // swaps; DeepSpeed's default).
   uint64_t sub_group_size = 1'000'000'000;
-  OffloadConfig offload_optimizer{.buffer_count = 4}, offload_param{.buffer_count = 5};
+  OffloadConfig offload_optimizer = OffloadConfig::defaults(false), offload_param = OffloadConfig::defaults(true);
   // Keys present that have no effect in zeroth ("path: why"), for the log at start.
   std::vector<std::string> no_effect;
 

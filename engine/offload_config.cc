@@ -48,8 +48,7 @@ std::string_view offload_device_name(OffloadDevice device) {
 
 OffloadConfig OffloadConfig::from_deepspeed(const json& section, std::string_view where, bool params) {
   const std::string path(where);
-  OffloadConfig o;
-  o.buffer_count = params ? 5 : 4;
+  OffloadConfig o = defaults(params);
   if (section.is_null()) return o;
   if (!section.is_object())
     ZEROTH_THROW(ConfigError, "{} must be an object like {{\"device\": \"cpu\"}}, got {}", path, section.dump());
