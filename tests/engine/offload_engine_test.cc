@@ -4,12 +4,14 @@
 // micro-batches, f32 and bf16, the losses and the master weights must be bit-identical.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <map>
@@ -227,6 +229,52 @@ TEST(OffloadMemory, WithEverythingInSwapFilesTheProcessHoldsTheHostPoolNotTheMod
   EXPECT_GE(on_disk, 530'000'000u);
   EXPECT_LE(grown, device_peak + host_peak + (48u << 20));
   EXPECT_LT(grown, on_disk / 4) << "the model states are resident";
+}
+
+// A swap file that loses its bytes (here: truncated through the process's own descriptor, as a
+// failing disk or a careless `truncate` would) ends the run with an IoError naming the file; the
+// step does not go on with what a failed read left in the slot.
+TEST(OffloadErrors, ASwapFileThatLostItsBytesEndsTheRunNamingIt) {
+  MlpRun run;
+  run.stage = 2;
+  run.tweak = [](EngineConfig& e) {
+    e.zero.sub_group_size = 1000;
+    e.zero.offload_optimizer.device = OffloadDevice::nvme;
+    e.zero.offload_optimizer.nvme_path = swap_dir();
+  };
+  auto device = make_device("cpu");
+  auto comms = make_local_communicators(1);
+  Engine engine(*device, *comms[0], testing::mlp_config(run));
+  Mlp mlp(engine, {run.widths});
+  engine.finalize();
+  std::vector<float> x, t;
+  auto step = [&](int k) {
+    testing::mlp_batch(k, run.global_batch, run.widths.front(), run.widths.back(), x, t);
+    float loss = 0;
+    mlp.forward_backward(x.data(), t.data(), run.global_batch, &loss, 0);
+    engine.step();
+    engine.compute_stream().synchronize();
+  };
+  step(0);
+  device->synchronize();  // the step's write-backs are on the file before it is cut
+  int truncated = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    const auto target = std::filesystem::read_symlink(entry.path(), ec).string();
+    if (ec || target.find("-master.swap") == std::string::npos) continue;
+    const int fd = ::open(entry.path().c_str(), O_WRONLY);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::ftruncate(fd, 0), 0);
+    ::close(fd);
+    ++truncated;
+  }
+  ASSERT_EQ(truncated, 1);
+  try {
+    for (int k = 1; k <= 3; ++k) step(k);
+    FAIL() << "three steps ran on a truncated swap file";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("master.swap"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
