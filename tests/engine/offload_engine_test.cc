@@ -31,15 +31,23 @@ using testing::MlpRun;
 using testing::RankResult;
 using testing::run_ranks;
 
-// A folder for swap files on the disk the tests run from.
+// A folder for swap files on the disk the tests run from, removed when the test process ends
+// (the swap files in it are unlinked as soon as they are made).
 const std::string& swap_dir() {
-  static const std::string dir = [] {
+  struct Folder {
+    std::string path;
+    ~Folder() {
+      std::error_code ignored;
+      std::filesystem::remove_all(path, ignored);
+    }
+  };
+  static const Folder dir{[] {
     const char* tmp = std::getenv("TMPDIR");
-    std::string d = fmt::format("{}/zeroth-offload-test-{}", tmp != nullptr ? tmp : "/tmp", ::getpid());
-    ::mkdir(d.c_str(), 0700);
-    return d;
-  }();
-  return dir;
+    std::string path = fmt::format("{}/zeroth-offload-test-{}", tmp != nullptr ? tmp : "/tmp", ::getpid());
+    ::mkdir(path.c_str(), 0700);
+    return path;
+  }()};
+  return dir.path;
 }
 
 struct Case {
