@@ -1,6 +1,7 @@
 // `zeroth report`: what this machine offers zeroth (like DeepSpeed's ds_report). Every probe is
 // guarded, so the report also runs on a broken machine and says what is wrong.
 #include <liburing.h>
+#include <sys/resource.h>
 #include <sys/sysinfo.h>
 #include <sys/utsname.h>
 #include <tbb/info.h>
@@ -157,8 +158,13 @@ std::string memory_line() {
   struct sysinfo si {};
   if (sysinfo(&si) != 0) return fmt::format("sysinfo failed: {}", strerror(errno));
   const size_t unit = si.mem_unit;
-  return fmt::format("{} total, {} free, swap {}", format_bytes(si.totalram * unit), format_bytes(si.freeram * unit),
-                     format_bytes(si.totalswap * unit));
+  // offload's pin_memory page-locks host buffers with mlock on the CPU device: this limit caps it.
+  rlimit lock{};
+  const std::string lockable = getrlimit(RLIMIT_MEMLOCK, &lock) != 0 ? "unknown"
+                               : lock.rlim_cur == RLIM_INFINITY      ? "unlimited"
+                                                                     : format_bytes(lock.rlim_cur);
+  return fmt::format("{} total, {} free, swap {}; page-lockable (RLIMIT_MEMLOCK, offload pin_memory) {}",
+                     format_bytes(si.totalram * unit), format_bytes(si.freeram * unit), format_bytes(si.totalswap * unit), lockable);
 }
 
 void run_report(bool json_output) {
