@@ -143,13 +143,22 @@ std::string MemoryAccounting::summary() const {
   return text;
 }
 
-size_t process_peak_rss() {
+namespace {
+
+// A "Vm..." line of /proc/self/status (kB) in bytes; 0 where the kernel does not report it.
+size_t status_bytes(std::string_view field) {
   std::ifstream status("/proc/self/status");
   std::string line;
   while (std::getline(status, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) return static_cast<size_t>(std::strtoull(line.c_str() + 6, nullptr, 10)) * 1024;
+    if (line.size() > field.size() && line.compare(0, field.size(), field) == 0 && line[field.size()] == ':')
+      return static_cast<size_t>(std::strtoull(line.c_str() + field.size() + 1, nullptr, 10)) * 1024;
   }
   return 0;
 }
+
+}  // namespace
+
+size_t process_peak_rss() { return status_bytes("VmHWM"); }
+size_t process_rss() { return status_bytes("VmRSS"); }
 
 }  // namespace zeroth

@@ -17,6 +17,8 @@ std::string_view mem_tag_name(MemTag tag);
 // The process's peak resident set size in bytes (VmHWM of /proc/self/status); 0 where the kernel
 // does not report it.
 size_t process_peak_rss();
+// Its resident set size now (VmRSS).
+size_t process_rss();
 
 // "1.50 GiB", "512 B"
 std::string format_bytes(size_t bytes);

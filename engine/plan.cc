@@ -94,26 +94,17 @@ int add_buffer(Plan& p, std::string name, MemTag tag, DType dtype, size_t numel,
   return static_cast<int>(p.buffers.size()) - 1;
 }
 
-// Where the optimizer's state (master, moments, reduced gradients) lives, and the host memory
-// its transfers go through.
-Tier optimizer_tier(const ZeroConfig& z) {
-  switch (z.offload_optimizer.device) {
+// Where offloaded state lives: the optimizer's (master, moments, reduced gradients) or stage 3's
+// parameter shards, by their section; and the host memory the optimizer's transfers go through.
+Tier offload_tier(const OffloadConfig& o) {
+  switch (o.device) {
     case OffloadDevice::none: return Tier::device;
-    case OffloadDevice::cpu: return z.offload_optimizer.pin_memory ? Tier::pinned_host : Tier::host;
+    case OffloadDevice::cpu: return o.pin_memory ? Tier::pinned_host : Tier::host;
     case OffloadDevice::nvme: return Tier::nvme;
   }
   return Tier::device;
 }
 Tier staging_tier(const ZeroConfig& z) { return z.offload_optimizer.pin_memory ? Tier::pinned_host : Tier::host; }
-// Where stage 3's parameter shards live.
-Tier param_tier(const ZeroConfig& z) {
-  switch (z.offload_param.device) {
-    case OffloadDevice::none: return Tier::device;
-    case OffloadDevice::cpu: return z.offload_param.pin_memory ? Tier::pinned_host : Tier::host;
-    case OffloadDevice::nvme: return Tier::nvme;
-  }
-  return Tier::device;
-}
 
 void own(Plan& p, StateKind kind, int block, size_t lo, size_t hi, int buffer, size_t offset) {
   p.owned_index[block][static_cast<size_t>(kind)] = static_cast<int>(p.owned.size());
@@ -124,13 +115,14 @@ void own(Plan& p, StateKind kind, int block, size_t lo, size_t hi, int buffer, s
 void lay_out_state(Plan& p, const EngineConfig& config, const ArenaSizes& arenas) {
   const int stage = p.stage, r = p.rank;
   const DType c = p.compute_dtype;
-  const Tier opt = optimizer_tier(config.zero);
+  const Tier opt = offload_tier(config.zero.offload_optimizer);
   // f32 parameters on the device are their own master copy, unless the master lives elsewhere.
   const bool sharded_params = stage == 3, aliases = c == DType::f32 && opt == Tier::device;
   size_t persistent = 0;
   for (const auto& blk : p.blocks) persistent += blk.persistent ? blk.padded : 0;
   const size_t owned_numel = stage == 0 ? p.total_padded : p.shard_numel;
-  const int shard_buf = sharded_params ? add_buffer(p, "param_shard", MemTag::params, c, p.shard_numel, false, param_tier(config.zero))
+  const int shard_buf = sharded_params ? add_buffer(p, "param_shard", MemTag::params, c, p.shard_numel, false,
+                                                    offload_tier(config.zero.offload_param))
                                        : -1;
   const int params_buf = add_buffer(p, "params", MemTag::params, c, sharded_params ? persistent : p.total_padded);
   p.param_arena = add_buffer(p, "param_arena", MemTag::params, c, arenas.params);
