@@ -186,16 +186,20 @@ StepResult Engine::step() {
   const auto t0 = Clock::now();
   if (config_.time_breakdown) exec.wait_for_reductions();
   const auto t1 = Clock::now();
+  const SwapIo at_update = exec.swap_io();
   // Every return below goes through here once the step's work is enqueued.
   auto timed = [&](StepResult r) {
     if (!config_.time_breakdown) return r;
     compute_stream().synchronize();
+    exec.drain_swaps();
     r.reduce_wait_seconds = std::chrono::duration<double>(t1 - t0).count();
     r.update_seconds = std::chrono::duration<double>(Clock::now() - t1).count();
     const SwapIo io = exec.swap_io();
     r.swap_read_bytes = io.read_bytes - swap_io_.read_bytes;
     r.swap_write_bytes = io.write_bytes - swap_io_.write_bytes;
     r.swap_busy_seconds = io.busy_seconds - swap_io_.busy_seconds;
+    r.update_swap_read_bytes = io.read_bytes - at_update.read_bytes;
+    r.update_swap_write_bytes = io.write_bytes - at_update.write_bytes;
     swap_io_ = io;
     return r;
   };

@@ -48,8 +48,12 @@ struct StepResult {
   double reduce_wait_seconds = 0, update_seconds = 0;
   // Swap-file traffic of the cycle and step (offload to NVMe): bytes read and written since the
   // last step, and the time the engine's streams spent waiting on them (summed over streams).
+  // update_seconds lasts until the step's last write-back has reached its file.
   uint64_t swap_read_bytes = 0, swap_write_bytes = 0;
   double swap_busy_seconds = 0;
+  // The part of the swap bytes moved after the reductions (the optimizer's sub-groups through
+  // their slots, the parameters' write-backs): what update_seconds spent them on.
+  uint64_t update_swap_read_bytes = 0, update_swap_write_bytes = 0;
 };
 
 class Engine final : public BlockHost {

@@ -58,6 +58,8 @@ class Executor {
   SwapIo swap_io() const;
   // Raises the first swap-file transfer that failed on a stream, if any (the step calls it).
   void check_io() const;
+  // Waits until the swaps and uploads enqueued so far are done (a timed step's end).
+  void drain_swaps();
 
   // The block uses, checked against the program (the training cycle, or the evaluation pass).
   const BlockViews& begin(int block, int micro, Pass pass, const char* what);

@@ -66,6 +66,13 @@ void Executor::check_io() const {
   std::rethrow_exception(io_error_);
 }
 
+void Executor::drain_swaps() {
+  for (Stream* s : {swap_in_stream_.get(), swap_out_stream_.get(), gather_stream_.get()}) {
+    if (s != nullptr) s->synchronize();
+  }
+  check_io();
+}
+
 namespace {
 
 // Waits for every handle, then raises the first failure: a buffer is reused only once no

@@ -27,7 +27,7 @@
 #include <nlohmann/json.hpp>  // nlohmann::json
 
 #include "core/error.h"              // ZEROTH_CHECK, ZEROTH_THROW, SYSCALL_CHECK
-#include "core/log.h"                // ZLOG_WARN
+#include "core/log.h"                // ZLOG_WARN, log::set_level
 #include "core/memory.h"             // parse_bytes, format_bytes
 #include "core/stats.h"              // median
 #include "offload/aio.h"             // AsyncFile, IoOptions
@@ -64,6 +64,7 @@ struct Options {
   bool full_sweep = false;
   bool small_pages = false;
   bool json = false;
+  uint64_t sub_group_size = SwapperSetting{}.sub_group_size;
 };
 
 struct Setting {
@@ -200,7 +201,7 @@ class OffloadBench {
 
   // Measures one setting `reps` times (write, then read), with fio at the same block size and
   // depth between the repetitions when `with_fio`.
-  Point measure(const Setting& s, bool with_fio) {
+  Point measure(const Setting& s, bool with_fio, int reps) {
     Point point;
     point.setting = s;
     const std::size_t in_flight = s.block_size * s.queue_depth * s.threads;
@@ -214,7 +215,7 @@ class OffloadBench {
         ZLOG_WARN("bench offload: running without registered buffers: {}", e.what());
       }
     }
-    for (int rep = 0; rep < o_.reps; ++rep) {
+    for (int rep = 0; rep < reps; ++rep) {
       point.write_gbps.push_back(size_ / pass(file, true, request) / 1e9);
       point.read_gbps.push_back(size_ / pass(file, false, request) / 1e9);
       if (with_fio) {
@@ -371,7 +372,7 @@ void run(const Options& o) {
   std::vector<Point> sweep;
   auto measure = [&](const Setting& s, bool with_fio) {
     if (s.block_size * s.queue_depth * s.threads > kMaxInFlight || s.block_size > size / 2) return;
-    sweep.push_back(bench.measure(s, with_fio && fio.has_value()));
+    sweep.push_back(bench.measure(s, with_fio && fio.has_value(), o.reps));
     if (!o.json) print_row(sweep.back());
   };
   // The point of highest score among those `allowed`; nullptr when none is.
@@ -413,6 +414,30 @@ void run(const Options& o) {
                                       {"intra_op_parallelism", chosen.setting.threads},
                                       {"single_submit", false},
                                       {"overlap_events", true}};
+  // The swapper's steps alternate with raw passes at the chosen setting: where a disk's rate
+  // wanders (a virtual disk's burst allowance running out), each step is held against the rate
+  // the disk had just before it.
+  const SwapperSetting swapper_setting{chosen.setting.block_size, chosen.setting.queue_depth, chosen.setting.threads,
+                                       o.sub_group_size};
+  const log::Level level = log::level();
+  log::set_level(log::Level::warn);  // the engine's plan table
+  SwapperBench swapper(o.path, size, swapper_setting);
+  log::set_level(level);
+  std::vector<double> swapper_gbps, swapper_seconds, swapper_vs_raw;
+  Point beside;
+  beside.setting = chosen.setting;
+  for (int rep = 0; rep < o.reps; ++rep) {
+    const Point raw = bench.measure(chosen.setting, false, 1);
+    beside.write_gbps.push_back(raw.write());
+    beside.read_gbps.push_back(raw.read());
+    const double seconds = swapper.step();
+    const double gbps = static_cast<double>(swapper.read_bytes() + swapper.write_bytes()) / seconds * 1e-9;
+    swapper_seconds.push_back(seconds);
+    swapper_gbps.push_back(gbps);
+    swapper_vs_raw.push_back(gbps / swapper.ceiling_gbps(raw.read(), raw.write()));
+  }
+  const double swapper_rate = median(swapper_gbps), swapper_paired = median(swapper_vs_raw);
+  const double swapper_vs_best = swapper_rate / swapper.ceiling_gbps(max_read, max_write);
   std::optional<CopyRates> copies;
   if (cuda) copies = measure_cuda_copies(o.device, std::min<std::size_t>(size, std::size_t{1} << 30), o.reps);
 
@@ -448,7 +473,13 @@ void run(const Options& o) {
                                           {"h2d_pageable_gbps", copies->h2d_pageable},
                                           {"d2h_pageable_gbps", copies->d2h_pageable}}
                          : nlohmann::json(nullptr);
-    out["swapper_gbps"] = nullptr;  // filled in by the optimizer-state swapper's measurement
+    out["swapper_gbps"] = swapper_rate;
+    out["swapper"] = {{"params", swapper.params()},         {"padded_params", swapper.padded_params()},
+                      {"sub_groups", swapper.sub_groups()}, {"sub_group_size", o.sub_group_size},
+                      {"read_bytes", swapper.read_bytes()}, {"write_bytes", swapper.write_bytes()},
+                      {"seconds", swapper_seconds},         {"gbps_runs", swapper_gbps},
+                      {"raw_beside", point_json(beside)},   {"ratio_paired", swapper_paired},
+                      {"ratio_to_best", swapper_vs_best}};
     std::printf("%s\n", out.dump(2).c_str());
     return;
   }
@@ -462,6 +493,17 @@ void run(const Options& o) {
     std::printf("%-8s %12.2f %12.2f %7.0f%% %15.0f%%\n", "read", max_read, fio_read, 100 * max_read / fio_read,
                 100 * paired_ratio(sweep, false));
   }
+  const auto [lo, hi] = std::minmax_element(swapper_gbps.begin(), swapper_gbps.end());
+  std::printf("\noptimizer swapper (the engine's ZeRO-Infinity step on an MLP of %.0f M parameters, %zu sub-groups of %s, aio as "
+              "above): per step %s read and %s written\n",
+              static_cast<double>(swapper.params()) * 1e-6, swapper.sub_groups(),
+              format_bytes(o.sub_group_size * sizeof(float)).c_str(), format_bytes(swapper.read_bytes()).c_str(),
+              format_bytes(swapper.write_bytes()).c_str());
+  std::printf("  %.2f GB/s through the update (%.2f-%.2f over %d steps, each after a raw pass: write %.2f, read %.2f GB/s median)\n",
+              swapper_rate, *lo, *hi, o.reps, beside.write(), beside.read());
+  std::printf("  against those bytes at the raw rates just before each step (read then write): %.0f%% (median of the pairs); "
+              "against the sweep's best: %.0f%%\n",
+              100 * swapper_paired, 100 * swapper_vs_best);
   std::printf("DeepSpeed config section for this disk:\n\"aio\": %s\n", aio.dump(2).c_str());
   if (copies) {
     std::printf("\n%s, %s copies, median of %d:\n", copies->gpu.c_str(), format_bytes(copies->bytes).c_str(), o.reps);
@@ -483,6 +525,8 @@ void add_bench_offload_command(CLI::App& bench) {
   cmd->add_flag("--full-sweep", options->full_sweep, "Every block size x queue depth (default: depths at 1 MiB, then block sizes)");
   cmd->add_flag("--small-pages", options->small_pages,
                 "Host buffers in 4 KiB pages, as fio's are (default: 2 MiB pages where the kernel has transparent huge pages)");
+  cmd->add_option("--sub-group-size", options->sub_group_size,
+                  "The swapper's zero_optimization.sub_group_size, in elements (default 25000000)");
   cmd->add_option("--device", options->device, "cpu, or cuda[:N] to add host<->GPU copy rates (default cpu)");
   cmd->add_flag("--json", options->json, "Print JSON");
   cmd->callback([options] { run(*options); });

@@ -156,7 +156,19 @@ TEST(Cli, BenchOffloadJsonCarriesBestFioSweepAndRemovesItsFile) {
   EXPECT_EQ(r["aio"]["intra_op_parallelism"], best["threads"]);
   EXPECT_EQ(r["aio"]["single_submit"], false);
   EXPECT_EQ(r["aio"]["overlap_events"], true);
-  EXPECT_TRUE(r.contains("swapper_gbps") && r["swapper_gbps"].is_null());
+  // The swapper's step moves, per parameter (padded: blocks end on the files' 4 KiB), its f32
+  // master, moments and gradient in (16 bytes) and master, moments and bf16 parameter out (14).
+  const auto& swapper = r["swapper"];
+  const uint64_t params = swapper["params"], padded = swapper["padded_params"];
+  EXPECT_GE(padded, params);
+  EXPECT_LT(padded, params + params / 10) << swapper.dump();
+  EXPECT_EQ(swapper["read_bytes"].get<uint64_t>(), 16 * padded) << swapper.dump();
+  EXPECT_EQ(swapper["write_bytes"].get<uint64_t>(), 14 * padded) << swapper.dump();
+  EXPECT_GT(params * 18, 4u << 20) << "about --size of state";
+  EXPECT_EQ(swapper["seconds"].size(), 1u);
+  EXPECT_GT(r["swapper_gbps"].get<double>(), 0.0);
+  EXPECT_EQ(r["swapper_gbps"].get<double>(), swapper["gbps_runs"][0].get<double>());
+  EXPECT_GT(swapper["ratio_paired"].get<double>(), 0.0);
   EXPECT_TRUE(r["cuda"].is_null());
   if (fio_on_path()) {
     EXPECT_GT(r["fio"]["read_gbps"].get<double>(), 0.0) << r["fio"].dump();
