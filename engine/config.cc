@@ -140,11 +140,15 @@ void ZeroConfig::validate() const {
                  "the rank's shard), got stage 0",
                  offload_device_name(offload_optimizer.device));
   }
-  if (offload_optimizer.ratio < 1.0) {
-    ZEROTH_THROW(ConfigError,
-                 "zero_optimization.offload_optimizer.ratio = {} (part of the shard updated on the device) is not available in zeroth "
-                 "yet; remove it or set 1",
+  if (offload_optimizer.ratio < 0.0 || offload_optimizer.ratio > 1.0) {
+    ZEROTH_THROW(ConfigError, "zero_optimization.offload_optimizer.ratio must be a fraction in [0, 1], got {}",
                  offload_optimizer.ratio);
+  }
+  if (offload_optimizer.ratio < 1.0 && offload_param.enabled()) {
+    ZEROTH_THROW(ConfigError,
+                 "zero_optimization.offload_optimizer.ratio = {} keeps part of the optimizer state on the device, but offload_param "
+                 "(device \"{}\") moves every parameter shard off it: set ratio to 1, or remove offload_param",
+                 offload_optimizer.ratio, offload_device_name(offload_param.device));
   }
   if (offload_param.enabled() && stage != 3) {
     ZEROTH_THROW(ConfigError,

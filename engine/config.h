@@ -34,7 +34,9 @@ struct OffloadConfig {
   bool pipeline_read = true, pipeline_write = true;
   // offload_param: the swap buffers (count, elements each) and the elements kept in host memory.
   uint64_t buffer_count = 0, buffer_size = 100'000'000, max_in_cpu = 1'000'000'000;
-  double ratio = 1.0;  // offload_optimizer: the fraction of the shard updated on the host
+  // offload_optimizer: the fraction of the shard offloaded (and updated on the host); the rest,
+  // whole reduce buckets, stays on the device (DeepSpeed's partial offload, ZeRO-Offload++).
+  double ratio = 1.0;
   std::vector<std::string> no_effect;
   bool enabled() const { return device != OffloadDevice::none; }
 

@@ -142,7 +142,6 @@ const DeepSpeedKey kKeys[] = {
     {"bf16.bf16_master_weights_and_grads", kUnsupported,
      "keeps master weights and gradients in bf16; zeroth keeps fp32 master weights", is_false},
     {"bf16.bf16_optimizer_states", kUnsupported, "keeps optimizer state in bf16; zeroth keeps it in fp32", is_false},
-    {"activation_checkpointing.cpu_checkpointing", kUnsupported, "moves activation checkpoints to host memory", is_false},
 
     // ---- meaningful once checkpoints exist
     {"checkpoint", kLater, "checkpoint tag validation, universal checkpoints and writers (checkpoints)", disabled},

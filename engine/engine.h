@@ -82,6 +82,8 @@ class Engine final : public BlockHost {
   const EngineConfig& config() const { return config_; }
   const BlockSpec& block_spec(int block) const { return specs_.at(block); }
   Device& device() override { return device_; }
+  // From the pinned_host tier, within run.host_memory.
+  Buffer allocate_host(size_t bytes, MemTag tag) override { return tiers_.allocate(Tier::pinned_host, bytes, tag); }
   // The engine's collectives travel on communicators split from `dp` at finalize(), so the
   // caller may keep using `dp` on its own streams.
   Communicator& comm() { return comm_; }

@@ -27,6 +27,7 @@ MemoryNeed estimate(const Plan& plan, const ModelFootprint& model) {
   need.bytes = plan.bytes;
   at(need.bytes, Tier::device, MemTag::activations) += model.activations;
   at(need.bytes, Tier::device, MemTag::buffers) += model.scratch;
+  at(need.bytes, Tier::pinned_host, MemTag::activations) += model.host_activations;
   need.activation_note = model.note;
   return need;
 }
@@ -42,13 +43,18 @@ void check_fits(const MemoryNeed& need, const Plan& plan, Tier tier, size_t budg
         OutOfMemory,
         "the ZeRO stage {} plan needs {} of host memory per rank ({}{}{}) but {} is {}{}; nothing was allocated. To fit: lower "
         "zero_optimization.sub_group_size (the swap slots hold a few sub-groups) or reduce_bucket_size (the gradient staging "
-        "holds one bucket's shard), offload the optimizer to nvme instead of cpu, or raise {}",
+        "holds one bucket's shard), offload the optimizer to nvme instead of cpu,{} or raise {}",
         plan.stage, format_bytes(total), need.describe(Tier::host), need.total(Tier::pinned_host) > 0 ? "; pinned: " : "",
         need.describe(Tier::pinned_host), budget_name, format_bytes(budget),
-        in_use > 0 ? fmt::format(" ({} already in use)", format_bytes(in_use)) : std::string(), budget_name);
+        in_use > 0 ? fmt::format(" ({} already in use)", format_bytes(in_use)) : std::string(),
+        at(need.bytes, Tier::pinned_host, MemTag::activations) > 0
+            ? " keep the activation checkpoints on the device (activation_checkpointing.cpu_checkpointing false),"
+            : "",
+        budget_name);
   }
   if (at(need.bytes, tier, MemTag::activations) > 0) {
-    advice += " a smaller train_micro_batch_size_per_gpu (with more gradient_accumulation_steps), activation checkpointing;";
+    advice += " a smaller train_micro_batch_size_per_gpu (with more gradient_accumulation_steps), activation checkpointing (with "
+              "cpu_checkpointing, the checkpoints in host memory);";
   }
   if (plan.stage < 3) advice += fmt::format(" raise zero_optimization.stage (now {}) to shard more state;", plan.stage);
   if (plan.reduce_staging >= 0 || plan.gather_staging >= 0) advice += " lower reduce_bucket_size / allgather_bucket_size;";

@@ -27,24 +27,30 @@ double Executor::grad_norm() {
   if (reduced_) cs.wait(*reduced_);
   const TensorView scalar = buffer_view(plan_.scalar);
   // Offloaded gradients left their buckets' squares on the host; they add up in f32 in bucket
-  // order, as the device's sum_squares accumulates.
-  const bool offloaded = config_.zero.offload_optimizer.enabled();
-  if (offloaded && reduced_) reduced_->synchronize();
+  // order, as the device's sum_squares accumulates (buckets kept on the device, with
+  // offload_optimizer.ratio < 1, bring theirs over one by one).
+  const bool on_host = plan_.device_buckets < static_cast<int>(plan_.reduce_buckets.size());
+  if (on_host && reduced_) reduced_->synchronize();
   check_io();  // the gradients' way to their file, and the last step's swaps
   bool first = true, over_ranks = false;
   float host = 0;
   for (const auto& a : plan_.step_program) {
     if (a.kind != ActionKind::grad_norm) continue;
-    if (offloaded) {
-      const auto s = static_cast<float>(bucket_sumsq_[a.target]);
-      host = first ? s : host + s;
-    } else {
+    if (!on_host) {
       device_.sum_squares(cs, reduced_grads(a.target), scalar.as<float>(), !first);
+    } else {
+      float s = static_cast<float>(bucket_sumsq_[a.target]);
+      if (!plan_.bucket_offloaded(a.target)) {
+        device_.sum_squares(cs, reduced_grads(a.target), scalar.as<float>(), false);
+        device_.copy(cs, &s, scalar.data, sizeof(float));
+        cs.synchronize();
+      }
+      host = first ? s : host + s;
     }
     over_ranks = over_ranks || a.flag;
     first = false;
   }
-  if (offloaded) device_.copy(cs, scalar.data, &host, sizeof(float));
+  if (on_host) device_.copy(cs, scalar.data, &host, sizeof(float));
   if (over_ranks) step_comm_->all_reduce(cs, scalar, ReduceOp::sum);
   float sumsq = 0;
   device_.copy(cs, &sumsq, scalar.data, sizeof(float));
@@ -111,7 +117,7 @@ Executor::SubGroupSteps Executor::sub_group_steps(int sub_group, int slot, const
     // Narrow parameters are written from the updated master values in the same pass: straight
     // into the shard, or, offloaded, into param_out for the upload (which copies f32 ones from
     // the master itself).
-    if (config_.zero.offload_optimizer.enabled()) {
+    if (plan_.sub_group_offloaded(sub_group)) {
       s.copy_out = param_out_at(sub_group, slot, master, span.lo);
       s.copy_out_type = plan_.compute_dtype;
     } else if (!same_place(master, shard)) {
@@ -149,7 +155,7 @@ void Executor::update(int sub_group, int slot, const UpdateArgs& args) {
   // Spans that name their tensor read its summed norms (the second pass of Lamb).
   const bool per_tensor = !plan_.sub_groups[sub_group].empty() && plan_.sub_groups[sub_group].front().tensor >= 0;
   Stream& cs = compute_stream();
-  const bool offloaded = config_.zero.offload_optimizer.enabled();
+  const bool offloaded = plan_.sub_group_offloaded(sub_group);
   if (offloaded) {
     // The slot's state must have arrived, and its parameters of two sub-groups ago have left.
     if (plan_.swap_slots >= 0) cs.wait(*slot_ready_[slot]);

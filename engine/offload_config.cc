@@ -82,8 +82,8 @@ OffloadConfig OffloadConfig::from_deepspeed(const json& section, std::string_vie
       o.no_effect.push_back(at + (key == "pipeline" ? ": DeepSpeed computes it from pipeline_read and pipeline_write"
                                                     : ": zeroth's swap files start zeroed, so initialization never swaps"));
     } else if (key == "ratio") {
-      if (!v.is_number() || v.get<double>() <= 0 || v.get<double>() > 1)
-        ZEROTH_THROW(ConfigError, "{} must be a fraction in (0, 1], got {}", at, v.dump());
+      if (!v.is_number() || v.get<double>() < 0 || v.get<double>() > 1)
+        ZEROTH_THROW(ConfigError, "{} must be a fraction in [0, 1], got {}", at, v.dump());
       o.ratio = v.get<double>();
     } else if (key == "buffer_count" || key == "buffer_size" || key == "max_in_cpu") {
       (key == "buffer_count" ? o.buffer_count : key == "buffer_size" ? o.buffer_size : o.max_in_cpu) = positive(v, at);

@@ -106,6 +106,19 @@ Tier offload_tier(const OffloadConfig& o) {
 }
 Tier staging_tier(const ZeroConfig& z) { return z.offload_optimizer.pin_memory ? Tier::pinned_host : Tier::host; }
 
+// offload_optimizer.ratio: the leading reduce buckets that fit in (1 - ratio) of the owned space
+// stay on the device, as DeepSpeed keeps its first int((1 - ratio) x n) sub-groups on the GPU;
+// a bucket's gradients take one way, so the split falls between buckets.
+void split_offload(Plan& p, const OffloadConfig& o) {
+  const int n = static_cast<int>(p.reduce_buckets.size());
+  const double keep = o.enabled() ? (1.0 - o.ratio) * static_cast<double>(p.shard_numel) : static_cast<double>(p.shard_numel);
+  p.device_buckets = 0;
+  p.device_owned = 0;
+  while (p.device_buckets < n && static_cast<double>(p.device_owned + p.reduce_buckets[p.device_buckets].shard_numel) <= keep)
+    p.device_owned += p.reduce_buckets[p.device_buckets++].shard_numel;
+  if (!o.enabled()) p.device_buckets = n;
+}
+
 void own(Plan& p, StateKind kind, int block, size_t lo, size_t hi, int buffer, size_t offset) {
   p.owned_index[block][static_cast<size_t>(kind)] = static_cast<int>(p.owned.size());
   p.owned.push_back({kind, block, lo, hi, buffer, offset});
@@ -116,8 +129,8 @@ void lay_out_state(Plan& p, const EngineConfig& config, const ArenaSizes& arenas
   const int stage = p.stage, r = p.rank;
   const DType c = p.compute_dtype;
   const Tier opt = offload_tier(config.zero.offload_optimizer);
-  // f32 parameters on the device are their own master copy, unless the master lives elsewhere.
-  const bool sharded_params = stage == 3, aliases = c == DType::f32 && opt == Tier::device;
+  // f32 parameters on the device are their own master copy where the master stays there too.
+  const bool sharded_params = stage == 3, aliases = c == DType::f32;
   size_t persistent = 0;
   for (const auto& blk : p.blocks) persistent += blk.persistent ? blk.padded : 0;
   const size_t owned_numel = stage == 0 ? p.total_padded : p.shard_numel;
@@ -126,13 +139,24 @@ void lay_out_state(Plan& p, const EngineConfig& config, const ArenaSizes& arenas
                                        : -1;
   const int params_buf = add_buffer(p, "params", MemTag::params, c, sharded_params ? persistent : p.total_padded);
   p.param_arena = add_buffer(p, "param_arena", MemTag::params, c, arenas.params);
-  const int master_buf = aliases ? -1 : add_buffer(p, "master", MemTag::optimizer, DType::f32, owned_numel, false, opt);
-  int moment_buf[2] = {-1, -1};
-  for (int k = 0; k < config.optimizer.state_arrays(); ++k) {
-    moment_buf[k] = add_buffer(p, k == 0 ? "moment0" : "moment1", MemTag::optimizer, DType::f32, owned_numel, true, opt);
-  }
+  // The optimizer's state and the reduced gradients: offloaded past device_owned (all of it at
+  // ratio 1), on the device before (all of it without offload).
+  struct Home {
+    int master = -1, moment[2] = {-1, -1}, grad_shard = -1;
+  };
+  auto make_home = [&](Tier tier, size_t numel, const std::string& prefix) {
+    Home h;
+    if (!aliases || tier != Tier::device)
+      h.master = add_buffer(p, prefix + "master", MemTag::optimizer, DType::f32, numel, false, tier);
+    for (int k = 0; k < config.optimizer.state_arrays(); ++k)
+      h.moment[k] = add_buffer(p, prefix + (k == 0 ? "moment0" : "moment1"), MemTag::optimizer, DType::f32, numel, true, tier);
+    if (stage >= 1) h.grad_shard = add_buffer(p, prefix + "grad_shard", MemTag::grads, DType::f32, numel, true, tier);
+    return h;
+  };
+  const size_t kept = opt == Tier::device ? owned_numel : p.device_owned;
+  const Home device_home = make_home(Tier::device, kept, opt == Tier::device ? "" : "device_");
+  const Home offloaded_home = make_home(opt, owned_numel - kept, "");
   const int accum_buf = stage <= 1 ? add_buffer(p, "grad_accum", MemTag::grads, DType::f32, p.total_padded, true) : -1;
-  const int gshard_buf = stage >= 1 ? add_buffer(p, "grad_shard", MemTag::grads, DType::f32, p.shard_numel, true, opt) : -1;
 
   p.owned_index.assign(p.blocks.size(), {});
   for (auto& idx : p.owned_index) idx.fill(-1);
@@ -141,7 +165,9 @@ void lay_out_state(Plan& p, const EngineConfig& config, const ArenaSizes& arenas
     const auto& blk = p.blocks[b];
     // What the optimizer owns: the whole block at stage 0, this rank's slice otherwise.
     const size_t lo = stage == 0 ? 0 : r * blk.shard, hi = stage == 0 ? blk.padded : lo + blk.shard;
-    const size_t owned_at = stage == 0 ? blk.full_offset : blk.shard_offset;
+    const bool offloaded = p.block_offloaded(b);
+    const Home& home = offloaded ? offloaded_home : device_home;
+    const size_t owned_at = (stage == 0 ? blk.full_offset : blk.shard_offset) - (offloaded ? kept : 0);
     if (!sharded_params) {
       own(p, StateKind::params, b, 0, blk.padded, params_buf, blk.full_offset);
       own(p, StateKind::param_shard, b, lo, hi, params_buf, blk.full_offset + lo);
@@ -152,19 +178,19 @@ void lay_out_state(Plan& p, const EngineConfig& config, const ArenaSizes& arenas
       }
       own(p, StateKind::param_shard, b, lo, hi, shard_buf, blk.shard_offset);
     }
-    if (aliases) {
+    if (aliases && !offloaded) {
       const auto& shard = p.range(StateKind::param_shard, b);
       own(p, StateKind::master, b, lo, hi, shard.buffer, shard.offset);
     } else {
-      own(p, StateKind::master, b, lo, hi, master_buf, owned_at);
+      own(p, StateKind::master, b, lo, hi, home.master, owned_at);
     }
     for (int k = 0; k < 2; ++k) {
-      if (moment_buf[k] >= 0) own(p, k == 0 ? StateKind::moment0 : StateKind::moment1, b, lo, hi, moment_buf[k], owned_at);
+      if (home.moment[k] >= 0) own(p, k == 0 ? StateKind::moment0 : StateKind::moment1, b, lo, hi, home.moment[k], owned_at);
     }
     if (accum_buf >= 0) own(p, StateKind::grad_accum, b, 0, blk.padded, accum_buf, blk.full_offset);
     // Stage 0's reduced gradients are the all-reduced accumulator itself.
-    if (gshard_buf >= 0) {
-      own(p, StateKind::grad_shard, b, lo, hi, gshard_buf, blk.shard_offset);
+    if (stage >= 1) {
+      own(p, StateKind::grad_shard, b, lo, hi, home.grad_shard, owned_at);
     } else {
       own(p, StateKind::grad_shard, b, lo, hi, accum_buf, blk.full_offset);
     }
@@ -183,14 +209,18 @@ void make_sub_groups(Plan& p, const std::vector<BlockSpec>& specs, const WeightD
   for (size_t b = 0; b < specs.size(); ++b) first_tensor[b + 1] = first_tensor[b] + static_cast<int>(specs[b].params.size());
   const size_t cap = std::max<size_t>(quantum, limit / quantum * quantum);
   size_t group_end = 0;
+  bool group_offloaded = false;
   auto add_span = [&](int b, size_t lo, size_t hi, bool wd, int tensor) {
-    // Owned position of element `lo`: where the state buffers hold it.
+    // Owned position of element `lo` (from the offloaded part's start when offloaded): where the
+    // state buffers hold it. A sub-group is either offloaded or not.
     const auto& blk = p.blocks[b];
     const auto& m = p.range(StateKind::master, b);
-    const size_t base = (p.stage == 0 ? blk.full_offset : blk.shard_offset) - m.lo;
+    const bool offloaded = p.block_offloaded(b);
+    const size_t base = (p.stage == 0 ? blk.full_offset : blk.shard_offset) - (offloaded ? p.device_owned : 0) - m.lo;
     for (size_t s = lo; s < hi;) {
       const size_t pos = base + s;
-      if (p.sub_groups.empty() || pos >= group_end) {
+      if (p.sub_groups.empty() || pos >= group_end || offloaded != group_offloaded) {
+        group_offloaded = offloaded;
         p.sub_groups.emplace_back();
         p.sub_group_extent.push_back({pos, pos});
         group_end = pos + cap;
@@ -234,8 +264,13 @@ void add_offload_buffers(Plan& p, const EngineConfig& config) {
   if (!o.enabled()) return;
   const Tier host = staging_tier(config.zero);
   size_t bucket = 0;
-  for (const auto& k : p.reduce_buckets) bucket = std::max(bucket, k.shard_numel);
-  for (const auto& e : p.sub_group_extent) p.slot_numel = std::max(p.slot_numel, e[1] - e[0]);
+  for (size_t k = 0; k < p.reduce_buckets.size(); ++k)
+    if (p.bucket_offloaded(static_cast<int>(k))) bucket = std::max(bucket, p.reduce_buckets[k].shard_numel);
+  for (size_t g = 0; g < p.sub_groups.size(); ++g) {
+    const auto& e = p.sub_group_extent[g];
+    if (p.sub_group_offloaded(static_cast<int>(g))) p.slot_numel = std::max(p.slot_numel, e[1] - e[0]);
+  }
+  if (bucket == 0) return;  // ratio 0: nothing leaves the device
   p.grad_staging = add_buffer(p, "grad_staging", MemTag::buffers, p.comm_dtype, bucket, false, host);
   if (config.zero.offload_param.device == OffloadDevice::nvme) {
     // A block's parameter shard on its way from the file to the device (gathers run one at a time).
@@ -268,16 +303,20 @@ void make_step_program(Plan& p, const OffloadConfig& offload) {
   // update: slots = 1 + one per pipelined direction, reused round robin.
   const bool swapped = p.swap_slots >= 0;
   const size_t slots = update_slot_count(offload);
+  // Sub-groups kept on the device (offload_optimizer.ratio < 1) lead and are updated in place.
   auto sweep = [&](ActionKind kind) {
     const int groups = static_cast<int>(p.sub_groups.size());
     const int ahead = swapped && offload.pipeline_read ? 1 : 0;
-    int next_in = 0;
-    for (int g = 0; g < groups; ++g) {
+    int first = 0;
+    while (first < groups && !p.sub_group_offloaded(first)) add(kind, first++);
+    int next_in = first;
+    for (int g = first; g < groups; ++g) {
+      const size_t slot = static_cast<size_t>(g - first) % slots;
       for (; swapped && next_in <= std::min(g + ahead, groups - 1); ++next_in)
-        add(ActionKind::swap_in, next_in, false, next_in % slots);
-      add(kind, g, false, g % slots);
-      if (offload.enabled() && kind == ActionKind::update) add(ActionKind::upload, g, false, g % slots);
-      if (swapped) add(ActionKind::swap_out, g, false, g % slots);
+        add(ActionKind::swap_in, next_in, false, static_cast<size_t>(next_in - first) % slots);
+      add(kind, g, false, slot);
+      if (kind == ActionKind::update) add(ActionKind::upload, g, false, slot);
+      if (swapped) add(ActionKind::swap_out, g, false, slot);
     }
   };
   // The squared norm bucket by bucket, in f32 as the buckets add up, so offloaded gradients (whose
@@ -423,6 +462,7 @@ Plan make_plan(const std::vector<BlockSpec>& specs, const BlockSchedule& schedul
     if (bucket.staged) gather_staging = std::max(gather_staging, bucket.shard_numel * dp);
   }
 
+  split_offload(p, z.offload_optimizer);
   const ArenaSizes arenas = build_programs(p, schedule, config);
   lay_out_state(p, config, arenas);
   p.grad_arena = add_buffer(p, "grad_arena", MemTag::grads, config.compute_dtype, arenas.grads);

@@ -170,9 +170,15 @@ struct Plan {
   std::vector<std::array<int, kStateKindCount>> owned_index;  // [block][kind] -> index in owned, or -1
   std::vector<Bucket> reduce_buckets, gather_buckets;
   std::vector<std::vector<UpdateSpan>> sub_groups;
-  // Each sub-group's extent in the rank's owned space (elements; the state buffers' offsets):
-  // contiguous, so one read and one write per array move a sub-group to and from its swap file.
+  // Each sub-group's extent in the buffers that hold its state (elements; the rank's owned space,
+  // counted from the offloaded part's start for offloaded sub-groups): contiguous, so one read and
+  // one write per array move a sub-group to and from its swap file.
   std::vector<std::array<size_t, 2>> sub_group_extent;
+  // The leading reduce buckets (in shard order) whose reduced gradients and optimizer state stay
+  // on the device: every bucket without offload_optimizer, those that fit in (1 - ratio) of the
+  // owned space with it. device_owned: the owned elements they hold (the offloaded part's start).
+  int device_buckets = 0;
+  size_t device_owned = 0;
   std::vector<PassRef> passes;
   std::vector<Action> program;                                // one accumulation cycle, in the order of `passes`
   std::vector<Action> eval_program;                           // one forward-only pass (validation)
@@ -192,6 +198,9 @@ struct Plan {
   // The owned range of a kind of a block, or nullptr when the rank holds none.
   const OwnedRange* find(StateKind kind, int block) const;
   const OwnedRange& range(StateKind kind, int block) const;  // throws when there is none
+  bool bucket_offloaded(int bucket) const { return bucket >= device_buckets; }
+  bool block_offloaded(int block) const { return bucket_offloaded(blocks.at(block).reduce_bucket); }
+  bool sub_group_offloaded(int sub_group) const { return block_offloaded(sub_groups.at(sub_group).front().block); }
   size_t buffer_numel(int buffer) const { return buffer < 0 ? 0 : buffers[buffer].numel; }
   size_t device_bytes() const { return tier_total(bytes, Tier::device); }
   nlohmann::json to_json() const;

@@ -119,6 +119,7 @@ nlohmann::json Plan::to_json() const {
     return out;
   };
   j["reduce_buckets"] = buckets(reduce_buckets);
+  j["device_buckets"] = device_buckets;  // the leading reduce buckets whose optimizer state stays on the device
   j["gather_buckets"] = buckets(gather_buckets);
   auto& jg = j["sub_groups"] = nlohmann::json::array();
   for (const auto& g : sub_groups) {
@@ -165,6 +166,13 @@ std::string Plan::table() const {
                      "micro-batch(es); {}\n",
                      dtype_name(compute_dtype), dtype_name(comm_dtype), reduce_buckets.size(), gather_buckets.size(), gathers,
                      micro_batches, serial > 0 ? "communication serialised with compute" : "communication overlapped with compute");
+  const int buckets = static_cast<int>(reduce_buckets.size());
+  if (device_buckets > 0 && device_buckets < buckets) {
+    out += fmt::format(
+        "  optimizer state of {} of {} reduce bucket(s) kept on the device ({} of {} owned elements, {:.1f}%), the rest offloaded\n",
+        device_buckets, buckets, device_owned, shard_numel,
+        100.0 * static_cast<double>(device_owned) / static_cast<double>(shard_numel));
+  }
   for (size_t t = 0; t < kTierCount; ++t) {
     const size_t total = tier_total(bytes, static_cast<Tier>(t));
     if (total == 0 && t != 0) continue;

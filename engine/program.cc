@@ -124,7 +124,7 @@ class Builder {
           const bool add = p_.stage >= 2 && !u.first_backward_pass;
           emit(i, ActionKind::reduce_scatter, blk.reduce_bucket, 0, add);
           // The reduced slice leaves the device as soon as it is complete.
-          if (z_.offload_optimizer.enabled()) emit(i, ActionKind::offload_grads, blk.reduce_bucket, 0, add);
+          if (p_.bucket_offloaded(blk.reduce_bucket)) emit(i, ActionKind::offload_grads, blk.reduce_bucket, 0, add);
         }
         // A fired bucket's gradient buffers stay placed until the next bucket fires, so the
         // backward writes new gradients while the previous reduction is still on the wire.

@@ -56,9 +56,10 @@ enum class Pass : uint8_t { forward, backward };
 // What a model allocates besides the parameters the host owns, per rank: the estimate adds it to
 // the host's plan, and budgets are checked against the sum before anything is allocated.
 struct ModelFootprint {
-  size_t activations = 0;  // every activation slot, token ids, backward scratch (tag activations)
-  size_t scratch = 0;      // f32 copies of narrow parameters and gradients (tag buffers)
-  std::string note;        // what the activations are, for messages ("2 slots of a 4 x 128 micro-batch")
+  size_t activations = 0;       // every activation slot, token ids, backward scratch (tag activations)
+  size_t scratch = 0;           // f32 copies of narrow parameters and gradients (tag buffers)
+  size_t host_activations = 0;  // activations the model keeps in host memory (checkpoints; tag activations)
+  std::string note;             // what the activations are, for messages ("2 slots of a 4 x 128 micro-batch")
 };
 
 struct BlockViews {
@@ -89,6 +90,9 @@ class BlockHost {
   // The model enqueues its work here; the host orders its own work against it with events.
   virtual Stream& compute_stream() = 0;
   virtual Device& device() = 0;
+  // Host memory for what the model keeps off the device (activation checkpoints), page-locked
+  // where the host can, counted against the host's budget; the device's copies reach it.
+  virtual Buffer allocate_host(size_t bytes, MemTag tag) = 0;
   virtual DType compute_dtype() const = 0;
   // The model multiplies the gradient of its mean loss by this: the f16 loss scale (1 otherwise)
   // divided by the number of micro-batches accumulated per step, as DeepSpeed divides each

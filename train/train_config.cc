@@ -215,6 +215,15 @@ void read_model(TrainConfig& t, const json& j, int default_vocab) {
   g.n_embd = static_cast<int>(s.integer("n_embd", g.n_embd, 1, 1 << 20));
   // DeepSpeed's activation_checkpointing section turns it on unless the model section says otherwise.
   g.activation_checkpointing = s.flag("activation_checkpointing", j.contains("activation_checkpointing"));
+  if (j.contains("activation_checkpointing")) {
+    // The section's presence turns checkpointing on; cpu_checkpointing is its one key with an
+    // effect, the others are in the vocabulary table.
+    static constexpr std::string_view kCheckpointKeys[] = {"cpu_checkpointing"};
+    if (!j["activation_checkpointing"].is_object()) ZEROTH_THROW(ConfigError, "activation_checkpointing must be an object");
+    const json rest = without_deepspeed_extras(j["activation_checkpointing"], "activation_checkpointing", kCheckpointKeys,
+                                               t.no_effect);
+    g.cpu_checkpointing = Section(rest, "activation_checkpointing", kCheckpointKeys).flag("cpu_checkpointing", false);
+  }
   g.validate();
   t.model = g;
   if (s.has("no_weight_decay")) {
@@ -374,7 +383,7 @@ void resolve_batch(TrainConfig& t, const json& j) {
 }
 
 // The sections of DeepSpeed's that zeroth reads only in part.
-void check_deepspeed_extras(TrainConfig& t, json& j) {
+void check_deepspeed_extras(json& j) {
   if (j.contains("wall_clock_breakdown") && !j["wall_clock_breakdown"].is_boolean()) {
     ZEROTH_THROW(ConfigError, "wall_clock_breakdown must be true or false, got {}", j["wall_clock_breakdown"].dump());
   }
@@ -391,11 +400,6 @@ void check_deepspeed_extras(TrainConfig& t, json& j) {
                      k, s.raw(k).dump());
       }
     }
-  }
-  if (j.contains("activation_checkpointing")) {
-    // Every flag is in the vocabulary table: the section's presence is what turns checkpointing on.
-    if (!j["activation_checkpointing"].is_object()) ZEROTH_THROW(ConfigError, "activation_checkpointing must be an object");
-    without_deepspeed_extras(j["activation_checkpointing"], "activation_checkpointing", {}, t.no_effect);
   }
 }
 
@@ -450,7 +454,7 @@ TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) 
 
   json c = config;
   resolve_auto(c, t.run.world_size, t.run.steps, t.model.n_embd);
-  check_deepspeed_extras(t, c);
+  check_deepspeed_extras(c);
   resolve_batch(t, c);
   std::vector<std::string> recorded;  // the no-effect keys were recorded above
   const json own = without_deepspeed_extras(c, "", kTopKeys, recorded);

@@ -5,6 +5,7 @@
 
 #include <algorithm>  // std::max
 #include <cmath>      // std::sqrt
+#include <cstring>    // std::memset
 
 #include <fmt/format.h>  // fmt::format
 
@@ -51,6 +52,12 @@ void GptConfig::validate() const {
   if (n_embd % n_head != 0) {
     ZEROTH_THROW(ConfigError, "model.n_embd ({}) must be a multiple of model.n_head ({}): each head gets n_embd / n_head channels",
                  n_embd, n_head);
+  }
+  if (cpu_checkpointing && !activation_checkpointing) {
+    ZEROTH_THROW(
+        ConfigError,
+        "activation_checkpointing.cpu_checkpointing moves the activation checkpoints to host memory, but checkpointing is off "
+        "(model.activation_checkpointing false): turn it on, or drop cpu_checkpointing");
   }
 }
 
@@ -118,7 +125,9 @@ struct GradScratch {
 struct Slot {
   int B = 0, T = 0;
   int32_t *tokens = nullptr, *targets = nullptr;
-  std::vector<float*> resid;     // [L + 1] residual stream: resid[l] is block l's input
+  // [L + 1] residual stream: resid[l] is block l's input. With cpu_checkpointing these alternate
+  // between two device buffers, and saved[l] (host memory) keeps each one for backward.
+  std::vector<float*> resid, saved;
   std::vector<LayerActs> layer;  // [L], or [1] shared when checkpointing
   float *lnf = nullptr, *lnf_mean = nullptr, *lnf_rstd = nullptr, *logits = nullptr, *row_loss = nullptr;
 };
@@ -128,7 +137,9 @@ struct Gpt::State {
   Device* device = nullptr;
   std::unique_ptr<gpt::Kernels> k;
   int B = 0, T = 0;
+  BlockHost* host = nullptr;
   Buffer buffer;            // every activation slot and the backward scratch, one allocation (tag: activations)
+  Buffer host_buffer;       // with cpu_checkpointing: every slot's checkpoints, in host memory
   Buffer token_buffer;      // tokens and targets of every slot, on the device
   std::vector<Slot> slots;  // micro-batch m uses slot m mod slots.size()
   int in_flight = 0;        // forwards whose backward has not been enqueued
@@ -139,10 +150,15 @@ struct Gpt::State {
     const size_t C = c.n_embd;
     return 15 * BT * C + 4 * BT + B * c.n_head * T * T;
   }
+  // The residual stream's copies on the device, and the checkpoints in host memory, per slot.
+  static size_t resid_copies(const GptConfig& c) { return c.cpu_checkpointing ? 2 : static_cast<size_t>(c.n_layer) + 1; }
+  static size_t saved_floats(const GptConfig& c, int B, int T) {
+    return c.cpu_checkpointing ? (static_cast<size_t>(c.n_layer) + 1) * B * T * c.n_embd : 0;
+  }
   static size_t slot_floats(const GptConfig& c, int B, int T) {
     const size_t BT = static_cast<size_t>(B) * T, C = c.n_embd, L = c.n_layer;
     const size_t layers = c.activation_checkpointing ? 1 : L;
-    return (L + 1) * BT * C + layers * layer_floats(c, BT, B, T) + BT * C + 3 * BT + BT * c.vocab_size;
+    return resid_copies(c) * BT * C + layers * layer_floats(c, BT, B, T) + BT * C + 3 * BT + BT * c.vocab_size;
   }
   static size_t scratch_floats(const GptConfig& c, int B, int T) {
     const size_t BT = static_cast<size_t>(B) * T, C = c.n_embd;
@@ -166,7 +182,12 @@ struct Gpt::State {
     const size_t BT = static_cast<size_t>(b) * t, C = cfg.n_embd, L = cfg.n_layer;
     buffer.reset();
     token_buffer.reset();
+    host_buffer.reset();
     buffer = device->allocate((n_slots * slot_floats(cfg, b, t) + scratch_floats(cfg, b, t)) * sizeof(float), MemTag::activations);
+    if (const size_t saved = n_slots * saved_floats(cfg, b, t); saved > 0) {
+      host_buffer = host->allocate_host(saved * sizeof(float), MemTag::activations);
+      std::memset(host_buffer.data(), 0, host_buffer.bytes());  // first touch here, not in a step
+    }
     token_buffer = device->allocate(n_slots * 2 * BT * sizeof(int32_t), MemTag::activations);
     if (const size_t scratch = Gpt::scratch_bytes(cfg, compute); scratch > 0 && !wbuf) {
       wbuf = device->allocate(scratch / 2, MemTag::buffers);
@@ -188,7 +209,17 @@ struct Gpt::State {
       sl.tokens = token_buffer.as<int32_t>() + 2 * BT * i;
       sl.targets = sl.tokens + BT;
       sl.resid.assign(L + 1, nullptr);
-      for (auto& r : sl.resid) r = take(BT * C);
+      sl.saved.assign(cfg.cpu_checkpointing ? L + 1 : 0, nullptr);
+      float* copies[2] = {nullptr, nullptr};
+      for (size_t l = 0; l <= L; ++l) {
+        if (!cfg.cpu_checkpointing) {
+          sl.resid[l] = take(BT * C);
+          continue;
+        }
+        if (l < 2) copies[l] = take(BT * C);
+        sl.resid[l] = copies[l % 2];
+        sl.saved[l] = host_buffer.as<float>() + (static_cast<size_t>(i) * (L + 1) + l) * BT * C;
+      }
       sl.layer.assign(cfg.activation_checkpointing ? 1 : L, {});
       for (auto& a : sl.layer) {
         a.ln1 = take(BT * C), a.ln1_mean = take(BT), a.ln1_rstd = take(BT), a.qkv = take(3 * BT * C);
@@ -317,6 +348,7 @@ Gpt::Gpt(BlockHost& host, GptConfig config) : host_(host), config_(config), stat
   }
   host_.set_schedule(schedule(config_));
   state_->cfg = config_;
+  state_->host = &host_;
   state_->device = &host_.device();
   state_->k = gpt::make_kernels(host_.compute_stream());
 }
@@ -337,8 +369,12 @@ size_t Gpt::activation_bytes(const GptConfig& config, int B, int T, int slots) {
          slots * 2 * BT * sizeof(int32_t);
 }
 
+size_t Gpt::host_activation_bytes(const GptConfig& config, int B, int T, int slots) {
+  return slots * State::saved_floats(config, B, T) * sizeof(float);
+}
+
 ModelFootprint Gpt::footprint(const GptConfig& config, int B, int T, DType compute, int slots) {
-  return {activation_bytes(config, B, T, slots), scratch_bytes(config, compute),
+  return {activation_bytes(config, B, T, slots), scratch_bytes(config, compute), host_activation_bytes(config, B, T, slots),
           fmt::format("{} slot{} of a {} x {} micro-batch", slots, slots == 1 ? "" : "s", B, T)};
 }
 
@@ -386,11 +422,18 @@ void Gpt::run_forward(int micro, const int32_t* tokens, const int32_t* targets, 
   const int L = c.n_layer, C = c.n_embd, V = c.vocab_size;
   // Without backward nothing is kept per layer: evaluation runs in the first set.
   auto acts = [sl, training](int l) -> const LayerActs& { return sl->layer[!training || sl->layer.size() == 1 ? 0 : l]; };
+  // cpu_checkpointing: each block's input goes to host memory once it is computed (evaluation
+  // has no backward to keep it for).
+  const size_t bytes = BT * C * sizeof(float);
+  auto keep = [&](int l) {
+    if (training && !sl->saved.empty()) host_.device().copy(stream, sl->saved[l], sl->resid[l], bytes);
+  };
   {
     k.submit([s, sl, &k, B, T, C, params = embed.params] {
       Bound w(k, params, nullptr, s->wbuf, s->gbuf);
       k.encoder_forward(sl->resid[0], sl->tokens, w.p(0), w.p(1), B, T, C);
     });
+    keep(0);
     host_.end_forward(embed_, micro);
   }
   for (int l = 0; l < L; ++l) {
@@ -399,6 +442,7 @@ void Gpt::run_forward(int micro, const int32_t* tokens, const int32_t* targets, 
       Bound w(k, params, nullptr, s->wbuf, s->gbuf);
       layer_forward(k, c, w, acts(l), sl->resid[l], sl->resid[l + 1], B, T);
     });
+    keep(l + 1);
     host_.end_forward(layers_[l], micro);
   }
   {
@@ -434,6 +478,10 @@ void Gpt::backward(int micro) {
   const int L = c.n_layer, C = c.n_embd, V = c.vocab_size;
   const bool ckpt = c.activation_checkpointing;
   auto acts = [sl](int l) -> const LayerActs& { return sl->layer[sl->layer.size() == 1 ? 0 : l]; };
+  Stream& stream = host_.compute_stream();
+  auto restore = [&](int l) {
+    if (!sl->saved.empty()) host_.device().copy(stream, sl->resid[l], sl->saved[l], BT * C * sizeof(float));
+  };
   {
     const auto& v = host_.begin_backward(embed_, micro);
     --s->in_flight;
@@ -446,6 +494,7 @@ void Gpt::backward(int micro) {
   }
   {
     const auto& v = host_.begin_backward(ln_f_, micro);
+    restore(L);
     k.submit([s, sl, &k, L, BT, C, params = v.params, grads = v.grads] {
       Bound w(k, params, &grads, s->wbuf, s->gbuf);
       k.zero(s->d.dresid, BT * C);
@@ -456,6 +505,7 @@ void Gpt::backward(int micro) {
   }
   for (int l = L - 1; l >= 0; --l) {
     const auto& v = host_.begin_backward(layers_[l], micro);
+    restore(l);
     k.submit([s, sl, &k, c, l, B, T, ckpt, acts, params = v.params, grads = v.grads] {
       Bound w(k, params, &grads, s->wbuf, s->gbuf);
       if (ckpt) layer_forward(k, c, w, acts(l), sl->resid[l], nullptr, B, T);

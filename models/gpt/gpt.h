@@ -30,6 +30,10 @@ struct GptConfig {
   // Keep only each transformer block's input during forward and recompute the block in its
   // backward: activation memory per layer drops from ~(16 C + 2 NH T) to C floats per token.
   bool activation_checkpointing = false;
+  // With activation_checkpointing: the checkpoints (each block's input) live in host memory, the
+  // device keeps two working copies per micro-batch slot; each is copied back before its block's
+  // recompute (DeepSpeed's activation_checkpointing.cpu_checkpointing).
+  bool cpu_checkpointing = false;
 
   // "gpt2-124m" (alias "gpt2"), "gpt2-350m", "gpt2-774m", "gpt2-1558m"; ConfigError otherwise.
   static GptConfig preset(std::string_view name);
@@ -61,8 +65,10 @@ class Gpt {
   void evaluate(const int32_t* tokens, const int32_t* targets, int B, int T, float* loss, float* logits = nullptr);
 
   // Activation bytes for `slots` micro-batches of B x T in flight (what the model allocates,
-  // tag activations: the slots, their token ids, the backward scratch).
+  // tag activations: the slots, their token ids, the backward scratch), on the device and (the
+  // checkpoints, with cpu_checkpointing) in host memory.
   static size_t activation_bytes(const GptConfig& config, int B, int T, int slots = 1);
+  static size_t host_activation_bytes(const GptConfig& config, int B, int T, int slots = 1);
   // f32 copies of one block's parameters and gradients, when the compute dtype is narrow (tag: buffers).
   static size_t scratch_bytes(const GptConfig& config, DType compute);
   // Both, for the host's estimate.

@@ -25,10 +25,11 @@ struct GptCase {
   DType dtype;
   bool checkpointing;
   int in_flight = 0;  // > 0: a 1F1B pass order with this many micro-batches forwarded ahead
+  bool cpu_checkpointing = false;
 };
 void PrintTo(const GptCase& k, std::ostream* os) {
   *os << "stage " << k.stage << ", dp " << k.dp << ", gas " << k.gas << ", " << dtype_name(k.dtype)
-      << (k.checkpointing ? ", checkpointing" : "");
+      << (k.checkpointing ? ", checkpointing" : "") << (k.cpu_checkpointing ? " in host memory" : "");
   if (k.in_flight > 0) *os << ", 1F1B with " << k.in_flight << " in flight";
 }
 
@@ -37,6 +38,7 @@ struct GptResult {
   std::vector<double> grad_norms;           // per step, before clipping
   std::vector<std::vector<float>> weights;  // per block, unpadded
   int max_in_flight = 0;
+  size_t device_activations = 0, host_activations = 0;  // peaks, rank 0
 };
 
 constexpr int kGlobalBatch = 8, kSteps = 4;
@@ -66,7 +68,8 @@ GptResult train_gpt(const GptCase& k) {
   ec.schedule.warmup_num_steps = 2;
   ec.schedule.warmup_type = WarmupType::linear;
   ec.seed = 7;
-  const GptConfig gc = tiny(k.checkpointing);
+  GptConfig gc = tiny(k.checkpointing);
+  gc.cpu_checkpointing = k.cpu_checkpointing;
   const TokenData data = TokenData::synthetic(gc.vocab_size, 1 << 14, 3);
   const int mb = kGlobalBatch / (k.dp * k.gas), T = gc.seq_len;
   std::vector<std::vector<double>> losses(k.dp);
@@ -112,6 +115,8 @@ GptResult train_gpt(const GptCase& k) {
       out.weights = std::move(weights);
       out.grad_norms = std::move(norms);
       out.max_in_flight = engine.micro_batches_in_flight();
+      out.device_activations = device->memory().stats().peak[static_cast<size_t>(MemTag::activations)];
+      out.host_activations = engine.tier_stats(Tier::pinned_host).peak[static_cast<size_t>(MemTag::activations)];
     }
   });
   out.losses.assign(kSteps, 0.0);
@@ -228,6 +233,31 @@ TEST(GptEvaluation, ThroughTheEngineGivesTheTrainingForwardsLoss) {
         EXPECT_GT(eval_loss, 0.0f);
       }
     });
+  }
+}
+
+// cpu_checkpointing keeps the checkpoints (each block's input, L + 1 per micro-batch slot) in
+// host memory and copies each back before its block's recompute: the arithmetic is the
+// checkpointed run's, so every loss, gradient norm and weight is bit-identical; the device holds
+// L - 1 of those inputs fewer per slot (two working copies instead of L + 1), and the host pool
+// holds the L + 1.
+TEST(GptCpuCheckpointing, KeepsTheCheckpointsInHostMemoryAndChangesNoBit) {
+  for (GptCase k : {GptCase{0, 1, 1, DType::f32, true}, GptCase{3, 2, 2, DType::bf16, true, 2}, GptCase{2, 1, 2, DType::f32, true}}) {
+    SCOPED_TRACE(::testing::PrintToString(k));
+    const auto on_device = train_gpt(k);
+    k.cpu_checkpointing = true;
+    const auto on_host = train_gpt(k);
+    EXPECT_EQ(on_host.losses, on_device.losses);
+    EXPECT_EQ(on_host.grad_norms, on_device.grad_norms);
+    ASSERT_EQ(on_host.weights.size(), on_device.weights.size());
+    for (size_t b = 0; b < on_device.weights.size(); ++b) EXPECT_EQ(on_host.weights[b], on_device.weights[b]) << "block " << b;
+    const GptConfig gc = tiny(true);
+    const size_t slots = on_host.max_in_flight,
+                 input = static_cast<size_t>(kGlobalBatch / (k.dp * k.gas)) * gc.seq_len * gc.n_embd * 4;
+    EXPECT_EQ(on_device.device_activations - on_host.device_activations, slots * (gc.n_layer - 1) * input);
+    EXPECT_EQ(on_host.host_activations, slots * (gc.n_layer + 1) * input);
+    EXPECT_EQ(on_device.host_activations, 0u);
+    EXPECT_LT(on_host.losses.back(), on_host.losses.front());
   }
 }
 

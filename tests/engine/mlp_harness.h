@@ -48,6 +48,7 @@ struct RankResult {
   double final_loss_scale = 1;
   std::array<size_t, kTierCount> tier_bytes{};  // the plan's bytes per tier
   SwapIo swap_io;                               // what went through swap files
+  int device_buckets = 0, reduce_buckets = 0;   // the plan's reduce buckets, and those whose optimizer state stays on the device
 };
 
 inline EngineConfig mlp_config(const MlpRun& run) {
@@ -131,6 +132,8 @@ inline RankResult train_mlp(Communicator& comm, const MlpRun& run, const Process
     result.final_loss_scale = engine.loss_scale();
     for (size_t t = 0; t < kTierCount; ++t) result.tier_bytes[t] = tier_total(engine.plan().bytes, static_cast<Tier>(t));
     result.swap_io = engine.swap_io();
+    result.device_buckets = engine.plan().device_buckets;
+    result.reduce_buckets = static_cast<int>(engine.plan().reduce_buckets.size());
     for (size_t b = 0; b < engine.plan().blocks.size(); ++b) {
       auto w = engine.master_values(static_cast<int>(b));
       w.resize(engine.plan().blocks[b].numel);  // padding differs with the world size

@@ -56,10 +56,12 @@ struct Case {
   OffloadDevice device;
   bool pipeline;
   OffloadDevice params = OffloadDevice::none;  // offload_param (stage 3)
+  double ratio = 1.0;                          // offload_optimizer.ratio
 };
 void PrintTo(const Case& c, std::ostream* os) {
   *os << "stage " << c.stage << ", dp " << c.dp << ", gas " << c.gas << ", " << dtype_name(c.dtype) << ", optimizer on "
-      << offload_device_name(c.device) << (c.pipeline ? "" : ", no pipelining") << ", parameters on " << offload_device_name(c.params);
+      << offload_device_name(c.device) << (c.pipeline ? "" : ", no pipelining") << ", parameters on " << offload_device_name(c.params)
+      << ", ratio " << c.ratio;
 }
 
 MlpRun offload_run(const Case& c, bool offload) {
@@ -71,6 +73,8 @@ MlpRun offload_run(const Case& c, bool offload) {
   run.tweak = [c, offload](EngineConfig& e) {
     // Several sub-groups per rank, some across blocks, so swaps pipeline and slots are reused.
     e.zero.sub_group_size = 1000;
+    // A bucket per layer, so a ratio below 1 keeps some of them on the device.
+    if (c.ratio < 1) e.zero.reduce_bucket_size = 0;
     if (!offload) {
       // The same padding as the swapped plan (4 KiB of each swapped kind), so the two runs hold
       // the same elements.
@@ -81,6 +85,7 @@ MlpRun offload_run(const Case& c, bool offload) {
     e.zero.offload_optimizer.device = c.device;
     e.zero.offload_optimizer.nvme_path = swap_dir();
     e.zero.offload_optimizer.pipeline_read = e.zero.offload_optimizer.pipeline_write = c.pipeline;
+    e.zero.offload_optimizer.ratio = c.ratio;
     e.zero.offload_param.device = c.params;
     e.zero.offload_param.nvme_path = swap_dir();
   };
@@ -114,6 +119,14 @@ TEST_P(Offload, TrainsBitIdenticallyToTheInDeviceRun) {
   const bool any_nvme = c.device == OffloadDevice::nvme || c.params == OffloadDevice::nvme;
   EXPECT_EQ(tier(Tier::nvme) > 0, any_nvme);
   EXPECT_GT(tier(Tier::host), 0u);
+  // Below ratio 1, some buckets' state stays on the device and the rest leaves.
+  EXPECT_EQ(ref[0].device_buckets, ref[0].reduce_buckets);
+  if (c.ratio < 1) {
+    EXPECT_GT(off[0].device_buckets, 0);
+    EXPECT_LT(off[0].device_buckets, off[0].reduce_buckets);
+  } else {
+    EXPECT_EQ(off[0].device_buckets, 0);
+  }
   if (any_nvme) {
     // Every step reads and writes at least the optimizer's or the parameters' share again.
     EXPECT_GE(off[0].swap_io.read_bytes, 5u * 4096u);
@@ -158,14 +171,22 @@ std::vector<Case> offload_cases() {
   }
   out.push_back({3, 2, 1, DType::bf16, OffloadDevice::cpu, true, OffloadDevice::nvme});
   out.push_back({3, 2, 2, DType::bf16, OffloadDevice::nvme, false, OffloadDevice::cpu});
+  // Part of the shard kept on the device (offload_optimizer.ratio, ZeRO-Offload++).
+  for (OffloadDevice device : {OffloadDevice::cpu, OffloadDevice::nvme}) {
+    for (int stage : {1, 2, 3}) {
+      out.push_back({stage, 2, 2, DType::bf16, device, true, OffloadDevice::none, 0.5});
+      out.push_back({stage, 1, 1, DType::f32, device, true, OffloadDevice::none, 0.5});
+    }
+  }
   return out;
 }
 
 INSTANTIATE_TEST_SUITE_P(All, Offload, ::testing::ValuesIn(offload_cases()), [](const auto& info) {
   const Case& c = info.param;
-  return fmt::format("{}_stage{}_dp{}_gas{}_{}{}{}", offload_device_name(c.device), c.stage, c.dp, c.gas, dtype_name(c.dtype),
+  return fmt::format("{}_stage{}_dp{}_gas{}_{}{}{}{}", offload_device_name(c.device), c.stage, c.dp, c.gas, dtype_name(c.dtype),
                      c.pipeline ? "" : "_serial",
-                     c.params == OffloadDevice::none ? "" : fmt::format("_params_{}", offload_device_name(c.params)));
+                     c.params == OffloadDevice::none ? "" : fmt::format("_params_{}", offload_device_name(c.params)),
+                     c.ratio < 1 ? fmt::format("_ratio{}", static_cast<int>(c.ratio * 100)) : "");
 });
 
 // ZeRO-Infinity's promise: with parameters and optimizer state in swap files, the process holds
@@ -230,7 +251,9 @@ TEST(OffloadMemory, WithEverythingInSwapFilesTheProcessHoldsTheHostPoolNotTheMod
   std::printf("states on disk %.1f MiB; host pool peak %.1f MiB of %.1f; device peak %.1f MiB; resident growth %.1f MiB\n",
               on_disk / 1048576.0, host_peak / 1048576.0, pool / 1048576.0, device_peak / 1048576.0, grown / 1048576.0);
   EXPECT_GE(on_disk, 530'000'000u);
-  if (!sanitized) EXPECT_LE(grown, device_peak + host_peak + (48u << 20));
+  if (!sanitized) {
+    EXPECT_LE(grown, device_peak + host_peak + (48u << 20));
+  }
   EXPECT_LT(grown, on_disk / (sanitized ? 2 : 4)) << "the model states are resident";
 }
 

@@ -171,6 +171,74 @@ TEST(Plan, OffloadedOptimizerStepSwapsSubGroupsThroughSlotsInPipelineOrder) {
   EXPECT_NE(summary.find("grad_norm bucket 1,"), std::string::npos) << summary;
 }
 
+// offload_optimizer.ratio keeps the leading buckets' state on the device (ZeRO-Offload++): here
+// b (1024 elements, first in shard order as its gradients complete first) fits in 30% of the
+// 4096 owned elements and stays; a's three sub-groups are swapped, in their own buffers from 0,
+// and only a's bucket goes to the host after its reduction. Ratio 0 is the in-device plan.
+TEST(Plan, OffloadRatioKeepsTheLeadingBucketsOnTheDeviceAndSwapsTheRest) {
+  auto c = stage3(1000, 0);
+  c.zero.sub_group_size = 1024;
+  c.zero.reduce_bucket_size = 0;
+  c.zero.offload_optimizer.device = OffloadDevice::nvme;
+  c.zero.offload_optimizer.nvme_path = "/unused";
+  c.zero.offload_optimizer.ratio = 0.7;
+  const auto blocks = std::vector<BlockSpec>{{"a", {{"w", {1500, 2}, InitRule::zeros()}}}, {"b", {{"w", {900}, InitRule::zeros()}}}};
+  const auto plan = make_plan(blocks, default_schedule(2), c, 1, 0);
+  EXPECT_EQ(plan.device_buckets, 1);
+  EXPECT_EQ(plan.device_owned, 1024u);
+  auto buffer = [&](const std::string& name) {
+    const auto it = std::find_if(plan.buffers.begin(), plan.buffers.end(), [&](const auto& b) { return b.name == name; });
+    return it == plan.buffers.end() ? PlannedBuffer{} : *it;
+  };
+  for (const char* name : {"master", "moment0", "moment1", "grad_shard"}) {
+    EXPECT_EQ(buffer(name).tier, Tier::nvme) << name;
+    EXPECT_EQ(buffer(name).numel, 3072u) << name;
+    // f32 parameters kept on the device are their own master, as without offload.
+    const bool own_buffer = std::string(name) != "master";
+    EXPECT_EQ(buffer(std::string("device_") + name).tier, Tier::device) << name;
+    EXPECT_EQ(buffer(std::string("device_") + name).numel, own_buffer ? 1024u : 0u) << name;
+  }
+  EXPECT_EQ(plan.range(StateKind::master, 1).buffer, plan.range(StateKind::param_shard, 1).buffer);
+  for (StateKind kind : {StateKind::master, StateKind::moment0, StateKind::grad_shard}) {
+    EXPECT_EQ(plan.buffers.at(plan.range(kind, 1).buffer).tier, Tier::device) << state_kind_name(kind);
+    EXPECT_EQ(plan.buffers.at(plan.range(kind, 0).buffer).tier, Tier::nvme) << state_kind_name(kind);
+  }
+  EXPECT_EQ(plan.range(StateKind::master, 0).offset, 0u);  // a starts the offloaded buffers
+  ASSERT_EQ(plan.sub_groups.size(), 4u);
+  EXPECT_FALSE(plan.sub_group_offloaded(0));
+  for (int g = 1; g < 4; ++g) {
+    EXPECT_TRUE(plan.sub_group_offloaded(g));
+    EXPECT_EQ(plan.sub_group_extent[g][0], 1024u * (g - 1)) << g;
+  }
+  EXPECT_EQ(plan.slot_numel, 1024u);
+  std::string step;
+  for (const auto& a : plan.step_program) {
+    if (a.kind == ActionKind::grad_norm) continue;
+    step += fmt::format("{} {}/{} ", action_name(a.kind), a.target, a.offset);
+  }
+  EXPECT_EQ(step,
+            "update 0/0 swap_in 1/0 swap_in 2/1 update 1/0 upload 1/0 swap_out 1/0 swap_in 3/2 update 2/1 upload 2/1 swap_out 2/1 "
+            "update 3/2 upload 3/2 swap_out 3/2 ");
+  std::vector<int> offloaded_buckets;
+  for (const auto& a : plan.program) {
+    if (a.kind == ActionKind::offload_grads) offloaded_buckets.push_back(a.target);
+  }
+  EXPECT_EQ(offloaded_buckets, std::vector<int>{plan.blocks[0].reduce_bucket});
+  EXPECT_NE(plan.table().find("1 of 2 reduce bucket(s) kept on the device"), std::string::npos) << plan.table();
+
+  c.zero.offload_optimizer.device = OffloadDevice::cpu;  // the same padding as in the device
+  c.zero.offload_optimizer.ratio = 0;
+  const auto none_off = make_plan(blocks, default_schedule(2), c, 1, 0);
+  auto in_device = c;
+  in_device.zero.offload_optimizer = OffloadConfig::defaults(false);
+  const auto ref = make_plan(blocks, default_schedule(2), in_device, 1, 0);
+  EXPECT_EQ(none_off.program, ref.program);
+  EXPECT_EQ(none_off.step_program, ref.step_program);
+  EXPECT_EQ(none_off.device_bytes(), ref.device_bytes());
+  EXPECT_EQ(none_off.device_buckets, 2);
+  for (Tier t : {Tier::host, Tier::pinned_host, Tier::nvme}) EXPECT_EQ(tier_total(none_off.bytes, t), 0u) << tier_name(t);
+}
+
 // overlap_comm = false moves every collective of a block use onto the compute stream and changes
 // nothing else: the same actions in the same order, so the same arithmetic.
 TEST(Plan, OverlapCommOffRunsEachCycleCollectiveOnTheComputeStreamAndChangesNothingElse) {
@@ -208,7 +276,9 @@ TEST(Plan, OverlapCommOffRunsEachCycleCollectiveOnTheComputeStreamAndChangesNoth
     const auto j = serial.to_json();
     for (const auto& a : j["actions"]) {
       const std::string op = a["op"];
-      if (op == "gather" || op == "all_reduce" || op == "reduce_scatter") EXPECT_EQ(a["serial"], true) << op;
+      if (op == "gather" || op == "all_reduce" || op == "reduce_scatter") {
+        EXPECT_EQ(a["serial"], true) << op;
+      }
     }
     EXPECT_NE(serial.table().find("communication serialised with compute"), std::string::npos) << serial.table();
     EXPECT_NE(overlapped.table().find("communication overlapped with compute"), std::string::npos) << overlapped.table();
@@ -390,7 +460,7 @@ TEST(ZeroConfig, ReadsDeepSpeedKeysAndRejectsUnknownAndUnsupportedOnes) {
   EXPECT_NE(message(R"({"stage": 2, "offload_param": {"device": "cpu"}})").find("needs zero_optimization.stage 3"), std::string::npos);
   EXPECT_NE(message(R"({"stage": 2, "offload_optimizer": {"device": "disk"}})").find("\"none\", \"cpu\" or \"nvme\""),
             std::string::npos);
-  EXPECT_NE(message(R"({"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 1.5}})").find("fraction in (0, 1]"),
+  EXPECT_NE(message(R"({"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 1.5}})").find("fraction in [0, 1]"),
             std::string::npos);
   // DeepSpeed's old names, and its new section winning over them.
   const auto legacy = ZeroConfig::from_deepspeed(

@@ -2,6 +2,7 @@
 // one device, so a model's forward and backward can be compared tensor by tensor with a reference.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,10 @@ class DirectHost final : public BlockHost {
   void end_evaluation() override {}
   Stream& compute_stream() override { return device_.default_stream(); }
   Device& device() override { return device_; }
+  Buffer allocate_host(size_t bytes, MemTag tag) override {
+    if (!host_) host_ = make_device("cpu");
+    return host_->allocate(bytes, tag);
+  }
   DType compute_dtype() const override { return dtype_; }
   double loss_gradient_scale() const override { return 1.0; }
 
@@ -69,6 +74,7 @@ class DirectHost final : public BlockHost {
     BlockViews views, forward;
   };
   Device& device_;
+  std::unique_ptr<Device> host_;
   DType dtype_;
   std::vector<Block> blocks_;
 };

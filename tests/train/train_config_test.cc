@@ -193,9 +193,10 @@ INSTANTIATE_TEST_SUITE_P(
         ErrorCase{"Unsupported", R"({"pipeline": {"stages": 2}})",
                   "pipeline = {\"stages\":2} is a DeepSpeed feature zeroth does not support (pipeline parallelism: consecutive layers "
                   "on different ranks); remove it"},
-        ErrorCase{"CpuCheckpointing", R"({"activation_checkpointing": {"cpu_checkpointing": true}})",
-                  "activation_checkpointing.cpu_checkpointing = true is a DeepSpeed feature zeroth does not support (moves activation "
-                  "checkpoints to host memory); remove it"},
+        ErrorCase{"CpuCheckpointingWithoutCheckpointing",
+                  R"({"activation_checkpointing": {"cpu_checkpointing": true}, "model": {"activation_checkpointing": false}})",
+                  "activation_checkpointing.cpu_checkpointing moves the activation checkpoints to host memory, but checkpointing is "
+                  "off (model.activation_checkpointing false): turn it on, or drop cpu_checkpointing"},
         ErrorCase{"Aio", R"({"aio": {"block_size": 1000}})",
                   "aio.block_size must be a multiple of 4096 bytes (O_DIRECT) and at most 1 GiB, got 1000"},
         ErrorCase{"Gds", R"({"aio": {"use_gds": true}})",
@@ -319,6 +320,9 @@ TEST(TrainConfig, DefaultsAndAliases) {
   EXPECT_EQ(c.engine.compute_dtype, DType::bf16);
   EXPECT_EQ(c.engine.communication_dtype, DType::bf16);
   EXPECT_TRUE(c.model.activation_checkpointing);  // the DeepSpeed section turns it on
+  EXPECT_FALSE(c.model.cpu_checkpointing);
+  EXPECT_TRUE(
+      TrainConfig::from_json(with(base(), R"({"activation_checkpointing": {"cpu_checkpointing": true}})")).model.cpu_checkpointing);
   EXPECT_EQ(c.steps_per_print, 10);
   EXPECT_EQ(c.data.format, DataFormat::synthetic);
   EXPECT_EQ(c.model.vocab_size, 256);
