@@ -269,6 +269,17 @@ void dry_run(const TrainConfig& c) {
   std::printf("per rank on the device: %s\nin all: %s%s\n", need.describe(Tier::device).c_str(),
               format_bytes(need.total(Tier::device)).c_str(),
               c.run.device_memory > 0 ? fmt::format(" of the {} budget", format_bytes(c.run.device_memory)).c_str() : "");
+  const size_t host = need.total(Tier::host) + need.total(Tier::pinned_host);
+  if (host > 0) {
+    std::printf("per rank in host memory: %s%s%s\nin all: %s%s\n", need.describe(Tier::host).c_str(),
+                need.total(Tier::host) > 0 && need.total(Tier::pinned_host) > 0 ? "; pinned: " : "",
+                need.describe(Tier::pinned_host).c_str(), format_bytes(host).c_str(),
+                c.engine.host_memory > 0 ? fmt::format(" of the {} budget", format_bytes(c.engine.host_memory)).c_str() : "");
+  }
+  if (need.total(Tier::nvme) > 0) std::printf("per rank in swap files: %s\n", need.describe(Tier::nvme).c_str());
+  // The run's own check: a plan over a budget is refused here too, with the same numbers.
+  check_fits(need, plan, Tier::device, c.run.device_memory, 0, c.engine.device_budget_name);
+  check_fits(need, plan, Tier::host, c.engine.host_memory, 0, c.engine.host_budget_name);
 }
 
 int run(const Options& o) {

@@ -297,6 +297,34 @@ TEST(Train, DryRunPrintsTheResolvedConfigThePlanAndItsProgram) {
   EXPECT_EQ(reductions, plan["reduce_buckets"].size() * plan["micro_batches"].get<size_t>());
 }
 
+// With offload and cpu_checkpointing the dry run shows what each rank holds in host memory (the
+// checkpoints among it) and refuses a plan over run.host_memory as the run would, before anything
+// is allocated.
+TEST(Train, DryRunShowsHostMemoryAndRefusesAPlanOverTheHostBudget) {
+  json j = tiny("dry_host");
+  j["zero_optimization"] = {{"stage", 2}, {"offload_optimizer", {{"device", "cpu"}}}};
+  j["activation_checkpointing"] = {{"cpu_checkpointing", true}};
+  for (const std::string budget : {"1GiB", "64KiB"}) {
+    j["run"]["host_memory"] = budget;
+    auto child = testing::spawn({ZEROTH_BIN, "train", write_config("dry_host", j), "--dry-run"}, {}, temp("dry_host") + ".out");
+    const int status = testing::wait_exit(child, std::chrono::seconds(60));
+    const std::string out = child.output();
+    const auto line = out.find("per rank in host memory: ");
+    ASSERT_NE(line, std::string::npos) << out;
+    EXPECT_NE(out.find("activations", line), std::string::npos) << out;
+    EXPECT_NE(out.find("of the " + std::string(budget == "1GiB" ? "1.00 GiB" : "64.00 KiB") + " budget", line), std::string::npos)
+        << out;
+    if (budget == "1GiB") {
+      EXPECT_EQ(status, 0) << out;
+    } else {
+      EXPECT_NE(status, 0) << out;
+      EXPECT_NE(out.find("of host memory per rank"), std::string::npos) << out;
+      EXPECT_NE(out.find("but run.host_memory is 64.00 KiB"), std::string::npos) << out;
+      EXPECT_NE(out.find("cpu_checkpointing false"), std::string::npos) << out;
+    }
+  }
+}
+
 // zero_optimization.overlap_comm from the config reaches the plan: false puts the cycle's
 // collectives on the compute stream, and the dry run says so.
 TEST(Train, DryRunShowsOverlapCommFalseAsCollectivesSerialisedWithCompute) {
