@@ -127,6 +127,14 @@ ZeroConfig ZeroConfig::from_deepspeed(const nlohmann::json& section) {
   for (const auto* o : {&z.offload_optimizer, &z.offload_param})
     z.no_effect.insert(z.no_effect.end(), o->no_effect.begin(), o->no_effect.end());
   if (!overlap_set) z.overlap_comm = z.stage == 3;
+  // DeepSpeed's partial offload is a stage-3 feature; below it the whole shard is offloaded.
+  if (z.offload_optimizer.ratio < 1 && z.offload_optimizer.ratio >= 0 && z.stage < 3) {
+    z.no_effect.push_back(fmt::format(
+        "zero_optimization.offload_optimizer.ratio = {:g}: DeepSpeed applies it at stage 3 only, so at stage {} the whole shard is "
+        "offloaded",
+        z.offload_optimizer.ratio, z.stage));
+    z.offload_optimizer.ratio = 1;
+  }
   z.validate();
   return z;
 }

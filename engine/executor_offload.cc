@@ -198,13 +198,15 @@ void Executor::upload(int sub_group, int slot) {
   const auto& first = plan_.range(StateKind::param_shard, spans.front().block);
   if (offload::SwapFile* file = files_[first.buffer].get()) {
     // Parameter shards in a swap file (stage 3): the sub-group's extent is one write, as the
-    // shard and the optimizer state share the owned layout.
+    // shard and the optimizer state share the owned layout (the file from the owned space's start,
+    // the extent from the offloaded part's).
     const auto [lo, hi] = plan_.sub_group_extent[sub_group];
+    const size_t at = (lo + plan_.device_owned) * c;
     const auto& master = plan_.range(StateKind::master, spans.front().block);
     const void* from = plan_.param_out >= 0 ? param_out_at(sub_group, slot, master, spans.front().lo)
                                             : state_at(StateKind::master, spans.front().block, spans.front().lo, sub_group, slot);
     const size_t bytes = round_to_io((hi - lo) * c);
-    gs.enqueue_host([=, this] { timed_io(0, bytes, [&] { file->write(from, bytes, lo * c).wait(); }); });
+    gs.enqueue_host([=, this] { timed_io(0, bytes, [&] { file->write(from, bytes, at).wait(); }); });
     slot_uploaded_[slot]->record(gs);
     return;
   }

@@ -32,19 +32,21 @@ double Executor::grad_norm() {
   const bool on_host = plan_.device_buckets < static_cast<int>(plan_.reduce_buckets.size());
   if (on_host && reduced_) reduced_->synchronize();
   check_io();  // the gradients' way to their file, and the last step's swaps
-  bool first = true, over_ranks = false;
+  bool first = true, over_ranks = false, kept = false;
   float host = 0;
   for (const auto& a : plan_.step_program) {
     if (a.kind != ActionKind::grad_norm) continue;
-    if (!on_host) {
+    if (!plan_.bucket_offloaded(a.target)) {
+      // The device's buckets lead the order: their partial sum comes to the host once.
       device_.sum_squares(cs, reduced_grads(a.target), scalar.as<float>(), !first);
+      kept = true;
     } else {
-      float s = static_cast<float>(bucket_sumsq_[a.target]);
-      if (!plan_.bucket_offloaded(a.target)) {
-        device_.sum_squares(cs, reduced_grads(a.target), scalar.as<float>(), false);
-        device_.copy(cs, &s, scalar.data, sizeof(float));
+      if (kept) {
+        device_.copy(cs, &host, scalar.data, sizeof(float));
         cs.synchronize();
+        kept = false;
       }
+      const auto s = static_cast<float>(bucket_sumsq_[a.target]);
       host = first ? s : host + s;
     }
     over_ranks = over_ranks || a.flag;

@@ -87,7 +87,7 @@ class Console final : public TrainObserver {
     if (!metrics_) ZEROTH_THROW(IoError, "cannot write {}/metrics.jsonl; check run.output_dir", c.run.output_dir);
   }
 
-  void on_start(const TrainConfig& c, const Plan&, const RunFacts& f) override {
+  void on_start(const TrainConfig& c, const Plan& plan, const RunFacts& f) override {
     metrics_.close();
     metrics_.open(c.run.output_dir + "/metrics.jsonl", std::ios::trunc);
     std::ofstream config(c.run.output_dir + "/config.json");
@@ -126,6 +126,15 @@ class Console final : public TrainObserver {
                       fmt::format("{}, print every {}, validation {}", c.run.steps, c.steps_per_print,
                                   c.run.eval_interval > 0 ? fmt::format("every {} steps", c.run.eval_interval) : "at the end"));
     rows.emplace_back("memory", memory_line(f.need));
+    if (const auto& o = c.engine.zero.offload_optimizer; o.enabled() && o.ratio < 1) {
+      const int buckets = static_cast<int>(plan.reduce_buckets.size());
+      rows.emplace_back("offload",
+                        fmt::format("ratio {:g}: the optimizer state of {} of {} reduce bucket(s) stays on the device ({:.1f}% "
+                                    "of the shard){}",
+                                    o.ratio, plan.device_buckets, buckets,
+                                    100.0 * static_cast<double>(plan.device_owned) / static_cast<double>(plan.shard_numel),
+                                    plan.device_buckets == 0 ? "; lower zero_optimization.reduce_bucket_size to keep some" : ""));
+    }
     // DeepSpeed keys that change nothing here, named once (the README's table says why for each).
     for (const auto& n : c.no_effect) rows.emplace_back("no effect", n);
     rows.emplace_back("output", c.run.output_dir + "/metrics.jsonl");
@@ -152,7 +161,9 @@ class Console final : public TrainObserver {
       if (s.swap_read_bytes + s.swap_write_bytes > 0) {
         record.update({{"swap_read_bytes", s.swap_read_bytes},
                        {"swap_write_bytes", s.swap_write_bytes},
-                       {"swap_busy_ms", s.swap_busy_seconds * 1e3}});
+                       {"swap_busy_ms", s.swap_busy_seconds * 1e3},
+                       {"optimizer_swap_read_bytes", s.optimizer_swap_read_bytes},
+                       {"optimizer_swap_write_bytes", s.optimizer_swap_write_bytes}});
       }
     }
     metrics_ << record.dump() << "\n";
@@ -184,8 +195,11 @@ class Console final : public TrainObserver {
     if (!c_.engine.time_breakdown) return "";
     std::string swaps;
     if (s.swap_read_bytes + s.swap_write_bytes > 0) {
-      swaps = fmt::format(" | swap files: read {}, written {}, streams waited {:.2f}", format_bytes(s.swap_read_bytes),
-                          format_bytes(s.swap_write_bytes), s.swap_busy_seconds * 1e3);
+      const uint64_t in_step = s.optimizer_swap_read_bytes + s.optimizer_swap_write_bytes;
+      swaps = fmt::format(" | swap files: read {}, written {}, streams waited {:.2f}; optimizer: read {}, written {}, {:.2f} GB/s",
+                          format_bytes(s.swap_read_bytes), format_bytes(s.swap_write_bytes), s.swap_busy_seconds * 1e3,
+                          format_bytes(s.optimizer_swap_read_bytes), format_bytes(s.optimizer_swap_write_bytes),
+                          s.optimizer_seconds > 0 ? static_cast<double>(in_step) / s.optimizer_seconds * 1e-9 : 0.0);
     }
     return fmt::format("  time (ms) | forward: {:.2f} | backward: {:.2f} | reduce wait: {:.2f} | optimizer: {:.2f}{}\n",
                        s.forward_seconds * 1e3, s.backward_seconds * 1e3, s.reduce_wait_seconds * 1e3, s.optimizer_seconds * 1e3,

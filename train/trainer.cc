@@ -206,6 +206,8 @@ TrainSummary train(const TrainConfig& config, Communicator& dp, Device& device, 
       s.swap_read_bytes = r.swap_read_bytes;
       s.swap_write_bytes = r.swap_write_bytes;
       s.swap_busy_seconds = r.swap_busy_seconds;
+      s.optimizer_swap_read_bytes = r.update_swap_read_bytes;
+      s.optimizer_swap_write_bytes = r.update_swap_write_bytes;
       observer->on_step(s);
     });
     // The skip is the same on every rank (a global norm), so every rank ends here together.

@@ -33,6 +33,7 @@ struct StepMetrics {
   // waiting on them (summed over streams).
   uint64_t swap_read_bytes = 0, swap_write_bytes = 0;
   double swap_busy_seconds = 0;
+  uint64_t optimizer_swap_read_bytes = 0, optimizer_swap_write_bytes = 0;  // the part in optimizer_seconds
 };
 
 struct TrainSummary {

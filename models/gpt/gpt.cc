@@ -126,7 +126,7 @@ struct Slot {
   int B = 0, T = 0;
   int32_t *tokens = nullptr, *targets = nullptr;
   // [L + 1] residual stream: resid[l] is block l's input. With cpu_checkpointing these alternate
-  // between two device buffers, and saved[l] (host memory) keeps each one for backward.
+  // between two device buffers, and saved[l] (host memory) keeps the first L - 1 for backward.
   std::vector<float*> resid, saved;
   std::vector<LayerActs> layer;  // [L], or [1] shared when checkpointing
   float *lnf = nullptr, *lnf_mean = nullptr, *lnf_rstd = nullptr, *logits = nullptr, *row_loss = nullptr;
@@ -152,9 +152,12 @@ struct Gpt::State {
   }
   // The residual stream's copies on the device, and the checkpoints in host memory, per slot.
   static size_t resid_copies(const GptConfig& c) { return c.cpu_checkpointing ? 2 : static_cast<size_t>(c.n_layer) + 1; }
-  static size_t saved_floats(const GptConfig& c, int B, int T) {
-    return c.cpu_checkpointing ? (static_cast<size_t>(c.n_layer) + 1) * B * T * c.n_embd : 0;
+  // The inputs of blocks 0 .. L-2: backward finds the last two (ln_f's and block L-1's) still in
+  // the working copies.
+  static size_t saved_count(const GptConfig& c) {
+    return c.cpu_checkpointing && c.n_layer > 1 ? static_cast<size_t>(c.n_layer) - 1 : 0;
   }
+  static size_t saved_floats(const GptConfig& c, int B, int T) { return saved_count(c) * B * T * c.n_embd; }
   static size_t slot_floats(const GptConfig& c, int B, int T) {
     const size_t BT = static_cast<size_t>(B) * T, C = c.n_embd, L = c.n_layer;
     const size_t layers = c.activation_checkpointing ? 1 : L;
@@ -209,7 +212,7 @@ struct Gpt::State {
       sl.tokens = token_buffer.as<int32_t>() + 2 * BT * i;
       sl.targets = sl.tokens + BT;
       sl.resid.assign(L + 1, nullptr);
-      sl.saved.assign(cfg.cpu_checkpointing ? L + 1 : 0, nullptr);
+      sl.saved.assign(saved_count(cfg), nullptr);
       float* copies[2] = {nullptr, nullptr};
       for (size_t l = 0; l <= L; ++l) {
         if (!cfg.cpu_checkpointing) {
@@ -218,7 +221,7 @@ struct Gpt::State {
         }
         if (l < 2) copies[l] = take(BT * C);
         sl.resid[l] = copies[l % 2];
-        sl.saved[l] = host_buffer.as<float>() + (static_cast<size_t>(i) * (L + 1) + l) * BT * C;
+        if (l < sl.saved.size()) sl.saved[l] = host_buffer.as<float>() + (i * sl.saved.size() + l) * BT * C;
       }
       sl.layer.assign(cfg.activation_checkpointing ? 1 : L, {});
       for (auto& a : sl.layer) {
@@ -426,7 +429,7 @@ void Gpt::run_forward(int micro, const int32_t* tokens, const int32_t* targets, 
   // has no backward to keep it for).
   const size_t bytes = BT * C * sizeof(float);
   auto keep = [&](int l) {
-    if (training && !sl->saved.empty()) host_.device().copy(stream, sl->saved[l], sl->resid[l], bytes);
+    if (training && static_cast<size_t>(l) < sl->saved.size()) host_.device().copy(stream, sl->saved[l], sl->resid[l], bytes);
   };
   {
     k.submit([s, sl, &k, B, T, C, params = embed.params] {
@@ -480,7 +483,7 @@ void Gpt::backward(int micro) {
   auto acts = [sl](int l) -> const LayerActs& { return sl->layer[sl->layer.size() == 1 ? 0 : l]; };
   Stream& stream = host_.compute_stream();
   auto restore = [&](int l) {
-    if (!sl->saved.empty()) host_.device().copy(stream, sl->resid[l], sl->saved[l], BT * C * sizeof(float));
+    if (static_cast<size_t>(l) < sl->saved.size()) host_.device().copy(stream, sl->resid[l], sl->saved[l], BT * C * sizeof(float));
   };
   {
     const auto& v = host_.begin_backward(embed_, micro);
@@ -494,7 +497,6 @@ void Gpt::backward(int micro) {
   }
   {
     const auto& v = host_.begin_backward(ln_f_, micro);
-    restore(L);
     k.submit([s, sl, &k, L, BT, C, params = v.params, grads = v.grads] {
       Bound w(k, params, &grads, s->wbuf, s->gbuf);
       k.zero(s->d.dresid, BT * C);

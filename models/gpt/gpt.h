@@ -32,7 +32,8 @@ struct GptConfig {
   bool activation_checkpointing = false;
   // With activation_checkpointing: the checkpoints (each block's input) live in host memory, the
   // device keeps two working copies per micro-batch slot; each is copied back before its block's
-  // recompute (DeepSpeed's activation_checkpointing.cpu_checkpointing).
+  // recompute, but for the last two, which backward finds in the working copies (DeepSpeed's
+  // activation_checkpointing.cpu_checkpointing).
   bool cpu_checkpointing = false;
 
   // "gpt2-124m" (alias "gpt2"), "gpt2-350m", "gpt2-774m", "gpt2-1558m"; ConfigError otherwise.

@@ -164,7 +164,8 @@ TEST(Cli, BenchOffloadJsonCarriesBestFioSweepAndRemovesItsFile) {
   EXPECT_LT(padded, params + params / 10) << swapper.dump();
   EXPECT_EQ(swapper["read_bytes"].get<uint64_t>(), 16 * padded) << swapper.dump();
   EXPECT_EQ(swapper["write_bytes"].get<uint64_t>(), 14 * padded) << swapper.dump();
-  EXPECT_GT(params * 18, 4u << 20) << "about --size of state";
+  EXPECT_GT(params * 18, 6u << 20) << "about --size (8 MiB) of state";
+  EXPECT_LT(params * 18, 10u << 20) << "about --size (8 MiB) of state";
   EXPECT_EQ(swapper["seconds"].size(), 1u);
   EXPECT_GT(r["swapper_gbps"].get<double>(), 0.0);
   EXPECT_EQ(r["swapper_gbps"].get<double>(), swapper["gbps_runs"][0].get<double>());

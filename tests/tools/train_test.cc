@@ -244,6 +244,34 @@ TEST(Train, WallClockBreakdownTimesThePartsOfEachStep) {
   EXPECT_EQ(steps, 6);
 }
 
+// With everything in swap files, each step's line and record also count the swap traffic, and
+// the optimizer step's share of it: per owned element the f32 master, moments and gradient in (16
+// bytes) and master, moments and bf16 parameter out (14 bytes), so read x 14 = written x 16.
+TEST(Train, WallClockBreakdownCountsTheOptimizersSwapTraffic) {
+  json j = tiny("wallclock_swap");
+  j["wall_clock_breakdown"] = true;
+  j["bf16"] = {{"enabled", true}};
+  const std::string swap = temp("wallclock_swap") + "-swap";
+  j["zero_optimization"]["offload_optimizer"] = {{"device", "nvme"}, {"nvme_path", swap}};
+  j["zero_optimization"]["offload_param"] = {{"device", "nvme"}, {"nvme_path", swap}};
+  const auto r = run({ZEROTH_BIN, "train", write_config("wallclock_swap", j)}, "wallclock_swap", 120s);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("; optimizer: read "), std::string::npos) << r.output;
+  int steps = 0;
+  for (const auto& m : r.metrics) {
+    if (!m.contains("loss")) continue;
+    ++steps;
+    const uint64_t read = m["optimizer_swap_read_bytes"], written = m["optimizer_swap_write_bytes"];
+    EXPECT_GT(read, 0u) << m.dump();
+    EXPECT_EQ(read * 14, written * 16) << m.dump();
+    // The rest is the cycle's: parameter shards read by the gathers, gradients on their way out.
+    EXPECT_GT(m["swap_read_bytes"].get<uint64_t>(), read) << m.dump();
+    EXPECT_GT(m["swap_write_bytes"].get<uint64_t>(), written) << m.dump();
+  }
+  EXPECT_EQ(steps, 6);
+  std::filesystem::remove_all(swap);
+}
+
 // A static f16 loss scale never falls, so every non-finite step counts.
 TEST(Train, NonFiniteStepsEndARunWithAStaticF16Scale) {
   json j = tiny("nonfinite16");
