@@ -39,18 +39,20 @@ void check_fits(const MemoryNeed& need, const Plan& plan, Tier tier, size_t budg
   if (budget == 0 || (in_use <= budget && total <= budget - in_use)) return;
   std::string advice;
   if (host) {
-    ZEROTH_THROW(
-        OutOfMemory,
-        "the ZeRO stage {} plan needs {} of host memory per rank ({}{}{}) but {} is {}{}; nothing was allocated. To fit: lower "
-        "zero_optimization.sub_group_size (the swap slots hold a few sub-groups) or reduce_bucket_size (the gradient staging "
-        "holds one bucket's shard), offload the optimizer to nvme instead of cpu,{} or raise {}",
-        plan.stage, format_bytes(total), need.describe(Tier::host), need.total(Tier::pinned_host) > 0 ? "; pinned: " : "",
-        need.describe(Tier::pinned_host), budget_name, format_bytes(budget),
-        in_use > 0 ? fmt::format(" ({} already in use)", format_bytes(in_use)) : std::string(),
-        at(need.bytes, Tier::pinned_host, MemTag::activations) > 0
-            ? " keep the activation checkpoints on the device (activation_checkpointing.cpu_checkpointing false),"
-            : "",
-        budget_name);
+    std::string parts = need.describe(Tier::host);
+    if (need.total(Tier::pinned_host) > 0) parts += (parts.empty() ? "pinned: " : "; pinned: ") + need.describe(Tier::pinned_host);
+    auto on_host = [&](MemTag tag) { return at(need.bytes, Tier::host, tag) + at(need.bytes, Tier::pinned_host, tag) > 0; };
+    std::string fixes;
+    if (plan.swap_slots >= 0) fixes += " lower zero_optimization.sub_group_size (the swap slots hold a few sub-groups);";
+    if (plan.grad_staging >= 0) fixes += " lower reduce_bucket_size (the gradient staging holds one bucket's shard);";
+    if (plan.swap_slots < 0 && on_host(MemTag::optimizer)) fixes += " offload the optimizer (and parameters) to nvme instead of cpu;";
+    if (on_host(MemTag::activations))
+      fixes += " keep the activation checkpoints on the device (activation_checkpointing.cpu_checkpointing false);";
+    ZEROTH_THROW(OutOfMemory,
+                 "the ZeRO stage {} plan needs {} of host memory per rank ({}) but {} is {}{}; nothing was allocated. To fit:{} or "
+                 "raise {}",
+                 plan.stage, format_bytes(total), parts, budget_name, format_bytes(budget),
+                 in_use > 0 ? fmt::format(" ({} already in use)", format_bytes(in_use)) : std::string(), fixes, budget_name);
   }
   if (at(need.bytes, tier, MemTag::activations) > 0) {
     advice += " a smaller train_micro_batch_size_per_gpu (with more gradient_accumulation_steps), activation checkpointing (with "

@@ -494,15 +494,15 @@ void run(const Options& o) {
                 100 * paired_ratio(sweep, false));
   }
   const auto [lo, hi] = std::minmax_element(swapper_gbps.begin(), swapper_gbps.end());
-  std::printf("\noptimizer swapper (the engine's ZeRO-Infinity step on an MLP of %.0f M parameters, %zu sub-groups of %s, aio as "
-              "above): per step %s read and %s written\n",
-              static_cast<double>(swapper.params()) * 1e-6, swapper.sub_groups(),
-              format_bytes(o.sub_group_size * sizeof(float)).c_str(), format_bytes(swapper.read_bytes()).c_str(),
-              format_bytes(swapper.write_bytes()).c_str());
+  std::printf("\noptimizer swapper (the engine's ZeRO-Infinity step on an MLP of %.2f M parameters, %zu sub-group(s) of at most "
+              "%llu elements, aio as above): per step %s read and %s written (16 and 14 bytes per parameter: f32 master, moments "
+              "and gradient in; master, moments and bf16 parameter out)\n",
+              static_cast<double>(swapper.params()) * 1e-6, swapper.sub_groups(), static_cast<unsigned long long>(o.sub_group_size),
+              format_bytes(swapper.read_bytes()).c_str(), format_bytes(swapper.write_bytes()).c_str());
   std::printf("  %.2f GB/s through the update (%.2f-%.2f over %d steps, each after a raw pass: write %.2f, read %.2f GB/s median)\n",
               swapper_rate, *lo, *hi, o.reps, beside.write(), beside.read());
-  std::printf("  against those bytes at the raw rates just before each step (read then write): %.0f%% (median of the pairs); "
-              "against the sweep's best: %.0f%%\n",
+  std::printf("  against the time those bytes take at the raw rates measured just before each step (reads, then writes): %.0f%% "
+              "(median over the steps); against the sweep's best rates: %.0f%%\n",
               100 * swapper_paired, 100 * swapper_vs_best);
   std::printf("DeepSpeed config section for this disk:\n\"aio\": %s\n", aio.dump(2).c_str());
   if (copies) {

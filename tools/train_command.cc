@@ -196,7 +196,8 @@ class Console final : public TrainObserver {
     std::string swaps;
     if (s.swap_read_bytes + s.swap_write_bytes > 0) {
       const uint64_t in_step = s.optimizer_swap_read_bytes + s.optimizer_swap_write_bytes;
-      swaps = fmt::format(" | swap files: read {}, written {}, streams waited {:.2f}; optimizer: read {}, written {}, {:.2f} GB/s",
+      swaps = fmt::format(" | swap files: read {}, written {}, streams busy {:.2f} ms; of them the optimizer step: read {}, written "
+                          "{}, at {:.2f} GB/s",
                           format_bytes(s.swap_read_bytes), format_bytes(s.swap_write_bytes), s.swap_busy_seconds * 1e3,
                           format_bytes(s.optimizer_swap_read_bytes), format_bytes(s.optimizer_swap_write_bytes),
                           s.optimizer_seconds > 0 ? static_cast<double>(in_step) / s.optimizer_seconds * 1e-9 : 0.0);
@@ -291,7 +292,9 @@ void dry_run(const TrainConfig& c) {
                 c.engine.host_memory > 0 ? fmt::format(" of the {} budget", format_bytes(c.engine.host_memory)).c_str() : "");
   }
   if (need.total(Tier::nvme) > 0) std::printf("per rank in swap files: %s\n", need.describe(Tier::nvme).c_str());
-  // The run's own check: a plan over a budget is refused here too, with the same numbers.
+  // The run's own check: a plan over a budget is refused here too, with the same numbers, after
+  // what was printed above.
+  std::fflush(stdout);
   check_fits(need, plan, Tier::device, c.run.device_memory, 0, c.engine.device_budget_name);
   check_fits(need, plan, Tier::host, c.engine.host_memory, 0, c.engine.host_budget_name);
 }

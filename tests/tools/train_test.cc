@@ -256,7 +256,7 @@ TEST(Train, WallClockBreakdownCountsTheOptimizersSwapTraffic) {
   j["zero_optimization"]["offload_param"] = {{"device", "nvme"}, {"nvme_path", swap}};
   const auto r = run({ZEROTH_BIN, "train", write_config("wallclock_swap", j)}, "wallclock_swap", 120s);
   ASSERT_EQ(r.code, 0) << r.output;
-  EXPECT_NE(r.output.find("; optimizer: read "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("; of them the optimizer step: read "), std::string::npos) << r.output;
   int steps = 0;
   for (const auto& m : r.metrics) {
     if (!m.contains("loss")) continue;
@@ -349,6 +349,11 @@ TEST(Train, DryRunShowsHostMemoryAndRefusesAPlanOverTheHostBudget) {
       EXPECT_NE(out.find("of host memory per rank"), std::string::npos) << out;
       EXPECT_NE(out.find("but run.host_memory is 64.00 KiB"), std::string::npos) << out;
       EXPECT_NE(out.find("cpu_checkpointing false"), std::string::npos) << out;
+      EXPECT_NE(out.find("; pinned: activations"), std::string::npos) << out;
+      EXPECT_EQ(out.find("(; "), std::string::npos) << out;
+      EXPECT_EQ(out.find("sub_group_size"), std::string::npos) << "no swap slots to shrink here: " << out;
+      // The refusal comes after the dry run's own lines.
+      EXPECT_GT(out.find("of host memory per rank"), line) << out;
     }
   }
 }
