@@ -1,6 +1,9 @@
 // Reading and writing safetensors files.
 #include "core/safetensors.h"
 
+#include <fcntl.h>   // open
+#include <unistd.h>  // write, fsync, close, unlink
+
 #include <cerrno>   // errno
 #include <cstdio>   // std::rename
 #include <cstring>  // std::strerror, std::memcpy
@@ -107,28 +110,84 @@ SafeTensors read_safetensors(const std::string& path) {
 }
 
 void write_safetensors(const std::string& path, const SafeTensors& file) {
+  std::vector<SafeTensorsWriter::Entry> entries;
+  for (const auto& [name, t] : file.tensors) entries.push_back({name, t.dtype, t.shape});
+  SafeTensorsWriter out(path, std::move(entries), file.metadata);
+  for (const auto& [name, t] : file.tensors) out.write(name, t.data.data(), t.data.size());
+  out.finish();
+}
+
+SafeTensorsWriter::SafeTensorsWriter(std::string path, std::vector<Entry> entries, const std::map<std::string, std::string>& metadata)
+    : path_(std::move(path)), tmp_(path_ + ".tmp"), entries_(std::move(entries)) {
   nlohmann::json header = nlohmann::json::object();
-  if (!file.metadata.empty()) header["__metadata__"] = file.metadata;
+  if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
-  for (const auto& [name, t] : file.tensors) {
-    header[name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.data.size()}}};
-    offset += t.data.size();
+  for (const auto& e : entries_) {
+    size_t n = 1;
+    for (int64_t d : e.shape) n *= static_cast<size_t>(d);
+    const size_t bytes = n * dtype_bytes(e.dtype);
+    if (dtype_bytes(e.dtype) == 0)
+      ZEROTH_THROW(InvalidArgument, "{}: tensor {} has dtype {}, not a safetensors dtype", path_, e.name, e.dtype);
+    if (header.contains(e.name)) ZEROTH_THROW(InvalidArgument, "{}: tensor {} is declared twice", path_, e.name);
+    header[e.name] = {{"dtype", e.dtype}, {"shape", e.shape}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
   }
   std::string text = header.dump();
-  text.append((8 - text.size() % 8) % 8, ' ');
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) ZEROTH_THROW(IoError, "open(\"{}\") for writing: {}", tmp, std::strerror(errno));
-    const uint64_t len = text.size();
-    out.write(reinterpret_cast<const char*>(&len), 8);
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
-    for (const auto& [name, t] : file.tensors) out.write(t.data.data(), static_cast<std::streamsize>(t.data.size()));
-    out.flush();
-    if (!out) ZEROTH_THROW(IoError, "writing {} failed (disk full?)", tmp);
+  text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) ZEROTH_THROW(IoError, "open(\"{}\") for writing: {}", tmp_, std::strerror(errno));
+  const uint64_t len = text.size();
+  std::string head(reinterpret_cast<const char*>(&len), 8);
+  head += text;
+  write_all(head.data(), head.size());
+}
+
+SafeTensorsWriter::~SafeTensorsWriter() {
+  if (fd_ < 0) return;
+  ::close(fd_);
+  ::unlink(tmp_.c_str());
+}
+
+void SafeTensorsWriter::write_all(const void* data, size_t bytes) {
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::write(fd_, p, bytes);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) ZEROTH_THROW(IoError, "write({}, {} bytes): {}", tmp_, bytes, n < 0 ? std::strerror(errno) : "nothing written");
+    p += n;
+    bytes -= static_cast<size_t>(n);
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    ZEROTH_THROW(IoError, "rename(\"{}\", \"{}\"): {}", tmp, path, std::strerror(errno));
+}
+
+void SafeTensorsWriter::write(const std::string& name, const void* data, size_t bytes) {
+  if (next_ >= entries_.size() || entries_[next_].name != name) {
+    ZEROTH_THROW(InvalidArgument, "{}: tensor {} written out of order (next declared: {})", path_, name,
+                 next_ < entries_.size() ? entries_[next_].name : "none");
+  }
+  const auto& e = entries_[next_];
+  size_t n = dtype_bytes(e.dtype);
+  for (int64_t d : e.shape) n *= static_cast<size_t>(d);
+  if (bytes != n) ZEROTH_THROW(InvalidArgument, "{}: tensor {} is declared as {} bytes, {} given", path_, name, n, bytes);
+  write_all(data, bytes);
+  ++next_;
+}
+
+void SafeTensorsWriter::finish() {
+  if (next_ != entries_.size()) {
+    ZEROTH_THROW(InvalidArgument, "{}: finished after {} of {} tensors (next: {})", path_, next_, entries_.size(),
+                 entries_[next_].name);
+  }
+  if (::fsync(fd_) != 0) ZEROTH_THROW(IoError, "fsync({}): {}", tmp_, std::strerror(errno));
+  if (::close(fd_) != 0) {
+    fd_ = -1;
+    ::unlink(tmp_.c_str());
+    ZEROTH_THROW(IoError, "close({}): {}", tmp_, std::strerror(errno));
+  }
+  fd_ = -1;
+  if (std::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp_.c_str());
+    ZEROTH_THROW(IoError, "rename(\"{}\", \"{}\"): {}", tmp_, path_, std::strerror(err));
   }
 }
 

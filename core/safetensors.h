@@ -35,4 +35,33 @@ SafeTensors read_safetensors(const std::string& path);
 // Written to `path`.tmp and renamed, so a crash never leaves a half-written file under `path`.
 void write_safetensors(const std::string& path, const SafeTensors& file);
 
+// A safetensors file written tensor by tensor, so the whole of it never sits in memory: the
+// header (every tensor's name, dtype and shape, declared up front) first, then each tensor's
+// bytes in the declared order; into `path`.tmp, flushed to the disk (fsync) and renamed by
+// finish(). Destroyed before finish(), it removes the .tmp and leaves `path` as it was.
+class SafeTensorsWriter {
+ public:
+  struct Entry {
+    std::string name, dtype;
+    std::vector<int64_t> shape;
+  };
+  SafeTensorsWriter(std::string path, std::vector<Entry> entries, const std::map<std::string, std::string>& metadata = {});
+  ~SafeTensorsWriter();
+  SafeTensorsWriter(const SafeTensorsWriter&) = delete;
+  SafeTensorsWriter& operator=(const SafeTensorsWriter&) = delete;
+
+  // The next declared tensor's bytes; InvalidArgument when `name` or the size is not the next
+  // entry's. IoError naming the file when the write fails.
+  void write(const std::string& name, const void* data, size_t bytes);
+  void finish();
+
+ private:
+  void write_all(const void* data, size_t bytes);
+
+  std::string path_, tmp_;
+  std::vector<Entry> entries_;
+  size_t next_ = 0;
+  int fd_ = -1;
+};
+
 }  // namespace zeroth

@@ -19,6 +19,9 @@ namespace {
 
 // The keys zeroth reads; the rest of DeepSpeed's vocabulary is in engine/deepspeed_keys.cc.
 constexpr std::string_view kZeroKeys[] = {"stage",
+                                          "stage3_gather_16bit_weights_on_model_save",
+                                          "gather_16bit_weights_on_model_save",
+                                          "stage3_gather_fp16_weights_on_model_save",
                                           "reduce_bucket_size",
                                           "allgather_bucket_size",
                                           "overlap_comm",
@@ -85,6 +88,9 @@ ZeroConfig ZeroConfig::from_deepspeed(const nlohmann::json& section) {
       z.stage3_max_reuse_distance = count(v, key);
     } else if (key == "stage3_param_persistence_threshold" || key == "param_persistence_threshold") {
       z.stage3_param_persistence_threshold = count(v, key);
+    } else if (key == "stage3_gather_16bit_weights_on_model_save" || key == "gather_16bit_weights_on_model_save" ||
+               key == "stage3_gather_fp16_weights_on_model_save") {
+      z.gather_16bit_weights_on_model_save = flag(v, key);
     } else if (key == "sub_group_size") {
       z.sub_group_size = count(v, key);
     } else if (key == "offload_optimizer") {

@@ -77,6 +77,9 @@ struct ZeroConfig {
   // The optimizer steps the shard in sub-groups of at most this many elements (the unit offload
   // swaps; DeepSpeed's default).
   uint64_t sub_group_size = 1'000'000'000;
+  // The weights a run saves (model.safetensors) in the compute dtype (bf16/f16) instead of the
+  // fp32 master weights (DeepSpeed's stage3_gather_16bit_weights_on_model_save; false there too).
+  bool gather_16bit_weights_on_model_save = false;
   OffloadConfig offload_optimizer = OffloadConfig::defaults(false), offload_param = OffloadConfig::defaults(true);
   // Keys present that have no effect in zeroth ("path: why"), for the log at start.
   std::vector<std::string> no_effect;

@@ -145,12 +145,6 @@ const DeepSpeedKey kKeys[] = {
 
     // ---- meaningful once checkpoints exist
     {"checkpoint", kLater, "checkpoint tag validation, universal checkpoints and writers (checkpoints)", disabled},
-    {"zero_optimization.stage3_gather_16bit_weights_on_model_save", kLater,
-     "16-bit weights gathered when the model is saved (checkpoints)", is_false},
-    {"zero_optimization.gather_16bit_weights_on_model_save", kLater, "16-bit weights gathered when the model is saved (checkpoints)",
-     is_false},
-    {"zero_optimization.stage3_gather_fp16_weights_on_model_save", kLater,
-     "16-bit weights gathered when the model is saved (checkpoints)", is_false},
     {"zero_optimization.load_from_fp32_weights", kLater, "master weights loaded from the 16-bit copy in a checkpoint (checkpoints)",
      [](const json& v) { return v.is_null() || is_true(v); }},
 };

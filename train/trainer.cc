@@ -2,6 +2,8 @@
 // engine's step, one small all-reduce for the mean loss and the stop flag, then reporting.
 #include "train/trainer.h"
 
+#include "train/export.h"  // save_gpt_weights
+
 #include <algorithm>  // std::max
 #include <chrono>     // std::chrono::steady_clock
 #include <cmath>      // std::isfinite
@@ -233,6 +235,11 @@ TrainSummary train(const TrainConfig& config, Communicator& dp, Device& device, 
     if (last || (config.run.eval_interval > 0 && (k + 1) % config.run.eval_interval == 0)) evaluate(k + 1);
   }
   if (report_error) std::rethrow_exception(report_error);
+  // A run, finished or stopped, leaves its weights: fp32 master weights, or the compute dtype's
+  // with stage3_gather_16bit_weights_on_model_save as in DeepSpeed.
+  summary.weights_path = config.run.output_dir + "/model.safetensors";
+  summary.weights_dtype = config.engine.zero.gather_16bit_weights_on_model_save ? config.engine.compute_dtype : DType::f32;
+  summary.weights_bytes = save_gpt_weights(engine, config.model, summary.weights_path, summary.weights_dtype);
   summary.tokens_per_second = rates.empty() ? tokens_per_step / std::max(summary.seconds, 1e-9) : median(rates);
   const auto stats = device.memory().stats();
   summary.peak = stats.peak;

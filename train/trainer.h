@@ -49,6 +49,11 @@ struct TrainSummary {
   size_t host_peak = 0;   // this rank's engine state in host memory (pinned and pageable), at peak
   size_t swap_bytes = 0;  // this rank's swap files on the NVMe tier
   size_t peak_rss = 0;    // the process's peak resident set (VmHWM; all ranks of a threaded run)
+  // The trained weights in Hugging Face's GPT-2 layout (<run.output_dir>/model.safetensors), their
+  // dtype and size (rank 0).
+  std::string weights_path;
+  DType weights_dtype = DType::f32;
+  uint64_t weights_bytes = 0;
 };
 
 // What the run found out at start, for the config box.

@@ -91,6 +91,21 @@ std::vector<BlockSpec> Gpt::block_specs(const GptConfig& c) {
   return out;
 }
 
+std::vector<Gpt::HfParam> Gpt::hf_params(const GptConfig& c) {
+  std::vector<HfParam> out;
+  const auto specs = block_specs(c);
+  for (size_t b = 0; b < specs.size(); ++b) {
+    // "embed" {wte, wpe}, "h.<l>" with Hugging Face's own suffixes, "ln_f" {weight, bias}.
+    const std::string prefix = specs[b].name == "embed" ? "transformer." : "transformer." + specs[b].name + ".";
+    for (size_t i = 0; i < specs[b].params.size(); ++i) {
+      const std::string& p = specs[b].params[i].name;
+      const bool conv1d = p == "attn.c_attn.weight" || p == "attn.c_proj.weight" || p == "mlp.c_fc.weight" || p == "mlp.c_proj.weight";
+      out.push_back({static_cast<int>(b), i, prefix + (specs[b].name == "embed" ? p + ".weight" : p), conv1d});
+    }
+  }
+  return out;
+}
+
 BlockSchedule Gpt::schedule(const GptConfig& c) {
   const int L = c.n_layer, embed = 0, ln_f = L + 1;
   BlockSchedule s;

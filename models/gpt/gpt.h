@@ -51,6 +51,16 @@ class Gpt {
   ~Gpt();
 
   static std::vector<BlockSpec> block_specs(const GptConfig& config);
+  // Hugging Face's GPT-2 (GPT2LMHeadModel) name of every parameter, in block_specs order, and
+  // whether Hugging Face keeps it transposed: its Conv1D layers store [in, out] where zeroth's
+  // matrices are [out, in]. The LM head is the token embedding (tied), as in Hugging Face.
+  struct HfParam {
+    int block = 0;
+    size_t param = 0;
+    std::string name;
+    bool transposed = false;
+  };
+  static std::vector<HfParam> hf_params(const GptConfig& config);
   static BlockSchedule schedule(const GptConfig& config);
 
   // Enqueues the forward of micro-batch `micro` of the cycle on the host's compute stream:

@@ -172,9 +172,8 @@ INSTANTIATE_TEST_SUITE_P(
         ErrorCase{"OffloadKeyTypo",
                   R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memroy": true}}})",
                   "zero_optimization.offload_optimizer.pin_memroy is not a known key (did you mean 'pin_memory'?)"},
-        ErrorCase{"GatherOnSave", R"({"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": true}})",
-                  "zero_optimization.stage3_gather_16bit_weights_on_model_save = true asks for 16-bit weights gathered when the model "
-                  "is saved (checkpoints), which zeroth does not have yet; remove it"},
+        ErrorCase{"GatherOnSave", R"({"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": "yes"}})",
+                  "zero_optimization.stage3_gather_16bit_weights_on_model_save must be true or false, got \"yes\""},
         ErrorCase{"KnownButUnsupported", R"({"progressive_layer_drop": {"enabled": true, "theta": 0.5}})",
                   "progressive_layer_drop = {\"enabled\":true,\"theta\":0.5} is a DeepSpeed feature zeroth does not support (skips "
                   "transformer layers stochastically during training); remove it or set \"enabled\": false"},
@@ -321,6 +320,10 @@ TEST(TrainConfig, DefaultsAndAliases) {
   EXPECT_EQ(c.engine.communication_dtype, DType::bf16);
   EXPECT_TRUE(c.model.activation_checkpointing);  // the DeepSpeed section turns it on
   EXPECT_FALSE(c.model.cpu_checkpointing);
+  EXPECT_FALSE(c.engine.zero.gather_16bit_weights_on_model_save);
+  EXPECT_TRUE(
+      TrainConfig::from_json(with(base(), R"({"zero_optimization": {"stage": 3, "stage3_gather_fp16_weights_on_model_save": true}})"))
+          .engine.zero.gather_16bit_weights_on_model_save);
   EXPECT_TRUE(
       TrainConfig::from_json(with(base(), R"({"activation_checkpointing": {"cpu_checkpointing": true}})")).model.cpu_checkpointing);
   EXPECT_EQ(c.steps_per_print, 10);
