@@ -225,8 +225,9 @@ class Console final : public TrainObserver {
         "\n  peak memory on rank 0: %s (params %s, grads %s, optimizer %s, buffers %s, activations %s)\n  metrics: %s/metrics.jsonl\n",
         format_bytes(s.peak_total).c_str(), format_bytes(s.peak[0]).c_str(), format_bytes(s.peak[1]).c_str(),
         format_bytes(s.peak[2]).c_str(), format_bytes(s.peak[3]).c_str(), format_bytes(s.peak[4]).c_str(), c_.run.output_dir.c_str());
-    std::printf("  weights: %s (%s, %s, Hugging Face GPT-2 names)\n", s.weights_path.c_str(), format_bytes(s.weights_bytes).c_str(),
-                dtype_name(s.weights_dtype).data());
+    std::printf("  weights: %s (%s, %s, Hugging Face GPT-2 names; gathered and written in %.2f s, %.2f GB/s)\n",
+                s.weights_path.c_str(), format_bytes(s.weights_bytes).c_str(), dtype_name(s.weights_dtype).data(), s.weights_seconds,
+                s.weights_seconds > 0 ? static_cast<double>(s.weights_bytes) / s.weights_seconds * 1e-9 : 0.0);
     if (s.host_peak > 0 || s.swap_bytes > 0) {
       std::printf("  offload on rank 0: host memory peak %s%s, swap files %s; process peak RSS %s\n",
                   format_bytes(s.host_peak).c_str(),
@@ -245,6 +246,7 @@ class Console final : public TrainObserver {
                                  {"swap_bytes", s.swap_bytes},
                                  {"weights", s.weights_path},
                                  {"weights_bytes", s.weights_bytes},
+                                 {"weights_seconds", s.weights_seconds},
                                  {"peak_rss_bytes", s.peak_rss}}}}
                     .dump()
              << "\n";

@@ -239,7 +239,9 @@ TrainSummary train(const TrainConfig& config, Communicator& dp, Device& device, 
   // with stage3_gather_16bit_weights_on_model_save as in DeepSpeed.
   summary.weights_path = config.run.output_dir + "/model.safetensors";
   summary.weights_dtype = config.engine.zero.gather_16bit_weights_on_model_save ? config.engine.compute_dtype : DType::f32;
+  const auto save_start = Clock::now();
   summary.weights_bytes = save_gpt_weights(engine, config.model, summary.weights_path, summary.weights_dtype);
+  summary.weights_seconds = std::chrono::duration<double>(Clock::now() - save_start).count();
   summary.tokens_per_second = rates.empty() ? tokens_per_step / std::max(summary.seconds, 1e-9) : median(rates);
   const auto stats = device.memory().stats();
   summary.peak = stats.peak;

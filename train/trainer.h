@@ -54,6 +54,7 @@ struct TrainSummary {
   std::string weights_path;
   DType weights_dtype = DType::f32;
   uint64_t weights_bytes = 0;
+  double weights_seconds = 0;  // gathering and writing them
 };
 
 // What the run found out at start, for the config box.
