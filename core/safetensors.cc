@@ -4,10 +4,11 @@
 #include <fcntl.h>   // open
 #include <unistd.h>  // write, fsync, close, unlink
 
-#include <cerrno>   // errno
-#include <cstdio>   // std::rename
-#include <cstring>  // std::strerror, std::memcpy
-#include <fstream>  // std::ifstream, std::ofstream
+#include <cerrno>      // errno
+#include <cstdio>      // std::rename
+#include <cstring>     // std::strerror, std::memcpy
+#include <filesystem>  // std::filesystem::path
+#include <fstream>     // std::ifstream
 
 #include <nlohmann/json.hpp>  // nlohmann::json
 
@@ -189,6 +190,14 @@ void SafeTensorsWriter::finish() {
     ::unlink(tmp_.c_str());
     ZEROTH_THROW(IoError, "rename(\"{}\", \"{}\"): {}", tmp_, path_, std::strerror(err));
   }
+  // The rename itself lasts only once the folder's entry is on the disk too.
+  const std::string folder = std::filesystem::path(path_).parent_path().string();
+  const int dir = ::open(folder.empty() ? "." : folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir < 0) ZEROTH_THROW(IoError, "open(\"{}\", O_DIRECTORY) to fsync the rename of {}: {}", folder, path_, std::strerror(errno));
+  const int rc = ::fsync(dir);
+  const int err = errno;
+  ::close(dir);
+  if (rc != 0) ZEROTH_THROW(IoError, "fsync of the folder \"{}\" after renaming {}: {}", folder, path_, std::strerror(err));
 }
 
 }  // namespace zeroth

@@ -37,8 +37,9 @@ void write_safetensors(const std::string& path, const SafeTensors& file);
 
 // A safetensors file written tensor by tensor, so the whole of it never sits in memory: the
 // header (every tensor's name, dtype and shape, declared up front) first, then each tensor's
-// bytes in the declared order; into `path`.tmp, flushed to the disk (fsync) and renamed by
-// finish(). Destroyed before finish(), it removes the .tmp and leaves `path` as it was.
+// bytes in the declared order; into `path`.tmp, flushed to the disk (fsync), renamed and the
+// folder flushed by finish(). Destroyed before finish(), it removes the .tmp and leaves `path`
+// as it was.
 class SafeTensorsWriter {
  public:
   struct Entry {
