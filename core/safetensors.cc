@@ -26,6 +26,12 @@ size_t dtype_bytes(const std::string& dtype) {
   return 0;
 }
 
+size_t entry_bytes(const std::vector<int64_t>& shape, const std::string& dtype) {
+  size_t n = dtype_bytes(dtype);
+  for (int64_t d : shape) n *= static_cast<size_t>(d);
+  return n;
+}
+
 }  // namespace
 
 size_t SafeTensor::numel() const {
@@ -124,9 +130,7 @@ SafeTensorsWriter::SafeTensorsWriter(std::string path, std::vector<Entry> entrie
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
   for (const auto& e : entries_) {
-    size_t n = 1;
-    for (int64_t d : e.shape) n *= static_cast<size_t>(d);
-    const size_t bytes = n * dtype_bytes(e.dtype);
+    const size_t bytes = entry_bytes(e.shape, e.dtype);
     if (dtype_bytes(e.dtype) == 0)
       ZEROTH_THROW(InvalidArgument, "{}: tensor {} has dtype {}, not a safetensors dtype", path_, e.name, e.dtype);
     if (header.contains(e.name)) ZEROTH_THROW(InvalidArgument, "{}: tensor {} is declared twice", path_, e.name);
@@ -165,9 +169,7 @@ void SafeTensorsWriter::write(const std::string& name, const void* data, size_t 
     ZEROTH_THROW(InvalidArgument, "{}: tensor {} written out of order (next declared: {})", path_, name,
                  next_ < entries_.size() ? entries_[next_].name : "none");
   }
-  const auto& e = entries_[next_];
-  size_t n = dtype_bytes(e.dtype);
-  for (int64_t d : e.shape) n *= static_cast<size_t>(d);
+  const size_t n = entry_bytes(entries_[next_].shape, entries_[next_].dtype);
   if (bytes != n) ZEROTH_THROW(InvalidArgument, "{}: tensor {} is declared as {} bytes, {} given", path_, name, n, bytes);
   write_all(data, bytes);
   ++next_;

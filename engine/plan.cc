@@ -288,54 +288,6 @@ void add_offload_buffers(Plan& p, const EngineConfig& config) {
     p.param_out = add_buffer(p, "param_out", MemTag::params, p.compute_dtype, update_slot_count(o) * p.slot_numel, false, host);
 }
 
-void make_step_program(Plan& p, const OffloadConfig& offload) {
-  auto add = [&](ActionKind kind, int target, bool flag = false, size_t offset = 0) {
-    Action a;
-    a.kind = kind;
-    a.target = target;
-    a.flag = flag;
-    a.offset = offset;
-    p.step_program.push_back(a);
-  };
-  // One pass of `kind` over the sub-groups. Offloaded, each updated sub-group's parameters go up
-  // to the device; swapped, each is read into a slot first and written back after, with the reads
-  // of the next (pipeline_read) and the writes of the previous (pipeline_write) overlapping the
-  // update: slots = 1 + one per pipelined direction, reused round robin.
-  const bool swapped = p.swap_slots >= 0;
-  const size_t slots = update_slot_count(offload);
-  // Sub-groups kept on the device (offload_optimizer.ratio < 1) lead and are updated in place.
-  auto sweep = [&](ActionKind kind) {
-    const int groups = static_cast<int>(p.sub_groups.size());
-    const int ahead = swapped && offload.pipeline_read ? 1 : 0;
-    int first = 0;
-    while (first < groups && !p.sub_group_offloaded(first)) add(kind, first++);
-    int next_in = first;
-    for (int g = first; g < groups; ++g) {
-      const size_t slot = static_cast<size_t>(g - first) % slots;
-      for (; swapped && next_in <= std::min(g + ahead, groups - 1); ++next_in)
-        add(ActionKind::swap_in, next_in, false, static_cast<size_t>(next_in - first) % slots);
-      add(kind, g, false, slot);
-      if (kind == ActionKind::update) add(ActionKind::upload, g, false, slot);
-      if (swapped) add(ActionKind::swap_out, g, false, slot);
-    }
-  };
-  // The squared norm bucket by bucket, in f32 as the buckets add up, so offloaded gradients (whose
-  // squares are taken on their way to the host) give the very same number; summed over the ranks
-  // after the last.
-  for (size_t k = 0; k < p.reduce_buckets.size(); ++k)
-    add(ActionKind::grad_norm, static_cast<int>(k), p.stage >= 1 && k + 1 == p.reduce_buckets.size());
-  // Per-tensor norms: every owned piece first, then the sums over the ranks that split the tensors
-  // (stage 0 owns whole tensors on every rank), then the update that reads them.
-  if (p.tensor_norms >= 0) {
-    sweep(ActionKind::update_norms);
-    if (p.stage >= 1 && p.dp > 1) add(ActionKind::sum_norms, p.tensor_norms);
-  }
-  sweep(ActionKind::update);
-  if (const auto* accum = p.find(StateKind::grad_accum, p.shard_order.front())) add(ActionKind::zero, accum->buffer);
-  if (p.tensor_norms >= 0) add(ActionKind::zero, p.tensor_norms);
-  for (size_t k = 0; k < p.gather_buckets.size(); ++k) add(ActionKind::all_gather, static_cast<int>(k));
-}
-
 }  // namespace
 
 std::vector<PassRef> sequential_passes(int micro_batches) {
@@ -474,7 +426,7 @@ Plan make_plan(const std::vector<BlockSpec>& specs, const BlockSchedule& schedul
   make_sub_groups(p, specs, config.no_weight_decay, std::max<uint64_t>(1, z.sub_group_size), quantum,
                   config.optimizer.kind == OptimizerKind::lamb);
   add_offload_buffers(p, config);
-  make_step_program(p, z.offload_optimizer);
+  build_step_program(p, z.offload_optimizer, update_slot_count(z.offload_optimizer));
   for (const auto& buf : p.buffers) at(p.bytes, buf.tier, buf.tag) += buf.bytes();
   return p;
 }

@@ -222,5 +222,8 @@ struct ArenaSizes {
   size_t params = 0, grads = 0;
 };
 ArenaSizes build_programs(Plan& plan, const BlockSchedule& schedule, const EngineConfig& config);
+// The step's program, on a plan whose sub-groups and offload buffers are made; `slots`: the host
+// slots offloaded sub-groups take turns in.
+void build_step_program(Plan& plan, const OffloadConfig& offload, size_t slots);
 
 }  // namespace zeroth

@@ -1,7 +1,8 @@
 // The programs: a dry run of one accumulation cycle (every micro-batch's passes in the planned
 // order) and of one evaluation pass, which places every transient buffer and records each action
-// against the block use it belongs to, so the executor only replays decisions made here.
-#include <algorithm>  // std::max
+// against the block use it belongs to, so the executor only replays decisions made here; and the
+// step's program (norms, sub-group updates with their swaps, the post-step gathers).
+#include <algorithm>  // std::max, std::min
 #include <map>        // std::map
 #include <set>        // std::set
 
@@ -216,6 +217,53 @@ ArenaSizes build_programs(Plan& p, const BlockSchedule& schedule, const EngineCo
   sizes.params = std::max(cycle.param_peak(), eval.param_peak());
   sizes.grads = cycle.grad_peak();
   return sizes;
+}
+
+void build_step_program(Plan& p, const OffloadConfig& offload, size_t slots) {
+  auto add = [&](ActionKind kind, int target, bool flag = false, size_t offset = 0) {
+    Action a;
+    a.kind = kind;
+    a.target = target;
+    a.flag = flag;
+    a.offset = offset;
+    p.step_program.push_back(a);
+  };
+  // One pass of `kind` over the sub-groups. Offloaded, each updated sub-group's parameters go up
+  // to the device; swapped, each is read into a slot first and written back after, with the reads
+  // of the next (pipeline_read) and the writes of the previous (pipeline_write) overlapping the
+  // update: slots = 1 + one per pipelined direction, reused round robin.
+  const bool swapped = p.swap_slots >= 0;
+  // Sub-groups kept on the device (offload_optimizer.ratio < 1) lead and are updated in place.
+  auto sweep = [&](ActionKind kind) {
+    const int groups = static_cast<int>(p.sub_groups.size());
+    const int ahead = swapped && offload.pipeline_read ? 1 : 0;
+    int first = 0;
+    while (first < groups && !p.sub_group_offloaded(first)) add(kind, first++);
+    int next_in = first;
+    for (int g = first; g < groups; ++g) {
+      const size_t slot = static_cast<size_t>(g - first) % slots;
+      for (; swapped && next_in <= std::min(g + ahead, groups - 1); ++next_in)
+        add(ActionKind::swap_in, next_in, false, static_cast<size_t>(next_in - first) % slots);
+      add(kind, g, false, slot);
+      if (kind == ActionKind::update) add(ActionKind::upload, g, false, slot);
+      if (swapped) add(ActionKind::swap_out, g, false, slot);
+    }
+  };
+  // The squared norm bucket by bucket, in f32 as the buckets add up, so offloaded gradients (whose
+  // squares are taken on their way to the host) give the very same number; summed over the ranks
+  // after the last.
+  for (size_t k = 0; k < p.reduce_buckets.size(); ++k)
+    add(ActionKind::grad_norm, static_cast<int>(k), p.stage >= 1 && k + 1 == p.reduce_buckets.size());
+  // Per-tensor norms: every owned piece first, then the sums over the ranks that split the tensors
+  // (stage 0 owns whole tensors on every rank), then the update that reads them.
+  if (p.tensor_norms >= 0) {
+    sweep(ActionKind::update_norms);
+    if (p.stage >= 1 && p.dp > 1) add(ActionKind::sum_norms, p.tensor_norms);
+  }
+  sweep(ActionKind::update);
+  if (const auto* accum = p.find(StateKind::grad_accum, p.shard_order.front())) add(ActionKind::zero, accum->buffer);
+  if (p.tensor_norms >= 0) add(ActionKind::zero, p.tensor_norms);
+  for (size_t k = 0; k < p.gather_buckets.size(); ++k) add(ActionKind::all_gather, static_cast<int>(k));
 }
 
 }  // namespace zeroth

@@ -66,10 +66,10 @@ struct SwapperBench::State {
   std::vector<float> x, t;
   int steps = 0;
 
-  State(const std::string& folder, std::size_t state_bytes, const SwapperSetting& setting)
+  State(const std::string& folder, const std::vector<int>& widths, const SwapperSetting& setting)
       : engine(*device, *comms[0], swapper_config(folder, setting)),
-        mlp(engine, {widths_for(state_bytes)}),
-        x(static_cast<std::size_t>(kRows) * widths_for(state_bytes).front()),
+        mlp(engine, {widths}),
+        x(static_cast<std::size_t>(kRows) * widths.front()),
         t(x.size()) {
     engine.finalize();
     std::mt19937 gen(1);
@@ -89,7 +89,7 @@ struct SwapperBench::State {
 };
 
 SwapperBench::SwapperBench(const std::string& folder, std::size_t state_bytes, const SwapperSetting& setting)
-    : state_(std::make_unique<State>(folder, state_bytes, setting)) {
+    : state_(std::make_unique<State>(folder, widths_for(state_bytes), setting)) {
   state_->step();
 }
 

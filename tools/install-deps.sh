@@ -11,6 +11,7 @@ packages=(
   clang-format  # tools/format.sh, the layout check of tools/dev.sh test
   fortunes  # English text for the example training runs in configs/ (/usr/share/games/fortunes)
   fio  # the reference beside `zeroth bench offload`
+  python3-torch  # PyTorch (/usr/bin/python3), the reference that reads the saved weights in the tests
 )
 
 missing=()

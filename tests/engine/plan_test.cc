@@ -127,17 +127,37 @@ TEST(Plan, DumpsAsJsonWithBytesPerTierAndTagAndTheActionList) {
   EXPECT_NE(summary.find("F embed      gather embed | run | release embed"), std::string::npos) << summary;
 }
 
-// Offload is a program, not a flag: with the optimizer in swap files the step reads each
-// sub-group into a slot ahead of its update and writes it back after, round robin over three
-// slots; each reduction is followed by its bucket's copy to the host; the state buffers sit on
-// the nvme tier, the staging on the host, and sub-groups start on the file's 4 KiB.
-TEST(Plan, OffloadedOptimizerStepSwapsSubGroupsThroughSlotsInPipelineOrder) {
+// Stage 3 with the optimizer in swap files, sub-groups of 1024 elements and a bucket per block;
+// and two blocks of 3000 (3072 padded) and 900 (1024) elements.
+EngineConfig swapped_stage3() {
   auto c = stage3(1000, 0);
   c.zero.sub_group_size = 1024;
   c.zero.reduce_bucket_size = 0;
   c.zero.offload_optimizer.device = OffloadDevice::nvme;
   c.zero.offload_optimizer.nvme_path = "/unused";
-  const auto blocks = std::vector<BlockSpec>{{"a", {{"w", {1500, 2}, InitRule::zeros()}}}, {"b", {{"w", {900}, InitRule::zeros()}}}};
+  return c;
+}
+std::vector<BlockSpec> two_swapped_blocks() {
+  return {{"a", {{"w", {1500, 2}, InitRule::zeros()}}}, {"b", {{"w", {900}, InitRule::zeros()}}}};
+}
+
+// The step's program but its norms, as "kind target/slot ...".
+std::string step_text(const Plan& plan) {
+  std::string step;
+  for (const auto& a : plan.step_program) {
+    if (a.kind == ActionKind::grad_norm) continue;
+    step += fmt::format("{} {}/{} ", action_name(a.kind), a.target, a.offset);
+  }
+  return step;
+}
+
+// Offload is a program, not a flag: with the optimizer in swap files the step reads each
+// sub-group into a slot ahead of its update and writes it back after, round robin over three
+// slots; each reduction is followed by its bucket's copy to the host; the state buffers sit on
+// the nvme tier, the staging on the host, and sub-groups start on the file's 4 KiB.
+TEST(Plan, OffloadedOptimizerStepSwapsSubGroupsThroughSlotsInPipelineOrder) {
+  const auto c = swapped_stage3();
+  const auto blocks = two_swapped_blocks();
   const auto plan = make_plan(blocks, default_schedule(2), c, 1, 0);
   for (const char* name : {"master", "moment0", "moment1", "grad_shard"}) {
     const auto it = std::find_if(plan.buffers.begin(), plan.buffers.end(), [&](const auto& b) { return b.name == name; });
@@ -149,11 +169,7 @@ TEST(Plan, OffloadedOptimizerStepSwapsSubGroupsThroughSlotsInPipelineOrder) {
   for (const auto& e : plan.sub_group_extent) EXPECT_EQ(e[0] % 1024, 0u);
   // a: 3000 elements padded to 3072, b: 900 to 1024: four sub-groups of 1024.
   ASSERT_EQ(plan.sub_groups.size(), 4u);
-  std::string step;
-  for (const auto& a : plan.step_program) {
-    if (a.kind == ActionKind::grad_norm) continue;
-    step += fmt::format("{} {}/{} ", action_name(a.kind), a.target, a.offset);
-  }
+  const std::string step = step_text(plan);
   EXPECT_EQ(step,
             "swap_in 0/0 swap_in 1/1 update 0/0 upload 0/0 swap_out 0/0 swap_in 2/2 update 1/1 upload 1/1 swap_out 1/1 swap_in 3/0 "
             "update 2/2 upload 2/2 swap_out 2/2 update 3/0 upload 3/0 swap_out 3/0 ");
@@ -176,13 +192,9 @@ TEST(Plan, OffloadedOptimizerStepSwapsSubGroupsThroughSlotsInPipelineOrder) {
 // 4096 owned elements and stays; a's three sub-groups are swapped, in their own buffers from 0,
 // and only a's bucket goes to the host after its reduction. Ratio 0 is the in-device plan.
 TEST(Plan, OffloadRatioKeepsTheLeadingBucketsOnTheDeviceAndSwapsTheRest) {
-  auto c = stage3(1000, 0);
-  c.zero.sub_group_size = 1024;
-  c.zero.reduce_bucket_size = 0;
-  c.zero.offload_optimizer.device = OffloadDevice::nvme;
-  c.zero.offload_optimizer.nvme_path = "/unused";
+  auto c = swapped_stage3();
   c.zero.offload_optimizer.ratio = 0.7;
-  const auto blocks = std::vector<BlockSpec>{{"a", {{"w", {1500, 2}, InitRule::zeros()}}}, {"b", {{"w", {900}, InitRule::zeros()}}}};
+  const auto blocks = two_swapped_blocks();
   const auto plan = make_plan(blocks, default_schedule(2), c, 1, 0);
   EXPECT_EQ(plan.device_buckets, 1);
   EXPECT_EQ(plan.device_owned, 1024u);
@@ -214,11 +226,7 @@ TEST(Plan, OffloadRatioKeepsTheLeadingBucketsOnTheDeviceAndSwapsTheRest) {
     EXPECT_EQ(plan.sub_group_extent[g][0], 1024u * (g - 1)) << g;
   }
   EXPECT_EQ(plan.slot_numel, 1024u);
-  std::string step;
-  for (const auto& a : plan.step_program) {
-    if (a.kind == ActionKind::grad_norm) continue;
-    step += fmt::format("{} {}/{} ", action_name(a.kind), a.target, a.offset);
-  }
+  const std::string step = step_text(plan);
   EXPECT_EQ(step,
             "update 0/0 swap_in 1/0 swap_in 2/1 update 1/0 upload 1/0 swap_out 1/0 swap_in 3/2 update 2/1 upload 2/1 swap_out 2/1 "
             "update 3/2 upload 3/2 swap_out 3/2 ");

@@ -169,9 +169,8 @@ TEST(GptWeights, SaveInHuggingFaceNamesAndLayoutsWithTheMasterValues) {
 // run (whose kernels widen the bf16 weights and compute in f32, as the script does). Bound: 1e-5
 // relative, the order of f32 sums in the kernels (measured 6.7e-8 in both).
 TEST(GptWeights, PyTorchReadsThemAndComputesZerothsLoss) {
-  if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) {
-    GTEST_SKIP() << "Debian's python3-torch is not installed (/usr/bin/python3 cannot import torch)";
-  }
+  ASSERT_EQ(std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1"), 0)
+      << "/usr/bin/python3 cannot import torch: Debian's python3-torch is missing (tools/install-deps.sh installs it)";
   const GptConfig gc = tiny();
   const int B = kB, T = kT;
   const std::vector<int32_t> tokens = some_tokens(13, 5), targets = some_tokens(3, 1);
