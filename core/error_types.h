@@ -30,6 +30,11 @@ class CudaError : public Error {
 class OutOfMemory : public Error {
   using Error::Error;
 };
+// A checkpoint that cannot be used: missing, truncated or corrupted files, a manifest that does
+// not parse or does not match the run. The message names the file and what is wrong.
+class CheckpointError : public Error {
+  using Error::Error;
+};
 // A run whose numbers went wrong for good (gradients non-finite step after step).
 class NumericError : public Error {
   using Error::Error;

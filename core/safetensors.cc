@@ -65,7 +65,7 @@ const SafeTensor& SafeTensors::at(const std::string& name) const {
   return it->second;
 }
 
-SafeTensors read_safetensors(const std::string& path) {
+SafeTensors read_safetensors(const std::string& path, bool with_data) {
   std::ifstream in(path, std::ios::binary);
   if (!in) ZEROTH_THROW(IoError, "open(\"{}\") for reading: {}", path, std::strerror(errno));
   in.seekg(0, std::ios::end);
@@ -103,10 +103,13 @@ SafeTensors read_safetensors(const std::string& path) {
         ZEROTH_THROW(InvalidArgument, "{}: tensor {} ({} {}) has {} bytes, which its dtype and shape do not explain", path, name,
                      t.dtype, nlohmann::json(t.shape).dump(), range[1] - range[0]);
       }
-      t.data.resize(range[1] - range[0]);
-      in.seekg(static_cast<std::streamoff>(data_start + range[0]));
-      if (!in.read(t.data.data(), static_cast<std::streamsize>(t.data.size()))) {
-        ZEROTH_THROW(IoError, "{}: reading tensor {} failed", path, name);
+      t.file_offset = data_start + range[0];
+      if (with_data) {
+        t.data.resize(range[1] - range[0]);
+        in.seekg(static_cast<std::streamoff>(t.file_offset));
+        if (!in.read(t.data.data(), static_cast<std::streamsize>(t.data.size()))) {
+          ZEROTH_THROW(IoError, "{}: reading tensor {} failed", path, name);
+        }
       }
     } catch (const nlohmann::json::exception& e) {
       ZEROTH_THROW(InvalidArgument, "{}: tensor {} has a malformed header entry: {}", path, name, e.what());
@@ -114,6 +117,17 @@ SafeTensors read_safetensors(const std::string& path) {
     out.tensors.emplace(name, std::move(t));
   }
   return out;
+}
+
+std::vector<char> read_tensor_data(const SafeTensors& file, const std::string& name) {
+  const SafeTensor& t = file.at(name);
+  std::vector<char> data(t.numel() * dtype_bytes(t.dtype));
+  std::ifstream in(file.source, std::ios::binary);
+  in.seekg(static_cast<std::streamoff>(t.file_offset));
+  if (!in || !in.read(data.data(), static_cast<std::streamsize>(data.size())))
+    ZEROTH_THROW(IoError, "{}: reading tensor {} ({} bytes at {}) failed: {}", file.source, name, data.size(), t.file_offset,
+                 std::strerror(errno));
+  return data;
 }
 
 void write_safetensors(const std::string& path, const SafeTensors& file) {

@@ -16,6 +16,7 @@ struct SafeTensor {
   std::string dtype;  // "F32", "BF16", "F16", "I32", ...
   std::vector<int64_t> shape;
   std::vector<char> data;
+  uint64_t file_offset = 0;  // where the data starts in the file
   size_t numel() const;
   // The values as f32 (F32, BF16, F16) or int32 (I32); InvalidArgument for other dtypes.
   std::vector<float> as_f32() const;
@@ -31,7 +32,10 @@ struct SafeTensors {
 };
 
 // IoError when the file cannot be read; InvalidArgument (with the path) when it is not valid.
-SafeTensors read_safetensors(const std::string& path);
+// Without `with_data`, only the header: each tensor's data stays in the file (read_tensor_data).
+SafeTensors read_safetensors(const std::string& path, bool with_data = true);
+// One tensor's bytes of a file read without its data, so a large file is read tensor by tensor.
+std::vector<char> read_tensor_data(const SafeTensors& file, const std::string& name);
 // Written to `path`.tmp and renamed, so a crash never leaves a half-written file under `path`.
 void write_safetensors(const std::string& path, const SafeTensors& file);
 

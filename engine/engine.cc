@@ -6,7 +6,9 @@
 #include <map>         // std::map
 
 #include <chrono>  // std::chrono::steady_clock
-#include <cmath>   // std::sqrt, std::isfinite
+
+#include <nlohmann/json.hpp>  // nlohmann::json
+#include <cmath>              // std::sqrt, std::isfinite
 
 #include "core/error.h"         // ZEROTH_THROW
 #include "core/log.h"           // ZLOG_INFO
@@ -256,7 +258,7 @@ void Engine::set_master_values(int block, std::span<const float> values) {
                  values.size(), unpadded, blk.padded);
   }
   const bool padded = values.size() == blk.padded;
-  exec_->write_block(block, [&](size_t lo, size_t hi, float* out) {
+  set_block_values(block, [&](size_t lo, size_t hi, float* out) {
     size_t src = 0;
     for (size_t i = 0; i < spec.params.size(); ++i) {
       const size_t p0 = blk.param_offsets[i], n = spec.params[i].numel();
@@ -266,6 +268,70 @@ void Engine::set_master_values(int block, std::span<const float> values) {
       src += n;
     }
   });
+}
+
+Executor& Engine::between_cycles(const char* what, int block) const {
+  auto& exec = running(what, block);
+  ZEROTH_CHECK(block >= -1 && block < static_cast<int>(specs_.size()), "{}({}): the engine has {} blocks", what, block, specs_.size());
+  if (!exec.at_cycle_start() || exec.evaluating()) {
+    ZEROTH_THROW(InvalidArgument, "{}({}) in the middle of a cycle ({} block uses done); call it between steps", what,
+                 block >= 0 ? specs_.at(block).name : std::string("-"), exec.uses_done());
+  }
+  return exec;
+}
+
+namespace {
+
+void check_f32_kind(StateKind kind, const char* what) {
+  if (kind != StateKind::master && kind != StateKind::moment0 && kind != StateKind::moment1)
+    ZEROTH_THROW(InvalidArgument, "{}({}): only master and moment state is f32 and owned for checkpoints", what,
+                 state_kind_name(kind));
+}
+
+}  // namespace
+
+void Engine::read_owned(StateKind kind, int block, std::span<float> out) {
+  auto& exec = between_cycles("read_owned", block);
+  check_f32_kind(kind, "read_owned");
+  const OwnedRange& r = plan_.range(kind, block);
+  ZEROTH_CHECK(out.size() == r.numel(), "read_owned({}, {}): {} values for a range of {}", state_kind_name(kind), block, out.size(),
+               r.numel());
+  exec.read_owned(r, out.data());
+}
+
+void Engine::write_owned(StateKind kind, int block, std::span<const float> values) {
+  auto& exec = between_cycles("write_owned", block);
+  check_f32_kind(kind, "write_owned");
+  if (kind == StateKind::master)
+    ZEROTH_THROW(InvalidArgument, "write_owned(master): use set_block_values, which keeps the copies in step");
+  const OwnedRange& r = plan_.range(kind, block);
+  ZEROTH_CHECK(values.size() == r.numel(), "write_owned({}, {}): {} values for a range of {}", state_kind_name(kind), block,
+               values.size(), r.numel());
+  exec.write_owned(r, values.data());
+}
+
+void Engine::set_block_values(int block, const std::function<void(size_t, size_t, float*)>& fill) {
+  between_cycles("set_block_values", block).write_block(block, fill);
+}
+
+nlohmann::json Engine::counters() const {
+  const auto s = scaler_.state();
+  return {{"steps_applied", applied_},
+          {"steps_run", cycles_},
+          {"loss_scaler",
+           {{"scale", s.scale}, {"iteration", s.iteration}, {"last_overflow", s.last_overflow}, {"hysteresis", s.hysteresis}}}};
+}
+
+void Engine::restore_counters(const nlohmann::json& c) {
+  between_cycles("restore_counters", -1);
+  applied_ = c.at("steps_applied").get<int64_t>();
+  cycles_ = c.at("steps_run").get<int64_t>();
+  // A loss scale only means something to an f16 run; the other precisions keep theirs at 1.
+  if (config_.compute_dtype == DType::f16) {
+    const auto& s = c.at("loss_scaler");
+    scaler_.restore({s.at("scale").get<double>(), s.at("iteration").get<int64_t>(), s.at("last_overflow").get<int64_t>(),
+                     s.at("hysteresis").get<int>()});
+  }
 }
 
 }  // namespace zeroth

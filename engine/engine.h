@@ -15,11 +15,14 @@
 // loss_gradient_scale() (the loss scale over the accumulation count).
 #pragma once
 
-#include <cstdint>   // int64_t
-#include <memory>    // std::unique_ptr
-#include <optional>  // std::optional
-#include <span>      // std::span
-#include <vector>    // std::vector
+#include <cstdint>     // int64_t
+#include <functional>  // std::function
+#include <memory>      // std::unique_ptr
+#include <optional>    // std::optional
+#include <span>        // std::span
+#include <vector>      // std::vector
+
+#include <nlohmann/json_fwd.hpp>  // nlohmann::json
 
 #include "comm/communicator.h"  // Communicator
 #include "comm/process_grid.h"  // ProcessGrid::Groups
@@ -116,8 +119,22 @@ class Engine final : public BlockHost {
   // optimizer state is kept. Between cycles only.
   void set_master_values(int block, std::span<const float> values);
 
+  // What checkpoints (engine/checkpoint.h) read and restore, between cycles, synchronously, with
+  // no collective:
+  // - the rank's owned range of an f32 kind of state (master, moment0, moment1: plan().range());
+  void read_owned(StateKind kind, int block, std::span<float> out);
+  void write_owned(StateKind kind, int block, std::span<const float> values);
+  // - a block's master values and every copy computed from them: fill(lo, hi, out) provides padded
+  //   elements [lo, hi) in f32 (out starts at zero);
+  void set_block_values(int block, const std::function<void(size_t, size_t, float*)>& fill);
+  // - the counters and the loss scaler a resumed run continues from.
+  int64_t steps_run() const { return cycles_; }  // optimizer steps run, skipped ones included
+  nlohmann::json counters() const;
+  void restore_counters(const nlohmann::json& counters);
+
  private:
   Executor& running(const char* what, int block) const;
+  Executor& between_cycles(const char* what, int block) const;
   SwapIo swap_io_{};  // the executor's totals at the last step
   void initialize();
 

@@ -89,6 +89,10 @@ class Executor {
   void start();
   // The fp32 master values of a block, whole (padded). Collective over the group; synchronizes.
   std::vector<float> master_values(int block);
+  // A whole owned range (in its buffer's dtype) to or from host memory, whatever its tier (between
+  // steps; synchronous).
+  void read_owned(const OwnedRange& r, void* out);
+  void write_owned(const OwnedRange& r, const void* values);
 
  private:
   struct Released {
@@ -131,10 +135,6 @@ class Executor {
   void* state_at(StateKind kind, int block, size_t element, int sub_group, int slot) const;
   // Where a sub-group's updated narrow parameters wait for upload (param_out), or nullptr.
   void* param_out_at(int sub_group, int slot, const OwnedRange& master, size_t element) const;
-  // A whole owned range (in its buffer's dtype) to or from host memory, whatever its tier (between
-  // steps; synchronous).
-  void read_owned(const OwnedRange& r, void* out);
-  void write_owned(const OwnedRange& r, const void* values);
   // All-gathers a block's parameter shards into `full` on the device, bringing this rank's shard
   // from the host or its swap file first when it lives there.
   void gather_shards(Stream& gs, int block, TensorView full);

@@ -51,6 +51,17 @@ class LossScaler {
   int64_t last_overflow_iteration() const { return last_overflow_; }
   int hysteresis_left() const { return hysteresis_; }
 
+  // What a checkpoint keeps, so a resumed run scales as the uninterrupted one would.
+  struct State {
+    double scale = 1;
+    int64_t iteration = 0, last_overflow = -1;
+    int hysteresis = 0;
+  };
+  State state() const { return {scale_, iteration_, last_overflow_, hysteresis_}; }
+  void restore(const State& s) {
+    scale_ = s.scale, iteration_ = s.iteration, last_overflow_ = s.last_overflow, hysteresis_ = s.hysteresis;
+  }
+
   // True when any tensor holds Inf or NaN (all on `device`, checked on `stream`, synchronizing).
   static bool has_overflow(Device& device, Stream& stream, std::span<const TensorView> tensors);
 

@@ -32,6 +32,12 @@ int OptimizerParams::state_arrays() const {
   return 0;
 }
 
+std::string_view OptimizerParams::state_array_name(int array) const {
+  ZEROTH_CHECK(array >= 0 && array < state_arrays(), "{} has {} state arrays, not #{}", optimizer_name(kind), state_arrays(), array);
+  if (kind == OptimizerKind::sgd) return "momentum_buffer";
+  return array == 0 ? "exp_avg" : "exp_avg_sq";
+}
+
 void OptimizerParams::validate() const {
   auto fail = [&](std::string_view key, auto value, std::string_view rule) {
     ZEROTH_THROW(ConfigError, "optimizer.params.{} = {} for {}: {}", key, value, optimizer_name(kind), rule);

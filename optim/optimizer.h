@@ -39,8 +39,10 @@ struct OptimizerParams {
   double max_coeff = 10.0, min_coeff = 0.01;  // lamb: the trust ratio's clamp
   bool eps_inside_sqrt = false;               // lamb: sqrt(v + eps) instead of sqrt(v) + eps
 
-  // State arrays per parameter (see the layout above).
+  // State arrays per parameter (see the layout above), and their names in PyTorch's optimizer
+  // state dicts (exp_avg, exp_avg_sq, momentum_buffer), which checkpoints use.
   int state_arrays() const;
+  std::string_view state_array_name(int array) const;
   // DeepSpeed's `optimizer` section: {"type": "AdamW", "params": {"lr": ..., "betas": [...], ...}}.
   // Types: Adam (adam_w_mode defaults to true, as in DeepSpeed), AdamW, SGD, Lion, Lamb; unknown types
   // and keys are ConfigErrors that name them (with a suggestion).

@@ -1,4 +1,4 @@
-// `zeroth train CONFIG [--set key.path=value]... [--dry-run]`: resolves the config, starts the
+// `zeroth train CONFIG [--set key.path=value]... [--dry-run] [--resume [DIR]]`: resolves the config, starts the
 // ranks (threads on the local backend, or this process as one rank when a launcher started it)
 // and shows the run: a config box, a progress bar on a terminal or plain lines when piped,
 // validation losses, a summary; metrics also go to <output_dir>/metrics.jsonl.
@@ -88,8 +88,11 @@ class Console final : public TrainObserver {
   }
 
   void on_start(const TrainConfig& c, const Plan& plan, const RunFacts& f) override {
-    metrics_.close();
-    metrics_.open(c.run.output_dir + "/metrics.jsonl", std::ios::trunc);
+    // A resumed run continues the metrics of the run it resumes.
+    if (c.run.resume.empty()) {
+      metrics_.close();
+      metrics_.open(c.run.output_dir + "/metrics.jsonl", std::ios::trunc);
+    }
     std::ofstream config(c.run.output_dir + "/config.json");
     config << c.resolved.dump(2) << "\n";
     config.flush();
@@ -138,6 +141,12 @@ class Console final : public TrainObserver {
     // DeepSpeed keys that change nothing here, named once (the README's table says why for each).
     for (const auto& n : c.no_effect) rows.emplace_back("no effect", n);
     rows.emplace_back("output", c.run.output_dir + "/metrics.jsonl");
+    rows.emplace_back("checkpoints",
+                      fmt::format("{}: {}{}", c.run.checkpoint_dir,
+                                  c.run.checkpoint_interval > 0
+                                      ? fmt::format("every {} steps and at the end", c.run.checkpoint_interval)
+                                      : std::string("at the end"),
+                                  c.run.keep_last > 0 ? fmt::format(", the newest {} kept", c.run.keep_last) : std::string()));
     std::printf("zeroth train: %s\n", c.run.name.c_str());
     for (const auto& [k, v] : rows) std::printf("  %-10s %s\n", k.c_str(), v.c_str());
     std::fflush(stdout);
@@ -215,6 +224,30 @@ class Console final : public TrainObserver {
     std::fflush(stdout);
   }
 
+  void on_resume(const CheckpointIo& io, int64_t step) override {
+    std::printf("resumed from %s at step %lld (%s read and verified in %.2f s, %.2f GB/s)\n", io.path.c_str(),
+                static_cast<long long>(step), format_bytes(io.bytes).c_str(), io.seconds, gbps(io.bytes, io.seconds));
+    std::fflush(stdout);
+  }
+
+  void on_checkpoint(const CheckpointIo& io, int64_t step) override {
+    metrics_ << nlohmann::json{{"step", step},
+                               {"checkpoint", io.path},
+                               {"checkpoint_bytes", io.all_bytes},
+                               {"checkpoint_seconds", io.seconds}}
+                    .dump()
+             << "\n";
+    check_written();
+    const bool print = step % c_.steps_per_print == 0 || step == c_.run.steps || c_.run.checkpoint_interval >= c_.steps_per_print;
+    if (!print) return;
+    clear_bar();
+    std::printf("checkpoint %s: %s in %.2f s (%.2f GB/s)\n", io.path.c_str(), format_bytes(io.all_bytes).c_str(), io.seconds,
+                gbps(io.all_bytes, io.seconds));
+    std::fflush(stdout);
+  }
+
+  static double gbps(uint64_t bytes, double seconds) { return seconds > 0 ? static_cast<double>(bytes) / seconds * 1e-9 : 0.0; }
+
   void on_end(const TrainSummary& s) override {
     clear_bar();
     std::printf("%s after %lld steps in %.1f s: %s tok/s (median), loss %.4f -> %.4f",
@@ -276,6 +309,7 @@ struct Options {
   std::string config;
   std::vector<std::string> overrides;
   bool dry_run = false;
+  std::string resume;  // "" = fresh; "-" = the config's checkpoint folder
 };
 
 void dry_run(const TrainConfig& c) {
@@ -311,7 +345,8 @@ int run(const Options& o) {
   if (!j.contains("run") || !j["run"].contains("name")) j["run"]["name"] = std::filesystem::path(o.config).stem().string();
   for (const auto& s : o.overrides) apply_override(j, s);
   const auto launched = rendezvous_from_env();
-  const TrainConfig c = TrainConfig::from_json(j, launched ? launched->world_size : 0);
+  TrainConfig c = TrainConfig::from_json(j, launched ? launched->world_size : 0);
+  if (!o.resume.empty()) c.run.resume = o.resume == "-" ? c.run.checkpoint_dir : o.resume;
   if (o.dry_run) {
     dry_run(c);
     return 0;
@@ -358,6 +393,10 @@ void add_train_command(CLI::App& app) {
       ->expected(1)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   cmd->add_flag("--dry-run", o->dry_run, "Print the resolved config and the per-rank memory plan, then exit");
+  cmd->add_option("--resume", o->resume,
+                  "Continue from a checkpoint: a checkpoint folder (its latest) or a step folder; without a value, run.checkpoint_dir")
+      ->expected(0, 1)
+      ->default_str("-");
   cmd->callback([o] {
     const int code = run(*o);
     if (code != 0) std::exit(code);

@@ -9,7 +9,9 @@
 
 #include "core/cpu/kernels.h"  // cpu::cast
 #include "core/error.h"        // ZEROTH_CHECK
-#include "core/safetensors.h"  // SafeTensorsWriter
+#include "core/safetensors.h"  // SafeTensorsWriter, read_safetensors
+
+#include <fmt/ranges.h>  // fmt::join
 
 namespace zeroth {
 namespace {
@@ -38,13 +40,45 @@ void transpose(const float* in, size_t rows, size_t cols, float* out) {
 
 }  // namespace
 
+Gpt2Writer::Gpt2Writer(const GptConfig& config, const std::string& path, DType dtype)
+    : specs_(Gpt::block_specs(config)), hf_(Gpt::hf_params(config)), dtype_(dtype) {
+  std::vector<SafeTensorsWriter::Entry> entries;
+  for (const auto& h : hf_) {
+    std::vector<int64_t> shape = specs_[h.block].params[h.param].shape;
+    if (h.transposed) std::swap(shape[0], shape[1]);
+    entries.push_back({h.name, safetensors_dtype(dtype), shape});
+  }
+  out_.emplace(path, std::move(entries), std::map<std::string, std::string>{{"format", "pt"}});
+}
+
+void Gpt2Writer::write(const float* v) {
+  ZEROTH_CHECK(!done(), "Gpt2Writer: every tensor is written already");
+  const auto& h = hf_[next_];
+  const auto& p = specs_[h.block].params[h.param];
+  if (h.transposed) {
+    turned_.resize(p.numel());
+    transpose(v, static_cast<size_t>(p.shape[0]), static_cast<size_t>(p.shape[1]), turned_.data());
+    v = turned_.data();
+  }
+  const size_t n = p.numel() * dtype_size(dtype_);
+  if (dtype_ != DType::f32) {
+    narrow_.resize(n);
+    cpu::cast(v, DType::f32, narrow_.data(), dtype_, p.numel());
+  }
+  out_->write(h.name, dtype_ == DType::f32 ? static_cast<const void*>(v) : narrow_.data(), n);
+  bytes_ += n;
+  ++next_;
+}
+
+uint64_t Gpt2Writer::finish() {
+  out_->finish();
+  return bytes_;
+}
+
 uint64_t save_gpt_weights(Engine& engine, const GptConfig& config, const std::string& path, DType dtype) {
-  const auto specs = Gpt::block_specs(config);
-  const auto hf = Gpt::hf_params(config);
   const bool lead = engine.comm().rank() == 0;
-  std::optional<SafeTensorsWriter> out;
+  std::optional<Gpt2Writer> out;
   std::exception_ptr failed;
-  uint64_t bytes = 0;
   // Rank 0's errors wait until every gather is done: the other ranks are in them too.
   auto on_lead = [&](const auto& work) {
     if (!lead || failed) return;
@@ -55,43 +89,66 @@ uint64_t save_gpt_weights(Engine& engine, const GptConfig& config, const std::st
       out.reset();  // removes the .tmp
     }
   };
-  on_lead([&] {
-    std::vector<SafeTensorsWriter::Entry> entries;
-    for (const auto& h : hf) {
-      std::vector<int64_t> shape = specs[h.block].params[h.param].shape;
-      if (h.transposed) std::swap(shape[0], shape[1]);
-      entries.push_back({h.name, safetensors_dtype(dtype), shape});
-    }
-    out.emplace(path, std::move(entries), std::map<std::string, std::string>{{"format", "pt"}});
-  });
-  size_t next = 0;
-  std::vector<float> turned;
-  std::vector<char> narrow;
-  for (size_t b = 0; b < specs.size(); ++b) {
+  on_lead([&] { out.emplace(config, path, dtype); });
+  for (size_t b = 0; b < engine.plan().blocks.size(); ++b) {
     const std::vector<float> values = engine.master_values(static_cast<int>(b));
     on_lead([&] {
       const auto& offsets = engine.plan().blocks[b].param_offsets;
-      for (; next < hf.size() && hf[next].block == static_cast<int>(b); ++next) {
-        const auto& p = specs[b].params[hf[next].param];
-        const float* v = values.data() + offsets[hf[next].param];
-        if (hf[next].transposed) {
-          turned.resize(p.numel());
-          transpose(v, static_cast<size_t>(p.shape[0]), static_cast<size_t>(p.shape[1]), turned.data());
-          v = turned.data();
-        }
-        const size_t n = p.numel() * dtype_size(dtype);
-        if (dtype != DType::f32) {
-          narrow.resize(n);
-          cpu::cast(v, DType::f32, narrow.data(), dtype, p.numel());
-        }
-        out->write(hf[next].name, dtype == DType::f32 ? static_cast<const void*>(v) : narrow.data(), n);
-        bytes += n;
-      }
+      while (!out->done() && out->block() == static_cast<int>(b)) out->write(values.data() + offsets[out->param()]);
     });
   }
-  on_lead([&] { out->finish(); });
+  uint64_t bytes = 0;
+  on_lead([&] { bytes = out->finish(); });
   if (failed) std::rethrow_exception(failed);
   return bytes;
+}
+
+void read_gpt2_weights(const GptConfig& config, const std::string& path,
+                       const std::function<void(int block, size_t param, std::vector<float>& values)>& take) {
+  const SafeTensors file = read_safetensors(path, false);
+  const auto specs = Gpt::block_specs(config);
+  std::vector<float> turned;
+  for (const auto& h : Gpt::hf_params(config)) {
+    // Hugging Face's GPT2LMHeadModel names its tensors "transformer.*"; GPT2Model, and the
+    // published gpt2 checkpoints, without the prefix.
+    std::string name = h.name;
+    if (!file.tensors.count(name) && name.starts_with("transformer.")) name = name.substr(12);
+    if (!file.tensors.count(name)) {
+      ZEROTH_THROW(InvalidArgument, "{} has no tensor {} (nor {}); it is not a GPT-2 checkpoint in Hugging Face's names", path, h.name,
+                   h.name.substr(12));
+    }
+    const SafeTensor& t = file.tensors.at(name);
+    const auto& p = specs[h.block].params[h.param];
+    std::vector<int64_t> want = p.shape;
+    if (h.transposed) std::swap(want[0], want[1]);
+    // Rows the model has and the file lacks (vocabulary padding) start at zero; rows the file has
+    // beyond the model's (positions past seq_len) are left out.
+    const bool rows = want.size() == 2 && t.shape.size() == 2 && t.shape[1] == want[1] && !h.transposed &&
+                      (p.name == "wte" || p.name == "wpe");
+    const bool fits = t.shape == want || (rows && (p.name == "wte" ? t.shape[0] <= want[0] : t.shape[0] >= want[0]));
+    if (!fits) {
+      ZEROTH_THROW(InvalidArgument, "{}: tensor {} is [{}] but the model (model.* of the config) needs [{}]{}", path, name,
+                   fmt::format("{}", fmt::join(t.shape, ", ")), fmt::format("{}", fmt::join(want, ", ")),
+                   p.name == "wte"   ? "; the model's vocabulary must be at least the file's"
+                   : p.name == "wpe" ? "; the file must hold at least model.seq_len positions"
+                                     : "");
+    }
+    SafeTensor loaded = t;
+    loaded.data = read_tensor_data(file, name);
+    std::vector<float> values;
+    try {
+      values = loaded.as_f32();
+    } catch (const InvalidArgument&) {
+      ZEROTH_THROW(InvalidArgument, "{}: tensor {} is {}; only F32, BF16 and F16 weights can be read", path, name, t.dtype);
+    }
+    values.resize(p.numel(), 0.0f);  // drops extra positions, zero-fills extra vocabulary rows
+    if (h.transposed) {
+      turned.resize(values.size());
+      transpose(values.data(), static_cast<size_t>(want[0]), static_cast<size_t>(want[1]), turned.data());
+      values.swap(turned);
+    }
+    take(h.block, h.param, values);
+  }
 }
 
 }  // namespace zeroth

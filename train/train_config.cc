@@ -270,9 +270,10 @@ void read_data(TrainConfig& t, const json& j) {
 }
 
 void read_run(TrainConfig& t, const json& j, int launched_world_size) {
-  static constexpr std::string_view kKeys[] = {"name",       "steps",    "eval_interval",      "eval_batches", "seed",
-                                               "output_dir", "device",   "device_memory",      "host_memory",  "world_size",
-                                               "backend",    "progress", "max_nonfinite_steps"};
+  static constexpr std::string_view kKeys[] = {
+      "name",           "steps",       "eval_interval", "eval_batches", "seed",     "output_dir",          "device",
+      "device_memory",  "host_memory", "world_size",    "backend",      "progress", "max_nonfinite_steps", "checkpoint_interval",
+      "checkpoint_dir", "keep_last",   "init_from"};
   static constexpr std::string_view kBackends[] = {"local", "gloo", "nccl"};
   static constexpr std::string_view kProgress[] = {"auto", "bar", "lines"};
   json copy = j.value("run", json::object());
@@ -304,6 +305,11 @@ void read_run(TrainConfig& t, const json& j, int launched_world_size) {
   bytes("host_memory", r.host_memory);
   r.progress = s.string("progress", "auto", kProgress);
   r.max_nonfinite_steps = s.integer("max_nonfinite_steps", r.max_nonfinite_steps, 0, int64_t{1} << 40);
+  r.checkpoint_interval = s.integer("checkpoint_interval", 0, 0, int64_t{1} << 40);
+  r.checkpoint_dir = s.string("checkpoint_dir", "");
+  if (r.checkpoint_dir.empty()) r.checkpoint_dir = r.output_dir + "/checkpoints";
+  r.keep_last = s.integer("keep_last", 0, 0, int64_t{1} << 30);
+  r.init_from = s.string("init_from", "");
   if (launched_world_size > 0) {
     r.world_size = static_cast<int>(s.integer("world_size", launched_world_size, 1, 1 << 20));
     if (r.world_size != launched_world_size) {
@@ -517,7 +523,11 @@ TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) 
               {"world_size", t.run.world_size},
               {"backend", t.run.backend},
               {"progress", t.run.progress},
-              {"max_nonfinite_steps", t.run.max_nonfinite_steps}};
+              {"max_nonfinite_steps", t.run.max_nonfinite_steps},
+              {"checkpoint_interval", t.run.checkpoint_interval},
+              {"checkpoint_dir", t.run.checkpoint_dir},
+              {"keep_last", t.run.keep_last},
+              {"init_from", t.run.init_from}};
   t.resolved = std::move(c);
   return t;
 }

@@ -49,6 +49,19 @@ struct RunConfig {
   // Steps in a row whose gradients are non-finite (with fp16: at the smallest loss scale) after
   // which the run ends with an error; 0: never.
   int64_t max_nonfinite_steps = 10;
+  // Checkpoints (engine/checkpoint.h): every this many steps (0: only at the end; a run always
+  // ends with one), into this folder ("" = <output_dir>/checkpoints), keeping the newest keep_last
+  // step folders (0: all).
+  int64_t checkpoint_interval = 0;
+  std::string checkpoint_dir;
+  int64_t keep_last = 0;
+  // Initial weights instead of the seeded initialization: a GPT-2 safetensors file in Hugging Face's
+  // names (a published GPT-2, or a run's model.safetensors) or a zeroth checkpoint (its weights;
+  // the optimizer state starts fresh, at step 0). Ignored when resuming.
+  std::string init_from;
+  // Not a config key: `zeroth train --resume [DIR]`: a checkpoint folder or step folder to continue
+  // from ("" = start fresh).
+  std::string resume;
 };
 
 struct TrainConfig {

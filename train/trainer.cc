@@ -4,21 +4,24 @@
 
 #include "train/export.h"  // save_gpt_weights
 
-#include <algorithm>  // std::max
-#include <chrono>     // std::chrono::steady_clock
-#include <cmath>      // std::isfinite
-#include <exception>  // std::exception_ptr
-#include <vector>     // std::vector
+#include <algorithm>   // std::max
+#include <chrono>      // std::chrono::steady_clock
+#include <cmath>       // std::isfinite
+#include <exception>   // std::exception_ptr
+#include <filesystem>  // std::filesystem::is_directory
+#include <vector>      // std::vector
 
 #include <fmt/format.h>  // fmt::format
 
-#include "core/error.h"       // ZEROTH_THROW
-#include "core/memory.h"      // format_bytes
-#include "core/stats.h"       // median
-#include "engine/engine.h"    // Engine
-#include "engine/estimate.h"  // estimate
-#include "models/gpt/gpt.h"   // Gpt
-#include "train/data.h"       // TokenData, Loader
+#include "core/error.h"         // ZEROTH_THROW
+#include "core/memory.h"        // format_bytes
+#include "core/log.h"           // ZLOG_WARN
+#include "core/stats.h"         // median
+#include "engine/checkpoint.h"  // save_checkpoint, load_checkpoint
+#include "engine/engine.h"      // Engine
+#include "engine/estimate.h"    // estimate
+#include "models/gpt/gpt.h"     // Gpt
+#include "train/data.h"         // TokenData, Loader
 
 namespace zeroth {
 namespace {
@@ -81,6 +84,38 @@ RunData open_data(const TrainConfig& config, int dp, int rank) {
   return {std::move(data), std::move(train_loader), std::move(val_loader)};
 }
 
+// run.init_from: a zeroth checkpoint's weights, or a GPT-2 safetensors file read block by block
+// (every rank reads the same file, so they fail or succeed together).
+void init_weights(Engine& engine, const TrainConfig& config) {
+  const std::string& from = config.run.init_from;
+  if (std::filesystem::is_directory(from)) {
+    load_checkpoint(engine, from, nullptr, true);
+    return;
+  }
+  const auto specs = Gpt::block_specs(config.model);
+  int block = -1;
+  std::vector<std::vector<float>> params;
+  auto flush = [&] {
+    if (block < 0) return;
+    const auto& offsets = engine.plan().blocks[block].param_offsets;
+    engine.set_block_values(block, [&](size_t lo, size_t hi, float* out) {
+      for (size_t i = 0; i < params.size(); ++i) {
+        const size_t p0 = offsets[i], a = std::max(lo, p0), e = std::min(hi, p0 + params[i].size());
+        if (a < e) std::copy(params[i].begin() + (a - p0), params[i].begin() + (e - p0), out + (a - lo));
+      }
+    });
+  };
+  read_gpt2_weights(config.model, from, [&](int b, size_t param, std::vector<float>& values) {
+    if (b != block) {
+      flush();
+      block = b;
+      params.assign(specs[b].params.size(), {});
+    }
+    params[param] = std::move(values);
+  });
+  flush();
+}
+
 }  // namespace
 
 void check_data(const TrainConfig& config) { open_data(config, config.run.world_size, 0); }
@@ -119,8 +154,31 @@ TrainSummary train(const TrainConfig& config, Communicator& dp, Device& device, 
       report_error = std::current_exception();
     }
   };
+  // Resumed: the engine's state, counters and the loop's own from the checkpoint, before anything
+  // of the output folder is replaced.
+  int64_t nonfinite = 0, last_finite_step = 0;
+  double last_finite_loss = 0;
+  if (!config.run.resume.empty()) {
+    Manifest m;
+    summary.resume_io = load_checkpoint(engine, config.run.resume, &m);
+    summary.resumed_from = summary.resume_io.path;
+    summary.start_step = engine.steps_run();
+    const auto& r = m.run;
+    nonfinite = r.value("nonfinite_steps", int64_t{0});
+    last_finite_step = r.value("last_finite_step", int64_t{0});
+    last_finite_loss = r.value("last_finite_loss", 0.0);
+    const int64_t saved_batch = r.contains("data") ? r["data"].value("train_batch_size", int64_t{0}) : 0;
+    if (lead && saved_batch != 0 && saved_batch != config.train_batch_size) {
+      ZLOG_WARN("resuming at step {} with train_batch_size {} where the checkpoint's run had {}: the data continues from sample {}, "
+                "not from the {} samples that run had consumed",
+                summary.start_step, config.train_batch_size, saved_batch, summary.start_step * config.train_batch_size,
+                summary.start_step * saved_batch);
+    }
+  }
+  if (config.run.resume.empty() && !config.run.init_from.empty()) init_weights(engine, config);
   const RunFacts facts{summary.parameters, data.train.size(), data.has_val ? data.val.size() : 0, need};
   report([&] { observer->on_start(config, engine.plan(), facts); });
+  if (!summary.resumed_from.empty()) report([&] { observer->on_resume(summary.resume_io, summary.start_step); });
 
   const size_t n = static_cast<size_t>(mb) * T;
   std::vector<int32_t> tokens(n * gas), targets(n * gas);
@@ -153,14 +211,32 @@ TrainSummary train(const TrainConfig& config, Communicator& dp, Device& device, 
     report([&] { observer->on_eval(step, val); });
   };
 
-  evaluate(0);
+  // What a checkpoint keeps of the loop: the data position (a function of the step, see
+  // train/data.h) and the non-finite streak.
+  auto save = [&](int64_t step) {
+    CheckpointSaveOptions o;
+    o.dir = config.run.checkpoint_dir;
+    o.keep_last = static_cast<int>(config.run.keep_last);
+    o.config = config.resolved;
+    o.run = {{"data",
+              {{"next_step", step},
+               {"samples", step * config.train_batch_size},
+               {"train_batch_size", config.train_batch_size},
+               {"seed", config.run.seed}}},
+             {"nonfinite_steps", nonfinite},
+             {"last_finite_step", last_finite_step},
+             {"last_finite_loss", last_finite_loss}};
+    summary.last_save = save_checkpoint(engine, o);
+    ++summary.checkpoints_saved;
+    report([&] { observer->on_checkpoint(summary.last_save, step); });
+  };
+
+  if (summary.resumed_from.empty()) evaluate(0);
   std::vector<double> rates;
-  int64_t nonfinite = 0, last_finite_step = 0;
-  double last_finite_loss = 0;
   const double tokens_per_step = static_cast<double>(config.tokens_per_step());
   const bool timed = config.engine.time_breakdown;
   using Clock = std::chrono::steady_clock;
-  for (int64_t k = 0; k < config.run.steps; ++k) {
+  for (int64_t k = summary.start_step; k < config.run.steps; ++k) {
     const auto t0 = Clock::now();
     double pass_seconds[2] = {0, 0};  // forward, backward
     // The cycle's passes in the engine's order; the update comes after the last backward.
@@ -186,8 +262,8 @@ TrainSummary train(const TrainConfig& config, Communicator& dp, Device& device, 
     const auto [loss, stopping] = agree(sum / gas, (stop != nullptr && stop->load()) || report_error != nullptr);
     const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     summary.seconds += seconds;
-    if (k > 0) rates.push_back(tokens_per_step / seconds);
-    if (k == 0) summary.first_loss = loss;
+    if (k > summary.start_step) rates.push_back(tokens_per_step / seconds);
+    if (k == summary.start_step) summary.first_loss = loss;
     summary.last_loss = loss;
     summary.steps = k + 1;
     report([&] {
@@ -229,10 +305,12 @@ TrainSummary train(const TrainConfig& config, Communicator& dp, Device& device, 
     if (std::isfinite(loss)) last_finite_loss = loss, last_finite_step = k + 1;
     if (stopping) {
       summary.interrupted = true;
+      if (!report_error) save(k + 1);
       break;
     }
     const bool last = k + 1 == config.run.steps;
     if (last || (config.run.eval_interval > 0 && (k + 1) % config.run.eval_interval == 0)) evaluate(k + 1);
+    if (last || (config.run.checkpoint_interval > 0 && (k + 1) % config.run.checkpoint_interval == 0)) save(k + 1);
   }
   if (report_error) std::rethrow_exception(report_error);
   // A run, finished or stopped, leaves its weights: fp32 master weights, or the compute dtype's

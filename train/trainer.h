@@ -10,6 +10,7 @@
 #include "comm/communicator.h"   // Communicator
 #include "core/device.h"         // Device
 #include "core/memory.h"         // kMemTagCount
+#include "engine/checkpoint.h"   // CheckpointIo
 #include "engine/estimate.h"     // MemoryNeed
 #include "engine/plan.h"         // Plan
 #include "train/train_config.h"  // TrainConfig
@@ -55,6 +56,12 @@ struct TrainSummary {
   DType weights_dtype = DType::f32;
   uint64_t weights_bytes = 0;
   double weights_seconds = 0;  // gathering and writing them
+  // Checkpoints: where the run started from ("" = fresh) and the last one it saved (this rank's
+  // timing; bytes of all ranks' files).
+  std::string resumed_from;
+  int64_t start_step = 0;  // steps done before this run (from the checkpoint)
+  CheckpointIo resume_io, last_save;
+  int checkpoints_saved = 0;
 };
 
 // What the run found out at start, for the config box.
@@ -70,6 +77,8 @@ class TrainObserver {
   virtual void on_start(const TrainConfig&, const Plan&, const RunFacts&) {}
   virtual void on_step(const StepMetrics&) {}
   virtual void on_eval(int64_t /*step*/, double /*val_loss*/) {}
+  virtual void on_resume(const CheckpointIo&, int64_t /*step*/) {}
+  virtual void on_checkpoint(const CheckpointIo&, int64_t /*step*/) {}
   virtual void on_end(const TrainSummary&) {}
 };
 

@@ -8,12 +8,14 @@
 #include <functional>  // std::function
 #include <limits>      // std::numeric_limits
 #include <random>      // std::mt19937
+#include <string>      // std::string
 #include <vector>      // std::vector
 
 #include "comm/communicator.h"
 #include "comm/local/local_comm.h"
 #include "comm/process_grid.h"
 #include "core/device.h"
+#include "engine/checkpoint.h"
 #include "engine/engine.h"
 #include "models/mlp/mlp.h"
 
@@ -36,6 +38,14 @@ struct MlpRun {
   bool repeat_first_micro = false;
   // Wait for each step on the host before the next; false: only at the end (losses read then).
   bool synchronize_steps = true;
+  // Checkpoints: `resume` (a checkpoint or step folder) is loaded after finalize and the run
+  // continues from its step (losses, steps and weights then cover the steps it ran); after
+  // `save_after` steps in all, the state is saved into `checkpoint_dir`.
+  std::string resume, checkpoint_dir;
+  int save_after = -1;
+  // Called on every rank once the run's state is set (after a resume) and after every step, with
+  // the number of steps done.
+  std::function<void(Engine&, int)> inspect;
 };
 
 struct RankResult {
@@ -101,10 +111,16 @@ inline RankResult train_mlp(Communicator& comm, const MlpRun& run, const Process
     Engine engine = groups != nullptr ? Engine(*device, *groups, mlp_config(run)) : Engine(*device, comm, mlp_config(run));
     Mlp mlp(engine, {run.widths});
     engine.finalize();
+    int start = 0;
+    if (!run.resume.empty()) {
+      load_checkpoint(engine, run.resume);
+      start = static_cast<int>(engine.steps_run());
+    }
+    if (run.inspect) run.inspect(engine, start);
     // Every step keeps its own batch and losses: without a host sync per step the stream may
     // still read them when the host prepares the next.
     std::vector<std::vector<float>> xs(run.steps), ts(run.steps), losses(run.steps, std::vector<float>(run.gas));
-    for (int k = 0; k < run.steps; ++k) {
+    for (int k = start; k < run.steps; ++k) {
       auto& x = xs[k];
       auto& t = ts[k];
       mlp_batch(k, run.global_batch, in, out, x, t);
@@ -119,8 +135,11 @@ inline RankResult train_mlp(Communicator& comm, const MlpRun& run, const Process
       }
       if (run.synchronize_steps) engine.compute_stream().synchronize();
       result.comm_bytes_per_step = engine.comm_stats().total_bytes() - before;
+      if (k + 1 == run.save_after) save_checkpoint(engine, {.dir = run.checkpoint_dir});
+      if (run.inspect) run.inspect(engine, k + 1);
     }
     engine.compute_stream().synchronize();
+    losses.erase(losses.begin(), losses.begin() + start);
     for (const auto& step : losses) {
       double sum = 0;
       for (float l : step) sum += l;

@@ -1,0 +1,139 @@
+// The checkpoint format: a folder `step-<N>/` with one data file per rank (`rank-<r>.bin`, raw
+// little-endian f32 pieces of tensors, no header) and `manifest.json`, which says everything
+// needed to use them without the run that wrote them: the format version, the run's config, the
+// world layout (dp, tp, pp, ZeRO stage, offload), the run state (step, loss scaler, data
+// position), every file's size and xxHash3-64, and for every tensor its name, shape, dtype and,
+// per kind of state (fp32 master weights, then the optimizer's arrays), the pieces that hold it:
+// (file, byte offset, first element, end element) of the tensor's flat row-major elements.
+//
+// Pieces are element ranges of whole tensors, not of any rank's padded shard space, so a reader
+// at another dp size or stage finds any element without knowing the writer's layout.
+//
+// A checkpoint folder (run.checkpoint_dir) holds step folders and `latest`, a one-line file
+// naming the newest complete one. Everything here is free of the engine, so `zeroth ckpt` reads
+// checkpoints without building one.
+#pragma once
+
+#include <cstdint>  // uint64_t, int64_t
+#include <string>   // std::string
+#include <vector>   // std::vector
+
+#include <nlohmann/json.hpp>  // nlohmann::json
+
+#include "core/error_types.h"  // CheckpointError
+
+namespace zeroth {
+
+inline constexpr int kCheckpointVersion = 1;
+inline constexpr const char* kCheckpointFormat = "zeroth checkpoint";
+inline constexpr const char* kManifestName = "manifest.json";
+inline constexpr const char* kLatestName = "latest";
+
+struct CkptPiece {
+  int file = 0;
+  uint64_t offset = 0;  // bytes into the file
+  uint64_t lo = 0, hi = 0;
+  bool operator==(const CkptPiece&) const = default;
+};
+
+struct CkptTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<std::vector<CkptPiece>> pieces;  // per entry of Manifest::states, sorted by lo
+  uint64_t numel() const;
+};
+
+struct CkptFile {
+  std::string name;
+  uint64_t bytes = 0;
+  uint64_t xxh3 = 0;
+};
+
+struct Manifest {
+  int version = kCheckpointVersion;
+  int64_t step = 0;
+  nlohmann::json world = nlohmann::json::object();  // dp, tp, pp, zero_stage, offload_optimizer, offload_param
+  std::string optimizer;                            // its type: adamw, adam, sgd, lion, lamb
+  std::vector<std::string> states;                  // "fp32" then the optimizer's arrays (exp_avg, ...)
+  nlohmann::json engine = nlohmann::json::object();  // the engine's counters and loss scaler
+  nlohmann::json run = nlohmann::json::object();     // the caller's (data position, ...)
+  nlohmann::json config = nlohmann::json::object();  // the run's resolved config
+  std::vector<CkptFile> files;
+  std::vector<CkptTensor> tensors;
+
+  nlohmann::json to_json() const;
+  // Parses and checks a manifest: every field present and typed, every tensor's pieces of every
+  // state cover it exactly once and lie inside their file. CheckpointError naming `source`.
+  static Manifest from_json(const nlohmann::json& j, const std::string& source);
+  const CkptTensor* find(const std::string& name) const;
+  int state_index(const std::string& state) const;  // -1 when absent
+  uint64_t data_bytes() const;                      // all files
+};
+
+// A step folder or a checkpoint folder (its `latest`; when that names a folder that is gone, the
+// newest complete step folder, with a warning) to the step folder to load. CheckpointError when
+// there is none.
+std::string resolve_checkpoint(const std::string& path);
+// Reads and parses <step folder>/manifest.json (CheckpointError naming it when it is missing or
+// not valid).
+Manifest read_manifest(const std::string& step_dir);
+// Whether a data file is there with the manifest's size and checksum. Plain data, so ranks that
+// split the verification can exchange the outcome and all describe it the same way.
+struct FileCheck {
+  enum class Problem : uint8_t { none, missing, wrong_size, corrupted, unreadable };
+  Problem problem = Problem::none;
+  uint64_t found = 0;  // wrong_size: the size; corrupted: the checksum; unreadable: the offset that failed
+  uint64_t read_bytes = 0;
+  // "" when none, else what is wrong ("<dir>/rank-00001.bin is truncated: ...").
+  std::string describe(const std::string& step_dir, const CkptFile& file) const;
+};
+FileCheck verify_file(const std::string& step_dir, const CkptFile& file);
+
+// XXH3-64 while writing: a data file written in pieces, flushed to the disk by finish().
+class CkptFileWriter {
+ public:
+  explicit CkptFileWriter(std::string path);
+  ~CkptFileWriter();
+  CkptFileWriter(const CkptFileWriter&) = delete;
+  CkptFileWriter& operator=(const CkptFileWriter&) = delete;
+  uint64_t offset() const { return bytes_; }
+  void write(const void* data, size_t bytes);  // IoError naming the file
+  CkptFile finish();                           // fsync, close; the file's name, size and checksum
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  uint64_t bytes_ = 0;
+  void* state_ = nullptr;  // XXH3_state_t
+};
+
+// Reads pieces of a step folder's files (opened on first use).
+class CkptReader {
+ public:
+  CkptReader(std::string step_dir, const Manifest& manifest);
+  ~CkptReader();
+  CkptReader(const CkptReader&) = delete;
+  CkptReader& operator=(const CkptReader&) = delete;
+  // Elements [lo, hi) of state `state` of `tensor` into `out` (f32).
+  void read(const CkptTensor& tensor, int state, uint64_t lo, uint64_t hi, float* out);
+  uint64_t bytes_read() const { return read_; }
+
+ private:
+  int fd(int file);
+  std::string dir_;
+  const Manifest& manifest_;
+  std::vector<int> fds_;
+  uint64_t read_ = 0;
+};
+
+// "rank-00003.bin"
+std::string ckpt_file_name(int rank);
+// "0123456789abcdef"
+std::string hex64(uint64_t v);
+
+// Writes `text` to dir/name through a temporary, flushed and renamed, then flushes the folder.
+void write_file_atomically(const std::string& dir, const std::string& name, const std::string& text);
+// Flushes a folder's entries (after a rename or create in it).
+void fsync_dir(const std::string& dir);
+
+}  // namespace zeroth

@@ -1,0 +1,383 @@
+// Checkpoints of the engine: a run resumed from one continues bit for bit (every stage, precision
+// and offload placement); one saved at one world size and stage loads at another with the same
+// weights and optimizer state and trains on as the unchanged run would (to reduction order);
+// damaged files and edited manifests are refused with the file named and the engine untouched;
+// `latest` and retention behave across saves.
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "engine/checkpoint.h"
+#include "tests/engine/mlp_harness.h"
+
+namespace zeroth {
+namespace {
+
+using testing::MlpRun;
+using testing::run_ranks;
+namespace fs = std::filesystem;
+
+// A fresh folder per test, removed at the end.
+class Scratch {
+ public:
+  explicit Scratch(const std::string& name)
+      : path_(fmt::format("{}/zeroth-ckpt-{}-{}", ::testing::TempDir(), name, ::getpid())) {
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~Scratch() {
+    std::error_code ignored;
+    fs::remove_all(path_, ignored);
+  }
+  std::string operator/(const std::string& sub) const { return path_ + "/" + sub; }
+
+ private:
+  std::string path_;
+};
+
+struct Placement {
+  int stage;
+  DType dtype;
+  OffloadDevice optimizer = OffloadDevice::none;
+  OffloadDevice params = OffloadDevice::none;
+};
+void PrintTo(const Placement& p, std::ostream* os) {
+  *os << "stage " << p.stage << ", " << dtype_name(p.dtype) << ", optimizer on " << offload_device_name(p.optimizer)
+      << ", parameters on " << offload_device_name(p.params);
+}
+
+MlpRun placed_run(const Placement& p, const std::string& swap) {
+  MlpRun run;
+  run.stage = p.stage;
+  run.dtype = p.dtype;
+  run.gas = 2;
+  run.steps = 6;
+  run.tweak = [p, swap](EngineConfig& e) {
+    e.zero.sub_group_size = 1000;
+    e.zero.offload_optimizer.device = p.optimizer;
+    e.zero.offload_optimizer.nvme_path = swap;
+    e.zero.offload_param.device = p.params;
+    e.zero.offload_param.nvme_path = swap;
+    // f16: a scale that overflows at first and grows again after 2 clean steps, so the resumed run
+    // must carry the scaler's scale and its count of clean steps.
+    e.loss_scaler.initial_scale_power = 18;
+    e.loss_scaler.loss_scale_window = 2;
+  };
+  return run;
+}
+
+class Resume : public ::testing::TestWithParam<Placement> {};
+
+// The uninterrupted run saves after 3 of its 6 steps; a second run loads that and runs steps
+// 4-6: the same losses, gradient norms, loss scales and final weights, bit for bit.
+TEST_P(Resume, ContinuesBitForBit) {
+  const Placement& p = GetParam();
+  Scratch dir("resume");
+  MlpRun whole = placed_run(p, dir / "swap");
+  whole.checkpoint_dir = dir / "ckpt";
+  whole.save_after = 3;
+  const auto ref = run_ranks(2, whole);
+  MlpRun resumed = placed_run(p, dir / "swap");
+  resumed.resume = dir / "ckpt";
+  const auto got = run_ranks(2, resumed);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(got[r].losses.size(), 3u);
+    ASSERT_EQ(got[r].steps.size(), 3u);
+    for (size_t k = 0; k < 3; ++k) {
+      EXPECT_EQ(got[r].losses[k], ref[r].losses[k + 3]) << "rank " << r << " step " << k + 4;
+      EXPECT_EQ(got[r].steps[k].grad_norm, ref[r].steps[k + 3].grad_norm) << "step " << k + 4;
+      EXPECT_EQ(got[r].steps[k].loss_scale, ref[r].steps[k + 3].loss_scale) << "step " << k + 4;
+      EXPECT_EQ(got[r].steps[k].step, ref[r].steps[k + 3].step) << "optimizer steps applied, step " << k + 4;
+      EXPECT_EQ(got[r].steps[k].lr, ref[r].steps[k + 3].lr) << "step " << k + 4;
+    }
+    for (size_t b = 0; b < ref[r].weights.size(); ++b) EXPECT_EQ(got[r].weights[b], ref[r].weights[b]) << "rank " << r << " block " << b;
+  }
+  if (p.dtype == DType::f16) {
+    // The scale had dropped before the save (an overflow at step 1) and moves again after it
+    // (doubled at step 4, an overflow at step 5): the resumed run followed it only because the
+    // scale and its count of clean steps were restored.
+    EXPECT_TRUE(ref[0].steps[0].skipped);
+    EXPECT_EQ(ref[0].steps[2].loss_scale, 0x1.0p17);
+    EXPECT_EQ(ref[0].steps[3].loss_scale, 0x1.0p18);
+    EXPECT_TRUE(ref[0].steps[4].skipped);
+  }
+}
+
+std::vector<Placement> placements() {
+  std::vector<Placement> out;
+  for (int stage = 0; stage <= 3; ++stage) out.push_back({stage, DType::f32});
+  out.push_back({1, DType::bf16});
+  out.push_back({2, DType::f16});
+  out.push_back({3, DType::bf16});
+  out.push_back({3, DType::f16});
+  for (OffloadDevice d : {OffloadDevice::cpu, OffloadDevice::nvme}) {
+    out.push_back({1, DType::f32, d});
+    out.push_back({2, DType::bf16, d});
+    out.push_back({3, DType::bf16, d});
+    out.push_back({3, DType::bf16, d, d});
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryStage, Resume, ::testing::ValuesIn(placements()), [](const auto& info) {
+  const Placement& p = info.param;
+  return fmt::format("stage{}_{}_optimizer_{}_params_{}", p.stage, dtype_name(p.dtype), offload_device_name(p.optimizer),
+                     offload_device_name(p.params));
+});
+
+// Every tensor's master weights and moments, whole, put together from every rank's owned range.
+struct FullState {
+  std::mutex mutex;
+  std::map<std::string, std::vector<float>> tensors;  // "<block>.<param>/<kind>"
+};
+
+std::function<void(Engine&, int)> capture_at(int step, FullState& out) {
+  return [step, &out](Engine& engine, int done) {
+    if (done != step) return;
+    const Plan& plan = engine.plan();
+    for (size_t b = 0; b < plan.blocks.size(); ++b) {
+      const auto& spec = engine.block_spec(static_cast<int>(b));
+      for (StateKind kind : {StateKind::master, StateKind::moment0, StateKind::moment1}) {
+        const OwnedRange& r = plan.range(kind, static_cast<int>(b));
+        std::vector<float> values(r.numel());
+        engine.read_owned(kind, static_cast<int>(b), values);
+        std::lock_guard lock(out.mutex);
+        for (size_t i = 0; i < spec.params.size(); ++i) {
+          const size_t p0 = plan.blocks[b].param_offsets[i], n = spec.params[i].numel();
+          auto& full = out.tensors[fmt::format("{}.{}/{}", spec.name, spec.params[i].name, state_kind_name(kind))];
+          full.resize(n, std::nanf(""));
+          for (size_t e = std::max(p0, r.lo); e < std::min(p0 + n, r.hi); ++e) full[e - p0] = values[e - r.lo];
+        }
+      }
+    }
+  };
+}
+
+// Saved at dp 4, stage 3; loaded at dp 2, stage 1 and at dp 1, stage 0: every element of the
+// master weights and both moments equal; training on gives the losses of the run that stayed at
+// dp 4 (within reduction order: 1e-6 relative, as the stage-equivalence tests).
+TEST(Checkpoint, LoadsAtAnotherWorldSizeAndStage) {
+  Scratch dir("elastic");
+  FullState saved;
+  MlpRun whole;
+  whole.stage = 3;
+  whole.steps = 6;
+  whole.checkpoint_dir = dir / "ckpt";
+  whole.save_after = 3;
+  whole.inspect = capture_at(3, saved);
+  const auto ref = run_ranks(4, whole);
+  ASSERT_EQ(saved.tensors.size(), 3u * 6u);  // 3 layers x (weight, bias) x 3 kinds
+  for (auto [dp, stage] : {std::pair{2, 1}, std::pair{1, 0}}) {
+    FullState loaded;
+    MlpRun run;
+    run.stage = stage;
+    run.steps = 6;
+    run.resume = dir / "ckpt";
+    run.inspect = capture_at(3, loaded);
+    const auto got = run_ranks(dp, run);
+    for (const auto& [name, values] : saved.tensors) {
+      ASSERT_TRUE(loaded.tensors.count(name)) << name;
+      EXPECT_EQ(loaded.tensors[name], values) << name << " at dp " << dp << " stage " << stage;
+    }
+    ASSERT_EQ(got[0].losses.size(), 3u);
+    for (size_t k = 0; k < 3; ++k) {
+      // The mean loss of the global batch: the harness's losses are per rank, so average them.
+      double mine = 0, theirs = 0;
+      for (const auto& r : got) mine += r.losses[k] / dp;
+      for (const auto& r : ref) theirs += r.losses[k + 3] / 4;
+      EXPECT_NEAR(mine, theirs, 1e-6 * theirs) << "step " << k + 4 << " at dp " << dp;
+    }
+  }
+}
+
+// What a load reports for a damaged checkpoint, and that the engine it was loading into is as it
+// was (its fresh weights).
+std::string load_error(const std::string& path) {
+  std::string error;
+  std::mutex mutex;
+  run_local_ranks(2, [&](Communicator& comm) {
+    auto device = make_device("cpu", {});
+    MlpRun run;
+    Engine engine(*device, comm, testing::mlp_config(run));
+    Mlp mlp(engine, {run.widths});
+    engine.finalize();
+    std::vector<std::vector<float>> before;
+    for (size_t b = 0; b < engine.plan().blocks.size(); ++b) before.push_back(engine.master_values(static_cast<int>(b)));
+    try {
+      load_checkpoint(engine, path);
+      return;
+    } catch (const CheckpointError& e) {
+      std::lock_guard lock(mutex);
+      if (comm.rank() == 0) error = e.what();
+    }
+    for (size_t b = 0; b < engine.plan().blocks.size(); ++b)
+      EXPECT_EQ(engine.master_values(static_cast<int>(b)), before[b]) << "the failed load changed block " << b;
+    EXPECT_EQ(engine.steps_run(), 0);
+  });
+  return error;
+}
+
+// A saved checkpoint (2 ranks, stage 2, 2 steps) to damage.
+std::string saved_checkpoint(const Scratch& dir) {
+  MlpRun run;
+  run.stage = 2;
+  run.steps = 2;
+  run.checkpoint_dir = dir / "ckpt";
+  run.save_after = 2;
+  run_ranks(2, run);
+  return dir / "ckpt/step-2";
+}
+
+void flip_byte(const std::string& path, long at) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(at);
+  char c = 0;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ 0x20);
+  f.seekp(at);
+  f.write(&c, 1);
+}
+
+TEST(Checkpoint, DamageIsRefusedNamingTheFile) {
+  Scratch dir("damage");
+  const std::string step = saved_checkpoint(dir);
+  ASSERT_EQ(load_error(dir / "ckpt"), "");  // whole, it loads
+  const std::string data = step + "/rank-00001.bin", manifest = step + "/manifest.json";
+  fs::copy(step, dir / "pristine", fs::copy_options::recursive);
+  auto restore = [&] {
+    fs::remove_all(step);
+    fs::copy(dir / "pristine", step, fs::copy_options::recursive);
+  };
+  auto expect = [&](const std::string& what, const std::vector<std::string>& parts) {
+    const std::string e = load_error(step);
+    for (const auto& p : parts) EXPECT_NE(e.find(p), std::string::npos) << what << ": \"" << p << "\" missing in: " << e;
+    std::printf("%s: %s\n", what.c_str(), e.c_str());
+    restore();
+  };
+  flip_byte(data, static_cast<long>(fs::file_size(data) / 2));
+  expect("a flipped byte", {data, "is corrupted", "checksum"});
+  fs::resize_file(data, fs::file_size(data) - 4);
+  expect("a truncated file", {data, "is truncated"});
+  fs::remove(data);
+  expect("a deleted file", {data, "is missing"});
+  {
+    std::ifstream in(manifest);
+    std::string text((std::istreambuf_iterator<char>(in)), {});
+    in.close();
+    std::ofstream(manifest) << text.substr(0, text.size() / 2);
+  }
+  expect("a cut manifest", {manifest, "not valid JSON"});
+  auto edit = [&](const std::function<void(nlohmann::json&)>& change) {
+    nlohmann::json j = nlohmann::json::parse(std::ifstream(manifest));
+    change(j);
+    std::ofstream(manifest) << j.dump();
+  };
+  edit([](auto& j) { j["tensors"][0]["shape"][0] = 17; });
+  expect("an edited shape", {manifest, "layer0.weight"});
+  edit([](auto& j) { j["tensors"][1]["fp32"][0][3] = 3; });
+  expect("an edited piece", {manifest, "layer0.bias", "hold 3 of its 32 elements"});
+  edit([](auto& j) { j["files"][0]["xxh3_64"] = "0123456789abcdef"; });
+  expect("an edited checksum", {step + "/rank-00000.bin", "is corrupted"});
+  edit([](auto& j) { j["tensors"][0]["name"] = "layer9.weight"; });
+  expect("another model", {manifest, "has no tensor"});
+  edit([](auto& j) {
+    j["states"][1] = "momentum_buffer";
+    for (auto& t : j["tensors"]) {
+      t["momentum_buffer"] = t["exp_avg"];
+      t.erase("exp_avg");
+    }
+  });
+  expect("another optimizer", {manifest, "exp_avg", "optimizer"});
+  edit([](auto& j) { j["version"] = 99; });
+  expect("a newer format", {manifest, "version 99"});
+  fs::remove(manifest);
+  EXPECT_NE(load_error(step).find("no checkpoint there"), std::string::npos);
+}
+
+// Saves after steps 1-4 with keep_last 2: step-3 and step-4 stay, `latest` names step-4. When
+// `latest` names a folder that is gone, the newest complete one loads; the leftovers of an
+// interrupted save are ignored and cleared by the next.
+TEST(Checkpoint, LatestAndRetention) {
+  Scratch dir("latest");
+  const std::string ckpt = dir / "ckpt";
+  std::vector<float> at_step3;
+  run_local_ranks(2, [&](Communicator& comm) {
+    auto device = make_device("cpu", {});
+    MlpRun run;
+    run.stage = 1;
+    Engine engine(*device, comm, testing::mlp_config(run));
+    Mlp mlp(engine, {run.widths});
+    engine.finalize();
+    std::vector<float> x, t, loss(1);
+    const int mb = run.global_batch / 2;
+    for (int k = 0; k < 4; ++k) {
+      testing::mlp_batch(k, run.global_batch, 16, 8, x, t);
+      mlp.forward_backward(x.data() + comm.rank() * mb * 16, t.data() + comm.rank() * mb * 8, mb, loss.data(), 0);
+      engine.step();
+      if (k == 2 && comm.rank() == 0) fs::create_directories(ckpt + "/.tmp-step-9");  // a save a crash cut short
+      save_checkpoint(engine, {.dir = ckpt, .keep_last = 2});
+      if (k == 2) {
+        const auto w = engine.master_values(0);
+        if (comm.rank() == 0) at_step3 = w;
+      }
+    }
+  });
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(ckpt)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"latest", "step-3", "step-4"}));
+  EXPECT_EQ(resolve_checkpoint(ckpt), ckpt + "/step-4");
+  fs::remove_all(ckpt + "/step-4");
+  EXPECT_EQ(resolve_checkpoint(ckpt), ckpt + "/step-3");
+  run_local_ranks(1, [&](Communicator& comm) {
+    auto device = make_device("cpu", {});
+    MlpRun run;
+    Engine engine(*device, comm, testing::mlp_config(run));
+    Mlp mlp(engine, {run.widths});
+    engine.finalize();
+    load_checkpoint(engine, ckpt);
+    EXPECT_EQ(engine.steps_run(), 3);
+    auto w = engine.master_values(0);
+    w.resize(at_step3.size());
+    EXPECT_EQ(w, at_step3);
+  });
+}
+
+// A checkpoint folder that cannot be made fails the save on every rank (no rank waits for the
+// others), with the folder named.
+TEST(Checkpoint, UnwritableFolderFailsEveryRank) {
+  Scratch dir("unwritable");
+  std::ofstream(dir / "file") << "x";
+  std::mutex mutex;
+  std::vector<std::string> errors;
+  run_local_ranks(2, [&](Communicator& comm) {
+    auto device = make_device("cpu", {});
+    MlpRun run;
+    Engine engine(*device, comm, testing::mlp_config(run));
+    Mlp mlp(engine, {run.widths});
+    engine.finalize();
+    try {
+      save_checkpoint(engine, {.dir = dir / "file/ckpt"});
+    } catch (const IoError& e) {
+      std::lock_guard lock(mutex);
+      errors.push_back(e.what());
+    }
+  });
+  ASSERT_EQ(errors.size(), 2u);
+  for (const auto& e : errors) EXPECT_NE(e.find("ckpt"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace zeroth

@@ -1,0 +1,234 @@
+// `zeroth ckpt inspect | export | reshard | import`: checkpoints without a training run. Every
+// command that reads a checkpoint verifies all of its files first, so nothing is ever read out of
+// a damaged one.
+#include <chrono>   // std::chrono::steady_clock
+#include <cstdio>   // std::printf
+#include <memory>   // std::make_shared
+#include <string>   // std::string
+#include <vector>   // std::vector
+
+#include <CLI/CLI.hpp>        // CLI::App
+#include <fmt/format.h>       // fmt::format
+#include <fmt/ranges.h>       // fmt::join
+#include <nlohmann/json.hpp>  // nlohmann::json
+
+#include "core/dtype.h"                // DType
+#include "core/error.h"                // ZEROTH_THROW
+#include "core/memory.h"               // format_bytes
+#include "engine/checkpoint.h"         // write_checkpoint
+#include "engine/checkpoint_format.h"  // read_manifest, verify_file
+#include "engine/plan.h"               // make_plan
+#include "models/gpt/gpt.h"            // Gpt
+#include "optim/loss_scaler.h"         // LossScaler
+#include "tools/commands.h"
+#include "train/export.h"        // Gpt2Writer, read_gpt2_weights
+#include "train/train_config.h"  // TrainConfig
+
+namespace zeroth::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Opened {
+  std::string dir;
+  Manifest manifest;
+};
+
+// The step folder's manifest, with every file checked (CheckpointError naming each bad one).
+Opened open_verified(const std::string& path, bool print) {
+  Opened o{resolve_checkpoint(path), {}};
+  o.manifest = read_manifest(o.dir);
+  const auto t0 = Clock::now();
+  uint64_t read = 0;
+  std::vector<std::string> problems;
+  for (const auto& f : o.manifest.files) {
+    const FileCheck c = verify_file(o.dir, f);
+    read += c.read_bytes;
+    if (print) {
+      std::printf("    %-16s %12s  xxh3-64 %s  %s\n", f.name.c_str(), format_bytes(f.bytes).c_str(), hex64(f.xxh3).c_str(),
+                  c.problem == FileCheck::Problem::none ? "ok" : "BAD");
+    }
+    if (c.problem != FileCheck::Problem::none) problems.push_back(c.describe(o.dir, f));
+  }
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (!problems.empty()) throw CheckpointError(fmt::format("{}; do not use this checkpoint", fmt::join(problems, "; ")));
+  if (print) {
+    std::printf("  verified   %s read in %.2f s (%.2f GB/s): every file has the manifest's size and checksum\n", format_bytes(read).c_str(),
+                s, s > 0 ? static_cast<double>(read) / s * 1e-9 : 0.0);
+  }
+  return o;
+}
+
+// The run's config as saved in the manifest.
+TrainConfig saved_config(const Opened& o) {
+  try {
+    return TrainConfig::from_json(o.manifest.config);
+  } catch (const Error& e) {
+    throw CheckpointError(fmt::format("{}/{}: the saved config does not parse ({})", o.dir, kManifestName, e.what()));
+  }
+}
+
+std::string dims(const std::vector<int64_t>& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+
+void inspect(const std::string& path) {
+  const std::string dir = resolve_checkpoint(path);
+  const Manifest m = read_manifest(dir);
+  std::printf("checkpoint %s (%s, version %d)\n", dir.c_str(), kCheckpointFormat, m.version);
+  std::printf("  step       %lld (%lld optimizer updates applied)\n", static_cast<long long>(m.step),
+              static_cast<long long>(m.engine.value("steps_applied", int64_t{0})));
+  if (m.config.contains("run")) std::printf("  run        %s\n", m.config["run"].value("name", std::string("?")).c_str());
+  if (m.config.contains("model")) std::printf("  model      %s\n", m.config["model"].dump().c_str());
+  const auto& w = m.world;
+  std::printf("  world      dp %d x tp %d x pp %d, ZeRO stage %d, optimizer state on %s, parameters on %s\n", w.value("dp", 0),
+              w.value("tp", 1), w.value("pp", 1), w.value("zero_stage", 0), w.value("offload_optimizer", std::string("?")).c_str(),
+              w.value("offload_param", std::string("?")).c_str());
+  uint64_t elements = 0;
+  for (const auto& t : m.tensors) elements += t.numel();
+  std::printf("  state      %s: %s (%llu elements each, f32)\n", m.optimizer.c_str(), fmt::format("{}", fmt::join(m.states, ", ")).c_str(),
+              static_cast<unsigned long long>(elements));
+  std::printf("  tensors    %zu\n", m.tensors.size());
+  for (const auto& t : m.tensors) {
+    std::string pieces;
+    for (const auto& p : t.pieces[0]) pieces += fmt::format(" {}:[{}, {})", p.file, p.lo, p.hi);
+    std::printf("    %-28s %-16s %10llu  fp32 in file:[range)%s\n", t.name.c_str(), dims(t.shape).c_str(),
+                static_cast<unsigned long long>(t.numel()), pieces.c_str());
+  }
+  std::printf("  files      %zu, %s in all\n", m.files.size(), format_bytes(m.data_bytes()).c_str());
+  std::fflush(stdout);
+  open_verified(dir, true);
+}
+
+DType parse_dtype(const std::string& s) {
+  if (s == "f32" || s == "fp32") return DType::f32;
+  if (s == "bf16") return DType::bf16;
+  if (s == "f16" || s == "fp16") return DType::f16;
+  ZEROTH_THROW(InvalidArgument, "--dtype {} is not one of: f32, bf16, f16", s);
+}
+
+void export_weights(const std::string& path, const std::string& out, const std::string& dtype) {
+  const DType type = parse_dtype(dtype);
+  const Opened o = open_verified(path, false);
+  const TrainConfig c = saved_config(o);
+  const auto specs = Gpt::block_specs(c.model);
+  CkptReader reader(o.dir, o.manifest);
+  const auto t0 = Clock::now();
+  Gpt2Writer writer(c.model, out, type);
+  std::vector<float> values;
+  while (!writer.done()) {
+    const auto& p = specs[writer.block()].params[writer.param()];
+    const std::string name = specs[writer.block()].name + "." + p.name;
+    const CkptTensor* t = o.manifest.find(name);
+    if (t == nullptr || t->shape != p.shape) {
+      throw CheckpointError(fmt::format("{}: tensor {} {} of the saved config's GPT is {} in the checkpoint", o.dir, name, dims(p.shape),
+                                        t == nullptr ? "missing" : dims(t->shape)));
+    }
+    values.resize(p.numel());
+    reader.read(*t, 0, 0, p.numel(), values.data());
+    writer.write(values.data());
+  }
+  const uint64_t bytes = writer.finish();
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::printf("exported %s (step %lld) to %s: %s of %s weights in Hugging Face GPT-2 names, in %.2f s\n", o.dir.c_str(),
+              static_cast<long long>(o.manifest.step), out.c_str(), format_bytes(bytes).c_str(), dtype_name(type).data(), s);
+}
+
+// The plan geometry of `c`'s GPT at `dp` ranks (what its ranks own), for writing a checkpoint as
+// they would have.
+Plan layout(const TrainConfig& c, int dp) {
+  return make_plan(Gpt::block_specs(c.model), Gpt::schedule(c.model), c.engine, dp, 0);
+}
+
+void reshard(const std::string& path, int dp, const std::string& out) {
+  const Opened o = open_verified(path, false);
+  const TrainConfig c = saved_config(o);
+  const auto specs = Gpt::block_specs(c.model);
+  const Plan plan = layout(c, dp);
+  std::vector<const CkptTensor*> tensors;
+  for (const auto& s : specs) {
+    for (const auto& p : s.params) {
+      const CkptTensor* t = o.manifest.find(s.name + "." + p.name);
+      if (t == nullptr || t->shape != p.shape)
+        throw CheckpointError(fmt::format("{}: tensor {}.{} does not match the saved config's GPT", o.dir, s.name, p.name));
+      tensors.push_back(t);
+    }
+  }
+  CkptReader reader(o.dir, o.manifest);
+  Manifest header = o.manifest;
+  const CheckpointIo io = write_checkpoint(
+      specs, plan, header,
+      [&](size_t tensor, int state, uint64_t lo, uint64_t hi, float* values) { reader.read(*tensors[tensor], state, lo, hi, values); },
+      out);
+  std::printf("resharded %s (dp %d) to %s for dp %d: %zu files, %s in %.2f s\n", o.dir.c_str(), o.manifest.world.value("dp", 0),
+              io.path.c_str(), dp, static_cast<size_t>(dp), format_bytes(io.bytes).c_str(), io.seconds);
+}
+
+void import_weights(const std::string& file, const std::string& config_path, const std::string& out) {
+  const TrainConfig c = TrainConfig::from_json(read_config_file(config_path));
+  const auto specs = Gpt::block_specs(c.model);
+  const Plan plan = layout(c, c.run.world_size);
+  // The whole model in f32, in the order of the checkpoint's tensors.
+  std::vector<size_t> first(specs.size() + 1, 0);
+  for (size_t b = 0; b < specs.size(); ++b) first[b + 1] = first[b] + specs[b].params.size();
+  std::vector<std::vector<float>> weights(first.back());
+  read_gpt2_weights(c.model, file, [&](int block, size_t param, std::vector<float>& values) { weights[first[block] + param] = std::move(values); });
+  Manifest m;
+  m.step = 0;
+  m.world = {{"tp", 1}, {"pp", 1}, {"zero_stage", c.engine.zero.stage}, {"offload_optimizer", "none"}, {"offload_param", "none"}};
+  m.optimizer = std::string(optimizer_name(c.engine.optimizer.kind));
+  m.states = {"fp32"};
+  for (int k = 0; k < c.engine.optimizer.state_arrays(); ++k) m.states.emplace_back(c.engine.optimizer.state_array_name(k));
+  const LossScaler scaler(c.engine.compute_dtype == DType::f16 ? c.engine.loss_scaler : LossScalerConfig{.loss_scale = 1.0});
+  const auto s = scaler.state();
+  m.engine = {{"steps_applied", 0},
+              {"steps_run", 0},
+              {"compute_dtype", dtype_name(c.engine.compute_dtype)},
+              {"loss_scaler", {{"scale", s.scale}, {"iteration", s.iteration}, {"last_overflow", s.last_overflow}, {"hysteresis", s.hysteresis}}}};
+  m.run = {{"imported_from", file}};
+  m.config = c.resolved;
+  const CheckpointIo io = write_checkpoint(
+      specs, plan, m,
+      [&](size_t tensor, int state, uint64_t lo, uint64_t hi, float* values) {
+        if (state == 0) {
+          std::copy(weights[tensor].begin() + static_cast<std::ptrdiff_t>(lo), weights[tensor].begin() + static_cast<std::ptrdiff_t>(hi), values);
+        } else {
+          std::fill(values, values + (hi - lo), 0.0f);  // fresh optimizer state
+        }
+      },
+      out);
+  std::printf("imported %s into %s: step 0, %zu tensors, fresh %s state, %s; resume it with `zeroth train %s --resume %s` or start "
+              "from its weights with run.init_from\n",
+              file.c_str(), io.path.c_str(), weights.size(), m.optimizer.c_str(), format_bytes(io.bytes).c_str(), config_path.c_str(),
+              out.c_str());
+}
+
+}  // namespace
+
+void add_ckpt_command(CLI::App& app) {
+  auto* ckpt = app.add_subcommand("ckpt", "Inspect, verify, export, reshard and import checkpoints");
+  ckpt->require_subcommand(1);
+  struct Args {
+    std::string path, out, dtype = "f32", config;
+    int dp = 1;
+  };
+  auto a = std::make_shared<Args>();
+  auto* inspect_cmd = ckpt->add_subcommand("inspect", "Print a checkpoint's layout and tensors and verify every file (exit 1 naming any bad file)");
+  inspect_cmd->add_option("dir", a->path, "A checkpoint folder (its latest) or a step folder")->required();
+  inspect_cmd->callback([a] { inspect(a->path); });
+  auto* export_cmd = ckpt->add_subcommand("export", "Write a checkpoint's weights as one safetensors file in Hugging Face GPT-2 names");
+  export_cmd->add_option("dir", a->path, "A checkpoint folder (its latest) or a step folder")->required();
+  export_cmd->add_option("--out", a->out, "The safetensors file to write")->required();
+  export_cmd->add_option("--dtype", a->dtype, "f32 (default), bf16 or f16");
+  export_cmd->callback([a] { export_weights(a->path, a->out, a->dtype); });
+  auto* reshard_cmd = ckpt->add_subcommand("reshard", "Rewrite a checkpoint as M data-parallel ranks would have saved it");
+  reshard_cmd->add_option("dir", a->path, "A checkpoint folder (its latest) or a step folder")->required();
+  reshard_cmd->add_option("--dp", a->dp, "The data-parallel size to write for")->required()->check(CLI::Range(1, 1 << 20));
+  reshard_cmd->add_option("--out", a->out, "The checkpoint folder to write (a step folder and latest go in it)")->required();
+  reshard_cmd->callback([a] { reshard(a->path, a->dp, a->out); });
+  auto* import_cmd = ckpt->add_subcommand("import", "Turn a GPT-2 safetensors file (Hugging Face names) into a checkpoint for a config");
+  import_cmd->add_option("file", a->path, "The .safetensors file (e.g. a published GPT-2's model.safetensors)")->required();
+  import_cmd->add_option("--config", a->config, "The training config whose model it must fit (model.* keys)")->required();
+  import_cmd->add_option("--out", a->out, "The checkpoint folder to write")->required();
+  import_cmd->callback([a] { import_weights(a->path, a->config, a->out); });
+}
+
+}  // namespace zeroth::tools
