@@ -141,7 +141,8 @@ class Agreement {
 void add_tensors(Manifest& m, const Plan& plan, const std::vector<TensorRef>& tensors) {
   for (const auto& t : tensors) m.tensors.push_back({t.name, t.shape, std::vector<std::vector<CkptPiece>>(m.states.size())});
   for (int r = 0; r < plan.dp; ++r)
-    for (const auto& p : file_layout(plan, tensors, m.states.size(), r)) m.tensors[p.tensor].pieces[p.state].push_back({r, p.offset, p.lo, p.hi});
+    for (const auto& p : file_layout(plan, tensors, m.states.size(), r))
+      m.tensors[p.tensor].pieces[p.state].push_back({r, p.offset, p.lo, p.hi});
 }
 
 void remove_quietly(const fs::path& p) {
@@ -206,7 +207,8 @@ CheckpointIo save_checkpoint(Engine& engine, const CheckpointSaveOptions& o) {
     agreement.attempt([&] {
       std::error_code ec;
       fs::create_directories(dir, ec);
-      if (ec) ZEROTH_THROW(IoError, "cannot create the checkpoint folder {}: {}; check run.checkpoint_dir", dir.string(), ec.message());
+      if (ec)
+        ZEROTH_THROW(IoError, "cannot create the checkpoint folder {}: {}; check run.checkpoint_dir", dir.string(), ec.message());
       // Leftovers of saves a crash interrupted.
       for (const auto& e : fs::directory_iterator(dir, ec))
         if (e.path().filename().string().starts_with(".tmp-step-")) remove_quietly(e.path());
@@ -288,10 +290,10 @@ CheckpointIo load_checkpoint(Engine& engine, const std::string& path, Manifest* 
   for (const auto& s : states) {
     const int i = m.state_index(s.name);
     if (i < 0) {
-      throw CheckpointError(fmt::format("{}: the checkpoint holds no \"{}\" optimizer state ({} wrote it; its states: {}), which this run's "
-                                        "{} needs; use the same optimizer type, or start from its weights only (run.init_from)",
-                                        manifest_path, s.name, m.optimizer, fmt::join(m.states, ", "),
-                                        optimizer_name(engine.config().optimizer.kind)));
+      throw CheckpointError(
+          fmt::format("{}: the checkpoint holds no \"{}\" optimizer state ({} wrote it; its states: {}), which this run's "
+                      "{} needs; use the same optimizer type, or start from its weights only (run.init_from)",
+                      manifest_path, s.name, m.optimizer, fmt::join(m.states, ", "), optimizer_name(engine.config().optimizer.kind)));
     }
     state_at.push_back(i);
   }
@@ -312,8 +314,8 @@ CheckpointIo load_checkpoint(Engine& engine, const std::string& path, Manifest* 
     found.push_back(c);
   }
   if (m.tensors.size() != tensors.size()) {
-    throw CheckpointError(fmt::format("{}: the checkpoint holds {} tensors, this model {}; it was written for another model", manifest_path,
-                                      m.tensors.size(), tensors.size()));
+    throw CheckpointError(fmt::format("{}: the checkpoint holds {} tensors, this model {}; it was written for another model",
+                                      manifest_path, m.tensors.size(), tensors.size()));
   }
 
   // Verification, the files split between the ranks; every rank learns every outcome.
@@ -331,7 +333,8 @@ CheckpointIo load_checkpoint(Engine& engine, const std::string& path, Manifest* 
     const FileCheck c{static_cast<FileCheck::Problem>(all[at]), all[at + 1]};
     if (c.problem != FileCheck::Problem::none) problems += (problems.empty() ? "" : "; ") + c.describe(step_dir, m.files[f]);
   }
-  if (!problems.empty()) throw CheckpointError(problems + "; the checkpoint cannot be loaded (an earlier step folder may still be whole)");
+  if (!problems.empty())
+    throw CheckpointError(problems + "; the checkpoint cannot be loaded (an earlier step folder may still be whole)");
 
   Agreement agreement(engine);
   agreement.attempt([&] {

@@ -16,10 +16,10 @@
 // than the writer's is resharded on the fly.
 #pragma once
 
-#include <cstdint>  // uint64_t
+#include <cstdint>     // uint64_t
 #include <functional>  // std::function
-#include <string>   // std::string
-#include <vector>   // std::vector
+#include <string>      // std::string
+#include <vector>      // std::vector
 
 #include <nlohmann/json.hpp>  // nlohmann::json
 
@@ -29,8 +29,8 @@
 namespace zeroth {
 
 struct CheckpointSaveOptions {
-  std::string dir;  // the checkpoint folder: step folders and `latest`
-  int keep_last = 0;  // step folders kept, the new one included (0: all)
+  std::string dir;                                   // the checkpoint folder: step folders and `latest`
+  int keep_last = 0;                                 // step folders kept, the new one included (0: all)
   nlohmann::json run = nlohmann::json::object();     // the caller's state (data position, ...)
   nlohmann::json config = nlohmann::json::object();  // the run's resolved config
   nlohmann::json world = nlohmann::json::object();   // layout keys beyond the engine's (tp, pp)

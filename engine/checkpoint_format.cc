@@ -44,22 +44,31 @@ json Manifest::to_json() const {
     }
     tensors_j.push_back(std::move(tj));
   }
-  return {{"format", kCheckpointFormat}, {"version", version}, {"step", step},       {"world", world},
-          {"optimizer", optimizer},     {"states", states},   {"engine", engine},   {"run", run},
-          {"config", config},           {"files", files_j},   {"tensors", tensors_j}};
+  return {{"format", kCheckpointFormat},
+          {"version", version},
+          {"step", step},
+          {"world", world},
+          {"optimizer", optimizer},
+          {"states", states},
+          {"engine", engine},
+          {"run", run},
+          {"config", config},
+          {"files", files_j},
+          {"tensors", tensors_j}};
 }
 
 Manifest Manifest::from_json(const json& j, const std::string& source) {
   auto bad = [&](const std::string& what) -> CheckpointError {
-    return CheckpointError(fmt::format("{}: {}; the checkpoint cannot be used (was it edited or written by something else?)", source, what));
+    return CheckpointError(
+        fmt::format("{}: {}; the checkpoint cannot be used (was it edited or written by something else?)", source, what));
   };
   if (!j.is_object() || j.value("format", std::string()) != kCheckpointFormat) throw bad("not a zeroth checkpoint manifest");
   Manifest m;
   try {
     m.version = j.at("version").get<int>();
     if (m.version != kCheckpointVersion) {
-      throw CheckpointError(fmt::format("{}: format version {}, but this zeroth reads version {}; use the zeroth that wrote it", source,
-                                        m.version, kCheckpointVersion));
+      throw CheckpointError(fmt::format("{}: format version {}, but this zeroth reads version {}; use the zeroth that wrote it",
+                                        source, m.version, kCheckpointVersion));
     }
     m.step = j.at("step").get<int64_t>();
     m.world = j.at("world");
@@ -86,7 +95,8 @@ Manifest Manifest::from_json(const json& j, const std::string& source) {
       for (const auto& state : m.states) {
         if (!t.contains(state)) throw bad(fmt::format("tensor {} has no \"{}\" pieces", tensor.name, state));
         std::vector<CkptPiece> pieces;
-        for (const auto& p : t.at(state)) pieces.push_back({p.at(0).get<int>(), p.at(1).get<uint64_t>(), p.at(2).get<uint64_t>(), p.at(3).get<uint64_t>()});
+        for (const auto& p : t.at(state))
+          pieces.push_back({p.at(0).get<int>(), p.at(1).get<uint64_t>(), p.at(2).get<uint64_t>(), p.at(3).get<uint64_t>()});
         std::sort(pieces.begin(), pieces.end(), [](const CkptPiece& a, const CkptPiece& b) { return a.lo < b.lo; });
         // Every element exactly once, each piece inside its file.
         uint64_t next = 0;
@@ -104,7 +114,8 @@ Manifest Manifest::from_json(const json& j, const std::string& source) {
           next = p.hi;
         }
         if (next != tensor.numel())
-          throw bad(fmt::format("the \"{}\" pieces of tensor {} hold {} of its {} elements", state, tensor.name, next, tensor.numel()));
+          throw bad(
+              fmt::format("the \"{}\" pieces of tensor {} hold {} of its {} elements", state, tensor.name, next, tensor.numel()));
         tensor.pieces.push_back(std::move(pieces));
       }
       m.tensors.push_back(std::move(tensor));
@@ -172,11 +183,13 @@ std::string resolve_checkpoint(const std::string& path) {
   if (!name.empty() && has_manifest(dir / name)) return (dir / name).string();
   const auto steps = complete_steps(dir);
   if (steps.empty()) {
-    throw CheckpointError(fmt::format("{}: no checkpoint there (no {}, no step-N folder with a {}); name a checkpoint folder or a step folder",
-                                      path, kManifestName, kManifestName));
+    throw CheckpointError(
+        fmt::format("{}: no checkpoint there (no {}, no step-N folder with a {}); name a checkpoint folder or a step folder", path,
+                    kManifestName, kManifestName));
   }
   ZLOG_WARN("{}/{} {}; loading the newest complete checkpoint, {}", path, kLatestName,
-            latest ? fmt::format("names \"{}\", which holds no checkpoint", name) : std::string("is missing"), steps.front().second.string());
+            latest ? fmt::format("names \"{}\", which holds no checkpoint", name) : std::string("is missing"),
+            steps.front().second.string());
   return steps.front().second.string();
 }
 
@@ -223,7 +236,8 @@ FileCheck verify_file(const std::string& step_dir, const CkptFile& file) {
   const uint64_t hash = XXH3_64bits_digest(state);
   XXH3_freeState(state);
   ::close(fd);
-  if (check.problem == FileCheck::Problem::none && hash != file.xxh3) check.problem = FileCheck::Problem::corrupted, check.found = hash;
+  if (check.problem == FileCheck::Problem::none && hash != file.xxh3)
+    check.problem = FileCheck::Problem::corrupted, check.found = hash;
   return check;
 }
 
@@ -233,8 +247,8 @@ std::string FileCheck::describe(const std::string& step_dir, const CkptFile& fil
     case Problem::none: return "";
     case Problem::missing: return fmt::format("{} is missing or cannot be opened", path);
     case Problem::wrong_size:
-      return fmt::format("{} is {}: {} bytes, the manifest says {}", path, found < file.bytes ? "truncated" : "longer than written", found,
-                         file.bytes);
+      return fmt::format("{} is {}: {} bytes, the manifest says {}", path, found < file.bytes ? "truncated" : "longer than written",
+                         found, file.bytes);
     case Problem::corrupted:
       return fmt::format("{} is corrupted: its xxh3-64 checksum is {}, the manifest says {}", path, hex64(found), hex64(file.xxh3));
     case Problem::unreadable: return fmt::format("{} cannot be read past byte {} (an I/O error)", path, found);
@@ -261,7 +275,8 @@ void CkptFileWriter::write(const void* data, size_t bytes) {
     const ssize_t n = ::pwrite(fd_, p, std::min<size_t>(bytes, size_t{1} << 30), static_cast<off_t>(bytes_));
     if (n < 0) {
       if (errno == EINTR) continue;
-      ZEROTH_THROW(IoError, "pwrite({}, {} bytes at {}) failed: {}; the disk may be full", path_, bytes, bytes_, detail::errno_text(errno));
+      ZEROTH_THROW(IoError, "pwrite({}, {} bytes at {}) failed: {}; the disk may be full", path_, bytes, bytes_,
+                   detail::errno_text(errno));
     }
     p += n, bytes -= static_cast<size_t>(n), bytes_ += static_cast<uint64_t>(n);
   }

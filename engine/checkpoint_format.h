@@ -52,9 +52,9 @@ struct CkptFile {
 struct Manifest {
   int version = kCheckpointVersion;
   int64_t step = 0;
-  nlohmann::json world = nlohmann::json::object();  // dp, tp, pp, zero_stage, offload_optimizer, offload_param
-  std::string optimizer;                            // its type: adamw, adam, sgd, lion, lamb
-  std::vector<std::string> states;                  // "fp32" then the optimizer's arrays (exp_avg, ...)
+  nlohmann::json world = nlohmann::json::object();   // dp, tp, pp, zero_stage, offload_optimizer, offload_param
+  std::string optimizer;                             // its type: adamw, adam, sgd, lion, lamb
+  std::vector<std::string> states;                   // "fp32" then the optimizer's arrays (exp_avg, ...)
   nlohmann::json engine = nlohmann::json::object();  // the engine's counters and loss scaler
   nlohmann::json run = nlohmann::json::object();     // the caller's (data position, ...)
   nlohmann::json config = nlohmann::json::object();  // the run's resolved config

@@ -1,11 +1,11 @@
 // `zeroth ckpt inspect | export | reshard | import`: checkpoints without a training run. Every
 // command that reads a checkpoint verifies all of its files first, so nothing is ever read out of
 // a damaged one.
-#include <chrono>   // std::chrono::steady_clock
-#include <cstdio>   // std::printf
-#include <memory>   // std::make_shared
-#include <string>   // std::string
-#include <vector>   // std::vector
+#include <chrono>  // std::chrono::steady_clock
+#include <cstdio>  // std::printf
+#include <memory>  // std::make_shared
+#include <string>  // std::string
+#include <vector>  // std::vector
 
 #include <CLI/CLI.hpp>        // CLI::App
 #include <fmt/format.h>       // fmt::format
@@ -53,8 +53,8 @@ Opened open_verified(const std::string& path, bool print) {
   const double s = std::chrono::duration<double>(Clock::now() - t0).count();
   if (!problems.empty()) throw CheckpointError(fmt::format("{}; do not use this checkpoint", fmt::join(problems, "; ")));
   if (print) {
-    std::printf("  verified   %s read in %.2f s (%.2f GB/s): every file has the manifest's size and checksum\n", format_bytes(read).c_str(),
-                s, s > 0 ? static_cast<double>(read) / s * 1e-9 : 0.0);
+    std::printf("  verified   %s read in %.2f s (%.2f GB/s): every file has the manifest's size and checksum\n",
+                format_bytes(read).c_str(), s, s > 0 ? static_cast<double>(read) / s * 1e-9 : 0.0);
   }
   return o;
 }
@@ -84,8 +84,8 @@ void inspect(const std::string& path) {
               w.value("offload_param", std::string("?")).c_str());
   uint64_t elements = 0;
   for (const auto& t : m.tensors) elements += t.numel();
-  std::printf("  state      %s: %s (%llu elements each, f32)\n", m.optimizer.c_str(), fmt::format("{}", fmt::join(m.states, ", ")).c_str(),
-              static_cast<unsigned long long>(elements));
+  std::printf("  state      %s: %s (%llu elements each, f32)\n", m.optimizer.c_str(),
+              fmt::format("{}", fmt::join(m.states, ", ")).c_str(), static_cast<unsigned long long>(elements));
   std::printf("  tensors    %zu\n", m.tensors.size());
   for (const auto& t : m.tensors) {
     std::string pieces;
@@ -119,8 +119,8 @@ void export_weights(const std::string& path, const std::string& out, const std::
     const std::string name = specs[writer.block()].name + "." + p.name;
     const CkptTensor* t = o.manifest.find(name);
     if (t == nullptr || t->shape != p.shape) {
-      throw CheckpointError(fmt::format("{}: tensor {} {} of the saved config's GPT is {} in the checkpoint", o.dir, name, dims(p.shape),
-                                        t == nullptr ? "missing" : dims(t->shape)));
+      throw CheckpointError(fmt::format("{}: tensor {} {} of the saved config's GPT is {} in the checkpoint", o.dir, name,
+                                        dims(p.shape), t == nullptr ? "missing" : dims(t->shape)));
     }
     values.resize(p.numel());
     reader.read(*t, 0, 0, p.numel(), values.data());
@@ -134,9 +134,7 @@ void export_weights(const std::string& path, const std::string& out, const std::
 
 // The plan geometry of `c`'s GPT at `dp` ranks (what its ranks own), for writing a checkpoint as
 // they would have.
-Plan layout(const TrainConfig& c, int dp) {
-  return make_plan(Gpt::block_specs(c.model), Gpt::schedule(c.model), c.engine, dp, 0);
-}
+Plan layout(const TrainConfig& c, int dp) { return make_plan(Gpt::block_specs(c.model), Gpt::schedule(c.model), c.engine, dp, 0); }
 
 void reshard(const std::string& path, int dp, const std::string& out) {
   const Opened o = open_verified(path, false);
@@ -170,7 +168,8 @@ void import_weights(const std::string& file, const std::string& config_path, con
   std::vector<size_t> first(specs.size() + 1, 0);
   for (size_t b = 0; b < specs.size(); ++b) first[b + 1] = first[b] + specs[b].params.size();
   std::vector<std::vector<float>> weights(first.back());
-  read_gpt2_weights(c.model, file, [&](int block, size_t param, std::vector<float>& values) { weights[first[block] + param] = std::move(values); });
+  read_gpt2_weights(c.model, file,
+                    [&](int block, size_t param, std::vector<float>& values) { weights[first[block] + param] = std::move(values); });
   Manifest m;
   m.step = 0;
   m.world = {{"tp", 1}, {"pp", 1}, {"zero_stage", c.engine.zero.stage}, {"offload_optimizer", "none"}, {"offload_param", "none"}};
@@ -182,17 +181,19 @@ void import_weights(const std::string& file, const std::string& config_path, con
   m.engine = {{"steps_applied", 0},
               {"steps_run", 0},
               {"compute_dtype", dtype_name(c.engine.compute_dtype)},
-              {"loss_scaler", {{"scale", s.scale}, {"iteration", s.iteration}, {"last_overflow", s.last_overflow}, {"hysteresis", s.hysteresis}}}};
+              {"loss_scaler",
+               {{"scale", s.scale}, {"iteration", s.iteration}, {"last_overflow", s.last_overflow}, {"hysteresis", s.hysteresis}}}};
   m.run = {{"imported_from", file}};
   m.config = c.resolved;
   const CheckpointIo io = write_checkpoint(
       specs, plan, m,
       [&](size_t tensor, int state, uint64_t lo, uint64_t hi, float* values) {
-        if (state == 0) {
-          std::copy(weights[tensor].begin() + static_cast<std::ptrdiff_t>(lo), weights[tensor].begin() + static_cast<std::ptrdiff_t>(hi), values);
-        } else {
-          std::fill(values, values + (hi - lo), 0.0f);  // fresh optimizer state
-        }
+    if (state == 0) {
+      std::copy(weights[tensor].begin() + static_cast<std::ptrdiff_t>(lo), weights[tensor].begin() + static_cast<std::ptrdiff_t>(hi),
+                values);
+    } else {
+      std::fill(values, values + (hi - lo), 0.0f);  // fresh optimizer state
+    }
       },
       out);
   std::printf("imported %s into %s: step 0, %zu tensors, fresh %s state, %s; resume it with `zeroth train %s --resume %s` or start "
@@ -211,10 +212,12 @@ void add_ckpt_command(CLI::App& app) {
     int dp = 1;
   };
   auto a = std::make_shared<Args>();
-  auto* inspect_cmd = ckpt->add_subcommand("inspect", "Print a checkpoint's layout and tensors and verify every file (exit 1 naming any bad file)");
+  auto* inspect_cmd =
+      ckpt->add_subcommand("inspect", "Print a checkpoint's layout and tensors and verify every file (exit 1 naming any bad file)");
   inspect_cmd->add_option("dir", a->path, "A checkpoint folder (its latest) or a step folder")->required();
   inspect_cmd->callback([a] { inspect(a->path); });
-  auto* export_cmd = ckpt->add_subcommand("export", "Write a checkpoint's weights as one safetensors file in Hugging Face GPT-2 names");
+  auto* export_cmd = ckpt->add_subcommand("export",
+                                          "Write a checkpoint's weights as one safetensors file in Hugging Face GPT-2 names");
   export_cmd->add_option("dir", a->path, "A checkpoint folder (its latest) or a step folder")->required();
   export_cmd->add_option("--out", a->out, "The safetensors file to write")->required();
   export_cmd->add_option("--dtype", a->dtype, "f32 (default), bf16 or f16");
@@ -224,7 +227,8 @@ void add_ckpt_command(CLI::App& app) {
   reshard_cmd->add_option("--dp", a->dp, "The data-parallel size to write for")->required()->check(CLI::Range(1, 1 << 20));
   reshard_cmd->add_option("--out", a->out, "The checkpoint folder to write (a step folder and latest go in it)")->required();
   reshard_cmd->callback([a] { reshard(a->path, a->dp, a->out); });
-  auto* import_cmd = ckpt->add_subcommand("import", "Turn a GPT-2 safetensors file (Hugging Face names) into a checkpoint for a config");
+  auto* import_cmd = ckpt->add_subcommand("import",
+                                          "Turn a GPT-2 safetensors file (Hugging Face names) into a checkpoint for a config");
   import_cmd->add_option("file", a->path, "The .safetensors file (e.g. a published GPT-2's model.safetensors)")->required();
   import_cmd->add_option("--config", a->config, "The training config whose model it must fit (model.* keys)")->required();
   import_cmd->add_option("--out", a->out, "The checkpoint folder to write")->required();

@@ -279,6 +279,8 @@ void read_run(TrainConfig& t, const json& j, int launched_world_size) {
   json copy = j.value("run", json::object());
   const bool world_auto = copy.is_object() && copy.contains("world_size") && is_auto(copy["world_size"]);
   if (world_auto) copy.erase("world_size");
+  // "auto" is one of run.progress's own values (its default), not DeepSpeed's placeholder.
+  if (copy.is_object() && copy.contains("progress") && is_auto(copy["progress"])) copy.erase("progress");
   Section s(copy, "run", kKeys);
   RunConfig r;
   r.name = s.string("name", r.name);

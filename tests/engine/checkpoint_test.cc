@@ -32,8 +32,7 @@ namespace fs = std::filesystem;
 // A fresh folder per test, removed at the end.
 class Scratch {
  public:
-  explicit Scratch(const std::string& name)
-      : path_(fmt::format("{}/zeroth-ckpt-{}-{}", ::testing::TempDir(), name, ::getpid())) {
+  explicit Scratch(const std::string& name) : path_(fmt::format("{}/zeroth-ckpt-{}-{}", ::testing::TempDir(), name, ::getpid())) {
     fs::remove_all(path_);
     fs::create_directories(path_);
   }
@@ -102,7 +101,8 @@ TEST_P(Resume, ContinuesBitForBit) {
       EXPECT_EQ(got[r].steps[k].step, ref[r].steps[k + 3].step) << "optimizer steps applied, step " << k + 4;
       EXPECT_EQ(got[r].steps[k].lr, ref[r].steps[k + 3].lr) << "step " << k + 4;
     }
-    for (size_t b = 0; b < ref[r].weights.size(); ++b) EXPECT_EQ(got[r].weights[b], ref[r].weights[b]) << "rank " << r << " block " << b;
+    for (size_t b = 0; b < ref[r].weights.size(); ++b)
+      EXPECT_EQ(got[r].weights[b], ref[r].weights[b]) << "rank " << r << " block " << b;
   }
   if (p.dtype == DType::f16) {
     // The scale had dropped before the save (an overflow at step 1) and moves again after it

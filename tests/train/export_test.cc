@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 
 #include <filesystem>
@@ -222,6 +223,67 @@ TEST(GptWeights, AFailedSaveRaisesOnRankZeroWithoutHangingTheOthers) {
     EXPECT_NE(std::string(e.what()).find("no-such-folder/model.safetensors.tmp"), std::string::npos) << e.what();
   }
   EXPECT_FALSE(std::filesystem::exists(path));
+}
+
+// The way back: a file as Hugging Face publishes GPT-2 (names without "transformer.", more
+// positions than model.seq_len, a smaller vocabulary than the model's padded one, a tensor in
+// bf16) read into zeroth's layout: every value where it belongs, Conv1D weights transposed back,
+// extra positions dropped, missing vocabulary rows zero. A file of another shape is refused
+// naming the tensor.
+TEST(GptWeights, ReadBackFromHuggingFaceLayout) {
+  const GptConfig gc = tiny();  // V 64, T 16, C 32
+  const int64_t V = 60, T = 20, C = 32;
+  SafeTensors file;
+  uint32_t seed = 1;
+  auto value = [&] { return static_cast<float>((seed = seed * 1664525u + 1013904223u) >> 8) / 16777216.0f - 0.5f; };
+  for (auto [name, shape] : hf_gpt2(V, T, C)) {
+    SafeTensor t;
+    t.dtype = name.ends_with("ln_f.bias") ? "BF16" : "F32";
+    t.shape = shape;
+    std::vector<float> v(t.numel());
+    for (auto& x : v) x = value();
+    if (t.dtype == "BF16") {
+      t.data.resize(v.size() * 2);
+      cpu::cast(v.data(), DType::f32, t.data.data(), DType::bf16, v.size());
+    } else {
+      t.data.resize(v.size() * 4);
+      std::memcpy(t.data.data(), v.data(), t.data.size());
+    }
+    file.tensors[name.substr(12)] = std::move(t);  // GPT2Model's names
+  }
+  file.metadata["format"] = "pt";
+  const std::string path = temp_path("hf_layout");
+  write_safetensors(path, file);
+  const auto specs = Gpt::block_specs(gc);
+  size_t seen = 0;
+  read_gpt2_weights(gc, path, [&](int block, size_t param, std::vector<float>& got) {
+    const auto& p = specs[block].params[param];
+    ASSERT_EQ(got.size(), p.numel()) << p.name;
+    std::string hf = specs[block].name == "embed" ? p.name + ".weight" : specs[block].name + "." + p.name;
+    const auto want = file.tensors.at(hf).as_f32();
+    const bool conv1d = p.shape.size() == 2 && specs[block].name != "embed";
+    for (size_t i = 0; i < got.size(); ++i) {
+      float expect = 0;
+      if (conv1d) {
+        const size_t rows = static_cast<size_t>(p.shape[0]), cols = static_cast<size_t>(p.shape[1]);
+        expect = want[(i % cols) * rows + i / cols];  // zeroth [out, in] from Hugging Face's [in, out]
+      } else {
+        expect = i < want.size() ? want[i] : 0.0f;  // wte rows past the file's vocabulary: zero
+      }
+      ASSERT_EQ(got[i], expect) << hf << " element " << i;
+    }
+    ++seen;
+  });
+  EXPECT_EQ(seen, 4u + 12u * 2u);
+  GptConfig wider = gc;
+  wider.n_embd = 48;
+  try {
+    read_gpt2_weights(wider, path, [](int, size_t, std::vector<float>&) {});
+    ADD_FAILURE() << "a file of another width was read";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("wte.weight is [60, 32] but the model"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove(path);
 }
 
 }  // namespace

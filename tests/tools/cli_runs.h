@@ -1,0 +1,62 @@
+// Running the `zeroth` binary in tests: a tiny GPT config, a run's exit code, output and metrics.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/process_util.h"
+
+namespace zeroth::testing {
+
+using json = nlohmann::json;
+
+inline std::string temp(const std::string& name) { return ::testing::TempDir() + "train_" + name; }
+
+// A tiny GPT on synthetic data: 2 ranks, ZeRO-3, 6 steps, validation every 3.
+inline json tiny(const std::string& name) {
+  json j = json::parse(R"({
+    "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2, "steps_per_print": 2, "gradient_clipping": 1.0,
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}},
+    "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+    "model": {"n_layer": 2, "n_head": 2, "n_embd": 32, "seq_len": 16},
+    "data": {"format": "synthetic", "vocab_size": 64, "tokens": 65536},
+    "run": {"steps": 6, "eval_interval": 3, "eval_batches": 2, "world_size": 2}})");
+  j["run"]["output_dir"] = temp(name);
+  return j;
+}
+
+inline std::string write_config(const std::string& name, const json& j) {
+  const std::string path = temp(name) + ".json";
+  std::ofstream(path) << j.dump(2);
+  return path;
+}
+
+struct Run {
+  int code;
+  std::string output;
+  std::vector<json> metrics;  // <output_dir>/metrics.jsonl, one record per line
+};
+
+inline Run run(const std::vector<std::string>& args, const std::string& name, std::chrono::seconds timeout = std::chrono::seconds(300)) {
+  auto child = testing::spawn(args, {}, temp(name) + ".out");
+  Run r{testing::wait_exit(child, timeout), child.output(), {}};
+  std::ifstream in(temp(name) + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) r.metrics.push_back(json::parse(line));
+  return r;
+}
+
+inline std::vector<double> losses(const Run& r) {
+  std::vector<double> out;
+  for (const auto& m : r.metrics) {
+    if (m.contains("loss") && m.contains("lr")) out.push_back(m["loss"]);
+  }
+  return out;
+}
+
+}  // namespace zeroth::testing
