@@ -220,7 +220,10 @@ CheckpointIo save_checkpoint(Engine& engine, const CheckpointSaveOptions& o) {
 
   CkptFile mine;
   agreement.attempt([&] {
-    CkptFileWriter out((tmp / ckpt_file_name(rank)).string());
+    const auto& aio = engine.config().aio;
+    CkptFileWriter out((tmp / ckpt_file_name(rank)).string(), {.block_size = aio.block_size,
+                                                               .queue_depth = static_cast<unsigned>(aio.queue_depth),
+                                                               .threads = static_cast<unsigned>(aio.threads)});
     std::vector<float> values;
     int block = -1, state = -1;
     for (const auto& p : file_layout(plan, tensors, states.size(), rank)) {

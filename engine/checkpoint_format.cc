@@ -256,37 +256,75 @@ std::string FileCheck::describe(const std::string& step_dir, const CkptFile& fil
   return "";
 }
 
-CkptFileWriter::CkptFileWriter(std::string path) : path_(std::move(path)) {
-  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd_ < 0) ZEROTH_THROW(IoError, "open({}, O_WRONLY | O_CREAT | O_TRUNC) failed: {}", path_, detail::errno_text(errno));
+namespace {
+
+// Per staging buffer: large enough for several of the file's blocks in flight, small enough that
+// touching it for the first time (slow on these machines) costs little per save.
+constexpr size_t kStagingBytes = size_t{8} << 20;
+
+}  // namespace
+
+CkptFileWriter::CkptFileWriter(std::string path, const offload::IoOptions& io) : path_(std::move(path)) {
+  std::error_code ec;
+  fs::remove(path_, ec);  // the writer's own file, fresh: no old bytes past the new end
+  file_ = std::make_unique<offload::AsyncFile>(path_, offload::AsyncFile::Mode::read_write, io);
+  staging_[0] = offload::AlignedBuffer(kStagingBytes);
+  staging_[1] = offload::AlignedBuffer(kStagingBytes);
   state_ = XXH3_createState();
   XXH3_64bits_reset(static_cast<XXH3_state_t*>(state_));
 }
 
 CkptFileWriter::~CkptFileWriter() {
-  if (fd_ >= 0) ::close(fd_);
+  // A writer given up on (an error elsewhere) lets its writes finish before the buffers go.
+  for (auto& p : pending_) {
+    try {
+      p.wait();
+    } catch (const std::exception&) {
+    }
+  }
+  file_.reset();
   XXH3_freeState(static_cast<XXH3_state_t*>(state_));
 }
 
+void CkptFileWriter::submit() {
+  // Only the last block may be partial: O_DIRECT wants whole 4 KiB pages, so its tail is zeroed
+  // and cut off again by finish().
+  const size_t length = (filled_ + offload::kIoAlignment - 1) / offload::kIoAlignment * offload::kIoAlignment;
+  std::memset(staging_[current_].data() + filled_, 0, length - filled_);
+  pending_[current_] = file_->write(staging_[current_].data(), length, submitted_);
+  submitted_ += filled_;
+  filled_ = 0;
+  current_ ^= 1;
+  pending_[current_].wait();  // the other buffer's write is done before it fills again
+}
+
 void CkptFileWriter::write(const void* data, size_t bytes) {
+  ZEROTH_CHECK(submitted_ % offload::kIoAlignment == 0, "{}: written after a partial block", path_);
   XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), data, bytes);
   const char* p = static_cast<const char*>(data);
+  bytes_ += bytes;
   while (bytes > 0) {
-    const ssize_t n = ::pwrite(fd_, p, std::min<size_t>(bytes, size_t{1} << 30), static_cast<off_t>(bytes_));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      ZEROTH_THROW(IoError, "pwrite({}, {} bytes at {}) failed: {}; the disk may be full", path_, bytes, bytes_,
-                   detail::errno_text(errno));
-    }
-    p += n, bytes -= static_cast<size_t>(n), bytes_ += static_cast<uint64_t>(n);
+    const size_t n = std::min(bytes, kStagingBytes - filled_);
+    std::memcpy(staging_[current_].data() + filled_, p, n);
+    filled_ += n, p += n, bytes -= n;
+    if (filled_ == kStagingBytes) submit();
   }
 }
 
 CkptFile CkptFileWriter::finish() {
-  if (::fsync(fd_) != 0) ZEROTH_THROW(IoError, "fsync({}) failed: {}", path_, detail::errno_text(errno));
-  const int fd = fd_;
-  fd_ = -1;
-  if (::close(fd) != 0) ZEROTH_THROW(IoError, "close({}) failed: {}", path_, detail::errno_text(errno));
+  if (filled_ > 0) submit();
+  pending_[0].wait();
+  pending_[1].wait();
+  file_.reset();  // every write has landed; the rings and the descriptor close
+  const int fd = ::open(path_.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) ZEROTH_THROW(IoError, "open({}, O_WRONLY) failed: {}", path_, detail::errno_text(errno));
+  const int cut = ::ftruncate(fd, static_cast<off_t>(bytes_));
+  const int cut_err = errno;
+  const int synced = cut == 0 ? ::fsync(fd) : 0;
+  const int sync_err = errno;
+  ::close(fd);
+  if (cut != 0) ZEROTH_THROW(IoError, "ftruncate({}, {}) failed: {}", path_, bytes_, detail::errno_text(cut_err));
+  if (synced != 0) ZEROTH_THROW(IoError, "fsync({}) failed: {}; the disk may be full", path_, detail::errno_text(sync_err));
   return {fs::path(path_).filename().string(), bytes_, XXH3_64bits_digest(static_cast<XXH3_state_t*>(state_))};
 }
 

@@ -15,12 +15,15 @@
 #pragma once
 
 #include <cstdint>  // uint64_t, int64_t
+#include <memory>   // std::unique_ptr
 #include <string>   // std::string
 #include <vector>   // std::vector
 
 #include <nlohmann/json.hpp>  // nlohmann::json
 
-#include "core/error_types.h"  // CheckpointError
+#include "core/error_types.h"        // CheckpointError
+#include "offload/aio.h"             // offload::AsyncFile, IoOptions
+#include "offload/aligned_buffer.h"  // offload::AlignedBuffer
 
 namespace zeroth {
 
@@ -89,10 +92,13 @@ struct FileCheck {
 };
 FileCheck verify_file(const std::string& step_dir, const CkptFile& file);
 
-// XXH3-64 while writing: a data file written in pieces, flushed to the disk by finish().
+// XXH3-64 while writing: a data file written in pieces, flushed to the disk by finish(). The
+// bytes go through two aligned staging buffers to io_uring with O_DIRECT (offload/aio.h), one
+// filling while the other is written, so the page cache is neither copied into nor flushed at
+// the end; the file is cut to its exact size at finish().
 class CkptFileWriter {
  public:
-  explicit CkptFileWriter(std::string path);
+  explicit CkptFileWriter(std::string path, const offload::IoOptions& io = {});
   ~CkptFileWriter();
   CkptFileWriter(const CkptFileWriter&) = delete;
   CkptFileWriter& operator=(const CkptFileWriter&) = delete;
@@ -101,8 +107,14 @@ class CkptFileWriter {
   CkptFile finish();                           // fsync, close; the file's name, size and checksum
 
  private:
+  void submit();
   std::string path_;
-  int fd_ = -1;
+  std::unique_ptr<offload::AsyncFile> file_;
+  offload::AlignedBuffer staging_[2];
+  offload::IoHandle pending_[2];
+  int current_ = 0;
+  size_t filled_ = 0;       // bytes in the current staging buffer
+  uint64_t submitted_ = 0;  // bytes handed to the file so far
   uint64_t bytes_ = 0;
   void* state_ = nullptr;  // XXH3_state_t
 };

@@ -143,9 +143,13 @@ const DeepSpeedKey kKeys[] = {
      "keeps master weights and gradients in bf16; zeroth keeps fp32 master weights", is_false},
     {"bf16.bf16_optimizer_states", kUnsupported, "keeps optimizer state in bf16; zeroth keeps it in fp32", is_false},
 
-    // ---- meaningful once checkpoints exist
-    {"checkpoint", kLater, "checkpoint tag validation, universal checkpoints and writers (checkpoints)", disabled},
-    {"zero_optimization.load_from_fp32_weights", kLater, "master weights loaded from the 16-bit copy in a checkpoint (checkpoints)",
+    // ---- checkpoints: zeroth's own (run.checkpoint_dir, --resume) need none of these
+    {"checkpoint", kUnsupported,
+     "checkpoint tag validation, universal checkpoint conversion and node-local writers; zeroth's checkpoints have no tags and load "
+     "at any world size as they are (run.checkpoint_dir, zeroth train --resume)",
+     disabled},
+    {"zero_optimization.load_from_fp32_weights", kUnsupported,
+     "loads master weights from the 16-bit copy in a checkpoint; zeroth's checkpoints always hold the fp32 master weights",
      [](const json& v) { return v.is_null() || is_true(v); }},
 };
 

@@ -38,7 +38,13 @@ std::string bytes_of(const std::string& path) {
   return {std::istreambuf_iterator<char>(in), {}};
 }
 
-// The losses of steps [from, to) of a run's metrics (1-based step numbers).
+// tiny(name) with nothing left in its folder from an earlier run of the test.
+json fresh(const std::string& name) {
+  fs::remove_all(temp(name));
+  return tiny(name);
+}
+
+// The losses from step `from` on of a run's metrics (1-based step numbers).
 std::vector<double> losses_of_steps(const testing::Run& r, int from) {
   std::vector<double> out;
   for (const auto& m : r.metrics)
@@ -50,7 +56,7 @@ std::vector<double> losses_of_steps(const testing::Run& r, int from) {
 // the remaining steps' losses are the uninterrupted run's exactly, and the resumed run's metrics
 // continue the file.
 TEST(Ckpt, ResumeContinuesTheLossesBitForBit) {
-  json j = tiny("ckpt_whole");
+  json j = fresh("ckpt_whole");
   j["run"]["checkpoint_interval"] = 2;
   const auto whole = run({ZEROTH_BIN, "train", write_config("ckpt_whole", j)}, "ckpt_whole");
   ASSERT_EQ(whole.code, 0) << whole.output;
@@ -60,7 +66,7 @@ TEST(Ckpt, ResumeContinuesTheLossesBitForBit) {
   for (const char* step : {"step-2", "step-4", "step-6"}) EXPECT_TRUE(fs::exists(ckpt + "/" + step + "/manifest.json")) << step;
   EXPECT_EQ(bytes_of(ckpt + "/latest"), "step-6\n");
 
-  json k = tiny("ckpt_resumed");
+  json k = fresh("ckpt_resumed");
   const auto resumed = run({ZEROTH_BIN, "train", write_config("ckpt_resumed", k), "--resume", ckpt + "/step-2"}, "ckpt_resumed");
   ASSERT_EQ(resumed.code, 0) << resumed.output;
   EXPECT_NE(resumed.output.find("resumed from " + ckpt + "/step-2 at step 2"), std::string::npos) << resumed.output;
@@ -68,7 +74,7 @@ TEST(Ckpt, ResumeContinuesTheLossesBitForBit) {
   ASSERT_EQ(got.size(), 4u) << resumed.output;
   for (size_t i = 0; i < 4; ++i) EXPECT_EQ(got[i], ref[i + 2]) << "step " << i + 3;
 
-  json g = tiny("ckpt_gloo");
+  json g = fresh("ckpt_gloo");
   g["run"]["backend"] = "gloo";
   const auto gloo = run({ZEROTH_BIN, "launch", "-n", "2", "--", ZEROTH_BIN, "train", write_config("ckpt_gloo", g), "--resume",
                          ckpt + "/step-4"},
@@ -86,7 +92,7 @@ TEST(Ckpt, ResumeContinuesTheLossesBitForBit) {
 // the kill came before the first save, nothing) is a checkpoint that verifies, and resuming from
 // it finishes with the uninterrupted run's losses, bit for bit.
 TEST(Ckpt, KilledAtRandomMomentsLatestAlwaysLoadsAndResumesExactly) {
-  json j = tiny("kill_ref");
+  json j = fresh("kill_ref");
   j["run"]["steps"] = 12;
   j["run"]["eval_interval"] = 0;
   j["run"]["checkpoint_interval"] = 1;
@@ -151,7 +157,7 @@ TEST(Ckpt, KilledAtRandomMomentsLatestAlwaysLoadsAndResumesExactly) {
 // A flipped byte, a truncated file, a deleted file: `zeroth ckpt inspect` exits non-zero and names
 // the file; the whole checkpoint passes.
 TEST(Ckpt, InspectFailsNamingADamagedFile) {
-  json j = tiny("ckpt_damage");
+  json j = fresh("ckpt_damage");
   j["run"]["steps"] = 2;
   ASSERT_EQ(run({ZEROTH_BIN, "train", write_config("ckpt_damage", j)}, "ckpt_damage").code, 0);
   const std::string step = temp("ckpt_damage") + "/checkpoints/step-2", file = step + "/rank-00001.bin";
@@ -183,14 +189,15 @@ TEST(Ckpt, InspectFailsNamingADamagedFile) {
 // computes from the f32 one, to bf16 rounding. Import turns that file back into a checkpoint whose
 // export is the same bytes again; reshard to dp 1 gives one file with the same weights.
 TEST(Ckpt, ExportImportReshardRoundTrip) {
-  json j = tiny("ckpt_export");
+  json j = fresh("ckpt_export");
   j["run"]["steps"] = 3;
   ASSERT_EQ(run({ZEROTH_BIN, "train", write_config("ckpt_export", j)}, "ckpt_export").code, 0);
   const std::string dir = temp("ckpt_export"), ckpt = dir + "/checkpoints";
   const auto f32 = run({ZEROTH_BIN, "ckpt", "export", ckpt, "--out", dir + "/f32.safetensors"}, "ckpt_export_f32");
   ASSERT_EQ(f32.code, 0) << f32.output;
   EXPECT_EQ(bytes_of(dir + "/f32.safetensors"), bytes_of(dir + "/model.safetensors"));
-  ASSERT_EQ(run({ZEROTH_BIN, "ckpt", "export", ckpt, "--out", dir + "/bf16.safetensors", "--dtype", "bf16"}, "ckpt_export_bf16").code, 0);
+  ASSERT_EQ(run({ZEROTH_BIN, "ckpt", "export", ckpt, "--out", dir + "/bf16.safetensors", "--dtype", "bf16"}, "ckpt_export_bf16").code,
+            0);
 
   json batch = {{"n_head", 2}, {"tokens", json::array()}, {"targets", json::array()}};
   for (int b = 0; b < 2; ++b) {
@@ -232,7 +239,7 @@ TEST(Ckpt, ExportImportReshardRoundTrip) {
 
   // run.init_from: a run starting from the exported weights evaluates them first: its step-0
   // validation loss is the finished run's last one.
-  json from = tiny("ckpt_init");
+  json from = fresh("ckpt_init");
   from["run"]["steps"] = 1;
   from["run"]["init_from"] = dir + "/f32.safetensors";
   const auto init = run({ZEROTH_BIN, "train", write_config("ckpt_init", from)}, "ckpt_init");

@@ -43,7 +43,8 @@ struct Run {
   std::vector<json> metrics;  // <output_dir>/metrics.jsonl, one record per line
 };
 
-inline Run run(const std::vector<std::string>& args, const std::string& name, std::chrono::seconds timeout = std::chrono::seconds(300)) {
+inline Run run(const std::vector<std::string>& args, const std::string& name,
+               std::chrono::seconds timeout = std::chrono::seconds(300)) {
   auto child = testing::spawn(args, {}, temp(name) + ".out");
   Run r{testing::wait_exit(child, timeout), child.output(), {}};
   std::ifstream in(temp(name) + "/metrics.jsonl");
