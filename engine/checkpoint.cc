@@ -5,7 +5,11 @@
 
 #include <chrono>      // std::chrono::steady_clock
 #include <cstring>     // std::memcpy
+#include <exception>   // std::exception_ptr
 #include <filesystem>  // std::filesystem
+
+#include <fcntl.h>  // AT_FDCWD
+#include <stdio.h>  // renameat2, RENAME_EXCHANGE
 
 #include <fmt/format.h>  // fmt::format
 #include <fmt/ranges.h>  // fmt::join
@@ -110,31 +114,36 @@ class Agreement {
   explicit Agreement(Engine& engine) : engine_(engine) {}
   template <typename F>
   void attempt(F&& work) {
-    if (!error_.empty()) return;
+    if (error_) return;
     try {
       work();
-    } catch (const std::exception& e) {
-      error_ = e.what();
-      if (error_.empty()) error_ = "unknown error";
+    } catch (...) {
+      error_ = std::current_exception();
     }
   }
-  // `extra` words ride along; returns every rank's, rank-major (extra.size() + 1 per rank).
+  // `extra` words ride along; returns every rank's, rank-major (extra.size() + 1 per rank). The
+  // failing rank raises its own error (and logs it, since a threaded run reports rank 0's).
   std::vector<uint64_t> agree(const char* what, std::vector<uint64_t> extra = {}) {
-    extra.insert(extra.begin(), error_.empty() ? 0 : 1);
+    extra.insert(extra.begin(), error_ ? 1 : 0);
     std::vector<uint64_t> all = all_gather_words(engine_, extra);
     const size_t per = extra.size();
-    if (!error_.empty()) throw IoError(error_);
-    for (size_t r = 0; r * per < all.size(); ++r) {
-      if (all[r * per] != 0) {
-        ZEROTH_THROW(IoError, "{}: rank {} failed (its own error says why); nothing of this checkpoint was kept", what, r);
+    if (error_) {
+      try {
+        std::rethrow_exception(error_);
+      } catch (const std::exception& e) {
+        ZLOG_ERROR("{}: {}", what, e.what());
       }
+      std::rethrow_exception(error_);
+    }
+    for (size_t r = 0; r * per < all.size(); ++r) {
+      if (all[r * per] != 0) ZEROTH_THROW(IoError, "{}: rank {} failed (its error is in its log); nothing was changed", what, r);
     }
     return all;
   }
 
  private:
   Engine& engine_;
-  std::string error_;
+  std::exception_ptr error_;
 };
 
 // The manifest's tensors and their pieces in every rank's file.
@@ -152,21 +161,21 @@ void remove_quietly(const fs::path& p) {
 
 // Rank 0's part after the data files: manifest, renames, `latest`, retention.
 void publish(const fs::path& dir, const std::string& name, const Manifest& manifest, int keep_last) {
-  const fs::path tmp = dir / (".tmp-" + name), final = dir / name, old = dir / (".old-" + name);
+  const fs::path tmp = dir / (".tmp-" + name), final = dir / name;
   write_file_atomically(tmp.string(), kManifestName, manifest.to_json().dump(1) + "\n");
   std::error_code ec;
-  // A folder of the same step (a run resumed from an earlier checkpoint) steps aside first; a
-  // loader meanwhile falls back to the newest complete one.
+  // A folder of the same step (a run resumed from an earlier checkpoint) is swapped with the new
+  // one in one step (RENAME_EXCHANGE), so `step-N` is never missing, then removed.
   if (fs::exists(final, ec)) {
-    remove_quietly(old);
-    if (::rename(final.c_str(), old.c_str()) != 0)
-      ZEROTH_THROW(IoError, "rename({}, {}) failed: {}", final.string(), old.string(), detail::errno_text(errno));
-  }
-  if (::rename(tmp.c_str(), final.c_str()) != 0)
+    if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final.c_str(), RENAME_EXCHANGE) != 0)
+      ZEROTH_THROW(IoError, "renameat2({}, {}, RENAME_EXCHANGE) failed: {}", tmp.string(), final.string(), detail::errno_text(errno));
+    fsync_dir(dir.string());
+    remove_quietly(tmp);
+  } else if (::rename(tmp.c_str(), final.c_str()) != 0) {
     ZEROTH_THROW(IoError, "rename({}, {}) failed: {}", tmp.string(), final.string(), detail::errno_text(errno));
+  }
   fsync_dir(dir.string());
   write_file_atomically(dir.string(), kLatestName, name + "\n");
-  remove_quietly(old);
   if (keep_last <= 0) return;
   std::vector<std::pair<int64_t, fs::path>> steps;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
@@ -270,7 +279,8 @@ CheckpointIo save_checkpoint(Engine& engine, const CheckpointSaveOptions& o) {
       add_tensors(m, plan, tensors);
       publish(dir, name, m, o.keep_last);
     });
-    if (!fs::exists(dir / name / kManifestName)) remove_quietly(tmp);
+    std::error_code ec;
+    if (!fs::exists(dir / name / kManifestName, ec)) remove_quietly(tmp);
   }
   agreement.agree(what.c_str());
   io.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -281,45 +291,54 @@ CheckpointIo load_checkpoint(Engine& engine, const std::string& path, Manifest* 
   const auto t0 = Clock::now();
   const Plan& plan = engine.plan();
   const int rank = plan.rank, dp = plan.dp;
-  const std::string step_dir = resolve_checkpoint(path);
-  const Manifest m = read_manifest(step_dir);
-  const std::string manifest_path = (fs::path(step_dir) / kManifestName).string();
-  CheckpointIo io{step_dir};
-
-  // The same checks on every rank, from the same manifest: they pass or fail together.
+  // The same checks on every rank, from the same files; the ranks agree before going on, so a
+  // rank that cannot read them (another disk, a file replaced meanwhile) stops them all.
   auto states = engine_states(engine);
   if (weights_only) states.resize(1);
-  std::vector<int> state_at;  // the manifest's index of each engine state
-  for (const auto& s : states) {
-    const int i = m.state_index(s.name);
-    if (i < 0) {
-      throw CheckpointError(
-          fmt::format("{}: the checkpoint holds no \"{}\" optimizer state ({} wrote it; its states: {}), which this run's "
-                      "{} needs; use the same optimizer type, or start from its weights only (run.init_from)",
-                      manifest_path, s.name, m.optimizer, fmt::join(m.states, ", "), optimizer_name(engine.config().optimizer.kind)));
-    }
-    state_at.push_back(i);
-  }
   const auto tensors = engine_tensors(engine);
+  std::string step_dir, manifest_path;
+  Manifest m;
+  std::vector<int> state_at;  // the manifest's index of each engine state
   std::vector<const CkptTensor*> found;
-  for (const auto& t : tensors) {
-    const CkptTensor* c = m.find(t.name);
-    if (c == nullptr) {
-      throw CheckpointError(fmt::format("{}: the checkpoint has no tensor {}; it was written for another model (check model.* in the "
-                                        "config against the checkpoint's)",
-                                        manifest_path, t.name));
+  Agreement early(engine);
+  early.attempt([&] {
+    step_dir = resolve_checkpoint(path);
+    m = read_manifest(step_dir);
+    manifest_path = (fs::path(step_dir) / kManifestName).string();
+    for (const auto& s : states) {
+      const int i = m.state_index(s.name);
+      if (i < 0) {
+        throw CheckpointError(
+            fmt::format("{}: the checkpoint holds no \"{}\" optimizer state ({} wrote it; its states: {}), which this run's "
+                        "{} needs; use the same optimizer type, or start from its weights only (run.init_from)",
+                        manifest_path, s.name, m.optimizer, fmt::join(m.states, ", "),
+                        optimizer_name(engine.config().optimizer.kind)));
+      }
+      state_at.push_back(i);
     }
-    if (c->shape != t.shape) {
-      throw CheckpointError(fmt::format("{}: tensor {} has the shape [{}] in the checkpoint but [{}] in this model; the model.* keys "
-                                        "differ from the run that wrote it",
-                                        manifest_path, t.name, fmt::join(c->shape, ", "), fmt::join(t.shape, ", ")));
+    for (const auto& t : tensors) {
+      const CkptTensor* c = m.find(t.name);
+      if (c == nullptr) {
+        throw CheckpointError(
+            fmt::format("{}: the checkpoint has no tensor {}; it was written for another model (check model.* in the "
+                        "config against the checkpoint's)",
+                        manifest_path, t.name));
+      }
+      if (c->shape != t.shape) {
+        throw CheckpointError(
+            fmt::format("{}: tensor {} has the shape [{}] in the checkpoint but [{}] in this model; the model.* keys "
+                        "differ from the run that wrote it",
+                        manifest_path, t.name, fmt::join(c->shape, ", "), fmt::join(t.shape, ", ")));
+      }
+      found.push_back(c);
     }
-    found.push_back(c);
-  }
-  if (m.tensors.size() != tensors.size()) {
-    throw CheckpointError(fmt::format("{}: the checkpoint holds {} tensors, this model {}; it was written for another model",
-                                      manifest_path, m.tensors.size(), tensors.size()));
-  }
+    if (m.tensors.size() != tensors.size()) {
+      throw CheckpointError(fmt::format("{}: the checkpoint holds {} tensors, this model {}; it was written for another model",
+                                        manifest_path, m.tensors.size(), tensors.size()));
+    }
+  });
+  early.agree("loading a checkpoint");
+  CheckpointIo io{step_dir};
 
   // Verification, the files split between the ranks; every rank learns every outcome.
   const size_t files = m.files.size();
@@ -404,7 +423,8 @@ CheckpointIo write_checkpoint(const std::vector<BlockSpec>& specs, const Plan& p
     add_tensors(m, plan, tensors);
     publish(dir, name, m, 0);
   } catch (...) {
-    if (!fs::exists(fs::path(io.path) / kManifestName)) remove_quietly(tmp);
+    std::error_code ec;
+    if (!fs::exists(fs::path(io.path) / kManifestName, ec)) remove_quietly(tmp);
     throw;
   }
   io.seconds = std::chrono::duration<double>(Clock::now() - t0).count();

@@ -75,6 +75,9 @@ Manifest Manifest::from_json(const json& j, const std::string& source) {
     m.optimizer = j.at("optimizer").get<std::string>();
     m.states = j.at("states").get<std::vector<std::string>>();
     m.engine = j.at("engine");
+    // What restoring the counters reads, checked before anything of an engine changes.
+    (void)m.engine.at("steps_applied").get<int64_t>(), (void)m.engine.at("steps_run").get<int64_t>();
+    for (const char* k : {"scale", "iteration", "last_overflow", "hysteresis"}) (void)m.engine.at("loss_scaler").at(k).get<double>();
     m.run = j.at("run");
     m.config = j.at("config");
     for (const auto& f : j.at("files")) {

@@ -62,7 +62,11 @@ Opened open_verified(const std::string& path, bool print) {
 // The run's config as saved in the manifest.
 TrainConfig saved_config(const Opened& o) {
   try {
-    return TrainConfig::from_json(o.manifest.config);
+    // Only the model and engine sections matter here; a launched run's backend (gloo, nccl) would
+    // ask for a launcher.
+    nlohmann::json config = o.manifest.config;
+    if (config.contains("run") && config["run"].is_object()) config["run"]["backend"] = "local";
+    return TrainConfig::from_json(config);
   } catch (const Error& e) {
     throw CheckpointError(fmt::format("{}/{}: the saved config does not parse ({})", o.dir, kManifestName, e.what()));
   }
@@ -79,7 +83,7 @@ void inspect(const std::string& path) {
   if (m.config.contains("run")) std::printf("  run        %s\n", m.config["run"].value("name", std::string("?")).c_str());
   if (m.config.contains("model")) std::printf("  model      %s\n", m.config["model"].dump().c_str());
   const auto& w = m.world;
-  std::printf("  world      dp %d x tp %d x pp %d, ZeRO stage %d, optimizer state on %s, parameters on %s\n", w.value("dp", 0),
+  std::printf("  world      dp %d x tp %d x pp %d, ZeRO stage %d, offload: optimizer %s, parameters %s\n", w.value("dp", 0),
               w.value("tp", 1), w.value("pp", 1), w.value("zero_stage", 0), w.value("offload_optimizer", std::string("?")).c_str(),
               w.value("offload_param", std::string("?")).c_str());
   uint64_t elements = 0;
@@ -172,7 +176,11 @@ void import_weights(const std::string& file, const std::string& config_path, con
                     [&](int block, size_t param, std::vector<float>& values) { weights[first[block] + param] = std::move(values); });
   Manifest m;
   m.step = 0;
-  m.world = {{"tp", 1}, {"pp", 1}, {"zero_stage", c.engine.zero.stage}, {"offload_optimizer", "none"}, {"offload_param", "none"}};
+  m.world = {{"tp", 1},
+             {"pp", 1},
+             {"zero_stage", c.engine.zero.stage},
+             {"offload_optimizer", offload_device_name(c.engine.zero.offload_optimizer.device)},
+             {"offload_param", offload_device_name(c.engine.zero.offload_param.device)}};
   m.optimizer = std::string(optimizer_name(c.engine.optimizer.kind));
   m.states = {"fp32"};
   for (int k = 0; k < c.engine.optimizer.state_arrays(); ++k) m.states.emplace_back(c.engine.optimizer.state_array_name(k));

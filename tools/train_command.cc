@@ -141,12 +141,14 @@ class Console final : public TrainObserver {
     // DeepSpeed keys that change nothing here, named once (the README's table says why for each).
     for (const auto& n : c.no_effect) rows.emplace_back("no effect", n);
     rows.emplace_back("output", c.run.output_dir + "/metrics.jsonl");
-    rows.emplace_back("checkpoints",
-                      fmt::format("{}: {}{}", c.run.checkpoint_dir,
-                                  c.run.checkpoint_interval > 0
-                                      ? fmt::format("every {} steps and at the end", c.run.checkpoint_interval)
-                                      : std::string("at the end"),
-                                  c.run.keep_last > 0 ? fmt::format(", the newest {} kept", c.run.keep_last) : std::string()));
+    if (c.run.checkpoint_interval < 0) rows.emplace_back("checkpoint", "none (run.checkpoint_interval = -1)");
+    else
+      rows.emplace_back("checkpoints",
+                        fmt::format("{}: {}{}", c.run.checkpoint_dir,
+                                    c.run.checkpoint_interval > 0
+                                        ? fmt::format("every {} steps and at the end", c.run.checkpoint_interval)
+                                        : std::string("at the end"),
+                                    c.run.keep_last > 0 ? fmt::format(", the newest {} kept", c.run.keep_last) : std::string()));
     std::printf("zeroth train: %s\n", c.run.name.c_str());
     for (const auto& [k, v] : rows) std::printf("  %-10s %s\n", k.c_str(), v.c_str());
     std::fflush(stdout);
@@ -250,9 +252,12 @@ class Console final : public TrainObserver {
 
   void on_end(const TrainSummary& s) override {
     clear_bar();
-    std::printf("%s after %lld steps in %.1f s: %s tok/s (median), loss %.4f -> %.4f",
-                s.interrupted ? "stopped (interrupted)" : "done", static_cast<long long>(s.steps), s.seconds,
-                si(s.tokens_per_second).c_str(), s.first_loss, s.last_loss);
+    std::printf("%s after %lld steps%s in %.1f s: %s tok/s (median), loss %.4f -> %.4f",
+                s.interrupted ? "stopped (interrupted)" : "done", static_cast<long long>(s.steps),
+                s.start_step > 0
+                    ? fmt::format(" ({} in this run, from the checkpoint at step {})", s.steps - s.start_step, s.start_step).c_str()
+                    : "",
+                s.seconds, si(s.tokens_per_second).c_str(), s.first_loss, s.last_loss);
     if (s.first_val_loss >= 0) std::printf(", validation %.4f -> %.4f", s.first_val_loss, s.last_val_loss);
     std::printf(
         "\n  peak memory on rank 0: %s (params %s, grads %s, optimizer %s, buffers %s, activations %s)\n  metrics: %s/metrics.jsonl\n",

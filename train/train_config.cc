@@ -307,7 +307,7 @@ void read_run(TrainConfig& t, const json& j, int launched_world_size) {
   bytes("host_memory", r.host_memory);
   r.progress = s.string("progress", "auto", kProgress);
   r.max_nonfinite_steps = s.integer("max_nonfinite_steps", r.max_nonfinite_steps, 0, int64_t{1} << 40);
-  r.checkpoint_interval = s.integer("checkpoint_interval", 0, 0, int64_t{1} << 40);
+  r.checkpoint_interval = s.integer("checkpoint_interval", 0, -1, int64_t{1} << 40);
   r.checkpoint_dir = s.string("checkpoint_dir", "");
   if (r.checkpoint_dir.empty()) r.checkpoint_dir = r.output_dir + "/checkpoints";
   r.keep_last = s.integer("keep_last", 0, 0, int64_t{1} << 30);

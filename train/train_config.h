@@ -49,8 +49,8 @@ struct RunConfig {
   // Steps in a row whose gradients are non-finite (with fp16: at the smallest loss scale) after
   // which the run ends with an error; 0: never.
   int64_t max_nonfinite_steps = 10;
-  // Checkpoints (engine/checkpoint.h): every this many steps (0: only at the end; a run always
-  // ends with one), into this folder ("" = <output_dir>/checkpoints), keeping the newest keep_last
+  // Checkpoints (engine/checkpoint.h): every this many steps (0: only at the end, where a run
+  // always saves one; -1: none at all), into this folder ("" = <output_dir>/checkpoints), keeping the newest keep_last
   // step folders (0: all).
   int64_t checkpoint_interval = 0;
   std::string checkpoint_dir;

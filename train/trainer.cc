@@ -163,6 +163,10 @@ TrainSummary train(const TrainConfig& config, Communicator& dp, Device& device, 
     summary.resume_io = load_checkpoint(engine, config.run.resume, &m);
     summary.resumed_from = summary.resume_io.path;
     summary.start_step = engine.steps_run();
+    if (summary.start_step >= config.run.steps) {
+      ZEROTH_THROW(ConfigError, "the checkpoint {} is at step {} and run.steps is {}: nothing is left to train; raise run.steps",
+                   summary.resumed_from, summary.start_step, config.run.steps);
+    }
     const auto& r = m.run;
     nonfinite = r.value("nonfinite_steps", int64_t{0});
     last_finite_step = r.value("last_finite_step", int64_t{0});
@@ -176,6 +180,12 @@ TrainSummary train(const TrainConfig& config, Communicator& dp, Device& device, 
     }
   }
   if (config.run.resume.empty() && !config.run.init_from.empty()) init_weights(engine, config);
+  if (config.run.resume.empty() && lead && config.run.checkpoint_interval >= 0 &&
+      std::filesystem::exists(config.run.checkpoint_dir + "/" + kLatestName)) {
+    ZLOG_WARN("{} holds checkpoints of an earlier run; this run's go beside them (a step folder of the same number is replaced, "
+              "run.keep_last counts them all): use --resume to continue that run, or another run.checkpoint_dir",
+              config.run.checkpoint_dir);
+  }
   const RunFacts facts{summary.parameters, data.train.size(), data.has_val ? data.val.size() : 0, need};
   report([&] { observer->on_start(config, engine.plan(), facts); });
   if (!summary.resumed_from.empty()) report([&] { observer->on_resume(summary.resume_io, summary.start_step); });
@@ -305,12 +315,13 @@ TrainSummary train(const TrainConfig& config, Communicator& dp, Device& device, 
     if (std::isfinite(loss)) last_finite_loss = loss, last_finite_step = k + 1;
     if (stopping) {
       summary.interrupted = true;
-      if (!report_error) save(k + 1);
+      if (!report_error && config.run.checkpoint_interval >= 0) save(k + 1);
       break;
     }
     const bool last = k + 1 == config.run.steps;
     if (last || (config.run.eval_interval > 0 && (k + 1) % config.run.eval_interval == 0)) evaluate(k + 1);
-    if (last || (config.run.checkpoint_interval > 0 && (k + 1) % config.run.checkpoint_interval == 0)) save(k + 1);
+    const int64_t every = config.run.checkpoint_interval;
+    if (every >= 0 && (last || (every > 0 && (k + 1) % every == 0))) save(k + 1);
   }
   if (report_error) std::rethrow_exception(report_error);
   // A run, finished or stopped, leaves its weights: fp32 master weights, or the compute dtype's

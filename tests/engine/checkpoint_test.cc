@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -165,9 +166,9 @@ std::function<void(Engine&, int)> capture_at(int step, FullState& out) {
   };
 }
 
-// Saved at dp 4, stage 3; loaded at dp 2, stage 1 and at dp 1, stage 0: every element of the
-// master weights and both moments equal; training on gives the losses of the run that stayed at
-// dp 4 (within reduction order: 1e-6 relative, as the stage-equivalence tests).
+// Saved at dp 4, stage 3; loaded at dp 2 stage 1, dp 1 stage 0, dp 8 stage 3 and dp 3 stage 2 with
+// the optimizer state in host memory: every element of the master weights and both moments equal; training on gives the losses of the
+// run that stayed at dp 4 (within reduction order: 1e-6 relative, as the stage-equivalence tests).
 TEST(Checkpoint, LoadsAtAnotherWorldSizeAndStage) {
   Scratch dir("elastic");
   FullState saved;
@@ -179,10 +180,17 @@ TEST(Checkpoint, LoadsAtAnotherWorldSizeAndStage) {
   whole.inspect = capture_at(3, saved);
   const auto ref = run_ranks(4, whole);
   ASSERT_EQ(saved.tensors.size(), 3u * 6u);  // 3 layers x (weight, bias) x 3 kinds
-  for (auto [dp, stage] : {std::pair{2, 1}, std::pair{1, 0}}) {
+  struct Target {
+    int dp, stage;
+    OffloadDevice optimizer;
+  };
+  // Fewer ranks and lower stages; more ranks; another offload placement.
+  for (auto [dp, stage, optimizer] : {Target{2, 1, OffloadDevice::none}, Target{1, 0, OffloadDevice::none},
+                                      Target{8, 3, OffloadDevice::none}, Target{3, 2, OffloadDevice::cpu}}) {
     FullState loaded;
     MlpRun run;
     run.stage = stage;
+    run.tweak = [optimizer](EngineConfig& e) { e.zero.offload_optimizer.device = optimizer; };
     run.steps = 6;
     run.resume = dir / "ckpt";
     run.inspect = capture_at(3, loaded);
@@ -204,21 +212,24 @@ TEST(Checkpoint, LoadsAtAnotherWorldSizeAndStage) {
 
 // What a load reports for a damaged checkpoint, and that the engine it was loading into is as it
 // was (its fresh weights).
-std::string load_error(const std::string& path) {
+std::string load_error(const std::string& path, std::vector<int> widths = MlpRun{}.widths) {
   std::string error;
   std::mutex mutex;
+  int loaded = 0;  // ranks whose load succeeded: none or all
   run_local_ranks(2, [&](Communicator& comm) {
     auto device = make_device("cpu", {});
     MlpRun run;
     Engine engine(*device, comm, testing::mlp_config(run));
-    Mlp mlp(engine, {run.widths});
+    Mlp mlp(engine, {widths});
     engine.finalize();
     std::vector<std::vector<float>> before;
     for (size_t b = 0; b < engine.plan().blocks.size(); ++b) before.push_back(engine.master_values(static_cast<int>(b)));
     try {
       load_checkpoint(engine, path);
+      std::lock_guard lock(mutex);
+      ++loaded;
       return;
-    } catch (const CheckpointError& e) {
+    } catch (const Error& e) {
       std::lock_guard lock(mutex);
       if (comm.rank() == 0) error = e.what();
     }
@@ -226,6 +237,7 @@ std::string load_error(const std::string& path) {
       EXPECT_EQ(engine.master_values(static_cast<int>(b)), before[b]) << "the failed load changed block " << b;
     EXPECT_EQ(engine.steps_run(), 0);
   });
+  EXPECT_TRUE(loaded == 0 || loaded == 2) << "one rank loaded what the other refused";
   return error;
 }
 
@@ -302,17 +314,36 @@ TEST(Checkpoint, DamageIsRefusedNamingTheFile) {
   expect("another optimizer", {manifest, "exp_avg", "optimizer"});
   edit([](auto& j) { j["version"] = 99; });
   expect("a newer format", {manifest, "version 99"});
+  // The same names, other shapes: a model of other widths.
+  const std::string other = load_error(step, {16, 40, 32, 8});
+  EXPECT_NE(other.find("tensor layer0.weight has the shape [32, 16] in the checkpoint but [40, 16] in this model"), std::string::npos)
+      << other;
+  // One layer fewer: every tensor of the model is there, the checkpoint has more.
+  const std::string fewer = load_error(step, {16, 32, 32});
+  EXPECT_NE(fewer.find("the checkpoint holds 6 tensors, this model 4"), std::string::npos) << fewer;
   fs::remove(manifest);
   EXPECT_NE(load_error(step).find("no checkpoint there"), std::string::npos);
 }
 
-// Saves after steps 1-4 with keep_last 2: step-3 and step-4 stay, `latest` names step-4. When
-// `latest` names a folder that is gone, the newest complete one loads; the leftovers of an
-// interrupted save are ignored and cleared by the next.
+// One step of the MLP on a rank of 2 (or 1), batch k.
+void mlp_step(Engine& engine, Mlp& mlp, const Communicator& comm, int k) {
+  const MlpRun run;
+  std::vector<float> x, t, loss(1);
+  const int mb = run.global_batch / comm.size();
+  testing::mlp_batch(k, run.global_batch, 16, 8, x, t);
+  mlp.forward_backward(x.data() + comm.rank() * mb * 16, t.data() + comm.rank() * mb * 8, mb, loss.data(), 0);
+  engine.step();
+  engine.compute_stream().synchronize();
+}
+
+// Saves after steps 1-4 with keep_last 2: step-3 and step-4 stay, `latest` names step-4, and the
+// leftover of an interrupted save is cleared. When `latest` names a folder that is gone, the newest
+// complete one loads. A run resumed from step-3 saves step-4 again: the new folder takes the old
+// one's place (swapped in one rename) and holds the new run's weights.
 TEST(Checkpoint, LatestAndRetention) {
   Scratch dir("latest");
   const std::string ckpt = dir / "ckpt";
-  std::vector<float> at_step3;
+  std::vector<float> at_step3, again_step4;
   run_local_ranks(2, [&](Communicator& comm) {
     auto device = make_device("cpu", {});
     MlpRun run;
@@ -320,12 +351,8 @@ TEST(Checkpoint, LatestAndRetention) {
     Engine engine(*device, comm, testing::mlp_config(run));
     Mlp mlp(engine, {run.widths});
     engine.finalize();
-    std::vector<float> x, t, loss(1);
-    const int mb = run.global_batch / 2;
     for (int k = 0; k < 4; ++k) {
-      testing::mlp_batch(k, run.global_batch, 16, 8, x, t);
-      mlp.forward_backward(x.data() + comm.rank() * mb * 16, t.data() + comm.rank() * mb * 8, mb, loss.data(), 0);
-      engine.step();
+      mlp_step(engine, mlp, comm, k);
       if (k == 2 && comm.rank() == 0) fs::create_directories(ckpt + "/.tmp-step-9");  // a save a crash cut short
       save_checkpoint(engine, {.dir = ckpt, .keep_last = 2});
       if (k == 2) {
@@ -339,19 +366,45 @@ TEST(Checkpoint, LatestAndRetention) {
   std::sort(names.begin(), names.end());
   EXPECT_EQ(names, (std::vector<std::string>{"latest", "step-3", "step-4"}));
   EXPECT_EQ(resolve_checkpoint(ckpt), ckpt + "/step-4");
-  fs::remove_all(ckpt + "/step-4");
-  EXPECT_EQ(resolve_checkpoint(ckpt), ckpt + "/step-3");
+  std::ofstream(ckpt + "/latest") << "step-7\n";
+  EXPECT_EQ(resolve_checkpoint(ckpt), ckpt + "/step-4");
+  const std::string old_manifest = ckpt + "/step-4/manifest.json";
+  const auto old_time = fs::last_write_time(old_manifest);
   run_local_ranks(1, [&](Communicator& comm) {
     auto device = make_device("cpu", {});
     MlpRun run;
     Engine engine(*device, comm, testing::mlp_config(run));
     Mlp mlp(engine, {run.widths});
     engine.finalize();
-    load_checkpoint(engine, ckpt);
+    load_checkpoint(engine, ckpt + "/step-3");
     EXPECT_EQ(engine.steps_run(), 3);
     auto w = engine.master_values(0);
     w.resize(at_step3.size());
     EXPECT_EQ(w, at_step3);
+    // Another batch than the first run's step 4: other weights at step 4.
+    mlp_step(engine, mlp, comm, 40);
+    save_checkpoint(engine, {.dir = ckpt, .keep_last = 2});
+    again_step4 = engine.master_values(0);
+  });
+  names.clear();
+  for (const auto& e : fs::directory_iterator(ckpt)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"latest", "step-3", "step-4"}));
+  EXPECT_EQ(resolve_checkpoint(ckpt), ckpt + "/step-4");
+  EXPECT_NE(fs::last_write_time(old_manifest), old_time);
+  run_local_ranks(2, [&](Communicator& comm) {
+    auto device = make_device("cpu", {});
+    MlpRun run;
+    Engine engine(*device, comm, testing::mlp_config(run));
+    Mlp mlp(engine, {run.widths});
+    engine.finalize();
+    load_checkpoint(engine, ckpt);
+    auto w = engine.master_values(0);
+    w.resize(at_step3.size());
+    auto want = again_step4;
+    want.resize(at_step3.size());
+    EXPECT_EQ(w, want);
+    EXPECT_NE(w, at_step3);
   });
 }
 
@@ -376,7 +429,10 @@ TEST(Checkpoint, UnwritableFolderFailsEveryRank) {
     }
   });
   ASSERT_EQ(errors.size(), 2u);
-  for (const auto& e : errors) EXPECT_NE(e.find("ckpt"), std::string::npos) << e;
+  std::sort(errors.begin(), errors.end());
+  // Rank 0's own error names the folder; the other rank's names rank 0.
+  EXPECT_NE(errors[0].find("cannot create the checkpoint folder " + (dir / "file/ckpt")), std::string::npos) << errors[0];
+  EXPECT_NE(errors[1].find("rank 0 failed"), std::string::npos) << errors[1];
 }
 
 }  // namespace
