@@ -7,6 +7,7 @@
 #include <cstring>     // std::memcpy
 #include <exception>   // std::exception_ptr
 #include <filesystem>  // std::filesystem
+#include <thread>      // std::thread
 
 #include <fcntl.h>  // AT_FDCWD
 #include <stdio.h>  // renameat2, RENAME_EXCHANGE
@@ -200,91 +201,178 @@ std::vector<std::string> checkpoint_tensor_names(const Engine& engine) {
   return names;
 }
 
-CheckpointIo save_checkpoint(Engine& engine, const CheckpointSaveOptions& o) {
-  const auto t0 = Clock::now();
+struct CheckpointSaver::Pending {
+  std::string name, what;
+  fs::path dir, tmp;
+  int keep_last = 0;
+  Manifest header;  // rank 0: all but the files and tensors, as of the save's step
+  std::thread writer;
+  CkptFile file;
+  std::exception_ptr error;  // of this rank's copy or write
+  Clock::time_point start;
+  double blocked = 0;  // seconds save() held the caller
+};
+
+CheckpointSaver::CheckpointSaver(bool async) : async_(async) {}
+
+CheckpointSaver::~CheckpointSaver() {
+  // An unpublished save (the run failed before complete()) is dropped; its temporary folder is
+  // removed by the next save into the folder.
+  if (pending_ && pending_->writer.joinable()) pending_->writer.join();
+}
+
+namespace {
+
+// This rank's file, piece by piece in file order: sink(values, count).
+void for_each_piece(Engine& engine, const std::vector<StateRef>& states, const std::vector<TensorRef>& tensors,
+                    const std::function<void(const float*, size_t)>& sink) {
   const Plan& plan = engine.plan();
-  const int rank = plan.rank, dp = plan.dp;
-  const std::string name = fmt::format("step-{}", engine.steps_run());
-  const fs::path dir(o.dir), tmp = dir / (".tmp-" + name);
+  std::vector<float> values;
+  int block = -1, state = -1;
+  for (const auto& p : file_layout(plan, tensors, states.size(), plan.rank)) {
+    const auto& t = tensors[p.tensor];
+    const OwnedRange& r = plan.range(states[p.state].kind, t.block);
+    if (t.block != block || p.state != state) {
+      block = t.block, state = p.state;
+      values.resize(r.numel());
+      engine.read_owned(states[state].kind, block, values);
+    }
+    ZEROTH_CHECK(t.begin + p.lo >= r.lo && t.begin + p.hi <= r.hi, "the rank's slice lies outside its owned range");
+    sink(values.data() + (t.begin + p.lo - r.lo), p.hi - p.lo);
+  }
+}
+
+offload::IoOptions io_options(const AioConfig& aio) {
+  return {.block_size = aio.block_size,
+          .queue_depth = static_cast<unsigned>(aio.queue_depth),
+          .threads = static_cast<unsigned>(aio.threads)};
+}
+
+}  // namespace
+
+CheckpointIo CheckpointSaver::save(Engine& engine, const CheckpointSaveOptions& o) {
+  if (pending_) complete(engine);  // one save in flight at a time
+  const Plan& plan = engine.plan();
+  const int rank = plan.rank;
+  auto p = std::make_unique<Pending>();
+  p->start = Clock::now();
+  p->name = fmt::format("step-{}", engine.steps_run());
+  p->dir = o.dir;
+  p->tmp = p->dir / (".tmp-" + p->name);
+  p->keep_last = o.keep_last;
+  p->what = fmt::format("saving the checkpoint {}", (p->dir / p->name).string());
   const auto states = engine_states(engine);
   const auto tensors = engine_tensors(engine);
-  CheckpointIo io{(dir / name).string()};
-  Agreement agreement(engine);
-  const std::string what = fmt::format("saving the checkpoint {}", io.path);
 
+  Agreement agreement(engine);
   if (rank == 0) {
     agreement.attempt([&] {
       std::error_code ec;
-      fs::create_directories(dir, ec);
+      fs::create_directories(p->dir, ec);
       if (ec)
-        ZEROTH_THROW(IoError, "cannot create the checkpoint folder {}: {}; check run.checkpoint_dir", dir.string(), ec.message());
+        ZEROTH_THROW(IoError, "cannot create the checkpoint folder {}: {}; check run.checkpoint_dir", p->dir.string(), ec.message());
       // Leftovers of saves a crash interrupted.
-      for (const auto& e : fs::directory_iterator(dir, ec))
+      for (const auto& e : fs::directory_iterator(p->dir, ec))
         if (e.path().filename().string().starts_with(".tmp-step-")) remove_quietly(e.path());
-      fs::create_directory(tmp, ec);
-      if (ec) ZEROTH_THROW(IoError, "cannot create {}: {}", tmp.string(), ec.message());
+      fs::create_directory(p->tmp, ec);
+      if (ec) ZEROTH_THROW(IoError, "cannot create {}: {}", p->tmp.string(), ec.message());
     });
   }
-  agreement.agree(what.c_str());
+  agreement.agree(p->what.c_str());
 
-  CkptFile mine;
-  agreement.attempt([&] {
-    const auto& aio = engine.config().aio;
-    CkptFileWriter out((tmp / ckpt_file_name(rank)).string(), {.block_size = aio.block_size,
-                                                               .queue_depth = static_cast<unsigned>(aio.queue_depth),
-                                                               .threads = static_cast<unsigned>(aio.threads)});
-    std::vector<float> values;
-    int block = -1, state = -1;
-    for (const auto& p : file_layout(plan, tensors, states.size(), rank)) {
-      const auto& t = tensors[p.tensor];
-      const OwnedRange& r = plan.range(states[p.state].kind, t.block);
-      if (t.block != block || p.state != state) {
-        block = t.block, state = p.state;
-        values.resize(r.numel());
-        engine.read_owned(states[state].kind, block, values);
-      }
-      ZEROTH_CHECK(t.begin + p.lo >= r.lo && t.begin + p.hi <= r.hi, "the rank's slice lies outside its owned range");
-      out.write(values.data() + (t.begin + p.lo - r.lo), (p.hi - p.lo) * sizeof(float));
+  if (rank == 0) {
+    Manifest& m = p->header;
+    m.step = engine.steps_run();
+    m.world = o.world;
+    m.world["dp"] = plan.dp;
+    if (!m.world.contains("tp")) m.world["tp"] = 1;
+    if (!m.world.contains("pp")) m.world["pp"] = 1;
+    m.world["zero_stage"] = plan.stage;
+    m.world["offload_optimizer"] = offload_device_name(engine.config().zero.offload_optimizer.device);
+    m.world["offload_param"] = offload_device_name(engine.config().zero.offload_param.device);
+    m.optimizer = std::string(optimizer_name(engine.config().optimizer.kind));
+    for (const auto& s : states) m.states.push_back(s.name);
+    m.engine = engine.counters();
+    m.engine["compute_dtype"] = dtype_name(plan.compute_dtype);
+    m.run = o.run;
+    m.config = o.config;
+  }
+  const std::string path = (p->tmp / ckpt_file_name(rank)).string();
+  const offload::IoOptions io = io_options(engine.config().aio);
+  try {
+    if (!async_) {
+      CkptFileWriter out(path, io);
+      for_each_piece(engine, states, tensors, [&](const float* v, size_t n) { out.write(v, n * sizeof(float)); });
+      p->file = out.finish();
+    } else {
+      // The copy the writer works from, so training may change the state meanwhile.
+      size_t total = 0;
+      for (const auto& piece : file_layout(plan, tensors, states.size(), rank)) total += piece.hi - piece.lo;
+      snapshot_.resize(total);
+      size_t at = 0;
+      for_each_piece(engine, states, tensors, [&](const float* v, size_t n) {
+        std::memcpy(snapshot_.data() + at, v, n * sizeof(float));
+        at += n;
+      });
+      p->writer = std::thread([this, pending = p.get(), path, io] {
+        try {
+          CkptFileWriter out(path, io);
+          out.write(snapshot_.data(), snapshot_.size() * sizeof(float));
+          pending->file = out.finish();
+        } catch (...) {
+          pending->error = std::current_exception();
+        }
+      });
     }
-    mine = out.finish();
+  } catch (...) {
+    p->error = std::current_exception();
+  }
+  p->blocked = std::chrono::duration<double>(Clock::now() - p->start).count();
+  pending_ = std::move(p);
+  if (!async_) return complete(engine);
+  return {(pending_->dir / pending_->name).string(), 0, 0, 0, pending_->blocked};
+}
+
+CheckpointIo CheckpointSaver::complete(Engine& engine) {
+  ZEROTH_CHECK(pending_ != nullptr, "CheckpointSaver::complete() without a save in flight");
+  const auto t0 = Clock::now();
+  const std::unique_ptr<Pending> p = std::move(pending_);
+  if (p->writer.joinable()) p->writer.join();
+  const Plan& plan = engine.plan();
+  const int rank = plan.rank, dp = plan.dp;
+  CheckpointIo io{(p->dir / p->name).string()};
+  Agreement agreement(engine);
+  agreement.attempt([&] {
+    if (p->error) std::rethrow_exception(p->error);
   });
   std::vector<uint64_t> all;
   try {
-    all = agreement.agree(what.c_str(), {mine.bytes, mine.xxh3});
+    all = agreement.agree(p->what.c_str(), {p->file.bytes, p->file.xxh3});
   } catch (...) {
-    if (rank == 0) remove_quietly(tmp);
+    if (rank == 0) remove_quietly(p->tmp);
     throw;
   }
-  io.bytes = mine.bytes;
+  io.bytes = p->file.bytes;
   for (int r = 0; r < dp; ++r) io.all_bytes += all[r * 3 + 1];
-
   if (rank == 0) {
     agreement.attempt([&] {
-      Manifest m;
-      m.step = engine.steps_run();
-      m.world = o.world;
-      m.world["dp"] = dp;
-      if (!m.world.contains("tp")) m.world["tp"] = 1;
-      if (!m.world.contains("pp")) m.world["pp"] = 1;
-      m.world["zero_stage"] = plan.stage;
-      m.world["offload_optimizer"] = offload_device_name(engine.config().zero.offload_optimizer.device);
-      m.world["offload_param"] = offload_device_name(engine.config().zero.offload_param.device);
-      m.optimizer = std::string(optimizer_name(engine.config().optimizer.kind));
-      for (const auto& s : states) m.states.push_back(s.name);
-      m.engine = engine.counters();
-      m.engine["compute_dtype"] = dtype_name(plan.compute_dtype);
-      m.run = o.run;
-      m.config = o.config;
+      Manifest& m = p->header;
       for (int r = 0; r < dp; ++r) m.files.push_back({ckpt_file_name(r), all[r * 3 + 1], all[r * 3 + 2]});
-      add_tensors(m, plan, tensors);
-      publish(dir, name, m, o.keep_last);
+      add_tensors(m, plan, engine_tensors(engine));
+      publish(p->dir, p->name, m, p->keep_last);
     });
     std::error_code ec;
-    if (!fs::exists(dir / name / kManifestName, ec)) remove_quietly(tmp);
+    if (!fs::exists(p->dir / p->name / kManifestName, ec)) remove_quietly(p->tmp);
   }
-  agreement.agree(what.c_str());
-  io.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  agreement.agree(p->what.c_str());
+  const auto end = Clock::now();
+  io.seconds = std::chrono::duration<double>(end - p->start).count();
+  io.blocked_seconds = p->blocked + std::chrono::duration<double>(end - t0).count();
   return io;
+}
+
+CheckpointIo save_checkpoint(Engine& engine, const CheckpointSaveOptions& options) {
+  return CheckpointSaver(false).save(engine, options);
 }
 
 CheckpointIo load_checkpoint(Engine& engine, const std::string& path, Manifest* out, bool weights_only) {

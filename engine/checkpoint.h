@@ -18,6 +18,7 @@
 
 #include <cstdint>     // uint64_t
 #include <functional>  // std::function
+#include <memory>      // std::unique_ptr
 #include <string>      // std::string
 #include <vector>      // std::vector
 
@@ -37,16 +38,43 @@ struct CheckpointSaveOptions {
 };
 
 struct CheckpointIo {
-  std::string path;        // the step folder
-  uint64_t bytes = 0;      // this rank's: written, or read (verification included)
-  uint64_t all_bytes = 0;  // the checkpoint's data files together
-  double seconds = 0;      // this rank's wall time, from start to the last agreement
+  std::string path;            // the step folder
+  uint64_t bytes = 0;          // this rank's: written, or read (verification included)
+  uint64_t all_bytes = 0;      // the checkpoint's data files together
+  double seconds = 0;          // this rank's wall time, from start to the last agreement
+  double blocked_seconds = 0;  // of it, the time the caller waited (all of it unless asynchronous)
 };
 
 // Collective over the engine's data-parallel group, between cycles. The folder is named by
 // engine.steps_run(). IoError when a rank cannot write (every rank raises; nothing of the new
 // checkpoint remains and the previous ones are untouched).
 CheckpointIo save_checkpoint(Engine& engine, const CheckpointSaveOptions& options);
+
+// save_checkpoint, or (async) the same save in two halves, so training goes on while the files
+// are written: save() copies this rank's slice into host memory (kept for the next save: the
+// rank's file size, 12 bytes per owned parameter with Adam) and hands it to a writer thread;
+// complete(), called by every rank at the same point (after the next step, say), waits for the
+// writes, then agrees and publishes exactly as the synchronous save does. Until then the
+// checkpoint does not exist for a loader: a crash in between leaves the previous one.
+class CheckpointSaver {
+ public:
+  explicit CheckpointSaver(bool async = false);
+  ~CheckpointSaver();  // an unpublished save is dropped (its writer joined)
+  CheckpointSaver(const CheckpointSaver&) = delete;
+  CheckpointSaver& operator=(const CheckpointSaver&) = delete;
+  // Collective. Synchronous: the finished save. Asynchronous: the path and blocked_seconds of the
+  // started one (a save still in flight is completed first).
+  CheckpointIo save(Engine& engine, const CheckpointSaveOptions& options);
+  bool pending() const { return pending_ != nullptr; }
+  // Collective: the save in flight, published; seconds from save() to here.
+  CheckpointIo complete(Engine& engine);
+
+ private:
+  struct Pending;
+  bool async_;
+  std::unique_ptr<Pending> pending_;
+  std::vector<float> snapshot_;
+};
 
 // Collective, between cycles, right after finalize (or at any step boundary). `path`: a step
 // folder or a checkpoint folder (its latest). Restores the master weights and every copy of

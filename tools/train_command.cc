@@ -143,12 +143,13 @@ class Console final : public TrainObserver {
     rows.emplace_back("output", c.run.output_dir + "/metrics.jsonl");
     if (c.run.checkpoint_interval < 0) rows.emplace_back("checkpoint", "none (run.checkpoint_interval = -1)");
     else
-      rows.emplace_back("checkpoints",
-                        fmt::format("{}: {}{}", c.run.checkpoint_dir,
+      rows.emplace_back("checkpoint",
+                        fmt::format("{}: {}{}{}", c.run.checkpoint_dir,
                                     c.run.checkpoint_interval > 0
                                         ? fmt::format("every {} steps and at the end", c.run.checkpoint_interval)
                                         : std::string("at the end"),
-                                    c.run.keep_last > 0 ? fmt::format(", the newest {} kept", c.run.keep_last) : std::string()));
+                                    c.run.keep_last > 0 ? fmt::format(", the newest {} kept", c.run.keep_last) : std::string(),
+                                    c.run.checkpoint_async ? ", written in the background" : ""));
     std::printf("zeroth train: %s\n", c.run.name.c_str());
     for (const auto& [k, v] : rows) std::printf("  %-10s %s\n", k.c_str(), v.c_str());
     std::fflush(stdout);
@@ -236,15 +237,21 @@ class Console final : public TrainObserver {
     metrics_ << nlohmann::json{{"step", step},
                                {"checkpoint", io.path},
                                {"checkpoint_bytes", io.all_bytes},
-                               {"checkpoint_seconds", io.seconds}}
+                               {"checkpoint_seconds", io.seconds},
+                               {"checkpoint_blocked_seconds", io.blocked_seconds}}
                     .dump()
              << "\n";
     check_written();
     const bool print = step % c_.steps_per_print == 0 || step == c_.run.steps || c_.run.checkpoint_interval >= c_.steps_per_print;
     if (!print) return;
     clear_bar();
-    std::printf("checkpoint %s: %s in %.2f s (%.2f GB/s)\n", io.path.c_str(), format_bytes(io.all_bytes).c_str(), io.seconds,
-                gbps(io.all_bytes, io.seconds));
+    if (io.blocked_seconds < io.seconds) {
+      std::printf("checkpoint %s: %s, written during the next step; training waited %.2f s for it\n", io.path.c_str(),
+                  format_bytes(io.all_bytes).c_str(), io.blocked_seconds);
+    } else {
+      std::printf("checkpoint %s: %s in %.2f s (%.2f GB/s)\n", io.path.c_str(), format_bytes(io.all_bytes).c_str(), io.seconds,
+                  gbps(io.all_bytes, io.seconds));
+    }
     std::fflush(stdout);
   }
 

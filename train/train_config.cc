@@ -271,9 +271,9 @@ void read_data(TrainConfig& t, const json& j) {
 
 void read_run(TrainConfig& t, const json& j, int launched_world_size) {
   static constexpr std::string_view kKeys[] = {
-      "name",           "steps",       "eval_interval", "eval_batches", "seed",     "output_dir",          "device",
-      "device_memory",  "host_memory", "world_size",    "backend",      "progress", "max_nonfinite_steps", "checkpoint_interval",
-      "checkpoint_dir", "keep_last",   "init_from"};
+      "name",           "steps",       "eval_interval", "eval_batches",    "seed",     "output_dir",          "device",
+      "device_memory",  "host_memory", "world_size",    "backend",         "progress", "max_nonfinite_steps", "checkpoint_interval",
+      "checkpoint_dir", "keep_last",   "init_from",     "checkpoint_async"};
   static constexpr std::string_view kBackends[] = {"local", "gloo", "nccl"};
   static constexpr std::string_view kProgress[] = {"auto", "bar", "lines"};
   json copy = j.value("run", json::object());
@@ -312,6 +312,7 @@ void read_run(TrainConfig& t, const json& j, int launched_world_size) {
   if (r.checkpoint_dir.empty()) r.checkpoint_dir = r.output_dir + "/checkpoints";
   r.keep_last = s.integer("keep_last", 0, 0, int64_t{1} << 30);
   r.init_from = s.string("init_from", "");
+  r.checkpoint_async = s.flag("checkpoint_async", false);
   if (launched_world_size > 0) {
     r.world_size = static_cast<int>(s.integer("world_size", launched_world_size, 1, 1 << 20));
     if (r.world_size != launched_world_size) {
@@ -529,7 +530,8 @@ TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) 
               {"checkpoint_interval", t.run.checkpoint_interval},
               {"checkpoint_dir", t.run.checkpoint_dir},
               {"keep_last", t.run.keep_last},
-              {"init_from", t.run.init_from}};
+              {"init_from", t.run.init_from},
+              {"checkpoint_async", t.run.checkpoint_async}};
   t.resolved = std::move(c);
   return t;
 }

@@ -55,6 +55,9 @@ struct RunConfig {
   int64_t checkpoint_interval = 0;
   std::string checkpoint_dir;
   int64_t keep_last = 0;
+  // Each rank copies its part to host memory and a thread writes it while training goes on; the
+  // checkpoint is published after the next step (CheckpointSaver).
+  bool checkpoint_async = false;
   // Initial weights instead of the seeded initialization: a GPT-2 safetensors file in Hugging Face's
   // names (a published GPT-2, or a run's model.safetensors) or a zeroth checkpoint (its weights;
   // the optimizer state starts fresh, at step 0). Ignored when resuming.

@@ -222,7 +222,15 @@ TrainSummary train(const TrainConfig& config, Communicator& dp, Device& device, 
   };
 
   // What a checkpoint keeps of the loop: the data position (a function of the step, see
-  // train/data.h) and the non-finite streak.
+  // train/data.h) and the non-finite streak. An asynchronous save is published after the next
+  // step, or before the run ends.
+  CheckpointSaver saver(config.run.checkpoint_async);
+  int64_t saved_step = 0;
+  auto published = [&](const CheckpointIo& io) {
+    summary.last_save = io;
+    ++summary.checkpoints_saved;
+    report([&] { observer->on_checkpoint(io, saved_step); });
+  };
   auto save = [&](int64_t step) {
     CheckpointSaveOptions o;
     o.dir = config.run.checkpoint_dir;
@@ -236,9 +244,9 @@ TrainSummary train(const TrainConfig& config, Communicator& dp, Device& device, 
              {"nonfinite_steps", nonfinite},
              {"last_finite_step", last_finite_step},
              {"last_finite_loss", last_finite_loss}};
-    summary.last_save = save_checkpoint(engine, o);
-    ++summary.checkpoints_saved;
-    report([&] { observer->on_checkpoint(summary.last_save, step); });
+    const CheckpointIo started = saver.save(engine, o);
+    saved_step = step;
+    if (!saver.pending()) published(started);
   };
 
   if (summary.resumed_from.empty()) evaluate(0);
@@ -267,6 +275,7 @@ TrainSummary train(const TrainConfig& config, Communicator& dp, Device& device, 
     }
     const StepResult r = engine.step();
     cs.synchronize();
+    if (saver.pending()) published(saver.complete(engine));
     double sum = 0;
     for (int m = 0; m < gas; ++m) sum += losses[m];
     const auto [loss, stopping] = agree(sum / gas, (stop != nullptr && stop->load()) || report_error != nullptr);
@@ -323,6 +332,7 @@ TrainSummary train(const TrainConfig& config, Communicator& dp, Device& device, 
     const int64_t every = config.run.checkpoint_interval;
     if (every >= 0 && (last || (every > 0 && (k + 1) % every == 0))) save(k + 1);
   }
+  if (saver.pending()) published(saver.complete(engine));
   if (report_error) std::rethrow_exception(report_error);
   // A run, finished or stopped, leaves its weights: fp32 master weights, or the compute dtype's
   // with stage3_gather_16bit_weights_on_model_save as in DeepSpeed.

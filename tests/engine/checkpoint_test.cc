@@ -408,6 +408,50 @@ TEST(Checkpoint, LatestAndRetention) {
   });
 }
 
+// An asynchronous save copies the state at save() and publishes at complete(): until then the
+// step folder does not exist; after a further step changed the weights, the checkpoint still
+// holds those of the save's step, bit for bit.
+TEST(Checkpoint, AsyncSaveHoldsTheStateOfItsStep) {
+  Scratch dir("async");
+  const std::string ckpt = dir / "ckpt";
+  std::vector<float> at_save;
+  run_local_ranks(2, [&](Communicator& comm) {
+    auto device = make_device("cpu", {});
+    MlpRun run;
+    run.stage = 3;
+    Engine engine(*device, comm, testing::mlp_config(run));
+    Mlp mlp(engine, {run.widths});
+    engine.finalize();
+    CheckpointSaver saver(true);
+    mlp_step(engine, mlp, comm, 0);
+    const auto w = engine.master_values(0);
+    const CheckpointIo started = saver.save(engine, {.dir = ckpt});
+    EXPECT_TRUE(saver.pending());
+    EXPECT_EQ(started.path, ckpt + "/step-1");
+    EXPECT_FALSE(fs::exists(ckpt + "/step-1"));
+    mlp_step(engine, mlp, comm, 1);
+    const CheckpointIo done = saver.complete(engine);
+    EXPECT_FALSE(saver.pending());
+    EXPECT_GT(done.all_bytes, 0u);
+    EXPECT_LE(done.blocked_seconds, done.seconds);
+    if (comm.rank() == 0) at_save = w;
+  });
+  EXPECT_EQ(resolve_checkpoint(ckpt), ckpt + "/step-1");
+  run_local_ranks(1, [&](Communicator& comm) {
+    auto device = make_device("cpu", {});
+    MlpRun run;
+    Engine engine(*device, comm, testing::mlp_config(run));
+    Mlp mlp(engine, {run.widths});
+    engine.finalize();
+    load_checkpoint(engine, ckpt);
+    EXPECT_EQ(engine.steps_run(), 1);
+    auto w = engine.master_values(0);
+    w.resize(engine.plan().blocks[0].numel);
+    at_save.resize(w.size());
+    EXPECT_EQ(w, at_save);
+  });
+}
+
 // A checkpoint folder that cannot be made fails the save on every rank (no rank waits for the
 // others), with the folder named.
 TEST(Checkpoint, UnwritableFolderFailsEveryRank) {

@@ -88,6 +88,32 @@ TEST(Ckpt, ResumeContinuesTheLossesBitForBit) {
   EXPECT_EQ(run({ZEROTH_BIN, "ckpt", "inspect", temp("ckpt_gloo") + "/checkpoints"}, "ckpt_gloo_inspect").code, 0);
 }
 
+// run.checkpoint_async: the state is copied at the save and written while the next step runs; the
+// files are byte for byte those of the synchronous saves (so the copy was taken before the next
+// step changed anything), and the losses are unchanged.
+TEST(Ckpt, AsyncSavesWriteTheSameCheckpoints) {
+  json j = fresh("ckpt_sync");
+  j["run"]["checkpoint_interval"] = 2;
+  const auto sync = run({ZEROTH_BIN, "train", write_config("ckpt_sync", j)}, "ckpt_sync");
+  ASSERT_EQ(sync.code, 0) << sync.output;
+  json a = fresh("ckpt_async");
+  a["run"]["checkpoint_interval"] = 2;
+  a["run"]["checkpoint_async"] = true;
+  const auto async = run({ZEROTH_BIN, "train", write_config("ckpt_async", a)}, "ckpt_async");
+  ASSERT_EQ(async.code, 0) << async.output;
+  EXPECT_EQ(losses(async), losses(sync));
+  EXPECT_NE(async.output.find("written in the background"), std::string::npos) << async.output;
+  for (const char* step : {"step-2", "step-4", "step-6"}) {
+    for (const char* file : {"rank-00000.bin", "rank-00001.bin"}) {
+      const std::string s = temp("ckpt_sync") + "/checkpoints/" + step + "/" + file,
+                        x = temp("ckpt_async") + "/checkpoints/" + step + "/" + file;
+      ASSERT_TRUE(fs::exists(x)) << x;
+      EXPECT_EQ(bytes_of(x), bytes_of(s)) << step << "/" << file;
+    }
+  }
+  EXPECT_EQ(bytes_of(temp("ckpt_async") + "/checkpoints/latest"), "step-6\n");
+}
+
 // SIGKILL at random moments of a run that saves every step: whatever the moment, `latest` (or, if
 // the kill came before the first save, nothing) is a checkpoint that verifies, and resuming from
 // it finishes with the uninterrupted run's losses, bit for bit.
