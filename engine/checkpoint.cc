@@ -327,6 +327,7 @@ CheckpointIo CheckpointSaver::save(Engine& engine, const CheckpointSaveOptions& 
   } catch (...) {
     p->error = std::current_exception();
   }
+  engine.release_transfer_buffers();
   p->blocked = std::chrono::duration<double>(Clock::now() - p->start).count();
   pending_ = std::move(p);
   if (!async_) return complete(engine);
@@ -367,7 +368,7 @@ CheckpointIo CheckpointSaver::complete(Engine& engine) {
   agreement.agree(p->what.c_str());
   const auto end = Clock::now();
   io.seconds = std::chrono::duration<double>(end - p->start).count();
-  io.blocked_seconds = p->blocked + std::chrono::duration<double>(end - t0).count();
+  io.blocked_seconds = async_ ? p->blocked + std::chrono::duration<double>(end - t0).count() : io.seconds;
   return io;
 }
 
@@ -449,6 +450,7 @@ CheckpointIo load_checkpoint(Engine& engine, const std::string& path, Manifest* 
   Agreement agreement(engine);
   agreement.attempt([&] {
     CkptReader reader(step_dir, m);
+    std::vector<float> moments;
     size_t first = 0;
     for (size_t b = 0; b < plan.blocks.size(); ++b) {
       size_t end = first;
@@ -463,15 +465,16 @@ CheckpointIo load_checkpoint(Engine& engine, const std::string& path, Manifest* 
       engine.set_block_values(static_cast<int>(b), [&](size_t lo, size_t hi, float* values) { fill(0, lo, hi, values); });
       for (size_t s = 1; s < states.size(); ++s) {
         const OwnedRange& r = plan.range(states[s].kind, static_cast<int>(b));
-        std::vector<float> values(r.numel(), 0.0f);
-        fill(s, r.lo, r.hi, values.data());
-        engine.write_owned(states[s].kind, static_cast<int>(b), values);
+        moments.assign(r.numel(), 0.0f);  // reused: its pages are touched once, not per block
+        fill(s, r.lo, r.hi, moments.data());
+        engine.write_owned(states[s].kind, static_cast<int>(b), moments);
       }
       first = end;
     }
     io.bytes += reader.bytes_read();
     if (!weights_only) engine.restore_counters(m.engine);
   });
+  engine.release_transfer_buffers();
   agreement.agree(fmt::format("loading the checkpoint {}", step_dir).c_str());
   io.all_bytes = m.data_bytes();
   io.seconds = std::chrono::duration<double>(Clock::now() - t0).count();

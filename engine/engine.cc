@@ -57,7 +57,7 @@ void Engine::finalize(const ModelFootprint& model) {
            model);
 }
 
-void Engine::finalize(Plan plan, const ModelFootprint& model) {
+void Engine::finalize(Plan plan, const ModelFootprint& model, bool initialize_values) {
   if (exec_) ZEROTH_THROW(InvalidArgument, "finalize() called twice");
   // A plan from elsewhere must be the one this engine would make.
   bool same = plan.blocks.size() == specs_.size() && plan.dp == comm_.size() && plan.rank == comm_.rank() &&
@@ -115,11 +115,11 @@ void Engine::finalize(Plan plan, const ModelFootprint& model) {
     plan_.write_json_if_requested();
   }
   exec_ = std::make_unique<Executor>(device_, tiers_, comm_, plan_, specs_, config_);
-  initialize();
+  initialize(initialize_values);
 }
 
-void Engine::initialize() {
-  for (size_t b = 0; b < specs_.size(); ++b) {
+void Engine::initialize(bool values) {
+  for (size_t b = 0; values && b < specs_.size(); ++b) {
     const auto& blk = plan_.blocks[b];
     const auto& spec = specs_[b];
     exec_->write_block(static_cast<int>(b), [&](size_t lo, size_t hi, float* out) {
@@ -131,6 +131,7 @@ void Engine::initialize() {
       }
     });
   }
+  exec_->release_scratch();
   exec_->start();
 }
 
@@ -312,6 +313,10 @@ void Engine::write_owned(StateKind kind, int block, std::span<const float> value
 
 void Engine::set_block_values(int block, const std::function<void(size_t, size_t, float*)>& fill) {
   between_cycles("set_block_values", block).write_block(block, fill);
+}
+
+void Engine::release_transfer_buffers() {
+  if (exec_) exec_->release_scratch();
 }
 
 nlohmann::json Engine::counters() const {

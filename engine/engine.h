@@ -78,8 +78,10 @@ class Engine final : public BlockHost {
   // when they do not fit), allocates and initializes. Collective.
   void finalize(const ModelFootprint& model = {});
   // The same with a plan the caller made (make_plan on the registered blocks, schedule and
-  // config, for this rank), so a run plans once.
-  void finalize(Plan plan, const ModelFootprint& model = {});
+  // config, for this rank), so a run plans once. Without `initialize_values` the parameters are
+  // left for the caller to set before the first step (a checkpoint's load, set_block_values on
+  // every block), which saves the seeded initialization of every parameter.
+  void finalize(Plan plan, const ModelFootprint& model = {}, bool initialize_values = true);
 
   const Plan& plan() const { return plan_; }
   const EngineConfig& config() const { return config_; }
@@ -127,6 +129,8 @@ class Engine final : public BlockHost {
   // - a block's master values and every copy computed from them: fill(lo, hi, out) provides padded
   //   elements [lo, hi) in f32 (out starts at zero);
   void set_block_values(int block, const std::function<void(size_t, size_t, float*)>& fill);
+  // - the host buffers those calls reuse from block to block, freed when a series is over.
+  void release_transfer_buffers();
   // - the counters and the loss scaler a resumed run continues from.
   int64_t steps_run() const { return cycles_; }  // optimizer steps run, skipped ones included
   nlohmann::json counters() const;
@@ -136,7 +140,7 @@ class Engine final : public BlockHost {
   Executor& running(const char* what, int block) const;
   Executor& between_cycles(const char* what, int block) const;
   SwapIo swap_io_{};  // the executor's totals at the last step
-  void initialize();
+  void initialize(bool values);
 
   Device& device_;
   Communicator& comm_;

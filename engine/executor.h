@@ -17,13 +17,14 @@
 #include <optional>    // std::optional
 #include <vector>      // std::vector
 
-#include "comm/communicator.h"  // Communicator
-#include "core/device.h"        // Device, Stream, Event, Buffer
-#include "engine/config.h"      // EngineConfig
-#include "engine/plan.h"        // Plan, Action
-#include "engine/tiers.h"       // TierAllocators
-#include "models/block_api.h"   // BlockSpec, BlockViews
-#include "offload/swap_file.h"  // offload::SwapFile
+#include "comm/communicator.h"       // Communicator
+#include "core/device.h"             // Device, Stream, Event, Buffer
+#include "engine/config.h"           // EngineConfig
+#include "engine/plan.h"             // Plan, Action
+#include "engine/tiers.h"            // TierAllocators
+#include "models/block_api.h"        // BlockSpec, BlockViews
+#include "offload/aligned_buffer.h"  // offload::AlignedBuffer
+#include "offload/swap_file.h"       // offload::SwapFile
 
 namespace zeroth {
 
@@ -93,6 +94,10 @@ class Executor {
   // steps; synchronous).
   void read_owned(const OwnedRange& r, void* out);
   void write_owned(const OwnedRange& r, const void* values);
+  // The host buffers write_block, read_owned and write_owned reuse from call to call (a block at a
+  // time: touching fresh memory costs seconds per GiB on some machines, so a checkpoint's blocks
+  // share them), freed here once a series of calls is over.
+  void release_scratch();
 
  private:
   struct Released {
@@ -178,8 +183,11 @@ class Executor {
   std::atomic<bool> io_failed_{false};
   mutable std::mutex io_error_mutex_;
   std::exception_ptr io_error_;  // the first failed swap-file transfer
-  size_t cursor_ = 0;            // next action of the program being walked
-  int open_use_ = -1;            // the use between its begin_ and end_
+  std::vector<float> scratch_values_;
+  std::vector<char> scratch_narrow_;
+  offload::AlignedBuffer scratch_io_;
+  size_t cursor_ = 0;  // next action of the program being walked
+  int open_use_ = -1;  // the use between its begin_ and end_
   size_t eval_cursor_ = 0;
   bool evaluating_ = false;
 };

@@ -235,9 +235,15 @@ void Executor::read_owned(const OwnedRange& r, void* out) {
   }
   // The last step's write-backs may still be on their way to the file.
   swap_out_stream_->synchronize();
-  offload::AlignedBuffer tmp(round_to_io(bytes));
-  files_[r.buffer]->read(tmp.data(), tmp.size(), r.offset * dtype_size(plan_.buffers[r.buffer].dtype)).wait();
-  std::memcpy(out, tmp.data(), bytes);
+  if (scratch_io_.size() < round_to_io(bytes)) scratch_io_ = offload::AlignedBuffer(round_to_io(bytes));
+  files_[r.buffer]->read(scratch_io_.data(), round_to_io(bytes), r.offset * dtype_size(plan_.buffers[r.buffer].dtype)).wait();
+  std::memcpy(out, scratch_io_.data(), bytes);
+}
+
+void Executor::release_scratch() {
+  scratch_values_ = {};
+  scratch_narrow_ = {};
+  scratch_io_ = {};
 }
 
 void Executor::write_owned(const OwnedRange& r, const void* values) {
@@ -250,10 +256,11 @@ void Executor::write_owned(const OwnedRange& r, const void* values) {
   }
   swap_in_stream_->synchronize();
   swap_out_stream_->synchronize();
-  offload::AlignedBuffer tmp(round_to_io(bytes));
-  std::memset(tmp.data(), 0, tmp.size());
-  std::memcpy(tmp.data(), values, bytes);
-  files_[r.buffer]->write(tmp.data(), tmp.size(), r.offset * dtype_size(plan_.buffers[r.buffer].dtype)).wait();
+  const size_t length = round_to_io(bytes);
+  if (scratch_io_.size() < length) scratch_io_ = offload::AlignedBuffer(length);
+  std::memcpy(scratch_io_.data(), values, bytes);
+  std::memset(scratch_io_.data() + bytes, 0, length - bytes);
+  files_[r.buffer]->write(scratch_io_.data(), length, r.offset * dtype_size(plan_.buffers[r.buffer].dtype)).wait();
 }
 
 void Executor::gather_shards(Stream& gs, int block, TensorView full) {

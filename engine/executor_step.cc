@@ -215,10 +215,12 @@ void Executor::write_block(int b, const std::function<void(size_t, size_t, float
   const OwnedRange& master = plan_.range(StateKind::master, b);
   size_t lo = std::min(shard.lo, master.lo), hi = std::max(shard.hi, master.hi);
   if (params != nullptr) lo = std::min(lo, params->lo), hi = std::max(hi, params->hi);
-  std::vector<float> values(hi - lo, 0.0f);
+  std::vector<float>& values = scratch_values_;
+  values.assign(hi - lo, 0.0f);
   fill(lo, hi, values.data());
   const size_t c = dtype_size(plan_.compute_dtype);
-  std::vector<char> narrow(values.size() * c);
+  std::vector<char>& narrow = scratch_narrow_;
+  narrow.resize(values.size() * c);
   cpu::cast(values.data(), DType::f32, narrow.data(), plan_.compute_dtype, values.size());
   Stream& cs = compute_stream();
   if (params != nullptr) device_.copy(cs, at(*params, params->lo), narrow.data() + (params->lo - lo) * c, params->numel() * c);

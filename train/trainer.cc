@@ -114,6 +114,7 @@ void init_weights(Engine& engine, const TrainConfig& config) {
     params[param] = std::move(values);
   });
   flush();
+  engine.release_transfer_buffers();
 }
 
 }  // namespace
@@ -142,7 +143,8 @@ TrainSummary train(const TrainConfig& config, Communicator& dp, Device& device, 
   Engine engine(device, dp, config.engine);
   Gpt gpt(engine, config.model);
   summary.parameters = config.model.num_parameters();
-  engine.finalize(std::move(plan), model);
+  // A resumed run, or one starting from saved weights, sets every parameter itself.
+  engine.finalize(std::move(plan), model, config.run.resume.empty() && config.run.init_from.empty());
   // Rank 0's observer writes the run's files; a failure there (disk full, read-only) is kept and
   // every rank stops at the next agreement, so no rank waits in a collective for rank 0.
   std::exception_ptr report_error;

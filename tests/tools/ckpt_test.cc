@@ -264,6 +264,22 @@ TEST(Ckpt, ExportImportReshardRoundTrip) {
   EXPECT_FALSE(fs::exists(dir + "/dp1/step-3/rank-00001.bin"));
   ASSERT_EQ(run({ZEROTH_BIN, "ckpt", "export", dir + "/dp1", "--out", dir + "/dp1.safetensors"}, "ckpt_dp1").code, 0);
   EXPECT_EQ(bytes_of(dir + "/dp1.safetensors"), bytes_of(dir + "/f32.safetensors"));
+  // The moments came along too: one rank resuming the resharded checkpoint (the same global batch,
+  // accumulated 4 times) trains steps 4-5 as two ranks resuming the original do, to reduction order.
+  json two = fresh("ckpt_two");
+  two["run"]["steps"] = 5;
+  const auto on_two = run({ZEROTH_BIN, "train", write_config("ckpt_two", two), "--resume", ckpt}, "ckpt_two");
+  ASSERT_EQ(on_two.code, 0) << on_two.output;
+  json one = fresh("ckpt_one");
+  one["run"]["steps"] = 5;
+  one["run"]["world_size"] = 1;
+  one["gradient_accumulation_steps"] = 4;
+  const auto on_one = run({ZEROTH_BIN, "train", write_config("ckpt_one", one), "--resume", dir + "/dp1"}, "ckpt_one");
+  ASSERT_EQ(on_one.code, 0) << on_one.output;
+  const auto a = losses(on_two), b = losses(on_one);
+  ASSERT_EQ(a.size(), 2u);
+  ASSERT_EQ(b.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(b[i], a[i], 1e-5 * a[i]) << "step " << i + 4;
 
   // run.init_from: a run starting from the exported weights evaluates them first: its step-0
   // validation loss is the finished run's last one.
