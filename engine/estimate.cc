@@ -1,6 +1,8 @@
 // The estimate and the check against a budget.
 #include "engine/estimate.h"
 
+#include <algorithm>  // std::max
+
 #include <fmt/format.h>  // fmt::format
 
 #include "core/error.h"  // ZEROTH_THROW
@@ -29,6 +31,16 @@ MemoryNeed estimate(const Plan& plan, const ModelFootprint& model) {
   at(need.bytes, Tier::device, MemTag::buffers) += model.scratch;
   at(need.bytes, Tier::pinned_host, MemTag::activations) += model.host_activations;
   need.activation_note = model.note;
+  // Gathering a block's fp32 master values (the weights a run saves at its end, Engine::
+  // master_values) puts the rank's slice and the whole padded block on the device, one block at a
+  // time, when the rank does not hold the block's master whole.
+  size_t gather = 0;
+  for (size_t b = 0; b < plan.blocks.size(); ++b) {
+    const OwnedRange* m = plan.find(StateKind::master, static_cast<int>(b));
+    if (m != nullptr && m->numel() < plan.blocks[b].padded)
+      gather = std::max(gather, (m->numel() + plan.blocks[b].padded) * sizeof(float));
+  }
+  at(need.bytes, Tier::device, MemTag::other) += gather;
   return need;
 }
 

@@ -26,6 +26,8 @@ struct MemoryNeed {
   std::string describe(Tier tier) const;  // "params 7.77 MiB, grads ..., allowance 64.00 KiB"
 };
 
+// The plan's bytes, the model's, and (tag other) the device buffers of gathering one block's fp32
+// master values, which a run does at its end to save its weights.
 MemoryNeed estimate(const Plan& plan, const ModelFootprint& model = {});
 
 // Throws OutOfMemory, naming every part and what to change, when the need on `tier` exceeds

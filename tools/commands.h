@@ -9,6 +9,7 @@ void add_report_command(CLI::App& app);
 void add_launch_command(CLI::App& app);
 void add_train_command(CLI::App& app);
 void add_ckpt_command(CLI::App& app);
+void add_estimate_command(CLI::App& app);
 void add_bench_kernels_command(CLI::App& bench);
 void add_bench_comm_command(CLI::App& bench);
 void add_bench_optim_command(CLI::App& bench);

@@ -1,0 +1,171 @@
+// `zeroth estimate --config CONFIG`: what one rank of the config's run holds per tier and tag, for
+// every ZeRO stage and offload placement, from the plan the engine itself would build (make_plan)
+// and the one estimate its budget check uses (engine/estimate.h) — so the row of the config's own
+// choice is what the run is held against at start.
+#include <cstdio>  // std::printf
+#include <memory>  // std::make_shared
+#include <string>  // std::string
+#include <vector>  // std::vector
+
+#include <CLI/CLI.hpp>        // CLI::App
+#include <fmt/format.h>       // fmt::format
+#include <nlohmann/json.hpp>  // nlohmann::json
+
+#include "core/error.h"       // ConfigError
+#include "core/memory.h"      // format_bytes, parse_bytes
+#include "engine/estimate.h"  // estimate, MemoryNeed
+#include "engine/plan.h"      // make_plan
+#include "models/gpt/gpt.h"   // Gpt
+#include "tools/commands.h"
+#include "train/train_config.h"  // TrainConfig
+
+namespace zeroth::tools {
+namespace {
+
+struct Options {
+  std::string config;
+  std::vector<std::string> overrides;
+  std::string device_memory, host_memory;  // "" = the config's
+  int ranks_per_node = 0;                  // 0 = the config's world size
+  bool json = false;
+};
+
+struct Row {
+  int stage;
+  OffloadDevice optimizer, params;
+  bool chosen = false;  // the config's own stage and placement
+  MemoryNeed need;
+  std::string refused;  // why this combination is not a valid config ("" when it is)
+};
+
+size_t model_states_on_device(const MemoryNeed& n) {
+  return at(n.bytes, Tier::device, MemTag::params) + at(n.bytes, Tier::device, MemTag::grads) +
+         at(n.bytes, Tier::device, MemTag::optimizer);
+}
+
+size_t host_bytes(const MemoryNeed& n) { return n.total(Tier::host) + n.total(Tier::pinned_host); }
+
+int run(const Options& o) {
+  nlohmann::json j = read_config_file(o.config);
+  for (const auto& s : o.overrides) apply_override(j, s);
+  const TrainConfig c = TrainConfig::from_json(j);
+  const size_t device_budget = o.device_memory.empty() ? c.run.device_memory : parse_bytes(o.device_memory);
+  const size_t host_budget = o.host_memory.empty() ? c.engine.host_memory : parse_bytes(o.host_memory);
+  const int per_node = o.ranks_per_node > 0 ? o.ranks_per_node : c.run.world_size;
+  const auto specs = Gpt::block_specs(c.model);
+  const auto schedule = Gpt::schedule(c.model);
+
+  std::vector<Row> rows;
+  for (int stage = 0; stage <= 3; ++stage) {
+    for (OffloadDevice opt : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme}) {
+      for (OffloadDevice par : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme}) {
+        if ((stage == 0 && opt != OffloadDevice::none) || (stage != 3 && par != OffloadDevice::none)) continue;
+        if (par != OffloadDevice::none && opt == OffloadDevice::none)
+          continue;  // DeepSpeed's rule: parameters only with the optimizer
+        EngineConfig e = c.engine;
+        e.zero.stage = stage;
+        e.zero.offload_optimizer.device = opt;
+        e.zero.offload_param.device = par;
+        if (opt == OffloadDevice::none || par != OffloadDevice::none) e.zero.offload_optimizer.ratio = 1;
+        for (auto* off : {&e.zero.offload_optimizer, &e.zero.offload_param})
+          if (off->nvme_path.empty()) off->nvme_path = "runs/nvme-swap";
+        Row row{stage, opt, par};
+        row.chosen = stage == c.engine.zero.stage && opt == c.engine.zero.offload_optimizer.device &&
+                     par == c.engine.zero.offload_param.device;
+        try {
+          e.validate();
+          const Plan plan = make_plan(specs, schedule, e, c.run.world_size, 0);
+          row.need = estimate(plan, Gpt::footprint(c.model, static_cast<int>(c.micro_batch_size), c.model.seq_len, e.compute_dtype,
+                                                   plan.max_in_flight));
+        } catch (const ConfigError& err) {
+          row.refused = err.what();
+        }
+        rows.push_back(std::move(row));
+      }
+    }
+  }
+
+  auto fits = [&](const Row& r) {
+    return r.refused.empty() && (device_budget == 0 || r.need.total(Tier::device) <= device_budget) &&
+           (host_budget == 0 || host_bytes(r.need) <= host_budget);
+  };
+  if (o.json) {
+    nlohmann::json out = {{"model_parameters", c.model.num_parameters()},
+                          {"world_size", c.run.world_size},
+                          {"ranks_per_node", per_node},
+                          {"device_memory", device_budget},
+                          {"host_memory", host_budget},
+                          {"rows", nlohmann::json::array()}};
+    for (const auto& r : rows) {
+      nlohmann::json row = {{"stage", r.stage},
+                            {"offload_optimizer", offload_device_name(r.optimizer)},
+                            {"offload_param", offload_device_name(r.params)},
+                            {"config", r.chosen}};
+      if (!r.refused.empty()) {
+        row["refused"] = r.refused;
+      } else {
+        nlohmann::json tiers = nlohmann::json::object();
+        for (size_t t = 0; t < kTierCount; ++t) {
+          nlohmann::json tags = nlohmann::json::object();
+          for (size_t g = 0; g < kMemTagCount; ++g) tags[std::string(mem_tag_name(static_cast<MemTag>(g)))] = r.need.bytes[t][g];
+          tiers[std::string(tier_name(static_cast<Tier>(t)))] = tags;
+        }
+        row.update({{"model_states_bytes_per_gpu", model_states_on_device(r.need)},
+                    {"device_bytes", r.need.total(Tier::device)},
+                    {"device_allowance_bytes", r.need.allowance},
+                    {"pinned_host_bytes", r.need.total(Tier::pinned_host)},
+                    {"host_bytes", r.need.total(Tier::host)},
+                    {"host_bytes_per_node", host_bytes(r.need) * static_cast<size_t>(per_node)},
+                    {"nvme_bytes", r.need.total(Tier::nvme)},
+                    {"tiers", tiers}});
+      }
+      row["fits"] = fits(r);
+      out["rows"].push_back(row);
+    }
+    std::printf("%s\n", out.dump(2).c_str());
+    return 0;
+  }
+  std::printf("zeroth estimate: %s (%s parameters, %d rank%s, %d per node), per rank; the engine's own plan and estimate\n",
+              o.config.c_str(), fmt::format("{}", c.model.num_parameters()).c_str(), c.run.world_size,
+              c.run.world_size == 1 ? "" : "s", per_node);
+  std::printf("budgets: device %s, host %s\n", device_budget ? format_bytes(device_budget).c_str() : "unlimited",
+              host_budget ? format_bytes(host_budget).c_str() : "unlimited");
+  std::printf("%-5s %-9s %-9s %14s %14s %14s %14s %14s  %s\n", "stage", "optimizer", "params", "model states", "device", "pinned host",
+              "host", "nvme", "fits");
+  for (const auto& r : rows) {
+    if (!r.refused.empty()) continue;
+    std::printf("%-5d %-9s %-9s %14s %14s %14s %14s %14s  %s%s\n", r.stage, offload_device_name(r.optimizer).data(),
+                offload_device_name(r.params).data(), format_bytes(model_states_on_device(r.need)).c_str(),
+                format_bytes(r.need.total(Tier::device)).c_str(), format_bytes(r.need.total(Tier::pinned_host)).c_str(),
+                format_bytes(r.need.total(Tier::host)).c_str(), format_bytes(r.need.total(Tier::nvme)).c_str(), fits(r) ? "yes" : "no",
+                r.chosen ? "   <- the config" : "");
+  }
+  for (const auto& r : rows) {
+    if (!r.chosen || !r.refused.empty()) continue;
+    std::printf("\nthe config's row, by tag:\n  device: %s\n", r.need.describe(Tier::device).c_str());
+    for (Tier t : {Tier::pinned_host, Tier::host, Tier::nvme})
+      if (r.need.total(t) > 0) std::printf("  %s: %s\n", tier_name(t).data(), r.need.describe(t).c_str());
+  }
+  std::printf("model states: parameters, gradients and optimizer state on the device, as the ZeRO paper counts them; device "
+              "includes the activations (%s), buffers and a %s allowance\n",
+              rows.front().need.activation_note.c_str(), format_bytes(kEstimateAllowance).c_str());
+  return 0;
+}
+
+}  // namespace
+
+void add_estimate_command(CLI::App& app) {
+  auto o = std::make_shared<Options>();
+  auto* cmd = app.add_subcommand("estimate", "Memory per rank for every ZeRO stage and offload placement of a training config");
+  cmd->add_option("--config", o->config, "A training config (JSON); its model, batch, precision and ZeRO keys are used")->required();
+  cmd->add_option("--set", o->overrides, "Override a key of the config: --set train_micro_batch_size_per_gpu=8")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  cmd->add_option("--device-memory", o->device_memory, "Device memory per rank to fit in (default: run.device_memory)");
+  cmd->add_option("--host-memory", o->host_memory, "Host memory per rank to fit in (default: run.host_memory)");
+  cmd->add_option("--ranks-per-node", o->ranks_per_node, "Ranks sharing a node's host memory (default: run.world_size)");
+  cmd->add_flag("--json", o->json, "Print JSON: one row per stage and placement, bytes per tier and tag");
+  cmd->callback([o] { run(*o); });
+}
+
+}  // namespace zeroth::tools
