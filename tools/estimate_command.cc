@@ -26,7 +26,6 @@ struct Options {
   std::string config;
   std::vector<std::string> overrides;
   std::string device_memory, host_memory;  // "" = the config's
-  int ranks_per_node = 0;                  // 0 = the config's world size
   bool json = false;
 };
 
@@ -36,7 +35,10 @@ struct Row {
   bool chosen = false;  // the config's own stage and placement
   MemoryNeed need;
   std::string refused;  // why this combination is not a valid config ("" when it is)
+  std::string assumed;  // a setting the row needed that the config does not give
 };
+
+std::vector<BlockSpec> specs_of(const TrainConfig& c) { return Gpt::block_specs(c.model); }
 
 size_t model_states_on_device(const MemoryNeed& n) {
   return at(n.bytes, Tier::device, MemTag::params) + at(n.bytes, Tier::device, MemTag::grads) +
@@ -51,10 +53,12 @@ int run(const Options& o) {
   const TrainConfig c = TrainConfig::from_json(j);
   const size_t device_budget = o.device_memory.empty() ? c.run.device_memory : parse_bytes(o.device_memory);
   const size_t host_budget = o.host_memory.empty() ? c.engine.host_memory : parse_bytes(o.host_memory);
-  const int per_node = o.ranks_per_node > 0 ? o.ranks_per_node : c.run.world_size;
-  const auto specs = Gpt::block_specs(c.model);
-  const auto schedule = Gpt::schedule(c.model);
+  // On a GPU, no budget means the GPU's free memory, which is not known here.
+  const bool device_known = device_budget > 0 || c.run.device == "cpu";
+  const int per_node = c.run.world_size;  // one machine: every rank of the config on it
 
+  // Each row is the config with its stage and offload devices changed, parsed as `zeroth train`
+  // parses it (so every rule that depends on them applies) and planned as the engine plans it.
   std::vector<Row> rows;
   for (int stage = 0; stage <= 3; ++stage) {
     for (OffloadDevice opt : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme}) {
@@ -62,21 +66,25 @@ int run(const Options& o) {
         if ((stage == 0 && opt != OffloadDevice::none) || (stage != 3 && par != OffloadDevice::none)) continue;
         if (par != OffloadDevice::none && opt == OffloadDevice::none)
           continue;  // DeepSpeed's rule: parameters only with the optimizer
-        EngineConfig e = c.engine;
-        e.zero.stage = stage;
-        e.zero.offload_optimizer.device = opt;
-        e.zero.offload_param.device = par;
-        if (opt == OffloadDevice::none || par != OffloadDevice::none) e.zero.offload_optimizer.ratio = 1;
-        for (auto* off : {&e.zero.offload_optimizer, &e.zero.offload_param})
-          if (off->nvme_path.empty()) off->nvme_path = "runs/nvme-swap";
         Row row{stage, opt, par};
         row.chosen = stage == c.engine.zero.stage && opt == c.engine.zero.offload_optimizer.device &&
                      par == c.engine.zero.offload_param.device;
+        nlohmann::json v = j;
+        auto& z = v["zero_optimization"];
+        z["stage"] = stage;
+        for (auto [key, device] : {std::pair{"offload_optimizer", opt}, std::pair{"offload_param", par}}) {
+          if (!z.contains(key) || !z[key].is_object()) z[key] = nlohmann::json::object();
+          z[key]["device"] = std::string(offload_device_name(device));
+          if (device == OffloadDevice::nvme && !z[key].contains("nvme_path")) {
+            z[key]["nvme_path"] = "runs/nvme-swap";
+            row.assumed = "nvme_path runs/nvme-swap assumed";
+          }
+        }
         try {
-          e.validate();
-          const Plan plan = make_plan(specs, schedule, e, c.run.world_size, 0);
-          row.need = estimate(plan, Gpt::footprint(c.model, static_cast<int>(c.micro_batch_size), c.model.seq_len, e.compute_dtype,
-                                                   plan.max_in_flight));
+          const TrainConfig rc = TrainConfig::from_json(v);
+          const Plan plan = make_plan(specs_of(rc), Gpt::schedule(rc.model), rc.engine, rc.run.world_size, 0);
+          row.need = estimate(plan, Gpt::footprint(rc.model, static_cast<int>(rc.micro_batch_size), rc.model.seq_len,
+                                                   rc.engine.compute_dtype, plan.max_in_flight));
         } catch (const ConfigError& err) {
           row.refused = err.what();
         }
@@ -89,10 +97,11 @@ int run(const Options& o) {
     return r.refused.empty() && (device_budget == 0 || r.need.total(Tier::device) <= device_budget) &&
            (host_budget == 0 || host_bytes(r.need) <= host_budget);
   };
+  auto fits_text = [&](const Row& r) -> std::string { return !device_known ? "?" : fits(r) ? "yes" : "no"; };
   if (o.json) {
     nlohmann::json out = {{"model_parameters", c.model.num_parameters()},
                           {"world_size", c.run.world_size},
-                          {"ranks_per_node", per_node},
+                          {"ranks_per_node", per_node},  // one machine: host_bytes_per_node covers them all
                           {"device_memory", device_budget},
                           {"host_memory", host_budget},
                           {"rows", nlohmann::json::array()}};
@@ -101,6 +110,7 @@ int run(const Options& o) {
                             {"offload_optimizer", offload_device_name(r.optimizer)},
                             {"offload_param", offload_device_name(r.params)},
                             {"config", r.chosen}};
+      if (!r.assumed.empty()) row["assumed"] = r.assumed;
       if (!r.refused.empty()) {
         row["refused"] = r.refused;
       } else {
@@ -119,7 +129,8 @@ int run(const Options& o) {
                     {"nvme_bytes", r.need.total(Tier::nvme)},
                     {"tiers", tiers}});
       }
-      row["fits"] = fits(r);
+      if (device_known) row["fits"] = fits(r);
+      else row["fits"] = nullptr;  // a GPU's free memory, unknown here
       out["rows"].push_back(row);
     }
     std::printf("%s\n", out.dump(2).c_str());
@@ -128,17 +139,24 @@ int run(const Options& o) {
   std::printf("zeroth estimate: %s (%s parameters, %d rank%s, %d per node), per rank; the engine's own plan and estimate\n",
               o.config.c_str(), fmt::format("{}", c.model.num_parameters()).c_str(), c.run.world_size,
               c.run.world_size == 1 ? "" : "s", per_node);
-  std::printf("budgets: device %s, host %s\n", device_budget ? format_bytes(device_budget).c_str() : "unlimited",
+  std::printf("budgets per rank: device %s, host %s (pinned and pageable together)\n",
+              device_budget           ? format_bytes(device_budget).c_str()
+              : c.run.device == "cpu" ? "unlimited"
+                                      : "the GPU's free memory (not known here: pass --device-memory)",
               host_budget ? format_bytes(host_budget).c_str() : "unlimited");
   std::printf("%-5s %-9s %-9s %14s %14s %14s %14s %14s  %s\n", "stage", "optimizer", "params", "model states", "device", "pinned host",
               "host", "nvme", "fits");
   for (const auto& r : rows) {
-    if (!r.refused.empty()) continue;
-    std::printf("%-5d %-9s %-9s %14s %14s %14s %14s %14s  %s%s\n", r.stage, offload_device_name(r.optimizer).data(),
+    if (!r.refused.empty()) {
+      std::printf("%-5d %-9s %-9s  not a valid config: %s\n", r.stage, offload_device_name(r.optimizer).data(),
+                  offload_device_name(r.params).data(), r.refused.c_str());
+      continue;
+    }
+    std::printf("%-5d %-9s %-9s %14s %14s %14s %14s %14s  %s%s%s\n", r.stage, offload_device_name(r.optimizer).data(),
                 offload_device_name(r.params).data(), format_bytes(model_states_on_device(r.need)).c_str(),
                 format_bytes(r.need.total(Tier::device)).c_str(), format_bytes(r.need.total(Tier::pinned_host)).c_str(),
-                format_bytes(r.need.total(Tier::host)).c_str(), format_bytes(r.need.total(Tier::nvme)).c_str(), fits(r) ? "yes" : "no",
-                r.chosen ? "   <- the config" : "");
+                format_bytes(r.need.total(Tier::host)).c_str(), format_bytes(r.need.total(Tier::nvme)).c_str(), fits_text(r).c_str(),
+                r.chosen ? "   <- the config" : "", r.assumed.empty() ? "" : ("   (" + r.assumed + ")").c_str());
   }
   for (const auto& r : rows) {
     if (!r.chosen || !r.refused.empty()) continue;
@@ -146,9 +164,11 @@ int run(const Options& o) {
     for (Tier t : {Tier::pinned_host, Tier::host, Tier::nvme})
       if (r.need.total(t) > 0) std::printf("  %s: %s\n", tier_name(t).data(), r.need.describe(t).c_str());
   }
-  std::printf("model states: parameters, gradients and optimizer state on the device, as the ZeRO paper counts them; device "
-              "includes the activations (%s), buffers and a %s allowance\n",
-              rows.front().need.activation_note.c_str(), format_bytes(kEstimateAllowance).c_str());
+  std::printf(
+      "model states: parameters, gradients and optimizer state on the device, as the ZeRO paper counts them; device "
+      "includes the activations (%s), buffers, the end-of-run weights gather (other) and a %s allowance. fits: device and host "
+      "against the budgets; free space for the nvme bytes is checked when the run starts, not here\n",
+      rows.front().need.activation_note.c_str(), format_bytes(kEstimateAllowance).c_str());
   return 0;
 }
 
@@ -163,7 +183,6 @@ void add_estimate_command(CLI::App& app) {
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   cmd->add_option("--device-memory", o->device_memory, "Device memory per rank to fit in (default: run.device_memory)");
   cmd->add_option("--host-memory", o->host_memory, "Host memory per rank to fit in (default: run.host_memory)");
-  cmd->add_option("--ranks-per-node", o->ranks_per_node, "Ranks sharing a node's host memory (default: run.world_size)");
   cmd->add_flag("--json", o->json, "Print JSON: one row per stage and placement, bytes per tier and tag");
   cmd->callback([o] { run(*o); });
 }

@@ -1,6 +1,9 @@
-// `zeroth estimate --config` against the run itself: for the tiny GPT at every stage (and with the
-// optimizer offloaded to host memory), the row of the config's own choice predicts the device
-// peak the run's accounting measures, and the host bytes it holds, within 5%.
+// `zeroth estimate --config` against the run itself: for the tiny GPT at every stage, with the
+// optimizer offloaded to host memory, and with offload_optimizer.ratio 0.5 (which zeroth train
+// resets to 1 below stage 3, as DeepSpeed does), the row of the config's own choice counts the
+// device peak the run's accounting measures to within the loop's 8 bytes of flags (which the stated
+// allowance covers), and its host bytes exactly;
+// and its "fits" is the engine's own start-up check, to the byte.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -31,24 +34,34 @@ json estimate_rows(const std::string& config, const std::string& name) {
 struct Case {
   int stage;
   const char* optimizer;
+  double ratio = 1;  // offload_optimizer.ratio as written (zeroth train resets it to 1 below stage 3)
 };
 
 TEST(Estimate, TheConfigsRowPredictsTheRunsPeaks) {
-  for (const Case c : {Case{0, "none"}, Case{1, "none"}, Case{2, "none"}, Case{3, "none"}, Case{2, "cpu"}, Case{3, "cpu"}}) {
-    const std::string name = "estimate_" + std::to_string(c.stage) + c.optimizer;
+  for (const Case c : {Case{0, "none"}, Case{1, "none"}, Case{2, "none"}, Case{3, "none"}, Case{2, "cpu"}, Case{3, "cpu"},
+                       Case{1, "cpu", 0.5}, Case{3, "cpu", 0.5}}) {
+    const std::string name = "estimate_" + std::to_string(c.stage) + c.optimizer + (c.ratio < 1 ? "_ratio" : "");
     json j = tiny(name);
     j["run"]["steps"] = 2;
     j["run"]["checkpoint_interval"] = -1;
     j["zero_optimization"]["stage"] = c.stage;
     j["zero_optimization"]["offload_optimizer"] = {{"device", c.optimizer}};
+    if (c.ratio < 1) {
+      j["zero_optimization"]["offload_optimizer"]["ratio"] = c.ratio;
+      j["zero_optimization"]["reduce_bucket_size"] = 2000;  // several buckets, so a ratio can keep some
+    }
     const std::string config = write_config(name, j);
     const json rows = estimate_rows(config, name);
     // stage 0: 1 row; 1 and 2: 3 each; 3: none, cpu, nvme for the optimizer, and with one of them
     // parameters on cpu or nvme: 7.
     ASSERT_EQ(rows.size(), 14u);
     json mine;
-    for (const auto& r : rows)
+    for (const auto& r : rows) {
       if (r["config"].get<bool>()) mine = r;
+      // With a ratio below 1, parameter offload is refused (it moves every shard off the device).
+      const bool refusable = c.ratio < 1 && r["offload_param"] != "none";
+      EXPECT_EQ(r.contains("refused"), refusable) << r.dump();
+    }
     ASSERT_FALSE(mine.is_null()) << "no row is the config's";
     EXPECT_EQ(mine["stage"], c.stage);
     EXPECT_EQ(mine["offload_optimizer"], c.optimizer);
@@ -56,18 +69,50 @@ TEST(Estimate, TheConfigsRowPredictsTheRunsPeaks) {
     ASSERT_EQ(r.code, 0) << r.output;
     const json summary = r.metrics.back()["summary"];
     const double device = summary["peak_bytes"].get<double>(), predicted = mine["device_bytes"].get<double>();
-    std::printf("stage %d, optimizer on %s: device peak %.0f, estimate %.0f (%.2f%%, %.2f%% without the allowance)\n", c.stage,
-                c.optimizer, device, predicted, 100.0 * (predicted - device) / device,
-                100.0 * (predicted - mine["device_allowance_bytes"].get<double>() - device) / device);
+    std::printf("stage %d, optimizer on %s, ratio %g: device peak %.0f, estimate %.0f (%.0f bytes over, %.0f under without the "
+                "allowance)\n",
+                c.stage, c.optimizer, c.ratio, device, predicted, predicted - device,
+                device - (predicted - mine["device_allowance_bytes"].get<double>()));
     // The estimate holds a stated allowance (64 KiB) for small allocations on top of what it
     // counts; what it counts is within 5% of the measured peak, and with the allowance above it.
+    // What it counts is the peak but for the run loop's own flags (the loss and the stop flag, 8
+    // bytes), which the allowance stands for.
     const double counted = predicted - mine["device_allowance_bytes"].get<double>();
-    EXPECT_NEAR(counted, device, 0.05 * device) << "stage " << c.stage << ", optimizer on " << c.optimizer;
-    EXPECT_LE(device, predicted) << "stage " << c.stage << ", optimizer on " << c.optimizer;
+    EXPECT_GE(device, counted) << "stage " << c.stage << ", optimizer on " << c.optimizer;
+    EXPECT_LE(device - counted, 64) << "stage " << c.stage << ", optimizer on " << c.optimizer;
     const double host = summary["host_peak_bytes"].get<double>(),
                  host_predicted = mine["host_bytes"].get<double>() + mine["pinned_host_bytes"].get<double>();
-    EXPECT_NEAR(host_predicted, host, 0.05 * std::max(host, 1.0)) << "stage " << c.stage << ", optimizer on " << c.optimizer;
+    EXPECT_EQ(host_predicted, host) << "stage " << c.stage << ", optimizer on " << c.optimizer;
     if (std::string(c.optimizer) == "cpu") EXPECT_GT(host, 0.0);
+  }
+}
+
+// A device budget of exactly the config row's device_bytes fits (estimate and run agree); one byte
+// less does not fit, and the run is refused at start with nothing allocated.
+TEST(Estimate, FitsIsTheEnginesOwnCheck) {
+  json j = tiny("estimate_fits");
+  j["run"]["steps"] = 1;
+  j["run"]["checkpoint_interval"] = -1;
+  const std::string config = write_config("estimate_fits", j);
+  double bytes = 0;
+  for (const auto& r : estimate_rows(config, "estimate_fits"))
+    if (r["config"].get<bool>()) bytes = r["device_bytes"].get<double>();
+  ASSERT_GT(bytes, 0);
+  for (const double budget : {bytes, bytes - 1}) {
+    const std::string b = std::to_string(static_cast<uint64_t>(budget));
+    auto child = testing::spawn({ZEROTH_BIN, "estimate", "--config", config, "--json", "--device-memory", b}, {},
+                                temp("estimate_fits") + ".estimate");
+    ASSERT_EQ(testing::wait_exit(child, std::chrono::seconds(60)), 0);
+    bool fits = false;
+    const json out = json::parse(child.output());
+    for (const auto& r : out["rows"])
+      if (r["config"].get<bool>()) fits = r["fits"].get<bool>();
+    json k = j;
+    k["run"]["device_memory"] = static_cast<uint64_t>(budget);
+    const auto run_result = run({ZEROTH_BIN, "train", write_config("estimate_fits_run", k)}, "estimate_fits_run");
+    EXPECT_EQ(fits, budget == bytes) << "budget " << b;
+    EXPECT_EQ(run_result.code == 0, fits) << "budget " << b << ": the run and the estimate disagree\n" << run_result.output;
+    if (!fits) EXPECT_NE(run_result.output.find("nothing was allocated"), std::string::npos) << run_result.output;
   }
 }
 
