@@ -229,5 +229,21 @@ void train_like_pytorch(int dp, int stage) {
 TEST(GptReference, TenAdamWStepsMatchPyTorchOneRank) { train_like_pytorch(1, 0); }
 TEST(GptReference, TenAdamWStepsMatchPyTorchZero3ThreeRanks) { train_like_pytorch(3, 3); }
 
+// The presets at Hugging Face's vocabulary (50257) and 1024 positions count exactly the published
+// GPT-2 models' parameters (the LM head tied to wte, as there): 124,439,808 / 354,823,168 /
+// 774,030,080 / 1,557,611,200.
+TEST(GptPresets, CountGpt2sParametersExactly) {
+  const std::pair<const char*, size_t> published[] = {{"gpt2-124m", 124439808},
+                                                      {"gpt2-350m", 354823168},
+                                                      {"gpt2-774m", 774030080},
+                                                      {"gpt2-1558m", 1557611200}};
+  for (const auto& [name, count] : published) {
+    GptConfig c = GptConfig::preset(name);
+    c.vocab_size = 50257;
+    c.seq_len = 1024;
+    EXPECT_EQ(c.num_parameters(), count) << name;
+  }
+}
+
 }  // namespace
 }  // namespace zeroth
