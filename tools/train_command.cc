@@ -266,10 +266,12 @@ class Console final : public TrainObserver {
                     : "",
                 s.seconds, si(s.tokens_per_second).c_str(), s.first_loss, s.last_loss);
     if (s.first_val_loss >= 0) std::printf(", validation %.4f -> %.4f", s.first_val_loss, s.last_val_loss);
-    std::printf(
-        "\n  peak memory on rank 0: %s (params %s, grads %s, optimizer %s, buffers %s, activations %s)\n  metrics: %s/metrics.jsonl\n",
-        format_bytes(s.peak_total).c_str(), format_bytes(s.peak[0]).c_str(), format_bytes(s.peak[1]).c_str(),
-        format_bytes(s.peak[2]).c_str(), format_bytes(s.peak[3]).c_str(), format_bytes(s.peak[4]).c_str(), c_.run.output_dir.c_str());
+    std::printf("\n  peak memory on rank 0: %s (params %s, grads %s, optimizer %s, buffers %s, activations %s%s)\n  metrics: "
+                "%s/metrics.jsonl\n",
+                format_bytes(s.peak_total).c_str(), format_bytes(s.peak[0]).c_str(), format_bytes(s.peak[1]).c_str(),
+                format_bytes(s.peak[2]).c_str(), format_bytes(s.peak[3]).c_str(), format_bytes(s.peak[4]).c_str(),
+                s.peak[5] > 0 ? (", other " + format_bytes(s.peak[5]) + ": gathering the weights to save them").c_str() : "",
+                c_.run.output_dir.c_str());
     std::printf("  weights: %s (%s, %s, Hugging Face GPT-2 names; gathered and written in %.2f s, %.2f GB/s)\n",
                 s.weights_path.c_str(), format_bytes(s.weights_bytes).c_str(), dtype_name(s.weights_dtype).data(), s.weights_seconds,
                 s.weights_seconds > 0 ? static_cast<double>(s.weights_bytes) / s.weights_seconds * 1e-9 : 0.0);
