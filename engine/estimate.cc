@@ -44,6 +44,27 @@ MemoryNeed estimate(const Plan& plan, const ModelFootprint& model) {
   return need;
 }
 
+ModelStates zero_model_states(uint64_t params, int stage, uint64_t gpus, OffloadDevice optimizer, OffloadDevice parameters,
+                              uint64_t largest_layer) {
+  ZEROTH_CHECK(stage >= 0 && stage <= 3 && gpus > 0, "zero_model_states: stage {} on {} GPUs", stage, gpus);
+  ZEROTH_CHECK(stage > 0 || optimizer == OffloadDevice::none, "the optimizer is offloaded at stages 1-3 only");
+  ZEROTH_CHECK(stage == 3 || parameters == OffloadDevice::none, "the parameters are offloaded at stage 3 only");
+  const double p = static_cast<double>(params), n = static_cast<double>(gpus);
+  // Bytes per parameter of each kind, and the share of them a GPU holds.
+  const double param_share = stage == 3 ? p / n : p, grad_share = stage >= 2 ? p / n : p, opt_share = stage >= 1 ? p / n : p;
+  double device = 2 * param_share + 2 * grad_share + 12 * opt_share, host = 0, nvme = 0;
+  if (optimizer != OffloadDevice::none) {
+    device -= 12 * opt_share;
+    (optimizer == OffloadDevice::cpu ? host : nvme) += 16 * opt_share;  // master, moments, fp32 gradient shard
+  }
+  if (parameters != OffloadDevice::none) {
+    device -= 2 * param_share;
+    device += 4 * static_cast<double>(largest_layer);
+    (parameters == OffloadDevice::cpu ? host : nvme) += 2 * param_share;
+  }
+  return {static_cast<uint64_t>(device + 0.5), static_cast<uint64_t>(host + 0.5), static_cast<uint64_t>(nvme + 0.5)};
+}
+
 void check_fits(const MemoryNeed& need, const Plan& plan, Tier tier, size_t budget, size_t in_use, std::string_view budget_name) {
   // One host budget covers pinned and pageable host memory.
   const bool host = tier == Tier::host;

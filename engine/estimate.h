@@ -5,9 +5,11 @@
 #pragma once
 
 #include <cstddef>      // size_t
+#include <cstdint>      // uint64_t
 #include <string>       // std::string
 #include <string_view>  // std::string_view
 
+#include "engine/config.h"     // OffloadDevice
 #include "engine/plan.h"       // Plan
 #include "engine/tier.h"       // TierBytes
 #include "models/block_api.h"  // ModelFootprint
@@ -29,6 +31,21 @@ struct MemoryNeed {
 // The plan's bytes, the model's, and (tag other) the device buffers of gathering one block's fp32
 // master values, which a run does at its end to save its weights.
 MemoryNeed estimate(const Plan& plan, const ModelFootprint& model = {});
+
+// The ZeRO paper's model-state memory per GPU (Rajbhandari et al. 2020, section 3 and Table 1):
+// mixed-precision Adam holds 2 bytes of parameters, 2 of gradients and K = 12 of optimizer state
+// (fp32 master weights, momentum, variance) per parameter; stage 1 partitions the optimizer state
+// over the N data-parallel GPUs, stage 2 the gradients too, stage 3 the parameters too:
+//   stage 0: 16 P   stage 1: 4 P + 12 P / N   stage 2: 2 P + 14 P / N   stage 3: 16 P / N
+// Offloading the optimizer (ZeRO-Offload / -Infinity) moves its 12 P / N and an fp32 copy of the
+// gradient shard (4 P / N) to host memory (cpu) or to NVMe (nvme); offloading the parameters
+// (stage 3) moves their 2 P / N too, the device keeping the largest layer's parameters and
+// gradients at work (4 bytes per parameter of it). The parameter-count mode of `zeroth estimate`.
+struct ModelStates {
+  uint64_t device = 0, host = 0, nvme = 0;  // bytes per GPU
+};
+ModelStates zero_model_states(uint64_t params, int stage, uint64_t gpus, OffloadDevice optimizer = OffloadDevice::none,
+                              OffloadDevice parameters = OffloadDevice::none, uint64_t largest_layer = 0);
 
 // Throws OutOfMemory, naming every part and what to change, when the need on `tier` exceeds
 // `budget` (0: unlimited) less `in_use`. `budget_name` says where the budget comes from

@@ -27,7 +27,94 @@ struct Options {
   std::vector<std::string> overrides;
   std::string device_memory, host_memory;  // "" = the config's
   bool json = false;
+  // Parameter-count mode (instead of a config): the ZeRO paper's model states per GPU.
+  std::string params, largest_layer;
+  int gpus_per_node = 1, nodes = 1;
 };
+
+// "7.5B", "175e9", "1T", "350M": a count of parameters.
+uint64_t parse_count(const std::string& text, const char* flag) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  const std::string unit = used > 0 ? text.substr(used) : "";
+  const double scale = unit.empty()                 ? 1
+                       : unit == "K" || unit == "k" ? 1e3
+                       : unit == "M"                ? 1e6
+                       : unit == "B" || unit == "G" ? 1e9
+                       : unit == "T"                ? 1e12
+                                                    : 0;
+  if (used == 0 || scale == 0 || !(v > 0))
+    ZEROTH_THROW(InvalidArgument, "{} {}: give a count such as 7.5B, 350M, 1T or 175e9", flag, text);
+  return static_cast<uint64_t>(v * scale + 0.5);
+}
+
+// --params: stage x placement, per GPU, with the paper's formulas (engine/estimate.h); no model,
+// so no activations or buffers (--config counts those).
+int run_params(const Options& o) {
+  const uint64_t params = parse_count(o.params, "--params");
+  const uint64_t largest = o.largest_layer.empty() ? 0 : parse_count(o.largest_layer, "--largest-layer");
+  const uint64_t gpus = static_cast<uint64_t>(o.gpus_per_node) * static_cast<uint64_t>(o.nodes);
+  const size_t device_budget = o.device_memory.empty() ? 0 : parse_bytes(o.device_memory);
+  const size_t node_host_budget = o.host_memory.empty() ? 0 : parse_bytes(o.host_memory);
+  nlohmann::json rows = nlohmann::json::array();
+  if (!o.json) {
+    std::printf("zeroth estimate: %s parameters%s on %llu GPUs (%d per node x %d nodes); model states (the ZeRO paper's "
+                "count: fp16/bf16 parameters and gradients, fp32 master weights and Adam moments), per GPU and per node\n",
+                fmt::format("{}", params).c_str(), largest > 0 ? fmt::format(", largest layer {}", largest).c_str() : "",
+                static_cast<unsigned long long>(gpus), o.gpus_per_node, o.nodes);
+    std::printf("%-5s %-9s %-9s %14s %16s %16s  %s\n", "stage", "optimizer", "params", "device/GPU", "host/node", "nvme/node", "fits");
+  }
+  for (int stage = 0; stage <= 3; ++stage) {
+    for (OffloadDevice opt : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme}) {
+      for (OffloadDevice par : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme}) {
+        if ((stage == 0 && opt != OffloadDevice::none) || (stage != 3 && par != OffloadDevice::none)) continue;
+        if (par != OffloadDevice::none && opt == OffloadDevice::none) continue;
+        const ModelStates m = zero_model_states(params, stage, gpus, opt, par, largest);
+        const uint64_t host_node = m.host * static_cast<uint64_t>(o.gpus_per_node),
+                       nvme_node = m.nvme * static_cast<uint64_t>(o.gpus_per_node);
+        const bool fits = (device_budget == 0 || m.device <= device_budget) &&
+                          (node_host_budget == 0 || host_node <= node_host_budget);
+        rows.push_back({{"stage", stage},
+                        {"offload_optimizer", offload_device_name(opt)},
+                        {"offload_param", offload_device_name(par)},
+                        {"model_states_bytes_per_gpu", m.device},
+                        {"device_bytes", m.device},
+                        {"host_bytes_per_node", host_node},
+                        {"nvme_bytes_per_node", nvme_node},
+                        {"fits", fits}});
+        if (!o.json) {
+          std::printf("%-5d %-9s %-9s %14s %16s %16s  %s\n", stage, offload_device_name(opt).data(), offload_device_name(par).data(),
+                      format_bytes(m.device).c_str(), format_bytes(host_node).c_str(), format_bytes(nvme_node).c_str(),
+                      fits ? "yes" : "no");
+        }
+      }
+    }
+  }
+  if (o.json) {
+    std::printf("%s\n", nlohmann::json{{"params", params},
+                                       {"largest_layer", largest},
+                                       {"gpus_per_node", o.gpus_per_node},
+                                       {"nodes", o.nodes},
+                                       {"device_memory", device_budget},
+                                       {"host_memory_per_node", node_host_budget},
+                                       {"rows", rows}}
+                            .dump(2)
+                            .c_str());
+  } else {
+    std::printf("sizes in binary units (1 GiB = 2^30 bytes; the ZeRO paper's GB are 10^9: its 120 GB are 111.76 GiB)\n");
+    std::printf("budgets: device %s per GPU, host %s per node. Model states only: activations, communication buckets and swap "
+                "buffers depend on the model's shape and the config (give --config for them)%s\n",
+                device_budget ? format_bytes(device_budget).c_str() : "unlimited",
+                node_host_budget ? format_bytes(node_host_budget).c_str() : "unlimited",
+                largest == 0 ? "; with parameters offloaded, the largest layer's working set needs --largest-layer" : "");
+  }
+  return 0;
+}
 
 struct Row {
   int stage;
@@ -48,6 +135,8 @@ size_t model_states_on_device(const MemoryNeed& n) {
 size_t host_bytes(const MemoryNeed& n) { return n.total(Tier::host) + n.total(Tier::pinned_host); }
 
 int run(const Options& o) {
+  if (o.config.empty() == o.params.empty()) ZEROTH_THROW(InvalidArgument, "give either --config CONFIG or --params COUNT");
+  if (!o.params.empty()) return run_params(o);
   nlohmann::json j = read_config_file(o.config);
   for (const auto& s : o.overrides) apply_override(j, s);
   const TrainConfig c = TrainConfig::from_json(j);
@@ -176,13 +265,20 @@ int run(const Options& o) {
 
 void add_estimate_command(CLI::App& app) {
   auto o = std::make_shared<Options>();
-  auto* cmd = app.add_subcommand("estimate", "Memory per rank for every ZeRO stage and offload placement of a training config");
-  cmd->add_option("--config", o->config, "A training config (JSON); its model, batch, precision and ZeRO keys are used")->required();
+  auto* cmd = app.add_subcommand(
+      "estimate", "Memory for every ZeRO stage and offload placement: of a training config per rank, or of a parameter count per GPU");
+  cmd->add_option("--config", o->config, "A training config (JSON); its model, batch, precision and ZeRO keys are used");
+  cmd->add_option("--params", o->params, "Instead of a config: a parameter count (7.5B, 350M, 1T): the ZeRO paper's model states");
+  cmd->add_option("--largest-layer", o->largest_layer,
+                  "With --params: parameters of the largest layer (its working set when parameters are offloaded)");
+  cmd->add_option("--gpus-per-node", o->gpus_per_node, "With --params: GPUs per node (default 1)")->check(CLI::Range(1, 1 << 16));
+  cmd->add_option("--nodes", o->nodes, "With --params: nodes (default 1)")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--set", o->overrides, "Override a key of the config: --set train_micro_batch_size_per_gpu=8")
       ->expected(1)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  cmd->add_option("--device-memory", o->device_memory, "Device memory per rank to fit in (default: run.device_memory)");
-  cmd->add_option("--host-memory", o->host_memory, "Host memory per rank to fit in (default: run.host_memory)");
+  cmd->add_option("--device-memory", o->device_memory, "Device memory per rank (GPU) to fit in (default: run.device_memory)");
+  cmd->add_option("--host-memory", o->host_memory,
+                  "Host memory to fit in: per rank with --config (default: run.host_memory), per node with --params");
   cmd->add_flag("--json", o->json, "Print JSON: one row per stage and placement, bytes per tier and tag");
   cmd->callback([o] { run(*o); });
 }

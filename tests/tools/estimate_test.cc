@@ -116,5 +116,34 @@ TEST(Estimate, FitsIsTheEnginesOwnCheck) {
   }
 }
 
+// --params: the ZeRO paper's model states per GPU for 7.5B parameters on 64 GPUs (its Figure 1:
+// 120 GB, 31.4, 16.6, 1.88), host and NVMe per node where offloading puts them, and "fits" against
+// a 32 GB device.
+TEST(Estimate, ParameterCountModeGivesTheZeroPapersModelStates) {
+  auto child = testing::spawn({ZEROTH_BIN, "estimate", "--params", "7.5B", "--gpus-per-node", "8", "--nodes", "8", "--device-memory",
+                               "32GB", "--json"},
+                              {}, temp("estimate_params") + ".out");
+  ASSERT_EQ(testing::wait_exit(child, std::chrono::seconds(60)), 0) << child.output();
+  const json out = json::parse(child.output());
+  EXPECT_EQ(out["params"], 7'500'000'000u);
+  const auto& rows = out["rows"];
+  ASSERT_EQ(rows.size(), 14u);
+  auto row = [&](int stage, const char* optimizer, const char* params) {
+    for (const auto& r : rows)
+      if (r["stage"] == stage && r["offload_optimizer"] == optimizer && r["offload_param"] == params) return r;
+    ADD_FAILURE() << "no row for stage " << stage << " " << optimizer << " " << params;
+    return json();
+  };
+  EXPECT_EQ(row(0, "none", "none")["device_bytes"], 120'000'000'000u);
+  EXPECT_EQ(row(1, "none", "none")["device_bytes"], 31'406'250'000u);  // 4P + 12P/64
+  EXPECT_EQ(row(2, "none", "none")["device_bytes"], 16'640'625'000u);  // 2P + 14P/64
+  EXPECT_EQ(row(3, "none", "none")["device_bytes"], 1'875'000'000u);   // 16P/64
+  EXPECT_FALSE(row(0, "none", "none")["fits"].get<bool>());
+  EXPECT_TRUE(row(1, "none", "none")["fits"].get<bool>());
+  // The optimizer in host memory: 16P/64 per GPU, 8 GPUs per node.
+  EXPECT_EQ(row(2, "cpu", "none")["host_bytes_per_node"], 8ull * 1'875'000'000ull);
+  EXPECT_EQ(row(3, "nvme", "nvme")["nvme_bytes_per_node"], 8ull * (1'875'000'000ull + 234'375'000ull));
+}
+
 }  // namespace
 }  // namespace zeroth
