@@ -8,6 +8,7 @@
 #include <cstdint>      // uint64_t
 #include <string>       // std::string
 #include <string_view>  // std::string_view
+#include <vector>       // std::vector
 
 #include "engine/config.h"     // OffloadDevice
 #include "engine/plan.h"       // Plan
@@ -46,6 +47,21 @@ struct ModelStates {
 };
 ModelStates zero_model_states(uint64_t params, int stage, uint64_t gpus, OffloadDevice optimizer = OffloadDevice::none,
                               OffloadDevice parameters = OffloadDevice::none, uint64_t largest_layer = 0);
+
+// DeepSpeed's own model-state estimator, as its code computes it (deepspeed/runtime/zero/
+// stage_1_and_2.py estimate_zero2_model_states_mem_needs and stage3.py
+// estimate_zero3_model_states_mem_needs, additional_buffer_factor 1.5), for users who compare:
+// its rows in its order (ZeRO-2: optimizer offload cpu, none; ZeRO-3: params and optimizer on
+// cpu, optimizer only on cpu, neither; each with and without zero.Init). Since DeepSpeed 0.14.3
+// its ZeRO-2 without offload is 2P + 18P/N on the GPU, where its documentation still says
+// 4P + 16P/N.
+struct DeepSpeedEstimate {
+  int stage = 2;
+  bool offload_optimizer = false, offload_param = false;
+  int zero_init = -1;  // stage 3: 1 or 0; stage 2: -1 (not a choice)
+  uint64_t cpu_bytes = 0, gpu_bytes = 0;
+};
+std::vector<DeepSpeedEstimate> deepspeed_estimates(uint64_t params, uint64_t largest_layer, int gpus_per_node, int nodes);
 
 // Throws OutOfMemory, naming every part and what to change, when the need on `tier` exceeds
 // `budget` (0: unlimited) less `in_use`. `budget_name` says where the budget comes from

@@ -30,6 +30,7 @@ struct Options {
   // Parameter-count mode (instead of a config): the ZeRO paper's model states per GPU.
   std::string params, largest_layer;
   int gpus_per_node = 1, nodes = 1;
+  bool deepspeed_compatible = false;  // DeepSpeed's own two tables, with its numbers
 };
 
 // "7.5B", "175e9", "1T", "350M": a count of parameters.
@@ -55,9 +56,61 @@ uint64_t parse_count(const std::string& text, const char* flag) {
 
 // --params: stage x placement, per GPU, with the paper's formulas (engine/estimate.h); no model,
 // so no activations or buffers (--config counts those).
+// --deepspeed-compatible: DeepSpeed's estimate_zero2/3_model_states_mem_needs_all_cold, its rows
+// and its format (its "GB" are GiB, two decimals).
+int run_deepspeed(const Options& o, uint64_t params, uint64_t largest) {
+  const auto rows = deepspeed_estimates(params, largest, o.gpus_per_node, o.nodes);
+  if (o.json) {
+    nlohmann::json out = {{"params", params},
+                          {"largest_layer", largest},
+                          {"gpus_per_node", o.gpus_per_node},
+                          {"nodes", o.nodes},
+                          {"rows", nlohmann::json::array()}};
+    for (const auto& r : rows) {
+      out["rows"].push_back({{"stage", r.stage},
+                             {"offload_optimizer", r.offload_optimizer ? "cpu" : "none"},
+                             {"offload_param", r.offload_param ? "cpu" : "none"},
+                             {"zero_init", r.zero_init < 0 ? nlohmann::json(nullptr) : nlohmann::json(r.zero_init == 1)},
+                             {"gpu_bytes", r.gpu_bytes},
+                             {"cpu_bytes", r.cpu_bytes}});
+    }
+    std::printf("%s\n", out.dump(2).c_str());
+    return 0;
+  }
+  const char* nodes = o.nodes > 1 ? "nodes" : "node";
+  const char* gpus = o.gpus_per_node > 1 ? "GPUs" : "GPU";
+  for (int stage : {2, 3}) {
+    std::printf("ZeRO-%d (DeepSpeed's estimate_zero%d_model_states_mem_needs_all_cold):\n", stage, stage);
+    std::printf("Estimated memory needed for params, optim states and gradients for a:\nHW: Setup with %d %s, %d %s per node.\n",
+                o.nodes, nodes, o.gpus_per_node, gpus);
+    if (stage == 2) {
+      std::printf("SW: Model with %lluM total params.\n", static_cast<unsigned long long>(params / 1000000));
+    } else {
+      std::printf("SW: Model with %lluM total params, %lluM largest layer params.\n",
+                  static_cast<unsigned long long>(params / 1000000), static_cast<unsigned long long>(largest / 1000000));
+    }
+    std::printf("  per CPU  |  per GPU |   Options\n");
+    for (const auto& r : rows) {
+      if (r.stage != stage) continue;
+      const std::string options = stage == 2 ? fmt::format("offload_optimizer={}", r.offload_optimizer ? "cpu " : "none")
+                                             : fmt::format("offload_param={}, offload_optimizer={}, zero_init={}",
+                                                           r.offload_param ? "cpu " : "none", r.offload_optimizer ? "cpu " : "none",
+                                                           r.zero_init);
+      std::printf(" %7.2fGB | %6.2fGB | %s\n", static_cast<double>(r.cpu_bytes) / 1073741824.0,
+                  static_cast<double>(r.gpu_bytes) / 1073741824.0, options.c_str());
+    }
+    std::printf("\n");
+  }
+  std::printf("DeepSpeed's numbers as its code computes them (its \"GB\" are 2^30 bytes; per CPU is per node). Since DeepSpeed "
+              "0.14.3 ZeRO-2 without offload is 2P + 18P/N on the GPU; its documentation still shows 4P + 16P/N.%s\n",
+              largest == 0 ? " ZeRO-3 needs --largest-layer for its largest-layer term." : "");
+  return 0;
+}
+
 int run_params(const Options& o) {
   const uint64_t params = parse_count(o.params, "--params");
   const uint64_t largest = o.largest_layer.empty() ? 0 : parse_count(o.largest_layer, "--largest-layer");
+  if (o.deepspeed_compatible) return run_deepspeed(o, params, largest);
   const uint64_t gpus = static_cast<uint64_t>(o.gpus_per_node) * static_cast<uint64_t>(o.nodes);
   const size_t device_budget = o.device_memory.empty() ? 0 : parse_bytes(o.device_memory);
   const size_t node_host_budget = o.host_memory.empty() ? 0 : parse_bytes(o.host_memory);
@@ -137,6 +190,8 @@ size_t host_bytes(const MemoryNeed& n) { return n.total(Tier::host) + n.total(Ti
 int run(const Options& o) {
   if (o.config.empty() == o.params.empty()) ZEROTH_THROW(InvalidArgument, "give either --config CONFIG or --params COUNT");
   if (!o.params.empty()) return run_params(o);
+  if (o.deepspeed_compatible)
+    ZEROTH_THROW(InvalidArgument, "--deepspeed-compatible goes with --params (DeepSpeed's tables take a count)");
   nlohmann::json j = read_config_file(o.config);
   for (const auto& s : o.overrides) apply_override(j, s);
   const TrainConfig c = TrainConfig::from_json(j);
@@ -279,6 +334,8 @@ void add_estimate_command(CLI::App& app) {
   cmd->add_option("--device-memory", o->device_memory, "Device memory per rank (GPU) to fit in (default: run.device_memory)");
   cmd->add_option("--host-memory", o->host_memory,
                   "Host memory to fit in: per rank with --config (default: run.host_memory), per node with --params");
+  cmd->add_flag("--deepspeed-compatible", o->deepspeed_compatible,
+                "With --params: DeepSpeed's own ZeRO-2 and ZeRO-3 estimate tables, with its exact numbers");
   cmd->add_flag("--json", o->json, "Print JSON: one row per stage and placement, bytes per tier and tag");
   cmd->callback([o] { run(*o); });
 }

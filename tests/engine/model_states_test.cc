@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 
 #include "engine/estimate.h"
@@ -70,6 +71,33 @@ TEST(ModelStates, OffloadMovesTheOptimizerAndParameterBytes) {
   EXPECT_EQ(split.host, 2 * p / n);
   EXPECT_EQ(split.nvme, 16 * p / n);
   EXPECT_EQ(zero_model_states(p, 1, n, OffloadDevice::cpu).device, 4 * p);
+}
+
+// DeepSpeed's documented example (docs/code-docs/source/memory.rst): t5-3b, 2,851,598,336
+// parameters, largest layer 32,899,072, one node of 8 GPUs, as DeepSpeed prints it (GiB, two
+// decimals). ZeRO-3's six rows are the documentation's; ZeRO-2 with offload too; ZeRO-2 without
+// offload is what DeepSpeed's code computes since 0.14.3 (2P + 18P/N: 11.29 on the GPU), where the
+// documentation still shows the earlier 4P + 16P/N (15.93, checked below as that formula's value).
+TEST(ModelStates, DeepSpeedsOwnEstimateForT53b) {
+  const auto rows = deepspeed_estimates(2'851'598'336, 32'899'072, 8, 1);
+  ASSERT_EQ(rows.size(), 8u);
+  auto gib = [](uint64_t b) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.2f", static_cast<double>(b) / 1073741824.0);
+    return std::string(text);
+  };
+  const char* docs[][2] = {{"127.48", "5.31"}, {"127.48", "11.29"}, {"71.71", "0.12"}, {"127.48", "0.12"},
+                           {"63.74", "0.79"},  {"127.48", "0.79"},  {"1.47", "6.10"},  {"127.48", "6.10"}};
+  for (size_t i = 0; i < rows.size(); ++i) {
+    EXPECT_EQ(gib(rows[i].cpu_bytes), docs[i][0]) << "row " << i;
+    EXPECT_EQ(gib(rows[i].gpu_bytes), docs[i][1]) << "row " << i;
+  }
+  EXPECT_EQ(rows[1].gpu_bytes, 2 * 2'851'598'336ull + 18 * 2'851'598'336ull / 8);
+  EXPECT_EQ(gib(4 * 2'851'598'336ull + 16 * 2'851'598'336ull / 8), "15.93");
+  EXPECT_EQ(rows[2].stage, 3);
+  EXPECT_TRUE(rows[2].offload_param && rows[2].offload_optimizer);
+  EXPECT_EQ(rows[2].zero_init, 1);
+  EXPECT_EQ(rows[7].zero_init, 0);
 }
 
 }  // namespace

@@ -145,5 +145,27 @@ TEST(Estimate, ParameterCountModeGivesTheZeroPapersModelStates) {
   EXPECT_EQ(row(3, "nvme", "nvme")["nvme_bytes_per_node"], 8ull * (1'875'000'000ull + 234'375'000ull));
 }
 
+// --deepspeed-compatible --json: DeepSpeed's rows for t5-3b on one node of 8 GPUs, in its order,
+// integers as its functions return them.
+TEST(Estimate, DeepSpeedCompatibleRows) {
+  auto child = testing::spawn({ZEROTH_BIN, "estimate", "--params", "2851598336", "--largest-layer", "32899072", "--gpus-per-node", "8",
+                               "--deepspeed-compatible", "--json"},
+                              {}, temp("estimate_ds") + ".out");
+  ASSERT_EQ(testing::wait_exit(child, std::chrono::seconds(60)), 0) << child.output();
+  const json out = json::parse(child.output());
+  const auto& rows = out["rows"];
+  ASSERT_EQ(rows.size(), 8u);
+  EXPECT_EQ(rows[0]["stage"], 2);
+  EXPECT_TRUE(rows[0]["zero_init"].is_null());
+  EXPECT_EQ(rows[0]["offload_optimizer"], "cpu");
+  EXPECT_EQ(rows[0]["gpu_bytes"], 2ull * 2'851'598'336ull);
+  EXPECT_EQ(rows[0]["cpu_bytes"], 48ull * 2'851'598'336ull);  // max(4 x 8, 16) x 1.5
+  EXPECT_EQ(rows[2]["stage"], 3);
+  EXPECT_EQ(rows[2]["offload_param"], "cpu");
+  EXPECT_EQ(rows[2]["zero_init"], true);
+  EXPECT_EQ(rows[2]["gpu_bytes"], 4ull * 32'899'072ull);
+  EXPECT_EQ(rows[2]["cpu_bytes"], 27ull * 2'851'598'336ull);  // 18 x 1.5
+}
+
 }  // namespace
 }  // namespace zeroth
