@@ -93,7 +93,4 @@ using TensorSource = std::function<void(size_t tensor, int state, uint64_t lo, u
 CheckpointIo write_checkpoint(const std::vector<BlockSpec>& specs, const Plan& plan, Manifest header, const TensorSource& values,
                               const std::string& dir);
 
-// The tensors an engine's blocks hold, named "<block>.<parameter>" in registration order.
-std::vector<std::string> checkpoint_tensor_names(const Engine& engine);
-
 }  // namespace zeroth

@@ -102,7 +102,6 @@ class CkptFileWriter {
   ~CkptFileWriter();
   CkptFileWriter(const CkptFileWriter&) = delete;
   CkptFileWriter& operator=(const CkptFileWriter&) = delete;
-  uint64_t offset() const { return bytes_; }
   void write(const void* data, size_t bytes);  // IoError naming the file
   CkptFile finish();                           // fsync, close; the file's name, size and checksum
 

@@ -74,6 +74,18 @@ TrainConfig saved_config(const Opened& o) {
 
 std::string dims(const std::vector<int64_t>& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
 
+// The checkpoint's tensor for a parameter of the saved config's GPT; CheckpointError when it is
+// missing or of another shape.
+const CkptTensor* saved_tensor(const Opened& o, const BlockSpec& block, const ParamSpec& param) {
+  const std::string name = block.name + "." + param.name;
+  const CkptTensor* t = o.manifest.find(name);
+  if (t == nullptr || t->shape != param.shape) {
+    throw CheckpointError(fmt::format("{}: tensor {} {} of the saved config's GPT is {} in the checkpoint", o.dir, name,
+                                      dims(param.shape), t == nullptr ? "missing" : dims(t->shape)));
+  }
+  return t;
+}
+
 void inspect(const std::string& path) {
   const std::string dir = resolve_checkpoint(path);
   const Manifest m = read_manifest(dir);
@@ -120,12 +132,7 @@ void export_weights(const std::string& path, const std::string& out, const std::
   std::vector<float> values;
   while (!writer.done()) {
     const auto& p = specs[writer.block()].params[writer.param()];
-    const std::string name = specs[writer.block()].name + "." + p.name;
-    const CkptTensor* t = o.manifest.find(name);
-    if (t == nullptr || t->shape != p.shape) {
-      throw CheckpointError(fmt::format("{}: tensor {} {} of the saved config's GPT is {} in the checkpoint", o.dir, name,
-                                        dims(p.shape), t == nullptr ? "missing" : dims(t->shape)));
-    }
+    const CkptTensor* t = saved_tensor(o, specs[writer.block()], p);
     values.resize(p.numel());
     reader.read(*t, 0, 0, p.numel(), values.data());
     writer.write(values.data());
@@ -146,14 +153,8 @@ void reshard(const std::string& path, int dp, const std::string& out) {
   const auto specs = Gpt::block_specs(c.model);
   const Plan plan = layout(c, dp);
   std::vector<const CkptTensor*> tensors;
-  for (const auto& s : specs) {
-    for (const auto& p : s.params) {
-      const CkptTensor* t = o.manifest.find(s.name + "." + p.name);
-      if (t == nullptr || t->shape != p.shape)
-        throw CheckpointError(fmt::format("{}: tensor {}.{} does not match the saved config's GPT", o.dir, s.name, p.name));
-      tensors.push_back(t);
-    }
-  }
+  for (const auto& s : specs)
+    for (const auto& p : s.params) tensors.push_back(saved_tensor(o, s, p));
   CkptReader reader(o.dir, o.manifest);
   Manifest header = o.manifest;
   const CheckpointIo io = write_checkpoint(

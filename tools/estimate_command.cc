@@ -170,15 +170,14 @@ int run_params(const Options& o) {
 }
 
 struct Row {
-  int stage;
-  OffloadDevice optimizer, params;
+  int stage = 0;
+  OffloadDevice optimizer = OffloadDevice::none, params = OffloadDevice::none;
   bool chosen = false;  // the config's own stage and placement
   MemoryNeed need;
   std::string refused;  // why this combination is not a valid config ("" when it is)
   std::string assumed;  // a setting the row needed that the config does not give
 };
 
-std::vector<BlockSpec> specs_of(const TrainConfig& c) { return Gpt::block_specs(c.model); }
 
 size_t model_states_on_device(const MemoryNeed& n) {
   return at(n.bytes, Tier::device, MemTag::params) + at(n.bytes, Tier::device, MemTag::grads) +
@@ -210,7 +209,8 @@ int run(const Options& o) {
         if ((stage == 0 && opt != OffloadDevice::none) || (stage != 3 && par != OffloadDevice::none)) continue;
         if (par != OffloadDevice::none && opt == OffloadDevice::none)
           continue;  // DeepSpeed's rule: parameters only with the optimizer
-        Row row{stage, opt, par};
+        Row row;
+        row.stage = stage, row.optimizer = opt, row.params = par;
         row.chosen = stage == c.engine.zero.stage && opt == c.engine.zero.offload_optimizer.device &&
                      par == c.engine.zero.offload_param.device;
         nlohmann::json v = j;
@@ -226,7 +226,7 @@ int run(const Options& o) {
         }
         try {
           const TrainConfig rc = TrainConfig::from_json(v);
-          const Plan plan = make_plan(specs_of(rc), Gpt::schedule(rc.model), rc.engine, rc.run.world_size, 0);
+          const Plan plan = make_plan(Gpt::block_specs(rc.model), Gpt::schedule(rc.model), rc.engine, rc.run.world_size, 0);
           row.need = estimate(plan, Gpt::footprint(rc.model, static_cast<int>(rc.micro_batch_size), rc.model.seq_len,
                                                    rc.engine.compute_dtype, plan.max_in_flight));
         } catch (const ConfigError& err) {

@@ -49,7 +49,8 @@ uint64_t save_gpt_weights(Engine& engine, const GptConfig& config, const std::st
 
 // A GPT-2 safetensors file (Hugging Face's names, with or without the "transformer." prefix, and
 // layouts; F32, BF16 or F16) read tensor by tensor: each parameter of Gpt::block_specs(config) in
-// zeroth's layout, in f32, handed to `take(block, param, values)`. Position embeddings beyond
+// zeroth's layout, in f32, handed to `take(block, param, values)` block by block, each block's
+// parameters in order. Position embeddings beyond
 // model.seq_len are dropped; a model vocabulary larger than the file's gets zero rows (as llm.c
 // pads GPT-2's 50257 to 50304). InvalidArgument naming the file, the tensor and the shapes when
 // the file does not fit the model.

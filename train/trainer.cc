@@ -92,26 +92,20 @@ void init_weights(Engine& engine, const TrainConfig& config) {
     load_checkpoint(engine, from, nullptr, true);
     return;
   }
-  const auto specs = Gpt::block_specs(config.model);
+  // The file's tensors come block by block, each block's in its parameters' order: what
+  // set_master_values takes.
   int block = -1;
-  std::vector<std::vector<float>> params;
+  std::vector<float> values;
   auto flush = [&] {
-    if (block < 0) return;
-    const auto& offsets = engine.plan().blocks[block].param_offsets;
-    engine.set_block_values(block, [&](size_t lo, size_t hi, float* out) {
-      for (size_t i = 0; i < params.size(); ++i) {
-        const size_t p0 = offsets[i], a = std::max(lo, p0), e = std::min(hi, p0 + params[i].size());
-        if (a < e) std::copy(params[i].begin() + (a - p0), params[i].begin() + (e - p0), out + (a - lo));
-      }
-    });
+    if (block >= 0) engine.set_master_values(block, values);
   };
-  read_gpt2_weights(config.model, from, [&](int b, size_t param, std::vector<float>& values) {
+  read_gpt2_weights(config.model, from, [&](int b, size_t, std::vector<float>& param) {
     if (b != block) {
       flush();
       block = b;
-      params.assign(specs[b].params.size(), {});
+      values.clear();
     }
-    params[param] = std::move(values);
+    values.insert(values.end(), param.begin(), param.end());
   });
   flush();
   engine.release_transfer_buffers();

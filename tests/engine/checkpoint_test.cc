@@ -47,6 +47,24 @@ class Scratch {
   std::string path_;
 };
 
+// Runs `body` on every rank of a local group of `dp` with a finalized engine (the harness's
+// config at `stage`) holding an MLP of `widths`.
+void on_ranks(int dp, int stage, const std::vector<int>& widths, const std::function<void(Communicator&, Engine&, Mlp&)>& body) {
+  run_local_ranks(dp, [&](Communicator& comm) {
+    auto device = make_device("cpu", {});
+    MlpRun run;
+    run.stage = stage;
+    Engine engine(*device, comm, testing::mlp_config(run));
+    Mlp mlp(engine, {widths});
+    engine.finalize();
+    body(comm, engine, mlp);
+  });
+}
+
+void on_ranks(int dp, int stage, const std::function<void(Communicator&, Engine&, Mlp&)>& body) {
+  on_ranks(dp, stage, MlpRun{}.widths, body);
+}
+
 struct Placement {
   int stage;
   DType dtype;
@@ -216,12 +234,7 @@ std::string load_error(const std::string& path, std::vector<int> widths = MlpRun
   std::string error;
   std::mutex mutex;
   int loaded = 0;  // ranks whose load succeeded: none or all
-  run_local_ranks(2, [&](Communicator& comm) {
-    auto device = make_device("cpu", {});
-    MlpRun run;
-    Engine engine(*device, comm, testing::mlp_config(run));
-    Mlp mlp(engine, {widths});
-    engine.finalize();
+  on_ranks(2, 0, widths, [&](Communicator& comm, Engine& engine, Mlp&) {
     std::vector<std::vector<float>> before;
     for (size_t b = 0; b < engine.plan().blocks.size(); ++b) before.push_back(engine.master_values(static_cast<int>(b)));
     try {
@@ -344,13 +357,7 @@ TEST(Checkpoint, LatestAndRetention) {
   Scratch dir("latest");
   const std::string ckpt = dir / "ckpt";
   std::vector<float> at_step3, again_step4;
-  run_local_ranks(2, [&](Communicator& comm) {
-    auto device = make_device("cpu", {});
-    MlpRun run;
-    run.stage = 1;
-    Engine engine(*device, comm, testing::mlp_config(run));
-    Mlp mlp(engine, {run.widths});
-    engine.finalize();
+  on_ranks(2, 1, [&](Communicator& comm, Engine& engine, Mlp& mlp) {
     for (int k = 0; k < 4; ++k) {
       mlp_step(engine, mlp, comm, k);
       if (k == 2 && comm.rank() == 0) fs::create_directories(ckpt + "/.tmp-step-9");  // a save a crash cut short
@@ -370,12 +377,7 @@ TEST(Checkpoint, LatestAndRetention) {
   EXPECT_EQ(resolve_checkpoint(ckpt), ckpt + "/step-4");
   const std::string old_manifest = ckpt + "/step-4/manifest.json";
   const auto old_time = fs::last_write_time(old_manifest);
-  run_local_ranks(1, [&](Communicator& comm) {
-    auto device = make_device("cpu", {});
-    MlpRun run;
-    Engine engine(*device, comm, testing::mlp_config(run));
-    Mlp mlp(engine, {run.widths});
-    engine.finalize();
+  on_ranks(1, 0, [&](Communicator& comm, Engine& engine, Mlp& mlp) {
     load_checkpoint(engine, ckpt + "/step-3");
     EXPECT_EQ(engine.steps_run(), 3);
     auto w = engine.master_values(0);
@@ -392,12 +394,7 @@ TEST(Checkpoint, LatestAndRetention) {
   EXPECT_EQ(names, (std::vector<std::string>{"latest", "step-3", "step-4"}));
   EXPECT_EQ(resolve_checkpoint(ckpt), ckpt + "/step-4");
   EXPECT_NE(fs::last_write_time(old_manifest), old_time);
-  run_local_ranks(2, [&](Communicator& comm) {
-    auto device = make_device("cpu", {});
-    MlpRun run;
-    Engine engine(*device, comm, testing::mlp_config(run));
-    Mlp mlp(engine, {run.widths});
-    engine.finalize();
+  on_ranks(2, 0, [&](Communicator&, Engine& engine, Mlp&) {
     load_checkpoint(engine, ckpt);
     auto w = engine.master_values(0);
     w.resize(at_step3.size());
@@ -415,13 +412,7 @@ TEST(Checkpoint, AsyncSaveHoldsTheStateOfItsStep) {
   Scratch dir("async");
   const std::string ckpt = dir / "ckpt";
   std::vector<float> at_save;
-  run_local_ranks(2, [&](Communicator& comm) {
-    auto device = make_device("cpu", {});
-    MlpRun run;
-    run.stage = 3;
-    Engine engine(*device, comm, testing::mlp_config(run));
-    Mlp mlp(engine, {run.widths});
-    engine.finalize();
+  on_ranks(2, 3, [&](Communicator& comm, Engine& engine, Mlp& mlp) {
     CheckpointSaver saver(true);
     mlp_step(engine, mlp, comm, 0);
     const auto w = engine.master_values(0);
@@ -437,12 +428,7 @@ TEST(Checkpoint, AsyncSaveHoldsTheStateOfItsStep) {
     if (comm.rank() == 0) at_save = w;
   });
   EXPECT_EQ(resolve_checkpoint(ckpt), ckpt + "/step-1");
-  run_local_ranks(1, [&](Communicator& comm) {
-    auto device = make_device("cpu", {});
-    MlpRun run;
-    Engine engine(*device, comm, testing::mlp_config(run));
-    Mlp mlp(engine, {run.widths});
-    engine.finalize();
+  on_ranks(1, 0, [&](Communicator&, Engine& engine, Mlp&) {
     load_checkpoint(engine, ckpt);
     EXPECT_EQ(engine.steps_run(), 1);
     auto w = engine.master_values(0);
@@ -459,12 +445,7 @@ TEST(Checkpoint, UnwritableFolderFailsEveryRank) {
   std::ofstream(dir / "file") << "x";
   std::mutex mutex;
   std::vector<std::string> errors;
-  run_local_ranks(2, [&](Communicator& comm) {
-    auto device = make_device("cpu", {});
-    MlpRun run;
-    Engine engine(*device, comm, testing::mlp_config(run));
-    Mlp mlp(engine, {run.widths});
-    engine.finalize();
+  on_ranks(2, 0, [&](Communicator&, Engine& engine, Mlp&) {
     try {
       save_checkpoint(engine, {.dir = dir / "file/ckpt"});
     } catch (const IoError& e) {
