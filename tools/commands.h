@@ -1,6 +1,9 @@
 // The subcommands of the `zeroth` binary; each file registers one on the CLI11 app.
 #pragma once
 
+#include <cstdint>  // uint64_t
+#include <string>   // std::string
+
 #include <CLI/CLI.hpp>
 
 namespace zeroth::tools {
@@ -10,11 +13,16 @@ void add_launch_command(CLI::App& app);
 void add_train_command(CLI::App& app);
 void add_ckpt_command(CLI::App& app);
 void add_estimate_command(CLI::App& app);
+void add_plan_command(CLI::App& app);
 void add_bench_kernels_command(CLI::App& bench);
 void add_bench_comm_command(CLI::App& bench);
 void add_bench_optim_command(CLI::App& bench);
 void add_bench_engine_command(CLI::App& bench);
 void add_bench_train_command(CLI::App& bench);
 void add_bench_offload_command(CLI::App& bench);
+
+// "7.5B", "175e9", "1T", "350M", "230G": a positive count (K, M, B or G, T: powers of 1000);
+// InvalidArgument naming `flag` otherwise.
+double parse_count(const std::string& text, const char* flag);
 
 }  // namespace zeroth::tools

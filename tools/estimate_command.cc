@@ -33,26 +33,7 @@ struct Options {
   bool deepspeed_compatible = false;  // DeepSpeed's own two tables, with its numbers
 };
 
-// "7.5B", "175e9", "1T", "350M": a count of parameters.
-uint64_t parse_count(const std::string& text, const char* flag) {
-  size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  const std::string unit = used > 0 ? text.substr(used) : "";
-  const double scale = unit.empty()                 ? 1
-                       : unit == "K" || unit == "k" ? 1e3
-                       : unit == "M"                ? 1e6
-                       : unit == "B" || unit == "G" ? 1e9
-                       : unit == "T"                ? 1e12
-                                                    : 0;
-  if (used == 0 || scale == 0 || !(v > 0))
-    ZEROTH_THROW(InvalidArgument, "{} {}: give a count such as 7.5B, 350M, 1T or 175e9", flag, text);
-  return static_cast<uint64_t>(v * scale + 0.5);
-}
+uint64_t count(const std::string& text, const char* flag) { return static_cast<uint64_t>(parse_count(text, flag) + 0.5); }
 
 // --params: stage x placement, per GPU, with the paper's formulas (engine/estimate.h); no model,
 // so no activations or buffers (--config counts those).
@@ -108,8 +89,8 @@ int run_deepspeed(const Options& o, uint64_t params, uint64_t largest) {
 }
 
 int run_params(const Options& o) {
-  const uint64_t params = parse_count(o.params, "--params");
-  const uint64_t largest = o.largest_layer.empty() ? 0 : parse_count(o.largest_layer, "--largest-layer");
+  const uint64_t params = count(o.params, "--params");
+  const uint64_t largest = o.largest_layer.empty() ? 0 : count(o.largest_layer, "--largest-layer");
   if (o.deepspeed_compatible) return run_deepspeed(o, params, largest);
   const uint64_t gpus = static_cast<uint64_t>(o.gpus_per_node) * static_cast<uint64_t>(o.nodes);
   const size_t device_budget = o.device_memory.empty() ? 0 : parse_bytes(o.device_memory);
@@ -317,6 +298,26 @@ int run(const Options& o) {
 }
 
 }  // namespace
+
+double parse_count(const std::string& text, const char* flag) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  const std::string unit = used > 0 ? text.substr(used) : "";
+  const double scale = unit.empty()                 ? 1
+                       : unit == "K" || unit == "k" ? 1e3
+                       : unit == "M"                ? 1e6
+                       : unit == "B" || unit == "G" ? 1e9
+                       : unit == "T"                ? 1e12
+                                                    : 0;
+  if (used == 0 || scale == 0 || !(v > 0))
+    ZEROTH_THROW(InvalidArgument, "{} {}: give a count such as 7.5B, 350M, 1T or 175e9", flag, text);
+  return v * scale;
+}
 
 void add_estimate_command(CLI::App& app) {
   auto o = std::make_shared<Options>();

@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   zeroth::tools::add_launch_command(app);
   zeroth::tools::add_ckpt_command(app);
   zeroth::tools::add_estimate_command(app);
+  zeroth::tools::add_plan_command(app);
   auto* bench = app.add_subcommand("bench", "Measure kernels, communication, optimizers, the engine, training, offload I/O");
   bench->require_subcommand(1);
   zeroth::tools::add_bench_kernels_command(*bench);

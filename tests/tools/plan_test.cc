@@ -1,0 +1,98 @@
+// `zeroth plan` through the binary: a trillion-parameter search answers with plans that fit, the
+// written config is one `zeroth train` runs, and bad input is refused with what to do.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/process_util.h"
+#include "tests/tools/cli_runs.h"
+
+namespace zeroth {
+namespace {
+
+using json = nlohmann::json;
+using testing::temp;
+
+struct Output {
+  int code;
+  std::string text;
+};
+
+Output zeroth(const std::vector<std::string>& args, const std::string& name) {
+  std::vector<std::string> all = {ZEROTH_BIN};
+  all.insert(all.end(), args.begin(), args.end());
+  auto child = testing::spawn(all, {}, temp(name) + ".out");
+  const int code = testing::wait_exit(child, std::chrono::seconds(300));
+  return {code, child.output()};
+}
+
+TEST(Plan, ATrillionParametersOn4096GpusFitsEveryPrintedPlan) {
+  const Output o = zeroth({"plan", "--params", "1T", "--gpus", "4096", "--global-batch", "4096", "--json"}, "plan_1t");
+  ASSERT_EQ(o.code, 0) << o.text;
+  const json j = json::parse(o.text);
+  EXPECT_EQ(j["model"]["layers"], 128);
+  EXPECT_GT(j["considered"].get<int>(), 1000);
+  const json plans = j["plans"];
+  ASSERT_EQ(plans.size(), 10u);
+  for (const auto& p : plans) {
+    EXPECT_EQ(p["dp"].get<int>() * p["tp"].get<int>() * p["pp"].get<int>(), 4096);
+    EXPECT_LE(p["tp"].get<int>(), 8);
+    EXPECT_EQ(p["dp"].get<int>() * p["micro_batch"].get<int>() * p["micro_batches"].get<int>(), 4096);
+    EXPECT_LE(p["device_bytes"].get<uint64_t>(), 80ull << 30);
+    EXPECT_GT(p["mfu"].get<double>(), 0.0);
+  }
+}
+
+TEST(Plan, TheWrittenConfigTrains) {
+  const std::string config = temp("plan_emitted") + ".json";
+  const Output o = zeroth({"plan",  "--layers",         "2",  "--hidden",       "32",   "--heads",         "2",    "--seq",
+                           "16",    "--vocab",          "64", "--global-batch", "8",    "--gpus-per-node", "2",    "--device-memory",
+                           "64MiB", "--runtime-memory", "0",  "--host-memory",  "1GiB", "--emit-config",   config, "--emit-device",
+                           "cpu"},
+                          "plan_emit");
+  ASSERT_EQ(o.code, 0) << o.text;
+  EXPECT_NE(o.text.find("wrote " + config), std::string::npos) << o.text;
+  json j;
+  std::ifstream(config) >> j;
+  EXPECT_EQ(j["run"]["world_size"], 2);
+  EXPECT_EQ(j["train_batch_size"], 8);
+  EXPECT_EQ(j["model"]["n_layer"], 2);
+  const Output train = zeroth({"train", config, "--set", "run.steps=2", "--set", "run.output_dir=" + temp("plan_emitted_run")},
+                              "plan_emitted_train");
+  EXPECT_EQ(train.code, 0) << train.text;
+  // The engine's own estimate of the written config fits the budget the plan was made for.
+  const Output est = zeroth({"estimate", "--config", config, "--json"}, "plan_emitted_estimate");
+  ASSERT_EQ(est.code, 0) << est.text;
+  bool found = false;
+  const json rows = json::parse(est.text)["rows"];
+  for (const auto& row : rows) {
+    if (!row["config"].get<bool>()) continue;
+    found = true;
+    EXPECT_TRUE(row["fits"].get<bool>()) << row.dump();
+  }
+  EXPECT_TRUE(found);
+}
+
+TEST(Plan, RefusesBadInputSayingWhatToGive) {
+  const Output none = zeroth({"plan", "--global-batch", "8"}, "plan_no_model");
+  EXPECT_NE(none.code, 0);
+  EXPECT_NE(none.text.find("--params COUNT or as --layers"), std::string::npos) << none.text;
+  const Output heads = zeroth({"plan", "--layers", "2", "--hidden", "30", "--heads", "4", "--global-batch", "8"}, "plan_heads");
+  EXPECT_NE(heads.code, 0);
+  EXPECT_NE(heads.text.find("hidden 30 is not a multiple of heads 4"), std::string::npos) << heads.text;
+  const std::string bogus = temp("plan_bogus") + ".json";
+  std::ofstream(bogus) << R"({"loss": 1.0})";
+  const Output cal = zeroth({"plan", "--params", "1B", "--global-batch", "8", "--calibrate", bogus}, "plan_calibrate");
+  EXPECT_NE(cal.code, 0);
+  EXPECT_NE(cal.text.find("not the JSON output of zeroth bench"), std::string::npos) << cal.text;
+  const Output big = zeroth({"plan", "--params", "1T", "--gpus-per-node", "1", "--global-batch", "8", "--no-offload"}, "plan_big");
+  EXPECT_NE(big.code, 0);
+  EXPECT_NE(big.text.find("no layout of this model fits"), std::string::npos) << big.text;
+}
+
+}  // namespace
+}  // namespace zeroth
