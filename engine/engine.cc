@@ -138,6 +138,7 @@ void Engine::initialize(bool values) {
 CommStats Engine::comm_stats() const { return exec_ ? exec_->comm_stats() : CommStats{}; }
 
 SwapIo Engine::swap_io() const { return exec_ ? exec_->swap_io() : SwapIo{}; }
+uint64_t Engine::swap_disk_bytes() const { return exec_ ? exec_->swap_disk_bytes() : 0; }
 
 Executor& Engine::running(const char* what, int block) const {
   if (!exec_) ZEROTH_THROW(InvalidArgument, "{}({}) before finalize()", what, block);

@@ -104,6 +104,7 @@ class Engine final : public BlockHost {
   MemoryStats tier_stats(Tier tier) const { return tiers_.stats(tier); }
   // What the engine moved through swap files so far (offload to NVMe).
   SwapIo swap_io() const;
+  uint64_t swap_disk_bytes() const;  // Executor::swap_disk_bytes
 
   const BlockViews& begin_forward(int block, int micro) override;
   void end_forward(int block, int micro) override;

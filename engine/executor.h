@@ -57,6 +57,9 @@ class Executor {
   Stream& compute_stream() { return device_.default_stream(); }
   CommStats comm_stats() const;
   SwapIo swap_io() const;
+  // What the file system allocated to this rank's swap files (st_blocks): their disk use as the
+  // kernel counts it.
+  uint64_t swap_disk_bytes() const;
   // Raises the first swap-file transfer that failed on a stream, if any (the step calls it).
   void check_io() const;
   // Waits until the swaps and uploads enqueued so far are done (a timed step's end).

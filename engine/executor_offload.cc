@@ -93,6 +93,13 @@ void wait_all(std::vector<offload::IoHandle>& handles) {
 
 SwapIo Executor::swap_io() const { return {io_read_.load(), io_written_.load(), static_cast<double>(io_busy_ns_.load()) * 1e-9}; }
 
+uint64_t Executor::swap_disk_bytes() const {
+  uint64_t disk = 0;
+  for (const auto& f : files_)
+    if (f) disk += f->file().allocated_bytes();  // one slot per buffer, null where it is not swapped
+  return disk;
+}
+
 void* Executor::state_at(StateKind kind, int block, size_t element, int sub_group, int slot) const {
   const auto& r = plan_.range(kind, block);
   if (buffers_[r.buffer]) return at(r, element);

@@ -1,11 +1,13 @@
 #include "offload/aio.h"
 
 #include <fcntl.h>     // open, O_DIRECT
+#include <sys/stat.h>  // fstat
 #include <liburing.h>  // io_uring_*
 #include <unistd.h>    // close, pread, pwrite
 
 #include <algorithm>           // std::max, std::min
 #include <cerrno>              // EINVAL, EINTR, EAGAIN
+#include <cstring>             // std::strerror
 #include <condition_variable>  // std::condition_variable
 #include <deque>               // std::deque
 #include <optional>            // std::optional
@@ -162,6 +164,12 @@ IoStats AsyncFile::stats() const {
   IoStats stats = stats_;
   for (const auto& worker : workers_) stats.pieces_per_thread.push_back(worker->pieces);
   return stats;
+}
+
+std::uint64_t AsyncFile::allocated_bytes() const {
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) ZEROTH_THROW(IoError, "fstat({}) of {} failed: {}", fd_, path_, std::strerror(errno));
+  return static_cast<std::uint64_t>(st.st_blocks) * 512;
 }
 
 bool AsyncFile::register_buffer(void* data, std::size_t bytes) {

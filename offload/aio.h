@@ -89,6 +89,9 @@ class AsyncFile {
   bool fixed_file() const;                 // the file is registered with the rings
   unsigned threads() const { return options_.threads; }
   IoStats stats() const;
+  // Bytes the file system has allocated to the file (fstat's st_blocks x 512): the disk it takes,
+  // as the kernel counts it. IoError when fstat fails.
+  std::uint64_t allocated_bytes() const;
 
  private:
   struct Piece;

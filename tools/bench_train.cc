@@ -34,6 +34,7 @@ struct Options {
   std::string dtype = "fp32";
   int stage = 0;
   bool reference = true;
+  bool json = false;
   std::string python = "/usr/bin/python3";
   std::string script = std::string(ZEROTH_SOURCE_DIR) + "/tools/bench/train_torch.py";
 };
@@ -98,31 +99,49 @@ void run(const Options& o) {
     ZEROTH_THROW(InvalidArgument,
                  "--dtype bf16: the PyTorch side runs fp32 only (CPU autocast is not the same computation); add --no-reference");
   }
+  // With --json standard output is the JSON alone, for `zeroth plan --calibrate`.
+  auto say = [&](const char* format, auto... args) {
+    if (!o.json) std::printf(format, args...);
+  };
   GptConfig m = GptConfig::preset(o.preset);
   m.seq_len = o.seq;
   const int threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   share_cores(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / threads));
   log::set_level(log::Level::warn);
   const double tokens = static_cast<double>(o.batch) * o.seq;
-  std::printf(
-      "bench train: GPT %s (%.2fM parameters), seq %d, batch %d = %.0f tokens/step, %s, %d thread%s, %d timed steps after 1 warm-up\n",
+  say("bench train: GPT %s (%.2fM parameters), seq %d, batch %d = %.0f tokens/step, %s, %d thread%s, %d timed steps after 1 warm-up\n",
       o.preset.c_str(), static_cast<double>(m.num_parameters()) / 1e6, o.seq, o.batch, tokens, o.dtype.c_str(), threads,
       threads == 1 ? "" : "s", o.steps);
   // The core decides the matmul speed (2x or more between cores): figures compare only with
   // figures taken on the same core.
   const cpu::BlasInfo blas = cpu::blas_info();
-  std::printf("  blas: %s\n", blas.summary().c_str());
-  if (blas.below_cpu()) std::printf("  blas: below this CPU's kernels; `zeroth report` says why and what changing it risks\n");
+  say("  blas: %s\n", blas.summary().c_str());
+  if (blas.below_cpu()) say("  blas: below this CPU's kernels; `zeroth report` says why and what changing it risks\n");
   std::fflush(stdout);
   const double z = median(run_zeroth(o, m));
-  std::printf("  %-22s median step %7.3f s   %8.0f tokens/s\n", fmt::format("zeroth (stage {})", o.stage).c_str(), z, tokens / z);
+  say("  %-22s median step %7.3f s   %8.0f tokens/s\n", fmt::format("zeroth (stage {})", o.stage).c_str(), z, tokens / z);
   std::fflush(stdout);
-  if (!o.reference) return;
+  if (o.json) {
+    // What `zeroth plan --calibrate` reads: the model FLOPs per token as the planner counts them
+    // (Narayanan et al. 2021: 72 l h^2 + 12 l s h + 6 V h), so tokens/s times it is the achieved rate.
+    const double l = m.n_layer, h = m.n_embd, s = o.seq, v = m.vocab_size;
+    std::printf("%s\n", nlohmann::json{{"preset", o.preset},
+                                       {"seq", o.seq},
+                                       {"batch", o.batch},
+                                       {"dtype", o.dtype},
+                                       {"threads", threads},
+                                       {"step_s", z},
+                                       {"tokens_per_s", tokens / z},
+                                       {"model_flops_per_token", 72 * l * h * h + 12 * l * s * h + 6 * v * h}}
+                            .dump(2)
+                            .c_str());
+  }
+  if (!o.reference || o.json) return;
   const auto t = run_torch(o, m, threads);
   const double r = median(t["step_s"].get<std::vector<double>>());
-  std::printf("  %-22s median step %7.3f s   %8.0f tokens/s\n", fmt::format("pytorch {}", t["torch"].get<std::string>()).c_str(), r,
-              tokens / r);
-  std::printf("  zeroth / pytorch: %.2fx tokens/s\n", r / z);
+  say("  %-22s median step %7.3f s   %8.0f tokens/s\n", fmt::format("pytorch {}", t["torch"].get<std::string>()).c_str(), r,
+      tokens / r);
+  say("  zeroth / pytorch: %.2fx tokens/s\n", r / z);
 }
 
 }  // namespace
@@ -138,6 +157,7 @@ void add_bench_train_command(CLI::App& bench) {
   cmd->add_option("--dtype", o->dtype, "fp32 or bf16 (bf16: zeroth only)");
   cmd->add_option("--stage", o->stage, "ZeRO stage (one rank)");
   cmd->add_flag("!--no-reference", o->reference, "Skip the PyTorch side");
+  cmd->add_flag("--json", o->json, "Print JSON (zeroth only: tokens/s and model FLOPs per token, what zeroth plan --calibrate reads)");
   cmd->add_option("--python", o->python, "Interpreter with torch");
   cmd->callback([o] { run(*o); });
 }

@@ -11,11 +11,12 @@
 #include <fmt/format.h>       // fmt::format
 #include <nlohmann/json.hpp>  // nlohmann::json
 
-#include "core/error.h"       // ConfigError
-#include "core/memory.h"      // format_bytes, parse_bytes
-#include "engine/estimate.h"  // estimate, MemoryNeed
-#include "engine/plan.h"      // make_plan
-#include "models/gpt/gpt.h"   // Gpt
+#include "core/error.h"         // ConfigError
+#include "core/memory.h"        // format_bytes, parse_bytes
+#include "engine/estimate.h"    // estimate, MemoryNeed
+#include "engine/gpt_layout.h"  // layout_memory
+#include "engine/plan.h"        // make_plan
+#include "models/gpt/gpt.h"     // Gpt
 #include "tools/commands.h"
 #include "train/train_config.h"  // TrainConfig
 
@@ -31,6 +32,11 @@ struct Options {
   std::string params, largest_layer;
   int gpus_per_node = 1, nodes = 1;
   bool deepspeed_compatible = false;  // DeepSpeed's own two tables, with its numbers
+  // GPT-dimension mode: the model's shape and its layout over the GPUs.
+  uint64_t layers = 0, hidden = 0, heads = 0, seq = 2048, vocab = 51200;
+  uint64_t micro_batch = 1, micro_batches = 1, tp = 1, pp = 1;
+  bool sequence_parallel = false, gpipe = false;
+  std::string runtime_memory;
 };
 
 uint64_t count(const std::string& text, const char* flag) { return static_cast<uint64_t>(parse_count(text, flag) + 0.5); }
@@ -119,6 +125,7 @@ int run_params(const Options& o) {
                         {"model_states_bytes_per_gpu", m.device},
                         {"device_bytes", m.device},
                         {"host_bytes_per_node", host_node},
+                        {"nvme_bytes", m.nvme},
                         {"nvme_bytes_per_node", nvme_node},
                         {"fits", fits}});
         if (!o.json) {
@@ -150,6 +157,113 @@ int run_params(const Options& o) {
   return 0;
 }
 
+// --layers/--hidden/--heads: the model's shape on gpus_per_node x nodes GPUs in dp x tp x pp, for
+// every stage and placement, and each with no, selective and full recomputation
+// (engine/gpt_layout.h: ZeRO paper model states, Korthikanti et al. activations).
+int run_shape(const Options& o) {
+  const GptShape shape{o.layers, o.hidden, o.heads, o.seq, o.vocab};
+  if (const std::string bad = shape.problem(); !bad.empty()) ZEROTH_THROW(InvalidArgument, "--layers/--hidden/--heads: {}", bad);
+  const uint64_t gpus = static_cast<uint64_t>(o.gpus_per_node) * static_cast<uint64_t>(o.nodes);
+  if (o.tp == 0 || o.pp == 0 || gpus % (o.tp * o.pp) != 0)
+    ZEROTH_THROW(InvalidArgument, "{} GPUs do not divide into --tp {} x --pp {} (the data-parallel degree is what is left)", gpus,
+                 o.tp, o.pp);
+  if (o.heads % o.tp != 0) ZEROTH_THROW(InvalidArgument, "--tp {} does not divide the {} heads", o.tp, o.heads);
+  if (o.pp > o.layers) ZEROTH_THROW(InvalidArgument, "--pp {} is more stages than the {} layers", o.pp, o.layers);
+  const size_t device_budget = o.device_memory.empty() ? 0 : parse_bytes(o.device_memory);
+  const size_t node_host_budget = o.host_memory.empty() ? 0 : parse_bytes(o.host_memory);
+  const uint64_t runtime = o.runtime_memory.empty() ? kDeviceRuntimeBytes : parse_bytes(o.runtime_memory);
+  const Checkpointing kinds[] = {Checkpointing::none, Checkpointing::selective, Checkpointing::full};
+  nlohmann::json rows = nlohmann::json::array();
+  if (!o.json) {
+    std::printf("zeroth estimate: GPT of %s parameters (%s) on %llu GPUs (%d per node x %d nodes) as dp %llu x tp %llu x pp %llu, "
+                "micro-batch %llu%s, per GPU (the pipeline stage that holds the most)\n",
+                fmt::format("{}", shape.params()).c_str(), shape.describe().c_str(), static_cast<unsigned long long>(gpus),
+                o.gpus_per_node, o.nodes, static_cast<unsigned long long>(gpus / (o.tp * o.pp)), static_cast<unsigned long long>(o.tp),
+                static_cast<unsigned long long>(o.pp), static_cast<unsigned long long>(o.micro_batch),
+                o.pp > 1 ? fmt::format(" x {} ({})", o.micro_batches, o.gpipe ? "GPipe" : "1F1B").c_str() : "");
+    std::printf("%-5s %-9s %-9s %13s %11s %11s %11s %11s %11s %11s %12s %12s  %s\n", "stage", "optimizer", "params", "model states",
+                "acts none", "acts sel.", "acts full", "buffers", "device none", "device full", "host/node", "nvme/node",
+                "fits none/sel./full");
+  }
+  for (int stage = 0; stage <= 3; ++stage) {
+    for (OffloadDevice opt : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme}) {
+      for (OffloadDevice par : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme}) {
+        if ((stage == 0 && opt != OffloadDevice::none) || (stage != 3 && par != OffloadDevice::none)) continue;
+        if (par != OffloadDevice::none && opt == OffloadDevice::none) continue;
+        Layout l;
+        l.dp = gpus / (o.tp * o.pp), l.tp = o.tp, l.pp = o.pp, l.micro_batch = o.micro_batch, l.micro_batches = o.micro_batches;
+        l.stage = stage, l.offload_optimizer = opt, l.offload_param = par, l.sequence_parallel = o.sequence_parallel;
+        l.schedule = o.gpipe ? PipeSchedule::gpipe : PipeSchedule::one_f_one_b;
+        nlohmann::json acts = nlohmann::json::object(), device = nlohmann::json::object(), fits = nlohmann::json::object();
+        LayoutMemory none;
+        std::string fits_text;
+        for (Checkpointing k : kinds) {
+          l.checkpointing = k;
+          const LayoutMemory m = layout_memory(shape, l, {}, runtime);
+          if (k == Checkpointing::none) none = m;
+          const bool ok = (device_budget == 0 || m.device <= device_budget) &&
+                          (node_host_budget == 0 || m.host * static_cast<uint64_t>(o.gpus_per_node) <= node_host_budget);
+          const std::string name(checkpointing_name(k));
+          acts[name] = m.activations, device[name] = m.device, fits[name] = ok;
+          fits_text += std::string(fits_text.empty() ? "" : "/") + (ok ? "yes" : "no");
+        }
+        const uint64_t host_node = none.host * static_cast<uint64_t>(o.gpus_per_node),
+                       nvme_node = none.nvme * static_cast<uint64_t>(o.gpus_per_node);
+        rows.push_back({{"stage", stage},
+                        {"offload_optimizer", offload_device_name(opt)},
+                        {"offload_param", offload_device_name(par)},
+                        {"model_states_bytes_per_gpu", none.model_states},
+                        {"device_bytes", none.device},
+                        {"activations_bytes", acts},
+                        {"device_bytes_by_checkpointing", device},
+                        {"buffers_bytes", none.buffers},
+                        {"allowance_bytes", none.allowance},
+                        {"host_bytes_per_node", host_node},
+                        {"nvme_bytes", none.nvme},
+                        {"nvme_bytes_per_node", nvme_node},
+                        {"fits", fits["none"]},
+                        {"fits_by_checkpointing", fits}});
+        if (!o.json) {
+          std::printf("%-5d %-9s %-9s %13s %11s %11s %11s %11s %11s %11s %12s %12s  %s\n", stage, offload_device_name(opt).data(),
+                      offload_device_name(par).data(), format_bytes(none.model_states).c_str(),
+                      format_bytes(acts["none"].get<uint64_t>()).c_str(), format_bytes(acts["selective"].get<uint64_t>()).c_str(),
+                      format_bytes(acts["full"].get<uint64_t>()).c_str(), format_bytes(none.buffers).c_str(),
+                      format_bytes(none.device).c_str(), format_bytes(device["full"].get<uint64_t>()).c_str(),
+                      format_bytes(host_node).c_str(), format_bytes(nvme_node).c_str(), fits_text.c_str());
+        }
+      }
+    }
+  }
+  if (o.json) {
+    std::printf("%s\n", nlohmann::json{{"params", shape.params()},
+                                       {"layers", shape.layers},
+                                       {"hidden", shape.hidden},
+                                       {"heads", shape.heads},
+                                       {"seq_len", shape.seq_len},
+                                       {"vocab", shape.vocab},
+                                       {"gpus_per_node", o.gpus_per_node},
+                                       {"nodes", o.nodes},
+                                       {"dp", gpus / (o.tp * o.pp)},
+                                       {"tp", o.tp},
+                                       {"pp", o.pp},
+                                       {"micro_batch", o.micro_batch},
+                                       {"device_memory", device_budget},
+                                       {"host_memory_per_node", node_host_budget},
+                                       {"rows", rows}}
+                            .dump(2)
+                            .c_str());
+    return 0;
+  }
+  std::printf("model states: the ZeRO paper's (2 + 2 + 12 bytes per parameter, partitioned by stage over dp); activations: "
+              "Korthikanti et al. 2022 per layer (16-bit, s b h (34 + 5 a s / h) without tensor parallelism), times the layers of "
+              "the stage and its micro-batches in flight, with no, selective and full recomputation (full also holds one layer "
+              "being recomputed); buffers: reduce bucket 500M elements, stage 3 a gathered layer and the 50M prefetch bucket; "
+              "device adds %s for the runtime and 5%% for fragmentation. budgets: device %s per GPU, host %s per node\n",
+              format_bytes(runtime).c_str(), device_budget ? format_bytes(device_budget).c_str() : "unlimited",
+              node_host_budget ? format_bytes(node_host_budget).c_str() : "unlimited");
+  return 0;
+}
+
 struct Row {
   int stage = 0;
   OffloadDevice optimizer = OffloadDevice::none, params = OffloadDevice::none;
@@ -168,7 +282,14 @@ size_t model_states_on_device(const MemoryNeed& n) {
 size_t host_bytes(const MemoryNeed& n) { return n.total(Tier::host) + n.total(Tier::pinned_host); }
 
 int run(const Options& o) {
-  if (o.config.empty() == o.params.empty()) ZEROTH_THROW(InvalidArgument, "give either --config CONFIG or --params COUNT");
+  const int modes = !o.config.empty() + !o.params.empty() + (o.layers > 0 || o.hidden > 0 || o.heads > 0);
+  if (modes != 1)
+    ZEROTH_THROW(InvalidArgument, "give one of --config CONFIG, --params COUNT, or the GPT's --layers, --hidden and --heads");
+  if (o.layers > 0 || o.hidden > 0 || o.heads > 0) {
+    if (o.deepspeed_compatible)
+      ZEROTH_THROW(InvalidArgument, "--deepspeed-compatible goes with --params (DeepSpeed's tables take a count)");
+    return run_shape(o);
+  }
   if (!o.params.empty()) return run_params(o);
   if (o.deepspeed_compatible)
     ZEROTH_THROW(InvalidArgument, "--deepspeed-compatible goes with --params (DeepSpeed's tables take a count)");
@@ -325,6 +446,21 @@ void add_estimate_command(CLI::App& app) {
       "estimate", "Memory for every ZeRO stage and offload placement: of a training config per rank, or of a parameter count per GPU");
   cmd->add_option("--config", o->config, "A training config (JSON); its model, batch, precision and ZeRO keys are used");
   cmd->add_option("--params", o->params, "Instead of a config: a parameter count (7.5B, 350M, 1T): the ZeRO paper's model states");
+  cmd->add_option("--layers", o->layers, "Instead of a config: the GPT's layers (with --hidden and --heads): activations too");
+  cmd->add_option("--hidden", o->hidden, "The GPT's hidden size");
+  cmd->add_option("--heads", o->heads, "The GPT's attention heads");
+  cmd->add_option("--seq", o->seq, "With --layers: sequence length (default 2048)");
+  cmd->add_option("--vocab", o->vocab, "With --layers: vocabulary (default 51200)");
+  cmd->add_option("--micro-batch", o->micro_batch, "With --layers: sequences per micro-batch (default 1)")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--micro-batches", o->micro_batches, "With --layers and --pp: micro-batches per step (default 1)")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--tp", o->tp, "With --layers: tensor-parallel degree (default 1)");
+  cmd->add_option("--pp", o->pp, "With --layers: pipeline stages (default 1)");
+  cmd->add_flag("--sequence-parallel", o->sequence_parallel, "With --layers and --tp: sequence parallelism");
+  cmd->add_flag("--gpipe", o->gpipe, "With --pp: GPipe's schedule (all micro-batches in flight) instead of 1F1B");
+  cmd->add_option("--runtime-memory", o->runtime_memory,
+                  "With --layers: device memory the CUDA runtime, NCCL and cuBLAS take (default 1GiB)");
   cmd->add_option("--largest-layer", o->largest_layer,
                   "With --params: parameters of the largest layer (its working set when parameters are offloaded)");
   cmd->add_option("--gpus-per-node", o->gpus_per_node, "With --params: GPUs per node (default 1)")->check(CLI::Range(1, 1 << 16));

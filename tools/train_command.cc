@@ -80,7 +80,8 @@ class Console final : public TrainObserver {
  public:
   // The output folder must be writable before the ranks start; what an earlier run left there is
   // replaced only once this run has passed its checks (on_start), so a refused run loses nothing.
-  explicit Console(const TrainConfig& c) : c_(c) {
+  // The resident set before the run's data and engine, which the peak is measured above.
+  explicit Console(const TrainConfig& c) : c_(c), rss_baseline_(process_rss()) {
     bar_ = c.run.progress == "bar" || (c.run.progress == "auto" && isatty(STDOUT_FILENO) == 1);
     std::filesystem::create_directories(c.run.output_dir);
     metrics_.open(c.run.output_dir + "/metrics.jsonl", std::ios::app);
@@ -294,7 +295,9 @@ class Console final : public TrainObserver {
                                  {"weights", s.weights_path},
                                  {"weights_bytes", s.weights_bytes},
                                  {"weights_seconds", s.weights_seconds},
-                                 {"peak_rss_bytes", s.peak_rss}}}}
+                                 {"swap_disk_bytes", s.swap_disk_bytes},
+                                 {"peak_rss_bytes", s.peak_rss},
+                                 {"rss_baseline_bytes", rss_baseline_}}}}
                     .dump()
              << "\n";
     check_written();
@@ -315,6 +318,7 @@ class Console final : public TrainObserver {
     bar_shown_ = false;
   }
   const TrainConfig& c_;
+  size_t rss_baseline_ = 0;
   bool bar_ = false, bar_shown_ = false;
   std::ofstream metrics_;
 };

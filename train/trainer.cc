@@ -343,6 +343,7 @@ TrainSummary train(const TrainConfig& config, Communicator& dp, Device& device, 
   summary.peak_total = stats.total_peak;
   summary.host_peak = engine.tier_stats(Tier::host).total_peak;
   summary.swap_bytes = tier_total(engine.plan().bytes, Tier::nvme);
+  summary.swap_disk_bytes = engine.swap_disk_bytes();
   summary.peak_rss = process_peak_rss();
   if (lead && observer != nullptr) observer->on_end(summary);
   return summary;

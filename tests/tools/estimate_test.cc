@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -87,6 +88,68 @@ TEST(Estimate, TheConfigsRowPredictsTheRunsPeaks) {
   }
 }
 
+// Every example config in configs/ that trains on this machine's fortunes (the GPT-2 124M one
+// needs FineWeb token files, the 2B one 35 GiB of swap and minutes per step: docs/PERFORMANCE.md
+// gives their figures), run for 2 steps as `zeroth train` runs it, against `zeroth estimate
+// --config` of the same config:
+// - the engine's own device accounting: its peak lies between what the estimate counts and that
+//   plus its stated 64 KiB allowance (80 bytes above the count at most, measured); its host peak
+//   is the estimate's pinned + pageable bytes;
+// - independently of zeroth's accounting, the kernel's: the process's peak resident set above its
+//   resident set at start (VmHWM - VmRSS) is at least the estimate of all its ranks (the CPU
+//   device's memory is the process's) and exceeds it by at most 24 MiB per rank and 64 MiB per
+//   process (each rank's copy of the training tokens, its loader and kernel threads, the
+//   checkpoint writer's 16 MiB staging, BLAS and allocator arenas: 64-114 MiB measured here);
+// - the disk the swap files take (fstat's st_blocks) is the estimate's NVMe bytes.
+TEST(Estimate, EveryConfigsRunStaysWithinItsEstimate) {
+  const std::filesystem::path dir = std::filesystem::path(ZEROTH_SOURCE_DIR) / "configs";
+  int checked = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const std::string file = entry.path().filename().string();
+    if (entry.path().extension() != ".json" || file.rfind("gpt-fortunes-", 0) != 0) continue;
+    const std::string name = "truth_" + entry.path().stem().string();
+    const std::vector<std::string> sets = {"--set", "run.steps=2",
+                                           "--set", "run.eval_interval=100",
+                                           "--set", "run.output_dir=" + temp(name)};
+    std::vector<std::string> est_args = {ZEROTH_BIN, "estimate", "--config", entry.path().string(), "--json"};
+    est_args.insert(est_args.end(), sets.begin(), sets.end());
+    auto est = testing::spawn(est_args, {}, temp(name) + ".estimate");
+    ASSERT_EQ(testing::wait_exit(est, std::chrono::seconds(60)), 0) << est.output();
+    // Warnings (a schedule shorter than its warm-up at 2 steps) come before the JSON.
+    const std::string text = est.output();
+    const json estimate = json::parse(text.substr(text.find("{\n")));
+    json mine;
+    for (const auto& r : estimate["rows"])
+      if (r["config"].get<bool>()) mine = r;
+    ASSERT_FALSE(mine.is_null()) << file;
+    std::vector<std::string> train_args = {ZEROTH_BIN, "train", entry.path().string()};
+    train_args.insert(train_args.end(), sets.begin(), sets.end());
+    std::filesystem::remove_all(temp(name));
+    const auto r = run(train_args, name);
+    ASSERT_EQ(r.code, 0) << r.output;
+    const json s = r.metrics.back()["summary"];
+    const double ranks = estimate["world_size"].get<double>();
+    const double counted = mine["device_bytes"].get<double>() - mine["device_allowance_bytes"].get<double>();
+    const double peak = s["peak_bytes"].get<double>();
+    EXPECT_GE(peak, counted) << file;
+    EXPECT_LE(peak, mine["device_bytes"].get<double>()) << file;  // within the stated allowance
+    const double host = mine["host_bytes"].get<double>() + mine["pinned_host_bytes"].get<double>();
+    EXPECT_EQ(s["host_peak_bytes"].get<double>(), host) << file;
+    const double all_ranks = ranks * (mine["device_bytes"].get<double>() + host);
+    const double grown = s["peak_rss_bytes"].get<double>() - s["rss_baseline_bytes"].get<double>();
+    const double MiB = 1024 * 1024;
+    std::printf(
+        "%-45s %g ranks: estimate %8.2f MiB, resident set grew %8.2f MiB (+%.2f); swap files %.2f MiB on disk, estimate %.2f\n",
+        file.c_str(), ranks, all_ranks / MiB, grown / MiB, (grown - all_ranks) / MiB, s["swap_disk_bytes"].get<double>() / MiB,
+        mine["nvme_bytes"].get<double>() / MiB);
+    EXPECT_GE(grown, all_ranks) << file;
+    EXPECT_LE(grown - all_ranks, ranks * 24 * MiB + 64 * MiB) << file;
+    EXPECT_EQ(s["swap_disk_bytes"].get<double>(), mine["nvme_bytes"].get<double>()) << file;
+    ++checked;
+  }
+  EXPECT_GE(checked, 11);
+}
+
 // A device budget of exactly the config row's device_bytes fits (estimate and run agree); one byte
 // less does not fit, and the run is refused at start with nothing allocated.
 TEST(Estimate, FitsIsTheEnginesOwnCheck) {
@@ -143,6 +206,35 @@ TEST(Estimate, ParameterCountModeGivesTheZeroPapersModelStates) {
   // The optimizer in host memory: 16P/64 per GPU, 8 GPUs per node.
   EXPECT_EQ(row(2, "cpu", "none")["host_bytes_per_node"], 8ull * 1'875'000'000ull);
   EXPECT_EQ(row(3, "nvme", "nvme")["nvme_bytes_per_node"], 8ull * (1'875'000'000ull + 234'375'000ull));
+}
+
+// --layers/--hidden/--heads: GPT-2 350M's shape (24 layers, hidden 1024, 16 heads, seq 1024,
+// vocab 50257) on 8 GPUs, micro-batch 2: model states as the paper counts them for its
+// 354,823,168 parameters, and activations by Korthikanti's formulas worked out here: per layer
+// 34 s b h + 5 a s^2 b = 71,303,168 + 167,772,160 bytes; plus the embedding's dropout mask
+// (s b h) and the head's input and fp32 logits (4 s b h + 4 s b V).
+TEST(Estimate, GptDimensionModeCountsActivations) {
+  auto child = testing::spawn({ZEROTH_BIN, "estimate", "--layers", "24", "--hidden", "1024", "--heads", "16", "--seq", "1024",
+                               "--vocab", "50257", "--micro-batch", "2", "--gpus-per-node", "8", "--runtime-memory", "0", "--json"},
+                              {}, temp("estimate_shape") + ".out");
+  ASSERT_EQ(testing::wait_exit(child, std::chrono::seconds(60)), 0) << child.output();
+  const json out = json::parse(child.output());
+  EXPECT_EQ(out["params"], 354'823'168u);
+  const json rows = out["rows"];
+  ASSERT_EQ(rows.size(), 14u);
+  const uint64_t p = 354'823'168u, sbh = 1024ull * 2 * 1024;
+  const uint64_t layer = 71'303'168ull + 167'772'160ull;
+  const uint64_t around = sbh + 4 * sbh + 4ull * 1024 * 2 * 50257;
+  for (const auto& r : rows) {
+    if (r["offload_optimizer"] != "none") continue;
+    const int stage = r["stage"];
+    const uint64_t states = stage == 0 ? 16 * p : stage == 1 ? 4 * p + 12 * p / 8 : stage == 2 ? 2 * p + 14 * p / 8 : 16 * p / 8;
+    EXPECT_EQ(r["model_states_bytes_per_gpu"].get<uint64_t>(), states) << stage;
+    EXPECT_EQ(r["activations_bytes"]["none"].get<uint64_t>(), 24 * layer + around) << stage;
+    EXPECT_EQ(r["activations_bytes"]["selective"].get<uint64_t>(), 24 * 71'303'168ull + around) << stage;
+    // full: each layer's input (2 s b h) and one layer whole while it is recomputed
+    EXPECT_EQ(r["activations_bytes"]["full"].get<uint64_t>(), 24 * 2 * sbh + layer + around) << stage;
+  }
 }
 
 // --deepspeed-compatible --json: DeepSpeed's rows for t5-3b on one node of 8 GPUs, in its order,
