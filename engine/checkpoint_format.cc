@@ -263,7 +263,6 @@ namespace {
 
 // Per staging buffer: large enough for several of the file's blocks in flight, small enough that
 // touching it for the first time (slow on these machines) costs little per save.
-constexpr size_t kStagingBytes = size_t{8} << 20;
 
 }  // namespace
 

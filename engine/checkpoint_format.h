@@ -93,6 +93,9 @@ struct FileCheck {
 FileCheck verify_file(const std::string& step_dir, const CkptFile& file);
 
 // XXH3-64 while writing: a data file written in pieces, flushed to the disk by finish(). The
+// Each of the writer's two staging buffers.
+inline constexpr size_t kStagingBytes = size_t{8} << 20;
+
 // bytes go through two aligned staging buffers to io_uring with O_DIRECT (offload/aio.h), one
 // filling while the other is written, so the page cache is neither copied into nor flushed at
 // the end; the file is cut to its exact size at finish().

@@ -5,7 +5,8 @@
 
 #include <fmt/format.h>  // fmt::format
 
-#include "core/error.h"  // ZEROTH_THROW
+#include "core/error.h"                // ZEROTH_THROW
+#include "engine/checkpoint_format.h"  // kStagingBytes
 
 namespace zeroth {
 
@@ -34,13 +35,22 @@ MemoryNeed estimate(const Plan& plan, const ModelFootprint& model) {
   // Gathering a block's fp32 master values (the weights a run saves at its end, Engine::
   // master_values) puts the rank's slice and the whole padded block on the device, one block at a
   // time, when the rank does not hold the block's master whole.
-  size_t gather = 0;
+  // State in a swap file is read through an aligned bounce buffer of its size (O_DIRECT).
+  auto bounce = [&](const OwnedRange& r) { return plan.buffers[r.buffer].tier == Tier::nvme ? r.numel() * sizeof(float) : 0; };
+  size_t gather = 0, weights_host = 0;
   for (size_t b = 0; b < plan.blocks.size(); ++b) {
     const OwnedRange* m = plan.find(StateKind::master, static_cast<int>(b));
-    if (m != nullptr && m->numel() < plan.blocks[b].padded)
-      gather = std::max(gather, (m->numel() + plan.blocks[b].padded) * sizeof(float));
+    const size_t padded = plan.blocks[b].padded;
+    if (m != nullptr && m->numel() < padded) gather = std::max(gather, (m->numel() + padded) * sizeof(float));
+    const size_t vectors = (m != nullptr && m->numel() < padded ? m->numel() + padded : padded) * sizeof(float);
+    weights_host = std::max(weights_host, vectors + (m != nullptr ? bounce(*m) : 0));
   }
   at(need.bytes, Tier::device, MemTag::other) += gather;
+  size_t checkpoint_host = 0;
+  for (const auto& r : plan.owned)
+    if (r.kind == StateKind::master || r.kind == StateKind::moment0 || r.kind == StateKind::moment1)
+      checkpoint_host = std::max(checkpoint_host, r.numel() * sizeof(float) + bounce(r));
+  need.save_host = std::max(weights_host, checkpoint_host + 2 * kStagingBytes);
   return need;
 }
 

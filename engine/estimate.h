@@ -24,6 +24,11 @@ inline constexpr size_t kEstimateAllowance = 64 * 1024;
 struct MemoryNeed {
   TierBytes bytes{};                      // plan + model, per tier and tag
   size_t allowance = kEstimateAllowance;  // on the device tier
+  // Pageable host memory outside the engine's tiers that the end-of-run save takes: the larger of
+  // the weights file's gathered block with the rank's slice of it (fp32) and the checkpoint
+  // writer's largest owned range of one state plus its two staging buffers; state in swap files
+  // adds the bounce buffer it is read through.
+  size_t save_host = 0;
   std::string activation_note;
   size_t total(Tier tier) const;          // with the allowance on the device tier
   std::string describe(Tier tier) const;  // "params 7.77 MiB, grads ..., allowance 64.00 KiB"

@@ -32,6 +32,12 @@ std::vector<std::string> Cluster::calibrate(const nlohmann::json& j) {
   auto results = [&]() -> const nlohmann::json& { return j.at("results"); };
   if (j.contains("tokens_per_s") && j.contains("model_flops_per_token")) {  // bench train
     const double flops = j["tokens_per_s"].get<double>() * j["model_flops_per_token"].get<double>();
+    if (!(flops / peak_flops >= 0.01 && flops / peak_flops <= 1)) {
+      ZEROTH_THROW(InvalidArgument,
+                   "bench train measured {:.3g} FLOP/s, {:.3g} of the {:.3g} peak: calibrate with a bench run on the GPUs being "
+                   "planned for, and give their --peak-flops",
+                   flops, flops / peak_flops, peak_flops);
+    }
     matmul_efficiency = flops / peak_flops;
     set.push_back(fmt::format("achieved {:.3g} FLOP/s (bench train: {} tokens/s) = {:.3f} of the {:.3g} peak", flops,
                               j["tokens_per_s"].get<double>(), matmul_efficiency, peak_flops));

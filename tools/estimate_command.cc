@@ -149,7 +149,7 @@ int run_params(const Options& o) {
   } else {
     std::printf("sizes in binary units (1 GiB = 2^30 bytes; the ZeRO paper's GB are 10^9: its 120 GB are 111.76 GiB)\n");
     std::printf("budgets: device %s per GPU, host %s per node. Model states only: activations, communication buckets and swap "
-                "buffers depend on the model's shape and the config (give --config for them)%s\n",
+                "buffers depend on the model's shape and the config (give --layers, --hidden and --heads, or --config, for them)%s\n",
                 device_budget ? format_bytes(device_budget).c_str() : "unlimited",
                 node_host_budget ? format_bytes(node_host_budget).c_str() : "unlimited",
                 largest == 0 ? "; with parameters offloaded, the largest layer's working set needs --largest-layer" : "");
@@ -169,6 +169,16 @@ int run_shape(const Options& o) {
                  o.tp, o.pp);
   if (o.heads % o.tp != 0) ZEROTH_THROW(InvalidArgument, "--tp {} does not divide the {} heads", o.tp, o.heads);
   if (o.pp > o.layers) ZEROTH_THROW(InvalidArgument, "--pp {} is more stages than the {} layers", o.pp, o.layers);
+  if (o.tp > static_cast<uint64_t>(o.gpus_per_node))
+    ZEROTH_THROW(InvalidArgument,
+                 "--tp {} spans more than a node's {} GPUs: tensor parallelism stays inside a node (raise --gpus-per-node)", o.tp,
+                 o.gpus_per_node);
+  if (o.micro_batches > 1 && o.pp == 1)
+    ZEROTH_THROW(InvalidArgument, "--micro-batches counts a pipeline's micro-batches in flight: give it with --pp above 1 (without a "
+                                  "pipeline, accumulation does not change memory)");
+  if (o.sequence_parallel && o.tp == 1)
+    ZEROTH_THROW(InvalidArgument, "--sequence-parallel splits along tensor-parallel ranks: give --tp above 1");
+  if (o.gpipe && o.pp == 1) ZEROTH_THROW(InvalidArgument, "--gpipe is a pipeline schedule: give --pp above 1");
   const size_t device_budget = o.device_memory.empty() ? 0 : parse_bytes(o.device_memory);
   const size_t node_host_budget = o.host_memory.empty() ? 0 : parse_bytes(o.host_memory);
   const uint64_t runtime = o.runtime_memory.empty() ? kDeviceRuntimeBytes : parse_bytes(o.runtime_memory);
@@ -181,9 +191,9 @@ int run_shape(const Options& o) {
                 o.gpus_per_node, o.nodes, static_cast<unsigned long long>(gpus / (o.tp * o.pp)), static_cast<unsigned long long>(o.tp),
                 static_cast<unsigned long long>(o.pp), static_cast<unsigned long long>(o.micro_batch),
                 o.pp > 1 ? fmt::format(" x {} ({})", o.micro_batches, o.gpipe ? "GPipe" : "1F1B").c_str() : "");
-    std::printf("%-5s %-9s %-9s %13s %11s %11s %11s %11s %11s %11s %12s %12s  %s\n", "stage", "optimizer", "params", "model states",
-                "acts none", "acts sel.", "acts full", "buffers", "device none", "device full", "host/node", "nvme/node",
-                "fits none/sel./full");
+    std::printf("%-5s %-9s %-9s %13s %11s %11s %11s %11s %11s %11s %11s %12s %12s  %s\n", "stage", "optimizer", "params",
+                "model states", "acts none", "acts sel.", "acts full", "buffers", "device none", "device sel.", "device full",
+                "host/node", "nvme/node", "fits none/sel./full");
   }
   for (int stage = 0; stage <= 3; ++stage) {
     for (OffloadDevice opt : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme}) {
@@ -224,12 +234,13 @@ int run_shape(const Options& o) {
                         {"fits", fits["none"]},
                         {"fits_by_checkpointing", fits}});
         if (!o.json) {
-          std::printf("%-5d %-9s %-9s %13s %11s %11s %11s %11s %11s %11s %12s %12s  %s\n", stage, offload_device_name(opt).data(),
+          std::printf("%-5d %-9s %-9s %13s %11s %11s %11s %11s %11s %11s %11s %12s %12s  %s\n", stage, offload_device_name(opt).data(),
                       offload_device_name(par).data(), format_bytes(none.model_states).c_str(),
                       format_bytes(acts["none"].get<uint64_t>()).c_str(), format_bytes(acts["selective"].get<uint64_t>()).c_str(),
                       format_bytes(acts["full"].get<uint64_t>()).c_str(), format_bytes(none.buffers).c_str(),
-                      format_bytes(none.device).c_str(), format_bytes(device["full"].get<uint64_t>()).c_str(),
-                      format_bytes(host_node).c_str(), format_bytes(nvme_node).c_str(), fits_text.c_str());
+                      format_bytes(none.device).c_str(), format_bytes(device["selective"].get<uint64_t>()).c_str(),
+                      format_bytes(device["full"].get<uint64_t>()).c_str(), format_bytes(host_node).c_str(),
+                      format_bytes(nvme_node).c_str(), fits_text.c_str());
         }
       }
     }
@@ -373,6 +384,7 @@ int run(const Options& o) {
                     {"host_bytes", r.need.total(Tier::host)},
                     {"host_bytes_per_node", host_bytes(r.need) * static_cast<size_t>(per_node)},
                     {"nvme_bytes", r.need.total(Tier::nvme)},
+                    {"save_host_bytes", r.need.save_host},
                     {"tiers", tiers}});
       }
       if (device_known) row["fits"] = fits(r);
@@ -409,6 +421,9 @@ int run(const Options& o) {
     std::printf("\nthe config's row, by tag:\n  device: %s\n", r.need.describe(Tier::device).c_str());
     for (Tier t : {Tier::pinned_host, Tier::host, Tier::nvme})
       if (r.need.total(t) > 0) std::printf("  %s: %s\n", tier_name(t).data(), r.need.describe(t).c_str());
+    std::printf("  and at the end-of-run save, pageable host memory outside the engine's pools: %s (the weights file's gathered "
+                "block, or the checkpoint writer's largest owned range and staging)\n",
+                format_bytes(r.need.save_host).c_str());
   }
   std::printf(
       "model states: parameters, gradients and optimizer state on the device, as the ZeRO paper counts them; device "
@@ -437,6 +452,7 @@ double parse_count(const std::string& text, const char* flag) {
                                                     : 0;
   if (used == 0 || scale == 0 || !(v > 0))
     ZEROTH_THROW(InvalidArgument, "{} {}: give a count such as 7.5B, 350M, 1T or 175e9", flag, text);
+  if (v * scale >= 1e19) ZEROTH_THROW(InvalidArgument, "{} {}: too large (below 1e19)", flag, text);
   return v * scale;
 }
 
@@ -446,25 +462,27 @@ void add_estimate_command(CLI::App& app) {
       "estimate", "Memory for every ZeRO stage and offload placement: of a training config per rank, or of a parameter count per GPU");
   cmd->add_option("--config", o->config, "A training config (JSON); its model, batch, precision and ZeRO keys are used");
   cmd->add_option("--params", o->params, "Instead of a config: a parameter count (7.5B, 350M, 1T): the ZeRO paper's model states");
-  cmd->add_option("--layers", o->layers, "Instead of a config: the GPT's layers (with --hidden and --heads): activations too");
-  cmd->add_option("--hidden", o->hidden, "The GPT's hidden size");
-  cmd->add_option("--heads", o->heads, "The GPT's attention heads");
-  cmd->add_option("--seq", o->seq, "With --layers: sequence length (default 2048)");
-  cmd->add_option("--vocab", o->vocab, "With --layers: vocabulary (default 51200)");
+  cmd->add_option("--layers", o->layers, "Instead of a config: the GPT's layers (with --hidden and --heads): activations too")
+      ->check(CLI::Range(1, 1 << 16));
+  cmd->add_option("--hidden", o->hidden, "The GPT's hidden size")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--heads", o->heads, "The GPT's attention heads")->check(CLI::Range(1, 1 << 14));
+  cmd->add_option("--seq", o->seq, "With --layers: sequence length (default 2048)")->check(CLI::Range(1, 1 << 22));
+  cmd->add_option("--vocab", o->vocab, "With --layers: vocabulary (default 51200)")->check(CLI::Range(1, 1 << 24));
   cmd->add_option("--micro-batch", o->micro_batch, "With --layers: sequences per micro-batch (default 1)")
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--micro-batches", o->micro_batches, "With --layers and --pp: micro-batches per step (default 1)")
       ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--tp", o->tp, "With --layers: tensor-parallel degree (default 1)");
-  cmd->add_option("--pp", o->pp, "With --layers: pipeline stages (default 1)");
+  cmd->add_option("--tp", o->tp, "With --layers: tensor-parallel degree (default 1)")->check(CLI::Range(1, 1 << 10));
+  cmd->add_option("--pp", o->pp, "With --layers: pipeline stages (default 1)")->check(CLI::Range(1, 1 << 16));
   cmd->add_flag("--sequence-parallel", o->sequence_parallel, "With --layers and --tp: sequence parallelism");
   cmd->add_flag("--gpipe", o->gpipe, "With --pp: GPipe's schedule (all micro-batches in flight) instead of 1F1B");
   cmd->add_option("--runtime-memory", o->runtime_memory,
                   "With --layers: device memory the CUDA runtime, NCCL and cuBLAS take (default 1GiB)");
   cmd->add_option("--largest-layer", o->largest_layer,
                   "With --params: parameters of the largest layer (its working set when parameters are offloaded)");
-  cmd->add_option("--gpus-per-node", o->gpus_per_node, "With --params: GPUs per node (default 1)")->check(CLI::Range(1, 1 << 16));
-  cmd->add_option("--nodes", o->nodes, "With --params: nodes (default 1)")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--gpus-per-node", o->gpus_per_node, "With --params or --layers: GPUs per node (default 1)")
+      ->check(CLI::Range(1, 1 << 16));
+  cmd->add_option("--nodes", o->nodes, "With --params or --layers: nodes (default 1)")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--set", o->overrides, "Override a key of the config: --set train_micro_batch_size_per_gpu=8")
       ->expected(1)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);

@@ -2,6 +2,7 @@
 // memory, step time, MFU and what bounds each; `--emit-config` writes the fastest one this engine
 // runs as a training config.
 #include <chrono>   // std::chrono
+#include <cmath>    // std::floor
 #include <cstdio>   // std::printf
 #include <fstream>  // std::ifstream, std::ofstream
 #include <memory>   // std::make_shared
@@ -14,7 +15,10 @@
 
 #include "core/error.h"          // InvalidArgument
 #include "core/memory.h"         // format_bytes, parse_bytes
+#include "engine/estimate.h"     // estimate
+#include "engine/plan.h"         // make_plan
 #include "engine/planner.h"      // search_plans
+#include "models/gpt/gpt.h"      // Gpt
 #include "tools/commands.h"      // parse_count
 #include "train/train_config.h"  // TrainConfig
 
@@ -45,7 +49,14 @@ GptShape shape_of(const Options& o, std::string& origin) {
     origin = "as given";
     return s;
   }
-  const auto p = static_cast<uint64_t>(parse_count(o.params, "--params") + 0.5);
+  const double count = parse_count(o.params, "--params");
+  if (count < 1e9 || count > 2e12) {
+    ZEROTH_THROW(InvalidArgument,
+                 "--params {}: the shapes --params takes are Megatron-LM's published 1.7B to 1T ones, so counts from 1B to 2T; give "
+                 "the model as --layers, --hidden and --heads instead",
+                 o.params);
+  }
+  const auto p = static_cast<uint64_t>(count + 0.5);
   origin = fmt::format("Megatron-LM's published shape nearest {} parameters, layers scaled", p);
   return GptShape::from_params(p, o.seq, o.vocab);
 }
@@ -186,7 +197,9 @@ void run(Options o) {
   const GptShape shape = shape_of(o, origin);
   if (o.global_batch.empty()) ZEROTH_THROW(InvalidArgument, "give --global-batch (sequences per optimizer step)");
   PlanSearch search;
-  search.global_batch = static_cast<uint64_t>(parse_count(o.global_batch, "--global-batch") + 0.5);
+  const double batch = parse_count(o.global_batch, "--global-batch");
+  if (batch != std::floor(batch)) ZEROTH_THROW(InvalidArgument, "--global-batch {}: give a whole number of sequences", o.global_batch);
+  search.global_batch = static_cast<uint64_t>(batch);
   search.offload = !o.no_offload;
   search.runnable_only = o.runnable;
   search.stage = o.stage;
@@ -197,26 +210,51 @@ void run(Options o) {
   const PlanResult result = search_plans(shape, c, search);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
-  // The fastest plan this engine runs, for --emit-config.
+  if (result.considered == 0) {
+    ZEROTH_THROW(InvalidArgument,
+                 "no split of the {} GPUs into dp x tp x pp (tp dividing the {} GPUs per node and the {} heads, pp the {} layers) "
+                 "has a data-parallel degree dividing the global batch of {}: give a --global-batch that is a multiple of {}",
+                 c.gpus(), c.gpus_per_node, shape.heads, shape.layers, search.global_batch, c.gpus() / c.gpus_per_node);
+  }
+
+  // The fastest plan this engine runs whose config the engine's own estimate (the plan it would
+  // build, its activations and buffers) also fits, for --emit-config.
   Candidate runnable;
   bool have_runnable = false;
+  std::string emit_problem;
+  MemoryNeed engine_need;
   if (!o.emit_config.empty()) {
     PlanSearch r = search;
     r.runnable_only = true;
-    r.top = 1;
+    r.top = 50;
     const PlanResult rr = search_plans(shape, c, r);
-    if (rr.best.empty()) {
-      ZEROTH_THROW(InvalidArgument,
-                   "--emit-config: no plan without tensor or pipeline parallelism fits ({}), which is what this engine runs; "
-                   "give more GPUs, memory, or a smaller model",
-                   rr.smallest.layout.describe());
+    for (const Candidate& cand : rr.best) {
+      const nlohmann::json config = config_of(o, shape, cand);
+      const TrainConfig tc = TrainConfig::from_json(config);
+      const Plan plan = make_plan(Gpt::block_specs(tc.model), Gpt::schedule(tc.model), tc.engine, tc.run.world_size, 0);
+      const MemoryNeed need = estimate(plan, Gpt::footprint(tc.model, static_cast<int>(tc.micro_batch_size), tc.model.seq_len,
+                                                            tc.engine.compute_dtype, plan.max_in_flight));
+      const bool device_ok = need.total(Tier::device) + c.runtime_memory <= c.device_memory;
+      const bool host_ok = c.host_memory == 0 ||
+                           (need.total(Tier::host) + need.total(Tier::pinned_host)) * c.gpus_per_node <= c.host_memory;
+      if (!device_ok || !host_ok) continue;
+      runnable = cand, engine_need = need, have_runnable = true;
+      std::ofstream out(o.emit_config);
+      out << config.dump(2) << "\n";
+      if (!out) ZEROTH_THROW(InvalidArgument, "--emit-config {}: cannot write it", o.emit_config);
+      break;
     }
-    runnable = rr.best.front();
-    have_runnable = true;
-    const nlohmann::json config = config_of(o, shape, runnable);
-    std::ofstream out(o.emit_config);
-    out << config.dump(2) << "\n";
-    if (!out) ZEROTH_THROW(InvalidArgument, "--emit-config {}: cannot write it", o.emit_config);
+    if (!have_runnable && rr.considered == 0) {
+      emit_problem =
+          fmt::format("--emit-config: without tensor or pipeline parallelism (which this engine does not run yet) all {} GPUs are "
+                      "data-parallel, and {} does not divide the global batch of {}; give a --global-batch that is a multiple of {}",
+                      c.gpus(), c.gpus(), search.global_batch, c.gpus());
+    } else if (!have_runnable) {
+      emit_problem = fmt::format(
+          "--emit-config: no plan without tensor or pipeline parallelism fits by the engine's own estimate ({} of {} such plans "
+          "fit by the layout model), and this engine runs no other yet; give more GPUs or memory, or a smaller model",
+          rr.fitting > 50 ? 50 : rr.fitting, rr.considered);
+    }
   }
 
   if (o.json) {
@@ -246,14 +284,22 @@ void run(Options o) {
                           {"search_seconds", seconds},
                           {"plans", nlohmann::json::array()}};
     for (const auto& p : result.best) out["plans"].push_back(plan_json(p));
-    if (have_runnable) out["emitted"] = {{"path", o.emit_config}, {"plan", plan_json(runnable)}};
+    if (have_runnable) {
+      out["emitted"] = {{"path", o.emit_config},
+                        {"plan", plan_json(runnable)},
+                        {"engine_device_bytes", engine_need.total(Tier::device)},
+                        {"engine_host_bytes", engine_need.total(Tier::host) + engine_need.total(Tier::pinned_host)}};
+    }
     std::printf("%s\n", out.dump(2).c_str());
+    std::fflush(stdout);
+    if (result.best.empty()) ZEROTH_THROW(OutOfMemory, "no layout of this model fits the cluster: add GPUs or memory");
+    if (!emit_problem.empty()) ZEROTH_THROW(OutOfMemory, "{}", emit_problem);
     return;
   }
   std::printf("zeroth plan: GPT of %s parameters (%s; %s), global batch %llu sequences\n", fmt::format("{}", shape.params()).c_str(),
               shape.describe().c_str(), origin.c_str(), static_cast<unsigned long long>(search.global_batch));
-  std::printf("cluster: %llu GPUs (%llu per node x %llu nodes), %s and %.0f TFLOP/s peak each, matmuls at %.2f of peak; "
-              "all-reduce %.0f GB/s in a node, network %.0f GB/s per node, PCIe %.0f GB/s per GPU, NVMe %.0f GB/s and host %s per "
+  std::printf("cluster: %llu GPUs (%llu per node x %llu nodes), %s and %.3g TFLOP/s peak each, matmuls at %.2f of peak; "
+              "all-reduce %.3g GB/s in a node, network %.3g GB/s per node, PCIe %.3g GB/s per GPU, NVMe %.3g GB/s and host %s per "
               "node, CPU Adam %.2g parameters/s per node\n",
               static_cast<unsigned long long>(c.gpus()), static_cast<unsigned long long>(c.gpus_per_node),
               static_cast<unsigned long long>(c.nodes), format_bytes(c.device_memory).c_str(), c.peak_flops / 1e12,
@@ -266,6 +312,7 @@ void run(Options o) {
     std::printf("no layout fits. The smallest (%s) needs %s per GPU on the device, %s of host memory per node.\n",
                 result.smallest.layout.describe().c_str(), format_bytes(result.smallest.memory.device).c_str(),
                 format_bytes(result.smallest.memory.host * c.gpus_per_node).c_str());
+    std::fflush(stdout);
     ZEROTH_THROW(OutOfMemory, "no layout of this model fits the cluster: add GPUs or memory{}",
                  search.offload ? "" : ", or allow offload (drop --no-offload)");
   }
@@ -287,9 +334,16 @@ void run(Options o) {
               "(engine/planner.h); memory: ZeRO paper model states, Korthikanti et al. activations, %s runtime + %.0f%% "
               "fragmentation allowance (engine/gpt_layout.h). ZeRO-3 is not combined with pipelines.\n",
               format_bytes(c.runtime_memory).c_str(), 100 * kFragmentation);
+  if (!emit_problem.empty()) {
+    std::fflush(stdout);
+    ZEROTH_THROW(OutOfMemory, "{}", emit_problem);
+  }
   if (have_runnable) {
-    std::printf("\nwrote %s: %s (%.3g s per step, MFU %.1f%%)%s; check it with `zeroth estimate --config %s`%s\n",
+    std::printf("\nwrote %s: %s (%.3g s per step, MFU %.1f%%; the engine's own estimate of it: %s on the device, %s on the host)%s; "
+                "check it with `zeroth estimate --config %s`%s\n",
                 o.emit_config.c_str(), runnable.layout.describe().c_str(), runnable.cost.step, 100 * runnable.cost.mfu,
+                format_bytes(engine_need.total(Tier::device)).c_str(),
+                format_bytes(engine_need.total(Tier::host) + engine_need.total(Tier::pinned_host)).c_str(),
                 best.layout.tp > 1 || best.layout.pp > 1 || best.layout.checkpointing == Checkpointing::selective ||
                         best.layout.sequence_parallel
                     ? ", the fastest without tensor or pipeline parallelism, selective recompute or sequence parallelism, "
@@ -307,15 +361,16 @@ void add_plan_command(CLI::App& app) {
                                  "Search dp x tp x pp, ZeRO stage, offload, micro-batch and recomputation for a GPT on a cluster; "
                                  "rank what fits by modelled step time");
   cmd->add_option("--params", o->params, "The model as a parameter count (7.5B, 175B, 1T): Megatron-LM's nearest published shape");
-  cmd->add_option("--layers", o->layers, "The model's transformer layers (with --hidden and --heads, instead of --params)");
-  cmd->add_option("--hidden", o->hidden, "Hidden size");
-  cmd->add_option("--heads", o->heads, "Attention heads");
-  cmd->add_option("--seq", o->seq, "Sequence length (default 2048)");
-  cmd->add_option("--vocab", o->vocab, "Vocabulary (default 51200)");
+  cmd->add_option("--layers", o->layers, "The model's transformer layers (with --hidden and --heads, instead of --params)")
+      ->check(CLI::Range(1, 1 << 16));
+  cmd->add_option("--hidden", o->hidden, "Hidden size")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--heads", o->heads, "Attention heads")->check(CLI::Range(1, 1 << 14));
+  cmd->add_option("--seq", o->seq, "Sequence length (default 2048)")->check(CLI::Range(1, 1 << 22));
+  cmd->add_option("--vocab", o->vocab, "Vocabulary (default 51200)")->check(CLI::Range(1, 1 << 24));
   cmd->add_option("--global-batch", o->global_batch, "Sequences per optimizer step (required)");
-  cmd->add_option("--gpus", o->gpus, "GPUs in all (sets --nodes from --gpus-per-node)");
+  auto* gpus = cmd->add_option("--gpus", o->gpus, "GPUs in all (sets --nodes from --gpus-per-node)")->check(CLI::Range(1, 1 << 24));
   cmd->add_option("--gpus-per-node", o->cluster.gpus_per_node, "GPUs per node (default 8)")->check(CLI::Range(1, 1 << 10));
-  cmd->add_option("--nodes", o->cluster.nodes, "Nodes (default 1)")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--nodes", o->cluster.nodes, "Nodes (default 1)")->check(CLI::Range(1, 1 << 20))->excludes(gpus);
   cmd->add_option("--device-memory", o->device_memory, "Memory per GPU (default 80GiB)");
   cmd->add_option("--runtime-memory", o->runtime_memory,
                   "Device memory per GPU the CUDA context, NCCL and cuBLAS take (default 1GiB; 0 for the CPU device)");

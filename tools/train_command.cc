@@ -297,6 +297,7 @@ class Console final : public TrainObserver {
                                  {"weights_seconds", s.weights_seconds},
                                  {"swap_disk_bytes", s.swap_disk_bytes},
                                  {"peak_rss_bytes", s.peak_rss},
+                                 {"peak_rss_before_weights_bytes", s.peak_rss_before_save},
                                  {"rss_baseline_bytes", rss_baseline_}}}}
                     .dump()
              << "\n";

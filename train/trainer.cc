@@ -332,6 +332,7 @@ TrainSummary train(const TrainConfig& config, Communicator& dp, Device& device, 
   if (report_error) std::rethrow_exception(report_error);
   // A run, finished or stopped, leaves its weights: fp32 master weights, or the compute dtype's
   // with stage3_gather_16bit_weights_on_model_save as in DeepSpeed.
+  summary.peak_rss_before_save = process_peak_rss();
   summary.weights_path = config.run.output_dir + "/model.safetensors";
   summary.weights_dtype = config.engine.zero.gather_16bit_weights_on_model_save ? config.engine.compute_dtype : DType::f32;
   const auto save_start = Clock::now();

@@ -47,10 +47,11 @@ struct TrainSummary {
   size_t parameters = 0;
   std::array<size_t, kMemTagCount> peak{};  // this rank's device, per tag
   size_t peak_total = 0;
-  size_t host_peak = 0;        // this rank's engine state in host memory (pinned and pageable), at peak
-  size_t swap_bytes = 0;       // this rank's swap files on the NVMe tier
-  size_t swap_disk_bytes = 0;  // what the file system allocated to them (st_blocks), rank 0
-  size_t peak_rss = 0;         // the process's peak resident set (VmHWM; all ranks of a threaded run)
+  size_t host_peak = 0;             // this rank's engine state in host memory (pinned and pageable), at peak
+  size_t swap_bytes = 0;            // this rank's swap files on the NVMe tier
+  size_t swap_disk_bytes = 0;       // what the file system allocated to them (st_blocks), rank 0
+  size_t peak_rss = 0;              // the process's peak resident set (VmHWM; all ranks of a threaded run)
+  size_t peak_rss_before_save = 0;  // the same before the end-of-run weights file (after the last checkpoint)
   // The trained weights in Hugging Face's GPT-2 layout (<run.output_dir>/model.safetensors), their
   // dtype and size (rank 0).
   std::string weights_path;

@@ -4,6 +4,7 @@
 // and that more device memory never makes the best plan slower.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -104,13 +105,24 @@ TEST(LayoutMemory, PipelineStagesHoldTheirLayersAndOneFOneBsMicroBatches) {
 }
 
 TEST(LayoutMemory, ModelStatesAreTheZeroPapersOverTheDataParallelGroup) {
+  // 36 layers, hidden 4096: 7,467,786,240 parameters (divisible by 64).
   const GptShape s = GptShape::from_params(7'500'000'000ull);
+  const uint64_t p = s.params();
+  ASSERT_EQ(p, 7'467'786'240u);
+  const uint64_t paper[] = {16 * p, 4 * p + 12 * p / 64, 2 * p + 14 * p / 64, 16 * p / 64};
   for (int stage = 0; stage <= 3; ++stage) {
     Layout l;
     l.dp = 64, l.stage = stage;
-    const LayoutMemory m = layout_memory(s, l);
-    EXPECT_EQ(m.model_states, zero_model_states(s.params(), stage, 64).device) << stage;
+    EXPECT_EQ(layout_memory(s, l).model_states, paper[stage]) << stage;
   }
+  // Tensor parallelism 4 and 2 pipeline stages: the first stage's slice (18 layers of
+  // 12 h^2 / 4 + 7 h / 4 + 6 h, the vocabulary's quarter, the positions) over 8 data-parallel ranks.
+  Layout l;
+  l.dp = 8, l.tp = 4, l.pp = 2, l.stage = 1, l.micro_batches = 8;
+  const uint64_t h = 4096, slice = 18 * (12 * h * h / 4 + 7 * h / 4 + 6 * h) + 51200 / 4 * h + 2048 * h;
+  const LayoutMemory m = layout_memory(s, l);
+  EXPECT_EQ(m.stage_params, slice);
+  EXPECT_EQ(m.model_states, 4 * slice + 12 * slice / 8);
 }
 
 TEST(StepCost, ComputeAndBubbleFollowTheirFormulas) {
@@ -132,6 +144,40 @@ TEST(StepCost, ComputeAndBubbleFollowTheirFormulas) {
   const double tokens = 2 * 12 * seq;
   EXPECT_NEAR(k.model_flops, tokens * (72 * 32 * h * h + 12 * 32 * seq * h + 6 * 51200 * h), 1e-9 * k.model_flops);
   EXPECT_NEAR(k.mfu, k.model_flops / (k.step * 8 * 312e12), 1e-12);
+}
+
+TEST(StepCost, CollectivesAndOffloadFollowTheirFormulas) {
+  // 8 layers of hidden 1024 in one stage, 2 sequences of 1024 per micro-batch, 4 micro-batches.
+  const GptShape s{8, 1024, 16, 1024, 32000};
+  Cluster c;
+  c.gpus_per_node = 4, c.nodes = 2;
+  const double h = 1024, seq = 1024, tokens = 2 * seq;
+  Layout l;
+  l.micro_batch = 2, l.micro_batches = 4;
+  // Tensor parallelism 4 (inside a node): 4 ring all-reduces of 2 tokens h bytes per layer and
+  // micro-batch, 2 (t - 1) / t of the bytes each at 230 GB/s.
+  l.tp = 4, l.dp = 2, l.stage = 1;
+  LayoutMemory m = layout_memory(s, l);
+  StepCost k = step_cost(s, l, m, c);
+  EXPECT_NEAR(k.tensor, 4 * 8 * 4 * (2 * 0.75 * 2 * tokens * h / 230e9), 1e-12);
+  // dp 2 leaves the node (tp x dp = 8 > 4): the node's 200 GB/s shared by its 4 GPUs. ZeRO-1:
+  // reduce-scatter hidden under the last backward, then the all-gather of 2 P bytes, (N-1)/N of it.
+  const double p = static_cast<double>(m.stage_params);
+  EXPECT_NEAR(k.data, 0.5 * 2 * p / 50e9, 1e-12);
+  // The optimizer on the device: 30 bytes per parameter of the shard at 2 TB/s.
+  EXPECT_NEAR(k.optimizer, p / 2 * 30 / 2e12, 1e-15);
+  // Offloaded to the CPU: the shard's 16-bit gradients down (not hidden at stage 1) and
+  // parameters up over 24 GB/s PCIe, and CPU Adam at 5e9 parameters/s shared by the node's 4 GPUs.
+  l.offload_optimizer = OffloadDevice::cpu;
+  m = layout_memory(s, l);
+  k = step_cost(s, l, m, c);
+  EXPECT_NEAR(k.offload, 2 * (2 * p / 2 / 24e9), 1e-12);
+  EXPECT_NEAR(k.optimizer, p / 2 / (5e9 / 4), 1e-12);
+  // On NVMe: master and both moments read and written (24 bytes per parameter) through the node's
+  // 25 GB/s by its 4 GPUs, overlapped with the CPU update: only the excess shows.
+  l.offload_optimizer = OffloadDevice::nvme;
+  k = step_cost(s, l, m, c);
+  EXPECT_NEAR(k.offload, 2 * (2 * p / 2 / 24e9) + std::max(0.0, 24 * p / 2 * 4 / 25e9 - p / 2 / (5e9 / 4)), 1e-12);
 }
 
 TEST(StepCost, PredictsMegatronsPublishedThroughput) {
@@ -177,6 +223,7 @@ TEST(Planner, Gpt3On1024GpusPicksTensorParallelismInsideANodeAndFits) {
   const Candidate& best = r.best.front();
   EXPECT_LE(best.layout.tp, 8u);
   EXPECT_GE(best.layout.tp, 2u);  // 175B's activations and states need more than ZeRO alone at 80 GB
+  EXPECT_EQ(best.layout.checkpointing == Checkpointing::none, false);  // nor do they fit without recomputation
   EXPECT_EQ(best.layout.gpus(), 1024u);
   EXPECT_LE(best.memory.device, 80 * GiB);
   EXPECT_GT(best.cost.mfu, 0.3);
@@ -261,8 +308,13 @@ TEST(Planner, CalibratesFromBenchOutputs) {
   EXPECT_DOUBLE_EQ(c.cpu_optimizer_rate, 3e9);  // the largest size, the most threads' rate
   c.calibrate(json{{"path", "/mnt"}, {"best", {{"read_gbps", 6.5}, {"write_gbps", 3.0}}}, {"cuda", nullptr}});
   EXPECT_DOUBLE_EQ(c.nvme_bw, 3e9);
+  c.peak_flops = 2e12;
   c.calibrate(json{{"tokens_per_s", 1000.0}, {"model_flops_per_token", 1e9}});
   EXPECT_DOUBLE_EQ(c.achieved_flops(), 1e12);
+  EXPECT_DOUBLE_EQ(c.matmul_efficiency, 0.5);
+  // A rate above the peak, or far below it (a CPU bench for a GPU cluster), is refused.
+  EXPECT_THROW(c.calibrate(json{{"tokens_per_s", 1000.0}, {"model_flops_per_token", 1e10}}), InvalidArgument);
+  EXPECT_THROW(c.calibrate(json{{"tokens_per_s", 1.0}, {"model_flops_per_token", 1e9}}), InvalidArgument);
   EXPECT_THROW(c.calibrate(json{{"something", 1}}), InvalidArgument);
 }
 

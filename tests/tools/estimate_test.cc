@@ -97,9 +97,9 @@ TEST(Estimate, TheConfigsRowPredictsTheRunsPeaks) {
 //   is the estimate's pinned + pageable bytes;
 // - independently of zeroth's accounting, the kernel's: the process's peak resident set above its
 //   resident set at start (VmHWM - VmRSS) is at least the estimate of all its ranks (the CPU
-//   device's memory is the process's) and exceeds it by at most 24 MiB per rank and 64 MiB per
-//   process (each rank's copy of the training tokens, its loader and kernel threads, the
-//   checkpoint writer's 16 MiB staging, BLAS and allocator arenas: 64-114 MiB measured here);
+//   device's memory is the process's; with the end-of-run save's host copies) and exceeds it by at
+//   most 5% plus 24 MiB per rank and 64 MiB per process (each rank's copy of the training tokens,
+//   its loader and kernel threads, BLAS and allocator arenas: 33-49 MiB measured here);
 // - the disk the swap files take (fstat's st_blocks) is the estimate's NVMe bytes.
 TEST(Estimate, EveryConfigsRunStaysWithinItsEstimate) {
   const std::filesystem::path dir = std::filesystem::path(ZEROTH_SOURCE_DIR) / "configs";
@@ -135,7 +135,7 @@ TEST(Estimate, EveryConfigsRunStaysWithinItsEstimate) {
     EXPECT_LE(peak, mine["device_bytes"].get<double>()) << file;  // within the stated allowance
     const double host = mine["host_bytes"].get<double>() + mine["pinned_host_bytes"].get<double>();
     EXPECT_EQ(s["host_peak_bytes"].get<double>(), host) << file;
-    const double all_ranks = ranks * (mine["device_bytes"].get<double>() + host);
+    const double all_ranks = ranks * (mine["device_bytes"].get<double>() + host + mine["save_host_bytes"].get<double>());
     const double grown = s["peak_rss_bytes"].get<double>() - s["rss_baseline_bytes"].get<double>();
     const double MiB = 1024 * 1024;
     std::printf(
@@ -143,7 +143,7 @@ TEST(Estimate, EveryConfigsRunStaysWithinItsEstimate) {
         file.c_str(), ranks, all_ranks / MiB, grown / MiB, (grown - all_ranks) / MiB, s["swap_disk_bytes"].get<double>() / MiB,
         mine["nvme_bytes"].get<double>() / MiB);
     EXPECT_GE(grown, all_ranks) << file;
-    EXPECT_LE(grown - all_ranks, ranks * 24 * MiB + 64 * MiB) << file;
+    EXPECT_LE(grown - all_ranks, 0.05 * all_ranks + ranks * 24 * MiB + 64 * MiB) << file;
     EXPECT_EQ(s["swap_disk_bytes"].get<double>(), mine["nvme_bytes"].get<double>()) << file;
     ++checked;
   }

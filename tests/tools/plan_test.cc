@@ -77,6 +77,27 @@ TEST(Plan, TheWrittenConfigTrains) {
   EXPECT_TRUE(found);
 }
 
+// At a budget where the layout model (16-bit activations by Korthikanti's count) and the engine's
+// own plan differ, the written config is one the engine's estimate fits.
+TEST(Plan, TheWrittenConfigFitsTheEnginesOwnEstimate) {
+  const std::string config = temp("plan_edge") + ".json";
+  const Output o = zeroth({"plan", "--params", "7.5B", "--gpus", "8", "--global-batch", "64", "--device-memory", "56GiB",
+                           "--emit-config", config},
+                          "plan_edge");
+  ASSERT_EQ(o.code, 0) << o.text;
+  // The budget less the runtime allowance (1 GiB) the plan keeps for the CUDA context.
+  const Output est = zeroth({"estimate", "--config", config, "--device-memory", "55GiB", "--json"}, "plan_edge_estimate");
+  ASSERT_EQ(est.code, 0) << est.text;
+  const json rows = json::parse(est.text)["rows"];
+  int mine = 0;
+  for (const auto& row : rows) {
+    if (!row["config"].get<bool>()) continue;
+    ++mine;
+    EXPECT_TRUE(row["fits"].get<bool>()) << row.dump();
+  }
+  EXPECT_EQ(mine, 1);
+}
+
 TEST(Plan, RefusesBadInputSayingWhatToGive) {
   const Output none = zeroth({"plan", "--global-batch", "8"}, "plan_no_model");
   EXPECT_NE(none.code, 0);
@@ -92,6 +113,24 @@ TEST(Plan, RefusesBadInputSayingWhatToGive) {
   const Output big = zeroth({"plan", "--params", "1T", "--gpus-per-node", "1", "--global-batch", "8", "--no-offload"}, "plan_big");
   EXPECT_NE(big.code, 0);
   EXPECT_NE(big.text.find("no layout of this model fits"), std::string::npos) << big.text;
+  const Output split = zeroth({"plan", "--params", "1T", "--gpus", "1000", "--global-batch", "3072"}, "plan_split");
+  EXPECT_NE(split.code, 0);
+  EXPECT_NE(split.text.find("give a --global-batch that is a multiple of"), std::string::npos) << split.text;
+  const Output tiny = zeroth({"plan", "--params", "1M", "--global-batch", "8"}, "plan_tiny");
+  EXPECT_NE(tiny.code, 0);
+  EXPECT_NE(tiny.text.find("give the model as --layers, --hidden and --heads"), std::string::npos) << tiny.text;
+  const Output json_none = zeroth({"plan", "--params", "1T", "--gpus-per-node", "1", "--global-batch", "8", "--no-offload", "--json"},
+                                  "plan_json_none");
+  EXPECT_NE(json_none.code, 0) << json_none.text;
+  // estimate --layers: tensor parallelism inside a node, options that would be ignored refused
+  const Output across = zeroth({"estimate", "--layers", "4", "--hidden", "256", "--heads", "16", "--gpus-per-node", "8", "--nodes",
+                                "2", "--tp", "16"},
+                               "estimate_tp_across");
+  EXPECT_NE(across.code, 0);
+  EXPECT_NE(across.text.find("tensor parallelism stays inside a node"), std::string::npos) << across.text;
+  const Output sp = zeroth({"estimate", "--layers", "4", "--hidden", "256", "--heads", "16", "--sequence-parallel"}, "estimate_sp");
+  EXPECT_NE(sp.code, 0);
+  EXPECT_NE(sp.text.find("give --tp above 1"), std::string::npos) << sp.text;
 }
 
 }  // namespace
