@@ -248,8 +248,9 @@ void Executor::read_owned(const OwnedRange& r, void* out) {
 }
 
 void Executor::release_scratch() {
-  scratch_values_ = {};
-  scratch_narrow_ = {};
+  // `v = {}` would pick the initializer-list assignment, which keeps the capacity: swap it away.
+  std::vector<float>().swap(scratch_values_);
+  std::vector<char>().swap(scratch_narrow_);
   scratch_io_ = {};
 }
 
