@@ -316,6 +316,8 @@ void Engine::set_block_values(int block, const std::function<void(size_t, size_t
   between_cycles("set_block_values", block).write_block(block, fill);
 }
 
+size_t Engine::transfer_buffer_bytes() const { return exec_ ? exec_->scratch_bytes() : 0; }
+
 void Engine::release_transfer_buffers() {
   if (exec_) exec_->release_scratch();
 }

@@ -132,6 +132,7 @@ class Engine final : public BlockHost {
   void set_block_values(int block, const std::function<void(size_t, size_t, float*)>& fill);
   // - the host buffers those calls reuse from block to block, freed when a series is over.
   void release_transfer_buffers();
+  size_t transfer_buffer_bytes() const;  // what they hold now: 0 after finalize() and after a release
   // - the counters and the loss scaler a resumed run continues from.
   int64_t steps_run() const { return cycles_; }  // optimizer steps run, skipped ones included
   nlohmann::json counters() const;

@@ -101,6 +101,7 @@ class Executor {
   // time: touching fresh memory costs seconds per GiB on some machines, so a checkpoint's blocks
   // share them), freed here once a series of calls is over.
   void release_scratch();
+  size_t scratch_bytes() const;  // what the transfer scratch holds now (capacity)
 
  private:
   struct Released {

@@ -254,6 +254,10 @@ void Executor::release_scratch() {
   scratch_io_ = {};
 }
 
+size_t Executor::scratch_bytes() const {
+  return scratch_values_.capacity() * sizeof(float) + scratch_narrow_.capacity() + scratch_io_.size();
+}
+
 void Executor::write_owned(const OwnedRange& r, const void* values) {
   const size_t bytes = r.numel() * dtype_size(plan_.buffers[r.buffer].dtype);
   if (buffers_[r.buffer]) {

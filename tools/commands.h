@@ -6,6 +6,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "engine/gpt_layout.h"  // GptShape
+
 namespace zeroth::tools {
 
 void add_report_command(CLI::App& app);
@@ -24,5 +26,12 @@ void add_bench_offload_command(CLI::App& bench);
 // "7.5B", "175e9", "1T", "350M", "230G": a positive count (K, M, B or G, T: powers of 1000);
 // InvalidArgument naming `flag` otherwise.
 double parse_count(const std::string& text, const char* flag);
+
+// A GPT given by its dimensions: --layers, --hidden, --heads (`role` says what they stand instead
+// of), --seq and --vocab into `shape`, whose seq_len and vocab should hold the defaults.
+void add_gpt_shape_options(CLI::App* cmd, GptShape& shape, const std::string& role);
+bool gpt_shape_given(const GptShape& shape);  // any of --layers, --hidden, --heads
+// `shape`, or InvalidArgument saying what is wrong with the dimensions given.
+const GptShape& checked_gpt_shape(const GptShape& shape);
 
 }  // namespace zeroth::tools

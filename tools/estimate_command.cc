@@ -33,7 +33,7 @@ struct Options {
   int gpus_per_node = 1, nodes = 1;
   bool deepspeed_compatible = false;  // DeepSpeed's own two tables, with its numbers
   // GPT-dimension mode: the model's shape and its layout over the GPUs.
-  uint64_t layers = 0, hidden = 0, heads = 0, seq = 2048, vocab = 51200;
+  GptShape shape{0, 0, 0, 2048, 51200};
   uint64_t micro_batch = 1, micro_batches = 1, tp = 1, pp = 1;
   bool sequence_parallel = false, gpipe = false;
   std::string runtime_memory;
@@ -161,14 +161,13 @@ int run_params(const Options& o) {
 // every stage and placement, and each with no, selective and full recomputation
 // (engine/gpt_layout.h: ZeRO paper model states, Korthikanti et al. activations).
 int run_shape(const Options& o) {
-  const GptShape shape{o.layers, o.hidden, o.heads, o.seq, o.vocab};
-  if (const std::string bad = shape.problem(); !bad.empty()) ZEROTH_THROW(InvalidArgument, "--layers/--hidden/--heads: {}", bad);
+  const GptShape& shape = checked_gpt_shape(o.shape);
   const uint64_t gpus = static_cast<uint64_t>(o.gpus_per_node) * static_cast<uint64_t>(o.nodes);
   if (o.tp == 0 || o.pp == 0 || gpus % (o.tp * o.pp) != 0)
     ZEROTH_THROW(InvalidArgument, "{} GPUs do not divide into --tp {} x --pp {} (the data-parallel degree is what is left)", gpus,
                  o.tp, o.pp);
-  if (o.heads % o.tp != 0) ZEROTH_THROW(InvalidArgument, "--tp {} does not divide the {} heads", o.tp, o.heads);
-  if (o.pp > o.layers) ZEROTH_THROW(InvalidArgument, "--pp {} is more stages than the {} layers", o.pp, o.layers);
+  if (shape.heads % o.tp != 0) ZEROTH_THROW(InvalidArgument, "--tp {} does not divide the {} heads", o.tp, shape.heads);
+  if (o.pp > shape.layers) ZEROTH_THROW(InvalidArgument, "--pp {} is more stages than the {} layers", o.pp, shape.layers);
   if (o.tp > static_cast<uint64_t>(o.gpus_per_node))
     ZEROTH_THROW(InvalidArgument,
                  "--tp {} spans more than a node's {} GPUs: tensor parallelism stays inside a node (raise --gpus-per-node)", o.tp,
@@ -293,10 +292,10 @@ size_t model_states_on_device(const MemoryNeed& n) {
 size_t host_bytes(const MemoryNeed& n) { return n.total(Tier::host) + n.total(Tier::pinned_host); }
 
 int run(const Options& o) {
-  const int modes = !o.config.empty() + !o.params.empty() + (o.layers > 0 || o.hidden > 0 || o.heads > 0);
+  const int modes = !o.config.empty() + !o.params.empty() + gpt_shape_given(o.shape);
   if (modes != 1)
     ZEROTH_THROW(InvalidArgument, "give one of --config CONFIG, --params COUNT, or the GPT's --layers, --hidden and --heads");
-  if (o.layers > 0 || o.hidden > 0 || o.heads > 0) {
+  if (gpt_shape_given(o.shape)) {
     if (o.deepspeed_compatible)
       ZEROTH_THROW(InvalidArgument, "--deepspeed-compatible goes with --params (DeepSpeed's tables take a count)");
     return run_shape(o);
@@ -456,18 +455,28 @@ double parse_count(const std::string& text, const char* flag) {
   return v * scale;
 }
 
+void add_gpt_shape_options(CLI::App* cmd, GptShape& shape, const std::string& role) {
+  cmd->add_option("--layers", shape.layers, role + ": transformer layers (with --hidden and --heads)")->check(CLI::Range(1, 1 << 16));
+  cmd->add_option("--hidden", shape.hidden, "Hidden size")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--heads", shape.heads, "Attention heads")->check(CLI::Range(1, 1 << 14));
+  cmd->add_option("--seq", shape.seq_len, fmt::format("Sequence length (default {})", shape.seq_len))->check(CLI::Range(1, 1 << 22));
+  cmd->add_option("--vocab", shape.vocab, fmt::format("Vocabulary (default {})", shape.vocab))->check(CLI::Range(1, 1 << 24));
+}
+
+bool gpt_shape_given(const GptShape& shape) { return shape.layers > 0 || shape.hidden > 0 || shape.heads > 0; }
+
+const GptShape& checked_gpt_shape(const GptShape& shape) {
+  if (const std::string bad = shape.problem(); !bad.empty()) ZEROTH_THROW(InvalidArgument, "--layers/--hidden/--heads: {}", bad);
+  return shape;
+}
+
 void add_estimate_command(CLI::App& app) {
   auto o = std::make_shared<Options>();
   auto* cmd = app.add_subcommand(
       "estimate", "Memory for every ZeRO stage and offload placement: of a training config per rank, or of a parameter count per GPU");
   cmd->add_option("--config", o->config, "A training config (JSON); its model, batch, precision and ZeRO keys are used");
   cmd->add_option("--params", o->params, "Instead of a config: a parameter count (7.5B, 350M, 1T): the ZeRO paper's model states");
-  cmd->add_option("--layers", o->layers, "Instead of a config: the GPT's layers (with --hidden and --heads): activations too")
-      ->check(CLI::Range(1, 1 << 16));
-  cmd->add_option("--hidden", o->hidden, "The GPT's hidden size")->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--heads", o->heads, "The GPT's attention heads")->check(CLI::Range(1, 1 << 14));
-  cmd->add_option("--seq", o->seq, "With --layers: sequence length (default 2048)")->check(CLI::Range(1, 1 << 22));
-  cmd->add_option("--vocab", o->vocab, "With --layers: vocabulary (default 51200)")->check(CLI::Range(1, 1 << 24));
+  add_gpt_shape_options(cmd, o->shape, "Instead of a config: the GPT's dimensions, for activations too");
   cmd->add_option("--micro-batch", o->micro_batch, "With --layers: sequences per micro-batch (default 1)")
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--micro-batches", o->micro_batches, "With --layers and --pp: micro-batches per step (default 1)")

@@ -27,7 +27,7 @@ namespace {
 
 struct Options {
   std::string params;
-  uint64_t layers = 0, hidden = 0, heads = 0, seq = 2048, vocab = 51200;
+  GptShape shape{0, 0, 0, 2048, 51200};
   std::string global_batch;
   uint64_t gpus = 0;
   Cluster cluster;
@@ -40,14 +40,12 @@ struct Options {
 };
 
 GptShape shape_of(const Options& o, std::string& origin) {
-  const bool dims = o.layers > 0 || o.hidden > 0 || o.heads > 0;
+  const bool dims = gpt_shape_given(o.shape);
   if (dims == !o.params.empty())
     ZEROTH_THROW(InvalidArgument, "give the model either as --params COUNT or as --layers, --hidden and --heads");
   if (dims) {
-    GptShape s{o.layers, o.hidden, o.heads, o.seq, o.vocab};
-    if (const std::string bad = s.problem(); !bad.empty()) ZEROTH_THROW(InvalidArgument, "--layers/--hidden/--heads: {}", bad);
     origin = "as given";
-    return s;
+    return checked_gpt_shape(o.shape);
   }
   const double count = parse_count(o.params, "--params");
   if (count < 1e9 || count > 2e12) {
@@ -58,7 +56,7 @@ GptShape shape_of(const Options& o, std::string& origin) {
   }
   const auto p = static_cast<uint64_t>(count + 0.5);
   origin = fmt::format("Megatron-LM's published shape nearest {} parameters, layers scaled", p);
-  return GptShape::from_params(p, o.seq, o.vocab);
+  return GptShape::from_params(p, o.shape.seq_len, o.shape.vocab);
 }
 
 void apply_options(Options& o) {
@@ -361,12 +359,7 @@ void add_plan_command(CLI::App& app) {
                                  "Search dp x tp x pp, ZeRO stage, offload, micro-batch and recomputation for a GPT on a cluster; "
                                  "rank what fits by modelled step time");
   cmd->add_option("--params", o->params, "The model as a parameter count (7.5B, 175B, 1T): Megatron-LM's nearest published shape");
-  cmd->add_option("--layers", o->layers, "The model's transformer layers (with --hidden and --heads, instead of --params)")
-      ->check(CLI::Range(1, 1 << 16));
-  cmd->add_option("--hidden", o->hidden, "Hidden size")->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--heads", o->heads, "Attention heads")->check(CLI::Range(1, 1 << 14));
-  cmd->add_option("--seq", o->seq, "Sequence length (default 2048)")->check(CLI::Range(1, 1 << 22));
-  cmd->add_option("--vocab", o->vocab, "Vocabulary (default 51200)")->check(CLI::Range(1, 1 << 24));
+  add_gpt_shape_options(cmd, o->shape, "Instead of --params, the model's dimensions");
   cmd->add_option("--global-batch", o->global_batch, "Sequences per optimizer step (required)");
   auto* gpus = cmd->add_option("--gpus", o->gpus, "GPUs in all (sets --nodes from --gpus-per-node)")->check(CLI::Range(1, 1 << 24));
   cmd->add_option("--gpus-per-node", o->cluster.gpus_per_node, "GPUs per node (default 8)")->check(CLI::Range(1, 1 << 10));
