@@ -38,12 +38,30 @@ int Engine::add_block(BlockSpec spec) {
 
 void Engine::set_schedule(BlockSchedule schedule) {
   if (exec_) ZEROTH_THROW(InvalidArgument, "set_schedule after finalize()");
-  schedule_ = std::move(schedule);
+  schedules_ = {std::move(schedule)};
+}
+
+void Engine::set_chunk_schedules(std::vector<BlockSchedule> chunks) {
+  if (exec_) ZEROTH_THROW(InvalidArgument, "set_chunk_schedules after finalize()");
+  if (chunks.empty()) ZEROTH_THROW(InvalidArgument, "set_chunk_schedules with no chunk");
+  schedules_ = std::move(chunks);
 }
 
 void Engine::set_pass_order(std::vector<PassRef> passes) {
   if (exec_) ZEROTH_THROW(InvalidArgument, "set_pass_order after finalize()");
   passes_ = std::move(passes);
+}
+
+void Engine::set_pipeline(Communicator& stages, int tied_block) {
+  if (exec_) ZEROTH_THROW(InvalidArgument, "set_pipeline after finalize()");
+  const bool end = stages.rank() == 0 || stages.rank() == stages.size() - 1;
+  if (stages.size() > 1 && end != (tied_block >= 0)) {
+    ZEROTH_THROW(InvalidArgument, "set_pipeline: stage {} of {} {} a tied block; the first and the last stage hold one each",
+                 stages.rank(), stages.size(), tied_block >= 0 ? "names" : "names no");
+  }
+  stage_comm_ = stages.split(0, stages.rank());
+  tie_comm_ = stages.split(stages.size() > 1 && end ? 0 : -1, stages.rank());
+  tied_block_ = stages.size() > 1 ? tied_block : -1;
 }
 
 int Engine::micro_batches_in_flight() const {
@@ -53,7 +71,8 @@ int Engine::micro_batches_in_flight() const {
 
 void Engine::finalize(const ModelFootprint& model) {
   if (exec_) ZEROTH_THROW(InvalidArgument, "finalize() called twice");
-  finalize(make_plan(specs_, schedule_.value_or(default_schedule(specs_.size())), config_, comm_.size(), comm_.rank(), passes_),
+  finalize(make_plan(specs_, schedules_.empty() ? std::vector{default_schedule(specs_.size())} : schedules_, config_, comm_.size(),
+                     comm_.rank(), passes_),
            model);
 }
 
@@ -77,6 +96,11 @@ void Engine::finalize(Plan plan, const ModelFootprint& model, bool initialize_va
                  plan.stage, plan.blocks.size(), plan.rank, plan.dp, config_.zero.stage, specs_.size(), comm_.rank(), comm_.size());
   }
   plan_ = std::move(plan);
+  if (tied_block_ >= 0 && plan_.tied_block < 0) tie_block(plan_, tied_block_, stage_comm_->rank() == 0);
+  if (plan_.tied_block != tied_block_) {
+    ZEROTH_THROW(InvalidArgument, "finalize(plan): the plan ties block {} but the pipeline's tied block here is {}", plan_.tied_block,
+                 tied_block_);
+  }
   const MemoryNeed need = estimate(plan_, model);
   for (Tier tier : {Tier::device, Tier::host}) {
     const auto stats = tiers_.stats(tier);
@@ -114,7 +138,7 @@ void Engine::finalize(Plan plan, const ModelFootprint& model, bool initialize_va
     ZLOG_INFO("{}", plan_.table());
     plan_.write_json_if_requested();
   }
-  exec_ = std::make_unique<Executor>(device_, tiers_, comm_, plan_, specs_, config_);
+  exec_ = std::make_unique<Executor>(device_, tiers_, comm_, plan_, specs_, config_, StageLinks{stage_comm_.get(), tie_comm_.get()});
   initialize(initialize_values);
 }
 

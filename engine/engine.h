@@ -72,8 +72,14 @@ class Engine final : public BlockHost {
   int add_block(BlockSpec spec) override;
   // Optional; the default is registration order forward and its reverse backward.
   void set_schedule(BlockSchedule schedule) override;
+  void set_chunk_schedules(std::vector<BlockSchedule> chunks) override;
   // Optional: the order of the cycle's passes (default: each micro-batch forward then backward).
   void set_pass_order(std::vector<PassRef> passes);
+  // A pipeline stage (engine/pipeline.h): the global gradient norm sums the squares over `stages`
+  // (the pipeline group), and `tied_block` (>= 0 on the first and the last stage, -1 elsewhere) is
+  // one copy of a parameter the two share, whose gradients are summed over the pair at each step,
+  // counted in the norm on the first stage. Collective over `stages`; before finalize().
+  void set_pipeline(Communicator& stages, int tied_block);
   // Plans, checks the plan and the model's footprint against the budgets (nothing is allocated
   // when they do not fit), allocates and initializes. Collective.
   void finalize(const ModelFootprint& model = {});
@@ -149,10 +155,12 @@ class Engine final : public BlockHost {
   EngineConfig config_;
   TierAllocators tiers_;
   std::vector<BlockSpec> specs_;
-  std::optional<BlockSchedule> schedule_;
+  std::vector<BlockSchedule> schedules_;  // per model chunk; empty: the default schedule
   std::vector<PassRef> passes_;
   Plan plan_;
   std::unique_ptr<Executor> exec_;
+  std::unique_ptr<Communicator> stage_comm_, tie_comm_;
+  int tied_block_ = -1;
   LossScaler scaler_;
   int64_t applied_ = 0;  // optimizer steps applied
   int64_t cycles_ = 0;   // steps run, skipped ones included

@@ -13,8 +13,9 @@
 namespace zeroth {
 
 Executor::Executor(Device& device, TierAllocators& tiers, Communicator& dp, const Plan& plan, const std::vector<BlockSpec>& specs,
-                   const EngineConfig& config)
-    : device_(device), plan_(plan), specs_(specs), config_(config) {
+                   const EngineConfig& config, StageLinks links)
+    : device_(device), plan_(plan), specs_(specs), config_(config), links_(links) {
+  ZEROTH_CHECK((plan_.tied_block >= 0) == (links_.tied != nullptr), "a tied block needs its pair's communicator, and only it");
   gather_stream_ = device_.create_stream();
   reduce_stream_ = device_.create_stream();
   gather_comm_ = dp.split(0, dp.rank());

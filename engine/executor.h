@@ -46,10 +46,18 @@ struct SwapIo {
 // The folder of a buffer's swap file: offload_param's for parameters, offload_optimizer's else.
 std::string swap_folder(const ZeroConfig& zero, const PlannedBuffer& buffer);
 
+// A pipeline rank's groups beyond its data-parallel one, used on the compute stream at the step
+// only: the squares of the global norm are summed over `stages`; the tied block's gradients over
+// `tied` (the first and the last stage of this data-parallel index). Null: none.
+struct StageLinks {
+  Communicator* stages = nullptr;
+  Communicator* tied = nullptr;
+};
+
 class Executor {
  public:
   Executor(Device& device, TierAllocators& tiers, Communicator& dp, const Plan& plan, const std::vector<BlockSpec>& specs,
-           const EngineConfig& config);
+           const EngineConfig& config, StageLinks links = {});
   ~Executor();
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
@@ -113,6 +121,11 @@ class Executor {
   };
 
   void execute(const Action& a);
+  // The tied block's reduced gradients summed with the other stage's copy (the step's first work).
+  void tie_gradients();
+  // The squares of a reduce bucket's reduced gradients on the device added into `out` (the tied
+  // block left out where the other copy counts).
+  void bucket_sum_squares(int bucket, float* out, bool accumulate);
   const Action& expect_run(size_t at, int block, int micro, Pass pass, const char* what) const;
   void place(Arena& arena, size_t offset, size_t length, Stream& writer);
   std::shared_ptr<Event> record(Stream& stream);
@@ -163,6 +176,7 @@ class Executor {
   // One communicator per stream: collectives of one communicator must run in the same order on
   // every rank, which two streams running concurrently would not guarantee.
   std::unique_ptr<Communicator> gather_comm_, reduce_comm_, step_comm_;
+  StageLinks links_;
   std::vector<Buffer> buffers_;  // as plan.buffers
   Arena param_arena_, grad_arena_;
   std::vector<void*> gathered_;  // where each block's full parameters are now

@@ -22,9 +22,51 @@ void Executor::wait_for_reductions() {
   cs.synchronize();
 }
 
+void Executor::tie_gradients() {
+  if (plan_.tied_block < 0) return;
+  Stream& cs = compute_stream();
+  const int b = plan_.tied_block;
+  const OwnedRange& r = plan_.range(StateKind::grad_shard, b);
+  if (on_device(r.buffer)) {
+    links_.tied->all_reduce(cs, view(StateKind::grad_shard, b), ReduceOp::sum);
+    return;
+  }
+  // Offloaded (host memory or a swap file): through the device, synchronously, and the squares the
+  // bucket's gradients left on their way to the host corrected by what changed.
+  if (reduced_) reduced_->synchronize();
+  std::vector<float> values(r.numel());
+  read_owned(r, values.data());
+  const double before = cpu::sum_squares(values.data(), DType::f32, values.size());
+  const TensorView staging = buffer_view(plan_.tie_staging);
+  device_.copy(cs, staging.data, values.data(), staging.bytes());
+  links_.tied->all_reduce(cs, staging, ReduceOp::sum);
+  device_.copy(cs, values.data(), staging.data, staging.bytes());
+  cs.synchronize();
+  write_owned(r, values.data());
+  const double after = plan_.tied_in_norm ? cpu::sum_squares(values.data(), DType::f32, values.size()) : 0.0;
+  bucket_sumsq_[plan_.blocks[b].reduce_bucket] += after - before;
+}
+
+void Executor::bucket_sum_squares(int bucket, float* out, bool accumulate) {
+  Stream& cs = compute_stream();
+  const auto& blocks = plan_.reduce_buckets[bucket].blocks;
+  const int tied = plan_.tied_in_norm ? -1 : plan_.tied_block;
+  if (std::find(blocks.begin(), blocks.end(), tied) == blocks.end()) {
+    device_.sum_squares(cs, reduced_grads(bucket), out, accumulate);
+    return;
+  }
+  for (int b : blocks) {
+    if (b == tied) continue;
+    device_.sum_squares(cs, view(StateKind::grad_shard, b), out, accumulate);
+    accumulate = true;
+  }
+  if (!accumulate) device_.fill(cs, {out, 1, DType::f32}, 0.0f);
+}
+
 double Executor::grad_norm() {
   Stream& cs = compute_stream();
   if (reduced_) cs.wait(*reduced_);
+  tie_gradients();
   const TensorView scalar = buffer_view(plan_.scalar);
   // Offloaded gradients left their buckets' squares on the host; they add up in f32 in bucket
   // order, as the device's sum_squares accumulates (buckets kept on the device, with
@@ -38,7 +80,7 @@ double Executor::grad_norm() {
     if (a.kind != ActionKind::grad_norm) continue;
     if (!plan_.bucket_offloaded(a.target)) {
       // The device's buckets lead the order: their partial sum comes to the host once.
-      device_.sum_squares(cs, reduced_grads(a.target), scalar.as<float>(), !first);
+      bucket_sum_squares(a.target, scalar.as<float>(), !first);
       kept = true;
     } else {
       if (kept) {
@@ -54,6 +96,7 @@ double Executor::grad_norm() {
   }
   if (on_host) device_.copy(cs, scalar.data, &host, sizeof(float));
   if (over_ranks) step_comm_->all_reduce(cs, scalar, ReduceOp::sum);
+  if (links_.stages != nullptr) links_.stages->all_reduce(cs, scalar, ReduceOp::sum);
   float sumsq = 0;
   device_.copy(cs, &sumsq, scalar.data, sizeof(float));
   cs.synchronize();

@@ -6,6 +6,8 @@
 #include <algorithm>  // std::max, std::sort
 #include <set>        // std::set
 
+#include <fmt/format.h>  // fmt::format
+
 #include "core/error.h"  // ZEROTH_THROW
 
 namespace zeroth {
@@ -24,17 +26,22 @@ size_t swap_slot_count(const OffloadConfig& o) { return 1 + (o.pipeline_read ? 1
 // host memory, so one sub-group's upload overlaps the next one's update.
 size_t update_slot_count(const OffloadConfig& o) { return o.device == OffloadDevice::nvme ? swap_slot_count(o) : 2; }
 
-void check_schedule(const BlockSchedule& s, size_t n) {
-  std::vector<int> seen_f(n, 0), seen_b(n, 0);
-  for (int b : s.forward) {
-    if (b < 0 || static_cast<size_t>(b) >= n)
-      ZEROTH_THROW(ConfigError, "block schedule: forward names block {}, but there are {} blocks", b, n);
-    ++seen_f[b];
-  }
-  for (int b : s.backward) {
-    if (b < 0 || static_cast<size_t>(b) >= n)
-      ZEROTH_THROW(ConfigError, "block schedule: backward names block {}, but there are {} blocks", b, n);
-    ++seen_b[b];
+// Every block used forward and backward, in exactly one chunk.
+void check_schedule(const std::vector<BlockSchedule>& chunks, size_t n) {
+  std::vector<int> seen_f(n, 0), seen_b(n, 0), chunk_of(n, -1);
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    for (const auto* order : {&chunks[c].forward, &chunks[c].backward}) {
+      const char* pass = order == &chunks[c].forward ? "forward" : "backward";
+      for (int b : *order) {
+        if (b < 0 || static_cast<size_t>(b) >= n)
+          ZEROTH_THROW(ConfigError, "block schedule: {} names block {}, but there are {} blocks", pass, b, n);
+        if (chunk_of[b] >= 0 && chunk_of[b] != static_cast<int>(c))
+          ZEROTH_THROW(ConfigError, "block schedule: block {} is used by model chunks {} and {}; a block belongs to one chunk", b,
+                       chunk_of[b], c);
+        chunk_of[b] = static_cast<int>(c);
+        ++(order == &chunks[c].forward ? seen_f : seen_b)[b];
+      }
+    }
   }
   for (size_t b = 0; b < n; ++b) {
     if (seen_f[b] == 0 || seen_b[b] == 0) {
@@ -46,28 +53,34 @@ void check_schedule(const BlockSchedule& s, size_t n) {
   }
 }
 
-// Every micro-batch of the cycle once forward and once backward, forward first; forwards in
-// micro-batch order and backwards too, so the micro-batches in flight are consecutive.
-int check_passes(const std::vector<PassRef>& passes, int micro_batches) {
-  int next_f = 0, next_b = 0, in_flight = 0, most = 0;
+// Every micro-batch of the cycle once forward and once backward per chunk, forward first;
+// each chunk's forwards in micro-batch order and its backwards too, so the micro-batches in flight
+// in a chunk are consecutive. Returns the most in flight in one chunk.
+int check_passes(const std::vector<PassRef>& passes, int micro_batches, int chunks) {
+  std::vector<int> next_f(chunks, 0), next_b(chunks, 0);
+  int most = 0;
   for (const auto& p : passes) {
     const bool fwd = p.pass == Pass::forward;
-    int& next = fwd ? next_f : next_b;
-    if (p.micro != next || p.micro >= micro_batches || (!fwd && next_b >= next_f)) {
+    if (p.chunk < 0 || p.chunk >= chunks)
+      ZEROTH_THROW(ConfigError, "pass order: a pass of micro-batch {} names model chunk {}, but there are {}", p.micro, p.chunk,
+                   chunks);
+    int& next = fwd ? next_f[p.chunk] : next_b[p.chunk];
+    if (p.micro != next || p.micro >= micro_batches || (!fwd && next_b[p.chunk] >= next_f[p.chunk])) {
       ZEROTH_THROW(ConfigError,
-                   "pass order: {} of micro-batch {} comes out of order; each of the {} micro-batches of a cycle runs forward then "
+                   "pass order: {} of micro-batch {}{} comes out of order; each of the {} micro-batches of a cycle runs forward then "
                    "backward, forwards in micro-batch order and backwards too",
-                   fwd ? "forward" : "backward", p.micro, micro_batches);
+                   fwd ? "forward" : "backward", p.micro, chunks > 1 ? fmt::format(" (chunk {})", p.chunk) : "", micro_batches);
     }
     ++next;
-    in_flight += fwd ? 1 : -1;
-    most = std::max(most, in_flight);
+    most = std::max(most, next_f[p.chunk] - next_b[p.chunk]);
   }
-  if (next_f != micro_batches || next_b != micro_batches) {
-    ZEROTH_THROW(
-        ConfigError,
-        "pass order: it has {} forward and {} backward passes, but the cycle has {} micro-batches (gradient_accumulation_steps)",
-        next_f, next_b, micro_batches);
+  for (int c = 0; c < chunks; ++c) {
+    if (next_f[c] != micro_batches || next_b[c] != micro_batches) {
+      ZEROTH_THROW(ConfigError,
+                   "pass order: it has {} forward and {} backward passes{}, but the cycle has {} micro-batches "
+                   "(gradient_accumulation_steps)",
+                   next_f[c], next_b[c], chunks > 1 ? fmt::format(" of chunk {}", c) : "", micro_batches);
+    }
   }
   return most;
 }
@@ -310,6 +323,18 @@ std::vector<PassRef> one_f_one_b_passes(int micro_batches, int in_flight) {
   return out;
 }
 
+void tie_block(Plan& p, int block, bool counts_in_norm) {
+  ZEROTH_CHECK(p.tied_block < 0 && block >= 0 && block < static_cast<int>(p.blocks.size()), "tie_block({}) on a plan of {} blocks",
+               block, p.blocks.size());
+  p.tied_block = block;
+  p.tied_in_norm = counts_in_norm;
+  const OwnedRange& r = p.range(StateKind::grad_shard, block);
+  if (p.buffers[r.buffer].tier != Tier::device) {
+    p.tie_staging = add_buffer(p, "tie_staging", MemTag::buffers, DType::f32, r.numel());
+    if (p.tie_staging >= 0) at(p.bytes, Tier::device, MemTag::buffers) += p.buffers[p.tie_staging].bytes();
+  }
+}
+
 const OwnedRange* Plan::find(StateKind kind, int block) const {
   const int i = owned_index.at(block)[static_cast<size_t>(kind)];
   return i < 0 ? nullptr : &owned[i];
@@ -323,10 +348,16 @@ const OwnedRange& Plan::range(StateKind kind, int block) const {
 
 Plan make_plan(const std::vector<BlockSpec>& specs, const BlockSchedule& schedule, const EngineConfig& config, int dp, int rank,
                std::vector<PassRef> passes) {
+  return make_plan(specs, std::vector<BlockSchedule>{schedule}, config, dp, rank, std::move(passes));
+}
+
+Plan make_plan(const std::vector<BlockSpec>& specs, const std::vector<BlockSchedule>& schedules, const EngineConfig& config, int dp,
+               int rank, std::vector<PassRef> passes) {
   config.validate();
   if (specs.empty()) ZEROTH_THROW(ConfigError, "the model registered no blocks");
   if (dp < 1 || rank < 0 || rank >= dp) ZEROTH_THROW(InvalidArgument, "make_plan: rank {} of {}", rank, dp);
-  check_schedule(schedule, specs.size());
+  if (schedules.empty()) ZEROTH_THROW(ConfigError, "the model has no chunk schedule");
+  check_schedule(schedules, specs.size());
   const auto& z = config.zero;
   const bool swapped = z.offload_optimizer.device == OffloadDevice::nvme;
   // Elements per 4 KiB (the swap files' I/O alignment) of every kind that lives in a swap file.
@@ -346,8 +377,10 @@ Plan make_plan(const std::vector<BlockSpec>& specs, const BlockSchedule& schedul
   p.compute_dtype = config.compute_dtype;
   p.comm_dtype = config.communication_dtype;
   p.micro_batches = static_cast<int>(config.gradient_accumulation_steps);
+  p.chunks = static_cast<int>(schedules.size());
+  if (passes.empty() && p.chunks > 1) ZEROTH_THROW(ConfigError, "a model in {} chunks needs its pass order", p.chunks);
   p.passes = passes.empty() ? sequential_passes(p.micro_batches) : std::move(passes);
-  p.max_in_flight = check_passes(p.passes, p.micro_batches);
+  p.max_in_flight = check_passes(p.passes, p.micro_batches, p.chunks);
 
   std::set<std::string> names;
   for (const auto& spec : specs) {
@@ -374,9 +407,18 @@ Plan make_plan(const std::vector<BlockSpec>& specs, const BlockSchedule& schedul
     p.blocks.push_back(std::move(blk));
   }
 
-  // Shard order: by last backward use, so buckets fill in the order gradients complete.
+  // Shard order: by last backward use, so buckets fill in the order gradients complete (the
+  // chunks in the order of their last backward pass).
   std::vector<size_t> last_back(specs.size());
-  for (size_t i = 0; i < schedule.backward.size(); ++i) last_back[schedule.backward[i]] = i;
+  std::vector<int> chunk_order;
+  for (auto it = p.passes.rbegin(); it != p.passes.rend(); ++it) {
+    if (it->pass == Pass::backward && std::find(chunk_order.begin(), chunk_order.end(), it->chunk) == chunk_order.end())
+      chunk_order.insert(chunk_order.begin(), it->chunk);
+  }
+  size_t position = 0;
+  for (int c : chunk_order) {
+    for (int b : schedules[c].backward) last_back[b] = position++;
+  }
   for (size_t b = 0; b < specs.size(); ++b) p.shard_order.push_back(static_cast<int>(b));
   std::stable_sort(p.shard_order.begin(), p.shard_order.end(), [&](int a, int b) { return last_back[a] < last_back[b]; });
   for (int b : p.shard_order) {
@@ -415,7 +457,7 @@ Plan make_plan(const std::vector<BlockSpec>& specs, const BlockSchedule& schedul
   }
 
   split_offload(p, z.offload_optimizer);
-  const ArenaSizes arenas = build_programs(p, schedule, config);
+  const ArenaSizes arenas = build_programs(p, schedules, config);
   lay_out_state(p, config, arenas);
   p.grad_arena = add_buffer(p, "grad_arena", MemTag::grads, config.compute_dtype, arenas.grads);
   p.reduce_staging = add_buffer(p, "reduce_staging", MemTag::buffers, config.communication_dtype, reduce_staging);

@@ -142,10 +142,13 @@ struct Action {
   bool operator==(const Action&) const = default;
 };
 
-// One pass of one micro-batch of the accumulation cycle.
+// One pass of one micro-batch of the accumulation cycle, over one model chunk: the blocks of
+// schedules[chunk] (a pipeline rank with interleaving holds several chunks; otherwise chunk 0 is
+// the whole model).
 struct PassRef {
   int micro = 0;
   Pass pass = Pass::forward;
+  int chunk = 0;
   bool operator==(const PassRef&) const = default;
 };
 
@@ -162,7 +165,8 @@ struct Plan {
   DType compute_dtype = DType::f32;
   DType comm_dtype = DType::f32;
   int micro_batches = 1;             // per accumulation cycle
-  int max_in_flight = 1;             // micro-batches forwarded but not yet backwarded, at most
+  int chunks = 1;                    // model chunks: pass orders (PassRef::chunk) and block schedules
+  int max_in_flight = 1;             // micro-batches forwarded but not yet backwarded, at most, per chunk
   std::vector<PlannedBlock> blocks;  // in registration order
   std::vector<int> shard_order;      // block indices by last backward use
   std::vector<PlannedBuffer> buffers;
@@ -193,7 +197,14 @@ struct Plan {
   int grad_staging = -1, grad_host = -1, param_out = -1, swap_slots = -1;
   int param_staging = -1;  // a block's parameter shard read from its swap file before the device copy
   size_t slot_numel = 0;   // elements per array in a swap or param_out slot: the largest sub-group
-  TierBytes bytes{};       // what the engine holds per tier and tag at peak
+  // Pipelines: the block whose copy on the first and the last stage is one tied parameter (GPT's
+  // token embedding and LM head): its reduced gradients are summed over that pair at the step, and
+  // it counts in the global norm on one side only. tie_staging: a device buffer its gradients pass
+  // through when they are offloaded.
+  int tied_block = -1;
+  bool tied_in_norm = true;
+  int tie_staging = -1;
+  TierBytes bytes{};  // what the engine holds per tier and tag at peak
 
   // The owned range of a kind of a block, or nullptr when the rank holds none.
   const OwnedRange* find(StateKind kind, int block) const;
@@ -214,6 +225,15 @@ struct Plan {
 // that is not a valid order of the cycle's micro-batches. Empty `passes`: sequential.
 Plan make_plan(const std::vector<BlockSpec>& blocks, const BlockSchedule& schedule, const EngineConfig& config, int dp, int rank,
                std::vector<PassRef> passes = {});
+// The same for a model in chunks (a pipeline rank's virtual stages): schedules[c] uses chunk c's
+// blocks, each block belongs to one chunk, and `passes` runs every (micro-batch, chunk) forward
+// then backward, each chunk's micro-batches in order.
+Plan make_plan(const std::vector<BlockSpec>& blocks, const std::vector<BlockSchedule>& schedules, const EngineConfig& config, int dp,
+               int rank, std::vector<PassRef> passes);
+
+// Marks `block` as one copy of a parameter tied across pipeline stages (Plan::tied_block), adding
+// the staging buffer offloaded gradients need. On a plan from make_plan, once.
+void tie_block(Plan& plan, int block, bool counts_in_norm);
 
 // The program part of make_plan, on a plan whose layout and buckets are made: fills the cycle's
 // and the evaluation's programs and returns the arena high-water marks they need (elements of
@@ -221,7 +241,7 @@ Plan make_plan(const std::vector<BlockSpec>& blocks, const BlockSchedule& schedu
 struct ArenaSizes {
   size_t params = 0, grads = 0;
 };
-ArenaSizes build_programs(Plan& plan, const BlockSchedule& schedule, const EngineConfig& config);
+ArenaSizes build_programs(Plan& plan, const std::vector<BlockSchedule>& schedules, const EngineConfig& config);
 // The step's program, on a plan whose sub-groups and offload buffers are made; `slots`: the host
 // slots offloaded sub-groups take turns in.
 void build_step_program(Plan& plan, const OffloadConfig& offload, size_t slots);

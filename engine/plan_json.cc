@@ -77,6 +77,7 @@ nlohmann::json Plan::to_json() const {
   j["communication_dtype"] = dtype_name(comm_dtype);
   j["micro_batches"] = micro_batches;
   j["max_in_flight"] = max_in_flight;
+  j["chunks"] = chunks;
   j["total_numel"] = total_numel;
   j["total_padded"] = total_padded;
   j["shard_numel"] = shard_numel;
@@ -131,7 +132,10 @@ nlohmann::json Plan::to_json() const {
     jg.push_back(spans);
   }
   auto& jp = j["passes"] = nlohmann::json::array();
-  for (const auto& p : passes) jp.push_back({{"micro", p.micro}, {"pass", pass_name(p.pass)}});
+  for (const auto& p : passes) {
+    jp.push_back({{"micro", p.micro}, {"pass", pass_name(p.pass)}});
+    if (chunks > 1) jp.back()["chunk"] = p.chunk;
+  }
   j["actions"] = actions_json(program);
   j["eval_actions"] = actions_json(eval_program);
   j["step_actions"] = actions_json(step_program);

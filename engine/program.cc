@@ -169,18 +169,21 @@ class Builder {
   std::vector<int> in_flight_;
 };
 
-// The block uses of `passes` in order, with what the builder needs to know about each.
-std::vector<Use> expand(const std::vector<PassRef>& passes, const BlockSchedule& schedule, size_t blocks) {
+// The block uses of `passes` in order, with what the builder needs to know about each. A block's
+// first and last backward passes are those of the passes that use it (its chunk's).
+std::vector<Use> expand(const std::vector<PassRef>& passes, const std::vector<BlockSchedule>& chunks, size_t blocks) {
   std::vector<Use> uses;
-  int first_bwd_pass = -1, last_bwd_pass = -1;
+  std::vector<int> first_bwd_pass(blocks, -1), last_bwd_pass(blocks, -1);
   for (size_t k = 0; k < passes.size(); ++k) {
     if (passes[k].pass != Pass::backward) continue;
-    if (first_bwd_pass < 0) first_bwd_pass = static_cast<int>(k);
-    last_bwd_pass = static_cast<int>(k);
+    for (int b : chunks[passes[k].chunk].backward) {
+      if (first_bwd_pass[b] < 0) first_bwd_pass[b] = static_cast<int>(k);
+      last_bwd_pass[b] = static_cast<int>(k);
+    }
   }
   for (size_t k = 0; k < passes.size(); ++k) {
     const auto& pr = passes[k];
-    const auto& order = pr.pass == Pass::forward ? schedule.forward : schedule.backward;
+    const auto& order = pr.pass == Pass::forward ? chunks[pr.chunk].forward : chunks[pr.chunk].backward;
     std::vector<size_t> first(blocks, SIZE_MAX), last(blocks, 0);
     for (size_t j = 0; j < order.size(); ++j) {
       first[order[j]] = std::min(first[order[j]], j);
@@ -194,8 +197,8 @@ std::vector<Use> expand(const std::vector<PassRef>& passes, const BlockSchedule&
       u.first_backward = first[u.block] == j;
       u.last_backward = last[u.block] == j;
       u.ends_pass = j + 1 == order.size();
-      u.first_backward_pass = static_cast<int>(k) == first_bwd_pass;
-      u.last_backward_pass = static_cast<int>(k) == last_bwd_pass;
+      u.first_backward_pass = static_cast<int>(k) == first_bwd_pass[u.block];
+      u.last_backward_pass = static_cast<int>(k) == last_bwd_pass[u.block];
       uses.push_back(u);
     }
   }
@@ -207,14 +210,17 @@ std::vector<Use> expand(const std::vector<PassRef>& passes, const BlockSchedule&
 
 }  // namespace
 
-ArenaSizes build_programs(Plan& p, const BlockSchedule& schedule, const EngineConfig& config) {
+ArenaSizes build_programs(Plan& p, const std::vector<BlockSchedule>& chunks, const EngineConfig& config) {
   ArenaSizes sizes;
   Builder cycle(p, config, p.program);
-  cycle.run(expand(p.passes, schedule, p.blocks.size()));
-  // Evaluation runs between cycles, when every transient buffer is back in its arena.
-  Builder eval(p, config, p.eval_program);
-  eval.run(expand({{0, Pass::forward}}, schedule, p.blocks.size()));
-  sizes.params = std::max(cycle.param_peak(), eval.param_peak());
+  cycle.run(expand(p.passes, chunks, p.blocks.size()));
+  // Evaluation runs between cycles, when every transient buffer is back in its arena: every
+  // chunk's forward of one micro-batch, in chunk order.
+  std::vector<PassRef> eval;
+  for (int c = 0; c < static_cast<int>(chunks.size()); ++c) eval.push_back({0, Pass::forward, c});
+  Builder evaluation(p, config, p.eval_program);
+  evaluation.run(expand(eval, chunks, p.blocks.size()));
+  sizes.params = std::max(cycle.param_peak(), evaluation.param_peak());
   sizes.grads = cycle.grad_peak();
   return sizes;
 }

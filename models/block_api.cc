@@ -21,4 +21,9 @@ BlockSchedule default_schedule(size_t blocks) {
   return s;
 }
 
+void BlockHost::set_chunk_schedules(std::vector<BlockSchedule> chunks) {
+  if (chunks.size() != 1) ZEROTH_THROW(InvalidArgument, "this host runs a model as one chunk, not {}", chunks.size());
+  set_schedule(std::move(chunks.front()));
+}
+
 }  // namespace zeroth

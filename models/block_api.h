@@ -75,6 +75,9 @@ class BlockHost {
   virtual ~BlockHost() = default;
   virtual int add_block(BlockSpec spec) = 0;
   virtual void set_schedule(BlockSchedule schedule) = 0;
+  // A model in chunks (a pipeline rank's virtual stages): chunk c's forward and backward uses; every
+  // block belongs to one chunk. A host that runs whole models only takes one.
+  virtual void set_chunk_schedules(std::vector<BlockSchedule> chunks);
   virtual const BlockViews& begin_forward(int block, int micro) = 0;
   virtual void end_forward(int block, int micro) = 0;
   virtual const BlockViews& begin_backward(int block, int micro) = 0;

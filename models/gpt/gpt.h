@@ -17,6 +17,8 @@
 #include <string_view>  // std::string_view
 #include <vector>       // std::vector
 
+#include <array>  // std::array
+
 #include "models/block_api.h"  // BlockHost, BlockSpec, BlockSchedule
 
 namespace zeroth {
@@ -44,11 +46,41 @@ struct GptConfig {
   void validate() const;
 };
 
+// The part of the model one pipeline rank holds: its model chunks (virtual stages, in the order it
+// runs them), each a range of transformer layers [lo, hi). The chunk with layer 0 also holds the
+// embedding; the one ending at n_layer holds ln_f and the LM head, with its own copy of the token
+// embedding (block "embed", tied: the engine sums the copies' gradients) unless the rank has the
+// embedding already. The default: the whole model as one chunk.
+struct GptPart {
+  std::vector<std::array<int, 2>> chunks;
+  bool whole(const GptConfig& config) const;
+  bool has_embedding() const;                                 // a chunk starts at layer 0
+  bool has_head(const GptConfig& config) const;               // a chunk ends at n_layer
+  bool first_chunk(int chunk) const;                          // starts at layer 0: its input is the tokens
+  bool last_chunk(int chunk, const GptConfig& config) const;  // ends at n_layer: its output is the loss
+  // Rank `rank` of a `stages`-stage pipeline with `layers[k]` layers in virtual stage k (of
+  // stages x v, v = layers.size() / stages): chunk c is virtual stage c x stages + rank.
+  static GptPart of_rank(const std::vector<int>& layers, int stages, int rank);
+};
+
+// How the layers split over `parts` virtual stages, layers per stage in order:
+// "uniform" (equal counts, the remainder to the first), "parameters" (the largest stage's
+// parameter count as small as it can be, counting the embedding on the first and ln_f on the
+// last, as DeepSpeed's partition_method balances), or given (`counts`, which must add up to
+// n_layer). ConfigError (naming pipeline.partition_method) when a stage would hold no layer.
+std::vector<int> partition_layers(const GptConfig& config, int parts, const std::string& method, const std::vector<int>& counts = {});
+
 class Gpt {
  public:
-  // Registers the blocks and the schedule with the host.
-  Gpt(BlockHost& host, GptConfig config);
+  // Registers the blocks and the schedule (one per chunk) with the host.
+  Gpt(BlockHost& host, GptConfig config, GptPart part = {});
   ~Gpt();
+
+  static std::vector<BlockSpec> block_specs(const GptConfig& config, const GptPart& part);
+  static std::vector<BlockSchedule> schedules(const GptConfig& config, const GptPart& part);
+  // The part's copy of the tied token embedding when it is not the one that embeds (-1 else), and
+  // the block id of the embedding wherever it is (-1: none).
+  static int embedding_block(const GptConfig& config, const GptPart& part);
 
   static std::vector<BlockSpec> block_specs(const GptConfig& config);
   // Hugging Face's GPT-2 (GPT2LMHeadModel) name of every parameter, in block_specs order, and
@@ -62,6 +94,22 @@ class Gpt {
   };
   static std::vector<HfParam> hf_params(const GptConfig& config);
   static BlockSchedule schedule(const GptConfig& config);
+
+  // A pipeline rank's chunk passes. The runner (engine/pipeline.h) receives a chunk's input into
+  // chunk_input() before its forward and sends chunk_output() after; before its backward it
+  // receives the gradient of the output into output_grad(), and sends input_grad() after. tokens
+  // are read by the chunk that embeds, targets and *loss by the one with the head; others may
+  // pass null. prepare() sizes the activation slots for B x T before the first receive.
+  void prepare(int B, int T);
+  void forward_chunk(int micro, int chunk, const int32_t* tokens, const int32_t* targets, int B, int T, float* loss);
+  void backward_chunk(int micro, int chunk);
+  // Evaluation through a pipeline: the chunk's forward in the evaluation slot, between the host's
+  // begin_/end_evaluation (which the caller makes); logits are not kept.
+  void evaluate_chunk(int chunk, const int32_t* tokens, const int32_t* targets, int B, int T, float* loss);
+  enum class Port : uint8_t { input, output, input_grad, output_grad };
+  // [B, T, C] f32 on the device, for micro-batch `micro` (-1: the evaluation slot) of `chunk`.
+  TensorView port(Port which, int micro, int chunk) const;
+  const GptPart& part() const { return part_; }
 
   // Enqueues the forward of micro-batch `micro` of the cycle on the host's compute stream:
   // tokens and targets are [B, T] with T <= seq_len; *loss (mean cross-entropy over B*T) is
@@ -78,22 +126,25 @@ class Gpt {
   // Activation bytes for `slots` micro-batches of B x T in flight (what the model allocates,
   // tag activations: the slots, their token ids, the backward scratch), on the device and (the
   // checkpoints, with cpu_checkpointing) in host memory.
-  static size_t activation_bytes(const GptConfig& config, int B, int T, int slots = 1);
+  static size_t activation_bytes(const GptConfig& config, int B, int T, int slots = 1, const GptPart& part = {});
   static size_t host_activation_bytes(const GptConfig& config, int B, int T, int slots = 1);
   // f32 copies of one block's parameters and gradients, when the compute dtype is narrow (tag: buffers).
   static size_t scratch_bytes(const GptConfig& config, DType compute);
   // Both, for the host's estimate.
-  static ModelFootprint footprint(const GptConfig& config, int B, int T, DType compute, int slots);
+  static ModelFootprint footprint(const GptConfig& config, int B, int T, DType compute, int slots, const GptPart& part = {});
   const GptConfig& config() const { return config_; }
 
  private:
   struct State;
-  void run_forward(int micro, const int32_t* tokens, const int32_t* targets, int B, int T, float* loss, float* logits, bool training);
+  void run_forward(int micro, int chunk, const int32_t* tokens, const int32_t* targets, int B, int T, float* loss, float* logits,
+                   bool training);
+  void run_backward(int micro, int chunk);
 
   BlockHost& host_;
   GptConfig config_;
+  GptPart part_;
   int embed_ = -1, ln_f_ = -1;
-  std::vector<int> layers_;
+  std::vector<int> layers_;       // block of each layer of the model, -1 where another rank holds it
   std::shared_ptr<State> state_;  // activations and f32 weight copies, touched by the stream only
 };
 
