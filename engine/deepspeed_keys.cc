@@ -93,7 +93,6 @@ const DeepSpeedKey kKeys[] = {
     {"torch_autocast", kUnsupported, "runs the forward under torch.autocast; the bf16 and fp16 sections set zeroth's precision",
      disabled},
     {"sparse_attention", kUnsupported, "block-sparse attention layouts for DeepSpeed's SparseSelfAttention modules", disabled},
-    {"pipeline", kUnsupported, "pipeline parallelism: consecutive layers on different ranks", disabled},
     {"progressive_layer_drop", kUnsupported, "skips transformer layers stochastically during training", disabled},
     {"eigenvalue", kUnsupported, "eigenvalue-based quantization schedules", disabled},
     {"quantize_training", kUnsupported, "quantizes weights during training", disabled},

@@ -62,7 +62,6 @@ std::string_view checkpointing_name(Checkpointing c) {
   return "?";
 }
 
-std::string_view pipe_schedule_name(PipeSchedule s) { return s == PipeSchedule::gpipe ? "gpipe" : "1f1b"; }
 
 std::string Layout::describe() const {
   std::string out = fmt::format("dp {} x tp {} x pp {}, micro-batch {} x {}, ZeRO-{}", dp, tp, pp, micro_batch, micro_batches, stage);
@@ -70,7 +69,7 @@ std::string Layout::describe() const {
   if (offload_param != OffloadDevice::none) out += fmt::format(", parameters on {}", offload_device_name(offload_param));
   if (checkpointing != Checkpointing::none) out += fmt::format(", {} recompute", checkpointing_name(checkpointing));
   if (sequence_parallel) out += ", sequence parallel";
-  if (pp > 1) out += fmt::format(", {}", pipe_schedule_name(schedule));
+  if (pp > 1) out += fmt::format(", {}", pipe_kind_name(schedule));
   return out;
 }
 
@@ -109,7 +108,7 @@ LayoutMemory layout_memory(const GptShape& shape, const Layout& layout, const Bu
     m.model_states = states.device;
     // 1F1B: stage i holds p - i micro-batches before its first backward; GPipe holds them all.
     const uint64_t m_total = layout.micro_batches;
-    m.in_flight = p == 1 ? 1 : layout.schedule == PipeSchedule::gpipe ? m_total : std::min(first ? p : 1, m_total);
+    m.in_flight = p == 1 ? 1 : layout.schedule == PipeKind::gpipe ? m_total : std::min(first ? p : 1, m_total);
     double acts = static_cast<double>(m.in_flight * layers_on_stage * per_layer);
     // Recomputing a layer in backward materialises its activations whole, one layer at a time.
     if (layout.checkpointing == Checkpointing::full) acts += static_cast<double>(full_layer);

@@ -10,7 +10,8 @@
 #include <cstdint>  // uint64_t
 #include <string>   // std::string
 
-#include "engine/config.h"  // OffloadDevice
+#include "engine/config.h"             // OffloadDevice
+#include "engine/pipeline_schedule.h"  // PipeKind
 
 namespace zeroth {
 
@@ -34,8 +35,6 @@ struct GptShape {
 enum class Checkpointing : uint8_t { none, selective, full };
 std::string_view checkpointing_name(Checkpointing c);
 
-enum class PipeSchedule : uint8_t { one_f_one_b, gpipe };
-std::string_view pipe_schedule_name(PipeSchedule s);
 
 struct Layout {
   uint64_t dp = 1, tp = 1, pp = 1;
@@ -44,7 +43,7 @@ struct Layout {
   OffloadDevice offload_optimizer = OffloadDevice::none, offload_param = OffloadDevice::none;
   Checkpointing checkpointing = Checkpointing::none;
   bool sequence_parallel = false;
-  PipeSchedule schedule = PipeSchedule::one_f_one_b;
+  PipeKind schedule = PipeKind::one_f_one_b;
   uint64_t gpus() const { return dp * tp * pp; }
   std::string describe() const;
 };

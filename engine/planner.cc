@@ -216,7 +216,7 @@ PlanResult search_plans(const GptShape& shape, const Cluster& cluster, const Pla
               for (bool sp : {false, true}) {
                 if (sp && tp == 1) continue;
                 Candidate cand;
-                cand.layout = {dp, tp, pp, b, per_rank / b, stage, opt, par, ck, sp, PipeSchedule::one_f_one_b};
+                cand.layout = {dp, tp, pp, b, per_rank / b, stage, opt, par, ck, sp, PipeKind::one_f_one_b};
                 cand.memory = layout_memory(shape, cand.layout, search.buffers, cluster.runtime_memory);
                 ++result.considered;
                 cand.fits = does_not_fit(cand.memory, cluster).empty();

@@ -202,7 +202,7 @@ int run_shape(const Options& o) {
         Layout l;
         l.dp = gpus / (o.tp * o.pp), l.tp = o.tp, l.pp = o.pp, l.micro_batch = o.micro_batch, l.micro_batches = o.micro_batches;
         l.stage = stage, l.offload_optimizer = opt, l.offload_param = par, l.sequence_parallel = o.sequence_parallel;
-        l.schedule = o.gpipe ? PipeSchedule::gpipe : PipeSchedule::one_f_one_b;
+        l.schedule = o.gpipe ? PipeKind::gpipe : PipeKind::one_f_one_b;
         nlohmann::json acts = nlohmann::json::object(), device = nlohmann::json::object(), fits = nlohmann::json::object();
         LayoutMemory none;
         std::string fits_text;

@@ -101,7 +101,7 @@ nlohmann::json plan_json(const Candidate& c) {
           {"offload_param", offload_device_name(l.offload_param)},
           {"checkpointing", checkpointing_name(l.checkpointing)},
           {"sequence_parallel", l.sequence_parallel},
-          {"schedule", l.pp > 1 ? nlohmann::json(pipe_schedule_name(l.schedule)) : nlohmann::json(nullptr)},
+          {"schedule", l.pp > 1 ? nlohmann::json(pipe_kind_name(l.schedule)) : nlohmann::json(nullptr)},
           {"device_bytes", c.memory.device},
           {"model_states_bytes", c.memory.model_states},
           {"activations_bytes", c.memory.activations},

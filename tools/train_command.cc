@@ -282,8 +282,29 @@ class Console final : public TrainObserver {
                   c_.run.host_memory > 0 ? (" of " + format_bytes(c_.run.host_memory) + " (run.host_memory)").c_str() : "",
                   format_bytes(s.swap_bytes).c_str(), format_bytes(s.peak_rss).c_str());
     }
+    nlohmann::json pipeline;
+    if (c_.parallel.pipeline > 1) {
+      std::string peaks;
+      for (size_t k = 0; k < s.stage_activation_peak.size(); ++k)
+        peaks += fmt::format("{}{}", k == 0 ? "" : ", ", format_bytes(s.stage_activation_peak[k]));
+      std::printf("  pipeline: %d stages, %s, %lld micro-batches: bubble %.3f measured (median over the steps after the first), "
+                  "%.3f by the formula; activations at peak per stage: %s\n",
+                  c_.parallel.pipeline, pipe_kind_name(c_.parallel.schedule).data(),
+                  static_cast<long long>(c_.engine.gradient_accumulation_steps), s.pipeline_bubble, s.bubble_formula, peaks.c_str());
+      pipeline = {{"bubble", s.pipeline_bubble}, {"bubble_formula", s.bubble_formula}, {"stage_activation_peak_bytes", s.stage_activation_peak}};
+      if (!s.trace.is_null()) {
+        const std::string path = c_.run.output_dir + "/trace.json";
+        std::ofstream trace(path);
+        trace << s.trace.dump() << "\n";
+        trace.flush();
+        if (!trace) ZEROTH_THROW(IoError, "writing {} failed: {}; the disk may be full or the folder read-only", path, std::strerror(errno));
+        std::printf("  trace: %s (Chrome trace format: chrome://tracing or ui.perfetto.dev)\n", path.c_str());
+        pipeline["trace"] = path;
+      }
+    }
     metrics_ << nlohmann::json{{"summary",
                                 {{"steps", s.steps},
+                                 {"pipeline", pipeline},
                                  {"interrupted", s.interrupted},
                                  {"seconds", s.seconds},
                                  {"tokens_per_s", s.tokens_per_second},

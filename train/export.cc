@@ -75,8 +75,9 @@ uint64_t Gpt2Writer::finish() {
   return bytes_;
 }
 
-uint64_t save_gpt_weights(Engine& engine, const GptConfig& config, const std::string& path, DType dtype) {
-  const bool lead = engine.comm().rank() == 0;
+uint64_t save_gpt_weights(Engine& engine, const GptConfig& config, const std::string& path, DType dtype, const StageExport& pipeline) {
+  const int stage = pipeline.stages != nullptr ? pipeline.stages->rank() : 0;
+  const bool lead = engine.comm().rank() == 0 && stage == 0;
   std::optional<Gpt2Writer> out;
   std::exception_ptr failed;
   // Rank 0's errors wait until every gather is done: the other ranks are in them too.
@@ -90,11 +91,53 @@ uint64_t save_gpt_weights(Engine& engine, const GptConfig& config, const std::st
     }
   };
   on_lead([&] { out.emplace(config, path, dtype); });
-  for (size_t b = 0; b < engine.plan().blocks.size(); ++b) {
-    const std::vector<float> values = engine.master_values(static_cast<int>(b));
+  // The whole model's blocks in order, each from the stage that holds it.
+  const auto whole = Gpt::block_specs(config);
+  Stream& cs = engine.compute_stream();
+  for (size_t g = 0; g < whole.size(); ++g) {
+    const std::string& name = whole[g].name;
+    int local = -1;
+    for (size_t b = 0; b < engine.plan().blocks.size(); ++b) {
+      if (engine.plan().blocks[b].name == name) local = static_cast<int>(b);
+    }
+    // The tied embedding's copy with the LM head is not the one written.
+    const bool mine = local >= 0 && (name != "embed" || stage == 0);
+    std::vector<float> dense;
+    size_t numel = 0;
+    for (const auto& p : whole[g].params) numel += p.numel();
+    if (mine) {
+      const std::vector<float> values = engine.master_values(local);
+      const auto& offsets = engine.plan().blocks[local].param_offsets;
+      for (size_t i = 0; i < whole[g].params.size(); ++i)
+        dense.insert(dense.end(), values.begin() + offsets[i], values.begin() + offsets[i] + whole[g].params[i].numel());
+    }
+    if (pipeline.stages != nullptr && engine.comm().rank() == 0) {
+      // Which stage holds it: each says, stage 0 learns (a small all-reduce over the group).
+      Buffer flag = engine.device().allocate(sizeof(float), MemTag::buffers);
+      const float me = mine ? static_cast<float>(stage) : 0.0f;
+      engine.device().copy(cs, flag.data(), &me, sizeof me);
+      pipeline.stages->all_reduce(cs, flag.view(DType::f32), ReduceOp::sum);
+      float from = 0;
+      engine.device().copy(cs, &from, flag.data(), sizeof from);
+      cs.synchronize();
+      const int source = static_cast<int>(from);
+      if (source != 0 && (stage == 0 || stage == source)) {
+        Buffer wire = engine.device().allocate(numel * sizeof(float), MemTag::buffers);
+        if (stage == source) {
+          engine.device().copy(cs, wire.data(), dense.data(), numel * sizeof(float));
+          pipeline.stages->send(cs, wire.view(DType::f32), 0);
+        } else {
+          pipeline.stages->recv(cs, wire.view(DType::f32), source);
+          dense.resize(numel);
+          engine.device().copy(cs, dense.data(), wire.data(), numel * sizeof(float));
+        }
+        cs.synchronize();
+      }
+    }
     on_lead([&] {
-      const auto& offsets = engine.plan().blocks[b].param_offsets;
-      while (!out->done() && out->block() == static_cast<int>(b)) out->write(values.data() + offsets[out->param()]);
+      std::vector<size_t> at(1, 0);
+      for (const auto& p : whole[g].params) at.push_back(at.back() + p.numel());
+      while (!out->done() && out->block() == static_cast<int>(g)) out->write(dense.data() + at[out->param()]);
     });
   }
   uint64_t bytes = 0;

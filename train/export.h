@@ -45,7 +45,15 @@ class Gpt2Writer {
 // rank 0 stream them through a Gpt2Writer. Collective over the engine's data-parallel group. Rank 0
 // returns the bytes written (the others 0) and raises its write's error, if any, once the gathers
 // are done.
-uint64_t save_gpt_weights(Engine& engine, const GptConfig& config, const std::string& path, DType dtype);
+// On a pipeline, every stage calls it with `stages` (its pipeline group) and its part: the owner of
+// each block (the first stage for the tied embedding) gathers it over its data-parallel group and,
+// from data-parallel rank 0, sends it to stage 0, whose data-parallel rank 0 writes the file.
+struct StageExport {
+  Communicator* stages = nullptr;
+  GptPart part;
+};
+uint64_t save_gpt_weights(Engine& engine, const GptConfig& config, const std::string& path, DType dtype,
+                          const StageExport& pipeline = {});
 
 // A GPT-2 safetensors file (Hugging Face's names, with or without the "transformer." prefix, and
 // layouts; F32, BF16 or F16) read tensor by tensor: each parameter of Gpt::block_specs(config) in

@@ -104,7 +104,9 @@ constexpr std::string_view kTopKeys[] = {"train_batch_size",
                                          "data_types",
                                          "model",
                                          "data",
-                                         "run"};
+                                         "run",
+                                         "parallel",
+                                         "pipeline"};
 
 // `section` without the keys DeepSpeed's vocabulary table handles (which throws for those asking
 // for what zeroth lacks, and records those with no effect), so the section's own parser sees only
@@ -131,16 +133,16 @@ json without_deepspeed_extras(const json& section, std::string_view path, std::s
 
 // The Hugging Face integration's "auto" rules, with its TrainingArguments defaults where the
 // value comes from the trainer, and with this config's own values where it has them.
-void resolve_auto(json& c, int world_size, int64_t steps, int hidden) {
+void resolve_auto(json& c, int dp, int64_t steps, int hidden) {
   auto fill = [](json& obj, const char* key, const json& value) {
     if (obj.is_object() && obj.contains(key) && is_auto(obj[key])) obj[key] = value;
   };
   fill(c, "train_micro_batch_size_per_gpu", 8);  // per_device_train_batch_size
   fill(c, "gradient_accumulation_steps", 1);
   if (c.contains("train_batch_size") && is_auto(c["train_batch_size"])) {
-    // train_batch_size = world x micro x accumulation, once those two are known.
+    // train_batch_size = data-parallel ranks x micro x accumulation, once those two are known.
     const json mb = c.value("train_micro_batch_size_per_gpu", json(1)), gas = c.value("gradient_accumulation_steps", json(1));
-    if (mb.is_number_integer() && gas.is_number_integer()) c["train_batch_size"] = world_size * mb.get<int64_t>() * gas.get<int64_t>();
+    if (mb.is_number_integer() && gas.is_number_integer()) c["train_batch_size"] = dp * mb.get<int64_t>() * gas.get<int64_t>();
   }
   fill(c, "gradient_clipping", 1.0);  // max_grad_norm
   for (const char* k : {"fp16", "bf16", "bfloat16"}) {
@@ -273,7 +275,7 @@ void read_run(TrainConfig& t, const json& j, int launched_world_size) {
   static constexpr std::string_view kKeys[] = {
       "name",           "steps",       "eval_interval", "eval_batches",    "seed",     "output_dir",          "device",
       "device_memory",  "host_memory", "world_size",    "backend",         "progress", "max_nonfinite_steps", "checkpoint_interval",
-      "checkpoint_dir", "keep_last",   "init_from",     "checkpoint_async"};
+      "checkpoint_dir", "keep_last",   "init_from",     "checkpoint_async", "trace"};
   static constexpr std::string_view kBackends[] = {"local", "gloo", "nccl"};
   static constexpr std::string_view kProgress[] = {"auto", "bar", "lines"};
   json copy = j.value("run", json::object());
@@ -313,6 +315,7 @@ void read_run(TrainConfig& t, const json& j, int launched_world_size) {
   r.keep_last = s.integer("keep_last", 0, 0, int64_t{1} << 30);
   r.init_from = s.string("init_from", "");
   r.checkpoint_async = s.flag("checkpoint_async", false);
+  r.trace = s.flag("trace", false);
   if (launched_world_size > 0) {
     r.world_size = static_cast<int>(s.integer("world_size", launched_world_size, 1, 1 << 20));
     if (r.world_size != launched_world_size) {
@@ -338,7 +341,96 @@ void read_run(TrainConfig& t, const json& j, int launched_world_size) {
   t.run = r;
 }
 
-// DeepSpeed's batch rule: train_batch_size = micro x accumulation x world, any two give the third.
+// zeroth's `parallel` section and DeepSpeed's `pipeline`: the stages, schedule and partition. The
+// data-parallel size is what is left of the world.
+void read_parallel(TrainConfig& t, json& j) {
+  static constexpr std::string_view kParallelKeys[] = {"pipeline", "schedule", "virtual_stages", "micro_batches"};
+  static constexpr std::string_view kPipelineKeys[] = {"stages", "partition_method", "partition", "activation_checkpoint_interval",
+                                                       "seed_layers", "pipe_partitioned", "grad_partitioned"};
+  static constexpr std::string_view kSchedules[] = {"gpipe", "1f1b", "interleaved"};
+  ParallelConfig& p = t.parallel;
+  const json parallel = j.value("parallel", json::object());
+  const Section par(parallel, "parallel", kParallelKeys);
+  json ds = j.value("pipeline", json::object());
+  if (ds.is_object() && ds.contains("stages") && is_auto(ds["stages"])) ds.erase("stages");  // DeepSpeed's default
+  const Section pipe(ds, "pipeline", kPipelineKeys);
+  p.pipeline = static_cast<int>(par.integer("pipeline", pipe.integer("stages", 1, 1, 1 << 12), 1, 1 << 12));
+  if (par.has("pipeline") && pipe.has("stages") && pipe.integer("stages", 1, 1, 1 << 12) != p.pipeline) {
+    ZEROTH_THROW(ConfigError, "parallel.pipeline = {} but pipeline.stages = {}; give one, or make them agree", p.pipeline,
+                 pipe.raw("stages").dump());
+  }
+  const std::string kind = par.string("schedule", "1f1b", kSchedules);
+  p.schedule = kind == "gpipe" ? PipeKind::gpipe : kind == "interleaved" ? PipeKind::interleaved : PipeKind::one_f_one_b;
+  p.virtual_stages = static_cast<int>(par.integer("virtual_stages", p.schedule == PipeKind::interleaved ? 2 : 1, 1, 1 << 10));
+  if (p.schedule != PipeKind::interleaved && p.virtual_stages != 1) {
+    ZEROTH_THROW(ConfigError, "parallel.virtual_stages = {} needs parallel.schedule = \"interleaved\" (it is \"{}\")", p.virtual_stages,
+                 kind);
+  }
+  if (p.schedule == PipeKind::interleaved && (p.virtual_stages < 2 || p.pipeline < 2)) {
+    ZEROTH_THROW(ConfigError,
+                 "parallel.schedule = \"interleaved\" runs parallel.virtual_stages >= 2 model chunks on each of parallel.pipeline >= 2 "
+                 "stages (it has {} and {}); use \"1f1b\" otherwise",
+                 p.virtual_stages, p.pipeline);
+  }
+  const char* method_key = pipe.has("partition_method") ? "partition_method" : "partition";
+  if (pipe.has(method_key)) {
+    const json& m = pipe.raw(method_key);
+    if (m.is_array()) {
+      for (const auto& n : m) {
+        if (!n.is_number_integer()) ZEROTH_THROW(ConfigError, "pipeline.{} lists layer counts; {} is not one", method_key, n.dump());
+        p.partition_counts.push_back(n.get<int>());
+      }
+      p.partition = "list";
+    } else if (m.is_string() && (m == "parameters" || m == "uniform" || m == "best")) {
+      // DeepSpeed's config default "best" leaves the choice to the engine: balanced parameters.
+      p.partition = m == "uniform" ? "uniform" : "parameters";
+    } else {
+      ZEROTH_THROW(ConfigError,
+                   "pipeline.{} = {}: use \"parameters\" (balance parameter counts), \"uniform\" (equal layer counts) or a list of "
+                   "layers per virtual stage",
+                   method_key, m.dump());
+    }
+  }
+  const int64_t interval = pipe.integer("activation_checkpoint_interval", 0, 0, 1 << 20);
+  if (interval > 1) {
+    ZEROTH_THROW(ConfigError,
+                 "pipeline.activation_checkpoint_interval = {}: zeroth recomputes every layer (1) or none (0); a GPT layer is its "
+                 "checkpointing unit",
+                 interval);
+  }
+  if (interval == 1) t.model.activation_checkpointing = true;
+  if (pipe.has("seed_layers") && pipe.flag("seed_layers", false)) {
+    ZEROTH_THROW(ConfigError,
+                 "pipeline.seed_layers = true seeds each layer's initialization by its index; zeroth's parameters are seeded by name "
+                 "already (the same values at any partition); remove it");
+  }
+  for (const char* k : {"pipe_partitioned", "grad_partitioned"}) {
+    if (pipe.has(k)) t.no_effect.push_back(fmt::format("pipeline.{}: it splits messages across tensor-parallel ranks, which this run does not have", k));
+  }
+  if (t.run.world_size % p.pipeline != 0) {
+    ZEROTH_THROW(ConfigError,
+                 "run.world_size = {} ranks do not split into parallel.pipeline = {} stages: the ranks are data-parallel x pipeline; "
+                 "make the world a multiple of the stages",
+                 t.run.world_size, p.pipeline);
+  }
+  // The cycle's micro-batches are the pipeline's: parallel.micro_batches sets
+  // gradient_accumulation_steps (DeepSpeed's pipeline engine does the same).
+  if (par.has("micro_batches")) {
+    const int64_t m = par.integer("micro_batches", 1, 1, 1 << 20);
+    if (j.contains("gradient_accumulation_steps") && !is_auto(j["gradient_accumulation_steps"]) &&
+        j["gradient_accumulation_steps"] != json(m)) {
+      ZEROTH_THROW(ConfigError,
+                   "parallel.micro_batches = {} but gradient_accumulation_steps = {}: a pipeline's micro-batches are the accumulation "
+                   "steps; give one, or make them agree",
+                   m, j["gradient_accumulation_steps"].dump());
+    }
+    j["gradient_accumulation_steps"] = m;
+  }
+  if (p.pipeline > 1) t.layers_per_virtual_stage();  // the partition's errors now, not at the start of training
+}
+
+// DeepSpeed's batch rule: train_batch_size = micro x accumulation x data-parallel ranks, any two
+// give the third.
 void resolve_batch(TrainConfig& t, const json& j) {
   auto get = [&](const char* key) -> int64_t {
     if (!j.contains(key) || j[key].is_null()) return 0;
@@ -348,7 +440,7 @@ void resolve_batch(TrainConfig& t, const json& j) {
     return v.get<int64_t>();
   };
   int64_t tbs = get("train_batch_size"), mb = get("train_micro_batch_size_per_gpu"), gas = get("gradient_accumulation_steps");
-  const int64_t dp = t.run.world_size;
+  const int64_t dp = t.data_parallel();
   if (tbs && mb && gas) {
     // all given: checked below
   } else if (tbs && mb) {
@@ -444,6 +536,15 @@ void read_precision(TrainConfig& t, const json& j) {
 
 }  // namespace
 
+std::vector<int> TrainConfig::layers_per_virtual_stage() const {
+  return partition_layers(model, parallel.pipeline * parallel.virtual_stages, parallel.partition, parallel.partition_counts);
+}
+
+GptPart TrainConfig::part(int stage) const {
+  if (parallel.pipeline == 1) return {};
+  return GptPart::of_rank(layers_per_virtual_stage(), parallel.pipeline, stage);
+}
+
 TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) {
   if (!config.is_object()) ZEROTH_THROW(ConfigError, "a training config must be a JSON object, got {}", config.type_name());
   TrainConfig t;
@@ -462,7 +563,8 @@ TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) 
   }
 
   json c = config;
-  resolve_auto(c, t.run.world_size, t.run.steps, t.model.n_embd);
+  read_parallel(t, c);
+  resolve_auto(c, t.data_parallel(), t.run.steps, t.model.n_embd);
   check_deepspeed_extras(c);
   resolve_batch(t, c);
   std::vector<std::string> recorded;  // the no-effect keys were recorded above
@@ -531,7 +633,15 @@ TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) 
               {"checkpoint_dir", t.run.checkpoint_dir},
               {"keep_last", t.run.keep_last},
               {"init_from", t.run.init_from},
-              {"checkpoint_async", t.run.checkpoint_async}};
+              {"checkpoint_async", t.run.checkpoint_async},
+              {"trace", t.run.trace}};
+  if (t.parallel.pipeline > 1) {
+    const char* kinds[] = {"gpipe", "1f1b", "interleaved"};
+    c["parallel"] = {{"pipeline", t.parallel.pipeline},
+                     {"schedule", kinds[static_cast<int>(t.parallel.schedule)]},
+                     {"virtual_stages", t.parallel.virtual_stages},
+                     {"micro_batches", t.engine.gradient_accumulation_steps}};
+  }
   t.resolved = std::move(c);
   return t;
 }

@@ -17,7 +17,8 @@
 
 #include <nlohmann/json.hpp>  // nlohmann::json
 
-#include "engine/config.h"   // EngineConfig
+#include "engine/config.h"             // EngineConfig
+#include "engine/pipeline_schedule.h"  // PipeKind
 #include "models/gpt/gpt.h"  // GptConfig
 
 namespace zeroth {
@@ -43,7 +44,7 @@ struct RunConfig {
   std::string device = "cpu";
   size_t device_memory = 0;       // bytes of the device (the accelerator); 0: unlimited on the CPU
   size_t host_memory = 0;         // bytes of host memory the engine may hold state in; 0: unlimited
-  int world_size = 1;             // data-parallel ranks
+  int world_size = 1;             // ranks in all: data-parallel x pipeline stages
   std::string backend = "local";  // local (threads) | gloo (processes) | nccl (GPUs)
   std::string progress = "auto";  // auto (a bar on a terminal) | bar | lines
   // Steps in a row whose gradients are non-finite (with fp16: at the smallest loss scale) after
@@ -62,13 +63,26 @@ struct RunConfig {
   // names (a published GPT-2, or a run's model.safetensors) or a zeroth checkpoint (its weights;
   // the optimizer state starts fresh, at step 0). Ignored when resuming.
   std::string init_from;
+  // Per-rank timelines of the last step as a Chrome trace (<output_dir>/trace.json), and the
+  // measured pipeline bubble each step (pipelines only).
+  bool trace = false;
   // Not a config key: `zeroth train --resume [DIR]`: a checkpoint folder or step folder to continue
   // from ("" = start fresh).
   std::string resume;
 };
 
+// The process grid beyond data parallelism: `parallel` (zeroth's keys) and DeepSpeed's `pipeline`.
+struct ParallelConfig {
+  int pipeline = 1;  // stages
+  PipeKind schedule = PipeKind::one_f_one_b;
+  int virtual_stages = 1;              // model chunks per stage (interleaved)
+  std::string partition = "parameters";  // parameters | uniform (partition_counts when a list was given)
+  std::vector<int> partition_counts;   // layers per virtual stage
+};
+
 struct TrainConfig {
   EngineConfig engine;
+  ParallelConfig parallel;
   GptConfig model;
   std::string model_preset;  // "" when the shape was given key by key
   DataConfig data;
@@ -84,6 +98,10 @@ struct TrainConfig {
   // config's run.world_size must then agree (or be "auto"). ConfigError on any problem.
   static TrainConfig from_json(const nlohmann::json& config, int launched_world_size = 0);
   int64_t tokens_per_step() const { return train_batch_size * model.seq_len; }
+  int data_parallel() const { return run.world_size / parallel.pipeline; }
+  // Layers per virtual stage (pipelines) and rank `stage`'s part of the model.
+  std::vector<int> layers_per_virtual_stage() const;
+  GptPart part(int stage) const;
 };
 
 // Reads and parses a config file: IoError if it cannot be read, ConfigError (with line and

@@ -20,6 +20,8 @@
 #include "engine/checkpoint.h"  // save_checkpoint, load_checkpoint
 #include "engine/engine.h"      // Engine
 #include "engine/estimate.h"    // estimate
+#include "engine/pipeline.h"    // PipelineRunner
+#include "comm/process_grid.h"  // ProcessGrid
 #include "models/gpt/gpt.h"     // Gpt
 #include "train/data.h"         // TokenData, Loader
 
@@ -115,12 +117,27 @@ void init_weights(Engine& engine, const TrainConfig& config) {
 
 void check_data(const TrainConfig& config) { open_data(config, config.run.world_size, 0); }
 
-TrainSummary train(const TrainConfig& config, Communicator& dp, Device& device, TrainObserver* observer,
+TrainSummary train(const TrainConfig& config, Communicator& world, Device& device, TrainObserver* observer,
                    const std::atomic<bool>* stop) {
-  const bool lead = dp.rank() == 0;
-  if (dp.size() != config.run.world_size) {
-    ZEROTH_THROW(ConfigError, "run.world_size is {} but the communicator has {} ranks", config.run.world_size, dp.size());
+  const bool lead = world.rank() == 0;
+  if (world.size() != config.run.world_size) {
+    ZEROTH_THROW(ConfigError, "run.world_size is {} but the communicator has {} ranks", config.run.world_size, world.size());
   }
+  // Pipelines: ranks are laid out as ProcessGrid(dp, pp) and ZeRO partitions over each stage's
+  // data-parallel group; without one the world is the data-parallel group.
+  const int pp = config.parallel.pipeline;
+  std::optional<ProcessGrid::Groups> groups;
+  if (pp > 1) groups = ProcessGrid(config.data_parallel(), pp, 1).split(world);
+  Communicator& dp = groups ? *groups->dp : world;
+  const int stage = groups ? groups->pp->rank() : 0;
+  const GptPart part = config.part(stage);
+  std::unique_ptr<PipelineRunner> runner;
+  if (groups) {
+    const int micro = static_cast<int>(config.engine.gradient_accumulation_steps);
+    runner = std::make_unique<PipelineRunner>(
+        device, *groups->pp, make_pipe_schedule(config.parallel.schedule, pp, micro, config.parallel.virtual_stages));
+  }
+  const bool heads = part.has_head(config.model);  // this stage computes the loss
   const int mb = static_cast<int>(config.micro_batch_size), T = config.model.seq_len;
   const int gas = static_cast<int>(config.engine.gradient_accumulation_steps);
   RunData run_data = open_data(config, dp.size(), dp.rank());
@@ -130,12 +147,17 @@ TrainSummary train(const TrainConfig& config, Communicator& dp, Device& device, 
 
   // Planned once. The engine holds the whole need per rank (its plan, the model's activations
   // and scratch) against the budgets before anything is allocated.
-  Plan plan = make_plan(Gpt::block_specs(config.model), Gpt::schedule(config.model), config.engine, dp.size(), dp.rank());
-  const ModelFootprint model = Gpt::footprint(config.model, mb, T, config.engine.compute_dtype, plan.max_in_flight);
+  Plan plan = make_plan(Gpt::block_specs(config.model, part), Gpt::schedules(config.model, part), config.engine, dp.size(), dp.rank(),
+                        runner ? runner->passes() : std::vector<PassRef>{});
+  const int tied = pp > 1 && (stage == 0 || stage == pp - 1) ? Gpt::embedding_block(config.model, part) : -1;
+  if (tied >= 0) tie_block(plan, tied, stage == 0);
+  const ModelFootprint model = Gpt::footprint(config.model, mb, T, config.engine.compute_dtype, plan.max_in_flight, part);
   const MemoryNeed need = estimate(plan, model);
   TrainSummary summary;
   Engine engine(device, dp, config.engine);
-  Gpt gpt(engine, config.model);
+  if (groups) engine.set_pipeline(*groups->pp, tied);
+  if (runner) engine.set_pass_order(runner->passes());
+  Gpt gpt(engine, config.model, part);
   summary.parameters = config.model.num_parameters();
   // A resumed run, or one starting from saved weights, sets every parameter itself.
   engine.finalize(std::move(plan), model, config.run.resume.empty() && config.run.init_from.empty());
@@ -192,21 +214,43 @@ TrainSummary train(const TrainConfig& config, Communicator& dp, Device& device, 
   Buffer shared = device.allocate(2 * sizeof(float), MemTag::buffers);
   Stream& cs = engine.compute_stream();
 
-  // Mean of each rank's value over the group (and whether any rank asked to stop), on the
-  // compute stream: the engine's own collectives travel on communicators split from dp.
+  // Mean of the loss over the data-parallel ranks of the stage that computes it (and whether any
+  // rank asked to stop), on the compute stream over the world: the engine's own collectives travel
+  // on communicators split from dp.
   auto agree = [&](double value, bool stop_here) {
-    float host[2] = {static_cast<float>(value), stop_here ? 1.0f : 0.0f};
+    float host[2] = {heads ? static_cast<float>(value) : 0.0f, stop_here ? 1.0f : 0.0f};
     device.copy(cs, shared.data(), host, sizeof host);
-    dp.all_reduce(cs, shared.view(DType::f32), ReduceOp::sum);
+    world.all_reduce(cs, shared.view(DType::f32), ReduceOp::sum);
     device.copy(cs, host, shared.data(), sizeof host);
     cs.synchronize();
     return std::pair<double, bool>{host[0] / dp.size(), host[1] > 0};
+  };
+  // A pipeline stage's passes: the runner calls them in its schedule's order, with the tokens and
+  // targets of the cycle's micro-batches loaded before (eval_batch: the evaluation's).
+  int eval_batch = 0;
+  PipeModel stage_model;
+  stage_model.forward = [&](int m, int c) {
+    gpt.forward_chunk(m, c, tokens.data() + m * n, targets.data() + m * n, mb, T, &losses[m]);
+  };
+  stage_model.backward = [&](int m, int c) { gpt.backward_chunk(m, c); };
+  stage_model.evaluate = [&](int c) { gpt.evaluate_chunk(c, tokens.data(), targets.data(), mb, T, &losses[eval_batch]); };
+  stage_model.port = [&](PipePort port, int m, int c) {
+    const Gpt::Port ports[] = {Gpt::Port::input, Gpt::Port::output, Gpt::Port::input_grad, Gpt::Port::output_grad};
+    return gpt.port(ports[static_cast<int>(port)], m, c);
   };
   auto evaluate = [&](int64_t step) {
     if (!val_loader) return;
     for (int m = 0; m < config.run.eval_batches; ++m) {
       val_loader->batch(0, m, tokens.data(), targets.data());
-      gpt.evaluate(tokens.data(), targets.data(), mb, T, &losses[m]);
+      if (runner) {
+        eval_batch = m;
+        gpt.prepare(mb, T);
+        engine.begin_evaluation();
+        runner->run_evaluation(stage_model);
+        engine.end_evaluation();
+      } else {
+        gpt.evaluate(tokens.data(), targets.data(), mb, T, &losses[m]);
+      }
       cs.synchronize();  // the next batch reuses the token buffers
     }
     double sum = 0;
@@ -246,15 +290,23 @@ TrainSummary train(const TrainConfig& config, Communicator& dp, Device& device, 
   };
 
   if (summary.resumed_from.empty()) evaluate(0);
-  std::vector<double> rates;
+  std::vector<double> rates, bubbles;
+  PipeMeasure last_trace;
   const double tokens_per_step = static_cast<double>(config.tokens_per_step());
   const bool timed = config.engine.time_breakdown;
   using Clock = std::chrono::steady_clock;
   for (int64_t k = summary.start_step; k < config.run.steps; ++k) {
     const auto t0 = Clock::now();
     double pass_seconds[2] = {0, 0};  // forward, backward
+    if (runner) {
+      // A pipeline stage: the runner walks the schedule; the stamps give the step's bubble.
+      for (int m = 0; m < gas; ++m) train_loader.batch(k, m, tokens.data() + m * n, targets.data() + m * n);
+      gpt.prepare(mb, T);
+      runner->set_tracing(true);
+      runner->run_cycle(stage_model);
+    }
     // The cycle's passes in the engine's order; the update comes after the last backward.
-    for (const auto& p : engine.plan().passes) {
+    for (const auto& p : runner ? std::vector<PassRef>{} : engine.plan().passes) {
       const int m = p.micro;
       const auto start = Clock::now();
       if (p.pass == Pass::forward) {
@@ -269,8 +321,16 @@ TrainSummary train(const TrainConfig& config, Communicator& dp, Device& device, 
         pass_seconds[p.pass == Pass::forward ? 0 : 1] += std::chrono::duration<double>(Clock::now() - start).count();
       }
     }
+    const double step_start = std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
     const StepResult r = engine.step();
     cs.synchronize();
+    if (runner) {
+      runner->add_span({SpanKind::optimizer, 0, 0, step_start, std::chrono::duration<double>(Clock::now().time_since_epoch()).count()});
+      PipeMeasure measured = runner->measure(cs);
+      if (k > summary.start_step || config.run.steps - summary.start_step == 1) bubbles.push_back(measured.bubble);
+      summary.bubble_formula = measured.formula;
+      last_trace = std::move(measured);
+    }
     if (saver.pending()) published(saver.complete(engine));
     double sum = 0;
     for (int m = 0; m < gas; ++m) sum += losses[m];
@@ -336,7 +396,8 @@ TrainSummary train(const TrainConfig& config, Communicator& dp, Device& device, 
   summary.weights_path = config.run.output_dir + "/model.safetensors";
   summary.weights_dtype = config.engine.zero.gather_16bit_weights_on_model_save ? config.engine.compute_dtype : DType::f32;
   const auto save_start = Clock::now();
-  summary.weights_bytes = save_gpt_weights(engine, config.model, summary.weights_path, summary.weights_dtype);
+  summary.weights_bytes = save_gpt_weights(engine, config.model, summary.weights_path, summary.weights_dtype,
+                                           {groups ? groups->pp.get() : nullptr, part});
   summary.weights_seconds = std::chrono::duration<double>(Clock::now() - save_start).count();
   summary.tokens_per_second = rates.empty() ? tokens_per_step / std::max(summary.seconds, 1e-9) : median(rates);
   const auto stats = device.memory().stats();
@@ -346,6 +407,21 @@ TrainSummary train(const TrainConfig& config, Communicator& dp, Device& device, 
   summary.swap_bytes = tier_total(engine.plan().bytes, Tier::nvme);
   summary.swap_disk_bytes = engine.swap_disk_bytes();
   summary.peak_rss = process_peak_rss();
+  if (runner) {
+    summary.pipeline_bubble = bubbles.empty() ? 0 : median(bubbles);
+    // Each stage's activation peak (its data-parallel rank 0's), gathered over the world.
+    Buffer peaks = device.allocate(world.size() * sizeof(float), MemTag::buffers);
+    device.fill(cs, peaks.view(DType::f32), 0.0f);
+    const float mine = static_cast<float>(stats.peak[static_cast<size_t>(MemTag::activations)]);
+    device.copy(cs, peaks.as<float>() + world.rank(), &mine, sizeof mine);
+    world.all_gather(cs, {peaks.as<float>() + world.rank(), 1, DType::f32}, peaks.view(DType::f32));
+    std::vector<float> all(world.size());
+    device.copy(cs, all.data(), peaks.data(), all.size() * sizeof(float));
+    cs.synchronize();
+    const ProcessGrid grid(config.data_parallel(), pp, 1);
+    for (int s = 0; s < pp; ++s) summary.stage_activation_peak.push_back(static_cast<size_t>(all[grid.rank_of({0, s, 0})]));
+    if (config.run.trace && lead) summary.trace = chrome_trace(last_trace);
+  }
   if (lead && observer != nullptr) observer->on_end(summary);
   return summary;
 }

@@ -7,6 +7,8 @@
 #include <atomic>   // std::atomic
 #include <cstdint>  // int64_t
 
+#include <nlohmann/json.hpp>  // nlohmann::json
+
 #include "comm/communicator.h"   // Communicator
 #include "core/device.h"         // Device
 #include "core/memory.h"         // kMemTagCount
@@ -64,6 +66,12 @@ struct TrainSummary {
   int64_t start_step = 0;  // steps done before this run (from the checkpoint)
   CheckpointIo resume_io, last_save;
   int checkpoints_saved = 0;
+  // Pipelines: the measured bubble (median over the steps after the first: 1 - busy / makespan
+  // over the stages) next to the formula, each stage's peak of activation memory, and the Chrome
+  // trace of the last step (run.trace).
+  double pipeline_bubble = 0, bubble_formula = 0;
+  std::vector<size_t> stage_activation_peak;
+  nlohmann::json trace;  // rank 0's, with run.trace: what the observer writes to <output_dir>/trace.json
 };
 
 // What the run found out at start, for the config box.
@@ -84,13 +92,13 @@ class TrainObserver {
   virtual void on_end(const TrainSummary&) {}
 };
 
-// Runs the config's steps on this rank (collective over `dp`). `observer` is called on rank 0
+// Runs the config's steps on this rank (collective over `world`: data-parallel x pipeline ranks). `observer` is called on rank 0
 // only; `stop` (any rank) ends the run cleanly after the current step on every rank.
 // Opens the config's data and checks it against the batch (what train() does first), for
 // --dry-run. ConfigError / IoError as train() would give.
 void check_data(const TrainConfig& config);
 
-TrainSummary train(const TrainConfig& config, Communicator& dp, Device& device, TrainObserver* observer,
+TrainSummary train(const TrainConfig& config, Communicator& world, Device& device, TrainObserver* observer,
                    const std::atomic<bool>* stop = nullptr);
 
 }  // namespace zeroth

@@ -93,10 +93,10 @@ TEST(LayoutMemory, PipelineStagesHoldTheirLayersAndOneFOneBsMicroBatches) {
   // the tied head, 1 micro-batch).
   EXPECT_EQ(m.in_flight, 4u);
   EXPECT_EQ(m.stage_params, 2 * layer + vh + 128 * 256);
-  l.schedule = PipeSchedule::gpipe;
+  l.schedule = PipeKind::gpipe;
   EXPECT_EQ(layout_memory(s, l).in_flight, 16u);
   l.micro_batches = 2;
-  l.schedule = PipeSchedule::one_f_one_b;
+  l.schedule = PipeKind::one_f_one_b;
   EXPECT_EQ(layout_memory(s, l).in_flight, 2u);  // never more than there are
   // Tensor parallelism slices the layers and the vocabulary; layer norms and row biases stay whole.
   Layout t;
