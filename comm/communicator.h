@@ -85,6 +85,12 @@ class Communicator {
 
   CommStats stats() const;
   const CommOptions& options() const { return options_; }
+  // Fails every op waiting on this communicator, on every rank of it, with `reason`: a rank that
+  // cannot go on tells its peers at once instead of leaving them to their timeout. Local groups
+  // fail their waits (and those of groups split from them); gloo and NCCL ranks are processes,
+  // whose peers learn of their end from the transport (closed connections, NCCL's watchdog), so
+  // theirs does nothing more.
+  virtual void abort(const std::string& reason);
 
  protected:
   explicit Communicator(CommOptions options) : options_(std::move(options)) {}

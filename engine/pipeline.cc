@@ -251,6 +251,25 @@ void wait_for(Stream& stream, std::optional<Done>& done) {
 }  // namespace
 
 void PipelineRunner::run_cycle(const PipeModel& model) {
+  guarded([&] { walk_cycle(model); });
+}
+
+void PipelineRunner::run_evaluation(const PipeModel& model) {
+  guarded([&] { walk_evaluation(model); });
+}
+
+void PipelineRunner::guarded(const std::function<void()>& work) {
+  try {
+    work();
+  } catch (const std::exception& e) {
+    // The neighbours may be waiting for this stage's messages: they learn why none will come.
+    const std::string reason = fmt::format("pipeline stage {} failed: {}", rank_, e.what());
+    for (auto& c : channels_) c->comm->abort(reason);
+    throw;
+  }
+}
+
+void PipelineRunner::walk_cycle(const PipeModel& model) {
   Stream& cs = device_.default_stream();
   auto state = [&](PipePort port, int micro, int chunk) -> std::pair<TensorView, PortState*> {
     const TensorView v = model.port(port, micro, chunk);
@@ -312,7 +331,7 @@ void PipelineRunner::run_cycle(const PipeModel& model) {
   }
 }
 
-void PipelineRunner::run_evaluation(const PipeModel& model) {
+void PipelineRunner::walk_evaluation(const PipeModel& model) {
   Stream& cs = device_.default_stream();
   const int p = schedule_.stages, last_virtual = p * schedule_.chunks - 1;
   for (int c = 0; c < schedule_.chunks; ++c) {

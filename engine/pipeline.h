@@ -90,6 +90,10 @@ class PipelineRunner {
  private:
   struct Channel;
   struct PortState;
+  void walk_cycle(const PipeModel& model);
+  void walk_evaluation(const PipeModel& model);
+  // Runs `work`; on an error, aborts the channels (naming this stage) before raising it.
+  void guarded(const std::function<void()>& work);
   // Enqueues the start of a span on `stream` and returns what closes it (nothing when not tracing).
   std::function<void()> open_span(Stream& stream, SpanKind kind, int micro, int chunk);
   Channel& channel(PipeOp op);

@@ -291,13 +291,16 @@ class Console final : public TrainObserver {
                   "%.3f by the formula; activations at peak per stage: %s\n",
                   c_.parallel.pipeline, pipe_kind_name(c_.parallel.schedule).data(),
                   static_cast<long long>(c_.engine.gradient_accumulation_steps), s.pipeline_bubble, s.bubble_formula, peaks.c_str());
-      pipeline = {{"bubble", s.pipeline_bubble}, {"bubble_formula", s.bubble_formula}, {"stage_activation_peak_bytes", s.stage_activation_peak}};
+      pipeline = {{"bubble", s.pipeline_bubble},
+                  {"bubble_formula", s.bubble_formula},
+                  {"stage_activation_peak_bytes", s.stage_activation_peak}};
       if (!s.trace.is_null()) {
         const std::string path = c_.run.output_dir + "/trace.json";
         std::ofstream trace(path);
         trace << s.trace.dump() << "\n";
         trace.flush();
-        if (!trace) ZEROTH_THROW(IoError, "writing {} failed: {}; the disk may be full or the folder read-only", path, std::strerror(errno));
+        if (!trace)
+          ZEROTH_THROW(IoError, "writing {} failed: {}; the disk may be full or the folder read-only", path, std::strerror(errno));
         std::printf("  trace: %s (Chrome trace format: chrome://tracing or ui.perfetto.dev)\n", path.c_str());
         pipeline["trace"] = path;
       }

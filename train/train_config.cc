@@ -273,8 +273,8 @@ void read_data(TrainConfig& t, const json& j) {
 
 void read_run(TrainConfig& t, const json& j, int launched_world_size) {
   static constexpr std::string_view kKeys[] = {
-      "name",           "steps",       "eval_interval", "eval_batches",    "seed",     "output_dir",          "device",
-      "device_memory",  "host_memory", "world_size",    "backend",         "progress", "max_nonfinite_steps", "checkpoint_interval",
+      "name",           "steps",       "eval_interval", "eval_batches",     "seed",     "output_dir",          "device",
+      "device_memory",  "host_memory", "world_size",    "backend",          "progress", "max_nonfinite_steps", "checkpoint_interval",
       "checkpoint_dir", "keep_last",   "init_from",     "checkpoint_async", "trace"};
   static constexpr std::string_view kBackends[] = {"local", "gloo", "nccl"};
   static constexpr std::string_view kProgress[] = {"auto", "bar", "lines"};
@@ -345,8 +345,10 @@ void read_run(TrainConfig& t, const json& j, int launched_world_size) {
 // data-parallel size is what is left of the world.
 void read_parallel(TrainConfig& t, json& j) {
   static constexpr std::string_view kParallelKeys[] = {"pipeline", "schedule", "virtual_stages", "micro_batches"};
-  static constexpr std::string_view kPipelineKeys[] = {"stages", "partition_method", "partition", "activation_checkpoint_interval",
-                                                       "seed_layers", "pipe_partitioned", "grad_partitioned"};
+  static constexpr std::string_view kPipelineKeys[] = {"stages",          "partition_method",
+                                                       "partition",       "activation_checkpoint_interval",
+                                                       "seed_layers",     "pipe_partitioned",
+                                                       "grad_partitioned"};
   static constexpr std::string_view kSchedules[] = {"gpipe", "1f1b", "interleaved"};
   ParallelConfig& p = t.parallel;
   const json parallel = j.value("parallel", json::object());
@@ -363,14 +365,15 @@ void read_parallel(TrainConfig& t, json& j) {
   p.schedule = kind == "gpipe" ? PipeKind::gpipe : kind == "interleaved" ? PipeKind::interleaved : PipeKind::one_f_one_b;
   p.virtual_stages = static_cast<int>(par.integer("virtual_stages", p.schedule == PipeKind::interleaved ? 2 : 1, 1, 1 << 10));
   if (p.schedule != PipeKind::interleaved && p.virtual_stages != 1) {
-    ZEROTH_THROW(ConfigError, "parallel.virtual_stages = {} needs parallel.schedule = \"interleaved\" (it is \"{}\")", p.virtual_stages,
-                 kind);
+    ZEROTH_THROW(ConfigError, "parallel.virtual_stages = {} needs parallel.schedule = \"interleaved\" (it is \"{}\")",
+                 p.virtual_stages, kind);
   }
   if (p.schedule == PipeKind::interleaved && (p.virtual_stages < 2 || p.pipeline < 2)) {
-    ZEROTH_THROW(ConfigError,
-                 "parallel.schedule = \"interleaved\" runs parallel.virtual_stages >= 2 model chunks on each of parallel.pipeline >= 2 "
-                 "stages (it has {} and {}); use \"1f1b\" otherwise",
-                 p.virtual_stages, p.pipeline);
+    ZEROTH_THROW(
+        ConfigError,
+        "parallel.schedule = \"interleaved\" runs parallel.virtual_stages >= 2 model chunks on each of parallel.pipeline >= 2 "
+        "stages (it has {} and {}); use \"1f1b\" otherwise",
+        p.virtual_stages, p.pipeline);
   }
   const char* method_key = pipe.has("partition_method") ? "partition_method" : "partition";
   if (pipe.has(method_key)) {
@@ -405,7 +408,9 @@ void read_parallel(TrainConfig& t, json& j) {
                  "already (the same values at any partition); remove it");
   }
   for (const char* k : {"pipe_partitioned", "grad_partitioned"}) {
-    if (pipe.has(k)) t.no_effect.push_back(fmt::format("pipeline.{}: it splits messages across tensor-parallel ranks, which this run does not have", k));
+    if (pipe.has(k))
+      t.no_effect.push_back(
+          fmt::format("pipeline.{}: it splits messages across tensor-parallel ranks, which this run does not have", k));
   }
   if (t.run.world_size % p.pipeline != 0) {
     ZEROTH_THROW(ConfigError,

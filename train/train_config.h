@@ -19,7 +19,7 @@
 
 #include "engine/config.h"             // EngineConfig
 #include "engine/pipeline_schedule.h"  // PipeKind
-#include "models/gpt/gpt.h"  // GptConfig
+#include "models/gpt/gpt.h"            // GptConfig
 
 namespace zeroth {
 
@@ -75,9 +75,9 @@ struct RunConfig {
 struct ParallelConfig {
   int pipeline = 1;  // stages
   PipeKind schedule = PipeKind::one_f_one_b;
-  int virtual_stages = 1;              // model chunks per stage (interleaved)
+  int virtual_stages = 1;                // model chunks per stage (interleaved)
   std::string partition = "parameters";  // parameters | uniform (partition_counts when a list was given)
-  std::vector<int> partition_counts;   // layers per virtual stage
+  std::vector<int> partition_counts;     // layers per virtual stage
 };
 
 struct TrainConfig {

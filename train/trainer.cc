@@ -134,8 +134,8 @@ TrainSummary train(const TrainConfig& config, Communicator& world, Device& devic
   std::unique_ptr<PipelineRunner> runner;
   if (groups) {
     const int micro = static_cast<int>(config.engine.gradient_accumulation_steps);
-    runner = std::make_unique<PipelineRunner>(
-        device, *groups->pp, make_pipe_schedule(config.parallel.schedule, pp, micro, config.parallel.virtual_stages));
+    runner = std::make_unique<PipelineRunner>(device, *groups->pp,
+                                              make_pipe_schedule(config.parallel.schedule, pp, micro, config.parallel.virtual_stages));
   }
   const bool heads = part.has_head(config.model);  // this stage computes the loss
   const int mb = static_cast<int>(config.micro_batch_size), T = config.model.seq_len;
@@ -154,6 +154,11 @@ TrainSummary train(const TrainConfig& config, Communicator& world, Device& devic
   const ModelFootprint model = Gpt::footprint(config.model, mb, T, config.engine.compute_dtype, plan.max_in_flight, part);
   const MemoryNeed need = estimate(plan, model);
   TrainSummary summary;
+  // The micro-batches' tokens and losses, before the model: its queued work reads and writes them
+  // until its destructor has waited for it, also when a step fails.
+  const size_t n = static_cast<size_t>(mb) * T;
+  std::vector<int32_t> tokens(n * gas), targets(n * gas);
+  std::vector<float> losses(std::max<int64_t>(gas, config.run.eval_batches));
   Engine engine(device, dp, config.engine);
   if (groups) engine.set_pipeline(*groups->pp, tied);
   if (runner) engine.set_pass_order(runner->passes());
@@ -208,9 +213,6 @@ TrainSummary train(const TrainConfig& config, Communicator& world, Device& devic
   report([&] { observer->on_start(config, engine.plan(), facts); });
   if (!summary.resumed_from.empty()) report([&] { observer->on_resume(summary.resume_io, summary.start_step); });
 
-  const size_t n = static_cast<size_t>(mb) * T;
-  std::vector<int32_t> tokens(n * gas), targets(n * gas);
-  std::vector<float> losses(std::max<int64_t>(gas, config.run.eval_batches));
   Buffer shared = device.allocate(2 * sizeof(float), MemTag::buffers);
   Stream& cs = engine.compute_stream();
 
@@ -325,7 +327,8 @@ TrainSummary train(const TrainConfig& config, Communicator& world, Device& devic
     const StepResult r = engine.step();
     cs.synchronize();
     if (runner) {
-      runner->add_span({SpanKind::optimizer, 0, 0, step_start, std::chrono::duration<double>(Clock::now().time_since_epoch()).count()});
+      runner->add_span(
+          {SpanKind::optimizer, 0, 0, step_start, std::chrono::duration<double>(Clock::now().time_since_epoch()).count()});
       PipeMeasure measured = runner->measure(cs);
       if (k > summary.start_step || config.run.steps - summary.start_step == 1) bubbles.push_back(measured.bubble);
       summary.bubble_formula = measured.formula;

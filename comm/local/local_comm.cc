@@ -23,6 +23,7 @@ class LocalCommunicator final : public Communicator {
   int size() const override { return group_->size(); }
   std::string_view backend() const override { return "local"; }
   LocalGroup& group() { return *group_; }
+  void abort(const std::string& reason) override { group_->abort(reason); }
 
  protected:
   void do_all_gather(Stream& s, TensorView send, TensorView recv, const Descriptor& d) override {

@@ -68,6 +68,15 @@ void LocalGroup::abort(const std::string& reason) {
     std::lock_guard lock(mutex_);
     if (aborted_) return;
     aborted_ = reason;
+    // Senders waiting for a receiver that will not come learn it now.
+    for (auto& [pair, box] : mailboxes_) {
+      for (auto& m : box) {
+        m.done->set_exception(
+            std::make_exception_ptr(CommError(fmt::format("local {} from rank {} to rank {} of {} aborted: {}", m.desc.describe(),
+                                                          pair.first, pair.second, size_, reason))));
+      }
+      box.clear();
+    }
     for (auto& weak : children_) {
       if (auto child = weak.lock()) children.push_back(std::move(child));
     }

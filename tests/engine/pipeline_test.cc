@@ -1,0 +1,363 @@
+// Pipelines on the engine: a tiny GPT split over p stages (and over dp data-parallel ranks per
+// stage) with GPipe, 1F1B and interleaved 1F1B trains to what one rank computes for the same
+// global batches, at every ZeRO stage; the tied embedding's two copies stay identical; the measured
+// bubble follows the formula; a stage that dies ends every rank with an error naming it.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/local/local_comm.h"
+#include "comm/process_grid.h"
+#include "engine/engine.h"
+#include "engine/pipeline.h"
+#include "models/gpt/gpt.h"
+#include "tests/engine/tensor_error.h"
+#include "train/data.h"
+
+namespace zeroth {
+namespace {
+
+struct PipeCase {
+  int dp = 1, pp = 1;
+  PipeKind kind = PipeKind::one_f_one_b;
+  int stage = 0;
+  int micro = 4;  // micro-batches per cycle
+};
+void PrintTo(const PipeCase& k, std::ostream* os) {
+  *os << "dp " << k.dp << " x pp " << k.pp << ", " << pipe_kind_name(k.kind) << ", ZeRO stage " << k.stage << ", m " << k.micro;
+}
+
+struct PipeResult {
+  std::vector<double> losses, grad_norms;           // per step
+  std::map<std::string, std::vector<float>> weights;  // per block name, unpadded
+  std::vector<float> head_copy;                     // the last stage's copy of the tied embedding
+  std::vector<int> in_flight;                       // per stage: micro-batches of activations held (per chunk)
+};
+
+constexpr int kGlobalBatch = 8, kSteps = 4;
+
+GptConfig tiny() {
+  GptConfig c;
+  c.vocab_size = 64, c.seq_len = 16, c.n_layer = 8, c.n_head = 2, c.n_embd = 32;
+  return c;
+}
+
+EngineConfig engine_config(int stage, int micro) {
+  EngineConfig ec;
+  ec.zero.stage = stage;
+  ec.zero.reduce_bucket_size = 6000;  // several buckets, single-block and staged
+  ec.zero.allgather_bucket_size = 6000;
+  ec.zero.stage3_prefetch_bucket_size = 8000;
+  ec.zero.stage3_param_persistence_threshold = 100;
+  ec.zero.stage3_max_reuse_distance = 0;
+  ec.gradient_accumulation_steps = micro;
+  ec.gradient_clipping = 1.0;
+  ec.optimizer.lr = 1e-2;
+  ec.optimizer.weight_decay = 0.01;
+  ec.schedule.kind = ScheduleKind::warmup;
+  ec.schedule.warmup_max_lr = 1e-2;
+  ec.schedule.warmup_num_steps = 2;
+  ec.schedule.warmup_type = WarmupType::linear;
+  ec.seed = 7;
+  return ec;
+}
+
+std::vector<float> unpadded(Engine& engine, int block) {
+  auto w = engine.master_values(block);
+  w.resize(engine.plan().blocks[block].numel);
+  return w;
+}
+
+// One rank, the whole model, the cycle's micro-batches one after another.
+PipeResult train_whole(int micro) {
+  const GptConfig gc = tiny();
+  const TokenData data = TokenData::synthetic(gc.vocab_size, 1 << 14, 3);
+  const int mb = kGlobalBatch / micro, T = gc.seq_len;
+  PipeResult out;
+  auto device = make_device("cpu");
+  auto comms = make_local_communicators(1);
+  Engine engine(*device, *comms[0], engine_config(0, micro));
+  Gpt gpt(engine, gc);
+  engine.finalize();
+  Loader loader(data, T, mb, micro, 1, 0, 11, true);
+  std::vector<int32_t> tokens(static_cast<size_t>(mb) * T), targets(tokens.size());
+  std::vector<float> losses(micro);
+  for (int s = 0; s < kSteps; ++s) {
+    for (int m = 0; m < micro; ++m) {
+      loader.batch(s, m, tokens.data(), targets.data());
+      gpt.forward(m, tokens.data(), targets.data(), mb, T, &losses[m]);
+      gpt.backward(m);
+      engine.compute_stream().synchronize();
+    }
+    const auto r = engine.step();
+    engine.compute_stream().synchronize();
+    out.grad_norms.push_back(r.grad_norm);
+    double sum = 0;
+    for (float l : losses) sum += l;
+    out.losses.push_back(sum / micro);
+  }
+  for (size_t b = 0; b < engine.plan().blocks.size(); ++b) out.weights[engine.plan().blocks[b].name] = unpadded(engine, static_cast<int>(b));
+  return out;
+}
+
+// dp x pp local ranks laid out as ProcessGrid(dp, pp, 1), each stage running its part through a
+// PipelineRunner. `measures`: each step's measured timeline (rank 0's).
+PipeResult train_pipeline(const PipeCase& k, std::vector<PipeMeasure>* measures = nullptr) {
+  const GptConfig gc = tiny();
+  const TokenData data = TokenData::synthetic(gc.vocab_size, 1 << 14, 3);
+  const int chunks = k.kind == PipeKind::interleaved ? 2 : 1;
+  const int mb = kGlobalBatch / (k.dp * k.micro), T = gc.seq_len;
+  const ProcessGrid grid(k.dp, k.pp, 1);
+  const std::vector<int> layers = partition_layers(gc, k.pp * chunks, "uniform");
+  PipeResult out;
+  out.in_flight.assign(k.pp, 0);
+  std::mutex mutex;
+  std::vector<std::vector<double>> losses(k.dp);
+  run_local_ranks(grid.world_size(), [&](Communicator& world) {
+    auto groups = grid.split(world);
+    const int stage = groups.pp->rank(), dp_rank = groups.dp->rank();
+    const GptPart part = GptPart::of_rank(layers, k.pp, stage);
+    auto device = make_device("cpu");
+    PipelineRunner runner(*device, *groups.pp, make_pipe_schedule(k.kind, k.pp, k.micro, chunks));
+    Engine engine(*device, *groups.dp, engine_config(k.stage, k.micro));
+    const int tied = stage == 0 || stage == k.pp - 1 ? Gpt::embedding_block(gc, part) : -1;
+    engine.set_pipeline(*groups.pp, tied);
+    engine.set_pass_order(runner.passes());
+    Gpt gpt(engine, gc, part);
+    engine.finalize();
+    Loader loader(data, T, mb, k.micro, k.dp, dp_rank, 11, true);
+    const size_t n = static_cast<size_t>(mb) * T;
+    std::vector<int32_t> tokens(n * k.micro), targets(n * k.micro);
+    std::vector<float> micro_losses(k.micro);
+    PipeModel model;
+    model.forward = [&](int m, int c) { gpt.forward_chunk(m, c, tokens.data() + m * n, targets.data() + m * n, mb, T, &micro_losses[m]); };
+    model.backward = [&](int m, int c) { gpt.backward_chunk(m, c); };
+    model.port = [&](PipePort p, int m, int c) {
+      const Gpt::Port ports[] = {Gpt::Port::input, Gpt::Port::output, Gpt::Port::input_grad, Gpt::Port::output_grad};
+      return gpt.port(ports[static_cast<int>(p)], m, c);
+    };
+    runner.set_tracing(measures != nullptr);
+    std::vector<double> norms, mine;
+    for (int s = 0; s < kSteps; ++s) {
+      for (int m = 0; m < k.micro; ++m) loader.batch(s, m, tokens.data() + m * n, targets.data() + m * n);
+      gpt.prepare(mb, T);
+      runner.run_cycle(model);
+      const auto r = engine.step();
+      EXPECT_TRUE(r.boundary);
+      engine.compute_stream().synchronize();
+      norms.push_back(r.grad_norm);
+      double sum = 0;
+      for (float l : micro_losses) sum += l;
+      mine.push_back(sum / k.micro);
+      if (measures != nullptr) {
+        auto measured = runner.measure(engine.compute_stream());
+        if (world.rank() == 0) measures->push_back(std::move(measured));
+      }
+    }
+    std::map<std::string, std::vector<float>> weights;
+    for (size_t b = 0; b < engine.plan().blocks.size(); ++b) weights[engine.plan().blocks[b].name] = unpadded(engine, static_cast<int>(b));
+    std::lock_guard lock(mutex);
+    if (part.has_head(gc)) losses[dp_rank] = mine;
+    if (dp_rank != 0) return;
+    out.in_flight[stage] = engine.micro_batches_in_flight();
+    if (stage == 0) out.grad_norms = norms;
+    for (auto& [name, w] : weights) {
+      if (name == "embed" && stage != 0) out.head_copy = w;
+      else out.weights[name] = w;
+    }
+  });
+  out.losses.assign(kSteps, 0.0);
+  for (int r = 0; r < k.dp; ++r) {
+    for (int s = 0; s < kSteps; ++s) out.losses[s] += losses[r][s] / k.dp;
+  }
+  return out;
+}
+
+const PipeResult& reference(int micro) {
+  static std::mutex mutex;
+  static std::map<int, PipeResult> cache;
+  std::lock_guard lock(mutex);
+  if (!cache.contains(micro)) cache[micro] = train_whole(micro);
+  return cache[micro];
+}
+
+class PipelineEquivalence : public ::testing::TestWithParam<PipeCase> {};
+
+// Against one rank running the same micro-batches in turn, in f32: only the order of float sums
+// differs (the batch split over dp, the bucketed reductions, the tied embedding's gradient added
+// over the stage pair instead of in one buffer), so the bounds are those of the data-parallel
+// equivalence (gpt_equivalence_test.cc): weights 2e-6 of each tensor's largest value, gradient
+// norms 5e-7 and losses 3e-7 relative.
+TEST_P(PipelineEquivalence, TrainsLikeOneRank) {
+  const auto k = GetParam();
+  const auto got = train_pipeline(k);
+  const auto& ref = reference(k.micro);
+  const auto specs = Gpt::block_specs(tiny());
+  testing::TensorError worst;
+  ASSERT_EQ(got.weights.size(), ref.weights.size());
+  for (const auto& spec : specs) {
+    const auto& g = got.weights.at(spec.name);
+    const auto& r = ref.weights.at(spec.name);
+    ASSERT_EQ(g.size(), r.size()) << spec.name;
+    size_t at = 0;
+    for (const auto& p : spec.params) {
+      const auto slice = [&](const std::vector<float>& w) { return std::vector<float>(w.begin() + at, w.begin() + at + p.numel()); };
+      const auto e = testing::compare(spec.name + "." + p.name, slice(g), slice(r));
+      EXPECT_LT(e.rel(), 2e-6) << e.name << ": max |difference| " << e.max_abs << " of max |value| " << e.scale;
+      if (e.rel() > worst.rel()) worst = e;
+      at += p.numel();
+    }
+  }
+  // The last stage's copy of the tied embedding: the same gradients, the same update, bit for bit.
+  if (k.pp > 1) EXPECT_EQ(got.head_copy, got.weights.at("embed")) << "the two copies of the tied embedding differ";
+  double norm_err = 0, loss_err = 0;
+  ASSERT_EQ(got.grad_norms.size(), ref.grad_norms.size());
+  for (int s = 0; s < kSteps; ++s) {
+    norm_err = std::max(norm_err, std::abs(got.grad_norms[s] - ref.grad_norms[s]) / ref.grad_norms[s]);
+    loss_err = std::max(loss_err, std::abs(got.losses[s] - ref.losses[s]) / ref.losses[s]);
+    EXPECT_NEAR(got.grad_norms[s], ref.grad_norms[s], 5e-7 * ref.grad_norms[s]) << "step " << s;
+    EXPECT_NEAR(got.losses[s], ref.losses[s], 3e-7 * ref.losses[s]) << "step " << s;
+  }
+  EXPECT_LT(got.losses.back(), got.losses.front());
+  std::printf("dp %d pp %d %s stage %d: worst weight error %.3g (%s), gradient norm %.3g, loss %.3g; loss %.6f -> %.6f\n", k.dp, k.pp,
+              pipe_kind_name(k.kind).data(), k.stage, worst.rel(), worst.name.c_str(), norm_err, loss_err, got.losses.front(),
+              got.losses.back());
+}
+
+std::vector<PipeCase> cases() {
+  std::vector<PipeCase> out;
+  for (auto [dp, pp] : {std::pair{1, 2}, std::pair{1, 4}, std::pair{2, 2}}) {
+    for (PipeKind kind : {PipeKind::gpipe, PipeKind::one_f_one_b, PipeKind::interleaved}) {
+      for (int stage : {0, 1, 2, 3}) out.push_back({dp, pp, kind, stage, 4});
+    }
+  }
+  return out;
+}
+
+std::string name(const ::testing::TestParamInfo<PipeCase>& info) {
+  const auto& k = info.param;
+  const char* kinds[] = {"GPipe", "OneFOneB", "Interleaved"};
+  return "Dp" + std::to_string(k.dp) + "Pp" + std::to_string(k.pp) + kinds[static_cast<int>(k.kind)] + "Zero" + std::to_string(k.stage);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, PipelineEquivalence, ::testing::ValuesIn(cases()), name);
+
+// A stage model whose passes take a fixed time on the compute stream (a sleep standing for the
+// work, so that p stages run side by side on any number of cores): forward 1 unit, backward 2,
+// each chunk of v the v-th part; messages of 1 KiB. Balanced stages, so the measured bubble must
+// be the papers' (p - 1) / (m + p - 1), or (p - 1) / (v m + p - 1) interleaved.
+PipeMeasure measure_sleeping(PipeKind kind, int p, int m, std::chrono::microseconds unit) {
+  const int v = kind == PipeKind::interleaved ? 2 : 1;
+  PipeMeasure result;
+  run_local_ranks(p, [&](Communicator& world) {
+    auto device = make_device("cpu");
+    PipelineRunner runner(*device, world, make_pipe_schedule(kind, p, m, v));
+    Stream& cs = device->default_stream();
+    // One buffer per (micro-batch, chunk, port): nothing is reused within the cycle.
+    Buffer ports = device->allocate(static_cast<size_t>(m) * v * 4 * 256 * sizeof(float), MemTag::activations);
+    PipeModel model;
+    auto sleep_for = [&cs, unit, v](int units) {
+      const auto d = unit * units / v;
+      cs.enqueue_host([d] { std::this_thread::sleep_for(d); });
+    };
+    model.forward = [&](int, int) { sleep_for(1); };
+    model.backward = [&](int, int) { sleep_for(2); };
+    model.port = [&](PipePort port, int micro, int chunk) {
+      const size_t at = ((static_cast<size_t>(micro) * v + chunk) * 4 + static_cast<size_t>(port)) * 256;
+      return TensorView{ports.as<float>() + at, 256, DType::f32};
+    };
+    runner.set_tracing(true);
+    runner.run_cycle(model);
+    auto measured = runner.measure(cs);
+    if (world.rank() == 0) result = std::move(measured);
+  });
+  return result;
+}
+
+TEST(PipelineBubble, MeasuredFollowsTheFormulaForBalancedStages) {
+  for (PipeKind kind : {PipeKind::gpipe, PipeKind::one_f_one_b, PipeKind::interleaved}) {
+    for (int m : {4, 8, 16}) {
+      const int p = 4;
+      const auto got = measure_sleeping(kind, p, m, std::chrono::milliseconds(4));
+      const double formula = pipe_bubble_formula(kind, p, m, kind == PipeKind::interleaved ? 2 : 1);
+      EXPECT_DOUBLE_EQ(got.formula, formula);
+      std::printf("%s p %d m %2d: bubble %.3f measured, %.3f by the formula (%+.1f%%), makespan %.3f s\n", pipe_kind_name(kind).data(),
+                  p, m, got.bubble, formula, 100 * (got.bubble - formula) / formula, got.makespan);
+      EXPECT_NEAR(got.bubble, formula, 0.2 * formula) << pipe_kind_name(kind) << " m " << m;
+      // Every rank's passes and transfers were stamped: m forwards and backwards per chunk.
+      ASSERT_EQ(got.spans.size(), static_cast<size_t>(p));
+      for (const auto& rank : got.spans) {
+        size_t passes = 0;
+        for (const auto& s : rank) passes += s.kind == SpanKind::forward || s.kind == SpanKind::backward ? 1 : 0;
+        EXPECT_EQ(passes, static_cast<size_t>(2 * m * (kind == PipeKind::interleaved ? 2 : 1)));
+      }
+    }
+  }
+}
+
+// A stage that fails mid-cycle (its backward raises) ends every rank with an error naming it, well
+// before the communicators' timeout.
+TEST(PipelineFailure, AStageDyingEndsEveryRankWithAnErrorNamingIt) {
+  const GptConfig gc = tiny();
+  const int pp = 4, micro = 4;
+  CommOptions options;
+  options.timeout = std::chrono::seconds(30);
+  std::mutex mutex;
+  std::vector<std::string> errors(pp);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_THROW(run_local_ranks(
+                   pp,
+                   [&](Communicator& world) {
+                     try {
+                       // Before the model: its queued work reads them until its destructor has waited for it.
+                       std::vector<int32_t> tokens(static_cast<size_t>(2) * gc.seq_len, 1);
+                       std::vector<float> losses(micro);
+                       auto groups = ProcessGrid(1, pp, 1).split(world);
+                       const int stage = groups.pp->rank();
+                       const GptPart part = GptPart::of_rank(partition_layers(gc, pp, "uniform"), pp, stage);
+                       auto device = make_device("cpu");
+                       PipelineRunner runner(*device, *groups.pp, make_pipe_schedule(PipeKind::one_f_one_b, pp, micro));
+                       Engine engine(*device, *groups.dp, engine_config(0, micro));
+                       engine.set_pipeline(*groups.pp, stage == 0 || stage == pp - 1 ? Gpt::embedding_block(gc, part) : -1);
+                       Gpt gpt(engine, gc, part);
+                       engine.set_pass_order(runner.passes());
+                       engine.finalize();
+                       PipeModel model;
+                       model.forward = [&](int m, int c) { gpt.forward_chunk(m, c, tokens.data(), tokens.data(), 2, gc.seq_len, &losses[m]); };
+                       model.backward = [&](int m, int c) {
+                         if (world.rank() == 2 && m == 1) throw std::runtime_error("stage 2 lost its device");
+                         gpt.backward_chunk(m, c);
+                       };
+                       model.port = [&](PipePort p, int m, int c) {
+                         const Gpt::Port ports[] = {Gpt::Port::input, Gpt::Port::output, Gpt::Port::input_grad, Gpt::Port::output_grad};
+                         return gpt.port(ports[static_cast<int>(p)], m, c);
+                       };
+                       gpt.prepare(2, gc.seq_len);
+                       runner.run_cycle(model);
+                       engine.step();
+                       engine.compute_stream().synchronize();
+                     } catch (const std::exception& e) {
+                       std::lock_guard lock(mutex);
+                       errors[world.rank()] = e.what();
+                       throw;
+                     }
+                   },
+                   options),
+               std::runtime_error);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 15.0) << "the ranks waited for the timeout instead of learning of the failure";
+  for (int r = 0; r < pp; ++r) {
+    const std::string cause = r == 2 ? "stage 2 lost its device" : "pipeline stage 2 failed: stage 2 lost its device";
+    EXPECT_NE(errors[r].find(cause), std::string::npos) << "rank " << r << ": " << errors[r];
+  }
+}
+
+}  // namespace
+}  // namespace zeroth
