@@ -72,7 +72,7 @@ offload::IoOptions io_options(const AioConfig& aio) {
 CheckpointIo CheckpointSaver::save(Engine& engine, const CheckpointSaveOptions& o) {
   if (pending_) complete(engine);  // one save in flight at a time
   const Plan& plan = engine.plan();
-  const int rank = plan.rank;
+  const int rank = file_index(engine);  // 0: the rank that prepares and publishes the folder
   auto p = std::make_unique<Pending>();
   p->start = Clock::now();
   p->name = fmt::format("step-{}", engine.steps_run());
@@ -81,7 +81,7 @@ CheckpointIo CheckpointSaver::save(Engine& engine, const CheckpointSaveOptions& 
   p->keep_last = o.keep_last;
   p->what = fmt::format("saving the checkpoint {}", (p->dir / p->name).string());
   const auto states = engine_states(engine);
-  const auto tensors = engine_tensors(engine);
+  const auto tensors = saved_tensors(engine);
 
   Agreement agreement(engine);
   if (rank == 0) agreement.attempt([&] { prepare_folder(p->dir, p->tmp); });
@@ -93,7 +93,7 @@ CheckpointIo CheckpointSaver::save(Engine& engine, const CheckpointSaveOptions& 
     m.world = o.world;
     m.world["dp"] = plan.dp;
     if (!m.world.contains("tp")) m.world["tp"] = 1;
-    if (!m.world.contains("pp")) m.world["pp"] = 1;
+    m.world["pp"] = engine.pipeline_stages();
     m.world["zero_stage"] = plan.stage;
     m.world["offload_optimizer"] = offload_device_name(engine.config().zero.offload_optimizer.device);
     m.world["offload_param"] = offload_device_name(engine.config().zero.offload_param.device);
@@ -114,7 +114,7 @@ CheckpointIo CheckpointSaver::save(Engine& engine, const CheckpointSaveOptions& 
     } else {
       // The copy the writer works from, so training may change the state meanwhile.
       size_t total = 0;
-      for (const auto& piece : file_layout(plan, tensors, states.size(), rank)) total += piece.hi - piece.lo;
+      for (const auto& piece : file_layout(plan, tensors, states.size(), plan.rank)) total += piece.hi - piece.lo;
       snapshot_.resize(total);
       size_t at = 0;
       for_each_piece(engine, states, tensors, [&](const float* v, size_t n) {
@@ -147,7 +147,7 @@ CheckpointIo CheckpointSaver::complete(Engine& engine) {
   const std::unique_ptr<Pending> p = std::move(pending_);
   if (p->writer.joinable()) p->writer.join();
   const Plan& plan = engine.plan();
-  const int rank = plan.rank, dp = plan.dp;
+  const int rank = file_index(engine), files = file_count(engine), stage = engine.pipeline_stage();
   CheckpointIo io{(p->dir / p->name).string()};
   Agreement agreement(engine);
   agreement.attempt([&] {
@@ -161,12 +161,39 @@ CheckpointIo CheckpointSaver::complete(Engine& engine) {
     throw;
   }
   io.bytes = p->file.bytes;
-  for (int r = 0; r < dp; ++r) io.all_bytes += all[r * 3 + 1];
+  for (int r = 0; r < files; ++r) io.all_bytes += all[r * 3 + 1];
+  // A pipeline's stages each describe their own tensors (their files numbered from stage x dp),
+  // in a part file beside the data that rank 0 merges into the manifest.
+  const auto part_name = [](int s) { return fmt::format("stage-{}.tensors.json", s); };
+  if (engine.pipeline_stages() > 1) {
+    if (plan.rank == 0) {
+      agreement.attempt([&] {
+        Manifest part = p->header;
+        part.states.clear();
+        for (const auto& st : engine_states(engine)) part.states.push_back(st.name);
+        add_tensors(part, plan, saved_tensors(engine), stage * plan.dp);
+        const nlohmann::json whole = part.to_json();
+        write_file_atomically(p->tmp.string(), part_name(stage), whole.at("tensors").dump() + "\n");
+      });
+    }
+    agreement.agree(p->what.c_str());
+  }
   if (rank == 0) {
     agreement.attempt([&] {
       Manifest& m = p->header;
-      for (int r = 0; r < dp; ++r) m.files.push_back({ckpt_file_name(r), all[r * 3 + 1], all[r * 3 + 2]});
-      add_tensors(m, plan, engine_tensors(engine));
+      for (int r = 0; r < files; ++r) m.files.push_back({ckpt_file_name(r), all[r * 3 + 1], all[r * 3 + 2]});
+      if (engine.pipeline_stages() == 1) {
+        add_tensors(m, plan, saved_tensors(engine));
+      } else {
+        nlohmann::json j = m.to_json();
+        for (int s = 0; s < engine.pipeline_stages(); ++s) {
+          const fs::path part = p->tmp / part_name(s);
+          const nlohmann::json tensors = read_json_file(part.string());
+          for (const auto& t : tensors) j["tensors"].push_back(t);
+          fs::remove(part);
+        }
+        m = Manifest::from_json(j, (p->tmp / kManifestName).string());
+      }
       publish(p->dir, p->name, m, p->keep_last);
     });
     std::error_code ec;

@@ -198,6 +198,10 @@ std::string resolve_checkpoint(const std::string& path) {
 
 Manifest read_manifest(const std::string& step_dir) {
   const std::string path = (fs::path(step_dir) / kManifestName).string();
+  return Manifest::from_json(read_json_file(path), path);
+}
+
+json read_json_file(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw CheckpointError(fmt::format("{}: cannot be read ({}); the checkpoint is incomplete", path, std::strerror(errno)));
   std::stringstream text;
@@ -208,7 +212,7 @@ Manifest read_manifest(const std::string& step_dir) {
   } catch (const json::parse_error& e) {
     throw CheckpointError(fmt::format("{}: not valid JSON ({}); the checkpoint cannot be used", path, e.what()));
   }
-  return Manifest::from_json(j, path);
+  return j;
 }
 
 FileCheck verify_file(const std::string& step_dir, const CkptFile& file) {

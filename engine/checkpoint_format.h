@@ -80,6 +80,8 @@ std::string resolve_checkpoint(const std::string& path);
 // Reads and parses <step folder>/manifest.json (CheckpointError naming it when it is missing or
 // not valid).
 Manifest read_manifest(const std::string& step_dir);
+// A JSON file of the checkpoint's (CheckpointError naming it when it is missing or not valid).
+nlohmann::json read_json_file(const std::string& path);
 // Whether a data file is there with the manifest's size and checksum. Plain data, so ranks that
 // split the verification can exchange the outcome and all describe it the same way.
 struct FileCheck {

@@ -19,7 +19,7 @@ using namespace ckpt;
 CheckpointIo load_checkpoint(Engine& engine, const std::string& path, Manifest* out, bool weights_only) {
   const auto t0 = Clock::now();
   const Plan& plan = engine.plan();
-  const int rank = plan.rank, dp = plan.dp;
+  const int rank = file_index(engine), ranks = file_count(engine);
   // The same checks on every rank, from the same files; the ranks agree before going on, so a
   // rank that cannot read them (another disk, a file replaced meanwhile) stops them all.
   auto states = engine_states(engine);
@@ -61,7 +61,8 @@ CheckpointIo load_checkpoint(Engine& engine, const std::string& path, Manifest* 
       }
       found.push_back(c);
     }
-    if (m.tensors.size() != tensors.size()) {
+    // A pipeline stage holds part of the model; one rank holds all of it.
+    if (engine.pipeline_stages() == 1 && m.tensors.size() != tensors.size()) {
       throw CheckpointError(fmt::format("{}: the checkpoint holds {} tensors, this model {}; it was written for another model",
                                         manifest_path, m.tensors.size(), tensors.size()));
     }
@@ -72,7 +73,7 @@ CheckpointIo load_checkpoint(Engine& engine, const std::string& path, Manifest* 
   // Verification, the files split between the ranks; every rank learns every outcome.
   const size_t files = m.files.size();
   std::vector<uint64_t> checks(2 * files, 0);
-  for (size_t f = static_cast<size_t>(rank); f < files; f += static_cast<size_t>(dp)) {
+  for (size_t f = static_cast<size_t>(rank); f < files; f += static_cast<size_t>(ranks)) {
     const FileCheck c = verify_file(step_dir, m.files[f]);
     checks[2 * f] = static_cast<uint64_t>(c.problem), checks[2 * f + 1] = c.found;
     io.bytes += c.read_bytes;
@@ -80,7 +81,7 @@ CheckpointIo load_checkpoint(Engine& engine, const std::string& path, Manifest* 
   const auto all = all_gather_words(engine, checks);
   std::string problems;
   for (size_t f = 0; f < files; ++f) {
-    const size_t r = f % static_cast<size_t>(dp), at = r * 2 * files + 2 * f;
+    const size_t r = f % static_cast<size_t>(ranks), at = r * 2 * files + 2 * f;
     const FileCheck c{static_cast<FileCheck::Problem>(all[at]), all[at + 1]};
     if (c.problem != FileCheck::Problem::none) problems += (problems.empty() ? "" : "; ") + c.describe(step_dir, m.files[f]);
   }

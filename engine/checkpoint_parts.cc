@@ -67,15 +67,29 @@ std::vector<FilePiece> file_layout(const Plan& plan, const std::vector<TensorRef
   return out;
 }
 
+int file_index(const Engine& engine) { return engine.pipeline_stage() * engine.plan().dp + engine.plan().rank; }
+int file_count(const Engine& engine) { return engine.pipeline_stages() * engine.plan().dp; }
+
+std::vector<TensorRef> saved_tensors(const Engine& engine) {
+  auto tensors = engine_tensors(engine);
+  const Plan& plan = engine.plan();
+  if (plan.tied_block >= 0 && !plan.tied_in_norm)
+    std::erase_if(tensors, [&](const TensorRef& t) { return t.block == plan.tied_block; });
+  return tensors;
+}
+
 std::vector<uint64_t> all_gather_words(Engine& engine, const std::vector<uint64_t>& mine) {
   Device& device = engine.device();
   Stream& s = engine.compute_stream();
   const size_t n = mine.size(), dp = static_cast<size_t>(engine.comm().size());
-  Buffer send = device.allocate(n * 8, MemTag::other), recv = device.allocate(n * 8 * dp, MemTag::other);
+  const size_t stages = static_cast<size_t>(engine.pipeline_stages());
+  Buffer send = device.allocate(n * 8, MemTag::other), recv = device.allocate(n * 8 * dp * stages, MemTag::other);
   device.copy(s, send.data(), mine.data(), n * 8);
-  engine.comm().all_gather(s, send.view(DType::f32), recv.view(DType::f32));
-  std::vector<uint64_t> all(n * dp);
-  device.copy(s, all.data(), recv.data(), n * 8 * dp);
+  const TensorView group = recv.view(DType::f32).slice(engine.pipeline_stage() * n * 2 * dp, n * 2 * dp);
+  engine.comm().all_gather(s, send.view(DType::f32), group);
+  if (stages > 1) engine.stage_comm()->all_gather(s, group, recv.view(DType::f32));
+  std::vector<uint64_t> all(n * dp * stages);
+  device.copy(s, all.data(), recv.data(), n * 8 * dp * stages);
   s.synchronize();
   return all;
 }
@@ -98,11 +112,12 @@ std::vector<uint64_t> Agreement::agree(const char* what, std::vector<uint64_t> e
   return all;
 }
 
-void add_tensors(Manifest& m, const Plan& plan, const std::vector<TensorRef>& tensors) {
+void add_tensors(Manifest& m, const Plan& plan, const std::vector<TensorRef>& tensors, int first_file) {
+  const size_t first = m.tensors.size();
   for (const auto& t : tensors) m.tensors.push_back({t.name, t.shape, std::vector<std::vector<CkptPiece>>(m.states.size())});
   for (int r = 0; r < plan.dp; ++r)
     for (const auto& p : file_layout(plan, tensors, m.states.size(), r))
-      m.tensors[p.tensor].pieces[p.state].push_back({r, p.offset, p.lo, p.hi});
+      m.tensors[first + p.tensor].pieces[p.state].push_back({first_file + r, p.offset, p.lo, p.hi});
 }
 
 void remove_quietly(const fs::path& p) {

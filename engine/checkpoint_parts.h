@@ -34,6 +34,14 @@ struct TensorRef {
 };
 std::vector<TensorRef> plan_tensors(const std::vector<BlockSpec>& specs, const Plan& plan);
 std::vector<TensorRef> engine_tensors(const Engine& engine);
+// What a rank saves: its tensors but a pipeline's second copy of a tied one (the first stage's is
+// saved; both load from it).
+std::vector<TensorRef> saved_tensors(const Engine& engine);
+
+// A rank's place among all the ranks that save (pipeline stage x data-parallel rank): its file's
+// number, and the count of files.
+int file_index(const Engine& engine);
+int file_count(const Engine& engine);
 
 // What rank `rank`'s file holds, in file order: per block, per state, the part of each parameter
 // inside the rank's slice [rank * shard, (rank + 1) * shard) of the block's padded space.
@@ -43,8 +51,9 @@ struct FilePiece {
 };
 std::vector<FilePiece> file_layout(const Plan& plan, const std::vector<TensorRef>& tensors, size_t states, int rank);
 
-// Every rank's `mine` (the same length on every rank), rank-major: an all-gather of the bytes
-// through device memory (gathering moves bytes, so the f32 view changes none).
+// Every rank's `mine` (the same length on every rank) in file_index order: an all-gather of the
+// bytes through device memory (gathering moves bytes, so the f32 view changes none) over the
+// data-parallel group, then over the pipeline stages.
 std::vector<uint64_t> all_gather_words(Engine& engine, const std::vector<uint64_t>& mine);
 
 // Runs `work`, keeping its error; the ranks then agree, and every rank raises when any failed: its
@@ -70,8 +79,9 @@ class Agreement {
   std::exception_ptr error_;
 };
 
-// The manifest's tensors and their pieces in every rank's file.
-void add_tensors(Manifest& m, const Plan& plan, const std::vector<TensorRef>& tensors);
+// The manifest's tensors and their pieces in every rank's file (the data-parallel group's files
+// numbered from `first_file`).
+void add_tensors(Manifest& m, const Plan& plan, const std::vector<TensorRef>& tensors, int first_file = 0);
 void remove_quietly(const std::filesystem::path& p);
 // Makes the checkpoint folder and the new step's temporary folder, clearing the leftovers of saves
 // a crash interrupted. IoError naming the folder.

@@ -80,6 +80,11 @@ class Engine final : public BlockHost {
   // one copy of a parameter the two share, whose gradients are summed over the pair at each step,
   // counted in the norm on the first stage. Collective over `stages`; before finalize().
   void set_pipeline(Communicator& stages, int tied_block);
+  // This rank's pipeline stage and their number (0 and 1 without set_pipeline), and the group of
+  // the stages for collectives on the compute stream between cycles (checkpoints), or null.
+  int pipeline_stage() const { return stage_comm_ ? stage_comm_->rank() : 0; }
+  int pipeline_stages() const { return stage_comm_ ? stage_comm_->size() : 1; }
+  Communicator* stage_comm() { return stage_comm_.get(); }
   // Plans, checks the plan and the model's footprint against the budgets (nothing is allocated
   // when they do not fit), allocates and initializes. Collective.
   void finalize(const ModelFootprint& model = {});

@@ -216,9 +216,11 @@ PipelineRunner::Channel& PipelineRunner::channel(PipeOp op) {
   }
 }
 
-std::vector<PassRef> PipelineRunner::passes() const {
+std::vector<PassRef> PipelineRunner::passes() const { return pipe_passes(schedule_, rank_); }
+
+std::vector<PassRef> pipe_passes(const PipeSchedule& schedule, int rank) {
   std::vector<PassRef> out;
-  for (const auto& a : schedule_.ranks.at(rank_)) {
+  for (const auto& a : schedule.ranks.at(rank)) {
     if (a.op == PipeOp::forward) out.push_back({a.micro_batch, Pass::forward, a.chunk});
     if (a.op == PipeOp::backward) out.push_back({a.micro_batch, Pass::backward, a.chunk});
   }

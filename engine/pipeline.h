@@ -26,6 +26,9 @@
 
 namespace zeroth {
 
+// A rank's forward and backward passes in its program's order: the engine's pass order.
+std::vector<PassRef> pipe_passes(const PipeSchedule& schedule, int rank);
+
 // Where a chunk's messages live, for micro-batch `micro` (-1: evaluation).
 enum class PipePort : uint8_t { input, output, input_grad, output_grad };
 

@@ -54,8 +54,15 @@ class Builder {
   Builder(Plan& p, const EngineConfig& config, std::vector<Action>& out)
       : p_(p), z_(config.zero), out_(out), params_(config.alignment), grads_(config.alignment) {}
 
+  // Stage 3 with interleaved micro-batches (a pipeline's 1F1B, a 1F1B pass order): a block's
+  // gathered parameters stay until its last use of the cycle when all of the rank's blocks fit in
+  // stage3_max_live_parameters, instead of a gather per micro-batch and pass.
+  void keep_gathered_for_the_cycle() { keep_ = true; }
+
   void run(const std::vector<Use>& uses) {
     uses_ = &uses;
+    last_use_.assign(p_.blocks.size(), 0);
+    for (size_t i = 0; i < uses.size(); ++i) last_use_[uses[i].block] = i;
     for (size_t i = 0; i < uses.size(); ++i) step(i);
     ZEROTH_CHECK(live_.empty() && grad_live_.empty() && in_flight_.empty(), "the program leaves buffers placed at its end");
   }
@@ -150,7 +157,8 @@ class Builder {
       const auto& uses = *uses_;
       size_t next = i + 1, between = 0;
       while (next < u.run_end && uses[next].block != b) between += p_.blocks[uses[next++].block].padded;
-      if (next == u.run_end || between > z_.stage3_max_reuse_distance) {
+      const bool release = keep_ ? last_use_[b] == i : next == u.run_end || between > z_.stage3_max_reuse_distance;
+      if (release) {
         emit(i, ActionKind::release, b);
         params_.release(live_.at(b));
         live_numel_ -= blk.padded;
@@ -167,6 +175,8 @@ class Builder {
   std::map<int, size_t> live_, grad_live_;  // block -> arena offset
   size_t live_numel_ = 0;
   std::vector<int> in_flight_;
+  bool keep_ = false;
+  std::vector<size_t> last_use_;  // per block: its last use in the program
 };
 
 // The block uses of `passes` in order, with what the builder needs to know about each. A block's
@@ -213,6 +223,10 @@ std::vector<Use> expand(const std::vector<PassRef>& passes, const std::vector<Bl
 ArenaSizes build_programs(Plan& p, const std::vector<BlockSchedule>& chunks, const EngineConfig& config) {
   ArenaSizes sizes;
   Builder cycle(p, config, p.program);
+  size_t gathered = 0;
+  for (const auto& b : p.blocks) gathered += b.persistent ? 0 : b.padded;
+  if (p.stage == 3 && p.passes != sequential_passes(p.micro_batches) && gathered <= config.zero.stage3_max_live_parameters)
+    cycle.keep_gathered_for_the_cycle();
   cycle.run(expand(p.passes, chunks, p.blocks.size()));
   // Evaluation runs between cycles, when every transient buffer is back in its arena: every
   // chunk's forward of one micro-batch, in chunk order.

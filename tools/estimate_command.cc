@@ -19,6 +19,7 @@
 #include "models/gpt/gpt.h"     // Gpt
 #include "tools/commands.h"
 #include "train/train_config.h"  // TrainConfig
+#include "train/trainer.h"       // largest_stage
 
 namespace zeroth::tools {
 namespace {
@@ -338,9 +339,8 @@ int run(const Options& o) {
         }
         try {
           const TrainConfig rc = TrainConfig::from_json(v);
-          const Plan plan = make_plan(Gpt::block_specs(rc.model), Gpt::schedule(rc.model), rc.engine, rc.run.world_size, 0);
-          row.need = estimate(plan, Gpt::footprint(rc.model, static_cast<int>(rc.micro_batch_size), rc.model.seq_len,
-                                                   rc.engine.compute_dtype, plan.max_in_flight));
+          // A pipeline's rows are its stage that holds the most.
+          row.need = largest_stage(rc).need;
         } catch (const ConfigError& err) {
           row.refused = err.what();
         }

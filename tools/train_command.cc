@@ -19,6 +19,7 @@
 
 #include <CLI/CLI.hpp>        // CLI::App
 #include <fmt/format.h>       // fmt::format
+#include <fmt/ranges.h>       // fmt::join
 #include <nlohmann/json.hpp>  // nlohmann::json
 
 #include "comm/gloo/gloo_comm.h"    // make_gloo_communicator
@@ -29,6 +30,7 @@
 #include "core/error.h"             // ZEROTH_THROW
 #include "core/log.h"               // log::set_level
 #include "engine/estimate.h"        // estimate
+#include "engine/pipeline.h"        // pipe_passes
 #include "engine/plan.h"            // make_plan
 #include "train/trainer.h"          // train
 #include "models/gpt/gpt.h"         // Gpt
@@ -118,9 +120,19 @@ class Console final : public TrainObserver {
                     c.run.backend == "local" ? "threads" : c.run.backend + " processes", cpu::num_threads(),
                     cpu::num_threads() == 1 ? "" : "s", c.engine.zero.stage, dtype_label(c.engine.compute_dtype),
                     dtype_label(c.engine.communication_dtype)));
-    rows.emplace_back("batch",
-                      fmt::format("{} seq/rank x {} accumulation x {} ranks = {} sequences = {} tokens/step", c.micro_batch_size, gas,
-                                  c.run.world_size, c.train_batch_size, si(static_cast<double>(c.tokens_per_step()))));
+    if (c.parallel.pipeline > 1) {
+      const auto layers = c.layers_per_virtual_stage();
+      rows.emplace_back("pipeline",
+                        fmt::format("{} stages x {} data-parallel, {}{}, {} micro-batches; layers per {}stage: {}",
+                                    c.parallel.pipeline, c.data_parallel(), pipe_kind_name(c.parallel.schedule),
+                                    c.parallel.virtual_stages > 1 ? fmt::format(" ({} chunks per stage)", c.parallel.virtual_stages)
+                                                                  : "",
+                                    gas, c.parallel.virtual_stages > 1 ? "virtual " : "", fmt::join(layers, " ")));
+    }
+    rows.emplace_back("batch", fmt::format("{} seq/rank x {} {} x {} data-parallel rank{} = {} sequences = {} tokens/step",
+                                           c.micro_batch_size, gas, c.parallel.pipeline > 1 ? "micro-batches" : "accumulation",
+                                           c.data_parallel(), c.data_parallel() == 1 ? "" : "s", c.train_batch_size,
+                                           si(static_cast<double>(c.tokens_per_step()))));
     rows.emplace_back("optimizer",
                       optimizer_line(c.engine.optimizer) +
                           (c.engine.gradient_clipping > 0 ? fmt::format(", clip {:g}", c.engine.gradient_clipping) : "") +
@@ -358,12 +370,35 @@ struct Options {
 void dry_run(const TrainConfig& c) {
   std::printf("%s\n", c.resolved.dump(2).c_str());
   check_data(c);
-  const Plan plan = make_plan(Gpt::block_specs(c.model), Gpt::schedule(c.model), c.engine, c.run.world_size, 0);
+  if (c.parallel.pipeline > 1) {
+    // Every rank's program, proved sound before anything runs; then the stage that holds the most.
+    const PipeSchedule schedule = make_pipe_schedule(c.parallel.schedule, c.parallel.pipeline,
+                                                     static_cast<int>(c.engine.gradient_accumulation_steps),
+                                                     c.parallel.virtual_stages);
+    const std::string problem = check_schedule(schedule);
+    if (!problem.empty()) ZEROTH_THROW(InvalidArgument, "the pipeline schedule is unsound: {}", problem);
+    const PipeTimeline timeline = simulate_schedule(schedule);
+    std::printf("pipeline: %d stages, %s, %d micro-batches%s: deadlock free; bubble %.3f by the formula, %.3f simulated "
+                "(backward = 2 x forward); layers per %sstage: %s\n",
+                schedule.stages, pipe_kind_name(schedule.kind).data(), schedule.micro_batches,
+                schedule.chunks > 1 ? fmt::format(", {} chunks per stage", schedule.chunks).c_str() : "",
+                pipe_bubble_formula(schedule.kind, schedule.stages, schedule.micro_batches, schedule.chunks), timeline.bubble(),
+                schedule.chunks > 1 ? "virtual " : "", fmt::format("{}", fmt::join(c.layers_per_virtual_stage(), " ")).c_str());
+    for (int r = 0; r < schedule.stages; ++r) {
+      std::printf("  stage %d (%d micro-batches in flight): %s\n", r, timeline.peak_in_flight[r], schedule.describe(r).c_str());
+    }
+    for (int s = 0; s < schedule.stages; ++s) {
+      std::printf("  stage %d on the device per rank: %s\n", s, format_bytes(plan_stage(c, s, 0).need.total(Tier::device)).c_str());
+    }
+  }
+  // The stage that holds the most (the only one without a pipeline).
+  int widest = 0;
+  const StagePlan largest = largest_stage(c, &widest);
+  const Plan& plan = largest.plan;
+  const MemoryNeed& need = largest.need;
+  if (c.parallel.pipeline > 1) std::printf("stage %d holds the most:\n", widest);
   plan.write_json_if_requested();
   std::printf("%s\n%s\n", plan.table().c_str(), plan.program_summary().c_str());
-  // What one rank will hold: the engine's plan plus the model's activations and scratch.
-  const auto need = estimate(plan, Gpt::footprint(c.model, static_cast<int>(c.micro_batch_size), c.model.seq_len,
-                                                  c.engine.compute_dtype, plan.max_in_flight));
   std::printf("per rank on the device: %s\nin all: %s%s\n", need.describe(Tier::device).c_str(),
               format_bytes(need.total(Tier::device)).c_str(),
               c.run.device_memory > 0 ? fmt::format(" of the {} budget", format_bytes(c.run.device_memory)).c_str() : "");

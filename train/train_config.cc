@@ -414,8 +414,8 @@ void read_parallel(TrainConfig& t, json& j) {
   }
   if (t.run.world_size % p.pipeline != 0) {
     ZEROTH_THROW(ConfigError,
-                 "run.world_size = {} ranks do not split into parallel.pipeline = {} stages: the ranks are data-parallel x pipeline; "
-                 "make the world a multiple of the stages",
+                 "run.world_size = {} is not a multiple of the {} pipeline stages (parallel.pipeline, pipeline.stages): the ranks "
+                 "are data-parallel x pipeline stages; make run.world_size a multiple of them",
                  t.run.world_size, p.pipeline);
   }
   // The cycle's micro-batches are the pipeline's: parallel.micro_batches sets

@@ -94,12 +94,18 @@ void init_weights(Engine& engine, const TrainConfig& config) {
     load_checkpoint(engine, from, nullptr, true);
     return;
   }
-  // The file's tensors come block by block, each block's in its parameters' order: what
-  // set_master_values takes.
+  // The file's tensors come block by block (the whole model's blocks), each block's in its
+  // parameters' order: what set_master_values takes, for the blocks this rank holds (a pipeline
+  // stage's, found by name).
+  const auto whole = Gpt::block_specs(config.model);
   int block = -1;
   std::vector<float> values;
   auto flush = [&] {
-    if (block >= 0) engine.set_master_values(block, values);
+    if (block < 0) return;
+    const auto& blocks = engine.plan().blocks;
+    for (size_t b = 0; b < blocks.size(); ++b) {
+      if (blocks[b].name == whole[block].name) engine.set_master_values(static_cast<int>(b), values);
+    }
   };
   read_gpt2_weights(config.model, from, [&](int b, size_t, std::vector<float>& param) {
     if (b != block) {
@@ -115,7 +121,38 @@ void init_weights(Engine& engine, const TrainConfig& config) {
 
 }  // namespace
 
-void check_data(const TrainConfig& config) { open_data(config, config.run.world_size, 0); }
+void check_data(const TrainConfig& config) { open_data(config, config.data_parallel(), 0); }
+
+StagePlan plan_stage(const TrainConfig& config, int stage, int dp_rank) {
+  const int pp = config.parallel.pipeline;
+  const GptPart part = config.part(stage);
+  std::vector<PassRef> passes;
+  if (pp > 1) {
+    passes = pipe_passes(make_pipe_schedule(config.parallel.schedule, pp, static_cast<int>(config.engine.gradient_accumulation_steps),
+                                            config.parallel.virtual_stages),
+                         stage);
+  }
+  StagePlan out;
+  out.plan = make_plan(Gpt::block_specs(config.model, part), Gpt::schedules(config.model, part), config.engine, config.data_parallel(),
+                       dp_rank, passes);
+  if (pp > 1 && (stage == 0 || stage == pp - 1)) tie_block(out.plan, Gpt::embedding_block(config.model, part), stage == 0);
+  out.model = Gpt::footprint(config.model, static_cast<int>(config.micro_batch_size), config.model.seq_len,
+                             config.engine.compute_dtype, out.plan.max_in_flight, part);
+  out.need = estimate(out.plan, out.model);
+  return out;
+}
+
+StagePlan largest_stage(const TrainConfig& config, int* stage) {
+  StagePlan best;
+  for (int s = 0; s < config.parallel.pipeline; ++s) {
+    StagePlan p = plan_stage(config, s, 0);
+    if (s == 0 || p.need.total(Tier::device) > best.need.total(Tier::device)) {
+      best = std::move(p);
+      if (stage != nullptr) *stage = s;
+    }
+  }
+  return best;
+}
 
 TrainSummary train(const TrainConfig& config, Communicator& world, Device& device, TrainObserver* observer,
                    const std::atomic<bool>* stop) {
@@ -147,12 +184,11 @@ TrainSummary train(const TrainConfig& config, Communicator& world, Device& devic
 
   // Planned once. The engine holds the whole need per rank (its plan, the model's activations
   // and scratch) against the budgets before anything is allocated.
-  Plan plan = make_plan(Gpt::block_specs(config.model, part), Gpt::schedules(config.model, part), config.engine, dp.size(), dp.rank(),
-                        runner ? runner->passes() : std::vector<PassRef>{});
-  const int tied = pp > 1 && (stage == 0 || stage == pp - 1) ? Gpt::embedding_block(config.model, part) : -1;
-  if (tied >= 0) tie_block(plan, tied, stage == 0);
-  const ModelFootprint model = Gpt::footprint(config.model, mb, T, config.engine.compute_dtype, plan.max_in_flight, part);
-  const MemoryNeed need = estimate(plan, model);
+  StagePlan planned = plan_stage(config, stage, dp.rank());
+  Plan plan = std::move(planned.plan);
+  const int tied = plan.tied_block;
+  const ModelFootprint model = planned.model;
+  const MemoryNeed need = planned.need;
   TrainSummary summary;
   // The micro-batches' tokens and losses, before the model: its queued work reads and writes them
   // until its destructor has waited for it, also when a step fails.

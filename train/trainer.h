@@ -94,6 +94,19 @@ class TrainObserver {
 
 // Runs the config's steps on this rank (collective over `world`: data-parallel x pipeline ranks). `observer` is called on rank 0
 // only; `stop` (any rank) ends the run cleanly after the current step on every rank.
+// What rank `dp_rank` of pipeline stage `stage` plans (stage 0 without a pipeline): the engine's
+// plan for its part of the model in its schedule's pass order (the tied embedding marked on the
+// first and last stage), the model's footprint, and the estimate of both. What train() runs with,
+// and what --dry-run and `zeroth estimate --config` report.
+struct StagePlan {
+  Plan plan;
+  ModelFootprint model;
+  MemoryNeed need;
+};
+StagePlan plan_stage(const TrainConfig& config, int stage, int dp_rank);
+// The stage whose ranks need the most device memory, and that plan.
+StagePlan largest_stage(const TrainConfig& config, int* stage = nullptr);
+
 // Opens the config's data and checks it against the batch (what train() does first), for
 // --dry-run. ConfigError / IoError as train() would give.
 void check_data(const TrainConfig& config);

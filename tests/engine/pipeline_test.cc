@@ -6,15 +6,19 @@
 
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <cmath>
 #include <map>
 #include <mutex>
 #include <string>
 #include <thread>
+
+#include <unistd.h>
 #include <vector>
 
 #include "comm/local/local_comm.h"
 #include "comm/process_grid.h"
+#include "engine/checkpoint.h"
 #include "engine/engine.h"
 #include "engine/pipeline.h"
 #include "models/gpt/gpt.h"
@@ -35,10 +39,10 @@ void PrintTo(const PipeCase& k, std::ostream* os) {
 }
 
 struct PipeResult {
-  std::vector<double> losses, grad_norms;           // per step
+  std::vector<double> losses, grad_norms;             // per step
   std::map<std::string, std::vector<float>> weights;  // per block name, unpadded
-  std::vector<float> head_copy;                     // the last stage's copy of the tied embedding
-  std::vector<int> in_flight;                       // per stage: micro-batches of activations held (per chunk)
+  std::vector<float> head_copy;                       // the last stage's copy of the tied embedding
+  std::vector<int> in_flight;                         // per stage: micro-batches of activations held (per chunk)
 };
 
 constexpr int kGlobalBatch = 8, kSteps = 4;
@@ -103,13 +107,19 @@ PipeResult train_whole(int micro) {
     for (float l : losses) sum += l;
     out.losses.push_back(sum / micro);
   }
-  for (size_t b = 0; b < engine.plan().blocks.size(); ++b) out.weights[engine.plan().blocks[b].name] = unpadded(engine, static_cast<int>(b));
+  for (size_t b = 0; b < engine.plan().blocks.size(); ++b)
+    out.weights[engine.plan().blocks[b].name] = unpadded(engine, static_cast<int>(b));
   return out;
 }
 
 // dp x pp local ranks laid out as ProcessGrid(dp, pp, 1), each stage running its part through a
 // PipelineRunner. `measures`: each step's measured timeline (rank 0's).
-PipeResult train_pipeline(const PipeCase& k, std::vector<PipeMeasure>* measures = nullptr) {
+struct Steps {
+  int first = 0, last = kSteps;  // the steps run: [first, last)
+  std::string load, save;        // a checkpoint to start from, a folder to save one in at the end
+};
+
+PipeResult train_pipeline(const PipeCase& k, std::vector<PipeMeasure>* measures = nullptr, const Steps& steps = {}) {
   const GptConfig gc = tiny();
   const TokenData data = TokenData::synthetic(gc.vocab_size, 1 << 14, 3);
   const int chunks = k.kind == PipeKind::interleaved ? 2 : 1;
@@ -132,12 +142,15 @@ PipeResult train_pipeline(const PipeCase& k, std::vector<PipeMeasure>* measures 
     engine.set_pass_order(runner.passes());
     Gpt gpt(engine, gc, part);
     engine.finalize();
+    if (!steps.load.empty()) load_checkpoint(engine, steps.load);
     Loader loader(data, T, mb, k.micro, k.dp, dp_rank, 11, true);
     const size_t n = static_cast<size_t>(mb) * T;
     std::vector<int32_t> tokens(n * k.micro), targets(n * k.micro);
     std::vector<float> micro_losses(k.micro);
     PipeModel model;
-    model.forward = [&](int m, int c) { gpt.forward_chunk(m, c, tokens.data() + m * n, targets.data() + m * n, mb, T, &micro_losses[m]); };
+    model.forward = [&](int m, int c) {
+      gpt.forward_chunk(m, c, tokens.data() + m * n, targets.data() + m * n, mb, T, &micro_losses[m]);
+    };
     model.backward = [&](int m, int c) { gpt.backward_chunk(m, c); };
     model.port = [&](PipePort p, int m, int c) {
       const Gpt::Port ports[] = {Gpt::Port::input, Gpt::Port::output, Gpt::Port::input_grad, Gpt::Port::output_grad};
@@ -145,7 +158,7 @@ PipeResult train_pipeline(const PipeCase& k, std::vector<PipeMeasure>* measures 
     };
     runner.set_tracing(measures != nullptr);
     std::vector<double> norms, mine;
-    for (int s = 0; s < kSteps; ++s) {
+    for (int s = steps.first; s < steps.last; ++s) {
       for (int m = 0; m < k.micro; ++m) loader.batch(s, m, tokens.data() + m * n, targets.data() + m * n);
       gpt.prepare(mb, T);
       runner.run_cycle(model);
@@ -161,8 +174,10 @@ PipeResult train_pipeline(const PipeCase& k, std::vector<PipeMeasure>* measures 
         if (world.rank() == 0) measures->push_back(std::move(measured));
       }
     }
+    if (!steps.save.empty()) save_checkpoint(engine, {.dir = steps.save});
     std::map<std::string, std::vector<float>> weights;
-    for (size_t b = 0; b < engine.plan().blocks.size(); ++b) weights[engine.plan().blocks[b].name] = unpadded(engine, static_cast<int>(b));
+    for (size_t b = 0; b < engine.plan().blocks.size(); ++b)
+      weights[engine.plan().blocks[b].name] = unpadded(engine, static_cast<int>(b));
     std::lock_guard lock(mutex);
     if (part.has_head(gc)) losses[dp_rank] = mine;
     if (dp_rank != 0) return;
@@ -173,9 +188,9 @@ PipeResult train_pipeline(const PipeCase& k, std::vector<PipeMeasure>* measures 
       else out.weights[name] = w;
     }
   });
-  out.losses.assign(kSteps, 0.0);
+  out.losses.assign(steps.last - steps.first, 0.0);
   for (int r = 0; r < k.dp; ++r) {
-    for (int s = 0; s < kSteps; ++s) out.losses[s] += losses[r][s] / k.dp;
+    for (size_t s = 0; s < out.losses.size(); ++s) out.losses[s] += losses[r][s] / k.dp;
   }
   return out;
 }
@@ -186,6 +201,27 @@ const PipeResult& reference(int micro) {
   std::lock_guard lock(mutex);
   if (!cache.contains(micro)) cache[micro] = train_whole(micro);
   return cache[micro];
+}
+
+// Every tensor of `got` against `ref`, relative to the tensor's largest value; the worst.
+testing::TensorError expect_weights(const PipeResult& got, const PipeResult& ref, double bound) {
+  testing::TensorError worst;
+  EXPECT_EQ(got.weights.size(), ref.weights.size());
+  for (const auto& spec : Gpt::block_specs(tiny())) {
+    const auto& g = got.weights.at(spec.name);
+    const auto& r = ref.weights.at(spec.name);
+    EXPECT_EQ(g.size(), r.size()) << spec.name;
+    if (g.size() != r.size()) continue;
+    size_t at = 0;
+    for (const auto& p : spec.params) {
+      const auto slice = [&](const std::vector<float>& w) { return std::vector<float>(w.begin() + at, w.begin() + at + p.numel()); };
+      const auto e = testing::compare(spec.name + "." + p.name, slice(g), slice(r));
+      EXPECT_LT(e.rel(), bound) << e.name << ": max |difference| " << e.max_abs << " of max |value| " << e.scale;
+      if (e.rel() > worst.rel()) worst = e;
+      at += p.numel();
+    }
+  }
+  return worst;
 }
 
 class PipelineEquivalence : public ::testing::TestWithParam<PipeCase> {};
@@ -199,22 +235,7 @@ TEST_P(PipelineEquivalence, TrainsLikeOneRank) {
   const auto k = GetParam();
   const auto got = train_pipeline(k);
   const auto& ref = reference(k.micro);
-  const auto specs = Gpt::block_specs(tiny());
-  testing::TensorError worst;
-  ASSERT_EQ(got.weights.size(), ref.weights.size());
-  for (const auto& spec : specs) {
-    const auto& g = got.weights.at(spec.name);
-    const auto& r = ref.weights.at(spec.name);
-    ASSERT_EQ(g.size(), r.size()) << spec.name;
-    size_t at = 0;
-    for (const auto& p : spec.params) {
-      const auto slice = [&](const std::vector<float>& w) { return std::vector<float>(w.begin() + at, w.begin() + at + p.numel()); };
-      const auto e = testing::compare(spec.name + "." + p.name, slice(g), slice(r));
-      EXPECT_LT(e.rel(), 2e-6) << e.name << ": max |difference| " << e.max_abs << " of max |value| " << e.scale;
-      if (e.rel() > worst.rel()) worst = e;
-      at += p.numel();
-    }
-  }
+  const testing::TensorError worst = expect_weights(got, ref, 2e-6);
   // The last stage's copy of the tied embedding: the same gradients, the same update, bit for bit.
   if (k.pp > 1) EXPECT_EQ(got.head_copy, got.weights.at("embed")) << "the two copies of the tied embedding differ";
   double norm_err = 0, loss_err = 0;
@@ -244,13 +265,36 @@ std::vector<PipeCase> cases() {
 std::string name(const ::testing::TestParamInfo<PipeCase>& info) {
   const auto& k = info.param;
   const char* kinds[] = {"GPipe", "OneFOneB", "Interleaved"};
-  return "Dp" + std::to_string(k.dp) + "Pp" + std::to_string(k.pp) + kinds[static_cast<int>(k.kind)] + "Zero" + std::to_string(k.stage);
+  return "Dp" + std::to_string(k.dp) + "Pp" + std::to_string(k.pp) + kinds[static_cast<int>(k.kind)] + "Zero" +
+         std::to_string(k.stage);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, PipelineEquivalence, ::testing::ValuesIn(cases()), name);
 
+// A checkpoint saved by a 2-stage pipeline loads into 1, 2 and 4 stages (and 2 data-parallel
+// ranks with 2 stages), which go on to train like one rank that never stopped: the manifest names
+// tensors, not a layout, so each stage reads its own blocks (the tied embedding's copy from the
+// first stage's tensor).
+TEST(PipelineCheckpoint, SavedAtTwoStagesLoadsAtOneTwoAndFour) {
+  const std::string dir = ::testing::TempDir() + "zeroth-pipeline-ckpt-" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  const int half = kSteps / 2;
+  train_pipeline({1, 2, PipeKind::one_f_one_b, 1, 4}, nullptr, {0, half, "", dir});
+  EXPECT_TRUE(std::filesystem::exists(dir + "/step-" + std::to_string(half) + "/manifest.json"));
+  const auto& ref = reference(4);
+  for (auto [dp, pp] : {std::pair{1, 1}, std::pair{1, 2}, std::pair{1, 4}, std::pair{2, 2}}) {
+    const auto got = train_pipeline({dp, pp, PipeKind::gpipe, 2, 4}, nullptr, {half, kSteps, dir, ""});
+    SCOPED_TRACE("resumed at dp " + std::to_string(dp) + " x pp " + std::to_string(pp));
+    const auto worst = expect_weights(got, ref, 2e-6);
+    for (int s = half; s < kSteps; ++s) EXPECT_NEAR(got.losses[s - half], ref.losses[s], 3e-7 * ref.losses[s]) << "step " << s;
+    std::printf("resumed at dp %d pp %d: worst weight error %.3g (%s)\n", dp, pp, worst.rel(), worst.name.c_str());
+  }
+  std::filesystem::remove_all(dir);
+}
+
 // A stage model whose passes take a fixed time on the compute stream (a sleep standing for the
-// work, so that p stages run side by side on any number of cores): forward 1 unit, backward 2,
+// work, so that p stages run side by side on any number of cores): forward 1 unit (10 ms: a
+// transfer's wake-ups, some 0.1 ms each, stay within a few percent of it), backward 2,
 // each chunk of v the v-th part; messages of 1 KiB. Balanced stages, so the measured bubble must
 // be the papers' (p - 1) / (m + p - 1), or (p - 1) / (v m + p - 1) interleaved.
 PipeMeasure measure_sleeping(PipeKind kind, int p, int m, std::chrono::microseconds unit) {
@@ -285,7 +329,7 @@ TEST(PipelineBubble, MeasuredFollowsTheFormulaForBalancedStages) {
   for (PipeKind kind : {PipeKind::gpipe, PipeKind::one_f_one_b, PipeKind::interleaved}) {
     for (int m : {4, 8, 16}) {
       const int p = 4;
-      const auto got = measure_sleeping(kind, p, m, std::chrono::milliseconds(4));
+      const auto got = measure_sleeping(kind, p, m, std::chrono::milliseconds(10));
       const double formula = pipe_bubble_formula(kind, p, m, kind == PipeKind::interleaved ? 2 : 1);
       EXPECT_DOUBLE_EQ(got.formula, formula);
       std::printf("%s p %d m %2d: bubble %.3f measured, %.3f by the formula (%+.1f%%), makespan %.3f s\n", pipe_kind_name(kind).data(),
@@ -315,39 +359,39 @@ TEST(PipelineFailure, AStageDyingEndsEveryRankWithAnErrorNamingIt) {
   EXPECT_THROW(run_local_ranks(
                    pp,
                    [&](Communicator& world) {
-                     try {
-                       // Before the model: its queued work reads them until its destructor has waited for it.
-                       std::vector<int32_t> tokens(static_cast<size_t>(2) * gc.seq_len, 1);
-                       std::vector<float> losses(micro);
-                       auto groups = ProcessGrid(1, pp, 1).split(world);
-                       const int stage = groups.pp->rank();
-                       const GptPart part = GptPart::of_rank(partition_layers(gc, pp, "uniform"), pp, stage);
-                       auto device = make_device("cpu");
-                       PipelineRunner runner(*device, *groups.pp, make_pipe_schedule(PipeKind::one_f_one_b, pp, micro));
-                       Engine engine(*device, *groups.dp, engine_config(0, micro));
-                       engine.set_pipeline(*groups.pp, stage == 0 || stage == pp - 1 ? Gpt::embedding_block(gc, part) : -1);
-                       Gpt gpt(engine, gc, part);
-                       engine.set_pass_order(runner.passes());
-                       engine.finalize();
-                       PipeModel model;
-                       model.forward = [&](int m, int c) { gpt.forward_chunk(m, c, tokens.data(), tokens.data(), 2, gc.seq_len, &losses[m]); };
-                       model.backward = [&](int m, int c) {
-                         if (world.rank() == 2 && m == 1) throw std::runtime_error("stage 2 lost its device");
-                         gpt.backward_chunk(m, c);
-                       };
-                       model.port = [&](PipePort p, int m, int c) {
-                         const Gpt::Port ports[] = {Gpt::Port::input, Gpt::Port::output, Gpt::Port::input_grad, Gpt::Port::output_grad};
-                         return gpt.port(ports[static_cast<int>(p)], m, c);
-                       };
-                       gpt.prepare(2, gc.seq_len);
-                       runner.run_cycle(model);
-                       engine.step();
-                       engine.compute_stream().synchronize();
-                     } catch (const std::exception& e) {
-                       std::lock_guard lock(mutex);
-                       errors[world.rank()] = e.what();
-                       throw;
-                     }
+    try {
+      // Before the model: its queued work reads them until its destructor has waited for it.
+      std::vector<int32_t> tokens(static_cast<size_t>(2) * gc.seq_len, 1);
+      std::vector<float> losses(micro);
+      auto groups = ProcessGrid(1, pp, 1).split(world);
+      const int stage = groups.pp->rank();
+      const GptPart part = GptPart::of_rank(partition_layers(gc, pp, "uniform"), pp, stage);
+      auto device = make_device("cpu");
+      PipelineRunner runner(*device, *groups.pp, make_pipe_schedule(PipeKind::one_f_one_b, pp, micro));
+      Engine engine(*device, *groups.dp, engine_config(0, micro));
+      engine.set_pipeline(*groups.pp, stage == 0 || stage == pp - 1 ? Gpt::embedding_block(gc, part) : -1);
+      Gpt gpt(engine, gc, part);
+      engine.set_pass_order(runner.passes());
+      engine.finalize();
+      PipeModel model;
+      model.forward = [&](int m, int c) { gpt.forward_chunk(m, c, tokens.data(), tokens.data(), 2, gc.seq_len, &losses[m]); };
+      model.backward = [&](int m, int c) {
+        if (world.rank() == 2 && m == 1) throw std::runtime_error("stage 2 lost its device");
+        gpt.backward_chunk(m, c);
+      };
+      model.port = [&](PipePort p, int m, int c) {
+        const Gpt::Port ports[] = {Gpt::Port::input, Gpt::Port::output, Gpt::Port::input_grad, Gpt::Port::output_grad};
+        return gpt.port(ports[static_cast<int>(p)], m, c);
+      };
+      gpt.prepare(2, gc.seq_len);
+      runner.run_cycle(model);
+      engine.step();
+      engine.compute_stream().synchronize();
+    } catch (const std::exception& e) {
+      std::lock_guard lock(mutex);
+      errors[world.rank()] = e.what();
+      throw;
+    }
                    },
                    options),
                std::runtime_error);

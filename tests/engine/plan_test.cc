@@ -2,6 +2,8 @@
 // tied block, the dry-run arenas, the JSON dump, and configuration errors.
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include <algorithm>
 
 #include <fmt/format.h>
@@ -500,6 +502,34 @@ TEST(ZeroConfig, ReadsDeepSpeedKeysAndRejectsUnknownAndUnsupportedOnes) {
   EXPECT_NE(message(R"({"stage": 3, "overlap_comm": 1})").find("zero_optimization.overlap_comm must be true or false"),
             std::string::npos);
   EXPECT_EQ(ZeroConfig::from_deepspeed(nlohmann::json::parse(R"({"sub_group_size": 1e6})")).sub_group_size, 1'000'000u);
+}
+
+}  // namespace
+}  // namespace zeroth
+
+namespace zeroth {
+namespace {
+
+// Stage 3 with micro-batches interleaved (a pipeline's or a 1F1B pass order): when every block of
+// the rank fits in stage3_max_live_parameters, each is gathered once per cycle and released after
+// its last use; when they do not, per micro-batch and pass as in a sequential order.
+TEST(Plan, InterleavedMicroBatchesKeepStageThreeGathersForTheCycleWhenTheyFit) {
+  EngineConfig c = stage3(0, 0);
+  c.gradient_accumulation_steps = 4;
+  auto gathers = [](const Plan& p) {
+    std::map<int, int> n;
+    for (const auto& a : p.program) n[a.block] += a.kind == ActionKind::gather ? 1 : 0;
+    return n;
+  };
+  const auto kept = make_plan(three_blocks(), default_schedule(3), c, 2, 0, one_f_one_b_passes(4, 2));
+  for (const auto& [block, n] : gathers(kept)) EXPECT_EQ(n, kept.blocks[block].persistent ? 0 : 1) << "block " << block;
+  const auto sequential = make_plan(three_blocks(), default_schedule(3), c, 2, 0);
+  // At least once per micro-batch (a block whose backward directly follows its forward keeps it).
+  for (const auto& [block, n] : gathers(sequential)) EXPECT_GE(n, sequential.blocks[block].persistent ? 0 : 4) << "block " << block;
+  c.zero.stage3_max_live_parameters = kept.total_padded - 1;  // not all at once
+  const auto tight = make_plan(three_blocks(), default_schedule(3), c, 2, 0, one_f_one_b_passes(4, 2));
+  for (const auto& [block, n] : gathers(tight)) EXPECT_GE(n, tight.blocks[block].persistent ? 0 : 4) << "block " << block;
+  EXPECT_GT(kept.device_bytes(), sequential.device_bytes());  // the parameter arena holds them all
 }
 
 }  // namespace

@@ -189,9 +189,35 @@ INSTANTIATE_TEST_SUITE_P(
             "tensorboard = {\"enabled\":true,\"output_path\":\"tb\"} is a DeepSpeed feature zeroth does not support (writes metrics "
             "to TensorBoard; zeroth writes its metrics to <run.output_dir>/metrics.jsonl); remove it or set \"enabled\": false"},
         ErrorCase{"WallClock", R"({"wall_clock_breakdown": "yes"})", "wall_clock_breakdown must be true or false, got \"yes\""},
-        ErrorCase{"Unsupported", R"({"pipeline": {"stages": 2}})",
-                  "pipeline = {\"stages\":2} is a DeepSpeed feature zeroth does not support (pipeline parallelism: consecutive layers "
-                  "on different ranks); remove it"},
+        ErrorCase{"PipelineWorld", R"({"pipeline": {"stages": 2}})",
+                  "run.world_size = 1 is not a multiple of the 2 pipeline stages (parallel.pipeline, pipeline.stages): the ranks are "
+                  "data-parallel x pipeline stages; make run.world_size a multiple of them"},
+        ErrorCase{"PipelineStagesDisagree", R"({"pipeline": {"stages": 2}, "parallel": {"pipeline": 4}, "run": {"world_size": 4}})",
+                  "parallel.pipeline = 4 but pipeline.stages = 2; give one, or make them agree"},
+        ErrorCase{
+            "InterleavedOneChunk",
+            R"({"parallel": {"pipeline": 2, "schedule": "interleaved", "virtual_stages": 1}, "run": {"world_size": 2}})",
+            "parallel.schedule = \"interleaved\" runs parallel.virtual_stages >= 2 model chunks on each of parallel.pipeline >= 2 "
+            "stages (it has 1 and 2); use \"1f1b\" otherwise"},
+        ErrorCase{
+            "MicroBatchesAndAccumulation",
+            R"({"parallel": {"pipeline": 2, "micro_batches": 4}, "gradient_accumulation_steps": 2, "run": {"world_size": 2}})",
+            "parallel.micro_batches = 4 but gradient_accumulation_steps = 2: a pipeline's micro-batches are the accumulation steps; "
+            "give one, or make them agree"},
+        ErrorCase{"CheckpointInterval",
+                  R"({"pipeline": {"stages": 2, "activation_checkpoint_interval": 3}, "run": {"world_size": 2}})",
+                  "pipeline.activation_checkpoint_interval = 3: zeroth recomputes every layer (1) or none (0); a GPT layer is its "
+                  "checkpointing unit"},
+        ErrorCase{
+            "TooFewLayers",
+            R"({"parallel": {"pipeline": 2, "schedule": "interleaved"}, "run": {"world_size": 2}, "model": {"n_layer": 3}})",
+            "pipeline: 4 virtual stages (stages x virtual_stages) but the model has 3 layers; every virtual stage needs one: use "
+            "fewer stages or virtual stages, or more layers (model.n_layer)"},
+        ErrorCase{
+            "PartitionList",
+            R"({"pipeline": {"stages": 2, "partition_method": [1, 2]}, "run": {"world_size": 2}, "model": {"n_layer": 4}})",
+            "pipeline.partition_method: the list gives 2 virtual stages holding 3 layers; it needs 2 counts of at least 1 that add "
+            "up to model.n_layer = 4"},
         ErrorCase{"CpuCheckpointingWithoutCheckpointing",
                   R"({"activation_checkpointing": {"cpu_checkpointing": true}, "model": {"activation_checkpointing": false}})",
                   "activation_checkpointing.cpu_checkpointing moves the activation checkpoints to host memory, but checkpointing is "
