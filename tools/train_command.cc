@@ -385,7 +385,7 @@ void dry_run(const TrainConfig& c) {
                 pipe_bubble_formula(schedule.kind, schedule.stages, schedule.micro_batches, schedule.chunks), timeline.bubble(),
                 schedule.chunks > 1 ? "virtual " : "", fmt::format("{}", fmt::join(c.layers_per_virtual_stage(), " ")).c_str());
     for (int r = 0; r < schedule.stages; ++r) {
-      std::printf("  stage %d (%d micro-batches in flight): %s\n", r, timeline.peak_in_flight[r], schedule.describe(r).c_str());
+      std::printf("  stage %d (%d micro-batch(es) in flight): %s\n", r, timeline.peak_in_flight[r], schedule.describe(r).c_str());
     }
     for (int s = 0; s < schedule.stages; ++s) {
       std::printf("  stage %d on the device per rank: %s\n", s, format_bytes(plan_stage(c, s, 0).need.total(Tier::device)).c_str());
