@@ -367,6 +367,11 @@ TrainSummary train(const TrainConfig& config, Communicator& world, Device& devic
           {SpanKind::optimizer, 0, 0, step_start, std::chrono::duration<double>(Clock::now().time_since_epoch()).count()});
       PipeMeasure measured = runner->measure(cs);
       if (k > summary.start_step || config.run.steps - summary.start_step == 1) bubbles.push_back(measured.bubble);
+      // wall_clock_breakdown: this stage's passes as its compute stream ran them.
+      for (const auto& span : measured.spans.at(stage)) {
+        if (span.kind == SpanKind::forward || span.kind == SpanKind::backward)
+          pass_seconds[span.kind == SpanKind::forward ? 0 : 1] += span.end - span.start;
+      }
       summary.bubble_formula = measured.formula;
       last_trace = std::move(measured);
     }

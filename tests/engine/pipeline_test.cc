@@ -32,10 +32,13 @@ struct PipeCase {
   int dp = 1, pp = 1;
   PipeKind kind = PipeKind::one_f_one_b;
   int stage = 0;
-  int micro = 4;  // micro-batches per cycle
+  int micro = 4;                                // micro-batches per cycle
+  OffloadDevice offload = OffloadDevice::none;  // offload_optimizer (and offload_param at stage 3 with nvme)
+  bool checkpointing = false;                   // activation checkpointing (recompute each layer in backward)
 };
 void PrintTo(const PipeCase& k, std::ostream* os) {
-  *os << "dp " << k.dp << " x pp " << k.pp << ", " << pipe_kind_name(k.kind) << ", ZeRO stage " << k.stage << ", m " << k.micro;
+  *os << "dp " << k.dp << " x pp " << k.pp << ", " << pipe_kind_name(k.kind) << ", ZeRO stage " << k.stage << ", m " << k.micro
+      << ", offload " << offload_device_name(k.offload) << (k.checkpointing ? ", checkpointing" : "");
 }
 
 struct PipeResult {
@@ -53,8 +56,16 @@ GptConfig tiny() {
   return c;
 }
 
-EngineConfig engine_config(int stage, int micro) {
+EngineConfig engine_config(int stage, int micro, OffloadDevice offload = OffloadDevice::none) {
   EngineConfig ec;
+  ec.zero.offload_optimizer.device = offload;
+  if (offload == OffloadDevice::nvme) {
+    ec.zero.offload_optimizer.nvme_path = ::testing::TempDir() + "zeroth-pipeline-swap";
+    if (stage == 3) {
+      ec.zero.offload_param.device = OffloadDevice::nvme;
+      ec.zero.offload_param.nvme_path = ec.zero.offload_optimizer.nvme_path;
+    }
+  }
   ec.zero.stage = stage;
   ec.zero.reduce_bucket_size = 6000;  // several buckets, single-block and staged
   ec.zero.allgather_bucket_size = 6000;
@@ -120,7 +131,8 @@ struct Steps {
 };
 
 PipeResult train_pipeline(const PipeCase& k, std::vector<PipeMeasure>* measures = nullptr, const Steps& steps = {}) {
-  const GptConfig gc = tiny();
+  GptConfig gc = tiny();
+  gc.activation_checkpointing = k.checkpointing;
   const TokenData data = TokenData::synthetic(gc.vocab_size, 1 << 14, 3);
   const int chunks = k.kind == PipeKind::interleaved ? 2 : 1;
   const int mb = kGlobalBatch / (k.dp * k.micro), T = gc.seq_len;
@@ -136,7 +148,7 @@ PipeResult train_pipeline(const PipeCase& k, std::vector<PipeMeasure>* measures 
     const GptPart part = GptPart::of_rank(layers, k.pp, stage);
     auto device = make_device("cpu");
     PipelineRunner runner(*device, *groups.pp, make_pipe_schedule(k.kind, k.pp, k.micro, chunks));
-    Engine engine(*device, *groups.dp, engine_config(k.stage, k.micro));
+    Engine engine(*device, *groups.dp, engine_config(k.stage, k.micro, k.offload));
     const int tied = stage == 0 || stage == k.pp - 1 ? Gpt::embedding_block(gc, part) : -1;
     engine.set_pipeline(*groups.pp, tied);
     engine.set_pass_order(runner.passes());
@@ -259,14 +271,20 @@ std::vector<PipeCase> cases() {
       for (int stage : {0, 1, 2, 3}) out.push_back({dp, pp, kind, stage, 4});
     }
   }
+  // Offload composes (the tied embedding's gradients summed through the device from host memory
+  // or the swap file), and activation checkpointing recomputes each stage's layers.
+  out.push_back({1, 2, PipeKind::one_f_one_b, 2, 4, OffloadDevice::cpu});
+  out.push_back({2, 2, PipeKind::interleaved, 3, 4, OffloadDevice::nvme});
+  out.push_back({1, 4, PipeKind::one_f_one_b, 1, 4, OffloadDevice::none, true});
   return out;
 }
 
 std::string name(const ::testing::TestParamInfo<PipeCase>& info) {
   const auto& k = info.param;
   const char* kinds[] = {"GPipe", "OneFOneB", "Interleaved"};
+  const char* offload[] = {"", "OffloadCpu", "OffloadNvme"};
   return "Dp" + std::to_string(k.dp) + "Pp" + std::to_string(k.pp) + kinds[static_cast<int>(k.kind)] + "Zero" +
-         std::to_string(k.stage);
+         std::to_string(k.stage) + offload[static_cast<int>(k.offload)] + (k.checkpointing ? "Ckpt" : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, PipelineEquivalence, ::testing::ValuesIn(cases()), name);

@@ -21,7 +21,8 @@ const std::string kConfig = std::string(ZEROTH_SOURCE_DIR) + "/configs/gpt-pipel
 
 Run train_config(const std::string& name, std::vector<std::string> sets) {
   std::filesystem::remove_all(temp(name));
-  std::vector<std::string> args = {ZEROTH_BIN, "train", kConfig, "--set", "run.output_dir=" + temp(name), "--set", "run.eval_interval=0"};
+  std::vector<std::string> args = {ZEROTH_BIN,           "train", kConfig, "--set", "run.output_dir=" + temp(name), "--set",
+                                   "run.eval_interval=0"};
   for (const auto& s : sets) args.insert(args.end(), {"--set", s});
   return run(args, name);
 }
@@ -71,9 +72,14 @@ TEST(PipelineTrain, GPipeTrainsTheSameLossesHoldingEveryMicroBatchsActivations) 
 TEST(PipelineTrain, ACheckpointOfTwoStagesResumesOnOneRank) {
   const auto first = train_config("pipe_ckpt", {"run.steps=2", "run.trace=false"});
   ASSERT_EQ(first.code, 0) << first.output;
-  std::vector<std::string> args = {ZEROTH_BIN,      "train", kConfig,      "--resume", "--set", "run.output_dir=" + temp("pipe_ckpt"),
-                                   "--set",         "run.eval_interval=0", "--set", "run.steps=3", "--set",
-                                   "run.world_size=1", "--set", "parallel.pipeline=1", "--set", "run.trace=false"};
+  std::vector<std::string> args = {ZEROTH_BIN, "train",
+                                   kConfig,    "--resume",
+                                   "--set",    "run.output_dir=" + temp("pipe_ckpt"),
+                                   "--set",    "run.eval_interval=0",
+                                   "--set",    "run.steps=3",
+                                   "--set",    "run.world_size=1",
+                                   "--set",    "parallel.pipeline=1",
+                                   "--set",    "run.trace=false"};
   const auto resumed = run(args, "pipe_ckpt");
   ASSERT_EQ(resumed.code, 0) << resumed.output;
   EXPECT_NE(resumed.output.find("from the checkpoint at step 2"), std::string::npos) << resumed.output;
@@ -84,9 +90,16 @@ TEST(PipelineTrain, GlooProcessesTrainTheSameLossesAsLocalThreads) {
   const auto local = train_config("pipe_local", {"run.steps=2", "run.checkpoint_interval=-1", "run.trace=false"});
   ASSERT_EQ(local.code, 0) << local.output;
   std::filesystem::remove_all(temp("pipe_gloo"));
-  const auto gloo = run({ZEROTH_BIN, "launch", "-n", "2", "--", ZEROTH_BIN, "train", kConfig, "--set", "run.output_dir=" + temp("pipe_gloo"),
-                         "--set", "run.eval_interval=0", "--set", "run.steps=2", "--set", "run.checkpoint_interval=-1", "--set",
-                         "run.trace=false", "--set", "run.backend=gloo"},
+  const auto gloo = run({ZEROTH_BIN, "launch",
+                         "-n",       "2",
+                         "--",       ZEROTH_BIN,
+                         "train",    kConfig,
+                         "--set",    "run.output_dir=" + temp("pipe_gloo"),
+                         "--set",    "run.eval_interval=0",
+                         "--set",    "run.steps=2",
+                         "--set",    "run.checkpoint_interval=-1",
+                         "--set",    "run.trace=false",
+                         "--set",    "run.backend=gloo"},
                         "pipe_gloo");
   ASSERT_EQ(gloo.code, 0) << gloo.output;
   const auto a = losses(local), b = losses(gloo);
