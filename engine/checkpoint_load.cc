@@ -29,6 +29,14 @@ CheckpointIo load_checkpoint(Engine& engine, const std::string& path, Manifest* 
   Manifest m;
   std::vector<int> state_at;  // the manifest's index of each engine state
   std::vector<const CkptTensor*> found;
+  // A pipeline's stages hold the model between them: their tensors together must be the
+  // checkpoint's (the tied copy counted once).
+  size_t model_tensors = tensors.size();
+  if (engine.pipeline_stages() > 1) {
+    const auto counts = all_gather_words(engine, {saved_tensors(engine).size()});
+    model_tensors = 0;
+    for (int s = 0; s < engine.pipeline_stages(); ++s) model_tensors += counts[static_cast<size_t>(s) * plan.dp];
+  }
   Agreement early(engine);
   early.attempt([&] {
     step_dir = resolve_checkpoint(path);
@@ -61,10 +69,9 @@ CheckpointIo load_checkpoint(Engine& engine, const std::string& path, Manifest* 
       }
       found.push_back(c);
     }
-    // A pipeline stage holds part of the model; one rank holds all of it.
-    if (engine.pipeline_stages() == 1 && m.tensors.size() != tensors.size()) {
+    if (m.tensors.size() != model_tensors) {
       throw CheckpointError(fmt::format("{}: the checkpoint holds {} tensors, this model {}; it was written for another model",
-                                        manifest_path, m.tensors.size(), tensors.size()));
+                                        manifest_path, m.tensors.size(), model_tensors));
     }
   });
   early.agree("loading a checkpoint");

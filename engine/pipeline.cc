@@ -83,7 +83,7 @@ struct PipelineRunner::Channel {
     std::shared_ptr<std::promise<std::shared_ptr<Event>>> done;
   };
 
-  Channel(Device& device, std::unique_ptr<Communicator> c, int p, bool s, std::shared_ptr<Stamps> st, const bool* trace)
+  Channel(Device& device, std::unique_ptr<Communicator> c, int p, bool s, std::shared_ptr<Stamps> st, const std::atomic<bool>* trace)
       : comm(std::move(c)), peer(p), sends(s), stream(device.create_stream()), stamps(std::move(st)), tracing(trace) {
     worker = std::thread([this] { loop(); });
   }
@@ -107,6 +107,11 @@ struct PipelineRunner::Channel {
     return done;
   }
 
+  bool stopping() {
+    std::lock_guard lock(mutex);
+    return stop;
+  }
+
   void loop() {
     for (;;) {
       Job job;
@@ -117,6 +122,9 @@ struct PipelineRunner::Channel {
         job = std::move(jobs.front());
         jobs.pop_front();
       }
+      if (!failed && stopping()) {
+        failed = std::make_exception_ptr(CommError("the pipeline runner was shut down with this transfer still queued"));
+      }
       if (failed) {
         job.done->set_exception(failed);
         continue;
@@ -124,7 +132,7 @@ struct PipelineRunner::Channel {
       try {
         if (job.after) stream->wait(*job.after);
         std::shared_ptr<PipeSpan> span;
-        if (*tracing) {
+        if (tracing->load() && job.micro >= 0) {  // evaluation's transfers are not a step's
           span = std::make_shared<PipeSpan>(PipeSpan{job.kind, job.micro, job.chunk});
           stream->enqueue_host([span] { span->start = now_seconds(); });
         }
@@ -151,7 +159,7 @@ struct PipelineRunner::Channel {
   bool sends;
   std::unique_ptr<Stream> stream;
   std::shared_ptr<Stamps> stamps;
-  const bool* tracing;
+  const std::atomic<bool>* tracing;
   std::thread worker;
   std::mutex mutex;
   std::condition_variable changed;
@@ -168,7 +176,7 @@ struct PipelineRunner::PortState {
 };
 
 PipelineRunner::PipelineRunner(Device& device, Communicator& stages, PipeSchedule schedule)
-    : device_(device), schedule_(std::move(schedule)), rank_(stages.rank()), stamps_(std::make_shared<Stamps>()) {
+    : device_(device), schedule_(std::move(schedule)), rank_(stages.rank()), stages_(stages), stamps_(std::make_shared<Stamps>()) {
   const int p = stages.size();
   ZEROTH_CHECK(p == schedule_.stages, "a {}-stage schedule on a pipeline group of {} ranks", schedule_.stages, p);
   if (const std::string problem = check_schedule(schedule_); !problem.empty()) {
@@ -188,7 +196,7 @@ PipelineRunner::PipelineRunner(Device& device, Communicator& stages, PipeSchedul
   stats_comm_ = stages.split(0, rank_);
   if (p > 1) {
     const int prev = (rank_ + p - 1) % p;
-    const bool* tracing = &tracing_;
+    const std::atomic<bool>* tracing = &tracing_;
     channels_.push_back(std::make_unique<Channel>(device_, std::move(act[rank_]), 1, true, stamps_, tracing));
     channels_.push_back(std::make_unique<Channel>(device_, std::move(act[prev]), 0, false, stamps_, tracing));
     channels_.push_back(std::make_unique<Channel>(device_, std::move(grad[prev]), 0, true, stamps_, tracing));
@@ -266,6 +274,7 @@ void PipelineRunner::guarded(const std::function<void()>& work) {
   } catch (const std::exception& e) {
     // The neighbours may be waiting for this stage's messages: they learn why none will come.
     const std::string reason = fmt::format("pipeline stage {} failed: {}", rank_, e.what());
+    stages_.abort(reason);
     for (auto& c : channels_) c->comm->abort(reason);
     throw;
   }
@@ -369,6 +378,10 @@ void PipelineRunner::walk_evaluation(const PipeModel& model) {
 }
 
 void PipelineRunner::drain() {
+  guarded([&] { wait_all(); });
+}
+
+void PipelineRunner::wait_all() {
   for (auto& ps : ports_) {
     Stream& cs = device_.default_stream();
     wait_for(cs, ps->filled);
@@ -378,7 +391,13 @@ void PipelineRunner::drain() {
 }
 
 PipeMeasure PipelineRunner::measure(Stream& stream) {
-  drain();
+  PipeMeasure m;
+  guarded([&] { m = gather_measure(stream); });
+  return m;
+}
+
+PipeMeasure PipelineRunner::gather_measure(Stream& stream) {
+  wait_all();
   stream.synchronize();
   std::vector<PipeSpan> mine;
   {

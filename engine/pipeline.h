@@ -12,6 +12,7 @@
 // ends; measure() turns the stamps of every rank into the bubble and a Chrome trace.
 #pragma once
 
+#include <atomic>      // std::atomic
 #include <functional>  // std::function
 #include <memory>      // std::unique_ptr
 #include <string>      // std::string
@@ -94,8 +95,11 @@ class PipelineRunner {
   struct Channel;
   struct PortState;
   void walk_cycle(const PipeModel& model);
+  void wait_all();
+  PipeMeasure gather_measure(Stream& stream);
   void walk_evaluation(const PipeModel& model);
-  // Runs `work`; on an error, aborts the channels (naming this stage) before raising it.
+  // Runs `work`; on an error, aborts the pipeline group (naming this stage; the channels, and the
+  // engine's groups split from it, with it) before raising it.
   void guarded(const std::function<void()>& work);
   // Enqueues the start of a span on `stream` and returns what closes it (nothing when not tracing).
   std::function<void()> open_span(Stream& stream, SpanKind kind, int micro, int chunk);
@@ -107,7 +111,8 @@ class PipelineRunner {
   std::vector<std::unique_ptr<Channel>> channels_;  // act out, act in, grad out, grad in
   std::unique_ptr<Communicator> stats_comm_;
   std::vector<std::unique_ptr<PortState>> ports_;
-  bool tracing_ = false;
+  Communicator& stages_;
+  std::atomic<bool> tracing_{false};
   struct Stamps;
   std::shared_ptr<Stamps> stamps_;
 };

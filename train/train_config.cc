@@ -401,6 +401,11 @@ void read_parallel(TrainConfig& t, json& j) {
                  "checkpointing unit",
                  interval);
   }
+  if (interval == 1 && j.contains("model") && j["model"].is_object() && j["model"].value("activation_checkpointing", true) == false) {
+    ZEROTH_THROW(ConfigError,
+                 "pipeline.activation_checkpoint_interval = 1 recomputes every layer but model.activation_checkpointing is false; "
+                 "give one of them");
+  }
   if (interval == 1) t.model.activation_checkpointing = true;
   if (pipe.has("seed_layers") && pipe.flag("seed_layers", false)) {
     ZEROTH_THROW(ConfigError,
@@ -432,6 +437,12 @@ void read_parallel(TrainConfig& t, json& j) {
     j["gradient_accumulation_steps"] = m;
   }
   if (p.pipeline > 1) t.layers_per_virtual_stage();  // the partition's errors now, not at the start of training
+  if (t.run.trace && p.pipeline == 1) {
+    ZEROTH_THROW(
+        ConfigError,
+        "run.trace writes each pipeline stage's timeline; this run has no pipeline (parallel.pipeline = 1): remove it, or set "
+        "parallel.pipeline");
+  }
 }
 
 // DeepSpeed's batch rule: train_batch_size = micro x accumulation x data-parallel ranks, any two

@@ -199,6 +199,11 @@ TrainSummary train(const TrainConfig& config, Communicator& world, Device& devic
   if (groups) engine.set_pipeline(*groups->pp, tied);
   if (runner) engine.set_pass_order(runner->passes());
   Gpt gpt(engine, config.model, part);
+  // The runner's channels move data in the model's buffers: it goes first, also on an error.
+  struct RunnerFirst {
+    std::unique_ptr<PipelineRunner>& runner;
+    ~RunnerFirst() { runner.reset(); }
+  } runner_first{runner};
   summary.parameters = config.model.num_parameters();
   // A resumed run, or one starting from saved weights, sets every parameter itself.
   engine.finalize(std::move(plan), model, config.run.resume.empty() && config.run.init_from.empty());

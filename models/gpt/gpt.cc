@@ -216,7 +216,10 @@ std::vector<int> partition_layers(const GptConfig& c, int parts, const std::stri
     for (const auto& p : b.params) n += p.numel();
     return n;
   };
-  const size_t layer = count(layer_spec(c, 0)), first = count(embed_spec(c)), last = count(ln_f_spec(c));
+  // The last stage also holds the LM head's copy of the tied embedding (with its own optimizer
+  // state), as DeepSpeed counts a tied layer on each stage that has it.
+  const size_t layer = count(layer_spec(c, 0)), first = count(embed_spec(c));
+  const size_t last = count(ln_f_spec(c)) + (parts > 1 ? first : 0);
   auto fill = [&](size_t bound, std::vector<int>* take) {
     int l = 0;
     for (int k = 0; k < parts; ++k) {

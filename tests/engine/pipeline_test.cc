@@ -186,6 +186,7 @@ PipeResult train_pipeline(const PipeCase& k, std::vector<PipeMeasure>* measures 
         if (world.rank() == 0) measures->push_back(std::move(measured));
       }
     }
+    runner.drain();  // its channels use the model's buffers, which go first
     if (!steps.save.empty()) save_checkpoint(engine, {.dir = steps.save});
     std::map<std::string, std::vector<float>> weights;
     for (size_t b = 0; b < engine.plan().blocks.size(); ++b)

@@ -192,6 +192,15 @@ INSTANTIATE_TEST_SUITE_P(
         ErrorCase{"PipelineWorld", R"({"pipeline": {"stages": 2}})",
                   "run.world_size = 1 is not a multiple of the 2 pipeline stages (parallel.pipeline, pipeline.stages): the ranks are "
                   "data-parallel x pipeline stages; make run.world_size a multiple of them"},
+        ErrorCase{
+            "TraceWithoutPipeline", R"({"run": {"trace": true}})",
+            "run.trace writes each pipeline stage's timeline; this run has no pipeline (parallel.pipeline = 1): remove it, or set "
+            "parallel.pipeline"},
+        ErrorCase{
+            "CheckpointIntervalAgainstModel",
+            R"({"pipeline": {"stages": 2, "activation_checkpoint_interval": 1}, "model": {"activation_checkpointing": false}, "run": {"world_size": 2}})",
+            "pipeline.activation_checkpoint_interval = 1 recomputes every layer but model.activation_checkpointing is false; give "
+            "one of them"},
         ErrorCase{"PipelineStagesDisagree", R"({"pipeline": {"stages": 2}, "parallel": {"pipeline": 4}, "run": {"world_size": 4}})",
                   "parallel.pipeline = 4 but pipeline.stages = 2; give one, or make them agree"},
         ErrorCase{
