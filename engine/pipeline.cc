@@ -247,8 +247,6 @@ std::function<void()> PipelineRunner::open_span(Stream& stream, SpanKind kind, i
   };
 }
 
-void PipelineRunner::add_span(PipeSpan span) { stamps_->add(span); }
-
 namespace {
 
 // The compute stream waits for a transfer (its event once the channel has issued it).

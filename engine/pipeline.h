@@ -85,8 +85,9 @@ class PipelineRunner {
 
   // Stamps while on: the next cycles' spans are kept until measure() takes them.
   void set_tracing(bool on) { tracing_ = on; }
-  // Adds a span of the caller's (the optimizer step) to this rank's timeline.
-  void add_span(PipeSpan span);
+  // Opens a span of the caller's (the optimizer step) where `stream` is now; the returned function,
+  // called after the span's work is enqueued, closes it there. Nothing while not tracing.
+  std::function<void()> open_span(Stream& stream, SpanKind kind, int micro = 0, int chunk = 0);
   // Collective over the pipeline group: every rank's spans since the last measure(), drained and
   // synchronized, to rank 0 (the others get theirs only); the bubble of the last traced cycle.
   PipeMeasure measure(Stream& stream);
@@ -101,8 +102,6 @@ class PipelineRunner {
   // Runs `work`; on an error, aborts the pipeline group (naming this stage; the channels, and the
   // engine's groups split from it, with it) before raising it.
   void guarded(const std::function<void()>& work);
-  // Enqueues the start of a span on `stream` and returns what closes it (nothing when not tracing).
-  std::function<void()> open_span(Stream& stream, SpanKind kind, int micro, int chunk);
   Channel& channel(PipeOp op);
 
   Device& device_;

@@ -347,6 +347,9 @@ TrainSummary train(const TrainConfig& config, Communicator& world, Device& devic
       gpt.prepare(mb, T);
       runner->set_tracing(true);
       runner->run_cycle(stage_model);
+      // wall_clock_breakdown: the passes' own times come from the stamps; the step's "reduce wait"
+      // is then only what follows the cycle's work, as without a pipeline.
+      if (timed) cs.synchronize();
     }
     // The cycle's passes in the engine's order; the update comes after the last backward.
     for (const auto& p : runner ? std::vector<PassRef>{} : engine.plan().passes) {
@@ -364,12 +367,12 @@ TrainSummary train(const TrainConfig& config, Communicator& world, Device& devic
         pass_seconds[p.pass == Pass::forward ? 0 : 1] += std::chrono::duration<double>(Clock::now() - start).count();
       }
     }
-    const double step_start = std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+    // The step's span on the compute stream: from where the stream reaches it to its end.
+    std::function<void()> close_step = runner ? runner->open_span(cs, SpanKind::optimizer) : [] {};
     const StepResult r = engine.step();
+    close_step();
     cs.synchronize();
     if (runner) {
-      runner->add_span(
-          {SpanKind::optimizer, 0, 0, step_start, std::chrono::duration<double>(Clock::now().time_since_epoch()).count()});
       PipeMeasure measured = runner->measure(cs);
       if (k > summary.start_step || config.run.steps - summary.start_step == 1) bubbles.push_back(measured.bubble);
       // wall_clock_breakdown: this stage's passes as its compute stream ran them.
