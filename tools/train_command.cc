@@ -370,6 +370,9 @@ struct Options {
 void dry_run(const TrainConfig& c) {
   std::printf("%s\n", c.resolved.dump(2).c_str());
   check_data(c);
+  // Planned first, so a config the planner refuses is refused before anything is printed for it.
+  int widest = 0;
+  const StagePlan largest = largest_stage(c, &widest);
   if (c.parallel.pipeline > 1) {
     // Every rank's program, proved sound before anything runs; then the stage that holds the most.
     const PipeSchedule schedule = make_pipe_schedule(c.parallel.schedule, c.parallel.pipeline,
@@ -385,15 +388,14 @@ void dry_run(const TrainConfig& c) {
                 pipe_bubble_formula(schedule.kind, schedule.stages, schedule.micro_batches, schedule.chunks), timeline.bubble(),
                 schedule.chunks > 1 ? "virtual " : "", fmt::format("{}", fmt::join(c.layers_per_virtual_stage(), " ")).c_str());
     for (int r = 0; r < schedule.stages; ++r) {
-      std::printf("  stage %d (%d micro-batch(es) in flight): %s\n", r, timeline.peak_in_flight[r], schedule.describe(r).c_str());
+      std::printf("  stage %d (activations of %d %s at most): %s\n", r, timeline.peak_in_flight[r],
+                  schedule.chunks > 1 ? "(micro-batch, chunk) pairs" : "micro-batch(es)", schedule.describe(r).c_str());
     }
     for (int s = 0; s < schedule.stages; ++s) {
       std::printf("  stage %d on the device per rank: %s\n", s, format_bytes(plan_stage(c, s, 0).need.total(Tier::device)).c_str());
     }
   }
   // The stage that holds the most (the only one without a pipeline).
-  int widest = 0;
-  const StagePlan largest = largest_stage(c, &widest);
   const Plan& plan = largest.plan;
   const MemoryNeed& need = largest.need;
   if (c.parallel.pipeline > 1) std::printf("stage %d holds the most:\n", widest);

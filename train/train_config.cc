@@ -351,7 +351,15 @@ void read_parallel(TrainConfig& t, json& j) {
                                                        "grad_partitioned"};
   static constexpr std::string_view kSchedules[] = {"gpipe", "1f1b", "interleaved"};
   ParallelConfig& p = t.parallel;
-  const json parallel = j.value("parallel", json::object());
+  json parallel = j.value("parallel", json::object());
+  // DeepSpeed's words in the wrong section: say where they go.
+  if (parallel.is_object() && parallel.contains("stages"))
+    ZEROTH_THROW(ConfigError, "parallel.stages is not a key: the stages are parallel.pipeline (or DeepSpeed's pipeline.stages)");
+  if (const auto ds_section = j.value("pipeline", json::object()); ds_section.is_object() && ds_section.contains("micro_batches")) {
+    ZEROTH_THROW(ConfigError,
+                 "pipeline.micro_batches is not one of DeepSpeed's pipeline keys: the micro-batches are parallel.micro_batches "
+                 "(or gradient_accumulation_steps)");
+  }
   const Section par(parallel, "parallel", kParallelKeys);
   json ds = j.value("pipeline", json::object());
   if (ds.is_object() && ds.contains("stages") && is_auto(ds["stages"])) ds.erase("stages");  // DeepSpeed's default
@@ -611,6 +619,21 @@ TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) 
   t.engine.device_budget_name = "run.device_memory";
   t.engine.host_budget_name = "run.host_memory";
   t.engine.validate();
+  if (const int p = t.parallel.pipeline;
+      t.parallel.schedule == PipeKind::interleaved && t.engine.gradient_accumulation_steps % p != 0) {
+    const int64_t m = t.engine.gradient_accumulation_steps;
+    ZEROTH_THROW(ConfigError,
+                 "parallel.schedule = \"interleaved\" runs the micro-batches in groups of the {} stages, but there are {} "
+                 "(parallel.micro_batches, gradient_accumulation_steps); make them a multiple of {}, e.g. {}",
+                 p, m, p, (m / p + 1) * p);
+  }
+  if (t.parallel.pipeline > 1 && t.engine.zero.stage == 3 && t.engine.zero.offload_optimizer.enabled()) {
+    ZEROTH_THROW(ConfigError,
+                 "zero_optimization.stage 3 with offload_optimizer on a pipeline ({} stages) is refused: its results are not yet "
+                 "verified against one rank (stages 1-2 with offload and stage 3 without it are); use stage 2 with the offload, or "
+                 "stage 3 without it",
+                 t.parallel.pipeline);
+  }
 
   // The resolved config: what was given, with "auto" filled in and the derived values spelled out.
   c["train_batch_size"] = t.train_batch_size;

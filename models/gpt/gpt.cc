@@ -137,8 +137,8 @@ void check_part(const GptConfig& c, const GptPart& part) {
   if (c.cpu_checkpointing && !part.whole(c)) {
     ZEROTH_THROW(ConfigError,
                  "activation_checkpointing.cpu_checkpointing keeps a whole model's block inputs in host memory and cannot run on a "
-                 "pipeline stage; turn it off (activation_checkpointing.partition_activations-style recomputation stays: "
-                 "model.activation_checkpointing) or train without parallel.pipeline");
+                 "pipeline stage; turn it off (model.activation_checkpointing still recomputes each layer, with its inputs on the "
+                 "device) or train without parallel.pipeline");
   }
 }
 
@@ -182,9 +182,9 @@ std::vector<int> partition_layers(const GptConfig& c, int parts, const std::stri
   if (L < parts) {
     ZEROTH_THROW(
         ConfigError,
-        "pipeline: {} virtual stages (stages x virtual_stages) but the model has {} layers; every virtual stage needs one: use "
+        "pipeline: {} virtual stages (stages x virtual_stages) but the model has {} layer{}; every virtual stage needs one: use "
         "fewer stages or virtual stages, or more layers (model.n_layer)",
-        parts, L);
+        parts, L, L == 1 ? "" : "s");
   }
   std::vector<int> out(parts, L / parts);
   if (!counts.empty()) {
