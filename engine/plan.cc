@@ -90,7 +90,9 @@ std::vector<Bucket> make_buckets(const Plan& p, uint64_t limit, const std::vecto
   size_t full = 0;
   for (int b : order) {
     const auto& blk = p.blocks[b];
-    if (out.empty() || full + blk.padded > limit) {
+    // A bucket holds one chunk's blocks: chunks' backward passes interleave, and a bucket fires when
+    // all of its blocks are done with the same micro-batch.
+    if (out.empty() || full + blk.padded > limit || p.blocks[out.back().blocks.back()].chunk != blk.chunk) {
       out.push_back({{}, blk.shard_offset, 0, blk.full_offset, false});
       full = 0;
     }
@@ -418,6 +420,9 @@ Plan make_plan(const std::vector<BlockSpec>& specs, const std::vector<BlockSched
   size_t position = 0;
   for (int c : chunk_order) {
     for (int b : schedules[c].backward) last_back[b] = position++;
+  }
+  for (size_t c = 0; c < schedules.size(); ++c) {
+    for (int b : schedules[c].forward) p.blocks[b].chunk = static_cast<int>(c);
   }
   for (size_t b = 0; b < specs.size(); ++b) p.shard_order.push_back(static_cast<int>(b));
   std::stable_sort(p.shard_order.begin(), p.shard_order.end(), [&](int a, int b) { return last_back[a] < last_back[b]; });

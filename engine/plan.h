@@ -74,6 +74,7 @@ struct PlannedBlock {
   size_t full_offset = 0;             // in the concatenated full space
   bool persistent = false;            // stage 3: small enough to stay gathered
   bool transient_grads = false;       // gradients live in the arena per micro-batch
+  int chunk = 0;                      // the model chunk whose passes use it
   int reduce_bucket = -1;
   int gather_bucket = -1;  // the post-step all-gather bucket, if any
 };

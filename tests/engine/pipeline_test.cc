@@ -35,6 +35,7 @@ struct PipeCase {
   int micro = 4;                                // micro-batches per cycle
   OffloadDevice offload = OffloadDevice::none;  // offload_optimizer (and offload_param at stage 3 with nvme)
   bool checkpointing = false;                   // activation checkpointing (recompute each layer in backward)
+  uint64_t bucket = 6000;                       // reduce and all-gather bucket size (elements)
 };
 void PrintTo(const PipeCase& k, std::ostream* os) {
   *os << "dp " << k.dp << " x pp " << k.pp << ", " << pipe_kind_name(k.kind) << ", ZeRO stage " << k.stage << ", m " << k.micro
@@ -67,7 +68,7 @@ EngineConfig engine_config(int stage, int micro, OffloadDevice offload = Offload
     }
   }
   ec.zero.stage = stage;
-  ec.zero.reduce_bucket_size = 6000;  // several buckets, single-block and staged
+  ec.zero.reduce_bucket_size = 6000;  // one block each (a layer is 12.6k elements)
   ec.zero.allgather_bucket_size = 6000;
   ec.zero.stage3_prefetch_bucket_size = 8000;
   ec.zero.stage3_param_persistence_threshold = 100;
@@ -148,7 +149,9 @@ PipeResult train_pipeline(const PipeCase& k, std::vector<PipeMeasure>* measures 
     const GptPart part = GptPart::of_rank(layers, k.pp, stage);
     auto device = make_device("cpu");
     PipelineRunner runner(*device, *groups.pp, make_pipe_schedule(k.kind, k.pp, k.micro, chunks));
-    Engine engine(*device, *groups.dp, engine_config(k.stage, k.micro, k.offload));
+    EngineConfig ec = engine_config(k.stage, k.micro, k.offload);
+    ec.zero.reduce_bucket_size = ec.zero.allgather_bucket_size = k.bucket;
+    Engine engine(*device, *groups.dp, ec);
     const int tied = stage == 0 || stage == k.pp - 1 ? Gpt::embedding_block(gc, part) : -1;
     engine.set_pipeline(*groups.pp, tied);
     engine.set_pass_order(runner.passes());
@@ -278,6 +281,8 @@ std::vector<PipeCase> cases() {
   out.push_back({2, 2, PipeKind::interleaved, 2, 4, OffloadDevice::nvme});
   out.push_back({2, 2, PipeKind::gpipe, 1, 4, OffloadDevice::cpu});
   out.push_back({1, 4, PipeKind::one_f_one_b, 1, 4, OffloadDevice::none, true});
+  // Buckets of many blocks (DeepSpeed's default size): a rank's two interleaved chunks reduce apart.
+  for (int stage : {1, 2, 3}) out.push_back({2, 2, PipeKind::interleaved, stage, 4, OffloadDevice::none, false, 500'000'000});
   return out;
 }
 
@@ -286,7 +291,8 @@ std::string name(const ::testing::TestParamInfo<PipeCase>& info) {
   const char* kinds[] = {"GPipe", "OneFOneB", "Interleaved"};
   const char* offload[] = {"", "OffloadCpu", "OffloadNvme"};
   return "Dp" + std::to_string(k.dp) + "Pp" + std::to_string(k.pp) + kinds[static_cast<int>(k.kind)] + "Zero" +
-         std::to_string(k.stage) + offload[static_cast<int>(k.offload)] + (k.checkpointing ? "Ckpt" : "");
+         std::to_string(k.stage) + offload[static_cast<int>(k.offload)] + (k.checkpointing ? "Ckpt" : "") +
+         (k.bucket > 6000 ? "BigBuckets" : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, PipelineEquivalence, ::testing::ValuesIn(cases()), name);
