@@ -95,13 +95,6 @@ void Engine::finalize(Plan plan, const ModelFootprint& model, bool initialize_va
                  "group (stage {}, {} blocks, rank {} of {})",
                  plan.stage, plan.blocks.size(), plan.rank, plan.dp, config_.zero.stage, specs_.size(), comm_.rank(), comm_.size());
   }
-  if (pipeline_stages() > 1 && plan.stage == 3 && config_.zero.offload_optimizer.enabled()) {
-    ZEROTH_THROW(ConfigError,
-                 "zero_optimization.stage 3 with offload_optimizer on a pipeline ({} stages) is refused: its results are not yet "
-                 "verified against one rank (stages 1-2 with offload and stage 3 without it are); use stage 2 with the offload, or "
-                 "stage 3 without it",
-                 pipeline_stages());
-  }
   plan_ = std::move(plan);
   if (tied_block_ >= 0 && plan_.tied_block < 0) tie_block(plan_, tied_block_, stage_comm_->rank() == 0);
   if (plan_.tied_block != tied_block_) {

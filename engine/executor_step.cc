@@ -133,7 +133,9 @@ void Executor::finish_step(const std::optional<UpdateArgs>& args) {
     all_gather(a.target);
     gathered = true;
   }
-  if (gathered) cs.wait(*record(gs));
+  // The next cycle's gathers may run on the compute stream (overlap_comm false), reading the shards
+  // the uploads above wrote on the gather stream: it waits for them, as for the post-step gathers.
+  if (gathered || args) cs.wait(*record(gs));
   check_io();
   cursor_ = 0;
 }

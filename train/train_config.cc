@@ -627,13 +627,6 @@ TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) 
                  "(parallel.micro_batches, gradient_accumulation_steps); make them a multiple of {}, e.g. {}",
                  p, m, p, (m / p + 1) * p);
   }
-  if (t.parallel.pipeline > 1 && t.engine.zero.stage == 3 && t.engine.zero.offload_optimizer.enabled()) {
-    ZEROTH_THROW(ConfigError,
-                 "zero_optimization.stage 3 with offload_optimizer on a pipeline ({} stages) is refused: its results are not yet "
-                 "verified against one rank (stages 1-2 with offload and stage 3 without it are); use stage 2 with the offload, or "
-                 "stage 3 without it",
-                 t.parallel.pipeline);
-  }
 
   // The resolved config: what was given, with "auto" filled in and the derived values spelled out.
   c["train_batch_size"] = t.train_batch_size;

@@ -275,11 +275,13 @@ std::vector<PipeCase> cases() {
       for (int stage : {0, 1, 2, 3}) out.push_back({dp, pp, kind, stage, 4});
     }
   }
-  // Offload composes at stages 1-2 (the tied embedding's gradients summed through the device from
-  // host memory or the swap file), and activation checkpointing recomputes each stage's layers.
+  // Offload composes (the tied embedding's gradients summed through the device from host memory
+  // or the swap file), and activation checkpointing recomputes each stage's layers.
   out.push_back({1, 2, PipeKind::one_f_one_b, 2, 4, OffloadDevice::cpu});
   out.push_back({2, 2, PipeKind::interleaved, 2, 4, OffloadDevice::nvme});
   out.push_back({2, 2, PipeKind::gpipe, 1, 4, OffloadDevice::cpu});
+  out.push_back({2, 2, PipeKind::gpipe, 3, 4, OffloadDevice::cpu});
+  out.push_back({2, 2, PipeKind::interleaved, 3, 4, OffloadDevice::nvme});
   out.push_back({1, 4, PipeKind::one_f_one_b, 1, 4, OffloadDevice::none, true});
   // Buckets of many blocks (DeepSpeed's default size): a rank's two interleaved chunks reduce apart.
   for (int stage : {1, 2, 3}) out.push_back({2, 2, PipeKind::interleaved, stage, 4, OffloadDevice::none, false, 500'000'000});

@@ -193,12 +193,6 @@ INSTANTIATE_TEST_SUITE_P(
                   "run.world_size = 1 is not a multiple of the 2 pipeline stages (parallel.pipeline, pipeline.stages): the ranks are "
                   "data-parallel x pipeline stages; make run.world_size a multiple of them"},
         ErrorCase{
-            "PipelineStage3Offload",
-            R"({"parallel": {"pipeline": 2}, "run": {"world_size": 2}, "model": {"n_layer": 2}, "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}})",
-            "zero_optimization.stage 3 with offload_optimizer on a pipeline (2 stages) is refused: its results are not yet verified "
-            "against one rank (stages 1-2 with offload and stage 3 without it are); use stage 2 with the offload, or stage 3 "
-            "without it"},
-        ErrorCase{
             "TraceWithoutPipeline", R"({"run": {"trace": true}})",
             "run.trace writes each pipeline stage's timeline; this run has no pipeline (parallel.pipeline = 1): remove it, or set "
             "parallel.pipeline"},
