@@ -64,6 +64,11 @@ void Engine::set_pipeline(Communicator& stages, int tied_block) {
   tied_block_ = stages.size() > 1 ? tied_block : -1;
 }
 
+int Engine::chunk_micro_batches_in_flight(int chunk) const {
+  if (!exec_) ZEROTH_THROW(InvalidArgument, "chunk_micro_batches_in_flight() before finalize()");
+  return plan_.chunk_in_flight.at(chunk);
+}
+
 int Engine::micro_batches_in_flight() const {
   if (!exec_) ZEROTH_THROW(InvalidArgument, "micro_batches_in_flight() before finalize()");
   return plan_.max_in_flight;

@@ -110,6 +110,7 @@ class Engine final : public BlockHost {
   double loss_gradient_scale() const override;
   double loss_scale() const { return scaler_.scale(); }
   int micro_batches_in_flight() const override;
+  int chunk_micro_batches_in_flight(int chunk) const override;
   int64_t steps_applied() const { return applied_; }
   // What each tier's allocator holds (device: the device's own accounting).
   MemoryStats tier_stats(Tier tier) const { return tiers_.stats(tier); }

@@ -55,10 +55,9 @@ void check_schedule(const std::vector<BlockSchedule>& chunks, size_t n) {
 
 // Every micro-batch of the cycle once forward and once backward per chunk, forward first;
 // each chunk's forwards in micro-batch order and its backwards too, so the micro-batches in flight
-// in a chunk are consecutive. Returns the most in flight in one chunk.
-int check_passes(const std::vector<PassRef>& passes, int micro_batches, int chunks) {
-  std::vector<int> next_f(chunks, 0), next_b(chunks, 0);
-  int most = 0;
+// in a chunk are consecutive. Returns the most in flight in each chunk.
+std::vector<int> check_passes(const std::vector<PassRef>& passes, int micro_batches, int chunks) {
+  std::vector<int> next_f(chunks, 0), next_b(chunks, 0), most(chunks, 0);
   for (const auto& p : passes) {
     const bool fwd = p.pass == Pass::forward;
     if (p.chunk < 0 || p.chunk >= chunks)
@@ -72,7 +71,7 @@ int check_passes(const std::vector<PassRef>& passes, int micro_batches, int chun
                    fwd ? "forward" : "backward", p.micro, chunks > 1 ? fmt::format(" (chunk {})", p.chunk) : "", micro_batches);
     }
     ++next;
-    most = std::max(most, next_f[p.chunk] - next_b[p.chunk]);
+    most[p.chunk] = std::max(most[p.chunk], next_f[p.chunk] - next_b[p.chunk]);
   }
   for (int c = 0; c < chunks; ++c) {
     if (next_f[c] != micro_batches || next_b[c] != micro_batches) {
@@ -382,7 +381,8 @@ Plan make_plan(const std::vector<BlockSpec>& specs, const std::vector<BlockSched
   p.chunks = static_cast<int>(schedules.size());
   if (passes.empty() && p.chunks > 1) ZEROTH_THROW(ConfigError, "a model in {} chunks needs its pass order", p.chunks);
   p.passes = passes.empty() ? sequential_passes(p.micro_batches) : std::move(passes);
-  p.max_in_flight = check_passes(p.passes, p.micro_batches, p.chunks);
+  p.chunk_in_flight = check_passes(p.passes, p.micro_batches, p.chunks);
+  p.max_in_flight = *std::max_element(p.chunk_in_flight.begin(), p.chunk_in_flight.end());
 
   std::set<std::string> names;
   for (const auto& spec : specs) {

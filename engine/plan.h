@@ -167,7 +167,8 @@ struct Plan {
   DType comm_dtype = DType::f32;
   int micro_batches = 1;             // per accumulation cycle
   int chunks = 1;                    // model chunks: pass orders (PassRef::chunk) and block schedules
-  int max_in_flight = 1;             // micro-batches forwarded but not yet backwarded, at most, per chunk
+  int max_in_flight = 1;             // micro-batches forwarded but not yet backwarded, at most, in a chunk
+  std::vector<int> chunk_in_flight;  // the same for each chunk
   std::vector<PlannedBlock> blocks;  // in registration order
   std::vector<int> shard_order;      // block indices by last backward use
   std::vector<PlannedBuffer> buffers;

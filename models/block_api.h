@@ -85,6 +85,8 @@ class BlockHost {
   // Micro-batches forwarded but not yet backwarded, at most: the activation slots a model keeps
   // (micro-batch m uses slot m mod this). Known once the host has planned.
   virtual int micro_batches_in_flight() const = 0;
+  // The same for one model chunk (chunk c of micro-batch m in slot m mod this).
+  virtual int chunk_micro_batches_in_flight(int /*chunk*/) const { return micro_batches_in_flight(); }
   // A forward-only pass (validation) between cycles: the forward uses of the schedule as
   // micro-batch 0, with begin_/end_forward, and no backward. Gradients and optimizer state are
   // left alone.

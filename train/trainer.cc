@@ -137,7 +137,7 @@ StagePlan plan_stage(const TrainConfig& config, int stage, int dp_rank) {
                        dp_rank, passes);
   if (pp > 1 && (stage == 0 || stage == pp - 1)) tie_block(out.plan, Gpt::embedding_block(config.model, part), stage == 0);
   out.model = Gpt::footprint(config.model, static_cast<int>(config.micro_batch_size), config.model.seq_len,
-                             config.engine.compute_dtype, out.plan.max_in_flight, part);
+                             config.engine.compute_dtype, out.plan.chunk_in_flight, part);
   out.need = estimate(out.plan, out.model);
   return out;
 }

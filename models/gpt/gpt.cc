@@ -3,11 +3,12 @@
 // compute stream, one closure per block use, so the engine's gathers and reductions overlap it.
 #include "models/gpt/gpt.h"
 
-#include <algorithm>  // std::max
+#include <algorithm>  // std::max, std::max_element
 #include <cmath>      // std::sqrt
 #include <cstring>    // std::memset
 
 #include <fmt/format.h>  // fmt::format
+#include <fmt/ranges.h>  // fmt::join
 
 #include "core/device.h"         // Buffer
 #include "core/error.h"          // ZEROTH_THROW
@@ -348,13 +349,14 @@ struct Gpt::State {
   std::unique_ptr<gpt::Kernels> k;
   int B = 0, T = 0;
   BlockHost* host = nullptr;
-  Buffer buffer;            // every activation slot and the backward scratch, one allocation (tag: activations)
-  Buffer host_buffer;       // with cpu_checkpointing: every slot's checkpoints, in host memory
-  Buffer token_buffer;      // tokens and targets of every slot, on the device
-  std::vector<Slot> slots;  // micro-batch m uses slot m mod slots.size()
-  int in_flight = 0;        // chunk forwards whose backward has not been enqueued
-  GradScratch d;            // backward passes run one at a time: shared
-  Buffer wbuf, gbuf;        // f32 copies of a narrow block's parameters and gradients
+  Buffer buffer;                 // every activation slot and the backward scratch, one allocation (tag: activations)
+  Buffer host_buffer;            // with cpu_checkpointing: every slot's checkpoints, in host memory
+  Buffer token_buffer;           // tokens and targets of every slot, on the device
+  std::vector<Slot> slots;       // chunk c of micro-batch m uses slot m mod chunk_slots[c]
+  std::vector<int> chunk_slots;  // per chunk: the slots holding its activations (the first ones)
+  int in_flight = 0;             // chunk forwards whose backward has not been enqueued
+  GradScratch d;                 // backward passes run one at a time: shared
+  Buffer wbuf, gbuf;             // f32 copies of a narrow block's parameters and gradients
 
   static size_t layer_floats(const GptConfig& c, size_t BT, size_t B, size_t T) {
     const size_t C = c.n_embd;
@@ -402,6 +404,20 @@ struct Gpt::State {
     const size_t head = part.has_head(c) ? BT * C + 3 * BT + BT * c.vocab_size : 0;
     return (resid_copies(c, part) + port_count(c, part)) * BT * C + layers * layer_floats(c, BT, B, T) + head;
   }
+  // The chunks slot i holds: those with more than i slots.
+  static GptPart slot_part(const GptPart& part, const std::vector<int>& chunk_slots, int i) {
+    GptPart sub;
+    for (size_t k = 0; k < part.chunks.size(); ++k) {
+      if (i < chunk_slots.at(k)) sub.chunks.push_back(part.chunks[k]);
+    }
+    return sub;
+  }
+  static size_t all_slots_floats(const GptConfig& c, const GptPart& part, const std::vector<int>& chunk_slots, int B, int T) {
+    size_t n = 0;
+    const int most = *std::max_element(chunk_slots.begin(), chunk_slots.end());
+    for (int i = 0; i < most; ++i) n += slot_floats(c, slot_part(part, chunk_slots, i), B, T);
+    return n;
+  }
   static size_t scratch_floats(const GptConfig& c, int B, int T) {
     const size_t BT = static_cast<size_t>(B) * T, C = c.n_embd;
     return BT * C * (1 + 1 + 3 + 4) + static_cast<size_t>(B) * c.n_head * T * T;
@@ -419,15 +435,16 @@ struct Gpt::State {
     }
   }
 
-  void reserve(Stream& stream, int b, int t, int n_slots, DType compute) {
-    if (b == B && t == T && static_cast<size_t>(n_slots) == slots.size()) return;
+  void reserve(Stream& stream, int b, int t, const std::vector<int>& per_chunk, DType compute) {
+    if (b == B && t == T && per_chunk == chunk_slots) return;
+    const int n_slots = *std::max_element(per_chunk.begin(), per_chunk.end());
     check_shape(b, t);
     stream.synchronize();
     const size_t BT = static_cast<size_t>(b) * t, C = cfg.n_embd, L = cfg.n_layer;
     buffer.reset();
     token_buffer.reset();
     host_buffer.reset();
-    buffer = device->allocate((n_slots * slot_floats(cfg, part, b, t) + scratch_floats(cfg, b, t)) * sizeof(float),
+    buffer = device->allocate((all_slots_floats(cfg, part, per_chunk, b, t) + scratch_floats(cfg, b, t)) * sizeof(float),
                               MemTag::activations);
     if (const size_t saved = n_slots * saved_floats(cfg, b, t); saved > 0) {
       host_buffer = host->allocate_host(saved * sizeof(float), MemTag::activations);
@@ -447,14 +464,16 @@ struct Gpt::State {
       at += n;
       return p;
     };
-    const std::vector<bool> positions = resid_positions(cfg, part);
-    std::vector<bool> owned(L, false);
-    for (const auto& [lo, hi] : part.chunks) {
-      for (int l = lo; l < hi; ++l) owned[l] = true;
-    }
-    const bool head = part.has_head(cfg);
     slots.assign(n_slots, {});
     for (int i = 0; i < n_slots; ++i) {
+      // Slot i holds the chunks with more than i slots.
+      const GptPart held = slot_part(part, per_chunk, i);
+      const std::vector<bool> positions = resid_positions(cfg, held);
+      std::vector<bool> owned(L, false);
+      for (const auto& [lo, hi] : held.chunks) {
+        for (int l = lo; l < hi; ++l) owned[l] = true;
+      }
+      const bool head = held.has_head(cfg);
       auto& sl = slots[i];
       sl.B = b, sl.T = t;
       sl.tokens = token_buffer.as<int32_t>() + 2 * BT * i;
@@ -486,10 +505,12 @@ struct Gpt::State {
       sl.dout.assign(part.chunks.size(), nullptr);
       sl.din.assign(part.chunks.size(), nullptr);
       for (size_t k = 0; k < part.chunks.size(); ++k) {
+        if (i >= per_chunk[k]) continue;
         if (!part.last_chunk(static_cast<int>(k), cfg)) sl.dout[k] = take(BT * C);
         if (!part.first_chunk(static_cast<int>(k))) sl.din[k] = take(BT * C);
       }
     }
+    chunk_slots = per_chunk;
     d.dresid = take(BT * C), d.dC = take(BT * C), d.dqkv = take(3 * BT * C), d.dfch = take(4 * BT * C);
     d.datt = take(static_cast<size_t>(b) * cfg.n_head * t * t);
     B = b, T = t;
@@ -629,8 +650,15 @@ Gpt::~Gpt() {
 size_t Gpt::activation_bytes(const GptConfig& config, int B, int T, int slots, const GptPart& given) {
   GptPart storage;
   const GptPart& part = or_whole(given, config, storage);
+  return activation_bytes(config, B, T, std::vector<int>(part.chunks.size(), slots), part);
+}
+
+size_t Gpt::activation_bytes(const GptConfig& config, int B, int T, const std::vector<int>& chunk_slots, const GptPart& given) {
+  GptPart storage;
+  const GptPart& part = or_whole(given, config, storage);
   const size_t BT = static_cast<size_t>(B) * T;
-  return (slots * State::slot_floats(config, part, B, T) + State::scratch_floats(config, B, T)) * sizeof(float) +
+  const int slots = *std::max_element(chunk_slots.begin(), chunk_slots.end());
+  return (State::all_slots_floats(config, part, chunk_slots, B, T) + State::scratch_floats(config, B, T)) * sizeof(float) +
          slots * 2 * BT * sizeof(int32_t);
 }
 
@@ -641,6 +669,13 @@ size_t Gpt::host_activation_bytes(const GptConfig& config, int B, int T, int slo
 ModelFootprint Gpt::footprint(const GptConfig& config, int B, int T, DType compute, int slots, const GptPart& part) {
   return {activation_bytes(config, B, T, slots, part), scratch_bytes(config, compute), host_activation_bytes(config, B, T, slots),
           fmt::format("{} slot{} of a {} x {} micro-batch", slots, slots == 1 ? "" : "s", B, T)};
+}
+
+ModelFootprint Gpt::footprint(const GptConfig& config, int B, int T, DType compute, const std::vector<int>& chunk_slots,
+                              const GptPart& part) {
+  if (chunk_slots.size() <= 1) return footprint(config, B, T, compute, chunk_slots.empty() ? 1 : chunk_slots[0], part);
+  return {activation_bytes(config, B, T, chunk_slots, part), scratch_bytes(config, compute), 0,
+          fmt::format("{} slots of {} chunks of a {} x {} micro-batch", fmt::join(chunk_slots, "+"), chunk_slots.size(), B, T)};
 }
 
 void Gpt::forward_backward(const int32_t* tokens, const int32_t* targets, int B, int T, float* loss, int micro) {
@@ -680,18 +715,24 @@ void Gpt::forward_chunk(int micro, int chunk, const int32_t* tokens, const int32
 
 void Gpt::backward_chunk(int micro, int chunk) { run_backward(micro, chunk); }
 
+std::vector<int> Gpt::chunk_slots() const {
+  std::vector<int> out;
+  for (size_t k = 0; k < part_.chunks.size(); ++k) out.push_back(host_.chunk_micro_batches_in_flight(static_cast<int>(k)));
+  return out;
+}
+
 void Gpt::prepare(int B, int T) {
   if (B <= 0 || T <= 0 || T > config_.seq_len) {
     ZEROTH_THROW(InvalidArgument, "GPT micro-batch {} x {}: need B >= 1 and 1 <= T <= model.seq_len ({})", B, T, config_.seq_len);
   }
   state_->check_shape(B, T);
-  state_->reserve(host_.compute_stream(), B, T, host_.micro_batches_in_flight(), host_.compute_dtype());
+  state_->reserve(host_.compute_stream(), B, T, chunk_slots(), host_.compute_dtype());
 }
 
 TensorView Gpt::port(Port which, int micro, int chunk) const {
   const auto& s = *state_;
   if (s.slots.empty()) ZEROTH_THROW(InvalidArgument, "Gpt::port before prepare()");
-  const Slot& sl = s.slots[micro < 0 ? 0 : micro % s.slots.size()];
+  const Slot& sl = s.slots[micro < 0 ? 0 : micro % s.chunk_slots.at(chunk)];
   const auto [lo, hi] = part_.chunks.at(chunk);
   float* at = which == Port::input        ? sl.resid[lo]
               : which == Port::output     ? sl.resid[hi]
@@ -720,8 +761,8 @@ void Gpt::run_forward(int micro, int chunk, const int32_t* tokens, const int32_t
   s->check_shape(B, T);
   const int first_block = embeds ? embed_ : layers_[lo];
   const auto& first_views = host_.begin_forward(first_block, micro);
-  s->reserve(stream, B, T, host_.micro_batches_in_flight(), host_.compute_dtype());
-  Slot* sl = &s->slots[training ? micro % s->slots.size() : 0];
+  s->reserve(stream, B, T, chunk_slots(), host_.compute_dtype());
+  Slot* sl = &s->slots[training ? micro % s->chunk_slots[chunk] : 0];
   if (embeds) host_.device().copy(stream, sl->tokens, tokens, static_cast<size_t>(B) * T * sizeof(int32_t));
   if (heads) host_.device().copy(stream, sl->targets, targets, static_cast<size_t>(B) * T * sizeof(int32_t));
   gpt::Kernels& k = *s->k;
@@ -783,7 +824,7 @@ void Gpt::run_backward(int micro, int chunk) {
   if (s->slots.empty() || micro < 0) ZEROTH_THROW(InvalidArgument, "GPT backward of micro-batch {} before its forward", micro);
   if (chunk < 0 || chunk >= static_cast<int>(part_.chunks.size()))
     ZEROTH_THROW(InvalidArgument, "GPT backward of chunk {}: this part has {}", chunk, part_.chunks.size());
-  Slot* sl = &s->slots[micro % s->slots.size()];
+  Slot* sl = &s->slots[micro % s->chunk_slots.at(chunk)];
   gpt::Kernels& k = *s->k;
   const GptConfig c = config_;
   const int B = sl->B, T = sl->T;

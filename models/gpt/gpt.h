@@ -127,11 +127,15 @@ class Gpt {
   // tag activations: the slots, their token ids, the backward scratch), on the device and (the
   // checkpoints, with cpu_checkpointing) in host memory.
   static size_t activation_bytes(const GptConfig& config, int B, int T, int slots = 1, const GptPart& part = {});
+  // With a slot count per chunk (the engine's in-flight count of each: Plan::chunk_in_flight).
+  static size_t activation_bytes(const GptConfig& config, int B, int T, const std::vector<int>& chunk_slots, const GptPart& part);
   static size_t host_activation_bytes(const GptConfig& config, int B, int T, int slots = 1);
   // f32 copies of one block's parameters and gradients, when the compute dtype is narrow (tag: buffers).
   static size_t scratch_bytes(const GptConfig& config, DType compute);
   // Both, for the host's estimate.
   static ModelFootprint footprint(const GptConfig& config, int B, int T, DType compute, int slots, const GptPart& part = {});
+  static ModelFootprint footprint(const GptConfig& config, int B, int T, DType compute, const std::vector<int>& chunk_slots,
+                                  const GptPart& part);
   const GptConfig& config() const { return config_; }
 
  private:
@@ -139,6 +143,7 @@ class Gpt {
   void run_forward(int micro, int chunk, const int32_t* tokens, const int32_t* targets, int B, int T, float* loss, float* logits,
                    bool training);
   void run_backward(int micro, int chunk);
+  std::vector<int> chunk_slots() const;  // the host's in-flight count of each chunk
 
   BlockHost& host_;
   GptConfig config_;
