@@ -23,8 +23,6 @@ double now_seconds() { return std::chrono::duration<double>(std::chrono::steady_
 
 using Done = std::shared_future<std::shared_ptr<Event>>;
 
-bool is_compute(SpanKind k) { return k == SpanKind::forward || k == SpanKind::backward; }
-
 SpanKind span_of(PipeOp op) {
   switch (op) {
     case PipeOp::forward: return SpanKind::forward;
@@ -38,30 +36,6 @@ SpanKind span_of(PipeOp op) {
 }
 
 }  // namespace
-
-std::string PipeSpan::name() const {
-  const std::string chunk_part = chunk > 0 ? fmt::format(".{}", chunk) : "";
-  switch (kind) {
-    case SpanKind::forward: return fmt::format("F{}{}", micro, chunk_part);
-    case SpanKind::backward: return fmt::format("B{}{}", micro, chunk_part);
-    case SpanKind::send_activation: return fmt::format("send a{}{}", micro, chunk_part);
-    case SpanKind::recv_activation: return fmt::format("recv a{}{}", micro, chunk_part);
-    case SpanKind::send_gradient: return fmt::format("send g{}{}", micro, chunk_part);
-    case SpanKind::recv_gradient: return fmt::format("recv g{}{}", micro, chunk_part);
-    case SpanKind::optimizer: return "optimizer";
-  }
-  return "?";
-}
-
-std::string_view PipeSpan::lane() const {
-  switch (kind) {
-    case SpanKind::send_activation: return "activations out";
-    case SpanKind::recv_activation: return "activations in";
-    case SpanKind::send_gradient: return "gradients out";
-    case SpanKind::recv_gradient: return "gradients in";
-    default: return "compute";
-  }
-}
 
 // The spans stamped so far; stream threads add to it.
 struct PipelineRunner::Stamps {
@@ -278,20 +252,20 @@ void PipelineRunner::guarded(const std::function<void()>& work) {
   }
 }
 
+std::pair<TensorView, PipelineRunner::PortState*> PipelineRunner::port_state(const PipeModel& model, PipePort port, int micro,
+                                                                             int chunk) {
+  const TensorView v = model.port(port, micro, chunk);
+  for (auto& ps : ports_) {
+    if (ps->data == v.data) return {v, ps.get()};
+  }
+  ports_.push_back(std::make_unique<PortState>());
+  ports_.back()->data = v.data;
+  return {v, ports_.back().get()};
+}
+
 void PipelineRunner::walk_cycle(const PipeModel& model) {
   Stream& cs = device_.default_stream();
-  auto state = [&](PipePort port, int micro, int chunk) -> std::pair<TensorView, PortState*> {
-    const TensorView v = model.port(port, micro, chunk);
-    auto it = ports_.begin();
-    for (; it != ports_.end() && (*it)->data != v.data; ++it) {
-    }
-    if (it == ports_.end()) {
-      ports_.push_back(std::make_unique<PortState>());
-      ports_.back()->data = v.data;
-      it = std::prev(ports_.end());
-    }
-    return {v, it->get()};
-  };
+  auto state = [&](PipePort port, int micro, int chunk) { return port_state(model, port, micro, chunk); };
   auto after_compute = [&] {
     auto e = std::shared_ptr<Event>(device_.create_event());
     e->record(cs);
@@ -346,15 +320,7 @@ void PipelineRunner::walk_evaluation(const PipeModel& model) {
   for (int c = 0; c < schedule_.chunks; ++c) {
     const int vs = schedule_.virtual_stage(rank_, c);
     PortState *in = nullptr, *out = nullptr;
-    auto find = [&](PipePort port) {
-      const TensorView v = model.port(port, -1, c);
-      for (auto& ps : ports_) {
-        if (ps->data == v.data) return std::pair{v, ps.get()};
-      }
-      ports_.push_back(std::make_unique<PortState>());
-      ports_.back()->data = v.data;
-      return std::pair{v, ports_.back().get()};
-    };
+    auto find = [&](PipePort port) { return port_state(model, port, -1, c); };
     if (vs > 0) {
       auto [view, ps] = find(PipePort::input);
       in = ps;
@@ -403,11 +369,6 @@ PipeMeasure PipelineRunner::gather_measure(Stream& stream) {
     mine.swap(stamps_->spans);
   }
   const int p = schedule_.stages;
-  // Per span 8 floats: kind, micro, chunk, then start and end as (high, low) pairs of their
-  // offset from this rank's first stamp, and that base once per rank (so every rank's times are
-  // on the one steady clock the ranks of a host share).
-  double base = mine.empty() ? 0 : mine.front().start;
-  for (const auto& s : mine) base = std::min(base, s.start);
   Buffer count_buf = device_.allocate(sizeof(float) * p, MemTag::buffers);
   float count = static_cast<float>(mine.size());
   device_.copy(stream, static_cast<float*>(count_buf.data()) + rank_, &count, sizeof count);
@@ -417,21 +378,9 @@ PipeMeasure PipelineRunner::gather_measure(Stream& stream) {
   stream.synchronize();
   size_t most = 0;
   for (float n : counts) most = std::max(most, static_cast<size_t>(n));
-  const size_t row = 8, per_rank = 2 + most * row;
+  const size_t per_rank = packed_floats(most);
   std::vector<float> packed(per_rank, 0.0f);
-  auto split = [](double v, float* at) {
-    at[0] = static_cast<float>(v);
-    at[1] = static_cast<float>(v - static_cast<double>(at[0]));
-  };
-  split(base, packed.data());
-  for (size_t i = 0; i < mine.size(); ++i) {
-    float* r = packed.data() + 2 + i * row;
-    r[0] = static_cast<float>(mine[i].kind);
-    r[1] = static_cast<float>(mine[i].micro);
-    r[2] = static_cast<float>(mine[i].chunk);
-    split(mine[i].start - base, r + 4);
-    split(mine[i].end - base, r + 6);
-  }
+  pack_spans(mine, packed.data());
   Buffer all = device_.allocate(sizeof(float) * per_rank * p, MemTag::buffers);
   float* slice = static_cast<float*>(all.data()) + per_rank * rank_;
   device_.copy(stream, slice, packed.data(), sizeof(float) * per_rank);
@@ -442,59 +391,13 @@ PipeMeasure PipelineRunner::gather_measure(Stream& stream) {
 
   PipeMeasure m;
   m.formula = pipe_bubble_formula(schedule_.kind, p, schedule_.micro_batches, schedule_.chunks);
-  m.busy.assign(p, 0.0);
-  m.spans.resize(p);
-  double first = 0, last = 0;
-  bool any = false;
+  for (int r = 0; r < p; ++r) m.spans.push_back(unpack_spans(host.data() + per_rank * r, static_cast<size_t>(counts[r])));
+  summarize(m);
+  // Rank 0 keeps every rank's timeline (the trace); the others their own.
   for (int r = 0; r < p; ++r) {
-    const float* at = host.data() + per_rank * r;
-    const double rank_base = static_cast<double>(at[0]) + static_cast<double>(at[1]);
-    for (size_t i = 0; i < static_cast<size_t>(counts[r]); ++i) {
-      const float* x = at + 2 + i * row;
-      PipeSpan s{static_cast<SpanKind>(static_cast<int>(x[0])), static_cast<int>(x[1]), static_cast<int>(x[2]),
-                 rank_base + static_cast<double>(x[4]) + static_cast<double>(x[5]),
-                 rank_base + static_cast<double>(x[6]) + static_cast<double>(x[7])};
-      if (is_compute(s.kind)) {
-        m.busy[r] += s.end - s.start;
-        first = any ? std::min(first, s.start) : s.start;
-        last = any ? std::max(last, s.end) : s.end;
-        any = true;
-      }
-      if (rank_ == 0 || r == rank_) m.spans[r].push_back(s);
-    }
+    if (rank_ != 0 && r != rank_) m.spans[r].clear();
   }
-  m.makespan = last - first;
-  double busy = 0;
-  for (double b : m.busy) busy += b;
-  m.bubble = m.makespan > 0 ? 1.0 - busy / (p * m.makespan) : 0.0;
   return m;
-}
-
-nlohmann::json chrome_trace(const PipeMeasure& measure) {
-  nlohmann::json events = nlohmann::json::array();
-  double origin = -1;
-  for (const auto& rank : measure.spans) {
-    for (const auto& s : rank) origin = origin < 0 ? s.start : std::min(origin, s.start);
-  }
-  const std::string_view lanes[] = {"compute", "activations in", "activations out", "gradients in", "gradients out"};
-  for (size_t r = 0; r < measure.spans.size(); ++r) {
-    events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", r}, {"args", {{"name", fmt::format("stage {}", r)}}}});
-    for (size_t t = 0; t < std::size(lanes); ++t)
-      events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", r}, {"tid", t}, {"args", {{"name", lanes[t]}}}});
-    for (const auto& s : measure.spans[r]) {
-      const size_t tid = static_cast<size_t>(std::find(std::begin(lanes), std::end(lanes), s.lane()) - std::begin(lanes));
-      events.push_back({{"ph", "X"},
-                        {"name", s.name()},
-                        {"pid", r},
-                        {"tid", tid},
-                        {"ts", (s.start - origin) * 1e6},
-                        {"dur", (s.end - s.start) * 1e6},
-                        {"args", {{"micro_batch", s.micro}, {"chunk", s.chunk}}}});
-    }
-  }
-  return {{"traceEvents", events},
-          {"displayTimeUnit", "ms"},
-          {"otherData", {{"bubble", measure.bubble}, {"bubble_formula", measure.formula}, {"makespan_seconds", measure.makespan}}}};
 }
 
 }  // namespace zeroth

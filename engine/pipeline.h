@@ -95,6 +95,8 @@ class PipelineRunner {
  private:
   struct Channel;
   struct PortState;
+  // The state of the port buffer the model gives for (port, micro, chunk), made on first use.
+  std::pair<TensorView, PortState*> port_state(const PipeModel& model, PipePort port, int micro, int chunk);
   void walk_cycle(const PipeModel& model);
   void wait_all();
   PipeMeasure gather_measure(Stream& stream);
@@ -115,6 +117,13 @@ class PipelineRunner {
   struct Stamps;
   std::shared_ptr<Stamps> stamps_;
 };
+
+// The wire form of a rank's spans for measure()'s all-gather: packed_floats(n) floats for n spans.
+size_t packed_floats(size_t spans);
+void pack_spans(const std::vector<PipeSpan>& spans, float* out);
+std::vector<PipeSpan> unpack_spans(const float* in, size_t count);
+// Busy time per rank, makespan and bubble from every rank's spans.
+void summarize(PipeMeasure& measure);
 
 // A measured bubble and its trace as JSON: Chrome's trace event format (Perfetto reads it), one
 // process per rank, one thread per lane.

@@ -223,6 +223,12 @@ struct Plan {
   void write_json_if_requested() const;
 };
 
+// ConfigError unless every block is used forward and backward, in exactly one chunk.
+void check_block_schedules(const std::vector<BlockSchedule>& chunks, size_t blocks);
+// ConfigError unless `passes` runs every micro-batch of every chunk forward then backward, each
+// chunk's in micro-batch order; the most micro-batches in flight in each chunk.
+std::vector<int> check_passes(const std::vector<PassRef>& passes, int micro_batches, int chunks);
+
 // Throws ConfigError on a schedule that names unknown blocks or misses one, or on a pass order
 // that is not a valid order of the cycle's micro-batches. Empty `passes`: sequential.
 Plan make_plan(const std::vector<BlockSpec>& blocks, const BlockSchedule& schedule, const EngineConfig& config, int dp, int rank,

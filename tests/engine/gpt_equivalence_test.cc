@@ -16,6 +16,7 @@
 #include "engine/engine.h"
 #include "models/gpt/gpt.h"
 #include "tests/engine/tensor_error.h"
+#include "tests/engine/tiny_gpt_engine.h"
 
 namespace zeroth {
 namespace {
@@ -51,23 +52,7 @@ GptConfig tiny(bool checkpointing) {
 }
 
 GptResult train_gpt(const GptCase& k) {
-  EngineConfig ec;
-  ec.zero.stage = k.stage;
-  ec.zero.reduce_bucket_size = 6000;  // several buckets, single-block and staged
-  ec.zero.allgather_bucket_size = 6000;
-  ec.zero.stage3_prefetch_bucket_size = 8000;
-  ec.zero.stage3_param_persistence_threshold = 100;  // ln_f stays whole
-  ec.zero.stage3_max_reuse_distance = 0;
-  ec.compute_dtype = k.dtype;
-  ec.gradient_accumulation_steps = k.gas;
-  ec.gradient_clipping = 1.0;
-  ec.optimizer.lr = 1e-2;
-  ec.optimizer.weight_decay = 0.01;
-  ec.schedule.kind = ScheduleKind::warmup;
-  ec.schedule.warmup_max_lr = 1e-2;
-  ec.schedule.warmup_num_steps = 2;
-  ec.schedule.warmup_type = WarmupType::linear;
-  ec.seed = 7;
+  EngineConfig ec = testing::tiny_gpt_engine(k.stage, k.gas, k.dtype);
   GptConfig gc = tiny(k.checkpointing);
   gc.cpu_checkpointing = k.cpu_checkpointing;
   const TokenData data = TokenData::synthetic(gc.vocab_size, 1 << 14, 3);

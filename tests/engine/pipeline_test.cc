@@ -23,6 +23,7 @@
 #include "engine/pipeline.h"
 #include "models/gpt/gpt.h"
 #include "tests/engine/tensor_error.h"
+#include "tests/engine/tiny_gpt_engine.h"
 #include "train/data.h"
 
 namespace zeroth {
@@ -58,7 +59,7 @@ GptConfig tiny() {
 }
 
 EngineConfig engine_config(int stage, int micro, OffloadDevice offload = OffloadDevice::none) {
-  EngineConfig ec;
+  EngineConfig ec = testing::tiny_gpt_engine(stage, micro);
   ec.zero.offload_optimizer.device = offload;
   if (offload == OffloadDevice::nvme) {
     ec.zero.offload_optimizer.nvme_path = ::testing::TempDir() + "zeroth-pipeline-swap";
@@ -67,21 +68,6 @@ EngineConfig engine_config(int stage, int micro, OffloadDevice offload = Offload
       ec.zero.offload_param.nvme_path = ec.zero.offload_optimizer.nvme_path;
     }
   }
-  ec.zero.stage = stage;
-  ec.zero.reduce_bucket_size = 6000;  // one block each (a layer is 12.6k elements)
-  ec.zero.allgather_bucket_size = 6000;
-  ec.zero.stage3_prefetch_bucket_size = 8000;
-  ec.zero.stage3_param_persistence_threshold = 100;
-  ec.zero.stage3_max_reuse_distance = 0;
-  ec.gradient_accumulation_steps = micro;
-  ec.gradient_clipping = 1.0;
-  ec.optimizer.lr = 1e-2;
-  ec.optimizer.weight_decay = 0.01;
-  ec.schedule.kind = ScheduleKind::warmup;
-  ec.schedule.warmup_max_lr = 1e-2;
-  ec.schedule.warmup_num_steps = 2;
-  ec.schedule.warmup_type = WarmupType::linear;
-  ec.seed = 7;
   return ec;
 }
 
