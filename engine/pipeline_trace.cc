@@ -71,8 +71,8 @@ std::vector<PipeSpan> unpack_spans(const float* in, size_t count) {
   std::vector<PipeSpan> out;
   for (size_t i = 0; i < count; ++i) {
     const float* x = in + 2 + i * kRow;
-    out.push_back({static_cast<SpanKind>(static_cast<int>(x[0])), static_cast<int>(x[1]), static_cast<int>(x[2]),
-                   base + joined(x + 4), base + joined(x + 6)});
+    out.push_back({static_cast<SpanKind>(static_cast<int>(x[0])), static_cast<int>(x[1]), static_cast<int>(x[2]), base + joined(x + 4),
+                   base + joined(x + 6)});
   }
   return out;
 }
