@@ -64,6 +64,12 @@ void Engine::set_pipeline(Communicator& stages, int tied_block) {
   tied_block_ = stages.size() > 1 ? tied_block : -1;
 }
 
+void Engine::set_tensor_parallel(Communicator& tensor) {
+  if (exec_) ZEROTH_THROW(InvalidArgument, "set_tensor_parallel after finalize()");
+  tensor_comm_ = tensor.split(0, tensor.rank());
+  tensor_reduce_comm_ = tensor.split(0, tensor.rank());
+}
+
 int Engine::chunk_micro_batches_in_flight(int chunk) const {
   if (!exec_) ZEROTH_THROW(InvalidArgument, "chunk_micro_batches_in_flight() before finalize()");
   return plan_.chunk_in_flight.at(chunk);
@@ -101,6 +107,12 @@ void Engine::finalize(Plan plan, const ModelFootprint& model, bool initialize_va
                  plan.stage, plan.blocks.size(), plan.rank, plan.dp, config_.zero.stage, specs_.size(), comm_.rank(), comm_.size());
   }
   plan_ = std::move(plan);
+  if (plan_.tp != tensor_ranks() || plan_.tp_rank != tensor_rank()) {
+    ZEROTH_THROW(InvalidArgument,
+                 "finalize: the blocks' parameters are split for tensor-parallel rank {} of {}, but this engine's tensor-parallel "
+                 "group makes it rank {} of {} (set_tensor_parallel)",
+                 plan_.tp_rank, plan_.tp, tensor_rank(), tensor_ranks());
+  }
   if (tied_block_ >= 0 && plan_.tied_block < 0) tie_block(plan_, tied_block_, stage_comm_->rank() == 0);
   if (plan_.tied_block != tied_block_) {
     ZEROTH_THROW(InvalidArgument, "finalize(plan): the plan ties block {} but the pipeline's tied block here is {}", plan_.tied_block,
@@ -143,7 +155,8 @@ void Engine::finalize(Plan plan, const ModelFootprint& model, bool initialize_va
     ZLOG_INFO("{}", plan_.table());
     plan_.write_json_if_requested();
   }
-  exec_ = std::make_unique<Executor>(device_, tiers_, comm_, plan_, specs_, config_, StageLinks{stage_comm_.get(), tie_comm_.get()});
+  exec_ = std::make_unique<Executor>(device_, tiers_, comm_, plan_, specs_, config_,
+                                     GroupLinks{stage_comm_.get(), tie_comm_.get(), tensor_comm_.get(), tensor_reduce_comm_.get()});
   initialize(initialize_values);
 }
 
@@ -155,8 +168,12 @@ void Engine::initialize(bool values) {
       for (size_t i = 0; i < spec.params.size(); ++i) {
         const size_t p0 = blk.param_offsets[i], p1 = p0 + spec.params[i].numel();
         const size_t a = std::max(p0, lo), e = std::min(p1, hi);
-        if (a < e)
-          init_values(spec.params[i].init, config_.seed, spec.name + "." + spec.params[i].name, a - p0, e - a, out + (a - lo));
+        if (a >= e) continue;
+        // A tensor-parallel slice takes the unsplit tensor's values at its elements.
+        const std::string name = spec.name + "." + spec.params[i].name;
+        spec.params[i].tp.for_each_run(a - p0, e - p0, [&](size_t full, size_t count, size_t local) {
+          init_values(spec.params[i].init, config_.seed, name, full, count, out + (p0 + local - lo));
+        });
       }
     });
   }

@@ -82,6 +82,13 @@ class Engine final : public BlockHost {
   void set_pipeline(Communicator& stages, int tied_block);
   // This rank's pipeline stage and their number (0 and 1 without set_pipeline), and the group of
   // the stages for collectives on the compute stream between cycles (checkpoints), or null.
+  // A tensor-parallel rank: the blocks' parameters declare their split over `tensor`
+  // (ParamSpec::tp); the global norm sums over it (replicated parameters counted on its rank 0), and
+  // partial gradients are summed over it before each data-parallel reduction. Collective over
+  // `tensor`; before finalize().
+  void set_tensor_parallel(Communicator& tensor);
+  int tensor_rank() const { return tensor_comm_ ? tensor_comm_->rank() : 0; }
+  int tensor_ranks() const { return tensor_comm_ ? tensor_comm_->size() : 1; }
   int pipeline_stage() const { return stage_comm_ ? stage_comm_->rank() : 0; }
   int pipeline_stages() const { return stage_comm_ ? stage_comm_->size() : 1; }
   Communicator* stage_comm() { return stage_comm_.get(); }
@@ -165,7 +172,7 @@ class Engine final : public BlockHost {
   std::vector<PassRef> passes_;
   Plan plan_;
   std::unique_ptr<Executor> exec_;
-  std::unique_ptr<Communicator> stage_comm_, tie_comm_;
+  std::unique_ptr<Communicator> stage_comm_, tie_comm_, tensor_comm_, tensor_reduce_comm_;
   int tied_block_ = -1;
   LossScaler scaler_;
   int64_t applied_ = 0;  // optimizer steps applied

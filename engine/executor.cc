@@ -13,7 +13,7 @@
 namespace zeroth {
 
 Executor::Executor(Device& device, TierAllocators& tiers, Communicator& dp, const Plan& plan, const std::vector<BlockSpec>& specs,
-                   const EngineConfig& config, StageLinks links)
+                   const EngineConfig& config, GroupLinks links)
     : device_(device), plan_(plan), specs_(specs), config_(config), links_(links) {
   ZEROTH_CHECK((plan_.tied_block >= 0) == (links_.tied != nullptr), "a tied block needs its pair's communicator, and only it");
   gather_stream_ = device_.create_stream();
@@ -82,7 +82,11 @@ Executor::~Executor() {
 
 CommStats Executor::comm_stats() const {
   CommStats total;
-  for (const auto* c : {gather_comm_.get(), reduce_comm_.get(), step_comm_.get()}) {
+  for (const Communicator* c :
+       {static_cast<const Communicator*>(gather_comm_.get()), static_cast<const Communicator*>(reduce_comm_.get()),
+        static_cast<const Communicator*>(step_comm_.get()), static_cast<const Communicator*>(links_.tensor),
+        static_cast<const Communicator*>(links_.tensor_reduce)}) {
+    if (c == nullptr) continue;
     const auto s = c->stats();
     for (size_t op = 0; op < kCollectiveOpCount; ++op) {
       total.calls[op] += s.calls[op];
@@ -235,6 +239,7 @@ void Executor::execute(const Action& a) {
     case ActionKind::all_reduce: return all_reduce(a.target, rs);
     case ActionKind::reduce_scatter: return reduce_scatter(a.target, a.flag, rs);
     case ActionKind::offload_grads: return offload_grads(a.target, a.flag, rs);
+    case ActionKind::sum_partial: return sum_partial(a.target, rs);
     default: ZEROTH_THROW(InvalidArgument, "action {} cannot run inside a block use", action_name(a.kind));
   }
 }
@@ -301,6 +306,17 @@ void Executor::all_reduce(int index, Stream& rs) {
   }
   reduced_ = record(rs);
   for (int b : bucket.blocks) grad_reader_[b] = reduced_;
+}
+
+void Executor::sum_partial(int index, Stream& rs) {
+  ZEROTH_CHECK(links_.tensor_reduce != nullptr, "sum_partial without a tensor-parallel group");
+  const auto& bucket = plan_.reduce_buckets[index];
+  rs.wait(*record(compute_stream()));
+  for (int b : bucket.blocks) {
+    const TensorView grads = bucket.from_accumulator ? view(StateKind::grad_accum, b) : grad_view(b);
+    for (const auto& [lo, hi] : plan_.blocks[b].tp_partial)
+      links_.tensor_reduce->all_reduce(rs, grads.slice(lo, hi - lo), ReduceOp::sum);
+  }
 }
 
 void Executor::reduce_scatter(int index, bool add, Stream& rs) {

@@ -46,18 +46,22 @@ struct SwapIo {
 // The folder of a buffer's swap file: offload_param's for parameters, offload_optimizer's else.
 std::string swap_folder(const ZeroConfig& zero, const PlannedBuffer& buffer);
 
-// A pipeline rank's groups beyond its data-parallel one, used on the compute stream at the step
-// only: the squares of the global norm are summed over `stages`; the tied block's gradients over
-// `tied` (the first and the last stage of this data-parallel index). Null: none.
-struct StageLinks {
+// A rank's groups beyond its data-parallel one. On the compute stream at the step: the squares of
+// the global norm are summed over `stages` and `tensor`, the tied block's gradients over `tied`
+// (the first and the last stage of this data-parallel index). On the reduce stream: partial
+// gradients summed over `tensor_reduce` (the ranks of `tensor`, its own communicator so the two
+// streams never share one). Null: none.
+struct GroupLinks {
   Communicator* stages = nullptr;
   Communicator* tied = nullptr;
+  Communicator* tensor = nullptr;
+  Communicator* tensor_reduce = nullptr;
 };
 
 class Executor {
  public:
   Executor(Device& device, TierAllocators& tiers, Communicator& dp, const Plan& plan, const std::vector<BlockSpec>& specs,
-           const EngineConfig& config, StageLinks links = {});
+           const EngineConfig& config, GroupLinks links = {});
   ~Executor();
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
@@ -135,6 +139,8 @@ class Executor {
   void release_grads(int block);
   void all_reduce(int bucket, Stream& rs);
   void reduce_scatter(int bucket, bool add, Stream& rs);
+  void sum_partial(int bucket, Stream& rs);
+  void sum_tensor_norms();  // Lamb's per-tensor norms over the ranks that split the tensors
   void all_gather(int bucket);
   void update(int sub_group, int slot, const UpdateArgs& args);
   void update_norms(int sub_group, const UpdateArgs& args);
@@ -176,7 +182,7 @@ class Executor {
   // One communicator per stream: collectives of one communicator must run in the same order on
   // every rank, which two streams running concurrently would not guarantee.
   std::unique_ptr<Communicator> gather_comm_, reduce_comm_, step_comm_;
-  StageLinks links_;
+  GroupLinks links_;
   std::vector<Buffer> buffers_;  // as plan.buffers
   Arena param_arena_, grad_arena_;
   std::vector<void*> gathered_;  // where each block's full parameters are now

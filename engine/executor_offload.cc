@@ -129,6 +129,7 @@ void Executor::offload_grads(int index, bool add, Stream& rs) {
   const uint64_t file_offset = first.offset * sizeof(float);
   const DType comm = landed.dtype;
   double* sumsq = &bucket_sumsq_[index];
+  const auto counted = plan_.bucket_counted_in_norm(index);
   // The squares are taken on the way, so the step's norm never reads the gradients back; the
   // last micro-batch's pass leaves the final ones.
   const size_t bytes = round_to_io(n * sizeof(float));
@@ -139,7 +140,9 @@ void Executor::offload_grads(int index, bool add, Stream& rs) {
     } else {
       cpu::cast(staging, comm, host, DType::f32, n);
     }
-    *sumsq = cpu::sum_squares(host, DType::f32, n);
+    double squares = 0;
+    for (const auto& [lo, hi] : counted) squares += cpu::sum_squares(host + lo, DType::f32, hi - lo);
+    *sumsq = squares;
     if (file != nullptr) timed_io(0, bytes, [&] { file->write(host, bytes, file_offset).wait(); });
   });
   reduced_ = record(rs);

@@ -36,28 +36,32 @@ void Executor::tie_gradients() {
   if (reduced_) reduced_->synchronize();
   std::vector<float> values(r.numel());
   read_owned(r, values.data());
-  const double before = cpu::sum_squares(values.data(), DType::f32, values.size());
+  // The squares the bucket counted (none when the other copy counts the pair).
+  auto counted_squares = [&] {
+    double sum = 0;
+    for (const auto& [lo, hi] : plan_.counted_in_norm(b)) sum += cpu::sum_squares(values.data() + lo, DType::f32, hi - lo);
+    return sum;
+  };
+  const double before = counted_squares();
   const TensorView staging = buffer_view(plan_.tie_staging);
   device_.copy(cs, staging.data, values.data(), staging.bytes());
   links_.tied->all_reduce(cs, staging, ReduceOp::sum);
   device_.copy(cs, values.data(), staging.data, staging.bytes());
   cs.synchronize();
   write_owned(r, values.data());
-  const double after = plan_.tied_in_norm ? cpu::sum_squares(values.data(), DType::f32, values.size()) : 0.0;
-  bucket_sumsq_[plan_.blocks[b].reduce_bucket] += after - before;
+  bucket_sumsq_[plan_.blocks[b].reduce_bucket] += counted_squares() - before;
 }
 
 void Executor::bucket_sum_squares(int bucket, float* out, bool accumulate) {
   Stream& cs = compute_stream();
-  const auto& blocks = plan_.reduce_buckets[bucket].blocks;
-  const int tied = plan_.tied_in_norm ? -1 : plan_.tied_block;
-  if (std::find(blocks.begin(), blocks.end(), tied) == blocks.end()) {
-    device_.sum_squares(cs, reduced_grads(bucket), out, accumulate);
+  const TensorView grads = reduced_grads(bucket);
+  if (plan_.bucket_fully_counted(bucket)) {
+    device_.sum_squares(cs, grads, out, accumulate);
     return;
   }
-  for (int b : blocks) {
-    if (b == tied) continue;
-    device_.sum_squares(cs, view(StateKind::grad_shard, b), out, accumulate);
+  // Without what another rank counts: the tied copy, replicated tensor-parallel parameters.
+  for (const auto& [lo, hi] : plan_.bucket_counted_in_norm(bucket)) {
+    device_.sum_squares(cs, grads.slice(lo, hi - lo), out, accumulate);
     accumulate = true;
   }
   if (!accumulate) device_.fill(cs, {out, 1, DType::f32}, 0.0f);
@@ -97,6 +101,7 @@ double Executor::grad_norm() {
   if (on_host) device_.copy(cs, scalar.data, &host, sizeof(float));
   if (over_ranks) step_comm_->all_reduce(cs, scalar, ReduceOp::sum);
   if (links_.stages != nullptr) links_.stages->all_reduce(cs, scalar, ReduceOp::sum);
+  if (links_.tensor != nullptr) links_.tensor->all_reduce(cs, scalar, ReduceOp::sum);
   float sumsq = 0;
   device_.copy(cs, &sumsq, scalar.data, sizeof(float));
   cs.synchronize();
@@ -117,7 +122,7 @@ void Executor::finish_step(const std::optional<UpdateArgs>& args) {
   // A skipped step changes no state; it only clears what the cycle accumulated.
   for (const auto& a : plan_.step_program) {
     if (a.kind == ActionKind::update_norms && args) update_norms(a.target, *args);
-    if (a.kind == ActionKind::sum_norms && args) step_comm_->all_reduce(cs, buffer_view(a.target), ReduceOp::sum);
+    if (a.kind == ActionKind::sum_norms && args) sum_tensor_norms();
     if (a.kind == ActionKind::update && args) update(a.target, static_cast<int>(a.offset), *args);
     if (a.kind == ActionKind::upload && args) upload(a.target, static_cast<int>(a.offset));
     if (a.kind == ActionKind::swap_in && args) swap_in(a.target, static_cast<int>(a.offset));
@@ -181,6 +186,24 @@ Executor::SubGroupSteps Executor::sub_group_steps(int sub_group, int slot, const
     out.norms[d].push_back(span.tensor >= 0 ? buffer_view(plan_.tensor_norms).as<float>() + 2 * span.tensor : nullptr);
   }
   return out;
+}
+
+void Executor::sum_tensor_norms() {
+  Stream& cs = compute_stream();
+  const TensorView norms = buffer_view(plan_.tensor_norms);
+  if (plan_.stage >= 1 && plan_.dp > 1) step_comm_->all_reduce(cs, norms, ReduceOp::sum);
+  if (links_.tensor == nullptr) return;
+  // A replicated tensor's norms are whole on every tensor-parallel rank: rank 0's stand.
+  if (plan_.tp_rank != 0) {
+    size_t t = 0;
+    for (const auto& spec : specs_) {
+      for (const auto& param : spec.params) {
+        if (param.tp.replicated()) device_.fill(cs, norms.slice(2 * t, 2), 0.0f);
+        ++t;
+      }
+    }
+  }
+  links_.tensor->all_reduce(cs, norms, ReduceOp::sum);
 }
 
 void Executor::update_norms(int sub_group, const UpdateArgs& args) {

@@ -77,6 +77,11 @@ struct PlannedBlock {
   int chunk = 0;                      // the model chunk whose passes use it
   int reduce_bucket = -1;
   int gather_bucket = -1;  // the post-step all-gather bucket, if any
+  // Ranges [lo, hi) of the flat space: gradients this rank leaves out of the global norm because
+  // another rank counts them (parameters replicated over the tensor-parallel group count on its
+  // rank 0; a tied copy that does not count), and gradients that are partial sums over the
+  // tensor-parallel group (sequence parallelism), summed over it before the data-parallel reduction.
+  std::vector<std::array<size_t, 2>> norm_excluded, tp_partial;
 };
 
 // Consecutive blocks in shard order whose collective runs as one.
@@ -123,8 +128,13 @@ enum class ActionKind : uint8_t {
   swap_in,        // step: sub-group `target`'s state read from the swap files into swap slot `offset`
   swap_out,       // step: sub-group `target`'s updated state written from slot `offset` back to the files
   upload,         // step: sub-group `target`'s updated parameters (from slot `offset`) copied to the device shard
+  // Tensor parallelism:
+  sum_partial,  // bucket `target`: its blocks' partial gradients (PlannedBlock::tp_partial) summed over the
+                // tensor-parallel group, before the bucket's data-parallel reduction
 };
-inline constexpr size_t kActionKindCount = 18;
+inline constexpr size_t kActionKindCount = 19;
+// The group a collective action runs in ("dp", "tp", "dp+tp", ...), or "" for local work.
+std::string_view action_group(ActionKind kind);
 std::string_view action_name(ActionKind kind);
 
 struct Action {
@@ -163,6 +173,7 @@ struct Plan {
   int stage = 0;
   int dp = 1;
   int rank = 0;
+  int tp = 1, tp_rank = 0;  // the tensor-parallel group the blocks' parameters are split over
   DType compute_dtype = DType::f32;
   DType comm_dtype = DType::f32;
   int micro_batches = 1;             // per accumulation cycle
@@ -211,6 +222,12 @@ struct Plan {
   // The owned range of a kind of a block, or nullptr when the rank holds none.
   const OwnedRange* find(StateKind kind, int block) const;
   const OwnedRange& range(StateKind kind, int block) const;  // throws when there is none
+  // The parts of the rank's reduced gradients that count in the global norm: [begin, end) within
+  // the block's grad_shard range, or within the bucket's reduced gradients (its blocks' ranges
+  // end to end).
+  std::vector<std::array<size_t, 2>> counted_in_norm(int block) const;
+  std::vector<std::array<size_t, 2>> bucket_counted_in_norm(int bucket) const;
+  bool bucket_fully_counted(int bucket) const;
   bool bucket_offloaded(int bucket) const { return bucket >= device_buckets; }
   bool block_offloaded(int block) const { return bucket_offloaded(blocks.at(block).reduce_bucket); }
   bool sub_group_offloaded(int sub_group) const { return block_offloaded(sub_groups.at(sub_group).front().block); }

@@ -35,9 +35,22 @@ std::string_view action_name(ActionKind kind) {
   constexpr std::string_view kNames[] = {"run",           "gather",     "release",        "place_grads", "accumulate",
                                          "release_grads", "all_reduce", "reduce_scatter", "grad_norm",   "update",
                                          "zero",          "all_gather", "update_norms",   "sum_norms",   "offload_grads",
-                                         "swap_in",       "swap_out",   "upload"};
+                                         "swap_in",       "swap_out",   "upload",         "sum_partial"};
   const auto i = static_cast<size_t>(kind);
   return i < kActionKindCount ? kNames[i] : "invalid";
+}
+
+std::string_view action_group(ActionKind kind) {
+  switch (kind) {
+    case ActionKind::gather:
+    case ActionKind::all_reduce:
+    case ActionKind::reduce_scatter:
+    case ActionKind::all_gather: return "dp";
+    case ActionKind::grad_norm: return "dp+pp+tp";
+    case ActionKind::sum_norms: return "dp+tp";
+    case ActionKind::sum_partial: return "tp";
+    default: return "";
+  }
 }
 
 namespace {
@@ -170,6 +183,20 @@ std::string Plan::table() const {
                      "micro-batch(es); {}\n",
                      dtype_name(compute_dtype), dtype_name(comm_dtype), reduce_buckets.size(), gather_buckets.size(), gathers,
                      micro_batches, serial > 0 ? "communication serialised with compute" : "communication overlapped with compute");
+  if (tp > 1) {
+    size_t excluded = 0, partial = 0;
+    for (const auto& b : blocks) {
+      for (const auto& [lo, hi] : b.norm_excluded) excluded += hi - lo;
+      partial += b.tp_partial.size();
+    }
+    out += fmt::format(
+        "  tensor-parallel rank {} of {} (tp): the parameters are this rank's slices; {} replicated elements count in the norm on "
+        "tp rank 0{}; {} range(s) of partial gradients summed over tp before each data-parallel reduction\n",
+        tp_rank, tp, excluded, tp_rank == 0 ? " (this one)" : "", partial);
+  }
+  out += fmt::format("  groups: gathers and reductions over dp ({} rank(s)), partial gradients over tp ({}), the norm over dp, "
+                     "the pipeline's stages and tp\n",
+                     dp, tp);
   const int buckets = static_cast<int>(reduce_buckets.size());
   if (device_buckets > 0 && device_buckets < buckets) {
     out += fmt::format(
@@ -214,9 +241,13 @@ std::string Plan::program_summary() const {
       out += " | run |";
     } else if (a.kind == ActionKind::gather || a.kind == ActionKind::release || a.kind == ActionKind::place_grads ||
                a.kind == ActionKind::accumulate || a.kind == ActionKind::release_grads) {
-      out += fmt::format(" {} {}{}", action_name(a.kind), blocks[a.target].name, a.serial ? " (serial)" : "");
+      const std::string_view in = action_group(a.kind);
+      out += fmt::format(" {} {}{}{}", action_name(a.kind), blocks[a.target].name, a.serial ? " (serial)" : "",
+                         in.empty() ? "" : fmt::format(" [{}]", in));
     } else {
-      out += fmt::format(" {} bucket {}{}{}", action_name(a.kind), a.target, a.flag ? " (add)" : "", a.serial ? " (serial)" : "");
+      const std::string_view in = action_group(a.kind);
+      out += fmt::format(" {} bucket {}{}{}{}", action_name(a.kind), a.target, a.flag ? " (add)" : "", a.serial ? " (serial)" : "",
+                         in.empty() ? "" : fmt::format(" [{}]", in));
     }
   }
   out += "\nstep:";
@@ -226,11 +257,13 @@ std::string Plan::program_summary() const {
     const bool bucket = a.kind == ActionKind::all_gather || a.kind == ActionKind::grad_norm;
     const bool buffer = a.kind == ActionKind::zero || a.kind == ActionKind::sum_norms;
     const bool slot = a.kind == ActionKind::swap_in || a.kind == ActionKind::swap_out || a.kind == ActionKind::upload;
-    out += fmt::format(" {} {}{}{},", action_name(a.kind),
+    const std::string_view in = action_group(a.kind);
+    out += fmt::format(" {} {}{}{}{},", action_name(a.kind),
                        group    ? "sub-group "
                        : bucket ? "bucket "
                                 : "",
-                       buffer ? buffers[a.target].name : std::to_string(a.target), slot ? fmt::format(" (slot {})", a.offset) : "");
+                       buffer ? buffers[a.target].name : std::to_string(a.target), slot ? fmt::format(" (slot {})", a.offset) : "",
+                       in.empty() ? "" : fmt::format(" [{}]", in));
   }
   out.pop_back();
   return out;

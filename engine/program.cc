@@ -73,7 +73,7 @@ class Builder {
   void emit(size_t use, ActionKind kind, int target, size_t offset = 0, bool flag = false) {
     const auto& u = (*uses_)[use];
     const bool collective = kind == ActionKind::gather || kind == ActionKind::all_reduce || kind == ActionKind::reduce_scatter ||
-                            kind == ActionKind::offload_grads;
+                            kind == ActionKind::offload_grads || kind == ActionKind::sum_partial;
     out_.push_back({kind, static_cast<int>(use), u.micro, u.block, u.pass, target, offset, flag, collective && !z_.overlap_comm});
   }
 
@@ -126,6 +126,9 @@ class Builder {
       // Stages 0-1 reduce the accumulator once per cycle; 2-3 reduce every micro-batch and add up.
       const auto& bucket = p_.reduce_buckets[blk.reduce_bucket];
       if (bucket.blocks.back() == b && (p_.stage >= 2 || u.last_backward_pass)) {
+        bool partial = false;
+        for (int c : bucket.blocks) partial = partial || !p_.blocks[c].tp_partial.empty();
+        if (partial) emit(i, ActionKind::sum_partial, blk.reduce_bucket);
         if (p_.stage == 0) {
           emit(i, ActionKind::all_reduce, blk.reduce_bucket);
         } else {
@@ -278,7 +281,7 @@ void build_step_program(Plan& p, const OffloadConfig& offload, size_t slots) {
   // (stage 0 owns whole tensors on every rank), then the update that reads them.
   if (p.tensor_norms >= 0) {
     sweep(ActionKind::update_norms);
-    if (p.stage >= 1 && p.dp > 1) add(ActionKind::sum_norms, p.tensor_norms);
+    if ((p.stage >= 1 && p.dp > 1) || p.tp > 1) add(ActionKind::sum_norms, p.tensor_norms);
   }
   sweep(ActionKind::update);
   if (const auto* accum = p.find(StateKind::grad_accum, p.shard_order.front())) add(ActionKind::zero, accum->buffer);

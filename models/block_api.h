@@ -4,10 +4,12 @@
 // The engine implements BlockHost; models never see how parameters are sharded or gathered.
 #pragma once
 
-#include <cstddef>  // size_t
-#include <cstdint>  // int64_t, uint8_t
-#include <string>   // std::string
-#include <vector>   // std::vector
+#include <array>       // std::array
+#include <cstddef>     // size_t
+#include <functional>  // std::function
+#include <cstdint>     // int64_t, uint8_t
+#include <string>      // std::string
+#include <vector>      // std::vector
 
 #include "core/device.h"  // Device, Stream, TensorView
 
@@ -28,12 +30,40 @@ struct InitRule {
 // What a parameter is, for rules that treat kinds differently (weight decay exclusions).
 enum class ParamRole : uint8_t { weight, bias, norm, embedding };
 
+// How a parameter is split over a tensor-parallel group of `ranks`: the rank holds a slice of the
+// tensor the unsplit model declares (same name, the same seeded values element for element), cut
+// along `axis` of `full_shape`. The axis is `groups` equal segments (a fused QKV matrix: 3), each cut
+// into `ranks` contiguous parts, the first (segment length mod ranks) of them one longer; the rank's
+// part of every segment, in segment order, makes its tensor. axis -1: every rank holds the whole
+// tensor (replicated), whose gradient counts once in the global norm (on rank 0).
+struct TensorSplit {
+  int axis = -1;
+  int groups = 1;
+  int rank = 0, ranks = 1;
+  std::vector<int64_t> full_shape;  // the unsplit shape (set when axis >= 0)
+  bool split() const { return axis >= 0 && ranks > 1; }
+  bool replicated() const { return !split() && ranks > 1; }
+  // [begin, end) of part `rank` of `ranks` of a segment of `length`.
+  static std::array<int64_t, 2> part(int64_t length, int rank, int ranks);
+  // The local shape of `full` cut this way (InvalidArgument when a segment does not divide).
+  std::vector<int64_t> local_shape(const std::vector<int64_t>& full) const;
+  // Local flat elements [lo, hi) as runs of the full tensor's flat elements: f(full_begin, count,
+  // local_begin) per run, in local order. A replicated tensor is one run.
+  void for_each_run(size_t lo, size_t hi, const std::function<void(size_t, size_t, size_t)>& f) const;
+};
+
 struct ParamSpec {
   std::string name;
-  std::vector<int64_t> shape;
+  std::vector<int64_t> shape;  // what this rank holds (its slice, when split)
   InitRule init;
   ParamRole role = ParamRole::weight;
+  TensorSplit tp = {};
+  // Each tensor-parallel rank's gradient is a partial sum (a replicated parameter applied to its
+  // shard of the sequence): the host sums it over the group before the data-parallel reduction.
+  bool tp_partial_grad = false;
   size_t numel() const;
+  // This parameter cut for rank `rank` of `ranks` along `axis` (-1: replicated) in `groups` segments.
+  ParamSpec cut(int axis, int groups, int rank, int ranks, bool partial_grad = false) const;
 };
 
 struct BlockSpec {

@@ -19,7 +19,8 @@
 
 #include <array>  // std::array
 
-#include "models/block_api.h"  // BlockHost, BlockSpec, BlockSchedule
+#include "comm/communicator.h"  // Communicator
+#include "models/block_api.h"   // BlockHost, BlockSpec, BlockSchedule
 
 namespace zeroth {
 
@@ -53,6 +54,12 @@ struct GptConfig {
 // embedding already. The default: the whole model as one chunk.
 struct GptPart {
   std::vector<std::array<int, 2>> chunks;
+  // Tensor parallelism (Megatron-LM): rank `tp_rank` of `tp_ranks` holds its share of every layer's
+  // heads and MLP and of the vocabulary (ParamSpec::tp says which slice of each parameter); with
+  // sequence_parallel also its rows of the micro-batch's tokens in the residual stream, the
+  // LayerNorms and the pipeline's activations.
+  int tp_rank = 0, tp_ranks = 1;
+  bool sequence_parallel = false;
   bool whole(const GptConfig& config) const;
   bool has_embedding() const;                                 // a chunk starts at layer 0
   bool has_head(const GptConfig& config) const;               // a chunk ends at n_layer
@@ -72,8 +79,10 @@ std::vector<int> partition_layers(const GptConfig& config, int parts, const std:
 
 class Gpt {
  public:
-  // Registers the blocks and the schedule (one per chunk) with the host.
-  Gpt(BlockHost& host, GptConfig config, GptPart part = {});
+  // Registers the blocks and the schedule (one per chunk) with the host. With part.tp_ranks > 1,
+  // `tensor` is the tensor-parallel group (rank part.tp_rank of part.tp_ranks): the block uses'
+  // collectives run there on the host's compute stream.
+  Gpt(BlockHost& host, GptConfig config, GptPart part = {}, Communicator* tensor = nullptr);
   ~Gpt();
 
   static std::vector<BlockSpec> block_specs(const GptConfig& config, const GptPart& part);
@@ -129,9 +138,9 @@ class Gpt {
   static size_t activation_bytes(const GptConfig& config, int B, int T, int slots = 1, const GptPart& part = {});
   // With a slot count per chunk (the engine's in-flight count of each: Plan::chunk_in_flight).
   static size_t activation_bytes(const GptConfig& config, int B, int T, const std::vector<int>& chunk_slots, const GptPart& part);
-  static size_t host_activation_bytes(const GptConfig& config, int B, int T, int slots = 1);
+  static size_t host_activation_bytes(const GptConfig& config, int B, int T, int slots = 1, const GptPart& part = {});
   // f32 copies of one block's parameters and gradients, when the compute dtype is narrow (tag: buffers).
-  static size_t scratch_bytes(const GptConfig& config, DType compute);
+  static size_t scratch_bytes(const GptConfig& config, DType compute, const GptPart& part = {});
   // Both, for the host's estimate.
   static ModelFootprint footprint(const GptConfig& config, int B, int T, DType compute, int slots, const GptPart& part = {});
   static ModelFootprint footprint(const GptConfig& config, int B, int T, DType compute, const std::vector<int>& chunk_slots,
@@ -148,6 +157,7 @@ class Gpt {
   BlockHost& host_;
   GptConfig config_;
   GptPart part_;
+  Communicator* tensor_ = nullptr;
   int embed_ = -1, ln_f_ = -1;
   std::vector<int> layers_;       // block of each layer of the model, -1 where another rank holds it
   std::shared_ptr<State> state_;  // activations and f32 weight copies, touched by the stream only

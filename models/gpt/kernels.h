@@ -22,8 +22,11 @@ class Kernels {
   virtual ~Kernels() = default;
   virtual void submit(std::function<void()> work) = 0;
 
-  virtual void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C) = 0;
-  virtual void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C) = 0;
+  // wte holds vocabulary rows [v_lo, v_lo + V); wpe / dwpe may be null.
+  virtual void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C, int v_lo,
+                               int V) = 0;
+  virtual void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C, int v_lo,
+                                int V) = 0;
   virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
                                  size_t N, int C) = 0;
   virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight,
@@ -41,11 +44,15 @@ class Kernels {
   // dst (f32) = src widened; dst (any dtype) += src (f32).
   virtual void widen(TensorView src, float* dst) = 0;
   virtual void add_into(TensorView dst, const float* src) = 0;
-  // Mean cross-entropy over the N rows into *loss (host memory, written in stream order); with
-  // dlogits_scale != 0 the logits become their gradient times dlogits_scale. `scratch` holds N
-  // floats of device memory.
-  virtual void crossentropy(float* logits, const int32_t* targets, size_t N, int V, float dlogits_scale, float* scratch,
-                            float* loss) = 0;
+  // Cross-entropy over logits [N, V] of the vocabulary entries [v_lo, v_lo + V), in the three steps
+  // of cpu/gpt_kernels.h; `stats` is 4N floats of device memory: max, sums, picked, row losses.
+  // Between the steps a vocabulary split over ranks takes the max of stats[0, N) and the sum of
+  // stats[N, 3N) over them. finish writes the mean loss over the N rows into *loss (host memory, in
+  // stream order); with dlogits_scale != 0 the logits become their gradient times it.
+  virtual void crossentropy_max(const float* logits, size_t N, int V, float* stats) = 0;
+  virtual void crossentropy_sums(float* logits, const int32_t* targets, size_t N, int V, int v_lo, float* stats) = 0;
+  virtual void crossentropy_finish(float* logits, const int32_t* targets, size_t N, int V, int v_lo, float dlogits_scale, float* stats,
+                                   float* loss) = 0;
   // host <- device, in stream order.
   virtual void download(float* host, const float* src, size_t n) = 0;
 };

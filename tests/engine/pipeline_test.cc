@@ -22,211 +22,22 @@
 #include "engine/engine.h"
 #include "engine/pipeline.h"
 #include "models/gpt/gpt.h"
-#include "tests/engine/tensor_error.h"
-#include "tests/engine/tiny_gpt_engine.h"
+#include "tests/engine/gpt_grid.h"
 #include "train/data.h"
 
 namespace zeroth {
 namespace {
 
-struct PipeCase {
-  int dp = 1, pp = 1;
-  PipeKind kind = PipeKind::one_f_one_b;
-  int stage = 0;
-  int micro = 4;                                // micro-batches per cycle
-  OffloadDevice offload = OffloadDevice::none;  // offload_optimizer (and offload_param at stage 3 with nvme)
-  bool checkpointing = false;                   // activation checkpointing (recompute each layer in backward)
-  uint64_t bucket = 6000;                       // reduce and all-gather bucket size (elements)
-};
-void PrintTo(const PipeCase& k, std::ostream* os) {
-  *os << "dp " << k.dp << " x pp " << k.pp << ", " << pipe_kind_name(k.kind) << ", ZeRO stage " << k.stage << ", m " << k.micro
-      << ", offload " << offload_device_name(k.offload) << (k.checkpointing ? ", checkpointing" : "");
-}
+using testing::GridCase;
+using testing::GridResult;
+using testing::kGlobalBatch;
+using testing::kSteps;
+using testing::train_grid;
 
-struct PipeResult {
-  std::vector<double> losses, grad_norms;             // per step
-  std::map<std::string, std::vector<float>> weights;  // per block name, unpadded
-  std::vector<float> head_copy;                       // the last stage's copy of the tied embedding
-  std::vector<int> in_flight;                         // per stage: micro-batches of activations held (per chunk)
-};
+GptConfig tiny() { return testing::tiny_gpt(); }
+const GridResult& reference(int micro) { return testing::whole_reference(tiny(), micro); }
 
-constexpr int kGlobalBatch = 8, kSteps = 4;
-
-GptConfig tiny() {
-  GptConfig c;
-  c.vocab_size = 64, c.seq_len = 16, c.n_layer = 8, c.n_head = 2, c.n_embd = 32;
-  return c;
-}
-
-EngineConfig engine_config(int stage, int micro, OffloadDevice offload = OffloadDevice::none) {
-  EngineConfig ec = testing::tiny_gpt_engine(stage, micro);
-  ec.zero.offload_optimizer.device = offload;
-  if (offload == OffloadDevice::nvme) {
-    ec.zero.offload_optimizer.nvme_path = ::testing::TempDir() + "zeroth-pipeline-swap";
-    if (stage == 3) {
-      ec.zero.offload_param.device = OffloadDevice::nvme;
-      ec.zero.offload_param.nvme_path = ec.zero.offload_optimizer.nvme_path;
-    }
-  }
-  return ec;
-}
-
-std::vector<float> unpadded(Engine& engine, int block) {
-  auto w = engine.master_values(block);
-  w.resize(engine.plan().blocks[block].numel);
-  return w;
-}
-
-// One rank, the whole model, the cycle's micro-batches one after another.
-PipeResult train_whole(int micro) {
-  const GptConfig gc = tiny();
-  const TokenData data = TokenData::synthetic(gc.vocab_size, 1 << 14, 3);
-  const int mb = kGlobalBatch / micro, T = gc.seq_len;
-  PipeResult out;
-  auto device = make_device("cpu");
-  auto comms = make_local_communicators(1);
-  Engine engine(*device, *comms[0], engine_config(0, micro));
-  Gpt gpt(engine, gc);
-  engine.finalize();
-  Loader loader(data, T, mb, micro, 1, 0, 11, true);
-  std::vector<int32_t> tokens(static_cast<size_t>(mb) * T), targets(tokens.size());
-  std::vector<float> losses(micro);
-  for (int s = 0; s < kSteps; ++s) {
-    for (int m = 0; m < micro; ++m) {
-      loader.batch(s, m, tokens.data(), targets.data());
-      gpt.forward(m, tokens.data(), targets.data(), mb, T, &losses[m]);
-      gpt.backward(m);
-      engine.compute_stream().synchronize();
-    }
-    const auto r = engine.step();
-    engine.compute_stream().synchronize();
-    out.grad_norms.push_back(r.grad_norm);
-    double sum = 0;
-    for (float l : losses) sum += l;
-    out.losses.push_back(sum / micro);
-  }
-  for (size_t b = 0; b < engine.plan().blocks.size(); ++b)
-    out.weights[engine.plan().blocks[b].name] = unpadded(engine, static_cast<int>(b));
-  return out;
-}
-
-// dp x pp local ranks laid out as ProcessGrid(dp, pp, 1), each stage running its part through a
-// PipelineRunner. `measures`: each step's measured timeline (rank 0's).
-struct Steps {
-  int first = 0, last = kSteps;  // the steps run: [first, last)
-  std::string load, save;        // a checkpoint to start from, a folder to save one in at the end
-};
-
-PipeResult train_pipeline(const PipeCase& k, std::vector<PipeMeasure>* measures = nullptr, const Steps& steps = {}) {
-  GptConfig gc = tiny();
-  gc.activation_checkpointing = k.checkpointing;
-  const TokenData data = TokenData::synthetic(gc.vocab_size, 1 << 14, 3);
-  const int chunks = k.kind == PipeKind::interleaved ? 2 : 1;
-  const int mb = kGlobalBatch / (k.dp * k.micro), T = gc.seq_len;
-  const ProcessGrid grid(k.dp, k.pp, 1);
-  const std::vector<int> layers = partition_layers(gc, k.pp * chunks, "uniform");
-  PipeResult out;
-  out.in_flight.assign(k.pp, 0);
-  std::mutex mutex;
-  std::vector<std::vector<double>> losses(k.dp);
-  run_local_ranks(grid.world_size(), [&](Communicator& world) {
-    auto groups = grid.split(world);
-    const int stage = groups.pp->rank(), dp_rank = groups.dp->rank();
-    const GptPart part = GptPart::of_rank(layers, k.pp, stage);
-    auto device = make_device("cpu");
-    PipelineRunner runner(*device, *groups.pp, make_pipe_schedule(k.kind, k.pp, k.micro, chunks));
-    EngineConfig ec = engine_config(k.stage, k.micro, k.offload);
-    ec.zero.reduce_bucket_size = ec.zero.allgather_bucket_size = k.bucket;
-    Engine engine(*device, *groups.dp, ec);
-    const int tied = stage == 0 || stage == k.pp - 1 ? Gpt::embedding_block(gc, part) : -1;
-    engine.set_pipeline(*groups.pp, tied);
-    engine.set_pass_order(runner.passes());
-    Gpt gpt(engine, gc, part);
-    engine.finalize();
-    if (!steps.load.empty()) load_checkpoint(engine, steps.load);
-    Loader loader(data, T, mb, k.micro, k.dp, dp_rank, 11, true);
-    const size_t n = static_cast<size_t>(mb) * T;
-    std::vector<int32_t> tokens(n * k.micro), targets(n * k.micro);
-    std::vector<float> micro_losses(k.micro);
-    PipeModel model;
-    model.forward = [&](int m, int c) {
-      gpt.forward_chunk(m, c, tokens.data() + m * n, targets.data() + m * n, mb, T, &micro_losses[m]);
-    };
-    model.backward = [&](int m, int c) { gpt.backward_chunk(m, c); };
-    model.port = [&](PipePort p, int m, int c) {
-      const Gpt::Port ports[] = {Gpt::Port::input, Gpt::Port::output, Gpt::Port::input_grad, Gpt::Port::output_grad};
-      return gpt.port(ports[static_cast<int>(p)], m, c);
-    };
-    runner.set_tracing(measures != nullptr);
-    std::vector<double> norms, mine;
-    for (int s = steps.first; s < steps.last; ++s) {
-      for (int m = 0; m < k.micro; ++m) loader.batch(s, m, tokens.data() + m * n, targets.data() + m * n);
-      gpt.prepare(mb, T);
-      runner.run_cycle(model);
-      const auto r = engine.step();
-      EXPECT_TRUE(r.boundary);
-      engine.compute_stream().synchronize();
-      norms.push_back(r.grad_norm);
-      double sum = 0;
-      for (float l : micro_losses) sum += l;
-      mine.push_back(sum / k.micro);
-      if (measures != nullptr) {
-        auto measured = runner.measure(engine.compute_stream());
-        if (world.rank() == 0) measures->push_back(std::move(measured));
-      }
-    }
-    runner.drain();  // its channels use the model's buffers, which go first
-    if (!steps.save.empty()) save_checkpoint(engine, {.dir = steps.save});
-    std::map<std::string, std::vector<float>> weights;
-    for (size_t b = 0; b < engine.plan().blocks.size(); ++b)
-      weights[engine.plan().blocks[b].name] = unpadded(engine, static_cast<int>(b));
-    std::lock_guard lock(mutex);
-    if (part.has_head(gc)) losses[dp_rank] = mine;
-    if (dp_rank != 0) return;
-    out.in_flight[stage] = engine.micro_batches_in_flight();
-    if (stage == 0) out.grad_norms = norms;
-    for (auto& [name, w] : weights) {
-      if (name == "embed" && stage != 0) out.head_copy = w;
-      else out.weights[name] = w;
-    }
-  });
-  out.losses.assign(steps.last - steps.first, 0.0);
-  for (int r = 0; r < k.dp; ++r) {
-    for (size_t s = 0; s < out.losses.size(); ++s) out.losses[s] += losses[r][s] / k.dp;
-  }
-  return out;
-}
-
-const PipeResult& reference(int micro) {
-  static std::mutex mutex;
-  static std::map<int, PipeResult> cache;
-  std::lock_guard lock(mutex);
-  if (!cache.contains(micro)) cache[micro] = train_whole(micro);
-  return cache[micro];
-}
-
-// Every tensor of `got` against `ref`, relative to the tensor's largest value; the worst.
-testing::TensorError expect_weights(const PipeResult& got, const PipeResult& ref, double bound) {
-  testing::TensorError worst;
-  EXPECT_EQ(got.weights.size(), ref.weights.size());
-  for (const auto& spec : Gpt::block_specs(tiny())) {
-    const auto& g = got.weights.at(spec.name);
-    const auto& r = ref.weights.at(spec.name);
-    EXPECT_EQ(g.size(), r.size()) << spec.name;
-    if (g.size() != r.size()) continue;
-    size_t at = 0;
-    for (const auto& p : spec.params) {
-      const auto slice = [&](const std::vector<float>& w) { return std::vector<float>(w.begin() + at, w.begin() + at + p.numel()); };
-      const auto e = testing::compare(spec.name + "." + p.name, slice(g), slice(r));
-      EXPECT_LT(e.rel(), bound) << e.name << ": max |difference| " << e.max_abs << " of max |value| " << e.scale;
-      if (e.rel() > worst.rel()) worst = e;
-      at += p.numel();
-    }
-  }
-  return worst;
-}
-
-class PipelineEquivalence : public ::testing::TestWithParam<PipeCase> {};
+class PipelineEquivalence : public ::testing::TestWithParam<GridCase> {};
 
 // Against one rank running the same micro-batches in turn, in f32: only the order of float sums
 // differs (the batch split over dp, the bucketed reductions, the tied embedding's gradient added
@@ -235,27 +46,19 @@ class PipelineEquivalence : public ::testing::TestWithParam<PipeCase> {};
 // norms 5e-7 and losses 3e-7 relative.
 TEST_P(PipelineEquivalence, TrainsLikeOneRank) {
   const auto k = GetParam();
-  const auto got = train_pipeline(k);
+  const auto got = train_grid(k);
   const auto& ref = reference(k.micro);
-  const testing::TensorError worst = expect_weights(got, ref, 2e-6);
+  const testing::TensorError worst = testing::expect_weights(got, ref, 2e-6);
   // The last stage's copy of the tied embedding: the same gradients, the same update, bit for bit.
   if (k.pp > 1) EXPECT_EQ(got.head_copy, got.weights.at("embed")) << "the two copies of the tied embedding differ";
-  double norm_err = 0, loss_err = 0;
-  ASSERT_EQ(got.grad_norms.size(), ref.grad_norms.size());
-  for (int s = 0; s < kSteps; ++s) {
-    norm_err = std::max(norm_err, std::abs(got.grad_norms[s] - ref.grad_norms[s]) / ref.grad_norms[s]);
-    loss_err = std::max(loss_err, std::abs(got.losses[s] - ref.losses[s]) / ref.losses[s]);
-    EXPECT_NEAR(got.grad_norms[s], ref.grad_norms[s], 5e-7 * ref.grad_norms[s]) << "step " << s;
-    EXPECT_NEAR(got.losses[s], ref.losses[s], 3e-7 * ref.losses[s]) << "step " << s;
-  }
-  EXPECT_LT(got.losses.back(), got.losses.front());
+  const auto [norm_err, loss_err] = testing::expect_steps(got, ref);
   std::printf("dp %d pp %d %s stage %d: worst weight error %.3g (%s), gradient norm %.3g, loss %.3g; loss %.6f -> %.6f\n", k.dp, k.pp,
               pipe_kind_name(k.kind).data(), k.stage, worst.rel(), worst.name.c_str(), norm_err, loss_err, got.losses.front(),
               got.losses.back());
 }
 
-std::vector<PipeCase> cases() {
-  std::vector<PipeCase> out;
+std::vector<GridCase> cases() {
+  std::vector<GridCase> out;
   for (auto [dp, pp] : {std::pair{1, 2}, std::pair{1, 4}, std::pair{2, 2}}) {
     for (PipeKind kind : {PipeKind::gpipe, PipeKind::one_f_one_b, PipeKind::interleaved}) {
       for (int stage : {0, 1, 2, 3}) out.push_back({dp, pp, kind, stage, 4});
@@ -274,7 +77,7 @@ std::vector<PipeCase> cases() {
   return out;
 }
 
-std::string name(const ::testing::TestParamInfo<PipeCase>& info) {
+std::string name(const ::testing::TestParamInfo<GridCase>& info) {
   const auto& k = info.param;
   const char* kinds[] = {"GPipe", "OneFOneB", "Interleaved"};
   const char* offload[] = {"", "OffloadCpu", "OffloadNvme"};
@@ -293,13 +96,13 @@ TEST(PipelineCheckpoint, SavedAtTwoStagesLoadsAtOneTwoAndFour) {
   const std::string dir = ::testing::TempDir() + "zeroth-pipeline-ckpt-" + std::to_string(::getpid());
   std::filesystem::remove_all(dir);
   const int half = kSteps / 2;
-  train_pipeline({1, 2, PipeKind::one_f_one_b, 1, 4}, nullptr, {0, half, "", dir});
+  train_grid({1, 2, PipeKind::one_f_one_b, 1, 4}, nullptr, {0, half, "", dir});
   EXPECT_TRUE(std::filesystem::exists(dir + "/step-" + std::to_string(half) + "/manifest.json"));
   const auto& ref = reference(4);
   for (auto [dp, pp] : {std::pair{1, 1}, std::pair{1, 2}, std::pair{1, 4}, std::pair{2, 2}}) {
-    const auto got = train_pipeline({dp, pp, PipeKind::gpipe, 2, 4}, nullptr, {half, kSteps, dir, ""});
+    const auto got = train_grid({dp, pp, PipeKind::gpipe, 2, 4}, nullptr, {half, kSteps, dir, ""});
     SCOPED_TRACE("resumed at dp " + std::to_string(dp) + " x pp " + std::to_string(pp));
-    const auto worst = expect_weights(got, ref, 2e-6);
+    const auto worst = testing::expect_weights(got, ref, 2e-6);
     for (int s = half; s < kSteps; ++s) EXPECT_NEAR(got.losses[s - half], ref.losses[s], 3e-7 * ref.losses[s]) << "step " << s;
     std::printf("resumed at dp %d pp %d: worst weight error %.3g (%s)\n", dp, pp, worst.rel(), worst.name.c_str());
   }
@@ -382,7 +185,7 @@ TEST(PipelineFailure, AStageDyingEndsEveryRankWithAnErrorNamingIt) {
       const GptPart part = GptPart::of_rank(partition_layers(gc, pp, "uniform"), pp, stage);
       auto device = make_device("cpu");
       PipelineRunner runner(*device, *groups.pp, make_pipe_schedule(PipeKind::one_f_one_b, pp, micro));
-      Engine engine(*device, *groups.dp, engine_config(0, micro));
+      Engine engine(*device, *groups.dp, testing::grid_engine_config(0, micro));
       engine.set_pipeline(*groups.pp, stage == 0 || stage == pp - 1 ? Gpt::embedding_block(gc, part) : -1);
       Gpt gpt(engine, gc, part);
       engine.set_pass_order(runner.passes());

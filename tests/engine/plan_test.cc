@@ -126,7 +126,7 @@ TEST(Plan, DumpsAsJsonWithBytesPerTierAndTagAndTheActionList) {
   EXPECT_NE(plan.table().find("stage 3"), std::string::npos);
   const std::string summary = plan.program_summary();
   EXPECT_NE(summary.find("gather 5,"), std::string::npos) << summary;
-  EXPECT_NE(summary.find("F embed      gather embed | run | release embed"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("F embed      gather embed [dp] | run | release embed"), std::string::npos) << summary;
 }
 
 // Stage 3 with the optimizer in swap files, sub-groups of 1024 elements and a bucket per block;
@@ -186,7 +186,7 @@ TEST(Plan, OffloadedOptimizerStepSwapsSubGroupsThroughSlotsInPipelineOrder) {
   EXPECT_EQ(offloads, reductions);
   const std::string summary = plan.program_summary();
   EXPECT_NE(summary.find("swap_in sub-group 3 (slot 0)"), std::string::npos) << summary;
-  EXPECT_NE(summary.find("grad_norm bucket 1,"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("grad_norm bucket 1 [dp+pp+tp],"), std::string::npos) << summary;
 }
 
 // offload_optimizer.ratio keeps the leading buckets' state on the device (ZeRO-Offload++): here

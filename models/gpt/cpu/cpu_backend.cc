@@ -14,11 +14,13 @@ class CpuKernels final : public Kernels {
   explicit CpuKernels(Stream& stream) : stream_(stream) {}
   void submit(std::function<void()> work) override { stream_.enqueue_host(std::move(work)); }
 
-  void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C) override {
-    cpu::encoder_forward(out, tokens, wte, wpe, B, T, C);
+  void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C, int v_lo,
+                       int V) override {
+    cpu::encoder_forward(out, tokens, wte, wpe, B, T, C, v_lo, V);
   }
-  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C) override {
-    cpu::encoder_backward(dwte, dwpe, dout, tokens, B, T, C);
+  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C, int v_lo,
+                        int V) override {
+    cpu::encoder_backward(dwte, dwpe, dout, tokens, B, T, C, v_lo, V);
   }
   void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias, size_t N,
                          int C) override {
@@ -50,8 +52,14 @@ class CpuKernels final : public Kernels {
   void add_into(TensorView dst, const float* src) override {
     zeroth::cpu::axpy(dst.data, dst.dtype, 1.0f, src, DType::f32, dst.numel);
   }
-  void crossentropy(float* logits, const int32_t* targets, size_t N, int V, float dlogits_scale, float*, float* loss) override {
-    *loss = static_cast<float>(cpu::crossentropy(logits, targets, N, V, dlogits_scale) / static_cast<double>(N));
+  void crossentropy_max(const float* logits, size_t N, int V, float* stats) override { cpu::crossentropy_max(logits, N, V, stats); }
+  void crossentropy_sums(float* logits, const int32_t* targets, size_t N, int V, int v_lo, float* stats) override {
+    cpu::crossentropy_sums(logits, targets, N, V, v_lo, stats, stats + N, stats + 2 * N);
+  }
+  void crossentropy_finish(float* logits, const int32_t* targets, size_t N, int V, int v_lo, float dlogits_scale, float* stats,
+                           float* loss) override {
+    const double sum = cpu::crossentropy_finish(logits, targets, N, V, v_lo, stats, stats + N, stats + 2 * N, dlogits_scale);
+    *loss = static_cast<float>(sum / static_cast<double>(N));
   }
   void download(float* host, const float* src, size_t n) override { std::memcpy(host, src, n * sizeof(float)); }
 

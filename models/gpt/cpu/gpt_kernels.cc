@@ -207,18 +207,33 @@ void for_chunks(size_t n, F&& f) {
 
 }  // namespace
 
-void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C) {
-  for_rows(static_cast<size_t>(B) * T, kRowChunk,
-           [&](size_t n) { add_rows(out + n * C, wte + static_cast<size_t>(tokens[n]) * C, wpe + (n % T) * C, C); });
+void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C, int v_lo, int V) {
+  for_rows(static_cast<size_t>(B) * T, kRowChunk, [&](size_t n) {
+    const int32_t t = tokens[n] - v_lo;
+    float* row = out + n * C;
+    const float* pos = wpe != nullptr ? wpe + (n % T) * C : nullptr;
+    if (t >= 0 && t < V && pos != nullptr) {
+      add_rows(row, wte + static_cast<size_t>(t) * C, pos, C);
+    } else if (t >= 0 && t < V) {
+      std::memcpy(row, wte + static_cast<size_t>(t) * C, C * sizeof(float));
+    } else if (pos != nullptr) {
+      std::memcpy(row, pos, C * sizeof(float));
+    } else {
+      std::memset(row, 0, C * sizeof(float));
+    }
+  });
 }
 
-void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C) {
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C, int v_lo, int V) {
   // Rows of the same token collide in dwte, so tokens are added serially in row order; the
   // channels of a row are the vector lanes.
   for (size_t n = 0; n < static_cast<size_t>(B) * T; ++n) {
-    float* dst = dwte + static_cast<size_t>(tokens[n]) * C;
+    const int32_t t = tokens[n] - v_lo;
+    if (t < 0 || t >= V) continue;
+    float* dst = dwte + static_cast<size_t>(t) * C;
     add_rows(dst, dst, dout + n * C, C);
   }
+  if (dwpe == nullptr) return;
   for_rows(static_cast<size_t>(T), 1, [&](size_t t) {
     float* dst = dwpe + t * C;
     for (int b = 0; b < B; ++b) add_rows(dst, dst, dout + (static_cast<size_t>(b) * T + t) * C, C);
@@ -350,18 +365,30 @@ void accumulate(float* y, const float* x, size_t n) {
   for_chunks(n, [&](size_t begin, size_t len) { add_rows(y + begin, y + begin, x + begin, len); });
 }
 
-double crossentropy(float* logits, const int32_t* targets, size_t N, int V, float dlogits_scale) {
-  std::vector<double> losses(N);
+void crossentropy_max(const float* logits, size_t N, int V, float* max) {
+  for_rows(N, 1, [&](size_t n) { max[n] = V > 0 ? row_max(logits + n * V, V) : -3.0e38f; });
+}
+
+void crossentropy_sums(float* logits, const int32_t* targets, size_t N, int V, int v_lo, const float* max, float* sums,
+                       float* picked) {
   for_rows(N, 1, [&](size_t n) {
     float* row = logits + n * V;
-    const int32_t target = targets[n];
-    const float m = row_max(row, V);
-    const float picked = row[target];
-    const float s = exp_shifted_sum(row, V, m);
-    losses[n] = std::log(static_cast<double>(s)) + m - picked;
+    const int32_t t = targets[n] - v_lo;
+    picked[n] = t >= 0 && t < V ? row[t] : 0.0f;
+    sums[n] = exp_shifted_sum(row, V, max[n]);
+  });
+}
+
+double crossentropy_finish(float* logits, const int32_t* targets, size_t N, int V, int v_lo, const float* max, const float* sums,
+                           const float* picked, float dlogits_scale) {
+  std::vector<double> losses(N);
+  for_rows(N, 1, [&](size_t n) {
+    losses[n] = std::log(static_cast<double>(sums[n])) + max[n] - picked[n];
     if (dlogits_scale != 0.0f) {
-      scale_row(row, V, dlogits_scale / s);
-      row[target] -= dlogits_scale;
+      float* row = logits + n * V;
+      scale_row(row, V, dlogits_scale / sums[n]);
+      const int32_t t = targets[n] - v_lo;
+      if (t >= 0 && t < V) row[t] -= dlogits_scale;
     }
   });
   double sum = 0;

@@ -9,10 +9,12 @@
 
 namespace zeroth::gpt::cpu {
 
-// out[n, c] = wte[tokens[n], c] + wpe[n % T, c]
-void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C);
-// dwte[tokens[n]] += dout[n]; dwpe[t] += sum over b of dout[b, t]
-void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C);
+// out[n, c] = wte[tokens[n] - v_lo, c] + wpe[n % T, c]: wte holds the vocabulary rows [v_lo, v_lo +
+// V) (a tensor-parallel slice), a token outside them adds 0, and wpe may be null (not added).
+void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C, int v_lo, int V);
+// dwte[tokens[n] - v_lo] += dout[n] for the tokens in [v_lo, v_lo + V); dwpe[t] += sum over b of
+// dout[b, t] (dwpe may be null).
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C, int v_lo, int V);
 
 // out = (inp - mean) * rstd * weight + bias, per row; mean and rstd [N] are kept for backward.
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias, size_t N,
@@ -43,9 +45,18 @@ void residual_forward(float* out, const float* a, const float* b, size_t n);
 // y += x
 void accumulate(float* y, const float* x, size_t n);
 
-// Cross-entropy of softmax(logits) against targets, per row of V. Returns the sum of the rows'
-// losses (double). With dlogits_scale != 0 the logits are overwritten by their gradient:
-// (softmax - onehot) * dlogits_scale. Targets outside [0, V) are errors raised by the caller.
-double crossentropy(float* logits, const int32_t* targets, size_t N, int V, float dlogits_scale);
+// Cross-entropy of softmax(logits) against targets, in three steps so that the vocabulary may be
+// split over ranks (Megatron-LM's vocabulary-parallel loss): the logits [N, V] are the vocabulary
+// entries [v_lo, v_lo + V); between the steps the caller combines the ranks' max (step 1) and
+// sums (step 2). Targets outside the whole vocabulary are errors raised by the caller.
+// 1. max[n] = the row's largest logit.
+void crossentropy_max(const float* logits, size_t N, int V, float* max);
+// 2. sums[n] = sum of exp(logit - max[n]), which the logits become; picked[n] = the target's logit
+//    where this slice holds it, else 0.
+void crossentropy_sums(float* logits, const int32_t* targets, size_t N, int V, int v_lo, const float* max, float* sums, float* picked);
+// 3. Returns the sum of the rows' losses, log(sums) + max - picked (double). With dlogits_scale != 0
+//    the logits (exp values from step 2) become their gradient, (softmax - onehot) * dlogits_scale.
+double crossentropy_finish(float* logits, const int32_t* targets, size_t N, int V, int v_lo, const float* max, const float* sums,
+                           const float* picked, float dlogits_scale);
 
 }  // namespace zeroth::gpt::cpu

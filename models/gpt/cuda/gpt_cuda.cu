@@ -56,18 +56,23 @@ __device__ float block_reduce(float v, Op op, float identity) {
   return warp_reduce(lane < warps ? partial[lane] : identity, op);
 }
 
-__global__ void encoder_forward_kernel(float* out, const int32_t* tokens, const float* wte, const float* wpe, int T, int C, size_t n) {
+// wte holds vocabulary rows [v_lo, v_lo + V): other tokens add 0; wpe may be null.
+__global__ void encoder_forward_kernel(float* out, const int32_t* tokens, const float* wte, const float* wpe, int T, int C, int v_lo,
+                                       int V, size_t n) {
   const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
   if (i >= n) return;
   const size_t row = i / C, c = i % C;
-  out[i] = wte[static_cast<size_t>(tokens[row]) * C + c] + wpe[(row % T) * C + c];
+  const int t = tokens[row] - v_lo;
+  const float e = t >= 0 && t < V ? wte[static_cast<size_t>(t) * C + c] : 0.0f;
+  out[i] = wpe != nullptr ? e + wpe[(row % T) * C + c] : e;
 }
 
 // One block per row n; the first row holding a token adds the rows of that token in row order,
 // so repeated tokens sum deterministically (no atomics).
-__global__ void encoder_backward_wte_kernel(float* dwte, const float* dout, const int32_t* tokens, int C, int rows) {
+__global__ void encoder_backward_wte_kernel(float* dwte, const float* dout, const int32_t* tokens, int C, int rows, int v_lo, int V) {
   const int n = blockIdx.x;
   const int tok = tokens[n];
+  if (tok < v_lo || tok >= v_lo + V) return;
   int earlier = 0;
   for (int m = threadIdx.x; m < n; m += blockDim.x) earlier |= tokens[m] == tok;
   if (__syncthreads_or(earlier)) return;
@@ -76,7 +81,7 @@ __global__ void encoder_backward_wte_kernel(float* dwte, const float* dout, cons
     for (int m = n; m < rows; ++m) {
       if (tokens[m] == tok) acc += dout[static_cast<size_t>(m) * C + c];
     }
-    dwte[static_cast<size_t>(tok) * C + c] += acc;
+    dwte[static_cast<size_t>(tok - v_lo) * C + c] += acc;
   }
 }
 
@@ -212,24 +217,47 @@ __global__ void softmax_backward_kernel(float* datt, const float* att, size_t ro
   for (int j = lane; j < T; j += kWarp) d[j] = j <= t ? a[j] * (d[j] - dot) * scale : 0.0f;
 }
 
-// One block per row: loss[row] = logsumexp - logit[target]; logits become the scaled gradient.
-__global__ void crossentropy_kernel(float* logits, const int32_t* targets, float* loss, int V, float dscale) {
+// Cross-entropy in three steps over the vocabulary slice [v_lo, v_lo + V) (kernels.h), one block
+// per row; stats = [max | sum of exp | target logit | row loss], N each.
+__global__ void crossentropy_max_kernel(const float* logits, float* stats, int V) {
   const size_t row = blockIdx.x;
-  float* x = logits + row * V;
-  const int target = targets[row];
+  const float* x = logits + row * V;
   float m = -INFINITY;
   for (int j = threadIdx.x; j < V; j += blockDim.x) m = fmaxf(m, x[j]);
   m = block_reduce(m, Max{}, -INFINITY);
+  if (threadIdx.x == 0) stats[row] = m;
+}
+
+__global__ void crossentropy_sums_kernel(float* logits, const int32_t* targets, float* stats, size_t N, int V, int v_lo) {
+  const size_t row = blockIdx.x;
+  float* x = logits + row * V;
+  const int t = targets[row] - v_lo;
+  const float m = stats[row];
+  const float picked = t >= 0 && t < V ? x[t] : 0.0f;
+  __syncthreads();  // every thread has read x[t] before it becomes exp(x[t] - m)
   float s = 0;
-  for (int j = threadIdx.x; j < V; j += blockDim.x) s += expf(x[j] - m);
-  s = block_reduce(s, Sum{}, 0.0f);
-  const float picked = x[target];
-  __syncthreads();  // every thread has read x[target] before it is overwritten
-  if (threadIdx.x == 0) loss[row] = logf(s) + m - picked;
-  if (dscale != 0.0f) {
-    const float inv = 1.0f / s;
-    for (int j = threadIdx.x; j < V; j += blockDim.x) x[j] = (expf(x[j] - m) * inv - (j == target ? 1.0f : 0.0f)) * dscale;
+  for (int j = threadIdx.x; j < V; j += blockDim.x) {
+    const float e = expf(x[j] - m);
+    x[j] = e;
+    s += e;
   }
+  s = block_reduce(s, Sum{}, 0.0f);
+  if (threadIdx.x == 0) {
+    stats[N + row] = s;
+    stats[2 * N + row] = picked;
+  }
+}
+
+__global__ void crossentropy_finish_kernel(float* logits, const int32_t* targets, float* stats, size_t N, int V, int v_lo,
+                                           float dscale) {
+  const size_t row = blockIdx.x;
+  const float s = stats[N + row];
+  if (threadIdx.x == 0) stats[3 * N + row] = logf(s) + stats[row] - stats[2 * N + row];
+  if (dscale == 0.0f) return;
+  float* x = logits + row * V;
+  const int t = targets[row] - v_lo;
+  const float a = dscale / s;
+  for (int j = threadIdx.x; j < V; j += blockDim.x) x[j] = x[j] * a - (j == t ? dscale : 0.0f);
 }
 
 // out[0] = sum(in[0..n)) / n, one block, in a fixed order.
@@ -261,13 +289,16 @@ class CudaKernels final : public Kernels {
     CUDA_CHECK(cudaGetLastError());
   }
 
-  void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C) override {
+  void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C, int v_lo,
+                       int V) override {
     const size_t n = static_cast<size_t>(B) * T * C;
-    encoder_forward_kernel<<<blocks_for(n), kThreads, 0, s()>>>(out, tokens, wte, wpe, T, C, n);
+    encoder_forward_kernel<<<blocks_for(n), kThreads, 0, s()>>>(out, tokens, wte, wpe, T, C, v_lo, V, n);
   }
-  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C) override {
-    encoder_backward_wte_kernel<<<static_cast<unsigned>(B * T), kThreads, 0, s()>>>(dwte, dout, tokens, C, B * T);
-    encoder_backward_wpe_kernel<<<blocks_for(static_cast<size_t>(T) * C), kThreads, 0, s()>>>(dwpe, dout, B, T, C);
+  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T, int C, int v_lo,
+                        int V) override {
+    encoder_backward_wte_kernel<<<static_cast<unsigned>(B * T), kThreads, 0, s()>>>(dwte, dout, tokens, C, B * T, v_lo, V);
+    if (dwpe != nullptr)
+      encoder_backward_wpe_kernel<<<blocks_for(static_cast<size_t>(T) * C), kThreads, 0, s()>>>(dwpe, dout, B, T, C);
   }
   void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias, size_t N,
                          int C) override {
@@ -362,12 +393,19 @@ class CudaKernels final : public Kernels {
   void add_into(TensorView dst, const float* src) override {
     cuda::launch_axpy(dst.data, dst.dtype, 1.0f, src, DType::f32, dst.numel, s());
   }
-  void crossentropy(float* logits, const int32_t* targets, size_t N, int V, float dlogits_scale, float* scratch,
-                    float* loss) override {
-    crossentropy_kernel<<<static_cast<unsigned>(N), 1024, 0, s()>>>(logits, targets, scratch, V, dlogits_scale);
-    // The mean goes to scratch[0]: every row loss is read before thread 0 writes it.
-    mean_kernel<<<1, 1024, 0, s()>>>(scratch, scratch, N);
-    CUDA_CHECK(cudaMemcpyAsync(loss, scratch, sizeof(float), cudaMemcpyDeviceToHost, s()));
+  void crossentropy_max(const float* logits, size_t N, int V, float* stats) override {
+    crossentropy_max_kernel<<<static_cast<unsigned>(N), 1024, 0, s()>>>(logits, stats, V);
+  }
+  void crossentropy_sums(float* logits, const int32_t* targets, size_t N, int V, int v_lo, float* stats) override {
+    crossentropy_sums_kernel<<<static_cast<unsigned>(N), 1024, 0, s()>>>(logits, targets, stats, N, V, v_lo);
+  }
+  void crossentropy_finish(float* logits, const int32_t* targets, size_t N, int V, int v_lo, float dlogits_scale, float* stats,
+                           float* loss) override {
+    crossentropy_finish_kernel<<<static_cast<unsigned>(N), 1024, 0, s()>>>(logits, targets, stats, N, V, v_lo, dlogits_scale);
+    // The mean goes to stats[3N]: every row loss is read before thread 0 writes it.
+    float* rows = stats + 3 * N;
+    mean_kernel<<<1, 1024, 0, s()>>>(rows, rows, N);
+    CUDA_CHECK(cudaMemcpyAsync(loss, rows, sizeof(float), cudaMemcpyDeviceToHost, s()));
   }
   void download(float* host, const float* src, size_t n) override {
     CUDA_CHECK(cudaMemcpyAsync(host, src, n * sizeof(float), cudaMemcpyDeviceToHost, s()));

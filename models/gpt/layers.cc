@@ -1,0 +1,150 @@
+// The transformer block's forward and backward around the tensor-parallel group's collectives.
+#include "models/gpt/layers.h"
+
+#include "core/error.h"  // ZEROTH_THROW
+
+namespace zeroth::gpt {
+
+Dims Dims::of(const GptConfig& c, const GptPart& part) {
+  Dims d;
+  d.tp = part.tp_ranks, d.tp_rank = part.tp_rank;
+  d.sp = part.sequence_parallel && part.tp_ranks > 1;
+  d.C = c.n_embd;
+  d.NH = c.n_head / d.tp;
+  d.Cq = c.n_embd / d.tp;
+  d.F = 4 * c.n_embd / d.tp;
+  const auto [lo, hi] = TensorSplit::part(c.vocab_size, d.tp_rank, d.tp);
+  d.v_lo = static_cast<int>(lo), d.V = static_cast<int>(hi - lo);
+  return d;
+}
+
+void TensorGroup::reduce(float* partial, float* rows, size_t BT) const {
+  if (comm_ == nullptr || dims_.tp == 1) return;
+  const size_t n = BT * dims_.C;
+  if (!dims_.sp) {
+    comm_->all_reduce(stream_, {partial, n, DType::f32}, ReduceOp::sum);
+    return;
+  }
+  comm_->reduce_scatter(stream_, {partial, n, DType::f32}, {rows, n / dims_.tp, DType::f32}, ReduceOp::sum);
+}
+
+void TensorGroup::gather(float* whole, size_t BT) const {
+  if (comm_ == nullptr || !dims_.sp) return;
+  const size_t n = BT * dims_.C;
+  const TensorView all{whole, n, DType::f32};
+  comm_->all_gather(stream_, all.slice(dims_.row_offset(BT), n / dims_.tp), all);
+}
+
+const float* TensorGroup::gathered_rows(const float* rows, float* whole, size_t BT) const {
+  if (!dims_.sp) return rows;
+  stream_.device().copy(stream_, whole + dims_.row_offset(BT), rows, dims_.rows(BT) * dims_.C * sizeof(float));
+  gather(whole, BT);
+  return whole;
+}
+
+void TensorGroup::all_reduce(float* x, size_t n, ReduceOp op) const {
+  if (comm_ != nullptr && dims_.tp > 1) comm_->all_reduce(stream_, {x, n, DType::f32}, op);
+}
+
+Bound::Bound(Kernels& k, std::vector<TensorView> params, const std::vector<TensorView>* grads, const Buffer& wbuf, const Buffer& gbuf)
+    : k_(k), has_grads_(grads != nullptr) {
+  if (grads != nullptr) grads_ = *grads;
+  size_t total = 0;
+  for (const auto& p : params) total += p.numel;
+  narrow_ = !params.empty() && params[0].dtype != DType::f32;
+  if (narrow_ && has_grads_) k_.zero(gbuf.as<float>(), total);
+  size_t off = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (narrow_) {
+      k_.widen(params[i], wbuf.as<float>() + off);
+      p_.push_back(wbuf.as<float>() + off);
+      if (has_grads_) g_.push_back(gbuf.as<float>() + off);
+    } else {
+      p_.push_back(params[i].as<float>());
+      if (has_grads_) g_.push_back(grads_[i].as<float>());
+    }
+    off += params[i].numel;
+  }
+}
+
+void Bound::flush() const {
+  if (!narrow_ || !has_grads_) return;
+  for (size_t i = 0; i < grads_.size(); ++i) k_.add_into(grads_[i], g_[i]);
+}
+
+namespace {
+
+// Parameter indices inside a transformer block, in block_specs order.
+enum LayerParam { kLn1W, kLn1B, kAttnW, kAttnB, kProjW, kProjB, kLn2W, kLn2B, kFcW, kFcB, kFcProjW, kFcProjB };
+
+}  // namespace
+
+void layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs& a, const Scratch& s, const float* x, float* out,
+                   int B, int T) {
+  const Dims d = g.dims();
+  const size_t BT = static_cast<size_t>(B) * T, R = d.rows(BT), at = d.row_offset(BT);
+  // Row-parallel outputs are partial sums: the bias joins on rank 0 only, so the sum holds it once.
+  const bool bias = d.tp_rank == 0;
+  float* proj = d.sp ? s.partial : a.res2;
+  k.submit([&k, w, a, x, d, R, at] {
+    const Bound& p = **w;
+    k.layernorm_forward(a.ln1 + at, a.ln1_mean, a.ln1_rstd, x, p.p(kLn1W), p.p(kLn1B), R, d.C);
+  });
+  g.gather(a.ln1, BT);
+  k.submit([&k, w, a, d, B, T, BT, proj, bias] {
+    const Bound& p = **w;
+    k.matmul_forward(a.qkv, a.ln1, p.p(kAttnW), p.p(kAttnB), BT, d.C, 3 * d.Cq);
+    k.attention_forward(a.atty, a.att, a.qkv, B, T, d.Cq, d.NH);
+    k.matmul_forward(proj, a.atty, p.p(kProjW), bias ? p.p(kProjB) : nullptr, BT, d.Cq, d.C);
+  });
+  g.reduce(proj, a.res2, BT);
+  k.submit([&k, w, a, x, d, R, at] {
+    const Bound& p = **w;
+    k.accumulate(a.res2, x, R * d.C);
+    k.layernorm_forward(a.ln2 + at, a.ln2_mean, a.ln2_rstd, a.res2, p.p(kLn2W), p.p(kLn2B), R, d.C);
+  });
+  g.gather(a.ln2, BT);
+  float* down = out == nullptr ? nullptr : d.sp ? s.partial : out;
+  k.submit([&k, w, a, d, BT, down, bias] {
+    const Bound& p = **w;
+    k.matmul_forward(a.fch, a.ln2, p.p(kFcW), p.p(kFcB), BT, d.C, d.F);
+    k.gelu_forward(a.fch_gelu, a.fch, BT * d.F);
+    if (down != nullptr) k.matmul_forward(down, a.fch_gelu, p.p(kFcProjW), bias ? p.p(kFcProjB) : nullptr, BT, d.F, d.C);
+  });
+  if (out == nullptr) return;
+  g.reduce(down, out, BT);
+  k.submit([&k, a, out, d, R] { k.accumulate(out, a.res2, R * d.C); });
+}
+
+void layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs& a, const Scratch& s, const float* x, int B, int T) {
+  const Dims d = g.dims();
+  const size_t BT = static_cast<size_t>(B) * T, R = d.rows(BT);
+  // The column-parallel inputs' gradients are partial sums over the ranks.
+  float* partial = d.sp ? s.partial : s.dC;
+  const float* dout = g.gathered_rows(s.dresid, s.gathered, BT);
+  k.submit([&k, w, a, s, d, BT, dout, partial] {
+    const Bound& p = **w;
+    k.matmul_backward(s.dfch, p.g(kFcProjW), p.g(kFcProjB), dout, a.fch_gelu, p.p(kFcProjW), BT, d.F, d.C);
+    k.gelu_backward(s.dfch, a.fch, s.dfch, BT * d.F);
+    k.matmul_backward(partial, p.g(kFcW), p.g(kFcB), s.dfch, a.ln2, p.p(kFcW), BT, d.C, d.F);
+  });
+  g.reduce(partial, s.dC, BT);
+  k.submit([&k, w, a, s, d, R] {
+    const Bound& p = **w;
+    k.layernorm_backward(s.dresid, p.g(kLn2W), p.g(kLn2B), s.dC, a.res2, p.p(kLn2W), a.ln2_mean, a.ln2_rstd, R, d.C);
+  });
+  dout = g.gathered_rows(s.dresid, s.gathered, BT);
+  k.submit([&k, w, a, s, d, B, T, BT, dout, partial] {
+    const Bound& p = **w;
+    k.matmul_backward(s.dC, p.g(kProjW), p.g(kProjB), dout, a.atty, p.p(kProjW), BT, d.Cq, d.C);
+    k.attention_backward(s.dqkv, s.datt, s.dC, a.qkv, a.att, B, T, d.Cq, d.NH);
+    k.matmul_backward(partial, p.g(kAttnW), p.g(kAttnB), s.dqkv, a.ln1, p.p(kAttnW), BT, d.C, 3 * d.Cq);
+  });
+  g.reduce(partial, s.dC, BT);
+  k.submit([&k, w, a, s, x, d, R] {
+    const Bound& p = **w;
+    k.layernorm_backward(s.dresid, p.g(kLn1W), p.g(kLn1B), s.dC, x, p.p(kLn1W), a.ln1_mean, a.ln1_rstd, R, d.C);
+  });
+}
+
+}  // namespace zeroth::gpt

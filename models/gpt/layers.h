@@ -1,0 +1,107 @@
+// The GPT's block uses as kernel work and tensor-parallel collectives, in stream order (internal to
+// models/gpt). Megatron-LM's split: QKV and MLP-up are column-parallel (each rank its heads and its
+// quarter of the MLP), the attention output and MLP-down row-parallel (partial sums, reduced over
+// the group), the token embedding and LM head vocabulary-parallel. Without sequence parallelism the
+// residual stream is whole on every rank and a reduction is an all-reduce; with it, each rank holds
+// its rows of the B x T tokens, a reduction is a reduce-scatter and the column-parallel inputs are
+// all-gathered first. A group of one rank does no collective: the same code is the unsplit model.
+#pragma once
+
+#include <cstddef>  // size_t
+#include <cstdint>  // int32_t
+#include <memory>   // std::shared_ptr
+#include <vector>   // std::vector
+
+#include "comm/communicator.h"   // Communicator
+#include "core/device.h"         // Buffer, Stream, TensorView
+#include "models/gpt/gpt.h"      // GptConfig, GptPart
+#include "models/gpt/kernels.h"  // gpt::Kernels
+
+namespace zeroth::gpt {
+
+// The part, or the whole model (keeping the part's tensor-parallel place) when it names no chunk.
+GptPart complete_part(const GptPart& part, const GptConfig& config);
+// The part's block ids: the embedding (or the head's copy), each layer's (-1 elsewhere), ln_f.
+struct PartBlocks {
+  int embed = -1, ln_f = -1;
+  std::vector<int> layers;
+};
+PartBlocks part_blocks(const GptConfig& config, const GptPart& part);
+
+// A rank's widths: C channels in the residual stream, its heads (NH) and their channels (Cq), its
+// MLP width (F), its vocabulary rows [v_lo, v_lo + V).
+struct Dims {
+  int C = 0, NH = 0, Cq = 0, F = 0, v_lo = 0, V = 0;
+  int tp = 1, tp_rank = 0;
+  bool sp = false;  // sequence parallel (with tp > 1)
+  static Dims of(const GptConfig& config, const GptPart& part);
+  // Rows of the residual stream this rank holds of a micro-batch of BT tokens.
+  size_t rows(size_t BT) const { return sp ? BT / tp : BT; }
+  // Where this rank's rows start in a whole [BT, C] buffer.
+  size_t row_offset(size_t BT) const { return sp ? tp_rank * rows(BT) * C : 0; }
+};
+
+// What one transformer block keeps from forward for backward. ln1, ln2 are whole [BT, C] (this
+// rank's rows written, the rest gathered); res2 and the LayerNorm statistics are this rank's rows.
+struct LayerActs {
+  float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu;
+};
+
+// Scratch of the passes: the residual stream's gradient (this rank's rows), the per-kernel
+// gradients of activations, and whole [BT, C] buffers for partial sums and gathered rows.
+struct Scratch {
+  float *dresid = nullptr, *dC = nullptr, *dqkv = nullptr, *dfch = nullptr, *datt = nullptr;
+  float *partial = nullptr, *gathered = nullptr;
+};
+
+// The collectives of a block use, enqueued on the compute stream between the kernels' work.
+class TensorGroup {
+ public:
+  TensorGroup(Communicator* comm, Stream& stream, const Dims& dims) : comm_(comm), stream_(stream), dims_(dims) {}
+  // Partial sums [BT, C] in `partial` become their sum: in `partial` (all-reduce), or this rank's
+  // rows of it in `rows` (reduce-scatter, sequence parallel).
+  void reduce(float* partial, float* rows, size_t BT) const;
+  // Sequence parallel: the ranks' rows of `whole` [BT, C] (this rank's already in place) gathered.
+  void gather(float* whole, size_t BT) const;
+  // This rank's rows of a gradient at `rows` gathered into `whole` (the same pointer without
+  // sequence parallelism, where every rank holds every row): the input of the row-parallel
+  // linears' backward.
+  const float* gathered_rows(const float* rows, float* whole, size_t BT) const;
+  void all_reduce(float* x, size_t n, ReduceOp op) const;
+  const Dims& dims() const { return dims_; }
+
+ private:
+  Communicator* comm_;
+  Stream& stream_;
+  Dims dims_;
+};
+
+// A block's parameters as f32 pointers, and where its backward adds gradients in f32, for the
+// stream's work of one block use. For an f32 block these are the engine's own views; for bf16/f16
+// the parameters are widened into scratch and the gradients gathered in f32 scratch, added into the
+// narrow views once (flush). Made by the use's first piece of work, read by the next ones.
+class Bound {
+ public:
+  Bound(Kernels& k, std::vector<TensorView> params, const std::vector<TensorView>* grads, const Buffer& wbuf, const Buffer& gbuf);
+  const float* p(size_t i) const { return p_[i]; }
+  float* g(size_t i) const { return g_[i]; }
+  void flush() const;
+
+ private:
+  Kernels& k_;
+  std::vector<TensorView> grads_;
+  bool has_grads_ = false, narrow_ = false;
+  std::vector<const float*> p_;
+  std::vector<float*> g_;
+};
+using BoundRef = std::shared_ptr<std::shared_ptr<Bound>>;  // filled in stream order
+
+// The passes of one block, enqueued piece by piece (Kernels::submit) around the group's collectives.
+// `w` is filled by the caller's first piece. x: the block's input rows; out: its output rows, or
+// null (recomputation before backward: only the activations are made).
+void layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs& a, const Scratch& s, const float* x, float* out,
+                   int B, int T);
+// s.dresid holds the gradient at the block's output rows on entry and at its input rows on return.
+void layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs& a, const Scratch& s, const float* x, int B, int T);
+
+}  // namespace zeroth::gpt

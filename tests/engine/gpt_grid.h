@@ -1,0 +1,301 @@
+// A tiny GPT trained on a dp x pp x tp grid of local ranks (ProcessGrid), and on one rank for
+// reference: the harness of the pipeline and tensor-parallel equivalence tests. Each rank holds its
+// part (pipeline stage, tensor-parallel slice) and trains the same global batches; the result holds
+// the whole tensors, assembled from the tensor-parallel slices.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "comm/local/local_comm.h"
+#include "comm/process_grid.h"
+#include "engine/checkpoint.h"
+#include "engine/engine.h"
+#include "engine/pipeline.h"
+#include "models/gpt/gpt.h"
+#include "tests/engine/tensor_error.h"
+#include "tests/engine/tiny_gpt_engine.h"
+#include "train/data.h"
+
+namespace zeroth::testing {
+
+inline GptConfig tiny_gpt() {
+  GptConfig c;
+  c.vocab_size = 64, c.seq_len = 16, c.n_layer = 8, c.n_head = 2, c.n_embd = 32;
+  return c;
+}
+
+struct GridCase {
+  int dp = 1, pp = 1;
+  PipeKind kind = PipeKind::one_f_one_b;
+  int stage = 0;
+  int micro = 4;                                // micro-batches per cycle
+  OffloadDevice offload = OffloadDevice::none;  // offload_optimizer (and offload_param at stage 3 with nvme)
+  bool checkpointing = false;                   // activation checkpointing (recompute each layer in backward)
+  uint64_t bucket = 6000;                       // reduce and all-gather bucket size (elements)
+  int tp = 1;
+  bool sequence_parallel = false;
+  GptConfig model = tiny_gpt();
+};
+inline void PrintTo(const GridCase& k, std::ostream* os) {
+  *os << "dp " << k.dp << " x pp " << k.pp << " x tp " << k.tp << (k.sequence_parallel ? " (sequence parallel)" : "") << ", "
+      << pipe_kind_name(k.kind) << ", ZeRO stage " << k.stage << ", m " << k.micro << ", offload " << offload_device_name(k.offload)
+      << (k.checkpointing ? ", checkpointing" : "");
+}
+
+struct GridResult {
+  std::vector<double> losses, grad_norms;             // per step
+  std::map<std::string, std::vector<float>> weights;  // per block name, whole tensors end to end
+  std::vector<float> head_copy;                       // the last stage's copy of the tied embedding
+  std::vector<int> in_flight;                         // per stage: micro-batches of activations held (per chunk)
+  std::vector<std::string> replica_mismatches;        // replicated parameters that differ between tensor-parallel ranks
+};
+
+inline constexpr int kGlobalBatch = 8, kSteps = 4;
+
+inline EngineConfig grid_engine_config(int stage, int micro, OffloadDevice offload = OffloadDevice::none) {
+  EngineConfig ec = tiny_gpt_engine(stage, micro);
+  ec.zero.offload_optimizer.device = offload;
+  if (offload == OffloadDevice::nvme) {
+    ec.zero.offload_optimizer.nvme_path = ::testing::TempDir() + "zeroth-grid-swap";
+    if (stage == 3) {
+      ec.zero.offload_param.device = OffloadDevice::nvme;
+      ec.zero.offload_param.nvme_path = ec.zero.offload_optimizer.nvme_path;
+    }
+  }
+  return ec;
+}
+
+// A block's parameters as the whole tensors, end to end: this rank's master values of the block
+// placed at their elements of each unsplit tensor (`into`, sized by the unsplit block), or, for a
+// replicated parameter, compared with what `into` holds already (`mismatches`) when `check` is set.
+inline void place_block(const Engine& engine, int block, const std::vector<float>& values, std::vector<float>& into, bool check,
+                        std::vector<std::string>& mismatches) {
+  const auto& spec = engine.block_spec(block);
+  const auto& blk = engine.plan().blocks[block];
+  size_t full_at = 0;
+  for (size_t i = 0; i < spec.params.size(); ++i) {
+    const auto& p = spec.params[i];
+    size_t full_numel = 1;
+    for (int64_t d : p.tp.split() ? p.tp.full_shape : p.shape) full_numel *= static_cast<size_t>(d);
+    const float* local = values.data() + blk.param_offsets[i];
+    if (!p.tp.split() && check) {
+      if (!std::equal(local, local + p.numel(), into.begin() + full_at)) mismatches.push_back(spec.name + "." + p.name);
+    } else {
+      p.tp.for_each_run(0, p.numel(), [&](size_t full, size_t count, size_t at) {
+        std::copy(local + at, local + at + count, into.begin() + full_at + full);
+      });
+    }
+    full_at += full_numel;
+  }
+}
+
+// One rank, the whole model, the cycle's micro-batches one after another.
+inline GridResult train_whole(const GptConfig& gc, int micro) {
+  const TokenData data = TokenData::synthetic(gc.vocab_size, 1 << 14, 3);
+  const int mb = kGlobalBatch / micro, T = gc.seq_len;
+  GridResult out;
+  auto device = make_device("cpu");
+  auto comms = make_local_communicators(1);
+  Engine engine(*device, *comms[0], grid_engine_config(0, micro));
+  Gpt gpt(engine, gc);
+  engine.finalize();
+  Loader loader(data, T, mb, micro, 1, 0, 11, true);
+  std::vector<int32_t> tokens(static_cast<size_t>(mb) * T), targets(tokens.size());
+  std::vector<float> losses(micro);
+  for (int s = 0; s < kSteps; ++s) {
+    for (int m = 0; m < micro; ++m) {
+      loader.batch(s, m, tokens.data(), targets.data());
+      gpt.forward(m, tokens.data(), targets.data(), mb, T, &losses[m]);
+      gpt.backward(m);
+      engine.compute_stream().synchronize();
+    }
+    const auto r = engine.step();
+    engine.compute_stream().synchronize();
+    out.grad_norms.push_back(r.grad_norm);
+    double sum = 0;
+    for (float l : losses) sum += l;
+    out.losses.push_back(sum / micro);
+  }
+  for (size_t b = 0; b < engine.plan().blocks.size(); ++b) {
+    auto w = engine.master_values(static_cast<int>(b));
+    w.resize(engine.plan().blocks[b].numel);
+    out.weights[engine.plan().blocks[b].name] = std::move(w);
+  }
+  return out;
+}
+
+inline const GridResult& whole_reference(const GptConfig& gc, int micro) {
+  static std::mutex mutex;
+  static std::map<std::string, GridResult> cache;
+  const std::string key = std::to_string(micro) + "/" + std::to_string(gc.vocab_size) + "/" + std::to_string(gc.n_head) + "/" +
+                          std::to_string(gc.n_layer) + "/" + std::to_string(gc.n_embd);
+  std::lock_guard lock(mutex);
+  if (!cache.contains(key)) cache[key] = train_whole(gc, micro);
+  return cache[key];
+}
+
+struct Steps {
+  int first = 0, last = kSteps;  // the steps run: [first, last)
+  std::string load, save;        // a checkpoint to start from, a folder to save one in at the end
+};
+
+// dp x pp x tp local ranks laid out as ProcessGrid(dp, pp, tp): each runs its part, through a
+// PipelineRunner when pp > 1. `measures`: each step's measured timeline (rank 0's).
+inline GridResult train_grid(const GridCase& k, std::vector<PipeMeasure>* measures = nullptr, const Steps& steps = {}) {
+  GptConfig gc = k.model;
+  gc.activation_checkpointing = k.checkpointing;
+  const TokenData data = TokenData::synthetic(gc.vocab_size, 1 << 14, 3);
+  const int chunks = k.kind == PipeKind::interleaved ? 2 : 1;
+  const int mb = kGlobalBatch / (k.dp * k.micro), T = gc.seq_len;
+  const ProcessGrid grid(k.dp, k.pp, k.tp);
+  const std::vector<int> layers = partition_layers(gc, k.pp * chunks, "uniform");
+  GridResult out;
+  out.in_flight.assign(k.pp, 0);
+  std::mutex mutex;
+  std::vector<std::vector<double>> losses(k.dp);
+  // The whole blocks by name, assembled by the ranks of dp index 0 in tensor-parallel rank order.
+  std::vector<std::map<std::string, std::vector<float>>> blocks_by_stage(k.pp);
+  std::vector<std::map<std::string, std::vector<float>>> head_copy_by_stage(k.pp);
+  std::mutex order;
+  run_local_ranks(grid.world_size(), [&](Communicator& world) {
+    auto groups = grid.split(world);
+    const int stage = groups.pp->rank(), dp_rank = groups.dp->rank(), tp_rank = groups.tp->rank();
+    GptPart part = GptPart::of_rank(layers, k.pp, stage);
+    part.tp_rank = tp_rank, part.tp_ranks = k.tp, part.sequence_parallel = k.sequence_parallel;
+    auto device = make_device("cpu");
+    std::unique_ptr<PipelineRunner> runner;
+    if (k.pp > 1) runner = std::make_unique<PipelineRunner>(*device, *groups.pp, make_pipe_schedule(k.kind, k.pp, k.micro, chunks));
+    EngineConfig ec = grid_engine_config(k.stage, k.micro, k.offload);
+    ec.zero.reduce_bucket_size = ec.zero.allgather_bucket_size = k.bucket;
+    Engine engine(*device, *groups.dp, ec);
+    if (k.pp > 1) {
+      const int tied = stage == 0 || stage == k.pp - 1 ? Gpt::embedding_block(gc, part) : -1;
+      engine.set_pipeline(*groups.pp, tied);
+      engine.set_pass_order(runner->passes());
+    }
+    if (k.tp > 1) engine.set_tensor_parallel(*groups.tp);
+    Gpt gpt(engine, gc, part, k.tp > 1 ? groups.tp.get() : nullptr);
+    engine.finalize();
+    if (!steps.load.empty()) load_checkpoint(engine, steps.load);
+    Loader loader(data, T, mb, k.micro, k.dp, dp_rank, 11, true);
+    const size_t n = static_cast<size_t>(mb) * T;
+    std::vector<int32_t> tokens(n * k.micro), targets(n * k.micro);
+    std::vector<float> micro_losses(k.micro);
+    PipeModel model;
+    model.forward = [&](int m, int c) {
+      gpt.forward_chunk(m, c, tokens.data() + m * n, targets.data() + m * n, mb, T, &micro_losses[m]);
+    };
+    model.backward = [&](int m, int c) { gpt.backward_chunk(m, c); };
+    model.port = [&](PipePort p, int m, int c) {
+      const Gpt::Port ports[] = {Gpt::Port::input, Gpt::Port::output, Gpt::Port::input_grad, Gpt::Port::output_grad};
+      return gpt.port(ports[static_cast<int>(p)], m, c);
+    };
+    if (runner) runner->set_tracing(measures != nullptr);
+    std::vector<double> norms, mine;
+    for (int s = steps.first; s < steps.last; ++s) {
+      for (int m = 0; m < k.micro; ++m) loader.batch(s, m, tokens.data() + m * n, targets.data() + m * n);
+      gpt.prepare(mb, T);
+      if (runner) {
+        runner->run_cycle(model);
+      } else {
+        for (int m = 0; m < k.micro; ++m) {
+          model.forward(m, 0);
+          model.backward(m, 0);
+        }
+      }
+      const auto r = engine.step();
+      EXPECT_TRUE(r.boundary);
+      engine.compute_stream().synchronize();
+      norms.push_back(r.grad_norm);
+      double sum = 0;
+      for (float l : micro_losses) sum += l;
+      mine.push_back(sum / k.micro);
+      if (measures != nullptr && runner) {
+        auto measured = runner->measure(engine.compute_stream());
+        if (world.rank() == 0) measures->push_back(std::move(measured));
+      }
+    }
+    if (runner) runner->drain();  // its channels use the model's buffers, which go first
+    if (!steps.save.empty()) save_checkpoint(engine, {.dir = steps.save});
+    // Tensor-parallel ranks place their slices in turn (rank 0 first: the replicas are checked
+    // against its copy).
+    const auto full_specs = Gpt::block_specs(gc, GptPart::of_rank(layers, k.pp, stage));
+    std::vector<std::vector<float>> values;  // master_values is collective over the data-parallel group
+    for (size_t b = 0; b < engine.plan().blocks.size(); ++b) values.push_back(engine.master_values(static_cast<int>(b)));
+    for (int turn = 0; turn < k.tp; ++turn) {
+      groups.tp->barrier(engine.compute_stream());
+      engine.compute_stream().synchronize();
+      if (turn != tp_rank || dp_rank != 0) continue;
+      std::lock_guard lock(order);
+      for (size_t b = 0; b < engine.plan().blocks.size(); ++b) {
+        const std::string& name = engine.plan().blocks[b].name;
+        const bool copy = name == "embed" && stage != 0;
+        auto& dest = (copy ? head_copy_by_stage : blocks_by_stage)[stage][name];
+        size_t full = 0;
+        for (const auto& p : full_specs[b].params) full += p.numel();
+        if (dest.empty()) dest.assign(full, 0.0f);
+        place_block(engine, static_cast<int>(b), values[b], dest, tp_rank != 0, out.replica_mismatches);
+      }
+    }
+    std::lock_guard lock(mutex);
+    if (part.has_head(gc) && tp_rank == 0) losses[dp_rank] = mine;
+    if (dp_rank != 0 || tp_rank != 0) return;
+    out.in_flight[stage] = engine.micro_batches_in_flight();
+    if (stage == 0) out.grad_norms = norms;
+  });
+  for (int s = 0; s < k.pp; ++s) {
+    for (auto& [name, w] : blocks_by_stage[s]) out.weights[name] = std::move(w);
+    for (auto& [name, w] : head_copy_by_stage[s]) out.head_copy = std::move(w);
+  }
+  out.losses.assign(steps.last - steps.first, 0.0);
+  for (int r = 0; r < k.dp; ++r) {
+    for (size_t s = 0; s < out.losses.size(); ++s) out.losses[s] += losses[r][s] / k.dp;
+  }
+  return out;
+}
+
+// Each step's gradient norm within 5e-7 and loss within 3e-7 of `ref`'s, relative, and the loss
+// falling; the worst relative errors of both.
+inline std::pair<double, double> expect_steps(const GridResult& got, const GridResult& ref) {
+  double norm_err = 0, loss_err = 0;
+  EXPECT_EQ(got.grad_norms.size(), ref.grad_norms.size());
+  EXPECT_EQ(got.losses.size(), ref.losses.size());
+  for (size_t s = 0; s < std::min(got.losses.size(), ref.losses.size()) && s < got.grad_norms.size(); ++s) {
+    norm_err = std::max(norm_err, std::abs(got.grad_norms[s] - ref.grad_norms[s]) / ref.grad_norms[s]);
+    loss_err = std::max(loss_err, std::abs(got.losses[s] - ref.losses[s]) / ref.losses[s]);
+    EXPECT_NEAR(got.grad_norms[s], ref.grad_norms[s], 5e-7 * ref.grad_norms[s]) << "step " << s;
+    EXPECT_NEAR(got.losses[s], ref.losses[s], 3e-7 * ref.losses[s]) << "step " << s;
+  }
+  EXPECT_LT(got.losses.back(), got.losses.front());
+  return {norm_err, loss_err};
+}
+
+// Every tensor of `got` against `ref`, relative to the tensor's largest value; the worst.
+inline TensorError expect_weights(const GridResult& got, const GridResult& ref, double bound, const GptConfig& gc = tiny_gpt()) {
+  TensorError worst;
+  EXPECT_EQ(got.weights.size(), ref.weights.size());
+  for (const auto& spec : Gpt::block_specs(gc)) {
+    const auto& g = got.weights.at(spec.name);
+    const auto& r = ref.weights.at(spec.name);
+    EXPECT_EQ(g.size(), r.size()) << spec.name;
+    if (g.size() != r.size()) continue;
+    size_t at = 0;
+    for (const auto& p : spec.params) {
+      const auto slice = [&](const std::vector<float>& w) { return std::vector<float>(w.begin() + at, w.begin() + at + p.numel()); };
+      const auto e = compare(spec.name + "." + p.name, slice(g), slice(r));
+      EXPECT_LT(e.rel(), bound) << e.name << ": max |difference| " << e.max_abs << " of max |value| " << e.scale;
+      if (e.rel() > worst.rel()) worst = e;
+      at += p.numel();
+    }
+  }
+  return worst;
+}
+
+}  // namespace zeroth::testing

@@ -1,0 +1,256 @@
+// Megatron's tensor-parallel pieces on the GPT's kernels, every device, against float64 references
+// computed here: a column-parallel linear followed by a row-parallel one equals the unsplit pair
+// (forward and backward) once the ranks' partial sums are added, with the slices cut by
+// TensorSplit as the model cuts its parameters; the vocabulary-parallel cross-entropy equals the
+// full one (loss and every logit's gradient) for vocabularies that tp does not divide.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "core/error.h"
+#include "models/block_api.h"
+#include "models/gpt/kernels.h"
+#include "tests/test_util.h"
+
+namespace zeroth {
+namespace {
+
+using Vec = std::vector<float>;
+
+Vec random_vec(size_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> d(0.0f, scale);
+  Vec v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// f32 arrays on the test's device, in and out.
+struct OnDevice {
+  Device& device;
+  std::vector<Buffer> held;
+  float* put(const Vec& v) {
+    held.push_back(device.allocate(std::max<size_t>(v.size(), 1) * sizeof(float), MemTag::other));
+    device.copy(device.default_stream(), held.back().data(), v.data(), v.size() * sizeof(float));
+    device.default_stream().synchronize();  // the copy is in stream order; `v` may be a temporary
+    return held.back().as<float>();
+  }
+  float* zeros(size_t n) { return put(Vec(n, 0.0f)); }
+  Vec get(const float* p, size_t n) {
+    Vec v(n);
+    device.copy(device.default_stream(), v.data(), p, n * sizeof(float));
+    device.default_stream().synchronize();
+    return v;
+  }
+};
+
+// The slice of `full` (shape `shape`) that tensor-parallel rank r of n holds when cut along `axis`.
+Vec slice_of(const Vec& full, std::vector<int64_t> shape, int axis, int r, int n) {
+  ParamSpec p{"w", std::move(shape)};
+  const ParamSpec cut = p.cut(axis, 1, r, n);
+  Vec out(cut.numel());
+  cut.tp.for_each_run(0, out.size(), [&](size_t at, size_t count, size_t local) {
+    std::copy(full.begin() + at, full.begin() + at + count, out.begin() + local);
+  });
+  return out;
+}
+
+// |got - want| <= the float32 error bound of a sum of k products: k u sum |terms| (u = 2^-24), per
+// element, plus the rounding of the result itself.
+void expect_within_sum_bound(const char* what, const Vec& got, const std::vector<double>& want, const std::vector<double>& abs_sum,
+                             int k) {
+  ASSERT_EQ(got.size(), want.size());
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double bound = (k + 2) * 0x1.0p-24 * abs_sum[i] + 0x1.0p-24 * std::abs(want[i]);
+    const double err = std::abs(got[i] - want[i]);
+    worst = std::max(worst, err / bound);
+    ASSERT_LE(err, bound) << what << "[" << i << "]: " << got[i] << " against " << want[i];
+  }
+  std::printf("%s: worst error %.2f of its bound\n", what, worst);
+}
+
+class TensorParallelKernels : public testing::DeviceTest {};
+
+// Y = (X W1^T + b1) W2^T + b2 with W1 [F, C] cut by rows (column-parallel) and W2 [C, F] by
+// columns (row-parallel): rank r computes its F / tp hidden units and a partial Y; the sum over the
+// ranks is Y. Backward from dY: dX is the sum of the ranks' partial dX, dW1 and dW2 their slices.
+TEST_P(TensorParallelKernels, ColumnThenRowParallelLinearsEqualTheUnsplitPair) {
+  const int N = 24, C = 16, F = 64;
+  std::mt19937 rng(5);
+  const Vec X = random_vec(N * C, rng), W1 = random_vec(F * C, rng, 0.3f), b1 = random_vec(F, rng), W2 = random_vec(C * F, rng, 0.3f),
+            b2 = random_vec(C, rng), dY = random_vec(N * C, rng);
+  // float64 references and the sums of |terms| that bound each element's f32 error.
+  std::vector<double> H(N * F), Ha(N * F), Y(N * C), Ya(N * C), dH(N * F), dHa(N * F), dX(N * C), dXa(N * C), dW1(F * C), dW1a(F * C);
+  for (int n = 0; n < N; ++n) {
+    for (int f = 0; f < F; ++f) {
+      double s = b1[f], a = std::abs(b1[f]);
+      for (int c = 0; c < C; ++c) s += double(X[n * C + c]) * W1[f * C + c], a += std::abs(double(X[n * C + c]) * W1[f * C + c]);
+      H[n * F + f] = s, Ha[n * F + f] = a;
+    }
+  }
+  for (int n = 0; n < N; ++n) {
+    for (int c = 0; c < C; ++c) {
+      double s = b2[c], a = std::abs(b2[c]);
+      for (int f = 0; f < F; ++f) s += H[n * F + f] * W2[c * F + f], a += Ha[n * F + f] * std::abs(W2[c * F + f]);
+      Y[n * C + c] = s, Ya[n * C + c] = a;
+      (void)a;
+    }
+    for (int f = 0; f < F; ++f) {
+      double s = 0, a = 0;
+      for (int c = 0; c < C; ++c) s += double(dY[n * C + c]) * W2[c * F + f], a += std::abs(double(dY[n * C + c]) * W2[c * F + f]);
+      dH[n * F + f] = s, dHa[n * F + f] = a;
+    }
+    for (int c = 0; c < C; ++c) {
+      double s = 0, a = 0;
+      for (int f = 0; f < F; ++f) s += dH[n * F + f] * W1[f * C + c], a += dHa[n * F + f] * std::abs(W1[f * C + c]);
+      dX[n * C + c] = s, dXa[n * C + c] = a;
+    }
+  }
+  for (int f = 0; f < F; ++f) {
+    for (int c = 0; c < C; ++c) {
+      double s = 0, a = 0;
+      for (int n = 0; n < N; ++n) s += dH[n * F + f] * X[n * C + c], a += dHa[n * F + f] * std::abs(X[n * C + c]);
+      dW1[f * C + c] = s, dW1a[f * C + c] = a;
+    }
+  }
+  Stream& stream = device_->default_stream();
+  auto k = gpt::make_kernels(stream);
+  for (int tp : {1, 2, 4}) {
+    SCOPED_TRACE("tp " + std::to_string(tp));
+    OnDevice d{*device_};
+    float* x = d.put(X);
+    float* dy = d.put(dY);
+    const int Fr = F / tp;
+    Vec y_sum(N * C, 0.0f), dx_sum(N * C, 0.0f), dw1(F * C, 0.0f);
+    for (int r = 0; r < tp; ++r) {
+      float* w1 = d.put(slice_of(W1, {F, C}, 0, r, tp));
+      float* bias1 = d.put(slice_of(b1, {F}, 0, r, tp));
+      float* w2 = d.put(slice_of(W2, {C, F}, 1, r, tp));
+      float* bias2 = d.put(b2);
+      float *h = d.zeros(N * Fr), *y = d.zeros(N * C), *dh = d.zeros(N * Fr), *dx = d.zeros(N * C);
+      float *gw1 = d.zeros(Fr * C), *gb1 = d.zeros(Fr), *gw2 = d.zeros(C * Fr);
+      k->submit([&] {
+        k->matmul_forward(h, x, w1, bias1, N, C, Fr);
+        k->matmul_forward(y, h, w2, r == 0 ? bias2 : nullptr, N, Fr, C);  // the bias once in the sum
+        k->matmul_backward(dh, gw2, nullptr, dy, h, w2, N, Fr, C);
+        k->matmul_backward(dx, gw1, gb1, dh, x, w1, N, C, Fr);
+      });
+      const Vec yr = d.get(y, N * C), dxr = d.get(dx, N * C), gw1r = d.get(gw1, Fr * C);
+      for (size_t i = 0; i < yr.size(); ++i) y_sum[i] += yr[i], dx_sum[i] += dxr[i];
+      // The rank's rows of dW1 go back to their place in the whole matrix.
+      ParamSpec{"w", {F, C}}.cut(0, 1, r, tp).tp.for_each_run(0, gw1r.size(), [&](size_t at, size_t count, size_t local) {
+        std::copy(gw1r.begin() + local, gw1r.begin() + local + count, dw1.begin() + at);
+      });
+    }
+    // The partial sums add tp more roundings, each within the bound's slack (k + 2).
+    expect_within_sum_bound("Y", y_sum, Y, Ya, C + F + tp);
+    expect_within_sum_bound("dX", dx_sum, dX, dXa, C + F + tp);
+    expect_within_sum_bound("dW1", dw1, dW1, dW1a, N + C);
+  }
+}
+
+// Softmax cross-entropy over V logits split into tp slices (the first V mod tp one longer), the
+// ranks' max and sums combined between the steps as the model's all-reduces combine them.
+TEST_P(TensorParallelKernels, VocabularyParallelCrossEntropyEqualsTheFullOne) {
+  const int N = 12, V = 50;
+  std::mt19937 rng(9);
+  const Vec logits = random_vec(N * V, rng, 3.0f);
+  std::vector<int32_t> targets(N);
+  for (int n = 0; n < N; ++n) targets[n] = static_cast<int32_t>((n * 17 + 3) % V);
+  const float dscale = 1.0f / N;
+  // float64: mean loss, and the gradient (softmax - onehot) / N.
+  double loss_ref = 0;
+  std::vector<double> grad_ref(N * V);
+  for (int n = 0; n < N; ++n) {
+    double m = -1e300, s = 0;
+    for (int v = 0; v < V; ++v) m = std::max(m, double(logits[n * V + v]));
+    for (int v = 0; v < V; ++v) s += std::exp(double(logits[n * V + v]) - m);
+    loss_ref += (std::log(s) + m - logits[n * V + targets[n]]) / N;
+    for (int v = 0; v < V; ++v) grad_ref[n * V + v] = (std::exp(double(logits[n * V + v]) - m) / s - (v == targets[n])) * dscale;
+  }
+  Stream& stream = device_->default_stream();
+  auto k = gpt::make_kernels(stream);
+  for (int tp : {1, 2, 3, 4}) {
+    SCOPED_TRACE("tp " + std::to_string(tp));
+    OnDevice d{*device_};
+    Buffer ids = device_->allocate(N * sizeof(int32_t), MemTag::other);
+    device_->copy(stream, ids.data(), targets.data(), N * sizeof(int32_t));
+    std::vector<float*> slices(tp), stats(tp);
+    std::vector<std::array<int64_t, 2>> parts(tp);
+    for (int r = 0; r < tp; ++r) {
+      parts[r] = TensorSplit::part(V, r, tp);
+      slices[r] = d.put(slice_of(logits, {N, V}, 1, r, tp));
+      stats[r] = d.zeros(4 * N);
+    }
+    auto combine = [&](size_t from, size_t count, bool max) {
+      Vec all(count, max ? -3.0e38f : 0.0f);
+      for (int r = 0; r < tp; ++r) {
+        const Vec mine = d.get(stats[r] + from, count);
+        for (size_t i = 0; i < count; ++i) all[i] = max ? std::max(all[i], mine[i]) : all[i] + mine[i];
+      }
+      for (int r = 0; r < tp; ++r) device_->copy(stream, stats[r] + from, all.data(), count * sizeof(float));
+      stream.synchronize();
+    };
+    for (int r = 0; r < tp; ++r)
+      k->submit([&, r] { k->crossentropy_max(slices[r], N, static_cast<int>(parts[r][1] - parts[r][0]), stats[r]); });
+    combine(0, N, true);
+    for (int r = 0; r < tp; ++r) {
+      k->submit([&, r] {
+        k->crossentropy_sums(slices[r], ids.as<int32_t>(), N, static_cast<int>(parts[r][1] - parts[r][0]),
+                             static_cast<int>(parts[r][0]), stats[r]);
+      });
+    }
+    combine(N, 2 * N, false);
+    std::vector<float> losses(tp);
+    for (int r = 0; r < tp; ++r) {
+      k->submit([&, r] {
+        k->crossentropy_finish(slices[r], ids.as<int32_t>(), N, static_cast<int>(parts[r][1] - parts[r][0]),
+                               static_cast<int>(parts[r][0]), dscale, stats[r], &losses[r]);
+      });
+    }
+    stream.synchronize();
+    for (int r = 0; r < tp; ++r) {
+      EXPECT_EQ(losses[r], losses[0]) << "every rank computes the same loss";
+      EXPECT_NEAR(losses[r], loss_ref, 2e-6 * loss_ref) << "rank " << r;
+    }
+    // Each logit's gradient, from the slice that holds it: exp to ~2 ulp, then a division and a
+    // product, so 8 ulp of the largest term (1 / N) bounds it.
+    double worst = 0;
+    for (int r = 0; r < tp; ++r) {
+      const int Vr = static_cast<int>(parts[r][1] - parts[r][0]);
+      const Vec g = d.get(slices[r], static_cast<size_t>(N) * Vr);
+      for (int n = 0; n < N; ++n) {
+        for (int v = 0; v < Vr; ++v) {
+          const double want = grad_ref[n * V + parts[r][0] + v], err = std::abs(g[n * Vr + v] - want);
+          worst = std::max(worst, err);
+          ASSERT_LE(err, 8 * 0x1.0p-24 * dscale) << "row " << n << ", logit " << parts[r][0] + v;
+        }
+      }
+    }
+    std::printf("tp %d: loss %.7f against %.7f, worst gradient error %.3g\n", tp, losses[0], loss_ref, worst);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, TensorParallelKernels, ::testing::ValuesIn(testing::device_specs()));
+
+TEST(TensorSplit, CutsFusedQkvByHeadsInEachSegment) {
+  // [3C, C] with C = 4 over 2 ranks: rank 1 holds rows 2-3 of q, of k and of v.
+  const ParamSpec qkv = ParamSpec{"attn.c_attn.weight", {12, 4}}.cut(0, 3, 1, 2);
+  EXPECT_EQ(qkv.shape, (std::vector<int64_t>{6, 4}));
+  std::vector<std::array<size_t, 3>> runs;
+  qkv.tp.for_each_run(0, qkv.numel(), [&](size_t full, size_t count, size_t local) { runs.push_back({full, count, local}); });
+  EXPECT_EQ(runs, (std::vector<std::array<size_t, 3>>{{8, 8, 0}, {24, 8, 8}, {40, 8, 16}}));
+  // Columns of [2, 5] over 2 ranks: rank 0 the first 3 of each row.
+  const ParamSpec cols = ParamSpec{"w", {2, 5}}.cut(1, 1, 0, 2);
+  runs.clear();
+  cols.tp.for_each_run(1, 6, [&](size_t full, size_t count, size_t local) { runs.push_back({full, count, local}); });
+  EXPECT_EQ(runs, (std::vector<std::array<size_t, 3>>{{1, 2, 1}, {5, 3, 3}}));
+  EXPECT_THROW(ParamSpec({"w", {10, 4}}).cut(0, 3, 0, 2), InvalidArgument);  // 10 rows are not 3 segments
+}
+
+}  // namespace
+}  // namespace zeroth
