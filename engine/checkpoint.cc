@@ -8,6 +8,7 @@
 #include <cstring>     // std::memcpy
 #include <exception>   // std::exception_ptr
 #include <filesystem>  // std::filesystem
+#include <map>         // std::map
 #include <thread>      // std::thread
 
 #include <fmt/format.h>  // fmt::format
@@ -92,7 +93,7 @@ CheckpointIo CheckpointSaver::save(Engine& engine, const CheckpointSaveOptions& 
     m.step = engine.steps_run();
     m.world = o.world;
     m.world["dp"] = plan.dp;
-    if (!m.world.contains("tp")) m.world["tp"] = 1;
+    m.world["tp"] = engine.tensor_ranks();
     m.world["pp"] = engine.pipeline_stages();
     m.world["zero_stage"] = plan.stage;
     m.world["offload_optimizer"] = offload_device_name(engine.config().zero.offload_optimizer.device);
@@ -148,6 +149,8 @@ CheckpointIo CheckpointSaver::complete(Engine& engine) {
   if (p->writer.joinable()) p->writer.join();
   const Plan& plan = engine.plan();
   const int rank = file_index(engine), files = file_count(engine), stage = engine.pipeline_stage();
+  const int tp = engine.tensor_ranks(), tp_rank = engine.tensor_rank();
+  const bool parts = engine.pipeline_stages() > 1 || tp > 1;
   CheckpointIo io{(p->dir / p->name).string()};
   Agreement agreement(engine);
   agreement.attempt([&] {
@@ -162,18 +165,19 @@ CheckpointIo CheckpointSaver::complete(Engine& engine) {
   }
   io.bytes = p->file.bytes;
   for (int r = 0; r < files; ++r) io.all_bytes += all[r * 3 + 1];
-  // A pipeline's stages each describe their own tensors (their files numbered from stage x dp),
-  // in a part file beside the data that rank 0 merges into the manifest.
-  const auto part_name = [](int s) { return fmt::format("stage-{}.tensors.json", s); };
-  if (engine.pipeline_stages() > 1) {
+  // A pipeline's stages and the tensor-parallel ranks each describe their own tensors (their files
+  // numbered from (stage x tp + tp rank) x dp), in a part file beside the data that rank 0 merges
+  // into the manifest: a tensor-parallel tensor's slices become one tensor's pieces.
+  const auto part_name = [](int s, int t) { return fmt::format("stage-{}-tp-{}.tensors.json", s, t); };
+  if (parts) {
     if (plan.rank == 0) {
       agreement.attempt([&] {
         Manifest part = p->header;
         part.states.clear();
         for (const auto& st : engine_states(engine)) part.states.push_back(st.name);
-        add_tensors(part, plan, saved_tensors(engine), stage * plan.dp);
+        add_tensors(part, plan, saved_tensors(engine), (stage * tp + tp_rank) * plan.dp);
         const nlohmann::json whole = part.to_json();
-        write_file_atomically(p->tmp.string(), part_name(stage), whole.at("tensors").dump() + "\n");
+        write_file_atomically(p->tmp.string(), part_name(stage, tp_rank), whole.at("tensors").dump() + "\n");
       });
     }
     agreement.agree(p->what.c_str());
@@ -182,15 +186,28 @@ CheckpointIo CheckpointSaver::complete(Engine& engine) {
     agreement.attempt([&] {
       Manifest& m = p->header;
       for (int r = 0; r < files; ++r) m.files.push_back({ckpt_file_name(r), all[r * 3 + 1], all[r * 3 + 2]});
-      if (engine.pipeline_stages() == 1) {
+      if (!parts) {
         add_tensors(m, plan, saved_tensors(engine));
       } else {
         nlohmann::json j = m.to_json();
+        std::map<std::string, size_t> index;  // tensor name -> its entry
         for (int s = 0; s < engine.pipeline_stages(); ++s) {
-          const fs::path part = p->tmp / part_name(s);
-          const nlohmann::json tensors = read_json_file(part.string());
-          for (const auto& t : tensors) j["tensors"].push_back(t);
-          fs::remove(part);
+          for (int t = 0; t < tp; ++t) {
+            const fs::path part = p->tmp / part_name(s, t);
+            for (const auto& tensor : read_json_file(part.string())) {
+              const std::string name = tensor.at("name").get<std::string>();
+              if (!index.contains(name)) {
+                index[name] = j["tensors"].size();
+                j["tensors"].push_back(tensor);
+                continue;
+              }
+              auto& into = j["tensors"][index[name]];
+              for (const auto& state : m.states) {
+                for (const auto& piece : tensor.at(state)) into[state].push_back(piece);
+              }
+            }
+            fs::remove(part);
+          }
         }
         m = Manifest::from_json(j, (p->tmp / kManifestName).string());
       }
@@ -220,6 +237,7 @@ CheckpointIo write_checkpoint(const std::vector<BlockSpec>& specs, const Plan& p
   prepare_folder(dir, tmp);
   try {
     m.world["dp"] = plan.dp;
+    m.world["tp"] = 1;  // whole tensors
     m.files.clear();
     m.tensors.clear();
     std::vector<float> buffer;

@@ -28,6 +28,33 @@ uint64_t CkptTensor::numel() const {
   return n;
 }
 
+uint64_t CkptTensor::part_offset(int part) const {
+  if (!split.split()) return 0;
+  const uint64_t across = numel() / static_cast<uint64_t>(shape.at(split.axis)) * split.groups;  // elements per row of a part
+  const int64_t seg = shape[split.axis] / split.groups;
+  uint64_t at = 0;
+  for (int q = 0; q < part; ++q) {
+    const auto [b, e] = TensorSplit::part(seg, q, split.ranks);
+    at += across * static_cast<uint64_t>(e - b);
+  }
+  return at;
+}
+
+uint64_t CkptTensor::stored_position(uint64_t index) const {
+  if (!split.split()) return index;
+  uint64_t inner = 1;
+  for (size_t d = split.axis + 1; d < shape.size(); ++d) inner *= static_cast<uint64_t>(shape[d]);
+  const uint64_t A = static_cast<uint64_t>(shape[split.axis]), seg = A / split.groups;
+  const uint64_t o = index / (A * inner), a = index / inner % A, i = index % inner;
+  const uint64_t g = a / seg, j = a % seg;
+  // The part holding j: the first (seg mod parts) parts hold base + 1 rows.
+  const uint64_t parts = static_cast<uint64_t>(split.ranks), base = seg / parts, extra = seg % parts;
+  const uint64_t q = j < extra * (base + 1) ? j / (base + 1) : extra + (j - extra * (base + 1)) / base;
+  const auto [b, e] = TensorSplit::part(static_cast<int64_t>(seg), static_cast<int>(q), split.ranks);
+  const uint64_t len = static_cast<uint64_t>(e - b);
+  return part_offset(static_cast<int>(q)) + ((o * split.groups + g) * len + (j - static_cast<uint64_t>(b))) * inner + i;
+}
+
 std::string ckpt_file_name(int rank) { return fmt::format("rank-{:05d}.bin", rank); }
 
 std::string hex64(uint64_t v) { return fmt::format("{:016x}", v); }
@@ -37,6 +64,7 @@ json Manifest::to_json() const {
   for (const auto& f : files) files_j.push_back({{"name", f.name}, {"bytes", f.bytes}, {"xxh3_64", hex64(f.xxh3)}});
   for (const auto& t : tensors) {
     json tj = {{"name", t.name}, {"shape", t.shape}, {"dtype", "F32"}};
+    if (t.split.split()) tj["split"] = {{"axis", t.split.axis}, {"groups", t.split.groups}, {"parts", t.split.ranks}};
     for (size_t s = 0; s < states.size(); ++s) {
       json pieces = json::array();
       for (const auto& p : t.pieces[s]) pieces.push_back({p.file, p.offset, p.lo, p.hi});
@@ -95,6 +123,16 @@ Manifest Manifest::from_json(const json& j, const std::string& source) {
       if (t.at("dtype").get<std::string>() != "F32") throw bad(fmt::format("tensor {} is not F32", tensor.name));
       for (int64_t d : tensor.shape)
         if (d <= 0) throw bad(fmt::format("tensor {} has the shape {}", tensor.name, t.at("shape").dump()));
+      if (t.contains("split")) {
+        const auto& s = t.at("split");
+        tensor.split = {s.at("axis").get<int>(), s.at("groups").get<int>(), 0, s.at("parts").get<int>(), tensor.shape};
+        const int rank = static_cast<int>(tensor.shape.size());
+        if (tensor.split.axis < 0 || tensor.split.axis >= rank || tensor.split.groups < 1 || tensor.split.ranks < 1 ||
+            tensor.shape[tensor.split.axis] % tensor.split.groups != 0 ||
+            tensor.shape[tensor.split.axis] / tensor.split.groups < tensor.split.ranks) {
+          throw bad(fmt::format("tensor {} has the split {} of the shape {}", tensor.name, s.dump(), t.at("shape").dump()));
+        }
+      }
       for (const auto& state : m.states) {
         if (!t.contains(state)) throw bad(fmt::format("tensor {} has no \"{}\" pieces", tensor.name, state));
         std::vector<CkptPiece> pieces;
@@ -352,6 +390,29 @@ int CkptReader::fd(int file) {
 }
 
 void CkptReader::read(const CkptTensor& tensor, int state, uint64_t lo, uint64_t hi, float* out) {
+  if (!tensor.split.split()) return read_stored(tensor, state, lo, hi, out);
+  // Runs of consecutive stored positions, read one by one.
+  uint64_t k = lo;
+  while (k < hi) {
+    const uint64_t start = tensor.stored_position(k);
+    uint64_t end = k + 1;
+    while (end < hi && tensor.stored_position(end) == start + (end - k)) ++end;
+    read_stored(tensor, state, start, start + (end - k), out + (k - lo));
+    k = end;
+  }
+}
+
+void CkptReader::read_slice(const CkptTensor& tensor, int state, const TensorSplit& want, uint64_t lo, uint64_t hi, float* out) {
+  const TensorSplit& have = tensor.split;
+  if (want.split() && have.split() && want.axis == have.axis && want.groups == have.groups && want.ranks == have.ranks) {
+    const uint64_t at = tensor.part_offset(want.rank);
+    return read_stored(tensor, state, at + lo, at + hi, out);
+  }
+  want.for_each_run(lo, hi,
+                    [&](size_t full, size_t count, size_t local) { read(tensor, state, full, full + count, out + (local - lo)); });
+}
+
+void CkptReader::read_stored(const CkptTensor& tensor, int state, uint64_t lo, uint64_t hi, float* out) {
   for (const auto& p : tensor.pieces[state]) {
     const uint64_t a = std::max(lo, p.lo), e = std::min(hi, p.hi);
     if (a >= e) continue;

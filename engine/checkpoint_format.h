@@ -7,7 +7,10 @@
 // (file, byte offset, first element, end element) of the tensor's flat row-major elements.
 //
 // Pieces are element ranges of whole tensors, not of any rank's padded shard space, so a reader
-// at another dp size or stage finds any element without knowing the writer's layout.
+// at another dp size or stage finds any element without knowing the writer's layout. A tensor that
+// tensor-parallel ranks held in slices records its split (TensorSplit: axis, segments, parts) and is
+// stored part after part, each part's elements in its own row-major order; the pieces are ranges of
+// that stored order, and a reader at another tp size maps the elements it wants through the split.
 //
 // A checkpoint folder (run.checkpoint_dir) holds step folders and `latest`, a one-line file
 // naming the newest complete one. Everything here is free of the engine, so `zeroth ckpt` reads
@@ -23,6 +26,7 @@
 
 #include "core/error_types.h"        // CheckpointError
 #include "offload/aio.h"             // offload::AsyncFile, IoOptions
+#include "models/block_api.h"        // TensorSplit
 #include "offload/aligned_buffer.h"  // offload::AlignedBuffer
 
 namespace zeroth {
@@ -41,9 +45,16 @@ struct CkptPiece {
 
 struct CkptTensor {
   std::string name;
-  std::vector<int64_t> shape;
-  std::vector<std::vector<CkptPiece>> pieces;  // per entry of Manifest::states, sorted by lo
+  std::vector<int64_t> shape;                  // the whole tensor's
+  std::vector<std::vector<CkptPiece>> pieces;  // per entry of Manifest::states, sorted by lo: ranges of the stored order
+  // The split it was saved in (axis, groups, ranks = its parts; full_shape = shape); axis -1: whole,
+  // stored in row-major order.
+  TensorSplit split = {};
   uint64_t numel() const;
+  // The stored position of part `part`'s first element, and of the whole tensor's row-major element
+  // `index`.
+  uint64_t part_offset(int part) const;
+  uint64_t stored_position(uint64_t index) const;
 };
 
 struct CkptFile {
@@ -130,12 +141,16 @@ class CkptReader {
   ~CkptReader();
   CkptReader(const CkptReader&) = delete;
   CkptReader& operator=(const CkptReader&) = delete;
-  // Elements [lo, hi) of state `state` of `tensor` into `out` (f32).
+  // Row-major elements [lo, hi) of state `state` of `tensor` into `out` (f32).
   void read(const CkptTensor& tensor, int state, uint64_t lo, uint64_t hi, float* out);
+  // Elements [lo, hi) of the slice `want` of the tensor (a tensor-parallel rank's, in its own
+  // row-major order; axis -1: the whole tensor), whatever split the tensor was saved in.
+  void read_slice(const CkptTensor& tensor, int state, const TensorSplit& want, uint64_t lo, uint64_t hi, float* out);
   uint64_t bytes_read() const { return read_; }
 
  private:
   int fd(int file);
+  void read_stored(const CkptTensor& tensor, int state, uint64_t lo, uint64_t hi, float* out);  // stored positions [lo, hi)
   std::string dir_;
   const Manifest& manifest_;
   std::vector<int> fds_;

@@ -33,9 +33,12 @@ CheckpointIo load_checkpoint(Engine& engine, const std::string& path, Manifest* 
   // checkpoint's (the tied copy counted once).
   size_t model_tensors = tensors.size();
   if (engine.pipeline_stages() > 1) {
+    // Tensor-parallel rank 0 of each stage saves all of the stage's tensors (its slices and the
+    // replicated ones).
     const auto counts = all_gather_words(engine, {saved_tensors(engine).size()});
     model_tensors = 0;
-    for (int s = 0; s < engine.pipeline_stages(); ++s) model_tensors += counts[static_cast<size_t>(s) * plan.dp];
+    for (int s = 0; s < engine.pipeline_stages(); ++s)
+      model_tensors += counts[static_cast<size_t>(s) * engine.tensor_ranks() * plan.dp];
   }
   Agreement early(engine);
   early.attempt([&] {
@@ -107,7 +110,8 @@ CheckpointIo load_checkpoint(Engine& engine, const std::string& path, Manifest* 
       auto fill = [&](size_t s, size_t lo, size_t hi, float* values) {
         for (size_t t = first; t < end; ++t) {
           const size_t a = std::max(lo, tensors[t].begin), e = std::min(hi, tensors[t].begin + tensors[t].numel);
-          if (a < e) reader.read(*found[t], state_at[s], a - tensors[t].begin, e - tensors[t].begin, values + (a - lo));
+          if (a < e)
+            reader.read_slice(*found[t], state_at[s], tensors[t].split, a - tensors[t].begin, e - tensors[t].begin, values + (a - lo));
         }
       };
       engine.set_block_values(static_cast<int>(b), [&](size_t lo, size_t hi, float* values) { fill(0, lo, hi, values); });

@@ -27,8 +27,10 @@ std::vector<TensorRef> plan_tensors(const std::vector<BlockSpec>& specs, const P
   std::vector<TensorRef> out;
   for (size_t b = 0; b < plan.blocks.size(); ++b) {
     for (size_t i = 0; i < specs[b].params.size(); ++i) {
-      out.push_back({specs[b].name + "." + specs[b].params[i].name, specs[b].params[i].shape, static_cast<int>(b),
-                     plan.blocks[b].param_offsets[i], specs[b].params[i].numel()});
+      const ParamSpec& p = specs[b].params[i];
+      TensorSplit split = p.tp.split() ? p.tp : TensorSplit{};
+      out.push_back({specs[b].name + "." + p.name, p.tp.split() ? p.tp.full_shape : p.shape, static_cast<int>(b),
+                     plan.blocks[b].param_offsets[i], p.numel(), std::move(split)});
     }
   }
   return out;
@@ -67,14 +69,17 @@ std::vector<FilePiece> file_layout(const Plan& plan, const std::vector<TensorRef
   return out;
 }
 
-int file_index(const Engine& engine) { return engine.pipeline_stage() * engine.plan().dp + engine.plan().rank; }
-int file_count(const Engine& engine) { return engine.pipeline_stages() * engine.plan().dp; }
+int file_index(const Engine& engine) {
+  return (engine.pipeline_stage() * engine.tensor_ranks() + engine.tensor_rank()) * engine.plan().dp + engine.plan().rank;
+}
+int file_count(const Engine& engine) { return engine.pipeline_stages() * engine.tensor_ranks() * engine.plan().dp; }
 
 std::vector<TensorRef> saved_tensors(const Engine& engine) {
   auto tensors = engine_tensors(engine);
   const Plan& plan = engine.plan();
   if (plan.tied_block >= 0 && !plan.tied_in_norm)
     std::erase_if(tensors, [&](const TensorRef& t) { return t.block == plan.tied_block; });
+  if (engine.tensor_rank() != 0) std::erase_if(tensors, [](const TensorRef& t) { return !t.split.split(); });
   return tensors;
 }
 
@@ -82,14 +87,19 @@ std::vector<uint64_t> all_gather_words(Engine& engine, const std::vector<uint64_
   Device& device = engine.device();
   Stream& s = engine.compute_stream();
   const size_t n = mine.size(), dp = static_cast<size_t>(engine.comm().size());
-  const size_t stages = static_cast<size_t>(engine.pipeline_stages());
-  Buffer send = device.allocate(n * 8, MemTag::other), recv = device.allocate(n * 8 * dp * stages, MemTag::other);
+  const size_t stages = static_cast<size_t>(engine.pipeline_stages()), tp = static_cast<size_t>(engine.tensor_ranks());
+  const size_t ranks = dp * tp * stages;
+  Buffer send = device.allocate(n * 8, MemTag::other), recv = device.allocate(n * 8 * ranks, MemTag::other);
   device.copy(s, send.data(), mine.data(), n * 8);
-  const TensorView group = recv.view(DType::f32).slice(engine.pipeline_stage() * n * 2 * dp, n * 2 * dp);
+  // Words travel as pairs of f32 (gathering moves bytes); file_index order: stage, tp rank, dp rank.
+  const TensorView all_words = recv.view(DType::f32);
+  const TensorView stage = all_words.slice(engine.pipeline_stage() * n * 2 * dp * tp, n * 2 * dp * tp);
+  const TensorView group = stage.slice(engine.tensor_rank() * n * 2 * dp, n * 2 * dp);
   engine.comm().all_gather(s, send.view(DType::f32), group);
-  if (stages > 1) engine.stage_comm()->all_gather(s, group, recv.view(DType::f32));
-  std::vector<uint64_t> all(n * dp * stages);
-  device.copy(s, all.data(), recv.data(), n * 8 * dp * stages);
+  if (tp > 1) engine.tensor_comm()->all_gather(s, group, stage);
+  if (stages > 1) engine.stage_comm()->all_gather(s, stage, all_words);
+  std::vector<uint64_t> all(n * ranks);
+  device.copy(s, all.data(), recv.data(), n * 8 * ranks);
   s.synchronize();
   return all;
 }
@@ -114,10 +124,16 @@ std::vector<uint64_t> Agreement::agree(const char* what, std::vector<uint64_t> e
 
 void add_tensors(Manifest& m, const Plan& plan, const std::vector<TensorRef>& tensors, int first_file) {
   const size_t first = m.tensors.size();
-  for (const auto& t : tensors) m.tensors.push_back({t.name, t.shape, std::vector<std::vector<CkptPiece>>(m.states.size())});
+  std::vector<uint64_t> at;  // where the slice's elements go in the tensor's stored order
+  for (const auto& t : tensors) {
+    m.tensors.push_back({t.name, t.shape, std::vector<std::vector<CkptPiece>>(m.states.size()), t.split});
+    m.tensors.back().split.rank = 0;
+    m.tensors.back().split.full_shape = t.shape;
+    at.push_back(m.tensors.back().part_offset(t.split.rank));
+  }
   for (int r = 0; r < plan.dp; ++r)
     for (const auto& p : file_layout(plan, tensors, m.states.size(), r))
-      m.tensors[first + p.tensor].pieces[p.state].push_back({first_file + r, p.offset, p.lo, p.hi});
+      m.tensors[first + p.tensor].pieces[p.state].push_back({first_file + r, p.offset, at[p.tensor] + p.lo, at[p.tensor] + p.hi});
 }
 
 void remove_quietly(const fs::path& p) {

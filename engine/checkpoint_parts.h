@@ -25,21 +25,23 @@ struct StateRef {
 // fp32 master weights, then the optimizer's arrays.
 std::vector<StateRef> engine_states(const Engine& engine);
 
-// A tensor of the engine: a parameter of a block, at [begin, begin + numel) of its flat space.
+// A tensor of the engine: a parameter of a block, at [begin, begin + numel) of its flat space; with
+// tensor parallelism the rank's slice of it (`split`) of the whole tensor `shape`.
 struct TensorRef {
   std::string name;  // "<block>.<parameter>"
   std::vector<int64_t> shape;
   int block;
   size_t begin, numel;
+  TensorSplit split = {};
 };
 std::vector<TensorRef> plan_tensors(const std::vector<BlockSpec>& specs, const Plan& plan);
 std::vector<TensorRef> engine_tensors(const Engine& engine);
 // What a rank saves: its tensors but a pipeline's second copy of a tied one (the first stage's is
-// saved; both load from it).
+// saved; both load from it) and, off tensor-parallel rank 0, the replicated ones.
 std::vector<TensorRef> saved_tensors(const Engine& engine);
 
-// A rank's place among all the ranks that save (pipeline stage x data-parallel rank): its file's
-// number, and the count of files.
+// A rank's place among all the ranks that save (pipeline stage x tensor-parallel rank x data-parallel
+// rank, the last fastest): its file's number, and the count of files.
 int file_index(const Engine& engine);
 int file_count(const Engine& engine);
 
@@ -53,7 +55,7 @@ std::vector<FilePiece> file_layout(const Plan& plan, const std::vector<TensorRef
 
 // Every rank's `mine` (the same length on every rank) in file_index order: an all-gather of the
 // bytes through device memory (gathering moves bytes, so the f32 view changes none) over the
-// data-parallel group, then over the pipeline stages.
+// data-parallel group, then the tensor-parallel one, then the pipeline stages.
 std::vector<uint64_t> all_gather_words(Engine& engine, const std::vector<uint64_t>& mine);
 
 // Runs `work`, keeping its error; the ranks then agree, and every rank raises when any failed: its
@@ -80,7 +82,7 @@ class Agreement {
 };
 
 // The manifest's tensors and their pieces in every rank's file (the data-parallel group's files
-// numbered from `first_file`).
+// numbered from `first_file`); a tensor-parallel slice's pieces at its part's place in the stored order.
 void add_tensors(Manifest& m, const Plan& plan, const std::vector<TensorRef>& tensors, int first_file = 0);
 void remove_quietly(const std::filesystem::path& p);
 // Makes the checkpoint folder and the new step's temporary folder, clearing the leftovers of saves

@@ -89,6 +89,8 @@ class Engine final : public BlockHost {
   void set_tensor_parallel(Communicator& tensor);
   int tensor_rank() const { return tensor_comm_ ? tensor_comm_->rank() : 0; }
   int tensor_ranks() const { return tensor_comm_ ? tensor_comm_->size() : 1; }
+  // The tensor-parallel group for collectives on the compute stream between cycles (checkpoints), or null.
+  Communicator* tensor_comm() { return tensor_comm_.get(); }
   int pipeline_stage() const { return stage_comm_ ? stage_comm_->rank() : 0; }
   int pipeline_stages() const { return stage_comm_ ? stage_comm_->size() : 1; }
   Communicator* stage_comm() { return stage_comm_.get(); }

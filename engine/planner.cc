@@ -197,9 +197,9 @@ PlanResult search_plans(const GptShape& shape, const Cluster& cluster, const Pla
   using D = OffloadDevice;
   const std::array<std::pair<D, D>, 6> placements = {
       {{D::none, D::none}, {D::cpu, D::none}, {D::nvme, D::none}, {D::cpu, D::cpu}, {D::nvme, D::cpu}, {D::nvme, D::nvme}}};
-  for (uint64_t tp : divisors(cluster.gpus_per_node, search.runnable_only ? 1 : cluster.gpus_per_node)) {
+  for (uint64_t tp : divisors(cluster.gpus_per_node, cluster.gpus_per_node)) {
     if (shape.heads % tp != 0) continue;
-    for (uint64_t pp : divisors(shape.layers, search.runnable_only ? 1 : shape.layers)) {
+    for (uint64_t pp : divisors(shape.layers, shape.layers)) {
       if (gpus % (tp * pp) != 0) continue;
       const uint64_t dp = gpus / (tp * pp);
       if (search.global_batch % dp != 0) continue;

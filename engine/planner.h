@@ -70,7 +70,7 @@ struct PlanSearch {
   uint64_t global_batch = 0;  // sequences per step; required
   uint64_t max_micro_batch = 64;
   bool offload = true;         // consider optimizer and parameter offload
-  bool runnable_only = false;  // only what this engine runs: tp = pp = 1, full or no recompute
+  bool runnable_only = false;  // only what this engine runs: full or no recomputation (not selective)
   int stage = -1;              // -1: every stage
   size_t top = 10;
   BufferSizes buffers;  // the bucket sizes a run would use

@@ -15,12 +15,11 @@
 
 #include "core/error.h"          // InvalidArgument
 #include "core/memory.h"         // format_bytes, parse_bytes
-#include "engine/estimate.h"     // estimate
-#include "engine/plan.h"         // make_plan
+#include "engine/estimate.h"     // MemoryNeed
 #include "engine/planner.h"      // search_plans
-#include "models/gpt/gpt.h"      // Gpt
 #include "tools/commands.h"      // parse_count
 #include "train/train_config.h"  // TrainConfig
+#include "train/trainer.h"       // largest_stage
 
 namespace zeroth::tools {
 namespace {
@@ -139,7 +138,7 @@ nlohmann::json config_of(const Options& o, const GptShape& shape, const Candidat
     const bool bin = o.data.size() > 4 && o.data.substr(o.data.size() - 4) == ".bin";
     data = {{"format", bin ? "bin" : "text"}, {"train", o.data}};
   }
-  nlohmann::json run = {{"device", o.emit_device}, {"world_size", l.dp}, {"steps", 100}};
+  nlohmann::json run = {{"device", o.emit_device}, {"world_size", l.dp * l.tp * l.pp}, {"steps", 100}};
   if (o.emit_device == "cpu") run["device_memory"] = format_bytes(o.cluster.device_memory);
   nlohmann::json j = {{"train_batch_size", l.dp * l.micro_batch * l.micro_batches},
                       {"train_micro_batch_size_per_gpu", l.micro_batch},
@@ -158,6 +157,10 @@ nlohmann::json config_of(const Options& o, const GptShape& shape, const Candidat
                         {"activation_checkpointing", l.checkpointing == Checkpointing::full}}},
                       {"data", data},
                       {"run", run}};
+  if (l.tp > 1 || l.pp > 1) {
+    j["parallel"] = {{"tensor", l.tp}, {"sequence_parallel", l.sequence_parallel}, {"pipeline", l.pp}};
+    if (l.pp > 1) j["parallel"]["schedule"] = pipe_kind_name(l.schedule), j["parallel"]["micro_batches"] = l.micro_batches;
+  }
   TrainConfig::from_json(j);  // throws ConfigError naming the key if the trainer would refuse it
   return j;
 }
@@ -228,10 +231,8 @@ void run(Options o) {
     const PlanResult rr = search_plans(shape, c, r);
     for (const Candidate& cand : rr.best) {
       const nlohmann::json config = config_of(o, shape, cand);
-      const TrainConfig tc = TrainConfig::from_json(config);
-      const Plan plan = make_plan(Gpt::block_specs(tc.model), Gpt::schedule(tc.model), tc.engine, tc.run.world_size, 0);
-      const MemoryNeed need = estimate(plan, Gpt::footprint(tc.model, static_cast<int>(tc.micro_batch_size), tc.model.seq_len,
-                                                            tc.engine.compute_dtype, plan.max_in_flight));
+      // The rank of the pipeline stage that holds the most, as the trainer plans it.
+      const MemoryNeed need = largest_stage(TrainConfig::from_json(config)).need;
       const bool device_ok = need.total(Tier::device) + c.runtime_memory <= c.device_memory;
       const bool host_ok = c.host_memory == 0 ||
                            (need.total(Tier::host) + need.total(Tier::pinned_host)) * c.gpus_per_node <= c.host_memory;
@@ -242,16 +243,12 @@ void run(Options o) {
       if (!out) ZEROTH_THROW(InvalidArgument, "--emit-config {}: cannot write it", o.emit_config);
       break;
     }
-    if (!have_runnable && rr.considered == 0) {
-      emit_problem =
-          fmt::format("--emit-config: without tensor or pipeline parallelism (which this engine does not run yet) all {} GPUs are "
-                      "data-parallel, and {} does not divide the global batch of {}; give a --global-batch that is a multiple of {}",
-                      c.gpus(), c.gpus(), search.global_batch, c.gpus());
-    } else if (!have_runnable) {
+    if (!have_runnable) {
       emit_problem = fmt::format(
-          "--emit-config: no plan without tensor or pipeline parallelism fits by the engine's own estimate ({} of {} such plans "
-          "fit by the layout model), and this engine runs no other yet; give more GPUs or memory, or a smaller model",
-          rr.fitting > 50 ? 50 : rr.fitting, rr.considered);
+          "--emit-config: no plan with full or no recomputation (selective recomputation is the planner's alone) fits by the "
+          "engine's own estimate ({} of {} such plans fit by the layout model, the fastest 50 tried); give more GPUs or memory, or "
+          "a smaller model",
+          rr.fitting, rr.considered);
     }
   }
 
@@ -342,10 +339,8 @@ void run(Options o) {
                 o.emit_config.c_str(), runnable.layout.describe().c_str(), runnable.cost.step, 100 * runnable.cost.mfu,
                 format_bytes(engine_need.total(Tier::device)).c_str(),
                 format_bytes(engine_need.total(Tier::host) + engine_need.total(Tier::pinned_host)).c_str(),
-                best.layout.tp > 1 || best.layout.pp > 1 || best.layout.checkpointing == Checkpointing::selective ||
-                        best.layout.sequence_parallel
-                    ? ", the fastest without tensor or pipeline parallelism, selective recompute or sequence parallelism, "
-                      "which this engine does not run yet"
+                best.layout.checkpointing == Checkpointing::selective
+                    ? ", the fastest without selective recomputation, which this engine does not run yet"
                     : "",
                 o.emit_config.c_str(), o.data.empty() ? "; its data section is synthetic tokens: point data.train at yours" : "");
   }

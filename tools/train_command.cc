@@ -129,6 +129,18 @@ class Console final : public TrainObserver {
                                                                   : "",
                                     gas, c.parallel.virtual_stages > 1 ? "virtual " : "", fmt::join(layers, " ")));
     }
+    if (c.parallel.tensor > 1) {
+      const int t = c.parallel.tensor;
+      const int v_min = c.model.vocab_size / t, v_max = (c.model.vocab_size + t - 1) / t;
+      const double act = static_cast<double>(c.micro_batch_size) * c.model.seq_len * c.model.n_embd * 4;
+      rows.emplace_back(
+          "tensor",
+          fmt::format(
+              "{} ranks (Megatron's split: {} heads, {} MLP units, {} to {} vocabulary rows each){}; per layer and micro-batch "
+              "{} of {} forward and as many backward",
+              t, c.model.n_head / t, 4 * c.model.n_embd / t, v_min, v_max, c.parallel.sequence_parallel ? ", sequence parallel" : "",
+              c.parallel.sequence_parallel ? "2 reduce-scatters + 2 all-gathers" : "2 all-reduces", format_bytes(act)));
+    }
     rows.emplace_back("batch", fmt::format("{} seq/rank x {} {} x {} data-parallel rank{} = {} sequences = {} tokens/step",
                                            c.micro_batch_size, gas, c.parallel.pipeline > 1 ? "micro-batches" : "accumulation",
                                            c.data_parallel(), c.data_parallel() == 1 ? "" : "s", c.train_batch_size,
@@ -317,9 +329,25 @@ class Console final : public TrainObserver {
         pipeline["trace"] = path;
       }
     }
+    nlohmann::json tensor;
+    if (c_.parallel.tensor > 1) {
+      const auto& t = s.tensor_traffic;
+      const auto bytes = [&](CollectiveOp op) { return t.bytes[static_cast<size_t>(op)]; };
+      std::printf("  tensor parallel: rank 0's model moved %s in its group of %d (all-reduce %s, reduce-scatter %s, all-gather %s; "
+                  "logical bytes) in %lld steps and their evaluations\n",
+                  format_bytes(t.total_bytes()).c_str(), c_.parallel.tensor, format_bytes(bytes(CollectiveOp::all_reduce)).c_str(),
+                  format_bytes(bytes(CollectiveOp::reduce_scatter)).c_str(), format_bytes(bytes(CollectiveOp::all_gather)).c_str(),
+                  static_cast<long long>(s.steps - s.start_step));
+      tensor = {{"ranks", c_.parallel.tensor},
+                {"sequence_parallel", c_.parallel.sequence_parallel},
+                {"all_reduce_bytes", bytes(CollectiveOp::all_reduce)},
+                {"reduce_scatter_bytes", bytes(CollectiveOp::reduce_scatter)},
+                {"all_gather_bytes", bytes(CollectiveOp::all_gather)}};
+    }
     metrics_ << nlohmann::json{{"summary",
                                 {{"steps", s.steps},
                                  {"pipeline", pipeline},
+                                 {"tensor", tensor},
                                  {"interrupted", s.interrupted},
                                  {"seconds", s.seconds},
                                  {"tokens_per_s", s.tokens_per_second},

@@ -75,9 +75,66 @@ uint64_t Gpt2Writer::finish() {
   return bytes_;
 }
 
+namespace {
+
+// Tensor-parallel rank 0 of the group receives every rank's slices of `block` (each rank's
+// parameters end to end, its own sizes) and places them in the whole tensors, end to end; the
+// other ranks send theirs and get nothing back. On data-parallel rank 0 of each rank's group.
+std::vector<float> assemble_slices(Engine& engine, Communicator& tensor, int block, const std::vector<float>& values, size_t numel) {
+  const auto& spec = engine.block_spec(block);
+  const auto& offsets = engine.plan().blocks[block].param_offsets;
+  std::vector<float> mine;
+  for (size_t i = 0; i < spec.params.size(); ++i)
+    mine.insert(mine.end(), values.begin() + offsets[i], values.begin() + offsets[i] + spec.params[i].numel());
+  Device& device = engine.device();
+  Stream& cs = engine.compute_stream();
+  std::vector<float> whole;
+  if (tensor.rank() != 0) {
+    Buffer wire = device.allocate(mine.size() * sizeof(float), MemTag::buffers);
+    device.copy(cs, wire.data(), mine.data(), mine.size() * sizeof(float));
+    tensor.send(cs, wire.view(DType::f32), 0);
+    cs.synchronize();
+    return whole;
+  }
+  whole.assign(numel, 0.0f);
+  for (int r = 0; r < tensor.size(); ++r) {
+    // Rank r's slices: its parameters cut for r (the vocabulary's parts differ by a row).
+    std::vector<ParamSpec> cut;
+    size_t count = 0;
+    for (const auto& p : spec.params) {
+      ParamSpec unsplit = p;
+      if (p.tp.split()) unsplit.shape = p.tp.full_shape;
+      cut.push_back(p.tp.split() ? unsplit.cut(p.tp.axis, p.tp.groups, r, p.tp.ranks) : p);
+      count += cut.back().numel();
+    }
+    std::vector<float> theirs = r == 0 ? mine : std::vector<float>(count);
+    if (r != 0) {
+      Buffer wire = device.allocate(count * sizeof(float), MemTag::buffers);
+      tensor.recv(cs, wire.view(DType::f32), r);
+      device.copy(cs, theirs.data(), wire.data(), count * sizeof(float));
+      cs.synchronize();
+    }
+    size_t at = 0, full_at = 0;
+    for (const auto& p : cut) {
+      const size_t full_numel = p.tp.split() ? ParamSpec{p.name, p.tp.full_shape}.numel() : p.numel();
+      // Replicated parameters: rank 0's copy.
+      if (p.tp.split() || r == 0) {
+        p.tp.for_each_run(0, p.numel(), [&](size_t full, size_t n, size_t local) {
+          std::copy(theirs.begin() + at + local, theirs.begin() + at + local + n, whole.begin() + full_at + full);
+        });
+      }
+      at += p.numel(), full_at += full_numel;
+    }
+  }
+  return whole;
+}
+
+}  // namespace
+
 uint64_t save_gpt_weights(Engine& engine, const GptConfig& config, const std::string& path, DType dtype, const StageExport& pipeline) {
   const int stage = pipeline.stages != nullptr ? pipeline.stages->rank() : 0;
-  const bool lead = engine.comm().rank() == 0 && stage == 0;
+  const int tp_rank = pipeline.tensor != nullptr ? pipeline.tensor->rank() : 0;
+  const bool lead = engine.comm().rank() == 0 && stage == 0 && tp_rank == 0;
   std::optional<Gpt2Writer> out;
   std::exception_ptr failed;
   // Rank 0's errors wait until every gather is done: the other ranks are in them too.
@@ -108,9 +165,14 @@ uint64_t save_gpt_weights(Engine& engine, const GptConfig& config, const std::st
     if (mine) {
       const std::vector<float> values = engine.master_values(local);
       const auto& offsets = engine.plan().blocks[local].param_offsets;
-      for (size_t i = 0; i < whole[g].params.size(); ++i)
-        dense.insert(dense.end(), values.begin() + offsets[i], values.begin() + offsets[i] + whole[g].params[i].numel());
+      if (pipeline.tensor == nullptr) {
+        for (size_t i = 0; i < whole[g].params.size(); ++i)
+          dense.insert(dense.end(), values.begin() + offsets[i], values.begin() + offsets[i] + whole[g].params[i].numel());
+      } else if (engine.comm().rank() == 0) {
+        dense = assemble_slices(engine, *pipeline.tensor, local, values, numel);
+      }
     }
+    if (tp_rank != 0) continue;  // rank 0 of the tensor-parallel group holds the whole block now
     if (pipeline.stages != nullptr && engine.comm().rank() == 0) {
       // Which stage holds it: each says, stage 0 learns (a small all-reduce over the group).
       Buffer flag = engine.device().allocate(sizeof(float), MemTag::buffers);

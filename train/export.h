@@ -47,10 +47,13 @@ class Gpt2Writer {
 // are done.
 // On a pipeline, every stage calls it with `stages` (its pipeline group) and its part: the owner of
 // each block (the first stage for the tied embedding) gathers it over its data-parallel group and,
-// from data-parallel rank 0, sends it to stage 0, whose data-parallel rank 0 writes the file.
+// from data-parallel rank 0, sends it to stage 0, whose data-parallel rank 0 writes the file. With
+// tensor parallelism (`tensor`, the part's tensor-parallel group), each block's slices are first
+// assembled on tensor-parallel rank 0 of their stage.
 struct StageExport {
   Communicator* stages = nullptr;
   GptPart part;
+  Communicator* tensor = nullptr;
 };
 uint64_t save_gpt_weights(Engine& engine, const GptConfig& config, const std::string& path, DType dtype,
                           const StageExport& pipeline = {});

@@ -344,7 +344,8 @@ void read_run(TrainConfig& t, const json& j, int launched_world_size) {
 // zeroth's `parallel` section and DeepSpeed's `pipeline`: the stages, schedule and partition. The
 // data-parallel size is what is left of the world.
 void read_parallel(TrainConfig& t, json& j) {
-  static constexpr std::string_view kParallelKeys[] = {"pipeline", "schedule", "virtual_stages", "micro_batches"};
+  static constexpr std::string_view kParallelKeys[] = {"tensor",   "sequence_parallel", "pipeline",
+                                                       "schedule", "virtual_stages",    "micro_batches"};
   static constexpr std::string_view kPipelineKeys[] = {"stages",          "partition_method",
                                                        "partition",       "activation_checkpoint_interval",
                                                        "seed_layers",     "pipe_partitioned",
@@ -420,16 +421,38 @@ void read_parallel(TrainConfig& t, json& j) {
                  "pipeline.seed_layers = true seeds each layer's initialization by its index; zeroth's parameters are seeded by name "
                  "already (the same values at any partition); remove it");
   }
-  for (const char* k : {"pipe_partitioned", "grad_partitioned"}) {
-    if (pipe.has(k))
-      t.no_effect.push_back(
-          fmt::format("pipeline.{}: it splits messages across tensor-parallel ranks, which this run does not have", k));
+  p.tensor = static_cast<int>(par.integer("tensor", 1, 1, 1 << 10));
+  p.sequence_parallel = par.flag("sequence_parallel", false);
+  if (p.sequence_parallel && p.tensor == 1) {
+    ZEROTH_THROW(ConfigError,
+                 "parallel.sequence_parallel splits the tokens over the tensor-parallel ranks, but parallel.tensor is 1; set "
+                 "parallel.tensor, or remove it");
   }
-  if (t.run.world_size % p.pipeline != 0) {
+  for (const char* k : {"pipe_partitioned", "grad_partitioned"}) {
+    if (!pipe.has(k)) continue;
+    t.no_effect.push_back(
+        p.tensor == 1 ? fmt::format("pipeline.{}: it splits messages across tensor-parallel ranks, which this run does not have", k)
+                      : fmt::format("pipeline.{}: zeroth's stages send each tensor-parallel rank's rows of the activations with "
+                                    "parallel.sequence_parallel and whole ones without it",
+                                    k));
+  }
+  if (t.run.world_size % p.pipeline != 0 && p.tensor == 1) {
     ZEROTH_THROW(ConfigError,
                  "run.world_size = {} is not a multiple of the {} pipeline stages (parallel.pipeline, pipeline.stages): the ranks "
                  "are data-parallel x pipeline stages; make run.world_size a multiple of them",
                  t.run.world_size, p.pipeline);
+  }
+  if (t.run.world_size % (p.pipeline * p.tensor) != 0) {
+    ZEROTH_THROW(ConfigError,
+                 "run.world_size = {} is not a multiple of the {} pipeline stages (parallel.pipeline, pipeline.stages) x {} "
+                 "tensor-parallel ranks (parallel.tensor): the ranks are data-parallel x pipeline stages x tensor-parallel; make "
+                 "run.world_size a multiple of {}",
+                 t.run.world_size, p.pipeline, p.tensor, p.pipeline * p.tensor);
+  }
+  if (p.tensor > 1) {
+    GptPart check;
+    check.tp_ranks = p.tensor;
+    Gpt::block_specs(t.model, check);  // heads and vocabulary against tp now, not at the start of training
   }
   // The cycle's micro-batches are the pipeline's: parallel.micro_batches sets
   // gradient_accumulation_steps (DeepSpeed's pipeline engine does the same).
@@ -564,9 +587,10 @@ std::vector<int> TrainConfig::layers_per_virtual_stage() const {
   return partition_layers(model, parallel.pipeline * parallel.virtual_stages, parallel.partition, parallel.partition_counts);
 }
 
-GptPart TrainConfig::part(int stage) const {
-  if (parallel.pipeline == 1) return {};
-  return GptPart::of_rank(layers_per_virtual_stage(), parallel.pipeline, stage);
+GptPart TrainConfig::part(int stage, int tp_rank) const {
+  GptPart part = parallel.pipeline == 1 ? GptPart{} : GptPart::of_rank(layers_per_virtual_stage(), parallel.pipeline, stage);
+  part.tp_rank = tp_rank, part.tp_ranks = parallel.tensor, part.sequence_parallel = parallel.sequence_parallel;
+  return part;
 }
 
 TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) {
@@ -673,6 +697,10 @@ TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) 
                      {"schedule", kinds[static_cast<int>(t.parallel.schedule)]},
                      {"virtual_stages", t.parallel.virtual_stages},
                      {"micro_batches", t.engine.gradient_accumulation_steps}};
+  }
+  if (t.parallel.tensor > 1) {
+    c["parallel"]["tensor"] = t.parallel.tensor;
+    c["parallel"]["sequence_parallel"] = t.parallel.sequence_parallel;
   }
   t.resolved = std::move(c);
   return t;

@@ -44,7 +44,7 @@ struct RunConfig {
   std::string device = "cpu";
   size_t device_memory = 0;       // bytes of the device (the accelerator); 0: unlimited on the CPU
   size_t host_memory = 0;         // bytes of host memory the engine may hold state in; 0: unlimited
-  int world_size = 1;             // ranks in all: data-parallel x pipeline stages
+  int world_size = 1;             // ranks in all: data-parallel x pipeline stages x tensor-parallel
   std::string backend = "local";  // local (threads) | gloo (processes) | nccl (GPUs)
   std::string progress = "auto";  // auto (a bar on a terminal) | bar | lines
   // Steps in a row whose gradients are non-finite (with fp16: at the smallest loss scale) after
@@ -73,7 +73,9 @@ struct RunConfig {
 
 // The process grid beyond data parallelism: `parallel` (zeroth's keys) and DeepSpeed's `pipeline`.
 struct ParallelConfig {
-  int pipeline = 1;  // stages
+  int tensor = 1;                  // tensor-parallel ranks (Megatron-LM's split of each layer), the fastest grid axis
+  bool sequence_parallel = false;  // with tensor > 1: the residual stream and LayerNorms split by tokens too
+  int pipeline = 1;                // stages
   PipeKind schedule = PipeKind::one_f_one_b;
   int virtual_stages = 1;                // model chunks per stage (interleaved)
   std::string partition = "parameters";  // parameters | uniform (partition_counts when a list was given)
@@ -98,10 +100,11 @@ struct TrainConfig {
   // config's run.world_size must then agree (or be "auto"). ConfigError on any problem.
   static TrainConfig from_json(const nlohmann::json& config, int launched_world_size = 0);
   int64_t tokens_per_step() const { return train_batch_size * model.seq_len; }
-  int data_parallel() const { return run.world_size / parallel.pipeline; }
-  // Layers per virtual stage (pipelines) and rank `stage`'s part of the model.
+  int data_parallel() const { return run.world_size / (parallel.pipeline * parallel.tensor); }
+  // Layers per virtual stage (pipelines) and the part of the model of the rank at pipeline stage
+  // `stage` and tensor-parallel rank `tp_rank`.
   std::vector<int> layers_per_virtual_stage() const;
-  GptPart part(int stage) const;
+  GptPart part(int stage, int tp_rank = 0) const;
 };
 
 // Reads and parses a config file: IoError if it cannot be read, ConfigError (with line and

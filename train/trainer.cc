@@ -107,13 +107,27 @@ void init_weights(Engine& engine, const TrainConfig& config) {
       if (blocks[b].name == whole[block].name) engine.set_master_values(static_cast<int>(b), values);
     }
   };
-  read_gpt2_weights(config.model, from, [&](int b, size_t, std::vector<float>& param) {
+  read_gpt2_weights(config.model, from, [&](int b, size_t i, std::vector<float>& param) {
     if (b != block) {
       flush();
       block = b;
       values.clear();
     }
-    values.insert(values.end(), param.begin(), param.end());
+    // A tensor-parallel rank takes its slice of each tensor (the block's spec says which).
+    const auto& blocks = engine.plan().blocks;
+    const ParamSpec* spec = nullptr;
+    for (size_t k = 0; k < blocks.size() && spec == nullptr; ++k) {
+      if (blocks[k].name == whole[b].name) spec = &engine.block_spec(static_cast<int>(k)).params.at(i);
+    }
+    if (spec == nullptr || !spec->tp.split()) {
+      values.insert(values.end(), param.begin(), param.end());
+      return;
+    }
+    const size_t at = values.size();
+    values.resize(at + spec->numel());
+    spec->tp.for_each_run(0, spec->numel(), [&](size_t full, size_t count, size_t local) {
+      std::copy(param.begin() + full, param.begin() + full + count, values.begin() + at + local);
+    });
   });
   flush();
   engine.release_transfer_buffers();
@@ -123,9 +137,9 @@ void init_weights(Engine& engine, const TrainConfig& config) {
 
 void check_data(const TrainConfig& config) { open_data(config, config.data_parallel(), 0); }
 
-StagePlan plan_stage(const TrainConfig& config, int stage, int dp_rank) {
+StagePlan plan_stage(const TrainConfig& config, int stage, int dp_rank, int tp_rank) {
   const int pp = config.parallel.pipeline;
-  const GptPart part = config.part(stage);
+  const GptPart part = config.part(stage, tp_rank);
   std::vector<PassRef> passes;
   if (pp > 1) {
     passes = pipe_passes(make_pipe_schedule(config.parallel.schedule, pp, static_cast<int>(config.engine.gradient_accumulation_steps),
@@ -160,16 +174,17 @@ TrainSummary train(const TrainConfig& config, Communicator& world, Device& devic
   if (world.size() != config.run.world_size) {
     ZEROTH_THROW(ConfigError, "run.world_size is {} but the communicator has {} ranks", config.run.world_size, world.size());
   }
-  // Pipelines: ranks are laid out as ProcessGrid(dp, pp) and ZeRO partitions over each stage's
-  // data-parallel group; without one the world is the data-parallel group.
-  const int pp = config.parallel.pipeline;
+  // Pipelines and tensor parallelism: ranks are laid out as ProcessGrid(dp, pp, tp) and ZeRO
+  // partitions over the data-parallel group of each (stage, tensor-parallel rank); without either
+  // the world is the data-parallel group.
+  const int pp = config.parallel.pipeline, tp = config.parallel.tensor;
   std::optional<ProcessGrid::Groups> groups;
-  if (pp > 1) groups = ProcessGrid(config.data_parallel(), pp, 1).split(world);
+  if (pp > 1 || tp > 1) groups = ProcessGrid(config.data_parallel(), pp, tp).split(world);
   Communicator& dp = groups ? *groups->dp : world;
-  const int stage = groups ? groups->pp->rank() : 0;
-  const GptPart part = config.part(stage);
+  const int stage = groups ? groups->pp->rank() : 0, tp_rank = groups ? groups->tp->rank() : 0;
+  const GptPart part = config.part(stage, tp_rank);
   std::unique_ptr<PipelineRunner> runner;
-  if (groups) {
+  if (pp > 1) {
     const int micro = static_cast<int>(config.engine.gradient_accumulation_steps);
     runner = std::make_unique<PipelineRunner>(device, *groups->pp,
                                               make_pipe_schedule(config.parallel.schedule, pp, micro, config.parallel.virtual_stages));
@@ -184,7 +199,7 @@ TrainSummary train(const TrainConfig& config, Communicator& world, Device& devic
 
   // Planned once. The engine holds the whole need per rank (its plan, the model's activations
   // and scratch) against the budgets before anything is allocated.
-  StagePlan planned = plan_stage(config, stage, dp.rank());
+  StagePlan planned = plan_stage(config, stage, dp.rank(), tp_rank);
   Plan plan = std::move(planned.plan);
   const int tied = plan.tied_block;
   const ModelFootprint model = planned.model;
@@ -196,9 +211,10 @@ TrainSummary train(const TrainConfig& config, Communicator& world, Device& devic
   std::vector<int32_t> tokens(n * gas), targets(n * gas);
   std::vector<float> losses(std::max<int64_t>(gas, config.run.eval_batches));
   Engine engine(device, dp, config.engine);
-  if (groups) engine.set_pipeline(*groups->pp, tied);
+  if (pp > 1) engine.set_pipeline(*groups->pp, tied);
   if (runner) engine.set_pass_order(runner->passes());
-  Gpt gpt(engine, config.model, part);
+  if (tp > 1) engine.set_tensor_parallel(*groups->tp);
+  Gpt gpt(engine, config.model, part, tp > 1 ? groups->tp.get() : nullptr);
   // The runner's channels move data in the model's buffers: it goes first, also on an error.
   struct RunnerFirst {
     std::unique_ptr<PipelineRunner>& runner;
@@ -257,11 +273,11 @@ TrainSummary train(const TrainConfig& config, Communicator& world, Device& devic
   Buffer shared = device.allocate(2 * sizeof(float), MemTag::buffers);
   Stream& cs = engine.compute_stream();
 
-  // Mean of the loss over the data-parallel ranks of the stage that computes it (and whether any
-  // rank asked to stop), on the compute stream over the world: the engine's own collectives travel
-  // on communicators split from dp.
+  // Mean of the loss over the data-parallel ranks of the stage that computes it (its tensor-parallel
+  // ranks all hold the same), and whether any rank asked to stop, on the compute stream over the
+  // world: the engine's own collectives travel on communicators split from dp.
   auto agree = [&](double value, bool stop_here) {
-    float host[2] = {heads ? static_cast<float>(value) : 0.0f, stop_here ? 1.0f : 0.0f};
+    float host[2] = {heads && tp_rank == 0 ? static_cast<float>(value) : 0.0f, stop_here ? 1.0f : 0.0f};
     device.copy(cs, shared.data(), host, sizeof host);
     world.all_reduce(cs, shared.view(DType::f32), ReduceOp::sum);
     device.copy(cs, host, shared.data(), sizeof host);
@@ -449,7 +465,7 @@ TrainSummary train(const TrainConfig& config, Communicator& world, Device& devic
   summary.weights_dtype = config.engine.zero.gather_16bit_weights_on_model_save ? config.engine.compute_dtype : DType::f32;
   const auto save_start = Clock::now();
   summary.weights_bytes = save_gpt_weights(engine, config.model, summary.weights_path, summary.weights_dtype,
-                                           {groups ? groups->pp.get() : nullptr, part});
+                                           {pp > 1 ? groups->pp.get() : nullptr, part, tp > 1 ? groups->tp.get() : nullptr});
   summary.weights_seconds = std::chrono::duration<double>(Clock::now() - save_start).count();
   summary.tokens_per_second = rates.empty() ? tokens_per_step / std::max(summary.seconds, 1e-9) : median(rates);
   const auto stats = device.memory().stats();
@@ -470,10 +486,11 @@ TrainSummary train(const TrainConfig& config, Communicator& world, Device& devic
     std::vector<float> all(world.size());
     device.copy(cs, all.data(), peaks.data(), all.size() * sizeof(float));
     cs.synchronize();
-    const ProcessGrid grid(config.data_parallel(), pp, 1);
+    const ProcessGrid grid(config.data_parallel(), pp, tp);
     for (int s = 0; s < pp; ++s) summary.stage_activation_peak.push_back(static_cast<size_t>(all[grid.rank_of({0, s, 0})]));
     if (config.run.trace && lead) summary.trace = chrome_trace(last_trace);
   }
+  if (tp > 1) summary.tensor_traffic = groups->tp->stats();
   if (lead && observer != nullptr) observer->on_end(summary);
   return summary;
 }

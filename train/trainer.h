@@ -72,6 +72,9 @@ struct TrainSummary {
   double pipeline_bubble = 0, bubble_formula = 0;
   std::vector<size_t> stage_activation_peak;
   nlohmann::json trace;  // rank 0's, with run.trace: what the observer writes to <output_dir>/trace.json
+  // Tensor parallelism: what rank 0's model moved in its tensor-parallel group (its collectives'
+  // logical bytes, CommStats), training and evaluation passes together.
+  CommStats tensor_traffic;
 };
 
 // What the run found out at start, for the config box.
@@ -103,7 +106,7 @@ struct StagePlan {
   ModelFootprint model;
   MemoryNeed need;
 };
-StagePlan plan_stage(const TrainConfig& config, int stage, int dp_rank);
+StagePlan plan_stage(const TrainConfig& config, int stage, int dp_rank, int tp_rank = 0);
 // The stage whose ranks need the most device memory, and that plan.
 StagePlan largest_stage(const TrainConfig& config, int* stage = nullptr);
 

@@ -55,6 +55,7 @@ struct GridResult {
   std::vector<float> head_copy;                       // the last stage's copy of the tied embedding
   std::vector<int> in_flight;                         // per stage: micro-batches of activations held (per chunk)
   std::vector<std::string> replica_mismatches;        // replicated parameters that differ between tensor-parallel ranks
+  CommStats model_tp_traffic;                         // what the model's collectives moved in rank 0's tensor-parallel group
 };
 
 inline constexpr int kGlobalBatch = 8, kSteps = 4;
@@ -222,7 +223,8 @@ inline GridResult train_grid(const GridCase& k, std::vector<PipeMeasure>* measur
         if (world.rank() == 0) measures->push_back(std::move(measured));
       }
     }
-    if (runner) runner->drain();  // its channels use the model's buffers, which go first
+    if (runner) runner->drain();                   // its channels use the model's buffers, which go first
+    const CommStats traffic = groups.tp->stats();  // the model's own: the engine splits its communicators off it
     if (!steps.save.empty()) save_checkpoint(engine, {.dir = steps.save});
     // Tensor-parallel ranks place their slices in turn (rank 0 first: the replicas are checked
     // against its copy).
@@ -248,6 +250,7 @@ inline GridResult train_grid(const GridCase& k, std::vector<PipeMeasure>* measur
     if (part.has_head(gc) && tp_rank == 0) losses[dp_rank] = mine;
     if (dp_rank != 0 || tp_rank != 0) return;
     out.in_flight[stage] = engine.micro_batches_in_flight();
+    if (world.rank() == 0) out.model_tp_traffic = traffic;
     if (stage == 0) out.grad_norms = norms;
   });
   for (int s = 0; s < k.pp; ++s) {

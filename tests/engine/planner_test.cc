@@ -282,12 +282,12 @@ TEST(Planner, RunnableOnlyKeepsToWhatTheEngineRuns) {
   search.runnable_only = true;
   const PlanResult r = search_plans(GptShape::from_params(7'500'000'000ull), c, search);
   ASSERT_FALSE(r.best.empty());
+  bool split = false;
   for (const auto& cand : r.best) {
-    EXPECT_EQ(cand.layout.tp, 1u);
-    EXPECT_EQ(cand.layout.pp, 1u);
     EXPECT_NE(cand.layout.checkpointing, Checkpointing::selective);
-    EXPECT_FALSE(cand.layout.sequence_parallel);
+    split = split || cand.layout.tp > 1 || cand.layout.pp > 1;
   }
+  EXPECT_TRUE(split) << "7.5B on 8 GPUs: the fastest runnable plans split the model (tensor or pipeline parallelism)";
 }
 
 TEST(Planner, CalibratesFromBenchOutputs) {

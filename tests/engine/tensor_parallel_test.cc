@@ -4,10 +4,15 @@
 // sequence parallelism; the replicated parameters stay identical on every tensor-parallel rank.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
+#include <filesystem>
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
+#include "engine/checkpoint_format.h"
 #include "tests/engine/gpt_grid.h"
 
 namespace zeroth {
@@ -39,6 +44,84 @@ TEST_P(TensorParallelEquivalence, TrainsLikeOneRank) {
   std::printf("dp %d tp %d pp %d%s stage %d: worst weight error %.3g (%s), gradient norm %.3g, loss %.3g; loss %.6f -> %.6f\n", k.dp,
               k.tp, k.pp, k.sequence_parallel ? " sp" : "", k.stage, worst.rel(), worst.name.c_str(), norm_err, loss_err,
               got.losses.front(), got.losses.back());
+}
+
+// The model's traffic in its tensor-parallel group, per rank and step, from the communicator's own
+// byte counts, against Megatron-LM's count: per layer and micro-batch, two all-reduces of the B x T x C
+// activations forward (after the attention and the MLP outputs) and two backward (their inputs'
+// gradients); the vocabulary-parallel embedding adds one forward, the LM head one backward, and the
+// loss two of B x T and 2 B x T floats (the row max; the softmax's denominators and the targets'
+// logits). Sequence parallelism turns each all-reduce of the layers, the embedding and the head into a
+// reduce-scatter and an all-gather of the same rows (ln_f's output gathered forward, its gradient
+// scattered backward). Logical bytes as CommStats counts them: an all-reduce twice its buffer.
+TEST(TensorParallelTraffic, PerLayerCollectivesMatchMegatronsCount) {
+  for (bool sp : {false, true}) {
+    GridCase k;
+    k.tp = 2, k.stage = 1, k.sequence_parallel = sp, k.model = model();
+    const auto got = testing::train_grid(k);
+    const auto& c = k.model;
+    const uint64_t micro = static_cast<uint64_t>(k.micro) * testing::kSteps, L = c.n_layer;
+    const uint64_t BT = static_cast<uint64_t>(testing::kGlobalBatch / k.micro) * c.seq_len, act = BT * c.n_embd * sizeof(float);
+    const CommStats& s = got.model_tp_traffic;
+    const auto op = [](CollectiveOp o) { return static_cast<size_t>(o); };
+    const uint64_t loss_bytes = 2 * (BT + 2 * BT) * sizeof(float);  // max, then the two sums
+    if (!sp) {
+      EXPECT_EQ(s.calls[op(CollectiveOp::all_reduce)], micro * (4 * L + 2 + 2));
+      EXPECT_EQ(s.bytes[op(CollectiveOp::all_reduce)], micro * (2 * act * (4 * L + 2) + loss_bytes));
+      EXPECT_EQ(s.calls[op(CollectiveOp::reduce_scatter)] + s.calls[op(CollectiveOp::all_gather)], 0u);
+    } else {
+      // Per layer: forward 2 gathers (the LayerNorms' outputs) and 2 scatters, backward 2 gathers (the
+      // row-parallel outputs' gradients) and 2 scatters; the embedding a scatter forward and a gather
+      // backward; ln_f a gather forward, the head a scatter backward.
+      EXPECT_EQ(s.calls[op(CollectiveOp::all_gather)], micro * (4 * L + 2));
+      EXPECT_EQ(s.calls[op(CollectiveOp::reduce_scatter)], micro * (4 * L + 2));
+      EXPECT_EQ(s.bytes[op(CollectiveOp::all_gather)], micro * act * (4 * L + 2));
+      EXPECT_EQ(s.bytes[op(CollectiveOp::reduce_scatter)], micro * act * (4 * L + 2));
+      EXPECT_EQ(s.calls[op(CollectiveOp::all_reduce)], micro * 2);
+      EXPECT_EQ(s.bytes[op(CollectiveOp::all_reduce)], micro * loss_bytes);
+    }
+    const uint64_t layer_bytes = sp ? (s.bytes[op(CollectiveOp::all_gather)] + s.bytes[op(CollectiveOp::reduce_scatter)] -
+                                       micro * 4 * act) /
+                                          (micro * L)
+                                    : (s.bytes[op(CollectiveOp::all_reduce)] - micro * (4 * act + loss_bytes)) / (micro * L);
+    std::printf("tp 2%s: %llu bytes per layer and micro-batch of %llu x %d floats (formula: 4 all-reduces of %llu bytes, counted "
+                "twice: %llu)\n",
+                sp ? " sequence parallel" : "", static_cast<unsigned long long>(layer_bytes), static_cast<unsigned long long>(BT),
+                c.n_embd, static_cast<unsigned long long>(act), static_cast<unsigned long long>(8 * act));
+    EXPECT_EQ(layer_bytes, 8 * act);
+  }
+}
+
+// A checkpoint saved at (dp, tp, pp) = (2, 2, 2) loads at (1, 1, 1) and (4, 1, 2), which train on like
+// one rank that never stopped: the manifest records each tensor's split, and a reader at another
+// tensor-parallel size takes its elements through it.
+TEST(TensorParallelCheckpoint, SavedAtTwoTwoTwoLoadsAtOneOneOneAndFourOneTwo) {
+  const std::string dir = ::testing::TempDir() + "zeroth-tp-ckpt-" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  const int half = testing::kSteps / 2;
+  GridCase saved;
+  saved.dp = 2, saved.tp = 2, saved.pp = 2, saved.stage = 1, saved.sequence_parallel = true, saved.model = model();
+  testing::train_grid(saved, nullptr, {0, half, "", dir});
+  const auto manifest = read_manifest(resolve_checkpoint(dir));
+  EXPECT_EQ(manifest.world.at("tp"), 2);
+  const CkptTensor* qkv = manifest.find("h.0.attn.c_attn.weight");
+  ASSERT_NE(qkv, nullptr);
+  EXPECT_EQ(qkv->split.axis, 0);
+  EXPECT_EQ(qkv->split.groups, 3);
+  EXPECT_EQ(qkv->split.ranks, 2);
+  EXPECT_EQ(qkv->shape, (std::vector<int64_t>{3 * model().n_embd, model().n_embd}));
+  for (auto [dp, tp, pp, micro] : {std::array{1, 1, 1, 4}, std::array{4, 1, 2, 2}, std::array{1, 4, 1, 4}}) {
+    GridCase k;
+    k.dp = dp, k.tp = tp, k.pp = pp, k.micro = micro, k.stage = 2, k.model = model();
+    const auto got = testing::train_grid(k, nullptr, {half, testing::kSteps, dir, ""});
+    const auto& ref = testing::whole_reference(k.model, 4);
+    SCOPED_TRACE("resumed at dp " + std::to_string(dp) + " x tp " + std::to_string(tp) + " x pp " + std::to_string(pp));
+    const auto worst = testing::expect_weights(got, ref, 2e-6, k.model);
+    for (int s = half; s < testing::kSteps; ++s)
+      EXPECT_NEAR(got.losses[s - half], ref.losses[s], 3e-7 * ref.losses[s]) << "step " << s;
+    std::printf("resumed at dp %d tp %d pp %d: worst weight error %.3g (%s)\n", dp, tp, pp, worst.rel(), worst.name.c_str());
+  }
+  std::filesystem::remove_all(dir);
 }
 
 std::vector<GridCase> cases() {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -52,6 +53,16 @@ inline Run run(const std::vector<std::string>& args, const std::string& name,
   for (std::string line; std::getline(in, line);)
     if (json m = json::parse(line, nullptr, false); !m.is_discarded()) r.metrics.push_back(std::move(m));
   return r;
+}
+
+// `zeroth train CONFIG` into temp(name) (cleared first), without validation between the ends, with
+// `sets` as --set overrides.
+inline Run train_example(const std::string& config, const std::string& name, const std::vector<std::string>& sets) {
+  std::filesystem::remove_all(temp(name));
+  std::vector<std::string> args = {ZEROTH_BIN,           "train", config, "--set", "run.output_dir=" + temp(name), "--set",
+                                   "run.eval_interval=0"};
+  for (const auto& s : sets) args.insert(args.end(), {"--set", s});
+  return run(args, name);
 }
 
 inline std::vector<double> losses(const Run& r) {

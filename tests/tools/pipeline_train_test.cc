@@ -19,13 +19,7 @@ namespace {
 
 const std::string kConfig = std::string(ZEROTH_SOURCE_DIR) + "/configs/gpt-pipeline-1f1b.json";
 
-Run train_config(const std::string& name, std::vector<std::string> sets) {
-  std::filesystem::remove_all(temp(name));
-  std::vector<std::string> args = {ZEROTH_BIN,           "train", kConfig, "--set", "run.output_dir=" + temp(name), "--set",
-                                   "run.eval_interval=0"};
-  for (const auto& s : sets) args.insert(args.end(), {"--set", s});
-  return run(args, name);
-}
+Run train_config(const std::string& name, const std::vector<std::string>& sets) { return train_example(kConfig, name, sets); }
 
 // The configs table's pipeline run, shortened to 3 steps: it trains, its summary has the bubble
 // next to the formula and each stage's activations, and its trace has both stages' passes.

@@ -192,6 +192,19 @@ INSTANTIATE_TEST_SUITE_P(
         ErrorCase{"PipelineWorld", R"({"pipeline": {"stages": 2}})",
                   "run.world_size = 1 is not a multiple of the 2 pipeline stages (parallel.pipeline, pipeline.stages): the ranks are "
                   "data-parallel x pipeline stages; make run.world_size a multiple of them"},
+        ErrorCase{"TensorWorld", R"({"parallel": {"tensor": 2, "pipeline": 2}, "run": {"world_size": 6}})",
+                  "run.world_size = 6 is not a multiple of the 2 pipeline stages (parallel.pipeline, pipeline.stages) x 2 "
+                  "tensor-parallel ranks (parallel.tensor): the ranks are data-parallel x pipeline stages x tensor-parallel; make "
+                  "run.world_size a multiple of 4"},
+        ErrorCase{"TensorHeads", R"({"parallel": {"tensor": 4}, "run": {"world_size": 4}})",
+                  "parallel.tensor = 4 splits the attention heads over its ranks, but model.n_head = 2 is not a multiple of it; use "
+                  "a tensor-parallel size that divides the heads"},
+        ErrorCase{"SequenceParallelWithoutTensor", R"({"parallel": {"sequence_parallel": true}})",
+                  "parallel.sequence_parallel splits the tokens over the tensor-parallel ranks, but parallel.tensor is 1; set "
+                  "parallel.tensor, or remove it"},
+        ErrorCase{"AutoTp", R"({"tensor_parallel": {"autotp_size": 2}})",
+                  "tensor_parallel = {\"autotp_size\":2} is a DeepSpeed feature zeroth does not support (AutoTP: tensor parallelism "
+                  "of Hugging Face models; zeroth splits its GPT over parallel.tensor ranks (Megatron-LM's split)); remove it"},
         ErrorCase{
             "TraceWithoutPipeline", R"({"run": {"trace": true}})",
             "run.trace writes each pipeline stage's timeline; this run has no pipeline (parallel.pipeline = 1): remove it, or set "

@@ -1,0 +1,111 @@
+// `zeroth train` in 3D: the example config (dp 2 x tp 2 x pp 2 on 8 local ranks) trains the losses
+// and weights of the same run without tensor parallelism, with and without sequence parallelism;
+// its model's traffic in the tensor-parallel group is Megatron's count; its checkpoint resumes
+// without tensor parallelism.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/safetensors.h"
+#include "tests/engine/tensor_error.h"
+#include "tests/process_util.h"
+#include "tests/tools/cli_runs.h"
+
+namespace zeroth::testing {
+namespace {
+
+const std::string kConfig = std::string(ZEROTH_SOURCE_DIR) + "/configs/gpt-3d.json";
+
+Run train_3d(const std::string& name, const std::vector<std::string>& sets) { return train_example(kConfig, name, sets); }
+
+// Every tensor of two weights files within `bound` of its largest value (the key bias aside:
+// tests/engine/tensor_error.h says why).
+void expect_same_weights(const std::string& a_path, const std::string& b_path, double bound) {
+  const SafeTensors a = read_safetensors(a_path), b = read_safetensors(b_path);
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  double worst = 0;
+  for (const auto& [name, t] : b.tensors) {
+    ASSERT_TRUE(a.tensors.count(name)) << name;
+    const TensorError e = compare(name, a.at(name).as_f32(), t.as_f32());
+    EXPECT_LE(e.rel(), bound) << name << ": max |difference| " << e.max_abs << " of max |value| " << e.scale;
+    worst = std::max(worst, e.rel());
+  }
+  std::printf("weights: worst relative difference %.3g\n", worst);
+}
+
+// The configs table's 3D run, shortened to 3 steps, against the same run with its tensor-parallel
+// pairs made single ranks (dp 2 x pp 2 on 4 ranks): the same losses and exported weights up to
+// f32 summation order, with and without sequence parallelism; its trace has both stages' passes.
+TEST(TensorTrain, The3dExampleConfigTrainsWhatItsPipelineAloneTrains) {
+  const auto tp = train_3d("tp_3d", {"run.steps=3"});
+  ASSERT_EQ(tp.code, 0) << tp.output;
+  const auto sp = train_3d("tp_3d_sp", {"run.steps=3", "run.trace=false", "parallel.sequence_parallel=true"});
+  ASSERT_EQ(sp.code, 0) << sp.output;
+  const auto one = train_3d("tp_3d_one", {"run.steps=3", "run.trace=false", "parallel.tensor=1", "run.world_size=4"});
+  ASSERT_EQ(one.code, 0) << one.output;
+  const auto a = losses(tp), b = losses(sp), c = losses(one);
+  ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(b.size(), 3u);
+  ASSERT_EQ(c.size(), 3u);
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_NEAR(a[i], c[i], 2e-6 * c[i]) << "step " << i + 1;
+    EXPECT_NEAR(b[i], c[i], 2e-6 * c[i]) << "step " << i + 1;
+  }
+  expect_same_weights(temp("tp_3d") + "/model.safetensors", temp("tp_3d_one") + "/model.safetensors", 1e-5);
+  expect_same_weights(temp("tp_3d_sp") + "/model.safetensors", temp("tp_3d_one") + "/model.safetensors", 1e-5);
+  std::ifstream in(temp("tp_3d") + "/trace.json");
+  const json trace = json::parse(in);
+  int passes = 0;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] == "X" && e["tid"] == 0 && (e["name"].get<std::string>()[0] == 'F' || e["name"].get<std::string>()[0] == 'B'))
+      ++passes;
+  }
+  EXPECT_EQ(passes, 16);  // the last step's 4 forwards and 4 backwards on each of the 2 stages
+}
+
+// Rank 0 is stage 0 (the embedding and layers 0-1) at tensor-parallel rank 0. Its model's traffic
+// in its tensor-parallel group, from the communicator's counts, is Megatron's: per micro-batch an
+// all-reduce of the B x T x C activations after the vocabulary-parallel embedding and two per layer
+// forward, two per layer backward; each validation batch the forward's. CommStats counts an
+// all-reduce as twice its buffer.
+TEST(TensorTrain, TheModelsTensorParallelTrafficIsMegatronsCount) {
+  const auto r = train_3d("tp_traffic", {"run.steps=2", "run.trace=false", "run.checkpoint_interval=-1"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  const json t = r.metrics.back()["summary"]["tensor"];
+  ASSERT_TRUE(t.is_object()) << r.output;
+  const uint64_t act = 4ull * 128 * 256 * sizeof(float);  // micro-batch 4 x seq 128 x 256 channels
+  const uint64_t steps = 2, micro = 4, evals = 2, eval_batches = 4, layers = 2;
+  const uint64_t forward = 1 + 2 * layers, backward = 2 * layers;
+  EXPECT_EQ(t["all_reduce_bytes"].get<uint64_t>(), 2 * act * (steps * micro * (forward + backward) + evals * eval_batches * forward));
+  EXPECT_EQ(t["reduce_scatter_bytes"].get<uint64_t>(), 0u);
+  EXPECT_EQ(t["all_gather_bytes"].get<uint64_t>(), 0u);
+}
+
+// The 3D run's checkpoint resumes with tensor parallelism off (dp 2 x pp 2), continuing with the
+// loss the 3D run itself has at that step.
+TEST(TensorTrain, ACheckpointOfTheThreeDRunResumesWithoutTensorParallelism) {
+  const auto whole = train_3d("tp_whole", {"run.steps=3", "run.trace=false", "run.checkpoint_interval=-1"});
+  ASSERT_EQ(whole.code, 0) << whole.output;
+  const auto first = train_3d("tp_ckpt", {"run.steps=2", "run.trace=false"});
+  ASSERT_EQ(first.code, 0) << first.output;
+  const auto resumed = run({ZEROTH_BIN, "train", kConfig, "--resume", "--set", "run.output_dir=" + temp("tp_ckpt"), "--set",
+                            "run.eval_interval=0", "--set", "run.steps=3", "--set", "run.world_size=4", "--set", "parallel.tensor=1",
+                            "--set", "run.trace=false"},
+                           "tp_ckpt");
+  ASSERT_EQ(resumed.code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("from the checkpoint at step 2"), std::string::npos) << resumed.output;
+  const auto a = losses(whole), b = losses(resumed);
+  ASSERT_EQ(a.size(), 3u);
+  ASSERT_FALSE(b.empty());
+  EXPECT_NEAR(b.back(), a.back(), 2e-6 * a.back());
+}
+
+}  // namespace
+}  // namespace zeroth::testing
