@@ -132,6 +132,12 @@ Manifest Manifest::from_json(const json& j, const std::string& source) {
             tensor.shape[tensor.split.axis] / tensor.split.groups < tensor.split.ranks) {
           throw bad(fmt::format("tensor {} has the split {} of the shape {}", tensor.name, s.dump(), t.at("shape").dump()));
         }
+        // Its parts are the tensor-parallel ranks that saved it.
+        const int tp = m.world.value("tp", 1);
+        if (tensor.split.ranks != tp) {
+          throw bad(fmt::format("tensor {} is stored in {} tensor-parallel parts, but the world it was saved in has tp = {}",
+                                tensor.name, tensor.split.ranks, tp));
+        }
       }
       for (const auto& state : m.states) {
         if (!t.contains(state)) throw bad(fmt::format("tensor {} has no \"{}\" pieces", tensor.name, state));

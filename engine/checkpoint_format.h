@@ -1,5 +1,6 @@
 // The checkpoint format: a folder `step-<N>/` with one data file per rank (`rank-<r>.bin`, raw
-// little-endian f32 pieces of tensors, no header) and `manifest.json`, which says everything
+// little-endian f32 pieces of tensors, no header; r = (pipeline stage x tp + tensor-parallel rank) x
+// dp + data-parallel rank) and `manifest.json`, which says everything
 // needed to use them without the run that wrote them: the format version, the run's config, the
 // world layout (dp, tp, pp, ZeRO stage, offload), the run state (step, loss scaler, data
 // position), every file's size and xxHash3-64, and for every tensor its name, shape, dtype and,

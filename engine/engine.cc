@@ -107,6 +107,7 @@ void Engine::finalize(Plan plan, const ModelFootprint& model, bool initialize_va
                  plan.stage, plan.blocks.size(), plan.rank, plan.dp, config_.zero.stage, specs_.size(), comm_.rank(), comm_.size());
   }
   plan_ = std::move(plan);
+  plan_.stages = pipeline_stages();
   if (plan_.tp != tensor_ranks() || plan_.tp_rank != tensor_rank()) {
     ZEROTH_THROW(InvalidArgument,
                  "finalize: the blocks' parameters are split for tensor-parallel rank {} of {}, but this engine's tensor-parallel "

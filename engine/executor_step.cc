@@ -192,18 +192,9 @@ void Executor::sum_tensor_norms() {
   Stream& cs = compute_stream();
   const TensorView norms = buffer_view(plan_.tensor_norms);
   if (plan_.stage >= 1 && plan_.dp > 1) step_comm_->all_reduce(cs, norms, ReduceOp::sum);
-  if (links_.tensor == nullptr) return;
-  // A replicated tensor's norms are whole on every tensor-parallel rank: rank 0's stand.
-  if (plan_.tp_rank != 0) {
-    size_t t = 0;
-    for (const auto& spec : specs_) {
-      for (const auto& param : spec.params) {
-        if (param.tp.replicated()) device_.fill(cs, norms.slice(2 * t, 2), 0.0f);
-        ++t;
-      }
-    }
-  }
-  links_.tensor->all_reduce(cs, norms, ReduceOp::sum);
+  // A split tensor's squares add up over the tensor-parallel ranks. A replicated one's come out
+  // t times over (t identical copies), which leaves its ratio ||w|| / ||u|| as it is.
+  if (links_.tensor != nullptr) links_.tensor->all_reduce(cs, norms, ReduceOp::sum);
 }
 
 void Executor::update_norms(int sub_group, const UpdateArgs& args) {

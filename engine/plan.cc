@@ -369,6 +369,7 @@ Plan make_plan(const std::vector<BlockSpec>& specs, const std::vector<BlockSched
     blk.norm_excluded = ranges([](const ParamSpec& q) { return q.tp.replicated() && q.tp.rank != 0; });
     blk.tp_partial = ranges([](const ParamSpec& q) { return q.tp_partial_grad; });
     for (const auto& param : spec.params) {
+      if (param.tp.replicated()) p.tp_replicated += param.numel();
       if (param.tp.ranks <= 1) continue;
       if (p.tp > 1 && (param.tp.ranks != p.tp || param.tp.rank != p.tp_rank)) {
         ZEROTH_THROW(InvalidArgument,

@@ -133,8 +133,6 @@ enum class ActionKind : uint8_t {
                 // tensor-parallel group, before the bucket's data-parallel reduction
 };
 inline constexpr size_t kActionKindCount = 19;
-// The group a collective action runs in ("dp", "tp", "dp+tp", ...), or "" for local work.
-std::string_view action_group(ActionKind kind);
 std::string_view action_name(ActionKind kind);
 
 struct Action {
@@ -173,7 +171,9 @@ struct Plan {
   int stage = 0;
   int dp = 1;
   int rank = 0;
-  int tp = 1, tp_rank = 0;  // the tensor-parallel group the blocks' parameters are split over
+  int tp = 1, tp_rank = 0;   // the tensor-parallel group the blocks' parameters are split over
+  size_t tp_replicated = 0;  // elements of parameters every tensor-parallel rank holds whole
+  int stages = 1;            // pipeline stages the global norm sums over (set by the engine, or the trainer's planning)
   DType compute_dtype = DType::f32;
   DType comm_dtype = DType::f32;
   int micro_batches = 1;             // per accumulation cycle
@@ -234,7 +234,9 @@ struct Plan {
   size_t buffer_numel(int buffer) const { return buffer < 0 ? 0 : buffers[buffer].numel; }
   size_t device_bytes() const { return tier_total(bytes, Tier::device); }
   nlohmann::json to_json() const;
-  std::string table() const;            // compact, for the log at start
+  std::string table() const;  // compact, for the log at start
+  // The groups a collective action runs in ("dp", "tp", "dp+pp+tp", ...), or "" for local work.
+  std::string group_of(ActionKind kind) const;
   std::string program_summary() const;  // counts per action kind and the first micro-batch in full
   // Writes to_json() to the path in ZEROTH_PLAN_JSON, when it is set (IoError if that fails).
   void write_json_if_requested() const;

@@ -40,18 +40,6 @@ std::string_view action_name(ActionKind kind) {
   return i < kActionKindCount ? kNames[i] : "invalid";
 }
 
-std::string_view action_group(ActionKind kind) {
-  switch (kind) {
-    case ActionKind::gather:
-    case ActionKind::all_reduce:
-    case ActionKind::reduce_scatter:
-    case ActionKind::all_gather: return "dp";
-    case ActionKind::grad_norm: return "dp+pp+tp";
-    case ActionKind::sum_norms: return "dp+tp";
-    case ActionKind::sum_partial: return "tp";
-    default: return "";
-  }
-}
 
 namespace {
 
@@ -86,6 +74,9 @@ nlohmann::json Plan::to_json() const {
   j["stage"] = stage;
   j["dp"] = dp;
   j["rank"] = rank;
+  j["tp"] = tp;
+  j["tp_rank"] = tp_rank;
+  j["stages"] = stages;
   j["compute_dtype"] = dtype_name(compute_dtype);
   j["communication_dtype"] = dtype_name(comm_dtype);
   j["micro_batches"] = micro_batches;
@@ -104,7 +95,9 @@ nlohmann::json Plan::to_json() const {
                   {"persistent", b.persistent},
                   {"transient_grads", b.transient_grads},
                   {"reduce_bucket", b.reduce_bucket},
-                  {"gather_bucket", b.gather_bucket}});
+                  {"gather_bucket", b.gather_bucket},
+                  {"norm_excluded", b.norm_excluded},
+                  {"tp_partial", b.tp_partial}});
   }
   auto& jbuf = j["buffers"] = nlohmann::json::array();
   for (const auto& b : buffers) {
@@ -171,6 +164,20 @@ void Plan::write_json_if_requested() const {
   if (!out) ZEROTH_THROW(IoError, "writing the plan to {} (ZEROTH_PLAN_JSON) failed: {}", *path, std::strerror(errno));
 }
 
+std::string Plan::group_of(ActionKind kind) const {
+  const std::string norm = std::string("dp") + (stages > 1 ? "+pp" : "") + (tp > 1 ? "+tp" : "");
+  switch (kind) {
+    case ActionKind::gather:
+    case ActionKind::all_reduce:
+    case ActionKind::reduce_scatter:
+    case ActionKind::all_gather: return "dp";
+    case ActionKind::grad_norm: return norm;
+    case ActionKind::sum_norms: return tp > 1 ? "dp+tp" : "dp";
+    case ActionKind::sum_partial: return "tp";
+    default: return "";
+  }
+}
+
 std::string Plan::table() const {
   size_t gathers = 0, serial = 0;
   for (const auto& a : program) {
@@ -183,20 +190,20 @@ std::string Plan::table() const {
                      "micro-batch(es); {}\n",
                      dtype_name(compute_dtype), dtype_name(comm_dtype), reduce_buckets.size(), gather_buckets.size(), gathers,
                      micro_batches, serial > 0 ? "communication serialised with compute" : "communication overlapped with compute");
+  size_t partial = 0;
+  for (const auto& b : blocks) partial += b.tp_partial.size();
   if (tp > 1) {
-    size_t excluded = 0, partial = 0;
-    for (const auto& b : blocks) {
-      for (const auto& [lo, hi] : b.norm_excluded) excluded += hi - lo;
-      partial += b.tp_partial.size();
-    }
     out += fmt::format(
-        "  tensor-parallel rank {} of {} (tp): the parameters are this rank's slices; {} replicated elements count in the norm on "
-        "tp rank 0{}; {} range(s) of partial gradients summed over tp before each data-parallel reduction\n",
-        tp_rank, tp, excluded, tp_rank == 0 ? " (this one)" : "", partial);
+        "  tensor-parallel rank {} of {}: the blocks hold this rank's slices; {} elements of replicated parameters, counted in the "
+        "norm on tp rank 0 only{}{}\n",
+        tp_rank, tp, tp_replicated, tp_rank == 0 ? " (this one)" : " (left out here)",
+        partial > 0 ? fmt::format("; {} range(s) of partial gradients (sequence parallelism) summed over tp before each "
+                                  "data-parallel reduction",
+                                  partial)
+                    : "");
   }
-  out += fmt::format("  groups: gathers and reductions over dp ({} rank(s)), partial gradients over tp ({}), the norm over dp, "
-                     "the pipeline's stages and tp\n",
-                     dp, tp);
+  out += fmt::format("  groups: gathers and reductions over dp ({} rank(s)){}; the global norm over {}\n", dp,
+                     partial > 0 ? fmt::format(", partial gradients over tp ({})", tp) : "", group_of(ActionKind::grad_norm));
   const int buckets = static_cast<int>(reduce_buckets.size());
   if (device_buckets > 0 && device_buckets < buckets) {
     out += fmt::format(
@@ -241,11 +248,11 @@ std::string Plan::program_summary() const {
       out += " | run |";
     } else if (a.kind == ActionKind::gather || a.kind == ActionKind::release || a.kind == ActionKind::place_grads ||
                a.kind == ActionKind::accumulate || a.kind == ActionKind::release_grads) {
-      const std::string_view in = action_group(a.kind);
+      const std::string in = group_of(a.kind);
       out += fmt::format(" {} {}{}{}", action_name(a.kind), blocks[a.target].name, a.serial ? " (serial)" : "",
                          in.empty() ? "" : fmt::format(" [{}]", in));
     } else {
-      const std::string_view in = action_group(a.kind);
+      const std::string in = group_of(a.kind);
       out += fmt::format(" {} bucket {}{}{}{}", action_name(a.kind), a.target, a.flag ? " (add)" : "", a.serial ? " (serial)" : "",
                          in.empty() ? "" : fmt::format(" [{}]", in));
     }
@@ -257,7 +264,7 @@ std::string Plan::program_summary() const {
     const bool bucket = a.kind == ActionKind::all_gather || a.kind == ActionKind::grad_norm;
     const bool buffer = a.kind == ActionKind::zero || a.kind == ActionKind::sum_norms;
     const bool slot = a.kind == ActionKind::swap_in || a.kind == ActionKind::swap_out || a.kind == ActionKind::upload;
-    const std::string_view in = action_group(a.kind);
+    const std::string in = group_of(a.kind);
     out += fmt::format(" {} {}{}{}{},", action_name(a.kind),
                        group    ? "sub-group "
                        : bucket ? "bucket "

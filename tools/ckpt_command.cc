@@ -102,12 +102,18 @@ void inspect(const std::string& path) {
   for (const auto& t : m.tensors) elements += t.numel();
   std::printf("  state      %s: %s (%llu elements each, f32)\n", m.optimizer.c_str(),
               fmt::format("{}", fmt::join(m.states, ", ")).c_str(), static_cast<unsigned long long>(elements));
-  std::printf("  tensors    %zu\n", m.tensors.size());
+  std::printf("  tensors    %zu%s\n", m.tensors.size(),
+              w.value("tp", 1) > 1 ? " (a split tensor's ranges count its stored order: each tensor-parallel part's elements in turn)"
+                                   : "");
   for (const auto& t : m.tensors) {
     std::string pieces;
     for (const auto& p : t.pieces[0]) pieces += fmt::format(" {}:[{}, {})", p.file, p.lo, p.hi);
-    std::printf("    %-28s %-16s %10llu  fp32 in file:[range)%s\n", t.name.c_str(), dims(t.shape).c_str(),
-                static_cast<unsigned long long>(t.numel()), pieces.c_str());
+    const std::string split = t.split.split()
+                                  ? fmt::format(" split on axis {}{} in {} parts", t.split.axis,
+                                                t.split.groups > 1 ? fmt::format(" ({} segments)", t.split.groups) : "", t.split.ranks)
+                                  : "";
+    std::printf("    %-28s %-16s %10llu%s  fp32 in file:[range)%s\n", t.name.c_str(), dims(t.shape).c_str(),
+                static_cast<unsigned long long>(t.numel()), split.c_str(), pieces.c_str());
   }
   std::printf("  files      %zu, %s in all\n", m.files.size(), format_bytes(m.data_bytes()).c_str());
   std::fflush(stdout);

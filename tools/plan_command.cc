@@ -133,7 +133,11 @@ nlohmann::json config_of(const Options& o, const GptShape& shape, const Candidat
   }
   nlohmann::json data;
   if (o.data.empty()) {
-    data = {{"format", "synthetic"}, {"vocab_size", std::min<uint64_t>(shape.vocab, 65536)}};
+    // Enough synthetic tokens for the batches of a short run and their validation.
+    const uint64_t batch_tokens = c.layout.dp * c.layout.micro_batch * c.layout.micro_batches * (shape.seq_len + 1);
+    data = {{"format", "synthetic"},
+            {"vocab_size", std::min<uint64_t>(shape.vocab, 65536)},
+            {"tokens", std::max<uint64_t>(uint64_t{1} << 20, 16 * batch_tokens)}};
   } else {
     const bool bin = o.data.size() > 4 && o.data.substr(o.data.size() - 4) == ".bin";
     data = {{"format", bin ? "bin" : "text"}, {"train", o.data}};

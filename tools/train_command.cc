@@ -55,6 +55,20 @@ std::string si(double v) {
 
 const char* dtype_label(DType t) { return t == DType::bf16 ? "bf16" : t == DType::f16 ? "fp16" : "fp32"; }
 
+// What each tensor-parallel rank holds and the model's collectives per layer.
+std::string tensor_line(const TrainConfig& c) {
+  const int t = c.parallel.tensor;
+  const int v_min = c.model.vocab_size / t, v_max = (c.model.vocab_size + t - 1) / t, heads = c.model.n_head / t;
+  const double act = static_cast<double>(c.micro_batch_size) * c.model.seq_len * c.model.n_embd * 4;
+  return fmt::format(
+      "{} ranks (Megatron's split: {} head{}, {} MLP units, {} vocabulary rows each){}; per layer and micro-batch {} of {} forward "
+      "and as many backward",
+      t, heads, heads == 1 ? "" : "s", 4 * c.model.n_embd / t,
+      v_min == v_max ? std::to_string(v_min) : fmt::format("{} or {}", v_min, v_max),
+      c.parallel.sequence_parallel ? ", sequence parallel" : "",
+      c.parallel.sequence_parallel ? "2 reduce-scatters + 2 all-gathers" : "2 all-reduces", format_bytes(act));
+}
+
 std::string optimizer_line(const OptimizerParams& o) {
   std::string s = fmt::format("{} lr {:g}", optimizer_name(o.kind), o.lr);
   if (o.kind != OptimizerKind::sgd) s += fmt::format(", betas ({:g}, {:g})", o.beta1, o.beta2);
@@ -129,18 +143,7 @@ class Console final : public TrainObserver {
                                                                   : "",
                                     gas, c.parallel.virtual_stages > 1 ? "virtual " : "", fmt::join(layers, " ")));
     }
-    if (c.parallel.tensor > 1) {
-      const int t = c.parallel.tensor;
-      const int v_min = c.model.vocab_size / t, v_max = (c.model.vocab_size + t - 1) / t;
-      const double act = static_cast<double>(c.micro_batch_size) * c.model.seq_len * c.model.n_embd * 4;
-      rows.emplace_back(
-          "tensor",
-          fmt::format(
-              "{} ranks (Megatron's split: {} heads, {} MLP units, {} to {} vocabulary rows each){}; per layer and micro-batch "
-              "{} of {} forward and as many backward",
-              t, c.model.n_head / t, 4 * c.model.n_embd / t, v_min, v_max, c.parallel.sequence_parallel ? ", sequence parallel" : "",
-              c.parallel.sequence_parallel ? "2 reduce-scatters + 2 all-gathers" : "2 all-reduces", format_bytes(act)));
-    }
+    if (c.parallel.tensor > 1) rows.emplace_back("tensor", tensor_line(c));
     rows.emplace_back("batch", fmt::format("{} seq/rank x {} {} x {} data-parallel rank{} = {} sequences = {} tokens/step",
                                            c.micro_batch_size, gas, c.parallel.pipeline > 1 ? "micro-batches" : "accumulation",
                                            c.data_parallel(), c.data_parallel() == 1 ? "" : "s", c.train_batch_size,
@@ -333,9 +336,10 @@ class Console final : public TrainObserver {
     if (c_.parallel.tensor > 1) {
       const auto& t = s.tensor_traffic;
       const auto bytes = [&](CollectiveOp op) { return t.bytes[static_cast<size_t>(op)]; };
-      std::printf("  tensor parallel: rank 0's model moved %s in its group of %d (all-reduce %s, reduce-scatter %s, all-gather %s; "
-                  "logical bytes) in %lld steps and their evaluations\n",
-                  format_bytes(t.total_bytes()).c_str(), c_.parallel.tensor, format_bytes(bytes(CollectiveOp::all_reduce)).c_str(),
+      std::printf("  tensor parallel: rank 0's model collectives in its group of %d: all-reduce %s, reduce-scatter %s, all-gather %s "
+                  "in %lld steps and their validations (logical bytes, as the ZeRO paper counts volume: an all-reduce twice its "
+                  "buffer)\n",
+                  c_.parallel.tensor, format_bytes(bytes(CollectiveOp::all_reduce)).c_str(),
                   format_bytes(bytes(CollectiveOp::reduce_scatter)).c_str(), format_bytes(bytes(CollectiveOp::all_gather)).c_str(),
                   static_cast<long long>(s.steps - s.start_step));
       tensor = {{"ranks", c_.parallel.tensor},
@@ -401,6 +405,13 @@ void dry_run(const TrainConfig& c) {
   // Planned first, so a config the planner refuses is refused before anything is printed for it.
   int widest = 0;
   const StagePlan largest = largest_stage(c, &widest);
+  if (c.parallel.pipeline > 1 || c.parallel.tensor > 1) {
+    std::printf("grid: dp %d x pp %d x tp %d = %d ranks, Megatron's order: rank = stage x %d + data-parallel rank x %d + "
+                "tensor-parallel rank (a tensor-parallel group's ranks adjacent)\n",
+                c.data_parallel(), c.parallel.pipeline, c.parallel.tensor, c.run.world_size, c.data_parallel() * c.parallel.tensor,
+                c.parallel.tensor);
+  }
+  if (c.parallel.tensor > 1) std::printf("tensor parallel: %s\n", tensor_line(c).c_str());
   if (c.parallel.pipeline > 1) {
     // Every rank's program, proved sound before anything runs; then the stage that holds the most.
     const PipeSchedule schedule = make_pipe_schedule(c.parallel.schedule, c.parallel.pipeline,

@@ -77,6 +77,39 @@ uint64_t Gpt2Writer::finish() {
 
 namespace {
 
+// The device buffer the transfers below go through, in floats: no more than the gather of one
+// block's master values takes (what the engine's estimate counts for the end-of-run save), or 32
+// KiB (inside the estimate's allowance) where that gather takes nothing.
+size_t wire_floats(const Plan& plan) {
+  size_t most = 0;
+  for (size_t b = 0; b < plan.blocks.size(); ++b) {
+    const OwnedRange* m = plan.find(StateKind::master, static_cast<int>(b));
+    if (m != nullptr && m->numel() < plan.blocks[b].padded) most = std::max(most, m->numel() + plan.blocks[b].padded);
+  }
+  return std::max<size_t>(most, 8192);
+}
+
+// `count` floats from `from` (host memory of rank `source`) to `to` (host memory of rank `dest`) of
+// `comm`, in pieces through one device buffer.
+void transfer(Engine& engine, Communicator& comm, int source, int dest, const float* from, float* to, size_t count) {
+  Device& device = engine.device();
+  Stream& cs = engine.compute_stream();
+  const size_t chunk = std::min(count, wire_floats(engine.plan()));
+  Buffer wire = device.allocate(std::max<size_t>(chunk, 1) * sizeof(float), MemTag::other);
+  for (size_t at = 0; at < count; at += chunk) {
+    const size_t n = std::min(chunk, count - at);
+    const TensorView piece{wire.data(), n, DType::f32};
+    if (comm.rank() == source) {
+      device.copy(cs, wire.data(), from + at, n * sizeof(float));
+      comm.send(cs, piece, dest);
+    } else {
+      comm.recv(cs, piece, source);
+      device.copy(cs, to + at, wire.data(), n * sizeof(float));
+    }
+  }
+  cs.synchronize();
+}
+
 // Tensor-parallel rank 0 of the group receives every rank's slices of `block` (each rank's
 // parameters end to end, its own sizes) and places them in the whole tensors, end to end; the
 // other ranks send theirs and get nothing back. On data-parallel rank 0 of each rank's group.
@@ -86,14 +119,9 @@ std::vector<float> assemble_slices(Engine& engine, Communicator& tensor, int blo
   std::vector<float> mine;
   for (size_t i = 0; i < spec.params.size(); ++i)
     mine.insert(mine.end(), values.begin() + offsets[i], values.begin() + offsets[i] + spec.params[i].numel());
-  Device& device = engine.device();
-  Stream& cs = engine.compute_stream();
   std::vector<float> whole;
   if (tensor.rank() != 0) {
-    Buffer wire = device.allocate(mine.size() * sizeof(float), MemTag::buffers);
-    device.copy(cs, wire.data(), mine.data(), mine.size() * sizeof(float));
-    tensor.send(cs, wire.view(DType::f32), 0);
-    cs.synchronize();
+    transfer(engine, tensor, tensor.rank(), 0, mine.data(), nullptr, mine.size());
     return whole;
   }
   whole.assign(numel, 0.0f);
@@ -108,12 +136,7 @@ std::vector<float> assemble_slices(Engine& engine, Communicator& tensor, int blo
       count += cut.back().numel();
     }
     std::vector<float> theirs = r == 0 ? mine : std::vector<float>(count);
-    if (r != 0) {
-      Buffer wire = device.allocate(count * sizeof(float), MemTag::buffers);
-      tensor.recv(cs, wire.view(DType::f32), r);
-      device.copy(cs, theirs.data(), wire.data(), count * sizeof(float));
-      cs.synchronize();
-    }
+    if (r != 0) transfer(engine, tensor, r, 0, nullptr, theirs.data(), count);
     size_t at = 0, full_at = 0;
     for (const auto& p : cut) {
       const size_t full_numel = p.tp.split() ? ParamSpec{p.name, p.tp.full_shape}.numel() : p.numel();
@@ -184,16 +207,8 @@ uint64_t save_gpt_weights(Engine& engine, const GptConfig& config, const std::st
       cs.synchronize();
       const int source = static_cast<int>(from);
       if (source != 0 && (stage == 0 || stage == source)) {
-        Buffer wire = engine.device().allocate(numel * sizeof(float), MemTag::buffers);
-        if (stage == source) {
-          engine.device().copy(cs, wire.data(), dense.data(), numel * sizeof(float));
-          pipeline.stages->send(cs, wire.view(DType::f32), 0);
-        } else {
-          pipeline.stages->recv(cs, wire.view(DType::f32), source);
-          dense.resize(numel);
-          engine.device().copy(cs, dense.data(), wire.data(), numel * sizeof(float));
-        }
-        cs.synchronize();
+        if (stage == 0) dense.resize(numel);
+        transfer(engine, *pipeline.stages, source, 0, dense.data(), dense.data(), numel);
       }
     }
     on_lead([&] {

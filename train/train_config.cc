@@ -615,6 +615,12 @@ TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) 
   resolve_auto(c, t.data_parallel(), t.run.steps, t.model.n_embd);
   check_deepspeed_extras(c);
   resolve_batch(t, c);
+  if (const int tp = t.parallel.tensor; t.parallel.sequence_parallel && (t.micro_batch_size * t.model.seq_len) % tp != 0) {
+    ZEROTH_THROW(ConfigError,
+                 "parallel.sequence_parallel splits each micro-batch's {} x {} = {} tokens (train_micro_batch_size_per_gpu x "
+                 "model.seq_len) over the {} tensor-parallel ranks; make the count a multiple of {}",
+                 t.micro_batch_size, t.model.seq_len, t.micro_batch_size * t.model.seq_len, tp, tp);
+  }
   std::vector<std::string> recorded;  // the no-effect keys were recorded above
   const json own = without_deepspeed_extras(c, "", kTopKeys, recorded);
   const Section top(own, "", kTopKeys);

@@ -325,6 +325,12 @@ TEST(Checkpoint, DamageIsRefusedNamingTheFile) {
     }
   });
   expect("another optimizer", {manifest, "exp_avg", "optimizer"});
+  // A split that the world does not have, or that does not fit the shape: refused, never read
+  // through (it would put elements in the wrong places).
+  edit([](auto& j) { j["tensors"][0]["split"] = {{"axis", 0}, {"groups", 1}, {"parts", 2}}; });
+  expect("a split of another world", {manifest, "layer0.weight", "2 tensor-parallel parts", "tp = 1"});
+  edit([](auto& j) { j["tensors"][0]["split"] = {{"axis", 2}, {"groups", 1}, {"parts", 1}}; });
+  expect("a split along no axis", {manifest, "layer0.weight", "split"});
   edit([](auto& j) { j["version"] = 99; });
   expect("a newer format", {manifest, "version 99"});
   // The same names, other shapes: a model of other widths.

@@ -42,11 +42,14 @@ struct GridCase {
   int tp = 1;
   bool sequence_parallel = false;
   GptConfig model = tiny_gpt();
+  bool cpu_checkpointing = false;  // with checkpointing: the block inputs in host memory
+  OptimizerKind optimizer = OptimizerKind::adamw;
 };
 inline void PrintTo(const GridCase& k, std::ostream* os) {
   *os << "dp " << k.dp << " x pp " << k.pp << " x tp " << k.tp << (k.sequence_parallel ? " (sequence parallel)" : "") << ", "
       << pipe_kind_name(k.kind) << ", ZeRO stage " << k.stage << ", m " << k.micro << ", offload " << offload_device_name(k.offload)
-      << (k.checkpointing ? ", checkpointing" : "");
+      << (k.checkpointing ? ", checkpointing" : "") << (k.cpu_checkpointing ? " in host memory" : "") << ", "
+      << optimizer_name(k.optimizer);
 }
 
 struct GridResult {
@@ -60,8 +63,10 @@ struct GridResult {
 
 inline constexpr int kGlobalBatch = 8, kSteps = 4;
 
-inline EngineConfig grid_engine_config(int stage, int micro, OffloadDevice offload = OffloadDevice::none) {
+inline EngineConfig grid_engine_config(int stage, int micro, OffloadDevice offload = OffloadDevice::none,
+                                       OptimizerKind optimizer = OptimizerKind::adamw) {
   EngineConfig ec = tiny_gpt_engine(stage, micro);
+  ec.optimizer.kind = optimizer;
   ec.zero.offload_optimizer.device = offload;
   if (offload == OffloadDevice::nvme) {
     ec.zero.offload_optimizer.nvme_path = ::testing::TempDir() + "zeroth-grid-swap";
@@ -98,13 +103,13 @@ inline void place_block(const Engine& engine, int block, const std::vector<float
 }
 
 // One rank, the whole model, the cycle's micro-batches one after another.
-inline GridResult train_whole(const GptConfig& gc, int micro) {
+inline GridResult train_whole(const GptConfig& gc, int micro, OptimizerKind optimizer = OptimizerKind::adamw) {
   const TokenData data = TokenData::synthetic(gc.vocab_size, 1 << 14, 3);
   const int mb = kGlobalBatch / micro, T = gc.seq_len;
   GridResult out;
   auto device = make_device("cpu");
   auto comms = make_local_communicators(1);
-  Engine engine(*device, *comms[0], grid_engine_config(0, micro));
+  Engine engine(*device, *comms[0], grid_engine_config(0, micro, OffloadDevice::none, optimizer));
   Gpt gpt(engine, gc);
   engine.finalize();
   Loader loader(data, T, mb, micro, 1, 0, 11, true);
@@ -132,13 +137,13 @@ inline GridResult train_whole(const GptConfig& gc, int micro) {
   return out;
 }
 
-inline const GridResult& whole_reference(const GptConfig& gc, int micro) {
+inline const GridResult& whole_reference(const GptConfig& gc, int micro, OptimizerKind optimizer = OptimizerKind::adamw) {
   static std::mutex mutex;
   static std::map<std::string, GridResult> cache;
   const std::string key = std::to_string(micro) + "/" + std::to_string(gc.vocab_size) + "/" + std::to_string(gc.n_head) + "/" +
-                          std::to_string(gc.n_layer) + "/" + std::to_string(gc.n_embd);
+                          std::to_string(gc.n_layer) + "/" + std::to_string(gc.n_embd) + "/" + std::string(optimizer_name(optimizer));
   std::lock_guard lock(mutex);
-  if (!cache.contains(key)) cache[key] = train_whole(gc, micro);
+  if (!cache.contains(key)) cache[key] = train_whole(gc, micro, optimizer);
   return cache[key];
 }
 
@@ -152,6 +157,7 @@ struct Steps {
 inline GridResult train_grid(const GridCase& k, std::vector<PipeMeasure>* measures = nullptr, const Steps& steps = {}) {
   GptConfig gc = k.model;
   gc.activation_checkpointing = k.checkpointing;
+  gc.cpu_checkpointing = k.cpu_checkpointing;
   const TokenData data = TokenData::synthetic(gc.vocab_size, 1 << 14, 3);
   const int chunks = k.kind == PipeKind::interleaved ? 2 : 1;
   const int mb = kGlobalBatch / (k.dp * k.micro), T = gc.seq_len;
@@ -173,7 +179,7 @@ inline GridResult train_grid(const GridCase& k, std::vector<PipeMeasure>* measur
     auto device = make_device("cpu");
     std::unique_ptr<PipelineRunner> runner;
     if (k.pp > 1) runner = std::make_unique<PipelineRunner>(*device, *groups.pp, make_pipe_schedule(k.kind, k.pp, k.micro, chunks));
-    EngineConfig ec = grid_engine_config(k.stage, k.micro, k.offload);
+    EngineConfig ec = grid_engine_config(k.stage, k.micro, k.offload, k.optimizer);
     ec.zero.reduce_bucket_size = ec.zero.allgather_bucket_size = k.bucket;
     Engine engine(*device, *groups.dp, ec);
     if (k.pp > 1) {

@@ -85,6 +85,7 @@ TEST_P(TensorParallelKernels, ColumnThenRowParallelLinearsEqualTheUnsplitPair) {
             b2 = random_vec(C, rng), dY = random_vec(N * C, rng);
   // float64 references and the sums of |terms| that bound each element's f32 error.
   std::vector<double> H(N * F), Ha(N * F), Y(N * C), Ya(N * C), dH(N * F), dHa(N * F), dX(N * C), dXa(N * C), dW1(F * C), dW1a(F * C);
+  std::vector<double> dW2(C * F), dW2a(C * F), db1(F), db1a(F);
   for (int n = 0; n < N; ++n) {
     for (int f = 0; f < F; ++f) {
       double s = b1[f], a = std::abs(b1[f]);
@@ -115,7 +116,13 @@ TEST_P(TensorParallelKernels, ColumnThenRowParallelLinearsEqualTheUnsplitPair) {
       double s = 0, a = 0;
       for (int n = 0; n < N; ++n) s += dH[n * F + f] * X[n * C + c], a += dHa[n * F + f] * std::abs(X[n * C + c]);
       dW1[f * C + c] = s, dW1a[f * C + c] = a;
+      s = 0, a = 0;
+      for (int n = 0; n < N; ++n) s += double(dY[n * C + c]) * H[n * F + f], a += std::abs(double(dY[n * C + c])) * Ha[n * F + f];
+      dW2[c * F + f] = s, dW2a[c * F + f] = a;
     }
+    double s = 0, a = 0;
+    for (int n = 0; n < N; ++n) s += dH[n * F + f], a += dHa[n * F + f];
+    db1[f] = s, db1a[f] = a;
   }
   Stream& stream = device_->default_stream();
   auto k = gpt::make_kernels(stream);
@@ -125,7 +132,7 @@ TEST_P(TensorParallelKernels, ColumnThenRowParallelLinearsEqualTheUnsplitPair) {
     float* x = d.put(X);
     float* dy = d.put(dY);
     const int Fr = F / tp;
-    Vec y_sum(N * C, 0.0f), dx_sum(N * C, 0.0f), dw1(F * C, 0.0f);
+    Vec y_sum(N * C, 0.0f), dx_sum(N * C, 0.0f), dw1(F * C, 0.0f), dw2(C * F, 0.0f), gbias1(F, 0.0f);
     for (int r = 0; r < tp; ++r) {
       float* w1 = d.put(slice_of(W1, {F, C}, 0, r, tp));
       float* bias1 = d.put(slice_of(b1, {F}, 0, r, tp));
@@ -139,17 +146,27 @@ TEST_P(TensorParallelKernels, ColumnThenRowParallelLinearsEqualTheUnsplitPair) {
         k->matmul_backward(dh, gw2, nullptr, dy, h, w2, N, Fr, C);
         k->matmul_backward(dx, gw1, gb1, dh, x, w1, N, C, Fr);
       });
-      const Vec yr = d.get(y, N * C), dxr = d.get(dx, N * C), gw1r = d.get(gw1, Fr * C);
+      const Vec yr = d.get(y, N * C), dxr = d.get(dx, N * C), gw1r = d.get(gw1, Fr * C), gw2r = d.get(gw2, C * Fr),
+                gb1r = d.get(gb1, Fr);
       for (size_t i = 0; i < yr.size(); ++i) y_sum[i] += yr[i], dx_sum[i] += dxr[i];
-      // The rank's rows of dW1 go back to their place in the whole matrix.
-      ParamSpec{"w", {F, C}}.cut(0, 1, r, tp).tp.for_each_run(0, gw1r.size(), [&](size_t at, size_t count, size_t local) {
-        std::copy(gw1r.begin() + local, gw1r.begin() + local + count, dw1.begin() + at);
-      });
+      // The rank's rows of dW1 and db1, and columns of dW2, go back to their place in the whole.
+      auto place = [&](const Vec& part, std::vector<int64_t> shape, int axis, Vec& whole) {
+        ParamSpec{"w", std::move(shape)}
+            .cut(axis, 1, r, tp)
+            .tp.for_each_run(0, part.size(), [&](size_t at, size_t count, size_t local) {
+              std::copy(part.begin() + local, part.begin() + local + count, whole.begin() + at);
+            });
+      };
+      place(gw1r, {F, C}, 0, dw1);
+      place(gw2r, {C, F}, 1, dw2);
+      place(gb1r, {F}, 0, gbias1);
     }
     // The partial sums add tp more roundings, each within the bound's slack (k + 2).
     expect_within_sum_bound("Y", y_sum, Y, Ya, C + F + tp);
     expect_within_sum_bound("dX", dx_sum, dX, dXa, C + F + tp);
     expect_within_sum_bound("dW1", dw1, dW1, dW1a, N + C);
+    expect_within_sum_bound("dW2", dw2, dW2, dW2a, N + C);
+    expect_within_sum_bound("db1", gbias1, db1, db1a, N + C);
   }
 }
 
@@ -232,6 +249,59 @@ TEST_P(TensorParallelKernels, VocabularyParallelCrossEntropyEqualsTheFullOne) {
       }
     }
     std::printf("tp %d: loss %.7f against %.7f, worst gradient error %.3g\n", tp, losses[0], loss_ref, worst);
+  }
+}
+
+// The vocabulary-parallel embedding: each rank adds the rows of the tokens its slice holds (rank 0
+// the positions too); the sum over the ranks is the whole embedding, bit for bit (one non-zero term
+// per element but the positions). Backward: each slice's rows collect their tokens' gradients, the
+// position gradient is whole on every rank.
+TEST_P(TensorParallelKernels, VocabularyParallelEmbeddingSumsToTheWholeOne) {
+  const int B = 3, T = 8, C = 16, V = 50;
+  std::mt19937 rng(3);
+  const Vec wte = random_vec(V * C, rng), wpe = random_vec(T * C, rng), dout = random_vec(B * T * C, rng);
+  std::vector<int32_t> tokens(B * T);
+  for (auto& t : tokens) t = static_cast<int32_t>(rng() % V);
+  tokens[0] = tokens[5];  // a repeated token: its rows add up in one gradient row
+  Stream& stream = device_->default_stream();
+  auto k = gpt::make_kernels(stream);
+  Buffer ids = device_->allocate(tokens.size() * sizeof(int32_t), MemTag::other);
+  device_->copy(stream, ids.data(), tokens.data(), tokens.size() * sizeof(int32_t));
+  stream.synchronize();
+  // float64 references: the embedding (a sum of two floats, rounded once as f32 does) and gradients.
+  Vec emb(B * T * C);
+  std::vector<double> dwte(V * C, 0.0), dwpe(T * C, 0.0);
+  for (int n = 0; n < B * T; ++n) {
+    for (int c = 0; c < C; ++c) {
+      emb[n * C + c] = static_cast<float>(double(wte[tokens[n] * C + c]) + wpe[(n % T) * C + c]);
+      dwte[tokens[n] * C + c] += dout[n * C + c];
+      dwpe[(n % T) * C + c] += dout[n * C + c];
+    }
+  }
+  for (int tp : {1, 2, 3, 4}) {
+    SCOPED_TRACE("tp " + std::to_string(tp));
+    OnDevice d{*device_};
+    float* grad = d.put(dout);
+    Vec sum(B * T * C, 0.0f), dwte_whole(V * C, 0.0f);
+    for (int r = 0; r < tp; ++r) {
+      const auto [lo, hi] = TensorSplit::part(V, r, tp);
+      const int Vr = static_cast<int>(hi - lo);
+      float* w = d.put(slice_of(wte, {V, C}, 0, r, tp));
+      float* p = d.put(wpe);
+      float *out = d.zeros(B * T * C), *gw = d.zeros(Vr * C), *gp = d.zeros(T * C);
+      k->submit([&] {
+        k->encoder_forward(out, ids.as<int32_t>(), w, r == 0 ? p : nullptr, B, T, C, static_cast<int>(lo), Vr);
+        k->encoder_backward(gw, gp, grad, ids.as<int32_t>(), B, T, C, static_cast<int>(lo), Vr);
+      });
+      const Vec o = d.get(out, B * T * C), g = d.get(gw, Vr * C), gpos = d.get(gp, T * C);
+      for (size_t i = 0; i < o.size(); ++i) sum[i] += o[i];
+      std::copy(g.begin(), g.end(), dwte_whole.begin() + lo * C);
+      // Sums of B (dwpe) or a token's few (dwte) standard normals: (terms + 1) u times their |sum| bound.
+      for (int i = 0; i < T * C; ++i)
+        ASSERT_NEAR(gpos[i], dwpe[i], (B + 1) * 0x1.0p-24 * 4 * B) << "rank " << r << " dwpe[" << i << "]";
+    }
+    EXPECT_EQ(sum, emb);
+    for (int i = 0; i < V * C; ++i) ASSERT_NEAR(dwte_whole[i], dwte[i], 4 * 0x1.0p-24 * 8) << "dwte[" << i << "]";
   }
 }
 

@@ -89,22 +89,93 @@ TEST(TensorTrain, TheModelsTensorParallelTrafficIsMegatronsCount) {
 }
 
 // The 3D run's checkpoint resumes with tensor parallelism off (dp 2 x pp 2), continuing with the
-// loss the 3D run itself has at that step.
+// loss the 3D run itself has at that step. Saved after step 3, the first the warm-up gives a
+// learning rate above 0, so the loss of step 4 reads the saved weights.
 TEST(TensorTrain, ACheckpointOfTheThreeDRunResumesWithoutTensorParallelism) {
-  const auto whole = train_3d("tp_whole", {"run.steps=3", "run.trace=false", "run.checkpoint_interval=-1"});
+  const auto whole = train_3d("tp_whole", {"run.steps=4", "run.trace=false", "run.checkpoint_interval=-1"});
   ASSERT_EQ(whole.code, 0) << whole.output;
-  const auto first = train_3d("tp_ckpt", {"run.steps=2", "run.trace=false"});
+  const auto first = train_3d("tp_ckpt", {"run.steps=3", "run.trace=false"});
   ASSERT_EQ(first.code, 0) << first.output;
   const auto resumed = run({ZEROTH_BIN, "train", kConfig, "--resume", "--set", "run.output_dir=" + temp("tp_ckpt"), "--set",
-                            "run.eval_interval=0", "--set", "run.steps=3", "--set", "run.world_size=4", "--set", "parallel.tensor=1",
+                            "run.eval_interval=0", "--set", "run.steps=4", "--set", "run.world_size=4", "--set", "parallel.tensor=1",
                             "--set", "run.trace=false"},
                            "tp_ckpt");
   ASSERT_EQ(resumed.code, 0) << resumed.output;
-  EXPECT_NE(resumed.output.find("from the checkpoint at step 2"), std::string::npos) << resumed.output;
+  EXPECT_NE(resumed.output.find("from the checkpoint at step 3"), std::string::npos) << resumed.output;
   const auto a = losses(whole), b = losses(resumed);
-  ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(a.size(), 4u);
   ASSERT_FALSE(b.empty());
   EXPECT_NEAR(b.back(), a.back(), 2e-6 * a.back());
+}
+
+// The 3D run in a device budget of exactly its estimate (`zeroth estimate --config`, the config's own
+// row) trains and saves its weights: every rank's peak, the end-of-run gather of whole tensors from
+// the slices and stages included, stays inside it.
+TEST(TensorTrain, TheThreeDRunFitsItsOwnEstimateToTheEnd) {
+  const auto est = run({ZEROTH_BIN, "estimate", "--config", kConfig, "--json"}, "tp_estimate");
+  ASSERT_EQ(est.code, 0) << est.output;
+  uint64_t bytes = 0;
+  const json rows = json::parse(est.output.substr(est.output.find('{')))["rows"];
+  for (const auto& row : rows) {
+    if (row["config"].get<bool>()) bytes = row["device_bytes"].get<uint64_t>();
+  }
+  ASSERT_GT(bytes, 0u) << est.output;
+  const auto r = train_3d("tp_budget", {"run.steps=2", "run.trace=false", "run.checkpoint_interval=-1",
+                                        "run.device_memory=" + std::to_string(bytes)});
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(std::filesystem::exists(temp("tp_budget") + "/model.safetensors"));
+  EXPECT_LE(r.metrics.back()["summary"]["peak_bytes"].get<uint64_t>(), bytes);
+}
+
+// Weights from a file (run.init_from) start a tensor-parallel run from each rank's slices of them:
+// its first loss is the unsplit run's from the same file, and not a fresh start's.
+TEST(TensorTrain, InitialWeightsFromAFileAreSlicedPerRank) {
+  const std::vector<std::string> one = {"run.trace=false", "run.checkpoint_interval=-1", "parallel.tensor=1", "run.world_size=4"};
+  auto with = [](std::vector<std::string> a, const std::vector<std::string>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
+  const auto trained = train_3d("tp_init_src", with(one, {"run.steps=3"}));
+  ASSERT_EQ(trained.code, 0) << trained.output;
+  const std::string weights = "run.init_from=" + temp("tp_init_src") + "/model.safetensors";
+  const auto split = train_3d("tp_init_split", {"run.steps=1", "run.trace=false", "run.checkpoint_interval=-1", weights});
+  const auto whole = train_3d("tp_init_whole", with(one, {"run.steps=1", weights}));
+  ASSERT_EQ(split.code, 0) << split.output;
+  ASSERT_EQ(whole.code, 0) << whole.output;
+  const auto a = losses(split), b = losses(whole), fresh = losses(trained);
+  ASSERT_EQ(a.size(), 1u);
+  ASSERT_EQ(b.size(), 1u);
+  EXPECT_NEAR(a[0], b[0], 2e-6 * b[0]);
+  EXPECT_GT(std::abs(a[0] - fresh[0]), 1e-3) << "the first loss is a fresh start's: the file's weights were not used";
+}
+
+// Tensor-parallel ranks as Gloo processes (tp 2 with sequence parallelism, no pipeline): the same
+// losses as ranks as threads.
+TEST(TensorTrain, GlooProcessesTrainTheSameLossesAsLocalThreads) {
+  const std::vector<std::string> sets = {"run.steps=2",
+                                         "run.checkpoint_interval=-1",
+                                         "run.trace=false",
+                                         "parallel.pipeline=1",
+                                         "run.world_size=2",
+                                         "parallel.micro_batches=2",
+                                         "parallel.sequence_parallel=true"};
+  const auto local = train_3d("tp_local", sets);
+  ASSERT_EQ(local.code, 0) << local.output;
+  std::filesystem::remove_all(temp("tp_gloo"));
+  std::vector<std::string> args = {ZEROTH_BIN, "launch",
+                                   "-n",       "2",
+                                   "--",       ZEROTH_BIN,
+                                   "train",    kConfig,
+                                   "--set",    "run.output_dir=" + temp("tp_gloo"),
+                                   "--set",    "run.eval_interval=0",
+                                   "--set",    "run.backend=gloo"};
+  for (const auto& s : sets) args.insert(args.end(), {"--set", s});
+  const auto gloo = run(args, "tp_gloo");
+  ASSERT_EQ(gloo.code, 0) << gloo.output;
+  const auto a = losses(local), b = losses(gloo);
+  ASSERT_EQ(a.size(), 2u);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5 * a[i]) << "step " << i + 1;
 }
 
 }  // namespace

@@ -199,6 +199,16 @@ INSTANTIATE_TEST_SUITE_P(
         ErrorCase{"TensorHeads", R"({"parallel": {"tensor": 4}, "run": {"world_size": 4}})",
                   "parallel.tensor = 4 splits the attention heads over its ranks, but model.n_head = 2 is not a multiple of it; use "
                   "a tensor-parallel size that divides the heads"},
+        ErrorCase{
+            "SequenceParallelTokens",
+            R"({"train_micro_batch_size_per_gpu": 1, "model": {"seq_len": 9}, "parallel": {"tensor": 2, "sequence_parallel": true},
+                      "run": {"world_size": 2}})",
+            "parallel.sequence_parallel splits each micro-batch's 1 x 9 = 9 tokens (train_micro_batch_size_per_gpu x "
+            "model.seq_len) over the 2 tensor-parallel ranks; make the count a multiple of 2"},
+        ErrorCase{"TensorVocabulary",
+                  R"({"model": {"vocab_size": 2, "n_head": 4}, "data": {"vocab_size": 2}, "parallel": {"tensor": 4},
+                      "run": {"world_size": 4}})",
+                  "parallel.tensor = 4 splits the vocabulary, but model.vocab_size is only 2"},
         ErrorCase{"SequenceParallelWithoutTensor", R"({"parallel": {"sequence_parallel": true}})",
                   "parallel.sequence_parallel splits the tokens over the tensor-parallel ranks, but parallel.tensor is 1; set "
                   "parallel.tensor, or remove it"},
