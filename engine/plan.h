@@ -258,6 +258,10 @@ Plan make_plan(const std::vector<BlockSpec>& blocks, const BlockSchedule& schedu
 Plan make_plan(const std::vector<BlockSpec>& blocks, const std::vector<BlockSchedule>& schedules, const EngineConfig& config, int dp,
                int rank, std::vector<PassRef> passes);
 
+// From a block's parameters' tensor-parallel splits (ParamSpec::tp): its norm_excluded and tp_partial
+// ranges, and the plan's tensor-parallel group (InvalidArgument when two parameters disagree on it).
+void plan_tensor_parallel(Plan& plan, PlannedBlock& block, const BlockSpec& spec);
+
 // Marks `block` as one copy of a parameter tied across pipeline stages (Plan::tied_block), adding
 // the staging buffer offloaded gradients need. On a plan from make_plan, once.
 void tie_block(Plan& plan, int block, bool counts_in_norm);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The one script to run on a machine with an NVIDIA GPU: builds the CUDA backend, runs the whole
-# test suite with the GPU cases enabled, benchmarks the GPU kernels, and prints a short table
-# last. Budget: under 8 minutes. Without a usable GPU it says so and exits non-zero.
+# test suite with the GPU cases enabled (the tensor-parallel kernels' among them), trains on the GPU
+# with and without tensor parallelism, benchmarks the GPU kernels, and prints a short table last.
+# Budget: under 8 minutes. Without a usable GPU it says so and exits non-zero.
 set -uo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -65,6 +66,16 @@ if [[ $status_build == ok ]]; then
     status_train=ok
   fi
 
+  step "GPT with tensor parallelism on the GPU (2 local ranks, tp 2 with sequence parallelism, 10 steps)"
+  # The vocabulary-parallel loss and embedding kernels and the split layers on CUDA; the ranks share
+  # the GPU through the local backend (NCCL takes one GPU per rank).
+  status_tp=FAIL
+  if build-gpu/tools/zeroth train configs/gpt-3d.json --set run.device=cuda --set parallel.pipeline=1 --set run.world_size=2 \
+      --set parallel.micro_batches=2 --set parallel.sequence_parallel=true --set run.trace=false --set run.steps=10 \
+      --set run.eval_interval=0 --set run.output_dir="$out/train_tp" | tee "$out/train_tp_cuda.txt"; then
+    status_tp=ok
+  fi
+
   step "bench comm on the GPUs (nccl, one rank per GPU)"
   gpus=$(nvidia-smi -L | wc -l)
   if build-gpu/tools/zeroth bench comm --backend nccl --ranks "$gpus" --min-bytes 1MiB --max-bytes 256MiB \
@@ -75,7 +86,8 @@ fi
 
 step "summary"
 printf '%-28s %s\n' "build (CUDA)" "$status_build" "tests" "$status_tests" "bench kernels (cuda)" "$status_bench" \
-  "bench comm (nccl)" "$status_comm" "bench offload (cuda)" "$status_offload" "train GPT (cuda)" "${status_train:-not run}"
+  "bench comm (nccl)" "$status_comm" "bench offload (cuda)" "$status_offload" "train GPT (cuda)" "${status_train:-not run}" \
+  "train GPT tp 2 (cuda)" "${status_tp:-not run}"
 if [[ -f $out/bench_kernels_cuda.json ]]; then
   python3 - "$out/bench_kernels_cuda.json" <<'PY' || true
 import json, sys
