@@ -52,7 +52,7 @@ case "${1:-}" in
     # oneTBB's own synchronisation is invisible to TSan; kernels run single-threaded under it.
     if [[ $kind == thread ]]; then
       export ZEROTH_NUM_THREADS=1
-      export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1 second_deadlock_stack=1}
+      export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1 second_deadlock_stack=1 suppressions=$root/tools/tsan.supp}
     fi
     run_tests "$dir"
     ;;

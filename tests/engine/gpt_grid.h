@@ -44,12 +44,13 @@ struct GridCase {
   GptConfig model = tiny_gpt();
   bool cpu_checkpointing = false;  // with checkpointing: the block inputs in host memory
   OptimizerKind optimizer = OptimizerKind::adamw;
+  DType compute = DType::f32;
 };
 inline void PrintTo(const GridCase& k, std::ostream* os) {
   *os << "dp " << k.dp << " x pp " << k.pp << " x tp " << k.tp << (k.sequence_parallel ? " (sequence parallel)" : "") << ", "
       << pipe_kind_name(k.kind) << ", ZeRO stage " << k.stage << ", m " << k.micro << ", offload " << offload_device_name(k.offload)
       << (k.checkpointing ? ", checkpointing" : "") << (k.cpu_checkpointing ? " in host memory" : "") << ", "
-      << optimizer_name(k.optimizer);
+      << optimizer_name(k.optimizer) << ", " << dtype_name(k.compute);
 }
 
 struct GridResult {
@@ -64,8 +65,8 @@ struct GridResult {
 inline constexpr int kGlobalBatch = 8, kSteps = 4;
 
 inline EngineConfig grid_engine_config(int stage, int micro, OffloadDevice offload = OffloadDevice::none,
-                                       OptimizerKind optimizer = OptimizerKind::adamw) {
-  EngineConfig ec = tiny_gpt_engine(stage, micro);
+                                       OptimizerKind optimizer = OptimizerKind::adamw, DType compute = DType::f32) {
+  EngineConfig ec = tiny_gpt_engine(stage, micro, compute);
   ec.optimizer.kind = optimizer;
   ec.zero.offload_optimizer.device = offload;
   if (offload == OffloadDevice::nvme) {
@@ -103,13 +104,14 @@ inline void place_block(const Engine& engine, int block, const std::vector<float
 }
 
 // One rank, the whole model, the cycle's micro-batches one after another.
-inline GridResult train_whole(const GptConfig& gc, int micro, OptimizerKind optimizer = OptimizerKind::adamw) {
+inline GridResult train_whole(const GptConfig& gc, int micro, OptimizerKind optimizer = OptimizerKind::adamw,
+                              DType compute = DType::f32) {
   const TokenData data = TokenData::synthetic(gc.vocab_size, 1 << 14, 3);
   const int mb = kGlobalBatch / micro, T = gc.seq_len;
   GridResult out;
   auto device = make_device("cpu");
   auto comms = make_local_communicators(1);
-  Engine engine(*device, *comms[0], grid_engine_config(0, micro, OffloadDevice::none, optimizer));
+  Engine engine(*device, *comms[0], grid_engine_config(0, micro, OffloadDevice::none, optimizer, compute));
   Gpt gpt(engine, gc);
   engine.finalize();
   Loader loader(data, T, mb, micro, 1, 0, 11, true);
@@ -137,13 +139,15 @@ inline GridResult train_whole(const GptConfig& gc, int micro, OptimizerKind opti
   return out;
 }
 
-inline const GridResult& whole_reference(const GptConfig& gc, int micro, OptimizerKind optimizer = OptimizerKind::adamw) {
+inline const GridResult& whole_reference(const GptConfig& gc, int micro, OptimizerKind optimizer = OptimizerKind::adamw,
+                                         DType compute = DType::f32) {
   static std::mutex mutex;
   static std::map<std::string, GridResult> cache;
   const std::string key = std::to_string(micro) + "/" + std::to_string(gc.vocab_size) + "/" + std::to_string(gc.n_head) + "/" +
-                          std::to_string(gc.n_layer) + "/" + std::to_string(gc.n_embd) + "/" + std::string(optimizer_name(optimizer));
+                          std::to_string(gc.n_layer) + "/" + std::to_string(gc.n_embd) + "/" + std::string(optimizer_name(optimizer)) +
+                          "/" + std::string(dtype_name(compute));
   std::lock_guard lock(mutex);
-  if (!cache.contains(key)) cache[key] = train_whole(gc, micro, optimizer);
+  if (!cache.contains(key)) cache[key] = train_whole(gc, micro, optimizer, compute);
   return cache[key];
 }
 
@@ -179,7 +183,7 @@ inline GridResult train_grid(const GridCase& k, std::vector<PipeMeasure>* measur
     auto device = make_device("cpu");
     std::unique_ptr<PipelineRunner> runner;
     if (k.pp > 1) runner = std::make_unique<PipelineRunner>(*device, *groups.pp, make_pipe_schedule(k.kind, k.pp, k.micro, chunks));
-    EngineConfig ec = grid_engine_config(k.stage, k.micro, k.offload, k.optimizer);
+    EngineConfig ec = grid_engine_config(k.stage, k.micro, k.offload, k.optimizer, k.compute);
     ec.zero.reduce_bucket_size = ec.zero.allgather_bucket_size = k.bucket;
     Engine engine(*device, *groups.dp, ec);
     if (k.pp > 1) {
@@ -270,17 +274,18 @@ inline GridResult train_grid(const GridCase& k, std::vector<PipeMeasure>* measur
   return out;
 }
 
-// Each step's gradient norm within 5e-7 and loss within 3e-7 of `ref`'s, relative, and the loss
-// falling; the worst relative errors of both.
-inline std::pair<double, double> expect_steps(const GridResult& got, const GridResult& ref) {
+// Each step's gradient norm within `norm_bound` and loss within `loss_bound` of `ref`'s, relative
+// (f32 defaults), and the loss falling; the worst relative errors of both.
+inline std::pair<double, double> expect_steps(const GridResult& got, const GridResult& ref, double norm_bound = 5e-7,
+                                              double loss_bound = 3e-7) {
   double norm_err = 0, loss_err = 0;
   EXPECT_EQ(got.grad_norms.size(), ref.grad_norms.size());
   EXPECT_EQ(got.losses.size(), ref.losses.size());
   for (size_t s = 0; s < std::min(got.losses.size(), ref.losses.size()) && s < got.grad_norms.size(); ++s) {
     norm_err = std::max(norm_err, std::abs(got.grad_norms[s] - ref.grad_norms[s]) / ref.grad_norms[s]);
     loss_err = std::max(loss_err, std::abs(got.losses[s] - ref.losses[s]) / ref.losses[s]);
-    EXPECT_NEAR(got.grad_norms[s], ref.grad_norms[s], 5e-7 * ref.grad_norms[s]) << "step " << s;
-    EXPECT_NEAR(got.losses[s], ref.losses[s], 3e-7 * ref.losses[s]) << "step " << s;
+    EXPECT_NEAR(got.grad_norms[s], ref.grad_norms[s], norm_bound * ref.grad_norms[s]) << "step " << s;
+    EXPECT_NEAR(got.losses[s], ref.losses[s], loss_bound * ref.losses[s]) << "step " << s;
   }
   EXPECT_LT(got.losses.back(), got.losses.front());
   return {norm_err, loss_err};
