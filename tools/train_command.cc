@@ -61,12 +61,14 @@ std::string tensor_line(const TrainConfig& c) {
   const int v_min = c.model.vocab_size / t, v_max = (c.model.vocab_size + t - 1) / t, heads = c.model.n_head / t;
   const double act = static_cast<double>(c.micro_batch_size) * c.model.seq_len * c.model.n_embd * 4;
   return fmt::format(
-      "{} ranks (Megatron's split: {} head{}, {} MLP units, {} vocabulary rows each){}; per layer and micro-batch {} of {} forward "
-      "and as many backward",
+      "{} ranks (Megatron's split: {} head{}, {} MLP units, {} vocabulary rows each){}; per layer and micro-batch, collectives of {}: "
+      "{}",
       t, heads, heads == 1 ? "" : "s", 4 * c.model.n_embd / t,
       v_min == v_max ? std::to_string(v_min) : fmt::format("{} or {}", v_min, v_max),
-      c.parallel.sequence_parallel ? ", sequence parallel" : "",
-      c.parallel.sequence_parallel ? "2 reduce-scatters + 2 all-gathers" : "2 all-reduces", format_bytes(act));
+      c.parallel.sequence_parallel ? ", sequence parallel" : "", format_bytes(act),
+      c.parallel.sequence_parallel
+          ? "2 reduce-scatters and 2 all-gathers forward, 2 and 4 backward (the LayerNorm outputs gathered again)"
+          : "2 all-reduces forward, 2 backward");
 }
 
 std::string optimizer_line(const OptimizerParams& o) {

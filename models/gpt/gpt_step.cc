@@ -52,11 +52,11 @@ struct Gpt::State {
   gpt::Scratch d;                // passes run one at a time: shared
   Buffer wbuf, gbuf;             // f32 copies of a narrow block's parameters and gradients
 
-  // LayerActs of one layer: ln1, ln2 whole; res2 and the statistics this rank's rows; the rest in
-  // this rank's heads and MLP width.
+  // LayerActs of one layer: ln1, ln2, res2 and the statistics this rank's rows; the rest in this
+  // rank's heads and MLP width.
   static size_t layer_floats(const Dims& d, size_t BT, size_t B, size_t T) {
     const size_t C = d.C, R = d.rows(BT);
-    return BT * (2 * C + 4 * d.Cq + 2 * d.F) + R * C + 4 * R + B * d.NH * T * T;
+    return BT * (4 * d.Cq + 2 * d.F) + 3 * R * C + 4 * R + B * d.NH * T * T;
   }
   // The residual stream positions the part reads or writes: each chunk's [lo, hi].
   static std::vector<bool> resid_positions(const GptConfig& c, const GptPart& part) {
@@ -118,12 +118,12 @@ struct Gpt::State {
     for (int i = 0; i < most; ++i) n += slot_floats(c, slot_part(part, chunk_slots, i), B, T);
     return n;
   }
-  // dresid (this rank's rows), dC, dqkv, dfch, datt; with sequence parallelism the partial sums and
-  // the gathered rows, whole.
+  // dresid (this rank's rows), dC, dqkv, dfch, datt; with sequence parallelism the partial sums, a
+  // gathered gradient and a gathered LayerNorm output, whole.
   static size_t scratch_floats(const GptConfig& c, const GptPart& part, int B, int T) {
     const Dims d = Dims::of(c, part);
     const size_t BT = static_cast<size_t>(B) * T, C = c.n_embd;
-    return d.rows(BT) * C + BT * (C + 3 * d.Cq + d.F) + static_cast<size_t>(B) * d.NH * T * T + (d.sp ? 2 * BT * C : 0);
+    return d.rows(BT) * C + BT * (C + 3 * d.Cq + d.F) + static_cast<size_t>(B) * d.NH * T * T + (d.sp ? 3 * BT * C : 0);
   }
   // The layer whose activation set evaluation uses (nothing is kept for a backward).
   int eval_layer() const { return cfg.activation_checkpointing ? 0 : part.chunks.front()[0]; }
@@ -205,9 +205,9 @@ struct Gpt::State {
       for (size_t l = 0; l < sl.layer.size(); ++l) {
         if (sl.layer.size() > 1 && !owned[l]) continue;  // another rank's layer
         auto& a = sl.layer[l];
-        a.ln1 = take(BT * C), a.ln1_mean = take(R), a.ln1_rstd = take(R), a.qkv = take(3 * BT * dims.Cq);
+        a.ln1 = take(R * C), a.ln1_mean = take(R), a.ln1_rstd = take(R), a.qkv = take(3 * BT * dims.Cq);
         a.att = take(static_cast<size_t>(b) * dims.NH * t * t), a.atty = take(BT * dims.Cq), a.res2 = take(R * C);
-        a.ln2 = take(BT * C), a.ln2_mean = take(R), a.ln2_rstd = take(R), a.fch = take(BT * dims.F), a.fch_gelu = take(BT * dims.F);
+        a.ln2 = take(R * C), a.ln2_mean = take(R), a.ln2_rstd = take(R), a.fch = take(BT * dims.F), a.fch_gelu = take(BT * dims.F);
       }
       if (head) {
         sl.lnf = take(BT * C), sl.lnf_mean = take(R), sl.lnf_rstd = take(R), sl.logits = take(BT * dims.V), sl.ce_stats = take(4 * BT);
@@ -224,6 +224,7 @@ struct Gpt::State {
     d.dresid = take(R * C), d.dC = take(BT * C), d.dqkv = take(3 * BT * dims.Cq), d.dfch = take(BT * dims.F);
     d.datt = take(static_cast<size_t>(b) * dims.NH * t * t);
     d.partial = dims.sp ? take(BT * C) : nullptr, d.gathered = dims.sp ? take(BT * C) : nullptr;
+    d.ln_whole = dims.sp ? take(BT * C) : nullptr;
     B = b, T = t;
   }
 };

@@ -82,32 +82,32 @@ enum LayerParam { kLn1W, kLn1B, kAttnW, kAttnB, kProjW, kProjB, kLn2W, kLn2B, kF
 void layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs& a, const Scratch& s, const float* x, float* out,
                    int B, int T) {
   const Dims d = g.dims();
-  const size_t BT = static_cast<size_t>(B) * T, R = d.rows(BT), at = d.row_offset(BT);
+  const size_t BT = static_cast<size_t>(B) * T, R = d.rows(BT);
   // Row-parallel outputs are partial sums: the bias joins on rank 0 only, so the sum holds it once.
   const bool bias = d.tp_rank == 0;
   float* proj = d.sp ? s.partial : a.res2;
-  k.submit([&k, w, a, x, d, R, at] {
+  k.submit([&k, w, a, x, d, R] {
     const Bound& p = **w;
-    k.layernorm_forward(a.ln1 + at, a.ln1_mean, a.ln1_rstd, x, p.p(kLn1W), p.p(kLn1B), R, d.C);
+    k.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.p(kLn1W), p.p(kLn1B), R, d.C);
   });
-  g.gather(a.ln1, BT);
-  k.submit([&k, w, a, d, B, T, BT, proj, bias] {
+  const float* ln1 = g.gathered_rows(a.ln1, s.ln_whole, BT);
+  k.submit([&k, w, a, d, B, T, BT, proj, bias, ln1] {
     const Bound& p = **w;
-    k.matmul_forward(a.qkv, a.ln1, p.p(kAttnW), p.p(kAttnB), BT, d.C, 3 * d.Cq);
+    k.matmul_forward(a.qkv, ln1, p.p(kAttnW), p.p(kAttnB), BT, d.C, 3 * d.Cq);
     k.attention_forward(a.atty, a.att, a.qkv, B, T, d.Cq, d.NH);
     k.matmul_forward(proj, a.atty, p.p(kProjW), bias ? p.p(kProjB) : nullptr, BT, d.Cq, d.C);
   });
   g.reduce(proj, a.res2, BT);
-  k.submit([&k, w, a, x, d, R, at] {
+  k.submit([&k, w, a, x, d, R] {
     const Bound& p = **w;
     k.accumulate(a.res2, x, R * d.C);
-    k.layernorm_forward(a.ln2 + at, a.ln2_mean, a.ln2_rstd, a.res2, p.p(kLn2W), p.p(kLn2B), R, d.C);
+    k.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.p(kLn2W), p.p(kLn2B), R, d.C);
   });
-  g.gather(a.ln2, BT);
+  const float* ln2 = g.gathered_rows(a.ln2, s.ln_whole, BT);
   float* down = out == nullptr ? nullptr : d.sp ? s.partial : out;
-  k.submit([&k, w, a, d, BT, down, bias] {
+  k.submit([&k, w, a, d, BT, down, bias, ln2] {
     const Bound& p = **w;
-    k.matmul_forward(a.fch, a.ln2, p.p(kFcW), p.p(kFcB), BT, d.C, d.F);
+    k.matmul_forward(a.fch, ln2, p.p(kFcW), p.p(kFcB), BT, d.C, d.F);
     k.gelu_forward(a.fch_gelu, a.fch, BT * d.F);
     if (down != nullptr) k.matmul_forward(down, a.fch_gelu, p.p(kFcProjW), bias ? p.p(kFcProjB) : nullptr, BT, d.F, d.C);
   });
@@ -121,12 +121,15 @@ void layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerAct
   const size_t BT = static_cast<size_t>(B) * T, R = d.rows(BT);
   // The column-parallel inputs' gradients are partial sums over the ranks.
   float* partial = d.sp ? s.partial : s.dC;
+  // Sequence parallelism: the weight gradients of the column-parallel products need their inputs
+  // whole, gathered again from the rows kept.
   const float* dout = g.gathered_rows(s.dresid, s.gathered, BT);
-  k.submit([&k, w, a, s, d, BT, dout, partial] {
+  const float* ln2 = g.gathered_rows(a.ln2, s.ln_whole, BT);
+  k.submit([&k, w, a, s, d, BT, dout, partial, ln2] {
     const Bound& p = **w;
     k.matmul_backward(s.dfch, p.g(kFcProjW), p.g(kFcProjB), dout, a.fch_gelu, p.p(kFcProjW), BT, d.F, d.C);
     k.gelu_backward(s.dfch, a.fch, s.dfch, BT * d.F);
-    k.matmul_backward(partial, p.g(kFcW), p.g(kFcB), s.dfch, a.ln2, p.p(kFcW), BT, d.C, d.F);
+    k.matmul_backward(partial, p.g(kFcW), p.g(kFcB), s.dfch, ln2, p.p(kFcW), BT, d.C, d.F);
   });
   g.reduce(partial, s.dC, BT);
   k.submit([&k, w, a, s, d, R] {
@@ -134,11 +137,12 @@ void layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerAct
     k.layernorm_backward(s.dresid, p.g(kLn2W), p.g(kLn2B), s.dC, a.res2, p.p(kLn2W), a.ln2_mean, a.ln2_rstd, R, d.C);
   });
   dout = g.gathered_rows(s.dresid, s.gathered, BT);
-  k.submit([&k, w, a, s, d, B, T, BT, dout, partial] {
+  const float* ln1 = g.gathered_rows(a.ln1, s.ln_whole, BT);
+  k.submit([&k, w, a, s, d, B, T, BT, dout, partial, ln1] {
     const Bound& p = **w;
     k.matmul_backward(s.dC, p.g(kProjW), p.g(kProjB), dout, a.atty, p.p(kProjW), BT, d.Cq, d.C);
     k.attention_backward(s.dqkv, s.datt, s.dC, a.qkv, a.att, B, T, d.Cq, d.NH);
-    k.matmul_backward(partial, p.g(kAttnW), p.g(kAttnB), s.dqkv, a.ln1, p.p(kAttnW), BT, d.C, 3 * d.Cq);
+    k.matmul_backward(partial, p.g(kAttnW), p.g(kAttnB), s.dqkv, ln1, p.p(kAttnW), BT, d.C, 3 * d.Cq);
   });
   g.reduce(partial, s.dC, BT);
   k.submit([&k, w, a, s, x, d, R] {

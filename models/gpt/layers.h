@@ -41,17 +41,20 @@ struct Dims {
   size_t row_offset(size_t BT) const { return sp ? tp_rank * rows(BT) * C : 0; }
 };
 
-// What one transformer block keeps from forward for backward. ln1, ln2 are whole [BT, C] (this
-// rank's rows written, the rest gathered); res2 and the LayerNorm statistics are this rank's rows.
+// What one transformer block keeps from forward for backward. The LayerNorms' outputs (ln1, ln2),
+// their statistics and res2 are this rank's rows (all of them without sequence parallelism; with
+// it, the LayerNorm outputs are gathered again where a product needs them whole, as Megatron-LM
+// does); the rest is in this rank's heads and MLP width.
 struct LayerActs {
   float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu;
 };
 
 // Scratch of the passes: the residual stream's gradient (this rank's rows), the per-kernel
-// gradients of activations, and whole [BT, C] buffers for partial sums and gathered rows.
+// gradients of activations, and (sequence parallelism) whole [BT, C] buffers for partial sums, a
+// gathered gradient and a gathered LayerNorm output.
 struct Scratch {
   float *dresid = nullptr, *dC = nullptr, *dqkv = nullptr, *dfch = nullptr, *datt = nullptr;
-  float *partial = nullptr, *gathered = nullptr;
+  float *partial = nullptr, *gathered = nullptr, *ln_whole = nullptr;
 };
 
 // The collectives of a block use, enqueued on the compute stream between the kernels' work.

@@ -62,7 +62,9 @@ TEST_P(TensorParallelEquivalence, TrainsLikeOneRank) {
 // loss two of B x T and 2 B x T floats (the row max; the softmax's denominators and the targets'
 // logits). Sequence parallelism turns each all-reduce of the layers, the embedding and the head into a
 // reduce-scatter and an all-gather of the same rows (ln_f's output gathered forward, its gradient
-// scattered backward). Logical bytes as CommStats counts them: an all-reduce twice its buffer.
+// scattered backward), and its backward gathers each layer's two LayerNorm outputs again (kept as
+// rows; Korthikanti et al. 2022, section 4.2.2): 10 buffers per layer instead of 8. Logical bytes
+// as CommStats counts them: an all-reduce twice its buffer.
 TEST(TensorParallelTraffic, PerLayerCollectivesMatchMegatronsCount) {
   for (bool sp : {false, true}) {
     GridCase k;
@@ -79,12 +81,12 @@ TEST(TensorParallelTraffic, PerLayerCollectivesMatchMegatronsCount) {
       EXPECT_EQ(s.bytes[op(CollectiveOp::all_reduce)], micro * (2 * act * (4 * L + 2) + loss_bytes));
       EXPECT_EQ(s.calls[op(CollectiveOp::reduce_scatter)] + s.calls[op(CollectiveOp::all_gather)], 0u);
     } else {
-      // Per layer: forward 2 gathers (the LayerNorms' outputs) and 2 scatters, backward 2 gathers (the
-      // row-parallel outputs' gradients) and 2 scatters; the embedding a scatter forward and a gather
-      // backward; ln_f a gather forward, the head a scatter backward.
-      EXPECT_EQ(s.calls[op(CollectiveOp::all_gather)], micro * (4 * L + 2));
+      // Per layer: forward 2 gathers (the LayerNorms' outputs) and 2 scatters, backward 4 gathers (the
+      // row-parallel outputs' gradients, the LayerNorms' outputs again) and 2 scatters; the embedding a
+      // scatter forward and a gather backward; ln_f a gather forward, the head a scatter backward.
+      EXPECT_EQ(s.calls[op(CollectiveOp::all_gather)], micro * (6 * L + 2));
       EXPECT_EQ(s.calls[op(CollectiveOp::reduce_scatter)], micro * (4 * L + 2));
-      EXPECT_EQ(s.bytes[op(CollectiveOp::all_gather)], micro * act * (4 * L + 2));
+      EXPECT_EQ(s.bytes[op(CollectiveOp::all_gather)], micro * act * (6 * L + 2));
       EXPECT_EQ(s.bytes[op(CollectiveOp::reduce_scatter)], micro * act * (4 * L + 2));
       EXPECT_EQ(s.calls[op(CollectiveOp::all_reduce)], micro * 2);
       EXPECT_EQ(s.bytes[op(CollectiveOp::all_reduce)], micro * loss_bytes);
@@ -93,11 +95,12 @@ TEST(TensorParallelTraffic, PerLayerCollectivesMatchMegatronsCount) {
                                        micro * 4 * act) /
                                           (micro * L)
                                     : (s.bytes[op(CollectiveOp::all_reduce)] - micro * (4 * act + loss_bytes)) / (micro * L);
-    std::printf("tp 2%s: %llu bytes per layer and micro-batch of %llu x %d floats (formula: 4 all-reduces of %llu bytes, counted "
-                "twice: %llu)\n",
+    const uint64_t formula = (sp ? 10 : 8) * act;
+    std::printf("tp 2%s: %llu bytes per layer and micro-batch of %llu x %d floats (formula: %s of %llu bytes: %llu)\n",
                 sp ? " sequence parallel" : "", static_cast<unsigned long long>(layer_bytes), static_cast<unsigned long long>(BT),
-                c.n_embd, static_cast<unsigned long long>(act), static_cast<unsigned long long>(8 * act));
-    EXPECT_EQ(layer_bytes, 8 * act);
+                c.n_embd, sp ? "4 reduce-scatters and 6 all-gathers" : "4 all-reduces, counted twice",
+                static_cast<unsigned long long>(act), static_cast<unsigned long long>(formula));
+    EXPECT_EQ(layer_bytes, formula);
   }
 }
 
