@@ -82,10 +82,8 @@ Executor::~Executor() {
 
 CommStats Executor::comm_stats() const {
   CommStats total;
-  for (const Communicator* c :
-       {static_cast<const Communicator*>(gather_comm_.get()), static_cast<const Communicator*>(reduce_comm_.get()),
-        static_cast<const Communicator*>(step_comm_.get()), static_cast<const Communicator*>(links_.tensor),
-        static_cast<const Communicator*>(links_.tensor_reduce)}) {
+  const Communicator* comms[] = {gather_comm_.get(), reduce_comm_.get(), step_comm_.get(), links_.tensor, links_.tensor_reduce};
+  for (const Communicator* c : comms) {
     if (c == nullptr) continue;
     const auto s = c->stats();
     for (size_t op = 0; op < kCollectiveOpCount; ++op) {

@@ -55,6 +55,14 @@ void TensorSplit::for_each_run(size_t lo, size_t hi, const std::function<void(si
   }
 }
 
+void TensorSplit::take(const float* full, float* local, size_t count) const {
+  for_each_run(0, count, [&](size_t at, size_t n, size_t here) { std::copy(full + at, full + at + n, local + here); });
+}
+
+void TensorSplit::put(const float* local, float* full, size_t count) const {
+  for_each_run(0, count, [&](size_t at, size_t n, size_t here) { std::copy(local + here, local + here + n, full + at); });
+}
+
 ParamSpec ParamSpec::cut(int axis, int groups, int rank, int ranks, bool partial_grad) const {
   ParamSpec out = *this;
   out.tp = {axis, groups, rank, ranks, axis >= 0 ? shape : std::vector<int64_t>{}};

@@ -50,6 +50,10 @@ struct TensorSplit {
   // Local flat elements [lo, hi) as runs of the full tensor's flat elements: f(full_begin, count,
   // local_begin) per run, in local order. A replicated tensor is one run.
   void for_each_run(size_t lo, size_t hi, const std::function<void(size_t, size_t, size_t)>& f) const;
+  // The `count` local elements from the whole tensor `full` into `local`, and back (`full` keeps its
+  // other elements).
+  void take(const float* full, float* local, size_t count) const;
+  void put(const float* local, float* full, size_t count) const;
 };
 
 struct ParamSpec {

@@ -110,15 +110,11 @@ void transfer(Engine& engine, Communicator& comm, int source, int dest, const fl
   cs.synchronize();
 }
 
-// Tensor-parallel rank 0 of the group receives every rank's slices of `block` (each rank's
+// Tensor-parallel rank 0 of the group receives every rank's slices of `block` (`mine`: each rank's
 // parameters end to end, its own sizes) and places them in the whole tensors, end to end; the
 // other ranks send theirs and get nothing back. On data-parallel rank 0 of each rank's group.
-std::vector<float> assemble_slices(Engine& engine, Communicator& tensor, int block, const std::vector<float>& values, size_t numel) {
+std::vector<float> assemble_slices(Engine& engine, Communicator& tensor, int block, const std::vector<float>& mine, size_t numel) {
   const auto& spec = engine.block_spec(block);
-  const auto& offsets = engine.plan().blocks[block].param_offsets;
-  std::vector<float> mine;
-  for (size_t i = 0; i < spec.params.size(); ++i)
-    mine.insert(mine.end(), values.begin() + offsets[i], values.begin() + offsets[i] + spec.params[i].numel());
   std::vector<float> whole;
   if (tensor.rank() != 0) {
     transfer(engine, tensor, tensor.rank(), 0, mine.data(), nullptr, mine.size());
@@ -141,11 +137,7 @@ std::vector<float> assemble_slices(Engine& engine, Communicator& tensor, int blo
     for (const auto& p : cut) {
       const size_t full_numel = p.tp.split() ? ParamSpec{p.name, p.tp.full_shape}.numel() : p.numel();
       // Replicated parameters: rank 0's copy.
-      if (p.tp.split() || r == 0) {
-        p.tp.for_each_run(0, p.numel(), [&](size_t full, size_t n, size_t local) {
-          std::copy(theirs.begin() + at + local, theirs.begin() + at + local + n, whole.begin() + full_at + full);
-        });
-      }
+      if (p.tp.split() || r == 0) p.tp.put(theirs.data() + at, whole.data() + full_at, p.numel());
       at += p.numel(), full_at += full_numel;
     }
   }
@@ -186,14 +178,14 @@ uint64_t save_gpt_weights(Engine& engine, const GptConfig& config, const std::st
     size_t numel = 0;
     for (const auto& p : whole[g].params) numel += p.numel();
     if (mine) {
+      // This rank's parameters end to end (its slices of them with tensor parallelism).
       const std::vector<float> values = engine.master_values(local);
       const auto& offsets = engine.plan().blocks[local].param_offsets;
-      if (pipeline.tensor == nullptr) {
-        for (size_t i = 0; i < whole[g].params.size(); ++i)
-          dense.insert(dense.end(), values.begin() + offsets[i], values.begin() + offsets[i] + whole[g].params[i].numel());
-      } else if (engine.comm().rank() == 0) {
-        dense = assemble_slices(engine, *pipeline.tensor, local, values, numel);
-      }
+      const auto& params = engine.block_spec(local).params;
+      for (size_t i = 0; i < params.size(); ++i)
+        dense.insert(dense.end(), values.begin() + offsets[i], values.begin() + offsets[i] + params[i].numel());
+      if (pipeline.tensor != nullptr)
+        dense = engine.comm().rank() == 0 ? assemble_slices(engine, *pipeline.tensor, local, dense, numel) : std::vector<float>{};
     }
     if (tp_rank != 0) continue;  // rank 0 of the tensor-parallel group holds the whole block now
     if (pipeline.stages != nullptr && engine.comm().rank() == 0) {

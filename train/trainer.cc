@@ -125,9 +125,7 @@ void init_weights(Engine& engine, const TrainConfig& config) {
     }
     const size_t at = values.size();
     values.resize(at + spec->numel());
-    spec->tp.for_each_run(0, spec->numel(), [&](size_t full, size_t count, size_t local) {
-      std::copy(param.begin() + full, param.begin() + full + count, values.begin() + at + local);
-    });
+    spec->tp.take(param.data(), values.data() + at, spec->numel());
   });
   flush();
   engine.release_transfer_buffers();

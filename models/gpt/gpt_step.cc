@@ -473,10 +473,9 @@ void Gpt::run_forward(int micro, int chunk, const int32_t* tokens, const int32_t
   }
   {
     auto w = bind(k, &s->wbuf, &s->gbuf, host_.begin_forward(ln_f_, micro), false);
-    const Slot h = *sl;
-    k.submit([&k, w, h, L, R, at, C] {
-      k.layernorm_forward(h.lnf + at, h.lnf_mean, h.lnf_rstd, h.resid[L], (*w)->p(0), (*w)->p(1), R, C);
-    });
+    float *lnf = sl->lnf + at, *mean = sl->lnf_mean, *rstd = sl->lnf_rstd;
+    const float* x = sl->resid[L];
+    k.submit([&k, w, lnf, mean, rstd, x, R, C] { k.layernorm_forward(lnf, mean, rstd, x, (*w)->p(0), (*w)->p(1), R, C); });
     release(k, w);
     host_.end_forward(ln_f_, micro);
   }
@@ -540,10 +539,10 @@ void Gpt::run_backward(int micro, int chunk) {
       host_.end_backward(embed_, micro);
     }
     auto w = bind(k, &s->wbuf, &s->gbuf, host_.begin_backward(ln_f_, micro), true);
-    const Slot h = *sl;
-    k.submit([&k, w, sc, h, L, R, C] {
+    const float *x = sl->resid[L], *mean = sl->lnf_mean, *rstd = sl->lnf_rstd;
+    k.submit([&k, w, sc, x, mean, rstd, R, C] {
       k.zero(sc.dresid, R * C);
-      k.layernorm_backward(sc.dresid, (*w)->g(0), (*w)->g(1), sc.dC, h.resid[L], (*w)->p(0), h.lnf_mean, h.lnf_rstd, R, C);
+      k.layernorm_backward(sc.dresid, (*w)->g(0), (*w)->g(1), sc.dC, x, (*w)->p(0), mean, rstd, R, C);
     });
     release(k, w);
     host_.end_backward(ln_f_, micro);

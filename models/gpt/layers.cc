@@ -1,8 +1,6 @@
 // The transformer block's forward and backward around the tensor-parallel group's collectives.
 #include "models/gpt/layers.h"
 
-#include "core/error.h"  // ZEROTH_THROW
-
 namespace zeroth::gpt {
 
 Dims Dims::of(const GptConfig& c, const GptPart& part) {

@@ -95,9 +95,7 @@ inline void place_block(const Engine& engine, int block, const std::vector<float
     if (!p.tp.split() && check) {
       if (!std::equal(local, local + p.numel(), into.begin() + full_at)) mismatches.push_back(spec.name + "." + p.name);
     } else {
-      p.tp.for_each_run(0, p.numel(), [&](size_t full, size_t count, size_t at) {
-        std::copy(local + at, local + at + count, into.begin() + full_at + full);
-      });
+      p.tp.put(local, into.data() + full_at, p.numel());
     }
     full_at += full_numel;
   }

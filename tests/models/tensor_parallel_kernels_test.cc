@@ -52,9 +52,7 @@ Vec slice_of(const Vec& full, std::vector<int64_t> shape, int axis, int r, int n
   ParamSpec p{"w", std::move(shape)};
   const ParamSpec cut = p.cut(axis, 1, r, n);
   Vec out(cut.numel());
-  cut.tp.for_each_run(0, out.size(), [&](size_t at, size_t count, size_t local) {
-    std::copy(full.begin() + at, full.begin() + at + count, out.begin() + local);
-  });
+  cut.tp.take(full.data(), out.data(), out.size());
   return out;
 }
 
@@ -151,11 +149,7 @@ TEST_P(TensorParallelKernels, ColumnThenRowParallelLinearsEqualTheUnsplitPair) {
       for (size_t i = 0; i < yr.size(); ++i) y_sum[i] += yr[i], dx_sum[i] += dxr[i];
       // The rank's rows of dW1 and db1, and columns of dW2, go back to their place in the whole.
       auto place = [&](const Vec& part, std::vector<int64_t> shape, int axis, Vec& whole) {
-        ParamSpec{"w", std::move(shape)}
-            .cut(axis, 1, r, tp)
-            .tp.for_each_run(0, part.size(), [&](size_t at, size_t count, size_t local) {
-              std::copy(part.begin() + local, part.begin() + local + count, whole.begin() + at);
-            });
+        ParamSpec{"w", std::move(shape)}.cut(axis, 1, r, tp).tp.put(part.data(), whole.data(), part.size());
       };
       place(gw1r, {F, C}, 0, dw1);
       place(gw2r, {C, F}, 1, dw2);

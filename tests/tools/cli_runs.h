@@ -55,14 +55,39 @@ inline Run run(const std::vector<std::string>& args, const std::string& name,
   return r;
 }
 
-// `zeroth train CONFIG` into temp(name) (cleared first), without validation between the ends, with
-// `sets` as --set overrides.
+// `train CONFIG` into temp(name), without validation between the ends, with `sets` as --set
+// overrides: the arguments after the binary.
+inline std::vector<std::string> example_args(const std::string& config, const std::string& name,
+                                             const std::vector<std::string>& sets) {
+  std::vector<std::string> args = {"train", config, "--set", "run.output_dir=" + temp(name), "--set", "run.eval_interval=0"};
+  for (const auto& s : sets) args.insert(args.end(), {"--set", s});
+  return args;
+}
+
+inline std::vector<std::string> with_binary(std::vector<std::string> prefix, const std::vector<std::string>& args) {
+  prefix.insert(prefix.end(), args.begin(), args.end());
+  return prefix;
+}
+
+// `zeroth train CONFIG` into temp(name), cleared first.
 inline Run train_example(const std::string& config, const std::string& name, const std::vector<std::string>& sets) {
   std::filesystem::remove_all(temp(name));
-  std::vector<std::string> args = {ZEROTH_BIN,           "train", config, "--set", "run.output_dir=" + temp(name), "--set",
-                                   "run.eval_interval=0"};
-  for (const auto& s : sets) args.insert(args.end(), {"--set", s});
+  return run(with_binary({ZEROTH_BIN}, example_args(config, name, sets)), name);
+}
+
+// The same run continued from the checkpoint it left in temp(name) (`--resume`).
+inline Run resume_example(const std::string& config, const std::string& name, const std::vector<std::string>& sets) {
+  auto args = with_binary({ZEROTH_BIN}, example_args(config, name, sets));
+  args.push_back("--resume");
   return run(args, name);
+}
+
+// The run as `ranks` Gloo processes under `zeroth launch`, into temp(name), cleared first.
+inline Run gloo_example(const std::string& config, const std::string& name, int ranks, std::vector<std::string> sets) {
+  std::filesystem::remove_all(temp(name));
+  sets.push_back("run.backend=gloo");
+  return run(with_binary({ZEROTH_BIN, "launch", "-n", std::to_string(ranks), "--", ZEROTH_BIN}, example_args(config, name, sets)),
+             name);
 }
 
 inline std::vector<double> losses(const Run& r) {

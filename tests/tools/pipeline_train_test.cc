@@ -69,15 +69,8 @@ TEST(PipelineTrain, ACheckpointOfTwoStagesResumesOnOneRank) {
   ASSERT_EQ(whole.code, 0) << whole.output;
   const auto first = train_config("pipe_ckpt", {"run.steps=2"});
   ASSERT_EQ(first.code, 0) << first.output;
-  std::vector<std::string> args = {ZEROTH_BIN, "train",
-                                   kConfig,    "--resume",
-                                   "--set",    "run.output_dir=" + temp("pipe_ckpt"),
-                                   "--set",    "run.eval_interval=0",
-                                   "--set",    "run.steps=3",
-                                   "--set",    "run.world_size=1",
-                                   "--set",    "parallel.pipeline=1",
-                                   "--set",    "run.trace=false"};
-  const auto resumed = run(args, "pipe_ckpt");
+  const auto resumed = resume_example(kConfig, "pipe_ckpt",
+                                      {"run.steps=3", "run.world_size=1", "parallel.pipeline=1", "run.trace=false"});
   ASSERT_EQ(resumed.code, 0) << resumed.output;
   EXPECT_NE(resumed.output.find("from the checkpoint at step 2"), std::string::npos) << resumed.output;
   // Step 3: the same weights, optimizer state and batch; f32 sums in another order on one rank.
@@ -91,18 +84,7 @@ TEST(PipelineTrain, ACheckpointOfTwoStagesResumesOnOneRank) {
 TEST(PipelineTrain, GlooProcessesTrainTheSameLossesAsLocalThreads) {
   const auto local = train_config("pipe_local", {"run.steps=2", "run.checkpoint_interval=-1", "run.trace=false"});
   ASSERT_EQ(local.code, 0) << local.output;
-  std::filesystem::remove_all(temp("pipe_gloo"));
-  const auto gloo = run({ZEROTH_BIN, "launch",
-                         "-n",       "2",
-                         "--",       ZEROTH_BIN,
-                         "train",    kConfig,
-                         "--set",    "run.output_dir=" + temp("pipe_gloo"),
-                         "--set",    "run.eval_interval=0",
-                         "--set",    "run.steps=2",
-                         "--set",    "run.checkpoint_interval=-1",
-                         "--set",    "run.trace=false",
-                         "--set",    "run.backend=gloo"},
-                        "pipe_gloo");
+  const auto gloo = gloo_example(kConfig, "pipe_gloo", 2, {"run.steps=2", "run.checkpoint_interval=-1", "run.trace=false"});
   ASSERT_EQ(gloo.code, 0) << gloo.output;
   const auto a = losses(local), b = losses(gloo);
   ASSERT_EQ(a.size(), b.size());

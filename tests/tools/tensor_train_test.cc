@@ -96,10 +96,7 @@ TEST(TensorTrain, ACheckpointOfTheThreeDRunResumesWithoutTensorParallelism) {
   ASSERT_EQ(whole.code, 0) << whole.output;
   const auto first = train_3d("tp_ckpt", {"run.steps=3", "run.trace=false"});
   ASSERT_EQ(first.code, 0) << first.output;
-  const auto resumed = run({ZEROTH_BIN, "train", kConfig, "--resume", "--set", "run.output_dir=" + temp("tp_ckpt"), "--set",
-                            "run.eval_interval=0", "--set", "run.steps=4", "--set", "run.world_size=4", "--set", "parallel.tensor=1",
-                            "--set", "run.trace=false"},
-                           "tp_ckpt");
+  const auto resumed = resume_example(kConfig, "tp_ckpt", {"run.steps=4", "run.world_size=4", "parallel.tensor=1", "run.trace=false"});
   ASSERT_EQ(resumed.code, 0) << resumed.output;
   EXPECT_NE(resumed.output.find("from the checkpoint at step 3"), std::string::npos) << resumed.output;
   const auto a = losses(whole), b = losses(resumed);
@@ -161,16 +158,7 @@ TEST(TensorTrain, GlooProcessesTrainTheSameLossesAsLocalThreads) {
                                          "parallel.sequence_parallel=true"};
   const auto local = train_3d("tp_local", sets);
   ASSERT_EQ(local.code, 0) << local.output;
-  std::filesystem::remove_all(temp("tp_gloo"));
-  std::vector<std::string> args = {ZEROTH_BIN, "launch",
-                                   "-n",       "2",
-                                   "--",       ZEROTH_BIN,
-                                   "train",    kConfig,
-                                   "--set",    "run.output_dir=" + temp("tp_gloo"),
-                                   "--set",    "run.eval_interval=0",
-                                   "--set",    "run.backend=gloo"};
-  for (const auto& s : sets) args.insert(args.end(), {"--set", s});
-  const auto gloo = run(args, "tp_gloo");
+  const auto gloo = gloo_example(kConfig, "tp_gloo", 2, sets);
   ASSERT_EQ(gloo.code, 0) << gloo.output;
   const auto a = losses(local), b = losses(gloo);
   ASSERT_EQ(a.size(), 2u);
