@@ -10,12 +10,12 @@
 #include <nlohmann/json.hpp>  // nlohmann::json
 #include <cmath>              // std::sqrt, std::isfinite
 
-#include "core/error.h"         // ZEROTH_THROW
-#include "core/log.h"           // ZLOG_INFO
-#include "engine/estimate.h"    // estimate, check_fits
-#include "offload/swap_file.h"  // offload::free_bytes
-#include "engine/executor.h"    // Executor
-#include "engine/init.h"        // init_values
+#include "core/error.h"                  // ZEROTH_THROW
+#include "core/log.h"                    // ZLOG_INFO
+#include "engine/plan/estimate.h"        // estimate, check_fits
+#include "offload/swap_file.h"           // offload::free_bytes
+#include "engine/executor/executor.h"    // Executor
+#include "engine/executor/param_init.h"  // init_values
 
 namespace zeroth {
 
@@ -281,7 +281,8 @@ StepResult Engine::step() {
   const int64_t t = applied_ + 1;
   const ScheduledValues scheduled = config_.schedule.at_step(t);
   result.lr = scheduled.lr;
-  UpdateArgs args{t, scheduled.lr, static_cast<float>(inv * clip)};
+  UpdateArgs args;
+  args.step = t, args.lr = scheduled.lr, args.grad_scale = static_cast<float>(inv * clip);
   if (scheduled.sets_betas) args.betas = {scheduled.beta1, scheduled.beta2};
   exec.finish_step(args);
   applied_ = t;

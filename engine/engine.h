@@ -1,5 +1,5 @@
 // The ZeRO engine (stages 0-3) on the block API. The model registers blocks; the engine plans
-// (engine/plan.h) and interprets the plan's programs (engine/executor.h); it owns every
+// (engine/plan/plan.h) and interprets the plan's programs (engine/executor/executor.h); it owns every
 // parameter, gradient and optimizer byte.
 //
 //   for (micro, pass) in plan().passes:          the cycle's passes, in the planned order
@@ -24,15 +24,15 @@
 
 #include <nlohmann/json_fwd.hpp>  // nlohmann::json
 
-#include "comm/communicator.h"  // Communicator
-#include "comm/process_grid.h"  // ProcessGrid::Groups
-#include "core/device.h"        // Device, Stream
-#include "engine/config.h"      // EngineConfig
-#include "engine/executor.h"    // SwapIo
-#include "engine/plan.h"        // Plan
-#include "engine/tiers.h"       // TierAllocators
-#include "models/block_api.h"   // BlockHost, BlockSpec, BlockViews, ModelFootprint
-#include "optim/loss_scaler.h"  // LossScaler
+#include "comm/communicator.h"                // Communicator
+#include "comm/process_grid.h"                // ProcessGrid::Groups
+#include "core/device.h"                      // Device, Stream
+#include "engine/config/config.h"             // EngineConfig
+#include "engine/executor/executor.h"         // SwapIo
+#include "engine/plan/plan.h"                 // Plan
+#include "engine/executor/tier_allocators.h"  // TierAllocators
+#include "models/block_api.h"                 // BlockHost, BlockSpec, BlockViews, ModelFootprint
+#include "optim/loss_scaler.h"                // LossScaler
 
 namespace zeroth {
 
@@ -75,7 +75,7 @@ class Engine final : public BlockHost {
   void set_chunk_schedules(std::vector<BlockSchedule> chunks) override;
   // Optional: the order of the cycle's passes (default: each micro-batch forward then backward).
   void set_pass_order(std::vector<PassRef> passes);
-  // A pipeline stage (engine/pipeline.h): the global gradient norm sums the squares over `stages`
+  // A pipeline stage (engine/pipeline/runner.h): the global gradient norm sums the squares over `stages`
   // (the pipeline group), and `tied_block` (>= 0 on the first and the last stage, -1 elsewhere) is
   // one copy of a parameter the two share, whose gradients are summed over the pair at each step,
   // counted in the norm on the first stage. Collective over `stages`; before finalize().
@@ -143,7 +143,7 @@ class Engine final : public BlockHost {
   // optimizer state is kept. Between cycles only.
   void set_master_values(int block, std::span<const float> values);
 
-  // What checkpoints (engine/checkpoint.h) read and restore, between cycles, synchronously, with
+  // What checkpoints (engine/checkpoint/checkpoint.h) read and restore, between cycles, synchronously, with
   // no collective:
   // - the rank's owned range of an f32 kind of state (master, moment0, moment1: plan().range());
   void read_owned(StateKind kind, int block, std::span<float> out);

@@ -12,14 +12,14 @@
 #include <fmt/ranges.h>       // fmt::join
 #include <nlohmann/json.hpp>  // nlohmann::json
 
-#include "core/dtype.h"                // DType
-#include "core/error.h"                // ZEROTH_THROW
-#include "core/memory.h"               // format_bytes
-#include "engine/checkpoint.h"         // write_checkpoint
-#include "engine/checkpoint_format.h"  // read_manifest, verify_file
-#include "engine/plan.h"               // make_plan
-#include "models/gpt/gpt.h"            // Gpt
-#include "optim/loss_scaler.h"         // LossScaler
+#include "core/dtype.h"                    // DType
+#include "core/error.h"                    // ZEROTH_THROW
+#include "core/memory.h"                   // format_bytes
+#include "engine/checkpoint/checkpoint.h"  // write_checkpoint
+#include "engine/checkpoint/format.h"      // read_manifest, verify_file
+#include "engine/plan/plan.h"              // make_plan
+#include "models/gpt/gpt.h"                // Gpt
+#include "optim/loss_scaler.h"             // LossScaler
 #include "tools/commands.h"
 #include "train/export.h"        // Gpt2Writer, read_gpt2_weights
 #include "train/train_config.h"  // TrainConfig

@@ -6,7 +6,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "engine/gpt_layout.h"  // GptShape
+#include "planner/gpt_layout.h"  // GptShape
 
 namespace zeroth::tools {
 

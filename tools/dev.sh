@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The project's one entry point for setting up, building and testing on a fresh Debian machine.
-#   tools/dev.sh test [CMAKE_ARGS]  install packages, build (CUDA backend when nvcc exists), run ctest,
-#                                   check the source layout (tools/format.sh check)
+#   tools/dev.sh test [CMAKE_ARGS]  install packages, build with warnings as errors (CUDA backend when
+#                                   nvcc exists), run ctest, check the layering and file sizes
+#                                   (tools/check-layers.sh) and the source layout (tools/format.sh check)
 #   tools/dev.sh build [CMAKE_ARGS] install packages and build only
 #   tools/dev.sh train [CONFIG [ARGS]] install packages, build the zeroth binary, run `zeroth train`
 #                                   (default: configs/gpt-fortunes-zero3-bf16.json)
@@ -29,9 +30,11 @@ run_tests() {
 
 case "${1:-}" in
   test)
-    configure_and_build "${BUILD_DIR:-build}" "${@:2}"
+    # Warnings are errors here, so the project's own code stays at zero of them.
+    configure_and_build "${BUILD_DIR:-build}" -DZEROTH_WERROR=ON "${@:2}"
     run_tests "${BUILD_DIR:-build}"
     # After the tests, so a layout difference never hides their results.
+    "$root/tools/check-layers.sh"
     "$root/tools/format.sh" check
     ;;
   build)

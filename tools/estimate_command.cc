@@ -1,6 +1,6 @@
 // `zeroth estimate --config CONFIG`: what one rank of the config's run holds per tier and tag, for
 // every ZeRO stage and offload placement, from the plan the engine itself would build (make_plan)
-// and the one estimate its budget check uses (engine/estimate.h) — so the row of the config's own
+// and the one estimate its budget check uses (engine/plan/estimate.h) — so the row of the config's own
 // choice is what the run is held against at start.
 #include <cstdio>  // std::printf
 #include <memory>  // std::make_shared
@@ -11,12 +11,13 @@
 #include <fmt/format.h>       // fmt::format
 #include <nlohmann/json.hpp>  // nlohmann::json
 
-#include "core/error.h"         // ConfigError
-#include "core/memory.h"        // format_bytes, parse_bytes
-#include "engine/estimate.h"    // estimate, MemoryNeed
-#include "engine/gpt_layout.h"  // layout_memory
-#include "engine/plan.h"        // make_plan
-#include "models/gpt/gpt.h"     // Gpt
+#include "core/error.h"            // ConfigError
+#include "core/memory.h"           // format_bytes, parse_bytes
+#include "engine/plan/estimate.h"  // estimate, MemoryNeed
+#include "planner/model_states.h"  // zero_model_states, deepspeed_estimates
+#include "planner/gpt_layout.h"    // layout_memory
+#include "engine/plan/plan.h"      // make_plan
+#include "models/gpt/gpt.h"        // Gpt
 #include "tools/commands.h"
 #include "train/train_config.h"  // TrainConfig
 #include "train/trainer.h"       // largest_stage
@@ -42,7 +43,7 @@ struct Options {
 
 uint64_t count(const std::string& text, const char* flag) { return static_cast<uint64_t>(parse_count(text, flag) + 0.5); }
 
-// --params: stage x placement, per GPU, with the paper's formulas (engine/estimate.h); no model,
+// --params: stage x placement, per GPU, with the paper's formulas (engine/plan/estimate.h); no model,
 // so no activations or buffers (--config counts those).
 // --deepspeed-compatible: DeepSpeed's estimate_zero2/3_model_states_mem_needs_all_cold, its rows
 // and its format (its "GB" are GiB, two decimals).
@@ -160,7 +161,7 @@ int run_params(const Options& o) {
 
 // --layers/--hidden/--heads: the model's shape on gpus_per_node x nodes GPUs in dp x tp x pp, for
 // every stage and placement, and each with no, selective and full recomputation
-// (engine/gpt_layout.h: ZeRO paper model states, Korthikanti et al. activations).
+// (planner/gpt_layout.h: ZeRO paper model states, Korthikanti et al. activations).
 int run_shape(const Options& o) {
   const GptShape& shape = checked_gpt_shape(o.shape);
   const uint64_t gpus = static_cast<uint64_t>(o.gpus_per_node) * static_cast<uint64_t>(o.nodes);

@@ -172,10 +172,11 @@ int run_launch(const LaunchOptions& o) {
   }
 
   std::optional<int> first_failure;  // exit code of the first rank that failed
-  std::optional<clock::time_point> kill_at;
+  // When the ranks still alive get SIGKILL; clock::time_point::max() while none is due.
+  clock::time_point kill_at = clock::time_point::max();
   auto stop_all = [&](int sig) {
     for (auto& r : ranks) signal_group(r, sig);
-    if (!kill_at) kill_at = clock::now() + o.kill_grace;
+    if (kill_at == clock::time_point::max()) kill_at = clock::now() + o.kill_grace;
   };
 
   for (;;) {
@@ -232,9 +233,9 @@ int run_launch(const LaunchOptions& o) {
       // Whatever the rank started in its group goes with it.
       ::kill(-r.pid, SIGKILL);
     }
-    if (kill_at && clock::now() >= *kill_at) {
+    if (clock::now() >= kill_at) {
       for (auto& r : ranks) signal_group(r, SIGKILL);
-      kill_at.reset();
+      kill_at = clock::time_point::max();
     }
   }
   ::close(sig_fd);

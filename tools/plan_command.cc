@@ -1,4 +1,4 @@
-// `zeroth plan`: the fastest layouts of a GPT on a cluster (engine/planner.h), printed with their
+// `zeroth plan`: the fastest layouts of a GPT on a cluster (planner/planner.h), printed with their
 // memory, step time, MFU and what bounds each; `--emit-config` writes the fastest one this engine
 // runs as a training config.
 #include <chrono>   // std::chrono
@@ -13,13 +13,13 @@
 #include <fmt/format.h>       // fmt::format
 #include <nlohmann/json.hpp>  // nlohmann::json
 
-#include "core/error.h"          // InvalidArgument
-#include "core/memory.h"         // format_bytes, parse_bytes
-#include "engine/estimate.h"     // MemoryNeed
-#include "engine/planner.h"      // search_plans
-#include "tools/commands.h"      // parse_count
-#include "train/train_config.h"  // TrainConfig
-#include "train/trainer.h"       // largest_stage
+#include "core/error.h"            // InvalidArgument
+#include "core/memory.h"           // format_bytes, parse_bytes
+#include "engine/plan/estimate.h"  // MemoryNeed
+#include "planner/planner.h"       // search_plans
+#include "tools/commands.h"        // parse_count
+#include "train/train_config.h"    // TrainConfig
+#include "train/trainer.h"         // largest_stage
 
 namespace zeroth::tools {
 namespace {
@@ -330,8 +330,8 @@ void run(Options o) {
               format_bytes(best.memory.device).c_str(), format_bytes(best.memory.host * c.gpus_per_node).c_str(),
               format_bytes(best.memory.nvme * c.gpus_per_node).c_str());
   std::printf("model: step time from FLOPs at the matmul rate, ring collectives, bubble (p-1)/(m+p-1), PCIe/NVMe/CPU optimizer "
-              "(engine/planner.h); memory: ZeRO paper model states, Korthikanti et al. activations, %s runtime + %.0f%% "
-              "fragmentation allowance (engine/gpt_layout.h). ZeRO-3 is not combined with pipelines.\n",
+              "(planner/planner.h); memory: ZeRO paper model states, Korthikanti et al. activations, %s runtime + %.0f%% "
+              "fragmentation allowance (planner/gpt_layout.h). ZeRO-3 is not combined with pipelines.\n",
               format_bytes(c.runtime_memory).c_str(), 100 * kFragmentation);
   if (!emit_problem.empty()) {
     std::fflush(stdout);

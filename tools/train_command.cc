@@ -22,19 +22,19 @@
 #include <fmt/ranges.h>       // fmt::join
 #include <nlohmann/json.hpp>  // nlohmann::json
 
-#include "comm/gloo/gloo_comm.h"    // make_gloo_communicator
-#include "comm/local/local_comm.h"  // run_local_ranks
-#include "comm/rendezvous.h"        // rendezvous_from_env
-#include "core/cpu/kernels.h"       // cpu::num_threads
-#include "core/env.h"               // env::kLogLevel
-#include "core/error.h"             // ZEROTH_THROW
-#include "core/log.h"               // log::set_level
-#include "engine/estimate.h"        // estimate
-#include "engine/pipeline.h"        // pipe_passes
-#include "engine/plan.h"            // make_plan
-#include "train/trainer.h"          // train
-#include "models/gpt/gpt.h"         // Gpt
-#include "models/threads.h"         // share_cores
+#include "comm/gloo/gloo_comm.h"     // make_gloo_communicator
+#include "comm/local/local_comm.h"   // run_local_ranks
+#include "comm/rendezvous.h"         // rendezvous_from_env
+#include "core/cpu/kernels.h"        // cpu::num_threads
+#include "core/env.h"                // env::kLogLevel
+#include "core/error.h"              // ZEROTH_THROW
+#include "core/log.h"                // log::set_level
+#include "engine/plan/estimate.h"    // estimate
+#include "engine/pipeline/runner.h"  // pipe_passes
+#include "engine/plan/plan.h"        // make_plan
+#include "train/trainer.h"           // train
+#include "models/gpt/gpt.h"          // Gpt
+#include "models/threads.h"          // share_cores
 #include "tools/commands.h"
 
 namespace zeroth::tools {

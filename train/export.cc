@@ -135,7 +135,9 @@ std::vector<float> assemble_slices(Engine& engine, Communicator& tensor, int blo
     if (r != 0) transfer(engine, tensor, r, 0, nullptr, theirs.data(), count);
     size_t at = 0, full_at = 0;
     for (const auto& p : cut) {
-      const size_t full_numel = p.tp.split() ? ParamSpec{p.name, p.tp.full_shape}.numel() : p.numel();
+      ParamSpec full = p;
+      if (p.tp.split()) full.shape = p.tp.full_shape;
+      const size_t full_numel = full.numel();
       // Replicated parameters: rank 0's copy.
       if (p.tp.split() || r == 0) p.tp.put(theirs.data() + at, whole.data() + full_at, p.numel());
       at += p.numel(), full_at += full_numel;

@@ -6,7 +6,7 @@
 // Hugging Face integration would give them (from the rest of the config and HF's defaults),
 // unknown keys are errors with a "did you mean", wrong types and ranges name the key path and the
 // allowed values, and DeepSpeed options zeroth does not implement are errors naming them and
-// what they do (engine/deepspeed_keys.h), or, when zeroth always does what they ask, named once.
+// what they do (engine/config/deepspeed_keys.h), or, when zeroth always does what they ask, named once.
 #pragma once
 
 #include <cstddef>      // size_t
@@ -17,8 +17,8 @@
 
 #include <nlohmann/json.hpp>  // nlohmann::json
 
-#include "engine/config.h"             // EngineConfig
-#include "engine/pipeline_schedule.h"  // PipeKind
+#include "engine/config/config.h"      // EngineConfig
+#include "engine/pipeline/schedule.h"  // PipeKind
 #include "models/gpt/gpt.h"            // GptConfig
 
 namespace zeroth {
@@ -50,7 +50,7 @@ struct RunConfig {
   // Steps in a row whose gradients are non-finite (with fp16: at the smallest loss scale) after
   // which the run ends with an error; 0: never.
   int64_t max_nonfinite_steps = 10;
-  // Checkpoints (engine/checkpoint.h): every this many steps (0: only at the end, where a run
+  // Checkpoints (engine/checkpoint/checkpoint.h): every this many steps (0: only at the end, where a run
   // always saves one; -1: none at all), into this folder ("" = <output_dir>/checkpoints), keeping the newest keep_last
   // step folders (0: all).
   int64_t checkpoint_interval = 0;
@@ -93,7 +93,7 @@ struct TrainConfig {
   int64_t micro_batch_size = 0;  // sequences per rank per micro-step
   int64_t steps_per_print = 10;
   nlohmann::json resolved;  // the config with every default and "auto" filled in
-  // DeepSpeed keys present that change nothing in zeroth ("path: why"; engine/deepspeed_keys.h).
+  // DeepSpeed keys present that change nothing in zeroth ("path: why"; engine/config/deepspeed_keys.h).
   std::vector<std::string> no_effect;
 
   // `launched_world_size` > 0 when the process was started by a launcher (its WORLD_SIZE); the

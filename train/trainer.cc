@@ -17,10 +17,10 @@
 #include "core/memory.h"        // format_bytes
 #include "core/log.h"           // ZLOG_WARN
 #include "core/stats.h"         // median
-#include "engine/checkpoint.h"  // save_checkpoint, load_checkpoint
+#include "engine/checkpoint/checkpoint.h"  // save_checkpoint, load_checkpoint
 #include "engine/engine.h"      // Engine
-#include "engine/estimate.h"    // estimate
-#include "engine/pipeline.h"    // PipelineRunner
+#include "engine/plan/estimate.h"    // estimate
+#include "engine/pipeline/runner.h"    // PipelineRunner
 #include "comm/process_grid.h"  // ProcessGrid
 #include "models/gpt/gpt.h"     // Gpt
 #include "train/data.h"         // TokenData, Loader

@@ -9,13 +9,13 @@
 
 #include <nlohmann/json.hpp>  // nlohmann::json
 
-#include "comm/communicator.h"   // Communicator
-#include "core/device.h"         // Device
-#include "core/memory.h"         // kMemTagCount
-#include "engine/checkpoint.h"   // CheckpointIo
-#include "engine/estimate.h"     // MemoryNeed
-#include "engine/plan.h"         // Plan
-#include "train/train_config.h"  // TrainConfig
+#include "comm/communicator.h"             // Communicator
+#include "core/device.h"                   // Device
+#include "core/memory.h"                   // kMemTagCount
+#include "engine/checkpoint/checkpoint.h"  // CheckpointIo
+#include "engine/plan/estimate.h"          // MemoryNeed
+#include "engine/plan/plan.h"              // Plan
+#include "train/train_config.h"            // TrainConfig
 
 namespace zeroth {
 

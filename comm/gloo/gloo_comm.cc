@@ -3,11 +3,6 @@
 // ops concurrently.
 #include "comm/gloo/gloo_comm.h"
 
-#include <arpa/inet.h>
-#include <netdb.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <csignal>  // signal, SIGPIPE
 
 #include <gloo/common/error.h>
@@ -23,9 +18,9 @@
 #include <map>                 // std::map
 #include <mutex>               // std::mutex
 
+#include "comm/gloo/gloo_support.h"
 #include "comm/tcp_store.h"
 #include "core/cpu/kernels.h"
-#include "core/env.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -33,42 +28,10 @@ namespace zeroth {
 
 namespace {
 
+using namespace gloo_detail;  // PrefixedStore, Shared, ScratchPool, abandon_scratch, transport_attr
+
 using Buf = std::unique_ptr<gloo::transport::UnboundBuffer>;
 constexpr uint64_t kP2pSlotBase = uint64_t{1} << 62;
-
-// Gloo's store interface over our TCP store, with a key prefix per context.
-class PrefixedStore final : public gloo::rendezvous::Store {
- public:
-  PrefixedStore(TcpStore& store, std::string prefix) : store_(store), prefix_(std::move(prefix)) {}
-  void set(const std::string& key, const std::vector<char>& data) override { store_.set(prefix_ + key, data); }
-  std::vector<char> get(const std::string& key) override { return store_.get(prefix_ + key); }
-  void wait(const std::vector<std::string>& keys) override { wait(keys, store_.timeout()); }
-  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
-    std::vector<std::string> full;
-    for (const auto& k : keys) full.push_back(prefix_ + k);
-    store_.wait(full, timeout);
-  }
-
- private:
-  TcpStore& store_;
-  std::string prefix_;
-};
-
-// Resources every communicator of one job shares. Members are destroyed bottom-up: the store
-// server (on rank 0) goes last and waits for the other ranks to disconnect.
-struct Shared {
-  // Buffers of failed ops (see BufferKeeper) are never freed: Gloo's I/O thread can still
-  // signal them while its pairs wind down, at a time no owner here controls. A failed job is on
-  // its way out, so the few hundred bytes each are left to the process's exit.
-  ~Shared() {
-    for (auto& b : abandoned) static_cast<void>(b.release());
-  }
-  JobStore job;
-  TcpStore* store = nullptr;
-  std::mutex abandoned_mutex;
-  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> abandoned;
-  std::shared_ptr<gloo::transport::Device> device;
-};
 
 // The fixed-size image of a Descriptor that ranks exchange for the desync check.
 struct WireDescriptor {
@@ -76,92 +39,6 @@ struct WireDescriptor {
   int32_t root;
   uint8_t op, dtype, reduce, pad;
 };
-
-// Scratch of an operation that failed: Gloo's I/O thread may still receive into it after the
-// wait threw, so it is kept (reachable, not leaked) until the process, which is failing, exits.
-void abandon_scratch(std::vector<float> v) {
-  static std::mutex mutex;
-  static auto* kept = new std::vector<std::vector<float>>();
-  std::lock_guard lock(mutex);
-  kept->push_back(std::move(v));
-}
-
-// Reusable f32 scratch: collectives run every step with the same sizes, so the pages are touched
-// once, not on every call.
-class ScratchPool {
- public:
-  class Lease {
-   public:
-    Lease(ScratchPool& pool, std::vector<float> v) : pool_(pool), v_(std::move(v)) {}
-    ~Lease() {
-      if (std::uncaught_exceptions() > exceptions_) {
-        abandon_scratch(std::move(v_));
-      } else {
-        pool_.give_back(std::move(v_));
-      }
-    }
-    float* data() { return v_.data(); }
-
-   private:
-    ScratchPool& pool_;
-    std::vector<float> v_;
-    int exceptions_ = std::uncaught_exceptions();
-  };
-  Lease take(size_t n) {
-    std::lock_guard lock(mutex_);
-    for (auto it = free_.begin(); it != free_.end(); ++it) {
-      if (it->size() >= n) {
-        auto v = std::move(*it);
-        free_.erase(it);
-        return Lease(*this, std::move(v));
-      }
-    }
-    return Lease(*this, std::vector<float>(std::max<size_t>(n, 1)));
-  }
-
- private:
-  void give_back(std::vector<float> v) {
-    std::lock_guard lock(mutex_);
-    free_.push_back(std::move(v));
-  }
-  std::mutex mutex_;
-  std::vector<std::vector<float>> free_;
-};
-
-// The host address other ranks can reach this one at: loopback for a local master, else the
-// interface the kernel would route to the master through.
-gloo::transport::tcp::attr transport_attr(const RendezvousInfo& info) {
-  gloo::transport::tcp::attr attr;
-  if (auto iface = env::get(env::kSocketIfname)) {
-    attr.iface = *iface;
-    return attr;
-  }
-  const auto& m = info.master_addr;
-  if (m == "localhost" || m.starts_with("127.") || m == "::1") {
-    attr.hostname = "127.0.0.1";
-    return attr;
-  }
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_DGRAM;
-  addrinfo* res = nullptr;
-  if (getaddrinfo(m.c_str(), std::to_string(info.master_port).c_str(), &hints, &res) != 0 || res == nullptr) {
-    ZEROTH_THROW(CommError, "cannot resolve MASTER_ADDR '{}'", m);
-  }
-  const int fd = SYSCALL_CHECK(::socket(res->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0));
-  const int rc = ::connect(fd, res->ai_addr, res->ai_addrlen);
-  sockaddr_storage local{};
-  socklen_t len = sizeof local;
-  const int rc2 = rc == 0 ? ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) : -1;
-  ::close(fd);
-  ::freeaddrinfo(res);
-  if (rc2 != 0) ZEROTH_THROW(CommError, "no route to MASTER_ADDR '{}': {}", m, detail::errno_text(errno));
-  char text[INET6_ADDRSTRLEN] = {};
-  const void* addr = local.ss_family == AF_INET6 ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr)
-                                                 : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr);
-  inet_ntop(local.ss_family, addr, text, sizeof text);
-  attr.hostname = text;
-  return attr;
-}
 
 class GlooCommunicator final : public Communicator {
  public:

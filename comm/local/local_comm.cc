@@ -108,7 +108,8 @@ class LocalCommunicator final : public Communicator {
   }
 
   std::unique_ptr<Communicator> do_split(int color, int key, const Descriptor& d) override {
-    LocalGroup::Record mine{d};
+    LocalGroup::Record mine;
+    mine.desc = d;
     mine.color = color;
     mine.key = key;
     auto all = group_->exchange(rank_, mine);
@@ -119,7 +120,8 @@ class LocalCommunicator final : public Communicator {
     }
     std::stable_sort(members.begin(), members.end(), [&](int a, int b) { return all[a].key < all[b].key; });
     // The first member of each new group creates it; a second round hands it to the rest.
-    LocalGroup::Record offer{d};
+    LocalGroup::Record offer;
+    offer.desc = d;
     if (color >= 0 && members.front() == rank_) {
       auto child = std::make_shared<LocalGroup>(static_cast<int>(members.size()), options_);
       group_->adopt_child(child);

@@ -104,7 +104,7 @@ class Gpt {
   static std::vector<HfParam> hf_params(const GptConfig& config);
   static BlockSchedule schedule(const GptConfig& config);
 
-  // A pipeline rank's chunk passes. The runner (engine/pipeline.h) receives a chunk's input into
+  // A pipeline rank's chunk passes. The runner (engine/pipeline/runner.h) receives a chunk's input into
   // chunk_input() before its forward and sends chunk_output() after; before its backward it
   // receives the gradient of the output into output_grad(), and sends input_grad() after. tokens
   // are read by the chunk that embeds, targets and *loss by the one with the head; others may

@@ -257,7 +257,9 @@ inline void check_barrier(Communicator& comm, Device&, Stream& s) {
   comm.barrier(s);
   s.synchronize();
   const auto waited = duration_cast<milliseconds>(steady_clock::now() - start).count();
-  if (comm.size() > 1) EXPECT_GE(waited, 150) << "rank " << comm.rank() << " left the barrier before rank " << late << " arrived";
+  if (comm.size() > 1) {
+    EXPECT_GE(waited, 150) << "rank " << comm.rank() << " left the barrier before rank " << late << " arrived";
+  }
 }
 
 inline void check_everything(Communicator& comm, Device& dev, Stream& s, const CheckOptions& o) {

@@ -143,7 +143,9 @@ TEST(LocalComm, SplitFormsGroupsByColorOrderedByKey) {
     EXPECT_EQ(sum, comm.rank() % 2 == 0 ? 0.0f + 2.0f : 1.0f + 3.0f);
     auto none = comm.split(comm.rank() == 0 ? -1 : 0, 0);
     EXPECT_EQ(none == nullptr, comm.rank() == 0);
-    if (none) EXPECT_EQ(none->size(), 3);
+    if (none) {
+      EXPECT_EQ(none->size(), 3);
+    }
   });
 }
 

@@ -94,8 +94,11 @@ TEST_P(NarrowFormat, EveryPatternRoundTripsThroughF32Exactly) {
     const float x = scalar_from(f.type, all[h]);
     ASSERT_EQ(scalar_to(f.type, x), all[h]) << "scalar round trip of 0x" << std::hex << h;
     const double expected = decode(f, all[h]);
-    if (std::isnan(expected)) ASSERT_TRUE(std::isnan(x)) << std::hex << h;
-    else ASSERT_EQ(static_cast<double>(x), expected) << "decoded value of 0x" << std::hex << h;
+    if (std::isnan(expected)) {
+      ASSERT_TRUE(std::isnan(x)) << std::hex << h;
+    } else {
+      ASSERT_EQ(static_cast<double>(x), expected) << "decoded value of 0x" << std::hex << h;
+    }
   }
   for (auto level : cpu::supported_simd_levels()) {
     cpu::cast(all.data(), f.type, wide.data(), DType::f32, all.size(), level);

@@ -255,8 +255,11 @@ TEST_P(Kernels, ReduceMayWriteIntoOneOfItsInputsAndPropagatesNan) {
   device_->reduce(device_->default_stream(), db.view(), views, ReduceKind::max);
   const auto got = decode(db.download(), DType::f32, n);
   for (size_t i = 0; i < n; ++i) {
-    if (i == 10 || i == 20) ASSERT_TRUE(std::isnan(got[i])) << i;
-    else ASSERT_EQ(got[i], std::max(a[i], b[i])) << i;
+    if (i == 10 || i == 20) {
+      ASSERT_TRUE(std::isnan(got[i])) << i;
+    } else {
+      ASSERT_EQ(got[i], std::max(a[i], b[i])) << i;
+    }
   }
 }
 

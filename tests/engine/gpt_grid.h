@@ -15,9 +15,9 @@
 
 #include "comm/local/local_comm.h"
 #include "comm/process_grid.h"
-#include "engine/checkpoint.h"
+#include "engine/checkpoint/checkpoint.h"
 #include "engine/engine.h"
-#include "engine/pipeline.h"
+#include "engine/pipeline/runner.h"
 #include "models/gpt/gpt.h"
 #include "tests/engine/tensor_error.h"
 #include "tests/engine/tiny_gpt_engine.h"

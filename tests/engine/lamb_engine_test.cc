@@ -9,7 +9,7 @@
 #include <string>
 
 #include "comm/local/local_comm.h"
-#include "engine/plan.h"
+#include "engine/plan/plan.h"
 #include "tests/engine/mlp_harness.h"
 
 namespace zeroth {

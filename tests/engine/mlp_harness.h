@@ -15,7 +15,7 @@
 #include "comm/local/local_comm.h"
 #include "comm/process_grid.h"
 #include "core/device.h"
-#include "engine/checkpoint.h"
+#include "engine/checkpoint/checkpoint.h"
 #include "engine/engine.h"
 #include "models/mlp/mlp.h"
 

@@ -14,7 +14,7 @@
 
 #include <unistd.h>
 
-#include "engine/checkpoint_format.h"
+#include "engine/checkpoint/format.h"
 #include "tests/engine/gpt_grid.h"
 
 namespace zeroth {
@@ -48,7 +48,9 @@ TEST_P(TensorParallelEquivalence, TrainsLikeOneRank) {
   const bool narrow = k.compute != DType::f32;
   const double bound = narrow ? 2e-2 : k.optimizer == OptimizerKind::lamb ? 5e-6 : 2e-6;
   const testing::TensorError worst = testing::expect_weights(got, ref, bound, k.model);
-  if (k.pp > 1) EXPECT_EQ(got.head_copy, got.weights.at("embed")) << "the two copies of the tied embedding differ";
+  if (k.pp > 1) {
+    EXPECT_EQ(got.head_copy, got.weights.at("embed")) << "the two copies of the tied embedding differ";
+  }
   const auto [norm_err, loss_err] = narrow ? testing::expect_steps(got, ref, 1.5e-3, 2e-5) : testing::expect_steps(got, ref);
   std::printf("dp %d tp %d pp %d%s stage %d: worst weight error %.3g (%s), gradient norm %.3g, loss %.3g; loss %.6f -> %.6f\n", k.dp,
               k.tp, k.pp, k.sequence_parallel ? " sp" : "", k.stage, worst.rel(), worst.name.c_str(), norm_err, loss_err,
@@ -194,7 +196,7 @@ TEST(TensorParallelCheckpoint, StoredOrderIsThePartsEndToEnd) {
       for (int r = 0; r < parts; ++r) {
         const TensorSplit part{axis, groups, r, parts, shape};
         ASSERT_EQ(t.part_offset(r), next) << "part " << r << " of " << parts;
-        const ParamSpec local = ParamSpec{"w", shape}.cut(axis, groups, r, parts);
+        const ParamSpec local = ParamSpec{"w", shape, {}}.cut(axis, groups, r, parts);
         part.for_each_run(0, local.numel(), [&](size_t full, size_t count, size_t at) {
           for (size_t k = 0; k < count; ++k) {
             ASSERT_EQ(t.stored_position(full + k), next + at + k) << "element " << full + k << ", part " << r << " of " << parts;

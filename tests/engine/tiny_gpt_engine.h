@@ -3,7 +3,7 @@
 // AdamW with weight decay and a linear warm-up, a fixed seed.
 #pragma once
 
-#include "engine/config.h"  // EngineConfig
+#include "engine/config/config.h"  // EngineConfig
 
 namespace zeroth::testing {
 

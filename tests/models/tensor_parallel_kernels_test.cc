@@ -49,7 +49,7 @@ struct OnDevice {
 
 // The slice of `full` (shape `shape`) that tensor-parallel rank r of n holds when cut along `axis`.
 Vec slice_of(const Vec& full, std::vector<int64_t> shape, int axis, int r, int n) {
-  ParamSpec p{"w", std::move(shape)};
+  ParamSpec p{"w", std::move(shape), {}};
   const ParamSpec cut = p.cut(axis, 1, r, n);
   Vec out(cut.numel());
   cut.tp.take(full.data(), out.data(), out.size());
@@ -126,7 +126,7 @@ TEST_P(TensorParallelKernels, ColumnThenRowParallelLinearsEqualTheUnsplitPair) {
   auto k = gpt::make_kernels(stream);
   for (int tp : {1, 2, 4}) {
     SCOPED_TRACE("tp " + std::to_string(tp));
-    OnDevice d{*device_};
+    OnDevice d{*device_, {}};
     float* x = d.put(X);
     float* dy = d.put(dY);
     const int Fr = F / tp;
@@ -149,7 +149,7 @@ TEST_P(TensorParallelKernels, ColumnThenRowParallelLinearsEqualTheUnsplitPair) {
       for (size_t i = 0; i < yr.size(); ++i) y_sum[i] += yr[i], dx_sum[i] += dxr[i];
       // The rank's rows of dW1 and db1, and columns of dW2, go back to their place in the whole.
       auto place = [&](const Vec& part, std::vector<int64_t> shape, int axis, Vec& whole) {
-        ParamSpec{"w", std::move(shape)}.cut(axis, 1, r, tp).tp.put(part.data(), whole.data(), part.size());
+        ParamSpec{"w", std::move(shape), {}}.cut(axis, 1, r, tp).tp.put(part.data(), whole.data(), part.size());
       };
       place(gw1r, {F, C}, 0, dw1);
       place(gw2r, {C, F}, 1, dw2);
@@ -187,7 +187,7 @@ TEST_P(TensorParallelKernels, VocabularyParallelCrossEntropyEqualsTheFullOne) {
   auto k = gpt::make_kernels(stream);
   for (int tp : {1, 2, 3, 4}) {
     SCOPED_TRACE("tp " + std::to_string(tp));
-    OnDevice d{*device_};
+    OnDevice d{*device_, {}};
     Buffer ids = device_->allocate(N * sizeof(int32_t), MemTag::other);
     device_->copy(stream, ids.data(), targets.data(), N * sizeof(int32_t));
     std::vector<float*> slices(tp), stats(tp);
@@ -274,7 +274,7 @@ TEST_P(TensorParallelKernels, VocabularyParallelEmbeddingSumsToTheWholeOne) {
   }
   for (int tp : {1, 2, 3, 4}) {
     SCOPED_TRACE("tp " + std::to_string(tp));
-    OnDevice d{*device_};
+    OnDevice d{*device_, {}};
     float* grad = d.put(dout);
     Vec sum(B * T * C, 0.0f), dwte_whole(V * C, 0.0f);
     for (int r = 0; r < tp; ++r) {
@@ -303,17 +303,17 @@ INSTANTIATE_TEST_SUITE_P(Devices, TensorParallelKernels, ::testing::ValuesIn(tes
 
 TEST(TensorSplit, CutsFusedQkvByHeadsInEachSegment) {
   // [3C, C] with C = 4 over 2 ranks: rank 1 holds rows 2-3 of q, of k and of v.
-  const ParamSpec qkv = ParamSpec{"attn.c_attn.weight", {12, 4}}.cut(0, 3, 1, 2);
+  const ParamSpec qkv = ParamSpec{"attn.c_attn.weight", {12, 4}, {}}.cut(0, 3, 1, 2);
   EXPECT_EQ(qkv.shape, (std::vector<int64_t>{6, 4}));
   std::vector<std::array<size_t, 3>> runs;
   qkv.tp.for_each_run(0, qkv.numel(), [&](size_t full, size_t count, size_t local) { runs.push_back({full, count, local}); });
   EXPECT_EQ(runs, (std::vector<std::array<size_t, 3>>{{8, 8, 0}, {24, 8, 8}, {40, 8, 16}}));
   // Columns of [2, 5] over 2 ranks: rank 0 the first 3 of each row.
-  const ParamSpec cols = ParamSpec{"w", {2, 5}}.cut(1, 1, 0, 2);
+  const ParamSpec cols = ParamSpec{"w", {2, 5}, {}}.cut(1, 1, 0, 2);
   runs.clear();
   cols.tp.for_each_run(1, 6, [&](size_t full, size_t count, size_t local) { runs.push_back({full, count, local}); });
   EXPECT_EQ(runs, (std::vector<std::array<size_t, 3>>{{1, 2, 1}, {5, 3, 3}}));
-  EXPECT_THROW(ParamSpec({"w", {10, 4}}).cut(0, 3, 0, 2), InvalidArgument);  // 10 rows are not 3 segments
+  EXPECT_THROW(ParamSpec({"w", {10, 4}, {}}).cut(0, 3, 0, 2), InvalidArgument);  // 10 rows are not 3 segments
 }
 
 }  // namespace

@@ -84,7 +84,9 @@ TEST(Estimate, TheConfigsRowPredictsTheRunsPeaks) {
     const double host = summary["host_peak_bytes"].get<double>(),
                  host_predicted = mine["host_bytes"].get<double>() + mine["pinned_host_bytes"].get<double>();
     EXPECT_EQ(host_predicted, host) << "stage " << c.stage << ", optimizer on " << c.optimizer;
-    if (std::string(c.optimizer) == "cpu") EXPECT_GT(host, 0.0);
+    if (std::string(c.optimizer) == "cpu") {
+      EXPECT_GT(host, 0.0);
+    }
   }
 }
 
@@ -149,7 +151,9 @@ TEST(Estimate, EveryConfigsRunStaysWithinItsEstimate) {
         mine["nvme_bytes"].get<double>() / MiB);
     EXPECT_GE(grown, all_ranks) << file;
     // A sanitizer's shadow memory and quarantine are resident too (zeroth is built with it).
-    if (!sanitized) EXPECT_LE(grown - all_ranks, 0.05 * all_ranks + ranks * 24 * MiB + 64 * MiB) << file;
+    if (!sanitized) {
+      EXPECT_LE(grown - all_ranks, 0.05 * all_ranks + ranks * 24 * MiB + 64 * MiB) << file;
+    }
     EXPECT_EQ(s["swap_disk_bytes"].get<double>(), mine["nvme_bytes"].get<double>()) << file;
     ++checked;
   }
@@ -181,7 +185,9 @@ TEST(Estimate, FitsIsTheEnginesOwnCheck) {
     const auto run_result = run({ZEROTH_BIN, "train", write_config("estimate_fits_run", k)}, "estimate_fits_run");
     EXPECT_EQ(fits, budget == bytes) << "budget " << b;
     EXPECT_EQ(run_result.code == 0, fits) << "budget " << b << ": the run and the estimate disagree\n" << run_result.output;
-    if (!fits) EXPECT_NE(run_result.output.find("nothing was allocated"), std::string::npos) << run_result.output;
+    if (!fits) {
+      EXPECT_NE(run_result.output.find("nothing was allocated"), std::string::npos) << run_result.output;
+    }
   }
 }
 

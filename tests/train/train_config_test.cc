@@ -12,8 +12,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "engine/deepspeed_keys.h"
-#include "engine/plan.h"
+#include "engine/config/deepspeed_keys.h"
+#include "engine/plan/plan.h"
 #include "train/train_config.h"
 
 namespace zeroth {
@@ -94,6 +94,21 @@ TEST(TrainConfig, HuggingFaceAutoConfigResolves) {
   EXPECT_EQ(c.no_effect[0], "zero_optimization.contiguous_gradients: zeroth's gradients always live in one flat buffer per block");
 }
 
+// DeepSpeed ignores top-level keys it does not know and reads its bf16 section by hand (public
+// configs carry `cuda_visible_devices`, `comms_config`, bf16's `hysteresis`): accepted and named
+// once as ignored, in the order given; a key within a typo of a known one is refused (Invalid below).
+TEST(TrainConfig, KeysDeepSpeedIgnoresAreNamedOnceAsIgnored) {
+  const auto c = TrainConfig::from_json(
+      with(base(),
+           R"({"cuda_visible_devices": "0,1", "comms_config": {"verbose": false}, "bf16": {"enabled": true, "hysteresis": 2}})"));
+  EXPECT_EQ(c.engine.compute_dtype, DType::bf16);
+  const std::vector<std::string> want = {
+      "comms_config: neither DeepSpeed nor zeroth reads it; ignored, as DeepSpeed ignores it",
+      "cuda_visible_devices: neither DeepSpeed nor zeroth reads it; ignored, as DeepSpeed ignores it",
+      "bf16.hysteresis: neither DeepSpeed nor zeroth reads it; ignored, as DeepSpeed ignores it"};
+  EXPECT_EQ(c.no_effect, want);
+}
+
 struct BatchCase {
   const char* patch;
   int world;
@@ -144,7 +159,11 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         ErrorCase{"Typo", R"({"train_micro_batch_size_per_gpuu": 2})",
                   "train_micro_batch_size_per_gpuu is not a known key (did you mean 'train_micro_batch_size_per_gpu'?) (DeepSpeed "
-                  "ignores top-level keys it does not know; zeroth refuses them, so a typo cannot pass unnoticed)"},
+                  "ignores keys it does not read here; zeroth refuses one this close to a known key, so a typo cannot pass "
+                  "unnoticed)"},
+        ErrorCase{"Bf16Typo", R"({"bf16": {"enabeld": true}})",
+                  "bf16.enabeld is not a known key (did you mean 'enabled'?) (DeepSpeed ignores keys it does not read here; zeroth "
+                  "refuses one this close to a known key, so a typo cannot pass unnoticed)"},
         ErrorCase{
             "BatchRule",
             R"({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2, "run": {"world_size": 2}})",

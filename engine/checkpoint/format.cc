@@ -1,0 +1,378 @@
+// Manifest parsing and checking, checksummed file writing and verification, piece reading.
+#include "engine/checkpoint/format.h"
+
+#include <fcntl.h>     // open
+#include <sys/stat.h>  // stat
+#include <unistd.h>    // pwrite, pread, fsync, close
+
+#include <xxhash.h>  // XXH3_64bits_*
+
+#include <algorithm>   // std::sort
+#include <cstring>     // std::strerror
+#include <filesystem>  // std::filesystem
+#include <fstream>     // std::ifstream
+#include <sstream>     // std::stringstream
+
+#include <fmt/format.h>  // fmt::format
+
+#include "core/error.h"  // ZEROTH_THROW, SYSCALL_CHECK
+#include "core/log.h"    // ZLOG_WARN
+
+namespace zeroth {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+uint64_t CkptTensor::numel() const {
+  uint64_t n = 1;
+  for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+  return n;
+}
+
+std::string ckpt_file_name(int rank) { return fmt::format("rank-{:05d}.bin", rank); }
+
+std::string hex64(uint64_t v) { return fmt::format("{:016x}", v); }
+
+json Manifest::to_json() const {
+  json files_j = json::array(), tensors_j = json::array();
+  for (const auto& f : files) files_j.push_back({{"name", f.name}, {"bytes", f.bytes}, {"xxh3_64", hex64(f.xxh3)}});
+  for (const auto& t : tensors) {
+    json tj = {{"name", t.name}, {"shape", t.shape}, {"dtype", "F32"}};
+    if (t.split.split()) tj["split"] = {{"axis", t.split.axis}, {"groups", t.split.groups}, {"parts", t.split.ranks}};
+    for (size_t s = 0; s < states.size(); ++s) {
+      json pieces = json::array();
+      for (const auto& p : t.pieces[s]) pieces.push_back({p.file, p.offset, p.lo, p.hi});
+      tj[states[s]] = std::move(pieces);
+    }
+    tensors_j.push_back(std::move(tj));
+  }
+  return {{"format", kCheckpointFormat},
+          {"version", version},
+          {"step", step},
+          {"world", world},
+          {"optimizer", optimizer},
+          {"states", states},
+          {"engine", engine},
+          {"run", run},
+          {"config", config},
+          {"files", files_j},
+          {"tensors", tensors_j}};
+}
+
+Manifest Manifest::from_json(const json& j, const std::string& source) {
+  auto bad = [&](const std::string& what) -> CheckpointError {
+    return CheckpointError(
+        fmt::format("{}: {}; the checkpoint cannot be used (was it edited or written by something else?)", source, what));
+  };
+  if (!j.is_object() || j.value("format", std::string()) != kCheckpointFormat) throw bad("not a zeroth checkpoint manifest");
+  Manifest m;
+  try {
+    m.version = j.at("version").get<int>();
+    if (m.version != kCheckpointVersion) {
+      throw CheckpointError(fmt::format("{}: format version {}, but this zeroth reads version {}; use the zeroth that wrote it",
+                                        source, m.version, kCheckpointVersion));
+    }
+    m.step = j.at("step").get<int64_t>();
+    m.world = j.at("world");
+    m.optimizer = j.at("optimizer").get<std::string>();
+    m.states = j.at("states").get<std::vector<std::string>>();
+    m.engine = j.at("engine");
+    // What restoring the counters reads, checked before anything of an engine changes.
+    (void)m.engine.at("steps_applied").get<int64_t>(), (void)m.engine.at("steps_run").get<int64_t>();
+    for (const char* k : {"scale", "iteration", "last_overflow", "hysteresis"}) (void)m.engine.at("loss_scaler").at(k).get<double>();
+    m.run = j.at("run");
+    m.config = j.at("config");
+    for (const auto& f : j.at("files")) {
+      CkptFile file{f.at("name").get<std::string>(), f.at("bytes").get<uint64_t>(), 0};
+      const auto hex = f.at("xxh3_64").get<std::string>();
+      size_t used = 0;
+      file.xxh3 = hex.size() == 16 ? std::stoull(hex, &used, 16) : 0;
+      if (used != 16) throw bad(fmt::format("file {} has the checksum \"{}\", not 16 hex digits", file.name, hex));
+      if (file.name.empty() || file.name.find('/') != std::string::npos || file.name.starts_with("."))
+        throw bad(fmt::format("the file name \"{}\" is not a plain name in the folder", file.name));
+      m.files.push_back(std::move(file));
+    }
+    for (const auto& t : j.at("tensors")) {
+      CkptTensor tensor{t.at("name").get<std::string>(), t.at("shape").get<std::vector<int64_t>>(), {}};
+      if (t.at("dtype").get<std::string>() != "F32") throw bad(fmt::format("tensor {} is not F32", tensor.name));
+      for (int64_t d : tensor.shape)
+        if (d <= 0) throw bad(fmt::format("tensor {} has the shape {}", tensor.name, t.at("shape").dump()));
+      if (t.contains("split")) {
+        const auto& s = t.at("split");
+        tensor.split = {s.at("axis").get<int>(), s.at("groups").get<int>(), 0, s.at("parts").get<int>(), tensor.shape};
+        const int rank = static_cast<int>(tensor.shape.size());
+        if (tensor.split.axis < 0 || tensor.split.axis >= rank || tensor.split.groups < 1 || tensor.split.ranks < 1 ||
+            tensor.shape[tensor.split.axis] % tensor.split.groups != 0 ||
+            tensor.shape[tensor.split.axis] / tensor.split.groups < tensor.split.ranks) {
+          throw bad(fmt::format("tensor {} has the split {} of the shape {}", tensor.name, s.dump(), t.at("shape").dump()));
+        }
+        // Its parts are the tensor-parallel ranks that saved it.
+        const int tp = m.world.value("tp", 1);
+        if (tensor.split.ranks != tp) {
+          throw bad(fmt::format("tensor {} is stored in {} tensor-parallel parts, but the world it was saved in has tp = {}",
+                                tensor.name, tensor.split.ranks, tp));
+        }
+      }
+      for (const auto& state : m.states) {
+        if (!t.contains(state)) throw bad(fmt::format("tensor {} has no \"{}\" pieces", tensor.name, state));
+        std::vector<CkptPiece> pieces;
+        for (const auto& p : t.at(state))
+          pieces.push_back({p.at(0).get<int>(), p.at(1).get<uint64_t>(), p.at(2).get<uint64_t>(), p.at(3).get<uint64_t>()});
+        std::sort(pieces.begin(), pieces.end(), [](const CkptPiece& a, const CkptPiece& b) { return a.lo < b.lo; });
+        // Every element exactly once, each piece inside its file.
+        uint64_t next = 0;
+        for (const auto& p : pieces) {
+          if (p.lo != next || p.hi <= p.lo) {
+            throw bad(fmt::format("the \"{}\" pieces of tensor {} do not cover it exactly once (a piece at [{}, {}) after element {})",
+                                  state, tensor.name, p.lo, p.hi, next));
+          }
+          if (p.file < 0 || static_cast<size_t>(p.file) >= m.files.size())
+            throw bad(fmt::format("tensor {} names file #{}, but the manifest lists {} files", tensor.name, p.file, m.files.size()));
+          if (p.offset + (p.hi - p.lo) * sizeof(float) > m.files[p.file].bytes) {
+            throw bad(fmt::format("tensor {} has a piece past the end of {} ({} bytes)", tensor.name, m.files[p.file].name,
+                                  m.files[p.file].bytes));
+          }
+          next = p.hi;
+        }
+        if (next != tensor.numel())
+          throw bad(
+              fmt::format("the \"{}\" pieces of tensor {} hold {} of its {} elements", state, tensor.name, next, tensor.numel()));
+        tensor.pieces.push_back(std::move(pieces));
+      }
+      m.tensors.push_back(std::move(tensor));
+    }
+  } catch (const json::exception& e) {
+    throw bad(fmt::format("a field is missing or has the wrong type ({})", e.what()));
+  } catch (const std::invalid_argument&) {
+    throw bad("a checksum is not hexadecimal");
+  }
+  if (m.states.empty() || m.states.front() != "fp32") throw bad("the first state is not \"fp32\"");
+  return m;
+}
+
+const CkptTensor* Manifest::find(const std::string& name) const {
+  for (const auto& t : tensors)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+int Manifest::state_index(const std::string& state) const {
+  for (size_t s = 0; s < states.size(); ++s)
+    if (states[s] == state) return static_cast<int>(s);
+  return -1;
+}
+
+uint64_t Manifest::data_bytes() const {
+  uint64_t n = 0;
+  for (const auto& f : files) n += f.bytes;
+  return n;
+}
+
+namespace {
+
+bool has_manifest(const fs::path& dir) {
+  std::error_code ec;
+  return fs::is_regular_file(dir / kManifestName, ec);
+}
+
+// The step folders of a checkpoint folder that hold a manifest, newest first.
+std::vector<std::pair<int64_t, fs::path>> complete_steps(const fs::path& dir) {
+  std::vector<std::pair<int64_t, fs::path>> steps;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!name.starts_with("step-") || !has_manifest(e.path())) continue;
+    try {
+      steps.emplace_back(std::stoll(name.substr(5)), e.path());
+    } catch (const std::exception&) {
+    }
+  }
+  std::sort(steps.begin(), steps.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  return steps;
+}
+
+}  // namespace
+
+std::string resolve_checkpoint(const std::string& path) {
+  const fs::path dir(path);
+  if (has_manifest(dir)) return dir.string();
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) throw CheckpointError(fmt::format("{}: no such checkpoint folder", path));
+  std::ifstream latest(dir / kLatestName);
+  std::string name;
+  if (latest) std::getline(latest, name);
+  if (!name.empty() && has_manifest(dir / name)) return (dir / name).string();
+  const auto steps = complete_steps(dir);
+  if (steps.empty()) {
+    throw CheckpointError(
+        fmt::format("{}: no checkpoint there (no {}, no step-N folder with a {}); name a checkpoint folder or a step folder", path,
+                    kManifestName, kManifestName));
+  }
+  ZLOG_WARN("{}/{} {}; loading the newest complete checkpoint, {}", path, kLatestName,
+            latest ? fmt::format("names \"{}\", which holds no checkpoint", name) : std::string("is missing"),
+            steps.front().second.string());
+  return steps.front().second.string();
+}
+
+Manifest read_manifest(const std::string& step_dir) {
+  const std::string path = (fs::path(step_dir) / kManifestName).string();
+  return Manifest::from_json(read_json_file(path), path);
+}
+
+json read_json_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw CheckpointError(fmt::format("{}: cannot be read ({}); the checkpoint is incomplete", path, std::strerror(errno)));
+  std::stringstream text;
+  text << in.rdbuf();
+  json j;
+  try {
+    j = json::parse(text.str());
+  } catch (const json::parse_error& e) {
+    throw CheckpointError(fmt::format("{}: not valid JSON ({}); the checkpoint cannot be used", path, e.what()));
+  }
+  return j;
+}
+
+FileCheck verify_file(const std::string& step_dir, const CkptFile& file) {
+  const std::string path = (fs::path(step_dir) / file.name).string();
+  FileCheck check;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return {FileCheck::Problem::missing};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) != file.bytes) {
+    ::close(fd);
+    return {FileCheck::Problem::wrong_size, static_cast<uint64_t>(st.st_size)};
+  }
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  XXH3_state_t* state = XXH3_createState();
+  XXH3_64bits_reset(state);
+  std::vector<char> chunk(8 << 20);
+  while (check.read_bytes < file.bytes) {
+    const ssize_t n = ::pread(fd, chunk.data(), chunk.size(), static_cast<off_t>(check.read_bytes));
+    if (n <= 0) {
+      if (n < 0 && errno == EINTR) continue;
+      check.problem = FileCheck::Problem::unreadable;
+      check.found = check.read_bytes;
+      break;
+    }
+    XXH3_64bits_update(state, chunk.data(), static_cast<size_t>(n));
+    check.read_bytes += static_cast<uint64_t>(n);
+  }
+  const uint64_t hash = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
+  ::close(fd);
+  if (check.problem == FileCheck::Problem::none && hash != file.xxh3)
+    check.problem = FileCheck::Problem::corrupted, check.found = hash;
+  return check;
+}
+
+std::string FileCheck::describe(const std::string& step_dir, const CkptFile& file) const {
+  const std::string path = (fs::path(step_dir) / file.name).string();
+  switch (problem) {
+    case Problem::none: return "";
+    case Problem::missing: return fmt::format("{} is missing or cannot be opened", path);
+    case Problem::wrong_size:
+      return fmt::format("{} is {}: {} bytes, the manifest says {}", path, found < file.bytes ? "truncated" : "longer than written",
+                         found, file.bytes);
+    case Problem::corrupted:
+      return fmt::format("{} is corrupted: its xxh3-64 checksum is {}, the manifest says {}", path, hex64(found), hex64(file.xxh3));
+    case Problem::unreadable: return fmt::format("{} cannot be read past byte {} (an I/O error)", path, found);
+  }
+  return "";
+}
+
+namespace {
+
+// Per staging buffer: large enough for several of the file's blocks in flight, small enough that
+// touching it for the first time (slow on these machines) costs little per save.
+
+}  // namespace
+
+CkptFileWriter::CkptFileWriter(std::string path, const offload::IoOptions& io) : path_(std::move(path)) {
+  std::error_code ec;
+  fs::remove(path_, ec);  // the writer's own file, fresh: no old bytes past the new end
+  file_ = std::make_unique<offload::AsyncFile>(path_, offload::AsyncFile::Mode::read_write, io);
+  staging_[0] = offload::AlignedBuffer(kStagingBytes);
+  staging_[1] = offload::AlignedBuffer(kStagingBytes);
+  state_ = XXH3_createState();
+  XXH3_64bits_reset(static_cast<XXH3_state_t*>(state_));
+}
+
+CkptFileWriter::~CkptFileWriter() {
+  // A writer given up on (an error elsewhere) lets its writes finish before the buffers go.
+  for (auto& p : pending_) {
+    try {
+      p.wait();
+    } catch (const std::exception&) {
+    }
+  }
+  file_.reset();
+  XXH3_freeState(static_cast<XXH3_state_t*>(state_));
+}
+
+void CkptFileWriter::submit() {
+  // Only the last block may be partial: O_DIRECT wants whole 4 KiB pages, so its tail is zeroed
+  // and cut off again by finish().
+  const size_t length = (filled_ + offload::kIoAlignment - 1) / offload::kIoAlignment * offload::kIoAlignment;
+  std::memset(staging_[current_].data() + filled_, 0, length - filled_);
+  pending_[current_] = file_->write(staging_[current_].data(), length, submitted_);
+  submitted_ += filled_;
+  filled_ = 0;
+  current_ ^= 1;
+  pending_[current_].wait();  // the other buffer's write is done before it fills again
+}
+
+void CkptFileWriter::write(const void* data, size_t bytes) {
+  ZEROTH_CHECK(submitted_ % offload::kIoAlignment == 0, "{}: written after a partial block", path_);
+  XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), data, bytes);
+  const char* p = static_cast<const char*>(data);
+  bytes_ += bytes;
+  while (bytes > 0) {
+    const size_t n = std::min(bytes, kStagingBytes - filled_);
+    std::memcpy(staging_[current_].data() + filled_, p, n);
+    filled_ += n, p += n, bytes -= n;
+    if (filled_ == kStagingBytes) submit();
+  }
+}
+
+CkptFile CkptFileWriter::finish() {
+  if (filled_ > 0) submit();
+  pending_[0].wait();
+  pending_[1].wait();
+  file_.reset();  // every write has landed; the rings and the descriptor close
+  const int fd = ::open(path_.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) ZEROTH_THROW(IoError, "open({}, O_WRONLY) failed: {}", path_, detail::errno_text(errno));
+  const int cut = ::ftruncate(fd, static_cast<off_t>(bytes_));
+  const int cut_err = errno;
+  const int synced = cut == 0 ? ::fsync(fd) : 0;
+  const int sync_err = errno;
+  ::close(fd);
+  if (cut != 0) ZEROTH_THROW(IoError, "ftruncate({}, {}) failed: {}", path_, bytes_, detail::errno_text(cut_err));
+  if (synced != 0) ZEROTH_THROW(IoError, "fsync({}) failed: {}; the disk may be full", path_, detail::errno_text(sync_err));
+  return {fs::path(path_).filename().string(), bytes_, XXH3_64bits_digest(static_cast<XXH3_state_t*>(state_))};
+}
+
+void fsync_dir(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) ZEROTH_THROW(IoError, "open({}, O_DIRECTORY) failed: {}", dir, detail::errno_text(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) ZEROTH_THROW(IoError, "fsync({}) failed: {}", dir, detail::errno_text(err));
+}
+
+void write_file_atomically(const std::string& dir, const std::string& name, const std::string& text) {
+  const std::string path = (fs::path(dir) / name).string(), tmp = path + ".tmp";
+  {
+    CkptFileWriter out(tmp);
+    out.write(text.data(), text.size());
+    out.finish();
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    ZEROTH_THROW(IoError, "rename({}, {}) failed: {}", tmp, path, detail::errno_text(err));
+  }
+  fsync_dir(dir);
+}
+
+}  // namespace zeroth

@@ -1,0 +1,266 @@
+// Checkpoint save (engine/checkpoint/checkpoint.h): each rank's file from its owned ranges, written at once
+// or by a thread from a host copy; the ranks agree after every phase that can fail on one of them,
+// so an error ends all of them together instead of leaving some in a collective. Also the writing
+// of a checkpoint without an engine (import, reshard).
+#include "engine/checkpoint/checkpoint.h"
+
+#include <chrono>      // std::chrono::steady_clock
+#include <cstring>     // std::memcpy
+#include <exception>   // std::exception_ptr
+#include <filesystem>  // std::filesystem
+#include <map>         // std::map
+#include <thread>      // std::thread
+
+#include <fmt/format.h>  // fmt::format
+
+#include "core/error.h"                      // ZEROTH_THROW
+#include "engine/checkpoint/engine_state.h"  // file_layout, Agreement, publish
+
+namespace zeroth {
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using namespace ckpt;
+
+struct CheckpointSaver::Pending {
+  std::string name, what;
+  fs::path dir, tmp;
+  int keep_last = 0;
+  Manifest header;  // rank 0: all but the files and tensors, as of the save's step
+  std::thread writer;
+  CkptFile file;
+  std::exception_ptr error;  // of this rank's copy or write
+  Clock::time_point start;
+  double blocked = 0;  // seconds save() held the caller
+};
+
+CheckpointSaver::CheckpointSaver(bool async) : async_(async) {}
+
+CheckpointSaver::~CheckpointSaver() {
+  // An unpublished save (the run failed before complete()) is dropped; its temporary folder is
+  // removed by the next save into the folder.
+  if (pending_ && pending_->writer.joinable()) pending_->writer.join();
+}
+
+namespace {
+
+// This rank's file, piece by piece in file order: sink(values, count).
+void for_each_piece(Engine& engine, const std::vector<StateRef>& states, const std::vector<TensorRef>& tensors,
+                    const std::function<void(const float*, size_t)>& sink) {
+  const Plan& plan = engine.plan();
+  std::vector<float> values;
+  int block = -1, state = -1;
+  for (const auto& p : file_layout(plan, tensors, states.size(), plan.rank)) {
+    const auto& t = tensors[p.tensor];
+    const OwnedRange& r = plan.range(states[p.state].kind, t.block);
+    if (t.block != block || p.state != state) {
+      block = t.block, state = p.state;
+      values.resize(r.numel());
+      engine.read_owned(states[state].kind, block, values);
+    }
+    ZEROTH_CHECK(t.begin + p.lo >= r.lo && t.begin + p.hi <= r.hi, "the rank's slice lies outside its owned range");
+    sink(values.data() + (t.begin + p.lo - r.lo), p.hi - p.lo);
+  }
+}
+
+offload::IoOptions io_options(const AioConfig& aio) {
+  return {.block_size = aio.block_size,
+          .queue_depth = static_cast<unsigned>(aio.queue_depth),
+          .threads = static_cast<unsigned>(aio.threads)};
+}
+
+}  // namespace
+
+CheckpointIo CheckpointSaver::save(Engine& engine, const CheckpointSaveOptions& o) {
+  if (pending_) complete(engine);  // one save in flight at a time
+  const Plan& plan = engine.plan();
+  const int rank = file_index(engine);  // 0: the rank that prepares and publishes the folder
+  auto p = std::make_unique<Pending>();
+  p->start = Clock::now();
+  p->name = fmt::format("step-{}", engine.steps_run());
+  p->dir = o.dir;
+  p->tmp = p->dir / (".tmp-" + p->name);
+  p->keep_last = o.keep_last;
+  p->what = fmt::format("saving the checkpoint {}", (p->dir / p->name).string());
+  const auto states = engine_states(engine);
+  const auto tensors = saved_tensors(engine);
+
+  Agreement agreement(engine);
+  if (rank == 0) agreement.attempt([&] { prepare_folder(p->dir, p->tmp); });
+  agreement.agree(p->what.c_str());
+
+  if (rank == 0) {
+    Manifest& m = p->header;
+    m.step = engine.steps_run();
+    m.world = o.world;
+    m.world["dp"] = plan.dp;
+    m.world["tp"] = engine.tensor_ranks();
+    m.world["pp"] = engine.pipeline_stages();
+    m.world["zero_stage"] = plan.stage;
+    m.world["offload_optimizer"] = offload_device_name(engine.config().zero.offload_optimizer.device);
+    m.world["offload_param"] = offload_device_name(engine.config().zero.offload_param.device);
+    m.optimizer = std::string(optimizer_name(engine.config().optimizer.kind));
+    for (const auto& s : states) m.states.push_back(s.name);
+    m.engine = engine.counters();
+    m.engine["compute_dtype"] = dtype_name(plan.compute_dtype);
+    m.run = o.run;
+    m.config = o.config;
+  }
+  const std::string path = (p->tmp / ckpt_file_name(rank)).string();
+  const offload::IoOptions io = io_options(engine.config().aio);
+  try {
+    if (!async_) {
+      CkptFileWriter out(path, io);
+      for_each_piece(engine, states, tensors, [&](const float* v, size_t n) { out.write(v, n * sizeof(float)); });
+      p->file = out.finish();
+    } else {
+      // The copy the writer works from, so training may change the state meanwhile.
+      size_t total = 0;
+      for (const auto& piece : file_layout(plan, tensors, states.size(), plan.rank)) total += piece.hi - piece.lo;
+      snapshot_.resize(total);
+      size_t at = 0;
+      for_each_piece(engine, states, tensors, [&](const float* v, size_t n) {
+        std::memcpy(snapshot_.data() + at, v, n * sizeof(float));
+        at += n;
+      });
+      p->writer = std::thread([this, pending = p.get(), path, io] {
+        try {
+          CkptFileWriter out(path, io);
+          out.write(snapshot_.data(), snapshot_.size() * sizeof(float));
+          pending->file = out.finish();
+        } catch (...) {
+          pending->error = std::current_exception();
+        }
+      });
+    }
+  } catch (...) {
+    p->error = std::current_exception();
+  }
+  engine.release_transfer_buffers();
+  p->blocked = std::chrono::duration<double>(Clock::now() - p->start).count();
+  pending_ = std::move(p);
+  if (!async_) return complete(engine);
+  return {(pending_->dir / pending_->name).string(), 0, 0, 0, pending_->blocked};
+}
+
+CheckpointIo CheckpointSaver::complete(Engine& engine) {
+  ZEROTH_CHECK(pending_ != nullptr, "CheckpointSaver::complete() without a save in flight");
+  const auto t0 = Clock::now();
+  const std::unique_ptr<Pending> p = std::move(pending_);
+  if (p->writer.joinable()) p->writer.join();
+  const Plan& plan = engine.plan();
+  const int rank = file_index(engine), files = file_count(engine), stage = engine.pipeline_stage();
+  const int tp = engine.tensor_ranks(), tp_rank = engine.tensor_rank();
+  const bool parts = engine.pipeline_stages() > 1 || tp > 1;
+  CheckpointIo io{(p->dir / p->name).string()};
+  Agreement agreement(engine);
+  agreement.attempt([&] {
+    if (p->error) std::rethrow_exception(p->error);
+  });
+  std::vector<uint64_t> all;
+  try {
+    all = agreement.agree(p->what.c_str(), {p->file.bytes, p->file.xxh3});
+  } catch (...) {
+    if (rank == 0) remove_quietly(p->tmp);
+    throw;
+  }
+  io.bytes = p->file.bytes;
+  for (int r = 0; r < files; ++r) io.all_bytes += all[r * 3 + 1];
+  // A pipeline's stages and the tensor-parallel ranks each describe their own tensors (their files
+  // numbered from (stage x tp + tp rank) x dp), in a part file beside the data that rank 0 merges
+  // into the manifest: a tensor-parallel tensor's slices become one tensor's pieces.
+  const auto part_name = [](int s, int t) { return fmt::format("stage-{}-tp-{}.tensors.json", s, t); };
+  if (parts) {
+    if (plan.rank == 0) {
+      agreement.attempt([&] {
+        Manifest part = p->header;
+        part.states.clear();
+        for (const auto& st : engine_states(engine)) part.states.push_back(st.name);
+        add_tensors(part, plan, saved_tensors(engine), (stage * tp + tp_rank) * plan.dp);
+        const nlohmann::json whole = part.to_json();
+        write_file_atomically(p->tmp.string(), part_name(stage, tp_rank), whole.at("tensors").dump() + "\n");
+      });
+    }
+    agreement.agree(p->what.c_str());
+  }
+  if (rank == 0) {
+    agreement.attempt([&] {
+      Manifest& m = p->header;
+      for (int r = 0; r < files; ++r) m.files.push_back({ckpt_file_name(r), all[r * 3 + 1], all[r * 3 + 2]});
+      if (!parts) {
+        add_tensors(m, plan, saved_tensors(engine));
+      } else {
+        nlohmann::json j = m.to_json();
+        std::map<std::string, size_t> index;  // tensor name -> its entry
+        for (int s = 0; s < engine.pipeline_stages(); ++s) {
+          for (int t = 0; t < tp; ++t) {
+            const fs::path part = p->tmp / part_name(s, t);
+            for (const auto& tensor : read_json_file(part.string())) {
+              const std::string name = tensor.at("name").get<std::string>();
+              if (!index.contains(name)) {
+                index[name] = j["tensors"].size();
+                j["tensors"].push_back(tensor);
+                continue;
+              }
+              auto& into = j["tensors"][index[name]];
+              for (const auto& state : m.states) {
+                for (const auto& piece : tensor.at(state)) into[state].push_back(piece);
+              }
+            }
+            fs::remove(part);
+          }
+        }
+        m = Manifest::from_json(j, (p->tmp / kManifestName).string());
+      }
+      publish(p->dir, p->name, m, p->keep_last);
+    });
+    std::error_code ec;
+    if (!fs::exists(p->dir / p->name / kManifestName, ec)) remove_quietly(p->tmp);
+  }
+  agreement.agree(p->what.c_str());
+  const auto end = Clock::now();
+  io.seconds = std::chrono::duration<double>(end - p->start).count();
+  io.blocked_seconds = async_ ? p->blocked + std::chrono::duration<double>(end - t0).count() : io.seconds;
+  return io;
+}
+
+CheckpointIo save_checkpoint(Engine& engine, const CheckpointSaveOptions& options) {
+  return CheckpointSaver(false).save(engine, options);
+}
+
+CheckpointIo write_checkpoint(const std::vector<BlockSpec>& specs, const Plan& plan, Manifest m, const TensorSource& values,
+                              const std::string& dir) {
+  const auto t0 = Clock::now();
+  const auto tensors = plan_tensors(specs, plan);
+  const std::string name = fmt::format("step-{}", m.step);
+  const fs::path tmp = fs::path(dir) / (".tmp-" + name);
+  CheckpointIo io{(fs::path(dir) / name).string()};
+  prepare_folder(dir, tmp);
+  try {
+    m.world["dp"] = plan.dp;
+    m.world["tp"] = 1;  // whole tensors
+    m.files.clear();
+    m.tensors.clear();
+    std::vector<float> buffer;
+    for (int r = 0; r < plan.dp; ++r) {
+      CkptFileWriter out((tmp / ckpt_file_name(r)).string());
+      for (const auto& p : file_layout(plan, tensors, m.states.size(), r)) {
+        buffer.resize(p.hi - p.lo);
+        values(static_cast<size_t>(p.tensor), p.state, p.lo, p.hi, buffer.data());
+        out.write(buffer.data(), buffer.size() * sizeof(float));
+      }
+      m.files.push_back(out.finish());
+      io.bytes += m.files.back().bytes;
+    }
+    io.all_bytes = io.bytes;
+    add_tensors(m, plan, tensors);
+    publish(dir, name, m, 0);
+  } catch (...) {
+    std::error_code ec;
+    if (!fs::exists(fs::path(io.path) / kManifestName, ec)) remove_quietly(tmp);
+    throw;
+  }
+  io.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return io;
+}
+
+}  // namespace zeroth

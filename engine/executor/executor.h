@@ -1,0 +1,221 @@
+// The executor: the rank's buffers, allocated per the plan on their tiers, and the interpreter of
+// the plan's programs. It holds no decision of its own: what is gathered, placed, reduced,
+// released and updated, and when, is in the actions; the executor only knows how to do each kind.
+//
+// Three streams: compute (the model's, the device's default), gather (parameter all-gathers) and
+// reduce (gradient reductions); events order them, so gathers, reductions and compute overlap.
+// A collective the plan marks serial runs on the compute stream instead, in order with compute.
+#pragma once
+
+#include <array>       // std::array
+#include <atomic>      // std::atomic
+#include <exception>   // std::exception_ptr
+#include <mutex>       // std::mutex
+#include <cstdint>     // int64_t
+#include <functional>  // std::function
+#include <memory>      // std::unique_ptr, std::shared_ptr
+#include <optional>    // std::optional
+#include <vector>      // std::vector
+
+#include "comm/communicator.h"                // Communicator
+#include "core/device.h"                      // Device, Stream, Event, Buffer
+#include "engine/config/config.h"             // EngineConfig
+#include "engine/plan/plan.h"                 // Plan, Action
+#include "engine/executor/tier_allocators.h"  // TierAllocators
+#include "models/block_api.h"                 // BlockSpec, BlockViews
+#include "offload/aligned_buffer.h"           // offload::AlignedBuffer
+#include "offload/swap_file.h"                // offload::SwapFile
+
+namespace zeroth {
+
+// What the step passes to the update actions.
+struct UpdateArgs {
+  int64_t step = 1;  // 1-based
+  double lr = 0;
+  float grad_scale = 1;                        // unscaling, averaging and clipping in one factor
+  std::optional<std::array<double, 2>> betas;  // the schedule's (OneCycle's cycle_momentum), else the optimizer's
+};
+
+// Bytes the executor moved through swap files so far, and the time its streams spent waiting on
+// those transfers (summed over streams, so it can exceed wall time when they overlap).
+struct SwapIo {
+  uint64_t read_bytes = 0, write_bytes = 0;
+  double busy_seconds = 0;
+};
+
+// The folder of a buffer's swap file: offload_param's for parameters, offload_optimizer's else.
+std::string swap_folder(const ZeroConfig& zero, const PlannedBuffer& buffer);
+
+// A rank's groups beyond its data-parallel one. On the compute stream at the step: the squares of
+// the global norm are summed over `stages` and `tensor`, the tied block's gradients over `tied`
+// (the first and the last stage of this data-parallel index). On the reduce stream: partial
+// gradients summed over `tensor_reduce` (the ranks of `tensor`, its own communicator so the two
+// streams never share one). Null: none.
+struct GroupLinks {
+  Communicator* stages = nullptr;
+  Communicator* tied = nullptr;
+  Communicator* tensor = nullptr;
+  Communicator* tensor_reduce = nullptr;
+};
+
+class Executor {
+ public:
+  Executor(Device& device, TierAllocators& tiers, Communicator& dp, const Plan& plan, const std::vector<BlockSpec>& specs,
+           const EngineConfig& config, GroupLinks links = {});
+  ~Executor();
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+
+  Stream& compute_stream() { return device_.default_stream(); }
+  CommStats comm_stats() const;
+  SwapIo swap_io() const;
+  // What the file system allocated to this rank's swap files (st_blocks): their disk use as the
+  // kernel counts it.
+  uint64_t swap_disk_bytes() const;
+  // Raises the first swap-file transfer that failed on a stream, if any (the step calls it).
+  void check_io() const;
+  // Waits until the swaps and uploads enqueued so far are done (a timed step's end).
+  void drain_swaps();
+
+  // The block uses, checked against the program (the training cycle, or the evaluation pass).
+  const BlockViews& begin(int block, int micro, Pass pass, const char* what);
+  void end(int block, int micro, Pass pass, const char* what);
+  void begin_evaluation();
+  void end_evaluation();
+  bool evaluating() const { return evaluating_; }
+  // Where the walk is: at the start of the cycle, right after a backward pass, or at its end.
+  bool at_cycle_start() const { return cursor_ == 0; }
+  bool after_backward_pass() const;
+  bool cycle_complete() const { return cursor_ == plan_.program.size(); }
+  size_t uses_done() const;
+
+  // The step phase. grad_norm(): the squared global norm of the reduced gradients (waits for the
+  // reductions; synchronizes). finish_step(): with args, the update, clearing and post-step
+  // gather actions; without (a skipped step), the clearing ones only. Rewinds the cycle.
+  // Blocks the host until the cycle's gradient reductions are done.
+  void wait_for_reductions();
+  double grad_norm();
+  void finish_step(const std::optional<UpdateArgs>& args);
+
+  // Values of a block: fill(lo, hi, out) provides padded elements [lo, hi) in f32; every kind
+  // this rank holds of the block (full parameters, parameter shard, master) is written from them,
+  // so no collective is needed. Between cycles; synchronizes.
+  void write_block(int block, const std::function<void(size_t, size_t, float*)>& fill);
+  // Zeroes what starts at zero (moments, gradient accumulators).
+  void start();
+  // The fp32 master values of a block, whole (padded). Collective over the group; synchronizes.
+  std::vector<float> master_values(int block);
+  // A whole owned range (in its buffer's dtype) to or from host memory, whatever its tier (between
+  // steps; synchronous).
+  void read_owned(const OwnedRange& r, void* out);
+  void write_owned(const OwnedRange& r, const void* values);
+  // The host buffers write_block, read_owned and write_owned reuse from call to call (a block at a
+  // time: touching fresh memory costs seconds per GiB on some machines, so a checkpoint's blocks
+  // share them), freed here once a series of calls is over.
+  void release_scratch();
+  size_t scratch_bytes() const;  // what the transfer scratch holds now (capacity)
+
+ private:
+  struct Released {
+    size_t offset, length;
+    std::shared_ptr<Event> done;
+  };
+  struct Arena {
+    std::vector<Released> released;
+  };
+
+  void execute(const Action& a);
+  // The tied block's reduced gradients summed with the other stage's copy (the step's first work).
+  void tie_gradients();
+  // The squares of a reduce bucket's reduced gradients on the device added into `out` (the tied
+  // block left out where the other copy counts).
+  void bucket_sum_squares(int bucket, float* out, bool accumulate);
+  const Action& expect_run(size_t at, int block, int micro, Pass pass, const char* what) const;
+  void place(Arena& arena, size_t offset, size_t length, Stream& writer);
+  std::shared_ptr<Event> record(Stream& stream);
+  void gather(int block, size_t arena_offset, Stream& gs);
+  void release(int block);
+  void place_grads(int block, size_t arena_offset);
+  void release_grads(int block);
+  void all_reduce(int bucket, Stream& rs);
+  void reduce_scatter(int bucket, bool add, Stream& rs);
+  void sum_partial(int bucket, Stream& rs);
+  // Lamb's per-tensor norms over the ranks that split the tensors: the data-parallel group when
+  // the plan says so (its shards split them), the tensor-parallel group when there is one.
+  void sum_tensor_norms(bool over_data_parallel);
+  void all_gather(int bucket);
+  void update(int sub_group, int slot, const UpdateArgs& args);
+  void update_norms(int sub_group, const UpdateArgs& args);
+  void offload_grads(int bucket, bool add, Stream& rs);
+  void swap_in(int sub_group, int slot);
+  void swap_out(int sub_group, int slot);
+  void upload(int sub_group, int slot);
+  // A sub-group's spans as optimizer steps, [0] without weight decay and [1] with, and where each
+  // span's tensor norms are (null when the spans name no tensor).
+  struct SubGroupSteps {
+    OptimizerParams params[2];
+    std::array<std::vector<OptimizerStep>, 2> steps;
+    std::array<std::vector<float*>, 2> norms;
+  };
+  SubGroupSteps sub_group_steps(int sub_group, int slot, const UpdateArgs& args) const;
+
+  bool on_device(int buffer) const { return plan_.buffers[buffer].tier == Tier::device; }
+  // Where the update reads and writes element `element` of a block's state of `kind`: in its
+  // buffer, or in swap slot `slot` when the buffer is a swap file.
+  void* state_at(StateKind kind, int block, size_t element, int sub_group, int slot) const;
+  // Where a sub-group's updated narrow parameters wait for upload (param_out), or nullptr.
+  void* param_out_at(int sub_group, int slot, const OwnedRange& master, size_t element) const;
+  // All-gathers a block's parameter shards into `full` on the device, bringing this rank's shard
+  // from the host or its swap file first when it lives there.
+  void gather_shards(Stream& gs, int block, TensorView full);
+
+  void* at(const OwnedRange& r, size_t element) const;  // where element `element` of the block is
+  TensorView view(StateKind kind, int block) const;     // the whole owned range
+  TensorView buffer_view(int buffer) const;
+  TensorView full_params(int block) const;
+  TensorView grad_view(int block) const;       // where the model adds the block's gradients
+  TensorView reduced_grads(int bucket) const;  // a reduce bucket's reduced gradients (grad_shard)
+
+  Device& device_;
+  const Plan& plan_;
+  const std::vector<BlockSpec>& specs_;
+  const EngineConfig& config_;
+  std::unique_ptr<Stream> gather_stream_, reduce_stream_;
+  // One communicator per stream: collectives of one communicator must run in the same order on
+  // every rank, which two streams running concurrently would not guarantee.
+  std::unique_ptr<Communicator> gather_comm_, reduce_comm_, step_comm_;
+  GroupLinks links_;
+  std::vector<Buffer> buffers_;  // as plan.buffers
+  Arena param_arena_, grad_arena_;
+  std::vector<void*> gathered_;  // where each block's full parameters are now
+  std::vector<std::unique_ptr<Event>> gathered_event_;
+  std::vector<bool> gather_pending_;                 // compute must wait for the block's gather
+  std::vector<void*> grads_;                         // where each block's gradients are added now
+  std::vector<std::shared_ptr<Event>> grad_reader_;  // the last work that read them
+  std::vector<BlockViews> views_;
+  std::shared_ptr<Event> reduced_;  // the last bucket's reduction
+  // Offload: the swap file of each buffer on the nvme tier (else null); the streams that read
+  // and write them; per reduce bucket, where its reduced slice waits on the device and the sum of
+  // squares of its offloaded gradients; per slot, when its read is complete, when the last write
+  // and upload from it are done.
+  std::vector<std::unique_ptr<offload::SwapFile>> files_;
+  std::unique_ptr<Stream> swap_in_stream_, swap_out_stream_;
+  std::vector<TensorView> landing_;
+  std::vector<double> bucket_sumsq_;
+  std::vector<std::unique_ptr<Event>> slot_ready_, slot_written_, slot_uploaded_;
+  // Runs `transfers` (issue and wait) on a host callback's thread, counting bytes and time.
+  void timed_io(uint64_t read_bytes, uint64_t write_bytes, const std::function<void()>& transfers);
+  std::atomic<uint64_t> io_read_{0}, io_written_{0}, io_busy_ns_{0};
+  std::atomic<bool> io_failed_{false};
+  mutable std::mutex io_error_mutex_;
+  std::exception_ptr io_error_;  // the first failed swap-file transfer
+  std::vector<float> scratch_values_;
+  std::vector<char> scratch_narrow_;
+  offload::AlignedBuffer scratch_io_;
+  size_t cursor_ = 0;  // next action of the program being walked
+  int open_use_ = -1;  // the use between its begin_ and end_
+  size_t eval_cursor_ = 0;
+  bool evaluating_ = false;
+};
+
+}  // namespace zeroth

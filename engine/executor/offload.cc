@@ -1,0 +1,301 @@
+// The executor's offload actions: reduced gradients to the host (and on to their swap file), the
+// swap of a sub-group's state between its files and a host slot, and the upload of updated
+// parameters to the device shard. Ordering is by events: a slot is read into only after its last
+// write-back and upload are done; an update waits for its slot's read.
+#include <chrono>   // std::chrono::steady_clock
+#include <cstring>  // std::memcpy
+
+#include "core/cpu/kernels.h"  // cpu::axpy, cpu::cast, cpu::fill, cpu::sum_squares
+#include "core/error.h"        // ZEROTH_CHECK
+#include "engine/executor/executor.h"
+#include "offload/aligned_buffer.h"  // AlignedBuffer, kIoAlignment
+
+namespace zeroth {
+namespace {
+
+// The state arrays a swap slot holds, in order: master, the optimizer's moments, the gradients.
+int slot_array_index(StateKind kind, int state_arrays) {
+  switch (kind) {
+    case StateKind::master: return 0;
+    case StateKind::moment0: return 1;
+    case StateKind::moment1: return 2;
+    case StateKind::grad_shard: return 1 + state_arrays;
+    default: break;
+  }
+  ZEROTH_THROW(InvalidArgument, "{} has no place in a swap slot", state_kind_name(kind));
+}
+
+}  // namespace
+
+std::string swap_folder(const ZeroConfig& zero, const PlannedBuffer& buffer) {
+  return buffer.tag == MemTag::params ? zero.offload_param.nvme_path : zero.offload_optimizer.nvme_path;
+}
+
+namespace {
+
+size_t round_to_io(size_t bytes) { return (bytes + offload::kIoAlignment - 1) / offload::kIoAlignment * offload::kIoAlignment; }
+
+}  // namespace
+
+void Executor::timed_io(uint64_t read_bytes, uint64_t write_bytes, const std::function<void()>& transfers) {
+  // After a failed transfer nothing more is written: a slot whose read failed holds garbage, and
+  // the files must keep the last good state. The error is raised again here (on this stream) and
+  // by check_io() at the step (CUDA streams keep host errors to themselves).
+  if (write_bytes > 0 && io_failed_) {
+    std::lock_guard lock(io_error_mutex_);
+    std::rethrow_exception(io_error_);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    transfers();
+  } catch (...) {
+    std::lock_guard lock(io_error_mutex_);
+    if (!io_failed_) io_error_ = std::current_exception();
+    io_failed_ = true;
+    throw;
+  }
+  io_busy_ns_ += static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+  io_read_ += read_bytes;
+  io_written_ += write_bytes;
+}
+
+void Executor::check_io() const {
+  if (!io_failed_) return;
+  std::lock_guard lock(io_error_mutex_);
+  std::rethrow_exception(io_error_);
+}
+
+void Executor::drain_swaps() {
+  for (Stream* s : {swap_in_stream_.get(), swap_out_stream_.get(), gather_stream_.get()}) {
+    if (s != nullptr) s->synchronize();
+  }
+  check_io();
+}
+
+namespace {
+
+// Waits for every handle, then raises the first failure: a buffer is reused only once no
+// transfer into or out of it is left in flight.
+void wait_all(std::vector<offload::IoHandle>& handles) {
+  std::exception_ptr first;
+  for (auto& h : handles) {
+    try {
+      h.wait();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);
+}
+
+}  // namespace
+
+SwapIo Executor::swap_io() const { return {io_read_.load(), io_written_.load(), static_cast<double>(io_busy_ns_.load()) * 1e-9}; }
+
+uint64_t Executor::swap_disk_bytes() const {
+  uint64_t disk = 0;
+  for (const auto& f : files_)
+    if (f) disk += f->file().allocated_bytes();  // one slot per buffer, null where it is not swapped
+  return disk;
+}
+
+void* Executor::state_at(StateKind kind, int block, size_t element, int sub_group, int slot) const {
+  const auto& r = plan_.range(kind, block);
+  if (buffers_[r.buffer]) return at(r, element);
+  const size_t arrays = 2 + static_cast<size_t>(config_.optimizer.state_arrays());
+  const size_t pos = r.offset + element - r.lo;
+  float* base = buffers_[plan_.swap_slots].as<float>() +
+                (slot * arrays + static_cast<size_t>(slot_array_index(kind, config_.optimizer.state_arrays()))) * plan_.slot_numel;
+  return base + (pos - plan_.sub_group_extent[sub_group][0]);
+}
+
+void* Executor::param_out_at(int sub_group, int slot, const OwnedRange& master, size_t element) const {
+  if (plan_.param_out < 0) return nullptr;
+  const size_t pos = master.offset + element - master.lo;
+  return static_cast<char*>(buffers_[plan_.param_out].data()) +
+         (slot * plan_.slot_numel + pos - plan_.sub_group_extent[sub_group][0]) * dtype_size(plan_.compute_dtype);
+}
+
+void Executor::offload_grads(int index, bool add, Stream& rs) {
+  const auto& bucket = plan_.reduce_buckets[index];
+  const TensorView landed = landing_[index];
+  const size_t n = landed.numel;
+  void* staging = buffers_[plan_.grad_staging].data();
+  device_.copy(rs, staging, landed.data, landed.bytes());
+  const OwnedRange& first = plan_.range(StateKind::grad_shard, bucket.blocks.front());
+  offload::SwapFile* file = files_[first.buffer].get();
+  float* host = file != nullptr ? buffers_[plan_.grad_host].as<float>() : static_cast<float*>(at(first, first.lo));
+  const uint64_t file_offset = first.offset * sizeof(float);
+  const DType comm = landed.dtype;
+  double* sumsq = &bucket_sumsq_[index];
+  const auto counted = plan_.bucket_counted_in_norm(index);
+  // The squares are taken on the way, so the step's norm never reads the gradients back; the
+  // last micro-batch's pass leaves the final ones.
+  const size_t bytes = round_to_io(n * sizeof(float));
+  rs.enqueue_host([=, this] {
+    if (add) {
+      if (file != nullptr) timed_io(bytes, 0, [&] { file->read(host, bytes, file_offset).wait(); });
+      cpu::axpy(host, DType::f32, 1.0f, staging, comm, n);
+    } else {
+      cpu::cast(staging, comm, host, DType::f32, n);
+    }
+    double squares = 0;
+    for (const auto& [lo, hi] : counted) squares += cpu::sum_squares(host + lo, DType::f32, hi - lo);
+    *sumsq = squares;
+    if (file != nullptr) timed_io(0, bytes, [&] { file->write(host, bytes, file_offset).wait(); });
+  });
+  reduced_ = record(rs);
+  for (int b : bucket.blocks) grad_reader_[b] = reduced_;
+}
+
+// See [Note: swap slots] in docs/ARCHITECTURE.md.
+void Executor::swap_in(int sub_group, int slot) {
+  Stream& ss = *swap_in_stream_;
+  ss.wait(*slot_written_[slot]);
+  ss.wait(*slot_uploaded_[slot]);
+  const int b = plan_.sub_groups[sub_group].front().block;
+  const auto [lo, hi] = plan_.sub_group_extent[sub_group];
+  struct Read {
+    offload::SwapFile* file;
+    void* into;
+  };
+  std::vector<Read> reads;
+  for (StateKind kind : {StateKind::master, StateKind::moment0, StateKind::moment1, StateKind::grad_shard}) {
+    const auto* r = plan_.find(kind, b);
+    if (r == nullptr) continue;
+    ZEROTH_CHECK(files_[r->buffer] != nullptr, "swap_in: {} is not in a swap file", state_kind_name(kind));
+    reads.push_back({files_[r->buffer].get(), state_at(kind, b, r->lo + (lo - r->offset), sub_group, slot)});
+  }
+  ss.enqueue_host([reads, lo, hi, this] {
+    const size_t bytes = round_to_io((hi - lo) * sizeof(float));
+    timed_io(bytes * reads.size(), 0, [&] {
+      std::vector<offload::IoHandle> handles;
+      for (const auto& r : reads) handles.push_back(r.file->read(r.into, bytes, lo * sizeof(float)));
+      wait_all(handles);
+    });
+  });
+  slot_ready_[slot]->record(ss);
+}
+
+void Executor::swap_out(int sub_group, int slot) {
+  Stream& ws = *swap_out_stream_;
+  ws.wait(*record(compute_stream()));
+  const int b = plan_.sub_groups[sub_group].front().block;
+  const auto [lo, hi] = plan_.sub_group_extent[sub_group];
+  std::vector<std::pair<offload::SwapFile*, const void*>> writes;
+  // The gradients are not written back: the next cycle replaces them.
+  for (StateKind kind : {StateKind::master, StateKind::moment0, StateKind::moment1}) {
+    const auto* r = plan_.find(kind, b);
+    if (r == nullptr) continue;
+    writes.emplace_back(files_[r->buffer].get(), state_at(kind, b, r->lo + (lo - r->offset), sub_group, slot));
+  }
+  ws.enqueue_host([writes, lo, hi, this] {
+    const size_t bytes = round_to_io((hi - lo) * sizeof(float));
+    timed_io(0, bytes * writes.size(), [&] {
+      std::vector<offload::IoHandle> handles;
+      for (const auto& [file, from] : writes) handles.push_back(file->write(from, bytes, lo * sizeof(float)));
+      wait_all(handles);
+    });
+  });
+  slot_written_[slot]->record(ws);
+}
+
+void Executor::upload(int sub_group, int slot) {
+  Stream& gs = *gather_stream_;
+  gs.wait(*record(compute_stream()));
+  const size_t c = dtype_size(plan_.compute_dtype);
+  const auto& spans = plan_.sub_groups[sub_group];
+  const auto& first = plan_.range(StateKind::param_shard, spans.front().block);
+  if (offload::SwapFile* file = files_[first.buffer].get()) {
+    // Parameter shards in a swap file (stage 3): the sub-group's extent is one write, as the
+    // shard and the optimizer state share the owned layout (the file from the owned space's start,
+    // the extent from the offloaded part's).
+    const auto [lo, hi] = plan_.sub_group_extent[sub_group];
+    const size_t at = (lo + plan_.device_owned) * c;
+    const auto& master = plan_.range(StateKind::master, spans.front().block);
+    const void* from = plan_.param_out >= 0 ? param_out_at(sub_group, slot, master, spans.front().lo)
+                                            : state_at(StateKind::master, spans.front().block, spans.front().lo, sub_group, slot);
+    const size_t bytes = round_to_io((hi - lo) * c);
+    gs.enqueue_host([=, this] { timed_io(0, bytes, [&] { file->write(from, bytes, at).wait(); }); });
+    slot_uploaded_[slot]->record(gs);
+    return;
+  }
+  // Spans of one block that touch are one copy.
+  for (size_t i = 0; i < spans.size();) {
+    size_t j = i + 1;
+    while (j < spans.size() && spans[j].block == spans[i].block && spans[j].lo == spans[j - 1].hi) ++j;
+    const int b = spans[i].block;
+    const size_t lo = spans[i].lo, hi = spans[j - 1].hi;
+    const auto& master = plan_.range(StateKind::master, b);
+    const void* from = plan_.param_out >= 0 ? param_out_at(sub_group, slot, master, lo)
+                                            : state_at(StateKind::master, b, lo, sub_group, slot);
+    device_.copy(gs, at(plan_.range(StateKind::param_shard, b), lo), from, (hi - lo) * c);
+    i = j;
+  }
+  slot_uploaded_[slot]->record(gs);
+}
+
+void Executor::read_owned(const OwnedRange& r, void* out) {
+  const size_t bytes = r.numel() * dtype_size(plan_.buffers[r.buffer].dtype);
+  if (buffers_[r.buffer]) {
+    Stream& cs = compute_stream();
+    device_.copy(cs, out, at(r, r.lo), bytes);
+    cs.synchronize();
+    return;
+  }
+  // The last step's write-backs may still be on their way to the file.
+  swap_out_stream_->synchronize();
+  if (scratch_io_.size() < round_to_io(bytes)) scratch_io_ = offload::AlignedBuffer(round_to_io(bytes));
+  files_[r.buffer]->read(scratch_io_.data(), round_to_io(bytes), r.offset * dtype_size(plan_.buffers[r.buffer].dtype)).wait();
+  std::memcpy(out, scratch_io_.data(), bytes);
+}
+
+void Executor::release_scratch() {
+  // `v = {}` would pick the initializer-list assignment, which keeps the capacity: swap it away.
+  std::vector<float>().swap(scratch_values_);
+  std::vector<char>().swap(scratch_narrow_);
+  scratch_io_ = {};
+}
+
+size_t Executor::scratch_bytes() const {
+  return scratch_values_.capacity() * sizeof(float) + scratch_narrow_.capacity() + scratch_io_.size();
+}
+
+void Executor::write_owned(const OwnedRange& r, const void* values) {
+  const size_t bytes = r.numel() * dtype_size(plan_.buffers[r.buffer].dtype);
+  if (buffers_[r.buffer]) {
+    Stream& cs = compute_stream();
+    device_.copy(cs, at(r, r.lo), values, bytes);
+    cs.synchronize();
+    return;
+  }
+  swap_in_stream_->synchronize();
+  swap_out_stream_->synchronize();
+  const size_t length = round_to_io(bytes);
+  if (scratch_io_.size() < length) scratch_io_ = offload::AlignedBuffer(length);
+  std::memcpy(scratch_io_.data(), values, bytes);
+  std::memset(scratch_io_.data() + bytes, 0, length - bytes);
+  files_[r.buffer]->write(scratch_io_.data(), length, r.offset * dtype_size(plan_.buffers[r.buffer].dtype)).wait();
+}
+
+void Executor::gather_shards(Stream& gs, int block, TensorView full) {
+  const auto& r = plan_.range(StateKind::param_shard, block);
+  if (on_device(r.buffer)) {
+    gather_comm_->all_gather(gs, view(StateKind::param_shard, block), full);
+    return;
+  }
+  // This rank's slice of `full` receives the shard; the all-gather then runs in place.
+  const TensorView mine = full.slice(r.lo, r.numel());
+  if (offload::SwapFile* file = files_[r.buffer].get()) {
+    void* staging = buffers_[plan_.param_staging].data();
+    const size_t bytes = mine.bytes(), offset = r.offset * dtype_size(mine.dtype);
+    gs.enqueue_host([=, this] { timed_io(round_to_io(bytes), 0, [&] { file->read(staging, round_to_io(bytes), offset).wait(); }); });
+    device_.copy(gs, mine.data, staging, bytes);
+  } else {
+    device_.copy(gs, mine.data, at(r, r.lo), mine.bytes());
+  }
+  gather_comm_->all_gather(gs, mine, full);
+}
+
+}  // namespace zeroth

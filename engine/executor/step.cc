@@ -1,0 +1,327 @@
+// The executor's step phase (norm, update of the sub-groups, clearing, post-step gathers) and
+// the writes and reads of values, all walking the plan's owned ranges.
+#include <algorithm>  // std::min, std::max
+#include <array>      // std::array
+
+#include "core/cpu/kernels.h"  // cpu::cast
+#include "core/error.h"        // ZEROTH_CHECK
+#include "engine/executor/executor.h"
+#include "optim/optimizer.h"  // cpu_optimizer_step, cuda_optimizer_step
+
+namespace zeroth {
+namespace {
+
+// Two ranges put the same elements at the same place.
+bool same_place(const OwnedRange& a, const OwnedRange& b) { return a.buffer == b.buffer && a.offset - a.lo == b.offset - b.lo; }
+
+}  // namespace
+
+void Executor::wait_for_reductions() {
+  Stream& cs = compute_stream();
+  if (reduced_) cs.wait(*reduced_);
+  cs.synchronize();
+}
+
+void Executor::tie_gradients() {
+  if (plan_.tied_block < 0) return;
+  Stream& cs = compute_stream();
+  const int b = plan_.tied_block;
+  const OwnedRange& r = plan_.range(StateKind::grad_shard, b);
+  if (on_device(r.buffer)) {
+    links_.tied->all_reduce(cs, view(StateKind::grad_shard, b), ReduceOp::sum);
+    return;
+  }
+  // Offloaded (host memory or a swap file): through the device, synchronously, and the squares the
+  // bucket's gradients left on their way to the host corrected by what changed.
+  if (reduced_) reduced_->synchronize();
+  std::vector<float> values(r.numel());
+  read_owned(r, values.data());
+  // The squares the bucket counted (none when the other copy counts the pair).
+  auto counted_squares = [&] {
+    double sum = 0;
+    for (const auto& [lo, hi] : plan_.counted_in_norm(b)) sum += cpu::sum_squares(values.data() + lo, DType::f32, hi - lo);
+    return sum;
+  };
+  const double before = counted_squares();
+  const TensorView staging = buffer_view(plan_.tie_staging);
+  device_.copy(cs, staging.data, values.data(), staging.bytes());
+  links_.tied->all_reduce(cs, staging, ReduceOp::sum);
+  device_.copy(cs, values.data(), staging.data, staging.bytes());
+  cs.synchronize();
+  write_owned(r, values.data());
+  bucket_sumsq_[plan_.blocks[b].reduce_bucket] += counted_squares() - before;
+}
+
+void Executor::bucket_sum_squares(int bucket, float* out, bool accumulate) {
+  Stream& cs = compute_stream();
+  const TensorView grads = reduced_grads(bucket);
+  if (plan_.bucket_fully_counted(bucket)) {
+    device_.sum_squares(cs, grads, out, accumulate);
+    return;
+  }
+  // Without what another rank counts: the tied copy, replicated tensor-parallel parameters.
+  for (const auto& [lo, hi] : plan_.bucket_counted_in_norm(bucket)) {
+    device_.sum_squares(cs, grads.slice(lo, hi - lo), out, accumulate);
+    accumulate = true;
+  }
+  if (!accumulate) device_.fill(cs, {out, 1, DType::f32}, 0.0f);
+}
+
+double Executor::grad_norm() {
+  Stream& cs = compute_stream();
+  if (reduced_) cs.wait(*reduced_);
+  tie_gradients();
+  const TensorView scalar = buffer_view(plan_.scalar);
+  // Offloaded gradients left their buckets' squares on the host; they add up in f32 in bucket
+  // order, as the device's sum_squares accumulates (buckets kept on the device, with
+  // offload_optimizer.ratio < 1, bring theirs over one by one).
+  const bool on_host = plan_.device_buckets < static_cast<int>(plan_.reduce_buckets.size());
+  if (on_host && reduced_) reduced_->synchronize();
+  check_io();  // the gradients' way to their file, and the last step's swaps
+  bool first = true, over_ranks = false, kept = false;
+  float host = 0;
+  for (const auto& a : plan_.step_program) {
+    if (a.kind != ActionKind::grad_norm) continue;
+    if (!plan_.bucket_offloaded(a.target)) {
+      // The device's buckets lead the order: their partial sum comes to the host once.
+      bucket_sum_squares(a.target, scalar.as<float>(), !first);
+      kept = true;
+    } else {
+      if (kept) {
+        device_.copy(cs, &host, scalar.data, sizeof(float));
+        cs.synchronize();
+        kept = false;
+      }
+      const auto s = static_cast<float>(bucket_sumsq_[a.target]);
+      host = first ? s : host + s;
+    }
+    over_ranks = over_ranks || a.flag;
+    first = false;
+  }
+  if (on_host) device_.copy(cs, scalar.data, &host, sizeof(float));
+  if (over_ranks) step_comm_->all_reduce(cs, scalar, ReduceOp::sum);
+  if (links_.stages != nullptr) links_.stages->all_reduce(cs, scalar, ReduceOp::sum);
+  if (links_.tensor != nullptr) links_.tensor->all_reduce(cs, scalar, ReduceOp::sum);
+  float sumsq = 0;
+  device_.copy(cs, &sumsq, scalar.data, sizeof(float));
+  cs.synchronize();
+  return sumsq;
+}
+
+TensorView Executor::reduced_grads(int bucket) const {
+  const auto& blocks = plan_.reduce_buckets[bucket].blocks;
+  const auto& first = plan_.range(StateKind::grad_shard, blocks.front());
+  size_t n = 0;
+  for (int b : blocks) n += plan_.range(StateKind::grad_shard, b).numel();
+  return {at(first, first.lo), n, DType::f32};
+}
+
+void Executor::finish_step(const std::optional<UpdateArgs>& args) {
+  Stream& cs = compute_stream();
+  Stream& gs = *gather_stream_;
+  // A skipped step changes no state; it only clears what the cycle accumulated.
+  for (const auto& a : plan_.step_program) {
+    if (a.kind == ActionKind::update_norms && args) update_norms(a.target, *args);
+    if (a.kind == ActionKind::sum_norms && args) sum_tensor_norms(a.flag);
+    if (a.kind == ActionKind::update && args) update(a.target, static_cast<int>(a.offset), *args);
+    if (a.kind == ActionKind::upload && args) upload(a.target, static_cast<int>(a.offset));
+    if (a.kind == ActionKind::swap_in && args) swap_in(a.target, static_cast<int>(a.offset));
+    if (a.kind == ActionKind::swap_out && args) swap_out(a.target, static_cast<int>(a.offset));
+    if (a.kind == ActionKind::zero) device_.fill(cs, buffer_view(a.target), 0.0f);
+  }
+  // Whatever the gather stream reads next (this step's post-step gathers, the next cycle's
+  // gathers of parameter shards) must see the update.
+  gs.wait(*record(cs));
+  bool gathered = false;
+  for (const auto& a : plan_.step_program) {
+    if (a.kind != ActionKind::all_gather || !args) continue;
+    all_gather(a.target);
+    gathered = true;
+  }
+  // The next cycle's gathers may run on the compute stream (overlap_comm false), reading the shards
+  // the uploads above wrote on the gather stream: it waits for them, as for the post-step gathers.
+  if (gathered || args) cs.wait(*record(gs));
+  check_io();
+  cursor_ = 0;
+}
+
+Executor::SubGroupSteps Executor::sub_group_steps(int sub_group, int slot, const UpdateArgs& args) const {
+  SubGroupSteps out{config_.optimizer, config_.optimizer, {}, {}};
+  for (auto& p : out.params) {
+    if (args.betas) {
+      p.beta1 = (*args.betas)[0];
+      p.beta2 = (*args.betas)[1];
+    }
+  }
+  out.params[0].weight_decay = 0;
+  for (const auto& span : plan_.sub_groups[sub_group]) {
+    const int b = span.block;
+    const auto& master = plan_.range(StateKind::master, b);
+    const auto& shard = plan_.range(StateKind::param_shard, b);
+    OptimizerStep s;
+    s.params = static_cast<float*>(state_at(StateKind::master, b, span.lo, sub_group, slot));
+    s.grad_type = DType::f32;
+    s.grads = state_at(StateKind::grad_shard, b, span.lo, sub_group, slot);
+    const StateKind moments[2] = {StateKind::moment0, StateKind::moment1};
+    for (int k = 0; k < 2; ++k) {
+      if (plan_.find(moments[k], b) != nullptr) s.state[k] = static_cast<float*>(state_at(moments[k], b, span.lo, sub_group, slot));
+    }
+    // Narrow parameters are written from the updated master values in the same pass: straight
+    // into the shard, or, offloaded, into param_out for the upload (which copies f32 ones from
+    // the master itself).
+    if (plan_.sub_group_offloaded(sub_group)) {
+      s.copy_out = param_out_at(sub_group, slot, master, span.lo);
+      s.copy_out_type = plan_.compute_dtype;
+    } else if (!same_place(master, shard)) {
+      s.copy_out = at(shard, span.lo);
+      s.copy_out_type = plan_.compute_dtype;
+    }
+    s.count = span.hi - span.lo;
+    s.step = args.step;
+    s.lr = args.lr;
+    s.grad_scale = args.grad_scale;
+    s.check_finite = false;
+    const int d = span.decay ? 1 : 0;
+    out.steps[d].push_back(s);
+    out.norms[d].push_back(span.tensor >= 0 ? buffer_view(plan_.tensor_norms).as<float>() + 2 * span.tensor : nullptr);
+  }
+  return out;
+}
+
+void Executor::sum_tensor_norms(bool over_data_parallel) {
+  Stream& cs = compute_stream();
+  const TensorView norms = buffer_view(plan_.tensor_norms);
+  if (over_data_parallel) step_comm_->all_reduce(cs, norms, ReduceOp::sum);
+  // A split tensor's squares add up over the tensor-parallel ranks. A replicated one's come out
+  // t times over (t identical copies), which leaves its ratio ||w|| / ||u|| as it is.
+  if (links_.tensor != nullptr) links_.tensor->all_reduce(cs, norms, ReduceOp::sum);
+}
+
+void Executor::update_norms(int sub_group, const UpdateArgs& args) {
+  auto g = sub_group_steps(sub_group, 0, args);
+  Stream& cs = compute_stream();
+  if (device_.kind() == DeviceKind::cuda) {
+    for (int d = 0; d < 2; ++d) cuda_lamb_norms(g.params[d], g.steps[d], g.norms[d], cs);
+    return;
+  }
+  cs.enqueue_host([g = std::move(g)] {
+    for (int d = 0; d < 2; ++d) {
+      for (size_t k = 0; k < g.steps[d].size(); ++k) cpu_lamb_norms(g.params[d], g.steps[d][k], g.norms[d][k]);
+    }
+  });
+}
+
+void Executor::update(int sub_group, int slot, const UpdateArgs& args) {
+  auto g = sub_group_steps(sub_group, slot, args);
+  // Spans that name their tensor read its summed norms (the second pass of Lamb).
+  const bool per_tensor = !plan_.sub_groups[sub_group].empty() && plan_.sub_groups[sub_group].front().tensor >= 0;
+  Stream& cs = compute_stream();
+  const bool offloaded = plan_.sub_group_offloaded(sub_group);
+  if (offloaded) {
+    // The slot's state must have arrived, and its parameters of two sub-groups ago have left.
+    if (plan_.swap_slots >= 0) cs.wait(*slot_ready_[slot]);
+    if (plan_.param_out >= 0) cs.wait(*slot_uploaded_[slot]);
+  }
+  if (device_.kind() == DeviceKind::cuda && !offloaded) {
+    for (int d = 0; d < 2; ++d) {
+      if (g.steps[d].empty()) continue;
+      if (per_tensor) cuda_lamb_apply(g.params[d], g.steps[d], std::vector<const float*>(g.norms[d].begin(), g.norms[d].end()), cs);
+      else cuda_optimizer_step(g.params[d], g.steps[d], cs);
+    }
+    return;
+  }
+  cs.enqueue_host([g = std::move(g), per_tensor] {
+    for (int d = 0; d < 2; ++d) {
+      for (size_t k = 0; k < g.steps[d].size(); ++k) {
+        if (per_tensor) cpu_lamb_apply(g.params[d], g.steps[d][k], g.norms[d][k]);
+        else cpu_optimizer_step(g.params[d], g.steps[d][k]);
+      }
+    }
+  });
+}
+
+void Executor::all_gather(int index) {
+  const auto& bucket = plan_.gather_buckets[index];
+  Stream& gs = *gather_stream_;
+  if (!bucket.staged) {
+    const int b = bucket.blocks.front();
+    gather_shards(gs, b, view(StateKind::params, b));
+    return;
+  }
+  const int dp = plan_.dp, r = plan_.rank;
+  const size_t n = bucket.shard_numel, c = dtype_size(plan_.compute_dtype);
+  const TensorView staging{buffers_[plan_.gather_staging].data(), n * dp, plan_.compute_dtype};
+  for (int b : bucket.blocks) {
+    const auto& blk = plan_.blocks[b];
+    device_.copy(gs, staging.slice(r * n + blk.shard_offset - bucket.shard_offset, blk.shard).data,
+                 view(StateKind::param_shard, b).data, blk.shard * c);
+  }
+  gather_comm_->all_gather(gs, staging.slice(r * n, n), staging);
+  for (int b : bucket.blocks) {
+    const auto& blk = plan_.blocks[b];
+    const TensorView full = view(StateKind::params, b);
+    for (int k = 0; k < dp; ++k) {
+      if (k == r) continue;
+      device_.copy(gs, full.slice(k * blk.shard, blk.shard).data,
+                   staging.slice(k * n + blk.shard_offset - bucket.shard_offset, blk.shard).data, blk.shard * c);
+    }
+  }
+}
+
+void Executor::write_block(int b, const std::function<void(size_t, size_t, float*)>& fill) {
+  const OwnedRange* params = plan_.find(StateKind::params, b);
+  const OwnedRange& shard = plan_.range(StateKind::param_shard, b);
+  const OwnedRange& master = plan_.range(StateKind::master, b);
+  size_t lo = std::min(shard.lo, master.lo), hi = std::max(shard.hi, master.hi);
+  if (params != nullptr) lo = std::min(lo, params->lo), hi = std::max(hi, params->hi);
+  std::vector<float>& values = scratch_values_;
+  values.assign(hi - lo, 0.0f);
+  fill(lo, hi, values.data());
+  const size_t c = dtype_size(plan_.compute_dtype);
+  std::vector<char>& narrow = scratch_narrow_;
+  narrow.resize(values.size() * c);
+  cpu::cast(values.data(), DType::f32, narrow.data(), plan_.compute_dtype, values.size());
+  Stream& cs = compute_stream();
+  if (params != nullptr) device_.copy(cs, at(*params, params->lo), narrow.data() + (params->lo - lo) * c, params->numel() * c);
+  cs.synchronize();  // the copy has read `narrow`
+  if (params == nullptr || params->buffer != shard.buffer) write_owned(shard, narrow.data() + (shard.lo - lo) * c);
+  if (!same_place(master, shard)) write_owned(master, values.data() + (master.lo - lo));
+}
+
+void Executor::start() {
+  Stream& cs = compute_stream();
+  for (size_t b = 0; b < buffers_.size(); ++b) {
+    const auto& pb = plan_.buffers[b];
+    // Swap files start as zeroed extents (fallocate).
+    if (!pb.zeroed || pb.tier == Tier::nvme) continue;
+    if (pb.tier == Tier::device) {
+      device_.fill(cs, buffer_view(static_cast<int>(b)), 0.0f);
+    } else {
+      cpu::fill(buffers_[b].data(), pb.dtype, 0.0f, pb.numel);
+    }
+  }
+  cs.synchronize();
+}
+
+std::vector<float> Executor::master_values(int block) {
+  const auto& blk = plan_.blocks[block];
+  const auto& m = plan_.range(StateKind::master, block);
+  Stream& cs = compute_stream();
+  std::vector<float> out(blk.padded);
+  if (m.lo == 0 && m.hi == blk.padded) {
+    read_owned(m, out.data());
+    return out;
+  }
+  // The communicator gathers device memory: the owned range goes there first, wherever it lives.
+  std::vector<float> mine(m.numel());
+  read_owned(m, mine.data());
+  Buffer part = device_.allocate(m.numel() * sizeof(float), MemTag::other);
+  Buffer full = device_.allocate(blk.padded * sizeof(float), MemTag::other);
+  device_.copy(cs, part.data(), mine.data(), m.numel() * sizeof(float));
+  step_comm_->all_gather(cs, part.view(DType::f32), full.view(DType::f32));
+  device_.copy(cs, out.data(), full.data(), blk.padded * sizeof(float));
+  cs.synchronize();
+  return out;
+}
+
+}  // namespace zeroth

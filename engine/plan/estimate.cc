@@ -1,0 +1,94 @@
+// The estimate and the check against a budget.
+#include "engine/plan/estimate.h"
+
+#include <algorithm>  // std::max
+
+#include <fmt/format.h>  // fmt::format
+
+#include "core/error.h"                // ZEROTH_THROW
+#include "engine/checkpoint/format.h"  // kStagingBytes
+
+namespace zeroth {
+
+size_t MemoryNeed::total(Tier tier) const { return tier_total(bytes, tier) + (tier == Tier::device ? allowance : 0); }
+
+std::string MemoryNeed::describe(Tier tier) const {
+  std::string out;
+  for (size_t g = 0; g < kMemTagCount; ++g) {
+    const size_t n = bytes[static_cast<size_t>(tier)][g];
+    if (n == 0) continue;
+    const bool acts = static_cast<MemTag>(g) == MemTag::activations && !activation_note.empty();
+    out += fmt::format("{}{} {}{}", out.empty() ? "" : ", ", mem_tag_name(static_cast<MemTag>(g)), format_bytes(n),
+                       acts ? " (" + activation_note + ")" : "");
+  }
+  if (tier == Tier::device) out += fmt::format("{}allowance {}", out.empty() ? "" : ", ", format_bytes(allowance));
+  return out;
+}
+
+MemoryNeed estimate(const Plan& plan, const ModelFootprint& model) {
+  MemoryNeed need;
+  need.bytes = plan.bytes;
+  at(need.bytes, Tier::device, MemTag::activations) += model.activations;
+  at(need.bytes, Tier::device, MemTag::buffers) += model.scratch;
+  at(need.bytes, Tier::pinned_host, MemTag::activations) += model.host_activations;
+  need.activation_note = model.note;
+  // Gathering a block's fp32 master values (the weights a run saves at its end, Engine::
+  // master_values) puts the rank's slice and the whole padded block on the device, one block at a
+  // time, when the rank does not hold the block's master whole.
+  // State in a swap file is read through an aligned bounce buffer of its size (O_DIRECT).
+  auto bounce = [&](const OwnedRange& r) { return plan.buffers[r.buffer].tier == Tier::nvme ? r.numel() * sizeof(float) : 0; };
+  size_t gather = 0, weights_host = 0;
+  for (size_t b = 0; b < plan.blocks.size(); ++b) {
+    const OwnedRange* m = plan.find(StateKind::master, static_cast<int>(b));
+    const size_t padded = plan.blocks[b].padded;
+    if (m != nullptr && m->numel() < padded) gather = std::max(gather, (m->numel() + padded) * sizeof(float));
+    const size_t vectors = (m != nullptr && m->numel() < padded ? m->numel() + padded : padded) * sizeof(float);
+    weights_host = std::max(weights_host, vectors + (m != nullptr ? bounce(*m) : 0));
+  }
+  at(need.bytes, Tier::device, MemTag::other) += gather;
+  size_t checkpoint_host = 0;
+  for (const auto& r : plan.owned)
+    if (r.kind == StateKind::master || r.kind == StateKind::moment0 || r.kind == StateKind::moment1)
+      checkpoint_host = std::max(checkpoint_host, r.numel() * sizeof(float) + bounce(r));
+  need.save_host = std::max(weights_host, checkpoint_host + 2 * kStagingBytes);
+  return need;
+}
+
+void check_fits(const MemoryNeed& need, const Plan& plan, Tier tier, size_t budget, size_t in_use, std::string_view budget_name) {
+  // One host budget covers pinned and pageable host memory.
+  const bool host = tier == Tier::host;
+  const size_t total = host ? need.total(Tier::host) + need.total(Tier::pinned_host) : need.total(tier);
+  if (budget == 0 || (in_use <= budget && total <= budget - in_use)) return;
+  std::string advice;
+  if (host) {
+    std::string parts = need.describe(Tier::host);
+    if (need.total(Tier::pinned_host) > 0) parts += (parts.empty() ? "pinned: " : "; pinned: ") + need.describe(Tier::pinned_host);
+    auto on_host = [&](MemTag tag) { return at(need.bytes, Tier::host, tag) + at(need.bytes, Tier::pinned_host, tag) > 0; };
+    std::string fixes;
+    if (plan.swap_slots >= 0) fixes += " lower zero_optimization.sub_group_size (the swap slots hold a few sub-groups);";
+    if (plan.grad_staging >= 0) fixes += " lower reduce_bucket_size (the gradient staging holds one bucket's shard);";
+    if (plan.swap_slots < 0 && on_host(MemTag::optimizer)) fixes += " offload the optimizer (and parameters) to nvme instead of cpu;";
+    if (on_host(MemTag::activations))
+      fixes += " keep the activation checkpoints on the device (activation_checkpointing.cpu_checkpointing false);";
+    ZEROTH_THROW(OutOfMemory,
+                 "the ZeRO stage {} plan needs {} of host memory per rank ({}) but {} is {}{}; nothing was allocated. To fit:{} or "
+                 "raise {}",
+                 plan.stage, format_bytes(total), parts, budget_name, format_bytes(budget),
+                 in_use > 0 ? fmt::format(" ({} already in use)", format_bytes(in_use)) : std::string(), fixes, budget_name);
+  }
+  if (at(need.bytes, tier, MemTag::activations) > 0) {
+    advice += " a smaller train_micro_batch_size_per_gpu (with more gradient_accumulation_steps), activation checkpointing (with "
+              "cpu_checkpointing, the checkpoints in host memory);";
+  }
+  if (plan.stage < 3) advice += fmt::format(" raise zero_optimization.stage (now {}) to shard more state;", plan.stage);
+  if (plan.reduce_staging >= 0 || plan.gather_staging >= 0) advice += " lower reduce_bucket_size / allgather_bucket_size;";
+  if (plan.stage == 3)
+    advice += " lower stage3_prefetch_bucket_size / stage3_max_live_parameters or stage3_param_persistence_threshold;";
+  advice += " use more data-parallel ranks, or a larger budget";
+  ZEROTH_THROW(OutOfMemory,
+               "the ZeRO stage {} plan needs {} per rank on the {} tier ({}) but {} is {}{}; nothing was allocated. To fit:{}",
+               plan.stage, format_bytes(total), tier_name(tier), need.describe(tier), budget_name, format_bytes(budget),
+               in_use > 0 ? fmt::format(" ({} already in use)", format_bytes(in_use)) : std::string(), advice);
+}
+
+}  // namespace zeroth

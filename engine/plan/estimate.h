@@ -1,0 +1,43 @@
+// One estimate of a rank's memory: the plan's bytes per tier and tag, the model's activations
+// and scratch, and a stated allowance for small allocations outside both. The engine's budget
+// check (which refuses a run before anything is allocated), the config box, `--dry-run` (and
+// `zeroth estimate`) all read it.
+#pragma once
+
+#include <cstddef>      // size_t
+#include <string>       // std::string
+#include <string_view>  // std::string_view
+
+#include "engine/plan/plan.h"       // Plan
+#include "engine/plan/placement.h"  // TierBytes
+#include "models/block_api.h"       // ModelFootprint
+
+namespace zeroth {
+
+// Scalars, flags and allocator bookkeeping that neither the plan nor the model counts (the loss
+// and stop flag of the loop, the gradient norm): stated, not measured per run.
+inline constexpr size_t kEstimateAllowance = 64 * 1024;
+
+struct MemoryNeed {
+  TierBytes bytes{};                      // plan + model, per tier and tag
+  size_t allowance = kEstimateAllowance;  // on the device tier
+  // Pageable host memory outside the engine's tiers that the end-of-run save takes: the larger of
+  // the weights file's gathered block with the rank's slice of it (fp32) and the checkpoint
+  // writer's largest owned range of one state plus its two staging buffers; state in swap files
+  // adds the bounce buffer it is read through.
+  size_t save_host = 0;
+  std::string activation_note;
+  size_t total(Tier tier) const;          // with the allowance on the device tier
+  std::string describe(Tier tier) const;  // "params 7.77 MiB, grads ..., allowance 64.00 KiB"
+};
+
+// The plan's bytes, the model's, and (tag other) the device buffers of gathering one block's fp32
+// master values, which a run does at its end to save its weights.
+MemoryNeed estimate(const Plan& plan, const ModelFootprint& model = {});
+
+// Throws OutOfMemory, naming every part and what to change, when the need on `tier` exceeds
+// `budget` (0: unlimited) less `in_use`. `budget_name` says where the budget comes from
+// ("run.device_memory").
+void check_fits(const MemoryNeed& need, const Plan& plan, Tier tier, size_t budget, size_t in_use, std::string_view budget_name);
+
+}  // namespace zeroth

@@ -1,0 +1,313 @@
+// The engine's plan: decided once from the blocks, the config, the data-parallel group and the
+// order of the micro-batches' passes, then interpreted by the executor every step.
+//
+// It has three parts:
+// - shard state as data: each block's flat layout, and for every block and kind of state (fp32
+//   master, moments, gradients, compute-dtype parameters) the element range this rank owns, the
+//   buffer it lives in, its offset there and the buffer's tier. Everything that touches a rank's
+//   state (the reducer, the optimizer, initialization, inspection, next checkpoints, swappers and
+//   the estimator) walks this one list.
+// - the program: a typed list of actions keyed by (micro-batch, block, pass) for one
+//   accumulation cycle (gather, release, place gradients, accumulate, reduce a bucket, ...), one
+//   for a forward-only evaluation pass, and the step's own (norm, update sub-groups, post-step
+//   gather). Stages, and later offload and pipelines, are different programs; the executor only
+//   interprets them.
+// - bytes per tier and tag that the rank holds at peak.
+// Every rank computes the same plan, so collective membership and order never depend on what
+// happens at run time.
+#pragma once
+
+#include <array>    // std::array
+#include <cstddef>  // size_t
+#include <cstdint>  // uint8_t
+#include <string>   // std::string
+#include <vector>   // std::vector
+
+#include <nlohmann/json_fwd.hpp>  // nlohmann::json
+
+#include "core/dtype.h"             // DType
+#include "core/memory.h"            // MemTag
+#include "engine/config/config.h"   // EngineConfig
+#include "engine/plan/placement.h"  // Tier, TierBytes
+#include "models/block_api.h"       // BlockSpec, BlockSchedule, Pass
+
+namespace zeroth {
+
+// ---- shard state ------------------------------------------------------------------------------
+
+// What a rank holds of a block. `params` are the full compute-dtype parameters the model reads
+// (every block at stages 0-2, persistent blocks at stage 3); `param_shard` is this rank's slice of
+// them (inside `params` at stages 1-2); `grad_accum` the f32 gradients summed over micro-batches
+// (stages 0-1); `grad_shard` the reduced f32 gradients the optimizer reads.
+enum class StateKind : uint8_t { params = 0, param_shard, master, moment0, moment1, grad_accum, grad_shard };
+inline constexpr size_t kStateKindCount = 7;
+std::string_view state_kind_name(StateKind kind);
+
+// One allocation of the rank, on one tier.
+struct PlannedBuffer {
+  std::string name;
+  Tier tier = Tier::device;
+  MemTag tag = MemTag::other;
+  DType dtype = DType::f32;
+  size_t numel = 0;
+  bool zeroed = false;  // starts at zero (moments, gradient accumulators)
+  size_t bytes() const { return numel * dtype_size(dtype); }
+};
+
+// Elements [lo, hi) of a block's padded flat space, held by this rank in `buffer` from `offset`.
+struct OwnedRange {
+  StateKind kind = StateKind::params;
+  int block = -1;
+  size_t lo = 0, hi = 0;
+  int buffer = -1;
+  size_t offset = 0;
+  size_t numel() const { return hi - lo; }
+};
+
+struct PlannedBlock {
+  std::string name;
+  std::vector<size_t> param_offsets;  // element offsets in the block's flat buffer
+  size_t numel = 0;                   // sum of parameter sizes, without padding
+  size_t padded = 0;                  // flat size: a multiple of dp * alignment
+  size_t shard = 0;                   // padded / dp
+  size_t shard_offset = 0;            // in the rank's concatenated shard space
+  size_t full_offset = 0;             // in the concatenated full space
+  bool persistent = false;            // stage 3: small enough to stay gathered
+  bool transient_grads = false;       // gradients live in the arena per micro-batch
+  int chunk = 0;                      // the model chunk whose passes use it
+  int reduce_bucket = -1;
+  int gather_bucket = -1;  // the post-step all-gather bucket, if any
+  // Ranges [lo, hi) of the flat space: gradients this rank leaves out of the global norm because
+  // another rank counts them (parameters replicated over the tensor-parallel group count on its
+  // rank 0; a tied copy that does not count), and gradients that are partial sums over the
+  // tensor-parallel group (sequence parallelism), summed over it before the data-parallel reduction.
+  std::vector<std::array<size_t, 2>> norm_excluded, tp_partial;
+};
+
+// Consecutive blocks in shard order whose collective runs as one.
+struct Bucket {
+  std::vector<int> blocks;
+  size_t shard_offset = 0;  // of the first block
+  size_t shard_numel = 0;   // per rank
+  size_t full_offset = 0;
+  bool staged = false;            // goes through the rank-major staging buffer (more than one block, or a dtype change)
+  bool from_accumulator = false;  // reduces the f32 accumulator (stages 0-1), else the blocks' gradient buffers
+};
+
+// An update range of the optimizer: owned elements [lo, hi) of a block with one weight decay.
+// tensor: for an optimizer whose update needs norms of whole tensors (Lamb), the parameter tensor
+// the range lies in (its pair in the buffer `tensor_norms`; numbered over all blocks in registration
+// order); -1 otherwise.
+struct UpdateSpan {
+  int block = -1;
+  size_t lo = 0, hi = 0;
+  bool decay = true;
+  int tensor = -1;
+};
+
+// ---- the program ------------------------------------------------------------------------------
+
+enum class ActionKind : uint8_t {
+  run,             // the model runs the block's pass, between begin_ and end_
+  gather,          // all-gather the block's parameter shard into the parameter arena at `offset`
+  release,         // the block's gathered parameters return to the arena once compute is done
+  place_grads,     // the block's gradient buffer goes to the gradient arena at `offset`, zeroed
+  accumulate,      // the block's gradient buffer is added into the f32 accumulator
+  release_grads,   // the block's gradient buffer returns to the arena once its last reader is done
+  all_reduce,      // bucket `target`: summed over ranks in place
+  reduce_scatter,  // bucket `target`: summed, this rank's slice into grad_shard (`flag`: added to it)
+  grad_norm,       // step: squared norm of reduce bucket `target`'s reduced gradients added up (`flag`: then summed over ranks)
+  update,          // step: the optimizer on sub-group `target`
+  zero,            // step: buffer `target` back to zero (also after a skipped step)
+  all_gather,      // step: gather bucket `target`, every rank's updated parameter slice to the full copies
+  update_norms,    // step: first pass of a per-tensor update (Lamb) on sub-group `target`: the moments, and
+                   // each tensor's squared norms of weights and update added into buffer `tensor_norms`
+  sum_norms,       // step: buffer `target` summed in place over the ranks that split tensors (`flag`: the
+                   // data-parallel group; and the tensor-parallel group when there is one)
+  // Offload (the optimizer's state off the device):
+  offload_grads,  // bucket `target`'s reduced slice to the host, cast (or `flag`: added) into grad_shard
+  swap_in,        // step: sub-group `target`'s state read from the swap files into swap slot `offset`
+  swap_out,       // step: sub-group `target`'s updated state written from slot `offset` back to the files
+  upload,         // step: sub-group `target`'s updated parameters (from slot `offset`) copied to the device shard
+  // Tensor parallelism:
+  sum_partial,  // bucket `target`: its blocks' partial gradients (PlannedBlock::tp_partial) summed over the
+                // tensor-parallel group, before the bucket's data-parallel reduction
+};
+// A kind's name in the plan JSON and --dry-run. The switch has no default, so a kind added without
+// a name is a -Wswitch warning (an error in CI's -Werror build).
+constexpr std::string_view action_name(ActionKind kind) {
+  switch (kind) {
+    case ActionKind::run: return "run";
+    case ActionKind::gather: return "gather";
+    case ActionKind::release: return "release";
+    case ActionKind::place_grads: return "place_grads";
+    case ActionKind::accumulate: return "accumulate";
+    case ActionKind::release_grads: return "release_grads";
+    case ActionKind::all_reduce: return "all_reduce";
+    case ActionKind::reduce_scatter: return "reduce_scatter";
+    case ActionKind::grad_norm: return "grad_norm";
+    case ActionKind::update: return "update";
+    case ActionKind::zero: return "zero";
+    case ActionKind::all_gather: return "all_gather";
+    case ActionKind::update_norms: return "update_norms";
+    case ActionKind::sum_norms: return "sum_norms";
+    case ActionKind::offload_grads: return "offload_grads";
+    case ActionKind::swap_in: return "swap_in";
+    case ActionKind::swap_out: return "swap_out";
+    case ActionKind::upload: return "upload";
+    case ActionKind::sum_partial: return "sum_partial";
+  }
+  return "invalid";
+}
+inline constexpr size_t kActionKindCount = 19;
+// The count tied to the enum: every value below it is a named kind, and the next one is none.
+consteval bool action_kinds_counted() {
+  for (size_t i = 0; i < kActionKindCount; ++i)
+    if (action_name(static_cast<ActionKind>(i)) == "invalid") return false;
+  return action_name(static_cast<ActionKind>(kActionKindCount)) == "invalid";
+}
+static_assert(action_kinds_counted(), "kActionKindCount must count the ActionKinds, each named in action_name");
+
+struct Action {
+  ActionKind kind = ActionKind::run;
+  int use = -1;    // ordinal of the block use it belongs to (-1: the step)
+  int micro = -1;  // the use's key: micro-batch, block, pass
+  int block = -1;
+  Pass pass = Pass::forward;
+  int target = -1;  // the block, bucket, buffer or sub-group acted on
+  size_t offset = 0;
+  bool flag = false;
+  // A collective (gather, all_reduce, reduce_scatter) issued on the compute stream, in order with
+  // the model's work, instead of on its own stream: compute waits for it and it for compute
+  // (zero_optimization.overlap_comm = false, as DeepSpeed runs it on the default stream).
+  bool serial = false;
+  bool operator==(const Action&) const = default;
+};
+
+// One pass of one micro-batch of the accumulation cycle, over one model chunk: the blocks of
+// schedules[chunk] (a pipeline rank with interleaving holds several chunks; otherwise chunk 0 is
+// the whole model).
+struct PassRef {
+  int micro = 0;
+  Pass pass = Pass::forward;
+  int chunk = 0;
+  bool operator==(const PassRef&) const = default;
+};
+
+// F0 B0 F1 B1 ...: each micro-batch's forward then backward.
+std::vector<PassRef> sequential_passes(int micro_batches);
+// One-forward-one-backward with `in_flight` micro-batches forwarded ahead:
+// F0 .. F{k-1}, then B0 F{k} B1 F{k+1} ..., then the remaining backwards (k = in_flight).
+std::vector<PassRef> one_f_one_b_passes(int micro_batches, int in_flight);
+
+struct Plan {
+  int stage = 0;
+  int dp = 1;
+  int rank = 0;
+  int tp = 1, tp_rank = 0;   // the tensor-parallel group the blocks' parameters are split over
+  size_t tp_replicated = 0;  // elements of parameters every tensor-parallel rank holds whole
+  int stages = 1;            // pipeline stages the global norm sums over (set by the engine, or the trainer's planning)
+  DType compute_dtype = DType::f32;
+  DType comm_dtype = DType::f32;
+  int micro_batches = 1;             // per accumulation cycle
+  int chunks = 1;                    // model chunks: pass orders (PassRef::chunk) and block schedules
+  int max_in_flight = 1;             // micro-batches forwarded but not yet backwarded, at most, in a chunk
+  std::vector<int> chunk_in_flight;  // the same for each chunk
+  std::vector<PlannedBlock> blocks;  // in registration order
+  std::vector<int> shard_order;      // block indices by last backward use
+  std::vector<PlannedBuffer> buffers;
+  std::vector<OwnedRange> owned;
+  std::vector<std::array<int, kStateKindCount>> owned_index;  // [block][kind] -> index in owned, or -1
+  std::vector<Bucket> reduce_buckets, gather_buckets;
+  std::vector<std::vector<UpdateSpan>> sub_groups;
+  // Each sub-group's extent in the buffers that hold its state (elements; the rank's owned space,
+  // counted from the offloaded part's start for offloaded sub-groups): contiguous, so one read and
+  // one write per array move a sub-group to and from its swap file.
+  std::vector<std::array<size_t, 2>> sub_group_extent;
+  // The leading reduce buckets (in shard order) whose reduced gradients and optimizer state stay
+  // on the device: every bucket without offload_optimizer, those that fit in (1 - ratio) of the
+  // owned space with it. device_owned: the owned elements they hold (the offloaded part's start).
+  int device_buckets = 0;
+  size_t device_owned = 0;
+  std::vector<PassRef> passes;
+  std::vector<Action> program;                                // one accumulation cycle, in the order of `passes`
+  std::vector<Action> eval_program;                           // one forward-only pass (validation)
+  std::vector<Action> step_program;                           // at the end of the cycle
+  size_t total_numel = 0, total_padded = 0, shard_numel = 0;  // shard_numel: this rank's, all blocks
+  int param_arena = -1, grad_arena = -1, reduce_staging = -1, gather_staging = -1, scalar = -1;  // buffers
+  int tensor_norms = -1;  // buffer: two f32 per parameter tensor (Lamb's trust ratio), or -1
+  // Offload buffers on the host, or -1: the reduced gradient slice of a bucket as it arrives from
+  // the device (communication dtype), the same in f32 on its way to the swap file, the narrow
+  // parameters an update writes for upload (two sub-groups), and the swap slots (each holds a
+  // sub-group's master, moments and gradients, in that order).
+  int grad_staging = -1, grad_host = -1, param_out = -1, swap_slots = -1;
+  int param_staging = -1;  // a block's parameter shard read from its swap file before the device copy
+  size_t slot_numel = 0;   // elements per array in a swap or param_out slot: the largest sub-group
+  // Pipelines: the block whose copy on the first and the last stage is one tied parameter (GPT's
+  // token embedding and LM head): its reduced gradients are summed over that pair at the step, and
+  // it counts in the global norm on one side only. tie_staging: a device buffer its gradients pass
+  // through when they are offloaded.
+  int tied_block = -1;
+  bool tied_in_norm = true;
+  int tie_staging = -1;
+  TierBytes bytes{};  // what the engine holds per tier and tag at peak
+
+  // The owned range of a kind of a block, or nullptr when the rank holds none.
+  const OwnedRange* find(StateKind kind, int block) const;
+  const OwnedRange& range(StateKind kind, int block) const;  // throws when there is none
+  // The parts of the rank's reduced gradients that count in the global norm: [begin, end) within
+  // the block's grad_shard range, or within the bucket's reduced gradients (its blocks' ranges
+  // end to end).
+  std::vector<std::array<size_t, 2>> counted_in_norm(int block) const;
+  std::vector<std::array<size_t, 2>> bucket_counted_in_norm(int bucket) const;
+  bool bucket_fully_counted(int bucket) const;
+  bool bucket_offloaded(int bucket) const { return bucket >= device_buckets; }
+  bool block_offloaded(int block) const { return bucket_offloaded(blocks.at(block).reduce_bucket); }
+  bool sub_group_offloaded(int sub_group) const { return block_offloaded(sub_groups.at(sub_group).front().block); }
+  size_t buffer_numel(int buffer) const { return buffer < 0 ? 0 : buffers[buffer].numel; }
+  size_t device_bytes() const { return tier_total(bytes, Tier::device); }
+  nlohmann::json to_json() const;
+  std::string table() const;  // compact, for the log at start
+  // The groups a collective action runs in ("dp", "tp", "dp+pp+tp", ...), or "" for local work.
+  std::string group_of(ActionKind kind) const;
+  std::string program_summary() const;  // counts per action kind and the first micro-batch in full
+  // Writes to_json() to the path in ZEROTH_PLAN_JSON, when it is set (IoError if that fails).
+  void write_json_if_requested() const;
+};
+
+// ConfigError unless every block is used forward and backward, in exactly one chunk.
+void check_block_schedules(const std::vector<BlockSchedule>& chunks, size_t blocks);
+// ConfigError unless `passes` runs every micro-batch of every chunk forward then backward, each
+// chunk's in micro-batch order; the most micro-batches in flight in each chunk.
+std::vector<int> check_passes(const std::vector<PassRef>& passes, int micro_batches, int chunks);
+
+// Throws ConfigError on a schedule that names unknown blocks or misses one, or on a pass order
+// that is not a valid order of the cycle's micro-batches. Empty `passes`: sequential.
+Plan make_plan(const std::vector<BlockSpec>& blocks, const BlockSchedule& schedule, const EngineConfig& config, int dp, int rank,
+               std::vector<PassRef> passes = {});
+// The same for a model in chunks (a pipeline rank's virtual stages): schedules[c] uses chunk c's
+// blocks, each block belongs to one chunk, and `passes` runs every (micro-batch, chunk) forward
+// then backward, each chunk's micro-batches in order.
+Plan make_plan(const std::vector<BlockSpec>& blocks, const std::vector<BlockSchedule>& schedules, const EngineConfig& config, int dp,
+               int rank, std::vector<PassRef> passes);
+
+// From a block's parameters' tensor-parallel splits (ParamSpec::tp): its norm_excluded and tp_partial
+// ranges, and the plan's tensor-parallel group (InvalidArgument when two parameters disagree on it).
+void plan_tensor_parallel(Plan& plan, PlannedBlock& block, const BlockSpec& spec);
+
+// Marks `block` as one copy of a parameter tied across pipeline stages (Plan::tied_block), adding
+// the staging buffer offloaded gradients need. On a plan from make_plan, once.
+void tie_block(Plan& plan, int block, bool counts_in_norm);
+
+// The program part of make_plan, on a plan whose layout and buckets are made: fills the cycle's
+// and the evaluation's programs and returns the arena high-water marks they need (elements of
+// the compute dtype).
+struct ArenaSizes {
+  size_t params = 0, grads = 0;
+};
+ArenaSizes build_programs(Plan& plan, const std::vector<BlockSchedule>& schedules, const EngineConfig& config);
+// The step's program, on a plan whose sub-groups and offload buffers are made; `slots`: the host
+// slots offloaded sub-groups take turns in.
+void build_step_program(Plan& plan, const OffloadConfig& offload, size_t slots);
+
+}  // namespace zeroth

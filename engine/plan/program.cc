@@ -1,0 +1,293 @@
+// The programs: a dry run of one accumulation cycle (every micro-batch's passes in the planned
+// order) and of one evaluation pass, which places every transient buffer and records each action
+// against the block use it belongs to, so the executor only replays decisions made here; and the
+// step's program (norms, sub-group updates with their swaps, the post-step gathers).
+#include <algorithm>  // std::max, std::min
+#include <map>        // std::map
+#include <set>        // std::set
+
+#include "core/error.h"  // ZEROTH_CHECK
+#include "engine/plan/plan.h"
+
+namespace zeroth {
+namespace {
+
+size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
+
+// First-fit placement on a timeline; its high-water mark is what the arena must hold.
+class ArenaSim {
+ public:
+  explicit ArenaSim(size_t align) : align_(align) {}
+  size_t allocate(size_t n) {
+    n = round_up(std::max<size_t>(n, 1), align_);
+    size_t at = 0;
+    for (const auto& [off, len] : used_) {
+      if (off >= at + n) break;
+      at = std::max(at, off + len);
+    }
+    used_[at] = n;
+    peak_ = std::max(peak_, at + n);
+    return at;
+  }
+  void release(size_t offset) { used_.erase(offset); }
+  size_t peak() const { return peak_; }
+
+ private:
+  size_t align_;
+  std::map<size_t, size_t> used_;
+  size_t peak_ = 0;
+};
+
+struct Use {
+  int micro = 0;
+  Pass pass = Pass::forward;
+  int block = -1;
+  bool first_backward = false;  // the block's first backward use in its pass
+  bool last_backward = false;   // its gradients are complete after it
+  bool ends_pass = false;
+  bool first_backward_pass = false, last_backward_pass = false;  // of the cycle
+  size_t run_end = 0;  // one past the last use of the contiguous run of this micro-batch's uses
+};
+
+class Builder {
+ public:
+  Builder(Plan& p, const EngineConfig& config, std::vector<Action>& out)
+      : p_(p), z_(config.zero), out_(out), params_(config.alignment), grads_(config.alignment) {}
+
+  // Stage 3 with interleaved micro-batches (a pipeline's 1F1B, a 1F1B pass order): a block's
+  // gathered parameters stay until its last use of the cycle when all of the rank's blocks fit in
+  // stage3_max_live_parameters, instead of a gather per micro-batch and pass.
+  void keep_gathered_for_the_cycle() { keep_ = true; }
+
+  void run(const std::vector<Use>& uses) {
+    uses_ = &uses;
+    last_use_.assign(p_.blocks.size(), 0);
+    for (size_t i = 0; i < uses.size(); ++i) last_use_[uses[i].block] = i;
+    for (size_t i = 0; i < uses.size(); ++i) step(i);
+    ZEROTH_CHECK(live_.empty() && grad_live_.empty() && in_flight_.empty(), "the program leaves buffers placed at its end");
+  }
+  size_t param_peak() const { return params_.peak(); }
+  size_t grad_peak() const { return grads_.peak(); }
+
+ private:
+  void emit(size_t use, ActionKind kind, int target, size_t offset = 0, bool flag = false) {
+    const auto& u = (*uses_)[use];
+    const bool collective = kind == ActionKind::gather || kind == ActionKind::all_reduce || kind == ActionKind::reduce_scatter ||
+                            kind == ActionKind::offload_grads || kind == ActionKind::sum_partial;
+    out_.push_back({kind, static_cast<int>(use), u.micro, u.block, u.pass, target, offset, flag, collective && !z_.overlap_comm});
+  }
+
+  void gather(size_t use, int b) {
+    const size_t off = params_.allocate(p_.blocks[b].padded);
+    live_[b] = off;
+    live_numel_ += p_.blocks[b].padded;
+    emit(use, ActionKind::gather, b, off);
+  }
+
+  // Stage 3: the block on demand, then the window ahead up to the prefetch bucket of parameters,
+  // counting the blocks already gathered for it, so it slides along the schedule instead of growing.
+  void gathers(size_t i) {
+    const auto& uses = *uses_;
+    const int b = uses[i].block;
+    if (!p_.blocks[b].persistent && !live_.contains(b)) gather(i, b);
+    uint64_t budget = z_.stage3_prefetch_bucket_size;
+    std::set<int> ahead;
+    for (size_t j = i + 1; j < uses[i].run_end && budget > 0; ++j) {
+      const int c = uses[j].block;
+      const auto& cb = p_.blocks[c];
+      if (c == b || cb.persistent || !ahead.insert(c).second) continue;
+      if (cb.padded > budget) break;
+      budget -= cb.padded;
+      if (live_.contains(c)) continue;
+      if (live_numel_ + cb.padded > z_.stage3_max_live_parameters) break;
+      gather(i, c);
+    }
+  }
+
+  void step(size_t i) {
+    const auto& u = (*uses_)[i];
+    const int b = u.block;
+    const auto& blk = p_.blocks[b];
+    const bool stage3 = p_.stage == 3, backward = u.pass == Pass::backward;
+    if (stage3) gathers(i);
+    if (backward && blk.transient_grads && u.first_backward) {
+      grad_live_[b] = grads_.allocate(blk.padded);
+      emit(i, ActionKind::place_grads, b, grad_live_[b]);
+    }
+    emit(i, ActionKind::run, b);
+
+    std::vector<int> grad_releases;
+    if (backward && u.last_backward) {
+      if (blk.transient_grads && p_.stage <= 1) {
+        // Narrow gradients join the f32 accumulator as soon as the block is done with them.
+        emit(i, ActionKind::accumulate, b);
+        grad_releases.push_back(b);
+      }
+      // Stages 0-1 reduce the accumulator once per cycle; 2-3 reduce every micro-batch and add up.
+      const auto& bucket = p_.reduce_buckets[blk.reduce_bucket];
+      if (bucket.blocks.back() == b && (p_.stage >= 2 || u.last_backward_pass)) {
+        bool partial = false;
+        for (int c : bucket.blocks) partial = partial || !p_.blocks[c].tp_partial.empty();
+        if (partial) emit(i, ActionKind::sum_partial, blk.reduce_bucket);
+        if (p_.stage == 0) {
+          emit(i, ActionKind::all_reduce, blk.reduce_bucket);
+        } else {
+          const bool add = p_.stage >= 2 && !u.first_backward_pass;
+          emit(i, ActionKind::reduce_scatter, blk.reduce_bucket, 0, add);
+          // The reduced slice leaves the device as soon as it is complete.
+          if (p_.bucket_offloaded(blk.reduce_bucket)) emit(i, ActionKind::offload_grads, blk.reduce_bucket, 0, add);
+        }
+        // A fired bucket's gradient buffers stay placed until the next bucket fires, so the
+        // backward writes new gradients while the previous reduction is still on the wire.
+        if (blk.transient_grads && p_.stage >= 2) {
+          grad_releases = std::move(in_flight_);
+          in_flight_ = bucket.blocks;
+        }
+      }
+    }
+    if (backward && u.ends_pass && blk.transient_grads && p_.stage >= 2) {
+      grad_releases.insert(grad_releases.end(), in_flight_.begin(), in_flight_.end());
+      in_flight_.clear();
+    }
+    for (int g : grad_releases) {
+      emit(i, ActionKind::release_grads, g);
+      grads_.release(grad_live_.at(g));
+      grad_live_.erase(g);
+    }
+    if (stage3 && !blk.persistent) {
+      // Keep the block if this micro-batch uses it again soon; "soon" is the parameters touched
+      // in between.
+      const auto& uses = *uses_;
+      size_t next = i + 1, between = 0;
+      while (next < u.run_end && uses[next].block != b) between += p_.blocks[uses[next++].block].padded;
+      const bool release = keep_ ? last_use_[b] == i : next == u.run_end || between > z_.stage3_max_reuse_distance;
+      if (release) {
+        emit(i, ActionKind::release, b);
+        params_.release(live_.at(b));
+        live_numel_ -= blk.padded;
+        live_.erase(b);
+      }
+    }
+  }
+
+  Plan& p_;
+  const ZeroConfig& z_;
+  std::vector<Action>& out_;
+  const std::vector<Use>* uses_ = nullptr;
+  ArenaSim params_, grads_;
+  std::map<int, size_t> live_, grad_live_;  // block -> arena offset
+  size_t live_numel_ = 0;
+  std::vector<int> in_flight_;
+  bool keep_ = false;
+  std::vector<size_t> last_use_;  // per block: its last use in the program
+};
+
+// The block uses of `passes` in order, with what the builder needs to know about each. A block's
+// first and last backward passes are those of the passes that use it (its chunk's).
+std::vector<Use> expand(const std::vector<PassRef>& passes, const std::vector<BlockSchedule>& chunks, size_t blocks) {
+  std::vector<Use> uses;
+  std::vector<int> first_bwd_pass(blocks, -1), last_bwd_pass(blocks, -1);
+  for (size_t k = 0; k < passes.size(); ++k) {
+    if (passes[k].pass != Pass::backward) continue;
+    for (int b : chunks[passes[k].chunk].backward) {
+      if (first_bwd_pass[b] < 0) first_bwd_pass[b] = static_cast<int>(k);
+      last_bwd_pass[b] = static_cast<int>(k);
+    }
+  }
+  for (size_t k = 0; k < passes.size(); ++k) {
+    const auto& pr = passes[k];
+    const auto& order = pr.pass == Pass::forward ? chunks[pr.chunk].forward : chunks[pr.chunk].backward;
+    std::vector<size_t> first(blocks, SIZE_MAX), last(blocks, 0);
+    for (size_t j = 0; j < order.size(); ++j) {
+      first[order[j]] = std::min(first[order[j]], j);
+      last[order[j]] = j;
+    }
+    for (size_t j = 0; j < order.size(); ++j) {
+      Use u;
+      u.micro = pr.micro;
+      u.pass = pr.pass;
+      u.block = order[j];
+      u.first_backward = first[u.block] == j;
+      u.last_backward = last[u.block] == j;
+      u.ends_pass = j + 1 == order.size();
+      u.first_backward_pass = static_cast<int>(k) == first_bwd_pass[u.block];
+      u.last_backward_pass = static_cast<int>(k) == last_bwd_pass[u.block];
+      uses.push_back(u);
+    }
+  }
+  for (size_t i = uses.size(); i-- > 0;) {
+    uses[i].run_end = i + 1 < uses.size() && uses[i + 1].micro == uses[i].micro ? uses[i + 1].run_end : i + 1;
+  }
+  return uses;
+}
+
+}  // namespace
+
+ArenaSizes build_programs(Plan& p, const std::vector<BlockSchedule>& chunks, const EngineConfig& config) {
+  ArenaSizes sizes;
+  Builder cycle(p, config, p.program);
+  size_t gathered = 0;
+  for (const auto& b : p.blocks) gathered += b.persistent ? 0 : b.padded;
+  if (p.stage == 3 && p.passes != sequential_passes(p.micro_batches) && gathered <= config.zero.stage3_max_live_parameters)
+    cycle.keep_gathered_for_the_cycle();
+  cycle.run(expand(p.passes, chunks, p.blocks.size()));
+  // Evaluation runs between cycles, when every transient buffer is back in its arena: every
+  // chunk's forward of one micro-batch, in chunk order.
+  std::vector<PassRef> eval;
+  for (int c = 0; c < static_cast<int>(chunks.size()); ++c) eval.push_back({0, Pass::forward, c});
+  Builder evaluation(p, config, p.eval_program);
+  evaluation.run(expand(eval, chunks, p.blocks.size()));
+  sizes.params = std::max(cycle.param_peak(), evaluation.param_peak());
+  sizes.grads = cycle.grad_peak();
+  return sizes;
+}
+
+void build_step_program(Plan& p, const OffloadConfig& offload, size_t slots) {
+  auto add = [&](ActionKind kind, int target, bool flag = false, size_t offset = 0) {
+    Action a;
+    a.kind = kind;
+    a.target = target;
+    a.flag = flag;
+    a.offset = offset;
+    p.step_program.push_back(a);
+  };
+  // One pass of `kind` over the sub-groups. Offloaded, each updated sub-group's parameters go up
+  // to the device; swapped, each is read into a slot first and written back after, with the reads
+  // of the next (pipeline_read) and the writes of the previous (pipeline_write) overlapping the
+  // update: slots = 1 + one per pipelined direction, reused round robin.
+  const bool swapped = p.swap_slots >= 0;
+  // Sub-groups kept on the device (offload_optimizer.ratio < 1) lead and are updated in place.
+  auto sweep = [&](ActionKind kind) {
+    const int groups = static_cast<int>(p.sub_groups.size());
+    const int ahead = swapped && offload.pipeline_read ? 1 : 0;
+    int first = 0;
+    while (first < groups && !p.sub_group_offloaded(first)) add(kind, first++);
+    int next_in = first;
+    for (int g = first; g < groups; ++g) {
+      const size_t slot = static_cast<size_t>(g - first) % slots;
+      for (; swapped && next_in <= std::min(g + ahead, groups - 1); ++next_in)
+        add(ActionKind::swap_in, next_in, false, static_cast<size_t>(next_in - first) % slots);
+      add(kind, g, false, slot);
+      if (kind == ActionKind::update) add(ActionKind::upload, g, false, slot);
+      if (swapped) add(ActionKind::swap_out, g, false, slot);
+    }
+  };
+  // The squared norm bucket by bucket, in f32 as the buckets add up, so offloaded gradients (whose
+  // squares are taken on their way to the host) give the very same number; summed over the ranks
+  // after the last.
+  for (size_t k = 0; k < p.reduce_buckets.size(); ++k)
+    add(ActionKind::grad_norm, static_cast<int>(k), p.stage >= 1 && k + 1 == p.reduce_buckets.size());
+  // Per-tensor norms: every owned piece first, then the sums over the ranks that split the tensors
+  // (stage 0 owns whole tensors on every rank), then the update that reads them.
+  if (p.tensor_norms >= 0) {
+    sweep(ActionKind::update_norms);
+    const bool over_dp = p.stage >= 1 && p.dp > 1;
+    if (over_dp || p.tp > 1) add(ActionKind::sum_norms, p.tensor_norms, over_dp);
+  }
+  sweep(ActionKind::update);
+  if (const auto* accum = p.find(StateKind::grad_accum, p.shard_order.front())) add(ActionKind::zero, accum->buffer);
+  if (p.tensor_norms >= 0) add(ActionKind::zero, p.tensor_norms);
+  for (size_t k = 0; k < p.gather_buckets.size(); ++k) add(ActionKind::all_gather, static_cast<int>(k));
+}
+
+}  // namespace zeroth

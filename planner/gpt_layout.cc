@@ -1,0 +1,142 @@
+// Korthikanti's activations and the ZeRO paper's model states for a GPT at a parallel layout.
+#include "planner/gpt_layout.h"
+
+#include <algorithm>  // std::max, std::min
+#include <cmath>      // std::log, std::llround
+
+#include <fmt/format.h>  // fmt::format
+
+#include "planner/model_states.h"  // zero_model_states
+
+namespace zeroth {
+namespace {
+
+uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+uint64_t round_bytes(double v) { return static_cast<uint64_t>(std::llround(v)); }
+
+// Narayanan et al. 2021, Table 1: parameters (billions), heads, hidden, layers.
+struct PublishedShape {
+  double billions;
+  uint64_t heads, hidden, layers;
+};
+constexpr PublishedShape kMegatronShapes[] = {
+    {1.7, 24, 2304, 24},   {3.6, 32, 3072, 30},    {7.5, 32, 4096, 36},     {18.4, 48, 6144, 40},     {39.1, 64, 8192, 48},
+    {76.1, 80, 10240, 60}, {145.6, 96, 12288, 80}, {310.1, 128, 16384, 96}, {529.6, 128, 20480, 105}, {1008.0, 160, 25600, 128},
+};
+
+}  // namespace
+
+uint64_t GptShape::params() const { return layers * layer_params() + vocab * hidden + seq_len * hidden + 2 * hidden; }
+
+GptShape GptShape::from_params(uint64_t params, uint64_t seq_len, uint64_t vocab) {
+  const PublishedShape* best = &kMegatronShapes[0];
+  for (const auto& s : kMegatronShapes) {
+    if (std::abs(std::log(s.billions * 1e9 / static_cast<double>(params))) <
+        std::abs(std::log(best->billions * 1e9 / static_cast<double>(params))))
+      best = &s;
+  }
+  GptShape shape{0, best->hidden, best->heads, seq_len, vocab};
+  const double rest = static_cast<double>(params) - static_cast<double>((vocab + seq_len + 2) * best->hidden);
+  const double layers = rest / static_cast<double>(shape.layer_params());
+  shape.layers = std::max<uint64_t>(4, 4 * static_cast<uint64_t>(std::max<long long>(1, std::llround(layers / 4))));
+  return shape;
+}
+
+std::string GptShape::describe() const {
+  return fmt::format("{} layers, hidden {}, {} heads, seq {}, vocab {}", layers, hidden, heads, seq_len, vocab);
+}
+
+std::string GptShape::problem() const {
+  if (layers == 0 || hidden == 0 || heads == 0 || seq_len == 0 || vocab == 0)
+    return "every dimension (layers, hidden, heads, seq, vocab) must be positive";
+  if (hidden % heads != 0) return fmt::format("hidden {} is not a multiple of heads {}", hidden, heads);
+  return "";
+}
+
+std::string_view checkpointing_name(Checkpointing c) {
+  switch (c) {
+    case Checkpointing::none: return "none";
+    case Checkpointing::selective: return "selective";
+    case Checkpointing::full: return "full";
+  }
+  return "?";
+}
+
+
+std::string Layout::describe() const {
+  std::string out = fmt::format("dp {} x tp {} x pp {}, micro-batch {} x {}, ZeRO-{}", dp, tp, pp, micro_batch, micro_batches, stage);
+  if (offload_optimizer != OffloadDevice::none) out += fmt::format(", optimizer on {}", offload_device_name(offload_optimizer));
+  if (offload_param != OffloadDevice::none) out += fmt::format(", parameters on {}", offload_device_name(offload_param));
+  if (checkpointing != Checkpointing::none) out += fmt::format(", {} recompute", checkpointing_name(checkpointing));
+  if (sequence_parallel) out += ", sequence parallel";
+  if (pp > 1) out += fmt::format(", {}", pipe_kind_name(schedule));
+  return out;
+}
+
+uint64_t layer_activation_bytes(const GptShape& shape, uint64_t micro_batch, uint64_t tp, bool sequence_parallel,
+                                Checkpointing checkpointing) {
+  const double s = static_cast<double>(shape.seq_len), b = static_cast<double>(micro_batch), h = static_cast<double>(shape.hidden),
+               a = static_cast<double>(shape.heads), t = static_cast<double>(tp);
+  const double sbh = s * b * h;
+  if (checkpointing == Checkpointing::full) return round_bytes(2 * sbh / (sequence_parallel ? t : 1));
+  // Softmax input and output, its dropout mask and output: 5 a s^2 b bytes, split over heads.
+  const double attention = checkpointing == Checkpointing::selective ? 0 : 5 * a * s * s * b / t;
+  if (tp == 1 || sequence_parallel) return round_bytes(34 * sbh / t + attention);
+  // Without sequence parallelism the layer norms and dropouts (10 s b h) are replicated.
+  return round_bytes(sbh * (10 + 24 / t) + attention);
+}
+
+LayoutMemory layout_memory(const GptShape& shape, const Layout& layout, const BufferSizes& sizes, uint64_t runtime_bytes) {
+  const uint64_t h = shape.hidden, t = layout.tp, p = layout.pp, b = layout.micro_batch, s = shape.seq_len;
+  const uint64_t layers_on_stage = ceil_div(shape.layers, p);
+  // A tensor-parallel slice of a layer: QKV and MLP-up columns with their biases, projection and
+  // MLP-down rows; the two row-parallel biases and both layer norms are whole on every slice.
+  const uint64_t layer_slice = 12 * h * h / t + 7 * h / t + 6 * h;
+  const uint64_t vocab_slice = ceil_div(shape.vocab, t) * h;  // vocab-parallel embedding / tied head
+  const uint64_t largest = std::max(layer_slice, vocab_slice);
+  const uint64_t per_layer = layer_activation_bytes(shape, b, t, layout.sequence_parallel, layout.checkpointing);
+  const uint64_t full_layer = layer_activation_bytes(shape, b, t, layout.sequence_parallel, Checkpointing::none);
+  const double sp_split = layout.sequence_parallel ? static_cast<double>(t) : 1.0;
+
+  auto stage_memory = [&](bool first, bool last) {
+    LayoutMemory m;
+    m.activations_per_layer = per_layer;
+    m.stage_params = layers_on_stage * layer_slice + (first ? vocab_slice + s * h : 0) +
+                     (last ? (first ? 0 : vocab_slice) + 2 * h : 0);
+    const ModelStates states = zero_model_states(m.stage_params, layout.stage, layout.dp, layout.offload_optimizer,
+                                                 layout.offload_param, largest);
+    m.model_states = states.device;
+    // 1F1B: stage i holds p - i micro-batches before its first backward; GPipe holds them all.
+    const uint64_t m_total = layout.micro_batches;
+    m.in_flight = p == 1 ? 1 : layout.schedule == PipeKind::gpipe ? m_total : std::min(first ? p : 1, m_total);
+    double acts = static_cast<double>(m.in_flight * layers_on_stage * per_layer);
+    // Recomputing a layer in backward materialises its activations whole, one layer at a time.
+    if (layout.checkpointing == Checkpointing::full) acts += static_cast<double>(full_layer);
+    const double sbh = static_cast<double>(s * b * h);
+    if (first) acts += static_cast<double>(m.in_flight) * sbh / sp_split;  // embedding dropout mask
+    // Final layer norm and head input (4 s b h / t) and fp32 logits (4 s b V / t).
+    if (last) acts += 4 * sbh / static_cast<double>(t) * (1 + static_cast<double>(shape.vocab) / static_cast<double>(h));
+    m.activations = round_bytes(acts);
+    const uint64_t reduce_bucket = 2 * std::min(sizes.reduce_bucket, m.stage_params);
+    const uint64_t prefetch = 2 * std::min(sizes.prefetch_bucket, m.stage_params);
+    if (layout.stage == 1 || layout.stage == 2) m.buffers = reduce_bucket;
+    // Stage 3 gathers a layer whole (with offloaded parameters the model states count it already).
+    if (layout.stage == 3) m.buffers = reduce_bucket + prefetch + (layout.offload_param == OffloadDevice::none ? 2 * largest : 0);
+    const uint64_t own = m.model_states + m.activations + m.buffers;
+    m.allowance = runtime_bytes + round_bytes(kFragmentation * static_cast<double>(own));
+    m.device = own + m.allowance;
+    m.host = states.host;
+    m.nvme = states.nvme;
+    // Swapped state passes through pinned host slots: two sub-groups of fp32 master, moments and
+    // gradient for the optimizer; two largest layers of parameters.
+    const uint64_t shard = ceil_div(m.stage_params, layout.dp);
+    if (layout.offload_optimizer == OffloadDevice::nvme) m.host += 2 * 16 * std::min(sizes.sub_group, shard);
+    if (layout.offload_param == OffloadDevice::nvme) m.host += 2 * 2 * largest;
+    return m;
+  };
+  if (p == 1) return stage_memory(true, true);
+  const LayoutMemory first = stage_memory(true, false), last = stage_memory(false, true);
+  return first.device >= last.device ? first : last;
+}
+
+}  // namespace zeroth

@@ -1,0 +1,248 @@
+// The step-time model and the search over layouts.
+#include "planner/planner.h"
+
+#include <algorithm>  // std::max, std::min, std::sort
+#include <array>      // std::array
+
+#include <fmt/format.h>       // fmt::format
+#include <nlohmann/json.hpp>  // nlohmann::json
+
+#include "core/error.h"  // ZEROTH_THROW
+
+namespace zeroth {
+namespace {
+
+double ring_all_reduce(double bytes, uint64_t ranks, double bw) {
+  return ranks <= 1 ? 0 : 2.0 * static_cast<double>(ranks - 1) / static_cast<double>(ranks) * bytes / bw;
+}
+// Reduce-scatter and all-gather each move half an all-reduce's bytes.
+double ring_half(double bytes, uint64_t ranks, double bw) { return ring_all_reduce(bytes, ranks, bw) / 2; }
+
+std::vector<uint64_t> divisors(uint64_t n, uint64_t limit) {
+  std::vector<uint64_t> out;
+  for (uint64_t d = 1; d <= std::min(n, limit); ++d)
+    if (n % d == 0) out.push_back(d);
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> Cluster::calibrate(const nlohmann::json& j) {
+  std::vector<std::string> set;
+  auto results = [&]() -> const nlohmann::json& { return j.at("results"); };
+  if (j.contains("tokens_per_s") && j.contains("model_flops_per_token")) {  // bench train
+    const double flops = j["tokens_per_s"].get<double>() * j["model_flops_per_token"].get<double>();
+    if (!(flops / peak_flops >= 0.01 && flops / peak_flops <= 1)) {
+      ZEROTH_THROW(InvalidArgument,
+                   "bench train measured {:.3g} FLOP/s, {:.3g} of the {:.3g} peak: calibrate with a bench run on the GPUs being "
+                   "planned for, and give their --peak-flops",
+                   flops, flops / peak_flops, peak_flops);
+    }
+    matmul_efficiency = flops / peak_flops;
+    set.push_back(fmt::format("achieved {:.3g} FLOP/s (bench train: {} tokens/s) = {:.3f} of the {:.3g} peak", flops,
+                              j["tokens_per_s"].get<double>(), matmul_efficiency, peak_flops));
+  } else if (j.contains("ranks") && j.contains("results") && j.contains("backend")) {  // bench comm
+    double best = 0;
+    uint64_t largest = 0;
+    for (const auto& r : results())
+      if (r.at("op") == "all_reduce" && r.at("bytes").get<uint64_t>() >= largest) {
+        if (r.at("bytes").get<uint64_t>() > largest) best = 0;
+        largest = r.at("bytes").get<uint64_t>();
+        best = std::max(best, r.at("busbw").get<double>() * 1e9);
+      }
+    if (best <= 0) ZEROTH_THROW(InvalidArgument, "the bench comm output has no all_reduce results to calibrate from");
+    intra_node_bw = best;
+    set.push_back(fmt::format("intra-node all-reduce bus bandwidth {:.3g} GB/s (bench comm, {} bytes, {} ranks, {})", best / 1e9,
+                              largest, j["ranks"].get<int>(), j["backend"].get<std::string>()));
+  } else if (j.contains("results") && !j["results"].empty() && j["results"][0].contains("params_per_s")) {  // bench optim
+    double best = 0;
+    uint64_t largest = 0;
+    for (const auto& r : results()) {
+      if (r.at("optimizer") != "AdamW" || r.value("device", "cpu") != "cpu") continue;
+      const uint64_t n = r.at("params").get<uint64_t>();
+      if (n > largest) best = 0, largest = n;
+      if (n == largest) best = std::max(best, r.at("params_per_s").get<double>());
+    }
+    if (best <= 0) ZEROTH_THROW(InvalidArgument, "the bench optim output has no CPU AdamW results to calibrate from");
+    cpu_optimizer_rate = best;
+    set.push_back(fmt::format("CPU AdamW {:.3g} parameters/s per node (bench optim, {} parameters)", best, largest));
+  } else if (j.contains("best") && j["best"].contains("read_gbps")) {  // bench offload
+    nvme_bw = std::min(j["best"]["read_gbps"].get<double>(), j["best"]["write_gbps"].get<double>()) * 1e9;
+    set.push_back(fmt::format("NVMe {:.3g} GB/s per node (bench offload at {}: the slower of read and write)", nvme_bw / 1e9,
+                              j.value("path", "?")));
+    if (j.contains("cuda") && j["cuda"].is_object() && j["cuda"].contains("h2d_gbps") && j["cuda"].contains("d2h_gbps")) {
+      pcie_bw = std::min(j["cuda"]["h2d_gbps"].get<double>(), j["cuda"]["d2h_gbps"].get<double>()) * 1e9;
+      set.push_back(fmt::format("PCIe {:.3g} GB/s per GPU (bench offload --device cuda)", pcie_bw / 1e9));
+    }
+  } else {
+    ZEROTH_THROW(
+        InvalidArgument,
+        "not the JSON output of zeroth bench train, comm, optim or offload (run one of them with --json and pass its output)");
+  }
+  return set;
+}
+
+StepCost step_cost(const GptShape& shape, const Layout& l, const LayoutMemory& mem, const Cluster& c) {
+  StepCost out;
+  const double h = static_cast<double>(shape.hidden), s = static_cast<double>(shape.seq_len), v = static_cast<double>(shape.vocab);
+  const double t = static_cast<double>(l.tp), m = static_cast<double>(l.micro_batches);
+  const double tokens = static_cast<double>(l.micro_batch) * s;  // one micro-batch
+  const double layers = static_cast<double>((shape.layers + l.pp - 1) / l.pp);
+  const double flops_rate = c.achieved_flops();
+
+  // Narayanan et al. 2021: a layer's forward is 24 b s h^2 + 4 b s^2 h, the head's 2 b s h V; the
+  // stage with the head (the last) is the slowest. Backward is twice forward.
+  const double layer_fwd = tokens * (24 * h * h + 4 * s * h) / t;
+  // The elementwise work between the matmuls reads and writes about the bytes of activations a
+  // layer keeps (Korthikanti's count), at the device's memory bandwidth.
+  const double layer_elementwise = static_cast<double>(
+                                       layer_activation_bytes(shape, l.micro_batch, l.tp, l.sequence_parallel, Checkpointing::none)) /
+                                   c.device_memory_bw;
+  const double fwd = (layers * layer_fwd + tokens * 2 * h * v / t) / flops_rate + layers * layer_elementwise;
+  double recompute = 0;
+  if (l.checkpointing == Checkpointing::full) recompute = layers * (layer_fwd / flops_rate + layer_elementwise);
+  // Selective recomputation redoes the attention core: its two matmuls and the softmax and dropout.
+  if (l.checkpointing == Checkpointing::selective) {
+    const double core_bytes = static_cast<double>(
+        layer_activation_bytes(shape, l.micro_batch, l.tp, l.sequence_parallel, Checkpointing::none) -
+        layer_activation_bytes(shape, l.micro_batch, l.tp, l.sequence_parallel, Checkpointing::selective));
+    recompute = layers * (tokens * 4 * s * h / t / flops_rate + core_bytes / c.device_memory_bw);
+  }
+  const double bwd = 2 * fwd + recompute;
+
+  // Tensor parallelism: two all-reduces of the b s h activations per layer forward, two backward,
+  // two more when the forward is recomputed; inside a node.
+  const double act_bytes = 2 * tokens * h;
+  const double tp_calls = layers * (4 + (l.checkpointing == Checkpointing::full ? 2 : 0));
+  const double tp_mb = tp_calls * ring_all_reduce(act_bytes, l.tp, c.intra_node_bw);
+  // Ranks: tp fastest, then dp, then pp; a group leaves the node when it spans more GPUs than one
+  // node has, and then shares the node's network with the node's other GPUs.
+  const double per_gpu_net = c.inter_node_bw / static_cast<double>(c.gpus_per_node);
+  const double dp_bw = l.tp * l.dp <= c.gpus_per_node ? c.intra_node_bw : per_gpu_net;
+  const double pp_bw = l.tp * l.dp * l.pp <= c.gpus_per_node ? c.intra_node_bw : per_gpu_net;
+  // Each micro-batch sends its activations forward and their gradient back (split over tp).
+  const double pp_mb = l.pp > 1 ? 2 * act_bytes / t / pp_bw : 0;
+  const double mb = fwd + bwd + tp_mb + pp_mb;
+
+  out.compute = m * (fwd + bwd);
+  out.tensor = m * tp_mb;
+  out.pipeline = m * pp_mb;
+  out.bubble = static_cast<double>(l.pp - 1) * mb;
+
+  // Data parallelism over the stage's parameters, 16-bit. The engine reduces while backward runs
+  // (the last micro-batch's, or every one's at stage 2) and prefetches stage-3 gathers ahead of use.
+  const double p = static_cast<double>(mem.stage_params), n = static_cast<double>(l.dp);
+  const double param_bytes = 2 * p;
+  const double all_reduce = ring_all_reduce(param_bytes, l.dp, dp_bw), half = ring_half(param_bytes, l.dp, dp_bw);
+  const double shard = l.stage >= 1 ? p / n : p;
+  const double gpus_node = static_cast<double>(c.gpus_per_node);
+  // A stage-3 pass first brings the rank's parameter shard to the device when it lives elsewhere.
+  double fetch = 0;
+  if (l.offload_param == OffloadDevice::cpu) fetch = 2 * p / n / c.pcie_bw;
+  if (l.offload_param == OffloadDevice::nvme) fetch = 2 * p / n * gpus_node / c.nvme_bw;
+  switch (l.stage) {
+    case 0: out.data = std::max(0.0, all_reduce - bwd); break;
+    case 1: out.data = std::max(0.0, half - bwd) + half; break;
+    case 2: out.data = m * std::max(0.0, half - bwd) + half; break;
+    default:
+      out.data = m * (std::max(0.0, half - fwd) + std::max(0.0, 2 * half - bwd));
+      out.offload += m * (std::max(0.0, half + fetch - fwd) - std::max(0.0, half - fwd)) +
+                     m * (std::max(0.0, 2 * half + fetch - bwd) - std::max(0.0, 2 * half - bwd));
+  }
+
+  // The update: fp32 master, moments and gradient in, master, moments and the 16-bit copy out.
+  if (l.offload_optimizer == OffloadDevice::none) {
+    out.optimizer = shard * 30 / c.device_memory_bw;
+  } else {
+    // Gradients go to the host (per bucket during backward from stage 2), parameters come back.
+    const double down = 2 * shard / c.pcie_bw, up = 2 * shard / c.pcie_bw;
+    out.offload += (l.stage >= 2 ? std::max(0.0, down - bwd) : down) + up;
+    const double cpu = shard / (c.cpu_optimizer_rate / gpus_node);
+    // NVMe: master and both moments read and written, pipelined with the update.
+    const double nvme = l.offload_optimizer == OffloadDevice::nvme ? 24 * shard * gpus_node / c.nvme_bw : 0;
+    out.optimizer = cpu;
+    out.offload += std::max(0.0, nvme - cpu);
+  }
+  out.step = out.compute + out.bubble + out.tensor + out.pipeline + out.data + out.offload + out.optimizer;
+
+  const double global_tokens = static_cast<double>(l.dp) * m * tokens;
+  const double L = static_cast<double>(shape.layers);
+  out.model_flops = global_tokens * (72 * L * h * h + 12 * L * s * h + 6 * v * h);
+  out.mfu = out.model_flops / (out.step * static_cast<double>(l.gpus()) * c.peak_flops);
+  out.tokens_per_s = global_tokens / out.step;
+  const std::array<std::pair<double, const char*>, 7> parts = {{{out.compute, "compute"},
+                                                                {out.bubble, "pipeline bubble"},
+                                                                {out.tensor, "tensor-parallel all-reduce"},
+                                                                {out.pipeline, "pipeline send/recv"},
+                                                                {out.data, "data-parallel collectives"},
+                                                                {out.offload, "offload transfers"},
+                                                                {out.optimizer, "optimizer step"}}};
+  out.bound = std::max_element(parts.begin(), parts.end())->second;
+  return out;
+}
+
+std::string does_not_fit(const LayoutMemory& memory, const Cluster& c) {
+  if (memory.device > c.device_memory) return "device";
+  if (c.host_memory > 0 && memory.host * c.gpus_per_node > c.host_memory) return "host";
+  if (c.nvme_capacity > 0 && memory.nvme * c.gpus_per_node > c.nvme_capacity) return "nvme";
+  return "";
+}
+
+PlanResult search_plans(const GptShape& shape, const Cluster& cluster, const PlanSearch& search) {
+  if (const std::string bad = shape.problem(); !bad.empty()) ZEROTH_THROW(InvalidArgument, "the model's shape: {}", bad);
+  if (search.global_batch == 0) ZEROTH_THROW(InvalidArgument, "give the global batch (sequences per step)");
+  const uint64_t gpus = cluster.gpus();
+  PlanResult result;
+  std::vector<Candidate> fitting;
+  using D = OffloadDevice;
+  const std::array<std::pair<D, D>, 6> placements = {
+      {{D::none, D::none}, {D::cpu, D::none}, {D::nvme, D::none}, {D::cpu, D::cpu}, {D::nvme, D::cpu}, {D::nvme, D::nvme}}};
+  for (uint64_t tp : divisors(cluster.gpus_per_node, cluster.gpus_per_node)) {
+    if (shape.heads % tp != 0) continue;
+    for (uint64_t pp : divisors(shape.layers, shape.layers)) {
+      if (gpus % (tp * pp) != 0) continue;
+      const uint64_t dp = gpus / (tp * pp);
+      if (search.global_batch % dp != 0) continue;
+      const uint64_t per_rank = search.global_batch / dp;
+      for (uint64_t b : divisors(per_rank, search.max_micro_batch)) {
+        for (int stage = 0; stage <= 3; ++stage) {
+          if (search.stage >= 0 && stage != search.stage) continue;
+          if (pp > 1 && stage == 3) continue;  // stage 3 regathers every micro-batch of every stage
+          for (auto [opt, par] : placements) {
+            if (opt != D::none && (!search.offload || stage == 0)) continue;
+            if (par != D::none && stage != 3) continue;
+            for (Checkpointing ck : {Checkpointing::none, Checkpointing::selective, Checkpointing::full}) {
+              if (search.runnable_only && ck == Checkpointing::selective) continue;
+              for (bool sp : {false, true}) {
+                if (sp && tp == 1) continue;
+                Candidate cand;
+                cand.layout = {dp, tp, pp, b, per_rank / b, stage, opt, par, ck, sp, PipeKind::one_f_one_b};
+                cand.memory = layout_memory(shape, cand.layout, search.buffers, cluster.runtime_memory);
+                ++result.considered;
+                cand.fits = does_not_fit(cand.memory, cluster).empty();
+                if (result.considered == 1 || cand.memory.device < result.smallest.memory.device) result.smallest = cand;
+                if (!cand.fits) continue;
+                cand.cost = step_cost(shape, cand.layout, cand.memory, cluster);
+                fitting.push_back(std::move(cand));
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  result.fitting = fitting.size();
+  const size_t keep = std::min(search.top, fitting.size());
+  std::partial_sort(fitting.begin(), fitting.begin() + static_cast<std::ptrdiff_t>(keep), fitting.end(),
+                    [](const Candidate& a, const Candidate& b) {
+    if (a.cost.step != b.cost.step) return a.cost.step < b.cost.step;
+    return a.memory.device < b.memory.device;
+  });
+  fitting.resize(keep);
+  result.best = std::move(fitting);
+  if (result.considered > 0 && result.smallest.cost.step == 0)
+    result.smallest.cost = step_cost(shape, result.smallest.layout, result.smallest.memory, cluster);
+  return result;
+}
+
+}  // namespace zeroth

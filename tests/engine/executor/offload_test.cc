@@ -1,0 +1,344 @@
+// Offloaded optimizer state against the in-device run. The host runs the same optimizer kernel
+// on the same numbers; only where the bytes live changes (host memory, or swap files read and
+// written through io_uring in sub-groups). So at stages 1-3, one and two ranks, one and two
+// micro-batches, f32 and bf16, the losses and the master weights must be bit-identical.
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "comm/local/local_comm.h"
+#include "core/error.h"
+#include "tests/engine/mlp_harness.h"
+
+namespace zeroth {
+namespace {
+
+using testing::MlpRun;
+using testing::RankResult;
+using testing::run_ranks;
+
+// A folder for swap files on the disk the tests run from, removed when the test process ends
+// (the swap files in it are unlinked as soon as they are made).
+const std::string& swap_dir() {
+  struct Folder {
+    std::string path;
+    ~Folder() {
+      std::error_code ignored;
+      std::filesystem::remove_all(path, ignored);
+    }
+  };
+  static const Folder dir{[] {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string path = fmt::format("{}/zeroth-offload-test-{}", tmp != nullptr ? tmp : "/tmp", ::getpid());
+    ::mkdir(path.c_str(), 0700);
+    return path;
+  }()};
+  return dir.path;
+}
+
+struct Case {
+  int stage, dp, gas;
+  DType dtype;
+  OffloadDevice device;
+  bool pipeline;
+  OffloadDevice params = OffloadDevice::none;  // offload_param (stage 3)
+  double ratio = 1.0;                          // offload_optimizer.ratio
+};
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << "stage " << c.stage << ", dp " << c.dp << ", gas " << c.gas << ", " << dtype_name(c.dtype) << ", optimizer on "
+      << offload_device_name(c.device) << (c.pipeline ? "" : ", no pipelining") << ", parameters on " << offload_device_name(c.params)
+      << ", ratio " << c.ratio;
+}
+
+MlpRun offload_run(const Case& c, bool offload) {
+  MlpRun run;
+  run.stage = c.stage;
+  run.gas = c.gas;
+  run.dtype = c.dtype;
+  run.steps = 5;
+  run.tweak = [c, offload](EngineConfig& e) {
+    // Several sub-groups per rank, some across blocks, so swaps pipeline and slots are reused.
+    e.zero.sub_group_size = 1000;
+    // A bucket per layer, so a ratio below 1 keeps some of them on the device.
+    if (c.ratio < 1) e.zero.reduce_bucket_size = 0;
+    if (!offload) {
+      // The same padding as the swapped plan (4 KiB of each swapped kind), so the two runs hold
+      // the same elements.
+      if (c.device == OffloadDevice::nvme) e.alignment = 1024;
+      if (c.params == OffloadDevice::nvme) e.alignment = std::max<uint64_t>(e.alignment, 4096 / dtype_size(c.dtype));
+      return;
+    }
+    e.zero.offload_optimizer.device = c.device;
+    e.zero.offload_optimizer.nvme_path = swap_dir();
+    e.zero.offload_optimizer.pipeline_read = e.zero.offload_optimizer.pipeline_write = c.pipeline;
+    e.zero.offload_optimizer.ratio = c.ratio;
+    e.zero.offload_param.device = c.params;
+    e.zero.offload_param.nvme_path = swap_dir();
+  };
+  return run;
+}
+
+class Offload : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Offload, TrainsBitIdenticallyToTheInDeviceRun) {
+  const Case& c = GetParam();
+  const auto ref = run_ranks(c.dp, offload_run(c, false));
+  const auto off = run_ranks(c.dp, offload_run(c, true));
+  for (int r = 0; r < c.dp; ++r) {
+    ASSERT_EQ(off[r].losses.size(), ref[r].losses.size());
+    for (size_t k = 0; k < ref[r].losses.size(); ++k) EXPECT_EQ(off[r].losses[k], ref[r].losses[k]) << "rank " << r << " step " << k;
+    for (size_t k = 0; k < ref[r].steps.size(); ++k) {
+      EXPECT_EQ(off[r].steps[k].grad_norm, ref[r].steps[k].grad_norm) << "rank " << r << " step " << k;
+    }
+    for (size_t b = 0; b < ref[r].weights.size(); ++b) {
+      ASSERT_EQ(off[r].weights[b].size(), ref[r].weights[b].size());
+      size_t differ = 0;
+      for (size_t i = 0; i < ref[r].weights[b].size(); ++i) differ += off[r].weights[b][i] != ref[r].weights[b][i];
+      EXPECT_EQ(differ, 0u) << "rank " << r << " block " << b << ": " << differ << " weights differ";
+    }
+  }
+  // The state really left the device: less of it there, the optimizer's (and with offload_param
+  // the parameters') bytes on the host or on disk, and swap files really read and written.
+  const auto tier = [&](Tier t) { return off[0].tier_bytes[static_cast<size_t>(t)]; };
+  EXPECT_LT(tier(Tier::device), ref[0].tier_bytes[static_cast<size_t>(Tier::device)]);
+  EXPECT_EQ(ref[0].tier_bytes[static_cast<size_t>(Tier::nvme)] + ref[0].tier_bytes[static_cast<size_t>(Tier::host)], 0u);
+  const bool any_nvme = c.device == OffloadDevice::nvme || c.params == OffloadDevice::nvme;
+  EXPECT_EQ(tier(Tier::nvme) > 0, any_nvme);
+  EXPECT_GT(tier(Tier::host), 0u);
+  // Below ratio 1, some buckets' state stays on the device and the rest leaves.
+  EXPECT_EQ(ref[0].device_buckets, ref[0].reduce_buckets);
+  if (c.ratio < 1) {
+    EXPECT_GT(off[0].device_buckets, 0);
+    EXPECT_LT(off[0].device_buckets, off[0].reduce_buckets);
+  } else {
+    EXPECT_EQ(off[0].device_buckets, 0);
+  }
+  if (any_nvme) {
+    // Every step reads and writes at least the optimizer's or the parameters' share again.
+    EXPECT_GE(off[0].swap_io.read_bytes, 5u * 4096u);
+    EXPECT_GE(off[0].swap_io.write_bytes, 5u * 4096u);
+  } else {
+    EXPECT_EQ(off[0].swap_io.read_bytes + off[0].swap_io.write_bytes, 0u);
+  }
+  // The weights moved: the comparison is not between two untouched initializations.
+  const auto init = run_ranks(1, [&] {
+    MlpRun r = offload_run(c, false);
+    r.steps = 0;
+    return r;
+  }());
+  size_t moved = 0;
+  for (size_t b = 0; b < init[0].weights.size(); ++b) {
+    for (size_t i = 0; i < init[0].weights[b].size(); ++i) moved += init[0].weights[b][i] != off[0].weights[b][i];
+  }
+  EXPECT_GT(moved, 1000u);
+}
+
+std::vector<Case> offload_cases() {
+  std::vector<Case> out;
+  for (OffloadDevice device : {OffloadDevice::cpu, OffloadDevice::nvme}) {
+    for (int stage : {1, 2, 3}) {
+      for (int dp : {1, 2}) {
+        for (int gas : {1, 2}) {
+          for (DType dtype : {DType::f32, DType::bf16}) out.push_back({stage, dp, gas, dtype, device, true});
+        }
+      }
+    }
+  }
+  // Swaps without read-ahead or write-behind: one slot, each sub-group in turn.
+  out.push_back({2, 2, 2, DType::bf16, OffloadDevice::nvme, false});
+  out.push_back({3, 1, 1, DType::f32, OffloadDevice::nvme, false});
+  // Stage 3 with the parameter shards off the device too (ZeRO-Infinity), gathered from there.
+  for (OffloadDevice device : {OffloadDevice::cpu, OffloadDevice::nvme}) {
+    for (int dp : {1, 2}) {
+      for (int gas : {1, 2}) {
+        for (DType dtype : {DType::f32, DType::bf16}) out.push_back({3, dp, gas, dtype, device, true, device});
+      }
+    }
+  }
+  out.push_back({3, 2, 1, DType::bf16, OffloadDevice::cpu, true, OffloadDevice::nvme});
+  out.push_back({3, 2, 2, DType::bf16, OffloadDevice::nvme, false, OffloadDevice::cpu});
+  // Part of the shard kept on the device (offload_optimizer.ratio, ZeRO-Offload++).
+  for (OffloadDevice device : {OffloadDevice::cpu, OffloadDevice::nvme}) {
+    for (int stage : {1, 2, 3}) {
+      out.push_back({stage, 2, 2, DType::bf16, device, true, OffloadDevice::none, 0.5});
+      out.push_back({stage, 1, 1, DType::f32, device, true, OffloadDevice::none, 0.5});
+    }
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(All, Offload, ::testing::ValuesIn(offload_cases()), [](const auto& info) {
+  const Case& c = info.param;
+  return fmt::format("{}_stage{}_dp{}_gas{}_{}{}{}{}", offload_device_name(c.device), c.stage, c.dp, c.gas, dtype_name(c.dtype),
+                     c.pipeline ? "" : "_serial",
+                     c.params == OffloadDevice::none ? "" : fmt::format("_params_{}", offload_device_name(c.params)),
+                     c.ratio < 1 ? fmt::format("_ratio{}", static_cast<int>(c.ratio * 100)) : "");
+});
+
+// ZeRO-Infinity's promise: with parameters and optimizer state in swap files, the process holds
+// the device's working set and the bounded host pool, not the model states. Here the states take
+// 16 bytes x 33.6M parameters = 538 MB on disk; the host pool is capped at 32 MiB (the host
+// allocator refuses to go past it). The process's resident memory (the kernel's count,
+// independent of zeroth's accounting) must grow by no more than the device's and the host's
+// peaks plus a stated 48 MiB: what neither counts (initialization's per-block staging of values,
+// allocator arenas of the stream and I/O threads, 2 MiB huge-page rounding of large buffers).
+TEST(OffloadMemory, WithEverythingInSwapFilesTheProcessHoldsTheHostPoolNotTheModelStates) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  // A sanitizer's shadow memory and quarantine are resident too: twice the states, and only the
+  // states' own bound.
+  constexpr bool sanitized = true;
+#else
+  constexpr bool sanitized = false;
+#endif
+  const size_t pool = 32u << 20;
+  MlpRun run;
+  run.stage = 3;
+  run.dtype = DType::bf16;
+  run.widths.assign(sanitized ? 65 : 33, 1024);  // layers of 1M parameters
+  run.global_batch = 8;
+  run.steps = 2;
+  run.tweak = [&](EngineConfig& e) {
+    e.zero.reduce_bucket_size = 0;
+    e.zero.sub_group_size = 1u << 18;
+    e.zero.stage3_prefetch_bucket_size = 0;
+    e.zero.stage3_max_live_parameters = 1;
+    for (auto* o : {&e.zero.offload_optimizer, &e.zero.offload_param}) {
+      o->device = OffloadDevice::nvme;
+      o->nvme_path = swap_dir();
+    }
+    e.host_memory = pool;
+  };
+  // The kernel's peak starts again from here (clear_refs 5 resets VmHWM), so earlier tests in
+  // this process do not count.
+  std::ofstream("/proc/self/clear_refs") << "5";
+  const size_t before = process_rss();
+  std::unique_ptr<Device> device = make_device("cpu");
+  auto comms = make_local_communicators(1);
+  size_t host_peak = 0, device_peak = 0, on_disk = 0;
+  {
+    Engine engine(*device, *comms[0], testing::mlp_config(run));
+    Mlp mlp(engine, {run.widths});
+    engine.finalize();
+    std::vector<float> x, t;
+    for (int k = 0; k < run.steps; ++k) {
+      testing::mlp_batch(k, run.global_batch, run.widths.front(), run.widths.back(), x, t);
+      float loss = 0;
+      mlp.forward_backward(x.data(), t.data(), run.global_batch, &loss, 0);
+      const auto r = engine.step();
+      engine.compute_stream().synchronize();
+      ASSERT_TRUE(std::isfinite(loss));
+      ASSERT_TRUE(r.boundary);
+    }
+    host_peak = engine.tier_stats(Tier::host).total_peak;
+    device_peak = device->memory().stats().total_peak;
+    on_disk = tier_total(engine.plan().bytes, Tier::nvme);
+  }
+  const size_t grown = process_peak_rss() - std::min(before, process_peak_rss());
+  std::printf("states on disk %.1f MiB; host pool peak %.1f MiB of %.1f; device peak %.1f MiB; resident growth %.1f MiB\n",
+              on_disk / 1048576.0, host_peak / 1048576.0, pool / 1048576.0, device_peak / 1048576.0, grown / 1048576.0);
+  EXPECT_GE(on_disk, 530'000'000u);
+  if (!sanitized) {
+    EXPECT_LE(grown, device_peak + host_peak + (48u << 20));
+  }
+  EXPECT_LT(grown, on_disk / (sanitized ? 2 : 4)) << "the model states are resident";
+}
+
+// Writing the initial values to the swap files goes through block-sized scratch (the block's fp32
+// values, their bf16 cast, the O_DIRECT bounce buffer); finalize() returns it to the system, so a
+// run does not carry a block's worth of dead memory (here 16.8M parameters: 100 MB) to its end.
+TEST(OffloadMemory, FinalizeReturnsItsInitialisationScratch) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  constexpr bool sanitized = true;  // its quarantine keeps freed memory resident on purpose
+#else
+  constexpr bool sanitized = false;
+#endif
+  MlpRun run;
+  run.stage = 3;
+  run.dtype = DType::bf16;
+  run.widths = {4096, 4096};  // one block of 16.8M parameters
+  run.global_batch = 2;
+  run.tweak = [&](EngineConfig& e) {
+    e.zero.sub_group_size = 1u << 20;
+    for (auto* o : {&e.zero.offload_optimizer, &e.zero.offload_param}) {
+      o->device = OffloadDevice::nvme;
+      o->nvme_path = swap_dir();
+    }
+  };
+  std::unique_ptr<Device> device = make_device("cpu");
+  auto comms = make_local_communicators(1);
+  const size_t before = process_rss();
+  Engine engine(*device, *comms[0], testing::mlp_config(run));
+  Mlp mlp(engine, {run.widths});
+  engine.finalize();
+  const size_t held = tier_total(engine.plan().bytes, Tier::device) + tier_total(engine.plan().bytes, Tier::pinned_host) +
+                      tier_total(engine.plan().bytes, Tier::host);
+  const size_t now = process_rss() - std::min(before, process_rss());
+  std::printf("after finalize: resident %.1f MiB more, the plan's pools %.1f MiB\n", now / 1048576.0, held / 1048576.0);
+  EXPECT_EQ(engine.transfer_buffer_bytes(), 0u);
+  if (!sanitized) {
+    EXPECT_LE(now, held + (24u << 20));
+  }
+}
+
+// A swap file that loses its bytes (here: truncated through the process's own descriptor, as a
+// failing disk or a careless `truncate` would) ends the run with an IoError naming the file; the
+// step does not go on with what a failed read left in the slot.
+TEST(OffloadErrors, ASwapFileThatLostItsBytesEndsTheRunNamingIt) {
+  MlpRun run;
+  run.stage = 2;
+  run.tweak = [](EngineConfig& e) {
+    e.zero.sub_group_size = 1000;
+    e.zero.offload_optimizer.device = OffloadDevice::nvme;
+    e.zero.offload_optimizer.nvme_path = swap_dir();
+  };
+  auto device = make_device("cpu");
+  auto comms = make_local_communicators(1);
+  Engine engine(*device, *comms[0], testing::mlp_config(run));
+  Mlp mlp(engine, {run.widths});
+  engine.finalize();
+  std::vector<float> x, t;
+  auto step = [&](int k) {
+    testing::mlp_batch(k, run.global_batch, run.widths.front(), run.widths.back(), x, t);
+    float loss = 0;
+    mlp.forward_backward(x.data(), t.data(), run.global_batch, &loss, 0);
+    engine.step();
+    engine.compute_stream().synchronize();
+  };
+  step(0);
+  device->synchronize();  // the step's write-backs are on the file before it is cut
+  int truncated = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    const auto target = std::filesystem::read_symlink(entry.path(), ec).string();
+    if (ec || target.find("-master.swap") == std::string::npos) continue;
+    const int fd = ::open(entry.path().c_str(), O_WRONLY);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::ftruncate(fd, 0), 0);
+    ::close(fd);
+    ++truncated;
+  }
+  ASSERT_EQ(truncated, 1);
+  try {
+    for (int k = 1; k <= 3; ++k) step(k);
+    FAIL() << "three steps ran on a truncated swap file";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("master.swap"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace zeroth

@@ -1,0 +1,226 @@
+// Pipelines on the engine: a tiny GPT split over p stages (and over dp data-parallel ranks per
+// stage) with GPipe, 1F1B and interleaved 1F1B trains to what one rank computes for the same
+// global batches, at every ZeRO stage; the tied embedding's two copies stay identical; the measured
+// bubble follows the formula; a stage that dies ends every rank with an error naming it.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include <unistd.h>
+#include <vector>
+
+#include "comm/local/local_comm.h"
+#include "comm/process_grid.h"
+#include "engine/checkpoint/checkpoint.h"
+#include "engine/engine.h"
+#include "engine/pipeline/runner.h"
+#include "models/gpt/gpt.h"
+#include "tests/engine/gpt_grid.h"
+#include "train/data.h"
+
+namespace zeroth {
+namespace {
+
+using testing::GridCase;
+using testing::GridResult;
+using testing::kGlobalBatch;
+using testing::kSteps;
+using testing::train_grid;
+
+GptConfig tiny() { return testing::tiny_gpt(); }
+const GridResult& reference(int micro) { return testing::whole_reference(tiny(), micro); }
+
+class PipelineEquivalence : public ::testing::TestWithParam<GridCase> {};
+
+// Against one rank running the same micro-batches in turn, in f32: only the order of float sums
+// differs (the batch split over dp, the bucketed reductions, the tied embedding's gradient added
+// over the stage pair instead of in one buffer), so the bounds are those of the data-parallel
+// equivalence (gpt_equivalence_test.cc): weights 2e-6 of each tensor's largest value, gradient
+// norms 5e-7 and losses 3e-7 relative.
+TEST_P(PipelineEquivalence, TrainsLikeOneRank) {
+  const auto k = GetParam();
+  const auto got = train_grid(k);
+  const auto& ref = reference(k.micro);
+  const testing::TensorError worst = testing::expect_weights(got, ref, 2e-6);
+  // The last stage's copy of the tied embedding: the same gradients, the same update, bit for bit.
+  if (k.pp > 1) {
+    EXPECT_EQ(got.head_copy, got.weights.at("embed")) << "the two copies of the tied embedding differ";
+  }
+  const auto [norm_err, loss_err] = testing::expect_steps(got, ref);
+  std::printf("dp %d pp %d %s stage %d: worst weight error %.3g (%s), gradient norm %.3g, loss %.3g; loss %.6f -> %.6f\n", k.dp, k.pp,
+              pipe_kind_name(k.kind).data(), k.stage, worst.rel(), worst.name.c_str(), norm_err, loss_err, got.losses.front(),
+              got.losses.back());
+}
+
+std::vector<GridCase> cases() {
+  std::vector<GridCase> out;
+  for (auto [dp, pp] : {std::pair{1, 2}, std::pair{1, 4}, std::pair{2, 2}}) {
+    for (PipeKind kind : {PipeKind::gpipe, PipeKind::one_f_one_b, PipeKind::interleaved}) {
+      for (int stage : {0, 1, 2, 3}) out.push_back({dp, pp, kind, stage, 4});
+    }
+  }
+  // Offload composes (the tied embedding's gradients summed through the device from host memory
+  // or the swap file), and activation checkpointing recomputes each stage's layers.
+  out.push_back({1, 2, PipeKind::one_f_one_b, 2, 4, OffloadDevice::cpu});
+  out.push_back({2, 2, PipeKind::interleaved, 2, 4, OffloadDevice::nvme});
+  out.push_back({2, 2, PipeKind::gpipe, 1, 4, OffloadDevice::cpu});
+  out.push_back({2, 2, PipeKind::gpipe, 3, 4, OffloadDevice::cpu});
+  out.push_back({2, 2, PipeKind::interleaved, 3, 4, OffloadDevice::nvme});
+  out.push_back({1, 4, PipeKind::one_f_one_b, 1, 4, OffloadDevice::none, true});
+  // Buckets of many blocks (DeepSpeed's default size): a rank's two interleaved chunks reduce apart.
+  for (int stage : {1, 2, 3}) out.push_back({2, 2, PipeKind::interleaved, stage, 4, OffloadDevice::none, false, 500'000'000});
+  return out;
+}
+
+std::string name(const ::testing::TestParamInfo<GridCase>& info) {
+  const auto& k = info.param;
+  const char* kinds[] = {"GPipe", "OneFOneB", "Interleaved"};
+  const char* offload[] = {"", "OffloadCpu", "OffloadNvme"};
+  return "Dp" + std::to_string(k.dp) + "Pp" + std::to_string(k.pp) + kinds[static_cast<int>(k.kind)] + "Zero" +
+         std::to_string(k.stage) + offload[static_cast<int>(k.offload)] + (k.checkpointing ? "Ckpt" : "") +
+         (k.bucket > 6000 ? "BigBuckets" : "");
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, PipelineEquivalence, ::testing::ValuesIn(cases()), name);
+
+// A checkpoint saved by a 2-stage pipeline loads into 1, 2 and 4 stages (and 2 data-parallel
+// ranks with 2 stages), which go on to train like one rank that never stopped: the manifest names
+// tensors, not a layout, so each stage reads its own blocks (the tied embedding's copy from the
+// first stage's tensor).
+TEST(PipelineCheckpoint, SavedAtTwoStagesLoadsAtOneTwoAndFour) {
+  const std::string dir = ::testing::TempDir() + "zeroth-pipeline-ckpt-" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  const int saved_at = kSteps - 1;  // the warm-up's steps 1 and 2 have lr 0: step 3 is the first that moves the weights
+  train_grid({1, 2, PipeKind::one_f_one_b, 1, 4}, nullptr, {0, saved_at, "", dir});
+  EXPECT_TRUE(std::filesystem::exists(dir + "/step-" + std::to_string(saved_at) + "/manifest.json"));
+  const auto& ref = reference(4);
+  for (auto [dp, pp] : {std::pair{1, 1}, std::pair{1, 2}, std::pair{1, 4}, std::pair{2, 2}}) {
+    const auto got = train_grid({dp, pp, PipeKind::gpipe, 2, 4}, nullptr, {saved_at, kSteps, dir, ""});
+    SCOPED_TRACE("resumed at dp " + std::to_string(dp) + " x pp " + std::to_string(pp));
+    const auto worst = testing::expect_weights(got, ref, 2e-6);
+    for (int s = saved_at; s < kSteps; ++s) EXPECT_NEAR(got.losses[s - saved_at], ref.losses[s], 3e-7 * ref.losses[s]) << "step " << s;
+    std::printf("resumed at dp %d pp %d: worst weight error %.3g (%s)\n", dp, pp, worst.rel(), worst.name.c_str());
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// A stage model whose passes take a fixed time on the compute stream (a sleep standing for the
+// work, so that p stages run side by side on any number of cores): forward 1 unit (10 ms: a
+// transfer's wake-ups, some 0.1 ms each, stay within a few percent of it), backward 2,
+// each chunk of v the v-th part; messages of 1 KiB. Balanced stages, so the measured bubble must
+// be the papers' (p - 1) / (m + p - 1), or (p - 1) / (v m + p - 1) interleaved.
+PipeMeasure measure_sleeping(PipeKind kind, int p, int m, std::chrono::microseconds unit) {
+  const int v = kind == PipeKind::interleaved ? 2 : 1;
+  PipeMeasure result;
+  run_local_ranks(p, [&](Communicator& world) {
+    auto device = make_device("cpu");
+    PipelineRunner runner(*device, world, make_pipe_schedule(kind, p, m, v));
+    Stream& cs = device->default_stream();
+    // One buffer per (micro-batch, chunk, port): nothing is reused within the cycle.
+    Buffer ports = device->allocate(static_cast<size_t>(m) * v * 4 * 256 * sizeof(float), MemTag::activations);
+    PipeModel model;
+    auto sleep_for = [&cs, unit, v](int units) {
+      const auto d = unit * units / v;
+      cs.enqueue_host([d] { std::this_thread::sleep_for(d); });
+    };
+    model.forward = [&](int, int) { sleep_for(1); };
+    model.backward = [&](int, int) { sleep_for(2); };
+    model.port = [&](PipePort port, int micro, int chunk) {
+      const size_t at = ((static_cast<size_t>(micro) * v + chunk) * 4 + static_cast<size_t>(port)) * 256;
+      return TensorView{ports.as<float>() + at, 256, DType::f32};
+    };
+    runner.set_tracing(true);
+    runner.run_cycle(model);
+    auto measured = runner.measure(cs);
+    if (world.rank() == 0) result = std::move(measured);
+  });
+  return result;
+}
+
+TEST(PipelineBubble, MeasuredFollowsTheFormulaForBalancedStages) {
+  for (PipeKind kind : {PipeKind::gpipe, PipeKind::one_f_one_b, PipeKind::interleaved}) {
+    for (int m : {4, 8, 16}) {
+      const int p = 4;
+      const auto got = measure_sleeping(kind, p, m, std::chrono::milliseconds(10));
+      const double formula = pipe_bubble_formula(kind, p, m, kind == PipeKind::interleaved ? 2 : 1);
+      EXPECT_DOUBLE_EQ(got.formula, formula);
+      std::printf("%s p %d m %2d: bubble %.3f measured, %.3f by the formula (%+.1f%%), makespan %.3f s\n", pipe_kind_name(kind).data(),
+                  p, m, got.bubble, formula, 100 * (got.bubble - formula) / formula, got.makespan);
+      EXPECT_NEAR(got.bubble, formula, 0.2 * formula) << pipe_kind_name(kind) << " m " << m;
+      // Every rank's passes and transfers were stamped: m forwards and backwards per chunk.
+      ASSERT_EQ(got.spans.size(), static_cast<size_t>(p));
+      for (const auto& rank : got.spans) {
+        size_t passes = 0;
+        for (const auto& s : rank) passes += s.kind == SpanKind::forward || s.kind == SpanKind::backward ? 1 : 0;
+        EXPECT_EQ(passes, static_cast<size_t>(2 * m * (kind == PipeKind::interleaved ? 2 : 1)));
+      }
+    }
+  }
+}
+
+// A stage that fails mid-cycle (its backward raises) ends every rank with an error naming it, well
+// before the communicators' timeout.
+TEST(PipelineFailure, AStageDyingEndsEveryRankWithAnErrorNamingIt) {
+  const GptConfig gc = tiny();
+  const int pp = 4, micro = 4;
+  CommOptions options;
+  options.timeout = std::chrono::seconds(30);
+  std::mutex mutex;
+  std::vector<std::string> errors(pp);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_THROW(run_local_ranks(
+                   pp,
+                   [&](Communicator& world) {
+    try {
+      // Before the model: its queued work reads them until its destructor has waited for it.
+      std::vector<int32_t> tokens(static_cast<size_t>(2) * gc.seq_len, 1);
+      std::vector<float> losses(micro);
+      auto groups = ProcessGrid(1, pp, 1).split(world);
+      const int stage = groups.pp->rank();
+      const GptPart part = GptPart::of_rank(partition_layers(gc, pp, "uniform"), pp, stage);
+      auto device = make_device("cpu");
+      PipelineRunner runner(*device, *groups.pp, make_pipe_schedule(PipeKind::one_f_one_b, pp, micro));
+      Engine engine(*device, *groups.dp, testing::grid_engine_config(0, micro));
+      engine.set_pipeline(*groups.pp, stage == 0 || stage == pp - 1 ? Gpt::embedding_block(gc, part) : -1);
+      Gpt gpt(engine, gc, part);
+      engine.set_pass_order(runner.passes());
+      engine.finalize();
+      PipeModel model;
+      model.forward = [&](int m, int c) { gpt.forward_chunk(m, c, tokens.data(), tokens.data(), 2, gc.seq_len, &losses[m]); };
+      model.backward = [&](int m, int c) {
+        if (world.rank() == 2 && m == 1) throw std::runtime_error("stage 2 lost its device");
+        gpt.backward_chunk(m, c);
+      };
+      model.port = [&](PipePort p, int m, int c) {
+        const Gpt::Port ports[] = {Gpt::Port::input, Gpt::Port::output, Gpt::Port::input_grad, Gpt::Port::output_grad};
+        return gpt.port(ports[static_cast<int>(p)], m, c);
+      };
+      gpt.prepare(2, gc.seq_len);
+      runner.run_cycle(model);
+      engine.step();
+      engine.compute_stream().synchronize();
+    } catch (const std::exception& e) {
+      std::lock_guard lock(mutex);
+      errors[world.rank()] = e.what();
+      throw;
+    }
+                   },
+                   options),
+               std::runtime_error);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 15.0) << "the ranks waited for the timeout instead of learning of the failure";
+  for (int r = 0; r < pp; ++r) {
+    const std::string cause = r == 2 ? "stage 2 lost its device" : "pipeline stage 2 failed: stage 2 lost its device";
+    EXPECT_NE(errors[r].find(cause), std::string::npos) << "rank " << r << ": " << errors[r];
+  }
+}
+
+}  // namespace
+}  // namespace zeroth

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The source tree's house rules, as a check (tools/dev.sh test runs it after the tests):
+#   - layering: a file includes only from its own folder and the folders its row below allows
+#     (docs/ARCHITECTURE.md, "Layers"); the engine's rooms have rows of their own;
+#   - size: no source file over 600 lines (split it by concern; a file's name says its one job).
+# Prints every violation with the file, line and include, and exits 1 when there is one.
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+max_lines=${MAX_LINES:-600}
+
+# Most specific prefix first: a file takes the first row whose prefix it starts with. A row's
+# allowed entries are path prefixes ("engine/plan/") or whole files ("models/block_api.h").
+rules=(
+  "engine/checkpoint/format.|core/ offload/ models/block_api.h engine/checkpoint/format.h"
+  "engine/checkpoint/reader.|core/ engine/checkpoint/format.h"
+  "engine/config/|core/ optim/ models/block_api.h engine/config/"
+  "engine/plan/|core/ optim/ models/block_api.h engine/config/ engine/plan/ engine/checkpoint/format.h"
+  "engine/executor/|core/ comm/ optim/ offload/ models/block_api.h engine/config/ engine/plan/ engine/executor/"
+  "engine/pipeline/|core/ comm/ engine/plan/ engine/pipeline/"
+  "engine/|core/ comm/ optim/ offload/ models/block_api.h engine/"
+  "core/|core/"
+  "comm/|core/ comm/"
+  "optim/|core/ optim/"
+  "offload/|core/ offload/"
+  "models/|core/ comm/ models/"
+  "planner/|core/ engine/config/ engine/pipeline/schedule.h planner/"
+  "train/|core/ comm/ optim/ offload/ models/ engine/ train/"
+  "tools/|core/ comm/ optim/ offload/ models/ engine/ planner/ train/ tools/"
+  "tests/|"
+)
+
+if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+  mapfile -t files < <(git ls-files -- '*.h' '*.cc' '*.cu' '*.cuh' '*.inc')
+else
+  mapfile -t files < <(find . -path './build*' -prune -o -type f \( -name '*.h' -o -name '*.cc' -o -name '*.cu' -o -name '*.inc' \) -print | sed 's|^\./||' | sort)
+fi
+
+bad=0
+for f in "${files[@]}"; do
+  [[ -f $f ]] || continue
+  n=$(wc -l <"$f")
+  if ((n > max_lines)); then
+    echo "size: $f has $n lines (more than $max_lines): split it along its concerns"
+    bad=1
+  fi
+  allowed=""
+  matched=0
+  for rule in "${rules[@]}"; do
+    prefix=${rule%%|*}
+    if [[ $f == "$prefix"* ]]; then
+      allowed=${rule#*|}
+      matched=1
+      break
+    fi
+  done
+  ((matched)) || continue
+  [[ $f == tests/* ]] && continue
+  while IFS=: read -r line target; do
+    ok=0
+    for a in $allowed; do
+      if [[ $target == "$a"* ]]; then
+        ok=1
+        break
+      fi
+    done
+    if ((!ok)); then
+      echo "layering: $f:$line includes \"$target\", which its folder may not (allowed: $allowed)"
+      bad=1
+    fi
+  done < <(grep -noE '^#include "[^"]+"' "$f" | sed -E 's/^([0-9]+):#include "([^"]+)"/\1:\2/')
+done
+
+if ((bad)); then
+  echo "check-layers: violations above (rules in tools/check-layers.sh, reasons in docs/ARCHITECTURE.md)" >&2
+  exit 1
+fi
+echo "check-layers: ${#files[@]} files, includes within their layers, none over $max_lines lines"

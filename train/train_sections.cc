@@ -1,0 +1,295 @@
+// The model, data, run and parallel sections of a training config.
+#include "train/train_sections.h"
+
+#include <algorithm>  // std::all_of
+
+#include <fmt/format.h>  // fmt::format
+
+#include "core/config_section.h"           // ConfigSection, is_auto
+#include "core/error.h"                    // ZEROTH_THROW
+#include "core/memory.h"                   // parse_bytes
+#include "engine/config/deepspeed_keys.h"  // without_deepspeed_extras
+
+namespace zeroth {
+
+using json = nlohmann::json;
+
+void read_model(TrainConfig& t, const json& j, int default_vocab) {
+  static constexpr std::string_view kKeys[] = {
+      "preset", "vocab_size", "seq_len", "n_layer", "n_head", "n_embd", "activation_checkpointing", "no_weight_decay"};
+  const json m = j.value("model", json::object());
+  json copy = m;
+  if (copy.is_object() && copy.contains("vocab_size") && is_auto(copy["vocab_size"])) copy.erase("vocab_size");
+  ConfigSection s(copy, "model", kKeys);
+  GptConfig g;
+  if (s.has("preset")) {
+    t.model_preset = s.string("preset", "");
+    g = GptConfig::preset(t.model_preset);
+  }
+  g.vocab_size = static_cast<int>(s.integer("vocab_size", default_vocab, 1, 1 << 24));
+  g.seq_len = static_cast<int>(s.integer("seq_len", s.has("preset") ? g.seq_len : 256, 1, 1 << 20));
+  g.n_layer = static_cast<int>(s.integer("n_layer", g.n_layer, 1, 4096));
+  g.n_head = static_cast<int>(s.integer("n_head", g.n_head, 1, 4096));
+  g.n_embd = static_cast<int>(s.integer("n_embd", g.n_embd, 1, 1 << 20));
+  // DeepSpeed's activation_checkpointing section turns it on unless the model section says otherwise.
+  g.activation_checkpointing = s.flag("activation_checkpointing", j.contains("activation_checkpointing"));
+  if (j.contains("activation_checkpointing")) {
+    // The section's presence turns checkpointing on; cpu_checkpointing is its one key with an
+    // effect, the others are in the vocabulary table.
+    static constexpr std::string_view kCheckpointKeys[] = {"cpu_checkpointing"};
+    if (!j["activation_checkpointing"].is_object()) ZEROTH_THROW(ConfigError, "activation_checkpointing must be an object");
+    const json rest = without_deepspeed_extras(j["activation_checkpointing"], "activation_checkpointing", kCheckpointKeys,
+                                               t.no_effect);
+    g.cpu_checkpointing = ConfigSection(rest, "activation_checkpointing", kCheckpointKeys).flag("cpu_checkpointing", false);
+  }
+  g.validate();
+  t.model = g;
+  if (s.has("no_weight_decay")) {
+    const json& v = s.raw("no_weight_decay");
+    if (!v.is_array() || !std::all_of(v.begin(), v.end(), [](const json& e) { return e.is_string(); })) {
+      ZEROTH_THROW(ConfigError,
+                   "model.no_weight_decay must be a list of roles (weight, bias, norm, embedding) or parameter-name globs like "
+                   "\"h.*.attn.*\", got {}",
+                   v.dump());
+    }
+    t.engine.no_weight_decay.exclude = v.get<std::vector<std::string>>();
+  }
+  t.engine.no_weight_decay.check(Gpt::block_specs(g));
+}
+
+void read_data(TrainConfig& t, const json& j) {
+  static constexpr std::string_view kKeys[] = {"format", "train", "val", "val_fraction", "vocab_size", "tokens"};
+  static constexpr std::string_view kFormats[] = {"bin", "text", "synthetic"};
+  const json section = j.value("data", json::object());
+  ConfigSection s(section, "data", kKeys);
+  DataConfig d;
+  const std::string f = s.string("format", s.has("train") ? "bin" : "synthetic", kFormats);
+  d.format = f == "bin" ? DataFormat::bin : f == "text" ? DataFormat::text : DataFormat::synthetic;
+  d.train = s.string("train", "");
+  d.val = s.string("val", "");
+  d.val_fraction = s.number("val_fraction", 0.1, 0.0, 0.5);
+  if (d.format != DataFormat::synthetic && d.train.empty()) {
+    ZEROTH_THROW(ConfigError, "data.train is required for data.format \"{}\" (a path to the training {})", f,
+                 d.format == DataFormat::bin ? "token file in llm.c's .bin format" : "text file");
+  }
+  if (d.format == DataFormat::synthetic) {
+    if (s.has("train") || s.has("val"))
+      ZEROTH_THROW(ConfigError,
+                   "data.format \"synthetic\" takes no data.train / data.val paths; set data.format to \"bin\" or \"text\"");
+    d.vocab_size = static_cast<int>(s.integer("vocab_size", 256, 2, 65536));
+    d.synthetic_tokens = s.integer("tokens", 1 << 20, 1024, int64_t{1} << 40);
+  } else if (s.has("vocab_size") || s.has("tokens")) {
+    ZEROTH_THROW(ConfigError,
+                 "data.vocab_size and data.tokens belong to data.format \"synthetic\"; the vocabulary of \"{}\" data is fixed "
+                 "(model.vocab_size)",
+                 f);
+  }
+  t.data = d;
+}
+
+void read_run(TrainConfig& t, const json& j, int launched_world_size) {
+  static constexpr std::string_view kKeys[] = {
+      "name",           "steps",       "eval_interval", "eval_batches",     "seed",     "output_dir",          "device",
+      "device_memory",  "host_memory", "world_size",    "backend",          "progress", "max_nonfinite_steps", "checkpoint_interval",
+      "checkpoint_dir", "keep_last",   "init_from",     "checkpoint_async", "trace"};
+  static constexpr std::string_view kBackends[] = {"local", "gloo", "nccl"};
+  static constexpr std::string_view kProgress[] = {"auto", "bar", "lines"};
+  json copy = j.value("run", json::object());
+  const bool world_auto = copy.is_object() && copy.contains("world_size") && is_auto(copy["world_size"]);
+  if (world_auto) copy.erase("world_size");
+  // "auto" is one of run.progress's own values (its default), not DeepSpeed's placeholder.
+  if (copy.is_object() && copy.contains("progress") && is_auto(copy["progress"])) copy.erase("progress");
+  ConfigSection s(copy, "run", kKeys);
+  RunConfig r;
+  r.name = s.string("name", r.name);
+  r.steps = s.integer("steps", r.steps, 1, int64_t{1} << 40);
+  r.eval_interval = s.integer("eval_interval", 0, 0, int64_t{1} << 40);
+  r.eval_batches = s.integer("eval_batches", r.eval_batches, 1, 1 << 20);
+  r.seed = static_cast<uint64_t>(s.integer("seed", 1234, 0, int64_t{1} << 53));
+  r.output_dir = s.string("output_dir", "runs/" + r.name);
+  r.device = s.string("device", "cpu");
+  if (r.device != "cpu" && r.device != "cuda" && !r.device.starts_with("cuda:")) {
+    ZEROTH_THROW(ConfigError, "run.device = \"{}\" is not one of: cpu, cuda, cuda:N", r.device);
+  }
+  // Byte sizes: "2GiB" or a number of bytes; absent or 0: unlimited.
+  auto bytes = [&](const char* key, size_t& out) {
+    if (!s.has(key)) return;
+    const auto& v = s.raw(key);
+    try {
+      out = v.is_number() ? static_cast<size_t>(v.get<double>()) : parse_bytes(v.get<std::string>());
+    } catch (const std::exception&) {
+      ZEROTH_THROW(ConfigError, "run.{} must be a size like \"2GiB\" or a number of bytes, got {}", key, v.dump());
+    }
+  };
+  bytes("device_memory", r.device_memory);
+  bytes("host_memory", r.host_memory);
+  r.progress = s.string("progress", "auto", kProgress);
+  r.max_nonfinite_steps = s.integer("max_nonfinite_steps", r.max_nonfinite_steps, 0, int64_t{1} << 40);
+  r.checkpoint_interval = s.integer("checkpoint_interval", 0, -1, int64_t{1} << 40);
+  r.checkpoint_dir = s.string("checkpoint_dir", "");
+  if (r.checkpoint_dir.empty()) r.checkpoint_dir = r.output_dir + "/checkpoints";
+  r.keep_last = s.integer("keep_last", 0, 0, int64_t{1} << 30);
+  r.init_from = s.string("init_from", "");
+  r.checkpoint_async = s.flag("checkpoint_async", false);
+  r.trace = s.flag("trace", false);
+  if (launched_world_size > 0) {
+    r.world_size = static_cast<int>(s.integer("world_size", launched_world_size, 1, 1 << 20));
+    if (r.world_size != launched_world_size) {
+      ZEROTH_THROW(ConfigError,
+                   "run.world_size = {} but the launcher started {} ranks (WORLD_SIZE); remove run.world_size or make them agree",
+                   r.world_size, launched_world_size);
+    }
+    r.backend = s.string("backend", r.device == "cpu" ? "gloo" : "nccl", kBackends);
+    if (r.backend == "local") {
+      ZEROTH_THROW(ConfigError, "run.backend = \"local\" runs ranks as threads of one process, but this process was started by a "
+                                "launcher; use \"gloo\" (CPU) or \"nccl\" (GPUs)");
+    }
+  } else {
+    r.world_size = static_cast<int>(s.integer("world_size", world_auto ? 1 : r.world_size, 1, 1 << 12));
+    r.backend = s.string("backend", "local", kBackends);
+    if (r.backend != "local" && r.world_size > 1) {
+      ZEROTH_THROW(ConfigError,
+                   "run.backend = \"{}\" needs one process per rank: start with `zeroth launch -n {} -- zeroth train ...` (or set "
+                   "run.backend to \"local\" for threads)",
+                   r.backend, r.world_size);
+    }
+  }
+  t.run = r;
+}
+
+// zeroth's `parallel` section and DeepSpeed's `pipeline`: the stages, schedule and partition. The
+// data-parallel size is what is left of the world.
+void read_parallel(TrainConfig& t, json& j) {
+  static constexpr std::string_view kParallelKeys[] = {"tensor",   "sequence_parallel", "pipeline",
+                                                       "schedule", "virtual_stages",    "micro_batches"};
+  static constexpr std::string_view kPipelineKeys[] = {"stages",          "partition_method",
+                                                       "partition",       "activation_checkpoint_interval",
+                                                       "seed_layers",     "pipe_partitioned",
+                                                       "grad_partitioned"};
+  static constexpr std::string_view kSchedules[] = {"gpipe", "1f1b", "interleaved"};
+  ParallelConfig& p = t.parallel;
+  json parallel = j.value("parallel", json::object());
+  // DeepSpeed's words in the wrong section: say where they go.
+  if (parallel.is_object() && parallel.contains("stages"))
+    ZEROTH_THROW(ConfigError, "parallel.stages is not a key: the stages are parallel.pipeline (or DeepSpeed's pipeline.stages)");
+  if (const auto ds_section = j.value("pipeline", json::object()); ds_section.is_object() && ds_section.contains("micro_batches")) {
+    ZEROTH_THROW(ConfigError,
+                 "pipeline.micro_batches is not one of DeepSpeed's pipeline keys: the micro-batches are parallel.micro_batches "
+                 "(or gradient_accumulation_steps)");
+  }
+  const ConfigSection par(parallel, "parallel", kParallelKeys);
+  json ds = j.value("pipeline", json::object());
+  if (ds.is_object() && ds.contains("stages") && is_auto(ds["stages"])) ds.erase("stages");  // DeepSpeed's default
+  const ConfigSection pipe(ds, "pipeline", kPipelineKeys);
+  p.pipeline = static_cast<int>(par.integer("pipeline", pipe.integer("stages", 1, 1, 1 << 12), 1, 1 << 12));
+  if (par.has("pipeline") && pipe.has("stages") && pipe.integer("stages", 1, 1, 1 << 12) != p.pipeline) {
+    ZEROTH_THROW(ConfigError, "parallel.pipeline = {} but pipeline.stages = {}; give one, or make them agree", p.pipeline,
+                 pipe.raw("stages").dump());
+  }
+  const std::string kind = par.string("schedule", "1f1b", kSchedules);
+  p.schedule = kind == "gpipe" ? PipeKind::gpipe : kind == "interleaved" ? PipeKind::interleaved : PipeKind::one_f_one_b;
+  p.virtual_stages = static_cast<int>(par.integer("virtual_stages", p.schedule == PipeKind::interleaved ? 2 : 1, 1, 1 << 10));
+  if (p.schedule != PipeKind::interleaved && p.virtual_stages != 1) {
+    ZEROTH_THROW(ConfigError, "parallel.virtual_stages = {} needs parallel.schedule = \"interleaved\" (it is \"{}\")",
+                 p.virtual_stages, kind);
+  }
+  if (p.schedule == PipeKind::interleaved && (p.virtual_stages < 2 || p.pipeline < 2)) {
+    ZEROTH_THROW(
+        ConfigError,
+        "parallel.schedule = \"interleaved\" runs parallel.virtual_stages >= 2 model chunks on each of parallel.pipeline >= 2 "
+        "stages (it has {} and {}); use \"1f1b\" otherwise",
+        p.virtual_stages, p.pipeline);
+  }
+  const char* method_key = pipe.has("partition_method") ? "partition_method" : "partition";
+  if (pipe.has(method_key)) {
+    const json& m = pipe.raw(method_key);
+    if (m.is_array()) {
+      for (const auto& n : m) {
+        if (!n.is_number_integer()) ZEROTH_THROW(ConfigError, "pipeline.{} lists layer counts; {} is not one", method_key, n.dump());
+        p.partition_counts.push_back(n.get<int>());
+      }
+      p.partition = "list";
+    } else if (m.is_string() && (m == "parameters" || m == "uniform" || m == "best")) {
+      // DeepSpeed's config default "best" leaves the choice to the engine: balanced parameters.
+      p.partition = m == "uniform" ? "uniform" : "parameters";
+    } else {
+      ZEROTH_THROW(ConfigError,
+                   "pipeline.{} = {}: use \"parameters\" (balance parameter counts), \"uniform\" (equal layer counts) or a list of "
+                   "layers per virtual stage",
+                   method_key, m.dump());
+    }
+  }
+  const int64_t interval = pipe.integer("activation_checkpoint_interval", 0, 0, 1 << 20);
+  if (interval > 1) {
+    ZEROTH_THROW(ConfigError,
+                 "pipeline.activation_checkpoint_interval = {}: zeroth recomputes every layer (1) or none (0); a GPT layer is its "
+                 "checkpointing unit",
+                 interval);
+  }
+  if (interval == 1 && j.contains("model") && j["model"].is_object() && j["model"].value("activation_checkpointing", true) == false) {
+    ZEROTH_THROW(ConfigError,
+                 "pipeline.activation_checkpoint_interval = 1 recomputes every layer but model.activation_checkpointing is false; "
+                 "give one of them");
+  }
+  if (interval == 1) t.model.activation_checkpointing = true;
+  if (pipe.has("seed_layers") && pipe.flag("seed_layers", false)) {
+    ZEROTH_THROW(ConfigError,
+                 "pipeline.seed_layers = true seeds each layer's initialization by its index; zeroth's parameters are seeded by name "
+                 "already (the same values at any partition); remove it");
+  }
+  p.tensor = static_cast<int>(par.integer("tensor", 1, 1, 1 << 10));
+  p.sequence_parallel = par.flag("sequence_parallel", false);
+  if (p.sequence_parallel && p.tensor == 1) {
+    ZEROTH_THROW(ConfigError,
+                 "parallel.sequence_parallel splits the tokens over the tensor-parallel ranks, but parallel.tensor is 1; set "
+                 "parallel.tensor, or remove it");
+  }
+  for (const char* k : {"pipe_partitioned", "grad_partitioned"}) {
+    if (!pipe.has(k)) continue;
+    t.no_effect.push_back(
+        p.tensor == 1 ? fmt::format("pipeline.{}: it splits messages across tensor-parallel ranks, which this run does not have", k)
+                      : fmt::format("pipeline.{}: zeroth's stages send each tensor-parallel rank's rows of the activations with "
+                                    "parallel.sequence_parallel and whole ones without it",
+                                    k));
+  }
+  if (t.run.world_size % p.pipeline != 0 && p.tensor == 1) {
+    ZEROTH_THROW(ConfigError,
+                 "run.world_size = {} is not a multiple of the {} pipeline stages (parallel.pipeline, pipeline.stages): the ranks "
+                 "are data-parallel x pipeline stages; make run.world_size a multiple of them",
+                 t.run.world_size, p.pipeline);
+  }
+  if (t.run.world_size % (p.pipeline * p.tensor) != 0) {
+    ZEROTH_THROW(ConfigError,
+                 "run.world_size = {} is not a multiple of the {} pipeline stages (parallel.pipeline, pipeline.stages) x {} "
+                 "tensor-parallel ranks (parallel.tensor): the ranks are data-parallel x pipeline stages x tensor-parallel; make "
+                 "run.world_size a multiple of {}",
+                 t.run.world_size, p.pipeline, p.tensor, p.pipeline * p.tensor);
+  }
+  if (p.tensor > 1) {
+    GptPart check;
+    check.tp_ranks = p.tensor;
+    Gpt::block_specs(t.model, check);  // heads and vocabulary against tp now, not at the start of training
+  }
+  // The cycle's micro-batches are the pipeline's: parallel.micro_batches sets
+  // gradient_accumulation_steps (DeepSpeed's pipeline engine does the same).
+  if (par.has("micro_batches")) {
+    const int64_t m = par.integer("micro_batches", 1, 1, 1 << 20);
+    if (j.contains("gradient_accumulation_steps") && !is_auto(j["gradient_accumulation_steps"]) &&
+        j["gradient_accumulation_steps"] != json(m)) {
+      ZEROTH_THROW(ConfigError,
+                   "parallel.micro_batches = {} but gradient_accumulation_steps = {}: a pipeline's micro-batches are the accumulation "
+                   "steps; give one, or make them agree",
+                   m, j["gradient_accumulation_steps"].dump());
+    }
+    j["gradient_accumulation_steps"] = m;
+  }
+  if (p.pipeline > 1) t.layers_per_virtual_stage();  // the partition's errors now, not at the start of training
+  if (t.run.trace && p.pipeline == 1) {
+    ZEROTH_THROW(
+        ConfigError,
+        "run.trace writes each pipeline stage's timeline; this run has no pipeline (parallel.pipeline = 1): remove it, or set "
+        "parallel.pipeline");
+  }
+}
+
+}  // namespace zeroth
