@@ -212,4 +212,56 @@ void Loader::batch(int64_t step, int micro, int32_t* tokens, int32_t* targets) {
   }
 }
 
+namespace {
+
+DataSplits load_data(const TrainConfig& c) {
+  DataSplits s;
+  const auto& d = c.data;
+  auto open = [&](const std::string& path) {
+    return d.format == DataFormat::bin ? TokenData::open_bin(path) : TokenData::open_text(path);
+  };
+  TokenData all = d.format == DataFormat::synthetic ? TokenData::synthetic(d.vocab_size, d.synthetic_tokens, c.run.seed)
+                                                    : open(d.train);
+  if (!d.val.empty()) {
+    s.train = all;
+    s.val = open(d.val);
+    s.has_val = true;
+  } else if (d.val_fraction > 0) {
+    // The tail is held out; at least one sequence of it.
+    const size_t need = static_cast<size_t>(c.model.seq_len) + 1;
+    size_t n_val = std::max(need, static_cast<size_t>(static_cast<double>(all.size()) * d.val_fraction));
+    if (n_val + need > all.size()) {
+      ZEROTH_THROW(ConfigError,
+                   "{}: {} tokens are too few to hold out data.val_fraction = {} and still train on sequences of {} tokens; give more "
+                   "data, a data.val file, or data.val_fraction = 0",
+                   d.train.empty() ? "synthetic data" : d.train, all.size(), d.val_fraction, need);
+    }
+    s.train = all.slice(0, all.size() - n_val);
+    s.val = all.slice(all.size() - n_val, all.size());
+    s.has_val = true;
+  } else {
+    s.train = all;
+  }
+  const int vmax = std::max(s.train.max_token(), s.has_val ? s.val.max_token() : 0);
+  if (vmax >= c.model.vocab_size) {
+    ZEROTH_THROW(ConfigError, "the data holds token id {} but model.vocab_size is {}; raise model.vocab_size above {}", vmax,
+                 c.model.vocab_size, vmax);
+  }
+  return s;
+}
+
+
+}  // namespace
+
+RunData open_run_data(const TrainConfig& config, int dp, int rank) {
+  const int mb = static_cast<int>(config.micro_batch_size), T = config.model.seq_len;
+  DataSplits data = load_data(config);
+  Loader train_loader(data.train, T, mb, static_cast<int>(config.engine.gradient_accumulation_steps), dp, rank, config.run.seed, true);
+  std::unique_ptr<Loader> val_loader;
+  if (data.has_val) {
+    val_loader = std::make_unique<Loader>(data.val, T, mb, static_cast<int>(config.run.eval_batches), dp, rank, 0, false);
+  }
+  return {std::move(data), std::move(train_loader), std::move(val_loader)};
+}
+
 }  // namespace zeroth

@@ -14,6 +14,8 @@
 #include <string>   // std::string
 #include <vector>   // std::vector
 
+#include "train/train_config.h"  // TrainConfig
+
 namespace zeroth {
 
 class TokenData {
@@ -62,5 +64,20 @@ class Loader {
   int64_t epoch_ = -1;
   std::vector<int64_t> perm_;
 };
+
+// A run's data: the training tokens and the held-out validation tokens (data.val, or the last
+// data.val_fraction of the training file), checked against the model's vocabulary.
+struct DataSplits {
+  TokenData train, val;
+  bool has_val = false;
+};
+
+// The run's data and this data-parallel rank's loaders of it (validation: none without held-out data).
+struct RunData {
+  DataSplits splits;
+  Loader train;
+  std::unique_ptr<Loader> val;
+};
+RunData open_run_data(const TrainConfig& config, int dp, int rank);
 
 }  // namespace zeroth

@@ -1,20 +1,13 @@
-// The GPT's blocks and its micro-step: which kernels run in which block use, and where the
-// activations live. Kernels are in cpu/gpt_kernels.cc; all work is enqueued on the host's
-// compute stream, one closure per block use, so the engine's gathers and reductions overlap it.
+// The GPT's configuration and blocks: presets and checks, the parameters of each block (with
+// their tensor-parallel cuts), how a pipeline stage's part is laid out and checked, layer
+// partitions, and the block schedules the engine plans with. The passes are in gpt_step.cc, the
+// activation memory in activations.cc.
 #include "models/gpt/gpt.h"
 
-#include <algorithm>  // std::max, std::max_element
-#include <cmath>      // std::sqrt
-#include <cstring>    // std::memset
+#include <cmath>  // std::sqrt
 
-#include <fmt/format.h>  // fmt::format
-#include <fmt/ranges.h>  // fmt::join
-
-#include "core/device.h"         // Buffer
-#include "core/error.h"          // ZEROTH_THROW
-#include "core/log.h"            // ZLOG_WARN
-#include "models/gpt/kernels.h"  // gpt::Kernels
-#include "models/gpt/layers.h"   // gpt::layer_forward, gpt::Dims
+#include "core/error.h"         // ZEROTH_THROW
+#include "models/gpt/layers.h"  // gpt::complete_part, gpt::part_blocks
 
 namespace zeroth {
 

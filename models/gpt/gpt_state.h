@@ -1,0 +1,82 @@
+// The GPT's state between calls (Gpt::State): the activation slots of the micro-batches in flight
+// and the backward scratch, in one allocation laid out by reserve(). Internal to models/gpt:
+// activations.cc sizes and lays it out, gpt_step.cc runs the passes over it.
+#pragma once
+
+#include <cstdint>  // int32_t
+#include <memory>   // std::unique_ptr
+#include <vector>   // std::vector
+
+#include "core/device.h"         // Buffer, Device, Stream
+#include "models/gpt/gpt.h"      // Gpt, GptConfig, GptPart
+#include "models/gpt/kernels.h"  // gpt::Kernels
+#include "models/gpt/layers.h"   // gpt::Dims, gpt::LayerActs, gpt::Scratch
+
+namespace zeroth {
+
+using gpt::Dims;
+using gpt::LayerActs;
+
+// One micro-batch in flight: what its backward needs from its forward.
+struct Slot {
+  int B = 0, T = 0;
+  int32_t *tokens = nullptr, *targets = nullptr;
+  // [L + 1] residual stream: resid[l] is block l's input (null where another rank holds the layer).
+  // With cpu_checkpointing these alternate between two device buffers, and saved[l] (host memory)
+  // keeps the first L - 1 for backward.
+  std::vector<float*> resid, saved;
+  std::vector<LayerActs> layer;  // [L], or [1] shared when checkpointing
+  // The head: ln_f's output (whole [BT, C]) and statistics (this rank's rows), the logits of this
+  // rank's vocabulary slice, and the loss's per-row statistics (4 x BT: Kernels::crossentropy_*).
+  float *lnf = nullptr, *lnf_mean = nullptr, *lnf_rstd = nullptr, *logits = nullptr, *ce_stats = nullptr;
+  // Per chunk, on a pipeline rank: the gradient at the chunk's output (received) and at its input
+  // (sent), null at the model's ends.
+  std::vector<float*> dout, din;
+};
+
+struct Gpt::State {
+  GptConfig cfg;
+  GptPart part;
+  Device* device = nullptr;
+  std::unique_ptr<gpt::Kernels> k;
+  int B = 0, T = 0;
+  BlockHost* host = nullptr;
+  Buffer buffer;                 // every activation slot and the backward scratch, one allocation (tag: activations)
+  Buffer host_buffer;            // with cpu_checkpointing: every slot's checkpoints, in host memory
+  Buffer token_buffer;           // tokens and targets of every slot, on the device
+  std::vector<Slot> slots;       // chunk c of micro-batch m uses slot m mod chunk_slots[c]
+  std::vector<int> chunk_slots;  // per chunk: the slots holding its activations (the first ones)
+  int in_flight = 0;             // chunk forwards whose backward has not been enqueued
+  gpt::Scratch d;                // passes run one at a time: shared
+  Buffer wbuf, gbuf;             // f32 copies of a narrow block's parameters and gradients
+
+  // LayerActs of one layer: ln1, ln2, res2 and the statistics this rank's rows; the rest in this
+  // rank's heads and MLP width.
+  static size_t layer_floats(const Dims& d, size_t BT, size_t B, size_t T);
+  // The residual stream positions the part reads or writes: each chunk's [lo, hi].
+  static std::vector<bool> resid_positions(const GptConfig& c, const GptPart& part);
+  static size_t owned_layers(const GptPart& part);
+  // The residual stream's copies on the device, and the checkpoints in host memory, per slot.
+  static size_t resid_copies(const GptConfig& c, const GptPart& part);
+  // Gradient ports per slot: a chunk's output gradient unless it ends the model, its input's
+  // unless it starts it.
+  static size_t port_count(const GptConfig& c, const GptPart& part);
+  // The inputs of blocks 0 .. L-2: backward finds the last two (ln_f's and block L-1's) still in
+  // the working copies.
+  static size_t saved_count(const GptConfig& c);
+  static size_t saved_floats(const GptConfig& c, const GptPart& part, int B, int T);
+  static size_t slot_floats(const GptConfig& c, const GptPart& part, int B, int T);
+  // The chunks slot i holds: those with more than i slots.
+  static GptPart slot_part(const GptPart& part, const std::vector<int>& chunk_slots, int i);
+  static size_t all_slots_floats(const GptConfig& c, const GptPart& part, const std::vector<int>& chunk_slots, int B, int T);
+  // dresid (this rank's rows), dC, dqkv, dfch, datt; with sequence parallelism the partial sums, a
+  // gathered gradient and a gathered LayerNorm output, whole.
+  static size_t scratch_floats(const GptConfig& c, const GptPart& part, int B, int T);
+  // On the caller's thread: a new shape waits for the stream to finish with the old buffers.
+  void check_shape(int b, int t) const;
+  void reserve(Stream& stream, int b, int t, const std::vector<int>& per_chunk, DType compute);
+  // The layer whose activation set evaluation uses (nothing is kept for a backward).
+  int eval_layer() const { return cfg.activation_checkpointing ? 0 : part.chunks.front()[0]; }
+};
+
+}  // namespace zeroth
