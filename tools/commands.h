@@ -22,6 +22,7 @@ void add_bench_optim_command(CLI::App& bench);
 void add_bench_engine_command(CLI::App& bench);
 void add_bench_train_command(CLI::App& bench);
 void add_bench_offload_command(CLI::App& bench);
+void add_bench_pipeline_command(CLI::App& bench);
 
 // "7.5B", "175e9", "1T", "350M", "230G": a positive count (K, M, B or G, T: powers of 1000);
 // InvalidArgument naming `flag` otherwise.

@@ -130,7 +130,7 @@ TEST(Ckpt, KilledAtRandomMomentsLatestAlwaysLoadsAndResumesExactly) {
   const double seconds = reference.metrics.back()["summary"]["seconds"].get<double>();
   std::mt19937 gen(20261201);
   std::uniform_real_distribution<double> when(0.1, 1.0);
-  int mid_save = 0, loaded = 0;
+  int mid_save = 0, loaded = 0, resumed_trials = 0;
   for (int trial = 0; trial < 6; ++trial) {
     const std::string name = "kill_" + std::to_string(trial);
     json k = j;
@@ -175,9 +175,12 @@ TEST(Ckpt, KilledAtRandomMomentsLatestAlwaysLoadsAndResumesExactly) {
     ASSERT_GE(got.size(), static_cast<size_t>(12 - from + 1)) << "trial " << trial << " resumed at step " << from - 1;
     got.erase(got.begin(), got.end() - (12 - from + 1));
     for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], ref[from - 1 + i]) << "trial " << trial << ", step " << from + i;
+    ++resumed_trials;
   }
-  std::printf("%d of 6 kills left a checkpoint to resume from; %d landed in the middle of a save\n", loaded, mid_save);
-  EXPECT_GE(loaded, 3);
+  std::printf("%d of 6 kills left a checkpoint, %d resumed from it and compared their losses; %d landed in the middle of a save\n",
+              loaded, resumed_trials, mid_save);
+  // The kills inside a save (odd trials, after steps 3, 5, 7) always leave steps to resume.
+  EXPECT_GE(resumed_trials, 3) << "fewer than 3 trials resumed and compared their losses";
   EXPECT_GE(mid_save, 1) << "no kill landed inside a save, so the test proved less than it says";
 }
 

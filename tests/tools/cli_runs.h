@@ -11,6 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/safetensors.h"
+#include "tests/engine/tensor_error.h"
 #include "tests/process_util.h"
 
 namespace zeroth::testing {
@@ -89,6 +91,28 @@ inline Run gloo_example(const std::string& config, const std::string& name, int 
   return run(with_binary({ZEROTH_BIN, "launch", "-n", std::to_string(ranks), "--", ZEROTH_BIN}, example_args(config, name, sets)),
              name);
 }
+
+// A constant learning rate of 0.002 from the first step (the example configs' warm-up starts at 0),
+// so that every step of a short equivalence run moves the weights.
+inline const std::string kConstantLr = R"(scheduler={"type": "WarmupLR", "params": {"warmup_min_lr": 0.002, "warmup_max_lr": 0.002}})";
+
+// Every tensor of two weights files within `bound` of its largest value (the key bias aside:
+// tests/engine/tensor_error.h says why); the worst is printed.
+inline void expect_same_weights(const std::string& a_path, const std::string& b_path, double bound) {
+  const SafeTensors a = read_safetensors(a_path), b = read_safetensors(b_path);
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  double worst = 0;
+  std::string where;
+  for (const auto& [name, t] : b.tensors) {
+    ASSERT_TRUE(a.tensors.count(name)) << name;
+    const TensorError e = compare(name, a.at(name).as_f32(), t.as_f32());
+    EXPECT_LE(e.rel(), bound) << name << ": max |difference| " << e.max_abs << " of max |value| " << e.scale;
+    if (e.rel() >= worst) worst = e.rel(), where = name;
+  }
+  std::printf("weights: worst relative difference %.3g (%s)\n", worst, where.c_str());
+}
+
+inline std::string weights_of(const std::string& name) { return temp(name) + "/model.safetensors"; }
 
 inline std::vector<double> losses(const Run& r) {
   std::vector<double> out;

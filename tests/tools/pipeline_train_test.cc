@@ -32,10 +32,10 @@ TEST(PipelineTrain, TheExampleConfigTrainsMeasuresItsBubbleAndWritesATrace) {
   const json p = r.metrics.back()["summary"]["pipeline"];
   ASSERT_TRUE(p.is_object()) << r.output;
   EXPECT_DOUBLE_EQ(p["bubble_formula"].get<double>(), 1.0 / 9.0);  // (p - 1) / (m + p - 1), p = 2, m = 8
-  // Measured over real work on shared cores: above the formula (the stages are not equal, the
-  // transfers take time), and far below GPipe's or a serial run's.
-  EXPECT_GT(p["bubble"].get<double>(), 0.0);
-  EXPECT_LT(p["bubble"].get<double>(), 0.5);
+  // Measured on the wall clock of shared cores, so only what it is: a fraction of the makespan
+  // (how it compares with the formula is `zeroth bench pipeline`'s figure).
+  EXPECT_GE(p["bubble"].get<double>(), 0.0);
+  EXPECT_LT(p["bubble"].get<double>(), 1.0);
   ASSERT_EQ(p["stage_activation_peak_bytes"].size(), 2u);
   std::ifstream in(temp("pipe_1f1b") + "/trace.json");
   const json trace = json::parse(in);
@@ -49,46 +49,57 @@ TEST(PipelineTrain, TheExampleConfigTrainsMeasuresItsBubbleAndWritesATrace) {
   EXPECT_NEAR(trace["otherData"]["bubble_formula"].get<double>(), 1.0 / 9.0, 1e-12);
 }
 
-// The same model and batches with GPipe: the same losses (a schedule changes when, not what), and
-// GPipe's stages hold all 8 micro-batches' activations where 1F1B's hold 2 and 1.
+// The same model and batches with GPipe, 4 steps at a constant learning rate: the same losses and
+// weights bit for bit (a schedule changes when, not what), and GPipe's stages hold all 8
+// micro-batches' activations where 1F1B's hold 2 and 1.
 TEST(PipelineTrain, GPipeTrainsTheSameLossesHoldingEveryMicroBatchsActivations) {
-  const auto a = train_config("pipe_a", {"run.steps=2", "run.checkpoint_interval=-1", "run.trace=false"});
-  const auto g = train_config("pipe_g", {"run.steps=2", "run.checkpoint_interval=-1", "run.trace=false", "parallel.schedule=gpipe"});
+  const auto a = train_config("pipe_a", {"run.steps=4", kConstantLr, "run.checkpoint_interval=-1", "run.trace=false"});
+  const auto g = train_config("pipe_g", {"run.steps=4", kConstantLr, "run.checkpoint_interval=-1", "run.trace=false",
+                                         "parallel.schedule=gpipe"});
   ASSERT_EQ(a.code, 0) << a.output;
   ASSERT_EQ(g.code, 0) << g.output;
+  ASSERT_EQ(losses(a).size(), 4u);
   EXPECT_EQ(losses(a), losses(g));
+  expect_same_weights(weights_of("pipe_g"), weights_of("pipe_a"), 0.0);
   const json pa = a.metrics.back()["summary"]["pipeline"]["stage_activation_peak_bytes"];
   const json pg = g.metrics.back()["summary"]["pipeline"]["stage_activation_peak_bytes"];
   for (int s = 0; s < 2; ++s) EXPECT_GT(pg[s].get<double>(), 3 * pa[s].get<double>()) << "stage " << s;
 }
 
 // The pipeline's checkpoint resumes on one rank without a pipeline, continuing from its step with
-// the loss the pipeline itself would have had there.
+// the losses and weights the pipeline itself has: saved after step 2 of 4 at a constant learning
+// rate, so steps 3 and 4 read the saved weights and optimizer state and move them again.
 TEST(PipelineTrain, ACheckpointOfTwoStagesResumesOnOneRank) {
-  const auto whole = train_config("pipe_whole", {"run.steps=3", "run.trace=false", "run.checkpoint_interval=-1"});
+  const auto whole = train_config("pipe_whole", {"run.steps=4", kConstantLr, "run.trace=false", "run.checkpoint_interval=-1"});
   ASSERT_EQ(whole.code, 0) << whole.output;
-  const auto first = train_config("pipe_ckpt", {"run.steps=2"});
+  const auto first = train_config("pipe_ckpt", {"run.steps=2", kConstantLr});
   ASSERT_EQ(first.code, 0) << first.output;
   const auto resumed = resume_example(kConfig, "pipe_ckpt",
-                                      {"run.steps=3", "run.world_size=1", "parallel.pipeline=1", "run.trace=false"});
+                                      {"run.steps=4", kConstantLr, "run.world_size=1", "parallel.pipeline=1", "run.trace=false"});
   ASSERT_EQ(resumed.code, 0) << resumed.output;
   EXPECT_NE(resumed.output.find("from the checkpoint at step 2"), std::string::npos) << resumed.output;
-  // Step 3: the same weights, optimizer state and batch; f32 sums in another order on one rank.
+  // The same weights, optimizer state and batches; f32 sums in another order on one rank.
   const auto a = losses(whole), b = losses(resumed);
-  ASSERT_EQ(a.size(), 3u);
-  ASSERT_FALSE(b.empty());
-  EXPECT_NEAR(b.back(), a.back(), 1e-5 * a.back());
+  ASSERT_EQ(a.size(), 4u);
+  ASSERT_GE(b.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(b[b.size() - 2 + i], a[2 + i], 1e-5 * a[2 + i]) << "step " << 3 + i;
+  expect_same_weights(weights_of("pipe_ckpt"), weights_of("pipe_whole"), 1e-5);
 }
 
-// Stages as Gloo processes: the same losses as stages as threads.
+// Stages as Gloo processes: the same losses and weights as stages as threads, 4 steps at a
+// constant learning rate.
 TEST(PipelineTrain, GlooProcessesTrainTheSameLossesAsLocalThreads) {
-  const auto local = train_config("pipe_local", {"run.steps=2", "run.checkpoint_interval=-1", "run.trace=false"});
+  const std::vector<std::string> sets = {"run.steps=4", kConstantLr, "run.checkpoint_interval=-1", "run.trace=false"};
+  const auto local = train_config("pipe_local", sets);
   ASSERT_EQ(local.code, 0) << local.output;
-  const auto gloo = gloo_example(kConfig, "pipe_gloo", 2, {"run.steps=2", "run.checkpoint_interval=-1", "run.trace=false"});
+  const auto gloo = gloo_example(kConfig, "pipe_gloo", 2, sets);
   ASSERT_EQ(gloo.code, 0) << gloo.output;
   const auto a = losses(local), b = losses(gloo);
+  ASSERT_EQ(a.size(), 4u);
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5 * a[i]) << "step " << i + 1;
+  // One rank per stage: no sum changes order between the backends.
+  expect_same_weights(weights_of("pipe_gloo"), weights_of("pipe_local"), 0.0);
 }
 
 }  // namespace

@@ -13,8 +13,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/safetensors.h"
-#include "tests/engine/tensor_error.h"
 #include "tests/process_util.h"
 #include "tests/tools/cli_runs.h"
 
@@ -25,41 +23,32 @@ const std::string kConfig = std::string(ZEROTH_SOURCE_DIR) + "/configs/gpt-3d.js
 
 Run train_3d(const std::string& name, const std::vector<std::string>& sets) { return train_example(kConfig, name, sets); }
 
-// Every tensor of two weights files within `bound` of its largest value (the key bias aside:
-// tests/engine/tensor_error.h says why).
-void expect_same_weights(const std::string& a_path, const std::string& b_path, double bound) {
-  const SafeTensors a = read_safetensors(a_path), b = read_safetensors(b_path);
-  ASSERT_EQ(a.tensors.size(), b.tensors.size());
-  double worst = 0;
-  for (const auto& [name, t] : b.tensors) {
-    ASSERT_TRUE(a.tensors.count(name)) << name;
-    const TensorError e = compare(name, a.at(name).as_f32(), t.as_f32());
-    EXPECT_LE(e.rel(), bound) << name << ": max |difference| " << e.max_abs << " of max |value| " << e.scale;
-    worst = std::max(worst, e.rel());
-  }
-  std::printf("weights: worst relative difference %.3g\n", worst);
-}
-
-// The configs table's 3D run, shortened to 3 steps, against the same run with its tensor-parallel
-// pairs made single ranks (dp 2 x pp 2 on 4 ranks): the same losses and exported weights up to
-// f32 summation order, with and without sequence parallelism; its trace has both stages' passes.
+// The configs table's 3D run, 4 steps at a constant learning rate, against the same run with its
+// tensor-parallel pairs made single ranks (dp 2 x pp 2 on 4 ranks): the same losses and exported
+// weights up to f32 summation order, with and without sequence parallelism; its trace has both
+// stages' passes.
 TEST(TensorTrain, The3dExampleConfigTrainsWhatItsPipelineAloneTrains) {
-  const auto tp = train_3d("tp_3d", {"run.steps=3"});
+  const auto tp = train_3d("tp_3d", {"run.steps=4", kConstantLr});
   ASSERT_EQ(tp.code, 0) << tp.output;
-  const auto sp = train_3d("tp_3d_sp", {"run.steps=3", "run.trace=false", "parallel.sequence_parallel=true"});
+  const auto sp = train_3d("tp_3d_sp", {"run.steps=4", kConstantLr, "run.trace=false", "parallel.sequence_parallel=true"});
   ASSERT_EQ(sp.code, 0) << sp.output;
-  const auto one = train_3d("tp_3d_one", {"run.steps=3", "run.trace=false", "parallel.tensor=1", "run.world_size=4"});
+  const auto one = train_3d("tp_3d_one", {"run.steps=4", kConstantLr, "run.trace=false", "parallel.tensor=1", "run.world_size=4"});
   ASSERT_EQ(one.code, 0) << one.output;
   const auto a = losses(tp), b = losses(sp), c = losses(one);
-  ASSERT_EQ(a.size(), 3u);
-  ASSERT_EQ(b.size(), 3u);
-  ASSERT_EQ(c.size(), 3u);
+  ASSERT_EQ(a.size(), 4u);
+  ASSERT_EQ(b.size(), 4u);
+  ASSERT_EQ(c.size(), 4u);
   for (size_t i = 0; i < a.size(); ++i) {
     EXPECT_NEAR(a[i], c[i], 2e-6 * c[i]) << "step " << i + 1;
     EXPECT_NEAR(b[i], c[i], 2e-6 * c[i]) << "step " << i + 1;
   }
-  expect_same_weights(temp("tp_3d") + "/model.safetensors", temp("tp_3d_one") + "/model.safetensors", 1e-5);
-  expect_same_weights(temp("tp_3d_sp") + "/model.safetensors", temp("tp_3d_one") + "/model.safetensors", 1e-5);
+  // Splitting the matmuls over tp sums their partial products in another order: gradients differ
+  // by rounding (the losses by 2e-6), and Adam turns the rounding of near-zero gradients into
+  // steps of up to lr either way, so an element may differ by a small part of the 4 x lr = 8e-3 it
+  // moved: 2.7e-4 of a tensor's largest value measured. A slice's gradient lost leaves its 8e-3
+  // undone, 0.08-0.25 of the largest values, far outside.
+  expect_same_weights(weights_of("tp_3d"), weights_of("tp_3d_one"), 1e-3);
+  expect_same_weights(weights_of("tp_3d_sp"), weights_of("tp_3d_one"), 1e-3);
   std::ifstream in(temp("tp_3d") + "/trace.json");
   const json trace = json::parse(in);
   int passes = 0;
@@ -89,20 +78,22 @@ TEST(TensorTrain, TheModelsTensorParallelTrafficIsMegatronsCount) {
 }
 
 // The 3D run's checkpoint resumes with tensor parallelism off (dp 2 x pp 2), continuing with the
-// loss the 3D run itself has at that step. Saved after step 3, the first the warm-up gives a
-// learning rate above 0, so the loss of step 4 reads the saved weights.
+// losses and weights the 3D run itself has: saved after step 2 of 4 at a constant learning rate,
+// so steps 3 and 4 read the saved weights and optimizer state and move them again.
 TEST(TensorTrain, ACheckpointOfTheThreeDRunResumesWithoutTensorParallelism) {
-  const auto whole = train_3d("tp_whole", {"run.steps=4", "run.trace=false", "run.checkpoint_interval=-1"});
+  const auto whole = train_3d("tp_whole", {"run.steps=4", kConstantLr, "run.trace=false", "run.checkpoint_interval=-1"});
   ASSERT_EQ(whole.code, 0) << whole.output;
-  const auto first = train_3d("tp_ckpt", {"run.steps=3", "run.trace=false"});
+  const auto first = train_3d("tp_ckpt", {"run.steps=2", kConstantLr, "run.trace=false"});
   ASSERT_EQ(first.code, 0) << first.output;
-  const auto resumed = resume_example(kConfig, "tp_ckpt", {"run.steps=4", "run.world_size=4", "parallel.tensor=1", "run.trace=false"});
+  const auto resumed = resume_example(kConfig, "tp_ckpt",
+                                      {"run.steps=4", kConstantLr, "run.world_size=4", "parallel.tensor=1", "run.trace=false"});
   ASSERT_EQ(resumed.code, 0) << resumed.output;
-  EXPECT_NE(resumed.output.find("from the checkpoint at step 3"), std::string::npos) << resumed.output;
+  EXPECT_NE(resumed.output.find("from the checkpoint at step 2"), std::string::npos) << resumed.output;
   const auto a = losses(whole), b = losses(resumed);
   ASSERT_EQ(a.size(), 4u);
-  ASSERT_FALSE(b.empty());
-  EXPECT_NEAR(b.back(), a.back(), 2e-6 * a.back());
+  ASSERT_GE(b.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(b[b.size() - 2 + i], a[2 + i], 2e-6 * a[2 + i]) << "step " << 3 + i;
+  expect_same_weights(weights_of("tp_ckpt"), weights_of("tp_whole"), 1e-5);
 }
 
 // The 3D run in a device budget of exactly its estimate (`zeroth estimate --config`, the config's own
@@ -147,23 +138,21 @@ TEST(TensorTrain, InitialWeightsFromAFileAreSlicedPerRank) {
 }
 
 // Tensor-parallel ranks as Gloo processes (tp 2 with sequence parallelism, no pipeline): the same
-// losses as ranks as threads.
+// losses and weights as ranks as threads, 4 steps at a constant learning rate.
 TEST(TensorTrain, GlooProcessesTrainTheSameLossesAsLocalThreads) {
-  const std::vector<std::string> sets = {"run.steps=2",
-                                         "run.checkpoint_interval=-1",
-                                         "run.trace=false",
-                                         "parallel.pipeline=1",
-                                         "run.world_size=2",
-                                         "parallel.micro_batches=2",
-                                         "parallel.sequence_parallel=true"};
+  const std::vector<std::string> sets = {
+      "run.steps=4",         kConstantLr,        "run.checkpoint_interval=-1", "run.trace=false",
+      "parallel.pipeline=1", "run.world_size=2", "parallel.micro_batches=2",   "parallel.sequence_parallel=true"};
   const auto local = train_3d("tp_local", sets);
   ASSERT_EQ(local.code, 0) << local.output;
   const auto gloo = gloo_example(kConfig, "tp_gloo", 2, sets);
   ASSERT_EQ(gloo.code, 0) << gloo.output;
   const auto a = losses(local), b = losses(gloo);
-  ASSERT_EQ(a.size(), 2u);
+  ASSERT_EQ(a.size(), 4u);
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5 * a[i]) << "step " << i + 1;
+  // Two tensor-parallel ranks: each partial sum has two terms, exact in either order.
+  expect_same_weights(weights_of("tp_gloo"), weights_of("tp_local"), 0.0);
 }
 
 }  // namespace
