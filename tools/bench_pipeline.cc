@@ -8,13 +8,10 @@
 #include <cstdio>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
-#include "comm/local/local_comm.h"
-#include "core/device.h"
 #include "core/error.h"
 #include "engine/pipeline/runner.h"
 #include "tools/commands.h"
@@ -29,35 +26,6 @@ struct Options {
   int reps = 3;
   bool json = false;
 };
-
-// One cycle of the sleeping stages; rank 0's measure of every rank.
-PipeMeasure measure_cycle(PipeKind kind, int p, int m, std::chrono::microseconds unit) {
-  const int v = kind == PipeKind::interleaved ? 2 : 1;
-  PipeMeasure result;
-  run_local_ranks(p, [&](Communicator& world) {
-    auto device = make_device("cpu");
-    PipelineRunner runner(*device, world, make_pipe_schedule(kind, p, m, v));
-    Stream& cs = device->default_stream();
-    constexpr size_t kPortFloats = 256;  // 1 KiB messages
-    Buffer ports = device->allocate(static_cast<size_t>(m) * v * 4 * kPortFloats * sizeof(float), MemTag::activations);
-    PipeModel model;
-    auto sleep_for = [&cs, unit, v](int units) {
-      const auto d = unit * units / v;
-      cs.enqueue_host([d] { std::this_thread::sleep_for(d); });
-    };
-    model.forward = [&](int, int) { sleep_for(1); };
-    model.backward = [&](int, int) { sleep_for(2); };
-    model.port = [&](PipePort port, int micro, int chunk) {
-      const size_t at = ((static_cast<size_t>(micro) * v + chunk) * 4 + static_cast<size_t>(port)) * kPortFloats;
-      return TensorView{ports.as<float>() + at, kPortFloats, DType::f32};
-    };
-    runner.set_tracing(true);
-    runner.run_cycle(model);
-    auto measured = runner.measure(cs);
-    if (world.rank() == 0) result = std::move(measured);
-  });
-  return result;
-}
 
 void run(const Options& o) {
   if (o.stages < 2 || o.reps < 1 || o.unit_ms <= 0) {
@@ -77,7 +45,7 @@ void run(const Options& o) {
       std::vector<double> bubbles, makespans;
       double formula = 0;
       for (int r = 0; r < o.reps; ++r) {
-        const auto got = measure_cycle(kind, o.stages, m, unit);
+        const auto got = measure_sleeping_pipeline(kind, o.stages, m, unit);
         bubbles.push_back(got.bubble);
         makespans.push_back(got.makespan);
         formula = got.formula;

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <atomic>      // std::atomic
+#include <chrono>      // std::chrono::microseconds
 #include <functional>  // std::function
 #include <memory>      // std::unique_ptr
 #include <string>      // std::string
@@ -124,6 +125,12 @@ void pack_spans(const std::vector<PipeSpan>& spans, float* out);
 std::vector<PipeSpan> unpack_spans(const float* in, size_t count);
 // Busy time per rank, makespan and bubble from every rank's spans.
 void summarize(PipeMeasure& measure);
+
+// A p-stage pipeline whose passes sleep on each stage's compute stream (forward `unit`, backward
+// twice that, each of the chunks its share; 1 KiB messages), on local ranks: a model of balanced
+// work, so p stages run side by side on any number of cores and the runner's own cost is what
+// separates the measured bubble from the formula. Rank 0's measure of one traced cycle.
+PipeMeasure measure_sleeping_pipeline(PipeKind kind, int stages, int micro_batches, std::chrono::microseconds unit);
 
 // A measured bubble and its trace as JSON: Chrome's trace event format (Perfetto reads it), one
 // process per rank, one thread per lane.

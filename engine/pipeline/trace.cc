@@ -1,10 +1,12 @@
 // The pipeline runner's timelines: span names and lanes, their wire form for gathering over the
-// stages, the bubble they give, and the Chrome trace.
+// stages, the bubble they give, the Chrome trace, and the sleeping stages that measure them.
 #include <algorithm>  // std::min, std::max, std::find
+#include <thread>     // std::this_thread::sleep_for
 
 #include <fmt/format.h>       // fmt::format
 #include <nlohmann/json.hpp>  // nlohmann::json
 
+#include "comm/local/local_comm.h"  // run_local_ranks
 #include "engine/pipeline/runner.h"
 
 namespace zeroth {
@@ -122,6 +124,35 @@ nlohmann::json chrome_trace(const PipeMeasure& measure) {
   return {{"traceEvents", events},
           {"displayTimeUnit", "ms"},
           {"otherData", {{"bubble", measure.bubble}, {"bubble_formula", measure.formula}, {"makespan_seconds", measure.makespan}}}};
+}
+
+PipeMeasure measure_sleeping_pipeline(PipeKind kind, int p, int m, std::chrono::microseconds unit) {
+  const int v = kind == PipeKind::interleaved ? 2 : 1;
+  constexpr size_t kPortFloats = 256;  // 1 KiB messages
+  PipeMeasure result;
+  run_local_ranks(p, [&](Communicator& world) {
+    auto device = make_device("cpu");
+    PipelineRunner runner(*device, world, make_pipe_schedule(kind, p, m, v));
+    Stream& cs = device->default_stream();
+    // One buffer per (micro-batch, chunk, port): nothing is reused within the cycle.
+    Buffer ports = device->allocate(static_cast<size_t>(m) * v * 4 * kPortFloats * sizeof(float), MemTag::activations);
+    PipeModel model;
+    auto sleep_for = [&cs, unit, v](int units) {
+      const auto d = unit * units / v;
+      cs.enqueue_host([d] { std::this_thread::sleep_for(d); });
+    };
+    model.forward = [&](int, int) { sleep_for(1); };
+    model.backward = [&](int, int) { sleep_for(2); };
+    model.port = [&](PipePort port, int micro, int chunk) {
+      const size_t at = ((static_cast<size_t>(micro) * v + chunk) * 4 + static_cast<size_t>(port)) * kPortFloats;
+      return TensorView{ports.as<float>() + at, kPortFloats, DType::f32};
+    };
+    runner.set_tracing(true);
+    runner.run_cycle(model);
+    auto measured = runner.measure(cs);
+    if (world.rank() == 0) result = std::move(measured);
+  });
+  return result;
 }
 
 }  // namespace zeroth

@@ -114,37 +114,6 @@ TEST(PipelineCheckpoint, SavedAtTwoStagesLoadsAtOneTwoAndFour) {
   std::filesystem::remove_all(dir);
 }
 
-// A stage model whose passes sleep on the compute stream (standing for the work, so that p stages
-// run side by side on any number of cores): forward 1 unit, backward 2, each chunk of v the v-th
-// part; messages of 1 KiB. Every rank's passes and transfers are stamped.
-PipeMeasure measure_sleeping(PipeKind kind, int p, int m, std::chrono::microseconds unit) {
-  const int v = kind == PipeKind::interleaved ? 2 : 1;
-  PipeMeasure result;
-  run_local_ranks(p, [&](Communicator& world) {
-    auto device = make_device("cpu");
-    PipelineRunner runner(*device, world, make_pipe_schedule(kind, p, m, v));
-    Stream& cs = device->default_stream();
-    // One buffer per (micro-batch, chunk, port): nothing is reused within the cycle.
-    Buffer ports = device->allocate(static_cast<size_t>(m) * v * 4 * 256 * sizeof(float), MemTag::activations);
-    PipeModel model;
-    auto sleep_for = [&cs, unit, v](int units) {
-      const auto d = unit * units / v;
-      cs.enqueue_host([d] { std::this_thread::sleep_for(d); });
-    };
-    model.forward = [&](int, int) { sleep_for(1); };
-    model.backward = [&](int, int) { sleep_for(2); };
-    model.port = [&](PipePort port, int micro, int chunk) {
-      const size_t at = ((static_cast<size_t>(micro) * v + chunk) * 4 + static_cast<size_t>(port)) * 256;
-      return TensorView{ports.as<float>() + at, 256, DType::f32};
-    };
-    runner.set_tracing(true);
-    runner.run_cycle(model);
-    auto measured = runner.measure(cs);
-    if (world.rank() == 0) result = std::move(measured);
-  });
-  return result;
-}
-
 // The passes of a measured run replayed on a model clock: each rank's passes in the order they ran,
 // forward 1 / v units and backward 2 / v, each starting when its rank is free and what it needs has
 // ended (the forward of the virtual stage before, or the backward of the one after; the last
@@ -204,7 +173,7 @@ TEST(PipelineBubble, ThePassOrderTheRunnerRanHasTheFormulasBubble) {
     for (int m : {4, 8, 16}) {
       const int p = 4, v = kind == PipeKind::interleaved ? 2 : 1;
       SCOPED_TRACE(std::string(pipe_kind_name(kind)) + " m " + std::to_string(m));
-      const auto got = measure_sleeping(kind, p, m, std::chrono::milliseconds(2));
+      const auto got = measure_sleeping_pipeline(kind, p, m, std::chrono::milliseconds(2));
       const double formula = pipe_bubble_formula(kind, p, m, v);
       EXPECT_DOUBLE_EQ(got.formula, formula);
       ASSERT_EQ(got.spans.size(), static_cast<size_t>(p));
