@@ -4,6 +4,8 @@
 #include <algorithm>  // std::find
 #include <cmath>      // std::floor
 
+#include <fmt/format.h>  // fmt::format
+
 #include "core/error.h"    // ZEROTH_THROW
 #include "core/strings.h"  // did_you_mean
 
@@ -27,21 +29,23 @@ std::string ConfigSection::at(std::string_view key) const { return path_.empty()
 
 bool ConfigSection::has(const char* key) const { return j_.contains(key) && !j_[key].is_null(); }
 
-int64_t ConfigSection::integer(const char* key, int64_t def, int64_t lo, int64_t hi) const {
+int64_t ConfigSection::integer(const char* key, int64_t def, int64_t lo, int64_t hi, std::string_view what) const {
   if (!has(key)) return def;
   const auto& v = j_[key];
   const bool whole = v.is_number() && std::floor(v.get<double>()) == v.get<double>();
   if (!whole || v.get<double>() < static_cast<double>(lo) || v.get<double>() > static_cast<double>(hi)) {
-    ZEROTH_THROW(ConfigError, "{} must be an integer in [{}, {}], got {}", at(key), lo, hi, v.dump());
+    ZEROTH_THROW(ConfigError, "{} must be {}, got {}", at(key),
+                 what.empty() ? fmt::format("an integer in [{}, {}]", lo, hi) : std::string(what), v.dump());
   }
   return static_cast<int64_t>(v.get<double>());
 }
 
-double ConfigSection::number(const char* key, double def, double lo, double hi) const {
+double ConfigSection::number(const char* key, double def, double lo, double hi, std::string_view what) const {
   if (!has(key)) return def;
   const auto& v = j_[key];
   if (!v.is_number() || v.get<double>() < lo || v.get<double>() > hi) {
-    ZEROTH_THROW(ConfigError, "{} must be a number in [{}, {}], got {}", at(key), lo, hi, v.dump());
+    ZEROTH_THROW(ConfigError, "{} must be {}, got {}", at(key),
+                 what.empty() ? fmt::format("a number in [{}, {}]", lo, hi) : std::string(what), v.dump());
   }
   return v.get<double>();
 }

@@ -26,9 +26,10 @@ class ConfigSection {
   bool has(const char* key) const;             // present and not null
   const nlohmann::json& raw(const char* key) const { return j_[key]; }
 
-  // The key's value, `def` when absent; ConfigError naming the path and the range otherwise.
-  int64_t integer(const char* key, int64_t def, int64_t lo, int64_t hi) const;
-  double number(const char* key, double def, double lo, double hi) const;
+  // The key's value, `def` when absent; otherwise ConfigError "<path> must be <what>, got <value>",
+  // `what` by default naming the range ("an integer in [1, 4096]").
+  int64_t integer(const char* key, int64_t def, int64_t lo, int64_t hi, std::string_view what = {}) const;
+  double number(const char* key, double def, double lo, double hi, std::string_view what = {}) const;
   bool flag(const char* key, bool def) const;
   // With `choices`, the value must be one of them.
   std::string string(const char* key, std::string def, std::span<const std::string_view> choices = {}) const;

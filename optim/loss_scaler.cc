@@ -1,35 +1,33 @@
 // DeepSpeed's DynamicLossScaler, step for step.
 #include "optim/loss_scaler.h"
 
-#include <algorithm>  // std::max
-#include <cmath>      // std::ldexp
+#include <algorithm>    // std::max
+#include <cmath>        // std::ldexp
+#include <limits>       // std::numeric_limits
+#include <type_traits>  // std::remove_reference_t
 
 #include <nlohmann/json.hpp>
 
+#include "core/config_section.h"
 #include "core/error.h"
-#include "core/strings.h"
 
 namespace zeroth {
 
 LossScalerConfig LossScalerConfig::from_deepspeed(const nlohmann::json& fp16) {
   LossScalerConfig c;
-  for (const auto& [key, value] : fp16.items()) {
-    if (std::find(std::begin(kDeepSpeedKeys), std::end(kDeepSpeedKeys), key) == std::end(kDeepSpeedKeys)) {
-      ZEROTH_THROW(ConfigError, "fp16.{} is not a known key{}", key, did_you_mean(key, kDeepSpeedKeys));
-    }
-  }
+  const ConfigSection s(fp16, "fp16", kDeepSpeedKeys);
+  // Numbers of any value here; the checks below say which each takes, as DeepSpeed's do.
   auto num = [&](const char* key, auto& out) {
-    if (!fp16.contains(key)) return;
-    if (!fp16[key].is_number()) ZEROTH_THROW(ConfigError, "fp16.{} must be a number, got {}", key, fp16[key].dump());
-    out = fp16[key].get<std::remove_reference_t<decltype(out)>>();
+    constexpr double kAny = std::numeric_limits<double>::max();
+    out = static_cast<std::remove_reference_t<decltype(out)>>(s.number(key, static_cast<double>(out), -kAny, kAny, "a number"));
   };
   num("loss_scale", c.loss_scale);
   num("initial_scale_power", c.initial_scale_power);
   num("loss_scale_window", c.loss_scale_window);
   num("hysteresis", c.hysteresis);
   num("min_loss_scale", c.min_loss_scale);
-  if (fp16.contains("consecutive_hysteresis")) c.consecutive_hysteresis = fp16["consecutive_hysteresis"].get<bool>();
-  if (fp16.value("fp16_master_weights_and_grads", false)) {
+  c.consecutive_hysteresis = s.flag("consecutive_hysteresis", c.consecutive_hysteresis);
+  if (s.flag("fp16_master_weights_and_grads", false)) {
     ZEROTH_THROW(ConfigError, "fp16.fp16_master_weights_and_grads is not supported: zeroth keeps fp32 master weights");
   }
   if (c.loss_scale < 0) ZEROTH_THROW(ConfigError, "fp16.loss_scale must be 0 (dynamic) or positive, got {}", c.loss_scale);

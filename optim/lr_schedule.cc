@@ -5,9 +5,13 @@
 
 #include <algorithm>  // std::max, std::min, std::find
 #include <cmath>      // std::log, std::cos, std::floor, std::fmod
+#include <limits>     // std::numeric_limits
+
+#include <fmt/format.h>  // fmt::format
 
 #include <nlohmann/json.hpp>
 
+#include "core/config_section.h"
 #include "core/error.h"
 #include "core/log.h"  // ZLOG_WARN
 #include "core/strings.h"
@@ -219,27 +223,16 @@ LrSchedule LrSchedule::from_deepspeed(const nlohmann::json& section, double base
       ZEROTH_THROW(ConfigError, "scheduler.params.{} is not a parameter of {}{}", key, type, did_you_mean(key, allowed));
     }
   }
-  // JSON null stands for Python's None where DeepSpeed's default is None.
+  // JSON null stands for Python's None where DeepSpeed's default is None: the key's default.
+  const ConfigSection in(params, "scheduler.params", allowed);
   auto real = [&](const char* key, double& out) {
-    if (!params.contains(key) || params[key].is_null()) return;
-    const auto& v = params[key];
-    if (!v.is_number()) ZEROTH_THROW(ConfigError, "scheduler.params.{} must be a number, got {}", key, v.dump());
-    out = v.get<double>();
+    constexpr double kAny = std::numeric_limits<double>::max();
+    out = in.number(key, out, -kAny, kAny, "a number");
   };
   auto integer = [&](const char* key, int64_t& out, int64_t min) {
-    if (!params.contains(key) || params[key].is_null()) return;
-    const auto& v = params[key];
-    if (!v.is_number_integer() || v.get<int64_t>() < min) {
-      ZEROTH_THROW(ConfigError, "scheduler.params.{} must be an integer >= {}, got {}", key, min, v.dump());
-    }
-    out = v.get<int64_t>();
+    out = in.integer(key, out, min, std::numeric_limits<int64_t>::max(), fmt::format("an integer >= {}", min));
   };
-  auto flag = [&](const char* key, bool& out) {
-    if (!params.contains(key)) return;
-    if (!params[key].is_boolean())
-      ZEROTH_THROW(ConfigError, "scheduler.params.{} must be true or false, got {}", key, params[key].dump());
-    out = params[key].get<bool>();
-  };
+  auto flag = [&](const char* key, bool& out) { out = in.flag(key, out); };
   integer("last_batch_iteration", s.last_batch_iteration, -1);
   real("warmup_min_lr", s.warmup_min_lr);
   real("warmup_max_lr", s.warmup_max_lr);

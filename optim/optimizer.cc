@@ -1,10 +1,13 @@
 // Optimizer names, state sizes, validation and DeepSpeed's `optimizer` section.
 #include "optim/optimizer.h"
 
-#include <cctype>  // std::tolower
+#include <algorithm>  // std::find
+#include <cctype>     // std::tolower
+#include <limits>     // std::numeric_limits
 
 #include <nlohmann/json.hpp>
 
+#include "core/config_section.h"
 #include "core/error.h"
 #include "core/strings.h"
 
@@ -69,20 +72,9 @@ std::string lower(std::string_view s) {
   return out;
 }
 
-double number(const nlohmann::json& params, const std::string& key) {
-  const auto& v = params.at(key);
-  if (v.is_string() && v.get<std::string>() == "auto") {
-    ZEROTH_THROW(ConfigError,
-                 "optimizer.params.{} is \"auto\": auto values are resolved by the training config; here it must be a number", key);
-  }
-  if (!v.is_number()) ZEROTH_THROW(ConfigError, "optimizer.params.{} must be a number, got {}", key, v.dump());
-  return v.get<double>();
-}
-
-bool boolean(const nlohmann::json& params, const std::string& key) {
-  const auto& v = params.at(key);
-  if (!v.is_boolean()) ZEROTH_THROW(ConfigError, "optimizer.params.{} must be true or false, got {}", key, v.dump());
-  return v.get<bool>();
+// A parameter's number: any value, the optimizer's validate() says which it takes.
+double number(const ConfigSection& s, const char* key, double def) {
+  return s.number(key, def, std::numeric_limits<double>::lowest(), std::numeric_limits<double>::max(), "a number");
 }
 
 }  // namespace
@@ -141,7 +133,8 @@ OptimizerParams OptimizerParams::from_deepspeed(const nlohmann::json& section) {
       ZEROTH_THROW(ConfigError, "optimizer.params.{} is not a parameter of {}{}", key, type, did_you_mean(key, allowed));
     }
   }
-  if (params.contains("lr")) p.lr = number(params, "lr");
+  const ConfigSection s(params, "optimizer.params", allowed);
+  p.lr = number(s, "lr", p.lr);
   if (params.contains("betas")) {
     const auto& b = params["betas"];
     if (!b.is_array() || b.size() != 2 || !b[0].is_number() || !b[1].is_number()) {
@@ -150,31 +143,31 @@ OptimizerParams OptimizerParams::from_deepspeed(const nlohmann::json& section) {
     p.beta1 = b[0].get<double>();
     p.beta2 = b[1].get<double>();
   }
-  if (params.contains("eps")) p.eps = number(params, "eps");
-  if (params.contains("weight_decay")) p.weight_decay = number(params, "weight_decay");
-  if (params.contains("bias_correction")) p.bias_correction = boolean(params, "bias_correction");
-  if (params.contains("adam_w_mode") && t == "adam" && !boolean(params, "adam_w_mode")) p.kind = OptimizerKind::adam;
-  if (params.contains("adam_w_mode") && t == "adamw" && !boolean(params, "adam_w_mode")) {
+  p.eps = number(s, "eps", p.eps);
+  p.weight_decay = number(s, "weight_decay", p.weight_decay);
+  p.bias_correction = s.flag("bias_correction", p.bias_correction);
+  if (t == "adam" && !s.flag("adam_w_mode", true)) p.kind = OptimizerKind::adam;
+  if (t == "adamw" && !s.flag("adam_w_mode", true)) {
     ZEROTH_THROW(ConfigError, "optimizer.params.adam_w_mode = false contradicts type AdamW; use type Adam for L2 weight decay");
   }
-  if (params.contains("amsgrad") && boolean(params, "amsgrad")) {
+  if (s.flag("amsgrad", false)) {
     ZEROTH_THROW(ConfigError, "optimizer.params.amsgrad = true is not supported by zeroth");
   }
-  if (params.contains("eps_inside_sqrt")) p.eps_inside_sqrt = boolean(params, "eps_inside_sqrt");
-  if (params.contains("max_coeff")) p.max_coeff = number(params, "max_coeff");
-  if (params.contains("min_coeff")) p.min_coeff = number(params, "min_coeff");
+  p.eps_inside_sqrt = s.flag("eps_inside_sqrt", p.eps_inside_sqrt);
+  p.max_coeff = number(s, "max_coeff", p.max_coeff);
+  p.min_coeff = number(s, "min_coeff", p.min_coeff);
   // FusedLamb's own clipping rescales each tensor's gradient by a norm its caller passes to step();
   // zeroth clips by the global norm of all gradients (gradient_clipping) before every optimizer.
-  if (params.contains("max_grad_norm") && number(params, "max_grad_norm") != 0.0) {
+  if (const double max_grad_norm = number(s, "max_grad_norm", 0.0); max_grad_norm != 0.0) {
     ZEROTH_THROW(ConfigError,
                  "optimizer.params.max_grad_norm = {} is not supported by zeroth; set it to 0 and use the top-level "
                  "\"gradient_clipping\" (clipping by the global gradient norm)",
-                 number(params, "max_grad_norm"));
+                 max_grad_norm);
   }
-  if (params.contains("torch_adam")) boolean(params, "torch_adam");  // picks an implementation in DeepSpeed; zeroth has one
-  if (params.contains("momentum")) p.momentum = number(params, "momentum");
-  if (params.contains("dampening")) p.dampening = number(params, "dampening");
-  if (params.contains("nesterov")) p.nesterov = boolean(params, "nesterov");
+  s.flag("torch_adam", false);  // picks an implementation in DeepSpeed; zeroth has one
+  p.momentum = number(s, "momentum", p.momentum);
+  p.dampening = number(s, "dampening", p.dampening);
+  p.nesterov = s.flag("nesterov", p.nesterov);
   p.validate();
   return p;
 }

@@ -11,8 +11,8 @@
 #include <nlohmann/json.hpp>  // nlohmann::json
 
 #include "core/error.h"                    // ZEROTH_THROW
-#include "core/strings.h"                  // did_you_mean
-#include "engine/config/deepspeed_keys.h"  // handle_deepspeed_key
+#include "core/config_section.h"           // ConfigSection
+#include "engine/config/deepspeed_keys.h"  // without_deepspeed_extras
 
 namespace zeroth {
 namespace {
@@ -41,70 +41,39 @@ constexpr std::string_view kZeroKeys[] = {"stage",
                                           "cpu_offload_params",
                                           "cpu_offload_use_pin_memory"};
 
-uint64_t count(const nlohmann::json& v, const std::string& key) {
-  if (v.is_string() && v.get<std::string>() == "auto") {
-    ZEROTH_THROW(ConfigError,
-                 "zero_optimization.{} is \"auto\": auto values are resolved by the training config; here it must be a number", key);
-  }
-  if (!v.is_number() || v.get<double>() < 0 || v.get<double>() > 1e18) {
-    ZEROTH_THROW(ConfigError, "zero_optimization.{} must be a non-negative number of elements, got {}", key, v.dump());
-  }
-  return static_cast<uint64_t>(v.get<double>());
-}
-
-bool flag(const nlohmann::json& v, const std::string& key) {
-  if (!v.is_boolean()) ZEROTH_THROW(ConfigError, "zero_optimization.{} must be true or false, got {}", key, v.dump());
-  return v.get<bool>();
-}
-
 }  // namespace
 
 ZeroConfig ZeroConfig::from_deepspeed(const nlohmann::json& section) {
   if (!section.is_object()) ZEROTH_THROW(ConfigError, "zero_optimization must be an object like {{\"stage\": 2}}");
   ZeroConfig z;
-  bool overlap_set = false, legacy_optimizer = false, legacy_param = false, legacy_pin = false;
-  for (const auto& [key, v] : section.items()) {
-    if (std::find(std::begin(kZeroKeys), std::end(kZeroKeys), key) == std::end(kZeroKeys)) {
-      if (handle_deepspeed_key("zero_optimization", key, v, &z.no_effect)) continue;
-      std::vector<std::string_view> known(std::begin(kZeroKeys), std::end(kZeroKeys));
-      for (auto k : deepspeed_key_names("zero_optimization")) known.push_back(k);
-      ZEROTH_THROW(ConfigError, "zero_optimization.{} is not a known key{}", key, did_you_mean(key, known));
-    }
-    if (key == "stage") {
-      if (!v.is_number_integer()) ZEROTH_THROW(ConfigError, "zero_optimization.stage must be 0, 1, 2 or 3, got {}", v.dump());
-      z.stage = v.get<int>();
-    } else if (key == "reduce_bucket_size") {
-      z.reduce_bucket_size = count(v, key);
-    } else if (key == "allgather_bucket_size") {
-      z.allgather_bucket_size = count(v, key);
-    } else if (key == "overlap_comm") {
-      z.overlap_comm = flag(v, key);
-      overlap_set = true;
-    } else if (key == "stage3_prefetch_bucket_size" || key == "prefetch_bucket_size") {
-      z.stage3_prefetch_bucket_size = count(v, key);
-    } else if (key == "stage3_max_live_parameters" || key == "max_live_parameters") {
-      z.stage3_max_live_parameters = count(v, key);
-    } else if (key == "stage3_max_reuse_distance" || key == "max_reuse_distance") {
-      z.stage3_max_reuse_distance = count(v, key);
-    } else if (key == "stage3_param_persistence_threshold" || key == "param_persistence_threshold") {
-      z.stage3_param_persistence_threshold = count(v, key);
-    } else if (key == "stage3_gather_16bit_weights_on_model_save" || key == "gather_16bit_weights_on_model_save" ||
-               key == "stage3_gather_fp16_weights_on_model_save") {
-      z.gather_16bit_weights_on_model_save = flag(v, key);
-    } else if (key == "sub_group_size") {
-      z.sub_group_size = count(v, key);
-    } else if (key == "offload_optimizer") {
-      z.offload_optimizer = OffloadConfig::from_deepspeed(v, "zero_optimization.offload_optimizer", false);
-    } else if (key == "offload_param") {
-      z.offload_param = OffloadConfig::from_deepspeed(v, "zero_optimization.offload_param", true);
-    } else if (key == "cpu_offload") {
-      legacy_optimizer = !v.is_null() && flag(v, key);
-    } else if (key == "cpu_offload_param" || key == "cpu_offload_params") {
-      legacy_param = !v.is_null() && flag(v, key);
-    } else if (key == "cpu_offload_use_pin_memory") {
-      legacy_pin = !v.is_null() && flag(v, key);
-    }
-  }
+  const nlohmann::json own = without_deepspeed_extras(section, "zero_optimization", kZeroKeys, z.no_effect);
+  const ConfigSection s(own, "zero_optimization", kZeroKeys);
+  // Element counts: DeepSpeed takes them as numbers (5e8), and so does zeroth.
+  auto count = [&](const char* key, const char* alias, uint64_t def) {
+    const char* given = s.has(key) || alias == nullptr ? key : alias;
+    return static_cast<uint64_t>(s.number(given, static_cast<double>(def), 0, 1e18, "a non-negative number of elements"));
+  };
+  z.stage = static_cast<int>(s.integer("stage", z.stage, 0, 3, "0, 1, 2 or 3"));
+  z.reduce_bucket_size = count("reduce_bucket_size", nullptr, z.reduce_bucket_size);
+  z.allgather_bucket_size = count("allgather_bucket_size", nullptr, z.allgather_bucket_size);
+  const bool overlap_set = s.has("overlap_comm");
+  z.overlap_comm = s.flag("overlap_comm", z.overlap_comm);
+  z.stage3_prefetch_bucket_size = count("stage3_prefetch_bucket_size", "prefetch_bucket_size", z.stage3_prefetch_bucket_size);
+  z.stage3_max_live_parameters = count("stage3_max_live_parameters", "max_live_parameters", z.stage3_max_live_parameters);
+  z.stage3_max_reuse_distance = count("stage3_max_reuse_distance", "max_reuse_distance", z.stage3_max_reuse_distance);
+  z.stage3_param_persistence_threshold = count("stage3_param_persistence_threshold", "param_persistence_threshold",
+                                               z.stage3_param_persistence_threshold);
+  for (const char* k :
+       {"stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save"})
+    z.gather_16bit_weights_on_model_save = s.flag(k, z.gather_16bit_weights_on_model_save);
+  z.sub_group_size = count("sub_group_size", nullptr, z.sub_group_size);
+  if (s.has("offload_optimizer"))
+    z.offload_optimizer = OffloadConfig::from_deepspeed(s.raw("offload_optimizer"), "zero_optimization.offload_optimizer", false);
+  if (s.has("offload_param"))
+    z.offload_param = OffloadConfig::from_deepspeed(s.raw("offload_param"), "zero_optimization.offload_param", true);
+  const bool legacy_optimizer = s.flag("cpu_offload", false);
+  const bool legacy_param = s.flag(s.has("cpu_offload_params") ? "cpu_offload_params" : "cpu_offload_param", false);
+  const bool legacy_pin = s.flag("cpu_offload_use_pin_memory", false);
   // DeepSpeed's old names: `cpu_offload: true` is offload_optimizer on the CPU. Given together
   // with the new section, DeepSpeed refuses the pair (a deprecated field and its replacement);
   // so does zeroth. cpu_offload_use_pin_memory only pins what the old names offload.

@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>  // nlohmann::json
 
 #include "core/error.h"            // ZEROTH_THROW
-#include "core/strings.h"          // did_you_mean
+#include "core/config_section.h"   // ConfigSection
 #include "engine/config/config.h"  // OffloadConfig, AioConfig
 
 namespace zeroth {
@@ -17,22 +17,10 @@ namespace {
 
 using json = nlohmann::json;
 
-bool boolean(const json& v, const std::string& path) {
-  if (!v.is_boolean()) ZEROTH_THROW(ConfigError, "{} must be true or false, got {}", path, v.dump());
-  return v.get<bool>();
-}
-
-uint64_t positive(const json& v, const std::string& path) {
-  if (!v.is_number() || v.get<double>() < 1 || v.get<double>() > 1e18 ||
-      v.get<double>() != static_cast<double>(static_cast<uint64_t>(v.get<double>()))) {
-    ZEROTH_THROW(ConfigError, "{} must be a positive whole number, got {}", path, v.dump());
-  }
-  return static_cast<uint64_t>(v.get<double>());
-}
-
-void unknown(const std::string& path, const std::string& key, std::span<const std::string_view> known) {
-  ZEROTH_THROW(ConfigError, "{}.{} is not a known key{}", path, key,
-               did_you_mean(key, std::vector<std::string_view>(known.begin(), known.end())));
+// DeepSpeed's counts of buffers and bytes: whole numbers from 1.
+uint64_t positive(const ConfigSection& s, const char* key, uint64_t def) {
+  return static_cast<uint64_t>(
+      s.integer(key, static_cast<int64_t>(def), 1, int64_t{1'000'000'000'000'000'000}, "a positive whole number"));
 }
 
 }  // namespace
@@ -56,40 +44,41 @@ OffloadConfig OffloadConfig::from_deepspeed(const json& section, std::string_vie
                                                         "pipeline_write", "pipeline",  "fast_init",    "ratio"};
   static constexpr std::string_view kParamKeys[] = {"device", "nvme_path", "buffer_count", "buffer_size", "max_in_cpu", "pin_memory"};
   const std::span<const std::string_view> known = params ? std::span<const std::string_view>(kParamKeys) : kOptimizerKeys;
-  for (const auto& [key, v] : section.items()) {
-    const std::string at = path + "." + key;
-    if (std::find(known.begin(), known.end(), key) == known.end()) unknown(path, key, known);
-    if (key == "device") {
-      const std::string d = v.is_string() ? v.get<std::string>() : "";
-      if (d == "none") o.device = OffloadDevice::none;
-      else if (d == "cpu") o.device = OffloadDevice::cpu;
-      else if (d == "nvme") o.device = OffloadDevice::nvme;
-      else ZEROTH_THROW(ConfigError, "{} must be \"none\", \"cpu\" or \"nvme\", got {}", at, v.dump());
-    } else if (key == "nvme_path") {
-      if (!v.is_null() && (!v.is_string() || v.get<std::string>().empty()))
-        ZEROTH_THROW(ConfigError, "{} must be a folder on the NVMe drive, got {}", at, v.dump());
-      o.nvme_path = v.is_null() ? "" : v.get<std::string>();
-    } else if (key == "pin_memory") {
-      o.pin_memory = boolean(v, at);
-    } else if (key == "pipeline_read") {
-      o.pipeline_read = boolean(v, at);
-    } else if (key == "pipeline_write") {
-      o.pipeline_write = boolean(v, at);
-    } else if (key == "pipeline" || key == "fast_init") {
-      // DeepSpeed derives `pipeline` from the two above; fast_init skips its first swap-out,
-      // which zeroth never does (the swap files start as zeroed extents).
-      boolean(v, at);
-      o.no_effect.push_back(at + (key == "pipeline" ? ": DeepSpeed computes it from pipeline_read and pipeline_write"
-                                                    : ": zeroth's swap files start zeroed, so initialization never swaps"));
-    } else if (key == "ratio") {
-      if (!v.is_number() || v.get<double>() < 0 || v.get<double>() > 1)
-        ZEROTH_THROW(ConfigError, "{} must be a fraction in [0, 1], got {}", at, v.dump());
-      o.ratio = v.get<double>();
-    } else if (key == "buffer_count" || key == "buffer_size" || key == "max_in_cpu") {
-      (key == "buffer_count" ? o.buffer_count : key == "buffer_size" ? o.buffer_size : o.max_in_cpu) = positive(v, at);
-      o.no_effect.push_back(at +
-                            ": zeroth sizes its swap buffers from the plan (sub_group_size, the reduce buckets, pipeline_read/write)");
-    }
+  const ConfigSection s(section, path, known);
+  if (s.has("device")) {
+    static constexpr std::string_view kDevices[] = {"none", "cpu", "nvme"};
+    const json& v = s.raw("device");
+    const std::string d = v.is_string() ? v.get<std::string>() : "";
+    if (std::find(std::begin(kDevices), std::end(kDevices), d) == std::end(kDevices))
+      ZEROTH_THROW(ConfigError, "{} must be \"none\", \"cpu\" or \"nvme\", got {}", s.at("device"), v.dump());
+    o.device = d == "cpu" ? OffloadDevice::cpu : d == "nvme" ? OffloadDevice::nvme : OffloadDevice::none;
+  }
+  if (s.has("nvme_path")) {
+    const json& v = s.raw("nvme_path");
+    if (!v.is_string() || v.get<std::string>().empty())
+      ZEROTH_THROW(ConfigError, "{} must be a folder on the NVMe drive, got {}", s.at("nvme_path"), v.dump());
+    o.nvme_path = v.get<std::string>();
+  }
+  o.pin_memory = s.flag("pin_memory", o.pin_memory);
+  o.pipeline_read = s.flag("pipeline_read", o.pipeline_read);
+  o.pipeline_write = s.flag("pipeline_write", o.pipeline_write);
+  // DeepSpeed derives `pipeline` from the two above; fast_init skips its first swap-out, which
+  // zeroth never does (the swap files start as zeroed extents).
+  for (const char* key : {"fast_init", "pipeline"}) {
+    if (!s.has(key)) continue;
+    s.flag(key, false);
+    o.no_effect.push_back(s.at(key) + (std::string_view(key) == "pipeline"
+                                           ? ": DeepSpeed computes it from pipeline_read and pipeline_write"
+                                           : ": zeroth's swap files start zeroed, so initialization never swaps"));
+  }
+  o.ratio = s.number("ratio", o.ratio, 0, 1, "a fraction in [0, 1]");
+  for (const char* key : {"buffer_count", "buffer_size", "max_in_cpu"}) {
+    if (!s.has(key)) continue;
+    const std::string_view k = key;
+    uint64_t& field = k == "buffer_count" ? o.buffer_count : k == "buffer_size" ? o.buffer_size : o.max_in_cpu;
+    field = positive(s, key, field);
+    o.no_effect.push_back(s.at(key) +
+                          ": zeroth sizes its swap buffers from the plan (sub_group_size, the reduce buckets, pipeline_read/write)");
   }
   if (o.device == OffloadDevice::nvme && o.nvme_path.empty())
     ZEROTH_THROW(ConfigError, "{}.device is \"nvme\" but {}.nvme_path is not set: name a folder on the drive for the swap files", path,
@@ -105,31 +94,24 @@ AioConfig AioConfig::from_deepspeed(const json& section) {
   static constexpr std::string_view kKeys[] = {"block_size",   "queue_depth",   "intra_op_parallelism",
                                                "thread_count", "single_submit", "overlap_events",
                                                "use_gds"};
-  for (const auto& [key, v] : section.items()) {
-    const std::string at = "aio." + key;
-    if (std::find(std::begin(kKeys), std::end(kKeys), key) == std::end(kKeys)) unknown("aio", key, kKeys);
-    if (key == "block_size") {
-      a.block_size = positive(v, at);
-      if (a.block_size % 4096 != 0 || a.block_size > (uint64_t{1} << 30))
-        ZEROTH_THROW(ConfigError, "aio.block_size must be a multiple of 4096 bytes (O_DIRECT) and at most 1 GiB, got {}", v.dump());
-    } else if (key == "queue_depth") {
-      a.queue_depth = positive(v, at);
-      if (a.queue_depth > 4096) ZEROTH_THROW(ConfigError, "aio.queue_depth must be at most 4096, got {}", v.dump());
-    } else if (key == "intra_op_parallelism" || key == "thread_count") {
-      a.threads = positive(v, at);
-      if (a.threads > 64) ZEROTH_THROW(ConfigError, "{} must be at most 64, got {}", at, v.dump());
-    } else if (key == "single_submit") {
-      a.single_submit = boolean(v, at);
-      if (a.single_submit) a.no_effect.push_back(at + ": zeroth submits the pieces of a request in batches either way");
-    } else if (key == "overlap_events") {
-      a.overlap_events = boolean(v, at);
-      if (!a.overlap_events) a.no_effect.push_back(at + ": zeroth always reaps completions while other pieces are in flight");
-    } else if (key == "use_gds") {
-      if (boolean(v, at))
-        ZEROTH_THROW(ConfigError,
-                     "aio.use_gds = true asks for GPUDirect Storage, a DeepSpeed feature zeroth does not support; remove it");
-    }
+  const ConfigSection s(section, "aio", kKeys);
+  a.block_size = positive(s, "block_size", a.block_size);
+  if (a.block_size % 4096 != 0 || a.block_size > (uint64_t{1} << 30))
+    ZEROTH_THROW(ConfigError, "aio.block_size must be a multiple of 4096 bytes (O_DIRECT) and at most 1 GiB, got {}",
+                 s.raw("block_size").dump());
+  a.queue_depth = positive(s, "queue_depth", a.queue_depth);
+  if (a.queue_depth > 4096) ZEROTH_THROW(ConfigError, "aio.queue_depth must be at most 4096, got {}", s.raw("queue_depth").dump());
+  for (const char* key : {"intra_op_parallelism", "thread_count"}) {
+    if (!s.has(key)) continue;
+    a.threads = positive(s, key, a.threads);
+    if (a.threads > 64) ZEROTH_THROW(ConfigError, "{} must be at most 64, got {}", s.at(key), s.raw(key).dump());
   }
+  a.single_submit = s.flag("single_submit", a.single_submit);
+  if (a.single_submit) a.no_effect.push_back("aio.single_submit: zeroth submits the pieces of a request in batches either way");
+  a.overlap_events = s.flag("overlap_events", a.overlap_events);
+  if (!a.overlap_events) a.no_effect.push_back("aio.overlap_events: zeroth always reaps completions while other pieces are in flight");
+  if (s.flag("use_gds", false))
+    ZEROTH_THROW(ConfigError, "aio.use_gds = true asks for GPUDirect Storage, a DeepSpeed feature zeroth does not support; remove it");
   return a;
 }
 
