@@ -3,12 +3,9 @@
 // the same file and settings in the same run as the reference; prints the best setting as
 // DeepSpeed's `aio` section. With --device cuda, the host<->device copy rates as well.
 #include <fcntl.h>        // open, posix_fallocate
-#include <poll.h>         // poll
 #include <signal.h>       // sigaction, raise
 #include <sys/mman.h>     // madvise
-#include <sys/prctl.h>    // prctl, PR_SET_PDEATHSIG
 #include <sys/statvfs.h>  // statvfs
-#include <sys/wait.h>     // waitpid
 #include <unistd.h>       // fork, execv, unlink, access, close
 
 #include <algorithm>   // std::max, std::min
@@ -34,6 +31,7 @@
 #include "offload/aligned_buffer.h"  // AlignedBuffer
 #include "tools/bench_offload.h"     // CopyRates, check_cuda_device, measure_cuda_copies
 #include "tools/commands.h"
+#include "tools/process.h"  // run_process
 
 namespace zeroth::tools {
 namespace {
@@ -115,61 +113,6 @@ std::optional<std::string> find_on_path(const std::string& name) {
   for (std::string dir; std::getline(dirs, dir, ':');)
     if (!dir.empty() && ::access((dir + "/" + name).c_str(), X_OK) == 0) return dir + "/" + name;
   return std::nullopt;
-}
-
-struct ProcessResult {
-  int status = 0;  // exit code, 128 + signal when killed
-  std::string out, err;
-};
-
-// Runs argv (argv[0] a full path) without a shell. The child dies with this process
-// (PR_SET_PDEATHSIG), however this one ends, so an interrupted bench leaves no fio running.
-ProcessResult run_process(const std::vector<std::string>& argv) {
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  int out_pipe[2], err_pipe[2];
-  SYSCALL_CHECK(::pipe2(out_pipe, O_CLOEXEC));
-  SYSCALL_CHECK(::pipe2(err_pipe, O_CLOEXEC));
-  const pid_t parent = ::getpid();
-  const pid_t pid = SYSCALL_CHECK(::fork());
-  if (pid == 0) {
-    // Only async-signal-safe calls between fork and exec: other threads held locks at the fork.
-    if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() != parent) ::_exit(127);
-    ::dup2(out_pipe[1], 1);
-    ::dup2(err_pipe[1], 2);
-    ::execv(args[0], args.data());
-    ::_exit(127);
-  }
-  ::close(out_pipe[1]);
-  ::close(err_pipe[1]);
-  ProcessResult result;
-  // Both pipes at once: a child blocked on a full stderr would never close stdout.
-  pollfd fds[2] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}};
-  std::string* sinks[2] = {&result.out, &result.err};
-  for (int open = 2; open > 0;) {
-    if (::poll(fds, 2, -1) == -1) {
-      if (errno == EINTR) continue;
-      break;
-    }
-    for (int k = 0; k < 2; ++k) {
-      if (fds[k].fd < 0 || fds[k].revents == 0) continue;
-      char buffer[4096];
-      const ssize_t n = ::read(fds[k].fd, buffer, sizeof buffer);
-      if (n > 0) {
-        sinks[k]->append(buffer, static_cast<std::size_t>(n));
-      } else if (n == 0 || errno != EINTR) {
-        ::close(fds[k].fd);
-        fds[k].fd = -1;
-        --open;
-      }
-    }
-  }
-  int status = 0;
-  while (::waitpid(pid, &status, 0) == -1 && errno == EINTR) {
-  }
-  result.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return result;
 }
 
 class OffloadBench {

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,7 @@
 #include "core/error.h"
 #include "optim/optimizer.h"
 #include "tools/commands.h"
+#include "tools/process.h"  // run_process
 
 namespace zeroth::tools {
 namespace {
@@ -97,7 +99,7 @@ print(json.dumps(out))
 )PY";
 
 nlohmann::json run_torch(const std::vector<size_t>& sizes, const std::vector<int>& threads, int reps, bool tuned_malloc) {
-  if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) return nullptr;
+  if (run_process({"/usr/bin/python3", "-c", "import torch"}).status != 0) return nullptr;
   const std::string script = fmt::format("/tmp/zeroth_torch_adamw_{}.py", ::getpid());
   std::ofstream(script) << kTorchScript;
   std::string sz, th;
@@ -105,18 +107,14 @@ nlohmann::json run_torch(const std::vector<size_t>& sizes, const std::vector<int
   for (auto t : threads) th += (th.empty() ? "" : ",") + std::to_string(t);
   // glibc returns large freed blocks to the OS by default, so every torch step pays page faults
   // for its temporaries; these settings keep them (MACHINE.md).
-  const std::string env = tuned_malloc
-                              ? "MALLOC_MMAP_THRESHOLD_=17179869184 MALLOC_TRIM_THRESHOLD_=17179869184 MALLOC_TOP_PAD_=1073741824 "
-                              : "";
-  const std::string cmd = fmt::format("env {}/usr/bin/python3 {} {} {} {}", env, script, sz, th, reps);
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (pipe == nullptr) return nullptr;
-  std::string text;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, pipe)) text.append(buf, n);
-  const int status = pclose(pipe);
+  std::map<std::string, std::string> env;
+  if (tuned_malloc) {
+    env = {{"MALLOC_MMAP_THRESHOLD_", "17179869184"}, {"MALLOC_TRIM_THRESHOLD_", "17179869184"}, {"MALLOC_TOP_PAD_", "1073741824"}};
+  }
+  const ProcessResult torch = run_process({"/usr/bin/python3", script, sz, th, std::to_string(reps)}, env);
   std::remove(script.c_str());
-  if (status != 0) return nullptr;
+  if (torch.status != 0) return nullptr;
+  const std::string& text = torch.out;
   try {
     return nlohmann::json::parse(text);
   } catch (...) {

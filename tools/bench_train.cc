@@ -4,13 +4,14 @@
 // median step. OpenBLAS reads its environment at load time, so run the whole command under the
 // environment you want both sides to see (see docs/PERFORMANCE.md).
 #include <algorithm>  // std::max
-#include <cstdio>     // popen
+#include <cstdio>     // std::printf
 #include <string>     // std::string
 #include <thread>     // std::thread::hardware_concurrency
 #include <vector>     // std::vector
 
 #include <CLI/CLI.hpp>        // CLI::App
 #include <fmt/format.h>       // fmt::format
+#include <fmt/ranges.h>       // fmt::join
 #include <nlohmann/json.hpp>  // nlohmann::json
 
 #include "core/stats.h"             // median
@@ -21,6 +22,7 @@
 #include "train/trainer.h"          // train
 #include "models/threads.h"         // share_cores
 #include "tools/commands.h"
+#include "tools/process.h"  // run_process
 
 namespace zeroth::tools {
 namespace {
@@ -75,20 +77,22 @@ std::vector<double> run_zeroth(const Options& o, const GptConfig& model) {
 }
 
 nlohmann::json run_torch(const Options& o, const GptConfig& m, int threads) {
-  const std::string cmd = fmt::format("{} {} --layers {} --heads {} --embd {} --vocab {} --seq {} --batch {} --steps {} --threads {}",
-                                      o.python, o.script, m.n_layer, m.n_head, m.n_embd, m.vocab_size, o.seq, o.batch, o.steps,
-                                      threads);
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (pipe == nullptr) ZEROTH_THROW(IoError, "popen(\"{}\") failed", cmd);
-  std::string out;
-  char buf[4096];
-  while (size_t n = std::fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
-  const int status = pclose(pipe);
-  if (status != 0) {
+  const std::vector<std::string> argv = {o.python,    o.script,
+                                         "--layers",  std::to_string(m.n_layer),
+                                         "--heads",   std::to_string(m.n_head),
+                                         "--embd",    std::to_string(m.n_embd),
+                                         "--vocab",   std::to_string(m.vocab_size),
+                                         "--seq",     std::to_string(o.seq),
+                                         "--batch",   std::to_string(o.batch),
+                                         "--steps",   std::to_string(o.steps),
+                                         "--threads", std::to_string(threads)};
+  const ProcessResult torch = run_process(argv);
+  const std::string& out = torch.out;
+  if (torch.status != 0) {
     ZEROTH_THROW(
         Error,
-        "the PyTorch reference failed (status {}): {}\n  command: {}\n  (needs Debian's python3-torch; --no-reference skips it)",
-        status, out, cmd);
+        "the PyTorch reference failed (status {}): {}{}\n  command: {}\n  (needs Debian's python3-torch; --no-reference skips it)",
+        torch.status, out, torch.err, fmt::join(argv, " "));
   }
   return nlohmann::json::parse(out.substr(out.rfind('{')));
 }

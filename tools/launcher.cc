@@ -8,7 +8,6 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -24,8 +23,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
-
-extern char** environ;
+#include "tools/process.h"  // spawn_child, exit_code
 
 namespace zeroth::tools {
 
@@ -52,19 +50,6 @@ int pick_free_port() {
   SYSCALL_CHECK(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len));
   ::close(fd);
   return ntohs(addr.sin_port);
-}
-
-// The parent's environment with `overrides` replacing variables of the same name.
-std::vector<std::string> child_environment(const std::map<std::string, std::string>& overrides) {
-  std::vector<std::string> env;
-  for (char** e = environ; *e != nullptr; ++e) {
-    const std::string entry(*e);
-    const auto eq = entry.find('=');
-    if (eq != std::string::npos && overrides.count(entry.substr(0, eq)) != 0) continue;
-    env.push_back(entry);
-  }
-  for (const auto& [k, v] : overrides) env.push_back(k + "=" + v);
-  return env;
 }
 
 // rank < 0: no prefix.
@@ -125,19 +110,6 @@ int run_launch(const LaunchOptions& o) {
   for (int i = 0; i < o.nproc_per_node; ++i) {
     Rank& r = ranks[i];
     r.index = o.node_rank * o.nproc_per_node + i;
-    int out[2], err[2];
-    SYSCALL_CHECK(::pipe2(out, O_CLOEXEC));
-    SYSCALL_CHECK(::pipe2(err, O_CLOEXEC));
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, out[1], 1);
-    posix_spawn_file_actions_adddup2(&actions, err[1], 2);
-    posix_spawnattr_t attr;
-    posix_spawnattr_init(&attr);
-    posix_spawnattr_setpgroup(&attr, 0);
-    posix_spawnattr_setsigmask(&attr, &previous);
-    posix_spawnattr_setsigdefault(&attr, &handled);
-    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
     std::map<std::string, std::string> vars = {{"RANK", std::to_string(r.index)},
                                                {"LOCAL_RANK", std::to_string(i)},
                                                {"WORLD_SIZE", std::to_string(world)},
@@ -150,23 +122,19 @@ int run_launch(const LaunchOptions& o) {
       const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
       vars["ZEROTH_NUM_THREADS"] = std::to_string(std::max(1L, cores / o.nproc_per_node));
     }
-    auto env = child_environment(vars);
-    std::vector<char*> envp, argv;
-    for (auto& e : env) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    std::vector<std::string> args = o.command;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const int rc = posix_spawnp(&r.pid, argv[0], &actions, &attr, argv.data(), envp.data());
-    posix_spawn_file_actions_destroy(&actions);
-    posix_spawnattr_destroy(&attr);
-    ::close(out[1]);
-    ::close(err[1]);
-    r.out_fd = out[0];
-    r.err_fd = err[0];
-    if (rc != 0) {
+    // Each rank its own process group, so stopping it stops what it started; the signals this
+    // thread takes through its signalfd get their defaults and mask back in the child.
+    SpawnOptions spawn;
+    spawn.env = std::move(vars);
+    spawn.new_group = true;
+    spawn.mask = &previous;
+    spawn.defaults = &handled;
+    try {
+      const Child child = spawn_child(o.command, spawn);
+      r.pid = child.pid, r.out_fd = child.out_fd, r.err_fd = child.err_fd;
+    } catch (...) {
       for (auto& started : ranks) signal_group(started, SIGKILL);
-      ZEROTH_THROW(IoError, "cannot start '{}' for rank {}: {}", o.command[0], r.index, detail::errno_text(rc));
+      throw;
     }
     r.running = true;
   }
@@ -224,7 +192,7 @@ int run_launch(const LaunchOptions& o) {
       int status = 0;
       if (::waitpid(r.pid, &status, WNOHANG) != r.pid) continue;
       r.running = false;
-      r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      r.exit_code = exit_code(status);
       if (r.exit_code != 0 && !first_failure) {
         first_failure = r.exit_code;
         std::fprintf(stderr, "zeroth launch: rank %d exited with code %d; stopping the other ranks\n", r.index, r.exit_code);
