@@ -103,7 +103,7 @@ OptimizerParams OptimizerParams::from_deepspeed(const nlohmann::json& section) {
   } else if (t == "sgd") {
     p.kind = OptimizerKind::sgd;
     allowed = {"lr", "momentum", "dampening", "weight_decay", "nesterov"};
-    if (!params.contains("lr")) ZEROTH_THROW(ConfigError, "optimizer.params.lr is required for SGD");
+    if (!params.contains("lr") || params["lr"].is_null()) ZEROTH_THROW(ConfigError, "optimizer.params.lr is required for SGD");
   } else if (t == "lion") {
     p.kind = OptimizerKind::lion;
     p.beta2 = 0.999;

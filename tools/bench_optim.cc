@@ -99,7 +99,12 @@ print(json.dumps(out))
 )PY";
 
 nlohmann::json run_torch(const std::vector<size_t>& sizes, const std::vector<int>& threads, int reps, bool tuned_malloc) {
-  if (run_process({"/usr/bin/python3", "-c", "import torch"}).status != 0) return nullptr;
+  // No interpreter or no torch: no comparison, as the help says.
+  try {
+    if (run_process({"/usr/bin/python3", "-c", "import torch"}).status != 0) return nullptr;
+  } catch (const IoError&) {
+    return nullptr;
+  }
   const std::string script = fmt::format("/tmp/zeroth_torch_adamw_{}.py", ::getpid());
   std::ofstream(script) << kTorchScript;
   std::string sz, th;

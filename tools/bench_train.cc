@@ -86,7 +86,13 @@ nlohmann::json run_torch(const Options& o, const GptConfig& m, int threads) {
                                          "--batch",   std::to_string(o.batch),
                                          "--steps",   std::to_string(o.steps),
                                          "--threads", std::to_string(threads)};
-  const ProcessResult torch = run_process(argv);
+  ProcessResult torch;
+  try {
+    torch = run_process(argv);
+  } catch (const IoError& e) {
+    torch.status = 127;
+    torch.err = e.what();
+  }
   const std::string& out = torch.out;
   if (torch.status != 0) {
     ZEROTH_THROW(

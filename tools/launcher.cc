@@ -132,9 +132,9 @@ int run_launch(const LaunchOptions& o) {
     try {
       const Child child = spawn_child(o.command, spawn);
       r.pid = child.pid, r.out_fd = child.out_fd, r.err_fd = child.err_fd;
-    } catch (...) {
+    } catch (const Error& e) {
       for (auto& started : ranks) signal_group(started, SIGKILL);
-      throw;
+      ZEROTH_THROW(IoError, "rank {}: {}", r.index, e.what());
     }
     r.running = true;
   }

@@ -118,12 +118,11 @@ namespace {
 // save, and finish (weights, summary). train() reads top to bottom; what the steps share lives
 // here, declared in the order it must be made: the tokens and losses before the model (its queued
 // work reads and writes them until its destructor has waited for it, also when a step fails), the
-// runner before the model too, but destroyed first (its channels move data in the model's
-// buffers), the saver after the engine it saves.
+// runner before the model too, but destroyed first (RunnerFirst), the saver after the engine it
+// saves.
 class TrainingRun {
  public:
   TrainingRun(const TrainConfig& config, Communicator& world, Device& device, TrainObserver* observer, const std::atomic<bool>* stop);
-  ~TrainingRun() { runner_.reset(); }
   TrainingRun(const TrainingRun&) = delete;
   TrainingRun& operator=(const TrainingRun&) = delete;
 
@@ -202,6 +201,12 @@ class TrainingRun {
   std::vector<float> losses_;
   Engine engine_;
   Gpt gpt_;
+  // Destroyed before the model: the runner's channels move data in its buffers. A member, so it
+  // holds when the constructor fails after this point too.
+  struct RunnerFirst {
+    std::unique_ptr<PipelineRunner>& runner;
+    ~RunnerFirst() { runner.reset(); }
+  } runner_first_{runner_};
   std::exception_ptr report_error_;
   int64_t nonfinite_ = 0, last_finite_step_ = 0;
   double last_finite_loss_ = 0;
@@ -547,7 +552,7 @@ TrainSummary TrainingRun::finish() {
   }
   if (tp_ > 1) summary.tensor_traffic = groups_->tp->stats();
   if (lead_ && observer_ != nullptr) observer_->on_end(summary);
-  return summary;
+  return std::move(summary_);
 }
 
 }  // namespace

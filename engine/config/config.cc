@@ -49,9 +49,11 @@ ZeroConfig ZeroConfig::from_deepspeed(const nlohmann::json& section) {
   const nlohmann::json own = without_deepspeed_extras(section, "zero_optimization", kZeroKeys, z.no_effect);
   const ConfigSection s(own, "zero_optimization", kZeroKeys);
   // Element counts: DeepSpeed takes them as numbers (5e8), and so does zeroth.
+  // Of a key and its alias, both are checked and the key wins, as DeepSpeed reads them.
   auto count = [&](const char* key, const char* alias, uint64_t def) {
-    const char* given = s.has(key) || alias == nullptr ? key : alias;
-    return static_cast<uint64_t>(s.number(given, static_cast<double>(def), 0, 1e18, "a non-negative number of elements"));
+    auto read = [&](const char* k, double d) { return s.number(k, d, 0, 1e18, "a non-negative number of elements"); };
+    const double from_alias = alias != nullptr ? read(alias, static_cast<double>(def)) : static_cast<double>(def);
+    return static_cast<uint64_t>(read(key, from_alias));
   };
   z.stage = static_cast<int>(s.integer("stage", z.stage, 0, 3, "0, 1, 2 or 3"));
   z.reduce_bucket_size = count("reduce_bucket_size", nullptr, z.reduce_bucket_size);
@@ -63,8 +65,9 @@ ZeroConfig ZeroConfig::from_deepspeed(const nlohmann::json& section) {
   z.stage3_max_reuse_distance = count("stage3_max_reuse_distance", "max_reuse_distance", z.stage3_max_reuse_distance);
   z.stage3_param_persistence_threshold = count("stage3_param_persistence_threshold", "param_persistence_threshold",
                                                z.stage3_param_persistence_threshold);
+  // Three names of one flag; where several are given, the last in this order wins, as before.
   for (const char* k :
-       {"stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save"})
+       {"gather_16bit_weights_on_model_save", "stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save"})
     z.gather_16bit_weights_on_model_save = s.flag(k, z.gather_16bit_weights_on_model_save);
   z.sub_group_size = count("sub_group_size", nullptr, z.sub_group_size);
   if (s.has("offload_optimizer"))

@@ -132,10 +132,11 @@ PipeMeasure measure_sleeping_pipeline(PipeKind kind, int p, int m, std::chrono::
   PipeMeasure result;
   run_local_ranks(p, [&](Communicator& world) {
     auto device = make_device("cpu");
+    // One buffer per (micro-batch, chunk, port): nothing is reused within the cycle. Before the
+    // runner, whose channels may still write into it while it winds down after a failure.
+    Buffer ports = device->allocate(static_cast<size_t>(m) * v * 4 * kPortFloats * sizeof(float), MemTag::activations);
     PipelineRunner runner(*device, world, make_pipe_schedule(kind, p, m, v));
     Stream& cs = device->default_stream();
-    // One buffer per (micro-batch, chunk, port): nothing is reused within the cycle.
-    Buffer ports = device->allocate(static_cast<size_t>(m) * v * 4 * kPortFloats * sizeof(float), MemTag::activations);
     PipeModel model;
     auto sleep_for = [&cs, unit, v](int units) {
       const auto d = unit * units / v;

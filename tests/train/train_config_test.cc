@@ -96,7 +96,8 @@ TEST(TrainConfig, HuggingFaceAutoConfigResolves) {
 
 // DeepSpeed ignores top-level keys it does not know and reads its bf16 section by hand (public
 // configs carry `cuda_visible_devices`, `comms_config`, bf16's `hysteresis`): accepted and named
-// once as ignored, in the order given; a key within a typo of a known one is refused (Invalid below).
+// once as ignored (in the keys' sorted order); a key within a typo of a known one is refused (Invalid
+// below).
 TEST(TrainConfig, KeysDeepSpeedIgnoresAreNamedOnceAsIgnored) {
   const auto c = TrainConfig::from_json(
       with(base(),
