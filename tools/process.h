@@ -14,7 +14,7 @@ namespace zeroth::tools {
 struct SpawnOptions {
   std::map<std::string, std::string> env;  // set in the child's environment (the rest inherited)
   bool new_group = false;                  // its own process group: a signal to the group reaches all it starts
-  bool die_with_parent = false;            // SIGKILL when this process ends, however it ends
+  bool die_with_parent = false;            // SIGKILL when the calling thread ends (PR_SET_PDEATHSIG)
   const sigset_t* mask = nullptr;          // the child's signal mask (null: this thread's)
   const sigset_t* defaults = nullptr;      // signals whose handling the child resets to the default
 };
@@ -36,7 +36,8 @@ struct ProcessResult {
   std::string out, err;
 };
 
-// Runs argv to its end, dying with this process, and returns what it wrote.
+// Runs argv to its end and returns what it wrote. The child dies with the calling thread (the
+// tools call it from their main thread, so with zeroth), however that ends.
 ProcessResult run_process(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env = {});
 
 // The exit code of a waitpid status: the code, or 128 + the signal that killed it.
