@@ -314,6 +314,19 @@ int run(const Options& o) {
   const bool device_known = device_budget > 0 || c.run.device == "cpu";
   const int per_node = c.run.world_size;  // one machine: every rank of the config on it
 
+  // The run's own host memory is the same in every row; data that cannot be opened here (a token
+  // file on another machine) leaves its tokens uncounted, and the output says so.
+  size_t run_host = 0;
+  std::string run_host_note;
+  try {
+    run_host = run_host_bytes(c);
+  } catch (const Error& e) {
+    run_host = run_host_bytes(c, false);
+    run_host_note = fmt::format(" (its data not counted: {})", e.what());
+  }
+  if (c.data.format == DataFormat::bin && run_host_note.empty())
+    run_host_note = " (token files are mapped: the pages a run reads are the page cache's, not counted)";
+
   // Each row is the config with its stage and offload devices changed, parsed as `zeroth train`
   // parses it (so every rule that depends on them applies) and planned as the engine plans it.
   std::vector<Row> rows;
@@ -345,6 +358,7 @@ int run(const Options& o) {
         } catch (const ConfigError& err) {
           row.refused = err.what();
         }
+        row.need.run_host = run_host;
         rows.push_back(std::move(row));
       }
     }
@@ -385,6 +399,7 @@ int run(const Options& o) {
                     {"host_bytes_per_node", host_bytes(r.need) * static_cast<size_t>(per_node)},
                     {"nvme_bytes", r.need.total(Tier::nvme)},
                     {"save_host_bytes", r.need.save_host},
+                    {"run_host_bytes", r.need.run_host},
                     {"tiers", tiers}});
       }
       if (device_known) row["fits"] = fits(r);
@@ -424,6 +439,9 @@ int run(const Options& o) {
     std::printf("  and at the end-of-run save, pageable host memory outside the engine's pools: %s (the weights file's gathered "
                 "block, or the checkpoint writer's largest owned range and staging)\n",
                 format_bytes(r.need.save_host).c_str());
+    std::printf("  and the run's own pageable host memory: %s (its copy of the tokens, its loader's window order, its threads' "
+                "stacks and allocator arenas)%s\n",
+                format_bytes(r.need.run_host).c_str(), run_host_note.c_str());
   }
   std::printf(
       "model states: parameters, gradients and optimizer state on the device, as the ZeRO paper counts them; device "

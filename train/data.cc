@@ -116,9 +116,11 @@ TokenData TokenData::open_text(const std::string& path) {
               reinterpret_cast<const unsigned char*>(bytes.data()) + bytes.size());
   }
   if (v->empty()) ZEROTH_THROW(InvalidArgument, "{} holds no text", path);
+  v->shrink_to_fit();  // the growth's spare capacity is address space the run would keep
   TokenData t;
   t.data_ = v->data();
   t.size_ = v->size();
+  t.heap_bytes_ = v->size() * sizeof(uint16_t);
   t.storage_ = std::move(v);
   return t;
 }
@@ -137,6 +139,7 @@ TokenData TokenData::synthetic(int vocab, int64_t tokens, uint64_t seed) {
   TokenData t;
   t.data_ = v->data();
   t.size_ = v->size();
+  t.heap_bytes_ = v->size() * sizeof(uint16_t);
   t.storage_ = std::move(v);
   return t;
 }
@@ -252,6 +255,14 @@ DataSplits load_data(const TrainConfig& c) {
 
 
 }  // namespace
+
+size_t run_data_host_bytes(const TrainConfig& config) {
+  const DataSplits data = load_data(config);
+  // Validation held out of the training file shares its storage.
+  const size_t tokens = data.train.heap_bytes() + (config.data.val.empty() ? 0 : data.val.heap_bytes());
+  const size_t windows = (data.train.size() - 1) / static_cast<size_t>(config.model.seq_len);
+  return tokens + windows * sizeof(int64_t);
+}
 
 RunData open_run_data(const TrainConfig& config, int dp, int rank) {
   const int mb = static_cast<int>(config.micro_batch_size), T = config.model.seq_len;

@@ -35,11 +35,15 @@ class TokenData {
   // Tokens [begin, end), sharing the storage.
   TokenData slice(size_t begin, size_t end) const;
   int max_token() const;  // largest token id (scans the data)
+  // Bytes of memory the whole storage holds (a slice's too); 0 for a mapped token file, whose pages
+  // are the page cache's.
+  size_t heap_bytes() const { return heap_bytes_; }
 
  private:
   std::shared_ptr<const void> storage_;
   const uint16_t* data_ = nullptr;
   size_t size_ = 0;
+  size_t heap_bytes_ = 0;
 };
 
 class Loader {
@@ -79,5 +83,8 @@ struct RunData {
   std::unique_ptr<Loader> val;
 };
 RunData open_run_data(const TrainConfig& config, int dp, int rank);
+// The host memory one rank's RunData holds: the tokens it read (text and synthetic data; a token
+// file is mapped, not read) and its training loader's window order. Opens the data to count it.
+size_t run_data_host_bytes(const TrainConfig& config);
 
 }  // namespace zeroth

@@ -95,8 +95,12 @@ StagePlan plan_stage(const TrainConfig& config, int stage, int dp_rank, int tp_r
   out.plan.stages = pp;
   out.model = Gpt::footprint(config.model, static_cast<int>(config.micro_batch_size), config.model.seq_len,
                              config.engine.compute_dtype, out.plan.chunk_in_flight, part);
-  out.need = estimate(out.plan, out.model);
+  out.need = estimate(out.plan, out.model, config.run.checkpoint_async);
   return out;
+}
+
+size_t run_host_bytes(const TrainConfig& config, bool count_data) {
+  return (count_data ? run_data_host_bytes(config) : 0) + kRankThreadsHostBytes;
 }
 
 StagePlan largest_stage(const TrainConfig& config, int* stage) {

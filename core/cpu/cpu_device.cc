@@ -19,9 +19,12 @@ constexpr size_t kSmallAlign = 64;
 
 HostBlockCache::~HostBlockCache() { release_all(); }
 
+// Whole pages, not whole huge pages: a large block's full 2 MiB spans get huge pages and its tail
+// small ones, so it holds at most a page it does not use (rounding to 2 MiB cost the tiny GPT 13% of
+// its resident set: 40 MiB over 307 requested, and the estimate cannot see it).
 size_t HostBlockCache::rounded(size_t bytes) {
   if (bytes == 0) bytes = 1;
-  const size_t align = bytes >= kHugePage ? kHugePage : bytes >= kPage ? kPage : kSmallAlign;
+  const size_t align = bytes >= kPage ? kPage : kSmallAlign;
   return (bytes + align - 1) / align * align;
 }
 

@@ -280,13 +280,6 @@ std::string FileCheck::describe(const std::string& step_dir, const CkptFile& fil
   return "";
 }
 
-namespace {
-
-// Per staging buffer: large enough for several of the file's blocks in flight, small enough that
-// touching it for the first time (slow on these machines) costs little per save.
-
-}  // namespace
-
 CkptFileWriter::CkptFileWriter(std::string path, const offload::IoOptions& io) : path_(std::move(path)) {
   std::error_code ec;
   fs::remove(path_, ec);  // the writer's own file, fresh: no old bytes past the new end

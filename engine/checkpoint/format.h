@@ -106,10 +106,13 @@ struct FileCheck {
 };
 FileCheck verify_file(const std::string& step_dir, const CkptFile& file);
 
-// XXH3-64 while writing: a data file written in pieces, flushed to the disk by finish(). The
-// Each of the writer's two staging buffers.
+// Each of the writer's two staging buffers: large enough for several of the file's blocks in
+// flight, small enough that touching it for the first time (slow on these machines) costs little
+// per save. Data goes into them in whole O_DIRECT blocks.
 inline constexpr size_t kStagingBytes = size_t{8} << 20;
+inline constexpr size_t kStagingAlignment = offload::kIoAlignment;
 
+// XXH3-64 while writing: a data file written in pieces, flushed to the disk by finish(). The
 // bytes go through two aligned staging buffers to io_uring with O_DIRECT (offload/aio.h), one
 // filling while the other is written, so the page cache is neither copied into nor flushed at
 // the end; the file is cut to its exact size at finish().

@@ -25,7 +25,7 @@ std::string MemoryNeed::describe(Tier tier) const {
   return out;
 }
 
-MemoryNeed estimate(const Plan& plan, const ModelFootprint& model) {
+MemoryNeed estimate(const Plan& plan, const ModelFootprint& model, bool snapshot_checkpoints) {
   MemoryNeed need;
   need.bytes = plan.bytes;
   at(need.bytes, Tier::device, MemTag::activations) += model.activations;
@@ -46,11 +46,19 @@ MemoryNeed estimate(const Plan& plan, const ModelFootprint& model) {
     weights_host = std::max(weights_host, vectors + (m != nullptr ? bounce(*m) : 0));
   }
   at(need.bytes, Tier::device, MemTag::other) += gather;
-  size_t checkpoint_host = 0;
-  for (const auto& r : plan.owned)
-    if (r.kind == StateKind::master || r.kind == StateKind::moment0 || r.kind == StateKind::moment1)
+  // The checkpoint writer copies one owned range of one state at a time to the host and streams the
+  // rank's file through two staging buffers, which a file smaller than both touches only in part.
+  size_t checkpoint_host = 0, checkpoint_file = 0;
+  for (const auto& r : plan.owned) {
+    if (r.kind == StateKind::master || r.kind == StateKind::moment0 || r.kind == StateKind::moment1) {
       checkpoint_host = std::max(checkpoint_host, r.numel() * sizeof(float) + bounce(r));
-  need.save_host = std::max(weights_host, checkpoint_host + 2 * kStagingBytes);
+      checkpoint_file += r.numel() * sizeof(float);
+    }
+  }
+  const size_t staging = std::min(2 * kStagingBytes,
+                                  (checkpoint_file + kStagingAlignment - 1) / kStagingAlignment * kStagingAlignment);
+  // An asynchronous save first copies the whole file to a host snapshot, kept for the next save.
+  need.save_host = std::max(weights_host, checkpoint_host + staging + (snapshot_checkpoints ? checkpoint_file : 0));
   return need;
 }
 

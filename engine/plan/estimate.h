@@ -23,17 +23,23 @@ struct MemoryNeed {
   size_t allowance = kEstimateAllowance;  // on the device tier
   // Pageable host memory outside the engine's tiers that the end-of-run save takes: the larger of
   // the weights file's gathered block with the rank's slice of it (fp32) and the checkpoint
-  // writer's largest owned range of one state plus its two staging buffers; state in swap files
-  // adds the bounce buffer it is read through.
+  // writer's largest owned range of one state plus what its two staging buffers hold of the file
+  // (and the file's snapshot when saves are asynchronous); state in swap files adds the bounce
+  // buffer it is read through.
   size_t save_host = 0;
+  // Pageable host memory the run around the engine holds on this rank: its copy of the tokens, its
+  // loaders' window order, its threads' stacks and allocator arenas (train's run_host_bytes; the
+  // engine alone leaves it 0).
+  size_t run_host = 0;
   std::string activation_note;
   size_t total(Tier tier) const;          // with the allowance on the device tier
   std::string describe(Tier tier) const;  // "params 7.77 MiB, grads ..., allowance 64.00 KiB"
 };
 
 // The plan's bytes, the model's, and (tag other) the device buffers of gathering one block's fp32
-// master values, which a run does at its end to save its weights.
-MemoryNeed estimate(const Plan& plan, const ModelFootprint& model = {});
+// master values, which a run does at its end to save its weights. `snapshot_checkpoints`: saves
+// are asynchronous (run.checkpoint_async), each copying the rank's file to the host first.
+MemoryNeed estimate(const Plan& plan, const ModelFootprint& model = {}, bool snapshot_checkpoints = false);
 
 // Throws OutOfMemory, naming every part and what to change, when the need on `tier` exceeds
 // `budget` (0: unlimited) less `in_use`. `budget_name` says where the budget comes from
