@@ -15,8 +15,8 @@
 #include "core/dtype.h"                    // DType
 #include "core/error.h"                    // ZEROTH_THROW
 #include "core/memory.h"                   // format_bytes
-#include "engine/checkpoint/checkpoint.h"  // write_checkpoint
-#include "engine/checkpoint/format.h"      // read_manifest, verify_file
+#include "engine/checkpoint/checkpoint.h"  // ckpt::write
+#include "engine/checkpoint/format.h"      // ckpt::read_manifest, ckpt::verify_file
 #include "engine/plan/plan.h"              // make_plan
 #include "models/gpt/gpt.h"                // Gpt
 #include "optim/loss_scaler.h"             // LossScaler
@@ -31,24 +31,24 @@ using Clock = std::chrono::steady_clock;
 
 struct Opened {
   std::string dir;
-  Manifest manifest;
+  ckpt::Manifest manifest;
 };
 
 // The step folder's manifest, with every file checked (CheckpointError naming each bad one).
 Opened open_verified(const std::string& path, bool print) {
-  Opened o{resolve_checkpoint(path), {}};
-  o.manifest = read_manifest(o.dir);
+  Opened o{ckpt::resolve(path), {}};
+  o.manifest = ckpt::read_manifest(o.dir);
   const auto t0 = Clock::now();
   uint64_t read = 0;
   std::vector<std::string> problems;
   for (const auto& f : o.manifest.files) {
-    const FileCheck c = verify_file(o.dir, f);
+    const ckpt::FileCheck c = ckpt::verify_file(o.dir, f);
     read += c.read_bytes;
     if (print) {
-      std::printf("    %-16s %12s  xxh3-64 %s  %s\n", f.name.c_str(), format_bytes(f.bytes).c_str(), hex64(f.xxh3).c_str(),
-                  c.problem == FileCheck::Problem::none ? "ok" : "BAD");
+      std::printf("    %-16s %12s  xxh3-64 %s  %s\n", f.name.c_str(), format_bytes(f.bytes).c_str(), ckpt::hex64(f.xxh3).c_str(),
+                  c.problem == ckpt::FileCheck::Problem::none ? "ok" : "BAD");
     }
-    if (c.problem != FileCheck::Problem::none) problems.push_back(c.describe(o.dir, f));
+    if (c.problem != ckpt::FileCheck::Problem::none) problems.push_back(c.describe(o.dir, f));
   }
   const double s = std::chrono::duration<double>(Clock::now() - t0).count();
   if (!problems.empty()) throw CheckpointError(fmt::format("{}; do not use this checkpoint", fmt::join(problems, "; ")));
@@ -68,7 +68,7 @@ TrainConfig saved_config(const Opened& o) {
     if (config.contains("run") && config["run"].is_object()) config["run"]["backend"] = "local";
     return TrainConfig::from_json(config);
   } catch (const Error& e) {
-    throw CheckpointError(fmt::format("{}/{}: the saved config does not parse ({})", o.dir, kManifestName, e.what()));
+    throw CheckpointError(fmt::format("{}/{}: the saved config does not parse ({})", o.dir, ckpt::kManifestName, e.what()));
   }
 }
 
@@ -76,9 +76,9 @@ std::string dims(const std::vector<int64_t>& shape) { return fmt::format("[{}]",
 
 // The checkpoint's tensor for a parameter of the saved config's GPT; CheckpointError when it is
 // missing or of another shape.
-const CkptTensor* saved_tensor(const Opened& o, const BlockSpec& block, const ParamSpec& param) {
+const ckpt::TensorEntry* saved_tensor(const Opened& o, const BlockSpec& block, const ParamSpec& param) {
   const std::string name = block.name + "." + param.name;
-  const CkptTensor* t = o.manifest.find(name);
+  const ckpt::TensorEntry* t = o.manifest.find(name);
   if (t == nullptr || t->shape != param.shape) {
     throw CheckpointError(fmt::format("{}: tensor {} {} of the saved config's GPT is {} in the checkpoint", o.dir, name,
                                       dims(param.shape), t == nullptr ? "missing" : dims(t->shape)));
@@ -87,9 +87,9 @@ const CkptTensor* saved_tensor(const Opened& o, const BlockSpec& block, const Pa
 }
 
 void inspect(const std::string& path) {
-  const std::string dir = resolve_checkpoint(path);
-  const Manifest m = read_manifest(dir);
-  std::printf("checkpoint %s (%s, version %d)\n", dir.c_str(), kCheckpointFormat, m.version);
+  const std::string dir = ckpt::resolve(path);
+  const ckpt::Manifest m = ckpt::read_manifest(dir);
+  std::printf("checkpoint %s (%s, version %d)\n", dir.c_str(), ckpt::kFormat, m.version);
   std::printf("  step       %lld (%lld optimizer updates applied)\n", static_cast<long long>(m.step),
               static_cast<long long>(m.engine.value("steps_applied", int64_t{0})));
   if (m.config.contains("run")) std::printf("  run        %s\n", m.config["run"].value("name", std::string("?")).c_str());
@@ -132,13 +132,13 @@ void export_weights(const std::string& path, const std::string& out, const std::
   const Opened o = open_verified(path, false);
   const TrainConfig c = saved_config(o);
   const auto specs = Gpt::block_specs(c.model);
-  CkptReader reader(o.dir, o.manifest);
+  ckpt::Reader reader(o.dir, o.manifest);
   const auto t0 = Clock::now();
   Gpt2Writer writer(c.model, out, type);
   std::vector<float> values;
   while (!writer.done()) {
     const auto& p = specs[writer.block()].params[writer.param()];
-    const CkptTensor* t = saved_tensor(o, specs[writer.block()], p);
+    const ckpt::TensorEntry* t = saved_tensor(o, specs[writer.block()], p);
     values.resize(p.numel());
     reader.read(*t, 0, 0, p.numel(), values.data());
     writer.write(values.data());
@@ -158,12 +158,12 @@ void reshard(const std::string& path, int dp, const std::string& out) {
   const TrainConfig c = saved_config(o);
   const auto specs = Gpt::block_specs(c.model);
   const Plan plan = layout(c, dp);
-  std::vector<const CkptTensor*> tensors;
+  std::vector<const ckpt::TensorEntry*> tensors;
   for (const auto& s : specs)
     for (const auto& p : s.params) tensors.push_back(saved_tensor(o, s, p));
-  CkptReader reader(o.dir, o.manifest);
-  Manifest header = o.manifest;
-  const CheckpointIo io = write_checkpoint(
+  ckpt::Reader reader(o.dir, o.manifest);
+  ckpt::Manifest header = o.manifest;
+  const ckpt::IoStats io = ckpt::write(
       specs, plan, header,
       [&](size_t tensor, int state, uint64_t lo, uint64_t hi, float* values) { reader.read(*tensors[tensor], state, lo, hi, values); },
       out);
@@ -181,7 +181,7 @@ void import_weights(const std::string& file, const std::string& config_path, con
   std::vector<std::vector<float>> weights(first.back());
   read_gpt2_weights(c.model, file,
                     [&](int block, size_t param, std::vector<float>& values) { weights[first[block] + param] = std::move(values); });
-  Manifest m;
+  ckpt::Manifest m;
   m.step = 0;
   m.world = {{"tp", 1},
              {"pp", 1},
@@ -200,7 +200,7 @@ void import_weights(const std::string& file, const std::string& config_path, con
                {{"scale", s.scale}, {"iteration", s.iteration}, {"last_overflow", s.last_overflow}, {"hysteresis", s.hysteresis}}}};
   m.run = {{"imported_from", file}};
   m.config = c.resolved;
-  const CheckpointIo io = write_checkpoint(
+  const ckpt::IoStats io = ckpt::write(
       specs, plan, m,
       [&](size_t tensor, int state, uint64_t lo, uint64_t hi, float* values) {
     if (state == 0) {

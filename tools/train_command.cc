@@ -257,13 +257,13 @@ class Console final : public TrainObserver {
     std::fflush(stdout);
   }
 
-  void on_resume(const CheckpointIo& io, int64_t step) override {
+  void on_resume(const ckpt::IoStats& io, int64_t step) override {
     std::printf("resumed from %s at step %lld (%s read and verified in %.2f s, %.2f GB/s)\n", io.path.c_str(),
                 static_cast<long long>(step), format_bytes(io.bytes).c_str(), io.seconds, gbps(io.bytes, io.seconds));
     std::fflush(stdout);
   }
 
-  void on_checkpoint(const CheckpointIo& io, int64_t step) override {
+  void on_checkpoint(const ckpt::IoStats& io, int64_t step) override {
     metrics_ << nlohmann::json{{"step", step},
                                {"checkpoint", io.path},
                                {"checkpoint_bytes", io.all_bytes},

@@ -57,7 +57,7 @@ struct RunConfig {
   std::string checkpoint_dir;
   int64_t keep_last = 0;
   // Each rank copies its part to host memory and a thread writes it while training goes on; the
-  // checkpoint is published after the next step (CheckpointSaver).
+  // checkpoint is published after the next step (ckpt::Saver).
   bool checkpoint_async = false;
   // Initial weights instead of the seeded initialization: a GPT-2 safetensors file in Hugging Face's
   // names (a published GPT-2, or a run's model.safetensors) or a zeroth checkpoint (its weights;

@@ -19,7 +19,7 @@
 #include "core/memory.h"                   // format_bytes
 #include "core/log.h"                      // ZLOG_WARN
 #include "core/stats.h"                    // median
-#include "engine/checkpoint/checkpoint.h"  // save_checkpoint, load_checkpoint
+#include "engine/checkpoint/checkpoint.h"  // ckpt::save, ckpt::load
 #include "engine/engine.h"                 // Engine
 #include "engine/plan/estimate.h"          // estimate
 #include "engine/pipeline/runner.h"        // PipelineRunner
@@ -35,7 +35,7 @@ namespace {
 void init_weights(Engine& engine, const TrainConfig& config) {
   const std::string& from = config.run.init_from;
   if (std::filesystem::is_directory(from)) {
-    load_checkpoint(engine, from, nullptr, true);
+    ckpt::load(engine, from, nullptr, true);
     return;
   }
   // The file's tensors come block by block (the whole model's blocks), each block's in its
@@ -176,7 +176,7 @@ class TrainingRun {
   // train/data.h) and the non-finite streak. An asynchronous save is published after the next
   // step, or before the run ends.
   void save(int64_t step);
-  void published(const CheckpointIo& io);
+  void published(const ckpt::IoStats& io);
 
   const TrainConfig& config_;
   Communicator& world_;
@@ -217,7 +217,7 @@ class TrainingRun {
   Buffer shared_;
   int eval_batch_ = 0;
   PipeModel stage_model_;
-  CheckpointSaver saver_;
+  ckpt::Saver saver_;
   int64_t saved_step_ = 0;
   std::vector<double> rates_, bubbles_;
   PipeMeasure last_trace_;
@@ -297,8 +297,8 @@ void TrainingRun::restore() {
   // A resumed run, or one starting from saved weights, sets every parameter itself.
   engine_.finalize(std::move(planned_.plan), planned_.model, config_.run.resume.empty() && config_.run.init_from.empty());
   if (!config_.run.resume.empty()) {
-    Manifest m;
-    summary_.resume_io = load_checkpoint(engine_, config_.run.resume, &m);
+    ckpt::Manifest m;
+    summary_.resume_io = ckpt::load(engine_, config_.run.resume, &m);
     summary_.resumed_from = summary_.resume_io.path;
     summary_.start_step = engine_.steps_run();
     if (summary_.start_step >= config_.run.steps) {
@@ -319,7 +319,7 @@ void TrainingRun::restore() {
     return;
   }
   if (!config_.run.init_from.empty()) init_weights(engine_, config_);
-  if (lead_ && config_.run.checkpoint_interval >= 0 && std::filesystem::exists(config_.run.checkpoint_dir + "/" + kLatestName)) {
+  if (lead_ && config_.run.checkpoint_interval >= 0 && std::filesystem::exists(config_.run.checkpoint_dir + "/" + ckpt::kLatestName)) {
     ZLOG_WARN("{} holds checkpoints of an earlier run; this run's go beside them (a step folder of the same number is replaced, "
               "run.keep_last counts them all): use --resume to continue that run, or another run.checkpoint_dir",
               config_.run.checkpoint_dir);
@@ -368,14 +368,14 @@ void TrainingRun::evaluate(int64_t step) {
   report([&] { observer_->on_eval(step, val); });
 }
 
-void TrainingRun::published(const CheckpointIo& io) {
+void TrainingRun::published(const ckpt::IoStats& io) {
   summary_.last_save = io;
   ++summary_.checkpoints_saved;
   report([&] { observer_->on_checkpoint(io, saved_step_); });
 }
 
 void TrainingRun::save(int64_t step) {
-  CheckpointSaveOptions o;
+  ckpt::SaveOptions o;
   o.dir = config_.run.checkpoint_dir;
   o.keep_last = static_cast<int>(config_.run.keep_last);
   o.config = config_.resolved;
@@ -387,7 +387,7 @@ void TrainingRun::save(int64_t step) {
            {"nonfinite_steps", nonfinite_},
            {"last_finite_step", last_finite_step_},
            {"last_finite_loss", last_finite_loss_}};
-  const CheckpointIo started = saver_.save(engine_, o);
+  const ckpt::IoStats started = saver_.save(engine_, o);
   saved_step_ = step;
   if (!saver_.pending()) published(started);
 }

@@ -12,7 +12,7 @@
 #include "comm/communicator.h"             // Communicator
 #include "core/device.h"                   // Device
 #include "core/memory.h"                   // kMemTagCount
-#include "engine/checkpoint/checkpoint.h"  // CheckpointIo
+#include "engine/checkpoint/checkpoint.h"  // ckpt::IoStats
 #include "engine/plan/estimate.h"          // MemoryNeed
 #include "engine/plan/plan.h"              // Plan
 #include "train/train_config.h"            // TrainConfig
@@ -64,7 +64,7 @@ struct TrainSummary {
   // timing; bytes of all ranks' files).
   std::string resumed_from;
   int64_t start_step = 0;  // steps done before this run (from the checkpoint)
-  CheckpointIo resume_io, last_save;
+  ckpt::IoStats resume_io, last_save;
   int checkpoints_saved = 0;
   // Pipelines: the measured bubble (median over the steps after the first: 1 - busy / makespan
   // over the stages) next to the formula, each stage's peak of activation memory, and the Chrome
@@ -90,8 +90,8 @@ class TrainObserver {
   virtual void on_start(const TrainConfig&, const Plan&, const RunFacts&) {}
   virtual void on_step(const StepMetrics&) {}
   virtual void on_eval(int64_t /*step*/, double /*val_loss*/) {}
-  virtual void on_resume(const CheckpointIo&, int64_t /*step*/) {}
-  virtual void on_checkpoint(const CheckpointIo&, int64_t /*step*/) {}
+  virtual void on_resume(const ckpt::IoStats&, int64_t /*step*/) {}
+  virtual void on_checkpoint(const ckpt::IoStats&, int64_t /*step*/) {}
   virtual void on_end(const TrainSummary&) {}
 };
 

@@ -27,9 +27,9 @@
 #include "engine/checkpoint/format.h"  // Manifest
 #include "engine/engine.h"             // Engine
 
-namespace zeroth {
+namespace zeroth::ckpt {
 
-struct CheckpointSaveOptions {
+struct SaveOptions {
   std::string dir;                                   // the checkpoint folder: step folders and `latest`
   int keep_last = 0;                                 // step folders kept, the new one included (0: all)
   nlohmann::json run = nlohmann::json::object();     // the caller's state (data position, ...)
@@ -37,7 +37,7 @@ struct CheckpointSaveOptions {
   nlohmann::json world = nlohmann::json::object();   // layout keys beyond the engine's (tp, pp)
 };
 
-struct CheckpointIo {
+struct IoStats {
   std::string path;            // the step folder
   uint64_t bytes = 0;          // this rank's: written, or read (verification included)
   uint64_t all_bytes = 0;      // the checkpoint's data files together
@@ -48,26 +48,26 @@ struct CheckpointIo {
 // Collective over the engine's data-parallel group, between cycles. The folder is named by
 // engine.steps_run(). IoError when a rank cannot write (every rank raises; nothing of the new
 // checkpoint remains and the previous ones are untouched).
-CheckpointIo save_checkpoint(Engine& engine, const CheckpointSaveOptions& options);
+IoStats save(Engine& engine, const SaveOptions& options);
 
-// save_checkpoint, or (async) the same save in two halves, so training goes on while the files
+// save, or (async) the same save in two halves, so training goes on while the files
 // are written: save() copies this rank's slice into host memory (kept for the next save: the
 // rank's file size, 12 bytes per owned parameter with Adam) and hands it to a writer thread;
 // complete(), called by every rank at the same point (after the next step, say), waits for the
 // writes, then agrees and publishes exactly as the synchronous save does. Until then the
 // checkpoint does not exist for a loader: a crash in between leaves the previous one.
-class CheckpointSaver {
+class Saver {
  public:
-  explicit CheckpointSaver(bool async = false);
-  ~CheckpointSaver();  // an unpublished save is dropped (its writer joined)
-  CheckpointSaver(const CheckpointSaver&) = delete;
-  CheckpointSaver& operator=(const CheckpointSaver&) = delete;
+  explicit Saver(bool async = false);
+  ~Saver();  // an unpublished save is dropped (its writer joined)
+  Saver(const Saver&) = delete;
+  Saver& operator=(const Saver&) = delete;
   // Collective. Synchronous: the finished save. Asynchronous: the path and blocked_seconds of the
   // started one (a save still in flight is completed first).
-  CheckpointIo save(Engine& engine, const CheckpointSaveOptions& options);
+  IoStats save(Engine& engine, const SaveOptions& options);
   bool pending() const { return pending_ != nullptr; }
   // Collective: the save in flight, published; seconds from save() to here.
-  CheckpointIo complete(Engine& engine);
+  IoStats complete(Engine& engine);
 
  private:
   struct Pending;
@@ -82,7 +82,7 @@ class CheckpointSaver {
 // weights alone (a run that starts from them: run.init_from). CheckpointError naming the file or
 // the mismatch; nothing of the engine changes unless every check passed. `manifest` (optional)
 // receives the manifest, for the caller's own state.
-CheckpointIo load_checkpoint(Engine& engine, const std::string& path, Manifest* manifest = nullptr, bool weights_only = false);
+IoStats load(Engine& engine, const std::string& path, Manifest* manifest = nullptr, bool weights_only = false);
 
 // A checkpoint written without an engine (`zeroth ckpt import`, `reshard`): the files the ranks of
 // `plan` (made for `specs` at its dp size) would write, into `<dir>/step-<header.step>` with
@@ -90,7 +90,7 @@ CheckpointIo load_checkpoint(Engine& engine, const std::string& path, Manifest* 
 // values(tensor, state, lo, hi, out) provides elements [lo, hi) of a tensor (numbered over the
 // blocks' parameters in order) and state (an index of header.states) in f32.
 using TensorSource = std::function<void(size_t tensor, int state, uint64_t lo, uint64_t hi, float* out)>;
-CheckpointIo write_checkpoint(const std::vector<BlockSpec>& specs, const Plan& plan, Manifest header, const TensorSource& values,
-                              const std::string& dir);
+IoStats write(const std::vector<BlockSpec>& specs, const Plan& plan, Manifest header, const TensorSource& values,
+              const std::string& dir);
 
-}  // namespace zeroth
+}  // namespace zeroth::ckpt

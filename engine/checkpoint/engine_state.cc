@@ -126,7 +126,7 @@ void add_tensors(Manifest& m, const Plan& plan, const std::vector<TensorRef>& te
   const size_t first = m.tensors.size();
   std::vector<uint64_t> at;  // where the slice's elements go in the tensor's stored order
   for (const auto& t : tensors) {
-    m.tensors.push_back({t.name, t.shape, std::vector<std::vector<CkptPiece>>(m.states.size()), t.split});
+    m.tensors.push_back({t.name, t.shape, std::vector<std::vector<Piece>>(m.states.size()), t.split});
     m.tensors.back().split.rank = 0;
     m.tensors.back().split.full_shape = t.shape;
     at.push_back(m.tensors.back().part_offset(t.split.rank));

@@ -18,17 +18,17 @@
 #include "core/error.h"  // ZEROTH_THROW, SYSCALL_CHECK
 #include "core/log.h"    // ZLOG_WARN
 
-namespace zeroth {
+namespace zeroth::ckpt {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-uint64_t CkptTensor::numel() const {
+uint64_t TensorEntry::numel() const {
   uint64_t n = 1;
   for (int64_t d : shape) n *= static_cast<uint64_t>(d);
   return n;
 }
 
-std::string ckpt_file_name(int rank) { return fmt::format("rank-{:05d}.bin", rank); }
+std::string file_name(int rank) { return fmt::format("rank-{:05d}.bin", rank); }
 
 std::string hex64(uint64_t v) { return fmt::format("{:016x}", v); }
 
@@ -45,17 +45,9 @@ json Manifest::to_json() const {
     }
     tensors_j.push_back(std::move(tj));
   }
-  return {{"format", kCheckpointFormat},
-          {"version", version},
-          {"step", step},
-          {"world", world},
-          {"optimizer", optimizer},
-          {"states", states},
-          {"engine", engine},
-          {"run", run},
-          {"config", config},
-          {"files", files_j},
-          {"tensors", tensors_j}};
+  return {{"format", kFormat},      {"version", version}, {"step", step},        {"world", world},
+          {"optimizer", optimizer}, {"states", states},   {"engine", engine},    {"run", run},
+          {"config", config},       {"files", files_j},   {"tensors", tensors_j}};
 }
 
 Manifest Manifest::from_json(const json& j, const std::string& source) {
@@ -63,13 +55,13 @@ Manifest Manifest::from_json(const json& j, const std::string& source) {
     return CheckpointError(
         fmt::format("{}: {}; the checkpoint cannot be used (was it edited or written by something else?)", source, what));
   };
-  if (!j.is_object() || j.value("format", std::string()) != kCheckpointFormat) throw bad("not a zeroth checkpoint manifest");
+  if (!j.is_object() || j.value("format", std::string()) != kFormat) throw bad("not a zeroth checkpoint manifest");
   Manifest m;
   try {
     m.version = j.at("version").get<int>();
-    if (m.version != kCheckpointVersion) {
+    if (m.version != kVersion) {
       throw CheckpointError(fmt::format("{}: format version {}, but this zeroth reads version {}; use the zeroth that wrote it",
-                                        source, m.version, kCheckpointVersion));
+                                        source, m.version, kVersion));
     }
     m.step = j.at("step").get<int64_t>();
     m.world = j.at("world");
@@ -82,7 +74,7 @@ Manifest Manifest::from_json(const json& j, const std::string& source) {
     m.run = j.at("run");
     m.config = j.at("config");
     for (const auto& f : j.at("files")) {
-      CkptFile file{f.at("name").get<std::string>(), f.at("bytes").get<uint64_t>(), 0};
+      FileEntry file{f.at("name").get<std::string>(), f.at("bytes").get<uint64_t>(), 0};
       const auto hex = f.at("xxh3_64").get<std::string>();
       size_t used = 0;
       file.xxh3 = hex.size() == 16 ? std::stoull(hex, &used, 16) : 0;
@@ -92,7 +84,7 @@ Manifest Manifest::from_json(const json& j, const std::string& source) {
       m.files.push_back(std::move(file));
     }
     for (const auto& t : j.at("tensors")) {
-      CkptTensor tensor{t.at("name").get<std::string>(), t.at("shape").get<std::vector<int64_t>>(), {}};
+      TensorEntry tensor{t.at("name").get<std::string>(), t.at("shape").get<std::vector<int64_t>>(), {}};
       if (t.at("dtype").get<std::string>() != "F32") throw bad(fmt::format("tensor {} is not F32", tensor.name));
       for (int64_t d : tensor.shape)
         if (d <= 0) throw bad(fmt::format("tensor {} has the shape {}", tensor.name, t.at("shape").dump()));
@@ -114,10 +106,10 @@ Manifest Manifest::from_json(const json& j, const std::string& source) {
       }
       for (const auto& state : m.states) {
         if (!t.contains(state)) throw bad(fmt::format("tensor {} has no \"{}\" pieces", tensor.name, state));
-        std::vector<CkptPiece> pieces;
+        std::vector<Piece> pieces;
         for (const auto& p : t.at(state))
           pieces.push_back({p.at(0).get<int>(), p.at(1).get<uint64_t>(), p.at(2).get<uint64_t>(), p.at(3).get<uint64_t>()});
-        std::sort(pieces.begin(), pieces.end(), [](const CkptPiece& a, const CkptPiece& b) { return a.lo < b.lo; });
+        std::sort(pieces.begin(), pieces.end(), [](const Piece& a, const Piece& b) { return a.lo < b.lo; });
         // Every element exactly once, each piece inside its file.
         uint64_t next = 0;
         for (const auto& p : pieces) {
@@ -149,7 +141,7 @@ Manifest Manifest::from_json(const json& j, const std::string& source) {
   return m;
 }
 
-const CkptTensor* Manifest::find(const std::string& name) const {
+const TensorEntry* Manifest::find(const std::string& name) const {
   for (const auto& t : tensors)
     if (t.name == name) return &t;
   return nullptr;
@@ -192,7 +184,7 @@ std::vector<std::pair<int64_t, fs::path>> complete_steps(const fs::path& dir) {
 
 }  // namespace
 
-std::string resolve_checkpoint(const std::string& path) {
+std::string resolve(const std::string& path) {
   const fs::path dir(path);
   if (has_manifest(dir)) return dir.string();
   std::error_code ec;
@@ -232,7 +224,7 @@ json read_json_file(const std::string& path) {
   return j;
 }
 
-FileCheck verify_file(const std::string& step_dir, const CkptFile& file) {
+FileCheck verify_file(const std::string& step_dir, const FileEntry& file) {
   const std::string path = (fs::path(step_dir) / file.name).string();
   FileCheck check;
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -265,7 +257,7 @@ FileCheck verify_file(const std::string& step_dir, const CkptFile& file) {
   return check;
 }
 
-std::string FileCheck::describe(const std::string& step_dir, const CkptFile& file) const {
+std::string FileCheck::describe(const std::string& step_dir, const FileEntry& file) const {
   const std::string path = (fs::path(step_dir) / file.name).string();
   switch (problem) {
     case Problem::none: return "";
@@ -280,7 +272,7 @@ std::string FileCheck::describe(const std::string& step_dir, const CkptFile& fil
   return "";
 }
 
-CkptFileWriter::CkptFileWriter(std::string path, const offload::IoOptions& io) : path_(std::move(path)) {
+FileWriter::FileWriter(std::string path, const offload::IoOptions& io) : path_(std::move(path)) {
   std::error_code ec;
   fs::remove(path_, ec);  // the writer's own file, fresh: no old bytes past the new end
   file_ = std::make_unique<offload::AsyncFile>(path_, offload::AsyncFile::Mode::read_write, io);
@@ -290,7 +282,7 @@ CkptFileWriter::CkptFileWriter(std::string path, const offload::IoOptions& io) :
   XXH3_64bits_reset(static_cast<XXH3_state_t*>(state_));
 }
 
-CkptFileWriter::~CkptFileWriter() {
+FileWriter::~FileWriter() {
   // A writer given up on (an error elsewhere) lets its writes finish before the buffers go.
   for (auto& p : pending_) {
     try {
@@ -302,7 +294,7 @@ CkptFileWriter::~CkptFileWriter() {
   XXH3_freeState(static_cast<XXH3_state_t*>(state_));
 }
 
-void CkptFileWriter::submit() {
+void FileWriter::submit() {
   // Only the last block may be partial: O_DIRECT wants whole 4 KiB pages, so its tail is zeroed
   // and cut off again by finish().
   const size_t length = (filled_ + offload::kIoAlignment - 1) / offload::kIoAlignment * offload::kIoAlignment;
@@ -314,7 +306,7 @@ void CkptFileWriter::submit() {
   pending_[current_].wait();  // the other buffer's write is done before it fills again
 }
 
-void CkptFileWriter::write(const void* data, size_t bytes) {
+void FileWriter::write(const void* data, size_t bytes) {
   ZEROTH_CHECK(submitted_ % offload::kIoAlignment == 0, "{}: written after a partial block", path_);
   XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), data, bytes);
   const char* p = static_cast<const char*>(data);
@@ -327,7 +319,7 @@ void CkptFileWriter::write(const void* data, size_t bytes) {
   }
 }
 
-CkptFile CkptFileWriter::finish() {
+FileEntry FileWriter::finish() {
   if (filled_ > 0) submit();
   pending_[0].wait();
   pending_[1].wait();
@@ -356,7 +348,7 @@ void fsync_dir(const std::string& dir) {
 void write_file_atomically(const std::string& dir, const std::string& name, const std::string& text) {
   const std::string path = (fs::path(dir) / name).string(), tmp = path + ".tmp";
   {
-    CkptFileWriter out(tmp);
+    FileWriter out(tmp);
     out.write(text.data(), text.size());
     out.finish();
   }
@@ -368,4 +360,4 @@ void write_file_atomically(const std::string& dir, const std::string& name, cons
   fsync_dir(dir);
 }
 
-}  // namespace zeroth
+}  // namespace zeroth::ckpt

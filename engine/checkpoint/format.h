@@ -30,24 +30,24 @@
 #include "models/block_api.h"        // TensorSplit
 #include "offload/aligned_buffer.h"  // offload::AlignedBuffer
 
-namespace zeroth {
+namespace zeroth::ckpt {
 
-inline constexpr int kCheckpointVersion = 1;
-inline constexpr const char* kCheckpointFormat = "zeroth checkpoint";
+inline constexpr int kVersion = 1;
+inline constexpr const char* kFormat = "zeroth checkpoint";
 inline constexpr const char* kManifestName = "manifest.json";
 inline constexpr const char* kLatestName = "latest";
 
-struct CkptPiece {
+struct Piece {
   int file = 0;
   uint64_t offset = 0;  // bytes into the file
   uint64_t lo = 0, hi = 0;
-  bool operator==(const CkptPiece&) const = default;
+  bool operator==(const Piece&) const = default;
 };
 
-struct CkptTensor {
+struct TensorEntry {
   std::string name;
-  std::vector<int64_t> shape;                  // the whole tensor's
-  std::vector<std::vector<CkptPiece>> pieces;  // per entry of Manifest::states, sorted by lo: ranges of the stored order
+  std::vector<int64_t> shape;              // the whole tensor's
+  std::vector<std::vector<Piece>> pieces;  // per entry of Manifest::states, sorted by lo: ranges of the stored order
   // The split it was saved in (axis, groups, ranks = its parts; full_shape = shape); axis -1: whole,
   // stored in row-major order.
   TensorSplit split = {};
@@ -58,14 +58,14 @@ struct CkptTensor {
   uint64_t stored_position(uint64_t index) const;
 };
 
-struct CkptFile {
+struct FileEntry {
   std::string name;
   uint64_t bytes = 0;
   uint64_t xxh3 = 0;
 };
 
 struct Manifest {
-  int version = kCheckpointVersion;
+  int version = kVersion;
   int64_t step = 0;
   nlohmann::json world = nlohmann::json::object();   // dp, tp, pp, zero_stage, offload_optimizer, offload_param
   std::string optimizer;                             // its type: adamw, adam, sgd, lion, lamb
@@ -73,14 +73,14 @@ struct Manifest {
   nlohmann::json engine = nlohmann::json::object();  // the engine's counters and loss scaler
   nlohmann::json run = nlohmann::json::object();     // the caller's (data position, ...)
   nlohmann::json config = nlohmann::json::object();  // the run's resolved config
-  std::vector<CkptFile> files;
-  std::vector<CkptTensor> tensors;
+  std::vector<FileEntry> files;
+  std::vector<TensorEntry> tensors;
 
   nlohmann::json to_json() const;
   // Parses and checks a manifest: every field present and typed, every tensor's pieces of every
   // state cover it exactly once and lie inside their file. CheckpointError naming `source`.
   static Manifest from_json(const nlohmann::json& j, const std::string& source);
-  const CkptTensor* find(const std::string& name) const;
+  const TensorEntry* find(const std::string& name) const;
   int state_index(const std::string& state) const;  // -1 when absent
   uint64_t data_bytes() const;                      // all files
 };
@@ -88,7 +88,7 @@ struct Manifest {
 // A step folder or a checkpoint folder (its `latest`; when that names a folder that is gone, the
 // newest complete step folder, with a warning) to the step folder to load. CheckpointError when
 // there is none.
-std::string resolve_checkpoint(const std::string& path);
+std::string resolve(const std::string& path);
 // Reads and parses <step folder>/manifest.json (CheckpointError naming it when it is missing or
 // not valid).
 Manifest read_manifest(const std::string& step_dir);
@@ -102,9 +102,9 @@ struct FileCheck {
   uint64_t found = 0;  // wrong_size: the size; corrupted: the checksum; unreadable: the offset that failed
   uint64_t read_bytes = 0;
   // "" when none, else what is wrong ("<dir>/rank-00001.bin is truncated: ...").
-  std::string describe(const std::string& step_dir, const CkptFile& file) const;
+  std::string describe(const std::string& step_dir, const FileEntry& file) const;
 };
-FileCheck verify_file(const std::string& step_dir, const CkptFile& file);
+FileCheck verify_file(const std::string& step_dir, const FileEntry& file);
 
 // Each of the writer's two staging buffers: large enough for several of the file's blocks in
 // flight, small enough that touching it for the first time (slow on these machines) costs little
@@ -116,14 +116,14 @@ inline constexpr size_t kStagingAlignment = offload::kIoAlignment;
 // bytes go through two aligned staging buffers to io_uring with O_DIRECT (offload/aio.h), one
 // filling while the other is written, so the page cache is neither copied into nor flushed at
 // the end; the file is cut to its exact size at finish().
-class CkptFileWriter {
+class FileWriter {
  public:
-  explicit CkptFileWriter(std::string path, const offload::IoOptions& io = {});
-  ~CkptFileWriter();
-  CkptFileWriter(const CkptFileWriter&) = delete;
-  CkptFileWriter& operator=(const CkptFileWriter&) = delete;
+  explicit FileWriter(std::string path, const offload::IoOptions& io = {});
+  ~FileWriter();
+  FileWriter(const FileWriter&) = delete;
+  FileWriter& operator=(const FileWriter&) = delete;
   void write(const void* data, size_t bytes);  // IoError naming the file
-  CkptFile finish();                           // fsync, close; the file's name, size and checksum
+  FileEntry finish();                          // fsync, close; the file's name, size and checksum
 
  private:
   void submit();
@@ -139,22 +139,22 @@ class CkptFileWriter {
 };
 
 // Reads pieces of a step folder's files (opened on first use).
-class CkptReader {
+class Reader {
  public:
-  CkptReader(std::string step_dir, const Manifest& manifest);
-  ~CkptReader();
-  CkptReader(const CkptReader&) = delete;
-  CkptReader& operator=(const CkptReader&) = delete;
+  Reader(std::string step_dir, const Manifest& manifest);
+  ~Reader();
+  Reader(const Reader&) = delete;
+  Reader& operator=(const Reader&) = delete;
   // Row-major elements [lo, hi) of state `state` of `tensor` into `out` (f32).
-  void read(const CkptTensor& tensor, int state, uint64_t lo, uint64_t hi, float* out);
+  void read(const TensorEntry& tensor, int state, uint64_t lo, uint64_t hi, float* out);
   // Elements [lo, hi) of the slice `want` of the tensor (a tensor-parallel rank's, in its own
   // row-major order; axis -1: the whole tensor), whatever split the tensor was saved in.
-  void read_slice(const CkptTensor& tensor, int state, const TensorSplit& want, uint64_t lo, uint64_t hi, float* out);
+  void read_slice(const TensorEntry& tensor, int state, const TensorSplit& want, uint64_t lo, uint64_t hi, float* out);
   uint64_t bytes_read() const { return read_; }
 
  private:
   int fd(int file);
-  void read_stored(const CkptTensor& tensor, int state, uint64_t lo, uint64_t hi, float* out);  // stored positions [lo, hi)
+  void read_stored(const TensorEntry& tensor, int state, uint64_t lo, uint64_t hi, float* out);  // stored positions [lo, hi)
   std::string dir_;
   const Manifest& manifest_;
   std::vector<int> fds_;
@@ -162,7 +162,7 @@ class CkptReader {
 };
 
 // "rank-00003.bin"
-std::string ckpt_file_name(int rank);
+std::string file_name(int rank);
 // "0123456789abcdef"
 std::string hex64(uint64_t v);
 
@@ -171,4 +171,4 @@ void write_file_atomically(const std::string& dir, const std::string& name, cons
 // Flushes a folder's entries (after a rename or create in it).
 void fsync_dir(const std::string& dir);
 
-}  // namespace zeroth
+}  // namespace zeroth::ckpt

@@ -11,12 +11,11 @@
 #include "core/error.h"                      // CheckpointError
 #include "engine/checkpoint/engine_state.h"  // engine_states, engine_tensors, Agreement
 
-namespace zeroth {
+namespace zeroth::ckpt {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
-using namespace ckpt;
 
-CheckpointIo load_checkpoint(Engine& engine, const std::string& path, Manifest* out, bool weights_only) {
+IoStats load(Engine& engine, const std::string& path, Manifest* out, bool weights_only) {
   const auto t0 = Clock::now();
   const Plan& plan = engine.plan();
   const int rank = file_index(engine), ranks = file_count(engine);
@@ -28,7 +27,7 @@ CheckpointIo load_checkpoint(Engine& engine, const std::string& path, Manifest* 
   std::string step_dir, manifest_path;
   Manifest m;
   std::vector<int> state_at;  // the manifest's index of each engine state
-  std::vector<const CkptTensor*> found;
+  std::vector<const TensorEntry*> found;
   // A pipeline's stages hold the model between them: their tensors together must be the
   // checkpoint's (the tied copy counted once).
   size_t model_tensors = tensors.size();
@@ -42,7 +41,7 @@ CheckpointIo load_checkpoint(Engine& engine, const std::string& path, Manifest* 
   }
   Agreement early(engine);
   early.attempt([&] {
-    step_dir = resolve_checkpoint(path);
+    step_dir = resolve(path);
     m = read_manifest(step_dir);
     manifest_path = (fs::path(step_dir) / kManifestName).string();
     for (const auto& s : states) {
@@ -57,7 +56,7 @@ CheckpointIo load_checkpoint(Engine& engine, const std::string& path, Manifest* 
       state_at.push_back(i);
     }
     for (const auto& t : tensors) {
-      const CkptTensor* c = m.find(t.name);
+      const TensorEntry* c = m.find(t.name);
       if (c == nullptr) {
         throw CheckpointError(
             fmt::format("{}: the checkpoint has no tensor {}; it was written for another model (check model.* in the "
@@ -78,7 +77,7 @@ CheckpointIo load_checkpoint(Engine& engine, const std::string& path, Manifest* 
     }
   });
   early.agree("loading a checkpoint");
-  CheckpointIo io{step_dir};
+  IoStats io{step_dir};
 
   // Verification, the files split between the ranks; every rank learns every outcome.
   const size_t files = m.files.size();
@@ -100,7 +99,7 @@ CheckpointIo load_checkpoint(Engine& engine, const std::string& path, Manifest* 
 
   Agreement agreement(engine);
   agreement.attempt([&] {
-    CkptReader reader(step_dir, m);
+    Reader reader(step_dir, m);
     std::vector<float> moments;
     size_t first = 0;
     for (size_t b = 0; b < plan.blocks.size(); ++b) {
@@ -134,4 +133,4 @@ CheckpointIo load_checkpoint(Engine& engine, const std::string& path, Manifest* 
   return io;
 }
 
-}  // namespace zeroth
+}  // namespace zeroth::ckpt

@@ -11,10 +11,10 @@
 #include "core/error.h"  // CheckpointError, detail::errno_text
 #include "engine/checkpoint/format.h"
 
-namespace zeroth {
+namespace zeroth::ckpt {
 namespace fs = std::filesystem;
 
-uint64_t CkptTensor::part_offset(int part) const {
+uint64_t TensorEntry::part_offset(int part) const {
   if (!split.split()) return 0;
   const uint64_t across = numel() / static_cast<uint64_t>(shape.at(split.axis)) * split.groups;  // elements per row of a part
   const int64_t seg = shape[split.axis] / split.groups;
@@ -26,7 +26,7 @@ uint64_t CkptTensor::part_offset(int part) const {
   return at;
 }
 
-uint64_t CkptTensor::stored_position(uint64_t index) const {
+uint64_t TensorEntry::stored_position(uint64_t index) const {
   if (!split.split()) return index;
   uint64_t inner = 1;
   for (size_t d = split.axis + 1; d < shape.size(); ++d) inner *= static_cast<uint64_t>(shape[d]);
@@ -41,15 +41,15 @@ uint64_t CkptTensor::stored_position(uint64_t index) const {
   return part_offset(static_cast<int>(q)) + ((o * split.groups + g) * len + (j - static_cast<uint64_t>(b))) * inner + i;
 }
 
-CkptReader::CkptReader(std::string step_dir, const Manifest& manifest)
+Reader::Reader(std::string step_dir, const Manifest& manifest)
     : dir_(std::move(step_dir)), manifest_(manifest), fds_(manifest.files.size(), -1) {}
 
-CkptReader::~CkptReader() {
+Reader::~Reader() {
   for (int fd : fds_)
     if (fd >= 0) ::close(fd);
 }
 
-int CkptReader::fd(int file) {
+int Reader::fd(int file) {
   if (fds_[file] < 0) {
     const std::string path = (fs::path(dir_) / manifest_.files[file].name).string();
     fds_[file] = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -58,7 +58,7 @@ int CkptReader::fd(int file) {
   return fds_[file];
 }
 
-void CkptReader::read(const CkptTensor& tensor, int state, uint64_t lo, uint64_t hi, float* out) {
+void Reader::read(const TensorEntry& tensor, int state, uint64_t lo, uint64_t hi, float* out) {
   if (!tensor.split.split()) return read_stored(tensor, state, lo, hi, out);
   // Runs of consecutive stored positions, read one by one.
   uint64_t k = lo;
@@ -71,7 +71,7 @@ void CkptReader::read(const CkptTensor& tensor, int state, uint64_t lo, uint64_t
   }
 }
 
-void CkptReader::read_slice(const CkptTensor& tensor, int state, const TensorSplit& want, uint64_t lo, uint64_t hi, float* out) {
+void Reader::read_slice(const TensorEntry& tensor, int state, const TensorSplit& want, uint64_t lo, uint64_t hi, float* out) {
   const TensorSplit& have = tensor.split;
   if (want.split() && have.split() && want.axis == have.axis && want.groups == have.groups && want.ranks == have.ranks) {
     const uint64_t at = tensor.part_offset(want.rank);
@@ -81,7 +81,7 @@ void CkptReader::read_slice(const CkptTensor& tensor, int state, const TensorSpl
                     [&](size_t full, size_t count, size_t local) { read(tensor, state, full, full + count, out + (local - lo)); });
 }
 
-void CkptReader::read_stored(const CkptTensor& tensor, int state, uint64_t lo, uint64_t hi, float* out) {
+void Reader::read_stored(const TensorEntry& tensor, int state, uint64_t lo, uint64_t hi, float* out) {
   for (const auto& p : tensor.pieces[state]) {
     const uint64_t a = std::max(lo, p.lo), e = std::min(hi, p.hi);
     if (a >= e) continue;
@@ -99,4 +99,4 @@ void CkptReader::read_stored(const CkptTensor& tensor, int state, uint64_t lo, u
   }
 }
 
-}  // namespace zeroth
+}  // namespace zeroth::ckpt

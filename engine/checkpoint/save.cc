@@ -16,26 +16,25 @@
 #include "core/error.h"                      // ZEROTH_THROW
 #include "engine/checkpoint/engine_state.h"  // file_layout, Agreement, publish
 
-namespace zeroth {
+namespace zeroth::ckpt {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
-using namespace ckpt;
 
-struct CheckpointSaver::Pending {
+struct Saver::Pending {
   std::string name, what;
   fs::path dir, tmp;
   int keep_last = 0;
   Manifest header;  // rank 0: all but the files and tensors, as of the save's step
   std::thread writer;
-  CkptFile file;
+  FileEntry file;
   std::exception_ptr error;  // of this rank's copy or write
   Clock::time_point start;
   double blocked = 0;  // seconds save() held the caller
 };
 
-CheckpointSaver::CheckpointSaver(bool async) : async_(async) {}
+Saver::Saver(bool async) : async_(async) {}
 
-CheckpointSaver::~CheckpointSaver() {
+Saver::~Saver() {
   // An unpublished save (the run failed before complete()) is dropped; its temporary folder is
   // removed by the next save into the folder.
   if (pending_ && pending_->writer.joinable()) pending_->writer.join();
@@ -70,7 +69,7 @@ offload::IoOptions io_options(const AioConfig& aio) {
 
 }  // namespace
 
-CheckpointIo CheckpointSaver::save(Engine& engine, const CheckpointSaveOptions& o) {
+IoStats Saver::save(Engine& engine, const SaveOptions& o) {
   if (pending_) complete(engine);  // one save in flight at a time
   const Plan& plan = engine.plan();
   const int rank = file_index(engine);  // 0: the rank that prepares and publishes the folder
@@ -105,11 +104,11 @@ CheckpointIo CheckpointSaver::save(Engine& engine, const CheckpointSaveOptions& 
     m.run = o.run;
     m.config = o.config;
   }
-  const std::string path = (p->tmp / ckpt_file_name(rank)).string();
+  const std::string path = (p->tmp / file_name(rank)).string();
   const offload::IoOptions io = io_options(engine.config().aio);
   try {
     if (!async_) {
-      CkptFileWriter out(path, io);
+      FileWriter out(path, io);
       for_each_piece(engine, states, tensors, [&](const float* v, size_t n) { out.write(v, n * sizeof(float)); });
       p->file = out.finish();
     } else {
@@ -124,7 +123,7 @@ CheckpointIo CheckpointSaver::save(Engine& engine, const CheckpointSaveOptions& 
       });
       p->writer = std::thread([this, pending = p.get(), path, io] {
         try {
-          CkptFileWriter out(path, io);
+          FileWriter out(path, io);
           out.write(snapshot_.data(), snapshot_.size() * sizeof(float));
           pending->file = out.finish();
         } catch (...) {
@@ -142,8 +141,8 @@ CheckpointIo CheckpointSaver::save(Engine& engine, const CheckpointSaveOptions& 
   return {(pending_->dir / pending_->name).string(), 0, 0, 0, pending_->blocked};
 }
 
-CheckpointIo CheckpointSaver::complete(Engine& engine) {
-  ZEROTH_CHECK(pending_ != nullptr, "CheckpointSaver::complete() without a save in flight");
+IoStats Saver::complete(Engine& engine) {
+  ZEROTH_CHECK(pending_ != nullptr, "Saver::complete() without a save in flight");
   const auto t0 = Clock::now();
   const std::unique_ptr<Pending> p = std::move(pending_);
   if (p->writer.joinable()) p->writer.join();
@@ -151,7 +150,7 @@ CheckpointIo CheckpointSaver::complete(Engine& engine) {
   const int rank = file_index(engine), files = file_count(engine), stage = engine.pipeline_stage();
   const int tp = engine.tensor_ranks(), tp_rank = engine.tensor_rank();
   const bool parts = engine.pipeline_stages() > 1 || tp > 1;
-  CheckpointIo io{(p->dir / p->name).string()};
+  IoStats io{(p->dir / p->name).string()};
   Agreement agreement(engine);
   agreement.attempt([&] {
     if (p->error) std::rethrow_exception(p->error);
@@ -185,7 +184,7 @@ CheckpointIo CheckpointSaver::complete(Engine& engine) {
   if (rank == 0) {
     agreement.attempt([&] {
       Manifest& m = p->header;
-      for (int r = 0; r < files; ++r) m.files.push_back({ckpt_file_name(r), all[r * 3 + 1], all[r * 3 + 2]});
+      for (int r = 0; r < files; ++r) m.files.push_back({file_name(r), all[r * 3 + 1], all[r * 3 + 2]});
       if (!parts) {
         add_tensors(m, plan, saved_tensors(engine));
       } else {
@@ -223,17 +222,14 @@ CheckpointIo CheckpointSaver::complete(Engine& engine) {
   return io;
 }
 
-CheckpointIo save_checkpoint(Engine& engine, const CheckpointSaveOptions& options) {
-  return CheckpointSaver(false).save(engine, options);
-}
+IoStats save(Engine& engine, const SaveOptions& options) { return Saver(false).save(engine, options); }
 
-CheckpointIo write_checkpoint(const std::vector<BlockSpec>& specs, const Plan& plan, Manifest m, const TensorSource& values,
-                              const std::string& dir) {
+IoStats write(const std::vector<BlockSpec>& specs, const Plan& plan, Manifest m, const TensorSource& values, const std::string& dir) {
   const auto t0 = Clock::now();
   const auto tensors = plan_tensors(specs, plan);
   const std::string name = fmt::format("step-{}", m.step);
   const fs::path tmp = fs::path(dir) / (".tmp-" + name);
-  CheckpointIo io{(fs::path(dir) / name).string()};
+  IoStats io{(fs::path(dir) / name).string()};
   prepare_folder(dir, tmp);
   try {
     m.world["dp"] = plan.dp;
@@ -242,7 +238,7 @@ CheckpointIo write_checkpoint(const std::vector<BlockSpec>& specs, const Plan& p
     m.tensors.clear();
     std::vector<float> buffer;
     for (int r = 0; r < plan.dp; ++r) {
-      CkptFileWriter out((tmp / ckpt_file_name(r)).string());
+      FileWriter out((tmp / file_name(r)).string());
       for (const auto& p : file_layout(plan, tensors, m.states.size(), r)) {
         buffer.resize(p.hi - p.lo);
         values(static_cast<size_t>(p.tensor), p.state, p.lo, p.hi, buffer.data());
@@ -263,4 +259,4 @@ CheckpointIo write_checkpoint(const std::vector<BlockSpec>& specs, const Plan& p
   return io;
 }
 
-}  // namespace zeroth
+}  // namespace zeroth::ckpt

@@ -6,7 +6,7 @@
 #include <fmt/format.h>  // fmt::format
 
 #include "core/error.h"                // ZEROTH_THROW
-#include "engine/checkpoint/format.h"  // kStagingBytes
+#include "engine/checkpoint/format.h"  // ckpt::kStagingBytes
 
 namespace zeroth {
 
@@ -55,8 +55,8 @@ MemoryNeed estimate(const Plan& plan, const ModelFootprint& model, bool snapshot
       checkpoint_file += r.numel() * sizeof(float);
     }
   }
-  const size_t staging = std::min(2 * kStagingBytes,
-                                  (checkpoint_file + kStagingAlignment - 1) / kStagingAlignment * kStagingAlignment);
+  const size_t staging = std::min(2 * ckpt::kStagingBytes,
+                                  (checkpoint_file + ckpt::kStagingAlignment - 1) / ckpt::kStagingAlignment * ckpt::kStagingAlignment);
   // An asynchronous save first copies the whole file to a host snapshot, kept for the next save.
   need.save_host = std::max(weights_host, checkpoint_host + staging + (snapshot_checkpoints ? checkpoint_file : 0));
   return need;

@@ -192,7 +192,7 @@ inline GridResult train_grid(const GridCase& k, std::vector<PipeMeasure>* measur
     if (k.tp > 1) engine.set_tensor_parallel(*groups.tp);
     Gpt gpt(engine, gc, part, k.tp > 1 ? groups.tp.get() : nullptr);
     engine.finalize();
-    if (!steps.load.empty()) load_checkpoint(engine, steps.load);
+    if (!steps.load.empty()) ckpt::load(engine, steps.load);
     Loader loader(data, T, mb, k.micro, k.dp, dp_rank, 11, true);
     const size_t n = static_cast<size_t>(mb) * T;
     std::vector<int32_t> tokens(n * k.micro), targets(n * k.micro);
@@ -233,7 +233,7 @@ inline GridResult train_grid(const GridCase& k, std::vector<PipeMeasure>* measur
     }
     if (runner) runner->drain();                   // its channels use the model's buffers, which go first
     const CommStats traffic = groups.tp->stats();  // the model's own: the engine splits its communicators off it
-    if (!steps.save.empty()) save_checkpoint(engine, {.dir = steps.save});
+    if (!steps.save.empty()) ckpt::save(engine, {.dir = steps.save});
     // Tensor-parallel ranks place their slices in turn (rank 0 first: the replicas are checked
     // against its copy).
     const auto full_specs = Gpt::block_specs(gc, GptPart::of_rank(layers, k.pp, stage));

@@ -113,7 +113,7 @@ inline RankResult train_mlp(Communicator& comm, const MlpRun& run, const Process
     engine.finalize();
     int start = 0;
     if (!run.resume.empty()) {
-      load_checkpoint(engine, run.resume);
+      ckpt::load(engine, run.resume);
       start = static_cast<int>(engine.steps_run());
     }
     if (run.inspect) run.inspect(engine, start);
@@ -135,7 +135,7 @@ inline RankResult train_mlp(Communicator& comm, const MlpRun& run, const Process
       }
       if (run.synchronize_steps) engine.compute_stream().synchronize();
       result.comm_bytes_per_step = engine.comm_stats().total_bytes() - before;
-      if (k + 1 == run.save_after) save_checkpoint(engine, {.dir = run.checkpoint_dir});
+      if (k + 1 == run.save_after) ckpt::save(engine, {.dir = run.checkpoint_dir});
       if (run.inspect) run.inspect(engine, k + 1);
     }
     engine.compute_stream().synchronize();

@@ -118,9 +118,9 @@ TEST(TensorParallelCheckpoint, SavedAtTwoTwoTwoLoadsAtOtherSplitsAndTheSame) {
   GridCase saved;
   saved.dp = 2, saved.tp = 2, saved.pp = 2, saved.stage = 1, saved.sequence_parallel = true, saved.model = model();
   testing::train_grid(saved, nullptr, {0, saved_at, "", dir});
-  const auto manifest = read_manifest(resolve_checkpoint(dir));
+  const auto manifest = ckpt::read_manifest(ckpt::resolve(dir));
   EXPECT_EQ(manifest.world.at("tp"), 2);
-  const CkptTensor* qkv = manifest.find("h.0.attn.c_attn.weight");
+  const ckpt::TensorEntry* qkv = manifest.find("h.0.attn.c_attn.weight");
   ASSERT_NE(qkv, nullptr);
   EXPECT_EQ(qkv->split.axis, 0);
   EXPECT_EQ(qkv->split.groups, 3);
@@ -190,7 +190,7 @@ TEST(TensorParallelCheckpoint, StoredOrderIsThePartsEndToEnd) {
        {Shape{{12, 5}, 0, 3}, Shape{{7, 9}, 1, 1}, Shape{{6, 4, 3}, 1, 2}, Shape{{63, 4}, 0, 1}, Shape{{5}, 0, 1}}) {
     const int64_t seg = shape[axis] / groups;
     for (int parts = 1; parts <= std::min<int64_t>(seg, 5); ++parts) {
-      CkptTensor t{"w", shape, {}, TensorSplit{axis, groups, 0, parts, shape}};
+      ckpt::TensorEntry t{"w", shape, {}, TensorSplit{axis, groups, 0, parts, shape}};
       std::vector<int> seen(t.numel(), 0);
       uint64_t next = 0;
       for (int r = 0; r < parts; ++r) {

@@ -238,7 +238,7 @@ std::string load_error(const std::string& path, std::vector<int> widths = MlpRun
     std::vector<std::vector<float>> before;
     for (size_t b = 0; b < engine.plan().blocks.size(); ++b) before.push_back(engine.master_values(static_cast<int>(b)));
     try {
-      load_checkpoint(engine, path);
+      ckpt::load(engine, path);
       std::lock_guard lock(mutex);
       ++loaded;
       return;
@@ -367,7 +367,7 @@ TEST(Checkpoint, LatestAndRetention) {
     for (int k = 0; k < 4; ++k) {
       mlp_step(engine, mlp, comm, k);
       if (k == 2 && comm.rank() == 0) fs::create_directories(ckpt + "/.tmp-step-9");  // a save a crash cut short
-      save_checkpoint(engine, {.dir = ckpt, .keep_last = 2});
+      ckpt::save(engine, {.dir = ckpt, .keep_last = 2});
       if (k == 2) {
         const auto w = engine.master_values(0);
         if (comm.rank() == 0) at_step3 = w;
@@ -378,30 +378,30 @@ TEST(Checkpoint, LatestAndRetention) {
   for (const auto& e : fs::directory_iterator(ckpt)) names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
   EXPECT_EQ(names, (std::vector<std::string>{"latest", "step-3", "step-4"}));
-  EXPECT_EQ(resolve_checkpoint(ckpt), ckpt + "/step-4");
+  EXPECT_EQ(ckpt::resolve(ckpt), ckpt + "/step-4");
   std::ofstream(ckpt + "/latest") << "step-7\n";
-  EXPECT_EQ(resolve_checkpoint(ckpt), ckpt + "/step-4");
+  EXPECT_EQ(ckpt::resolve(ckpt), ckpt + "/step-4");
   const std::string old_manifest = ckpt + "/step-4/manifest.json";
   const auto old_time = fs::last_write_time(old_manifest);
   on_ranks(1, 0, [&](Communicator& comm, Engine& engine, Mlp& mlp) {
-    load_checkpoint(engine, ckpt + "/step-3");
+    ckpt::load(engine, ckpt + "/step-3");
     EXPECT_EQ(engine.steps_run(), 3);
     auto w = engine.master_values(0);
     w.resize(at_step3.size());
     EXPECT_EQ(w, at_step3);
     // Another batch than the first run's step 4: other weights at step 4.
     mlp_step(engine, mlp, comm, 40);
-    save_checkpoint(engine, {.dir = ckpt, .keep_last = 2});
+    ckpt::save(engine, {.dir = ckpt, .keep_last = 2});
     again_step4 = engine.master_values(0);
   });
   names.clear();
   for (const auto& e : fs::directory_iterator(ckpt)) names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
   EXPECT_EQ(names, (std::vector<std::string>{"latest", "step-3", "step-4"}));
-  EXPECT_EQ(resolve_checkpoint(ckpt), ckpt + "/step-4");
+  EXPECT_EQ(ckpt::resolve(ckpt), ckpt + "/step-4");
   EXPECT_NE(fs::last_write_time(old_manifest), old_time);
   on_ranks(2, 0, [&](Communicator&, Engine& engine, Mlp&) {
-    load_checkpoint(engine, ckpt);
+    ckpt::load(engine, ckpt);
     auto w = engine.master_values(0);
     w.resize(at_step3.size());
     auto want = again_step4;
@@ -419,23 +419,23 @@ TEST(Checkpoint, AsyncSaveHoldsTheStateOfItsStep) {
   const std::string ckpt = dir / "ckpt";
   std::vector<float> at_save;
   on_ranks(2, 3, [&](Communicator& comm, Engine& engine, Mlp& mlp) {
-    CheckpointSaver saver(true);
+    ckpt::Saver saver(true);
     mlp_step(engine, mlp, comm, 0);
     const auto w = engine.master_values(0);
-    const CheckpointIo started = saver.save(engine, {.dir = ckpt});
+    const ckpt::IoStats started = saver.save(engine, {.dir = ckpt});
     EXPECT_TRUE(saver.pending());
     EXPECT_EQ(started.path, ckpt + "/step-1");
     EXPECT_FALSE(fs::exists(ckpt + "/step-1"));
     mlp_step(engine, mlp, comm, 1);
-    const CheckpointIo done = saver.complete(engine);
+    const ckpt::IoStats done = saver.complete(engine);
     EXPECT_FALSE(saver.pending());
     EXPECT_GT(done.all_bytes, 0u);
     EXPECT_LE(done.blocked_seconds, done.seconds);
     if (comm.rank() == 0) at_save = w;
   });
-  EXPECT_EQ(resolve_checkpoint(ckpt), ckpt + "/step-1");
+  EXPECT_EQ(ckpt::resolve(ckpt), ckpt + "/step-1");
   on_ranks(1, 0, [&](Communicator&, Engine& engine, Mlp&) {
-    load_checkpoint(engine, ckpt);
+    ckpt::load(engine, ckpt);
     EXPECT_EQ(engine.steps_run(), 1);
     auto w = engine.master_values(0);
     w.resize(engine.plan().blocks[0].numel);
@@ -453,7 +453,7 @@ TEST(Checkpoint, UnwritableFolderFailsEveryRank) {
   std::vector<std::string> errors;
   on_ranks(2, 0, [&](Communicator&, Engine& engine, Mlp&) {
     try {
-      save_checkpoint(engine, {.dir = dir / "file/ckpt"});
+      ckpt::save(engine, {.dir = dir / "file/ckpt"});
     } catch (const IoError& e) {
       std::lock_guard lock(mutex);
       errors.push_back(e.what());
