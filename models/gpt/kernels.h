@@ -34,9 +34,19 @@ class Kernels {
   virtual void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, size_t N, int IC, int OC) = 0;
   virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight,
                                size_t N, int IC, int OC) = 0;
-  virtual void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) = 0;
-  virtual void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int B, int T, int C,
-                                  int NH) = 0;
+  // qkv [B, T, (NH + 2 KVH) hs]: query heads, then key and value heads (KVH dividing NH).
+  virtual void attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int KVH, int hs) = 0;
+  virtual void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int B, int T,
+                                  int NH, int KVH, int hs) = 0;
+  // Rows (n, j) of N x groups at n * ld + j * C (cpu/gpt_kernels.h).
+  virtual void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, size_t N, int groups, int C, size_t ld,
+                               float eps) = 0;
+  virtual void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                                const float* rstd, size_t N, int groups, int C, size_t ld) = 0;
+  // table: [T, hs] device memory, cosines then sines of each position's angles.
+  virtual void rope(float* x, const float* table, size_t N, int T, size_t ld, int heads, int hs, bool inverse) = 0;
+  virtual void swiglu_forward(float* out, const float* inp, size_t N, int F) = 0;
+  virtual void swiglu_backward(float* dinp, const float* inp, const float* dout, size_t N, int F) = 0;
   virtual void gelu_forward(float* out, const float* inp, size_t n) = 0;
   virtual void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) = 0;
   virtual void accumulate(float* y, const float* x, size_t n) = 0;

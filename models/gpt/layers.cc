@@ -92,7 +92,7 @@ void layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs
   k.submit([&k, w, a, d, B, T, BT, proj, bias, ln1] {
     const Bound& p = **w;
     k.matmul_forward(a.qkv, ln1, p.p(kAttnW), p.p(kAttnB), BT, d.C, 3 * d.Cq);
-    k.attention_forward(a.atty, a.att, a.qkv, B, T, d.Cq, d.NH);
+    k.attention_forward(a.atty, a.att, a.qkv, B, T, d.NH, d.NH, d.Cq / d.NH);
     k.matmul_forward(proj, a.atty, p.p(kProjW), bias ? p.p(kProjB) : nullptr, BT, d.Cq, d.C);
   });
   g.reduce(proj, a.res2, BT);
@@ -139,7 +139,7 @@ void layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerAct
   k.submit([&k, w, a, s, d, B, T, BT, dout, partial, ln1] {
     const Bound& p = **w;
     k.matmul_backward(s.dC, p.g(kProjW), p.g(kProjB), dout, a.atty, p.p(kProjW), BT, d.Cq, d.C);
-    k.attention_backward(s.dqkv, s.datt, s.dC, a.qkv, a.att, B, T, d.Cq, d.NH);
+    k.attention_backward(s.dqkv, s.datt, s.dC, a.qkv, a.att, B, T, d.NH, d.NH, d.Cq / d.NH);
     k.matmul_backward(partial, p.g(kAttnW), p.g(kAttnB), s.dqkv, ln1, p.p(kAttnW), BT, d.C, 3 * d.Cq);
   });
   g.reduce(partial, s.dC, BT);

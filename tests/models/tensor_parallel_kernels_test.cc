@@ -14,38 +14,16 @@
 #include "core/error.h"
 #include "models/block_api.h"
 #include "models/gpt/kernels.h"
+#include "tests/models/kernel_test_util.h"
 #include "tests/test_util.h"
 
 namespace zeroth {
 namespace {
 
-using Vec = std::vector<float>;
-
-Vec random_vec(size_t n, std::mt19937& rng, float scale = 1.0f) {
-  std::normal_distribution<float> d(0.0f, scale);
-  Vec v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
-// f32 arrays on the test's device, in and out.
-struct OnDevice {
-  Device& device;
-  std::vector<Buffer> held;
-  float* put(const Vec& v) {
-    held.push_back(device.allocate(std::max<size_t>(v.size(), 1) * sizeof(float), MemTag::other));
-    device.copy(device.default_stream(), held.back().data(), v.data(), v.size() * sizeof(float));
-    device.default_stream().synchronize();  // the copy is in stream order; `v` may be a temporary
-    return held.back().as<float>();
-  }
-  float* zeros(size_t n) { return put(Vec(n, 0.0f)); }
-  Vec get(const float* p, size_t n) {
-    Vec v(n);
-    device.copy(device.default_stream(), v.data(), p, n * sizeof(float));
-    device.default_stream().synchronize();
-    return v;
-  }
-};
+using testing::expect_within_sum_bound;
+using testing::OnDevice;
+using testing::random_vec;
+using testing::Vec;
 
 // The slice of `full` (shape `shape`) that tensor-parallel rank r of n holds when cut along `axis`.
 Vec slice_of(const Vec& full, std::vector<int64_t> shape, int axis, int r, int n) {
@@ -54,21 +32,6 @@ Vec slice_of(const Vec& full, std::vector<int64_t> shape, int axis, int r, int n
   Vec out(cut.numel());
   cut.tp.take(full.data(), out.data(), out.size());
   return out;
-}
-
-// |got - want| <= the float32 error bound of a sum of k products: k u sum |terms| (u = 2^-24), per
-// element, plus the rounding of the result itself.
-void expect_within_sum_bound(const char* what, const Vec& got, const std::vector<double>& want, const std::vector<double>& abs_sum,
-                             int k) {
-  ASSERT_EQ(got.size(), want.size());
-  double worst = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double bound = (k + 2) * 0x1.0p-24 * abs_sum[i] + 0x1.0p-24 * std::abs(want[i]);
-    const double err = std::abs(got[i] - want[i]);
-    worst = std::max(worst, err / bound);
-    ASSERT_LE(err, bound) << what << "[" << i << "]: " << got[i] << " against " << want[i];
-  }
-  std::printf("%s: worst error %.2f of its bound\n", what, worst);
 }
 
 class TensorParallelKernels : public testing::DeviceTest {};

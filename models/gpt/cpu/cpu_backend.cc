@@ -37,12 +37,27 @@ class CpuKernels final : public Kernels {
                        int IC, int OC) override {
     cpu::matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
   }
-  void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) override {
-    cpu::attention_forward(out, att, qkv, B, T, C, NH);
+  void attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int KVH, int hs) override {
+    cpu::attention_forward(out, att, qkv, B, T, NH, KVH, hs);
   }
-  void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int B, int T, int C,
-                          int NH) override {
-    cpu::attention_backward(dqkv, datt, dout, qkv, att, B, T, C, NH);
+  void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int B, int T, int NH,
+                          int KVH, int hs) override {
+    cpu::attention_backward(dqkv, datt, dout, qkv, att, B, T, NH, KVH, hs);
+  }
+  void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, size_t N, int groups, int C, size_t ld,
+                       float eps) override {
+    cpu::rmsnorm_forward(out, rstd, inp, weight, N, groups, C, ld, eps);
+  }
+  void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight, const float* rstd,
+                        size_t N, int groups, int C, size_t ld) override {
+    cpu::rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, groups, C, ld);
+  }
+  void rope(float* x, const float* table, size_t N, int T, size_t ld, int heads, int hs, bool inverse) override {
+    cpu::rope(x, table, N, T, ld, heads, hs, inverse);
+  }
+  void swiglu_forward(float* out, const float* inp, size_t N, int F) override { cpu::swiglu_forward(out, inp, N, F); }
+  void swiglu_backward(float* dinp, const float* inp, const float* dout, size_t N, int F) override {
+    cpu::swiglu_backward(dinp, inp, dout, N, F);
   }
   void gelu_forward(float* out, const float* inp, size_t n) override { cpu::gelu_forward(out, inp, n); }
   void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) override { cpu::gelu_backward(dinp, inp, dout, n); }

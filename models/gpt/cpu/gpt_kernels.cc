@@ -182,6 +182,64 @@ ZEROTH_ISA_CLONES void softmax_backward_row(float* datt, const float* att, int n
   for (j = 0; j < n; ++j) datt[j] = att[j] * (datt[j] - dot) * scale;
 }
 
+// One RMSNorm row: out = x * rstd * w; returns rstd.
+ZEROTH_ISA_CLONES float rmsnorm_row(float* out, const float* x, const float* w, int C, float eps) {
+  float lanes[16] = {};
+  int j = 0;
+  for (; j + 16 <= C; j += 16) {
+    for (int k = 0; k < 16; ++k) lanes[k] += x[j + k] * x[j + k];
+  }
+  float s = 0;
+  for (float l : lanes) s += l;
+  for (; j < C; ++j) s += x[j] * x[j];
+  const float rs = 1.0f / std::sqrt(s / C + eps);
+  for (j = 0; j < C; ++j) out[j] = x[j] * rs * w[j];
+  return rs;
+}
+
+// One row's RMSNorm backward: dx += rs (w dy - x rs^2 mean(w dy x)); dw (this chunk's partial sums)
+// += dy x rs.
+ZEROTH_ISA_CLONES void rmsnorm_backward_row(float* dx, float* dw, const float* dy, const float* x, const float* w, float rs, int C) {
+  float lanes[16] = {};
+  int j = 0;
+  for (; j + 16 <= C; j += 16) {
+    for (int k = 0; k < 16; ++k) lanes[k] += w[j + k] * dy[j + k] * x[j + k];
+  }
+  float dot = 0;
+  for (float l : lanes) dot += l;
+  for (; j < C; ++j) dot += w[j] * dy[j] * x[j];
+  const float c = rs * rs * dot / C;
+  for (j = 0; j < C; ++j) {
+    dw[j] += dy[j] * x[j] * rs;
+    dx[j] += (w[j] * dy[j] - x[j] * c) * rs;
+  }
+}
+
+// x[i], x[half + i] rotated by the angle of cosine cs[i] and sine sign * sn[i].
+ZEROTH_ISA_CLONES void rotate_pairs(float* x, const float* cs, const float* sn, int half, float sign) {
+  for (int i = 0; i < half; ++i) {
+    const float a = x[i], b = x[half + i], s = sign * sn[i];
+    x[i] = a * cs[i] - b * s;
+    x[half + i] = b * cs[i] + a * s;
+  }
+}
+
+ZEROTH_ISA_CLONES void swiglu_row(float* out, const float* in, int F) {
+  for (int j = 0; j < F; ++j) {
+    const float gate = in[j];
+    out[j] = gate / (1.0f + fast_exp(-gate)) * in[F + j];
+  }
+}
+
+ZEROTH_ISA_CLONES void swiglu_backward_row(float* din, const float* in, const float* dout, int F) {
+  for (int j = 0; j < F; ++j) {
+    const float gate = in[j], up = in[F + j];
+    const float sig = 1.0f / (1.0f + fast_exp(-gate)), silu = gate * sig;
+    din[j] = dout[j] * up * sig * (1.0f + gate * (1.0f - sig));
+    din[F + j] = dout[j] * silu;
+  }
+}
+
 template <class F>
 void for_rows(size_t n, size_t grain, F&& f) {
   if (zeroth::cpu::num_threads() == 1) {
@@ -289,15 +347,15 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
   }
 }
 
-void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) {
-  const int hs = C / NH, C3 = 3 * C;
+void attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int KVH, int hs) {
+  const int g = NH / KVH, W = (NH + 2 * KVH) * hs, Cq = NH * hs;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const size_t TT = static_cast<size_t>(T) * T;
   for (int b = 0; b < B; ++b) {
     for (int h = 0; h < NH; ++h) {
-      const float* q = qkv + static_cast<size_t>(b) * T * C3 + h * hs;
+      const float* row = qkv + static_cast<size_t>(b) * T * W;
       float* a = att + (static_cast<size_t>(b) * NH + h) * TT;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, C3, q + C, C3, 0.0f, a, T);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, row + h * hs, W, row + (NH + h / g) * hs, W, 0.0f, a, T);
     }
   }
   for_rows(static_cast<size_t>(B) * NH * T, kRowChunk, [&](size_t row) {
@@ -310,27 +368,28 @@ void attention_forward(float* out, float* att, const float* qkv, int B, int T, i
   });
   for (int b = 0; b < B; ++b) {
     for (int h = 0; h < NH; ++h) {
-      const float* v = qkv + static_cast<size_t>(b) * T * C3 + 2 * C + h * hs;
+      const float* v = qkv + static_cast<size_t>(b) * T * W + (NH + KVH + h / g) * hs;
       const float* a = att + (static_cast<size_t>(b) * NH + h) * TT;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, v, C3, 0.0f,
-                  out + static_cast<size_t>(b) * T * C + h * hs, C);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, v, W, 0.0f,
+                  out + static_cast<size_t>(b) * T * Cq + h * hs, Cq);
     }
   }
 }
 
-void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int B, int T, int C, int NH) {
-  const int hs = C / NH, C3 = 3 * C;
+void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int B, int T, int NH, int KVH,
+                        int hs) {
+  const int g = NH / KVH, W = (NH + 2 * KVH) * hs, Cq = NH * hs;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const size_t TT = static_cast<size_t>(T) * T;
   for (int b = 0; b < B; ++b) {
     for (int h = 0; h < NH; ++h) {
-      const size_t base = static_cast<size_t>(b) * T * C3 + h * hs;
-      const float* dy = dout + static_cast<size_t>(b) * T * C + h * hs;
+      const size_t base = static_cast<size_t>(b) * T * W, v = base + (NH + KVH + h / g) * hs;
+      const float* dy = dout + static_cast<size_t>(b) * T * Cq + h * hs;
       const float* a = att + (static_cast<size_t>(b) * NH + h) * TT;
       float* da = datt + (static_cast<size_t>(b) * NH + h) * TT;
-      // datt = dy v^T;  dv = att^T dy
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dy, C, qkv + base + 2 * C, C3, 0.0f, da, T);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, dy, C, 0.0f, dqkv + base + 2 * C, C3);
+      // datt = dy v^T;  dv = att^T dy, summed over the group's query heads in order
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dy, Cq, qkv + v, W, 0.0f, da, T);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, dy, Cq, h % g == 0 ? 0.0f : 1.0f, dqkv + v, W);
     }
   }
   for_rows(static_cast<size_t>(B) * NH * T, kRowChunk, [&](size_t row) {
@@ -340,13 +399,51 @@ void attention_backward(float* dqkv, float* datt, const float* dout, const float
   });
   for (int b = 0; b < B; ++b) {
     for (int h = 0; h < NH; ++h) {
-      const size_t base = static_cast<size_t>(b) * T * C3 + h * hs;
+      const size_t base = static_cast<size_t>(b) * T * W, q = base + h * hs, k = base + (NH + h / g) * hs;
       const float* da = datt + (static_cast<size_t>(b) * NH + h) * TT;
-      // dq = dS k;  dk = dS^T q
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, da, T, qkv + base + C, C3, 0.0f, dqkv + base, C3);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, da, T, qkv + base, C3, 0.0f, dqkv + base + C, C3);
+      // dq = dS k;  dk = dS^T q, summed over the group's query heads in order
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, da, T, qkv + k, W, 0.0f, dqkv + q, W);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, da, T, qkv + q, W, h % g == 0 ? 0.0f : 1.0f, dqkv + k, W);
     }
   }
+}
+
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, size_t N, int groups, int C, size_t ld,
+                     float eps) {
+  for_rows(N * groups, kRowChunk, [&](size_t r) {
+    const size_t at = r / groups * ld + r % groups * C;
+    rstd[r] = rmsnorm_row(out + at, inp + at, weight, C, eps);
+  });
+}
+
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight, const float* rstd,
+                      size_t N, int groups, int C, size_t ld) {
+  const size_t rows = N * groups, chunks = (rows + kRowChunk - 1) / kRowChunk;
+  std::vector<float> partial(chunks * C, 0.0f);
+  for_rows(chunks, 1, [&](size_t c) {
+    for (size_t r = c * kRowChunk; r < std::min(rows, (c + 1) * kRowChunk); ++r) {
+      const size_t at = r / groups * ld + r % groups * C;
+      rmsnorm_backward_row(dinp + at, partial.data() + c * C, dout + at, inp + at, weight, rstd[r], C);
+    }
+  });
+  for (size_t c = 0; c < chunks; ++c) add_rows(dweight, dweight, partial.data() + c * C, C);
+}
+
+void rope(float* x, const float* table, size_t N, int T, size_t ld, int heads, int hs, bool inverse) {
+  const int half = hs / 2;
+  const float sign = inverse ? -1.0f : 1.0f;
+  for_rows(N, kRowChunk, [&](size_t n) {
+    const float* cs = table + (n % T) * hs;
+    for (int h = 0; h < heads; ++h) rotate_pairs(x + n * ld + static_cast<size_t>(h) * hs, cs, cs + half, half, sign);
+  });
+}
+
+void swiglu_forward(float* out, const float* inp, size_t N, int F) {
+  for_rows(N, kRowChunk, [&](size_t n) { swiglu_row(out + n * F, inp + n * 2 * F, F); });
+}
+
+void swiglu_backward(float* dinp, const float* inp, const float* dout, size_t N, int F) {
+  for_rows(N, kRowChunk, [&](size_t n) { swiglu_backward_row(dinp + n * 2 * F, inp + n * 2 * F, dout + n * F, F); });
 }
 
 void gelu_forward(float* out, const float* inp, size_t n) {

@@ -29,11 +29,37 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight, size_t N,
                      int IC, int OC);
 
-// Causal self-attention over qkv [B, T, 3C] (q, k, v each C = NH heads of C/NH). att [B, NH, T, T]
-// keeps the probabilities (zero above the diagonal); out is [B, T, C].
-void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH);
-// dqkv is overwritten; datt is scratch of att's size.
-void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int B, int T, int C, int NH);
+// Causal self-attention over qkv [B, T, (NH + 2 KVH) hs]: NH query heads, then KVH key heads and
+// KVH value heads of hs channels each; key/value head j serves query heads j g .. j g + g - 1
+// (g = NH / KVH: grouped-query attention; KVH = NH is multi-head attention). att [B, NH, T, T]
+// keeps the probabilities (zero above the diagonal); out is [B, T, NH hs].
+void attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int KVH, int hs);
+// dqkv is overwritten (a key/value head's gradient sums its query heads', in head order); datt is
+// scratch of att's size.
+void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int B, int T, int NH, int KVH,
+                        int hs);
+
+// RMSNorm (Zhang and Sennrich 2019, as Llama computes it): out = x * rstd * weight with rstd =
+// 1 / sqrt(mean(x^2) + eps), over rows of C channels. Row (n, j) of N x groups starts at n * ld + j * C
+// in inp and out (groups 1, ld C: a [N, C] tensor; per-head norms read heads inside wider rows);
+// rstd [N x groups] is kept for backward. weight [C] serves every row.
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, size_t N, int groups, int C, size_t ld,
+                     float eps);
+// dinp += ... (the same layout as inp), dweight += ...
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight, const float* rstd,
+                      size_t N, int groups, int C, size_t ld);
+
+// Rotary position embedding in Hugging Face's rotate-half layout, in place: in row n (position
+// n mod T) of x, each of `heads` heads of hs channels at n * ld + h * hs has its pairs (i, i + hs/2)
+// rotated by the angle whose cosine and sine are table[t * hs + i] and table[t * hs + hs/2 + i].
+// `inverse` rotates back (the transpose: backward turns the gradient at the rotated values into
+// the gradient at the values before it).
+void rope(float* x, const float* table, size_t N, int T, size_t ld, int heads, int hs, bool inverse);
+
+// SwiGLU: out[n, j] = silu(inp[n, j]) * inp[n, F + j] over rows [gate (F) | up (F)] of inp [N, 2F].
+void swiglu_forward(float* out, const float* inp, size_t N, int F);
+// dinp [N, 2F] = the gradients at gate and up (overwritten).
+void swiglu_backward(float* dinp, const float* inp, const float* dout, size_t N, int F);
 
 // GELU, tanh approximation (GPT-2's).
 void gelu_forward(float* out, const float* inp, size_t n);

@@ -183,6 +183,83 @@ __global__ void gelu_backward_kernel(float* dinp, const float* inp, const float*
   dinp[i] = (s + x * 2.0f * s * (1.0f - s) * du) * dout[i];
 }
 
+// RMSNorm rows (n, j) of N x groups at n * ld + j * C, one warp per row.
+__global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* inp, const float* w, size_t rows, int groups, int C,
+                                       size_t ld, float eps) {
+  const size_t r = (blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x) / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (r >= rows) return;
+  const size_t at = r / groups * ld + r % groups * C;
+  const float* x = inp + at;
+  float s = 0;
+  for (int c = lane; c < C; c += kWarp) s += x[c] * x[c];
+  const float rs = rsqrtf(warp_sum(s) / C + eps);
+  float* y = out + at;
+  for (int c = lane; c < C; c += kWarp) y[c] = x[c] * rs * w[c];
+  if (lane == 0) rstd[r] = rs;
+}
+
+// dinp += rs (w dy - x rs^2 mean(w dy x)), one warp per row.
+__global__ void rmsnorm_backward_input_kernel(float* dinp, const float* dout, const float* inp, const float* w, const float* rstd,
+                                              size_t rows, int groups, int C, size_t ld) {
+  const size_t r = (blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x) / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (r >= rows) return;
+  const size_t at = r / groups * ld + r % groups * C;
+  const float *x = inp + at, *dy = dout + at;
+  const float rs = rstd[r];
+  float dot = 0;
+  for (int c = lane; c < C; c += kWarp) dot += w[c] * dy[c] * x[c];
+  const float k = rs * rs * warp_sum(dot) / C;
+  float* dx = dinp + at;
+  for (int c = lane; c < C; c += kWarp) dx[c] += (w[c] * dy[c] - x[c] * k) * rs;
+}
+
+// dweight += sum over rows of dy x rstd: one thread per channel, rows in order.
+__global__ void rmsnorm_backward_weight_kernel(float* dw, const float* dout, const float* inp, const float* rstd, size_t rows,
+                                               int groups, int C, size_t ld) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float s = 0;
+  for (size_t r = 0; r < rows; ++r) {
+    const size_t at = r / groups * ld + r % groups * C + c;
+    s += dout[at] * inp[at] * rstd[r];
+  }
+  dw[c] += s;
+}
+
+// One thread per rotated pair (n, h, i).
+__global__ void rope_kernel(float* x, const float* table, size_t N, int T, size_t ld, int heads, int hs, float sign) {
+  const int half = hs / 2;
+  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  if (i >= N * heads * half) return;
+  const size_t n = i / (static_cast<size_t>(heads) * half);
+  const int h = static_cast<int>(i / half % heads), p = static_cast<int>(i % half);
+  const float* cs = table + (n % T) * hs;
+  float* v = x + n * ld + static_cast<size_t>(h) * hs;
+  const float a = v[p], b = v[half + p], c = cs[p], sn = sign * cs[half + p];
+  v[p] = a * c - b * sn;
+  v[half + p] = b * c + a * sn;
+}
+
+__global__ void swiglu_forward_kernel(float* out, const float* inp, size_t N, int F) {
+  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  if (i >= N * F) return;
+  const size_t n = i / F, j = i % F;
+  const float gate = inp[n * 2 * F + j];
+  out[i] = gate / (1.0f + expf(-gate)) * inp[n * 2 * F + F + j];
+}
+
+__global__ void swiglu_backward_kernel(float* dinp, const float* inp, const float* dout, size_t N, int F) {
+  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  if (i >= N * F) return;
+  const size_t n = i / F, j = i % F;
+  const float gate = inp[n * 2 * F + j], up = inp[n * 2 * F + F + j];
+  const float sig = 1.0f / (1.0f + expf(-gate));
+  dinp[n * 2 * F + j] = dout[i] * up * sig * (1.0f + gate * (1.0f - sig));
+  dinp[n * 2 * F + F + j] = dout[i] * gate * sig;
+}
+
 // Causal softmax of each row of att (B*NH*T rows of T), in place; zeros above the diagonal.
 __global__ void causal_softmax_kernel(float* att, size_t rows, int T) {
   const size_t row = (blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x) / kWarp;
@@ -328,58 +405,110 @@ class CudaKernels final : public Kernels {
     CUBLAS_CHECK(cublasSgemm(handle_, CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, n, &one, inp, IC, dout, OC, &one, dweight, IC));
     if (dbias != nullptr) column_sum_kernel<<<blocks_for(OC), kThreads, 0, s()>>>(dbias, dout, N, OC);
   }
-  void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C, int NH) override {
-    const int hs = C / NH, C3 = 3 * C;
+  // Query heads are batched in groups that share one key/value operand: with multi-head attention
+  // one group of all heads (the shared operand strided by a head), with grouped-query attention one
+  // group per key/value head (the shared operand with stride 0). The key and value gradients of
+  // grouped heads sum their query heads' in head order (beta 1 after the first), so a step gives
+  // the same bits every time.
+  struct Groups {
+    int count, heads;         // groups, query heads per group
+    long long shared_stride;  // between the group's heads in the key/value operand
+  };
+  static Groups groups_of(int NH, int KVH, int hs) { return NH == KVH ? Groups{1, NH, hs} : Groups{KVH, NH / KVH, 0}; }
+  void attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int KVH, int hs) override {
+    const int W = (NH + 2 * KVH) * hs, Cq = NH * hs;
+    const Groups G = groups_of(NH, KVH, hs);
     const float scale = 1.0f / sqrtf(static_cast<float>(hs)), zero = 0.0f, one = 1.0f;
     const long long TT = static_cast<long long>(T) * T;
     for (int b = 0; b < B; ++b) {
-      const float* q = qkv + static_cast<size_t>(b) * T * C3;
-      float* a = att + static_cast<size_t>(b) * NH * TT;
-      // att^T (keys x queries) = K Q^T per head
-      CUBLAS_CHECK(cublasSgemmStridedBatched(handle_, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, &scale, q + C, C3, hs, q, C3, hs, &zero, a,
-                                             T, TT, NH));
+      const float* row = qkv + static_cast<size_t>(b) * T * W;
+      for (int j = 0; j < G.count; ++j) {
+        // att^T (keys x queries) = K Q^T per query head
+        CUBLAS_CHECK(cublasSgemmStridedBatched(handle_, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, &scale, row + (NH + j) * hs, W,
+                                               G.shared_stride, row + j * G.heads * hs, W, hs, &zero,
+                                               att + (static_cast<size_t>(b) * NH + j * G.heads) * TT, T, TT, G.heads));
+      }
     }
     const size_t rows = static_cast<size_t>(B) * NH * T;
     causal_softmax_kernel<<<blocks_for(rows * kWarp), kThreads, 0, s()>>>(att, rows, T);
     for (int b = 0; b < B; ++b) {
-      const float* v = qkv + static_cast<size_t>(b) * T * C3 + 2 * C;
-      const float* a = att + static_cast<size_t>(b) * NH * TT;
-      // y^T (hs x T) = V^T P^T per head
-      CUBLAS_CHECK(cublasSgemmStridedBatched(handle_, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, &one, v, C3, hs, a, T, TT, &zero,
-                                             out + static_cast<size_t>(b) * T * C, C, hs, NH));
+      const float* row = qkv + static_cast<size_t>(b) * T * W;
+      for (int j = 0; j < G.count; ++j) {
+        // y^T (hs x T) = V^T P^T per query head
+        CUBLAS_CHECK(cublasSgemmStridedBatched(handle_, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, &one, row + (NH + KVH + j) * hs, W,
+                                               G.shared_stride, att + (static_cast<size_t>(b) * NH + j * G.heads) * TT, T, TT, &zero,
+                                               out + static_cast<size_t>(b) * T * Cq + j * G.heads * hs, Cq, hs, G.heads));
+      }
     }
   }
-  void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int B, int T, int C,
-                          int NH) override {
-    const int hs = C / NH, C3 = 3 * C;
+  void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int B, int T, int NH,
+                          int KVH, int hs) override {
+    const int W = (NH + 2 * KVH) * hs, Cq = NH * hs, g = NH / KVH;
+    const Groups G = groups_of(NH, KVH, hs);
     const float scale = 1.0f / sqrtf(static_cast<float>(hs)), zero = 0.0f, one = 1.0f;
     const long long TT = static_cast<long long>(T) * T;
+    // dK or dV of every key/value head at `shared` from the query heads' (dS^T Q or att^T dy):
+    // batched when each has one query head, else summed over its group in head order.
+    auto key_value_grad = [&](const float* by, int by_ld, const float* mats, float* shared) {
+      if (g == 1) {
+        CUBLAS_CHECK(cublasSgemmStridedBatched(handle_, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, &one, by, by_ld, hs, mats, T, TT, &zero,
+                                               shared, W, hs, NH));
+        return;
+      }
+      for (int h = 0; h < NH; ++h) {
+        CUBLAS_CHECK(cublasSgemm(handle_, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, &one, by + h * hs, by_ld, mats + h * TT, T,
+                                 h % g == 0 ? &zero : &one, shared + h / g * hs, W));
+      }
+    };
     for (int b = 0; b < B; ++b) {
-      const float* base = qkv + static_cast<size_t>(b) * T * C3;
-      const float* dy = dout + static_cast<size_t>(b) * T * C;
-      const float* a = att + static_cast<size_t>(b) * NH * TT;
+      const float* base = qkv + static_cast<size_t>(b) * T * W;
+      const float* dy = dout + static_cast<size_t>(b) * T * Cq;
       float* da = datt + static_cast<size_t>(b) * NH * TT;
-      float* dbase = dqkv + static_cast<size_t>(b) * T * C3;
-      // datt = dy V^T: (datt)^T = V dy^T
-      CUBLAS_CHECK(cublasSgemmStridedBatched(handle_, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, &one, base + 2 * C, C3, hs, dy, C, hs, &zero,
-                                             da, T, TT, NH));
+      for (int j = 0; j < G.count; ++j) {
+        // datt = dy V^T: (datt)^T = V dy^T
+        CUBLAS_CHECK(cublasSgemmStridedBatched(handle_, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, &one, base + (NH + KVH + j) * hs, W,
+                                               G.shared_stride, dy + j * G.heads * hs, Cq, hs, &zero, da + j * G.heads * TT, T, TT,
+                                               G.heads));
+      }
       // dV = att^T dy: (dV)^T = dy^T att
-      CUBLAS_CHECK(cublasSgemmStridedBatched(handle_, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, &one, dy, C, hs, a, T, TT, &zero,
-                                             dbase + 2 * C, C3, hs, NH));
+      key_value_grad(dy, Cq, att + static_cast<size_t>(b) * NH * TT, dqkv + static_cast<size_t>(b) * T * W + (NH + KVH) * hs);
     }
     const size_t rows = static_cast<size_t>(B) * NH * T;
     softmax_backward_kernel<<<blocks_for(rows * kWarp), kThreads, 0, s()>>>(datt, att, rows, T, scale);
     for (int b = 0; b < B; ++b) {
-      const float* base = qkv + static_cast<size_t>(b) * T * C3;
+      const float* base = qkv + static_cast<size_t>(b) * T * W;
       const float* da = datt + static_cast<size_t>(b) * NH * TT;
-      float* dbase = dqkv + static_cast<size_t>(b) * T * C3;
-      // dQ = dS K: (dQ)^T = K^T dS^T
-      CUBLAS_CHECK(cublasSgemmStridedBatched(handle_, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, &one, base + C, C3, hs, da, T, TT, &zero,
-                                             dbase, C3, hs, NH));
+      float* dbase = dqkv + static_cast<size_t>(b) * T * W;
+      for (int j = 0; j < G.count; ++j) {
+        // dQ = dS K: (dQ)^T = K^T dS^T
+        CUBLAS_CHECK(cublasSgemmStridedBatched(handle_, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, &one, base + (NH + j) * hs, W,
+                                               G.shared_stride, da + j * G.heads * TT, T, TT, &zero, dbase + j * G.heads * hs, W, hs,
+                                               G.heads));
+      }
       // dK = dS^T Q: (dK)^T = Q^T dS
-      CUBLAS_CHECK(cublasSgemmStridedBatched(handle_, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, &one, base, C3, hs, da, T, TT, &zero,
-                                             dbase + C, C3, hs, NH));
+      key_value_grad(base, W, da, dbase + NH * hs);
     }
+  }
+  void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, size_t N, int groups, int C, size_t ld,
+                       float eps) override {
+    const size_t rows = N * groups;
+    rmsnorm_forward_kernel<<<blocks_for(rows * kWarp), kThreads, 0, s()>>>(out, rstd, inp, weight, rows, groups, C, ld, eps);
+  }
+  void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight, const float* rstd,
+                        size_t N, int groups, int C, size_t ld) override {
+    const size_t rows = N * groups;
+    rmsnorm_backward_weight_kernel<<<blocks_for(C), kThreads, 0, s()>>>(dweight, dout, inp, rstd, rows, groups, C, ld);
+    rmsnorm_backward_input_kernel<<<blocks_for(rows * kWarp), kThreads, 0, s()>>>(dinp, dout, inp, weight, rstd, rows, groups, C, ld);
+  }
+  void rope(float* x, const float* table, size_t N, int T, size_t ld, int heads, int hs, bool inverse) override {
+    const size_t n = N * heads * (hs / 2);
+    rope_kernel<<<blocks_for(n), kThreads, 0, s()>>>(x, table, N, T, ld, heads, hs, inverse ? -1.0f : 1.0f);
+  }
+  void swiglu_forward(float* out, const float* inp, size_t N, int F) override {
+    swiglu_forward_kernel<<<blocks_for(N * F), kThreads, 0, s()>>>(out, inp, N, F);
+  }
+  void swiglu_backward(float* dinp, const float* inp, const float* dout, size_t N, int F) override {
+    swiglu_backward_kernel<<<blocks_for(N * F), kThreads, 0, s()>>>(dinp, inp, dout, N, F);
   }
   void gelu_forward(float* out, const float* inp, size_t n) override {
     gelu_forward_kernel<<<blocks_for(n), kThreads, 0, s()>>>(out, inp, n);

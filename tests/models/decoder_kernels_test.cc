@@ -1,0 +1,264 @@
+// The Llama family's kernels (RMSNorm, rotary embedding, SwiGLU, grouped-query attention), every
+// device, against float64 references computed here from their definitions (Zhang and Sennrich's
+// RMSNorm; RoFormer's rotation in Hugging Face's rotate-half layout; Shazeer's SwiGLU; GQA as
+// Ainslie et al. define it: key/value head j serves query heads j g .. j g + g - 1), each element
+// within the f32 error bound of the sums that make it (u = 2^-24 times the sum of |terms|).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "models/gpt/kernels.h"
+#include "tests/models/kernel_test_util.h"
+#include "tests/test_util.h"
+
+namespace zeroth {
+namespace {
+
+using testing::OnDevice;
+using testing::random_vec;
+using testing::Vec;
+using D = std::vector<double>;
+
+constexpr double kU = 0x1.0p-24;
+
+// |got - want| <= bound per element; prints the worst ratio.
+void expect_within(const std::string& what, const Vec& got, const D& want, const D& bound) {
+  ASSERT_EQ(got.size(), want.size());
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double err = std::abs(got[i] - want[i]);
+    worst = std::max(worst, err / std::max(bound[i], 1e-300));
+    ASSERT_LE(err, bound[i]) << what << "[" << i << "]: " << got[i] << " against " << want[i];
+  }
+  std::printf("%s: worst error %.3f of its bound\n", what.c_str(), worst);
+}
+
+class DecoderKernels : public testing::DeviceTest {};
+
+// Per-head norms read heads inside wider rows: N rows of `ld` floats hold `groups` heads of C
+// channels and then padding, which stays as it was.
+TEST_P(DecoderKernels, RmsNormMatchesItsDefinition) {
+  struct Shape {
+    int N, groups, C, ld;
+  };
+  std::mt19937 rng(11);
+  for (const Shape sh : {Shape{9, 1, 40, 40}, Shape{6, 3, 16, 3 * 16 + 5}}) {
+    SCOPED_TRACE("groups " + std::to_string(sh.groups));
+    const size_t rows = static_cast<size_t>(sh.N) * sh.groups, total = static_cast<size_t>(sh.N) * sh.ld;
+    const float eps = 1e-6f;
+    const Vec x = random_vec(total, rng, 2.0f), w = random_vec(sh.C, rng), dy = random_vec(total, rng), dx0 = random_vec(total, rng);
+    D y(total), yb(total), dx(total), dxb(total), dw(sh.C, 0.0), dwb(sh.C, 0.0);
+    for (size_t i = 0; i < total; ++i) y[i] = x[i], dx[i] = dx0[i];  // padding: unchanged
+    for (size_t r = 0; r < rows; ++r) {
+      const size_t at = r / sh.groups * sh.ld + r % sh.groups * sh.C;
+      double ss = 0, dot = 0, dota = 0;
+      for (int c = 0; c < sh.C; ++c) ss += double(x[at + c]) * x[at + c];
+      const double rs = 1.0 / std::sqrt(ss / sh.C + eps);
+      for (int c = 0; c < sh.C; ++c) {
+        dot += double(w[c]) * dy[at + c] * x[at + c];
+        dota += std::abs(double(w[c]) * dy[at + c] * x[at + c]);
+      }
+      for (int c = 0; c < sh.C; ++c) {
+        const double xv = x[at + c], g = double(w[c]) * dy[at + c];
+        y[at + c] = xv * rs * w[c];
+        // rstd carries the C-term sum of squares' error (relative C u / 2) and a few roundings.
+        yb[at + c] = (sh.C / 2.0 + 6) * kU * std::abs(y[at + c]);
+        dx[at + c] = dx0[at + c] + rs * (g - xv * rs * rs * dot / sh.C);
+        dxb[at + c] = (sh.C + 10) * kU * (std::abs(rs * g) + std::abs(xv) * rs * rs * rs * dota / sh.C) + kU * std::abs(dx[at + c]);
+        dw[c] += double(dy[at + c]) * xv * rs;
+        dwb[c] += (sh.C / 2.0 + rows + 6) * kU * std::abs(double(dy[at + c]) * xv * rs);
+      }
+    }
+    OnDevice d{*device_, {}};
+    float *px = d.put(x), *pw = d.put(w), *pdy = d.put(dy), *pdx = d.put(dx0), *py = d.put(x), *prstd = d.zeros(rows),
+          *pdw = d.zeros(sh.C);
+    auto k = gpt::make_kernels(device_->default_stream());
+    k->submit([&] {
+      k->rmsnorm_forward(py, prstd, px, pw, sh.N, sh.groups, sh.C, sh.ld, eps);
+      k->rmsnorm_backward(pdx, pdw, pdy, px, pw, prstd, sh.N, sh.groups, sh.C, sh.ld);
+    });
+    expect_within("rmsnorm out", d.get(py, total), y, yb);
+    expect_within("rmsnorm dinp (added)", d.get(pdx, total), dx, dxb);
+    expect_within("rmsnorm dweight", d.get(pdw, sh.C), dw, dwb);
+  }
+}
+
+// In rows of (NH + 2 KVH) heads, the first NH + KVH (queries and keys) turn by their position's
+// angles, the values stay bit for bit; the inverse turns back by the transpose.
+TEST_P(DecoderKernels, RotaryEmbeddingRotatesHalvesAsHuggingFaceDoes) {
+  const int B = 2, T = 7, NH = 4, KVH = 2, hs = 16, half = hs / 2, W = (NH + 2 * KVH) * hs, rotated = NH + KVH;
+  const size_t N = static_cast<size_t>(B) * T;
+  std::mt19937 rng(12);
+  Vec table(static_cast<size_t>(T) * hs);
+  for (int t = 0; t < T; ++t) {
+    for (int i = 0; i < half; ++i) {
+      const double angle = t * std::pow(10000.0, -2.0 * i / hs);
+      table[t * hs + i] = static_cast<float>(std::cos(angle));
+      table[t * hs + half + i] = static_cast<float>(std::sin(angle));
+    }
+  }
+  const Vec x = random_vec(N * W, rng);
+  for (const bool inverse : {false, true}) {
+    SCOPED_TRACE(inverse ? "inverse" : "forward");
+    const double sign = inverse ? -1.0 : 1.0;
+    D want(x.begin(), x.end()), bound(N * W, 0.0);
+    for (size_t n = 0; n < N; ++n) {
+      const float* cs = table.data() + (n % T) * hs;
+      for (int h = 0; h < rotated; ++h) {
+        for (int i = 0; i < half; ++i) {
+          const size_t at = n * W + h * hs + i;
+          const double a = x[at], b = x[at + half], c = cs[i], s = sign * cs[half + i];
+          want[at] = a * c - b * s;
+          want[at + half] = b * c + a * s;
+          bound[at] = 3 * kU * (std::abs(a * c) + std::abs(b * s));
+          bound[at + half] = 3 * kU * (std::abs(b * c) + std::abs(a * s));
+        }
+      }
+    }
+    OnDevice d{*device_, {}};
+    float *px = d.put(x), *ptable = d.put(table);
+    auto k = gpt::make_kernels(device_->default_stream());
+    k->submit([&] { k->rope(px, ptable, N, T, W, rotated, hs, inverse); });
+    const Vec got = d.get(px, N * W);
+    expect_within("rope", got, want, bound);
+    for (size_t n = 0; n < N; ++n) {
+      for (int c = rotated * hs; c < W; ++c) ASSERT_EQ(got[n * W + c], x[n * W + c]) << "a value head moved";
+    }
+  }
+}
+
+TEST_P(DecoderKernels, SwiGluMatchesItsDefinition) {
+  const size_t N = 13;
+  const int F = 37;
+  std::mt19937 rng(13);
+  const Vec in = random_vec(N * 2 * F, rng, 3.0f), dy = random_vec(N * F, rng);
+  D y(N * F), yb(N * F), din(N * 2 * F), dinb(N * 2 * F);
+  for (size_t n = 0; n < N; ++n) {
+    for (int j = 0; j < F; ++j) {
+      const double g = in[n * 2 * F + j], u = in[n * 2 * F + F + j], sig = 1.0 / (1.0 + std::exp(-g)), dv = dy[n * F + j];
+      y[n * F + j] = g * sig * u;
+      // The sigmoid's exp is good to a few ulp; a handful of roundings follow.
+      yb[n * F + j] = 16 * kU * std::abs(g * sig * u);
+      din[n * 2 * F + j] = dv * u * sig * (1.0 + g * (1.0 - sig));
+      dinb[n * 2 * F + j] = 16 * kU * std::abs(dv * u) * sig * (1.0 + std::abs(g) * (1.0 - sig));
+      din[n * 2 * F + F + j] = dv * g * sig;
+      dinb[n * 2 * F + F + j] = 16 * kU * std::abs(dv * g * sig);
+    }
+  }
+  OnDevice d{*device_, {}};
+  float *pin = d.put(in), *pdy = d.put(dy), *py = d.zeros(N * F), *pdin = d.zeros(N * 2 * F);
+  auto k = gpt::make_kernels(device_->default_stream());
+  k->submit([&] {
+    k->swiglu_forward(py, pin, N, F);
+    k->swiglu_backward(pdin, pin, pdy, N, F);
+  });
+  expect_within("swiglu out", d.get(py, N * F), y, yb);
+  expect_within("swiglu dinp", d.get(pdin, N * 2 * F), din, dinb);
+}
+
+// Causal attention with NH query heads over KVH key/value heads, forward and backward, against the
+// float64 definition. Bounds: each output's f32 error is that of its sums (k terms: hs for a
+// score, T for a softmax-weighted sum) over the sum of |terms|, plus what the scores' own error
+// does through the softmax (a score off by e moves each probability by at most 2 e of itself).
+TEST_P(DecoderKernels, GroupedQueryAttentionMatchesItsDefinition) {
+  const int B = 2, T = 9, hs = 8;
+  for (const auto& [NH, KVH] : {std::pair{4, 4}, std::pair{4, 2}, std::pair{6, 2}, std::pair{4, 1}}) {
+    SCOPED_TRACE(std::to_string(NH) + " query heads over " + std::to_string(KVH));
+    const int g = NH / KVH, W = (NH + 2 * KVH) * hs, Cq = NH * hs;
+    const size_t TT = static_cast<size_t>(T) * T;
+    std::mt19937 rng(14 + NH * 10 + KVH);
+    const Vec qkv = random_vec(static_cast<size_t>(B) * T * W, rng), dy = random_vec(static_cast<size_t>(B) * T * Cq, rng);
+    const double scale = 1.0 / std::sqrt(double(hs));
+    D out(B * T * Cq), outa(B * T * Cq), dqkv(B * T * W, 0.0), dqkva(B * T * W, 0.0);
+    std::vector<double> err_s(static_cast<size_t>(B) * NH * T);  // per query row: its scores' f32 error bound
+    for (int b = 0; b < B; ++b) {
+      for (int h = 0; h < NH; ++h) {
+        auto q = [&](int t, int i) { return double(qkv[(static_cast<size_t>(b) * T + t) * W + h * hs + i]); };
+        auto kk = [&](int t, int i) { return double(qkv[(static_cast<size_t>(b) * T + t) * W + (NH + h / g) * hs + i]); };
+        auto v = [&](int t, int i) { return double(qkv[(static_cast<size_t>(b) * T + t) * W + (NH + KVH + h / g) * hs + i]); };
+        D P(TT, 0.0), dP(TT, 0.0), dPa(TT, 0.0), dS(TT, 0.0), dSa(TT, 0.0);
+        for (int t = 0; t < T; ++t) {
+          double m = -1e300, es = 0;
+          D s(T);
+          for (int j = 0; j <= t; ++j) {
+            double dot = 0, dota = 0;
+            for (int i = 0; i < hs; ++i) dot += q(t, i) * kk(j, i), dota += std::abs(q(t, i) * kk(j, i));
+            s[j] = dot * scale;
+            es = std::max(es, (hs + 3) * kU * dota * scale);
+            m = std::max(m, s[j]);
+          }
+          err_s[(static_cast<size_t>(b) * NH + h) * T + t] = es;
+          double z = 0;
+          for (int j = 0; j <= t; ++j) z += std::exp(s[j] - m);
+          for (int j = 0; j <= t; ++j) P[t * T + j] = std::exp(s[j] - m) / z;
+          // The probabilities' error: the scores' through the softmax, and the softmax's own roundings.
+          const double ep = 2 * es + (T + 8) * kU;
+          for (int i = 0; i < hs; ++i) {
+            double o = 0, oa = 0;
+            for (int j = 0; j <= t; ++j) o += P[t * T + j] * v(j, i), oa += P[t * T + j] * std::abs(v(j, i));
+            const size_t at = (static_cast<size_t>(b) * T + t) * Cq + h * hs + i;
+            out[at] = o;
+            outa[at] = (T + 2) * kU * oa + ep * oa;
+          }
+        }
+        // Backward: dP = dy v^T, dS = P (dP - <P, dP>) scale, dq = dS k, dk = dS^T q, dv = P^T dy.
+        for (int t = 0; t < T; ++t) {
+          auto dyv = [&](int i) { return double(dy[(static_cast<size_t>(b) * T + t) * Cq + h * hs + i]); };
+          double row = 0, rowa = 0;
+          for (int j = 0; j <= t; ++j) {
+            double s = 0, a = 0;
+            for (int i = 0; i < hs; ++i) s += dyv(i) * v(j, i), a += std::abs(dyv(i) * v(j, i));
+            dP[t * T + j] = s, dPa[t * T + j] = a;
+            row += P[t * T + j] * s, rowa += P[t * T + j] * a;
+          }
+          for (int j = 0; j <= t; ++j) {
+            dS[t * T + j] = P[t * T + j] * (dP[t * T + j] - row) * scale;
+            dSa[t * T + j] = P[t * T + j] * (dPa[t * T + j] + rowa) * scale;
+          }
+          for (int j = 0; j <= t; ++j) {
+            for (int i = 0; i < hs; ++i) {
+              const size_t kat = (static_cast<size_t>(b) * T + j) * W + (NH + h / g) * hs + i;
+              const size_t vat = (static_cast<size_t>(b) * T + j) * W + (NH + KVH + h / g) * hs + i;
+              dqkv[kat] += dS[t * T + j] * q(t, i), dqkva[kat] += dSa[t * T + j] * std::abs(q(t, i));
+              dqkv[vat] += P[t * T + j] * dyv(i), dqkva[vat] += P[t * T + j] * std::abs(dyv(i));
+            }
+          }
+          for (int i = 0; i < hs; ++i) {
+            double s = 0, a = 0;
+            for (int j = 0; j <= t; ++j) s += dS[t * T + j] * kk(j, i), a += dSa[t * T + j] * std::abs(kk(j, i));
+            const size_t at = (static_cast<size_t>(b) * T + t) * W + h * hs + i;
+            dqkv[at] = s, dqkva[at] = a;
+          }
+        }
+      }
+    }
+    // Every gradient passes through scores and probabilities: the largest score error of the
+    // batch row bounds what it does to them (relative, as for the output).
+    double es_max = 0;
+    for (double e : err_s) es_max = std::max(es_max, e);
+    D dqkvb(dqkv.size());
+    for (size_t i = 0; i < dqkv.size(); ++i) dqkvb[i] = ((2 * T + hs + 16) * kU + 4 * es_max) * dqkva[i] + kU * std::abs(dqkv[i]);
+    D outb(out.size());
+    for (size_t i = 0; i < out.size(); ++i) outb[i] = outa[i] + kU * std::abs(out[i]);
+    OnDevice d{*device_, {}};
+    float *pqkv = d.put(qkv), *pdy = d.put(dy), *pout = d.zeros(out.size()), *patt = d.zeros(B * NH * TT),
+          *pdatt = d.zeros(B * NH * TT), *pdqkv = d.put(random_vec(dqkv.size(), rng));  // overwritten, whatever it held
+    auto k = gpt::make_kernels(device_->default_stream());
+    k->submit([&] {
+      k->attention_forward(pout, patt, pqkv, B, T, NH, KVH, hs);
+      k->attention_backward(pdqkv, pdatt, pdy, pqkv, patt, B, T, NH, KVH, hs);
+    });
+    expect_within("attention out", d.get(pout, out.size()), out, outb);
+    expect_within("attention dqkv", d.get(pdqkv, dqkv.size()), dqkv, dqkvb);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, DecoderKernels, ::testing::ValuesIn(testing::device_specs()));
+
+}  // namespace
+}  // namespace zeroth
