@@ -65,6 +65,9 @@ struct ParamSpec {
   // Each tensor-parallel rank's gradient is a partial sum (a replicated parameter applied to its
   // shard of the sequence): the host sums it over the group before the data-parallel reduction.
   bool tp_partial_grad = false;
+  // The host places the next parameter of the block right after this one, in the views and the
+  // gradients, so the model may use the run as one tensor (q/k/v projections as one matrix).
+  bool fused_with_next = false;
   size_t numel() const;
   // This parameter cut for rank `rank` of `ranks` along `axis` (-1: replicated) in `groups` segments.
   ParamSpec cut(int axis, int groups, int rank, int ranks, bool partial_grad = false) const;

@@ -91,7 +91,8 @@ StagePlan plan_stage(const TrainConfig& config, int stage, int dp_rank, int tp_r
   StagePlan out;
   out.plan = make_plan(Gpt::block_specs(config.model, part), Gpt::schedules(config.model, part), config.engine, config.data_parallel(),
                        dp_rank, passes);
-  if (pp > 1 && (stage == 0 || stage == pp - 1)) tie_block(out.plan, Gpt::embedding_block(config.model, part), stage == 0);
+  if (pp > 1 && config.model.tie_word_embeddings && (stage == 0 || stage == pp - 1))
+    tie_block(out.plan, Gpt::embedding_block(config.model, part), stage == 0);
   out.plan.stages = pp;
   out.model = Gpt::footprint(config.model, static_cast<int>(config.micro_batch_size), config.model.seq_len,
                              config.engine.compute_dtype, out.plan.chunk_in_flight, part);

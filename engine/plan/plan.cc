@@ -315,7 +315,8 @@ Plan make_plan(const std::vector<BlockSpec>& specs, const std::vector<BlockSched
     for (const auto& param : spec.params) {
       if (!pnames.insert(param.name).second)
         ZEROTH_THROW(ConfigError, "block {} has two parameters named \"{}\"", spec.name, param.name);
-      blk.numel = round_up(blk.numel, kParamAlign);
+      const bool fused = !blk.param_offsets.empty() && spec.params[blk.param_offsets.size() - 1].fused_with_next;
+      if (!fused) blk.numel = round_up(blk.numel, kParamAlign);
       blk.param_offsets.push_back(blk.numel);
       blk.numel += param.numel();
     }

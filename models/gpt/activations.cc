@@ -13,7 +13,8 @@ namespace zeroth {
 
 size_t Gpt::State::layer_floats(const Dims& d, size_t BT, size_t B, size_t T) {
   const size_t C = d.C, R = d.rows(BT);
-  return BT * (4 * d.Cq + 2 * d.F) + 3 * R * C + 4 * R + B * d.NH * T * T;
+  const size_t qk_norm = d.qk_norm ? BT * d.W + BT * (d.NH + d.KVH) : 0;
+  return BT * (d.W + d.Cq + d.up() + d.F) + 3 * R * C + 4 * R + B * d.NH * T * T + qk_norm;
 }
 
 std::vector<bool> Gpt::State::resid_positions(const GptConfig& c, const GptPart& part) {
@@ -81,7 +82,11 @@ size_t Gpt::State::all_slots_floats(const GptConfig& c, const GptPart& part, con
 size_t Gpt::State::scratch_floats(const GptConfig& c, const GptPart& part, int B, int T) {
   const Dims d = Dims::of(c, part);
   const size_t BT = static_cast<size_t>(B) * T, C = c.n_embd;
-  return d.rows(BT) * C + BT * (C + 3 * d.Cq + d.F) + static_cast<size_t>(B) * d.NH * T * T + (d.sp ? 3 * BT * C : 0);
+  // The Llama family adds dact, dqk (with per-head norms) and the rotary table.
+  const size_t llama = d.llama ? BT * d.F + (d.qk_norm ? BT * d.W : 0) + static_cast<size_t>(c.seq_len) * d.hs : 0;
+  // dC holds the gradient at the residual stream's width and at the attention's (wider in Qwen3).
+  const size_t dC = std::max<size_t>(C, d.Cq);
+  return d.rows(BT) * C + BT * (dC + d.W + d.up()) + static_cast<size_t>(B) * d.NH * T * T + (d.sp ? 3 * BT * C : 0) + llama;
 }
 
 void Gpt::State::check_shape(int b, int t) const {
@@ -160,9 +165,10 @@ void Gpt::State::reserve(Stream& stream, int b, int t, const std::vector<int>& p
     for (size_t l = 0; l < sl.layer.size(); ++l) {
       if (sl.layer.size() > 1 && !owned[l]) continue;  // another rank's layer
       auto& a = sl.layer[l];
-      a.ln1 = take(R * C), a.ln1_mean = take(R), a.ln1_rstd = take(R), a.qkv = take(3 * BT * dims.Cq);
+      a.ln1 = take(R * C), a.ln1_mean = take(R), a.ln1_rstd = take(R), a.qkv = take(BT * dims.W);
       a.att = take(static_cast<size_t>(b) * dims.NH * t * t), a.atty = take(BT * dims.Cq), a.res2 = take(R * C);
-      a.ln2 = take(R * C), a.ln2_mean = take(R), a.ln2_rstd = take(R), a.fch = take(BT * dims.F), a.fch_gelu = take(BT * dims.F);
+      a.ln2 = take(R * C), a.ln2_mean = take(R), a.ln2_rstd = take(R), a.fch = take(BT * dims.up()), a.fch_act = take(BT * dims.F);
+      if (dims.qk_norm) a.qk_pre = take(BT * dims.W), a.qk_rstd = take(BT * (dims.NH + dims.KVH));
     }
     if (head) {
       sl.lnf = take(BT * C), sl.lnf_mean = take(R), sl.lnf_rstd = take(R), sl.logits = take(BT * dims.V), sl.ce_stats = take(4 * BT);
@@ -176,10 +182,18 @@ void Gpt::State::reserve(Stream& stream, int b, int t, const std::vector<int>& p
     }
   }
   chunk_slots = per_chunk;
-  d.dresid = take(R * C), d.dC = take(BT * C), d.dqkv = take(3 * BT * dims.Cq), d.dfch = take(BT * dims.F);
+  d.dresid = take(R * C), d.dC = take(BT * std::max<size_t>(C, dims.Cq)), d.dqkv = take(BT * dims.W), d.dfch = take(BT * dims.up());
   d.datt = take(static_cast<size_t>(b) * dims.NH * t * t);
   d.partial = dims.sp ? take(BT * C) : nullptr, d.gathered = dims.sp ? take(BT * C) : nullptr;
   d.ln_whole = dims.sp ? take(BT * C) : nullptr;
+  if (dims.llama) {
+    d.dact = take(BT * dims.F);
+    d.dqk = dims.qk_norm ? take(BT * dims.W) : nullptr;
+    d.rope = take(static_cast<size_t>(cfg.seq_len) * dims.hs);
+    const std::vector<float> table = cfg.rope_table();
+    device->copy(stream, d.rope, table.data(), table.size() * sizeof(float));
+    stream.synchronize();  // `table` goes out of scope
+  }
   B = b, T = t;
 }
 

@@ -44,9 +44,29 @@ void GptConfig::validate() const {
   positive("n_layer", n_layer);
   positive("n_head", n_head);
   positive("n_embd", n_embd);
-  if (n_embd % n_head != 0) {
+  if (!(llama() && head_dim > 0) && n_embd % n_head != 0) {
     ZEROTH_THROW(ConfigError, "model.n_embd ({}) must be a multiple of model.n_head ({}): each head gets n_embd / n_head channels",
                  n_embd, n_head);
+  }
+  if (llama()) {
+    if (n_kv_head < 0 || head_dim < 0 || intermediate_size < 0)
+      ZEROTH_THROW(ConfigError, "model.n_kv_head, model.head_dim and model.intermediate_size must not be negative (0: the default)");
+    if (n_head % kv_heads() != 0) {
+      ZEROTH_THROW(ConfigError,
+                   "model.n_head ({}) must be a multiple of model.n_kv_head ({}): each key/value head serves a group of query heads",
+                   n_head, kv_heads());
+    }
+    if (head_size() % 2 != 0)
+      ZEROTH_THROW(ConfigError, "model.head_dim ({}) must be even: rotary embedding turns pairs of channels", head_size());
+    if (!(norm_eps > 0)) ZEROTH_THROW(ConfigError, "model.rms_norm_eps must be positive, got {}", norm_eps);
+    if (!(rope_theta > 0)) ZEROTH_THROW(ConfigError, "model.rope_theta must be positive, got {}", rope_theta);
+    if (rope_scaling.type != RopeScaling::Type::none && !(rope_scaling.factor > 0))
+      ZEROTH_THROW(ConfigError, "model.rope_scaling.factor must be positive, got {}", rope_scaling.factor);
+  } else if (n_kv_head != 0 || head_dim != 0 || intermediate_size != 0 || qkv_bias || o_bias || qk_norm || !tie_word_embeddings ||
+             rope_scaling.type != RopeScaling::Type::none) {
+    ZEROTH_THROW(ConfigError,
+                 "model.n_kv_head, head_dim, intermediate_size, attention biases, qk norms, rope_scaling and an untied head belong to "
+                 "the Llama family; GPT-2 has none of them (set model.architecture to llama, or drop them)");
   }
   if (cpu_checkpointing && !activation_checkpointing) {
     ZEROTH_THROW(
@@ -54,6 +74,41 @@ void GptConfig::validate() const {
         "activation_checkpointing.cpu_checkpointing moves the activation checkpoints to host memory, but checkpointing is off "
         "(model.activation_checkpointing false): turn it on, or drop cpu_checkpointing");
   }
+}
+
+std::vector<float> GptConfig::rope_table() const {
+  const int hs = head_size(), half = hs / 2;
+  // Hugging Face's default rotary frequencies, in f32 as it computes them: theta^(-2i / hs).
+  std::vector<float> inv(half);
+  for (int i = 0; i < half; ++i) {
+    const float e = static_cast<float>(2 * i) / static_cast<float>(hs);
+    inv[i] = 1.0f / static_cast<float>(std::pow(rope_theta, static_cast<double>(e)));
+  }
+  const RopeScaling& r = rope_scaling;
+  if (r.type == RopeScaling::Type::linear) {
+    for (float& f : inv) f = static_cast<float>(f / r.factor);
+  } else if (r.type == RopeScaling::Type::llama3) {
+    // Llama 3.1's: long wavelengths slowed by the factor, short ones kept, those between blended.
+    const double old_len = r.original_max_position_embeddings, low = old_len / r.low_freq_factor, high = old_len / r.high_freq_factor;
+    for (float& f : inv) {
+      const double wavelen = 2 * M_PI / f;
+      if (wavelen > low) {
+        f = static_cast<float>(f / r.factor);
+      } else if (wavelen >= high) {
+        const double smooth = (old_len / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+        f = static_cast<float>((1 - smooth) * f / r.factor + smooth * f);
+      }
+    }
+  }
+  std::vector<float> table(static_cast<size_t>(seq_len) * hs);
+  for (int t = 0; t < seq_len; ++t) {
+    for (int i = 0; i < half; ++i) {
+      const float angle = static_cast<float>(t) * inv[i];
+      table[static_cast<size_t>(t) * hs + i] = static_cast<float>(std::cos(static_cast<double>(angle)));
+      table[static_cast<size_t>(t) * hs + half + i] = static_cast<float>(std::sin(static_cast<double>(angle)));
+    }
+  }
+  return table;
 }
 
 // ---- blocks ---------------------------------------------------------------------------------
@@ -77,7 +132,12 @@ PartBlocks part_blocks(const GptConfig& c, const GptPart& part) {
   }
   if (part.has_head(c)) {
     out.ln_f = next++;
-    if (out.embed < 0) out.embed = next++;
+    if (!c.tie_word_embeddings) {
+      out.head = next++;
+    } else {
+      if (out.embed < 0) out.embed = next++;
+      out.head = out.embed;
+    }
   }
   return out;
 }
@@ -87,7 +147,43 @@ PartBlocks part_blocks(const GptConfig& c, const GptPart& part) {
 
 namespace {
 
+// A Llama-family layer in Hugging Face's names. q/k/v (weights, and biases) and gate/up are fused
+// runs: the model multiplies by each run as one matrix, the queries', keys' and values' rows (the
+// gate's and up's) one after the other.
+BlockSpec llama_layer_spec(const GptConfig& c, int l) {
+  const int64_t C = c.n_embd, hs = c.head_size(), Q = static_cast<int64_t>(c.n_head) * hs,
+                KV = static_cast<int64_t>(c.kv_heads()) * hs, F = c.ffn();
+  auto fused = [](ParamSpec p) {
+    p.fused_with_next = true;
+    return p;
+  };
+  const InitRule w = InitRule::normal(0.02);
+  BlockSpec b{"layers." + std::to_string(l), {}};
+  auto& p = b.params;
+  p.push_back({"input_layernorm.weight", {C}, InitRule::constant(1), ParamRole::norm});
+  p.push_back(fused({"self_attn.q_proj.weight", {Q, C}, w, ParamRole::weight}));
+  p.push_back(fused({"self_attn.k_proj.weight", {KV, C}, w, ParamRole::weight}));
+  p.push_back({"self_attn.v_proj.weight", {KV, C}, w, ParamRole::weight});
+  if (c.qkv_bias) {
+    p.push_back(fused({"self_attn.q_proj.bias", {Q}, InitRule::zeros(), ParamRole::bias}));
+    p.push_back(fused({"self_attn.k_proj.bias", {KV}, InitRule::zeros(), ParamRole::bias}));
+    p.push_back({"self_attn.v_proj.bias", {KV}, InitRule::zeros(), ParamRole::bias});
+  }
+  if (c.qk_norm) {
+    p.push_back({"self_attn.q_norm.weight", {hs}, InitRule::constant(1), ParamRole::norm});
+    p.push_back({"self_attn.k_norm.weight", {hs}, InitRule::constant(1), ParamRole::norm});
+  }
+  p.push_back({"self_attn.o_proj.weight", {C, Q}, w, ParamRole::weight});
+  if (c.o_bias) p.push_back({"self_attn.o_proj.bias", {C}, InitRule::zeros(), ParamRole::bias});
+  p.push_back({"post_attention_layernorm.weight", {C}, InitRule::constant(1), ParamRole::norm});
+  p.push_back(fused({"mlp.gate_proj.weight", {F, C}, w, ParamRole::weight}));
+  p.push_back({"mlp.up_proj.weight", {F, C}, w, ParamRole::weight});
+  p.push_back({"mlp.down_proj.weight", {C, F}, w, ParamRole::weight});
+  return b;
+}
+
 BlockSpec layer_spec(const GptConfig& c, int l) {
+  if (c.llama()) return llama_layer_spec(c, l);
   const int64_t C = c.n_embd;
   const double proj_std = 0.02 / std::sqrt(2.0 * c.n_layer);  // GPT-2: residual projections scaled by depth
   return {"h." + std::to_string(l),
@@ -107,13 +203,20 @@ BlockSpec layer_spec(const GptConfig& c, int l) {
 
 BlockSpec embed_spec(const GptConfig& c) {
   const int64_t V = c.vocab_size, T = c.seq_len, C = c.n_embd;
+  if (c.llama()) return {"embed", {{"wte", {V, C}, InitRule::normal(0.02), ParamRole::embedding}}};
   return {"embed",
           {{"wte", {V, C}, InitRule::normal(0.02), ParamRole::embedding},
            {"wpe", {T, C}, InitRule::normal(0.02), ParamRole::embedding}}};
 }
 
+// The untied LM head.
+BlockSpec head_spec(const GptConfig& c) {
+  return {"lm_head", {{"weight", {c.vocab_size, c.n_embd}, InitRule::normal(0.02), ParamRole::weight}}};
+}
+
 BlockSpec ln_f_spec(const GptConfig& c) {
   const int64_t C = c.n_embd;
+  if (c.llama()) return {"ln_f", {{"weight", {C}, InitRule::constant(1), ParamRole::norm}}};
   return {"ln_f", {{"weight", {C}, InitRule::constant(1), ParamRole::norm}, {"bias", {C}, InitRule::zeros(), ParamRole::norm}}};
 }
 
@@ -126,6 +229,19 @@ ParamSpec tensor_parallel_cut(const ParamSpec& p, const GptPart& part) {
   const int r = part.tp_rank, n = part.tp_ranks;
   const bool sp = part.sequence_parallel;
   const std::string& name = p.name;
+  auto in = [&](std::initializer_list<const char*> names) {
+    for (const char* k : names)
+      if (name == k) return true;
+    return false;
+  };
+  // The Llama family: q, k and v each cut by heads (the rank's key/value heads serve its query
+  // heads), gate and up by rows alike; a per-head norm's gradient sums the ranks' heads.
+  if (in({"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.q_proj.bias",
+          "self_attn.k_proj.bias", "self_attn.v_proj.bias", "mlp.gate_proj.weight", "mlp.up_proj.weight", "weight"}) &&
+      p.role != ParamRole::norm)
+    return p.cut(0, 1, r, n);
+  if (in({"self_attn.o_proj.weight", "mlp.down_proj.weight"})) return p.cut(1, 1, r, n);
+  if (in({"self_attn.q_norm.weight", "self_attn.k_norm.weight"})) return p.cut(-1, 1, r, n, true);
   if (name == "attn.c_attn.weight" || name == "attn.c_attn.bias") return p.cut(0, 3, r, n);
   if (name == "mlp.c_fc.weight" || name == "mlp.c_fc.bias" || name == "wte") return p.cut(0, 1, r, n);
   if (name == "attn.c_proj.weight" || name == "mlp.c_proj.weight") return p.cut(1, 1, r, n);
@@ -152,6 +268,12 @@ void check_part(const GptConfig& c, const GptPart& part) {
   }
   if (part.tp_ranks < 1 || part.tp_rank < 0 || part.tp_rank >= part.tp_ranks)
     ZEROTH_THROW(InvalidArgument, "GPT part: tensor-parallel rank {} of {}", part.tp_rank, part.tp_ranks);
+  if (c.llama() && c.kv_heads() % part.tp_ranks != 0) {
+    ZEROTH_THROW(ConfigError,
+                 "parallel.tensor = {} splits the key/value heads over its ranks, but model.n_kv_head = {} is not a multiple of it; "
+                 "as Megatron-LM, zeroth does not replicate key/value heads: use a tensor-parallel size that divides them",
+                 part.tp_ranks, c.kv_heads());
+  }
   if (c.n_head % part.tp_ranks != 0) {
     ZEROTH_THROW(ConfigError,
                  "parallel.tensor = {} splits the attention heads over its ranks, but model.n_head = {} is not a multiple of it; "
@@ -247,7 +369,7 @@ std::vector<int> partition_layers(const GptConfig& c, int parts, const std::stri
   // The last stage also holds the LM head's copy of the tied embedding (with its own optimizer
   // state), as DeepSpeed counts a tied layer on each stage that has it.
   const size_t layer = count(layer_spec(c, 0)), first = count(embed_spec(c));
-  const size_t last = count(ln_f_spec(c)) + (parts > 1 ? first : 0);
+  const size_t last = count(ln_f_spec(c)) + (!c.tie_word_embeddings ? count(head_spec(c)) : parts > 1 ? first : 0);
   auto fill = [&](size_t bound, std::vector<int>* take) {
     int l = 0;
     for (int k = 0; k < parts; ++k) {
@@ -287,7 +409,8 @@ std::vector<BlockSpec> Gpt::block_specs(const GptConfig& c, const GptPart& given
   }
   if (part.has_head(c)) {
     out.push_back(ln_f_spec(c));
-    if (!part.has_embedding()) out.push_back(embed_spec(c));  // the LM head's copy of the tied embedding
+    if (!c.tie_word_embeddings) out.push_back(head_spec(c));
+    else if (!part.has_embedding()) out.push_back(embed_spec(c));  // the LM head's copy of the tied embedding
   }
   if (part.tp_ranks > 1) {
     for (auto& block : out) {
@@ -299,10 +422,24 @@ std::vector<BlockSpec> Gpt::block_specs(const GptConfig& c, const GptPart& given
 
 int Gpt::embedding_block(const GptConfig& c, const GptPart& part) { return gpt::part_blocks(c, gpt::complete_part(part, c)).embed; }
 
+int Gpt::head_block(const GptConfig& c, const GptPart& part) { return gpt::part_blocks(c, gpt::complete_part(part, c)).head; }
+
 std::vector<Gpt::HfParam> Gpt::hf_params(const GptConfig& c) {
   std::vector<HfParam> out;
   const auto specs = block_specs(c);
   for (size_t b = 0; b < specs.size(); ++b) {
+    if (c.llama()) {
+      // "embed" {wte}, "layers.<l>" with Hugging Face's own suffixes, "ln_f" {weight}, "lm_head" {weight}.
+      const std::string& block = specs[b].name;
+      for (size_t i = 0; i < specs[b].params.size(); ++i) {
+        const std::string name = block == "embed"     ? "model.embed_tokens.weight"
+                                 : block == "ln_f"    ? "model.norm.weight"
+                                 : block == "lm_head" ? "lm_head.weight"
+                                                      : "model." + block + "." + specs[b].params[i].name;
+        out.push_back({static_cast<int>(b), i, name, false});
+      }
+      continue;
+    }
     // "embed" {wte, wpe}, "h.<l>" with Hugging Face's own suffixes, "ln_f" {weight, bias}.
     const std::string prefix = specs[b].name == "embed" ? "transformer." : "transformer." + specs[b].name + ".";
     for (size_t i = 0; i < specs[b].params.size(); ++i) {
@@ -330,8 +467,8 @@ std::vector<BlockSchedule> Gpt::schedules(const GptConfig& c, const GptPart& giv
     for (int l = lo; l < hi; ++l) s.forward.push_back(ids.layers[l]);
     if (last) {
       s.forward.push_back(ids.ln_f);
-      s.forward.push_back(ids.embed);  // the LM head
-      s.backward.push_back(ids.embed);
+      s.forward.push_back(ids.head);  // the LM head (the embedding when tied)
+      s.backward.push_back(ids.head);
       s.backward.push_back(ids.ln_f);
     }
     for (int l = hi - 1; l >= lo; --l) s.backward.push_back(ids.layers[l]);

@@ -24,12 +24,41 @@
 
 namespace zeroth {
 
+// How Llama 3 and linear scaling stretch rotary positions (Hugging Face's rope_scaling).
+struct RopeScaling {
+  enum class Type : uint8_t { none, linear, llama3 };
+  Type type = Type::none;
+  double factor = 1;
+  double low_freq_factor = 1, high_freq_factor = 4;  // llama3
+  int original_max_position_embeddings = 8192;       // llama3
+};
+
+// One decoder with the switches of its family, as Megatron-core's GPTModel serves Llama: GPT-2
+// (LayerNorm, learned positions, GELU MLP, biases, tied head) or the Llama family (RMSNorm,
+// rotary positions, SwiGLU MLP, grouped-query attention, no biases but Qwen2's q/k/v ones,
+// Qwen3's per-head q/k RMSNorm, tied or untied head).
+enum class Architecture : uint8_t { gpt2, llama };
+
 struct GptConfig {
+  Architecture architecture = Architecture::gpt2;
   int vocab_size = 50257;
-  int seq_len = 1024;  // positions the model knows (rows of wpe); micro-batches may be shorter
+  int seq_len = 1024;  // positions the model knows (rows of wpe; the rotary table); micro-batches may be shorter
   int n_layer = 12;
   int n_head = 12;
   int n_embd = 768;
+  // The Llama family's (GPT-2 keeps the defaults): key/value heads (0: n_head), channels per head
+  // (0: n_embd / n_head), the MLP's width (0: 4 n_embd), the norms' epsilon, rotary base and
+  // scaling, q/k/v biases (Qwen2; attention_bias adds the output projection's too), per-head q/k
+  // norms (Qwen3), and whether the LM head is the token embedding.
+  int n_kv_head = 0;
+  int head_dim = 0;
+  int intermediate_size = 0;
+  double norm_eps = 1e-5;
+  double rope_theta = 10000;
+  RopeScaling rope_scaling;
+  bool qkv_bias = false, o_bias = false;
+  bool qk_norm = false;
+  bool tie_word_embeddings = true;
   // Keep only each transformer block's input during forward and recompute the block in its
   // backward: activation memory per layer drops from ~(16 C + 2 NH T) to C floats per token.
   bool activation_checkpointing = false;
@@ -43,6 +72,13 @@ struct GptConfig {
   static GptConfig preset(std::string_view name);
   static std::vector<std::string> preset_names();
   size_t num_parameters() const;
+  bool llama() const { return architecture == Architecture::llama; }
+  int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  int head_size() const { return head_dim > 0 ? head_dim : n_embd / n_head; }
+  int ffn() const { return intermediate_size > 0 ? intermediate_size : 4 * n_embd; }
+  // The rotary angles' cosines and sines per position (seq_len x head_size: cosines, then sines),
+  // as Hugging Face computes them in f32.
+  std::vector<float> rope_table() const;
   // ConfigError naming the key (model.*) when a value is out of range.
   void validate() const;
 };
@@ -90,6 +126,8 @@ class Gpt {
   // The part's copy of the tied token embedding when it is not the one that embeds (-1 else), and
   // the block id of the embedding wherever it is (-1: none).
   static int embedding_block(const GptConfig& config, const GptPart& part);
+  // The LM head's block on this part (the embedding's when tied; -1: none).
+  static int head_block(const GptConfig& config, const GptPart& part);
 
   static std::vector<BlockSpec> block_specs(const GptConfig& config);
   // Hugging Face's GPT-2 (GPT2LMHeadModel) name of every parameter, in block_specs order, and
@@ -158,7 +196,7 @@ class Gpt {
   GptConfig config_;
   GptPart part_;
   Communicator* tensor_ = nullptr;
-  int embed_ = -1, ln_f_ = -1;
+  int embed_ = -1, ln_f_ = -1, head_ = -1;
   std::vector<int> layers_;       // block of each layer of the model, -1 where another rank holds it
   std::shared_ptr<State> state_;  // activations and f32 weight copies, touched by the stream only
 };

@@ -37,7 +37,7 @@ Gpt::Gpt(BlockHost& host, GptConfig config, GptPart part, Communicator* tensor)
   auto specs = block_specs(config_, part_);
   for (auto& spec : specs) host_.add_block(std::move(spec));
   const gpt::PartBlocks ids = gpt::part_blocks(config_, part_);
-  embed_ = ids.embed, ln_f_ = ids.ln_f, layers_ = ids.layers;
+  embed_ = ids.embed, ln_f_ = ids.ln_f, head_ = ids.head, layers_ = ids.layers;
   host_.set_chunk_schedules(schedules(config_, part_));
   state_->cfg = config_;
   state_->part = part_;
@@ -166,8 +166,9 @@ void Gpt::run_forward(int micro, int chunk, const int32_t* tokens, const int32_t
     auto w = bind(k, &s->wbuf, &s->gbuf, first_views, false);
     float* partial = d.sp ? s->d.partial : sl->resid[0];
     const int32_t* ids = sl->tokens;
+    // GPT-2's learned positions (the Llama family has none: rotary ones, in each layer).
     k.submit([&k, w, partial, ids, d, B, T] {
-      k.encoder_forward(partial, ids, (*w)->p(0), d.tp_rank == 0 ? (*w)->p(1) : nullptr, B, T, d.C, d.v_lo, d.V);
+      k.encoder_forward(partial, ids, (*w)->p(0), d.tp_rank == 0 && !d.llama ? (*w)->p(1) : nullptr, B, T, d.C, d.v_lo, d.V);
     });
     g.reduce(partial, sl->resid[0], BT);
     release(k, w);
@@ -190,12 +191,15 @@ void Gpt::run_forward(int micro, int chunk, const int32_t* tokens, const int32_t
     auto w = bind(k, &s->wbuf, &s->gbuf, host_.begin_forward(ln_f_, micro), false);
     float *lnf = sl->lnf + at, *mean = sl->lnf_mean, *rstd = sl->lnf_rstd;
     const float* x = sl->resid[L];
-    k.submit([&k, w, lnf, mean, rstd, x, R, C] { k.layernorm_forward(lnf, mean, rstd, x, (*w)->p(0), (*w)->p(1), R, C); });
+    k.submit([&k, w, lnf, mean, rstd, x, R, C, d] {
+      if (d.llama) k.rmsnorm_forward(lnf, rstd, x, (*w)->p(0), R, 1, C, C, d.eps);
+      else k.layernorm_forward(lnf, mean, rstd, x, (*w)->p(0), (*w)->p(1), R, C);
+    });
     release(k, w);
     host_.end_forward(ln_f_, micro);
   }
   g.gather(sl->lnf, BT);
-  auto w = bind(k, &s->wbuf, &s->gbuf, host_.begin_forward(embed_, micro), false);
+  auto w = bind(k, &s->wbuf, &s->gbuf, host_.begin_forward(head_, micro), false);
   const float dscale = training ? static_cast<float>(host_.loss_gradient_scale() / static_cast<double>(BT)) : 0.0f;
   float* lg = sl->logits;
   float* stats = sl->ce_stats;
@@ -213,7 +217,7 @@ void Gpt::run_forward(int micro, int chunk, const int32_t* tokens, const int32_t
   g.all_reduce(stats + BT, 2 * BT, ReduceOp::sum);
   k.submit([&k, lg, ys, stats, loss, dscale, d, BT] { k.crossentropy_finish(lg, ys, BT, d.V, d.v_lo, dscale, stats, loss); });
   release(k, w);
-  host_.end_forward(embed_, micro);
+  host_.end_forward(head_, micro);
   if (training) ++s->in_flight;
 }
 
@@ -241,7 +245,7 @@ void Gpt::run_backward(int micro, int chunk) {
   };
   if (heads) {
     {
-      auto w = bind(k, &s->wbuf, &s->gbuf, host_.begin_backward(embed_, micro), true);
+      auto w = bind(k, &s->wbuf, &s->gbuf, host_.begin_backward(head_, micro), true);
       --s->in_flight;
       // d(ln_f output) from this rank's vocabulary slice is a partial sum over the ranks.
       float* partial = d.sp ? sc.partial : sc.dC;
@@ -251,11 +255,15 @@ void Gpt::run_backward(int micro, int chunk) {
           [&k, w, partial, lg, lnf, d, BT] { k.matmul_backward(partial, (*w)->g(0), nullptr, lg, lnf, (*w)->p(0), BT, d.C, d.V); });
       g.reduce(partial, sc.dC, BT);
       release(k, w);
-      host_.end_backward(embed_, micro);
+      host_.end_backward(head_, micro);
     }
     auto w = bind(k, &s->wbuf, &s->gbuf, host_.begin_backward(ln_f_, micro), true);
     const float *x = sl->resid[L], *mean = sl->lnf_mean, *rstd = sl->lnf_rstd;
-    k.submit([&k, w, sc, x, mean, rstd, R, C] {
+    k.submit([&k, w, sc, x, mean, rstd, R, C, d] {
+      if (d.llama) {
+        k.rmsnorm_backward(sc.dresid, (*w)->g(0), sc.dC, x, (*w)->p(0), rstd, R, 1, C, C, false);
+        return;
+      }
       k.zero(sc.dresid, R * C);
       k.layernorm_backward(sc.dresid, (*w)->g(0), (*w)->g(1), sc.dC, x, (*w)->p(0), mean, rstd, R, C);
     });
@@ -280,7 +288,9 @@ void Gpt::run_backward(int micro, int chunk) {
     auto w = bind(k, &s->wbuf, &s->gbuf, host_.begin_backward(embed_, micro), true);
     const float* dout = g.gathered_rows(sc.dresid, sc.gathered, BT);
     const int32_t* ids = sl->tokens;
-    k.submit([&k, w, dout, ids, d, B, T] { k.encoder_backward((*w)->g(0), (*w)->g(1), dout, ids, B, T, d.C, d.v_lo, d.V); });
+    k.submit([&k, w, dout, ids, d, B, T] {
+      k.encoder_backward((*w)->g(0), d.llama ? nullptr : (*w)->g(1), dout, ids, B, T, d.C, d.v_lo, d.V);
+    });
     release(k, w);
     host_.end_backward(embed_, micro);
   } else {

@@ -42,7 +42,7 @@ class Kernels {
   virtual void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, size_t N, int groups, int C, size_t ld,
                                float eps) = 0;
   virtual void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
-                                const float* rstd, size_t N, int groups, int C, size_t ld) = 0;
+                                const float* rstd, size_t N, int groups, int C, size_t ld, bool accumulate) = 0;
   // table: [T, hs] device memory, cosines then sines of each position's angles.
   virtual void rope(float* x, const float* table, size_t N, int T, size_t ld, int heads, int hs, bool inverse) = 0;
   virtual void swiglu_forward(float* out, const float* inp, size_t N, int F) = 0;
@@ -50,6 +50,7 @@ class Kernels {
   virtual void gelu_forward(float* out, const float* inp, size_t n) = 0;
   virtual void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) = 0;
   virtual void accumulate(float* y, const float* x, size_t n) = 0;
+  virtual void copy(float* dst, const float* src, size_t n) = 0;
   virtual void zero(float* x, size_t n) = 0;
   // dst (f32) = src widened; dst (any dtype) += src (f32).
   virtual void widen(TensorView src, float* dst) = 0;

@@ -8,9 +8,15 @@ Dims Dims::of(const GptConfig& c, const GptPart& part) {
   d.tp = part.tp_ranks, d.tp_rank = part.tp_rank;
   d.sp = part.sequence_parallel && part.tp_ranks > 1;
   d.C = c.n_embd;
+  d.llama = c.llama(), d.qkv_bias = c.qkv_bias, d.o_bias = c.o_bias, d.qk_norm = c.qk_norm;
+  d.eps = static_cast<float>(c.norm_eps);
   d.NH = c.n_head / d.tp;
-  d.Cq = c.n_embd / d.tp;
-  d.F = 4 * c.n_embd / d.tp;
+  d.KVH = c.kv_heads() / d.tp;
+  d.hs = c.head_size();
+  d.Cq = d.NH * d.hs;
+  d.W = (d.NH + 2 * d.KVH) * d.hs;
+  const auto [f_lo, f_hi] = TensorSplit::part(c.ffn(), d.tp_rank, d.tp);
+  d.F = static_cast<int>(f_hi - f_lo);
   const auto [lo, hi] = TensorSplit::part(c.vocab_size, d.tp_rank, d.tp);
   d.v_lo = static_cast<int>(lo), d.V = static_cast<int>(hi - lo);
   return d;
@@ -79,6 +85,7 @@ enum LayerParam { kLn1W, kLn1B, kAttnW, kAttnB, kProjW, kProjB, kLn2W, kLn2B, kF
 
 void layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs& a, const Scratch& s, const float* x, float* out,
                    int B, int T) {
+  if (g.dims().llama) return llama_layer_forward(k, g, w, a, s, x, out, B, T);
   const Dims d = g.dims();
   const size_t BT = static_cast<size_t>(B) * T, R = d.rows(BT);
   // Row-parallel outputs are partial sums: the bias joins on rank 0 only, so the sum holds it once.
@@ -106,8 +113,8 @@ void layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs
   k.submit([&k, w, a, d, BT, down, bias, ln2] {
     const Bound& p = **w;
     k.matmul_forward(a.fch, ln2, p.p(kFcW), p.p(kFcB), BT, d.C, d.F);
-    k.gelu_forward(a.fch_gelu, a.fch, BT * d.F);
-    if (down != nullptr) k.matmul_forward(down, a.fch_gelu, p.p(kFcProjW), bias ? p.p(kFcProjB) : nullptr, BT, d.F, d.C);
+    k.gelu_forward(a.fch_act, a.fch, BT * d.F);
+    if (down != nullptr) k.matmul_forward(down, a.fch_act, p.p(kFcProjW), bias ? p.p(kFcProjB) : nullptr, BT, d.F, d.C);
   });
   if (out == nullptr) return;
   g.reduce(down, out, BT);
@@ -115,6 +122,7 @@ void layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs
 }
 
 void layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs& a, const Scratch& s, const float* x, int B, int T) {
+  if (g.dims().llama) return llama_layer_backward(k, g, w, a, s, x, B, T);
   const Dims d = g.dims();
   const size_t BT = static_cast<size_t>(B) * T, R = d.rows(BT);
   // The column-parallel inputs' gradients are partial sums over the ranks.
@@ -125,7 +133,7 @@ void layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerAct
   const float* ln2 = g.gathered_rows(a.ln2, s.ln_whole, BT);
   k.submit([&k, w, a, s, d, BT, dout, partial, ln2] {
     const Bound& p = **w;
-    k.matmul_backward(s.dfch, p.g(kFcProjW), p.g(kFcProjB), dout, a.fch_gelu, p.p(kFcProjW), BT, d.F, d.C);
+    k.matmul_backward(s.dfch, p.g(kFcProjW), p.g(kFcProjB), dout, a.fch_act, p.p(kFcProjW), BT, d.F, d.C);
     k.gelu_backward(s.dfch, a.fch, s.dfch, BT * d.F);
     k.matmul_backward(partial, p.g(kFcW), p.g(kFcB), s.dfch, ln2, p.p(kFcW), BT, d.C, d.F);
   });

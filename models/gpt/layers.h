@@ -23,18 +23,23 @@ namespace zeroth::gpt {
 GptPart complete_part(const GptPart& part, const GptConfig& config);
 // The part's block ids: the embedding (or the head's copy), each layer's (-1 elsewhere), ln_f.
 struct PartBlocks {
-  int embed = -1, ln_f = -1;
+  int embed = -1, ln_f = -1, head = -1;  // head: the embedding's block when tied
   std::vector<int> layers;
 };
 PartBlocks part_blocks(const GptConfig& config, const GptPart& part);
 
-// A rank's widths: C channels in the residual stream, its heads (NH) and their channels (Cq), its
-// MLP width (F), its vocabulary rows [v_lo, v_lo + V).
+// A rank's widths: C channels in the residual stream, its query heads (NH) and key/value heads (KVH)
+// of hs channels, the attention's output width (Cq = NH hs) and its qkv rows' (W = (NH + 2 KVH) hs),
+// its MLP width (F), its vocabulary rows [v_lo, v_lo + V); and the architecture's switches.
 struct Dims {
-  int C = 0, NH = 0, Cq = 0, F = 0, v_lo = 0, V = 0;
+  int C = 0, NH = 0, KVH = 0, hs = 0, Cq = 0, W = 0, F = 0, v_lo = 0, V = 0;
   int tp = 1, tp_rank = 0;
   bool sp = false;  // sequence parallel (with tp > 1)
+  bool llama = false, qkv_bias = false, o_bias = false, qk_norm = false;
+  float eps = 1e-5f;
   static Dims of(const GptConfig& config, const GptPart& part);
+  // MLP-up's output width: gate and up (SwiGLU), or the GELU's input.
+  int up() const { return llama ? 2 * F : F; }
   // Rows of the residual stream this rank holds of a micro-batch of BT tokens.
   size_t rows(size_t BT) const { return sp ? BT / tp : BT; }
   // Where this rank's rows start in a whole [BT, C] buffer.
@@ -45,16 +50,23 @@ struct Dims {
 // their statistics and res2 are this rank's rows (all of them without sequence parallelism; with
 // it, the LayerNorm outputs are gathered again where a product needs them whole, as Megatron-LM
 // does); the rest is in this rank's heads and MLP width.
+// The Llama family keeps no means (RMSNorm), and with per-head q/k norms the projections' q and k
+// before them (qk_pre, the qkv rows' layout) and their statistics (qk_rstd: BT NH, then BT KVH).
+// fch is MLP-up's output ([gate | up] for SwiGLU), fch_act its activation.
 struct LayerActs {
-  float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu;
+  float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_act;
+  float *qk_pre = nullptr, *qk_rstd = nullptr;
 };
 
 // Scratch of the passes: the residual stream's gradient (this rank's rows), the per-kernel
 // gradients of activations, and (sequence parallelism) whole [BT, C] buffers for partial sums, a
 // gathered gradient and a gathered LayerNorm output.
+// The Llama family adds the gradient at SwiGLU's output (dact), the q/k gradients before their
+// norms (dqk, the qkv rows' layout) and the rotary table (not scratch: written once, read by both).
 struct Scratch {
   float *dresid = nullptr, *dC = nullptr, *dqkv = nullptr, *dfch = nullptr, *datt = nullptr;
   float *partial = nullptr, *gathered = nullptr, *ln_whole = nullptr;
+  float *dact = nullptr, *dqk = nullptr, *rope = nullptr;
 };
 
 // The collectives of a block use, enqueued on the compute stream between the kernels' work.
@@ -106,5 +118,10 @@ void layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs
                    int B, int T);
 // s.dresid holds the gradient at the block's output rows on entry and at its input rows on return.
 void layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs& a, const Scratch& s, const float* x, int B, int T);
+// The same for the Llama family (llama_layer.cc); layer_forward and layer_backward call them.
+void llama_layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs& a, const Scratch& s, const float* x,
+                         float* out, int B, int T);
+void llama_layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs& a, const Scratch& s, const float* x, int B,
+                          int T);
 
 }  // namespace zeroth::gpt

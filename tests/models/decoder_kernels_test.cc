@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "models/gpt/kernels.h"
-#include "tests/models/kernel_test_util.h"
+#include "tests/models/model_test_util.h"
 #include "tests/test_util.h"
 
 namespace zeroth {
@@ -80,7 +80,7 @@ TEST_P(DecoderKernels, RmsNormMatchesItsDefinition) {
     auto k = gpt::make_kernels(device_->default_stream());
     k->submit([&] {
       k->rmsnorm_forward(py, prstd, px, pw, sh.N, sh.groups, sh.C, sh.ld, eps);
-      k->rmsnorm_backward(pdx, pdw, pdy, px, pw, prstd, sh.N, sh.groups, sh.C, sh.ld);
+      k->rmsnorm_backward(pdx, pdw, pdy, px, pw, prstd, sh.N, sh.groups, sh.C, sh.ld, true);
     });
     expect_within("rmsnorm out", d.get(py, total), y, yb);
     expect_within("rmsnorm dinp (added)", d.get(pdx, total), dx, dxb);

@@ -16,15 +16,24 @@ class DirectHost final : public BlockHost {
  public:
   DirectHost(Device& device, DType dtype) : device_(device), dtype_(dtype) {}
 
+  // One allocation per run of fused parameters (ParamSpec::fused_with_next), each parameter a view of it.
   int add_block(BlockSpec spec) override {
     Block b;
-    for (const auto& p : spec.params) {
-      const size_t bytes = p.numel() * dtype_size(dtype_);
-      b.param.push_back(device_.allocate(bytes, MemTag::params));
-      b.grad.push_back(device_.allocate(bytes, MemTag::grads));
+    const size_t width = dtype_size(dtype_);
+    for (size_t first = 0; first < spec.params.size();) {
+      size_t last = first, numel = spec.params[first].numel();
+      while (spec.params[last].fused_with_next && last + 1 < spec.params.size()) numel += spec.params[++last].numel();
+      b.param.push_back(device_.allocate(numel * width, MemTag::params));
+      b.grad.push_back(device_.allocate(numel * width, MemTag::grads));
       device_.fill(device_.default_stream(), b.grad.back().view(dtype_), 0.0f);
-      b.views.params.push_back(b.param.back().view(dtype_));
-      b.views.grads.push_back(b.grad.back().view(dtype_));
+      size_t at = 0;
+      for (size_t i = first; i <= last; ++i) {
+        const size_t n = spec.params[i].numel();
+        b.views.params.push_back({static_cast<char*>(b.param.back().data()) + at * width, n, dtype_});
+        b.views.grads.push_back({static_cast<char*>(b.grad.back().data()) + at * width, n, dtype_});
+        at += n;
+      }
+      first = last + 1;
     }
     b.forward.params = b.views.params;
     b.spec = std::move(spec);
@@ -54,7 +63,7 @@ class DirectHost final : public BlockHost {
   void set_param(int b, size_t i, const std::vector<float>& values) {
     std::vector<char> narrow(values.size() * dtype_size(dtype_));
     cpu::cast(values.data(), DType::f32, narrow.data(), dtype_, values.size());
-    device_.copy(device_.default_stream(), blocks_[b].param[i].data(), narrow.data(), narrow.size());
+    device_.copy(device_.default_stream(), blocks_[b].views.params[i].data, narrow.data(), narrow.size());
     device_.default_stream().synchronize();
   }
   std::vector<float> values(int b, size_t i, bool grad) {

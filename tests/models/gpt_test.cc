@@ -16,6 +16,7 @@
 #include "tests/engine/reference_init.h"
 #include "models/gpt/gpt.h"
 #include "tests/models/direct_host.h"
+#include "tests/models/model_test_util.h"
 #include "tests/test_util.h"
 
 namespace zeroth {
@@ -33,16 +34,7 @@ GptConfig reference_config() {
   return c;
 }
 
-// Largest |a - b| relative to the largest |b|: one number per tensor, printed as evidence.
-double rel_error(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    diff = std::max(diff, std::abs(static_cast<double>(a[i]) - b[i]));
-    scale = std::max(scale, std::abs(static_cast<double>(b[i])));
-  }
-  return diff / std::max(scale, 1e-30);
-}
+using testing::rel_error;
 
 struct Loaded {
   std::unique_ptr<Device> device;

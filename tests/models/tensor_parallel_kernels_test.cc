@@ -14,7 +14,7 @@
 #include "core/error.h"
 #include "models/block_api.h"
 #include "models/gpt/kernels.h"
-#include "tests/models/kernel_test_util.h"
+#include "tests/models/model_test_util.h"
 #include "tests/test_util.h"
 
 namespace zeroth {

@@ -49,8 +49,8 @@ class CpuKernels final : public Kernels {
     cpu::rmsnorm_forward(out, rstd, inp, weight, N, groups, C, ld, eps);
   }
   void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight, const float* rstd,
-                        size_t N, int groups, int C, size_t ld) override {
-    cpu::rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, groups, C, ld);
+                        size_t N, int groups, int C, size_t ld, bool accumulate) override {
+    cpu::rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, groups, C, ld, accumulate);
   }
   void rope(float* x, const float* table, size_t N, int T, size_t ld, int heads, int hs, bool inverse) override {
     cpu::rope(x, table, N, T, ld, heads, hs, inverse);
@@ -62,6 +62,7 @@ class CpuKernels final : public Kernels {
   void gelu_forward(float* out, const float* inp, size_t n) override { cpu::gelu_forward(out, inp, n); }
   void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) override { cpu::gelu_backward(dinp, inp, dout, n); }
   void accumulate(float* y, const float* x, size_t n) override { cpu::accumulate(y, x, n); }
+  void copy(float* dst, const float* src, size_t n) override { std::memcpy(dst, src, n * sizeof(float)); }
   void zero(float* x, size_t n) override { zeroth::cpu::fill(x, DType::f32, 0.0f, n); }
   void widen(TensorView src, float* dst) override { zeroth::cpu::cast(src.data, src.dtype, dst, DType::f32, src.numel); }
   void add_into(TensorView dst, const float* src) override {

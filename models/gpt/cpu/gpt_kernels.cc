@@ -197,9 +197,10 @@ ZEROTH_ISA_CLONES float rmsnorm_row(float* out, const float* x, const float* w, 
   return rs;
 }
 
-// One row's RMSNorm backward: dx += rs (w dy - x rs^2 mean(w dy x)); dw (this chunk's partial sums)
+// One row's RMSNorm backward: dx (+)= rs (w dy - x rs^2 mean(w dy x)); dw (this chunk's partial sums)
 // += dy x rs.
-ZEROTH_ISA_CLONES void rmsnorm_backward_row(float* dx, float* dw, const float* dy, const float* x, const float* w, float rs, int C) {
+ZEROTH_ISA_CLONES void rmsnorm_backward_row(float* dx, float* dw, const float* dy, const float* x, const float* w, float rs, int C,
+                                            bool accumulate) {
   float lanes[16] = {};
   int j = 0;
   for (; j + 16 <= C; j += 16) {
@@ -211,7 +212,7 @@ ZEROTH_ISA_CLONES void rmsnorm_backward_row(float* dx, float* dw, const float* d
   const float c = rs * rs * dot / C;
   for (j = 0; j < C; ++j) {
     dw[j] += dy[j] * x[j] * rs;
-    dx[j] += (w[j] * dy[j] - x[j] * c) * rs;
+    dx[j] = (accumulate ? dx[j] : 0.0f) + (w[j] * dy[j] - x[j] * c) * rs;
   }
 }
 
@@ -417,13 +418,13 @@ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* wei
 }
 
 void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight, const float* rstd,
-                      size_t N, int groups, int C, size_t ld) {
+                      size_t N, int groups, int C, size_t ld, bool accumulate) {
   const size_t rows = N * groups, chunks = (rows + kRowChunk - 1) / kRowChunk;
   std::vector<float> partial(chunks * C, 0.0f);
   for_rows(chunks, 1, [&](size_t c) {
     for (size_t r = c * kRowChunk; r < std::min(rows, (c + 1) * kRowChunk); ++r) {
       const size_t at = r / groups * ld + r % groups * C;
-      rmsnorm_backward_row(dinp + at, partial.data() + c * C, dout + at, inp + at, weight, rstd[r], C);
+      rmsnorm_backward_row(dinp + at, partial.data() + c * C, dout + at, inp + at, weight, rstd[r], C, accumulate);
     }
   });
   for (size_t c = 0; c < chunks; ++c) add_rows(dweight, dweight, partial.data() + c * C, C);

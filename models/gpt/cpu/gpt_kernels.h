@@ -45,9 +45,9 @@ void attention_backward(float* dqkv, float* datt, const float* dout, const float
 // rstd [N x groups] is kept for backward. weight [C] serves every row.
 void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, size_t N, int groups, int C, size_t ld,
                      float eps);
-// dinp += ... (the same layout as inp), dweight += ...
+// dinp (the same layout as inp) += ... with `accumulate` (the residual stream), = ... without; dweight += ...
 void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight, const float* rstd,
-                      size_t N, int groups, int C, size_t ld);
+                      size_t N, int groups, int C, size_t ld, bool accumulate);
 
 // Rotary position embedding in Hugging Face's rotate-half layout, in place: in row n (position
 // n mod T) of x, each of `heads` heads of hs channels at n * ld + h * hs has its pairs (i, i + hs/2)

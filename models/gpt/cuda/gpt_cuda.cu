@@ -199,9 +199,9 @@ __global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* inp
   if (lane == 0) rstd[r] = rs;
 }
 
-// dinp += rs (w dy - x rs^2 mean(w dy x)), one warp per row.
+// dinp (+)= rs (w dy - x rs^2 mean(w dy x)), one warp per row.
 __global__ void rmsnorm_backward_input_kernel(float* dinp, const float* dout, const float* inp, const float* w, const float* rstd,
-                                              size_t rows, int groups, int C, size_t ld) {
+                                              size_t rows, int groups, int C, size_t ld, bool accumulate) {
   const size_t r = (blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x) / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (r >= rows) return;
@@ -212,7 +212,7 @@ __global__ void rmsnorm_backward_input_kernel(float* dinp, const float* dout, co
   for (int c = lane; c < C; c += kWarp) dot += w[c] * dy[c] * x[c];
   const float k = rs * rs * warp_sum(dot) / C;
   float* dx = dinp + at;
-  for (int c = lane; c < C; c += kWarp) dx[c] += (w[c] * dy[c] - x[c] * k) * rs;
+  for (int c = lane; c < C; c += kWarp) dx[c] = (accumulate ? dx[c] : 0.0f) + (w[c] * dy[c] - x[c] * k) * rs;
 }
 
 // dweight += sum over rows of dy x rstd: one thread per channel, rows in order.
@@ -495,10 +495,11 @@ class CudaKernels final : public Kernels {
     rmsnorm_forward_kernel<<<blocks_for(rows * kWarp), kThreads, 0, s()>>>(out, rstd, inp, weight, rows, groups, C, ld, eps);
   }
   void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight, const float* rstd,
-                        size_t N, int groups, int C, size_t ld) override {
+                        size_t N, int groups, int C, size_t ld, bool accumulate) override {
     const size_t rows = N * groups;
     rmsnorm_backward_weight_kernel<<<blocks_for(C), kThreads, 0, s()>>>(dweight, dout, inp, rstd, rows, groups, C, ld);
-    rmsnorm_backward_input_kernel<<<blocks_for(rows * kWarp), kThreads, 0, s()>>>(dinp, dout, inp, weight, rstd, rows, groups, C, ld);
+    rmsnorm_backward_input_kernel<<<blocks_for(rows * kWarp), kThreads, 0, s()>>>(dinp, dout, inp, weight, rstd, rows, groups, C, ld,
+                                                                                  accumulate);
   }
   void rope(float* x, const float* table, size_t N, int T, size_t ld, int heads, int hs, bool inverse) override {
     const size_t n = N * heads * (hs / 2);
@@ -517,6 +518,9 @@ class CudaKernels final : public Kernels {
     gelu_backward_kernel<<<blocks_for(n), kThreads, 0, s()>>>(dinp, inp, dout, n);
   }
   void accumulate(float* y, const float* x, size_t n) override { cuda::launch_axpy(y, DType::f32, 1.0f, x, DType::f32, n, s()); }
+  void copy(float* dst, const float* src, size_t n) override {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, s()));
+  }
   void zero(float* x, size_t n) override { CUDA_CHECK(cudaMemsetAsync(x, 0, n * sizeof(float), s())); }
   void widen(TensorView src, float* dst) override { cuda::launch_cast(src.data, src.dtype, dst, DType::f32, src.numel, s()); }
   void add_into(TensorView dst, const float* src) override {

@@ -1,5 +1,6 @@
-// What the kernel tests of models/ share: random inputs, f32 arrays on the test's device, and the
-// per-element check against a float64 reference with the f32 error bound of its sums.
+// What the tests of models/ share: random inputs, f32 arrays on the test's device, the per-element
+// check against a float64 reference with the f32 error bound of its sums, and the per-tensor
+// error against a PyTorch reference.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -55,6 +56,17 @@ inline void expect_within_sum_bound(const char* what, const Vec& got, const std:
     ASSERT_LE(err, bound) << what << "[" << i << "]: " << got[i] << " against " << want[i];
   }
   std::printf("%s: worst error %.2f of its bound\n", what, worst);
+}
+
+// Largest |a - b| relative to the largest |b|: one number per tensor, printed as evidence.
+inline double rel_error(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    diff = std::max(diff, std::abs(static_cast<double>(a[i]) - b[i]));
+    scale = std::max(scale, std::abs(static_cast<double>(b[i])));
+  }
+  return diff / std::max(scale, 1e-30);
 }
 
 }  // namespace zeroth::testing

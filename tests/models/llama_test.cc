@@ -1,0 +1,137 @@
+// The Llama family (models/gpt with architecture llama) against an independent PyTorch Llama
+// (tests/reference/llama_reference.py, written from the papers and Hugging Face's conventions):
+// the logits, the loss and every parameter's gradient of one micro-batch, under Hugging Face's
+// names, for grouped-query attention with Llama 3's rope scaling and an untied head ("llama"),
+// q/k/v biases with a tied head ("qwen2"), and per-head q/k norms with a head wider than
+// n_embd / n_head ("qwen3").
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "core/safetensors.h"
+#include "models/gpt/gpt.h"
+#include "tests/models/direct_host.h"
+#include "tests/models/model_test_util.h"
+#include "tests/test_util.h"
+
+namespace zeroth {
+namespace {
+
+const SafeTensors& reference() {
+  static const SafeTensors ref = read_safetensors(std::string(ZEROTH_TEST_DATA_DIR) + "/reference/llama_torch.safetensors");
+  return ref;
+}
+
+GptConfig case_config(const std::string& name) {
+  const auto j = nlohmann::json::parse(reference().metadata.at(name));
+  GptConfig c;
+  c.architecture = Architecture::llama;
+  c.vocab_size = j["vocab_size"], c.seq_len = j["seq_len"], c.n_layer = j["n_layer"], c.n_head = j["n_head"], c.n_embd = j["n_embd"];
+  c.n_kv_head = j["n_kv_head"], c.head_dim = j["head_dim"], c.intermediate_size = j["intermediate_size"];
+  c.norm_eps = j["rms_norm_eps"], c.rope_theta = j["rope_theta"];
+  c.qkv_bias = j["qkv_bias"], c.qk_norm = j["qk_norm"], c.tie_word_embeddings = j["tie_word_embeddings"];
+  if (const auto& s = j["rope_scaling"]; !s.is_null()) {
+    c.rope_scaling.factor = s["factor"];
+    if (s["rope_type"] == "linear") {
+      c.rope_scaling.type = RopeScaling::Type::linear;
+    } else {
+      c.rope_scaling.type = RopeScaling::Type::llama3;
+      c.rope_scaling.low_freq_factor = s["low_freq_factor"], c.rope_scaling.high_freq_factor = s["high_freq_factor"];
+      c.rope_scaling.original_max_position_embeddings = s["original_max_position_embeddings"];
+    }
+  }
+  return c;
+}
+
+using testing::rel_error;
+
+struct Loaded {
+  std::string name;
+  GptConfig config;
+  std::unique_ptr<Device> device;
+  testing::DirectHost host;
+  Gpt model;
+  Loaded(const std::string& case_name, const std::string& spec, bool checkpointing = false)
+      : name(case_name),
+        config([&] {
+          GptConfig c = case_config(case_name);
+          c.activation_checkpointing = checkpointing;
+          return c;
+        }()),
+        device(make_device(spec)),
+        host(*device, DType::f32),
+        model(host, config) {
+    for (const auto& p : Gpt::hf_params(config)) host.set_param(p.block, p.param, reference().at(name + ".init." + p.name).as_f32());
+  }
+  float forward_backward() {
+    const auto tokens = reference().at("batch.tokens").as_i32(), targets = reference().at("batch.targets").as_i32();
+    const auto& shape = reference().at("batch.tokens").shape;
+    float loss = 0;
+    model.forward_backward(tokens.data(), targets.data(), static_cast<int>(shape[0]), static_cast<int>(shape[1]), &loss);
+    host.compute_stream().synchronize();
+    return loss;
+  }
+};
+
+class LlamaOnDevice : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override { ZEROTH_SKIP_WITHOUT(GetParam()); }
+};
+
+// f32: zeroth's kernels differ from PyTorch's in summation order and the exp polynomial only
+// (1.1e-6 to 1.6e-6 of each tensor's largest value measured; 5e-6 allowed).
+TEST_P(LlamaOnDevice, ForwardBackwardMatchesPyTorchF32) {
+  for (const char* name : {"llama", "qwen2", "qwen3"}) {
+    SCOPED_TRACE(name);
+    Loaded m(name, GetParam());
+    const float loss = m.forward_backward();
+    const float ref = reference().at(std::string(name) + ".loss").as_f32()[0];
+    std::printf("%s: loss %.7f torch %.7f\n", name, loss, ref);
+    EXPECT_NEAR(loss, ref, 2e-6 * ref);
+    double worst = 0;
+    std::string worst_name;
+    for (const auto& p : Gpt::hf_params(m.config)) {
+      const double e = rel_error(m.host.values(p.block, p.param, true),
+                                 reference().at(std::string(name) + ".grad." + p.name).as_f32());
+      if (e > worst) worst = e, worst_name = p.name;
+      EXPECT_LT(e, 5e-6) << "gradient of " << p.name;
+    }
+    std::printf("%s: worst gradient error %.3g (%s)\n", name, worst, worst_name.c_str());
+  }
+}
+
+TEST_P(LlamaOnDevice, EvaluateGivesPyTorchLogits) {
+  for (const char* name : {"llama", "qwen2", "qwen3"}) {
+    SCOPED_TRACE(name);
+    Loaded m(name, GetParam());
+    const auto tokens = reference().at("batch.tokens").as_i32(), targets = reference().at("batch.targets").as_i32();
+    const auto& ref_logits = reference().at(std::string(name) + ".logits");
+    std::vector<float> logits(ref_logits.numel());
+    float loss = 0;
+    m.model.evaluate(tokens.data(), targets.data(), 2, 12, &loss, logits.data());
+    m.host.compute_stream().synchronize();
+    const double e = rel_error(logits, ref_logits.as_f32());
+    std::printf("%s: logits error %.3g\n", name, e);
+    EXPECT_LT(e, 2e-6);
+  }
+}
+
+// Recomputing a block in its backward runs the same kernels on the same inputs: identical bits.
+TEST_P(LlamaOnDevice, ActivationCheckpointingGivesIdenticalGradients) {
+  for (const char* name : {"llama", "qwen3"}) {
+    Loaded plain(name, GetParam()), ckpt(name, GetParam(), true);
+    EXPECT_EQ(plain.forward_backward(), ckpt.forward_backward()) << name;
+    for (const auto& p : Gpt::hf_params(plain.config))
+      EXPECT_EQ(plain.host.values(p.block, p.param, true), ckpt.host.values(p.block, p.param, true)) << name << " " << p.name;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, LlamaOnDevice, ::testing::ValuesIn(testing::device_specs()));
+
+}  // namespace
+}  // namespace zeroth

@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""The PyTorch references of the Llama-family tests (tests/models/llama_test.cc), written with
+Debian's python3-torch from the papers and Hugging Face's documented conventions, not from
+zeroth's code. Run with /usr/bin/python3:
+
+    /usr/bin/python3 tests/reference/llama_reference.py tests/reference/llama_torch.safetensors
+
+Three small models, one micro-batch each: the logits, the mean cross-entropy and the gradient of
+every parameter, in f32, under Hugging Face's parameter names:
+- "llama": grouped-query attention (6 query heads over 2 key/value heads), an MLP width that is
+  not 4 C, Llama 3's rope_scaling (with original_max_position_embeddings small enough to bite),
+  an untied LM head;
+- "qwen2": q/k/v biases, 6 query heads over 3 key/value heads, rope_theta 1e6, the LM head tied
+  to the embedding;
+- "qwen3": per-head q/k RMSNorm before the rotation, head_dim 16 with n_embd 48 and 4 heads (the
+  attention is wider than the residual stream), linear rope scaling, untied.
+
+The definitions:
+- RMSNorm (Zhang and Sennrich 2019) as Llama computes it: x * rsqrt(mean(x^2) + eps) in f32, then
+  times the weight.
+- Rotary embedding (Su et al., RoFormer) in Hugging Face's rotate-half layout: channel i of a head
+  pairs with channel i + hs/2; inv_freq_i = 1 / theta^(2i/hs); q' = q cos + rotate_half(q) sin with
+  rotate_half(q) = (-q2, q1). Llama 3's scaling: wavelengths above original/low_freq_factor slowed by
+  the factor, below original/high_freq_factor kept, those between blended; linear: inv_freq / factor.
+- Grouped-query attention (Ainslie et al. 2023): key/value head j serves query heads j g .. j g + g - 1
+  (each key/value head repeated g times in place, as Hugging Face's repeat_kv does); causal softmax
+  of q k^T / sqrt(hs).
+- SwiGLU MLP (Shazeer 2020): down(silu(gate(x)) * up(x)).
+- Pre-norm blocks: h = x + o(attn(norm1(x))); out = h + mlp(norm2(h)); a final norm, the LM head.
+"""
+import argparse
+import json
+import math
+
+import torch
+import torch.nn.functional as F
+
+from gpt_reference import write_safetensors
+
+CASES = {
+    "llama": dict(vocab_size=96, seq_len=16, n_layer=2, n_embd=48, n_head=6, n_kv_head=2, head_dim=8, intermediate_size=80,
+                  rms_norm_eps=1e-6, rope_theta=10000.0, qkv_bias=False, qk_norm=False, tie_word_embeddings=False,
+                  rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                "original_max_position_embeddings": 8}),
+    "qwen2": dict(vocab_size=96, seq_len=16, n_layer=2, n_embd=48, n_head=6, n_kv_head=3, head_dim=8, intermediate_size=64,
+                  rms_norm_eps=1e-6, rope_theta=1000000.0, qkv_bias=True, qk_norm=False, tie_word_embeddings=True,
+                  rope_scaling=None),
+    "qwen3": dict(vocab_size=96, seq_len=16, n_layer=2, n_embd=48, n_head=4, n_kv_head=2, head_dim=16, intermediate_size=72,
+                  rms_norm_eps=1e-6, rope_theta=10000.0, qkv_bias=False, qk_norm=True, tie_word_embeddings=False,
+                  rope_scaling={"rope_type": "linear", "factor": 2.0}),
+}
+B, T = 2, 12
+
+
+def rms_norm(x, w, eps):
+    xf = x.float()
+    return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def inv_freq(cfg):
+    hs = cfg["head_dim"]
+    inv = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, hs, 2, dtype=torch.int64).float() / hs))
+    s = cfg["rope_scaling"]
+    if s is None:
+        return inv
+    if s["rope_type"] == "linear":
+        return inv / s["factor"]
+    old = s["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old / s["low_freq_factor"], old / s["high_freq_factor"]
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > low_wavelen, inv / s["factor"], inv)
+    smooth = (old / wavelen - s["low_freq_factor"]) / (s["high_freq_factor"] - s["low_freq_factor"])
+    blended = (1 - smooth) * scaled / s["factor"] + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(medium, blended, scaled)
+
+
+def rotate(x, cos, sin):
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+def forward(p, cfg, tokens, targets):
+    C, NH, KVH, hs = cfg["n_embd"], cfg["n_head"], cfg["n_kv_head"], cfg["head_dim"]
+    g, eps = NH // KVH, cfg["rms_norm_eps"]
+    freqs = torch.outer(torch.arange(T).float(), inv_freq(cfg))
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos(), emb.sin()
+    x = p["model.embed_tokens.weight"][tokens]
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    for l in range(cfg["n_layer"]):
+        pre = f"model.layers.{l}."
+        h = rms_norm(x, p[pre + "input_layernorm.weight"], eps)
+        bias = (lambda n: p[pre + n]) if cfg["qkv_bias"] else (lambda n: None)
+        q = F.linear(h, p[pre + "self_attn.q_proj.weight"], bias("self_attn.q_proj.bias")).view(B, T, NH, hs)
+        k = F.linear(h, p[pre + "self_attn.k_proj.weight"], bias("self_attn.k_proj.bias")).view(B, T, KVH, hs)
+        v = F.linear(h, p[pre + "self_attn.v_proj.weight"], bias("self_attn.v_proj.bias")).view(B, T, KVH, hs)
+        if cfg["qk_norm"]:
+            q = rms_norm(q, p[pre + "self_attn.q_norm.weight"], eps)
+            k = rms_norm(k, p[pre + "self_attn.k_norm.weight"], eps)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+        att = (q @ k.transpose(-1, -2)) / math.sqrt(hs)
+        att = att.masked_fill(~causal, float("-inf")).softmax(dim=-1)
+        y = (att @ v).transpose(1, 2).reshape(B, T, NH * hs)
+        x = x + F.linear(y, p[pre + "self_attn.o_proj.weight"])
+        h = rms_norm(x, p[pre + "post_attention_layernorm.weight"], eps)
+        m = F.silu(F.linear(h, p[pre + "mlp.gate_proj.weight"])) * F.linear(h, p[pre + "mlp.up_proj.weight"])
+        x = x + F.linear(m, p[pre + "mlp.down_proj.weight"])
+    x = rms_norm(x, p["model.norm.weight"], eps)
+    head = p["model.embed_tokens.weight"] if cfg["tie_word_embeddings"] else p["lm_head.weight"]
+    logits = F.linear(x, head)
+    return logits, F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+
+
+def make_params(gen, cfg):
+    C, NH, KVH, hs, Fw, V = cfg["n_embd"], cfg["n_head"], cfg["n_kv_head"], cfg["head_dim"], cfg["intermediate_size"], cfg["vocab_size"]
+    p = {}
+
+    def matrix(name, rows, cols):
+        p[name] = torch.randn(rows, cols, generator=gen) / math.sqrt(cols)
+
+    def norm(name, n):
+        p[name] = 1 + 0.1 * torch.randn(n, generator=gen)
+
+    p["model.embed_tokens.weight"] = 0.3 * torch.randn(V, C, generator=gen)
+    for l in range(cfg["n_layer"]):
+        pre = f"model.layers.{l}."
+        norm(pre + "input_layernorm.weight", C)
+        matrix(pre + "self_attn.q_proj.weight", NH * hs, C)
+        matrix(pre + "self_attn.k_proj.weight", KVH * hs, C)
+        matrix(pre + "self_attn.v_proj.weight", KVH * hs, C)
+        if cfg["qkv_bias"]:
+            for n, rows in (("q", NH * hs), ("k", KVH * hs), ("v", KVH * hs)):
+                p[pre + f"self_attn.{n}_proj.bias"] = 0.1 * torch.randn(rows, generator=gen)
+        if cfg["qk_norm"]:
+            norm(pre + "self_attn.q_norm.weight", hs)
+            norm(pre + "self_attn.k_norm.weight", hs)
+        matrix(pre + "self_attn.o_proj.weight", C, NH * hs)
+        norm(pre + "post_attention_layernorm.weight", C)
+        matrix(pre + "mlp.gate_proj.weight", Fw, C)
+        matrix(pre + "mlp.up_proj.weight", Fw, C)
+        matrix(pre + "mlp.down_proj.weight", C, Fw)
+    norm("model.norm.weight", C)
+    if not cfg["tie_word_embeddings"]:
+        matrix("lm_head.weight", V, C)
+    return p
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    gen = torch.Generator().manual_seed(29)
+    V = 96
+    tokens = torch.randint(0, V, (B, T), generator=gen, dtype=torch.int64)
+    targets = torch.randint(0, V, (B, T), generator=gen, dtype=torch.int64)
+    out = {"batch.tokens": tokens.int(), "batch.targets": targets.int()}
+    meta = {}
+    for case, cfg in CASES.items():
+        params = {k: v.float().requires_grad_(True) for k, v in make_params(gen, cfg).items()}
+        logits, loss = forward(params, cfg, tokens, targets)
+        loss.backward()
+        meta[case] = json.dumps(cfg)
+        for name, t in params.items():
+            out[f"{case}.init.{name}"] = t.detach()
+            out[f"{case}.grad.{name}"] = t.grad
+        out[f"{case}.logits"] = logits.detach()
+        out[f"{case}.loss"] = loss.detach().reshape(1)
+        print(f"{case}: loss {loss.item():.7f}")
+    write_safetensors(args.out, out, meta)
+
+
+if __name__ == "__main__":
+    main()
