@@ -54,13 +54,14 @@ void Engine::set_pass_order(std::vector<PassRef> passes) {
 
 void Engine::set_pipeline(Communicator& stages, int tied_block) {
   if (exec_) ZEROTH_THROW(InvalidArgument, "set_pipeline after finalize()");
+  // A tied embedding has a copy on the first and the last stage (an untied model names none).
   const bool end = stages.rank() == 0 || stages.rank() == stages.size() - 1;
-  if (stages.size() > 1 && end != (tied_block >= 0)) {
-    ZEROTH_THROW(InvalidArgument, "set_pipeline: stage {} of {} {} a tied block; the first and the last stage hold one each",
-                 stages.rank(), stages.size(), tied_block >= 0 ? "names" : "names no");
+  if (stages.size() > 1 && !end && tied_block >= 0) {
+    ZEROTH_THROW(InvalidArgument, "set_pipeline: stage {} of {} names a tied block; only the first and the last stage hold one",
+                 stages.rank(), stages.size());
   }
   stage_comm_ = stages.split(0, stages.rank());
-  tie_comm_ = stages.split(stages.size() > 1 && end ? 0 : -1, stages.rank());
+  tie_comm_ = stages.split(stages.size() > 1 && end && tied_block >= 0 ? 0 : -1, stages.rank());
   tied_block_ = stages.size() > 1 ? tied_block : -1;
 }
 

@@ -188,10 +188,11 @@ std::string Plan::table() const {
         "  tensor-parallel rank {} of {}: the blocks hold this rank's slices; {} elements of replicated parameters, counted in the "
         "norm on tp rank 0 only{}{}\n",
         tp_rank, tp, tp_replicated, tp_rank == 0 ? " (this one)" : " (left out here)",
-        partial > 0 ? fmt::format("; {} range(s) of partial gradients (sequence parallelism) summed over tp before each "
-                                  "data-parallel reduction",
-                                  partial)
-                    : "");
+        partial > 0
+            ? fmt::format("; {} range(s) of partial gradients (sequence parallelism, per-head norms) summed over tp before each "
+                          "data-parallel reduction",
+                          partial)
+            : "");
   }
   out += fmt::format("  groups: gathers and reductions over dp ({} rank(s)){}; the global norm over {}\n", dp,
                      partial > 0 ? fmt::format(", partial gradients over tp ({})", tp) : "", group_of(ActionKind::grad_norm));

@@ -143,7 +143,9 @@ inline const GridResult& whole_reference(const GptConfig& gc, int micro, Optimiz
   static std::map<std::string, GridResult> cache;
   const std::string key = std::to_string(micro) + "/" + std::to_string(gc.vocab_size) + "/" + std::to_string(gc.n_head) + "/" +
                           std::to_string(gc.n_layer) + "/" + std::to_string(gc.n_embd) + "/" + std::string(optimizer_name(optimizer)) +
-                          "/" + std::string(dtype_name(compute));
+                          "/" + std::string(dtype_name(compute)) + "/" + std::to_string(static_cast<int>(gc.architecture)) + "/" +
+                          std::to_string(gc.kv_heads()) + "/" + std::to_string(gc.head_size()) + "/" + std::to_string(gc.ffn()) + "/" +
+                          std::to_string(gc.qkv_bias) + std::to_string(gc.qk_norm) + std::to_string(gc.tie_word_embeddings);
   std::lock_guard lock(mutex);
   if (!cache.contains(key)) cache[key] = train_whole(gc, micro, optimizer, compute);
   return cache[key];
@@ -185,7 +187,7 @@ inline GridResult train_grid(const GridCase& k, std::vector<PipeMeasure>* measur
     ec.zero.reduce_bucket_size = ec.zero.allgather_bucket_size = k.bucket;
     Engine engine(*device, *groups.dp, ec);
     if (k.pp > 1) {
-      const int tied = stage == 0 || stage == k.pp - 1 ? Gpt::embedding_block(gc, part) : -1;
+      const int tied = gc.tie_word_embeddings && (stage == 0 || stage == k.pp - 1) ? Gpt::embedding_block(gc, part) : -1;
       engine.set_pipeline(*groups.pp, tied);
       engine.set_pass_order(runner->passes());
     }
