@@ -145,8 +145,9 @@ void export_weights(const std::string& path, const std::string& out, const std::
   }
   const uint64_t bytes = writer.finish();
   const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-  std::printf("exported %s (step %lld) to %s: %s of %s weights in Hugging Face GPT-2 names, in %.2f s\n", o.dir.c_str(),
-              static_cast<long long>(o.manifest.step), out.c_str(), format_bytes(bytes).c_str(), dtype_name(type).data(), s);
+  std::printf("exported %s (step %lld) to %s: %s of %s weights in Hugging Face %s names, in %.2f s\n", o.dir.c_str(),
+              static_cast<long long>(o.manifest.step), out.c_str(), format_bytes(bytes).c_str(), dtype_name(type).data(),
+              c.model.hf_architecture().c_str(), s);
 }
 
 // The plan geometry of `c`'s GPT at `dp` ranks (what its ranks own), for writing a checkpoint as
@@ -231,8 +232,9 @@ void add_ckpt_command(CLI::App& app) {
       ckpt->add_subcommand("inspect", "Print a checkpoint's layout and tensors and verify every file (exit 1 naming any bad file)");
   inspect_cmd->add_option("dir", a->path, "A checkpoint folder (its latest) or a step folder")->required();
   inspect_cmd->callback([a] { inspect(a->path); });
-  auto* export_cmd = ckpt->add_subcommand("export",
-                                          "Write a checkpoint's weights as one safetensors file in Hugging Face GPT-2 names");
+  auto* export_cmd = ckpt->add_subcommand(
+      "export",
+      "Write a checkpoint's weights as one safetensors file in Hugging Face's names (GPT2LMHeadModel, LlamaForCausalLM, ...)");
   export_cmd->add_option("dir", a->path, "A checkpoint folder (its latest) or a step folder")->required();
   export_cmd->add_option("--out", a->out, "The safetensors file to write")->required();
   export_cmd->add_option("--dtype", a->dtype, "f32 (default), bf16 or f16");
@@ -242,8 +244,8 @@ void add_ckpt_command(CLI::App& app) {
   reshard_cmd->add_option("--dp", a->dp, "The data-parallel size to write for")->required()->check(CLI::Range(1, 1 << 20));
   reshard_cmd->add_option("--out", a->out, "The checkpoint folder to write (a step folder and latest go in it)")->required();
   reshard_cmd->callback([a] { reshard(a->path, a->dp, a->out); });
-  auto* import_cmd = ckpt->add_subcommand("import",
-                                          "Turn a GPT-2 safetensors file (Hugging Face names) into a checkpoint for a config");
+  auto* import_cmd = ckpt->add_subcommand(
+      "import", "Turn a safetensors file in Hugging Face's names (the config's model) into a checkpoint for a config");
   import_cmd->add_option("file", a->path, "The .safetensors file (e.g. a published GPT-2's model.safetensors)")->required();
   import_cmd->add_option("--config", a->config, "The training config whose model it must fit (model.* keys)")->required();
   import_cmd->add_option("--out", a->out, "The checkpoint folder to write")->required();

@@ -122,9 +122,9 @@ class Console final : public TrainObserver {
     const auto& m = c.model;
     const int64_t gas = c.engine.gradient_accumulation_steps;
     std::vector<std::pair<std::string, std::string>> rows;
-    rows.emplace_back("model", fmt::format("GPT{} {} layers, {} heads, {} wide, seq {}, vocab {}: {} parameters{}",
-                                           c.model_preset.empty() ? "" : " (" + c.model_preset + ")", m.n_layer, m.n_head, m.n_embd,
-                                           m.seq_len, m.vocab_size, si(static_cast<double>(f.parameters)),
+    rows.emplace_back("model", fmt::format("{}{}, seq {}, vocab {}: {} parameters{}", m.describe(),
+                                           c.model_preset.empty() ? "" : " (" + c.model_preset + ")", m.seq_len, m.vocab_size,
+                                           si(static_cast<double>(f.parameters)),
                                            m.activation_checkpointing ? ", activation checkpointing" : ""));
     const std::string source = c.data.format == DataFormat::synthetic ? "synthetic" : c.data.train;
     rows.emplace_back("data", fmt::format("{}: {} tokens train, {} validation", source, si(static_cast<double>(f.train_tokens)),
@@ -302,9 +302,9 @@ class Console final : public TrainObserver {
                 format_bytes(s.peak[2]).c_str(), format_bytes(s.peak[3]).c_str(), format_bytes(s.peak[4]).c_str(),
                 s.peak[5] > 0 ? (", other " + format_bytes(s.peak[5]) + ": gathering the weights to save them").c_str() : "",
                 c_.run.output_dir.c_str());
-    std::printf("  weights: %s (%s, %s, Hugging Face GPT-2 names; gathered and written in %.2f s, %.2f GB/s)\n",
-                s.weights_path.c_str(), format_bytes(s.weights_bytes).c_str(), dtype_name(s.weights_dtype).data(), s.weights_seconds,
-                s.weights_seconds > 0 ? static_cast<double>(s.weights_bytes) / s.weights_seconds * 1e-9 : 0.0);
+    std::printf("  weights: %s (%s, %s, Hugging Face %s names; gathered and written in %.2f s, %.2f GB/s)\n", s.weights_path.c_str(),
+                format_bytes(s.weights_bytes).c_str(), dtype_name(s.weights_dtype).data(), c_.model.hf_architecture().c_str(),
+                s.weights_seconds, s.weights_seconds > 0 ? static_cast<double>(s.weights_bytes) / s.weights_seconds * 1e-9 : 0.0);
     if (s.host_peak > 0 || s.swap_bytes > 0) {
       std::printf("  offload on rank 0: host memory peak %s%s, swap files %s; process peak RSS %s\n",
                   format_bytes(s.host_peak).c_str(),

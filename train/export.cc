@@ -228,8 +228,8 @@ void read_gpt2_weights(const GptConfig& config, const std::string& path,
     std::string name = h.name;
     if (!file.tensors.count(name) && name.starts_with("transformer.")) name = name.substr(12);
     if (!file.tensors.count(name)) {
-      ZEROTH_THROW(InvalidArgument, "{} has no tensor {} (nor {}); it is not a GPT-2 checkpoint in Hugging Face's names", path, h.name,
-                   h.name.substr(12));
+      ZEROTH_THROW(InvalidArgument, "{} has no tensor {}{}; it is not a {} checkpoint in Hugging Face's names", path, h.name,
+                   h.name.starts_with("transformer.") ? " (nor " + h.name.substr(12) + ")" : std::string(), config.hf_architecture());
     }
     const SafeTensor& t = file.tensors.at(name);
     const auto& p = specs[h.block].params[h.param];

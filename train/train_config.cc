@@ -304,6 +304,25 @@ TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) 
                 {"n_layer", t.model.n_layer},       {"n_head", t.model.n_head},
                 {"n_embd", t.model.n_embd},         {"activation_checkpointing", t.model.activation_checkpointing}};
   if (!t.model_preset.empty()) c["model"]["preset"] = t.model_preset;
+  if (t.model.llama()) {
+    // Spelled out whole (a model.hf_config's shape too), so a checkpoint's config needs no other file.
+    const GptConfig& g = t.model;
+    json& m = c["model"];
+    m["architecture"] = "llama";
+    m["n_kv_head"] = g.kv_heads(), m["head_dim"] = g.head_size(), m["intermediate_size"] = g.ffn();
+    m["rms_norm_eps"] = g.norm_eps, m["rope_theta"] = g.rope_theta;
+    m["qkv_bias"] = g.qkv_bias, m["attention_bias"] = g.o_bias, m["qk_norm"] = g.qk_norm;
+    m["tie_word_embeddings"] = g.tie_word_embeddings;
+    const RopeScaling& r = g.rope_scaling;
+    if (r.type == RopeScaling::Type::linear) m["rope_scaling"] = {{"rope_type", "linear"}, {"factor", r.factor}};
+    if (r.type == RopeScaling::Type::llama3) {
+      m["rope_scaling"] = {{"rope_type", "llama3"},
+                           {"factor", r.factor},
+                           {"low_freq_factor", r.low_freq_factor},
+                           {"high_freq_factor", r.high_freq_factor},
+                           {"original_max_position_embeddings", r.original_max_position_embeddings}};
+    }
+  }
   const char* formats[] = {"bin", "text", "synthetic"};
   c["data"] = {{"format", formats[static_cast<int>(t.data.format)]}};
   if (t.data.format == DataFormat::synthetic) {

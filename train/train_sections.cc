@@ -9,28 +9,100 @@
 #include "core/error.h"                    // ZEROTH_THROW
 #include "core/memory.h"                   // parse_bytes
 #include "engine/config/deepspeed_keys.h"  // without_deepspeed_extras
+#include "train/hf_model_config.h"         // read_hf_config, rope_scaling_from_json
 
 namespace zeroth {
 
 using json = nlohmann::json;
 
+// The Llama family's keys (model.architecture "llama"), in Hugging Face's spelling where it has one.
+void read_llama_keys(const ConfigSection& s, GptConfig& g) {
+  g.n_kv_head = static_cast<int>(s.integer("n_kv_head", g.n_kv_head, 0, 4096));
+  g.head_dim = static_cast<int>(s.integer("head_dim", g.head_dim, 0, 1 << 16));
+  g.intermediate_size = static_cast<int>(s.integer("intermediate_size", g.intermediate_size, 0, 1 << 24));
+  g.norm_eps = s.number("rms_norm_eps", g.llama() ? g.norm_eps : 1e-6, 1e-12, 1.0);
+  g.rope_theta = s.number("rope_theta", g.rope_theta, 1.0, 1e12);
+  if (s.has("rope_scaling")) g.rope_scaling = rope_scaling_from_json(s.raw("rope_scaling"), s.at("rope_scaling"));
+  // attention_bias: q, k, v and o (Llama's key); qkv_bias: q, k and v only (Qwen2's).
+  const bool bias = s.flag("attention_bias", g.o_bias);
+  g.qkv_bias = s.flag("qkv_bias", bias || g.qkv_bias);
+  g.o_bias = bias;
+  g.qk_norm = s.flag("qk_norm", g.qk_norm);
+  g.tie_word_embeddings = s.flag("tie_word_embeddings", g.tie_word_embeddings);
+}
+
 void read_model(TrainConfig& t, const json& j, int default_vocab) {
-  static constexpr std::string_view kKeys[] = {
-      "preset", "vocab_size", "seq_len", "n_layer", "n_head", "n_embd", "activation_checkpointing", "no_weight_decay"};
+  static constexpr std::string_view kKeys[] = {"preset",
+                                               "vocab_size",
+                                               "seq_len",
+                                               "n_layer",
+                                               "n_head",
+                                               "n_embd",
+                                               "activation_checkpointing",
+                                               "no_weight_decay",
+                                               "architecture",
+                                               "hf_config",
+                                               "n_kv_head",
+                                               "head_dim",
+                                               "intermediate_size",
+                                               "rms_norm_eps",
+                                               "rope_theta",
+                                               "rope_scaling",
+                                               "attention_bias",
+                                               "qkv_bias",
+                                               "qk_norm",
+                                               "tie_word_embeddings"};
+  static constexpr std::string_view kArchitectures[] = {"gpt2", "llama"};
   const json m = j.value("model", json::object());
   json copy = m;
   if (copy.is_object() && copy.contains("vocab_size") && is_auto(copy["vocab_size"])) copy.erase("vocab_size");
   ConfigSection s(copy, "model", kKeys);
   GptConfig g;
-  if (s.has("preset")) {
-    t.model_preset = s.string("preset", "");
-    g = GptConfig::preset(t.model_preset);
+  if (s.has("hf_config")) {
+    // The shape is the file's: only the run's sequence length (and recomputation) are the config's.
+    for (const char* key :
+         {"preset", "architecture", "vocab_size", "n_layer", "n_head", "n_embd", "n_kv_head", "head_dim", "intermediate_size",
+          "rms_norm_eps", "rope_theta", "rope_scaling", "attention_bias", "qkv_bias", "qk_norm", "tie_word_embeddings"}) {
+      if (s.has(key)) {
+        ZEROTH_THROW(ConfigError, "{} comes from model.hf_config ({}); drop it from the config", s.at(key), s.string("hf_config", ""));
+      }
+    }
+    const HfModelConfig hf = read_hf_config(s.string("hf_config", ""));
+    for (const auto& u : hf.unused) t.no_effect.push_back(fmt::format("model.hf_config: {} (zeroth trains without dropout)", u));
+    g = hf.model;
+    const int cap = hf.max_positions > 0 ? hf.max_positions : 1 << 20;
+    g.seq_len = static_cast<int>(s.integer("seq_len", std::min(cap, 1024), 1, cap,
+                                           fmt::format("an integer in [1, {}] (the file's max_position_embeddings)", cap)));
+    if (hf.sliding_window > 0 && g.seq_len > hf.sliding_window) {
+      ZEROTH_THROW(ConfigError,
+                   "model.seq_len {} is longer than the sliding window ({}) of {}; zeroth attends to the whole sequence, so train "
+                   "with model.seq_len at most {}",
+                   g.seq_len, hf.sliding_window, hf.architecture, hf.sliding_window);
+    }
+  } else {
+    if (s.has("preset")) {
+      t.model_preset = s.string("preset", "");
+      g = GptConfig::preset(t.model_preset);
+    }
+    const std::string arch = s.string("architecture", g.llama() ? "llama" : "gpt2", kArchitectures);
+    g.architecture = arch == "llama" ? Architecture::llama : Architecture::gpt2;
+    g.vocab_size = static_cast<int>(s.integer("vocab_size", s.has("preset") && g.llama() ? g.vocab_size : default_vocab, 1, 1 << 24));
+    g.seq_len = static_cast<int>(s.integer("seq_len", s.has("preset") ? g.seq_len : 256, 1, 1 << 20));
+    g.n_layer = static_cast<int>(s.integer("n_layer", g.n_layer, 1, 4096));
+    g.n_head = static_cast<int>(s.integer("n_head", g.n_head, 1, 4096));
+    g.n_embd = static_cast<int>(s.integer("n_embd", g.n_embd, 1, 1 << 20));
+    if (g.llama()) {
+      read_llama_keys(s, g);
+    } else {
+      for (const char* key : {"n_kv_head", "head_dim", "intermediate_size", "rms_norm_eps", "rope_theta", "rope_scaling",
+                              "attention_bias", "qkv_bias", "qk_norm", "tie_word_embeddings"}) {
+        if (s.has(key)) {
+          ZEROTH_THROW(ConfigError, "{} belongs to the Llama family; GPT-2 has no such setting (set model.architecture to \"llama\")",
+                       s.at(key));
+        }
+      }
+    }
   }
-  g.vocab_size = static_cast<int>(s.integer("vocab_size", default_vocab, 1, 1 << 24));
-  g.seq_len = static_cast<int>(s.integer("seq_len", s.has("preset") ? g.seq_len : 256, 1, 1 << 20));
-  g.n_layer = static_cast<int>(s.integer("n_layer", g.n_layer, 1, 4096));
-  g.n_head = static_cast<int>(s.integer("n_head", g.n_head, 1, 4096));
-  g.n_embd = static_cast<int>(s.integer("n_embd", g.n_embd, 1, 1 << 20));
   // DeepSpeed's activation_checkpointing section turns it on unless the model section says otherwise.
   g.activation_checkpointing = s.flag("activation_checkpointing", j.contains("activation_checkpointing"));
   if (j.contains("activation_checkpointing")) {

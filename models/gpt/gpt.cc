@@ -6,6 +6,9 @@
 
 #include <cmath>  // std::sqrt
 
+#include <fmt/format.h>  // fmt::join
+#include <fmt/ranges.h>  // fmt::join
+
 #include "core/error.h"         // ZEROTH_THROW
 #include "models/gpt/layers.h"  // gpt::complete_part, gpt::part_blocks
 
@@ -13,19 +16,53 @@ namespace zeroth {
 
 // ---- configuration --------------------------------------------------------------------------
 
+namespace {
+
+// The Llama family's published shapes (their Hugging Face config.json), trained at 2048 positions.
+struct LlamaPreset {
+  std::string_view name;
+  int vocab, C, F, L, NH, KVH;
+  double theta, eps;
+  bool tied, qkv_bias;
+  RopeScaling scaling = {};
+};
+constexpr RopeScaling kLlama32{RopeScaling::Type::llama3, 32.0, 1.0, 4.0, 8192};
+const LlamaPreset kLlamaPresets[] = {
+    {"smollm-135m", 49152, 576, 1536, 30, 9, 3, 10000.0, 1e-5, true, false},
+    {"smollm-360m", 49152, 960, 2560, 32, 15, 5, 10000.0, 1e-5, true, false},
+    {"qwen2.5-0.5b", 151936, 896, 4864, 24, 14, 2, 1000000.0, 1e-6, true, true},
+    {"llama-3.2-1b", 128256, 2048, 8192, 16, 32, 8, 500000.0, 1e-5, true, false, kLlama32},
+    {"tinyllama-1.1b", 32000, 2048, 5632, 22, 32, 4, 10000.0, 1e-5, false, false},
+    {"llama-2-7b", 32000, 4096, 11008, 32, 32, 32, 10000.0, 1e-5, false, false},
+    {"llama-3-8b", 128256, 4096, 14336, 32, 32, 8, 500000.0, 1e-5, false, false},
+    {"llama-3-70b", 128256, 8192, 28672, 80, 64, 8, 500000.0, 1e-5, false, false},
+};
+
+}  // namespace
+
 GptConfig GptConfig::preset(std::string_view name) {
   GptConfig c;
+  for (const LlamaPreset& p : kLlamaPresets) {
+    if (p.name != name) continue;
+    c.architecture = Architecture::llama;
+    c.vocab_size = p.vocab, c.seq_len = 2048, c.n_embd = p.C, c.intermediate_size = p.F, c.n_layer = p.L, c.n_head = p.NH;
+    c.n_kv_head = p.KVH, c.rope_theta = p.theta, c.norm_eps = p.eps, c.tie_word_embeddings = p.tied, c.qkv_bias = p.qkv_bias;
+    c.rope_scaling = p.scaling;
+    return c;
+  }
   if (name == "gpt2-124m" || name == "gpt2") return c;
   if (name == "gpt2-350m") c.n_layer = 24, c.n_head = 16, c.n_embd = 1024;
   else if (name == "gpt2-774m") c.n_layer = 36, c.n_head = 20, c.n_embd = 1280;
   else if (name == "gpt2-1558m") c.n_layer = 48, c.n_head = 25, c.n_embd = 1600;
-  else
-    ZEROTH_THROW(ConfigError, "model.preset \"{}\" is not a known preset; use one of gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1558m",
-                 name);
+  else ZEROTH_THROW(ConfigError, "model.preset \"{}\" is not a known preset; use one of {}", name, fmt::join(preset_names(), ", "));
   return c;
 }
 
-std::vector<std::string> GptConfig::preset_names() { return {"gpt2-124m", "gpt2-350m", "gpt2-774m", "gpt2-1558m"}; }
+std::vector<std::string> GptConfig::preset_names() {
+  std::vector<std::string> out = {"gpt2-124m", "gpt2-350m", "gpt2-774m", "gpt2-1558m"};
+  for (const LlamaPreset& p : kLlamaPresets) out.emplace_back(p.name);
+  return out;
+}
 
 size_t GptConfig::num_parameters() const {
   size_t n = 0;
@@ -74,6 +111,26 @@ void GptConfig::validate() const {
         "activation_checkpointing.cpu_checkpointing moves the activation checkpoints to host memory, but checkpointing is off "
         "(model.activation_checkpointing false): turn it on, or drop cpu_checkpointing");
   }
+}
+
+std::string GptConfig::describe() const {
+  if (!llama()) return fmt::format("GPT-2 {} layers, {} heads, {} wide", n_layer, n_head, n_embd);
+  std::string extras;
+  if (qkv_bias) extras += o_bias ? ", attention biases" : ", q/k/v biases";
+  if (qk_norm) extras += ", q/k norms";
+  if (rope_scaling.type != RopeScaling::Type::none)
+    extras += fmt::format(", {} rope scaling x{}", rope_scaling.type == RopeScaling::Type::llama3 ? "llama3" : "linear",
+                          rope_scaling.factor);
+  return fmt::format("{} {} layers, {} heads over {} key/value heads of {}, {} wide, MLP {}, rope theta {}{}, {} head",
+                     hf_architecture(), n_layer, n_head, kv_heads(), head_size(), n_embd, ffn(), rope_theta, extras,
+                     tie_word_embeddings ? "tied" : "untied");
+}
+
+std::string GptConfig::hf_architecture() const {
+  if (!llama()) return "GPT2LMHeadModel";
+  if (qk_norm) return "Qwen3ForCausalLM";
+  if (qkv_bias && !o_bias) return "Qwen2ForCausalLM";
+  return "LlamaForCausalLM";
 }
 
 std::vector<float> GptConfig::rope_table() const {

@@ -76,6 +76,11 @@ struct GptConfig {
   int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int head_size() const { return head_dim > 0 ? head_dim : n_embd / n_head; }
   int ffn() const { return intermediate_size > 0 ? intermediate_size : 4 * n_embd; }
+  // "GPT-2 4 layers, 4 heads, 256 wide" or the Llama family's line with its switches.
+  std::string describe() const;
+  // Hugging Face's class for these weights: GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM
+  // (q/k/v biases without o's), Qwen3ForCausalLM (per-head q/k norms).
+  std::string hf_architecture() const;
   // The rotary angles' cosines and sines per position (seq_len x head_size: cosines, then sines),
   // as Hugging Face computes them in f32.
   std::vector<float> rope_table() const;

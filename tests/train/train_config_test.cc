@@ -181,7 +181,8 @@ INSTANTIATE_TEST_SUITE_P(
         ErrorCase{"HeadsDivide", R"({"model": {"n_head": 3}})",
                   "model.n_embd (16) must be a multiple of model.n_head (3): each head gets n_embd / n_head channels"},
         ErrorCase{"Preset", R"({"model": {"preset": "gpt3"}})",
-                  "model.preset \"gpt3\" is not a known preset; use one of gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1558m"},
+                  "model.preset \"gpt3\" is not a known preset; use one of gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1558m, smollm-135m, "
+                  "smollm-360m, qwen2.5-0.5b, llama-3.2-1b, tinyllama-1.1b, llama-2-7b, llama-3-8b, llama-3-70b"},
         ErrorCase{"Stage", R"({"zero_optimization": {"stage": 4}})", "zero_optimization.stage must be 0, 1, 2 or 3, got 4"},
         ErrorCase{"OffloadNeedsAPath", R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}})",
                   "zero_optimization.offload_optimizer.device is \"nvme\" but zero_optimization.offload_optimizer.nvme_path is not "

@@ -1,0 +1,209 @@
+// The model section for the Llama family: Hugging Face config.json files (the published shapes of
+// Llama 3.2, Qwen2.5, Qwen3, Mistral and GPT-2) read into the model, every key they hold either
+// read, known to change nothing, or an error naming it; the same switches as keys of `model`;
+// and the presets' parameter counts against the published ones.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "train/hf_model_config.h"
+#include "train/train_config.h"
+
+namespace zeroth {
+namespace {
+
+using json = nlohmann::json;
+
+std::string message(const std::exception& e) {
+  std::string s = e.what();
+  const auto at = s.rfind(" [");
+  return at == std::string::npos ? s : s.substr(0, at);
+}
+
+// Llama 3.2 1B's config.json as published (Hugging Face, meta-llama/Llama-3.2-1B).
+json llama32() {
+  return json::parse(R"({
+    "architectures": ["LlamaForCausalLM"], "attention_bias": false, "attention_dropout": 0.0, "bos_token_id": 128000,
+    "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+    "intermediate_size": 8192, "max_position_embeddings": 131072, "mlp_bias": false, "model_type": "llama",
+    "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+    "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0, "original_max_position_embeddings": 8192,
+                     "rope_type": "llama3"},
+    "rope_theta": 500000.0, "tie_word_embeddings": true, "torch_dtype": "bfloat16", "transformers_version": "4.45.0.dev0",
+    "use_cache": true, "vocab_size": 128256})");
+}
+
+// Qwen2.5 0.5B's (Qwen/Qwen2.5-0.5B).
+json qwen25() {
+  return json::parse(R"({
+    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151643,
+    "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02, "intermediate_size": 4864,
+    "max_position_embeddings": 32768, "max_window_layers": 24, "model_type": "qwen2", "num_attention_heads": 14,
+    "num_hidden_layers": 24, "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768,
+    "tie_word_embeddings": true, "torch_dtype": "bfloat16", "transformers_version": "4.40.1", "use_cache": true,
+    "use_mrope": false, "use_sliding_window": false, "vocab_size": 151936})");
+}
+
+TEST(HfConfig, Llama32ReadsItsShapeAndRopeScaling) {
+  const HfModelConfig hf = hf_config_from_json(llama32(), "config.json");
+  const GptConfig& c = hf.model;
+  EXPECT_TRUE(c.llama());
+  EXPECT_EQ(c.n_embd, 2048);
+  EXPECT_EQ(c.n_layer, 16);
+  EXPECT_EQ(c.n_head, 32);
+  EXPECT_EQ(c.kv_heads(), 8);
+  EXPECT_EQ(c.head_size(), 64);
+  EXPECT_EQ(c.ffn(), 8192);
+  EXPECT_EQ(c.vocab_size, 128256);
+  EXPECT_EQ(c.rope_theta, 500000.0);
+  EXPECT_EQ(c.norm_eps, 1e-5);
+  EXPECT_EQ(c.rope_scaling.type, RopeScaling::Type::llama3);
+  EXPECT_EQ(c.rope_scaling.factor, 32.0);
+  EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 8192);
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_FALSE(c.qkv_bias || c.o_bias || c.qk_norm);
+  EXPECT_EQ(hf.max_positions, 131072);
+  EXPECT_EQ(c.hf_architecture(), "LlamaForCausalLM");
+}
+
+TEST(HfConfig, Qwen2HasQkvBiasesAndQwen3QkNorms) {
+  const GptConfig q2 = hf_config_from_json(qwen25(), "config.json").model;
+  EXPECT_TRUE(q2.qkv_bias);
+  EXPECT_FALSE(q2.o_bias);
+  EXPECT_EQ(q2.hf_architecture(), "Qwen2ForCausalLM");
+  json j = qwen25();
+  j["architectures"] = {"Qwen3ForCausalLM"};
+  j["head_dim"] = 128;
+  j.erase("use_mrope");
+  const GptConfig q3 = hf_config_from_json(j, "config.json").model;
+  EXPECT_TRUE(q3.qk_norm);
+  EXPECT_FALSE(q3.qkv_bias);
+  EXPECT_EQ(q3.head_size(), 128);
+  EXPECT_EQ(q3.hf_architecture(), "Qwen3ForCausalLM");
+}
+
+TEST(HfConfig, WhatZerothCannotHonourIsAnErrorNamingIt) {
+  struct Case {
+    const char* key;
+    json value;
+    const char* error;
+  };
+  const Case cases[] = {
+      {"hidden_act", "gelu",
+       "config.json: hidden_act is \"gelu\", but zeroth computes SwiGLU with SiLU; it cannot train this model as the file describes "
+       "it"},
+      {"mlp_bias", true,
+       "config.json: mlp_bias is true, but zeroth has no MLP biases; it cannot train this model as the file describes it"},
+      {"quantization_config", json::object(),
+       "config.json: key quantization_config ({}) is not one zeroth can honour for this architecture; remove it if it does not "
+       "matter"},
+      {"rope_scaling", json{{"rope_type", "yarn"}, {"factor", 4.0}},
+       "config.json: rope_scaling: type \"yarn\" is not one zeroth computes (linear, llama3)"},
+      {"architectures", json::array({"MixtralForCausalLM"}),
+       "config.json: architecture MixtralForCausalLM is not one zeroth builds; it trains LlamaForCausalLM, MistralForCausalLM, "
+       "Qwen2ForCausalLM, Qwen3ForCausalLM and GPT2LMHeadModel"},
+  };
+  for (const Case& c : cases) {
+    json j = llama32();
+    j[c.key] = c.value;
+    try {
+      hf_config_from_json(j, "config.json");
+      ADD_FAILURE() << c.key << " was accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(message(e), c.error);
+    }
+  }
+}
+
+TEST(HfConfig, Gpt2ReadsItsShapeAndNamesItsDropoutAsUnused) {
+  const json j = json::parse(R"({"activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"], "attn_pdrop": 0.1,
+    "bos_token_id": 50256, "embd_pdrop": 0.1, "eos_token_id": 50256, "initializer_range": 0.02, "layer_norm_epsilon": 1e-05,
+    "model_type": "gpt2", "n_ctx": 1024, "n_embd": 768, "n_head": 12, "n_layer": 12, "n_positions": 1024, "resid_pdrop": 0.1,
+    "summary_activation": null, "summary_first_dropout": 0.1, "summary_proj_to_labels": true, "summary_type": "cls_index",
+    "summary_use_proj": true, "task_specific_params": {"text-generation": {"do_sample": true, "max_length": 50}},
+    "vocab_size": 50257})");
+  const HfModelConfig hf = hf_config_from_json(j, "config.json");
+  EXPECT_FALSE(hf.model.llama());
+  EXPECT_EQ(hf.model.n_embd, 768);
+  EXPECT_EQ(hf.max_positions, 1024);
+  EXPECT_EQ(hf.unused.size(), 9u);  // three dropouts, five summary keys, task_specific_params
+}
+
+// Through a training config: model.hf_config (the file or its folder) gives the shape; the run's
+// seq_len stays the config's, within the file's positions and Mistral's window.
+TEST(HfConfig, ModelHfConfigInATrainingConfig) {
+  const std::string dir = ::testing::TempDir() + "hf_config_test";
+  std::filesystem::create_directories(dir);
+  auto write = [&](const json& j) { std::ofstream(dir + "/config.json") << j.dump(); };
+  write(llama32());
+  const json base = json::parse(R"({"train_micro_batch_size_per_gpu": 1, "data": {"format": "synthetic", "vocab_size": 256},
+                                    "model": {"seq_len": 64}})");
+  json cfg = base;
+  cfg["model"]["hf_config"] = dir;
+  const TrainConfig t = TrainConfig::from_json(cfg);
+  EXPECT_EQ(t.model.n_layer, 16);
+  EXPECT_EQ(t.model.seq_len, 64);
+  cfg["model"]["n_layer"] = 2;
+  try {
+    TrainConfig::from_json(cfg);
+    ADD_FAILURE() << "n_layer beside hf_config was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(message(e), "model.n_layer comes from model.hf_config (" + dir + "); drop it from the config");
+  }
+  json mistral = llama32();
+  mistral["architectures"] = {"MistralForCausalLM"};
+  mistral["sliding_window"] = 32;
+  mistral.erase("rope_scaling");
+  write(mistral);
+  cfg = base;
+  cfg["model"]["hf_config"] = dir + "/config.json";
+  try {
+    TrainConfig::from_json(cfg);
+    ADD_FAILURE() << "a sliding window shorter than seq_len was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(
+        message(e),
+        "model.seq_len 64 is longer than the sliding window (32) of MistralForCausalLM; zeroth attends to the whole sequence, so "
+        "train with model.seq_len at most 32");
+  }
+  cfg["model"]["seq_len"] = 32;
+  EXPECT_EQ(TrainConfig::from_json(cfg).model.seq_len, 32);
+}
+
+TEST(ModelSection, LlamaKeysBelongToTheLlamaFamily) {
+  const json j = json::parse(R"({"train_micro_batch_size_per_gpu": 1, "model": {"n_layer": 1, "n_head": 2, "n_embd": 16,
+                                 "n_kv_head": 1}})");
+  try {
+    TrainConfig::from_json(j);
+    ADD_FAILURE() << "n_kv_head on GPT-2 was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(message(e),
+              "model.n_kv_head belongs to the Llama family; GPT-2 has no such setting (set model.architecture to \"llama\")");
+  }
+  json l = j;
+  l["model"]["architecture"] = "llama";
+  l["model"]["intermediate_size"] = 40;
+  l["model"]["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}};
+  const TrainConfig t = TrainConfig::from_json(l);
+  EXPECT_TRUE(t.model.llama());
+  EXPECT_EQ(t.model.kv_heads(), 1);
+  EXPECT_EQ(t.model.ffn(), 40);
+  EXPECT_EQ(t.model.rope_scaling.type, RopeScaling::Type::linear);
+}
+
+// The presets' counts as the publishers give them (each model's num_parameters()).
+TEST(ModelPresets, CountTheLlamaFamilysParametersExactly) {
+  const std::pair<const char*, size_t> published[] = {{"smollm-135m", 134515008},     {"smollm-360m", 361821120},
+                                                      {"qwen2.5-0.5b", 494032768},    {"llama-3.2-1b", 1235814400},
+                                                      {"tinyllama-1.1b", 1100048384}, {"llama-2-7b", 6738415616},
+                                                      {"llama-3-8b", 8030261248},     {"llama-3-70b", 70553706496}};
+  for (const auto& [name, count] : published) EXPECT_EQ(GptConfig::preset(name).num_parameters(), count) << name;
+}
+
+}  // namespace
+}  // namespace zeroth
