@@ -91,7 +91,7 @@ TEST(Estimate, TheConfigsRowPredictsTheRunsPeaks) {
   }
 }
 
-// Every example config in configs/ that trains on this machine's fortunes (the GPT-2 124M one
+// Every example config in configs/ that trains on this machine's fortunes, GPT-2 and Llama (the GPT-2 124M one
 // needs FineWeb token files, the 2B one 35 GiB of swap and minutes per step: docs/PERFORMANCE.md
 // gives their figures), run for 2 steps as `zeroth train` runs it, against `zeroth estimate
 // --config` of the same config:
@@ -117,7 +117,8 @@ TEST(Estimate, EveryConfigsRunStaysWithinItsEstimate) {
   std::vector<std::pair<std::filesystem::path, std::string>> cases;
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     const std::string file = entry.path().filename().string();
-    if (entry.path().extension() == ".json" && file.rfind("gpt-fortunes-", 0) == 0) cases.emplace_back(entry.path(), "");
+    const bool fortunes = file.rfind("gpt-fortunes-", 0) == 0 || file.rfind("llama-fortunes-", 0) == 0;
+    if (entry.path().extension() == ".json" && fortunes) cases.emplace_back(entry.path(), "");
   }
   cases.emplace_back(dir / "gpt-fortunes-zero3-bf16.json", "run.checkpoint_async=true");
   int checked = 0;
@@ -167,7 +168,7 @@ TEST(Estimate, EveryConfigsRunStaysWithinItsEstimate) {
     EXPECT_EQ(s["swap_disk_bytes"].get<double>(), mine["nvme_bytes"].get<double>()) << file;
     ++checked;
   }
-  EXPECT_GE(checked, 13);
+  EXPECT_GE(checked, 14);
 }
 
 // A device budget of exactly the config row's device_bytes fits (estimate and run agree); one byte
