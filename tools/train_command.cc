@@ -59,16 +59,18 @@ const char* dtype_label(DType t) { return t == DType::bf16 ? "bf16" : t == DType
 std::string tensor_line(const TrainConfig& c) {
   const int t = c.parallel.tensor;
   const int v_min = c.model.vocab_size / t, v_max = (c.model.vocab_size + t - 1) / t, heads = c.model.n_head / t;
+  const int kv = c.model.kv_heads() / t, f_min = c.model.ffn() / t, f_max = (c.model.ffn() + t - 1) / t;
   const double act = static_cast<double>(c.micro_batch_size) * c.model.seq_len * c.model.n_embd * 4;
-  return fmt::format(
-      "{} ranks (Megatron's split: {} head{}, {} MLP units, {} vocabulary rows each){}; per layer and micro-batch, collectives of {}: "
-      "{}",
-      t, heads, heads == 1 ? "" : "s", 4 * c.model.n_embd / t,
-      v_min == v_max ? std::to_string(v_min) : fmt::format("{} or {}", v_min, v_max),
-      c.parallel.sequence_parallel ? ", sequence parallel" : "", format_bytes(act),
-      c.parallel.sequence_parallel
-          ? "2 reduce-scatters and 2 all-gathers forward, 2 and 4 backward (the LayerNorm outputs gathered again)"
-          : "2 all-reduces forward, 2 backward");
+  return fmt::format("{} ranks (Megatron's split: {} head{}{}, {} MLP units, {} vocabulary rows each){}; per layer and micro-batch, "
+                     "collectives of {}: "
+                     "{}",
+                     t, heads, heads == 1 ? "" : "s", c.model.llama() ? fmt::format(" over {} key/value", kv) : std::string(),
+                     f_min == f_max ? std::to_string(f_min) : fmt::format("{} or {}", f_max, f_min),
+                     v_min == v_max ? std::to_string(v_min) : fmt::format("{} or {}", v_min, v_max),
+                     c.parallel.sequence_parallel ? ", sequence parallel" : "", format_bytes(act),
+                     c.parallel.sequence_parallel
+                         ? "2 reduce-scatters and 2 all-gathers forward, 2 and 4 backward (the norms' outputs gathered again)"
+                         : "2 all-reduces forward, 2 backward");
 }
 
 std::string optimizer_line(const OptimizerParams& o) {

@@ -208,7 +208,10 @@ HfModelConfig hf_config_from_json(const json& j, const std::string& source) {
                  "Qwen3ForCausalLM and GPT2LMHeadModel",
                  source, a);
   }
-  if (j.contains("sliding_window") && !j["sliding_window"].is_null() && j.value("use_sliding_window", true)) {
+  // Mistral attends within its window; Llama's and Qwen's configs may carry the key unused.
+  if (a == "MistralForCausalLM" && j.contains("sliding_window") && !j["sliding_window"].is_null()) {
+    if (!j["sliding_window"].is_number_integer())
+      ZEROTH_THROW(ConfigError, "{}: sliding_window must be an integer or null, got {}", source, j["sliding_window"].dump());
     out.sliding_window = j["sliding_window"].get<int>();
   }
   return out;

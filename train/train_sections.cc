@@ -16,11 +16,13 @@ namespace zeroth {
 using json = nlohmann::json;
 
 // The Llama family's keys (model.architecture "llama"), in Hugging Face's spelling where it has one.
-void read_llama_keys(const ConfigSection& s, GptConfig& g) {
+// Without a preset, the defaults are Hugging Face's LlamaConfig's (rms_norm_eps 1e-6, untied head),
+// so the same model written as keys or as a config.json trains alike.
+void read_llama_keys(const ConfigSection& s, GptConfig& g, bool preset) {
   g.n_kv_head = static_cast<int>(s.integer("n_kv_head", g.n_kv_head, 0, 4096));
   g.head_dim = static_cast<int>(s.integer("head_dim", g.head_dim, 0, 1 << 16));
   g.intermediate_size = static_cast<int>(s.integer("intermediate_size", g.intermediate_size, 0, 1 << 24));
-  g.norm_eps = s.number("rms_norm_eps", g.llama() ? g.norm_eps : 1e-6, 1e-12, 1.0);
+  g.norm_eps = s.number("rms_norm_eps", preset ? g.norm_eps : 1e-6, 1e-12, 1.0);
   g.rope_theta = s.number("rope_theta", g.rope_theta, 1.0, 1e12);
   if (s.has("rope_scaling")) g.rope_scaling = rope_scaling_from_json(s.raw("rope_scaling"), s.at("rope_scaling"));
   // attention_bias: q, k, v and o (Llama's key); qkv_bias: q, k and v only (Qwen2's).
@@ -28,7 +30,13 @@ void read_llama_keys(const ConfigSection& s, GptConfig& g) {
   g.qkv_bias = s.flag("qkv_bias", bias || g.qkv_bias);
   g.o_bias = bias;
   g.qk_norm = s.flag("qk_norm", g.qk_norm);
-  g.tie_word_embeddings = s.flag("tie_word_embeddings", g.tie_word_embeddings);
+  g.tie_word_embeddings = s.flag("tie_word_embeddings", preset ? g.tie_word_embeddings : false);
+  if (g.o_bias && !g.qkv_bias) {
+    ZEROTH_THROW(ConfigError,
+                 "{} puts biases on q, k, v and o; model.qkv_bias false with it leaves o's alone, which no Hugging Face "
+                 "model has: drop one of them",
+                 s.at("attention_bias"));
+  }
 }
 
 void read_model(TrainConfig& t, const json& j, int default_vocab) {
@@ -68,7 +76,9 @@ void read_model(TrainConfig& t, const json& j, int default_vocab) {
       }
     }
     const HfModelConfig hf = read_hf_config(s.string("hf_config", ""));
-    for (const auto& u : hf.unused) t.no_effect.push_back(fmt::format("model.hf_config: {} (zeroth trains without dropout)", u));
+    for (const auto& u : hf.unused) {
+      t.no_effect.push_back(fmt::format("model.hf_config: {} (zeroth trains without dropout and has no sequence-summary head)", u));
+    }
     g = hf.model;
     const int cap = hf.max_positions > 0 ? hf.max_positions : 1 << 20;
     g.seq_len = static_cast<int>(s.integer("seq_len", std::min(cap, 1024), 1, cap,
@@ -92,7 +102,7 @@ void read_model(TrainConfig& t, const json& j, int default_vocab) {
     g.n_head = static_cast<int>(s.integer("n_head", g.n_head, 1, 4096));
     g.n_embd = static_cast<int>(s.integer("n_embd", g.n_embd, 1, 1 << 20));
     if (g.llama()) {
-      read_llama_keys(s, g);
+      read_llama_keys(s, g, s.has("preset"));
     } else {
       for (const char* key : {"n_kv_head", "head_dim", "intermediate_size", "rms_norm_eps", "rope_theta", "rope_scaling",
                               "attention_bias", "qkv_bias", "qk_norm", "tie_word_embeddings"}) {

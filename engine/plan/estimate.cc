@@ -57,8 +57,9 @@ MemoryNeed estimate(const Plan& plan, const ModelFootprint& model, bool snapshot
   }
   const size_t staging = std::min(2 * ckpt::kStagingBytes,
                                   (checkpoint_file + ckpt::kStagingAlignment - 1) / ckpt::kStagingAlignment * ckpt::kStagingAlignment);
-  // An asynchronous save first copies the whole file to a host snapshot, kept for the next save.
-  need.save_host = std::max(weights_host, checkpoint_host + staging + (snapshot_checkpoints ? checkpoint_file : 0));
+  // An asynchronous save first copies the whole file to a host snapshot, kept for the next save and
+  // so still held when the run's end gathers its weights.
+  need.save_host = std::max(weights_host, checkpoint_host + staging) + (snapshot_checkpoints ? checkpoint_file : 0);
   return need;
 }
 

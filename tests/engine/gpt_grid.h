@@ -145,7 +145,10 @@ inline const GridResult& whole_reference(const GptConfig& gc, int micro, Optimiz
                           std::to_string(gc.n_layer) + "/" + std::to_string(gc.n_embd) + "/" + std::string(optimizer_name(optimizer)) +
                           "/" + std::string(dtype_name(compute)) + "/" + std::to_string(static_cast<int>(gc.architecture)) + "/" +
                           std::to_string(gc.kv_heads()) + "/" + std::to_string(gc.head_size()) + "/" + std::to_string(gc.ffn()) + "/" +
-                          std::to_string(gc.qkv_bias) + std::to_string(gc.qk_norm) + std::to_string(gc.tie_word_embeddings);
+                          std::to_string(gc.qkv_bias) + std::to_string(gc.o_bias) + std::to_string(gc.qk_norm) +
+                          std::to_string(gc.tie_word_embeddings) + "/" + std::to_string(gc.norm_eps) + "/" +
+                          std::to_string(gc.rope_theta) + "/" + std::to_string(static_cast<int>(gc.rope_scaling.type)) + "/" +
+                          std::to_string(gc.rope_scaling.factor);
   std::lock_guard lock(mutex);
   if (!cache.contains(key)) cache[key] = train_whole(gc, micro, optimizer, compute);
   return cache[key];

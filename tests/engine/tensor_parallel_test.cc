@@ -30,13 +30,14 @@ GptConfig model() {
   return c;
 }
 
-// The Llama family's switches all on: 4 query heads over 2 key/value heads of 8 channels, q/k/v
-// biases, per-head q/k norms, an MLP width (40) that is not 4 C, an untied head.
+// The Llama family's switches all on: 4 query heads over 2 key/value heads of 8 channels, q/k/v and
+// output biases (the output's added on tensor-parallel rank 0 only), per-head q/k norms, an MLP
+// width (40) that is not 4 C, an untied head.
 GptConfig llama_model() {
   GptConfig c = model();
   c.architecture = Architecture::llama;
   c.n_kv_head = 2, c.head_dim = 8, c.intermediate_size = 40, c.norm_eps = 1e-6;
-  c.qkv_bias = c.qk_norm = true, c.tie_word_embeddings = false;
+  c.qkv_bias = c.o_bias = c.qk_norm = true, c.tie_word_embeddings = false;
   return c;
 }
 

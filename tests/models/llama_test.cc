@@ -2,7 +2,7 @@
 // (tests/reference/llama_reference.py, written from the papers and Hugging Face's conventions):
 // the logits, the loss and every parameter's gradient of one micro-batch, under Hugging Face's
 // names, for grouped-query attention with Llama 3's rope scaling and an untied head ("llama"),
-// q/k/v biases with a tied head ("qwen2"), and per-head q/k norms with a head wider than
+// Llama's attention_bias ("llama_bias"), q/k/v biases with a tied head ("qwen2"), and per-head q/k norms with a head wider than
 // n_embd / n_head ("qwen3").
 #include <gtest/gtest.h>
 
@@ -34,7 +34,9 @@ GptConfig case_config(const std::string& name) {
   c.vocab_size = j["vocab_size"], c.seq_len = j["seq_len"], c.n_layer = j["n_layer"], c.n_head = j["n_head"], c.n_embd = j["n_embd"];
   c.n_kv_head = j["n_kv_head"], c.head_dim = j["head_dim"], c.intermediate_size = j["intermediate_size"];
   c.norm_eps = j["rms_norm_eps"], c.rope_theta = j["rope_theta"];
-  c.qkv_bias = j["qkv_bias"], c.qk_norm = j["qk_norm"], c.tie_word_embeddings = j["tie_word_embeddings"];
+  const bool attention_bias = j.value("attention_bias", false);
+  c.qkv_bias = j["qkv_bias"].get<bool>() || attention_bias, c.o_bias = attention_bias;
+  c.qk_norm = j["qk_norm"], c.tie_word_embeddings = j["tie_word_embeddings"];
   if (const auto& s = j["rope_scaling"]; !s.is_null()) {
     c.rope_scaling.factor = s["factor"];
     if (s["rope_type"] == "linear") {
@@ -86,7 +88,7 @@ class LlamaOnDevice : public ::testing::TestWithParam<std::string> {
 // f32: zeroth's kernels differ from PyTorch's in summation order and the exp polynomial only
 // (1.1e-6 to 1.6e-6 of each tensor's largest value measured; 5e-6 allowed).
 TEST_P(LlamaOnDevice, ForwardBackwardMatchesPyTorchF32) {
-  for (const char* name : {"llama", "qwen2", "qwen3"}) {
+  for (const char* name : {"llama", "llama_bias", "qwen2", "qwen3"}) {
     SCOPED_TRACE(name);
     Loaded m(name, GetParam());
     const float loss = m.forward_backward();
@@ -108,7 +110,7 @@ TEST_P(LlamaOnDevice, ForwardBackwardMatchesPyTorchF32) {
 // bf16 parameters and gradients against the f32 reference, as GPT-2's test bounds them: weights and
 // gradients round to 8 mantissa bits and the errors compound through two layers.
 TEST_P(LlamaOnDevice, ForwardBackwardMatchesPyTorchBf16) {
-  for (const char* name : {"llama", "qwen2", "qwen3"}) {
+  for (const char* name : {"llama", "llama_bias", "qwen2", "qwen3"}) {
     SCOPED_TRACE(name);
     Loaded m(name, GetParam(), false, DType::bf16);
     const float loss = m.forward_backward();
@@ -126,7 +128,7 @@ TEST_P(LlamaOnDevice, ForwardBackwardMatchesPyTorchBf16) {
 }
 
 TEST_P(LlamaOnDevice, EvaluateGivesPyTorchLogits) {
-  for (const char* name : {"llama", "qwen2", "qwen3"}) {
+  for (const char* name : {"llama", "llama_bias", "qwen2", "qwen3"}) {
     SCOPED_TRACE(name);
     Loaded m(name, GetParam());
     const auto tokens = reference().at("batch.tokens").as_i32(), targets = reference().at("batch.targets").as_i32();

@@ -7,6 +7,7 @@ zeroth's code. Run with /usr/bin/python3:
 
 Three small models, one micro-batch each: the logits, the mean cross-entropy and the gradient of
 every parameter, in f32, under Hugging Face's parameter names:
+- "llama_bias": the same with Llama's attention_bias (q/k/v and output-projection biases);
 - "llama": grouped-query attention (6 query heads over 2 key/value heads), an MLP width that is
   not 4 C, Llama 3's rope_scaling (with original_max_position_embeddings small enough to bite),
   an untied LM head;
@@ -42,6 +43,10 @@ CASES = {
                   rms_norm_eps=1e-6, rope_theta=10000.0, qkv_bias=False, qk_norm=False, tie_word_embeddings=False,
                   rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                 "original_max_position_embeddings": 8}),
+        # Llama's attention_bias: biases on q, k, v and o (the output's added once, after the heads).
+    "llama_bias": dict(vocab_size=96, seq_len=16, n_layer=2, n_embd=48, n_head=6, n_kv_head=2, head_dim=8, intermediate_size=80,
+                       rms_norm_eps=1e-6, rope_theta=10000.0, qkv_bias=False, attention_bias=True, qk_norm=False,
+                       tie_word_embeddings=False, rope_scaling=None),
     "qwen2": dict(vocab_size=96, seq_len=16, n_layer=2, n_embd=48, n_head=6, n_kv_head=3, head_dim=8, intermediate_size=64,
                   rms_norm_eps=1e-6, rope_theta=1000000.0, qkv_bias=True, qk_norm=False, tie_word_embeddings=True,
                   rope_scaling=None),
@@ -92,7 +97,8 @@ def forward(p, cfg, tokens, targets):
     for l in range(cfg["n_layer"]):
         pre = f"model.layers.{l}."
         h = rms_norm(x, p[pre + "input_layernorm.weight"], eps)
-        bias = (lambda n: p[pre + n]) if cfg["qkv_bias"] else (lambda n: None)
+        has_bias = cfg["qkv_bias"] or cfg.get("attention_bias", False)
+        bias = (lambda n: p[pre + n]) if has_bias else (lambda n: None)
         q = F.linear(h, p[pre + "self_attn.q_proj.weight"], bias("self_attn.q_proj.bias")).view(B, T, NH, hs)
         k = F.linear(h, p[pre + "self_attn.k_proj.weight"], bias("self_attn.k_proj.bias")).view(B, T, KVH, hs)
         v = F.linear(h, p[pre + "self_attn.v_proj.weight"], bias("self_attn.v_proj.bias")).view(B, T, KVH, hs)
@@ -105,7 +111,7 @@ def forward(p, cfg, tokens, targets):
         att = (q @ k.transpose(-1, -2)) / math.sqrt(hs)
         att = att.masked_fill(~causal, float("-inf")).softmax(dim=-1)
         y = (att @ v).transpose(1, 2).reshape(B, T, NH * hs)
-        x = x + F.linear(y, p[pre + "self_attn.o_proj.weight"])
+        x = x + F.linear(y, p[pre + "self_attn.o_proj.weight"], p.get(pre + "self_attn.o_proj.bias"))
         h = rms_norm(x, p[pre + "post_attention_layernorm.weight"], eps)
         m = F.silu(F.linear(h, p[pre + "mlp.gate_proj.weight"])) * F.linear(h, p[pre + "mlp.up_proj.weight"])
         x = x + F.linear(m, p[pre + "mlp.down_proj.weight"])
@@ -132,13 +138,15 @@ def make_params(gen, cfg):
         matrix(pre + "self_attn.q_proj.weight", NH * hs, C)
         matrix(pre + "self_attn.k_proj.weight", KVH * hs, C)
         matrix(pre + "self_attn.v_proj.weight", KVH * hs, C)
-        if cfg["qkv_bias"]:
+        if cfg["qkv_bias"] or cfg.get("attention_bias", False):
             for n, rows in (("q", NH * hs), ("k", KVH * hs), ("v", KVH * hs)):
                 p[pre + f"self_attn.{n}_proj.bias"] = 0.1 * torch.randn(rows, generator=gen)
         if cfg["qk_norm"]:
             norm(pre + "self_attn.q_norm.weight", hs)
             norm(pre + "self_attn.k_norm.weight", hs)
         matrix(pre + "self_attn.o_proj.weight", C, NH * hs)
+        if cfg.get("attention_bias", False):
+            p[pre + "self_attn.o_proj.bias"] = 0.1 * torch.randn(C, generator=gen)
         norm(pre + "post_attention_layernorm.weight", C)
         matrix(pre + "mlp.gate_proj.weight", Fw, C)
         matrix(pre + "mlp.up_proj.weight", Fw, C)
