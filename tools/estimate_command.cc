@@ -2,13 +2,15 @@
 // every ZeRO stage and offload placement, from the plan the engine itself would build (make_plan)
 // and the one estimate its budget check uses (engine/plan/estimate.h) — so the row of the config's own
 // choice is what the run is held against at start.
-#include <cstdio>  // std::printf
-#include <memory>  // std::make_shared
-#include <string>  // std::string
-#include <vector>  // std::vector
+#include <cstdio>   // std::printf
+#include <memory>   // std::make_shared
+#include <string>   // std::string
+#include <utility>  // std::pair
+#include <vector>   // std::vector
 
 #include <CLI/CLI.hpp>        // CLI::App
 #include <fmt/format.h>       // fmt::format
+#include <fmt/ranges.h>       // fmt::join
 #include <nlohmann/json.hpp>  // nlohmann::json
 
 #include "core/error.h"            // ConfigError
@@ -30,8 +32,9 @@ struct Options {
   std::vector<std::string> overrides;
   std::string device_memory, host_memory;  // "" = the config's
   bool json = false;
-  // Parameter-count mode (instead of a config): the ZeRO paper's model states per GPU.
-  std::string params, largest_layer;
+  // Parameter-count mode (instead of a config): the ZeRO paper's model states per GPU; `model`: a
+  // preset's exact count and largest block instead of --params.
+  std::string params, largest_layer, model;
   int gpus_per_node = 1, nodes = 1;
   bool deepspeed_compatible = false;  // DeepSpeed's own two tables, with its numbers
   // GPT-dimension mode: the model's shape and its layout over the GPUs.
@@ -96,19 +99,32 @@ int run_deepspeed(const Options& o, uint64_t params, uint64_t largest) {
   return 0;
 }
 
+// A preset's parameter count and its largest block (ZeRO-3's largest-layer term).
+std::pair<uint64_t, uint64_t> preset_counts(const std::string& name) {
+  uint64_t total = 0, largest = 0;
+  for (const auto& b : Gpt::block_specs(GptConfig::preset(name))) {
+    uint64_t n = 0;
+    for (const auto& p : b.params) n += p.numel();
+    total += n, largest = std::max(largest, n);
+  }
+  return {total, largest};
+}
+
 int run_params(const Options& o) {
-  const uint64_t params = count(o.params, "--params");
-  const uint64_t largest = o.largest_layer.empty() ? 0 : count(o.largest_layer, "--largest-layer");
+  const auto [preset_params, preset_largest] = o.model.empty() ? std::pair<uint64_t, uint64_t>{0, 0} : preset_counts(o.model);
+  const uint64_t params = o.model.empty() ? count(o.params, "--params") : preset_params;
+  const uint64_t largest = !o.largest_layer.empty() ? count(o.largest_layer, "--largest-layer") : preset_largest;
   if (o.deepspeed_compatible) return run_deepspeed(o, params, largest);
   const uint64_t gpus = static_cast<uint64_t>(o.gpus_per_node) * static_cast<uint64_t>(o.nodes);
   const size_t device_budget = o.device_memory.empty() ? 0 : parse_bytes(o.device_memory);
   const size_t node_host_budget = o.host_memory.empty() ? 0 : parse_bytes(o.host_memory);
   nlohmann::json rows = nlohmann::json::array();
   if (!o.json) {
-    std::printf("zeroth estimate: %s parameters%s on %llu GPUs (%d per node x %d nodes); model states (the ZeRO paper's "
+    std::printf("zeroth estimate: %s%s parameters%s on %llu GPUs (%d per node x %d nodes); model states (the ZeRO paper's "
                 "count: fp16/bf16 parameters and gradients, fp32 master weights and Adam moments), per GPU and per node\n",
-                fmt::format("{}", params).c_str(), largest > 0 ? fmt::format(", largest layer {}", largest).c_str() : "",
-                static_cast<unsigned long long>(gpus), o.gpus_per_node, o.nodes);
+                o.model.empty() ? "" : (o.model + ", ").c_str(), fmt::format("{}", params).c_str(),
+                largest > 0 ? fmt::format(", largest layer {}", largest).c_str() : "", static_cast<unsigned long long>(gpus),
+                o.gpus_per_node, o.nodes);
     std::printf("%-5s %-9s %-9s %14s %16s %16s  %s\n", "stage", "optimizer", "params", "device/GPU", "host/node", "nvme/node", "fits");
   }
   for (int stage = 0; stage <= 3; ++stage) {
@@ -140,6 +156,7 @@ int run_params(const Options& o) {
   }
   if (o.json) {
     std::printf("%s\n", nlohmann::json{{"params", params},
+                                       {"model", o.model},
                                        {"largest_layer", largest},
                                        {"gpus_per_node", o.gpus_per_node},
                                        {"nodes", o.nodes},
@@ -294,9 +311,16 @@ size_t model_states_on_device(const MemoryNeed& n) {
 size_t host_bytes(const MemoryNeed& n) { return n.total(Tier::host) + n.total(Tier::pinned_host); }
 
 int run(const Options& o) {
-  const int modes = !o.config.empty() + !o.params.empty() + gpt_shape_given(o.shape);
-  if (modes != 1)
-    ZEROTH_THROW(InvalidArgument, "give one of --config CONFIG, --params COUNT, or the GPT's --layers, --hidden and --heads");
+  const int modes = !o.config.empty() + !o.params.empty() + !o.model.empty() + gpt_shape_given(o.shape);
+  if (modes != 1) {
+    ZEROTH_THROW(InvalidArgument,
+                 "give one of --config CONFIG, --params COUNT, --model PRESET, or the GPT's --layers, --hidden and --heads");
+  }
+  if (!o.model.empty() && o.deepspeed_compatible) {
+    return run_deepspeed(o, preset_counts(o.model).first,
+                         o.largest_layer.empty() ? preset_counts(o.model).second : count(o.largest_layer, "--largest-layer"));
+  }
+  if (!o.model.empty()) return run_params(o);
   if (gpt_shape_given(o.shape)) {
     if (o.deepspeed_compatible)
       ZEROTH_THROW(InvalidArgument, "--deepspeed-compatible goes with --params (DeepSpeed's tables take a count)");
@@ -495,6 +519,9 @@ void add_estimate_command(CLI::App& app) {
       "estimate", "Memory for every ZeRO stage and offload placement: of a training config per rank, or of a parameter count per GPU");
   cmd->add_option("--config", o->config, "A training config (JSON); its model, batch, precision and ZeRO keys are used");
   cmd->add_option("--params", o->params, "Instead of a config: a parameter count (7.5B, 350M, 1T): the ZeRO paper's model states");
+  cmd->add_option("--model", o->model,
+                  fmt::format("Instead of a config: a preset ({}): its exact parameter count and largest block, as --params",
+                              fmt::join(GptConfig::preset_names(), ", ")));
   add_gpt_shape_options(cmd, o->shape, "Instead of a config: the GPT's dimensions, for activations too");
   cmd->add_option("--micro-batch", o->micro_batch, "With --layers: sequences per micro-batch (default 1)")
       ->check(CLI::Range(1, 1 << 20));

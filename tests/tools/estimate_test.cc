@@ -202,6 +202,30 @@ TEST(Estimate, FitsIsTheEnginesOwnCheck) {
   }
 }
 
+// --model: a preset's exact count and largest block (Llama 3 8B: 8,030,261,248 parameters as
+// published; its largest blocks, the embedding and the untied head, 128256 x 4096) in the ZeRO
+// paper's count: 16 bytes per parameter at stage 0, 16P / 8 per GPU at stage 3 over 8 GPUs.
+TEST(Estimate, ModelModeTakesAPresetsExactCount) {
+  auto child = testing::spawn({ZEROTH_BIN, "estimate", "--model", "llama-3-8b", "--gpus-per-node", "8", "--json"}, {},
+                              temp("estimate_model") + ".out");
+  ASSERT_EQ(testing::wait_exit(child, std::chrono::seconds(60)), 0) << child.output();
+  const json out = json::parse(child.output());
+  EXPECT_EQ(out["model"], "llama-3-8b");
+  EXPECT_EQ(out["params"], 8'030'261'248u);
+  EXPECT_EQ(out["largest_layer"], 128'256u * 4096u);
+  int checked = 0;
+  for (const auto& r : out["rows"]) {
+    if (r["offload_optimizer"] != "none" || r["offload_param"] != "none") continue;
+    checked += r["stage"] == 0 || r["stage"] == 3;
+    if (r["stage"] == 0) {
+      EXPECT_EQ(r["device_bytes"], 16u * 8'030'261'248u);
+    } else if (r["stage"] == 3) {
+      EXPECT_EQ(r["device_bytes"], 16u * 8'030'261'248u / 8u);
+    }
+  }
+  EXPECT_EQ(checked, 2);
+}
+
 // --params: the ZeRO paper's model states per GPU for 7.5B parameters on 64 GPUs (its Figure 1:
 // 120 GB, 31.4, 16.6, 1.88), host and NVMe per node where offloading puts them, and "fits" against
 // a 32 GB device.
