@@ -316,11 +316,7 @@ int run(const Options& o) {
     ZEROTH_THROW(InvalidArgument,
                  "give one of --config CONFIG, --params COUNT, --model PRESET, or the GPT's --layers, --hidden and --heads");
   }
-  if (!o.model.empty() && o.deepspeed_compatible) {
-    return run_deepspeed(o, preset_counts(o.model).first,
-                         o.largest_layer.empty() ? preset_counts(o.model).second : count(o.largest_layer, "--largest-layer"));
-  }
-  if (!o.model.empty()) return run_params(o);
+  if (!o.model.empty()) return run_params(o);  // with --deepspeed-compatible too
   if (gpt_shape_given(o.shape)) {
     if (o.deepspeed_compatible)
       ZEROTH_THROW(InvalidArgument, "--deepspeed-compatible goes with --params (DeepSpeed's tables take a count)");

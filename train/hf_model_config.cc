@@ -184,6 +184,18 @@ RopeScaling rope_scaling_from_json(const json& s, const std::string& where) {
   return out;
 }
 
+json rope_scaling_to_json(const RopeScaling& r) {
+  if (r.type == RopeScaling::Type::linear) return {{"rope_type", "linear"}, {"factor", r.factor}};
+  if (r.type == RopeScaling::Type::llama3) {
+    return {{"rope_type", "llama3"},
+            {"factor", r.factor},
+            {"low_freq_factor", r.low_freq_factor},
+            {"high_freq_factor", r.high_freq_factor},
+            {"original_max_position_embeddings", r.original_max_position_embeddings}};
+  }
+  return nullptr;
+}
+
 HfModelConfig hf_config_from_json(const json& j, const std::string& source) {
   if (!j.is_object()) ZEROTH_THROW(ConfigError, "{} is not a JSON object", source);
   if (!j.contains("architectures") || !j["architectures"].is_array() || j["architectures"].size() != 1 ||

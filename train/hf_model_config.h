@@ -25,6 +25,8 @@ struct HfModelConfig {
 // Hugging Face's rope_scaling object (rope_type or type: linear, llama3; null or default: none).
 // ConfigError naming `where`.
 RopeScaling rope_scaling_from_json(const nlohmann::json& s, const std::string& where);
+// The same object written back (null for none).
+nlohmann::json rope_scaling_to_json(const RopeScaling& r);
 
 // `path`: a config.json, or the folder that holds one. ConfigError naming the file and the key.
 HfModelConfig read_hf_config(const std::string& path);

@@ -15,6 +15,7 @@
 #include "core/error.h"                    // ZEROTH_THROW
 #include "core/config_section.h"           // ConfigSection, is_auto
 #include "engine/config/deepspeed_keys.h"  // without_deepspeed_extras
+#include "train/hf_model_config.h"         // rope_scaling_to_json
 #include "train/train_sections.h"          // read_model, read_data, read_run, read_parallel
 
 namespace zeroth {
@@ -313,15 +314,7 @@ TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) 
     m["rms_norm_eps"] = g.norm_eps, m["rope_theta"] = g.rope_theta;
     m["qkv_bias"] = g.qkv_bias, m["attention_bias"] = g.o_bias, m["qk_norm"] = g.qk_norm;
     m["tie_word_embeddings"] = g.tie_word_embeddings;
-    const RopeScaling& r = g.rope_scaling;
-    if (r.type == RopeScaling::Type::linear) m["rope_scaling"] = {{"rope_type", "linear"}, {"factor", r.factor}};
-    if (r.type == RopeScaling::Type::llama3) {
-      m["rope_scaling"] = {{"rope_type", "llama3"},
-                           {"factor", r.factor},
-                           {"low_freq_factor", r.low_freq_factor},
-                           {"high_freq_factor", r.high_freq_factor},
-                           {"original_max_position_embeddings", r.original_max_position_embeddings}};
-    }
+    if (g.rope_scaling.type != RopeScaling::Type::none) m["rope_scaling"] = rope_scaling_to_json(g.rope_scaling);
   }
   const char* formats[] = {"bin", "text", "synthetic"};
   c["data"] = {{"format", formats[static_cast<int>(t.data.format)]}};

@@ -479,7 +479,6 @@ std::vector<BlockSpec> Gpt::block_specs(const GptConfig& c, const GptPart& given
 
 int Gpt::embedding_block(const GptConfig& c, const GptPart& part) { return gpt::part_blocks(c, gpt::complete_part(part, c)).embed; }
 
-int Gpt::head_block(const GptConfig& c, const GptPart& part) { return gpt::part_blocks(c, gpt::complete_part(part, c)).head; }
 
 std::vector<Gpt::HfParam> Gpt::hf_params(const GptConfig& c) {
   std::vector<HfParam> out;

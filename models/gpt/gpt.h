@@ -131,8 +131,7 @@ class Gpt {
   // The part's copy of the tied token embedding when it is not the one that embeds (-1 else), and
   // the block id of the embedding wherever it is (-1: none).
   static int embedding_block(const GptConfig& config, const GptPart& part);
-  // The LM head's block on this part (the embedding's when tied; -1: none).
-  static int head_block(const GptConfig& config, const GptPart& part);
+
 
   static std::vector<BlockSpec> block_specs(const GptConfig& config);
   // Hugging Face's GPT-2 (GPT2LMHeadModel) name of every parameter, in block_specs order, and

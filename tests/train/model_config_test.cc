@@ -194,6 +194,12 @@ TEST(ModelSection, LlamaKeysBelongToTheLlamaFamily) {
   EXPECT_EQ(t.model.kv_heads(), 1);
   EXPECT_EQ(t.model.ffn(), 40);
   EXPECT_EQ(t.model.rope_scaling.type, RopeScaling::Type::linear);
+  // The resolved config (what a checkpoint keeps) gives the same model back.
+  const GptConfig again = TrainConfig::from_json(t.resolved).model;
+  EXPECT_EQ(again.rope_scaling.type, RopeScaling::Type::linear);
+  EXPECT_EQ(again.rope_scaling.factor, 2.0);
+  EXPECT_EQ(again.num_parameters(), t.model.num_parameters());
+  EXPECT_EQ(again.describe(), t.model.describe());
 }
 
 // The presets' counts as the publishers give them (each model's num_parameters()).
