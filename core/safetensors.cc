@@ -2,13 +2,15 @@
 #include "core/safetensors.h"
 
 #include <fcntl.h>   // open
-#include <unistd.h>  // write, fsync, close, unlink
+#include <unistd.h>  // pread, pwrite, fsync, close, unlink
 
+#include <algorithm>   // std::stable_sort, std::find
 #include <cerrno>      // errno
 #include <cstdio>      // std::rename
 #include <cstring>     // std::strerror, std::memcpy
 #include <filesystem>  // std::filesystem::path
 #include <fstream>     // std::ifstream
+#include <iterator>    // std::size
 
 #include <nlohmann/json.hpp>  // nlohmann::json
 
@@ -130,6 +132,36 @@ std::vector<char> read_tensor_data(const SafeTensors& file, const std::string& n
   return data;
 }
 
+void read_tensor_f32(const SafeTensors& file, const std::string& name, size_t lo, size_t hi, float* out) {
+  const SafeTensor& t = file.at(name);
+  const DType type = t.dtype == "F32" ? DType::f32 : t.dtype == "BF16" ? DType::bf16 : t.dtype == "F16" ? DType::f16 : DType::f32;
+  if (t.dtype != "F32" && t.dtype != "BF16" && t.dtype != "F16")
+    ZEROTH_THROW(InvalidArgument, "{}: tensor {} is {}; only F32, BF16 and F16 values can be read as f32", file.source, name, t.dtype);
+  if (lo > hi || hi > t.numel())
+    ZEROTH_THROW(InvalidArgument, "{}: elements [{}, {}) of tensor {}, which has {}", file.source, lo, hi, name, t.numel());
+  const size_t width = dtype_size(type), bytes = (hi - lo) * width;
+  // f32 lands in place; 16-bit values are widened from a staging copy (the cast is parallel, so
+  // it cannot widen in place).
+  std::vector<char> narrow(type == DType::f32 ? 0 : bytes);
+  char* into = type == DType::f32 ? reinterpret_cast<char*>(out) : narrow.data();
+  const int fd = ::open(file.source.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) ZEROTH_THROW(IoError, "open(\"{}\") for reading: {}", file.source, std::strerror(errno));
+  size_t done = 0;
+  while (done < bytes) {
+    const ssize_t n = ::pread(fd, into + done, bytes - done, static_cast<off_t>(t.file_offset + lo * width + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      ::close(fd);
+      ZEROTH_THROW(IoError, "{}: pread of tensor {} ({} bytes at {}): {}", file.source, name, bytes - done,
+                   t.file_offset + lo * width + done, n < 0 ? std::strerror(err) : "the file ends early");
+    }
+    done += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  if (type != DType::f32) cpu::cast(into, type, out, DType::f32, hi - lo);
+}
+
 void write_safetensors(const std::string& path, const SafeTensors& file) {
   std::vector<SafeTensorsWriter::Entry> entries;
   for (const auto& [name, t] : file.tensors) entries.push_back({name, t.dtype, t.shape});
@@ -138,27 +170,54 @@ void write_safetensors(const std::string& path, const SafeTensors& file) {
   out.finish();
 }
 
+namespace {
+
+// The order of the safetensors library's Dtype enum: a file's data is laid out by dtype, the
+// last of this list first, then by name.
+int dtype_rank(const std::string& dtype) {
+  static const char* const kOrder[] = {"BOOL", "U8",  "I8",  "F8_E5M2", "F8_E4M3", "I16", "U16", "F16",
+                                       "BF16", "I32", "U32", "F32",     "F64",     "I64", "U64"};
+  for (int i = 0; i < static_cast<int>(std::size(kOrder)); ++i) {
+    if (dtype == kOrder[i]) return i;
+  }
+  return -1;
+}
+
+}  // namespace
+
 SafeTensorsWriter::SafeTensorsWriter(std::string path, std::vector<Entry> entries, const std::map<std::string, std::string>& metadata)
     : path_(std::move(path)), tmp_(path_ + ".tmp"), entries_(std::move(entries)) {
-  nlohmann::json header = nlohmann::json::object();
+  std::stable_sort(entries_.begin(), entries_.end(), [](const Entry& a, const Entry& b) {
+    const int ra = dtype_rank(a.dtype), rb = dtype_rank(b.dtype);
+    return ra != rb ? ra > rb : a.name < b.name;
+  });
+  // As the safetensors library writes it: the metadata, then each tensor in data order, its keys
+  // dtype, shape, data_offsets; padded with spaces so the data starts 8-byte aligned.
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
-  for (const auto& e : entries_) {
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    const Entry& e = entries_[i];
     const size_t bytes = entry_bytes(e.shape, e.dtype);
     if (dtype_bytes(e.dtype) == 0)
       ZEROTH_THROW(InvalidArgument, "{}: tensor {} has dtype {}, not a safetensors dtype", path_, e.name, e.dtype);
-    if (header.contains(e.name)) ZEROTH_THROW(InvalidArgument, "{}: tensor {} is declared twice", path_, e.name);
+    if (e.name == "__metadata__" || index_.contains(e.name))
+      ZEROTH_THROW(InvalidArgument, "{}: tensor {} is declared twice (or under the metadata's name)", path_, e.name);
+    index_[e.name] = i;
+    offsets_.push_back(offset);
     header[e.name] = {{"dtype", e.dtype}, {"shape", e.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
+  written_.assign(entries_.size(), false);
   std::string text = header.dump();
-  text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
+  text.append((8 - text.size() % 8) % 8, ' ');
   fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0) ZEROTH_THROW(IoError, "open(\"{}\") for writing: {}", tmp_, std::strerror(errno));
   const uint64_t len = text.size();
   std::string head(reinterpret_cast<const char*>(&len), 8);
   head += text;
-  write_all(head.data(), head.size());
+  data_start_ = head.size();
+  write_at(head.data(), head.size(), 0);
 }
 
 SafeTensorsWriter::~SafeTensorsWriter() {
@@ -167,32 +226,36 @@ SafeTensorsWriter::~SafeTensorsWriter() {
   ::unlink(tmp_.c_str());
 }
 
-void SafeTensorsWriter::write_all(const void* data, size_t bytes) {
+void SafeTensorsWriter::write_at(const void* data, size_t bytes, uint64_t at) {
   const char* p = static_cast<const char*>(data);
   while (bytes > 0) {
-    const ssize_t n = ::write(fd_, p, bytes);
+    const ssize_t n = ::pwrite(fd_, p, bytes, static_cast<off_t>(at));
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) ZEROTH_THROW(IoError, "write({}, {} bytes): {}", tmp_, bytes, n < 0 ? std::strerror(errno) : "nothing written");
+    if (n <= 0)
+      ZEROTH_THROW(IoError, "pwrite({}, {} bytes at {}): {}", tmp_, bytes, at, n < 0 ? std::strerror(errno) : "nothing written");
     p += n;
+    at += static_cast<uint64_t>(n);
     bytes -= static_cast<size_t>(n);
   }
 }
 
 void SafeTensorsWriter::write(const std::string& name, const void* data, size_t bytes) {
-  if (next_ >= entries_.size() || entries_[next_].name != name) {
-    ZEROTH_THROW(InvalidArgument, "{}: tensor {} written out of order (next declared: {})", path_, name,
-                 next_ < entries_.size() ? entries_[next_].name : "none");
-  }
-  const size_t n = entry_bytes(entries_[next_].shape, entries_[next_].dtype);
+  const auto it = index_.find(name);
+  if (it == index_.end()) ZEROTH_THROW(InvalidArgument, "{}: tensor {} was not declared", path_, name);
+  if (written_[it->second]) ZEROTH_THROW(InvalidArgument, "{}: tensor {} is written already", path_, name);
+  const Entry& e = entries_[it->second];
+  const size_t n = entry_bytes(e.shape, e.dtype);
   if (bytes != n) ZEROTH_THROW(InvalidArgument, "{}: tensor {} is declared as {} bytes, {} given", path_, name, n, bytes);
-  write_all(data, bytes);
-  ++next_;
+  write_at(data, bytes, data_start_ + offsets_[it->second]);
+  written_[it->second] = true;
+  ++count_;
 }
 
 void SafeTensorsWriter::finish() {
-  if (next_ != entries_.size()) {
-    ZEROTH_THROW(InvalidArgument, "{}: finished after {} of {} tensors (next: {})", path_, next_, entries_.size(),
-                 entries_[next_].name);
+  if (count_ != entries_.size()) {
+    const size_t missing = static_cast<size_t>(std::find(written_.begin(), written_.end(), false) - written_.begin());
+    ZEROTH_THROW(InvalidArgument, "{}: finished after {} of {} tensors ({} not written)", path_, count_, entries_.size(),
+                 entries_[missing].name);
   }
   if (::fsync(fd_) != 0) ZEROTH_THROW(IoError, "fsync({}): {}", tmp_, std::strerror(errno));
   if (::close(fd_) != 0) {

@@ -36,14 +36,18 @@ struct SafeTensors {
 SafeTensors read_safetensors(const std::string& path, bool with_data = true);
 // One tensor's bytes of a file read without its data, so a large file is read tensor by tensor.
 std::vector<char> read_tensor_data(const SafeTensors& file, const std::string& name);
+// Elements [lo, hi) of a tensor of such a file (F32, BF16 or F16) as f32 into `out`: only their
+// bytes are read. InvalidArgument for another dtype or a range past the tensor.
+void read_tensor_f32(const SafeTensors& file, const std::string& name, size_t lo, size_t hi, float* out);
 // Written to `path`.tmp and renamed, so a crash never leaves a half-written file under `path`.
 void write_safetensors(const std::string& path, const SafeTensors& file);
 
 // A safetensors file written tensor by tensor, so the whole of it never sits in memory: the
 // header (every tensor's name, dtype and shape, declared up front) first, then each tensor's
-// bytes in the declared order; into `path`.tmp, flushed to the disk (fsync), renamed and the
-// folder flushed by finish(). Destroyed before finish(), it removes the .tmp and leaves `path`
-// as it was.
+// bytes, in any order; into `path`.tmp, flushed to the disk (fsync), renamed and the folder
+// flushed by finish(). Laid out as the safetensors library lays a file out (data ordered by
+// dtype, then name; the header in that order), so the same tensors make the same bytes.
+// Destroyed before finish(), it removes the .tmp and leaves `path` as it was.
 class SafeTensorsWriter {
  public:
   struct Entry {
@@ -55,17 +59,22 @@ class SafeTensorsWriter {
   SafeTensorsWriter(const SafeTensorsWriter&) = delete;
   SafeTensorsWriter& operator=(const SafeTensorsWriter&) = delete;
 
-  // The next declared tensor's bytes; InvalidArgument when `name` or the size is not the next
-  // entry's. IoError naming the file when the write fails.
+  // A declared tensor's bytes, once; InvalidArgument when `name` is not declared, is written
+  // already, or the size is not its own. IoError naming the file when the write fails.
   void write(const std::string& name, const void* data, size_t bytes);
+  bool done() const { return count_ == entries_.size(); }
   void finish();
 
  private:
-  void write_all(const void* data, size_t bytes);
+  void write_at(const void* data, size_t bytes, uint64_t at);
 
   std::string path_, tmp_;
-  std::vector<Entry> entries_;
-  size_t next_ = 0;
+  std::vector<Entry> entries_;  // in data order
+  std::map<std::string, size_t> index_;
+  std::vector<uint64_t> offsets_;
+  std::vector<bool> written_;
+  size_t count_ = 0;
+  uint64_t data_start_ = 0;
   int fd_ = -1;
 };
 

@@ -21,7 +21,7 @@
 #include "models/gpt/gpt.h"                // Gpt
 #include "optim/loss_scaler.h"             // LossScaler
 #include "tools/commands.h"
-#include "train/export.h"        // Gpt2Writer, read_gpt2_weights
+#include "train/hf_weights.h"    // HfWriter, HfModelReader
 #include "train/train_config.h"  // TrainConfig
 
 namespace zeroth::tools {
@@ -127,14 +127,22 @@ DType parse_dtype(const std::string& s) {
   ZEROTH_THROW(InvalidArgument, "--dtype {} is not one of: f32, bf16, f16", s);
 }
 
-void export_weights(const std::string& path, const std::string& out, const std::string& dtype) {
+// `out`: a .safetensors file (format safetensors) or a model folder (format hf).
+void export_weights(const std::string& path, const std::string& out, const std::string& dtype, const std::string& format,
+                    const std::string& shard_size) {
   const DType type = parse_dtype(dtype);
+  if (format != "hf" && format != "safetensors") ZEROTH_THROW(InvalidArgument, "--format {} is not one of: hf, safetensors", format);
+  if (format == "hf" && out.ends_with(".safetensors"))
+    ZEROTH_THROW(InvalidArgument, "--format hf writes a folder (config.json, shards, index); --out {} names a file", out);
+  if (format == "safetensors" && !out.ends_with(".safetensors"))
+    ZEROTH_THROW(InvalidArgument, "--out {} must end in .safetensors for --format safetensors (or use --format hf for a folder)", out);
+  const uint64_t shard_bytes = parse_bytes(shard_size);
   const Opened o = open_verified(path, false);
   const TrainConfig c = saved_config(o);
   const auto specs = Gpt::block_specs(c.model);
   ckpt::Reader reader(o.dir, o.manifest);
   const auto t0 = Clock::now();
-  Gpt2Writer writer(c.model, out, type);
+  HfWriter writer(c.model, out, type, shard_bytes);
   std::vector<float> values;
   while (!writer.done()) {
     const auto& p = specs[writer.block()].params[writer.param()];
@@ -145,9 +153,12 @@ void export_weights(const std::string& path, const std::string& out, const std::
   }
   const uint64_t bytes = writer.finish();
   const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-  std::printf("exported %s (step %lld) to %s: %s of %s weights in Hugging Face %s names, in %.2f s\n", o.dir.c_str(),
+  std::printf("exported %s (step %lld) to %s: %s of %s weights as Hugging Face's %s%s, in %.2f s\n", o.dir.c_str(),
               static_cast<long long>(o.manifest.step), out.c_str(), format_bytes(bytes).c_str(), dtype_name(type).data(),
-              c.model.hf_architecture().c_str(), s);
+              c.model.hf_architecture().c_str(),
+              format == "hf" ? fmt::format(" (config.json and {} shard{})", writer.shards(), writer.shards() == 1 ? "" : "s").c_str()
+                             : "",
+              s);
 }
 
 // The plan geometry of `c`'s GPT at `dp` ranks (what its ranks own), for writing a checkpoint as
@@ -172,16 +183,15 @@ void reshard(const std::string& path, int dp, const std::string& out) {
               io.path.c_str(), dp, static_cast<size_t>(dp), format_bytes(io.bytes).c_str(), io.seconds);
 }
 
-void import_weights(const std::string& file, const std::string& config_path, const std::string& out) {
+void import_weights(const std::string& from, const std::string& config_path, const std::string& out) {
   const TrainConfig c = TrainConfig::from_json(read_config_file(config_path));
   const auto specs = Gpt::block_specs(c.model);
   const Plan plan = layout(c, c.run.world_size);
-  // The whole model in f32, in the order of the checkpoint's tensors.
-  std::vector<size_t> first(specs.size() + 1, 0);
-  for (size_t b = 0; b < specs.size(); ++b) first[b + 1] = first[b] + specs[b].params.size();
-  std::vector<std::vector<float>> weights(first.back());
-  read_gpt2_weights(c.model, file,
-                    [&](int block, size_t param, std::vector<float>& values) { weights[first[block] + param] = std::move(values); });
+  // Tensor by tensor, each range the checkpoint's files ask for read from its shard.
+  HfModelReader weights(c.model, from);
+  std::vector<std::pair<int, size_t>> param_of;  // the checkpoint's tensor order: block, parameter
+  for (size_t b = 0; b < specs.size(); ++b)
+    for (size_t i = 0; i < specs[b].params.size(); ++i) param_of.emplace_back(static_cast<int>(b), i);
   ckpt::Manifest m;
   m.step = 0;
   m.world = {{"tp", 1},
@@ -199,14 +209,14 @@ void import_weights(const std::string& file, const std::string& config_path, con
               {"compute_dtype", dtype_name(c.engine.compute_dtype)},
               {"loss_scaler",
                {{"scale", s.scale}, {"iteration", s.iteration}, {"last_overflow", s.last_overflow}, {"hysteresis", s.hysteresis}}}};
-  m.run = {{"imported_from", file}};
+  m.run = {{"imported_from", from}};
   m.config = c.resolved;
   const ckpt::IoStats io = ckpt::write(
       specs, plan, m,
       [&](size_t tensor, int state, uint64_t lo, uint64_t hi, float* values) {
     if (state == 0) {
-      std::copy(weights[tensor].begin() + static_cast<std::ptrdiff_t>(lo), weights[tensor].begin() + static_cast<std::ptrdiff_t>(hi),
-                values);
+      const auto [block, param] = param_of[tensor];
+      weights.read(block, param, specs[block].params[param], lo, hi, values);
     } else {
       std::fill(values, values + (hi - lo), 0.0f);  // fresh optimizer state
     }
@@ -214,7 +224,7 @@ void import_weights(const std::string& file, const std::string& config_path, con
       out);
   std::printf("imported %s into %s: step 0, %zu tensors, fresh %s state, %s; resume it with `zeroth train %s --resume %s` or start "
               "from its weights with run.init_from\n",
-              file.c_str(), io.path.c_str(), weights.size(), m.optimizer.c_str(), format_bytes(io.bytes).c_str(), config_path.c_str(),
+              from.c_str(), io.path.c_str(), param_of.size(), m.optimizer.c_str(), format_bytes(io.bytes).c_str(), config_path.c_str(),
               out.c_str());
 }
 
@@ -224,7 +234,7 @@ void add_ckpt_command(CLI::App& app) {
   auto* ckpt = app.add_subcommand("ckpt", "Inspect, verify, export, reshard and import checkpoints");
   ckpt->require_subcommand(1);
   struct Args {
-    std::string path, out, dtype = "f32", config;
+    std::string path, out, dtype = "f32", config, format = "safetensors", shard_size = "5GB";
     int dp = 1;
   };
   auto a = std::make_shared<Args>();
@@ -234,19 +244,24 @@ void add_ckpt_command(CLI::App& app) {
   inspect_cmd->callback([a] { inspect(a->path); });
   auto* export_cmd = ckpt->add_subcommand(
       "export",
-      "Write a checkpoint's weights as one safetensors file in Hugging Face's names (GPT2LMHeadModel, LlamaForCausalLM, ...)");
+      "Write a checkpoint's weights in Hugging Face's names and layouts (GPT2LMHeadModel, LlamaForCausalLM, ...): one safetensors "
+      "file, or a model folder that from_pretrained loads");
   export_cmd->add_option("dir", a->path, "A checkpoint folder (its latest) or a step folder")->required();
-  export_cmd->add_option("--out", a->out, "The safetensors file to write")->required();
+  export_cmd->add_option("--out", a->out, "The .safetensors file, or with --format hf the folder, to write")->required();
+  export_cmd->add_option("--format", a->format,
+                         "safetensors (default: one file) or hf (a folder: config.json, shards, model.safetensors.index.json)");
+  export_cmd->add_option("--max-shard-size", a->shard_size,
+                         "With --format hf: the largest shard (default 5GB; a larger tensor alone)");
   export_cmd->add_option("--dtype", a->dtype, "f32 (default), bf16 or f16");
-  export_cmd->callback([a] { export_weights(a->path, a->out, a->dtype); });
+  export_cmd->callback([a] { export_weights(a->path, a->out, a->dtype, a->format, a->shard_size); });
   auto* reshard_cmd = ckpt->add_subcommand("reshard", "Rewrite a checkpoint as M data-parallel ranks would have saved it");
   reshard_cmd->add_option("dir", a->path, "A checkpoint folder (its latest) or a step folder")->required();
   reshard_cmd->add_option("--dp", a->dp, "The data-parallel size to write for")->required()->check(CLI::Range(1, 1 << 20));
   reshard_cmd->add_option("--out", a->out, "The checkpoint folder to write (a step folder and latest go in it)")->required();
   reshard_cmd->callback([a] { reshard(a->path, a->dp, a->out); });
   auto* import_cmd = ckpt->add_subcommand(
-      "import", "Turn a safetensors file in Hugging Face's names (the config's model) into a checkpoint for a config");
-  import_cmd->add_option("file", a->path, "The .safetensors file (e.g. a published GPT-2's model.safetensors)")->required();
+      "import", "Turn Hugging Face weights (the config's model) into a checkpoint for a config, a tensor at a time");
+  import_cmd->add_option("weights", a->path, "A .safetensors file or a Hugging Face model folder (sharded or not)")->required();
   import_cmd->add_option("--config", a->config, "The training config whose model it must fit (model.* keys)")->required();
   import_cmd->add_option("--out", a->out, "The checkpoint folder to write")->required();
   import_cmd->callback([a] { import_weights(a->path, a->config, a->out); });

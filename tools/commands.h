@@ -1,12 +1,17 @@
 // The subcommands of the `zeroth` binary; each file registers one on the CLI11 app.
 #pragma once
 
-#include <cstdint>  // uint64_t
-#include <string>   // std::string
+#include <cstdint>     // uint64_t
+#include <functional>  // std::function
+#include <string>      // std::string
+#include <vector>      // std::vector
 
 #include <CLI/CLI.hpp>
 
+#include "comm/communicator.h"   // Communicator
+#include "core/device.h"         // Device
 #include "planner/gpt_layout.h"  // GptShape
+#include "train/train_config.h"  // TrainConfig
 
 namespace zeroth::tools {
 
@@ -16,6 +21,8 @@ void add_train_command(CLI::App& app);
 void add_ckpt_command(CLI::App& app);
 void add_estimate_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
+void add_eval_command(CLI::App& app);
+void add_tokenize_command(CLI::App& app);
 void add_bench_kernels_command(CLI::App& bench);
 void add_bench_comm_command(CLI::App& bench);
 void add_bench_optim_command(CLI::App& bench);
@@ -23,6 +30,13 @@ void add_bench_engine_command(CLI::App& bench);
 void add_bench_train_command(CLI::App& bench);
 void add_bench_offload_command(CLI::App& bench);
 void add_bench_pipeline_command(CLI::App& bench);
+
+// A run's config from its file with --set overrides applied (run.name defaults to the file's
+// stem; a launched process's world size is the launcher's).
+TrainConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides);
+// `work` on every rank of the config's world, each with its device: this process's rank when
+// started by `zeroth launch` (over gloo), else run.world_size ranks as threads.
+void on_every_rank(const TrainConfig& config, const std::function<void(Communicator&, Device&)>& work);
 
 // "7.5B", "175e9", "1T", "350M", "230G": a positive count (K, M, B or G, T: powers of 1000);
 // InvalidArgument naming `flag` otherwise.

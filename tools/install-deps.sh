@@ -11,6 +11,8 @@ packages=(
   clang-format  # tools/format.sh, the layout check of tools/dev.sh test
   fortunes  # English text for the example training runs in configs/ (/usr/share/games/fortunes)
   fio  # the reference beside `zeroth bench offload`
+  libsentencepiece-dev  # SentencePiece tokenizers (data.tokenizer: Llama 2, Mistral, TinyLlama)
+  sentencepiece  # spm_train and spm_encode: the README trains a vocabulary with it; the tokenizer tests compare with it
   python3-torch  # PyTorch (/usr/bin/python3), the reference that reads the saved weights in the tests
 )
 

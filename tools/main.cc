@@ -10,6 +10,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("zeroth ") + ZEROTH_VERSION);
   zeroth::tools::add_train_command(app);
+  zeroth::tools::add_eval_command(app);
+  zeroth::tools::add_tokenize_command(app);
   zeroth::tools::add_report_command(app);
   zeroth::tools::add_launch_command(app);
   zeroth::tools::add_ckpt_command(app);

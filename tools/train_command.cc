@@ -463,23 +463,43 @@ void dry_run(const TrainConfig& c) {
 }
 
 int run(const Options& o) {
-  nlohmann::json j = read_config_file(o.config);
-  if (!j.is_object()) ZEROTH_THROW(ConfigError, "{}: a training config must be a JSON object", o.config);
-  if (!j.contains("run") || !j["run"].contains("name")) j["run"]["name"] = std::filesystem::path(o.config).stem().string();
-  for (const auto& s : o.overrides) apply_override(j, s);
-  const auto launched = rendezvous_from_env();
-  TrainConfig c = TrainConfig::from_json(j, launched ? launched->world_size : 0);
+  TrainConfig c = load_run_config(o.config, o.overrides);
   if (!o.resume.empty()) c.run.resume = o.resume == "-" ? c.run.checkpoint_dir : o.resume;
   if (o.dry_run) {
     dry_run(c);
     return 0;
   }
-  // The engine's own start-up log (its plan) is in the config box already.
-  if (std::getenv(std::string(env::kLogLevel).c_str()) == nullptr) log::set_level(log::Level::warn);
   std::signal(SIGINT, on_interrupt);
   std::signal(SIGTERM, on_interrupt);
+  const auto launched = rendezvous_from_env();
+  std::unique_ptr<Console> console;
+  if (!launched || launched->rank == 0) console = std::make_unique<Console>(c);
+  bool interrupted = false;
+  std::mutex mutex;
+  on_every_rank(c, [&](Communicator& comm, Device& device) {
+    const auto s = train(c, comm, device, comm.rank() == 0 ? console.get() : nullptr, &g_stop);
+    std::lock_guard lock(mutex);
+    interrupted = interrupted || s.interrupted;
+  });
+  return interrupted ? 130 : 0;
+}
+
+}  // namespace
+
+TrainConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {
+  nlohmann::json j = read_config_file(path);
+  if (!j.is_object()) ZEROTH_THROW(ConfigError, "{}: a training config must be a JSON object", path);
+  if (!j.contains("run") || !j["run"].contains("name")) j["run"]["name"] = std::filesystem::path(path).stem().string();
+  for (const auto& s : overrides) apply_override(j, s);
+  const auto launched = rendezvous_from_env();
+  return TrainConfig::from_json(j, launched ? launched->world_size : 0);
+}
+
+void on_every_rank(const TrainConfig& c, const std::function<void(Communicator&, Device&)>& work) {
+  // The engine's own start-up log (its plan) is in the config box already.
+  if (std::getenv(std::string(env::kLogLevel).c_str()) == nullptr) log::set_level(log::Level::warn);
   const DeviceOptions dev{.memory_budget = c.run.device_memory};
-  if (launched) {
+  if (const auto launched = rendezvous_from_env()) {
     log::set_rank(launched->rank);
     if (c.run.backend != "gloo") {
       ZEROTH_THROW(ConfigError, "run.backend = \"{}\" with run.device = \"{}\": the GPT model runs on the CPU device, over gloo",
@@ -488,25 +508,15 @@ int run(const Options& o) {
     share_cores(launched->local_world_size);
     auto comm = make_gloo_communicator(*launched);
     auto device = make_device(c.run.device, dev);
-    std::unique_ptr<Console> console;
-    if (comm->rank() == 0) console = std::make_unique<Console>(c);
-    const auto s = train(c, *comm, *device, console.get(), &g_stop);
-    return s.interrupted ? 130 : 0;
+    work(*comm, *device);
+    return;
   }
   share_cores(c.run.world_size);
-  std::unique_ptr<Console> console = std::make_unique<Console>(c);
-  bool interrupted = false;
-  std::mutex mutex;
   run_local_ranks(c.run.world_size, [&](Communicator& comm) {
     auto device = make_device(c.run.device, dev);
-    const auto s = train(c, comm, *device, comm.rank() == 0 ? console.get() : nullptr, &g_stop);
-    std::lock_guard lock(mutex);
-    interrupted = interrupted || s.interrupted;
+    work(comm, *device);
   });
-  return interrupted ? 130 : 0;
 }
-
-}  // namespace
 
 void add_train_command(CLI::App& app) {
   auto o = std::make_shared<Options>();

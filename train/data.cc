@@ -8,17 +8,25 @@
 
 #include <algorithm>   // std::sort
 #include <cerrno>      // errno
+#include <chrono>      // std::chrono::steady_clock
+#include <cstdio>      // std::fprintf, std::rename
+#include <mutex>       // std::mutex
 #include <filesystem>  // std::filesystem
 #include <cstring>     // std::strerror
 #include <fstream>     // std::ifstream
 #include <iterator>    // std::istreambuf_iterator
 
-#include "core/error.h"  // ZEROTH_THROW
+#include <fmt/format.h>  // fmt::format
+#include <xxhash.h>      // XXH3_64bits_withSeed
+
+#include "core/error.h"       // ZEROTH_THROW
+#include "train/tokenizer.h"  // Tokenizer, check_utf8
 
 namespace zeroth {
 namespace {
 
-constexpr int32_t kBinMagic = 20240520;
+constexpr int32_t kBinMagic = 20240520, kBinMagic32 = 20240801;
+constexpr int32_t kBinVersion = 1, kBinVersion32 = 7;
 constexpr size_t kBinHeaderBytes = 256 * sizeof(int32_t);
 
 // splitmix64: a portable stream of 64-bit values (std:: distributions differ between libraries).
@@ -66,33 +74,38 @@ TokenData TokenData::open_bin(const std::string& path) {
   }
   map->bytes = bytes;
   const auto* header = static_cast<const int32_t*>(map->addr);
-  if (header[0] != kBinMagic) {
-    ZEROTH_THROW(InvalidArgument, "{} is not an llm.c token file: magic {} instead of {}; set data.format to \"text\" for plain text",
-                 path, header[0], kBinMagic);
+  if (header[0] != kBinMagic && header[0] != kBinMagic32) {
+    ZEROTH_THROW(
+        InvalidArgument,
+        "{} is not an llm.c token file: magic {} instead of {} (uint16 tokens) or {} (uint32); set data.format to \"text\" for "
+        "plain text",
+        path, header[0], kBinMagic, kBinMagic32);
   }
-  if (header[1] != 1)
-    ZEROTH_THROW(InvalidArgument, "{}: llm.c token file version {}; only version 1 (uint16 tokens) is supported", path, header[1]);
+  const int width = header[0] == kBinMagic ? 2 : 4;
+  if (header[1] != (width == 2 ? kBinVersion : kBinVersion32)) {
+    ZEROTH_THROW(InvalidArgument, "{}: llm.c token file version {} with magic {}; zeroth reads version {} there", path, header[1],
+                 header[0], width == 2 ? kBinVersion : kBinVersion32);
+  }
   const size_t n = static_cast<uint32_t>(header[2]);
-  if (kBinHeaderBytes + 2 * n != bytes) {
+  if (kBinHeaderBytes + width * n != bytes) {
     ZEROTH_THROW(
         InvalidArgument,
         "{}: the header says {} tokens ({} bytes with the header) but the file has {} bytes; it is truncated or not a token file",
-        path, n, kBinHeaderBytes + 2 * n, bytes);
+        path, n, kBinHeaderBytes + width * n, bytes);
   }
   TokenData t;
-  t.data_ = reinterpret_cast<const uint16_t*>(static_cast<const char*>(map->addr) + kBinHeaderBytes);
+  t.width_ = width;
+  t.data_ = static_cast<const char*>(map->addr) + kBinHeaderBytes;
   t.size_ = n;
   t.storage_ = std::move(map);
   return t;
 }
 
-TokenData TokenData::open_text(const std::string& path) {
+std::string read_texts(const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
   std::vector<fs::path> files;
   if (fs::is_directory(path, ec)) {
-    // A folder of texts (e.g. /usr/share/games/fortunes): its regular files in name order;
-    // symbolic links (duplicates) and binary files (those holding a NUL byte) are skipped.
     for (const auto& e : fs::directory_iterator(path, ec)) {
       if (e.is_regular_file() && !e.is_symlink()) files.push_back(e.path());
     }
@@ -101,7 +114,7 @@ TokenData TokenData::open_text(const std::string& path) {
   } else {
     files.push_back(path);
   }
-  auto v = std::make_shared<std::vector<uint16_t>>();
+  std::string all;
   for (const auto& f : files) {
     std::ifstream in(f, std::ios::binary);
     if (!in) ZEROTH_THROW(IoError, "open(\"{}\"): {}", f.string(), std::strerror(errno));
@@ -112,17 +125,95 @@ TokenData TokenData::open_text(const std::string& path) {
                    "{} holds a NUL byte at offset {}: it is not text. Token files (llm.c's .bin) take data.format \"bin\"", f.string(),
                    nul);
     }
-    v->insert(v->end(), reinterpret_cast<const unsigned char*>(bytes.data()),
-              reinterpret_cast<const unsigned char*>(bytes.data()) + bytes.size());
+    all += bytes;
   }
-  if (v->empty()) ZEROTH_THROW(InvalidArgument, "{} holds no text", path);
-  v->shrink_to_fit();  // the growth's spare capacity is address space the run would keep
+  if (all.empty()) ZEROTH_THROW(InvalidArgument, "{} holds no text", path);
+  return all;
+}
+
+TokenData TokenData::open_text(const std::string& path) {
+  const std::string text = read_texts(path);
+  auto v = std::make_shared<std::vector<uint16_t>>(reinterpret_cast<const unsigned char*>(text.data()),
+                                                   reinterpret_cast<const unsigned char*>(text.data()) + text.size());
   TokenData t;
   t.data_ = v->data();
   t.size_ = v->size();
   t.heap_bytes_ = v->size() * sizeof(uint16_t);
   t.storage_ = std::move(v);
   return t;
+}
+
+TokenData TokenData::open_tokenized(const std::string& text_path, const std::string& tokenizer_path, const std::string& cache_dir,
+                                    bool progress) {
+  namespace fs = std::filesystem;
+  // Ranks as threads of one process tokenize once; processes racing on the same file each rename a
+  // whole file of the same tokens into place.
+  static std::mutex mutex;
+  std::lock_guard lock(mutex);
+  const std::string text = read_texts(text_path);
+  const auto tokenizer = Tokenizer::open(tokenizer_path);
+  const uint64_t stamp = XXH3_64bits_withSeed(text.data(), text.size(), tokenizer->fingerprint());
+  const std::string stem = fs::path(text_path).filename().string();
+  const std::string path = (fs::path(cache_dir) / fmt::format("{}.{:016x}.bin", stem.empty() ? "text" : stem, stamp)).string();
+  std::error_code ec;
+  if (!fs::exists(path, ec)) {
+    check_utf8(text, text_path);
+    fs::create_directories(cache_dir, ec);
+    if (ec) ZEROTH_THROW(IoError, "create_directories(\"{}\"): {}", cache_dir, ec.message());
+    // In pieces of about 1 MiB cut at line ends, so the progress line moves.
+    std::vector<int32_t> ids;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (size_t at = 0; at < text.size();) {
+      size_t end = std::min(text.size(), at + (size_t{1} << 20));
+      if (end < text.size()) {
+        const size_t nl = text.find('\n', end);
+        end = nl == std::string::npos ? text.size() : nl + 1;
+      }
+      const auto piece = tokenizer->encode(std::string_view(text).substr(at, end - at));
+      ids.insert(ids.end(), piece.begin(), piece.end());
+      at = end;
+      if (progress) {
+        std::fprintf(stderr, "\rtokenizing %s with %s: %3.0f%% (%zu tokens)", text_path.c_str(), tokenizer->describe().c_str(),
+                     100.0 * static_cast<double>(at) / static_cast<double>(text.size()), ids.size());
+      }
+    }
+    if (progress) {
+      std::fprintf(stderr, " in %.1f s -> %s\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+                   path.c_str());
+    }
+    write_token_file(path, ids, tokenizer->vocab_size());
+  }
+  return open_bin(path);
+}
+
+void write_token_file(const std::string& path, const std::vector<int32_t>& ids, int vocab_size) {
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= vocab_size)
+      ZEROTH_THROW(InvalidArgument, "{}: token {} is id {}, outside the vocabulary of {}", path, i, ids[i], vocab_size);
+  }
+  if (ids.size() > 0x7fffffffu) ZEROTH_THROW(InvalidArgument, "{}: {} tokens do not fit llm.c's header", path, ids.size());
+  const bool wide = vocab_size > 65536;
+  std::vector<int32_t> header(256, 0);
+  header[0] = wide ? kBinMagic32 : kBinMagic;
+  header[1] = wide ? kBinVersion32 : kBinVersion;
+  header[2] = static_cast<int32_t>(ids.size());
+  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(header.data()), kBinHeaderBytes);
+    if (wide) {
+      out.write(reinterpret_cast<const char*>(ids.data()), static_cast<std::streamsize>(ids.size() * 4));
+    } else {
+      std::vector<uint16_t> narrow(ids.begin(), ids.end());
+      out.write(reinterpret_cast<const char*>(narrow.data()), static_cast<std::streamsize>(narrow.size() * 2));
+    }
+    if (!out.flush()) ZEROTH_THROW(IoError, "writing {}: {}", tmp, std::strerror(errno));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    std::remove(tmp.c_str());
+    ZEROTH_THROW(IoError, "rename(\"{}\", \"{}\"): {}", tmp, path, std::strerror(err));
+  }
 }
 
 TokenData TokenData::synthetic(int vocab, int64_t tokens, uint64_t seed) {
@@ -147,14 +238,14 @@ TokenData TokenData::synthetic(int vocab, int64_t tokens, uint64_t seed) {
 TokenData TokenData::slice(size_t begin, size_t end) const {
   if (begin > end || end > size_) ZEROTH_THROW(InvalidArgument, "token slice [{}, {}) outside {} tokens", begin, end, size_);
   TokenData t = *this;
-  t.data_ = data_ + begin;
+  t.data_ = static_cast<const char*>(data_) + begin * width_;
   t.size_ = end - begin;
   return t;
 }
 
 int TokenData::max_token() const {
   int m = 0;
-  for (size_t i = 0; i < size_; ++i) m = data_[i] > m ? data_[i] : m;
+  for (size_t i = 0; i < size_; ++i) m = std::max(m, (*this)[i]);
   return m;
 }
 
@@ -221,7 +312,9 @@ DataSplits load_data(const TrainConfig& c) {
   DataSplits s;
   const auto& d = c.data;
   auto open = [&](const std::string& path) {
-    return d.format == DataFormat::bin ? TokenData::open_bin(path) : TokenData::open_text(path);
+    if (d.format == DataFormat::bin) return TokenData::open_bin(path);
+    if (!d.tokenizer.empty()) return TokenData::open_tokenized(path, d.tokenizer, c.run.output_dir + "/tokens");
+    return TokenData::open_text(path);
   };
   TokenData all = d.format == DataFormat::synthetic ? TokenData::synthetic(d.vocab_size, d.synthetic_tokens, c.run.seed)
                                                     : open(d.train);

@@ -20,9 +20,15 @@ namespace zeroth {
 
 class TokenData {
  public:
-  // llm.c's format: 256 int32 header (magic 20240520, version 1, token count), then uint16
-  // tokens; mapped, not read. IoError / InvalidArgument naming the path and what is wrong.
+  // llm.c's format: a header of 256 int32 (magic 20240520, version 1, token count) then uint16
+  // tokens, or (magic 20240801, version 7: llm.c's Llama 3 files) uint32 tokens; mapped, not
+  // read. IoError / InvalidArgument naming the path and what is wrong.
   static TokenData open_bin(const std::string& path);
+  // Text tokenized with `tokenizer` (a Tokenizer::open path), through a token file in `cache_dir`
+  // named by the text's and the tokenizer's fingerprints: written once (atomically, with a
+  // progress line on stderr when `progress`), then mapped like any token file.
+  static TokenData open_tokenized(const std::string& text, const std::string& tokenizer, const std::string& cache_dir,
+                                  bool progress = true);
   // Every byte is a token (vocabulary 256). A folder: its text files, concatenated in name order.
   static TokenData open_text(const std::string& path);
   // A first-order Markov source: each token has 4 possible successors, chosen from the seed, so a
@@ -30,8 +36,9 @@ class TokenData {
   static TokenData synthetic(int vocab, int64_t tokens, uint64_t seed);
 
   size_t size() const { return size_; }
-  int32_t operator[](size_t i) const { return data_[i]; }
-  const uint16_t* data() const { return data_; }
+  int32_t operator[](size_t i) const {
+    return width_ == 2 ? static_cast<const uint16_t*>(data_)[i] : static_cast<int32_t>(static_cast<const uint32_t*>(data_)[i]);
+  }
   // Tokens [begin, end), sharing the storage.
   TokenData slice(size_t begin, size_t end) const;
   int max_token() const;  // largest token id (scans the data)
@@ -41,7 +48,8 @@ class TokenData {
 
  private:
   std::shared_ptr<const void> storage_;
-  const uint16_t* data_ = nullptr;
+  const void* data_ = nullptr;
+  int width_ = 2;  // bytes per token
   size_t size_ = 0;
   size_t heap_bytes_ = 0;
 };
@@ -83,6 +91,16 @@ struct RunData {
   std::unique_ptr<Loader> val;
 };
 RunData open_run_data(const TrainConfig& config, int dp, int rank);
+
+// A text file, or a folder's text files concatenated in name order (e.g. /usr/share/games/fortunes:
+// symbolic links and binary files, those holding a NUL byte, are skipped). IoError /
+// InvalidArgument naming the file.
+std::string read_texts(const std::string& path);
+
+// `ids` as an llm.c token file at `path`: uint16 tokens, or llm.c's uint32 layout when the
+// vocabulary exceeds 65,536 ids; written to .tmp and renamed. InvalidArgument for an id outside
+// [0, vocab_size).
+void write_token_file(const std::string& path, const std::vector<int32_t>& ids, int vocab_size);
 // The host memory one rank's RunData holds: the tokens it read (text and synthetic data; a token
 // file is mapped, not read) and its training loader's window order. Opens the data to count it.
 size_t run_data_host_bytes(const TrainConfig& config);

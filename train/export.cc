@@ -1,5 +1,4 @@
-// The consolidated weights: gathered per block, transposed where Hugging Face's Conv1D wants it,
-// streamed into one safetensors file.
+// The consolidated weights: gathered per block, streamed into Hugging Face's files.
 #include "train/export.h"
 
 #include <algorithm>  // std::min
@@ -7,74 +6,7 @@
 #include <optional>   // std::optional
 #include <vector>     // std::vector
 
-#include "core/cpu/kernels.h"  // cpu::cast
-#include "core/error.h"        // ZEROTH_CHECK
-#include "core/safetensors.h"  // SafeTensorsWriter, read_safetensors
-
-#include <fmt/ranges.h>  // fmt::join
-
 namespace zeroth {
-namespace {
-
-const char* safetensors_dtype(DType dtype) {
-  switch (dtype) {
-    case DType::f32: return "F32";
-    case DType::bf16: return "BF16";
-    case DType::f16: return "F16";
-  }
-  ZEROTH_THROW(InvalidArgument, "weights cannot be saved as {}", dtype_name(dtype));
-}
-
-// [rows, cols] into [cols, rows], in tiles, so the rows read and the columns written both stay
-// in cache (a plain column walk misses on every element of a 768 x 2304 matrix).
-void transpose(const float* in, size_t rows, size_t cols, float* out) {
-  constexpr size_t kTile = 32;
-  for (size_t r0 = 0; r0 < rows; r0 += kTile) {
-    for (size_t c0 = 0; c0 < cols; c0 += kTile) {
-      const size_t r1 = std::min(rows, r0 + kTile), c1 = std::min(cols, c0 + kTile);
-      for (size_t r = r0; r < r1; ++r)
-        for (size_t c = c0; c < c1; ++c) out[c * rows + r] = in[r * cols + c];
-    }
-  }
-}
-
-}  // namespace
-
-Gpt2Writer::Gpt2Writer(const GptConfig& config, const std::string& path, DType dtype)
-    : specs_(Gpt::block_specs(config)), hf_(Gpt::hf_params(config)), dtype_(dtype) {
-  std::vector<SafeTensorsWriter::Entry> entries;
-  for (const auto& h : hf_) {
-    std::vector<int64_t> shape = specs_[h.block].params[h.param].shape;
-    if (h.transposed) std::swap(shape[0], shape[1]);
-    entries.push_back({h.name, safetensors_dtype(dtype), shape});
-  }
-  out_.emplace(path, std::move(entries), std::map<std::string, std::string>{{"format", "pt"}});
-}
-
-void Gpt2Writer::write(const float* v) {
-  ZEROTH_CHECK(!done(), "Gpt2Writer: every tensor is written already");
-  const auto& h = hf_[next_];
-  const auto& p = specs_[h.block].params[h.param];
-  if (h.transposed) {
-    turned_.resize(p.numel());
-    transpose(v, static_cast<size_t>(p.shape[0]), static_cast<size_t>(p.shape[1]), turned_.data());
-    v = turned_.data();
-  }
-  const size_t n = p.numel() * dtype_size(dtype_);
-  if (dtype_ != DType::f32) {
-    narrow_.resize(n);
-    cpu::cast(v, DType::f32, narrow_.data(), dtype_, p.numel());
-  }
-  out_->write(h.name, dtype_ == DType::f32 ? static_cast<const void*>(v) : narrow_.data(), n);
-  bytes_ += n;
-  ++next_;
-}
-
-uint64_t Gpt2Writer::finish() {
-  out_->finish();
-  return bytes_;
-}
-
 namespace {
 
 // The device buffer the transfers below go through, in floats: no more than the gather of one
@@ -148,11 +80,12 @@ std::vector<float> assemble_slices(Engine& engine, Communicator& tensor, int blo
 
 }  // namespace
 
-uint64_t save_gpt_weights(Engine& engine, const GptConfig& config, const std::string& path, DType dtype, const StageExport& pipeline) {
+uint64_t save_gpt_weights(Engine& engine, const GptConfig& config, const std::string& path, DType dtype, const StageExport& pipeline,
+                          uint64_t shard_bytes) {
   const int stage = pipeline.stages != nullptr ? pipeline.stages->rank() : 0;
   const int tp_rank = pipeline.tensor != nullptr ? pipeline.tensor->rank() : 0;
   const bool lead = engine.comm().rank() == 0 && stage == 0 && tp_rank == 0;
-  std::optional<Gpt2Writer> out;
+  std::optional<HfWriter> out;
   std::exception_ptr failed;
   // Rank 0's errors wait until every gather is done: the other ranks are in them too.
   auto on_lead = [&](const auto& work) {
@@ -164,7 +97,7 @@ uint64_t save_gpt_weights(Engine& engine, const GptConfig& config, const std::st
       out.reset();  // removes the .tmp
     }
   };
-  on_lead([&] { out.emplace(config, path, dtype); });
+  on_lead([&] { out.emplace(config, path, dtype, shard_bytes); });
   // The whole model's blocks in order, each from the stage that holds it.
   const auto whole = Gpt::block_specs(config);
   Stream& cs = engine.compute_stream();
@@ -215,54 +148,6 @@ uint64_t save_gpt_weights(Engine& engine, const GptConfig& config, const std::st
   on_lead([&] { bytes = out->finish(); });
   if (failed) std::rethrow_exception(failed);
   return bytes;
-}
-
-void read_gpt2_weights(const GptConfig& config, const std::string& path,
-                       const std::function<void(int block, size_t param, std::vector<float>& values)>& take) {
-  const SafeTensors file = read_safetensors(path, false);
-  const auto specs = Gpt::block_specs(config);
-  std::vector<float> turned;
-  for (const auto& h : Gpt::hf_params(config)) {
-    // Hugging Face's GPT2LMHeadModel names its tensors "transformer.*"; GPT2Model, and the
-    // published gpt2 checkpoints, without the prefix.
-    std::string name = h.name;
-    if (!file.tensors.count(name) && name.starts_with("transformer.")) name = name.substr(12);
-    if (!file.tensors.count(name)) {
-      ZEROTH_THROW(InvalidArgument, "{} has no tensor {}{}; it is not a {} checkpoint in Hugging Face's names", path, h.name,
-                   h.name.starts_with("transformer.") ? " (nor " + h.name.substr(12) + ")" : std::string(), config.hf_architecture());
-    }
-    const SafeTensor& t = file.tensors.at(name);
-    const auto& p = specs[h.block].params[h.param];
-    std::vector<int64_t> want = p.shape;
-    if (h.transposed) std::swap(want[0], want[1]);
-    // Rows the model has and the file lacks (vocabulary padding) start at zero; rows the file has
-    // beyond the model's (positions past seq_len) are left out.
-    const bool rows = want.size() == 2 && t.shape.size() == 2 && t.shape[1] == want[1] && !h.transposed &&
-                      (p.name == "wte" || p.name == "wpe");
-    const bool fits = t.shape == want || (rows && (p.name == "wte" ? t.shape[0] <= want[0] : t.shape[0] >= want[0]));
-    if (!fits) {
-      ZEROTH_THROW(InvalidArgument, "{}: tensor {} is [{}] but the model (model.* of the config) needs [{}]{}", path, name,
-                   fmt::format("{}", fmt::join(t.shape, ", ")), fmt::format("{}", fmt::join(want, ", ")),
-                   p.name == "wte"   ? "; the model's vocabulary must be at least the file's"
-                   : p.name == "wpe" ? "; the file must hold at least model.seq_len positions"
-                                     : "");
-    }
-    SafeTensor loaded = t;
-    loaded.data = read_tensor_data(file, name);
-    std::vector<float> values;
-    try {
-      values = loaded.as_f32();
-    } catch (const InvalidArgument&) {
-      ZEROTH_THROW(InvalidArgument, "{}: tensor {} is {}; only F32, BF16 and F16 weights can be read", path, name, t.dtype);
-    }
-    values.resize(p.numel(), 0.0f);  // drops extra positions, zero-fills extra vocabulary rows
-    if (h.transposed) {
-      turned.resize(values.size());
-      transpose(values.data(), static_cast<size_t>(want[0]), static_cast<size_t>(want[1]), turned.data());
-      values.swap(turned);
-    }
-    take(h.block, h.param, values);
-  }
 }
 
 }  // namespace zeroth

@@ -229,6 +229,46 @@ HfModelConfig hf_config_from_json(const json& j, const std::string& source) {
   return out;
 }
 
+nlohmann::ordered_json hf_config_to_json(const GptConfig& m, DType dtype) {
+  const std::string torch_dtype = dtype == DType::bf16 ? "bfloat16" : dtype == DType::f16 ? "float16" : "float32";
+  nlohmann::ordered_json j;
+  j["architectures"] = {m.hf_architecture()};
+  if (!m.llama()) {
+    // GPT-2's position table has model.seq_len rows.
+    j["model_type"] = "gpt2";
+    j["vocab_size"] = m.vocab_size, j["n_positions"] = m.seq_len, j["n_ctx"] = m.seq_len;
+    j["n_embd"] = m.n_embd, j["n_layer"] = m.n_layer, j["n_head"] = m.n_head;
+    j["activation_function"] = "gelu_new", j["layer_norm_epsilon"] = 1e-5;
+    j["tie_word_embeddings"] = true;
+    j["torch_dtype"] = torch_dtype;
+    return j;
+  }
+  const std::string a = m.hf_architecture();
+  if (a == "Qwen3ForCausalLM" && m.qkv_bias != m.o_bias)
+    ZEROTH_THROW(InvalidArgument, "no Hugging Face class has per-head q/k norms with biases on q, k and v but not o; these weights "
+                                  "have no config.json");
+  j["model_type"] = a == "Qwen3ForCausalLM" ? "qwen3" : a == "Qwen2ForCausalLM" ? "qwen2" : "llama";
+  j["vocab_size"] = m.vocab_size;
+  j["hidden_size"] = m.n_embd;
+  j["intermediate_size"] = m.ffn();
+  j["num_hidden_layers"] = m.n_layer;
+  j["num_attention_heads"] = m.n_head;
+  j["num_key_value_heads"] = m.kv_heads();
+  j["head_dim"] = m.head_size();
+  j["hidden_act"] = "silu";
+  j["max_position_embeddings"] = m.max_positions > 0 ? m.max_positions : m.seq_len;
+  j["rms_norm_eps"] = m.norm_eps;
+  j["rope_theta"] = m.rope_theta;
+  j["rope_scaling"] = rope_scaling_to_json(m.rope_scaling);
+  // Qwen2 has q/k/v biases and no key for them; Llama's and Qwen3's attention_bias covers q, k, v and o.
+  if (a != "Qwen2ForCausalLM") j["attention_bias"] = m.o_bias;
+  j["mlp_bias"] = false;
+  j["attention_dropout"] = 0.0;
+  j["tie_word_embeddings"] = m.tie_word_embeddings;
+  j["torch_dtype"] = torch_dtype;
+  return j;
+}
+
 HfModelConfig read_hf_config(const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;

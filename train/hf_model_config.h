@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>  // nlohmann::json
 
+#include "core/dtype.h"      // DType
 #include "models/gpt/gpt.h"  // GptConfig
 
 namespace zeroth {
@@ -31,5 +32,9 @@ nlohmann::json rope_scaling_to_json(const RopeScaling& r);
 // `path`: a config.json, or the folder that holds one. ConfigError naming the file and the key.
 HfModelConfig read_hf_config(const std::string& path);
 HfModelConfig hf_config_from_json(const nlohmann::json& j, const std::string& source);
+// The config.json Hugging Face builds `model` from (its class from GptConfig::hf_architecture;
+// max_position_embeddings from model.max_positions, else model.seq_len), weights stored as
+// `dtype`: read back by hf_config_from_json into the same model.
+nlohmann::ordered_json hf_config_to_json(const GptConfig& model, DType dtype);
 
 }  // namespace zeroth

@@ -237,13 +237,20 @@ TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) 
   // Sections that others' "auto" values depend on come first.
   read_run(t, config, launched_world_size);
   read_data(t, config);
-  const int default_vocab = t.data.format == DataFormat::text ? 256 : t.data.format == DataFormat::bin ? 50257 : t.data.vocab_size;
+  const int default_vocab = t.data.tokenizer_vocab > 0          ? t.data.tokenizer_vocab
+                            : t.data.format == DataFormat::text ? 256
+                            : t.data.format == DataFormat::bin  ? 50257
+                                                                : t.data.vocab_size;
   read_model(t, config, default_vocab);
+  if (t.data.tokenizer_vocab > t.model.vocab_size) {
+    ZEROTH_THROW(ConfigError, "data.tokenizer {} has {} tokens but model.vocab_size is {}: every token id must have an embedding row",
+                 t.data.tokenizer, t.data.tokenizer_vocab, t.model.vocab_size);
+  }
   if (t.data.format == DataFormat::synthetic && t.model.vocab_size < t.data.vocab_size) {
     ZEROTH_THROW(ConfigError, "model.vocab_size ({}) is smaller than data.vocab_size ({}): every token id must have an embedding row",
                  t.model.vocab_size, t.data.vocab_size);
   }
-  if (t.data.format == DataFormat::text && t.model.vocab_size < 256) {
+  if (t.data.format == DataFormat::text && t.data.tokenizer.empty() && t.model.vocab_size < 256) {
     ZEROTH_THROW(ConfigError, "model.vocab_size ({}) is smaller than 256, but text data has one token per byte", t.model.vocab_size);
   }
 
@@ -315,6 +322,7 @@ TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) 
     m["qkv_bias"] = g.qkv_bias, m["attention_bias"] = g.o_bias, m["qk_norm"] = g.qk_norm;
     m["tie_word_embeddings"] = g.tie_word_embeddings;
     if (g.rope_scaling.type != RopeScaling::Type::none) m["rope_scaling"] = rope_scaling_to_json(g.rope_scaling);
+    if (g.max_positions != 0) m["max_position_embeddings"] = g.max_positions;
   }
   const char* formats[] = {"bin", "text", "synthetic"};
   c["data"] = {{"format", formats[static_cast<int>(t.data.format)]}};
@@ -323,6 +331,7 @@ TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) 
     c["data"]["tokens"] = t.data.synthetic_tokens;
   } else {
     c["data"]["train"] = t.data.train;
+    if (!t.data.tokenizer.empty()) c["data"]["tokenizer"] = t.data.tokenizer;
     if (!t.data.val.empty()) c["data"]["val"] = t.data.val;
     else c["data"]["val_fraction"] = t.data.val_fraction;
   }

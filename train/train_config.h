@@ -27,9 +27,13 @@ enum class DataFormat : uint8_t { bin, text, synthetic };
 
 struct DataConfig {
   DataFormat format = DataFormat::synthetic;
-  std::string train;  // bin: llm.c token file; text: any file, one token per byte
+  std::string train;  // bin: llm.c token file; text: any file, one token per byte (or data.tokenizer's)
   std::string val;    // optional; without it the last val_fraction of train is held out
   double val_fraction = 0.1;
+  // A SentencePiece model (or its folder) that text is tokenized with (train/tokenizer.h), and its
+  // vocabulary's size; "": text is bytes.
+  std::string tokenizer;
+  int tokenizer_vocab = 0;
   int vocab_size = 256;  // synthetic only
   int64_t synthetic_tokens = 1 << 20;
 };

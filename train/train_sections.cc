@@ -10,6 +10,7 @@
 #include "core/memory.h"                   // parse_bytes
 #include "engine/config/deepspeed_keys.h"  // without_deepspeed_extras
 #include "train/hf_model_config.h"         // read_hf_config, rope_scaling_from_json
+#include "train/tokenizer.h"               // Tokenizer
 
 namespace zeroth {
 
@@ -31,6 +32,7 @@ void read_llama_keys(const ConfigSection& s, GptConfig& g, bool preset) {
   g.o_bias = bias;
   g.qk_norm = s.flag("qk_norm", g.qk_norm);
   g.tie_word_embeddings = s.flag("tie_word_embeddings", preset ? g.tie_word_embeddings : false);
+  g.max_positions = static_cast<int>(s.integer("max_position_embeddings", g.max_positions, 0, 1 << 24));
   if (g.o_bias && !g.qkv_bias) {
     ZEROTH_THROW(ConfigError,
                  "{} puts biases on q, k, v and o; model.qkv_bias false with it leaves o's alone, which no Hugging Face "
@@ -59,7 +61,8 @@ void read_model(TrainConfig& t, const json& j, int default_vocab) {
                                                "attention_bias",
                                                "qkv_bias",
                                                "qk_norm",
-                                               "tie_word_embeddings"};
+                                               "tie_word_embeddings",
+                                               "max_position_embeddings"};
   static constexpr std::string_view kArchitectures[] = {"gpt2", "llama"};
   const json m = j.value("model", json::object());
   json copy = m;
@@ -68,9 +71,9 @@ void read_model(TrainConfig& t, const json& j, int default_vocab) {
   GptConfig g;
   if (s.has("hf_config")) {
     // The shape is the file's: only the run's sequence length (and recomputation) are the config's.
-    for (const char* key :
-         {"preset", "architecture", "vocab_size", "n_layer", "n_head", "n_embd", "n_kv_head", "head_dim", "intermediate_size",
-          "rms_norm_eps", "rope_theta", "rope_scaling", "attention_bias", "qkv_bias", "qk_norm", "tie_word_embeddings"}) {
+    for (const char* key : {"preset", "architecture", "vocab_size", "n_layer", "n_head", "n_embd", "n_kv_head", "head_dim",
+                            "intermediate_size", "rms_norm_eps", "rope_theta", "rope_scaling", "attention_bias", "qkv_bias", "qk_norm",
+                            "tie_word_embeddings", "max_position_embeddings"}) {
       if (s.has(key)) {
         ZEROTH_THROW(ConfigError, "{} comes from model.hf_config ({}); drop it from the config", s.at(key), s.string("hf_config", ""));
       }
@@ -80,6 +83,7 @@ void read_model(TrainConfig& t, const json& j, int default_vocab) {
       t.no_effect.push_back(fmt::format("model.hf_config: {} (zeroth trains without dropout and has no sequence-summary head)", u));
     }
     g = hf.model;
+    if (g.llama()) g.max_positions = hf.max_positions;
     const int cap = hf.max_positions > 0 ? hf.max_positions : 1 << 20;
     g.seq_len = static_cast<int>(s.integer("seq_len", std::min(cap, 1024), 1, cap,
                                            fmt::format("an integer in [1, {}] (the file's max_position_embeddings)", cap)));
@@ -105,7 +109,7 @@ void read_model(TrainConfig& t, const json& j, int default_vocab) {
       read_llama_keys(s, g, s.has("preset"));
     } else {
       for (const char* key : {"n_kv_head", "head_dim", "intermediate_size", "rms_norm_eps", "rope_theta", "rope_scaling",
-                              "attention_bias", "qkv_bias", "qk_norm", "tie_word_embeddings"}) {
+                              "attention_bias", "qkv_bias", "qk_norm", "tie_word_embeddings", "max_position_embeddings"}) {
         if (s.has(key)) {
           ZEROTH_THROW(ConfigError, "{} belongs to the Llama family; GPT-2 has no such setting (set model.architecture to \"llama\")",
                        s.at(key));
@@ -140,12 +144,13 @@ void read_model(TrainConfig& t, const json& j, int default_vocab) {
 }
 
 void read_data(TrainConfig& t, const json& j) {
-  static constexpr std::string_view kKeys[] = {"format", "train", "val", "val_fraction", "vocab_size", "tokens"};
+  static constexpr std::string_view kKeys[] = {"format", "train", "val", "val_fraction", "vocab_size", "tokens", "tokenizer"};
   static constexpr std::string_view kFormats[] = {"bin", "text", "synthetic"};
   const json section = j.value("data", json::object());
   ConfigSection s(section, "data", kKeys);
   DataConfig d;
-  const std::string f = s.string("format", s.has("train") ? "bin" : "synthetic", kFormats);
+  d.tokenizer = s.string("tokenizer", "");
+  const std::string f = s.string("format", s.has("tokenizer") ? "text" : s.has("train") ? "bin" : "synthetic", kFormats);
   d.format = f == "bin" ? DataFormat::bin : f == "text" ? DataFormat::text : DataFormat::synthetic;
   d.train = s.string("train", "");
   d.val = s.string("val", "");
@@ -154,6 +159,9 @@ void read_data(TrainConfig& t, const json& j) {
     ZEROTH_THROW(ConfigError, "data.train is required for data.format \"{}\" (a path to the training {})", f,
                  d.format == DataFormat::bin ? "token file in llm.c's .bin format" : "text file");
   }
+  if (d.format == DataFormat::synthetic && s.has("tokenizer"))
+    ZEROTH_THROW(ConfigError, "{} tokenizes text; synthetic data has no text (set data.format to \"text\")", s.at("tokenizer"));
+  if (!d.tokenizer.empty()) d.tokenizer_vocab = Tokenizer::open(d.tokenizer)->vocab_size();
   if (d.format == DataFormat::synthetic) {
     if (s.has("train") || s.has("val"))
       ZEROTH_THROW(ConfigError,

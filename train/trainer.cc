@@ -2,7 +2,8 @@
 // engine's step, one small all-reduce for the mean loss and the stop flag, then reporting.
 #include "train/trainer.h"
 
-#include "train/export.h"  // save_gpt_weights
+#include "train/export.h"      // save_gpt_weights
+#include "train/hf_weights.h"  // HfModelReader, is_hf_weights
 
 #include <algorithm>   // std::max
 #include <chrono>      // std::chrono::steady_clock
@@ -30,93 +31,27 @@
 namespace zeroth {
 namespace {
 
-// run.init_from: a zeroth checkpoint's weights, or a GPT-2 safetensors file read block by block
-// (every rank reads the same file, so they fail or succeed together).
+// run.init_from: a zeroth checkpoint's weights, or Hugging Face weights (a .safetensors file or a
+// model folder), of which each rank reads only what it holds: its pipeline stage's blocks, its
+// tensor-parallel slices, and with ZeRO-3 its share of each block.
 void init_weights(Engine& engine, const TrainConfig& config) {
   const std::string& from = config.run.init_from;
-  if (std::filesystem::is_directory(from)) {
+  if (std::filesystem::is_directory(from) && !is_hf_weights(from)) {
     ckpt::load(engine, from, nullptr, true);
     return;
   }
-  // The file's tensors come block by block (the whole model's blocks), each block's in its
-  // parameters' order: what set_master_values takes, for the blocks this rank holds (a pipeline
-  // stage's, found by name).
+  HfModelReader reader(config.model, from);
   const auto whole = Gpt::block_specs(config.model);
-  int block = -1;
-  std::vector<float> values;
-  auto flush = [&] {
-    if (block < 0) return;
-    const auto& blocks = engine.plan().blocks;
-    for (size_t b = 0; b < blocks.size(); ++b) {
-      if (blocks[b].name == whole[block].name) engine.set_master_values(static_cast<int>(b), values);
-    }
-  };
-  read_gpt2_weights(config.model, from, [&](int b, size_t i, std::vector<float>& param) {
-    if (b != block) {
-      flush();
-      block = b;
-      values.clear();
-    }
-    // A tensor-parallel rank takes its slice of each tensor (the block's spec says which).
-    const auto& blocks = engine.plan().blocks;
-    const ParamSpec* spec = nullptr;
-    for (size_t k = 0; k < blocks.size() && spec == nullptr; ++k) {
-      if (blocks[k].name == whole[b].name) spec = &engine.block_spec(static_cast<int>(k)).params.at(i);
-    }
-    if (spec == nullptr || !spec->tp.split()) {
-      values.insert(values.end(), param.begin(), param.end());
-      return;
-    }
-    const size_t at = values.size();
-    values.resize(at + spec->numel());
-    spec->tp.take(param.data(), values.data() + at, spec->numel());
-  });
-  flush();
+  const auto& blocks = engine.plan().blocks;
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    int w = 0;
+    while (whole[w].name != blocks[b].name) ++w;  // the plan's blocks are the model's, by name
+    engine.set_block_values(static_cast<int>(b), [&](size_t lo, size_t hi, float* out) {
+      reader.read_block(w, engine.block_spec(static_cast<int>(b)), blocks[b].param_offsets, lo, hi, out);
+    });
+  }
   engine.release_transfer_buffers();
 }
-
-}  // namespace
-
-void check_data(const TrainConfig& config) { open_run_data(config, config.data_parallel(), 0); }
-
-StagePlan plan_stage(const TrainConfig& config, int stage, int dp_rank, int tp_rank) {
-  const int pp = config.parallel.pipeline;
-  const GptPart part = config.part(stage, tp_rank);
-  std::vector<PassRef> passes;
-  if (pp > 1) {
-    passes = pipe_passes(make_pipe_schedule(config.parallel.schedule, pp, static_cast<int>(config.engine.gradient_accumulation_steps),
-                                            config.parallel.virtual_stages),
-                         stage);
-  }
-  StagePlan out;
-  out.plan = make_plan(Gpt::block_specs(config.model, part), Gpt::schedules(config.model, part), config.engine, config.data_parallel(),
-                       dp_rank, passes);
-  if (pp > 1 && config.model.tie_word_embeddings && (stage == 0 || stage == pp - 1))
-    tie_block(out.plan, Gpt::embedding_block(config.model, part), stage == 0);
-  out.plan.stages = pp;
-  out.model = Gpt::footprint(config.model, static_cast<int>(config.micro_batch_size), config.model.seq_len,
-                             config.engine.compute_dtype, out.plan.chunk_in_flight, part);
-  out.need = estimate(out.plan, out.model, config.run.checkpoint_async);
-  return out;
-}
-
-size_t run_host_bytes(const TrainConfig& config, bool count_data) {
-  return (count_data ? run_data_host_bytes(config) : 0) + kRankThreadsHostBytes;
-}
-
-StagePlan largest_stage(const TrainConfig& config, int* stage) {
-  StagePlan best;
-  for (int s = 0; s < config.parallel.pipeline; ++s) {
-    StagePlan p = plan_stage(config, s, 0);
-    if (s == 0 || p.need.total(Tier::device) > best.need.total(Tier::device)) {
-      best = std::move(p);
-      if (stage != nullptr) *stage = s;
-    }
-  }
-  return best;
-}
-
-namespace {
 
 // One training run on this rank, as named steps: restore (resume or init_from), evaluate, one
 // step (the cycle's passes, the engine's step, the agreement on loss and stop, the report),
@@ -134,12 +69,16 @@ class TrainingRun {
   // The engine's memory (checked against the budgets first); resumed: the engine's state,
   // counters and the loop's own from the checkpoint, before anything of the output folder is
   // replaced; else the weights of run.init_from, when given.
-  void restore();
+  // `for_eval`: the weights only matter (a checkpoint at or past run.steps is fine, earlier
+  // checkpoints in the folder are not this run's business).
+  void restore(bool for_eval = false);
   // The run's facts to the observer, and the buffer agree() reduces through.
   void start();
   bool resumed() const { return !summary_.resumed_from.empty(); }
   int64_t first_step() const { return summary_.start_step; }
   void evaluate(int64_t step);
+  // Every complete window of the validation data, shared out over the data-parallel ranks.
+  EvalResult evaluate_all();
   // Step k + 1; false when the ranks agreed to stop.
   bool step(int64_t k);
   // The asynchronous save still in flight, the weights, the summary.
@@ -217,6 +156,7 @@ class TrainingRun {
   double last_finite_loss_ = 0;
   Buffer shared_;
   int eval_batch_ = 0;
+  int eval_rows_ = 0;  // rows of the evaluation's micro-batch (mb_, or fewer for the last windows)
   PipeModel stage_model_;
   ckpt::Saver saver_;
   int64_t saved_step_ = 0;
@@ -285,7 +225,7 @@ PipeModel TrainingRun::make_stage_model() {
     gpt_.forward_chunk(micro, c, tokens_.data() + micro * n_, targets_.data() + micro * n_, mb_, T_, &losses_[micro]);
   };
   m.backward = [this](int micro, int c) { gpt_.backward_chunk(micro, c); };
-  m.evaluate = [this](int c) { gpt_.evaluate_chunk(c, tokens_.data(), targets_.data(), mb_, T_, &losses_[eval_batch_]); };
+  m.evaluate = [this](int c) { gpt_.evaluate_chunk(c, tokens_.data(), targets_.data(), eval_rows_, T_, &losses_[eval_batch_]); };
   m.port = [this](PipePort port, int micro, int c) {
     const Gpt::Port ports[] = {Gpt::Port::input, Gpt::Port::output, Gpt::Port::input_grad, Gpt::Port::output_grad};
     return gpt_.port(ports[static_cast<int>(port)], micro, c);
@@ -293,7 +233,7 @@ PipeModel TrainingRun::make_stage_model() {
   return m;
 }
 
-void TrainingRun::restore() {
+void TrainingRun::restore(bool for_eval) {
   summary_.parameters = config_.model.num_parameters();
   // A resumed run, or one starting from saved weights, sets every parameter itself.
   engine_.finalize(std::move(planned_.plan), planned_.model, config_.run.resume.empty() && config_.run.init_from.empty());
@@ -302,7 +242,7 @@ void TrainingRun::restore() {
     summary_.resume_io = ckpt::load(engine_, config_.run.resume, &m);
     summary_.resumed_from = summary_.resume_io.path;
     summary_.start_step = engine_.steps_run();
-    if (summary_.start_step >= config_.run.steps) {
+    if (!for_eval && summary_.start_step >= config_.run.steps) {
       ZEROTH_THROW(ConfigError, "the checkpoint {} is at step {} and run.steps is {}: nothing is left to train; raise run.steps",
                    summary_.resumed_from, summary_.start_step, config_.run.steps);
     }
@@ -320,7 +260,8 @@ void TrainingRun::restore() {
     return;
   }
   if (!config_.run.init_from.empty()) init_weights(engine_, config_);
-  if (lead_ && config_.run.checkpoint_interval >= 0 && std::filesystem::exists(config_.run.checkpoint_dir + "/" + ckpt::kLatestName)) {
+  if (!for_eval && lead_ && config_.run.checkpoint_interval >= 0 &&
+      std::filesystem::exists(config_.run.checkpoint_dir + "/" + ckpt::kLatestName)) {
     ZLOG_WARN("{} holds checkpoints of an earlier run; this run's go beside them (a step folder of the same number is replaced, "
               "run.keep_last counts them all): use --resume to continue that run, or another run.checkpoint_dir",
               config_.run.checkpoint_dir);
@@ -352,6 +293,7 @@ void TrainingRun::evaluate(int64_t step) {
     run_data_.val->batch(0, m, tokens_.data(), targets_.data());
     if (runner_) {
       eval_batch_ = m;
+      eval_rows_ = mb_;
       gpt_.prepare(mb_, T_);
       engine_.begin_evaluation();
       runner_->run_evaluation(stage_model_);
@@ -367,6 +309,56 @@ void TrainingRun::evaluate(int64_t step) {
   if (summary_.first_val_loss < 0) summary_.first_val_loss = val;
   summary_.last_val_loss = val;
   report([&] { observer_->on_eval(step, val); });
+}
+
+EvalResult TrainingRun::evaluate_all() {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (!run_data_.splits.has_val) {
+    ZEROTH_THROW(ConfigError, "zeroth eval measures the validation data, and this config has none: set data.val (a token file or "
+                              "text) or data.val_fraction");
+  }
+  const TokenData& val = run_data_.splits.val;
+  EvalResult out;
+  out.windows = val.size() > 0 ? static_cast<int64_t>((val.size() - 1) / T_) : 0;
+  out.tokens = out.windows * T_;
+  if (out.windows == 0) {
+    ZEROTH_THROW(ConfigError, "the validation data holds {} tokens, not one window of model.seq_len + 1 = {}", val.size(), T_ + 1);
+  }
+  if (!shared_) shared_ = device_.allocate(2 * sizeof(float), MemTag::buffers);
+  Stream& cs = engine_.compute_stream();
+  // Round r gives data-parallel rank d windows [r G + d mb, ...) with G = mb x dp; a rank past the
+  // end still runs its passes (ZeRO's gathers are collective) on window 0, weighted zero.
+  const int64_t per_round = static_cast<int64_t>(mb_) * dp_.size();
+  const int64_t rounds = (out.windows + per_round - 1) / per_round;
+  double sum = 0;  // this rank's tokens' cross-entropy, summed
+  for (int64_t r = 0; r < rounds; ++r) {
+    const int64_t first = r * per_round + static_cast<int64_t>(dp_.rank()) * mb_;
+    const int count = static_cast<int>(std::clamp<int64_t>(out.windows - first, 0, mb_));
+    const int rows = std::max(count, 1);
+    for (int b = 0; b < rows; ++b) {
+      const size_t at = static_cast<size_t>(count > 0 ? first + b : 0) * T_;
+      for (int t = 0; t < T_; ++t) {
+        tokens_[static_cast<size_t>(b) * T_ + t] = val[at + t];
+        targets_[static_cast<size_t>(b) * T_ + t] = val[at + t + 1];
+      }
+    }
+    if (runner_) {
+      eval_batch_ = 0;
+      eval_rows_ = rows;
+      gpt_.prepare(rows, T_);
+      engine_.begin_evaluation();
+      runner_->run_evaluation(stage_model_);
+      engine_.end_evaluation();
+    } else {
+      gpt_.evaluate(tokens_.data(), targets_.data(), rows, T_, &losses_[0]);
+    }
+    cs.synchronize();  // the loss is written by queued work; the next round reuses the token buffers
+    sum += static_cast<double>(losses_[0]) * count * T_;
+  }
+  // Each rank's share of the mean, summed over the ranks that compute the loss.
+  out.loss = agree(sum / static_cast<double>(out.tokens), false).first * dp_.size();
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return out;
 }
 
 void TrainingRun::published(const ckpt::IoStats& io) {
@@ -561,6 +553,12 @@ TrainSummary TrainingRun::finish() {
 }
 
 }  // namespace
+
+EvalResult evaluate(const TrainConfig& config, Communicator& world, Device& device) {
+  TrainingRun run(config, world, device, nullptr, nullptr);
+  run.restore(true);
+  return run.evaluate_all();
+}
 
 TrainSummary train(const TrainConfig& config, Communicator& world, Device& device, TrainObserver* observer,
                    const std::atomic<bool>* stop) {

@@ -124,6 +124,18 @@ size_t run_host_bytes(const TrainConfig& config, bool count_data = true);
 // --dry-run. ConfigError / IoError as train() would give.
 void check_data(const TrainConfig& config);
 
+// `zeroth eval`: the mean next-token cross-entropy of the weights the config starts from
+// (run.init_from, run.resume's checkpoint, or else its fresh initialization) over every complete
+// window of the validation data: window i has inputs tokens[i T, i T + T) and, as targets, the
+// token after each (T = model.seq_len). Collective over `world`, any layout of it; every rank
+// returns the same result.
+struct EvalResult {
+  double loss = 0;
+  int64_t tokens = 0, windows = 0;
+  double seconds = 0;
+};
+EvalResult evaluate(const TrainConfig& config, Communicator& world, Device& device);
+
 TrainSummary train(const TrainConfig& config, Communicator& world, Device& device, TrainObserver* observer,
                    const std::atomic<bool>* stop = nullptr);
 

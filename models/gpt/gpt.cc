@@ -97,10 +97,12 @@ void GptConfig::validate() const {
       ZEROTH_THROW(ConfigError, "model.head_dim ({}) must be even: rotary embedding turns pairs of channels", head_size());
     if (!(norm_eps > 0)) ZEROTH_THROW(ConfigError, "model.rms_norm_eps must be positive, got {}", norm_eps);
     if (!(rope_theta > 0)) ZEROTH_THROW(ConfigError, "model.rope_theta must be positive, got {}", rope_theta);
+    if (max_positions != 0 && max_positions < seq_len)
+      ZEROTH_THROW(ConfigError, "model.max_position_embeddings ({}) must be 0 or at least model.seq_len ({})", max_positions, seq_len);
     if (rope_scaling.type != RopeScaling::Type::none && !(rope_scaling.factor > 0))
       ZEROTH_THROW(ConfigError, "model.rope_scaling.factor must be positive, got {}", rope_scaling.factor);
   } else if (n_kv_head != 0 || head_dim != 0 || intermediate_size != 0 || qkv_bias || o_bias || qk_norm || !tie_word_embeddings ||
-             rope_scaling.type != RopeScaling::Type::none) {
+             max_positions != 0 || rope_scaling.type != RopeScaling::Type::none) {
     ZEROTH_THROW(ConfigError,
                  "model.n_kv_head, head_dim, intermediate_size, attention biases, qk norms, rope_scaling and an untied head belong to "
                  "the Llama family; GPT-2 has none of them (set model.architecture to llama, or drop them)");

@@ -59,6 +59,9 @@ struct GptConfig {
   bool qkv_bias = false, o_bias = false;
   bool qk_norm = false;
   bool tie_word_embeddings = true;
+  // The context the Llama family's weights were published for (max_position_embeddings), which
+  // an export writes back; 0: model.seq_len. It changes nothing computed.
+  int max_positions = 0;
   // Keep only each transformer block's input during forward and recompute the block in its
   // backward: activation memory per layer drops from ~(16 C + 2 NH T) to C floats per token.
   bool activation_checkpointing = false;

@@ -27,16 +27,12 @@ namespace {
 using namespace std::chrono_literals;
 using json = nlohmann::json;
 using testing::losses;
+using testing::bytes_of;
 using testing::run;
 using testing::temp;
 using testing::tiny;
 using testing::write_config;
 namespace fs = std::filesystem;
-
-std::string bytes_of(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), {}};
-}
 
 // tiny(name) with nothing left in its folder from an earlier run of the test.
 json fresh(const std::string& name) {

@@ -21,6 +21,12 @@ using json = nlohmann::json;
 
 inline std::string temp(const std::string& name) { return ::testing::TempDir() + "train_" + name; }
 
+// A file's bytes ("" when it cannot be read).
+inline std::string bytes_of(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
 // A tiny GPT on synthetic data: 2 ranks, ZeRO-3, 6 steps, validation every 3.
 inline json tiny(const std::string& name) {
   json j = json::parse(R"({

@@ -28,6 +28,7 @@
 #include "engine/engine.h"
 #include "models/gpt/gpt.h"
 #include "train/export.h"
+#include "train/hf_weights.h"
 
 namespace zeroth {
 namespace {
@@ -255,30 +256,37 @@ TEST(GptWeights, ReadBackFromHuggingFaceLayout) {
   const std::string path = temp_path("hf_layout");
   write_safetensors(path, file);
   const auto specs = Gpt::block_specs(gc);
+  HfModelReader reader(gc, path);
   size_t seen = 0;
-  read_gpt2_weights(gc, path, [&](int block, size_t param, std::vector<float>& got) {
-    const auto& p = specs[block].params[param];
-    ASSERT_EQ(got.size(), p.numel()) << p.name;
-    std::string hf = specs[block].name == "embed" ? p.name + ".weight" : specs[block].name + "." + p.name;
-    const auto want = file.tensors.at(hf).as_f32();
-    const bool conv1d = p.shape.size() == 2 && specs[block].name != "embed";
-    for (size_t i = 0; i < got.size(); ++i) {
-      float expect = 0;
-      if (conv1d) {
-        const size_t rows = static_cast<size_t>(p.shape[0]), cols = static_cast<size_t>(p.shape[1]);
-        expect = want[(i % cols) * rows + i / cols];  // zeroth [out, in] from Hugging Face's [in, out]
-      } else {
-        expect = i < want.size() ? want[i] : 0.0f;  // wte rows past the file's vocabulary: zero
+  for (size_t block = 0; block < specs.size(); ++block) {
+    for (size_t param = 0; param < specs[block].params.size(); ++param) {
+      const auto& p = specs[block].params[param];
+      // Whole, and in two ranges split at an odd element.
+      std::vector<float> got(p.numel(), -1.0f);
+      const size_t cut = p.numel() / 3 + 1;
+      reader.read(static_cast<int>(block), param, p, 0, cut, got.data());
+      reader.read(static_cast<int>(block), param, p, cut, p.numel(), got.data() + cut);
+      std::string hf = specs[block].name == "embed" ? p.name + ".weight" : specs[block].name + "." + p.name;
+      const auto want = file.tensors.at(hf).as_f32();
+      const bool conv1d = p.shape.size() == 2 && specs[block].name != "embed";
+      for (size_t i = 0; i < got.size(); ++i) {
+        float expect = 0;
+        if (conv1d) {
+          const size_t rows = static_cast<size_t>(p.shape[0]), cols = static_cast<size_t>(p.shape[1]);
+          expect = want[(i % cols) * rows + i / cols];  // zeroth [out, in] from Hugging Face's [in, out]
+        } else {
+          expect = i < want.size() ? want[i] : 0.0f;  // wte rows past the file's vocabulary: zero
+        }
+        ASSERT_EQ(got[i], expect) << hf << " element " << i;
       }
-      ASSERT_EQ(got[i], expect) << hf << " element " << i;
+      ++seen;
     }
-    ++seen;
-  });
+  }
   EXPECT_EQ(seen, 4u + 12u * 2u);
   GptConfig wider = gc;
   wider.n_embd = 48;
   try {
-    read_gpt2_weights(wider, path, [](int, size_t, std::vector<float>&) {});
+    HfModelReader bad(wider, path);
     ADD_FAILURE() << "a file of another width was read";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("wte.weight is [60, 32] but the model"), std::string::npos) << e.what();

@@ -120,6 +120,44 @@ TEST(HfConfig, WhatZerothCannotHonourIsAnErrorNamingIt) {
   }
 }
 
+// What an export writes as config.json reads back as the same model, for every published shape
+// (the Llama 3 presets' rope_scaling, Qwen2's q/k/v biases, Qwen3's norms, GPT-2) and for a model
+// built from a Hugging Face file, whose max_position_embeddings it keeps.
+TEST(HfConfig, AnExportsConfigReadsBackAsTheSameModel) {
+  auto same = [](const GptConfig& a, const GptConfig& b, const std::string& what) {
+    EXPECT_EQ(a.describe(), b.describe()) << what;
+    EXPECT_EQ(a.hf_architecture(), b.hf_architecture()) << what;
+    EXPECT_EQ(a.vocab_size, b.vocab_size) << what;
+    EXPECT_EQ(a.kv_heads(), b.kv_heads()) << what;
+    EXPECT_EQ(a.head_size(), b.head_size()) << what;
+    EXPECT_EQ(a.ffn(), b.ffn()) << what;
+    EXPECT_EQ(a.norm_eps, b.norm_eps) << what;
+    EXPECT_EQ(a.rope_theta, b.rope_theta) << what;
+    EXPECT_EQ(rope_scaling_to_json(a.rope_scaling), rope_scaling_to_json(b.rope_scaling)) << what;
+    EXPECT_EQ(a.qkv_bias, b.qkv_bias) << what;
+    EXPECT_EQ(a.o_bias, b.o_bias) << what;
+    EXPECT_EQ(a.qk_norm, b.qk_norm) << what;
+    EXPECT_EQ(a.tie_word_embeddings, b.tie_word_embeddings) << what;
+    EXPECT_EQ(a.num_parameters(), b.num_parameters()) << what;
+  };
+  for (const auto& name : GptConfig::preset_names()) {
+    const GptConfig m = GptConfig::preset(name);
+    const json written = json::parse(hf_config_to_json(m, DType::bf16).dump());
+    const HfModelConfig back = hf_config_from_json(written, name);
+    same(m, back.model, name);
+    EXPECT_EQ(back.max_positions, m.seq_len) << name;  // the presets keep no longer context
+  }
+  GptConfig llama = hf_config_from_json(llama32(), "config.json").model;
+  llama.max_positions = 131072;
+  const HfModelConfig back = hf_config_from_json(json::parse(hf_config_to_json(llama, DType::f32).dump()), "export");
+  same(llama, back.model, "Llama 3.2 1B");
+  EXPECT_EQ(back.max_positions, 131072);
+  EXPECT_TRUE(back.unused.empty());
+  GptConfig qwen3 = GptConfig::preset("smollm-135m");
+  qwen3.qk_norm = true, qwen3.qkv_bias = true, qwen3.o_bias = false;
+  EXPECT_THROW(hf_config_to_json(qwen3, DType::f32), InvalidArgument);
+}
+
 TEST(HfConfig, Gpt2ReadsItsShapeAndNamesItsDropoutAsUnused) {
   const json j = json::parse(R"({"activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"], "attn_pdrop": 0.1,
     "bos_token_id": 50256, "embd_pdrop": 0.1, "eos_token_id": 50256, "initializer_range": 0.02, "layer_norm_epsilon": 1e-05,

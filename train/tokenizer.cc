@@ -1,0 +1,135 @@
+#include "train/tokenizer.h"
+
+#include <filesystem>  // std::filesystem
+#include <fstream>     // std::ifstream
+#include <iterator>    // std::istreambuf_iterator
+
+#include <fmt/format.h>               // fmt::format
+#include <sentencepiece_processor.h>  // sentencepiece::SentencePieceProcessor
+#include <xxhash.h>                   // XXH3_64bits
+
+#include "core/error.h"  // ZEROTH_THROW
+
+namespace zeroth {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) ZEROTH_THROW(IoError, "open(\"{}\"): {}", path, std::strerror(errno));
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// Llama 2's tokenizer.model, or any SentencePiece model (unigram or BPE).
+class SentencePiece final : public Tokenizer {
+ public:
+  explicit SentencePiece(const std::string& path) : path_(path) {
+    const std::string bytes = read_file(path);
+    fingerprint_ = XXH3_64bits(bytes.data(), bytes.size());
+    const auto status = sp_.LoadFromSerializedProto(bytes);
+    if (!status.ok()) {
+      ZEROTH_THROW(InvalidArgument, "{} is not a SentencePiece model ({}); give a tokenizer.model that spm_train wrote", path,
+                   status.ToString());
+    }
+    newline_ = sp_.PieceToId("<0x0A>");
+    if (newline_ == sp_.unk_id() || !sp_.IsByte(newline_)) {
+      ZEROTH_THROW(InvalidArgument,
+                   "{} has no piece for a newline: text is encoded line by line with a newline token between lines, which a "
+                   "SentencePiece model holds as the byte piece <0x0A>; train it with --byte_fallback=true (as Llama 2's is)",
+                   path);
+    }
+  }
+
+  std::vector<int32_t> encode(std::string_view text) const override {
+    check_utf8(text, path_ + ": the text to encode");
+    std::vector<int32_t> out;
+    std::vector<int> ids;
+    size_t at = 0;
+    while (at <= text.size()) {
+      size_t end = text.find('\n', at);
+      const bool newline = end != std::string_view::npos;
+      if (!newline) end = text.size();
+      if (end > at) {
+        const auto status = sp_.Encode(text.substr(at, end - at), &ids);
+        if (!status.ok()) ZEROTH_THROW(InvalidArgument, "{}: encoding the line at byte {}: {}", path_, at, status.ToString());
+        out.insert(out.end(), ids.begin(), ids.end());
+      }
+      if (!newline) break;
+      out.push_back(newline_);
+      at = end + 1;
+    }
+    return out;
+  }
+
+  std::string decode(std::span<const int32_t> ids) const override {
+    // Line by line, as encoded: each line's leading "▁" is the dummy prefix of its own encoding.
+    std::string out;
+    std::vector<int> line;
+    auto flush = [&] {
+      std::string text;
+      const auto status = sp_.Decode(line, &text);
+      if (!status.ok()) ZEROTH_THROW(InvalidArgument, "{}: decoding: {}", path_, status.ToString());
+      out += text;
+      line.clear();
+    };
+    for (const int32_t id : ids) {
+      if (id < 0 || id >= vocab_size())
+        ZEROTH_THROW(InvalidArgument, "{}: id {} is outside the vocabulary of {}", path_, id, vocab_size());
+      if (id == newline_) {
+        flush();
+        out += '\n';
+      } else {
+        line.push_back(id);
+      }
+    }
+    flush();
+    return out;
+  }
+
+  int vocab_size() const override { return sp_.GetPieceSize(); }
+  std::string describe() const override { return fmt::format("SentencePiece, {} pieces ({})", vocab_size(), path_); }
+  uint64_t fingerprint() const override { return fingerprint_; }
+
+ private:
+  std::string path_;
+  sentencepiece::SentencePieceProcessor sp_;
+  int newline_ = -1;
+  uint64_t fingerprint_ = 0;
+};
+
+}  // namespace
+
+void check_utf8(std::string_view s, const std::string& where) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    bool ok = n > 0 && i + n <= s.size() && !(n == 2 && c < 0xC2);
+    for (size_t k = 1; ok && k < n; ++k) ok = (static_cast<unsigned char>(s[i + k]) & 0xC0) == 0x80;
+    if (ok && n == 3) {
+      const auto c1 = static_cast<unsigned char>(s[i + 1]);
+      ok = !(c == 0xE0 && c1 < 0xA0) && !(c == 0xED && c1 >= 0xA0);  // overlong; surrogates
+    }
+    if (ok && n == 4) {
+      const auto c1 = static_cast<unsigned char>(s[i + 1]);
+      ok = !(c == 0xF0 && c1 < 0x90) && !(c == 0xF4 && c1 >= 0x90) && c <= 0xF4;  // overlong; past U+10FFFF
+    }
+    if (!ok) ZEROTH_THROW(InvalidArgument, "{} is not UTF-8: byte {} (0x{:02x}) begins no valid character", where, i, c);
+    i += n;
+  }
+}
+
+std::unique_ptr<Tokenizer> Tokenizer::open(const std::string& path) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    const fs::path model = fs::path(path) / "tokenizer.model";
+    if (fs::exists(model, ec)) return std::make_unique<SentencePiece>(model.string());
+    ZEROTH_THROW(InvalidArgument, "{} holds no tokenizer.model (a SentencePiece model)", path);
+  }
+  if (!fs::exists(path, ec))
+    ZEROTH_THROW(IoError, "data.tokenizer {} does not exist; give a SentencePiece .model or its folder", path);
+  return std::make_unique<SentencePiece>(path);
+}
+
+}  // namespace zeroth

@@ -1,0 +1,37 @@
+// Tokenizers the Llama family ships, turning text into the token ids a model trains on and back:
+// a SentencePiece model (Llama 2, Mistral, TinyLlama: tokenizer.model, through Debian's
+// libsentencepiece).
+#pragma once
+
+#include <cstdint>      // int32_t
+#include <memory>       // std::unique_ptr
+#include <span>         // std::span
+#include <string>       // std::string
+#include <string_view>  // std::string_view
+#include <vector>       // std::vector
+
+namespace zeroth {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  // `path`: a SentencePiece .model file, or a model folder holding tokenizer.model. IoError /
+  // InvalidArgument naming the path and what is wrong.
+  static std::unique_ptr<Tokenizer> open(const std::string& path);
+
+  // Text (UTF-8; InvalidArgument naming the byte offset where it is not) into ids. Lines are
+  // encoded one at a time, as SentencePiece's own spm_encode does, each newline then its own
+  // token (the model's byte piece for "\n").
+  virtual std::vector<int32_t> encode(std::string_view text) const = 0;
+  // Ids back into text: decode(encode(t)) == t for text the model's normalization keeps as it is.
+  virtual std::string decode(std::span<const int32_t> ids) const = 0;
+  virtual int vocab_size() const = 0;
+  virtual std::string describe() const = 0;  // "SentencePiece unigram, 4096 pieces (tokenizer.model)"
+  // A stamp of the model's bytes, so a cached tokenization is redone when the model changes.
+  virtual uint64_t fingerprint() const = 0;
+};
+
+// InvalidArgument naming `where` and the byte offset of the first byte that is not UTF-8.
+void check_utf8(std::string_view text, const std::string& where);
+
+}  // namespace zeroth
