@@ -23,6 +23,7 @@ void add_estimate_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
 void add_eval_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);
+void add_generate_command(CLI::App& app);
 void add_bench_kernels_command(CLI::App& bench);
 void add_bench_comm_command(CLI::App& bench);
 void add_bench_optim_command(CLI::App& bench);

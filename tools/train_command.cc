@@ -32,6 +32,7 @@
 #include "engine/plan/estimate.h"    // estimate
 #include "engine/pipeline/runner.h"  // pipe_passes
 #include "engine/plan/plan.h"        // make_plan
+#include "train/generate.h"          // generate
 #include "train/trainer.h"           // train
 #include "models/gpt/gpt.h"          // Gpt
 #include "models/threads.h"          // share_cores
@@ -476,11 +477,29 @@ int run(const Options& o) {
   if (!launched || launched->rank == 0) console = std::make_unique<Console>(c);
   bool interrupted = false;
   std::mutex mutex;
+  std::string weights;
   on_every_rank(c, [&](Communicator& comm, Device& device) {
     const auto s = train(c, comm, device, comm.rank() == 0 ? console.get() : nullptr, &g_stop);
     std::lock_guard lock(mutex);
     interrupted = interrupted || s.interrupted;
+    if (comm.rank() == 0) weights = s.weights_path;
   });
+  // A sample of what the weights say, on the launcher's rank 0 (or the threads' process).
+  if (!interrupted && console && c.run.sample_tokens > 0 && !weights.empty() &&
+      (c.data.format == DataFormat::text || !c.data.tokenizer.empty())) {
+    TrainConfig from = c;
+    from.run.init_from = weights;
+    from.run.resume.clear();
+    GenerateOptions o;
+    o.max_new_tokens = c.run.sample_tokens, o.temperature = 0.8, o.top_k = 40, o.seed = c.run.seed;
+    std::printf("  sample (%d tokens at temperature 0.8, top-k 40, from %s):\n", c.run.sample_tokens, weights.c_str());
+    std::fflush(stdout);
+    generate(from, o, [](std::string_view text) {
+      std::fwrite(text.data(), 1, text.size(), stdout);
+      std::fflush(stdout);
+    });
+    std::printf("\n");
+  }
   return interrupted ? 130 : 0;
 }
 

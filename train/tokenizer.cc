@@ -98,7 +98,28 @@ class SentencePiece final : public Tokenizer {
   uint64_t fingerprint_ = 0;
 };
 
+// One token per byte.
+class Bytes final : public Tokenizer {
+ public:
+  std::vector<int32_t> encode(std::string_view text) const override {
+    return {reinterpret_cast<const unsigned char*>(text.data()), reinterpret_cast<const unsigned char*>(text.data()) + text.size()};
+  }
+  std::string decode(std::span<const int32_t> ids) const override {
+    std::string out;
+    for (const int32_t id : ids) {
+      if (id < 0 || id > 255) ZEROTH_THROW(InvalidArgument, "token id {} is not a byte (text data: one token per byte)", id);
+      out += static_cast<char>(id);
+    }
+    return out;
+  }
+  int vocab_size() const override { return 256; }
+  std::string describe() const override { return "bytes"; }
+  uint64_t fingerprint() const override { return 0x6279746573ULL; }
+};
+
 }  // namespace
+
+std::unique_ptr<Tokenizer> Tokenizer::bytes() { return std::make_unique<Bytes>(); }
 
 void check_utf8(std::string_view s, const std::string& where) {
   size_t i = 0;

@@ -1,6 +1,6 @@
 // Tokenizers the Llama family ships, turning text into the token ids a model trains on and back:
 // a SentencePiece model (Llama 2, Mistral, TinyLlama: tokenizer.model, through Debian's
-// libsentencepiece).
+// libsentencepiece); and text as bytes, what data.format "text" trains on without one.
 #pragma once
 
 #include <cstdint>      // int32_t
@@ -18,6 +18,8 @@ class Tokenizer {
   // `path`: a SentencePiece .model file, or a model folder holding tokenizer.model. IoError /
   // InvalidArgument naming the path and what is wrong.
   static std::unique_ptr<Tokenizer> open(const std::string& path);
+  // Text as bytes (data.format "text" without a tokenizer): id = byte, vocabulary 256.
+  static std::unique_ptr<Tokenizer> bytes();
 
   // Text (UTF-8; InvalidArgument naming the byte offset where it is not) into ids. Lines are
   // encoded one at a time, as SentencePiece's own spm_encode does, each newline then its own

@@ -353,7 +353,8 @@ TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) 
               {"keep_last", t.run.keep_last},
               {"init_from", t.run.init_from},
               {"checkpoint_async", t.run.checkpoint_async},
-              {"trace", t.run.trace}};
+              {"trace", t.run.trace},
+              {"sample_tokens", t.run.sample_tokens}};
   if (t.parallel.pipeline > 1) {
     const char* kinds[] = {"gpipe", "1f1b", "interleaved"};
     c["parallel"] = {{"pipeline", t.parallel.pipeline},

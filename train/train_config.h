@@ -70,6 +70,9 @@ struct RunConfig {
   // Per-rank timelines of the last step as a Chrome trace (<output_dir>/trace.json), and the
   // measured pipeline bubble each step (pipelines only).
   bool trace = false;
+  // Tokens of text sampled from the trained weights at the end (text data, or data.tokenizer's):
+  // zeroth generate at temperature 0.8, top-k 40, seeded by run.seed. 0: none.
+  int sample_tokens = 64;
   // Not a config key: `zeroth train --resume [DIR]`: a checkpoint folder or step folder to continue
   // from ("" = start fresh).
   std::string resume;

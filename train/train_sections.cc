@@ -181,7 +181,7 @@ void read_run(TrainConfig& t, const json& j, int launched_world_size) {
   static constexpr std::string_view kKeys[] = {
       "name",           "steps",       "eval_interval", "eval_batches",     "seed",     "output_dir",          "device",
       "device_memory",  "host_memory", "world_size",    "backend",          "progress", "max_nonfinite_steps", "checkpoint_interval",
-      "checkpoint_dir", "keep_last",   "init_from",     "checkpoint_async", "trace"};
+      "checkpoint_dir", "keep_last",   "init_from",     "checkpoint_async", "trace",    "sample_tokens"};
   static constexpr std::string_view kBackends[] = {"local", "gloo", "nccl"};
   static constexpr std::string_view kProgress[] = {"auto", "bar", "lines"};
   json copy = j.value("run", json::object());
@@ -222,6 +222,7 @@ void read_run(TrainConfig& t, const json& j, int launched_world_size) {
   r.init_from = s.string("init_from", "");
   r.checkpoint_async = s.flag("checkpoint_async", false);
   r.trace = s.flag("trace", false);
+  r.sample_tokens = static_cast<int>(s.integer("sample_tokens", 64, 0, 1 << 20));
   if (launched_world_size > 0) {
     r.world_size = static_cast<int>(s.integer("world_size", launched_world_size, 1, 1 << 20));
     if (r.world_size != launched_world_size) {

@@ -31,28 +31,6 @@
 namespace zeroth {
 namespace {
 
-// run.init_from: a zeroth checkpoint's weights, or Hugging Face weights (a .safetensors file or a
-// model folder), of which each rank reads only what it holds: its pipeline stage's blocks, its
-// tensor-parallel slices, and with ZeRO-3 its share of each block.
-void init_weights(Engine& engine, const TrainConfig& config) {
-  const std::string& from = config.run.init_from;
-  if (std::filesystem::is_directory(from) && !is_hf_weights(from)) {
-    ckpt::load(engine, from, nullptr, true);
-    return;
-  }
-  HfModelReader reader(config.model, from);
-  const auto whole = Gpt::block_specs(config.model);
-  const auto& blocks = engine.plan().blocks;
-  for (size_t b = 0; b < blocks.size(); ++b) {
-    int w = 0;
-    while (whole[w].name != blocks[b].name) ++w;  // the plan's blocks are the model's, by name
-    engine.set_block_values(static_cast<int>(b), [&](size_t lo, size_t hi, float* out) {
-      reader.read_block(w, engine.block_spec(static_cast<int>(b)), blocks[b].param_offsets, lo, hi, out);
-    });
-  }
-  engine.release_transfer_buffers();
-}
-
 // One training run on this rank, as named steps: restore (resume or init_from), evaluate, one
 // step (the cycle's passes, the engine's step, the agreement on loss and stop, the report),
 // save, and finish (weights, summary). train() reads top to bottom; what the steps share lives
@@ -259,7 +237,7 @@ void TrainingRun::restore(bool for_eval) {
     }
     return;
   }
-  if (!config_.run.init_from.empty()) init_weights(engine_, config_);
+  if (!config_.run.init_from.empty()) load_initial_weights(engine_, config_);
   if (!for_eval && lead_ && config_.run.checkpoint_interval >= 0 &&
       std::filesystem::exists(config_.run.checkpoint_dir + "/" + ckpt::kLatestName)) {
     ZLOG_WARN("{} holds checkpoints of an earlier run; this run's go beside them (a step folder of the same number is replaced, "
@@ -553,6 +531,25 @@ TrainSummary TrainingRun::finish() {
 }
 
 }  // namespace
+
+void load_initial_weights(Engine& engine, const TrainConfig& config) {
+  const std::string& from = config.run.init_from;
+  if (std::filesystem::is_directory(from) && !is_hf_weights(from)) {
+    ckpt::load(engine, from, nullptr, true);
+    return;
+  }
+  HfModelReader reader(config.model, from);
+  const auto whole = Gpt::block_specs(config.model);
+  const auto& blocks = engine.plan().blocks;
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    int w = 0;
+    while (whole[w].name != blocks[b].name) ++w;  // the plan's blocks are the model's, by name
+    engine.set_block_values(static_cast<int>(b), [&](size_t lo, size_t hi, float* out) {
+      reader.read_block(w, engine.block_spec(static_cast<int>(b)), blocks[b].param_offsets, lo, hi, out);
+    });
+  }
+  engine.release_transfer_buffers();
+}
 
 EvalResult evaluate(const TrainConfig& config, Communicator& world, Device& device) {
   TrainingRun run(config, world, device, nullptr, nullptr);

@@ -13,6 +13,7 @@
 #include "core/device.h"                   // Device
 #include "core/memory.h"                   // kMemTagCount
 #include "engine/checkpoint/checkpoint.h"  // ckpt::IoStats
+#include "engine/engine.h"                 // Engine
 #include "engine/plan/estimate.h"          // MemoryNeed
 #include "engine/plan/plan.h"              // Plan
 #include "train/train_config.h"            // TrainConfig
@@ -123,6 +124,11 @@ size_t run_host_bytes(const TrainConfig& config, bool count_data = true);
 // Opens the config's data and checks it against the batch (what train() does first), for
 // --dry-run. ConfigError / IoError as train() would give.
 void check_data(const TrainConfig& config);
+
+// run.init_from into a finalized engine: a zeroth checkpoint's weights, or Hugging Face weights (a
+// .safetensors file or a model folder), of which each rank reads only what it holds: its pipeline
+// stage's blocks, its tensor-parallel slices, and with ZeRO-3 its share of each block.
+void load_initial_weights(Engine& engine, const TrainConfig& config);
 
 // `zeroth eval`: the mean next-token cross-entropy of the weights the config starts from
 // (run.init_from, run.resume's checkpoint, or else its fresh initialization) over every complete

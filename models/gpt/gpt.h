@@ -177,6 +177,17 @@ class Gpt {
   // the [B, T, V] logits are copied there too.
   void evaluate(const int32_t* tokens, const int32_t* targets, int B, int T, float* loss, float* logits = nullptr);
 
+  // Generation with a key/value cache, one sequence, on a rank that holds the whole model (no
+  // pipeline, no tensor parallelism): begin_decoding(max_len) sizes the cache for positions
+  // [0, max_len) (max_len <= seq_len); each decode() runs the next n tokens, at positions
+  // [decoded(), decoded() + n), keeps their keys and values, and writes the last one's next-token
+  // logits (vocab_size floats, host memory), synchronizing. Each decode is an evaluation of the
+  // host (begin_/end_evaluation); end_decoding() frees the cache.
+  void begin_decoding(int max_len);
+  void decode(const int32_t* tokens, int n, float* logits);
+  int decoded() const;
+  void end_decoding();
+
   // Activation bytes for `slots` micro-batches of B x T in flight (what the model allocates,
   // tag activations: the slots, their token ids, the backward scratch), on the device and (the
   // checkpoints, with cpu_checkpointing) in host memory.
@@ -194,8 +205,9 @@ class Gpt {
 
  private:
   struct State;
+  // decoding: generation's pass (decode.cc): positions from the cache's, the last row's logits.
   void run_forward(int micro, int chunk, const int32_t* tokens, const int32_t* targets, int B, int T, float* loss, float* logits,
-                   bool training);
+                   bool training, bool decoding = false);
   void run_backward(int micro, int chunk);
   std::vector<int> chunk_slots() const;  // the host's in-flight count of each chunk
 

@@ -49,6 +49,11 @@ struct Gpt::State {
   int in_flight = 0;             // chunk forwards whose backward has not been enqueued
   gpt::Scratch d;                // passes run one at a time: shared
   Buffer wbuf, gbuf;             // f32 copies of a narrow block's parameters and gradients
+  // Generation (decode.cc): every layer's cache of qkv rows [kv_len, W] end to end, then the
+  // attention's scratch; kv_pos positions are in it.
+  Buffer kv_buffer;
+  int kv_len = 0, kv_pos = 0;
+  gpt::KvCache kv(int layer) const;
 
   // LayerActs of one layer: ln1, ln2, res2 and the statistics this rank's rows; the rest in this
   // rank's heads and MLP width.

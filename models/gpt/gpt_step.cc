@@ -122,7 +122,7 @@ void release(gpt::Kernels& k, const gpt::BoundRef& w) {
 }  // namespace
 
 void Gpt::run_forward(int micro, int chunk, const int32_t* tokens, const int32_t* targets, int B, int T, float* loss, float* logits,
-                      bool training) {
+                      bool training, bool decoding) {
   if (B <= 0 || T <= 0 || T > config_.seq_len) {
     ZEROTH_THROW(InvalidArgument, "GPT micro-batch {} x {}: need B >= 1 and 1 <= T <= model.seq_len ({})", B, T, config_.seq_len);
   }
@@ -134,7 +134,7 @@ void Gpt::run_forward(int micro, int chunk, const int32_t* tokens, const int32_t
   // The caller's host arrays are checked here and copied in stream order to the device, once
   // the host has accepted the use (so a refused call leaves every slot as it was).
   if (embeds) check_tokens(tokens, static_cast<size_t>(B) * T, config_.vocab_size, "token");
-  if (heads) check_tokens(targets, static_cast<size_t>(B) * T, config_.vocab_size, "target");
+  if (heads && !decoding) check_tokens(targets, static_cast<size_t>(B) * T, config_.vocab_size, "target");
   auto s = state_;
   Stream& stream = host_.compute_stream();
   s->check_shape(B, T);
@@ -143,7 +143,7 @@ void Gpt::run_forward(int micro, int chunk, const int32_t* tokens, const int32_t
   s->reserve(stream, B, T, chunk_slots(), host_.compute_dtype());
   Slot* sl = &s->slots[training ? micro % s->chunk_slots[chunk] : 0];
   if (embeds) host_.device().copy(stream, sl->tokens, tokens, static_cast<size_t>(B) * T * sizeof(int32_t));
-  if (heads) host_.device().copy(stream, sl->targets, targets, static_cast<size_t>(B) * T * sizeof(int32_t));
+  if (heads && !decoding) host_.device().copy(stream, sl->targets, targets, static_cast<size_t>(B) * T * sizeof(int32_t));
   gpt::Kernels& k = *s->k;
   const Dims d = Dims::of(config_, part_);
   const gpt::TensorGroup g(tensor_, stream, d);
@@ -166,9 +166,11 @@ void Gpt::run_forward(int micro, int chunk, const int32_t* tokens, const int32_t
     auto w = bind(k, &s->wbuf, &s->gbuf, first_views, false);
     float* partial = d.sp ? s->d.partial : sl->resid[0];
     const int32_t* ids = sl->tokens;
-    // GPT-2's learned positions (the Llama family has none: rotary ones, in each layer).
-    k.submit([&k, w, partial, ids, d, B, T] {
-      k.encoder_forward(partial, ids, (*w)->p(0), d.tp_rank == 0 && !d.llama ? (*w)->p(1) : nullptr, B, T, d.C, d.v_lo, d.V);
+    // GPT-2's learned positions (the Llama family has none: rotary ones, in each layer), from the
+    // generation's position on when decoding.
+    const size_t shift = decoding ? static_cast<size_t>(s->kv_pos) * d.C : 0;
+    k.submit([&k, w, partial, ids, d, B, T, shift] {
+      k.encoder_forward(partial, ids, (*w)->p(0), d.tp_rank == 0 && !d.llama ? (*w)->p(1) + shift : nullptr, B, T, d.C, d.v_lo, d.V);
     });
     g.reduce(partial, sl->resid[0], BT);
     release(k, w);
@@ -178,7 +180,7 @@ void Gpt::run_forward(int micro, int chunk, const int32_t* tokens, const int32_t
   for (int l = lo; l < hi; ++l) {
     const auto& v = l == lo && !embeds ? first_views : host_.begin_forward(layers_[l], micro);
     auto w = bind(k, &s->wbuf, &s->gbuf, v, false);
-    gpt::layer_forward(k, g, w, acts(l), s->d, sl->resid[l], sl->resid[l + 1], B, T);
+    gpt::layer_forward(k, g, w, acts(l), s->d, sl->resid[l], sl->resid[l + 1], B, T, decoding ? s->kv(l) : gpt::KvCache{});
     release(k, w);
     keep(l + 1);
     host_.end_forward(layers_[l], micro);
@@ -200,6 +202,18 @@ void Gpt::run_forward(int micro, int chunk, const int32_t* tokens, const int32_t
   }
   g.gather(sl->lnf, BT);
   auto w = bind(k, &s->wbuf, &s->gbuf, host_.begin_forward(head_, micro), false);
+  if (decoding) {
+    // The next token's logits: the last position's row only.
+    float* lg = sl->logits;
+    const float* last = sl->lnf + (BT - 1) * C;
+    k.submit([&k, w, lg, last, logits, d] {
+      k.matmul_forward(lg, last, (*w)->p(0), nullptr, 1, d.C, d.V);
+      k.download(logits, lg, d.V);
+    });
+    release(k, w);
+    host_.end_forward(head_, micro);
+    return;
+  }
   const float dscale = training ? static_cast<float>(host_.loss_gradient_scale() / static_cast<double>(BT)) : 0.0f;
   float* lg = sl->logits;
   float* stats = sl->ce_stats;

@@ -38,6 +38,8 @@ class Kernels {
   virtual void attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int KVH, int hs) = 0;
   virtual void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int B, int T,
                                   int NH, int KVH, int hs) = 0;
+  // Generation: rows [pos, pos + n) of one sequence's qkv rows [pos + n, W] over rows [0, pos + n).
+  virtual void attention_rows(float* out, float* att, const float* qkv, int pos, int n, int NH, int KVH, int hs) = 0;
   // Rows (n, j) of N x groups at n * ld + j * C (cpu/gpt_kernels.h).
   virtual void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, size_t N, int groups, int C, size_t ld,
                                float eps) = 0;

@@ -83,9 +83,19 @@ enum LayerParam { kLn1W, kLn1B, kAttnW, kAttnB, kProjW, kProjB, kLn2W, kLn2B, kF
 
 }  // namespace
 
+void attend(Kernels& k, const LayerActs& a, const KvCache& kv, int B, int T, int NH, int KVH, int hs) {
+  if (kv.rows == nullptr) {
+    k.attention_forward(a.atty, a.att, a.qkv, B, T, NH, KVH, hs);
+    return;
+  }
+  const size_t n = static_cast<size_t>(B) * T, W = static_cast<size_t>(NH + 2 * KVH) * hs;
+  k.copy(kv.rows + static_cast<size_t>(kv.pos) * W, a.qkv, n * W);
+  k.attention_rows(a.atty, kv.att, kv.rows, kv.pos, static_cast<int>(n), NH, KVH, hs);
+}
+
 void layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs& a, const Scratch& s, const float* x, float* out,
-                   int B, int T) {
-  if (g.dims().llama) return llama_layer_forward(k, g, w, a, s, x, out, B, T);
+                   int B, int T, KvCache kv) {
+  if (g.dims().llama) return llama_layer_forward(k, g, w, a, s, x, out, B, T, kv);
   const Dims d = g.dims();
   const size_t BT = static_cast<size_t>(B) * T, R = d.rows(BT);
   // Row-parallel outputs are partial sums: the bias joins on rank 0 only, so the sum holds it once.
@@ -96,10 +106,10 @@ void layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs
     k.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.p(kLn1W), p.p(kLn1B), R, d.C);
   });
   const float* ln1 = g.gathered_rows(a.ln1, s.ln_whole, BT);
-  k.submit([&k, w, a, d, B, T, BT, proj, bias, ln1] {
+  k.submit([&k, w, a, d, B, T, BT, proj, bias, ln1, kv] {
     const Bound& p = **w;
     k.matmul_forward(a.qkv, ln1, p.p(kAttnW), p.p(kAttnB), BT, d.C, 3 * d.Cq);
-    k.attention_forward(a.atty, a.att, a.qkv, B, T, d.NH, d.NH, d.Cq / d.NH);
+    attend(k, a, kv, B, T, d.NH, d.NH, d.Cq / d.NH);
     k.matmul_forward(proj, a.atty, p.p(kProjW), bias ? p.p(kProjB) : nullptr, BT, d.Cq, d.C);
   });
   g.reduce(proj, a.res2, BT);

@@ -69,6 +69,19 @@ struct Scratch {
   float *dact = nullptr, *dqk = nullptr, *rope = nullptr;
 };
 
+// Generation's key/value cache of one layer (Gpt::decode, one sequence): `rows` holds the qkv rows
+// of positions [0, pos) from earlier passes; a pass writes its rows at [pos, pos + BT) and attends
+// over [0, pos + BT); att is scratch of NH BT (pos + BT) floats. rows == nullptr: no cache, the
+// micro-batch attends within itself (training and evaluation).
+struct KvCache {
+  float* rows = nullptr;
+  float* att = nullptr;
+  int pos = 0;
+};
+// The attention of a block use's qkv rows into a.atty, in stream work: within the micro-batch, or
+// over the cache.
+void attend(Kernels& k, const LayerActs& a, const KvCache& kv, int B, int T, int NH, int KVH, int hs);
+
 // The collectives of a block use, enqueued on the compute stream between the kernels' work.
 class TensorGroup {
  public:
@@ -114,13 +127,14 @@ using BoundRef = std::shared_ptr<std::shared_ptr<Bound>>;  // filled in stream o
 // The passes of one block, enqueued piece by piece (Kernels::submit) around the group's collectives.
 // `w` is filled by the caller's first piece. x: the block's input rows; out: its output rows, or
 // null (recomputation before backward: only the activations are made).
+// kv: generation's cache (positions start at kv.pos).
 void layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs& a, const Scratch& s, const float* x, float* out,
-                   int B, int T);
+                   int B, int T, KvCache kv = {});
 // s.dresid holds the gradient at the block's output rows on entry and at its input rows on return.
 void layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs& a, const Scratch& s, const float* x, int B, int T);
 // The same for the Llama family (llama_layer.cc); layer_forward and layer_backward call them.
 void llama_layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs& a, const Scratch& s, const float* x,
-                         float* out, int B, int T);
+                         float* out, int B, int T, KvCache kv);
 void llama_layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs& a, const Scratch& s, const float* x, int B,
                           int T);
 

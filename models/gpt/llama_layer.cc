@@ -32,7 +32,7 @@ float* grad(const Bound& b, int i) { return i >= 0 ? b.g(static_cast<size_t>(i))
 }  // namespace
 
 void llama_layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs& a, const Scratch& s, const float* x,
-                         float* out, int B, int T) {
+                         float* out, int B, int T, KvCache kv) {
   const Dims d = g.dims();
   const LlamaParams ix(d);
   const size_t BT = static_cast<size_t>(B) * T, R = d.rows(BT);
@@ -41,7 +41,7 @@ void llama_layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const Lay
   float* proj = d.sp ? s.partial : a.res2;
   k.submit([&k, w, a, x, d, R, ix] { k.rmsnorm_forward(a.ln1, a.ln1_rstd, x, (*w)->p(ix.ln1), R, 1, d.C, d.C, d.eps); });
   const float* ln1 = g.gathered_rows(a.ln1, s.ln_whole, BT);
-  k.submit([&k, w, a, s, d, B, T, BT, proj, bias, ln1, ix] {
+  k.submit([&k, w, a, s, d, B, T, BT, proj, bias, ln1, ix, kv] {
     const Bound& p = **w;
     k.matmul_forward(a.qkv, ln1, p.p(ix.qkv), param(p, ix.qkv_b), BT, d.C, d.W);
     if (d.qk_norm) {
@@ -51,8 +51,9 @@ void llama_layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const Lay
       const size_t at = static_cast<size_t>(d.NH) * d.hs;
       k.rmsnorm_forward(a.qkv + at, a.qk_rstd + BT * d.NH, a.qk_pre + at, p.p(ix.k_norm), BT, d.KVH, d.hs, d.W, d.eps);
     }
-    k.rope(a.qkv, s.rope, BT, T, d.W, d.NH + d.KVH, d.hs, false);
-    k.attention_forward(a.atty, a.att, a.qkv, B, T, d.NH, d.KVH, d.hs);
+    // Positions start at the cache's (0 without one): the table's rows from there.
+    k.rope(a.qkv, s.rope + static_cast<size_t>(kv.pos) * d.hs, BT, T, d.W, d.NH + d.KVH, d.hs, false);
+    attend(k, a, kv, B, T, d.NH, d.KVH, d.hs);
     k.matmul_forward(proj, a.atty, p.p(ix.o), bias ? param(p, ix.o_b) : nullptr, BT, d.Cq, d.C);
   });
   g.reduce(proj, a.res2, BT);

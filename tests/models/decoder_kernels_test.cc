@@ -2,7 +2,9 @@
 // device, against float64 references computed here from their definitions (Zhang and Sennrich's
 // RMSNorm; RoFormer's rotation in Hugging Face's rotate-half layout; Shazeer's SwiGLU; GQA as
 // Ainslie et al. define it: key/value head j serves query heads j g .. j g + g - 1), each element
-// within the f32 error bound of the sums that make it (u = 2^-24 times the sum of |terms|).
+// within the f32 error bound of the sums that make it (u = 2^-24 times the sum of |terms|). The
+// attention's generation form (the last rows of a sequence over a key/value cache) against the
+// same definition.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -255,6 +257,16 @@ TEST_P(DecoderKernels, GroupedQueryAttentionMatchesItsDefinition) {
     });
     expect_within("attention out", d.get(pout, out.size()), out, outb);
     expect_within("attention dqkv", d.get(pdqkv, dqkv.size()), dqkv, dqkvb);
+    // Generation's form: the last T - pos rows of batch row 1 over its first T rows (a key/value
+    // cache holding positions [0, pos)) are those rows of the definition.
+    for (const int pos : {0, 3, 8}) {
+      const int n = T - pos;
+      float *prows = d.zeros(static_cast<size_t>(n) * Cq), *patt_rows = d.zeros(static_cast<size_t>(NH) * n * T);
+      k->submit([&] { k->attention_rows(prows, patt_rows, pqkv + static_cast<size_t>(T) * W, pos, n, NH, KVH, hs); });
+      const size_t first = (static_cast<size_t>(T) + pos) * Cq, count = static_cast<size_t>(n) * Cq;
+      expect_within("attention rows from " + std::to_string(pos), d.get(prows, count),
+                    D(out.begin() + first, out.begin() + first + count), D(outb.begin() + first, outb.begin() + first + count));
+    }
   }
 }
 

@@ -21,8 +21,8 @@ import hf_gpt2_loss
 import llama_reference
 
 
-def main():
-    folder, text, T = sys.argv[1], sys.argv[2], int(sys.argv[3])
+def load(folder):
+    """The folder's config.json as llama_reference's config, and its weights (f32)."""
     with open(os.path.join(folder, "config.json")) as f:
         c = json.load(f)
     arch = c["architectures"][0]
@@ -33,7 +33,12 @@ def main():
                qkv_bias=arch == "Qwen2ForCausalLM" or c.get("attention_bias", False),
                attention_bias=c.get("attention_bias", False), qk_norm=arch == "Qwen3ForCausalLM",
                tie_word_embeddings=c.get("tie_word_embeddings", False), rope_scaling=c.get("rope_scaling"))
-    p = hf_gpt2_loss.read(os.path.join(folder, "model.safetensors"))
+    return cfg, hf_gpt2_loss.read(os.path.join(folder, "model.safetensors"))
+
+
+def main():
+    folder, text, T = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    cfg, p = load(folder)
     with open(text, "rb") as f:
         tokens = torch.tensor(list(f.read()), dtype=torch.int64)
     windows = (len(tokens) - 1) // T

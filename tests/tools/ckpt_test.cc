@@ -26,8 +26,8 @@ namespace {
 
 using namespace std::chrono_literals;
 using json = nlohmann::json;
-using testing::losses;
 using testing::bytes_of;
+using testing::losses;
 using testing::run;
 using testing::temp;
 using testing::tiny;

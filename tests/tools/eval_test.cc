@@ -1,17 +1,20 @@
-// `zeroth eval` against PyTorch and a closed form: the validation loss of a trained Llama's
+// `zeroth eval` and `zeroth generate` against PyTorch and a closed form: the validation loss of a trained Llama's
 // exported weights is the independent PyTorch Llama's (tests/reference/hf_llama_eval.py) over the
 // same windows; with the LM head zeroed every logit is 0 and the loss is ln V exactly; the
 // checkpoint evaluates as its export does; and every world layout (3 data-parallel ranks sharing
-// a window count that is not a multiple of them, pipeline 2 x tensor 2) gives the same loss.
+// a window count that is not a multiple of them, pipeline 2 x tensor 2) gives the same loss; greedy
+// generation through the key/value cache gives PyTorch's tokens.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "core/safetensors.h"
@@ -64,7 +67,7 @@ TEST(Eval, MatchesPyTorchAClosedFormAndEveryLayout) {
                 {"seq_len", 16},
                 {"tie_word_embeddings", false}};
   j["data"] = {{"format", "text"}, {"train", dir + "/train.txt"}, {"val", dir + "/val.txt"}};
-  j["run"]["steps"] = 4;
+  j["run"]["steps"] = 40;
   j["run"]["output_dir"] = dir + "/run";
   const std::string config = write_config("eval", j);
   const auto trained = run({ZEROTH_BIN, "train", config}, "eval_train");
@@ -102,6 +105,24 @@ TEST(Eval, MatchesPyTorchAClosedFormAndEveryLayout) {
   const json grid = eval("eval_3d", {"--set", "run.init_from=" + dir + "/hf", "--set", "run.world_size=4", "--set",
                                      "parallel.pipeline=2", "--set", "parallel.tensor=2", "--set", "zero_optimization.stage=1"});
   EXPECT_NEAR(grid["loss"].get<double>(), loss, 1e-6 * loss);
+
+  // Greedy generation with the key/value cache gives the tokens of PyTorch recomputing the whole
+  // sequence each step.
+  const auto gen = run({ZEROTH_BIN, "generate", config, "--set", "run.init_from=" + dir + "/hf", "--prompt", "the cat ",
+                        "--max-new-tokens", "8", "--temperature", "0", "--ids"},
+                       "eval_generate");
+  ASSERT_EQ(gen.code, 0) << gen.output;
+  const auto at = gen.output.find("\nids:");
+  ASSERT_NE(at, std::string::npos) << gen.output;
+  std::vector<int> ids;
+  std::istringstream in(gen.output.substr(at + 5, gen.output.find('\n', at + 1) - at - 5));
+  for (int id; in >> id;) ids.push_back(id);
+  std::string prompt_ids;
+  for (const char c : std::string("the cat ")) prompt_ids += fmt::format(" {}", static_cast<unsigned char>(c));
+  const json greedy = json::parse(shell("/usr/bin/python3 " + std::string(ZEROTH_SOURCE_DIR) +
+                                        "/tests/reference/hf_llama_generate.py " + dir + "/hf 8" + prompt_ids));
+  std::printf("greedy after \"the cat \": %s\n", json(ids).dump().c_str());
+  EXPECT_EQ(json(ids), greedy["ids"]) << gen.output;
 
   // The LM head zeroed in place: every logit 0, every token's cross-entropy ln 256.
   const SafeTensors header = read_safetensors(dir + "/hf/model.safetensors", false);

@@ -40,6 +40,9 @@ class CpuKernels final : public Kernels {
   void attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int KVH, int hs) override {
     cpu::attention_forward(out, att, qkv, B, T, NH, KVH, hs);
   }
+  void attention_rows(float* out, float* att, const float* qkv, int pos, int n, int NH, int KVH, int hs) override {
+    cpu::attention_rows(out, att, qkv, pos, n, NH, KVH, hs);
+  }
   void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int B, int T, int NH,
                           int KVH, int hs) override {
     cpu::attention_backward(dqkv, datt, dout, qkv, att, B, T, NH, KVH, hs);

@@ -348,32 +348,33 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
   }
 }
 
-void attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int KVH, int hs) {
-  const int g = NH / KVH, W = (NH + 2 * KVH) * hs, Cq = NH * hs;
+void attention_rows(float* out, float* att, const float* qkv, int pos, int n, int NH, int KVH, int hs) {
+  const int g = NH / KVH, W = (NH + 2 * KVH) * hs, Cq = NH * hs, Tk = pos + n;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  const size_t TT = static_cast<size_t>(T) * T;
-  for (int b = 0; b < B; ++b) {
-    for (int h = 0; h < NH; ++h) {
-      const float* row = qkv + static_cast<size_t>(b) * T * W;
-      float* a = att + (static_cast<size_t>(b) * NH + h) * TT;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, row + h * hs, W, row + (NH + h / g) * hs, W, 0.0f, a, T);
-    }
+  const size_t block = static_cast<size_t>(n) * Tk;
+  for (int h = 0; h < NH; ++h) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, Tk, hs, scale, qkv + static_cast<size_t>(pos) * W + h * hs, W,
+                qkv + (NH + h / g) * hs, W, 0.0f, att + h * block, Tk);
   }
-  for_rows(static_cast<size_t>(B) * NH * T, kRowChunk, [&](size_t row) {
-    const int t = static_cast<int>(row % T);
-    float* a = att + row * T;
+  for_rows(static_cast<size_t>(NH) * n, kRowChunk, [&](size_t row) {
+    const int t = pos + static_cast<int>(row % n);
+    float* a = att + row * Tk;
     const float m = row_max(a, t + 1);
     const float s = exp_shifted_sum(a, t + 1, m);
     scale_row(a, t + 1, 1.0f / s);
-    std::fill(a + t + 1, a + T, 0.0f);
+    std::fill(a + t + 1, a + Tk, 0.0f);
   });
+  for (int h = 0; h < NH; ++h) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hs, Tk, 1.0f, att + h * block, Tk, qkv + (NH + KVH + h / g) * hs, W,
+                0.0f, out + h * hs, Cq);
+  }
+}
+
+// Each sequence's attention is its rows [0, T) over themselves.
+void attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int KVH, int hs) {
+  const size_t W = static_cast<size_t>(NH + 2 * KVH) * hs, Cq = static_cast<size_t>(NH) * hs;
   for (int b = 0; b < B; ++b) {
-    for (int h = 0; h < NH; ++h) {
-      const float* v = qkv + static_cast<size_t>(b) * T * W + (NH + KVH + h / g) * hs;
-      const float* a = att + (static_cast<size_t>(b) * NH + h) * TT;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, v, W, 0.0f,
-                  out + static_cast<size_t>(b) * T * Cq + h * hs, Cq);
-    }
+    attention_rows(out + b * T * Cq, att + static_cast<size_t>(b) * NH * T * T, qkv + b * T * W, 0, T, NH, KVH, hs);
   }
 }
 

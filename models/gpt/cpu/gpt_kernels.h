@@ -34,6 +34,10 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
 // (g = NH / KVH: grouped-query attention; KVH = NH is multi-head attention). att [B, NH, T, T]
 // keeps the probabilities (zero above the diagonal); out is [B, T, NH hs].
 void attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int KVH, int hs);
+// Generation with a key/value cache: rows [pos, pos + n) of qkv [pos + n, (NH + 2 KVH) hs] (one
+// sequence) attend causally over rows [0, pos + n); out [n, NH hs] is what attention_forward gives
+// for those rows of the whole sequence. att is scratch of NH n (pos + n) floats.
+void attention_rows(float* out, float* att, const float* qkv, int pos, int n, int NH, int KVH, int hs);
 // dqkv is overwritten (a key/value head's gradient sums its query heads', in head order); datt is
 // scratch of att's size.
 void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int B, int T, int NH, int KVH,

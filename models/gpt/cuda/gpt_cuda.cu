@@ -260,12 +260,13 @@ __global__ void swiglu_backward_kernel(float* dinp, const float* inp, const floa
   dinp[n * 2 * F + F + j] = dout[i] * gate * sig;
 }
 
-// Causal softmax of each row of att (B*NH*T rows of T), in place; zeros above the diagonal.
-__global__ void causal_softmax_kernel(float* att, size_t rows, int T) {
+// Causal softmax of each row of att (rows of T; row r is query position pos + r mod q), in place;
+// zeros past the query's position. The whole sequence's attention: q = T, pos = 0.
+__global__ void causal_softmax_kernel(float* att, size_t rows, int T, int q, int pos) {
   const size_t row = (blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x) / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (row >= rows) return;
-  const int t = static_cast<int>(row % T);
+  const int t = pos + static_cast<int>(row % q);
   float* a = att + row * T;
   float m = -INFINITY;
   for (int j = lane; j <= t; j += kWarp) m = fmaxf(m, a[j]);
@@ -430,7 +431,7 @@ class CudaKernels final : public Kernels {
       }
     }
     const size_t rows = static_cast<size_t>(B) * NH * T;
-    causal_softmax_kernel<<<blocks_for(rows * kWarp), kThreads, 0, s()>>>(att, rows, T);
+    causal_softmax_kernel<<<blocks_for(rows * kWarp), kThreads, 0, s()>>>(att, rows, T, T, 0);
     for (int b = 0; b < B; ++b) {
       const float* row = qkv + static_cast<size_t>(b) * T * W;
       for (int j = 0; j < G.count; ++j) {
@@ -439,6 +440,25 @@ class CudaKernels final : public Kernels {
                                                G.shared_stride, att + (static_cast<size_t>(b) * NH + j * G.heads) * TT, T, TT, &zero,
                                                out + static_cast<size_t>(b) * T * Cq + j * G.heads * hs, Cq, hs, G.heads));
       }
+    }
+  }
+  void attention_rows(float* out, float* att, const float* qkv, int pos, int n, int NH, int KVH, int hs) override {
+    const int W = (NH + 2 * KVH) * hs, Cq = NH * hs, Tk = pos + n;
+    const Groups G = groups_of(NH, KVH, hs);
+    const float scale = 1.0f / sqrtf(static_cast<float>(hs)), zero = 0.0f, one = 1.0f;
+    const long long block = static_cast<long long>(n) * Tk;
+    for (int j = 0; j < G.count; ++j) {
+      // att^T (keys x queries) = K Q^T per query head, the queries the last n rows
+      CUBLAS_CHECK(cublasSgemmStridedBatched(handle_, CUBLAS_OP_T, CUBLAS_OP_N, Tk, n, hs, &scale, qkv + (NH + j) * hs, W,
+                                             G.shared_stride, qkv + static_cast<size_t>(pos) * W + j * G.heads * hs, W, hs, &zero,
+                                             att + j * G.heads * block, Tk, block, G.heads));
+    }
+    const size_t rows = static_cast<size_t>(NH) * n;
+    causal_softmax_kernel<<<blocks_for(rows * kWarp), kThreads, 0, s()>>>(att, rows, Tk, n, pos);
+    for (int j = 0; j < G.count; ++j) {
+      CUBLAS_CHECK(cublasSgemmStridedBatched(handle_, CUBLAS_OP_N, CUBLAS_OP_N, hs, n, Tk, &one, qkv + (NH + KVH + j) * hs, W,
+                                             G.shared_stride, att + j * G.heads * block, Tk, block, &zero, out + j * G.heads * hs, Cq,
+                                             hs, G.heads));
     }
   }
   void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int B, int T, int NH,
