@@ -53,12 +53,7 @@ std::vector<double> run_zeroth(const Options& o, const GptConfig& model) {
                       {"optimizer",
                        {{"type", "AdamW"}, {"params", {{"lr", 6e-4}, {"betas", {0.9, 0.95}}, {"eps", 1e-8}, {"weight_decay", 0.1}}}}},
                       {"zero_optimization", {{"stage", o.stage}}},
-                      {"model",
-                       {{"n_layer", model.n_layer},
-                        {"n_head", model.n_head},
-                        {"n_embd", model.n_embd},
-                        {"vocab_size", model.vocab_size},
-                        {"seq_len", o.seq}}},
+                      {"model", {{"preset", o.preset}, {"seq_len", o.seq}}},
                       {"data",
                        {{"format", "synthetic"},
                         {"vocab_size", model.vocab_size},
@@ -77,15 +72,30 @@ std::vector<double> run_zeroth(const Options& o, const GptConfig& model) {
 }
 
 nlohmann::json run_torch(const Options& o, const GptConfig& m, int threads) {
-  const std::vector<std::string> argv = {o.python,    o.script,
-                                         "--layers",  std::to_string(m.n_layer),
-                                         "--heads",   std::to_string(m.n_head),
-                                         "--embd",    std::to_string(m.n_embd),
-                                         "--vocab",   std::to_string(m.vocab_size),
-                                         "--seq",     std::to_string(o.seq),
-                                         "--batch",   std::to_string(o.batch),
-                                         "--steps",   std::to_string(o.steps),
-                                         "--threads", std::to_string(threads)};
+  std::vector<std::string> argv = {o.python,    o.script,
+                                   "--layers",  std::to_string(m.n_layer),
+                                   "--heads",   std::to_string(m.n_head),
+                                   "--embd",    std::to_string(m.n_embd),
+                                   "--vocab",   std::to_string(m.vocab_size),
+                                   "--seq",     std::to_string(o.seq),
+                                   "--batch",   std::to_string(o.batch),
+                                   "--steps",   std::to_string(o.steps),
+                                   "--threads", std::to_string(threads)};
+  if (m.llama()) {
+    // The Llama family's switches the reference computes (no biases, no q/k norms: the presets'
+    // SmolLM, Llama and TinyLlama shapes).
+    if (m.qkv_bias || m.o_bias || m.qk_norm || m.rope_scaling.type != RopeScaling::Type::none) {
+      ZEROTH_THROW(InvalidArgument,
+                   "--preset {}: the PyTorch reference has no attention biases, q/k norms or rope scaling; add "
+                   "--no-reference",
+                   o.preset);
+    }
+    for (const std::string& a :
+         {std::string("--kv-heads"), std::to_string(m.kv_heads()), std::string("--head-dim"), std::to_string(m.head_size()),
+          std::string("--ffn"), std::to_string(m.ffn()), std::string("--tied"), std::string(m.tie_word_embeddings ? "1" : "0"),
+          std::string("--theta"), fmt::format("{}", m.rope_theta)})
+      argv.push_back(a);
+  }
   ProcessResult torch;
   try {
     torch = run_process(argv);
@@ -119,9 +129,9 @@ void run(const Options& o) {
   share_cores(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / threads));
   log::set_level(log::Level::warn);
   const double tokens = static_cast<double>(o.batch) * o.seq;
-  say("bench train: GPT %s (%.2fM parameters), seq %d, batch %d = %.0f tokens/step, %s, %d thread%s, %d timed steps after 1 warm-up\n",
-      o.preset.c_str(), static_cast<double>(m.num_parameters()) / 1e6, o.seq, o.batch, tokens, o.dtype.c_str(), threads,
-      threads == 1 ? "" : "s", o.steps);
+  say("bench train: %s %s (%.2fM parameters), seq %d, batch %d = %.0f tokens/step, %s, %d thread%s, %d timed steps after 1 warm-up\n",
+      m.llama() ? "Llama-family" : "GPT", o.preset.c_str(), static_cast<double>(m.num_parameters()) / 1e6, o.seq, o.batch, tokens,
+      o.dtype.c_str(), threads, threads == 1 ? "" : "s", o.steps);
   // The core decides the matmul speed (2x or more between cores): figures compare only with
   // figures taken on the same core.
   const cpu::BlasInfo blas = cpu::blas_info();
@@ -133,8 +143,11 @@ void run(const Options& o) {
   std::fflush(stdout);
   if (o.json) {
     // What `zeroth plan --calibrate` reads: the model FLOPs per token as the planner counts them
-    // (Narayanan et al. 2021: 72 l h^2 + 12 l s h + 6 V h), so tokens/s times it is the achieved rate.
-    const double l = m.n_layer, h = m.n_embd, s = o.seq, v = m.vocab_size;
+    // (Narayanan et al. 2021: 72 l h^2 + 12 l s h + 6 V h for GPT-2: 6 per weight of the layers'
+    // matmuls and the head, 12 s per attention channel), so tokens/s times it is the achieved rate.
+    // The Llama family's layer weights: q, k, v (grouped), o, and SwiGLU's three matrices.
+    const double l = m.n_layer, h = m.n_embd, s = o.seq, v = m.vocab_size, q = static_cast<double>(m.n_head) * m.head_size();
+    const double layer = m.llama() ? h * (q + 2.0 * m.kv_heads() * m.head_size()) + q * h + 3 * h * m.ffn() : 12 * h * h;
     std::printf("%s\n", nlohmann::json{{"preset", o.preset},
                                        {"seq", o.seq},
                                        {"batch", o.batch},
@@ -142,7 +155,7 @@ void run(const Options& o) {
                                        {"threads", threads},
                                        {"step_s", z},
                                        {"tokens_per_s", tokens / z},
-                                       {"model_flops_per_token", 72 * l * h * h + 12 * l * s * h + 6 * v * h}}
+                                       {"model_flops_per_token", 6 * l * layer + 12 * l * s * q + 6 * v * h}}
                             .dump(2)
                             .c_str());
   }
@@ -158,8 +171,9 @@ void run(const Options& o) {
 
 void add_bench_train_command(CLI::App& bench) {
   auto o = std::make_shared<Options>();
-  auto* cmd = bench.add_subcommand("train", "GPT training tokens/s on the CPU, next to PyTorch");
-  cmd->add_option("--preset", o->preset, "Model shape: gpt2-124m, gpt2-350m, ...");
+  auto* cmd = bench.add_subcommand("train", "GPT or Llama-family training tokens/s on the CPU, next to PyTorch");
+  cmd->add_option("--preset", o->preset,
+                  "Model shape: gpt2-124m, gpt2-350m, ..., or the Llama family's: smollm-135m, llama-3.2-1b, ...");
   cmd->add_option("--seq", o->seq, "Sequence length");
   cmd->add_option("--batch", o->batch, "Sequences per step");
   cmd->add_option("--steps", o->steps, "Timed steps (after one warm-up step)");

@@ -188,6 +188,7 @@ void import_weights(const std::string& from, const std::string& config_path, con
   const auto specs = Gpt::block_specs(c.model);
   const Plan plan = layout(c, c.run.world_size);
   // Tensor by tensor, each range the checkpoint's files ask for read from its shard.
+  check_hf_config(c.model, from);
   HfModelReader weights(c.model, from);
   std::vector<std::pair<int, size_t>> param_of;  // the checkpoint's tensor order: block, parameter
   for (size_t b = 0; b < specs.size(); ++b)

@@ -18,6 +18,8 @@ configure_and_build() {
   local dir=$1
   shift
   "$root/tools/install-deps.sh"
+  # The SentencePiece vocabulary configs/llama-fortunes-zero3.json trains with (a few seconds, once).
+  "$root/tools/fortunes-vocab.sh"
   cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-Release}" \
     -DZEROTH_CUDA="${ZEROTH_CUDA:-AUTO}" "$@"
   cmake --build "$dir" -j "$jobs" ${TARGET:+--target "$TARGET"}

@@ -24,15 +24,15 @@ struct TokenizeOptions {
 void run_tokenize(const TokenizeOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   const auto tok = Tokenizer::open(o.tokenizer);
-  std::vector<int32_t> ids;
-  size_t bytes = 0;
+  // The inputs end to end, as a run reads a folder's files: one text, encoded once.
+  std::string text;
   for (const auto& input : o.inputs) {
-    const std::string text = read_texts(input);
-    check_utf8(text, input);
-    const auto part = tok->encode(text);
-    ids.insert(ids.end(), part.begin(), part.end());
-    bytes += text.size();
+    const std::string part = read_texts(input);
+    check_utf8(part, input);
+    text += part;
   }
+  const size_t bytes = text.size();
+  const std::vector<int32_t> ids = tok->encode(text);
   write_token_file(o.out, ids, tok->vocab_size());
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("%s: %zu tokens (%.2f bytes of text each) from %s of text with %s, %d-byte tokens, in %.1f s\n", o.out.c_str(),

@@ -96,6 +96,7 @@ TokenData TokenData::open_bin(const std::string& path) {
   TokenData t;
   t.width_ = width;
   t.data_ = static_cast<const char*>(map->addr) + kBinHeaderBytes;
+  t.heap_bytes_ = width * n;
   t.size_ = n;
   t.storage_ = std::move(map);
   return t;
@@ -150,13 +151,29 @@ TokenData TokenData::open_tokenized(const std::string& text_path, const std::str
   // whole file of the same tokens into place.
   static std::mutex mutex;
   std::lock_guard lock(mutex);
-  const std::string text = read_texts(text_path);
   const auto tokenizer = Tokenizer::open(tokenizer_path);
-  const uint64_t stamp = XXH3_64bits_withSeed(text.data(), text.size(), tokenizer->fingerprint());
+  // The text's files by name, size and modification time: a cache hit reads no text.
+  uint64_t stamp = tokenizer->fingerprint();
+  std::error_code ec;
+  std::vector<fs::path> files;
+  if (fs::is_directory(text_path, ec)) {
+    for (const auto& e : fs::directory_iterator(text_path, ec)) files.push_back(e.path());
+    std::sort(files.begin(), files.end());
+  } else {
+    files.push_back(text_path);
+  }
+  for (const auto& f : files) {
+    const std::string name = f.string();
+    const auto size = fs::file_size(f, ec);
+    const auto mtime = fs::last_write_time(f, ec).time_since_epoch().count();
+    const int64_t facts[2] = {static_cast<int64_t>(size), static_cast<int64_t>(mtime)};
+    stamp = XXH3_64bits_withSeed(name.data(), name.size(), stamp);
+    stamp = XXH3_64bits_withSeed(facts, sizeof facts, stamp);
+  }
   const std::string stem = fs::path(text_path).filename().string();
   const std::string path = (fs::path(cache_dir) / fmt::format("{}.{:016x}.bin", stem.empty() ? "text" : stem, stamp)).string();
-  std::error_code ec;
   if (!fs::exists(path, ec)) {
+    const std::string text = read_texts(text_path);
     check_utf8(text, text_path);
     fs::create_directories(cache_dir, ec);
     if (ec) ZEROTH_THROW(IoError, "create_directories(\"{}\"): {}", cache_dir, ec.message());

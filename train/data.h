@@ -25,8 +25,9 @@ class TokenData {
   // read. IoError / InvalidArgument naming the path and what is wrong.
   static TokenData open_bin(const std::string& path);
   // Text tokenized with `tokenizer` (a Tokenizer::open path), through a token file in `cache_dir`
-  // named by the text's and the tokenizer's fingerprints: written once (atomically, with a
-  // progress line on stderr when `progress`), then mapped like any token file.
+  // named by the tokenizer's bytes and the text files' names, sizes and modification times:
+  // written once (atomically, with a progress line on stderr when `progress`), then mapped like
+  // any token file; the text is not read again while the file is there.
   static TokenData open_tokenized(const std::string& text, const std::string& tokenizer, const std::string& cache_dir,
                                   bool progress = true);
   // Every byte is a token (vocabulary 256). A folder: its text files, concatenated in name order.
@@ -42,8 +43,9 @@ class TokenData {
   // Tokens [begin, end), sharing the storage.
   TokenData slice(size_t begin, size_t end) const;
   int max_token() const;  // largest token id (scans the data)
-  // Bytes of memory the whole storage holds (a slice's too); 0 for a mapped token file, whose pages
-  // are the page cache's.
+  // Bytes of memory the whole storage holds (a slice's too): what was read into the heap, or a
+  // mapped token file's tokens, whose pages are resident in each mapping once the loader has read
+  // them (each rank maps the file).
   size_t heap_bytes() const { return heap_bytes_; }
 
  private:
@@ -102,7 +104,8 @@ std::string read_texts(const std::string& path);
 // [0, vocab_size).
 void write_token_file(const std::string& path, const std::vector<int32_t>& ids, int vocab_size);
 // The host memory one rank's RunData holds: the tokens it read (text and synthetic data; a token
-// file is mapped, not read) and its training loader's window order. Opens the data to count it.
+// file's mapping, as its pages become resident) and its training loader's window order. Opens the
+// data to count it.
 size_t run_data_host_bytes(const TrainConfig& config);
 
 }  // namespace zeroth

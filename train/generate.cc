@@ -94,20 +94,32 @@ GenerateResult generate(const TrainConfig& given, const GenerateOptions& o, cons
     const auto t0 = std::chrono::steady_clock::now();
     gpt.begin_decoding(P + r.max_new_tokens);
     gpt.decode(r.prompt_ids.data(), P, logits.data());
+    // The new text is the whole sequence's decoded past the prompt's: a tokenizer decodes a piece
+    // by what precedes it (SentencePiece drops a line's leading space, joins byte pieces).
+    std::vector<int32_t> all = r.prompt_ids;
+    const size_t prompt_chars = tok->decode(all).size();
+    auto new_text = [&] {
+      const std::string t = tok->decode(all);
+      return t.size() > prompt_chars ? t.substr(prompt_chars) : std::string();
+    };
     size_t shown = 0;
     for (int i = 0; i < r.max_new_tokens; ++i) {
       const int32_t next = sample_token(logits, vocab, o, uniform(rng));
       r.ids.push_back(next);
+      all.push_back(next);
       if (on_text) {
-        r.text = tok->decode(r.ids);
-        const size_t whole = r.text.size() - incomplete_tail(r.text);
+        // Held back while the end is not a whole character: bytes of one, or the replacement
+        // character a tokenizer shows for a byte sequence not finished yet.
+        r.text = new_text();
+        size_t whole = r.text.size() - incomplete_tail(r.text);
+        if (whole >= 3 && r.text.compare(whole - 3, 3, "\xEF\xBF\xBD") == 0) whole -= 3;
         if (whole > shown) on_text(std::string_view(r.text).substr(shown, whole - shown)), shown = whole;
       }
       if (i + 1 < r.max_new_tokens) gpt.decode(&next, 1, logits.data());
     }
     gpt.end_decoding();
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    r.text = tok->decode(r.ids);
+    r.text = new_text();
     if (on_text && r.text.size() > shown) on_text(std::string_view(r.text).substr(shown));
   });
   return r;

@@ -12,7 +12,7 @@
 
 #include "core/cpu/kernels.h"       // cpu::cast
 #include "core/error.h"             // ZEROTH_THROW
-#include "train/hf_model_config.h"  // hf_config_to_json
+#include "train/hf_model_config.h"  // hf_config_to_json, read_hf_config
 
 namespace zeroth {
 namespace {
@@ -86,6 +86,39 @@ bool is_hf_weights(const std::string& path) {
   if (fs::is_directory(path, ec))
     return fs::exists(fs::path(path) / kHfIndexName, ec) || fs::exists(fs::path(path) / kHfSingleName, ec);
   return path.ends_with(".safetensors");
+}
+
+void check_hf_config(const GptConfig& m, const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec) || !fs::exists(fs::path(path) / "config.json", ec)) return;
+  const GptConfig f = read_hf_config(path).model;
+  std::vector<std::string> differ;
+  auto same = [&](const char* key, const auto& mine, const auto& theirs) {
+    if (!(mine == theirs)) differ.push_back(fmt::format("{} {} where the file has {}", key, mine, theirs));
+  };
+  same("architecture", m.hf_architecture(), f.hf_architecture());
+  same("model.n_layer", m.n_layer, f.n_layer);
+  same("model.n_embd", m.n_embd, f.n_embd);
+  same("model.n_head", m.n_head, f.n_head);
+  if (m.vocab_size < f.vocab_size)
+    differ.push_back(fmt::format("model.vocab_size {} where the file has {}", m.vocab_size, f.vocab_size));
+  if (m.llama() && f.llama()) {
+    same("model.n_kv_head", m.kv_heads(), f.kv_heads());
+    same("model.head_dim", m.head_size(), f.head_size());
+    same("model.intermediate_size", m.ffn(), f.ffn());
+    same("model.rms_norm_eps", m.norm_eps, f.norm_eps);
+    same("model.rope_theta", m.rope_theta, f.rope_theta);
+    same("model.rope_scaling", rope_scaling_to_json(m.rope_scaling).dump(), rope_scaling_to_json(f.rope_scaling).dump());
+    same("model.qkv_bias", m.qkv_bias, f.qkv_bias);
+    same("model.attention_bias", m.o_bias, f.o_bias);
+    same("model.qk_norm", m.qk_norm, f.qk_norm);
+    same("model.tie_word_embeddings", m.tie_word_embeddings, f.tie_word_embeddings);
+  }
+  if (!differ.empty()) {
+    ZEROTH_THROW(ConfigError,
+                 "{}/config.json describes another model than the config's: {}; set model.hf_config to {} to take its shape", path,
+                 fmt::join(differ, "; "), path);
+  }
 }
 
 HfWeights::HfWeights(const std::string& path) : path_(path) {
@@ -195,30 +228,38 @@ HfModelReader::HfModelReader(const GptConfig& config, const std::string& path)
 void HfModelReader::read(int block, size_t param, const ParamSpec& as, size_t lo, size_t hi, float* out) {
   const Source& s = sources_.at(block).at(param);
   const size_t stored = s.found.tensor->numel();
-  if (!s.transposed && !as.tp.split()) {
-    // Zeroth's layout is the file's, row for row: read just these elements (past the file's
-    // vocabulary rows: zero).
-    const size_t e = std::min(hi, stored);
-    if (lo < e) read_tensor_f32(*s.found.file, s.found.name, lo, e, out);
-    std::fill(out + (lo < e ? e - lo : 0), out + (hi - lo), 0.0f);
+  // Whole-tensor elements [a, a + n) into `to`; past the file's vocabulary rows, zero.
+  auto stored_range = [&](size_t a, size_t n, float* to) {
+    const size_t e = std::min(a + n, stored);
+    if (a < e) read_tensor_f32(*s.found.file, s.found.name, a, e, to);
+    std::fill(to + (a < e ? e - a : 0), to + n, 0.0f);
+  };
+  if (!s.transposed) {
+    // Zeroth's layout is the file's, row for row: read just these elements, or a tensor-parallel
+    // slice's runs of them.
+    if (!as.tp.split()) {
+      stored_range(lo, hi - lo, out);
+    } else {
+      as.tp.for_each_run(lo, hi, [&](size_t full, size_t count, size_t local) { stored_range(full, count, out + (local - lo)); });
+    }
     return;
   }
-  if (cached_block_ != block || cached_param_ != param || cached_.size() != as.numel()) {
+  // GPT-2's Conv1D weights are stored [in, out]: the tensor is read once and turned, and kept for
+  // the next range of the same slice.
+  const int rank = as.tp.split() ? as.tp.rank : -1;
+  if (cached_block_ != block || cached_param_ != param || cached_rank_ != rank) {
     const ParamSpec& whole = specs_[block].params[param];
     std::vector<float> values(whole.numel(), 0.0f);
-    read_tensor_f32(*s.found.file, s.found.name, 0, std::min(stored, values.size()), values.data());
-    if (s.transposed) {
-      std::vector<float> turned(values.size());
-      transpose(values.data(), static_cast<size_t>(whole.shape[1]), static_cast<size_t>(whole.shape[0]), turned.data());
-      values.swap(turned);
-    }
+    stored_range(0, values.size(), values.data());
+    std::vector<float> turned(values.size());
+    transpose(values.data(), static_cast<size_t>(whole.shape[1]), static_cast<size_t>(whole.shape[0]), turned.data());
     if (as.tp.split()) {
       cached_.resize(as.numel());
-      as.tp.take(values.data(), cached_.data(), as.numel());
+      as.tp.take(turned.data(), cached_.data(), as.numel());
     } else {
-      cached_ = std::move(values);
+      cached_ = std::move(turned);
     }
-    cached_block_ = block, cached_param_ = param;
+    cached_block_ = block, cached_param_ = param, cached_rank_ = rank;
   }
   std::copy(cached_.begin() + static_cast<std::ptrdiff_t>(lo), cached_.begin() + static_cast<std::ptrdiff_t>(hi), out);
 }
@@ -268,6 +309,13 @@ HfWriter::HfWriter(const GptConfig& config, const std::string& path, DType dtype
     std::error_code ec;
     fs::create_directories(path, ec);
     if (ec) ZEROTH_THROW(IoError, "create_directories(\"{}\"): {}", path, ec.message());
+    // An earlier export's files go first: a reader must never find an old index, config or shard
+    // beside new ones (the index and config.json are written last, when every shard is whole).
+    for (const auto& e : fs::directory_iterator(path, ec)) {
+      const std::string name = e.path().filename().string();
+      const bool shard = name.starts_with("model-") && name.ends_with(".safetensors") && name.find("-of-") != std::string::npos;
+      if (shard || name == kHfIndexName || name == kHfSingleName || name == "config.json") fs::remove(e.path(), ec);
+    }
   }
   for (size_t s = 0; s < groups.size(); ++s) {
     Shard shard;

@@ -26,6 +26,12 @@ inline constexpr uint64_t kHfDefaultShardBytes = 5'000'000'000;  // Hugging Face
 // Whether `path` is Hugging Face weights: a .safetensors file, or a folder with either name above.
 bool is_hf_weights(const std::string& path);
 
+// A folder's config.json (when it has one) against the model the weights are read into: every
+// setting that changes what the weights compute (architecture, shape, norms' epsilon, rotary base
+// and scaling, biases, q/k norms, tied head) must agree; ConfigError naming each that does not,
+// both values. The model's vocabulary may be larger than the file's (padding rows).
+void check_hf_config(const GptConfig& model, const std::string& path);
+
 // The tensors of such a file or folder: every header read (InvalidArgument naming the file when
 // one is not valid, or when the index names a shard that is missing), no data.
 class HfWeights {
@@ -61,9 +67,9 @@ class HfModelReader {
  public:
   HfModelReader(const GptConfig& config, const std::string& path);
   // Elements [lo, hi) of parameter `param` of block `block` (Gpt::block_specs(config)) as `as`
-  // holds it: the whole tensor, or a tensor-parallel rank's slice (as.tp). A range of a plain
-  // tensor reads only its bytes; a transposed or sliced one reads its tensor once and keeps it
-  // until another tensor is asked for.
+  // holds it: the whole tensor, or a tensor-parallel rank's slice (as.tp). Only the range's bytes
+  // are read (a slice's runs of the whole tensor); GPT-2's transposed Conv1D weights are read
+  // whole once and kept until another tensor or slice is asked for.
   void read(int block, size_t param, const ParamSpec& as, size_t lo, size_t hi, float* out);
   // Padded elements [lo, hi) of a block as `as` lays it out (`offsets`: each parameter's start),
   // the padding zero: what Engine::set_block_values asks for.
@@ -79,7 +85,7 @@ class HfModelReader {
   std::vector<BlockSpec> specs_;
   HfWeights weights_;
   std::vector<std::vector<Source>> sources_;  // [block][param]
-  int cached_block_ = -1;
+  int cached_block_ = -1, cached_rank_ = -2;
   size_t cached_param_ = 0;
   std::vector<float> cached_;
 };
@@ -89,7 +95,8 @@ class HfModelReader {
 // Into one file when `path` ends in .safetensors; otherwise into the folder `path`: config.json,
 // and model.safetensors or shards of at most `shard_bytes` each (a larger tensor alone) named
 // model-0000k-of-0000n.safetensors with model.safetensors.index.json, as Hugging Face's
-// save_pretrained lays them out. Each file is written to .tmp and renamed when whole.
+// save_pretrained lays them out. Each file is written to .tmp and renamed when whole; an earlier
+// export's files in the folder are removed first, the index and config.json written last.
 class HfWriter {
  public:
   HfWriter(const GptConfig& config, const std::string& path, DType dtype, uint64_t shard_bytes = kHfDefaultShardBytes);

@@ -3,7 +3,7 @@
 #include "train/trainer.h"
 
 #include "train/export.h"      // save_gpt_weights
-#include "train/hf_weights.h"  // HfModelReader, is_hf_weights
+#include "train/hf_weights.h"  // HfModelReader, is_hf_weights, check_hf_config
 
 #include <algorithm>   // std::max
 #include <chrono>      // std::chrono::steady_clock
@@ -533,11 +533,22 @@ TrainSummary TrainingRun::finish() {
 }  // namespace
 
 void load_initial_weights(Engine& engine, const TrainConfig& config) {
+  namespace fs = std::filesystem;
   const std::string& from = config.run.init_from;
-  if (std::filesystem::is_directory(from) && !is_hf_weights(from)) {
+  std::error_code ec;
+  const bool checkpoint = fs::is_directory(from, ec) &&
+                          (fs::exists(fs::path(from) / ckpt::kManifestName, ec) || fs::exists(fs::path(from) / ckpt::kLatestName, ec));
+  if (!checkpoint && !is_hf_weights(from)) {
+    ZEROTH_THROW(ConfigError,
+                 "run.init_from {} is {}: give a zeroth checkpoint folder (or a step folder), a .safetensors file, or a Hugging Face "
+                 "model folder holding model.safetensors or model.safetensors.index.json (PyTorch .bin weights are not read)",
+                 from, fs::exists(from, ec) ? "none of those" : "not there");
+  }
+  if (checkpoint) {
     ckpt::load(engine, from, nullptr, true);
     return;
   }
+  check_hf_config(config.model, from);
   HfModelReader reader(config.model, from);
   const auto whole = Gpt::block_specs(config.model);
   const auto& blocks = engine.plan().blocks;

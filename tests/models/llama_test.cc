@@ -127,6 +127,35 @@ TEST_P(LlamaOnDevice, ForwardBackwardMatchesPyTorchBf16) {
   }
 }
 
+// Generation's key/value cache against PyTorch's whole-sequence logits: the batch's first sequence
+// decoded as a prompt of 5 tokens and then a token at a time; each pass's next-token logits are
+// PyTorch's at that position (rotary angles from the cache's offset, grouped keys and values read
+// from it), within the whole forward's bound.
+TEST_P(LlamaOnDevice, DecodingWithTheCacheGivesPyTorchLogitsAtEveryPosition) {
+  for (const char* name : {"llama", "llama_bias", "qwen2", "qwen3"}) {
+    SCOPED_TRACE(name);
+    Loaded m(name, GetParam());
+    const auto tokens = reference().at("batch.tokens").as_i32();
+    const auto ref = reference().at(std::string(name) + ".logits").as_f32();
+    const int T = 12, V = m.config.vocab_size;
+    m.model.begin_decoding(T);
+    std::vector<float> got(V);
+    int pos = 0;
+    double worst = 0;
+    for (const int n : {5, 1, 1, 1, 1, 1, 1, 1}) {
+      m.model.decode(tokens.data() + pos, n, got.data());
+      pos += n;
+      EXPECT_EQ(m.model.decoded(), pos);
+      const std::vector<float> want(ref.begin() + static_cast<size_t>(pos - 1) * V, ref.begin() + static_cast<size_t>(pos) * V);
+      const double e = rel_error(got, want);
+      worst = std::max(worst, e);
+      EXPECT_LT(e, 2e-6) << "position " << pos - 1;
+    }
+    m.model.end_decoding();
+    std::printf("%s: decoding's worst logits error %.3g over %d positions\n", name, worst, T);
+  }
+}
+
 TEST_P(LlamaOnDevice, EvaluateGivesPyTorchLogits) {
   for (const char* name : {"llama", "llama_bias", "qwen2", "qwen3"}) {
     SCOPED_TRACE(name);

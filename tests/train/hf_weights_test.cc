@@ -86,10 +86,13 @@ TEST(HfWeights, AShardedFolderInBareNamesReadsWholeInRangesAndSliced) {
   HfModelReader reader(c, f.dir);
   EXPECT_EQ(reader.weights().files(), 2u);
   const auto specs = Gpt::block_specs(c);
-  GptPart part;
-  part.chunks = {{0, c.n_layer}};
-  part.tp_rank = 1, part.tp_ranks = 2;
-  const auto sliced = Gpt::block_specs(c, part);
+  std::vector<std::vector<BlockSpec>> sliced;
+  for (int r = 0; r < 2; ++r) {
+    GptPart part;
+    part.chunks = {{0, c.n_layer}};
+    part.tp_rank = r, part.tp_ranks = 2;
+    sliced.push_back(Gpt::block_specs(c, part));
+  }
   size_t seen = 0, split = 0;
   for (const auto& h : Gpt::hf_params(c)) {
     const auto& p = specs[h.block].params[h.param];
@@ -99,25 +102,30 @@ TEST(HfWeights, AShardedFolderInBareNamesReadsWholeInRangesAndSliced) {
     reader.read(h.block, h.param, p, cut, p.numel(), got.data() + cut);
     reader.read(h.block, h.param, p, 0, cut, got.data());
     EXPECT_EQ(got, want) << h.name;
-    // Tensor-parallel rank 1 of 2 gets its slice, as the spec's own take() cuts it from the whole.
-    const ParamSpec* q = nullptr;
-    for (const auto& b : sliced)
-      for (const auto& s : b.params)
-        if (b.name == specs[h.block].name && s.name == p.name) q = &s;
-    ASSERT_NE(q, nullptr) << h.name;
-    std::vector<float> slice(q->numel()), expect(q->numel());
-    reader.read(h.block, h.param, *q, 0, q->numel(), slice.data());
-    if (q->tp.split()) {
-      q->tp.take(want.data(), expect.data(), q->numel());
-      ++split;
-    } else {
-      expect = want;
+    // Each tensor-parallel rank of 2, one after the other through the same reader, gets its
+    // slice (read in two ranges), as the spec's own take() cuts it from the whole.
+    for (int r = 0; r < 2; ++r) {
+      const ParamSpec* q = nullptr;
+      for (const auto& b : sliced[r])
+        for (const auto& s : b.params)
+          if (b.name == specs[h.block].name && s.name == p.name) q = &s;
+      ASSERT_NE(q, nullptr) << h.name;
+      std::vector<float> slice(q->numel()), expect(q->numel());
+      const size_t half = q->numel() / 2 + 1;
+      reader.read(h.block, h.param, *q, 0, half, slice.data());
+      reader.read(h.block, h.param, *q, half, q->numel(), slice.data() + half);
+      if (q->tp.split()) {
+        q->tp.take(want.data(), expect.data(), q->numel());
+        split += r;
+      } else {
+        expect = want;
+      }
+      EXPECT_EQ(slice, expect) << h.name << " on tensor-parallel rank " << r;
     }
-    EXPECT_EQ(slice, expect) << h.name << " on tensor-parallel rank 1";
     ++seen;
   }
   EXPECT_EQ(seen, 12u);  // embed, 9 in the layer, norm, head
-  EXPECT_GE(split, 7u);
+  EXPECT_GE(split, 7u);  // tensors split on rank 1
   fs::remove_all(f.dir);
 }
 
@@ -144,6 +152,30 @@ TEST(HfWeights, FoldersThatDoNotFitTheModelAreRefusedNamingWhy) {
   EXPECT_NE(message(deeper, f.dir).find("has no tensor model.layers.1.input_layernorm.weight (nor layers.1.input_layernorm.weight)"),
             std::string::npos)
       << message(deeper, f.dir);
+  // A config.json beside the weights must describe the model they are read into.
+  nlohmann::json config = {{"architectures", {"LlamaForCausalLM"}},
+                           {"vocab_size", 16},
+                           {"hidden_size", 16},
+                           {"intermediate_size", 12},
+                           {"num_hidden_layers", 1},
+                           {"num_attention_heads", 4},
+                           {"num_key_value_heads", 2},
+                           {"rms_norm_eps", 1e-5},
+                           {"rope_theta", 10000.0},
+                           {"tie_word_embeddings", false}};
+  std::ofstream(f.dir + "/config.json") << config.dump();
+  EXPECT_NO_THROW(check_hf_config(c, f.dir));
+  config["rope_theta"] = 500000.0;
+  config["num_key_value_heads"] = 4;
+  std::ofstream(f.dir + "/config.json") << config.dump();
+  try {
+    check_hf_config(c, f.dir);
+    ADD_FAILURE() << "a config.json of another model was taken";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.n_kv_head 2 where the file has 4"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("model.rope_theta 10000 where the file has 500000"), std::string::npos) << e.what();
+  }
+  fs::remove(f.dir + "/config.json");
   fs::remove(f.dir + "/b.safetensors");
   EXPECT_NE(message(c, f.dir).find("names the shard b.safetensors, which is not in"), std::string::npos) << message(c, f.dir);
   fs::remove(f.dir + "/" + std::string(kHfIndexName));

@@ -109,6 +109,12 @@ TEST_F(SentencePieceTest, TokenFilesHoldTheIdsAtTheirWidth) {
   const auto written = fs::last_write_time(cached[0]);
   TokenData::open_tokenized(dir_ + "/text.txt", dir_ + "/folder", dir_ + "/cache", false);
   EXPECT_EQ(fs::last_write_time(cached[0]), written) << "the cached tokens were written again";
+  // Another text (the same name, one more line) is tokenized anew, beside the first.
+  std::ofstream(dir_ + "/text.txt", std::ios::binary | std::ios::app) << "One more line.\n";
+  const TokenData longer = TokenData::open_tokenized(dir_ + "/text.txt", dir_ + "/folder", dir_ + "/cache", false);
+  EXPECT_EQ(longer.size(), want.size() + Tokenizer::open(dir_ + "/folder")->encode("One more line.\n").size());
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir_ + "/cache"), fs::directory_iterator{}), 2);
+  std::ofstream(dir_ + "/text.txt", std::ios::binary) << text_;  // as the other tests read it
 
   // A vocabulary past 65,536 ids takes 4 bytes a token, in llm.c's Llama 3 layout (magic
   // 20240801, version 7).

@@ -1,9 +1,13 @@
 #!/usr/bin/env python3
-"""The reference side of `zeroth bench train`: the same GPT-2 training step in PyTorch (Debian's
-python3-torch): forward, cross-entropy, backward, global-norm clipping, AdamW. Prints one JSON
-line with the step times. Started by zeroth itself with the same shapes, threads and precision:
+"""The reference side of `zeroth bench train`: the same training step in PyTorch (Debian's
+python3-torch): forward, cross-entropy, backward, global-norm clipping, AdamW, for GPT-2 or (with
+--kv-heads) a Llama-family decoder (RMSNorm, rotary positions, grouped-query attention, SwiGLU,
+untied head unless --tied). Prints one JSON line with the step times. Started by zeroth itself
+with the same shapes, threads and precision:
     /usr/bin/python3 tools/bench/train_torch.py --layers 12 --heads 12 --embd 768 --vocab 50257 \
         --seq 256 --batch 4 --steps 5 --threads 2
+    /usr/bin/python3 tools/bench/train_torch.py --layers 30 --heads 9 --kv-heads 3 --embd 576 --ffn 1536 \
+        --vocab 49152 --tied 1 --seq 256 --batch 4 --steps 5 --threads 2
 """
 import argparse
 import json
@@ -41,6 +45,82 @@ class Block(nn.Module):
         return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
 
 
+class RMSNorm(nn.Module):
+    def __init__(self, c, eps):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(c))
+        self.eps = eps
+
+    def forward(self, x):
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+
+def rotate(x, cos, sin):
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, c, h, kvh, hs, ffn, eps):
+        super().__init__()
+        self.h, self.kvh, self.hs = h, kvh, hs
+        self.input_layernorm = RMSNorm(c, eps)
+        self.q_proj = nn.Linear(c, h * hs, bias=False)
+        self.k_proj = nn.Linear(c, kvh * hs, bias=False)
+        self.v_proj = nn.Linear(c, kvh * hs, bias=False)
+        self.o_proj = nn.Linear(h * hs, c, bias=False)
+        self.post_attention_layernorm = RMSNorm(c, eps)
+        self.gate_proj = nn.Linear(c, ffn, bias=False)
+        self.up_proj = nn.Linear(c, ffn, bias=False)
+        self.down_proj = nn.Linear(ffn, c, bias=False)
+        for m in (self.q_proj, self.k_proj, self.v_proj, self.o_proj, self.gate_proj, self.up_proj, self.down_proj):
+            nn.init.normal_(m.weight, std=0.02)
+
+    def forward(self, x, mask, cos, sin):
+        b, t, _ = x.shape
+        n = self.input_layernorm(x)
+        q = self.q_proj(n).view(b, t, self.h, self.hs).transpose(1, 2)
+        k = self.k_proj(n).view(b, t, self.kvh, self.hs).transpose(1, 2)
+        v = self.v_proj(n).view(b, t, self.kvh, self.hs).transpose(1, 2)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        g = self.h // self.kvh
+        k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.hs))
+        att = att.masked_fill(mask[:t, :t] == 0, float("-inf")).softmax(dim=-1)
+        y = (att @ v).transpose(1, 2).contiguous().view(b, t, self.h * self.hs)
+        x = x + self.o_proj(y)
+        n = self.post_attention_layernorm(x)
+        return x + self.down_proj(F.silu(self.gate_proj(n)) * self.up_proj(n))
+
+
+class Llama(nn.Module):
+    def __init__(self, a):
+        super().__init__()
+        hs = a.head_dim or a.embd // a.heads
+        self.embed_tokens = nn.Embedding(a.vocab, a.embd)
+        nn.init.normal_(self.embed_tokens.weight, std=0.02)
+        self.layers = nn.ModuleList([LlamaBlock(a.embd, a.heads, a.kv_heads, hs, a.ffn, 1e-5) for _ in range(a.layers)])
+        self.norm = RMSNorm(a.embd, 1e-5)
+        self.lm_head = None if a.tied else nn.Linear(a.embd, a.vocab, bias=False)
+        if self.lm_head is not None:
+            nn.init.normal_(self.lm_head.weight, std=0.02)
+        inv = 1.0 / (a.theta ** (torch.arange(0, hs, 2).float() / hs))
+        freqs = torch.outer(torch.arange(a.seq).float(), inv)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos", emb.cos())
+        self.register_buffer("sin", emb.sin())
+        self.register_buffer("mask", torch.tril(torch.ones(a.seq, a.seq)))
+
+    def forward(self, idx, targets):
+        t = idx.shape[1]
+        x = self.embed_tokens(idx)
+        for blk in self.layers:
+            x = blk(x, self.mask, self.cos[:t], self.sin[:t])
+        head = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        logits = self.norm(x) @ head.T
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+
+
 class GPT(nn.Module):
     def __init__(self, layers, heads, embd, vocab, seq):
         super().__init__()
@@ -64,12 +144,13 @@ class GPT(nn.Module):
 def main():
     p = argparse.ArgumentParser()
     for name, default in (("layers", 12), ("heads", 12), ("embd", 768), ("vocab", 50257), ("seq", 256), ("batch", 4),
-                          ("steps", 5), ("warmup", 1), ("threads", 1)):
+                          ("steps", 5), ("warmup", 1), ("threads", 1), ("kv-heads", 0), ("head-dim", 0), ("ffn", 0), ("tied", 0)):
         p.add_argument("--" + name, type=int, default=default)
+    p.add_argument("--theta", type=float, default=10000.0)
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    model = GPT(a.layers, a.heads, a.embd, a.vocab, a.seq)
+    model = Llama(a) if a.kv_heads > 0 else GPT(a.layers, a.heads, a.embd, a.vocab, a.seq)
     params = list(model.parameters())
     decay = [q for q in params if q.dim() >= 2]
     no_decay = [q for q in params if q.dim() < 2]
