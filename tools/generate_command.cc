@@ -31,12 +31,14 @@ void run_generate(const GenerateCliOptions& g) {
     std::fflush(stdout);
   });
   std::printf("\n");
+  std::fflush(stdout);  // before the summary on stderr
   if (g.ids) {
     std::printf("prompt ids:");
     for (const int32_t id : r.prompt_ids) std::printf(" %d", id);
     std::printf("\nids:");
     for (const int32_t id : r.ids) std::printf(" %d", id);
     std::printf("\n");
+    std::fflush(stdout);
   }
   std::fprintf(stderr, "%zu tokens in %.2f s (%.1f tokens/s, the prompt's %zu included)%s\n", r.ids.size(), r.seconds,
                r.seconds > 0 ? static_cast<double>(r.ids.size()) / r.seconds : 0.0, r.prompt_ids.size(),

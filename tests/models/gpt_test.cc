@@ -135,6 +135,30 @@ TEST_P(GptOnDevice, EvaluateGivesPyTorchLogitsAndLoss) {
   EXPECT_NEAR(loss, reference().at("loss").as_f32()[0], 2e-6 * loss);
 }
 
+// Generation's key/value cache against PyTorch's whole-sequence logits: the batch's first sequence
+// decoded as a prompt of 7 tokens and then a token at a time; each pass's next-token logits are
+// PyTorch's at that position (the learned positions from the cache's offset).
+TEST_P(GptOnDevice, DecodingWithTheCacheGivesPyTorchLogitsAtEveryPosition) {
+  Loaded m(DType::f32, false, GetParam());
+  const auto tokens = reference().at("batch.tokens").as_i32();
+  const auto ref = reference().at("logits").as_f32();
+  const int T = 20, V = m.gpt.config().vocab_size;
+  m.gpt.begin_decoding(T);
+  std::vector<float> got(V);
+  double worst = 0;
+  for (int pos = 0; pos < T;) {
+    const int n = pos == 0 ? 7 : 1;
+    m.gpt.decode(tokens.data() + pos, n, got.data());
+    pos += n;
+    const std::vector<float> want(ref.begin() + static_cast<size_t>(pos - 1) * V, ref.begin() + static_cast<size_t>(pos) * V);
+    const double e = rel_error(got, want);
+    worst = std::max(worst, e);
+    EXPECT_LT(e, 1e-5) << "position " << pos - 1;
+  }
+  m.gpt.end_decoding();
+  std::printf("decoding's worst logits error %.3g over %d positions\n", worst, T);
+}
+
 INSTANTIATE_TEST_SUITE_P(Devices, GptOnDevice, ::testing::ValuesIn(testing::device_specs()));
 
 TEST(GptReference, TokensOutsideTheVocabularyAreErrors) {
