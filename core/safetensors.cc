@@ -132,7 +132,7 @@ std::vector<char> read_tensor_data(const SafeTensors& file, const std::string& n
   return data;
 }
 
-void read_tensor_f32(const SafeTensors& file, const std::string& name, size_t lo, size_t hi, float* out) {
+void read_tensor_f32(const SafeTensors& file, const std::string& name, size_t lo, size_t hi, float* out, int held) {
   const SafeTensor& t = file.at(name);
   const DType type = t.dtype == "F32" ? DType::f32 : t.dtype == "BF16" ? DType::bf16 : t.dtype == "F16" ? DType::f16 : DType::f32;
   if (t.dtype != "F32" && t.dtype != "BF16" && t.dtype != "F16")
@@ -144,7 +144,7 @@ void read_tensor_f32(const SafeTensors& file, const std::string& name, size_t lo
   // it cannot widen in place).
   std::vector<char> narrow(type == DType::f32 ? 0 : bytes);
   char* into = type == DType::f32 ? reinterpret_cast<char*>(out) : narrow.data();
-  const int fd = ::open(file.source.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = held >= 0 ? held : ::open(file.source.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) ZEROTH_THROW(IoError, "open(\"{}\") for reading: {}", file.source, std::strerror(errno));
   size_t done = 0;
   while (done < bytes) {
@@ -152,13 +152,13 @@ void read_tensor_f32(const SafeTensors& file, const std::string& name, size_t lo
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       const int err = errno;
-      ::close(fd);
+      if (held < 0) ::close(fd);
       ZEROTH_THROW(IoError, "{}: pread of tensor {} ({} bytes at {}): {}", file.source, name, bytes - done,
                    t.file_offset + lo * width + done, n < 0 ? std::strerror(err) : "the file ends early");
     }
     done += static_cast<size_t>(n);
   }
-  ::close(fd);
+  if (held < 0) ::close(fd);
   if (type != DType::f32) cpu::cast(into, type, out, DType::f32, hi - lo);
 }
 

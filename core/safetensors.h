@@ -37,8 +37,9 @@ SafeTensors read_safetensors(const std::string& path, bool with_data = true);
 // One tensor's bytes of a file read without its data, so a large file is read tensor by tensor.
 std::vector<char> read_tensor_data(const SafeTensors& file, const std::string& name);
 // Elements [lo, hi) of a tensor of such a file (F32, BF16 or F16) as f32 into `out`: only their
-// bytes are read. InvalidArgument for another dtype or a range past the tensor.
-void read_tensor_f32(const SafeTensors& file, const std::string& name, size_t lo, size_t hi, float* out);
+// bytes are read, through `fd` when the caller holds the file open (else it is opened for the
+// call). InvalidArgument for another dtype or a range past the tensor.
+void read_tensor_f32(const SafeTensors& file, const std::string& name, size_t lo, size_t hi, float* out, int fd = -1);
 // Written to `path`.tmp and renamed, so a crash never leaves a half-written file under `path`.
 void write_safetensors(const std::string& path, const SafeTensors& file);
 

@@ -1,7 +1,12 @@
 #include "train/hf_weights.h"
 
+#include <fcntl.h>   // open
+#include <unistd.h>  // close
+
 #include <algorithm>   // std::min, std::max, std::stable_sort
+#include <cerrno>      // errno
 #include <cstdio>      // std::rename
+#include <cstring>     // std::strerror
 #include <filesystem>  // std::filesystem
 #include <fstream>     // std::ifstream, std::ofstream
 #include <set>         // std::set
@@ -161,6 +166,21 @@ HfWeights::HfWeights(const std::string& path) : path_(path) {
         ZEROTH_THROW(InvalidArgument, "{}: tensor {} is in two shards ({} and {})", path, name, files_[where_[name]].source, s);
     }
   }
+  // Held open once every header is read (the destructor closes them; a constructor that throws
+  // before here holds none).
+  for (const auto& f : files_) {
+    const int fd = ::open(f.source.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      const int err = errno;
+      for (const int open_fd : fds_) ::close(open_fd);
+      ZEROTH_THROW(IoError, "open(\"{}\") for reading: {}", f.source, std::strerror(err));
+    }
+    fds_.push_back(fd);
+  }
+}
+
+HfWeights::~HfWeights() {
+  for (const int fd : fds_) ::close(fd);
 }
 
 std::optional<HfWeights::Found> HfWeights::find(const std::string& name) const {
@@ -172,7 +192,7 @@ std::optional<HfWeights::Found> HfWeights::find(const std::string& name) const {
     auto it = where_.find(n);
     if (it != where_.end()) {
       const SafeTensors& f = files_[it->second];
-      return Found{&f, n, &f.tensors.at(n)};
+      return Found{&f, n, &f.tensors.at(n), fds_[it->second]};
     }
   }
   return std::nullopt;
@@ -231,7 +251,7 @@ void HfModelReader::read(int block, size_t param, const ParamSpec& as, size_t lo
   // Whole-tensor elements [a, a + n) into `to`; past the file's vocabulary rows, zero.
   auto stored_range = [&](size_t a, size_t n, float* to) {
     const size_t e = std::min(a + n, stored);
-    if (a < e) read_tensor_f32(*s.found.file, s.found.name, a, e, to);
+    if (a < e) read_tensor_f32(*s.found.file, s.found.name, a, e, to, s.found.fd);
     std::fill(to + (a < e ? e - a : 0), to + n, 0.0f);
   };
   if (!s.transposed) {

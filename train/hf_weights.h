@@ -37,10 +37,14 @@ void check_hf_config(const GptConfig& model, const std::string& path);
 class HfWeights {
  public:
   explicit HfWeights(const std::string& path);
+  ~HfWeights();
+  HfWeights(const HfWeights&) = delete;
+  HfWeights& operator=(const HfWeights&) = delete;
   struct Found {
     const SafeTensors* file = nullptr;
     std::string name;  // as stored
     const SafeTensor* tensor = nullptr;
+    int fd = -1;  // the file, held open while the HfWeights lives
   };
   // The tensor Hugging Face's *ForCausalLM names `name`, stored under that name or without its
   // "model." / "transformer." prefix (the bare LlamaModel's and GPT2Model's names).
@@ -54,6 +58,7 @@ class HfWeights {
  private:
   std::string path_;
   std::vector<SafeTensors> files_;
+  std::vector<int> fds_;                 // each file open for reading, so a slice's many ranges open nothing
   std::map<std::string, size_t> where_;  // stored name -> its file
 };
 

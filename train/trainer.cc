@@ -57,6 +57,9 @@ class TrainingRun {
   void evaluate(int64_t step);
   // Every complete window of the validation data, shared out over the data-parallel ranks.
   EvalResult evaluate_all();
+  // The forward of `rows` sequences in tokens_/targets_ into losses_[slot], through the pipeline
+  // when there is one; synchronized.
+  void evaluate_rows(int slot, int rows);
   // Step k + 1; false when the ranks agreed to stop.
   bool step(int64_t k);
   // The asynchronous save still in flight, the weights, the summary.
@@ -266,20 +269,9 @@ std::pair<double, bool> TrainingRun::agree(double value, bool stop_here) {
 
 void TrainingRun::evaluate(int64_t step) {
   if (!run_data_.val) return;
-  Stream& cs = engine_.compute_stream();
   for (int m = 0; m < config_.run.eval_batches; ++m) {
     run_data_.val->batch(0, m, tokens_.data(), targets_.data());
-    if (runner_) {
-      eval_batch_ = m;
-      eval_rows_ = mb_;
-      gpt_.prepare(mb_, T_);
-      engine_.begin_evaluation();
-      runner_->run_evaluation(stage_model_);
-      engine_.end_evaluation();
-    } else {
-      gpt_.evaluate(tokens_.data(), targets_.data(), mb_, T_, &losses_[m]);
-    }
-    cs.synchronize();  // the next batch reuses the token buffers
+    evaluate_rows(m, mb_);
   }
   double sum = 0;
   for (int m = 0; m < config_.run.eval_batches; ++m) sum += losses_[m];
@@ -287,6 +279,21 @@ void TrainingRun::evaluate(int64_t step) {
   if (summary_.first_val_loss < 0) summary_.first_val_loss = val;
   summary_.last_val_loss = val;
   report([&] { observer_->on_eval(step, val); });
+}
+
+void TrainingRun::evaluate_rows(int slot, int rows) {
+  if (runner_) {
+    eval_batch_ = slot;
+    eval_rows_ = rows;
+    gpt_.prepare(rows, T_);
+    engine_.begin_evaluation();
+    runner_->run_evaluation(stage_model_);
+    engine_.end_evaluation();
+  } else {
+    gpt_.evaluate(tokens_.data(), targets_.data(), rows, T_, &losses_[slot]);
+  }
+  // The loss is written by queued work; the next batch reuses the token buffers.
+  engine_.compute_stream().synchronize();
 }
 
 EvalResult TrainingRun::evaluate_all() {
@@ -303,7 +310,6 @@ EvalResult TrainingRun::evaluate_all() {
     ZEROTH_THROW(ConfigError, "the validation data holds {} tokens, not one window of model.seq_len + 1 = {}", val.size(), T_ + 1);
   }
   if (!shared_) shared_ = device_.allocate(2 * sizeof(float), MemTag::buffers);
-  Stream& cs = engine_.compute_stream();
   // Round r gives data-parallel rank d windows [r G + d mb, ...) with G = mb x dp; a rank past the
   // end still runs its passes (ZeRO's gathers are collective) on window 0, weighted zero.
   const int64_t per_round = static_cast<int64_t>(mb_) * dp_.size();
@@ -320,17 +326,7 @@ EvalResult TrainingRun::evaluate_all() {
         targets_[static_cast<size_t>(b) * T_ + t] = val[at + t + 1];
       }
     }
-    if (runner_) {
-      eval_batch_ = 0;
-      eval_rows_ = rows;
-      gpt_.prepare(rows, T_);
-      engine_.begin_evaluation();
-      runner_->run_evaluation(stage_model_);
-      engine_.end_evaluation();
-    } else {
-      gpt_.evaluate(tokens_.data(), targets_.data(), rows, T_, &losses_[0]);
-    }
-    cs.synchronize();  // the loss is written by queued work; the next round reuses the token buffers
+    evaluate_rows(0, rows);
     sum += static_cast<double>(losses_[0]) * count * T_;
   }
   // Each rank's share of the mean, summed over the ranks that compute the loss.
