@@ -9,7 +9,7 @@ compare against PyTorch without torch installed. Run with /usr/bin/python3:
 the loss and every gradient, then 10 AdamW steps (clipping, no decay on biases and LayerNorms)
 with their losses and gradient norms.
 
---train (tests/engine/gpt_torch_test.cc): 10 optimizer steps of a tiny GPT-2 as DeepSpeed's engine
+--train (tests/engine/train_torch_test.cc): 10 optimizer steps of a tiny GPT-2 as DeepSpeed's engine
 takes them, in f32 and in zeroth's bf16 mode:
 - each step's global batch is 16 sequences in 8 micro-batches of 2; any split into data-parallel
   ranks x accumulation steps (dp 1 x 8, 2 x 4, 4 x 2) computes the same step. Each micro-batch's
@@ -209,9 +209,13 @@ def bf16(t):
     return t.to(torch.bfloat16).float()
 
 
-def train(init, batches, narrow, dp=2):
+def train(init, batches, narrow, dp=2, loss_of=None, tied="embed.wte", clip=TRAIN_CLIP):
     """TRAIN_STEPS optimizer steps from `init`; `narrow`: zeroth's bf16 mode. Returns the final
-    master weights and, per step, (loss, grad norm before clipping, lr)."""
+    master weights and, per step, (loss, grad norm before clipping, lr). `loss_of(weights, tokens,
+    targets, head)` is the model's loss (default: the GPT's); `tied` names the embedding the LM head
+    shares (None: an untied head), `head` then being a leaf of its own."""
+    if loss_of is None:
+        loss_of = lambda w, idx, tgt, head: forward(w, idx, tgt, TRAIN_CFG, head)[1]
     mb = TRAIN_BATCH["micro_batch"]
     gas = TRAIN_BATCH["sequences"] // (mb * dp)
     master = {k: v.clone() for k, v in init.items()}
@@ -229,22 +233,23 @@ def train(init, batches, narrow, dp=2):
             for m in range(gas):
                 j = (r * gas + m) * mb
                 w = {k: (bf16(v) if narrow else v.clone()).requires_grad_(True) for k, v in master.items()}
-                head = w["embed.wte"].detach().clone().requires_grad_(True)
-                _, loss = forward(w, tokens[j:j + mb], targets[j:j + mb], TRAIN_CFG, head)
+                head = w[tied].detach().clone().requires_grad_(True) if tied else None
+                loss = loss_of(w, tokens[j:j + mb], targets[j:j + mb], head)
                 (loss / gas).backward()
                 loss_sum += float(loss)
                 for k, v in w.items():
-                    # The block's gradient buffer: the LM head's use first, then the embedding's.
-                    g = v.grad + head.grad if k == "embed.wte" and not narrow else v.grad
-                    if narrow:
-                        g = bf16(bf16(head.grad) + v.grad) if k == "embed.wte" else bf16(g)
+                    if k == tied:
+                        # The block's gradient buffer: the LM head's use first, then the embedding's.
+                        g = bf16(bf16(head.grad) + v.grad) if narrow else v.grad + head.grad
+                    else:
+                        g = bf16(v.grad) if narrow else v.grad
                     mine[k] += g
             for k in total:
                 total[k] += mine[k]
         for k, v in master.items():
             v.grad = total[k] / dp
         norm = math.sqrt(sum(float(v.grad.double().square().sum()) for v in master.values()))
-        coef = TRAIN_CLIP / (norm + 1e-6)
+        coef = clip / (norm + 1e-6)
         if coef < 1:
             for v in master.values():
                 v.grad.mul_(coef)

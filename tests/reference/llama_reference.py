@@ -1,16 +1,23 @@
 #!/usr/bin/env python3
-"""The PyTorch references of the Llama-family tests (tests/models/llama_test.cc), written with
-Debian's python3-torch from the papers and Hugging Face's documented conventions, not from
-zeroth's code. Run with /usr/bin/python3:
+"""The PyTorch references of the Llama-family tests, written with Debian's python3-torch from the
+papers and Hugging Face's documented conventions, not from zeroth's code. Run with /usr/bin/python3:
 
-    /usr/bin/python3 tests/reference/llama_reference.py tests/reference/llama_torch.safetensors
+    cd tests/reference && /usr/bin/python3 llama_reference.py \
+        --forward llama_torch.safetensors --train llama_train_torch.safetensors
 
-Three small models, one micro-batch each: the logits, the mean cross-entropy and the gradient of
-every parameter, in f32, under Hugging Face's parameter names:
-- "llama_bias": the same with Llama's attention_bias (q/k/v and output-projection biases);
+--forward (tests/models/llama_test.cc): four small models, one micro-batch each: the logits, the
+mean cross-entropy and the gradient of every parameter, in f32, under Hugging Face's parameter
+names.
+--train (tests/engine/train_torch_test.cc): "llama", "qwen2" and "qwen3" trained for 10 optimizer
+steps as DeepSpeed's engine takes them (gpt_reference.py's batch, AdamW, WarmupCosineLR and
+stepping), in f32 and in zeroth's bf16 mode; per step the loss, the gradient norm before clipping
+and the lr, and the final weights.
+
+The models:
 - "llama": grouped-query attention (6 query heads over 2 key/value heads), an MLP width that is
   not 4 C, Llama 3's rope_scaling (with original_max_position_embeddings small enough to bite),
   an untied LM head;
+- "llama_bias": Llama with attention_bias (q/k/v and output-projection biases), no rope scaling;
 - "qwen2": q/k/v biases, 6 query heads over 3 key/value heads, rope_theta 1e6, the LM head tied
   to the embedding;
 - "qwen3": per-head q/k RMSNorm before the rotation, head_dim 16 with n_embd 48 and 4 heads (the
@@ -36,7 +43,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from gpt_reference import write_safetensors
+from gpt_reference import TRAIN_BATCH, TRAIN_OPT, TRAIN_SCHEDULER, train, write_safetensors
 
 CASES = {
     "llama": dict(vocab_size=96, seq_len=16, n_layer=2, n_embd=48, n_head=6, n_kv_head=2, head_dim=8, intermediate_size=80,
@@ -86,7 +93,10 @@ def rotate(x, cos, sin):
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
-def forward(p, cfg, tokens, targets):
+def forward(p, cfg, tokens, targets, head=None):
+    """`head`: the LM head's matrix when a tied one is a leaf of its own (bf16 training keeps the
+    head's gradient apart from the embedding's until the two are summed)."""
+    B, T = tokens.shape
     C, NH, KVH, hs = cfg["n_embd"], cfg["n_head"], cfg["n_kv_head"], cfg["head_dim"]
     g, eps = NH // KVH, cfg["rms_norm_eps"]
     freqs = torch.outer(torch.arange(T).float(), inv_freq(cfg))
@@ -116,9 +126,10 @@ def forward(p, cfg, tokens, targets):
         m = F.silu(F.linear(h, p[pre + "mlp.gate_proj.weight"])) * F.linear(h, p[pre + "mlp.up_proj.weight"])
         x = x + F.linear(m, p[pre + "mlp.down_proj.weight"])
     x = rms_norm(x, p["model.norm.weight"], eps)
-    head = p["model.embed_tokens.weight"] if cfg["tie_word_embeddings"] else p["lm_head.weight"]
+    if head is None:
+        head = p["model.embed_tokens.weight"] if cfg["tie_word_embeddings"] else p["lm_head.weight"]
     logits = F.linear(x, head)
-    return logits, F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+    return logits, F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
 
 
 def make_params(gen, cfg):
@@ -157,10 +168,48 @@ def make_params(gen, cfg):
     return p
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("out")
-    args = parser.parse_args()
+# The models trained, each with a clipping threshold inside its range of gradient norms, so that
+# some steps are clipped and some are not.
+TRAIN_CASES = {"llama": 1.3, "qwen2": 2.5, "qwen3": 1.4}
+
+
+def write_train(path):
+    torch.set_num_threads(1)
+    gen = torch.Generator().manual_seed(2929)
+    n, t = TRAIN_BATCH["sequences"], TRAIN_BATCH["seq"]
+    out, meta = {}, {}
+    V = CASES["llama"]["vocab_size"]
+    data = torch.randint(0, V, (2, n, t + 1), generator=gen, dtype=torch.int64)
+    batches = [(data[b, :, :t], data[b, :, 1:]) for b in range(2)]  # alternating, so the loss falls
+    out["train.tokens"] = data[:, :, :t].to(torch.int32)
+    out["train.targets"] = data[:, :, 1:].to(torch.int32)
+    for case, clip in TRAIN_CASES.items():
+        cfg = CASES[case]
+        assert cfg["vocab_size"] == V and cfg["seq_len"] >= t
+        init = make_params(gen, cfg)
+        for k, v in init.items():
+            out[f"{case}.init.{k}"] = v.clone()
+        record = {}
+        for name, narrow in (("f32", False), ("bf16", True)):
+            # gpt_reference's training, for this model's loss and tied embedding.
+            final, steps = train(init, batches, narrow, clip=clip, loss_of=lambda w, idx, tgt, head: forward(w, cfg, idx, tgt, head)[1],
+                                 tied="model.embed_tokens.weight" if cfg["tie_word_embeddings"] else None)
+            for k, v in final.items():
+                out[f"{case}.{name}.final.{k}"] = v.detach().clone()
+            record[name] = {"loss": [s[0] for s in steps], "grad_norm": [s[1] for s in steps], "lr": [s[2] for s in steps]}
+            clipped = sum(s[1] + 1e-6 > clip for s in steps)
+            print(f"{case} {name}: loss {steps[0][0]:.4f} -> {steps[-1][0]:.4f}, grad norms {min(s[1] for s in steps):.4f} .. "
+                  f"{max(s[1] for s in steps):.4f} ({clipped} of {len(steps)} steps clipped at {clip})")
+        meta[case] = json.dumps(cfg)
+        meta[f"{case}.clip"] = repr(clip)
+        meta[f"{case}.steps"] = json.dumps(record)
+    meta.update({"torch": torch.__version__, "batch": json.dumps(TRAIN_BATCH), "optimizer": json.dumps(TRAIN_OPT),
+                 "scheduler": json.dumps(TRAIN_SCHEDULER)})
+    write_safetensors(path, out, meta)
+    print(f"wrote {path}")
+
+
+def write_forward(path):
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(29)
     V = 96
@@ -179,8 +228,18 @@ def main():
         out[f"{case}.logits"] = logits.detach()
         out[f"{case}.loss"] = loss.detach().reshape(1)
         print(f"{case}: loss {loss.item():.7f}")
-    write_safetensors(args.out, out, meta)
+    write_safetensors(path, out, meta)
+
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--forward", metavar="PATH", help="write the forward/backward reference (llama_torch.safetensors)")
+    parser.add_argument("--train", metavar="PATH", help="write the training reference (llama_train_torch.safetensors)")
+    args = parser.parse_args()
+    if not args.forward and not args.train:
+        parser.error("name at least one of --forward PATH, --train PATH")
+    if args.forward:
+        write_forward(args.forward)
+    if args.train:
+        write_train(args.train)

@@ -220,6 +220,11 @@ INSTANTIATE_TEST_SUITE_P(
         ErrorCase{"TensorHeads", R"({"parallel": {"tensor": 4}, "run": {"world_size": 4}})",
                   "parallel.tensor = 4 splits the attention heads over its ranks, but model.n_head = 2 is not a multiple of it; use "
                   "a tensor-parallel size that divides the heads"},
+        ErrorCase{"TensorKeyValueHeads",
+                  R"({"model": {"architecture": "llama", "n_head": 8, "n_kv_head": 2, "n_embd": 64, "intermediate_size": 128},
+                      "parallel": {"tensor": 4}, "run": {"world_size": 4}})",
+                  "parallel.tensor = 4 splits the key/value heads over its ranks, but model.n_kv_head = 2 is not a multiple of it; as "
+                  "Megatron-LM, zeroth does not replicate key/value heads: use a tensor-parallel size that divides them"},
         ErrorCase{
             "SequenceParallelTokens",
             R"({"train_micro_batch_size_per_gpu": 1, "model": {"seq_len": 9}, "parallel": {"tensor": 2, "sequence_parallel": true},
