@@ -12,6 +12,9 @@ packages=(
   fortunes  # English text for the example training runs in configs/ (/usr/share/games/fortunes)
   fio  # the reference beside `zeroth bench offload`
   libsentencepiece-dev  # SentencePiece tokenizers (data.tokenizer: Llama 2, Mistral, TinyLlama)
+  libpcre2-dev  # the split patterns of Hugging Face byte-level BPE tokenizers (tokenizer.json: GPT-2, Llama 3, Qwen)
+  libutf8proc-dev  # their NFC normalizer (Qwen2's)
+  nodejs  # runs tokenizers.js, the byte-level BPE tokenizer tests' reference (installed below)
   sentencepiece  # spm_train and spm_encode: the README trains a vocabulary with it; the tokenizer tests compare with it
   python3-torch  # PyTorch (/usr/bin/python3), the reference that reads the saved weights in the tests
 )
@@ -22,18 +25,31 @@ for p in "${packages[@]}"; do
   [[ "$status" == "install ok installed" ]] || missing+=("$p")
 done
 
-if ((${#missing[@]} == 0)); then
-  echo "install-deps: all ${#packages[@]} packages present"
-  exit 0
-fi
-
 sudo_cmd=()
 if [[ $(id -u) -ne 0 ]]; then
-  command -v sudo >/dev/null || { echo "install-deps: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
   sudo_cmd=(sudo)
 fi
+apt_install() {
+  if [[ ${#sudo_cmd[@]} -gt 0 ]] && ! command -v sudo >/dev/null; then
+    echo "install-deps: need root or sudo to install: $*" >&2
+    exit 1
+  fi
+  echo "install-deps: installing $*"
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -q
+  "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "$@"
+}
 
-echo "install-deps: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-"${sudo_cmd[@]}" apt-get update -q
-"${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+if ((${#missing[@]} == 0)); then
+  echo "install-deps: all ${#packages[@]} packages present"
+else
+  apt_install "${missing[@]}"
+fi
+
+# Hugging Face's tokenizers.js, the reference of the byte-level BPE tokenizer tests, in the
+# checkout's ignored .cache/node (node's own npm; Debian's where node came without one).
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+if [[ ! -f $root/.cache/node/node_modules/@huggingface/tokenizers/package.json ]]; then
+  command -v npm >/dev/null || apt_install npm
+  npm install --prefix "$root/.cache/node" --no-audit --no-fund --loglevel=error @huggingface/tokenizers@0.2.0
+fi

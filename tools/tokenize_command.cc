@@ -45,7 +45,9 @@ void run_tokenize(const TokenizeOptions& o) {
 void add_tokenize_command(CLI::App& app) {
   auto o = std::make_shared<TokenizeOptions>();
   auto* cmd = app.add_subcommand("tokenize", "Tokenize text into an llm.c token file (what data.format \"bin\" trains from)");
-  cmd->add_option("--tokenizer", o->tokenizer, "A SentencePiece .model, or the model folder holding tokenizer.model")->required();
+  cmd->add_option("--tokenizer", o->tokenizer,
+                  "A SentencePiece .model, a Hugging Face tokenizer.json (byte-level BPE), or the model folder holding either")
+      ->required();
   cmd->add_option("inputs", o->inputs, "Text files or folders of them, concatenated in order")->required();
   cmd->add_option("--out", o->out, "The token file to write (2-byte tokens, or 4 when an id exceeds 65,535)")->required();
   cmd->callback([o] { run_tokenize(*o); });

@@ -8,7 +8,8 @@
 #include <sentencepiece_processor.h>  // sentencepiece::SentencePieceProcessor
 #include <xxhash.h>                   // XXH3_64bits
 
-#include "core/error.h"  // ZEROTH_THROW
+#include "core/error.h"           // ZEROTH_THROW
+#include "train/bpe_tokenizer.h"  // open_byte_level_bpe
 
 namespace zeroth {
 namespace {
@@ -144,12 +145,19 @@ void check_utf8(std::string_view s, const std::string& where) {
 std::unique_ptr<Tokenizer> Tokenizer::open(const std::string& path) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) {
-    const fs::path model = fs::path(path) / "tokenizer.model";
-    if (fs::exists(model, ec)) return std::make_unique<SentencePiece>(model.string());
-    ZEROTH_THROW(InvalidArgument, "{} holds no tokenizer.model (a SentencePiece model)", path);
+    // A Llama 2 or Mistral folder holds both: its tokenizer.json is SentencePiece's BPE recast,
+    // which tokenizer.model states as SentencePiece itself runs it.
+    if (const fs::path model = fs::path(path) / "tokenizer.model"; fs::exists(model, ec))
+      return std::make_unique<SentencePiece>(model.string());
+    if (const fs::path json = fs::path(path) / "tokenizer.json"; fs::exists(json, ec)) return open_byte_level_bpe(json.string());
+    ZEROTH_THROW(InvalidArgument, "{} holds neither tokenizer.model (SentencePiece) nor tokenizer.json (Hugging Face)", path);
   }
-  if (!fs::exists(path, ec))
-    ZEROTH_THROW(IoError, "data.tokenizer {} does not exist; give a SentencePiece .model or its folder", path);
+  if (!fs::exists(path, ec)) {
+    ZEROTH_THROW(IoError,
+                 "data.tokenizer {} does not exist; give a SentencePiece .model, a Hugging Face tokenizer.json, or their folder",
+                 path);
+  }
+  if (path.ends_with(".json")) return open_byte_level_bpe(path);
   return std::make_unique<SentencePiece>(path);
 }
 

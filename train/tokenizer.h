@@ -1,6 +1,7 @@
 // Tokenizers the Llama family ships, turning text into the token ids a model trains on and back:
 // a SentencePiece model (Llama 2, Mistral, TinyLlama: tokenizer.model, through Debian's
-// libsentencepiece); and text as bytes, what data.format "text" trains on without one.
+// libsentencepiece), a Hugging Face tokenizer.json with a byte-level BPE model (GPT-2, Llama 3,
+// Qwen2/3: train/bpe_tokenizer.cc); and text as bytes, what data.format "text" trains on without one.
 #pragma once
 
 #include <cstdint>      // int32_t
@@ -15,15 +16,16 @@ namespace zeroth {
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
-  // `path`: a SentencePiece .model file, or a model folder holding tokenizer.model. IoError /
-  // InvalidArgument naming the path and what is wrong.
+  // `path`: a SentencePiece .model file, a tokenizer.json, or a model folder holding either
+  // (tokenizer.model first). IoError / InvalidArgument naming the path and what is wrong.
   static std::unique_ptr<Tokenizer> open(const std::string& path);
   // Text as bytes (data.format "text" without a tokenizer): id = byte, vocabulary 256.
   static std::unique_ptr<Tokenizer> bytes();
 
-  // Text (UTF-8; InvalidArgument naming the byte offset where it is not) into ids. Lines are
-  // encoded one at a time, as SentencePiece's own spm_encode does, each newline then its own
-  // token (the model's byte piece for "\n").
+  // Text (UTF-8; InvalidArgument naming the byte offset where it is not) into ids, no special
+  // tokens added (a tokenizer.json's added tokens in the text are recognized). SentencePiece
+  // encodes lines one at a time, as its own spm_encode does, each newline then its own token (the
+  // model's byte piece for "\n").
   virtual std::vector<int32_t> encode(std::string_view text) const = 0;
   // Ids back into text: decode(encode(t)) == t for text the model's normalization keeps as it is.
   virtual std::string decode(std::span<const int32_t> ids) const = 0;

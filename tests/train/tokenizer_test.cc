@@ -20,33 +20,22 @@
 #include "core/error.h"
 #include "train/data.h"
 #include "train/tokenizer.h"
+#include "tests/train/text_fixture.h"
 
 namespace zeroth {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::string shell(const std::string& cmd) {
-  std::string out;
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  char buf[65536];
-  size_t n = 0;
-  while (pipe != nullptr && (n = std::fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
-  EXPECT_EQ(pipe != nullptr ? ::pclose(pipe) : -1, 0) << cmd;
-  return out;
-}
+using testing::shell;
 
 class SentencePieceTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = fmt::format("{}/zeroth_spm_{}", ::testing::TempDir(), ::getpid());
     fs::create_directories(dir_);
-    std::string text;
-    for (const char* f : {"fortunes", "computers", "science"}) {
-      std::ifstream in(std::string("/usr/share/games/fortunes/") + f, std::ios::binary);
-      text += std::string(std::istreambuf_iterator<char>(in), {});
-    }
-    ASSERT_GT(text.size(), 100000u) << "the fortunes are not installed (tools/install-deps.sh)";
+    const std::string text = testing::fortunes_text();
+    ASSERT_GT(text.size(), 100000u);
     text_ = text;
     std::ofstream(dir_ + "/text.txt", std::ios::binary) << text;
     shell(fmt::format("spm_train --input={0}/text.txt --model_prefix={0}/spm --vocab_size=2000 --byte_fallback=true "

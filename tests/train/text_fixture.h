@@ -1,0 +1,35 @@
+// What the tokenizer tests share: a shell command's output, and the fortunes as one text.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdio>    // popen
+#include <fstream>   // std::ifstream
+#include <iterator>  // std::istreambuf_iterator
+#include <string>    // std::string
+
+namespace zeroth::testing {
+
+// `cmd`'s standard output; a failure when it exits non-zero.
+inline std::string shell(const std::string& cmd) {
+  std::string out;
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  char buf[65536];
+  size_t n = 0;
+  while (pipe != nullptr && (n = std::fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
+  EXPECT_EQ(pipe != nullptr ? ::pclose(pipe) : -1, 0) << cmd;
+  return out;
+}
+
+// Three of Debian's fortune files (about 390 KB of English), which tools/install-deps.sh installs.
+inline std::string fortunes_text() {
+  std::string text;
+  for (const char* f : {"fortunes", "computers", "science"}) {
+    std::ifstream in(std::string("/usr/share/games/fortunes/") + f, std::ios::binary);
+    text += std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  EXPECT_GT(text.size(), 100000u) << "the fortunes are not installed (tools/install-deps.sh)";
+  return text;
+}
+
+}  // namespace zeroth::testing

@@ -1,0 +1,528 @@
+// A Hugging Face tokenizer.json holding a byte-level BPE model (GPT-2, Llama 3, Qwen2/3), encoded
+// and decoded as Hugging Face's tokenizers library does: added tokens found in the raw text first
+// (leftmost, then longest), the rest normalized (NFC, through utf8proc), split by the
+// pre-tokenizer's patterns (Oniguruma's syntax, which PCRE2 reads with its Unicode classes),
+// each piece's bytes mapped to GPT-2's printable characters and merged by rank.
+#include "train/bpe_tokenizer.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>     // pcre2_compile, pcre2_match
+#include <utf8proc.h>  // utf8proc_map
+
+#include <algorithm>      // std::min
+#include <array>          // std::array
+#include <cstdlib>        // std::free
+#include <fstream>        // std::ifstream
+#include <iterator>       // std::istreambuf_iterator
+#include <limits>         // std::numeric_limits
+#include <memory>         // std::unique_ptr
+#include <unordered_map>  // std::unordered_map
+
+#include <fmt/format.h>       // fmt::format
+#include <nlohmann/json.hpp>  // nlohmann::json
+#include <xxhash.h>           // XXH3_64bits
+
+#include "core/error.h"  // ZEROTH_THROW
+
+namespace zeroth {
+namespace {
+
+using json = nlohmann::json;
+
+// GPT-2's pre-tokenizer pattern, which ByteLevel applies when its use_regex is set.
+constexpr std::string_view kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+void append_utf8(std::string& out, uint32_t cp) {
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    out += static_cast<char>(0xC0 | (cp >> 6)), out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    out += static_cast<char>(0xE0 | (cp >> 12)), out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    out += static_cast<char>(0xF0 | (cp >> 18)), out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F)), out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+}
+
+// GPT-2's printable stand-in for each byte: the printable Latin-1 bytes stand for themselves, the
+// others for U+0100 onwards in byte order.
+std::array<std::string, 256> byte_chars() {
+  std::array<std::string, 256> out;
+  uint32_t extra = 0;
+  for (uint32_t b = 0; b < 256; ++b) {
+    const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+    append_utf8(out[b], printable ? b : 256 + extra++);
+  }
+  return out;
+}
+
+// Bytes as UTF-8 text, each maximal ill-formed subsequence replaced by U+FFFD (as Rust's
+// String::from_utf8_lossy and the WHATWG decoder do).
+std::string utf8_lossy(std::string_view s) {
+  std::string out;
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      out += static_cast<char>(c), ++i;
+      continue;
+    }
+    const size_t n = (c >= 0xC2 && c <= 0xDF) ? 2 : (c >= 0xE0 && c <= 0xEF) ? 3 : (c >= 0xF0 && c <= 0xF4) ? 4 : 0;
+    size_t k = 1;
+    for (; n > 0 && k < n && i + k < s.size(); ++k) {
+      const auto b = static_cast<unsigned char>(s[i + k]);
+      // The second byte's narrower ranges exclude overlongs, surrogates and code points past U+10FFFF.
+      const unsigned char lo = k > 1 ? 0x80 : c == 0xE0 ? 0xA0 : c == 0xF0 ? 0x90 : 0x80;
+      const unsigned char hi = k > 1 ? 0xBF : c == 0xED ? 0x9F : c == 0xF4 ? 0x8F : 0xBF;
+      if (b < lo || b > hi) break;
+    }
+    if (n > 0 && k == n) {
+      out.append(s.substr(i, n));
+    } else {
+      out += "\xEF\xBF\xBD";
+    }
+    i += n > 0 ? k : 1;
+  }
+  return out;
+}
+
+// A compiled pattern; its matches over a text, in order.
+class Regex {
+ public:
+  Regex(std::string_view pattern, bool literal, const std::string& where) {
+    int code = 0;
+    PCRE2_SIZE offset = 0;
+    const uint32_t options = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+    re_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options, &code, &offset, nullptr);
+    if (re_ == nullptr) {
+      PCRE2_UCHAR message[256];
+      pcre2_get_error_message(code, message, sizeof message);
+      ZEROTH_THROW(InvalidArgument, "{}: pcre2_compile of the pattern \"{}\": {} at offset {}", where, pattern,
+                   reinterpret_cast<const char*>(message), offset);
+    }
+    pcre2_jit_compile(re_, PCRE2_JIT_COMPLETE);  // where JIT is unavailable, the interpreter runs it
+  }
+  Regex(const Regex&) = delete;
+  Regex& operator=(const Regex&) = delete;
+  ~Regex() { pcre2_code_free(re_); }
+
+  // [begin, end) of each non-empty match of `text` (valid UTF-8).
+  template <typename F>
+  void for_each_match(std::string_view text, F&& f) const {
+    std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> md(pcre2_match_data_create_from_pattern(re_, nullptr),
+                                                                           &pcre2_match_data_free);
+    size_t at = 0;
+    while (at < text.size()) {
+      const int rc = pcre2_match(re_, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), at, PCRE2_NO_UTF_CHECK, md.get(),
+                                 nullptr);
+      if (rc == PCRE2_ERROR_NOMATCH) return;
+      if (rc < 0) {
+        PCRE2_UCHAR message[256];
+        pcre2_get_error_message(rc, message, sizeof message);
+        ZEROTH_THROW(InvalidArgument, "pcre2_match at byte {} of a {}-byte text: {}", at, text.size(),
+                     reinterpret_cast<const char*>(message));
+      }
+      const PCRE2_SIZE* v = pcre2_get_ovector_pointer(md.get());
+      if (v[1] > v[0]) {
+        f(v[0], v[1]);
+        at = v[1];
+      } else {  // an empty match: on to the next character
+        at = v[0] + 1;
+        while (at < text.size() && (static_cast<unsigned char>(text[at]) & 0xC0) == 0x80) ++at;
+      }
+    }
+  }
+
+ private:
+  pcre2_code* re_ = nullptr;
+};
+
+// One step of the pre-tokenizer, on each piece the steps before it left: a Split, or the ByteLevel
+// that ends them (a space put before a piece that lacks one, GPT-2's pattern).
+struct Split {
+  enum class Behavior { isolated, removed, merged_with_previous, merged_with_next, contiguous };
+  std::unique_ptr<Regex> regex;  // none: a ByteLevel without use_regex
+  Behavior behavior = Behavior::isolated;
+  bool prefix_space = false;
+};
+
+class ByteLevelBpe final : public Tokenizer {
+ public:
+  explicit ByteLevelBpe(const std::string& path) : path_(path) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) ZEROTH_THROW(IoError, "open(\"{}\"): {}", path, std::strerror(errno));
+    const std::string bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    fingerprint_ = XXH3_64bits(bytes.data(), bytes.size());
+    json j;
+    try {
+      j = json::parse(bytes);
+    } catch (const json::exception& e) {
+      ZEROTH_THROW(InvalidArgument, "{} is not JSON ({}); give a Hugging Face tokenizer.json", path, e.what());
+    }
+    try {
+      load(j);
+    } catch (const json::exception& e) {
+      ZEROTH_THROW(InvalidArgument, "{}: a key of the wrong type or missing ({}); is it a Hugging Face tokenizer.json?", path,
+                   e.what());
+    }
+  }
+
+  std::vector<int32_t> encode(std::string_view text) const override {
+    check_utf8(text, path_ + ": the text to encode");
+    std::vector<int32_t> out;
+    std::unordered_map<std::string, std::vector<int32_t>> cache;  // a text repeats its words
+    split_added(text, false, out, [&](std::string_view raw) {
+      const std::string normalized = normalize(raw);
+      split_added(normalized, true, out, [&](std::string_view plain) {
+        for (const std::string& piece : pre_tokenize(plain)) {
+          auto [it, fresh] = cache.try_emplace(piece);
+          if (fresh) it->second = merge(piece);
+          out.insert(out.end(), it->second.begin(), it->second.end());
+        }
+      });
+    });
+    return out;
+  }
+
+  std::string decode(std::span<const int32_t> ids) const override {
+    std::string bytes;
+    for (const int32_t id : ids) {
+      if (id < 0 || id >= vocab_size())
+        ZEROTH_THROW(InvalidArgument, "{}: id {} is outside the vocabulary of {}", path_, id, vocab_size());
+      const std::string& token = tokens_[id];
+      // A token's characters back to the bytes they stand for; one holding a character that
+      // stands for no byte (an added token's space) is its own UTF-8, as Hugging Face decodes it.
+      std::string mine;
+      bool mapped = true;
+      for (size_t i = 0; i < token.size() && mapped;) {
+        size_t n = 1;
+        while (i + n < token.size() && (static_cast<unsigned char>(token[i + n]) & 0xC0) == 0x80) ++n;
+        const auto it = char_to_byte_.find(token.substr(i, n));
+        mapped = it != char_to_byte_.end();
+        if (mapped) mine += static_cast<char>(it->second);
+        i += n;
+      }
+      bytes += mapped ? mine : token;
+    }
+    return utf8_lossy(bytes);
+  }
+
+  int vocab_size() const override { return static_cast<int>(tokens_.size()); }
+  std::string describe() const override {
+    return fmt::format("byte-level BPE, {} tokens, {} merges ({})", vocab_size(), merges_.size(), path_);
+  }
+  uint64_t fingerprint() const override { return fingerprint_; }
+
+ private:
+  struct Added {
+    std::string content;
+    int32_t id;
+    bool normalized, lstrip, rstrip, single_word;
+  };
+  struct Merge {
+    int32_t rank, id;
+  };
+
+  void load(const json& j) {
+    const json& model = j.at("model");
+    if (model.value("type", "BPE") != "BPE") {
+      ZEROTH_THROW(InvalidArgument,
+                   "{}: model.type is {}; zeroth reads byte-level BPE tokenizer.json files (or a SentencePiece .model)", path_,
+                   model["type"].dump());
+    }
+    for (const char* key : {"dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix"}) {
+      if (model.contains(key) && !model[key].is_null())
+        ZEROTH_THROW(InvalidArgument, "{}: model.{} is {}; a byte-level BPE model has none, and zeroth honours no other", path_, key,
+                     model[key].dump());
+    }
+    if (model.value("byte_fallback", false)) {
+      ZEROTH_THROW(InvalidArgument,
+                   "{}: model.byte_fallback is set: this is a SentencePiece-style BPE, not a byte-level one; give the folder's "
+                   "tokenizer.model instead",
+                   path_);
+    }
+    ignore_merges_ = model.value("ignore_merges", false);
+    const auto chars = byte_chars();
+    for (int b = 0; b < 256; ++b) char_to_byte_.emplace(chars[b], static_cast<unsigned char>(b));
+    for (const auto& [token, id] : model.at("vocab").items()) {
+      const int32_t i = id.get<int32_t>();
+      if (i < 0) ZEROTH_THROW(InvalidArgument, "{}: model.vocab gives \"{}\" the id {}", path_, token, i);
+      vocab_.emplace(token, i);
+      put_token(i, token);
+    }
+    for (int b = 0; b < 256; ++b) {
+      const auto it = vocab_.find(chars[b]);
+      if (it == vocab_.end()) {
+        ZEROTH_THROW(InvalidArgument, "{}: model.vocab has no token for the byte 0x{:02x} (\"{}\"): not a byte-level BPE vocabulary",
+                     path_, b, chars[b]);
+      }
+      byte_id_[b] = it->second;
+    }
+    const json& merges = model.at("merges");
+    for (size_t r = 0; r < merges.size(); ++r) {
+      std::string a, b;
+      if (merges[r].is_string()) {
+        const std::string m = merges[r];
+        const size_t space = m.find(' ');
+        if (space == std::string::npos || m.find(' ', space + 1) != std::string::npos)
+          ZEROTH_THROW(InvalidArgument, "{}: merge {} (\"{}\") is not two tokens with one space between", path_, r, m);
+        a = m.substr(0, space), b = m.substr(space + 1);
+      } else {
+        a = merges[r].at(0), b = merges[r].at(1);
+      }
+      const auto ia = vocab_.find(a), ib = vocab_.find(b), iab = vocab_.find(a + b);
+      if (ia == vocab_.end() || ib == vocab_.end() || iab == vocab_.end())
+        ZEROTH_THROW(InvalidArgument, "{}: merge {} (\"{}\" \"{}\") names a token model.vocab lacks", path_, r, a, b);
+      merges_.try_emplace(pair_key(ia->second, ib->second), Merge{static_cast<int32_t>(r), iab->second});
+    }
+    for (const json& t : j.value("added_tokens", json::array())) {
+      Added a{t.at("content"),
+              t.at("id"),
+              t.value("normalized", false),
+              t.value("lstrip", false),
+              t.value("rstrip", false),
+              t.value("single_word", false)};
+      if (a.content.empty() || a.id < 0)
+        ZEROTH_THROW(InvalidArgument, "{}: an added token with id {} is empty or negative", path_, a.id);
+      put_token(a.id, a.content);
+      added_.push_back(std::move(a));
+    }
+    for (size_t i = 0; i < tokens_.size(); ++i)
+      if (!has_token_[i])
+        ZEROTH_THROW(InvalidArgument, "{}: no token has the id {} (below the largest, {})", path_, i, tokens_.size() - 1);
+    load_normalizer(j.contains("normalizer") ? j["normalizer"] : json());
+    load_pre_tokenizer(j.contains("pre_tokenizer") ? j["pre_tokenizer"] : json());
+    if (!byte_level_) ZEROTH_THROW(InvalidArgument, "{}: the pre-tokenizer has no ByteLevel step: not a byte-level BPE", path_);
+    const json decoder = j.contains("decoder") ? j["decoder"] : json();
+    if (!decoder.is_object() || decoder.value("type", "") != "ByteLevel") {
+      ZEROTH_THROW(InvalidArgument, "{}: the decoder is {}; a byte-level BPE tokenizer decodes with ByteLevel", path_, decoder.dump());
+    }
+  }
+
+  void put_token(int32_t id, const std::string& token) {
+    if (static_cast<size_t>(id) >= tokens_.size()) tokens_.resize(id + 1), has_token_.resize(id + 1);
+    tokens_[id] = token;
+    has_token_[id] = true;
+  }
+
+  void load_normalizer(const json& n) {
+    if (n.is_null()) return;
+    const std::string type = n.value("type", "");
+    if (type == "NFC") {
+      nfc_ = true;
+    } else if (type == "Sequence") {
+      for (const json& m : n.at("normalizers")) load_normalizer(m);
+    } else {
+      ZEROTH_THROW(InvalidArgument, "{}: the normalizer {} is not one zeroth applies (NFC, or none)", path_, n.dump());
+    }
+  }
+
+  void load_pre_tokenizer(const json& p) {
+    const std::string type = p.is_object() ? p.value("type", "") : "";
+    if (type == "Sequence") {
+      for (const json& s : p.at("pretokenizers")) load_pre_tokenizer(s);
+      return;
+    }
+    if (byte_level_) {
+      ZEROTH_THROW(InvalidArgument,
+                   "{}: the pre-tokenizer {} follows ByteLevel; zeroth applies ByteLevel last, as Llama 3 and Qwen do", path_,
+                   p.dump());
+    }
+    if (type == "ByteLevel") {
+      byte_level_ = true;
+      splits_.push_back(
+          {p.value("use_regex", true) ? std::make_unique<Regex>(kGpt2Pattern, false, path_ + ": GPT-2's pattern") : nullptr,
+           Split::Behavior::isolated, p.value("add_prefix_space", false)});
+    } else if (type == "Split") {
+      if (p.value("invert", false)) ZEROTH_THROW(InvalidArgument, "{}: a Split with invert set: zeroth splits on matches only", path_);
+      const json& pattern = p.at("pattern");
+      const bool literal = pattern.contains("String");
+      const std::string text = literal ? pattern["String"] : pattern.at("Regex");
+      const std::string behavior = p.at("behavior");
+      using B = Split::Behavior;
+      const B b = behavior == "Isolated"             ? B::isolated
+                  : behavior == "Removed"            ? B::removed
+                  : behavior == "MergedWithPrevious" ? B::merged_with_previous
+                  : behavior == "MergedWithNext"     ? B::merged_with_next
+                  : behavior == "Contiguous"
+                      ? B::contiguous
+                      : throw InvalidArgument(
+                            fmt::format("{}: a Split's behavior {} is none of Hugging Face's five", path_, behavior));
+      splits_.push_back({std::make_unique<Regex>(text, literal, path_ + ": pre_tokenizer Split"), b, false});
+    } else {
+      ZEROTH_THROW(InvalidArgument,
+                   "{}: the pre-tokenizer {} is not one zeroth applies (Split, ByteLevel, a Sequence of them: GPT-2's, Llama 3's, "
+                   "Qwen's)",
+                   path_, p.dump());
+    }
+  }
+
+  std::string normalize(std::string_view s) const {
+    if (!nfc_ || s.empty()) return std::string(s);
+    utf8proc_uint8_t* out = nullptr;
+    const auto n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()), static_cast<utf8proc_ssize_t>(s.size()), &out,
+                                static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+    if (n < 0) ZEROTH_THROW(InvalidArgument, "{}: utf8proc_map (NFC) of {} bytes: {}", path_, s.size(), utf8proc_errmsg(n));
+    std::string result(reinterpret_cast<const char*>(out), static_cast<size_t>(n));
+    std::free(out);
+    return result;
+  }
+
+  static bool word_char(std::string_view s, size_t at) {
+    const auto c = static_cast<unsigned char>(s[at]);
+    return c >= 0x80 || std::isalnum(c) || c == '_';
+  }
+
+  // Calls `gap` on each stretch of `s` between the added tokens of the given kind (normalized or
+  // not), appending each token's id to `out` in between: leftmost first, the longest where
+  // several begin at one place; lstrip/rstrip take the whitespace beside a token into it.
+  template <typename F>
+  void split_added(std::string_view s, bool normalized, std::vector<int32_t>& out, F&& gap) const {
+    std::vector<size_t> next(added_.size(), std::string_view::npos);
+    auto find = [&](size_t k, size_t from) {
+      const Added& a = added_[k];
+      size_t at = s.find(a.content, from);
+      // A single-word token must not touch a word character on either side.
+      while (at != std::string_view::npos && a.single_word &&
+             ((at > 0 && word_char(s, at - 1)) || (at + a.content.size() < s.size() && word_char(s, at + a.content.size())))) {
+        at = s.find(a.content, at + 1);
+      }
+      next[k] = at;
+    };
+    bool any = false;
+    for (size_t k = 0; k < added_.size(); ++k) {
+      if (added_[k].normalized == normalized) find(k, 0), any = true;
+    }
+    size_t pos = 0;
+    while (any) {
+      size_t best = added_.size();
+      for (size_t k = 0; k < added_.size(); ++k) {
+        if (added_[k].normalized != normalized || next[k] == std::string_view::npos) continue;
+        if (best == added_.size() || next[k] < next[best] ||
+            (next[k] == next[best] && added_[k].content.size() > added_[best].content.size()))
+          best = k;
+      }
+      if (best == added_.size()) break;
+      const Added& a = added_[best];
+      size_t begin = next[best], end = begin + a.content.size();
+      if (a.lstrip)
+        while (begin > pos && std::isspace(static_cast<unsigned char>(s[begin - 1]))) --begin;
+      if (a.rstrip)
+        while (end < s.size() && std::isspace(static_cast<unsigned char>(s[end]))) ++end;
+      if (begin > pos) gap(s.substr(pos, begin - pos));
+      out.push_back(a.id);
+      pos = end;
+      for (size_t k = 0; k < added_.size(); ++k) {
+        if (added_[k].normalized == normalized && next[k] != std::string_view::npos && next[k] < pos) find(k, pos);
+      }
+    }
+    if (pos < s.size()) gap(s.substr(pos));
+  }
+
+  std::vector<std::string> pre_tokenize(std::string_view text) const {
+    std::vector<std::string> pieces{std::string(text)};
+    for (const Split& step : splits_) {
+      if (step.prefix_space)
+        for (auto& p : pieces)
+          if (p.empty() || p[0] != ' ') p.insert(p.begin(), ' ');
+      if (!step.regex) continue;
+      std::vector<std::string> next;
+      for (const std::string& p : pieces) split(*step.regex, step.behavior, p, next);
+      pieces = std::move(next);
+    }
+    return pieces;
+  }
+
+  static void split(const Regex& re, Split::Behavior behavior, const std::string& s, std::vector<std::string>& out) {
+    using B = Split::Behavior;
+    std::vector<std::pair<std::string_view, bool>> parts;  // (text, is a match)
+    size_t pos = 0;
+    const std::string_view sv(s);
+    re.for_each_match(sv, [&](size_t b, size_t e) {
+      if (b > pos) parts.emplace_back(sv.substr(pos, b - pos), false);
+      parts.emplace_back(sv.substr(b, e - b), true);
+      pos = e;
+    });
+    if (pos < sv.size()) parts.emplace_back(sv.substr(pos), false);
+    std::string pending;
+    bool pending_match = false;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const auto [text, match] = parts[i];
+      switch (behavior) {
+        case B::isolated: out.emplace_back(text); break;
+        case B::removed:
+          if (!match) out.emplace_back(text);
+          break;
+        case B::merged_with_previous:  // a match joins the piece before it
+          if (match && !out.empty() && i > 0 && !parts[i - 1].second) {
+            out.back() += text;
+          } else {
+            out.emplace_back(text);
+          }
+          break;
+        case B::merged_with_next:  // a match begins the piece after it
+          pending += text;
+          if (!match || i + 1 == parts.size() || parts[i + 1].second) out.push_back(std::move(pending)), pending.clear();
+          break;
+        case B::contiguous:  // runs of matches are one piece
+          if (match && pending_match && !out.empty()) {
+            out.back() += text;
+          } else {
+            out.emplace_back(text);
+          }
+          pending_match = match;
+          break;
+      }
+    }
+  }
+
+  static uint64_t pair_key(int32_t a, int32_t b) { return static_cast<uint64_t>(a) << 32 | static_cast<uint32_t>(b); }
+
+  // One pre-tokenized piece's ids: its bytes' tokens, merged lowest rank first (leftmost of equal
+  // ranks) until no adjacent pair has a merge; with ignore_merges, a piece in the vocabulary whole
+  // is that token.
+  std::vector<int32_t> merge(const std::string& piece) const {
+    if (ignore_merges_) {
+      std::string mapped;
+      static const auto chars = byte_chars();
+      for (const char c : piece) mapped += chars[static_cast<unsigned char>(c)];
+      if (const auto it = vocab_.find(mapped); it != vocab_.end()) return {it->second};
+    }
+    std::vector<int32_t> ids(piece.size());
+    for (size_t i = 0; i < piece.size(); ++i) ids[i] = byte_id_[static_cast<unsigned char>(piece[i])];
+    while (ids.size() > 1) {
+      int32_t best_rank = std::numeric_limits<int32_t>::max(), best_id = -1;
+      size_t at = 0;
+      for (size_t i = 0; i + 1 < ids.size(); ++i) {
+        const auto it = merges_.find(pair_key(ids[i], ids[i + 1]));
+        if (it != merges_.end() && it->second.rank < best_rank) best_rank = it->second.rank, best_id = it->second.id, at = i;
+      }
+      if (best_id < 0) break;
+      ids[at] = best_id;
+      ids.erase(ids.begin() + static_cast<ptrdiff_t>(at) + 1);
+    }
+    return ids;
+  }
+
+  std::string path_;
+  uint64_t fingerprint_ = 0;
+  std::unordered_map<std::string, int32_t> vocab_;
+  std::vector<std::string> tokens_;  // by id: the vocabulary's and the added tokens'
+  std::vector<bool> has_token_;
+  std::unordered_map<std::string, unsigned char> char_to_byte_;
+  std::array<int32_t, 256> byte_id_{};
+  std::unordered_map<uint64_t, Merge> merges_;
+  bool ignore_merges_ = false;
+  std::vector<Added> added_;
+  bool nfc_ = false;
+  std::vector<Split> splits_;
+  bool byte_level_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> open_byte_level_bpe(const std::string& path) { return std::make_unique<ByteLevelBpe>(path); }
+
+}  // namespace zeroth
