@@ -26,7 +26,33 @@ constexpr PublishedShape kMegatronShapes[] = {
 
 }  // namespace
 
-uint64_t GptShape::params() const { return layers * layer_params() + vocab * hidden + seq_len * hidden + 2 * hidden; }
+GptShape GptShape::llama_shape(uint64_t layers, uint64_t hidden, uint64_t heads, uint64_t kv_heads, uint64_t ffn, uint64_t seq_len,
+                               uint64_t vocab, bool tied) {
+  GptShape s{layers, hidden, heads, seq_len, vocab};
+  s.kv_heads = kv_heads, s.ffn = ffn, s.llama = true, s.tied = tied;
+  return s;
+}
+
+uint64_t GptShape::layer_matmul_params() const {
+  // q and the output projection h x h, k and v h x kv each; the MLP's up and down (and a Llama's gate).
+  return 2 * hidden * hidden + 2 * hidden * kv_width() + (llama ? 3 : 2) * hidden * mlp_width();
+}
+
+uint64_t GptShape::layer_vector_params() const {
+  if (llama) return 2 * hidden + (qkv_bias ? hidden + 2 * kv_width() : 0);  // two RMSNorm weights, Qwen2's biases
+  return 4 * hidden + 2 * hidden + kv_width() * 2 + mlp_width() + hidden;   // LayerNorms; q, k, v, o, up, down biases
+}
+
+uint64_t GptShape::layer_slice(uint64_t tp) const {
+  // The norms, and GPT-2's two row-parallel biases; q/k/v biases are column-parallel, split.
+  const uint64_t whole = llama ? 2 * hidden : 6 * hidden;
+  return (layer_params() - whole) / tp + whole;
+}
+
+uint64_t GptShape::params() const {
+  const uint64_t embeddings = vocab * hidden * (tied ? 1 : 2) + (llama ? 0 : seq_len * hidden);
+  return layers * layer_params() + embeddings + (llama ? hidden : 2 * hidden);
+}
 
 GptShape GptShape::from_params(uint64_t params, uint64_t seq_len, uint64_t vocab) {
   const PublishedShape* best = &kMegatronShapes[0];
@@ -43,13 +69,16 @@ GptShape GptShape::from_params(uint64_t params, uint64_t seq_len, uint64_t vocab
 }
 
 std::string GptShape::describe() const {
-  return fmt::format("{} layers, hidden {}, {} heads, seq {}, vocab {}", layers, hidden, heads, seq_len, vocab);
+  std::string out = fmt::format("{} layers, hidden {}, {} heads, seq {}, vocab {}", layers, hidden, heads, seq_len, vocab);
+  if (llama) out += fmt::format(", Llama: {} key/value heads, SwiGLU {}, {} head", kv_heads, mlp_width(), tied ? "tied" : "untied");
+  return out;
 }
 
 std::string GptShape::problem() const {
   if (layers == 0 || hidden == 0 || heads == 0 || seq_len == 0 || vocab == 0)
     return "every dimension (layers, hidden, heads, seq, vocab) must be positive";
   if (hidden % heads != 0) return fmt::format("hidden {} is not a multiple of heads {}", hidden, heads);
+  if (kv_heads > 0 && heads % kv_heads != 0) return fmt::format("heads {} is not a multiple of key/value heads {}", heads, kv_heads);
   return "";
 }
 
@@ -79,20 +108,24 @@ uint64_t layer_activation_bytes(const GptShape& shape, uint64_t micro_batch, uin
                a = static_cast<double>(shape.heads), t = static_cast<double>(tp);
   const double sbh = s * b * h;
   if (checkpointing == Checkpointing::full) return round_bytes(2 * sbh / (sequence_parallel ? t : 1));
-  // Softmax input and output, its dropout mask and output: 5 a s^2 b bytes, split over heads.
-  const double attention = checkpointing == Checkpointing::selective ? 0 : 5 * a * s * s * b / t;
-  if (tp == 1 || sequence_parallel) return round_bytes(34 * sbh / t + attention);
-  // Without sequence parallelism the layer norms and dropouts (10 s b h) are replicated.
-  return round_bytes(sbh * (10 + 24 / t) + attention);
+  // GPT-2: softmax input and output, its dropout mask and output, 5 a s^2 b bytes split over heads;
+  // a Llama keeps softmax's output only.
+  const double core = shape.llama ? 2 : 5;
+  const double attention = checkpointing == Checkpointing::selective ? 0 : core * a * s * s * b / t;
+  // What tensor parallelism splits, and what it leaves whole without sequence parallelism: GPT-2's
+  // layer norms and dropouts (10 s b h), a Llama's norms' inputs and outputs (8 s b h).
+  const double kv = static_cast<double>(shape.kv_width()), ffn = static_cast<double>(shape.mlp_width());
+  const double split = shape.llama ? 4 * sbh + 4 * s * b * kv + 6 * s * b * ffn : 24 * sbh;
+  const double whole = shape.llama ? 8 * sbh : 10 * sbh;
+  if (tp == 1 || sequence_parallel) return round_bytes((split + whole) / t + attention);
+  return round_bytes(whole + split / t + attention);
 }
 
 LayoutMemory layout_memory(const GptShape& shape, const Layout& layout, const BufferSizes& sizes, uint64_t runtime_bytes) {
   const uint64_t h = shape.hidden, t = layout.tp, p = layout.pp, b = layout.micro_batch, s = shape.seq_len;
   const uint64_t layers_on_stage = ceil_div(shape.layers, p);
-  // A tensor-parallel slice of a layer: QKV and MLP-up columns with their biases, projection and
-  // MLP-down rows; the two row-parallel biases and both layer norms are whole on every slice.
-  const uint64_t layer_slice = 12 * h * h / t + 7 * h / t + 6 * h;
-  const uint64_t vocab_slice = ceil_div(shape.vocab, t) * h;  // vocab-parallel embedding / tied head
+  const uint64_t layer_slice = shape.layer_slice(t);
+  const uint64_t vocab_slice = ceil_div(shape.vocab, t) * h;  // vocab-parallel embedding, and head
   const uint64_t largest = std::max(layer_slice, vocab_slice);
   const uint64_t per_layer = layer_activation_bytes(shape, b, t, layout.sequence_parallel, layout.checkpointing);
   const uint64_t full_layer = layer_activation_bytes(shape, b, t, layout.sequence_parallel, Checkpointing::none);
@@ -101,8 +134,11 @@ LayoutMemory layout_memory(const GptShape& shape, const Layout& layout, const Bu
   auto stage_memory = [&](bool first, bool last) {
     LayoutMemory m;
     m.activations_per_layer = per_layer;
-    m.stage_params = layers_on_stage * layer_slice + (first ? vocab_slice + s * h : 0) +
-                     (last ? (first ? 0 : vocab_slice) + 2 * h : 0);
+    // The first stage holds the embedding (and GPT-2's positions), the last the final norm and the
+    // head: the embedding again when tied, unless the stage holds it already.
+    const uint64_t positions = shape.llama ? 0 : s * h, final_norm = shape.llama ? h : 2 * h;
+    m.stage_params = layers_on_stage * layer_slice + (first ? vocab_slice + positions : 0) +
+                     (last ? (first && shape.tied ? 0 : vocab_slice) + final_norm : 0);
     const ModelStates states = zero_model_states(m.stage_params, layout.stage, layout.dp, layout.offload_optimizer,
                                                  layout.offload_param, largest);
     m.model_states = states.device;
@@ -113,7 +149,7 @@ LayoutMemory layout_memory(const GptShape& shape, const Layout& layout, const Bu
     // Recomputing a layer in backward materialises its activations whole, one layer at a time.
     if (layout.checkpointing == Checkpointing::full) acts += static_cast<double>(full_layer);
     const double sbh = static_cast<double>(s * b * h);
-    if (first) acts += static_cast<double>(m.in_flight) * sbh / sp_split;  // embedding dropout mask
+    if (first && !shape.llama) acts += static_cast<double>(m.in_flight) * sbh / sp_split;  // GPT-2's embedding dropout mask
     // Final layer norm and head input (4 s b h / t) and fp32 logits (4 s b V / t).
     if (last) acts += 4 * sbh / static_cast<double>(t) * (1 + static_cast<double>(shape.vocab) / static_cast<double>(h));
     m.activations = round_bytes(acts);

@@ -15,19 +15,39 @@
 
 namespace zeroth {
 
-// A GPT-2-style decoder: layers of attention and a 4h MLP, learned positions, the LM head tied to
-// the token embedding.
+// A decoder's shape. By default GPT-2's: layers of attention and a 4h GELU MLP, biases and
+// LayerNorms, learned positions, the LM head tied to the token embedding. llama() gives the Llama
+// family's: grouped-query attention (kv_heads of heads' width), a SwiGLU MLP of `ffn`, RMSNorm
+// weights and no biases, rotary positions, a tied or untied head.
 struct GptShape {
   uint64_t layers = 0, hidden = 0, heads = 0, seq_len = 0, vocab = 0;
+  uint64_t kv_heads = 0;  // 0: heads
+  uint64_t ffn = 0;       // the MLP's width; 0: 4 hidden
+  bool llama = false;
+  bool tied = true;
+  bool qkv_bias = false;  // a Llama's q, k and v biases (Qwen2's)
 
-  // l (12 h^2 + 13 h) + V h + s h + 2 h: GPT-2 124M has 124,439,808.
+  static GptShape llama_shape(uint64_t layers, uint64_t hidden, uint64_t heads, uint64_t kv_heads, uint64_t ffn, uint64_t seq_len,
+                              uint64_t vocab, bool tied);
+  uint64_t mlp_width() const { return ffn > 0 ? ffn : 4 * hidden; }
+  uint64_t kv_width() const { return (kv_heads > 0 ? kv_heads : heads) * (hidden / heads); }
+
+  // GPT-2: l (12 h^2 + 13 h) + V h + s h + 2 h (124M has 124,439,808). Llama: l (2 h^2 + 2 h kv +
+  // 3 h ffn + 2 h) + V h (twice untied) + h (Llama 3 8B has 8,030,261,248).
   uint64_t params() const;
-  uint64_t layer_params() const { return 12 * hidden * hidden + 13 * hidden; }
+  uint64_t layer_params() const { return layer_matmul_params() + layer_vector_params(); }
+  uint64_t layer_matmul_params() const;
+  uint64_t layer_vector_params() const;  // norms and biases
+  // One tensor-parallel slice of a layer: the matmuls and the column-parallel biases split, the
+  // norms and the row-parallel biases whole.
+  uint64_t layer_slice(uint64_t tp) const;
   // Megatron-LM's published shapes (Narayanan et al. 2021, Table 1: 1.7B ... 1T, vocabulary 51,200,
   // sequence 2048), the nearest by parameter count, with the layers scaled (to a multiple of 4) to
   // come close to `params`. What `--params` plans for when no dimensions are given.
   static GptShape from_params(uint64_t params, uint64_t seq_len = 2048, uint64_t vocab = 51200);
-  std::string describe() const;  // "128 layers, hidden 25600, 160 heads, seq 2048, vocab 51200"
+  // "128 layers, hidden 25600, 160 heads, seq 2048, vocab 51200"; a Llama's adds its key/value
+  // heads, MLP width and head.
+  std::string describe() const;
   // Empty when the shape is usable, else what is wrong with it.
   std::string problem() const;
 };
@@ -78,7 +98,10 @@ struct LayoutMemory {
 // activations, 1-byte dropout masks): s b h (34 + 5 a s / h); with tensor parallelism t,
 // s b h (10 + 24 / t + 5 a s / (h t)); with sequence parallelism s b h (34 + 5 a s / h) / t;
 // selective recomputation drops the 5 a s / h term; full recomputation keeps only the layer's
-// input, 2 s b h (/ t with sequence parallelism).
+// input, 2 s b h (/ t with sequence parallelism). A Llama layer, counted the same way without
+// dropout: both norms' inputs and outputs (8 s b h, whole on every tensor-parallel rank), q and the
+// attention output (4 s b h), k and v (4 s b kv), softmax's output (2 a s^2 b), the MLP's gate, up
+// and their product (6 s b ffn).
 uint64_t layer_activation_bytes(const GptShape& shape, uint64_t micro_batch, uint64_t tp, bool sequence_parallel,
                                 Checkpointing checkpointing);
 

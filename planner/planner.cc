@@ -90,9 +90,11 @@ StepCost step_cost(const GptShape& shape, const Layout& l, const LayoutMemory& m
   const double layers = static_cast<double>((shape.layers + l.pp - 1) / l.pp);
   const double flops_rate = c.achieved_flops();
 
-  // Narayanan et al. 2021: a layer's forward is 24 b s h^2 + 4 b s^2 h, the head's 2 b s h V; the
-  // stage with the head (the last) is the slowest. Backward is twice forward.
-  const double layer_fwd = tokens * (24 * h * h + 4 * s * h) / t;
+  // Narayanan et al. 2021: a layer's forward is 2 b s FLOPs per matmul weight (GPT-2's 12 h^2, a
+  // Llama's smaller k and v and its three MLP matrices) and 4 b s^2 h in attention, the head's
+  // 2 b s h V; the stage with the head (the last) is the slowest. Backward is twice forward.
+  const double matmul = static_cast<double>(shape.layer_matmul_params());
+  const double layer_fwd = tokens * (2 * matmul + 4 * s * h) / t;
   // The elementwise work between the matmuls reads and writes about the bytes of activations a
   // layer keeps (Korthikanti's count), at the device's memory bandwidth.
   const double layer_elementwise = static_cast<double>(
@@ -167,7 +169,7 @@ StepCost step_cost(const GptShape& shape, const Layout& l, const LayoutMemory& m
 
   const double global_tokens = static_cast<double>(l.dp) * m * tokens;
   const double L = static_cast<double>(shape.layers);
-  out.model_flops = global_tokens * (72 * L * h * h + 12 * L * s * h + 6 * v * h);
+  out.model_flops = global_tokens * (6 * L * matmul + 12 * L * s * h + 6 * v * h);
   out.mfu = out.model_flops / (out.step * static_cast<double>(l.gpus()) * c.peak_flops);
   out.tokens_per_s = global_tokens / out.step;
   const std::array<std::pair<double, const char*>, 7> parts = {{{out.compute, "compute"},
@@ -198,7 +200,8 @@ PlanResult search_plans(const GptShape& shape, const Cluster& cluster, const Pla
   const std::array<std::pair<D, D>, 6> placements = {
       {{D::none, D::none}, {D::cpu, D::none}, {D::nvme, D::none}, {D::cpu, D::cpu}, {D::nvme, D::cpu}, {D::nvme, D::nvme}}};
   for (uint64_t tp : divisors(cluster.gpus_per_node, cluster.gpus_per_node)) {
-    if (shape.heads % tp != 0) continue;
+    // Key/value heads are split over tp as the query heads are (Megatron refuses fewer of them).
+    if (shape.heads % tp != 0 || (shape.kv_heads > 0 && shape.kv_heads % tp != 0)) continue;
     for (uint64_t pp : divisors(shape.layers, shape.layers)) {
       if (gpus % (tp * pp) != 0) continue;
       const uint64_t dp = gpus / (tp * pp);

@@ -49,5 +49,8 @@ void add_gpt_shape_options(CLI::App* cmd, GptShape& shape, const std::string& ro
 bool gpt_shape_given(const GptShape& shape);  // any of --layers, --hidden, --heads
 // `shape`, or InvalidArgument saying what is wrong with the dimensions given.
 const GptShape& checked_gpt_shape(const GptShape& shape);
+// A preset's shape (GptConfig::preset: GPT-2's sizes, the Llama family's), at `seq_len`;
+// InvalidArgument naming the presets for an unknown name.
+GptShape preset_shape(const std::string& name, uint64_t seq_len);
 
 }  // namespace zeroth::tools

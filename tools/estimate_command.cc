@@ -2,11 +2,12 @@
 // every ZeRO stage and offload placement, from the plan the engine itself would build (make_plan)
 // and the one estimate its budget check uses (engine/plan/estimate.h) — so the row of the config's own
 // choice is what the run is held against at start.
-#include <cstdio>   // std::printf
-#include <memory>   // std::make_shared
-#include <string>   // std::string
-#include <utility>  // std::pair
-#include <vector>   // std::vector
+#include <algorithm>  // std::any_of
+#include <cstdio>     // std::printf
+#include <memory>     // std::make_shared
+#include <string>     // std::string
+#include <utility>    // std::pair
+#include <vector>     // std::vector
 
 #include <CLI/CLI.hpp>        // CLI::App
 #include <fmt/format.h>       // fmt::format
@@ -42,6 +43,12 @@ struct Options {
   uint64_t micro_batch = 1, micro_batches = 1, tp = 1, pp = 1;
   bool sequence_parallel = false, gpipe = false;
   std::string runtime_memory;
+  // --seq, --micro-batch(es), --tp, --pp, ...: with --model, any of them given asks for the
+  // preset's layout table (activations too) instead of its model states alone.
+  std::vector<const CLI::Option*> layout_options;
+  bool layout_given() const {
+    return std::any_of(layout_options.begin(), layout_options.end(), [](const CLI::Option* opt) { return opt->count() > 0; });
+  }
 };
 
 uint64_t count(const std::string& text, const char* flag) { return static_cast<uint64_t>(parse_count(text, flag) + 0.5); }
@@ -179,13 +186,15 @@ int run_params(const Options& o) {
 // --layers/--hidden/--heads: the model's shape on gpus_per_node x nodes GPUs in dp x tp x pp, for
 // every stage and placement, and each with no, selective and full recomputation
 // (planner/gpt_layout.h: ZeRO paper model states, Korthikanti et al. activations).
-int run_shape(const Options& o) {
-  const GptShape& shape = checked_gpt_shape(o.shape);
+int run_shape(const Options& o, const GptShape& shape) {
   const uint64_t gpus = static_cast<uint64_t>(o.gpus_per_node) * static_cast<uint64_t>(o.nodes);
   if (o.tp == 0 || o.pp == 0 || gpus % (o.tp * o.pp) != 0)
     ZEROTH_THROW(InvalidArgument, "{} GPUs do not divide into --tp {} x --pp {} (the data-parallel degree is what is left)", gpus,
                  o.tp, o.pp);
   if (shape.heads % o.tp != 0) ZEROTH_THROW(InvalidArgument, "--tp {} does not divide the {} heads", o.tp, shape.heads);
+  if (shape.kv_heads % o.tp != 0)
+    ZEROTH_THROW(InvalidArgument, "--tp {} does not divide the {} key/value heads (as Megatron-LM, zeroth does not replicate them)",
+                 o.tp, shape.kv_heads);
   if (o.pp > shape.layers) ZEROTH_THROW(InvalidArgument, "--pp {} is more stages than the {} layers", o.pp, shape.layers);
   if (o.tp > static_cast<uint64_t>(o.gpus_per_node))
     ZEROTH_THROW(InvalidArgument,
@@ -203,11 +212,12 @@ int run_shape(const Options& o) {
   const Checkpointing kinds[] = {Checkpointing::none, Checkpointing::selective, Checkpointing::full};
   nlohmann::json rows = nlohmann::json::array();
   if (!o.json) {
-    std::printf("zeroth estimate: GPT of %s parameters (%s) on %llu GPUs (%d per node x %d nodes) as dp %llu x tp %llu x pp %llu, "
+    std::printf("zeroth estimate: %s of %s parameters (%s) on %llu GPUs (%d per node x %d nodes) as dp %llu x tp %llu x pp %llu, "
                 "micro-batch %llu%s, per GPU (the pipeline stage that holds the most)\n",
-                fmt::format("{}", shape.params()).c_str(), shape.describe().c_str(), static_cast<unsigned long long>(gpus),
-                o.gpus_per_node, o.nodes, static_cast<unsigned long long>(gpus / (o.tp * o.pp)), static_cast<unsigned long long>(o.tp),
-                static_cast<unsigned long long>(o.pp), static_cast<unsigned long long>(o.micro_batch),
+                o.model.empty() ? "GPT" : o.model.c_str(), fmt::format("{}", shape.params()).c_str(), shape.describe().c_str(),
+                static_cast<unsigned long long>(gpus), o.gpus_per_node, o.nodes, static_cast<unsigned long long>(gpus / (o.tp * o.pp)),
+                static_cast<unsigned long long>(o.tp), static_cast<unsigned long long>(o.pp),
+                static_cast<unsigned long long>(o.micro_batch),
                 o.pp > 1 ? fmt::format(" x {} ({})", o.micro_batches, o.gpipe ? "GPipe" : "1F1B").c_str() : "");
     std::printf("%-5s %-9s %-9s %13s %11s %11s %11s %11s %11s %11s %11s %12s %12s  %s\n", "stage", "optimizer", "params",
                 "model states", "acts none", "acts sel.", "acts full", "buffers", "device none", "device sel.", "device full",
@@ -316,11 +326,14 @@ int run(const Options& o) {
     ZEROTH_THROW(InvalidArgument,
                  "give one of --config CONFIG, --params COUNT, --model PRESET, or the GPT's --layers, --hidden and --heads");
   }
-  if (!o.model.empty()) return run_params(o);  // with --deepspeed-compatible too
+  if (!o.model.empty()) {
+    if (o.layout_given() && !o.deepspeed_compatible) return run_shape(o, preset_shape(o.model, o.shape.seq_len));
+    return run_params(o);  // with --deepspeed-compatible too
+  }
   if (gpt_shape_given(o.shape)) {
     if (o.deepspeed_compatible)
       ZEROTH_THROW(InvalidArgument, "--deepspeed-compatible goes with --params (DeepSpeed's tables take a count)");
-    return run_shape(o);
+    return run_shape(o, checked_gpt_shape(o.shape));
   }
   if (!o.params.empty()) return run_params(o);
   if (o.deepspeed_compatible)
@@ -509,6 +522,21 @@ const GptShape& checked_gpt_shape(const GptShape& shape) {
   return shape;
 }
 
+GptShape preset_shape(const std::string& name, uint64_t seq_len) {
+  GptConfig g;
+  try {
+    g = GptConfig::preset(name);
+  } catch (const ConfigError&) {
+    ZEROTH_THROW(InvalidArgument, "--model {} is not a known preset; use one of {}", name, fmt::join(GptConfig::preset_names(), ", "));
+  }
+  const auto u = [](int v) { return static_cast<uint64_t>(v); };
+  if (!g.llama()) return GptShape{u(g.n_layer), u(g.n_embd), u(g.n_head), seq_len, u(g.vocab_size)};
+  GptShape s = GptShape::llama_shape(u(g.n_layer), u(g.n_embd), u(g.n_head), u(g.kv_heads()), u(g.ffn()), seq_len, u(g.vocab_size),
+                                     g.tie_word_embeddings);
+  s.qkv_bias = g.qkv_bias;
+  return s;
+}
+
 void add_estimate_command(CLI::App& app) {
   auto o = std::make_shared<Options>();
   auto* cmd = app.add_subcommand(
@@ -516,24 +544,29 @@ void add_estimate_command(CLI::App& app) {
   cmd->add_option("--config", o->config, "A training config (JSON); its model, batch, precision and ZeRO keys are used");
   cmd->add_option("--params", o->params, "Instead of a config: a parameter count (7.5B, 350M, 1T): the ZeRO paper's model states");
   cmd->add_option("--model", o->model,
-                  fmt::format("Instead of a config: a preset ({}): its exact parameter count and largest block, as --params",
+                  fmt::format("Instead of a config: a preset ({}): its exact parameter count and largest block, as --params; with "
+                              "any of --seq, --micro-batch, --tp, --pp, ...: its shape, as --layers",
                               fmt::join(GptConfig::preset_names(), ", ")));
   add_gpt_shape_options(cmd, o->shape, "Instead of a config: the GPT's dimensions, for activations too");
-  cmd->add_option("--micro-batch", o->micro_batch, "With --layers: sequences per micro-batch (default 1)")
-      ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--micro-batches", o->micro_batches, "With --layers and --pp: micro-batches per step (default 1)")
-      ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--tp", o->tp, "With --layers: tensor-parallel degree (default 1)")->check(CLI::Range(1, 1 << 10));
-  cmd->add_option("--pp", o->pp, "With --layers: pipeline stages (default 1)")->check(CLI::Range(1, 1 << 16));
-  cmd->add_flag("--sequence-parallel", o->sequence_parallel, "With --layers and --tp: sequence parallelism");
-  cmd->add_flag("--gpipe", o->gpipe, "With --pp: GPipe's schedule (all micro-batches in flight) instead of 1F1B");
-  cmd->add_option("--runtime-memory", o->runtime_memory,
-                  "With --layers: device memory the CUDA runtime, NCCL and cuBLAS take (default 1GiB)");
+  auto& layout = o->layout_options;
+  layout.push_back(cmd->get_option("--seq"));
+  layout.push_back(cmd->add_option("--micro-batch", o->micro_batch, "With --layers or --model: sequences per micro-batch (default 1)")
+                       ->check(CLI::Range(1, 1 << 20)));
+  layout.push_back(cmd->add_option("--micro-batches", o->micro_batches, "With --pp: micro-batches per step (default 1)")
+                       ->check(CLI::Range(1, 1 << 20)));
+  layout.push_back(
+      cmd->add_option("--tp", o->tp, "With --layers or --model: tensor-parallel degree (default 1)")->check(CLI::Range(1, 1 << 10)));
+  layout.push_back(
+      cmd->add_option("--pp", o->pp, "With --layers or --model: pipeline stages (default 1)")->check(CLI::Range(1, 1 << 16)));
+  layout.push_back(cmd->add_flag("--sequence-parallel", o->sequence_parallel, "With --tp: sequence parallelism"));
+  layout.push_back(cmd->add_flag("--gpipe", o->gpipe, "With --pp: GPipe's schedule (all micro-batches in flight) instead of 1F1B"));
+  layout.push_back(cmd->add_option("--runtime-memory", o->runtime_memory,
+                                   "With --layers or --model: device memory the CUDA runtime, NCCL and cuBLAS take (default 1GiB)"));
   cmd->add_option("--largest-layer", o->largest_layer,
                   "With --params: parameters of the largest layer (its working set when parameters are offloaded)");
-  cmd->add_option("--gpus-per-node", o->gpus_per_node, "With --params or --layers: GPUs per node (default 1)")
+  cmd->add_option("--gpus-per-node", o->gpus_per_node, "With --params, --model or --layers: GPUs per node (default 1)")
       ->check(CLI::Range(1, 1 << 16));
-  cmd->add_option("--nodes", o->nodes, "With --params or --layers: nodes (default 1)")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--nodes", o->nodes, "With --params, --model or --layers: nodes (default 1)")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--set", o->overrides, "Override a key of the config: --set train_micro_batch_size_per_gpu=8")
       ->expected(1)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);

@@ -25,7 +25,7 @@ namespace zeroth::tools {
 namespace {
 
 struct Options {
-  std::string params;
+  std::string params, model;
   GptShape shape{0, 0, 0, 2048, 51200};
   std::string global_batch;
   uint64_t gpus = 0;
@@ -40,8 +40,12 @@ struct Options {
 
 GptShape shape_of(const Options& o, std::string& origin) {
   const bool dims = gpt_shape_given(o.shape);
-  if (dims == !o.params.empty())
-    ZEROTH_THROW(InvalidArgument, "give the model either as --params COUNT or as --layers, --hidden and --heads");
+  if (dims + !o.params.empty() + !o.model.empty() != 1)
+    ZEROTH_THROW(InvalidArgument, "give the model as one of --model PRESET, --params COUNT, or --layers, --hidden and --heads");
+  if (!o.model.empty()) {
+    origin = "preset " + o.model;
+    return preset_shape(o.model, o.shape.seq_len);
+  }
   if (dims) {
     origin = "as given";
     return checked_gpt_shape(o.shape);
@@ -152,13 +156,16 @@ nlohmann::json config_of(const Options& o, const GptShape& shape, const Candidat
                       {"optimizer",
                        {{"type", "AdamW"}, {"params", {{"lr", 3e-4}, {"betas", {0.9, 0.95}}, {"eps", 1e-8}, {"weight_decay", 0.1}}}}},
                       {"zero_optimization", zero},
-                      {"model",
-                       {{"n_layer", shape.layers},
-                        {"n_embd", shape.hidden},
-                        {"n_head", shape.heads},
-                        {"seq_len", shape.seq_len},
-                        {"vocab_size", shape.vocab},
-                        {"activation_checkpointing", l.checkpointing == Checkpointing::full}}},
+                      {"model", o.model.empty()
+                                    ? nlohmann::json{{"n_layer", shape.layers},
+                                                     {"n_embd", shape.hidden},
+                                                     {"n_head", shape.heads},
+                                                     {"seq_len", shape.seq_len},
+                                                     {"vocab_size", shape.vocab},
+                                                     {"activation_checkpointing", l.checkpointing == Checkpointing::full}}
+                                    : nlohmann::json{{"preset", o.model},
+                                                     {"seq_len", shape.seq_len},
+                                                     {"activation_checkpointing", l.checkpointing == Checkpointing::full}}},
                       {"data", data},
                       {"run", run}};
   if (l.tp > 1 || l.pp > 1) {
@@ -259,9 +266,13 @@ void run(Options o) {
   if (o.json) {
     nlohmann::json out = {{"model",
                            {{"params", shape.params()},
+                            {"architecture", shape.llama ? "llama" : "gpt2"},
                             {"layers", shape.layers},
                             {"hidden", shape.hidden},
                             {"heads", shape.heads},
+                            {"kv_heads", shape.kv_heads > 0 ? shape.kv_heads : shape.heads},
+                            {"ffn", shape.mlp_width()},
+                            {"tied", shape.tied},
                             {"seq_len", shape.seq_len},
                             {"vocab", shape.vocab}}},
                           {"global_batch", search.global_batch},
@@ -295,8 +306,9 @@ void run(Options o) {
     if (!emit_problem.empty()) ZEROTH_THROW(OutOfMemory, "{}", emit_problem);
     return;
   }
-  std::printf("zeroth plan: GPT of %s parameters (%s; %s), global batch %llu sequences\n", fmt::format("{}", shape.params()).c_str(),
-              shape.describe().c_str(), origin.c_str(), static_cast<unsigned long long>(search.global_batch));
+  std::printf("zeroth plan: %s of %s parameters (%s; %s), global batch %llu sequences\n", shape.llama ? "Llama" : "GPT",
+              fmt::format("{}", shape.params()).c_str(), shape.describe().c_str(), origin.c_str(),
+              static_cast<unsigned long long>(search.global_batch));
   std::printf("cluster: %llu GPUs (%llu per node x %llu nodes), %s and %.3g TFLOP/s peak each, matmuls at %.2f of peak; "
               "all-reduce %.3g GB/s in a node, network %.3g GB/s per node, PCIe %.3g GB/s per GPU, NVMe %.3g GB/s and host %s per "
               "node, CPU Adam %.2g parameters/s per node\n",
@@ -358,6 +370,7 @@ void add_plan_command(CLI::App& app) {
                                  "Search dp x tp x pp, ZeRO stage, offload, micro-batch and recomputation for a GPT on a cluster; "
                                  "rank what fits by modelled step time");
   cmd->add_option("--params", o->params, "The model as a parameter count (7.5B, 175B, 1T): Megatron-LM's nearest published shape");
+  cmd->add_option("--model", o->model, "Instead of --params, a preset's published shape (llama-3-70b, llama-3-8b, smollm-135m, ...)");
   add_gpt_shape_options(cmd, o->shape, "Instead of --params, the model's dimensions");
   cmd->add_option("--global-batch", o->global_batch, "Sequences per optimizer step (required)");
   auto* gpus = cmd->add_option("--gpus", o->gpus, "GPUs in all (sets --nodes from --gpus-per-node)")->check(CLI::Range(1, 1 << 24));

@@ -301,6 +301,26 @@ TEST(Estimate, GptDimensionModeCountsActivations) {
   }
 }
 
+// --model with a layout option: the preset's shape, activations too. Llama 3 70B at 8192 tokens on
+// one node, tp 8 with sequence parallelism: per layer, selective recomputation keeps
+// (8 s b h + 4 s b h + 4 s b kv + 6 s b ffn) / 8 = 281,018,368 bytes (no dropout, softmax recomputed);
+// the head's input and fp32 logits add 4 s b h / 8 (1 + V / h) = 558,891,008.
+TEST(Estimate, ModelModeWithALayoutCountsTheLlamasActivations) {
+  auto child = testing::spawn({ZEROTH_BIN, "estimate", "--model", "llama-3-70b", "--seq", "8192", "--tp", "8", "--sequence-parallel",
+                               "--gpus-per-node", "8", "--json"},
+                              {}, temp("estimate_model_layout") + ".out");
+  ASSERT_EQ(testing::wait_exit(child, std::chrono::seconds(60)), 0) << child.output();
+  const json out = json::parse(child.output());
+  EXPECT_EQ(out["params"], 70'553'706'496u);
+  for (const auto& r : out["rows"]) {
+    EXPECT_EQ(r["activations_bytes"]["selective"].get<uint64_t>(), 80ull * 281'018'368ull + 558'891'008ull) << r.dump();
+  }
+  auto odd = testing::spawn({ZEROTH_BIN, "estimate", "--model", "llama-3-8b", "--tp", "16", "--gpus-per-node", "16"}, {},
+                            temp("estimate_model_kv") + ".out");
+  EXPECT_NE(testing::wait_exit(odd, std::chrono::seconds(60)), 0);
+  EXPECT_NE(odd.output().find("--tp 16 does not divide the 8 key/value heads"), std::string::npos) << odd.output();
+}
+
 // --deepspeed-compatible --json: DeepSpeed's rows for t5-3b on one node of 8 GPUs, in its order,
 // integers as its functions return them.
 TEST(Estimate, DeepSpeedCompatibleRows) {

@@ -47,6 +47,35 @@ TEST(Plan, ATrillionParametersOn4096GpusFitsEveryPrintedPlan) {
   }
 }
 
+// --model: Llama 3 70B's published shape (70,553,706,496 parameters, 8 key/value heads) on 512
+// GPUs at Llama 3's context and Megatron-Bridge's 512-GPU batch; tensor parallelism divides the
+// key/value heads. A Llama preset's written config names the preset.
+TEST(Plan, APresetsLlamaShape) {
+  const Output o = zeroth({"plan", "--model", "llama-3-70b", "--gpus", "512", "--seq", "8192", "--global-batch", "1024", "--json"},
+                          "plan_llama");
+  ASSERT_EQ(o.code, 0) << o.text;
+  const json j = json::parse(o.text);
+  EXPECT_EQ(j["model"]["architecture"], "llama");
+  EXPECT_EQ(j["model"]["params"], 70'553'706'496u);
+  EXPECT_EQ(j["model"]["kv_heads"], 8);
+  EXPECT_EQ(j["model"]["ffn"], 28672);
+  ASSERT_EQ(j["plans"].size(), 10u);
+  for (const auto& p : j["plans"]) {
+    EXPECT_EQ(8 % p["tp"].get<int>(), 0) << p.dump();
+    EXPECT_LE(p["device_bytes"].get<uint64_t>(), 80ull << 30);
+  }
+  const std::string config = temp("plan_llama_emitted") + ".json";
+  const Output small = zeroth({"plan", "--model", "smollm-135m", "--seq", "256", "--gpus", "2", "--gpus-per-node", "2",
+                               "--global-batch", "8", "--device-memory", "8GiB", "--host-memory", "64GiB", "--emit-config", config,
+                               "--emit-device", "cpu"},
+                              "plan_llama_emit");
+  ASSERT_EQ(small.code, 0) << small.text;
+  json c;
+  std::ifstream(config) >> c;
+  EXPECT_EQ(c["model"]["preset"], "smollm-135m");
+  EXPECT_EQ(c["model"]["seq_len"], 256);
+}
+
 TEST(Plan, TheWrittenConfigTrains) {
   const std::string config = temp("plan_emitted") + ".json";
   const Output o = zeroth({"plan",  "--layers",         "2",  "--hidden",       "32",   "--heads",         "2",    "--seq",
@@ -101,7 +130,10 @@ TEST(Plan, TheWrittenConfigFitsTheEnginesOwnEstimate) {
 TEST(Plan, RefusesBadInputSayingWhatToGive) {
   const Output none = zeroth({"plan", "--global-batch", "8"}, "plan_no_model");
   EXPECT_NE(none.code, 0);
-  EXPECT_NE(none.text.find("--params COUNT or as --layers"), std::string::npos) << none.text;
+  EXPECT_NE(none.text.find("one of --model PRESET, --params COUNT, or --layers"), std::string::npos) << none.text;
+  const Output preset = zeroth({"plan", "--model", "llama-4", "--global-batch", "8"}, "plan_unknown_preset");
+  EXPECT_NE(preset.code, 0);
+  EXPECT_NE(preset.text.find("--model llama-4 is not a known preset; use one of gpt2-124m"), std::string::npos) << preset.text;
   const Output heads = zeroth({"plan", "--layers", "2", "--hidden", "30", "--heads", "4", "--global-batch", "8"}, "plan_heads");
   EXPECT_NE(heads.code, 0);
   EXPECT_NE(heads.text.find("hidden 30 is not a multiple of heads 4"), std::string::npos) << heads.text;
