@@ -28,16 +28,18 @@ Executor::Executor(Device& device, TierAllocators& tiers, Communicator& dp, cons
       files_.emplace_back();
       continue;
     }
-    // The pid keeps ranks of concurrent runs that share a folder apart, the stage a pipeline's
-    // stages in one process; the file is unlinked at once.
+    // The pid keeps ranks of concurrent runs that share a folder apart, the stage and the
+    // tensor-parallel rank a pipeline's stages and a slice's ranks in one process (each has its own
+    // data-parallel rank numbering); the file is unlinked at once.
     const offload::IoOptions io{.block_size = config_.aio.block_size,
                                 .queue_depth = static_cast<unsigned>(config_.aio.queue_depth),
                                 .threads = static_cast<unsigned>(config_.aio.threads)};
     buffers_.emplace_back();
     files_.push_back(std::make_unique<offload::SwapFile>(
         swap_folder(config_.zero, b),
-        fmt::format("zeroth-{}-{}rank{}-{}.swap", ::getpid(),
+        fmt::format("zeroth-{}-{}{}rank{}-{}.swap", ::getpid(),
                     links_.stages != nullptr && links_.stages->size() > 1 ? fmt::format("stage{}-", links_.stages->rank()) : "",
+                    links_.tensor != nullptr && links_.tensor->size() > 1 ? fmt::format("tp{}-", links_.tensor->rank()) : "",
                     plan_.rank, b.name),
         b.bytes(), io));
   }
