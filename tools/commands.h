@@ -49,8 +49,10 @@ void add_gpt_shape_options(CLI::App* cmd, GptShape& shape, const std::string& ro
 bool gpt_shape_given(const GptShape& shape);  // any of --layers, --hidden, --heads
 // `shape`, or InvalidArgument saying what is wrong with the dimensions given.
 const GptShape& checked_gpt_shape(const GptShape& shape);
-// A preset's shape (GptConfig::preset: GPT-2's sizes, the Llama family's), at `seq_len`;
-// InvalidArgument naming the presets for an unknown name.
-GptShape preset_shape(const std::string& name, uint64_t seq_len);
+// GptConfig::preset(name), or InvalidArgument naming --model and the presets.
+GptConfig checked_preset(const std::string& name);
+// A preset's shape (GPT-2's sizes, the Llama family's) at `seq_len`; `vocab_option` is --vocab's
+// value, refused unless it is the default (a preset has its own vocabulary).
+GptShape preset_shape(const std::string& name, uint64_t seq_len, uint64_t vocab_option);
 
 }  // namespace zeroth::tools

@@ -109,7 +109,7 @@ int run_deepspeed(const Options& o, uint64_t params, uint64_t largest) {
 // A preset's parameter count and its largest block (ZeRO-3's largest-layer term).
 std::pair<uint64_t, uint64_t> preset_counts(const std::string& name) {
   uint64_t total = 0, largest = 0;
-  for (const auto& b : Gpt::block_specs(GptConfig::preset(name))) {
+  for (const auto& b : Gpt::block_specs(checked_preset(name))) {
     uint64_t n = 0;
     for (const auto& p : b.params) n += p.numel();
     total += n, largest = std::max(largest, n);
@@ -175,8 +175,9 @@ int run_params(const Options& o) {
   } else {
     std::printf("sizes in binary units (1 GiB = 2^30 bytes; the ZeRO paper's GB are 10^9: its 120 GB are 111.76 GiB)\n");
     std::printf("budgets: device %s per GPU, host %s per node. Model states only: activations, communication buckets and swap "
-                "buffers depend on the model's shape and the config (give --layers, --hidden and --heads, or --config, for them)%s\n",
+                "buffers depend on the model's shape and the config (give %s, or --config, for them)%s\n",
                 device_budget ? format_bytes(device_budget).c_str() : "unlimited",
+                o.model.empty() ? "--layers, --hidden and --heads" : "a layout option such as --seq or --tp with --model",
                 node_host_budget ? format_bytes(node_host_budget).c_str() : "unlimited",
                 largest == 0 ? "; with parameters offloaded, the largest layer's working set needs --largest-layer" : "");
   }
@@ -294,10 +295,11 @@ int run_shape(const Options& o, const GptShape& shape) {
     return 0;
   }
   std::printf("model states: the ZeRO paper's (2 + 2 + 12 bytes per parameter, partitioned by stage over dp); activations: "
-              "Korthikanti et al. 2022 per layer (16-bit, s b h (34 + 5 a s / h) without tensor parallelism), times the layers of "
+              "Korthikanti et al. 2022 per layer (16-bit, %s without tensor parallelism), times the layers of "
               "the stage and its micro-batches in flight, with no, selective and full recomputation (full also holds one layer "
               "being recomputed); buffers: reduce bucket 500M elements, stage 3 a gathered layer and the 50M prefetch bucket; "
               "device adds %s for the runtime and 5%% for fragmentation. budgets: device %s per GPU, host %s per node\n",
+              shape.llama ? "counted as GPT-2's without dropout, s b (12 h + 4 kv + 6 ffn) + 2 a s^2 b" : "s b h (34 + 5 a s / h)",
               format_bytes(runtime).c_str(), device_budget ? format_bytes(device_budget).c_str() : "unlimited",
               node_host_budget ? format_bytes(node_host_budget).c_str() : "unlimited");
   return 0;
@@ -327,7 +329,7 @@ int run(const Options& o) {
                  "give one of --config CONFIG, --params COUNT, --model PRESET, or the GPT's --layers, --hidden and --heads");
   }
   if (!o.model.empty()) {
-    if (o.layout_given() && !o.deepspeed_compatible) return run_shape(o, preset_shape(o.model, o.shape.seq_len));
+    if (o.layout_given() && !o.deepspeed_compatible) return run_shape(o, preset_shape(o.model, o.shape.seq_len, o.shape.vocab));
     return run_params(o);  // with --deepspeed-compatible too
   }
   if (gpt_shape_given(o.shape)) {
@@ -522,13 +524,18 @@ const GptShape& checked_gpt_shape(const GptShape& shape) {
   return shape;
 }
 
-GptShape preset_shape(const std::string& name, uint64_t seq_len) {
-  GptConfig g;
+GptConfig checked_preset(const std::string& name) {
   try {
-    g = GptConfig::preset(name);
+    return GptConfig::preset(name);
   } catch (const ConfigError&) {
     ZEROTH_THROW(InvalidArgument, "--model {} is not a known preset; use one of {}", name, fmt::join(GptConfig::preset_names(), ", "));
   }
+}
+
+GptShape preset_shape(const std::string& name, uint64_t seq_len, uint64_t vocab_option) {
+  if (vocab_option != GptShape{0, 0, 0, 2048, 51200}.vocab)
+    ZEROTH_THROW(InvalidArgument, "--vocab goes with --layers, --hidden and --heads: --model {} has its own vocabulary", name);
+  const GptConfig g = checked_preset(name);
   const auto u = [](int v) { return static_cast<uint64_t>(v); };
   if (!g.llama()) return GptShape{u(g.n_layer), u(g.n_embd), u(g.n_head), seq_len, u(g.vocab_size)};
   GptShape s = GptShape::llama_shape(u(g.n_layer), u(g.n_embd), u(g.n_head), u(g.kv_heads()), u(g.ffn()), seq_len, u(g.vocab_size),

@@ -51,5 +51,7 @@ fi
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 if [[ ! -f $root/.cache/node/node_modules/@huggingface/tokenizers/package.json ]]; then
   command -v npm >/dev/null || apt_install npm
-  npm install --prefix "$root/.cache/node" --no-audit --no-fund --loglevel=error @huggingface/tokenizers@0.2.0
+  # Only tests need it: without the registry, building and training go on, and those tests say so.
+  npm install --prefix "$root/.cache/node" --no-audit --no-fund --loglevel=error @huggingface/tokenizers@0.2.0 ||
+    echo "install-deps: npm could not install @huggingface/tokenizers; the byte-level BPE tokenizer tests fail until it does" >&2
 fi

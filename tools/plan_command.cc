@@ -44,7 +44,7 @@ GptShape shape_of(const Options& o, std::string& origin) {
     ZEROTH_THROW(InvalidArgument, "give the model as one of --model PRESET, --params COUNT, or --layers, --hidden and --heads");
   if (!o.model.empty()) {
     origin = "preset " + o.model;
-    return preset_shape(o.model, o.shape.seq_len);
+    return preset_shape(o.model, o.shape.seq_len, o.shape.vocab);
   }
   if (dims) {
     origin = "as given";

@@ -32,7 +32,7 @@ void run_tokenize(const TokenizeOptions& o) {
     text += part;
   }
   const size_t bytes = text.size();
-  const std::vector<int32_t> ids = tok->encode(text);
+  const std::vector<int32_t> ids = tokenize_text(*tok, text, o.inputs.size() == 1 ? o.inputs[0] : "the inputs", true);
   write_token_file(o.out, ids, tok->vocab_size());
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("%s: %zu tokens (%.2f bytes of text each) from %s of text with %s, %d-byte tokens, in %.1f s\n", o.out.c_str(),

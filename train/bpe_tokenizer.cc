@@ -15,7 +15,9 @@
 #include <fstream>        // std::ifstream
 #include <iterator>       // std::istreambuf_iterator
 #include <limits>         // std::numeric_limits
+#include <functional>     // std::greater
 #include <memory>         // std::unique_ptr
+#include <queue>          // std::priority_queue
 #include <unordered_map>  // std::unordered_map
 
 #include <fmt/format.h>       // fmt::format
@@ -28,6 +30,9 @@ namespace zeroth {
 namespace {
 
 using json = nlohmann::json;
+
+constexpr size_t kCacheEntries = 1 << 20;   // pieces remembered while encoding a text
+constexpr size_t kProgressBytes = 1 << 20;  // encode's progress calls, about one per MiB
 
 // GPT-2's pre-tokenizer pattern, which ByteLevel applies when its use_regex is set.
 constexpr std::string_view kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
@@ -94,7 +99,8 @@ class Regex {
   Regex(std::string_view pattern, bool literal, const std::string& where) {
     int code = 0;
     PCRE2_SIZE offset = 0;
-    const uint32_t options = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+    // PCRE2_LITERAL takes no Unicode-property option (a literal has no classes to widen).
+    const uint32_t options = literal ? PCRE2_LITERAL | PCRE2_UTF : PCRE2_UTF | PCRE2_UCP;
     re_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options, &code, &offset, nullptr);
     if (re_ == nullptr) {
       PCRE2_UCHAR message[256];
@@ -169,20 +175,27 @@ class ByteLevelBpe final : public Tokenizer {
     }
   }
 
-  std::vector<int32_t> encode(std::string_view text) const override {
+  std::vector<int32_t> encode_text(std::string_view text, const EncodeProgress& progress) const override {
     check_utf8(text, path_ + ": the text to encode");
     std::vector<int32_t> out;
-    std::unordered_map<std::string, std::vector<int32_t>> cache;  // a text repeats its words
+    // A text repeats its words; the cache is bounded so a corpus of unique strings stays small.
+    std::unordered_map<std::string, std::vector<int32_t>> cache;
+    size_t done = 0, reported = 0;
+    auto piece = [&](std::string_view p) {
+      auto it = cache.find(std::string(p));
+      if (it == cache.end()) {
+        if (cache.size() >= kCacheEntries) cache.clear();
+        it = cache.emplace(std::string(p), merge(p)).first;
+      }
+      out.insert(out.end(), it->second.begin(), it->second.end());
+      done += p.size();
+      if (progress && done - reported >= kProgressBytes) progress(std::min(done, text.size())), reported = done;
+    };
     split_added(text, false, out, [&](std::string_view raw) {
       const std::string normalized = normalize(raw);
-      split_added(normalized, true, out, [&](std::string_view plain) {
-        for (const std::string& piece : pre_tokenize(plain)) {
-          auto [it, fresh] = cache.try_emplace(piece);
-          if (fresh) it->second = merge(piece);
-          out.insert(out.end(), it->second.begin(), it->second.end());
-        }
-      });
+      split_added(normalized, true, out, [&](std::string_view plain) { pre_tokenize(plain, 0, piece); });
     });
+    if (progress) progress(text.size());
     return out;
   }
 
@@ -218,6 +231,7 @@ class ByteLevelBpe final : public Tokenizer {
  private:
   struct Added {
     std::string content;
+    std::string match;  // what is found in the text: the content, normalized for a normalized token
     int32_t id;
     bool normalized, lstrip, rstrip, single_word;
   };
@@ -232,8 +246,10 @@ class ByteLevelBpe final : public Tokenizer {
                    "{}: model.type is {}; zeroth reads byte-level BPE tokenizer.json files (or a SentencePiece .model)", path_,
                    model["type"].dump());
     }
-    for (const char* key : {"dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix"}) {
-      if (model.contains(key) && !model[key].is_null())
+    // Hugging Face writes "" where there is none (GPT-2's, Qwen's files); an unk_token is never
+    // used by a vocabulary that holds every byte.
+    for (const char* key : {"dropout", "continuing_subword_prefix", "end_of_word_suffix"}) {
+      if (model.contains(key) && !model[key].is_null() && model[key] != "")
         ZEROTH_THROW(InvalidArgument, "{}: model.{} is {}; a byte-level BPE model has none, and zeroth honours no other", path_, key,
                      model[key].dump());
     }
@@ -244,11 +260,17 @@ class ByteLevelBpe final : public Tokenizer {
                    path_);
     }
     ignore_merges_ = model.value("ignore_merges", false);
+    load_normalizer(j.contains("normalizer") ? j["normalizer"] : json());  // before the added tokens it normalizes
+    const json added = j.value("added_tokens", json::array());
+    // Ids run from 0 with no gap: none can pass the count of tokens.
+    const int64_t count = static_cast<int64_t>(model.at("vocab").size() + added.size());
     const auto chars = byte_chars();
     for (int b = 0; b < 256; ++b) char_to_byte_.emplace(chars[b], static_cast<unsigned char>(b));
     for (const auto& [token, id] : model.at("vocab").items()) {
-      const int32_t i = id.get<int32_t>();
-      if (i < 0) ZEROTH_THROW(InvalidArgument, "{}: model.vocab gives \"{}\" the id {}", path_, token, i);
+      const int64_t i = id.get<int64_t>();
+      if (i < 0 || i >= count)
+        ZEROTH_THROW(InvalidArgument, "{}: model.vocab gives \"{}\" the id {}, outside 0 .. {} (the count of tokens less one)", path_,
+                     token, i, count - 1);
       vocab_.emplace(token, i);
       put_token(i, token);
     }
@@ -277,22 +299,26 @@ class ByteLevelBpe final : public Tokenizer {
         ZEROTH_THROW(InvalidArgument, "{}: merge {} (\"{}\" \"{}\") names a token model.vocab lacks", path_, r, a, b);
       merges_.try_emplace(pair_key(ia->second, ib->second), Merge{static_cast<int32_t>(r), iab->second});
     }
-    for (const json& t : j.value("added_tokens", json::array())) {
-      Added a{t.at("content"),
-              t.at("id"),
-              t.value("normalized", false),
-              t.value("lstrip", false),
-              t.value("rstrip", false),
-              t.value("single_word", false)};
-      if (a.content.empty() || a.id < 0)
-        ZEROTH_THROW(InvalidArgument, "{}: an added token with id {} is empty or negative", path_, a.id);
+    for (const json& t : added) {
+      const int64_t id = t.at("id").get<int64_t>();
+      Added a{t.at("content"),          t.at("content"),          static_cast<int32_t>(id),     t.value("normalized", false),
+              t.value("lstrip", false), t.value("rstrip", false), t.value("single_word", false)};
+      if (a.content.empty() || id < 0 || id >= count) {
+        ZEROTH_THROW(InvalidArgument, "{}: the added token \"{}\" has the id {}: give it a non-empty content and an id in 0 .. {}",
+                     path_, a.content, id, count - 1);
+      }
+      if (a.id < static_cast<int32_t>(tokens_.size()) && has_token_[a.id] && tokens_[a.id] != a.content) {
+        ZEROTH_THROW(InvalidArgument, "{}: the added token \"{}\" has the id {}, which model.vocab gives to \"{}\"", path_, a.content,
+                     a.id, tokens_[a.id]);
+      }
+      // Hugging Face finds a normalized token in the normalized text, as the normalizer writes it.
+      if (a.normalized) a.match = normalize(a.content);
       put_token(a.id, a.content);
       added_.push_back(std::move(a));
     }
     for (size_t i = 0; i < tokens_.size(); ++i)
       if (!has_token_[i])
         ZEROTH_THROW(InvalidArgument, "{}: no token has the id {} (below the largest, {})", path_, i, tokens_.size() - 1);
-    load_normalizer(j.contains("normalizer") ? j["normalizer"] : json());
     load_pre_tokenizer(j.contains("pre_tokenizer") ? j["pre_tokenizer"] : json());
     if (!byte_level_) ZEROTH_THROW(InvalidArgument, "{}: the pre-tokenizer has no ByteLevel step: not a byte-level BPE", path_);
     const json decoder = j.contains("decoder") ? j["decoder"] : json();
@@ -342,14 +368,21 @@ class ByteLevelBpe final : public Tokenizer {
       const std::string text = literal ? pattern["String"] : pattern.at("Regex");
       const std::string behavior = p.at("behavior");
       using B = Split::Behavior;
-      const B b = behavior == "Isolated"             ? B::isolated
-                  : behavior == "Removed"            ? B::removed
-                  : behavior == "MergedWithPrevious" ? B::merged_with_previous
-                  : behavior == "MergedWithNext"     ? B::merged_with_next
-                  : behavior == "Contiguous"
-                      ? B::contiguous
-                      : throw InvalidArgument(
-                            fmt::format("{}: a Split's behavior {} is none of Hugging Face's five", path_, behavior));
+      B b = B::isolated;
+      if (behavior == "Removed") {
+        b = B::removed;
+      } else if (behavior == "MergedWithPrevious") {
+        b = B::merged_with_previous;
+      } else if (behavior == "MergedWithNext") {
+        b = B::merged_with_next;
+      } else if (behavior == "Contiguous") {
+        b = B::contiguous;
+      } else if (behavior != "Isolated") {
+        ZEROTH_THROW(InvalidArgument,
+                     "{}: a Split's behavior is \"{}\", none of Hugging Face's five (Isolated, Removed, MergedWithPrevious, "
+                     "MergedWithNext, Contiguous)",
+                     path_, behavior);
+      }
       splits_.push_back({std::make_unique<Regex>(text, literal, path_ + ": pre_tokenizer Split"), b, false});
     } else {
       ZEROTH_THROW(InvalidArgument,
@@ -370,9 +403,40 @@ class ByteLevelBpe final : public Tokenizer {
     return result;
   }
 
-  static bool word_char(std::string_view s, size_t at) {
-    const auto c = static_cast<unsigned char>(s[at]);
-    return c >= 0x80 || std::isalnum(c) || c == '_';
+  // The code point that begins at byte `at`, and the one that ends just before it (valid UTF-8).
+  static int32_t code_point_at(std::string_view s, size_t at) {
+    utf8proc_int32_t cp = 0;
+    utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(s.data() + at), static_cast<utf8proc_ssize_t>(s.size() - at), &cp);
+    return cp;
+  }
+  static size_t char_begin_before(std::string_view s, size_t at) {
+    size_t b = at - 1;
+    while (b > 0 && (static_cast<unsigned char>(s[b]) & 0xC0) == 0x80) --b;
+    return b;
+  }
+  // Unicode's White_Space, what Rust's char::is_whitespace (lstrip, rstrip) tests.
+  static bool is_space(int32_t cp) {
+    const auto cat = utf8proc_category(cp);
+    return (cp >= 0x09 && cp <= 0x0D) || cp == 0x85 || cat == UTF8PROC_CATEGORY_ZS || cat == UTF8PROC_CATEGORY_ZL ||
+           cat == UTF8PROC_CATEGORY_ZP;
+  }
+  // A word character as Rust's regex \w has it (single_word): letters, marks, decimal and letter
+  // numbers, connector punctuation, the joiners.
+  static bool is_word(int32_t cp) {
+    switch (utf8proc_category(cp)) {
+      case UTF8PROC_CATEGORY_LU:
+      case UTF8PROC_CATEGORY_LL:
+      case UTF8PROC_CATEGORY_LT:
+      case UTF8PROC_CATEGORY_LM:
+      case UTF8PROC_CATEGORY_LO:
+      case UTF8PROC_CATEGORY_MN:
+      case UTF8PROC_CATEGORY_MC:
+      case UTF8PROC_CATEGORY_ME:
+      case UTF8PROC_CATEGORY_ND:
+      case UTF8PROC_CATEGORY_NL:
+      case UTF8PROC_CATEGORY_PC: return true;
+      default: return cp == 0x200C || cp == 0x200D;
+    }
   }
 
   // Calls `gap` on each stretch of `s` between the added tokens of the given kind (normalized or
@@ -383,11 +447,12 @@ class ByteLevelBpe final : public Tokenizer {
     std::vector<size_t> next(added_.size(), std::string_view::npos);
     auto find = [&](size_t k, size_t from) {
       const Added& a = added_[k];
-      size_t at = s.find(a.content, from);
+      size_t at = s.find(a.match, from);
       // A single-word token must not touch a word character on either side.
       while (at != std::string_view::npos && a.single_word &&
-             ((at > 0 && word_char(s, at - 1)) || (at + a.content.size() < s.size() && word_char(s, at + a.content.size())))) {
-        at = s.find(a.content, at + 1);
+             ((at > 0 && is_word(code_point_at(s, char_begin_before(s, at)))) ||
+              (at + a.match.size() < s.size() && is_word(code_point_at(s, at + a.match.size()))))) {
+        at = s.find(a.match, at + 1);
       }
       next[k] = at;
     };
@@ -401,16 +466,21 @@ class ByteLevelBpe final : public Tokenizer {
       for (size_t k = 0; k < added_.size(); ++k) {
         if (added_[k].normalized != normalized || next[k] == std::string_view::npos) continue;
         if (best == added_.size() || next[k] < next[best] ||
-            (next[k] == next[best] && added_[k].content.size() > added_[best].content.size()))
+            (next[k] == next[best] && added_[k].match.size() > added_[best].match.size()))
           best = k;
       }
       if (best == added_.size()) break;
       const Added& a = added_[best];
-      size_t begin = next[best], end = begin + a.content.size();
+      size_t begin = next[best], end = begin + a.match.size();
       if (a.lstrip)
-        while (begin > pos && std::isspace(static_cast<unsigned char>(s[begin - 1]))) --begin;
-      if (a.rstrip)
-        while (end < s.size() && std::isspace(static_cast<unsigned char>(s[end]))) ++end;
+        while (begin > pos && is_space(code_point_at(s, char_begin_before(s, begin)))) begin = char_begin_before(s, begin);
+      if (a.rstrip) {
+        while (end < s.size() && is_space(code_point_at(s, end))) {
+          utf8proc_int32_t cp = 0;
+          end += static_cast<size_t>(utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(s.data() + end),
+                                                      static_cast<utf8proc_ssize_t>(s.size() - end), &cp));
+        }
+      }
       if (begin > pos) gap(s.substr(pos, begin - pos));
       out.push_back(a.id);
       pos = end;
@@ -421,88 +491,127 @@ class ByteLevelBpe final : public Tokenizer {
     if (pos < s.size()) gap(s.substr(pos));
   }
 
-  std::vector<std::string> pre_tokenize(std::string_view text) const {
-    std::vector<std::string> pieces{std::string(text)};
-    for (const Split& step : splits_) {
-      if (step.prefix_space)
-        for (auto& p : pieces)
-          if (p.empty() || p[0] != ' ') p.insert(p.begin(), ' ');
-      if (!step.regex) continue;
-      std::vector<std::string> next;
-      for (const std::string& p : pieces) split(*step.regex, step.behavior, p, next);
-      pieces = std::move(next);
+  // Each piece of `text` after pre-tokenizer steps [step, end), in order, to `emit`: the steps
+  // nest, so no list of a whole text's pieces is ever held.
+  template <typename F>
+  void pre_tokenize(std::string_view text, size_t step, F&& emit) const {
+    if (step == splits_.size()) {
+      if (!text.empty()) emit(text);
+      return;
     }
-    return pieces;
+    const Split& s = splits_[step];
+    std::string prefixed;
+    if (s.prefix_space && (text.empty() || text[0] != ' ')) {
+      prefixed.reserve(text.size() + 1);
+      prefixed.push_back(' ');
+      prefixed.append(text);
+      text = prefixed;
+    }
+    if (!s.regex) {
+      pre_tokenize(text, step + 1, emit);
+      return;
+    }
+    split(*s.regex, s.behavior, text, [&](std::string_view piece) { pre_tokenize(piece, step + 1, emit); });
   }
 
-  static void split(const Regex& re, Split::Behavior behavior, const std::string& s, std::vector<std::string>& out) {
+  // Hugging Face's five ways of cutting a text at a pattern's matches (on "the-final--countdown"
+  // at "-": isolated the,-,final,-,-,countdown; removed the,final,countdown; merged with previous
+  // the-,final-,-,countdown; merged with next the,-final,-,-countdown; contiguous
+  // the,-,final,--,countdown). Each piece is one stretch of the text.
+  template <typename F>
+  static void split(const Regex& re, Split::Behavior behavior, std::string_view s, F&& emit) {
     using B = Split::Behavior;
-    std::vector<std::pair<std::string_view, bool>> parts;  // (text, is a match)
-    size_t pos = 0;
-    const std::string_view sv(s);
-    re.for_each_match(sv, [&](size_t b, size_t e) {
-      if (b > pos) parts.emplace_back(sv.substr(pos, b - pos), false);
-      parts.emplace_back(sv.substr(b, e - b), true);
-      pos = e;
-    });
-    if (pos < sv.size()) parts.emplace_back(sv.substr(pos), false);
-    std::string pending;
-    bool pending_match = false;
-    for (size_t i = 0; i < parts.size(); ++i) {
-      const auto [text, match] = parts[i];
+    constexpr size_t none = std::string_view::npos;
+    size_t pos = 0;                    // the end of what is cut so far
+    size_t held = none, held_end = 0;  // merged with next: the match waiting for what follows
+    size_t run = none, run_end = 0;    // contiguous: the run of matches so far
+    re.for_each_match(s, [&](size_t b, size_t e) {
+      const bool gap = b > pos;
       switch (behavior) {
-        case B::isolated: out.emplace_back(text); break;
+        case B::isolated:
+          if (gap) emit(s.substr(pos, b - pos));
+          emit(s.substr(b, e - b));
+          break;
         case B::removed:
-          if (!match) out.emplace_back(text);
+          if (gap) emit(s.substr(pos, b - pos));
           break;
-        case B::merged_with_previous:  // a match joins the piece before it
-          if (match && !out.empty() && i > 0 && !parts[i - 1].second) {
-            out.back() += text;
-          } else {
-            out.emplace_back(text);
+        case B::merged_with_previous: emit(s.substr(gap ? pos : b, e - (gap ? pos : b))); break;
+        case B::merged_with_next: {
+          const size_t from = held != none ? held : pos;
+          if (gap) {
+            emit(s.substr(from, b - from));
+          } else if (held != none) {
+            emit(s.substr(held, held_end - held));
           }
+          held = b, held_end = e;
           break;
-        case B::merged_with_next:  // a match begins the piece after it
-          pending += text;
-          if (!match || i + 1 == parts.size() || parts[i + 1].second) out.push_back(std::move(pending)), pending.clear();
-          break;
-        case B::contiguous:  // runs of matches are one piece
-          if (match && pending_match && !out.empty()) {
-            out.back() += text;
-          } else {
-            out.emplace_back(text);
+        }
+        case B::contiguous:
+          if (gap) {
+            if (run != none) emit(s.substr(run, run_end - run));
+            emit(s.substr(pos, b - pos));
+            run = none;
           }
-          pending_match = match;
+          if (run == none) run = b;
+          run_end = e;
           break;
       }
+      pos = e;
+    });
+    if (held != none) {
+      emit(s.substr(held));  // the waiting match and whatever follows it
+      return;
     }
+    if (run != none) emit(s.substr(run, run_end - run));
+    if (pos < s.size()) emit(s.substr(pos));
   }
 
   static uint64_t pair_key(int32_t a, int32_t b) { return static_cast<uint64_t>(a) << 32 | static_cast<uint32_t>(b); }
 
   // One pre-tokenized piece's ids: its bytes' tokens, merged lowest rank first (leftmost of equal
-  // ranks) until no adjacent pair has a merge; with ignore_merges, a piece in the vocabulary whole
-  // is that token.
-  std::vector<int32_t> merge(const std::string& piece) const {
+  // ranks) until no adjacent pair has a merge, through a heap over a linked list as Hugging Face's
+  // BPE does, so a long piece (a run of spaces, a base64 blob) costs n log n; with ignore_merges, a
+  // piece in the vocabulary whole is that token.
+  std::vector<int32_t> merge(std::string_view piece) const {
     if (ignore_merges_) {
       std::string mapped;
-      static const auto chars = byte_chars();
-      for (const char c : piece) mapped += chars[static_cast<unsigned char>(c)];
+      for (const char c : piece) mapped += byte_chars_[static_cast<unsigned char>(c)];
       if (const auto it = vocab_.find(mapped); it != vocab_.end()) return {it->second};
     }
-    std::vector<int32_t> ids(piece.size());
-    for (size_t i = 0; i < piece.size(); ++i) ids[i] = byte_id_[static_cast<unsigned char>(piece[i])];
-    while (ids.size() > 1) {
-      int32_t best_rank = std::numeric_limits<int32_t>::max(), best_id = -1;
-      size_t at = 0;
-      for (size_t i = 0; i + 1 < ids.size(); ++i) {
-        const auto it = merges_.find(pair_key(ids[i], ids[i + 1]));
-        if (it != merges_.end() && it->second.rank < best_rank) best_rank = it->second.rank, best_id = it->second.id, at = i;
-      }
-      if (best_id < 0) break;
-      ids[at] = best_id;
-      ids.erase(ids.begin() + static_cast<ptrdiff_t>(at) + 1);
+    const int n = static_cast<int>(piece.size());
+    struct Symbol {
+      int32_t id;      // -1 once merged into the symbol before it
+      int prev, next;  // -1 at the ends
+    };
+    std::vector<Symbol> sym(n);
+    for (int i = 0; i < n; ++i) sym[i] = {byte_id_[static_cast<unsigned char>(piece[i])], i - 1, i + 1 < n ? i + 1 : -1};
+    struct Candidate {
+      int32_t rank;
+      int pos;
+      int32_t left, right, merged;
+      bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+    };
+    std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap;
+    auto consider = [&](int i) {
+      if (i < 0 || sym[i].next < 0) return;
+      const auto it = merges_.find(pair_key(sym[i].id, sym[sym[i].next].id));
+      if (it != merges_.end()) heap.push({it->second.rank, i, sym[i].id, sym[sym[i].next].id, it->second.id});
+    };
+    for (int i = 0; i + 1 < n; ++i) consider(i);
+    while (!heap.empty()) {
+      const Candidate c = heap.top();
+      heap.pop();
+      const int j = sym[c.pos].next;
+      if (sym[c.pos].id != c.left || j < 0 || sym[j].id != c.right) continue;  // stale: a side merged since
+      sym[c.pos].id = c.merged;
+      sym[c.pos].next = sym[j].next;
+      if (sym[j].next >= 0) sym[sym[j].next].prev = c.pos;
+      sym[j].id = -1;
+      consider(sym[c.pos].prev);
+      consider(c.pos);
     }
+    std::vector<int32_t> ids;
+    for (int i = n > 0 ? 0 : -1; i >= 0; i = sym[i].next) ids.push_back(sym[i].id);
     return ids;
   }
 
@@ -512,6 +621,7 @@ class ByteLevelBpe final : public Tokenizer {
   std::vector<std::string> tokens_;  // by id: the vocabulary's and the added tokens'
   std::vector<bool> has_token_;
   std::unordered_map<std::string, unsigned char> char_to_byte_;
+  std::array<std::string, 256> byte_chars_ = byte_chars();
   std::array<int32_t, 256> byte_id_{};
   std::unordered_map<uint64_t, Merge> merges_;
   bool ignore_merges_ = false;

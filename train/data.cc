@@ -177,30 +177,27 @@ TokenData TokenData::open_tokenized(const std::string& text_path, const std::str
     check_utf8(text, text_path);
     fs::create_directories(cache_dir, ec);
     if (ec) ZEROTH_THROW(IoError, "create_directories(\"{}\"): {}", cache_dir, ec.message());
-    // In pieces of about 1 MiB cut at line ends, so the progress line moves.
-    std::vector<int32_t> ids;
-    const auto t0 = std::chrono::steady_clock::now();
-    for (size_t at = 0; at < text.size();) {
-      size_t end = std::min(text.size(), at + (size_t{1} << 20));
-      if (end < text.size()) {
-        const size_t nl = text.find('\n', end);
-        end = nl == std::string::npos ? text.size() : nl + 1;
-      }
-      const auto piece = tokenizer->encode(std::string_view(text).substr(at, end - at));
-      ids.insert(ids.end(), piece.begin(), piece.end());
-      at = end;
-      if (progress) {
-        std::fprintf(stderr, "\rtokenizing %s with %s: %3.0f%% (%zu tokens)", text_path.c_str(), tokenizer->describe().c_str(),
-                     100.0 * static_cast<double>(at) / static_cast<double>(text.size()), ids.size());
-      }
-    }
-    if (progress) {
-      std::fprintf(stderr, " in %.1f s -> %s\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
-                   path.c_str());
-    }
+    const std::vector<int32_t> ids = tokenize_text(*tokenizer, text, text_path, progress);
     write_token_file(path, ids, tokenizer->vocab_size());
   }
   return open_bin(path);
+}
+
+std::vector<int32_t> tokenize_text(const Tokenizer& tokenizer, std::string_view text, const std::string& what, bool progress) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Tokenizer::EncodeProgress report;
+  if (progress) {
+    report = [&](size_t done) {
+      std::fprintf(stderr, "\rtokenizing %s with %s: %3.0f%%", what.c_str(), tokenizer.describe().c_str(),
+                   text.empty() ? 100.0 : 100.0 * static_cast<double>(done) / static_cast<double>(text.size()));
+    };
+  }
+  std::vector<int32_t> ids = tokenizer.encode(text, report);
+  if (progress) {
+    std::fprintf(stderr, " (%zu tokens in %.1f s)\n", ids.size(),
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return ids;
 }
 
 void write_token_file(const std::string& path, const std::vector<int32_t>& ids, int vocab_size) {

@@ -8,12 +8,14 @@
 // sees the same global batches, and a run resumes exactly from its step count.
 #pragma once
 
-#include <cstddef>  // size_t
-#include <cstdint>  // int32_t, int64_t, uint16_t
-#include <memory>   // std::shared_ptr
-#include <string>   // std::string
-#include <vector>   // std::vector
+#include <cstddef>      // size_t
+#include <cstdint>      // int32_t, int64_t, uint16_t
+#include <memory>       // std::shared_ptr
+#include <string>       // std::string
+#include <string_view>  // std::string_view
+#include <vector>       // std::vector
 
+#include "train/tokenizer.h"     // Tokenizer
 #include "train/train_config.h"  // TrainConfig
 
 namespace zeroth {
@@ -103,6 +105,9 @@ std::string read_texts(const std::string& path);
 // vocabulary exceeds 65,536 ids; written to .tmp and renamed. InvalidArgument for an id outside
 // [0, vocab_size).
 void write_token_file(const std::string& path, const std::vector<int32_t>& ids, int vocab_size);
+// `text` through `tokenizer` in one pass (what open_tokenized caches and `zeroth tokenize` writes),
+// with a progress line on stderr naming `what` when `progress`.
+std::vector<int32_t> tokenize_text(const Tokenizer& tokenizer, std::string_view text, const std::string& what, bool progress);
 // The host memory one rank's RunData holds: the tokens it read (text and synthetic data; a token
 // file's mapping, as its pages become resident) and its training loader's window order. Opens the
 // data to count it.

@@ -42,11 +42,11 @@ class SentencePiece final : public Tokenizer {
     }
   }
 
-  std::vector<int32_t> encode(std::string_view text) const override {
+  std::vector<int32_t> encode_text(std::string_view text, const EncodeProgress& progress) const override {
     check_utf8(text, path_ + ": the text to encode");
     std::vector<int32_t> out;
     std::vector<int> ids;
-    size_t at = 0;
+    size_t at = 0, reported = 0;
     while (at <= text.size()) {
       size_t end = text.find('\n', at);
       const bool newline = end != std::string_view::npos;
@@ -59,7 +59,9 @@ class SentencePiece final : public Tokenizer {
       if (!newline) break;
       out.push_back(newline_);
       at = end + 1;
+      if (progress && at - reported >= (size_t{1} << 20)) progress(at), reported = at;
     }
+    if (progress) progress(text.size());
     return out;
   }
 
@@ -102,7 +104,7 @@ class SentencePiece final : public Tokenizer {
 // One token per byte.
 class Bytes final : public Tokenizer {
  public:
-  std::vector<int32_t> encode(std::string_view text) const override {
+  std::vector<int32_t> encode_text(std::string_view text, const EncodeProgress&) const override {
     return {reinterpret_cast<const unsigned char*>(text.data()), reinterpret_cast<const unsigned char*>(text.data()) + text.size()};
   }
   std::string decode(std::span<const int32_t> ids) const override {
@@ -154,8 +156,7 @@ std::unique_ptr<Tokenizer> Tokenizer::open(const std::string& path) {
   }
   if (!fs::exists(path, ec)) {
     ZEROTH_THROW(IoError,
-                 "data.tokenizer {} does not exist; give a SentencePiece .model, a Hugging Face tokenizer.json, or their folder",
-                 path);
+                 "the tokenizer {} does not exist; give a SentencePiece .model, a Hugging Face tokenizer.json, or their folder", path);
   }
   if (path.ends_with(".json")) return open_byte_level_bpe(path);
   return std::make_unique<SentencePiece>(path);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>      // int32_t
+#include <functional>   // std::function
 #include <memory>       // std::unique_ptr
 #include <span>         // std::span
 #include <string>       // std::string
@@ -22,17 +23,23 @@ class Tokenizer {
   // Text as bytes (data.format "text" without a tokenizer): id = byte, vocabulary 256.
   static std::unique_ptr<Tokenizer> bytes();
 
+  // Called now and then while a text is encoded (about once a MiB), with the bytes of it done.
+  using EncodeProgress = std::function<void(size_t bytes_done)>;
   // Text (UTF-8; InvalidArgument naming the byte offset where it is not) into ids, no special
-  // tokens added (a tokenizer.json's added tokens in the text are recognized). SentencePiece
-  // encodes lines one at a time, as its own spm_encode does, each newline then its own token (the
-  // model's byte piece for "\n").
-  virtual std::vector<int32_t> encode(std::string_view text) const = 0;
+  // tokens added (a tokenizer.json's added tokens in the text are recognized), the whole text in
+  // one pass, so a run's cached tokens and `zeroth tokenize`'s are the same. SentencePiece encodes
+  // lines one at a time, as its own spm_encode does, each newline then its own token (the model's
+  // byte piece for "\n").
+  std::vector<int32_t> encode(std::string_view text, const EncodeProgress& progress = {}) const { return encode_text(text, progress); }
   // Ids back into text: decode(encode(t)) == t for text the model's normalization keeps as it is.
   virtual std::string decode(std::span<const int32_t> ids) const = 0;
   virtual int vocab_size() const = 0;
   virtual std::string describe() const = 0;  // "SentencePiece unigram, 4096 pieces (tokenizer.model)"
   // A stamp of the model's bytes, so a cached tokenization is redone when the model changes.
   virtual uint64_t fingerprint() const = 0;
+
+ protected:
+  virtual std::vector<int32_t> encode_text(std::string_view text, const EncodeProgress& progress) const = 0;
 };
 
 // InvalidArgument naming `where` and the byte offset of the first byte that is not UTF-8.

@@ -309,12 +309,12 @@ std::vector<GridCase> cases() {
   host_ckpt.sequence_parallel = true;
   host_ckpt.model = llama_model();
   out.push_back(host_ckpt);
-  // The other pipeline schedules: GPipe across a tensor-parallel pair, interleaved (a layer a chunk).
+  // The other pipeline schedules across a tensor-parallel pair: GPipe, interleaved (a layer a chunk).
   GridCase gpipe;
   gpipe.tp = 2, gpipe.pp = 2, gpipe.stage = 1, gpipe.kind = PipeKind::gpipe, gpipe.model = llama_model();
   out.push_back(gpipe);
   GridCase interleaved;
-  interleaved.dp = 2, interleaved.pp = 2, interleaved.stage = 2, interleaved.kind = PipeKind::interleaved,
+  interleaved.tp = 2, interleaved.pp = 2, interleaved.stage = 2, interleaved.kind = PipeKind::interleaved,
   interleaved.model = llama_model();
   out.push_back(interleaved);
   return out;

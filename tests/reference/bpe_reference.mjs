@@ -110,18 +110,22 @@ function train(textPath, outPath, merges) {
       // An added word that is not special: recognized in text, decoded as it is.
       { id: symbols.length + special.length, content: "zeroth", single_word: false, lstrip: false, rstrip: false, normalized: true,
         special: false },
+      // A mask token that takes the whitespace on both sides into it.
+      { id: symbols.length + special.length + 1, content: "<mask>", single_word: false, lstrip: true, rstrip: true, normalized: false,
+        special: true },
     ],
     normalizer: { type: "NFC" },
     pre_tokenizer: PRE_TOKENIZER,
     post_processor: { type: "ByteLevel", add_prefix_space: true, trim_offsets: false, use_regex: true },
     decoder: { type: "ByteLevel", add_prefix_space: true, trim_offsets: true, use_regex: true },
+    // As Hugging Face writes a byte-level BPE: "" for the subword prefix and suffix.
     model: {
-      type: "BPE", dropout: null, unk_token: null, continuing_subword_prefix: null, end_of_word_suffix: null, fuse_unk: false,
+      type: "BPE", dropout: null, unk_token: null, continuing_subword_prefix: "", end_of_word_suffix: "", fuse_unk: false,
       byte_fallback: false, ignore_merges: true, vocab: Object.fromEntries(symbols.map((s, i) => [s, i])), merges: learned,
     },
   };
   fs.writeFileSync(outPath, JSON.stringify(json));
-  console.log(`${outPath}: ${learned.length} merges, vocabulary ${symbols.length + special.length + 1}`);
+  console.log(`${outPath}: ${learned.length} merges, vocabulary ${symbols.length + special.length + 2}`);
 }
 
 function encode(tokenizerPath, inputsPath) {

@@ -48,10 +48,11 @@ TEST(Plan, ATrillionParametersOn4096GpusFitsEveryPrintedPlan) {
 }
 
 // --model: Llama 3 70B's published shape (70,553,706,496 parameters, 8 key/value heads) on 512
-// GPUs at Llama 3's context and Megatron-Bridge's 512-GPU batch; tensor parallelism divides the
-// key/value heads. A Llama preset's written config names the preset.
+// GPUs at Llama 3's context and Megatron-Bridge's 512-GPU batch; with 16 GPUs a node, tensor
+// parallelism still divides the key/value heads. A Llama preset's written config names the preset.
 TEST(Plan, APresetsLlamaShape) {
-  const Output o = zeroth({"plan", "--model", "llama-3-70b", "--gpus", "512", "--seq", "8192", "--global-batch", "1024", "--json"},
+  const Output o = zeroth({"plan", "--model", "llama-3-70b", "--gpus", "512", "--gpus-per-node", "16", "--seq", "8192",
+                           "--global-batch", "1024", "--json"},
                           "plan_llama");
   ASSERT_EQ(o.code, 0) << o.text;
   const json j = json::parse(o.text);
@@ -134,6 +135,14 @@ TEST(Plan, RefusesBadInputSayingWhatToGive) {
   const Output preset = zeroth({"plan", "--model", "llama-4", "--global-batch", "8"}, "plan_unknown_preset");
   EXPECT_NE(preset.code, 0);
   EXPECT_NE(preset.text.find("--model llama-4 is not a known preset; use one of gpt2-124m"), std::string::npos) << preset.text;
+  const Output vocab = zeroth({"plan", "--model", "llama-3-8b", "--vocab", "1000", "--global-batch", "8"}, "plan_preset_vocab");
+  EXPECT_NE(vocab.code, 0);
+  EXPECT_NE(vocab.text.find("--vocab goes with --layers, --hidden and --heads: --model llama-3-8b has its own vocabulary"),
+            std::string::npos)
+      << vocab.text;
+  const Output unknown = zeroth({"estimate", "--model", "llama-4"}, "estimate_unknown_preset");
+  EXPECT_NE(unknown.code, 0);
+  EXPECT_NE(unknown.text.find("--model llama-4 is not a known preset"), std::string::npos) << unknown.text;
   const Output heads = zeroth({"plan", "--layers", "2", "--hidden", "30", "--heads", "4", "--global-batch", "8"}, "plan_heads");
   EXPECT_NE(heads.code, 0);
   EXPECT_NE(heads.text.find("hidden 30 is not a multiple of heads 4"), std::string::npos) << heads.text;

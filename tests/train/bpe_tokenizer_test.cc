@@ -1,17 +1,20 @@
 // Byte-level BPE tokenization against Hugging Face's own tokenizers.js (npm
 // @huggingface/tokenizers, run by node through tests/reference/bpe_reference.mjs): a tokenizer.json
 // made at test time in Llama 3's form (its split pattern, ByteLevel, ignore_merges with a word the
-// merges do not build, special added tokens) with Qwen2's NFC normalizer and 1,000 merges learned
-// from the fortunes; zeroth's ids and
-// decoded text equal tokenizers.js's on the fortunes and on text with emoji, CJK, digit runs,
-// whitespace runs, combining marks and added tokens, and its decoding of ids that cut a character
-// apart equals tokenizers.js's too. Bad input is a clear error.
+// merges do not build, special added tokens, one taking the whitespace beside it) with Qwen2's NFC
+// normalizer and 1,000 merges learned from the fortunes; zeroth's ids and decoded text equal
+// tokenizers.js's on the fortunes and on text with emoji, CJK, digit runs, whitespace runs,
+// combining marks, added tokens and pieces thousands of bytes long, and its decoding of ids that
+// cut a character apart equals tokenizers.js's too. GPT-2's form (ByteLevel's own pattern and
+// prefix space) and a literal Split pattern equal tokenizers.js's as well; the Split behaviours
+// tokenizers.js lacks meet Hugging Face's documented example. Bad input is a clear error.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
+#include <set>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -74,7 +77,7 @@ std::string BpeTokenizerTest::dir_, BpeTokenizerTest::text_;
 
 TEST_F(BpeTokenizerTest, IdsAndTextAreTokenizersJs) {
   const auto tok = Tokenizer::open(dir_ + "/tokenizer.json");
-  EXPECT_EQ(tok->vocab_size(), 256 + 1000 + 1 + 4);  // bytes, merges, " qwerty", the added tokens
+  EXPECT_EQ(tok->vocab_size(), 256 + 1000 + 1 + 5);  // bytes, merges, " qwerty", the added tokens
   const std::vector<std::string> inputs = {
       text_,
       "Hello World! It's, they'RE, we'll, I'M, you'D: contractions in either case",
@@ -89,6 +92,8 @@ TEST_F(BpeTokenizerTest, IdsAndTextAreTokenizersJs) {
       "<|begin_of_text|>special<|eot_id|><|eot_id|> in text, and azerothb, zeroth's zeroth",
       "<|begin_of_text|",
       "",
+      "a <mask>  b, x\u3000<mask>\u3000y, <mask>",  // the mask's whitespace, ASCII and not, goes into it
+      std::string(5000, 'a') + std::string(3000, ' ') + "x" + std::string(2000, '\n') + std::string(4000, '7'),
   };
   const json want = reference(inputs);
   ASSERT_EQ(want.size(), inputs.size());
@@ -130,11 +135,77 @@ TEST_F(BpeTokenizerTest, FolderAndTokenFile) {
   fs::create_directories(dir_ + "/folder");
   fs::copy_file(dir_ + "/tokenizer.json", dir_ + "/folder/tokenizer.json", fs::copy_options::overwrite_existing);
   const auto tok = Tokenizer::open(dir_ + "/folder");
-  EXPECT_NE(tok->describe().find("byte-level BPE, 1261 tokens, 1000 merges"), std::string::npos) << tok->describe();
-  const auto want = tok->encode(text_);
-  const TokenData data = TokenData::open_tokenized(dir_ + "/text.txt", dir_ + "/folder", dir_ + "/cache", false);
+  EXPECT_NE(tok->describe().find("byte-level BPE, 1262 tokens, 1000 merges"), std::string::npos) << tok->describe();
+  // Three times the fortunes (1.1 MiB): one pass, not pieces a newline run could span.
+  const std::string text = text_ + text_ + text_;
+  std::ofstream(dir_ + "/text3.txt", std::ios::binary) << text;
+  const auto want = tok->encode(text);
+  const TokenData data = TokenData::open_tokenized(dir_ + "/text3.txt", dir_ + "/folder", dir_ + "/cache", false);
   ASSERT_EQ(data.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(data[i], want[i]) << "token " << i;
+}
+
+TEST_F(BpeTokenizerTest, OtherLayoutsAreTokenizersJsToo) {
+  const json good = json::parse(std::ifstream(dir_ + "/tokenizer.json"));
+  // GPT-2's form: ByteLevel alone, with its own pattern, and a space put before the text.
+  json gpt2 = good;
+  gpt2["normalizer"] = nullptr;
+  gpt2["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}};
+  // A literal pattern cut out before Llama 3's: "::" as pieces of their own.
+  json literal = good;
+  literal["pre_tokenizer"]["pretokenizers"].insert(
+      literal["pre_tokenizer"]["pretokenizers"].begin(),
+      json{{"type", "Split"}, {"pattern", {{"String", "::"}}}, {"behavior", "Isolated"}, {"invert", false}});
+  const std::vector<std::string> inputs = {
+      text_.substr(0, 20000),
+      "std::vector<int>::iterator it; a::b:::c",
+      "Hello world  and   more\n\nlines",
+      " leading space, it's 1234567 emoji 😀 中文",
+      "",
+  };
+  for (const auto& [name, j] : {std::pair{"gpt2", gpt2}, std::pair{"literal", literal}}) {
+    const std::string path = dir_ + "/" + name + ".json";
+    std::ofstream(path) << j.dump();
+    const auto tok = Tokenizer::open(path);
+    std::ofstream(dir_ + "/inputs.json") << json(inputs).dump();
+    const json want = json::parse(node(fmt::format("encode {} {}/inputs.json", path, dir_)));
+    ASSERT_EQ(want.size(), inputs.size());
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const auto want_ids = want[i]["ids"].get<std::vector<int32_t>>();
+      EXPECT_EQ(tok->encode(inputs[i]), want_ids) << name << ": \"" << inputs[i].substr(0, 80) << "\"";
+      EXPECT_EQ(tok->decode(want_ids), want[i]["text"].get<std::string>()) << name;
+    }
+  }
+}
+
+// The five ways a Split cuts (tokenizers.js has two), against Hugging Face's documentation of
+// SplitDelimiterBehavior on its own example, "the-final--countdown" split at "-". Every piece is a
+// whole word of the vocabulary (ignore_merges), so the ids spell the pieces.
+TEST_F(BpeTokenizerTest, SplitBehavioursAreHuggingFacesDocumentedOnes) {
+  const json good = json::parse(std::ifstream(dir_ + "/tokenizer.json"));
+  const std::vector<std::pair<std::string, std::vector<std::string>>> behaviours = {
+      {"Isolated", {"the", "-", "final", "-", "-", "countdown"}},   {"Removed", {"the", "final", "countdown"}},
+      {"MergedWithPrevious", {"the-", "final-", "-", "countdown"}}, {"MergedWithNext", {"the", "-final", "-", "-countdown"}},
+      {"Contiguous", {"the", "-", "final", "--", "countdown"}},
+  };
+  json j = good;
+  j["added_tokens"] = json::array();
+  std::set<std::string> words;
+  for (const auto& [_, pieces] : behaviours) words.insert(pieces.begin(), pieces.end());
+  for (const auto& w : words)
+    if (!j["model"]["vocab"].contains(w)) j["model"]["vocab"][w] = static_cast<int>(j["model"]["vocab"].size());
+  for (const auto& [behaviour, pieces] : behaviours) {
+    j["pre_tokenizer"] = {{"type", "Sequence"},
+                          {"pretokenizers",
+                           {{{"type", "Split"}, {"pattern", {{"String", "-"}}}, {"behavior", behaviour}, {"invert", false}},
+                            {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}};
+    const std::string path = dir_ + "/split.json";
+    std::ofstream(path) << j.dump();
+    const auto tok = Tokenizer::open(path);
+    std::vector<std::string> got;
+    for (const int32_t id : tok->encode("the-final--countdown")) got.push_back(tok->decode(std::vector<int32_t>{id}));
+    EXPECT_EQ(got, pieces) << behaviour;
+  }
 }
 
 TEST_F(BpeTokenizerTest, BadInputIsAClearError) {
@@ -163,6 +234,17 @@ TEST_F(BpeTokenizerTest, BadInputIsAClearError) {
                 })
                 .find("the pre-tokenizer {\"type\":\"Digits\"} is not one zeroth applies"),
             std::string::npos);
+  EXPECT_NE(
+      with("prefix.json", [](json& j) { j["model"]["continuing_subword_prefix"] = "##"; }).find("continuing_subword_prefix is \"##\""),
+      std::string::npos);
+  EXPECT_NE(with("huge_id.json", [](json& j) { j["model"]["vocab"]["far"] = 2000000000; }).find("the id 2000000000, outside 0 .."),
+            std::string::npos);
+  EXPECT_NE(
+      with("clash.json", [](json& j) { j["added_tokens"][0]["id"] = 38; }).find("has the id 38, which model.vocab gives to \"&\""),
+      std::string::npos);
+  EXPECT_NE(with("behaviour.json", [](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "Sideways"; })
+                .find("a Split's behavior is \"Sideways\", none of Hugging Face's five"),
+            std::string::npos);
   EXPECT_NE(with("no_bytes.json", [](json& j) { j["model"]["vocab"].erase("A"); }).find("no token for the byte 0x41"),
             std::string::npos);
   EXPECT_NE(with("bad_regex.json", [](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(unclosed"; })
@@ -179,8 +261,8 @@ TEST_F(BpeTokenizerTest, BadInputIsAClearError) {
   EXPECT_NE(message([&] { tok->encode(std::string("caf") + static_cast<char>(0xE9)); }).find("is not UTF-8: byte 3"),
             std::string::npos);
   EXPECT_NE(message([&] {
-              tok->decode(std::vector<int32_t>{5, 1261});
-            }).find("id 1261 is outside the vocabulary of 1261"),
+              tok->decode(std::vector<int32_t>{5, 1262});
+            }).find("id 1262 is outside the vocabulary of 1262"),
             std::string::npos);
 }
 
