@@ -3,6 +3,7 @@
 // the same file and settings in the same run as the reference; prints the best setting as
 // DeepSpeed's `aio` section. With --device cuda, the host<->device copy rates as well.
 #include <fcntl.h>        // open, posix_fallocate
+#include <pthread.h>      // pthread_kill, pthread_self
 #include <signal.h>       // sigaction, raise
 #include <sys/mman.h>     // madvise
 #include <sys/statvfs.h>  // statvfs
@@ -86,8 +87,17 @@ struct Point {
 
 // The file this run creates, removed on every way out: scope exit and the usual signals.
 char g_data_path[4096];
+pthread_t g_main_thread;
 
+// A signal can land on any thread, and the main thread reopens the file (O_CREAT) between sweep
+// points: unlinked from an I/O worker, the file could be made again before the process dies. So
+// the main thread, the only one that opens it, does the unlinking: a signal elsewhere is passed on.
 extern "C" void remove_file_and_reraise(int signal) {
+  if (!::pthread_equal(::pthread_self(), g_main_thread)) {
+    ::pthread_kill(g_main_thread, signal);
+    return;
+  }
+  kill_running_child();  // fio, which would lay the file out again
   ::unlink(g_data_path);
   ::signal(signal, SIG_DFL);
   ::raise(signal);
@@ -96,6 +106,7 @@ extern "C" void remove_file_and_reraise(int signal) {
 struct FileGuard {
   explicit FileGuard(const std::string& path) {
     std::strncpy(g_data_path, path.c_str(), sizeof g_data_path - 1);
+    g_main_thread = ::pthread_self();
     struct sigaction action {};
     action.sa_handler = remove_file_and_reraise;
     for (int s : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(s, &action, nullptr);

@@ -9,6 +9,7 @@
 #include <sys/wait.h>   // waitpid
 #include <unistd.h>     // fork, execve, pipe2, dup2
 
+#include <atomic>   // std::atomic
 #include <cerrno>   // errno
 #include <cstdlib>  // std::getenv
 #include <string_view>
@@ -127,11 +128,25 @@ int exit_code(int wait_status) {
   return WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : 128 + (WIFSIGNALED(wait_status) ? WTERMSIG(wait_status) : 0);
 }
 
+namespace {
+std::atomic<pid_t> g_running_child{-1};  // lock-free, so a signal handler may read it
+static_assert(std::atomic<pid_t>::is_always_lock_free);
+}  // namespace
+
+void kill_running_child() {
+  const pid_t pid = g_running_child.exchange(-1);
+  if (pid <= 0) return;
+  ::kill(pid, SIGKILL);
+  while (::waitpid(pid, nullptr, 0) == -1 && errno == EINTR) {
+  }
+}
+
 ProcessResult run_process(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env) {
   SpawnOptions o;
   o.env = env;
   o.die_with_parent = true;
   const Child child = spawn_child(argv, o);
+  g_running_child = child.pid;
   ProcessResult result;
   // Both pipes at once: a child blocked on a full stderr would never close stdout.
   pollfd fds[2] = {{child.out_fd, POLLIN, 0}, {child.err_fd, POLLIN, 0}};
@@ -156,7 +171,10 @@ ProcessResult run_process(const std::vector<std::string>& argv, const std::map<s
   }
   for (auto& f : fds)
     if (f.fd >= 0) ::close(f.fd);
+  // Its pipes are closed: it has finished its work. Taken back before the reaping, so a handler
+  // never kills a pid the system has handed to another process.
   int status = 0;
+  if (g_running_child.exchange(-1) != child.pid) return {128 + SIGKILL, result.out, result.err};  // a handler reaped it
   while (::waitpid(child.pid, &status, 0) == -1 && errno == EINTR) {
   }
   result.status = exit_code(status);

@@ -39,6 +39,10 @@ struct ProcessResult {
 // Runs argv to its end and returns what it wrote. The child dies with the calling thread (the
 // tools call it from their main thread, so with zeroth), however that ends.
 ProcessResult run_process(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env = {});
+// For a signal handler: SIGKILLs the child run_process is waiting on, if any, and reaps it, so
+// nothing the child does (fio laying a file out again) comes after the handler's cleanup.
+// Async-signal-safe.
+void kill_running_child();
 
 // The exit code of a waitpid status: the code, or 128 + the signal that killed it.
 int exit_code(int wait_status);
