@@ -1,12 +1,12 @@
 // A Hugging Face tokenizer.json holding a byte-level BPE model (GPT-2, Llama 3, Qwen2/3), encoded
 // and decoded as Hugging Face's tokenizers library does: added tokens found in the raw text first
-// (leftmost, then longest), the rest normalized (NFC, through utf8proc), split by the
-// pre-tokenizer's patterns (Oniguruma's syntax, which PCRE2 reads with its Unicode classes),
-// each piece's bytes mapped to GPT-2's printable characters and merged by rank.
+// (leftmost, then longest), the rest normalized (NFC, through utf8proc), cut by the pre-tokenizer
+// (train/pre_tokenizer.h), each piece's bytes mapped to GPT-2's printable characters and merged by
+// rank.
 #include "train/bpe_tokenizer.h"
 
-#define PCRE2_CODE_UNIT_WIDTH 8
-#include <pcre2.h>     // pcre2_compile, pcre2_match
+#include "train/pre_tokenizer.h"  // PreTokenizer
+
 #include <utf8proc.h>  // utf8proc_map
 
 #include <algorithm>      // std::min
@@ -33,9 +33,6 @@ using json = nlohmann::json;
 
 constexpr size_t kCacheEntries = 1 << 20;   // pieces remembered while encoding a text
 constexpr size_t kProgressBytes = 1 << 20;  // encode's progress calls, about one per MiB
-
-// GPT-2's pre-tokenizer pattern, which ByteLevel applies when its use_regex is set.
-constexpr std::string_view kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
 void append_utf8(std::string& out, uint32_t cp) {
   if (cp < 0x80) {
@@ -93,67 +90,6 @@ std::string utf8_lossy(std::string_view s) {
   return out;
 }
 
-// A compiled pattern; its matches over a text, in order.
-class Regex {
- public:
-  Regex(std::string_view pattern, bool literal, const std::string& where) {
-    int code = 0;
-    PCRE2_SIZE offset = 0;
-    // PCRE2_LITERAL takes no Unicode-property option (a literal has no classes to widen).
-    const uint32_t options = literal ? PCRE2_LITERAL | PCRE2_UTF : PCRE2_UTF | PCRE2_UCP;
-    re_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options, &code, &offset, nullptr);
-    if (re_ == nullptr) {
-      PCRE2_UCHAR message[256];
-      pcre2_get_error_message(code, message, sizeof message);
-      ZEROTH_THROW(InvalidArgument, "{}: pcre2_compile of the pattern \"{}\": {} at offset {}", where, pattern,
-                   reinterpret_cast<const char*>(message), offset);
-    }
-    pcre2_jit_compile(re_, PCRE2_JIT_COMPLETE);  // where JIT is unavailable, the interpreter runs it
-  }
-  Regex(const Regex&) = delete;
-  Regex& operator=(const Regex&) = delete;
-  ~Regex() { pcre2_code_free(re_); }
-
-  // [begin, end) of each non-empty match of `text` (valid UTF-8).
-  template <typename F>
-  void for_each_match(std::string_view text, F&& f) const {
-    std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> md(pcre2_match_data_create_from_pattern(re_, nullptr),
-                                                                           &pcre2_match_data_free);
-    size_t at = 0;
-    while (at < text.size()) {
-      const int rc = pcre2_match(re_, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), at, PCRE2_NO_UTF_CHECK, md.get(),
-                                 nullptr);
-      if (rc == PCRE2_ERROR_NOMATCH) return;
-      if (rc < 0) {
-        PCRE2_UCHAR message[256];
-        pcre2_get_error_message(rc, message, sizeof message);
-        ZEROTH_THROW(InvalidArgument, "pcre2_match at byte {} of a {}-byte text: {}", at, text.size(),
-                     reinterpret_cast<const char*>(message));
-      }
-      const PCRE2_SIZE* v = pcre2_get_ovector_pointer(md.get());
-      if (v[1] > v[0]) {
-        f(v[0], v[1]);
-        at = v[1];
-      } else {  // an empty match: on to the next character
-        at = v[0] + 1;
-        while (at < text.size() && (static_cast<unsigned char>(text[at]) & 0xC0) == 0x80) ++at;
-      }
-    }
-  }
-
- private:
-  pcre2_code* re_ = nullptr;
-};
-
-// One step of the pre-tokenizer, on each piece the steps before it left: a Split, or the ByteLevel
-// that ends them (a space put before a piece that lacks one, GPT-2's pattern).
-struct Split {
-  enum class Behavior { isolated, removed, merged_with_previous, merged_with_next, contiguous };
-  std::unique_ptr<Regex> regex;  // none: a ByteLevel without use_regex
-  Behavior behavior = Behavior::isolated;
-  bool prefix_space = false;
-};
-
 class ByteLevelBpe final : public Tokenizer {
  public:
   explicit ByteLevelBpe(const std::string& path) : path_(path) {
@@ -193,7 +129,7 @@ class ByteLevelBpe final : public Tokenizer {
     };
     split_added(text, false, out, [&](std::string_view raw) {
       const std::string normalized = normalize(raw);
-      split_added(normalized, true, out, [&](std::string_view plain) { pre_tokenize(plain, 0, piece); });
+      split_added(normalized, true, out, [&](std::string_view plain) { pre_tokenizer_.for_each_piece(plain, piece); });
     });
     if (progress) progress(text.size());
     return out;
@@ -319,8 +255,9 @@ class ByteLevelBpe final : public Tokenizer {
     for (size_t i = 0; i < tokens_.size(); ++i)
       if (!has_token_[i])
         ZEROTH_THROW(InvalidArgument, "{}: no token has the id {} (below the largest, {})", path_, i, tokens_.size() - 1);
-    load_pre_tokenizer(j.contains("pre_tokenizer") ? j["pre_tokenizer"] : json());
-    if (!byte_level_) ZEROTH_THROW(InvalidArgument, "{}: the pre-tokenizer has no ByteLevel step: not a byte-level BPE", path_);
+    pre_tokenizer_.add(j.contains("pre_tokenizer") ? j["pre_tokenizer"] : json(), path_);
+    if (!pre_tokenizer_.byte_level())
+      ZEROTH_THROW(InvalidArgument, "{}: the pre-tokenizer has no ByteLevel step: not a byte-level BPE", path_);
     const json decoder = j.contains("decoder") ? j["decoder"] : json();
     if (!decoder.is_object() || decoder.value("type", "") != "ByteLevel") {
       ZEROTH_THROW(InvalidArgument, "{}: the decoder is {}; a byte-level BPE tokenizer decodes with ByteLevel", path_, decoder.dump());
@@ -342,53 +279,6 @@ class ByteLevelBpe final : public Tokenizer {
       for (const json& m : n.at("normalizers")) load_normalizer(m);
     } else {
       ZEROTH_THROW(InvalidArgument, "{}: the normalizer {} is not one zeroth applies (NFC, or none)", path_, n.dump());
-    }
-  }
-
-  void load_pre_tokenizer(const json& p) {
-    const std::string type = p.is_object() ? p.value("type", "") : "";
-    if (type == "Sequence") {
-      for (const json& s : p.at("pretokenizers")) load_pre_tokenizer(s);
-      return;
-    }
-    if (byte_level_) {
-      ZEROTH_THROW(InvalidArgument,
-                   "{}: the pre-tokenizer {} follows ByteLevel; zeroth applies ByteLevel last, as Llama 3 and Qwen do", path_,
-                   p.dump());
-    }
-    if (type == "ByteLevel") {
-      byte_level_ = true;
-      splits_.push_back(
-          {p.value("use_regex", true) ? std::make_unique<Regex>(kGpt2Pattern, false, path_ + ": GPT-2's pattern") : nullptr,
-           Split::Behavior::isolated, p.value("add_prefix_space", false)});
-    } else if (type == "Split") {
-      if (p.value("invert", false)) ZEROTH_THROW(InvalidArgument, "{}: a Split with invert set: zeroth splits on matches only", path_);
-      const json& pattern = p.at("pattern");
-      const bool literal = pattern.contains("String");
-      const std::string text = literal ? pattern["String"] : pattern.at("Regex");
-      const std::string behavior = p.at("behavior");
-      using B = Split::Behavior;
-      B b = B::isolated;
-      if (behavior == "Removed") {
-        b = B::removed;
-      } else if (behavior == "MergedWithPrevious") {
-        b = B::merged_with_previous;
-      } else if (behavior == "MergedWithNext") {
-        b = B::merged_with_next;
-      } else if (behavior == "Contiguous") {
-        b = B::contiguous;
-      } else if (behavior != "Isolated") {
-        ZEROTH_THROW(InvalidArgument,
-                     "{}: a Split's behavior is \"{}\", none of Hugging Face's five (Isolated, Removed, MergedWithPrevious, "
-                     "MergedWithNext, Contiguous)",
-                     path_, behavior);
-      }
-      splits_.push_back({std::make_unique<Regex>(text, literal, path_ + ": pre_tokenizer Split"), b, false});
-    } else {
-      ZEROTH_THROW(InvalidArgument,
-                   "{}: the pre-tokenizer {} is not one zeroth applies (Split, ByteLevel, a Sequence of them: GPT-2's, Llama 3's, "
-                   "Qwen's)",
-                   path_, p.dump());
     }
   }
 
@@ -491,81 +381,6 @@ class ByteLevelBpe final : public Tokenizer {
     if (pos < s.size()) gap(s.substr(pos));
   }
 
-  // Each piece of `text` after pre-tokenizer steps [step, end), in order, to `emit`: the steps
-  // nest, so no list of a whole text's pieces is ever held.
-  template <typename F>
-  void pre_tokenize(std::string_view text, size_t step, F&& emit) const {
-    if (step == splits_.size()) {
-      if (!text.empty()) emit(text);
-      return;
-    }
-    const Split& s = splits_[step];
-    std::string prefixed;
-    if (s.prefix_space && (text.empty() || text[0] != ' ')) {
-      prefixed.reserve(text.size() + 1);
-      prefixed.push_back(' ');
-      prefixed.append(text);
-      text = prefixed;
-    }
-    if (!s.regex) {
-      pre_tokenize(text, step + 1, emit);
-      return;
-    }
-    split(*s.regex, s.behavior, text, [&](std::string_view piece) { pre_tokenize(piece, step + 1, emit); });
-  }
-
-  // Hugging Face's five ways of cutting a text at a pattern's matches (on "the-final--countdown"
-  // at "-": isolated the,-,final,-,-,countdown; removed the,final,countdown; merged with previous
-  // the-,final-,-,countdown; merged with next the,-final,-,-countdown; contiguous
-  // the,-,final,--,countdown). Each piece is one stretch of the text.
-  template <typename F>
-  static void split(const Regex& re, Split::Behavior behavior, std::string_view s, F&& emit) {
-    using B = Split::Behavior;
-    constexpr size_t none = std::string_view::npos;
-    size_t pos = 0;                    // the end of what is cut so far
-    size_t held = none, held_end = 0;  // merged with next: the match waiting for what follows
-    size_t run = none, run_end = 0;    // contiguous: the run of matches so far
-    re.for_each_match(s, [&](size_t b, size_t e) {
-      const bool gap = b > pos;
-      switch (behavior) {
-        case B::isolated:
-          if (gap) emit(s.substr(pos, b - pos));
-          emit(s.substr(b, e - b));
-          break;
-        case B::removed:
-          if (gap) emit(s.substr(pos, b - pos));
-          break;
-        case B::merged_with_previous: emit(s.substr(gap ? pos : b, e - (gap ? pos : b))); break;
-        case B::merged_with_next: {
-          const size_t from = held != none ? held : pos;
-          if (gap) {
-            emit(s.substr(from, b - from));
-          } else if (held != none) {
-            emit(s.substr(held, held_end - held));
-          }
-          held = b, held_end = e;
-          break;
-        }
-        case B::contiguous:
-          if (gap) {
-            if (run != none) emit(s.substr(run, run_end - run));
-            emit(s.substr(pos, b - pos));
-            run = none;
-          }
-          if (run == none) run = b;
-          run_end = e;
-          break;
-      }
-      pos = e;
-    });
-    if (held != none) {
-      emit(s.substr(held));  // the waiting match and whatever follows it
-      return;
-    }
-    if (run != none) emit(s.substr(run, run_end - run));
-    if (pos < s.size()) emit(s.substr(pos));
-  }
-
   static uint64_t pair_key(int32_t a, int32_t b) { return static_cast<uint64_t>(a) << 32 | static_cast<uint32_t>(b); }
 
   // One pre-tokenized piece's ids: its bytes' tokens, merged lowest rank first (leftmost of equal
@@ -627,8 +442,7 @@ class ByteLevelBpe final : public Tokenizer {
   bool ignore_merges_ = false;
   std::vector<Added> added_;
   bool nfc_ = false;
-  std::vector<Split> splits_;
-  bool byte_level_ = false;
+  PreTokenizer pre_tokenizer_;
 };
 
 }  // namespace
