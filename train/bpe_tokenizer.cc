@@ -200,8 +200,7 @@ class ByteLevelBpe final : public Tokenizer {
     const json added = j.value("added_tokens", json::array());
     // Ids run from 0 with no gap: none can pass the count of tokens.
     const int64_t count = static_cast<int64_t>(model.at("vocab").size() + added.size());
-    const auto chars = byte_chars();
-    for (int b = 0; b < 256; ++b) char_to_byte_.emplace(chars[b], static_cast<unsigned char>(b));
+    for (int b = 0; b < 256; ++b) char_to_byte_.emplace(byte_chars_[b], static_cast<unsigned char>(b));
     for (const auto& [token, id] : model.at("vocab").items()) {
       const int64_t i = id.get<int64_t>();
       if (i < 0 || i >= count)
@@ -211,10 +210,10 @@ class ByteLevelBpe final : public Tokenizer {
       put_token(i, token);
     }
     for (int b = 0; b < 256; ++b) {
-      const auto it = vocab_.find(chars[b]);
+      const auto it = vocab_.find(byte_chars_[b]);
       if (it == vocab_.end()) {
         ZEROTH_THROW(InvalidArgument, "{}: model.vocab has no token for the byte 0x{:02x} (\"{}\"): not a byte-level BPE vocabulary",
-                     path_, b, chars[b]);
+                     path_, b, byte_chars_[b]);
       }
       byte_id_[b] = it->second;
     }

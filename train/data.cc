@@ -179,6 +179,7 @@ TokenData TokenData::open_tokenized(const std::string& text_path, const std::str
     if (ec) ZEROTH_THROW(IoError, "create_directories(\"{}\"): {}", cache_dir, ec.message());
     const std::vector<int32_t> ids = tokenize_text(*tokenizer, text, text_path, progress);
     write_token_file(path, ids, tokenizer->vocab_size());
+    if (progress) std::fprintf(stderr, "tokens cached in %s\n", path.c_str());
   }
   return open_bin(path);
 }
