@@ -42,14 +42,7 @@ std::string node(const std::string& args) {
   return shell(fmt::format("ZEROTH_NODE_MODULES={} node {} {}", kNodeModules, kReference, args));
 }
 
-std::string message(const auto& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using testing::error_message;
 
 class BpeTokenizerTest : public ::testing::Test {
  protected:
@@ -214,7 +207,7 @@ TEST_F(BpeTokenizerTest, BadInputIsAClearError) {
     json j = good;
     change(j);
     std::ofstream(dir_ + "/" + name) << j.dump();
-    return message([&] { Tokenizer::open(dir_ + "/" + name); });
+    return error_message([&] { Tokenizer::open(dir_ + "/" + name); });
   };
   EXPECT_NE(with(
                 "nfkc.json",
@@ -253,14 +246,14 @@ TEST_F(BpeTokenizerTest, BadInputIsAClearError) {
   EXPECT_NE(with("decoder.json", [](json& j) { j["decoder"] = nullptr; }).find("a byte-level BPE tokenizer decodes with ByteLevel"),
             std::string::npos);
   std::ofstream(dir_ + "/not.json") << "{ not json";
-  EXPECT_NE(message([&] { Tokenizer::open(dir_ + "/not.json"); }).find("is not JSON"), std::string::npos);
-  EXPECT_NE(message([&] { Tokenizer::open(dir_ + "/missing.json"); }).find("does not exist"), std::string::npos);
+  EXPECT_NE(error_message([&] { Tokenizer::open(dir_ + "/not.json"); }).find("is not JSON"), std::string::npos);
+  EXPECT_NE(error_message([&] { Tokenizer::open(dir_ + "/missing.json"); }).find("does not exist"), std::string::npos);
   fs::create_directories(dir_ + "/empty");
-  EXPECT_NE(message([&] { Tokenizer::open(dir_ + "/empty"); }).find("holds neither tokenizer.model"), std::string::npos);
+  EXPECT_NE(error_message([&] { Tokenizer::open(dir_ + "/empty"); }).find("holds neither tokenizer.model"), std::string::npos);
   const auto tok = Tokenizer::open(dir_ + "/tokenizer.json");
-  EXPECT_NE(message([&] { tok->encode(std::string("caf") + static_cast<char>(0xE9)); }).find("is not UTF-8: byte 3"),
+  EXPECT_NE(error_message([&] { tok->encode(std::string("caf") + static_cast<char>(0xE9)); }).find("is not UTF-8: byte 3"),
             std::string::npos);
-  EXPECT_NE(message([&] {
+  EXPECT_NE(error_message([&] {
               tok->decode(std::vector<int32_t>{5, 1262});
             }).find("id 1262 is outside the vocabulary of 1262"),
             std::string::npos);

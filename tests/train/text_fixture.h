@@ -1,4 +1,5 @@
-// What the tokenizer tests share: a shell command's output, and the fortunes as one text.
+// What the tokenizer tests share: a shell command's output, the fortunes as one text, the message
+// of the error a call raises.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -8,7 +9,19 @@
 #include <iterator>  // std::istreambuf_iterator
 #include <string>    // std::string
 
+#include "core/error.h"  // Error
+
 namespace zeroth::testing {
+
+// What `fn` throws as zeroth's Error, or "no error".
+inline std::string error_message(const auto& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
 
 // `cmd`'s standard output; a failure when it exits non-zero.
 inline std::string shell(const std::string& cmd) {

@@ -124,21 +124,14 @@ TEST_F(SentencePieceTest, TokenFilesHoldTheIdsAtTheirWidth) {
 }
 
 TEST_F(SentencePieceTest, BadInputIsAClearError) {
-  auto message = [](const auto& fn) {
-    try {
-      fn();
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
-  EXPECT_NE(message([&] { Tokenizer::open(dir_ + "/missing.model"); }).find("does not exist"), std::string::npos);
-  EXPECT_NE(message([&] { Tokenizer::open(dir_ + "/text.txt"); }).find("is not a SentencePiece model"), std::string::npos);
+  EXPECT_NE(testing::error_message([&] { Tokenizer::open(dir_ + "/missing.model"); }).find("does not exist"), std::string::npos);
+  EXPECT_NE(testing::error_message([&] { Tokenizer::open(dir_ + "/text.txt"); }).find("is not a SentencePiece model"),
+            std::string::npos);
   const auto tok = Tokenizer::open(dir_ + "/spm.model");
   const std::string bad = std::string("caf") + static_cast<char>(0xE9) + " au lait";
-  EXPECT_NE(message([&] { tok->encode(bad); }).find("is not UTF-8: byte 3 (0xe9)"), std::string::npos)
-      << message([&] { tok->encode(bad); });
-  EXPECT_NE(message([&] {
+  EXPECT_NE(testing::error_message([&] { tok->encode(bad); }).find("is not UTF-8: byte 3 (0xe9)"), std::string::npos)
+      << testing::error_message([&] { tok->encode(bad); });
+  EXPECT_NE(testing::error_message([&] {
               tok->decode(std::vector<int32_t>{5, 2000});
             }).find("id 2000 is outside the vocabulary of 2000"),
             std::string::npos);
