@@ -1,14 +1,17 @@
 // The validating front of every communicator: argument checks, numbering, byte counts.
 #include "comm/communicator.h"
 
+#include <iterator>  // std::size
+
 #include "core/env.h"
 #include "core/error.h"
 
 namespace zeroth {
 
 std::string_view collective_name(CollectiveOp op) {
-  constexpr std::string_view kNames[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast",
-                                         "send",       "recv",           "barrier",    "split"};
+  constexpr std::string_view kNames[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast",  "send",
+                                         "recv",       "barrier",        "split",      "all_to_all", "all_to_allv"};
+  static_assert(std::size(kNames) == kCollectiveOpCount);
   return kNames[static_cast<size_t>(op)];
 }
 
@@ -115,6 +118,79 @@ void Communicator::recv(Stream& stream, TensorView data, int peer) {
 
 void Communicator::barrier(Stream& stream) {
   do_barrier(stream, begin(CollectiveOp::barrier, 0, DType::f32, ReduceOp::sum, -1, 0, 0));
+}
+
+void Communicator::all_to_all(Stream& stream, TensorView send, TensorView recv) {
+  const size_t n = size();
+  ZEROTH_CHECK(send.dtype == recv.dtype, "all_to_all: send is {}, recv is {}", dtype_name(send.dtype), dtype_name(recv.dtype));
+  ZEROTH_CHECK(send.numel == recv.numel && send.numel % n == 0,
+               "all_to_all: send has {} elements and recv {}; both must be the same multiple of the size {}", send.numel, recv.numel,
+               n);
+  const auto* s = static_cast<const char*>(send.data);
+  const auto* r = static_cast<const char*>(recv.data);
+  ZEROTH_CHECK(send.numel == 0 || s + send.bytes() <= r || r + recv.bytes() <= s, "all_to_all: send and recv overlap");
+  const size_t k = send.numel / n;
+  AllToAllSplits splits;
+  for (size_t p = 0; p < n; ++p) {
+    splits.send_offsets.push_back(p * k);
+    splits.recv_offsets.push_back(p * k);
+    splits.peer_offsets.push_back(rank() * k);
+  }
+  splits.send_counts.assign(n, k);
+  splits.recv_counts.assign(n, k);
+  const uint64_t bytes = send.bytes();
+  do_all_to_all(stream, send, recv, splits,
+                begin(CollectiveOp::all_to_all, k, send.dtype, ReduceOp::sum, -1, bytes, ring_share(bytes, size())));
+}
+
+std::vector<size_t> Communicator::all_to_allv(Stream& stream, TensorView send, std::span<const size_t> send_counts, TensorView recv) {
+  const size_t n = size(), me = rank();
+  ZEROTH_CHECK(send.dtype == recv.dtype, "all_to_allv: send is {}, recv is {}", dtype_name(send.dtype), dtype_name(recv.dtype));
+  ZEROTH_CHECK(send_counts.size() == n, "all_to_allv: {} send counts for {} ranks", send_counts.size(), n);
+  size_t total = 0;
+  for (size_t c : send_counts) total += c;
+  ZEROTH_CHECK(total <= send.numel, "all_to_allv: the send counts add up to {} elements but send holds {}", total, send.numel);
+  const auto* s = static_cast<const char*>(send.data);
+  const auto* r = static_cast<const char*>(recv.data);
+  ZEROTH_CHECK(send.numel == 0 || recv.numel == 0 || s + send.bytes() <= r || r + recv.bytes() <= s,
+               "all_to_allv: send and recv overlap");
+  const size_t esize = dtype_size(send.dtype);
+  const Descriptor d = begin(CollectiveOp::all_to_allv, 0, send.dtype, ReduceOp::sum, -1, total * esize,
+                             (total - send_counts[me]) * esize);
+  // Each rank's row: what it sends to every rank, then the room it has.
+  std::vector<uint64_t> row(send_counts.begin(), send_counts.end());
+  row.push_back(recv.numel);
+  const auto rows = do_gather_rows(stream, row, d);
+  ZEROTH_CHECK(rows.size() == n * (n + 1), "all_to_allv: the count exchange returned {} values, expected {}", rows.size(),
+               n * (n + 1));
+  auto sent = [&](size_t from, size_t to) { return static_cast<size_t>(rows[from * (n + 1) + to]); };
+  for (size_t q = 0; q < n; ++q) {
+    size_t arriving = 0;
+    std::string senders;
+    for (size_t p = 0; p < n; ++p) {
+      arriving += sent(p, q);
+      if (sent(p, q) > 0) senders += fmt::format("{}{} from rank {}", senders.empty() ? "" : ", ", sent(p, q), p);
+    }
+    if (arriving > rows[q * (n + 1) + n]) {
+      ZEROTH_THROW(CommError, "all_to_allv (#{}): rank {} has room for {} elements but {} are sent to it ({}); give it a larger recv",
+                   d.sequence, q, rows[q * (n + 1) + n], arriving, senders);
+    }
+  }
+  AllToAllSplits splits;
+  size_t send_at = 0, recv_at = 0;
+  for (size_t p = 0; p < n; ++p) {
+    splits.send_offsets.push_back(send_at);
+    splits.send_counts.push_back(sent(me, p));
+    send_at += sent(me, p);
+    splits.recv_offsets.push_back(recv_at);
+    splits.recv_counts.push_back(sent(p, me));
+    recv_at += sent(p, me);
+    size_t peer_at = 0;
+    for (size_t q = 0; q < me; ++q) peer_at += sent(p, q);
+    splits.peer_offsets.push_back(peer_at);
+  }
+  do_all_to_all(stream, send, recv, splits, d);
+  return splits.recv_counts;
 }
 
 std::unique_ptr<Communicator> Communicator::split(int color, int key) {

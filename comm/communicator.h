@@ -8,15 +8,28 @@
 #include <memory>       // std::unique_ptr
 #include <mutex>        // std::mutex
 #include <string>       // std::string
+#include <span>         // std::span
 #include <string_view>  // std::string_view
+#include <vector>       // std::vector
 
 #include "core/device.h"  // Stream, TensorView
 
 namespace zeroth {
 
 enum class ReduceOp : uint8_t { sum, avg, max };
-enum class CollectiveOp : uint8_t { all_gather, reduce_scatter, all_reduce, broadcast, send, recv, barrier, split };
-inline constexpr size_t kCollectiveOpCount = 8;
+enum class CollectiveOp : uint8_t {
+  all_gather,
+  reduce_scatter,
+  all_reduce,
+  broadcast,
+  send,
+  recv,
+  barrier,
+  split,
+  all_to_all,
+  all_to_allv
+};
+inline constexpr size_t kCollectiveOpCount = 10;
 std::string_view collective_name(CollectiveOp op);
 std::string_view reduce_op_name(ReduceOp op);
 ReduceOp parse_reduce_op(std::string_view name);
@@ -41,7 +54,9 @@ struct CommOptions {
 struct Descriptor {
   uint64_t sequence = 0;
   CollectiveOp op = CollectiveOp::barrier;
-  uint64_t count = 0;  // elements per rank (send count; recv count for recv)
+  // Elements per rank (send count; recv count for recv; each rank's share for all_to_all); 0 for
+  // all_to_allv, whose counts differ by rank.
+  uint64_t count = 0;
   DType dtype = DType::f32;
   ReduceOp reduce = ReduceOp::sum;
   int32_t root = -1;  // broadcast root, or the peer of send/recv
@@ -51,8 +66,9 @@ struct Descriptor {
 
 struct CommStats {
   // Per op: calls, logical bytes (the ZeRO paper's volume: all_gather counts the gathered
-  // buffer, reduce_scatter the input, all_reduce twice its buffer), and bus bytes (what this
-  // rank's link carries in a ring: (n-1)/n of the logical bytes).
+  // buffer, reduce_scatter the input, all_reduce twice its buffer, all_to_all(v) what this rank
+  // sends), and bus bytes (what this rank's link carries in a ring: (n-1)/n of the logical
+  // bytes; for all_to_all(v), what it sends to other ranks).
   std::array<uint64_t, kCollectiveOpCount> calls{};
   std::array<uint64_t, kCollectiveOpCount> bytes{};
   std::array<uint64_t, kCollectiveOpCount> bus_bytes{};
@@ -79,6 +95,17 @@ class Communicator {
   void recv(Stream& stream, TensorView data, int peer);
   // Completes in stream order once every rank's stream has reached it.
   void barrier(Stream& stream);
+  // Equal splits: send.numel == recv.numel == size() * k; rank r's send[p * k, (p + 1) * k) lands
+  // at rank p's recv[r * k, (r + 1) * k). send and recv must not overlap.
+  void all_to_all(Stream& stream, TensorView send, TensorView recv);
+  // Uneven splits, sizes exchanged first: send_counts[p] elements go to rank p, taken from send in
+  // rank order; what rank q sends here lands in recv in rank order, packed from its start. The
+  // counts (size() entries) are read on the calling thread, which blocks until every rank has
+  // called (as torch's all_to_all_single needs its split sizes on the host); returns how many
+  // elements came from each rank. The data moves in stream order. Every rank checks every rank's
+  // room, so a recv too small for what is sent to it ends every rank with the same CommError
+  // (naming the rank and the senders) before anything moves.
+  std::vector<size_t> all_to_allv(Stream& stream, TensorView send, std::span<const size_t> send_counts, TensorView recv);
   // Collective: ranks passing the same color >= 0 form a new communicator, ordered by (key, rank);
   // a negative color joins none and gets nullptr.
   std::unique_ptr<Communicator> split(int color, int key);
@@ -103,6 +130,17 @@ class Communicator {
   virtual void do_recv(Stream& stream, TensorView data, const Descriptor& d) = 0;
   virtual void do_barrier(Stream& stream, const Descriptor& d) = 0;
   virtual std::unique_ptr<Communicator> do_split(int color, int key, const Descriptor& d) = 0;
+
+  // Where an all_to_all(v) moves elements, for this rank: to rank p, send[send_offsets[p]] on,
+  // send_counts[p] of them; from rank p, recv_counts[p] elements into recv[recv_offsets[p]] on,
+  // which rank p holds at its send[peer_offsets[p]] (for backends that read peers' memory).
+  struct AllToAllSplits {
+    std::vector<size_t> send_offsets, send_counts, recv_offsets, recv_counts, peer_offsets;
+  };
+  virtual void do_all_to_all(Stream& stream, TensorView send, TensorView recv, const AllToAllSplits& splits, const Descriptor& d) = 0;
+  // all_to_allv's first half: every rank's `row` (equal lengths) gathered in rank order, blocking
+  // the calling thread (work already on `stream` may have to run first).
+  virtual std::vector<uint64_t> do_gather_rows(Stream& stream, std::span<const uint64_t> row, const Descriptor& d) = 0;
 
   // Throws CommError when two ranks' descriptors differ, naming both.
   static void check_same(const Descriptor& mine, int my_rank, const Descriptor& theirs, int their_rank, std::string_view backend);

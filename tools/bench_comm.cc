@@ -1,6 +1,6 @@
 // `zeroth bench comm`: nccl-tests' table (size, count, type, time, algbw, busbw) for all_gather,
-// reduce_scatter and all_reduce on one backend, next to the ceiling measured in the same run:
-// memcpy of the same bytes for `local`, a plain TCP stream over loopback for `gloo`.
+// reduce_scatter, all_reduce and all_to_all (equal splits, and as all_to_allv) on one backend, next to the ceiling measured in the
+// same run: memcpy of the same bytes for `local`, a plain TCP stream over loopback for `gloo`.
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
@@ -133,27 +133,36 @@ std::vector<Row> run_rank(Communicator& comm, Device& device, const Options& o) 
   std::vector<Row> rows;
   // As nccl-tests: out of place, then in place (the send buffer is this rank's slice of the
   // receive buffer for all_gather, the receive buffer is its slice of the input for
-  // reduce_scatter; ZeRO's gathers and scatters are in place). all_reduce is always in place.
+  // reduce_scatter; ZeRO's gathers and scatters are in place). all_reduce is always in place,
+  // all_to_all always out of place; all_to_allv sends the same equal splits, so its row against
+  // all_to_all's is the price of exchanging the counts first.
   struct Variant {
     const char* op;
     bool in_place;
   };
-  for (const auto [op, in_place] : {Variant{"all_gather", false}, Variant{"all_gather", true}, Variant{"reduce_scatter", false},
-                                    Variant{"reduce_scatter", true}, Variant{"all_reduce", true}}) {
+  for (const auto [op, in_place] :
+       {Variant{"all_gather", false}, Variant{"all_gather", true}, Variant{"reduce_scatter", false}, Variant{"reduce_scatter", true},
+        Variant{"all_reduce", true}, Variant{"all_to_all", false}, Variant{"all_to_allv", false}}) {
+    const bool to_all = std::string_view(op).starts_with("all_to_all");
     for (size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 2) {
-      // nccl-tests' sizes: the gathered buffer, the scattered input, the reduced buffer.
+      // nccl-tests' sizes: the gathered buffer, the scattered input, the reduced buffer, the
+      // all-to-all's send buffer.
       const size_t count = bytes / esize / n * n;
       if (count == 0) continue;
       Buffer big = device.allocate(count * esize, MemTag::buffers);
-      Buffer small = device.allocate(count / n * esize, MemTag::buffers);
+      const size_t small_count = to_all ? count : count / n;
+      Buffer small = device.allocate(small_count * esize, MemTag::buffers);
       device.fill(*stream, {big.data(), count, type}, 1.0f);
-      device.fill(*stream, {small.data(), count / n, type}, 1.0f);
+      device.fill(*stream, {small.data(), small_count, type}, 1.0f);
+      const std::vector<size_t> splits(n, count / n);
       const TensorView whole{big.data(), count, type};
       const TensorView part = in_place && std::string_view(op) != "all_reduce" ? whole.slice(comm.rank() * (count / n), count / n)
                                                                                : TensorView{small.data(), count / n, type};
       auto once = [&] {
         if (std::string_view(op) == "all_gather") comm.all_gather(*stream, part, whole);
         else if (std::string_view(op) == "reduce_scatter") comm.reduce_scatter(*stream, whole, part, ReduceOp::sum);
+        else if (std::string_view(op) == "all_to_all") comm.all_to_all(*stream, whole, {small.data(), count, type});
+        else if (std::string_view(op) == "all_to_allv") comm.all_to_allv(*stream, whole, splits, {small.data(), count, type});
         else comm.all_reduce(*stream, whole, ReduceOp::sum);
       };
       const int iters = static_cast<int>(std::clamp<size_t>((size_t{64} << 20) / (count * esize), 3, 50));
@@ -272,7 +281,7 @@ void run(const Options& o) {
 
 void add_bench_comm_command(CLI::App& bench) {
   auto options = std::make_shared<Options>();
-  auto* cmd = bench.add_subcommand("comm", "all_gather / reduce_scatter / all_reduce bandwidth (nccl-tests format)");
+  auto* cmd = bench.add_subcommand("comm", "all_gather / reduce_scatter / all_reduce / all_to_all bandwidth (nccl-tests format)");
   cmd->add_option("--backend", options->backend, "local, gloo or nccl (default local)");
   cmd->add_option("--ranks", options->ranks, "Ranks: threads for local, processes for gloo/nccl (default 4)");
   cmd->add_option("--min-bytes", options->min_bytes, "Smallest message (default 1KiB)");

@@ -139,6 +139,59 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
+  // Every pair exchanges its pieces directly, each rank starting with its right neighbour so that
+  // no rank is everyone's first.
+  void do_all_to_all(Stream& s, TensorView send, TensorView recv, const AllToAllSplits& splits, const Descriptor& d) override {
+    enqueue(s, d, [=, this](uint64_t slot) {
+      const int n = size(), r = rank();
+      const size_t esize = dtype_size(send.dtype);
+      auto at = [esize](TensorView v, size_t offset) { return static_cast<char*>(v.data) + offset * esize; };
+      if (splits.send_counts[r] > 0) {
+        std::memcpy(at(recv, splits.recv_offsets[r]), at(send, splits.send_offsets[r]), splits.send_counts[r] * esize);
+      }
+      BufferKeeper keep(*this);
+      std::vector<gloo::transport::UnboundBuffer*> from(n, nullptr), to(n, nullptr);
+      for (int k = 1; k < n; ++k) {
+        const int p = (r + k) % n;
+        if (splits.recv_counts[p] > 0) {
+          from[p] = &keep.make(at(recv, splits.recv_offsets[p]), splits.recv_counts[p] * esize);
+          post_recv(*from[p], p, slot, 0, splits.recv_counts[p] * esize, d);
+        }
+        if (splits.send_counts[p] > 0) {
+          to[p] = &keep.make(at(send, splits.send_offsets[p]), splits.send_counts[p] * esize);
+          post_send(*to[p], p, slot, 0, splits.send_counts[p] * esize, d);
+        }
+      }
+      for (int k = 1; k < n; ++k) {
+        const int p = (r + k) % n;
+        if (from[p] != nullptr) wait_recv(*from[p], p, d);
+      }
+      for (int k = 1; k < n; ++k) {
+        const int p = (r + k) % n;
+        if (to[p] != nullptr) wait_send(*to[p], p, d);
+      }
+    });
+  }
+
+  // Blocking on the calling thread, as a split's exchange is.
+  std::vector<uint64_t> do_gather_rows(Stream&, std::span<const uint64_t> row, const Descriptor& d) override {
+    const size_t n = size(), bytes = row.size() * sizeof(uint64_t);
+    std::vector<uint64_t> rows(n * row.size());
+    std::copy(row.begin(), row.end(), rows.begin() + rank() * row.size());
+    std::vector<size_t> offsets, lengths;
+    for (size_t p = 0; p < n; ++p) {
+      offsets.push_back(p * bytes);
+      lengths.push_back(bytes);
+    }
+    const uint64_t check_slot = options_.check_desync ? static_cast<uint64_t>(ctx_->nextSlot()) : 0;
+    const uint64_t slot = ctx_->nextSlot();
+    guarded(d, [&] {
+      if (options_.check_desync) check_desync(d, check_slot);
+      ring_all_gather(reinterpret_cast<char*>(rows.data()), offsets, lengths, slot, d);
+    });
+    return rows;
+  }
+
   // A header (count, dtype) travels first, so a mismatched recv is reported, not corrupted.
   void do_send(Stream& s, TensorView data, const Descriptor& d) override {
     const uint64_t slot = next_p2p_slot(send_seq_, d.root);
@@ -239,42 +292,8 @@ class GlooCommunicator final : public Communicator {
     }
   }
 
-  // One failure cascades: a rank whose peer died fails, then its own peers do. Every failing rank
-  // posts which peer it saw fail; after a grace period, the peers that others saw fail but that
-  // posted nothing themselves are the ones that died or stalled, and every rank's error names them.
   [[noreturn]] void fail(int peer, const std::string& what) {
-    std::string verdict;
-    try {
-      auto& store = *shared_->store;
-      const std::string key = name_ + "failure/";
-      const std::string mine = std::to_string(peer) + "|" + what;
-      store.set(key + std::to_string(rank()), {mine.begin(), mine.end()});
-      std::map<int, int> observed;  // peer -> a rank that saw it fail
-      std::vector<bool> reported(size(), false);
-      const auto grace_end = std::chrono::steady_clock::now() + std::chrono::milliseconds(1500);
-      do {
-        observed.clear();
-        for (int p = 0; p < size(); ++p) {
-          auto report = store.try_get(key + std::to_string(p));
-          reported[p] = report.has_value();
-          if (report) {
-            const int seen = std::atoi(std::string(report->begin(), report->end()).c_str());
-            if (seen >= 0) observed.emplace(seen, p);
-          }
-        }
-        // Wait out the grace period (a cascading rank may report a moment after us) unless every
-        // other rank has reported already.
-        if (std::count(reported.begin(), reported.end(), true) == size()) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      } while (std::chrono::steady_clock::now() < grace_end);
-      for (auto& [seen, by] : observed) {
-        if (!reported[seen]) verdict += fmt::format("{}rank {} (seen failing by rank {})", verdict.empty() ? "" : ", ", seen, by);
-      }
-      if (!verdict.empty()) verdict = "; the rank(s) that died or stalled: " + verdict;
-    } catch (const CommError&) {
-      verdict = "; the rendezvous store hosted by rank 0 is unreachable: rank 0 died or exited";
-    }
-    throw CommError(what + verdict);
+    throw CommError(what + name_lost_ranks(*shared_->store, name_, rank(), size(), peer, what));
   }
 
   void post_send(gloo::transport::UnboundBuffer& b, int peer, uint64_t slot, size_t offset, size_t bytes, const Descriptor& d) {

@@ -1,5 +1,10 @@
-// The Gloo communicators' shared helpers: abandoned scratch and the transport's address.
+// The Gloo communicators' shared helpers: abandoned scratch, naming the ranks lost in a failure,
+// and the transport's address.
 #include "comm/gloo/gloo_support.h"
+
+#include <algorithm>  // std::count
+#include <map>        // std::map
+#include <thread>     // std::this_thread::sleep_for
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -16,6 +21,40 @@ void abandon_scratch(std::vector<float> v) {
   static auto* kept = new std::vector<std::vector<float>>();
   std::lock_guard lock(mutex);
   kept->push_back(std::move(v));
+}
+
+std::string name_lost_ranks(TcpStore& store, const std::string& prefix, int rank, int size, int peer, const std::string& what) {
+  std::string verdict;
+  try {
+    const std::string key = prefix + "failure/";
+    const std::string mine = std::to_string(peer) + "|" + what;
+    store.set(key + std::to_string(rank), {mine.begin(), mine.end()});
+    std::map<int, int> observed;  // peer -> a rank that saw it fail
+    std::vector<bool> reported(size, false);
+    const auto grace_end = std::chrono::steady_clock::now() + std::chrono::milliseconds(1500);
+    do {
+      observed.clear();
+      for (int p = 0; p < size; ++p) {
+        auto report = store.try_get(key + std::to_string(p));
+        reported[p] = report.has_value();
+        if (report) {
+          const int seen = std::atoi(std::string(report->begin(), report->end()).c_str());
+          if (seen >= 0) observed.emplace(seen, p);
+        }
+      }
+      // Wait out the grace period (a cascading rank may report a moment after us) unless every
+      // other rank has reported already.
+      if (std::count(reported.begin(), reported.end(), true) == size) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    } while (std::chrono::steady_clock::now() < grace_end);
+    for (auto& [seen, by] : observed) {
+      if (!reported[seen]) verdict += fmt::format("{}rank {} (seen failing by rank {})", verdict.empty() ? "" : ", ", seen, by);
+    }
+    if (!verdict.empty()) verdict = "; the rank(s) that died or stalled: " + verdict;
+  } catch (const CommError&) {
+    verdict = "; the rendezvous store hosted by rank 0 is unreachable: rank 0 died or exited";
+  }
+  return verdict;
 }
 
 gloo::transport::tcp::attr transport_attr(const RendezvousInfo& info) {

@@ -99,6 +99,13 @@ class ScratchPool {
   std::vector<std::vector<float>> free_;
 };
 
+// One failure cascades: a rank whose peer died fails, then its own peers do. Every failing rank
+// posts (under `prefix` in the store) which peer it saw fail; after a grace period, the peers
+// that others saw fail but that posted nothing themselves are the ones that died or stalled.
+// Returns "; the rank(s) that died or stalled: ..." naming them (or that the store is gone, or
+// nothing), for the failing rank's error.
+std::string name_lost_ranks(TcpStore& store, const std::string& prefix, int rank, int size, int peer, const std::string& what);
+
 // The host address other ranks can reach this one at: loopback for a local master, else the
 // interface the kernel would route to the master through.
 gloo::transport::tcp::attr transport_attr(const RendezvousInfo& info);

@@ -78,6 +78,36 @@ class LocalCommunicator final : public Communicator {
 
   void do_barrier(Stream& s, const Descriptor& d) override { arrive(s, d, {}, 0); }
 
+  // Every rank copies what its peers send it straight out of their send buffers.
+  void do_all_to_all(Stream& s, TensorView send, TensorView recv, const AllToAllSplits& splits, const Descriptor& d) override {
+    size_t sending = 0;
+    for (int p = 0; p < size(); ++p) sending += p == rank_ ? 0 : splits.send_counts[p];
+    // The link model charges (n - 1) / n of the logical bytes: what leaves this rank is `sending`.
+    auto all = arrive(s, d, send, sending * dtype_size(send.dtype) * size() / std::max(size() - 1, 1));
+    for (int p = 0; p < size(); ++p) {
+      const size_t count = splits.recv_counts[p];
+      if (count == 0) continue;
+      const TensorView from = all[p].buffer.slice(splits.peer_offsets[p], count);
+      s.device().copy(s, recv.slice(splits.recv_offsets[p], count).data, from.data, from.bytes());
+    }
+    depart(s, d);
+  }
+
+  std::vector<uint64_t> do_gather_rows(Stream&, std::span<const uint64_t> row, const Descriptor& d) override {
+    LocalGroup::Record mine;
+    mine.desc = d;
+    mine.attachment = std::make_shared<std::vector<uint64_t>>(row.begin(), row.end());
+    auto all = group_->exchange(rank_, std::move(mine));
+    check_all(all, d);
+    std::vector<uint64_t> rows;
+    for (const auto& record : all) {
+      const auto& theirs = *std::static_pointer_cast<std::vector<uint64_t>>(record.attachment);
+      ZEROTH_CHECK(theirs.size() == row.size(), "local {}: rows of {} and {} counts", d.describe(), row.size(), theirs.size());
+      rows.insert(rows.end(), theirs.begin(), theirs.end());
+    }
+    return rows;
+  }
+
   void do_send(Stream& s, TensorView data, const Descriptor& d) override {
     auto ready = std::shared_ptr<Event>(s.device().create_event());
     ready->record(s);

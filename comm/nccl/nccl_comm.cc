@@ -179,6 +179,50 @@ class NcclCommunicator final : public Communicator {
     }
     run(s, d, [&](cudaStream_t st) { return ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, st); });
   }
+  // Grouped point-to-point calls, which NCCL runs as one op (nccl-tests' alltoall does the same).
+  void do_all_to_all(Stream& s, TensorView send, TensorView recv, const AllToAllSplits& splits, const Descriptor& d) override {
+    const size_t esize = dtype_size(send.dtype);
+    auto at = [esize](TensorView v, size_t offset) { return static_cast<char*>(v.data) + offset * esize; };
+    run(s, d, [&](cudaStream_t st) {
+      ncclResult_t rc = ncclGroupStart();
+      if (rc != ncclSuccess) return rc;
+      for (int p = 0; p < size_; ++p) {
+        if (splits.send_counts[p] > 0) {
+          rc = ncclSend(at(send, splits.send_offsets[p]), splits.send_counts[p], nccl_type(d.dtype), p, comm_, st);
+          if (rc != ncclSuccess && rc != ncclInProgress) break;
+        }
+        if (splits.recv_counts[p] > 0) {
+          rc = ncclRecv(at(recv, splits.recv_offsets[p]), splits.recv_counts[p], nccl_type(d.dtype), p, comm_, st);
+          if (rc != ncclSuccess && rc != ncclInProgress) break;
+        }
+      }
+      const ncclResult_t end = ncclGroupEnd();
+      return rc != ncclSuccess && rc != ncclInProgress ? rc : end;
+    });
+  }
+
+  // The rows travel through the GPU: gathered on the stream, which the host then waits for.
+  std::vector<uint64_t> do_gather_rows(Stream& s, std::span<const uint64_t> row, const Descriptor& d) override {
+    const size_t bytes = row.size() * sizeof(uint64_t);
+    std::vector<uint64_t> rows(row.size() * size_);
+    CudaDeviceGuard guard(gpu_);
+    void* gathered = nullptr;
+    CUDA_CHECK(cudaMalloc(&gathered, rows.size() * sizeof(uint64_t)));
+    struct Free {
+      void* p;
+      ~Free() { cudaFree(p); }
+    } free_gathered{gathered};
+    auto* mine = static_cast<char*>(gathered) + rank_ * bytes;
+    run(s, d, [&](cudaStream_t st) {
+      if (bytes > 0) CUDA_CHECK(cudaMemcpyAsync(mine, row.data(), bytes, cudaMemcpyHostToDevice, st));
+      return ncclAllGather(mine, gathered, row.size(), ncclUint64, comm_, st);
+    });
+    auto* cuda_stream = static_cast<CudaStream*>(&s);
+    CUDA_CHECK(cudaMemcpyAsync(rows.data(), gathered, rows.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost, cuda_stream->handle()));
+    CUDA_CHECK(cudaStreamSynchronize(cuda_stream->handle()));
+    return rows;
+  }
+
   std::unique_ptr<Communicator> do_split(int color, int key, const Descriptor& d) override {
     CudaDeviceGuard guard(gpu_);
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;

@@ -262,12 +262,88 @@ inline void check_barrier(Communicator& comm, Device&, Stream& s) {
   }
 }
 
+// Equal splits: rank r's chunk p lands in rank p's chunk r, bit for bit.
+inline void check_all_to_all(Communicator& comm, Device& dev, Stream& s, const CheckOptions& o) {
+  const int n = comm.size(), r = comm.rank();
+  uint64_t salt = 500;
+  for (DType type : {DType::f32, DType::bf16, DType::f16}) {
+    for (size_t count : counts_for(o, type, n)) {
+      ++salt;
+      Tensor send(dev, s, count * n, type), recv(dev, s, count * n, type);
+      send.upload(rank_input(r, count * n, type, salt));
+      recv.upload(std::vector<float>(count * n, -7.0f));
+      comm.all_to_all(s, send.view, recv.view);
+      const auto got = recv.download();
+      for (int p = 0; p < n; ++p) {
+        const auto theirs = rank_input(p, (r + 1) * count, type, salt);  // a prefix of rank p's input
+        const std::vector<float> want(theirs.begin() + r * count, theirs.begin() + (r + 1) * count);
+        ASSERT_EQ(std::vector<float>(got.begin() + p * count, got.begin() + (p + 1) * count), want)
+            << "all_to_all " << dtype_name(type) << " count " << count << ": rank " << r << "'s chunk from rank " << p;
+      }
+    }
+  }
+}
+
+// Uneven splits, zero-sized ones among them, and the extreme of routing: every rank sends
+// everything to one rank. Each rank's counts come from a formula every rank can evaluate, and
+// the result is the direct permutation of everyone's inputs; room past what arrives is untouched.
+inline void check_all_to_allv(Communicator& comm, Device& dev, Stream& s, const CheckOptions& o) {
+  const int n = comm.size(), r = comm.rank();
+  uint64_t salt = 600;
+  enum class Pattern { uneven, to_one };
+  for (DType type : {DType::f32, DType::bf16}) {
+    for (size_t scale : o.counts) {
+      for (Pattern pattern : {Pattern::uneven, Pattern::to_one}) {
+        ++salt;
+        auto counts_of = [&](int from) {
+          std::vector<size_t> c(n, 0);
+          for (int to = 0; to < n; ++to) {
+            if (pattern == Pattern::to_one) c[to] = to == static_cast<int>(salt % n) ? scale + from : 0;
+            else c[to] = (from * 3 + to * 5 + salt) % 4 == 0 ? 0 : scale * ((from + 2 * to) % 3) + to;
+          }
+          return c;
+        };
+        auto total = [](const std::vector<size_t>& c) {
+          size_t t = 0;
+          for (size_t x : c) t += x;
+          return t;
+        };
+        const auto mine = counts_of(r);
+        size_t arriving = 0;
+        for (int p = 0; p < n; ++p) arriving += counts_of(p)[r];
+        const size_t slack = 3;
+        Tensor send(dev, s, total(mine) + 1, type), recv(dev, s, arriving + slack, type);
+        send.upload(rank_input(r, total(mine) + 1, type, salt));
+        recv.upload(std::vector<float>(arriving + slack, -7.0f));
+        const auto got_counts = comm.all_to_allv(s, send.view, mine, recv.view);
+        const auto got = recv.download();
+        size_t at = 0;
+        for (int p = 0; p < n; ++p) {
+          const auto theirs = counts_of(p);
+          ASSERT_EQ(got_counts[p], theirs[r]) << "all_to_allv: rank " << r << "'s count from rank " << p;
+          size_t from = 0;
+          for (int q = 0; q < r; ++q) from += theirs[q];
+          const auto input = rank_input(p, total(theirs) + 1, type, salt);
+          ASSERT_EQ(std::vector<float>(got.begin() + at, got.begin() + at + theirs[r]),
+                    std::vector<float>(input.begin() + from, input.begin() + from + theirs[r]))
+              << "all_to_allv " << dtype_name(type) << " scale " << scale << ": rank " << r << "'s piece from rank " << p;
+          at += theirs[r];
+        }
+        ASSERT_EQ(std::vector<float>(got.begin() + at, got.end()), std::vector<float>(slack, -7.0f))
+            << "all_to_allv wrote past what arrived on rank " << r;
+      }
+    }
+  }
+}
+
 inline void check_everything(Communicator& comm, Device& dev, Stream& s, const CheckOptions& o) {
   check_all_gather(comm, dev, s, o);
   check_reduce_scatter(comm, dev, s, o);
   check_all_reduce(comm, dev, s, o);
   check_broadcast(comm, dev, s, o);
   check_send_recv(comm, dev, s, o);
+  check_all_to_all(comm, dev, s, o);
+  check_all_to_allv(comm, dev, s, o);
   check_barrier(comm, dev, s);
 }
 

@@ -1,5 +1,5 @@
 // The gloo backend in real processes: every collective against the serial reference on 2-4
-// ranks, split, desync detection, and a peer killed mid-collective.
+// ranks, split, desync detection, and a peer killed mid-collective (an all-reduce, an all-to-all).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -66,9 +66,11 @@ TEST(Gloo, DesyncIsReportedWithBothSidesWhenChecked) {
   }
 }
 
-TEST(Gloo, KillingAPeerEndsTheOthersWithACommErrorNamingIt) {
+class GlooPeerDeath : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GlooPeerDeath, KillingAPeerEndsTheOthersWithACommErrorNamingIt) {
   constexpr int kTimeoutSeconds = 5;
-  auto ranks = start_ranks(3, "RunUntilAPeerDies", {"ZEROTH_COMM_TIMEOUT=" + std::to_string(kTimeoutSeconds)});
+  auto ranks = start_ranks(3, GetParam(), {"ZEROTH_COMM_TIMEOUT=" + std::to_string(kTimeoutSeconds)});
   // Wait until the ranks are inside the collective loop, then kill rank 1.
   const auto deadline = std::chrono::steady_clock::now() + 60s;
   while (ranks[0].output().find("ready") == std::string::npos && std::chrono::steady_clock::now() < deadline) {
@@ -87,6 +89,9 @@ TEST(Gloo, KillingAPeerEndsTheOthersWithACommErrorNamingIt) {
   }
   EXPECT_LT(std::chrono::steady_clock::now() - killed_at, std::chrono::seconds(kTimeoutSeconds + 10));
 }
+
+INSTANTIATE_TEST_SUITE_P(Loops, GlooPeerDeath, ::testing::Values("RunUntilAPeerDies", "RunAllToAllsUntilAPeerDies"),
+                         [](const auto& info) { return info.param == "RunUntilAPeerDies" ? "AllReduce" : "AllToAll"; });
 
 }  // namespace
 }  // namespace zeroth

@@ -59,6 +59,23 @@ TEST(GlooWorker, RunUntilAPeerDies) {
   }
 }
 
+// The same with all-to-alls, uneven ones among them: the pattern of mixture-of-experts layers.
+TEST(GlooWorker, RunAllToAllsUntilAPeerDies) {
+  auto comm = connect();
+  auto device = make_device("cpu");
+  auto stream = device->create_stream();
+  const size_t n = comm->size(), each = (size_t{1} << 18) / n;
+  Buffer send = device->allocate(n * each * 4, MemTag::buffers), recv = device->allocate(n * n * each * 4, MemTag::buffers);
+  std::vector<size_t> counts(n);
+  for (size_t p = 0; p < n; ++p) counts[p] = (p + comm->rank()) % n * each / n;
+  for (int i = 0;; ++i) {
+    comm->all_to_all(*stream, send.view(DType::f32), recv.view(DType::f32).slice(0, n * each));
+    comm->all_to_allv(*stream, send.view(DType::f32), counts, recv.view(DType::f32));
+    stream->synchronize();
+    if (i == 0) std::printf("ready\n"), std::fflush(stdout);
+  }
+}
+
 // The communicator goes out of scope while its op is still queued: destruction waits for it.
 TEST(GlooWorker, DestroyWhileInFlight) {
   auto device = make_device("cpu");

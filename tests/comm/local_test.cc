@@ -168,6 +168,51 @@ TEST(LocalComm, ByteCountsFollowTheZeroVolumeConvention) {
   });
 }
 
+TEST(LocalComm, AllToAllCountsWhatEachRankSends) {
+  auto device = make_device("cpu");
+  run_local_ranks(4, [&](Communicator& comm) {
+    auto stream = device->create_stream();
+    Buffer send = device->allocate(4096 * 4, MemTag::buffers), recv = device->allocate(4096 * 4, MemTag::buffers);
+    comm.all_to_all(*stream, send.view(DType::f32), recv.view(DType::f32));
+    const std::vector<size_t> counts = {100, 200, 300, 400};  // every rank sends the same: rank p gets 4 x counts[p]
+    comm.all_to_allv(*stream, send.view(DType::f32), counts, recv.view(DType::f32));
+    stream->synchronize();
+    const auto stats = comm.stats();
+    EXPECT_EQ(stats.bytes[static_cast<size_t>(CollectiveOp::all_to_all)], 16384u);
+    EXPECT_EQ(stats.bus_bytes[static_cast<size_t>(CollectiveOp::all_to_all)], 16384u * 3 / 4);
+    EXPECT_EQ(stats.bytes[static_cast<size_t>(CollectiveOp::all_to_allv)], 1000u * 4);
+    EXPECT_EQ(stats.bus_bytes[static_cast<size_t>(CollectiveOp::all_to_allv)], (1000u - counts[comm.rank()]) * 4);
+  });
+}
+
+// Rank 2 has room for 10 elements; 3 x 4 are sent to it. Every rank must learn it before any
+// data moves, and say the same thing.
+TEST(LocalComm, AllToAllvIntoTooSmallARecvFailsOnEveryRankNamingIt) {
+  auto device = make_device("cpu");
+  std::atomic<int> named{0};
+  auto comms = make_local_communicators(3, short_timeout(5s));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      auto stream = device->create_stream();
+      Buffer send = device->allocate(64 * 4, MemTag::buffers), recv = device->allocate(64 * 4, MemTag::buffers);
+      const std::vector<size_t> counts = {1, 2, 4};
+      try {
+        comms[r]->all_to_allv(*stream, send.view(DType::f32), counts, recv.view(DType::f32).slice(0, r == 2 ? 10 : 64));
+        ADD_FAILURE() << "rank " << r << " went on";
+      } catch (const CommError& e) {
+        const std::string msg = e.what();
+        EXPECT_NE(msg.find("rank 2 has room for 10 elements but 12 are sent to it (4 from rank 0, 4 from rank 1, 4 from rank 2)"),
+                  std::string::npos)
+            << msg;
+        ++named;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(named.load(), 3);
+}
+
 TEST(LocalComm, MismatchedSendAndRecvAreAnErrorOnBothSides) {
   auto device = make_device("cpu");
   std::atomic<int> errors{0};

@@ -24,6 +24,8 @@ TEST(Nccl, EveryCollectiveMatchesTheSerialReferenceOnOneGpu) {
   testing::check_reduce_scatter(*comm, *device, *stream, options);
   testing::check_all_reduce(*comm, *device, *stream, options);
   testing::check_broadcast(*comm, *device, *stream, options);
+  testing::check_all_to_all(*comm, *device, *stream, options);
+  testing::check_all_to_allv(*comm, *device, *stream, options);
   testing::check_barrier(*comm, *device, *stream);
   auto sub = comm->split(0, 0);
   ASSERT_TRUE(sub);
