@@ -42,7 +42,8 @@ CommOptions CommOptions::from_env() {
 }
 
 std::string Descriptor::describe() const {
-  std::string text = fmt::format("#{} {}(count={}, {}", sequence, collective_name(op), count, dtype_name(dtype));
+  const std::string counted = op == CollectiveOp::all_to_allv ? std::string("counts exchanged") : fmt::format("count={}", count);
+  std::string text = fmt::format("#{} {}({}, {}", sequence, collective_name(op), counted, dtype_name(dtype));
   if (op == CollectiveOp::all_reduce || op == CollectiveOp::reduce_scatter) text += fmt::format(", {}", reduce_op_name(reduce));
   if (op == CollectiveOp::broadcast) text += fmt::format(", root={}", root);
   if (op == CollectiveOp::send || op == CollectiveOp::recv) text += fmt::format(", peer={}", root);
@@ -74,6 +75,12 @@ CommStats Communicator::stats() const {
 
 namespace {
 uint64_t ring_share(uint64_t bytes, int n) { return n <= 1 ? 0 : bytes * (n - 1) / n; }
+
+bool overlap(TensorView a, TensorView b) {
+  const auto* x = static_cast<const char*>(a.data);
+  const auto* y = static_cast<const char*>(b.data);
+  return a.numel > 0 && b.numel > 0 && x < y + b.bytes() && y < x + a.bytes();
+}
 }  // namespace
 
 void Communicator::all_gather(Stream& stream, TensorView send, TensorView recv) {
@@ -126,9 +133,8 @@ void Communicator::all_to_all(Stream& stream, TensorView send, TensorView recv) 
   ZEROTH_CHECK(send.numel == recv.numel && send.numel % n == 0,
                "all_to_all: send has {} elements and recv {}; both must be the same multiple of the size {}", send.numel, recv.numel,
                n);
-  const auto* s = static_cast<const char*>(send.data);
-  const auto* r = static_cast<const char*>(recv.data);
-  ZEROTH_CHECK(send.numel == 0 || s + send.bytes() <= r || r + recv.bytes() <= s, "all_to_all: send and recv overlap");
+  ZEROTH_CHECK(!overlap(send, recv), "all_to_all: send ({} bytes at {}) and recv ({} bytes at {}) overlap", send.bytes(), send.data,
+               recv.bytes(), recv.data);
   const size_t k = send.numel / n;
   AllToAllSplits splits;
   for (size_t p = 0; p < n; ++p) {
@@ -145,25 +151,39 @@ void Communicator::all_to_all(Stream& stream, TensorView send, TensorView recv) 
 
 std::vector<size_t> Communicator::all_to_allv(Stream& stream, TensorView send, std::span<const size_t> send_counts, TensorView recv) {
   const size_t n = size(), me = rank();
-  ZEROTH_CHECK(send.dtype == recv.dtype, "all_to_allv: send is {}, recv is {}", dtype_name(send.dtype), dtype_name(recv.dtype));
-  ZEROTH_CHECK(send_counts.size() == n, "all_to_allv: {} send counts for {} ranks", send_counts.size(), n);
+  // This rank's own argument errors travel with its row, so that every rank stops at the same
+  // point instead of waiting for one that threw before the exchange.
+  std::string refused;
   size_t total = 0;
   for (size_t c : send_counts) total += c;
-  ZEROTH_CHECK(total <= send.numel, "all_to_allv: the send counts add up to {} elements but send holds {}", total, send.numel);
-  const auto* s = static_cast<const char*>(send.data);
-  const auto* r = static_cast<const char*>(recv.data);
-  ZEROTH_CHECK(send.numel == 0 || recv.numel == 0 || s + send.bytes() <= r || r + recv.bytes() <= s,
-               "all_to_allv: send and recv overlap");
+  if (send.dtype != recv.dtype) {
+    refused = fmt::format("send is {}, recv is {}", dtype_name(send.dtype), dtype_name(recv.dtype));
+  } else if (send_counts.size() != n) {
+    refused = fmt::format("{} send counts for {} ranks", send_counts.size(), n);
+  } else if (total > send.numel) {
+    refused = fmt::format("the send counts add up to {} elements but send holds {}", total, send.numel);
+  } else if (overlap(send, recv)) {
+    refused = fmt::format("send ({} bytes at {}) and recv ({} bytes at {}) overlap", send.bytes(), send.data, recv.bytes(), recv.data);
+  }
   const size_t esize = dtype_size(send.dtype);
-  const Descriptor d = begin(CollectiveOp::all_to_allv, 0, send.dtype, ReduceOp::sum, -1, total * esize,
-                             (total - send_counts[me]) * esize);
-  // Each rank's row: what it sends to every rank, then the room it has.
-  std::vector<uint64_t> row(send_counts.begin(), send_counts.end());
-  row.push_back(recv.numel);
+  const size_t to_others = refused.empty() ? total - send_counts[me] : 0;
+  const Descriptor d = begin(CollectiveOp::all_to_allv, 0, send.dtype, ReduceOp::sum, -1, total * esize, to_others * esize);
+  // Each rank's row: what it sends to every rank, the room it has, and whether it refused.
+  std::vector<uint64_t> row(n + 2, 0);
+  if (refused.empty()) std::copy(send_counts.begin(), send_counts.end(), row.begin());
+  row[n] = recv.numel;
+  row[n + 1] = refused.empty() ? 0 : 1;
   const auto rows = do_gather_rows(stream, row, d);
-  ZEROTH_CHECK(rows.size() == n * (n + 1), "all_to_allv: the count exchange returned {} values, expected {}", rows.size(),
-               n * (n + 1));
-  auto sent = [&](size_t from, size_t to) { return static_cast<size_t>(rows[from * (n + 1) + to]); };
+  ZEROTH_CHECK(rows.size() == n * (n + 2), "all_to_allv: the count exchange returned {} values, expected {}", rows.size(),
+               n * (n + 2));
+  if (!refused.empty()) ZEROTH_THROW(InvalidArgument, "all_to_allv (#{}) on rank {}: {}", d.sequence, me, refused);
+  for (size_t q = 0; q < n; ++q) {
+    if (rows[q * (n + 2) + n + 1] != 0) {
+      ZEROTH_THROW(CommError, "all_to_allv (#{}): rank {} refused its arguments (its own error says why); nothing was sent",
+                   d.sequence, q);
+    }
+  }
+  auto sent = [&](size_t from, size_t to) { return static_cast<size_t>(rows[from * (n + 2) + to]); };
   for (size_t q = 0; q < n; ++q) {
     size_t arriving = 0;
     std::string senders;
@@ -171,9 +191,9 @@ std::vector<size_t> Communicator::all_to_allv(Stream& stream, TensorView send, s
       arriving += sent(p, q);
       if (sent(p, q) > 0) senders += fmt::format("{}{} from rank {}", senders.empty() ? "" : ", ", sent(p, q), p);
     }
-    if (arriving > rows[q * (n + 1) + n]) {
+    if (arriving > rows[q * (n + 2) + n]) {
       ZEROTH_THROW(CommError, "all_to_allv (#{}): rank {} has room for {} elements but {} are sent to it ({}); give it a larger recv",
-                   d.sequence, q, rows[q * (n + 1) + n], arriving, senders);
+                   d.sequence, q, rows[q * (n + 2) + n], arriving, senders);
     }
   }
   AllToAllSplits splits;

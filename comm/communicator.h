@@ -103,8 +103,8 @@ class Communicator {
   // counts (size() entries) are read on the calling thread, which blocks until every rank has
   // called (as torch's all_to_all_single needs its split sizes on the host); returns how many
   // elements came from each rank. The data moves in stream order. Every rank checks every rank's
-  // room, so a recv too small for what is sent to it ends every rank with the same CommError
-  // (naming the rank and the senders) before anything moves.
+  // room and arguments, so a recv too small for what is sent to it, or a rank's bad arguments,
+  // end every rank with an error (naming the rank) before anything moves.
   std::vector<size_t> all_to_allv(Stream& stream, TensorView send, std::span<const size_t> send_counts, TensorView recv);
   // Collective: ranks passing the same color >= 0 form a new communicator, ordered by (key, rank);
   // a negative color joins none and gets nullptr.

@@ -100,9 +100,10 @@ class LocalCommunicator final : public Communicator {
     auto all = group_->exchange(rank_, std::move(mine));
     check_all(all, d);
     std::vector<uint64_t> rows;
-    for (const auto& record : all) {
-      const auto& theirs = *std::static_pointer_cast<std::vector<uint64_t>>(record.attachment);
-      ZEROTH_CHECK(theirs.size() == row.size(), "local {}: rows of {} and {} counts", d.describe(), row.size(), theirs.size());
+    for (int p = 0; p < size(); ++p) {
+      const auto& theirs = *std::static_pointer_cast<std::vector<uint64_t>>(all[p].attachment);
+      ZEROTH_CHECK(theirs.size() == row.size(), "local {}: rank {} exchanged {} counts, rank {} {}", d.describe(), rank_, row.size(),
+                   p, theirs.size());
       rows.insert(rows.end(), theirs.begin(), theirs.end());
     }
     return rows;

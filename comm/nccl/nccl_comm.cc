@@ -141,6 +141,8 @@ class NcclCommunicator final : public Communicator {
     watchdog_.reset();
     if (scratch_ != nullptr) cudaFree(scratch_);
     if (desync_buffer_ != nullptr) cudaFree(desync_buffer_);
+    if (rows_device_ != nullptr) cudaFree(rows_device_);
+    if (rows_host_ != nullptr) cudaFreeHost(rows_host_);
     ncclCommDestroy(comm_);
   }
 
@@ -201,26 +203,36 @@ class NcclCommunicator final : public Communicator {
     });
   }
 
-  // The rows travel through the GPU: gathered on the stream, which the host then waits for.
+  // The rows travel through the GPU: gathered on the stream, which the host then waits for. The
+  // buffers stay from one call to the next: a cudaMalloc or cudaFree would synchronize the device,
+  // stalling (or, with NCCL kernels of other communicators in flight, deadlocking) its streams.
   std::vector<uint64_t> do_gather_rows(Stream& s, std::span<const uint64_t> row, const Descriptor& d) override {
-    const size_t bytes = row.size() * sizeof(uint64_t);
-    std::vector<uint64_t> rows(row.size() * size_);
+    const size_t bytes = row.size() * sizeof(uint64_t), total = bytes * size_;
     CudaDeviceGuard guard(gpu_);
-    void* gathered = nullptr;
-    CUDA_CHECK(cudaMalloc(&gathered, rows.size() * sizeof(uint64_t)));
-    struct Free {
-      void* p;
-      ~Free() { cudaFree(p); }
-    } free_gathered{gathered};
-    auto* mine = static_cast<char*>(gathered) + rank_ * bytes;
-    run(s, d, [&](cudaStream_t st) {
-      if (bytes > 0) CUDA_CHECK(cudaMemcpyAsync(mine, row.data(), bytes, cudaMemcpyHostToDevice, st));
-      return ncclAllGather(mine, gathered, row.size(), ncclUint64, comm_, st);
-    });
+    if (rows_capacity_ < total) {
+      if (rows_device_ != nullptr) CUDA_CHECK(cudaFree(rows_device_));
+      if (rows_host_ != nullptr) CUDA_CHECK(cudaFreeHost(rows_host_));
+      rows_device_ = rows_host_ = nullptr;
+      rows_capacity_ = 0;
+      CUDA_CHECK(cudaMalloc(&rows_device_, total));
+      CUDA_CHECK(cudaMallocHost(&rows_host_, total));
+      rows_capacity_ = total;
+    }
+    auto* mine_host = static_cast<uint64_t*>(rows_host_) + rank_ * row.size();
+    std::copy(row.begin(), row.end(), mine_host);
+    auto* mine = static_cast<char*>(rows_device_) + rank_ * bytes;
     auto* cuda_stream = static_cast<CudaStream*>(&s);
-    CUDA_CHECK(cudaMemcpyAsync(rows.data(), gathered, rows.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost, cuda_stream->handle()));
+    const std::string what = fmt::format("nccl {} on rank {} of {} (count exchange)", d.describe(), rank_, size_);
+    run(s, d, [&](cudaStream_t st) {
+      if (bytes > 0) CUDA_CHECK(cudaMemcpyAsync(mine, mine_host, bytes, cudaMemcpyHostToDevice, st));
+      return ncclAllGather(mine, rows_device_, row.size(), ncclUint64, comm_, st);
+    });
+    CUDA_CHECK(cudaMemcpyAsync(rows_host_, rows_device_, total, cudaMemcpyDeviceToHost, cuda_stream->handle()));
     CUDA_CHECK(cudaStreamSynchronize(cuda_stream->handle()));
-    return rows;
+    // An aborted communicator's kernels end without data: what landed then is not the peers' rows.
+    check_not_aborted(what);
+    const auto* all = static_cast<const uint64_t*>(rows_host_);
+    return std::vector<uint64_t>(all, all + row.size() * size_);
   }
 
   std::unique_ptr<Communicator> do_split(int color, int key, const Descriptor& d) override {
@@ -251,6 +263,15 @@ class NcclCommunicator final : public Communicator {
     watchdog_->watch(cuda_stream->handle(), what, gpu_);
   }
 
+  void check_not_aborted(const std::string& what) {
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t rc = ncclCommGetAsyncError(comm_, &state);
+    if (rc != ncclSuccess || (state != ncclSuccess && state != ncclInProgress)) {
+      ZEROTH_THROW(CommError, "{}: the communicator failed ({}; a peer died, or the watchdog aborted it after {} s)", what,
+                   ncclGetErrorString(rc != ncclSuccess ? rc : state), options_.timeout.count() / 1000.0);
+    }
+  }
+
   // Debug mode: every rank's descriptor is all-gathered (and waited for) before the op itself.
   struct WireDescriptor {
     uint64_t sequence, count;
@@ -269,6 +290,7 @@ class NcclCommunicator final : public Communicator {
            options_.timeout);
     CUDA_CHECK(cudaMemcpyAsync(all.data(), desync_buffer_, bytes, cudaMemcpyDeviceToHost, stream));
     CUDA_CHECK(cudaStreamSynchronize(stream));
+    check_not_aborted(what + " (desync check)");
     for (int p = 0; p < size_; ++p) {
       const auto& w = all[p];
       check_same(d, rank_,
@@ -284,6 +306,8 @@ class NcclCommunicator final : public Communicator {
   int rank_ = 0, size_ = 1;
   void* scratch_ = nullptr;
   void* desync_buffer_ = nullptr;
+  void *rows_device_ = nullptr, *rows_host_ = nullptr;  // all_to_allv's count exchange, device and pinned host
+  size_t rows_capacity_ = 0;
   std::unique_ptr<Watchdog> watchdog_;
 };
 

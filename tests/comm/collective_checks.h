@@ -284,21 +284,24 @@ inline void check_all_to_all(Communicator& comm, Device& dev, Stream& s, const C
   }
 }
 
-// Uneven splits, zero-sized ones among them, and the extreme of routing: every rank sends
-// everything to one rank. Each rank's counts come from a formula every rank can evaluate, and
-// the result is the direct permutation of everyone's inputs; room past what arrives is untouched.
+// Uneven splits, zero-sized ones among them, the extreme of routing (every rank sends everything
+// to one rank), and ranks with empty buffers (the last rank sends and receives nothing, through
+// 0-element tensors, while the others' buffers are exactly full). Each rank's counts come from a
+// formula every rank can evaluate, and the result is the direct permutation of everyone's
+// inputs; room past what arrives is untouched.
 inline void check_all_to_allv(Communicator& comm, Device& dev, Stream& s, const CheckOptions& o) {
   const int n = comm.size(), r = comm.rank();
   uint64_t salt = 600;
-  enum class Pattern { uneven, to_one };
-  for (DType type : {DType::f32, DType::bf16}) {
+  enum class Pattern { uneven, to_one, one_idle };
+  for (DType type : {DType::f32, DType::bf16, DType::f16}) {
     for (size_t scale : o.counts) {
-      for (Pattern pattern : {Pattern::uneven, Pattern::to_one}) {
+      for (Pattern pattern : {Pattern::uneven, Pattern::to_one, Pattern::one_idle}) {
         ++salt;
         auto counts_of = [&](int from) {
           std::vector<size_t> c(n, 0);
           for (int to = 0; to < n; ++to) {
             if (pattern == Pattern::to_one) c[to] = to == static_cast<int>(salt % n) ? scale + from : 0;
+            else if (pattern == Pattern::one_idle) c[to] = from == n - 1 || to == n - 1 ? 0 : scale + from + to;
             else c[to] = (from * 3 + to * 5 + salt) % 4 == 0 ? 0 : scale * ((from + 2 * to) % 3) + to;
           }
           return c;
@@ -311,9 +314,9 @@ inline void check_all_to_allv(Communicator& comm, Device& dev, Stream& s, const 
         const auto mine = counts_of(r);
         size_t arriving = 0;
         for (int p = 0; p < n; ++p) arriving += counts_of(p)[r];
-        const size_t slack = 3;
-        Tensor send(dev, s, total(mine) + 1, type), recv(dev, s, arriving + slack, type);
-        send.upload(rank_input(r, total(mine) + 1, type, salt));
+        const size_t slack = pattern == Pattern::one_idle ? 0 : 3, spare = pattern == Pattern::one_idle ? 0 : 1;
+        Tensor send(dev, s, total(mine) + spare, type), recv(dev, s, arriving + slack, type);
+        send.upload(rank_input(r, total(mine) + spare, type, salt));
         recv.upload(std::vector<float>(arriving + slack, -7.0f));
         const auto got_counts = comm.all_to_allv(s, send.view, mine, recv.view);
         const auto got = recv.download();
@@ -323,7 +326,7 @@ inline void check_all_to_allv(Communicator& comm, Device& dev, Stream& s, const 
           ASSERT_EQ(got_counts[p], theirs[r]) << "all_to_allv: rank " << r << "'s count from rank " << p;
           size_t from = 0;
           for (int q = 0; q < r; ++q) from += theirs[q];
-          const auto input = rank_input(p, total(theirs) + 1, type, salt);
+          const auto input = rank_input(p, total(theirs), type, salt);
           ASSERT_EQ(std::vector<float>(got.begin() + at, got.begin() + at + theirs[r]),
                     std::vector<float>(input.begin() + from, input.begin() + from + theirs[r]))
               << "all_to_allv " << dtype_name(type) << " scale " << scale << ": rank " << r << "'s piece from rank " << p;

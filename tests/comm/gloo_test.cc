@@ -86,6 +86,9 @@ TEST_P(GlooPeerDeath, KillingAPeerEndsTheOthersWithACommErrorNamingIt) {
     EXPECT_NE(code, -1) << "rank " << r << " hung after its peer died";
     EXPECT_NE(code, 0) << out;
     EXPECT_NE(out.find("rank 1"), std::string::npos) << "rank " << r << " did not name the dead peer:\n" << out;
+    if (GetParam() == "RunAllToAllsUntilAPeerDies") {
+      EXPECT_NE(out.find("all_to_all"), std::string::npos) << "rank " << r << "'s error is not the all-to-all's:\n" << out;
+    }
   }
   EXPECT_LT(std::chrono::steady_clock::now() - killed_at, std::chrono::seconds(kTimeoutSeconds + 10));
 }

@@ -213,6 +213,36 @@ TEST(LocalComm, AllToAllvIntoTooSmallARecvFailsOnEveryRankNamingIt) {
   EXPECT_EQ(named.load(), 3);
 }
 
+// Rank 1 passes counts that add up to more than its send buffer: it says so, and the others learn
+// at the count exchange that it refused, instead of waiting for it until the timeout.
+TEST(LocalComm, AllToAllvArgumentsOneRankRefusesEndEveryRank) {
+  auto device = make_device("cpu");
+  std::atomic<int> ended{0};
+  auto comms = make_local_communicators(3, short_timeout(60s));
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      auto stream = device->create_stream();
+      Buffer send = device->allocate(64 * 4, MemTag::buffers), recv = device->allocate(64 * 4, MemTag::buffers);
+      const std::vector<size_t> counts = {1, r == 1 ? 100u : 2u, 4};
+      try {
+        comms[r]->all_to_allv(*stream, send.view(DType::f32), counts, recv.view(DType::f32));
+        ADD_FAILURE() << "rank " << r << " went on";
+      } catch (const Error& e) {
+        const std::string msg = e.what();
+        if (r == 1)
+          EXPECT_NE(msg.find("on rank 1: the send counts add up to 105 elements but send holds 64"), std::string::npos) << msg;
+        else EXPECT_NE(msg.find("rank 1 refused its arguments"), std::string::npos) << msg;
+        ++ended;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(ended.load(), 3);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s) << "the others waited for the timeout";
+}
+
 TEST(LocalComm, MismatchedSendAndRecvAreAnErrorOnBothSides) {
   auto device = make_device("cpu");
   std::atomic<int> errors{0};

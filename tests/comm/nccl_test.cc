@@ -11,6 +11,9 @@
 namespace zeroth {
 namespace {
 
+// One rank on one GPU: every op's calls, arguments and results, but no traffic between GPUs (an
+// all-to-all only sends to itself). On a machine with more GPUs, tools/gpu-check.sh's bench comm
+// runs one rank per GPU, timing the ops without checking their values.
 TEST(Nccl, EveryCollectiveMatchesTheSerialReferenceOnOneGpu) {
   ZEROTH_SKIP_WITHOUT("cuda");
   RendezvousInfo info;
