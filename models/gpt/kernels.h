@@ -66,6 +66,13 @@ class Kernels {
   virtual void crossentropy_sums(float* logits, const int32_t* targets, size_t N, int V, int v_lo, float* stats) = 0;
   virtual void crossentropy_finish(float* logits, const int32_t* targets, size_t N, int V, int v_lo, float dlogits_scale, float* stats,
                                    float* loss) = 0;
+  // Mixture of experts: rows moved to their experts and back (cpu/gpt_kernels.h; the index arrays
+  // are device memory, laid out as moe_gate.h's Routing).
+  virtual void moe_dispatch(float* out, const float* x, const int32_t* row_token, size_t R, int C) = 0;
+  virtual void moe_dispatch_backward(float* dx, const float* drows, const int32_t* row, size_t N, int k, int C) = 0;
+  virtual void moe_combine(float* y, const float* rows, const int32_t* row, const float* weight, size_t N, int k, int C) = 0;
+  virtual void moe_combine_backward(float* drows, float* dweight, const float* dy, const float* rows, const int32_t* row,
+                                    const float* weight, size_t N, int k, int C) = 0;
   // host <- device, in stream order.
   virtual void download(float* host, const float* src, size_t n) = 0;
 };

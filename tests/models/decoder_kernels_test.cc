@@ -1,4 +1,5 @@
-// The Llama family's kernels (RMSNorm, rotary embedding, SwiGLU, grouped-query attention), every
+// The Llama family's kernels (RMSNorm, rotary embedding, SwiGLU, grouped-query attention) and the
+// mixture-of-experts row moves (dispatch to experts, weighted combine, both backwards), every
 // device, against float64 references computed here from their definitions (Zhang and Sennrich's
 // RMSNorm; RoFormer's rotation in Hugging Face's rotate-half layout; Shazeer's SwiGLU; GQA as
 // Ainslie et al. define it: key/value head j serves query heads j g .. j g + g - 1), each element
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "models/gpt/kernels.h"
+#include "models/gpt/moe_gate.h"
 #include "tests/models/model_test_util.h"
 #include "tests/test_util.h"
 
@@ -29,7 +31,7 @@ using D = std::vector<double>;
 constexpr double kU = 0x1.0p-24;
 
 // |got - want| <= bound per element; prints the worst ratio.
-void expect_within(const std::string& what, const Vec& got, const D& want, const D& bound) {
+void expect_within(const std::string &what, const Vec &got, const D &want, const D &bound) {
   ASSERT_EQ(got.size(), want.size());
   double worst = 0;
   for (size_t i = 0; i < got.size(); ++i) {
@@ -110,7 +112,7 @@ TEST_P(DecoderKernels, RotaryEmbeddingRotatesHalvesAsHuggingFaceDoes) {
     const double sign = inverse ? -1.0 : 1.0;
     D want(x.begin(), x.end()), bound(N * W, 0.0);
     for (size_t n = 0; n < N; ++n) {
-      const float* cs = table.data() + (n % T) * hs;
+      const float *cs = table.data() + (n % T) * hs;
       for (int h = 0; h < rotated; ++h) {
         for (int i = 0; i < half; ++i) {
           const size_t at = n * W + h * hs + i;
@@ -169,7 +171,7 @@ TEST_P(DecoderKernels, SwiGluMatchesItsDefinition) {
 // does through the softmax (a score off by e moves each probability by at most 2 e of itself).
 TEST_P(DecoderKernels, GroupedQueryAttentionMatchesItsDefinition) {
   const int B = 2, T = 9, hs = 8;
-  for (const auto& [NH, KVH] : {std::pair{4, 4}, std::pair{4, 2}, std::pair{6, 2}, std::pair{4, 1}}) {
+  for (const auto &[NH, KVH] : {std::pair{4, 4}, std::pair{4, 2}, std::pair{6, 2}, std::pair{4, 1}}) {
     SCOPED_TRACE(std::to_string(NH) + " query heads over " + std::to_string(KVH));
     const int g = NH / KVH, W = (NH + 2 * KVH) * hs, Cq = NH * hs;
     const size_t TT = static_cast<size_t>(T) * T;
@@ -268,6 +270,78 @@ TEST_P(DecoderKernels, GroupedQueryAttentionMatchesItsDefinition) {
                     D(out.begin() + first, out.begin() + first + count), D(outb.begin() + first, outb.begin() + first + count));
     }
   }
+}
+
+// A routing with dropped choices (capacity below the tokens' share) and a token with no kept choice.
+TEST_P(DecoderKernels, MixtureOfExpertsRowsMoveAsTheirDefinitionSays) {
+  const size_t N = 23;
+  const int E = 4, k = 2, C = 37;
+  std::mt19937 rng(17);
+  gpt::MoeGate gate;
+  gate.experts = E;
+  gate.top_k = k;
+  const Vec logits = random_vec(N * E, rng, 2.0f);
+  Vec probs(N * E);
+  const gpt::Routing r = gpt::moe_route(gate, logits.data(), probs.data(), N, 5);
+  size_t unrouted = 0;  // tokens whose every choice was dropped: combine gives them 0
+  for (size_t n = 0; n < N; ++n) unrouted += r.row[n * k] < 0 && r.row[n * k + 1] < 0;
+  ASSERT_GT(r.dropped, 0u);
+  ASSERT_GT(unrouted, 0u);
+  const size_t R = r.rows();
+  const Vec x = random_vec(N * C, rng), rows = random_vec(R * C, rng), dy = random_vec(N * C, rng), drows = random_vec(R * C, rng),
+            dx0 = random_vec(N * C, rng);
+  D out(R * C), y(N * C), yb(N * C), dx(N * C), dxb(N * C), dr(R * C), drb(R * C), dw(N * k), dwb(N * k);
+  for (size_t i = 0; i < R; ++i) {
+    for (int c = 0; c < C; ++c) out[i * C + c] = x[r.row_token[i] * C + c];
+  }
+  for (size_t n = 0; n < N; ++n) {
+    for (int c = 0; c < C; ++c) {
+      double sum = 0, mag = 0, back = dx0[n * C + c], back_mag = std::abs(dx0[n * C + c]);
+      for (int j = 0; j < k; ++j) {
+        const int32_t row = r.row[n * k + j];
+        if (row < 0) continue;
+        const double term = static_cast<double>(r.weight[n * k + j]) * rows[row * C + c];
+        sum += term, mag += std::abs(term);
+        back += drows[row * C + c], back_mag += std::abs(drows[row * C + c]);
+        dr[row * C + c] = static_cast<double>(r.weight[n * k + j]) * dy[n * C + c];
+        drb[row * C + c] = kU * std::abs(dr[row * C + c]);
+      }
+      y[n * C + c] = sum, yb[n * C + c] = (k + 2) * kU * mag;
+      dx[n * C + c] = back, dxb[n * C + c] = (k + 2) * kU * back_mag;
+    }
+    for (int j = 0; j < k; ++j) {
+      const int32_t row = r.row[n * k + j];
+      if (row < 0) continue;
+      double dot = 0, mag = 0;
+      for (int c = 0; c < C; ++c)
+        dot += static_cast<double>(dy[n * C + c]) * rows[row * C + c], mag += std::abs(dy[n * C + c] * rows[row * C + c]);
+      dw[n * k + j] = dot, dwb[n * k + j] = (C + 2) * kU * mag;
+    }
+  }
+  OnDevice d{*device_, {}};
+  auto put_ints = [&](const std::vector<int32_t> &v) {
+    d.held.push_back(device_->allocate(std::max<size_t>(v.size(), 1) * sizeof(int32_t), MemTag::other));
+    device_->copy(device_->default_stream(), d.held.back().data(), v.data(), v.size() * sizeof(int32_t));
+    device_->default_stream().synchronize();
+    return d.held.back().as<int32_t>();
+  };
+  const int32_t *prow = put_ints(r.row), *ptoken = put_ints(r.row_token);
+  float *px = d.put(x), *prows = d.put(rows), *pdy = d.put(dy), *pdrows_in = d.put(drows), *pw = d.put(r.weight);
+  float *pout = d.zeros(R * C), *py = d.put(Vec(N * C, 5.0f)), *pdx = d.put(dx0), *pdr = d.zeros(R * C),
+        *pdw = d.put(Vec(N * k, 5.0f));
+  auto kern = gpt::make_kernels(device_->default_stream());
+  kern->submit([&] {
+    kern->moe_dispatch(pout, px, ptoken, R, C);
+    kern->moe_combine(py, prows, prow, pw, N, k, C);
+    kern->moe_dispatch_backward(pdx, pdrows_in, prow, N, k, C);
+    kern->moe_combine_backward(pdr, pdw, pdy, prows, prow, pw, N, k, C);
+  });
+  const Vec dispatched = d.get(pout, R * C);
+  ASSERT_EQ(dispatched, Vec(out.begin(), out.end())) << "dispatch copies rows exactly";
+  expect_within("moe combine", d.get(py, N * C), y, yb);
+  expect_within("moe dispatch backward", d.get(pdx, N * C), dx, dxb);
+  expect_within("moe combine backward rows", d.get(pdr, R * C), dr, drb);
+  expect_within("moe combine backward weights", d.get(pdw, N * k), dw, dwb);
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, DecoderKernels, ::testing::ValuesIn(testing::device_specs()));

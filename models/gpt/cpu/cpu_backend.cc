@@ -64,6 +64,19 @@ class CpuKernels final : public Kernels {
   }
   void gelu_forward(float* out, const float* inp, size_t n) override { cpu::gelu_forward(out, inp, n); }
   void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) override { cpu::gelu_backward(dinp, inp, dout, n); }
+  void moe_dispatch(float* out, const float* x, const int32_t* row_token, size_t R, int C) override {
+    cpu::moe_dispatch(out, x, row_token, R, C);
+  }
+  void moe_dispatch_backward(float* dx, const float* drows, const int32_t* row, size_t N, int k, int C) override {
+    cpu::moe_dispatch_backward(dx, drows, row, N, k, C);
+  }
+  void moe_combine(float* y, const float* rows, const int32_t* row, const float* weight, size_t N, int k, int C) override {
+    cpu::moe_combine(y, rows, row, weight, N, k, C);
+  }
+  void moe_combine_backward(float* drows, float* dweight, const float* dy, const float* rows, const int32_t* row, const float* weight,
+                            size_t N, int k, int C) override {
+    cpu::moe_combine_backward(drows, dweight, dy, rows, row, weight, N, k, C);
+  }
   void accumulate(float* y, const float* x, size_t n) override { cpu::accumulate(y, x, n); }
   void copy(float* dst, const float* src, size_t n) override { std::memcpy(dst, src, n * sizeof(float)); }
   void zero(float* x, size_t n) override { zeroth::cpu::fill(x, DType::f32, 0.0f, n); }

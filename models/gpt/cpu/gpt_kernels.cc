@@ -448,6 +448,56 @@ void swiglu_backward(float* dinp, const float* inp, const float* dout, size_t N,
   for_rows(N, kRowChunk, [&](size_t n) { swiglu_backward_row(dinp + n * 2 * F, inp + n * 2 * F, dout + n * F, F); });
 }
 
+void moe_dispatch(float* out, const float* x, const int32_t* row_token, size_t R, int C) {
+  for_rows(R, kRowChunk, [&](size_t r) { std::memcpy(out + r * C, x + static_cast<size_t>(row_token[r]) * C, C * sizeof(float)); });
+}
+
+void moe_dispatch_backward(float* dx, const float* drows, const int32_t* row, size_t N, int k, int C) {
+  for_rows(N, kRowChunk, [&](size_t n) {
+    for (int j = 0; j < k; ++j) {
+      if (const int32_t r = row[n * k + j]; r >= 0) add_rows(dx + n * C, dx + n * C, drows + static_cast<size_t>(r) * C, C);
+    }
+  });
+}
+
+ZEROTH_ISA_CLONES void scaled_add_row(float* y, float a, const float* x, int C) {
+  for (int c = 0; c < C; ++c) y[c] += a * x[c];
+}
+
+ZEROTH_ISA_CLONES float dot_row(const float* a, const float* b, int C) {
+  float sum = 0;
+  for (int c = 0; c < C; ++c) sum += a[c] * b[c];
+  return sum;
+}
+
+void moe_combine(float* y, const float* rows, const int32_t* row, const float* weight, size_t N, int k, int C) {
+  for_rows(N, kRowChunk, [&](size_t n) {
+    float* out = y + n * C;
+    std::fill(out, out + C, 0.0f);
+    for (int j = 0; j < k; ++j) {
+      if (const int32_t r = row[n * k + j]; r >= 0) scaled_add_row(out, weight[n * k + j], rows + static_cast<size_t>(r) * C, C);
+    }
+  });
+}
+
+void moe_combine_backward(float* drows, float* dweight, const float* dy, const float* rows, const int32_t* row, const float* weight,
+                          size_t N, int k, int C) {
+  for_rows(N, kRowChunk, [&](size_t n) {
+    const float* g = dy + n * C;
+    for (int j = 0; j < k; ++j) {
+      const size_t i = n * k + j;
+      const int32_t r = row[i];
+      if (r < 0) {
+        dweight[i] = 0;
+        continue;
+      }
+      dweight[i] = dot_row(g, rows + static_cast<size_t>(r) * C, C);
+      float* d = drows + static_cast<size_t>(r) * C;
+      for (int c = 0; c < C; ++c) d[c] = weight[i] * g[c];
+    }
+  });
+}
+
 void gelu_forward(float* out, const float* inp, size_t n) {
   for_chunks(n, [&](size_t begin, size_t len) { gelu_rows(out + begin, inp + begin, len); });
 }

@@ -75,6 +75,20 @@ void residual_forward(float* out, const float* a, const float* b, size_t n);
 // y += x
 void accumulate(float* y, const float* x, size_t n);
 
+// Mixture of experts (models/gpt/moe_gate.h's Routing): choice j of token n is entry n k + j of
+// row[] and weight[]; row -1 is a dropped choice. Each kept choice has a row of its own among the
+// R dispatched rows, and row_token[r] is the token row r holds.
+// out[r] = x[row_token[r]] for r < R.
+void moe_dispatch(float* out, const float* x, const int32_t* row_token, size_t R, int C);
+// dx[n] += sum over n's kept choices of drows[row[n k + j]].
+void moe_dispatch_backward(float* dx, const float* drows, const int32_t* row, size_t N, int k, int C);
+// y[n] = sum over n's kept choices of weight[n k + j] x rows[row[n k + j]] (0 when none is kept).
+void moe_combine(float* y, const float* rows, const int32_t* row, const float* weight, size_t N, int k, int C);
+// drows[row[n k + j]] = weight[n k + j] x dy[n]; dweight[n k + j] = dy[n] . rows[row[n k + j]], 0
+// for a dropped choice. Rows no choice names are not written.
+void moe_combine_backward(float* drows, float* dweight, const float* dy, const float* rows, const int32_t* row, const float* weight,
+                          size_t N, int k, int C);
+
 // Cross-entropy of softmax(logits) against targets, in three steps so that the vocabulary may be
 // split over ranks (Megatron-LM's vocabulary-parallel loss): the logits [N, V] are the vocabulary
 // entries [v_lo, v_lo + V); between the steps the caller combines the ranks' max (step 1) and

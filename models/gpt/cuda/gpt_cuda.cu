@@ -7,9 +7,11 @@
 
 #include <string>  // std::string
 
-#include "core/cuda/cuda_check.h"    // CUDA_CHECK
-#include "core/cuda/cuda_device.h"   // CudaStream, CudaDeviceGuard
-#include "core/cuda/cuda_kernels.h"  // cuda::launch_cast, launch_axpy
+#include "core/cuda/cuda_check.h"           // CUDA_CHECK
+#include "core/cuda/cuda_device.h"          // CudaStream, CudaDeviceGuard
+#include "core/cuda/cuda_kernels.h"         // cuda::launch_cast, launch_axpy
+#include "models/gpt/cuda/cuda_common.cuh"  // kThreads, kWarp, blocks_for, warp and block reductions
+#include "models/gpt/cuda/moe_cuda.h"       // launch_moe_*
 #include "models/gpt/kernels.h"
 
 #define CUBLAS_CHECK(call)                                                                                                      \
@@ -23,38 +25,6 @@
 
 namespace zeroth::gpt {
 namespace {
-
-constexpr int kThreads = 256;
-constexpr int kWarp = 32;
-
-unsigned blocks_for(size_t n, int threads = kThreads) { return static_cast<unsigned>((n + threads - 1) / threads); }
-
-struct Sum {
-  __device__ float operator()(float a, float b) const { return a + b; }
-};
-struct Max {
-  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
-};
-
-template <class Op>
-__device__ float warp_reduce(float v, Op op) {
-  for (int o = kWarp / 2; o > 0; o /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-__device__ float warp_sum(float v) { return warp_reduce(v, Sum{}); }
-__device__ float warp_max(float v) { return warp_reduce(v, Max{}); }
-
-// Block-wide reduction (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
-template <class Op>
-__device__ float block_reduce(float v, Op op, float identity) {
-  __shared__ float partial[32];
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
-  v = warp_reduce(v, op);
-  __syncthreads();  // the previous reduction's readers are done with `partial`
-  if (lane == 0) partial[warp] = v;
-  __syncthreads();
-  return warp_reduce(lane < warps ? partial[lane] : identity, op);
-}
 
 // wte holds vocabulary rows [v_lo, v_lo + V): other tokens add 0; wpe may be null.
 __global__ void encoder_forward_kernel(float* out, const int32_t* tokens, const float* wte, const float* wpe, int T, int C, int v_lo,
@@ -536,6 +506,19 @@ class CudaKernels final : public Kernels {
   }
   void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) override {
     gelu_backward_kernel<<<blocks_for(n), kThreads, 0, s()>>>(dinp, inp, dout, n);
+  }
+  void moe_dispatch(float* out, const float* x, const int32_t* row_token, size_t R, int C) override {
+    launch_moe_dispatch(out, x, row_token, R, C, s());
+  }
+  void moe_dispatch_backward(float* dx, const float* drows, const int32_t* row, size_t N, int k, int C) override {
+    launch_moe_dispatch_backward(dx, drows, row, N, k, C, s());
+  }
+  void moe_combine(float* y, const float* rows, const int32_t* row, const float* weight, size_t N, int k, int C) override {
+    launch_moe_combine(y, rows, row, weight, N, k, C, s());
+  }
+  void moe_combine_backward(float* drows, float* dweight, const float* dy, const float* rows, const int32_t* row, const float* weight,
+                            size_t N, int k, int C) override {
+    launch_moe_combine_backward(drows, dweight, dy, rows, row, weight, N, k, C, s());
   }
   void accumulate(float* y, const float* x, size_t n) override { cuda::launch_axpy(y, DType::f32, 1.0f, x, DType::f32, n, s()); }
   void copy(float* dst, const float* src, size_t n) override {
