@@ -11,10 +11,29 @@
 
 namespace zeroth {
 
+namespace {
+
+// The MLP's activations per layer: [fch, fch_act] of a dense layer or of an expert layer's dispatched
+// rows, whichever is larger (every layer gets the same set), and an expert layer's outputs and
+// routing arrays (row and weight per choice, token per row).
+struct MlpFloats {
+  size_t fch = 0, act = 0, moe = 0;
+  MlpFloats(const Dims& d, size_t BT) {
+    fch = BT * d.up(), act = BT * d.F;
+    if (!d.moe) return;
+    const size_t rows = d.moe_rows(BT);
+    fch = std::max(fch, rows * d.expert_up()), act = std::max(act, rows * d.X);
+    moe = rows * d.C + 2 * BT * d.gate.top_k + rows;
+  }
+  size_t total() const { return fch + act + moe; }
+};
+
+}  // namespace
+
 size_t Gpt::State::layer_floats(const Dims& d, size_t BT, size_t B, size_t T) {
   const size_t C = d.C, R = d.rows(BT);
   const size_t qk_norm = d.qk_norm ? BT * d.W + BT * (d.NH + d.KVH) : 0;
-  return BT * (d.W + d.Cq + d.up() + d.F) + 3 * R * C + 4 * R + B * d.NH * T * T + qk_norm;
+  return BT * (d.W + d.Cq) + MlpFloats(d, BT).total() + 3 * R * C + 4 * R + B * d.NH * T * T + qk_norm;
 }
 
 std::vector<bool> Gpt::State::resid_positions(const GptConfig& c, const GptPart& part) {
@@ -82,11 +101,15 @@ size_t Gpt::State::all_slots_floats(const GptConfig& c, const GptPart& part, con
 size_t Gpt::State::scratch_floats(const GptConfig& c, const GptPart& part, int B, int T) {
   const Dims d = Dims::of(c, part);
   const size_t BT = static_cast<size_t>(B) * T, C = c.n_embd;
+  const MlpFloats mlp(d, BT);
   // The Llama family adds dact, dqk (with per-head norms) and the rotary table.
-  const size_t llama = d.llama ? BT * d.F + (d.qk_norm ? BT * d.W : 0) + static_cast<size_t>(c.seq_len) * d.hs : 0;
+  const size_t llama = d.llama ? mlp.act + (d.qk_norm ? BT * d.W : 0) + static_cast<size_t>(c.seq_len) * d.hs : 0;
   // dC holds the gradient at the residual stream's width and at the attention's (wider in Qwen3).
   const size_t dC = std::max<size_t>(C, d.Cq);
-  return d.rows(BT) * C + BT * (dC + d.W + d.up()) + static_cast<size_t>(B) * d.NH * T * T + (d.sp ? 3 * BT * C : 0) + llama;
+  // Expert layers: the router's logits and their gradient, the dispatched rows and their gradients
+  // at the experts' outputs and inputs, the combine weights' gradient.
+  const size_t moe = d.moe ? 2 * BT * d.gate.experts + 3 * d.moe_rows(BT) * C + BT * d.gate.top_k : 0;
+  return d.rows(BT) * C + BT * (dC + d.W) + mlp.fch + static_cast<size_t>(B) * d.NH * T * T + (d.sp ? 3 * BT * C : 0) + llama + moe;
 }
 
 void Gpt::State::check_shape(int b, int t) const {
@@ -136,6 +159,9 @@ void Gpt::State::reserve(Stream& stream, int b, int t, const std::vector<int>& p
     return p;
   };
   slots.assign(n_slots, {});
+  moe_acts.clear();
+  const MlpFloats mlp(dims, BT);
+  const size_t moe_rows = dims.moe ? dims.moe_rows(BT) : 0, choices = BT * dims.gate.top_k;
   for (int i = 0; i < n_slots; ++i) {
     // Slot i holds the chunks with more than i slots.
     const GptPart held = slot_part(part, per_chunk, i);
@@ -167,8 +193,13 @@ void Gpt::State::reserve(Stream& stream, int b, int t, const std::vector<int>& p
       auto& a = sl.layer[l];
       a.ln1 = take(R * C), a.ln1_mean = take(R), a.ln1_rstd = take(R), a.qkv = take(BT * dims.W);
       a.att = take(static_cast<size_t>(b) * dims.NH * t * t), a.atty = take(BT * dims.Cq), a.res2 = take(R * C);
-      a.ln2 = take(R * C), a.ln2_mean = take(R), a.ln2_rstd = take(R), a.fch = take(BT * dims.up()), a.fch_act = take(BT * dims.F);
+      a.ln2 = take(R * C), a.ln2_mean = take(R), a.ln2_rstd = take(R), a.fch = take(mlp.fch), a.fch_act = take(mlp.act);
       if (dims.qk_norm) a.qk_pre = take(BT * dims.W), a.qk_rstd = take(BT * (dims.NH + dims.KVH));
+      if (dims.moe) {
+        a.moe_out = take(moe_rows * C), a.moe_weight = take(choices);
+        a.moe_row = reinterpret_cast<int32_t*>(take(choices)), a.moe_token = reinterpret_cast<int32_t*>(take(moe_rows));
+        a.moe = &moe_acts.emplace_back();
+      }
     }
     if (head) {
       sl.lnf = take(BT * C), sl.lnf_mean = take(R), sl.lnf_rstd = take(R), sl.logits = take(BT * dims.V), sl.ce_stats = take(4 * BT);
@@ -182,12 +213,17 @@ void Gpt::State::reserve(Stream& stream, int b, int t, const std::vector<int>& p
     }
   }
   chunk_slots = per_chunk;
-  d.dresid = take(R * C), d.dC = take(BT * std::max<size_t>(C, dims.Cq)), d.dqkv = take(BT * dims.W), d.dfch = take(BT * dims.up());
+  d.dresid = take(R * C), d.dC = take(BT * std::max<size_t>(C, dims.Cq)), d.dqkv = take(BT * dims.W), d.dfch = take(mlp.fch);
   d.datt = take(static_cast<size_t>(b) * dims.NH * t * t);
   d.partial = dims.sp ? take(BT * C) : nullptr, d.gathered = dims.sp ? take(BT * C) : nullptr;
   d.ln_whole = dims.sp ? take(BT * C) : nullptr;
+  if (dims.moe) {
+    const size_t E = dims.gate.experts;
+    d.moe_logits = take(BT * E), d.moe_dlogits = take(BT * E), d.moe_rows = take(moe_rows * C), d.moe_drows = take(moe_rows * C);
+    d.moe_dinp = take(moe_rows * C), d.moe_dweight = take(choices);
+  }
   if (dims.llama) {
-    d.dact = take(BT * dims.F);
+    d.dact = take(mlp.act);
     d.dqk = dims.qk_norm ? take(BT * dims.W) : nullptr;
     d.rope = take(static_cast<size_t>(cfg.seq_len) * dims.hs);
     const std::vector<float> table = cfg.rope_table();

@@ -1,7 +1,7 @@
-// The GPT's configuration and blocks: presets and checks, the parameters of each block (with
-// their tensor-parallel cuts), how a pipeline stage's part is laid out and checked, layer
-// partitions, and the block schedules the engine plans with. The passes are in gpt_step.cc, the
-// activation memory in activations.cc.
+// The GPT's blocks: the parameters of each block (with their tensor-parallel cuts, and an expert
+// layer's router and experts), how a pipeline stage's part is laid out and checked, layer
+// partitions, and the block schedules the engine plans with. The configuration's presets and
+// checks are in gpt_config.cc, the passes in gpt_step.cc, the activation memory in activations.cc.
 #include "models/gpt/gpt.h"
 
 #include <cmath>  // std::sqrt
@@ -13,162 +13,6 @@
 #include "models/gpt/layers.h"  // gpt::complete_part, gpt::part_blocks
 
 namespace zeroth {
-
-// ---- configuration --------------------------------------------------------------------------
-
-namespace {
-
-// The Llama family's published shapes (their Hugging Face config.json), trained at 2048 positions.
-struct LlamaPreset {
-  std::string_view name;
-  int vocab, C, F, L, NH, KVH;
-  double theta, eps;
-  bool tied, qkv_bias;
-  RopeScaling scaling = {};
-};
-constexpr RopeScaling kLlama32{RopeScaling::Type::llama3, 32.0, 1.0, 4.0, 8192};
-const LlamaPreset kLlamaPresets[] = {
-    {"smollm-135m", 49152, 576, 1536, 30, 9, 3, 10000.0, 1e-5, true, false},
-    {"smollm-360m", 49152, 960, 2560, 32, 15, 5, 10000.0, 1e-5, true, false},
-    {"qwen2.5-0.5b", 151936, 896, 4864, 24, 14, 2, 1000000.0, 1e-6, true, true},
-    {"llama-3.2-1b", 128256, 2048, 8192, 16, 32, 8, 500000.0, 1e-5, true, false, kLlama32},
-    {"tinyllama-1.1b", 32000, 2048, 5632, 22, 32, 4, 10000.0, 1e-5, false, false},
-    {"llama-2-7b", 32000, 4096, 11008, 32, 32, 32, 10000.0, 1e-5, false, false},
-    {"llama-3-8b", 128256, 4096, 14336, 32, 32, 8, 500000.0, 1e-5, false, false},
-    {"llama-3-70b", 128256, 8192, 28672, 80, 64, 8, 500000.0, 1e-5, false, false},
-};
-
-}  // namespace
-
-GptConfig GptConfig::preset(std::string_view name) {
-  GptConfig c;
-  for (const LlamaPreset& p : kLlamaPresets) {
-    if (p.name != name) continue;
-    c.architecture = Architecture::llama;
-    c.vocab_size = p.vocab, c.seq_len = 2048, c.n_embd = p.C, c.intermediate_size = p.F, c.n_layer = p.L, c.n_head = p.NH;
-    c.n_kv_head = p.KVH, c.rope_theta = p.theta, c.norm_eps = p.eps, c.tie_word_embeddings = p.tied, c.qkv_bias = p.qkv_bias;
-    c.rope_scaling = p.scaling;
-    return c;
-  }
-  if (name == "gpt2-124m" || name == "gpt2") return c;
-  if (name == "gpt2-350m") c.n_layer = 24, c.n_head = 16, c.n_embd = 1024;
-  else if (name == "gpt2-774m") c.n_layer = 36, c.n_head = 20, c.n_embd = 1280;
-  else if (name == "gpt2-1558m") c.n_layer = 48, c.n_head = 25, c.n_embd = 1600;
-  else ZEROTH_THROW(ConfigError, "model.preset \"{}\" is not a known preset; use one of {}", name, fmt::join(preset_names(), ", "));
-  return c;
-}
-
-std::vector<std::string> GptConfig::preset_names() {
-  std::vector<std::string> out = {"gpt2-124m", "gpt2-350m", "gpt2-774m", "gpt2-1558m"};
-  for (const LlamaPreset& p : kLlamaPresets) out.emplace_back(p.name);
-  return out;
-}
-
-size_t GptConfig::num_parameters() const {
-  size_t n = 0;
-  for (const auto& b : Gpt::block_specs(*this)) {
-    for (const auto& p : b.params) n += p.numel();
-  }
-  return n;
-}
-
-void GptConfig::validate() const {
-  auto positive = [](const char* key, int v) {
-    if (v <= 0) ZEROTH_THROW(ConfigError, "model.{} must be a positive integer, got {}", key, v);
-  };
-  positive("vocab_size", vocab_size);
-  positive("seq_len", seq_len);
-  positive("n_layer", n_layer);
-  positive("n_head", n_head);
-  positive("n_embd", n_embd);
-  if (!(llama() && head_dim > 0) && n_embd % n_head != 0) {
-    ZEROTH_THROW(ConfigError, "model.n_embd ({}) must be a multiple of model.n_head ({}): each head gets n_embd / n_head channels",
-                 n_embd, n_head);
-  }
-  if (llama()) {
-    if (n_kv_head < 0 || head_dim < 0 || intermediate_size < 0)
-      ZEROTH_THROW(ConfigError, "model.n_kv_head, model.head_dim and model.intermediate_size must not be negative (0: the default)");
-    if (n_head % kv_heads() != 0) {
-      ZEROTH_THROW(ConfigError,
-                   "model.n_head ({}) must be a multiple of model.n_kv_head ({}): each key/value head serves a group of query heads",
-                   n_head, kv_heads());
-    }
-    if (head_size() % 2 != 0)
-      ZEROTH_THROW(ConfigError, "model.head_dim ({}) must be even: rotary embedding turns pairs of channels", head_size());
-    if (!(norm_eps > 0)) ZEROTH_THROW(ConfigError, "model.rms_norm_eps must be positive, got {}", norm_eps);
-    if (!(rope_theta > 0)) ZEROTH_THROW(ConfigError, "model.rope_theta must be positive, got {}", rope_theta);
-    if (max_positions != 0 && max_positions < seq_len)
-      ZEROTH_THROW(ConfigError, "model.max_position_embeddings ({}) must be 0 or at least model.seq_len ({})", max_positions, seq_len);
-    if (rope_scaling.type != RopeScaling::Type::none && !(rope_scaling.factor > 0))
-      ZEROTH_THROW(ConfigError, "model.rope_scaling.factor must be positive, got {}", rope_scaling.factor);
-  } else if (n_kv_head != 0 || head_dim != 0 || intermediate_size != 0 || qkv_bias || o_bias || qk_norm || !tie_word_embeddings ||
-             max_positions != 0 || rope_scaling.type != RopeScaling::Type::none) {
-    ZEROTH_THROW(ConfigError,
-                 "model.n_kv_head, head_dim, intermediate_size, attention biases, qk norms, rope_scaling and an untied head belong to "
-                 "the Llama family; GPT-2 has none of them (set model.architecture to llama, or drop them)");
-  }
-  if (cpu_checkpointing && !activation_checkpointing) {
-    ZEROTH_THROW(
-        ConfigError,
-        "activation_checkpointing.cpu_checkpointing moves the activation checkpoints to host memory, but checkpointing is off "
-        "(model.activation_checkpointing false): turn it on, or drop cpu_checkpointing");
-  }
-}
-
-std::string GptConfig::describe() const {
-  if (!llama()) return fmt::format("GPT-2 {} layers, {} heads, {} wide", n_layer, n_head, n_embd);
-  std::string extras;
-  if (qkv_bias) extras += o_bias ? ", attention biases" : ", q/k/v biases";
-  if (qk_norm) extras += ", q/k norms";
-  if (rope_scaling.type != RopeScaling::Type::none)
-    extras += fmt::format(", {} rope scaling x{}", rope_scaling.type == RopeScaling::Type::llama3 ? "llama3" : "linear",
-                          rope_scaling.factor);
-  return fmt::format("{} {} layers, {} heads over {} key/value heads of {}, {} wide, MLP {}, rope theta {}{}, {} head",
-                     hf_architecture(), n_layer, n_head, kv_heads(), head_size(), n_embd, ffn(), rope_theta, extras,
-                     tie_word_embeddings ? "tied" : "untied");
-}
-
-std::string GptConfig::hf_architecture() const {
-  if (!llama()) return "GPT2LMHeadModel";
-  if (qk_norm) return "Qwen3ForCausalLM";
-  if (qkv_bias && !o_bias) return "Qwen2ForCausalLM";
-  return "LlamaForCausalLM";
-}
-
-std::vector<float> GptConfig::rope_table() const {
-  const int hs = head_size(), half = hs / 2;
-  // Hugging Face's default rotary frequencies, in f32 as it computes them: theta^(-2i / hs).
-  std::vector<float> inv(half);
-  for (int i = 0; i < half; ++i) {
-    const float e = static_cast<float>(2 * i) / static_cast<float>(hs);
-    inv[i] = 1.0f / static_cast<float>(std::pow(rope_theta, static_cast<double>(e)));
-  }
-  const RopeScaling& r = rope_scaling;
-  if (r.type == RopeScaling::Type::linear) {
-    for (float& f : inv) f = static_cast<float>(f / r.factor);
-  } else if (r.type == RopeScaling::Type::llama3) {
-    // Llama 3.1's: long wavelengths slowed by the factor, short ones kept, those between blended.
-    const double old_len = r.original_max_position_embeddings, low = old_len / r.low_freq_factor, high = old_len / r.high_freq_factor;
-    for (float& f : inv) {
-      const double wavelen = 2 * M_PI / f;
-      if (wavelen > low) {
-        f = static_cast<float>(f / r.factor);
-      } else if (wavelen >= high) {
-        const double smooth = (old_len / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
-        f = static_cast<float>((1 - smooth) * f / r.factor + smooth * f);
-      }
-    }
-  }
-  std::vector<float> table(static_cast<size_t>(seq_len) * hs);
-  for (int t = 0; t < seq_len; ++t) {
-    for (int i = 0; i < half; ++i) {
-      const float angle = static_cast<float>(t) * inv[i];
-      table[static_cast<size_t>(t) * hs + i] = static_cast<float>(std::cos(static_cast<double>(angle)));
-      table[static_cast<size_t>(t) * hs + half + i] = static_cast<float>(std::sin(static_cast<double>(angle)));
-    }
-  }
-  return table;
-}
 
 // ---- blocks ---------------------------------------------------------------------------------
 
@@ -235,6 +79,18 @@ BlockSpec llama_layer_spec(const GptConfig& c, int l) {
   p.push_back({"self_attn.o_proj.weight", {C, Q}, w, ParamRole::weight});
   if (c.o_bias) p.push_back({"self_attn.o_proj.bias", {C}, InitRule::zeros(), ParamRole::bias});
   p.push_back({"post_attention_layernorm.weight", {C}, InitRule::constant(1), ParamRole::norm});
+  if (c.moe_layer(l)) {
+    // Mixtral's names: the router, then each expert's w1 (gate) and w3 (up) as one run, and w2 (down).
+    const int64_t X = c.expert_ffn();
+    p.push_back({"block_sparse_moe.gate.weight", {c.moe.num_experts, C}, w, ParamRole::weight});
+    for (int e = 0; e < c.moe.num_experts; ++e) {
+      const std::string expert = "block_sparse_moe.experts." + std::to_string(e) + ".";
+      p.push_back(fused({expert + "w1.weight", {X, C}, w, ParamRole::weight}));
+      p.push_back({expert + "w3.weight", {X, C}, w, ParamRole::weight});
+      p.push_back({expert + "w2.weight", {C, X}, w, ParamRole::weight});
+    }
+    return b;
+  }
   p.push_back(fused({"mlp.gate_proj.weight", {F, C}, w, ParamRole::weight}));
   p.push_back({"mlp.up_proj.weight", {F, C}, w, ParamRole::weight});
   p.push_back({"mlp.down_proj.weight", {C, F}, w, ParamRole::weight});
@@ -245,6 +101,23 @@ BlockSpec layer_spec(const GptConfig& c, int l) {
   if (c.llama()) return llama_layer_spec(c, l);
   const int64_t C = c.n_embd;
   const double proj_std = 0.02 / std::sqrt(2.0 * c.n_layer);  // GPT-2: residual projections scaled by depth
+  if (c.moe_layer(l)) {
+    // The attention and norms as GPT-2's; the MLP a router and experts shaped as GPT-2's MLP.
+    GptConfig dense = c;
+    dense.moe = {};
+    BlockSpec b = layer_spec(dense, l);
+    b.params.resize(8);  // up to ln_2
+    const int64_t X = c.expert_ffn();
+    b.params.push_back({"mlp.router.weight", {c.moe.num_experts, C}, InitRule::normal(0.02), ParamRole::weight});
+    for (int e = 0; e < c.moe.num_experts; ++e) {
+      const std::string expert = "mlp.experts." + std::to_string(e) + ".";
+      b.params.push_back({expert + "c_fc.weight", {X, C}, InitRule::normal(0.02), ParamRole::weight});
+      b.params.push_back({expert + "c_fc.bias", {X}, InitRule::zeros(), ParamRole::bias});
+      b.params.push_back({expert + "c_proj.weight", {C, X}, InitRule::normal(proj_std), ParamRole::weight});
+      b.params.push_back({expert + "c_proj.bias", {C}, InitRule::zeros(), ParamRole::bias});
+    }
+    return b;
+  }
   return {"h." + std::to_string(l),
           {{"ln_1.weight", {C}, InitRule::constant(1), ParamRole::norm},
            {"ln_1.bias", {C}, InitRule::zeros(), ParamRole::norm},
@@ -332,6 +205,12 @@ void check_part(const GptConfig& c, const GptPart& part) {
                  "parallel.tensor = {} splits the key/value heads over its ranks, but model.n_kv_head = {} is not a multiple of it; "
                  "as Megatron-LM, zeroth does not replicate key/value heads: use a tensor-parallel size that divides them",
                  part.tp_ranks, c.kv_heads());
+  }
+  if (c.moe.enabled() && part.tp_ranks > 1) {
+    ZEROTH_THROW(ConfigError,
+                 "model.moe with parallel.tensor = {}: expert layers are not split over tensor-parallel ranks; train a mixture of "
+                 "experts with parallel.tensor = 1",
+                 part.tp_ranks);
   }
   if (c.n_head % part.tp_ranks != 0) {
     ZEROTH_THROW(ConfigError,

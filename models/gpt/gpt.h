@@ -33,6 +33,33 @@ struct RopeScaling {
   int original_max_position_embeddings = 8192;       // llama3
 };
 
+// Mixture-of-experts layers (GShard, Switch, Mixtral): in layer l with (l + 1) % every == 0 the MLP
+// becomes num_experts MLPs of the architecture's kind (GPT-2's GELU one, the Llama family's SwiGLU
+// one, intermediate_size wide) behind a router; each token goes to its top_k experts (moe_gate.h:
+// capacity, drops, combine weights, the auxiliary losses). 0 experts: a dense model.
+struct MoeConfig {
+  int num_experts = 0;
+  int top_k = 2;
+  double capacity_factor = 1.0, eval_capacity_factor = 1.0;
+  int min_capacity = 4;
+  bool drop_tokens = true;
+  bool normalize_top_k = false;
+  double aux_loss_coef = 0.01, z_loss_coef = 0.0;
+  int every = 1;
+  int intermediate_size = 0;  // each expert's width; 0: the model's MLP width
+  bool enabled() const { return num_experts > 0; }
+};
+
+// What the expert layers' routing did over the passes since it was last taken (Gpt::take_moe_stats):
+// the auxiliary losses' sums (without coefficients) over the layer passes, the choices made and
+// dropped, and the busiest expert's rows over the mean (the largest any pass had).
+struct MoeStats {
+  int passes = 0;
+  double aux_loss = 0, z_loss = 0;
+  size_t choices = 0, dropped = 0;
+  double max_load = 0;
+};
+
 // One decoder with the switches of its family, as Megatron-core's GPTModel serves Llama: GPT-2
 // (LayerNorm, learned positions, GELU MLP, biases, tied head) or the Llama family (RMSNorm,
 // rotary positions, SwiGLU MLP, grouped-query attention, no biases but Qwen2's q/k/v ones,
@@ -71,10 +98,16 @@ struct GptConfig {
   // activation_checkpointing.cpu_checkpointing).
   bool cpu_checkpointing = false;
 
+  MoeConfig moe;
+
   // "gpt2-124m" (alias "gpt2"), "gpt2-350m", "gpt2-774m", "gpt2-1558m"; ConfigError otherwise.
   static GptConfig preset(std::string_view name);
   static std::vector<std::string> preset_names();
   size_t num_parameters() const;
+  // The parameters one token meets: every expert layer counts top_k of its experts.
+  size_t active_parameters() const;
+  bool moe_layer(int l) const { return moe.enabled() && (l + 1) % moe.every == 0; }
+  int expert_ffn() const { return moe.intermediate_size > 0 ? moe.intermediate_size : ffn(); }
   bool llama() const { return architecture == Architecture::llama; }
   int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int head_size() const { return head_dim > 0 ? head_dim : n_embd / n_head; }
@@ -202,6 +235,9 @@ class Gpt {
   static ModelFootprint footprint(const GptConfig& config, int B, int T, DType compute, const std::vector<int>& chunk_slots,
                                   const GptPart& part);
   const GptConfig& config() const { return config_; }
+  // The expert layers' figures since the last call (after the compute stream has passed the work
+  // that made them: synchronize it first), and a fresh start.
+  MoeStats take_moe_stats();
 
  private:
   struct State;

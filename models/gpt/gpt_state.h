@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>  // int32_t
+#include <deque>    // std::deque
 #include <memory>   // std::unique_ptr
 #include <vector>   // std::vector
 
@@ -41,14 +42,16 @@ struct Gpt::State {
   std::unique_ptr<gpt::Kernels> k;
   int B = 0, T = 0;
   BlockHost* host = nullptr;
-  Buffer buffer;                 // every activation slot and the backward scratch, one allocation (tag: activations)
-  Buffer host_buffer;            // with cpu_checkpointing: every slot's checkpoints, in host memory
-  Buffer token_buffer;           // tokens and targets of every slot, on the device
-  std::vector<Slot> slots;       // chunk c of micro-batch m uses slot m mod chunk_slots[c]
-  std::vector<int> chunk_slots;  // per chunk: the slots holding its activations (the first ones)
-  int in_flight = 0;             // chunk forwards whose backward has not been enqueued
-  gpt::Scratch d;                // passes run one at a time: shared
-  Buffer wbuf, gbuf;             // f32 copies of a narrow block's parameters and gradients
+  Buffer buffer;                      // every activation slot and the backward scratch, one allocation (tag: activations)
+  Buffer host_buffer;                 // with cpu_checkpointing: every slot's checkpoints, in host memory
+  Buffer token_buffer;                // tokens and targets of every slot, on the device
+  std::vector<Slot> slots;            // chunk c of micro-batch m uses slot m mod chunk_slots[c]
+  std::vector<int> chunk_slots;       // per chunk: the slots holding its activations (the first ones)
+  int in_flight = 0;                  // chunk forwards whose backward has not been enqueued
+  gpt::Scratch d;                     // passes run one at a time: shared
+  std::deque<gpt::MoeActs> moe_acts;  // the expert layers' routing on the host, one per activation set
+  MoeStats moe_stats;                 // written by the stream's work, taken by Gpt::take_moe_stats
+  Buffer wbuf, gbuf;                  // f32 copies of a narrow block's parameters and gradients
   // Generation (decode.cc): every layer's cache of qkv rows [kv_len, W] end to end, then the
   // attention's scratch; kv_pos positions are in it.
   Buffer kv_buffer;

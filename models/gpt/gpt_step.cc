@@ -57,6 +57,12 @@ Gpt::~Gpt() {
 }
 
 
+MoeStats Gpt::take_moe_stats() {
+  MoeStats out = state_->moe_stats;
+  state_->moe_stats = {};
+  return out;
+}
+
 void Gpt::forward_backward(const int32_t* tokens, const int32_t* targets, int B, int T, float* loss, int micro) {
   forward(micro, tokens, targets, B, T, loss);
   backward(micro);
@@ -180,7 +186,8 @@ void Gpt::run_forward(int micro, int chunk, const int32_t* tokens, const int32_t
   for (int l = lo; l < hi; ++l) {
     const auto& v = l == lo && !embeds ? first_views : host_.begin_forward(layers_[l], micro);
     auto w = bind(k, &s->wbuf, &s->gbuf, v, false);
-    gpt::layer_forward(k, g, w, acts(l), s->d, sl->resid[l], sl->resid[l + 1], B, T, decoding ? s->kv(l) : gpt::KvCache{});
+    const gpt::MoePass moe{config_.moe_layer(l), training, 1.0f, training ? &s->moe_stats : nullptr};
+    gpt::layer_forward(k, g, w, acts(l), s->d, sl->resid[l], sl->resid[l + 1], B, T, decoding ? s->kv(l) : gpt::KvCache{}, moe);
     release(k, w);
     keep(l + 1);
     host_.end_forward(layers_[l], micro);
@@ -293,8 +300,10 @@ void Gpt::run_backward(int micro, int chunk) {
     }
     restore(l);
     auto w = bind(k, &s->wbuf, &s->gbuf, v, true);
-    if (ckpt) gpt::layer_forward(k, g, w, acts(l), sc, sl->resid[l], nullptr, B, T);
-    gpt::layer_backward(k, g, w, acts(l), sc, sl->resid[l], B, T);
+    // The recomputation routes as the forward did (same inputs, same gate) and counts nothing again.
+    const gpt::MoePass moe{config_.moe_layer(l), true, static_cast<float>(host_.loss_gradient_scale()), nullptr};
+    if (ckpt) gpt::layer_forward(k, g, w, acts(l), sc, sl->resid[l], nullptr, B, T, {}, moe);
+    gpt::layer_backward(k, g, w, acts(l), sc, sl->resid[l], B, T, moe);
     release(k, w);
     host_.end_backward(layers_[l], micro);
   }

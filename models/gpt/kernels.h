@@ -73,6 +73,11 @@ class Kernels {
   virtual void moe_combine(float* y, const float* rows, const int32_t* row, const float* weight, size_t N, int k, int C) = 0;
   virtual void moe_combine_backward(float* drows, float* dweight, const float* dy, const float* rows, const int32_t* row,
                                     const float* weight, size_t N, int k, int C) = 0;
+  // device <- host, in stream order (the host bytes may be reused once the call returns).
+  virtual void upload(void* dst, const void* host, size_t bytes) = 0;
+  // Inside submitted work: returns when the work before it has completed, so that the host may
+  // read what download() wrote (the CPU's work runs in order already; CUDA synchronizes the stream).
+  virtual void synchronize() = 0;
   // host <- device, in stream order.
   virtual void download(float* host, const float* src, size_t n) = 0;
 };

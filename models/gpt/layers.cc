@@ -17,6 +17,12 @@ Dims Dims::of(const GptConfig& c, const GptPart& part) {
   d.W = (d.NH + 2 * d.KVH) * d.hs;
   const auto [f_lo, f_hi] = TensorSplit::part(c.ffn(), d.tp_rank, d.tp);
   d.F = static_cast<int>(f_hi - f_lo);
+  if (c.moe.enabled()) {
+    d.moe = true;
+    d.gate = {c.moe.num_experts, c.moe.top_k, c.moe.drop_tokens, c.moe.normalize_top_k, c.moe.aux_loss_coef, c.moe.z_loss_coef};
+    d.X = c.expert_ffn(), d.min_capacity = c.moe.min_capacity;
+    d.capacity_factor = c.moe.capacity_factor, d.eval_capacity_factor = c.moe.eval_capacity_factor;
+  }
   const auto [lo, hi] = TensorSplit::part(c.vocab_size, d.tp_rank, d.tp);
   d.v_lo = static_cast<int>(lo), d.V = static_cast<int>(hi - lo);
   return d;
@@ -94,8 +100,8 @@ void attend(Kernels& k, const LayerActs& a, const KvCache& kv, int B, int T, int
 }
 
 void layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs& a, const Scratch& s, const float* x, float* out,
-                   int B, int T, KvCache kv) {
-  if (g.dims().llama) return llama_layer_forward(k, g, w, a, s, x, out, B, T, kv);
+                   int B, int T, KvCache kv, const MoePass& moe) {
+  if (g.dims().llama) return llama_layer_forward(k, g, w, a, s, x, out, B, T, kv, moe);
   const Dims d = g.dims();
   const size_t BT = static_cast<size_t>(B) * T, R = d.rows(BT);
   // Row-parallel outputs are partial sums: the bias joins on rank 0 only, so the sum holds it once.
@@ -120,19 +126,24 @@ void layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs
   });
   const float* ln2 = g.gathered_rows(a.ln2, s.ln_whole, BT);
   float* down = out == nullptr ? nullptr : d.sp ? s.partial : out;
-  k.submit([&k, w, a, d, BT, down, bias, ln2] {
-    const Bound& p = **w;
-    k.matmul_forward(a.fch, ln2, p.p(kFcW), p.p(kFcB), BT, d.C, d.F);
-    k.gelu_forward(a.fch_act, a.fch, BT * d.F);
-    if (down != nullptr) k.matmul_forward(down, a.fch_act, p.p(kFcProjW), bias ? p.p(kFcProjB) : nullptr, BT, d.F, d.C);
-  });
+  if (moe.expert_layer) {
+    moe_forward(k, w, kFcW, d, a, s, ln2, down, BT, moe);
+  } else {
+    k.submit([&k, w, a, d, BT, down, bias, ln2] {
+      const Bound& p = **w;
+      k.matmul_forward(a.fch, ln2, p.p(kFcW), p.p(kFcB), BT, d.C, d.F);
+      k.gelu_forward(a.fch_act, a.fch, BT * d.F);
+      if (down != nullptr) k.matmul_forward(down, a.fch_act, p.p(kFcProjW), bias ? p.p(kFcProjB) : nullptr, BT, d.F, d.C);
+    });
+  }
   if (out == nullptr) return;
   g.reduce(down, out, BT);
   k.submit([&k, a, out, d, R] { k.accumulate(out, a.res2, R * d.C); });
 }
 
-void layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs& a, const Scratch& s, const float* x, int B, int T) {
-  if (g.dims().llama) return llama_layer_backward(k, g, w, a, s, x, B, T);
+void layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs& a, const Scratch& s, const float* x, int B, int T,
+                    const MoePass& moe) {
+  if (g.dims().llama) return llama_layer_backward(k, g, w, a, s, x, B, T, moe);
   const Dims d = g.dims();
   const size_t BT = static_cast<size_t>(B) * T, R = d.rows(BT);
   // The column-parallel inputs' gradients are partial sums over the ranks.
@@ -141,12 +152,16 @@ void layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerAct
   // whole, gathered again from the rows kept.
   const float* dout = g.gathered_rows(s.dresid, s.gathered, BT);
   const float* ln2 = g.gathered_rows(a.ln2, s.ln_whole, BT);
-  k.submit([&k, w, a, s, d, BT, dout, partial, ln2] {
-    const Bound& p = **w;
-    k.matmul_backward(s.dfch, p.g(kFcProjW), p.g(kFcProjB), dout, a.fch_act, p.p(kFcProjW), BT, d.F, d.C);
-    k.gelu_backward(s.dfch, a.fch, s.dfch, BT * d.F);
-    k.matmul_backward(partial, p.g(kFcW), p.g(kFcB), s.dfch, ln2, p.p(kFcW), BT, d.C, d.F);
-  });
+  if (moe.expert_layer) {
+    moe_backward(k, w, kFcW, d, a, s, ln2, dout, partial, BT, moe);
+  } else {
+    k.submit([&k, w, a, s, d, BT, dout, partial, ln2] {
+      const Bound& p = **w;
+      k.matmul_backward(s.dfch, p.g(kFcProjW), p.g(kFcProjB), dout, a.fch_act, p.p(kFcProjW), BT, d.F, d.C);
+      k.gelu_backward(s.dfch, a.fch, s.dfch, BT * d.F);
+      k.matmul_backward(partial, p.g(kFcW), p.g(kFcB), s.dfch, ln2, p.p(kFcW), BT, d.C, d.F);
+    });
+  }
   g.reduce(partial, s.dC, BT);
   k.submit([&k, w, a, s, d, R] {
     const Bound& p = **w;

@@ -12,10 +12,11 @@
 #include <memory>   // std::shared_ptr
 #include <vector>   // std::vector
 
-#include "comm/communicator.h"   // Communicator
-#include "core/device.h"         // Buffer, Stream, TensorView
-#include "models/gpt/gpt.h"      // GptConfig, GptPart
-#include "models/gpt/kernels.h"  // gpt::Kernels
+#include "comm/communicator.h"    // Communicator
+#include "core/device.h"          // Buffer, Stream, TensorView
+#include "models/gpt/gpt.h"       // GptConfig, GptPart
+#include "models/gpt/kernels.h"   // gpt::Kernels
+#include "models/gpt/moe_gate.h"  // gpt::MoeGate, gpt::Routing
 
 namespace zeroth::gpt {
 
@@ -34,6 +35,16 @@ PartBlocks part_blocks(const GptConfig& config, const GptPart& part);
 struct Dims {
   int C = 0, NH = 0, KVH = 0, hs = 0, Cq = 0, W = 0, F = 0, v_lo = 0, V = 0;
   int tp = 1, tp_rank = 0;
+  // Expert layers: the gate, each expert's MLP width (X), and the capacities' factors.
+  MoeGate gate;
+  int X = 0, min_capacity = 0;
+  double capacity_factor = 1, eval_capacity_factor = 1;
+  bool moe = false;
+  // SwiGLU experts' up-projection width.
+  int expert_up() const { return llama ? 2 * X : X; }
+  // The most dispatched rows an expert layer can have for BT tokens: every choice, or the experts'
+  // capacities at the larger of the two factors.
+  size_t moe_rows(size_t BT) const;
   bool sp = false;  // sequence parallel (with tp > 1)
   bool llama = false, qkv_bias = false, o_bias = false, qk_norm = false;
   float eps = 1e-5f;
@@ -53,9 +64,19 @@ struct Dims {
 // The Llama family keeps no means (RMSNorm), and with per-head q/k norms the projections' q and k
 // before them (qk_pre, the qkv rows' layout) and their statistics (qk_rstd: BT NH, then BT KVH).
 // fch is MLP-up's output ([gate | up] for SwiGLU), fch_act its activation.
+// In an expert layer fch and fch_act hold the dispatched rows' (expert e's at Routing::offsets[e]),
+// moe_out the experts' outputs, moe_row / moe_token / moe_weight the routing's arrays on the device,
+// and moe its routing on the host.
+struct MoeActs {
+  Routing routing;
+  std::vector<float> logits, probs, dweight, dlogits;  // host copies: [BT, E], [BT, k], [BT, E]
+};
 struct LayerActs {
   float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_act;
   float *qk_pre = nullptr, *qk_rstd = nullptr;
+  float *moe_out = nullptr, *moe_weight = nullptr;
+  int32_t *moe_row = nullptr, *moe_token = nullptr;
+  MoeActs* moe = nullptr;
 };
 
 // Scratch of the passes: the residual stream's gradient (this rank's rows), the per-kernel
@@ -63,10 +84,25 @@ struct LayerActs {
 // gathered gradient and a gathered LayerNorm output.
 // The Llama family adds the gradient at SwiGLU's output (dact), the q/k gradients before their
 // norms (dqk, the qkv rows' layout) and the rotary table (not scratch: written once, read by both).
+// Expert layers add the router's logits and their gradient, the dispatched rows (made again in
+// backward), their gradients at the experts' outputs and inputs, and the combine weights' gradient;
+// dfch and dact are sized for the dispatched rows too.
 struct Scratch {
   float *dresid = nullptr, *dC = nullptr, *dqkv = nullptr, *dfch = nullptr, *datt = nullptr;
   float *partial = nullptr, *gathered = nullptr, *ln_whole = nullptr;
   float *dact = nullptr, *dqk = nullptr, *rope = nullptr;
+  float *moe_logits = nullptr, *moe_dlogits = nullptr, *moe_rows = nullptr, *moe_drows = nullptr, *moe_dinp = nullptr,
+        *moe_dweight = nullptr;
+};
+
+// What an expert layer's pass needs beyond its activations: whether this layer is one, the
+// capacity factor of the pass (training's or evaluation's), the loss gradient's scale (for the
+// auxiliary losses' gradients) and where the routing's figures are added (stream work writes them).
+struct MoePass {
+  bool expert_layer = false;
+  bool training = true;
+  float loss_scale = 1;
+  MoeStats* stats = nullptr;
 };
 
 // Generation's key/value cache of one layer (Gpt::decode, one sequence): `rows` holds the qkv rows
@@ -129,13 +165,26 @@ using BoundRef = std::shared_ptr<std::shared_ptr<Bound>>;  // filled in stream o
 // null (recomputation before backward: only the activations are made).
 // kv: generation's cache (positions start at kv.pos).
 void layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs& a, const Scratch& s, const float* x, float* out,
-                   int B, int T, KvCache kv = {});
+                   int B, int T, KvCache kv = {}, const MoePass& moe = {});
 // s.dresid holds the gradient at the block's output rows on entry and at its input rows on return.
-void layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs& a, const Scratch& s, const float* x, int B, int T);
+void layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs& a, const Scratch& s, const float* x, int B, int T,
+                    const MoePass& moe = {});
 // The same for the Llama family (llama_layer.cc); layer_forward and layer_backward call them.
 void llama_layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs& a, const Scratch& s, const float* x,
-                         float* out, int B, int T, KvCache kv);
+                         float* out, int B, int T, KvCache kv, const MoePass& moe);
 void llama_layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs& a, const Scratch& s, const float* x, int B,
-                          int T);
+                          int T, const MoePass& moe);
+
+// An expert layer's MLP (moe_layer.cc), for both architectures, as stream work: its parameters
+// start at index `first` of the block (the router, then each expert's). Forward routes the BT
+// rows of `inp`, runs each expert on its rows and writes the combined output to `out` (null when
+// recomputing: the activations only). Backward takes the gradient at the output (`dout`) and
+// writes the one at `inp` into `dinp`, adding every parameter's gradient. Both wait for the
+// routing on the host (CUDA synchronizes the stream there: the experts' row counts size the
+// products, as in Megatron's dropless path).
+void moe_forward(Kernels& k, BoundRef w, int first, const Dims& d, const LayerActs& a, const Scratch& s, const float* inp, float* out,
+                 size_t BT, const MoePass& pass);
+void moe_backward(Kernels& k, BoundRef w, int first, const Dims& d, const LayerActs& a, const Scratch& s, const float* inp,
+                  const float* dout, float* dinp, size_t BT, const MoePass& pass);
 
 }  // namespace zeroth::gpt

@@ -32,7 +32,7 @@ float* grad(const Bound& b, int i) { return i >= 0 ? b.g(static_cast<size_t>(i))
 }  // namespace
 
 void llama_layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs& a, const Scratch& s, const float* x,
-                         float* out, int B, int T, KvCache kv) {
+                         float* out, int B, int T, KvCache kv, const MoePass& moe) {
   const Dims d = g.dims();
   const LlamaParams ix(d);
   const size_t BT = static_cast<size_t>(B) * T, R = d.rows(BT);
@@ -63,31 +63,39 @@ void llama_layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const Lay
   });
   const float* ln2 = g.gathered_rows(a.ln2, s.ln_whole, BT);
   float* down = out == nullptr ? nullptr : d.sp ? s.partial : out;
-  k.submit([&k, w, a, d, BT, down, ln2, ix] {
-    const Bound& p = **w;
-    k.matmul_forward(a.fch, ln2, p.p(ix.gate), nullptr, BT, d.C, 2 * d.F);
-    k.swiglu_forward(a.fch_act, a.fch, BT, d.F);
-    if (down != nullptr) k.matmul_forward(down, a.fch_act, p.p(ix.down), nullptr, BT, d.F, d.C);
-  });
+  if (moe.expert_layer) {
+    moe_forward(k, w, ix.gate, d, a, s, ln2, down, BT, moe);
+  } else {
+    k.submit([&k, w, a, d, BT, down, ln2, ix] {
+      const Bound& p = **w;
+      k.matmul_forward(a.fch, ln2, p.p(ix.gate), nullptr, BT, d.C, 2 * d.F);
+      k.swiglu_forward(a.fch_act, a.fch, BT, d.F);
+      if (down != nullptr) k.matmul_forward(down, a.fch_act, p.p(ix.down), nullptr, BT, d.F, d.C);
+    });
+  }
   if (out == nullptr) return;
   g.reduce(down, out, BT);
   k.submit([&k, a, out, d, R] { k.accumulate(out, a.res2, R * d.C); });
 }
 
 void llama_layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs& a, const Scratch& s, const float* x, int B,
-                          int T) {
+                          int T, const MoePass& moe) {
   const Dims d = g.dims();
   const LlamaParams ix(d);
   const size_t BT = static_cast<size_t>(B) * T, R = d.rows(BT);
   float* partial = d.sp ? s.partial : s.dC;
   const float* dout = g.gathered_rows(s.dresid, s.gathered, BT);
   const float* ln2 = g.gathered_rows(a.ln2, s.ln_whole, BT);
-  k.submit([&k, w, a, s, d, BT, dout, partial, ln2, ix] {
-    const Bound& p = **w;
-    k.matmul_backward(s.dact, p.g(ix.down), nullptr, dout, a.fch_act, p.p(ix.down), BT, d.F, d.C);
-    k.swiglu_backward(s.dfch, a.fch, s.dact, BT, d.F);
-    k.matmul_backward(partial, p.g(ix.gate), nullptr, s.dfch, ln2, p.p(ix.gate), BT, d.C, 2 * d.F);
-  });
+  if (moe.expert_layer) {
+    moe_backward(k, w, ix.gate, d, a, s, ln2, dout, partial, BT, moe);
+  } else {
+    k.submit([&k, w, a, s, d, BT, dout, partial, ln2, ix] {
+      const Bound& p = **w;
+      k.matmul_backward(s.dact, p.g(ix.down), nullptr, dout, a.fch_act, p.p(ix.down), BT, d.F, d.C);
+      k.swiglu_backward(s.dfch, a.fch, s.dact, BT, d.F);
+      k.matmul_backward(partial, p.g(ix.gate), nullptr, s.dfch, ln2, p.p(ix.gate), BT, d.C, 2 * d.F);
+    });
+  }
   g.reduce(partial, s.dC, BT);
   k.submit([&k, w, a, s, d, R, ix] {
     const Bound& p = **w;

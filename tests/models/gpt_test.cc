@@ -1,5 +1,6 @@
 // The GPT model against PyTorch: forward and backward of one micro-batch tensor by tensor (f32
-// and bf16), activation checkpointing, evaluation, and 10 AdamW steps through the engine, all on
+// and bf16), activation checkpointing, evaluation, mixture-of-experts MLPs, and 10 AdamW steps
+// through the engine, all on
 // tests/reference/gpt_torch.safetensors (written by tests/reference/gpt_reference.py).
 #include <gtest/gtest.h>
 
@@ -157,6 +158,71 @@ TEST_P(GptOnDevice, DecodingWithTheCacheGivesPyTorchLogitsAtEveryPosition) {
   }
   m.gpt.end_decoding();
   std::printf("decoding's worst logits error %.3g over %d positions\n", worst, T);
+}
+
+// GPT-2 with mixtures of GELU experts as its MLPs (the reference's MOE_CFG: top-2, capacity drops)
+// against PyTorch: the loss, every gradient (the auxiliary losses' terms in them), each layer's
+// auxiliary and z losses, the logits of an evaluation, and recomputation's identical bits.
+TEST_P(GptOnDevice, MixtureOfExpertsMatchesPyTorch) {
+  const auto j = nlohmann::json::parse(reference().metadata.at("moe_config"));
+  const auto& mj = j["moe"];
+  const auto config = [&](bool checkpointing) {
+    GptConfig c = reference_config();
+    c.moe.num_experts = mj["num_experts"], c.moe.top_k = mj["top_k"], c.moe.capacity_factor = mj["capacity_factor"];
+    c.moe.eval_capacity_factor = mj["eval_capacity_factor"], c.moe.min_capacity = mj["min_capacity"];
+    c.moe.drop_tokens = mj["drop_tokens"], c.moe.normalize_top_k = mj["normalize_top_k"], c.moe.aux_loss_coef = mj["aux_loss_coef"];
+    c.moe.z_loss_coef = mj["z_loss_coef"], c.moe.every = mj["every"], c.moe.intermediate_size = mj["intermediate_size"];
+    c.activation_checkpointing = checkpointing;
+    return c;
+  };
+  struct Moe {
+    std::unique_ptr<Device> device;
+    testing::DirectHost host;
+    Gpt gpt;
+    Moe(const GptConfig& c, const std::string& spec) : device(make_device(spec)), host(*device, DType::f32), gpt(host, c) {
+      for (size_t b = 0; b < host.blocks(); ++b) {
+        const auto& sp = host.spec(static_cast<int>(b));
+        for (size_t i = 0; i < sp.params.size(); ++i)
+          host.set_param(static_cast<int>(b), i, reference().at("moe.init." + sp.name + "." + sp.params[i].name).as_f32());
+      }
+    }
+  };
+  const auto tokens = reference().at("batch.tokens").as_i32(), targets = reference().at("batch.targets").as_i32();
+  Moe m(config(false), GetParam()), ckpt(config(true), GetParam());
+  float loss = 0, ckpt_loss = 0;
+  m.gpt.forward_backward(tokens.data(), targets.data(), 3, 20, &loss);
+  ckpt.gpt.forward_backward(tokens.data(), targets.data(), 3, 20, &ckpt_loss);
+  m.host.compute_stream().synchronize();
+  ckpt.host.compute_stream().synchronize();
+  const float ref = reference().at("moe.loss").as_f32()[0];
+  EXPECT_NEAR(loss, ref, 2e-6 * ref);
+  EXPECT_EQ(loss, ckpt_loss);
+  const MoeStats st = m.gpt.take_moe_stats();
+  const auto aux = reference().at("moe.aux").as_f32(), z = reference().at("moe.z").as_f32();
+  EXPECT_EQ(st.passes, 2);
+  EXPECT_NEAR(st.aux_loss, aux[0] + aux[1], 4e-6 * (aux[0] + aux[1]));
+  EXPECT_NEAR(st.z_loss, z[0] + z[1], 4e-6 * (z[0] + z[1]));
+  EXPECT_GT(st.dropped, 0u) << "the capacity must bite in this case";
+  EXPECT_EQ(ckpt.gpt.take_moe_stats().passes, 2) << "a recomputation counts nothing again";
+  std::printf("moe: loss %.7f torch %.7f; aux %.7f torch %.7f; %zu of %zu choices dropped, busiest expert %.2f x the mean\n", loss,
+              ref, st.aux_loss, aux[0] + aux[1], st.dropped, st.choices, st.max_load);
+  double worst = 0;
+  for (size_t b = 0; b < m.host.blocks(); ++b) {
+    const auto& sp = m.host.spec(static_cast<int>(b));
+    for (size_t i = 0; i < sp.params.size(); ++i) {
+      const std::string name = sp.name + "." + sp.params[i].name;
+      const auto got = m.host.values(static_cast<int>(b), i, true);
+      const double e = rel_error(got, reference().at("moe.grad." + name).as_f32());
+      worst = std::max(worst, e);
+      EXPECT_LT(e, 2e-5) << "gradient of " << name;
+      EXPECT_EQ(got, ckpt.host.values(static_cast<int>(b), i, true)) << "recomputed gradient of " << name;
+    }
+  }
+  std::printf("moe: worst gradient error %.3g\n", worst);
+  std::vector<float> logits(reference().at("moe.logits").numel());
+  m.gpt.evaluate(tokens.data(), targets.data(), 3, 20, &loss, logits.data());
+  m.host.compute_stream().synchronize();
+  EXPECT_LT(rel_error(logits, reference().at("moe.logits").as_f32()), 1e-5);
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, GptOnDevice, ::testing::ValuesIn(testing::device_specs()));

@@ -27,6 +27,14 @@ inline GptConfig llama_case_config(const nlohmann::json& j) {
       c.rope_scaling.original_max_position_embeddings = s["original_max_position_embeddings"];
     }
   }
+  if (j.contains("moe")) {
+    const auto& m = j["moe"];
+    c.moe.num_experts = m["num_experts"], c.moe.top_k = m["top_k"];
+    c.moe.capacity_factor = m["capacity_factor"], c.moe.eval_capacity_factor = m["eval_capacity_factor"];
+    c.moe.min_capacity = m["min_capacity"], c.moe.drop_tokens = m["drop_tokens"], c.moe.normalize_top_k = m["normalize_top_k"];
+    c.moe.aux_loss_coef = m["aux_loss_coef"], c.moe.z_loss_coef = m["z_loss_coef"], c.moe.every = m["every"];
+    c.moe.intermediate_size = m["intermediate_size"];
+  }
   return c;
 }
 

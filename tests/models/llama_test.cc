@@ -3,7 +3,9 @@
 // the logits, the loss and every parameter's gradient of one micro-batch, under Hugging Face's
 // names, for grouped-query attention with Llama 3's rope scaling and an untied head ("llama"),
 // Llama's attention_bias ("llama_bias"), q/k/v biases with a tied head ("qwen2"), and per-head q/k norms with a head wider than
-// n_embd / n_head ("qwen3").
+// n_embd / n_head ("qwen3"); and mixtures of experts: Mixtral's top-2 renormalised dropless layers
+// ("mixtral") and a Switch layer that drops what is past its experts' capacity ("switch"), their
+// auxiliary losses' values and gradients included.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -70,10 +72,25 @@ class LlamaOnDevice : public ::testing::TestWithParam<std::string> {
 // f32: zeroth's kernels differ from PyTorch's in summation order and the exp polynomial only
 // (1.1e-6 to 1.6e-6 of each tensor's largest value measured; 5e-6 allowed).
 TEST_P(LlamaOnDevice, ForwardBackwardMatchesPyTorchF32) {
-  for (const char* name : {"llama", "llama_bias", "qwen2", "qwen3"}) {
+  for (const char* name : {"llama", "llama_bias", "qwen2", "qwen3", "mixtral", "switch"}) {
     SCOPED_TRACE(name);
     Loaded m(name, GetParam());
     const float loss = m.forward_backward();
+    if (m.config.moe.enabled()) {
+      // Each expert layer's losses, summed over the layers, against PyTorch's.
+      const MoeStats st = m.model.take_moe_stats();
+      const auto aux = reference().at(std::string(name) + ".moe_aux").as_f32(),
+                 z = reference().at(std::string(name) + ".moe_z").as_f32();
+      EXPECT_EQ(st.passes, static_cast<int>(aux.size()));
+      double aux_sum = 0, z_sum = 0;
+      for (size_t i = 0; i < aux.size(); ++i) aux_sum += aux[i], z_sum += z[i];
+      EXPECT_NEAR(st.aux_loss, aux_sum, 4e-6 * aux_sum);
+      EXPECT_NEAR(st.z_loss, z_sum, 4e-6 * z_sum);
+      std::printf("%s: aux loss %.7f torch %.7f, z loss %.6f torch %.6f, %zu of %zu choices dropped, busiest expert %.2f x the mean\n",
+                  name, st.aux_loss, aux_sum, st.z_loss, z_sum, st.dropped, st.choices, st.max_load);
+      if (std::string(name) == "switch") EXPECT_GT(st.dropped, 0u) << "the capacity must bite in this case";
+      else EXPECT_EQ(st.dropped, 0u);
+    }
     const float ref = reference().at(std::string(name) + ".loss").as_f32()[0];
     std::printf("%s: loss %.7f torch %.7f\n", name, loss, ref);
     EXPECT_NEAR(loss, ref, 2e-6 * ref);
@@ -92,7 +109,7 @@ TEST_P(LlamaOnDevice, ForwardBackwardMatchesPyTorchF32) {
 // bf16 parameters and gradients against the f32 reference, as GPT-2's test bounds them: weights and
 // gradients round to 8 mantissa bits and the errors compound through two layers.
 TEST_P(LlamaOnDevice, ForwardBackwardMatchesPyTorchBf16) {
-  for (const char* name : {"llama", "llama_bias", "qwen2", "qwen3"}) {
+  for (const char* name : {"llama", "llama_bias", "qwen2", "qwen3", "mixtral"}) {
     SCOPED_TRACE(name);
     Loaded m(name, GetParam(), false, DType::bf16);
     const float loss = m.forward_backward();
@@ -113,8 +130,9 @@ TEST_P(LlamaOnDevice, ForwardBackwardMatchesPyTorchBf16) {
 // decoded as a prompt of 5 tokens and then a token at a time; each pass's next-token logits are
 // PyTorch's at that position (rotary angles from the cache's offset, grouped keys and values read
 // from it), within the whole forward's bound.
+// Dropless experts route each token alone as in the whole sequence; a capacity would not ("switch").
 TEST_P(LlamaOnDevice, DecodingWithTheCacheGivesPyTorchLogitsAtEveryPosition) {
-  for (const char* name : {"llama", "llama_bias", "qwen2", "qwen3"}) {
+  for (const char* name : {"llama", "llama_bias", "qwen2", "qwen3", "mixtral"}) {
     SCOPED_TRACE(name);
     Loaded m(name, GetParam());
     const auto tokens = reference().at("batch.tokens").as_i32();
@@ -139,7 +157,7 @@ TEST_P(LlamaOnDevice, DecodingWithTheCacheGivesPyTorchLogitsAtEveryPosition) {
 }
 
 TEST_P(LlamaOnDevice, EvaluateGivesPyTorchLogits) {
-  for (const char* name : {"llama", "llama_bias", "qwen2", "qwen3"}) {
+  for (const char* name : {"llama", "llama_bias", "qwen2", "qwen3", "mixtral", "switch"}) {
     SCOPED_TRACE(name);
     Loaded m(name, GetParam());
     const auto tokens = reference().at("batch.tokens").as_i32(), targets = reference().at("batch.targets").as_i32();
@@ -156,7 +174,7 @@ TEST_P(LlamaOnDevice, EvaluateGivesPyTorchLogits) {
 
 // Recomputing a block in its backward runs the same kernels on the same inputs: identical bits.
 TEST_P(LlamaOnDevice, ActivationCheckpointingGivesIdenticalGradients) {
-  for (const char* name : {"llama", "qwen3"}) {
+  for (const char* name : {"llama", "qwen3", "mixtral", "switch"}) {
     Loaded plain(name, GetParam()), ckpt(name, GetParam(), true);
     EXPECT_EQ(plain.forward_backward(), ckpt.forward_backward()) << name;
     for (const auto& p : Gpt::hf_params(plain.config))

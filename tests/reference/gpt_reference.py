@@ -7,7 +7,8 @@ compare against PyTorch without torch installed. Run with /usr/bin/python3:
 
 --forward (tests/models/gpt_test.cc): a small GPT-2 with its weights, one micro-batch, the logits,
 the loss and every gradient, then 10 AdamW steps (clipping, no decay on biases and LayerNorms)
-with their losses and gradient norms.
+with their losses and gradient norms; and the same GPT-2 with mixtures of GELU experts as its MLPs
+(MOE_CFG, moe_reference.py's gate): the logits, loss and gradients of the first micro-batch.
 
 --train (tests/engine/train_torch_test.cc): 10 optimizer steps of a tiny GPT-2 as DeepSpeed's engine
 takes them, in f32 and in zeroth's bf16 mode:
@@ -49,11 +50,19 @@ import struct
 import torch
 import torch.nn.functional as F
 
+from moe_reference import moe_layer
+
 CFG = dict(vocab_size=97, seq_len=24, n_layer=2, n_head=4, n_embd=48)
 B, T = 3, 20
 STEPS = 10
 OPT = dict(lr=3e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
 CLIP = 1.0
+
+# The same GPT-2 with both MLPs mixtures of 4 GELU experts (64 wide, biases), GShard's top-2 with
+# DeepSpeed's capacity rule (some choices dropped), weights not renormalised.
+MOE_CFG = dict(CFG, moe=dict(num_experts=4, top_k=2, capacity_factor=1.0, eval_capacity_factor=1.0, min_capacity=0,
+                             drop_tokens=True, normalize_top_k=False, aux_loss_coef=0.01, z_loss_coef=1e-3, every=1,
+                             intermediate_size=64))
 
 TRAIN_CFG = dict(vocab_size=64, seq_len=16, n_layer=2, n_head=2, n_embd=32)
 TRAIN_BATCH = dict(sequences=16, micro_batch=2, seq=16)  # 8 micro-batches of 2 per step
@@ -69,8 +78,13 @@ def layernorm(x, w, b):
     return F.layer_norm(x, (x.shape[-1],), w, b, eps=1e-5)
 
 
-def forward(p, idx, targets, cfg=CFG, head=None):
-    """`head`: the LM head's matrix when it is a leaf of its own (default: the tied embedding)."""
+def is_moe_layer(cfg, l):
+    return "moe" in cfg and (l + 1) % cfg["moe"]["every"] == 0
+
+
+def forward(p, idx, targets, cfg=CFG, head=None, moe_losses=None):
+    """`head`: the LM head's matrix when it is a leaf of its own (default: the tied embedding).
+    `moe_losses`: a list the expert layers append their (aux, z) losses to."""
     L, H, C = cfg["n_layer"], cfg["n_head"], cfg["n_embd"]
     b, t = idx.shape
     x = p["embed.wte"][idx] + p["embed.wpe"][:t]
@@ -86,6 +100,16 @@ def forward(p, idx, targets, cfg=CFG, head=None):
         y = (att @ vv).transpose(1, 2).contiguous().view(b, t, C)
         x = x + y @ q("attn.c_proj.weight").T + q("attn.c_proj.bias")
         h = layernorm(x, q("ln_2.weight"), q("ln_2.bias"))
+        if is_moe_layer(cfg, l):
+            def expert(e, rows, q=q):
+                ex = f"mlp.experts.{e}."
+                act = F.gelu(rows @ q(ex + "c_fc.weight").T + q(ex + "c_fc.bias"), approximate="tanh")
+                return act @ q(ex + "c_proj.weight").T + q(ex + "c_proj.bias")
+            y, aux, z = moe_layer(h, q("mlp.router.weight"), expert, cfg["moe"])
+            x = x + y
+            if moe_losses is not None:
+                moe_losses.append((aux, z))
+            continue
         h = F.gelu(h @ q("mlp.c_fc.weight").T + q("mlp.c_fc.bias"), approximate="tanh")
         x = x + h @ q("mlp.c_proj.weight").T + q("mlp.c_proj.bias")
     x = layernorm(x, p["ln_f.weight"], p["ln_f.bias"])
@@ -102,8 +126,14 @@ def make_params(gen, cfg=CFG):
         for ln in ("ln_1", "ln_2"):
             p[f"h.{l}.{ln}.weight"] = 1 + 0.1 * torch.randn(C, generator=gen)
             p[f"h.{l}.{ln}.bias"] = 0.1 * torch.randn(C, generator=gen)
-        for name, shape in (("attn.c_attn", (3 * C, C)), ("attn.c_proj", (C, C)), ("mlp.c_fc", (4 * C, C)),
-                            ("mlp.c_proj", (C, 4 * C))):
+        mlp = (("mlp.c_fc", (4 * C, C)), ("mlp.c_proj", (C, 4 * C)))
+        if is_moe_layer(cfg, l):
+            m = cfg["moe"]
+            X = m["intermediate_size"]
+            p[f"h.{l}.mlp.router.weight"] = torch.randn(m["num_experts"], C, generator=gen) * 0.5
+            mlp = tuple(item for e in range(m["num_experts"])
+                        for item in ((f"mlp.experts.{e}.c_fc", (X, C)), (f"mlp.experts.{e}.c_proj", (C, X))))
+        for name, shape in (("attn.c_attn", (3 * C, C)), ("attn.c_proj", (C, C))) + mlp:
             p[f"h.{l}.{name}.weight"] = torch.randn(*shape, generator=gen) * 0.08
             p[f"h.{l}.{name}.bias"] = torch.randn(shape[0], generator=gen) * 0.05
     p["ln_f.weight"] = 1 + 0.1 * torch.randn(C, generator=gen)
@@ -166,8 +196,22 @@ def write_forward(path):
     out["train.grad_norms"] = torch.tensor(norms, dtype=torch.float32)
     for k, v in params.items():
         out[f"final.{k}"] = v.detach().clone()
+    # The mixture of experts on the first batch, its own weights: logits, loss, every gradient (the
+    # auxiliary losses' terms in it), and each layer's auxiliary and z losses.
+    moe_params = {k: v.float().requires_grad_(True) for k, v in make_params(torch.Generator().manual_seed(4321), MOE_CFG).items()}
+    losses_moe = []
+    idx, tgt = data[0, :, :T], data[0, :, 1:]
+    logits, loss = forward(moe_params, idx, tgt, MOE_CFG, moe_losses=losses_moe)
+    m = MOE_CFG["moe"]
+    (loss + sum(m["aux_loss_coef"] * a + m["z_loss_coef"] * z for a, z in losses_moe)).backward()
+    out.update({f"moe.init.{k}": v.detach().clone() for k, v in moe_params.items()})
+    out.update({f"moe.grad.{k}": v.grad.detach().clone() for k, v in moe_params.items()})
+    out["moe.logits"] = logits.detach()
+    out["moe.loss"] = loss.detach().reshape(1)
+    out["moe.aux"] = torch.stack([a for a, _ in losses_moe]).detach()
+    out["moe.z"] = torch.stack([z for _, z in losses_moe]).detach()
     meta = {"torch": torch.__version__, "config": json.dumps(CFG), "batch": json.dumps([B, T]),
-            "optimizer": json.dumps(OPT), "clip": str(CLIP)}
+            "optimizer": json.dumps(OPT), "clip": str(CLIP), "moe_config": json.dumps(MOE_CFG)}
     write_safetensors(path, out, meta)
     print(f"wrote {path}: loss {float(out['loss']):.6f}, train losses {losses[0]:.4f} -> {losses[-1]:.4f}")
 

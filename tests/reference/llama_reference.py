@@ -5,9 +5,10 @@ papers and Hugging Face's documented conventions, not from zeroth's code. Run wi
     cd tests/reference && /usr/bin/python3 llama_reference.py \
         --forward llama_torch.safetensors --train llama_train_torch.safetensors
 
---forward (tests/models/llama_test.cc): four small models, one micro-batch each: the logits, the
+--forward (tests/models/llama_test.cc): six small models, one micro-batch each: the logits, the
 mean cross-entropy and the gradient of every parameter, in f32, under Hugging Face's parameter
-names.
+names; for the two with expert layers also each layer's auxiliary and z losses, whose terms
+(times their coefficients) join the cross-entropy in the gradient.
 --train (tests/engine/train_torch_test.cc): "llama", "qwen2" and "qwen3" trained for 10 optimizer
 steps as DeepSpeed's engine takes them (gpt_reference.py's batch, AdamW, WarmupCosineLR and
 stepping), in f32 and in zeroth's bf16 mode; per step the loss, the gradient norm before clipping
@@ -21,7 +22,10 @@ The models:
 - "qwen2": q/k/v biases, 6 query heads over 3 key/value heads, rope_theta 1e6, the LM head tied
   to the embedding;
 - "qwen3": per-head q/k RMSNorm before the rotation, head_dim 16 with n_embd 48 and 4 heads (the
-  attention is wider than the residual stream), linear rope scaling, untied.
+  attention is wider than the residual stream), linear rope scaling, untied;
+- "mixtral": every MLP a mixture of 4 SwiGLU experts, top-2, renormalised, dropless (Mixtral's
+  names: block_sparse_moe.gate, experts.N.w1/w2/w3);
+- "switch": the second layer's MLP 4 experts, top-1 with DeepSpeed's capacity, some tokens dropped.
 
 The definitions:
 - RMSNorm (Zhang and Sennrich 2019) as Llama computes it: x * rsqrt(mean(x^2) + eps) in f32, then
@@ -44,6 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from gpt_reference import TRAIN_BATCH, TRAIN_OPT, TRAIN_SCHEDULER, train, write_safetensors
+from moe_reference import moe_layer
 
 CASES = {
     "llama": dict(vocab_size=96, seq_len=16, n_layer=2, n_embd=48, n_head=6, n_kv_head=2, head_dim=8, intermediate_size=80,
@@ -60,6 +65,20 @@ CASES = {
     "qwen3": dict(vocab_size=96, seq_len=16, n_layer=2, n_embd=48, n_head=4, n_kv_head=2, head_dim=16, intermediate_size=72,
                   rms_norm_eps=1e-6, rope_theta=10000.0, qkv_bias=False, qk_norm=True, tie_word_embeddings=False,
                   rope_scaling={"rope_type": "linear", "factor": 2.0}),
+    # Mixtral: every layer's MLP 4 SwiGLU experts, top-2 of them, weights renormalised over the two,
+    # dropless, with the load-balancing and z losses in the gradient.
+    "mixtral": dict(vocab_size=96, seq_len=16, n_layer=2, n_embd=48, n_head=6, n_kv_head=2, head_dim=8, intermediate_size=80,
+                    rms_norm_eps=1e-6, rope_theta=10000.0, qkv_bias=False, qk_norm=False, tie_word_embeddings=False,
+                    rope_scaling=None,
+                    moe=dict(num_experts=4, top_k=2, capacity_factor=1.0, eval_capacity_factor=1.0, min_capacity=0, drop_tokens=False,
+                             normalize_top_k=True, aux_loss_coef=0.02, z_loss_coef=1e-3, every=1, intermediate_size=40)),
+    # Switch: the second layer only, 4 experts, top-1 with capacity ceil(24 / 4 x 1.0) = 6: choices past
+    # it dropped (their tokens pass the layer through the residual only).
+    "switch": dict(vocab_size=96, seq_len=16, n_layer=2, n_embd=48, n_head=6, n_kv_head=2, head_dim=8, intermediate_size=80,
+                   rms_norm_eps=1e-6, rope_theta=10000.0, qkv_bias=False, qk_norm=False, tie_word_embeddings=True,
+                   rope_scaling=None,
+                   moe=dict(num_experts=4, top_k=1, capacity_factor=1.0, eval_capacity_factor=1.0, min_capacity=2, drop_tokens=True,
+                            normalize_top_k=False, aux_loss_coef=0.05, z_loss_coef=0.0, every=2, intermediate_size=64)),
 }
 B, T = 2, 12
 
@@ -93,7 +112,20 @@ def rotate(x, cos, sin):
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
-def forward(p, cfg, tokens, targets, head=None):
+def moe_mlp(h, p, pre, cfg):
+    """Mixtral's sparse MLP: SwiGLU experts behind moe_reference.py's gate."""
+    def expert(e, x):
+        ex = pre + f"block_sparse_moe.experts.{e}."
+        return F.linear(F.silu(F.linear(x, p[ex + "w1.weight"])) * F.linear(x, p[ex + "w3.weight"]), p[ex + "w2.weight"])
+    return moe_layer(h, p[pre + "block_sparse_moe.gate.weight"], expert, cfg["moe"])
+
+
+def is_moe_layer(cfg, l):
+    return "moe" in cfg and (l + 1) % cfg["moe"]["every"] == 0
+
+
+def forward(p, cfg, tokens, targets, head=None, moe_losses=None):
+    """`moe_losses`: a list the expert layers append their (aux, z) losses to."""
     """`head`: the LM head's matrix when a tied one is a leaf of its own (bf16 training keeps the
     head's gradient apart from the embedding's until the two are summed)."""
     B, T = tokens.shape
@@ -123,6 +155,12 @@ def forward(p, cfg, tokens, targets, head=None):
         y = (att @ v).transpose(1, 2).reshape(B, T, NH * hs)
         x = x + F.linear(y, p[pre + "self_attn.o_proj.weight"], p.get(pre + "self_attn.o_proj.bias"))
         h = rms_norm(x, p[pre + "post_attention_layernorm.weight"], eps)
+        if is_moe_layer(cfg, l):
+            y, aux, z = moe_mlp(h, p, pre, cfg)
+            x = x + y
+            if moe_losses is not None:
+                moe_losses.append((aux, z))
+            continue
         m = F.silu(F.linear(h, p[pre + "mlp.gate_proj.weight"])) * F.linear(h, p[pre + "mlp.up_proj.weight"])
         x = x + F.linear(m, p[pre + "mlp.down_proj.weight"])
     x = rms_norm(x, p["model.norm.weight"], eps)
@@ -159,6 +197,16 @@ def make_params(gen, cfg):
         if cfg.get("attention_bias", False):
             p[pre + "self_attn.o_proj.bias"] = 0.1 * torch.randn(C, generator=gen)
         norm(pre + "post_attention_layernorm.weight", C)
+        if is_moe_layer(cfg, l):
+            m = cfg["moe"]
+            X = m["intermediate_size"]
+            p[pre + "block_sparse_moe.gate.weight"] = torch.randn(m["num_experts"], C, generator=gen) / math.sqrt(C) * 2
+            for e in range(m["num_experts"]):
+                ex = pre + f"block_sparse_moe.experts.{e}."
+                matrix(ex + "w1.weight", X, C)
+                matrix(ex + "w3.weight", X, C)
+                matrix(ex + "w2.weight", C, X)
+            continue
         matrix(pre + "mlp.gate_proj.weight", Fw, C)
         matrix(pre + "mlp.up_proj.weight", Fw, C)
         matrix(pre + "mlp.down_proj.weight", C, Fw)
@@ -219,8 +267,15 @@ def write_forward(path):
     meta = {}
     for case, cfg in CASES.items():
         params = {k: v.float().requires_grad_(True) for k, v in make_params(gen, cfg).items()}
-        logits, loss = forward(params, cfg, tokens, targets)
-        loss.backward()
+        losses = []
+        logits, loss = forward(params, cfg, tokens, targets, moe_losses=losses)
+        total = loss
+        if losses:
+            m = cfg["moe"]
+            total = loss + sum(m["aux_loss_coef"] * a + m["z_loss_coef"] * z for a, z in losses)
+            out[f"{case}.moe_aux"] = torch.stack([a for a, _ in losses]).detach()
+            out[f"{case}.moe_z"] = torch.stack([z for _, z in losses]).detach()
+        total.backward()
         meta[case] = json.dumps(cfg)
         for name, t in params.items():
             out[f"{case}.init.{name}"] = t.detach()

@@ -48,6 +48,24 @@ def gate(logits, k, capacity, drop_tokens, normalize):
     return top_e, location, kept, weight, aux, z
 
 
+def moe_layer(h, router_weight, expert, m):
+    """A mixture-of-experts MLP over h [..., C] with the gate above: each expert (expert(e, rows))
+    runs on the tokens that chose it and kept their place, and each token gets the weighted sum of
+    its experts' outputs. Returns the output and the layer's auxiliary and z losses."""
+    shape = h.shape
+    x = h.reshape(-1, shape[-1])
+    N, E, k = x.shape[0], m["num_experts"], m["top_k"]
+    logits = torch.nn.functional.linear(x, router_weight)
+    capacity = min(max(math.ceil(N * k / E * m["capacity_factor"]), m["min_capacity"]), N) if m["drop_tokens"] else N
+    top_e, _, kept, weight, aux, z = gate(logits, k, capacity, m["drop_tokens"], m["normalize_top_k"])
+    out = torch.zeros_like(x)
+    for e in range(E):
+        n, j = ((top_e == e) & kept).nonzero(as_tuple=True)
+        if n.numel() > 0:
+            out = out.index_add(0, n, weight[n, j].unsqueeze(1) * expert(e, x[n]))
+    return out.view(shape), aux, z
+
+
 def main(path):
     torch.manual_seed(2026)
     out = {"torch": torch.__version__, "cases": []}

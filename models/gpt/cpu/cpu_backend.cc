@@ -94,6 +94,8 @@ class CpuKernels final : public Kernels {
     *loss = static_cast<float>(sum / static_cast<double>(N));
   }
   void download(float* host, const float* src, size_t n) override { std::memcpy(host, src, n * sizeof(float)); }
+  void upload(void* dst, const void* host, size_t bytes) override { std::memcpy(dst, host, bytes); }
+  void synchronize() override {}
 
  private:
   Stream& stream_;

@@ -543,6 +543,10 @@ class CudaKernels final : public Kernels {
     mean_kernel<<<1, 1024, 0, s()>>>(rows, rows, N);
     CUDA_CHECK(cudaMemcpyAsync(loss, rows, sizeof(float), cudaMemcpyDeviceToHost, s()));
   }
+  void upload(void* dst, const void* host, size_t bytes) override {
+    if (bytes > 0) CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, s()));
+  }
+  void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(s())); }
   void download(float* host, const float* src, size_t n) override {
     CUDA_CHECK(cudaMemcpyAsync(host, src, n * sizeof(float), cudaMemcpyDeviceToHost, s()));
   }
