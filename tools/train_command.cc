@@ -125,10 +125,21 @@ class Console final : public TrainObserver {
     const auto& m = c.model;
     const int64_t gas = c.engine.gradient_accumulation_steps;
     std::vector<std::pair<std::string, std::string>> rows;
-    rows.emplace_back("model", fmt::format("{}{}, seq {}, vocab {}: {} parameters{}", m.describe(),
+    const std::string active = m.moe.enabled() ? fmt::format(" ({} active per token)", si(static_cast<double>(m.active_parameters())))
+                                               : std::string();
+    rows.emplace_back("model", fmt::format("{}{}, seq {}, vocab {}: {} parameters{}{}", m.describe(),
                                            c.model_preset.empty() ? "" : " (" + c.model_preset + ")", m.seq_len, m.vocab_size,
-                                           si(static_cast<double>(f.parameters)),
+                                           si(static_cast<double>(f.parameters)), active,
                                            m.activation_checkpointing ? ", activation checkpointing" : ""));
+    if (m.moe.enabled()) {
+      const auto& e = m.moe;
+      rows.emplace_back("experts", fmt::format("top {} of {}, {}, aux loss x {:g}{}", e.top_k, e.num_experts,
+                                               e.drop_tokens ? fmt::format("capacity factor {:g} (eval {:g}), at least {}",
+                                                                           e.capacity_factor, e.eval_capacity_factor, e.min_capacity)
+                                                             : std::string("dropless"),
+                                               e.aux_loss_coef,
+                                               e.z_loss_coef > 0 ? fmt::format(", z loss x {:g}", e.z_loss_coef) : std::string()));
+    }
     const std::string source = c.data.format == DataFormat::synthetic ? "synthetic" : c.data.train;
     rows.emplace_back("data", fmt::format("{}: {} tokens train, {} validation", source, si(static_cast<double>(f.train_tokens)),
                                           si(static_cast<double>(f.val_tokens))));
@@ -198,6 +209,12 @@ class Console final : public TrainObserver {
                           {"step_ms", s.step_seconds * 1e3},
                           {"tokens_per_s", s.tokens_per_second},
                           {"peak_bytes", s.peak_bytes}};
+    if (s.moe) {
+      record.update({{"moe_aux_loss", s.moe_aux_loss},
+                     {"moe_z_loss", s.moe_z_loss},
+                     {"moe_dropped", s.moe_dropped},
+                     {"moe_max_load", s.moe_max_load}});
+    }
     if (c_.engine.time_breakdown) {
       record.update({{"forward_ms", s.forward_seconds * 1e3},
                      {"backward_ms", s.backward_seconds * 1e3},
@@ -214,9 +231,12 @@ class Console final : public TrainObserver {
     metrics_ << record.dump() << "\n";
     check_written();
     const bool print = s.step == 1 || s.step % c_.steps_per_print == 0 || s.step == c_.run.steps;
+    const std::string moe = s.moe ? fmt::format(" | aux {:.3f} drop {:.1f}% load {:.2f}", s.moe_aux_loss, 100 * s.moe_dropped,
+                                                s.moe_max_load)
+                                  : std::string();
     const std::string line =
-        fmt::format("step {:>{}}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f}{} | {} tok/s | {:.0f} ms | peak {}", s.step,
-                    std::to_string(c_.run.steps).size(), c_.run.steps, s.loss, s.lr, s.grad_norm,
+        fmt::format("step {:>{}}/{} | loss {:.4f}{} | lr {:.2e} | grad norm {:.3f}{} | {} tok/s | {:.0f} ms | peak {}", s.step,
+                    std::to_string(c_.run.steps).size(), c_.run.steps, s.loss, moe, s.lr, s.grad_norm,
                     c_.engine.compute_dtype == DType::f16 ? fmt::format(" | scale {:g}", s.loss_scale) : "", si(s.tokens_per_second),
                     s.step_seconds * 1e3, format_bytes(s.peak_bytes));
     if (bar_) {
@@ -305,9 +325,12 @@ class Console final : public TrainObserver {
                 format_bytes(s.peak[2]).c_str(), format_bytes(s.peak[3]).c_str(), format_bytes(s.peak[4]).c_str(),
                 s.peak[5] > 0 ? (", other " + format_bytes(s.peak[5]) + ": gathering the weights to save them").c_str() : "",
                 c_.run.output_dir.c_str());
-    std::printf("  weights: %s (%s, %s, Hugging Face %s names; gathered and written in %.2f s, %.2f GB/s)\n", s.weights_path.c_str(),
-                format_bytes(s.weights_bytes).c_str(), dtype_name(s.weights_dtype).data(), c_.model.hf_architecture().c_str(),
-                s.weights_seconds, s.weights_seconds > 0 ? static_cast<double>(s.weights_bytes) / s.weights_seconds * 1e-9 : 0.0);
+    const std::string arch = c_.model.hf_architecture();
+    const std::string names = arch.empty() ? std::string("zeroth's names (no Hugging Face class has this model)")
+                                           : "Hugging Face " + arch + " names";
+    std::printf("  weights: %s (%s, %s, %s; gathered and written in %.2f s, %.2f GB/s)\n", s.weights_path.c_str(),
+                format_bytes(s.weights_bytes).c_str(), dtype_name(s.weights_dtype).data(), names.c_str(), s.weights_seconds,
+                s.weights_seconds > 0 ? static_cast<double>(s.weights_bytes) / s.weights_seconds * 1e-9 : 0.0);
     if (s.host_peak > 0 || s.swap_bytes > 0) {
       std::printf("  offload on rank 0: host memory peak %s%s, swap files %s; process peak RSS %s\n",
                   format_bytes(s.host_peak).c_str(),

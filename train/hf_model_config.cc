@@ -140,6 +140,24 @@ GptConfig read_llama(Reader& r, const json& j, const std::string& architecture, 
   return c;
 }
 
+// Mixtral: every layer's MLP is num_local_experts SwiGLU experts of intermediate_size, top
+// num_experts_per_tok of them, renormalised, dropless. Hugging Face adds its load-balancing loss only
+// with output_router_logits (its formula counts every chosen expert; zeroth's is GShard's, which
+// counts the first choice: the coefficient carries over, the value differs by about top_k).
+void read_mixtral(Reader& r, GptConfig& c) {
+  c.moe.num_experts = r.integer("num_local_experts");
+  c.moe.top_k = r.integer("num_experts_per_tok");
+  c.moe.every = 1;
+  c.moe.normalize_top_k = true;
+  c.moe.drop_tokens = false;
+  c.moe.min_capacity = 0;
+  const bool aux = r.flag_or("output_router_logits", false);
+  const double coef = r.number_or("router_aux_loss_coef", 0.001);
+  c.moe.aux_loss_coef = aux ? coef : 0.0;
+  c.moe.z_loss_coef = 0;
+  r.require("router_jitter_noise", 0.0, "routes without jitter noise");
+}
+
 GptConfig read_gpt2(Reader& r) {
   GptConfig c;
   c.vocab_size = r.integer("vocab_size");
@@ -206,8 +224,10 @@ HfModelConfig hf_config_from_json(const json& j, const std::string& source) {
   out.architecture = j["architectures"][0].get<std::string>();
   Reader r(j, source);
   const std::string& a = out.architecture;
-  if (a == "LlamaForCausalLM" || a == "MistralForCausalLM" || a == "Qwen2ForCausalLM" || a == "Qwen3ForCausalLM") {
+  if (a == "LlamaForCausalLM" || a == "MistralForCausalLM" || a == "Qwen2ForCausalLM" || a == "Qwen3ForCausalLM" ||
+      a == "MixtralForCausalLM") {
     out.model = read_llama(r, j, a, source);
+    if (a == "MixtralForCausalLM") read_mixtral(r, out.model);
     out.max_positions = r.integer_or("max_position_embeddings", 0);
     r.finish({}, out.unused);
   } else if (a == "GPT2LMHeadModel") {
@@ -216,12 +236,12 @@ HfModelConfig hf_config_from_json(const json& j, const std::string& source) {
     r.finish(kGpt2Unused, out.unused);
   } else {
     ZEROTH_THROW(ConfigError,
-                 "{}: architecture {} is not one zeroth builds; it trains LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
-                 "Qwen3ForCausalLM and GPT2LMHeadModel",
+                 "{}: architecture {} is not one zeroth builds; it trains LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, "
+                 "Qwen2ForCausalLM, Qwen3ForCausalLM and GPT2LMHeadModel",
                  source, a);
   }
-  // Mistral attends within its window; Llama's and Qwen's configs may carry the key unused.
-  if (a == "MistralForCausalLM" && j.contains("sliding_window") && !j["sliding_window"].is_null()) {
+  // Mistral and Mixtral attend within their window; Llama's and Qwen's configs may carry the key unused.
+  if ((a == "MistralForCausalLM" || a == "MixtralForCausalLM") && j.contains("sliding_window") && !j["sliding_window"].is_null()) {
     if (!j["sliding_window"].is_number_integer())
       ZEROTH_THROW(ConfigError, "{}: sliding_window must be an integer or null, got {}", source, j["sliding_window"].dump());
     out.sliding_window = j["sliding_window"].get<int>();
@@ -231,6 +251,12 @@ HfModelConfig hf_config_from_json(const json& j, const std::string& source) {
 
 nlohmann::ordered_json hf_config_to_json(const GptConfig& m, DType dtype) {
   const std::string torch_dtype = dtype == DType::bf16 ? "bfloat16" : dtype == DType::f16 ? "float16" : "float32";
+  if (m.hf_architecture().empty()) {
+    ZEROTH_THROW(InvalidArgument,
+                 "no Hugging Face class holds this model ({}): of the mixtures of experts, Hugging Face has Mixtral's shape only "
+                 "(SwiGLU experts in every layer, top-k renormalised, dropless); export it with --format safetensors",
+                 m.describe());
+  }
   nlohmann::ordered_json j;
   j["architectures"] = {m.hf_architecture()};
   if (!m.llama()) {
@@ -247,10 +273,20 @@ nlohmann::ordered_json hf_config_to_json(const GptConfig& m, DType dtype) {
   if (a == "Qwen3ForCausalLM" && m.qkv_bias != m.o_bias)
     ZEROTH_THROW(InvalidArgument, "no Hugging Face class has per-head q/k norms with biases on q, k and v but not o; these weights "
                                   "have no config.json");
-  j["model_type"] = a == "Qwen3ForCausalLM" ? "qwen3" : a == "Qwen2ForCausalLM" ? "qwen2" : "llama";
+  j["model_type"] = a == "Qwen3ForCausalLM"     ? "qwen3"
+                    : a == "Qwen2ForCausalLM"   ? "qwen2"
+                    : a == "MixtralForCausalLM" ? "mixtral"
+                                                : "llama";
   j["vocab_size"] = m.vocab_size;
   j["hidden_size"] = m.n_embd;
-  j["intermediate_size"] = m.ffn();
+  j["intermediate_size"] = a == "MixtralForCausalLM" ? m.expert_ffn() : m.ffn();
+  if (a == "MixtralForCausalLM") {
+    j["num_local_experts"] = m.moe.num_experts;
+    j["num_experts_per_tok"] = m.moe.top_k;
+    j["output_router_logits"] = m.moe.aux_loss_coef > 0;
+    j["router_aux_loss_coef"] = m.moe.aux_loss_coef > 0 ? m.moe.aux_loss_coef : 0.001;
+    j["router_jitter_noise"] = 0.0;
+  }
   j["num_hidden_layers"] = m.n_layer;
   j["num_attention_heads"] = m.n_head;
   j["num_key_value_heads"] = m.kv_heads();
@@ -261,8 +297,8 @@ nlohmann::ordered_json hf_config_to_json(const GptConfig& m, DType dtype) {
   j["rope_theta"] = m.rope_theta;
   j["rope_scaling"] = rope_scaling_to_json(m.rope_scaling);
   // Qwen2 has q/k/v biases and no key for them; Llama's and Qwen3's attention_bias covers q, k, v and o.
-  if (a != "Qwen2ForCausalLM") j["attention_bias"] = m.o_bias;
-  j["mlp_bias"] = false;
+  if (a != "Qwen2ForCausalLM" && a != "MixtralForCausalLM") j["attention_bias"] = m.o_bias;
+  if (a != "MixtralForCausalLM") j["mlp_bias"] = false;
   j["attention_dropout"] = 0.0;
   j["tie_word_embeddings"] = m.tie_word_embeddings;
   j["torch_dtype"] = torch_dtype;

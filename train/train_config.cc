@@ -324,6 +324,19 @@ TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) 
     if (g.rope_scaling.type != RopeScaling::Type::none) m["rope_scaling"] = rope_scaling_to_json(g.rope_scaling);
     if (g.max_positions != 0) m["max_position_embeddings"] = g.max_positions;
   }
+  if (const MoeConfig& e = t.model.moe; e.enabled()) {
+    c["model"]["moe"] = {{"num_experts", e.num_experts},
+                         {"top_k", e.top_k},
+                         {"capacity_factor", e.capacity_factor},
+                         {"eval_capacity_factor", e.eval_capacity_factor},
+                         {"min_capacity", e.min_capacity},
+                         {"drop_tokens", e.drop_tokens},
+                         {"normalize_top_k", e.normalize_top_k},
+                         {"aux_loss_coef", e.aux_loss_coef},
+                         {"z_loss_coef", e.z_loss_coef},
+                         {"every", e.every},
+                         {"intermediate_size", e.intermediate_size}};
+  }
   const char* formats[] = {"bin", "text", "synthetic"};
   c["data"] = {{"format", formats[static_cast<int>(t.data.format)]}};
   if (t.data.format == DataFormat::synthetic) {

@@ -41,6 +41,38 @@ void read_llama_keys(const ConfigSection& s, GptConfig& g, bool preset) {
   }
 }
 
+// model.moe: the expert layers (GptConfig::moe). With model.hf_config the shape (experts, top_k,
+// widths, which layers, renormalisation) is the file's; the training knobs may still be set.
+void read_moe(const ConfigSection& model, GptConfig& g, bool from_file) {
+  static constexpr std::string_view kKeys[] = {"num_experts",  "top_k",       "capacity_factor",  "eval_capacity_factor",
+                                               "min_capacity", "drop_tokens", "normalize_top_k",  "aux_loss_coef",
+                                               "z_loss_coef",  "every",       "intermediate_size"};
+  if (!model.raw("moe").is_object()) ZEROTH_THROW(ConfigError, "{} must be an object", model.at("moe"));
+  ConfigSection s(model.raw("moe"), model.at("moe"), kKeys);
+  MoeConfig& m = g.moe;
+  if (from_file) {
+    for (const char* key : {"num_experts", "top_k", "every", "intermediate_size", "normalize_top_k"}) {
+      if (s.has(key)) ZEROTH_THROW(ConfigError, "{} comes from model.hf_config; drop it from the config", s.at(key));
+    }
+    if (!m.enabled()) {
+      ZEROTH_THROW(ConfigError, "{} is set but the model of model.hf_config has no expert layers; drop it", model.at("moe"));
+    }
+  } else {
+    m.num_experts = static_cast<int>(s.integer("num_experts", 8, 1, 1 << 16));
+    m.top_k = static_cast<int>(
+        s.integer("top_k", 2, 1, m.num_experts, fmt::format("an integer in [1, {}] (num_experts)", m.num_experts)));
+    m.every = static_cast<int>(s.integer("every", 1, 1, g.n_layer, fmt::format("an integer in [1, {}] (model.n_layer)", g.n_layer)));
+    m.intermediate_size = static_cast<int>(s.integer("intermediate_size", 0, 0, 1 << 24));
+    m.normalize_top_k = s.flag("normalize_top_k", false);
+  }
+  m.capacity_factor = s.number("capacity_factor", m.capacity_factor, 1e-3, 1e3);
+  m.eval_capacity_factor = s.number("eval_capacity_factor", m.eval_capacity_factor, 1e-3, 1e3);
+  m.min_capacity = static_cast<int>(s.integer("min_capacity", m.min_capacity, 0, 1 << 24));
+  m.drop_tokens = s.flag("drop_tokens", m.drop_tokens);
+  m.aux_loss_coef = s.number("aux_loss_coef", m.aux_loss_coef, 0.0, 1e3);
+  m.z_loss_coef = s.number("z_loss_coef", m.z_loss_coef, 0.0, 1e3);
+}
+
 void read_model(TrainConfig& t, const json& j, int default_vocab) {
   static constexpr std::string_view kKeys[] = {"preset",
                                                "vocab_size",
@@ -62,7 +94,8 @@ void read_model(TrainConfig& t, const json& j, int default_vocab) {
                                                "qkv_bias",
                                                "qk_norm",
                                                "tie_word_embeddings",
-                                               "max_position_embeddings"};
+                                               "max_position_embeddings",
+                                               "moe"};
   static constexpr std::string_view kArchitectures[] = {"gpt2", "llama"};
   const json m = j.value("model", json::object());
   json copy = m;
@@ -117,6 +150,7 @@ void read_model(TrainConfig& t, const json& j, int default_vocab) {
       }
     }
   }
+  if (s.has("moe")) read_moe(s, g, s.has("hf_config"));
   // DeepSpeed's activation_checkpointing section turns it on unless the model section says otherwise.
   g.activation_checkpointing = s.flag("activation_checkpointing", j.contains("activation_checkpointing"));
   if (j.contains("activation_checkpointing")) {

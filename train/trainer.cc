@@ -85,6 +85,8 @@ class TrainingRun {
   // tensor-parallel ranks all hold the same), and whether any rank asked to stop, on the compute
   // stream over the world: the engine's own collectives travel on communicators split from dp.
   std::pair<double, bool> agree(double value, bool stop_here);
+  // The expert layers' figures of this step over every rank (into s; nothing without experts).
+  void agree_moe(StepMetrics& s);
   // The cycle's forward and backward passes of step k; their times with wall_clock_breakdown.
   void run_passes(int64_t k, double pass_seconds[2]);
   // A pipeline stage's stamps of the step: its bubble, and its passes' times.
@@ -135,7 +137,7 @@ class TrainingRun {
   std::exception_ptr report_error_;
   int64_t nonfinite_ = 0, last_finite_step_ = 0;
   double last_finite_loss_ = 0;
-  Buffer shared_;
+  Buffer shared_, moe_shared_;
   int eval_batch_ = 0;
   int eval_rows_ = 0;  // rows of the evaluation's micro-batch (mb_, or fewer for the last windows)
   PipeModel stage_model_;
@@ -265,6 +267,24 @@ std::pair<double, bool> TrainingRun::agree(double value, bool stop_here) {
   device_.copy(cs, host, shared_.data(), sizeof host);
   cs.synchronize();
   return {host[0] / dp_.size(), host[1] > 0};
+}
+
+void TrainingRun::agree_moe(StepMetrics& s) {
+  if (!config_.model.moe.enabled()) return;
+  const MoeStats m = gpt_.take_moe_stats();  // this rank's layers (stages hold different ones)
+  if (!moe_shared_) moe_shared_ = device_.allocate(8 * sizeof(float), MemTag::buffers);
+  Stream& cs = engine_.compute_stream();
+  float host[8] = {static_cast<float>(m.passes),  static_cast<float>(m.aux_loss), static_cast<float>(m.z_loss),
+                   static_cast<float>(m.choices), static_cast<float>(m.dropped),  static_cast<float>(m.max_load)};
+  const TensorView all = moe_shared_.view(DType::f32);
+  device_.copy(cs, all.data, host, sizeof host);
+  world_.all_reduce(cs, all.slice(0, 5), ReduceOp::sum);
+  world_.all_reduce(cs, all.slice(5, 1), ReduceOp::max);
+  device_.copy(cs, host, all.data, sizeof host);
+  cs.synchronize();
+  auto ratio = [](float a, float b) { return b > 0 ? a / b : 0.0; };
+  s.moe = true, s.moe_max_load = host[5];
+  s.moe_aux_loss = ratio(host[1], host[0]), s.moe_z_loss = ratio(host[2], host[0]), s.moe_dropped = ratio(host[4], host[3]);
 }
 
 void TrainingRun::evaluate(int64_t step) {
@@ -405,8 +425,9 @@ void TrainingRun::take_measure(int64_t k, double pass_seconds[2]) {
 }
 
 void TrainingRun::report_step(int64_t k, double loss, double seconds, const StepResult& r, const double pass_seconds[2]) {
+  StepMetrics s;
+  agree_moe(s);  // a collective: every rank, before rank 0 reports
   report([&] {
-    StepMetrics s;
     s.step = k + 1;
     s.loss = loss;
     s.lr = r.lr;

@@ -38,6 +38,11 @@ struct StepMetrics {
   uint64_t swap_read_bytes = 0, swap_write_bytes = 0;
   double swap_busy_seconds = 0;
   uint64_t optimizer_swap_read_bytes = 0, optimizer_swap_write_bytes = 0;  // the part in optimizer_seconds
+  // Expert layers (model.moe), over every rank's layers and micro-batches: the mean load-balancing
+  // and z losses per layer pass (without their coefficients), the fraction of choices dropped past
+  // the capacity, and the busiest expert's rows over the mean (the largest of any layer pass).
+  bool moe = false;
+  double moe_aux_loss = 0, moe_z_loss = 0, moe_dropped = 0, moe_max_load = 0;
 };
 
 struct TrainSummary {

@@ -141,20 +141,34 @@ void GptConfig::validate() const {
 }
 
 std::string GptConfig::describe() const {
-  if (!llama()) return fmt::format("GPT-2 {} layers, {} heads, {} wide", n_layer, n_head, n_embd);
+  if (!llama()) {
+    const std::string experts = moe.enabled()
+                                    ? fmt::format(", {} experts of {} (top {}) in {} layers", moe.num_experts, expert_ffn(), moe.top_k,
+                                                  moe.every == 1 ? std::string("all") : fmt::format("1 of every {}", moe.every))
+                                    : "";
+    return fmt::format("GPT-2 {} layers, {} heads, {} wide{}", n_layer, n_head, n_embd, experts);
+  }
   std::string extras;
+  if (moe.enabled())
+    extras += fmt::format(", {} experts of {} (top {}) in {} layers", moe.num_experts, expert_ffn(), moe.top_k,
+                          moe.every == 1 ? std::string("all") : fmt::format("1 of every {}", moe.every));
   if (qkv_bias) extras += o_bias ? ", attention biases" : ", q/k/v biases";
   if (qk_norm) extras += ", q/k norms";
   if (rope_scaling.type != RopeScaling::Type::none)
     extras += fmt::format(", {} rope scaling x{}", rope_scaling.type == RopeScaling::Type::llama3 ? "llama3" : "linear",
                           rope_scaling.factor);
   return fmt::format("{} {} layers, {} heads over {} key/value heads of {}, {} wide, MLP {}, rope theta {}{}, {} head",
-                     hf_architecture(), n_layer, n_head, kv_heads(), head_size(), n_embd, ffn(), rope_theta, extras,
-                     tie_word_embeddings ? "tied" : "untied");
+                     hf_architecture().empty() ? "Llama-family" : hf_architecture(), n_layer, n_head, kv_heads(), head_size(), n_embd,
+                     ffn(), rope_theta, extras, tie_word_embeddings ? "tied" : "untied");
 }
 
 std::string GptConfig::hf_architecture() const {
-  if (!llama()) return "GPT2LMHeadModel";
+  if (!llama()) return moe.enabled() ? "" : "GPT2LMHeadModel";
+  if (moe.enabled()) {
+    // Mixtral's layers: every one sparse, renormalised, dropless, no attention biases or q/k norms.
+    const bool mixtral = moe.every == 1 && moe.normalize_top_k && !moe.drop_tokens && !qkv_bias && !qk_norm;
+    return mixtral ? "MixtralForCausalLM" : "";
+  }
   if (qk_norm) return "Qwen3ForCausalLM";
   if (qkv_bias && !o_bias) return "Qwen2ForCausalLM";
   return "LlamaForCausalLM";

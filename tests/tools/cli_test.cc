@@ -80,7 +80,7 @@ TEST(Cli, BenchCommJsonLocalAndGloo) {
     EXPECT_EQ(r["backend"], backend);
     EXPECT_EQ(r["ranks"], 2);
     EXPECT_GT(r["ceiling_gbps"].get<double>(), 0.0);
-    ASSERT_EQ(r["results"].size(), 5u * 7);  // five op variants x 1 KiB .. 64 KiB
+    ASSERT_EQ(r["results"].size(), 7u * 7);  // seven op variants x 1 KiB .. 64 KiB
     for (const auto& row : r["results"]) {
       for (const char* key : {"op", "in_place", "bytes", "dtype", "time_us", "algbw", "busbw"}) EXPECT_TRUE(row.contains(key)) << key;
       EXPECT_GT(row["time_us"].get<double>(), 0.0);

@@ -69,6 +69,46 @@ TEST(Train, GlooProcessesTrainTheSameLossesAsLocalThreads) {
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5 * a[i]) << "step " << i + 1;
 }
 
+// A mixture of experts (top-2 of 4, capacity drops, every other layer) trains the same losses on one
+// rank and on two at every ZeRO stage: each micro-batch is routed alone, and the ranks' micro-batches
+// are the one rank's. Each step line and metrics record carries the routing's figures.
+TEST(Train, MixtureOfExpertsTrainsAlikeOnOneAndTwoRanksAtEveryStage) {
+  auto moe = [](const std::string& name, int world, int stage) {
+    json j = tiny(name);
+    j["model"]["n_layer"] = 4;
+    j["model"]["moe"] = {{"num_experts", 4}, {"top_k", 2}, {"every", 2}, {"capacity_factor", 1.0}, {"z_loss_coef", 1e-3}};
+    j["run"]["world_size"] = world;
+    j["gradient_accumulation_steps"] = 4 / world;
+    j["zero_optimization"]["stage"] = stage;
+    return run({ZEROTH_BIN, "train", write_config(name, j)}, name);
+  };
+  const auto one = moe("moe_1", 1, 0);
+  ASSERT_EQ(one.code, 0) << one.output;
+  EXPECT_NE(one.output.find("(top 2) in 1 of every 2 layers"), std::string::npos) << one.output;
+  EXPECT_NE(one.output.find("active per token"), std::string::npos) << one.output;
+  EXPECT_NE(one.output.find(" | aux "), std::string::npos) << one.output;
+  const auto a = losses(one);
+  ASSERT_EQ(a.size(), 6u);
+  EXPECT_LT(a.back(), a.front());
+  bool dropped = false;
+  for (const auto& m : one.metrics) {
+    if (!m.contains("loss") || m.contains("summary")) continue;
+    ASSERT_TRUE(m.contains("moe_aux_loss")) << m.dump();
+    EXPECT_GT(m["moe_aux_loss"].get<double>(), 0.0);
+    EXPECT_GE(m["moe_max_load"].get<double>(), 1.0);
+    dropped = dropped || m["moe_dropped"].get<double>() > 0;
+  }
+  EXPECT_TRUE(dropped) << "no step dropped a choice: the capacity is not exercised";
+  for (int stage : {0, 1, 2, 3}) {
+    const std::string name = "moe_2_z" + std::to_string(stage);
+    const auto two = moe(name, 2, stage);
+    ASSERT_EQ(two.code, 0) << two.output;
+    const auto b = losses(two);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 2e-5 * a[i]) << "stage " << stage << ", step " << i + 1;
+  }
+}
+
 TEST(Train, TextAndBinData) {
   // Text: every byte a token.
   std::string text;

@@ -1,5 +1,5 @@
 // The model section for the Llama family: Hugging Face config.json files (the published shapes of
-// Llama 3.2, Qwen2.5, Qwen3, Mistral and GPT-2) read into the model, every key they hold either
+// Llama 3.2, Qwen2.5, Qwen3, Mistral, Mixtral and GPT-2) read into the model, every key they hold either
 // read, known to change nothing, or an error naming it; the same switches as keys of `model`;
 // and the presets' parameter counts against the published ones.
 #include <gtest/gtest.h>
@@ -104,9 +104,9 @@ TEST(HfConfig, WhatZerothCannotHonourIsAnErrorNamingIt) {
        "matter"},
       {"rope_scaling", json{{"rope_type", "yarn"}, {"factor", 4.0}},
        "config.json: rope_scaling: type \"yarn\" is not one zeroth computes (linear, llama3)"},
-      {"architectures", json::array({"MixtralForCausalLM"}),
-       "config.json: architecture MixtralForCausalLM is not one zeroth builds; it trains LlamaForCausalLM, MistralForCausalLM, "
-       "Qwen2ForCausalLM, Qwen3ForCausalLM and GPT2LMHeadModel"},
+      {"architectures", json::array({"PhiForCausalLM"}),
+       "config.json: architecture PhiForCausalLM is not one zeroth builds; it trains LlamaForCausalLM, MistralForCausalLM, "
+       "MixtralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM and GPT2LMHeadModel"},
   };
   for (const Case& c : cases) {
     json j = llama32();
@@ -238,6 +238,82 @@ TEST(ModelSection, LlamaKeysBelongToTheLlamaFamily) {
   EXPECT_EQ(again.rope_scaling.factor, 2.0);
   EXPECT_EQ(again.num_parameters(), t.model.num_parameters());
   EXPECT_EQ(again.describe(), t.model.describe());
+}
+
+// Mixtral 8x7B's config.json as published (mistralai/Mixtral-8x7B-v0.1): every layer 8 SwiGLU experts,
+// top 2, renormalised and dropless; 46,702,792,704 parameters, 12.9B of them met by a token.
+json mixtral() {
+  return json::parse(R"({
+    "architectures": ["MixtralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2,
+    "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336,
+    "max_position_embeddings": 32768, "model_type": "mixtral", "num_attention_heads": 32, "num_experts_per_tok": 2,
+    "num_hidden_layers": 32, "num_key_value_heads": 8, "num_local_experts": 8, "output_router_logits": false,
+    "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.02, "sliding_window": null,
+    "tie_word_embeddings": false, "torch_dtype": "bfloat16", "transformers_version": "4.36.0.dev0", "use_cache": true,
+    "vocab_size": 32000})");
+}
+
+TEST(HfConfig, MixtralReadsItsExpertsAndWritesThemBack) {
+  const HfModelConfig hf = hf_config_from_json(mixtral(), "config.json");
+  const GptConfig& c = hf.model;
+  EXPECT_EQ(c.moe.num_experts, 8);
+  EXPECT_EQ(c.moe.top_k, 2);
+  EXPECT_EQ(c.moe.every, 1);
+  EXPECT_TRUE(c.moe.normalize_top_k);
+  EXPECT_FALSE(c.moe.drop_tokens);
+  EXPECT_EQ(c.moe.aux_loss_coef, 0.0) << "Hugging Face adds its loss only with output_router_logits";
+  EXPECT_EQ(c.expert_ffn(), 14336);
+  EXPECT_EQ(c.num_parameters(), size_t{46702792704});
+  EXPECT_EQ(c.active_parameters(), size_t{12879925248});
+  EXPECT_EQ(c.hf_architecture(), "MixtralForCausalLM");
+  json with_aux = mixtral();
+  with_aux["output_router_logits"] = true;
+  EXPECT_EQ(hf_config_from_json(with_aux, "config.json").model.moe.aux_loss_coef, 0.02);
+  const HfModelConfig back = hf_config_from_json(json::parse(hf_config_to_json(c, DType::bf16).dump()), "export");
+  EXPECT_EQ(back.model.describe(), c.describe());
+  EXPECT_EQ(back.model.num_parameters(), c.num_parameters());
+  json jitter = mixtral();
+  jitter["router_jitter_noise"] = 0.1;
+  EXPECT_THROW(hf_config_from_json(jitter, "config.json"), ConfigError);
+  // A mixture Hugging Face has no class for (capacity drops) has no config.json.
+  GptConfig dropping = c;
+  dropping.moe.drop_tokens = true;
+  EXPECT_EQ(dropping.hf_architecture(), "");
+  EXPECT_THROW(hf_config_to_json(dropping, DType::f32), InvalidArgument);
+}
+
+TEST(ModelSection, MoeKeysAndTheirErrors) {
+  const json base = json::parse(R"({"train_micro_batch_size_per_gpu": 1, "model": {"n_layer": 4, "n_head": 2, "n_embd": 16,
+                                    "moe": {"num_experts": 4, "top_k": 1, "every": 2, "capacity_factor": 1.5,
+                                            "drop_tokens": true, "z_loss_coef": 0.001}}})");
+  const TrainConfig t = TrainConfig::from_json(base);
+  EXPECT_EQ(t.model.moe.num_experts, 4);
+  EXPECT_EQ(t.model.moe.top_k, 1);
+  EXPECT_FALSE(t.model.moe_layer(0));
+  EXPECT_TRUE(t.model.moe_layer(1));
+  EXPECT_TRUE(t.model.moe_layer(3));
+  EXPECT_EQ(t.model.moe.capacity_factor, 1.5);
+  EXPECT_EQ(t.model.moe.aux_loss_coef, 0.01);  // DeepSpeed-MoE's default
+  EXPECT_EQ(TrainConfig::from_json(t.resolved).model.describe(), t.model.describe()) << "the resolved config keeps the experts";
+  auto error_of = [&](const json& j) {
+    try {
+      TrainConfig::from_json(j);
+    } catch (const ConfigError& e) {
+      return message(e);
+    }
+    return std::string("no error");
+  };
+  json j = base;
+  j["model"]["moe"]["top_k"] = 5;
+  EXPECT_EQ(error_of(j), "model.moe.top_k must be an integer in [1, 4] (num_experts), got 5");
+  j = base;
+  j["model"]["moe"]["capacity_facter"] = 2;
+  EXPECT_NE(error_of(j).find("did you mean 'capacity_factor'"), std::string::npos) << error_of(j);
+  j = base;
+  j["parallel"] = {{"tensor", 2}};
+  j["model"]["n_head"] = 4;
+  j["run"] = {{"world_size", 2}};
+  EXPECT_NE(error_of(j).find("expert layers are not split over tensor-parallel ranks"), std::string::npos) << error_of(j);
 }
 
 // The presets' counts as the publishers give them (each model's num_parameters()).
