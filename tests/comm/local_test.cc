@@ -218,8 +218,8 @@ TEST(LocalComm, AllToAllvIntoTooSmallARecvFailsOnEveryRankNamingIt) {
 TEST(LocalComm, AllToAllvArgumentsOneRankRefusesEndEveryRank) {
   auto device = make_device("cpu");
   std::atomic<int> ended{0};
+  // A peer that waited for rank 1 would end by its timeout with another message than the refusal.
   auto comms = make_local_communicators(3, short_timeout(60s));
-  const auto start = std::chrono::steady_clock::now();
   std::vector<std::thread> threads;
   for (int r = 0; r < 3; ++r) {
     threads.emplace_back([&, r] {
@@ -240,7 +240,6 @@ TEST(LocalComm, AllToAllvArgumentsOneRankRefusesEndEveryRank) {
   }
   for (auto& t : threads) t.join();
   EXPECT_EQ(ended.load(), 3);
-  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s) << "the others waited for the timeout";
 }
 
 TEST(LocalComm, MismatchedSendAndRecvAreAnErrorOnBothSides) {
