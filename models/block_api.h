@@ -76,6 +76,12 @@ struct ParamSpec {
 struct BlockSpec {
   std::string name;
   std::vector<ParamSpec> params;
+  // > 1: the block holds this rank's experts, which differ between the data-parallel ranks of each
+  // run of `expert_parallel` consecutive ones (rank r holds slice r mod expert_parallel). The host
+  // partitions it over the data-parallel ranks that hold the same slice, and reduces its gradients
+  // there; its gradients are averaged over the whole data-parallel group all the same (every rank's
+  // tokens reach the experts).
+  int expert_parallel = 1;
 };
 
 // Where a model uses its blocks in one micro-step: forward uses, then backward uses. A block may

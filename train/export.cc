@@ -6,6 +6,8 @@
 #include <optional>   // std::optional
 #include <vector>     // std::vector
 
+#include "core/error.h"  // ZEROTH_CHECK
+
 namespace zeroth {
 namespace {
 
@@ -121,6 +123,19 @@ uint64_t save_gpt_weights(Engine& engine, const GptConfig& config, const std::st
         dense.insert(dense.end(), values.begin() + offsets[i], values.begin() + offsets[i] + params[i].numel());
       if (pipeline.tensor != nullptr)
         dense = engine.comm().rank() == 0 ? assemble_slices(engine, *pipeline.tensor, local, dense, numel) : std::vector<float>{};
+      if (engine.plan().blocks[local].expert) {
+        // The expert-parallel ranks' slices are consecutive experts: gathered in rank order, the block.
+        ZEROTH_CHECK(pipeline.experts != nullptr && dense.size() * pipeline.experts->size() == numel,
+                     "exporting block {}: {} elements of its experts here, {} in the model", name, dense.size(), numel);
+        Buffer part = engine.device().allocate(dense.size() * sizeof(float), MemTag::buffers);
+        Buffer all = engine.device().allocate(numel * sizeof(float), MemTag::buffers);
+        engine.device().copy(cs, part.data(), dense.data(), dense.size() * sizeof(float));
+        pipeline.experts->all_gather(cs, part.view(DType::f32), all.view(DType::f32));
+        std::vector<float> gathered(numel);
+        engine.device().copy(cs, gathered.data(), all.data(), numel * sizeof(float));
+        cs.synchronize();  // the copies in stream order have read `dense` and written `gathered`
+        dense = std::move(gathered);
+      }
     }
     if (tp_rank != 0) continue;  // rank 0 of the tensor-parallel group holds the whole block now
     if (pipeline.stages != nullptr && engine.comm().rank() == 0) {

@@ -25,6 +25,7 @@ struct StageExport {
   Communicator* stages = nullptr;
   GptPart part;
   Communicator* tensor = nullptr;
+  Communicator* experts = nullptr;  // the expert-parallel group, whose ranks hold the experts' slices in order
 };
 uint64_t save_gpt_weights(Engine& engine, const GptConfig& config, const std::string& path, DType dtype,
                           const StageExport& pipeline = {}, uint64_t shard_bytes = kHfDefaultShardBytes);

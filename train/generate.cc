@@ -61,6 +61,7 @@ GenerateResult generate(const TrainConfig& given, const GenerateOptions& o, cons
   config.run.world_size = 1;
   config.parallel.pipeline = 1;
   config.parallel.tensor = 1;
+  config.parallel.expert = 1;
   config.parallel.sequence_parallel = false;
   config.parallel.virtual_stages = 1;
   config.parallel.partition_counts.clear();

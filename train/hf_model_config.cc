@@ -122,7 +122,7 @@ GptConfig read_llama(Reader& r, const json& j, const std::string& architecture, 
   const bool bias = r.flag_or("attention_bias", false);
   c.qkv_bias = bias || architecture == "Qwen2ForCausalLM";
   c.o_bias = bias;
-  c.qk_norm = architecture == "Qwen3ForCausalLM";
+  c.qk_norm = architecture == "Qwen3ForCausalLM" || architecture == "Qwen3MoeForCausalLM";
   r.require("hidden_act", "silu", "computes SwiGLU with SiLU");
   r.require("mlp_bias", false, "has no MLP biases");
   r.require("attention_dropout", 0.0, "trains without dropout");
@@ -144,18 +144,39 @@ GptConfig read_llama(Reader& r, const json& j, const std::string& architecture, 
 // num_experts_per_tok of them, renormalised, dropless. Hugging Face adds its load-balancing loss only
 // with output_router_logits (its formula counts every chosen expert; zeroth's is GShard's, which
 // counts the first choice: the coefficient carries over, the value differs by about top_k).
-void read_mixtral(Reader& r, GptConfig& c) {
-  c.moe.num_experts = r.integer("num_local_experts");
-  c.moe.top_k = r.integer("num_experts_per_tok");
-  c.moe.every = 1;
-  c.moe.normalize_top_k = true;
+// Hugging Face's mixtures route dropless and add the loss only with output_router_logits.
+void read_router(Reader& r, GptConfig& c) {
   c.moe.drop_tokens = false;
   c.moe.min_capacity = 0;
   const bool aux = r.flag_or("output_router_logits", false);
   const double coef = r.number_or("router_aux_loss_coef", 0.001);
   c.moe.aux_loss_coef = aux ? coef : 0.0;
   c.moe.z_loss_coef = 0;
+}
+
+void read_mixtral(Reader& r, GptConfig& c) {
+  c.moe.num_experts = r.integer("num_local_experts");
+  c.moe.top_k = r.integer("num_experts_per_tok");
+  c.moe.every = 1;
+  c.moe.normalize_top_k = true;
+  read_router(r, c);
   r.require("router_jitter_noise", 0.0, "routes without jitter noise");
+}
+
+// Qwen3-MoE: Qwen3's attention; every decoder_sparse_step-th layer's MLP is num_experts SwiGLU
+// experts of moe_intermediate_size (the others intermediate_size wide), top num_experts_per_tok,
+// renormalised with norm_topk_prob, dropless; the auxiliary loss as Mixtral's.
+void read_qwen3_moe(Reader& r, const json& j, const std::string& source, GptConfig& c) {
+  c.moe.num_experts = r.integer("num_experts");
+  c.moe.top_k = r.integer("num_experts_per_tok");
+  c.moe.intermediate_size = r.integer("moe_intermediate_size");
+  c.moe.every = r.integer_or("decoder_sparse_step", 1);
+  c.moe.normalize_top_k = r.flag_or("norm_topk_prob", false);
+  read_router(r, c);
+  r.use("mlp_only_layers");
+  if (j.contains("mlp_only_layers") && !(j["mlp_only_layers"].is_array() && j["mlp_only_layers"].empty()))
+    ZEROTH_THROW(ConfigError, "{}: mlp_only_layers is {}; zeroth places expert layers by decoder_sparse_step alone (give [])", source,
+                 j["mlp_only_layers"].dump());
 }
 
 GptConfig read_gpt2(Reader& r) {
@@ -225,9 +246,10 @@ HfModelConfig hf_config_from_json(const json& j, const std::string& source) {
   Reader r(j, source);
   const std::string& a = out.architecture;
   if (a == "LlamaForCausalLM" || a == "MistralForCausalLM" || a == "Qwen2ForCausalLM" || a == "Qwen3ForCausalLM" ||
-      a == "MixtralForCausalLM") {
+      a == "MixtralForCausalLM" || a == "Qwen3MoeForCausalLM") {
     out.model = read_llama(r, j, a, source);
     if (a == "MixtralForCausalLM") read_mixtral(r, out.model);
+    if (a == "Qwen3MoeForCausalLM") read_qwen3_moe(r, j, source, out.model);
     out.max_positions = r.integer_or("max_position_embeddings", 0);
     r.finish({}, out.unused);
   } else if (a == "GPT2LMHeadModel") {
@@ -237,7 +259,7 @@ HfModelConfig hf_config_from_json(const json& j, const std::string& source) {
   } else {
     ZEROTH_THROW(ConfigError,
                  "{}: architecture {} is not one zeroth builds; it trains LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, "
-                 "Qwen2ForCausalLM, Qwen3ForCausalLM and GPT2LMHeadModel",
+                 "Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM and GPT2LMHeadModel",
                  source, a);
   }
   // Mistral and Mixtral attend within their window; Llama's and Qwen's configs may carry the key unused.
@@ -253,8 +275,9 @@ nlohmann::ordered_json hf_config_to_json(const GptConfig& m, DType dtype) {
   const std::string torch_dtype = dtype == DType::bf16 ? "bfloat16" : dtype == DType::f16 ? "float16" : "float32";
   if (m.hf_architecture().empty()) {
     ZEROTH_THROW(InvalidArgument,
-                 "no Hugging Face class holds this model ({}): of the mixtures of experts, Hugging Face has Mixtral's shape only "
-                 "(SwiGLU experts in every layer, top-k renormalised, dropless); export it with --format safetensors",
+                 "no Hugging Face class holds this model ({}): of the mixtures of experts, Hugging Face has Mixtral's shape "
+                 "(SwiGLU experts in every layer, top-k renormalised, dropless) and Qwen3-MoE's (the same with per-head q/k norms, "
+                 "in every n-th layer, renormalised or not); export it with --format safetensors",
                  m.describe());
   }
   nlohmann::ordered_json j;
@@ -273,10 +296,11 @@ nlohmann::ordered_json hf_config_to_json(const GptConfig& m, DType dtype) {
   if (a == "Qwen3ForCausalLM" && m.qkv_bias != m.o_bias)
     ZEROTH_THROW(InvalidArgument, "no Hugging Face class has per-head q/k norms with biases on q, k and v but not o; these weights "
                                   "have no config.json");
-  j["model_type"] = a == "Qwen3ForCausalLM"     ? "qwen3"
-                    : a == "Qwen2ForCausalLM"   ? "qwen2"
-                    : a == "MixtralForCausalLM" ? "mixtral"
-                                                : "llama";
+  j["model_type"] = a == "Qwen3ForCausalLM"      ? "qwen3"
+                    : a == "Qwen2ForCausalLM"    ? "qwen2"
+                    : a == "MixtralForCausalLM"  ? "mixtral"
+                    : a == "Qwen3MoeForCausalLM" ? "qwen3_moe"
+                                                 : "llama";
   j["vocab_size"] = m.vocab_size;
   j["hidden_size"] = m.n_embd;
   j["intermediate_size"] = a == "MixtralForCausalLM" ? m.expert_ffn() : m.ffn();
@@ -286,6 +310,16 @@ nlohmann::ordered_json hf_config_to_json(const GptConfig& m, DType dtype) {
     j["output_router_logits"] = m.moe.aux_loss_coef > 0;
     j["router_aux_loss_coef"] = m.moe.aux_loss_coef > 0 ? m.moe.aux_loss_coef : 0.001;
     j["router_jitter_noise"] = 0.0;
+  }
+  if (a == "Qwen3MoeForCausalLM") {
+    j["num_experts"] = m.moe.num_experts;
+    j["num_experts_per_tok"] = m.moe.top_k;
+    j["moe_intermediate_size"] = m.expert_ffn();
+    j["decoder_sparse_step"] = m.moe.every;
+    j["mlp_only_layers"] = nlohmann::ordered_json::array();
+    j["norm_topk_prob"] = m.moe.normalize_top_k;
+    j["output_router_logits"] = m.moe.aux_loss_coef > 0;
+    j["router_aux_loss_coef"] = m.moe.aux_loss_coef > 0 ? m.moe.aux_loss_coef : 0.001;
   }
   j["num_hidden_layers"] = m.n_layer;
   j["num_attention_heads"] = m.n_head;

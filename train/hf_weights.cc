@@ -286,9 +286,15 @@ void HfModelReader::read(int block, size_t param, const ParamSpec& as, size_t lo
 
 void HfModelReader::read_block(int block, const BlockSpec& as, const std::vector<size_t>& offsets, size_t lo, size_t hi, float* out) {
   std::fill(out, out + (hi - lo), 0.0f);
+  // An expert-parallel rank's experts are a run of the model's block, from its first one's place.
+  const auto& whole = specs_.at(block).params;
+  size_t first = 0;
+  while (!as.params.empty() && first < whole.size() && whole[first].name != as.params[0].name) ++first;
+  ZEROTH_CHECK(as.params.empty() || first + as.params.size() <= whole.size(), "block {}: parameter {} is not the model's",
+               specs_.at(block).name, as.params[0].name);
   for (size_t i = 0; i < as.params.size(); ++i) {
     const size_t p0 = offsets[i], a = std::max(p0, lo), e = std::min(p0 + as.params[i].numel(), hi);
-    if (a < e) read(block, i, as.params[i], a - p0, e - p0, out + (a - lo));
+    if (a < e) read(block, first + i, as.params[i], a - p0, e - p0, out + (a - lo));
   }
 }
 

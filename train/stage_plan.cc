@@ -15,7 +15,7 @@ void check_data(const TrainConfig& config) { open_run_data(config, config.data_p
 
 StagePlan plan_stage(const TrainConfig& config, int stage, int dp_rank, int tp_rank) {
   const int pp = config.parallel.pipeline;
-  const GptPart part = config.part(stage, tp_rank);
+  const GptPart part = config.part(stage, tp_rank, dp_rank);
   std::vector<PassRef> passes;
   if (pp > 1) {
     passes = pipe_passes(make_pipe_schedule(config.parallel.schedule, pp, static_cast<int>(config.engine.gradient_accumulation_steps),

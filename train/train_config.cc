@@ -224,9 +224,10 @@ std::vector<int> TrainConfig::layers_per_virtual_stage() const {
   return partition_layers(model, parallel.pipeline * parallel.virtual_stages, parallel.partition, parallel.partition_counts);
 }
 
-GptPart TrainConfig::part(int stage, int tp_rank) const {
+GptPart TrainConfig::part(int stage, int tp_rank, int dp_rank) const {
   GptPart part = parallel.pipeline == 1 ? GptPart{} : GptPart::of_rank(layers_per_virtual_stage(), parallel.pipeline, stage);
   part.tp_rank = tp_rank, part.tp_ranks = parallel.tensor, part.sequence_parallel = parallel.sequence_parallel;
+  part.ep_rank = dp_rank % parallel.expert, part.ep_ranks = parallel.expert;
   return part;
 }
 
@@ -379,6 +380,7 @@ TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) 
     c["parallel"]["tensor"] = t.parallel.tensor;
     c["parallel"]["sequence_parallel"] = t.parallel.sequence_parallel;
   }
+  if (t.parallel.expert > 1) c["parallel"]["expert"] = t.parallel.expert;
   t.resolved = std::move(c);
   return t;
 }

@@ -83,6 +83,9 @@ struct ParallelConfig {
   int tensor = 1;                  // tensor-parallel ranks (Megatron-LM's split of each layer), the fastest grid axis
   bool sequence_parallel = false;  // with tensor > 1: the residual stream and LayerNorms split by tokens too
   int pipeline = 1;                // stages
+  // Expert parallelism: each expert layer's experts shared out over runs of this many
+  // data-parallel ranks (GptPart::ep_ranks); divides the data-parallel size.
+  int expert = 1;
   PipeKind schedule = PipeKind::one_f_one_b;
   int virtual_stages = 1;                // model chunks per stage (interleaved)
   std::string partition = "parameters";  // parameters | uniform (partition_counts when a list was given)
@@ -111,7 +114,7 @@ struct TrainConfig {
   // Layers per virtual stage (pipelines) and the part of the model of the rank at pipeline stage
   // `stage` and tensor-parallel rank `tp_rank`.
   std::vector<int> layers_per_virtual_stage() const;
-  GptPart part(int stage, int tp_rank = 0) const;
+  GptPart part(int stage, int tp_rank = 0, int dp_rank = 0) const;
 };
 
 // Reads and parses a config file: IoError if it cannot be read, ConfigError (with line and

@@ -285,8 +285,8 @@ void read_run(TrainConfig& t, const json& j, int launched_world_size) {
 // zeroth's `parallel` section and DeepSpeed's `pipeline`: the stages, schedule and partition. The
 // data-parallel size is what is left of the world.
 void read_parallel(TrainConfig& t, json& j) {
-  static constexpr std::string_view kParallelKeys[] = {"tensor",   "sequence_parallel", "pipeline",
-                                                       "schedule", "virtual_stages",    "micro_batches"};
+  static constexpr std::string_view kParallelKeys[] = {"tensor",         "sequence_parallel", "pipeline", "schedule",
+                                                       "virtual_stages", "micro_batches",     "expert"};
   static constexpr std::string_view kPipelineKeys[] = {"stages",          "partition_method",
                                                        "partition",       "activation_checkpoint_interval",
                                                        "seed_layers",     "pipe_partitioned",
@@ -394,6 +394,24 @@ void read_parallel(TrainConfig& t, json& j) {
     GptPart check;
     check.tp_ranks = p.tensor;
     Gpt::block_specs(t.model, check);  // heads and vocabulary against tp now, not at the start of training
+  }
+  p.expert = static_cast<int>(par.integer("expert", 1, 1, 1 << 12));
+  if (p.expert > 1) {
+    if (!t.model.moe.enabled()) {
+      ZEROTH_THROW(ConfigError,
+                   "parallel.expert = {} shares the experts of model.moe out over ranks, but the model has no expert layers; set "
+                   "model.moe or remove parallel.expert",
+                   p.expert);
+    }
+    if (t.data_parallel() % p.expert != 0) {
+      ZEROTH_THROW(ConfigError,
+                   "parallel.expert = {} must divide the data-parallel size, {} (run.world_size {} over pipeline x tensor = {}): the "
+                   "experts are shared out over runs of that many data-parallel ranks",
+                   p.expert, t.data_parallel(), t.run.world_size, p.pipeline * p.tensor);
+    }
+    GptPart check;
+    check.ep_ranks = p.expert;
+    Gpt::block_specs(t.model, check);  // the experts against E now
   }
   // The cycle's micro-batches are the pipeline's: parallel.micro_batches sets
   // gradient_accumulation_steps (DeepSpeed's pipeline engine does the same).

@@ -2,8 +2,7 @@
 // engine's step, one small all-reduce for the mean loss and the stop flag, then reporting.
 #include "train/trainer.h"
 
-#include "train/export.h"      // save_gpt_weights
-#include "train/hf_weights.h"  // HfModelReader, is_hf_weights, check_hf_config
+#include "train/export.h"  // save_gpt_weights
 
 #include <algorithm>   // std::max
 #include <chrono>      // std::chrono::steady_clock
@@ -113,6 +112,8 @@ class TrainingRun {
   const int pp_, tp_;
   std::optional<ProcessGrid::Groups> groups_;
   Communicator& dp_;
+  // The expert-parallel group: runs of parallel.expert consecutive data-parallel ranks.
+  std::unique_ptr<Communicator> experts_;
   const int stage_, tp_rank_;
   const GptPart part_;
   std::unique_ptr<PipelineRunner> runner_;
@@ -160,9 +161,10 @@ TrainingRun::TrainingRun(const TrainConfig& config, Communicator& world, Device&
       tp_(config.parallel.tensor),
       groups_(pp_ > 1 || tp_ > 1 ? std::optional(ProcessGrid(config.data_parallel(), pp_, tp_).split(world)) : std::nullopt),
       dp_(groups_ ? *groups_->dp : world),
+      experts_(config.parallel.expert > 1 ? dp_.split(dp_.rank() / config.parallel.expert, dp_.rank()) : nullptr),
       stage_(groups_ ? groups_->pp->rank() : 0),
       tp_rank_(groups_ ? groups_->tp->rank() : 0),
-      part_(config.part(stage_, tp_rank_)),
+      part_(config.part(stage_, tp_rank_, dp_.rank())),
       runner_(pp_ > 1
                   ? std::make_unique<PipelineRunner>(device, *groups_->pp,
                                                      make_pipe_schedule(config.parallel.schedule, pp_,
@@ -180,7 +182,7 @@ TrainingRun::TrainingRun(const TrainConfig& config, Communicator& world, Device&
       targets_(n_ * gas_),
       losses_(std::max<int64_t>(gas_, config.run.eval_batches)),
       engine_(device, dp_, config.engine),
-      gpt_(configured_engine(), config.model, part_, tp_ > 1 ? groups_->tp.get() : nullptr),
+      gpt_(configured_engine(), config.model, part_, tp_ > 1 ? groups_->tp.get() : nullptr, experts_.get()),
       stage_model_(make_stage_model()),
       saver_(config.run.checkpoint_async),
       tokens_per_step_(static_cast<double>(config.tokens_per_step())) {}
@@ -516,7 +518,8 @@ TrainSummary TrainingRun::finish() {
   summary.weights_dtype = config_.engine.zero.gather_16bit_weights_on_model_save ? config_.engine.compute_dtype : DType::f32;
   const auto save_start = Clock::now();
   summary.weights_bytes = save_gpt_weights(engine_, config_.model, summary.weights_path, summary.weights_dtype,
-                                           {pp_ > 1 ? groups_->pp.get() : nullptr, part_, tp_ > 1 ? groups_->tp.get() : nullptr});
+                                           {pp_ > 1 ? groups_->pp.get() : nullptr, part_, tp_ > 1 ? groups_->tp.get() : nullptr,
+                                            experts_.get()});
   summary.weights_seconds = std::chrono::duration<double>(Clock::now() - save_start).count();
   summary.tokens_per_second = rates_.empty() ? tokens_per_step_ / std::max(summary.seconds, 1e-9) : median(rates_);
   const auto stats = device_.memory().stats();
@@ -548,36 +551,6 @@ TrainSummary TrainingRun::finish() {
 }
 
 }  // namespace
-
-void load_initial_weights(Engine& engine, const TrainConfig& config) {
-  namespace fs = std::filesystem;
-  const std::string& from = config.run.init_from;
-  std::error_code ec;
-  const bool checkpoint = fs::is_directory(from, ec) &&
-                          (fs::exists(fs::path(from) / ckpt::kManifestName, ec) || fs::exists(fs::path(from) / ckpt::kLatestName, ec));
-  if (!checkpoint && !is_hf_weights(from)) {
-    ZEROTH_THROW(ConfigError,
-                 "run.init_from {} is {}: give a zeroth checkpoint folder (or a step folder), a .safetensors file, or a Hugging Face "
-                 "model folder holding model.safetensors or model.safetensors.index.json (PyTorch .bin weights are not read)",
-                 from, fs::exists(from, ec) ? "none of those" : "not there");
-  }
-  if (checkpoint) {
-    ckpt::load(engine, from, nullptr, true);
-    return;
-  }
-  check_hf_config(config.model, from);
-  HfModelReader reader(config.model, from);
-  const auto whole = Gpt::block_specs(config.model);
-  const auto& blocks = engine.plan().blocks;
-  for (size_t b = 0; b < blocks.size(); ++b) {
-    int w = 0;
-    while (whole[w].name != blocks[b].name) ++w;  // the plan's blocks are the model's, by name
-    engine.set_block_values(static_cast<int>(b), [&](size_t lo, size_t hi, float* out) {
-      reader.read_block(w, engine.block_spec(static_cast<int>(b)), blocks[b].param_offsets, lo, hi, out);
-    });
-  }
-  engine.release_transfer_buffers();
-}
 
 EvalResult evaluate(const TrainConfig& config, Communicator& world, Device& device) {
   TrainingRun run(config, world, device, nullptr, nullptr);

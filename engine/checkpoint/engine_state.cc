@@ -53,14 +53,19 @@ std::vector<FilePiece> file_layout(const Plan& plan, const std::vector<TensorRef
   uint64_t offset = 0;
   size_t first = 0;  // the block's first tensor
   for (size_t b = 0; b < plan.blocks.size(); ++b) {
-    const size_t lo = rank * plan.blocks[b].shard, hi = lo + plan.blocks[b].shard;
+    const auto& blk = plan.blocks[b];
+    // An expert block is this plan's slice of the experts, in the files of the ranks holding it (each
+    // with its place in their group); the other ranks' files hold their slices there, which have the
+    // same shapes: the bytes are skipped.
+    const bool held = !blk.expert || rank % plan.ep == plan.rank % plan.ep;
+    const size_t lo = static_cast<size_t>(blk.expert ? rank / plan.ep : rank) * blk.shard, hi = lo + blk.shard;
     size_t end = first;
     while (end < tensors.size() && tensors[end].block == static_cast<int>(b)) ++end;
     for (size_t s = 0; s < states; ++s) {
       for (size_t t = first; t < end; ++t) {
         const size_t a = std::max(lo, tensors[t].begin), e = std::min(hi, tensors[t].begin + tensors[t].numel);
         if (a >= e) continue;
-        out.push_back({static_cast<int>(t), static_cast<int>(s), a - tensors[t].begin, e - tensors[t].begin, offset});
+        if (held) out.push_back({static_cast<int>(t), static_cast<int>(s), a - tensors[t].begin, e - tensors[t].begin, offset});
         offset += (e - a) * sizeof(float);
       }
     }

@@ -30,11 +30,14 @@ IoStats load(Engine& engine, const std::string& path, Manifest* out, bool weight
   std::vector<const TensorEntry*> found;
   // A pipeline's stages hold the model between them: their tensors together must be the
   // checkpoint's (the tied copy counted once).
-  size_t model_tensors = tensors.size();
+  // With expert parallelism a rank holds one slice of the experts: the others hold as many tensors.
+  size_t expert_tensors = 0;
+  for (const auto& t : tensors) expert_tensors += plan.blocks[t.block].expert ? 1 : 0;
+  size_t model_tensors = tensors.size() + (plan.ep - 1) * expert_tensors;
   if (engine.pipeline_stages() > 1) {
     // Tensor-parallel rank 0 of each stage saves all of the stage's tensors (its slices and the
     // replicated ones).
-    const auto counts = all_gather_words(engine, {saved_tensors(engine).size()});
+    const auto counts = all_gather_words(engine, {saved_tensors(engine).size() + (plan.ep - 1) * expert_tensors});
     model_tensors = 0;
     for (int s = 0; s < engine.pipeline_stages(); ++s)
       model_tensors += counts[static_cast<size_t>(s) * engine.tensor_ranks() * plan.dp];

@@ -149,7 +149,8 @@ IoStats Saver::complete(Engine& engine) {
   const Plan& plan = engine.plan();
   const int rank = file_index(engine), files = file_count(engine), stage = engine.pipeline_stage();
   const int tp = engine.tensor_ranks(), tp_rank = engine.tensor_rank();
-  const bool parts = engine.pipeline_stages() > 1 || tp > 1;
+  const bool parts = engine.pipeline_stages() > 1 || tp > 1 || plan.ep > 1;
+  const int ep = plan.ep;
   IoStats io{(p->dir / p->name).string()};
   Agreement agreement(engine);
   agreement.attempt([&] {
@@ -164,19 +165,28 @@ IoStats Saver::complete(Engine& engine) {
   }
   io.bytes = p->file.bytes;
   for (int r = 0; r < files; ++r) io.all_bytes += all[r * 3 + 1];
-  // A pipeline's stages and the tensor-parallel ranks each describe their own tensors (their files
-  // numbered from (stage x tp + tp rank) x dp), in a part file beside the data that rank 0 merges
-  // into the manifest: a tensor-parallel tensor's slices become one tensor's pieces.
-  const auto part_name = [](int s, int t) { return fmt::format("stage-{}-tp-{}.tensors.json", s, t); };
+  // A pipeline's stages, the tensor-parallel ranks and the slices of the experts each describe their
+  // own tensors (their files numbered from (stage x tp + tp rank) x dp), in a part file beside the
+  // data that rank 0 merges into the manifest: a tensor-parallel tensor's slices become one
+  // tensor's pieces. Slice 0 describes the dense tensors, every slice its experts.
+  const auto part_name = [](int s, int t, int e) { return fmt::format("stage-{}-tp-{}-ep-{}.tensors.json", s, t, e); };
   if (parts) {
-    if (plan.rank == 0) {
+    if (plan.rank < ep) {
       agreement.attempt([&] {
         Manifest part = p->header;
         part.states.clear();
         for (const auto& st : engine_states(engine)) part.states.push_back(st.name);
-        add_tensors(part, plan, saved_tensors(engine), (stage * tp + tp_rank) * plan.dp);
+        const auto tensors = saved_tensors(engine);
+        add_tensors(part, plan, tensors, (stage * tp + tp_rank) * plan.dp);
+        // The other slices leave the dense tensors to slice 0 (the files' layout needs them all).
+        if (plan.rank > 0) {
+          decltype(part.tensors) experts;
+          for (size_t i = 0; i < tensors.size(); ++i)
+            if (plan.blocks[tensors[i].block].expert) experts.push_back(std::move(part.tensors[i]));
+          part.tensors = std::move(experts);
+        }
         const nlohmann::json whole = part.to_json();
-        write_file_atomically(p->tmp.string(), part_name(stage, tp_rank), whole.at("tensors").dump() + "\n");
+        write_file_atomically(p->tmp.string(), part_name(stage, tp_rank, plan.rank), whole.at("tensors").dump() + "\n");
       });
     }
     agreement.agree(p->what.c_str());
@@ -191,8 +201,8 @@ IoStats Saver::complete(Engine& engine) {
         nlohmann::json j = m.to_json();
         std::map<std::string, size_t> index;  // tensor name -> its entry
         for (int s = 0; s < engine.pipeline_stages(); ++s) {
-          for (int t = 0; t < tp; ++t) {
-            const fs::path part = p->tmp / part_name(s, t);
+          for (int t = 0; t < tp * ep; ++t) {
+            const fs::path part = p->tmp / part_name(s, t / ep, t % ep);
             for (const auto& tensor : read_json_file(part.string())) {
               const std::string name = tensor.at("name").get<std::string>();
               if (!index.contains(name)) {

@@ -48,7 +48,9 @@ const DeepSpeedKey kKeys[] = {
     {"dataloader_drop_last", kNone, "zeroth's loader never makes a partial batch"},
     {"seq_parallel_communication_data_type", kNone, "it applies to sequence parallelism, which this run does not have"},
     {"seq_parallel_comm_data_type", kNone, "it applies to sequence parallelism, which this run does not have"},
-    {"use_data_before_expert_parallelism", kNone, "it orders expert-parallel groups, which zeroth does not have"},
+    {"use_data_before_expert_parallelism", kNone,
+     "zeroth's expert-parallel groups are runs of consecutive data-parallel ranks (DeepSpeed's default); the other order moves "
+     "experts between ranks, not what is computed"},
     {"zero_optimization.contiguous_gradients", kNone, "zeroth's gradients always live in one flat buffer per block"},
     {"zero_optimization.allgather_partitions", kNone, "zeroth always all-gathers the updated shards"},
     {"zero_optimization.reduce_scatter", kNone,

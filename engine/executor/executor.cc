@@ -21,6 +21,13 @@ Executor::Executor(Device& device, TierAllocators& tiers, Communicator& dp, cons
   gather_comm_ = dp.split(0, dp.rank());
   reduce_comm_ = dp.split(0, dp.rank());
   step_comm_ = dp.split(0, dp.rank());
+  if (plan_.ep > 1) {
+    // The ranks holding the same experts: every ep-th one.
+    const int slice = dp.rank() % plan_.ep;
+    expert_gather_comm_ = dp.split(slice, dp.rank());
+    expert_reduce_comm_ = dp.split(slice, dp.rank());
+    expert_step_comm_ = dp.split(slice, dp.rank());
+  }
   const auto& offload = config_.zero.offload_optimizer;
   for (const auto& b : plan_.buffers) {
     if (b.tier != Tier::nvme) {
@@ -84,7 +91,8 @@ Executor::~Executor() {
 
 CommStats Executor::comm_stats() const {
   CommStats total;
-  const Communicator* comms[] = {gather_comm_.get(), reduce_comm_.get(), step_comm_.get(), links_.tensor, links_.tensor_reduce};
+  const Communicator* comms[] = {gather_comm_.get(),        reduce_comm_.get(),      step_comm_.get(), expert_gather_comm_.get(),
+                                 expert_reduce_comm_.get(), expert_step_comm_.get(), links_.tensor,    links_.tensor_reduce};
   for (const Communicator* c : comms) {
     if (c == nullptr) continue;
     const auto s = c->stats();
@@ -300,10 +308,10 @@ void Executor::all_reduce(int index, Stream& rs) {
   if (bucket.staged) {
     const TensorView staging{buffers_[plan_.reduce_staging].data(), full, plan_.comm_dtype};
     device_.cast(rs, staging, grads);
-    reduce_comm_->all_reduce(rs, staging, ReduceOp::sum);
+    reduce_comm(bucket.blocks.front()).all_reduce(rs, staging, ReduceOp::sum);
     device_.cast(rs, grads, staging);
   } else {
-    reduce_comm_->all_reduce(rs, grads, ReduceOp::sum);
+    reduce_comm(bucket.blocks.front()).all_reduce(rs, grads, ReduceOp::sum);
   }
   reduced_ = record(rs);
   for (int b : bucket.blocks) grad_reader_[b] = reduced_;
@@ -322,7 +330,8 @@ void Executor::sum_partial(int index, Stream& rs) {
 
 void Executor::reduce_scatter(int index, bool add, Stream& rs) {
   const auto& bucket = plan_.reduce_buckets[index];
-  const int dp = plan_.dp, r = plan_.rank;
+  const int dp = plan_.group_ranks(bucket.blocks.front()), r = plan_.group_rank(bucket.blocks.front());
+  Communicator& comm = reduce_comm(bucket.blocks.front());
   rs.wait(*record(compute_stream()));
   auto source = [&](int b) { return bucket.from_accumulator ? view(StateKind::grad_accum, b) : grad_view(b); };
   const size_t n = bucket.shard_numel;
@@ -343,14 +352,14 @@ void Executor::reduce_scatter(int index, bool add, Stream& rs) {
   if (!on_device(shard_buffer)) {
     // Offloaded: the slice stays in place until offload_grads takes it to the host.
     landing_[index] = send.slice(r * n, n);
-    reduce_comm_->reduce_scatter(rs, send, landing_[index], ReduceOp::sum);
+    comm.reduce_scatter(rs, send, landing_[index], ReduceOp::sum);
   } else if (!add && send.dtype == DType::f32) {
     const TensorView shard{view(StateKind::grad_shard, bucket.blocks.front()).data, n, DType::f32};
-    reduce_comm_->reduce_scatter(rs, send, shard, ReduceOp::sum);
+    comm.reduce_scatter(rs, send, shard, ReduceOp::sum);
   } else {
     const TensorView shard{view(StateKind::grad_shard, bucket.blocks.front()).data, n, DType::f32};
     const TensorView mine = send.slice(r * n, n);
-    reduce_comm_->reduce_scatter(rs, send, mine, ReduceOp::sum);
+    comm.reduce_scatter(rs, send, mine, ReduceOp::sum);
     if (add) {
       device_.axpy(rs, shard, 1.0f, mine);
     } else {

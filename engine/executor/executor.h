@@ -184,6 +184,11 @@ class Executor {
   // One communicator per stream: collectives of one communicator must run in the same order on
   // every rank, which two streams running concurrently would not guarantee.
   std::unique_ptr<Communicator> gather_comm_, reduce_comm_, step_comm_;
+  // The same over the expert-data-parallel group (Plan::ep > 1), for expert blocks.
+  std::unique_ptr<Communicator> expert_gather_comm_, expert_reduce_comm_, expert_step_comm_;
+  Communicator& gather_comm(int block) const { return plan_.blocks[block].expert ? *expert_gather_comm_ : *gather_comm_; }
+  Communicator& reduce_comm(int block) const { return plan_.blocks[block].expert ? *expert_reduce_comm_ : *reduce_comm_; }
+  Communicator& step_comm(int block) const { return plan_.blocks[block].expert ? *expert_step_comm_ : *step_comm_; }
   GroupLinks links_;
   std::vector<Buffer> buffers_;  // as plan.buffers
   Arena param_arena_, grad_arena_;

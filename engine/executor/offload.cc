@@ -282,7 +282,7 @@ void Executor::write_owned(const OwnedRange& r, const void* values) {
 void Executor::gather_shards(Stream& gs, int block, TensorView full) {
   const auto& r = plan_.range(StateKind::param_shard, block);
   if (on_device(r.buffer)) {
-    gather_comm_->all_gather(gs, view(StateKind::param_shard, block), full);
+    gather_comm(block).all_gather(gs, view(StateKind::param_shard, block), full);
     return;
   }
   // This rank's slice of `full` receives the shard; the all-gather then runs in place.
@@ -295,7 +295,7 @@ void Executor::gather_shards(Stream& gs, int block, TensorView full) {
   } else {
     device_.copy(gs, mine.data, at(r, r.lo), mine.bytes());
   }
-  gather_comm_->all_gather(gs, mine, full);
+  gather_comm(block).all_gather(gs, mine, full);
 }
 
 }  // namespace zeroth

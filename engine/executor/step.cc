@@ -248,7 +248,7 @@ void Executor::all_gather(int index) {
     gather_shards(gs, b, view(StateKind::params, b));
     return;
   }
-  const int dp = plan_.dp, r = plan_.rank;
+  const int dp = plan_.group_ranks(bucket.blocks.front()), r = plan_.group_rank(bucket.blocks.front());
   const size_t n = bucket.shard_numel, c = dtype_size(plan_.compute_dtype);
   const TensorView staging{buffers_[plan_.gather_staging].data(), n * dp, plan_.compute_dtype};
   for (int b : bucket.blocks) {
@@ -256,7 +256,7 @@ void Executor::all_gather(int index) {
     device_.copy(gs, staging.slice(r * n + blk.shard_offset - bucket.shard_offset, blk.shard).data,
                  view(StateKind::param_shard, b).data, blk.shard * c);
   }
-  gather_comm_->all_gather(gs, staging.slice(r * n, n), staging);
+  gather_comm(bucket.blocks.front()).all_gather(gs, staging.slice(r * n, n), staging);
   for (int b : bucket.blocks) {
     const auto& blk = plan_.blocks[b];
     const TensorView full = view(StateKind::params, b);
@@ -318,7 +318,7 @@ std::vector<float> Executor::master_values(int block) {
   Buffer part = device_.allocate(m.numel() * sizeof(float), MemTag::other);
   Buffer full = device_.allocate(blk.padded * sizeof(float), MemTag::other);
   device_.copy(cs, part.data(), mine.data(), m.numel() * sizeof(float));
-  step_comm_->all_gather(cs, part.view(DType::f32), full.view(DType::f32));
+  step_comm(block).all_gather(cs, part.view(DType::f32), full.view(DType::f32));
   device_.copy(cs, out.data(), full.data(), blk.padded * sizeof(float));
   cs.synchronize();
   return out;

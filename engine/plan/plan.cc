@@ -31,7 +31,9 @@ std::vector<Bucket> make_buckets(const Plan& p, uint64_t limit, const std::vecto
     const auto& blk = p.blocks[b];
     // A bucket holds one chunk's blocks: chunks' backward passes interleave, and a bucket fires when
     // all of its blocks are done with the same micro-batch.
-    if (out.empty() || full + blk.padded > limit || p.blocks[out.back().blocks.back()].chunk != blk.chunk) {
+    // Nor does it mix groups: its collective runs in one.
+    if (out.empty() || full + blk.padded > limit || p.blocks[out.back().blocks.back()].chunk != blk.chunk ||
+        p.blocks[out.back().blocks.back()].expert != blk.expert) {
       out.push_back({{}, blk.shard_offset, 0, blk.full_offset, false});
       full = 0;
     }
@@ -80,7 +82,7 @@ void own(Plan& p, StateKind kind, int block, size_t lo, size_t hi, int buffer, s
 
 // The rank's buffers, in the order they are allocated, and what of every block lives where.
 void lay_out_state(Plan& p, const EngineConfig& config, const ArenaSizes& arenas) {
-  const int stage = p.stage, r = p.rank;
+  const int stage = p.stage;
   const DType c = p.compute_dtype;
   const Tier opt = offload_tier(config.zero.offload_optimizer);
   // f32 parameters on the device are their own master copy where the master stays there too.
@@ -118,7 +120,7 @@ void lay_out_state(Plan& p, const EngineConfig& config, const ArenaSizes& arenas
   for (int b : p.shard_order) {
     const auto& blk = p.blocks[b];
     // What the optimizer owns: the whole block at stage 0, this rank's slice otherwise.
-    const size_t lo = stage == 0 ? 0 : r * blk.shard, hi = stage == 0 ? blk.padded : lo + blk.shard;
+    const size_t lo = stage == 0 ? 0 : static_cast<size_t>(p.group_rank(b)) * blk.shard, hi = stage == 0 ? blk.padded : lo + blk.shard;
     const bool offloaded = p.block_offloaded(b);
     const Home& home = offloaded ? offloaded_home : device_home;
     const size_t owned_at = (stage == 0 ? blk.full_offset : blk.shard_offset) - (offloaded ? kept : 0);
@@ -305,6 +307,25 @@ Plan make_plan(const std::vector<BlockSpec>& specs, const std::vector<BlockSched
   p.chunk_in_flight = check_passes(p.passes, p.micro_batches, p.chunks);
   p.max_in_flight = *std::max_element(p.chunk_in_flight.begin(), p.chunk_in_flight.end());
 
+  for (const auto& spec : specs) {
+    if (spec.expert_parallel < 1 || (spec.expert_parallel > 1 && p.ep > 1 && spec.expert_parallel != p.ep)) {
+      ZEROTH_THROW(ConfigError, "block {} holds experts shared over {} ranks where another block's are over {}", spec.name,
+                   spec.expert_parallel, p.ep);
+    }
+    p.ep = std::max(p.ep, spec.expert_parallel);
+  }
+  if (dp % p.ep != 0) {
+    ZEROTH_THROW(ConfigError,
+                 "parallel.expert = {} must divide the data-parallel size ({}): the experts are shared out over runs of that many "
+                 "data-parallel ranks",
+                 p.ep, dp);
+  }
+  if (p.ep > 1 && config.optimizer.kind == OptimizerKind::lamb) {
+    ZEROTH_THROW(ConfigError,
+                 "optimizer Lamb with parallel.expert = {}: Lamb's per-tensor norms are summed over the whole data-parallel group, "
+                 "which holds different experts; use Adam, AdamW or SGD with expert parallelism",
+                 p.ep);
+  }
   std::set<std::string> names;
   for (const auto& spec : specs) {
     if (!names.insert(spec.name).second)
@@ -321,12 +342,18 @@ Plan make_plan(const std::vector<BlockSpec>& specs, const std::vector<BlockSched
       blk.numel += param.numel();
     }
     plan_tensor_parallel(p, blk, spec);
-    blk.padded = round_up(std::max<size_t>(blk.numel, 1), static_cast<size_t>(dp) * alignment);
-    blk.shard = blk.padded / dp;
+    blk.expert = spec.expert_parallel > 1;
+    const size_t ranks = static_cast<size_t>(blk.expert ? dp / p.ep : dp);
+    blk.padded = round_up(std::max<size_t>(blk.numel, 1), ranks * alignment);
+    blk.shard = blk.padded / ranks;
     blk.persistent = z.stage == 3 && blk.numel <= z.stage3_param_persistence_threshold;
     // Narrow gradients, and every gradient once they are reduced per micro-batch, live in the
     // arena only while their block needs them; stages 0-1 in f32 add straight into the accumulator.
     blk.transient_grads = z.stage >= 2 || config.compute_dtype != DType::f32;
+    // Stage 0 with experts: every rank holds whole reduced gradients, but of its own slice of the
+    // experts, so the norm sums over the ranks; a dense block counts on rank 0, an expert block on
+    // the first rank of each slice.
+    if (z.stage == 0 && p.ep > 1 && (blk.expert ? rank / p.ep : rank) != 0) blk.norm_excluded = {{0, blk.padded}};
     p.total_numel += blk.numel;
     p.total_padded += blk.padded;
     p.blocks.push_back(std::move(blk));
@@ -349,11 +376,13 @@ Plan make_plan(const std::vector<BlockSpec>& specs, const std::vector<BlockSched
   }
   for (size_t b = 0; b < specs.size(); ++b) p.shard_order.push_back(static_cast<int>(b));
   std::stable_sort(p.shard_order.begin(), p.shard_order.end(), [&](int a, int b) { return last_back[a] < last_back[b]; });
+  size_t full_numel = 0;
   for (int b : p.shard_order) {
     auto& blk = p.blocks[b];
     blk.shard_offset = p.shard_numel;
-    blk.full_offset = p.shard_numel * dp;
+    blk.full_offset = full_numel;
     p.shard_numel += blk.shard;
+    full_numel += blk.padded;
   }
 
   // Stage 0 all-reduces the contiguous accumulator in place; the others reduce-scatter, which
@@ -367,7 +396,7 @@ Plan make_plan(const std::vector<BlockSpec>& specs, const std::vector<BlockSched
                                  : bucket.blocks.size() > 1 || grad_source != config.communication_dtype;
     bucket.from_accumulator = z.stage <= 1;
     for (int b : bucket.blocks) p.blocks[b].reduce_bucket = static_cast<int>(k);
-    if (bucket.staged) reduce_staging = std::max(reduce_staging, bucket.shard_numel * dp);
+    if (bucket.staged) reduce_staging = std::max(reduce_staging, bucket.shard_numel * p.group_ranks(bucket.blocks.front()));
   }
   if (z.stage == 1 || z.stage == 2) {
     p.gather_buckets = make_buckets(p, z.allgather_bucket_size, p.shard_order);
@@ -381,7 +410,7 @@ Plan make_plan(const std::vector<BlockSpec>& specs, const std::vector<BlockSched
     auto& bucket = p.gather_buckets[k];
     bucket.staged = bucket.blocks.size() > 1;
     for (int b : bucket.blocks) p.blocks[b].gather_bucket = static_cast<int>(k);
-    if (bucket.staged) gather_staging = std::max(gather_staging, bucket.shard_numel * dp);
+    if (bucket.staged) gather_staging = std::max(gather_staging, bucket.shard_numel * p.group_ranks(bucket.blocks.front()));
   }
 
   split_offload(p, z.offload_optimizer);

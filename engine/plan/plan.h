@@ -68,13 +68,16 @@ struct PlannedBlock {
   std::string name;
   std::vector<size_t> param_offsets;  // element offsets in the block's flat buffer
   size_t numel = 0;                   // sum of parameter sizes, without padding
-  size_t padded = 0;                  // flat size: a multiple of dp * alignment
-  size_t shard = 0;                   // padded / dp
+  size_t padded = 0;                  // flat size: a multiple of its group's ranks * alignment
+  size_t shard = 0;                   // padded / its group's ranks
   size_t shard_offset = 0;            // in the rank's concatenated shard space
   size_t full_offset = 0;             // in the concatenated full space
   bool persistent = false;            // stage 3: small enough to stay gathered
-  bool transient_grads = false;       // gradients live in the arena per micro-batch
-  int chunk = 0;                      // the model chunk whose passes use it
+  // Holds this rank's experts (BlockSpec::expert_parallel): partitioned and reduced over the
+  // expert-data-parallel group (Plan::group_ranks), not the whole data-parallel one.
+  bool expert = false;
+  bool transient_grads = false;  // gradients live in the arena per micro-batch
+  int chunk = 0;                 // the model chunk whose passes use it
   int reduce_bucket = -1;
   int gather_bucket = -1;  // the post-step all-gather bucket, if any
   // Ranges [lo, hi) of the flat space: gradients this rank leaves out of the global norm because
@@ -204,7 +207,11 @@ struct Plan {
   int stage = 0;
   int dp = 1;
   int rank = 0;
-  int tp = 1, tp_rank = 0;   // the tensor-parallel group the blocks' parameters are split over
+  int tp = 1, tp_rank = 0;  // the tensor-parallel group the blocks' parameters are split over
+  // Expert parallelism: the data-parallel ranks share each expert layer's experts out in runs of
+  // `ep` (rank r holds slice r mod ep); an expert block is partitioned over the dp / ep ranks that
+  // hold the same slice (the expert-data-parallel group: rank r is its member r / ep).
+  int ep = 1;
   size_t tp_replicated = 0;  // elements of parameters every tensor-parallel rank holds whole
   int stages = 1;            // pipeline stages the global norm sums over (set by the engine, or the trainer's planning)
   DType compute_dtype = DType::f32;
@@ -252,6 +259,9 @@ struct Plan {
   int tie_staging = -1;
   TierBytes bytes{};  // what the engine holds per tier and tag at peak
 
+  // The group a block is partitioned and reduced over: its size and this rank's place in it.
+  int group_ranks(int block) const { return blocks.at(block).expert ? dp / ep : dp; }
+  int group_rank(int block) const { return blocks.at(block).expert ? rank / ep : rank; }
   // The owned range of a kind of a block, or nullptr when the rank holds none.
   const OwnedRange* find(StateKind kind, int block) const;
   const OwnedRange& range(StateKind kind, int block) const;  // throws when there is none

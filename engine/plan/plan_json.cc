@@ -67,6 +67,7 @@ nlohmann::json Plan::to_json() const {
   j["rank"] = rank;
   j["tp"] = tp;
   j["tp_rank"] = tp_rank;
+  j["ep"] = ep;
   j["stages"] = stages;
   j["compute_dtype"] = dtype_name(compute_dtype);
   j["communication_dtype"] = dtype_name(comm_dtype);
@@ -84,6 +85,7 @@ nlohmann::json Plan::to_json() const {
                   {"shard", b.shard},
                   {"shard_offset", b.shard_offset},
                   {"persistent", b.persistent},
+                  {"expert", b.expert},
                   {"transient_grads", b.transient_grads},
                   {"reduce_bucket", b.reduce_bucket},
                   {"gather_bucket", b.gather_bucket},
@@ -194,7 +196,14 @@ std::string Plan::table() const {
                           partial)
             : "");
   }
-  out += fmt::format("  groups: gathers and reductions over dp ({} rank(s)){}; the global norm over {}\n", dp,
+  size_t expert_numel = 0;
+  for (const auto& b : blocks) expert_numel += b.expert ? b.numel : 0;
+  const std::string experts =
+      ep > 1 ? fmt::format(", expert blocks' ({} parameters of this rank's experts, slice {} of {}) over its expert-data-parallel "
+                           "group (edp, {} rank(s))",
+                           expert_numel, rank % ep, ep, dp / ep)
+             : "";
+  out += fmt::format("  groups: gathers and reductions over dp ({} rank(s)){}{}; the global norm over {}\n", dp, experts,
                      partial > 0 ? fmt::format(", partial gradients over tp ({})", tp) : "", group_of(ActionKind::grad_norm));
   const int buckets = static_cast<int>(reduce_buckets.size());
   if (device_buckets > 0 && device_buckets < buckets) {

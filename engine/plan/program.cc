@@ -276,7 +276,7 @@ void build_step_program(Plan& p, const OffloadConfig& offload, size_t slots) {
   // squares are taken on their way to the host) give the very same number; summed over the ranks
   // after the last.
   for (size_t k = 0; k < p.reduce_buckets.size(); ++k)
-    add(ActionKind::grad_norm, static_cast<int>(k), p.stage >= 1 && k + 1 == p.reduce_buckets.size());
+    add(ActionKind::grad_norm, static_cast<int>(k), (p.stage >= 1 || p.ep > 1) && k + 1 == p.reduce_buckets.size());
   // Per-tensor norms: every owned piece first, then the sums over the ranks that split the tensors
   // (stage 0 owns whole tensors on every rank), then the update that reads them.
   if (p.tensor_norms >= 0) {

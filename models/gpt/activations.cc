@@ -13,20 +13,31 @@ namespace zeroth {
 
 namespace {
 
-// The MLP's activations per layer: [fch, fch_act] of a dense layer or of an expert layer's dispatched
-// rows, whichever is larger (every layer gets the same set), and an expert layer's outputs and
-// routing arrays (row and weight per choice, token per row).
+// The MLP's activations per layer: [fch, fch_act] of a dense layer or of the rows an expert layer's
+// experts receive, whichever is larger (every layer gets the same set), and an expert layer's
+// received rows, its own rows' outputs and routing arrays (row and weight per choice, token per row).
 struct MlpFloats {
   size_t fch = 0, act = 0, moe = 0;
   MlpFloats(const Dims& d, size_t BT) {
     fch = BT * d.up(), act = BT * d.F;
     if (!d.moe) return;
-    const size_t rows = d.moe_rows(BT);
-    fch = std::max(fch, rows * d.expert_up()), act = std::max(act, rows * d.X);
-    moe = rows * d.C + 2 * BT * d.gate.top_k + rows;
+    const size_t rows = d.moe_rows(BT), received = d.moe_expert_rows(BT);
+    fch = std::max(fch, received * d.expert_up()), act = std::max(act, received * d.X);
+    moe = received * d.C + rows * d.C + 2 * BT * d.gate.top_k + rows;
   }
   size_t total() const { return fch + act + moe; }
 };
+
+// With activation checkpointing, each expert layer keeps its experts' input (the second norm's
+// output): the experts' backward runs before its layer's recomputation.
+size_t expert_inputs(const GptConfig& c, const GptPart& part) {
+  if (!c.activation_checkpointing) return 0;
+  size_t n = 0;
+  for (const auto& [lo, hi] : part.chunks) {
+    for (int l = lo; l < hi; ++l) n += c.moe_layer(l) ? 1 : 0;
+  }
+  return n;
+}
 
 }  // namespace
 
@@ -79,7 +90,7 @@ size_t Gpt::State::slot_floats(const GptConfig& c, const GptPart& part, int B, i
   const size_t BT = static_cast<size_t>(B) * T, C = c.n_embd, R = d.rows(BT);
   const size_t layers = c.activation_checkpointing ? 1 : owned_layers(part);
   const size_t head = part.has_head(c) ? BT * C + 2 * R + BT * d.V + 4 * BT : 0;
-  return (resid_copies(c, part) + port_count(c, part)) * R * C + layers * layer_floats(d, BT, B, T) + head;
+  return (resid_copies(c, part) + port_count(c, part) + expert_inputs(c, part)) * R * C + layers * layer_floats(d, BT, B, T) + head;
 }
 
 GptPart Gpt::State::slot_part(const GptPart& part, const std::vector<int>& chunk_slots, int i) {
@@ -106,9 +117,12 @@ size_t Gpt::State::scratch_floats(const GptConfig& c, const GptPart& part, int B
   const size_t llama = d.llama ? mlp.act + (d.qk_norm ? BT * d.W : 0) + static_cast<size_t>(c.seq_len) * d.hs : 0;
   // dC holds the gradient at the residual stream's width and at the attention's (wider in Qwen3).
   const size_t dC = std::max<size_t>(C, d.Cq);
-  // Expert layers: the router's logits and their gradient, the dispatched rows and their gradients
-  // at the experts' outputs and inputs, the combine weights' gradient.
-  const size_t moe = d.moe ? 2 * BT * d.gate.experts + 3 * d.moe_rows(BT) * C + BT * d.gate.top_k : 0;
+  // Expert layers: the router's logits and their gradient, the gradients at the dispatched rows'
+  // outputs and inputs, the combine weights' gradient; with expert parallelism the rows on their way
+  // out, the experts' outputs on their way back, and the gradients at the received rows.
+  const size_t rows = d.moe ? d.moe_rows(BT) : 0, received = d.moe ? d.moe_expert_rows(BT) : 0;
+  const size_t exchanged = d.moe && d.ep > 1 ? rows * C + 3 * received * C : 0;
+  const size_t moe = d.moe ? 2 * BT * d.gate.experts + 2 * rows * C + BT * d.gate.top_k + exchanged : 0;
   return d.rows(BT) * C + BT * (dC + d.W) + mlp.fch + static_cast<size_t>(B) * d.NH * T * T + (d.sp ? 3 * BT * C : 0) + llama + moe;
 }
 
@@ -162,6 +176,7 @@ void Gpt::State::reserve(Stream& stream, int b, int t, const std::vector<int>& p
   moe_acts.clear();
   const MlpFloats mlp(dims, BT);
   const size_t moe_rows = dims.moe ? dims.moe_rows(BT) : 0, choices = BT * dims.gate.top_k;
+  const size_t received = dims.moe ? dims.moe_expert_rows(BT) : 0;
   for (int i = 0; i < n_slots; ++i) {
     // Slot i holds the chunks with more than i slots.
     const GptPart held = slot_part(part, per_chunk, i);
@@ -196,10 +211,16 @@ void Gpt::State::reserve(Stream& stream, int b, int t, const std::vector<int>& p
       a.ln2 = take(R * C), a.ln2_mean = take(R), a.ln2_rstd = take(R), a.fch = take(mlp.fch), a.fch_act = take(mlp.act);
       if (dims.qk_norm) a.qk_pre = take(BT * dims.W), a.qk_rstd = take(BT * (dims.NH + dims.KVH));
       if (dims.moe) {
-        a.moe_out = take(moe_rows * C), a.moe_weight = take(choices);
+        a.moe_in = take(received * C), a.moe_out = take(moe_rows * C), a.moe_weight = take(choices);
         a.moe_row = reinterpret_cast<int32_t*>(take(choices)), a.moe_token = reinterpret_cast<int32_t*>(take(moe_rows));
-        a.moe = &moe_acts.emplace_back();
       }
+    }
+    sl.moe.assign(L, nullptr);
+    sl.moe_x.assign(L, nullptr);
+    for (size_t l = 0; l < L; ++l) {
+      if (!owned[l] || !cfg.moe_layer(static_cast<int>(l))) continue;
+      sl.moe[l] = &moe_acts.emplace_back();
+      if (cfg.activation_checkpointing) sl.moe_x[l] = take(R * C);
     }
     if (head) {
       sl.lnf = take(BT * C), sl.lnf_mean = take(R), sl.lnf_rstd = take(R), sl.logits = take(BT * dims.V), sl.ce_stats = take(4 * BT);
@@ -219,8 +240,12 @@ void Gpt::State::reserve(Stream& stream, int b, int t, const std::vector<int>& p
   d.ln_whole = dims.sp ? take(BT * C) : nullptr;
   if (dims.moe) {
     const size_t E = dims.gate.experts;
-    d.moe_logits = take(BT * E), d.moe_dlogits = take(BT * E), d.moe_rows = take(moe_rows * C), d.moe_drows = take(moe_rows * C);
+    d.moe_logits = take(BT * E), d.moe_dlogits = take(BT * E), d.moe_drows = take(moe_rows * C);
     d.moe_dinp = take(moe_rows * C), d.moe_dweight = take(choices);
+    if (dims.ep > 1) {
+      d.moe_rows = take(moe_rows * C), d.moe_eout = take(received * C), d.moe_erows = take(received * C);
+      d.moe_einp = take(received * C);
+    }
   }
   if (dims.llama) {
     d.dact = take(mlp.act);

@@ -30,8 +30,12 @@ PartBlocks part_blocks(const GptConfig& c, const GptPart& part) {
   out.layers.assign(c.n_layer, -1);
   int next = 0;
   if (part.has_embedding()) out.embed = next++;
+  out.experts.assign(c.n_layer, -1);
   for (const auto& [lo, hi] : part.chunks) {
-    for (int l = lo; l < hi; ++l) out.layers[l] = next++;
+    for (int l = lo; l < hi; ++l) {
+      out.layers[l] = next++;
+      if (c.moe_layer(l)) out.experts[l] = next++;
+    }
   }
   if (part.has_head(c)) {
     out.ln_f = next++;
@@ -80,15 +84,9 @@ BlockSpec llama_layer_spec(const GptConfig& c, int l) {
   if (c.o_bias) p.push_back({"self_attn.o_proj.bias", {C}, InitRule::zeros(), ParamRole::bias});
   p.push_back({"post_attention_layernorm.weight", {C}, InitRule::constant(1), ParamRole::norm});
   if (c.moe_layer(l)) {
-    // Mixtral's names: the router, then each expert's w1 (gate) and w3 (up) as one run, and w2 (down).
-    const int64_t X = c.expert_ffn();
-    p.push_back({"block_sparse_moe.gate.weight", {c.moe.num_experts, C}, w, ParamRole::weight});
-    for (int e = 0; e < c.moe.num_experts; ++e) {
-      const std::string expert = "block_sparse_moe.experts." + std::to_string(e) + ".";
-      p.push_back(fused({expert + "w1.weight", {X, C}, w, ParamRole::weight}));
-      p.push_back({expert + "w3.weight", {X, C}, w, ParamRole::weight});
-      p.push_back({expert + "w2.weight", {C, X}, w, ParamRole::weight});
-    }
+    // The router (Mixtral's name, or Qwen3-MoE's with its per-head norms); the experts are a block of
+    // their own (experts_spec).
+    p.push_back({c.qk_norm ? "mlp.gate.weight" : "block_sparse_moe.gate.weight", {c.moe.num_experts, C}, w, ParamRole::weight});
     return b;
   }
   p.push_back(fused({"mlp.gate_proj.weight", {F, C}, w, ParamRole::weight}));
@@ -107,15 +105,7 @@ BlockSpec layer_spec(const GptConfig& c, int l) {
     dense.moe = {};
     BlockSpec b = layer_spec(dense, l);
     b.params.resize(8);  // up to ln_2
-    const int64_t X = c.expert_ffn();
     b.params.push_back({"mlp.router.weight", {c.moe.num_experts, C}, InitRule::normal(0.02), ParamRole::weight});
-    for (int e = 0; e < c.moe.num_experts; ++e) {
-      const std::string expert = "mlp.experts." + std::to_string(e) + ".";
-      b.params.push_back({expert + "c_fc.weight", {X, C}, InitRule::normal(0.02), ParamRole::weight});
-      b.params.push_back({expert + "c_fc.bias", {X}, InitRule::zeros(), ParamRole::bias});
-      b.params.push_back({expert + "c_proj.weight", {C, X}, InitRule::normal(proj_std), ParamRole::weight});
-      b.params.push_back({expert + "c_proj.bias", {C}, InitRule::zeros(), ParamRole::bias});
-    }
     return b;
   }
   return {"h." + std::to_string(l),
@@ -131,6 +121,37 @@ BlockSpec layer_spec(const GptConfig& c, int l) {
            {"mlp.c_fc.bias", {4 * C}, InitRule::zeros(), ParamRole::bias},
            {"mlp.c_proj.weight", {C, 4 * C}, InitRule::normal(proj_std), ParamRole::weight},
            {"mlp.c_proj.bias", {C}, InitRule::zeros(), ParamRole::bias}}};
+}
+
+// An expert layer's experts that `part` holds, by their names in the whole model (for the Llama
+// family Mixtral's, w1 (gate) and w3 (up) as one run, then w2 (down), or with per-head q/k norms
+// Qwen3-MoE's gate_proj, up_proj, down_proj; GPT-2's MLP's otherwise), so a parameter keeps its
+// name and seeded values whatever the expert-parallel size.
+BlockSpec experts_spec(const GptConfig& c, int l, const GptPart& part) {
+  const int64_t C = c.n_embd, X = c.expert_ffn();
+  const double proj_std = c.llama() ? 0.02 : 0.02 / std::sqrt(2.0 * c.n_layer);
+  const int n = c.moe.num_experts / part.ep_ranks;
+  BlockSpec b{(c.llama() ? "layers." : "h.") + std::to_string(l) + ".experts", {}};
+  b.expert_parallel = part.ep_ranks;
+  const InitRule w = InitRule::normal(0.02);
+  for (int e = part.ep_rank * n; e < (part.ep_rank + 1) * n; ++e) {
+    if (c.llama()) {
+      const bool qwen = c.qk_norm;
+      const std::string expert = (qwen ? "mlp.experts." : "block_sparse_moe.experts.") + std::to_string(e) + ".";
+      ParamSpec gate{expert + (qwen ? "gate_proj.weight" : "w1.weight"), {X, C}, w, ParamRole::weight};
+      gate.fused_with_next = true;
+      b.params.push_back(std::move(gate));
+      b.params.push_back({expert + (qwen ? "up_proj.weight" : "w3.weight"), {X, C}, w, ParamRole::weight});
+      b.params.push_back({expert + (qwen ? "down_proj.weight" : "w2.weight"), {C, X}, w, ParamRole::weight});
+    } else {
+      const std::string expert = "mlp.experts." + std::to_string(e) + ".";
+      b.params.push_back({expert + "c_fc.weight", {X, C}, w, ParamRole::weight});
+      b.params.push_back({expert + "c_fc.bias", {X}, InitRule::zeros(), ParamRole::bias});
+      b.params.push_back({expert + "c_proj.weight", {C, X}, InitRule::normal(proj_std), ParamRole::weight});
+      b.params.push_back({expert + "c_proj.bias", {C}, InitRule::zeros(), ParamRole::bias});
+    }
+  }
+  return b;
 }
 
 BlockSpec embed_spec(const GptConfig& c) {
@@ -205,6 +226,14 @@ void check_part(const GptConfig& c, const GptPart& part) {
                  "parallel.tensor = {} splits the key/value heads over its ranks, but model.n_kv_head = {} is not a multiple of it; "
                  "as Megatron-LM, zeroth does not replicate key/value heads: use a tensor-parallel size that divides them",
                  part.tp_ranks, c.kv_heads());
+  }
+  if (part.ep_ranks < 1 || part.ep_rank < 0 || part.ep_rank >= part.ep_ranks)
+    ZEROTH_THROW(InvalidArgument, "GPT part: expert-parallel rank {} of {}", part.ep_rank, part.ep_ranks);
+  if (part.ep_ranks > 1 && (!c.moe.enabled() || c.moe.num_experts % part.ep_ranks != 0)) {
+    ZEROTH_THROW(ConfigError,
+                 "parallel.expert = {} shares each expert layer's experts out over its ranks, but model.moe.num_experts is {}; use "
+                 "an expert-parallel size that divides the experts (or 1 for a dense model)",
+                 part.ep_ranks, c.moe.num_experts);
   }
   if (c.moe.enabled() && part.tp_ranks > 1) {
     ZEROTH_THROW(ConfigError,
@@ -306,7 +335,12 @@ std::vector<int> partition_layers(const GptConfig& c, int parts, const std::stri
   };
   // The last stage also holds the LM head's copy of the tied embedding (with its own optimizer
   // state), as DeepSpeed counts a tied layer on each stage that has it.
-  const size_t layer = count(layer_spec(c, 0)), first = count(embed_spec(c));
+  const auto layer_weight = [&](int l) { return count(layer_spec(c, l)) + (c.moe_layer(l) ? count(experts_spec(c, l, {})) : 0); };
+  size_t layer = 0;  // the lightest layer: the search's lower bound
+  for (int l = 0; l < L; ++l) layer = l == 0 ? layer_weight(0) : std::min(layer, layer_weight(l));
+  size_t all_layers = 0;
+  for (int l = 0; l < L; ++l) all_layers += layer_weight(l);
+  const size_t first = count(embed_spec(c));
   const size_t last = count(ln_f_spec(c)) + (!c.tie_word_embeddings ? count(head_spec(c)) : parts > 1 ? first : 0);
   auto fill = [&](size_t bound, std::vector<int>* take) {
     int l = 0;
@@ -314,8 +348,8 @@ std::vector<int> partition_layers(const GptConfig& c, int parts, const std::stri
       size_t load = (k == 0 ? first : 0);
       int n = 0;
       const int left_for_rest = parts - k - 1;
-      while (l + n < L - left_for_rest && (n == 0 || load + layer + (l + n + 1 == L ? last : 0) <= bound)) {
-        load += layer;
+      while (l + n < L - left_for_rest && (n == 0 || load + layer_weight(l + n) + (l + n + 1 == L ? last : 0) <= bound)) {
+        load += layer_weight(l + n);
         ++n;
       }
       if (take != nullptr) (*take)[k] = n;
@@ -323,7 +357,7 @@ std::vector<int> partition_layers(const GptConfig& c, int parts, const std::stri
     }
     return l == L;
   };
-  size_t lo = layer, hi = first + last + static_cast<size_t>(L) * layer;
+  size_t lo = layer, hi = first + last + all_layers;
   while (lo < hi) {
     const size_t mid = lo + (hi - lo) / 2;
     if (fill(mid, nullptr)) hi = mid;
@@ -343,7 +377,10 @@ std::vector<BlockSpec> Gpt::block_specs(const GptConfig& c, const GptPart& given
   std::vector<BlockSpec> out;
   if (part.has_embedding()) out.push_back(embed_spec(c));
   for (const auto& [lo, hi] : part.chunks) {
-    for (int l = lo; l < hi; ++l) out.push_back(layer_spec(c, l));
+    for (int l = lo; l < hi; ++l) {
+      out.push_back(layer_spec(c, l));
+      if (c.moe_layer(l)) out.push_back(experts_spec(c, l, part));
+    }
   }
   if (part.has_head(c)) {
     out.push_back(ln_f_spec(c));
@@ -361,13 +398,21 @@ std::vector<BlockSpec> Gpt::block_specs(const GptConfig& c, const GptPart& given
 int Gpt::embedding_block(const GptConfig& c, const GptPart& part) { return gpt::part_blocks(c, gpt::complete_part(part, c)).embed; }
 
 
+namespace {
+// An expert layer's experts are named in Hugging Face as its layer's parameters.
+std::string layer_of(const std::string& block) {
+  constexpr std::string_view kExperts = ".experts";
+  return block.ends_with(kExperts) ? block.substr(0, block.size() - kExperts.size()) : block;
+}
+}  // namespace
+
 std::vector<Gpt::HfParam> Gpt::hf_params(const GptConfig& c) {
   std::vector<HfParam> out;
   const auto specs = block_specs(c);
   for (size_t b = 0; b < specs.size(); ++b) {
     if (c.llama()) {
       // "embed" {wte}, "layers.<l>" with Hugging Face's own suffixes, "ln_f" {weight}, "lm_head" {weight}.
-      const std::string& block = specs[b].name;
+      const std::string block = layer_of(specs[b].name);
       for (size_t i = 0; i < specs[b].params.size(); ++i) {
         const std::string name = block == "embed"     ? "model.embed_tokens.weight"
                                  : block == "ln_f"    ? "model.norm.weight"
@@ -378,7 +423,7 @@ std::vector<Gpt::HfParam> Gpt::hf_params(const GptConfig& c) {
       continue;
     }
     // "embed" {wte, wpe}, "h.<l>" with Hugging Face's own suffixes, "ln_f" {weight, bias}.
-    const std::string prefix = specs[b].name == "embed" ? "transformer." : "transformer." + specs[b].name + ".";
+    const std::string prefix = specs[b].name == "embed" ? "transformer." : "transformer." + layer_of(specs[b].name) + ".";
     for (size_t i = 0; i < specs[b].params.size(); ++i) {
       const std::string& p = specs[b].params[i].name;
       const bool conv1d = p == "attn.c_attn.weight" || p == "attn.c_proj.weight" || p == "mlp.c_fc.weight" || p == "mlp.c_proj.weight";
@@ -401,14 +446,20 @@ std::vector<BlockSchedule> Gpt::schedules(const GptConfig& c, const GptPart& giv
     const bool first = lo == 0, last = hi == c.n_layer;
     BlockSchedule s;
     if (first) s.forward.push_back(ids.embed);
-    for (int l = lo; l < hi; ++l) s.forward.push_back(ids.layers[l]);
+    for (int l = lo; l < hi; ++l) {
+      s.forward.push_back(ids.layers[l]);
+      if (ids.experts[l] >= 0) s.forward.push_back(ids.experts[l]);
+    }
     if (last) {
       s.forward.push_back(ids.ln_f);
       s.forward.push_back(ids.head);  // the LM head (the embedding when tied)
       s.backward.push_back(ids.head);
       s.backward.push_back(ids.ln_f);
     }
-    for (int l = hi - 1; l >= lo; --l) s.backward.push_back(ids.layers[l]);
+    for (int l = hi - 1; l >= lo; --l) {
+      if (ids.experts[l] >= 0) s.backward.push_back(ids.experts[l]);
+      s.backward.push_back(ids.layers[l]);
+    }
     if (first) s.backward.push_back(ids.embed);
     out.push_back(std::move(s));
   }

@@ -137,6 +137,11 @@ struct GptPart {
   // LayerNorms and the pipeline's activations.
   int tp_rank = 0, tp_ranks = 1;
   bool sequence_parallel = false;
+  // Expert parallelism (GShard, DeepSpeed-MoE): rank `ep_rank` of `ep_ranks` holds experts
+  // [ep_rank n, (ep_rank + 1) n) of every expert layer (n = num_experts / ep_ranks), in a block of its
+  // own that ZeRO partitions over the data-parallel ranks holding the same experts
+  // (BlockSpec::expert_parallel); tokens reach them through the expert-parallel group's all-to-alls.
+  int ep_rank = 0, ep_ranks = 1;
   bool whole(const GptConfig& config) const;
   bool has_embedding() const;                                 // a chunk starts at layer 0
   bool has_head(const GptConfig& config) const;               // a chunk ends at n_layer
@@ -158,8 +163,9 @@ class Gpt {
  public:
   // Registers the blocks and the schedule (one per chunk) with the host. With part.tp_ranks > 1,
   // `tensor` is the tensor-parallel group (rank part.tp_rank of part.tp_ranks): the block uses'
-  // collectives run there on the host's compute stream.
-  Gpt(BlockHost& host, GptConfig config, GptPart part = {}, Communicator* tensor = nullptr);
+  // collectives run there on the host's compute stream; with part.ep_ranks > 1, `experts` is the
+  // expert-parallel group (rank part.ep_rank of part.ep_ranks) the expert layers' all-to-alls run in.
+  Gpt(BlockHost& host, GptConfig config, GptPart part = {}, Communicator* tensor = nullptr, Communicator* experts = nullptr);
   ~Gpt();
 
   static std::vector<BlockSpec> block_specs(const GptConfig& config, const GptPart& part);
@@ -251,8 +257,10 @@ class Gpt {
   GptConfig config_;
   GptPart part_;
   Communicator* tensor_ = nullptr;
+  Communicator* experts_comm_ = nullptr;
   int embed_ = -1, ln_f_ = -1, head_ = -1;
   std::vector<int> layers_;       // block of each layer of the model, -1 where another rank holds it
+  std::vector<int> experts_;      // block of each expert layer's experts, -1 elsewhere
   std::shared_ptr<State> state_;  // activations and f32 weight copies, touched by the stream only
 };
 

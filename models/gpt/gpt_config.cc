@@ -166,8 +166,10 @@ std::string GptConfig::hf_architecture() const {
   if (!llama()) return moe.enabled() ? "" : "GPT2LMHeadModel";
   if (moe.enabled()) {
     // Mixtral's layers: every one sparse, renormalised, dropless, no attention biases or q/k norms.
+    // Qwen3-MoE's: per-head q/k norms, every n-th layer sparse, renormalised or not, dropless.
     const bool mixtral = moe.every == 1 && moe.normalize_top_k && !moe.drop_tokens && !qkv_bias && !qk_norm;
-    return mixtral ? "MixtralForCausalLM" : "";
+    const bool qwen3 = qk_norm && !moe.drop_tokens && !qkv_bias && !o_bias;
+    return mixtral ? "MixtralForCausalLM" : qwen3 ? "Qwen3MoeForCausalLM" : "";
   }
   if (qk_norm) return "Qwen3ForCausalLM";
   if (qkv_bias && !o_bias) return "Qwen2ForCausalLM";

@@ -27,6 +27,10 @@ struct Slot {
   // keeps the first L - 1 for backward.
   std::vector<float*> resid, saved;
   std::vector<LayerActs> layer;  // [L], or [1] shared when checkpointing
+  // Per layer, for expert layers this rank holds (null elsewhere): the routing on the host, and with
+  // activation checkpointing the experts' input (without, it is the layer's ln2).
+  std::vector<gpt::MoeActs*> moe;
+  std::vector<float*> moe_x;
   // The head: ln_f's output (whole [BT, C]) and statistics (this rank's rows), the logits of this
   // rank's vocabulary slice, and the loss's per-row statistics (4 x BT: Kernels::crossentropy_*).
   float *lnf = nullptr, *lnf_mean = nullptr, *lnf_rstd = nullptr, *logits = nullptr, *ce_stats = nullptr;
@@ -49,7 +53,7 @@ struct Gpt::State {
   std::vector<int> chunk_slots;       // per chunk: the slots holding its activations (the first ones)
   int in_flight = 0;                  // chunk forwards whose backward has not been enqueued
   gpt::Scratch d;                     // passes run one at a time: shared
-  std::deque<gpt::MoeActs> moe_acts;  // the expert layers' routing on the host, one per activation set
+  std::deque<gpt::MoeActs> moe_acts;  // the expert layers' routing on the host (Slot::moe)
   MoeStats moe_stats;                 // written by the stream's work, taken by Gpt::take_moe_stats
   Buffer wbuf, gbuf;                  // f32 copies of a narrow block's parameters and gradients
   // Generation (decode.cc): every layer's cache of qkv rows [kv_len, W] end to end, then the

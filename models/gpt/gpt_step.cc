@@ -27,17 +27,27 @@ void check_tokens(const int32_t* t, size_t n, int V, const char* what) {
 
 }  // namespace
 
-Gpt::Gpt(BlockHost& host, GptConfig config, GptPart part, Communicator* tensor)
-    : host_(host), config_(config), part_(gpt::complete_part(part, config)), tensor_(tensor), state_(std::make_shared<State>()) {
+Gpt::Gpt(BlockHost& host, GptConfig config, GptPart part, Communicator* tensor, Communicator* experts)
+    : host_(host),
+      config_(config),
+      part_(gpt::complete_part(part, config)),
+      tensor_(tensor),
+      experts_comm_(experts),
+      state_(std::make_shared<State>()) {
   const int group = tensor != nullptr ? tensor->size() : 1, rank = tensor != nullptr ? tensor->rank() : 0;
   if (part_.tp_ranks != group || (group > 1 && part_.tp_rank != rank)) {
     ZEROTH_THROW(InvalidArgument, "GPT part for tensor-parallel rank {} of {}, but the group given makes it rank {} of {}",
                  part_.tp_rank, part_.tp_ranks, rank, group);
   }
+  const int ep = experts != nullptr ? experts->size() : 1, ep_rank = experts != nullptr ? experts->rank() : 0;
+  if (part_.ep_ranks != ep || (ep > 1 && part_.ep_rank != ep_rank)) {
+    ZEROTH_THROW(InvalidArgument, "GPT part for expert-parallel rank {} of {}, but the group given makes it rank {} of {}",
+                 part_.ep_rank, part_.ep_ranks, ep_rank, ep);
+  }
   auto specs = block_specs(config_, part_);
   for (auto& spec : specs) host_.add_block(std::move(spec));
   const gpt::PartBlocks ids = gpt::part_blocks(config_, part_);
-  embed_ = ids.embed, ln_f_ = ids.ln_f, head_ = ids.head, layers_ = ids.layers;
+  embed_ = ids.embed, ln_f_ = ids.ln_f, head_ = ids.head, layers_ = ids.layers, experts_ = ids.experts;
   host_.set_chunk_schedules(schedules(config_, part_));
   state_->cfg = config_;
   state_->part = part_;
@@ -183,14 +193,29 @@ void Gpt::run_forward(int micro, int chunk, const int32_t* tokens, const int32_t
     keep(0);
     host_.end_forward(embed_, micro);
   }
+  const gpt::ExpertGroup eg(experts_comm_, stream, d);
   for (int l = lo; l < hi; ++l) {
     const auto& v = l == lo && !embeds ? first_views : host_.begin_forward(layers_[l], micro);
     auto w = bind(k, &s->wbuf, &s->gbuf, v, false);
-    const gpt::MoePass moe{config_.moe_layer(l), training, 1.0f, training ? &s->moe_stats : nullptr};
+    const gpt::MoePass moe{config_.moe_layer(l), training, 1.0f, training ? &s->moe_stats : nullptr, sl->moe[l], &stream};
     gpt::layer_forward(k, g, w, acts(l), s->d, sl->resid[l], sl->resid[l + 1], B, T, decoding ? s->kv(l) : gpt::KvCache{}, moe);
     release(k, w);
-    keep(l + 1);
     host_.end_forward(layers_[l], micro);
+    if (experts_[l] >= 0) {
+      // The experts' use: their input is the layer's ln2, kept apart when checkpointing (the
+      // experts' backward runs before the layer is recomputed).
+      const LayerActs& a = acts(l);
+      const float* x = a.ln2;
+      if (training && sl->moe_x[l] != nullptr) {
+        host_.device().copy(stream, sl->moe_x[l], a.ln2, R * C * sizeof(float));
+        x = sl->moe_x[l];
+      }
+      auto we = bind(k, &s->wbuf, &s->gbuf, host_.begin_forward(experts_[l], micro), false);
+      gpt::moe_experts_forward(k, eg, we, d, a, s->d, x, sl->resid[l + 1], a.res2, BT, moe);
+      release(k, we);
+      host_.end_forward(experts_[l], micro);
+    }
+    keep(l + 1);
   }
   if (!heads) {
     if (training) ++s->in_flight;
@@ -291,17 +316,31 @@ void Gpt::run_backward(int micro, int chunk) {
     release(k, w);
     host_.end_backward(ln_f_, micro);
   }
+  const gpt::ExpertGroup eg(experts_comm_, stream, d);
   for (int l = hi - 1; l >= lo; --l) {
+    // The layer's routing stays as the forward made it; recomputations count nothing again.
+    const gpt::MoePass moe{config_.moe_layer(l), true, static_cast<float>(host_.loss_gradient_scale()), nullptr, sl->moe[l], &stream};
+    const bool output_grad = l == hi - 1 && !heads;  // the gradient at the chunk's output arrived from the next stage
+    if (experts_[l] >= 0) {
+      const auto& v = host_.begin_backward(experts_[l], micro);
+      if (output_grad) {
+        --s->in_flight;
+        host_.device().copy(stream, sc.dresid, sl->dout[chunk], R * C * sizeof(float));
+      }
+      auto we = bind(k, &s->wbuf, &s->gbuf, v, true);
+      const LayerActs& a = acts(l);
+      if (ckpt) gpt::moe_experts_forward(k, eg, we, d, a, sc, sl->moe_x[l], nullptr, nullptr, BT, moe);
+      gpt::moe_experts_backward(k, eg, we, d, a, sc, sc.dresid, BT, moe);
+      release(k, we);
+      host_.end_backward(experts_[l], micro);
+    }
     const auto& v = host_.begin_backward(layers_[l], micro);
-    if (l == hi - 1 && !heads) {
-      // The gradient at the chunk's output arrived from the next stage.
+    if (output_grad && experts_[l] < 0) {
       --s->in_flight;
       host_.device().copy(stream, sc.dresid, sl->dout[chunk], R * C * sizeof(float));
     }
     restore(l);
     auto w = bind(k, &s->wbuf, &s->gbuf, v, true);
-    // The recomputation routes as the forward did (same inputs, same gate) and counts nothing again.
-    const gpt::MoePass moe{config_.moe_layer(l), true, static_cast<float>(host_.loss_gradient_scale()), nullptr};
     if (ckpt) gpt::layer_forward(k, g, w, acts(l), sc, sl->resid[l], nullptr, B, T, {}, moe);
     gpt::layer_backward(k, g, w, acts(l), sc, sl->resid[l], B, T, moe);
     release(k, w);

@@ -6,6 +6,7 @@ namespace zeroth::gpt {
 Dims Dims::of(const GptConfig& c, const GptPart& part) {
   Dims d;
   d.tp = part.tp_ranks, d.tp_rank = part.tp_rank;
+  d.ep = part.ep_ranks, d.ep_rank = part.ep_rank;
   d.sp = part.sequence_parallel && part.tp_ranks > 1;
   d.C = c.n_embd;
   d.llama = c.llama(), d.qkv_bias = c.qkv_bias, d.o_bias = c.o_bias, d.qk_norm = c.qk_norm;
@@ -127,7 +128,10 @@ void layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs
   const float* ln2 = g.gathered_rows(a.ln2, s.ln_whole, BT);
   float* down = out == nullptr ? nullptr : d.sp ? s.partial : out;
   if (moe.expert_layer) {
-    moe_forward(k, w, kFcW, d, a, s, ln2, down, BT, moe);
+    // The router ends this block's use; the experts' block adds the MLP's output (moe_experts_forward).
+    // A recomputation keeps the forward's routing.
+    if (out != nullptr) moe_router_forward(k, w, kFcW, d, s, ln2, BT, moe);
+    return;
   } else {
     k.submit([&k, w, a, d, BT, down, bias, ln2] {
       const Bound& p = **w;
@@ -153,7 +157,7 @@ void layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerAct
   const float* dout = g.gathered_rows(s.dresid, s.gathered, BT);
   const float* ln2 = g.gathered_rows(a.ln2, s.ln_whole, BT);
   if (moe.expert_layer) {
-    moe_backward(k, w, kFcW, d, a, s, ln2, dout, partial, BT, moe);
+    moe_router_backward(k, w, kFcW, d, a, s, ln2, partial, BT, moe);
   } else {
     k.submit([&k, w, a, s, d, BT, dout, partial, ln2] {
       const Bound& p = **w;

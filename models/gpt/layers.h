@@ -26,6 +26,7 @@ GptPart complete_part(const GptPart& part, const GptConfig& config);
 struct PartBlocks {
   int embed = -1, ln_f = -1, head = -1;  // head: the embedding's block when tied
   std::vector<int> layers;
+  std::vector<int> experts;  // each expert layer's experts (right after its layer), -1 elsewhere
 };
 PartBlocks part_blocks(const GptConfig& config, const GptPart& part);
 
@@ -35,16 +36,22 @@ PartBlocks part_blocks(const GptConfig& config, const GptPart& part);
 struct Dims {
   int C = 0, NH = 0, KVH = 0, hs = 0, Cq = 0, W = 0, F = 0, v_lo = 0, V = 0;
   int tp = 1, tp_rank = 0;
-  // Expert layers: the gate, each expert's MLP width (X), and the capacities' factors.
+  // Expert layers: the gate, each expert's MLP width (X), and the capacities' factors; expert
+  // parallelism: this rank's place in the group of `ep` ranks that share the experts out (rank p
+  // holds experts [p n, (p + 1) n), n = local_experts()).
   MoeGate gate;
   int X = 0, min_capacity = 0;
   double capacity_factor = 1, eval_capacity_factor = 1;
   bool moe = false;
+  int ep = 1, ep_rank = 0;
+  int local_experts() const { return gate.experts / ep; }
   // SwiGLU experts' up-projection width.
   int expert_up() const { return llama ? 2 * X : X; }
-  // The most dispatched rows an expert layer can have for BT tokens: every choice, or the experts'
-  // capacities at the larger of the two factors.
+  // The most rows this rank dispatches for BT tokens of its own (every choice, or the experts'
+  // capacities at the larger of the two factors), and the most its experts can receive from the
+  // group (each rank's rows for them, the worst case being all of them).
   size_t moe_rows(size_t BT) const;
+  size_t moe_expert_rows(size_t BT) const;
   bool sp = false;  // sequence parallel (with tp > 1)
   bool llama = false, qkv_bias = false, o_bias = false, qk_norm = false;
   float eps = 1e-5f;
@@ -64,19 +71,35 @@ struct Dims {
 // The Llama family keeps no means (RMSNorm), and with per-head q/k norms the projections' q and k
 // before them (qk_pre, the qkv rows' layout) and their statistics (qk_rstd: BT NH, then BT KVH).
 // fch is MLP-up's output ([gate | up] for SwiGLU), fch_act its activation.
-// In an expert layer fch and fch_act hold the dispatched rows' (expert e's at Routing::offsets[e]),
-// moe_out the experts' outputs, moe_row / moe_token / moe_weight the routing's arrays on the device,
-// and moe its routing on the host.
+// In an expert layer moe_in holds the rows this rank's experts received (their inputs), fch and
+// fch_act theirs, moe_out the outputs of this rank's own dispatched rows once back, and moe_row /
+// moe_token / moe_weight the routing's arrays (ExpertRows numbering) on the device.
+//
+// The dispatched rows are numbered by local expert slot, then by the rank holding it (slot j of
+// rank p is expert p n + j): each slot's rows go to the ranks as one contiguous run per rank, and
+// arrive as one contiguous run per slot. With one rank this is the experts' own order.
+struct ExpertRows {
+  std::vector<int32_t> row, row_token;  // the routing's, renumbered
+  std::vector<size_t> sent;             // [slot x ep + peer]: rows sent to that peer's slot
+  std::vector<size_t> received;         // [slot x ep + peer]: rows that peer sent to this rank's slot
+  size_t sent_total() const;
+  size_t received_total() const;
+  size_t received_in(int slot, int ep) const;  // this rank's rows of one slot, from every peer
+  ExpertRows(const Routing& routing, int ep);
+  ExpertRows() = default;
+};
+// An expert layer's routing of one micro-batch, on the host, from the layer's use to the experts'
+// (and kept for backward).
 struct MoeActs {
   Routing routing;
+  ExpertRows rows;
   std::vector<float> logits, probs, dweight, dlogits;  // host copies: [BT, E], [BT, k], [BT, E]
 };
 struct LayerActs {
   float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_act;
   float *qk_pre = nullptr, *qk_rstd = nullptr;
-  float *moe_out = nullptr, *moe_weight = nullptr;
+  float *moe_in = nullptr, *moe_out = nullptr, *moe_weight = nullptr;
   int32_t *moe_row = nullptr, *moe_token = nullptr;
-  MoeActs* moe = nullptr;
 };
 
 // Scratch of the passes: the residual stream's gradient (this rank's rows), the per-kernel
@@ -84,25 +107,49 @@ struct LayerActs {
 // gathered gradient and a gathered LayerNorm output.
 // The Llama family adds the gradient at SwiGLU's output (dact), the q/k gradients before their
 // norms (dqk, the qkv rows' layout) and the rotary table (not scratch: written once, read by both).
-// Expert layers add the router's logits and their gradient, the dispatched rows (made again in
-// backward), their gradients at the experts' outputs and inputs, and the combine weights' gradient;
-// dfch and dact are sized for the dispatched rows too.
+// Expert layers add the router's logits and their gradient, the gradients at the dispatched rows'
+// outputs and inputs (moe_drows, moe_dinp) and the combine weights' gradient; with expert
+// parallelism also the dispatched rows before they leave (moe_rows), the experts' outputs before
+// they go back (moe_eout) and the gradients at the received rows' outputs and inputs (moe_erows,
+// moe_einp). dfch and dact are sized for the received rows too.
 struct Scratch {
   float *dresid = nullptr, *dC = nullptr, *dqkv = nullptr, *dfch = nullptr, *datt = nullptr;
   float *partial = nullptr, *gathered = nullptr, *ln_whole = nullptr;
   float *dact = nullptr, *dqk = nullptr, *rope = nullptr;
-  float *moe_logits = nullptr, *moe_dlogits = nullptr, *moe_rows = nullptr, *moe_drows = nullptr, *moe_dinp = nullptr,
-        *moe_dweight = nullptr;
+  float *moe_logits = nullptr, *moe_dlogits = nullptr, *moe_drows = nullptr, *moe_dinp = nullptr, *moe_dweight = nullptr;
+  float *moe_rows = nullptr, *moe_eout = nullptr, *moe_erows = nullptr, *moe_einp = nullptr;
 };
 
 // What an expert layer's pass needs beyond its activations: whether this layer is one, the
 // capacity factor of the pass (training's or evaluation's), the loss gradient's scale (for the
-// auxiliary losses' gradients) and where the routing's figures are added (stream work writes them).
+// auxiliary losses' gradients), where the routing's figures are added (null: not counted), the
+// layer's routing on the host, and the stream the router waits on.
 struct MoePass {
   bool expert_layer = false;
   bool training = true;
   float loss_scale = 1;
   MoeStats* stats = nullptr;
+  MoeActs* acts = nullptr;
+  Stream* stream = nullptr;
+};
+
+// The expert-parallel group's all-to-alls, on the compute stream, one per local expert slot (each
+// slot's rows from every rank land together, so an expert multiplies one run). One rank: the rows
+// stay where they are (the caller passes the same buffer both ways).
+class ExpertGroup {
+ public:
+  ExpertGroup(Communicator* comm, Stream& stream, const Dims& dims) : comm_(comm), stream_(stream), dims_(dims) {}
+  // `mine` [rows.sent_total(), C] (ExpertRows order) to the experts' ranks, into `theirs` (room for
+  // `room` rows). The forward records what came from whom in `received` (rows.received); the
+  // backward's exchange (null) checks it got the same.
+  void to_experts(const ExpertRows& rows, const float* mine, float* theirs, size_t room, std::vector<size_t>* received) const;
+  // The received rows' results `theirs` back to the ranks that sent them, into `mine`.
+  void to_tokens(const ExpertRows& rows, const float* theirs, float* mine) const;
+
+ private:
+  Communicator* comm_;
+  Stream& stream_;
+  Dims dims_;
 };
 
 // Generation's key/value cache of one layer (Gpt::decode, one sequence): `rows` holds the qkv rows
@@ -175,16 +222,24 @@ void llama_layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const Lay
 void llama_layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs& a, const Scratch& s, const float* x, int B,
                           int T, const MoePass& moe);
 
-// An expert layer's MLP (moe_layer.cc), for both architectures, as stream work: its parameters
-// start at index `first` of the block (the router, then each expert's). Forward routes the BT
-// rows of `inp`, runs each expert on its rows and writes the combined output to `out` (null when
-// recomputing: the activations only). Backward takes the gradient at the output (`dout`) and
-// writes the one at `inp` into `dinp`, adding every parameter's gradient. Both wait for the
-// routing on the host (CUDA synchronizes the stream there: the experts' row counts size the
-// products, as in Megatron's dropless path).
-void moe_forward(Kernels& k, BoundRef w, int first, const Dims& d, const LayerActs& a, const Scratch& s, const float* inp, float* out,
-                 size_t BT, const MoePass& pass);
-void moe_backward(Kernels& k, BoundRef w, int first, const Dims& d, const LayerActs& a, const Scratch& s, const float* inp,
-                  const float* dout, float* dinp, size_t BT, const MoePass& pass);
+// An expert layer's MLP (moe_layer.cc), for both architectures, in two block uses. The layer's use
+// ends with the router (parameter `router` of its block): moe_router_forward multiplies the BT rows
+// of `inp` by it, waits for the stream and routes on the caller's thread into pass.acts (the
+// experts' row counts size the products and the all-to-alls, as in Megatron's dropless path).
+// The experts' use (the block of this rank's experts) runs moe_experts_forward: each choice's row
+// to its expert's rank, each expert's MLP, the outputs back, and their weighted sum plus `resid`
+// into `out` (null when recomputing: the activations only).
+// Backward: moe_experts_backward takes the gradient at the output (`dout`), leaves the one at each
+// dispatched row in s.moe_dinp and the combine weights' on the host, adding the experts' gradients;
+// then, in the layer's use, moe_router_backward writes the gradient at `inp` into `dinp` (the
+// router's and the rows') and adds the router's.
+void moe_router_forward(Kernels& k, BoundRef w, int router, const Dims& d, const Scratch& s, const float* inp, size_t BT,
+                        const MoePass& pass);
+void moe_experts_forward(Kernels& k, const ExpertGroup& g, BoundRef w, const Dims& d, const LayerActs& a, const Scratch& s,
+                         const float* inp, float* out, const float* resid, size_t BT, const MoePass& pass);
+void moe_experts_backward(Kernels& k, const ExpertGroup& g, BoundRef w, const Dims& d, const LayerActs& a, const Scratch& s,
+                          const float* dout, size_t BT, const MoePass& pass);
+void moe_router_backward(Kernels& k, BoundRef w, int router, const Dims& d, const LayerActs& a, const Scratch& s, const float* inp,
+                         float* dinp, size_t BT, const MoePass& pass);
 
 }  // namespace zeroth::gpt

@@ -64,7 +64,10 @@ void llama_layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const Lay
   const float* ln2 = g.gathered_rows(a.ln2, s.ln_whole, BT);
   float* down = out == nullptr ? nullptr : d.sp ? s.partial : out;
   if (moe.expert_layer) {
-    moe_forward(k, w, ix.gate, d, a, s, ln2, down, BT, moe);
+    // The router ends this block's use; the experts' block adds the MLP's output (moe_experts_forward).
+    // A recomputation keeps the forward's routing.
+    if (out != nullptr) moe_router_forward(k, w, ix.gate, d, s, ln2, BT, moe);
+    return;
   } else {
     k.submit([&k, w, a, d, BT, down, ln2, ix] {
       const Bound& p = **w;
@@ -87,7 +90,7 @@ void llama_layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const La
   const float* dout = g.gathered_rows(s.dresid, s.gathered, BT);
   const float* ln2 = g.gathered_rows(a.ln2, s.ln_whole, BT);
   if (moe.expert_layer) {
-    moe_backward(k, w, ix.gate, d, a, s, ln2, dout, partial, BT, moe);
+    moe_router_backward(k, w, ix.gate, d, a, s, ln2, partial, BT, moe);
   } else {
     k.submit([&k, w, a, s, d, BT, dout, partial, ln2, ix] {
       const Bound& p = **w;

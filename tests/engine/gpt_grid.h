@@ -45,12 +45,15 @@ struct GridCase {
   bool cpu_checkpointing = false;  // with checkpointing: the block inputs in host memory
   OptimizerKind optimizer = OptimizerKind::adamw;
   DType compute = DType::f32;
+  int ep = 1;                     // expert-parallel ranks (of dp) sharing out model.moe's experts
+  bool force_one_expert = false;  // every expert layer's router made to choose expert 0 first, 1 second, for every token
 };
 inline void PrintTo(const GridCase& k, std::ostream* os) {
   *os << "dp " << k.dp << " x pp " << k.pp << " x tp " << k.tp << (k.sequence_parallel ? " (sequence parallel)" : "") << ", "
       << pipe_kind_name(k.kind) << ", ZeRO stage " << k.stage << ", m " << k.micro << ", offload " << offload_device_name(k.offload)
       << (k.checkpointing ? ", checkpointing" : "") << (k.cpu_checkpointing ? " in host memory" : "") << ", "
-      << optimizer_name(k.optimizer) << ", " << dtype_name(k.compute);
+      << optimizer_name(k.optimizer) << ", " << dtype_name(k.compute) << (k.ep > 1 ? ", expert parallel " + std::to_string(k.ep) : "")
+      << (k.force_one_expert ? ", one expert forced" : "");
 }
 
 struct GridResult {
@@ -60,6 +63,7 @@ struct GridResult {
   std::vector<int> in_flight;                         // per stage: micro-batches of activations held (per chunk)
   std::vector<std::string> replica_mismatches;        // replicated parameters that differ between tensor-parallel ranks
   CommStats model_tp_traffic;                         // what the model's collectives moved in rank 0's tensor-parallel group
+  MoeStats moe;                                       // rank 0's routing over the run (expert layers)
 };
 
 inline constexpr int kGlobalBatch = 8, kSteps = 4;
@@ -98,6 +102,33 @@ inline void place_block(const Engine& engine, int block, const std::vector<float
       p.tp.put(local, into.data() + full_at, p.numel());
     }
     full_at += full_numel;
+  }
+}
+
+// Every GPT-2 expert layer's router made to send every token to expert 0 first and expert 1 second:
+// its second LayerNorm outputs its bias (ones) whatever the token, and the router's rows for experts
+// 0 and 1 make their logits 32 and 16 against 0. Collective over the data-parallel group.
+inline void force_one_expert(Engine& engine) {
+  for (size_t b = 0; b < engine.plan().blocks.size(); ++b) {
+    const auto& spec = engine.block_spec(static_cast<int>(b));
+    const auto& blk = engine.plan().blocks[b];
+    std::vector<float> values = engine.master_values(static_cast<int>(b));
+    bool changed = false;
+    for (size_t i = 0; i < spec.params.size(); ++i) {
+      const std::string& name = spec.params[i].name;
+      float* v = values.data() + blk.param_offsets[i];
+      const size_t n = spec.params[i].numel();
+      if (name == "ln_2.weight") std::fill(v, v + n, 0.0f);
+      if (name == "ln_2.bias") std::fill(v, v + n, 1.0f);
+      if (name == "mlp.router.weight") {
+        const size_t C = static_cast<size_t>(spec.params[i].shape[1]);
+        std::fill(v, v + n, 0.0f);
+        std::fill(v, v + C, 1.0f);
+        std::fill(v + C, v + 2 * C, 0.5f);
+        changed = true;
+      }
+    }
+    if (changed) engine.set_master_values(static_cast<int>(b), values);
   }
 }
 
@@ -183,6 +214,9 @@ inline GridResult train_grid(const GridCase& k, std::vector<PipeMeasure>* measur
     const int stage = groups.pp->rank(), dp_rank = groups.dp->rank(), tp_rank = groups.tp->rank();
     GptPart part = GptPart::of_rank(layers, k.pp, stage);
     part.tp_rank = tp_rank, part.tp_ranks = k.tp, part.sequence_parallel = k.sequence_parallel;
+    part.ep_rank = dp_rank % k.ep, part.ep_ranks = k.ep;
+    // The expert-parallel group: runs of ep consecutive data-parallel ranks.
+    auto experts = k.ep > 1 ? groups.dp->split(dp_rank / k.ep, dp_rank) : nullptr;
     auto device = make_device("cpu");
     std::unique_ptr<PipelineRunner> runner;
     if (k.pp > 1) runner = std::make_unique<PipelineRunner>(*device, *groups.pp, make_pipe_schedule(k.kind, k.pp, k.micro, chunks));
@@ -195,9 +229,10 @@ inline GridResult train_grid(const GridCase& k, std::vector<PipeMeasure>* measur
       engine.set_pass_order(runner->passes());
     }
     if (k.tp > 1) engine.set_tensor_parallel(*groups.tp);
-    Gpt gpt(engine, gc, part, k.tp > 1 ? groups.tp.get() : nullptr);
+    Gpt gpt(engine, gc, part, k.tp > 1 ? groups.tp.get() : nullptr, experts.get());
     engine.finalize();
     if (!steps.load.empty()) ckpt::load(engine, steps.load);
+    if (k.force_one_expert && steps.load.empty()) force_one_expert(engine);
     Loader loader(data, T, mb, k.micro, k.dp, dp_rank, 11, true);
     const size_t n = static_cast<size_t>(mb) * T;
     std::vector<int32_t> tokens(n * k.micro), targets(n * k.micro);
@@ -247,15 +282,26 @@ inline GridResult train_grid(const GridCase& k, std::vector<PipeMeasure>* measur
     for (int turn = 0; turn < k.tp; ++turn) {
       groups.tp->barrier(engine.compute_stream());
       engine.compute_stream().synchronize();
-      if (turn != tp_rank || dp_rank != 0) continue;
+      // Dense blocks from data-parallel rank 0; each slice of the experts from the first rank holding it.
+      if (turn != tp_rank || dp_rank >= k.ep) continue;
       std::lock_guard lock(order);
       for (size_t b = 0; b < engine.plan().blocks.size(); ++b) {
+        const bool expert = engine.plan().blocks[b].expert;
+        if (!expert && dp_rank != 0) continue;
         const std::string& name = engine.plan().blocks[b].name;
         const bool copy = name == "embed" && stage != 0;
         auto& dest = (copy ? head_copy_by_stage : blocks_by_stage)[stage][name];
         size_t full = 0;
         for (const auto& p : full_specs[b].params) full += p.numel();
         if (dest.empty()) dest.assign(full, 0.0f);
+        if (expert) {
+          // The slices hold consecutive experts, which the whole block lists in order.
+          const size_t slice = full / static_cast<size_t>(k.ep);
+          std::vector<float> mine(slice, 0.0f);
+          place_block(engine, static_cast<int>(b), values[b], mine, false, out.replica_mismatches);
+          std::copy(mine.begin(), mine.end(), dest.begin() + static_cast<std::ptrdiff_t>(dp_rank * slice));
+          continue;
+        }
         place_block(engine, static_cast<int>(b), values[b], dest, tp_rank != 0, out.replica_mismatches);
       }
     }
@@ -263,7 +309,7 @@ inline GridResult train_grid(const GridCase& k, std::vector<PipeMeasure>* measur
     if (part.has_head(gc) && tp_rank == 0) losses[dp_rank] = mine;
     if (dp_rank != 0 || tp_rank != 0) return;
     out.in_flight[stage] = engine.micro_batches_in_flight();
-    if (world.rank() == 0) out.model_tp_traffic = traffic;
+    if (world.rank() == 0) out.model_tp_traffic = traffic, out.moe = gpt.take_moe_stats();
     if (stage == 0) out.grad_norms = norms;
   });
   for (int s = 0; s < k.pp; ++s) {

@@ -109,6 +109,44 @@ TEST(Train, MixtureOfExpertsTrainsAlikeOnOneAndTwoRanksAtEveryStage) {
   }
 }
 
+// The configs table's expert-parallel run (8 experts over 4 ranks, ZeRO-2), 4 steps in f32 at a
+// constant learning rate, against the same run with every expert on every rank: the same losses and
+// exported weights up to f32 summation order; and the exported weights loaded back at E = 4
+// (run.init_from, the experts' names read by each rank for its slice) start where the E = 1 run
+// ended.
+TEST(Train, TheExpertParallelExampleTrainsWhatItTrainsWithoutExpertParallelism) {
+  const std::string config = std::string(ZEROTH_SOURCE_DIR) + "/configs/gpt-moe-ep.json";
+  const std::vector<std::string> sets = {"run.steps=4", testing::kConstantLr, "bf16.enabled=false", "run.eval_interval=0",
+                                         "run.sample_tokens=0"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), sets.begin(), sets.end());
+    return more;
+  };
+  const auto ep = testing::train_example(config, "moe_ep4", sets);
+  ASSERT_EQ(ep.code, 0) << ep.output;
+  const auto one = testing::train_example(config, "moe_ep1", with({"parallel.expert=1"}));
+  ASSERT_EQ(one.code, 0) << one.output;
+  const auto a = losses(ep), b = losses(one);
+  ASSERT_EQ(a.size(), 4u);
+  ASSERT_EQ(b.size(), 4u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 2e-6 * b[i]) << "step " << i + 1;
+  // Adam's steps from rounding-level gradient differences (tests/engine/expert_parallel_test.cc).
+  testing::expect_same_weights(testing::weights_of("moe_ep4"), testing::weights_of("moe_ep1"), 1e-3);
+  // Validation of the same weights on the same batches: at E = 1's end and at E = 4's start.
+  auto val_loss = [](const testing::Run& r, int step) {
+    for (const auto& m : r.metrics)
+      if (m.contains("val_loss") && !m.contains("summary") && m["step"] == step) return m["val_loss"].get<double>();
+    return -1.0;
+  };
+  const auto from = testing::train_example(config, "moe_ep4_from",
+                                           with({"run.steps=1", "run.eval_interval=1",
+                                                 "run.init_from=" + testing::weights_of("moe_ep1")}));
+  ASSERT_EQ(from.code, 0) << from.output;
+  const double ended = val_loss(one, 4), started = val_loss(from, 0);
+  ASSERT_GT(ended, 0) << one.output;
+  EXPECT_NEAR(started, ended, 2e-6 * ended) << "the loaded weights do not evaluate where the E = 1 run ended";
+}
+
 TEST(Train, TextAndBinData) {
   // Text: every byte a token.
   std::string text;

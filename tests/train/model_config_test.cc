@@ -4,13 +4,16 @@
 // and the presets' parameter counts against the published ones.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "models/gpt/gpt.h"
 #include "train/hf_model_config.h"
 #include "train/train_config.h"
 
@@ -106,7 +109,7 @@ TEST(HfConfig, WhatZerothCannotHonourIsAnErrorNamingIt) {
        "config.json: rope_scaling: type \"yarn\" is not one zeroth computes (linear, llama3)"},
       {"architectures", json::array({"PhiForCausalLM"}),
        "config.json: architecture PhiForCausalLM is not one zeroth builds; it trains LlamaForCausalLM, MistralForCausalLM, "
-       "MixtralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM and GPT2LMHeadModel"},
+       "MixtralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM and GPT2LMHeadModel"},
   };
   for (const Case& c : cases) {
     json j = llama32();
@@ -280,6 +283,64 @@ TEST(HfConfig, MixtralReadsItsExpertsAndWritesThemBack) {
   dropping.moe.drop_tokens = true;
   EXPECT_EQ(dropping.hf_architecture(), "");
   EXPECT_THROW(hf_config_to_json(dropping, DType::f32), InvalidArgument);
+}
+
+// Qwen3-30B-A3B's config.json as published (Qwen/Qwen3-30B-A3B): Qwen3's attention with per-head
+// q/k norms, every layer 128 SwiGLU experts of 768, top 8 renormalised, dropless; its model card's
+// 30.5B parameters, 3.3B activated: 30,532,122,624 and 3,353,032,704 counted by hand (48 layers of
+// attention 18,874,368 + norms 4,352 + router 262,144 + experts 128 x 4,718,592; embedding and
+// head 311,164,928 each; the final norm 2,048).
+json qwen3_moe() {
+  return json::parse(R"({
+    "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": false, "attention_dropout": 0.0, "bos_token_id": 151643,
+    "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu", "hidden_size": 2048,
+    "initializer_range": 0.02, "intermediate_size": 6144, "max_position_embeddings": 40960, "max_window_layers": 48,
+    "mlp_only_layers": [], "model_type": "qwen3_moe", "moe_intermediate_size": 768, "norm_topk_prob": true,
+    "num_attention_heads": 32, "num_experts": 128, "num_experts_per_tok": 8, "num_hidden_layers": 48, "num_key_value_heads": 4,
+    "output_router_logits": false, "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000.0,
+    "router_aux_loss_coef": 0.001, "sliding_window": null, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+    "transformers_version": "4.51.0", "use_cache": true, "use_sliding_window": false, "vocab_size": 151936})");
+}
+
+TEST(HfConfig, Qwen3MoeReadsItsExpertsAndWritesThemBack) {
+  const HfModelConfig hf = hf_config_from_json(qwen3_moe(), "config.json");
+  const GptConfig& c = hf.model;
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_EQ(c.moe.num_experts, 128);
+  EXPECT_EQ(c.moe.top_k, 8);
+  EXPECT_EQ(c.moe.every, 1);
+  EXPECT_TRUE(c.moe.normalize_top_k);
+  EXPECT_FALSE(c.moe.drop_tokens);
+  EXPECT_EQ(c.expert_ffn(), 768);
+  EXPECT_EQ(c.ffn(), 6144);
+  EXPECT_EQ(c.num_parameters(), size_t{30532122624});
+  EXPECT_EQ(c.active_parameters(), size_t{3353032704});
+  EXPECT_EQ(c.hf_architecture(), "Qwen3MoeForCausalLM");
+  const auto back_json = hf_config_to_json(c, DType::bf16);
+  EXPECT_EQ(back_json["model_type"], "qwen3_moe");
+  EXPECT_EQ(back_json["moe_intermediate_size"], 768);
+  EXPECT_EQ(back_json["intermediate_size"], 6144);
+  const HfModelConfig back = hf_config_from_json(json::parse(back_json.dump()), "export");
+  EXPECT_EQ(back.model.describe(), c.describe());
+  EXPECT_EQ(back.model.num_parameters(), c.num_parameters());
+  // Hugging Face's names: the router mlp.gate, the experts mlp.experts.N.gate_proj/up_proj/down_proj.
+  GptConfig small = c;
+  small.n_layer = 1, small.moe.num_experts = 2, small.vocab_size = 16, small.n_embd = 32, small.n_head = 2, small.n_kv_head = 1;
+  small.head_dim = 16, small.intermediate_size = 64, small.moe.intermediate_size = 8, small.moe.top_k = 1;
+  std::vector<std::string> names;
+  for (const auto& p : Gpt::hf_params(small)) names.push_back(p.name);
+  for (const char* n : {"model.layers.0.mlp.gate.weight", "model.layers.0.mlp.experts.1.gate_proj.weight",
+                        "model.layers.0.mlp.experts.1.up_proj.weight", "model.layers.0.mlp.experts.0.down_proj.weight",
+                        "model.layers.0.self_attn.q_norm.weight"})
+    EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
+  json sparse = qwen3_moe();
+  sparse["decoder_sparse_step"] = 2;
+  const GptConfig half = hf_config_from_json(sparse, "config.json").model;
+  EXPECT_FALSE(half.moe_layer(0));
+  EXPECT_TRUE(half.moe_layer(1));
+  json dense_layers = qwen3_moe();
+  dense_layers["mlp_only_layers"] = {0, 1};
+  EXPECT_THROW(hf_config_from_json(dense_layers, "config.json"), ConfigError);
 }
 
 TEST(ModelSection, MoeKeysAndTheirErrors) {
