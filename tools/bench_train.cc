@@ -35,6 +35,11 @@ struct Options {
   int threads = 0;  // 0: every core
   std::string dtype = "fp32";
   int stage = 0;
+  // Mixture of experts: the preset's MLP made `experts` experts of ffn / top_k each (the FLOPs a
+  // token meets stay the dense model's), timed next to the dense model on `ranks` local ranks with
+  // the experts shared over `expert_parallel` of them.
+  int experts = 0, top_k = 2, ranks = 1, expert_parallel = 1;
+  double capacity_factor = 1.0;
   bool reference = true;
   bool json = false;
   std::string python = "/usr/bin/python3";
@@ -47,7 +52,7 @@ class StepTimes final : public TrainObserver {
   std::vector<double> seconds;
 };
 
-std::vector<double> run_zeroth(const Options& o, const GptConfig& model) {
+std::vector<double> run_zeroth(const Options& o, const GptConfig& model, bool moe = false) {
   nlohmann::json j = {{"train_micro_batch_size_per_gpu", o.batch},
                       {"gradient_clipping", 1.0},
                       {"optimizer",
@@ -59,13 +64,20 @@ std::vector<double> run_zeroth(const Options& o, const GptConfig& model) {
                         {"vocab_size", model.vocab_size},
                         {"tokens", static_cast<int64_t>(o.steps + 2) * o.batch * o.seq + 1},
                         {"val_fraction", 0.0}}},
-                      {"run", {{"steps", o.steps + 1}, {"world_size", 1}}}};
+                      {"run", {{"steps", o.steps + 1}, {"world_size", o.ranks}}}};
   if (o.dtype == "bf16") j["bf16"] = {{"enabled", true}};
+  if (moe) {
+    j["model"]["moe"] = {{"num_experts", o.experts},
+                         {"top_k", o.top_k},
+                         {"intermediate_size", model.ffn() / o.top_k},
+                         {"capacity_factor", o.capacity_factor}};
+    if (o.expert_parallel > 1) j["parallel"] = {{"expert", o.expert_parallel}};
+  }
   const TrainConfig c = TrainConfig::from_json(j);
   StepTimes times;
-  run_local_ranks(1, [&](Communicator& comm) {
+  run_local_ranks(o.ranks, [&](Communicator& comm) {
     auto device = make_device("cpu");
-    train(c, comm, *device, &times);
+    train(c, comm, *device, comm.rank() == 0 ? &times : nullptr);
   });
   times.seconds.erase(times.seconds.begin());  // warm-up
   return times.seconds;
@@ -125,13 +137,20 @@ void run(const Options& o) {
   };
   GptConfig m = GptConfig::preset(o.preset);
   m.seq_len = o.seq;
+  if (o.ranks < 1) ZEROTH_THROW(InvalidArgument, "--ranks must be at least 1, got {}", o.ranks);
+  if (o.experts > 0 && (o.top_k < 1 || o.top_k > o.experts || m.ffn() % o.top_k != 0)) {
+    ZEROTH_THROW(InvalidArgument, "--experts {} --top-k {}: top-k must be within 1 and the experts and divide the MLP's width ({})",
+                 o.experts, o.top_k, m.ffn());
+  }
   const int threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   share_cores(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / threads));
   log::set_level(log::Level::warn);
-  const double tokens = static_cast<double>(o.batch) * o.seq;
-  say("bench train: %s %s (%.2fM parameters), seq %d, batch %d = %.0f tokens/step, %s, %d thread%s, %d timed steps after 1 warm-up\n",
-      m.llama() ? "Llama-family" : "GPT", o.preset.c_str(), static_cast<double>(m.num_parameters()) / 1e6, o.seq, o.batch, tokens,
-      o.dtype.c_str(), threads, threads == 1 ? "" : "s", o.steps);
+  const double tokens = static_cast<double>(o.batch) * o.seq * o.ranks;
+  say("bench train: %s %s (%.2fM parameters), seq %d, batch %d x %d rank%s = %.0f tokens/step, %s, %d thread%s, %d timed steps after "
+      "1 "
+      "warm-up\n",
+      m.llama() ? "Llama-family" : "GPT", o.preset.c_str(), static_cast<double>(m.num_parameters()) / 1e6, o.seq, o.batch, o.ranks,
+      o.ranks == 1 ? "" : "s", tokens, o.dtype.c_str(), threads, threads == 1 ? "" : "s", o.steps);
   // The core decides the matmul speed (2x or more between cores): figures compare only with
   // figures taken on the same core.
   const cpu::BlasInfo blas = cpu::blas_info();
@@ -141,6 +160,15 @@ void run(const Options& o) {
   const double z = median(run_zeroth(o, m));
   say("  %-22s median step %7.3f s   %8.0f tokens/s\n", fmt::format("zeroth (stage {})", o.stage).c_str(), z, tokens / z);
   std::fflush(stdout);
+  if (o.experts > 0) {
+    // The same tokens through experts: routing, all-to-alls, small products, the combine.
+    const double e = median(run_zeroth(o, m, true));
+    say("  %-22s median step %7.3f s   %8.0f tokens/s\n", fmt::format("{} experts, top {}", o.experts, o.top_k).c_str(), e,
+        tokens / e);
+    say("  mixture of experts / dense: %.2fx the step (%d rank%s, experts over %d, capacity factor %g, experts %d wide)\n", e / z,
+        o.ranks, o.ranks == 1 ? "" : "s", o.expert_parallel, o.capacity_factor, m.ffn() / o.top_k);
+    return;
+  }
   if (o.json) {
     // What `zeroth plan --calibrate` reads: the model FLOPs per token as the planner counts them
     // (Narayanan et al. 2021: 72 l h^2 + 12 l s h + 6 V h for GPT-2: 6 per weight of the layers'
@@ -159,7 +187,7 @@ void run(const Options& o) {
                             .dump(2)
                             .c_str());
   }
-  if (!o.reference || o.json) return;
+  if (!o.reference || o.json || o.ranks > 1) return;
   const auto t = run_torch(o, m, threads);
   const double r = median(t["step_s"].get<std::vector<double>>());
   say("  %-22s median step %7.3f s   %8.0f tokens/s\n", fmt::format("pytorch {}", t["torch"].get<std::string>()).c_str(), r,
@@ -180,6 +208,13 @@ void add_bench_train_command(CLI::App& bench) {
   cmd->add_option("--threads", o->threads, "Threads for both sides (default: every core)");
   cmd->add_option("--dtype", o->dtype, "fp32 or bf16 (bf16: zeroth only)");
   cmd->add_option("--stage", o->stage, "ZeRO stage (one rank)");
+  cmd->add_option("--experts", o->experts,
+                  "Also time the model with this many experts per MLP (each ffn / top-k wide: the same FLOPs per token), next to the "
+                  "dense one, instead of PyTorch");
+  cmd->add_option("--top-k", o->top_k, "Experts per token (with --experts)");
+  cmd->add_option("--capacity-factor", o->capacity_factor, "Each expert's capacity factor (with --experts)");
+  cmd->add_option("--ranks", o->ranks, "Local ranks (data parallel; --batch sequences each)");
+  cmd->add_option("--expert-parallel", o->expert_parallel, "Ranks the experts are shared out over (with --experts)");
   cmd->add_flag("!--no-reference", o->reference, "Skip the PyTorch side");
   cmd->add_flag("--json", o->json, "Print JSON (zeroth only: tokens/s and model FLOPs per token, what zeroth plan --calibrate reads)");
   cmd->add_option("--python", o->python, "Interpreter with torch");
