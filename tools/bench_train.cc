@@ -70,7 +70,8 @@ std::vector<double> run_zeroth(const Options& o, const GptConfig& model, bool mo
     j["model"]["moe"] = {{"num_experts", o.experts},
                          {"top_k", o.top_k},
                          {"intermediate_size", model.ffn() / o.top_k},
-                         {"capacity_factor", o.capacity_factor}};
+                         {"capacity_factor", o.capacity_factor > 0 ? o.capacity_factor : 1.0},
+                         {"drop_tokens", o.capacity_factor > 0}};
     if (o.expert_parallel > 1) j["parallel"] = {{"expert", o.expert_parallel}};
   }
   const TrainConfig c = TrainConfig::from_json(j);
@@ -165,8 +166,9 @@ void run(const Options& o) {
     const double e = median(run_zeroth(o, m, true));
     say("  %-22s median step %7.3f s   %8.0f tokens/s\n", fmt::format("{} experts, top {}", o.experts, o.top_k).c_str(), e,
         tokens / e);
-    say("  mixture of experts / dense: %.2fx the step (%d rank%s, experts over %d, capacity factor %g, experts %d wide)\n", e / z,
-        o.ranks, o.ranks == 1 ? "" : "s", o.expert_parallel, o.capacity_factor, m.ffn() / o.top_k);
+    say("  mixture of experts / dense: %.2fx the step (%d rank%s, experts over %d, %s, experts %d wide)\n", e / z, o.ranks,
+        o.ranks == 1 ? "" : "s", o.expert_parallel,
+        o.capacity_factor > 0 ? fmt::format("capacity factor {}", o.capacity_factor).c_str() : "dropless", m.ffn() / o.top_k);
     return;
   }
   if (o.json) {
@@ -212,7 +214,7 @@ void add_bench_train_command(CLI::App& bench) {
                   "Also time the model with this many experts per MLP (each ffn / top-k wide: the same FLOPs per token), next to the "
                   "dense one, instead of PyTorch");
   cmd->add_option("--top-k", o->top_k, "Experts per token (with --experts)");
-  cmd->add_option("--capacity-factor", o->capacity_factor, "Each expert's capacity factor (with --experts)");
+  cmd->add_option("--capacity-factor", o->capacity_factor, "Each expert's capacity factor (with --experts; 0: dropless)");
   cmd->add_option("--ranks", o->ranks, "Local ranks (data parallel; --batch sequences each)");
   cmd->add_option("--expert-parallel", o->expert_parallel, "Ranks the experts are shared out over (with --experts)");
   cmd->add_flag("!--no-reference", o->reference, "Skip the PyTorch side");

@@ -444,8 +444,14 @@ int run(const Options& o) {
     std::printf("%s\n", out.dump(2).c_str());
     return 0;
   }
-  std::printf("zeroth estimate: %s (%s parameters, %d rank%s, %d per node), per rank; the engine's own plan and estimate\n",
-              o.config.c_str(), fmt::format("{}", c.model.num_parameters()).c_str(), c.run.world_size,
+  // A mixture of experts: what a token meets, and how the experts are shared (each rank's plan
+  // holds its slice; its activations, the rows its experts may receive).
+  const std::string experts = c.model.moe.enabled()
+                                  ? fmt::format(", {} active per token, experts over {} rank{}", c.model.active_parameters(),
+                                                c.parallel.expert, c.parallel.expert == 1 ? "" : "s")
+                                  : "";
+  std::printf("zeroth estimate: %s (%s parameters%s, %d rank%s, %d per node), per rank; the engine's own plan and estimate\n",
+              o.config.c_str(), fmt::format("{}", c.model.num_parameters()).c_str(), experts.c_str(), c.run.world_size,
               c.run.world_size == 1 ? "" : "s", per_node);
   std::printf("budgets per rank: device %s, host %s (pinned and pageable together)\n",
               device_budget           ? format_bytes(device_budget).c_str()

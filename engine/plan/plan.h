@@ -278,8 +278,9 @@ struct Plan {
   size_t device_bytes() const { return tier_total(bytes, Tier::device); }
   nlohmann::json to_json() const;
   std::string table() const;  // compact, for the log at start
-  // The groups a collective action runs in ("dp", "tp", "dp+pp+tp", ...), or "" for local work.
-  std::string group_of(ActionKind kind) const;
+  // The groups a collective action runs in ("dp", "edp" for an expert block's, "tp", "dp+pp+tp", ...),
+  // or "" for local work; `target` is the action's (its block or bucket), -1 for the kind's usual group.
+  std::string group_of(ActionKind kind, int target = -1) const;
   std::string program_summary() const;  // counts per action kind and the first micro-batch in full
   // Writes to_json() to the path in ZEROTH_PLAN_JSON, when it is set (IoError if that fails).
   void write_json_if_requested() const;

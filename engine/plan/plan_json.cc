@@ -157,13 +157,18 @@ void Plan::write_json_if_requested() const {
   if (!out) ZEROTH_THROW(IoError, "writing the plan to {} (ZEROTH_PLAN_JSON) failed: {}", *path, std::strerror(errno));
 }
 
-std::string Plan::group_of(ActionKind kind) const {
+std::string Plan::group_of(ActionKind kind, int target) const {
   const std::string norm = std::string("dp") + (stages > 1 ? "+pp" : "") + (tp > 1 ? "+tp" : "");
+  auto data_parallel = [&](const std::vector<Bucket>* buckets) {
+    if (target < 0) return "dp";
+    const int block = buckets != nullptr ? buckets->at(target).blocks.front() : target;
+    return blocks.at(block).expert ? "edp" : "dp";
+  };
   switch (kind) {
-    case ActionKind::gather:
+    case ActionKind::gather: return data_parallel(nullptr);
     case ActionKind::all_reduce:
-    case ActionKind::reduce_scatter:
-    case ActionKind::all_gather: return "dp";
+    case ActionKind::reduce_scatter: return data_parallel(&reduce_buckets);
+    case ActionKind::all_gather: return data_parallel(&gather_buckets);
     case ActionKind::grad_norm: return norm;
     case ActionKind::sum_norms: return tp > 1 ? "dp+tp" : "dp";
     case ActionKind::sum_partial: return "tp";
@@ -249,11 +254,11 @@ std::string Plan::program_summary() const {
       out += " | run |";
     } else if (a.kind == ActionKind::gather || a.kind == ActionKind::release || a.kind == ActionKind::place_grads ||
                a.kind == ActionKind::accumulate || a.kind == ActionKind::release_grads) {
-      const std::string in = group_of(a.kind);
+      const std::string in = group_of(a.kind, a.target);
       out += fmt::format(" {} {}{}{}", action_name(a.kind), blocks[a.target].name, a.serial ? " (serial)" : "",
                          in.empty() ? "" : fmt::format(" [{}]", in));
     } else {
-      const std::string in = group_of(a.kind);
+      const std::string in = group_of(a.kind, a.target);
       out += fmt::format(" {} bucket {}{}{}{}", action_name(a.kind), a.target, a.flag ? " (add)" : "", a.serial ? " (serial)" : "",
                          in.empty() ? "" : fmt::format(" [{}]", in));
     }
@@ -265,7 +270,7 @@ std::string Plan::program_summary() const {
     const bool bucket = a.kind == ActionKind::all_gather || a.kind == ActionKind::grad_norm;
     const bool buffer = a.kind == ActionKind::zero || a.kind == ActionKind::sum_norms;
     const bool slot = a.kind == ActionKind::swap_in || a.kind == ActionKind::swap_out || a.kind == ActionKind::upload;
-    const std::string in = group_of(a.kind);
+    const std::string in = group_of(a.kind, a.target);
     out += fmt::format(" {} {}{}{}{},", action_name(a.kind),
                        group    ? "sub-group "
                        : bucket ? "bucket "
