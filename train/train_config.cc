@@ -228,6 +228,7 @@ GptPart TrainConfig::part(int stage, int tp_rank, int dp_rank) const {
   GptPart part = parallel.pipeline == 1 ? GptPart{} : GptPart::of_rank(layers_per_virtual_stage(), parallel.pipeline, stage);
   part.tp_rank = tp_rank, part.tp_ranks = parallel.tensor, part.sequence_parallel = parallel.sequence_parallel;
   part.ep_rank = dp_rank % parallel.expert, part.ep_ranks = parallel.expert;
+  if (parallel.expert > 1) part.ep_group_tokens = static_cast<size_t>(micro_batch_size) * model.seq_len;
   return part;
 }
 

@@ -308,7 +308,10 @@ Plan make_plan(const std::vector<BlockSpec>& specs, const std::vector<BlockSched
   p.max_in_flight = *std::max_element(p.chunk_in_flight.begin(), p.chunk_in_flight.end());
 
   for (const auto& spec : specs) {
-    if (spec.expert_parallel < 1 || (spec.expert_parallel > 1 && p.ep > 1 && spec.expert_parallel != p.ep)) {
+    if (spec.expert_parallel < 1)
+      ZEROTH_THROW(InvalidArgument, "block {} declares its experts shared over {} ranks; that is at least 1", spec.name,
+                   spec.expert_parallel);
+    if (spec.expert_parallel > 1 && p.ep > 1 && spec.expert_parallel != p.ep) {
       ZEROTH_THROW(ConfigError, "block {} holds experts shared over {} ranks where another block's are over {}", spec.name,
                    spec.expert_parallel, p.ep);
     }
@@ -320,11 +323,12 @@ Plan make_plan(const std::vector<BlockSpec>& specs, const std::vector<BlockSched
                  "data-parallel ranks",
                  p.ep, dp);
   }
-  if (p.ep > 1 && config.optimizer.kind == OptimizerKind::lamb) {
+  if (p.ep > 1 && z.stage >= 1 && config.optimizer.kind == OptimizerKind::lamb) {
     ZEROTH_THROW(ConfigError,
-                 "optimizer Lamb with parallel.expert = {}: Lamb's per-tensor norms are summed over the whole data-parallel group, "
-                 "which holds different experts; use Adam, AdamW or SGD with expert parallelism",
-                 p.ep);
+                 "optimizer Lamb with parallel.expert = {} at ZeRO stage {}: the pieces of Lamb's per-tensor norms are summed over "
+                 "the whole data-parallel group, whose ranks hold different experts under the same tensor numbers; use Adam, AdamW "
+                 "or SGD, or ZeRO stage 0, with expert parallelism",
+                 p.ep, z.stage);
   }
   std::set<std::string> names;
   for (const auto& spec : specs) {

@@ -231,8 +231,8 @@ void check_part(const GptConfig& c, const GptPart& part) {
     ZEROTH_THROW(InvalidArgument, "GPT part: expert-parallel rank {} of {}", part.ep_rank, part.ep_ranks);
   if (part.ep_ranks > 1 && (!c.moe.enabled() || c.moe.num_experts % part.ep_ranks != 0)) {
     ZEROTH_THROW(ConfigError,
-                 "parallel.expert = {} shares each expert layer's experts out over its ranks, but model.moe.num_experts is {}; use "
-                 "an expert-parallel size that divides the experts (or 1 for a dense model)",
+                 "parallel.expert = {} shares each expert layer's experts out over its ranks, so it must divide "
+                 "model.moe.num_experts, which is {}; use an expert-parallel size that divides the experts",
                  part.ep_ranks, c.moe.num_experts);
   }
   if (c.moe.enabled() && part.tp_ranks > 1) {

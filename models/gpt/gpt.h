@@ -142,6 +142,10 @@ struct GptPart {
   // own that ZeRO partitions over the data-parallel ranks holding the same experts
   // (BlockSpec::expert_parallel); tokens reach them through the expert-parallel group's all-to-alls.
   int ep_rank = 0, ep_ranks = 1;
+  // The most tokens a micro-batch of any rank of the expert-parallel group holds (0: this rank's
+  // own): the experts' receive buffers are sized for the group's largest, so a rank running a
+  // shorter micro-batch (the last round of an evaluation) still has room for what its peers send.
+  size_t ep_group_tokens = 0;
   bool whole(const GptConfig& config) const;
   bool has_embedding() const;                                 // a chunk starts at layer 0
   bool has_head(const GptConfig& config) const;               // a chunk ends at n_layer

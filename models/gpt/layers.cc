@@ -6,7 +6,7 @@ namespace zeroth::gpt {
 Dims Dims::of(const GptConfig& c, const GptPart& part) {
   Dims d;
   d.tp = part.tp_ranks, d.tp_rank = part.tp_rank;
-  d.ep = part.ep_ranks, d.ep_rank = part.ep_rank;
+  d.ep = part.ep_ranks, d.ep_rank = part.ep_rank, d.ep_group_tokens = part.ep_group_tokens;
   d.sp = part.sequence_parallel && part.tp_ranks > 1;
   d.C = c.n_embd;
   d.llama = c.llama(), d.qkv_bias = c.qkv_bias, d.o_bias = c.o_bias, d.qk_norm = c.qk_norm;

@@ -44,6 +44,7 @@ struct Dims {
   double capacity_factor = 1, eval_capacity_factor = 1;
   bool moe = false;
   int ep = 1, ep_rank = 0;
+  size_t ep_group_tokens = 0;  // GptPart::ep_group_tokens
   int local_experts() const { return gate.experts / ep; }
   // SwiGLU experts' up-projection width.
   int expert_up() const { return llama ? 2 * X : X; }

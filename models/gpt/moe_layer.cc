@@ -5,6 +5,8 @@
 // kind (GPT-2's c_fc, GELU, c_proj with biases; the Llama family's w1/w3, SwiGLU, w2) on its rows.
 #include <algorithm>  // std::max, std::min
 
+#include <fmt/ranges.h>  // fmt::join
+
 #include "core/error.h"  // ZEROTH_CHECK
 #include "models/gpt/layers.h"
 
@@ -19,8 +21,9 @@ size_t Dims::moe_rows(size_t BT) const {
 
 size_t Dims::moe_expert_rows(size_t BT) const {
   if (ep == 1) return moe_rows(BT);
-  // From each rank: at most one row per token and local expert, at most top_k per token, at most
-  // the local experts' capacities.
+  // From each rank (of at most the group's largest micro-batch): at most one row per token and local
+  // expert, at most top_k per token, at most the local experts' capacities.
+  BT = std::max(BT, ep_group_tokens);
   const size_t n = static_cast<size_t>(local_experts());
   size_t per_rank = BT * std::min<size_t>(gate.top_k, n);
   if (gate.drop_tokens)
@@ -88,16 +91,18 @@ void ExpertGroup::to_experts(const ExpertRows& rows, const float* mine, float* t
     const TensorView recv{theirs + recv_at, room * C - recv_at, DType::f32};
     const std::vector<size_t> got = comm_->all_to_allv(stream_, send, counts, recv);
     for (int p = 0; p < ep; ++p) {
-      const size_t r = got[p] / C;
-      ZEROTH_CHECK(received != nullptr || r == rows.received[static_cast<size_t>(j) * ep + p],
-                   "expert slot {}: rank {} sent {} rows where its forward sent {}", j, p, r,
-                   rows.received[static_cast<size_t>(j) * ep + p]);
-      got_rows[static_cast<size_t>(j) * ep + p] = r;
+      got_rows[static_cast<size_t>(j) * ep + p] = got[p] / C;
       recv_at += got[p];
     }
     sent_at += total;
   }
-  if (received != nullptr) *received = std::move(got_rows);
+  // After every slot's exchange, so a rank that finds a difference has not left its peers waiting.
+  if (received == nullptr) {
+    ZEROTH_CHECK(got_rows == rows.received, "an expert layer's backward received other row counts than its forward: [{}] against [{}]",
+                 fmt::join(got_rows, ", "), fmt::join(rows.received, ", "));
+    return;
+  }
+  *received = std::move(got_rows);
 }
 
 void ExpertGroup::to_tokens(const ExpertRows& rows, const float* theirs, float* mine) const {

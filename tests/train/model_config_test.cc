@@ -375,6 +375,24 @@ TEST(ModelSection, MoeKeysAndTheirErrors) {
   j["model"]["n_head"] = 4;
   j["run"] = {{"world_size", 2}};
   EXPECT_NE(error_of(j).find("expert layers are not split over tensor-parallel ranks"), std::string::npos) << error_of(j);
+  // parallel.expert: kept in the resolved config; each way it cannot hold named.
+  j = base;
+  j["parallel"] = {{"expert", 2}};
+  j["run"] = {{"world_size", 4}};
+  const TrainConfig ep = TrainConfig::from_json(j);
+  EXPECT_EQ(ep.parallel.expert, 2);
+  EXPECT_EQ(TrainConfig::from_json(ep.resolved).parallel.expert, 2);
+  EXPECT_EQ(ep.part(0, 0, 3).ep_rank, 1);
+  j["run"] = {{"world_size", 3}};
+  EXPECT_NE(error_of(j).find("parallel.expert = 2 must divide the data-parallel size, 3"), std::string::npos) << error_of(j);
+  j["run"] = {{"world_size", 3}};
+  j["parallel"] = {{"expert", 3}};
+  EXPECT_NE(error_of(j).find("so it must divide model.moe.num_experts, which is 4"), std::string::npos) << error_of(j);
+  j = base;
+  j["model"].erase("moe");
+  j["parallel"] = {{"expert", 2}};
+  j["run"] = {{"world_size", 2}};
+  EXPECT_NE(error_of(j).find("but the model has no expert layers"), std::string::npos) << error_of(j);
 }
 
 // The presets' counts as the publishers give them (each model's num_parameters()).
