@@ -29,7 +29,7 @@ struct MlpFloats {
 };
 
 // With activation checkpointing, each expert layer keeps its experts' input (the second norm's
-// output): the experts' backward runs before its layer's recomputation.
+// output, whole): the experts' backward runs before its layer's recomputation.
 size_t expert_inputs(const GptConfig& c, const GptPart& part) {
   if (!c.activation_checkpointing) return 0;
   size_t n = 0;
@@ -90,7 +90,8 @@ size_t Gpt::State::slot_floats(const GptConfig& c, const GptPart& part, int B, i
   const size_t BT = static_cast<size_t>(B) * T, C = c.n_embd, R = d.rows(BT);
   const size_t layers = c.activation_checkpointing ? 1 : owned_layers(part);
   const size_t head = part.has_head(c) ? BT * C + 2 * R + BT * d.V + 4 * BT : 0;
-  return (resid_copies(c, part) + port_count(c, part) + expert_inputs(c, part)) * R * C + layers * layer_floats(d, BT, B, T) + head;
+  return (resid_copies(c, part) + port_count(c, part)) * R * C + expert_inputs(c, part) * BT * C + layers * layer_floats(d, BT, B, T) +
+         head;
 }
 
 GptPart Gpt::State::slot_part(const GptPart& part, const std::vector<int>& chunk_slots, int i) {
@@ -220,7 +221,7 @@ void Gpt::State::reserve(Stream& stream, int b, int t, const std::vector<int>& p
     for (size_t l = 0; l < L; ++l) {
       if (!owned[l] || !cfg.moe_layer(static_cast<int>(l))) continue;
       sl.moe[l] = &moe_acts.emplace_back();
-      if (cfg.activation_checkpointing) sl.moe_x[l] = take(R * C);
+      if (cfg.activation_checkpointing) sl.moe_x[l] = take(BT * C);
     }
     if (head) {
       sl.lnf = take(BT * C), sl.lnf_mean = take(R), sl.lnf_rstd = take(R), sl.logits = take(BT * dims.V), sl.ce_stats = take(4 * BT);

@@ -235,12 +235,6 @@ void check_part(const GptConfig& c, const GptPart& part) {
                  "model.moe.num_experts, which is {}; use an expert-parallel size that divides the experts",
                  part.ep_ranks, c.moe.num_experts);
   }
-  if (c.moe.enabled() && part.tp_ranks > 1) {
-    ZEROTH_THROW(ConfigError,
-                 "model.moe with parallel.tensor = {}: expert layers are not split over tensor-parallel ranks; train a mixture of "
-                 "experts with parallel.tensor = 1",
-                 part.tp_ranks);
-  }
   if (c.n_head % part.tp_ranks != 0) {
     ZEROTH_THROW(ConfigError,
                  "parallel.tensor = {} splits the attention heads over its ranks, but model.n_head = {} is not a multiple of it; "

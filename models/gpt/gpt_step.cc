@@ -205,9 +205,9 @@ void Gpt::run_forward(int micro, int chunk, const int32_t* tokens, const int32_t
       // The experts' use: their input is the layer's ln2, kept apart when checkpointing (the
       // experts' backward runs before the layer is recomputed).
       const LayerActs& a = acts(l);
-      const float* x = a.ln2;
+      const float* x = d.sp ? s->d.ln_whole : a.ln2;  // whole: the layer's use gathered it last
       if (training && sl->moe_x[l] != nullptr) {
-        host_.device().copy(stream, sl->moe_x[l], a.ln2, R * C * sizeof(float));
+        host_.device().copy(stream, sl->moe_x[l], x, BT * C * sizeof(float));
         x = sl->moe_x[l];
       }
       auto we = bind(k, &s->wbuf, &s->gbuf, host_.begin_forward(experts_[l], micro), false);
@@ -330,7 +330,7 @@ void Gpt::run_backward(int micro, int chunk) {
       auto we = bind(k, &s->wbuf, &s->gbuf, v, true);
       const LayerActs& a = acts(l);
       if (ckpt) gpt::moe_experts_forward(k, eg, we, d, a, sc, sl->moe_x[l], nullptr, nullptr, BT, moe);
-      gpt::moe_experts_backward(k, eg, we, d, a, sc, sc.dresid, BT, moe);
+      gpt::moe_experts_backward(k, eg, we, d, a, sc, g.gathered_rows(sc.dresid, sc.gathered, BT), BT, moe);
       release(k, we);
       host_.end_backward(experts_[l], micro);
     }

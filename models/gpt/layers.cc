@@ -53,6 +53,11 @@ const float* TensorGroup::gathered_rows(const float* rows, float* whole, size_t 
   return whole;
 }
 
+void TensorGroup::keep_rows(const float* whole, float* rows, size_t BT) const {
+  if (!dims_.sp) return;
+  stream_.device().copy(stream_, rows, whole + dims_.row_offset(BT), dims_.rows(BT) * dims_.C * sizeof(float));
+}
+
 void TensorGroup::all_reduce(float* x, size_t n, ReduceOp op) const {
   if (comm_ != nullptr && dims_.tp > 1) comm_->all_reduce(stream_, {x, n, DType::f32}, op);
 }
@@ -158,6 +163,7 @@ void layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerAct
   const float* ln2 = g.gathered_rows(a.ln2, s.ln_whole, BT);
   if (moe.expert_layer) {
     moe_router_backward(k, w, kFcW, d, a, s, ln2, partial, BT, moe);
+    g.keep_rows(partial, s.dC, BT);  // every rank's is whole (the experts are replicated over the group)
   } else {
     k.submit([&k, w, a, s, d, BT, dout, partial, ln2] {
       const Bound& p = **w;
@@ -165,8 +171,8 @@ void layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerAct
       k.gelu_backward(s.dfch, a.fch, s.dfch, BT * d.F);
       k.matmul_backward(partial, p.g(kFcW), p.g(kFcB), s.dfch, ln2, p.p(kFcW), BT, d.C, d.F);
     });
+    g.reduce(partial, s.dC, BT);
   }
-  g.reduce(partial, s.dC, BT);
   k.submit([&k, w, a, s, d, R] {
     const Bound& p = **w;
     k.layernorm_backward(s.dresid, p.g(kLn2W), p.g(kLn2B), s.dC, a.res2, p.p(kLn2W), a.ln2_mean, a.ln2_rstd, R, d.C);

@@ -180,6 +180,9 @@ class TensorGroup {
   // linears' backward.
   const float* gathered_rows(const float* rows, float* whole, size_t BT) const;
   void all_reduce(float* x, size_t n, ReduceOp op) const;
+  // A whole [BT, C] that every rank computed alike (not a partial sum): this rank's rows of it in
+  // `rows` (sequence parallel), or already in place (the same pointer).
+  void keep_rows(const float* whole, float* rows, size_t BT) const;
   const Dims& dims() const { return dims_; }
 
  private:

@@ -91,6 +91,7 @@ void llama_layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const La
   const float* ln2 = g.gathered_rows(a.ln2, s.ln_whole, BT);
   if (moe.expert_layer) {
     moe_router_backward(k, w, ix.gate, d, a, s, ln2, partial, BT, moe);
+    g.keep_rows(partial, s.dC, BT);  // every rank's is whole (the experts are replicated over the group)
   } else {
     k.submit([&k, w, a, s, d, BT, dout, partial, ln2, ix] {
       const Bound& p = **w;
@@ -98,8 +99,8 @@ void llama_layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const La
       k.swiglu_backward(s.dfch, a.fch, s.dact, BT, d.F);
       k.matmul_backward(partial, p.g(ix.gate), nullptr, s.dfch, ln2, p.p(ix.gate), BT, d.C, 2 * d.F);
     });
+    g.reduce(partial, s.dC, BT);
   }
-  g.reduce(partial, s.dC, BT);
   k.submit([&k, w, a, s, d, R, ix] {
     const Bound& p = **w;
     k.rmsnorm_backward(s.dresid, p.g(ix.ln2), s.dC, a.res2, p.p(ix.ln2), a.ln2_rstd, R, 1, d.C, d.C, true);

@@ -218,9 +218,14 @@ void moe_experts_forward(Kernels& k, const ExpertGroup& g, BoundRef w, const Dim
   });
   g.to_tokens(m->rows, outputs, a.moe_out);
   if (out == nullptr) return;
-  k.submit([&k, a, out, resid, BT, K, C] {
-    k.moe_combine(out, a.moe_out, a.moe_row, a.moe_weight, BT, K, C);
-    k.accumulate(out, resid, BT * C);
+  // With sequence parallelism every rank combines all the tokens (the experts are replicated over the
+  // tensor-parallel group) and keeps its rows.
+  float* whole = d.sp ? s.partial : out;
+  const size_t R = d.rows(BT), at = d.row_offset(BT);
+  k.submit([&k, a, out, whole, resid, BT, K, C, R, at, sp = d.sp] {
+    k.moe_combine(whole, a.moe_out, a.moe_row, a.moe_weight, BT, K, C);
+    if (sp) k.copy(out, whole + at, R * C);
+    k.accumulate(out, resid, R * C);
   });
 }
 

@@ -157,5 +157,31 @@ TEST(ExpertParallelVariants, CheckpointingAndSwigluExpertsTrainWhatOneRankOfExpe
   }
 }
 
+// With tensor parallelism the router and the experts are replicated over the group: each rank routes
+// and computes every token (with sequence parallelism from the gathered rows, keeping its own), and
+// the gradients at the layer's input are whole on every rank, not partial sums. dp 2 x tp 2 (also
+// with E = 2 and sequence parallelism) against dp 2 alone: the attention's split sums in another
+// order (tensor_parallel_test.cc's bounds; 1.6e-6 of a tensor's largest value measured), the
+// replicas stay equal. Summing the whole gradients over the group instead fails the norms' bound.
+TEST(ExpertParallelTensor, ExpertsReplicatedOverTensorRanksTrainWhatTheyTrainWithoutThem) {
+  GridCase base = moe_case(2, 1);
+  base.dp = 2;
+  const GridResult ref = train_grid(base);
+  GridCase tp = base;
+  tp.tp = 2;
+  GridCase sp = tp;
+  sp.sequence_parallel = true, sp.ep = 2;
+  for (const GridCase& k : {tp, sp}) {
+    SCOPED_TRACE(::testing::PrintToString(k));
+    const GridResult got = train_grid(k);
+    EXPECT_TRUE(got.replica_mismatches.empty())
+        << "replicated parameters differ between tensor-parallel ranks: " << got.replica_mismatches.front();
+    const auto [norm_err, loss_err] = expect_steps(got, ref, 5e-7, 3e-7);
+    const TensorError w = expect_weights(got, ref, 3e-6, k.model);
+    std::printf("tp 2%s, E = %d: worst relative error of a loss %.3g, of a gradient norm %.3g, of a tensor %.3g (%s)\n",
+                k.sequence_parallel ? " sp" : "", k.ep, loss_err, norm_err, w.rel(), w.name.c_str());
+  }
+}
+
 }  // namespace
 }  // namespace zeroth::testing

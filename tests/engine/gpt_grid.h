@@ -299,7 +299,10 @@ inline GridResult train_grid(const GridCase& k, std::vector<PipeMeasure>* measur
           const size_t slice = full / static_cast<size_t>(k.ep);
           std::vector<float> mine(slice, 0.0f);
           place_block(engine, static_cast<int>(b), values[b], mine, false, out.replica_mismatches);
-          std::copy(mine.begin(), mine.end(), dest.begin() + static_cast<std::ptrdiff_t>(dp_rank * slice));
+          const auto at = dest.begin() + static_cast<std::ptrdiff_t>(dp_rank * slice);
+          // Replicated over the tensor-parallel group: the other ranks' copies against rank 0's.
+          if (tp_rank != 0 && !std::equal(mine.begin(), mine.end(), at)) out.replica_mismatches.push_back(name);
+          std::copy(mine.begin(), mine.end(), at);
           continue;
         }
         place_block(engine, static_cast<int>(b), values[b], dest, tp_rank != 0, out.replica_mismatches);

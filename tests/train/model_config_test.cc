@@ -370,11 +370,20 @@ TEST(ModelSection, MoeKeysAndTheirErrors) {
   j = base;
   j["model"]["moe"]["capacity_facter"] = 2;
   EXPECT_NE(error_of(j).find("did you mean 'capacity_factor'"), std::string::npos) << error_of(j);
+  // With tensor parallelism the router and the experts are replicated over its ranks.
   j = base;
   j["parallel"] = {{"tensor", 2}};
   j["model"]["n_head"] = 4;
   j["run"] = {{"world_size", 2}};
-  EXPECT_NE(error_of(j).find("expert layers are not split over tensor-parallel ranks"), std::string::npos) << error_of(j);
+  EXPECT_EQ(error_of(j), "no error");
+  GptPart tp = TrainConfig::from_json(j).part(0, 1);
+  for (const auto& block : Gpt::block_specs(TrainConfig::from_json(j).model, tp)) {
+    for (const auto& p : block.params) {
+      if (p.name.find("router") != std::string::npos || block.name.ends_with(".experts")) {
+        EXPECT_TRUE(p.tp.replicated() && !p.tp_partial_grad) << block.name << "." << p.name;
+      }
+    }
+  }
   // parallel.expert: kept in the resolved config; each way it cannot hold named.
   j = base;
   j["parallel"] = {{"expert", 2}};
