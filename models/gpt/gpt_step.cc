@@ -320,13 +320,17 @@ void Gpt::run_backward(int micro, int chunk) {
   for (int l = hi - 1; l >= lo; --l) {
     // The layer's routing stays as the forward made it; recomputations count nothing again.
     const gpt::MoePass moe{config_.moe_layer(l), true, static_cast<float>(host_.loss_gradient_scale()), nullptr, sl->moe[l], &stream};
-    const bool output_grad = l == hi - 1 && !heads;  // the gradient at the chunk's output arrived from the next stage
+    // The gradient at the chunk's output arrived from the next stage: taken at the layer's first use.
+    bool output_grad = l == hi - 1 && !heads;
+    auto take_output_grad = [&] {
+      if (!output_grad) return;
+      output_grad = false;
+      --s->in_flight;
+      host_.device().copy(stream, sc.dresid, sl->dout[chunk], R * C * sizeof(float));
+    };
     if (experts_[l] >= 0) {
       const auto& v = host_.begin_backward(experts_[l], micro);
-      if (output_grad) {
-        --s->in_flight;
-        host_.device().copy(stream, sc.dresid, sl->dout[chunk], R * C * sizeof(float));
-      }
+      take_output_grad();
       auto we = bind(k, &s->wbuf, &s->gbuf, v, true);
       const LayerActs& a = acts(l);
       if (ckpt) gpt::moe_experts_forward(k, eg, we, d, a, sc, sl->moe_x[l], nullptr, nullptr, BT, moe);
@@ -335,10 +339,7 @@ void Gpt::run_backward(int micro, int chunk) {
       host_.end_backward(experts_[l], micro);
     }
     const auto& v = host_.begin_backward(layers_[l], micro);
-    if (output_grad && experts_[l] < 0) {
-      --s->in_flight;
-      host_.device().copy(stream, sc.dresid, sl->dout[chunk], R * C * sizeof(float));
-    }
+    take_output_grad();
     restore(l);
     auto w = bind(k, &s->wbuf, &s->gbuf, v, true);
     if (ckpt) gpt::layer_forward(k, g, w, acts(l), sc, sl->resid[l], nullptr, B, T, {}, moe);

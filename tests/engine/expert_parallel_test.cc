@@ -140,14 +140,17 @@ TEST(ExpertParallelCheckpoint, SavedAtOneExpertSplitLoadsAtAnother) {
 }
 
 // The paths the cases above leave out: activation checkpointing (the experts' backward first, from
-// their kept input, before the layer is recomputed) and the Llama family's SwiGLU experts, at E = 2
-// against E = 1.
-TEST(ExpertParallelVariants, CheckpointingAndSwigluExpertsTrainWhatOneRankOfExpertsTrains) {
+// their kept input, before the layer is recomputed), the Llama family's SwiGLU experts, and the
+// optimizer offloaded to host memory (the expert buckets' slices taken to the host from their own
+// group's reduction), at E = 2 against E = 1.
+TEST(ExpertParallelVariants, CheckpointingSwigluExpertsAndOffloadTrainWhatOneRankOfExpertsTrains) {
   GridCase ckpt = moe_case(3, 1);
   ckpt.checkpointing = true;
   GridCase llama = moe_case(1, 1);
   llama.model.architecture = Architecture::llama;
-  for (GridCase k : {ckpt, llama}) {
+  GridCase offload = moe_case(2, 1);
+  offload.offload = OffloadDevice::cpu;
+  for (GridCase k : {ckpt, llama, offload}) {
     SCOPED_TRACE(::testing::PrintToString(k));
     const GridResult ref = train_grid(k);
     k.ep = 2;
