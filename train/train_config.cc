@@ -221,7 +221,8 @@ void read_precision(TrainConfig& t, const json& j) {
 }  // namespace
 
 std::vector<int> TrainConfig::layers_per_virtual_stage() const {
-  return partition_layers(model, parallel.pipeline * parallel.virtual_stages, parallel.partition, parallel.partition_counts);
+  return partition_layers(model, parallel.pipeline * parallel.virtual_stages, parallel.partition, parallel.partition_counts,
+                          parallel.expert);
 }
 
 GptPart TrainConfig::part(int stage, int tp_rank, int dp_rank) const {

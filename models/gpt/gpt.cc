@@ -287,7 +287,8 @@ GptPart GptPart::of_rank(const std::vector<int>& layers, int stages, int rank) {
   return part;
 }
 
-std::vector<int> partition_layers(const GptConfig& c, int parts, const std::string& method, const std::vector<int>& counts) {
+std::vector<int> partition_layers(const GptConfig& c, int parts, const std::string& method, const std::vector<int>& counts,
+                                  int expert_ranks) {
   const int L = c.n_layer;
   if (parts < 1) ZEROTH_THROW(ConfigError, "pipeline: {} virtual stages; need at least one", parts);
   if (L < parts) {
@@ -329,7 +330,9 @@ std::vector<int> partition_layers(const GptConfig& c, int parts, const std::stri
   };
   // The last stage also holds the LM head's copy of the tied embedding (with its own optimizer
   // state), as DeepSpeed counts a tied layer on each stage that has it.
-  const auto layer_weight = [&](int l) { return count(layer_spec(c, l)) + (c.moe_layer(l) ? count(experts_spec(c, l, {})) : 0); };
+  GptPart slice;  // a rank's share of the experts (every slice is the same size)
+  slice.ep_ranks = expert_ranks;
+  const auto layer_weight = [&](int l) { return count(layer_spec(c, l)) + (c.moe_layer(l) ? count(experts_spec(c, l, slice)) : 0); };
   size_t layer = 0;  // the lightest layer: the search's lower bound
   for (int l = 0; l < L; ++l) layer = l == 0 ? layer_weight(0) : std::min(layer, layer_weight(l));
   size_t all_layers = 0;

@@ -161,7 +161,9 @@ struct GptPart {
 // parameter count as small as it can be, counting the embedding on the first and ln_f on the
 // last, as DeepSpeed's partition_method balances), or given (`counts`, which must add up to
 // n_layer). ConfigError (naming pipeline.partition_method) when a stage would hold no layer.
-std::vector<int> partition_layers(const GptConfig& config, int parts, const std::string& method, const std::vector<int>& counts = {});
+// With experts shared over `expert_ranks` ranks, an expert layer weighs what one rank holds of it.
+std::vector<int> partition_layers(const GptConfig& config, int parts, const std::string& method, const std::vector<int>& counts = {},
+                                  int expert_ranks = 1);
 
 class Gpt {
  public:

@@ -121,6 +121,18 @@ TEST(ExpertParallelPipeline, TwoStagesTrainWhatTheyTrainWithoutExpertParallelism
   expect_weights(got, one, kWeightBound, moe_gpt());
 }
 
+// DeepSpeed's "parameters" partition weighs each stage by what a rank holds: with 16 experts of 256
+// in layer 3 of 4 (64 wide), that layer holds 11x a dense one's parameters and takes a stage alone
+// ({3, 1}); shared over 16 ranks each holds one expert, the layer weighs about a dense one, and the
+// stages even out ({2, 2}: the embedding on the first, its tied copy on the last).
+TEST(ExpertParallelPipeline, StagesBalanceWhatARankHoldsOfEachExpertLayer) {
+  GptConfig c = tiny_gpt();
+  c.n_layer = 4, c.n_embd = 64, c.n_head = 2;
+  c.moe.num_experts = 16, c.moe.top_k = 1, c.moe.every = 4;
+  EXPECT_EQ(partition_layers(c, 2, "parameters"), (std::vector<int>{3, 1}));
+  EXPECT_EQ(partition_layers(c, 2, "parameters", {}, 16), (std::vector<int>{2, 2}));
+}
+
 // Saved after 2 steps with the experts over 4 ranks, loaded with them over 2 and over 1, and saved
 // at E = 1 and loaded at 4: the last 2 steps give what 4 steps at E = 1 give.
 TEST(ExpertParallelCheckpoint, SavedAtOneExpertSplitLoadsAtAnother) {
