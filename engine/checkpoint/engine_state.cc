@@ -57,8 +57,8 @@ std::vector<FilePiece> file_layout(const Plan& plan, const std::vector<TensorRef
     // An expert block is this plan's slice of the experts, in the files of the ranks holding it (each
     // with its place in their group); the other ranks' files hold their slices there, which have the
     // same shapes: the bytes are skipped.
-    const bool held = !blk.expert || rank % plan.ep == plan.rank % plan.ep;
-    const size_t lo = static_cast<size_t>(blk.expert ? rank / plan.ep : rank) * blk.shard, hi = lo + blk.shard;
+    const bool held = plan.holds_my_slice(static_cast<int>(b), rank);
+    const size_t lo = static_cast<size_t>(plan.group_rank(static_cast<int>(b), rank)) * blk.shard, hi = lo + blk.shard;
     size_t end = first;
     while (end < tensors.size() && tensors[end].block == static_cast<int>(b)) ++end;
     for (size_t s = 0; s < states; ++s) {

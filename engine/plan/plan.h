@@ -260,8 +260,12 @@ struct Plan {
   TierBytes bytes{};  // what the engine holds per tier and tag at peak
 
   // The group a block is partitioned and reduced over: its size and this rank's place in it.
+  // Data-parallel rank `dp_rank`'s place in that group (this rank's by default), and whether it
+  // holds this rank's slice of the experts (every rank holds a dense block).
   int group_ranks(int block) const { return blocks.at(block).expert ? dp / ep : dp; }
-  int group_rank(int block) const { return blocks.at(block).expert ? rank / ep : rank; }
+  int group_rank(int block, int dp_rank) const { return blocks.at(block).expert ? dp_rank / ep : dp_rank; }
+  int group_rank(int block) const { return group_rank(block, rank); }
+  bool holds_my_slice(int block, int dp_rank) const { return !blocks.at(block).expert || dp_rank % ep == rank % ep; }
   // The owned range of a kind of a block, or nullptr when the rank holds none.
   const OwnedRange* find(StateKind kind, int block) const;
   const OwnedRange& range(StateKind kind, int block) const;  // throws when there is none
