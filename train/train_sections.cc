@@ -63,7 +63,9 @@ void read_moe(const ConfigSection& model, GptConfig& g, bool from_file) {
         s.integer("top_k", 2, 1, m.num_experts, fmt::format("an integer in [1, {}] (num_experts)", m.num_experts)));
     m.every = static_cast<int>(s.integer("every", 1, 1, g.n_layer, fmt::format("an integer in [1, {}] (model.n_layer)", g.n_layer)));
     m.intermediate_size = static_cast<int>(s.integer("intermediate_size", 0, 0, 1 << 24));
-    m.normalize_top_k = s.flag("normalize_top_k", false);
+    // DeepSpeed's (and GShard's) top-2 and top-k gates renormalise; its top-1 gate keeps the
+    // probability, whose gradient is the router's only signal from the output.
+    m.normalize_top_k = s.flag("normalize_top_k", m.top_k >= 2);
   }
   m.capacity_factor = s.number("capacity_factor", m.capacity_factor, 1e-3, 1e3);
   m.eval_capacity_factor = s.number("eval_capacity_factor", m.eval_capacity_factor, 1e-3, 1e3);

@@ -49,11 +49,9 @@ Routing moe_route(const MoeGate& gate, const float* logits, float* probs, size_t
     std::iota(order.begin(), order.end(), 0);
     std::partial_sort(order.begin(), order.begin() + k, order.end(),
                       [p](int a, int b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
-    float chosen = 0;
-    for (int j = 0; j < k; ++j) chosen += p[order[j]];
     for (int j = 0; j < k; ++j) {
       r.expert[n * k + j] = order[j];
-      r.weight[n * k + j] = gate.normalize_top_k ? p[order[j]] / chosen : p[order[j]];
+      r.weight[n * k + j] = p[order[j]];
     }
     for (int e = 0; e < E; ++e) r.mean_prob[e] += p[e];
     r.first_fraction[order[0]] += 1;
@@ -76,6 +74,18 @@ Routing moe_route(const MoeGate& gate, const float* logits, float* probs, size_t
     }
     r.row[i] = static_cast<int32_t>(r.offsets[r.expert[i]] + place[i]);
     r.row_token[r.row[i]] = static_cast<int32_t>(i / k);
+  }
+  if (gate.normalize_top_k) {
+    // Over the choices that kept their place, as DeepSpeed's top-2 and top-k gates do after
+    // dropping (Mixtral's, which drops nothing, is the same): a token whose second choice is
+    // dropped gives its first the whole weight.
+    for (size_t n = 0; n < N; ++n) {
+      float kept = 0;
+      for (int j = 0; j < k; ++j) kept += r.weight[n * k + j];
+      if (kept > 0) {
+        for (int j = 0; j < k; ++j) r.weight[n * k + j] /= kept;
+      }
+    }
   }
   if (N > 0) {
     for (int e = 0; e < E; ++e) {
@@ -103,18 +113,21 @@ void moe_gate_backward(const MoeGate& gate, const Routing& routing, const float*
     const float* p = probs + n * E;
     const int32_t* chosen = routing.expert.data() + n * k;
     std::copy(aux.begin(), aux.end(), dp.begin());
+    const int32_t* row = routing.row.data() + n * k;
     float sum = 0;
-    for (int j = 0; j < k; ++j) sum += p[chosen[j]];
+    for (int j = 0; j < k; ++j) sum += row[j] < 0 ? 0.0f : p[chosen[j]];
     for (int j = 0; j < k; ++j) {
-      if (routing.row[n * k + j] < 0) continue;  // dropped: its weight is the constant 0
+      if (row[j] < 0) continue;  // dropped: its weight is the constant 0
       const float g = dweight[n * k + j];
       if (!gate.normalize_top_k) {
         dp[chosen[j]] += g;
         continue;
       }
-      // w_j = p_j / sum: dw_j / dp_i = [i == j] / sum - p_j / sum^2 over the chosen i.
+      // w_j = p_j / sum over the kept i: dw_j / dp_i = [i == j] / sum - p_j / sum^2.
       const float across = g * p[chosen[j]] / (sum * sum);
-      for (int i = 0; i < k; ++i) dp[chosen[i]] -= across;
+      for (int i = 0; i < k; ++i) {
+        if (row[i] >= 0) dp[chosen[i]] -= across;
+      }
       dp[chosen[j]] += g / sum;
     }
     float dot = 0;

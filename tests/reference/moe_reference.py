@@ -8,7 +8,8 @@ The rules, as DeepSpeed-MoE's gates (top1gating / top2gating / topkgating) state
 f32; top-k; capacity ceil(N k / E x factor), at least min_capacity; each expert's places given in
 token order to first choices, then to second choices (cumsum of the one-hot masks, the second
 choices' offset by the number of first ones); places past the capacity dropped. Combine weights:
-the probability, or with normalize_top_k the probability over the sum of the k chosen (Mixtral).
+the probability, or with normalize_top_k the probability over the sum of the token's kept choices
+(DeepSpeed's top2gating / topkgating normalise after dropping; Mixtral drops nothing).
 Losses: aux = E x sum_e mean_n(p[n, e]) x mean_n(first choice of n is e); z = mean_n lse(logits_n)^2.
 """
 import json
@@ -20,7 +21,8 @@ import torch
 CASES = [
     # name, N, E, k, capacity_factor, min_capacity, drop_tokens, normalize, aux_coef, z_coef, skew
     ("switch_top1_drops", 64, 8, 1, 1.0, 0, True, False, 0.01, 0.0, 1.5),
-    ("gshard_top2_drops", 64, 8, 2, 1.0, 4, True, False, 0.01, 0.0, 1.0),
+    ("gshard_top2_drops", 64, 8, 2, 1.0, 4, True, True, 0.01, 0.0, 1.0),
+    ("top2_unnormalized_drops", 64, 8, 2, 1.0, 4, True, False, 0.01, 0.0, 1.0),
     ("mixtral_top2_dropless", 48, 8, 2, 1.0, 4, False, True, 0.02, 1e-3, 0.5),
     ("top3_normalized_drops", 40, 6, 3, 0.75, 2, True, True, 0.05, 1e-2, 1.0),
     ("all_to_one_expert", 32, 4, 2, 1.25, 1, True, False, 0.01, 1e-3, 0.0),
@@ -39,8 +41,9 @@ def gate(logits, k, capacity, drop_tokens, normalize):
         locations.append((loc * masks[j]).sum(dim=1))
     location = torch.stack(locations, dim=1)
     kept = location < capacity if drop_tokens else torch.ones_like(location, dtype=torch.bool)
-    weight = top_p / top_p.sum(dim=1, keepdim=True) if normalize else top_p
-    weight = weight * kept
+    weight = top_p * kept
+    if normalize:
+        weight = weight / weight.sum(dim=1, keepdim=True).clamp(min=torch.finfo(torch.float32).eps)
     me = probs.mean(dim=0)
     ce = masks[0].float().mean(dim=0)
     aux = E * (me * ce).sum()
