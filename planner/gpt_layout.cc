@@ -49,10 +49,31 @@ uint64_t GptShape::layer_slice(uint64_t tp) const {
   return (layer_params() - whole) / tp + whole;
 }
 
+uint64_t GptShape::expert_params() const { return expert_matmul_params() + (llama ? 0 : expert_width() + hidden); }
+
+uint64_t GptShape::moe_layer_shared_params() const {
+  const uint64_t mlp = (llama ? 3 : 2) * hidden * mlp_width() + (llama ? 0 : mlp_width() + hidden);
+  return layer_params() - mlp + experts * hidden;
+}
+
+uint64_t GptShape::moe_layer_shared_slice(uint64_t tp) const {
+  // Whole: the norms, GPT-2's attention output bias, the router.
+  const uint64_t whole = (llama ? 2 : 5) * hidden + experts * hidden;
+  return (moe_layer_shared_params() - whole) / tp + whole;
+}
+
+uint64_t GptShape::moe_layer_active_matmul() const {
+  const uint64_t attention = layer_matmul_params() - (llama ? 3 : 2) * hidden * mlp_width();
+  return attention + experts * hidden + top_k * expert_matmul_params();
+}
+
 uint64_t GptShape::params() const {
   const uint64_t embeddings = vocab * hidden * (tied ? 1 : 2) + (llama ? 0 : seq_len * hidden);
-  return layers * layer_params() + embeddings + (llama ? hidden : 2 * hidden);
+  const uint64_t expert_layer = moe() ? moe_layer_shared_params() + experts * expert_params() : 0;
+  return (layers - moe_layers()) * layer_params() + moe_layers() * expert_layer + embeddings + (llama ? hidden : 2 * hidden);
 }
+
+uint64_t GptShape::active_params() const { return params() - moe_layers() * (experts - std::min(top_k, experts)) * expert_params(); }
 
 GptShape GptShape::from_params(uint64_t params, uint64_t seq_len, uint64_t vocab) {
   const PublishedShape* best = &kMegatronShapes[0];
@@ -79,6 +100,9 @@ std::string GptShape::problem() const {
     return "every dimension (layers, hidden, heads, seq, vocab) must be positive";
   if (hidden % heads != 0) return fmt::format("hidden {} is not a multiple of heads {}", hidden, heads);
   if (kv_heads > 0 && heads % kv_heads != 0) return fmt::format("heads {} is not a multiple of key/value heads {}", heads, kv_heads);
+  if (moe() && (top_k < 1 || top_k > experts)) return fmt::format("top_k {} must be within 1 and the {} experts", top_k, experts);
+  if (moe() && (moe_every < 1 || moe_every > layers))
+    return fmt::format("every {}: expert layers come every 1 to {} (the layers) layers", moe_every, layers);
   return "";
 }
 
@@ -94,6 +118,7 @@ std::string_view checkpointing_name(Checkpointing c) {
 
 std::string Layout::describe() const {
   std::string out = fmt::format("dp {} x tp {} x pp {}, micro-batch {} x {}, ZeRO-{}", dp, tp, pp, micro_batch, micro_batches, stage);
+  if (ep > 1) out += fmt::format(", experts over {} ranks", ep);
   if (offload_optimizer != OffloadDevice::none) out += fmt::format(", optimizer on {}", offload_device_name(offload_optimizer));
   if (offload_param != OffloadDevice::none) out += fmt::format(", parameters on {}", offload_device_name(offload_param));
   if (checkpointing != Checkpointing::none) out += fmt::format(", {} recompute", checkpointing_name(checkpointing));
@@ -121,31 +146,62 @@ uint64_t layer_activation_bytes(const GptShape& shape, uint64_t micro_batch, uin
   return round_bytes(whole + split / t + attention);
 }
 
+uint64_t moe_layer_activation_bytes(const GptShape& shape, uint64_t micro_batch, uint64_t tp, bool sequence_parallel,
+                                    Checkpointing checkpointing, uint64_t ep) {
+  const double s = static_cast<double>(shape.seq_len), b = static_cast<double>(micro_batch), h = static_cast<double>(shape.hidden);
+  const double dense = static_cast<double>(layer_activation_bytes(shape, micro_batch, tp, sequence_parallel, checkpointing));
+  if (checkpointing == Checkpointing::full) return round_bytes(dense + 2 * s * b * h);
+  const double per_row = shape.llama ? 6 : 4, k = static_cast<double>(shape.top_k);
+  const double mlp = per_row * s * b * static_cast<double>(shape.mlp_width()) / static_cast<double>(tp);
+  const double rows = k * s * b;
+  const double experts = rows * per_row * static_cast<double>(shape.expert_width()) + 4 * rows * h + (ep > 1 ? 4 * rows * h : 0);
+  return round_bytes(dense - mlp + experts);
+}
+
 LayoutMemory layout_memory(const GptShape& shape, const Layout& layout, const BufferSizes& sizes, uint64_t runtime_bytes) {
   const uint64_t h = shape.hidden, t = layout.tp, p = layout.pp, b = layout.micro_batch, s = shape.seq_len;
   const uint64_t layers_on_stage = ceil_div(shape.layers, p);
-  const uint64_t layer_slice = shape.layer_slice(t);
+  // Expert layers spread over the stages as the layers are; each holds its experts' 1 / ep, whole
+  // over tp (models/gpt replicates them), partitioned by ZeRO over the dp / ep ranks holding the same.
+  const uint64_t moe_on_stage = std::min(layers_on_stage, ceil_div(shape.moe_layers(), p));
+  const uint64_t dense_on_stage = layers_on_stage - moe_on_stage;
+  const uint64_t ep = std::max<uint64_t>(layout.ep, 1);
+  const uint64_t experts_slice = shape.moe() ? shape.experts / ep * shape.expert_params() : 0;
+  const uint64_t layer_slice = shape.layer_slice(t), shared_slice = shape.moe() ? shape.moe_layer_shared_slice(t) : 0;
   const uint64_t vocab_slice = ceil_div(shape.vocab, t) * h;  // vocab-parallel embedding, and head
-  const uint64_t largest = std::max(layer_slice, vocab_slice);
+  const uint64_t largest = std::max({layer_slice, vocab_slice, shared_slice, experts_slice});
   const uint64_t per_layer = layer_activation_bytes(shape, b, t, layout.sequence_parallel, layout.checkpointing);
-  const uint64_t full_layer = layer_activation_bytes(shape, b, t, layout.sequence_parallel, Checkpointing::none);
+  const uint64_t per_moe_layer = shape.moe()
+                                     ? moe_layer_activation_bytes(shape, b, t, layout.sequence_parallel, layout.checkpointing, ep)
+                                     : 0;
+  const uint64_t full_layer = std::max(layer_activation_bytes(shape, b, t, layout.sequence_parallel, Checkpointing::none),
+                                       shape.moe()
+                                           ? moe_layer_activation_bytes(shape, b, t, layout.sequence_parallel, Checkpointing::none, ep)
+                                           : 0);
   const double sp_split = layout.sequence_parallel ? static_cast<double>(t) : 1.0;
 
   auto stage_memory = [&](bool first, bool last) {
     LayoutMemory m;
-    m.activations_per_layer = per_layer;
+    m.activations_per_layer = std::max(dense_on_stage > 0 ? per_layer : 0, per_moe_layer);
     // The first stage holds the embedding (and GPT-2's positions), the last the final norm and the
     // head: the embedding again when tied, unless the stage holds it already.
     const uint64_t positions = shape.llama ? 0 : s * h, final_norm = shape.llama ? h : 2 * h;
-    m.stage_params = layers_on_stage * layer_slice + (first ? vocab_slice + positions : 0) +
-                     (last ? (first && shape.tied ? 0 : vocab_slice) + final_norm : 0);
-    const ModelStates states = zero_model_states(m.stage_params, layout.stage, layout.dp, layout.offload_optimizer,
-                                                 layout.offload_param, largest);
+    m.expert_params = moe_on_stage * experts_slice;
+    m.stage_params = dense_on_stage * layer_slice + moe_on_stage * shared_slice + m.expert_params +
+                     (first ? vocab_slice + positions : 0) + (last ? (first && shape.tied ? 0 : vocab_slice) + final_norm : 0);
+    const uint64_t expert_dp = std::max<uint64_t>(layout.dp / ep, 1);
+    ModelStates states = zero_model_states(m.stage_params - m.expert_params, layout.stage, layout.dp, layout.offload_optimizer,
+                                           layout.offload_param, largest);
+    if (m.expert_params > 0) {
+      const ModelStates e = zero_model_states(m.expert_params, layout.stage, expert_dp, layout.offload_optimizer, layout.offload_param,
+                                              0);
+      states.device += e.device, states.host += e.host, states.nvme += e.nvme;
+    }
     m.model_states = states.device;
     // 1F1B: stage i holds p - i micro-batches before its first backward; GPipe holds them all.
     const uint64_t m_total = layout.micro_batches;
     m.in_flight = p == 1 ? 1 : layout.schedule == PipeKind::gpipe ? m_total : std::min(first ? p : 1, m_total);
-    double acts = static_cast<double>(m.in_flight * layers_on_stage * per_layer);
+    double acts = static_cast<double>(m.in_flight * (dense_on_stage * per_layer + moe_on_stage * per_moe_layer));
     // Recomputing a layer in backward materialises its activations whole, one layer at a time.
     if (layout.checkpointing == Checkpointing::full) acts += static_cast<double>(full_layer);
     const double sbh = static_cast<double>(s * b * h);
@@ -165,7 +221,7 @@ LayoutMemory layout_memory(const GptShape& shape, const Layout& layout, const Bu
     m.nvme = states.nvme;
     // Swapped state passes through pinned host slots: two sub-groups of fp32 master, moments and
     // gradient for the optimizer; two largest layers of parameters.
-    const uint64_t shard = ceil_div(m.stage_params, layout.dp);
+    const uint64_t shard = ceil_div(m.stage_params - m.expert_params, layout.dp) + ceil_div(m.expert_params, expert_dp);
     if (layout.offload_optimizer == OffloadDevice::nvme) m.host += 2 * 16 * std::min(sizes.sub_group, shard);
     if (layout.offload_param == OffloadDevice::nvme) m.host += 2 * 2 * largest;
     return m;

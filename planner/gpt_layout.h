@@ -26,6 +26,9 @@ struct GptShape {
   bool llama = false;
   bool tied = true;
   bool qkv_bias = false;  // a Llama's q, k and v biases (Qwen2's)
+  // Mixture of experts (models/gpt's model.moe): every moe_every-th layer's MLP is `experts` MLPs of
+  // expert_ffn (0: the MLP's width) behind a router of experts x hidden, each token meeting top_k.
+  uint64_t experts = 0, top_k = 2, expert_ffn = 0, moe_every = 1;
 
   static GptShape llama_shape(uint64_t layers, uint64_t hidden, uint64_t heads, uint64_t kv_heads, uint64_t ffn, uint64_t seq_len,
                               uint64_t vocab, bool tied);
@@ -41,6 +44,22 @@ struct GptShape {
   // One tensor-parallel slice of a layer: the matmuls and the column-parallel biases split, the
   // norms and the row-parallel biases whole.
   uint64_t layer_slice(uint64_t tp) const;
+
+  // Expert layers: the layers l with (l + 1) a multiple of moe_every, as models/gpt places them.
+  bool moe() const { return experts > 0; }
+  uint64_t moe_layers() const { return moe() ? layers / moe_every : 0; }
+  uint64_t expert_width() const { return expert_ffn > 0 ? expert_ffn : mlp_width(); }
+  // One expert (its matmuls and, GPT-2's, biases): 2 h X + X + h, a Llama's 3 h X.
+  uint64_t expert_params() const;
+  uint64_t expert_matmul_params() const { return (llama ? 3 : 2) * hidden * expert_width(); }
+  // An expert layer without its experts: attention, norms, the router (E h); tensor-parallel
+  // slices as layer_slice's, the router whole (models/gpt replicates router and experts over tp).
+  uint64_t moe_layer_shared_params() const;
+  uint64_t moe_layer_shared_slice(uint64_t tp) const;
+  // Parameters a token meets: the dense ones and top_k experts of each expert layer.
+  uint64_t active_params() const;
+  // Matmul weights a token multiplies by in an expert layer (attention, router, top_k experts).
+  uint64_t moe_layer_active_matmul() const;
   // Megatron-LM's published shapes (Narayanan et al. 2021, Table 1: 1.7B ... 1T, vocabulary 51,200,
   // sequence 2048), the nearest by parameter count, with the layers scaled (to a multiple of 4) to
   // come close to `params`. What `--params` plans for when no dimensions are given.
@@ -58,6 +77,7 @@ std::string_view checkpointing_name(Checkpointing c);
 
 struct Layout {
   uint64_t dp = 1, tp = 1, pp = 1;
+  uint64_t ep = 1;                              // expert parallelism: each expert layer's experts split over ep data-parallel ranks
   uint64_t micro_batch = 1, micro_batches = 1;  // per data-parallel rank: gradient accumulation
   int stage = 0;
   OffloadDevice offload_optimizer = OffloadDevice::none, offload_param = OffloadDevice::none;
@@ -84,6 +104,7 @@ struct LayoutMemory {
   // Per GPU of the pipeline stage that holds the most (the first with 1F1B: the embedding and
   // min(p, m) micro-batches of activations).
   uint64_t stage_params = 0;           // parameters that GPU's tensor-parallel slice of the stage holds
+  uint64_t expert_params = 0;          // of which experts (its 1 / ep of the stage's, over dp / ep ranks)
   uint64_t model_states = 0;           // parameters, gradients and optimizer state on the device
   uint64_t activations = 0;            // Korthikanti's count for the layout's checkpointing
   uint64_t buffers = 0;                // reduce bucket, stage-3 gathered layer and prefetch bucket
@@ -104,6 +125,14 @@ struct LayoutMemory {
 // and their product (6 s b ffn).
 uint64_t layer_activation_bytes(const GptShape& shape, uint64_t micro_batch, uint64_t tp, bool sequence_parallel,
                                 Checkpointing checkpointing);
+// An expert layer's, counted the same way: the dense MLP's intermediate activations (4 s b ffn of
+// GPT-2's up projection and GELU, 6 s b ffn of a Llama's gate, up and product, split over tp)
+// replaced by each routed row's, whole on every tensor-parallel rank: top_k s b rows of the
+// dispatched input and the experts' output (4 top_k s b h) and of the expert's intermediates
+// (4 or 6 top_k s b X), and with expert parallelism the rows received and sent back (4 top_k s b h).
+// Full recomputation keeps the experts' input too (2 s b h).
+uint64_t moe_layer_activation_bytes(const GptShape& shape, uint64_t micro_batch, uint64_t tp, bool sequence_parallel,
+                                    Checkpointing checkpointing, uint64_t ep);
 
 LayoutMemory layout_memory(const GptShape& shape, const Layout& layout, const BufferSizes& buffers = {},
                            uint64_t runtime_bytes = kDeviceRuntimeBytes);

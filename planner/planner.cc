@@ -87,27 +87,43 @@ StepCost step_cost(const GptShape& shape, const Layout& l, const LayoutMemory& m
   const double h = static_cast<double>(shape.hidden), s = static_cast<double>(shape.seq_len), v = static_cast<double>(shape.vocab);
   const double t = static_cast<double>(l.tp), m = static_cast<double>(l.micro_batches);
   const double tokens = static_cast<double>(l.micro_batch) * s;  // one micro-batch
-  const double layers = static_cast<double>((shape.layers + l.pp - 1) / l.pp);
+  const uint64_t layers_on_stage = (shape.layers + l.pp - 1) / l.pp;
+  const uint64_t moe_on_stage = std::min(layers_on_stage, (shape.moe_layers() + l.pp - 1) / l.pp);
+  const double layers = static_cast<double>(layers_on_stage), moe_layers = static_cast<double>(moe_on_stage),
+               dense_layers = layers - moe_layers;
   const double flops_rate = c.achieved_flops();
 
   // Narayanan et al. 2021: a layer's forward is 2 b s FLOPs per matmul weight (GPT-2's 12 h^2, a
   // Llama's smaller k and v and its three MLP matrices) and 4 b s^2 h in attention, the head's
-  // 2 b s h V; the stage with the head (the last) is the slowest. Backward is twice forward.
+  // 2 b s h V; the stage with the head (the last) is the slowest. Backward is twice forward. An
+  // expert layer multiplies by its attention (split over tp), its router and top_k experts (whole
+  // on every tensor-parallel rank, as models/gpt runs them).
   const double matmul = static_cast<double>(shape.layer_matmul_params());
   const double layer_fwd = tokens * (2 * matmul + 4 * s * h) / t;
+  const double expert_matmul = shape.moe() ? static_cast<double>(shape.top_k * shape.expert_matmul_params()) : 0;
+  const double shared_matmul = shape.moe() ? static_cast<double>(shape.moe_layer_active_matmul()) - expert_matmul : 0;
+  const double router = static_cast<double>(shape.experts * shape.hidden);
+  const double moe_fwd = tokens * (2 * (shared_matmul - router) + 4 * s * h) / t + tokens * 2 * (router + expert_matmul);
   // The elementwise work between the matmuls reads and writes about the bytes of activations a
   // layer keeps (Korthikanti's count), at the device's memory bandwidth.
-  const double layer_elementwise = static_cast<double>(
-                                       layer_activation_bytes(shape, l.micro_batch, l.tp, l.sequence_parallel, Checkpointing::none)) /
-                                   c.device_memory_bw;
-  const double fwd = (layers * layer_fwd + tokens * 2 * h * v / t) / flops_rate + layers * layer_elementwise;
+  const uint64_t ep = std::max<uint64_t>(l.ep, 1);
+  auto layer_bytes = [&](Checkpointing ck) {
+    return static_cast<double>(layer_activation_bytes(shape, l.micro_batch, l.tp, l.sequence_parallel, ck));
+  };
+  auto moe_bytes = [&](Checkpointing ck) {
+    return shape.moe() ? static_cast<double>(moe_layer_activation_bytes(shape, l.micro_batch, l.tp, l.sequence_parallel, ck, ep))
+                       : 0.0;
+  };
+  const double layer_elementwise = layer_bytes(Checkpointing::none) / c.device_memory_bw;
+  const double moe_elementwise = moe_bytes(Checkpointing::none) / c.device_memory_bw;
+  const double layers_fwd = dense_layers * (layer_fwd / flops_rate + layer_elementwise) +
+                            moe_layers * (moe_fwd / flops_rate + moe_elementwise);
+  const double fwd = layers_fwd + tokens * 2 * h * v / t / flops_rate;
   double recompute = 0;
-  if (l.checkpointing == Checkpointing::full) recompute = layers * (layer_fwd / flops_rate + layer_elementwise);
+  if (l.checkpointing == Checkpointing::full) recompute = layers_fwd;
   // Selective recomputation redoes the attention core: its two matmuls and the softmax and dropout.
   if (l.checkpointing == Checkpointing::selective) {
-    const double core_bytes = static_cast<double>(
-        layer_activation_bytes(shape, l.micro_batch, l.tp, l.sequence_parallel, Checkpointing::none) -
-        layer_activation_bytes(shape, l.micro_batch, l.tp, l.sequence_parallel, Checkpointing::selective));
+    const double core_bytes = layer_bytes(Checkpointing::none) - layer_bytes(Checkpointing::selective);
     recompute = layers * (tokens * 4 * s * h / t / flops_rate + core_bytes / c.device_memory_bw);
   }
   const double bwd = 2 * fwd + recompute;
@@ -124,24 +140,36 @@ StepCost step_cost(const GptShape& shape, const Layout& l, const LayoutMemory& m
   const double pp_bw = l.tp * l.dp * l.pp <= c.gpus_per_node ? c.intra_node_bw : per_gpu_net;
   // Each micro-batch sends its activations forward and their gradient back (split over tp).
   const double pp_mb = l.pp > 1 ? 2 * act_bytes / t / pp_bw : 0;
-  const double mb = fwd + bwd + tp_mb + pp_mb;
+  // Expert parallelism: each expert layer's top_k b s rows of h go to their experts' ranks and
+  // come back, forward and backward (and once more when recomputation redoes the experts'
+  // forward), (ep - 1) / ep of them leaving the rank; the ep ranks are consecutive data-parallel
+  // ones, in a node while tp x ep GPUs fit it. Not overlapped with compute: models/gpt waits for
+  // each exchange.
+  const double ep_bw = l.tp * ep <= c.gpus_per_node ? c.intra_node_bw : per_gpu_net;
+  const double exchanges = 4 + (l.checkpointing == Checkpointing::full ? 1 : 0);
+  const double a2a_bytes = 2 * tokens * static_cast<double>(shape.top_k) * h * static_cast<double>(ep - 1) / static_cast<double>(ep);
+  const double ep_mb = shape.moe() && ep > 1 ? moe_layers * exchanges * a2a_bytes / ep_bw : 0;
+  const double mb = fwd + bwd + tp_mb + pp_mb + ep_mb;
 
   out.compute = m * (fwd + bwd);
   out.tensor = m * tp_mb;
   out.pipeline = m * pp_mb;
+  out.experts = m * ep_mb;
   out.bubble = static_cast<double>(l.pp - 1) * mb;
 
   // Data parallelism over the stage's parameters, 16-bit. The engine reduces while backward runs
   // (the last micro-batch's, or every one's at stage 2) and prefetches stage-3 gathers ahead of use.
+  // Experts are reduced over the dp / ep ranks holding the same ones, after the dense parameters.
   const double p = static_cast<double>(mem.stage_params), n = static_cast<double>(l.dp);
-  const double param_bytes = 2 * p;
-  const double all_reduce = ring_all_reduce(param_bytes, l.dp, dp_bw), half = ring_half(param_bytes, l.dp, dp_bw);
-  const double shard = l.stage >= 1 ? p / n : p;
+  const double pe = static_cast<double>(mem.expert_params), ne = static_cast<double>(std::max<uint64_t>(l.dp / ep, 1));
+  const double all_reduce = ring_all_reduce(2 * (p - pe), l.dp, dp_bw) + ring_all_reduce(2 * pe, l.dp / ep, dp_bw);
+  const double half = ring_half(2 * (p - pe), l.dp, dp_bw) + ring_half(2 * pe, l.dp / ep, dp_bw);
+  const double shard = l.stage >= 1 ? (p - pe) / n + pe / ne : p;
   const double gpus_node = static_cast<double>(c.gpus_per_node);
   // A stage-3 pass first brings the rank's parameter shard to the device when it lives elsewhere.
   double fetch = 0;
-  if (l.offload_param == OffloadDevice::cpu) fetch = 2 * p / n / c.pcie_bw;
-  if (l.offload_param == OffloadDevice::nvme) fetch = 2 * p / n * gpus_node / c.nvme_bw;
+  if (l.offload_param == OffloadDevice::cpu) fetch = 2 * shard / c.pcie_bw;
+  if (l.offload_param == OffloadDevice::nvme) fetch = 2 * shard * gpus_node / c.nvme_bw;
   switch (l.stage) {
     case 0: out.data = std::max(0.0, all_reduce - bwd); break;
     case 1: out.data = std::max(0.0, half - bwd) + half; break;
@@ -165,17 +193,19 @@ StepCost step_cost(const GptShape& shape, const Layout& l, const LayoutMemory& m
     out.optimizer = cpu;
     out.offload += std::max(0.0, nvme - cpu);
   }
-  out.step = out.compute + out.bubble + out.tensor + out.pipeline + out.data + out.offload + out.optimizer;
+  out.step = out.compute + out.bubble + out.tensor + out.pipeline + out.experts + out.data + out.offload + out.optimizer;
 
   const double global_tokens = static_cast<double>(l.dp) * m * tokens;
-  const double L = static_cast<double>(shape.layers);
-  out.model_flops = global_tokens * (6 * L * matmul + 12 * L * s * h + 6 * v * h);
+  const double L = static_cast<double>(shape.layers), LE = static_cast<double>(shape.moe_layers());
+  const double active_matmul = (L - LE) * matmul + LE * (shared_matmul + expert_matmul);
+  out.model_flops = global_tokens * (6 * active_matmul + 12 * L * s * h + 6 * v * h);
   out.mfu = out.model_flops / (out.step * static_cast<double>(l.gpus()) * c.peak_flops);
   out.tokens_per_s = global_tokens / out.step;
-  const std::array<std::pair<double, const char*>, 7> parts = {{{out.compute, "compute"},
+  const std::array<std::pair<double, const char*>, 8> parts = {{{out.compute, "compute"},
                                                                 {out.bubble, "pipeline bubble"},
                                                                 {out.tensor, "tensor-parallel all-reduce"},
                                                                 {out.pipeline, "pipeline send/recv"},
+                                                                {out.experts, "expert all-to-all"},
                                                                 {out.data, "data-parallel collectives"},
                                                                 {out.offload, "offload transfers"},
                                                                 {out.optimizer, "optimizer step"}}};
@@ -207,31 +237,37 @@ PlanResult search_plans(const GptShape& shape, const Cluster& cluster, const Pla
       const uint64_t dp = gpus / (tp * pp);
       if (search.global_batch % dp != 0) continue;
       const uint64_t per_rank = search.global_batch / dp;
-      for (uint64_t b : divisors(per_rank, search.max_micro_batch)) {
-        for (int stage = 0; stage <= 3; ++stage) {
-          if (search.stage >= 0 && stage != search.stage) continue;
-          if (pp > 1 && stage == 3) continue;  // stage 3 regathers every micro-batch of every stage
-          for (auto [opt, par] : placements) {
-            if (opt != D::none && (!search.offload || stage == 0)) continue;
-            if (par != D::none && stage != 3) continue;
-            for (Checkpointing ck : {Checkpointing::none, Checkpointing::selective, Checkpointing::full}) {
-              if (search.runnable_only && ck == Checkpointing::selective) continue;
-              for (bool sp : {false, true}) {
-                if (sp && tp == 1) continue;
-                Candidate cand;
-                cand.layout = {dp, tp, pp, b, per_rank / b, stage, opt, par, ck, sp, PipeKind::one_f_one_b};
-                cand.memory = layout_memory(shape, cand.layout, search.buffers, cluster.runtime_memory);
-                ++result.considered;
-                cand.fits = does_not_fit(cand.memory, cluster).empty();
-                if (result.considered == 1 || cand.memory.device < result.smallest.memory.device) result.smallest = cand;
-                if (!cand.fits) continue;
-                cand.cost = step_cost(shape, cand.layout, cand.memory, cluster);
-                fitting.push_back(std::move(cand));
+      // Expert-parallel sizes: divisors of dp that divide the experts (1 for a dense model).
+      std::vector<uint64_t> eps;
+      for (uint64_t ep : divisors(dp, dp)) {
+        if (ep == 1 || (shape.moe() && shape.experts % ep == 0)) eps.push_back(ep);
+      }
+      for (uint64_t ep : eps)
+        for (uint64_t b : divisors(per_rank, search.max_micro_batch)) {
+          for (int stage = 0; stage <= 3; ++stage) {
+            if (search.stage >= 0 && stage != search.stage) continue;
+            if (pp > 1 && stage == 3) continue;  // stage 3 regathers every micro-batch of every stage
+            for (auto [opt, par] : placements) {
+              if (opt != D::none && (!search.offload || stage == 0)) continue;
+              if (par != D::none && stage != 3) continue;
+              for (Checkpointing ck : {Checkpointing::none, Checkpointing::selective, Checkpointing::full}) {
+                if (search.runnable_only && ck == Checkpointing::selective) continue;
+                for (bool sp : {false, true}) {
+                  if (sp && tp == 1) continue;
+                  Candidate cand;
+                  cand.layout = {dp, tp, pp, ep, b, per_rank / b, stage, opt, par, ck, sp, PipeKind::one_f_one_b};
+                  cand.memory = layout_memory(shape, cand.layout, search.buffers, cluster.runtime_memory);
+                  ++result.considered;
+                  cand.fits = does_not_fit(cand.memory, cluster).empty();
+                  if (result.considered == 1 || cand.memory.device < result.smallest.memory.device) result.smallest = cand;
+                  if (!cand.fits) continue;
+                  cand.cost = step_cost(shape, cand.layout, cand.memory, cluster);
+                  fitting.push_back(std::move(cand));
+                }
               }
             }
           }
         }
-      }
     }
   }
   result.fitting = fitting.size();

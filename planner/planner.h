@@ -1,5 +1,5 @@
-// `zeroth plan`: every dp x tp x pp layout, ZeRO stage, offload placement, micro-batch and
-// recomputation of a GPT on a cluster, those that do not fit discarded by the memory of
+// `zeroth plan`: every dp x tp x pp layout (and expert-parallel size, for a mixture of experts),
+// ZeRO stage, offload placement, micro-batch and recomputation of a GPT on a cluster, those that do not fit discarded by the memory of
 // planner/gpt_layout.h, the rest ranked by a step-time model. The model counts what a step must do and
 // how long the cluster's links and devices take for it: FLOPs of the matmuls at a stated fraction of
 // peak and the elementwise work at memory bandwidth, ring collectives at the links' bus bandwidth, the pipeline bubble (p - 1) / (m +
@@ -54,6 +54,7 @@ struct StepCost {
   double bubble = 0;       // the pipeline's fill and drain
   double tensor = 0;       // tensor-parallel all-reduces (or reduce-scatter + all-gather)
   double pipeline = 0;     // activations sent between stages
+  double experts = 0;      // expert-parallel all-to-alls (models/gpt does not overlap them)
   double data = 0;         // data-parallel collectives not hidden under compute
   double offload = 0;      // PCIe and NVMe traffic not hidden
   double optimizer = 0;    // the update (device, or CPU for an offloaded optimizer)

@@ -97,6 +97,7 @@ nlohmann::json plan_json(const Candidate& c) {
   return {{"dp", l.dp},
           {"tp", l.tp},
           {"pp", l.pp},
+          {"ep", l.ep},
           {"micro_batch", l.micro_batch},
           {"micro_batches", l.micro_batches},
           {"stage", l.stage},
@@ -121,6 +122,7 @@ nlohmann::json plan_json(const Candidate& c) {
             {"bubble", k.bubble},
             {"tensor", k.tensor},
             {"pipeline", k.pipeline},
+            {"experts", k.experts},
             {"data", k.data},
             {"offload", k.offload},
             {"optimizer", k.optimizer}}}};
@@ -168,23 +170,31 @@ nlohmann::json config_of(const Options& o, const GptShape& shape, const Candidat
                                                      {"activation_checkpointing", l.checkpointing == Checkpointing::full}}},
                       {"data", data},
                       {"run", run}};
-  if (l.tp > 1 || l.pp > 1) {
-    j["parallel"] = {{"tensor", l.tp}, {"sequence_parallel", l.sequence_parallel}, {"pipeline", l.pp}};
+  if (shape.moe()) {
+    j["model"]["moe"] = {{"num_experts", shape.experts},
+                         {"top_k", shape.top_k},
+                         {"intermediate_size", shape.expert_ffn},
+                         {"every", shape.moe_every}};
+  }
+  if (l.tp > 1 || l.pp > 1 || l.ep > 1) {
+    j["parallel"] = {{"tensor", l.tp}, {"sequence_parallel", l.sequence_parallel}, {"pipeline", l.pp}, {"expert", l.ep}};
     if (l.pp > 1) j["parallel"]["schedule"] = pipe_kind_name(l.schedule), j["parallel"]["micro_batches"] = l.micro_batches;
   }
   TrainConfig::from_json(j);  // throws ConfigError naming the key if the trainer would refuse it
   return j;
 }
 
-void print_table(const std::vector<Candidate>& plans, uint64_t gpus_per_node) {
-  std::printf("%3s %5s %3s %4s %9s %5s %-17s %-9s %-3s %11s %11s %9s %10s %6s  %s\n", "#", "dp", "tp", "pp", "mb x m", "stage",
-              "offload", "recompute", "sp", "device/GPU", "host/node", "step s", "tokens/s", "MFU", "bound");
+// The ep column only for a mixture of experts.
+void print_table(const std::vector<Candidate>& plans, uint64_t gpus_per_node, bool experts) {
+  std::printf("%3s %5s %3s %4s%s %9s %5s %-17s %-9s %-3s %11s %11s %9s %10s %6s  %s\n", "#", "dp", "tp", "pp", experts ? "   ep" : "",
+              "mb x m", "stage", "offload", "recompute", "sp", "device/GPU", "host/node", "step s", "tokens/s", "MFU", "bound");
   for (size_t i = 0; i < plans.size(); ++i) {
     const Candidate& c = plans[i];
     const Layout& l = c.layout;
-    std::printf("%3zu %5llu %3llu %4llu %9s %5d %-17s %-9s %-3s %11s %11s %9.3f %10.0f %5.1f%%  %s\n", i + 1,
+    const std::string ep = experts ? fmt::format(" {:4}", l.ep) : "";
+    std::printf("%3zu %5llu %3llu %4llu%s %9s %5d %-17s %-9s %-3s %11s %11s %9.3f %10.0f %5.1f%%  %s\n", i + 1,
                 static_cast<unsigned long long>(l.dp), static_cast<unsigned long long>(l.tp), static_cast<unsigned long long>(l.pp),
-                fmt::format("{}x{}", l.micro_batch, l.micro_batches).c_str(), l.stage, placement(l).c_str(),
+                ep.c_str(), fmt::format("{}x{}", l.micro_batch, l.micro_batches).c_str(), l.stage, placement(l).c_str(),
                 checkpointing_name(l.checkpointing).data(), l.sequence_parallel ? "yes" : "-", format_bytes(c.memory.device).c_str(),
                 format_bytes(c.memory.host * gpus_per_node).c_str(), c.cost.step, c.cost.tokens_per_s, 100 * c.cost.mfu,
                 c.cost.bound.c_str());
@@ -206,7 +216,12 @@ void run(Options o) {
     for (auto& line : o.cluster.calibrate(j)) calibrated.push_back(path + ": " + line);
   }
   std::string origin;
-  const GptShape shape = shape_of(o, origin);
+  GptShape shape = shape_of(o, origin);
+  if (o.shape.experts == 0 && (o.shape.top_k != 2 || o.shape.expert_ffn != 0 || o.shape.moe_every != 1))
+    ZEROTH_THROW(InvalidArgument, "--top-k, --expert-ffn and --moe-every describe expert layers: give --experts too");
+  shape.experts = o.shape.experts, shape.top_k = o.shape.top_k, shape.expert_ffn = o.shape.expert_ffn;
+  shape.moe_every = o.shape.moe_every;
+  if (const std::string bad = shape.problem(); !bad.empty()) ZEROTH_THROW(InvalidArgument, "the model's shape: {}", bad);
   if (o.global_batch.empty()) ZEROTH_THROW(InvalidArgument, "give --global-batch (sequences per optimizer step)");
   PlanSearch search;
   const double batch = parse_count(o.global_batch, "--global-batch");
@@ -266,6 +281,11 @@ void run(Options o) {
   if (o.json) {
     nlohmann::json out = {{"model",
                            {{"params", shape.params()},
+                            {"active_params", shape.active_params()},
+                            {"experts", shape.experts},
+                            {"top_k", shape.top_k},
+                            {"expert_ffn", shape.expert_width()},
+                            {"moe_every", shape.moe_every},
                             {"architecture", shape.llama ? "llama" : "gpt2"},
                             {"layers", shape.layers},
                             {"hidden", shape.hidden},
@@ -306,9 +326,10 @@ void run(Options o) {
     if (!emit_problem.empty()) ZEROTH_THROW(OutOfMemory, "{}", emit_problem);
     return;
   }
-  std::printf("zeroth plan: %s of %s parameters (%s; %s), global batch %llu sequences\n", shape.llama ? "Llama" : "GPT",
-              fmt::format("{}", shape.params()).c_str(), shape.describe().c_str(), origin.c_str(),
-              static_cast<unsigned long long>(search.global_batch));
+  std::printf("zeroth plan: %s of %s parameters%s (%s; %s), global batch %llu sequences\n", shape.llama ? "Llama" : "GPT",
+              fmt::format("{}", shape.params()).c_str(),
+              shape.moe() ? fmt::format(", {} active per token", shape.active_params()).c_str() : "", shape.describe().c_str(),
+              origin.c_str(), static_cast<unsigned long long>(search.global_batch));
   std::printf("cluster: %llu GPUs (%llu per node x %llu nodes), %s and %.3g TFLOP/s peak each, matmuls at %.2f of peak; "
               "all-reduce %.3g GB/s in a node, network %.3g GB/s per node, PCIe %.3g GB/s per GPU, NVMe %.3g GB/s and host %s per "
               "node, CPU Adam %.2g parameters/s per node\n",
@@ -327,12 +348,13 @@ void run(Options o) {
     ZEROTH_THROW(OutOfMemory, "no layout of this model fits the cluster: add GPUs or memory{}",
                  search.offload ? "" : ", or allow offload (drop --no-offload)");
   }
-  print_table(result.best, c.gpus_per_node);
+  print_table(result.best, c.gpus_per_node, shape.moe());
   const Candidate& best = result.best.front();
   const StepCost& k = best.cost;
   std::printf("\nbest: %s\n  step %.3f s = compute %.3f + bubble %.3f + tensor-parallel %.3f + pipeline send/recv %.3f + "
-              "data-parallel %.3f + offload %.3f + optimizer %.3f (exposed seconds); MFU %.1f%%\n",
-              best.layout.describe().c_str(), k.step, k.compute, k.bubble, k.tensor, k.pipeline, k.data, k.offload, k.optimizer,
+              "%sdata-parallel %.3f + offload %.3f + optimizer %.3f (exposed seconds); MFU %.1f%%\n",
+              best.layout.describe().c_str(), k.step, k.compute, k.bubble, k.tensor, k.pipeline,
+              shape.moe() ? fmt::format("expert all-to-all {:.3f} + ", k.experts).c_str() : "", k.data, k.offload, k.optimizer,
               100 * k.mfu);
   std::printf("  memory per GPU: model states %s, activations %s (%llu micro-batch%s in flight), buffers %s, allowance %s = %s; "
               "host %s and NVMe %s per node\n",
@@ -372,6 +394,13 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--params", o->params, "The model as a parameter count (7.5B, 175B, 1T): Megatron-LM's nearest published shape");
   cmd->add_option("--model", o->model, "Instead of --params, a preset's published shape (llama-3-70b, llama-3-8b, smollm-135m, ...)");
   add_gpt_shape_options(cmd, o->shape, "Instead of --params, the model's dimensions");
+  cmd->add_option("--experts", o->shape.experts, "Mixture of experts: experts per expert layer (searches expert parallelism too)")
+      ->check(CLI::Range(1, 1 << 16));
+  cmd->add_option("--top-k", o->shape.top_k, "With --experts: experts per token (default 2)")->check(CLI::Range(1, 1 << 16));
+  cmd->add_option("--expert-ffn", o->shape.expert_ffn, "With --experts: each expert's width (default the MLP's)")
+      ->check(CLI::Range(1, 1 << 24));
+  cmd->add_option("--moe-every", o->shape.moe_every, "With --experts: every n-th layer has experts (default 1)")
+      ->check(CLI::Range(1, 1 << 16));
   cmd->add_option("--global-batch", o->global_batch, "Sequences per optimizer step (required)");
   auto* gpus = cmd->add_option("--gpus", o->gpus, "GPUs in all (sets --nodes from --gpus-per-node)")->check(CLI::Range(1, 1 << 24));
   cmd->add_option("--gpus-per-node", o->cluster.gpus_per_node, "GPUs per node (default 8)")->check(CLI::Range(1, 1 << 10));
