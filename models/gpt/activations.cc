@@ -6,7 +6,8 @@
 #include <fmt/format.h>  // fmt::format
 #include <fmt/ranges.h>  // fmt::join
 
-#include "core/error.h"  // ZEROTH_THROW
+#include "core/error.h"   // ZEROTH_THROW
+#include "core/memory.h"  // format_bytes
 #include "models/gpt/gpt_state.h"
 
 namespace zeroth {
@@ -108,6 +109,17 @@ size_t Gpt::State::all_slots_floats(const GptConfig& c, const GptPart& part, con
   const int most = *std::max_element(chunk_slots.begin(), chunk_slots.end());
   for (int i = 0; i < most; ++i) n += slot_floats(c, slot_part(part, chunk_slots, i), B, T);
   return n;
+}
+
+size_t Gpt::State::expert_row_floats(const GptConfig& c, const GptPart& part, const std::vector<int>& chunk_slots, int B, int T) {
+  const Dims d = Dims::of(c, part);
+  if (!d.moe) return 0;
+  const size_t BT = static_cast<size_t>(B) * T, C = c.n_embd, rows = d.moe_rows(BT), received = d.moe_expert_rows(BT);
+  size_t layers = 0;
+  const int most = *std::max_element(chunk_slots.begin(), chunk_slots.end());
+  for (int i = 0; i < most; ++i) layers += c.activation_checkpointing ? 1 : owned_layers(slot_part(part, chunk_slots, i));
+  const size_t exchanged = d.ep > 1 ? rows * C + 3 * received * C : 0;
+  return layers * (received + rows) * C + 2 * rows * C + exchanged;
 }
 
 size_t Gpt::State::scratch_floats(const GptConfig& c, const GptPart& part, int B, int T) {
@@ -287,17 +299,31 @@ size_t Gpt::host_activation_bytes(const GptConfig& config, int B, int T, int slo
   return slots * State::saved_floats(config, gpt::complete_part(part, config), B, T) * sizeof(float);
 }
 
+std::string Gpt::expert_rows_note(const GptConfig& config, int B, int T, const std::vector<int>& chunk_slots, const GptPart& given) {
+  const GptPart part = gpt::complete_part(given, config);
+  const size_t floats = State::expert_row_floats(config, part, chunk_slots, B, T);
+  if (floats == 0) return "";
+  const Dims d = Dims::of(config, part);
+  const size_t BT = static_cast<size_t>(B) * T, rows = d.moe_rows(BT), received = d.moe_expert_rows(BT);
+  const size_t exchanged = d.ep > 1 ? (rows + 3 * received) * static_cast<size_t>(config.n_embd) * sizeof(float) : 0;
+  return fmt::format(", of which {} the expert layers' rows{}", format_bytes(floats * sizeof(float)),
+                     exchanged > 0 ? fmt::format(" (all-to-all buffers {})", format_bytes(exchanged)) : "");
+}
+
 ModelFootprint Gpt::footprint(const GptConfig& config, int B, int T, DType compute, int slots, const GptPart& part) {
+  const GptPart whole = gpt::complete_part(part, config);
   return {activation_bytes(config, B, T, slots, part), scratch_bytes(config, compute, part),
           host_activation_bytes(config, B, T, slots, part),
-          fmt::format("{} slot{} of a {} x {} micro-batch", slots, slots == 1 ? "" : "s", B, T)};
+          fmt::format("{} slot{} of a {} x {} micro-batch{}", slots, slots == 1 ? "" : "s", B, T,
+                      expert_rows_note(config, B, T, std::vector<int>(whole.chunks.size(), slots), part))};
 }
 
 ModelFootprint Gpt::footprint(const GptConfig& config, int B, int T, DType compute, const std::vector<int>& chunk_slots,
                               const GptPart& part) {
   if (chunk_slots.size() <= 1) return footprint(config, B, T, compute, chunk_slots.empty() ? 1 : chunk_slots[0], part);
   return {activation_bytes(config, B, T, chunk_slots, part), scratch_bytes(config, compute, part), 0,
-          fmt::format("{} slots of {} chunks of a {} x {} micro-batch", fmt::join(chunk_slots, "+"), chunk_slots.size(), B, T)};
+          fmt::format("{} slots of {} chunks of a {} x {} micro-batch{}", fmt::join(chunk_slots, "+"), chunk_slots.size(), B, T,
+                      expert_rows_note(config, B, T, chunk_slots, part))};
 }
 
 std::vector<int> Gpt::chunk_slots() const {

@@ -253,6 +253,8 @@ class Gpt {
 
  private:
   struct State;
+  // ", of which N the expert layers' rows (all-to-all buffers M)" for footprint's note.
+  static std::string expert_rows_note(const GptConfig& config, int B, int T, const std::vector<int>& chunk_slots, const GptPart& part);
   // decoding: generation's pass (decode.cc): positions from the cache's, the last row's logits.
   void run_forward(int micro, int chunk, const int32_t* tokens, const int32_t* targets, int B, int T, float* loss, float* logits,
                    bool training, bool decoding = false);

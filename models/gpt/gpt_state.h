@@ -84,6 +84,10 @@ struct Gpt::State {
   // dresid (this rank's rows), dC, dqkv, dfch, datt; with sequence parallelism the partial sums, a
   // gathered gradient and a gathered LayerNorm output, whole.
   static size_t scratch_floats(const GptConfig& c, const GptPart& part, int B, int T);
+  // Of all_slots_floats + scratch_floats: the expert layers' dispatched and received rows (each
+  // layer's set, the backward's gradients at them, and with expert parallelism the all-to-alls'
+  // outgoing and returning rows).
+  static size_t expert_row_floats(const GptConfig& c, const GptPart& part, const std::vector<int>& chunk_slots, int B, int T);
   // On the caller's thread: a new shape waits for the stream to finish with the old buffers.
   void check_shape(int b, int t) const;
   void reserve(Stream& stream, int b, int t, const std::vector<int>& per_chunk, DType compute);

@@ -107,6 +107,38 @@ TEST(Plan, TheWrittenConfigTrains) {
   EXPECT_TRUE(found);
 }
 
+// A mixture of experts: the table shows the expert-parallel size, and the written config (its
+// experts over ep ranks, model.moe) trains; the engine's estimate of it names the all-to-all buffers.
+TEST(Plan, ExpertsAreSplitInTheWrittenConfigWhichTrains) {
+  const std::string config = temp("plan_moe") + ".json";
+  const Output o = zeroth({"plan", "--layers",        "2",  "--hidden",        "32",    "--heads",          "2",  "--seq",
+                           "16",   "--vocab",         "64", "--experts",       "4",     "--expert-ffn",     "64", "--global-batch",
+                           "8",    "--gpus-per-node", "4",  "--device-memory", "64MiB", "--runtime-memory", "0",  "--host-memory",
+                           "1GiB", "--stage",         "2",  "--emit-config",   config,  "--emit-device",    "cpu"},
+                          "plan_moe");
+  ASSERT_EQ(o.code, 0) << o.text;
+  EXPECT_NE(o.text.find("active per token"), std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("   ep "), std::string::npos) << o.text;
+  json j;
+  std::ifstream(config) >> j;
+  EXPECT_EQ(j["model"]["moe"]["num_experts"], 4);
+  EXPECT_EQ(j["model"]["moe"]["intermediate_size"], 64);
+  ASSERT_TRUE(j.contains("parallel")) << j.dump();
+  EXPECT_GT(j["parallel"]["expert"].get<int>(), 1) << "at ZeRO-2 splitting the experts costs only their all-to-alls here";
+  const Output train = zeroth({"train", config, "--set", "run.steps=2", "--set", "run.output_dir=" + temp("plan_moe_run")},
+                              "plan_moe_train");
+  EXPECT_EQ(train.code, 0) << train.text;
+  const Output est = zeroth({"estimate", "--config", config}, "plan_moe_estimate");
+  ASSERT_EQ(est.code, 0) << est.text;
+  EXPECT_NE(est.text.find("the expert layers' rows (all-to-all buffers "), std::string::npos) << est.text;
+  const Output alone = zeroth({"plan", "--params", "1B", "--top-k", "1", "--global-batch", "8"}, "plan_top_k_alone");
+  EXPECT_NE(alone.code, 0);
+  EXPECT_NE(alone.text.find("give --experts too"), std::string::npos) << alone.text;
+  const Output many = zeroth({"plan", "--params", "1B", "--experts", "4", "--top-k", "5", "--global-batch", "8"}, "plan_top_k_many");
+  EXPECT_NE(many.code, 0);
+  EXPECT_NE(many.text.find("top_k 5 must be within 1 and the 4 experts"), std::string::npos) << many.text;
+}
+
 // At a budget where the layout model (16-bit activations by Korthikanti's count) and the engine's
 // own plan differ, the written config is one the engine's estimate fits.
 TEST(Plan, TheWrittenConfigFitsTheEnginesOwnEstimate) {
