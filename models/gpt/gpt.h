@@ -43,7 +43,7 @@ struct MoeConfig {
   double capacity_factor = 1.0, eval_capacity_factor = 1.0;
   int min_capacity = 4;
   bool drop_tokens = true;
-  bool normalize_top_k = false;
+  bool normalize_top_k = false;  // model.moe's reader defaults it to top_k >= 2
   double aux_loss_coef = 0.01, z_loss_coef = 0.0;
   int every = 1;
   int intermediate_size = 0;  // each expert's width; 0: the model's MLP width

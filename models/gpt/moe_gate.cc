@@ -3,11 +3,17 @@
 
 #include <algorithm>  // std::partial_sort, std::max
 #include <cmath>      // std::exp, std::log, std::ceil
+#include <limits>     // std::numeric_limits
 #include <numeric>    // std::iota
 
 #include "core/error.h"
 
 namespace zeroth::gpt {
+namespace {
+
+constexpr float kKeptFloor = std::numeric_limits<float>::epsilon();
+
+}  // namespace
 
 size_t moe_capacity(const MoeGate& gate, size_t N, double factor, int min_capacity) {
   if (!gate.drop_tokens) return N;
@@ -78,13 +84,11 @@ Routing moe_route(const MoeGate& gate, const float* logits, float* probs, size_t
   if (gate.normalize_top_k) {
     // Over the choices that kept their place, as DeepSpeed's top-2 and top-k gates do after
     // dropping (Mixtral's, which drops nothing, is the same): a token whose second choice is
-    // dropped gives its first the whole weight.
+    // dropped gives its first the whole weight. The sum is floored at f32's epsilon as DeepSpeed's.
     for (size_t n = 0; n < N; ++n) {
       float kept = 0;
       for (int j = 0; j < k; ++j) kept += r.weight[n * k + j];
-      if (kept > 0) {
-        for (int j = 0; j < k; ++j) r.weight[n * k + j] /= kept;
-      }
+      for (int j = 0; j < k; ++j) r.weight[n * k + j] /= std::max(kept, kKeptFloor);
     }
   }
   if (N > 0) {
@@ -123,12 +127,16 @@ void moe_gate_backward(const MoeGate& gate, const Routing& routing, const float*
         dp[chosen[j]] += g;
         continue;
       }
-      // w_j = p_j / sum over the kept i: dw_j / dp_i = [i == j] / sum - p_j / sum^2.
-      const float across = g * p[chosen[j]] / (sum * sum);
-      for (int i = 0; i < k; ++i) {
-        if (row[i] >= 0) dp[chosen[i]] -= across;
+      // w_j = p_j / S, S the sum over the kept i floored at epsilon: dw_j / dp_i = [i == j] / S -
+      // p_j / S^2 where the floor does not bite, [i == j] / epsilon where it does.
+      const float S = std::max(sum, kKeptFloor);
+      if (sum >= kKeptFloor) {
+        const float across = g * p[chosen[j]] / (S * S);
+        for (int i = 0; i < k; ++i) {
+          if (row[i] >= 0) dp[chosen[i]] -= across;
+        }
       }
-      dp[chosen[j]] += g / sum;
+      dp[chosen[j]] += g / S;
     }
     float dot = 0;
     for (int e = 0; e < E; ++e) dot += p[e] * dp[e];

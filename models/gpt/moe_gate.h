@@ -1,8 +1,9 @@
 // The gate of a mixture-of-experts layer, on host memory: softmax over the router's logits in f32,
 // top-k choice, the capacity rule of GShard and DeepSpeed-MoE (choices placed in token order, every
 // token's first choice before any second one; a choice past its expert's capacity is dropped) or
-// none (dropless), the combine weights (renormalised over the choices that kept their place as
-// DeepSpeed's top-2 and top-k gates and Mixtral do, or the probabilities as they are), the load-balancing loss of GShard (E x sum over
+// none (dropless), the combine weights (renormalised over the choices that kept their place, as
+// DeepSpeed's top-2 and top-k gates do after dropping and Mixtral, which drops nothing, does; or the
+// probabilities as they are), the load-balancing loss of GShard (E x sum over
 // experts of the mean probability times the fraction of tokens whose first choice it is) and ST-MoE's router z-loss (the mean squared
 // log-sum-exp of the logits); and the gradient of all of it at the logits.
 #pragma once

@@ -21,7 +21,7 @@ import torch
 CASES = [
     # name, N, E, k, capacity_factor, min_capacity, drop_tokens, normalize, aux_coef, z_coef, skew
     ("switch_top1_drops", 64, 8, 1, 1.0, 0, True, False, 0.01, 0.0, 1.5),
-    ("gshard_top2_drops", 64, 8, 2, 1.0, 4, True, True, 0.01, 0.0, 1.0),
+    ("deepspeed_top2_drops", 64, 8, 2, 1.0, 4, True, True, 0.01, 0.0, 1.0),
     ("top2_unnormalized_drops", 64, 8, 2, 1.0, 4, True, False, 0.01, 0.0, 1.0),
     ("mixtral_top2_dropless", 48, 8, 2, 1.0, 4, False, True, 0.02, 1e-3, 0.5),
     ("top3_normalized_drops", 40, 6, 3, 0.75, 2, True, True, 0.05, 1e-2, 1.0),

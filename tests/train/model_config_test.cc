@@ -356,6 +356,14 @@ TEST(ModelSection, MoeKeysAndTheirErrors) {
   EXPECT_EQ(t.model.moe.capacity_factor, 1.5);
   EXPECT_EQ(t.model.moe.aux_loss_coef, 0.01);  // DeepSpeed-MoE's default
   EXPECT_EQ(TrainConfig::from_json(t.resolved).model.describe(), t.model.describe()) << "the resolved config keeps the experts";
+  // Renormalised by default with top 2 and more (DeepSpeed's top-2 and top-k gates), not with top 1.
+  EXPECT_FALSE(t.model.moe.normalize_top_k);
+  json two = base;
+  two["model"]["moe"]["top_k"] = 2;
+  EXPECT_TRUE(TrainConfig::from_json(two).model.moe.normalize_top_k);
+  EXPECT_TRUE(TrainConfig::from_json(TrainConfig::from_json(two).resolved).model.moe.normalize_top_k);
+  two["model"]["moe"]["normalize_top_k"] = false;
+  EXPECT_FALSE(TrainConfig::from_json(two).model.moe.normalize_top_k);
   auto error_of = [&](const json& j) {
     try {
       TrainConfig::from_json(j);
