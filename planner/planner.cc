@@ -141,13 +141,13 @@ StepCost step_cost(const GptShape& shape, const Layout& l, const LayoutMemory& m
   // Each micro-batch sends its activations forward and their gradient back (split over tp).
   const double pp_mb = l.pp > 1 ? 2 * act_bytes / t / pp_bw : 0;
   // Expert parallelism: each expert layer's top_k b s rows of h go to their experts' ranks and
-  // come back, forward and backward (and once more when recomputation redoes the experts'
-  // forward), (ep - 1) / ep of them leaving the rank; the ep ranks are consecutive data-parallel
-  // ones, in a node while tp x ep GPUs fit it. Not overlapped with compute: models/gpt waits for
-  // each exchange.
+  // come back, forward and backward, and again when recomputation redoes the experts' forward (both
+  // ways: models/gpt's recomputation exchanges the outputs too), (ep - 1) / ep of them leaving the
+  // rank, in f32 as models/gpt sends them; the ep ranks are consecutive data-parallel ones, in a
+  // node while tp x ep GPUs fit it. Not overlapped with compute: models/gpt waits for each exchange.
   const double ep_bw = l.tp * ep <= c.gpus_per_node ? c.intra_node_bw : per_gpu_net;
-  const double exchanges = 4 + (l.checkpointing == Checkpointing::full ? 1 : 0);
-  const double a2a_bytes = 2 * tokens * static_cast<double>(shape.top_k) * h * static_cast<double>(ep - 1) / static_cast<double>(ep);
+  const double exchanges = 4 + (l.checkpointing == Checkpointing::full ? 2 : 0);
+  const double a2a_bytes = 4 * tokens * static_cast<double>(shape.top_k) * h * static_cast<double>(ep - 1) / static_cast<double>(ep);
   const double ep_mb = shape.moe() && ep > 1 ? moe_layers * exchanges * a2a_bytes / ep_bw : 0;
   const double mb = fwd + bwd + tp_mb + pp_mb + ep_mb;
 

@@ -217,6 +217,11 @@ void run(Options o) {
   }
   std::string origin;
   GptShape shape = shape_of(o, origin);
+  if (o.shape.experts > 0 && !o.params.empty()) {
+    ZEROTH_THROW(InvalidArgument,
+                 "--params picks a dense shape by its count; give an expert model as --model PRESET or --layers, --hidden and "
+                 "--heads with --experts");
+  }
   if (o.shape.experts == 0 && (o.shape.top_k != 2 || o.shape.expert_ffn != 0 || o.shape.moe_every != 1))
     ZEROTH_THROW(InvalidArgument, "--top-k, --expert-ffn and --moe-every describe expert layers: give --experts too");
   shape.experts = o.shape.experts, shape.top_k = o.shape.top_k, shape.expert_ffn = o.shape.expert_ffn;

@@ -306,7 +306,7 @@ std::string Gpt::expert_rows_note(const GptConfig& config, int B, int T, const s
   const Dims d = Dims::of(config, part);
   const size_t BT = static_cast<size_t>(B) * T, rows = d.moe_rows(BT), received = d.moe_expert_rows(BT);
   const size_t exchanged = d.ep > 1 ? (rows + 3 * received) * static_cast<size_t>(config.n_embd) * sizeof(float) : 0;
-  return fmt::format(", of which {} the expert layers' rows{}", format_bytes(floats * sizeof(float)),
+  return fmt::format(", of which {} rows for the experts (every layer's set holds them){}", format_bytes(floats * sizeof(float)),
                      exchanged > 0 ? fmt::format(" (all-to-all buffers {})", format_bytes(exchanged)) : "");
 }
 

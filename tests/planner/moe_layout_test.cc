@@ -62,7 +62,9 @@ TEST(MoeShape, ExpertsAreShardedOverTheRanksHoldingTheSame) {
   Layout t = l;
   t.tp = 2, t.dp = 8;
   EXPECT_EQ(layout_memory(m, t).expert_params, mem.expert_params);
-  EXPECT_EQ(m.moe_layer_shared_slice(2), (m.moe_layer_shared_params() - 2 * 4096 - 8 * 4096) / 2 + 2 * 4096 + 8 * 4096);
+  // Mixtral's attention (q, o: h x h; k, v: h x 1024) halves; its two norms and the 8 x h router stay.
+  EXPECT_EQ(m.moe_layer_shared_params(), 2ull * 4096 * 4096 + 2ull * 4096 * 1024 + 2 * 4096 + 8 * 4096);
+  EXPECT_EQ(m.moe_layer_shared_slice(2), (2ull * 4096 * 4096 + 2ull * 4096 * 1024) / 2 + 2 * 4096 + 8 * 4096);
 }
 
 TEST(MoeShape, AllToAllTimeIsItsBytesOverTheLink) {
@@ -74,18 +76,19 @@ TEST(MoeShape, AllToAllTimeIsItsBytesOverTheLink) {
   for (uint64_t ep : {1u, 8u, 16u}) {
     l.ep = ep;
     const StepCost k = step_cost(m, l, layout_memory(m, l), c);
-    // 32 layers x 4 exchanges of top_k b s rows of h in 16 bits, (ep - 1) / ep leaving the rank;
-    // 8 GPUs share a node, so ep 16 goes over the network's share per GPU.
+    // 4 micro-batches x 32 layers x 4 exchanges of top_k b s rows of h in f32 (as models/gpt
+    // sends them), (ep - 1) / ep leaving the rank; 8 GPUs share a node, so ep 16 goes over the
+    // network's share per GPU.
     const double bw = ep <= 8 ? c.intra_node_bw : c.inter_node_bw / 8;
-    const double expected = 4 * 32 * 4 * (2 * tokens * 2 * h * (ep - 1) / ep) / bw;
+    const double expected = 4 * 32 * 4 * (4 * tokens * 2 * h * (ep - 1) / ep) / bw;
     EXPECT_NEAR(k.experts, expected, 1e-12 + 1e-9 * expected) << "ep " << ep;
     // Model FLOPs count the experts a token meets, not all of them.
     const double active = 32 * static_cast<double>(m.moe_layer_active_matmul());
     EXPECT_NEAR(k.model_flops, 64 * 4 * tokens * (6 * active + 12 * 32 * 4096 * h + 6 * 32000 * h), 1e-9 * k.model_flops);
   }
-  // Full recomputation redoes the experts' dispatch: a fifth exchange.
+  // Full recomputation redoes the experts' forward, both exchanges: six.
   l.ep = 8, l.checkpointing = Checkpointing::full;
-  EXPECT_NEAR(step_cost(m, l, layout_memory(m, l), c).experts, 4 * 32 * 5 * (2 * tokens * 2 * h * 7 / 8) / c.intra_node_bw, 1e-9);
+  EXPECT_NEAR(step_cost(m, l, layout_memory(m, l), c).experts, 4 * 32 * 6 * (4 * tokens * 2 * h * 7 / 8) / c.intra_node_bw, 1e-9);
 }
 
 TEST(MoeShape, SearchSplitsTheExpertsWhereOnlyThatFits) {
