@@ -118,8 +118,7 @@ size_t Gpt::State::expert_row_floats(const GptConfig& c, const GptPart& part, co
   size_t layers = 0;
   const int most = *std::max_element(chunk_slots.begin(), chunk_slots.end());
   for (int i = 0; i < most; ++i) layers += c.activation_checkpointing ? 1 : owned_layers(slot_part(part, chunk_slots, i));
-  const size_t exchanged = d.ep > 1 ? rows * C + 3 * received * C : 0;
-  return layers * (received + rows) * C + 2 * rows * C + exchanged;
+  return layers * (received + rows) * C + 2 * rows * C + d.moe_exchange_floats(BT);
 }
 
 size_t Gpt::State::scratch_floats(const GptConfig& c, const GptPart& part, int B, int T) {
@@ -133,9 +132,8 @@ size_t Gpt::State::scratch_floats(const GptConfig& c, const GptPart& part, int B
   // Expert layers: the router's logits and their gradient, the gradients at the dispatched rows'
   // outputs and inputs, the combine weights' gradient; with expert parallelism the rows on their way
   // out, the experts' outputs on their way back, and the gradients at the received rows.
-  const size_t rows = d.moe ? d.moe_rows(BT) : 0, received = d.moe ? d.moe_expert_rows(BT) : 0;
-  const size_t exchanged = d.moe && d.ep > 1 ? rows * C + 3 * received * C : 0;
-  const size_t moe = d.moe ? 2 * BT * d.gate.experts + 2 * rows * C + BT * d.gate.top_k + exchanged : 0;
+  const size_t rows = d.moe ? d.moe_rows(BT) : 0;
+  const size_t moe = d.moe ? 2 * BT * d.gate.experts + 2 * rows * C + BT * d.gate.top_k + d.moe_exchange_floats(BT) : 0;
   return d.rows(BT) * C + BT * (dC + d.W) + mlp.fch + static_cast<size_t>(B) * d.NH * T * T + (d.sp ? 3 * BT * C : 0) + llama + moe;
 }
 
@@ -303,9 +301,7 @@ std::string Gpt::expert_rows_note(const GptConfig& config, int B, int T, const s
   const GptPart part = gpt::complete_part(given, config);
   const size_t floats = State::expert_row_floats(config, part, chunk_slots, B, T);
   if (floats == 0) return "";
-  const Dims d = Dims::of(config, part);
-  const size_t BT = static_cast<size_t>(B) * T, rows = d.moe_rows(BT), received = d.moe_expert_rows(BT);
-  const size_t exchanged = d.ep > 1 ? (rows + 3 * received) * static_cast<size_t>(config.n_embd) * sizeof(float) : 0;
+  const size_t exchanged = Dims::of(config, part).moe_exchange_floats(static_cast<size_t>(B) * T) * sizeof(float);
   return fmt::format(", of which {} rows for the experts (every layer's set holds them){}", format_bytes(floats * sizeof(float)),
                      exchanged > 0 ? fmt::format(" (all-to-all buffers {})", format_bytes(exchanged)) : "");
 }

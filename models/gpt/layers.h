@@ -53,6 +53,11 @@ struct Dims {
   // group (each rank's rows for them, the worst case being all of them).
   size_t moe_rows(size_t BT) const;
   size_t moe_expert_rows(size_t BT) const;
+  // Floats only the all-to-alls need (expert parallelism): the rows on their way out, the experts'
+  // outputs on their way back, the gradients at the received rows and at the experts' inputs.
+  size_t moe_exchange_floats(size_t BT) const {
+    return moe && ep > 1 ? (moe_rows(BT) + 3 * moe_expert_rows(BT)) * static_cast<size_t>(C) : 0;
+  }
   bool sp = false;  // sequence parallel (with tp > 1)
   bool llama = false, qkv_bias = false, o_bias = false, qk_norm = false;
   float eps = 1e-5f;

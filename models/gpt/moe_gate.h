@@ -3,9 +3,9 @@
 // token's first choice before any second one; a choice past its expert's capacity is dropped) or
 // none (dropless), the combine weights (renormalised over the choices that kept their place, as
 // DeepSpeed's top-2 and top-k gates do after dropping and Mixtral, which drops nothing, does; or the
-// probabilities as they are), the load-balancing loss of GShard (E x sum over
-// experts of the mean probability times the fraction of tokens whose first choice it is) and ST-MoE's router z-loss (the mean squared
-// log-sum-exp of the logits); and the gradient of all of it at the logits.
+// probabilities as they are), the load-balancing loss of GShard (E x sum over experts of the mean
+// probability times the fraction of tokens whose first choice it is) and ST-MoE's router z-loss
+// (the mean squared log-sum-exp of the logits); and the gradient of all of it at the logits.
 #pragma once
 
 #include <cstddef>  // size_t
