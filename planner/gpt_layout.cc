@@ -33,11 +33,6 @@ GptShape GptShape::llama_shape(uint64_t layers, uint64_t hidden, uint64_t heads,
   return s;
 }
 
-uint64_t GptShape::layer_matmul_params() const {
-  // q and the output projection h x h, k and v h x kv each; the MLP's up and down (and a Llama's gate).
-  return 2 * hidden * hidden + 2 * hidden * kv_width() + (llama ? 3 : 2) * hidden * mlp_width();
-}
-
 uint64_t GptShape::layer_vector_params() const {
   if (llama) return 2 * hidden + (qkv_bias ? hidden + 2 * kv_width() : 0);  // two RMSNorm weights, Qwen2's biases
   return 4 * hidden + 2 * hidden + kv_width() * 2 + mlp_width() + hidden;   // LayerNorms; q, k, v, o, up, down biases
@@ -49,12 +44,7 @@ uint64_t GptShape::layer_slice(uint64_t tp) const {
   return (layer_params() - whole) / tp + whole;
 }
 
-uint64_t GptShape::expert_params() const { return expert_matmul_params() + (llama ? 0 : expert_width() + hidden); }
-
-uint64_t GptShape::moe_layer_shared_params() const {
-  const uint64_t mlp = (llama ? 3 : 2) * hidden * mlp_width() + (llama ? 0 : mlp_width() + hidden);
-  return layer_params() - mlp + experts * hidden;
-}
+uint64_t GptShape::moe_layer_shared_params() const { return layer_params() - mlp_params(mlp_width()) + experts * hidden; }
 
 uint64_t GptShape::moe_layer_shared_slice(uint64_t tp) const {
   // Whole: the norms, GPT-2's attention output bias, the router.
@@ -63,8 +53,7 @@ uint64_t GptShape::moe_layer_shared_slice(uint64_t tp) const {
 }
 
 uint64_t GptShape::moe_layer_active_matmul() const {
-  const uint64_t attention = layer_matmul_params() - (llama ? 3 : 2) * hidden * mlp_width();
-  return attention + experts * hidden + top_k * expert_matmul_params();
+  return attention_matmul_params() + experts * hidden + top_k * expert_matmul_params();
 }
 
 uint64_t GptShape::params() const {

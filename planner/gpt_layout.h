@@ -39,8 +39,12 @@ struct GptShape {
   // 3 h ffn + 2 h) + V h (twice untied) + h (Llama 3 8B has 8,030,261,248).
   uint64_t params() const;
   uint64_t layer_params() const { return layer_matmul_params() + layer_vector_params(); }
-  uint64_t layer_matmul_params() const;
-  uint64_t layer_vector_params() const;  // norms and biases
+  uint64_t layer_matmul_params() const { return attention_matmul_params() + mlp_matmul_params(mlp_width()); }
+  uint64_t layer_vector_params() const;                                                               // norms and biases
+  uint64_t attention_matmul_params() const { return 2 * hidden * hidden + 2 * hidden * kv_width(); }  // q, o; k, v
+  // An MLP of `width`: up and down (and a Llama's gate), and GPT-2's two biases.
+  uint64_t mlp_matmul_params(uint64_t width) const { return (llama ? 3 : 2) * hidden * width; }
+  uint64_t mlp_params(uint64_t width) const { return mlp_matmul_params(width) + (llama ? 0 : width + hidden); }
   // One tensor-parallel slice of a layer: the matmuls and the column-parallel biases split, the
   // norms and the row-parallel biases whole.
   uint64_t layer_slice(uint64_t tp) const;
@@ -50,8 +54,8 @@ struct GptShape {
   uint64_t moe_layers() const { return moe() ? layers / moe_every : 0; }
   uint64_t expert_width() const { return expert_ffn > 0 ? expert_ffn : mlp_width(); }
   // One expert (its matmuls and, GPT-2's, biases): 2 h X + X + h, a Llama's 3 h X.
-  uint64_t expert_params() const;
-  uint64_t expert_matmul_params() const { return (llama ? 3 : 2) * hidden * expert_width(); }
+  uint64_t expert_params() const { return mlp_params(expert_width()); }
+  uint64_t expert_matmul_params() const { return mlp_matmul_params(expert_width()); }
   // An expert layer without its experts: attention, norms, the router (E h); tensor-parallel
   // slices as layer_slice's, the router whole (models/gpt replicates router and experts over tp).
   uint64_t moe_layer_shared_params() const;

@@ -101,9 +101,9 @@ StepCost step_cost(const GptShape& shape, const Layout& l, const LayoutMemory& m
   const double matmul = static_cast<double>(shape.layer_matmul_params());
   const double layer_fwd = tokens * (2 * matmul + 4 * s * h) / t;
   const double expert_matmul = shape.moe() ? static_cast<double>(shape.top_k * shape.expert_matmul_params()) : 0;
-  const double shared_matmul = shape.moe() ? static_cast<double>(shape.moe_layer_active_matmul()) - expert_matmul : 0;
   const double router = static_cast<double>(shape.experts * shape.hidden);
-  const double moe_fwd = tokens * (2 * (shared_matmul - router) + 4 * s * h) / t + tokens * 2 * (router + expert_matmul);
+  const double attention = static_cast<double>(shape.attention_matmul_params());
+  const double moe_fwd = tokens * (2 * attention + 4 * s * h) / t + tokens * 2 * (router + expert_matmul);
   // The elementwise work between the matmuls reads and writes about the bytes of activations a
   // layer keeps (Korthikanti's count), at the device's memory bandwidth.
   const uint64_t ep = std::max<uint64_t>(l.ep, 1);
@@ -197,7 +197,7 @@ StepCost step_cost(const GptShape& shape, const Layout& l, const LayoutMemory& m
 
   const double global_tokens = static_cast<double>(l.dp) * m * tokens;
   const double L = static_cast<double>(shape.layers), LE = static_cast<double>(shape.moe_layers());
-  const double active_matmul = (L - LE) * matmul + LE * (shared_matmul + expert_matmul);
+  const double active_matmul = (L - LE) * matmul + LE * (attention + router + expert_matmul);
   out.model_flops = global_tokens * (6 * active_matmul + 12 * L * s * h + 6 * v * h);
   out.mfu = out.model_flops / (out.step * static_cast<double>(l.gpus()) * c.peak_flops);
   out.tokens_per_s = global_tokens / out.step;
