@@ -82,6 +82,18 @@ std::vector<std::string> Cluster::calibrate(const nlohmann::json& j) {
   return set;
 }
 
+double moe_exposed_exchange(double x, double cf, int n, bool backward) {
+  // n slots of x / n each way and cf / n of products (forward; backward: the input gradients',
+  // then cf of weight gradients). The exchange stream sends every slot's rows, then each slot's
+  // results once made; the compute stream runs each slot once its rows are in. The pass ends with
+  // the later stream, whose extremes over the slots give these terms.
+  const double s = x / n, c = cf / n;
+  const double exchange_end = std::max({2 * x, x + s + c, 2 * s + cf});
+  if (!backward) return std::max(exchange_end, std::max(s + cf, x + c)) - cf;
+  const double compute_end = std::max(s + cf, x + c) + cf;
+  return std::max(exchange_end, compute_end) - 2 * cf;
+}
+
 StepCost step_cost(const GptShape& shape, const Layout& l, const LayoutMemory& mem, const Cluster& c) {
   StepCost out;
   const double h = static_cast<double>(shape.hidden), s = static_cast<double>(shape.seq_len), v = static_cast<double>(shape.vocab);
@@ -144,11 +156,15 @@ StepCost step_cost(const GptShape& shape, const Layout& l, const LayoutMemory& m
   // come back, forward and backward, and again when recomputation redoes the experts' forward (both
   // ways: models/gpt's recomputation exchanges the outputs too), (ep - 1) / ep of them leaving the
   // rank, in f32 as models/gpt sends them; the ep ranks are consecutive data-parallel ones, in a
-  // node while tp x ep GPUs fit it. Not overlapped with compute: models/gpt waits for each exchange.
+  // node while tp x ep GPUs fit it. models/gpt exchanges each of a rank's n local experts' rows
+  // apart on a stream of its own, under the expert products: moe_exposed_exchange.
   const double ep_bw = l.tp * ep <= c.gpus_per_node ? c.intra_node_bw : per_gpu_net;
-  const double exchanges = 4 + (l.checkpointing == Checkpointing::full ? 2 : 0);
   const double a2a_bytes = 4 * tokens * static_cast<double>(shape.top_k) * h * static_cast<double>(ep - 1) / static_cast<double>(ep);
-  const double ep_mb = shape.moe() && ep > 1 ? moe_layers * exchanges * a2a_bytes / ep_bw : 0;
+  const double x = a2a_bytes / ep_bw, cf = tokens * 2 * expert_matmul / flops_rate;
+  const int slots = static_cast<int>(std::max<uint64_t>(shape.experts / ep, 1));
+  const double exposed = moe_exposed_exchange(x, cf, slots, false) * (l.checkpointing == Checkpointing::full ? 2 : 1) +
+                         moe_exposed_exchange(x, cf, slots, true);
+  const double ep_mb = shape.moe() && ep > 1 ? moe_layers * exposed : 0;
   const double mb = fwd + bwd + tp_mb + pp_mb + ep_mb;
 
   out.compute = m * (fwd + bwd);

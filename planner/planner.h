@@ -54,7 +54,7 @@ struct StepCost {
   double bubble = 0;       // the pipeline's fill and drain
   double tensor = 0;       // tensor-parallel all-reduces (or reduce-scatter + all-gather)
   double pipeline = 0;     // activations sent between stages
-  double experts = 0;      // expert-parallel all-to-alls (models/gpt does not overlap them)
+  double experts = 0;      // expert-parallel all-to-alls, what the expert products leave exposed
   double data = 0;         // data-parallel collectives not hidden under compute
   double offload = 0;      // PCIe and NVMe traffic not hidden
   double optimizer = 0;    // the update (device, or CPU for an offloaded optimizer)
@@ -65,6 +65,10 @@ struct StepCost {
   std::string bound;  // the largest part's name
 };
 
+// The time an expert layer's pass leaves its all-to-alls exposed beyond its expert products, as
+// models/gpt schedules them: x the time of one direction's exchanges, cf the forward's products (the
+// backward's input gradients take cf too, its weight gradients another cf), n local expert slots.
+double moe_exposed_exchange(double x, double cf, int n, bool backward);
 StepCost step_cost(const GptShape& shape, const Layout& layout, const LayoutMemory& memory, const Cluster& cluster);
 
 struct PlanSearch {

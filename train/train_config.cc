@@ -228,7 +228,7 @@ std::vector<int> TrainConfig::layers_per_virtual_stage() const {
 GptPart TrainConfig::part(int stage, int tp_rank, int dp_rank) const {
   GptPart part = parallel.pipeline == 1 ? GptPart{} : GptPart::of_rank(layers_per_virtual_stage(), parallel.pipeline, stage);
   part.tp_rank = tp_rank, part.tp_ranks = parallel.tensor, part.sequence_parallel = parallel.sequence_parallel;
-  part.ep_rank = dp_rank % parallel.expert, part.ep_ranks = parallel.expert;
+  part.ep_rank = dp_rank % parallel.expert, part.ep_ranks = parallel.expert, part.ep_overlap = parallel.expert_overlap;
   if (parallel.expert > 1) part.ep_group_tokens = static_cast<size_t>(micro_batch_size) * model.seq_len;
   return part;
 }
@@ -382,7 +382,10 @@ TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) 
     c["parallel"]["tensor"] = t.parallel.tensor;
     c["parallel"]["sequence_parallel"] = t.parallel.sequence_parallel;
   }
-  if (t.parallel.expert > 1) c["parallel"]["expert"] = t.parallel.expert;
+  if (t.parallel.expert > 1) {
+    c["parallel"]["expert"] = t.parallel.expert;
+    c["parallel"]["expert_overlap"] = t.parallel.expert_overlap;
+  }
   t.resolved = std::move(c);
   return t;
 }

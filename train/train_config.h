@@ -86,6 +86,8 @@ struct ParallelConfig {
   // Expert parallelism: each expert layer's experts shared out over runs of this many
   // data-parallel ranks (GptPart::ep_ranks); divides the data-parallel size.
   int expert = 1;
+  // The expert layers' all-to-alls on a stream of their own, under the experts' products.
+  bool expert_overlap = true;
   PipeKind schedule = PipeKind::one_f_one_b;
   int virtual_stages = 1;                // model chunks per stage (interleaved)
   std::string partition = "parameters";  // parameters | uniform (partition_counts when a list was given)

@@ -288,7 +288,7 @@ void read_run(TrainConfig& t, const json& j, int launched_world_size) {
 // data-parallel size is what is left of the world.
 void read_parallel(TrainConfig& t, json& j) {
   static constexpr std::string_view kParallelKeys[] = {"tensor",         "sequence_parallel", "pipeline", "schedule",
-                                                       "virtual_stages", "micro_batches",     "expert"};
+                                                       "virtual_stages", "micro_batches",     "expert",   "expert_overlap"};
   static constexpr std::string_view kPipelineKeys[] = {"stages",          "partition_method",
                                                        "partition",       "activation_checkpoint_interval",
                                                        "seed_layers",     "pipe_partitioned",
@@ -398,6 +398,7 @@ void read_parallel(TrainConfig& t, json& j) {
     Gpt::block_specs(t.model, check);  // heads and vocabulary against tp now, not at the start of training
   }
   p.expert = static_cast<int>(par.integer("expert", 1, 1, 1 << 12));
+  p.expert_overlap = par.flag("expert_overlap", true);
   if (p.expert > 1) {
     if (!t.model.moe.enabled()) {
       ZEROTH_THROW(ConfigError,

@@ -146,6 +146,9 @@ struct GptPart {
   // own): the experts' receive buffers are sized for the group's largest, so a rank running a
   // shorter micro-batch (the last round of an evaluation) still has room for what its peers send.
   size_t ep_group_tokens = 0;
+  // The all-to-alls on a stream of their own, under the experts' products (false: in turn on the
+  // compute stream; the results are the same bits either way).
+  bool ep_overlap = true;
   bool whole(const GptConfig& config) const;
   bool has_embedding() const;                                 // a chunk starts at layer 0
   bool has_head(const GptConfig& config) const;               // a chunk ends at n_layer

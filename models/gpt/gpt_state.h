@@ -56,6 +56,10 @@ struct Gpt::State {
   std::deque<gpt::MoeActs> moe_acts;  // the expert layers' routing on the host (Slot::moe)
   MoeStats moe_stats;                 // written by the stream's work, taken by Gpt::take_moe_stats
   Buffer wbuf, gbuf;                  // f32 copies of a narrow block's parameters and gradients
+  // Expert parallelism: the stream the all-to-alls run on under the experts' products (null: the
+  // compute stream), and the events between the two.
+  std::unique_ptr<Stream> exchange;
+  std::vector<std::unique_ptr<Event>> exchange_events;
   // Generation (decode.cc): every layer's cache of qkv rows [kv_len, W] end to end, then the
   // attention's scratch; kv_pos positions are in it.
   Buffer kv_buffer;

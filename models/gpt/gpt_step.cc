@@ -54,6 +54,7 @@ Gpt::Gpt(BlockHost& host, GptConfig config, GptPart part, Communicator* tensor, 
   state_->host = &host_;
   state_->device = &host_.device();
   state_->k = gpt::make_kernels(host_.compute_stream());
+  if (part_.ep_ranks > 1 && part_.ep_overlap) state_->exchange = host_.device().create_stream();
 }
 
 Gpt::~Gpt() {
@@ -63,6 +64,12 @@ Gpt::~Gpt() {
     host_.compute_stream().synchronize();
   } catch (const std::exception& e) {
     ZLOG_WARN("GPT teardown: the compute stream had failed: {}", e.what());
+  }
+  if (state_->exchange == nullptr) return;
+  try {
+    state_->exchange->synchronize();
+  } catch (const std::exception& e) {
+    ZLOG_WARN("GPT teardown: the expert all-to-alls' stream had failed: {}", e.what());
   }
 }
 
@@ -193,7 +200,7 @@ void Gpt::run_forward(int micro, int chunk, const int32_t* tokens, const int32_t
     keep(0);
     host_.end_forward(embed_, micro);
   }
-  const gpt::ExpertGroup eg(experts_comm_, stream, d);
+  const gpt::ExpertGroup eg(experts_comm_, stream, s->exchange.get(), &s->exchange_events, d);
   for (int l = lo; l < hi; ++l) {
     const auto& v = l == lo && !embeds ? first_views : host_.begin_forward(layers_[l], micro);
     auto w = bind(k, &s->wbuf, &s->gbuf, v, false);
@@ -316,7 +323,7 @@ void Gpt::run_backward(int micro, int chunk) {
     release(k, w);
     host_.end_backward(ln_f_, micro);
   }
-  const gpt::ExpertGroup eg(experts_comm_, stream, d);
+  const gpt::ExpertGroup eg(experts_comm_, stream, s->exchange.get(), &s->exchange_events, d);
   for (int l = hi - 1; l >= lo; --l) {
     // The layer's routing stays as the forward made it; recomputations count nothing again.
     const gpt::MoePass moe{config_.moe_layer(l), true, static_cast<float>(host_.loss_gradient_scale()), nullptr, sl->moe[l], &stream};

@@ -7,10 +7,11 @@
 // all-gathered first. A group of one rank does no collective: the same code is the unsplit model.
 #pragma once
 
-#include <cstddef>  // size_t
-#include <cstdint>  // int32_t
-#include <memory>   // std::shared_ptr
-#include <vector>   // std::vector
+#include <cstddef>     // size_t
+#include <cstdint>     // int32_t
+#include <functional>  // std::function
+#include <memory>      // std::shared_ptr, std::unique_ptr
+#include <vector>      // std::vector
 
 #include "comm/communicator.h"    // Communicator
 #include "core/device.h"          // Buffer, Stream, TensorView
@@ -139,22 +140,42 @@ struct MoePass {
   Stream* stream = nullptr;
 };
 
-// The expert-parallel group's all-to-alls, on the compute stream, one per local expert slot (each
-// slot's rows from every rank land together, so an expert multiplies one run). One rank: the rows
-// stay where they are (the caller passes the same buffer both ways).
+// The expert-parallel group's all-to-alls, one per local expert slot each way (each slot's rows from
+// every rank land together, so an expert multiplies one run). On a stream of their own (`exchange`)
+// they run under the products: slot j + 1's rows arrive while slot j's expert computes, and slot j's
+// results leave while slot j + 1's computes; without one they run in turn on the compute stream.
+// One rank: the rows stay where they are (the caller passes the same buffers both ways).
 class ExpertGroup {
  public:
-  ExpertGroup(Communicator* comm, Stream& stream, const Dims& dims) : comm_(comm), stream_(stream), dims_(dims) {}
-  // `mine` [rows.sent_total(), C] (ExpertRows order) to the experts' ranks, into `theirs` (room for
-  // `room` rows). The forward records what came from whom in `received` (rows.received); the
-  // backward's exchange (null) checks it got the same.
-  void to_experts(const ExpertRows& rows, const float* mine, float* theirs, size_t room, std::vector<size_t>* received) const;
-  // The received rows' results `theirs` back to the ranks that sent them, into `mine`.
-  void to_tokens(const ExpertRows& rows, const float* theirs, float* mine) const;
+  // `events` (grown here) order the two streams; the group's passes reuse them.
+  ExpertGroup(Communicator* comm, Stream& compute, Stream* exchange, std::vector<std::unique_ptr<Event>>* events, const Dims& dims)
+      : comm_(comm), compute_(compute), exchange_(exchange), events_(events), dims_(dims) {}
+  // Rows [at, at + n) of the received rows of local slot j.
+  using SlotWork = std::function<void(int j, size_t at, size_t n)>;
+  struct Trip {
+    const float* send;  // this rank's rows [rows.sent_total(), C], ExpertRows order
+    float* recv;        // the rows its experts receive (room for `room` rows)
+    size_t room;
+    const float* results;  // the experts' results at the received rows
+    float* back;           // the results of this rank's rows, in `send`'s order
+  };
+  // One round trip: the rows out; `slot` enqueues slot j's compute work once its rows are in (and
+  // before its results leave); `after` enqueues compute work that needs no exchange, under the last
+  // results' return; later compute work sees `back` complete. With record_counts (a layer's
+  // forward) what came from whom is kept in rows.received; otherwise (recomputation, backward) it
+  // is checked to be the same.
+  void round_trip(ExpertRows& rows, bool record_counts, const Trip& t, const SlotWork& slot, const std::function<void()>& after) const;
 
  private:
+  Event& event(size_t i) const;
+  void hand_over(Stream& from, Stream& to) const;
+  // round_trip's exchanges and the compute work between them, from the rows made to the results back.
+  void exchange(ExpertRows& rows, bool record_counts, const Trip& t, const SlotWork& slot, const std::function<void()>& after) const;
+
   Communicator* comm_;
-  Stream& stream_;
+  Stream& compute_;
+  Stream* exchange_;
+  std::vector<std::unique_ptr<Event>>* events_;
   Dims dims_;
 };
 

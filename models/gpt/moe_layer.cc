@@ -4,6 +4,7 @@
 // back with the expert-parallel group's all-to-alls; each expert is an MLP of the architecture's
 // kind (GPT-2's c_fc, GELU, c_proj with biases; the Llama family's w1/w3, SwiGLU, w2) on its rows.
 #include <algorithm>  // std::max, std::min
+#include <array>      // std::array
 
 #include <fmt/ranges.h>  // fmt::join
 
@@ -72,57 +73,92 @@ size_t ExpertRows::received_in(int slot, int ep) const {
   return n;
 }
 
-void ExpertGroup::to_experts(const ExpertRows& rows, const float* mine, float* theirs, size_t room,
-                             std::vector<size_t>* received) const {
-  const int ep = dims_.ep, n = dims_.local_experts();
-  const size_t C = static_cast<size_t>(dims_.C);
-  if (comm_ == nullptr || ep == 1) {
-    ZEROTH_CHECK(mine == theirs, "expert rows without a group stay in place");
-    if (received != nullptr) *received = rows.sent;
+Event& ExpertGroup::event(size_t i) const {
+  while (events_->size() <= i) events_->push_back(compute_.device().create_event());
+  return *(*events_)[i];
+}
+
+// Event 0 carries each hand-over between the two streams (each wait is enqueued before the next
+// record), event 1 + j slot j's results being made.
+void ExpertGroup::hand_over(Stream& from, Stream& to) const {
+  if (exchange_ == nullptr) return;
+  event(0).record(from);
+  to.wait(event(0));
+}
+
+void ExpertGroup::round_trip(ExpertRows& rows, bool record_counts, const Trip& t, const SlotWork& slot,
+                             const std::function<void()>& after) const {
+  const int n = dims_.local_experts();
+  if (comm_ == nullptr || dims_.ep == 1) {
+    ZEROTH_CHECK(t.send == t.recv && t.results == t.back, "expert rows without a group stay in place");
+    if (record_counts) rows.received = rows.sent;
+    size_t at = 0;
+    for (int j = 0; j < n; ++j) {
+      slot(j, at, rows.received[j]);
+      at += rows.received[j];
+    }
+    after();
     return;
   }
+  Stream& x = exchange_ != nullptr ? *exchange_ : compute_;
+  hand_over(compute_, x);  // the rows to send are made
+  try {
+    exchange(rows, record_counts, t, slot, after);
+  } catch (...) {
+    // What the exchange stream still has queued writes the layer's buffers: later compute work
+    // (and whoever frees them) waits for it.
+    hand_over(x, compute_);
+    throw;
+  }
+  hand_over(x, compute_);  // the results are back
+}
+
+void ExpertGroup::exchange(ExpertRows& rows, bool record_counts, const Trip& t, const SlotWork& slot,
+                           const std::function<void()>& after) const {
+  const int ep = dims_.ep, n = dims_.local_experts();
+  const size_t C = static_cast<size_t>(dims_.C);
+  Stream& x = exchange_ != nullptr ? *exchange_ : compute_;
   std::vector<size_t> got_rows(rows.sent.size(), 0);
+  if (record_counts) rows.received.assign(rows.sent.size(), 0);
   size_t sent_at = 0, recv_at = 0;
   std::vector<size_t> counts(static_cast<size_t>(ep));
   for (int j = 0; j < n; ++j) {
     size_t total = 0;
     for (int p = 0; p < ep; ++p) total += counts[p] = rows.sent[static_cast<size_t>(j) * ep + p] * C;
-    const TensorView send{const_cast<float*>(mine) + sent_at, total, DType::f32};
-    const TensorView recv{theirs + recv_at, room * C - recv_at, DType::f32};
-    const std::vector<size_t> got = comm_->all_to_allv(stream_, send, counts, recv);
+    const TensorView send{const_cast<float*>(t.send) + sent_at, total, DType::f32};
+    const TensorView recv{t.recv + recv_at, t.room * C - recv_at, DType::f32};
+    const std::vector<size_t> got = comm_->all_to_allv(x, send, counts, recv);
     for (int p = 0; p < ep; ++p) {
-      got_rows[static_cast<size_t>(j) * ep + p] = got[p] / C;
+      const size_t i = static_cast<size_t>(j) * ep + p;
+      got_rows[i] = got[p] / C;
+      if (record_counts) rows.received[i] = got_rows[i];
       recv_at += got[p];
     }
     sent_at += total;
+    // The slot's rows where the forward received them (a backward that got others fails below).
+    size_t at = 0;
+    for (int q = 0; q < j; ++q) at += rows.received_in(q, ep);
+    hand_over(x, compute_);
+    slot(j, at, rows.received_in(j, ep));
+    if (exchange_ != nullptr) event(1 + static_cast<size_t>(j)).record(compute_);
   }
   // After every slot's exchange, so a rank that finds a difference has not left its peers waiting.
-  if (received == nullptr) {
-    ZEROTH_CHECK(got_rows == rows.received, "an expert layer's backward received other row counts than its forward: [{}] against [{}]",
-                 fmt::join(got_rows, ", "), fmt::join(rows.received, ", "));
-    return;
-  }
-  *received = std::move(got_rows);
-}
-
-void ExpertGroup::to_tokens(const ExpertRows& rows, const float* theirs, float* mine) const {
-  const int ep = dims_.ep, n = dims_.local_experts();
-  const size_t C = static_cast<size_t>(dims_.C);
-  if (comm_ == nullptr || ep == 1) {
-    ZEROTH_CHECK(mine == theirs, "expert rows without a group stay in place");
-    return;
-  }
-  size_t sent_at = 0, recv_at = 0;
-  std::vector<size_t> counts(static_cast<size_t>(ep));
+  ZEROTH_CHECK(got_rows == rows.received, "an expert layer's backward received other row counts than its forward: [{}] against [{}]",
+               fmt::join(got_rows, ", "), fmt::join(rows.received, ", "));
+  // Enqueued before the returns: a backend whose count exchange waits for its stream (NCCL) holds
+  // the caller at each return until that slot's results are made.
+  after();
+  sent_at = recv_at = 0;
   for (int j = 0; j < n; ++j) {
+    if (exchange_ != nullptr) x.wait(event(1 + static_cast<size_t>(j)));
     size_t back = 0, total = 0;
     for (int p = 0; p < ep; ++p) {
       total += counts[p] = rows.received[static_cast<size_t>(j) * ep + p] * C;
       back += rows.sent[static_cast<size_t>(j) * ep + p] * C;
     }
-    const TensorView send{const_cast<float*>(theirs) + recv_at, total, DType::f32};
-    const TensorView recv{mine + sent_at, back, DType::f32};
-    const std::vector<size_t> got = comm_->all_to_allv(stream_, send, counts, recv);
+    const TensorView send{const_cast<float*>(t.results) + recv_at, total, DType::f32};
+    const TensorView recv{t.back + sent_at, back, DType::f32};
+    const std::vector<size_t> got = comm_->all_to_allv(x, send, counts, recv);
     for (int p = 0; p < ep; ++p) {
       ZEROTH_CHECK(got[p] == rows.sent[static_cast<size_t>(j) * ep + p] * C,
                    "expert slot {}: rank {} returned {} elements for the {} rows sent to it", j, p, got[p],
@@ -150,13 +186,6 @@ struct ExpertParams {
 
 const float* param(const Bound& b, int i) { return i >= 0 ? b.p(static_cast<size_t>(i)) : nullptr; }
 float* grad(const Bound& b, int i) { return i >= 0 ? b.g(static_cast<size_t>(i)) : nullptr; }
-
-// Where the received rows of local slot j start, and how many there are.
-std::pair<size_t, size_t> slot_rows(const ExpertRows& rows, const Dims& d, int j) {
-  size_t at = 0;
-  for (int q = 0; q < j; ++q) at += rows.received_in(q, d.ep);
-  return {at, rows.received_in(j, d.ep)};
-}
 
 }  // namespace
 
@@ -199,24 +228,21 @@ void moe_experts_forward(Kernels& k, const ExpertGroup& g, BoundRef w, const Dim
     k.upload(a.moe_weight, m->routing.weight.data(), m->routing.weight.size() * sizeof(float));
     k.moe_dispatch(dispatched, inp, a.moe_token, sent, C);
   });
-  // A recomputation (no output) receives what the forward did: it only checks the counts, which the
-  // forward's work may still be reading.
-  g.to_experts(m->rows, dispatched, a.moe_in, d.moe_expert_rows(BT), out == nullptr ? nullptr : &m->rows.received);
-  k.submit([&k, w, d, a, m, outputs] {
-    const Bound& p = **w;
-    const int X = d.X, up = d.expert_up();
-    for (int j = 0; j < d.local_experts(); ++j) {
-      const auto [at, n] = slot_rows(m->rows, d, j);
-      if (n == 0) continue;  // an expert without tokens: nothing to compute, nothing to add
+  const ExpertGroup::SlotWork expert = [&k, w, d, a, outputs](int j, size_t at, size_t n) {
+    if (n == 0) return;  // an expert without tokens: nothing to compute, nothing to add
+    k.submit([&k, w, d, a, outputs, j, at, n] {
+      const Bound& p = **w;
+      const int X = d.X, up = d.expert_up();
       const ExpertParams ix(d, j);
       float *fch = a.fch + at * up, *act = a.fch_act + at * X;
       k.matmul_forward(fch, a.moe_in + at * d.C, p.p(ix.fc), param(p, ix.fc_b), n, d.C, up);
       if (d.llama) k.swiglu_forward(act, fch, n, X);
       else k.gelu_forward(act, fch, n * X);
       k.matmul_forward(outputs + at * d.C, act, p.p(ix.proj), param(p, ix.proj_b), n, X, d.C);
-    }
-  });
-  g.to_tokens(m->rows, outputs, a.moe_out);
+    });
+  };
+  // A recomputation (no output) receives what the forward did, and checks the counts.
+  g.round_trip(m->rows, out != nullptr, {dispatched, a.moe_in, d.moe_expert_rows(BT), outputs, a.moe_out}, expert, [] {});
   if (out == nullptr) return;
   // With sequence parallelism every rank combines all the tokens (the experts are replicated over the
   // tensor-parallel group) and keeps its rows.
@@ -241,22 +267,37 @@ void moe_experts_backward(Kernels& k, const ExpertGroup& g, BoundRef w, const Di
     k.moe_combine_backward(s.moe_drows, s.moe_dweight, dout, a.moe_out, a.moe_row, a.moe_weight, BT, K, C);
     k.download(dweight, s.moe_dweight, BT * K);
   });
-  g.to_experts(m->rows, s.moe_drows, erows, d.moe_expert_rows(BT), nullptr);
-  k.submit([&k, w, d, a, s, m, erows, einp] {
-    const Bound& p = **w;
-    const int X = d.X, up = d.expert_up();
-    for (int j = 0; j < d.local_experts(); ++j) {
-      const auto [at, n] = slot_rows(m->rows, d, j);
-      if (n == 0) continue;
+  // Each slot's input gradient first, sent back while the later slots and then every slot's weight
+  // gradients compute.
+  std::vector<std::array<size_t, 2>> slots;  // each slot's received rows, for the weight gradients
+  const ExpertGroup::SlotWork input_grads = [&k, w, d, a, s, erows, einp, &slots](int j, size_t at, size_t n) {
+    slots.push_back({at, n});
+    if (n == 0) return;
+    k.submit([&k, w, d, a, s, erows, einp, j, at, n] {
+      const Bound& p = **w;
+      const int X = d.X, up = d.expert_up();
       const ExpertParams ix(d, j);
       float* dact = d.llama ? s.dact + at * X : s.dfch + at * up;
-      k.matmul_backward(dact, p.g(ix.proj), grad(p, ix.proj_b), erows + at * d.C, a.fch_act + at * X, p.p(ix.proj), n, X, d.C);
+      k.matmul_backward(dact, nullptr, nullptr, erows + at * d.C, a.fch_act + at * X, p.p(ix.proj), n, X, d.C);
       if (d.llama) k.swiglu_backward(s.dfch + at * up, a.fch + at * up, dact, n, X);
       else k.gelu_backward(s.dfch + at * up, a.fch + at * up, dact, n * X);
-      k.matmul_backward(einp + at * d.C, p.g(ix.fc), grad(p, ix.fc_b), s.dfch + at * up, a.moe_in + at * d.C, p.p(ix.fc), n, d.C, up);
-    }
-  });
-  g.to_tokens(m->rows, einp, s.moe_dinp);
+      k.matmul_backward(einp + at * d.C, nullptr, nullptr, s.dfch + at * up, a.moe_in + at * d.C, p.p(ix.fc), n, d.C, up);
+    });
+  };
+  auto weight_grads = [&k, w, d, a, s, erows, &slots] {
+    k.submit([&k, w, d, a, s, erows, slots] {
+      const Bound& p = **w;
+      const int X = d.X, up = d.expert_up();
+      for (int j = 0; j < d.local_experts(); ++j) {
+        const auto [at, n] = slots[static_cast<size_t>(j)];
+        if (n == 0) continue;
+        const ExpertParams ix(d, j);
+        k.matmul_backward(nullptr, p.g(ix.proj), grad(p, ix.proj_b), erows + at * d.C, a.fch_act + at * X, nullptr, n, X, d.C);
+        k.matmul_backward(nullptr, p.g(ix.fc), grad(p, ix.fc_b), s.dfch + at * up, a.moe_in + at * d.C, nullptr, n, d.C, up);
+      }
+    });
+  };
+  g.round_trip(m->rows, false, {s.moe_drows, erows, d.moe_expert_rows(BT), einp, s.moe_dinp}, input_grads, weight_grads);
 }
 
 void moe_router_backward(Kernels& k, BoundRef w, int router, const Dims& d, const LayerActs& a, const Scratch& s, const float* inp,

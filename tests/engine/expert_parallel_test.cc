@@ -198,5 +198,38 @@ TEST(ExpertParallelTensor, ExpertsReplicatedOverTensorRanksTrainWhatTheyTrainWit
   }
 }
 
+// The all-to-alls on their own stream, under the experts' products (slot j + 1's rows arriving while
+// slot j computes, the input gradients leaving before the weight gradients are made), against the
+// same exchanges in turn on the compute stream: the same products on the same rows, so the same
+// bits. Each hand-over is made to matter: a link model holds each exchange for 2 ms after its
+// copies, so products that did not wait for their rows read the previous layer's or pass's (shown
+// to fail: without the hand-over before a slot's products the first step's loss already differs);
+// experts 8192 wide without the link take milliseconds per slot, so results sent before they were
+// made would be the previous pass's (shown to fail without the exchange stream's wait for a slot's
+// results).
+TEST(ExpertParallelOverlap, AllToAllsUnderTheProductsGiveTheSerialBits) {
+  GridCase plain = moe_case(2, 2);
+  plain.link = {2000, 0};
+  GridCase ckpt = moe_case(3, 2);
+  ckpt.checkpointing = true, ckpt.link = {2000, 0};
+  GridCase llama = moe_case(1, 4);
+  llama.model.architecture = Architecture::llama;
+  llama.model.moe.num_experts = 8;  // two slots per rank at E = 4
+  llama.link = {2000, 0};
+  GridCase wide = moe_case(2, 2);
+  wide.model.moe.intermediate_size = 8192;
+  for (GridCase k : {plain, ckpt, llama, wide}) {
+    SCOPED_TRACE(::testing::PrintToString(k));
+    k.ep_overlap = false;
+    const GridResult serial = train_grid(k);
+    k.ep_overlap = true;
+    const GridResult got = train_grid(k);
+    EXPECT_EQ(got.losses, serial.losses);
+    EXPECT_EQ(got.grad_norms, serial.grad_norms);
+    ASSERT_EQ(got.weights.size(), serial.weights.size());
+    for (const auto& [name, w] : serial.weights) EXPECT_TRUE(got.weights.at(name) == w) << name;
+  }
+}
+
 }  // namespace
 }  // namespace zeroth::testing

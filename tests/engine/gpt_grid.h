@@ -47,6 +47,8 @@ struct GridCase {
   DType compute = DType::f32;
   int ep = 1;                     // expert-parallel ranks (of dp) sharing out model.moe's experts
   bool force_one_expert = false;  // every expert layer's router made to choose expert 0 first, 1 second, for every token
+  bool ep_overlap = true;         // the all-to-alls on a stream of their own (GptPart::ep_overlap)
+  LinkModel link = {};            // every collective made to take at least this link's time
 };
 inline void PrintTo(const GridCase& k, std::ostream* os) {
   *os << "dp " << k.dp << " x pp " << k.pp << " x tp " << k.tp << (k.sequence_parallel ? " (sequence parallel)" : "") << ", "
@@ -209,12 +211,16 @@ inline GridResult train_grid(const GridCase& k, std::vector<PipeMeasure>* measur
   std::vector<std::map<std::string, std::vector<float>>> blocks_by_stage(k.pp);
   std::vector<std::map<std::string, std::vector<float>>> head_copy_by_stage(k.pp);
   std::mutex order;
-  run_local_ranks(grid.world_size(), [&](Communicator& world) {
+  CommOptions options = CommOptions::from_env();
+  options.link = k.link;
+  run_local_ranks(
+      grid.world_size(),
+      [&](Communicator& world) {
     auto groups = grid.split(world);
     const int stage = groups.pp->rank(), dp_rank = groups.dp->rank(), tp_rank = groups.tp->rank();
     GptPart part = GptPart::of_rank(layers, k.pp, stage);
     part.tp_rank = tp_rank, part.tp_ranks = k.tp, part.sequence_parallel = k.sequence_parallel;
-    part.ep_rank = dp_rank % k.ep, part.ep_ranks = k.ep;
+    part.ep_rank = dp_rank % k.ep, part.ep_ranks = k.ep, part.ep_overlap = k.ep_overlap;
     // The expert-parallel group: runs of ep consecutive data-parallel ranks.
     auto experts = k.ep > 1 ? groups.dp->split(dp_rank / k.ep, dp_rank) : nullptr;
     auto device = make_device("cpu");
@@ -314,7 +320,8 @@ inline GridResult train_grid(const GridCase& k, std::vector<PipeMeasure>* measur
     out.in_flight[stage] = engine.micro_batches_in_flight();
     if (world.rank() == 0) out.model_tp_traffic = traffic, out.moe = gpt.take_moe_stats();
     if (stage == 0) out.grad_norms = norms;
-  });
+      },
+      options);
   for (int s = 0; s < k.pp; ++s) {
     for (auto& [name, w] : blocks_by_stage[s]) out.weights[name] = std::move(w);
     for (auto& [name, w] : head_copy_by_stage[s]) out.head_copy = std::move(w);

@@ -5,6 +5,9 @@
 // expert parallelism where only it fits, and never where there are no experts.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <vector>
+
 #include <cstdint>
 
 #include "core/error.h"
@@ -67,28 +70,73 @@ TEST(MoeShape, ExpertsAreShardedOverTheRanksHoldingTheSame) {
   EXPECT_EQ(m.moe_layer_shared_slice(2), (2ull * 4096 * 4096 + 2ull * 4096 * 1024) / 2 + 2 * 4096 + 8 * 4096);
 }
 
-TEST(MoeShape, AllToAllTimeIsItsBytesOverTheLink) {
+// The engine's schedule of one expert layer pass, slot by slot, as two streams: the exchange
+// stream sends every slot's rows (x / n each), then each slot's results once they are made; the
+// compute stream runs slot j's products (cf / n) once its rows are in, and in backward the weight
+// gradients (cf) after every slot's input gradients. The pass ends when both streams have.
+double simulated_exposure(double x, double cf, int n, bool backward) {
+  double exchange = 0, compute = 0;
+  std::vector<double> rows_in(n), made(n);
+  for (int j = 0; j < n; ++j) rows_in[j] = exchange += x / n;
+  for (int j = 0; j < n; ++j) made[j] = compute = std::max(compute, rows_in[j]) + cf / n;
+  if (backward) compute += cf;
+  for (int j = 0; j < n; ++j) exchange = std::max(exchange, made[j]) + x / n;
+  return std::max(exchange, compute) - (backward ? 2 : 1) * cf;
+}
+
+// The planner's closed form against the schedule played out, over links from far faster to far
+// slower than the products and 1 to 8 slots.
+TEST(MoeShape, ExposedExchangeIsWhatTheSlotScheduleLeaves) {
+  for (int n : {1, 2, 3, 4, 8}) {
+    for (double x : {0.01, 0.3, 1.0, 1.7, 5.0, 40.0}) {
+      for (bool backward : {false, true}) {
+        const double cf = 1.0, want = simulated_exposure(x, cf, n, backward);
+        EXPECT_NEAR(moe_exposed_exchange(x, cf, n, backward), want, 1e-12) << "n " << n << ", x " << x << ", backward " << backward;
+        EXPECT_GE(want, 0.0);
+      }
+    }
+  }
+}
+
+TEST(MoeShape, AllToAllTimeIsWhatTheExpertProductsLeaveOfItsBytesOverTheLink) {
   const GptShape m = mixtral_8x7b();
   Cluster c;
   Layout l;
   l.dp = 64, l.micro_batch = 1, l.micro_batches = 4, l.stage = 3;
   const double h = 4096, tokens = 4096;  // one sequence per micro-batch
-  for (uint64_t ep : {1u, 8u, 16u}) {
+  // One expert's forward products for the micro-batch's top_k b s rows: 2 x 3 h x 14336 FLOPs a row.
+  const double cf = tokens * 2 * 2 * (3 * h * 14336) / c.achieved_flops();
+  for (uint64_t ep : {1u, 2u, 8u, 16u}) {
     l.ep = ep;
     const StepCost k = step_cost(m, l, layout_memory(m, l), c);
-    // 4 micro-batches x 32 layers x 4 exchanges of top_k b s rows of h in f32 (as models/gpt
-    // sends them), (ep - 1) / ep leaving the rank; 8 GPUs share a node, so ep 16 goes over the
-    // network's share per GPU.
+    // Each exchange: top_k b s rows of h in f32 (as models/gpt sends them), (ep - 1) / ep leaving
+    // the rank; 8 GPUs share a node, so ep 16 goes over the network's share per GPU.
     const double bw = ep <= 8 ? c.intra_node_bw : c.inter_node_bw / 8;
-    const double expected = 4 * 32 * 4 * (4 * tokens * 2 * h * (ep - 1) / ep) / bw;
+    const double x = 4 * tokens * 2 * h * (ep - 1) / ep / bw;
+    // 8 / ep experts a rank (at least one), 4 micro-batches x 32 layers, a forward and a backward.
+    const int slots = std::max(8 / static_cast<int>(ep), 1);
+    const double expected = ep == 1 ? 0 : 4 * 32 * (simulated_exposure(x, cf, slots, false) + simulated_exposure(x, cf, slots, true));
     EXPECT_NEAR(k.experts, expected, 1e-12 + 1e-9 * expected) << "ep " << ep;
     // Model FLOPs count the experts a token meets, not all of them.
     const double active = 32 * static_cast<double>(m.moe_layer_active_matmul());
     EXPECT_NEAR(k.model_flops, 64 * 4 * tokens * (6 * active + 12 * 32 * 4096 * h + 6 * 32000 * h), 1e-9 * k.model_flops);
   }
-  // Full recomputation redoes the experts' forward, both exchanges: six.
-  l.ep = 8, l.checkpointing = Checkpointing::full;
-  EXPECT_NEAR(step_cost(m, l, layout_memory(m, l), c).experts, 4 * 32 * 6 * (4 * tokens * 2 * h * 7 / 8) / c.intra_node_bw, 1e-9);
+  // The products (cf is 30 x at ep 8) hide all but the first slot's rows in and, forward, the last
+  // one's results out: with one expert a rank, 2 x forward and 1 x backward.
+  l.ep = 8;
+  const double x = 4 * tokens * 2 * h * 7 / 8 / c.intra_node_bw;
+  EXPECT_NEAR(step_cost(m, l, layout_memory(m, l), c).experts, 4 * 32 * (2 * x + x), 1e-9);
+  // Full recomputation redoes the experts' forward, both exchanges.
+  l.checkpointing = Checkpointing::full;
+  EXPECT_NEAR(step_cost(m, l, layout_memory(m, l), c).experts, 4 * 32 * (2 * 2 * x + x), 1e-9);
+  // A link slow enough that the exchanges outlast the products: the four in turn, less what the
+  // products cover (the forward's cf and the backward's 2 cf), with 4 slots at ep 2.
+  Cluster slow = c;
+  slow.intra_node_bw = 1e9;
+  l.checkpointing = Checkpointing::none, l.ep = 2;
+  const double xs = 4 * tokens * 2 * h / 2 / slow.intra_node_bw;
+  EXPECT_GT(xs, 2 * cf);
+  EXPECT_NEAR(step_cost(m, l, layout_memory(m, l), slow).experts, 4 * 32 * ((2 * xs - cf) + (2 * xs - 2 * cf)), 1e-9);
 }
 
 TEST(MoeShape, SearchSplitsTheExpertsWhereOnlyThatFits) {

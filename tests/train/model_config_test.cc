@@ -400,6 +400,14 @@ TEST(ModelSection, MoeKeysAndTheirErrors) {
   EXPECT_EQ(ep.parallel.expert, 2);
   EXPECT_EQ(TrainConfig::from_json(ep.resolved).parallel.expert, 2);
   EXPECT_EQ(ep.part(0, 0, 3).ep_rank, 1);
+  EXPECT_TRUE(ep.part(0, 0, 3).ep_overlap) << "the all-to-alls overlap by default";
+  j["parallel"]["expert_overlap"] = false;
+  const TrainConfig serial = TrainConfig::from_json(j);
+  EXPECT_FALSE(serial.part(0, 0, 3).ep_overlap);
+  EXPECT_FALSE(TrainConfig::from_json(serial.resolved).parallel.expert_overlap);
+  j["parallel"]["expert_overlap"] = "no";
+  EXPECT_NE(error_of(j).find("expert_overlap"), std::string::npos) << error_of(j);
+  j["parallel"] = {{"expert", 2}};
   j["run"] = {{"world_size", 3}};
   EXPECT_NE(error_of(j).find("parallel.expert = 2 must divide the data-parallel size, 3"), std::string::npos) << error_of(j);
   j["run"] = {{"world_size", 3}};

@@ -336,7 +336,7 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
   if (dinp != nullptr) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, IC, OC, 1.0f, dout, OC, weight, IC, 0.0f, dinp, IC);
   }
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, n, 1.0f, dout, OC, inp, IC, 1.0f, dweight, IC);
+  if (dweight != nullptr) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, n, 1.0f, dout, OC, inp, IC, 1.0f, dweight, IC);
   if (dbias != nullptr) {
     const size_t chunks = (N + 63) / 64;
     std::vector<float> partial(chunks * OC, 0.0f);

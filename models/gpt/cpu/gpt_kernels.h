@@ -25,7 +25,8 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 
 // out[N, OC] = inp[N, IC] x weight[OC, IC]^T + bias
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, size_t N, int IC, int OC);
-// dinp = dout x weight (overwritten), dweight += dout^T x inp, dbias += column sums of dout.
+// dinp = dout x weight (overwritten), dweight += dout^T x inp, dbias += column sums of dout; a null
+// dinp or dweight is not computed (an expert's input gradient leaves before its weights' are made).
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight, size_t N,
                      int IC, int OC);
 

@@ -373,7 +373,8 @@ class CudaKernels final : public Kernels {
     const int n = static_cast<int>(N);
     if (dinp != nullptr)
       CUBLAS_CHECK(cublasSgemm(handle_, CUBLAS_OP_N, CUBLAS_OP_N, IC, n, OC, &one, weight, IC, dout, OC, &zero, dinp, IC));
-    CUBLAS_CHECK(cublasSgemm(handle_, CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, n, &one, inp, IC, dout, OC, &one, dweight, IC));
+    if (dweight != nullptr)
+      CUBLAS_CHECK(cublasSgemm(handle_, CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, n, &one, inp, IC, dout, OC, &one, dweight, IC));
     if (dbias != nullptr) column_sum_kernel<<<blocks_for(OC), kThreads, 0, s()>>>(dbias, dout, N, OC);
   }
   // Query heads are batched in groups that share one key/value operand: with multi-head attention
