@@ -39,7 +39,12 @@ ReduceOp parse_reduce_op(std::string_view name);
 struct LinkModel {
   double latency_us = 0;
   double bandwidth_gbps = 0;  // 0: no model
+  // Only the all-to-alls held (the experts' exchanges timed apart from the gradients' collectives).
+  bool all_to_all_only = false;
   bool enabled() const { return bandwidth_gbps > 0 || latency_us > 0; }
+  bool holds(CollectiveOp op) const {
+    return enabled() && (!all_to_all_only || op == CollectiveOp::all_to_all || op == CollectiveOp::all_to_allv);
+  }
 };
 
 struct CommOptions {

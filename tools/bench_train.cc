@@ -40,6 +40,9 @@ struct Options {
   // the experts shared over `expert_parallel` of them.
   int experts = 0, top_k = 2, ranks = 1, expert_parallel = 1;
   double capacity_factor = 1.0;
+  // A modeled link under the all-to-alls (comm/communicator.h's LinkModel): the expert runs are
+  // timed with them in turn and overlapped, next to the free (memcpy) exchange.
+  double link_gbps = 0, link_latency_us = 0;
   bool reference = true;
   bool json = false;
   std::string python = "/usr/bin/python3";
@@ -52,7 +55,9 @@ class StepTimes final : public TrainObserver {
   std::vector<double> seconds;
 };
 
-std::vector<double> run_zeroth(const Options& o, const GptConfig& model, bool moe = false) {
+// The dense model, or (moe) the experts with their all-to-alls overlapped or in turn, on `ranks`
+// local ranks whose all-to-alls take at least `link`'s time.
+std::vector<double> run_zeroth(const Options& o, const GptConfig& model, bool moe = false, bool overlap = true, LinkModel link = {}) {
   nlohmann::json j = {{"train_micro_batch_size_per_gpu", o.batch},
                       {"gradient_clipping", 1.0},
                       {"optimizer",
@@ -72,14 +77,19 @@ std::vector<double> run_zeroth(const Options& o, const GptConfig& model, bool mo
                          {"intermediate_size", model.ffn() / o.top_k},
                          {"capacity_factor", o.capacity_factor > 0 ? o.capacity_factor : 1.0},
                          {"drop_tokens", o.capacity_factor > 0}};
-    if (o.expert_parallel > 1) j["parallel"] = {{"expert", o.expert_parallel}};
+    if (o.expert_parallel > 1) j["parallel"] = {{"expert", o.expert_parallel}, {"expert_overlap", overlap}};
   }
   const TrainConfig c = TrainConfig::from_json(j);
   StepTimes times;
-  run_local_ranks(o.ranks, [&](Communicator& comm) {
+  CommOptions options = CommOptions::from_env();
+  options.link = link;
+  run_local_ranks(
+      o.ranks,
+      [&](Communicator& comm) {
     auto device = make_device("cpu");
     train(c, comm, *device, comm.rank() == 0 ? &times : nullptr);
-  });
+      },
+      options);
   times.seconds.erase(times.seconds.begin());  // warm-up
   return times.seconds;
 }
@@ -139,6 +149,11 @@ void run(const Options& o) {
   GptConfig m = GptConfig::preset(o.preset);
   m.seq_len = o.seq;
   if (o.ranks < 1) ZEROTH_THROW(InvalidArgument, "--ranks must be at least 1, got {}", o.ranks);
+  const LinkModel link{o.link_latency_us, o.link_gbps, true};
+  if (link.enabled() && (o.experts == 0 || o.expert_parallel < 2)) {
+    ZEROTH_THROW(InvalidArgument,
+                 "--link-gbps / --link-latency-us time the experts' all-to-alls: give --experts and --expert-parallel 2 or more too");
+  }
   if (o.experts > 0 && (o.top_k < 1 || o.top_k > o.experts || m.ffn() % o.top_k != 0)) {
     ZEROTH_THROW(InvalidArgument, "--experts {} --top-k {}: top-k must be within 1 and the experts and divide the MLP's width ({})",
                  o.experts, o.top_k, m.ffn());
@@ -169,6 +184,17 @@ void run(const Options& o) {
     say("  mixture of experts / dense: %.2fx the step (%d rank%s, experts over %d, %s, experts %d wide)\n", e / z, o.ranks,
         o.ranks == 1 ? "" : "s", o.expert_parallel,
         o.capacity_factor > 0 ? fmt::format("capacity factor {}", o.capacity_factor).c_str() : "dropless", m.ffn() / o.top_k);
+    if (link.enabled()) {
+      // Under the link: the exchanges in turn cost their whole time; overlapped, what the products
+      // do not cover. The free exchange above is the floor neither can go below.
+      std::fflush(stdout);
+      const double serial = median(run_zeroth(o, m, true, false, link)), overlapped = median(run_zeroth(o, m, true, true, link));
+      say("  link model %.3g GB/s, %.0f us: all-to-alls in turn  median step %7.3f s\n", link.bandwidth_gbps, link.latency_us, serial);
+      say("  link model %.3g GB/s, %.0f us: all-to-alls overlapped median step %7.3f s\n", link.bandwidth_gbps, link.latency_us,
+          overlapped);
+      say("  exchange time exposed: in turn %.3f s, overlapped %.3f s (%.0f%% of it hidden); overlapped / free %.2fx\n", serial - e,
+          overlapped - e, serial > e ? 100.0 * (serial - overlapped) / (serial - e) : 0.0, overlapped / e);
+    }
     return;
   }
   if (o.json) {
@@ -217,6 +243,10 @@ void add_bench_train_command(CLI::App& bench) {
   cmd->add_option("--capacity-factor", o->capacity_factor, "Each expert's capacity factor (with --experts; 0: dropless)");
   cmd->add_option("--ranks", o->ranks, "Local ranks (data parallel; --batch sequences each)");
   cmd->add_option("--expert-parallel", o->expert_parallel, "Ranks the experts are shared out over (with --experts)");
+  cmd->add_option("--link-gbps", o->link_gbps,
+                  "With --expert-parallel: also time the experts with their all-to-alls held to a modeled link of this bandwidth (the "
+                  "other collectives stay memcpy), in turn and overlapped with the experts' products");
+  cmd->add_option("--link-latency-us", o->link_latency_us, "The modeled link's latency per all-to-all (with --link-gbps)");
   cmd->add_flag("!--no-reference", o->reference, "Skip the PyTorch side");
   cmd->add_flag("--json", o->json, "Print JSON (zeroth only: tokens/s and model FLOPs per token, what zeroth plan --calibrate reads)");
   cmd->add_option("--python", o->python, "Interpreter with torch");

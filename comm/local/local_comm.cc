@@ -197,7 +197,7 @@ class LocalCommunicator final : public Communicator {
 
   std::vector<LocalGroup::Record> arrive(Stream& s, const Descriptor& d, TensorView buffer, uint64_t logical_bytes) {
     auto all = sync_point(s, d, buffer, nullptr, &ready_);
-    if (options_.link.enabled()) {
+    if (options_.link.holds(d.op)) {
       // The modeled transfer starts once every rank's data is ready and ends no earlier than a
       // link of this latency and bandwidth would allow.
       const auto duration = modeled_time(size() <= 1 ? 0 : logical_bytes * (size() - 1) / size());
