@@ -5,7 +5,9 @@
 // written by gpt_reference.py --train) and three of the Llama family
 // (tests/reference/llama_train_torch.safetensors, llama_reference.py --train): Llama with
 // grouped-query attention, Llama 3's rope scaling and an untied head; Qwen2 with q/k/v biases and
-// a tied head; Qwen3 with per-head q/k norms. Averaging over micro-batches and ranks, clipping,
+// a tied head; Qwen3 with per-head q/k norms; Mixtral, every MLP 4 SwiGLU experts (top 2,
+// renormalised, dropless) whose auxiliary and z losses join the gradient; Switch, one layer of 4
+// experts, top 1 with DeepSpeed's capacity (tokens dropped). Averaging over micro-batches and ranks, clipping,
 // the decay groups, the schedule's stepping and the bf16 roundings all meet a reference that
 // shares no code with the engine, which the engine-vs-engine harness cannot provide.
 #include <gtest/gtest.h>
@@ -203,9 +205,15 @@ constexpr double kLrBound = 1e-12;  // relative to the base lr
 // norm 2.0e-4, weights 4.6e-4. Their bf16 losses drift further than GPT-2's from step 5 on (step
 // 1's differ by 1e-8, as in f32): more of their bf16 roundings flip and compound; the bounds are
 // 3-4x the worst, as the GPT's.
+// Mixtral (its 24 cases): f32 as the family's (measured loss 6.9e-8, gradient norm 2.0e-7, weights
+// 8.6e-7); bf16 gradient norm 1.7e-4 and weights 3.9e-4 within the family's bounds, and the loss
+// drifting as theirs to 1.3e-4 at step 10, bound 4e-4. Its reference leaving the auxiliary and z
+// losses out of the gradient fails the f32 cases. Switch (f32, 12 cases): loss 8.3e-8, gradient
+// norm 2.1e-7, weights 1.2e-6.
 Bounds bounds(const TorchCase& k) {
   if (k.family == "gpt") return bounds(k.dtype);
-  return k.dtype == DType::bf16 ? Bounds{1e-4, 7.5e-4, 1.5e-3} : Bounds{3e-7, 6e-7, 4e-6};
+  if (k.dtype == DType::bf16) return {k.family == "mixtral" ? 4e-4 : 1e-4, 7.5e-4, 1.5e-3};
+  return {3e-7, 6e-7, 4e-6};
 }
 
 // The key bias of a rotary model: channel pair (i, i + hs/2) of a head turns by t * theta^(-2i/hs)
@@ -275,8 +283,13 @@ std::string name(const ::testing::TestParamInfo<TorchCase>& info) {
 
 std::vector<TorchCase> all_cases() {
   std::vector<TorchCase> cases;
-  for (const char* family : {"gpt", "llama", "qwen2", "qwen3"}) {
+  for (const char* family : {"gpt", "llama", "qwen2", "qwen3", "mixtral", "switch"}) {
     for (DType dtype : {DType::f32, DType::bf16}) {
+      // Switch's capacity decides which tokens an expert drops: in bf16 the runs' rounding drift
+      // flips one such decision by step 9 (at stages 1-3 from dp 2: loss 1.1e-4 at step 9, 1.2e-3 at
+      // step 10; steps 1-8 within the bounds), after which the two train different models. Its f32
+      // cases pin the arithmetic; Mixtral's bf16 ones the bf16 mode with experts.
+      if (std::string(family) == "switch" && dtype == DType::bf16) continue;
       for (int stage = 0; stage <= 3; ++stage) {
         for (int dp : {1, 2, 4}) cases.push_back({family, stage, dp, dtype});
       }
@@ -290,7 +303,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, AgainstPyTorch, ::testing::ValuesIn(all_cases())
 // Each reference exercises what it claims: the schedule's warmup, cosine and clamp past
 // total_num_steps give different lrs; clipping acts on some steps and not on others; the loss falls.
 TEST(AgainstPyTorch, ReferencesCoverWarmupCosineClampAndClipping) {
-  for (const char* family : {"gpt", "llama", "qwen2", "qwen3"}) {
+  for (const char* family : {"gpt", "llama", "qwen2", "qwen3", "mixtral", "switch"}) {
     const Reference& ref = TorchCase{family, 0, 1, DType::f32}.reference();
     const double clip = std::stod(ref.file.metadata.at(ref.prefix + "clip"));
     for (DType dtype : {DType::f32, DType::bf16}) {

@@ -256,8 +256,9 @@ def bf16(t):
 def train(init, batches, narrow, dp=2, loss_of=None, tied="embed.wte", clip=TRAIN_CLIP):
     """TRAIN_STEPS optimizer steps from `init`; `narrow`: zeroth's bf16 mode. Returns the final
     master weights and, per step, (loss, grad norm before clipping, lr). `loss_of(weights, tokens,
-    targets, head)` is the model's loss (default: the GPT's); `tied` names the embedding the LM head
-    shares (None: an untied head), `head` then being a leaf of its own."""
+    targets, head)` is the model's loss (default: the GPT's), or a pair (what is differentiated, the
+    loss reported) when auxiliary terms join the gradient but not the loss; `tied` names the
+    embedding the LM head shares (None: an untied head), `head` then being a leaf of its own."""
     if loss_of is None:
         loss_of = lambda w, idx, tgt, head: forward(w, idx, tgt, TRAIN_CFG, head)[1]
     mb = TRAIN_BATCH["micro_batch"]
@@ -279,9 +280,12 @@ def train(init, batches, narrow, dp=2, loss_of=None, tied="embed.wte", clip=TRAI
                 w = {k: (bf16(v) if narrow else v.clone()).requires_grad_(True) for k, v in master.items()}
                 head = w[tied].detach().clone().requires_grad_(True) if tied else None
                 loss = loss_of(w, tokens[j:j + mb], targets[j:j + mb], head)
-                (loss / gas).backward()
+                objective, loss = loss if isinstance(loss, tuple) else (loss, loss)
+                (objective / gas).backward()
                 loss_sum += float(loss)
                 for k, v in w.items():
+                    if v.grad is None:  # an expert no token of the micro-batch chose
+                        v.grad = torch.zeros_like(v)
                     if k == tied:
                         # The block's gradient buffer: the LM head's use first, then the embedding's.
                         g = bf16(bf16(head.grad) + v.grad) if narrow else v.grad + head.grad

@@ -9,7 +9,7 @@ papers and Hugging Face's documented conventions, not from zeroth's code. Run wi
 mean cross-entropy and the gradient of every parameter, in f32, under Hugging Face's parameter
 names; for the two with expert layers also each layer's auxiliary and z losses, whose terms
 (times their coefficients) join the cross-entropy in the gradient.
---train (tests/engine/train_torch_test.cc): "llama", "qwen2" and "qwen3" trained for 10 optimizer
+--train (tests/engine/train_torch_test.cc): "llama", "qwen2", "qwen3", "mixtral" and "switch" trained for 10 optimizer
 steps as DeepSpeed's engine takes them (gpt_reference.py's batch, AdamW, WarmupCosineLR and
 stepping), in f32 and in zeroth's bf16 mode; per step the loss, the gradient norm before clipping
 and the lr, and the final weights.
@@ -218,7 +218,21 @@ def make_params(gen, cfg):
 
 # The models trained, each with a clipping threshold inside its range of gradient norms, so that
 # some steps are clipped and some are not.
-TRAIN_CASES = {"llama": 1.3, "qwen2": 2.5, "qwen3": 1.4}
+TRAIN_CASES = {"llama": 1.3, "qwen2": 2.5, "qwen3": 1.4, "mixtral": 1.3, "switch": 2.4}
+
+
+def train_loss(cfg):
+    """The loss `train` differentiates and reports: the cross-entropy, and with expert layers the
+    auxiliary and z losses times their coefficients in the gradient (not in the reported loss, as
+    zeroth reports them apart)."""
+    def loss_of(w, idx, tgt, head):
+        losses = []
+        loss = forward(w, cfg, idx, tgt, head, moe_losses=losses)[1]
+        if not losses:
+            return loss
+        m = cfg["moe"]
+        return loss + sum(m["aux_loss_coef"] * a + m["z_loss_coef"] * z for a, z in losses), loss
+    return loss_of
 
 
 def write_train(path):
@@ -240,7 +254,7 @@ def write_train(path):
         record = {}
         for name, narrow in (("f32", False), ("bf16", True)):
             # gpt_reference's training, for this model's loss and tied embedding.
-            final, steps = train(init, batches, narrow, clip=clip, loss_of=lambda w, idx, tgt, head: forward(w, cfg, idx, tgt, head)[1],
+            final, steps = train(init, batches, narrow, clip=clip, loss_of=train_loss(cfg),
                                  tied="model.embed_tokens.weight" if cfg["tie_word_embeddings"] else None)
             for k, v in final.items():
                 out[f"{case}.{name}.final.{k}"] = v.detach().clone()
