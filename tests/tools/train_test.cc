@@ -116,8 +116,9 @@ TEST(Train, MixtureOfExpertsTrainsAlikeOnOneAndTwoRanksAtEveryStage) {
 // ended.
 TEST(Train, TheExpertParallelExampleTrainsWhatItTrainsWithoutExpertParallelism) {
   const std::string config = std::string(ZEROTH_SOURCE_DIR) + "/configs/gpt-moe-ep.json";
-  const std::vector<std::string> sets = {"run.steps=4", testing::kConstantLr, "bf16.enabled=false", "run.eval_interval=0",
-                                         "run.sample_tokens=0"};
+  // Micro-batches of 2 (the config's are 4) keep the case short and give evaluation's last round below.
+  const std::vector<std::string> sets = {"run.steps=4",         testing::kConstantLr,  "bf16.enabled=false",
+                                         "run.eval_interval=0", "run.sample_tokens=0", "train_micro_batch_size_per_gpu=2"};
   auto with = [&](std::vector<std::string> more) {
     more.insert(more.begin(), sets.begin(), sets.end());
     return more;
@@ -150,8 +151,8 @@ TEST(Train, TheExpertParallelExampleTrainsWhatItTrainsWithoutExpertParallelism) 
   // makes (without room for the group's largest, this fails with the receive buffer too small).
   auto eval = [&](const std::string& name, const std::string& experts) {
     const auto r = testing::run({ZEROTH_BIN, "eval", config, "--json", "--set", "data.val_fraction=0.011", "--set",
-                                 "bf16.enabled=false", "--set", "run.init_from=" + testing::weights_of("moe_ep1"), "--set",
-                                 "parallel.expert=" + experts},
+                                 "bf16.enabled=false", "--set", "train_micro_batch_size_per_gpu=2", "--set",
+                                 "run.init_from=" + testing::weights_of("moe_ep1"), "--set", "parallel.expert=" + experts},
                                 name);
     EXPECT_EQ(r.code, 0) << r.output;
     const size_t at = r.output.rfind('{');
