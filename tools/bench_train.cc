@@ -149,6 +149,10 @@ void run(const Options& o) {
   GptConfig m = GptConfig::preset(o.preset);
   m.seq_len = o.seq;
   if (o.ranks < 1) ZEROTH_THROW(InvalidArgument, "--ranks must be at least 1, got {}", o.ranks);
+  if (o.link_gbps < 0 || o.link_latency_us < 0) {
+    ZEROTH_THROW(InvalidArgument, "--link-gbps {} --link-latency-us {}: a link's bandwidth and latency cannot be negative",
+                 o.link_gbps, o.link_latency_us);
+  }
   const LinkModel link{o.link_latency_us, o.link_gbps, true};
   if (link.enabled() && (o.experts == 0 || o.expert_parallel < 2)) {
     ZEROTH_THROW(InvalidArgument,

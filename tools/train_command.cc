@@ -139,6 +139,12 @@ class Console final : public TrainObserver {
                                                              : std::string("dropless"),
                                                e.aux_loss_coef,
                                                e.z_loss_coef > 0 ? fmt::format(", z loss x {:g}", e.z_loss_coef) : std::string()));
+      if (c.parallel.expert > 1) {
+        // What parallel.expert took: each rank's share, and where the exchanges run.
+        rows.back().second += fmt::format("; over runs of {} ranks, {} per rank, all-to-alls {}", c.parallel.expert,
+                                          e.num_experts / c.parallel.expert,
+                                          c.parallel.expert_overlap ? "under the products" : "in turn");
+      }
     }
     const std::string source = c.data.format == DataFormat::synthetic ? "synthetic" : c.data.train;
     rows.emplace_back("data", fmt::format("{}: {} tokens train, {} validation", source, si(static_cast<double>(f.train_tokens)),

@@ -142,8 +142,9 @@ struct MoePass {
 
 // The expert-parallel group's all-to-alls, one per local expert slot each way (each slot's rows from
 // every rank land together, so an expert multiplies one run). On a stream of their own (`exchange`)
-// they run under the products: slot j + 1's rows arrive while slot j's expert computes, and slot j's
-// results leave while slot j + 1's computes; without one they run in turn on the compute stream.
+// they run under the products: the later slots' rows arrive while slot j's expert computes, and once
+// every slot's rows are in, each slot's results leave as they are made; without one they run in turn
+// on the compute stream.
 // One rank: the rows stay where they are (the caller passes the same buffers both ways).
 class ExpertGroup {
  public:
@@ -160,7 +161,7 @@ class ExpertGroup {
     float* back;           // the results of this rank's rows, in `send`'s order
   };
   // One round trip: the rows out; `slot` enqueues slot j's compute work once its rows are in (and
-  // before its results leave); `after` enqueues compute work that needs no exchange, under the last
+  // before its results leave); `after` enqueues compute work that needs no exchange, under the
   // results' return; later compute work sees `back` complete. With record_counts (a layer's
   // forward) what came from whom is kept in rows.received; otherwise (recomputation, backward) it
   // is checked to be the same.
