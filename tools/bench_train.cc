@@ -3,11 +3,14 @@
 // same shapes, threads and precision, in one run. Both sides skip a warm-up step and report the
 // median step. OpenBLAS reads its environment at load time, so run the whole command under the
 // environment you want both sides to see (see docs/PERFORMANCE.md).
-#include <algorithm>  // std::max
-#include <cstdio>     // std::printf
-#include <string>     // std::string
-#include <thread>     // std::thread::hardware_concurrency
-#include <vector>     // std::vector
+#include <unistd.h>  // getpid
+
+#include <algorithm>   // std::max
+#include <cstdio>      // std::printf
+#include <filesystem>  // std::filesystem::temp_directory_path, remove_all
+#include <string>      // std::string
+#include <thread>      // std::thread::hardware_concurrency
+#include <vector>      // std::vector
 
 #include <CLI/CLI.hpp>        // CLI::App
 #include <fmt/format.h>       // fmt::format
@@ -67,7 +70,7 @@ std::vector<double> run_zeroth(const Options& o, const GptConfig& model, bool mo
                       {"data",
                        {{"format", "synthetic"},
                         {"vocab_size", model.vocab_size},
-                        {"tokens", static_cast<int64_t>(o.steps + 2) * o.batch * o.seq + 1},
+                        {"tokens", std::max<int64_t>(1024, static_cast<int64_t>(o.steps + 2) * o.batch * o.seq * o.ranks + 1)},
                         {"val_fraction", 0.0}}},
                       {"run", {{"steps", o.steps + 1}, {"world_size", o.ranks}}}};
   if (o.dtype == "bf16") j["bf16"] = {{"enabled", true}};
@@ -79,6 +82,18 @@ std::vector<double> run_zeroth(const Options& o, const GptConfig& model, bool mo
                          {"drop_tokens", o.capacity_factor > 0}};
     if (o.expert_parallel > 1) j["parallel"] = {{"expert", o.expert_parallel}, {"expert_overlap", overlap}};
   }
+  // What a run writes (checkpoint, weights, metrics) goes to a folder of its own, removed after:
+  // a benchmark leaves nothing in runs/.
+  const std::filesystem::path out = std::filesystem::temp_directory_path() / fmt::format("zeroth-bench-train-{}", ::getpid());
+  j["run"]["output_dir"] = out.string();
+  j["run"]["sample_tokens"] = 0;
+  struct Remove {
+    std::filesystem::path path;
+    ~Remove() {
+      std::error_code ignored;
+      std::filesystem::remove_all(path, ignored);
+    }
+  } remove{out};
   const TrainConfig c = TrainConfig::from_json(j);
   StepTimes times;
   CommOptions options = CommOptions::from_env();

@@ -109,6 +109,18 @@ TEST(Cli, BenchEngineJsonLabelsEachRowsTransportAndItsBounds) {
                                             "gloo: stage 3, no prefetch", "gloo: stage 3, prefetch, overlap_comm false"}));
 }
 
+// The smallest step of the smallest preset, in JSON (what `plan --calibrate` reads); the run the
+// bench trains writes into a folder of its own, which it removes: nothing lands in runs/ where it
+// was started (the test's working folder).
+TEST(Cli, BenchTrainJsonLeavesNoRunBehind) {
+  std::filesystem::remove_all("runs/run");
+  const auto r = run_json({"bench", "train", "--seq", "16", "--batch", "1", "--steps", "1", "--threads", "1", "--json"}, "train");
+  EXPECT_EQ(r["preset"], "gpt2-124m");
+  EXPECT_GT(r["tokens_per_s"].get<double>(), 0.0);
+  EXPECT_GT(r["model_flops_per_token"].get<double>(), 0.0);
+  EXPECT_FALSE(std::filesystem::exists("runs/run")) << "the bench's run was written into runs/";
+}
+
 TEST(Cli, BenchOptimJson) {
   const auto r = run_json({"bench", "optim", "--params", "1e5", "--threads", "1", "--reps", "3", "--no-torch", "--json"}, "optim");
   EXPECT_GT(r["ceiling_gbps"].get<double>(), 0.0);
