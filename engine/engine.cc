@@ -159,6 +159,10 @@ void Engine::finalize(Plan plan, const ModelFootprint& model, bool initialize_va
   }
   exec_ = std::make_unique<Executor>(device_, tiers_, comm_, plan_, specs_, config_,
                                      GroupLinks{stage_comm_.get(), tie_comm_.get(), tensor_comm_.get(), tensor_reduce_comm_.get()});
+  exec_->set_speculation([this]() -> std::optional<UpdateArgs> {
+    if (!speculate_) return std::nullopt;
+    return update_args(1.0 / (scaler_.scale() * plan_.dp));
+  });
   initialize(initialize_values);
 }
 
@@ -243,7 +247,6 @@ StepResult Engine::step() {
   const auto t0 = Clock::now();
   if (config_.time_breakdown) exec.wait_for_reductions();
   const auto t1 = Clock::now();
-  const SwapIo at_update = exec.swap_io();
   // Every return below goes through here once the step's work is enqueued.
   auto timed = [&](StepResult r) {
     if (!config_.time_breakdown) return r;
@@ -255,8 +258,8 @@ StepResult Engine::step() {
     r.swap_read_bytes = io.read_bytes - swap_io_.read_bytes;
     r.swap_write_bytes = io.write_bytes - swap_io_.write_bytes;
     r.swap_busy_seconds = io.busy_seconds - swap_io_.busy_seconds;
-    r.update_swap_read_bytes = io.read_bytes - at_update.read_bytes;
-    r.update_swap_write_bytes = io.write_bytes - at_update.write_bytes;
+    r.update_swap_read_bytes = io.optimizer_read_bytes - swap_io_.optimizer_read_bytes;
+    r.update_swap_write_bytes = io.optimizer_write_bytes - swap_io_.optimizer_write_bytes;
     swap_io_ = io;
     return r;
   };
@@ -271,7 +274,8 @@ StepResult Engine::step() {
   if (overflow) {
     result.skipped = true;
     if (config_.compute_dtype != DType::f16) ZLOG_WARN("step {}: the gradients hold Inf or NaN; the step is skipped", cycles_);
-    exec.finish_step(std::nullopt);
+    result.speculation = exec.finish_step(std::nullopt);
+    speculate_ = false;
     return timed(result);
   }
   double clip = 1.0;
@@ -279,16 +283,23 @@ StepResult Engine::step() {
   if (config_.gradient_clipping > 0 && result.grad_norm + 1e-6 > config_.gradient_clipping) {
     clip = config_.gradient_clipping / (result.grad_norm + 1e-6);
   }
-  const int64_t t = applied_ + 1;
-  const ScheduledValues scheduled = config_.schedule.at_step(t);
-  result.lr = scheduled.lr;
-  UpdateArgs args;
-  args.step = t, args.lr = scheduled.lr, args.grad_scale = static_cast<float>(inv * clip);
-  if (scheduled.sets_betas) args.betas = {scheduled.beta1, scheduled.beta2};
-  exec.finish_step(args);
-  applied_ = t;
-  result.step = t;
+  const UpdateArgs args = update_args(inv * clip);
+  result.lr = args.lr;
+  result.speculation = exec.finish_step(args);
+  speculate_ = clip == 1.0;
+  applied_ = args.step;
+  result.step = args.step;
   return timed(result);
+}
+
+UpdateArgs Engine::update_args(double grad_scale) const {
+  UpdateArgs args;
+  args.step = applied_ + 1;
+  const ScheduledValues scheduled = config_.schedule.at_step(args.step);
+  args.lr = scheduled.lr;
+  args.grad_scale = static_cast<float>(grad_scale);
+  if (scheduled.sets_betas) args.betas = {scheduled.beta1, scheduled.beta2};
+  return args;
 }
 
 std::vector<float> Engine::master_values(int block) {

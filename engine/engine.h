@@ -28,7 +28,7 @@
 #include "comm/process_grid.h"                // ProcessGrid::Groups
 #include "core/device.h"                      // Device, Stream
 #include "engine/config/config.h"             // EngineConfig
-#include "engine/executor/executor.h"         // SwapIo
+#include "engine/executor/executor.h"         // SwapIo, Speculation, UpdateArgs
 #include "engine/plan/plan.h"                 // Plan
 #include "engine/executor/tier_allocators.h"  // TierAllocators
 #include "models/block_api.h"                 // BlockHost, BlockSpec, BlockViews, ModelFootprint
@@ -54,9 +54,13 @@ struct StepResult {
   // update_seconds lasts until the step's last write-back has reached its file.
   uint64_t swap_read_bytes = 0, swap_write_bytes = 0;
   double swap_busy_seconds = 0;
-  // The part of the swap bytes moved after the reductions (the optimizer's sub-groups through
-  // their slots, the parameters' write-backs): what update_seconds spent them on.
+  // The part of the swap bytes the optimizer moved (its sub-groups through their slots, the
+  // parameters' write-backs): after the reductions, in update_seconds, or, for sub-groups updated
+  // during the backward pass, there.
   uint64_t update_swap_read_bytes = 0, update_swap_write_bytes = 0;
+  // The sub-groups updated during the backward pass (offload_optimizer.overlap_backward): their
+  // result kept, or done again with the step's clipping, or undone for a skipped step.
+  Speculation speculation = Speculation::none;
 };
 
 class Engine final : public BlockHost {
@@ -178,7 +182,14 @@ class Engine final : public BlockHost {
   int tied_block_ = -1;
   LossScaler scaler_;
   int64_t applied_ = 0;  // optimizer steps applied
-  int64_t cycles_ = 0;   // steps run, skipped ones included
+  // Whether the next cycle updates offloaded sub-groups during its backward pass with the
+  // arguments of an unclipped step: after a step that was neither clipped nor skipped (a step that
+  // was is likely followed by another, whose speculative work would be done twice).
+  bool speculate_ = true;
+  // The update's arguments for the next step, its summed gradients multiplied by `grad_scale`
+  // (1 / (loss scale x ranks) to average and unscale them, times the clipping factor).
+  UpdateArgs update_args(double grad_scale) const;
+  int64_t cycles_ = 0;  // steps run, skipped ones included
 };
 
 }  // namespace zeroth

@@ -23,6 +23,7 @@ class SwapFile {
   IoHandle write(const void* buffer, std::size_t length, std::uint64_t offset) { return file_->write(buffer, length, offset); }
   std::size_t bytes() const { return bytes_; }
   const AsyncFile& file() const { return *file_; }
+  AsyncFile& file() { return *file_; }  // to register the buffers it moves data through
 
  private:
   std::size_t bytes_;

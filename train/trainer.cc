@@ -448,6 +448,7 @@ void TrainingRun::report_step(int64_t k, double loss, double seconds, const Step
     s.swap_busy_seconds = r.swap_busy_seconds;
     s.optimizer_swap_read_bytes = r.update_swap_read_bytes;
     s.optimizer_swap_write_bytes = r.update_swap_write_bytes;
+    s.speculation = r.speculation;
     observer_->on_step(s);
   });
 }

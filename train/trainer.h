@@ -37,7 +37,11 @@ struct StepMetrics {
   // waiting on them (summed over streams).
   uint64_t swap_read_bytes = 0, swap_write_bytes = 0;
   double swap_busy_seconds = 0;
-  uint64_t optimizer_swap_read_bytes = 0, optimizer_swap_write_bytes = 0;  // the part in optimizer_seconds
+  // The optimizer's part (in optimizer_seconds, or in the backward pass for sub-groups updated there).
+  uint64_t optimizer_swap_read_bytes = 0, optimizer_swap_write_bytes = 0;
+  // Sub-groups updated during the backward pass (offload_optimizer.overlap_backward): kept, redone
+  // (the step clipped) or undone (skipped); none when no update ran there.
+  Speculation speculation = Speculation::none;
   // Expert layers (model.moe), over every rank's layers and micro-batches: the mean load-balancing
   // and z losses per layer pass (without their coefficients), the fraction of choices dropped past
   // the capacity, and the busiest expert's rows over the mean (the largest of any layer pass).

@@ -32,6 +32,11 @@ struct OffloadConfig {
   // offload_optimizer: read the next sub-group's state while one updates, write the previous one
   // back meanwhile. DeepSpeed's defaults are false; zeroth's are true (the same bytes, overlapped).
   bool pipeline_read = true, pipeline_write = true;
+  // offload_optimizer on nvme: each sub-group is swapped in, updated and written back during the
+  // backward pass, as soon as its gradients are final, speculating that the step is neither
+  // clipped nor skipped; the step commits, or redoes the sub-groups when it is (zeroth's key).
+  // Master weights and moments keep two copies in their swap files (the step's and the last).
+  bool overlap_backward = true;
   // offload_param: the swap buffers (count, elements each) and the elements kept in host memory.
   uint64_t buffer_count = 0, buffer_size = 100'000'000, max_in_cpu = 1'000'000'000;
   // offload_optimizer: the fraction of the shard offloaded (and updated on the host); the rest,

@@ -50,9 +50,11 @@ Executor::Executor(Device& device, TierAllocators& tiers, Communicator& dp, cons
                     plan_.rank, b.name),
         b.bytes(), io));
   }
+  register_io_buffers();
   if (offload.enabled()) {
     swap_in_stream_ = device_.create_stream();
     swap_out_stream_ = device_.create_stream();
+    update_stream_ = device_.create_stream();
     landing_.resize(plan_.reduce_buckets.size());
     bucket_sumsq_.assign(plan_.reduce_buckets.size(), 0.0);
     for (int k = 0; k < 3; ++k) {
@@ -62,6 +64,8 @@ Executor::Executor(Device& device, TierAllocators& tiers, Communicator& dp, cons
     }
   }
 
+  copy_.assign(plan_.sub_groups.size(), 0);
+  speculated_.assign(plan_.sub_groups.size(), false);
   const size_t n = plan_.blocks.size();
   gathered_.assign(n, nullptr);
   gather_pending_.assign(n, false);
@@ -76,10 +80,29 @@ Executor::Executor(Device& device, TierAllocators& tiers, Communicator& dp, cons
   }
 }
 
+void Executor::register_io_buffers() {
+  // The host buffers swaps move through, registered with every swap file's rings: the kernel then
+  // keeps their pages pinned instead of pinning each piece's pages per request, which on some
+  // machines costs more CPU than the transfer (bench offload's "registered" column).
+  for (int buffer : {plan_.swap_slots, plan_.grad_host, plan_.param_staging, plan_.param_out}) {
+    if (buffer < 0 || !buffers_[buffer]) continue;
+    for (const auto& file : files_) {
+      if (!file) continue;
+      try {
+        file->file().register_buffer(buffers_[buffer].data(), buffers_[buffer].bytes());
+      } catch (const std::exception& e) {
+        ZLOG_WARN("swap files: {} runs without registered buffers: {}", plan_.buffers[buffer].name, e.what());
+        return;
+      }
+    }
+  }
+}
+
 Executor::~Executor() {
   // Streams may still run work that points into our buffers: every one is drained, even when
   // another failed.
-  for (Stream* s : {gather_stream_.get(), reduce_stream_.get(), swap_in_stream_.get(), swap_out_stream_.get(), &compute_stream()}) {
+  for (Stream* s : {gather_stream_.get(), reduce_stream_.get(), swap_in_stream_.get(), update_stream_.get(), swap_out_stream_.get(),
+                    &compute_stream()}) {
     if (s == nullptr) continue;
     try {
       s->synchronize();
@@ -248,6 +271,10 @@ void Executor::execute(const Action& a) {
     case ActionKind::reduce_scatter: return reduce_scatter(a.target, a.flag, rs);
     case ActionKind::offload_grads: return offload_grads(a.target, a.flag, rs);
     case ActionKind::sum_partial: return sum_partial(a.target, rs);
+    case ActionKind::swap_in:
+    case ActionKind::update:
+    case ActionKind::upload:
+    case ActionKind::swap_out: return speculate(a);
     default: ZEROTH_THROW(InvalidArgument, "action {} cannot run inside a block use", action_name(a.kind));
   }
 }

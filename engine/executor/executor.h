@@ -7,15 +7,16 @@
 // A collective the plan marks serial runs on the compute stream instead, in order with compute.
 #pragma once
 
-#include <array>       // std::array
-#include <atomic>      // std::atomic
-#include <exception>   // std::exception_ptr
-#include <mutex>       // std::mutex
-#include <cstdint>     // int64_t
-#include <functional>  // std::function
-#include <memory>      // std::unique_ptr, std::shared_ptr
-#include <optional>    // std::optional
-#include <vector>      // std::vector
+#include <array>        // std::array
+#include <atomic>       // std::atomic
+#include <exception>    // std::exception_ptr
+#include <mutex>        // std::mutex
+#include <cstdint>      // int64_t
+#include <functional>   // std::function
+#include <memory>       // std::unique_ptr, std::shared_ptr
+#include <optional>     // std::optional
+#include <string_view>  // std::string_view
+#include <vector>       // std::vector
 
 #include "comm/communicator.h"                // Communicator
 #include "core/device.h"                      // Device, Stream, Event, Buffer
@@ -34,13 +35,31 @@ struct UpdateArgs {
   double lr = 0;
   float grad_scale = 1;                        // unscaling, averaging and clipping in one factor
   std::optional<std::array<double, 2>> betas;  // the schedule's (OneCycle's cycle_momentum), else the optimizer's
+  bool operator==(const UpdateArgs&) const = default;
 };
+
+// What became of the sub-groups updated during the backward pass (Plan::in_backward) at the step:
+// none were, the step's arguments were those they were updated with (committed), or they were not
+// (the step clipped: updated again; or skipped: their parameters put back).
+enum class Speculation : uint8_t { none, committed, redone, restored };
+constexpr std::string_view speculation_name(Speculation s) {
+  switch (s) {
+    case Speculation::none: return "none";
+    case Speculation::committed: return "kept";
+    case Speculation::redone: return "redone";
+    case Speculation::restored: return "undone";
+  }
+  return "?";
+}
 
 // Bytes the executor moved through swap files so far, and the time its streams spent waiting on
 // those transfers (summed over streams, so it can exceed wall time when they overlap).
 struct SwapIo {
   uint64_t read_bytes = 0, write_bytes = 0;
   double busy_seconds = 0;
+  // Of the bytes, those the optimizer's sub-groups moved (swapped in and out, parameters written
+  // back), during the backward pass or after it.
+  uint64_t optimizer_read_bytes = 0, optimizer_write_bytes = 0;
 };
 
 // The folder of a buffer's swap file: offload_param's for parameters, offload_optimizer's else.
@@ -95,7 +114,11 @@ class Executor {
   // Blocks the host until the cycle's gradient reductions are done.
   void wait_for_reductions();
   double grad_norm();
-  void finish_step(const std::optional<UpdateArgs>& args);
+  Speculation finish_step(const std::optional<UpdateArgs>& args);
+  // The arguments a cycle's sub-groups are updated with during the backward pass, asked for once
+  // per cycle before the first of them (nullopt: wait for the step instead): the step's own when it
+  // is neither clipped nor skipped.
+  void set_speculation(std::function<std::optional<UpdateArgs>()> args) { speculation_ = std::move(args); }
 
   // Values of a block: fill(lo, hi, out) provides padded elements [lo, hi) in f32; every kind
   // this rank holds of the block (full parameters, parameter shard, master) is written from them,
@@ -124,6 +147,7 @@ class Executor {
     std::vector<Released> released;
   };
 
+  void register_io_buffers();
   void execute(const Action& a);
   // The tied block's reduced gradients summed with the other stage's copy (the step's first work).
   void tie_gradients();
@@ -148,8 +172,26 @@ class Executor {
   void update_norms(int sub_group, const UpdateArgs& args);
   void offload_grads(int bucket, bool add, Stream& rs);
   void swap_in(int sub_group, int slot);
-  void swap_out(int sub_group, int slot);
+  // Writes the sub-group's state to the copy the last step did not write (files with two copies):
+  // that copy becomes the current one at once, or, speculative, when the step commits.
+  void swap_out(int sub_group, int slot, bool speculative = false);
   void upload(int sub_group, int slot);
+  // The sub-group's parameters from its master weights as they were (a skipped step after a
+  // speculative update), for upload.
+  void restore(int sub_group, int slot);
+  // A swap_in, update, upload or swap_out of the cycle's program: with this cycle's speculative
+  // arguments, if there are.
+  void speculate(const Action& a);
+  // Where a sub-group's elements [lo, hi) (of the offloaded space) are in `buffer`'s swap file:
+  // its current copy, or the other one.
+  uint64_t file_offset(int buffer, int sub_group, size_t lo, bool other_copy = false) const;
+  // The pieces of an owned range of a swap file as (element offset in the buffer, elements, byte
+  // offset in the file): one, or one per sub-group where the file holds two copies.
+  struct FilePiece {
+    size_t at, numel;
+    uint64_t file_offset;
+  };
+  std::vector<FilePiece> file_pieces(const OwnedRange& r) const;
   // A sub-group's spans as optimizer steps, [0] without weight decay and [1] with, and where each
   // span's tensor norms are (null when the spans name no tensor).
   struct SubGroupSteps {
@@ -208,9 +250,19 @@ class Executor {
   std::vector<TensorView> landing_;
   std::vector<double> bucket_sumsq_;
   std::vector<std::unique_ptr<Event>> slot_ready_, slot_written_, slot_uploaded_;
+  // The offloaded sub-groups' updates and uploads run on their own stream, so that those of the
+  // backward pass run beside its compute.
+  std::unique_ptr<Stream> update_stream_;
+  // Per sub-group: which copy of a two-copy file holds its state (0 or 1), and whether this cycle
+  // wrote the other one speculatively.
+  std::vector<uint8_t> copy_;
+  std::vector<bool> speculated_;
+  std::function<std::optional<UpdateArgs>()> speculation_;
+  std::optional<UpdateArgs> speculative_args_;
+  bool speculation_asked_ = false;
   // Runs `transfers` (issue and wait) on a host callback's thread, counting bytes and time.
-  void timed_io(uint64_t read_bytes, uint64_t write_bytes, const std::function<void()>& transfers);
-  std::atomic<uint64_t> io_read_{0}, io_written_{0}, io_busy_ns_{0};
+  void timed_io(uint64_t read_bytes, uint64_t write_bytes, const std::function<void()>& transfers, bool optimizer = false);
+  std::atomic<uint64_t> io_read_{0}, io_written_{0}, io_busy_ns_{0}, optimizer_read_{0}, optimizer_written_{0};
   std::atomic<bool> io_failed_{false};
   mutable std::mutex io_error_mutex_;
   std::exception_ptr io_error_;  // the first failed swap-file transfer

@@ -37,7 +37,7 @@ size_t round_to_io(size_t bytes) { return (bytes + offload::kIoAlignment - 1) / 
 
 }  // namespace
 
-void Executor::timed_io(uint64_t read_bytes, uint64_t write_bytes, const std::function<void()>& transfers) {
+void Executor::timed_io(uint64_t read_bytes, uint64_t write_bytes, const std::function<void()>& transfers, bool optimizer) {
   // After a failed transfer nothing more is written: a slot whose read failed holds garbage, and
   // the files must keep the last good state. The error is raised again here (on this stream) and
   // by check_io() at the step (CUDA streams keep host errors to themselves).
@@ -58,6 +58,10 @@ void Executor::timed_io(uint64_t read_bytes, uint64_t write_bytes, const std::fu
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
   io_read_ += read_bytes;
   io_written_ += write_bytes;
+  if (optimizer) {
+    optimizer_read_ += read_bytes;
+    optimizer_written_ += write_bytes;
+  }
 }
 
 void Executor::check_io() const {
@@ -67,7 +71,7 @@ void Executor::check_io() const {
 }
 
 void Executor::drain_swaps() {
-  for (Stream* s : {swap_in_stream_.get(), swap_out_stream_.get(), gather_stream_.get()}) {
+  for (Stream* s : {swap_in_stream_.get(), update_stream_.get(), swap_out_stream_.get(), gather_stream_.get()}) {
     if (s != nullptr) s->synchronize();
   }
   check_io();
@@ -91,7 +95,10 @@ void wait_all(std::vector<offload::IoHandle>& handles) {
 
 }  // namespace
 
-SwapIo Executor::swap_io() const { return {io_read_.load(), io_written_.load(), static_cast<double>(io_busy_ns_.load()) * 1e-9}; }
+SwapIo Executor::swap_io() const {
+  return {io_read_.load(), io_written_.load(), static_cast<double>(io_busy_ns_.load()) * 1e-9, optimizer_read_.load(),
+          optimizer_written_.load()};
+}
 
 uint64_t Executor::swap_disk_bytes() const {
   uint64_t disk = 0;
@@ -149,61 +156,111 @@ void Executor::offload_grads(int index, bool add, Stream& rs) {
   for (int b : bucket.blocks) grad_reader_[b] = reduced_;
 }
 
+uint64_t Executor::file_offset(int buffer, int sub_group, size_t lo, bool other_copy) const {
+  const auto& pb = plan_.buffers[buffer];
+  const size_t copy = pb.two_copies ? static_cast<size_t>(copy_[sub_group] ^ (other_copy ? 1 : 0)) : 0;
+  return (lo + copy * (pb.numel / 2)) * dtype_size(pb.dtype);
+}
+
+std::vector<Executor::FilePiece> Executor::file_pieces(const OwnedRange& r) const {
+  const auto& pb = plan_.buffers[r.buffer];
+  if (!pb.two_copies) return {{r.offset, r.numel(), r.offset * dtype_size(pb.dtype)}};
+  // Sub-groups tile the offloaded space in order; a range may cross several.
+  std::vector<FilePiece> pieces;
+  const size_t end = r.offset + r.numel();
+  for (size_t g = 0; g < plan_.sub_groups.size(); ++g) {
+    if (!plan_.sub_group_offloaded(static_cast<int>(g))) continue;
+    const auto [lo, hi] = plan_.sub_group_extent[g];
+    const size_t a = std::max(lo, r.offset), e = std::min(hi, end);
+    if (a < e) pieces.push_back({a, e - a, file_offset(r.buffer, static_cast<int>(g), a)});
+  }
+  size_t covered = 0;
+  for (const auto& piece : pieces) covered += piece.numel;
+  ZEROTH_CHECK(covered == r.numel(), "the sub-groups cover {} of the {} elements of {} of block {}", covered, r.numel(),
+               state_kind_name(r.kind), plan_.blocks[r.block].name);
+  return pieces;
+}
+
 // See [Note: swap slots] in docs/ARCHITECTURE.md.
 void Executor::swap_in(int sub_group, int slot) {
   Stream& ss = *swap_in_stream_;
   ss.wait(*slot_written_[slot]);
   ss.wait(*slot_uploaded_[slot]);
+  // The gradients are in their file once the bucket's offload_grads is done (during the backward
+  // pass, the one just issued).
+  if (reduced_) ss.wait(*reduced_);
   const int b = plan_.sub_groups[sub_group].front().block;
   const auto [lo, hi] = plan_.sub_group_extent[sub_group];
   struct Read {
     offload::SwapFile* file;
     void* into;
+    uint64_t offset;
   };
   std::vector<Read> reads;
   for (StateKind kind : {StateKind::master, StateKind::moment0, StateKind::moment1, StateKind::grad_shard}) {
     const auto* r = plan_.find(kind, b);
     if (r == nullptr) continue;
     ZEROTH_CHECK(files_[r->buffer] != nullptr, "swap_in: {} is not in a swap file", state_kind_name(kind));
-    reads.push_back({files_[r->buffer].get(), state_at(kind, b, r->lo + (lo - r->offset), sub_group, slot)});
+    reads.push_back({files_[r->buffer].get(), state_at(kind, b, r->lo + (lo - r->offset), sub_group, slot),
+                     file_offset(r->buffer, sub_group, lo)});
   }
   ss.enqueue_host([reads, lo, hi, this] {
     const size_t bytes = round_to_io((hi - lo) * sizeof(float));
-    timed_io(bytes * reads.size(), 0, [&] {
+    timed_io(
+        bytes * reads.size(), 0,
+        [&] {
       std::vector<offload::IoHandle> handles;
-      for (const auto& r : reads) handles.push_back(r.file->read(r.into, bytes, lo * sizeof(float)));
+      for (const auto& r : reads) handles.push_back(r.file->read(r.into, bytes, r.offset));
       wait_all(handles);
-    });
+        },
+        true);
   });
   slot_ready_[slot]->record(ss);
 }
 
-void Executor::swap_out(int sub_group, int slot) {
+void Executor::swap_out(int sub_group, int slot, bool speculative) {
   Stream& ws = *swap_out_stream_;
-  ws.wait(*record(compute_stream()));
+  ws.wait(*record(*update_stream_));
   const int b = plan_.sub_groups[sub_group].front().block;
   const auto [lo, hi] = plan_.sub_group_extent[sub_group];
-  std::vector<std::pair<offload::SwapFile*, const void*>> writes;
+  struct Write {
+    offload::SwapFile* file;
+    const void* from;
+    uint64_t offset;
+  };
+  std::vector<Write> writes;
+  bool two_copies = false;
   // The gradients are not written back: the next cycle replaces them.
   for (StateKind kind : {StateKind::master, StateKind::moment0, StateKind::moment1}) {
     const auto* r = plan_.find(kind, b);
     if (r == nullptr) continue;
-    writes.emplace_back(files_[r->buffer].get(), state_at(kind, b, r->lo + (lo - r->offset), sub_group, slot));
+    two_copies = two_copies || plan_.buffers[r->buffer].two_copies;
+    writes.push_back({files_[r->buffer].get(), state_at(kind, b, r->lo + (lo - r->offset), sub_group, slot),
+                      file_offset(r->buffer, sub_group, lo, true)});
   }
   ws.enqueue_host([writes, lo, hi, this] {
     const size_t bytes = round_to_io((hi - lo) * sizeof(float));
-    timed_io(0, bytes * writes.size(), [&] {
+    timed_io(
+        0, bytes * writes.size(),
+        [&] {
       std::vector<offload::IoHandle> handles;
-      for (const auto& [file, from] : writes) handles.push_back(file->write(from, bytes, lo * sizeof(float)));
+      for (const auto& w : writes) handles.push_back(w.file->write(w.from, bytes, w.offset));
       wait_all(handles);
-    });
+        },
+        true);
   });
   slot_written_[slot]->record(ws);
+  // Reads enqueued from now on see the new copy: the next one of this sub-group's slot waits for
+  // this write (slot_written_).
+  if (two_copies) {
+    if (speculative) speculated_[sub_group] = true;
+    else copy_[sub_group] ^= 1;
+  }
 }
 
 void Executor::upload(int sub_group, int slot) {
-  Stream& gs = *gather_stream_;
-  gs.wait(*record(compute_stream()));
+  // After the update, on its stream.
+  Stream& us = *update_stream_;
   const size_t c = dtype_size(plan_.compute_dtype);
   const auto& spans = plan_.sub_groups[sub_group];
   const auto& first = plan_.range(StateKind::param_shard, spans.front().block);
@@ -217,8 +274,11 @@ void Executor::upload(int sub_group, int slot) {
     const void* from = plan_.param_out >= 0 ? param_out_at(sub_group, slot, master, spans.front().lo)
                                             : state_at(StateKind::master, spans.front().block, spans.front().lo, sub_group, slot);
     const size_t bytes = round_to_io((hi - lo) * c);
-    gs.enqueue_host([=, this] { timed_io(0, bytes, [&] { file->write(from, bytes, at).wait(); }); });
-    slot_uploaded_[slot]->record(gs);
+    us.enqueue_host([=, this] {
+      timed_io(
+          0, bytes, [&] { file->write(from, bytes, at).wait(); }, true);
+    });
+    slot_uploaded_[slot]->record(us);
     return;
   }
   // Spans of one block that touch are one copy.
@@ -230,10 +290,10 @@ void Executor::upload(int sub_group, int slot) {
     const auto& master = plan_.range(StateKind::master, b);
     const void* from = plan_.param_out >= 0 ? param_out_at(sub_group, slot, master, lo)
                                             : state_at(StateKind::master, b, lo, sub_group, slot);
-    device_.copy(gs, at(plan_.range(StateKind::param_shard, b), lo), from, (hi - lo) * c);
+    device_.copy(us, at(plan_.range(StateKind::param_shard, b), lo), from, (hi - lo) * c);
     i = j;
   }
-  slot_uploaded_[slot]->record(gs);
+  slot_uploaded_[slot]->record(us);
 }
 
 void Executor::read_owned(const OwnedRange& r, void* out) {
@@ -247,7 +307,10 @@ void Executor::read_owned(const OwnedRange& r, void* out) {
   // The last step's write-backs may still be on their way to the file.
   swap_out_stream_->synchronize();
   if (scratch_io_.size() < round_to_io(bytes)) scratch_io_ = offload::AlignedBuffer(round_to_io(bytes));
-  files_[r.buffer]->read(scratch_io_.data(), round_to_io(bytes), r.offset * dtype_size(plan_.buffers[r.buffer].dtype)).wait();
+  const size_t e = dtype_size(plan_.buffers[r.buffer].dtype);
+  // Pieces start on the files' I/O alignment (sub-groups do), so each lands where it belongs.
+  for (const auto& piece : file_pieces(r))
+    files_[r.buffer]->read(scratch_io_.data() + (piece.at - r.offset) * e, round_to_io(piece.numel * e), piece.file_offset).wait();
   std::memcpy(out, scratch_io_.data(), bytes);
 }
 
@@ -276,7 +339,9 @@ void Executor::write_owned(const OwnedRange& r, const void* values) {
   if (scratch_io_.size() < length) scratch_io_ = offload::AlignedBuffer(length);
   std::memcpy(scratch_io_.data(), values, bytes);
   std::memset(scratch_io_.data() + bytes, 0, length - bytes);
-  files_[r.buffer]->write(scratch_io_.data(), length, r.offset * dtype_size(plan_.buffers[r.buffer].dtype)).wait();
+  const size_t e = dtype_size(plan_.buffers[r.buffer].dtype);
+  for (const auto& piece : file_pieces(r))
+    files_[r.buffer]->write(scratch_io_.data() + (piece.at - r.offset) * e, round_to_io(piece.numel * e), piece.file_offset).wait();
 }
 
 void Executor::gather_shards(Stream& gs, int block, TensorView full) {

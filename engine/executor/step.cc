@@ -116,33 +116,88 @@ TensorView Executor::reduced_grads(int bucket) const {
   return {at(first, first.lo), n, DType::f32};
 }
 
-void Executor::finish_step(const std::optional<UpdateArgs>& args) {
+Speculation Executor::finish_step(const std::optional<UpdateArgs>& args) {
   Stream& cs = compute_stream();
   Stream& gs = *gather_stream_;
-  // A skipped step changes no state; it only clears what the cycle accumulated.
+  bool speculated = false;
+  for (bool s : speculated_) speculated = speculated || s;
+  const bool commit = speculated && args && speculative_args_ == args;
+  const Speculation outcome = !speculated ? Speculation::none
+                              : commit    ? Speculation::committed
+                              : args      ? Speculation::redone
+                                          : Speculation::restored;
+  auto sub_group_action = [](ActionKind k) {
+    return k == ActionKind::swap_in || k == ActionKind::update || k == ActionKind::upload || k == ActionKind::swap_out;
+  };
+  // A skipped step changes no state; it only clears what the cycle accumulated (and puts back the
+  // parameters a speculative update changed).
   for (const auto& a : plan_.step_program) {
+    const int slot = static_cast<int>(a.offset);
+    if (sub_group_action(a.kind) && speculated_[a.target]) {
+      if (commit) continue;
+      if (!args) {
+        if (a.kind == ActionKind::swap_in) swap_in(a.target, slot);
+        if (a.kind == ActionKind::update) restore(a.target, slot);
+        if (a.kind == ActionKind::upload) upload(a.target, slot);
+        continue;
+      }
+    }
     if (a.kind == ActionKind::update_norms && args) update_norms(a.target, *args);
     if (a.kind == ActionKind::sum_norms && args) sum_tensor_norms(a.flag);
-    if (a.kind == ActionKind::update && args) update(a.target, static_cast<int>(a.offset), *args);
-    if (a.kind == ActionKind::upload && args) upload(a.target, static_cast<int>(a.offset));
-    if (a.kind == ActionKind::swap_in && args) swap_in(a.target, static_cast<int>(a.offset));
-    if (a.kind == ActionKind::swap_out && args) swap_out(a.target, static_cast<int>(a.offset));
+    if (a.kind == ActionKind::update && args) update(a.target, slot, *args);
+    if (a.kind == ActionKind::upload && args) upload(a.target, slot);
+    if (a.kind == ActionKind::swap_in && args) swap_in(a.target, slot);
+    if (a.kind == ActionKind::swap_out && args) swap_out(a.target, slot);
     if (a.kind == ActionKind::zero) device_.fill(cs, buffer_view(a.target), 0.0f);
   }
+  for (size_t g = 0; g < speculated_.size(); ++g) {
+    if (speculated_[g] && commit) copy_[g] ^= 1;
+    speculated_[g] = false;
+  }
+  speculative_args_.reset();
+  speculation_asked_ = false;
   // Whatever the gather stream reads next (this step's post-step gathers, the next cycle's
-  // gathers of parameter shards) must see the update.
+  // gathers of parameter shards) must see the update and the uploads.
   gs.wait(*record(cs));
-  bool gathered = false;
+  if (update_stream_) gs.wait(*record(*update_stream_));
   for (const auto& a : plan_.step_program) {
-    if (a.kind != ActionKind::all_gather || !args) continue;
-    all_gather(a.target);
-    gathered = true;
+    if (a.kind == ActionKind::all_gather && args) all_gather(a.target);
   }
   // The next cycle's gathers may run on the compute stream (overlap_comm false), reading the shards
-  // the uploads above wrote on the gather stream: it waits for them, as for the post-step gathers.
-  if (gathered || args) cs.wait(*record(gs));
+  // the uploads above wrote: it waits for them, as for the post-step gathers.
+  cs.wait(*record(gs));
   check_io();
   cursor_ = 0;
+  return outcome;
+}
+
+void Executor::speculate(const Action& a) {
+  if (!speculation_asked_) {
+    speculative_args_ = speculation_ ? speculation_() : std::nullopt;
+    speculation_asked_ = true;
+  }
+  if (!speculative_args_) return;
+  const int slot = static_cast<int>(a.offset);
+  switch (a.kind) {
+    case ActionKind::swap_in: return swap_in(a.target, slot);
+    case ActionKind::update: return update(a.target, slot, *speculative_args_);
+    case ActionKind::upload: return upload(a.target, slot);
+    case ActionKind::swap_out: return swap_out(a.target, slot, true);
+    default: ZEROTH_THROW(InvalidArgument, "action {} is not a sub-group's", action_name(a.kind));
+  }
+}
+
+void Executor::restore(int sub_group, int slot) {
+  Stream& us = *update_stream_;
+  us.wait(*slot_ready_[slot]);
+  if (plan_.param_out < 0) return;  // f32: the upload copies the master weights themselves
+  us.wait(*slot_uploaded_[slot]);
+  auto g = sub_group_steps(sub_group, slot, UpdateArgs{});
+  us.enqueue_host([g = std::move(g)] {
+    for (const auto& steps : g.steps) {
+      for (const auto& st : steps) cpu::cast(st.params, DType::f32, st.copy_out, st.copy_out_type, st.count);
+    }
+  });
 }
 
 Executor::SubGroupSteps Executor::sub_group_steps(int sub_group, int slot, const UpdateArgs& args) const {
@@ -215,12 +270,15 @@ void Executor::update(int sub_group, int slot, const UpdateArgs& args) {
   auto g = sub_group_steps(sub_group, slot, args);
   // Spans that name their tensor read its summed norms (the second pass of Lamb).
   const bool per_tensor = !plan_.sub_groups[sub_group].empty() && plan_.sub_groups[sub_group].front().tensor >= 0;
-  Stream& cs = compute_stream();
   const bool offloaded = plan_.sub_group_offloaded(sub_group);
+  // Offloaded sub-groups are updated on the host, beside the device's compute.
+  Stream& cs = offloaded ? *update_stream_ : compute_stream();
   if (offloaded) {
     // The slot's state must have arrived, and its parameters of two sub-groups ago have left.
     if (plan_.swap_slots >= 0) cs.wait(*slot_ready_[slot]);
     if (plan_.param_out >= 0) cs.wait(*slot_uploaded_[slot]);
+    // The gradients: on their way from the device (offload_grads) until the reductions are done.
+    if (reduced_) cs.wait(*reduced_);
   }
   if (device_.kind() == DeviceKind::cuda && !offloaded) {
     for (int d = 0; d < 2; ++d) {

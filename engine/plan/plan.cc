@@ -252,6 +252,19 @@ void tie_block(Plan& p, int block, bool counts_in_norm) {
   p.tied_block = block;
   p.tied_in_norm = counts_in_norm;
   if (!counts_in_norm) p.blocks[block].norm_excluded = {{0, p.blocks[block].padded}};
+  // Its gradients change at the step (summed with the other stage's copy): its sub-groups are
+  // updated there, not during the backward pass.
+  for (size_t g = 0; g < p.in_backward.size(); ++g) {
+    if (!p.in_backward[g]) continue;
+    bool tied = false;
+    for (const auto& span : p.sub_groups[g]) tied = tied || span.block == block;
+    if (!tied) continue;
+    p.in_backward[g] = false;
+    std::erase_if(p.program, [&](const Action& a) {
+      return a.target == static_cast<int>(g) && (a.kind == ActionKind::swap_in || a.kind == ActionKind::update ||
+                                                 a.kind == ActionKind::upload || a.kind == ActionKind::swap_out);
+    });
+  }
   const OwnedRange& r = p.range(StateKind::grad_shard, block);
   if (p.buffers[r.buffer].tier != Tier::device) {
     p.tie_staging = add_buffer(p, "tie_staging", MemTag::buffers, DType::f32, r.numel());
@@ -430,6 +443,7 @@ Plan make_plan(const std::vector<BlockSpec>& specs, const std::vector<BlockSched
                   config.optimizer.kind == OptimizerKind::lamb);
   add_offload_buffers(p, config);
   build_step_program(p, z.offload_optimizer, update_slot_count(z.offload_optimizer));
+  schedule_updates_in_backward(p, z.offload_optimizer);
   for (const auto& buf : p.buffers) at(p.bytes, buf.tier, buf.tag) += buf.bytes();
   return p;
 }

@@ -51,6 +51,10 @@ struct PlannedBuffer {
   DType dtype = DType::f32;
   size_t numel = 0;
   bool zeroed = false;  // starts at zero (moments, gradient accumulators)
+  // A swap file holding two copies of its state (numel counts both): the master weights and
+  // moments of sub-groups updated during the backward pass, whose new values go to the copy the
+  // last step did not write until the step commits (Plan::in_backward).
+  bool two_copies = false;
   size_t bytes() const { return numel * dtype_size(dtype); }
 };
 
@@ -231,6 +235,10 @@ struct Plan {
   // counted from the offloaded part's start for offloaded sub-groups): contiguous, so one read and
   // one write per array move a sub-group to and from its swap file.
   std::vector<std::array<size_t, 2>> sub_group_extent;
+  // Sub-groups the cycle's program updates during the backward pass, as soon as their gradients
+  // are final (offload_optimizer.overlap_backward): swap_in, update, upload and swap_out actions
+  // after the offload_grads that completes them. The step commits their result, or redoes them.
+  std::vector<bool> in_backward;
   // The leading reduce buckets (in shard order) whose reduced gradients and optimizer state stay
   // on the device: every bucket without offload_optimizer, those that fit in (1 - ratio) of the
   // owned space with it. device_owned: the owned elements they hold (the offloaded part's start).
@@ -324,5 +332,10 @@ ArenaSizes build_programs(Plan& plan, const std::vector<BlockSchedule>& schedule
 // The step's program, on a plan whose sub-groups and offload buffers are made; `slots`: the host
 // slots offloaded sub-groups take turns in.
 void build_step_program(Plan& plan, const OffloadConfig& offload, size_t slots);
+// With offload_optimizer.overlap_backward on swapped state: each offloaded sub-group's swap_in,
+// update, upload and swap_out go into the cycle's program right after the offload_grads that
+// makes its gradients final (in the slots the step program gives it), and its master and moment
+// files hold two copies. On a plan after build_step_program.
+void schedule_updates_in_backward(Plan& plan, const OffloadConfig& offload);
 
 }  // namespace zeroth

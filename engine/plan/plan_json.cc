@@ -99,8 +99,10 @@ nlohmann::json Plan::to_json() const {
                     {"tag", mem_tag_name(b.tag)},
                     {"dtype", dtype_name(b.dtype)},
                     {"numel", b.numel},
-                    {"bytes", b.bytes()}});
+                    {"bytes", b.bytes()},
+                    {"two_copies", b.two_copies}});
   }
+  j["in_backward"] = in_backward;
   auto& jo = j["owned"] = nlohmann::json::array();
   for (const auto& o : owned) {
     jo.push_back({{"kind", state_kind_name(o.kind)},
@@ -216,6 +218,22 @@ std::string Plan::table() const {
         "  optimizer state of {} of {} reduce bucket(s) kept on the device ({} of {} owned elements, {:.1f}%), the rest offloaded\n",
         device_buckets, buckets, device_owned, shard_numel,
         100.0 * static_cast<double>(device_owned) / static_cast<double>(shard_numel));
+  }
+  int early = 0, at_end = 0, offloaded = 0;
+  size_t last_reduction = 0;
+  for (size_t i = 0; i < program.size(); ++i)
+    if (program[i].kind == ActionKind::offload_grads) last_reduction = i;
+  for (size_t i = 0; i < program.size(); ++i) {
+    if (program[i].kind != ActionKind::update) continue;
+    ++early;
+    at_end += i > last_reduction;
+  }
+  for (size_t g = 0; g < sub_groups.size(); ++g) offloaded += sub_group_offloaded(static_cast<int>(g));
+  if (early > 0) {
+    out += fmt::format(
+        "  optimizer: {} of {} offloaded sub-group(s) updated during the backward pass as their reduce buckets complete ({} after "
+        "the last one), speculating the step is neither clipped nor skipped; master weights and moments in two copies\n",
+        early, offloaded, at_end);
   }
   for (size_t t = 0; t < kTierCount; ++t) {
     const size_t total = tier_total(bytes, static_cast<Tier>(t));

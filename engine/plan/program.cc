@@ -1,9 +1,11 @@
 // The programs: a dry run of one accumulation cycle (every micro-batch's passes in the planned
 // order) and of one evaluation pass, which places every transient buffer and records each action
 // against the block use it belongs to, so the executor only replays decisions made here; and the
-// step's program (norms, sub-group updates with their swaps, the post-step gathers).
+// step's program (norms, sub-group updates with their swaps, the post-step gathers); and the
+// offloaded sub-groups' updates moved into the backward pass.
 #include <algorithm>  // std::max, std::min
-#include <map>        // std::map
+#include <cstdint>    // SIZE_MAX
+#include <map>        // std::map, std::multimap
 #include <set>        // std::set
 
 #include "core/error.h"  // ZEROTH_CHECK
@@ -288,6 +290,59 @@ void build_step_program(Plan& p, const OffloadConfig& offload, size_t slots) {
   if (const auto* accum = p.find(StateKind::grad_accum, p.shard_order.front())) add(ActionKind::zero, accum->buffer);
   if (p.tensor_norms >= 0) add(ActionKind::zero, p.tensor_norms);
   for (size_t k = 0; k < p.gather_buckets.size(); ++k) add(ActionKind::all_gather, static_cast<int>(k));
+}
+
+void schedule_updates_in_backward(Plan& p, const OffloadConfig& offload) {
+  const size_t groups = p.sub_groups.size();
+  p.in_backward.assign(groups, false);
+  if (!offload.overlap_backward || p.swap_slots < 0) return;
+  // The gradients of a bucket are final after its last offload_grads of the cycle.
+  std::vector<size_t> final_at(p.reduce_buckets.size(), SIZE_MAX);
+  for (size_t i = 0; i < p.program.size(); ++i)
+    if (p.program[i].kind == ActionKind::offload_grads) final_at[p.program[i].target] = i;
+  std::vector<size_t> slot(groups, 0);
+  for (const auto& a : p.step_program)
+    if (a.kind == ActionKind::update) slot[a.target] = a.offset;
+  // Per program position, the sub-groups that become ready there, in sub-group order (the order
+  // their slots rotate in).
+  std::multimap<size_t, int> ready;
+  for (size_t g = 0; g < groups; ++g) {
+    if (!p.sub_group_offloaded(static_cast<int>(g))) continue;
+    size_t at = 0;
+    for (const auto& span : p.sub_groups[g]) at = std::max(at, final_at[p.blocks[span.block].reduce_bucket]);
+    if (at == SIZE_MAX) continue;
+    ready.emplace(at, static_cast<int>(g));
+    p.in_backward[g] = true;
+  }
+  if (ready.empty()) return;
+  std::vector<Action> program;
+  for (size_t i = 0; i < p.program.size(); ++i) {
+    program.push_back(p.program[i]);
+    auto [from, to] = ready.equal_range(i);
+    for (auto it = from; it != to; ++it) {
+      for (ActionKind kind : {ActionKind::swap_in, ActionKind::update, ActionKind::upload, ActionKind::swap_out}) {
+        Action a = p.program[i];
+        a.kind = kind;
+        a.target = it->second;
+        a.offset = slot[it->second];
+        a.flag = false;
+        a.serial = false;
+        program.push_back(a);
+      }
+    }
+  }
+  p.program = std::move(program);
+  // The step's values go to the copy the last step did not write, so a step that is clipped or
+  // skipped after all still finds the state it started from.
+  for (int g = 0; g < static_cast<int>(groups); ++g) {
+    if (!p.in_backward[g]) continue;
+    for (StateKind kind : {StateKind::master, StateKind::moment0, StateKind::moment1}) {
+      const auto* r = p.find(kind, p.sub_groups[g].front().block);
+      if (r == nullptr || p.buffers[r->buffer].two_copies) continue;
+      p.buffers[r->buffer].two_copies = true;
+      p.buffers[r->buffer].numel *= 2;
+    }
+  }
 }
 
 }  // namespace zeroth

@@ -22,6 +22,7 @@
 
 #include "comm/local/local_comm.h"
 #include "core/error.h"
+#include "tests/engine/executor/swap_folder.h"
 #include "tests/engine/mlp_harness.h"
 
 namespace zeroth {
@@ -31,24 +32,7 @@ using testing::MlpRun;
 using testing::RankResult;
 using testing::run_ranks;
 
-// A folder for swap files on the disk the tests run from, removed when the test process ends
-// (the swap files in it are unlinked as soon as they are made).
-const std::string& swap_dir() {
-  struct Folder {
-    std::string path;
-    ~Folder() {
-      std::error_code ignored;
-      std::filesystem::remove_all(path, ignored);
-    }
-  };
-  static const Folder dir{[] {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string path = fmt::format("{}/zeroth-offload-test-{}", tmp != nullptr ? tmp : "/tmp", ::getpid());
-    ::mkdir(path.c_str(), 0700);
-    return path;
-  }()};
-  return dir.path;
-}
+using testing::swap_dir;
 
 struct Case {
   int stage, dp, gas;

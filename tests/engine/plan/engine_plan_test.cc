@@ -206,7 +206,11 @@ TEST(Plan, OffloadRatioKeepsTheLeadingBucketsOnTheDeviceAndSwapsTheRest) {
   };
   for (const char* name : {"master", "moment0", "moment1", "grad_shard"}) {
     EXPECT_EQ(buffer(name).tier, Tier::nvme) << name;
-    EXPECT_EQ(buffer(name).numel, 3072u) << name;
+    // Master weights and moments hold two copies (updates during the backward pass write the one
+    // the last step did not); gradients one.
+    const bool two_copies = std::string(name) != "grad_shard";
+    EXPECT_EQ(buffer(name).two_copies, two_copies) << name;
+    EXPECT_EQ(buffer(name).numel, two_copies ? 6144u : 3072u) << name;
     // f32 parameters kept on the device are their own master, as without offload.
     const bool own_buffer = std::string(name) != "master";
     const PlannedBuffer kept = buffer(std::string("device_") + name);
@@ -238,6 +242,30 @@ TEST(Plan, OffloadRatioKeepsTheLeadingBucketsOnTheDeviceAndSwapsTheRest) {
   }
   EXPECT_EQ(offloaded_buckets, std::vector<int>{plan.blocks[0].reduce_bucket});
   EXPECT_NE(plan.table().find("1 of 2 reduce bucket(s) kept on the device"), std::string::npos) << plan.table();
+  // offload_optimizer.overlap_backward (the default): the offloaded sub-groups are updated during
+  // the backward pass, right after the offload_grads that makes their gradients final (a's, the
+  // last block's backward), in the slots the step program gives them.
+  std::string in_backward;
+  bool after_offload = false;
+  for (const auto& a : plan.program) {
+    if (a.kind == ActionKind::offload_grads) after_offload = true;
+    if (a.kind == ActionKind::swap_in || a.kind == ActionKind::update || a.kind == ActionKind::upload ||
+        a.kind == ActionKind::swap_out) {
+      EXPECT_TRUE(after_offload) << action_name(a.kind) << " " << a.target;
+      EXPECT_EQ(a.block, 0);
+      in_backward += fmt::format("{} {}/{} ", action_name(a.kind), a.target, a.offset);
+    }
+  }
+  EXPECT_EQ(in_backward,
+            "swap_in 1/0 update 1/0 upload 1/0 swap_out 1/0 swap_in 2/1 update 2/1 upload 2/1 swap_out 2/1 swap_in 3/2 update 3/2 "
+            "upload 3/2 swap_out 3/2 ");
+  EXPECT_EQ(plan.in_backward, (std::vector<bool>{false, true, true, true}));
+  auto serial = c;
+  serial.zero.offload_optimizer.overlap_backward = false;
+  const auto serial_plan = make_plan(blocks, default_schedule(2), serial, 1, 0);
+  EXPECT_EQ(serial_plan.in_backward, std::vector<bool>(4, false));
+  EXPECT_EQ(serial_plan.step_program, plan.step_program);
+  EXPECT_EQ(serial_plan.program.size() + 12, plan.program.size());
 
   c.zero.offload_optimizer.device = OffloadDevice::cpu;  // the same padding as in the device
   c.zero.offload_optimizer.ratio = 0;
