@@ -2,14 +2,23 @@
 // (stage 3, optimizer state and parameters in swap files), run by the engine itself on an MLP
 // of the requested state size, timed from the end of the gradient reductions until the last
 // write-back reached its file.
+#include <unistd.h>  // getpid, unlink
+
 #include <algorithm>  // std::max
+#include <chrono>     // std::chrono::steady_clock
+#include <cstring>    // std::memset
+#include <deque>      // std::deque
 #include <random>     // std::mt19937
 #include <vector>     // std::vector
 
-#include "comm/local/local_comm.h"  // make_local_communicators
-#include "core/error.h"             // ZEROTH_CHECK
-#include "engine/engine.h"          // Engine
-#include "models/mlp/mlp.h"         // Mlp
+#include <fmt/format.h>  // fmt::format
+
+#include "comm/local/local_comm.h"   // make_local_communicators
+#include "core/error.h"              // ZEROTH_CHECK
+#include "engine/engine.h"           // Engine
+#include "models/mlp/mlp.h"          // Mlp
+#include "offload/aio.h"             // offload::AsyncFile
+#include "offload/aligned_buffer.h"  // offload::AlignedBuffer
 #include "tools/bench_offload.h"
 
 namespace zeroth::tools {
@@ -35,6 +44,8 @@ EngineConfig swapper_config(const std::string& folder, const SwapperSetting& s) 
     o->nvme_path = folder;
     o->pin_memory = true;
   }
+  // The optimizer phase as DeepSpeed runs it, after the backward pass: what this bench times.
+  c.zero.offload_optimizer.overlap_backward = false;
   c.aio.block_size = s.block_size;
   c.aio.queue_depth = s.queue_depth;
   c.aio.threads = s.threads;
@@ -105,5 +116,42 @@ double SwapperBench::step() {
 uint64_t SwapperBench::params() const { return state_->engine.plan().total_numel; }
 uint64_t SwapperBench::padded_params() const { return state_->engine.plan().total_padded; }
 std::size_t SwapperBench::sub_groups() const { return state_->engine.plan().sub_groups.size(); }
+
+RawRates measure_raw_rates(const std::string& folder, std::size_t bytes, const SwapperSetting& setting) {
+  const std::string path = fmt::format("{}/zeroth-raw-{}.bin", folder, ::getpid());
+  struct Remove {
+    std::string path;
+    ~Remove() { ::unlink(path.c_str()); }
+  } remove{path};
+  offload::AsyncFile file(path, offload::AsyncFile::Mode::read_write,
+                          offload::IoOptions{.block_size = setting.block_size,
+                                             .queue_depth = setting.queue_depth,
+                                             .threads = setting.threads});
+  // Requests of what the rings hold, two in flight (the engine's swaps keep its rings full the same way).
+  const std::size_t request = std::min(bytes, setting.block_size * setting.queue_depth * setting.threads);
+  offload::AlignedBuffer pool(2 * request);
+  std::memset(pool.data(), 0x5A, pool.size());
+  auto pass = [&](bool write) {
+    std::deque<offload::IoHandle> pending;
+    const auto t0 = std::chrono::steady_clock::now();
+    std::size_t i = 0;
+    for (std::size_t offset = 0; offset < bytes; offset += request, ++i) {
+      if (pending.size() == 2) {
+        pending.front().wait();
+        pending.pop_front();
+      }
+      std::byte* buffer = pool.data() + (i % 2) * request;
+      const std::size_t length = std::min(request, bytes - offset);
+      pending.push_back(write ? file.write(buffer, length, offset) : file.read(buffer, length, offset));
+    }
+    for (auto& h : pending) h.wait();
+    return static_cast<double>(bytes) / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 1e9;
+  };
+  pass(true);  // the first pass allocates the file's blocks; the measured ones overwrite them, as swaps do
+  RawRates rates;
+  rates.write_gbps = pass(true);
+  rates.read_gbps = pass(false);
+  return rates;
+}
 
 }  // namespace zeroth::tools
