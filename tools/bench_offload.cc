@@ -207,21 +207,34 @@ class OffloadBench {
     return std::chrono::duration<double>(clock::now() - t0).count();
   }
 
-  // fio's sequential write then read of the same file (one job after the other), GB/s each.
+  // fio's sequential write then read of the same file (one job after the other), GB/s each, set up
+  // as a user tuning fio would and as zeroth runs: buffers in 2 MiB huge pages (glibc's malloc
+  // tunables, fio's iomem_align), registered with the ring (fixedbufs, where zeroth's are) and the
+  // file registered too, a whole depth submitted at once and half reaped per wait; zeroth's
+  // threads as jobs over equal slices of the file, its SQPOLL as fio's.
   std::pair<double, double> run_fio(const Setting& s) {
-    const std::vector<std::string> argv = {*fio_, "--output-format=json",
-                                           // Jobs as threads of the one process the parent-death
-                                           // signal kills; forked job processes outlived it.
-                                           "--thread", "--filename=" + data_path_, fmt::format("--size={}", size_),
-                                           fmt::format("--bs={}", s.block_size), fmt::format("--iodepth={}", s.queue_depth),
-                                           "--ioengine=io_uring", "--direct=1", "--name=write", "--rw=write", "--name=read",
-                                           "--stonewall", "--rw=read"};
-    const ProcessResult fio = run_process(argv);
+    const unsigned jobs = s.threads;
+    const std::size_t slice = size_ / jobs;
+    std::vector<std::string> argv = {*fio_, "--output-format=json",
+                                     // Jobs as threads of the one process the parent-death
+                                     // signal kills; forked job processes outlived it.
+                                     "--thread", "--filename=" + data_path_, fmt::format("--size={}", slice),
+                                     fmt::format("--bs={}", s.block_size), fmt::format("--iodepth={}", s.queue_depth),
+                                     fmt::format("--iodepth_batch_submit={}", s.queue_depth),
+                                     fmt::format("--iodepth_batch_complete_min={}", std::max(1u, s.queue_depth / 2)),
+                                     "--ioengine=io_uring", "--direct=1", "--registerfiles", "--iomem_align=2m",
+                                     fmt::format("--numjobs={}", jobs), fmt::format("--offset_increment={}", slice),
+                                     "--group_reporting"};
+    if (s.registered) argv.push_back("--fixedbufs");
+    if (s.sqpoll) argv.push_back("--sqthread_poll=1");
+    for (const char* job : {"--name=write", "--rw=write", "--name=read", "--stonewall", "--rw=read"}) argv.push_back(job);
+    const ProcessResult fio = run_process(argv, {{"GLIBC_TUNABLES", "glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold=131072"}});
     if (fio.status != 0) ZEROTH_THROW(IoError, "fio exited with status {}: {}", fio.status, fio.err);
     try {
       const auto report = nlohmann::json::parse(fio.out);
-      const auto& jobs = report.at("jobs");
-      return {jobs.at(0).at("write").at("bw_bytes").get<double>() / 1e9, jobs.at(1).at("read").at("bw_bytes").get<double>() / 1e9};
+      const auto& jobs_report = report.at("jobs");
+      return {jobs_report.at(0).at("write").at("bw_bytes").get<double>() / 1e9,
+              jobs_report.at(1).at("read").at("bw_bytes").get<double>() / 1e9};
     } catch (const nlohmann::json::exception& e) {
       ZEROTH_THROW(IoError, "fio's report is not the JSON fio 3 writes ({}): {}{}", e.what(), fio.out, fio.err);
     }
@@ -318,7 +331,12 @@ void run(const Options& o) {
                 o.path.c_str(), bench.direct() ? "O_DIRECT" : "buffered (O_DIRECT refused)", o.reps);
     if (!bench.io_uring()) std::printf("io_uring is refused here: the workers run pread/pwrite\n");
     std::printf("%s\n",
-                fio ? fmt::format("reference: {} (ioengine=io_uring, direct=1, same file, block size and depth)", fio_version).c_str()
+                fio ? fmt::format("reference: {} on the same file at every point: ioengine=io_uring, direct=1, same block size and "
+                                  "depth, numjobs = threads, sqthread_poll with sqpoll, fixedbufs where registered, registerfiles, "
+                                  "iodepth_batch_submit = depth, iodepth_batch_complete_min = depth / 2, iomem_align=2m with glibc's "
+                                  "huge-page malloc",
+                                  fio_version)
+                          .c_str()
                     : "reference: none (fio is not on PATH)");
     std::printf("%10s %6s %8s %7s %11s %11s %10s%s\n", "block", "depth", "threads", "sqpoll", "registered", "write GB/s", "read GB/s",
                 fio ? "  fio write   fio read" : "");
@@ -351,12 +369,12 @@ void run(const Options& o) {
   for (unsigned t : kThreads) {
     const Point* base = best_where(
         [&](const Setting& s) { return s.threads == 1 && s.block_size * s.queue_depth * t <= kMaxInFlight; });
-    if (base != nullptr) measure({base->setting.block_size, base->setting.queue_depth, t}, false);
+    if (base != nullptr) measure({base->setting.block_size, base->setting.queue_depth, t}, true);
   }
   const Setting top = best().setting;
   if (bench.io_uring()) {
-    measure({top.block_size, top.queue_depth, top.threads, true}, false);
-    measure({top.block_size, top.queue_depth, top.threads, false, false}, false);
+    measure({top.block_size, top.queue_depth, top.threads, true}, true);
+    measure({top.block_size, top.queue_depth, top.threads, false, false}, true);
   }
   const Point chosen = best();
 
@@ -478,7 +496,8 @@ void add_bench_offload_command(CLI::App& bench) {
   cmd->add_option("--reps", options->reps, "Repetitions per point; the median is reported (default 3)");
   cmd->add_flag("--full-sweep", options->full_sweep, "Every block size x queue depth (default: depths at 1 MiB, then block sizes)");
   cmd->add_flag("--small-pages", options->small_pages,
-                "Host buffers in 4 KiB pages, as fio's are (default: 2 MiB pages where the kernel has transparent huge pages)");
+                "Host buffers in 4 KiB pages (default: 2 MiB pages where the kernel has transparent huge pages, as fio's are given "
+                "here)");
   cmd->add_option("--sub-group-size", options->sub_group_size,
                   "The swapper's zero_optimization.sub_group_size, in elements (default 25000000)");
   cmd->add_option("--device", options->device, "cpu, or cuda[:N] to add host<->GPU copy rates (default cpu)");
