@@ -34,6 +34,7 @@
 #include "engine/plan/plan.h"        // make_plan
 #include "train/generate.h"          // generate
 #include "train/trainer.h"           // train
+#include "tools/step_lines.h"        // wall_clock_line
 #include "models/gpt/gpt.h"          // Gpt
 #include "models/threads.h"          // share_cores
 #include "tools/commands.h"
@@ -264,27 +265,7 @@ class Console final : public TrainObserver {
   }
 
   // DeepSpeed's wall_clock_breakdown line, printed with the step line.
-  std::string breakdown_line(const StepMetrics& s) const {
-    if (!c_.engine.time_breakdown) return "";
-    std::string swaps;
-    if (s.swap_read_bytes + s.swap_write_bytes > 0) {
-      const uint64_t in_step = s.optimizer_swap_read_bytes + s.optimizer_swap_write_bytes;
-      // A rate only where the optimizer moved its bytes inside its own time.
-      const std::string rate = s.speculation == Speculation::none && s.optimizer_seconds > 0
-                                   ? fmt::format(", at {:.2f} GB/s", static_cast<double>(in_step) / s.optimizer_seconds * 1e-9)
-                                   : std::string();
-      swaps =
-          fmt::format(" | swap files: read {}, written {}, streams busy {:.2f} ms; of them the optimizer step: read {}, written {}{}",
-                      format_bytes(s.swap_read_bytes), format_bytes(s.swap_write_bytes), s.swap_busy_seconds * 1e3,
-                      format_bytes(s.optimizer_swap_read_bytes), format_bytes(s.optimizer_swap_write_bytes), rate);
-    }
-    const std::string in_backward = s.speculation == Speculation::none
-                                        ? ""
-                                        : fmt::format(" (sub-groups updated in backward: {})", speculation_name(s.speculation));
-    return fmt::format("  time (ms) | forward: {:.2f} | backward: {:.2f} | reduce wait: {:.2f} | optimizer: {:.2f}{}{}\n",
-                       s.forward_seconds * 1e3, s.backward_seconds * 1e3, s.reduce_wait_seconds * 1e3, s.optimizer_seconds * 1e3,
-                       in_backward, swaps);
-  }
+  std::string breakdown_line(const StepMetrics& s) const { return c_.engine.time_breakdown ? wall_clock_line(s) : ""; }
 
   void on_eval(int64_t step, double val) override {
     metrics_ << nlohmann::json{{"step", step}, {"val_loss", val}}.dump() << "\n";
