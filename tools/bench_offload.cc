@@ -173,7 +173,7 @@ class OffloadBench {
       point.write_gbps.push_back(size_ / pass(file, true, request) / 1e9);
       point.read_gbps.push_back(size_ / pass(file, false, request) / 1e9);
       if (with_fio) {
-        const auto [write, read] = run_fio(s);
+        const auto [write, read] = run_fio(s, point.registered_used, point.sqpoll_used);
         point.fio_write_gbps.push_back(write);
         point.fio_read_gbps.push_back(read);
       }
@@ -212,7 +212,7 @@ class OffloadBench {
   // tunables, fio's iomem_align), registered with the ring (fixedbufs, where zeroth's are) and the
   // file registered too, a whole depth submitted at once and half reaped per wait; zeroth's
   // threads as jobs over equal slices of the file, its SQPOLL as fio's.
-  std::pair<double, double> run_fio(const Setting& s) {
+  std::pair<double, double> run_fio(const Setting& s, bool registered, bool sqpoll) {
     const unsigned jobs = s.threads;
     const std::size_t slice = size_ / jobs;
     std::vector<std::string> argv = {*fio_, "--output-format=json",
@@ -225,8 +225,9 @@ class OffloadBench {
                                      "--ioengine=io_uring", "--direct=1", "--registerfiles", "--iomem_align=2m",
                                      fmt::format("--numjobs={}", jobs), fmt::format("--offset_increment={}", slice),
                                      "--group_reporting"};
-    if (s.registered) argv.push_back("--fixedbufs");
-    if (s.sqpoll) argv.push_back("--sqthread_poll=1");
+    // As zeroth got them: the kernel may refuse registration or a polling thread.
+    if (registered) argv.push_back("--fixedbufs");
+    if (sqpoll) argv.push_back("--sqthread_poll=1");
     for (const char* job : {"--name=write", "--rw=write", "--name=read", "--stonewall", "--rw=read"}) argv.push_back(job);
     const ProcessResult fio = run_process(argv, {{"GLIBC_TUNABLES", "glibc.malloc.hugetlb=1:glibc.malloc.mmap_threshold=131072"}});
     if (fio.status != 0) ZEROTH_THROW(IoError, "fio exited with status {}: {}", fio.status, fio.err);

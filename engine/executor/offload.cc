@@ -304,8 +304,10 @@ void Executor::read_owned(const OwnedRange& r, void* out) {
     cs.synchronize();
     return;
   }
-  // The last step's write-backs may still be on their way to the file.
+  // The last step's write-backs may still be on their way to the file; after a failed one the
+  // file holds no state worth reading (a checkpoint must not save it).
   swap_out_stream_->synchronize();
+  check_io();
   if (scratch_io_.size() < round_to_io(bytes)) scratch_io_ = offload::AlignedBuffer(round_to_io(bytes));
   const size_t e = dtype_size(plan_.buffers[r.buffer].dtype);
   // Pieces start on the files' I/O alignment (sub-groups do), so each lands where it belongs.

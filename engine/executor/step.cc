@@ -150,6 +150,8 @@ Speculation Executor::finish_step(const std::optional<UpdateArgs>& args) {
     if (a.kind == ActionKind::swap_out && args) swap_out(a.target, slot);
     if (a.kind == ActionKind::zero) device_.fill(cs, buffer_view(a.target), 0.0f);
   }
+  // A speculative write-back known to have failed is not made current (the run ends here).
+  if (commit) check_io();
   for (size_t g = 0; g < speculated_.size(); ++g) {
     if (speculated_[g] && commit) copy_[g] ^= 1;
     speculated_[g] = false;
