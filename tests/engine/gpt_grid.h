@@ -49,6 +49,8 @@ struct GridCase {
   bool force_one_expert = false;  // every expert layer's router made to choose expert 0 first, 1 second, for every token
   bool ep_overlap = true;         // the all-to-alls on a stream of their own (GptPart::ep_overlap)
   LinkModel link = {};            // every collective made to take at least this link's time
+  double clipping = 1.0;          // gradient_clipping
+  bool overlap_backward = true;   // offload_optimizer.overlap_backward (nvme)
 };
 inline void PrintTo(const GridCase& k, std::ostream* os) {
   *os << "dp " << k.dp << " x pp " << k.pp << " x tp " << k.tp << (k.sequence_parallel ? " (sequence parallel)" : "") << ", "
@@ -228,6 +230,8 @@ inline GridResult train_grid(const GridCase& k, std::vector<PipeMeasure>* measur
     if (k.pp > 1) runner = std::make_unique<PipelineRunner>(*device, *groups.pp, make_pipe_schedule(k.kind, k.pp, k.micro, chunks));
     EngineConfig ec = grid_engine_config(k.stage, k.micro, k.offload, k.optimizer, k.compute);
     ec.zero.reduce_bucket_size = ec.zero.allgather_bucket_size = k.bucket;
+    ec.gradient_clipping = k.clipping;
+    ec.zero.offload_optimizer.overlap_backward = k.overlap_backward;
     Engine engine(*device, *groups.dp, ec);
     if (k.pp > 1) {
       const int tied = gc.tie_word_embeddings && (stage == 0 || stage == k.pp - 1) ? Gpt::embedding_block(gc, part) : -1;

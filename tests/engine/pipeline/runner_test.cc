@@ -93,6 +93,28 @@ std::string name(const ::testing::TestParamInfo<GridCase>& info) {
 
 INSTANTIATE_TEST_SUITE_P(Cases, PipelineEquivalence, ::testing::ValuesIn(cases()), name);
 
+// Sub-groups updated during the backward pass compose with a pipeline whose stages tie the token
+// embedding to the LM head: the tied copies' gradients are summed over the stage pair only at the
+// step, so their sub-groups stay in the step (tie_block takes them out of the backward pass).
+// Against the same pipeline with the optimizer after the backward pass, with clipping that never
+// bites so every step's speculation is kept: losses, norms, weights and both copies of the tied
+// embedding bit for bit.
+TEST(PipelineOverlap, UpdatesInTheBackwardPassLeaveTheTiedEmbeddingToTheStep) {
+  for (int stage : {1, 2, 3}) {
+    GridCase k{2, 2, PipeKind::interleaved, stage, 4, OffloadDevice::nvme};
+    k.clipping = 1e9;
+    const auto overlapped = train_grid(k);
+    k.overlap_backward = false;
+    const auto serial = train_grid(k);
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    EXPECT_EQ(overlapped.losses, serial.losses);
+    EXPECT_EQ(overlapped.grad_norms, serial.grad_norms);
+    EXPECT_EQ(overlapped.weights, serial.weights);
+    EXPECT_EQ(overlapped.head_copy, serial.head_copy);
+    EXPECT_EQ(overlapped.head_copy, overlapped.weights.at("embed"));
+  }
+}
+
 // A checkpoint saved by a 2-stage pipeline loads into 1, 2 and 4 stages (and 2 data-parallel
 // ranks with 2 stages), which go on to train like one rank that never stopped: the manifest names
 // tensors, not a layout, so each stage reads its own blocks (the tied embedding's copy from the
