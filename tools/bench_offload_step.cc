@@ -55,13 +55,7 @@ class Steps final : public TrainObserver {
 
 std::vector<StepMetrics> run_placement(const Options& o, const GptConfig& m, const Placement& p) {
   const std::filesystem::path out = std::filesystem::temp_directory_path() / fmt::format("zeroth-bench-offload-step-{}", ::getpid());
-  struct Remove {
-    std::filesystem::path path;
-    ~Remove() {
-      std::error_code ignored;
-      std::filesystem::remove_all(path, ignored);
-    }
-  } remove{out};
+  const RemovedOnExit remove{out};
   nlohmann::json offload_optimizer = {{"device", p.optimizer}, {"pin_memory", true}, {"overlap_backward", p.overlap}};
   nlohmann::json offload_param = {{"device", p.params}, {"pin_memory", true}};
   if (p.optimizer == "nvme") offload_optimizer["nvme_path"] = o.path;

@@ -2,7 +2,7 @@
 // (stage 3, optimizer state and parameters in swap files), run by the engine itself on an MLP
 // of the requested state size, timed from the end of the gradient reductions until the last
 // write-back reached its file.
-#include <unistd.h>  // getpid, unlink
+#include <unistd.h>  // getpid
 
 #include <algorithm>  // std::max
 #include <chrono>     // std::chrono::steady_clock
@@ -20,6 +20,7 @@
 #include "offload/aio.h"             // offload::AsyncFile
 #include "offload/aligned_buffer.h"  // offload::AlignedBuffer
 #include "tools/bench_offload.h"
+#include "tools/commands.h"  // RemovedOnExit
 
 namespace zeroth::tools {
 namespace {
@@ -119,10 +120,7 @@ std::size_t SwapperBench::sub_groups() const { return state_->engine.plan().sub_
 
 RawRates measure_raw_rates(const std::string& folder, std::size_t bytes, const SwapperSetting& setting) {
   const std::string path = fmt::format("{}/zeroth-raw-{}.bin", folder, ::getpid());
-  struct Remove {
-    std::string path;
-    ~Remove() { ::unlink(path.c_str()); }
-  } remove{path};
+  const RemovedOnExit remove{path};
   offload::AsyncFile file(path, offload::AsyncFile::Mode::read_write,
                           offload::IoOptions{.block_size = setting.block_size,
                                              .queue_depth = setting.queue_depth,

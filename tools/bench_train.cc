@@ -87,13 +87,7 @@ std::vector<double> run_zeroth(const Options& o, const GptConfig& model, bool mo
   const std::filesystem::path out = std::filesystem::temp_directory_path() / fmt::format("zeroth-bench-train-{}", ::getpid());
   j["run"]["output_dir"] = out.string();
   j["run"]["sample_tokens"] = 0;
-  struct Remove {
-    std::filesystem::path path;
-    ~Remove() {
-      std::error_code ignored;
-      std::filesystem::remove_all(path, ignored);
-    }
-  } remove{out};
+  const RemovedOnExit remove{out};
   const TrainConfig c = TrainConfig::from_json(j);
   StepTimes times;
   CommOptions options = CommOptions::from_env();

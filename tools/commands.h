@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>     // uint64_t
+#include <filesystem>  // std::filesystem
 #include <functional>  // std::function
 #include <string>      // std::string
 #include <vector>      // std::vector
@@ -14,6 +15,16 @@
 #include "train/train_config.h"  // TrainConfig
 
 namespace zeroth::tools {
+
+// A file or folder removed, with what it holds, when this goes out of scope however the scope
+// ends: what a benchmark writes is gone after it.
+struct RemovedOnExit {
+  std::filesystem::path path;
+  ~RemovedOnExit() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path, ignored);
+  }
+};
 
 void add_report_command(CLI::App& app);
 void add_launch_command(CLI::App& app);
