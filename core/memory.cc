@@ -145,9 +145,9 @@ std::string MemoryAccounting::summary() const {
 
 namespace {
 
-// A "Vm..." line of /proc/self/status (kB) in bytes; 0 where the kernel does not report it.
-size_t status_bytes(std::string_view field) {
-  std::ifstream status("/proc/self/status");
+// A "<field>: <n> kB" line of a /proc file in bytes; 0 where the kernel does not report it.
+size_t proc_bytes(const char* file, std::string_view field) {
+  std::ifstream status(file);
   std::string line;
   while (std::getline(status, line)) {
     if (line.size() > field.size() && line.compare(0, field.size(), field) == 0 && line[field.size()] == ':')
@@ -158,7 +158,8 @@ size_t status_bytes(std::string_view field) {
 
 }  // namespace
 
-size_t process_peak_rss() { return status_bytes("VmHWM"); }
-size_t process_rss() { return status_bytes("VmRSS"); }
+size_t process_peak_rss() { return proc_bytes("/proc/self/status", "VmHWM"); }
+size_t process_rss() { return proc_bytes("/proc/self/status", "VmRSS"); }
+size_t available_memory() { return proc_bytes("/proc/meminfo", "MemAvailable"); }
 
 }  // namespace zeroth

@@ -19,6 +19,9 @@ std::string_view mem_tag_name(MemTag tag);
 size_t process_peak_rss();
 // Its resident set size now (VmRSS).
 size_t process_rss();
+// What the kernel estimates can be allocated without swapping (MemAvailable of /proc/meminfo);
+// 0 where it does not say.
+size_t available_memory();
 
 // "1.50 GiB", "512 B"
 std::string format_bytes(size_t bytes);

@@ -2,6 +2,7 @@
 // the executor, and the step's policy (overflow, loss scale, clipping, learning rate).
 #include "engine/engine.h"
 
+#include <algorithm>   // std::none_of
 #include <filesystem>  // std::filesystem::create_directories
 #include <map>         // std::map
 
@@ -163,7 +164,13 @@ void Engine::finalize(Plan plan, const ModelFootprint& model, bool initialize_va
     if (!speculate_) return std::nullopt;
     return update_args(1.0 / (scaler_.scale() * plan_.dp));
   });
+  values_initialized_ = initialize_values;
   initialize(initialize_values);
+}
+
+void Engine::reinitialize() {
+  between_cycles("reinitialize", -1);
+  initialize(values_initialized_);
 }
 
 void Engine::initialize(bool values) {
@@ -185,6 +192,8 @@ void Engine::initialize(bool values) {
   }
   exec_->release_scratch();
   exec_->start();
+  // Swap files start as zeroed extents, which start() does not zero again.
+  pristine_ = std::none_of(plan_.buffers.begin(), plan_.buffers.end(), [](const auto& b) { return b.tier == Tier::nvme; });
 }
 
 CommStats Engine::comm_stats() const { return exec_ ? exec_->comm_stats() : CommStats{}; }
@@ -242,6 +251,7 @@ StepResult Engine::step() {
   if (!exec.cycle_complete()) return result;
   result.boundary = true;
   ++cycles_;
+  pristine_ = false;
 
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
@@ -308,6 +318,7 @@ std::vector<float> Engine::master_values(int block) {
 }
 
 void Engine::set_master_values(int block, std::span<const float> values) {
+  pristine_ = false;
   ZEROTH_CHECK(exec_ && block >= 0 && static_cast<size_t>(block) < plan_.blocks.size(), "set_master_values({})", block);
   if (!exec_->at_cycle_start() || exec_->evaluating())
     ZEROTH_THROW(InvalidArgument, "set_master_values({}) in the middle of a cycle", specs_[block].name);
@@ -362,6 +373,7 @@ void Engine::read_owned(StateKind kind, int block, std::span<float> out) {
 }
 
 void Engine::write_owned(StateKind kind, int block, std::span<const float> values) {
+  pristine_ = false;
   auto& exec = between_cycles("write_owned", block);
   check_f32_kind(kind, "write_owned");
   if (kind == StateKind::master)
@@ -373,7 +385,12 @@ void Engine::write_owned(StateKind kind, int block, std::span<const float> value
 }
 
 void Engine::set_block_values(int block, const std::function<void(size_t, size_t, float*)>& fill) {
+  pristine_ = false;
   between_cycles("set_block_values", block).write_block(block, fill);
+}
+
+std::pair<size_t, size_t> Engine::block_values_range(int block) const {
+  return between_cycles("block_values_range", block).block_values_range(block);
 }
 
 size_t Engine::transfer_buffer_bytes() const { return exec_ ? exec_->scratch_bytes() : 0; }
@@ -391,6 +408,7 @@ nlohmann::json Engine::counters() const {
 }
 
 void Engine::restore_counters(const nlohmann::json& c) {
+  pristine_ = false;
   between_cycles("restore_counters", -1);
   applied_ = c.at("steps_applied").get<int64_t>();
   cycles_ = c.at("steps_run").get<int64_t>();

@@ -20,6 +20,7 @@
 #include <memory>      // std::unique_ptr
 #include <optional>    // std::optional
 #include <span>        // std::span
+#include <utility>     // std::pair
 #include <vector>      // std::vector
 
 #include <nlohmann/json_fwd.hpp>  // nlohmann::json
@@ -155,9 +156,17 @@ class Engine final : public BlockHost {
   // - a block's master values and every copy computed from them: fill(lo, hi, out) provides padded
   //   elements [lo, hi) in f32 (out starts at zero);
   void set_block_values(int block, const std::function<void(size_t, size_t, float*)>& fill);
+  //   [lo, hi) of those calls, known beforehand (a loader reads them ahead);
+  std::pair<size_t, size_t> block_values_range(int block) const;
   // - the host buffers those calls reuse from block to block, freed when a series is over.
   void release_transfer_buffers();
   size_t transfer_buffer_bytes() const;  // what they hold now: 0 after finalize() and after a release
+  // - whether the engine holds exactly what finalize() gave it (no step run, no value written) and
+  //   no state in swap files: a loader may then write it as a checkpoint streams in, and put it
+  //   back with reinitialize() (the values and zeroed state finalize() gave, written again) when a
+  //   file fails to verify;
+  bool pristine() const { return pristine_; }
+  void reinitialize();
   // - the counters and the loss scaler a resumed run continues from.
   int64_t steps_run() const { return cycles_; }  // optimizer steps run, skipped ones included
   nlohmann::json counters() const;
@@ -186,6 +195,8 @@ class Engine final : public BlockHost {
   // arguments of an unclipped step: after a step that was neither clipped nor skipped (a step that
   // was is likely followed by another, whose speculative work would be done twice).
   bool speculate_ = true;
+  bool values_initialized_ = false;  // finalize() wrote the initial values
+  bool pristine_ = false;
   // The update's arguments for the next step, its summed gradients multiplied by `grad_scale`
   // (1 / (loss scale x ranks) to average and unscale them, times the clipping factor).
   UpdateArgs update_args(double grad_scale) const;

@@ -56,10 +56,11 @@ class SwapperBench {
 // Writing then reading `bytes` of a fresh file in `folder` through the engine's AsyncFile at
 // `setting` (requests of block x depth x threads, two in flight), after a first pass that
 // allocates the file's blocks: GB/s each way, the disk's rate the engine's own swaps can reach.
+// With `fresh_file`, the write is the file's first, fsync'd before the clock stops: as a checkpoint's.
 struct RawRates {
   double write_gbps = 0, read_gbps = 0;
 };
-RawRates measure_raw_rates(const std::string& folder, std::size_t bytes, const SwapperSetting& setting);
+RawRates measure_raw_rates(const std::string& folder, std::size_t bytes, const SwapperSetting& setting, bool fresh_file = false);
 
 // Raises an error saying why `device` ("cuda" or "cuda:N") cannot be used: a build without the
 // CUDA backend, no driver, no such GPU.

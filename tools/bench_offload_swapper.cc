@@ -2,14 +2,17 @@
 // (stage 3, optimizer state and parameters in swap files), run by the engine itself on an MLP
 // of the requested state size, timed from the end of the gradient reductions until the last
 // write-back reached its file.
-#include <unistd.h>  // getpid
+#include <fcntl.h>   // open
+#include <unistd.h>  // getpid, fsync, close
 
-#include <algorithm>  // std::max
-#include <chrono>     // std::chrono::steady_clock
-#include <cstring>    // std::memset
-#include <deque>      // std::deque
-#include <random>     // std::mt19937
-#include <vector>     // std::vector
+#include <algorithm>   // std::max
+#include <chrono>      // std::chrono::steady_clock
+#include <cerrno>      // errno
+#include <cstring>     // std::memset, std::strerror
+#include <deque>       // std::deque
+#include <filesystem>  // std::filesystem::remove
+#include <random>      // std::mt19937
+#include <vector>      // std::vector
 
 #include <fmt/format.h>  // fmt::format
 
@@ -118,9 +121,11 @@ uint64_t SwapperBench::params() const { return state_->engine.plan().total_numel
 uint64_t SwapperBench::padded_params() const { return state_->engine.plan().total_padded; }
 std::size_t SwapperBench::sub_groups() const { return state_->engine.plan().sub_groups.size(); }
 
-RawRates measure_raw_rates(const std::string& folder, std::size_t bytes, const SwapperSetting& setting) {
+RawRates measure_raw_rates(const std::string& folder, std::size_t bytes, const SwapperSetting& setting, bool fresh_file) {
   const std::string path = fmt::format("{}/zeroth-raw-{}.bin", folder, ::getpid());
   const RemovedOnExit remove{path};
+  std::error_code ignored;
+  std::filesystem::remove(path, ignored);
   offload::AsyncFile file(path, offload::AsyncFile::Mode::read_write,
                           offload::IoOptions{.block_size = setting.block_size,
                                              .queue_depth = setting.queue_depth,
@@ -143,9 +148,18 @@ RawRates measure_raw_rates(const std::string& folder, std::size_t bytes, const S
       pending.push_back(write ? file.write(buffer, length, offset) : file.read(buffer, length, offset));
     }
     for (auto& h : pending) h.wait();
+    if (write && fresh_file) {
+      // A new file is on the disk when fsync returns (a checkpoint's are flushed so).
+      const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+      const int rc = fd < 0 ? -1 : ::fsync(fd);
+      const int err = errno;
+      if (fd >= 0) ::close(fd);
+      if (rc != 0) ZEROTH_THROW(IoError, "fsync({}) failed: {}", path, std::strerror(err));
+    }
     return static_cast<double>(bytes) / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 1e9;
   };
-  pass(true);  // the first pass allocates the file's blocks; the measured ones overwrite them, as swaps do
+  // Otherwise the first pass allocates the file's blocks; the measured ones overwrite them, as swaps do.
+  if (!fresh_file) pass(true);
   RawRates rates;
   rates.write_gbps = pass(true);
   rates.read_gbps = pass(false);

@@ -42,6 +42,7 @@ void add_bench_engine_command(CLI::App& bench);
 void add_bench_train_command(CLI::App& bench);
 void add_bench_offload_command(CLI::App& bench);
 void add_bench_offload_step_command(CLI::App& bench);
+void add_bench_ckpt_command(CLI::App& bench);
 void add_bench_pipeline_command(CLI::App& bench);
 
 // A run's config from its file with --set overrides applied (run.name defaults to the file's

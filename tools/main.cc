@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
   zeroth::tools::add_bench_train_command(*bench);
   zeroth::tools::add_bench_offload_command(*bench);
   zeroth::tools::add_bench_offload_step_command(*bench);
+  zeroth::tools::add_bench_ckpt_command(*bench);
   zeroth::tools::add_bench_pipeline_command(*bench);
   try {
     app.parse(argc, argv);

@@ -276,8 +276,8 @@ class Console final : public TrainObserver {
   }
 
   void on_resume(const ckpt::IoStats& io, int64_t step) override {
-    std::printf("resumed from %s at step %lld (%s read and verified in %.2f s, %.2f GB/s)\n", io.path.c_str(),
-                static_cast<long long>(step), format_bytes(io.bytes).c_str(), io.seconds, gbps(io.bytes, io.seconds));
+    std::printf("resumed from %s at step %lld (%s read and verified in %.2f s, %.2f GB/s; %s)\n", io.path.c_str(),
+                static_cast<long long>(step), format_bytes(io.bytes).c_str(), io.seconds, gbps(io.bytes, io.seconds), io.way.c_str());
     std::fflush(stdout);
   }
 

@@ -19,6 +19,7 @@
 #include <cstdint>     // uint64_t
 #include <functional>  // std::function
 #include <memory>      // std::unique_ptr
+#include <optional>    // std::optional
 #include <string>      // std::string
 #include <vector>      // std::vector
 
@@ -26,6 +27,7 @@
 
 #include "engine/checkpoint/format.h"  // Manifest
 #include "engine/engine.h"             // Engine
+#include "offload/aligned_buffer.h"    // offload::AlignedBuffer
 
 namespace zeroth::ckpt {
 
@@ -43,6 +45,7 @@ struct IoStats {
   uint64_t all_bytes = 0;      // the checkpoint's data files together
   double seconds = 0;          // this rank's wall time, from start to the last agreement
   double blocked_seconds = 0;  // of it, the time the caller waited (all of it unless asynchronous)
+  std::string way;             // a load's: how the files were read (LoadOptions)
 };
 
 // Collective over the engine's data-parallel group, between cycles. The folder is named by
@@ -73,7 +76,7 @@ class Saver {
   struct Pending;
   bool async_;
   std::unique_ptr<Pending> pending_;
-  std::vector<float> snapshot_;
+  offload::AlignedBuffer snapshot_;  // the rank's file, kept from save to save
 };
 
 // Collective, between cycles, right after finalize (or at any step boundary). `path`: a step
@@ -82,7 +85,20 @@ class Saver {
 // weights alone (a run that starts from them: run.init_from). CheckpointError naming the file or
 // the mismatch; nothing of the engine changes unless every check passed. `manifest` (optional)
 // receives the manifest, for the caller's own state.
-IoStats load(Engine& engine, const std::string& path, Manifest* manifest = nullptr, bool weights_only = false);
+//
+// Each data file is read once where it can be: its checksum taken while the pieces stream in
+// through io_uring, the ones the rank owns taken out of the stream. Into a pristine engine
+// (Engine::pristine: a run resuming) each block is written as soon as its pieces are in, and the
+// engine is put back as finalize() left it when a file fails to verify; otherwise the state lands
+// in one host buffer (where it fits in `landing_bytes_limit`, by default half the memory the kernel
+// calls available) and the engine is written from it once every file has verified; otherwise the
+// files are verified first and read again, block by block.
+struct LoadOptions {
+  bool stream_into_engine = true;
+  std::optional<uint64_t> landing_bytes_limit;
+};
+IoStats load(Engine& engine, const std::string& path, Manifest* manifest = nullptr, bool weights_only = false,
+             const LoadOptions& options = {});
 
 // A checkpoint written without an engine (`zeroth ckpt import`, `reshard`): the files the ranks of
 // `plan` (made for `specs` at its dp size) would write, into `<dir>/step-<header.step>` with

@@ -188,4 +188,10 @@ void publish(const fs::path& dir, const std::string& name, const Manifest& manif
   }
 }
 
+offload::IoOptions io_options(const AioConfig& aio) {
+  return {.block_size = aio.block_size,
+          .queue_depth = static_cast<unsigned>(aio.queue_depth),
+          .threads = static_cast<unsigned>(aio.threads)};
+}
+
 }  // namespace zeroth::ckpt

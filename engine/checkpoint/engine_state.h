@@ -84,6 +84,8 @@ class Agreement {
 // The manifest's tensors and their pieces in every rank's file (the data-parallel group's files
 // numbered from `first_file`); a tensor-parallel slice's pieces at its part's place in the stored order.
 void add_tensors(Manifest& m, const Plan& plan, const std::vector<TensorRef>& tensors, int first_file = 0);
+// The run's aio section as the I/O engine takes it.
+offload::IoOptions io_options(const AioConfig& aio);
 void remove_quietly(const std::filesystem::path& p);
 // Makes the checkpoint folder and the new step's temporary folder, clearing the leftovers of saves
 // a crash interrupted. IoError naming the folder.

@@ -8,15 +8,18 @@
 #include <xxhash.h>  // XXH3_64bits_*
 
 #include <algorithm>   // std::sort
+#include <cstdint>     // uintptr_t
 #include <cstring>     // std::strerror
+#include <deque>       // std::deque
 #include <filesystem>  // std::filesystem
 #include <fstream>     // std::ifstream
 #include <sstream>     // std::stringstream
 
 #include <fmt/format.h>  // fmt::format
 
-#include "core/error.h"  // ZEROTH_THROW, SYSCALL_CHECK
-#include "core/log.h"    // ZLOG_WARN
+#include "core/cpu/parallel.h"  // cpu::for_chunks
+#include "core/error.h"         // ZEROTH_THROW, SYSCALL_CHECK
+#include "core/log.h"           // ZLOG_WARN
 
 namespace zeroth::ckpt {
 namespace fs = std::filesystem;
@@ -224,7 +227,7 @@ json read_json_file(const std::string& path) {
   return j;
 }
 
-FileCheck verify_file(const std::string& step_dir, const FileEntry& file) {
+FileCheck verify_file(const std::string& step_dir, const FileEntry& file, const offload::IoOptions& io, const ChunkSink& chunk) {
   const std::string path = (fs::path(step_dir) / file.name).string();
   FileCheck check;
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -234,24 +237,57 @@ FileCheck verify_file(const std::string& step_dir, const FileEntry& file) {
     ::close(fd);
     return {FileCheck::Problem::wrong_size, static_cast<uint64_t>(st.st_size)};
   }
-  ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-  XXH3_state_t* state = XXH3_createState();
-  XXH3_64bits_reset(state);
-  std::vector<char> chunk(8 << 20);
+  const std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(), &XXH3_freeState);
+  XXH3_64bits_reset(state.get());
+  // The checksum and the reader's copy of a piece, side by side where kernels may use two threads.
+  auto take = [&](const std::byte* data, size_t bytes) {
+    cpu::for_chunks(chunk ? 2 : 1, 1, [&](size_t part, size_t) {
+      if (part == 0) {
+        XXH3_64bits_update(state.get(), data, bytes);
+      } else {
+        chunk(check.read_bytes, data, bytes);
+      }
+    });
+    check.read_bytes += bytes;
+  };
+  // Whole 4 KiB blocks through the rings, the pieces in flight reaped in file order.
+  const uint64_t aligned = file.bytes / offload::kIoAlignment * offload::kIoAlignment;
+  if (aligned > 0) {
+    std::vector<offload::AlignedBuffer> buffers;  // outlive the file, whose close waits for their reads
+    for (int i = 0; i < kStreamBuffers; ++i) buffers.emplace_back(kStagingBytes, kStagingAlignment);
+    try {
+      offload::AsyncFile in(path, offload::AsyncFile::Mode::read_only, io);
+      offload::IoHandle pending[kStreamBuffers];
+      uint64_t length[kStreamBuffers] = {}, next = 0;
+      auto submit = [&](int i) {
+        length[i] = std::min<uint64_t>(kStagingBytes, aligned - next);
+        pending[i] = in.read(buffers[i].data(), length[i], next);
+        next += length[i];
+      };
+      for (int i = 0; i < kStreamBuffers && next < aligned; ++i) submit(i);
+      for (int i = 0; check.read_bytes < aligned; i = (i + 1) % kStreamBuffers) {
+        pending[i].wait();
+        take(buffers[i].data(), length[i]);
+        if (next < aligned) submit(i);
+      }
+    } catch (const IoError&) {
+      ::close(fd);
+      return {FileCheck::Problem::unreadable, check.read_bytes, check.read_bytes};
+    }
+  }
+  std::byte tail[offload::kIoAlignment];
   while (check.read_bytes < file.bytes) {
-    const ssize_t n = ::pread(fd, chunk.data(), chunk.size(), static_cast<off_t>(check.read_bytes));
+    const ssize_t n = ::pread(fd, tail, file.bytes - check.read_bytes, static_cast<off_t>(check.read_bytes));
     if (n <= 0) {
       if (n < 0 && errno == EINTR) continue;
       check.problem = FileCheck::Problem::unreadable;
       check.found = check.read_bytes;
       break;
     }
-    XXH3_64bits_update(state, chunk.data(), static_cast<size_t>(n));
-    check.read_bytes += static_cast<uint64_t>(n);
+    take(tail, static_cast<size_t>(n));
   }
-  const uint64_t hash = XXH3_64bits_digest(state);
-  XXH3_freeState(state);
   ::close(fd);
+  const uint64_t hash = XXH3_64bits_digest(state.get());
   if (check.problem == FileCheck::Problem::none && hash != file.xxh3)
     check.problem = FileCheck::Problem::corrupted, check.found = hash;
   return check;
@@ -276,8 +312,7 @@ FileWriter::FileWriter(std::string path, const offload::IoOptions& io) : path_(s
   std::error_code ec;
   fs::remove(path_, ec);  // the writer's own file, fresh: no old bytes past the new end
   file_ = std::make_unique<offload::AsyncFile>(path_, offload::AsyncFile::Mode::read_write, io);
-  staging_[0] = offload::AlignedBuffer(kStagingBytes);
-  staging_[1] = offload::AlignedBuffer(kStagingBytes);
+  for (auto& buffer : staging_) buffer = offload::AlignedBuffer(kStagingBytes);
   state_ = XXH3_createState();
   XXH3_64bits_reset(static_cast<XXH3_state_t*>(state_));
 }
@@ -302,27 +337,62 @@ void FileWriter::submit() {
   pending_[current_] = file_->write(staging_[current_].data(), length, submitted_);
   submitted_ += filled_;
   filled_ = 0;
-  current_ ^= 1;
-  pending_[current_].wait();  // the other buffer's write is done before it fills again
+  current_ = (current_ + 1) % kStreamBuffers;
+  pending_[current_].wait();  // the next buffer's write is done before it fills again
 }
 
 void FileWriter::write(const void* data, size_t bytes) {
   ZEROTH_CHECK(submitted_ % offload::kIoAlignment == 0, "{}: written after a partial block", path_);
-  XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), data, bytes);
   const char* p = static_cast<const char*>(data);
   bytes_ += bytes;
   while (bytes > 0) {
+    // The checksum and the staging copy of a piece side by side, where kernels may use two threads.
     const size_t n = std::min(bytes, kStagingBytes - filled_);
-    std::memcpy(staging_[current_].data() + filled_, p, n);
+    cpu::for_chunks(2, 1, [&](size_t part, size_t) {
+      if (part == 0) {
+        XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), p, n);
+      } else {
+        std::memcpy(staging_[current_].data() + filled_, p, n);
+      }
+    });
     filled_ += n, p += n, bytes -= n;
     if (filled_ == kStagingBytes) submit();
   }
 }
 
+void FileWriter::write_in_place(const std::byte* data, size_t bytes) {
+  ZEROTH_CHECK(filled_ == 0 && submitted_ % offload::kIoAlignment == 0 &&
+                   reinterpret_cast<uintptr_t>(data) % offload::kIoAlignment == 0,
+               "{}: an in-place write needs an aligned buffer at an aligned place in the file", path_);
+  std::deque<offload::IoHandle> pending;
+  try {
+    for (size_t at = 0; at < bytes; at += kStagingBytes) {
+      const size_t n = std::min(kStagingBytes, bytes - at);
+      XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), data + at, n);
+      if (pending.size() == static_cast<size_t>(kStreamBuffers)) {
+        pending.front().wait();
+        pending.pop_front();
+      }
+      const size_t length = (n + offload::kIoAlignment - 1) / offload::kIoAlignment * offload::kIoAlignment;
+      pending.push_back(file_->write(data + at, length, submitted_));
+      submitted_ += n, bytes_ += n;
+    }
+    for (; !pending.empty(); pending.pop_front()) pending.front().wait();
+  } catch (...) {
+    // The caller's buffer stays untouched until every write of it is over.
+    for (auto& h : pending) {
+      try {
+        h.wait();
+      } catch (const std::exception&) {
+      }
+    }
+    throw;
+  }
+}
+
 FileEntry FileWriter::finish() {
   if (filled_ > 0) submit();
-  pending_[0].wait();
-  pending_[1].wait();
+  for (auto& p : pending_) p.wait();
   file_.reset();  // every write has landed; the rings and the descriptor close
   const int fd = ::open(path_.c_str(), O_WRONLY | O_CLOEXEC);
   if (fd < 0) ZEROTH_THROW(IoError, "open({}, O_WRONLY) failed: {}", path_, detail::errno_text(errno));

@@ -18,10 +18,12 @@
 // checkpoints without building one.
 #pragma once
 
-#include <cstdint>  // uint64_t, int64_t
-#include <memory>   // std::unique_ptr
-#include <string>   // std::string
-#include <vector>   // std::vector
+#include <cstddef>     // std::byte
+#include <cstdint>     // uint64_t, int64_t
+#include <functional>  // std::function
+#include <memory>      // std::unique_ptr
+#include <string>      // std::string
+#include <vector>      // std::vector
 
 #include <nlohmann/json.hpp>  // nlohmann::json
 
@@ -104,18 +106,26 @@ struct FileCheck {
   // "" when none, else what is wrong ("<dir>/rank-00001.bin is truncated: ...").
   std::string describe(const std::string& step_dir, const FileEntry& file) const;
 };
-FileCheck verify_file(const std::string& step_dir, const FileEntry& file);
-
-// Each of the writer's two staging buffers: large enough for several of the file's blocks in
-// flight, small enough that touching it for the first time (slow on these machines) costs little
-// per save. Data goes into them in whole O_DIRECT blocks.
+// Each of the staging buffers a data file streams through (kStreamBuffers of them, written or
+// read while the next fills or is hashed): large enough for several of the file's blocks in
+// flight, small enough that touching them for the first time (slow on these machines) costs
+// little per save or load. Data goes through them in whole O_DIRECT blocks.
 inline constexpr size_t kStagingBytes = size_t{8} << 20;
 inline constexpr size_t kStagingAlignment = offload::kIoAlignment;
+inline constexpr int kStreamBuffers = 4;
+
+// One pass over a data file: read once through io_uring (O_DIRECT, the staging buffers in flight;
+// the last partial 4 KiB block with pread), hashed in order, each piece shown to
+// `chunk(offset, data, bytes)` before its buffer is reused (a loader copies what it needs out of
+// it while the next pieces are on their way).
+using ChunkSink = std::function<void(uint64_t offset, const std::byte* data, size_t bytes)>;
+FileCheck verify_file(const std::string& step_dir, const FileEntry& file, const offload::IoOptions& io = {},
+                      const ChunkSink& chunk = {});
 
 // XXH3-64 while writing: a data file written in pieces, flushed to the disk by finish(). The
-// bytes go through two aligned staging buffers to io_uring with O_DIRECT (offload/aio.h), one
-// filling while the other is written, so the page cache is neither copied into nor flushed at
-// the end; the file is cut to its exact size at finish().
+// bytes go through the staging buffers to io_uring with O_DIRECT (offload/aio.h), one filling
+// while the others are written, so the page cache is neither copied into nor flushed at the end;
+// the file is cut to its exact size at finish().
 class FileWriter {
  public:
   explicit FileWriter(std::string path, const offload::IoOptions& io = {});
@@ -123,19 +133,29 @@ class FileWriter {
   FileWriter(const FileWriter&) = delete;
   FileWriter& operator=(const FileWriter&) = delete;
   void write(const void* data, size_t bytes);  // IoError naming the file
-  FileEntry finish();                          // fsync, close; the file's name, size and checksum
+  // The last write: `data` (4 KiB-aligned, readable up to the next multiple of 4 KiB past
+  // `bytes`) goes to the file in place, kStreamBuffers pieces in flight, without a staging copy.
+  void write_in_place(const std::byte* data, size_t bytes);
+  FileEntry finish();  // fsync, close; the file's name, size and checksum
 
  private:
   void submit();
   std::string path_;
   std::unique_ptr<offload::AsyncFile> file_;
-  offload::AlignedBuffer staging_[2];
-  offload::IoHandle pending_[2];
+  offload::AlignedBuffer staging_[kStreamBuffers];
+  offload::IoHandle pending_[kStreamBuffers];
   int current_ = 0;
   size_t filled_ = 0;       // bytes in the current staging buffer
   uint64_t submitted_ = 0;  // bytes handed to the file so far
   uint64_t bytes_ = 0;
   void* state_ = nullptr;  // XXH3_state_t
+};
+
+// Bytes [offset, offset + bytes) of data file `file` into dst.
+struct ByteRead {
+  int file = 0;
+  uint64_t offset = 0, bytes = 0;
+  std::byte* dst = nullptr;
 };
 
 // Reads pieces of a step folder's files (opened on first use).
@@ -151,14 +171,21 @@ class Reader {
   // row-major order; axis -1: the whole tensor), whatever split the tensor was saved in.
   void read_slice(const TensorEntry& tensor, int state, const TensorSplit& want, uint64_t lo, uint64_t hi, float* out);
   uint64_t bytes_read() const { return read_; }
+  // From here on the reads above are only recorded, into `reads` (the destinations must stay
+  // valid until fetched), not made: a loader plans them, then takes them out of a stream.
+  void record_into(std::vector<ByteRead>* reads) { record_ = reads; }
+  // Makes recorded reads (pread, neighbours merged).
+  void fetch(std::vector<ByteRead> reads);
 
  private:
   int fd(int file);
+  void pread_all(int file, uint64_t at, uint64_t bytes, std::byte* dst);
   void read_stored(const TensorEntry& tensor, int state, uint64_t lo, uint64_t hi, float* out);  // stored positions [lo, hi)
   std::string dir_;
   const Manifest& manifest_;
   std::vector<int> fds_;
   uint64_t read_ = 0;
+  std::vector<ByteRead>* record_ = nullptr;
 };
 
 // "rank-00003.bin"

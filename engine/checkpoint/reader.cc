@@ -3,7 +3,7 @@
 #include <fcntl.h>   // open
 #include <unistd.h>  // pread, close
 
-#include <algorithm>   // std::max, std::min
+#include <algorithm>   // std::max, std::min, std::sort
 #include <filesystem>  // std::filesystem
 
 #include <fmt/format.h>  // fmt::format
@@ -85,17 +85,40 @@ void Reader::read_stored(const TensorEntry& tensor, int state, uint64_t lo, uint
   for (const auto& p : tensor.pieces[state]) {
     const uint64_t a = std::max(lo, p.lo), e = std::min(hi, p.hi);
     if (a >= e) continue;
-    char* dst = reinterpret_cast<char*>(out + (a - lo));
-    uint64_t want = (e - a) * sizeof(float), at = p.offset + (a - p.lo) * sizeof(float);
-    while (want > 0) {
-      const ssize_t n = ::pread(fd(p.file), dst, want, static_cast<off_t>(at));
-      if (n <= 0) {
-        throw CheckpointError(fmt::format("{}/{}: pread of {} bytes at {} failed: {}", dir_, manifest_.files[p.file].name, want, at,
-                                          n < 0 ? detail::errno_text(errno) : "the file ends early"));
-      }
-      dst += n, at += static_cast<uint64_t>(n), want -= static_cast<uint64_t>(n);
-      read_ += static_cast<uint64_t>(n);
+    const ByteRead r{p.file, p.offset + (a - p.lo) * sizeof(float), (e - a) * sizeof(float),
+                     reinterpret_cast<std::byte*>(out + (a - lo))};
+    if (record_ != nullptr) {
+      record_->push_back(r);
+    } else {
+      pread_all(r.file, r.offset, r.bytes, r.dst);
     }
+  }
+}
+
+void Reader::fetch(std::vector<ByteRead> reads) {
+  std::sort(reads.begin(), reads.end(),
+            [](const ByteRead& a, const ByteRead& b) { return a.file != b.file ? a.file < b.file : a.offset < b.offset; });
+  for (size_t i = 0; i < reads.size();) {
+    // Neighbours in the file that are neighbours in memory too: one call.
+    ByteRead run = reads[i];
+    for (++i; i < reads.size() && reads[i].file == run.file && reads[i].offset == run.offset + run.bytes &&
+              reads[i].dst == run.dst + run.bytes;
+         ++i)
+      run.bytes += reads[i].bytes;
+    pread_all(run.file, run.offset, run.bytes, run.dst);
+  }
+}
+
+void Reader::pread_all(int file, uint64_t at, uint64_t want, std::byte* dst) {
+  while (want > 0) {
+    const ssize_t n = ::pread(fd(file), dst, want, static_cast<off_t>(at));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      throw CheckpointError(fmt::format("{}/{}: pread of {} bytes at {} failed: {}", dir_, manifest_.files[file].name, want, at,
+                                        n < 0 ? detail::errno_text(errno) : "the file ends early"));
+    }
+    dst += n, at += static_cast<uint64_t>(n), want -= static_cast<uint64_t>(n);
+    read_ += static_cast<uint64_t>(n);
   }
 }
 

@@ -9,6 +9,7 @@
 #include <exception>   // std::exception_ptr
 #include <filesystem>  // std::filesystem
 #include <map>         // std::map
+#include <span>        // std::span
 #include <thread>      // std::thread
 
 #include <fmt/format.h>  // fmt::format
@@ -61,10 +62,61 @@ void for_each_piece(Engine& engine, const std::vector<StateRef>& states, const s
   }
 }
 
-offload::IoOptions io_options(const AioConfig& aio) {
-  return {.block_size = aio.block_size,
-          .queue_depth = static_cast<unsigned>(aio.queue_depth),
-          .threads = static_cast<unsigned>(aio.threads)};
+// The rank's file in `snapshot` (kept from save to save): each block's state read straight into
+// its place where the file's part of it starts at the owned range's first element (the rest of the
+// range, padding, spills into the next part's place, written next), else through a block-sized
+// buffer. Returns the file's bytes; past them the buffer is zero up to the next 4 KiB.
+size_t snapshot_file(Engine& engine, const std::vector<StateRef>& states, const std::vector<TensorRef>& tensors,
+                     offload::AlignedBuffer& snapshot) {
+  const Plan& plan = engine.plan();
+  struct Part {
+    int block, state;
+    size_t at, lo, hi;  // floats into the file; [lo, hi) of the block's padded space
+    bool direct = true;
+    std::vector<FilePiece> pieces;
+  };
+  std::vector<Part> parts;
+  size_t at = 0, reach = 0;
+  for (const auto& p : file_layout(plan, tensors, states.size(), plan.rank)) {
+    const auto& t = tensors[p.tensor];
+    const size_t lo = t.begin + p.lo, hi = t.begin + p.hi;
+    if (parts.empty() || parts.back().block != t.block || parts.back().state != p.state) {
+      parts.push_back({t.block, p.state, at, lo, lo, lo == plan.range(states[p.state].kind, t.block).lo, {}});
+    }
+    Part& part = parts.back();
+    part.direct = part.direct && lo == part.hi;
+    part.hi = hi;
+    part.pieces.push_back(p);
+    at += p.hi - p.lo;
+  }
+  for (const auto& part : parts) {
+    const size_t range = plan.range(states[part.state].kind, part.block).numel();
+    reach = std::max(reach, part.direct ? part.at + range : part.at + (part.hi - part.lo));
+  }
+  const size_t bytes = at * sizeof(float);
+  const size_t need = (std::max(reach, at) * sizeof(float) + offload::kIoAlignment - 1) / offload::kIoAlignment *
+                      offload::kIoAlignment;
+  if (snapshot.size() < need) snapshot = offload::AlignedBuffer(need);
+  auto* out = reinterpret_cast<float*>(snapshot.data());
+  std::vector<float> values;
+  for (const auto& part : parts) {
+    const StateKind kind = states[part.state].kind;
+    const OwnedRange& r = plan.range(kind, part.block);
+    if (part.direct) {
+      engine.read_owned(kind, part.block, std::span<float>(out + part.at, r.numel()));
+      continue;
+    }
+    values.resize(r.numel());
+    engine.read_owned(kind, part.block, values);
+    size_t into = part.at;
+    for (const auto& p : part.pieces) {
+      const auto& t = tensors[p.tensor];
+      std::memcpy(out + into, values.data() + (t.begin + p.lo - r.lo), (p.hi - p.lo) * sizeof(float));
+      into += p.hi - p.lo;
+    }
+  }
+  std::memset(snapshot.data() + bytes, 0, need - bytes);
+  return bytes;
 }
 
 }  // namespace
@@ -112,19 +164,12 @@ IoStats Saver::save(Engine& engine, const SaveOptions& o) {
       for_each_piece(engine, states, tensors, [&](const float* v, size_t n) { out.write(v, n * sizeof(float)); });
       p->file = out.finish();
     } else {
-      // The copy the writer works from, so training may change the state meanwhile.
-      size_t total = 0;
-      for (const auto& piece : file_layout(plan, tensors, states.size(), plan.rank)) total += piece.hi - piece.lo;
-      snapshot_.resize(total);
-      size_t at = 0;
-      for_each_piece(engine, states, tensors, [&](const float* v, size_t n) {
-        std::memcpy(snapshot_.data() + at, v, n * sizeof(float));
-        at += n;
-      });
-      p->writer = std::thread([this, pending = p.get(), path, io] {
+      // The copy the writer works from, so training may change the state meanwhile; written in place.
+      const size_t bytes = snapshot_file(engine, states, tensors, snapshot_);
+      p->writer = std::thread([this, pending = p.get(), path, io, bytes] {
         try {
           FileWriter out(path, io);
-          out.write(snapshot_.data(), snapshot_.size() * sizeof(float));
+          out.write_in_place(snapshot_.data(), bytes);
           pending->file = out.finish();
         } catch (...) {
           pending->error = std::current_exception();
@@ -138,7 +183,10 @@ IoStats Saver::save(Engine& engine, const SaveOptions& o) {
   p->blocked = std::chrono::duration<double>(Clock::now() - p->start).count();
   pending_ = std::move(p);
   if (!async_) return complete(engine);
-  return {(pending_->dir / pending_->name).string(), 0, 0, 0, pending_->blocked};
+  IoStats started;
+  started.path = (pending_->dir / pending_->name).string();
+  started.blocked_seconds = pending_->blocked;
+  return started;
 }
 
 IoStats Saver::complete(Engine& engine) {
@@ -151,7 +199,8 @@ IoStats Saver::complete(Engine& engine) {
   const int tp = engine.tensor_ranks(), tp_rank = engine.tensor_rank();
   const bool parts = engine.pipeline_stages() > 1 || tp > 1 || plan.ep > 1;
   const int ep = plan.ep;
-  IoStats io{(p->dir / p->name).string()};
+  IoStats io;
+  io.path = (p->dir / p->name).string();
   Agreement agreement(engine);
   agreement.attempt([&] {
     if (p->error) std::rethrow_exception(p->error);
@@ -239,7 +288,8 @@ IoStats write(const std::vector<BlockSpec>& specs, const Plan& plan, Manifest m,
   const auto tensors = plan_tensors(specs, plan);
   const std::string name = fmt::format("step-{}", m.step);
   const fs::path tmp = fs::path(dir) / (".tmp-" + name);
-  IoStats io{(fs::path(dir) / name).string()};
+  IoStats io;
+  io.path = (fs::path(dir) / name).string();
   prepare_folder(dir, tmp);
   try {
     m.world["dp"] = plan.dp;

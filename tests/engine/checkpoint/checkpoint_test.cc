@@ -228,17 +228,45 @@ TEST(Checkpoint, LoadsAtAnotherWorldSizeAndStage) {
   }
 }
 
+// Everything of the rank's a load writes: every block's master values and its owned moments.
+std::vector<std::vector<float>> rank_state(Engine& engine) {
+  std::vector<std::vector<float>> state;
+  for (size_t b = 0; b < engine.plan().blocks.size(); ++b) {
+    state.push_back(engine.master_values(static_cast<int>(b)));
+    for (StateKind kind : {StateKind::moment0, StateKind::moment1}) {
+      state.emplace_back(engine.plan().range(kind, static_cast<int>(b)).numel());
+      engine.read_owned(kind, static_cast<int>(b), state.back());
+    }
+  }
+  return state;
+}
+
+// The load's three ways (ckpt::LoadOptions): into the pristine engine as the files stream in,
+// through one host buffer, and verified first then read again.
+struct LoadWay {
+  const char* name;
+  ckpt::LoadOptions options;
+};
+const std::vector<LoadWay>& load_ways() {
+  static const std::vector<LoadWay> ways = [] {
+    ckpt::LoadOptions buffered, twice;
+    buffered.stream_into_engine = twice.stream_into_engine = false;
+    twice.landing_bytes_limit = 0;
+    return std::vector<LoadWay>{{"into the engine", {}}, {"through a host buffer", buffered}, {"verified, then read again", twice}};
+  }();
+  return ways;
+}
+
 // What a load reports for a damaged checkpoint, and that the engine it was loading into is as it
-// was (its fresh weights).
-std::string load_error(const std::string& path, std::vector<int> widths = MlpRun{}.widths) {
+// was (its fresh weights, zero moments).
+std::string load_error(const std::string& path, std::vector<int> widths = MlpRun{}.widths, const ckpt::LoadOptions& options = {}) {
   std::string error;
   std::mutex mutex;
   int loaded = 0;  // ranks whose load succeeded: none or all
   on_ranks(2, 0, widths, [&](Communicator& comm, Engine& engine, Mlp&) {
-    std::vector<std::vector<float>> before;
-    for (size_t b = 0; b < engine.plan().blocks.size(); ++b) before.push_back(engine.master_values(static_cast<int>(b)));
+    const auto before = rank_state(engine);
     try {
-      ckpt::load(engine, path);
+      ckpt::load(engine, path, nullptr, false, options);
       std::lock_guard lock(mutex);
       ++loaded;
       return;
@@ -246,8 +274,7 @@ std::string load_error(const std::string& path, std::vector<int> widths = MlpRun
       std::lock_guard lock(mutex);
       if (comm.rank() == 0) error = e.what();
     }
-    for (size_t b = 0; b < engine.plan().blocks.size(); ++b)
-      EXPECT_EQ(engine.master_values(static_cast<int>(b)), before[b]) << "the failed load changed block " << b;
+    EXPECT_TRUE(rank_state(engine) == before) << "the failed load changed the engine";
     EXPECT_EQ(engine.steps_run(), 0);
   });
   EXPECT_TRUE(loaded == 0 || loaded == 2) << "one rank loaded what the other refused";
@@ -255,8 +282,9 @@ std::string load_error(const std::string& path, std::vector<int> widths = MlpRun
 }
 
 // A saved checkpoint (2 ranks, stage 2, 2 steps) to damage.
-std::string saved_checkpoint(const Scratch& dir) {
+std::string saved_checkpoint(const Scratch& dir, const std::vector<int>& widths = MlpRun{}.widths) {
   MlpRun run;
+  run.widths = widths;
   run.stage = 2;
   run.steps = 2;
   run.checkpoint_dir = dir / "ckpt";
@@ -291,12 +319,25 @@ TEST(Checkpoint, DamageIsRefusedNamingTheFile) {
     std::printf("%s: %s\n", what.c_str(), e.c_str());
     restore();
   };
-  flip_byte(data, static_cast<long>(fs::file_size(data) / 2));
-  expect("a flipped byte", {data, "is corrupted", "checksum"});
-  fs::resize_file(data, fs::file_size(data) - 4);
-  expect("a truncated file", {data, "is truncated"});
-  fs::remove(data);
-  expect("a deleted file", {data, "is missing"});
+  // Damage in a data file, each way: the bytes before it have streamed in (into the engine, in the
+  // first way), and the engine is as it was all the same.
+  for (const auto& way : load_ways()) {
+    ASSERT_EQ(load_error(step, MlpRun{}.widths, way.options), "") << way.name;
+    auto expect_way = [&](const std::string& what, const std::vector<std::string>& parts) {
+      const std::string e = load_error(step, MlpRun{}.widths, way.options);
+      for (const auto& p : parts)
+        EXPECT_NE(e.find(p), std::string::npos) << what << ", " << way.name << ": \"" << p << "\" missing in: " << e;
+      restore();
+    };
+    flip_byte(data, static_cast<long>(fs::file_size(data) / 2));
+    expect_way("a flipped byte", {data, "is corrupted", "checksum"});
+    flip_byte(data, static_cast<long>(fs::file_size(data) - 1));
+    expect_way("a flipped last byte", {data, "is corrupted", "checksum"});
+    fs::resize_file(data, fs::file_size(data) - 4);
+    expect_way("a truncated file", {data, "is truncated"});
+    fs::remove(data);
+    expect_way("a deleted file", {data, "is missing"});
+  }
   {
     std::ifstream in(manifest);
     std::string text((std::istreambuf_iterator<char>(in)), {});
@@ -353,6 +394,40 @@ void mlp_step(Engine& engine, Mlp& mlp, const Communicator& comm, int k) {
   mlp.forward_backward(x.data() + comm.rank() * mb * 16, t.data() + comm.rank() * mb * 8, mb, loss.data(), 0);
   engine.step();
   engine.compute_stream().synchronize();
+}
+
+// A checkpoint loaded each way gives the same engine, bit for bit: at the world that wrote it (the
+// first way streams into the engine) and at another (a reshard, which takes a host buffer); into an
+// engine that has stepped, the first way is not taken. Each way says which it was.
+TEST(Checkpoint, LoadWaysAgree) {
+  Scratch dir("ways");
+  // Files of 9 KiB, and of 13.5 MB, which stream in pieces of 8 MiB, tensors straddling them.
+  for (const auto& widths : {MlpRun{}.widths, std::vector<int>{16, 1500, 1500, 8}}) {
+    const std::string step = saved_checkpoint(dir, widths);
+    for (const auto& [dp, stage] : {std::pair{2, 2}, std::pair{1, 0}}) {
+      std::vector<std::vector<std::vector<float>>> got;  // per way, rank 0's state
+      for (const auto& way : load_ways()) {
+        for (const bool stepped : {false, true}) {
+          on_ranks(dp, stage, widths, [&](Communicator& comm, Engine& engine, Mlp& mlp) {
+            if (stepped) mlp_step(engine, mlp, comm, 0);
+            const ckpt::IoStats io = ckpt::load(engine, step, nullptr, false, way.options);
+            std::string expected = way.name;
+            if (expected == "into the engine" && (stepped || dp != 2)) expected = "through a host buffer";
+            const std::map<std::string, std::string> says = {{"into the engine", "each file read once, into the engine"},
+                                                             {"through a host buffer", "each file read once, through a host buffer"},
+                                                             {"verified, then read again", "the files verified, then read again"}};
+            EXPECT_EQ(io.way, says.at(expected)) << way.name << " at dp " << dp << (stepped ? ", stepped" : "");
+            EXPECT_EQ(engine.steps_run(), 2);
+            const auto state = rank_state(engine);  // collective
+            if (comm.rank() == 0) got.push_back(state);
+          });
+        }
+      }
+      ASSERT_EQ(got.size(), 6u);
+      for (size_t i = 1; i < got.size(); ++i)
+        EXPECT_TRUE(got[i] == got[0]) << "load " << i << " at dp " << dp << " of widths " << widths[1] << " differs";
+    }
+  }
 }
 
 // Saves after steps 1-4 with keep_last 2: step-3 and step-4 stay, `latest` names step-4, and the
