@@ -2,7 +2,7 @@
 // the executor, and the step's policy (overflow, loss scale, clipping, learning rate).
 #include "engine/engine.h"
 
-#include <algorithm>   // std::none_of
+#include <cstddef>     // std::byte
 #include <filesystem>  // std::filesystem::create_directories
 #include <map>         // std::map
 
@@ -171,6 +171,18 @@ void Engine::finalize(Plan plan, const ModelFootprint& model, bool initialize_va
 void Engine::reinitialize() {
   between_cycles("reinitialize", -1);
   initialize(values_initialized_);
+  // start() leaves swap files alone (they start as zeroed extents): the moments there are written
+  // as zeros again.
+  std::vector<std::byte> zeros;
+  for (size_t b = 0; b < plan_.blocks.size(); ++b) {
+    for (StateKind kind : {StateKind::moment0, StateKind::moment1}) {
+      const OwnedRange* r = plan_.find(kind, static_cast<int>(b));
+      if (r == nullptr || plan_.buffers[r->buffer].tier != Tier::nvme) continue;
+      zeros.assign(r->numel() * dtype_size(plan_.buffers[r->buffer].dtype), std::byte{0});
+      exec_->write_owned(*r, zeros.data());
+    }
+  }
+  exec_->release_scratch();
 }
 
 void Engine::initialize(bool values) {
@@ -192,8 +204,7 @@ void Engine::initialize(bool values) {
   }
   exec_->release_scratch();
   exec_->start();
-  // Swap files start as zeroed extents, which start() does not zero again.
-  pristine_ = std::none_of(plan_.buffers.begin(), plan_.buffers.end(), [](const auto& b) { return b.tier == Tier::nvme; });
+  pristine_ = true;
 }
 
 CommStats Engine::comm_stats() const { return exec_ ? exec_->comm_stats() : CommStats{}; }

@@ -161,10 +161,10 @@ class Engine final : public BlockHost {
   // - the host buffers those calls reuse from block to block, freed when a series is over.
   void release_transfer_buffers();
   size_t transfer_buffer_bytes() const;  // what they hold now: 0 after finalize() and after a release
-  // - whether the engine holds exactly what finalize() gave it (no step run, no value written) and
-  //   no state in swap files: a loader may then write it as a checkpoint streams in, and put it
-  //   back with reinitialize() (the values and zeroed state finalize() gave, written again) when a
-  //   file fails to verify;
+  // - whether the engine holds exactly what finalize() gave it (no step run, no value written): a
+  //   loader may then write it as a checkpoint streams in, and put it back with reinitialize() (the
+  //   values and zeroed state finalize() gave, written again, in swap files too) when a file fails
+  //   to verify;
   bool pristine() const { return pristine_; }
   void reinitialize();
   // - the counters and the loss scaler a resumed run continues from.

@@ -49,12 +49,15 @@ class Scratch {
 
 // Runs `body` on every rank of a local group of `dp` with a finalized engine (the harness's
 // config at `stage`) holding an MLP of `widths`.
-void on_ranks(int dp, int stage, const std::vector<int>& widths, const std::function<void(Communicator&, Engine&, Mlp&)>& body) {
+void on_ranks(int dp, int stage, const std::vector<int>& widths, const std::function<void(Communicator&, Engine&, Mlp&)>& body,
+              const std::function<void(EngineConfig&)>& tweak = {}) {
   run_local_ranks(dp, [&](Communicator& comm) {
     auto device = make_device("cpu", {});
     MlpRun run;
     run.stage = stage;
-    Engine engine(*device, comm, testing::mlp_config(run));
+    EngineConfig config = testing::mlp_config(run);
+    if (tweak) tweak(config);
+    Engine engine(*device, comm, config);
     Mlp mlp(engine, {widths});
     engine.finalize();
     body(comm, engine, mlp);
@@ -259,11 +262,14 @@ const std::vector<LoadWay>& load_ways() {
 
 // What a load reports for a damaged checkpoint, and that the engine it was loading into is as it
 // was (its fresh weights, zero moments).
-std::string load_error(const std::string& path, std::vector<int> widths = MlpRun{}.widths, const ckpt::LoadOptions& options = {}) {
+std::string load_error(const std::string& path, std::vector<int> widths = MlpRun{}.widths, const ckpt::LoadOptions& options = {},
+                       const std::function<void(EngineConfig&)>& tweak = {}) {
   std::string error;
   std::mutex mutex;
   int loaded = 0;  // ranks whose load succeeded: none or all
-  on_ranks(2, 0, widths, [&](Communicator& comm, Engine& engine, Mlp&) {
+  on_ranks(
+      2, 0, widths,
+      [&](Communicator& comm, Engine& engine, Mlp&) {
     const auto before = rank_state(engine);
     try {
       ckpt::load(engine, path, nullptr, false, options);
@@ -276,7 +282,8 @@ std::string load_error(const std::string& path, std::vector<int> widths = MlpRun
     }
     EXPECT_TRUE(rank_state(engine) == before) << "the failed load changed the engine";
     EXPECT_EQ(engine.steps_run(), 0);
-  });
+      },
+      tweak);
   EXPECT_TRUE(loaded == 0 || loaded == 2) << "one rank loaded what the other refused";
   return error;
 }
@@ -338,6 +345,17 @@ TEST(Checkpoint, DamageIsRefusedNamingTheFile) {
     fs::remove(data);
     expect_way("a deleted file", {data, "is missing"});
   }
+  // Into an engine whose state is in swap files: the moments written there are zeros again.
+  const std::string swap = dir / "swap";
+  fs::create_directories(swap);
+  flip_byte(data, static_cast<long>(fs::file_size(data) / 2));
+  const std::string e = load_error(step, MlpRun{}.widths, {}, [&](EngineConfig& c) {
+    c.zero.stage = 3;
+    c.zero.offload_optimizer.device = c.zero.offload_param.device = OffloadDevice::nvme;
+    c.zero.offload_optimizer.nvme_path = c.zero.offload_param.nvme_path = swap;
+  });
+  EXPECT_NE(e.find("is corrupted"), std::string::npos) << e;
+  restore();
   {
     std::ifstream in(manifest);
     std::string text((std::istreambuf_iterator<char>(in)), {});
