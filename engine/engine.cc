@@ -171,6 +171,12 @@ void Engine::finalize(Plan plan, const ModelFootprint& model, bool initialize_va
 void Engine::reinitialize() {
   between_cycles("reinitialize", -1);
   initialize(values_initialized_);
+  applied_ = cycles_ = 0;
+  scaler_ = LossScaler(config_.loss_scaler);
+  speculate_ = true;
+  // Values finalize() left for the caller to set are zeros again (the allocations' first contents).
+  for (size_t b = 0; !values_initialized_ && b < specs_.size(); ++b)
+    exec_->write_block(static_cast<int>(b), [](size_t, size_t, float*) {});
   // start() leaves swap files alone (they start as zeroed extents): the moments there are written
   // as zeros again.
   std::vector<std::byte> zeros;
@@ -398,10 +404,6 @@ void Engine::write_owned(StateKind kind, int block, std::span<const float> value
 void Engine::set_block_values(int block, const std::function<void(size_t, size_t, float*)>& fill) {
   pristine_ = false;
   between_cycles("set_block_values", block).write_block(block, fill);
-}
-
-std::pair<size_t, size_t> Engine::block_values_range(int block) const {
-  return between_cycles("block_values_range", block).block_values_range(block);
 }
 
 size_t Engine::transfer_buffer_bytes() const { return exec_ ? exec_->scratch_bytes() : 0; }

@@ -20,7 +20,6 @@
 #include <memory>      // std::unique_ptr
 #include <optional>    // std::optional
 #include <span>        // std::span
-#include <utility>     // std::pair
 #include <vector>      // std::vector
 
 #include <nlohmann/json_fwd.hpp>  // nlohmann::json
@@ -154,17 +153,16 @@ class Engine final : public BlockHost {
   void read_owned(StateKind kind, int block, std::span<float> out);
   void write_owned(StateKind kind, int block, std::span<const float> values);
   // - a block's master values and every copy computed from them: fill(lo, hi, out) provides padded
-  //   elements [lo, hi) in f32 (out starts at zero);
+  //   elements [lo, hi) in f32 (out starts at zero; plan().values_range(block));
   void set_block_values(int block, const std::function<void(size_t, size_t, float*)>& fill);
-  //   [lo, hi) of those calls, known beforehand (a loader reads them ahead);
-  std::pair<size_t, size_t> block_values_range(int block) const;
   // - the host buffers those calls reuse from block to block, freed when a series is over.
   void release_transfer_buffers();
   size_t transfer_buffer_bytes() const;  // what they hold now: 0 after finalize() and after a release
   // - whether the engine holds exactly what finalize() gave it (no step run, no value written): a
   //   loader may then write it as a checkpoint streams in, and put it back with reinitialize() (the
-  //   values and zeroed state finalize() gave, written again, in swap files too) when a file fails
-  //   to verify;
+  //   values and zeroed state finalize() gave, written again, in swap files too; zeros for values
+  //   finalize() left to the caller; the counters and loss scale at their start) when a file
+  //   fails to verify;
   bool pristine() const { return pristine_; }
   void reinitialize();
   // - the counters and the loss scaler a resumed run continues from.

@@ -30,7 +30,7 @@ StagePlan plan_stage(const TrainConfig& config, int stage, int dp_rank, int tp_r
   out.plan.stages = pp;
   out.model = Gpt::footprint(config.model, static_cast<int>(config.micro_batch_size), config.model.seq_len,
                              config.engine.compute_dtype, out.plan.chunk_in_flight, part);
-  out.need = estimate(out.plan, out.model, config.run.checkpoint_async);
+  out.need = estimate(out.plan, out.model, config.run.checkpoint_async, !config.run.resume.empty());
   return out;
 }
 

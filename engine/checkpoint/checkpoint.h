@@ -88,11 +88,12 @@ class Saver {
 //
 // Each data file is read once where it can be: its checksum taken while the pieces stream in
 // through io_uring, the ones the rank owns taken out of the stream. Into a pristine engine
-// (Engine::pristine: a run resuming) each block is written as soon as its pieces are in, and the
+// (Engine::pristine: a run resuming) whose pieces arrive block after block (the layout that wrote
+// them: the same data-parallel size), each block is written as soon as its pieces are in, and the
 // engine is put back as finalize() left it when a file fails to verify; otherwise the state lands
-// in one host buffer (where it fits in `landing_bytes_limit`, by default half the memory the kernel
-// calls available) and the engine is written from it once every file has verified; otherwise the
-// files are verified first and read again, block by block.
+// in one host buffer (where it fits in `landing_bytes_limit`, by default the rank's share of half
+// the memory the kernel calls available) and the engine is written from it once every file has
+// verified; otherwise the files are verified first and read again, block by block.
 struct LoadOptions {
   bool stream_into_engine = true;
   std::optional<uint64_t> landing_bytes_limit;

@@ -13,10 +13,12 @@
 #include <deque>       // std::deque
 #include <filesystem>  // std::filesystem
 #include <fstream>     // std::ifstream
+#include <future>      // std::async
 #include <sstream>     // std::stringstream
 
 #include <fmt/format.h>  // fmt::format
 
+#include "core/cpu/kernels.h"   // cpu::num_threads
 #include "core/cpu/parallel.h"  // cpu::for_chunks
 #include "core/error.h"         // ZEROTH_THROW, SYSCALL_CHECK
 #include "core/log.h"           // ZLOG_WARN
@@ -24,6 +26,9 @@
 namespace zeroth::ckpt {
 namespace fs = std::filesystem;
 using nlohmann::json;
+
+// Below this, a piece's checksum and copy are not worth handing to a second thread.
+constexpr size_t kParallelBytes = size_t{1} << 20;
 
 uint64_t TensorEntry::numel() const {
   uint64_t n = 1;
@@ -230,24 +235,35 @@ json read_json_file(const std::string& path) {
 FileCheck verify_file(const std::string& step_dir, const FileEntry& file, const offload::IoOptions& io, const ChunkSink& chunk) {
   const std::string path = (fs::path(step_dir) / file.name).string();
   FileCheck check;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  struct Descriptor {  // closed however the verification ends
+    int fd;
+    ~Descriptor() {
+      if (fd >= 0) ::close(fd);
+    }
+  } const opened{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  const int fd = opened.fd;
   if (fd < 0) return {FileCheck::Problem::missing};
   struct stat st {};
-  if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) != file.bytes) {
-    ::close(fd);
+  if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) != file.bytes)
     return {FileCheck::Problem::wrong_size, static_cast<uint64_t>(st.st_size)};
-  }
   const std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(), &XXH3_freeState);
   XXH3_64bits_reset(state.get());
-  // The checksum and the reader's copy of a piece, side by side where kernels may use two threads.
+  // The reader's use of a piece on this thread (the engine's streams belong to it), its checksum
+  // beside on another where kernels may use two threads.
   auto take = [&](const std::byte* data, size_t bytes) {
-    cpu::for_chunks(chunk ? 2 : 1, 1, [&](size_t part, size_t) {
-      if (part == 0) {
-        XXH3_64bits_update(state.get(), data, bytes);
-      } else {
+    if (chunk && cpu::num_threads() > 1) {
+      auto hashing = std::async(std::launch::async, [&] { XXH3_64bits_update(state.get(), data, bytes); });
+      try {
         chunk(check.read_bytes, data, bytes);
+      } catch (...) {
+        hashing.wait();
+        throw;
       }
-    });
+      hashing.wait();
+    } else {
+      XXH3_64bits_update(state.get(), data, bytes);
+      if (chunk) chunk(check.read_bytes, data, bytes);
+    }
     check.read_bytes += bytes;
   };
   // Whole 4 KiB blocks through the rings, the pieces in flight reaped in file order.
@@ -271,7 +287,6 @@ FileCheck verify_file(const std::string& step_dir, const FileEntry& file, const 
         if (next < aligned) submit(i);
       }
     } catch (const IoError&) {
-      ::close(fd);
       return {FileCheck::Problem::unreadable, check.read_bytes, check.read_bytes};
     }
   }
@@ -286,7 +301,6 @@ FileCheck verify_file(const std::string& step_dir, const FileEntry& file, const 
     }
     take(tail, static_cast<size_t>(n));
   }
-  ::close(fd);
   const uint64_t hash = XXH3_64bits_digest(state.get());
   if (check.problem == FileCheck::Problem::none && hash != file.xxh3)
     check.problem = FileCheck::Problem::corrupted, check.found = hash;
@@ -337,7 +351,7 @@ void FileWriter::submit() {
   pending_[current_] = file_->write(staging_[current_].data(), length, submitted_);
   submitted_ += filled_;
   filled_ = 0;
-  current_ = (current_ + 1) % kStreamBuffers;
+  current_ = (current_ + 1) % kWriteBuffers;
   pending_[current_].wait();  // the next buffer's write is done before it fills again
 }
 
@@ -348,13 +362,18 @@ void FileWriter::write(const void* data, size_t bytes) {
   while (bytes > 0) {
     // The checksum and the staging copy of a piece side by side, where kernels may use two threads.
     const size_t n = std::min(bytes, kStagingBytes - filled_);
-    cpu::for_chunks(2, 1, [&](size_t part, size_t) {
-      if (part == 0) {
-        XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), p, n);
-      } else {
-        std::memcpy(staging_[current_].data() + filled_, p, n);
-      }
-    });
+    if (n >= kParallelBytes) {
+      cpu::for_chunks(2, 1, [&](size_t part, size_t) {
+        if (part == 0) {
+          XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), p, n);
+        } else {
+          std::memcpy(staging_[current_].data() + filled_, p, n);
+        }
+      });
+    } else {
+      XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), p, n);
+      std::memcpy(staging_[current_].data() + filled_, p, n);
+    }
     filled_ += n, p += n, bytes -= n;
     if (filled_ == kStagingBytes) submit();
   }

@@ -106,12 +106,14 @@ struct FileCheck {
   // "" when none, else what is wrong ("<dir>/rank-00001.bin is truncated: ...").
   std::string describe(const std::string& step_dir, const FileEntry& file) const;
 };
-// Each of the staging buffers a data file streams through (kStreamBuffers of them, written or
-// read while the next fills or is hashed): large enough for several of the file's blocks in
-// flight, small enough that touching them for the first time (slow on these machines) costs
-// little per save or load. Data goes through them in whole O_DIRECT blocks.
+// Each of the staging buffers a data file streams through (kWriteBuffers of them for a save, one
+// written while the other fills; kStreamBuffers for a load, read ahead while one is hashed and
+// copied out): large enough for several of the file's blocks in flight, small enough that
+// touching them for the first time (slow on these machines) costs little per save or load. Data
+// goes through them in whole O_DIRECT blocks.
 inline constexpr size_t kStagingBytes = size_t{8} << 20;
 inline constexpr size_t kStagingAlignment = offload::kIoAlignment;
+inline constexpr int kWriteBuffers = 2;
 inline constexpr int kStreamBuffers = 4;
 
 // One pass over a data file: read once through io_uring (O_DIRECT, the staging buffers in flight;
@@ -142,8 +144,8 @@ class FileWriter {
   void submit();
   std::string path_;
   std::unique_ptr<offload::AsyncFile> file_;
-  offload::AlignedBuffer staging_[kStreamBuffers];
-  offload::IoHandle pending_[kStreamBuffers];
+  offload::AlignedBuffer staging_[kWriteBuffers];
+  offload::IoHandle pending_[kWriteBuffers];
   int current_ = 0;
   size_t filled_ = 0;       // bytes in the current staging buffer
   uint64_t submitted_ = 0;  // bytes handed to the file so far

@@ -10,7 +10,6 @@
 #include <functional>  // std::function
 #include <filesystem>  // std::filesystem
 #include <span>        // std::span
-#include <tuple>       // std::tie
 
 #include <fmt/format.h>  // fmt::format
 #include <fmt/ranges.h>  // fmt::join
@@ -119,7 +118,8 @@ IoStats load(Engine& engine, const std::string& path, Manifest* out, bool weight
   size_t total_floats = 0, largest = 0;
   for (size_t b = 0; b < plan.blocks.size(); ++b) {
     BlockRun& r = runs[b];
-    std::tie(r.lo, r.hi) = engine.block_values_range(static_cast<int>(b));
+    const auto [lo, hi] = plan.values_range(static_cast<int>(b));
+    r.lo = lo, r.hi = hi;
     for (size_t s = 0; s < states.size(); ++s) {
       r.at.push_back(r.floats);
       r.floats += s == 0 ? r.hi - r.lo : plan.range(states[s].kind, static_cast<int>(b)).numel();
@@ -165,12 +165,16 @@ IoStats load(Engine& engine, const std::string& path, Manifest* out, bool weight
     });
     return planned;
   };
-  // What no read covers in block b's run (padding) is zeroed, as the engine holds it.
-  auto zero_gaps = [&](const std::vector<Planned>& planned, size_t b, float* run) {
-    std::vector<std::pair<std::byte*, std::byte*>> covered;
-    for (const auto& p : planned)
-      if (p.block == b) covered.emplace_back(p.read.dst, p.read.dst + p.read.bytes);
-    std::sort(covered.begin(), covered.end());
+  // What no read covers in a block's run (padding) is zeroed, as the engine holds it: `covered` is
+  // the block's reads' destinations, sorted.
+  using Covered = std::vector<std::pair<std::byte*, std::byte*>>;
+  auto covered_by_block = [&](const std::vector<Planned>& planned) {
+    std::vector<Covered> covered(plan.blocks.size());
+    for (const auto& p : planned) covered[p.block].emplace_back(p.read.dst, p.read.dst + p.read.bytes);
+    for (auto& c : covered) std::sort(c.begin(), c.end());
+    return covered;
+  };
+  auto zero_gaps = [&](const Covered& covered, size_t b, float* run) {
     auto* at = reinterpret_cast<std::byte*>(run);
     for (const auto& [lo, hi] : covered) {
       if (lo > at) std::memset(at, 0, static_cast<size_t>(lo - at));
@@ -190,75 +194,84 @@ IoStats load(Engine& engine, const std::string& path, Manifest* out, bool weight
   enum class Way { direct, landing, two_passes } way = Way::two_passes;
   offload::AlignedBuffer buffer;
   std::vector<Planned> planned;
-  if (options.stream_into_engine && engine.pristine()) {
-    buffer = offload::AlignedBuffer(largest * sizeof(float));
-    planned = plan_reads([&](size_t) { return reinterpret_cast<float*>(buffer.data()); });
-    std::vector<Planned> streamed;
-    std::copy_if(planned.begin(), planned.end(), std::back_inserter(streamed), [&](const Planned& p) { return streams(p.read.file); });
-    if (std::is_sorted(streamed.begin(), streamed.end(), [](const Planned& x, const Planned& y) { return x.block < y.block; }))
-      way = Way::direct;
-  }
-  if (way != Way::direct && total_floats * sizeof(float) <= options.landing_bytes_limit.value_or(available_memory() / 2)) {
-    buffer = offload::AlignedBuffer(total_floats * sizeof(float));
-    std::vector<size_t> first(plan.blocks.size());
-    for (size_t b = 1; b < first.size(); ++b) first[b] = first[b - 1] + runs[b - 1].floats;
-    planned = plan_reads([&](size_t b) { return reinterpret_cast<float*>(buffer.data()) + first[b]; });
-    for (size_t b = 0; b < plan.blocks.size(); ++b) zero_gaps(planned, b, reinterpret_cast<float*>(buffer.data()) + first[b]);
-    way = Way::landing;
-  }
-  if (way == Way::two_passes) planned.clear();
-
-  // Verification, the files split between the ranks; every rank learns every outcome. A rank
-  // takes what it needs of the files it verifies out of the stream.
-  const offload::IoOptions io = io_options(engine.config().aio);
+  std::vector<Covered> covered;
+  // This rank's failure before the outcomes are exchanged (memory, I/O set-up, a write into the
+  // engine): it rides along, so no rank is left waiting in the exchange.
+  std::exception_ptr error;
   std::vector<uint64_t> checks(2 * files + 1, 0);
-  // Direct: the bytes of each block still to stream in, and what it needs of the files other ranks
-  // verify, read when its turn comes (unverified then: should any file fail, the engine is put back).
-  std::vector<uint64_t> left(plan.blocks.size(), 0);
-  std::vector<std::vector<ByteRead>> foreign(plan.blocks.size());
-  for (const auto& p : planned) {
-    if (streams(p.read.file)) {
-      left[p.block] += p.read.bytes;
-    } else {
-      foreign[p.block].push_back(p.read);
+  try {
+    if (options.stream_into_engine && engine.pristine()) {
+      buffer = offload::AlignedBuffer(largest * sizeof(float));
+      planned = plan_reads([&](size_t) { return reinterpret_cast<float*>(buffer.data()); });
+      std::vector<Planned> streamed;
+      std::copy_if(planned.begin(), planned.end(), std::back_inserter(streamed),
+                   [&](const Planned& p) { return streams(p.read.file); });
+      if (std::is_sorted(streamed.begin(), streamed.end(), [](const Planned& x, const Planned& y) { return x.block < y.block; }))
+        way = Way::direct;
     }
-  }
-  std::exception_ptr direct_error;
-  auto write_block = [&](size_t b) {
-    if (direct_error) return;
-    try {
-      reader.fetch(std::move(foreign[b]));
-      zero_gaps(planned, b, reinterpret_cast<float*>(buffer.data()));
-      apply(b, reinterpret_cast<const float*>(buffer.data()));
-    } catch (...) {
-      direct_error = std::current_exception();
+    // The ranks of a node read the available memory at once: each takes its share of the half.
+    const uint64_t limit = options.landing_bytes_limit.value_or(available_memory() / 2 / static_cast<uint64_t>(ranks));
+    if (way != Way::direct) buffer = {}, planned.clear();
+    if (way != Way::direct && total_floats * sizeof(float) <= limit) {
+      buffer = offload::AlignedBuffer(total_floats * sizeof(float));
+      std::vector<size_t> first(plan.blocks.size());
+      for (size_t b = 1; b < first.size(); ++b) first[b] = first[b - 1] + runs[b - 1].floats;
+      planned = plan_reads([&](size_t b) { return reinterpret_cast<float*>(buffer.data()) + first[b]; });
+      covered = covered_by_block(planned);
+      for (size_t b = 0; b < plan.blocks.size(); ++b) zero_gaps(covered[b], b, reinterpret_cast<float*>(buffer.data()) + first[b]);
+      way = Way::landing;
     }
-  };
-  size_t next_block = 0;  // direct: the blocks before it are written
-  for (size_t f = static_cast<size_t>(rank); f < files; f += static_cast<size_t>(ranks)) {
-    auto first = std::lower_bound(planned.begin(), planned.end(), static_cast<int>(f),
-                                  [](const Planned& p, int file) { return p.read.file < file; });
-    const FileCheck c = verify_file(step_dir, m.files[f], io, [&](uint64_t offset, const std::byte* data, size_t bytes) {
-      const uint64_t end = offset + bytes;
-      for (auto p = first; p != planned.end() && p->read.file == static_cast<int>(f) && p->read.offset < end; ++p) {
-        const uint64_t a = std::max(offset, p->read.offset), e = std::min(end, p->read.offset + p->read.bytes);
-        if (a >= e) continue;
-        if (way == Way::direct) {
-          // A block with nothing in the files streamed so far is written (zeros) when the next arrives.
-          for (; next_block < p->block; ++next_block) write_block(next_block);
-        }
-        std::memcpy(p->read.dst + (a - p->read.offset), data + (a - offset), e - a);
-        if (way == Way::direct && (left[p->block] -= e - a) == 0) write_block(next_block++);
+    if (way == Way::direct) covered = covered_by_block(planned);
+
+    // Verification, the files split between the ranks; every rank learns every outcome. A rank
+    // takes what it needs of the files it verifies out of the stream.
+    const offload::IoOptions io = io_options(engine.config().aio);
+    // Direct: the bytes of each block still to stream in, and what it needs of the files other
+    // ranks verify, read when its turn comes (unverified then: should any file fail, the engine is
+    // put back).
+    std::vector<uint64_t> left(plan.blocks.size(), 0);
+    std::vector<std::vector<ByteRead>> foreign(plan.blocks.size());
+    for (const auto& p : planned) {
+      if (streams(p.read.file)) {
+        left[p.block] += p.read.bytes;
+      } else {
+        foreign[p.block].push_back(p.read);
       }
-      while (first != planned.end() && first->read.file == static_cast<int>(f) && first->read.offset + first->read.bytes <= end)
-        ++first;
-    });
-    checks[2 * f] = static_cast<uint64_t>(c.problem), checks[2 * f + 1] = c.found;
-    io_stats.bytes += c.read_bytes;
-  }
-  if (way == Way::direct) {
-    for (; next_block < plan.blocks.size(); ++next_block) write_block(next_block);
-    checks.back() = direct_error ? 1 : 0;
+    }
+    bool damaged = false;   // a file this rank verifies failed: nothing more is written
+    size_t next_block = 0;  // direct: the blocks before it are written
+    auto write_blocks = [&](size_t until) {
+      for (; next_block < until && !damaged; ++next_block) {
+        reader.fetch(std::move(foreign[next_block]));
+        zero_gaps(covered[next_block], next_block, reinterpret_cast<float*>(buffer.data()));
+        apply(next_block, reinterpret_cast<const float*>(buffer.data()));
+      }
+    };
+    for (size_t f = static_cast<size_t>(rank); f < files; f += static_cast<size_t>(ranks)) {
+      auto first = std::lower_bound(planned.begin(), planned.end(), static_cast<int>(f),
+                                    [](const Planned& p, int file) { return p.read.file < file; });
+      const FileCheck c = verify_file(step_dir, m.files[f], io, [&](uint64_t offset, const std::byte* data, size_t bytes) {
+        const uint64_t end = offset + bytes;
+        for (auto p = first; p != planned.end() && p->read.file == static_cast<int>(f) && p->read.offset < end; ++p) {
+          const uint64_t a = std::max(offset, p->read.offset), e = std::min(end, p->read.offset + p->read.bytes);
+          if (a >= e) continue;
+          // A block with nothing in the files streamed so far is written (zeros and foreign
+          // pieces) when the stream passes it; one block's buffer holds one block at a time.
+          if (way == Way::direct) write_blocks(p->block);
+          std::memcpy(p->read.dst + (a - p->read.offset), data + (a - offset), e - a);
+          if (way == Way::direct && (left[p->block] -= e - a) == 0) write_blocks(p->block + 1);
+        }
+        while (first != planned.end() && first->read.file == static_cast<int>(f) && first->read.offset + first->read.bytes <= end)
+          ++first;
+      });
+      checks[2 * f] = static_cast<uint64_t>(c.problem), checks[2 * f + 1] = c.found;
+      io_stats.bytes += c.read_bytes;
+      damaged = damaged || c.problem != FileCheck::Problem::none;
+    }
+    if (way == Way::direct) write_blocks(plan.blocks.size());
+  } catch (...) {
+    error = std::current_exception();
+    checks.back() = 1;
   }
   const auto all = all_gather_words(engine, checks);
   std::string problems;
@@ -275,8 +288,8 @@ IoStats load(Engine& engine, const std::string& path, Manifest* out, bool weight
   }
   if (!problems.empty() || !failed.empty()) {
     if (way == Way::direct) engine.reinitialize();  // as it was: nothing of the checkpoint stays
-    if (problems.empty() && direct_error) std::rethrow_exception(direct_error);
-    if (problems.empty()) problems = fmt::format("rank(s) {} could not write what they read (see their errors)", failed);
+    if (problems.empty() && error) std::rethrow_exception(error);
+    if (problems.empty()) problems = fmt::format("rank(s) {} failed while reading it (see their errors)", failed);
     throw CheckpointError(problems + "; the checkpoint cannot be loaded (an earlier step folder may still be whole)");
   }
 
@@ -306,7 +319,12 @@ IoStats load(Engine& engine, const std::string& path, Manifest* out, bool weight
     if (!weights_only) engine.restore_counters(m.engine);
   });
   engine.release_transfer_buffers();
-  agreement.agree(fmt::format("loading the checkpoint {}", step_dir).c_str());
+  try {
+    agreement.agree(fmt::format("loading the checkpoint {}", step_dir).c_str());
+  } catch (...) {
+    if (way == Way::direct) engine.reinitialize();
+    throw;
+  }
   io_stats.all_bytes = m.data_bytes();
   io_stats.way = way == Way::direct    ? "each file read once, into the engine"
                  : way == Way::landing ? "each file read once, through a host buffer"

@@ -16,7 +16,6 @@
 #include <memory>       // std::unique_ptr, std::shared_ptr
 #include <optional>     // std::optional
 #include <string_view>  // std::string_view
-#include <utility>      // std::pair
 #include <vector>       // std::vector
 
 #include "comm/communicator.h"                // Communicator
@@ -121,12 +120,10 @@ class Executor {
   // is neither clipped nor skipped.
   void set_speculation(std::function<std::optional<UpdateArgs>()> args) { speculation_ = std::move(args); }
 
-  // Values of a block: fill(lo, hi, out) provides padded elements [lo, hi) in f32; every kind
+  // Values of a block: fill(lo, hi, out) provides padded elements [lo, hi) (Plan::values_range) in f32; every kind
   // this rank holds of the block (full parameters, parameter shard, master) is written from them,
   // so no collective is needed. Between cycles; synchronizes.
   void write_block(int block, const std::function<void(size_t, size_t, float*)>& fill);
-  // The padded elements [lo, hi) write_block asks `fill` for: what the rank's copies of the block cover.
-  std::pair<size_t, size_t> block_values_range(int block) const;
   // Zeroes what starts at zero (moments, gradient accumulators).
   void start();
   // The fp32 master values of a block, whole (padded). Collective over the group; synchronizes.

@@ -328,20 +328,11 @@ void Executor::all_gather(int index) {
   }
 }
 
-std::pair<size_t, size_t> Executor::block_values_range(int b) const {
-  const OwnedRange* params = plan_.find(StateKind::params, b);
-  const OwnedRange& shard = plan_.range(StateKind::param_shard, b);
-  const OwnedRange& master = plan_.range(StateKind::master, b);
-  size_t lo = std::min(shard.lo, master.lo), hi = std::max(shard.hi, master.hi);
-  if (params != nullptr) lo = std::min(lo, params->lo), hi = std::max(hi, params->hi);
-  return {lo, hi};
-}
-
 void Executor::write_block(int b, const std::function<void(size_t, size_t, float*)>& fill) {
   const OwnedRange* params = plan_.find(StateKind::params, b);
   const OwnedRange& shard = plan_.range(StateKind::param_shard, b);
   const OwnedRange& master = plan_.range(StateKind::master, b);
-  const auto [lo, hi] = block_values_range(b);
+  const auto [lo, hi] = plan_.values_range(b);
   std::vector<float>& values = scratch_values_;
   values.assign(hi - lo, 0.0f);
   fill(lo, hi, values.data());

@@ -25,7 +25,7 @@ std::string MemoryNeed::describe(Tier tier) const {
   return out;
 }
 
-MemoryNeed estimate(const Plan& plan, const ModelFootprint& model, bool snapshot_checkpoints) {
+MemoryNeed estimate(const Plan& plan, const ModelFootprint& model, bool snapshot_checkpoints, bool loads_checkpoint) {
   MemoryNeed need;
   need.bytes = plan.bytes;
   at(need.bytes, Tier::device, MemTag::activations) += model.activations;
@@ -47,7 +47,7 @@ MemoryNeed estimate(const Plan& plan, const ModelFootprint& model, bool snapshot
   }
   at(need.bytes, Tier::device, MemTag::other) += gather;
   // The checkpoint writer copies one owned range of one state at a time to the host and streams the
-  // rank's file through two staging buffers, which a file smaller than both touches only in part.
+  // rank's file through its staging buffers, which a file smaller than them touches only in part.
   size_t checkpoint_host = 0, checkpoint_file = 0;
   for (const auto& r : plan.owned) {
     if (r.kind == StateKind::master || r.kind == StateKind::moment0 || r.kind == StateKind::moment1) {
@@ -55,11 +55,27 @@ MemoryNeed estimate(const Plan& plan, const ModelFootprint& model, bool snapshot
       checkpoint_file += r.numel() * sizeof(float);
     }
   }
-  const size_t staging = std::min(2 * ckpt::kStagingBytes,
-                                  (checkpoint_file + ckpt::kStagingAlignment - 1) / ckpt::kStagingAlignment * ckpt::kStagingAlignment);
+  const size_t file_pages = (checkpoint_file + ckpt::kStagingAlignment - 1) / ckpt::kStagingAlignment * ckpt::kStagingAlignment;
+  const size_t staging = std::min(ckpt::kWriteBuffers * ckpt::kStagingBytes, file_pages);
+  // A resume streams the files through its read buffers into one block's run at a time (its values
+  // and owned moments, f32), which the engine's write copies once more (f32, then the compute
+  // dtype), through the bounce buffer for state in swap files.
+  size_t load_host = 0;
+  for (size_t b = 0; loads_checkpoint && b < plan.blocks.size(); ++b) {
+    const auto [lo, hi] = plan.values_range(static_cast<int>(b));
+    size_t run = hi - lo, bounced = 0;
+    for (StateKind kind : {StateKind::master, StateKind::moment0, StateKind::moment1}) {
+      const OwnedRange* r = plan.find(kind, static_cast<int>(b));
+      if (r == nullptr) continue;
+      if (kind != StateKind::master) run += r->numel();
+      bounced = std::max(bounced, bounce(*r));
+    }
+    load_host = std::max(load_host, (run + hi - lo) * sizeof(float) + (hi - lo) * dtype_size(plan.compute_dtype) + bounced);
+  }
   // An asynchronous save first copies the whole file to a host snapshot, kept for the next save and
   // so still held when the run's end gathers its weights.
-  need.save_host = std::max(weights_host, checkpoint_host + staging) + (snapshot_checkpoints ? checkpoint_file : 0);
+  need.save_host = std::max(loads_checkpoint ? load_host + std::min(ckpt::kStreamBuffers * ckpt::kStagingBytes, file_pages) : 0,
+                            std::max(weights_host, checkpoint_host + staging) + (snapshot_checkpoints ? checkpoint_file : 0));
   return need;
 }
 

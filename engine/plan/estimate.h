@@ -21,11 +21,12 @@ inline constexpr size_t kEstimateAllowance = 64 * 1024;
 struct MemoryNeed {
   TierBytes bytes{};                      // plan + model, per tier and tag
   size_t allowance = kEstimateAllowance;  // on the device tier
-  // Pageable host memory outside the engine's tiers that the end-of-run save takes: the larger of
-  // the weights file's gathered block with the rank's slice of it (fp32) and the checkpoint
-  // writer's largest owned range of one state plus what its two staging buffers hold of the file
-  // (and the file's snapshot when saves are asynchronous); state in swap files adds the bounce
-  // buffer it is read through.
+  // Pageable host memory outside the engine's tiers that a checkpoint's save or load takes: the
+  // largest of the weights file's gathered block with the rank's slice of it (fp32), the checkpoint
+  // writer's largest owned range of one state plus what its staging buffers hold of the file (and
+  // the file's snapshot when saves are asynchronous), and, for a run that resumes, the load's
+  // largest block run (values and moments) with the engine's copies of its values and the staging;
+  // state in swap files adds the bounce buffer it goes through.
   size_t save_host = 0;
   // Pageable host memory the run around the engine holds on this rank: its copy of the tokens, its
   // loaders' window order, its threads' stacks and allocator arenas (train's run_host_bytes; the
@@ -39,7 +40,9 @@ struct MemoryNeed {
 // The plan's bytes, the model's, and (tag other) the device buffers of gathering one block's fp32
 // master values, which a run does at its end to save its weights. `snapshot_checkpoints`: saves
 // are asynchronous (run.checkpoint_async), each copying the rank's file to the host first.
-MemoryNeed estimate(const Plan& plan, const ModelFootprint& model = {}, bool snapshot_checkpoints = false);
+// `loads_checkpoint`: the run starts by loading one (run.resume).
+MemoryNeed estimate(const Plan& plan, const ModelFootprint& model = {}, bool snapshot_checkpoints = false,
+                    bool loads_checkpoint = false);
 
 // Throws OutOfMemory, naming every part and what to change, when the need on `tier` exceeds
 // `budget` (0: unlimited) less `in_use`. `budget_name` says where the budget comes from

@@ -283,6 +283,15 @@ const OwnedRange& Plan::range(StateKind kind, int block) const {
   return *r;
 }
 
+std::array<size_t, 2> Plan::values_range(int block) const {
+  const OwnedRange* params = find(StateKind::params, block);
+  const OwnedRange& shard = range(StateKind::param_shard, block);
+  const OwnedRange& master = range(StateKind::master, block);
+  size_t lo = std::min(shard.lo, master.lo), hi = std::max(shard.hi, master.hi);
+  if (params != nullptr) lo = std::min(lo, params->lo), hi = std::max(hi, params->hi);
+  return {lo, hi};
+}
+
 Plan make_plan(const std::vector<BlockSpec>& specs, const BlockSchedule& schedule, const EngineConfig& config, int dp, int rank,
                std::vector<PassRef> passes) {
   return make_plan(specs, std::vector<BlockSchedule>{schedule}, config, dp, rank, std::move(passes));

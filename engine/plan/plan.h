@@ -277,6 +277,9 @@ struct Plan {
   // The owned range of a kind of a block, or nullptr when the rank holds none.
   const OwnedRange* find(StateKind kind, int block) const;
   const OwnedRange& range(StateKind kind, int block) const;  // throws when there is none
+  // The padded elements [lo, hi) of a block that the rank keeps any copy of (full parameters,
+  // parameter shard, master): what writing the block's values touches.
+  std::array<size_t, 2> values_range(int block) const;
   // The parts of the rank's reduced gradients that count in the global norm: [begin, end) within
   // the block's grad_shard range, or within the bucket's reduced gradients (its blocks' ranges
   // end to end).

@@ -345,15 +345,21 @@ TEST(Checkpoint, DamageIsRefusedNamingTheFile) {
     fs::remove(data);
     expect_way("a deleted file", {data, "is missing"});
   }
-  // Into an engine whose state is in swap files: the moments written there are zeros again.
+  // Into an engine whose state is in swap files (which it streams into): the moments written there
+  // are zeros again.
   const std::string swap = dir / "swap";
   fs::create_directories(swap);
-  flip_byte(data, static_cast<long>(fs::file_size(data) / 2));
-  const std::string e = load_error(step, MlpRun{}.widths, {}, [&](EngineConfig& c) {
+  const auto in_swap_files = [&](EngineConfig& c) {
     c.zero.stage = 3;
     c.zero.offload_optimizer.device = c.zero.offload_param.device = OffloadDevice::nvme;
     c.zero.offload_optimizer.nvme_path = c.zero.offload_param.nvme_path = swap;
-  });
+  };
+  on_ranks(
+      2, 3, MlpRun{}.widths,
+      [&](Communicator&, Engine& engine, Mlp&) { EXPECT_EQ(ckpt::load(engine, step).way, "each file read once, into the engine"); },
+      in_swap_files);
+  flip_byte(data, static_cast<long>(fs::file_size(data) / 2));
+  const std::string e = load_error(step, MlpRun{}.widths, {}, in_swap_files);
   EXPECT_NE(e.find("is corrupted"), std::string::npos) << e;
   restore();
   {
@@ -423,9 +429,11 @@ TEST(Checkpoint, LoadWaysAgree) {
   for (const auto& widths : {MlpRun{}.widths, std::vector<int>{16, 1500, 1500, 8}}) {
     const std::string step = saved_checkpoint(dir, widths);
     for (const auto& [dp, stage] : {std::pair{2, 2}, std::pair{1, 0}}) {
-      std::vector<std::vector<std::vector<float>>> got;  // per way, rank 0's state
+      std::vector<std::vector<std::vector<float>>> got;  // per load and rank, the rank's state
       for (const auto& way : load_ways()) {
         for (const bool stepped : {false, true}) {
+          std::mutex mutex;
+          std::vector<std::vector<std::vector<float>>> mine(dp);
           on_ranks(dp, stage, widths, [&](Communicator& comm, Engine& engine, Mlp& mlp) {
             if (stepped) mlp_step(engine, mlp, comm, 0);
             const ckpt::IoStats io = ckpt::load(engine, step, nullptr, false, way.options);
@@ -437,13 +445,17 @@ TEST(Checkpoint, LoadWaysAgree) {
             EXPECT_EQ(io.way, says.at(expected)) << way.name << " at dp " << dp << (stepped ? ", stepped" : "");
             EXPECT_EQ(engine.steps_run(), 2);
             const auto state = rank_state(engine);  // collective
-            if (comm.rank() == 0) got.push_back(state);
+            std::lock_guard lock(mutex);
+            mine[comm.rank()] = state;
           });
+          got.insert(got.end(), mine.begin(), mine.end());
         }
       }
-      ASSERT_EQ(got.size(), 6u);
-      for (size_t i = 1; i < got.size(); ++i)
-        EXPECT_TRUE(got[i] == got[0]) << "load " << i << " at dp " << dp << " of widths " << widths[1] << " differs";
+      ASSERT_EQ(got.size(), 6u * dp);
+      for (size_t i = static_cast<size_t>(dp); i < got.size(); ++i) {
+        EXPECT_TRUE(got[i] == got[i % dp]) << "load " << i / dp << ", rank " << i % dp << " at dp " << dp << " of widths " << widths[1]
+                                           << " differs";
+      }
     }
   }
 }
