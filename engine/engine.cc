@@ -290,6 +290,8 @@ StepResult Engine::step() {
     swap_io_ = io;
     return r;
   };
+  // A delayed update runs under the next step once the warm-up's updates are applied.
+  const bool delay = plan_.delayed_update && applied_ >= static_cast<int64_t>(config_.zero.offload_optimizer.delayed_update_warmup);
   const double sumsq = exec.grad_norm();
   // The micro-batches' gradients were scaled by loss_gradient_scale(), so their sum is the
   // accumulated mean times the loss scale; the ranks' sum is dp times the average.
@@ -301,7 +303,7 @@ StepResult Engine::step() {
   if (overflow) {
     result.skipped = true;
     if (config_.compute_dtype != DType::f16) ZLOG_WARN("step {}: the gradients hold Inf or NaN; the step is skipped", cycles_);
-    result.speculation = exec.finish_step(std::nullopt);
+    result.speculation = exec.finish_step(std::nullopt, delay);
     speculate_ = false;
     return timed(result);
   }
@@ -312,7 +314,8 @@ StepResult Engine::step() {
   }
   const UpdateArgs args = update_args(inv * clip);
   result.lr = args.lr;
-  result.speculation = exec.finish_step(args);
+  result.speculation = exec.finish_step(args, delay);
+  result.update_delayed = delay;
   speculate_ = clip == 1.0;
   applied_ = args.step;
   result.step = args.step;
@@ -331,6 +334,7 @@ UpdateArgs Engine::update_args(double grad_scale) const {
 
 std::vector<float> Engine::master_values(int block) {
   ZEROTH_CHECK(exec_ && block >= 0 && static_cast<size_t>(block) < plan_.blocks.size(), "master_values({})", block);
+  exec_->settle();
   return exec_->master_values(block);
 }
 
@@ -367,6 +371,7 @@ Executor& Engine::between_cycles(const char* what, int block) const {
     ZEROTH_THROW(InvalidArgument, "{}({}) in the middle of a cycle ({} block uses done); call it between steps", what,
                  block >= 0 ? specs_.at(block).name : std::string("-"), exec.uses_done());
   }
+  exec.settle();
   return exec;
 }
 

@@ -61,6 +61,9 @@ struct StepResult {
   // The sub-groups updated during the backward pass (offload_optimizer.overlap_backward): their
   // result kept, or done again with the step's clipping, or undone for a skipped step.
   Speculation speculation = Speculation::none;
+  // offload_optimizer.delayed_update: the step's update was left running under the next step,
+  // whose forward and backward see the weights before it (false during the warm-up).
+  bool update_delayed = false;
 };
 
 class Engine final : public BlockHost {
@@ -148,7 +151,8 @@ class Engine final : public BlockHost {
   void set_master_values(int block, std::span<const float> values);
 
   // What checkpoints (engine/checkpoint/checkpoint.h) read and restore, between cycles, synchronously, with
-  // no collective:
+  // no collective (each first publishes a delayed update still running, offload_optimizer.delayed_update,
+  // so it sees every update applied so far):
   // - the rank's owned range of an f32 kind of state (master, moment0, moment1: plan().range());
   void read_owned(StateKind kind, int block, std::span<float> out);
   void write_owned(StateKind kind, int block, std::span<const float> values);

@@ -13,7 +13,7 @@ std::string wall_clock_line(const StepMetrics& s) {
   if (s.swap_read_bytes + s.swap_write_bytes > 0) {
     const uint64_t in_step = s.optimizer_swap_read_bytes + s.optimizer_swap_write_bytes;
     // A rate only where the optimizer moved its bytes inside its own time.
-    const std::string rate = s.speculation == Speculation::none && s.optimizer_seconds > 0
+    const std::string rate = s.speculation == Speculation::none && !s.update_delayed && s.optimizer_seconds > 0
                                  ? fmt::format(", at {:.2f} GB/s", static_cast<double>(in_step) / s.optimizer_seconds * 1e-9)
                                  : std::string();
     swaps =
@@ -21,7 +21,9 @@ std::string wall_clock_line(const StepMetrics& s) {
                     format_bytes(s.swap_read_bytes), format_bytes(s.swap_write_bytes), s.swap_busy_seconds * 1e3,
                     format_bytes(s.optimizer_swap_read_bytes), format_bytes(s.optimizer_swap_write_bytes), rate);
   }
-  const std::string in_backward = s.speculation == Speculation::none
+  const std::string in_backward = s.update_delayed
+                                      ? " (update delayed: it runs under the next step; this is the wait for the one before)"
+                                  : s.speculation == Speculation::none
                                       ? ""
                                       : fmt::format(" (sub-groups updated in backward: {})", speculation_name(s.speculation));
   return fmt::format("  time (ms) | forward: {:.2f} | backward: {:.2f} | reduce wait: {:.2f} | optimizer: {:.2f}{}{}\n",

@@ -237,6 +237,7 @@ class Console final : public TrainObserver {
       }
     }
     if (s.speculation != Speculation::none) record["optimizer_in_backward"] = speculation_name(s.speculation);
+    if (s.update_delayed) record["update_delayed"] = true;
     metrics_ << record.dump() << "\n";
     check_written();
     const bool print = s.step == 1 || s.step % c_.steps_per_print == 0 || s.step == c_.run.steps;

@@ -449,6 +449,7 @@ void TrainingRun::report_step(int64_t k, double loss, double seconds, const Step
     s.optimizer_swap_read_bytes = r.update_swap_read_bytes;
     s.optimizer_swap_write_bytes = r.update_swap_write_bytes;
     s.speculation = r.speculation;
+    s.update_delayed = r.update_delayed;
     observer_->on_step(s);
   });
 }

@@ -42,6 +42,9 @@ struct StepMetrics {
   // Sub-groups updated during the backward pass (offload_optimizer.overlap_backward): kept, redone
   // (the step clipped) or undone (skipped); none when no update ran there.
   Speculation speculation = Speculation::none;
+  // offload_optimizer.delayed_update: the step's update runs under the next step (its
+  // optimizer_seconds is then the wait for the update before it, and the launch).
+  bool update_delayed = false;
   // Expert layers (model.moe), over every rank's layers and micro-batches: the mean load-balancing
   // and z losses per layer pass (without their coefficients), the fraction of choices dropped past
   // the capacity, and the busiest expert's rows over the mean (the largest of any layer pass).

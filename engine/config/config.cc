@@ -145,6 +145,17 @@ void ZeroConfig::validate() const {
                  "(device \"{}\") moves every parameter shard off it: set ratio to 1, or remove offload_param",
                  offload_optimizer.ratio, offload_device_name(offload_param.device));
   }
+  if (offload_optimizer.delayed_update && !offload_optimizer.enabled()) {
+    ZEROTH_THROW(ConfigError,
+                 "zero_optimization.offload_optimizer.delayed_update needs offload_optimizer.device \"cpu\" or \"nvme\": the delayed "
+                 "update is the host's, run beside the device's next step");
+  }
+  if (offload_optimizer.delayed_update && offload_optimizer.ratio < 1.0) {
+    ZEROTH_THROW(ConfigError,
+                 "zero_optimization.offload_optimizer.delayed_update with ratio = {}: the sub-groups kept on the device are updated "
+                 "in place, which a delayed update cannot do under the next step; set ratio to 1 or turn delayed_update off",
+                 offload_optimizer.ratio);
+  }
   if (offload_param.enabled() && stage != 3) {
     ZEROTH_THROW(ConfigError,
                  "zero_optimization.offload_param.device = \"{}\" needs zero_optimization.stage 3 (got {}): only stage 3 "

@@ -37,6 +37,14 @@ struct OffloadConfig {
   // clipped nor skipped; the step commits, or redoes the sub-groups when it is (zeroth's key).
   // Master weights and moments keep two copies in their swap files (the step's and the last).
   bool overlap_backward = true;
+  // offload_optimizer: ZeRO-Offload's delayed parameter update (zeroth's keys; DeepSpeed has none).
+  // After `delayed_update_warmup` updates applied serially, each step's update (swap-in, update,
+  // write-back) runs in the background under the next step's forward and backward, which still see
+  // the weights before it; its parameters are published at that next step. The forward's weights
+  // are one update behind; anything that reads the state between steps (a checkpoint, an export)
+  // publishes the pending update first. Replaces overlap_backward.
+  bool delayed_update = false;
+  uint64_t delayed_update_warmup = 10;
   // offload_param: the swap buffers (count, elements each) and the elements kept in host memory.
   uint64_t buffer_count = 0, buffer_size = 100'000'000, max_in_cpu = 1'000'000'000;
   // offload_optimizer: the fraction of the shard offloaded (and updated on the host); the rest,

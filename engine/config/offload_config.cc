@@ -40,9 +40,10 @@ OffloadConfig OffloadConfig::from_deepspeed(const json& section, std::string_vie
   if (section.is_null()) return o;
   if (!section.is_object())
     ZEROTH_THROW(ConfigError, "{} must be an object like {{\"device\": \"cpu\"}}, got {}", path, section.dump());
-  static constexpr std::string_view kOptimizerKeys[] = {"device",        "nvme_path",       "buffer_count", "pin_memory",
-                                                        "pipeline_read", "pipeline_write",  "pipeline",     "fast_init",
-                                                        "ratio",         "overlap_backward"};
+  static constexpr std::string_view kOptimizerKeys[] = {"device",           "nvme_path",      "buffer_count",
+                                                        "pin_memory",       "pipeline_read",  "pipeline_write",
+                                                        "pipeline",         "fast_init",      "ratio",
+                                                        "overlap_backward", "delayed_update", "delayed_update_warmup"};
   static constexpr std::string_view kParamKeys[] = {"device", "nvme_path", "buffer_count", "buffer_size", "max_in_cpu", "pin_memory"};
   const std::span<const std::string_view> known = params ? std::span<const std::string_view>(kParamKeys) : kOptimizerKeys;
   const ConfigSection s(section, path, known);
@@ -64,6 +65,9 @@ OffloadConfig OffloadConfig::from_deepspeed(const json& section, std::string_vie
   o.pipeline_read = s.flag("pipeline_read", o.pipeline_read);
   o.pipeline_write = s.flag("pipeline_write", o.pipeline_write);
   o.overlap_backward = s.flag("overlap_backward", o.overlap_backward);
+  o.delayed_update = s.flag("delayed_update", o.delayed_update);
+  o.delayed_update_warmup = static_cast<uint64_t>(s.integer("delayed_update_warmup", static_cast<int64_t>(o.delayed_update_warmup), 0,
+                                                            int64_t{1} << 40, "a number of steps, 0 or more"));
   // DeepSpeed derives `pipeline` from the two above; fast_init skips its first swap-out, which
   // zeroth never does (the swap files start as zeroed extents).
   for (const char* key : {"fast_init", "pipeline"}) {

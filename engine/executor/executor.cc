@@ -64,6 +64,16 @@ Executor::Executor(Device& device, TierAllocators& tiers, Communicator& dp, cons
     }
   }
 
+  if (plan_.delayed_update) {
+    bucket_sub_groups_.resize(plan_.reduce_buckets.size());
+    for (size_t g = 0; g < plan_.sub_groups.size(); ++g) {
+      grads_read_.push_back(device_.create_event());
+      for (const auto& span : plan_.sub_groups[g]) {
+        auto& feeds = bucket_sub_groups_[plan_.blocks[span.block].reduce_bucket];
+        if (feeds.empty() || feeds.back() != static_cast<int>(g)) feeds.push_back(static_cast<int>(g));
+      }
+    }
+  }
   copy_.assign(plan_.sub_groups.size(), 0);
   speculated_.assign(plan_.sub_groups.size(), false);
   const size_t n = plan_.blocks.size();

@@ -114,7 +114,15 @@ class Executor {
   // Blocks the host until the cycle's gradient reductions are done.
   void wait_for_reductions();
   double grad_norm();
-  Speculation finish_step(const std::optional<UpdateArgs>& args);
+  // With Plan::delayed_update, `delay` leaves the update running in the background (on the
+  // update and swap streams) under the next cycle, whose forward and backward see the parameters
+  // before it, and publishes the update left running by the step before (uploads, post-step
+  // gathers); without, the update is run and published at once (the warm-up).
+  Speculation finish_step(const std::optional<UpdateArgs>& args, bool delay = false);
+  // Publishes a delayed update still pending and waits for it: what reads or writes the state
+  // between steps sees every update applied so far.
+  void settle();
+  bool update_pending() const { return pending_; }
   // The arguments a cycle's sub-groups are updated with during the backward pass, asked for once
   // per cycle before the first of them (nullopt: wait for the step instead): the step's own when it
   // is neither clipped nor skipped.
@@ -179,6 +187,11 @@ class Executor {
   // The sub-group's parameters from its master weights as they were (a skipped step after a
   // speculative update), for upload.
   void restore(int sub_group, int slot);
+  // The step program's sweep (swap_in, update, swap_out, zeroing) with `args` (none: the zeroing
+  // only), and its publication (uploads and post-step gathers of a pending update), for plans with
+  // delayed_update. The gather stream waits for the update stream's work so far either way.
+  void launch_update(const std::optional<UpdateArgs>& args);
+  void publish_update();
   // A swap_in, update, upload or swap_out of the cycle's program: with this cycle's speculative
   // arguments, if there are.
   void speculate(const Action& a);
@@ -257,6 +270,12 @@ class Executor {
   // wrote the other one speculatively.
   std::vector<uint8_t> copy_;
   std::vector<bool> speculated_;
+  // Delayed update: one has been launched and not yet published; per sub-group, when the launch
+  // has read its gradients (the next cycle's offload_grads of its buckets wait for that), and the
+  // sub-groups each reduce bucket's gradients feed.
+  bool pending_ = false;
+  std::vector<std::unique_ptr<Event>> grads_read_;
+  std::vector<std::vector<int>> bucket_sub_groups_;
   std::function<std::optional<UpdateArgs>()> speculation_;
   std::optional<UpdateArgs> speculative_args_;
   bool speculation_asked_ = false;

@@ -71,7 +71,9 @@ void Executor::check_io() const {
 }
 
 void Executor::drain_swaps() {
-  for (Stream* s : {swap_in_stream_.get(), update_stream_.get(), swap_out_stream_.get(), gather_stream_.get()}) {
+  // A delayed update runs on under the next cycle: only what the step published is waited for.
+  for (Stream* s : {pending_ ? nullptr : swap_in_stream_.get(), pending_ ? nullptr : update_stream_.get(),
+                    pending_ ? nullptr : swap_out_stream_.get(), gather_stream_.get()}) {
     if (s != nullptr) s->synchronize();
   }
   check_io();
@@ -120,6 +122,8 @@ void* Executor::state_at(StateKind kind, int block, size_t element, int sub_grou
 void* Executor::param_out_at(int sub_group, int slot, const OwnedRange& master, size_t element) const {
   if (plan_.param_out < 0) return nullptr;
   const size_t pos = master.offset + element - master.lo;
+  // Delayed: the whole offloaded shard, where the owned layout puts it (every sub-group is offloaded).
+  if (plan_.delayed_update) return static_cast<char*>(buffers_[plan_.param_out].data()) + pos * dtype_size(plan_.compute_dtype);
   return static_cast<char*>(buffers_[plan_.param_out].data()) +
          (slot * plan_.slot_numel + pos - plan_.sub_group_extent[sub_group][0]) * dtype_size(plan_.compute_dtype);
 }
@@ -128,6 +132,10 @@ void Executor::offload_grads(int index, bool add, Stream& rs) {
   const auto& bucket = plan_.reduce_buckets[index];
   const TensorView landed = landing_[index];
   const size_t n = landed.numel;
+  // A delayed update still running may not have read the last step's gradients yet.
+  if (plan_.delayed_update) {
+    for (int g : bucket_sub_groups_[index]) rs.wait(*grads_read_[g]);
+  }
   void* staging = buffers_[plan_.grad_staging].data();
   device_.copy(rs, staging, landed.data, landed.bytes());
   const OwnedRange& first = plan_.range(StateKind::grad_shard, bucket.blocks.front());

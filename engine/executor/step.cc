@@ -116,9 +116,69 @@ TensorView Executor::reduced_grads(int bucket) const {
   return {at(first, first.lo), n, DType::f32};
 }
 
-Speculation Executor::finish_step(const std::optional<UpdateArgs>& args) {
+void Executor::launch_update(const std::optional<UpdateArgs>& args) {
+  Stream& cs = compute_stream();
+  for (const auto& a : plan_.step_program) {
+    const int slot = static_cast<int>(a.offset);
+    if (a.kind == ActionKind::zero) device_.fill(cs, buffer_view(a.target), 0.0f);
+    if (!args) continue;
+    // The gradients are read by the swap-in from their file, or by the update from host memory.
+    if (a.kind == ActionKind::swap_in) {
+      swap_in(a.target, slot);
+      grads_read_[a.target]->record(*swap_in_stream_);
+    }
+    if (a.kind == ActionKind::update) {
+      update(a.target, slot, *args);
+      if (plan_.swap_slots < 0) grads_read_[a.target]->record(*update_stream_);
+    }
+    if (a.kind == ActionKind::swap_out) swap_out(a.target, slot);
+  }
+  pending_ = pending_ || args.has_value();
+}
+
+void Executor::publish_update() {
+  Stream& gs = *gather_stream_;
+  // The uploads follow the update on its stream; the gathers wait for them, and for what the
+  // compute stream wrote.
+  for (const auto& a : plan_.step_program) {
+    if (a.kind == ActionKind::upload && pending_) upload(a.target, static_cast<int>(a.offset));
+  }
+  gs.wait(*record(compute_stream()));
+  gs.wait(*record(*update_stream_));
+  for (const auto& a : plan_.step_program) {
+    if (a.kind == ActionKind::all_gather && pending_) all_gather(a.target);
+  }
+  pending_ = false;
+}
+
+void Executor::settle() {
+  if (!pending_) return;
+  publish_update();
+  Stream& cs = compute_stream();
+  cs.wait(*record(*gather_stream_));
+  cs.synchronize();
+  check_io();
+}
+
+Speculation Executor::finish_step(const std::optional<UpdateArgs>& args, bool delay) {
   Stream& cs = compute_stream();
   Stream& gs = *gather_stream_;
+  if (plan_.delayed_update) {
+    // Delayed: the last step's update is published, then this one's launched, and the gather
+    // stream (which the next cycle's compute waits for) has waited for the first only.
+    if (delay) {
+      publish_update();
+      launch_update(args);
+    } else {
+      launch_update(args);
+      publish_update();
+    }
+    cs.wait(*record(gs));
+    check_io();
+    cursor_ = 0;
+    return Speculation::none;
+  }
+  ZEROTH_CHECK(!delay, "finish_step: a delayed update on a plan without offload_optimizer.delayed_update");
   bool speculated = false;
   for (bool s : speculated_) speculated = speculated || s;
   const bool commit = speculated && args && speculative_args_ == args;

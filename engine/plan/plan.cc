@@ -240,8 +240,16 @@ void add_offload_buffers(Plan& p, const EngineConfig& config) {
     const size_t arrays = 2 + static_cast<size_t>(config.optimizer.state_arrays());
     p.swap_slots = add_buffer(p, "swap_slots", MemTag::optimizer, DType::f32, swap_slot_count(o) * arrays * p.slot_numel, false, host);
   }
-  if (p.compute_dtype != DType::f32)
+  // A delayed update's parameters wait for their step in param_out, f32 ones too (the master
+  // weights they would be copied from change under the next update or leave with their slot).
+  if (o.delayed_update) {
+    size_t offloaded = 0;
+    for (size_t g = 0; g < p.sub_groups.size(); ++g)
+      if (p.sub_group_offloaded(static_cast<int>(g))) offloaded = std::max(offloaded, p.sub_group_extent[g][1]);
+    p.param_out = add_buffer(p, "param_out", MemTag::params, p.compute_dtype, offloaded, false, host);
+  } else if (p.compute_dtype != DType::f32) {
     p.param_out = add_buffer(p, "param_out", MemTag::params, p.compute_dtype, update_slot_count(o) * p.slot_numel, false, host);
+  }
 }
 
 }  // namespace

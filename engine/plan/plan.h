@@ -239,6 +239,11 @@ struct Plan {
   // are final (offload_optimizer.overlap_backward): swap_in, update, upload and swap_out actions
   // after the offload_grads that completes them. The step commits their result, or redoes them.
   std::vector<bool> in_backward;
+  // offload_optimizer.delayed_update: the step program's update sweep (swap_in, update, swap_out)
+  // may run in the background under the next cycle, its parameters written into param_out (the
+  // whole offloaded shard) and published by the upload actions that follow it, at the step that
+  // ends that next cycle (Executor::finish_step).
+  bool delayed_update = false;
   // The leading reduce buckets (in shard order) whose reduced gradients and optimizer state stay
   // on the device: every bucket without offload_optimizer, those that fit in (1 - ratio) of the
   // owned space with it. device_owned: the owned elements they hold (the offloaded part's start).
@@ -253,7 +258,8 @@ struct Plan {
   int tensor_norms = -1;  // buffer: two f32 per parameter tensor (Lamb's trust ratio), or -1
   // Offload buffers on the host, or -1: the reduced gradient slice of a bucket as it arrives from
   // the device (communication dtype), the same in f32 on its way to the swap file, the narrow
-  // parameters an update writes for upload (two sub-groups), and the swap slots (each holds a
+  // parameters an update writes for upload (two sub-groups; with delayed_update, the whole
+  // offloaded shard), and the swap slots (each holds a
   // sub-group's master, moments and gradients, in that order).
   int grad_staging = -1, grad_host = -1, param_out = -1, swap_slots = -1;
   int param_staging = -1;  // a block's parameter shard read from its swap file before the device copy

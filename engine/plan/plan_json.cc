@@ -103,6 +103,7 @@ nlohmann::json Plan::to_json() const {
                     {"two_copies", b.two_copies}});
   }
   j["in_backward"] = in_backward;
+  j["delayed_update"] = delayed_update;
   auto& jo = j["owned"] = nlohmann::json::array();
   for (const auto& o : owned) {
     jo.push_back({{"kind", state_kind_name(o.kind)},
@@ -234,6 +235,12 @@ std::string Plan::table() const {
         "  optimizer: {} of {} offloaded sub-group(s) updated during the backward pass as their reduce buckets complete ({} after "
         "the last one), speculating the step is neither clipped nor skipped; master weights and moments in two copies\n",
         early, offloaded, at_end);
+  }
+  if (delayed_update) {
+    out += fmt::format(
+        "  optimizer: delayed update, the {} offloaded sub-group(s) updated in the background under the next step's forward and "
+        "backward, which see the weights one update behind; their parameters wait in param_out ({})\n",
+        offloaded, format_bytes(buffers[param_out].bytes()));
   }
   for (size_t t = 0; t < kTierCount; ++t) {
     const size_t total = tier_total(bytes, static_cast<Tier>(t));

@@ -270,7 +270,7 @@ void build_step_program(Plan& p, const OffloadConfig& offload, size_t slots) {
       for (; swapped && next_in <= std::min(g + ahead, groups - 1); ++next_in)
         add(ActionKind::swap_in, next_in, false, static_cast<size_t>(next_in - first) % slots);
       add(kind, g, false, slot);
-      if (kind == ActionKind::update) add(ActionKind::upload, g, false, slot);
+      if (kind == ActionKind::update && !offload.delayed_update) add(ActionKind::upload, g, false, slot);
       if (swapped) add(ActionKind::swap_out, g, false, slot);
     }
   };
@@ -287,6 +287,12 @@ void build_step_program(Plan& p, const OffloadConfig& offload, size_t slots) {
     if (over_dp || p.tp > 1) add(ActionKind::sum_norms, p.tensor_norms, over_dp);
   }
   sweep(ActionKind::update);
+  // Delayed: the parameters go up together once the update is published (every sub-group is
+  // offloaded: ratio 1).
+  p.delayed_update = offload.delayed_update;
+  if (p.delayed_update) {
+    for (int g = 0; g < static_cast<int>(p.sub_groups.size()); ++g) add(ActionKind::upload, g);
+  }
   if (const auto* accum = p.find(StateKind::grad_accum, p.shard_order.front())) add(ActionKind::zero, accum->buffer);
   if (p.tensor_norms >= 0) add(ActionKind::zero, p.tensor_norms);
   for (size_t k = 0; k < p.gather_buckets.size(); ++k) add(ActionKind::all_gather, static_cast<int>(k));
@@ -295,7 +301,7 @@ void build_step_program(Plan& p, const OffloadConfig& offload, size_t slots) {
 void schedule_updates_in_backward(Plan& p, const OffloadConfig& offload) {
   const size_t groups = p.sub_groups.size();
   p.in_backward.assign(groups, false);
-  if (!offload.overlap_backward || p.swap_slots < 0) return;
+  if (!offload.overlap_backward || offload.delayed_update || p.swap_slots < 0) return;
   // The gradients of a bucket are final after its last offload_grads of the cycle.
   std::vector<size_t> final_at(p.reduce_buckets.size(), SIZE_MAX);
   for (size_t i = 0; i < p.program.size(); ++i)

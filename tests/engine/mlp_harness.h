@@ -7,6 +7,9 @@
 #include <cmath>       // std::sin
 #include <functional>  // std::function
 #include <limits>      // std::numeric_limits
+#include <map>         // std::map
+#include <mutex>       // std::mutex
+#include <optional>    // std::optional
 #include <random>      // std::mt19937
 #include <string>      // std::string
 #include <vector>      // std::vector
@@ -46,6 +49,63 @@ struct MlpRun {
   // Called on every rank once the run's state is set (after a resume) and after every step, with
   // the number of steps done.
   std::function<void(Engine&, int)> inspect;
+  // When set, the model computes step k (0-based) with the parameters step k - 1 computed with
+  // wherever this returns true, given the step results so far (a serial engine fed stale parameters).
+  std::function<bool(int, const std::vector<StepResult>&)> stale_params;
+};
+
+// A host that hands the model the parameters of the step before instead of the engine's, on the
+// steps it is told to: the engine's own serial step then applies each update one step late.
+class StaleParams final : public BlockHost {
+ public:
+  explicit StaleParams(Engine& engine) : engine_(engine) {}
+  // Before each step's first block use.
+  void next_step(bool stale) {
+    stale_ = stale;
+    std::swap(now_, before_);
+    taken_.assign(taken_.size(), false);
+  }
+  int add_block(BlockSpec spec) override { return engine_.add_block(std::move(spec)); }
+  void set_schedule(BlockSchedule schedule) override { engine_.set_schedule(std::move(schedule)); }
+  const BlockViews& begin_forward(int block, int micro) override { return substitute(block, engine_.begin_forward(block, micro)); }
+  void end_forward(int block, int micro) override { engine_.end_forward(block, micro); }
+  const BlockViews& begin_backward(int block, int micro) override { return substitute(block, engine_.begin_backward(block, micro)); }
+  void end_backward(int block, int micro) override { engine_.end_backward(block, micro); }
+  int micro_batches_in_flight() const override { return engine_.micro_batches_in_flight(); }
+  void begin_evaluation() override { engine_.begin_evaluation(); }
+  void end_evaluation() override { engine_.end_evaluation(); }
+  Stream& compute_stream() override { return engine_.compute_stream(); }
+  Device& device() override { return engine_.device(); }
+  Buffer allocate_host(size_t bytes, MemTag tag) override { return engine_.allocate_host(bytes, tag); }
+  DType compute_dtype() const override { return engine_.compute_dtype(); }
+  double loss_gradient_scale() const override { return engine_.loss_gradient_scale(); }
+
+ private:
+  // The step's parameters are copied at the block's first use (on the compute stream, after the
+  // engine's gathers); a stale step computes with the copy the step before made.
+  const BlockViews& substitute(int block, const BlockViews& v) {
+    const size_t b = static_cast<size_t>(block);
+    if (b >= views_.size()) {
+      views_.resize(b + 1), now_.resize(b + 1), before_.resize(b + 1), taken_.resize(b + 1, false);
+    }
+    if (!taken_[b]) {
+      now_[b].resize(v.params.size());
+      for (size_t i = 0; i < v.params.size(); ++i) {
+        now_[b][i].resize(v.params[i].bytes());
+        engine_.device().copy(engine_.compute_stream(), now_[b][i].data(), v.params[i].data, v.params[i].bytes());
+      }
+      taken_[b] = true;
+    }
+    views_[b] = v;
+    for (size_t i = 0; stale_ && i < v.params.size(); ++i) views_[b].params[i].data = before_[b].at(i).data();
+    return views_[b];
+  }
+
+  Engine& engine_;
+  bool stale_ = false;
+  std::vector<BlockViews> views_;
+  std::vector<std::vector<std::vector<char>>> now_, before_;  // [block][parameter] bytes
+  std::vector<bool> taken_;
 };
 
 struct RankResult {
@@ -109,7 +169,9 @@ inline RankResult train_mlp(Communicator& comm, const MlpRun& run, const Process
   RankResult result;
   {
     Engine engine = groups != nullptr ? Engine(*device, *groups, mlp_config(run)) : Engine(*device, comm, mlp_config(run));
-    Mlp mlp(engine, {run.widths});
+    std::optional<StaleParams> stale;
+    if (run.stale_params) stale.emplace(engine);
+    Mlp mlp(stale ? static_cast<BlockHost&>(*stale) : engine, {run.widths});
     engine.finalize();
     int start = 0;
     if (!run.resume.empty()) {
@@ -126,6 +188,7 @@ inline RankResult train_mlp(Communicator& comm, const MlpRun& run, const Process
       mlp_batch(k, run.global_batch, in, out, x, t);
       if (k == run.poison_step && r == run.poison_rank)
         t[static_cast<size_t>(r * run.gas) * mb * out] = std::numeric_limits<float>::infinity();
+      if (stale) stale->next_step(run.stale_params(k, result.steps));
       const uint64_t before = engine.comm_stats().total_bytes();
       for (int m = 0; m < run.gas; ++m) {
         const size_t row = static_cast<size_t>(r * run.gas + (run.repeat_first_micro ? 0 : m)) * mb;
@@ -161,6 +224,29 @@ inline RankResult train_mlp(Communicator& comm, const MlpRun& run, const Process
   }
   return result;
 }
+
+// Every rank's master weights and moments once a run has done `steps` steps, block by block
+// (master, moment0, moment1 of block 0, then block 1...), for tests that compare whole states.
+struct FinalState {
+  std::mutex mutex;
+  std::map<int, std::vector<std::vector<float>>> by_rank;
+
+  std::function<void(Engine&, int)> keep_after(int steps) {
+    return [this, steps](Engine& engine, int done) {
+      if (done != steps) return;
+      std::vector<std::vector<float>> arrays;
+      for (int b = 0; b < static_cast<int>(engine.plan().blocks.size()); ++b) {
+        for (StateKind kind : {StateKind::master, StateKind::moment0, StateKind::moment1}) {
+          std::vector<float> values(engine.plan().range(kind, b).numel());
+          engine.read_owned(kind, b, values);
+          arrays.push_back(std::move(values));
+        }
+      }
+      std::lock_guard lock(mutex);
+      by_rank[engine.plan().rank] = std::move(arrays);
+    };
+  }
+};
 
 // Every rank of a local (threads) group of `dp` trains the MLP; their results in rank order.
 inline std::vector<RankResult> run_ranks(int dp, const MlpRun& run) {

@@ -62,6 +62,22 @@ TEST(ZeroConfig, ReadsDeepSpeedKeysAndRejectsUnknownAndUnsupportedOnes) {
             std::string::npos);
   EXPECT_NE(message(R"({"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 1.5}})").find("fraction in [0, 1]"),
             std::string::npos);
+  // The delayed update (zeroth's keys): the host's, for the whole shard.
+  const auto delayed = ZeroConfig::from_deepspeed(nlohmann::json::parse(
+      R"({"stage": 3, "offload_optimizer": {"device": "cpu", "delayed_update": true, "delayed_update_warmup": 3}})"));
+  EXPECT_TRUE(delayed.offload_optimizer.delayed_update);
+  EXPECT_EQ(delayed.offload_optimizer.delayed_update_warmup, 3u);
+  EXPECT_FALSE(ZeroConfig::from_deepspeed(nlohmann::json::parse(R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})"))
+                   .offload_optimizer.delayed_update);
+  EXPECT_NE(message(R"({"stage": 2, "offload_optimizer": {"device": "none", "delayed_update": true}})")
+                .find("delayed_update needs offload_optimizer.device \"cpu\" or \"nvme\""),
+            std::string::npos);
+  EXPECT_NE(message(R"({"stage": 3, "offload_optimizer": {"device": "cpu", "delayed_update": true, "ratio": 0.5}})")
+                .find("set ratio to 1 or turn delayed_update off"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"stage": 3, "offload_optimizer": {"device": "cpu", "delayed_update": true, "delayed_update_warmup": -1}})")
+                .find("delayed_update_warmup"),
+            std::string::npos);
   // DeepSpeed applies offload_optimizer.ratio at stage 3 only: below, the whole shard goes, said at start.
   for (int stage : {1, 2, 3}) {
     const auto z = ZeroConfig::from_deepspeed(

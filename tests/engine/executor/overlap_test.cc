@@ -9,7 +9,6 @@
 #include <bit>
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -21,6 +20,7 @@
 namespace zeroth {
 namespace {
 
+using testing::FinalState;
 using testing::MlpRun;
 using testing::run_ranks;
 
@@ -36,11 +36,6 @@ void PrintTo(const Case& c, std::ostream* os) {
 
 // Every rank's master weights and moments of every block after the last step, as the engine
 // reads them back for a checkpoint (from the copy of the swap files the last step made current).
-struct FinalState {
-  std::mutex mutex;
-  std::map<int, std::vector<std::vector<float>>> by_rank;
-};
-
 constexpr int kSteps = 8;
 
 MlpRun overlap_run(const Case& c, bool overlap, double clipping, FinalState& state) {
@@ -63,19 +58,7 @@ MlpRun overlap_run(const Case& c, bool overlap, double clipping, FinalState& sta
       e.zero.offload_param.nvme_path = testing::swap_dir();
     }
   };
-  run.inspect = [&state](Engine& engine, int done) {
-    if (done != kSteps) return;
-    std::vector<std::vector<float>> arrays;
-    for (int b = 0; b < static_cast<int>(engine.plan().blocks.size()); ++b) {
-      for (StateKind kind : {StateKind::master, StateKind::moment0, StateKind::moment1}) {
-        std::vector<float> values(engine.plan().range(kind, b).numel());
-        engine.read_owned(kind, b, values);
-        arrays.push_back(std::move(values));
-      }
-    }
-    std::lock_guard lock(state.mutex);
-    state.by_rank[engine.plan().rank] = std::move(arrays);
-  };
+  run.inspect = state.keep_after(kSteps);
   return run;
 }
 
