@@ -11,6 +11,7 @@
 #include <cstring>    // memcpy
 #include <memory>     // std::unique_ptr
 #include <mutex>      // std::mutex
+#include <utility>    // std::exchange
 
 #include "core/cpu/parallel.h"
 #include "core/env.h"
@@ -131,6 +132,31 @@ double sum_squares(const void* x, DType type, size_t n, SimdLevel level) {
   double total = 0.0;
   for (double p : partial) total += p;
   return total;
+}
+
+void SegmentedSumSquares::add(const float* x, size_t n) {
+  while (n > 0) {
+    if (carry_.empty() && n >= kChunkElements) {
+      total_ += sum_squares(x, DType::f32, kChunkElements);
+      x += kChunkElements;
+      n -= kChunkElements;
+      continue;
+    }
+    const size_t take = std::min(n, kChunkElements - carry_.size());
+    carry_.insert(carry_.end(), x, x + take);
+    x += take;
+    n -= take;
+    if (carry_.size() == kChunkElements) {
+      total_ += sum_squares(carry_.data(), DType::f32, kChunkElements);
+      carry_.clear();
+    }
+  }
+}
+
+double SegmentedSumSquares::finish() {
+  if (!carry_.empty()) total_ += sum_squares(carry_.data(), DType::f32, carry_.size());
+  carry_.clear();
+  return std::exchange(total_, 0.0);
 }
 
 void reduce(const void* const* inputs, int k, DType in_type, void* out, DType out_type, ReduceKind kind, float scale, size_t n,

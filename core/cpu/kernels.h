@@ -61,6 +61,18 @@ void axpy(void* y, DType y_type, float alpha, const void* x, DType x_type, size_
 void scale(void* x, DType type, float alpha, size_t n, SimdLevel level = active_simd_level());
 // Sum of squares with f32 accumulation inside each chunk; chunks are added in double.
 double sum_squares(const void* x, DType type, size_t n, SimdLevel level = active_simd_level());
+// sum_squares of f32 values that arrive in consecutive segments (a range streamed through a
+// smaller buffer), bit-identical to one sum_squares over their concatenation: the same chunks in
+// the same order, a chunk cut between segments carried over (at most kChunkElements values).
+class SegmentedSumSquares {
+ public:
+  void add(const float* x, size_t n);
+  double finish();  // the total of everything added since the last finish()
+
+ private:
+  std::vector<float> carry_;
+  double total_ = 0.0;
+};
 // True when any element is Inf or NaN.
 bool has_nonfinite(const void* x, DType type, size_t n, SimdLevel level = active_simd_level());
 

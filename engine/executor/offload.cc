@@ -4,6 +4,8 @@
 // write-back and upload are done; an update waits for its slot's read.
 #include <chrono>   // std::chrono::steady_clock
 #include <cstring>  // std::memcpy
+#include <span>     // std::span
+#include <utility>  // std::exchange
 
 #include "core/cpu/kernels.h"  // cpu::axpy, cpu::cast, cpu::fill, cpu::sum_squares
 #include "core/error.h"        // ZEROTH_CHECK
@@ -83,7 +85,7 @@ namespace {
 
 // Waits for every handle, then raises the first failure: a buffer is reused only once no
 // transfer into or out of it is left in flight.
-void wait_all(std::vector<offload::IoHandle>& handles) {
+void wait_all(std::span<offload::IoHandle> handles) {
   std::exception_ptr first;
   for (auto& h : handles) {
     try {
@@ -136,30 +138,63 @@ void Executor::offload_grads(int index, bool add, Stream& rs) {
   if (plan_.delayed_update) {
     for (int g : bucket_sub_groups_[index]) rs.wait(*grads_read_[g]);
   }
-  void* staging = buffers_[plan_.grad_staging].data();
-  device_.copy(rs, staging, landed.data, landed.bytes());
   const OwnedRange& first = plan_.range(StateKind::grad_shard, bucket.blocks.front());
   offload::SwapFile* file = files_[first.buffer].get();
-  float* host = file != nullptr ? buffers_[plan_.grad_host].as<float>() : static_cast<float*>(at(first, first.lo));
   const uint64_t file_offset = first.offset * sizeof(float);
   const DType comm = landed.dtype;
+  const size_t comm_size = dtype_size(comm);
   double* sumsq = &bucket_sumsq_[index];
-  const auto counted = plan_.bucket_counted_in_norm(index);
-  // The squares are taken on the way, so the step's norm never reads the gradients back; the
-  // last micro-batch's pass leaves the final ones.
-  const size_t bytes = round_to_io(n * sizeof(float));
-  rs.enqueue_host([=, this] {
-    if (add) {
-      if (file != nullptr) timed_io(bytes, 0, [&] { file->read(host, bytes, file_offset).wait(); });
-      cpu::axpy(host, DType::f32, 1.0f, staging, comm, n);
-    } else {
-      cpu::cast(staging, comm, host, DType::f32, n);
-    }
-    double squares = 0;
-    for (const auto& [lo, hi] : counted) squares += cpu::sum_squares(host + lo, DType::f32, hi - lo);
-    *sumsq = squares;
-    if (file != nullptr) timed_io(0, bytes, [&] { file->write(host, bytes, file_offset).wait(); });
-  });
+  // The squares of the counted ranges, taken as the pieces pass: bit-identical to one sum_squares
+  // per range (the in-device step's), whatever the pieces.
+  struct Squares {
+    std::vector<std::array<size_t, 2>> counted;
+    size_t next = 0;  // the first range not yet finished
+    cpu::SegmentedSumSquares range;
+    double total = 0.0;
+  };
+  const auto squares = std::make_shared<Squares>();
+  squares->counted = plan_.bucket_counted_in_norm(index);
+  // Piece by piece (Plan::kGradPieceNumel): the device copy of a piece, then on the host its cast
+  // (or sum with what the file holds, for a later micro-batch) and its write, which runs on while
+  // the next piece is copied and cast. The squares are taken on the way, so the step's norm never
+  // reads the gradients back; the last micro-batch's pass leaves the final ones.
+  const size_t piece = plan_.grad_piece_numel;
+  const size_t pieces = (n + piece - 1) / piece;
+  void* staging = buffers_[plan_.grad_staging].data();
+  for (size_t k = 0; k < pieces; ++k) {
+    const size_t lo = k * piece, len = std::min(piece, n - lo);
+    device_.copy(rs, staging, static_cast<const char*>(landed.data) + lo * comm_size, len * comm_size);
+    float* host = file != nullptr ? buffers_[plan_.grad_host].as<float>() + (k % 2) * piece
+                                  : static_cast<float*>(at(first, first.lo)) + lo;
+    const bool last = k + 1 == pieces;
+    rs.enqueue_host([=, this] {
+      const size_t bytes = round_to_io(len * sizeof(float));
+      const uint64_t offset = file_offset + lo * sizeof(float);
+      offload::IoHandle& pending = grad_writes_[k % 2];
+      if (file != nullptr) timed_io(0, 0, [&] { std::exchange(pending, {}).wait(); });  // the buffer's previous write
+      if (add) {
+        if (file != nullptr) timed_io(bytes, 0, [&] { file->read(host, bytes, offset).wait(); });
+        cpu::axpy(host, DType::f32, 1.0f, staging, comm, len);
+      } else {
+        cpu::cast(staging, comm, host, DType::f32, len);
+      }
+      for (Squares& sq = *squares; sq.next < sq.counted.size() && sq.counted[sq.next][0] < lo + len; ++sq.next) {
+        const auto [a, b] = sq.counted[sq.next];
+        const size_t from = std::max(a, lo), to = std::min(b, lo + len);
+        sq.range.add(host + (from - lo), to - from);
+        if (b > lo + len) break;  // goes on in the next piece
+        sq.total += sq.range.finish();
+      }
+      if (last) *sumsq = squares->total;
+      if (file == nullptr) return;
+      timed_io(0, bytes, [&] { pending = file->write(host, bytes, offset); });
+      // The bucket's gradients are in their file when its last callback returns (reduced_).
+      if (last) {
+        timed_io(0, 0, [&] { wait_all(grad_writes_); });
+        grad_writes_ = {};
+      }
+    });
+  }
   reduced_ = record(rs);
   for (int b : bucket.blocks) grad_reader_[b] = reduced_;
 }

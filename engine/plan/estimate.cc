@@ -91,7 +91,6 @@ void check_fits(const MemoryNeed& need, const Plan& plan, Tier tier, size_t budg
     auto on_host = [&](MemTag tag) { return at(need.bytes, Tier::host, tag) + at(need.bytes, Tier::pinned_host, tag) > 0; };
     std::string fixes;
     if (plan.swap_slots >= 0) fixes += " lower zero_optimization.sub_group_size (the swap slots hold a few sub-groups);";
-    if (plan.grad_staging >= 0) fixes += " lower reduce_bucket_size (the gradient staging holds one bucket's shard);";
     if (plan.swap_slots < 0 && on_host(MemTag::optimizer)) fixes += " offload the optimizer (and parameters) to nvme instead of cpu;";
     if (on_host(MemTag::activations))
       fixes += " keep the activation checkpoints on the device (activation_checkpointing.cpu_checkpointing false);";

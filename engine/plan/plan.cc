@@ -227,7 +227,12 @@ void add_offload_buffers(Plan& p, const EngineConfig& config) {
     if (p.sub_group_offloaded(static_cast<int>(g))) p.slot_numel = std::max(p.slot_numel, e[1] - e[0]);
   }
   if (bucket == 0) return;  // ratio 0: nothing leaves the device
-  p.grad_staging = add_buffer(p, "grad_staging", MemTag::buffers, p.comm_dtype, bucket, false, host);
+  // A piece ends on a 4 KiB boundary of its f32 file range, so rounding its write up stays in the buffer.
+  constexpr size_t kIoElements = 1024;
+  const size_t in_flight = config.aio.block_size * config.aio.queue_depth / sizeof(float);  // a multiple of kIoElements
+  p.grad_piece_numel = std::min(in_flight, (bucket + kIoElements - 1) / kIoElements * kIoElements);
+  const size_t host_pieces = bucket > p.grad_piece_numel ? 2 : 1;
+  p.grad_staging = add_buffer(p, "grad_staging", MemTag::buffers, p.comm_dtype, p.grad_piece_numel, false, host);
   if (config.zero.offload_param.device == OffloadDevice::nvme) {
     // A block's parameter shard on its way from the file to the device (gathers run one at a time).
     size_t shard = 0;
@@ -236,7 +241,7 @@ void add_offload_buffers(Plan& p, const EngineConfig& config) {
                                  config.zero.offload_param.pin_memory ? Tier::pinned_host : Tier::host);
   }
   if (o.device == OffloadDevice::nvme) {
-    p.grad_host = add_buffer(p, "grad_host", MemTag::buffers, DType::f32, bucket, false, host);
+    p.grad_host = add_buffer(p, "grad_host", MemTag::buffers, DType::f32, host_pieces * p.grad_piece_numel, false, host);
     const size_t arrays = 2 + static_cast<size_t>(config.optimizer.state_arrays());
     p.swap_slots = add_buffer(p, "swap_slots", MemTag::optimizer, DType::f32, swap_slot_count(o) * arrays * p.slot_numel, false, host);
   }

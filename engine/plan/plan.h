@@ -256,14 +256,20 @@ struct Plan {
   size_t total_numel = 0, total_padded = 0, shard_numel = 0;  // shard_numel: this rank's, all blocks
   int param_arena = -1, grad_arena = -1, reduce_staging = -1, gather_staging = -1, scalar = -1;  // buffers
   int tensor_norms = -1;  // buffer: two f32 per parameter tensor (Lamb's trust ratio), or -1
-  // Offload buffers on the host, or -1: the reduced gradient slice of a bucket as it arrives from
-  // the device (communication dtype), the same in f32 on its way to the swap file, the narrow
+  // Offload buffers on the host, or -1: a piece of a bucket's reduced gradient slice as it arrives
+  // from the device (communication dtype), two such pieces in f32 on their way to the swap file
+  // (one written while the next is cast), the narrow
   // parameters an update writes for upload (two sub-groups; with delayed_update, the whole
   // offloaded shard), and the swap slots (each holds a
   // sub-group's master, moments and gradients, in that order).
   int grad_staging = -1, grad_host = -1, param_out = -1, swap_slots = -1;
   int param_staging = -1;  // a block's parameter shard read from its swap file before the device copy
   size_t slot_numel = 0;   // elements per array in a swap or param_out slot: the largest sub-group
+  // Offloaded gradients leave the device in pieces of this many elements: the f32 bytes aio keeps
+  // in flight (block_size x queue_depth), so that one piece's write fills the queue while the next
+  // is cast, or the largest offloaded bucket's shard where that is less. The host then holds three
+  // pieces, not a bucket's shard (hundreds of MiB at the buckets large models use).
+  size_t grad_piece_numel = 0;
   // Pipelines: the block whose copy on the first and the last stage is one tied parameter (GPT's
   // token embedding and LM head): its reduced gradients are summed over that pair at the step, and
   // it counts in the global norm on one side only. tie_staging: a device buffer its gradients pass

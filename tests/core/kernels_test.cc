@@ -322,5 +322,31 @@ TEST(KernelLevels, SumOfSquaresDoesNotDependOnThreadCount) {
   EXPECT_EQ(all, one);
 }
 
+// Streamed through pieces that cut chunks anywhere (what offloaded gradients do), the sum is the
+// one-call sum to the bit; plain per-piece sums added up are not, which is why the class exists.
+TEST(KernelLevels, SegmentedSumOfSquaresIsTheOneCallSumBitForBit) {
+  const size_t n = 5 * cpu::kChunkElements + 777;
+  const auto v = random_values(n, 7);
+  const double whole = cpu::sum_squares(v.data(), DType::f32, n);
+  for (size_t piece : {size_t{1000}, size_t{4096}, cpu::kChunkElements - 1, cpu::kChunkElements, 3 * cpu::kChunkElements + 11, n}) {
+    cpu::SegmentedSumSquares streamed;
+    double per_piece = 0.0;
+    for (size_t at = 0; at < n; at += piece) {
+      const size_t len = std::min(piece, n - at);
+      streamed.add(v.data() + at, len);
+      per_piece += cpu::sum_squares(v.data() + at, DType::f32, len);
+    }
+    EXPECT_EQ(streamed.finish(), whole) << "pieces of " << piece;
+    if (piece == 1000) {
+      EXPECT_NE(per_piece, whole);
+    }
+  }
+  cpu::SegmentedSumSquares reused;  // finish() starts it afresh
+  reused.add(v.data(), 10);
+  (void)reused.finish();
+  reused.add(v.data(), n);
+  EXPECT_EQ(reused.finish(), whole);
+}
+
 }  // namespace
 }  // namespace zeroth

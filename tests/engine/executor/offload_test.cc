@@ -41,11 +41,12 @@ struct Case {
   bool pipeline;
   OffloadDevice params = OffloadDevice::none;  // offload_param (stage 3)
   double ratio = 1.0;                          // offload_optimizer.ratio
+  bool small_pieces = false;                   // gradients leave the device in pieces of 1024 elements
 };
 void PrintTo(const Case& c, std::ostream* os) {
   *os << "stage " << c.stage << ", dp " << c.dp << ", gas " << c.gas << ", " << dtype_name(c.dtype) << ", optimizer on "
       << offload_device_name(c.device) << (c.pipeline ? "" : ", no pipelining") << ", parameters on " << offload_device_name(c.params)
-      << ", ratio " << c.ratio;
+      << ", ratio " << c.ratio << (c.small_pieces ? ", gradients in pieces of 1024" : "");
 }
 
 MlpRun offload_run(const Case& c, bool offload) {
@@ -54,9 +55,11 @@ MlpRun offload_run(const Case& c, bool offload) {
   run.gas = c.gas;
   run.dtype = c.dtype;
   run.steps = 5;
+  if (c.small_pieces) run.widths = {16, 64, 64, 8};  // 5768 parameters, so a rank's shard spans several pieces
   run.tweak = [c, offload](EngineConfig& e) {
     // Several sub-groups per rank, some across blocks, so swaps pipeline and slots are reused.
     e.zero.sub_group_size = 1000;
+    if (c.small_pieces) e.zero.reduce_bucket_size = 100000;  // one bucket, several pieces
     // A bucket per layer, so a ratio below 1 keeps some of them on the device.
     if (c.ratio < 1) e.zero.reduce_bucket_size = 0;
     if (!offload) {
@@ -72,6 +75,12 @@ MlpRun offload_run(const Case& c, bool offload) {
     e.zero.offload_optimizer.ratio = c.ratio;
     e.zero.offload_param.device = c.params;
     e.zero.offload_param.nvme_path = swap_dir();
+    if (c.small_pieces) {
+      // A gradient piece is what aio keeps in flight: 4 KiB x 1 = 1024 f32, so every bucket
+      // leaves in several pieces and its counted ranges are cut between them.
+      e.aio.block_size = 4096;
+      e.aio.queue_depth = 1;
+    }
   };
   return run;
 }
@@ -162,15 +171,20 @@ std::vector<Case> offload_cases() {
       out.push_back({stage, 1, 1, DType::f32, device, true, OffloadDevice::none, 0.5});
     }
   }
+  // Buckets larger than a gradient piece (Plan::grad_piece_numel).
+  for (OffloadDevice device : {OffloadDevice::cpu, OffloadDevice::nvme}) {
+    out.push_back({2, 2, 2, DType::bf16, device, true, OffloadDevice::none, 1.0, true});
+    out.push_back({3, 1, 1, DType::f32, device, true, device, 1.0, true});
+  }
   return out;
 }
 
 INSTANTIATE_TEST_SUITE_P(All, Offload, ::testing::ValuesIn(offload_cases()), [](const auto& info) {
   const Case& c = info.param;
-  return fmt::format("{}_stage{}_dp{}_gas{}_{}{}{}{}", offload_device_name(c.device), c.stage, c.dp, c.gas, dtype_name(c.dtype),
+  return fmt::format("{}_stage{}_dp{}_gas{}_{}{}{}{}{}", offload_device_name(c.device), c.stage, c.dp, c.gas, dtype_name(c.dtype),
                      c.pipeline ? "" : "_serial",
                      c.params == OffloadDevice::none ? "" : fmt::format("_params_{}", offload_device_name(c.params)),
-                     c.ratio < 1 ? fmt::format("_ratio{}", static_cast<int>(c.ratio * 100)) : "");
+                     c.ratio < 1 ? fmt::format("_ratio{}", static_cast<int>(c.ratio * 100)) : "", c.small_pieces ? "_pieces" : "");
 });
 
 // ZeRO-Infinity's promise: with parameters and optimizer state in swap files, the process holds
