@@ -157,7 +157,8 @@ class Engine final : public BlockHost {
   void read_owned(StateKind kind, int block, std::span<float> out);
   void write_owned(StateKind kind, int block, std::span<const float> values);
   // - a block's master values and every copy computed from them: fill(lo, hi, out) provides padded
-  //   elements [lo, hi) in f32 (out starts at zero; plan().values_range(block));
+  //   elements [lo, hi) in f32 (out starts at zero), asked for in consecutive chunks of at most
+  //   kTransferChunkNumel that cover plan().values_range(block);
   void set_block_values(int block, const std::function<void(size_t, size_t, float*)>& fill);
   // - the host buffers those calls reuse from block to block, freed when a series is over.
   void release_transfer_buffers();

@@ -477,8 +477,9 @@ int run(const Options& o) {
     std::printf("\nthe config's row, by tag:\n  device: %s\n", r.need.describe(Tier::device).c_str());
     for (Tier t : {Tier::pinned_host, Tier::host, Tier::nvme})
       if (r.need.total(t) > 0) std::printf("  %s: %s\n", tier_name(t).data(), r.need.describe(t).c_str());
-    std::printf("  and at a checkpoint's save or load, pageable host memory outside the engine's pools: %s (the weights file's "
-                "gathered block, the checkpoint writer's largest owned range and staging, or a resume's largest block)\n",
+    std::printf("  and at initialization or a checkpoint's save or load, pageable host memory outside the engine's pools: %s (the "
+                "initial values' chunk and bounce buffers, the weights file's gathered block, the checkpoint writer's largest owned "
+                "range and staging, or a resume's largest block)\n",
                 format_bytes(r.need.save_host).c_str());
     std::printf("  and the run's own pageable host memory: %s (its copy of the tokens, its loader's window order, its threads' "
                 "stacks and allocator arenas)%s\n",

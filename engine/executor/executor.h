@@ -128,7 +128,8 @@ class Executor {
   // is neither clipped nor skipped.
   void set_speculation(std::function<std::optional<UpdateArgs>()> args) { speculation_ = std::move(args); }
 
-  // Values of a block: fill(lo, hi, out) provides padded elements [lo, hi) (Plan::values_range) in f32; every kind
+  // Values of a block: fill(lo, hi, out) provides padded elements [lo, hi) in f32, a chunk of at most
+  // kTransferChunkNumel of Plan::values_range at a time, front to back; every kind
   // this rank holds of the block (full parameters, parameter shard, master) is written from them,
   // so no collective is needed. Between cycles; synchronizes.
   void write_block(int block, const std::function<void(size_t, size_t, float*)>& fill);
@@ -205,6 +206,27 @@ class Executor {
     uint64_t file_offset;
   };
   std::vector<FilePiece> file_pieces(const OwnedRange& r) const;
+  // Writes an owned range front to back in consecutive runs of its elements (values in its
+  // buffer's dtype): a copy into memory, or into the swap file through `bounce`, a write whenever
+  // it fills or a piece ends. finish() writes what is left.
+  class OwnedWriter {
+   public:
+    OwnedWriter(Executor& exec, const OwnedRange& r, offload::AlignedBuffer& bounce);
+    // Elements [lo, hi) of the block, the part of them inside the range (none is fine).
+    void add(const void* values, size_t lo, size_t hi);
+    void finish();
+
+   private:
+    void flush();
+    Executor& exec_;
+    const OwnedRange& r_;
+    offload::AlignedBuffer& bounce_;
+    size_t element_;  // the range's element size
+    size_t next_;     // the next element of the range to write
+    std::vector<FilePiece> pieces_;
+    size_t piece_ = 0, done_ = 0;  // the current piece, and its elements in the file or the bounce buffer
+    size_t filled_ = 0;            // bytes in the bounce buffer, for the current piece
+  };
   // A sub-group's spans as optimizer steps, [0] without weight decay and [1] with, and where each
   // span's tensor norms are (null when the spans name no tensor).
   struct SubGroupSteps {
@@ -290,9 +312,9 @@ class Executor {
   std::exception_ptr io_error_;  // the first failed swap-file transfer
   std::vector<float> scratch_values_;
   std::vector<char> scratch_narrow_;
-  offload::AlignedBuffer scratch_io_;
-  size_t cursor_ = 0;  // next action of the program being walked
-  int open_use_ = -1;  // the use between its begin_ and end_
+  offload::AlignedBuffer scratch_io_[2];  // bounce buffers: write_block writes two ranges at once
+  size_t cursor_ = 0;                     // next action of the program being walked
+  int open_use_ = -1;                     // the use between its begin_ and end_
   size_t eval_cursor_ = 0;
   bool evaluating_ = false;
 };

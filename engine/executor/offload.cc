@@ -340,10 +340,10 @@ void Executor::upload(int sub_group, int slot) {
 }
 
 void Executor::read_owned(const OwnedRange& r, void* out) {
-  const size_t bytes = r.numel() * dtype_size(plan_.buffers[r.buffer].dtype);
+  const size_t e = dtype_size(plan_.buffers[r.buffer].dtype);
   if (buffers_[r.buffer]) {
     Stream& cs = compute_stream();
-    device_.copy(cs, out, at(r, r.lo), bytes);
+    device_.copy(cs, out, at(r, r.lo), r.numel() * e);
     cs.synchronize();
     return;
   }
@@ -351,42 +351,89 @@ void Executor::read_owned(const OwnedRange& r, void* out) {
   // file holds no state worth reading (a checkpoint must not save it).
   swap_out_stream_->synchronize();
   check_io();
-  if (scratch_io_.size() < round_to_io(bytes)) scratch_io_ = offload::AlignedBuffer(round_to_io(bytes));
-  const size_t e = dtype_size(plan_.buffers[r.buffer].dtype);
-  // Pieces start on the files' I/O alignment (sub-groups do), so each lands where it belongs.
-  for (const auto& piece : file_pieces(r))
-    files_[r.buffer]->read(scratch_io_.data() + (piece.at - r.offset) * e, round_to_io(piece.numel * e), piece.file_offset).wait();
-  std::memcpy(out, scratch_io_.data(), bytes);
+  offload::AlignedBuffer& bounce = scratch_io_[0];
+  const size_t bounce_bytes = std::min(kTransferBounceBytes, round_to_io(r.numel() * e));
+  if (bounce.size() < bounce_bytes) bounce = offload::AlignedBuffer(bounce_bytes);
+  // Pieces start on the files' I/O alignment (sub-groups do), and so does every bounce-sized part of one.
+  for (const auto& piece : file_pieces(r)) {
+    const size_t bytes = piece.numel * e;
+    for (size_t done = 0; done < bytes; done += bounce.size()) {
+      const size_t n = std::min(bounce.size(), bytes - done);
+      files_[r.buffer]->read(bounce.data(), round_to_io(n), piece.file_offset + done).wait();
+      std::memcpy(static_cast<char*>(out) + (piece.at - r.offset) * e + done, bounce.data(), n);
+    }
+  }
 }
 
 void Executor::release_scratch() {
   // `v = {}` would pick the initializer-list assignment, which keeps the capacity: swap it away.
   std::vector<float>().swap(scratch_values_);
   std::vector<char>().swap(scratch_narrow_);
-  scratch_io_ = {};
+  for (auto& bounce : scratch_io_) bounce = {};
 }
 
 size_t Executor::scratch_bytes() const {
-  return scratch_values_.capacity() * sizeof(float) + scratch_narrow_.capacity() + scratch_io_.size();
+  return scratch_values_.capacity() * sizeof(float) + scratch_narrow_.capacity() + scratch_io_[0].size() + scratch_io_[1].size();
 }
 
 void Executor::write_owned(const OwnedRange& r, const void* values) {
-  const size_t bytes = r.numel() * dtype_size(plan_.buffers[r.buffer].dtype);
-  if (buffers_[r.buffer]) {
-    Stream& cs = compute_stream();
-    device_.copy(cs, at(r, r.lo), values, bytes);
-    cs.synchronize();
+  OwnedWriter out(*this, r, scratch_io_[0]);
+  out.add(values, r.lo, r.hi);
+  out.finish();
+}
+
+Executor::OwnedWriter::OwnedWriter(Executor& exec, const OwnedRange& r, offload::AlignedBuffer& bounce)
+    : exec_(exec), r_(r), bounce_(bounce), element_(dtype_size(exec.plan_.buffers[r.buffer].dtype)), next_(r.lo) {
+  if (exec_.buffers_[r_.buffer]) return;
+  // Nothing of this file may be in flight while it is written around the streams.
+  exec_.swap_in_stream_->synchronize();
+  exec_.swap_out_stream_->synchronize();
+  pieces_ = exec_.file_pieces(r_);
+  // A range smaller than a bounce buffer takes what it needs (and a buffer kept from a larger one).
+  const size_t bytes = std::min(kTransferBounceBytes, round_to_io(r_.numel() * element_));
+  if (bounce_.size() < bytes) bounce_ = offload::AlignedBuffer(bytes);
+}
+
+void Executor::OwnedWriter::add(const void* values, size_t lo, size_t hi) {
+  const size_t from = std::max(lo, r_.lo), to = std::min(hi, r_.hi);
+  if (from >= to) return;
+  ZEROTH_CHECK(from == next_, "OwnedWriter: element {} of {} of block {} written after {}: the range goes front to back", from,
+               state_kind_name(r_.kind), exec_.plan_.blocks[r_.block].name, next_);
+  const char* src = static_cast<const char*>(values) + (from - lo) * element_;
+  next_ = to;
+  if (exec_.buffers_[r_.buffer]) {
+    Stream& cs = exec_.compute_stream();
+    exec_.device_.copy(cs, exec_.at(r_, from), src, (to - from) * element_);
+    cs.synchronize();  // the caller reuses `values`
     return;
   }
-  swap_in_stream_->synchronize();
-  swap_out_stream_->synchronize();
-  const size_t length = round_to_io(bytes);
-  if (scratch_io_.size() < length) scratch_io_ = offload::AlignedBuffer(length);
-  std::memcpy(scratch_io_.data(), values, bytes);
-  std::memset(scratch_io_.data() + bytes, 0, length - bytes);
-  const size_t e = dtype_size(plan_.buffers[r.buffer].dtype);
-  for (const auto& piece : file_pieces(r))
-    files_[r.buffer]->write(scratch_io_.data() + (piece.at - r.offset) * e, round_to_io(piece.numel * e), piece.file_offset).wait();
+  for (size_t count = to - from; count > 0;) {
+    const FilePiece& piece = pieces_[piece_];
+    const size_t take = std::min({count, piece.numel - done_, (bounce_.size() - filled_) / element_});
+    std::memcpy(bounce_.data() + filled_, src, take * element_);
+    filled_ += take * element_;
+    done_ += take;
+    src += take * element_;
+    count -= take;
+    if (done_ == piece.numel || filled_ == bounce_.size()) flush();
+    if (done_ == piece.numel) ++piece_, done_ = 0;
+  }
+}
+
+void Executor::OwnedWriter::flush() {
+  if (filled_ == 0) return;
+  // A piece's writes start on its aligned offset and go on in whole bounce buffers, so only its
+  // last one is short; that one is padded with zeros to the I/O alignment.
+  const size_t length = round_to_io(filled_);
+  std::memset(bounce_.data() + filled_, 0, length - filled_);
+  const FilePiece& piece = pieces_[piece_];
+  exec_.files_[r_.buffer]->write(bounce_.data(), length, piece.file_offset + done_ * element_ - filled_).wait();
+  filled_ = 0;
+}
+
+void Executor::OwnedWriter::finish() {
+  ZEROTH_CHECK(next_ == r_.hi, "OwnedWriter: {} of block {} written up to element {} of [{}, {})", state_kind_name(r_.kind),
+               exec_.plan_.blocks[r_.block].name, next_, r_.lo, r_.hi);
 }
 
 void Executor::gather_shards(Stream& gs, int block, TensorView full) {

@@ -2,6 +2,7 @@
 // the writes and reads of values, all walking the plan's owned ranges.
 #include <algorithm>  // std::min, std::max
 #include <array>      // std::array
+#include <optional>   // std::optional
 
 #include "core/cpu/kernels.h"  // cpu::cast
 #include "core/error.h"        // ZEROTH_CHECK
@@ -393,18 +394,30 @@ void Executor::write_block(int b, const std::function<void(size_t, size_t, float
   const OwnedRange& shard = plan_.range(StateKind::param_shard, b);
   const OwnedRange& master = plan_.range(StateKind::master, b);
   const auto [lo, hi] = plan_.values_range(b);
-  std::vector<float>& values = scratch_values_;
-  values.assign(hi - lo, 0.0f);
-  fill(lo, hi, values.data());
+  std::optional<OwnedWriter> shard_out, master_out;
+  if (params == nullptr || params->buffer != shard.buffer) shard_out.emplace(*this, shard, scratch_io_[0]);
+  if (!same_place(master, shard)) master_out.emplace(*this, master, scratch_io_[1]);
   const size_t c = dtype_size(plan_.compute_dtype);
-  std::vector<char>& narrow = scratch_narrow_;
-  narrow.resize(values.size() * c);
-  cpu::cast(values.data(), DType::f32, narrow.data(), plan_.compute_dtype, values.size());
   Stream& cs = compute_stream();
-  if (params != nullptr) device_.copy(cs, at(*params, params->lo), narrow.data() + (params->lo - lo) * c, params->numel() * c);
-  cs.synchronize();  // the copy has read `narrow`
-  if (params == nullptr || params->buffer != shard.buffer) write_owned(shard, narrow.data() + (shard.lo - lo) * c);
-  if (!same_place(master, shard)) write_owned(master, values.data() + (master.lo - lo));
+  // A chunk at a time (kTransferChunkNumel): fill asks for any part of [lo, hi).
+  for (size_t a = lo; a < hi; a += kTransferChunkNumel) {
+    const size_t e = std::min(hi, a + kTransferChunkNumel);
+    std::vector<float>& values = scratch_values_;
+    values.assign(e - a, 0.0f);
+    fill(a, e, values.data());
+    std::vector<char>& narrow = scratch_narrow_;
+    narrow.resize(values.size() * c);
+    cpu::cast(values.data(), DType::f32, narrow.data(), plan_.compute_dtype, values.size());
+    if (params != nullptr) {
+      const size_t from = std::max(a, params->lo), to = std::min(e, params->hi);
+      if (from < to) device_.copy(cs, at(*params, from), narrow.data() + (from - a) * c, (to - from) * c);
+      cs.synchronize();  // the copy has read `narrow`
+    }
+    if (shard_out) shard_out->add(narrow.data(), a, e);
+    if (master_out) master_out->add(values.data(), a, e);
+  }
+  if (shard_out) shard_out->finish();
+  if (master_out) master_out->finish();
 }
 
 void Executor::start() {

@@ -35,8 +35,14 @@ MemoryNeed estimate(const Plan& plan, const ModelFootprint& model, bool snapshot
   // Gathering a block's fp32 master values (the weights a run saves at its end, Engine::
   // master_values) puts the rank's slice and the whole padded block on the device, one block at a
   // time, when the rank does not hold the block's master whole.
-  // State in a swap file is read through an aligned bounce buffer of its size (O_DIRECT).
-  auto bounce = [&](const OwnedRange& r) { return plan.buffers[r.buffer].tier == Tier::nvme ? r.numel() * sizeof(float) : 0; };
+  // State in a swap file goes through an aligned bounce buffer (O_DIRECT) of its size, at most
+  // kTransferBounceBytes.
+  auto bounce = [&](const OwnedRange& r) -> size_t {
+    if (plan.buffers[r.buffer].tier != Tier::nvme) return 0;
+    constexpr size_t kPage = 4096;
+    const size_t bytes = (r.numel() * dtype_size(plan.buffers[r.buffer].dtype) + kPage - 1) / kPage * kPage;
+    return std::min(kTransferBounceBytes, bytes);
+  };
   size_t gather = 0, weights_host = 0;
   for (size_t b = 0; b < plan.blocks.size(); ++b) {
     const OwnedRange* m = plan.find(StateKind::master, static_cast<int>(b));
@@ -57,25 +63,30 @@ MemoryNeed estimate(const Plan& plan, const ModelFootprint& model, bool snapshot
   }
   const size_t file_pages = (checkpoint_file + ckpt::kStagingAlignment - 1) / ckpt::kStagingAlignment * ckpt::kStagingAlignment;
   const size_t staging = std::min(ckpt::kWriteBuffers * ckpt::kStagingBytes, file_pages);
-  // A resume streams the files through its read buffers into one block's run at a time (its values
-  // and owned moments, f32), which the engine's write copies once more (f32, then the compute
-  // dtype), through the bounce buffer for state in swap files.
-  size_t load_host = 0;
-  for (size_t b = 0; loads_checkpoint && b < plan.blocks.size(); ++b) {
-    const auto [lo, hi] = plan.values_range(static_cast<int>(b));
-    size_t run = hi - lo, bounced = 0;
-    for (StateKind kind : {StateKind::master, StateKind::moment0, StateKind::moment1}) {
-      const OwnedRange* r = plan.find(kind, static_cast<int>(b));
-      if (r == nullptr) continue;
-      if (kind != StateKind::master) run += r->numel();
-      bounced = std::max(bounced, bounce(*r));
+  // Writing a block's values into the engine (initialization, and a resume's load) takes a chunk of
+  // them in f32 and in the compute dtype, and a bounce buffer for each of the parameter shard and
+  // the master values in swap files. A resume streams the files through its read buffers into one
+  // block's run at a time (its values and owned moments, f32) and writes the moments through a bounce
+  // buffer too.
+  size_t init_host = 0, load_host = 0;
+  for (size_t b = 0; b < plan.blocks.size(); ++b) {
+    const int block = static_cast<int>(b);
+    const auto [lo, hi] = plan.values_range(block);
+    const size_t writes = std::min(hi - lo, kTransferChunkNumel) * (sizeof(float) + dtype_size(plan.compute_dtype)) +
+                          bounce(plan.range(StateKind::param_shard, block)) + bounce(plan.range(StateKind::master, block));
+    init_host = std::max(init_host, writes);
+    if (!loads_checkpoint) continue;
+    size_t run = hi - lo;
+    for (StateKind kind : {StateKind::moment0, StateKind::moment1}) {
+      if (const OwnedRange* r = plan.find(kind, block)) run += r->numel();
     }
-    load_host = std::max(load_host, (run + hi - lo) * sizeof(float) + (hi - lo) * dtype_size(plan.compute_dtype) + bounced);
+    load_host = std::max(load_host, run * sizeof(float) + writes);
   }
   // An asynchronous save first copies the whole file to a host snapshot, kept for the next save and
   // so still held when the run's end gathers its weights.
-  need.save_host = std::max(loads_checkpoint ? load_host + std::min(ckpt::kStreamBuffers * ckpt::kStagingBytes, file_pages) : 0,
-                            std::max(weights_host, checkpoint_host + staging) + (snapshot_checkpoints ? checkpoint_file : 0));
+  need.save_host = std::max({init_host,
+                             loads_checkpoint ? load_host + std::min(ckpt::kStreamBuffers * ckpt::kStagingBytes, file_pages) : 0,
+                             std::max(weights_host, checkpoint_host + staging) + (snapshot_checkpoints ? checkpoint_file : 0)});
   return need;
 }
 

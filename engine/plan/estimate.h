@@ -21,8 +21,9 @@ inline constexpr size_t kEstimateAllowance = 64 * 1024;
 struct MemoryNeed {
   TierBytes bytes{};                      // plan + model, per tier and tag
   size_t allowance = kEstimateAllowance;  // on the device tier
-  // Pageable host memory outside the engine's tiers that a checkpoint's save or load takes: the
-  // largest of the weights file's gathered block with the rank's slice of it (fp32), the checkpoint
+  // Pageable host memory outside the engine's tiers that initialization, a checkpoint's save or
+  // load take: the largest of the initial values' chunk and bounce buffers (Executor::write_block),
+  // the weights file's gathered block with the rank's slice of it (fp32), the checkpoint
   // writer's largest owned range of one state plus what its staging buffers hold of the file (and
   // the file's snapshot when saves are asynchronous), and, for a run that resumes, the load's
   // largest block run (values and moments) with the engine's copies of its values and the staging;

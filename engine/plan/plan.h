@@ -33,6 +33,14 @@
 
 namespace zeroth {
 
+// Moving a block's values between the host and the engine (initialization, a checkpoint's load,
+// the state a checkpoint or the weights export reads back) goes kTransferChunkNumel values at a
+// time where the caller allows, and state in a swap file through aligned bounce buffers of
+// kTransferBounceBytes: the host holds a few chunks, not a block (315 MB of f32 for one layer of a
+// 2B-parameter GPT).
+inline constexpr size_t kTransferChunkNumel = size_t{1} << 22;
+inline constexpr size_t kTransferBounceBytes = size_t{16} << 20;
+
 // ---- shard state ------------------------------------------------------------------------------
 
 // What a rank holds of a block. `params` are the full compute-dtype parameters the model reads

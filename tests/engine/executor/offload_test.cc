@@ -34,6 +34,14 @@ using testing::run_ranks;
 
 using testing::swap_dir;
 
+// A sanitizer's shadow memory and quarantine are resident too (freed memory stays, on purpose):
+// bounds on the process's resident memory hold only without one.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool sanitized = true;
+#else
+constexpr bool sanitized = false;
+#endif
+
 struct Case {
   int stage, dp, gas;
   DType dtype;
@@ -192,16 +200,9 @@ INSTANTIATE_TEST_SUITE_P(All, Offload, ::testing::ValuesIn(offload_cases()), [](
 // 16 bytes x 33.6M parameters = 538 MB on disk; the host pool is capped at 32 MiB (the host
 // allocator refuses to go past it). The process's resident memory (the kernel's count,
 // independent of zeroth's accounting) must grow by no more than the device's and the host's
-// peaks plus a stated 48 MiB: what neither counts (initialization's per-block staging of values,
+// peaks plus a stated 48 MiB: what neither counts (initialization's chunks of values,
 // allocator arenas of the stream and I/O threads, 2 MiB huge-page rounding of large buffers).
 TEST(OffloadMemory, WithEverythingInSwapFilesTheProcessHoldsTheHostPoolNotTheModelStates) {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  // A sanitizer's shadow memory and quarantine are resident too: twice the states, and only the
-  // states' own bound.
-  constexpr bool sanitized = true;
-#else
-  constexpr bool sanitized = false;
-#endif
   const size_t pool = 32u << 20;
   MlpRun run;
   run.stage = 3;
@@ -255,15 +256,10 @@ TEST(OffloadMemory, WithEverythingInSwapFilesTheProcessHoldsTheHostPoolNotTheMod
   EXPECT_LT(grown, on_disk / (sanitized ? 2 : 4)) << "the model states are resident";
 }
 
-// Writing the initial values to the swap files goes through block-sized scratch (the block's fp32
-// values, their bf16 cast, the O_DIRECT bounce buffer); finalize() returns it to the system, so a
-// run does not carry a block's worth of dead memory (here 16.8M parameters: 100 MB) to its end.
+// Writing the initial values to the swap files goes through scratch (a chunk of fp32 values, their
+// bf16 cast, the O_DIRECT bounce buffers); finalize() returns it to the system, so a run does not
+// carry it to its end.
 TEST(OffloadMemory, FinalizeReturnsItsInitialisationScratch) {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  constexpr bool sanitized = true;  // its quarantine keeps freed memory resident on purpose
-#else
-  constexpr bool sanitized = false;
-#endif
   MlpRun run;
   run.stage = 3;
   run.dtype = DType::bf16;
@@ -290,6 +286,65 @@ TEST(OffloadMemory, FinalizeReturnsItsInitialisationScratch) {
   if (!sanitized) {
     EXPECT_LE(now, held + (24u << 20));
   }
+}
+
+// Initial values reach the swap files in chunks of kTransferChunkNumel through bounce buffers of
+// kTransferBounceBytes, not through a block's worth of scratch. One block of 16.8M parameters: its
+// master values go to a two-copy file in pieces of one sub-group (1M elements), so chunks cross
+// from piece to piece, and its bf16 shard to a one-copy file in one piece of 32 MiB, written in
+// several bounce buffers. The master values read back (through a bounce buffer too) equal the
+// in-device engine's bit for bit, and the process's peak while finalize()
+// runs stays within the plan's pools, the stated chunk scratch (values, their bf16 cast, two bounce
+// buffers: 56 MiB) and 24 MiB, and what it held only while it ran, within the chunk scratch and
+// 8 MiB; the block-sized scratch this replaced took 201 MB.
+TEST(OffloadMemory, InitializationStreamsABlockInChunks) {
+  MlpRun run;
+  run.stage = 3;
+  run.dtype = DType::bf16;
+  run.widths = {4096, 4096};
+  auto config = [&](bool offload) {
+    EngineConfig e = testing::mlp_config(run);
+    e.zero.sub_group_size = 1u << 20;
+    e.alignment = 2048;  // the swapped plan's padding, in the in-device one too
+    if (!offload) return e;
+    for (auto* o : {&e.zero.offload_optimizer, &e.zero.offload_param}) {
+      o->device = OffloadDevice::nvme;
+      o->nvme_path = swap_dir();
+    }
+    return e;
+  };
+  std::unique_ptr<Device> device = make_device("cpu");
+  auto comms = make_local_communicators(1);
+  std::vector<float> expected;
+  {
+    Engine engine(*device, *comms[0], config(false));
+    Mlp mlp(engine, {run.widths});
+    engine.finalize();
+    expected = engine.master_values(0);
+  }
+  std::ofstream("/proc/self/clear_refs") << "5";  // the peak starts again from here
+  const size_t before = process_rss();
+  Engine engine(*device, *comms[0], config(true));
+  Mlp mlp(engine, {run.widths});
+  engine.finalize();
+  const size_t peak = process_peak_rss(), after = process_rss();
+  const size_t grown = peak - std::min(before, peak);
+  const auto& bytes = engine.plan().bytes;
+  const size_t held = tier_total(bytes, Tier::device) + tier_total(bytes, Tier::pinned_host) + tier_total(bytes, Tier::host);
+  const size_t chunk = kTransferChunkNumel * (sizeof(float) + 2) + 2 * kTransferBounceBytes;
+  std::printf("finalize: resident peak %.1f MiB more, %.1f MiB above what stays; the plan's pools %.1f MiB, chunk scratch %.1f MiB\n",
+              grown / 1048576.0, (peak - std::min(after, peak)) / 1048576.0, held / 1048576.0, chunk / 1048576.0);
+  if (!sanitized) {
+    EXPECT_LE(grown, held + chunk + (24u << 20));
+    // What finalize() held only while it ran (released after): the chunk scratch.
+    EXPECT_LE(peak - std::min(after, peak), chunk + (8u << 20));
+  }
+  ASSERT_GT(engine.plan().blocks[0].padded, 4 * kTransferChunkNumel);
+  const std::vector<float> got = engine.master_values(0);
+  ASSERT_EQ(got.size(), expected.size());
+  size_t differ = 0;
+  for (size_t i = 0; i < got.size(); ++i) differ += got[i] != expected[i];
+  EXPECT_EQ(differ, 0u) << "of " << got.size() << " master values";
 }
 
 // A swap file that loses its bytes (here: truncated through the process's own descriptor, as a
