@@ -2,6 +2,7 @@
 #include "train/export.h"
 
 #include <algorithm>  // std::min
+#include <cstring>    // std::memmove
 #include <exception>  // std::exception_ptr
 #include <optional>   // std::optional
 #include <vector>     // std::vector
@@ -115,12 +116,18 @@ uint64_t save_gpt_weights(Engine& engine, const GptConfig& config, const std::st
     size_t numel = 0;
     for (const auto& p : whole[g].params) numel += p.numel();
     if (mine) {
-      // This rank's parameters end to end (its slices of them with tensor parallelism).
-      const std::vector<float> values = engine.master_values(local);
+      // This rank's parameters end to end (its slices of them with tensor parallelism), moved
+      // together in the gathered block itself: a second block-sized vector would double the
+      // export's peak (315 MB per layer of a 2B-parameter GPT).
+      dense = engine.master_values(local);
       const auto& offsets = engine.plan().blocks[local].param_offsets;
       const auto& params = engine.block_spec(local).params;
-      for (size_t i = 0; i < params.size(); ++i)
-        dense.insert(dense.end(), values.begin() + offsets[i], values.begin() + offsets[i] + params[i].numel());
+      size_t end = 0;
+      for (size_t i = 0; i < params.size(); ++i) {  // offsets ascend, so each move goes to the left
+        std::memmove(dense.data() + end, dense.data() + offsets[i], params[i].numel() * sizeof(float));
+        end += params[i].numel();
+      }
+      dense.resize(end);
       if (pipeline.tensor != nullptr)
         dense = engine.comm().rank() == 0 ? assemble_slices(engine, *pipeline.tensor, local, dense, numel) : std::vector<float>{};
       if (engine.plan().blocks[local].expert) {
