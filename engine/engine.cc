@@ -333,9 +333,15 @@ UpdateArgs Engine::update_args(double grad_scale) const {
 }
 
 std::vector<float> Engine::master_values(int block) {
+  std::vector<float> out;
+  master_values(block, out);
+  return out;
+}
+
+void Engine::master_values(int block, std::vector<float>& out) {
   ZEROTH_CHECK(exec_ && block >= 0 && static_cast<size_t>(block) < plan_.blocks.size(), "master_values({})", block);
   exec_->settle();
-  return exec_->master_values(block);
+  exec_->master_values(block, out);
 }
 
 void Engine::set_master_values(int block, std::span<const float> values) {

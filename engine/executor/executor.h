@@ -136,7 +136,8 @@ class Executor {
   // Zeroes what starts at zero (moments, gradient accumulators).
   void start();
   // The fp32 master values of a block, whole (padded). Collective over the group; synchronizes.
-  std::vector<float> master_values(int block);
+  // `out` is resized to the padded block; its memory is reused where it is large enough.
+  void master_values(int block, std::vector<float>& out);
   // A whole owned range (in its buffer's dtype) to or from host memory, whatever its tier (between
   // steps; synchronous).
   void read_owned(const OwnedRange& r, void* out);

@@ -435,14 +435,14 @@ void Executor::start() {
   cs.synchronize();
 }
 
-std::vector<float> Executor::master_values(int block) {
+void Executor::master_values(int block, std::vector<float>& out) {
   const auto& blk = plan_.blocks[block];
   const auto& m = plan_.range(StateKind::master, block);
   Stream& cs = compute_stream();
-  std::vector<float> out(blk.padded);
+  out.resize(blk.padded);  // every element is written below
   if (m.lo == 0 && m.hi == blk.padded) {
     read_owned(m, out.data());
-    return out;
+    return;
   }
   // The communicator gathers device memory: the owned range goes there first, wherever it lives.
   std::vector<float> mine(m.numel());
@@ -453,7 +453,6 @@ std::vector<float> Executor::master_values(int block) {
   step_comm(block).all_gather(cs, part.view(DType::f32), full.view(DType::f32));
   device_.copy(cs, out.data(), full.data(), blk.padded * sizeof(float));
   cs.synchronize();
-  return out;
 }
 
 }  // namespace zeroth
