@@ -104,7 +104,9 @@ uint64_t save_gpt_weights(Engine& engine, const GptConfig& config, const std::st
   // The whole model's blocks in order, each from the stage that holds it.
   const auto whole = Gpt::block_specs(config);
   Stream& cs = engine.compute_stream();
-  std::vector<float> dense;  // one block's values at a time, its memory kept from block to block
+  // One block's values at a time, its memory kept from block to block (the slices' assembly of
+  // tensor and expert parallelism replaces it with the whole block's).
+  std::vector<float> dense;
   for (size_t g = 0; g < whole.size(); ++g) {
     const std::string& name = whole[g].name;
     int local = -1;

@@ -285,8 +285,8 @@ class Executor {
   std::unique_ptr<Stream> swap_in_stream_, swap_out_stream_;
   std::vector<TensorView> landing_;
   std::vector<double> bucket_sumsq_;
-  // The writes of the two f32 gradient pieces in grad_host; touched only by the reduce stream's
-  // host callbacks, one at a time.
+  // The writes of the two f32 gradient pieces in grad_host; touched only by offload_grads' host
+  // callbacks, which run one at a time on one stream.
   std::array<offload::IoHandle, 2> grad_writes_;
   std::vector<std::unique_ptr<Event>> slot_ready_, slot_written_, slot_uploaded_;
   // The offloaded sub-groups' updates and uploads run on their own stream, so that those of the

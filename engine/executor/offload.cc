@@ -154,7 +154,7 @@ void Executor::offload_grads(int index, bool add, Stream& rs) {
   };
   const auto squares = std::make_shared<Squares>();
   squares->counted = plan_.bucket_counted_in_norm(index);
-  // Piece by piece (Plan::kGradPieceNumel): the device copy of a piece, then on the host its cast
+  // Piece by piece (Plan::grad_piece_numel): the device copy of a piece, then on the host its cast
   // (or sum with what the file holds, for a later micro-batch) and its write, which runs on while
   // the next piece is copied and cast. The squares are taken on the way, so the step's norm never
   // reads the gradients back; the last micro-batch's pass leaves the final ones.
@@ -168,30 +168,43 @@ void Executor::offload_grads(int index, bool add, Stream& rs) {
                                   : static_cast<float*>(at(first, first.lo)) + lo;
     const bool last = k + 1 == pieces;
     rs.enqueue_host([=, this] {
-      const size_t bytes = round_to_io(len * sizeof(float));
-      const uint64_t offset = file_offset + lo * sizeof(float);
-      offload::IoHandle& pending = grad_writes_[k % 2];
-      if (file != nullptr) timed_io(0, 0, [&] { std::exchange(pending, {}).wait(); });  // the buffer's previous write
-      if (add) {
-        if (file != nullptr) timed_io(bytes, 0, [&] { file->read(host, bytes, offset).wait(); });
-        cpu::axpy(host, DType::f32, 1.0f, staging, comm, len);
-      } else {
-        cpu::cast(staging, comm, host, DType::f32, len);
-      }
-      for (Squares& sq = *squares; sq.next < sq.counted.size() && sq.counted[sq.next][0] < lo + len; ++sq.next) {
-        const auto [a, b] = sq.counted[sq.next];
-        const size_t from = std::max(a, lo), to = std::min(b, lo + len);
-        sq.range.add(host + (from - lo), to - from);
-        if (b > lo + len) break;  // goes on in the next piece
-        sq.total += sq.range.finish();
-      }
-      if (last) *sumsq = squares->total;
-      if (file == nullptr) return;
-      timed_io(0, bytes, [&] { pending = file->write(host, bytes, offset); });
-      // The bucket's gradients are in their file when its last callback returns (reduced_).
-      if (last) {
-        timed_io(0, 0, [&] { wait_all(grad_writes_); });
+      try {
+        const size_t bytes = round_to_io(len * sizeof(float));
+        const uint64_t offset = file_offset + lo * sizeof(float);
+        offload::IoHandle& pending = grad_writes_[k % 2];
+        if (file != nullptr) timed_io(0, 0, [&] { std::exchange(pending, {}).wait(); });  // the buffer's previous write
+        if (add) {
+          if (file != nullptr) timed_io(bytes, 0, [&] { file->read(host, bytes, offset).wait(); });
+          cpu::axpy(host, DType::f32, 1.0f, staging, comm, len);
+        } else {
+          cpu::cast(staging, comm, host, DType::f32, len);
+        }
+        for (Squares& sq = *squares; sq.next < sq.counted.size() && sq.counted[sq.next][0] < lo + len; ++sq.next) {
+          const auto [a, b] = sq.counted[sq.next];
+          const size_t from = std::max(a, lo), to = std::min(b, lo + len);
+          sq.range.add(host + (from - lo), to - from);
+          if (b > lo + len) break;  // goes on in the next piece
+          sq.total += sq.range.finish();
+        }
+        if (last) *sumsq = squares->total;
+        if (file == nullptr) return;
+        timed_io(0, bytes, [&] { pending = file->write(host, bytes, offset); });
+        // The bucket's gradients are in their file when its last callback returns (reduced_).
+        if (last) {
+          timed_io(0, 0, [&] { wait_all(grad_writes_); });
+          grad_writes_ = {};
+        }
+      } catch (...) {
+        // A failed piece ends the bucket (later callbacks may not run): no write of its other
+        // pieces may still be in flight when the error surfaces. The first error is the one kept.
+        for (auto& h : grad_writes_) {
+          try {
+            h.wait();
+          } catch (...) {
+          }
+        }
         grad_writes_ = {};
+        throw;
       }
     });
   }

@@ -64,24 +64,29 @@ MemoryNeed estimate(const Plan& plan, const ModelFootprint& model, bool snapshot
   const size_t file_pages = (checkpoint_file + ckpt::kStagingAlignment - 1) / ckpt::kStagingAlignment * ckpt::kStagingAlignment;
   const size_t staging = std::min(ckpt::kWriteBuffers * ckpt::kStagingBytes, file_pages);
   // Writing a block's values into the engine (initialization, and a resume's load) takes a chunk of
-  // them in f32 and in the compute dtype, and a bounce buffer for each of the parameter shard and
-  // the master values in swap files. A resume streams the files through its read buffers into one
-  // block's run at a time (its values and owned moments, f32) and writes the moments through a bounce
-  // buffer too.
-  size_t init_host = 0, load_host = 0;
+  // them in f32 and in the compute dtype and two bounce buffers, one for the master values and one
+  // for the parameter shard (and a resume's moments) in swap files; the engine keeps each at its
+  // largest until the series of writes ends, so the maxima over the blocks add up. A resume also
+  // streams the files through its read buffers into one block's run at a time (its values and owned
+  // moments, f32).
+  size_t chunk = 0, master_bounce = 0, shard_bounce = 0, moment_bounce = 0, largest_run = 0;
   for (size_t b = 0; b < plan.blocks.size(); ++b) {
     const int block = static_cast<int>(b);
     const auto [lo, hi] = plan.values_range(block);
-    const size_t writes = std::min(hi - lo, kTransferChunkNumel) * (sizeof(float) + dtype_size(plan.compute_dtype)) +
-                          bounce(plan.range(StateKind::param_shard, block)) + bounce(plan.range(StateKind::master, block));
-    init_host = std::max(init_host, writes);
-    if (!loads_checkpoint) continue;
+    chunk = std::max(chunk, std::min(hi - lo, kTransferChunkNumel) * (sizeof(float) + dtype_size(plan.compute_dtype)));
+    master_bounce = std::max(master_bounce, bounce(plan.range(StateKind::master, block)));
+    shard_bounce = std::max(shard_bounce, bounce(plan.range(StateKind::param_shard, block)));
     size_t run = hi - lo;
     for (StateKind kind : {StateKind::moment0, StateKind::moment1}) {
-      if (const OwnedRange* r = plan.find(kind, block)) run += r->numel();
+      if (const OwnedRange* r = plan.find(kind, block)) {
+        run += r->numel();
+        moment_bounce = std::max(moment_bounce, bounce(*r));
+      }
     }
-    load_host = std::max(load_host, run * sizeof(float) + writes);
+    largest_run = std::max(largest_run, run * sizeof(float));
   }
+  const size_t init_host = chunk + master_bounce + shard_bounce;
+  const size_t load_host = largest_run + chunk + master_bounce + std::max(shard_bounce, moment_bounce);
   // An asynchronous save first copies the whole file to a host snapshot, kept for the next save and
   // so still held when the run's end gathers its weights.
   need.save_host = std::max({init_host,

@@ -33,11 +33,10 @@
 
 namespace zeroth {
 
-// Moving a block's values between the host and the engine (initialization, a checkpoint's load,
-// the state a checkpoint or the weights export reads back) goes kTransferChunkNumel values at a
-// time where the caller allows, and state in a swap file through aligned bounce buffers of
-// kTransferBounceBytes: the host holds a few chunks, not a block (315 MB of f32 for one layer of a
-// 2B-parameter GPT).
+// Writing a block's values into the engine (initialization, a checkpoint's load) goes
+// kTransferChunkNumel values at a time, and state in a swap file moves (both ways) through aligned
+// bounce buffers of at most kTransferBounceBytes: the engine's scratch is a few chunks, not a block
+// (315 MB of f32 for one layer of a 2B-parameter GPT). Reads return whole ranges to the caller.
 inline constexpr size_t kTransferChunkNumel = size_t{1} << 22;
 inline constexpr size_t kTransferBounceBytes = size_t{16} << 20;
 
@@ -275,8 +274,9 @@ struct Plan {
   size_t slot_numel = 0;   // elements per array in a swap or param_out slot: the largest sub-group
   // Offloaded gradients leave the device in pieces of this many elements: the f32 bytes aio keeps
   // in flight (block_size x queue_depth), so that one piece's write fills the queue while the next
-  // is cast, or the largest offloaded bucket's shard where that is less. The host then holds three
-  // pieces, not a bucket's shard (hundreds of MiB at the buckets large models use).
+  // is cast, or the largest offloaded bucket's shard where that is less. The host then stages one
+  // piece (grad_staging) and, with nvme, two more on their way to the file (grad_host), not a
+  // bucket's shard (hundreds of MiB at the buckets large models use).
   size_t grad_piece_numel = 0;
   // Pipelines: the block whose copy on the first and the last stage is one tied parameter (GPT's
   // token embedding and LM head): its reduced gradients are summed over that pair at the step, and

@@ -22,6 +22,7 @@
 
 #include "comm/local/local_comm.h"
 #include "core/error.h"
+#include "engine/executor/param_init.h"
 #include "tests/engine/executor/swap_folder.h"
 #include "tests/engine/mlp_harness.h"
 
@@ -290,41 +291,29 @@ TEST(OffloadMemory, FinalizeReturnsItsInitialisationScratch) {
 
 // Initial values reach the swap files in chunks of kTransferChunkNumel through bounce buffers of
 // kTransferBounceBytes, not through a block's worth of scratch. One block of 16.8M parameters: its
-// master values go to a two-copy file in pieces of one sub-group (1M elements), so chunks cross
-// from piece to piece, and its bf16 shard to a one-copy file in one piece of 32 MiB, written in
-// several bounce buffers. The master values read back (through a bounce buffer too) equal the
-// in-device engine's bit for bit, and the process's peak while finalize()
-// runs stays within the plan's pools, the stated chunk scratch (values, their bf16 cast, two bounce
-// buffers: 56 MiB) and 24 MiB, and what it held only while it ran, within the chunk scratch and
-// 8 MiB; the block-sized scratch this replaced took 201 MB.
+// master values go to a two-copy file in pieces of one sub-group (5M elements, 21 MB: larger than a
+// bounce buffer, and not a multiple of a chunk, so pieces are written in several parts and chunks
+// cross from piece to piece), its bf16 shard to a one-copy file in one piece of 32 MiB. The master
+// values read back (through a bounce buffer, several reads a piece) equal init_values' own, bit for
+// bit, and the process's peak while finalize() runs stays within the plan's pools, the stated chunk
+// scratch (values, their bf16 cast, two bounce buffers: 56 MiB) and 24 MiB, and what it held only
+// while it ran within the chunk scratch and 8 MiB; the block-sized scratch this replaced took 201 MB.
 TEST(OffloadMemory, InitializationStreamsABlockInChunks) {
   MlpRun run;
   run.stage = 3;
   run.dtype = DType::bf16;
   run.widths = {4096, 4096};
-  auto config = [&](bool offload) {
-    EngineConfig e = testing::mlp_config(run);
-    e.zero.sub_group_size = 1u << 20;
-    e.alignment = 2048;  // the swapped plan's padding, in the in-device one too
-    if (!offload) return e;
-    for (auto* o : {&e.zero.offload_optimizer, &e.zero.offload_param}) {
-      o->device = OffloadDevice::nvme;
-      o->nvme_path = swap_dir();
-    }
-    return e;
-  };
+  EngineConfig config = testing::mlp_config(run);
+  config.zero.sub_group_size = (5u << 20) + 1024;
+  for (auto* o : {&config.zero.offload_optimizer, &config.zero.offload_param}) {
+    o->device = OffloadDevice::nvme;
+    o->nvme_path = swap_dir();
+  }
   std::unique_ptr<Device> device = make_device("cpu");
   auto comms = make_local_communicators(1);
-  std::vector<float> expected;
-  {
-    Engine engine(*device, *comms[0], config(false));
-    Mlp mlp(engine, {run.widths});
-    engine.finalize();
-    expected = engine.master_values(0);
-  }
   std::ofstream("/proc/self/clear_refs") << "5";  // the peak starts again from here
   const size_t before = process_rss();
-  Engine engine(*device, *comms[0], config(true));
+  Engine engine(*device, *comms[0], config);
   Mlp mlp(engine, {run.widths});
   engine.finalize();
   const size_t peak = process_peak_rss(), after = process_rss();
@@ -339,7 +328,16 @@ TEST(OffloadMemory, InitializationStreamsABlockInChunks) {
     // What finalize() held only while it ran (released after): the chunk scratch.
     EXPECT_LE(peak - std::min(after, peak), chunk + (8u << 20));
   }
-  ASSERT_GT(engine.plan().blocks[0].padded, 4 * kTransferChunkNumel);
+  const auto& blk = engine.plan().blocks[0];
+  ASSERT_GT(blk.padded, 4 * kTransferChunkNumel);
+  ASSERT_GT(config.zero.sub_group_size * sizeof(float), kTransferBounceBytes);
+  // The reference: each parameter's values straight from init_values, independent of write_block.
+  const BlockSpec& spec = engine.block_spec(0);
+  std::vector<float> expected(blk.padded, 0.0f);
+  for (size_t i = 0; i < spec.params.size(); ++i) {
+    init_values(spec.params[i].init, config.seed, spec.name + "." + spec.params[i].name, 0, spec.params[i].numel(),
+                expected.data() + blk.param_offsets[i]);
+  }
   const std::vector<float> got = engine.master_values(0);
   ASSERT_EQ(got.size(), expected.size());
   size_t differ = 0;
