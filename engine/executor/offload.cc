@@ -74,10 +74,11 @@ void Executor::check_io() const {
 
 void Executor::drain_swaps() {
   // A delayed update runs on under the next cycle: only what the step published is waited for.
-  for (Stream* s : {pending_ ? nullptr : swap_in_stream_.get(), pending_ ? nullptr : update_stream_.get(),
-                    pending_ ? nullptr : swap_out_stream_.get(), gather_stream_.get()}) {
-    if (s != nullptr) s->synchronize();
+  if (!pending_) {
+    for (Stream* s : {swap_in_stream_.get(), update_stream_.get(), swap_out_stream_.get()})
+      if (s != nullptr) s->synchronize();
   }
+  if (gather_stream_) gather_stream_->synchronize();
   check_io();
 }
 
