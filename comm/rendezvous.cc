@@ -1,9 +1,15 @@
 // Launcher environments, in the order torchrun > Slurm > Open MPI.
 #include "comm/rendezvous.h"
 
+#include <sys/random.h>  // getrandom
+#include <sys/stat.h>    // fstat
+
 #include <charconv>  // std::from_chars
 #include <cstdlib>   // std::getenv
+#include <fstream>   // std::ifstream
+#include <iterator>  // std::istreambuf_iterator
 
+#include "core/env.h"  // kJobToken, kJobTokenFile
 #include "core/error.h"
 
 namespace zeroth {
@@ -46,6 +52,51 @@ void validate(const RendezvousInfo& info, const char* rank_var, const char* size
 
 }  // namespace
 
+std::string read_job_token_file(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) ZEROTH_THROW(ConfigError, "job token file {}: {}", path, zeroth::detail::errno_text(errno));
+  if (!S_ISREG(st.st_mode)) ZEROTH_THROW(ConfigError, "job token file {} is not a regular file", path);
+  if ((st.st_mode & 077) != 0) {
+    ZEROTH_THROW(ConfigError, "job token file {} has mode {:o}: others than its owner can read or change it; chmod 600 {}", path,
+                 st.st_mode & 0777, path);
+  }
+  if (static_cast<std::size_t>(st.st_size) > kMaxJobTokenBytes + 1)
+    ZEROTH_THROW(ConfigError, "job token file {} holds {} bytes; a token is at most {}", path, st.st_size, kMaxJobTokenBytes);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) ZEROTH_THROW(ConfigError, "job token file {} cannot be opened: {}", path, zeroth::detail::errno_text(errno));
+  std::string token((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  while (!token.empty() && (token.back() == '\n' || token.back() == '\r')) token.pop_back();
+  if (token.empty()) ZEROTH_THROW(ConfigError, "job token file {} is empty", path);
+  if (token.size() > kMaxJobTokenBytes)
+    ZEROTH_THROW(ConfigError, "job token file {} holds {} bytes; a token is at most {}", path, token.size(), kMaxJobTokenBytes);
+  return token;
+}
+
+std::string job_token_from_env() {
+  if (auto token = var(std::string(env::kJobToken).c_str())) {
+    if (token->size() > kMaxJobTokenBytes)
+      ZEROTH_THROW(ConfigError, "{} holds {} bytes; a token is at most {}", env::kJobToken, token->size(), kMaxJobTokenBytes);
+    return *token;
+  }
+  if (auto path = var(std::string(env::kJobTokenFile).c_str())) return read_job_token_file(*path);
+  return "";
+}
+
+std::string generate_job_token() {
+  unsigned char bytes[32];
+  std::size_t got = 0;
+  while (got < sizeof bytes) {
+    const ssize_t n = ::getrandom(bytes + got, sizeof bytes - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) ZEROTH_THROW(IoError, "getrandom({} bytes) failed: {}", sizeof bytes - got, zeroth::detail::errno_text(errno));
+    got += static_cast<std::size_t>(n);
+  }
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string token;
+  for (unsigned char b : bytes) token += {kHex[b >> 4], kHex[b & 15]};
+  return token;
+}
+
 std::string first_slurm_host(const std::string& nodelist) {
   const auto comma = nodelist.find(',');
   const auto bracket = nodelist.find('[');
@@ -68,6 +119,7 @@ std::optional<RendezvousInfo> rendezvous_from_env() {
     info.master_addr = var("MASTER_ADDR").value_or("127.0.0.1");
     info.master_port = int_var("MASTER_PORT", 29500);
     validate(info, "RANK", "WORLD_SIZE");
+    info.token = job_token_from_env();
     return info;
   }
   if (var("SLURM_PROCID") && var("SLURM_NTASKS")) {
@@ -82,6 +134,7 @@ std::optional<RendezvousInfo> rendezvous_from_env() {
     else if (auto nodelist = var("SLURM_JOB_NODELIST")) info.master_addr = first_slurm_host(*nodelist);
     info.master_port = int_var("MASTER_PORT", 29500);
     validate(info, "SLURM_PROCID", "SLURM_NTASKS");
+    info.token = job_token_from_env();
     return info;
   }
   if (var("OMPI_COMM_WORLD_RANK") && var("OMPI_COMM_WORLD_SIZE")) {
@@ -97,6 +150,7 @@ std::optional<RendezvousInfo> rendezvous_from_env() {
     }
     info.master_port = int_var("MASTER_PORT", 29500);
     validate(info, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE");
+    info.token = job_token_from_env();
     return info;
   }
   return std::nullopt;

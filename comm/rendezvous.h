@@ -2,6 +2,7 @@
 // WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), else Slurm's, else Open MPI's.
 #pragma once
 
+#include <cstddef>   // std::size_t
 #include <optional>  // std::optional
 #include <string>    // std::string
 
@@ -15,11 +16,23 @@ struct RendezvousInfo {
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
   std::string source;  // "torchrun", "slurm" or "openmpi"
+  std::string token;   // the job's secret (job_token_from_env); empty when none is set
 };
 
 // nullopt when no launcher variables are set (a single process, or local ranks as threads).
 // Inconsistent or malformed variables raise ConfigError naming them.
 std::optional<RendezvousInfo> rendezvous_from_env();
+
+// The job's secret that every connection to the rendezvous store presents: ZEROTH_JOB_TOKEN,
+// else the contents of the file ZEROTH_JOB_TOKEN_FILE names; empty when neither is set.
+std::string job_token_from_env();
+// A token file's secret, its trailing newline dropped. ConfigError when the file is missing,
+// empty, longer than kMaxJobTokenBytes, or readable or writable by others than its owner (as ssh
+// treats private keys: a secret others can read is no secret).
+std::string read_job_token_file(const std::string& path);
+// 32 random bytes from the kernel, as 64 hex digits.
+std::string generate_job_token();
+inline constexpr std::size_t kMaxJobTokenBytes = 1024;
 
 // The first host of a Slurm node list: "gpu[03-07,09],cpu1" -> "gpu03".
 std::string first_slurm_host(const std::string& nodelist);

@@ -1,9 +1,13 @@
-// The TCP store: a length-prefixed request/reply protocol over one connection per client.
-//   request: u8 command, u32 key length, key, u64 value length, value
-//   reply:   u64 length, bytes (SET: empty; GET: the value; ADD: the new value as 8 bytes;
-//            TRY_GET: one byte 0 when absent, else 1 followed by the value)
+// The TCP store: a handshake, then length-prefixed requests and replies over one connection per
+// client. Lengths are checked against the bounds in tcp_store.h before anything is allocated.
+//   hello:   "ZST1", u32 protocol version, u32 token length, token -> u8 accepted (0) or refused (1)
+//   request: u8 command, u32 key length, u64 value length, key, value
+//   reply:   u8 status (0 ok, 1 error), u64 length, bytes (SET: empty; GET: the value; ADD: the new
+//            value as 8 bytes; TRY_GET: one byte 0 when absent, else 1 followed by the value;
+//            an error: its message)
 #include "comm/tcp_store.h"
 
+#include <arpa/inet.h>  // inet_ntop
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -14,6 +18,7 @@
 
 #include <cstring>  // memcpy
 
+#include "comm/rendezvous.h"  // RendezvousInfo, kMaxJobTokenBytes
 #include "core/error.h"
 #include "core/log.h"
 
@@ -22,7 +27,75 @@ namespace zeroth {
 namespace {
 
 enum Command : uint8_t { kSet = 1, kGet = 2, kAdd = 3, kTryGet = 4 };
+enum Answer : uint8_t { kAccepted = 0, kRefused = 1 };
+enum Status : uint8_t { kOk = 0, kError = 1 };
 using clock = std::chrono::steady_clock;
+
+constexpr char kMagic[4] = {'Z', 'S', 'T', '1'};
+constexpr uint32_t kProtocolVersion = 1;
+// Refused connections logged one by one; past these a flood is only counted.
+constexpr uint64_t kLoggedRefusals = 16;
+
+#pragma pack(push, 1)
+struct Hello {
+  char magic[4];
+  uint32_t version;
+  uint32_t token_bytes;
+};
+struct RequestHeader {
+  uint8_t command;
+  uint32_t key_bytes;
+  uint64_t value_bytes;
+};
+struct ReplyHeader {
+  uint8_t status;
+  uint64_t bytes;
+};
+#pragma pack(pop)
+
+// Compares in time that depends on the lengths only, so the reply's timing does not say how much
+// of a guess was right.
+bool same_token(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+std::string numeric_host(const sockaddr* addr) {
+  char text[INET6_ADDRSTRLEN] = "?";
+  if (addr->sa_family == AF_INET) ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(addr)->sin_addr, text, sizeof text);
+  if (addr->sa_family == AF_INET6) ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(addr)->sin6_addr, text, sizeof text);
+  return text;
+}
+std::string numeric_host(const addrinfo* a) { return numeric_host(a->ai_addr); }
+
+uint16_t port_of(const sockaddr_storage& addr) {
+  return ntohs(addr.ss_family == AF_INET6 ? reinterpret_cast<const sockaddr_in6*>(&addr)->sin6_port
+                                          : reinterpret_cast<const sockaddr_in*>(&addr)->sin_port);
+}
+
+int bound_port(int fd) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof addr;
+  SYSCALL_CHECK(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len));
+  return port_of(addr);
+}
+
+// "address:port" of the other end, for the log.
+std::string peer_name(int fd) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof addr;
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return "a peer";
+  if (addr.ss_family != AF_INET && addr.ss_family != AF_INET6) return "a local peer";
+  return fmt::format("{}:{}", numeric_host(reinterpret_cast<const sockaddr*>(&addr)), port_of(addr));
+}
+
+bool is_loopback(const addrinfo* a) {
+  if (a->ai_family == AF_INET) return (ntohl(reinterpret_cast<const sockaddr_in*>(a->ai_addr)->sin_addr.s_addr) >> 24) == 127;
+  if (a->ai_family == AF_INET6) return IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<const sockaddr_in6*>(a->ai_addr)->sin6_addr);
+  return false;
+}
 
 // Writes all bytes; returns false when the peer is gone.
 bool write_all(int fd, const void* data, size_t size) {
@@ -76,36 +149,39 @@ addrinfo* resolve(const std::string& host, int port, bool passive) {
 
 // ---- server ---------------------------------------------------------------------------------
 
-TcpStoreServer::TcpStoreServer(const std::string& host, int port, std::chrono::milliseconds linger) : linger_(linger) {
-  // Listen on every address: MASTER_ADDR names this host for the clients, the bind need not.
-  (void)host;
-  addrinfo* info = resolve("", port, true);
+TcpStoreServer::TcpStoreServer(const std::string& host, int port, std::string token, std::chrono::milliseconds linger)
+    : token_(std::move(token)), linger_(linger) {
+  // Only where MASTER_ADDR points: a store on every interface would answer on networks the job
+  // never meant to use.
+  addrinfo* info = resolve(host, port, true);
   std::string errors;
-  for (addrinfo* a = info; a != nullptr && listen_fd_ < 0; a = a->ai_next) {
+  for (addrinfo* a = info; a != nullptr; a = a->ai_next) {
     const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
     if (fd < 0) continue;
     const int one = 1;
     ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (a->ai_family == AF_INET6) {
-      const int zero = 0;  // accept IPv4 clients on the IPv6 socket too
-      ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
+    if (a->ai_family == AF_INET6) ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+    // With port 0 the first socket picks the port and the others (the host's other addresses)
+    // take the same one.
+    if (port_ != 0) {
+      if (a->ai_family == AF_INET6) reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_port = htons(static_cast<uint16_t>(port_));
+      else reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_port = htons(static_cast<uint16_t>(port_));
     }
     if (::bind(fd, a->ai_addr, a->ai_addrlen) == 0 && ::listen(fd, 1024) == 0) {
-      listen_fd_ = fd;
+      listen_fds_.push_back(fd);
+      if (port_ == 0) port_ = bound_port(fd);
     } else {
-      errors += detail::errno_text(errno) + "; ";
+      errors += fmt::format("{}: {}; ", numeric_host(a), detail::errno_text(errno));
       ::close(fd);
     }
   }
   ::freeaddrinfo(info);
-  if (listen_fd_ < 0) {
-    ZEROTH_THROW(CommError, "store server: cannot listen on port {}: {}(is another job using MASTER_PORT={}?)", port, errors, port);
+  if (listen_fds_.empty()) {
+    ZEROTH_THROW(CommError,
+                 "store server: cannot listen at MASTER_ADDR={} port {}: {}(is MASTER_ADDR an address of this host, and is "
+                 "another job using MASTER_PORT={}?)",
+                 host, port, errors, port);
   }
-  sockaddr_storage addr{};
-  socklen_t len = sizeof addr;
-  SYSCALL_CHECK(::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len));
-  port_ = ntohs(addr.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port
-                                           : reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
   wake_fd_ = SYSCALL_CHECK(::eventfd(0, EFD_CLOEXEC));
   acceptor_ = std::thread([this] { accept_loop(); });
 }
@@ -125,83 +201,113 @@ TcpStoreServer::~TcpStoreServer() {
   acceptor_.join();
   for (auto& w : workers_) w.join();
   ::close(wake_fd_);
-  ::close(listen_fd_);
+  for (int fd : listen_fds_) ::close(fd);
 }
 
 void TcpStoreServer::accept_loop() {
+  std::vector<pollfd> fds;
+  for (int fd : listen_fds_) fds.push_back({fd, POLLIN, 0});
+  fds.push_back({wake_fd_, POLLIN, 0});
   for (;;) {
-    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-    if (::poll(fds, 2, -1) < 0) {
+    if (::poll(fds.data(), fds.size(), -1) < 0) {
       if (errno == EINTR) continue;
       ZLOG_ERROR("store server: poll failed: {}", detail::errno_text(errno));
       return;
     }
-    if (fds[1].revents != 0) return;
-    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;
-    const int one = 1;
-    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    std::lock_guard lock(mutex_);
-    if (stopping_) {
-      ::close(fd);
-      return;
+    if (fds.back().revents != 0) return;
+    for (std::size_t i = 0; i + 1 < fds.size(); ++i) {
+      if (fds[i].revents == 0) continue;
+      const int fd = ::accept4(fds[i].fd, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) continue;
+      const int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      std::lock_guard lock(mutex_);
+      if (stopping_) {
+        ::close(fd);
+        return;
+      }
+      if (clients_ >= kStoreMaxConnections) {
+        // A thread per connection: beyond the bound a flood would take the host's threads.
+        if (refused_.fetch_add(1) < kLoggedRefusals)
+          ZLOG_WARN("store server: refused {}: already {} connections", peer_name(fd), kStoreMaxConnections);
+        ::close(fd);
+        continue;
+      }
+      ++clients_;
+      client_fds_.push_back(fd);
+      workers_.emplace_back([this, fd] { serve(fd); });
     }
+  }
+}
+
+void TcpStoreServer::refuse(int fd, const std::string& why) {
+  if (refused_.fetch_add(1) < kLoggedRefusals) ZLOG_WARN("store server: refused the connection from {}: {}", peer_name(fd), why);
+}
+
+bool TcpStoreServer::handshake(int fd) {
+  const auto deadline = clock::now() + kStoreHelloTimeout;
+  Hello hello{};
+  try {
+    if (!read_all(fd, &hello, sizeof hello, deadline, "store server")) return false;
+    if (std::memcmp(hello.magic, kMagic, sizeof hello.magic) != 0) {
+      refuse(fd, "it does not speak the store's protocol");
+      return false;
+    }
+    if (hello.version != kProtocolVersion) {
+      refuse(fd, fmt::format("protocol version {}, this store speaks {}", hello.version, kProtocolVersion));
+      return false;
+    }
+    if (hello.token_bytes > kMaxJobTokenBytes) {
+      refuse(fd, fmt::format("a token of {} bytes, more than {}", hello.token_bytes, kMaxJobTokenBytes));
+      return false;
+    }
+    std::string token(hello.token_bytes, '\0');
+    if (!read_all(fd, token.data(), token.size(), deadline, "store server")) return false;
+    const bool accepted = same_token(token, token_);
+    const uint8_t answer = accepted ? kAccepted : kRefused;
+    if (!accepted) refuse(fd, "wrong job token (ZEROTH_JOB_TOKEN differs from rank 0's)");
+    return write_all(fd, &answer, 1) && accepted;
+  } catch (const CommError&) {
+    refuse(fd, fmt::format("no handshake within {} s", kStoreHelloTimeout.count()));
+    return false;
+  }
+}
+
+void TcpStoreServer::serve_connection(int fd) {
+  {
+    std::lock_guard lock(mutex_);
     ++clients_;
     client_fds_.push_back(fd);
-    workers_.emplace_back([this, fd] { serve(fd); });
   }
+  serve(fd);
 }
 
 void TcpStoreServer::serve(int fd) {
   try {
-    for (;;) {
-      uint8_t command = 0;
-      uint32_t key_len = 0;
-      uint64_t value_len = 0;
-      if (!read_all(fd, &command, 1, kForever, "store server")) break;
-      if (!read_all(fd, &key_len, 4, kForever, "store server")) break;
-      std::string key(key_len, '\0');
-      if (!read_all(fd, key.data(), key_len, kForever, "store server")) break;
-      if (!read_all(fd, &value_len, 8, kForever, "store server")) break;
-      std::vector<char> value(value_len);
-      if (!read_all(fd, value.data(), value_len, kForever, "store server")) break;
-
-      std::vector<char> reply;
-      {
-        std::unique_lock lock(mutex_);
-        if (command == kSet) {
-          data_[key] = std::move(value);
-          changed_.notify_all();
-        } else if (command == kGet) {
-          // Wake now and then to notice a client that hung up while waiting.
-          bool gone = false;
-          while (!stopping_ && data_.count(key) == 0 && !gone) {
-            changed_.wait_for(lock, std::chrono::milliseconds(200));
-            pollfd pfd{fd, POLLRDHUP, 0};
-            gone = ::poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
-          }
-          if (stopping_ || gone) break;
-          reply = data_[key];
-        } else if (command == kTryGet) {
-          auto it = data_.find(key);
-          reply.push_back(it == data_.end() ? 0 : 1);
-          if (it != data_.end()) reply.insert(reply.end(), it->second.begin(), it->second.end());
-        } else if (command == kAdd) {
-          int64_t delta = 0, current = 0;
-          std::memcpy(&delta, value.data(), std::min<size_t>(8, value.size()));
-          auto& slot = data_[key];
-          if (slot.size() == 8) std::memcpy(&current, slot.data(), 8);
-          current += delta;
-          slot.assign(reinterpret_cast<char*>(&current), reinterpret_cast<char*>(&current) + 8);
-          reply = slot;
-          changed_.notify_all();
-        } else {
-          ZLOG_WARN("store server: unknown command {} from a client; closing it", command);
-          break;
-        }
+    bool open = handshake(fd);
+    while (open) {
+      RequestHeader header{};
+      if (!read_all(fd, &header, sizeof header, kForever, "store server")) break;
+      if (header.command < kSet || header.command > kTryGet) {
+        ZLOG_WARN("store server: unknown command {} from {}; closing that connection", header.command, peer_name(fd));
+        break;
       }
-      const uint64_t n = reply.size();
-      if (!write_all(fd, &n, 8) || !write_all(fd, reply.data(), reply.size())) break;
+      if (header.key_bytes > kStoreMaxKeyBytes || header.value_bytes > kStoreMaxValueBytes) {
+        ZLOG_WARN("store server: a request from {} with a key of {} bytes and a value of {} (at most {} and {}); closing that "
+                  "connection",
+                  peer_name(fd), header.key_bytes, header.value_bytes, kStoreMaxKeyBytes, kStoreMaxValueBytes);
+        break;
+      }
+      std::string key(header.key_bytes, '\0');
+      std::vector<char> value(header.value_bytes);
+      if (!read_all(fd, key.data(), key.size(), kForever, "store server")) break;
+      if (!read_all(fd, value.data(), value.size(), kForever, "store server")) break;
+      std::vector<char> reply;
+      bool failed = false;
+      open = apply(fd, header.command, key, value, reply, failed);
+      if (!open) break;
+      const ReplyHeader out{failed ? kError : kOk, reply.size()};
+      open = write_all(fd, &out, sizeof out) && write_all(fd, reply.data(), reply.size());
     }
   } catch (const std::exception& e) {
     ZLOG_WARN("store server: client connection failed: {}", e.what());
@@ -213,10 +319,62 @@ void TcpStoreServer::serve(int fd) {
   changed_.notify_all();
 }
 
+bool TcpStoreServer::apply(int fd, uint8_t command, const std::string& key, std::vector<char>& value, std::vector<char>& reply,
+                           bool& failed) {
+  auto error = [&](std::string message) {
+    failed = true;
+    reply.assign(message.begin(), message.end());
+    return true;
+  };
+  std::unique_lock lock(mutex_);
+  if (command == kSet || command == kAdd) {
+    auto it = data_.find(key);
+    const std::size_t before = it == data_.end() ? 0 : key.size() + it->second.size();
+    const std::size_t after = key.size() + (command == kSet ? value.size() : 8);
+    if (it == data_.end() && data_.size() >= kStoreMaxKeys)
+      return error(fmt::format("the store holds {} keys, its most", kStoreMaxKeys));
+    if (stored_bytes_ - before + after > kStoreMaxBytes)
+      return error(fmt::format("the store holds {} bytes; key '{}' would pass its {}", stored_bytes_, key, kStoreMaxBytes));
+    if (command == kAdd && value.size() != 8) return error(fmt::format("add to '{}' carries {} bytes, not 8", key, value.size()));
+    if (command == kAdd && it != data_.end() && it->second.size() != 8)
+      return error(fmt::format("add to '{}', which holds {} bytes, not a counter", key, it->second.size()));
+    stored_bytes_ = stored_bytes_ - before + after;
+    if (command == kSet) {
+      data_[key] = std::move(value);
+    } else {
+      int64_t delta = 0, current = 0;
+      std::memcpy(&delta, value.data(), 8);
+      auto& slot = data_[key];
+      if (slot.size() == 8) std::memcpy(&current, slot.data(), 8);
+      // Wraps rather than overflowing: a counter is a rendezvous tally, never near 2^63.
+      current = static_cast<int64_t>(static_cast<uint64_t>(current) + static_cast<uint64_t>(delta));
+      slot.assign(reinterpret_cast<char*>(&current), reinterpret_cast<char*>(&current) + 8);
+      reply = slot;
+    }
+    changed_.notify_all();
+  } else if (command == kGet) {
+    // Wake now and then to notice a client that hung up while waiting.
+    bool gone = false;
+    while (!stopping_ && data_.count(key) == 0 && !gone) {
+      changed_.wait_for(lock, std::chrono::milliseconds(200));
+      pollfd pfd{fd, POLLRDHUP, 0};
+      gone = ::poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+    }
+    if (stopping_ || gone) return false;
+    reply = data_[key];
+  } else {
+    auto it = data_.find(key);
+    reply.push_back(it == data_.end() ? 0 : 1);
+    if (it != data_.end()) reply.insert(reply.end(), it->second.begin(), it->second.end());
+  }
+  return true;
+}
+
 // ---- client ---------------------------------------------------------------------------------
 
-TcpStore::TcpStore(const std::string& host, int port, std::chrono::milliseconds timeout)
+TcpStore::TcpStore(const std::string& host, int port, const std::string& token, std::chrono::milliseconds timeout)
     : host_(host), port_(port), timeout_(timeout) {
+  ZEROTH_CHECK(token.size() <= kMaxJobTokenBytes, "job token of {} bytes: at most {}", token.size(), kMaxJobTokenBytes);
   const auto deadline = clock::now() + timeout;
   std::string last_error = "no address";
   while (fd_ < 0) {
@@ -248,6 +406,34 @@ TcpStore::TcpStore(const std::string& host, int port, std::chrono::milliseconds 
   }
   const int one = 1;
   ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  try {
+    handshake(token, std::max(deadline, clock::now() + kStoreHelloTimeout));
+  } catch (...) {
+    ::close(fd_);
+    throw;
+  }
+}
+
+void TcpStore::handshake(const std::string& token, clock::time_point deadline) {
+  Hello hello{};
+  std::memcpy(hello.magic, kMagic, sizeof hello.magic);
+  hello.version = kProtocolVersion;
+  hello.token_bytes = static_cast<uint32_t>(token.size());
+  const std::string what = fmt::format("the rendezvous store at {}", address());
+  uint8_t answer = kRefused;
+  if (!write_all(fd_, &hello, sizeof hello) || !write_all(fd_, token.data(), token.size()) ||
+      !read_all(fd_, &answer, 1, deadline, what)) {
+    ZEROTH_THROW(CommError,
+                 "{} closed the connection during the handshake: another program on that port, a zeroth of another version, "
+                 "or a token it refused (check the log of rank 0)",
+                 what);
+  }
+  if (answer != kAccepted) {
+    ZEROTH_THROW(CommError,
+                 "{} refused this process's job token: every rank of a job must have the same ZEROTH_JOB_TOKEN "
+                 "(zeroth launch hands one to its ranks; across nodes pass the same --token-file to each node's launcher)",
+                 what);
+  }
 }
 
 TcpStore::~TcpStore() {
@@ -260,25 +446,36 @@ std::vector<char> TcpStore::request(uint8_t command, const std::string& key, con
                                     std::chrono::milliseconds timeout) {
   std::lock_guard lock(mutex_);
   const std::string what = fmt::format("store {} (key '{}')", address(), key);
+  ZEROTH_CHECK(key.size() <= kStoreMaxKeyBytes && value.size() <= kStoreMaxValueBytes,
+               "{}: a key of {} bytes and a value of {}: the store takes at most {} and {}", what, key.size(), value.size(),
+               kStoreMaxKeyBytes, kStoreMaxValueBytes);
   if (broken_) ZEROTH_THROW(CommError, "{}: the connection failed earlier and cannot be reused", what);
-  const uint32_t key_len = static_cast<uint32_t>(key.size());
-  const uint64_t value_len = value.size();
-  if (!write_all(fd_, &command, 1) || !write_all(fd_, &key_len, 4) || !write_all(fd_, key.data(), key.size()) ||
-      !write_all(fd_, &value_len, 8) || !write_all(fd_, value.data(), value.size())) {
+  const RequestHeader header{command, static_cast<uint32_t>(key.size()), value.size()};
+  if (!write_all(fd_, &header, sizeof header) || !write_all(fd_, key.data(), key.size()) ||
+      !write_all(fd_, value.data(), value.size())) {
     broken_ = true;
     ZEROTH_THROW(CommError, "{}: the store closed the connection (rank 0 exited?)", what);
   }
   const auto deadline = clock::now() + timeout;
-  uint64_t n = 0;
+  ReplyHeader reply_header{};
   std::vector<char> reply;
   try {
-    if (!read_all(fd_, &n, 8, deadline, what)) ZEROTH_THROW(CommError, "{}: the store closed the connection (rank 0 exited?)", what);
-    reply.resize(n);
-    if (!read_all(fd_, reply.data(), n, deadline, what)) ZEROTH_THROW(CommError, "{}: the store closed the connection", what);
+    if (!read_all(fd_, &reply_header, sizeof reply_header, deadline, what))
+      ZEROTH_THROW(CommError, "{}: the store closed the connection (rank 0 exited?)", what);
+    // The one byte is TRY_GET's presence flag in front of a value.
+    if (reply_header.bytes > kStoreMaxValueBytes + 1 || reply_header.status > kError) {
+      ZEROTH_THROW(CommError, "{}: the store's reply (status {}, {} bytes) is not one the store sends; is {} a zeroth store?", what,
+                   reply_header.status, reply_header.bytes, address());
+    }
+    reply.resize(reply_header.bytes);
+    if (!read_all(fd_, reply.data(), reply.size(), deadline, what))
+      ZEROTH_THROW(CommError, "{}: the store closed the connection", what);
   } catch (...) {
     broken_ = true;
     throw;
   }
+  if (reply_header.status == kError)
+    ZEROTH_THROW(CommError, "{}: the store refused the request: {}", what, std::string(reply.begin(), reply.end()));
   return reply;
 }
 
@@ -305,8 +502,9 @@ int64_t TcpStore::add(const std::string& key, int64_t delta) {
   std::vector<char> value(8);
   std::memcpy(value.data(), &delta, 8);
   const auto reply = request(kAdd, key, value, timeout_);
+  ZEROTH_CHECK(reply.size() == 8, "store {}: add to '{}' answered {} bytes, not 8", address(), key, reply.size());
   int64_t result = 0;
-  std::memcpy(&result, reply.data(), std::min<size_t>(8, reply.size()));
+  std::memcpy(&result, reply.data(), 8);
   return result;
 }
 
@@ -318,10 +516,29 @@ void TcpStore::wait(const std::vector<std::string>& keys, std::chrono::milliseco
   }
 }
 
-JobStore connect_job_store(const std::string& master_addr, int master_port, bool host, std::chrono::milliseconds timeout) {
+JobStore connect_job_store(const RendezvousInfo& info, std::chrono::milliseconds timeout) {
   JobStore job;
-  if (host) job.server = std::make_unique<TcpStoreServer>(master_addr, master_port, timeout);
-  job.client = std::make_unique<TcpStore>(master_addr, master_port, timeout);
+  if (info.rank == 0) {
+    addrinfo* addresses = resolve(info.master_addr, info.master_port, false);
+    bool loopback = true;
+    for (addrinfo* a = addresses; a != nullptr; a = a->ai_next) loopback = loopback && is_loopback(a);
+    ::freeaddrinfo(addresses);
+    if (!loopback && info.token.empty()) {
+      ZEROTH_THROW(ConfigError,
+                   "MASTER_ADDR={} is reachable from other hosts and the job has no token, so anyone who can reach port {} could "
+                   "join it: set ZEROTH_JOB_TOKEN (or ZEROTH_JOB_TOKEN_FILE) to the same secret for every rank, or start the "
+                   "ranks with zeroth launch (--token-file across nodes)",
+                   info.master_addr, info.master_port);
+    }
+    if (loopback && info.world_size > info.local_world_size) {
+      ZEROTH_THROW(ConfigError,
+                   "MASTER_ADDR={} is a loopback address on this host, but {} of the job's {} ranks run on other hosts, which "
+                   "cannot reach it: set MASTER_ADDR (--master-addr) to this host's address on the network the nodes share",
+                   info.master_addr, info.world_size - info.local_world_size, info.world_size);
+    }
+    job.server = std::make_unique<TcpStoreServer>(info.master_addr, info.master_port, info.token, timeout);
+  }
+  job.client = std::make_unique<TcpStore>(info.master_addr, info.master_port, info.token, timeout);
   return job;
 }
 

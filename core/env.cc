@@ -16,6 +16,8 @@ constexpr Variable kVariables[] = {
     {kCommTimeout, "300", "seconds a collective waits for its peers before failing"},
     {kCommCheck, "0", "1: compare each collective's sequence, op, count and dtype across ranks"},
     {kSocketIfname, "auto", "network interface for the Gloo transport"},
+    {kJobToken, "", "the job's secret: the rendezvous store refuses connections without it", true},
+    {kJobTokenFile, "", "a file (mode 600) holding the job's secret, read when ZEROTH_JOB_TOKEN is unset"},
     {kPlanJson, "", "file the engine writes its plan to (rank 0, JSON)"},
 };
 }  // namespace

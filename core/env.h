@@ -14,6 +14,7 @@ struct Variable {
   std::string_view name;
   std::string_view default_value;
   std::string_view meaning;
+  bool secret = false;  // its value is never printed (`zeroth report` says only that it is set)
 };
 
 // ZEROTH_LOG_LEVEL: trace|debug|info|warn|error|off (default info).
@@ -30,6 +31,13 @@ inline constexpr std::string_view kCommCheck = "ZEROTH_COMM_CHECK";
 // ZEROTH_SOCKET_IFNAME: network interface Gloo binds to (default: loopback for a local master,
 // else the address the host name resolves to).
 inline constexpr std::string_view kSocketIfname = "ZEROTH_SOCKET_IFNAME";
+
+// ZEROTH_JOB_TOKEN: the job's shared secret; the rendezvous store refuses a connection that does
+// not present it. `zeroth launch` makes one for its ranks when none is given.
+inline constexpr std::string_view kJobToken = "ZEROTH_JOB_TOKEN";
+// ZEROTH_JOB_TOKEN_FILE: a file (owner-only permissions) holding the token, for ranks that a
+// scheduler starts; ZEROTH_JOB_TOKEN wins when both are set.
+inline constexpr std::string_view kJobTokenFile = "ZEROTH_JOB_TOKEN_FILE";
 
 // ZEROTH_PLAN_JSON: path; the engine writes rank 0's plan there as JSON when it is made.
 inline constexpr std::string_view kPlanJson = "ZEROTH_PLAN_JSON";

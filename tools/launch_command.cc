@@ -14,6 +14,9 @@ void add_launch_command(CLI::App& app) {
   cmd->add_option("--node-rank", options->node_rank, "This node's index (default 0)");
   cmd->add_option("--master-addr", options->master_addr, "Host of rank 0 (default 127.0.0.1)");
   cmd->add_option("--master-port", options->master_port, "Port of the rendezvous store (default: free port, 29500 across nodes)");
+  cmd->add_option("--token-file", options->token_file,
+                  "File (mode 600) holding the job's secret, the same on every node (default: ZEROTH_JOB_TOKEN, or one made "
+                  "for a single-node job)");
   cmd->add_option("command", options->command, "The command each rank runs (after --)")->required();
   cmd->callback([options] {
     const int code = run_launch(*options);

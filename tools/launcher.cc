@@ -22,6 +22,7 @@
 
 #include <fmt/format.h>
 
+#include "comm/rendezvous.h"  // job_token_from_env, read_job_token_file, generate_job_token
 #include "core/error.h"
 #include "tools/process.h"  // spawn_child, exit_code
 
@@ -88,6 +89,15 @@ int run_launch(const LaunchOptions& o) {
   ZEROTH_CHECK(!o.command.empty(), "no command to launch: put it after --, e.g. zeroth launch -n 2 -- zeroth train config.json");
   const int port = o.master_port != 0 ? o.master_port : (o.nnodes == 1 ? pick_free_port() : 29500);
   const int world = o.nproc_per_node * o.nnodes;
+  // The rendezvous store lets in only connections that present this.
+  std::string token = o.token_file.empty() ? job_token_from_env() : read_job_token_file(o.token_file);
+  if (token.empty() && o.nnodes > 1) {
+    ZEROTH_THROW(ConfigError,
+                 "--nnodes {}: the ranks of every node must share one secret, or the rendezvous store at {} would let in "
+                 "anyone who reaches it: pass --token-file FILE (the same file, mode 600, on every node) or set ZEROTH_JOB_TOKEN",
+                 o.nnodes, o.master_addr);
+  }
+  if (token.empty()) token = generate_job_token();
 
   // Signals arrive through a signalfd; children get the default dispositions and mask back.
   // Threads that libraries started before main (OpenBLAS's pool) do not block them, so a signal
@@ -110,13 +120,11 @@ int run_launch(const LaunchOptions& o) {
   for (int i = 0; i < o.nproc_per_node; ++i) {
     Rank& r = ranks[i];
     r.index = o.node_rank * o.nproc_per_node + i;
-    std::map<std::string, std::string> vars = {{"RANK", std::to_string(r.index)},
-                                               {"LOCAL_RANK", std::to_string(i)},
-                                               {"WORLD_SIZE", std::to_string(world)},
-                                               {"LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node)},
-                                               {"GROUP_RANK", std::to_string(o.node_rank)},
-                                               {"MASTER_ADDR", o.master_addr},
-                                               {"MASTER_PORT", std::to_string(port)}};
+    std::map<std::string, std::string> vars = {
+        {"RANK", std::to_string(r.index)},           {"LOCAL_RANK", std::to_string(i)},
+        {"WORLD_SIZE", std::to_string(world)},       {"LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node)},
+        {"GROUP_RANK", std::to_string(o.node_rank)}, {"MASTER_ADDR", o.master_addr},
+        {"MASTER_PORT", std::to_string(port)},       {"ZEROTH_JOB_TOKEN", token}};
     // Like torchrun's OMP_NUM_THREADS: ranks sharing a host split its cores unless told otherwise.
     if (std::getenv("ZEROTH_NUM_THREADS") == nullptr) {
       const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));

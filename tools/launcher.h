@@ -17,6 +17,9 @@ struct LaunchOptions {
   int master_port = 0;                 // 0: a free port on a single node, 29500 across nodes
   std::chrono::seconds kill_grace{5};  // SIGTERM, then SIGKILL after this long
   std::vector<std::string> command;
+  // A file (mode 600) holding the job's secret, handed to the ranks as ZEROTH_JOB_TOKEN. Without
+  // it the ranks inherit ZEROTH_JOB_TOKEN, or get one made for this job on a single node.
+  std::string token_file;
   bool prefix_output = true;  // "[rank N] " before each line
 };
 

@@ -201,7 +201,7 @@ void run_report(bool json_output) {
     nlohmann::json variables = nlohmann::json::object();
     for (const auto& v : env::all()) {
       auto value = env::get(v.name);
-      variables[std::string(v.name)] = value ? nlohmann::json(*value) : nlohmann::json(nullptr);
+      variables[std::string(v.name)] = value ? nlohmann::json(v.secret ? "(set, not shown)" : *value) : nlohmann::json(nullptr);
     }
     out["environment"] = variables;
     std::printf("%s\n", out.dump(2).c_str());
@@ -221,8 +221,9 @@ void run_report(bool json_output) {
   std::printf("  environment:\n");
   for (const auto& v : env::all()) {
     auto value = env::get(v.name);
-    std::printf("    %-20s %-10s (%.*s)\n", std::string(v.name).c_str(), value ? value->c_str() : "unset",
-                static_cast<int>(v.meaning.size()), v.meaning.data());
+    const std::string shown = !value ? "unset" : v.secret ? "(set, not shown)" : *value;
+    std::printf("    %-20s %-10s (%.*s)\n", std::string(v.name).c_str(), shown.c_str(), static_cast<int>(v.meaning.size()),
+                v.meaning.data());
   }
 }
 

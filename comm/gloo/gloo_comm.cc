@@ -575,7 +575,7 @@ std::unique_ptr<Communicator> make_gloo_communicator(const RendezvousInfo& info,
   // SIGPIPE before the write's error could become a CommError that names it.
   ::signal(SIGPIPE, SIG_IGN);
   auto shared = std::make_shared<Shared>();
-  shared->job = connect_job_store(info.master_addr, info.master_port, info.rank == 0, options.timeout);
+  shared->job = connect_job_store(info, options.timeout);
   shared->store = shared->job.client.get();
   try {
     shared->device = gloo::transport::tcp::CreateDevice(transport_attr(info));

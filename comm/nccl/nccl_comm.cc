@@ -326,7 +326,7 @@ std::unique_ptr<Communicator> make_nccl_communicator(const RendezvousInfo& info,
     ZEROTH_THROW(CommError, "nccl backend: rank {} wants GPU {} but {} usable GPU(s) are present ({})", info.rank, gpu, gpus,
                  gpus == 0 ? cuda_info().problem : "use LOCAL_RANK < GPUs per node");
   }
-  auto job = std::make_shared<JobStore>(connect_job_store(info.master_addr, info.master_port, info.rank == 0, options.timeout));
+  auto job = std::make_shared<JobStore>(connect_job_store(info, options.timeout));
   ncclUniqueId id{};
   if (info.rank == 0) {
     const ncclResult_t rc = ncclGetUniqueId(&id);

@@ -2,8 +2,12 @@
 // rank stopping the others, signal forwarding, and a real Gloo job started through it.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <chrono>
 #include <csignal>
+#include <fstream>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -34,14 +38,44 @@ TEST(Launch, EveryRankGetsTorchrunsEnvironmentAndPrefixedOutput) {
   }
 }
 
-TEST(Launch, MultiNodeRanksAreOffsetByTheNodeRank) {
-  auto job = launch({"-n", "2", "--nnodes", "3", "--node-rank", "2", "--master-addr", "10.1.2.3", "--master-port", "4321", "--", "sh",
-                     "-c", "echo at $RANK of $WORLD_SIZE via $MASTER_ADDR:$MASTER_PORT"},
+TEST(Launch, MultiNodeRanksAreOffsetByTheNodeRankAndShareTheTokenFile) {
+  const std::string token_file = ::testing::TempDir() + "launch_token";
+  std::ofstream(token_file) << "shared-by-every-node\n";
+  ::chmod(token_file.c_str(), 0600);
+  auto job = launch({"-n", "2", "--nnodes", "3", "--node-rank", "2", "--master-addr", "10.1.2.3", "--master-port", "4321",
+                     "--token-file", token_file, "--", "sh", "-c",
+                     "echo at $RANK of $WORLD_SIZE via $MASTER_ADDR:$MASTER_PORT with $ZEROTH_JOB_TOKEN"},
                     "nodes");
   ASSERT_EQ(testing::wait_exit(job, 30s), 0) << job.output();
   const auto out = job.output();
-  EXPECT_NE(out.find("[rank 4] at 4 of 6 via 10.1.2.3:4321"), std::string::npos) << out;
-  EXPECT_NE(out.find("[rank 5] at 5 of 6 via 10.1.2.3:4321"), std::string::npos) << out;
+  EXPECT_NE(out.find("[rank 4] at 4 of 6 via 10.1.2.3:4321 with shared-by-every-node"), std::string::npos) << out;
+  EXPECT_NE(out.find("[rank 5] at 5 of 6 via 10.1.2.3:4321 with shared-by-every-node"), std::string::npos) << out;
+
+  // Without a shared secret the nodes' stores would be open: refused before a rank starts.
+  auto open_job = launch({"-n", "2", "--nnodes", "2", "--node-rank", "1", "--master-addr", "10.1.2.3", "--", "sh", "-c",
+                          "echo started"},
+                         "nodes_no_token");
+  EXPECT_NE(testing::wait_exit(open_job, 30s), 0) << open_job.output();
+  EXPECT_NE(open_job.output().find("--token-file"), std::string::npos) << open_job.output();
+  EXPECT_EQ(open_job.output().find("started"), std::string::npos) << open_job.output();
+}
+
+TEST(Launch, EachSingleNodeJobGetsItsOwnToken) {
+  std::set<std::string> tokens;
+  for (int job_index = 0; job_index < 2; ++job_index) {
+    auto job = launch({"-n", "2", "--", "sh", "-c", "echo token=$ZEROTH_JOB_TOKEN="}, "token" + std::to_string(job_index));
+    ASSERT_EQ(testing::wait_exit(job, 30s), 0) << job.output();
+    const auto out = job.output();
+    std::set<std::string> in_job;
+    for (std::size_t at = 0; (at = out.find("token=", at)) != std::string::npos; at += 6) {
+      const auto end = out.find('=', at + 6);
+      in_job.insert(out.substr(at + 6, end - at - 6));
+    }
+    ASSERT_EQ(in_job.size(), 1u) << "the ranks of one job hold different tokens:\n" << out;
+    EXPECT_EQ(in_job.begin()->size(), 64u) << out;
+    tokens.insert(*in_job.begin());
+  }
+  EXPECT_EQ(tokens.size(), 2u) << "two jobs got the same token";
 }
 
 TEST(Launch, AFailingRankStopsTheOthersAndItsCodeIsTheJobsCode) {
