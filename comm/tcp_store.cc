@@ -353,13 +353,13 @@ bool TcpStoreServer::apply(int fd, uint8_t command, const std::string& key, std:
     }
     changed_.notify_all();
   } else if (command == kGet) {
-    // Wake now and then to notice a client that hung up while waiting.
-    bool gone = false;
-    while (!stopping_ && data_.count(key) == 0 && !gone) {
-      changed_.wait_for(lock, std::chrono::milliseconds(200));
+    // Look now and then for a client that hung up while waiting.
+    auto hung_up = [&] {
       pollfd pfd{fd, POLLRDHUP, 0};
-      gone = ::poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
-    }
+      return ::poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+    };
+    bool gone = false;
+    while (!stopping_ && data_.count(key) == 0 && !(gone = hung_up())) changed_.wait_for(lock, std::chrono::milliseconds(200));
     if (stopping_ || gone) return false;
     reply = data_[key];
   } else {

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the Debian packages zeroth builds against, skipping what is present.
+# Installs the Debian packages zeroth builds against, and any named as arguments, skipping what
+# is present.
 # Works as root on a fresh Debian 12 machine; uses sudo when run as another user.
 set -euo pipefail
 
@@ -18,6 +19,9 @@ packages=(
   sentencepiece  # spm_train and spm_encode: the README trains a vocabulary with it; the tokenizer tests compare with it
   python3-torch  # PyTorch (/usr/bin/python3), the reference that reads the saved weights in the tests
 )
+
+# Extra packages a caller names (tools/fuzz.sh: clang and libFuzzer).
+packages+=("$@")
 
 missing=()
 for p in "${packages[@]}"; do
