@@ -247,7 +247,8 @@ void Executor::swap_in(int sub_group, int slot) {
   // pass, the one just issued).
   if (reduced_) ss.wait(*reduced_);
   const int b = plan_.sub_groups[sub_group].front().block;
-  const auto [lo, hi] = plan_.sub_group_extent[sub_group];
+  // Named, not a structured binding: the lambdas below capture them (clang before 16 cannot).
+  const size_t lo = plan_.sub_group_extent[sub_group][0], hi = plan_.sub_group_extent[sub_group][1];
   struct Read {
     offload::SwapFile* file;
     void* into;
@@ -279,7 +280,8 @@ void Executor::swap_out(int sub_group, int slot, bool speculative) {
   Stream& ws = *swap_out_stream_;
   ws.wait(*record(*update_stream_));
   const int b = plan_.sub_groups[sub_group].front().block;
-  const auto [lo, hi] = plan_.sub_group_extent[sub_group];
+  // Named, not a structured binding: the lambdas below capture them (clang before 16 cannot).
+  const size_t lo = plan_.sub_group_extent[sub_group][0], hi = plan_.sub_group_extent[sub_group][1];
   struct Write {
     offload::SwapFile* file;
     const void* from;
