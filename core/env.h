@@ -39,6 +39,10 @@ inline constexpr std::string_view kJobToken = "ZEROTH_JOB_TOKEN";
 // scheduler starts; ZEROTH_JOB_TOKEN wins when both are set.
 inline constexpr std::string_view kJobTokenFile = "ZEROTH_JOB_TOKEN_FILE";
 
+// ZEROTH_RESTART_COUNT: how many times `zeroth launch --max-restarts` has started this job again
+// (0 the first time); above 0 `zeroth train` resumes from run.checkpoint_dir as --resume would.
+inline constexpr std::string_view kRestartCount = "ZEROTH_RESTART_COUNT";
+
 // ZEROTH_PLAN_JSON: path; the engine writes rank 0's plan there as JSON when it is made.
 inline constexpr std::string_view kPlanJson = "ZEROTH_PLAN_JSON";
 

@@ -18,6 +18,7 @@ packages=(
   nodejs  # runs tokenizers.js, the byte-level BPE tokenizer tests' reference (installed below)
   sentencepiece  # spm_train and spm_encode: the README trains a vocabulary with it; the tokenizer tests compare with it
   python3-torch  # PyTorch (/usr/bin/python3), the reference that reads the saved weights in the tests
+  iproute2  # ip netns: tools/cluster.sh, the multi-node tests' nodes
 )
 
 # Extra packages a caller names (tools/fuzz.sh: clang and libFuzzer).

@@ -17,14 +17,19 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join
 
 #include "comm/rendezvous.h"  // job_token_from_env, read_job_token_file, generate_job_token
 #include "core/error.h"
-#include "tools/process.h"  // spawn_child, exit_code
+#include "comm/communicator.h"      // CommOptions
+#include "tools/node_rendezvous.h"  // NodeRendezvous
+#include "tools/process.h"          // spawn_child, exit_code
 
 namespace zeroth::tools {
 
@@ -80,51 +85,34 @@ void signal_group(const Rank& r, int sig) {
   if (r.running) ::kill(-r.pid, sig);  // the child's whole process group
 }
 
-}  // namespace
+// One attempt at the job: its ranks started, watched and reaped. `sig_fd` reads the signals to
+// forward; `previous` and `handled` are the mask and signals the children get back.
+struct Outcome {
+  int code = 0;            // the job's: the first failing rank's exit code, 0 when all succeeded
+  bool signalled = false;  // ended by a signal to the launcher, forwarded to the ranks
+  bool elsewhere = false;  // ended because the start failed on another node
+  std::string cause;       // what failed first, for the log
+};
 
-int run_launch(const LaunchOptions& o) {
-  ZEROTH_CHECK(o.nproc_per_node >= 1, "--nproc-per-node (-n) must be at least 1, got {}", o.nproc_per_node);
-  ZEROTH_CHECK(o.nnodes >= 1, "--nnodes must be at least 1, got {}", o.nnodes);
-  ZEROTH_CHECK(o.node_rank >= 0 && o.node_rank < o.nnodes, "--node-rank {} must be in [0, {})", o.node_rank, o.nnodes);
-  ZEROTH_CHECK(!o.command.empty(), "no command to launch: put it after --, e.g. zeroth launch -n 2 -- zeroth train config.json");
-  const int port = o.master_port != 0 ? o.master_port : (o.nnodes == 1 ? pick_free_port() : 29500);
+// Another node's report that the start failed there (none when the job has one node).
+using OtherNodes = std::function<std::optional<std::string>()>;
+
+Outcome run_attempt(const LaunchOptions& o, int attempt, int port, const std::string& token, int sig_fd, const sigset_t& previous,
+                    const sigset_t& handled, const OtherNodes& other_nodes) {
   const int world = o.nproc_per_node * o.nnodes;
-  // The rendezvous store lets in only connections that present this.
-  std::string token = o.token_file.empty() ? job_token_from_env() : read_job_token_file(o.token_file);
-  if (token.empty() && o.nnodes > 1) {
-    ZEROTH_THROW(ConfigError,
-                 "--nnodes {}: the ranks of every node must share one secret, or the rendezvous store at {} would let in "
-                 "anyone who reaches it: pass --token-file FILE (the same file, mode 600, on every node) or set ZEROTH_JOB_TOKEN",
-                 o.nnodes, o.master_addr);
-  }
-  if (token.empty()) token = generate_job_token();
-
-  // Signals arrive through a signalfd; children get the default dispositions and mask back.
-  // Threads that libraries started before main (OpenBLAS's pool) do not block them, so a signal
-  // sent to the process may land there: a handler passes it on to this thread.
-  sigset_t handled;
-  sigemptyset(&handled);
-  for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&handled, sig);
-  g_launcher_thread = ::pthread_self();
-  struct sigaction forward {};
-  forward.sa_handler = pass_to_launcher_thread;
-  forward.sa_flags = SA_RESTART;
-  for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT}) {
-    if (::sigaction(sig, &forward, nullptr) != 0) ZEROTH_THROW(IoError, "sigaction({}) failed: {}", sig, detail::errno_text(errno));
-  }
-  sigset_t previous;
-  if (sigprocmask(SIG_BLOCK, &handled, &previous) != 0) ZEROTH_THROW(IoError, "sigprocmask failed: {}", detail::errno_text(errno));
-  const int sig_fd = SYSCALL_CHECK(::signalfd(-1, &handled, SFD_CLOEXEC | SFD_NONBLOCK));
-
   std::vector<Rank> ranks(o.nproc_per_node);
   for (int i = 0; i < o.nproc_per_node; ++i) {
     Rank& r = ranks[i];
     r.index = o.node_rank * o.nproc_per_node + i;
-    std::map<std::string, std::string> vars = {
-        {"RANK", std::to_string(r.index)},           {"LOCAL_RANK", std::to_string(i)},
-        {"WORLD_SIZE", std::to_string(world)},       {"LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node)},
-        {"GROUP_RANK", std::to_string(o.node_rank)}, {"MASTER_ADDR", o.master_addr},
-        {"MASTER_PORT", std::to_string(port)},       {"ZEROTH_JOB_TOKEN", token}};
+    std::map<std::string, std::string> vars = {{"RANK", std::to_string(r.index)},
+                                               {"LOCAL_RANK", std::to_string(i)},
+                                               {"WORLD_SIZE", std::to_string(world)},
+                                               {"LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node)},
+                                               {"GROUP_RANK", std::to_string(o.node_rank)},
+                                               {"MASTER_ADDR", o.master_addr},
+                                               {"MASTER_PORT", std::to_string(port)},
+                                               {"ZEROTH_JOB_TOKEN", token},
+                                               {"ZEROTH_RESTART_COUNT", std::to_string(attempt)}};
     // Like torchrun's OMP_NUM_THREADS: ranks sharing a host split its cores unless told otherwise.
     if (std::getenv("ZEROTH_NUM_THREADS") == nullptr) {
       const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
@@ -147,13 +135,15 @@ int run_launch(const LaunchOptions& o) {
     r.running = true;
   }
 
-  std::optional<int> first_failure;  // exit code of the first rank that failed
+  Outcome outcome;
+  bool failed = false;
   // When the ranks still alive get SIGKILL; clock::time_point::max() while none is due.
   clock::time_point kill_at = clock::time_point::max();
   auto stop_all = [&](int sig) {
     for (auto& r : ranks) signal_group(r, sig);
     if (kill_at == clock::time_point::max()) kill_at = clock::now() + o.kill_grace;
   };
+  auto next_look = clock::now();  // at the other nodes' reports, at most every 200 ms
 
   for (;;) {
     std::vector<pollfd> fds{{sig_fd, POLLIN, 0}};
@@ -192,7 +182,10 @@ int run_launch(const LaunchOptions& o) {
         // grace period ends in SIGKILL.
         std::fprintf(stderr, "zeroth launch: got signal %d, forwarding to %d rank(s)\n", info.ssi_signo, o.nproc_per_node);
         stop_all(static_cast<int>(info.ssi_signo));
-        if (!first_failure) first_failure = 128 + static_cast<int>(info.ssi_signo);
+        if (!failed) {
+          failed = true;
+          outcome = {128 + static_cast<int>(info.ssi_signo), true, false, fmt::format("signal {} to the launcher", info.ssi_signo)};
+        }
       }
     }
     for (auto& r : ranks) {
@@ -201,22 +194,114 @@ int run_launch(const LaunchOptions& o) {
       if (::waitpid(r.pid, &status, WNOHANG) != r.pid) continue;
       r.running = false;
       r.exit_code = exit_code(status);
-      if (r.exit_code != 0 && !first_failure) {
-        first_failure = r.exit_code;
-        std::fprintf(stderr, "zeroth launch: rank %d exited with code %d; stopping the other ranks\n", r.index, r.exit_code);
+      if (r.exit_code != 0 && !failed) {
+        failed = true;
+        outcome.code = r.exit_code;
+        outcome.cause = WIFSIGNALED(status) ? fmt::format("rank {} was killed by signal {} ({})", r.index, WTERMSIG(status),
+                                                          ::strsignal(WTERMSIG(status)))
+                                            : fmt::format("rank {} exited with code {}", r.index, r.exit_code);
+        std::fprintf(stderr, "zeroth launch: %s; stopping the other ranks\n", outcome.cause.c_str());
         stop_all(SIGTERM);
       }
       // Whatever the rank started in its group goes with it.
       ::kill(-r.pid, SIGKILL);
+    }
+    if (!failed && other_nodes && clock::now() >= next_look) {
+      next_look = clock::now() + std::chrono::milliseconds(200);
+      if (auto cause = other_nodes()) {
+        failed = true;
+        outcome = {1, false, true, *cause};
+        std::fprintf(stderr, "zeroth launch: the job failed on %s; stopping this node's ranks\n", cause->c_str());
+        stop_all(SIGTERM);
+      }
     }
     if (clock::now() >= kill_at) {
       for (auto& r : ranks) signal_group(r, SIGKILL);
       kill_at = clock::time_point::max();
     }
   }
+  return outcome;
+}
+
+}  // namespace
+
+int run_launch(const LaunchOptions& o) {
+  ZEROTH_CHECK(o.nproc_per_node >= 1, "--nproc-per-node (-n) must be at least 1, got {}", o.nproc_per_node);
+  ZEROTH_CHECK(o.nnodes >= 1, "--nnodes must be at least 1, got {}", o.nnodes);
+  ZEROTH_CHECK(o.node_rank >= 0 && o.node_rank < o.nnodes, "--node-rank {} must be in [0, {})", o.node_rank, o.nnodes);
+  ZEROTH_CHECK(o.min_nodes() >= 1 && o.min_nodes() <= o.nnodes, "--nnodes {}:{}: MIN must be in [1, MAX]", o.min_nnodes, o.nnodes);
+  ZEROTH_CHECK(o.last_call.count() >= 0, "--last-call must be 0 or more seconds, got {}", o.last_call.count());
+  ZEROTH_CHECK(o.min_nodes() == o.nnodes || o.max_restarts > 0,
+               "--nnodes {}:{} lets a restart go on with fewer nodes, but --max-restarts is 0: give the restarts too", o.min_nnodes,
+               o.nnodes);
+  ZEROTH_CHECK(o.max_restarts >= 0, "--max-restarts must be 0 or more, got {}", o.max_restarts);
+  ZEROTH_CHECK(!o.command.empty(), "no command to launch: put it after --, e.g. zeroth launch -n 2 -- zeroth train config.json");
+  // The rendezvous store lets in only connections that present this.
+  std::string token = o.token_file.empty() ? job_token_from_env() : read_job_token_file(o.token_file);
+  if (token.empty() && o.nnodes > 1) {
+    ZEROTH_THROW(ConfigError,
+                 "--nnodes {}: the ranks of every node must share one secret, or the rendezvous store at {} would let in "
+                 "anyone who reaches it: pass --token-file FILE (the same file, mode 600, on every node) or set ZEROTH_JOB_TOKEN",
+                 o.nnodes, o.master_addr);
+  }
+  if (token.empty()) token = generate_job_token();
+
+  // Signals arrive through a signalfd; children get the default dispositions and mask back.
+  // Threads that libraries started before main (OpenBLAS's pool) do not block them, so a signal
+  // sent to the process may land there: a handler passes it on to this thread.
+  sigset_t handled;
+  sigemptyset(&handled);
+  for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&handled, sig);
+  g_launcher_thread = ::pthread_self();
+  struct sigaction forward {};
+  forward.sa_handler = pass_to_launcher_thread;
+  forward.sa_flags = SA_RESTART;
+  for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT}) {
+    if (::sigaction(sig, &forward, nullptr) != 0) ZEROTH_THROW(IoError, "sigaction({}) failed: {}", sig, detail::errno_text(errno));
+  }
+  sigset_t previous;
+  if (sigprocmask(SIG_BLOCK, &handled, &previous) != 0) ZEROTH_THROW(IoError, "sigprocmask failed: {}", detail::errno_text(errno));
+  const int sig_fd = SYSCALL_CHECK(::signalfd(-1, &handled, SFD_CLOEXEC | SFD_NONBLOCK));
+
+  // Across nodes, restarts need the launchers to agree on each start: node 0's launcher hosts a
+  // store of theirs at the base port, each start's ranks use the ports above it.
+  const int base_port = o.master_port != 0 ? o.master_port : 29500;
+  std::unique_ptr<NodeRendezvous> nodes;
+  if (o.nnodes > 1 && (o.max_restarts > 0 || o.min_nodes() < o.nnodes))
+    nodes = std::make_unique<NodeRendezvous>(o, base_port, token, CommOptions::from_env().timeout);
+  Outcome outcome;
+  for (int attempt = 0;; ++attempt) {
+    LaunchOptions start = o;
+    // Each start its own store: a rank of the next one never reaches the last one's, still
+    // winding down.
+    int port = o.nnodes == 1 && o.master_port == 0 ? pick_free_port() : base_port + attempt;
+    OtherNodes other_nodes;
+    if (nodes) {
+      const auto round = nodes->join(attempt);
+      if (!round) {
+        std::fprintf(stderr, "zeroth launch: node %d came after start %d of the job closed; it takes no part\n", o.node_rank,
+                     attempt + 1);
+        outcome = {1, false, false, "late"};
+        break;
+      }
+      start.nnodes = static_cast<int>(round->members.size());
+      start.node_rank = round->index;
+      port = base_port + 1 + attempt;
+      other_nodes = [&nodes, attempt] { return nodes->failure(attempt); };
+      std::fprintf(stderr, "zeroth launch: start %d with node(s) %s: %d rank(s), this node's from rank %d\n", attempt + 1,
+                   fmt::format("{}", fmt::join(round->members, ", ")).c_str(), start.nnodes * o.nproc_per_node,
+                   start.node_rank * o.nproc_per_node);
+    }
+    outcome = run_attempt(start, attempt, port, token, sig_fd, previous, handled, other_nodes);
+    if (nodes && outcome.code != 0 && !outcome.elsewhere) nodes->fail(attempt, outcome.cause);
+    if (outcome.code == 0 || outcome.signalled || attempt == o.max_restarts) break;
+    std::fprintf(stderr, "zeroth launch: restart %d of %d after %s: starting the job again (it resumes from its latest checkpoint)\n",
+                 attempt + 1, o.max_restarts, outcome.cause.c_str());
+    std::fflush(stderr);
+  }
   ::close(sig_fd);
   sigprocmask(SIG_SETMASK, &previous, nullptr);
-  return first_failure.value_or(0);
+  return outcome.code;
 }
 
 }  // namespace zeroth::tools

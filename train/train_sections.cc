@@ -225,6 +225,9 @@ void read_run(TrainConfig& t, const json& j, int launched_world_size) {
   if (world_auto) copy.erase("world_size");
   // "auto" is one of run.progress's own values (its default), not DeepSpeed's placeholder.
   if (copy.is_object() && copy.contains("progress") && is_auto(copy["progress"])) copy.erase("progress");
+  // One process under a launcher (zeroth launch -n 1, for its restarts) that asks for local ranks
+  // runs them as threads, as it would alone.
+  if (launched_world_size == 1 && copy.is_object() && copy.contains("backend") && copy["backend"] == "local") launched_world_size = 0;
   ConfigSection s(copy, "run", kKeys);
   RunConfig r;
   r.name = s.string("name", r.name);
@@ -268,8 +271,11 @@ void read_run(TrainConfig& t, const json& j, int launched_world_size) {
     }
     r.backend = s.string("backend", r.device == "cpu" ? "gloo" : "nccl", kBackends);
     if (r.backend == "local") {
-      ZEROTH_THROW(ConfigError, "run.backend = \"local\" runs ranks as threads of one process, but this process was started by a "
-                                "launcher; use \"gloo\" (CPU) or \"nccl\" (GPUs)");
+      ZEROTH_THROW(
+          ConfigError,
+          "run.backend = \"local\" runs ranks as threads of one process, but this process was started by a "
+          "launcher of {} ranks; use \"gloo\" (CPU) or \"nccl\" (GPUs), or one process (zeroth launch -n 1) to run them as threads",
+          launched_world_size);
     }
   } else {
     r.world_size = static_cast<int>(s.integer("world_size", world_auto ? 1 : r.world_size, 1, 1 << 12));

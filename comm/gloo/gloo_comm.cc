@@ -8,7 +8,6 @@
 #include <gloo/common/error.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
-#include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 
 #include <algorithm>           // std::max
@@ -293,7 +292,15 @@ class GlooCommunicator final : public Communicator {
   }
 
   [[noreturn]] void fail(int peer, const std::string& what) {
-    throw CommError(what + name_lost_ranks(*shared_->store, name_, rank(), size(), peer, what));
+    const std::string message = what + name_lost_ranks(*shared_->store, name_, rank(), size(), peer, what);
+    shared_->note_failure(message);
+    throw CommError(message);
+  }
+
+  // CommError when an op of this job failed already: the job is on its way out.
+  void check_not_failed(const Descriptor& d) {
+    if (const std::string first = shared_->first_failure(); !first.empty())
+      ZEROTH_THROW(CommError, "gloo {} on rank {} of {} not started: an earlier op failed: {}", d.describe(), rank(), size(), first);
   }
 
   void post_send(gloo::transport::UnboundBuffer& b, int peer, uint64_t slot, size_t offset, size_t bytes, const Descriptor& d) {
@@ -328,14 +335,19 @@ class GlooCommunicator final : public Communicator {
       std::lock_guard lock(in_flight_mutex_);
       ++in_flight_;
     }
-    s.enqueue_host([=, this, body = std::move(body)] {
-      struct Done {
-        GlooCommunicator& comm;
-        ~Done() {
-          std::lock_guard lock(comm.in_flight_mutex_);
-          if (--comm.in_flight_ == 0) comm.in_flight_done_.notify_all();
-        }
-      } done{*this};
+    // Counted down when the stream lets go of the op, run or not: a stream that failed earlier
+    // drops what follows unrun.
+    struct InFlight {
+      explicit InFlight(GlooCommunicator& c) : comm(c) {}
+      GlooCommunicator& comm;
+      ~InFlight() {
+        std::lock_guard lock(comm.in_flight_mutex_);
+        if (--comm.in_flight_ == 0) comm.in_flight_done_.notify_all();
+      }
+    };
+    auto in_flight = std::make_shared<InFlight>(*this);
+    s.enqueue_host([=, this, in_flight = std::move(in_flight), body = std::move(body)] {
+      check_not_failed(d);
       guarded(d, [&] {
         if (check) check_desync(d, check_slot);
         body(slot);
@@ -577,17 +589,8 @@ std::unique_ptr<Communicator> make_gloo_communicator(const RendezvousInfo& info,
   auto shared = std::make_shared<Shared>();
   shared->job = connect_job_store(info, options.timeout);
   shared->store = shared->job.client.get();
-  try {
-    shared->device = gloo::transport::tcp::CreateDevice(transport_attr(info));
-    auto ctx = std::make_shared<gloo::rendezvous::Context>(info.rank, info.world_size);
-    ctx->setTimeout(options.timeout);
-    PrefixedStore store(*shared->store, "world/");
-    ctx->connectFullMesh(store, shared->device);
-    return std::make_unique<GlooCommunicator>(std::move(shared), std::move(ctx), "world/", std::move(options));
-  } catch (const gloo::Exception& e) {
-    ZEROTH_THROW(CommError, "gloo rendezvous of rank {} of {} through {}:{} failed: {}", info.rank, info.world_size, info.master_addr,
-                 info.master_port, e.what());
-  }
+  auto ctx = connect_world(*shared, info, options.timeout);
+  return std::make_unique<GlooCommunicator>(std::move(shared), std::move(ctx), "world/", std::move(options));
 }
 
 }  // namespace zeroth

@@ -6,6 +6,11 @@
 #include <map>        // std::map
 #include <thread>     // std::this_thread::sleep_for
 
+#include <fmt/ranges.h>  // fmt::join
+#include <gloo/common/error.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/transport/tcp/device.h>
+
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <sys/socket.h>
@@ -55,6 +60,49 @@ std::string name_lost_ranks(TcpStore& store, const std::string& prefix, int rank
     verdict = "; the rendezvous store hosted by rank 0 is unreachable: rank 0 died or exited";
   }
   return verdict;
+}
+
+namespace {
+
+// "; ranks 2, 3 never arrived": those that posted no arrival key (or "" when all did, or the store
+// is gone). It asks over a connection of its own: the timed-out wait left the rank's unusable.
+std::string name_missing_ranks(const RendezvousInfo& info, const std::string& prefix) {
+  std::vector<int> missing;
+  try {
+    TcpStore store(info.master_addr, info.master_port, info.token, std::chrono::seconds(5));
+    for (int p = 0; p < info.world_size; ++p) {
+      if (!store.try_get(prefix + "arrived/" + std::to_string(p))) missing.push_back(p);
+    }
+  } catch (const CommError&) {
+    return "";
+  }
+  if (missing.empty()) return "";
+  return fmt::format("; {} {} never arrived", missing.size() == 1 ? "rank" : "ranks", fmt::join(missing, ", "));
+}
+
+}  // namespace
+
+std::shared_ptr<gloo::Context> connect_world(Shared& shared, const RendezvousInfo& info, std::chrono::milliseconds timeout) {
+  const std::string prefix = "world/";
+  const auto failed = [&](const std::string& why) {
+    return fmt::format("gloo rendezvous of rank {} of {} through {}:{} failed: {}", info.rank, info.world_size, info.master_addr,
+                       info.master_port, why);
+  };
+  try {
+    shared.device = gloo::transport::tcp::CreateDevice(transport_attr(info));
+    auto ctx = std::make_shared<gloo::rendezvous::Context>(info.rank, info.world_size);
+    ctx->setTimeout(timeout);
+    shared.store->set(prefix + "arrived/" + std::to_string(info.rank), {'1'});
+    PrefixedStore store(*shared.store, prefix);
+    try {
+      ctx->connectFullMesh(store, shared.device);
+    } catch (const CommError& e) {
+      throw CommError(failed(e.what()) + name_missing_ranks(info, prefix));
+    }
+    return ctx;
+  } catch (const gloo::Exception& e) {
+    throw CommError(failed(e.what()));
+  }
 }
 
 gloo::transport::tcp::attr transport_attr(const RendezvousInfo& info) {

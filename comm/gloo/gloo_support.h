@@ -9,6 +9,7 @@
 #include <string>   // std::string
 #include <vector>   // std::vector
 
+#include <gloo/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/device.h>
 #include <gloo/transport/tcp/attr.h>
@@ -51,6 +52,20 @@ struct Shared {
   std::mutex abandoned_mutex;
   std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> abandoned;
   std::shared_ptr<gloo::transport::Device> device;
+  // The first failed op of any communicator of the job: ops that start after it fail at once
+  // instead of each waiting out the timeout for a peer that is gone.
+  void note_failure(const std::string& what) {
+    std::lock_guard lock(failure_mutex);
+    if (failure.empty()) failure = what;
+  }
+  std::string first_failure() {
+    std::lock_guard lock(failure_mutex);
+    return failure;
+  }
+
+ private:
+  std::mutex failure_mutex;
+  std::string failure;
 };
 
 // Scratch of an operation that failed: Gloo's I/O thread may still receive into it after the
@@ -105,6 +120,10 @@ class ScratchPool {
 // Returns "; the rank(s) that died or stalled: ..." naming them (or that the store is gone, or
 // nothing), for the failing rank's error.
 std::string name_lost_ranks(TcpStore& store, const std::string& prefix, int rank, int size, int peer, const std::string& what);
+
+// The job's Gloo context of every rank ("world/" in the store), its pairs connected. CommError
+// when it fails; after a timeout it names the ranks that never arrived.
+std::shared_ptr<gloo::Context> connect_world(Shared& shared, const RendezvousInfo& info, std::chrono::milliseconds timeout);
 
 // The host address other ranks can reach this one at: loopback for a local master, else the
 // interface the kernel would route to the master through.

@@ -46,6 +46,21 @@ inline std::string write_config(const std::string& name, const json& j) {
   return path;
 }
 
+// tiny(name) for `steps` steps on `backend` at a constant learning rate of 0.002 (every step moves
+// the weights), validation only at the ends, its output folder cleared; the keys of `run` set
+// over it. The config file's path.
+inline std::string tiny_config(const std::string& name, int steps, const std::string& backend, const json& run = json::object()) {
+  json j = tiny(name);
+  j["run"]["steps"] = steps;
+  j["run"]["eval_interval"] = 0;
+  j["run"]["backend"] = backend;
+  j["run"]["trace"] = false;
+  j["run"].update(run);
+  j["scheduler"] = json::parse(R"({"type": "WarmupLR", "params": {"warmup_min_lr": 0.002, "warmup_max_lr": 0.002}})");
+  std::filesystem::remove_all(temp(name));
+  return write_config(name, j);
+}
+
 struct Run {
   int code;
   std::string output;

@@ -107,6 +107,23 @@ TEST(Launch, AMissingProgramIsAClearError) {
   EXPECT_NE(job.output().find("cannot start '/nonexistent/program'"), std::string::npos) << job.output();
 }
 
+TEST(Launch, NodeCountsThatCannotBeAreClearErrors) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--nnodes", "3:2"}, "--nnodes 3:2: MIN is more than MAX"},
+      {{"--nnodes", "two"}, "--nnodes two: give a node count (2) or a range MIN:MAX"},
+      {{"--nnodes", "0:2"}, "--nnodes 0:2: give a node count"},
+      {{"--nnodes", "1:2"}, "--max-restarts is 0: give the restarts too"},
+  };
+  for (const auto& [args, message] : cases) {
+    std::vector<std::string> argv = {"-n", "1"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    argv.insert(argv.end(), {"--token-file", "/nonexistent", "--", "true"});
+    auto job = launch(argv, "nnodes");
+    EXPECT_NE(testing::wait_exit(job, 30s), 0) << job.output();
+    EXPECT_NE(job.output().find(message), std::string::npos) << job.output();
+  }
+}
+
 TEST(Launch, StartsARealGlooJob) {
   auto job = launch({"-n", "3", "--", GLOO_WORKER, "--gtest_filter=GlooWorker.Split"}, "gloo");
   EXPECT_EQ(testing::wait_exit(job, 120s), 0) << job.output();

@@ -1,0 +1,269 @@
+// Nodes as network namespaces (tools/cluster.sh) against one host: a job of 2 nodes x 2 Gloo
+// ranks trains the losses of 4 ranks on one host, started by `zeroth launch` across nodes and by
+// Slurm's and Open MPI's variables; a node killed mid-run, a node whose link goes down and a node
+// that never arrives end the job within ZEROTH_COMM_TIMEOUT and a margin, naming who was lost.
+// Skipped, saying why, where namespaces cannot be made (not root, no iproute2).
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/process_util.h"
+#include "tests/tools/cli_runs.h"
+
+namespace zeroth {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::json;
+using testing::losses;
+using testing::temp;
+
+constexpr int kCommTimeoutSeconds = 5;
+const std::string kMaster = "198.18.0.1";  // node 0's address (tools/cluster.sh)
+const std::string kPort = "29400";         // each cluster has its own namespaces, so any port is free
+
+class Cluster : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // Unique per test process: ctest runs the cases side by side.
+    name_ = "zt" + std::to_string(::getpid());
+    const auto up = script({"up", "2", name_}, "up");
+    if (up.first == 3) GTEST_SKIP() << "no network namespaces here: " << up.second;
+    ASSERT_EQ(up.first, 0) << up.second;
+    token_file_ = temp(name_ + ".token");
+    std::ofstream(token_file_) << "cluster-test-secret-" << name_ << "\n";
+    ::chmod(token_file_.c_str(), 0600);
+  }
+  void TearDown() override {
+    if (!name_.empty()) script({"down", name_}, "down");
+  }
+
+  // tools/cluster.sh ARGS: its exit code and output.
+  std::pair<int, std::string> script(const std::vector<std::string>& args, const std::string& what) {
+    std::vector<std::string> argv = {"/bin/bash", std::string(ZEROTH_SOURCE_DIR) + "/tools/cluster.sh"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    auto c = testing::spawn(argv, {"CLUSTER_NAME=" + name_}, temp(name_ + "_" + what + ".out"));
+    const int code = testing::wait_exit(c, 60s);
+    return {code, c.output()};
+  }
+
+  // ARGS run inside node `node`, with `env` added: a started child.
+  testing::Child on_node(int node, const std::vector<std::string>& args, const std::vector<std::string>& env,
+                         const std::string& what) {
+    std::vector<std::string> argv = {"/bin/bash", std::string(ZEROTH_SOURCE_DIR) + "/tools/cluster.sh", "run", std::to_string(node)};
+    argv.insert(argv.end(), args.begin(), args.end());
+    std::vector<std::string> vars = {"CLUSTER_NAME=" + name_, "ZEROTH_COMM_TIMEOUT=" + std::to_string(kCommTimeoutSeconds)};
+    vars.insert(vars.end(), env.begin(), env.end());
+    return testing::spawn(argv, vars, temp(name_ + "_" + what + ".out"));
+  }
+
+  // `zeroth launch` of 2 ranks on `node` of 2 nodes, training `config`.
+  testing::Child launch_node(int node, const std::string& config, const std::string& what, const std::string& nnodes = "2",
+                             const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> args = {ZEROTH_BIN,
+                                     "launch",
+                                     "-n",
+                                     "2",
+                                     "--nnodes",
+                                     nnodes,
+                                     "--node-rank",
+                                     std::to_string(node),
+                                     "--master-addr",
+                                     kMaster,
+                                     "--master-port",
+                                     kPort,
+                                     "--token-file",
+                                     token_file_};
+    args.insert(args.end(), extra.begin(), extra.end());
+    args.insert(args.end(), {"--", ZEROTH_BIN, "train", config});
+    return on_node(node, args, {}, what);
+  }
+
+  // Every process of node 1 killed at once: the node is gone.
+  void kill_node_1() {
+    auto pids = testing::spawn({"/bin/sh", "-c", "ip netns pids " + name_ + "-n1 | xargs -r kill -9"}, {}, temp(name_ + "_kill.out"));
+    ASSERT_EQ(testing::wait_exit(pids, 30s), 0) << pids.output();
+  }
+
+  std::string name_;
+  std::string token_file_;
+};
+
+// The tiny GPT at 4 ranks (ZeRO-3), `steps` steps at a constant learning rate, into temp(name).
+std::string config(const std::string& name, int steps, const std::string& backend) {
+  return testing::tiny_config(name, steps, backend, {{"world_size", 4}});
+}
+
+std::vector<double> losses_in(const std::string& name) {
+  testing::Run r{0, "", {}};
+  std::ifstream in(temp(name) + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);)
+    if (json m = json::parse(line, nullptr, false); !m.is_discarded()) r.metrics.push_back(std::move(m));
+  return losses(r);
+}
+
+// Every loss of `b` within f32 reduction order of `a`'s.
+void expect_same_losses(const std::vector<double>& a, const std::vector<double>& b) {
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5 * a[i]) << "step " << i + 1;
+}
+
+// The single-host reference: 4 ranks as threads.
+std::vector<double> one_host_losses() {
+  const std::string cfg = config("cluster_ref", 6, "local");
+  const auto r = testing::run({ZEROTH_BIN, "train", cfg}, "cluster_ref");
+  EXPECT_EQ(r.code, 0) << r.output;
+  return losses(r);
+}
+
+// Waits until `child`'s output holds `text` (false after `timeout`).
+bool wait_for_output(const testing::Child& child, const std::string& text, std::chrono::seconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (child.output().find(text) == std::string::npos) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(50ms);
+  }
+  return true;
+}
+
+TEST_F(Cluster, TwoNodesOfTwoRanksTrainTheLossesOfFourRanksOnOneHost) {
+  const auto reference = one_host_losses();
+  const std::string cfg = config(name_ + "_launch", 6, "gloo");
+  auto node0 = launch_node(0, cfg, "launch0");
+  auto node1 = launch_node(1, cfg, "launch1");
+  ASSERT_EQ(testing::wait_exit(node1, 300s), 0) << node1.output();
+  ASSERT_EQ(testing::wait_exit(node0, 300s), 0) << node0.output();
+  EXPECT_NE(node0.output().find("4 ranks (gloo processes"), std::string::npos) << node0.output();
+  expect_same_losses(reference, losses_in(name_ + "_launch"));
+}
+
+// Schedulers' variables instead of torchrun's: each rank started on its own, as srun and mpirun do.
+TEST_F(Cluster, SlurmAndOpenMpiVariablesStartTheSameJob) {
+  const auto reference = one_host_losses();
+  std::string token;
+  std::getline(std::ifstream(token_file_), token);
+  for (const std::string scheduler : {"slurm", "openmpi"}) {
+    const std::string run = name_ + "_" + scheduler;
+    const std::string cfg = config(run, 6, "gloo");
+    std::vector<testing::Child> ranks;
+    for (int rank = 0; rank < 4; ++rank) {
+      const std::string r = std::to_string(rank), local = std::to_string(rank % 2);
+      std::vector<std::string> env = {"MASTER_ADDR=" + kMaster, "MASTER_PORT=" + kPort, "ZEROTH_JOB_TOKEN=" + token,
+                                      "ZEROTH_NUM_THREADS=1"};
+      if (scheduler == "slurm") {
+        env.insert(env.end(), {"SLURM_PROCID=" + r, "SLURM_NTASKS=4", "SLURM_LOCALID=" + local, "SLURM_NNODES=2"});
+      } else {
+        env.insert(env.end(), {"OMPI_COMM_WORLD_RANK=" + r, "OMPI_COMM_WORLD_SIZE=4", "OMPI_COMM_WORLD_LOCAL_RANK=" + local,
+                               "OMPI_COMM_WORLD_LOCAL_SIZE=2"});
+      }
+      ranks.push_back(on_node(rank / 2, {ZEROTH_BIN, "train", cfg}, env, scheduler + "_rank" + r));
+    }
+    for (auto& rank : ranks) EXPECT_EQ(testing::wait_exit(rank, 300s), 0) << scheduler << ":\n" << rank.output();
+    SCOPED_TRACE(scheduler);
+    expect_same_losses(reference, losses_in(run));
+  }
+}
+
+// How a node is lost mid-run: every process on it killed (its kernel still resets the
+// connections), or its link set down (nothing more arrives from it, as when it loses power).
+enum class Loss { kKilled, kLinkDown };
+void PrintTo(Loss loss, std::ostream* os) { *os << (loss == Loss::kKilled ? "killed" : "link down"); }
+
+class ClusterLoss : public Cluster, public ::testing::WithParamInterface<Loss> {};
+
+TEST_P(ClusterLoss, ANodeLostMidRunEndsTheJobNamingItsRanks) {
+  const std::string cfg = config(name_ + "_lost", 100000, "gloo");
+  auto node0 = launch_node(0, cfg, "lost0");
+  auto node1 = launch_node(1, cfg, "lost1");
+  // Step lines pad the step number: "step      4/100000".
+  ASSERT_TRUE(wait_for_output(node0, " 4/100000", 120s)) << node0.output() << node1.output();
+  const auto lost_at = std::chrono::steady_clock::now();
+  if (GetParam() == Loss::kKilled) {
+    kill_node_1();
+  } else {
+    ASSERT_EQ(script({"link", "1", "down"}, "link").first, 0);
+  }
+  // A collective waits ZEROTH_COMM_TIMEOUT for a peer, then the ranks spend up to as long again
+  // agreeing in the store on who failed; the margin covers the launcher's stop and a slow host.
+  const auto bound = std::chrono::seconds(3 * kCommTimeoutSeconds + 20);
+  const int code0 = testing::wait_exit(node0, bound);
+  const auto took = std::chrono::steady_clock::now() - lost_at;
+  EXPECT_NE(code0, -1) << "node 0 hung after node 1 was lost:\n" << node0.output();
+  EXPECT_NE(code0, 0) << node0.output();
+  EXPECT_LT(took, bound);
+  std::printf("node 0 ended %.1f s after node 1 was lost\n", std::chrono::duration<double>(took).count());
+  // Node 0's ranks name a rank of node 1 as the one that died or stalled.
+  const auto out0 = node0.output();
+  EXPECT_TRUE(out0.find("rank 2 (seen failing") != std::string::npos || out0.find("rank 3 (seen failing") != std::string::npos)
+      << out0;
+  if (GetParam() == Loss::kLinkDown) {
+    // Node 1's ranks, cut off, end as well and say that rank 0's host is out of reach.
+    const int code1 = testing::wait_exit(node1, bound);
+    EXPECT_NE(code1, -1) << "node 1 hung after its link went down:\n" << node1.output();
+    EXPECT_NE(code1, 0) << node1.output();
+    EXPECT_NE(node1.output().find("unreachable"), std::string::npos) << node1.output();
+  } else {
+    testing::wait_exit(node1, 30s);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ways, ClusterLoss, ::testing::Values(Loss::kKilled, Loss::kLinkDown),
+                         [](const auto& info) { return info.param == Loss::kKilled ? "Killed" : "LinkDown"; });
+
+TEST_F(Cluster, ANodeThatNeverArrivesEndsTheRendezvousNamingItsRanks) {
+  const std::string cfg = config(name_ + "_alone", 6, "gloo");
+  const auto started = std::chrono::steady_clock::now();
+  auto node0 = launch_node(0, cfg, "alone0");
+  const auto bound = std::chrono::seconds(2 * kCommTimeoutSeconds + 20);
+  const int code = testing::wait_exit(node0, bound);
+  const auto took = std::chrono::steady_clock::now() - started;
+  EXPECT_NE(code, -1) << "node 0 waited past the rendezvous timeout:\n" << node0.output();
+  EXPECT_NE(code, 0) << node0.output();
+  std::printf("node 0 gave up %.1f s after it started\n", std::chrono::duration<double>(took).count());
+  EXPECT_NE(node0.output().find("ranks 2, 3 never arrived"), std::string::npos) << node0.output();
+}
+
+// --nnodes 1:2 with restarts: node 1 lost mid-run, node 0's launcher starts the job again on its
+// own once the last call has passed, from the latest checkpoint (the 4 ranks' state taken up by
+// 2), and the run reaches its last step.
+TEST_F(Cluster, AnElasticJobFinishesOnTheNodeLeft) {
+  const std::string run = name_ + "_elastic";
+  json j = json::parse(testing::bytes_of(testing::tiny_config(run, 12, "gloo", {{"checkpoint_interval", 2}})));
+  j["run"].erase("world_size");  // the launcher's, at every start
+  const std::string cfg = testing::write_config(run, j);
+  const std::vector<std::string> elastic = {"--max-restarts", "2", "--last-call", "2"};
+  auto node0 = launch_node(0, cfg, "elastic0", "1:2", elastic);
+  auto node1 = launch_node(1, cfg, "elastic1", "1:2", elastic);
+  ASSERT_TRUE(wait_for_output(node0, " 4/12", 120s)) << node0.output() << node1.output();
+  const auto lost_at = std::chrono::steady_clock::now();
+  kill_node_1();
+  const int code = testing::wait_exit(node0, 180s);
+  const auto out = node0.output();
+  ASSERT_EQ(code, 0) << out;
+  std::printf("node 0 finished alone %.1f s after node 1 was lost\n",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - lost_at).count());
+  EXPECT_NE(out.find("start 1 with node(s) 0, 1: 4 rank(s)"), std::string::npos) << out;
+  EXPECT_NE(out.find("restart 1 of 2 after"), std::string::npos) << out;
+  EXPECT_NE(out.find("start 2 with node(s) 0: 2 rank(s)"), std::string::npos) << out;
+  EXPECT_NE(out.find("resumed from"), std::string::npos) << out;
+  EXPECT_NE(out.find("2 ranks (gloo processes"), std::string::npos) << out;
+  std::ifstream in(temp(run) + "/metrics.jsonl");
+  int last_step = 0;
+  for (std::string line; std::getline(in, line);) {
+    if (json m = json::parse(line, nullptr, false); !m.is_discarded() && m.contains("loss") && m.contains("step"))
+      last_step = m["step"].get<int>();
+  }
+  EXPECT_EQ(last_step, 12);
+}
+
+}  // namespace
+}  // namespace zeroth
