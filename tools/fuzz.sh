@@ -56,7 +56,7 @@ for h in "${harnesses[@]}"; do
     status=1
   fi
   runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
-  cov=$(grep -oE 'cov: [0-9]+ ft: [0-9]+' "$log" | tail -1)
+  cov=$(grep -oE 'cov: [0-9]+ ft: [0-9]+' "$log" | tail -1 || true)
   summary+=("$(printf '%-12s %12s runs  %-22s corpus %5s  %s' "$h" "${runs:-?}" "${cov:-cov: ?}" "$(ls "$corpus" | wc -l)" "$outcome")")
 done
 printf '%s\n' "" "fuzz.sh: ${seconds} s per harness" "${summary[@]}"

@@ -406,6 +406,9 @@ json read_config_file(const std::string& path) {
       else ++col;
     }
     ZEROTH_THROW(ConfigError, "{}:{}:{}: not valid JSON: {}", path, line, col, e.what());
+  } catch (const json::exception& e) {
+    // Valid syntax that JSON for Modern C++ cannot hold: a number past a double's range.
+    ZEROTH_THROW(ConfigError, "{}: a value cannot be read: {}", path, e.what());
   }
 }
 
@@ -420,6 +423,8 @@ void apply_override(json& config, std::string_view assignment) {
     value = json::parse(text);
   } catch (const json::parse_error&) {
     value = text;  // a bare word is a string: run.name=demo
+  } catch (const json::exception& e) {
+    ZEROTH_THROW(ConfigError, "--set \"{}\": the value cannot be read: {}", assignment, e.what());
   }
   json* at = &config;
   std::string walked;

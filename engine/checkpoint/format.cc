@@ -226,7 +226,7 @@ json read_json_file(const std::string& path) {
   json j;
   try {
     j = json::parse(text.str());
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // bad syntax, or a number past a double's range
     throw CheckpointError(fmt::format("{}: not valid JSON ({}); the checkpoint cannot be used", path, e.what()));
   }
   return j;

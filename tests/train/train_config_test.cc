@@ -395,6 +395,13 @@ TEST(TrainConfig, OverridesSetNestedKeysAndParseValues) {
     EXPECT_EQ(message(e), "--set \"run.name.first=x\": run.name is \"demo\", not an object");
   }
   EXPECT_THROW(apply_override(j, "novalue"), ConfigError);
+  // Valid JSON that a double cannot hold is an error, not an exception of the JSON library's.
+  try {
+    apply_override(j, "optimizer.params.lr=1e999");
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(message(e).find("--set \"optimizer.params.lr=1e999\": the value cannot be read"), std::string::npos) << message(e);
+  }
 }
 
 TEST(TrainConfig, DefaultsAndAliases) {
