@@ -5,12 +5,15 @@
 // Skipped, saying why, where namespaces cannot be made (not root, no iproute2).
 #include <gtest/gtest.h>
 
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -87,10 +90,20 @@ class Cluster : public ::testing::Test {
     return on_node(node, args, {}, what);
   }
 
-  // Every process of node 1 killed at once: the node is gone.
-  void kill_node_1() {
-    auto pids = testing::spawn({"/bin/sh", "-c", "ip netns pids " + name_ + "-n1 | xargs -r kill -9"}, {}, temp(name_ + "_kill.out"));
-    ASSERT_EQ(testing::wait_exit(pids, 30s), 0) << pids.output();
+  // The processes running in node 1.
+  std::vector<pid_t> node_1_pids() {
+    auto list = testing::spawn({"/bin/sh", "-c", "ip netns pids " + name_ + "-n1"}, {}, temp(name_ + "_pids.out"));
+    EXPECT_EQ(testing::wait_exit(list, 30s), 0) << list.output();
+    std::vector<pid_t> pids;
+    std::istringstream in(list.output());
+    for (pid_t p; in >> p;) pids.push_back(p);
+    return pids;
+  }
+
+  // Every process of node 1 killed at once (`pids`, looked up beforehand so the kill lands at
+  // once): the node is gone.
+  void kill_node_1(const std::vector<pid_t>& pids = {}) {
+    for (pid_t p : pids.empty() ? node_1_pids() : pids) ::kill(p, SIGKILL);
   }
 
   std::string name_;
@@ -263,6 +276,50 @@ TEST_F(Cluster, AnElasticJobFinishesOnTheNodeLeft) {
       last_step = m["step"].get<int>();
   }
   EXPECT_EQ(last_step, 12);
+}
+
+// A checkpoint every step, and node 1 killed as soon as a save after the fourth has begun (its
+// .tmp folder is there): every published step folder verifies, `latest` names one of them, and
+// the save the node's death cut short is never published.
+TEST_F(Cluster, ACheckpointSavedWhileANodeDiesIsNeverPublished) {
+  const std::string run = name_ + "_ckpt";
+  const std::string cfg = testing::tiny_config(run, 100000, "gloo", {{"world_size", 4}, {"checkpoint_interval", 1}});
+  auto node0 = launch_node(0, cfg, "ckpt0");
+  auto node1 = launch_node(1, cfg, "ckpt1");
+  ASSERT_TRUE(wait_for_output(node0, "checkpoints/step-4:", 120s)) << node0.output() << node1.output();
+  const std::string dir = temp(run) + "/checkpoints";
+  const auto pids = node_1_pids();
+  ASSERT_EQ(pids.size(), 3u) << "node 1 runs its launcher and 2 ranks";
+  std::string saving;
+  for (const auto deadline = std::chrono::steady_clock::now() + 30s; saving.empty() && std::chrono::steady_clock::now() < deadline;) {
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(dir, ec))
+      if (std::string name = entry.path().filename(); name.starts_with(".tmp-step-")) saving = name;
+    if (saving.empty()) std::this_thread::sleep_for(1ms);
+  }
+  ASSERT_FALSE(saving.empty()) << "no save began after step 4";
+  kill_node_1(pids);
+  EXPECT_NE(testing::wait_exit(node0, 60s), 0) << node0.output();
+  int published = 0, cut_short = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const std::string name = entry.path().filename();
+    cut_short += name.starts_with(".tmp-step-");
+    if (!name.starts_with("step-")) continue;
+    ++published;
+    auto inspect = testing::spawn({ZEROTH_BIN, "ckpt", "inspect", entry.path()}, {}, temp(name_ + "_inspect.out"));
+    EXPECT_EQ(testing::wait_exit(inspect, 60s), 0) << name << ":\n" << inspect.output();
+  }
+  EXPECT_GE(published, 4);
+  std::string latest;
+  std::getline(std::ifstream(dir + "/latest"), latest);
+  EXPECT_TRUE(std::filesystem::is_directory(dir + "/" + latest)) << "latest names '" << latest << "'";
+  std::printf("node 1 killed during the save into %s; %d step folder(s) published, latest %s, %d save(s) cut short\n", saving.c_str(),
+              published, latest.c_str(), cut_short);
+  // The save cut short was not published (unless it had finished before the kill landed).
+  const std::string saved_step = saving.substr(std::string(".tmp-").size());
+  if (cut_short > 0) {
+    EXPECT_FALSE(std::filesystem::exists(dir + "/" + saved_step)) << saved_step;
+  }
 }
 
 }  // namespace
