@@ -43,6 +43,10 @@ inline constexpr std::string_view kJobTokenFile = "ZEROTH_JOB_TOKEN_FILE";
 // (0 the first time); above 0 `zeroth train` resumes from run.checkpoint_dir as --resume would.
 inline constexpr std::string_view kRestartCount = "ZEROTH_RESTART_COUNT";
 
+// ZEROTH_IO_FAULT: OP:ERROR:OFFSET[:FILE], one swap-file or checkpoint transfer made to fail
+// (offload/io_fault.h), for tests of what a failing disk does to a run.
+inline constexpr std::string_view kIoFault = "ZEROTH_IO_FAULT";
+
 // ZEROTH_PLAN_JSON: path; the engine writes rank 0's plan there as JSON when it is made.
 inline constexpr std::string_view kPlanJson = "ZEROTH_PLAN_JSON";
 

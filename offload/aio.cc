@@ -78,7 +78,8 @@ void fail(detail::Request& request, std::string message) {
 
 }  // namespace
 
-AsyncFile::AsyncFile(std::string path, Mode mode, IoOptions options) : path_(std::move(path)), options_(options) {
+AsyncFile::AsyncFile(std::string path, Mode mode, IoOptions options)
+    : path_(std::move(path)), options_(options), fault_(IoFault::for_file(path_)) {
   // A piece's length travels in the 32-bit length field of a submission entry.
   ZEROTH_CHECK(options_.block_size >= kIoAlignment && options_.block_size % kIoAlignment == 0 && options_.block_size <= kMaxBlockSize,
                "AsyncFile {}: block_size {} must be a multiple of {} in [{}, {}]", path_, options_.block_size, kIoAlignment,
@@ -243,6 +244,7 @@ void AsyncFile::finish(Piece& piece) {
 }
 
 bool AsyncFile::complete(Piece& piece, long long result) {
+  if (fault_) result = fault_->result(piece.is_write, piece.offset, piece.length, result);
   if (result == -EINTR || result == -EAGAIN) return true;
   const char* op = piece.is_write ? "write" : "read";
   if (result < 0) {
@@ -284,8 +286,9 @@ void AsyncFile::run_sync(Worker& worker) {
         std::lock_guard lock(mutex_);
         stats_.peak_in_flight = std::max(stats_.peak_in_flight, ++in_flight_);
       }
-      const ssize_t rc = piece.is_write ? ::pwrite(fd_, piece.buffer, piece.length, static_cast<off_t>(piece.offset))
-                                        : ::pread(fd_, piece.buffer, piece.length, static_cast<off_t>(piece.offset));
+      const std::size_t length = fault_ ? fault_->transfer_length(piece.is_write, piece.offset, piece.length) : piece.length;
+      const ssize_t rc = piece.is_write ? ::pwrite(fd_, piece.buffer, length, static_cast<off_t>(piece.offset))
+                                        : ::pread(fd_, piece.buffer, length, static_cast<off_t>(piece.offset));
       const long long result = rc == -1 ? -static_cast<long long>(errno) : rc;
       {
         // Counted before complete() wakes the waiter, so stats() after wait() includes it.
@@ -368,7 +371,8 @@ void AsyncFile::run_ring(Worker& worker) {
       }
       const unsigned slot = free_slots.back();
       free_slots.pop_back();
-      io_ring.prepare(sqe, piece.is_write, piece.buffer, static_cast<unsigned>(piece.length), piece.offset, piece.buffer_slot);
+      const std::size_t length = fault_ ? fault_->transfer_length(piece.is_write, piece.offset, piece.length) : piece.length;
+      io_ring.prepare(sqe, piece.is_write, piece.buffer, static_cast<unsigned>(length), piece.offset, piece.buffer_slot);
       io_uring_sqe_set_data64(sqe, slot);
       fixed += piece.buffer_slot >= 0;
       slots[slot] = std::move(piece);

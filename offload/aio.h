@@ -9,6 +9,8 @@
 #include <string>   // std::string
 #include <vector>   // std::vector
 
+#include "offload/io_fault.h"  // IoFault
+
 namespace zeroth::offload {
 
 struct IoOptions {
@@ -114,6 +116,7 @@ class AsyncFile {
 
   std::string path_;
   IoOptions options_;
+  std::unique_ptr<IoFault> fault_;  // ZEROTH_IO_FAULT's, when it names this file
   int fd_ = -1;
   bool direct_ = false;
 
