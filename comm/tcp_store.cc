@@ -36,6 +36,8 @@ constexpr uint32_t kProtocolVersion = 1;
 // Refused connections logged one by one; past these a flood is only counted.
 constexpr uint64_t kLoggedRefusals = 16;
 
+// Packed: their fields may sit at any alignment, so a field is passed on by value (uint32_t{x}),
+// never bound to a reference (fmt's arguments are).
 #pragma pack(push, 1)
 struct Hello {
   char magic[4];
@@ -254,11 +256,11 @@ bool TcpStoreServer::handshake(int fd) {
       return false;
     }
     if (hello.version != kProtocolVersion) {
-      refuse(fd, fmt::format("protocol version {}, this store speaks {}", hello.version, kProtocolVersion));
+      refuse(fd, fmt::format("protocol version {}, this store speaks {}", uint32_t{hello.version}, kProtocolVersion));
       return false;
     }
     if (hello.token_bytes > kMaxJobTokenBytes) {
-      refuse(fd, fmt::format("a token of {} bytes, more than {}", hello.token_bytes, kMaxJobTokenBytes));
+      refuse(fd, fmt::format("a token of {} bytes, more than {}", uint32_t{hello.token_bytes}, kMaxJobTokenBytes));
       return false;
     }
     std::string token(hello.token_bytes, '\0');
@@ -295,7 +297,7 @@ void TcpStoreServer::serve(int fd) {
       if (header.key_bytes > kStoreMaxKeyBytes || header.value_bytes > kStoreMaxValueBytes) {
         ZLOG_WARN("store server: a request from {} with a key of {} bytes and a value of {} (at most {} and {}); closing that "
                   "connection",
-                  peer_name(fd), header.key_bytes, header.value_bytes, kStoreMaxKeyBytes, kStoreMaxValueBytes);
+                  peer_name(fd), uint32_t{header.key_bytes}, uint64_t{header.value_bytes}, kStoreMaxKeyBytes, kStoreMaxValueBytes);
         break;
       }
       std::string key(header.key_bytes, '\0');
@@ -465,7 +467,7 @@ std::vector<char> TcpStore::request(uint8_t command, const std::string& key, con
     // The one byte is TRY_GET's presence flag in front of a value.
     if (reply_header.bytes > kStoreMaxValueBytes + 1 || reply_header.status > kError) {
       ZEROTH_THROW(CommError, "{}: the store's reply (status {}, {} bytes) is not one the store sends; is {} a zeroth store?", what,
-                   reply_header.status, reply_header.bytes, address());
+                   uint8_t{reply_header.status}, uint64_t{reply_header.bytes}, address());
     }
     reply.resize(reply_header.bytes);
     if (!read_all(fd_, reply.data(), reply.size(), deadline, what))

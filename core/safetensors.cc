@@ -16,6 +16,7 @@
 
 #include "core/cpu/kernels.h"  // cpu::cast
 #include "core/error.h"        // ZEROTH_THROW
+#include "core/json_int.h"     // json_ints
 
 namespace zeroth {
 namespace {
@@ -96,8 +97,8 @@ SafeTensors read_safetensors(const std::string& path, bool with_data) {
     SafeTensor t;
     try {
       t.dtype = v.at("dtype").get<std::string>();
-      t.shape = v.at("shape").get<std::vector<int64_t>>();
-      const auto range = v.at("data_offsets").get<std::vector<uint64_t>>();
+      t.shape = json_ints<int64_t>(v.at("shape"));
+      const auto range = json_ints<uint64_t>(v.at("data_offsets"));
       if (range.size() != 2 || range[0] > range[1] || range[1] > data_size) {
         ZEROTH_THROW(InvalidArgument, "{}: tensor {} has data_offsets outside the file's {} data bytes", path, name, data_size);
       }

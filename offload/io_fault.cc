@@ -14,8 +14,8 @@ std::unique_ptr<IoFault> IoFault::for_file(const std::string& path) {
   const auto text = env::get(env::kIoFault);
   if (!text) return nullptr;
   const auto bad = [&](const char* why) {
-    ZEROTH_THROW(ConfigError, "{}={}: {}; the form is OP:ERROR:OFFSET[:FILE], e.g. write:ENOSPC:0:rank-00001.bin", env::kIoFault, *text,
-                 why);
+    ZEROTH_THROW(ConfigError, "{}={}: {}; the form is OP:ERROR:OFFSET[:FILE], e.g. write:ENOSPC:0:rank-00001.bin", env::kIoFault,
+                 *text, why);
   };
   const std::string& t = *text;
   constexpr auto npos = std::string::npos;

@@ -11,11 +11,11 @@
 //     FILE    a part of the file's path (default: any file)
 #pragma once
 
-#include <atomic>    // std::atomic
-#include <cstddef>   // std::size_t
-#include <cstdint>   // std::uint64_t
-#include <memory>    // std::unique_ptr
-#include <string>    // std::string
+#include <atomic>   // std::atomic
+#include <cstddef>  // std::size_t
+#include <cstdint>  // std::uint64_t
+#include <memory>   // std::unique_ptr
+#include <string>   // std::string
 
 namespace zeroth::offload {
 

@@ -21,6 +21,7 @@
 #include "core/cpu/kernels.h"   // cpu::num_threads
 #include "core/cpu/parallel.h"  // cpu::for_chunks
 #include "core/error.h"         // ZEROTH_THROW, SYSCALL_CHECK
+#include "core/json_int.h"      // json_int, json_ints
 #include "core/log.h"           // ZLOG_WARN
 
 namespace zeroth::ckpt {
@@ -66,23 +67,23 @@ Manifest Manifest::from_json(const json& j, const std::string& source) {
   if (!j.is_object() || j.value("format", std::string()) != kFormat) throw bad("not a zeroth checkpoint manifest");
   Manifest m;
   try {
-    m.version = j.at("version").get<int>();
+    m.version = json_int<int>(j.at("version"));
     if (m.version != kVersion) {
       throw CheckpointError(fmt::format("{}: format version {}, but this zeroth reads version {}; use the zeroth that wrote it",
                                         source, m.version, kVersion));
     }
-    m.step = j.at("step").get<int64_t>();
+    m.step = json_int<int64_t>(j.at("step"));
     m.world = j.at("world");
     m.optimizer = j.at("optimizer").get<std::string>();
     m.states = j.at("states").get<std::vector<std::string>>();
     m.engine = j.at("engine");
     // What restoring the counters reads, checked before anything of an engine changes.
-    (void)m.engine.at("steps_applied").get<int64_t>(), (void)m.engine.at("steps_run").get<int64_t>();
+    (void)json_int<int64_t>(m.engine.at("steps_applied")), (void)json_int<int64_t>(m.engine.at("steps_run"));
     for (const char* k : {"scale", "iteration", "last_overflow", "hysteresis"}) (void)m.engine.at("loss_scaler").at(k).get<double>();
     m.run = j.at("run");
     m.config = j.at("config");
     for (const auto& f : j.at("files")) {
-      FileEntry file{f.at("name").get<std::string>(), f.at("bytes").get<uint64_t>(), 0};
+      FileEntry file{f.at("name").get<std::string>(), json_int<uint64_t>(f.at("bytes")), 0};
       const auto hex = f.at("xxh3_64").get<std::string>();
       size_t used = 0;
       file.xxh3 = hex.size() == 16 ? std::stoull(hex, &used, 16) : 0;
@@ -92,13 +93,13 @@ Manifest Manifest::from_json(const json& j, const std::string& source) {
       m.files.push_back(std::move(file));
     }
     for (const auto& t : j.at("tensors")) {
-      TensorEntry tensor{t.at("name").get<std::string>(), t.at("shape").get<std::vector<int64_t>>(), {}};
+      TensorEntry tensor{t.at("name").get<std::string>(), json_ints<int64_t>(t.at("shape")), {}};
       if (t.at("dtype").get<std::string>() != "F32") throw bad(fmt::format("tensor {} is not F32", tensor.name));
       for (int64_t d : tensor.shape)
         if (d <= 0) throw bad(fmt::format("tensor {} has the shape {}", tensor.name, t.at("shape").dump()));
       if (t.contains("split")) {
         const auto& s = t.at("split");
-        tensor.split = {s.at("axis").get<int>(), s.at("groups").get<int>(), 0, s.at("parts").get<int>(), tensor.shape};
+        tensor.split = {json_int<int>(s.at("axis")), json_int<int>(s.at("groups")), 0, json_int<int>(s.at("parts")), tensor.shape};
         const int rank = static_cast<int>(tensor.shape.size());
         if (tensor.split.axis < 0 || tensor.split.axis >= rank || tensor.split.groups < 1 || tensor.split.ranks < 1 ||
             tensor.shape[tensor.split.axis] % tensor.split.groups != 0 ||
@@ -106,7 +107,7 @@ Manifest Manifest::from_json(const json& j, const std::string& source) {
           throw bad(fmt::format("tensor {} has the split {} of the shape {}", tensor.name, s.dump(), t.at("shape").dump()));
         }
         // Its parts are the tensor-parallel ranks that saved it.
-        const int tp = m.world.value("tp", 1);
+        const int tp = m.world.contains("tp") ? json_int<int>(m.world.at("tp")) : 1;
         if (tensor.split.ranks != tp) {
           throw bad(fmt::format("tensor {} is stored in {} tensor-parallel parts, but the world it was saved in has tp = {}",
                                 tensor.name, tensor.split.ranks, tp));
@@ -116,7 +117,8 @@ Manifest Manifest::from_json(const json& j, const std::string& source) {
         if (!t.contains(state)) throw bad(fmt::format("tensor {} has no \"{}\" pieces", tensor.name, state));
         std::vector<Piece> pieces;
         for (const auto& p : t.at(state))
-          pieces.push_back({p.at(0).get<int>(), p.at(1).get<uint64_t>(), p.at(2).get<uint64_t>(), p.at(3).get<uint64_t>()});
+          pieces.push_back(
+              {json_int<int>(p.at(0)), json_int<uint64_t>(p.at(1)), json_int<uint64_t>(p.at(2)), json_int<uint64_t>(p.at(3))});
         std::sort(pieces.begin(), pieces.end(), [](const Piece& a, const Piece& b) { return a.lo < b.lo; });
         // Every element exactly once, each piece inside its file.
         uint64_t next = 0;
