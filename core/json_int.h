@@ -23,7 +23,8 @@ T json_int(const nlohmann::json& j) {
     if (v <= static_cast<uint64_t>(limits::max())) return static_cast<T>(v);
   } else if (j.is_number_integer()) {
     const int64_t v = j.get<int64_t>();
-    if (v >= 0 ? static_cast<uint64_t>(v) <= static_cast<uint64_t>(limits::max()) : limits::is_signed && v >= static_cast<int64_t>(limits::min()))
+    if (v >= 0 ? static_cast<uint64_t>(v) <= static_cast<uint64_t>(limits::max())
+               : limits::is_signed && v >= static_cast<int64_t>(limits::min()))
       return static_cast<T>(v);
   } else {
     throw nlohmann::json::type_error::create(302, "expected an integer, got " + j.dump(), &j);

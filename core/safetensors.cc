@@ -45,6 +45,7 @@ size_t SafeTensor::numel() const {
 
 std::vector<float> SafeTensor::as_f32() const {
   std::vector<float> out(numel());
+  if (out.empty()) return out;  // memcpy takes no null pointer, even for no bytes
   if (dtype == "F32") {
     std::memcpy(out.data(), data.data(), out.size() * 4);
   } else if (dtype == "BF16" || dtype == "F16") {
@@ -98,11 +99,18 @@ SafeTensors read_safetensors(const std::string& path, bool with_data) {
     try {
       t.dtype = v.at("dtype").get<std::string>();
       t.shape = json_ints<int64_t>(v.at("shape"));
+      // Sizes a reader can multiply: no dimension below 0, no element count past 64 bits.
+      uint64_t count = 1;
+      for (int64_t d : t.shape) {
+        if (d < 0 || __builtin_mul_overflow(count, static_cast<uint64_t>(d), &count))
+          ZEROTH_THROW(InvalidArgument, "{}: tensor {} has the shape {}, which no tensor has", path, name, v.at("shape").dump());
+      }
       const auto range = json_ints<uint64_t>(v.at("data_offsets"));
       if (range.size() != 2 || range[0] > range[1] || range[1] > data_size) {
         ZEROTH_THROW(InvalidArgument, "{}: tensor {} has data_offsets outside the file's {} data bytes", path, name, data_size);
       }
-      if (dtype_bytes(t.dtype) == 0 || range[1] - range[0] != t.numel() * dtype_bytes(t.dtype)) {
+      uint64_t bytes = 0;
+      if (dtype_bytes(t.dtype) == 0 || __builtin_mul_overflow(count, dtype_bytes(t.dtype), &bytes) || range[1] - range[0] != bytes) {
         ZEROTH_THROW(InvalidArgument, "{}: tensor {} ({} {}) has {} bytes, which its dtype and shape do not explain", path, name,
                      t.dtype, nlohmann::json(t.shape).dump(), range[1] - range[0]);
       }

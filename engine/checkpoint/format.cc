@@ -64,7 +64,9 @@ Manifest Manifest::from_json(const json& j, const std::string& source) {
     return CheckpointError(
         fmt::format("{}: {}; the checkpoint cannot be used (was it edited or written by something else?)", source, what));
   };
-  if (!j.is_object() || j.value("format", std::string()) != kFormat) throw bad("not a zeroth checkpoint manifest");
+  const auto format = j.is_object() ? j.find("format") : j.end();
+  if (format == j.end() || !format->is_string() || format->get<std::string>() != kFormat)
+    throw bad("not a zeroth checkpoint manifest");
   Manifest m;
   try {
     m.version = json_int<int>(j.at("version"));
