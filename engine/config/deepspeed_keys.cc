@@ -31,7 +31,6 @@ bool disabled(const json& v) {
 
 constexpr auto kNone = KeyTreatment::no_effect;
 constexpr auto kUnsupported = KeyTreatment::unsupported;
-constexpr auto kLater = KeyTreatment::later;
 
 constexpr std::string_view kPytorchHooks = "it configures hooks on PyTorch modules, which zeroth's models do not have";
 
