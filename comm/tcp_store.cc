@@ -494,8 +494,10 @@ std::vector<char> TcpStore::get(const std::string& key, std::chrono::millisecond
   }
 }
 
-std::optional<std::vector<char>> TcpStore::try_get(const std::string& key) {
-  auto reply = request(kTryGet, key, {}, timeout_);
+std::optional<std::vector<char>> TcpStore::try_get(const std::string& key) { return try_get(key, timeout_); }
+
+std::optional<std::vector<char>> TcpStore::try_get(const std::string& key, std::chrono::milliseconds timeout) {
+  auto reply = request(kTryGet, key, {}, timeout);
   if (reply.empty() || reply[0] == 0) return std::nullopt;
   return std::vector<char>(reply.begin() + 1, reply.end());
 }

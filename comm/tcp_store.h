@@ -85,6 +85,10 @@ class TcpStore {
   std::vector<char> get(const std::string& key, std::chrono::milliseconds timeout);
   // The value if the key exists now; never waits.
   std::optional<std::vector<char>> try_get(const std::string& key);
+  // The same, waiting at most `timeout` for the store's answer (a peer polling a store that may
+  // be out of reach); a request that times out leaves the connection broken().
+  std::optional<std::vector<char>> try_get(const std::string& key, std::chrono::milliseconds timeout);
+  bool broken() const { return broken_; }
   // Atomically adds delta to an integer key (0 when absent) and returns the new value.
   int64_t add(const std::string& key, int64_t delta);
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout);

@@ -18,6 +18,7 @@ constexpr Variable kVariables[] = {
     {kSocketIfname, "auto", "network interface for the Gloo transport"},
     {kJobToken, "", "the job's secret: the rendezvous store refuses connections without it", true},
     {kJobTokenFile, "", "a file (mode 600) holding the job's secret, read when ZEROTH_JOB_TOKEN is unset"},
+    {kJobStarted, "", "set by zeroth launch: when it started the job (seconds since the epoch), for restarts"},
     {kRestartCount, "0", "times zeroth launch has restarted the job; above 0 zeroth train resumes from its checkpoints"},
     {kIoFault, "", "OP:ERROR:OFFSET[:FILE]: one file transfer made to fail (read|write, EIO|ENOSPC|short), for tests"},
     {kPlanJson, "", "file the engine writes its plan to (rank 0, JSON)"},

@@ -42,6 +42,9 @@ inline constexpr std::string_view kJobTokenFile = "ZEROTH_JOB_TOKEN_FILE";
 // ZEROTH_RESTART_COUNT: how many times `zeroth launch --max-restarts` has started this job again
 // (0 the first time); above 0 `zeroth train` resumes from run.checkpoint_dir as --resume would.
 inline constexpr std::string_view kRestartCount = "ZEROTH_RESTART_COUNT";
+// ZEROTH_JOB_STARTED: when `zeroth launch` started the job (seconds since the epoch); a restart
+// resumes only from a checkpoint published since, never from an earlier run's.
+inline constexpr std::string_view kJobStarted = "ZEROTH_JOB_STARTED";
 
 // ZEROTH_IO_FAULT: OP:ERROR:OFFSET[:FILE], one swap-file or checkpoint transfer made to fail
 // (offload/io_fault.h), for tests of what a failing disk does to a run.

@@ -95,7 +95,16 @@ struct Outcome {
 };
 
 // Another node's report that the start failed there (none when the job has one node).
-using OtherNodes = std::function<std::optional<std::string>()>;
+using OtherNodes = std::function<std::optional<NodeFailure>()>;
+
+// The first signal waiting on `sig_fd` other than SIGCHLD, 0 when none; reads them all.
+int take_signal(int sig_fd) {
+  int first = 0;
+  signalfd_siginfo info{};
+  while (::read(sig_fd, &info, sizeof info) == sizeof info)
+    if (info.ssi_signo != SIGCHLD && first == 0) first = static_cast<int>(info.ssi_signo);
+  return first;
+}
 
 Outcome run_attempt(const LaunchOptions& o, int attempt, int port, const std::string& token, int sig_fd, const sigset_t& previous,
                     const sigset_t& handled, const OtherNodes& other_nodes) {
@@ -112,7 +121,8 @@ Outcome run_attempt(const LaunchOptions& o, int attempt, int port, const std::st
                                                {"MASTER_ADDR", o.master_addr},
                                                {"MASTER_PORT", std::to_string(port)},
                                                {"ZEROTH_JOB_TOKEN", token},
-                                               {"ZEROTH_RESTART_COUNT", std::to_string(attempt)}};
+                                               {"ZEROTH_RESTART_COUNT", std::to_string(attempt)},
+                                               {"ZEROTH_JOB_STARTED", std::to_string(o.job_started)}};
     // Like torchrun's OMP_NUM_THREADS: ranks sharing a host split its cores unless told otherwise.
     if (std::getenv("ZEROTH_NUM_THREADS") == nullptr) {
       const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
@@ -175,17 +185,14 @@ Outcome run_attempt(const LaunchOptions& o, int attempt, int port, const std::st
       }
     }
     if (fds[0].revents != 0) {
-      signalfd_siginfo info{};
-      while (::read(sig_fd, &info, sizeof info) == sizeof info) {
-        if (info.ssi_signo == SIGCHLD) continue;
+      if (const int sig = take_signal(sig_fd)) {
         // Forward to every rank; they decide how to stop. A second signal is not needed: the
-        // grace period ends in SIGKILL.
-        std::fprintf(stderr, "zeroth launch: got signal %d, forwarding to %d rank(s)\n", info.ssi_signo, o.nproc_per_node);
-        stop_all(static_cast<int>(info.ssi_signo));
-        if (!failed) {
-          failed = true;
-          outcome = {128 + static_cast<int>(info.ssi_signo), true, false, fmt::format("signal {} to the launcher", info.ssi_signo)};
-        }
+        // grace period ends in SIGKILL. A signal ends the job, after a failure too: no restart.
+        std::fprintf(stderr, "zeroth launch: got signal %d, forwarding to %d rank(s)\n", sig, o.nproc_per_node);
+        stop_all(sig);
+        if (!failed) outcome = {128 + sig, true, false, fmt::format("signal {} to the launcher", sig)};
+        outcome.signalled = true;
+        failed = true;
       }
     }
     for (auto& r : ranks) {
@@ -208,10 +215,10 @@ Outcome run_attempt(const LaunchOptions& o, int attempt, int port, const std::st
     }
     if (!failed && other_nodes && clock::now() >= next_look) {
       next_look = clock::now() + std::chrono::milliseconds(200);
-      if (auto cause = other_nodes()) {
+      if (auto elsewhere = other_nodes()) {
         failed = true;
-        outcome = {1, false, true, *cause};
-        std::fprintf(stderr, "zeroth launch: the job failed on %s; stopping this node's ranks\n", cause->c_str());
+        outcome = {1, elsewhere->final, true, elsewhere->cause};
+        std::fprintf(stderr, "zeroth launch: the job failed on %s; stopping this node's ranks\n", elsewhere->cause.c_str());
         stop_all(SIGTERM);
       }
     }
@@ -270,33 +277,48 @@ int run_launch(const LaunchOptions& o) {
   if (o.nnodes > 1 && (o.max_restarts > 0 || o.min_nodes() < o.nnodes))
     nodes = std::make_unique<NodeRendezvous>(o, base_port, token, CommOptions::from_env().timeout);
   Outcome outcome;
+  const int64_t job_started =
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   for (int attempt = 0;; ++attempt) {
     LaunchOptions start = o;
+    start.job_started = job_started;
     // Each start its own store: a rank of the next one never reaches the last one's, still
     // winding down.
     int port = o.nnodes == 1 && o.master_port == 0 ? pick_free_port() : base_port + attempt;
     OtherNodes other_nodes;
     if (nodes) {
-      const auto round = nodes->join(attempt);
-      if (!round) {
+      int sig = 0;
+      NodeRound round;
+      const auto joined = nodes->join(
+          attempt, [&] { return sig != 0 || (sig = take_signal(sig_fd)) != 0; }, round);
+      if (joined == NodeRendezvous::Joined::stopped) {
+        std::fprintf(stderr, "zeroth launch: got signal %d while the nodes agreed on start %d; no rank was started\n", sig,
+                     attempt + 1);
+        outcome = {128 + sig, true, false, fmt::format("signal {} to the launcher", sig)};
+        nodes->fail(attempt, outcome.cause, true);
+        break;
+      }
+      if (joined == NodeRendezvous::Joined::late) {
         std::fprintf(stderr, "zeroth launch: node %d came after start %d of the job closed; it takes no part\n", o.node_rank,
                      attempt + 1);
         outcome = {1, false, false, "late"};
         break;
       }
-      start.nnodes = static_cast<int>(round->members.size());
-      start.node_rank = round->index;
+      start.nnodes = static_cast<int>(round.members.size());
+      start.node_rank = round.index;
       port = base_port + 1 + attempt;
+      ZEROTH_CHECK(port <= 65535, "start {} would put the ranks' store on port {}: give a lower --master-port", attempt + 1, port);
       other_nodes = [&nodes, attempt] { return nodes->failure(attempt); };
       std::fprintf(stderr, "zeroth launch: start %d with node(s) %s: %d rank(s), this node's from rank %d\n", attempt + 1,
-                   fmt::format("{}", fmt::join(round->members, ", ")).c_str(), start.nnodes * o.nproc_per_node,
+                   fmt::format("{}", fmt::join(round.members, ", ")).c_str(), start.nnodes * o.nproc_per_node,
                    start.node_rank * o.nproc_per_node);
     }
     outcome = run_attempt(start, attempt, port, token, sig_fd, previous, handled, other_nodes);
-    if (nodes && outcome.code != 0 && !outcome.elsewhere) nodes->fail(attempt, outcome.cause);
+    if (nodes && outcome.code != 0 && !outcome.elsewhere) nodes->fail(attempt, outcome.cause, outcome.signalled);
     if (outcome.code == 0 || outcome.signalled || attempt == o.max_restarts) break;
-    std::fprintf(stderr, "zeroth launch: restart %d of %d after %s: starting the job again (it resumes from its latest checkpoint)\n",
-                 attempt + 1, o.max_restarts, outcome.cause.c_str());
+    std::fprintf(
+        stderr, "zeroth launch: restart %d of %d after %s: starting the job again (zeroth train resumes from its latest checkpoint)\n",
+        attempt + 1, o.max_restarts, outcome.cause.c_str());
     std::fflush(stderr);
   }
   ::close(sig_fd);

@@ -4,9 +4,10 @@
 // set, which `zeroth train` takes as --resume.
 #pragma once
 
-#include <chrono>  // std::chrono::seconds
-#include <string>  // std::string
-#include <vector>  // std::vector
+#include <chrono>   // std::chrono::seconds
+#include <cstdint>  // int64_t
+#include <string>   // std::string
+#include <vector>   // std::vector
 
 namespace zeroth::tools {
 
@@ -30,6 +31,7 @@ struct LaunchOptions {
   int min_nnodes = 0;
   std::chrono::seconds last_call{30};
   int min_nodes() const { return min_nnodes > 0 ? min_nnodes : nnodes; }
+  int64_t job_started = 0;  // set by run_launch: its start, for the ranks (ZEROTH_JOB_STARTED)
 };
 
 // Returns the job's exit code: 0 when every rank succeeded, else the first failing rank's code

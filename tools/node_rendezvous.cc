@@ -1,5 +1,6 @@
 // Keys of start k in the launchers' store: "round/k/node/R" (node R joined), "round/k/members"
-// (node 0's decision: "0,2"), "round/k/failed" (the first cause a node reported).
+// (node 0's decision: "0,2"), "round/k/failed" (the first cause a node reported), "round/k/final"
+// (that cause ends the job).
 #include "tools/node_rendezvous.h"
 
 #include <algorithm>  // std::find
@@ -24,23 +25,26 @@ std::vector<char> bytes(const std::string& s) { return {s.begin(), s.end()}; }
 }  // namespace
 
 NodeRendezvous::NodeRendezvous(const LaunchOptions& o, int port, const std::string& token, std::chrono::milliseconds timeout)
-    : o_(o), timeout_(timeout) {
-  if (o.node_rank == 0) server_ = std::make_unique<TcpStoreServer>(o.master_addr, port, token, timeout);
+    : o_(o), port_(port), token_(token), timeout_(timeout) {
+  // Nothing needs the store once this launcher ends: it does not wait for the others to go.
+  if (o.node_rank == 0) server_ = std::make_unique<TcpStoreServer>(o.master_addr, port, token, std::chrono::seconds(1));
   store_ = std::make_unique<TcpStore>(o.master_addr, port, token, timeout);
 }
 
 NodeRendezvous::~NodeRendezvous() = default;
 
-std::vector<int> NodeRendezvous::decide(int round) {
+std::optional<std::vector<char>> NodeRendezvous::poll(const std::string& k) { return store_->try_get(k, std::chrono::seconds(1)); }
+
+std::vector<int> NodeRendezvous::decide(int round, const std::function<bool()>& stop) {
   const auto opened = clock::now();
   auto enough_since = clock::time_point::max();  // when MIN nodes had joined
   for (;;) {
     std::vector<int> joined;
     for (int node = 0; node < o_.nnodes; ++node) {
-      if (store_->try_get(key(round, fmt::format("node/{}", node)))) joined.push_back(node);
+      if (poll(key(round, fmt::format("node/{}", node)))) joined.push_back(node);
     }
     const int n = static_cast<int>(joined.size());
-    if (n == o_.nnodes) return joined;
+    if (n == o_.nnodes || stop()) return joined;
     const auto now = clock::now();
     if (n >= o_.min_nodes()) {
       if (enough_since == clock::time_point::max()) enough_since = now;
@@ -57,37 +61,56 @@ std::vector<int> NodeRendezvous::decide(int round) {
   }
 }
 
-std::optional<NodeRound> NodeRendezvous::join(int round) {
+NodeRendezvous::Joined NodeRendezvous::join(int round, const std::function<bool()>& stop, NodeRound& out) {
+  // A poll that node 0 did not answer in time left the connection unusable: a new one, which
+  // says so clearly when node 0's launcher is gone.
+  if (store_->broken()) store_ = std::make_unique<TcpStore>(o_.master_addr, port_, token_, timeout_);
   store_->set(key(round, fmt::format("node/{}", o_.node_rank)), bytes("1"));
-  if (o_.node_rank == 0) store_->set(key(round, "members"), bytes(fmt::format("{}", fmt::join(decide(round), ","))));
-  const auto value = store_->get(key(round, "members"), timeout_ + o_.last_call);
-  NodeRound r;
-  const std::string text(value.begin(), value.end());
+  if (o_.node_rank == 0) {
+    const auto members = decide(round, stop);
+    if (stop()) return Joined::stopped;
+    store_->set(key(round, "members"), bytes(fmt::format("{}", fmt::join(members, ","))));
+  }
+  std::optional<std::vector<char>> value;
+  for (const auto deadline = clock::now() + timeout_ + o_.last_call; !(value = poll(key(round, "members")));) {
+    if (stop()) return Joined::stopped;
+    if (clock::now() > deadline) {
+      ZEROTH_THROW(CommError, "start {} of the job: node 0's launcher at {}:{} did not say which nodes take part within {} s",
+                   round + 1, o_.master_addr, port_,
+                   std::chrono::duration_cast<std::chrono::seconds>(timeout_ + o_.last_call).count());
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  out = {};
+  const std::string text(value->begin(), value->end());
   for (size_t start = 0; start < text.size();) {
     const size_t comma = std::min(text.find(',', start), text.size());
-    r.members.push_back(std::stoi(text.substr(start, comma - start)));
+    out.members.push_back(std::stoi(text.substr(start, comma - start)));
     start = comma + 1;
   }
-  const auto me = std::find(r.members.begin(), r.members.end(), o_.node_rank);
-  if (me == r.members.end()) return std::nullopt;
-  r.index = static_cast<int>(me - r.members.begin());
-  return r;
+  const auto me = std::find(out.members.begin(), out.members.end(), o_.node_rank);
+  if (me == out.members.end()) return Joined::late;
+  out.index = static_cast<int>(me - out.members.begin());
+  return Joined::yes;
 }
 
-void NodeRendezvous::fail(int round, const std::string& cause) {
+void NodeRendezvous::fail(int round, const std::string& cause, bool final) {
   try {
-    if (store_->add(key(round, "failures"), 1) == 1)
+    if (store_->add(key(round, "failures"), 1) == 1) {
+      if (final) store_->set(key(round, "final"), bytes("1"));
       store_->set(key(round, "failed"), bytes(fmt::format("node {}: {}", o_.node_rank, cause)));
+    }
   } catch (const CommError&) {
     // Node 0's launcher is gone; the other nodes' ranks learn of the failure from their peers.
   }
 }
 
-std::optional<std::string> NodeRendezvous::failure(int round) {
+std::optional<NodeFailure> NodeRendezvous::failure(int round) {
+  if (store_->broken()) return std::nullopt;
   try {
-    const auto value = store_->try_get(key(round, "failed"));
+    const auto value = poll(key(round, "failed"));
     if (!value) return std::nullopt;
-    return std::string(value->begin(), value->end());
+    return NodeFailure{std::string(value->begin(), value->end()), poll(key(round, "final")).has_value()};
   } catch (const CommError&) {
     return std::nullopt;
   }

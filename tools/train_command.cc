@@ -22,22 +22,22 @@
 #include <fmt/ranges.h>       // fmt::join
 #include <nlohmann/json.hpp>  // nlohmann::json
 
-#include "comm/gloo/gloo_comm.h"       // make_gloo_communicator
-#include "comm/local/local_comm.h"     // run_local_ranks
-#include "comm/rendezvous.h"           // rendezvous_from_env
-#include "core/cpu/kernels.h"          // cpu::num_threads
-#include "core/env.h"                  // env::kLogLevel
-#include "core/error.h"                // ZEROTH_THROW
-#include "core/log.h"                  // log::set_level
-#include "engine/checkpoint/format.h"  // ckpt::kLatestName
-#include "engine/plan/estimate.h"      // estimate
-#include "engine/pipeline/runner.h"    // pipe_passes
-#include "engine/plan/plan.h"          // make_plan
-#include "train/generate.h"            // generate
-#include "train/trainer.h"             // train
-#include "tools/step_lines.h"          // wall_clock_line
-#include "models/gpt/gpt.h"            // Gpt
-#include "models/threads.h"            // share_cores
+#include "comm/gloo/gloo_comm.h"     // make_gloo_communicator
+#include "comm/local/local_comm.h"   // run_local_ranks
+#include "comm/rendezvous.h"         // rendezvous_from_env
+#include "core/cpu/kernels.h"        // cpu::num_threads
+#include "core/env.h"                // env::kLogLevel
+#include "core/error.h"              // ZEROTH_THROW
+#include "core/log.h"                // log::set_level
+#include "offload/io_fault.h"        // IoFault
+#include "engine/plan/estimate.h"    // estimate
+#include "engine/pipeline/runner.h"  // pipe_passes
+#include "engine/plan/plan.h"        // make_plan
+#include "train/generate.h"          // generate
+#include "train/trainer.h"           // train
+#include "tools/step_lines.h"        // wall_clock_line
+#include "models/gpt/gpt.h"          // Gpt
+#include "models/threads.h"          // share_cores
 #include "tools/commands.h"
 
 namespace zeroth::tools {
@@ -486,15 +486,9 @@ void dry_run(const TrainConfig& c) {
 int run(const Options& o) {
   TrainConfig c = load_run_config(o.config, o.overrides);
   if (!o.resume.empty()) c.run.resume = o.resume == "-" ? c.run.checkpoint_dir : o.resume;
-  // Started again by `zeroth launch --max-restarts`: on from the latest checkpoint, where the
-  // failed attempt saved one; from the start where it did not.
-  if (const auto restart = env::get_int(env::kRestartCount); restart.value_or(0) > 0 && c.run.resume.empty()) {
-    if (std::filesystem::exists(c.run.checkpoint_dir + "/" + ckpt::kLatestName)) {
-      c.run.resume = c.run.checkpoint_dir;
-    } else {
-      ZLOG_WARN("restart {}: no checkpoint in {} yet, so the run starts again from step 0", *restart, c.run.checkpoint_dir);
-    }
-  }
+  resume_after_restart(c.run);
+  // A fault given for tests is read now, not at the first file it would concern.
+  (void)offload::IoFault::for_file("");
   if (o.dry_run) {
     dry_run(c);
     return 0;

@@ -3,6 +3,8 @@
 // key paths in every message, then cross-section rules (the batch triple) are checked.
 #include "train/train_config.h"
 
+#include <sys/stat.h>  // stat
+
 #include <algorithm>   // std::transform
 #include <cctype>      // std::tolower
 #include <cerrno>      // errno
@@ -12,7 +14,10 @@
 #include <sstream>     // std::stringstream
 #include <vector>      // std::vector
 
+#include "core/env.h"                      // env::kRestartCount, env::kJobStarted
 #include "core/error.h"                    // ZEROTH_THROW
+#include "core/log.h"                      // ZLOG_WARN
+#include "engine/checkpoint/format.h"      // ckpt::kLatestName
 #include "core/config_section.h"           // ConfigSection, is_auto
 #include "engine/config/deepspeed_keys.h"  // without_deepspeed_extras
 #include "train/hf_model_config.h"         // rope_scaling_to_json
@@ -444,6 +449,18 @@ void apply_override(json& config, std::string_view assignment) {
     at = &(*at)[key];
     if (at->is_null()) *at = json::object();
     start = dot + 1;
+  }
+}
+
+void resume_after_restart(RunConfig& run) {
+  const auto restart = env::get_int(env::kRestartCount);
+  if (restart.value_or(0) <= 0 || !run.resume.empty()) return;
+  const std::string latest = run.checkpoint_dir + "/" + ckpt::kLatestName;
+  struct stat st {};
+  if (::stat(latest.c_str(), &st) == 0 && st.st_mtime >= env::get_int(env::kJobStarted).value_or(0)) {
+    run.resume = run.checkpoint_dir;
+  } else {
+    ZLOG_WARN("restart {}: this job saved no checkpoint in {} yet, so the run starts again from step 0", *restart, run.checkpoint_dir);
   }
 }
 

@@ -126,4 +126,9 @@ nlohmann::json read_config_file(const std::string& path);
 // the way. ConfigError when the assignment is malformed or crosses a non-object.
 void apply_override(nlohmann::json& config, std::string_view assignment);
 
+// Started again by `zeroth launch --max-restarts` (ZEROTH_RESTART_COUNT above 0) and not told
+// where to resume: on from the latest checkpoint this job published (since ZEROTH_JOB_STARTED),
+// from the start where it published none, never from an earlier run's in the same folder.
+void resume_after_restart(RunConfig& run);
+
 }  // namespace zeroth

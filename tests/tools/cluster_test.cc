@@ -46,7 +46,13 @@ class Cluster : public ::testing::Test {
     ::chmod(token_file_.c_str(), 0600);
   }
   void TearDown() override {
-    if (!name_.empty()) script({"down", name_}, "down");
+    if (name_.empty()) return;
+    script({"down", name_}, "down");
+    // The runs' folders, configs, logs and token: every name this test made starts so.
+    const std::string prefix = "train_" + name_;
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(::testing::TempDir(), ec))
+      if (entry.path().filename().string().starts_with(prefix)) std::filesystem::remove_all(entry.path(), ec);
   }
 
   // tools/cluster.sh ARGS: its exit code and output.
@@ -131,9 +137,9 @@ void expect_same_losses(const std::vector<double>& a, const std::vector<double>&
 }
 
 // The single-host reference: 4 ranks as threads.
-std::vector<double> one_host_losses() {
-  const std::string cfg = config("cluster_ref", 6, "local");
-  const auto r = testing::run({ZEROTH_BIN, "train", cfg}, "cluster_ref");
+std::vector<double> one_host_losses(const std::string& name) {
+  const std::string cfg = config(name, 6, "local");
+  const auto r = testing::run({ZEROTH_BIN, "train", cfg}, name);
   EXPECT_EQ(r.code, 0) << r.output;
   return losses(r);
 }
@@ -149,19 +155,19 @@ bool wait_for_output(const testing::Child& child, const std::string& text, std::
 }
 
 TEST_F(Cluster, TwoNodesOfTwoRanksTrainTheLossesOfFourRanksOnOneHost) {
-  const auto reference = one_host_losses();
+  const auto reference = one_host_losses(name_ + "_ref");
   const std::string cfg = config(name_ + "_launch", 6, "gloo");
   auto node0 = launch_node(0, cfg, "launch0");
   auto node1 = launch_node(1, cfg, "launch1");
-  ASSERT_EQ(testing::wait_exit(node1, 300s), 0) << node1.output();
-  ASSERT_EQ(testing::wait_exit(node0, 300s), 0) << node0.output();
+  ASSERT_EQ(testing::wait_exit(node1, 120s), 0) << node1.output();
+  ASSERT_EQ(testing::wait_exit(node0, 60s), 0) << node0.output();
   EXPECT_NE(node0.output().find("4 ranks (gloo processes"), std::string::npos) << node0.output();
   expect_same_losses(reference, losses_in(name_ + "_launch"));
 }
 
 // Schedulers' variables instead of torchrun's: each rank started on its own, as srun and mpirun do.
 TEST_F(Cluster, SlurmAndOpenMpiVariablesStartTheSameJob) {
-  const auto reference = one_host_losses();
+  const auto reference = one_host_losses(name_ + "_ref");
   std::string token;
   std::getline(std::ifstream(token_file_), token);
   for (const std::string scheduler : {"slurm", "openmpi"}) {
@@ -180,7 +186,7 @@ TEST_F(Cluster, SlurmAndOpenMpiVariablesStartTheSameJob) {
       }
       ranks.push_back(on_node(rank / 2, {ZEROTH_BIN, "train", cfg}, env, scheduler + "_rank" + r));
     }
-    for (auto& rank : ranks) EXPECT_EQ(testing::wait_exit(rank, 300s), 0) << scheduler << ":\n" << rank.output();
+    for (auto& rank : ranks) EXPECT_EQ(testing::wait_exit(rank, 60s), 0) << scheduler << ":\n" << rank.output();
     SCOPED_TRACE(scheduler);
     expect_same_losses(reference, losses_in(run));
   }
@@ -194,11 +200,11 @@ void PrintTo(Loss loss, std::ostream* os) { *os << (loss == Loss::kKilled ? "kil
 class ClusterLoss : public Cluster, public ::testing::WithParamInterface<Loss> {};
 
 TEST_P(ClusterLoss, ANodeLostMidRunEndsTheJobNamingItsRanks) {
-  const std::string cfg = config(name_ + "_lost", 100000, "gloo");
+  const std::string cfg = config(name_ + "_lost", 2000, "gloo");
   auto node0 = launch_node(0, cfg, "lost0");
   auto node1 = launch_node(1, cfg, "lost1");
-  // Step lines pad the step number: "step      4/100000".
-  ASSERT_TRUE(wait_for_output(node0, " 4/100000", 120s)) << node0.output() << node1.output();
+  // Step lines pad the step number: "step    4/2000".
+  ASSERT_TRUE(wait_for_output(node0, " 4/2000", 120s)) << node0.output() << node1.output();
   const auto lost_at = std::chrono::steady_clock::now();
   if (GetParam() == Loss::kKilled) {
     kill_node_1();
@@ -250,13 +256,13 @@ TEST_F(Cluster, ANodeThatNeverArrivesEndsTheRendezvousNamingItsRanks) {
 // 2), and the run reaches its last step.
 TEST_F(Cluster, AnElasticJobFinishesOnTheNodeLeft) {
   const std::string run = name_ + "_elastic";
-  json j = json::parse(testing::bytes_of(testing::tiny_config(run, 12, "gloo", {{"checkpoint_interval", 2}})));
+  json j = json::parse(testing::bytes_of(testing::tiny_config(run, 40, "gloo", {{"checkpoint_interval", 2}})));
   j["run"].erase("world_size");  // the launcher's, at every start
   const std::string cfg = testing::write_config(run, j);
   const std::vector<std::string> elastic = {"--max-restarts", "2", "--last-call", "2"};
   auto node0 = launch_node(0, cfg, "elastic0", "1:2", elastic);
   auto node1 = launch_node(1, cfg, "elastic1", "1:2", elastic);
-  ASSERT_TRUE(wait_for_output(node0, " 4/12", 120s)) << node0.output() << node1.output();
+  ASSERT_TRUE(wait_for_output(node0, " 4/40", 120s)) << node0.output() << node1.output();
   const auto lost_at = std::chrono::steady_clock::now();
   kill_node_1();
   const int code = testing::wait_exit(node0, 180s);
@@ -275,7 +281,7 @@ TEST_F(Cluster, AnElasticJobFinishesOnTheNodeLeft) {
     if (json m = json::parse(line, nullptr, false); !m.is_discarded() && m.contains("loss") && m.contains("step"))
       last_step = m["step"].get<int>();
   }
-  EXPECT_EQ(last_step, 12);
+  EXPECT_EQ(last_step, 40);
 }
 
 // A checkpoint every step, and node 1 killed as soon as a save after the fourth has begun (its
@@ -283,7 +289,7 @@ TEST_F(Cluster, AnElasticJobFinishesOnTheNodeLeft) {
 // the save the node's death cut short is never published.
 TEST_F(Cluster, ACheckpointSavedWhileANodeDiesIsNeverPublished) {
   const std::string run = name_ + "_ckpt";
-  const std::string cfg = testing::tiny_config(run, 100000, "gloo", {{"world_size", 4}, {"checkpoint_interval", 1}});
+  const std::string cfg = testing::tiny_config(run, 400, "gloo", {{"world_size", 4}, {"checkpoint_interval", 1}, {"keep_last", 3}});
   auto node0 = launch_node(0, cfg, "ckpt0");
   auto node1 = launch_node(1, cfg, "ckpt1");
   ASSERT_TRUE(wait_for_output(node0, "checkpoints/step-4:", 120s)) << node0.output() << node1.output();
@@ -309,7 +315,7 @@ TEST_F(Cluster, ACheckpointSavedWhileANodeDiesIsNeverPublished) {
     auto inspect = testing::spawn({ZEROTH_BIN, "ckpt", "inspect", entry.path()}, {}, temp(name_ + "_inspect.out"));
     EXPECT_EQ(testing::wait_exit(inspect, 60s), 0) << name << ":\n" << inspect.output();
   }
-  EXPECT_GE(published, 4);
+  EXPECT_EQ(published, 3);  // run.keep_last
   std::string latest;
   std::getline(std::ifstream(dir + "/latest"), latest);
   EXPECT_TRUE(std::filesystem::is_directory(dir + "/" + latest)) << "latest names '" << latest << "'";
@@ -317,7 +323,7 @@ TEST_F(Cluster, ACheckpointSavedWhileANodeDiesIsNeverPublished) {
               published, latest.c_str(), cut_short);
   // The save cut short was not published (unless it had finished before the kill landed).
   const std::string saved_step = saving.substr(std::string(".tmp-").size());
-  if (cut_short > 0) {
+  if (std::filesystem::exists(dir + "/" + saving)) {
     EXPECT_FALSE(std::filesystem::exists(dir + "/" + saved_step)) << saved_step;
   }
 }

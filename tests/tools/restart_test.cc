@@ -78,7 +78,7 @@ TEST_P(Restart, ARankKilledAtARandomStepIsRestartedAndTheRunEndsWithTheSameLosse
   std::printf("killing a rank once step %d is done\n", kill_step);
   const std::string name = base + "_killed";
   auto job = testing::spawn(launch(name, {"--max-restarts", "2"}), {}, temp(name) + ".out");
-  const auto deadline = std::chrono::steady_clock::now() + 300s;
+  const auto deadline = std::chrono::steady_clock::now() + 120s;
   const std::string line = "step " + std::to_string(kill_step) + "/8";
   while (job.output().find(line) == std::string::npos && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(10ms);
@@ -86,7 +86,7 @@ TEST_P(Restart, ARankKilledAtARandomStepIsRestartedAndTheRunEndsWithTheSameLosse
   const auto ranks = children_of(job.pid);
   ASSERT_EQ(ranks.size(), static_cast<size_t>(c.processes));
   ::kill(ranks.back(), SIGKILL);
-  const int code = testing::wait_exit(job, 300s);
+  const int code = testing::wait_exit(job, 120s);
   const std::string out = job.output();
   ASSERT_EQ(code, 0) << out;
   const int killed = c.processes - 1;
@@ -113,6 +113,23 @@ TEST_P(Restart, ARankKilledAtARandomStepIsRestartedAndTheRunEndsWithTheSameLosse
 
 INSTANTIATE_TEST_SUITE_P(Ranks, Restart, ::testing::Values(Case{"Threads", "local", 1, 0.0}, Case{"GlooProcesses", "gloo", 2, 1e-5}),
                          [](const auto& info) { return std::string(info.param.name); });
+
+// A restart resumes only from what this job saved: an earlier run's checkpoint in the same folder
+// is left alone, and the run starts again from step 0.
+TEST(Restart, ARestartNeverResumesAnEarlierRunsCheckpoint) {
+  const std::string cfg = config("restart_earlier", "local");
+  const auto earlier = testing::run({ZEROTH_BIN, "train", cfg}, "restart_earlier");
+  ASSERT_EQ(earlier.code, 0) << earlier.output;
+  std::this_thread::sleep_for(1100ms);  // the job starts a second after that checkpoint
+  // The first attempt fails before it saves anything; the second trains.
+  const auto r = testing::run({ZEROTH_BIN, "launch", "-n", "1", "--max-restarts", "1", "--", "sh", "-c",
+                               std::string("[ $ZEROTH_RESTART_COUNT = 0 ] && exit 3; exec ") + ZEROTH_BIN + " train " + cfg},
+                              "restart_earlier");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("restart 1 of 1 after rank 0 exited with code 3"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("this job saved no checkpoint"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("resumed from"), std::string::npos) << r.output;
+}
 
 TEST(Restart, WithoutRestartsLeftTheJobEndsWithTheFailingRanksCode) {
   const auto r = testing::run({ZEROTH_BIN, "launch", "-n", "2", "--max-restarts", "1", "--", "sh", "-c",
