@@ -85,8 +85,7 @@ void signal_group(const Rank& r, int sig) {
   if (r.running) ::kill(-r.pid, sig);  // the child's whole process group
 }
 
-// One attempt at the job: its ranks started, watched and reaped. `sig_fd` reads the signals to
-// forward; `previous` and `handled` are the mask and signals the children get back.
+// How one start of the job ended.
 struct Outcome {
   int code = 0;            // the job's: the first failing rank's exit code, 0 when all succeeded
   bool signalled = false;  // ended by a signal to the launcher, forwarded to the ranks
@@ -106,6 +105,8 @@ int take_signal(int sig_fd) {
   return first;
 }
 
+// One start of the job: its ranks started, watched and reaped. `sig_fd` reads the signals to
+// forward; `previous` and `handled` are the mask and signals the children get back.
 Outcome run_attempt(const LaunchOptions& o, int attempt, int port, const std::string& token, int sig_fd, const sigset_t& previous,
                     const sigset_t& handled, const OtherNodes& other_nodes) {
   const int world = o.nproc_per_node * o.nnodes;
