@@ -7,11 +7,12 @@
 #include <sys/mman.h>  // memfd_create
 #include <unistd.h>    // ftruncate, pwrite
 
-#include <cstddef>  // std::size_t
-#include <cstdint>  // uint8_t
-#include <cstdio>   // std::perror
-#include <cstdlib>  // std::abort
-#include <string>   // std::string
+#include <cstddef>     // std::size_t
+#include <cstdint>     // uint8_t
+#include <cstdio>      // std::perror
+#include <cstdlib>     // std::abort, std::atexit
+#include <filesystem>  // std::filesystem::remove_all
+#include <string>      // std::string
 
 #include "core/error_types.h"  // zeroth::Error
 
@@ -41,14 +42,23 @@ class InputFile {
   std::string path_;
 };
 
-// A folder of its own, for parsers that take one (a checkpoint's step folder).
+// A folder of its own, for parsers that take one (a checkpoint's step folder); removed with
+// what is in it when the process exits normally, so replays in every ctest run leave nothing.
 inline std::string temp_folder() {
-  std::string pattern = "/tmp/zeroth-fuzz-XXXXXX";
-  if (::mkdtemp(pattern.data()) == nullptr) {
-    std::perror("mkdtemp");
-    std::abort();
-  }
-  return pattern;
+  // Never destroyed, so the exit handler still finds the name.
+  static const std::string* folder = [] {
+    auto* made = new std::string("/tmp/zeroth-fuzz-XXXXXX");  // mkdtemp's template
+    if (::mkdtemp(made->data()) == nullptr) {
+      std::perror("mkdtemp");
+      std::abort();
+    }
+    std::atexit([] {
+      std::error_code ec;
+      std::filesystem::remove_all(*folder, ec);
+    });
+    return made;
+  }();
+  return *folder;
 }
 
 // The harness of a parser that takes a path: the input written to a file, then parse(path); a
