@@ -9,7 +9,8 @@
 #include <fstream>   // std::ifstream
 #include <iterator>  // std::istreambuf_iterator
 
-#include "core/env.h"  // kJobToken, kJobTokenFile
+#include "comm/tcp_store.h"  // TcpStore
+#include "core/env.h"        // kJobToken, kJobTokenFile
 #include "core/error.h"
 
 namespace zeroth {
@@ -154,6 +155,31 @@ std::optional<RendezvousInfo> rendezvous_from_env() {
     return info;
   }
   return std::nullopt;
+}
+
+void check_in(TcpStore& store, const RendezvousInfo& info) {
+  const auto as_text = [](const std::vector<char>& v) { return std::string(v.begin(), v.end()); };
+  const auto report = [&](const std::string& what) {
+    if (store.add(std::string(kJobMismatchKey) + "/count", 1) == 1) store.set(kJobMismatchKey, {what.begin(), what.end()});
+    return what;
+  };
+  if (store.add(fmt::format("job/rank/{}", info.rank), 1) > 1) {
+    ZEROTH_THROW(CommError, "{}",
+                 report(fmt::format("rank {} of the job started twice: two nodes were given the same node rank "
+                                    "(--node-rank), or two processes the same rank ({} launcher): give each node its own",
+                                    info.rank, info.source)));
+  }
+  // The first rank to check in sets the job's shape; the rest compare theirs with it.
+  const std::string mine = fmt::format("{} {}", info.world_size, info.rank);
+  if (store.add("job/shape/claims", 1) == 1) store.set("job/shape", {mine.begin(), mine.end()});
+  const std::string first = as_text(store.get("job/shape"));
+  const int first_world = std::stoi(first.substr(0, first.find(' ')));
+  if (first_world == info.world_size) return;
+  ZEROTH_THROW(ConfigError, "{}",
+               report(fmt::format("rank {} was started for a job of {} ranks, rank {} for one of {} ({} launcher): every node "
+                                  "must be launched with the same --nnodes and --nproc-per-node (-n), or the scheduler's task "
+                                  "counts must agree",
+                                  info.rank, info.world_size, first.substr(first.find(' ') + 1), first_world, info.source)));
 }
 
 }  // namespace zeroth

@@ -34,6 +34,15 @@ std::string read_job_token_file(const std::string& path);
 std::string generate_job_token();
 inline constexpr std::size_t kMaxJobTokenBytes = 1024;
 
+class TcpStore;
+// Every rank of a job checks in with the store (`store`, the job's): CommError when another rank
+// already checked in as this rank (two nodes given one --node-rank), ConfigError when this rank's
+// world size differs from the first rank's to check in (nodes given different --nnodes or -n).
+// The first such report stays in the store under kJobMismatchKey, for the ranks that agreed with
+// the first and now wait in vain. Without it they would wait for each other until the timeout.
+void check_in(TcpStore& store, const RendezvousInfo& info);
+inline constexpr const char* kJobMismatchKey = "job/mismatch";
+
 // The first host of a Slurm node list: "gpu[03-07,09],cpu1" -> "gpu03".
 std::string first_slurm_host(const std::string& nodelist);
 

@@ -543,6 +543,7 @@ JobStore connect_job_store(const RendezvousInfo& info, std::chrono::milliseconds
     job.server = std::make_unique<TcpStoreServer>(info.master_addr, info.master_port, info.token, timeout);
   }
   job.client = std::make_unique<TcpStore>(info.master_addr, info.master_port, info.token, timeout);
+  check_in(*job.client, info);
   return job;
 }
 

@@ -22,6 +22,13 @@ std::string key(int round, const std::string& what) { return fmt::format("round/
 
 std::vector<char> bytes(const std::string& s) { return {s.begin(), s.end()}; }
 
+// The options every node's launcher must be given alike: the job's shape and restart rules.
+std::string shared_options(const LaunchOptions& o) {
+  const std::string nodes = o.min_nodes() == o.nnodes ? std::to_string(o.nnodes) : fmt::format("{}:{}", o.min_nodes(), o.nnodes);
+  return fmt::format("-n {} --nnodes {} --max-restarts {} --last-call {}", o.nproc_per_node, nodes, o.max_restarts,
+                     o.last_call.count());
+}
+
 }  // namespace
 
 NodeRendezvous::NodeRendezvous(const LaunchOptions& o, int port, const std::string& token, std::chrono::milliseconds timeout)
@@ -29,6 +36,21 @@ NodeRendezvous::NodeRendezvous(const LaunchOptions& o, int port, const std::stri
   // Nothing needs the store once this launcher ends: it does not wait for the others to go.
   if (o.node_rank == 0) server_ = std::make_unique<TcpStoreServer>(o.master_addr, port, token, std::chrono::seconds(1));
   store_ = std::make_unique<TcpStore>(o.master_addr, port, token, timeout);
+  // Nodes launched alike or not at all: a mismatch would otherwise surface as timeouts.
+  const std::string mine = shared_options(o);
+  if (o.node_rank == 0) {
+    store_->set("options", bytes(mine));
+    return;
+  }
+  const auto value = store_->get("options");
+  const std::string node0(value.begin(), value.end());
+  if (node0 == mine) return;
+  const std::string why =
+      fmt::format("node {}'s launcher was given {}, node 0's {}: launch every node with the same -n, --nnodes, --max-restarts and "
+                  "--last-call",
+                  o.node_rank, mine, node0);
+  fail(0, why, true);
+  ZEROTH_THROW(ConfigError, "{}", why);
 }
 
 NodeRendezvous::~NodeRendezvous() = default;
@@ -42,6 +64,10 @@ std::vector<int> NodeRendezvous::decide(int round, const std::function<bool()>& 
     std::vector<int> joined;
     for (int node = 0; node < o_.nnodes; ++node) {
       if (poll(key(round, fmt::format("node/{}", node)))) joined.push_back(node);
+    }
+    // A node that cannot take part (its options differ, or its launcher got a signal) ends the job.
+    if (const auto failed = failure(round); failed && failed->final) {
+      ZEROTH_THROW(CommError, "start {} of the job cannot go on: {}", round + 1, failed->cause);
     }
     const int n = static_cast<int>(joined.size());
     if (n == o_.nnodes || stop()) return joined;
@@ -64,8 +90,15 @@ std::vector<int> NodeRendezvous::decide(int round, const std::function<bool()>& 
 NodeRendezvous::Joined NodeRendezvous::join(int round, const std::function<bool()>& stop, NodeRound& out) {
   // A poll that node 0 did not answer in time left the connection unusable: a new one, which
   // says so clearly when node 0's launcher is gone.
-  if (store_->broken()) store_ = std::make_unique<TcpStore>(o_.master_addr, port_, token_, timeout_);
-  store_->set(key(round, fmt::format("node/{}", o_.node_rank)), bytes("1"));
+  try {
+    if (store_->broken()) store_ = std::make_unique<TcpStore>(o_.master_addr, port_, token_, timeout_);
+    store_->set(key(round, fmt::format("node/{}", o_.node_rank)), bytes("1"));
+  } catch (const CommError& e) {
+    ZEROTH_THROW(CommError,
+                 "start {} of the job: node 0's launcher is out of reach, and the job cannot go on without it (it "
+                 "hosts the stores): {}",
+                 round + 1, e.what());
+  }
   if (o_.node_rank == 0) {
     const auto members = decide(round, stop);
     if (stop()) return Joined::stopped;
@@ -74,6 +107,9 @@ NodeRendezvous::Joined NodeRendezvous::join(int round, const std::function<bool(
   std::optional<std::vector<char>> value;
   for (const auto deadline = clock::now() + timeout_ + o_.last_call; !(value = poll(key(round, "members")));) {
     if (stop()) return Joined::stopped;
+    if (const auto failed = failure(round); failed && failed->final) {
+      ZEROTH_THROW(CommError, "start {} of the job cannot go on: {}", round + 1, failed->cause);
+    }
     if (clock::now() > deadline) {
       ZEROTH_THROW(CommError, "start {} of the job: node 0's launcher at {}:{} did not say which nodes take part within {} s",
                    round + 1, o_.master_addr, port_,

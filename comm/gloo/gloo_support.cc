@@ -65,19 +65,24 @@ std::string name_lost_ranks(TcpStore& store, const std::string& prefix, int rank
 namespace {
 
 // "; ranks 2, 3 never arrived": those that posted no arrival key (or "" when all did, or the store
-// is gone). It asks over a connection of its own: the timed-out wait left the rank's unusable.
+// is gone), and why, when a rank found that the job's ranks disagree. It asks over a connection
+// of its own: the timed-out wait left the rank's unusable.
 std::string name_missing_ranks(const RendezvousInfo& info, const std::string& prefix) {
   std::vector<int> missing;
+  std::optional<std::vector<char>> mismatch;
   try {
     TcpStore store(info.master_addr, info.master_port, info.token, std::chrono::seconds(5));
     for (int p = 0; p < info.world_size; ++p) {
       if (!store.try_get(prefix + "arrived/" + std::to_string(p))) missing.push_back(p);
     }
+    mismatch = store.try_get(kJobMismatchKey);
   } catch (const CommError&) {
     return "";
   }
-  if (missing.empty()) return "";
-  return fmt::format("; {} {} never arrived", missing.size() == 1 ? "rank" : "ranks", fmt::join(missing, ", "));
+  std::string text;
+  if (!missing.empty()) text = fmt::format("; {} {} never arrived", missing.size() == 1 ? "rank" : "ranks", fmt::join(missing, ", "));
+  if (mismatch) text += "; " + std::string(mismatch->begin(), mismatch->end());
+  return text;
 }
 
 }  // namespace

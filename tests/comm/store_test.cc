@@ -1,8 +1,8 @@
 // The rendezvous store against strangers, checked through raw sockets that speak its bytes: a
 // connection without the job's token can neither read nor write a key; a length past the bounds,
 // an unknown command or a truncated request ends only that connection; the store listens only
-// where MASTER_ADDR points; and the job refuses a store open to other hosts without a token or
-// unreachable from them.
+// where MASTER_ADDR points; the job refuses a store open to other hosts without a token or
+// unreachable from them, and ranks that disagree on the job's shape or share a rank.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -230,6 +230,41 @@ TEST(JobStore, RefusesAStoreOpenToOtherHostsWithoutATokenOrOutOfTheirReach) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("2 of the job's 4 ranks run on other hosts"), std::string::npos) << e.what();
   }
+}
+
+// Ranks checking in one after another, as nodes launched with different options would.
+TEST(JobStore, RanksThatDisagreeOnTheWorldSizeOrShareARankAreClearErrors) {
+  TcpStoreServer server("127.0.0.1", 0, kToken, 5s);
+  const auto info = [&](int rank, int world) {
+    RendezvousInfo i;
+    i.rank = rank, i.world_size = world, i.local_world_size = 2, i.source = "torchrun";
+    i.master_port = server.port(), i.token = kToken;
+    return i;
+  };
+  TcpStore rank0("127.0.0.1", server.port(), kToken, 5s);
+  check_in(rank0, info(0, 4));
+  TcpStore rank1("127.0.0.1", server.port(), kToken, 5s);
+  check_in(rank1, info(1, 4));
+  TcpStore rank2("127.0.0.1", server.port(), kToken, 5s);
+  try {
+    check_in(rank2, info(2, 6));
+    FAIL() << "a rank of a 6-rank job joined a 4-rank one";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 2 was started for a job of 6 ranks, rank 0 for one of 4"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("--nnodes"), std::string::npos) << e.what();
+  }
+  TcpStore again("127.0.0.1", server.port(), kToken, 5s);
+  try {
+    check_in(again, info(1, 4));
+    FAIL() << "rank 1 checked in twice";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1 of the job started twice"), std::string::npos) << e.what();
+  }
+  // The ranks that agreed with the first wait for the others; the first report is there for them.
+  const auto report = rank0.try_get(kJobMismatchKey);
+  ASSERT_TRUE(report.has_value());
+  EXPECT_NE(text(*report).find("job of 6 ranks"), std::string::npos) << text(*report);
 }
 
 TEST(JobToken, ComesFromTheVariableOrAFileOnlyItsOwnerCanRead) {

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -67,15 +68,21 @@ struct Run {
   std::vector<json> metrics;  // <output_dir>/metrics.jsonl, one record per line
 };
 
+// The records of temp(name)/metrics.jsonl. A line cut short (a run killed while writing it) is
+// skipped, as a reader of the file would.
+inline std::vector<json> metrics_in(const std::string& name) {
+  std::vector<json> out;
+  std::ifstream in(temp(name) + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);)
+    if (json m = json::parse(line, nullptr, false); !m.is_discarded()) out.push_back(std::move(m));
+  return out;
+}
+
 inline Run run(const std::vector<std::string>& args, const std::string& name,
                std::chrono::seconds timeout = std::chrono::seconds(300)) {
   auto child = testing::spawn(args, {}, temp(name) + ".out");
-  Run r{testing::wait_exit(child, timeout), child.output(), {}};
-  std::ifstream in(temp(name) + "/metrics.jsonl");
-  // A line cut short (a run killed while writing it) is skipped, as a reader of the file would.
-  for (std::string line; std::getline(in, line);)
-    if (json m = json::parse(line, nullptr, false); !m.is_discarded()) r.metrics.push_back(std::move(m));
-  return r;
+  const int code = testing::wait_exit(child, timeout);
+  return {code, child.output(), metrics_in(name)};
 }
 
 // `train CONFIG` into temp(name), without validation between the ends, with `sets` as --set
@@ -140,6 +147,14 @@ inline std::vector<double> losses(const Run& r) {
   for (const auto& m : r.metrics) {
     if (m.contains("loss") && m.contains("lr")) out.push_back(m["loss"]);
   }
+  return out;
+}
+
+// The last loss recorded for each step: a restarted run records again the steps it redoes.
+inline std::map<int, double> losses_by_step(const std::vector<json>& metrics) {
+  std::map<int, double> out;
+  for (const auto& m : metrics)
+    if (m.contains("loss") && m.contains("lr") && m.contains("step")) out[m["step"].get<int>()] = m["loss"];
   return out;
 }
 

@@ -1,8 +1,10 @@
 // Nodes as network namespaces (tools/cluster.sh) against one host: a job of 2 nodes x 2 Gloo
 // ranks trains the losses of 4 ranks on one host, started by `zeroth launch` across nodes and by
 // Slurm's and Open MPI's variables; a node killed mid-run, a node whose link goes down and a node
-// that never arrives end the job within ZEROTH_COMM_TIMEOUT and a margin, naming who was lost.
-// Skipped, saying why, where namespaces cannot be made (not root, no iproute2).
+// that never arrives end the job within ZEROTH_COMM_TIMEOUT and a margin, naming who was lost;
+// restarts across nodes end with the uninterrupted run's losses, on fewer nodes when one is lost;
+// a node that comes too late, or is launched for another job, is told so. Skipped, saying why,
+// where namespaces cannot be made (not root, no iproute2).
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -11,8 +13,10 @@
 
 #include <chrono>
 #include <cstdio>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -74,31 +78,21 @@ class Cluster : public ::testing::Test {
     return testing::spawn(argv, vars, temp(name_ + "_" + what + ".out"));
   }
 
-  // `zeroth launch` of 2 ranks on `node` of 2 nodes, training `config`.
-  testing::Child launch_node(int node, const std::string& config, const std::string& what, const std::string& nnodes = "2",
-                             const std::vector<std::string>& extra = {}) {
-    std::vector<std::string> args = {ZEROTH_BIN,
-                                     "launch",
-                                     "-n",
-                                     "2",
-                                     "--nnodes",
-                                     nnodes,
-                                     "--node-rank",
-                                     std::to_string(node),
-                                     "--master-addr",
-                                     kMaster,
-                                     "--master-port",
-                                     kPort,
-                                     "--token-file",
-                                     token_file_};
-    args.insert(args.end(), extra.begin(), extra.end());
+  // `zeroth launch` on `node` with the job's shape and restart rules `options` (2 ranks on each
+  // of 2 nodes), training `config`.
+  testing::Child launch_node(int node, const std::string& config, const std::string& what,
+                             const std::vector<std::string>& options = {"-n", "2", "--nnodes", "2"}) {
+    std::vector<std::string> args = {ZEROTH_BIN, "launch",        "--node-rank", std::to_string(node), "--master-addr",
+                                     kMaster,    "--master-port", kPort,         "--token-file",       token_file_};
+    args.insert(args.end(), options.begin(), options.end());
     args.insert(args.end(), {"--", ZEROTH_BIN, "train", config});
     return on_node(node, args, {}, what);
   }
 
-  // The processes running in node 1.
-  std::vector<pid_t> node_1_pids() {
-    auto list = testing::spawn({"/bin/sh", "-c", "ip netns pids " + name_ + "-n1"}, {}, temp(name_ + "_pids.out"));
+  // The processes running in `node`.
+  std::vector<pid_t> node_pids(int node = 1) {
+    const std::string netns = name_ + "-n" + std::to_string(node);
+    auto list = testing::spawn({"/bin/sh", "-c", "ip netns pids " + netns}, {}, temp(name_ + "_pids.out"));
     EXPECT_EQ(testing::wait_exit(list, 30s), 0) << list.output();
     std::vector<pid_t> pids;
     std::istringstream in(list.output());
@@ -106,10 +100,21 @@ class Cluster : public ::testing::Test {
     return pids;
   }
 
-  // Every process of node 1 killed at once (`pids`, looked up beforehand so the kill lands at
+  // The ranks running in node 1: its processes but the launcher.
+  std::vector<pid_t> node_1_ranks() {
+    std::vector<pid_t> ranks;
+    for (pid_t p : node_pids()) {
+      std::string argv = testing::bytes_of("/proc/" + std::to_string(p) + "/cmdline");
+      std::replace(argv.begin(), argv.end(), '\0', ' ');
+      if (argv.find(" train ") != std::string::npos && argv.find(" launch ") == std::string::npos) ranks.push_back(p);
+    }
+    return ranks;
+  }
+
+  // Every process of `node` killed at once (`pids`, looked up beforehand so the kill lands at
   // once): the node is gone.
-  void kill_node_1(const std::vector<pid_t>& pids = {}) {
-    for (pid_t p : pids.empty() ? node_1_pids() : pids) ::kill(p, SIGKILL);
+  void kill_node(int node, const std::vector<pid_t>& pids = {}) {
+    for (pid_t p : pids.empty() ? node_pids(node) : pids) ::kill(p, SIGKILL);
   }
 
   std::string name_;
@@ -121,13 +126,7 @@ std::string config(const std::string& name, int steps, const std::string& backen
   return testing::tiny_config(name, steps, backend, {{"world_size", 4}});
 }
 
-std::vector<double> losses_in(const std::string& name) {
-  testing::Run r{0, "", {}};
-  std::ifstream in(temp(name) + "/metrics.jsonl");
-  for (std::string line; std::getline(in, line);)
-    if (json m = json::parse(line, nullptr, false); !m.is_discarded()) r.metrics.push_back(std::move(m));
-  return losses(r);
-}
+std::vector<double> losses_in(const std::string& name) { return losses(testing::Run{0, "", testing::metrics_in(name)}); }
 
 // Every loss of `b` within f32 reduction order of `a`'s.
 void expect_same_losses(const std::vector<double>& a, const std::vector<double>& b) {
@@ -207,7 +206,7 @@ TEST_P(ClusterLoss, ANodeLostMidRunEndsTheJobNamingItsRanks) {
   ASSERT_TRUE(wait_for_output(node0, " 4/2000", 120s)) << node0.output() << node1.output();
   const auto lost_at = std::chrono::steady_clock::now();
   if (GetParam() == Loss::kKilled) {
-    kill_node_1();
+    kill_node(1);
   } else {
     ASSERT_EQ(script({"link", "1", "down"}, "link").first, 0);
   }
@@ -259,12 +258,12 @@ TEST_F(Cluster, AnElasticJobFinishesOnTheNodeLeft) {
   json j = json::parse(testing::bytes_of(testing::tiny_config(run, 40, "gloo", {{"checkpoint_interval", 2}})));
   j["run"].erase("world_size");  // the launcher's, at every start
   const std::string cfg = testing::write_config(run, j);
-  const std::vector<std::string> elastic = {"--max-restarts", "2", "--last-call", "2"};
-  auto node0 = launch_node(0, cfg, "elastic0", "1:2", elastic);
-  auto node1 = launch_node(1, cfg, "elastic1", "1:2", elastic);
+  const std::vector<std::string> elastic = {"-n", "2", "--nnodes", "1:2", "--max-restarts", "2", "--last-call", "2"};
+  auto node0 = launch_node(0, cfg, "elastic0", elastic);
+  auto node1 = launch_node(1, cfg, "elastic1", elastic);
   ASSERT_TRUE(wait_for_output(node0, " 4/40", 120s)) << node0.output() << node1.output();
   const auto lost_at = std::chrono::steady_clock::now();
-  kill_node_1();
+  kill_node(1);
   const int code = testing::wait_exit(node0, 180s);
   const auto out = node0.output();
   ASSERT_EQ(code, 0) << out;
@@ -275,13 +274,121 @@ TEST_F(Cluster, AnElasticJobFinishesOnTheNodeLeft) {
   EXPECT_NE(out.find("start 2 with node(s) 0: 2 rank(s)"), std::string::npos) << out;
   EXPECT_NE(out.find("resumed from"), std::string::npos) << out;
   EXPECT_NE(out.find("2 ranks (gloo processes"), std::string::npos) << out;
-  std::ifstream in(temp(run) + "/metrics.jsonl");
-  int last_step = 0;
-  for (std::string line; std::getline(in, line);) {
-    if (json m = json::parse(line, nullptr, false); !m.is_discarded() && m.contains("loss") && m.contains("step"))
-      last_step = m["step"].get<int>();
+  const auto by_step = testing::losses_by_step(testing::metrics_in(run));
+  ASSERT_FALSE(by_step.empty());
+  EXPECT_EQ(by_step.rbegin()->first, 40);
+}
+
+// Node 0 hosts the stores: an elastic job does not outlive it. The launcher of the node left
+// ends within the timeout, saying why, rather than waiting for a node 0 that will not return.
+TEST_F(Cluster, AJobEndsWhenNodeZeroIsLost) {
+  const std::string run = name_ + "_node0";
+  json j = json::parse(testing::bytes_of(testing::tiny_config(run, 2000, "gloo", {{"checkpoint_interval", 2}})));
+  j["run"].erase("world_size");
+  const std::string cfg = testing::write_config(run, j);
+  const std::vector<std::string> elastic = {"-n", "2", "--nnodes", "1:2", "--max-restarts", "2", "--last-call", "2"};
+  auto node0 = launch_node(0, cfg, "node0_0", elastic);
+  auto node1 = launch_node(1, cfg, "node0_1", elastic);
+  ASSERT_TRUE(wait_for_output(node0, " 4/2000", 120s)) << node0.output() << node1.output();
+  const auto pids = node_pids(0);
+  const auto lost_at = std::chrono::steady_clock::now();
+  kill_node(0, pids);
+  const auto bound = std::chrono::seconds(3 * kCommTimeoutSeconds + 20);
+  const int code = testing::wait_exit(node1, bound);
+  EXPECT_NE(code, -1) << "node 1 waited on after node 0 was lost:\n" << node1.output();
+  EXPECT_NE(code, 0) << node1.output();
+  std::printf("node 1 ended %.1f s after node 0 was lost\n",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - lost_at).count());
+  EXPECT_NE(node1.output().find("node 0's launcher is out of reach, and the job cannot go on without it"), std::string::npos)
+      << node1.output();
+  testing::wait_exit(node0, 30s);
+}
+
+// A node that comes after the first start closed (its MIN nodes there and the last call passed)
+// takes no part and says so; the job goes on without it.
+TEST_F(Cluster, ANodeThatComesAfterTheStartClosedTakesNoPart) {
+  const std::string run = name_ + "_late";
+  json j = json::parse(testing::bytes_of(testing::tiny_config(run, 6, "gloo")));
+  j["run"].erase("world_size");
+  const std::string cfg = testing::write_config(run, j);
+  const std::vector<std::string> elastic = {"-n", "2", "--nnodes", "1:2", "--max-restarts", "1", "--last-call", "1"};
+  auto node0 = launch_node(0, cfg, "late0", elastic);
+  ASSERT_TRUE(wait_for_output(node0, "start 1 with node(s) 0: 2 rank(s)", 60s)) << node0.output();
+  auto node1 = launch_node(1, cfg, "late1", elastic);
+  EXPECT_EQ(testing::wait_exit(node1, 60s), 1) << node1.output();
+  EXPECT_NE(node1.output().find("node 1 came after start 1 of the job closed; it takes no part"), std::string::npos) << node1.output();
+  EXPECT_EQ(testing::wait_exit(node0, 120s), 0) << node0.output();
+  EXPECT_EQ(node0.output().find("restart"), std::string::npos) << node0.output();
+}
+
+// Same world size across nodes: a rank of node 1 killed at a random step restarts the ranks of
+// both nodes from the latest checkpoint, and the run ends with the losses of 4 ranks on one host
+// uninterrupted, step by step.
+TEST_F(Cluster, ARankKilledOnOneNodeRestartsEveryNodeAndTheLossesStayTheSame) {
+  const json run_keys = {{"world_size", 4}, {"checkpoint_interval", 2}};
+  const auto with_every_step = [&](const std::string& run, const std::string& backend) {
+    json j = json::parse(testing::bytes_of(testing::tiny_config(run, 12, backend, run_keys)));
+    j["steps_per_print"] = 1;
+    return testing::write_config(run, j);
+  };
+  const std::string ref = name_ + "_whole";
+  const auto whole = testing::run({ZEROTH_BIN, "train", with_every_step(ref, "local")}, ref);
+  ASSERT_EQ(whole.code, 0) << whole.output;
+
+  std::random_device seed;
+  const int kill_step = 3 + static_cast<int>(seed() % 6);  // 3 .. 8
+  std::printf("killing a rank of node 1 once step %d is done\n", kill_step);
+  const std::string run = name_ + "_restart";
+  const std::string cfg = with_every_step(run, "gloo");
+  const std::vector<std::string> restarts = {"-n", "2", "--nnodes", "2", "--max-restarts", "2"};
+  auto node0 = launch_node(0, cfg, "restart0", restarts);
+  auto node1 = launch_node(1, cfg, "restart1", restarts);
+  // Step lines pad the step number: "step    4/12". (Built by appending: gcc 12 misreads " " + s.)
+  std::string step_line = " ";
+  step_line += std::to_string(kill_step) + "/12";
+  ASSERT_TRUE(wait_for_output(node0, step_line, 120s)) << node0.output() << node1.output();
+  const auto ranks = node_1_ranks();
+  ASSERT_EQ(ranks.size(), 2u);
+  ::kill(ranks.back(), SIGKILL);
+  ASSERT_EQ(testing::wait_exit(node0, 180s), 0) << node0.output() << node1.output();
+  ASSERT_EQ(testing::wait_exit(node1, 60s), 0) << node1.output();
+  const auto out0 = node0.output();
+  const auto restart = out0.find("restart 1 of 2 after");
+  ASSERT_NE(restart, std::string::npos) << out0;
+  std::printf("node 0: %s\n", out0.substr(restart, out0.find('\n', restart) - restart).c_str());
+  EXPECT_NE(out0.find("start 2 with node(s) 0, 1: 4 rank(s)"), std::string::npos) << out0;
+  EXPECT_NE(out0.find("resumed from"), std::string::npos) << out0;
+  const auto a = testing::losses_by_step(whole.metrics), b = testing::losses_by_step(testing::metrics_in(run));
+  ASSERT_EQ(a.size(), 12u);
+  ASSERT_EQ(b.size(), 12u);
+  for (const auto& [step, loss] : a) EXPECT_NEAR(b.at(step), loss, 1e-5 * loss) << "step " << step;
+}
+
+// Nodes launched for different jobs (node 1 told of 3 nodes, node 0 of 2): the ranks say so when
+// they check in, rather than waiting for ranks that will never come.
+TEST_F(Cluster, NodesLaunchedForDifferentJobsEndSayingSo) {
+  const std::string run = name_ + "_shapes";
+  json j = json::parse(testing::bytes_of(testing::tiny_config(run, 6, "gloo")));
+  j["run"].erase("world_size");
+  const std::string cfg = testing::write_config(run, j);
+  auto node0 = launch_node(0, cfg, "shapes0", {"-n", "2", "--nnodes", "2"});
+  auto node1 = launch_node(1, cfg, "shapes1", {"-n", "2", "--nnodes", "3"});
+  const auto bound = std::chrono::seconds(2 * kCommTimeoutSeconds + 20);
+  const int code1 = testing::wait_exit(node1, bound), code0 = testing::wait_exit(node0, bound);
+  EXPECT_NE(code0, -1) << node0.output();
+  EXPECT_NE(code1, -1) << node1.output();
+  EXPECT_NE(code0, 0) << node0.output();
+  EXPECT_NE(code1, 0) << node1.output();
+  const std::string both = node0.output() + node1.output();
+  const auto said = both.find("was started for a job of");
+  if (said != std::string::npos) {
+    const auto from = both.rfind('\n', said) + 1;
+    std::printf("%s\n", both.substr(from, both.find('\n', said) - from).c_str());
   }
-  EXPECT_EQ(last_step, 40);
+  EXPECT_TRUE(both.find("was started for a job of 6 ranks, rank") != std::string::npos ||
+              both.find("was started for a job of 4 ranks, rank") != std::string::npos)
+      << both;
+  EXPECT_NE(both.find("--nnodes"), std::string::npos) << both;
 }
 
 // A checkpoint every step, and node 1 killed as soon as a save after the fourth has begun (its
@@ -294,7 +401,7 @@ TEST_F(Cluster, ACheckpointSavedWhileANodeDiesIsNeverPublished) {
   auto node1 = launch_node(1, cfg, "ckpt1");
   ASSERT_TRUE(wait_for_output(node0, "checkpoints/step-4:", 120s)) << node0.output() << node1.output();
   const std::string dir = temp(run) + "/checkpoints";
-  const auto pids = node_1_pids();
+  const auto pids = node_pids(1);
   ASSERT_EQ(pids.size(), 3u) << "node 1 runs its launcher and 2 ranks";
   std::string saving;
   for (const auto deadline = std::chrono::steady_clock::now() + 30s; saving.empty() && std::chrono::steady_clock::now() < deadline;) {
@@ -304,7 +411,7 @@ TEST_F(Cluster, ACheckpointSavedWhileANodeDiesIsNeverPublished) {
     if (saving.empty()) std::this_thread::sleep_for(1ms);
   }
   ASSERT_FALSE(saving.empty()) << "no save began after step 4";
-  kill_node_1(pids);
+  kill_node(1, pids);
   EXPECT_NE(testing::wait_exit(node0, 60s), 0) << node0.output();
   int published = 0, cut_short = 0;
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <csignal>
@@ -122,6 +123,31 @@ TEST(Launch, NodeCountsThatCannotBeAreClearErrors) {
     EXPECT_NE(testing::wait_exit(job, 30s), 0) << job.output();
     EXPECT_NE(job.output().find(message), std::string::npos) << job.output();
   }
+}
+
+// Two nodes' launchers on this host, given different restart rules: both end at once, saying
+// which options differ, before any rank starts.
+TEST(Launch, NodesLaunchedWithDifferentOptionsAreAClearError) {
+  const std::string token_file = ::testing::TempDir() + "launch_token_options";
+  std::ofstream(token_file) << "shared-by-both-nodes\n";
+  ::chmod(token_file.c_str(), 0600);
+  const std::string port = std::to_string(20000 + ::getpid() % 20000);
+  const auto node = [&](int rank, const std::string& restarts) {
+    return launch({"-n", "1", "--nnodes", "2", "--node-rank", std::to_string(rank), "--master-addr", "127.0.0.1", "--master-port",
+                   port, "--token-file", token_file, "--max-restarts", restarts, "--", "sh", "-c", "echo started"},
+                  "options" + std::to_string(rank));
+  };
+  const auto began = std::chrono::steady_clock::now();
+  auto node0 = node(0, "1");
+  auto node1 = node(1, "2");
+  EXPECT_NE(testing::wait_exit(node1, 30s), 0) << node1.output();
+  EXPECT_NE(testing::wait_exit(node0, 30s), 0) << node0.output();
+  EXPECT_LT(std::chrono::steady_clock::now() - began, 10s) << "the launchers waited for a timeout";
+  const std::string why = "node 1's launcher was given -n 1 --nnodes 2 --max-restarts 2 --last-call 30, node 0's -n 1 --nnodes 2 "
+                          "--max-restarts 1 --last-call 30";
+  EXPECT_NE(node1.output().find(why), std::string::npos) << node1.output();
+  EXPECT_NE(node0.output().find("cannot go on: node 1: " + why), std::string::npos) << node0.output();
+  EXPECT_EQ(node0.output().find("started"), std::string::npos) << node0.output();
 }
 
 TEST(Launch, StartsARealGlooJob) {

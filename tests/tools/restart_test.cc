@@ -9,7 +9,6 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
-#include <map>
 #include <random>
 #include <string>
 #include <thread>
@@ -32,14 +31,6 @@ std::string config(const std::string& name, const std::string& backend) {
   json j = json::parse(testing::bytes_of(path));
   j["steps_per_print"] = 1;
   return testing::write_config(name, j);
-}
-
-// The last loss recorded for each step: a restarted run records again the steps it redoes.
-std::map<int, double> losses_by_step(const testing::Run& r) {
-  std::map<int, double> out;
-  for (const auto& m : r.metrics)
-    if (m.contains("loss") && m.contains("lr") && m.contains("step")) out[m["step"].get<int>()] = m["loss"];
-  return out;
 }
 
 // The processes `pid` started.
@@ -93,15 +84,12 @@ TEST_P(Restart, ARankKilledAtARandomStepIsRestartedAndTheRunEndsWithTheSameLosse
   EXPECT_NE(out.find("restart 1 of 2 after rank " + std::to_string(killed) + " was killed by signal 9"), std::string::npos) << out;
   EXPECT_NE(out.find("resumed from"), std::string::npos) << out;
 
-  testing::Run killed_run{code, out, {}};
-  std::ifstream in(temp(name) + "/metrics.jsonl");
-  for (std::string l; std::getline(in, l);)
-    if (json m = json::parse(l, nullptr, false); !m.is_discarded()) killed_run.metrics.push_back(std::move(m));
+  const auto killed_metrics = testing::metrics_in(name);
   // Only the steps after the latest checkpoint are trained twice, not the whole run.
   size_t records = 0;
-  for (const auto& m : killed_run.metrics) records += m.contains("loss") && m.contains("lr");
+  for (const auto& m : killed_metrics) records += m.contains("loss") && m.contains("lr");
   EXPECT_LT(records, static_cast<size_t>(8 + kill_step)) << "the restart trained again from step 0";
-  const auto a = losses_by_step(whole), b = losses_by_step(killed_run);
+  const auto a = testing::losses_by_step(whole.metrics), b = testing::losses_by_step(killed_metrics);
   ASSERT_EQ(a.size(), 8u);
   ASSERT_EQ(b.size(), 8u);
   for (const auto& [step, loss] : a) {
