@@ -19,6 +19,7 @@ packages=(
   sentencepiece  # spm_train and spm_encode: the README trains a vocabulary with it; the tokenizer tests compare with it
   python3-torch  # PyTorch (/usr/bin/python3), the reference that reads the saved weights in the tests
   iproute2  # ip netns: tools/cluster.sh, the multi-node tests' nodes
+  python3-protobuf python3-crcmod  # the tests' own reader of TensorBoard event files (tests/reference/tfevents_read.py)
 )
 
 # Extra packages a caller names (tools/fuzz.sh: clang and libFuzzer).

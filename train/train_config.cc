@@ -49,7 +49,9 @@ constexpr std::string_view kTopKeys[] = {"train_batch_size",
                                          "data",
                                          "run",
                                          "parallel",
-                                         "pipeline"};
+                                         "pipeline",
+                                         "tensorboard",
+                                         "csv_monitor"};
 
 // The Hugging Face integration's "auto" rules, with its TrainingArguments defaults where the
 // value comes from the trainer, and with this config's own values where it has them.
@@ -244,6 +246,7 @@ TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) 
   without_deepspeed_extras(config, "", kTopKeys, t.no_effect, UnknownKeys::ignore_unless_typo);
   // Sections that others' "auto" values depend on come first.
   read_run(t, config, launched_world_size);
+  read_monitors(t, config);
   read_data(t, config);
   const int default_vocab = t.data.tokenizer_vocab > 0          ? t.data.tokenizer_vocab
                             : t.data.format == DataFormat::text ? 256

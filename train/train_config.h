@@ -78,6 +78,20 @@ struct RunConfig {
   std::string resume;
 };
 
+// One of DeepSpeed's file monitors (`tensorboard`, `csv_monitor`): written by rank 0 into
+// <output_path>/<job_name>; an empty output_path means run.output_dir (DeepSpeed's is the
+// working directory).
+struct MonitorSection {
+  bool enabled = false;
+  std::string output_path;
+  std::string job_name = "DeepSpeedJobName";
+  std::string dir() const { return output_path + "/" + job_name; }  // with output_path resolved
+};
+
+struct MonitorConfig {
+  MonitorSection tensorboard, csv;
+};
+
 // The process grid beyond data parallelism: `parallel` (zeroth's keys) and DeepSpeed's `pipeline`.
 struct ParallelConfig {
   int tensor = 1;                  // tensor-parallel ranks (Megatron-LM's split of each layer), the fastest grid axis
@@ -101,6 +115,7 @@ struct TrainConfig {
   std::string model_preset;  // "" when the shape was given key by key
   DataConfig data;
   RunConfig run;
+  MonitorConfig monitors;
   int64_t train_batch_size = 0;
   int64_t micro_batch_size = 0;  // sequences per rank per micro-step
   int64_t steps_per_print = 10;

@@ -213,6 +213,25 @@ void read_data(TrainConfig& t, const json& j) {
   t.data = d;
 }
 
+void read_monitors(TrainConfig& t, const json& j) {
+  static constexpr std::string_view kKeys[] = {"enabled", "output_path", "job_name"};
+  const auto read = [&](const char* name, MonitorSection& m) {
+    if (!j.contains(name) || j[name].is_null()) return;
+    if (!j[name].is_object())
+      ZEROTH_THROW(ConfigError, "{} must be an object such as {{\"enabled\": true}}, got {}", name, j[name].dump());
+    ConfigSection s(j[name], name, kKeys);
+    m.enabled = s.flag("enabled", false);
+    m.output_path = s.string("output_path", "");
+    if (m.output_path.empty()) m.output_path = t.run.output_dir;
+    m.job_name = s.string("job_name", m.job_name);
+    if (m.job_name.empty() || m.job_name.find('/') != std::string::npos || m.job_name == "." || m.job_name == "..") {
+      ZEROTH_THROW(ConfigError, "{}.job_name = \"{}\" must name one folder (not empty, no '/')", name, m.job_name);
+    }
+  };
+  read("tensorboard", t.monitors.tensorboard);
+  read("csv_monitor", t.monitors.csv);
+}
+
 void read_run(TrainConfig& t, const json& j, int launched_world_size) {
   static constexpr std::string_view kKeys[] = {
       "name",           "steps",       "eval_interval", "eval_batches",     "seed",     "output_dir",          "device",

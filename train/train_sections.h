@@ -13,6 +13,9 @@ void read_model(TrainConfig& t, const nlohmann::json& j, int default_vocab);
 void read_data(TrainConfig& t, const nlohmann::json& j);
 // `launched_world_size`: WORLD_SIZE when a launcher started the process, else 0.
 void read_run(TrainConfig& t, const nlohmann::json& j, int launched_world_size);
+// DeepSpeed's `tensorboard` and `csv_monitor`, after read_run (their default folder is its
+// output_dir).
+void read_monitors(TrainConfig& t, const nlohmann::json& j);
 // zeroth's `parallel` section and DeepSpeed's `pipeline`; sets gradient_accumulation_steps in `j`
 // from parallel.micro_batches.
 void read_parallel(TrainConfig& t, nlohmann::json& j);

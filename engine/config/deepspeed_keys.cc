@@ -32,6 +32,9 @@ bool disabled(const json& v) {
 constexpr auto kNone = KeyTreatment::no_effect;
 constexpr auto kUnsupported = KeyTreatment::unsupported;
 
+constexpr std::string_view kNoNetworkMonitor =
+    "sends metrics to a service over the network, and zeroth has no client for one; use `tensorboard` or `csv_monitor` (files "
+    "TensorBoard and spreadsheets read), or <run.output_dir>/metrics.jsonl";
 constexpr std::string_view kPytorchHooks = "it configures hooks on PyTorch modules, which zeroth's models do not have";
 
 const DeepSpeedKey kKeys[] = {
@@ -116,14 +119,9 @@ const DeepSpeedKey kKeys[] = {
     {"sequence_parallel_size", kUnsupported, "Ulysses sequence parallelism", at_most_one},
     {"nebula", kUnsupported, "Azure Nebula's checkpoint engine", disabled},
     {"datastates_ckpt", kUnsupported, "the DataStates asynchronous checkpoint engine", is_null},
-    {"tensorboard", kUnsupported, "writes metrics to TensorBoard; zeroth writes its metrics to <run.output_dir>/metrics.jsonl",
-     disabled},
-    {"wandb", kUnsupported, "sends metrics to Weights & Biases; zeroth writes its metrics to <run.output_dir>/metrics.jsonl",
-     disabled},
-    {"csv_monitor", kUnsupported, "writes metrics to CSV files; zeroth writes its metrics to <run.output_dir>/metrics.jsonl",
-     disabled},
-    {"comet", kUnsupported, "sends metrics to Comet; zeroth writes its metrics to <run.output_dir>/metrics.jsonl", disabled},
-    {"trackio", kUnsupported, "sends metrics to Trackio; zeroth writes its metrics to <run.output_dir>/metrics.jsonl", disabled},
+    {"wandb", kUnsupported, kNoNetworkMonitor, disabled},
+    {"comet", kUnsupported, kNoNetworkMonitor, disabled},
+    {"trackio", kUnsupported, kNoNetworkMonitor, disabled},
     {"flops_profiler", kUnsupported, "profiles FLOPs and latency per module", disabled},
     {"comms_logger", kUnsupported, "logs every collective with its size and time", disabled},
     {"zero_optimization.zero_hpz_partition_size", kUnsupported,

@@ -1,0 +1,21 @@
+// What rank 0 of `zeroth train` shows and keeps of a run: the config box, the step lines (or a
+// progress bar on a terminal), validation and checkpoint lines and the summary on stdout; every
+// record in <output_dir>/metrics.jsonl, the resolved config in config.json, the pipeline trace;
+// and DeepSpeed's monitors (train/monitors.h) where the config turns them on.
+#pragma once
+
+#include <memory>  // std::unique_ptr
+#include <string>  // std::string
+
+#include "train/trainer.h"  // TrainObserver, TrainConfig
+
+namespace zeroth::tools {
+
+// What each tensor-parallel rank holds and the model's collectives per layer.
+std::string tensor_line(const TrainConfig& c);
+
+// The output folder must be writable before the ranks start; what an earlier run left there is
+// replaced only once this run has passed its checks (on_start), so a refused run loses nothing.
+std::unique_ptr<TrainObserver> make_console(const TrainConfig& c);
+
+}  // namespace zeroth::tools
