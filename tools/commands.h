@@ -33,6 +33,7 @@ void add_ckpt_command(CLI::App& app);
 void add_estimate_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
 void add_eval_command(CLI::App& app);
+void add_report_run_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
 void add_bench_kernels_command(CLI::App& bench);

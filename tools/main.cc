@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("zeroth ") + ZEROTH_VERSION);
   zeroth::tools::add_train_command(app);
   zeroth::tools::add_eval_command(app);
+  zeroth::tools::add_report_run_command(app);
   zeroth::tools::add_tokenize_command(app);
   zeroth::tools::add_generate_command(app);
   zeroth::tools::add_report_command(app);

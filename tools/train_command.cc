@@ -131,17 +131,29 @@ int run(const Options& o) {
   const auto launched = rendezvous_from_env();
   // Text to tokenize is tokenized here, once, before the run's memory is measured from.
   if (!c.data.tokenizer.empty()) check_data(c);
-  std::unique_ptr<TrainObserver> console;
+  std::unique_ptr<RunConsole> console;
   if (!launched || launched->rank == 0) console = make_console(c);
   bool interrupted = false;
   std::mutex mutex;
   std::string weights;
-  on_every_rank(c, [&](Communicator& comm, Device& device) {
-    const auto s = train(c, comm, device, comm.rank() == 0 ? console.get() : nullptr, &g_stop);
-    std::lock_guard lock(mutex);
-    interrupted = interrupted || s.interrupted;
-    if (comm.rank() == 0) weights = s.weights_path;
-  });
+  try {
+    on_every_rank(c, [&](Communicator& comm, Device& device) {
+      const auto s = train(c, comm, device, comm.rank() == 0 ? console.get() : nullptr, &g_stop);
+      std::lock_guard lock(mutex);
+      interrupted = interrupted || s.interrupted;
+      if (comm.rank() == 0) weights = s.weights_path;
+    });
+  } catch (const std::exception& e) {
+    // The run's own error goes on; a report that cannot be written must not hide it.
+    if (console) {
+      try {
+        console->on_failure(e.what());
+      } catch (const std::exception& report_error) {
+        std::fprintf(stderr, "zeroth: the run's report could not be written: %s\n", report_error.what());
+      }
+    }
+    throw;
+  }
   // A sample of what the weights say, on the launcher's rank 0 (or the threads' process).
   if (!interrupted && console && c.run.sample_tokens > 0 && !weights.empty() &&
       (c.data.format == DataFormat::text || !c.data.tokenizer.empty())) {

@@ -20,6 +20,7 @@
 #include "engine/pipeline/runner.h"  // pipe_kind_name
 #include "tools/step_lines.h"        // wall_clock_line
 #include "train/monitors.h"          // Monitors
+#include "train/run_report.h"        // write_run_report
 
 namespace zeroth::tools {
 
@@ -74,7 +75,7 @@ std::string memory_line(const MemoryNeed& need) {
   return out;
 }
 
-class Console final : public TrainObserver {
+class Console final : public RunConsole {
  public:
   // The output folder must be writable before the ranks start; what an earlier run left there is
   // replaced only once this run has passed its checks (on_start), so a refused run loses nothing.
@@ -184,6 +185,32 @@ class Console final : public TrainObserver {
     std::printf("zeroth train: %s\n", c.run.name.c_str());
     for (const auto& [k, v] : rows) std::printf("  %-10s %s\n", k.c_str(), v.c_str());
     std::fflush(stdout);
+    // What the report shows of the start: the box, the plan's bytes by tier and tag, the program.
+    nlohmann::json planned;
+    for (size_t t = 0; t < kTierCount; ++t) {
+      for (MemTag tag : {MemTag::params, MemTag::grads, MemTag::optimizer, MemTag::buffers, MemTag::activations, MemTag::other})
+        planned[std::string(tier_name(static_cast<Tier>(t)))][std::string(mem_tag_name(tag))] = at(f.need.bytes, static_cast<Tier>(t),
+                                                                                                   tag);
+    }
+    metrics_ << nlohmann::json{{"start",
+                                {{"rows", rows},
+                                 {"planned_bytes", planned},
+                                 {"device_allowance_bytes", f.need.allowance},
+                                 {"program", plan.program_summary()},
+                                 {"tokens_per_step", c.tokens_per_step()},
+                                 {"train_batch_size", c.train_batch_size},
+                                 {"steps", c.run.steps}}}}
+                    .dump()
+             << "\n";
+    check_written();
+    started_ = true;
+  }
+
+  void on_failure(const std::string& what) override {
+    if (!started_) return;  // the folder still holds the last run's files
+    metrics_ << nlohmann::json{{"error", what}}.dump() << "\n";
+    check_written();
+    write_report();
   }
 
   void on_step(const StepMetrics& s) override {
@@ -258,6 +285,7 @@ class Console final : public TrainObserver {
     clear_bar();
     std::printf("validation at step %lld: loss %.4f\n", static_cast<long long>(step), val);
     std::fflush(stdout);
+    write_report();
   }
 
   void on_resume(const ckpt::IoStats& io, int64_t step) override {
@@ -356,6 +384,8 @@ class Console final : public TrainObserver {
                 {"reduce_scatter_bytes", bytes(CollectiveOp::reduce_scatter)},
                 {"all_gather_bytes", bytes(CollectiveOp::all_gather)}};
     }
+    nlohmann::json device_peak;
+    for (size_t t = 0; t < kMemTagCount; ++t) device_peak[std::string(mem_tag_name(static_cast<MemTag>(t)))] = s.peak[t];
     metrics_ << nlohmann::json{{"summary",
                                 {{"steps", s.steps},
                                  {"pipeline", pipeline},
@@ -374,15 +404,21 @@ class Console final : public TrainObserver {
                                  {"swap_disk_bytes", s.swap_disk_bytes},
                                  {"peak_rss_bytes", s.peak_rss},
                                  {"peak_rss_before_weights_bytes", s.peak_rss_before_save},
-                                 {"rss_baseline_bytes", rss_baseline_}}}}
+                                 {"rss_baseline_bytes", rss_baseline_},
+                                 {"device_peak_bytes", device_peak}}}}
                     .dump()
              << "\n";
     check_written();
     if (monitors_) monitors_->flush();
+    write_report();
+    std::printf("  report: %s/report.html\n", c_.run.output_dir.c_str());
     std::fflush(stdout);
   }
 
  private:
+  // report.html from what the folder holds now.
+  void write_report() { report::write_run_report(c_.run.output_dir, c_.run.output_dir + "/report.html"); }
+
   // DeepSpeed's tags at DeepSpeed's x (the samples trained), with zeroth's grad_norm and tokens/s;
   // wall_clock_breakdown's times as DeepSpeed splits them (backward_inner: without the reduction).
   void monitor_step(const StepMetrics& s, bool flush) {
@@ -420,11 +456,12 @@ class Console final : public TrainObserver {
   bool bar_ = false, bar_shown_ = false;
   std::ofstream metrics_;
   std::unique_ptr<Monitors> monitors_;
+  bool started_ = false;  // on_start has replaced the last run's metrics
 };
 
 
 }  // namespace
 
-std::unique_ptr<TrainObserver> make_console(const TrainConfig& c) { return std::make_unique<Console>(c); }
+std::unique_ptr<RunConsole> make_console(const TrainConfig& c) { return std::make_unique<Console>(c); }
 
 }  // namespace zeroth::tools

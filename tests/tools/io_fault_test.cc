@@ -34,11 +34,8 @@ std::string swapped(const std::string& name) {
 
 testing::Run train(const std::string& config, const std::string& name, const std::string& fault) {
   auto child = testing::spawn({ZEROTH_BIN, "train", config}, {"ZEROTH_IO_FAULT=" + fault}, temp(name) + ".out");
-  testing::Run r{testing::wait_exit(child, 120s), child.output(), {}};
-  std::ifstream in(temp(name) + "/metrics.jsonl");
-  for (std::string line; std::getline(in, line);)
-    if (json m = json::parse(line, nullptr, false); !m.is_discarded()) r.metrics.push_back(std::move(m));
-  return r;
+  const int code = testing::wait_exit(child, 120s);
+  return {code, child.output(), testing::metrics_in(name)};
 }
 
 TEST(FailingDisk, AFailedReadOfASwapFileEndsTheRunNamingItAndTheTransfer) {
