@@ -20,6 +20,7 @@ packages=(
   python3-torch  # PyTorch (/usr/bin/python3), the reference that reads the saved weights in the tests
   iproute2  # ip netns: tools/cluster.sh, the multi-node tests' nodes
   python3-protobuf python3-crcmod  # the tests' own reader of TensorBoard event files (tests/reference/tfevents_read.py)
+  chromium  # opens the run reports headless in the tests (tests/tools/report_test.cc)
 )
 
 # Extra packages a caller names (tools/fuzz.sh: clang and libFuzzer).

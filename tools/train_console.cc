@@ -1,6 +1,10 @@
 #include "tools/train_console.h"
 
+#include <cblas.h>   // openblas_set_num_threads
+#include <sched.h>   // sched_getaffinity
 #include <unistd.h>  // isatty
+
+#include <cmath>  // std::llround
 
 #include <cerrno>      // errno
 #include <cstdio>      // std::printf
@@ -14,6 +18,8 @@
 #include <fmt/ranges.h>       // fmt::join
 #include <nlohmann/json.hpp>  // nlohmann::json
 
+#include "comm/rendezvous.h"         // rendezvous_from_env
+#include "core/cpu/blas_info.h"      // measure_sgemm
 #include "core/cpu/kernels.h"        // cpu::num_threads
 #include "core/error.h"              // ZEROTH_THROW
 #include "core/memory.h"             // process_rss
@@ -75,12 +81,42 @@ std::string memory_line(const MemoryNeed& need) {
   return out;
 }
 
+// "42s", "3m05s", "2h07m".
+std::string duration(double seconds) {
+  const auto t = static_cast<int64_t>(std::llround(std::max(seconds, 0.0)));
+  if (t < 60) return fmt::format("{}s", t);
+  if (t < 3600) return fmt::format("{}m{:02}s", t / 60, t % 60);
+  return fmt::format("{}h{:02}m", t / 3600, t % 3600 / 60);
+}
+
+// The peak model FLOP/s of the job's hosts, measured once at the start: f32 sgemm (1024^3, the
+// GEMMs that every CPU step's products run on) on one core, times the cores this process may run
+// on, times the hosts the launcher says the job spans.
+struct Peak {
+  double flops = 0;
+  std::string how;
+};
+Peak measure_peak() {
+  const int threads = openblas_get_num_threads();
+  openblas_set_num_threads(1);
+  const cpu::SgemmRate r = cpu::measure_sgemm(1024, 2);
+  openblas_set_num_threads(threads);
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int cores = ::sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+  const auto launched = rendezvous_from_env();
+  const int hosts = launched ? (launched->world_size + launched->local_world_size - 1) / launched->local_world_size : 1;
+  return {r.gflops * 1e9 * cores * hosts,
+          fmt::format("{:.0f} GFLOP/s: f32 sgemm {}^3 on one core {:.1f} GFLOP/s, x {} core{} x {} host{} (measured at the start)",
+                      r.gflops * cores * hosts, r.n, r.gflops, cores, cores == 1 ? "" : "s", hosts, hosts == 1 ? "" : "s")};
+}
+
 class Console final : public RunConsole {
  public:
   // The output folder must be writable before the ranks start; what an earlier run left there is
   // replaced only once this run has passed its checks (on_start), so a refused run loses nothing.
   // The resident set before the run's data and engine, which the peak is measured above.
-  explicit Console(const TrainConfig& c) : c_(c), rss_baseline_(process_rss()) {
+  explicit Console(const TrainConfig& c) : c_(c), rss_baseline_(process_rss()), peak_(measure_peak()) {
     bar_ = c.run.progress == "bar" || (c.run.progress == "auto" && isatty(STDOUT_FILENO) == 1);
     std::filesystem::create_directories(c.run.output_dir);
     metrics_.open(c.run.output_dir + "/metrics.jsonl", std::ios::app);
@@ -159,6 +195,8 @@ class Console final : public RunConsole {
                       fmt::format("{}, print every {}, validation {}", c.run.steps, c.steps_per_print,
                                   c.run.eval_interval > 0 ? fmt::format("every {} steps", c.run.eval_interval) : "at the end"));
     rows.emplace_back("memory", memory_line(f.need));
+    rows.emplace_back("mfu", fmt::format("model FLOPs {} per token (6 N + 12 L H Q T, PaLM's) against {}",
+                                         si(c.model.flops_per_token()), peak_.how));
     if (const auto& o = c.engine.zero.offload_optimizer; o.enabled() && o.ratio < 1) {
       const int buckets = static_cast<int>(plan.reduce_buckets.size());
       rows.emplace_back("offload",
@@ -214,6 +252,8 @@ class Console final : public RunConsole {
   }
 
   void on_step(const StepMetrics& s) override {
+    const double model_flops = s.tokens_per_second * c_.model.flops_per_token();
+    const double mfu = model_flops / peak_.flops;
     nlohmann::json record{{"step", s.step},
                           {"loss", s.loss},
                           {"lr", s.lr},
@@ -222,6 +262,8 @@ class Console final : public RunConsole {
                           {"skipped", s.skipped},
                           {"step_ms", s.step_seconds * 1e3},
                           {"tokens_per_s", s.tokens_per_second},
+                          {"model_flops_per_s", model_flops},
+                          {"mfu", mfu},
                           {"peak_bytes", s.peak_bytes}};
     if (s.moe) {
       record.update({{"moe_aux_loss", s.moe_aux_loss},
@@ -251,20 +293,22 @@ class Console final : public RunConsole {
     const std::string moe = s.moe ? fmt::format(" | aux {:.3f} drop {:.1f}% load {:.2f}", s.moe_aux_loss, 100 * s.moe_dropped,
                                                 s.moe_max_load)
                                   : std::string();
-    const std::string line =
-        fmt::format("step {:>{}}/{} | loss {:.4f}{} | lr {:.2e} | grad norm {:.3f}{} | {} tok/s | {:.0f} ms | peak {}", s.step,
-                    std::to_string(c_.run.steps).size(), c_.run.steps, s.loss, moe, s.lr, s.grad_norm,
-                    c_.engine.compute_dtype == DType::f16 ? fmt::format(" | scale {:g}", s.loss_scale) : "", si(s.tokens_per_second),
-                    s.step_seconds * 1e3, format_bytes(s.peak_bytes));
+    // The time left at the recent pace: an average of the step times that forgets the first.
+    step_average_ = s.step == 1 || step_average_ == 0 ? s.step_seconds : 0.9 * step_average_ + 0.1 * s.step_seconds;
+    const double eta = step_average_ * static_cast<double>(c_.run.steps - s.step);
+    const std::string line = fmt::format(
+        "step {:>{}}/{} | loss {:.4f}{} | lr {:.2e} | grad norm {:.3f}{} | {} tok/s | {:.0f} ms | MFU {:.1f}% | peak {} | eta {}",
+        s.step, std::to_string(c_.run.steps).size(), c_.run.steps, s.loss, moe, s.lr, s.grad_norm,
+        c_.engine.compute_dtype == DType::f16 ? fmt::format(" | scale {:g}", s.loss_scale) : "", si(s.tokens_per_second),
+        s.step_seconds * 1e3, 100 * mfu, format_bytes(s.peak_bytes), duration(eta));
     if (bar_) {
       clear_bar();
       if (print) std::printf("%s%s\n%s", line.c_str(), s.skipped ? " (overflow: skipped)" : "", breakdown_line(s).c_str());
       const int width = 30;
       const int done = static_cast<int>(width * s.step / c_.run.steps);
-      const double eta = s.step_seconds * static_cast<double>(c_.run.steps - s.step);
-      std::printf("[%s%s] %lld/%lld  loss %.4f  %s tok/s  eta %.0fs", std::string(done, '#').c_str(),
+      std::printf("[%s%s] %lld/%lld  loss %.4f  %s tok/s  MFU %.1f%%  eta %s", std::string(done, '#').c_str(),
                   std::string(width - done, '.').c_str(), static_cast<long long>(s.step), static_cast<long long>(c_.run.steps), s.loss,
-                  si(s.tokens_per_second).c_str(), eta);
+                  si(s.tokens_per_second).c_str(), 100 * mfu, duration(eta).c_str());
       bar_shown_ = true;
     } else if (print) {
       std::printf("%s%s\n%s", line.c_str(), s.skipped ? " (overflow: skipped)" : "", breakdown_line(s).c_str());
@@ -457,6 +501,8 @@ class Console final : public RunConsole {
   std::ofstream metrics_;
   std::unique_ptr<Monitors> monitors_;
   bool started_ = false;  // on_start has replaced the last run's metrics
+  Peak peak_;
+  double step_average_ = 0;  // seconds
 };
 
 

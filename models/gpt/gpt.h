@@ -106,6 +106,10 @@ struct GptConfig {
   size_t num_parameters() const;
   // The parameters one token meets: every expert layer counts top_k of its experts.
   size_t active_parameters() const;
+  // Model FLOPs of one token's forward and backward at seq_len, PaLM's estimate (its appendix B,
+  // as nanoGPT and llm.c use it): 6 N + 12 L H Q T, N the active parameters that multiply (the
+  // position table and an untied input embedding left out), H Q the attention's width.
+  double flops_per_token() const;
   bool moe_layer(int l) const { return moe.enabled() && (l + 1) % moe.every == 0; }
   int expert_ffn() const { return moe.intermediate_size > 0 ? moe.intermediate_size : ffn(); }
   bool llama() const { return architecture == Architecture::llama; }

@@ -260,9 +260,13 @@ TEST(Train, NonFiniteGradientsStepAfterStepEndTheRun) {
   EXPECT_NE(r.output.find("at step 1"), std::string::npos) << r.output;
   // The skip warning names the step run, not the count of applied steps (which stays 1).
   EXPECT_NE(r.output.find("step 3: the gradients hold Inf or NaN; the step is skipped"), std::string::npos) << r.output;
-  ASSERT_EQ(r.metrics.size(), 6u) << r.output;  // validation at 0 and 3, steps 1-4
-  EXPECT_EQ(r.metrics.back()["step"], 4);
-  EXPECT_TRUE(r.metrics.back()["skipped"].get<bool>());
+  // The start, validation at 0 and 3, steps 1-4, and the error that ended the run.
+  ASSERT_EQ(r.metrics.size(), 8u) << r.output;
+  EXPECT_TRUE(r.metrics.front().contains("start"));
+  EXPECT_NE(r.metrics.back().value("error", "").find("3 steps in a row"), std::string::npos) << r.metrics.back().dump();
+  const auto& last_step = r.metrics[r.metrics.size() - 2];
+  EXPECT_EQ(last_step["step"], 4);
+  EXPECT_TRUE(last_step["skipped"].get<bool>());
 }
 
 // DeepSpeed's DynamicLossScaler raises when an f16 overflow finds the scale at its minimum and the

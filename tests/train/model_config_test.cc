@@ -52,6 +52,14 @@ json qwen25() {
     "use_mrope": false, "use_sliding_window": false, "vocab_size": 151936})");
 }
 
+// PaLM's estimate for GPT-2 124M, by hand: N = 124,439,808 parameters less wpe's 1024 x 768 =
+// 123,653,376; 6 N = 741,920,256; 12 L H Q T = 12 x 12 x 12 x 64 x 1024 = 113,246,208.
+TEST(ModelFlops, Gpt2SmallIsPalmsEstimate) {
+  const auto g = GptConfig::preset("gpt2-124m");
+  EXPECT_EQ(g.num_parameters(), 124439808u);
+  EXPECT_EQ(g.flops_per_token(), 741920256.0 + 113246208.0);
+}
+
 TEST(HfConfig, Llama32ReadsItsShapeAndRopeScaling) {
   const HfModelConfig hf = hf_config_from_json(llama32(), "config.json");
   const GptConfig& c = hf.model;

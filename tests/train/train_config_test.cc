@@ -205,11 +205,13 @@ INSTANTIATE_TEST_SUITE_P(
                   "zero_optimization.contiguous_gradient is not a known key (did you mean 'contiguous_gradients'?)"},
         ErrorCase{"BothPrecisions", R"({"fp16": {"enabled": true}, "bf16": {"enabled": true}})",
                   "fp16.enabled and bf16.enabled are both true; choose one precision"},
-        ErrorCase{"NetworkMonitor", R"({"wandb": {"enabled": true, "project": "p"}})",
-                  "wandb = {\"enabled\":true,\"project\":\"p\"} is a DeepSpeed feature zeroth does not support (sends metrics to a "
-                  "service over the network, and zeroth has no client for one; use `tensorboard` or `csv_monitor`"},
-        ErrorCase{"MonitorKey", R"({"csv_monitor": {"enabled": true, "output": "x"}})",
-                  "csv_monitor.output is not a known key (did you mean 'output_path'?)"},
+        ErrorCase{
+            "NetworkMonitor", R"({"wandb": {"enabled": true, "project": "p"}})",
+            "wandb = {\"enabled\":true,\"project\":\"p\"} is a DeepSpeed feature zeroth does not support (sends metrics to a "
+            "service over the network, and zeroth has no client for one; use `tensorboard` or `csv_monitor` (files TensorBoard and "
+            "spreadsheets read), or <run.output_dir>/metrics.jsonl); remove it or set \"enabled\": false"},
+        ErrorCase{"MonitorKey", R"({"csv_monitor": {"enabled": true, "job_nam": "x"}})",
+                  "csv_monitor.job_nam is not a known key (did you mean 'job_name'?)"},
         ErrorCase{"MonitorJob", R"({"tensorboard": {"enabled": true, "job_name": "a/b"}})",
                   "tensorboard.job_name = \"a/b\" must name one folder (not empty, no '/')"},
         ErrorCase{"WallClock", R"({"wall_clock_breakdown": "yes"})", "wall_clock_breakdown must be true or false, got \"yes\""},
