@@ -248,12 +248,12 @@ class Console final : public RunConsole {
     if (!started_) return;  // the folder still holds the last run's files
     metrics_ << nlohmann::json{{"error", what}}.dump() << "\n";
     check_written();
-    write_report();
+    write_report(true);
   }
 
   void on_step(const StepMetrics& s) override {
     const double model_flops = s.tokens_per_second * c_.model.flops_per_token();
-    const double mfu = model_flops / peak_.flops;
+    const double mfu = peak_.flops > 0 ? model_flops / peak_.flops : 0;
     nlohmann::json record{{"step", s.step},
                           {"loss", s.loss},
                           {"lr", s.lr},
@@ -449,19 +449,28 @@ class Console final : public RunConsole {
                                  {"peak_rss_bytes", s.peak_rss},
                                  {"peak_rss_before_weights_bytes", s.peak_rss_before_save},
                                  {"rss_baseline_bytes", rss_baseline_},
-                                 {"device_peak_bytes", device_peak}}}}
+                                 {"device_peak_bytes", device_peak},
+                                 {"monitor_seconds", monitor_seconds_},
+                                 {"report_seconds", report_seconds_}}}}
                     .dump()
              << "\n";
     check_written();
     if (monitors_) monitors_->flush();
-    write_report();
-    std::printf("  report: %s/report.html\n", c_.run.output_dir.c_str());
+    write_report(true);
+    std::printf("  report: %s/report.html (its writes took %.2f s in all)\n", c_.run.output_dir.c_str(), report_seconds_);
     std::fflush(stdout);
   }
 
  private:
-  // report.html from what the folder holds now.
-  void write_report() { report::write_run_report(c_.run.output_dir, c_.run.output_dir + "/report.html"); }
+  // report.html from what the folder holds now. At a validation only while the reports so far took
+  // under 1% of the run (a long run's report takes seconds); always at the end.
+  void write_report(bool at_end = false) {
+    const double run_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_at_).count();
+    if (!at_end && report_seconds_ > 0.01 * run_seconds) return;
+    const auto begin = std::chrono::steady_clock::now();
+    report::write_run_report(c_.run.output_dir, c_.run.output_dir + "/report.html");
+    report_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  }
 
   // DeepSpeed's tags at DeepSpeed's x (the samples trained), with zeroth's grad_norm and tokens/s;
   // wall_clock_breakdown's times as DeepSpeed splits them (backward_inner: without the reduction).
@@ -479,8 +488,10 @@ class Console final : public RunConsole {
                                      {"Train/Samples/elapsed_time_ms_backward_allreduce", s.reduce_wait_seconds * 1e3},
                                      {"Train/Samples/elapsed_time_ms_step", s.optimizer_seconds * 1e3}});
     }
+    const auto begin = std::chrono::steady_clock::now();
     monitors_->write(s.step * c_.train_batch_size, scalars);
     if (flush) monitors_->flush();
+    monitor_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
   }
 
   // Every record reaches the file or the run ends with an error naming it.
@@ -503,6 +514,8 @@ class Console final : public RunConsole {
   bool started_ = false;  // on_start has replaced the last run's metrics
   Peak peak_;
   double step_average_ = 0;  // seconds
+  std::chrono::steady_clock::time_point started_at_ = std::chrono::steady_clock::now();
+  double report_seconds_ = 0, monitor_seconds_ = 0;  // spent writing them
 };
 
 

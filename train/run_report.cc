@@ -6,7 +6,7 @@
 #include <filesystem>  // std::filesystem
 #include <fstream>     // std::ifstream
 #include <map>         // std::map
-#include <sstream>     // std::stringstream
+#include <utility>     // std::move
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -53,12 +53,16 @@ RunData read_run(const std::string& dir, size_t index) {
   for (std::string line; std::getline(in, line);) {
     json m = json::parse(line, nullptr, false);
     if (m.is_discarded() || !m.is_object()) continue;  // a line cut short by a crash
-    if (m.contains("start")) r.start = m["start"];
-    else if (m.contains("summary")) r.summary = m["summary"];
+    if (m.contains("start")) r.start = std::move(m["start"]);
+    else if (m.contains("summary")) r.summary = std::move(m["summary"]);
     else if (m.contains("error")) r.error = m["error"].is_string() ? m["error"].get<std::string>() : m["error"].dump();
-    else if (m.contains("checkpoint")) r.checkpoints.push_back(m);
-    else if (m.contains("val_loss") && m.contains("step")) r.evals[m["step"].get<int64_t>()] = m;
-    else if (m.contains("loss") && m.contains("step")) r.steps[m["step"].get<int64_t>()] = m;
+    else if (m.contains("checkpoint")) r.checkpoints.push_back(std::move(m));
+    else if (m.contains("step") && m["step"].is_number_integer()) {
+      // The step is read first: json's assignment takes its operand by value, moved before the left side.
+      const int64_t step = m["step"].get<int64_t>();
+      if (m.contains("val_loss")) r.evals[step] = std::move(m);
+      else if (m.contains("loss")) r.steps[step] = std::move(m);
+    }
   }
   r.config = read_json_file(dir + "/config.json");
   r.trace = read_json_file(dir + "/trace.json");
@@ -85,10 +89,15 @@ Series step_series(const RunData& r, const char* key, const std::string& name, c
   return s;
 }
 
+bool has(const RunData& r, const char* key) {
+  for (const auto& [step, m] : r.steps)
+    if (m.contains(key)) return true;
+  return false;
+}
+
 bool any_has(const std::vector<RunData>& runs, const char* key) {
   for (const auto& r : runs)
-    for (const auto& [step, m] : r.steps)
-      if (m.contains(key)) return true;
+    if (has(r, key)) return true;
   return false;
 }
 
@@ -157,7 +166,7 @@ std::string curves(const std::vector<RunData>& runs) {
 }
 
 std::string breakdown(const RunData& r) {
-  if (!any_has({r}, "forward_ms")) return "";
+  if (!has(r, "forward_ms")) return "";
   std::vector<Series> parts;
   for (const auto& [key, color] : kParts) {
     std::string name = key;
@@ -167,7 +176,7 @@ std::string breakdown(const RunData& r) {
     parts.push_back(step_series(r, key, name, color));
   }
   std::string out = stacked_chart(chart("breakdown", "Step time by part (wall_clock_breakdown)", "ms", r), parts);
-  if (any_has({r}, "swap_busy_ms"))
+  if (has(r, "swap_busy_ms"))
     out += line_chart(chart("swap", "Swap I/O: streams' busy time", "ms", r), {step_series(r, "swap_busy_ms", "swap busy")});
   return out;
 }
@@ -228,8 +237,9 @@ std::string pipeline(const RunData& r) {
   std::string out = "<section id=\"pipeline-section\"><h2>Pipeline</h2>" + gantt_chart(c, rows, spans);
   if (r.trace.contains("otherData")) {
     const json& o = r.trace["otherData"];
-    out += fmt::format("<p>Bubble {:.3f} measured in this step, {:.3f} by the schedule's formula.</p>", number(o, "bubble"),
-                       number(o, "bubble_formula"));
+    out += fmt::format("<p>Blue: a micro-batch's forward (F3), orange: its backward (B3), gray: other compute. Bubble {:.3f} "
+                       "measured in this step, {:.3f} by the schedule's formula.</p>",
+                       number(o, "bubble"), number(o, "bubble_formula"));
   }
   return out + "</section>";
 }

@@ -59,7 +59,7 @@ std::string x_axis(const Chart& c, const Scale& s) {
   out += fmt::format(R"(<text class="label" x="{:.1f}" y="{:.1f}" text-anchor="middle">{}</text>)", kLeft + kPlotW / 2, kHeight - 4,
                      escape(c.x_label));
   if (c.top_scale > 0)
-    out += fmt::format(R"(<text class="label top" x="{:.1f}" y="{:.1f}" text-anchor="end">{}</text>)", kLeft - 6, kTop - 6,
+    out += fmt::format(R"(<text class="label top" x="{:.1f}" y="{:.1f}" text-anchor="end">{}</text>)", kLeft - 6, 12.0,
                        escape(c.top_label));
   return out + "</g>";
 }
