@@ -42,14 +42,24 @@ NodeRendezvous::NodeRendezvous(const LaunchOptions& o, int port, const std::stri
     store_->set("options", bytes(mine));
     return;
   }
-  const auto value = store_->get("options");
+  std::vector<char> value;
+  try {
+    value = store_->get("options");
+  } catch (const CommError& e) {
+    ZEROTH_THROW(CommError,
+                 "node 0's launcher at {}:{} did not say how it was launched ({}): was it given --max-restarts or --nnodes "
+                 "MIN:MAX as this node was ({})?",
+                 o.master_addr, port, e.what(), mine);
+  }
   const std::string node0(value.begin(), value.end());
   if (node0 == mine) return;
   const std::string why =
       fmt::format("node {}'s launcher was given {}, node 0's {}: launch every node with the same -n, --nnodes, --max-restarts and "
                   "--last-call",
                   o.node_rank, mine, node0);
-  fail(0, why, true);
+  // Node 0 reads this only while it waits for nodes to join a start: a latecomer launched
+  // otherwise does not end a job that is already running.
+  store_->set(fmt::format("refused/{}", o.node_rank), bytes(why));
   ZEROTH_THROW(ConfigError, "{}", why);
 }
 
@@ -68,6 +78,12 @@ std::vector<int> NodeRendezvous::decide(int round, const std::function<bool()>& 
     // A node that cannot take part (its options differ, or its launcher got a signal) ends the job.
     if (const auto failed = failure(round); failed && failed->final) {
       ZEROTH_THROW(CommError, "start {} of the job cannot go on: {}", round + 1, failed->cause);
+    }
+    for (int node = 1; node < o_.nnodes; ++node) {
+      if (const auto refused = poll(fmt::format("refused/{}", node))) {
+        ZEROTH_THROW(CommError, "start {} of the job cannot go on: node {}: {}", round + 1, node,
+                     std::string(refused->begin(), refused->end()));
+      }
     }
     const int n = static_cast<int>(joined.size());
     if (n == o_.nnodes || stop()) return joined;
@@ -105,7 +121,17 @@ NodeRendezvous::Joined NodeRendezvous::join(int round, const std::function<bool(
     store_->set(key(round, "members"), bytes(fmt::format("{}", fmt::join(members, ","))));
   }
   std::optional<std::vector<char>> value;
-  for (const auto deadline = clock::now() + timeout_ + o_.last_call; !(value = poll(key(round, "members")));) {
+  const auto members = [&] {
+    try {
+      return poll(key(round, "members"));
+    } catch (const CommError& e) {
+      ZEROTH_THROW(CommError,
+                   "start {} of the job: node 0's launcher is out of reach, and the job cannot go on without it (it "
+                   "hosts the stores): {}",
+                   round + 1, e.what());
+    }
+  };
+  for (const auto deadline = clock::now() + timeout_ + o_.last_call; !(value = members());) {
     if (stop()) return Joined::stopped;
     if (const auto failed = failure(round); failed && failed->final) {
       ZEROTH_THROW(CommError, "start {} of the job cannot go on: {}", round + 1, failed->cause);

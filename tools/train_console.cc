@@ -96,7 +96,9 @@ struct Peak {
   double flops = 0;
   std::string how;
 };
-Peak measure_peak() {
+Peak measure_peak(const TrainConfig& c) {
+  // The CPU's rate says nothing of an accelerator's: MFU is left out there.
+  if (c.run.device != "cpu") return {0, fmt::format("no peak measured for run.device {}: MFU is left out", c.run.device)};
   const int threads = openblas_get_num_threads();
   openblas_set_num_threads(1);
   const cpu::SgemmRate r = cpu::measure_sgemm(1024, 2);
@@ -116,7 +118,7 @@ class Console final : public RunConsole {
   // The output folder must be writable before the ranks start; what an earlier run left there is
   // replaced only once this run has passed its checks (on_start), so a refused run loses nothing.
   // The resident set before the run's data and engine, which the peak is measured above.
-  explicit Console(const TrainConfig& c) : c_(c), rss_baseline_(process_rss()), peak_(measure_peak()) {
+  explicit Console(const TrainConfig& c) : c_(c), rss_baseline_(process_rss()), peak_(measure_peak(c)) {
     bar_ = c.run.progress == "bar" || (c.run.progress == "auto" && isatty(STDOUT_FILENO) == 1);
     std::filesystem::create_directories(c.run.output_dir);
     metrics_.open(c.run.output_dir + "/metrics.jsonl", std::ios::app);
@@ -296,19 +298,21 @@ class Console final : public RunConsole {
     // The time left at the recent pace: an average of the step times that forgets the first.
     step_average_ = s.step == 1 || step_average_ == 0 ? s.step_seconds : 0.9 * step_average_ + 0.1 * s.step_seconds;
     const double eta = step_average_ * static_cast<double>(c_.run.steps - s.step);
-    const std::string line = fmt::format(
-        "step {:>{}}/{} | loss {:.4f}{} | lr {:.2e} | grad norm {:.3f}{} | {} tok/s | {:.0f} ms | MFU {:.1f}% | peak {} | eta {}",
-        s.step, std::to_string(c_.run.steps).size(), c_.run.steps, s.loss, moe, s.lr, s.grad_norm,
-        c_.engine.compute_dtype == DType::f16 ? fmt::format(" | scale {:g}", s.loss_scale) : "", si(s.tokens_per_second),
-        s.step_seconds * 1e3, 100 * mfu, format_bytes(s.peak_bytes), duration(eta));
+    const std::string line =
+        fmt::format("step {:>{}}/{} | loss {:.4f}{} | lr {:.2e} | grad norm {:.3f}{} | {} tok/s | {:.0f} ms{} | peak {} | eta {}",
+                    s.step, std::to_string(c_.run.steps).size(), c_.run.steps, s.loss, moe, s.lr, s.grad_norm,
+                    c_.engine.compute_dtype == DType::f16 ? fmt::format(" | scale {:g}", s.loss_scale) : "", si(s.tokens_per_second),
+                    s.step_seconds * 1e3, peak_.flops > 0 ? fmt::format(" | MFU {:.1f}%", 100 * mfu) : "", format_bytes(s.peak_bytes),
+                    duration(eta));
     if (bar_) {
       clear_bar();
       if (print) std::printf("%s%s\n%s", line.c_str(), s.skipped ? " (overflow: skipped)" : "", breakdown_line(s).c_str());
       const int width = 30;
       const int done = static_cast<int>(width * s.step / c_.run.steps);
-      std::printf("[%s%s] %lld/%lld  loss %.4f  %s tok/s  MFU %.1f%%  eta %s", std::string(done, '#').c_str(),
+      std::printf("[%s%s] %lld/%lld  loss %.4f  %s tok/s%s  eta %s", std::string(done, '#').c_str(),
                   std::string(width - done, '.').c_str(), static_cast<long long>(s.step), static_cast<long long>(c_.run.steps), s.loss,
-                  si(s.tokens_per_second).c_str(), 100 * mfu, duration(eta).c_str());
+                  si(s.tokens_per_second).c_str(), peak_.flops > 0 ? fmt::format("  MFU {:.1f}%", 100 * mfu).c_str() : "",
+                  duration(eta).c_str());
       bar_shown_ = true;
     } else if (print) {
       std::printf("%s%s\n%s", line.c_str(), s.skipped ? " (overflow: skipped)" : "", breakdown_line(s).c_str());
@@ -464,11 +468,16 @@ class Console final : public RunConsole {
  private:
   // report.html from what the folder holds now. At a validation only while the reports so far took
   // under 1% of the run (a long run's report takes seconds); always at the end.
+  // A report that cannot be written is a warning: the run and its records go on.
   void write_report(bool at_end = false) {
     const double run_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_at_).count();
     if (!at_end && report_seconds_ > 0.01 * run_seconds) return;
     const auto begin = std::chrono::steady_clock::now();
-    report::write_run_report(c_.run.output_dir, c_.run.output_dir + "/report.html");
+    try {
+      report::write_run_report(c_.run.output_dir, c_.run.output_dir + "/report.html");
+    } catch (const Error& e) {
+      std::fprintf(stderr, "zeroth: warning: %s/report.html was not written: %s\n", c_.run.output_dir.c_str(), e.what());
+    }
     report_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
   }
 

@@ -7,6 +7,7 @@
 #include <unistd.h>  // gethostname, getpid
 
 #include <array>       // std::array
+#include <atomic>      // std::atomic
 #include <cerrno>      // errno
 #include <chrono>      // std::chrono::system_clock
 #include <cstring>     // std::memcpy
@@ -98,7 +99,10 @@ EventFile::EventFile(const std::string& dir) {
   char host[256] = {};
   if (::gethostname(host, sizeof host - 1) != 0) std::snprintf(host, sizeof host, "localhost");
   const double now = now_seconds();
-  path_ = fmt::format("{}/events.out.tfevents.{}.{}.{}", dir, static_cast<int64_t>(now), host, ::getpid());
+  // The process's count of event files too, as TensorBoard's own writers add: a run restarted in
+  // the same process within the same second gets a file of its own.
+  static std::atomic<int> made{0};
+  path_ = fmt::format("{}/events.out.tfevents.{}.{}.{}.{}", dir, static_cast<int64_t>(now), host, ::getpid(), made++);
   file_ = std::fopen(path_.c_str(), "wb");
   if (file_ == nullptr) ZEROTH_THROW(IoError, "fopen({}, \"wb\") failed: {}", path_, detail::errno_text(errno));
   std::string version = event_header(now, 0);

@@ -19,7 +19,7 @@ uint32_t masked_crc32c(const void* data, size_t size);
 // The bytes of one `Event` record: wall time, step, and scalars under their tags.
 std::string scalar_event(double wall_time, int64_t step, const std::vector<std::pair<std::string, float>>& scalars);
 
-// An event file `events.out.tfevents.<seconds>.<host>.<pid>` in `dir` (made if missing), opened
+// An event file `events.out.tfevents.<seconds>.<host>.<pid>.<n>` in `dir` (made if missing), opened
 // with the `brain.Event:2` version record TensorBoard expects first. IoError naming the file when it
 // cannot be made or written.
 class EventFile {

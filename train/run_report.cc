@@ -53,8 +53,12 @@ RunData read_run(const std::string& dir, size_t index) {
   for (std::string line; std::getline(in, line);) {
     json m = json::parse(line, nullptr, false);
     if (m.is_discarded() || !m.is_object()) continue;  // a line cut short by a crash
-    if (m.contains("start")) r.start = std::move(m["start"]);
-    else if (m.contains("summary")) r.summary = std::move(m["summary"]);
+    if (m.contains("start")) {
+      // A resumed or restarted run goes on in the same file: how an earlier attempt ended is past.
+      r.start = std::move(m["start"]);
+      r.summary = nullptr;
+      r.error.clear();
+    } else if (m.contains("summary")) r.summary = std::move(m["summary"]);
     else if (m.contains("error")) r.error = m["error"].is_string() ? m["error"].get<std::string>() : m["error"].dump();
     else if (m.contains("checkpoint")) r.checkpoints.push_back(std::move(m));
     else if (m.contains("step") && m["step"].is_number_integer()) {

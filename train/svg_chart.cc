@@ -145,18 +145,23 @@ std::vector<size_t> thin(const std::vector<double>& y, size_t max_points) {
   for (size_t b = 0; b < buckets; ++b) {
     const size_t from = 1 + (n - 2) * b / buckets, to = 1 + (n - 2) * (b + 1) / buckets;
     if (from >= to) continue;
-    size_t lo = from, hi = from;
+    // The stretch's finite minimum and maximum, and its first non-finite value (a skipped step's
+    // loss), which charts leave a gap for: each kept, in order.
+    size_t lo = to, hi = to, odd = to;
     for (size_t i = from; i < to; ++i) {
-      // A non-finite value (a skipped step's loss) is a spike too: it is kept as the maximum.
       if (!std::isfinite(y[i])) {
-        hi = i;
+        if (odd == to) odd = i;
         continue;
       }
-      if (y[i] < y[lo] || !std::isfinite(y[lo])) lo = i;
-      if (std::isfinite(y[hi]) && y[i] > y[hi]) hi = i;
+      if (lo == to || y[i] < y[lo]) lo = i;
+      if (hi == to || y[i] > y[hi]) hi = i;
     }
-    keep.push_back(std::min(lo, hi));
-    if (lo != hi) keep.push_back(std::max(lo, hi));
+    std::vector<size_t> picked;
+    for (size_t i : {lo, hi, odd})
+      if (i != to) picked.push_back(i);
+    std::sort(picked.begin(), picked.end());
+    picked.erase(std::unique(picked.begin(), picked.end()), picked.end());
+    keep.insert(keep.end(), picked.begin(), picked.end());
   }
   keep.push_back(n - 1);
   return keep;

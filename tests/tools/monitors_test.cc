@@ -126,12 +126,12 @@ TEST(Monitors, TensorBoardAndCsvFilesHoldEveryScalarOfMetricsJsonl) {
     SCOPED_TRACE("step " + std::to_string(m["step"].get<int>()));
     ASSERT_TRUE(events.contains(x));
     const json& s = events.at(x);
-    for (const auto& [tag, key] : kTags) EXPECT_EQ(s[tag].get<double>(), static_cast<float>(value_of(m, key))) << tag;
-    EXPECT_FLOAT_EQ(s["Train/Samples/elapsed_time_ms_backward"].get<float>(), static_cast<float>(value_of(m, "backward")));
+    for (const auto& [tag, key] : kTags) EXPECT_EQ(s.at(tag).get<double>(), static_cast<float>(value_of(m, key))) << tag;
+    EXPECT_FLOAT_EQ(s.at("Train/Samples/elapsed_time_ms_backward").get<float>(), static_cast<float>(value_of(m, "backward")));
   }
   for (const auto& [x, m] : r.evals) {
     ASSERT_TRUE(events.contains(x));
-    EXPECT_EQ(events.at(x)["Eval/Samples/val_loss"].get<double>(), static_cast<float>(m["val_loss"].get<double>()));
+    EXPECT_EQ(events.at(x).at("Eval/Samples/val_loss").get<double>(), static_cast<float>(m["val_loss"].get<double>()));
   }
 
   for (const auto& [tag, key] : kTags) {

@@ -89,11 +89,11 @@ TEST(Report, AShortRunsReportOpensInChromiumWithEveryChartAndPoint) {
   ASSERT_EQ(steps.size(), 6u);
   for (const std::string id : {"loss", "lr", "grad_norm", "throughput", "breakdown", "peak"}) {
     SCOPED_TRACE(id);
-    ASSERT_TRUE(dom["figures"].contains(id)) << dom.dump();
-    EXPECT_EQ(dom["figures"][id]["axes"]["x"], 1);
-    EXPECT_GE(dom["figures"][id]["axes"]["y"].get<int>(), 1);
+    ASSERT_TRUE(dom.at("figures").contains(id)) << dom.dump();
+    EXPECT_EQ(dom.at("figures").at(id).at("axes").at("x"), 1);
+    EXPECT_GE(dom.at("figures").at(id).at("axes").at("y").get<int>(), 1);
   }
-  const json& loss = dom["figures"]["loss"];
+  const json& loss = dom.at("figures").at("loss");
   for (const std::string classes : {"lin raw", "lin smooth", "log raw", "log smooth"}) {
     const auto l = lines(loss, "training loss", classes);
     ASSERT_EQ(l.size(), 1u) << classes;
@@ -103,9 +103,9 @@ TEST(Report, AShortRunsReportOpensInChromiumWithEveryChartAndPoint) {
   }
   ASSERT_EQ(loss["markers"].size(), 2u);  // validation losses, linear and log
   EXPECT_EQ(loss["markers"][0]["circles"], evals.size());
-  EXPECT_EQ(dom["figures"]["breakdown"]["areas"], 4);  // forward, backward, reduce wait, optimizer
+  EXPECT_EQ(dom.at("figures").at("breakdown").at("areas"), 4);  // forward, backward, reduce wait, optimizer
   for (const std::string section : {"memory", "start", "program", "config"})
-    EXPECT_NE(dom["sections"].dump().find(section), std::string::npos) << section;
+    EXPECT_NE(dom.at("sections").dump().find(section), std::string::npos) << section;
 
   // The toggles, clicked in the browser: the loss chart shows one variant of its line at a time.
   const std::string page = temp(name) + "/toggles.html";
@@ -153,9 +153,9 @@ TEST(Report, APipelineRunsReportDrawsItsLastStepPerStage) {
   for (const auto& e : trace["traceEvents"]) compute += e.value("ph", "") == "X" && e.value("tid", -1) == 0;
   ASSERT_GT(compute, 0);
   const json dom = rendered(temp(name) + "/report.html", name);
-  ASSERT_TRUE(dom["figures"].contains("pipeline")) << dom.dump();
-  EXPECT_EQ(dom["figures"]["pipeline"]["rects"], compute);
-  EXPECT_EQ(dom["figures"]["pipeline"]["axes"]["x"], 1);
+  ASSERT_TRUE(dom.at("figures").contains("pipeline")) << dom.dump();
+  EXPECT_EQ(dom.at("figures").at("pipeline").at("rects"), compute);
+  EXPECT_EQ(dom.at("figures").at("pipeline").at("axes").at("x"), 1);
 }
 
 TEST(Report, RunsComparedShareTheAxes) {
@@ -172,10 +172,10 @@ TEST(Report, RunsComparedShareTheAxes) {
   ASSERT_EQ(r.code, 0) << r.output;
   const json dom = rendered(out, "report_compare");
   int training = 0;
-  for (const auto& l : dom["figures"]["loss"]["lines"])
+  for (const auto& l : dom.at("figures").at("loss").at("lines"))
     training += l["series"].get<std::string>().ends_with(": training loss") && l["classes"][0] == "lin" && l["classes"][1] == "raw";
   EXPECT_EQ(training, 2);
-  EXPECT_NE(dom["title"].get<std::string>().find("zeroth run report"), std::string::npos);
+  EXPECT_NE(dom.at("title").get<std::string>().find("zeroth run report"), std::string::npos);
 }
 
 TEST(Report, TheReportOfARunEndedByAnErrorStillOpens) {
@@ -188,7 +188,7 @@ TEST(Report, TheReportOfARunEndedByAnErrorStillOpens) {
   EXPECT_NE(html.find("ended with an error: "), std::string::npos);
   EXPECT_NE(html.find("saving the checkpoint"), std::string::npos);
   const json dom = rendered(temp(name) + "/report.html", name);
-  EXPECT_EQ(lines(dom["figures"]["loss"], "training loss", "lin raw").at(0)["recorded"], 4);  // the steps before the failed save
+  EXPECT_EQ(lines(dom.at("figures").at("loss"), "training loss", "lin raw").at(0)["recorded"], 4);  // the steps before the failed save
 }
 
 // 100k steps of records, with one spike: the report stays under 5 MB and keeps the spike.
