@@ -344,7 +344,8 @@ void run(const Options& o) {
   }
   std::vector<Point> sweep;
   auto measure = [&](const Setting& s, bool with_fio) {
-    if (s.block_size * s.queue_depth * s.threads > kMaxInFlight || s.block_size > size / 2) return;
+    // Each thread (and each of fio's jobs, over its slice of the file) gets two blocks or more.
+    if (s.block_size * s.queue_depth * s.threads > kMaxInFlight || s.block_size * s.threads > size / 2) return;
     sweep.push_back(bench.measure(s, with_fio && fio.has_value(), o.reps));
     if (!o.json) print_row(sweep.back());
   };

@@ -2,16 +2,12 @@
 // ranks (threads on the local backend, or this process as one rank when a launcher started it)
 // and shows the run: a config box, a progress bar on a terminal or plain lines when piped,
 // validation losses, a summary; metrics also go to <output_dir>/metrics.jsonl.
-#include <unistd.h>  // isatty
 
 #include <atomic>      // std::atomic
-#include <cerrno>      // errno
 #include <csignal>     // std::signal
-#include <cstring>     // std::strerror
 #include <cstdio>      // std::printf
 #include <cstdlib>     // std::getenv
 #include <filesystem>  // std::filesystem
-#include <fstream>     // std::ofstream
 #include <memory>      // std::make_shared
 #include <mutex>       // std::mutex
 #include <string>      // std::string
@@ -22,22 +18,19 @@
 #include <fmt/ranges.h>       // fmt::join
 #include <nlohmann/json.hpp>  // nlohmann::json
 
-#include "comm/gloo/gloo_comm.h"     // make_gloo_communicator
-#include "comm/local/local_comm.h"   // run_local_ranks
-#include "comm/rendezvous.h"         // rendezvous_from_env
-#include "core/cpu/kernels.h"        // cpu::num_threads
-#include "core/env.h"                // env::kLogLevel
-#include "core/error.h"              // ZEROTH_THROW
-#include "core/log.h"                // log::set_level
-#include "offload/io_fault.h"        // IoFault
-#include "engine/plan/estimate.h"    // estimate
-#include "engine/pipeline/runner.h"  // pipe_passes
-#include "engine/plan/plan.h"        // make_plan
-#include "train/generate.h"          // generate
-#include "train/trainer.h"           // train
-#include "tools/step_lines.h"        // wall_clock_line
-#include "models/gpt/gpt.h"          // Gpt
-#include "models/threads.h"          // share_cores
+#include "comm/gloo/gloo_comm.h"    // make_gloo_communicator
+#include "comm/local/local_comm.h"  // run_local_ranks
+#include "comm/rendezvous.h"        // rendezvous_from_env
+#include "core/cpu/kernels.h"       // cpu::num_threads
+#include "core/env.h"               // env::kLogLevel
+#include "core/error.h"             // ZEROTH_THROW
+#include "core/log.h"               // log::set_level
+#include "offload/io_fault.h"       // IoFault
+#include "engine/plan/plan.h"       // make_plan
+#include "train/generate.h"         // generate
+#include "train/trainer.h"          // train
+#include "models/gpt/gpt.h"         // Gpt
+#include "models/threads.h"         // share_cores
 #include "tools/commands.h"
 #include "tools/train_console.h"  // make_console, tensor_line
 

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/memory.h"  // format_bytes
 #include "train/svg_chart.h"
 
 namespace zeroth::report {
@@ -109,13 +110,6 @@ std::string label(const std::vector<RunData>& runs, const RunData& r, const std:
   return runs.size() == 1 ? what : r.name + ": " + what;
 }
 
-std::string bytes_text(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  for (; b >= 1024 && u < 4; ++u) b /= 1024;
-  return u == 0 ? fmt::format("{:.0f} {}", b, units[u]) : fmt::format("{:.2f} {}", b, units[u]);
-}
-
 Chart chart(const std::string& id, const std::string& title, const std::string& y, const RunData& first) {
   Chart c;
   c.id = id, c.title = title, c.x_label = "step", c.y_label = y;
@@ -204,15 +198,16 @@ std::string memory(const std::vector<RunData>& runs) {
     for (const auto& [tag, bytes] : tags.items()) {
       if (bytes.get<double>() == 0 && !(tier == "device" && measured.contains(tag))) continue;
       std::string seen = "";
-      if (tier == "device" && measured.contains(tag)) seen = bytes_text(measured[tag].get<double>());
+      if (tier == "device" && measured.contains(tag)) seen = format_bytes(measured[tag].get<std::size_t>());
       out += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>", escape(tier), escape(tag),
-                         bytes_text(bytes.get<double>()), seen);
+                         format_bytes(bytes.get<std::size_t>()), seen);
     }
   }
   if (r.summary.is_object()) {
     const auto row = [&](const char* what, const char* key) {
       if (number(r.summary, key) > 0)
-        out += fmt::format("<tr><td colspan=\"3\">{}</td><td>{}</td></tr>", what, bytes_text(number(r.summary, key)));
+        out += fmt::format("<tr><td colspan=\"3\">{}</td><td>{}</td></tr>", what,
+                           format_bytes(static_cast<std::size_t>(number(r.summary, key))));
     };
     row("host memory the engine held (offload), at peak", "host_peak_bytes");
     row("swap files", "swap_disk_bytes");
