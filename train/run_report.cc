@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/memory.h"  // format_bytes
+#include "train/run_records.h"
 #include "train/svg_chart.h"
 
 namespace zeroth::report {
@@ -28,14 +29,10 @@ constexpr std::pair<const char*, const char*> kParts[] = {{"forward_ms", "#4e79a
                                                           {"reduce_wait_ms", "#e15759"},
                                                           {"optimizer_ms", "#76b7b2"}};
 
-// What one run folder holds: its records, the last of each step (a resumed or restarted run
-// records again the steps it redoes).
-struct RunData {
+// What one run folder holds, with how the report names and colors it.
+struct RunData : RunRecords {
   std::string dir, name, color;
-  std::map<int64_t, json> steps, evals;
-  std::vector<json> checkpoints;
-  json start, summary, config, trace;
-  std::string error;  // the last error record: how a run that failed ended
+  json config, trace;
   double tokens_per_step = 0;
 };
 
@@ -47,33 +44,17 @@ json read_json_file(const std::string& path) {
 
 RunData read_run(const std::string& dir, size_t index) {
   RunData r;
+  static_cast<RunRecords&>(r) = read_run_records(dir);
   r.dir = dir;
   r.color = kColors[index % std::size(kColors)];
-  std::ifstream in(dir + "/metrics.jsonl");
-  if (!in) ZEROTH_THROW(IoError, "{}/metrics.jsonl cannot be read: give the folder of a zeroth run (its run.output_dir)", dir);
-  for (std::string line; std::getline(in, line);) {
-    json m = json::parse(line, nullptr, false);
-    if (m.is_discarded() || !m.is_object()) continue;  // a line cut short by a crash
-    if (m.contains("start")) {
-      // A resumed or restarted run goes on in the same file: how an earlier attempt ended is past.
-      r.start = std::move(m["start"]);
-      r.summary = nullptr;
-      r.error.clear();
-    } else if (m.contains("summary")) r.summary = std::move(m["summary"]);
-    else if (m.contains("error")) r.error = m["error"].is_string() ? m["error"].get<std::string>() : m["error"].dump();
-    else if (m.contains("checkpoint")) r.checkpoints.push_back(std::move(m));
-    else if (m.contains("step") && m["step"].is_number_integer()) {
-      // The step is read first: json's assignment takes its operand by value, moved before the left side.
-      const int64_t step = m["step"].get<int64_t>();
-      if (m.contains("val_loss")) r.evals[step] = std::move(m);
-      else if (m.contains("loss")) r.steps[step] = std::move(m);
-    }
-  }
   r.config = read_json_file(dir + "/config.json");
   r.trace = read_json_file(dir + "/trace.json");
   r.name = std::filesystem::path(dir).filename().string();
-  if (r.config.is_object() && r.config.contains("run") && r.config["run"].contains("name") && r.config["run"]["name"].is_string())
-    r.name = r.config["run"]["name"].get<std::string>() + " (" + r.name + ")";
+  if (r.config.is_object() && r.config.contains("run") && r.config["run"].contains("name") && r.config["run"]["name"].is_string()) {
+    // The folder beside the run's name where they differ: runs of one config compared side by side.
+    const std::string name = r.config["run"]["name"].get<std::string>();
+    if (name != r.name) r.name = name + " (" + r.name + ")";
+  }
   if (r.start.is_object() && r.start.contains("tokens_per_step")) r.tokens_per_step = r.start["tokens_per_step"].get<double>();
   return r;
 }
@@ -86,19 +67,14 @@ double number(const json& m, const char* key) {
 // One series of a run's step records.
 Series step_series(const RunData& r, const char* key, const std::string& name, const std::string& color = "") {
   Series s{name, {}, {}, color.empty() ? r.color : color};
-  for (const auto& [step, m] : r.steps) {
-    if (!m.contains(key)) continue;
+  for (const auto& [step, v] : r.steps.column(key)) {
     s.x.push_back(static_cast<double>(step));
-    s.y.push_back(number(m, key));
+    s.y.push_back(v);
   }
   return s;
 }
 
-bool has(const RunData& r, const char* key) {
-  for (const auto& [step, m] : r.steps)
-    if (m.contains(key)) return true;
-  return false;
-}
+bool has(const RunData& r, const char* key) { return r.steps.has(key); }
 
 bool any_has(const std::vector<RunData>& runs, const char* key) {
   for (const auto& r : runs)
@@ -124,7 +100,7 @@ std::string curves(const std::vector<RunData>& runs) {
   for (const auto& r : runs) {
     loss.push_back(step_series(r, "loss", label(runs, r, "training loss")));
     Series val{label(runs, r, "validation loss"), {}, {}, r.color, true, true};
-    for (const auto& [step, m] : r.evals) val.x.push_back(static_cast<double>(step)), val.y.push_back(number(m, "val_loss"));
+    for (const auto& [step, v] : r.evals.column("val_loss")) val.x.push_back(static_cast<double>(step)), val.y.push_back(v);
     if (!val.x.empty()) loss.push_back(std::move(val));
   }
   Chart c = chart("loss", "Loss", "loss", first);
@@ -143,15 +119,23 @@ std::string curves(const std::vector<RunData>& runs) {
   per_run("grad_norm", "grad_norm", "Gradient norm", "norm", true, true);
   // The loss scale where it moves (fp16), with the skipped steps marked on it.
   bool scaled = false;
-  for (const auto& r : runs)
-    for (const auto& [step, m] : r.steps) scaled = scaled || number(m, "loss_scale") != 1 || m.value("skipped", false);
+  for (const auto& r : runs) {
+    for (const auto& [step, v] : r.steps.column("loss_scale")) scaled = scaled || v != 1;
+    for (const auto& [step, v] : r.steps.column("skipped")) scaled = scaled || v == 1;
+  }
   if (scaled) {
     std::vector<Series> series;
     for (const auto& r : runs) {
       series.push_back(step_series(r, "loss_scale", label(runs, r, "loss scale")));
       Series skipped{label(runs, r, "skipped step (overflow)"), {}, {}, "#d62728", true, false};
-      for (const auto& [step, m] : r.steps)
-        if (m.value("skipped", false)) skipped.x.push_back(static_cast<double>(step)), skipped.y.push_back(number(m, "loss_scale"));
+      const auto scales = r.steps.column("loss_scale");
+      const std::map<int64_t, double> scale_at(scales.begin(), scales.end());
+      for (const auto& [step, v] : r.steps.column("skipped")) {
+        if (v != 1) continue;
+        const auto it = scale_at.find(step);
+        skipped.x.push_back(static_cast<double>(step));
+        skipped.y.push_back(it == scale_at.end() ? std::nan("") : it->second);
+      }
       series.push_back(std::move(skipped));
     }
     Chart ch = chart("loss_scale", "Loss scale and skipped steps", "scale", first);
@@ -262,12 +246,12 @@ std::string header(const RunData& r) {
   else if (!r.summary.is_object()) status = "no summary yet: the run is going, or ended without one";
   else if (r.summary.value("interrupted", false)) status = "stopped (interrupted)";
   else status = "done";
-  const int64_t last = r.steps.empty() ? 0 : r.steps.rbegin()->first;
+  const int64_t last = r.steps.last_step();
   std::string out = fmt::format("<tr><td><i style=\"background:{}\"></i>{}</td><td>{}</td><td>{}</td>", r.color, escape(r.name),
                                 escape(status), last);
-  out += fmt::format("<td>{}</td>", r.steps.empty() ? "" : fmt::format("{:.4f}", number(r.steps.rbegin()->second, "loss")));
-  out += fmt::format("<td>{}</td><td>{}</td></tr>",
-                     r.evals.empty() ? "" : fmt::format("{:.4f}", number(r.evals.rbegin()->second, "val_loss")), escape(r.dir));
+  out += fmt::format("<td>{}</td>", r.steps.empty() ? "" : fmt::format("{:.4f}", r.steps.last("loss")));
+  out += fmt::format("<td>{}</td><td>{}</td></tr>", r.evals.empty() ? "" : fmt::format("{:.4f}", r.evals.last("val_loss")),
+                     escape(r.dir));
   return out;
 }
 

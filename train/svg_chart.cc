@@ -11,7 +11,7 @@ namespace zeroth::report {
 namespace {
 
 // The plot's frame inside the SVG's viewBox.
-constexpr double kWidth = 680, kHeight = 260, kLeft = 64, kRight = 16, kTop = 28, kBottom = 40;
+constexpr double kWidth = 680, kHeight = 260, kLeft = 64, kRight = 28, kTop = 28, kBottom = 40;
 constexpr double kPlotW = kWidth - kLeft - kRight, kPlotH = kHeight - kTop - kBottom;
 
 struct Range {
