@@ -13,6 +13,7 @@ constexpr Variable kVariables[] = {
     {kLogLevel, "info", "log level: trace, debug, info, warn, error, off"},
     {kSimd, "best", "highest CPU kernel level to dispatch to: scalar, avx2, avx512"},
     {kNumThreads, "all cores", "threads for CPU kernels (oneTBB)"},
+    {kGemm, "onednn (openblas without AVX2)", "the CPU matrix products' library: onednn or openblas"},
     {kCommTimeout, "300", "seconds a collective waits for its peers before failing"},
     {kCommCheck, "0", "1: compare each collective's sequence, op, count and dtype across ranks"},
     {kSocketIfname, "auto", "network interface for the Gloo transport"},

@@ -23,6 +23,9 @@ inline constexpr std::string_view kLogLevel = "ZEROTH_LOG_LEVEL";
 inline constexpr std::string_view kSimd = "ZEROTH_SIMD";
 // ZEROTH_NUM_THREADS: worker threads for CPU kernels (default: all cores).
 inline constexpr std::string_view kNumThreads = "ZEROTH_NUM_THREADS";
+// ZEROTH_GEMM: the CPU matrix products' library: onednn|openblas (default: oneDNN where the build
+// has it and the CPU has AVX2).
+inline constexpr std::string_view kGemm = "ZEROTH_GEMM";
 
 // ZEROTH_COMM_TIMEOUT: seconds a collective waits for its peers before failing (default 300).
 inline constexpr std::string_view kCommTimeout = "ZEROTH_COMM_TIMEOUT";

@@ -6,7 +6,7 @@
 
 namespace zeroth {
 
-// Sets the thread count of the CPU kernels (oneTBB) and of OpenBLAS to cores / ranks_per_machine
+// Sets the thread count of the CPU kernels (oneTBB) and of the GEMMs to cores / ranks_per_machine
 // (at least 1), unless ZEROTH_NUM_THREADS or OPENBLAS_NUM_THREADS say otherwise. Returns the
 // count the kernels use.
 int share_cores(int ranks_per_machine);

@@ -7,7 +7,6 @@
 //   a GPU's copy engines and NICs do): it shows what the engine's schedule hides.
 // - gloo: ranks as processes over loopback TCP on the same cores. Real communication, whose
 //   copies and protocol cost CPU time the compute also needs: what this machine gets.
-#include <cblas.h>   // openblas_set_num_threads
 #include <unistd.h>  // getpid
 
 #include <algorithm>   // std::minmax_element, std::max
@@ -27,6 +26,7 @@
 #include "comm/gloo/gloo_comm.h"    // make_gloo_communicator
 #include "comm/local/local_comm.h"  // run_local_ranks
 #include "comm/rendezvous.h"        // rendezvous_from_env
+#include "core/cpu/gemm.h"          // cpu::set_gemm_threads
 #include "core/env.h"               // env::kLogLevel
 #include "core/error.h"             // ZEROTH_CHECK
 #include "core/log.h"               // log::set_level
@@ -229,8 +229,8 @@ void run(const Options& o) {
   ZEROTH_CHECK(o.steps >= 5, "bench engine: --steps must be at least 5 (a median and a spread need them), got {}", o.steps);
   ZEROTH_CHECK(o.ratio > 0, "bench engine: --ratio must be positive");
   ZEROTH_CHECK(o.rounds >= 1, "bench engine: --rounds must be at least 1, got {}", o.rounds);
-  // Ranks are threads or single-core processes here; BLAS threads on top would oversubscribe the cores.
-  openblas_set_num_threads(1);
+  // Ranks are threads or single-core processes here; GEMM threads on top would oversubscribe the cores.
+  cpu::set_gemm_threads(1);
   // Each row's engine logs its plan; that would bury the figures unless asked for.
   if (!env::get(env::kLogLevel)) log::set_level(log::Level::warn);
   if (!o.worker_out.empty()) return run_gloo_worker(o);

@@ -20,6 +20,8 @@
 #include "core/stats.h"             // median
 #include "comm/local/local_comm.h"  // run_local_ranks
 #include "core/cpu/blas_info.h"     // blas_info
+#include "core/cpu/gemm.h"          // gemm_library
+#include "core/env.h"               // env::kGemm
 #include "core/error.h"             // ZEROTH_THROW
 #include "core/log.h"               // log::set_level
 #include "train/trainer.h"          // train
@@ -180,11 +182,15 @@ void run(const Options& o) {
       "warm-up\n",
       m.llama() ? "Llama-family" : "GPT", o.preset.c_str(), static_cast<double>(m.num_parameters()) / 1e6, o.seq, o.batch, o.ranks,
       o.ranks == 1 ? "" : "s", tokens, o.dtype.c_str(), threads, threads == 1 ? "" : "s", o.steps);
-  // The core decides the matmul speed (2x or more between cores): figures compare only with
-  // figures taken on the same core.
+  // The GEMM library and its kernels decide the matmul speed (2x or more between them): figures
+  // compare only with figures taken on the same ones.
+  say("  gemm: %s (%s=%s)\n", cpu::gemm_library_summary(cpu::gemm_library()).c_str(), std::string(env::kGemm).c_str(),
+      std::string(cpu::gemm_library_name(cpu::gemm_library())).c_str());
   const cpu::BlasInfo blas = cpu::blas_info();
-  say("  blas: %s\n", blas.summary().c_str());
-  if (blas.below_cpu()) say("  blas: below this CPU's kernels; `zeroth report` says why and what changing it risks\n");
+  if (cpu::gemm_library() == cpu::GemmLibrary::openblas) {
+    say("  blas: %s\n", blas.summary().c_str());
+    if (blas.below_cpu()) say("  blas: below this CPU's kernels; `zeroth report` says why and what changing it risks\n");
+  }
   std::fflush(stdout);
   const double z = median(run_zeroth(o, m));
   say("  %-22s median step %7.3f s   %8.0f tokens/s\n", fmt::format("zeroth (stage {})", o.stage).c_str(), z, tokens / z);

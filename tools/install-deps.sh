@@ -9,6 +9,7 @@ packages=(
   libtbb-dev liburing-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libgloo-dev libopenblas-dev libcli11-dev libfmt-dev libxxhash-dev
+  libdnnl-dev  # oneDNN: the CPU matrix products (core/cpu/gemm.h), OpenBLAS their fallback
   clang-format  # tools/format.sh, the layout check of tools/dev.sh test
   fortunes  # English text for the example training runs in configs/ (/usr/share/games/fortunes)
   fio  # the reference beside `zeroth bench offload`

@@ -14,12 +14,15 @@
 #include <cstdio>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join
 #include <nlohmann/json.hpp>
 
 #include "comm/nccl/nccl_comm.h"
 #include "core/cpu/blas_info.h"
+#include "core/cpu/gemm.h"  // measure_sgemm, gemm_library
 #include "core/cpu/kernels.h"
 #include "core/cuda/cuda_info.h"
 #include "core/env.h"
@@ -108,9 +111,10 @@ std::string wrap(const std::string& text, const std::string& lead, size_t width)
 constexpr int kSgemmSize = 2048;
 constexpr int kSgemmReps = 5;
 
-// The BLAS rows: core and threads, a checked sgemm timing, and a note when the core is below the
-// CPU. `blas` collects the same for --json.
-std::string blas_lines(nlohmann::json& blas, std::string& sgemm, std::string& note) {
+// The BLAS and GEMM rows: OpenBLAS's core and threads, the library the CPU's products run on
+// with its kernels, each built library's checked sgemm rate, and a note when OpenBLAS's core is
+// below the CPU. `blas` and `gemm` collect the same for --json.
+std::string blas_lines(nlohmann::json& blas, nlohmann::json& gemm, std::string& library, std::string& sgemm, std::string& note) {
   const cpu::BlasInfo info = cpu::blas_info();
   blas = {{"version", info.version},
           {"config", info.config},
@@ -123,11 +127,22 @@ std::string blas_lines(nlohmann::json& blas, std::string& sgemm, std::string& no
           {std::string(env::kOpenblasCoretype), info.coretype ? nlohmann::json(*info.coretype) : nlohmann::json(nullptr)},
           {std::string(env::kOpenblasL2Size), info.l2_size ? nlohmann::json(*info.l2_size) : nlohmann::json(nullptr)}};
   note = info.note();
+  const cpu::GemmLibrary in_use = cpu::gemm_library();
+  library = fmt::format("{} ({}={}; {} threads)", cpu::gemm_library_summary(in_use), env::kGemm, cpu::gemm_library_name(in_use),
+                        cpu::gemm_threads());
+  gemm = {{"library", cpu::gemm_library_name(in_use)}, {"summary", library}, {"threads", cpu::gemm_threads()}};
   sgemm = guarded([&] {
-    const cpu::SgemmRate r = cpu::measure_sgemm(kSgemmSize, kSgemmReps);
-    blas["sgemm"] = {{"n", r.n}, {"reps", r.reps}, {"seconds", r.seconds}, {"gflops", r.gflops}};
-    return fmt::format("{:.0f} GFLOP/s ({}x{}x{} f32, median of {}, {} thread{}, result exact)", r.gflops, r.n, r.n, r.n, r.reps,
-                       info.threads, info.threads == 1 ? "" : "s");
+    std::vector<std::string> rates;
+    for (const cpu::GemmLibrary l : {cpu::GemmLibrary::onednn, cpu::GemmLibrary::openblas}) {
+      if (!cpu::gemm_library_built(l)) continue;
+      const cpu::SgemmRate r = cpu::measure_sgemm(kSgemmSize, kSgemmReps, l);
+      const nlohmann::json rate = {{"n", r.n}, {"reps", r.reps}, {"seconds", r.seconds}, {"gflops", r.gflops}};
+      gemm[std::string(cpu::gemm_library_name(l))] = {{"summary", cpu::gemm_library_summary(l)}, {"sgemm", rate}};
+      if (l == cpu::GemmLibrary::openblas) blas["sgemm"] = rate;
+      rates.push_back(fmt::format("{} {:.0f} GFLOP/s", cpu::gemm_library_name(l), r.gflops));
+    }
+    return fmt::format("{} ({}x{}x{} f32, median of {}, {} thread{}, results exact)", fmt::join(rates, ", "), kSgemmSize, kSgemmSize,
+                       kSgemmSize, kSgemmReps, cpu::gemm_threads(), cpu::gemm_threads() == 1 ? "" : "s");
   });
   return info.summary();
 }
@@ -169,9 +184,9 @@ std::string memory_line() {
 
 void run_report(bool json_output) {
   nlohmann::json gpus = nlohmann::json::array();
-  nlohmann::json blas = nlohmann::json::object();
-  std::string sgemm, blas_note;
-  const std::string blas_line = guarded([&] { return blas_lines(blas, sgemm, blas_note); });
+  nlohmann::json blas = nlohmann::json::object(), gemm = nlohmann::json::object();
+  std::string library, sgemm, blas_note;
+  const std::string blas_line = guarded([&] { return blas_lines(blas, gemm, library, sgemm, blas_note); });
   struct utsname uts {};
   const std::string kernel = uname(&uts) == 0 ? fmt::format("{} {}", uts.sysname, uts.release) : "unknown";
   const std::pair<std::string, std::string> rows[] = {
@@ -184,6 +199,7 @@ void run_report(bool json_output) {
        })},
       {"memory", guarded(memory_line)},
       {"blas", blas_line},
+      {"gemm", library},
       {"sgemm", sgemm},
       {"cuda", guarded([&] { return cuda_line(gpus); })},
       {"nccl", guarded(nccl_line)},
@@ -196,6 +212,7 @@ void run_report(bool json_output) {
     // One object: the summary line and the figures behind it.
     blas["summary"] = blas_line;
     out["blas"] = blas;
+    out["gemm"] = gemm;
     out.erase("sgemm");
     out["gpus"] = gpus;
     nlohmann::json variables = nlohmann::json::object();
@@ -230,8 +247,8 @@ void run_report(bool json_output) {
 }  // namespace
 
 void add_report_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("report",
-                                 "Show versions, CPU features, BLAS core and sgemm speed, GPUs, NCCL, io_uring, Gloo, memory");
+  auto* cmd = app.add_subcommand(
+      "report", "Show versions, CPU features, BLAS core, GEMM library and sgemm speed, GPUs, NCCL, io_uring, Gloo, memory");
   auto json_output = std::make_shared<bool>(false);
   cmd->add_flag("--json", *json_output, "Print JSON");
   cmd->callback([json_output] { run_report(*json_output); });

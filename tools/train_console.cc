@@ -1,6 +1,5 @@
 #include "tools/train_console.h"
 
-#include <cblas.h>   // openblas_set_num_threads
 #include <sched.h>   // sched_getaffinity
 #include <unistd.h>  // isatty
 
@@ -19,7 +18,7 @@
 #include <nlohmann/json.hpp>  // nlohmann::json
 
 #include "comm/rendezvous.h"         // rendezvous_from_env
-#include "core/cpu/blas_info.h"      // measure_sgemm
+#include "core/cpu/gemm.h"           // measure_sgemm
 #include "core/cpu/kernels.h"        // cpu::num_threads
 #include "core/error.h"              // ZEROTH_THROW
 #include "core/memory.h"             // process_rss
@@ -99,18 +98,20 @@ struct Peak {
 Peak measure_peak(const TrainConfig& c) {
   // The CPU's rate says nothing of an accelerator's: MFU is left out there.
   if (c.run.device != "cpu") return {0, fmt::format("no peak measured for run.device {}: MFU is left out", c.run.device)};
-  const int threads = openblas_get_num_threads();
-  openblas_set_num_threads(1);
+  const int threads = cpu::gemm_threads();
+  cpu::set_gemm_threads(1);
   const cpu::SgemmRate r = cpu::measure_sgemm(1024, 2);
-  openblas_set_num_threads(threads);
+  cpu::set_gemm_threads(threads);
   cpu_set_t set;
   CPU_ZERO(&set);
   const int cores = ::sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
   const auto launched = rendezvous_from_env();
   const int hosts = launched ? (launched->world_size + launched->local_world_size - 1) / launched->local_world_size : 1;
-  return {r.gflops * 1e9 * cores * hosts,
-          fmt::format("{:.0f} GFLOP/s: f32 sgemm {}^3 on one core {:.1f} GFLOP/s, x {} core{} x {} host{} (measured at the start)",
-                      r.gflops * cores * hosts, r.n, r.gflops, cores, cores == 1 ? "" : "s", hosts, hosts == 1 ? "" : "s")};
+  return {
+      r.gflops * 1e9 * cores * hosts,
+      fmt::format("{:.0f} GFLOP/s: f32 sgemm {}^3 on one core {:.1f} GFLOP/s ({}), x {} core{} x {} host{} (measured at the start)",
+                  r.gflops * cores * hosts, r.n, r.gflops, cpu::gemm_library_summary(cpu::gemm_library()), cores,
+                  cores == 1 ? "" : "s", hosts, hosts == 1 ? "" : "s")};
 }
 
 class Console final : public RunConsole {

@@ -1,11 +1,10 @@
-// OpenBLAS identity and a checked sgemm timing, for `zeroth report` and `zeroth bench train`.
+// OpenBLAS identity, for `zeroth report` and `zeroth bench train`.
 #include "core/cpu/blas_info.h"
 
-#include <cblas.h>  // cblas_sgemm, openblas_get_corename, openblas_get_config
+#include <cblas.h>  // openblas_get_corename, openblas_get_config
 
 #include <algorithm>  // std::min, std::any_of, std::equal
 #include <cctype>     // std::tolower
-#include <chrono>     // std::chrono::steady_clock
 #include <iterator>   // std::begin
 #include <vector>     // std::vector
 
@@ -14,7 +13,6 @@
 #include "core/cpu/kernels.h"  // cpu_features
 #include "core/env.h"          // env::kOpenblasCoretype
 #include "core/error.h"        // ZEROTH_CHECK, ZEROTH_THROW
-#include "core/stats.h"        // median
 
 namespace zeroth::cpu {
 
@@ -106,53 +104,6 @@ BlasInfo blas_info() {
   info.coretype = env::get(env::kOpenblasCoretype);
   info.l2_size = env::get(env::kOpenblasL2Size);
   return info;
-}
-
-SgemmRate measure_sgemm(int n, int reps) {
-  ZEROTH_CHECK(n >= 1 && n <= 16384, "sgemm size {} is out of range 1..16384", n);
-  ZEROTH_CHECK(reps >= 1, "sgemm repetitions must be at least 1, got {}", reps);
-  const size_t nn = static_cast<size_t>(n) * n;
-  // Entries in -3..3 and -2..2: every partial sum is an integer below 6n in magnitude, exact in
-  // f32 in any summation order, so the result has one right answer.
-  auto a_at = [](size_t i, size_t k) { return static_cast<float>(static_cast<int>((i + 2 * k) % 7) - 3); };
-  auto b_at = [](size_t k, size_t j) { return static_cast<float>(static_cast<int>((3 * k + j) % 5) - 2); };
-  std::vector<float> a(nn), b(nn), c(nn);
-  for (size_t i = 0; i < static_cast<size_t>(n); ++i) {
-    for (size_t k = 0; k < static_cast<size_t>(n); ++k) {
-      a[i * n + k] = a_at(i, k);
-      b[i * n + k] = b_at(i, k);
-    }
-  }
-  auto call = [&] {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
-  };
-  call();  // page faults, thread start-up
-  std::vector<double> seconds;
-  for (int r = 0; r < reps; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    call();
-    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  const int rows = std::min(n, 8);
-  for (int r = 0; r < rows; ++r) {
-    const size_t i = rows == 1 ? 0 : static_cast<size_t>(r) * (n - 1) / (rows - 1);
-    for (size_t j = 0; j < static_cast<size_t>(n); ++j) {
-      double want = 0;
-      for (size_t k = 0; k < static_cast<size_t>(n); ++k) want += static_cast<double>(a_at(i, k)) * b_at(k, j);
-      if (static_cast<double>(c[i * n + j]) != want) {
-        ZEROTH_THROW(Error,
-                     "cblas_sgemm ({}x{}x{}, OpenBLAS core {}) computed C[{}][{}] = {} instead of {}: this BLAS kernel set is "
-                     "wrong on this CPU; pin another with {}",
-                     n, n, n, openblas_get_corename(), i, j, c[i * n + j], want, env::kOpenblasCoretype);
-      }
-    }
-  }
-  SgemmRate rate;
-  rate.n = n;
-  rate.reps = reps;
-  rate.seconds = median(seconds);
-  rate.gflops = 2.0 * n * n * static_cast<double>(n) / rate.seconds / 1e9;
-  return rate;
 }
 
 }  // namespace zeroth::cpu

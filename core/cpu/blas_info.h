@@ -1,5 +1,5 @@
-// Which OpenBLAS the CPU matmuls run on: the kernel set ("core") it picked when it was loaded,
-// whether that set uses what this CPU can do, and how fast sgemm runs with it. OpenBLAS reads
+// Which OpenBLAS the CPU matmuls fall back to: the kernel set ("core") it picked when it was
+// loaded, and whether that set uses what this CPU can do (gemm.h measures how fast it runs). OpenBLAS reads
 // OPENBLAS_CORETYPE once at load time, and a core below the CPU halves sgemm or worse, so every
 // throughput figure is only comparable next to the core it was measured with.
 #pragma once
@@ -38,18 +38,5 @@ std::string_view vector_isa_name(VectorIsa isa);
 // The kernel width of an OpenBLAS x86 core name (case-insensitive); unknown for names not in the
 // table.
 VectorIsa blas_core_isa(std::string_view core);
-
-struct SgemmRate {
-  int n = 0;           // C(n x n) = A(n x n) B(n x n), single precision
-  int reps = 0;        // timed calls after one untimed call
-  double gflops = 0;   // median over the timed calls, 2 n^3 flops each
-  double seconds = 0;  // median time of one call
-};
-
-// Times cblas_sgemm on square matrices with the current BLAS threads. The inputs are small
-// integers, so every product is exact in f32: sampled rows of the result are compared with a
-// float64 sum and a mismatch raises Error, so a BLAS core that computes wrong results is caught
-// rather than timed.
-SgemmRate measure_sgemm(int n, int reps);
 
 }  // namespace zeroth::cpu

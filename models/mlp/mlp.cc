@@ -1,11 +1,11 @@
 // The MLP's forward and backward: sgemm per layer, element-wise loops for bias and tanh.
 #include "models/mlp/mlp.h"
 
-#include <cblas.h>  // cblas_sgemm
 
 #include <cmath>   // std::tanh, std::sqrt
 #include <string>  // std::to_string
 
+#include "core/cpu/gemm.h"     // cpu::sgemm
 #include "core/cpu/kernels.h"  // cpu::cast, cpu::axpy
 #include "core/error.h"        // ZEROTH_CHECK
 
@@ -66,7 +66,7 @@ void Mlp::forward_backward(const float* x, const float* target, int batch, float
       const float* b = as_f32(bias, bias_tmp);
       auto& y = s->h[l + 1];
       y.resize(static_cast<size_t>(batch) * out);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, batch, out, in, 1.0f, s->h[l].data(), in, w, in, 0.0f, y.data(), out);
+      cpu::sgemm(false, true, batch, out, in, 1.0f, s->h[l].data(), in, w, in, 0.0f, y.data(), out);
       for (int i = 0; i < batch; ++i) {
         float* row = y.data() + static_cast<size_t>(i) * out;
         for (int j = 0; j < out; ++j) row[j] = l + 1 < L ? std::tanh(row[j] + b[j]) : row[j] + b[j];
@@ -97,11 +97,10 @@ void Mlp::forward_backward(const float* x, const float* target, int batch, float
       }
       const float* g = s->g.data();
       if (dW.dtype == DType::f32) {
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, batch, 1.0f, g, out, s->h[l].data(), in, 1.0f, dW.as<float>(),
-                    in);
+        cpu::sgemm(true, false, out, in, batch, 1.0f, g, out, s->h[l].data(), in, 1.0f, dW.as<float>(), in);
       } else {
         s->dw.resize(static_cast<size_t>(out) * in);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, batch, 1.0f, g, out, s->h[l].data(), in, 0.0f, s->dw.data(), in);
+        cpu::sgemm(true, false, out, in, batch, 1.0f, g, out, s->h[l].data(), in, 0.0f, s->dw.data(), in);
         cpu::axpy(dW.data, dW.dtype, 1.0f, s->dw.data(), DType::f32, s->dw.size());
       }
       std::vector<float> dbias(out, 0.0f);
@@ -112,7 +111,7 @@ void Mlp::forward_backward(const float* x, const float* target, int batch, float
       if (l > 0) {
         const float* w = as_f32(W, s->w);
         s->g_next.resize(static_cast<size_t>(batch) * in);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, batch, in, out, 1.0f, g, out, w, in, 0.0f, s->g_next.data(), in);
+        cpu::sgemm(false, false, batch, in, out, 1.0f, g, out, w, in, 0.0f, s->g_next.data(), in);
         s->g.swap(s->g_next);
       }
     });

@@ -95,19 +95,5 @@ TEST(BlasInfo, NoteAppearsExactlyWhenTheCoreIsBelowTheCpu) {
   EXPECT_EQ(info.note(), "");
 }
 
-TEST(BlasInfo, SgemmTimingIsExactAndPositive) {
-  // Odd sizes run OpenBLAS's edge kernels as well as its main ones.
-  for (int n : {1, 37, 256}) {
-    const SgemmRate r = measure_sgemm(n, 3);
-    EXPECT_EQ(r.n, n);
-    EXPECT_EQ(r.reps, 3);
-    EXPECT_GT(r.seconds, 0.0) << n;
-    EXPECT_GT(r.gflops, 0.0) << n;
-    EXPECT_NEAR(r.gflops, 2.0 * n * n * n / r.seconds / 1e9, 1e-9 * r.gflops) << n;
-  }
-  EXPECT_THROW(measure_sgemm(0, 3), InvalidArgument);
-  EXPECT_THROW(measure_sgemm(64, 0), InvalidArgument);
-}
-
 }  // namespace
 }  // namespace zeroth::cpu

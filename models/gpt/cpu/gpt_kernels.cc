@@ -5,7 +5,6 @@
 // these loops vectorize cleanly once exp is a polynomial instead of a libm call.
 #include "models/gpt/cpu/gpt_kernels.h"
 
-#include <cblas.h>  // cblas_sgemm
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 
@@ -14,6 +13,7 @@
 #include <cstring>    // std::memcpy
 #include <vector>     // std::vector
 
+#include "core/cpu/gemm.h"     // sgemm
 #include "core/cpu/kernels.h"  // cpu::num_threads
 
 #ifdef ZEROTH_NO_ISA_CLONES
@@ -327,16 +327,16 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
     for_rows(N, kRowChunk, [&](size_t n) { std::memcpy(out + n * OC, bias, sizeof(float) * OC); });
     beta = 1.0f;
   }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(N), OC, IC, 1.0f, inp, IC, weight, IC, beta, out, OC);
+  zeroth::cpu::sgemm(false, true, static_cast<int>(N), OC, IC, 1.0f, inp, IC, weight, IC, beta, out, OC);
 }
 
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight, size_t N,
                      int IC, int OC) {
   const int n = static_cast<int>(N);
   if (dinp != nullptr) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, IC, OC, 1.0f, dout, OC, weight, IC, 0.0f, dinp, IC);
+    zeroth::cpu::sgemm(false, false, n, IC, OC, 1.0f, dout, OC, weight, IC, 0.0f, dinp, IC);
   }
-  if (dweight != nullptr) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, IC, n, 1.0f, dout, OC, inp, IC, 1.0f, dweight, IC);
+  if (dweight != nullptr) zeroth::cpu::sgemm(true, false, OC, IC, n, 1.0f, dout, OC, inp, IC, 1.0f, dweight, IC);
   if (dbias != nullptr) {
     const size_t chunks = (N + 63) / 64;
     std::vector<float> partial(chunks * OC, 0.0f);
@@ -353,8 +353,8 @@ void attention_rows(float* out, float* att, const float* qkv, int pos, int n, in
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const size_t block = static_cast<size_t>(n) * Tk;
   for (int h = 0; h < NH; ++h) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, Tk, hs, scale, qkv + static_cast<size_t>(pos) * W + h * hs, W,
-                qkv + (NH + h / g) * hs, W, 0.0f, att + h * block, Tk);
+    zeroth::cpu::sgemm(false, true, n, Tk, hs, scale, qkv + static_cast<size_t>(pos) * W + h * hs, W, qkv + (NH + h / g) * hs, W, 0.0f,
+                       att + h * block, Tk);
   }
   for_rows(static_cast<size_t>(NH) * n, kRowChunk, [&](size_t row) {
     const int t = pos + static_cast<int>(row % n);
@@ -365,8 +365,7 @@ void attention_rows(float* out, float* att, const float* qkv, int pos, int n, in
     std::fill(a + t + 1, a + Tk, 0.0f);
   });
   for (int h = 0; h < NH; ++h) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hs, Tk, 1.0f, att + h * block, Tk, qkv + (NH + KVH + h / g) * hs, W,
-                0.0f, out + h * hs, Cq);
+    zeroth::cpu::sgemm(false, false, n, hs, Tk, 1.0f, att + h * block, Tk, qkv + (NH + KVH + h / g) * hs, W, 0.0f, out + h * hs, Cq);
   }
 }
 
@@ -390,8 +389,8 @@ void attention_backward(float* dqkv, float* datt, const float* dout, const float
       const float* a = att + (static_cast<size_t>(b) * NH + h) * TT;
       float* da = datt + (static_cast<size_t>(b) * NH + h) * TT;
       // datt = dy v^T;  dv = att^T dy, summed over the group's query heads in order
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dy, Cq, qkv + v, W, 0.0f, da, T);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, dy, Cq, h % g == 0 ? 0.0f : 1.0f, dqkv + v, W);
+      zeroth::cpu::sgemm(false, true, T, T, hs, 1.0f, dy, Cq, qkv + v, W, 0.0f, da, T);
+      zeroth::cpu::sgemm(true, false, T, hs, T, 1.0f, a, T, dy, Cq, h % g == 0 ? 0.0f : 1.0f, dqkv + v, W);
     }
   }
   for_rows(static_cast<size_t>(B) * NH * T, kRowChunk, [&](size_t row) {
@@ -404,8 +403,8 @@ void attention_backward(float* dqkv, float* datt, const float* dout, const float
       const size_t base = static_cast<size_t>(b) * T * W, q = base + h * hs, k = base + (NH + h / g) * hs;
       const float* da = datt + (static_cast<size_t>(b) * NH + h) * TT;
       // dq = dS k;  dk = dS^T q, summed over the group's query heads in order
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, da, T, qkv + k, W, 0.0f, dqkv + q, W);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, da, T, qkv + q, W, h % g == 0 ? 0.0f : 1.0f, dqkv + k, W);
+      zeroth::cpu::sgemm(false, false, T, hs, T, 1.0f, da, T, qkv + k, W, 0.0f, dqkv + q, W);
+      zeroth::cpu::sgemm(true, false, T, hs, T, 1.0f, da, T, qkv + q, W, h % g == 0 ? 0.0f : 1.0f, dqkv + k, W);
     }
   }
 }
