@@ -22,7 +22,7 @@
 
 #include "comm/nccl/nccl_comm.h"
 #include "core/cpu/blas_info.h"
-#include "core/cpu/gemm.h"  // measure_sgemm, gemm_library
+#include "core/cpu/gemm.h"  // measure_gemm, gemm_library
 #include "core/cpu/kernels.h"
 #include "core/cuda/cuda_info.h"
 #include "core/env.h"
@@ -135,7 +135,7 @@ std::string blas_lines(nlohmann::json& blas, nlohmann::json& gemm, std::string& 
     std::vector<std::string> rates;
     for (const cpu::GemmLibrary l : {cpu::GemmLibrary::onednn, cpu::GemmLibrary::openblas}) {
       if (!cpu::gemm_library_built(l)) continue;
-      const cpu::SgemmRate r = cpu::measure_sgemm(kSgemmSize, kSgemmReps, l);
+      const cpu::GemmRate r = cpu::measure_gemm(kSgemmSize, kSgemmReps, l);
       const nlohmann::json rate = {{"n", r.n}, {"reps", r.reps}, {"seconds", r.seconds}, {"gflops", r.gflops}};
       gemm[std::string(cpu::gemm_library_name(l))] = {{"summary", cpu::gemm_library_summary(l)}, {"sgemm", rate}};
       if (l == cpu::GemmLibrary::openblas) blas["sgemm"] = rate;

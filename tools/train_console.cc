@@ -18,7 +18,7 @@
 #include <nlohmann/json.hpp>  // nlohmann::json
 
 #include "comm/rendezvous.h"         // rendezvous_from_env
-#include "core/cpu/gemm.h"           // measure_sgemm
+#include "core/cpu/gemm.h"           // measure_gemm
 #include "core/cpu/kernels.h"        // cpu::num_threads
 #include "core/error.h"              // ZEROTH_THROW
 #include "core/memory.h"             // process_rss
@@ -88,9 +88,9 @@ std::string duration(double seconds) {
   return fmt::format("{}h{:02}m", t / 3600, t % 3600 / 60);
 }
 
-// The peak model FLOP/s of the job's hosts, measured once at the start: f32 sgemm (1024^3, the
-// GEMMs that every CPU step's products run on) on one core, times the cores this process may run
-// on, times the hosts the launcher says the job spans.
+// The peak model FLOP/s of the job's hosts, measured once at the start: the GEMM of the run's
+// products (1024^3; bf16 where a bf16 run's products are, else f32) on one core, times the cores
+// this process may run on, times the hosts the launcher says the job spans.
 struct Peak {
   double flops = 0;
   std::string how;
@@ -98,20 +98,22 @@ struct Peak {
 Peak measure_peak(const TrainConfig& c) {
   // The CPU's rate says nothing of an accelerator's: MFU is left out there.
   if (c.run.device != "cpu") return {0, fmt::format("no peak measured for run.device {}: MFU is left out", c.run.device)};
+  // A bf16 run's products run on bf16 kernels where oneDNN has them (models/gpt/cpu/gpt_kernels.h):
+  // their rate is its peak.
+  const bool bf16 = c.engine.compute_dtype == DType::bf16 && cpu::gemm_bf16_native();
   const int threads = cpu::gemm_threads();
   cpu::set_gemm_threads(1);
-  const cpu::SgemmRate r = cpu::measure_sgemm(1024, 2);
+  const cpu::GemmRate r = cpu::measure_gemm(1024, 2, cpu::gemm_library(), bf16);
   cpu::set_gemm_threads(threads);
   cpu_set_t set;
   CPU_ZERO(&set);
   const int cores = ::sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
   const auto launched = rendezvous_from_env();
   const int hosts = launched ? (launched->world_size + launched->local_world_size - 1) / launched->local_world_size : 1;
-  return {
-      r.gflops * 1e9 * cores * hosts,
-      fmt::format("{:.0f} GFLOP/s: f32 sgemm {}^3 on one core {:.1f} GFLOP/s ({}), x {} core{} x {} host{} (measured at the start)",
-                  r.gflops * cores * hosts, r.n, r.gflops, cpu::gemm_library_summary(cpu::gemm_library()), cores,
-                  cores == 1 ? "" : "s", hosts, hosts == 1 ? "" : "s")};
+  return {r.gflops * 1e9 * cores * hosts,
+          fmt::format("{:.0f} GFLOP/s: {} GEMM {}^3 on one core {:.1f} GFLOP/s ({}), x {} core{} x {} host{} (measured at the start)",
+                      r.gflops * cores * hosts, bf16 ? "bf16" : "f32", r.n, r.gflops, cpu::gemm_library_summary(cpu::gemm_library()),
+                      cores, cores == 1 ? "" : "s", hosts, hosts == 1 ? "" : "s")};
 }
 
 class Console final : public RunConsole {

@@ -3,6 +3,7 @@
 // holds outside the engine.
 #include <vector>  // std::vector
 
+#include "core/cpu/gemm.h"           // gemm_host_bytes
 #include "engine/pipeline/runner.h"  // pipe_passes
 #include "engine/plan/estimate.h"    // estimate
 #include "models/gpt/gpt.h"          // Gpt
@@ -35,7 +36,7 @@ StagePlan plan_stage(const TrainConfig& config, int stage, int dp_rank, int tp_r
 }
 
 size_t run_host_bytes(const TrainConfig& config, bool count_data) {
-  return (count_data ? run_data_host_bytes(config) : 0) + kRankThreadsHostBytes;
+  return (count_data ? run_data_host_bytes(config) : 0) + kRankThreadsHostBytes + cpu::gemm_host_bytes();
 }
 
 StagePlan largest_stage(const TrainConfig& config, int* stage) {

@@ -129,8 +129,8 @@ StagePlan largest_stage(const TrainConfig& config, int* stage = nullptr);
 // rank thread's malloc arena held 2.9 MiB of which 1.2 MiB were small device blocks, and each
 // rank has about three threads whose stacks hold 200-212 KiB each: 2.4 MiB per rank.
 inline constexpr size_t kRankThreadsHostBytes = size_t{5} << 19;  // 2.5 MiB
-// MemoryNeed::run_host for a rank of this config: its data (run_data_host_bytes, when `count_data`)
-// and its threads'. IoError / ConfigError when the data cannot be opened.
+// MemoryNeed::run_host for a rank of this config: its data (run_data_host_bytes, when `count_data`),
+// its threads' and its products' (cpu::gemm_host_bytes). IoError / ConfigError when the data cannot be opened.
 size_t run_host_bytes(const TrainConfig& config, bool count_data = true);
 
 // Opens the config's data and checks it against the batch (what train() does first), for

@@ -1,5 +1,5 @@
 // The GPT's kernels behind one small interface, one implementation per device: the CPU's
-// (OpenBLAS + oneTBB, cpu/gpt_kernels.cc) and CUDA's (cuBLAS + the kernels of
+// (oneDNN or OpenBLAS + oneTBB, cpu/gpt_kernels.cc) and CUDA's (cuBLAS + the kernels of
 // cuda/gpt_cuda.cu). The model's block uses are written once against it.
 //
 // Every pointer is device memory of the backend's device. submit() puts a block use's work in
@@ -17,6 +17,18 @@
 
 namespace zeroth::gpt {
 
+// A weight matrix as the products get it: its f32 values and, where the run's parameters are
+// bf16, the same values as bf16 (a product may then run on bf16 kernels: the weights are the same
+// numbers, the activations are rounded to bf16 on the way in). Converts to and from const float*,
+// so kernels that only read f32 take it as before.
+struct Weight {
+  const float* f32 = nullptr;
+  const uint16_t* bf16 = nullptr;
+  Weight(const float* w) : f32(w) {}  // NOLINT(google-explicit-constructor): an f32 weight is a Weight
+  Weight(const float* w, const uint16_t* b) : f32(w), bf16(b) {}
+  operator const float*() const { return f32; }  // NOLINT(google-explicit-constructor)
+};
+
 class Kernels {
  public:
   virtual ~Kernels() = default;
@@ -31,9 +43,9 @@ class Kernels {
                                  size_t N, int C) = 0;
   virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight,
                                   const float* mean, const float* rstd, size_t N, int C) = 0;
-  virtual void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, size_t N, int IC, int OC) = 0;
-  virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight,
-                               size_t N, int IC, int OC) = 0;
+  virtual void matmul_forward(float* out, const float* inp, Weight weight, const float* bias, size_t N, int IC, int OC) = 0;
+  virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, Weight weight, size_t N,
+                               int IC, int OC) = 0;
   // qkv [B, T, (NH + 2 KVH) hs]: query heads, then key and value heads (KVH dividing NH).
   virtual void attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int KVH, int hs) = 0;
   virtual void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int B, int T,

@@ -73,6 +73,7 @@ Bound::Bound(Kernels& k, std::vector<TensorView> params, const std::vector<Tenso
   for (size_t i = 0; i < params.size(); ++i) {
     if (narrow_) {
       k_.widen(params[i], wbuf.as<float>() + off);
+      bf16_.push_back(params[i].dtype == DType::bf16 ? static_cast<const uint16_t*>(params[i].data) : nullptr);
       p_.push_back(wbuf.as<float>() + off);
       if (has_grads_) g_.push_back(gbuf.as<float>() + off);
     } else {

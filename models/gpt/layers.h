@@ -225,7 +225,7 @@ class TensorGroup {
 class Bound {
  public:
   Bound(Kernels& k, std::vector<TensorView> params, const std::vector<TensorView>* grads, const Buffer& wbuf, const Buffer& gbuf);
-  const float* p(size_t i) const { return p_[i]; }
+  Weight p(size_t i) const { return {p_[i], i < bf16_.size() ? bf16_[i] : nullptr}; }
   float* g(size_t i) const { return g_[i]; }
   void flush() const;
 
@@ -234,6 +234,7 @@ class Bound {
   std::vector<TensorView> grads_;
   bool has_grads_ = false, narrow_ = false;
   std::vector<const float*> p_;
+  std::vector<const uint16_t*> bf16_;  // the engine's bf16 parameters, where they are bf16
   std::vector<float*> g_;
 };
 using BoundRef = std::shared_ptr<std::shared_ptr<Bound>>;  // filled in stream order

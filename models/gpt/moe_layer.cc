@@ -292,8 +292,9 @@ void moe_experts_backward(Kernels& k, const ExpertGroup& g, BoundRef w, const Di
         const auto [at, n] = slots[static_cast<size_t>(j)];
         if (n == 0) continue;
         const ExpertParams ix(d, j);
-        k.matmul_backward(nullptr, p.g(ix.proj), grad(p, ix.proj_b), erows + at * d.C, a.fch_act + at * X, nullptr, n, X, d.C);
-        k.matmul_backward(nullptr, p.g(ix.fc), grad(p, ix.fc_b), s.dfch + at * up, a.moe_in + at * d.C, nullptr, n, d.C, up);
+        // The weights only say which products these are (bf16 ones in a bf16 run); no input gradient is made.
+        k.matmul_backward(nullptr, p.g(ix.proj), grad(p, ix.proj_b), erows + at * d.C, a.fch_act + at * X, p.p(ix.proj), n, X, d.C);
+        k.matmul_backward(nullptr, p.g(ix.fc), grad(p, ix.fc_b), s.dfch + at * up, a.moe_in + at * d.C, p.p(ix.fc), n, d.C, up);
       }
     });
   };

@@ -1,4 +1,4 @@
-// sgemm against a float64 product, on every library this build has: each orientation, the shape
+// sgemm and gemm_bf16 against a float64 product, on every library this build has: each orientation, the shape
 // classes the models use (tall activations by square or wide weights, attention's small blocks)
 // and the edges (empty, K = 0, padded strides, beta 0 over NaN). Each element is bounded by the
 // rounding of its own dot product in any summation order: gamma(K + 2) x (|alpha| sum |a||b| +
@@ -18,6 +18,7 @@
 
 #include "core/cpu/gemm.h"
 #include "core/cpu/kernels.h"  // cpu_features
+#include "core/dtype.h"        // f32_to_bf16_bits
 #include "core/env.h"
 #include "core/error.h"
 
@@ -54,7 +55,9 @@ std::vector<GemmLibrary> built() {
   return out;
 }
 
-void check(GemmLibrary library, const Case& c) {
+// bf16: A and B rounded to bf16 and multiplied by gemm_bf16; the float64 reference takes the
+// rounded values.
+void check(GemmLibrary library, const Case& c, bool bf16) {
   const int64_t a_rows = c.ta ? c.k : c.m, a_cols = c.ta ? c.m : c.k;
   const int64_t b_rows = c.tb ? c.n : c.k, b_cols = c.tb ? c.k : c.n;
   const int64_t lda = std::max<int64_t>(1, a_cols) + c.pad, ldb = std::max<int64_t>(1, b_cols) + c.pad, ldc = c.n + c.pad;
@@ -63,12 +66,20 @@ void check(GemmLibrary library, const Case& c) {
   std::vector<float> a(static_cast<size_t>(std::max<int64_t>(1, a_rows * lda))),
       b(static_cast<size_t>(std::max<int64_t>(1, b_rows * ldb)));
   std::vector<float> cm(static_cast<size_t>(c.m * ldc));
-  for (float& x : a) x = u(rng);
-  for (float& x : b) x = u(rng);
+  for (float& x : a) x = bf16 ? bf16_bits_to_f32(f32_to_bf16_bits(u(rng))) : u(rng);
+  for (float& x : b) x = bf16 ? bf16_bits_to_f32(f32_to_bf16_bits(u(rng))) : u(rng);
   for (float& x : cm) x = c.beta == 0 ? std::numeric_limits<float>::quiet_NaN() : u(rng);
   const std::vector<float> c0 = cm;
   auto at = [](const std::vector<float>& x, int64_t ld, bool t, int64_t i, int64_t j) { return t ? x[j * ld + i] : x[i * ld + j]; };
-  sgemm(library, c.ta, c.tb, c.m, c.n, c.k, c.alpha, a.data(), lda, b.data(), ldb, c.beta, cm.data(), ldc);
+  if (bf16) {
+    std::vector<uint16_t> a16(a.size()), b16(b.size());
+    for (size_t i = 0; i < a.size(); ++i) a16[i] = f32_to_bf16_bits(a[i]);
+    for (size_t i = 0; i < b.size(); ++i) b16[i] = f32_to_bf16_bits(b[i]);
+    gemm_bf16(library, c.ta, c.tb, c.m, c.n, c.k, c.alpha, a16.data(), lda, b16.data(), ldb, c.beta, cm.data(), ldc);
+  } else {
+    sgemm(library, c.ta, c.tb, c.m, c.n, c.k, c.alpha, a.data(), lda, b.data(), ldb, c.beta, cm.data(), ldc);
+  }
+  const std::string name = fmt::format("{} {}", gemm_library_name(library), bf16 ? "gemm_bf16" : "sgemm");
   const double u_round = std::ldexp(1.0, -24), gamma = (c.k + 2) * u_round / (1 - (c.k + 2) * u_round);
   int bad = 0;
   for (int64_t i = 0; i < c.m; ++i) {
@@ -92,18 +103,23 @@ void check(GemmLibrary library, const Case& c) {
       }
       const double bound = gamma * magnitude;
       if (!(std::abs(got - want) <= bound) && ++bad <= 3) {
-        ADD_FAILURE() << gemm_library_name(library) << ", " << c.what << ": C[" << i << "][" << j << "] = " << got << ", float64 "
-                      << want << ", bound " << bound;
+        ADD_FAILURE() << name << ", " << c.what << ": C[" << i << "][" << j << "] = " << got << ", float64 " << want << ", bound "
+                      << bound;
       }
     }
   }
-  EXPECT_EQ(bad, 0) << gemm_library_name(library) << ", " << c.what;
+  EXPECT_EQ(bad, 0) << name << ", " << c.what;
 }
 
 TEST(Gemm, EveryOrientationAndShapeAgainstFloat64OnEveryLibrary) {
   ASSERT_FALSE(built().empty());
   for (GemmLibrary library : built())
-    for (const Case& c : kCases) check(library, c);
+    for (const Case& c : kCases) check(library, c, false);
+}
+
+TEST(Gemm, Bf16ProductsAgainstFloat64OfTheirBf16ValuesOnEveryLibrary) {
+  for (GemmLibrary library : built())
+    for (const Case& c : kCases) check(library, c, true);
 }
 
 TEST(Gemm, TheDefaultLibraryIsOneDnnWhereBuiltOnAvx2) {
@@ -141,7 +157,7 @@ TEST(Gemm, SgemmTimingIsExactAndPositiveOnEveryLibrary) {
   for (GemmLibrary library : built()) {
     // Odd sizes run the edge kernels as well as the main ones.
     for (int n : {1, 37, 256}) {
-      const SgemmRate r = measure_sgemm(n, 3, library);
+      const GemmRate r = measure_gemm(n, 3, library);
       EXPECT_EQ(r.n, n);
       EXPECT_EQ(r.reps, 3);
       EXPECT_GT(r.seconds, 0.0) << n;
@@ -149,8 +165,8 @@ TEST(Gemm, SgemmTimingIsExactAndPositiveOnEveryLibrary) {
       EXPECT_NEAR(r.gflops, 2.0 * n * n * n / r.seconds / 1e9, 1e-9 * r.gflops) << n;
     }
   }
-  EXPECT_THROW(measure_sgemm(0, 3), InvalidArgument);
-  EXPECT_THROW(measure_sgemm(64, 0), InvalidArgument);
+  EXPECT_THROW(measure_gemm(0, 3), InvalidArgument);
+  EXPECT_THROW(measure_gemm(64, 0), InvalidArgument);
 }
 
 }  // namespace

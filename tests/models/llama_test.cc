@@ -106,8 +106,10 @@ TEST_P(LlamaOnDevice, ForwardBackwardMatchesPyTorchF32) {
   }
 }
 
-// bf16 parameters and gradients against the f32 reference, as GPT-2's test bounds them: weights and
-// gradients round to 8 mantissa bits and the errors compound through two layers.
+// bf16 parameters and gradients against the f32 reference, as GPT-2's test bounds them: weights,
+// gradients and the activations entering each product round to 8 mantissa bits and the errors
+// compound through two layers. With bf16 activations the worst gradient measured 4.1% of its
+// tensor's largest value (Qwen2's k_proj; 2.6% while activations stayed f32): bound 6%.
 TEST_P(LlamaOnDevice, ForwardBackwardMatchesPyTorchBf16) {
   for (const char* name : {"llama", "llama_bias", "qwen2", "qwen3", "mixtral"}) {
     SCOPED_TRACE(name);
@@ -120,7 +122,7 @@ TEST_P(LlamaOnDevice, ForwardBackwardMatchesPyTorchBf16) {
       const double e = rel_error(m.host.values(p.block, p.param, true),
                                  reference().at(std::string(name) + ".grad." + p.name).as_f32());
       worst = std::max(worst, e);
-      EXPECT_LT(e, 3e-2) << "gradient of " << p.name;
+      EXPECT_LT(e, 6e-2) << "gradient of " << p.name;
     }
     std::printf("%s bf16: loss %.7f torch %.7f, worst gradient error %.3g\n", name, loss, ref, worst);
   }

@@ -32,7 +32,9 @@ zeroth's bf16 mode (models/gpt, engine/) and how the reference emulates it:
   tied token embedding is used twice (embedding and LM head), so its buffer holds
   bf16(bf16(g_head) + g_embedding). The reference uses two leaves for the tied matrix and rounds
   the same way.
-- f32: activations and every matmul (weights are widened from bf16, activations stay f32), the
+- the products with a weight (linear layers, router, experts, LM head): activations rounded to
+  bf16, f32 accumulation, forward and backward (products.py);
+- f32: the activations between products and attention's own products, the
   sum of the micro-batches' gradients and the reduction over ranks (communication_data_type
   unset), the norm, clipping, the master weights and Adam's moments.
 Where the reference can differ from zeroth: the order of f32 sums inside the kernels (matmul,
@@ -51,6 +53,7 @@ import torch
 import torch.nn.functional as F
 
 from moe_reference import moe_layer
+from products import BF16_PRODUCTS, bf16, times_t
 
 CFG = dict(vocab_size=97, seq_len=24, n_layer=2, n_head=4, n_embd=48)
 B, T = 3, 20
@@ -92,28 +95,28 @@ def forward(p, idx, targets, cfg=CFG, head=None, moe_losses=None):
     for l in range(L):
         q = lambda name: p[f"h.{l}.{name}"]
         h = layernorm(x, q("ln_1.weight"), q("ln_1.bias"))
-        qkv = h @ q("attn.c_attn.weight").T + q("attn.c_attn.bias")
+        qkv = times_t(h, q("attn.c_attn.weight")) + q("attn.c_attn.bias")
         qq, kk, vv = qkv.split(C, dim=2)
         qq, kk, vv = [z.view(b, t, H, C // H).transpose(1, 2) for z in (qq, kk, vv)]
         att = (qq @ kk.transpose(-2, -1)) / math.sqrt(C // H)
         att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
         y = (att @ vv).transpose(1, 2).contiguous().view(b, t, C)
-        x = x + y @ q("attn.c_proj.weight").T + q("attn.c_proj.bias")
+        x = x + times_t(y, q("attn.c_proj.weight")) + q("attn.c_proj.bias")
         h = layernorm(x, q("ln_2.weight"), q("ln_2.bias"))
         if is_moe_layer(cfg, l):
             def expert(e, rows, q=q):
                 ex = f"mlp.experts.{e}."
-                act = F.gelu(rows @ q(ex + "c_fc.weight").T + q(ex + "c_fc.bias"), approximate="tanh")
-                return act @ q(ex + "c_proj.weight").T + q(ex + "c_proj.bias")
+                act = F.gelu(times_t(rows, q(ex + "c_fc.weight")) + q(ex + "c_fc.bias"), approximate="tanh")
+                return times_t(act, q(ex + "c_proj.weight")) + q(ex + "c_proj.bias")
             y, aux, z = moe_layer(h, q("mlp.router.weight"), expert, cfg["moe"])
             x = x + y
             if moe_losses is not None:
                 moe_losses.append((aux, z))
             continue
-        h = F.gelu(h @ q("mlp.c_fc.weight").T + q("mlp.c_fc.bias"), approximate="tanh")
-        x = x + h @ q("mlp.c_proj.weight").T + q("mlp.c_proj.bias")
+        h = F.gelu(times_t(h, q("mlp.c_fc.weight")) + q("mlp.c_fc.bias"), approximate="tanh")
+        x = x + times_t(h, q("mlp.c_proj.weight")) + q("mlp.c_proj.bias")
     x = layernorm(x, p["ln_f.weight"], p["ln_f.bias"])
-    logits = x @ (p["embed.wte"] if head is None else head).T
+    logits = times_t(x, p["embed.wte"] if head is None else head)
     loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
     return logits, loss
 
@@ -248,11 +251,6 @@ class WarmupCosineLR:
         self._set()
 
 
-def bf16(t):
-    """Rounded to bf16 (nearest, ties to even) and back: the value zeroth's bf16 buffers hold."""
-    return t.to(torch.bfloat16).float()
-
-
 def train(init, batches, narrow, dp=2, loss_of=None, tied="embed.wte", clip=TRAIN_CLIP):
     """TRAIN_STEPS optimizer steps from `init`; `narrow`: zeroth's bf16 mode. Returns the final
     master weights and, per step, (loss, grad norm before clipping, lr). `loss_of(weights, tokens,
@@ -261,6 +259,14 @@ def train(init, batches, narrow, dp=2, loss_of=None, tied="embed.wte", clip=TRAI
     embedding the LM head shares (None: an untied head), `head` then being a leaf of its own."""
     if loss_of is None:
         loss_of = lambda w, idx, tgt, head: forward(w, idx, tgt, TRAIN_CFG, head)[1]
+    BF16_PRODUCTS[0] = narrow
+    try:
+        return _train(init, batches, narrow, dp, loss_of, tied, clip)
+    finally:
+        BF16_PRODUCTS[0] = False
+
+
+def _train(init, batches, narrow, dp, loss_of, tied, clip):
     mb = TRAIN_BATCH["micro_batch"]
     gas = TRAIN_BATCH["sequences"] // (mb * dp)
     master = {k: v.clone() for k, v in init.items()}

@@ -49,6 +49,7 @@ import torch.nn.functional as F
 
 from gpt_reference import TRAIN_BATCH, TRAIN_OPT, TRAIN_SCHEDULER, train, write_safetensors
 from moe_reference import moe_layer
+from products import linear
 
 CASES = {
     "llama": dict(vocab_size=96, seq_len=16, n_layer=2, n_embd=48, n_head=6, n_kv_head=2, head_dim=8, intermediate_size=80,
@@ -116,7 +117,7 @@ def moe_mlp(h, p, pre, cfg):
     """Mixtral's sparse MLP: SwiGLU experts behind moe_reference.py's gate."""
     def expert(e, x):
         ex = pre + f"block_sparse_moe.experts.{e}."
-        return F.linear(F.silu(F.linear(x, p[ex + "w1.weight"])) * F.linear(x, p[ex + "w3.weight"]), p[ex + "w2.weight"])
+        return linear(F.silu(linear(x, p[ex + "w1.weight"])) * linear(x, p[ex + "w3.weight"]), p[ex + "w2.weight"])
     return moe_layer(h, p[pre + "block_sparse_moe.gate.weight"], expert, cfg["moe"])
 
 
@@ -141,9 +142,9 @@ def forward(p, cfg, tokens, targets, head=None, moe_losses=None):
         h = rms_norm(x, p[pre + "input_layernorm.weight"], eps)
         has_bias = cfg["qkv_bias"] or cfg.get("attention_bias", False)
         bias = (lambda n: p[pre + n]) if has_bias else (lambda n: None)
-        q = F.linear(h, p[pre + "self_attn.q_proj.weight"], bias("self_attn.q_proj.bias")).view(B, T, NH, hs)
-        k = F.linear(h, p[pre + "self_attn.k_proj.weight"], bias("self_attn.k_proj.bias")).view(B, T, KVH, hs)
-        v = F.linear(h, p[pre + "self_attn.v_proj.weight"], bias("self_attn.v_proj.bias")).view(B, T, KVH, hs)
+        q = linear(h, p[pre + "self_attn.q_proj.weight"], bias("self_attn.q_proj.bias")).view(B, T, NH, hs)
+        k = linear(h, p[pre + "self_attn.k_proj.weight"], bias("self_attn.k_proj.bias")).view(B, T, KVH, hs)
+        v = linear(h, p[pre + "self_attn.v_proj.weight"], bias("self_attn.v_proj.bias")).view(B, T, KVH, hs)
         if cfg["qk_norm"]:
             q = rms_norm(q, p[pre + "self_attn.q_norm.weight"], eps)
             k = rms_norm(k, p[pre + "self_attn.k_norm.weight"], eps)
@@ -153,7 +154,7 @@ def forward(p, cfg, tokens, targets, head=None, moe_losses=None):
         att = (q @ k.transpose(-1, -2)) / math.sqrt(hs)
         att = att.masked_fill(~causal, float("-inf")).softmax(dim=-1)
         y = (att @ v).transpose(1, 2).reshape(B, T, NH * hs)
-        x = x + F.linear(y, p[pre + "self_attn.o_proj.weight"], p.get(pre + "self_attn.o_proj.bias"))
+        x = x + linear(y, p[pre + "self_attn.o_proj.weight"], p.get(pre + "self_attn.o_proj.bias"))
         h = rms_norm(x, p[pre + "post_attention_layernorm.weight"], eps)
         if is_moe_layer(cfg, l):
             y, aux, z = moe_mlp(h, p, pre, cfg)
@@ -161,12 +162,12 @@ def forward(p, cfg, tokens, targets, head=None, moe_losses=None):
             if moe_losses is not None:
                 moe_losses.append((aux, z))
             continue
-        m = F.silu(F.linear(h, p[pre + "mlp.gate_proj.weight"])) * F.linear(h, p[pre + "mlp.up_proj.weight"])
-        x = x + F.linear(m, p[pre + "mlp.down_proj.weight"])
+        m = F.silu(linear(h, p[pre + "mlp.gate_proj.weight"])) * linear(h, p[pre + "mlp.up_proj.weight"])
+        x = x + linear(m, p[pre + "mlp.down_proj.weight"])
     x = rms_norm(x, p["model.norm.weight"], eps)
     if head is None:
         head = p["model.embed_tokens.weight"] if cfg["tie_word_embeddings"] else p["lm_head.weight"]
-    logits = F.linear(x, head)
+    logits = linear(x, head)
     return logits, F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
 
 

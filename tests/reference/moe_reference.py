@@ -18,6 +18,8 @@ import sys
 
 import torch
 
+from products import linear
+
 CASES = [
     # name, N, E, k, capacity_factor, min_capacity, drop_tokens, normalize, aux_coef, z_coef, skew
     ("switch_top1_drops", 64, 8, 1, 1.0, 0, True, False, 0.01, 0.0, 1.5),
@@ -58,7 +60,7 @@ def moe_layer(h, router_weight, expert, m):
     shape = h.shape
     x = h.reshape(-1, shape[-1])
     N, E, k = x.shape[0], m["num_experts"], m["top_k"]
-    logits = torch.nn.functional.linear(x, router_weight)
+    logits = linear(x, router_weight)
     capacity = min(max(math.ceil(N * k / E * m["capacity_factor"]), m["min_capacity"]), N) if m["drop_tokens"] else N
     top_e, _, kept, weight, aux, z = gate(logits, k, capacity, m["drop_tokens"], m["normalize_top_k"])
     out = torch.zeros_like(x)

@@ -2,7 +2,8 @@
 """The reference side of `zeroth bench train`: the same training step in PyTorch (Debian's
 python3-torch): forward, cross-entropy, backward, global-norm clipping, AdamW, for GPT-2 or (with
 --kv-heads) a Llama-family decoder (RMSNorm, rotary positions, grouped-query attention, SwiGLU,
-untied head unless --tied). Prints one JSON line with the step times. Started by zeroth itself
+untied head unless --tied), in f32 or with --autocast 1 under bf16 autocast. Prints one JSON line
+with the step times. Started by zeroth itself
 with the same shapes, threads and precision:
     /usr/bin/python3 tools/bench/train_torch.py --layers 12 --heads 12 --embd 768 --vocab 50257 \
         --seq 256 --batch 4 --steps 5 --threads 2
@@ -144,7 +145,8 @@ class GPT(nn.Module):
 def main():
     p = argparse.ArgumentParser()
     for name, default in (("layers", 12), ("heads", 12), ("embd", 768), ("vocab", 50257), ("seq", 256), ("batch", 4),
-                          ("steps", 5), ("warmup", 1), ("threads", 1), ("kv-heads", 0), ("head-dim", 0), ("ffn", 0), ("tied", 0)):
+                          ("steps", 5), ("warmup", 1), ("threads", 1), ("kv-heads", 0), ("head-dim", 0), ("ffn", 0), ("tied", 0),
+                          ("autocast", 0)):
         p.add_argument("--" + name, type=int, default=default)
     p.add_argument("--theta", type=float, default=10000.0)
     a = p.parse_args()
@@ -161,7 +163,9 @@ def main():
         idx = torch.randint(0, a.vocab, (a.batch, a.seq))
         tgt = torch.randint(0, a.vocab, (a.batch, a.seq))
         t0 = time.perf_counter()
-        loss = model(idx, tgt)
+        # bf16 autocast: the products in bf16 on oneDNN, master weights and optimizer in f32.
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bool(a.autocast)):
+            loss = model(idx, tgt)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

@@ -30,12 +30,12 @@ class CpuKernels final : public Kernels {
                           const float* mean, const float* rstd, size_t N, int C) override {
     cpu::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
   }
-  void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, size_t N, int IC, int OC) override {
-    cpu::matmul_forward(out, inp, weight, bias, N, IC, OC);
+  void matmul_forward(float* out, const float* inp, Weight weight, const float* bias, size_t N, int IC, int OC) override {
+    cpu::matmul_forward(out, inp, weight.f32, bias, N, IC, OC, weight.bf16);
   }
-  void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight, size_t N,
-                       int IC, int OC) override {
-    cpu::matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, IC, OC);
+  void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, Weight weight, size_t N, int IC,
+                       int OC) override {
+    cpu::matmul_backward(dinp, dweight, dbias, dout, inp, weight.f32, N, IC, OC, weight.bf16);
   }
   void attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int KVH, int hs) override {
     cpu::attention_forward(out, att, qkv, B, T, NH, KVH, hs);

@@ -264,6 +264,27 @@ void for_chunks(size_t n, F&& f) {
   });
 }
 
+// A bf16 run's products take their activations rounded to bf16 (nearest even), as PyTorch's bf16
+// autocast does, on every CPU: on bf16 kernels as bf16 (rounded), elsewhere as the same values in
+// f32 (rounded_f32) beside the widened weights, so a run's numbers do not depend on the CPU.
+// Each keeps one of two per-thread buffers (a product's two operands).
+const uint16_t* rounded(const float* x, size_t n, int slot) {
+  thread_local std::vector<uint16_t> buffers[2];
+  auto& b = buffers[slot];
+  if (b.size() < n) b.resize(n);
+  zeroth::cpu::cast(x, DType::f32, b.data(), DType::bf16, n);
+  return b.data();
+}
+
+const float* rounded_f32(const float* x, size_t n, int slot) {
+  thread_local std::vector<float> buffers[2];
+  auto& b = buffers[slot];
+  if (b.size() < n) b.resize(n);
+  const uint16_t* r = rounded(x, n, slot);
+  zeroth::cpu::cast(r, DType::bf16, b.data(), DType::f32, n);
+  return b.data();
+}
+
 }  // namespace
 
 void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C, int v_lo, int V) {
@@ -321,22 +342,38 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
   }
 }
 
-void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, size_t N, int IC, int OC) {
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, size_t N, int IC, int OC,
+                    const uint16_t* weight_bf16) {
   float beta = 0.0f;
   if (bias != nullptr) {
     for_rows(N, kRowChunk, [&](size_t n) { std::memcpy(out + n * OC, bias, sizeof(float) * OC); });
     beta = 1.0f;
   }
-  zeroth::cpu::sgemm(false, true, static_cast<int>(N), OC, IC, 1.0f, inp, IC, weight, IC, beta, out, OC);
+  const int64_t n = static_cast<int64_t>(N);
+  if (weight_bf16 == nullptr) return zeroth::cpu::sgemm(false, true, n, OC, IC, 1.0f, inp, IC, weight, IC, beta, out, OC);
+  if (zeroth::cpu::gemm_bf16_native()) {
+    return zeroth::cpu::gemm_bf16(false, true, n, OC, IC, 1.0f, rounded(inp, N * IC, 0), IC, weight_bf16, IC, beta, out, OC);
+  }
+  zeroth::cpu::sgemm(false, true, n, OC, IC, 1.0f, rounded_f32(inp, N * IC, 0), IC, weight, IC, beta, out, OC);
 }
 
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight, size_t N,
-                     int IC, int OC) {
-  const int n = static_cast<int>(N);
-  if (dinp != nullptr) {
-    zeroth::cpu::sgemm(false, false, n, IC, OC, 1.0f, dout, OC, weight, IC, 0.0f, dinp, IC);
+                     int IC, int OC, const uint16_t* weight_bf16) {
+  const int64_t n = static_cast<int64_t>(N);
+  if (weight_bf16 == nullptr) {
+    if (dinp != nullptr) zeroth::cpu::sgemm(false, false, n, IC, OC, 1.0f, dout, OC, weight, IC, 0.0f, dinp, IC);
+    if (dweight != nullptr) zeroth::cpu::sgemm(true, false, OC, IC, n, 1.0f, dout, OC, inp, IC, 1.0f, dweight, IC);
+  } else if (zeroth::cpu::gemm_bf16_native()) {
+    const uint16_t* dy = rounded(dout, N * OC, 0);
+    if (dinp != nullptr) zeroth::cpu::gemm_bf16(false, false, n, IC, OC, 1.0f, dy, OC, weight_bf16, IC, 0.0f, dinp, IC);
+    if (dweight != nullptr)
+      zeroth::cpu::gemm_bf16(true, false, OC, IC, n, 1.0f, dy, OC, rounded(inp, N * IC, 1), IC, 1.0f, dweight, IC);
+  } else {
+    const float* dy = rounded_f32(dout, N * OC, 0);
+    if (dinp != nullptr) zeroth::cpu::sgemm(false, false, n, IC, OC, 1.0f, dy, OC, weight, IC, 0.0f, dinp, IC);
+    if (dweight != nullptr)
+      zeroth::cpu::sgemm(true, false, OC, IC, n, 1.0f, dy, OC, rounded_f32(inp, N * IC, 1), IC, 1.0f, dweight, IC);
   }
-  if (dweight != nullptr) zeroth::cpu::sgemm(true, false, OC, IC, n, 1.0f, dout, OC, inp, IC, 1.0f, dweight, IC);
   if (dbias != nullptr) {
     const size_t chunks = (N + 63) / 64;
     std::vector<float> partial(chunks * OC, 0.0f);

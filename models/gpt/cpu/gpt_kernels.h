@@ -23,12 +23,17 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight,
                         const float* mean, const float* rstd, size_t N, int C);
 
-// out[N, OC] = inp[N, IC] x weight[OC, IC]^T + bias
-void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, size_t N, int IC, int OC);
+// out[N, OC] = inp[N, IC] x weight[OC, IC]^T + bias. weight_bf16, when given, holds the same
+// weights as bf16 and makes this a bf16 product: inp is rounded to bf16 and the products are
+// accumulated in f32 (as PyTorch's bf16 autocast), on oneDNN's bf16 kernels where the CPU has them
+// (cpu::gemm_bf16_native), else in f32 on the same values.
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, size_t N, int IC, int OC,
+                    const uint16_t* weight_bf16 = nullptr);
 // dinp = dout x weight (overwritten), dweight += dout^T x inp, dbias += column sums of dout; a null
 // dinp or dweight is not computed (an expert's input gradient leaves before its weights' are made).
+// With weight_bf16, dout and inp are rounded to bf16 for both products.
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight, size_t N,
-                     int IC, int OC);
+                     int IC, int OC, const uint16_t* weight_bf16 = nullptr);
 
 // Causal self-attention over qkv [B, T, (NH + 2 KVH) hs]: NH query heads, then KVH key heads and
 // KVH value heads of hs channels each; key/value head j serves query heads j g .. j g + g - 1

@@ -357,7 +357,7 @@ class CudaKernels final : public Kernels {
     layernorm_backward_params_kernel<<<blocks_for(C), kThreads, 0, s()>>>(dweight, dbias, dout, inp, mean, rstd, N, C);
     layernorm_backward_input_kernel<<<blocks_for(N * kWarp), kThreads, 0, s()>>>(dinp, dout, inp, weight, mean, rstd, N, C);
   }
-  void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, size_t N, int IC, int OC) override {
+  void matmul_forward(float* out, const float* inp, Weight weight, const float* bias, size_t N, int IC, int OC) override {
     float beta = 0.0f;
     if (bias != nullptr) {
       bias_rows_kernel<<<blocks_for(N * OC), kThreads, 0, s()>>>(out, bias, OC, N * OC);
@@ -365,14 +365,14 @@ class CudaKernels final : public Kernels {
     }
     const float one = 1.0f;
     CUBLAS_CHECK(
-        cublasSgemm(handle_, CUBLAS_OP_T, CUBLAS_OP_N, OC, static_cast<int>(N), IC, &one, weight, IC, inp, IC, &beta, out, OC));
+        cublasSgemm(handle_, CUBLAS_OP_T, CUBLAS_OP_N, OC, static_cast<int>(N), IC, &one, weight.f32, IC, inp, IC, &beta, out, OC));
   }
-  void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight, size_t N,
-                       int IC, int OC) override {
+  void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, Weight weight, size_t N, int IC,
+                       int OC) override {
     const float one = 1.0f, zero = 0.0f;
     const int n = static_cast<int>(N);
     if (dinp != nullptr)
-      CUBLAS_CHECK(cublasSgemm(handle_, CUBLAS_OP_N, CUBLAS_OP_N, IC, n, OC, &one, weight, IC, dout, OC, &zero, dinp, IC));
+      CUBLAS_CHECK(cublasSgemm(handle_, CUBLAS_OP_N, CUBLAS_OP_N, IC, n, OC, &one, weight.f32, IC, dout, OC, &zero, dinp, IC));
     if (dweight != nullptr)
       CUBLAS_CHECK(cublasSgemm(handle_, CUBLAS_OP_N, CUBLAS_OP_T, IC, OC, n, &one, inp, IC, dout, OC, &one, dweight, IC));
     if (dbias != nullptr) column_sum_kernel<<<blocks_for(OC), kThreads, 0, s()>>>(dbias, dout, N, OC);
