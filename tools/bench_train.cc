@@ -111,7 +111,8 @@ nlohmann::json run_torch(const Options& o, const GptConfig& m, int threads) {
                                    "--embd", std::to_string(m.n_embd), "--vocab", std::to_string(m.vocab_size), "--seq",
                                    std::to_string(o.seq), "--batch", std::to_string(o.batch), "--steps", std::to_string(o.steps),
                                    "--threads", std::to_string(threads),
-                                   // bf16: PyTorch's bf16 autocast, the products in bf16 on oneDNN.
+                                   // bf16: PyTorch's bf16 autocast, its products in bf16 on oneDNN (attention's
+                                   // too, and their outputs rounded: not the same computation as zeroth's).
                                    "--autocast", o.dtype == "bf16" ? "1" : "0"};
   if (m.llama()) {
     // The Llama family's switches the reference computes (no biases, no q/k norms: the presets'

@@ -94,9 +94,12 @@ class MatmulCache {
   void run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, int64_t lda, const uint16_t* b,
            int64_t ldb, float beta, float* c, int64_t ldc) {
     using dt = dnnl::memory::data_type;
-    const Key key{trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta};
+    const Key key{trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta, gemm_threads()};
     auto it = made_.find(key);
     if (it == made_.end()) {
+      // Shapes that change from call to call (an expert's rows, a prompt's length) would make a
+      // primitive each: past a bound the thread starts over.
+      if (made_.size() >= kMaxPrimitives) made_.clear();
       const dnnl::memory::desc a_md({m, k}, dt::bf16, trans_a ? dnnl::memory::dims{1, lda} : dnnl::memory::dims{lda, 1});
       const dnnl::memory::desc b_md({k, n}, dt::bf16, trans_b ? dnnl::memory::dims{1, ldb} : dnnl::memory::dims{ldb, 1});
       const dnnl::memory::desc c_md({m, n}, dt::f32, dnnl::memory::dims{ldc, 1});
@@ -117,7 +120,8 @@ class MatmulCache {
   }
 
  private:
-  using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, float>;
+  using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, float, int>;
+  static constexpr size_t kMaxPrimitives = 256;
   struct Made {
     dnnl::matmul matmul;
     dnnl::memory::desc a, b, c;
@@ -190,7 +194,10 @@ void gemm_bf16(GemmLibrary library, bool trans_a, bool trans_b, int64_t m, int64
   if (m == 0 || n == 0) return;
   if (k == 0) return scale_c(m, n, beta, c, ldc);
 #if ZEROTH_WITH_ONEDNN
-  if (library == GemmLibrary::onednn) return onednn_gemm_bf16(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  // oneDNN 2.6 has bf16 matmuls from AVX-512 on (emulated without AVX512-BF16); below, widen.
+  const bool avx512 = (dnnl_get_effective_cpu_isa() & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core;
+  if (library == GemmLibrary::onednn && avx512)
+    return onednn_gemm_bf16(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 #endif
   thread_local std::vector<float> wa, wb;
   const float* fa = widened(a, trans_a ? k : m, trans_a ? m : k, lda, wa);

@@ -23,8 +23,9 @@ void sgemm(GemmLibrary library, bool trans_a, bool trans_b, int64_t m, int64_t n
            const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
 // The same with A and B in bf16 (raw bits), accumulated and written in f32: the products of bf16
-// runs. oneDNN runs them on its bf16 kernels (AVX512-BF16, AMX: twice the f32 rate or more);
-// OpenBLAS has none, so there A and B are widened and sgemm runs. Each element is the f32 product
+// runs. oneDNN runs them on its bf16 kernels (AVX512-BF16, AMX: twice the f32 rate or more; on
+// AVX-512 without them, emulated); OpenBLAS has none, nor oneDNN below AVX-512, so there A and B
+// are widened and sgemm runs. Each element is the f32 product
 // of the exact bf16 values, so the bounds of sgemm hold.
 void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, int64_t lda,
                const uint16_t* b, int64_t ldb, float beta, float* c, int64_t ldc);

@@ -156,9 +156,12 @@ TEST(Gemm, BadNamesAndStridesAreRefused) {
 TEST(Gemm, SgemmTimingIsExactAndPositiveOnEveryLibrary) {
   for (GemmLibrary library : built()) {
     // Odd sizes run the edge kernels as well as the main ones.
-    for (int n : {1, 37, 256}) {
-      const GemmRate r = measure_gemm(n, 3, library);
+    for (const auto& [n, bf16] :
+         {std::pair{1, false}, std::pair{37, false}, std::pair{256, false}, std::pair{37, true}, std::pair{256, true}}) {
+      // The result is checked exactly inside (an Error otherwise).
+      const GemmRate r = measure_gemm(n, 3, library, bf16);
       EXPECT_EQ(r.n, n);
+      EXPECT_EQ(r.bf16, bf16);
       EXPECT_EQ(r.reps, 3);
       EXPECT_GT(r.seconds, 0.0) << n;
       EXPECT_GT(r.gflops, 0.0) << n;

@@ -2,8 +2,9 @@
 in f32 runs plain f32 products; in zeroth's bf16 mode every product with a weight (the linear
 layers, the routers, the experts, the LM head) takes its activations rounded to bf16 (nearest
 even) and accumulates in f32, in the backward pass too: the input gradient is bf16(dy) W and the
-weight gradient bf16(dy)^T bf16(x), as PyTorch's bf16 autocast computes them. Attention's own
-products (scores, weighted values) stay f32. `train` in gpt_reference.py switches the mode.
+weight gradient bf16(dy)^T bf16(x), with the inputs PyTorch's bf16 autocast gives them (autocast
+also rounds the outputs, and runs attention's products in bf16). Attention's own products
+(scores, weighted values) stay f32 here. `train` in gpt_reference.py switches the mode.
 """
 import torch
 import torch.nn.functional as F

@@ -265,9 +265,9 @@ void for_chunks(size_t n, F&& f) {
 }
 
 // A bf16 run's products take their activations rounded to bf16 (nearest even), as PyTorch's bf16
-// autocast does, on every CPU: on bf16 kernels as bf16 (rounded), elsewhere as the same values in
-// f32 (rounded_f32) beside the widened weights, so a run's numbers do not depend on the CPU.
-// Each keeps one of two per-thread buffers (a product's two operands).
+// autocast rounds its inputs (its outputs stay f32 here), on every CPU: on bf16 kernels as bf16 (rounded), elsewhere as the same
+// values in f32 (rounded_f32) beside the widened weights, so a run's numbers do not depend on the CPU. Each keeps one of two
+// per-thread buffers (a product's two operands).
 const uint16_t* rounded(const float* x, size_t n, int slot) {
   thread_local std::vector<uint16_t> buffers[2];
   auto& b = buffers[slot];

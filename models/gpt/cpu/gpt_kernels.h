@@ -25,7 +25,8 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 
 // out[N, OC] = inp[N, IC] x weight[OC, IC]^T + bias. weight_bf16, when given, holds the same
 // weights as bf16 and makes this a bf16 product: inp is rounded to bf16 and the products are
-// accumulated in f32 (as PyTorch's bf16 autocast), on oneDNN's bf16 kernels where the CPU has them
+// accumulated and written in f32 (PyTorch's bf16 autocast rounds its inputs alike, and its outputs
+// too), on oneDNN's bf16 kernels where the CPU has them
 // (cpu::gemm_bf16_native), else in f32 on the same values.
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, size_t N, int IC, int OC,
                     const uint16_t* weight_bf16 = nullptr);
