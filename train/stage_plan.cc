@@ -7,6 +7,7 @@
 #include "engine/pipeline/runner.h"  // pipe_passes
 #include "engine/plan/estimate.h"    // estimate
 #include "models/gpt/gpt.h"          // Gpt
+#include "models/gpt/kernels.h"      // attention_keeps_probabilities
 #include "train/data.h"              // open_run_data, run_data_host_bytes
 #include "train/trainer.h"
 
@@ -29,8 +30,10 @@ StagePlan plan_stage(const TrainConfig& config, int stage, int dp_rank, int tp_r
   if (pp > 1 && config.model.tie_word_embeddings && (stage == 0 || stage == pp - 1))
     tie_block(out.plan, Gpt::embedding_block(config.model, part), stage == 0);
   out.plan.stages = pp;
-  out.model = Gpt::footprint(config.model, static_cast<int>(config.micro_batch_size), config.model.seq_len,
-                             config.engine.compute_dtype, out.plan.chunk_in_flight, part);
+  GptConfig model = config.model;
+  model.attention_probabilities = gpt::attention_keeps_probabilities(config.run.device == "cpu" ? DeviceKind::cpu : DeviceKind::cuda);
+  out.model = Gpt::footprint(model, static_cast<int>(config.micro_batch_size), config.model.seq_len, config.engine.compute_dtype,
+                             out.plan.chunk_in_flight, part);
   out.need = estimate(out.plan, out.model, config.run.checkpoint_async, !config.run.resume.empty());
   return out;
 }

@@ -27,7 +27,11 @@ namespace zeroth::cpu {
 
 namespace {
 
-std::atomic<int> g_threads{0};  // 0: not set yet
+std::atomic<int> g_threads{0};         // 0: not set yet
+thread_local int t_serial_scopes = 0;  // SerialProducts open on this thread
+
+// The threads this thread's next product may use.
+int product_threads() { return t_serial_scopes > 0 ? 1 : gemm_threads(); }
 
 // The checks of a BLAS's xerbla, stated; OpenBLAS takes int sizes.
 void check_arguments(const char* what, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb,
@@ -53,7 +57,7 @@ void scale_c(int64_t m, int64_t n, float beta, float* c, int64_t ldc) {
 // OpenMP's thread count is per calling thread: each rank's thread sets its own once.
 void use_gemm_threads() {
 #if ZEROTH_WITH_ONEDNN
-  const int threads = gemm_threads();
+  const int threads = product_threads();
   if (omp_get_max_threads() != threads) omp_set_num_threads(threads);
 #endif
 }
@@ -94,7 +98,7 @@ class MatmulCache {
   void run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, int64_t lda, const uint16_t* b,
            int64_t ldb, float beta, float* c, int64_t ldc) {
     using dt = dnnl::memory::data_type;
-    const Key key{trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta, gemm_threads()};
+    const Key key{trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta, product_threads()};
     auto it = made_.find(key);
     if (it == made_.end()) {
       // Shapes that change from call to call (an expert's rows, a prompt's length) would make a
@@ -248,6 +252,10 @@ std::string gemm_library_summary(GemmLibrary library) {
 }
 
 size_t gemm_host_bytes() { return gemm_library() == GemmLibrary::onednn ? size_t{6} << 20 : 0; }
+
+SerialProducts::SerialProducts() { ++t_serial_scopes; }
+SerialProducts::~SerialProducts() { --t_serial_scopes; }
+bool serial_products_supported() { return gemm_library() == GemmLibrary::onednn; }
 
 int gemm_threads() {
   const int threads = g_threads.load();

@@ -42,10 +42,14 @@ size_t expert_inputs(const GptConfig& c, const GptPart& part) {
 
 }  // namespace
 
-size_t Gpt::State::layer_floats(const Dims& d, size_t BT, size_t B, size_t T) {
+size_t Gpt::State::attention_floats(const GptConfig& c, const Dims& d, size_t B, size_t T) {
+  return B * d.NH * T * (c.attention_probabilities ? T : 1);
+}
+
+size_t Gpt::State::layer_floats(const GptConfig& c, const Dims& d, size_t BT, size_t B, size_t T) {
   const size_t C = d.C, R = d.rows(BT);
   const size_t qk_norm = d.qk_norm ? BT * d.W + BT * (d.NH + d.KVH) : 0;
-  return BT * (d.W + d.Cq) + MlpFloats(d, BT).total() + 3 * R * C + 4 * R + B * d.NH * T * T + qk_norm;
+  return BT * (d.W + d.Cq) + MlpFloats(d, BT).total() + 3 * R * C + 4 * R + attention_floats(c, d, B, T) + qk_norm;
 }
 
 std::vector<bool> Gpt::State::resid_positions(const GptConfig& c, const GptPart& part) {
@@ -91,8 +95,8 @@ size_t Gpt::State::slot_floats(const GptConfig& c, const GptPart& part, int B, i
   const size_t BT = static_cast<size_t>(B) * T, C = c.n_embd, R = d.rows(BT);
   const size_t layers = c.activation_checkpointing ? 1 : owned_layers(part);
   const size_t head = part.has_head(c) ? BT * C + 2 * R + BT * d.V + 4 * BT : 0;
-  return (resid_copies(c, part) + port_count(c, part)) * R * C + expert_inputs(c, part) * BT * C + layers * layer_floats(d, BT, B, T) +
-         head;
+  return (resid_copies(c, part) + port_count(c, part)) * R * C + expert_inputs(c, part) * BT * C +
+         layers * layer_floats(c, d, BT, B, T) + head;
 }
 
 GptPart Gpt::State::slot_part(const GptPart& part, const std::vector<int>& chunk_slots, int i) {
@@ -134,7 +138,8 @@ size_t Gpt::State::scratch_floats(const GptConfig& c, const GptPart& part, int B
   // out, the experts' outputs on their way back, and the gradients at the received rows.
   const size_t rows = d.moe ? d.moe_rows(BT) : 0;
   const size_t moe = d.moe ? 2 * BT * d.gate.experts + 2 * rows * C + BT * d.gate.top_k + d.moe_exchange_floats(BT) : 0;
-  return d.rows(BT) * C + BT * (dC + d.W) + mlp.fch + static_cast<size_t>(B) * d.NH * T * T + (d.sp ? 3 * BT * C : 0) + llama + moe;
+  const size_t datt = c.attention_probabilities ? attention_floats(c, d, B, T) : 0;
+  return d.rows(BT) * C + BT * (dC + d.W) + mlp.fch + datt + (d.sp ? 3 * BT * C : 0) + llama + moe;
 }
 
 void Gpt::State::check_shape(int b, int t) const {
@@ -218,7 +223,7 @@ void Gpt::State::reserve(Stream& stream, int b, int t, const std::vector<int>& p
       if (sl.layer.size() > 1 && !owned[l]) continue;  // another rank's layer
       auto& a = sl.layer[l];
       a.ln1 = take(R * C), a.ln1_mean = take(R), a.ln1_rstd = take(R), a.qkv = take(BT * dims.W);
-      a.att = take(static_cast<size_t>(b) * dims.NH * t * t), a.atty = take(BT * dims.Cq), a.res2 = take(R * C);
+      a.att = take(attention_floats(cfg, dims, b, t)), a.atty = take(BT * dims.Cq), a.res2 = take(R * C);
       a.ln2 = take(R * C), a.ln2_mean = take(R), a.ln2_rstd = take(R), a.fch = take(mlp.fch), a.fch_act = take(mlp.act);
       if (dims.qk_norm) a.qk_pre = take(BT * dims.W), a.qk_rstd = take(BT * (dims.NH + dims.KVH));
       if (dims.moe) {
@@ -246,7 +251,7 @@ void Gpt::State::reserve(Stream& stream, int b, int t, const std::vector<int>& p
   }
   chunk_slots = per_chunk;
   d.dresid = take(R * C), d.dC = take(BT * std::max<size_t>(C, dims.Cq)), d.dqkv = take(BT * dims.W), d.dfch = take(mlp.fch);
-  d.datt = take(static_cast<size_t>(b) * dims.NH * t * t);
+  d.datt = cfg.attention_probabilities ? take(attention_floats(cfg, dims, b, t)) : nullptr;
   d.partial = dims.sp ? take(BT * C) : nullptr, d.gathered = dims.sp ? take(BT * C) : nullptr;
   d.ln_whole = dims.sp ? take(BT * C) : nullptr;
   if (dims.moe) {

@@ -90,13 +90,19 @@ struct GptConfig {
   // an export writes back; 0: model.seq_len. It changes nothing computed.
   int max_positions = 0;
   // Keep only each transformer block's input during forward and recompute the block in its
-  // backward: activation memory per layer drops from ~(16 C + 2 NH T) to C floats per token.
+  // backward: activation memory per layer drops from ~16 C floats per token (and NH T more for
+  // the attention's probabilities where they are kept) to C.
   bool activation_checkpointing = false;
   // With activation_checkpointing: the checkpoints (each block's input) live in host memory, the
   // device keeps two working copies per micro-batch slot; each is copied back before its block's
   // recompute, but for the last two, which backward finds in the working copies (DeepSpeed's
   // activation_checkpointing.cpu_checkpointing).
   bool cpu_checkpointing = false;
+  // What a layer's attention keeps for its backward, which the device decides, not a config file:
+  // CUDA's kernels keep the probabilities (B NH T T floats, and as much scratch for backward), the
+  // CPU's blocked attention each row's log-sum-exp (B NH T floats). Gpt sets it from its device,
+  // and a plan from the run's (attention_keeps_probabilities in kernels.h).
+  bool attention_probabilities = false;
 
   MoeConfig moe;
 

@@ -68,7 +68,9 @@ struct Gpt::State {
 
   // LayerActs of one layer: ln1, ln2, res2 and the statistics this rank's rows; the rest in this
   // rank's heads and MLP width.
-  static size_t layer_floats(const Dims& d, size_t BT, size_t B, size_t T);
+  static size_t layer_floats(const GptConfig& c, const Dims& d, size_t BT, size_t B, size_t T);
+  // What a layer's attention keeps for backward (GptConfig::attention_probabilities).
+  static size_t attention_floats(const GptConfig& c, const Dims& d, size_t B, size_t T);
   // The residual stream positions the part reads or writes: each chunk's [lo, hi].
   static std::vector<bool> resid_positions(const GptConfig& c, const GptPart& part);
   static size_t owned_layers(const GptPart& part);

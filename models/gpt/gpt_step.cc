@@ -49,6 +49,7 @@ Gpt::Gpt(BlockHost& host, GptConfig config, GptPart part, Communicator* tensor, 
   const gpt::PartBlocks ids = gpt::part_blocks(config_, part_);
   embed_ = ids.embed, ln_f_ = ids.ln_f, head_ = ids.head, layers_ = ids.layers, experts_ = ids.experts;
   host_.set_chunk_schedules(schedules(config_, part_));
+  config_.attention_probabilities = gpt::attention_keeps_probabilities(host_.device().kind());
   state_->cfg = config_;
   state_->part = part_;
   state_->host = &host_;

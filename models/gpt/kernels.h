@@ -46,10 +46,13 @@ class Kernels {
   virtual void matmul_forward(float* out, const float* inp, Weight weight, const float* bias, size_t N, int IC, int OC) = 0;
   virtual void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, Weight weight, size_t N,
                                int IC, int OC) = 0;
-  // qkv [B, T, (NH + 2 KVH) hs]: query heads, then key and value heads (KVH dividing NH).
+  // qkv [B, T, (NH + 2 KVH) hs]: query heads, then key and value heads (KVH dividing NH). att keeps
+  // what the backward needs beyond out: the CPU's blocked attention keeps each row's log-sum-exp
+  // (B NH T floats), CUDA's the probabilities (B NH T T floats, with datt scratch of that size;
+  // the CPU leaves datt alone): GptConfig::attention_probabilities, set from attention_keeps_probabilities.
   virtual void attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int KVH, int hs) = 0;
-  virtual void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int B, int T,
-                                  int NH, int KVH, int hs) = 0;
+  virtual void attention_backward(float* dqkv, float* datt, const float* dout, const float* out, const float* qkv, const float* att,
+                                  int B, int T, int NH, int KVH, int hs) = 0;
   // Generation: rows [pos, pos + n) of one sequence's qkv rows [pos + n, W] over rows [0, pos + n).
   virtual void attention_rows(float* out, float* att, const float* qkv, int pos, int n, int NH, int KVH, int hs) = 0;
   // Rows (n, j) of N x groups at n * ld + j * C (cpu/gpt_kernels.h).
@@ -93,6 +96,9 @@ class Kernels {
   // host <- device, in stream order.
   virtual void download(float* host, const float* src, size_t n) = 0;
 };
+
+// Whether the backend of `kind` keeps the attention's probabilities (GptConfig::attention_probabilities).
+inline bool attention_keeps_probabilities(DeviceKind kind) { return kind == DeviceKind::cuda; }
 
 // The backend for `stream`'s device. CUDA on a build without it raises CudaError.
 std::unique_ptr<Kernels> make_kernels(Stream& stream);

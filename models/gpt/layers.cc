@@ -183,7 +183,7 @@ void layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerAct
   k.submit([&k, w, a, s, d, B, T, BT, dout, partial, ln1] {
     const Bound& p = **w;
     k.matmul_backward(s.dC, p.g(kProjW), p.g(kProjB), dout, a.atty, p.p(kProjW), BT, d.Cq, d.C);
-    k.attention_backward(s.dqkv, s.datt, s.dC, a.qkv, a.att, B, T, d.NH, d.NH, d.Cq / d.NH);
+    k.attention_backward(s.dqkv, s.datt, s.dC, a.atty, a.qkv, a.att, B, T, d.NH, d.NH, d.Cq / d.NH);
     k.matmul_backward(partial, p.g(kAttnW), p.g(kAttnB), s.dqkv, ln1, p.p(kAttnW), BT, d.C, 3 * d.Cq);
   });
   g.reduce(partial, s.dC, BT);

@@ -110,7 +110,7 @@ void llama_layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const La
   k.submit([&k, w, a, s, d, B, T, BT, dout, partial, ln1, ix] {
     const Bound& p = **w;
     k.matmul_backward(s.dC, p.g(ix.o), grad(p, ix.o_b), dout, a.atty, p.p(ix.o), BT, d.Cq, d.C);
-    k.attention_backward(s.dqkv, s.datt, s.dC, a.qkv, a.att, B, T, d.NH, d.KVH, d.hs);
+    k.attention_backward(s.dqkv, s.datt, s.dC, a.atty, a.qkv, a.att, B, T, d.NH, d.KVH, d.hs);
     // The gradient at the rotated q and k turned back: the gradient at the values before the turn.
     k.rope(s.dqkv, s.rope, BT, T, d.W, d.NH + d.KVH, d.hs, true);
     const float* dproj = s.dqkv;

@@ -169,10 +169,16 @@ TEST_P(DecoderKernels, SwiGluMatchesItsDefinition) {
 // float64 definition. Bounds: each output's f32 error is that of its sums (k terms: hs for a
 // score, T for a softmax-weighted sum) over the sum of |terms|, plus what the scores' own error
 // does through the softmax (a score off by e moves each probability by at most 2 e of itself).
+// Lengths that fall inside one block of the CPU's blocked attention (1, 7, 9), fill it (64), and
+// span three chunks of keys with a one-row block at the end (513, at the models' head size).
 TEST_P(DecoderKernels, GroupedQueryAttentionMatchesItsDefinition) {
-  const int B = 2, T = 9, hs = 8;
-  for (const auto &[NH, KVH] : {std::pair{4, 4}, std::pair{4, 2}, std::pair{6, 2}, std::pair{4, 1}}) {
-    SCOPED_TRACE(std::to_string(NH) + " query heads over " + std::to_string(KVH));
+  struct Shape {
+    int T, NH, KVH, hs;
+  };
+  const int B = 2;
+  for (const auto &[T, NH, KVH, hs] : {Shape{9, 4, 4, 8}, Shape{9, 4, 2, 8}, Shape{9, 6, 2, 8}, Shape{9, 4, 1, 8}, Shape{1, 4, 2, 8},
+                                       Shape{7, 6, 3, 16}, Shape{64, 4, 2, 8}, Shape{513, 4, 2, 64}}) {
+    SCOPED_TRACE(std::to_string(NH) + " query heads over " + std::to_string(KVH) + ", T " + std::to_string(T));
     const int g = NH / KVH, W = (NH + 2 * KVH) * hs, Cq = NH * hs;
     const size_t TT = static_cast<size_t>(T) * T;
     std::mt19937 rng(14 + NH * 10 + KVH);
@@ -255,13 +261,13 @@ TEST_P(DecoderKernels, GroupedQueryAttentionMatchesItsDefinition) {
     auto k = gpt::make_kernels(device_->default_stream());
     k->submit([&] {
       k->attention_forward(pout, patt, pqkv, B, T, NH, KVH, hs);
-      k->attention_backward(pdqkv, pdatt, pdy, pqkv, patt, B, T, NH, KVH, hs);
+      k->attention_backward(pdqkv, pdatt, pdy, pout, pqkv, patt, B, T, NH, KVH, hs);
     });
     expect_within("attention out", d.get(pout, out.size()), out, outb);
     expect_within("attention dqkv", d.get(pdqkv, dqkv.size()), dqkv, dqkvb);
     // Generation's form: the last T - pos rows of batch row 1 over its first T rows (a key/value
     // cache holding positions [0, pos)) are those rows of the definition.
-    for (const int pos : {0, 3, 8}) {
+    for (const int pos : {0, T / 3, T - 1}) {
       const int n = T - pos;
       float *prows = d.zeros(static_cast<size_t>(n) * Cq), *patt_rows = d.zeros(static_cast<size_t>(NH) * n * T);
       k->submit([&] { k->attention_rows(prows, patt_rows, pqkv + static_cast<size_t>(T) * W, pos, n, NH, KVH, hs); });

@@ -43,9 +43,9 @@ class CpuKernels final : public Kernels {
   void attention_rows(float* out, float* att, const float* qkv, int pos, int n, int NH, int KVH, int hs) override {
     cpu::attention_rows(out, att, qkv, pos, n, NH, KVH, hs);
   }
-  void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int B, int T, int NH,
-                          int KVH, int hs) override {
-    cpu::attention_backward(dqkv, datt, dout, qkv, att, B, T, NH, KVH, hs);
+  void attention_backward(float* dqkv, float* /*datt*/, const float* dout, const float* out, const float* qkv, const float* att, int B,
+                          int T, int NH, int KVH, int hs) override {
+    cpu::attention_backward(dqkv, dout, out, qkv, att, B, T, NH, KVH, hs);
   }
   void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, size_t N, int groups, int C, size_t ld,
                        float eps) override {

@@ -1,4 +1,4 @@
-// GPT kernels on the CPU. GEMMs go to OpenBLAS (its own threads); the rest is split over oneTBB
+// GPT kernels on the CPU. GEMMs go to core/cpu/gemm.h (the library's own threads); the rest is split over oneTBB
 // in fixed chunks, so reductions add in the same order whatever the thread count. The row loops
 // are compiled per ISA (x86-64-v4, v3, baseline) through GCC's target_clones, which picks one at
 // load time: the same single dispatch idea as core/cpu, without hand-written intrinsics, because
@@ -13,42 +13,12 @@
 #include <cstring>    // std::memcpy
 #include <vector>     // std::vector
 
-#include "core/cpu/gemm.h"     // sgemm
-#include "core/cpu/kernels.h"  // cpu::num_threads
-
-#ifdef ZEROTH_NO_ISA_CLONES
-#define ZEROTH_ISA_CLONES
-#else
-#define ZEROTH_ISA_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#endif
+#include "core/cpu/gemm.h"            // sgemm
+#include "core/cpu/kernels.h"         // cpu::num_threads
+#include "models/gpt/cpu/row_math.h"  // ZEROTH_ISA_CLONES, fast_exp, for_rows
 
 namespace zeroth::gpt::cpu {
-namespace {
 
-constexpr size_t kRowChunk = 16;  // rows per task for row-wise kernels
-
-// expf to ~2 ulp on [-87, 88] (Cephes' polynomial), written so loops over it vectorize.
-inline float fast_exp(float x) {
-  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-  const float kMagic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  float n = x * 1.44269504088896341f + kMagic;
-  n -= kMagic;
-  float r = x - n * 0.693359375f;
-  r = r + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int32_t e = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &e, sizeof scale);
-  return p * scale;
-}
-
-// Sums and maxima in 16 lanes, combined in a fixed order: vectorisable without reassociation.
 ZEROTH_ISA_CLONES float row_max(const float* x, int n) {
   float lanes[16];
   for (float& l : lanes) l = -3.0e38f;
@@ -85,6 +55,10 @@ ZEROTH_ISA_CLONES float exp_shifted_sum(float* x, int n, float shift) {
 ZEROTH_ISA_CLONES void scale_row(float* x, int n, float a) {
   for (int j = 0; j < n; ++j) x[j] *= a;
 }
+
+namespace {
+
+constexpr size_t kRowChunk = 16;  // rows per task for row-wise kernels
 
 ZEROTH_ISA_CLONES void gelu_rows(float* out, const float* inp, size_t n) {
   const float k = 0.7978845608028654f;  // sqrt(2 / pi)
@@ -169,19 +143,6 @@ ZEROTH_ISA_CLONES void layernorm_backward_row(float* dx, float* dw, float* db, c
   }
 }
 
-// Softmax backward of one causal row: datt <- att * (datt - <att, datt>) * scale, for j <= t.
-ZEROTH_ISA_CLONES void softmax_backward_row(float* datt, const float* att, int n, float scale) {
-  float lanes[16] = {};
-  int j = 0;
-  for (; j + 16 <= n; j += 16) {
-    for (int k = 0; k < 16; ++k) lanes[k] += att[j + k] * datt[j + k];
-  }
-  float dot = 0;
-  for (float l : lanes) dot += l;
-  for (; j < n; ++j) dot += att[j] * datt[j];
-  for (j = 0; j < n; ++j) datt[j] = att[j] * (datt[j] - dot) * scale;
-}
-
 // One RMSNorm row: out = x * rstd * w; returns rstd.
 ZEROTH_ISA_CLONES float rmsnorm_row(float* out, const float* x, const float* w, int C, float eps) {
   float lanes[16] = {};
@@ -239,18 +200,6 @@ ZEROTH_ISA_CLONES void swiglu_backward_row(float* din, const float* in, const fl
     din[j] = dout[j] * up * sig * (1.0f + gate * (1.0f - sig));
     din[F + j] = dout[j] * silu;
   }
-}
-
-template <class F>
-void for_rows(size_t n, size_t grain, F&& f) {
-  if (zeroth::cpu::num_threads() == 1) {
-    // A rank per core (or a TSan run): no task arena shared with the other rank threads.
-    for (size_t i = 0; i < n; ++i) f(i);
-    return;
-  }
-  tbb::parallel_for(tbb::blocked_range<size_t>(0, n, grain), [&](const tbb::blocked_range<size_t>& r) {
-    for (size_t i = r.begin(); i < r.end(); ++i) f(i);
-  });
 }
 
 // Element-wise over n values in chunks of 64 Ki.
@@ -382,67 +331,6 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
       for (size_t r = c * 64; r < std::min(N, (c + 1) * 64); ++r) add_rows(dst, dst, dout + r * OC, OC);
     });
     for (size_t c = 0; c < chunks; ++c) add_rows(dbias, dbias, partial.data() + c * OC, OC);
-  }
-}
-
-void attention_rows(float* out, float* att, const float* qkv, int pos, int n, int NH, int KVH, int hs) {
-  const int g = NH / KVH, W = (NH + 2 * KVH) * hs, Cq = NH * hs, Tk = pos + n;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  const size_t block = static_cast<size_t>(n) * Tk;
-  for (int h = 0; h < NH; ++h) {
-    zeroth::cpu::sgemm(false, true, n, Tk, hs, scale, qkv + static_cast<size_t>(pos) * W + h * hs, W, qkv + (NH + h / g) * hs, W, 0.0f,
-                       att + h * block, Tk);
-  }
-  for_rows(static_cast<size_t>(NH) * n, kRowChunk, [&](size_t row) {
-    const int t = pos + static_cast<int>(row % n);
-    float* a = att + row * Tk;
-    const float m = row_max(a, t + 1);
-    const float s = exp_shifted_sum(a, t + 1, m);
-    scale_row(a, t + 1, 1.0f / s);
-    std::fill(a + t + 1, a + Tk, 0.0f);
-  });
-  for (int h = 0; h < NH; ++h) {
-    zeroth::cpu::sgemm(false, false, n, hs, Tk, 1.0f, att + h * block, Tk, qkv + (NH + KVH + h / g) * hs, W, 0.0f, out + h * hs, Cq);
-  }
-}
-
-// Each sequence's attention is its rows [0, T) over themselves.
-void attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int KVH, int hs) {
-  const size_t W = static_cast<size_t>(NH + 2 * KVH) * hs, Cq = static_cast<size_t>(NH) * hs;
-  for (int b = 0; b < B; ++b) {
-    attention_rows(out + b * T * Cq, att + static_cast<size_t>(b) * NH * T * T, qkv + b * T * W, 0, T, NH, KVH, hs);
-  }
-}
-
-void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int B, int T, int NH, int KVH,
-                        int hs) {
-  const int g = NH / KVH, W = (NH + 2 * KVH) * hs, Cq = NH * hs;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  const size_t TT = static_cast<size_t>(T) * T;
-  for (int b = 0; b < B; ++b) {
-    for (int h = 0; h < NH; ++h) {
-      const size_t base = static_cast<size_t>(b) * T * W, v = base + (NH + KVH + h / g) * hs;
-      const float* dy = dout + static_cast<size_t>(b) * T * Cq + h * hs;
-      const float* a = att + (static_cast<size_t>(b) * NH + h) * TT;
-      float* da = datt + (static_cast<size_t>(b) * NH + h) * TT;
-      // datt = dy v^T;  dv = att^T dy, summed over the group's query heads in order
-      zeroth::cpu::sgemm(false, true, T, T, hs, 1.0f, dy, Cq, qkv + v, W, 0.0f, da, T);
-      zeroth::cpu::sgemm(true, false, T, hs, T, 1.0f, a, T, dy, Cq, h % g == 0 ? 0.0f : 1.0f, dqkv + v, W);
-    }
-  }
-  for_rows(static_cast<size_t>(B) * NH * T, kRowChunk, [&](size_t row) {
-    const int t = static_cast<int>(row % T);
-    softmax_backward_row(datt + row * T, att + row * T, t + 1, scale);
-    std::fill(datt + row * T + t + 1, datt + row * T + T, 0.0f);
-  });
-  for (int b = 0; b < B; ++b) {
-    for (int h = 0; h < NH; ++h) {
-      const size_t base = static_cast<size_t>(b) * T * W, q = base + h * hs, k = base + (NH + h / g) * hs;
-      const float* da = datt + (static_cast<size_t>(b) * NH + h) * TT;
-      // dq = dS k;  dk = dS^T q, summed over the group's query heads in order
-      zeroth::cpu::sgemm(false, false, T, hs, T, 1.0f, da, T, qkv + k, W, 0.0f, dqkv + q, W);
-      zeroth::cpu::sgemm(true, false, T, hs, T, 1.0f, da, T, qkv + q, W, h % g == 0 ? 0.0f : 1.0f, dqkv + k, W);
-    }
   }
 }
 

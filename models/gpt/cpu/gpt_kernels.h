@@ -1,4 +1,4 @@
-// The GPT's CPU kernels, in f32: GEMMs through OpenBLAS, everything else over oneTBB with loops
+// The GPT's CPU kernels, in f32: GEMMs through core/cpu/gemm.h (oneDNN or OpenBLAS), everything else over oneTBB with loops
 // the compiler vectorizes per ISA. Shapes follow llm.c: N = B*T rows of C channels; weights are
 // [out, in] as in torch.nn.Linear. Every gradient kernel ADDS into parameter gradients (a block
 // may be used twice per micro-step) and overwrites activation gradients unless it says otherwise.
@@ -38,17 +38,18 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
 
 // Causal self-attention over qkv [B, T, (NH + 2 KVH) hs]: NH query heads, then KVH key heads and
 // KVH value heads of hs channels each; key/value head j serves query heads j g .. j g + g - 1
-// (g = NH / KVH: grouped-query attention; KVH = NH is multi-head attention). att [B, NH, T, T]
-// keeps the probabilities (zero above the diagonal); out is [B, T, NH hs].
-void attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int KVH, int hs);
+// (g = NH / KVH: grouped-query attention; KVH = NH is multi-head attention). out is [B, T, NH hs];
+// lse [B, NH, T] keeps each row's log-sum-exp of its scaled scores for backward. Runs by blocks
+// with an online softmax (attention.cc): no T x T matrix is held.
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int NH, int KVH, int hs);
 // Generation with a key/value cache: rows [pos, pos + n) of qkv [pos + n, (NH + 2 KVH) hs] (one
 // sequence) attend causally over rows [0, pos + n); out [n, NH hs] is what attention_forward gives
 // for those rows of the whole sequence. att is scratch of NH n (pos + n) floats.
 void attention_rows(float* out, float* att, const float* qkv, int pos, int n, int NH, int KVH, int hs);
-// dqkv is overwritten (a key/value head's gradient sums its query heads', in head order); datt is
-// scratch of att's size.
-void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int B, int T, int NH, int KVH,
-                        int hs);
+// dqkv is overwritten (a key/value head's gradient sums its query heads', in head order) from dout,
+// and the forward's out and lse.
+void attention_backward(float* dqkv, const float* dout, const float* out, const float* qkv, const float* lse, int B, int T, int NH,
+                        int KVH, int hs);
 
 // RMSNorm (Zhang and Sennrich 2019, as Llama computes it): out = x * rstd * weight with rstd =
 // 1 / sqrt(mean(x^2) + eps), over rows of C channels. Row (n, j) of N x groups starts at n * ld + j * C

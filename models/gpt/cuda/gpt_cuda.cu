@@ -432,8 +432,8 @@ class CudaKernels final : public Kernels {
                                              hs, G.heads));
     }
   }
-  void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv, const float* att, int B, int T, int NH,
-                          int KVH, int hs) override {
+  void attention_backward(float* dqkv, float* datt, const float* dout, const float* /*out*/, const float* qkv, const float* att, int B,
+                          int T, int NH, int KVH, int hs) override {
     const int W = (NH + 2 * KVH) * hs, Cq = NH * hs, g = NH / KVH;
     const Groups G = groups_of(NH, KVH, hs);
     const float scale = 1.0f / sqrtf(static_cast<float>(hs)), zero = 0.0f, one = 1.0f;
