@@ -37,6 +37,7 @@ void add_report_run_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
 void add_bench_kernels_command(CLI::App& bench);
+void add_bench_attention_command(CLI::App& bench);
 void add_bench_comm_command(CLI::App& bench);
 void add_bench_optim_command(CLI::App& bench);
 void add_bench_engine_command(CLI::App& bench);

@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   auto* bench = app.add_subcommand("bench", "Measure kernels, communication, optimizers, the engine, training, offload I/O");
   bench->require_subcommand(1);
   zeroth::tools::add_bench_kernels_command(*bench);
+  zeroth::tools::add_bench_attention_command(*bench);
   zeroth::tools::add_bench_comm_command(*bench);
   zeroth::tools::add_bench_optim_command(*bench);
   zeroth::tools::add_bench_engine_command(*bench);

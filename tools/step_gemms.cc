@@ -1,7 +1,8 @@
 #include "tools/step_gemms.h"
 
-#include <chrono>  // std::chrono::steady_clock
-#include <vector>  // std::vector
+#include <algorithm>  // std::max
+#include <chrono>     // std::chrono::steady_clock
+#include <vector>     // std::vector
 
 #include "core/cpu/gemm.h"  // sgemm, gemm_bf16
 #include "core/stats.h"     // median
@@ -28,14 +29,16 @@ std::vector<StepGemm> step_gemms(const GptConfig& m, int batch, int seq, bool bf
     linear("mlp up", C, m.ffn(), L);
     linear("mlp down", m.ffn(), C, L);
   }
-  // Attention per sequence and head, in f32 (scores, weighted values; their four gradients).
-  const int64_t per = heads * L;
-  out.push_back({"attention scores q k^T", false, true, T, T, hs, per, false});
-  out.push_back({"attention a v", false, false, T, hs, T, per, false});
-  out.push_back({"attention d(a) = dy v^T", false, true, T, T, hs, per, false});
-  out.push_back({"attention dv = a^T dy", true, false, T, hs, T, per, false});
-  out.push_back({"attention dq = dS k", false, false, T, hs, T, per, false});
-  out.push_back({"attention dk = dS^T q", true, false, T, hs, T, per, false});
+  // Attention per sequence and head, in f32 (scores, weighted values; their four gradients): the
+  // causal half of each T x T product, which is all the blocked attention computes of it (beside
+  // the scores it recomputes in backward), timed as a T x T/2 product of the same FLOPs.
+  const int64_t per = heads * L, half = std::max<int64_t>(1, T / 2);
+  out.push_back({"attention scores q k^T", false, true, T, half, hs, per, false});
+  out.push_back({"attention a v", false, false, T, hs, half, per, false});
+  out.push_back({"attention d(a) = dy v^T", false, true, T, half, hs, per, false});
+  out.push_back({"attention dv = a^T dy", true, false, half, hs, T, per, false});
+  out.push_back({"attention dq = dS k", false, false, T, hs, half, per, false});
+  out.push_back({"attention dk = dS^T q", true, false, half, hs, T, per, false});
   linear("LM head", C, m.vocab_size, 1);
   return out;
 }

@@ -22,8 +22,8 @@ struct StepGemm {
 };
 
 // The products of forward and backward for `batch` sequences of `seq` tokens, as the CPU kernels
-// call them (models/gpt/cpu/gpt_kernels.cc): per layer the linear layers (forward, input and
-// weight gradients) and attention's per-head products, then the LM head. `bf16`: the run's
+// call them (models/gpt/cpu/gpt_kernels.cc, attention.cc): per layer the linear layers (forward,
+// input and weight gradients) and attention's per-head products, then the LM head. `bf16`: the run's
 // parameters are bf16.
 std::vector<StepGemm> step_gemms(const GptConfig& m, int batch, int seq, bool bf16);
 

@@ -1,0 +1,133 @@
+// `zeroth bench attention`: the CPU's blocked causal attention, forward and backward, as GFLOP/s of
+// the model's own products next to the GEMM library's rate on one square product of the same
+// FLOPs, with the same threads, in the same run: the ceiling a kernel made of products can reach.
+#include <algorithm>  // std::max
+#include <chrono>     // std::chrono::steady_clock
+#include <cmath>      // std::cbrt, std::sin
+#include <cstdio>     // std::printf
+#include <memory>     // std::make_shared
+#include <string>     // std::string
+#include <vector>     // std::vector
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/cpu/gemm.h"     // measure_gemm, gemm_library_summary
+#include "core/cpu/kernels.h"  // cpu::num_threads
+#include "core/error.h"        // ZEROTH_CHECK
+#include "core/stats.h"        // median
+#include "models/gpt/cpu/gpt_kernels.h"
+#include "models/threads.h"  // share_cores
+#include "tools/commands.h"
+
+namespace zeroth::tools {
+namespace {
+
+struct Options {
+  int batch = 4, heads = 12, kv_heads = 0, head_size = 64, threads = 0, reps = 5;
+  std::vector<int> seq = {256, 512, 1024, 2048};
+  bool json = false;
+};
+
+template <class F>
+double median_seconds(int reps, F&& fn) {
+  fn();  // page faults and the library's first-call set-up are not what we measure
+  std::vector<double> times;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return median(times);
+}
+
+struct Row {
+  int T = 0;
+  double fwd_s = 0, bwd_s = 0, fwd_gflops = 0, bwd_gflops = 0, gemm_fwd_gflops = 0, gemm_bwd_gflops = 0;
+};
+
+// The square product whose 2 n^3 FLOPs are closest to `flops` (n a multiple of 16, at least 64).
+int square_of(double flops) { return std::max(64, static_cast<int>(std::cbrt(flops / 2) / 16 + 0.5) * 16); }
+
+void run(const Options& o) {
+  const int KVH = o.kv_heads > 0 ? o.kv_heads : o.heads;
+  ZEROTH_CHECK(o.batch >= 1 && o.heads >= 1 && o.head_size >= 1 && o.reps >= 1,
+               "--batch, --heads, --head-size and --reps must be positive");
+  ZEROTH_CHECK(o.heads % KVH == 0, "--kv-heads ({}) must divide --heads ({})", KVH, o.heads);
+  const int threads = o.threads > 0 ? o.threads : cpu::num_threads();
+  share_cores(1);
+  cpu::set_num_threads(threads);
+  cpu::set_gemm_threads(threads);
+  const int B = o.batch, NH = o.heads, hs = o.head_size;
+  const size_t W = static_cast<size_t>(NH + 2 * KVH) * hs, Cq = static_cast<size_t>(NH) * hs;
+  std::vector<Row> rows;
+  for (const int T : o.seq) {
+    ZEROTH_CHECK(T >= 1, "--seq lengths must be positive, got {}", T);
+    const size_t BT = static_cast<size_t>(B) * T;
+    std::vector<float> qkv(BT * W), out(BT * Cq), dout(BT * Cq), dqkv(BT * W), lse(static_cast<size_t>(B) * NH * T);
+    for (size_t i = 0; i < qkv.size(); ++i) qkv[i] = std::sin(0.37f * static_cast<float>(i % 10007));
+    for (size_t i = 0; i < dout.size(); ++i) dout[i] = std::sin(0.11f * static_cast<float>(i % 9973)) * 1e-2f;
+    // The model's FLOPs: the scores and the weighted sum over the keys each row may see (T (T + 1)
+    // / 2 pairs a head), and twice that backward (its four products; recomputing the scores is the
+    // kernel's own cost, not the model's).
+    const double fwd_flops = 2.0 * 2.0 * B * NH * hs * (static_cast<double>(T) * (T + 1) / 2), bwd_flops = 2 * fwd_flops;
+    Row r;
+    r.T = T;
+    r.fwd_s = median_seconds(o.reps, [&] { gpt::cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, T, NH, KVH, hs); });
+    r.bwd_s = median_seconds(o.reps, [&] {
+      gpt::cpu::attention_backward(dqkv.data(), dout.data(), out.data(), qkv.data(), lse.data(), B, T, NH, KVH, hs);
+    });
+    r.fwd_gflops = fwd_flops / r.fwd_s / 1e9, r.bwd_gflops = bwd_flops / r.bwd_s / 1e9;
+    r.gemm_fwd_gflops = cpu::measure_gemm(square_of(fwd_flops), o.reps).gflops;
+    r.gemm_bwd_gflops = cpu::measure_gemm(square_of(bwd_flops), o.reps).gflops;
+    rows.push_back(r);
+  }
+  const std::string library = cpu::gemm_library_summary(cpu::gemm_library());
+  if (o.json) {
+    nlohmann::json j;
+    j["gemm"] = library, j["threads"] = threads, j["batch"] = B, j["heads"] = NH, j["kv_heads"] = KVH, j["head_size"] = hs;
+    j["rows"] = nlohmann::json::array();
+    for (const Row& r : rows) {
+      j["rows"].push_back({{"seq", r.T},
+                           {"forward_ms", r.fwd_s * 1e3},
+                           {"backward_ms", r.bwd_s * 1e3},
+                           {"forward_gflops", r.fwd_gflops},
+                           {"backward_gflops", r.bwd_gflops},
+                           {"gemm_forward_gflops", r.gemm_fwd_gflops},
+                           {"gemm_backward_gflops", r.gemm_bwd_gflops},
+                           {"forward_of_gemm", r.fwd_gflops / r.gemm_fwd_gflops},
+                           {"backward_of_gemm", r.bwd_gflops / r.gemm_bwd_gflops}});
+    }
+    std::printf("%s\n", j.dump(2).c_str());
+    return;
+  }
+  std::printf("zeroth bench attention: causal, batch %d, %d query heads over %d, head size %d, %d thread(s), %s; median of %d\n", B,
+              NH, KVH, hs, threads, library.c_str(), o.reps);
+  std::printf("%6s %11s %9s %9s %8s %12s %9s %9s %8s\n", "seq", "forward ms", "GFLOP/s", "GEMM's", "of GEMM", "backward ms", "GFLOP/s",
+              "GEMM's", "of GEMM");
+  for (const Row& r : rows) {
+    std::printf("%6d %11.2f %9.1f %9.1f %8.2f %12.2f %9.1f %9.1f %8.2f\n", r.T, r.fwd_s * 1e3, r.fwd_gflops, r.gemm_fwd_gflops,
+                r.fwd_gflops / r.gemm_fwd_gflops, r.bwd_s * 1e3, r.bwd_gflops, r.gemm_bwd_gflops, r.bwd_gflops / r.gemm_bwd_gflops);
+  }
+  std::printf(
+      "(FLOPs are the model's: the causal half of the scores and weighted sums, twice that backward; GEMM's: the library's sgemm on "
+      "the square product of the same FLOPs, same threads)\n");
+}
+
+}  // namespace
+
+void add_bench_attention_command(CLI::App& bench) {
+  auto options = std::make_shared<Options>();
+  auto* cmd = bench.add_subcommand("attention", "GFLOP/s of the CPU's blocked causal attention next to the GEMM library's");
+  cmd->add_option("--batch", options->batch, "Sequences (default 4)");
+  cmd->add_option("--heads", options->heads, "Query heads (default 12)");
+  cmd->add_option("--kv-heads", options->kv_heads, "Key/value heads (default: as many as query heads)");
+  cmd->add_option("--head-size", options->head_size, "Channels per head (default 64)");
+  cmd->add_option("--seq", options->seq, "Sequence lengths (default 256 512 1024 2048)")->delimiter(',');
+  cmd->add_option("--threads", options->threads, "Threads (default: all)");
+  cmd->add_option("--reps", options->reps, "Timed repetitions; the median is reported (default 5)");
+  cmd->add_flag("--json", options->json, "Print JSON");
+  cmd->callback([options] { run(*options); });
+}
+
+}  // namespace zeroth::tools
