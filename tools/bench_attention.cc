@@ -1,7 +1,7 @@
 // `zeroth bench attention`: the CPU's blocked causal attention, forward and backward, as GFLOP/s of
 // the model's own products next to the GEMM library's rate on one square product of the same
 // FLOPs, with the same threads, in the same run: the ceiling a kernel made of products can reach.
-#include <algorithm>  // std::max
+#include <algorithm>  // std::clamp
 #include <chrono>     // std::chrono::steady_clock
 #include <cmath>      // std::cbrt, std::sin
 #include <cstdio>     // std::printf
@@ -46,8 +46,8 @@ struct Row {
   double fwd_s = 0, bwd_s = 0, fwd_gflops = 0, bwd_gflops = 0, gemm_fwd_gflops = 0, gemm_bwd_gflops = 0;
 };
 
-// The square product whose 2 n^3 FLOPs are closest to `flops` (n a multiple of 16, at least 64).
-int square_of(double flops) { return std::max(64, static_cast<int>(std::cbrt(flops / 2) / 16 + 0.5) * 16); }
+// The square product whose 2 n^3 FLOPs are closest to `flops` (n a multiple of 16 in [64, 8192]).
+int square_of(double flops) { return std::clamp(static_cast<int>(std::cbrt(flops / 2) / 16 + 0.5) * 16, 64, 8192); }
 
 void run(const Options& o) {
   const int KVH = o.kv_heads > 0 ? o.kv_heads : o.heads;

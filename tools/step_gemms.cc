@@ -30,8 +30,9 @@ std::vector<StepGemm> step_gemms(const GptConfig& m, int batch, int seq, bool bf
     linear("mlp down", m.ffn(), C, L);
   }
   // Attention per sequence and head, in f32 (scores, weighted values; their four gradients): the
-  // causal half of each T x T product, which is all the blocked attention computes of it (beside
-  // the scores it recomputes in backward), timed as a T x T/2 product of the same FLOPs.
+  // causal half of each T x T product, which the model needs (the blocked attention computes a
+  // little more, its diagonal blocks whole, and recomputes the scores in backward), timed as a
+  // T x T/2 product of the same FLOPs.
   const int64_t per = heads * L, half = std::max<int64_t>(1, T / 2);
   out.push_back({"attention scores q k^T", false, true, T, half, hs, per, false});
   out.push_back({"attention a v", false, false, T, hs, half, per, false});

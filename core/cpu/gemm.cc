@@ -30,9 +30,6 @@ namespace {
 std::atomic<int> g_threads{0};         // 0: not set yet
 thread_local int t_serial_scopes = 0;  // SerialProducts open on this thread
 
-// The threads this thread's next product may use.
-int product_threads() { return t_serial_scopes > 0 ? 1 : gemm_threads(); }
-
 // The checks of a BLAS's xerbla, stated; OpenBLAS takes int sizes.
 void check_arguments(const char* what, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb,
                      int64_t ldc) {
@@ -54,15 +51,16 @@ void scale_c(int64_t m, int64_t n, float beta, float* c, int64_t ldc) {
     for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0 ? 0.0f : beta * c[i * ldc + j];
 }
 
+#if ZEROTH_WITH_ONEDNN
+// The threads this thread's next product may use.
+int product_threads() { return t_serial_scopes > 0 ? 1 : gemm_threads(); }
+
 // OpenMP's thread count is per calling thread: each rank's thread sets its own once.
 void use_gemm_threads() {
-#if ZEROTH_WITH_ONEDNN
   const int threads = product_threads();
   if (omp_get_max_threads() != threads) omp_set_num_threads(threads);
-#endif
 }
 
-#if ZEROTH_WITH_ONEDNN
 std::string_view onednn_isa_name(dnnl_cpu_isa_t isa) {
   switch (isa) {
     case dnnl_cpu_isa_sse41: return "sse41";
@@ -255,7 +253,14 @@ size_t gemm_host_bytes() { return gemm_library() == GemmLibrary::onednn ? size_t
 
 SerialProducts::SerialProducts() { ++t_serial_scopes; }
 SerialProducts::~SerialProducts() { --t_serial_scopes; }
-bool serial_products_supported() { return gemm_library() == GemmLibrary::onednn; }
+bool serial_products_supported() {
+#if ZEROTH_WITH_ONEDNN
+  // The thread count a scope sets is OpenMP's; a oneDNN built on oneTBB would ignore it.
+  return gemm_library() == GemmLibrary::onednn && dnnl_version()->cpu_runtime == DNNL_RUNTIME_OMP;
+#else
+  return false;
+#endif
+}
 
 int gemm_threads() {
   const int threads = g_threads.load();

@@ -62,7 +62,7 @@ void set_gemm_threads(int threads);
 
 // Within its scope, the products this thread calls run on this thread alone: for kernels that
 // split their own work over threads and multiply small blocks in each (attention's blocks).
-// oneDNN only (serial_products_supported): OpenBLAS's thread count is one for the whole process,
+// oneDNN on OpenMP only (serial_products_supported): OpenBLAS's thread count is one for the process,
 // so there such kernels keep their loop serial and each product spreads over the library's threads.
 class SerialProducts {
  public:

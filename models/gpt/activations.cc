@@ -160,6 +160,11 @@ void Gpt::State::check_shape(int b, int t) const {
 
 void Gpt::State::reserve(Stream& stream, int b, int t, const std::vector<int>& per_chunk, DType compute) {
   if (b == B && t == T && per_chunk == chunk_slots) return;
+  if (cfg.attention_probabilities != gpt::attention_keeps_probabilities(device->kind())) {
+    ZEROTH_THROW(InvalidArgument, "GPT activations planned with attention_probabilities = {} on a device whose kernels keep {}",
+                 cfg.attention_probabilities,
+                 gpt::attention_keeps_probabilities(device->kind()) ? "the probabilities" : "log-sum-exps");
+  }
   const int n_slots = *std::max_element(per_chunk.begin(), per_chunk.end());
   check_shape(b, t);
   stream.synchronize();

@@ -87,7 +87,8 @@ struct Gpt::State {
   // The chunks slot i holds: those with more than i slots.
   static GptPart slot_part(const GptPart& part, const std::vector<int>& chunk_slots, int i);
   static size_t all_slots_floats(const GptConfig& c, const GptPart& part, const std::vector<int>& chunk_slots, int B, int T);
-  // dresid (this rank's rows), dC, dqkv, dfch, datt; with sequence parallelism the partial sums, a
+  // dresid (this rank's rows), dC, dqkv, dfch, datt (where the attention keeps its probabilities);
+  // with sequence parallelism the partial sums, a
   // gathered gradient and a gathered LayerNorm output, whole.
   static size_t scratch_floats(const GptConfig& c, const GptPart& part, int B, int T);
   // Of all_slots_floats + scratch_floats: the expert layers' dispatched and received rows (each

@@ -182,7 +182,8 @@ class ExpertGroup {
 
 // Generation's key/value cache of one layer (Gpt::decode, one sequence): `rows` holds the qkv rows
 // of positions [0, pos) from earlier passes; a pass writes its rows at [pos, pos + BT) and attends
-// over [0, pos + BT); att is scratch of NH BT (pos + BT) floats. rows == nullptr: no cache, the
+// over [0, pos + BT); att is scratch of NH BT (pos + BT) floats (the CPU uses NH BT of them: each
+// row's log-sum-exp). rows == nullptr: no cache, the
 // micro-batch attends within itself (training and evaluation).
 struct KvCache {
   float* rows = nullptr;

@@ -170,21 +170,31 @@ TEST_P(DecoderKernels, SwiGluMatchesItsDefinition) {
 // score, T for a softmax-weighted sum) over the sum of |terms|, plus what the scores' own error
 // does through the softmax (a score off by e moves each probability by at most 2 e of itself).
 // Lengths that fall inside one block of the CPU's blocked attention (1, 7, 9), fill it (64), and
-// span three chunks of keys with a one-row block at the end (513, at the models' head size).
+// span three chunks of keys with a one-row block at the end (513, at the models' head size); one
+// with scores in the hundreds, so a chunk's max may jump past what exp can take unshifted. Outputs
+// start as garbage, and the kept buffers are the size the device's kernels keep.
 TEST_P(DecoderKernels, GroupedQueryAttentionMatchesItsDefinition) {
   struct Shape {
     int T, NH, KVH, hs;
+    float spread;  // of q, k and v
   };
   const int B = 2;
-  for (const auto &[T, NH, KVH, hs] : {Shape{9, 4, 4, 8}, Shape{9, 4, 2, 8}, Shape{9, 6, 2, 8}, Shape{9, 4, 1, 8}, Shape{1, 4, 2, 8},
-                                       Shape{7, 6, 3, 16}, Shape{64, 4, 2, 8}, Shape{513, 4, 2, 64}}) {
-    SCOPED_TRACE(std::to_string(NH) + " query heads over " + std::to_string(KVH) + ", T " + std::to_string(T));
+  const bool probabilities = gpt::attention_keeps_probabilities(device_->kind());
+  for (const auto &[T, NH, KVH, hs, spread] :
+       {Shape{9, 4, 4, 8, 1}, Shape{9, 4, 2, 8, 1}, Shape{9, 6, 2, 8, 1}, Shape{9, 4, 1, 8, 1}, Shape{1, 4, 2, 8, 1},
+        Shape{7, 6, 3, 16, 1}, Shape{64, 4, 2, 8, 1}, Shape{513, 4, 2, 64, 1}, Shape{300, 2, 1, 16, 8}}) {
+    SCOPED_TRACE(std::to_string(NH) + " query heads over " + std::to_string(KVH) + ", T " + std::to_string(T) + ", spread " +
+                 std::to_string(spread));
     const int g = NH / KVH, W = (NH + 2 * KVH) * hs, Cq = NH * hs;
     const size_t TT = static_cast<size_t>(T) * T;
     std::mt19937 rng(14 + NH * 10 + KVH);
-    const Vec qkv = random_vec(static_cast<size_t>(B) * T * W, rng), dy = random_vec(static_cast<size_t>(B) * T * Cq, rng);
+    const Vec qkv = random_vec(static_cast<size_t>(B) * T * W, rng, spread), dy = random_vec(static_cast<size_t>(B) * T * Cq, rng);
     const double scale = 1.0 / std::sqrt(double(hs));
     D out(B * T * Cq), outa(B * T * Cq), dqkv(B * T * W, 0.0), dqkva(B * T * W, 0.0);
+    // f32 keeps no probability below its normal range (~e^-87, under kTiny): each may be off by
+    // kTiny absolutely, which the gradients carry with the terms' other factors (dtiny).
+    const double kTiny = 0x1.0p-125;
+    D dtiny(B * T * W, 0.0);
     std::vector<double> err_s(static_cast<size_t>(B) * NH * T);  // per query row: its scores' f32 error bound
     for (int b = 0; b < B; ++b) {
       for (int h = 0; h < NH; ++h) {
@@ -229,6 +239,7 @@ TEST_P(DecoderKernels, GroupedQueryAttentionMatchesItsDefinition) {
           for (int j = 0; j <= t; ++j) {
             dS[t * T + j] = P[t * T + j] * (dP[t * T + j] - row) * scale;
             dSa[t * T + j] = P[t * T + j] * (dPa[t * T + j] + rowa) * scale;
+            dPa[t * T + j] = (dPa[t * T + j] + rowa) * scale;  // from here on: dS's factor beside P
           }
           for (int j = 0; j <= t; ++j) {
             for (int i = 0; i < hs; ++i) {
@@ -236,13 +247,18 @@ TEST_P(DecoderKernels, GroupedQueryAttentionMatchesItsDefinition) {
               const size_t vat = (static_cast<size_t>(b) * T + j) * W + (NH + KVH + h / g) * hs + i;
               dqkv[kat] += dS[t * T + j] * q(t, i), dqkva[kat] += dSa[t * T + j] * std::abs(q(t, i));
               dqkv[vat] += P[t * T + j] * dyv(i), dqkva[vat] += P[t * T + j] * std::abs(dyv(i));
+              dtiny[kat] += kTiny * dPa[t * T + j] * std::abs(q(t, i)), dtiny[vat] += kTiny * std::abs(dyv(i));
             }
           }
           for (int i = 0; i < hs; ++i) {
             double s = 0, a = 0;
-            for (int j = 0; j <= t; ++j) s += dS[t * T + j] * kk(j, i), a += dSa[t * T + j] * std::abs(kk(j, i));
+            double tiny = 0;
+            for (int j = 0; j <= t; ++j) {
+              s += dS[t * T + j] * kk(j, i), a += dSa[t * T + j] * std::abs(kk(j, i));
+              tiny += kTiny * dPa[t * T + j] * std::abs(kk(j, i));
+            }
             const size_t at = (static_cast<size_t>(b) * T + t) * W + h * hs + i;
-            dqkv[at] = s, dqkva[at] = a;
+            dqkv[at] = s, dqkva[at] = a, dtiny[at] = tiny;
           }
         }
       }
@@ -252,12 +268,15 @@ TEST_P(DecoderKernels, GroupedQueryAttentionMatchesItsDefinition) {
     double es_max = 0;
     for (double e : err_s) es_max = std::max(es_max, e);
     D dqkvb(dqkv.size());
-    for (size_t i = 0; i < dqkv.size(); ++i) dqkvb[i] = ((2 * T + hs + 16) * kU + 4 * es_max) * dqkva[i] + kU * std::abs(dqkv[i]);
+    for (size_t i = 0; i < dqkv.size(); ++i)
+      dqkvb[i] = ((2 * T + hs + 16) * kU + 4 * es_max) * dqkva[i] + kU * std::abs(dqkv[i]) + dtiny[i];
     D outb(out.size());
     for (size_t i = 0; i < out.size(); ++i) outb[i] = outa[i] + kU * std::abs(out[i]);
     OnDevice d{*device_, {}};
-    float *pqkv = d.put(qkv), *pdy = d.put(dy), *pout = d.zeros(out.size()), *patt = d.zeros(B * NH * TT),
-          *pdatt = d.zeros(B * NH * TT), *pdqkv = d.put(random_vec(dqkv.size(), rng));  // overwritten, whatever it held
+    const size_t kept = static_cast<size_t>(B) * NH * (probabilities ? TT : T);
+    // Outputs are overwritten, whatever they held.
+    float *pqkv = d.put(qkv), *pdy = d.put(dy), *pout = d.put(random_vec(out.size(), rng)), *patt = d.zeros(kept),
+          *pdatt = probabilities ? d.zeros(kept) : nullptr, *pdqkv = d.put(random_vec(dqkv.size(), rng));
     auto k = gpt::make_kernels(device_->default_stream());
     k->submit([&] {
       k->attention_forward(pout, patt, pqkv, B, T, NH, KVH, hs);
@@ -269,7 +288,8 @@ TEST_P(DecoderKernels, GroupedQueryAttentionMatchesItsDefinition) {
     // cache holding positions [0, pos)) are those rows of the definition.
     for (const int pos : {0, T / 3, T - 1}) {
       const int n = T - pos;
-      float *prows = d.zeros(static_cast<size_t>(n) * Cq), *patt_rows = d.zeros(static_cast<size_t>(NH) * n * T);
+      float *prows = d.put(random_vec(static_cast<size_t>(n) * Cq, rng)),
+            *patt_rows = d.zeros(static_cast<size_t>(NH) * n * (probabilities ? T : 1));
       k->submit([&] { k->attention_rows(prows, patt_rows, pqkv + static_cast<size_t>(T) * W, pos, n, NH, KVH, hs); });
       const size_t first = (static_cast<size_t>(T) + pos) * Cq, count = static_cast<size_t>(n) * Cq;
       expect_within("attention rows from " + std::to_string(pos), d.get(prows, count),

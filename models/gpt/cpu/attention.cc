@@ -1,8 +1,9 @@
 // Causal attention on the CPU by blocks, after FlashAttention-2 (Dao 2023): a block of query rows
 // meets the keys a chunk at a time with an online softmax, so no T x T matrix is ever held. The
 // forward keeps each row's log-sum-exp; the backward recomputes a chunk's probabilities from it.
-// Blocks are split over oneTBB and each block's products run on its own thread, so the blocks of a
-// head see the same sums in the same order whatever the thread count.
+// Blocks are split over oneTBB, each block's products on its own thread; with fewer blocks than
+// threads (backward's tasks are key/value heads) they run in order, each product over the library's
+// threads. A head's sums add in the same order either way.
 #include <algorithm>  // std::min, std::max, std::clamp, std::fill
 #include <cmath>      // std::sqrt, std::log
 #include <cstring>    // std::memset
@@ -17,9 +18,10 @@ namespace {
 
 using zeroth::cpu::sgemm;
 
-// Query rows per block and keys per chunk. A chunk is a multiple of a block, so the chunk that
-// holds a block's diagonal starts at or before the block's first row: every row of every chunk a
-// block meets has at least one key it may see. 64 x 256 floats of scores stay in a core's L2.
+// Query rows per block and keys per chunk. A chunk is a multiple of a block, so for blocks that
+// start at a multiple of kRows (training's) the chunk holding the diagonal starts at or before the
+// block's first row: every row of every chunk such a block meets has a key it may see. 64 x 256
+// floats of scores stay in a core's L2.
 constexpr int kRows = 64;
 constexpr int kKeys = 256;
 static_assert(kKeys % kRows == 0);
@@ -51,10 +53,12 @@ ZEROTH_ISA_CLONES void softmax_grad_row(float* dp, const float* p, int n, float 
 }
 
 // body(i) for i in [0, n): over oneTBB, each thread's products on itself, where the GEMM library
-// allows that; else in order, each product over the library's threads.
+// allows that and there are at least as many blocks as threads; else in order, each product over
+// the library's threads.
 template <class F>
 void for_blocks(size_t n, F&& body) {
-  if (zeroth::cpu::num_threads() == 1 || !zeroth::cpu::serial_products_supported()) {
+  const int threads = zeroth::cpu::num_threads();
+  if (threads == 1 || n < static_cast<size_t>(threads) || !zeroth::cpu::serial_products_supported()) {
     for (size_t i = 0; i < n; ++i) body(i);
     return;
   }

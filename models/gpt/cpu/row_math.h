@@ -19,9 +19,11 @@
 
 namespace zeroth::gpt::cpu {
 
-// expf to ~2 ulp on [-87, 88] (Cephes' polynomial), written so loops over it vectorize.
-inline float fast_exp(float x) {
-  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+// expf to ~2 ulp on [-87, 88] (Cephes' polynomial), written so loops over it vectorize; 0 below
+// -87, where expf leaves the normal range (a product of such a value with another, as attention's
+// backward takes, must not come out ~1e-38 larger than it is).
+inline float fast_exp(float x_in) {
+  const float x = x_in < -87.0f ? -87.0f : (x_in > 88.0f ? 88.0f : x_in);
   const float kMagic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
   float n = x * 1.44269504088896341f + kMagic;
   n -= kMagic;
@@ -37,7 +39,7 @@ inline float fast_exp(float x) {
   const int32_t e = (static_cast<int32_t>(n) + 127) << 23;
   float scale;
   std::memcpy(&scale, &e, sizeof scale);
-  return p * scale;
+  return x_in < -87.0f ? 0.0f : p * scale;
 }
 
 // Row loops of gpt_kernels.cc, cloned per ISA there. Sums and maxima run in 16 lanes combined in a
