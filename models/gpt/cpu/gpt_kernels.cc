@@ -234,15 +234,6 @@ const float* rounded_f32(const float* x, size_t n, int slot) {
   return b.data();
 }
 
-// A bf16 product over N rows runs in pieces of rows whose rounded operands fit kRoundedBytes, so
-// the rounding buffers stay bounded whatever the batch and the vocabulary (the LM head's output
-// gradient alone is N x V). f(first row, rows) per piece, in order.
-template <class F>
-void for_pieces(size_t N, int width, F&& f) {
-  const size_t rows = bf16_piece_rows(width);
-  for (size_t r0 = 0; r0 < N; r0 += rows) f(r0, static_cast<int64_t>(std::min(rows, N - r0)));
-}
-
 }  // namespace
 
 void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B, int T, int C, int v_lo, int V) {
@@ -300,8 +291,6 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
   }
 }
 
-size_t bf16_piece_rows(int width) { return std::max<size_t>(1, kBf16PieceBytes / (sizeof(float) * std::max(width, 1))); }
-
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, size_t N, int IC, int OC,
                     const uint16_t* weight_bf16) {
   float beta = 0.0f;
@@ -309,45 +298,30 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
     for_rows(N, kRowChunk, [&](size_t n) { std::memcpy(out + n * OC, bias, sizeof(float) * OC); });
     beta = 1.0f;
   }
-  if (weight_bf16 == nullptr) {
-    return zeroth::cpu::sgemm(false, true, static_cast<int64_t>(N), OC, IC, 1.0f, inp, IC, weight, IC, beta, out, OC);
+  const int64_t n = static_cast<int64_t>(N);
+  if (weight_bf16 == nullptr) return zeroth::cpu::sgemm(false, true, n, OC, IC, 1.0f, inp, IC, weight, IC, beta, out, OC);
+  if (zeroth::cpu::gemm_bf16_native()) {
+    return zeroth::cpu::gemm_bf16(false, true, n, OC, IC, 1.0f, rounded(inp, N * IC, 0), IC, weight_bf16, IC, beta, out, OC);
   }
-  const bool native = zeroth::cpu::gemm_bf16_native();
-  for_pieces(N, IC, [&](size_t r0, int64_t n) {
-    const float* x = inp + r0 * IC;
-    float* y = out + r0 * OC;
-    if (native) {
-      zeroth::cpu::gemm_bf16(false, true, n, OC, IC, 1.0f, rounded(x, n * IC, 0), IC, weight_bf16, IC, beta, y, OC);
-    } else {
-      zeroth::cpu::sgemm(false, true, n, OC, IC, 1.0f, rounded_f32(x, n * IC, 0), IC, weight, IC, beta, y, OC);
-    }
-  });
+  zeroth::cpu::sgemm(false, true, n, OC, IC, 1.0f, rounded_f32(inp, N * IC, 0), IC, weight, IC, beta, out, OC);
 }
 
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight, size_t N,
                      int IC, int OC, const uint16_t* weight_bf16) {
+  const int64_t n = static_cast<int64_t>(N);
   if (weight_bf16 == nullptr) {
-    const int64_t n = static_cast<int64_t>(N);
     if (dinp != nullptr) zeroth::cpu::sgemm(false, false, n, IC, OC, 1.0f, dout, OC, weight, IC, 0.0f, dinp, IC);
     if (dweight != nullptr) zeroth::cpu::sgemm(true, false, OC, IC, n, 1.0f, dout, OC, inp, IC, 1.0f, dweight, IC);
+  } else if (zeroth::cpu::gemm_bf16_native()) {
+    const uint16_t* dy = rounded(dout, N * OC, 0);
+    if (dinp != nullptr) zeroth::cpu::gemm_bf16(false, false, n, IC, OC, 1.0f, dy, OC, weight_bf16, IC, 0.0f, dinp, IC);
+    if (dweight != nullptr)
+      zeroth::cpu::gemm_bf16(true, false, OC, IC, n, 1.0f, dy, OC, rounded(inp, N * IC, 1), IC, 1.0f, dweight, IC);
   } else {
-    const bool native = zeroth::cpu::gemm_bf16_native();
-    // The weight gradient sums over the pieces in order: the same sum, split where the pieces are.
-    for_pieces(N, std::max(IC, OC), [&](size_t r0, int64_t n) {
-      const float *dy = dout + r0 * OC, *x = inp + r0 * IC;
-      float* dx = dinp != nullptr ? dinp + r0 * IC : nullptr;
-      if (native) {
-        const uint16_t* dy16 = rounded(dy, n * OC, 0);
-        if (dx != nullptr) zeroth::cpu::gemm_bf16(false, false, n, IC, OC, 1.0f, dy16, OC, weight_bf16, IC, 0.0f, dx, IC);
-        if (dweight != nullptr)
-          zeroth::cpu::gemm_bf16(true, false, OC, IC, n, 1.0f, dy16, OC, rounded(x, n * IC, 1), IC, 1.0f, dweight, IC);
-      } else {
-        const float* dyr = rounded_f32(dy, n * OC, 0);
-        if (dx != nullptr) zeroth::cpu::sgemm(false, false, n, IC, OC, 1.0f, dyr, OC, weight, IC, 0.0f, dx, IC);
-        if (dweight != nullptr)
-          zeroth::cpu::sgemm(true, false, OC, IC, n, 1.0f, dyr, OC, rounded_f32(x, n * IC, 1), IC, 1.0f, dweight, IC);
-      }
-    });
+    const float* dy = rounded_f32(dout, N * OC, 0);
+    if (dinp != nullptr) zeroth::cpu::sgemm(false, false, n, IC, OC, 1.0f, dy, OC, weight, IC, 0.0f, dinp, IC);
+    if (dweight != nullptr)
+      zeroth::cpu::sgemm(true, false, OC, IC, n, 1.0f, dy, OC, rounded_f32(inp, N * IC, 1), IC, 1.0f, dweight, IC);
   }
   if (dbias != nullptr) {
     const size_t chunks = (N + 63) / 64;

@@ -30,13 +30,6 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 // (cpu::gemm_bf16_native), else in f32 on the same values.
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, size_t N, int IC, int OC,
                     const uint16_t* weight_bf16 = nullptr);
-// A bf16 product rounds its operands in pieces of rows, each piece's rounded operand at most
-// kBf16PieceBytes as f32, so the per-thread rounding buffers stay bounded whatever the batch and the
-// vocabulary (the LM head's output gradient alone is N x V). bf16_piece_rows: the rows of a piece
-// of a `width`-wide operand.
-inline constexpr size_t kBf16PieceBytes = size_t{16} << 20;
-size_t bf16_piece_rows(int width);
-
 // dinp = dout x weight (overwritten), dweight += dout^T x inp, dbias += column sums of dout; a null
 // dinp or dweight is not computed (an expert's input gradient leaves before its weights' are made).
 // With weight_bf16, dout and inp are rounded to bf16 for both products.
@@ -51,7 +44,7 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int NH, int KVH, int hs);
 // Generation with a key/value cache: rows [pos, pos + n) of qkv [pos + n, (NH + 2 KVH) hs] (one
 // sequence) attend causally over rows [0, pos + n); out [n, NH hs] is what attention_forward gives
-// for those rows of the whole sequence. att is scratch of NH n floats (the rows' log-sum-exp).
+// for those rows of the whole sequence. att is scratch of NH n (pos + n) floats.
 void attention_rows(float* out, float* att, const float* qkv, int pos, int n, int NH, int KVH, int hs);
 // dqkv is overwritten (a key/value head's gradient sums its query heads', in head order) from dout,
 // and the forward's out and lse.
