@@ -9,6 +9,7 @@
 #include <tbb/parallel_for.h>
 
 #include <algorithm>  // std::min
+#include <bit>        // std::bit_cast
 #include <cmath>      // std::sqrt, std::log
 #include <cstring>    // std::memcpy
 #include <vector>     // std::vector
@@ -225,12 +226,21 @@ const uint16_t* rounded(const float* x, size_t n, int slot) {
   return b.data();
 }
 
+// x rounded to bf16 as cpu::cast rounds (nearest even; a NaN stays a NaN), kept in f32: one pass.
+ZEROTH_ISA_CLONES void round_to_bf16(float* out, const float* x, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t u = std::bit_cast<uint32_t>(x[i]);
+    const uint32_t nearest = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u, cut = u & 0xffff0000u;
+    const uint32_t nan = (cut & 0x007f0000u) != 0 ? cut : (cut | 0x00400000u);
+    out[i] = std::bit_cast<float>((u & 0x7fffffffu) > 0x7f800000u ? nan : nearest);
+  }
+}
+
 const float* rounded_f32(const float* x, size_t n, int slot) {
   thread_local std::vector<float> buffers[2];
   auto& b = buffers[slot];
   if (b.size() < n) b.resize(n);
-  const uint16_t* r = rounded(x, n, slot);
-  zeroth::cpu::cast(r, DType::bf16, b.data(), DType::f32, n);
+  for_chunks(n, [&](size_t begin, size_t len) { round_to_bf16(b.data() + begin, x + begin, len); });
   return b.data();
 }
 
