@@ -44,7 +44,7 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int NH, int KVH, int hs);
 // Generation with a key/value cache: rows [pos, pos + n) of qkv [pos + n, (NH + 2 KVH) hs] (one
 // sequence) attend causally over rows [0, pos + n); out [n, NH hs] is what attention_forward gives
-// for those rows of the whole sequence. att is scratch of NH n (pos + n) floats.
+// for those rows of the whole sequence. att is scratch of NH n floats (the rows' log-sum-exp).
 void attention_rows(float* out, float* att, const float* qkv, int pos, int n, int NH, int KVH, int hs);
 // dqkv is overwritten (a key/value head's gradient sums its query heads', in head order) from dout,
 // and the forward's out and lse.
