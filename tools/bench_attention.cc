@@ -43,7 +43,7 @@ double median_seconds(int reps, F&& fn) {
 
 struct Row {
   int T = 0;
-  double fwd_s = 0, bwd_s = 0, fwd_gflops = 0, bwd_gflops = 0, gemm_fwd_gflops = 0, gemm_bwd_gflops = 0;
+  double fwd_flops = 0, fwd_s = 0, bwd_s = 0, fwd_gflops = 0, bwd_gflops = 0, gemm_fwd_gflops = 0, gemm_bwd_gflops = 0;
 };
 
 // The square product whose 2 n^3 FLOPs are closest to `flops` (n a multiple of 16 in [64, 8192]).
@@ -72,7 +72,7 @@ void run(const Options& o) {
     // kernel's own cost, not the model's).
     const double fwd_flops = 2.0 * 2.0 * B * NH * hs * (static_cast<double>(T) * (T + 1) / 2), bwd_flops = 2 * fwd_flops;
     Row r;
-    r.T = T;
+    r.T = T, r.fwd_flops = fwd_flops;
     r.fwd_s = median_seconds(o.reps, [&] { gpt::cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, T, NH, KVH, hs); });
     r.bwd_s = median_seconds(o.reps, [&] {
       gpt::cpu::attention_backward(dqkv.data(), dout.data(), out.data(), qkv.data(), lse.data(), B, T, NH, KVH, hs);
@@ -89,6 +89,8 @@ void run(const Options& o) {
     j["rows"] = nlohmann::json::array();
     for (const Row& r : rows) {
       j["rows"].push_back({{"seq", r.T},
+                           {"forward_flops", r.fwd_flops},
+                           {"backward_flops", 2 * r.fwd_flops},
                            {"forward_ms", r.fwd_s * 1e3},
                            {"backward_ms", r.bwd_s * 1e3},
                            {"forward_gflops", r.fwd_gflops},
