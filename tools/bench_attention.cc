@@ -2,7 +2,6 @@
 // the model's own products next to the GEMM library's rate on one square product of the same
 // FLOPs, with the same threads, in the same run: the ceiling a kernel made of products can reach.
 #include <algorithm>  // std::clamp
-#include <chrono>     // std::chrono::steady_clock
 #include <cmath>      // std::cbrt, std::sin
 #include <cstdio>     // std::printf
 #include <memory>     // std::make_shared
@@ -15,7 +14,7 @@
 #include "core/cpu/gemm.h"     // measure_gemm, gemm_library_summary
 #include "core/cpu/kernels.h"  // cpu::num_threads
 #include "core/error.h"        // ZEROTH_CHECK
-#include "core/stats.h"        // median
+#include "core/stats.h"        // median_seconds
 #include "models/gpt/cpu/gpt_kernels.h"
 #include "models/threads.h"  // share_cores
 #include "tools/commands.h"
@@ -28,18 +27,6 @@ struct Options {
   std::vector<int> seq = {256, 512, 1024, 2048};
   bool json = false;
 };
-
-template <class F>
-double median_seconds(int reps, F&& fn) {
-  fn();  // page faults and the library's first-call set-up are not what we measure
-  std::vector<double> times;
-  for (int i = 0; i < reps; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    fn();
-    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return median(times);
-}
 
 struct Row {
   int T = 0;

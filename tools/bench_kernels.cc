@@ -3,7 +3,6 @@
 #include <tbb/parallel_for.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -18,6 +17,7 @@
 #include "core/device.h"
 #include "core/error.h"
 #include "core/memory.h"
+#include "core/stats.h"  // median_seconds
 #include "tools/commands.h"
 
 namespace zeroth::tools {
@@ -36,18 +36,6 @@ struct Result {
   size_t bytes = 0;  // read + written per call
   double median_s = 0;
 };
-
-double median_seconds(int reps, const std::function<void()>& fn) {
-  fn();  // warm-up: page faults and caches are not what we measure
-  std::vector<double> times;
-  for (int i = 0; i < reps; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    fn();
-    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
-}
 
 // memcpy split into one large piece per thread: each call is big enough for glibc to use
 // streaming stores, as the kernels do.

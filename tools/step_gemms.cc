@@ -1,11 +1,10 @@
 #include "tools/step_gemms.h"
 
 #include <algorithm>  // std::max
-#include <chrono>     // std::chrono::steady_clock
 #include <vector>     // std::vector
 
 #include "core/cpu/gemm.h"  // sgemm, gemm_bf16
-#include "core/stats.h"     // median
+#include "core/stats.h"     // median_seconds
 
 namespace zeroth::tools {
 
@@ -54,14 +53,7 @@ void time_step_gemms(std::vector<StepGemm>& gemms, int reps) {
       if (g.bf16) cpu::gemm_bf16(g.trans_a, g.trans_b, g.m, g.n, g.k, 1.0f, a16.data(), lda, b16.data(), ldb, 0.0f, c.data(), g.n);
       else cpu::sgemm(g.trans_a, g.trans_b, g.m, g.n, g.k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), g.n);
     };
-    call();
-    std::vector<double> seconds;
-    for (int r = 0; r < reps; ++r) {
-      const auto t0 = std::chrono::steady_clock::now();
-      call();
-      seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    }
-    g.seconds = median(seconds);
+    g.seconds = median_seconds(reps, call);
   }
 }
 
