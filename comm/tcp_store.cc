@@ -64,6 +64,32 @@ bool same_token(const std::string& a, const std::string& b) {
   return diff == 0;
 }
 
+// Closes a connection so that what was written reaches the peer. Closing a socket with unread input
+// makes the kernel answer with a reset, which can discard the bytes still in flight: a client that
+// sent requests after a refused token would see "connection reset" instead of the refusal. So the
+// write side ends first (a FIN after the data), and the input is drained for a short, bounded time.
+void close_after_delivery(int fd) {
+  constexpr auto kDrain = std::chrono::milliseconds(500);
+  constexpr std::size_t kDrainBytes = std::size_t{1} << 20;
+  ::shutdown(fd, SHUT_WR);
+  const auto deadline = clock::now() + kDrain;
+  std::size_t drained = 0;
+  char sink[4096];
+  while (drained < kDrainBytes) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now()).count();
+    if (left <= 0) break;
+    pollfd pfd{fd, POLLIN, 0};
+    const int ready = ::poll(&pfd, 1, static_cast<int>(left));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) break;
+    const ssize_t n = ::recv(fd, sink, sizeof sink, MSG_DONTWAIT);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n <= 0) break;
+    drained += static_cast<std::size_t>(n);
+  }
+  ::close(fd);
+}
+
 std::string numeric_host(const sockaddr* addr) {
   char text[INET6_ADDRSTRLEN] = "?";
   if (addr->sa_family == AF_INET) ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(addr)->sin_addr, text, sizeof text);
@@ -314,10 +340,15 @@ void TcpStoreServer::serve(int fd) {
   } catch (const std::exception& e) {
     ZLOG_WARN("store server: client connection failed: {}", e.what());
   }
+  {
+    // Out of the list first, so that the destructor's shutdown does not reach a number the
+    // kernel may already have handed to another socket.
+    std::lock_guard lock(mutex_);
+    std::erase(client_fds_, fd);
+  }
+  close_after_delivery(fd);
   std::lock_guard lock(mutex_);
   --clients_;
-  std::erase(client_fds_, fd);
-  ::close(fd);
   changed_.notify_all();
 }
 
