@@ -49,6 +49,9 @@ struct Options {
   // A modeled link under the all-to-alls (comm/communicator.h's LinkModel): the expert runs are
   // timed with them in turn and overlapped, next to the free (memcpy) exchange.
   double link_gbps = 0, link_latency_us = 0;
+  // The LM head and loss by chunks of this many tokens (model.chunked_loss), timed next to the
+  // whole logits; 0: not timed.
+  int loss_chunk = 0;
   bool reference = true;
   bool json = false;
   std::string python = "/usr/bin/python3";
@@ -77,6 +80,7 @@ std::vector<double> run_zeroth(const Options& o, const GptConfig& model, bool mo
                         {"val_fraction", 0.0}}},
                       {"run", {{"steps", o.steps + 1}, {"world_size", o.ranks}}}};
   if (o.dtype == "bf16") j["bf16"] = {{"enabled", true}};
+  if (model.loss_chunk_rows > 0) j["model"]["chunked_loss"] = model.loss_chunk_rows;
   if (moe) {
     j["model"]["moe"] = {{"num_experts", o.experts},
                          {"top_k", o.top_k},
@@ -190,6 +194,18 @@ void run(const Options& o) {
   const double z = median(run_zeroth(o, m));
   say("  %-22s median step %7.3f s   %8.0f tokens/s\n", fmt::format("zeroth (stage {})", o.stage).c_str(), z, tokens / z);
   std::fflush(stdout);
+  if (o.loss_chunk > 0) {
+    // What the chunks save (the activations Gpt plans, one rank, one micro-batch) and what making
+    // each chunk's logits again costs.
+    GptConfig chunked = m;
+    chunked.loss_chunk_rows = o.loss_chunk;
+    const double c = median(run_zeroth(o, chunked));
+    const double whole_mib = static_cast<double>(Gpt::activation_bytes(m, o.batch, o.seq)) / (1 << 20);
+    const double chunked_mib = static_cast<double>(Gpt::activation_bytes(chunked, o.batch, o.seq)) / (1 << 20);
+    say("  %-22s median step %7.3f s   %8.0f tokens/s  (%.3fx the step; activations %.0f MiB against %.0f MiB)\n",
+        fmt::format("loss by {} tokens", o.loss_chunk).c_str(), c, tokens / c, c / z, chunked_mib, whole_mib);
+    std::fflush(stdout);
+  }
   // The ceiling: the step's own products timed alone, one rank's worth on the same threads.
   double gemm_s = 0, gemm_flops = 0;
   if (o.ranks == 1 && o.experts == 0) {
@@ -277,6 +293,9 @@ void add_bench_train_command(CLI::App& bench) {
   cmd->add_option("--link-latency-us", o->link_latency_us, "The modeled link's latency per all-to-all (with --link-gbps)");
   cmd->add_flag("!--no-reference", o->reference, "Skip the PyTorch side");
   cmd->add_flag("--json", o->json, "Print JSON (zeroth only: tokens/s and model FLOPs per token, what zeroth plan --calibrate reads)");
+  cmd->add_option("--loss-chunk", o->loss_chunk,
+                  "Also time the step with the LM head and loss by chunks of this many tokens (model.chunked_loss), next to the "
+                  "whole logits");
   cmd->add_option("--python", o->python, "Interpreter with torch");
   cmd->callback([o] { run(*o); });
 }

@@ -148,10 +148,12 @@ class Console final : public RunConsole {
     rows.reserve(16);  // also keeps GCC 12's -Warray-bounds from misreading the first emplace_back
     const std::string active = m.moe.enabled() ? fmt::format(" ({} active per token)", si(static_cast<double>(m.active_parameters())))
                                                : std::string();
-    rows.emplace_back("model", fmt::format("{}{}, seq {}, vocab {}: {} parameters{}{}", m.describe(),
-                                           c.model_preset.empty() ? "" : " (" + c.model_preset + ")", m.seq_len, m.vocab_size,
-                                           si(static_cast<double>(f.parameters)), active,
-                                           m.activation_checkpointing ? ", activation checkpointing" : ""));
+    rows.emplace_back("model",
+                      fmt::format("{}{}, seq {}, vocab {}: {} parameters{}{}{}", m.describe(),
+                                  c.model_preset.empty() ? "" : " (" + c.model_preset + ")", m.seq_len, m.vocab_size,
+                                  si(static_cast<double>(f.parameters)), active,
+                                  m.activation_checkpointing ? ", activation checkpointing" : "",
+                                  m.loss_chunk_rows > 0 ? fmt::format(", loss by chunks of {} tokens", m.loss_chunk_rows) : ""));
     if (m.moe.enabled()) {
       const auto& e = m.moe;
       rows.emplace_back("experts", fmt::format("top {} of {}, {}, aux loss x {:g}{}", e.top_k, e.num_experts,

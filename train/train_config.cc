@@ -267,6 +267,10 @@ TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) 
 
   json c = config;
   read_parallel(t, c);
+  // Recomputing the layers already trades compute for memory; the LM head's logits, often the
+  // largest activation left, follow unless the model section says otherwise.
+  const bool chunked_loss_given = config.contains("model") && config["model"].is_object() && config["model"].contains("chunked_loss");
+  if (!chunked_loss_given && t.model.activation_checkpointing) t.model.loss_chunk_rows = t.model.auto_loss_chunk_rows();
   resolve_auto(c, t.data_parallel(), t.run.steps, t.model.n_embd);
   check_deepspeed_extras(c);
   resolve_batch(t, c);
@@ -322,6 +326,7 @@ TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) 
   c["model"] = {{"vocab_size", t.model.vocab_size}, {"seq_len", t.model.seq_len},
                 {"n_layer", t.model.n_layer},       {"n_head", t.model.n_head},
                 {"n_embd", t.model.n_embd},         {"activation_checkpointing", t.model.activation_checkpointing}};
+  c["model"]["chunked_loss"] = t.model.loss_chunk_rows > 0 ? json(t.model.loss_chunk_rows) : json(false);
   if (!t.model_preset.empty()) c["model"]["preset"] = t.model_preset;
   if (t.model.llama()) {
     // Spelled out whole (a model.hf_config's shape too), so a checkpoint's config needs no other file.

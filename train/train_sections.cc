@@ -83,6 +83,7 @@ void read_model(TrainConfig& t, const json& j, int default_vocab) {
                                                "n_head",
                                                "n_embd",
                                                "activation_checkpointing",
+                                               "chunked_loss",
                                                "no_weight_decay",
                                                "architecture",
                                                "hf_config",
@@ -155,6 +156,15 @@ void read_model(TrainConfig& t, const json& j, int default_vocab) {
   if (s.has("moe")) read_moe(s, g, s.has("hf_config"));
   // DeepSpeed's activation_checkpointing section turns it on unless the model section says otherwise.
   g.activation_checkpointing = s.flag("activation_checkpointing", j.contains("activation_checkpointing"));
+  // Unset, it follows activation checkpointing once every section has had its say (from_json).
+  if (s.has("chunked_loss")) {
+    if (const json& v = s.raw("chunked_loss"); v.is_boolean()) {
+      g.loss_chunk_rows = v.get<bool>() ? g.auto_loss_chunk_rows() : 0;
+    } else {
+      g.loss_chunk_rows = static_cast<int>(
+          s.integer("chunked_loss", 0, 1, 1 << 24, "true (chunks sized to the vocabulary), false, or a count of tokens per chunk"));
+    }
+  }
   if (j.contains("activation_checkpointing")) {
     // The section's presence turns checkpointing on; cpu_checkpointing is its one key with an
     // effect, the others are in the vocabulary table.

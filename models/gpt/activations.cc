@@ -94,7 +94,7 @@ size_t Gpt::State::slot_floats(const GptConfig& c, const GptPart& part, int B, i
   const Dims d = Dims::of(c, part);
   const size_t BT = static_cast<size_t>(B) * T, C = c.n_embd, R = d.rows(BT);
   const size_t layers = c.activation_checkpointing ? 1 : owned_layers(part);
-  const size_t head = part.has_head(c) ? BT * C + 2 * R + BT * d.V + 4 * BT : 0;
+  const size_t head = part.has_head(c) ? BT * C + 2 * R + (d.keeps_logits() ? BT * d.V : 0) + 4 * BT : 0;
   return (resid_copies(c, part) + port_count(c, part)) * R * C + expert_inputs(c, part) * BT * C +
          layers * layer_floats(c, d, BT, B, T) + head;
 }
@@ -139,7 +139,9 @@ size_t Gpt::State::scratch_floats(const GptConfig& c, const GptPart& part, int B
   const size_t rows = d.moe ? d.moe_rows(BT) : 0;
   const size_t moe = d.moe ? 2 * BT * d.gate.experts + 2 * rows * C + BT * d.gate.top_k + d.moe_exchange_floats(BT) : 0;
   const size_t datt = c.attention_probabilities ? attention_floats(c, d, B, T) : 0;
-  return d.rows(BT) * C + BT * (dC + d.W) + mlp.fch + datt + (d.sp ? 3 * BT * C : 0) + llama + moe;
+  // One chunk's logits where the loss runs by chunks (decoding's one row fits in it).
+  const size_t logits = part.has_head(c) && !d.keeps_logits() ? d.loss_chunk(BT) * d.V : 0;
+  return d.rows(BT) * C + BT * (dC + d.W) + mlp.fch + datt + (d.sp ? 3 * BT * C : 0) + llama + moe + logits;
 }
 
 void Gpt::State::check_shape(int b, int t) const {
@@ -244,7 +246,8 @@ void Gpt::State::reserve(Stream& stream, int b, int t, const std::vector<int>& p
       if (cfg.activation_checkpointing) sl.moe_x[l] = take(BT * C);
     }
     if (head) {
-      sl.lnf = take(BT * C), sl.lnf_mean = take(R), sl.lnf_rstd = take(R), sl.logits = take(BT * dims.V), sl.ce_stats = take(4 * BT);
+      sl.lnf = take(BT * C), sl.lnf_mean = take(R), sl.lnf_rstd = take(R);
+      sl.logits = dims.keeps_logits() ? take(BT * dims.V) : nullptr, sl.ce_stats = take(4 * BT);
     }
     sl.dout.assign(part.chunks.size(), nullptr);
     sl.din.assign(part.chunks.size(), nullptr);
@@ -259,6 +262,7 @@ void Gpt::State::reserve(Stream& stream, int b, int t, const std::vector<int>& p
   d.datt = cfg.attention_probabilities ? take(attention_floats(cfg, dims, b, t)) : nullptr;
   d.partial = dims.sp ? take(BT * C) : nullptr, d.gathered = dims.sp ? take(BT * C) : nullptr;
   d.ln_whole = dims.sp ? take(BT * C) : nullptr;
+  d.logits = part.has_head(cfg) && !dims.keeps_logits() ? take(dims.loss_chunk(BT) * dims.V) : nullptr;
   if (dims.moe) {
     const size_t E = dims.gate.experts;
     d.moe_logits = take(BT * E), d.moe_dlogits = take(BT * E), d.moe_drows = take(moe_rows * C);

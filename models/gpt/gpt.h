@@ -98,6 +98,13 @@ struct GptConfig {
   // recompute, but for the last two, which backward finds in the working copies (DeepSpeed's
   // activation_checkpointing.cpu_checkpointing).
   bool cpu_checkpointing = false;
+  // The LM head and the loss by chunks of this many tokens (0: whole). Chunked, no micro-batch
+  // keeps its [tokens, vocabulary] logits: forward keeps each token's softmax statistics, and
+  // backward makes each chunk's logits again (one more LM-head product) and turns them into their
+  // gradient, in a scratch of one chunk's logits (model.chunked_loss).
+  int loss_chunk_rows = 0;
+  // The chunk that keeps a chunk's logits near 64 MiB: a multiple of 64 tokens, at least 64.
+  int auto_loss_chunk_rows() const;
   // What a layer's attention keeps for its backward, which the device decides, not a config file:
   // CUDA's kernels keep the probabilities (B NH T T floats, and as much scratch for backward), the
   // CPU's blocked attention each row's log-sum-exp (B NH T floats). Gpt sets it from its device,

@@ -1,6 +1,7 @@
 // The GPT's configuration: the published presets, parameter counts (total and active per token),
 // the checks that name the offending key, descriptions, and the rotary table.
-#include <cmath>  // std::pow, std::cos, std::sin
+#include <algorithm>  // std::clamp
+#include <cmath>      // std::pow, std::cos, std::sin
 
 #include <fmt/format.h>  // fmt::format
 #include <fmt/ranges.h>  // fmt::join
@@ -139,12 +140,23 @@ void GptConfig::validate() const {
   } else if (moe.num_experts < 0) {
     ZEROTH_THROW(ConfigError, "model.moe.num_experts must not be negative, got {}", moe.num_experts);
   }
+  if (loss_chunk_rows < 0) {
+    ZEROTH_THROW(ConfigError,
+                 "model.chunked_loss: {} tokens per chunk; give a positive count, true (sized to the vocabulary) or false",
+                 loss_chunk_rows);
+  }
   if (cpu_checkpointing && !activation_checkpointing) {
     ZEROTH_THROW(
         ConfigError,
         "activation_checkpointing.cpu_checkpointing moves the activation checkpoints to host memory, but checkpointing is off "
         "(model.activation_checkpointing false): turn it on, or drop cpu_checkpointing");
   }
+}
+
+int GptConfig::auto_loss_chunk_rows() const {
+  constexpr size_t kChunkFloats = size_t{16} << 20;  // 64 MiB of logits
+  const size_t rows = kChunkFloats / std::max<size_t>(1, static_cast<size_t>(vocab_size));
+  return static_cast<int>(std::clamp<size_t>(rows / 64 * 64, 64, size_t{1} << 20));
 }
 
 std::string GptConfig::describe() const {

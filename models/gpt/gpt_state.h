@@ -32,7 +32,8 @@ struct Slot {
   std::vector<gpt::MoeActs*> moe;
   std::vector<float*> moe_x;
   // The head: ln_f's output (whole [BT, C]) and statistics (this rank's rows), the logits of this
-  // rank's vocabulary slice, and the loss's per-row statistics (4 x BT: Kernels::crossentropy_*).
+  // rank's vocabulary slice (null where the loss runs by chunks: Dims::keeps_logits), and the loss's
+  // per-row statistics (4 x BT: each chunk's 3 x rows of Kernels::crossentropy_*, then the rows' losses).
   float *lnf = nullptr, *lnf_mean = nullptr, *lnf_rstd = nullptr, *logits = nullptr, *ce_stats = nullptr;
   // Per chunk, on a pipeline rank: the gradient at the chunk's output (received) and at its input
   // (sent), null at the model's ends.

@@ -242,9 +242,11 @@ void Gpt::run_forward(int micro, int chunk, const int32_t* tokens, const int32_t
   }
   g.gather(sl->lnf, BT);
   auto w = bind(k, &s->wbuf, &s->gbuf, host_.begin_forward(head_, micro), false);
+  // Where the loss runs by chunks, one chunk's logits at a time in the scratch.
+  float* const logits_at = d.keeps_logits() ? sl->logits : s->d.logits;
   if (decoding) {
     // The next token's logits: the last position's row only.
-    float* lg = sl->logits;
+    float* lg = logits_at;
     const float* last = sl->lnf + (BT - 1) * C;
     k.submit([&k, w, lg, last, logits, d] {
       k.matmul_forward(lg, last, (*w)->p(0), nullptr, 1, d.C, d.V);
@@ -254,22 +256,31 @@ void Gpt::run_forward(int micro, int chunk, const int32_t* tokens, const int32_t
     host_.end_forward(head_, micro);
     return;
   }
-  const float dscale = training ? static_cast<float>(host_.loss_gradient_scale() / static_cast<double>(BT)) : 0.0f;
-  float* lg = sl->logits;
-  float* stats = sl->ce_stats;
-  const float* lnf = sl->lnf;
-  const int32_t* ys = sl->targets;
-  // The vocabulary-parallel loss: each rank its slice of the logits; the row max and the sums of the
-  // softmax's denominator and the target's logit combine over the ranks (the logits never do).
-  k.submit([&k, w, lg, lnf, stats, logits, d, BT] {
-    k.matmul_forward(lg, lnf, (*w)->p(0), nullptr, BT, d.C, d.V);
-    if (logits != nullptr) k.download(logits, lg, BT * d.V);
-    k.crossentropy_max(lg, BT, d.V, stats);
-  });
-  g.all_reduce(stats, BT, ReduceOp::max);
-  k.submit([&k, lg, ys, stats, d, BT] { k.crossentropy_sums(lg, ys, BT, d.V, d.v_lo, stats); });
-  g.all_reduce(stats + BT, 2 * BT, ReduceOp::sum);
-  k.submit([&k, lg, ys, stats, loss, dscale, d, BT] { k.crossentropy_finish(lg, ys, BT, d.V, d.v_lo, dscale, stats, loss); });
+  // Kept whole, the logits become their gradient here; by chunks, backward makes them again.
+  const float dscale = training && d.keeps_logits() ? static_cast<float>(host_.loss_gradient_scale() / static_cast<double>(BT)) : 0.0f;
+  float* row_losses = sl->ce_stats + 3 * BT;
+  const size_t rows = d.loss_chunk(BT);
+  for (size_t r0 = 0; r0 < BT; r0 += rows) {
+    const size_t n = std::min(rows, BT - r0);
+    float* lg = d.keeps_logits() ? logits_at + r0 * d.V : logits_at;
+    float* stats = sl->ce_stats + 3 * r0;  // this chunk's [max | sums | picked], n each
+    float* out = logits != nullptr ? logits + r0 * d.V : nullptr;
+    const float* lnf = sl->lnf + r0 * C;
+    const int32_t* ys = sl->targets + r0;
+    // The vocabulary-parallel loss: each rank its slice of the logits; the row max and the sums of
+    // the softmax's denominator and the target's logit combine over the ranks (the logits never do).
+    k.submit([&k, w, lg, lnf, stats, out, d, n] {
+      k.matmul_forward(lg, lnf, (*w)->p(0), nullptr, n, d.C, d.V);
+      if (out != nullptr) k.download(out, lg, n * d.V);
+      k.crossentropy_max(lg, n, d.V, stats);
+    });
+    g.all_reduce(stats, n, ReduceOp::max);
+    k.submit([&k, lg, ys, stats, d, n] { k.crossentropy_sums(lg, ys, n, d.V, d.v_lo, stats); });
+    g.all_reduce(stats + n, 2 * n, ReduceOp::sum);
+    float* losses = row_losses + r0;
+    k.submit([&k, lg, ys, stats, losses, dscale, d, n] { k.crossentropy_finish(lg, ys, n, d.V, d.v_lo, dscale, stats, losses); });
+  }
+  k.submit([&k, row_losses, loss, BT] { k.mean_loss(row_losses, BT, loss); });
   release(k, w);
   host_.end_forward(head_, micro);
   if (training) ++s->in_flight;
@@ -303,10 +314,28 @@ void Gpt::run_backward(int micro, int chunk) {
       --s->in_flight;
       // d(ln_f output) from this rank's vocabulary slice is a partial sum over the ranks.
       float* partial = d.sp ? sc.partial : sc.dC;
-      const float* lg = sl->logits;
-      const float* lnf = sl->lnf;
-      k.submit(
-          [&k, w, partial, lg, lnf, d, BT] { k.matmul_backward(partial, (*w)->g(0), nullptr, lg, lnf, (*w)->p(0), BT, d.C, d.V); });
+      if (d.keeps_logits()) {
+        const float* lg = sl->logits;  // their gradient, since forward
+        const float* lnf = sl->lnf;
+        k.submit(
+            [&k, w, partial, lg, lnf, d, BT] { k.matmul_backward(partial, (*w)->g(0), nullptr, lg, lnf, (*w)->p(0), BT, d.C, d.V); });
+      } else {
+        // Each chunk's logits again, from the same product as forward's, into their gradient.
+        const float dscale = static_cast<float>(host_.loss_gradient_scale() / static_cast<double>(BT));
+        const size_t rows = d.loss_chunk(BT);
+        for (size_t r0 = 0; r0 < BT; r0 += rows) {
+          const size_t n = std::min(rows, BT - r0);
+          float *lg = sc.logits, *dx = partial + r0 * C;
+          const float* stats = sl->ce_stats + 3 * r0;
+          const float* lnf = sl->lnf + r0 * C;
+          const int32_t* ys = sl->targets + r0;
+          k.submit([&k, w, lg, dx, lnf, stats, ys, dscale, d, n] {
+            k.matmul_forward(lg, lnf, (*w)->p(0), nullptr, n, d.C, d.V);
+            k.crossentropy_gradient(lg, ys, n, d.V, d.v_lo, dscale, stats);
+            k.matmul_backward(dx, (*w)->g(0), nullptr, lg, lnf, (*w)->p(0), n, d.C, d.V);
+          });
+        }
+      }
       g.reduce(partial, sc.dC, BT);
       release(k, w);
       host_.end_backward(head_, micro);

@@ -73,14 +73,20 @@ class Kernels {
   virtual void widen(TensorView src, float* dst) = 0;
   virtual void add_into(TensorView dst, const float* src) = 0;
   // Cross-entropy over logits [N, V] of the vocabulary entries [v_lo, v_lo + V), in the three steps
-  // of cpu/gpt_kernels.h; `stats` is 4N floats of device memory: max, sums, picked, row losses.
-  // Between the steps a vocabulary split over ranks takes the max of stats[0, N) and the sum of
-  // stats[N, 3N) over them. finish writes the mean loss over the N rows into *loss (host memory, in
-  // stream order); with dlogits_scale != 0 the logits become their gradient times it.
+  // of cpu/gpt_kernels.h; `stats` is 3N floats of device memory: max, sums, picked. Between the
+  // steps a vocabulary split over ranks takes the max of stats[0, N) and the sum of stats[N, 3N)
+  // over them. finish writes each row's loss into row_losses (N floats, device memory); with
+  // dlogits_scale != 0 the logits become their gradient times it. gradient makes the same gradient
+  // from logits as the product left them and the finished stats: the backward of a loss whose
+  // logits were not kept (computed again). mean_loss writes the mean of N row losses into *loss
+  // (host memory, in stream order) and may overwrite row_losses[0].
   virtual void crossentropy_max(const float* logits, size_t N, int V, float* stats) = 0;
   virtual void crossentropy_sums(float* logits, const int32_t* targets, size_t N, int V, int v_lo, float* stats) = 0;
   virtual void crossentropy_finish(float* logits, const int32_t* targets, size_t N, int V, int v_lo, float dlogits_scale, float* stats,
-                                   float* loss) = 0;
+                                   float* row_losses) = 0;
+  virtual void crossentropy_gradient(float* logits, const int32_t* targets, size_t N, int V, int v_lo, float dlogits_scale,
+                                     const float* stats) = 0;
+  virtual void mean_loss(float* row_losses, size_t N, float* loss) = 0;
   // Mixture of experts: rows moved to their experts and back (cpu/gpt_kernels.h; the index arrays
   // are device memory, laid out as moe_gate.h's Routing).
   virtual void moe_dispatch(float* out, const float* x, const int32_t* row_token, size_t R, int C) = 0;

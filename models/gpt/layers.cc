@@ -11,6 +11,7 @@ Dims Dims::of(const GptConfig& c, const GptPart& part) {
   d.C = c.n_embd;
   d.llama = c.llama(), d.qkv_bias = c.qkv_bias, d.o_bias = c.o_bias, d.qk_norm = c.qk_norm;
   d.eps = static_cast<float>(c.norm_eps);
+  d.loss_rows = c.loss_chunk_rows;
   d.NH = c.n_head / d.tp;
   d.KVH = c.kv_heads() / d.tp;
   d.hs = c.head_size();

@@ -7,6 +7,7 @@
 // all-gathered first. A group of one rank does no collective: the same code is the unsplit model.
 #pragma once
 
+#include <algorithm>   // std::min
 #include <cstddef>     // size_t
 #include <cstdint>     // int32_t
 #include <functional>  // std::function
@@ -59,6 +60,10 @@ struct Dims {
   size_t moe_exchange_floats(size_t BT) const {
     return moe && ep > 1 ? (moe_rows(BT) + 3 * moe_expert_rows(BT)) * static_cast<size_t>(C) : 0;
   }
+  int loss_rows = 0;  // GptConfig::loss_chunk_rows
+  // Tokens per chunk of the LM head and loss, and whether the logits are kept whole instead.
+  size_t loss_chunk(size_t BT) const { return loss_rows > 0 ? std::min<size_t>(loss_rows, BT) : BT; }
+  bool keeps_logits() const { return loss_rows == 0; }
   bool sp = false;  // sequence parallel (with tp > 1)
   bool llama = false, qkv_bias = false, o_bias = false, qk_norm = false;
   float eps = 1e-5f;
@@ -123,6 +128,7 @@ struct Scratch {
   float *dresid = nullptr, *dC = nullptr, *dqkv = nullptr, *dfch = nullptr, *datt = nullptr;
   float *partial = nullptr, *gathered = nullptr, *ln_whole = nullptr;
   float *dact = nullptr, *dqk = nullptr, *rope = nullptr;
+  float* logits = nullptr;  // one chunk's logits, where the loss runs by chunks
   float *moe_logits = nullptr, *moe_dlogits = nullptr, *moe_drows = nullptr, *moe_dinp = nullptr, *moe_dweight = nullptr;
   float *moe_rows = nullptr, *moe_eout = nullptr, *moe_erows = nullptr, *moe_einp = nullptr;
 };

@@ -1,5 +1,5 @@
 // The GPT model against PyTorch: forward and backward of one micro-batch tensor by tensor (f32
-// and bf16), activation checkpointing, evaluation, mixture-of-experts MLPs, and 10 AdamW steps
+// and bf16), activation checkpointing, the loss by chunks, evaluation, mixture-of-experts MLPs, and 10 AdamW steps
 // through the engine, all on
 // tests/reference/gpt_torch.safetensors (written by tests/reference/gpt_reference.py).
 #include <gtest/gtest.h>
@@ -43,10 +43,11 @@ struct Loaded {
   std::unique_ptr<Device> device;
   testing::DirectHost host;
   Gpt gpt;
-  Loaded(DType dtype, bool checkpointing, const std::string& spec = "cpu")
+  Loaded(DType dtype, bool checkpointing, const std::string& spec = "cpu", int loss_chunk_rows = 0)
       : device(make_device(spec)), host(*device, dtype), gpt(host, [&] {
           auto c = reference_config();
           c.activation_checkpointing = checkpointing;
+          c.loss_chunk_rows = loss_chunk_rows;
           return c;
         }()) {
     for (size_t b = 0; b < host.blocks(); ++b) {
@@ -122,6 +123,39 @@ TEST_P(GptOnDevice, ActivationCheckpointingGivesIdenticalGradients) {
     }
   }
   EXPECT_LT(Gpt::activation_bytes(ckpt.gpt.config(), 3, 20), Gpt::activation_bytes(plain.gpt.config(), 3, 20));
+}
+
+// The LM head and loss by chunks of 16 of the batch's 60 tokens (the last chunk 12): no logits
+// kept, backward makes each chunk's again. Against PyTorch at the whole-logits bounds, f32 and
+// bf16, and evaluation's logits come out whole from chunks of 7.
+TEST_P(GptOnDevice, LossByChunksMatchesPyTorch) {
+  const float ref = reference().at("loss").as_f32()[0];
+  {
+    Loaded m(DType::f32, false, GetParam(), 16);
+    const float loss = forward_backward(m);
+    std::printf("loss by chunks %.7f torch %.7f\n", loss, ref);
+    EXPECT_NEAR(loss, ref, 2e-6 * ref);
+    expect_gradients(m, 2e-5);
+  }
+  {
+    Loaded m(DType::bf16, false, GetParam(), 16);
+    const float loss = forward_backward(m);
+    EXPECT_NEAR(loss, ref, 2e-3 * ref);
+    expect_gradients(m, 3e-2);
+  }
+  Loaded m(DType::f32, false, GetParam(), 7);
+  const auto tokens = reference().at("batch.tokens").as_i32(), targets = reference().at("batch.targets").as_i32();
+  const auto& ref_logits = reference().at("logits");
+  std::vector<float> logits(ref_logits.numel(), -1.0f);
+  float loss = 0;
+  m.gpt.evaluate(tokens.data(), targets.data(), 3, 20, &loss, logits.data());
+  m.host.compute_stream().synchronize();
+  EXPECT_LT(rel_error(logits, ref_logits.as_f32()), 1e-5);
+  EXPECT_NEAR(loss, ref, 2e-6 * ref);
+  // One chunk's logits in scratch instead of every token's in the slot.
+  const GptConfig whole = reference_config();
+  const size_t V = whole.vocab_size;
+  EXPECT_EQ(Gpt::activation_bytes(whole, 3, 20) - Gpt::activation_bytes(m.gpt.config(), 3, 20), (60 - 7) * V * sizeof(float));
 }
 
 TEST_P(GptOnDevice, EvaluateGivesPyTorchLogitsAndLoss) {
@@ -254,7 +288,7 @@ TEST(GptReference, TokensOutsideTheVocabularyAreErrors) {
 
 // 10 AdamW steps through the engine (dp 1 and ZeRO-3 on 2 local ranks) against PyTorch's losses,
 // gradient norms and final weights.
-void train_like_pytorch(int dp, int stage) {
+void train_like_pytorch(int dp, int stage, int loss_chunk_rows = 0) {
   const auto opt = nlohmann::json::parse(reference().metadata.at("optimizer"));
   EngineConfig ec;
   ec.zero.stage = stage;
@@ -271,7 +305,9 @@ void train_like_pytorch(int dp, int stage) {
   run_local_ranks(dp, [&](Communicator& comm) {
     auto device = make_device("cpu");
     Engine engine(*device, comm, ec);
-    Gpt gpt(engine, reference_config());
+    GptConfig config = reference_config();
+    config.loss_chunk_rows = loss_chunk_rows;
+    Gpt gpt(engine, config);
     engine.finalize();
     testing::set_master_from_reference(engine, reference());
     for (int s = 0; s < static_cast<int>(ref_losses.size()); ++s) {
@@ -319,6 +355,8 @@ void train_like_pytorch(int dp, int stage) {
 
 TEST(GptReference, TenAdamWStepsMatchPyTorchOneRank) { train_like_pytorch(1, 0); }
 TEST(GptReference, TenAdamWStepsMatchPyTorchZero3ThreeRanks) { train_like_pytorch(3, 3); }
+// Each rank's 20 tokens in chunks of 7, 7 and 6.
+TEST(GptReference, TenAdamWStepsMatchPyTorchWithTheLossByChunks) { train_like_pytorch(3, 3, 7); }
 
 // The presets at Hugging Face's vocabulary (50257) and 1024 positions count exactly the published
 // GPT-2 models' parameters (the LM head tied to wte, as there): 124,439,808 / 354,823,168 /

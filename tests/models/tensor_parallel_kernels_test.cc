@@ -128,7 +128,10 @@ TEST_P(TensorParallelKernels, ColumnThenRowParallelLinearsEqualTheUnsplitPair) {
 }
 
 // Softmax cross-entropy over V logits split into tp slices (the first V mod tp one longer), the
-// ranks' max and sums combined between the steps as the model's all-reduces combine them.
+// ranks' max and sums combined between the steps as the model's all-reduces combine them. The
+// gradient both ways the model makes it: from the finish (logits kept), and from the logits as a
+// product makes them again with the finished statistics (the loss by chunks), which must be the
+// same bits.
 TEST_P(TensorParallelKernels, VocabularyParallelCrossEntropyEqualsTheFullOne) {
   const int N = 12, V = 50;
   std::mt19937 rng(9);
@@ -153,12 +156,14 @@ TEST_P(TensorParallelKernels, VocabularyParallelCrossEntropyEqualsTheFullOne) {
     OnDevice d{*device_, {}};
     Buffer ids = device_->allocate(N * sizeof(int32_t), MemTag::other);
     device_->copy(stream, ids.data(), targets.data(), N * sizeof(int32_t));
-    std::vector<float*> slices(tp), stats(tp);
+    std::vector<float*> slices(tp), again(tp), stats(tp), row_losses(tp);
     std::vector<std::array<int64_t, 2>> parts(tp);
     for (int r = 0; r < tp; ++r) {
       parts[r] = TensorSplit::part(V, r, tp);
       slices[r] = d.put(slice_of(logits, {N, V}, 1, r, tp));
-      stats[r] = d.zeros(4 * N);
+      again[r] = d.put(slice_of(logits, {N, V}, 1, r, tp));
+      stats[r] = d.zeros(3 * N);
+      row_losses[r] = d.put(Vec(N, -1.0f));
     }
     auto combine = [&](size_t from, size_t count, bool max) {
       Vec all(count, max ? -3.0e38f : 0.0f);
@@ -180,16 +185,30 @@ TEST_P(TensorParallelKernels, VocabularyParallelCrossEntropyEqualsTheFullOne) {
     }
     combine(N, 2 * N, false);
     std::vector<float> losses(tp);
+    std::vector<Vec> rows(tp);
     for (int r = 0; r < tp; ++r) {
-      k->submit([&, r] {
-        k->crossentropy_finish(slices[r], ids.as<int32_t>(), N, static_cast<int>(parts[r][1] - parts[r][0]),
-                               static_cast<int>(parts[r][0]), dscale, stats[r], &losses[r]);
+      const int Vr = static_cast<int>(parts[r][1] - parts[r][0]), lo = static_cast<int>(parts[r][0]);
+      k->submit([&, r, Vr, lo] {
+        k->crossentropy_finish(slices[r], ids.as<int32_t>(), N, Vr, lo, dscale, stats[r], row_losses[r]);
+        k->crossentropy_gradient(again[r], ids.as<int32_t>(), N, Vr, lo, dscale, stats[r]);
       });
+      stream.synchronize();
+      rows[r] = d.get(row_losses[r], N);
+      k->submit([&, r] { k->mean_loss(row_losses[r], N, &losses[r]); });
     }
     stream.synchronize();
     for (int r = 0; r < tp; ++r) {
       EXPECT_EQ(losses[r], losses[0]) << "every rank computes the same loss";
       EXPECT_NEAR(losses[r], loss_ref, 2e-6 * loss_ref) << "rank " << r;
+      for (int n = 0; n < N; ++n) {
+        double m = -1e300, s = 0;
+        for (int v = 0; v < V; ++v) m = std::max(m, double(logits[n * V + v]));
+        for (int v = 0; v < V; ++v) s += std::exp(double(logits[n * V + v]) - m);
+        const double want = std::log(s) + m - logits[n * V + targets[n]];
+        EXPECT_NEAR(rows[r][n], want, (V + 4) * 0x1.0p-24 + 0x1.0p-23 * std::abs(want)) << "rank " << r << ", row " << n << "'s loss";
+      }
+      const size_t count = static_cast<size_t>(N) * (parts[r][1] - parts[r][0]);
+      EXPECT_EQ(d.get(again[r], count), d.get(slices[r], count)) << "rank " << r << ": the gradient from the logits made again";
     }
     // Each logit's gradient, from the slice that holds it: exp to ~2 ulp, then a division and a
     // product, so 8 ulp of the largest term (1 / N) bounds it.

@@ -409,6 +409,32 @@ TEST(TrainConfig, OverridesSetNestedKeysAndParseValues) {
   }
 }
 
+// model.chunked_loss: unset, on with activation checkpointing (from either section that turns it
+// on) at the vocabulary's size of chunk; true, false or a count of tokens when given.
+TEST(TrainConfig, ChunkedLossFollowsCheckpointingUnlessGiven) {
+  auto rows = [](const char* extra) { return TrainConfig::from_json(with(base(), extra)).model.loss_chunk_rows; };
+  EXPECT_EQ(rows("{}"), 0);
+  EXPECT_EQ(rows(R"({"model": {"vocab_size": 50257}, "data": {"vocab_size": 50257}, "activation_checkpointing": {}})"), 320);
+  EXPECT_EQ(rows(R"({"model": {"activation_checkpointing": true, "vocab_size": 128256}, "data": {"vocab_size": 256}})"), 128);
+  EXPECT_EQ(
+      rows(R"({"model": {"n_layer": 2}, "pipeline": {"stages": 2, "activation_checkpoint_interval": 1}, "run": {"world_size": 2}})"),
+      TrainConfig::from_json(base()).model.auto_loss_chunk_rows());
+  EXPECT_EQ(rows(R"({"model": {"activation_checkpointing": true, "chunked_loss": false}})"), 0);
+  EXPECT_EQ(rows(R"({"model": {"chunked_loss": 100}})"), 100);
+  EXPECT_EQ(rows(R"({"model": {"vocab_size": 32000, "chunked_loss": true}, "data": {"vocab_size": 256}})"), 512);
+  for (const char* bad : {R"({"model": {"chunked_loss": 0}})", R"({"model": {"chunked_loss": -3}})",
+                          R"({"model": {"chunked_loss": "yes"}})", R"({"model": {"chunked_loss": 1.5}})"}) {
+    try {
+      TrainConfig::from_json(with(base(), bad));
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(message(e).find("model.chunked_loss"), std::string::npos) << message(e);
+      EXPECT_NE(message(e).find("true (chunks sized to the vocabulary), false, or a count of tokens per chunk"), std::string::npos)
+          << message(e);
+    }
+  }
+}
+
 TEST(TrainConfig, DefaultsAndAliases) {
   const auto c = TrainConfig::from_json(
       with(base(), R"({"bfloat16": {"enabled": true}, "activation_checkpointing": {}, "communication_data_type": "bf16"})"));

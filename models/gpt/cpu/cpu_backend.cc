@@ -89,8 +89,16 @@ class CpuKernels final : public Kernels {
     cpu::crossentropy_sums(logits, targets, N, V, v_lo, stats, stats + N, stats + 2 * N);
   }
   void crossentropy_finish(float* logits, const int32_t* targets, size_t N, int V, int v_lo, float dlogits_scale, float* stats,
-                           float* loss) override {
-    const double sum = cpu::crossentropy_finish(logits, targets, N, V, v_lo, stats, stats + N, stats + 2 * N, dlogits_scale);
+                           float* row_losses) override {
+    cpu::crossentropy_finish(logits, targets, N, V, v_lo, stats, stats + N, stats + 2 * N, dlogits_scale, row_losses);
+  }
+  void crossentropy_gradient(float* logits, const int32_t* targets, size_t N, int V, int v_lo, float dlogits_scale,
+                             const float* stats) override {
+    cpu::crossentropy_gradient(logits, targets, N, V, v_lo, stats, stats + N, dlogits_scale);
+  }
+  void mean_loss(float* row_losses, size_t N, float* loss) override {
+    double sum = 0;
+    for (size_t n = 0; n < N; ++n) sum += row_losses[n];
     *loss = static_cast<float>(sum / static_cast<double>(N));
   }
   void download(float* host, const float* src, size_t n) override { std::memcpy(host, src, n * sizeof(float)); }

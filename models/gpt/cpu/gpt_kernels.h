@@ -106,9 +106,13 @@ void crossentropy_max(const float* logits, size_t N, int V, float* max);
 // 2. sums[n] = sum of exp(logit - max[n]), which the logits become; picked[n] = the target's logit
 //    where this slice holds it, else 0.
 void crossentropy_sums(float* logits, const int32_t* targets, size_t N, int V, int v_lo, const float* max, float* sums, float* picked);
-// 3. Returns the sum of the rows' losses, log(sums) + max - picked (double). With dlogits_scale != 0
-//    the logits (exp values from step 2) become their gradient, (softmax - onehot) * dlogits_scale.
-double crossentropy_finish(float* logits, const int32_t* targets, size_t N, int V, int v_lo, const float* max, const float* sums,
-                           const float* picked, float dlogits_scale);
+// 3. losses[n] = log(sums) + max - picked, the row's loss. With dlogits_scale != 0 the logits (exp
+//    values from step 2) become their gradient, (softmax - onehot) * dlogits_scale.
+void crossentropy_finish(float* logits, const int32_t* targets, size_t N, int V, int v_lo, const float* max, const float* sums,
+                         const float* picked, float dlogits_scale, float* losses);
+// Step 3's gradient from the logits themselves (as a product made them again) and the finished max
+// and sums: the same exp and the same scaling as steps 2 and 3, so the same bits.
+void crossentropy_gradient(float* logits, const int32_t* targets, size_t N, int V, int v_lo, const float* max, const float* sums,
+                           float dlogits_scale);
 
 }  // namespace zeroth::gpt::cpu

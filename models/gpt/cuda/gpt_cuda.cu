@@ -266,7 +266,7 @@ __global__ void softmax_backward_kernel(float* datt, const float* att, size_t ro
 }
 
 // Cross-entropy in three steps over the vocabulary slice [v_lo, v_lo + V) (kernels.h), one block
-// per row; stats = [max | sum of exp | target logit | row loss], N each.
+// per row; stats = [max | sum of exp | target logit], N each; the row losses apart.
 __global__ void crossentropy_max_kernel(const float* logits, float* stats, int V) {
   const size_t row = blockIdx.x;
   const float* x = logits + row * V;
@@ -296,16 +296,27 @@ __global__ void crossentropy_sums_kernel(float* logits, const int32_t* targets, 
   }
 }
 
-__global__ void crossentropy_finish_kernel(float* logits, const int32_t* targets, float* stats, size_t N, int V, int v_lo,
-                                           float dscale) {
+__global__ void crossentropy_finish_kernel(float* logits, const int32_t* targets, const float* stats, float* losses, size_t N, int V,
+                                           int v_lo, float dscale) {
   const size_t row = blockIdx.x;
   const float s = stats[N + row];
-  if (threadIdx.x == 0) stats[3 * N + row] = logf(s) + stats[row] - stats[2 * N + row];
+  if (threadIdx.x == 0) losses[row] = logf(s) + stats[row] - stats[2 * N + row];
   if (dscale == 0.0f) return;
   float* x = logits + row * V;
   const int t = targets[row] - v_lo;
   const float a = dscale / s;
   for (int j = threadIdx.x; j < V; j += blockDim.x) x[j] = x[j] * a - (j == t ? dscale : 0.0f);
+}
+
+// The finish's gradient from the logits as the product left them: the sums kernel's exp, then the
+// finish's scaling.
+__global__ void crossentropy_gradient_kernel(float* logits, const int32_t* targets, const float* stats, size_t N, int V, int v_lo,
+                                             float dscale) {
+  const size_t row = blockIdx.x;
+  float* x = logits + row * V;
+  const int t = targets[row] - v_lo;
+  const float m = stats[row], a = dscale / stats[N + row];
+  for (int j = threadIdx.x; j < V; j += blockDim.x) x[j] = expf(x[j] - m) * a - (j == t ? dscale : 0.0f);
 }
 
 // out[0] = sum(in[0..n)) / n, one block, in a fixed order.
@@ -537,12 +548,18 @@ class CudaKernels final : public Kernels {
     crossentropy_sums_kernel<<<static_cast<unsigned>(N), 1024, 0, s()>>>(logits, targets, stats, N, V, v_lo);
   }
   void crossentropy_finish(float* logits, const int32_t* targets, size_t N, int V, int v_lo, float dlogits_scale, float* stats,
-                           float* loss) override {
-    crossentropy_finish_kernel<<<static_cast<unsigned>(N), 1024, 0, s()>>>(logits, targets, stats, N, V, v_lo, dlogits_scale);
-    // The mean goes to stats[3N]: every row loss is read before thread 0 writes it.
-    float* rows = stats + 3 * N;
-    mean_kernel<<<1, 1024, 0, s()>>>(rows, rows, N);
-    CUDA_CHECK(cudaMemcpyAsync(loss, rows, sizeof(float), cudaMemcpyDeviceToHost, s()));
+                           float* row_losses) override {
+    crossentropy_finish_kernel<<<static_cast<unsigned>(N), 1024, 0, s()>>>(logits, targets, stats, row_losses, N, V, v_lo,
+                                                                           dlogits_scale);
+  }
+  void crossentropy_gradient(float* logits, const int32_t* targets, size_t N, int V, int v_lo, float dlogits_scale,
+                             const float* stats) override {
+    crossentropy_gradient_kernel<<<static_cast<unsigned>(N), 1024, 0, s()>>>(logits, targets, stats, N, V, v_lo, dlogits_scale);
+  }
+  void mean_loss(float* row_losses, size_t N, float* loss) override {
+    // The mean goes to row_losses[0]: every row loss is read before thread 0 writes it.
+    mean_kernel<<<1, 1024, 0, s()>>>(row_losses, row_losses, N);
+    CUDA_CHECK(cudaMemcpyAsync(loss, row_losses, sizeof(float), cudaMemcpyDeviceToHost, s()));
   }
   void upload(void* dst, const void* host, size_t bytes) override {
     if (bytes > 0) CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, s()));
