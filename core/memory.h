@@ -23,6 +23,15 @@ size_t process_rss();
 // 0 where it does not say.
 size_t available_memory();
 
+// Tokens per chunk of a loss computed by chunks over `vocab_slice` logits a token (one rank's
+// slice of the vocabulary): a chunk's f32 logits near 64 MiB, a multiple of 64 tokens, at least 64.
+// The model (GptConfig::auto_loss_chunk_rows) and the planner's memory model share it.
+inline size_t logits_chunk_rows(size_t vocab_slice) {
+  constexpr size_t kChunkFloats = size_t{16} << 20;
+  const size_t rows = kChunkFloats / (vocab_slice > 0 ? vocab_slice : 1) / 64 * 64;
+  return rows < 64 ? 64 : rows > (size_t{1} << 20) ? size_t{1} << 20 : rows;
+}
+
 // "1.50 GiB", "512 B"
 std::string format_bytes(size_t bytes);
 // "2GiB", "512 MiB", "1.5GB", "4096"; InvalidArgument on anything else.

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>  // fmt::format
 
+#include "core/memory.h"           // logits_chunk_rows
 #include "planner/model_states.h"  // zero_model_states
 
 namespace zeroth {
@@ -195,8 +196,16 @@ LayoutMemory layout_memory(const GptShape& shape, const Layout& layout, const Bu
     if (layout.checkpointing == Checkpointing::full) acts += static_cast<double>(full_layer);
     const double sbh = static_cast<double>(s * b * h);
     if (first && !shape.llama) acts += static_cast<double>(m.in_flight) * sbh / sp_split;  // GPT-2's embedding dropout mask
-    // Final layer norm and head input (4 s b h / t) and fp32 logits (4 s b V / t).
-    if (last) acts += 4 * sbh / static_cast<double>(t) * (1 + static_cast<double>(shape.vocab) / static_cast<double>(h));
+    // Final layer norm and head input (4 s b h / t) and fp32 logits (4 s b V / t). With full
+    // recomputation zeroth's loss runs by chunks (model.chunked_loss follows it), which keep one
+    // chunk's logits whatever the micro-batch.
+    if (last) {
+      const uint64_t vocab_slice = (shape.vocab + t - 1) / t;
+      const uint64_t logit_rows = layout.checkpointing == Checkpointing::full
+                                      ? std::min<uint64_t>(s * b, logits_chunk_rows(vocab_slice))
+                                      : s * b;
+      acts += 4 * sbh / static_cast<double>(t) + 4.0 * static_cast<double>(logit_rows) * static_cast<double>(vocab_slice);
+    }
     m.activations = round_bytes(acts);
     const uint64_t reduce_bucket = 2 * std::min(sizes.reduce_bucket, m.stage_params);
     const uint64_t prefetch = 2 * std::min(sizes.prefetch_bucket, m.stage_params);

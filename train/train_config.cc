@@ -268,9 +268,14 @@ TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) 
   json c = config;
   read_parallel(t, c);
   // Recomputing the layers already trades compute for memory; the LM head's logits, often the
-  // largest activation left, follow unless the model section says otherwise.
-  const bool chunked_loss_given = config.contains("model") && config["model"].is_object() && config["model"].contains("chunked_loss");
-  if (!chunked_loss_given && t.model.activation_checkpointing) t.model.loss_chunk_rows = t.model.auto_loss_chunk_rows();
+  // largest activation left, follow unless the model section says otherwise. A chunk is sized to
+  // the rank's slice of the vocabulary, known once the parallel section is read.
+  const json* given = config.contains("model") && config["model"].is_object() && config["model"].contains("chunked_loss")
+                          ? &config["model"]["chunked_loss"]
+                          : nullptr;
+  if (given != nullptr ? given->is_boolean() && given->get<bool>() : t.model.activation_checkpointing) {
+    t.model.loss_chunk_rows = t.model.auto_loss_chunk_rows(t.parallel.tensor);
+  }
   resolve_auto(c, t.data_parallel(), t.run.steps, t.model.n_embd);
   check_deepspeed_extras(c);
   resolve_batch(t, c);

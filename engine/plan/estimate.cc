@@ -117,8 +117,10 @@ void check_fits(const MemoryNeed& need, const Plan& plan, Tier tier, size_t budg
                  in_use > 0 ? fmt::format(" ({} already in use)", format_bytes(in_use)) : std::string(), fixes, budget_name);
   }
   if (at(need.bytes, tier, MemTag::activations) > 0) {
-    advice += " a smaller train_micro_batch_size_per_gpu (with more gradient_accumulation_steps), activation checkpointing (with "
-              "cpu_checkpointing, the checkpoints in host memory);";
+    advice +=
+        " a smaller train_micro_batch_size_per_gpu (with more gradient_accumulation_steps), activation checkpointing (with "
+        "cpu_checkpointing, the checkpoints in host memory), the loss by chunks of tokens (model.chunked_loss, for a model with a "
+        "vocabulary);";
   }
   if (plan.stage < 3) advice += fmt::format(" raise zero_optimization.stage (now {}) to shard more state;", plan.stage);
   if (plan.reduce_staging >= 0 || plan.gather_staging >= 0) advice += " lower reduce_bucket_size / allgather_bucket_size;";

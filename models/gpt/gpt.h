@@ -103,8 +103,9 @@ struct GptConfig {
   // backward makes each chunk's logits again (one more LM-head product) and turns them into their
   // gradient, in a scratch of one chunk's logits (model.chunked_loss).
   int loss_chunk_rows = 0;
-  // The chunk that keeps a chunk's logits near 64 MiB: a multiple of 64 tokens, at least 64.
-  int auto_loss_chunk_rows() const;
+  // The chunk that keeps a chunk's logits near 64 MiB on each of `tensor_parallel` ranks (its slice
+  // of the vocabulary): core/memory.h's logits_chunk_rows.
+  int auto_loss_chunk_rows(int tensor_parallel = 1) const;
   // What a layer's attention keeps for its backward, which the device decides, not a config file:
   // CUDA's kernels keep the probabilities (B NH T T floats, and as much scratch for backward), the
   // CPU's blocked attention each row's log-sum-exp (B NH T floats). Gpt sets it from its device,

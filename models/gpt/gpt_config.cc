@@ -1,12 +1,13 @@
 // The GPT's configuration: the published presets, parameter counts (total and active per token),
 // the checks that name the offending key, descriptions, and the rotary table.
-#include <algorithm>  // std::clamp
+#include <algorithm>  // std::max
 #include <cmath>      // std::pow, std::cos, std::sin
 
 #include <fmt/format.h>  // fmt::format
 #include <fmt/ranges.h>  // fmt::join
 
-#include "core/error.h"  // ZEROTH_THROW
+#include "core/error.h"   // ZEROTH_THROW
+#include "core/memory.h"  // logits_chunk_rows
 #include "models/gpt/gpt.h"
 
 namespace zeroth {
@@ -153,10 +154,9 @@ void GptConfig::validate() const {
   }
 }
 
-int GptConfig::auto_loss_chunk_rows() const {
-  constexpr size_t kChunkFloats = size_t{16} << 20;  // 64 MiB of logits
-  const size_t rows = kChunkFloats / std::max<size_t>(1, static_cast<size_t>(vocab_size));
-  return static_cast<int>(std::clamp<size_t>(rows / 64 * 64, 64, size_t{1} << 20));
+int GptConfig::auto_loss_chunk_rows(int tensor_parallel) const {
+  const size_t slice = (static_cast<size_t>(vocab_size) + tensor_parallel - 1) / std::max(1, tensor_parallel);
+  return static_cast<int>(logits_chunk_rows(slice));
 }
 
 std::string GptConfig::describe() const {

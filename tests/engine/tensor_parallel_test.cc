@@ -317,6 +317,17 @@ std::vector<GridCase> cases() {
   interleaved.tp = 2, interleaved.pp = 2, interleaved.stage = 2, interleaved.kind = PipeKind::interleaved,
   interleaved.model = llama_model();
   out.push_back(interleaved);
+  // The loss by chunks of 5 tokens (a micro-batch is 32 on one data-parallel rank, the last chunk
+  // 2; 16 on two, the last 1): each chunk's statistics all-reduced over the vocabulary slices, the
+  // rows' gradients reduce-scattered (sequence parallel), 1F1B's slots each keeping their
+  // statistics while one chunk's scratch serves them all, and bf16.
+  for (auto [dp, tp, pp, sp, compute] :
+       {std::tuple{1, 2, 1, true, DType::f32}, std::tuple{1, 2, 2, false, DType::f32}, std::tuple{2, 2, 1, true, DType::bf16}}) {
+    GridCase chunked;
+    chunked.dp = dp, chunked.tp = tp, chunked.pp = pp, chunked.stage = 2, chunked.sequence_parallel = sp, chunked.compute = compute;
+    chunked.model = llama_model(), chunked.model.loss_chunk_rows = 5;
+    out.push_back(chunked);
+  }
   return out;
 }
 
@@ -329,7 +340,8 @@ std::string name(const ::testing::TestParamInfo<GridCase>& info) {
          (k.compute == DType::bf16 ? "Bf16" : "") + (k.model.llama() ? (k.model.tie_word_embeddings ? "LlamaTied" : "Llama") : "") +
          (k.kind == PipeKind::gpipe         ? "GPipe"
           : k.kind == PipeKind::interleaved ? "Interleaved"
-                                            : "");
+                                            : "") +
+         (k.model.loss_chunk_rows > 0 ? "LossByChunks" : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, TensorParallelEquivalence, ::testing::ValuesIn(cases()), name);

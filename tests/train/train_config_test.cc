@@ -422,6 +422,15 @@ TEST(TrainConfig, ChunkedLossFollowsCheckpointingUnlessGiven) {
   EXPECT_EQ(rows(R"({"model": {"activation_checkpointing": true, "chunked_loss": false}})"), 0);
   EXPECT_EQ(rows(R"({"model": {"chunked_loss": 100}})"), 100);
   EXPECT_EQ(rows(R"({"model": {"vocab_size": 32000, "chunked_loss": true}, "data": {"vocab_size": 256}})"), 512);
+  // Sized to a rank's slice of the vocabulary: 25129 of 50257 on each of 2 tensor-parallel ranks.
+  EXPECT_EQ(rows(R"({"model": {"vocab_size": 50257, "n_head": 4, "chunked_loss": true}, "data": {"vocab_size": 256},
+                     "parallel": {"tensor": 2}, "run": {"world_size": 2}})"),
+            640);
+  // The resolved config (what a checkpoint keeps) reads back to the same chunks.
+  const TrainConfig given = TrainConfig::from_json(with(base(), R"({"model": {"chunked_loss": 100}})"));
+  EXPECT_EQ(given.resolved["model"]["chunked_loss"], 100);
+  EXPECT_EQ(TrainConfig::from_json(given.resolved).model.loss_chunk_rows, 100);
+  EXPECT_EQ(TrainConfig::from_json(base()).resolved["model"]["chunked_loss"], false);
   for (const char* bad : {R"({"model": {"chunked_loss": 0}})", R"({"model": {"chunked_loss": -3}})",
                           R"({"model": {"chunked_loss": "yes"}})", R"({"model": {"chunked_loss": 1.5}})"}) {
     try {
