@@ -156,10 +156,11 @@ void read_model(TrainConfig& t, const json& j, int default_vocab) {
   if (s.has("moe")) read_moe(s, g, s.has("hf_config"));
   // DeepSpeed's activation_checkpointing section turns it on unless the model section says otherwise.
   g.activation_checkpointing = s.flag("activation_checkpointing", j.contains("activation_checkpointing"));
-  // Unset, it follows activation checkpointing once every section has had its say (from_json).
+  // A count is taken here; true, and unset (following activation checkpointing), are sized in
+  // from_json once every section has had its say (the tensor-parallel split sizes a chunk).
   if (s.has("chunked_loss")) {
     if (const json& v = s.raw("chunked_loss"); v.is_boolean()) {
-      g.loss_chunk_rows = v.get<bool>() ? g.auto_loss_chunk_rows() : 0;
+      g.loss_chunk_rows = 0;
     } else {
       g.loss_chunk_rows = static_cast<int>(
           s.integer("chunked_loss", 0, 1, 1 << 24, "true (chunks sized to the vocabulary), false, or a count of tokens per chunk"));

@@ -135,6 +135,12 @@ gpt::BoundRef bind(gpt::Kernels& k, const Buffer* wbuf, const Buffer* gbuf, cons
   return w;
 }
 
+// The gradient of the mean loss over BT tokens at each token's logits, times the host's loss scale
+// (the same in a micro-batch's forward and backward: the scale changes only at a step).
+float logits_gradient_scale(BlockHost& host, size_t BT) {
+  return static_cast<float>(host.loss_gradient_scale() / static_cast<double>(BT));
+}
+
 // The use's gradients added into the engine's narrow views, and the binding let go.
 void release(gpt::Kernels& k, const gpt::BoundRef& w) {
   k.submit([w] {
@@ -257,7 +263,7 @@ void Gpt::run_forward(int micro, int chunk, const int32_t* tokens, const int32_t
     return;
   }
   // Kept whole, the logits become their gradient here; by chunks, backward makes them again.
-  const float dscale = training && d.keeps_logits() ? static_cast<float>(host_.loss_gradient_scale() / static_cast<double>(BT)) : 0.0f;
+  const float dscale = training && d.keeps_logits() ? logits_gradient_scale(host_, BT) : 0.0f;
   float* row_losses = sl->ce_stats + 3 * BT;
   const size_t rows = d.loss_chunk(BT);
   for (size_t r0 = 0; r0 < BT; r0 += rows) {
@@ -321,7 +327,7 @@ void Gpt::run_backward(int micro, int chunk) {
             [&k, w, partial, lg, lnf, d, BT] { k.matmul_backward(partial, (*w)->g(0), nullptr, lg, lnf, (*w)->p(0), BT, d.C, d.V); });
       } else {
         // Each chunk's logits again, from the same product as forward's, into their gradient.
-        const float dscale = static_cast<float>(host_.loss_gradient_scale() / static_cast<double>(BT));
+        const float dscale = logits_gradient_scale(host_, BT);
         const size_t rows = d.loss_chunk(BT);
         for (size_t r0 = 0; r0 < BT; r0 += rows) {
           const size_t n = std::min(rows, BT - r0);
