@@ -182,7 +182,7 @@ TEST_P(DecoderKernels, GroupedQueryAttentionMatchesItsDefinition) {
   const bool probabilities = gpt::attention_keeps_probabilities(device_->kind());
   for (const auto &[T, NH, KVH, hs, spread] :
        {Shape{9, 4, 4, 8, 1}, Shape{9, 4, 2, 8, 1}, Shape{9, 6, 2, 8, 1}, Shape{9, 4, 1, 8, 1}, Shape{1, 4, 2, 8, 1},
-        Shape{7, 6, 3, 16, 1}, Shape{64, 4, 2, 8, 1}, Shape{513, 4, 2, 64, 1}, Shape{300, 2, 1, 16, 8}}) {
+        Shape{7, 6, 3, 16, 1}, Shape{64, 4, 2, 8, 1}, Shape{70, 3, 1, 24, 1}, Shape{513, 4, 2, 64, 1}, Shape{300, 2, 1, 16, 8}}) {
     SCOPED_TRACE(std::to_string(NH) + " query heads over " + std::to_string(KVH) + ", T " + std::to_string(T) + ", spread " +
                  std::to_string(spread));
     const int g = NH / KVH, W = (NH + 2 * KVH) * hs, Cq = NH * hs;

@@ -178,7 +178,14 @@ TEST(Estimate, EveryConfigsRunStaysWithinItsEstimate) {
       // the estimate at 8 bytes a head element, until the estimate counts it.
       const json resolved = json::parse(std::ifstream(temp(name) + "/config.json"));
       const double head_elements = resolved["model"]["vocab_size"].get<double>() * resolved["model"]["n_embd"].get<double>();
-      const double allowance = 0.02 * all_ranks + 16 * MiB;
+      // Beyond 2% and 16 MiB, 3 MiB a rank for where glibc leaves the packing buffers oneDNN's
+      // sgemm allocates on every call: its dynamic mmap threshold keeps them in the heap or maps
+      // them afresh depending on the order of the run's other allocations. When attention's
+      // products left oneDNN, the configs' growth moved by -10 to +9 MiB against the estimate
+      // (means of 3 runs; gpt-fortunes-zero0-fp32 from 12-20 MiB past it to 19-25), and a run's
+      // growth fell by 15-30 MiB with the threshold pinned (MALLOC_MMAP_THRESHOLD_=131072, which
+      // slows the products by a fifth, so zeroth leaves glibc's default).
+      const double allowance = 0.02 * all_ranks + 16 * MiB + ranks * 3 * MiB;
       EXPECT_LE(grown - all_ranks, allowance + ranks * 8 * head_elements) << file;
       EXPECT_GE(grown - all_ranks, -allowance) << file;
     }

@@ -1,37 +1,61 @@
 // Causal attention on the CPU by blocks, after FlashAttention-2 (Dao 2023): a block of query rows
 // meets the keys a chunk at a time with an online softmax, so no T x T matrix is ever held. The
 // forward keeps each row's log-sum-exp; the backward recomputes a chunk's probabilities from it.
-// Blocks are split over oneTBB, each block's products on its own thread; with fewer blocks than
-// threads (backward's tasks are key/value heads) they run in order, each product over the library's
-// threads. A head's sums add in the same order either way.
-#include <algorithm>  // std::min, std::max, std::clamp, std::fill
+//
+// A chunk's scores are made transposed, S^T = K Q^T ([keys, queries]), so the products read keys,
+// values and every block-sized operand where they lie (attention_isa.h's products take either
+// orientation of their left operand) and only the block's queries and output gradient are copied
+// transposed, once a block. The softmax passes then run element-wise across the block's queries.
+// Forward tasks are blocks of query rows, backward's are key/value heads; each task's sums run in a
+// fixed order, so results depend neither on the threads nor on the ISA.
+#include <algorithm>  // std::min, std::max, std::fill
 #include <cmath>      // std::sqrt, std::log
 #include <cstring>    // std::memset
 #include <vector>     // std::vector
 
-#include "core/cpu/gemm.h"  // sgemm, SerialProducts
+#include "models/gpt/cpu/attention_isa.h"
 #include "models/gpt/cpu/gpt_kernels.h"
-#include "models/gpt/cpu/row_math.h"  // ZEROTH_ISA_CLONES, fast_exp, row_max, exp_shifted_sum, scale_row
+#include "models/gpt/cpu/row_math.h"  // ZEROTH_ISA_CLONES, scale_row, for_rows
 
 namespace zeroth::gpt::cpu {
 namespace {
 
-using zeroth::cpu::sgemm;
-
 // Query rows per block and keys per chunk. A chunk is a multiple of a block, so for blocks that
 // start at a multiple of kRows (training's) the chunk holding the diagonal starts at or before the
-// block's first row: every row of every chunk such a block meets has a key it may see. 64 x 256
-// floats of scores stay in a core's L2.
-constexpr int kRows = 64;
-constexpr int kKeys = 256;
+// block's first row: every query of such a block sees a key of every chunk it meets. A chunk's
+// 128 x 64 scores (32 KiB) stay in L1 beside the product's panel of its other operand.
+constexpr int kRows = kBlockRows;
+constexpr int kKeys = 128;
 static_assert(kKeys % kRows == 0);
+constexpr float kMasked = -3.0e38f;  // a score the causal mask hides: its exp is 0
 
-// x[j] = exp(x[j] - shift) for j < valid and 0 for valid <= j < n (the keys past the row's own
-// position); returns the sum.
-float exp_row(float* x, int valid, int n, float shift) {
-  const float sum = exp_shifted_sum(x, valid, shift);
-  std::fill(x + valid, x + n, 0.0f);
-  return sum;
+const AttentionIsa& isa() {
+  static const AttentionIsa& loops = attention_isa(zeroth::cpu::active_simd_level());
+  return loops;
+}
+
+// C (+)= alpha A B; A's element (i, k) at a[i a_row + k a_col].
+void multiply(int m, int n, int k, float alpha, const float* a, size_t a_row, size_t a_col, const float* b, size_t ldb, float* c,
+              size_t ldc, bool accumulate) {
+  isa().product(Product{m, n, k, alpha, a, a_row, a_col, b, ldb, c, ldc, accumulate});
+}
+
+// dst [hs, kRows] = the `rows` rows of hs floats at src, ld apart, transposed; the columns past
+// `rows` are 0.
+void transpose_block(float* dst, const float* src, int rows, size_t ld, int hs) {
+  for (int c = 0; c < hs; ++c) {
+    float* out = dst + static_cast<size_t>(c) * kRows;
+    for (int r = 0; r < rows; ++r) out[r] = src[r * ld + c];
+    std::fill(out + rows, out + kRows, 0.0f);
+  }
+}
+
+// Hides, in a transposed chunk of keys [c0, c0 + n) against queries [a0, a0 + kRows), the scores
+// of keys after their query: key c0 + j is seen by queries from c0 + j on.
+void mask_chunk(float* st, int n, int c0, int a0) {
+  for (int j = std::max(0, a0 + 1 - c0); j < n; ++j) {
+    std::fill(st + static_cast<size_t>(j) * kRows, st + static_cast<size_t>(j) * kRows + std::min(kRows, c0 + j - a0), kMasked);
+  }
 }
 
 ZEROTH_ISA_CLONES float dot_row(const float* a, const float* b, int n) {
@@ -46,33 +70,11 @@ ZEROTH_ISA_CLONES float dot_row(const float* a, const float* b, int n) {
   return s;
 }
 
-// The softmax's backward on one row of a chunk: dp <- p (dp - d) scale, with d = <dy, y> the row's
-// sum of p dp over all its keys.
-ZEROTH_ISA_CLONES void softmax_grad_row(float* dp, const float* p, int n, float d, float scale) {
-  for (int j = 0; j < n; ++j) dp[j] = p[j] * (dp[j] - d) * scale;
-}
-
-// body(i) for i in [0, n): over oneTBB, each thread's products on itself, where the GEMM library
-// allows that and there are at least as many blocks as threads; else in order, each product over
-// the library's threads.
-template <class F>
-void for_blocks(size_t n, F&& body) {
-  const int threads = zeroth::cpu::num_threads();
-  if (threads == 1 || n < static_cast<size_t>(threads) || !zeroth::cpu::serial_products_supported()) {
-    for (size_t i = 0; i < n; ++i) body(i);
-    return;
-  }
-  tbb::parallel_for(tbb::blocked_range<size_t>(0, n, 1), [&](const tbb::blocked_range<size_t>& r) {
-    const zeroth::cpu::SerialProducts serial;
-    for (size_t i = r.begin(); i < r.end(); ++i) body(i);
-  });
-}
-
-// A thread's chunk of scores (or of their gradient): kRows x kKeys floats.
-float* chunk_buffer(int which) {
-  thread_local std::vector<float> buffers[2];
+// A thread's buffer `which`, at least n floats.
+float* thread_buffer(int which, size_t n) {
+  thread_local std::vector<float> buffers[4];
   auto& b = buffers[which];
-  if (b.empty()) b.resize(static_cast<size_t>(kRows) * kKeys);
+  if (b.size() < n) b.resize(n);
   return b.data();
 }
 
@@ -85,10 +87,6 @@ struct Head {
   size_t v(int h) const { return static_cast<size_t>(NH + KVH + h / g) * hs; }
 };
 
-}  // namespace
-
-namespace {
-
 // Rows [pos, pos + n) of each of B sequences (qkv [B, pos + n, W]) over the sequence's rows
 // [0, pos + n): out [B, n, Cq], lse [B, NH, n].
 void blocked_forward(float* out, float* lse, const float* qkv, int B, int pos, int n, int NH, int KVH, int hs) {
@@ -96,38 +94,30 @@ void blocked_forward(float* out, float* lse, const float* qkv, int B, int pos, i
   const size_t W = at.W, Cq = at.Cq, Tk = static_cast<size_t>(pos) + n;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int blocks = (n + kRows - 1) / kRows;
-  for_blocks(static_cast<size_t>(B) * NH * blocks, [&](size_t task) {
+  for_rows(static_cast<size_t>(B) * NH * blocks, 1, [&](size_t task) {
     const int blk = static_cast<int>(task % blocks), h = static_cast<int>(task / blocks % NH),
               b = static_cast<int>(task / blocks / NH);
     // The block's rows are positions [a0, a1) of its sequence.
     const int rows = std::min(kRows, n - blk * kRows), a0 = pos + blk * kRows, a1 = a0 + rows;
     const float* seq = qkv + b * Tk * W;
-    const float *q = seq + a0 * W + at.q(h), *k = seq + at.k(h), *v = seq + at.v(h);
+    const float *k = seq + at.k(h), *v = seq + at.v(h);
     float* o = out + (b * static_cast<size_t>(n) + blk * kRows) * Cq + at.q(h);
-    float* s = chunk_buffer(0);
-    float m[kRows], l[kRows];  // each row's running max and sum of exp(score - max)
+    float *st = thread_buffer(0, static_cast<size_t>(kKeys) * kRows), *qt = thread_buffer(1, static_cast<size_t>(hs) * kRows);
+    transpose_block(qt, seq + a0 * W + at.q(h), rows, W, hs);
+    // Each query's running max and sum of exp(score - max), and the chunk's rescaling of both.
+    alignas(64) float m[kRows], l[kRows], alpha[kRows];
     for (int c0 = 0; c0 < a1; c0 += kKeys) {
       const int width = std::min(kKeys, a1 - c0);
-      sgemm(false, true, rows, width, hs, scale, q, W, k + c0 * W, W, 0.0f, s, width);
-      for (int r = 0; r < rows; ++r) {
-        float* sr = s + static_cast<size_t>(r) * width;
-        // Keys past the row's own position are masked. The first chunk holds key 0, which every
-        // row sees; a later one may hold none of a row's keys (a block not aligned to the chunks,
-        // in generation), and then leaves the row as it was.
-        const int valid = std::clamp(a0 + r + 1 - c0, 0, width);
-        const float mx = std::max(c0 == 0 ? -3.0e38f : m[r], row_max(sr, valid));
-        const float sum = exp_row(sr, valid, width, mx);
-        if (c0 == 0) {
-          l[r] = sum;
-        } else {
-          // The row's earlier chunks were weighed against a smaller max.
-          const float a = fast_exp(m[r] - mx);
-          l[r] = l[r] * a + sum;
-          scale_row(o + r * Cq, hs, a);
-        }
-        m[r] = mx;
+      multiply(width, kRows, hs, scale, k + c0 * W, W, 1, qt, kRows, st, kRows, false);  // S^T = scale K Q^T
+      mask_chunk(st, width, c0, a0);
+      // The first chunk holds key 0, which every query sees; a later one may hold none of a
+      // query's keys (a block not aligned to the chunks, in generation) and leaves it as it was.
+      isa().softmax_chunk(st, width, m, l, alpha, c0 == 0);
+      if (c0 > 0) {
+        // The output so far was weighed against smaller maxima.
+        for (int r = 0; r < rows; ++r) scale_row(o + r * Cq, hs, alpha[r]);
       }
-      sgemm(false, false, rows, hs, width, 1.0f, s, width, v + c0 * W, W, c0 == 0 ? 0.0f : 1.0f, o, Cq);
+      multiply(rows, hs, width, 1.0f, st, 1, kRows, v + c0 * W, W, o, Cq, c0 > 0);  // O (+)= P V
     }
     float* row_lse = lse + (static_cast<size_t>(b) * NH + h) * n + blk * kRows;
     for (int r = 0; r < rows; ++r) {
@@ -155,7 +145,7 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
   const int blocks = (T + kRows - 1) / kRows;
   // A task per key/value head: it owns that head's gradients and its query heads', and adds the
   // query heads' shares in head order.
-  for_blocks(static_cast<size_t>(B) * KVH, [&](size_t task) {
+  for_rows(static_cast<size_t>(B) * KVH, 1, [&](size_t task) {
     const int kvh = static_cast<int>(task % KVH), b = static_cast<int>(task / KVH);
     const float* seq = qkv + static_cast<size_t>(b) * T * W;
     float* dseq = dqkv + static_cast<size_t>(b) * T * W;
@@ -166,8 +156,10 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
       std::memset(dk + t * W, 0, hs * sizeof(float));
       std::memset(dv + t * W, 0, hs * sizeof(float));
     }
-    float *p = chunk_buffer(0), *dp = chunk_buffer(1);
-    float d[kRows];
+    const size_t chunk = static_cast<size_t>(kKeys) * kRows, block = static_cast<size_t>(hs) * kRows;
+    float *pt = thread_buffer(0, chunk), *dst = thread_buffer(1, chunk);  // P^T, then dP^T and dS^T
+    float *qt = thread_buffer(2, block), *dyt = thread_buffer(3, block);  // the block's Q^T and dY^T
+    alignas(64) float d[kRows] = {}, row_lse[kRows] = {};
     for (int h = h0; h < h0 + at.g; ++h) {
       for (int blk = 0; blk < blocks; ++blk) {
         const int i0 = blk * kRows, rows = std::min(kRows, T - i0), i1 = i0 + rows;
@@ -175,19 +167,21 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
         float* dq = dseq + i0 * W + at.q(h);
         const size_t y_at = (static_cast<size_t>(b) * T + i0) * Cq + at.q(h);
         const float *dy = dout + y_at, *y = out + y_at;
-        const float* row_lse = lse + (static_cast<size_t>(b) * NH + h) * T + i0;
+        std::copy_n(lse + (static_cast<size_t>(b) * NH + h) * T + i0, rows, row_lse);
         for (int r = 0; r < rows; ++r) d[r] = dot_row(dy + r * Cq, y + r * Cq, hs);
+        transpose_block(qt, q, rows, W, hs);
+        transpose_block(dyt, dy, rows, Cq, hs);
         for (int c0 = 0; c0 < i1; c0 += kKeys) {
           const int n = std::min(kKeys, i1 - c0);
-          sgemm(false, true, rows, n, hs, scale, q, W, k + c0 * W, W, 0.0f, p, n);
-          for (int r = 0; r < rows; ++r) exp_row(p + static_cast<size_t>(r) * n, std::min(n, i0 + r + 1 - c0), n, row_lse[r]);
-          sgemm(true, false, n, hs, rows, 1.0f, p, n, dy, Cq, 1.0f, dv + c0 * W, W);  // dV += P^T dY
-          sgemm(false, true, rows, n, hs, 1.0f, dy, Cq, v + c0 * W, W, 0.0f, dp, n);  // dP = dY V^T
-          for (int r = 0; r < rows; ++r) {
-            softmax_grad_row(dp + static_cast<size_t>(r) * n, p + static_cast<size_t>(r) * n, n, d[r], scale);
-          }
-          sgemm(false, false, rows, hs, n, 1.0f, dp, n, k + c0 * W, W, c0 == 0 ? 0.0f : 1.0f, dq, W);  // dQ (+)= dS K
-          sgemm(true, false, n, hs, rows, 1.0f, dp, n, q, W, 1.0f, dk + c0 * W, W);                    // dK += dS^T Q
+          const float *kc = k + c0 * W, *vc = v + c0 * W;
+          multiply(n, kRows, hs, scale, kc, W, 1, qt, kRows, pt, kRows, false);  // S^T = scale K Q^T
+          mask_chunk(pt, n, c0, i0);
+          isa().probabilities_chunk(pt, n, row_lse);
+          multiply(n, hs, rows, 1.0f, pt, kRows, 1, dy, Cq, dv + c0 * W, W, true);  // dV += P^T dY
+          multiply(n, kRows, hs, 1.0f, vc, W, 1, dyt, kRows, dst, kRows, false);    // dP^T = V dY^T
+          isa().softmax_grad_chunk(dst, pt, n, d, scale);                           // dS^T
+          multiply(rows, hs, n, 1.0f, dst, 1, kRows, kc, W, dq, W, c0 > 0);         // dQ (+)= dS K
+          multiply(n, hs, rows, 1.0f, dst, kRows, 1, q, W, dk + c0 * W, W, true);   // dK += dS^T Q
         }
       }
     }

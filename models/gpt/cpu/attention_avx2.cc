@@ -1,0 +1,45 @@
+// Attention's inner loops on AVX2 with FMA: products in tiles of 6 rows x 2 vectors of 8 (12 of the
+// 16 registers hold the tile).
+#include <immintrin.h>
+
+#include <algorithm>  // std::min, std::fill
+#include <array>      // std::array
+#include <utility>    // std::integer_sequence
+
+#include "models/gpt/cpu/attention_isa.h"
+
+namespace zeroth::gpt::cpu {
+namespace {
+
+struct Lanes {
+  static constexpr int W = 8, kRowsPerTile = 6, kVectorsPerTile = 2;
+  using F = __m256;
+  static __m256i first(int n) { return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)); }
+  static F zero() { return _mm256_setzero_ps(); }
+  static F set1(float x) { return _mm256_set1_ps(x); }
+  static F load(const float* p) { return _mm256_loadu_ps(p); }
+  static F load_part(const float* p, int n) { return _mm256_maskload_ps(p, first(n)); }
+  static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
+  static void store_part(float* p, F v, int n) { _mm256_maskstore_ps(p, first(n), v); }
+  static F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F add(F a, F b) { return _mm256_add_ps(a, b); }
+  static F sub(F a, F b) { return _mm256_sub_ps(a, b); }
+  // b where either is NaN, as maxps/minps give it.
+  static F max(F a, F b) { return _mm256_max_ps(a, b); }
+  static F min(F a, F b) { return _mm256_min_ps(a, b); }
+  // p 2^n for integral n, by adding n to p's exponent: exact while the result is normal.
+  static F scale_pow2(F p, F n) {
+    return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23)));
+  }
+  // v where x >= t or x is NaN, else 0.
+  static F zero_below(F v, F x, float t) { return _mm256_and_ps(v, _mm256_cmp_ps(x, set1(t), _CMP_NLT_UQ)); }
+};
+
+#include "models/gpt/cpu/attention_tile.inc"
+
+}  // namespace
+
+const AttentionIsa& attention_isa_avx2() { return kIsa; }
+
+}  // namespace zeroth::gpt::cpu

@@ -1,0 +1,51 @@
+// The inner loops of the CPU's blocked attention (attention.cc): its products and the softmax's row
+// passes, one body (attention_tile.inc) built per ISA. Every level gives the same bits: a product's
+// output is a chain of fused multiply-adds in k order, a query's sums run down the keys in order,
+// and the exp is the same fused polynomial.
+#pragma once
+
+#include <cstddef>  // size_t
+
+#include "core/cpu/kernels.h"  // SimdLevel
+
+namespace zeroth::gpt::cpu {
+
+// C[m, n] = alpha A B, plus C where `accumulate`. A's element (i, k) is a[i a_row + k a_col] (either
+// orientation); B's row k is n floats at b + k ldb; C's row i is n floats at c + i ldc.
+struct Product {
+  int m, n, k;
+  float alpha;
+  const float* a;
+  size_t a_row, a_col;
+  const float* b;
+  size_t ldb;
+  float* c;
+  size_t ldc;
+  bool accumulate;
+};
+
+// Query rows per block: the column passes run over this many lanes. A chunk of scores is held
+// transposed, [keys, kBlockRows] (key j's scores against the block's queries in row j), so every
+// softmax pass is element-wise across the queries and sums run down the keys in order.
+inline constexpr int kBlockRows = 64;
+
+struct AttentionIsa {
+  void (*product)(const Product& p);
+  // The online softmax's step over a chunk of n keys: per query lane, m' = max(m, the chunk's
+  // scores); st = exp(st - m') (0 where that is below -87: masked scores are -3e38); l = the sum
+  // of st over the chunk (`first`), else l exp(m - m') + that sum, with exp(m - m') in alpha;
+  // m = m'.
+  void (*softmax_chunk)(float* st, int n, float* m, float* l, float* alpha, bool first);
+  // st = exp(st - lse), lse per query lane.
+  void (*probabilities_chunk)(float* st, int n, const float* lse);
+  // dst = pt (dst - d) scale, d per query lane.
+  void (*softmax_grad_chunk)(float* dst, const float* pt, int n, const float* d, float scale);
+};
+
+const AttentionIsa& attention_isa_scalar();
+const AttentionIsa& attention_isa_avx2();
+const AttentionIsa& attention_isa_avx512();
+// The level's loops; AVX2 only where the CPU has FMA too, else the scalar level's.
+const AttentionIsa& attention_isa(zeroth::cpu::SimdLevel level);
+
+}  // namespace zeroth::gpt::cpu

@@ -1,0 +1,51 @@
+// Attention's inner loops without vectors (the scalar level): std::fma, so its bits are the vector
+// levels'. Also the dispatch between levels.
+#include <algorithm>  // std::min, std::fill
+#include <array>      // std::array
+#include <cmath>      // std::fma, std::ldexp, std::isnan
+#include <utility>    // std::integer_sequence
+
+#include "models/gpt/cpu/attention_isa.h"
+
+namespace zeroth::gpt::cpu {
+namespace {
+
+struct Lanes {
+  static constexpr int W = 1, kRowsPerTile = 4, kVectorsPerTile = 4;
+  using F = float;
+  static F zero() { return 0.0f; }
+  static F set1(float x) { return x; }
+  static F load(const float* p) { return *p; }
+  static F load_part(const float* p, int /*n*/) { return *p; }
+  static void store(float* p, F v) { *p = v; }
+  static void store_part(float* p, F v, int /*n*/) { *p = v; }
+  static F fma(F a, F b, F c) { return std::fma(a, b, c); }
+  static F mul(F a, F b) { return a * b; }
+  static F add(F a, F b) { return a + b; }
+  static F sub(F a, F b) { return a - b; }
+  // b where either is NaN, as the vector levels' maxps/minps give it.
+  static F max(F a, F b) { return a > b ? a : b; }
+  static F min(F a, F b) { return a < b ? a : b; }
+  static F scale_pow2(F p, F n) { return std::isnan(n) ? n : std::ldexp(p, static_cast<int>(n)); }
+  static F zero_below(F v, F x, float t) { return x < t ? 0.0f : v; }
+};
+
+#include "models/gpt/cpu/attention_tile.inc"
+
+}  // namespace
+
+const AttentionIsa& attention_isa_scalar() { return kIsa; }
+
+const AttentionIsa& attention_isa(zeroth::cpu::SimdLevel level) {
+  switch (level) {
+    case zeroth::cpu::SimdLevel::avx512: return attention_isa_avx512();
+    case zeroth::cpu::SimdLevel::avx2:
+      // Every AVX2 CPU made has FMA, but the level does not promise it.
+      if (zeroth::cpu::cpu_features().fma) return attention_isa_avx2();
+      break;
+    case zeroth::cpu::SimdLevel::scalar: break;
+  }
+  return kIsa;
+}
+
+}  // namespace zeroth::gpt::cpu

@@ -1,0 +1,203 @@
+// The blocked attention's inner loops (models/gpt/cpu/attention_isa.h) on every ISA level this CPU
+// runs, against float64 and against each other. Each level must give the scalar level's bits: the
+// same fused multiply-adds in the same order, the same exp, the same sums down the keys. Against
+// float64, a product's element is bounded by its dot product's rounding, gamma(k + 2) times the sum
+// of its terms' magnitudes (Higham 3.1, the fused chain rounds no worse); an exp by its polynomial's
+// ~2 ulp plus the rounding of its argument.
+#include <gtest/gtest.h>
+
+#include <algorithm>  // std::max
+#include <cmath>      // std::abs, std::exp, std::ldexp, std::isnan
+#include <cstring>    // std::memcmp
+#include <limits>     // std::numeric_limits
+#include <random>     // std::mt19937
+#include <string>     // std::string
+#include <vector>     // std::vector
+
+#include "core/cpu/kernels.h"  // supported_simd_levels, simd_level_name
+#include "models/gpt/cpu/attention_isa.h"
+
+namespace zeroth::gpt::cpu {
+namespace {
+
+using Vec = std::vector<float>;
+const double kU = std::ldexp(1.0, -24);  // f32's unit roundoff
+
+Vec random_vec(size_t n, std::mt19937& rng, float spread) {
+  std::uniform_real_distribution<float> u(-spread, spread);
+  Vec v(n);
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+std::vector<zeroth::cpu::SimdLevel> levels() { return zeroth::cpu::supported_simd_levels(); }
+
+std::string name(zeroth::cpu::SimdLevel level) { return std::string(zeroth::cpu::simd_level_name(level)); }
+
+bool same_bits(const Vec& a, const Vec& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Shapes with every tail: rows past a tile (6 or 4), columns past a vector and a panel, one-term
+// sums, and attention's own (64 queries x 128 keys x 64 channels).
+TEST(AttentionIsa, ProductsMatchFloat64AndEveryLevelGivesTheScalarBits) {
+  struct Shape {
+    int m, n, k;
+  };
+  std::mt19937 rng(7);
+  double worst = 0;
+  for (const auto& [m, n, k] : {Shape{1, 1, 1}, Shape{7, 5, 3}, Shape{6, 16, 9}, Shape{13, 24, 130}, Shape{64, 64, 64},
+                                Shape{128, 64, 64}, Shape{64, 80, 128}, Shape{5, 33, 17}, Shape{64, 8, 1}}) {
+    for (const bool transposed : {false, true}) {
+      for (const bool accumulate : {false, true}) {
+        SCOPED_TRACE(std::to_string(m) + " x " + std::to_string(n) + " x " + std::to_string(k) + (transposed ? ", A^T" : "") +
+                     (accumulate ? ", accumulate" : ""));
+        // A stored [m, k] or [k, m]; B's rows and C's rows wider than n, their tails sentinels the
+        // product must leave alone.
+        const size_t ldb = n + 3, ldc = n + 5;
+        const Vec a = random_vec(static_cast<size_t>(m) * k, rng, 1), b = random_vec(static_cast<size_t>(k) * ldb, rng, 1),
+                  c0 = random_vec(static_cast<size_t>(m) * ldc, rng, 1);
+        const size_t a_row = transposed ? 1 : k, a_col = transposed ? m : 1;
+        const float alpha = 0.375f;
+        Vec scalar_bits;
+        for (const auto level : levels()) {
+          SCOPED_TRACE(name(level));
+          Vec c = c0;
+          attention_isa(level).product(Product{m, n, k, alpha, a.data(), a_row, a_col, b.data(), ldb, c.data(), ldc, accumulate});
+          for (int i = 0; i < m; ++i) {
+            for (size_t j = 0; j < ldc; ++j) {
+              const float got = c[i * ldc + j];
+              if (j >= static_cast<size_t>(n)) {
+                ASSERT_EQ(got, c0[i * ldc + j]) << "wrote past the row's n columns at " << i << ", " << j;
+                continue;
+              }
+              double want = 0, magnitude = 0;
+              for (int p = 0; p < k; ++p) {
+                const double t = double(a[i * a_row + p * a_col]) * b[p * ldb + j];
+                want += t;
+                magnitude += std::abs(t);
+              }
+              want *= alpha;
+              magnitude *= alpha;
+              if (accumulate) {
+                want += c0[i * ldc + j];
+                magnitude += std::abs(c0[i * ldc + j]);
+              }
+              const double bound = (k + 2) * kU / (1 - (k + 2) * kU) * magnitude;
+              ASSERT_LE(std::abs(got - want), bound) << "at " << i << ", " << j;
+              worst = std::max(worst, std::abs(got - want) / bound);
+            }
+          }
+          if (scalar_bits.empty()) scalar_bits = c;
+          EXPECT_TRUE(same_bits(c, scalar_bits)) << name(level) << " differs from the scalar level's bits";
+        }
+      }
+    }
+  }
+  std::printf("products: worst error %.3f of its bound on %zu level(s)\n", worst, levels().size());
+}
+
+// exp(x) in f32 against float64: the polynomial's 2 ulp plus x's own rounding, |x| u relative.
+double exp_bound(double x, double e) { return (3 + std::abs(x)) * kU * e + std::numeric_limits<float>::denorm_min(); }
+
+// One chunk of 37 keys after an earlier one: maxima that rise and that stay, keys the causal mask
+// hides (-3e38: exp exactly 0), scores far below the max (exp 0 under -87), and a NaN score, which
+// must come out NaN rather than vanish.
+TEST(AttentionIsa, SoftmaxPassesMatchFloat64AndEveryLevelGivesTheScalarBits) {
+  const int n = 37, Q = kBlockRows;
+  std::mt19937 rng(11);
+  const Vec st0 = [&] {
+    Vec s = random_vec(static_cast<size_t>(n) * Q, rng, 6);
+    for (int j = 0; j < n; ++j) {
+      for (int i = 0; i < j % 9; ++i) s[j * Q + i] = -3.0e38f;  // masked
+    }
+    s[5 * Q + 40] = -150.0f;  // below exp's range
+    return s;
+  }();
+  const Vec m0 = random_vec(Q, rng, 4), l0 = [&] {
+    Vec l = random_vec(Q, rng, 1);
+    for (float& x : l) x = 2.0f + x;
+    return l;
+  }();
+  const Vec lse = random_vec(Q, rng, 3), d = random_vec(Q, rng, 0.5f), dp0 = random_vec(static_cast<size_t>(n) * Q, rng, 1);
+  Vec scalar_st, scalar_ml, scalar_p, scalar_ds;
+  double worst = 0;
+  for (const auto level : levels()) {
+    SCOPED_TRACE(name(level));
+    const AttentionIsa& isa = attention_isa(level);
+    for (const bool first : {true, false}) {
+      Vec st = st0, m = m0, l = l0, alpha(Q, -1.0f);
+      isa.softmax_chunk(st.data(), n, m.data(), l.data(), alpha.data(), first);
+      for (int i = 0; i < Q; ++i) {
+        double mx = first ? -3.0e38 : m0[i];
+        for (int j = 0; j < n; ++j) mx = std::max(mx, double(st0[j * Q + i]));
+        ASSERT_EQ(m[i], mx) << "max of query " << i;
+        double sum = 0, sum_bound = 0;
+        for (int j = 0; j < n; ++j) {
+          const double x = double(st0[j * Q + i]) - mx, e = std::exp(x);
+          const float got = st[j * Q + i];
+          if (st0[j * Q + i] == -3.0e38f || x < -87) {
+            ASSERT_EQ(got, 0.0f) << "a masked or vanishing score at " << j << ", " << i;
+            continue;
+          }
+          ASSERT_LE(std::abs(got - e), exp_bound(x, e)) << "exp at " << j << ", " << i;
+          worst = std::max(worst, std::abs(got - e) / exp_bound(x, e));
+          sum += got;
+          sum_bound += got;
+        }
+        // The sum of the chunk's (already checked) exps, in n additions; then the rescale.
+        double want = sum, bound = (n + 1) * kU * sum_bound;
+        if (!first) {
+          const double x = double(m0[i]) - mx, a = std::exp(x);
+          ASSERT_LE(std::abs(alpha[i] - a), exp_bound(x, a)) << "rescale of query " << i;
+          want += double(l0[i]) * alpha[i];
+          bound += 2 * kU * (std::abs(want));
+        }
+        ASSERT_LE(std::abs(l[i] - want), bound) << "sum of query " << i;
+      }
+      if (!first) {
+        Vec bits = st;
+        bits.insert(bits.end(), m.begin(), m.end());
+        bits.insert(bits.end(), l.begin(), l.end());
+        bits.insert(bits.end(), alpha.begin(), alpha.end());
+        if (scalar_st.empty()) scalar_st = bits;
+        EXPECT_TRUE(same_bits(bits, scalar_st)) << "softmax_chunk differs from the scalar level's bits";
+      }
+    }
+    Vec p = st0;
+    isa.probabilities_chunk(p.data(), n, lse.data());
+    for (int j = 0; j < n; ++j) {
+      for (int i = 0; i < Q; ++i) {
+        const double x = double(st0[j * Q + i]) - lse[i], e = std::exp(x);
+        if (x < -87) {
+          ASSERT_EQ(p[j * Q + i], 0.0f);
+          continue;
+        }
+        ASSERT_LE(std::abs(p[j * Q + i] - e), exp_bound(x, e)) << "probability at " << j << ", " << i;
+      }
+    }
+    if (scalar_p.empty()) scalar_p = p;
+    EXPECT_TRUE(same_bits(p, scalar_p)) << "probabilities_chunk differs from the scalar level's bits";
+    Vec ds = dp0;
+    isa.softmax_grad_chunk(ds.data(), p.data(), n, d.data(), 0.125f);
+    for (int j = 0; j < n; ++j) {
+      for (int i = 0; i < Q; ++i) {
+        const double want = double(p[j * Q + i]) * (double(dp0[j * Q + i]) - d[i]) * 0.125;
+        // Three roundings: the difference, the product, the scale (exact: a power of two).
+        ASSERT_LE(std::abs(ds[j * Q + i] - want), 2.01 * kU * std::abs(want)) << "dS at " << j << ", " << i;
+      }
+    }
+    if (scalar_ds.empty()) scalar_ds = ds;
+    EXPECT_TRUE(same_bits(ds, scalar_ds)) << "softmax_grad_chunk differs from the scalar level's bits";
+
+    Vec nan_st = st0, m = m0, l = l0, alpha(Q);
+    nan_st[3 * Q + 17] = std::numeric_limits<float>::quiet_NaN();
+    isa.softmax_chunk(nan_st.data(), n, m.data(), l.data(), alpha.data(), false);
+    EXPECT_TRUE(std::isnan(nan_st[3 * Q + 17])) << "a NaN score's exp is not NaN";
+    EXPECT_TRUE(std::isnan(l[17])) << "a NaN score left its query's sum finite";
+  }
+  std::printf("softmax passes: worst exp error %.3f of its bound on %zu level(s)\n", worst, levels().size());
+}
+
+}  // namespace
+}  // namespace zeroth::gpt::cpu
