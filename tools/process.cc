@@ -14,7 +14,8 @@
 #include <cstdlib>  // std::getenv
 #include <string_view>
 
-#include "core/error.h"  // ZEROTH_THROW, SYSCALL_CHECK
+#include "core/error.h"         // ZEROTH_THROW, SYSCALL_CHECK
+#include "tools/openmp_wait.h"  // openmp_wait_defaulted
 
 extern char** environ;
 
@@ -51,7 +52,11 @@ std::vector<std::string> environment_with(const std::map<std::string, std::strin
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string entry(*e);
     const auto eq = entry.find('=');
-    if (eq != std::string::npos && overrides.count(entry.substr(0, eq)) != 0) continue;
+    const std::string key = eq == std::string::npos ? entry : entry.substr(0, eq);
+    if (overrides.count(key) != 0) continue;
+    // zeroth's own default, not the caller's: a zeroth child sets it again, another program
+    // (PyTorch beside zeroth) runs as the caller's environment has it.
+    if ((key == "OMP_WAIT_POLICY" || key == "ZEROTH_OMP_WAIT_DEFAULT") && openmp_wait_defaulted()) continue;
     env.push_back(entry);
   }
   for (const auto& [k, v] : overrides) env.push_back(k + "=" + v);

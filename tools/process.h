@@ -28,7 +28,8 @@ struct Child {
 // why" when it cannot be run; nothing is left behind then.
 Child spawn_child(const std::vector<std::string>& argv, const SpawnOptions& options = {});
 
-// The environment of this process with `overrides` set, as "KEY=value" entries.
+// The environment of this process with `overrides` set, as "KEY=value" entries; without
+// OMP_WAIT_POLICY where it is zeroth's default (tools/openmp_wait.h).
 std::vector<std::string> environment_with(const std::map<std::string, std::string>& overrides);
 
 struct ProcessResult {

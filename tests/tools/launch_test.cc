@@ -39,6 +39,39 @@ TEST(Launch, EveryRankGetsTorchrunsEnvironmentAndPrefixedOutput) {
   }
 }
 
+// zeroth's OpenMP threads (oneDNN's products) sleep between products unless the environment says
+// otherwise (tools/openmp_wait.cc): libgomp reports the policy it read, and a spin count of 0 is
+// PASSIVE's (its default spins 300000 times; ACTIVE's is unbounded). What zeroth starts that is not
+// zeroth sees the caller's environment, not zeroth's default; a zeroth child defaults itself.
+TEST(Launch, ZerothsOpenMpThreadsSleepUnlessTheEnvironmentSaysAndOnlyZerothSeesItsDefault) {
+  ::unsetenv("OMP_WAIT_POLICY");
+  ::unsetenv("ZEROTH_OMP_WAIT_DEFAULT");
+  const std::string passive = "GOMP_SPINCOUNT = '0'";
+  auto shown = [](const std::vector<std::string>& extra, const std::string& name) {
+    auto child = testing::spawn({ZEROTH_BIN, "--version"}, extra, ::testing::TempDir() + "omp_" + name + ".log");
+    EXPECT_EQ(testing::wait_exit(child, 30s), 0) << child.output();
+    return child.output();
+  };
+  const std::string by_default = shown({"OMP_DISPLAY_ENV=verbose"}, "default");
+  EXPECT_NE(by_default.find(passive), std::string::npos) << by_default;
+  const std::string active = shown({"OMP_DISPLAY_ENV=verbose", "OMP_WAIT_POLICY=ACTIVE"}, "active");
+  EXPECT_NE(active.find("OMP_WAIT_POLICY = 'ACTIVE'"), std::string::npos) << active;
+  EXPECT_EQ(active.find(passive), std::string::npos) << active;
+
+  const std::string echo = "echo policy=${OMP_WAIT_POLICY-unset} mark=${ZEROTH_OMP_WAIT_DEFAULT-unset}";
+  auto job = launch({"-n", "1", "--", "sh", "-c", echo}, "omp_child");
+  ASSERT_EQ(testing::wait_exit(job, 30s), 0) << job.output();
+  EXPECT_NE(job.output().find("[rank 0] policy=unset mark=unset"), std::string::npos) << job.output();
+  std::vector<std::string> argv = {ZEROTH_BIN, "launch", "-n", "1", "--", "sh", "-c", echo};
+  auto kept = testing::spawn(argv, {"OMP_WAIT_POLICY=ACTIVE"}, ::testing::TempDir() + "launch_omp_kept.log");
+  ASSERT_EQ(testing::wait_exit(kept, 30s), 0) << kept.output();
+  EXPECT_NE(kept.output().find("[rank 0] policy=ACTIVE mark=unset"), std::string::npos) << kept.output();
+  argv = {ZEROTH_BIN, "launch", "-n", "1", "--", ZEROTH_BIN, "--version"};
+  auto zeroth_child = testing::spawn(argv, {"OMP_DISPLAY_ENV=verbose"}, ::testing::TempDir() + "launch_omp_zeroth.log");
+  ASSERT_EQ(testing::wait_exit(zeroth_child, 30s), 0) << zeroth_child.output();
+  EXPECT_NE(zeroth_child.output().find("[rank 0]   " + passive), std::string::npos) << zeroth_child.output();
+}
+
 TEST(Launch, MultiNodeRanksAreOffsetByTheNodeRankAndShareTheTokenFile) {
   const std::string token_file = ::testing::TempDir() + "launch_token";
   std::ofstream(token_file) << "shared-by-every-node\n";
