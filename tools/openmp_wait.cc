@@ -9,11 +9,11 @@
 // runs on as it was started.
 #include "tools/openmp_wait.h"
 
-#include <unistd.h>  // execve
+#include <unistd.h>  // execve, readlink
 
 #include <alloca.h>  // alloca
 #include <cstdlib>   // std::getenv
-#include <cstring>   // std::strlen, std::strncmp, std::strcmp
+#include <cstring>   // std::strcmp
 
 namespace zeroth::tools {
 namespace {
@@ -22,18 +22,54 @@ constexpr char kPolicy[] = "OMP_WAIT_POLICY=PASSIVE";
 // Marks the policy as zeroth's own, for openmp_wait_defaulted.
 constexpr char kMark[] = "ZEROTH_OMP_WAIT_DEFAULT=1";
 
-bool has(char** envp, const char* key) {
-  const size_t n = std::strlen(key);
-  for (char** e = envp; *e != nullptr; ++e) {
-    if (std::strncmp(*e, key, n) == 0 && (*e)[n] == '=') return true;
+// Runs before the sanitizers' runtimes may be up: no instrumented code, no library calls but
+// readlink and execve.
+#define ZEROTH_BEFORE_LIBRARIES [[gnu::no_sanitize("address", "undefined", "thread")]]
+
+// Whether s begins with prefix, and then, if `then` is not 0, that character.
+ZEROTH_BEFORE_LIBRARIES bool starts(const char* s, const char* prefix, char then) {
+  for (; *prefix != 0; ++s, ++prefix) {
+    if (*s != *prefix) return false;
+  }
+  return then == 0 || *s == then;
+}
+
+ZEROTH_BEFORE_LIBRARIES bool contains(const char* s, const char* part) {
+  for (; *s != 0; ++s) {
+    if (starts(s, part, 0)) return true;
   }
   return false;
 }
 
-// Called with the process's own argv and envp (environ is not set yet): no allocation, nothing
-// but system calls.
-void default_openmp_wait(int /*argc*/, char** argv, char** envp) {
-  if (envp == nullptr || has(envp, "OMP_WAIT_POLICY")) return;
+// The variable's value in envp, or null.
+ZEROTH_BEFORE_LIBRARIES const char* value(char** envp, const char* key) {
+  for (char** e = envp; *e != nullptr; ++e) {
+    if (starts(*e, key, '=')) {
+      const char* v = *e;
+      while (*v != '=') ++v;
+      return v + 1;
+    }
+  }
+  return nullptr;
+}
+
+// Called with the process's own argv and envp (environ is not set yet). Not where executing
+// /proc/self/exe would run something else: zeroth started by the dynamic loader (`ld.so zeroth`:
+// the exe is the loader, and its options would be lost), or under valgrind (the new image would
+// escape it).
+ZEROTH_BEFORE_LIBRARIES void default_openmp_wait(int /*argc*/, char** argv, char** envp) {
+  if (envp == nullptr || value(envp, "OMP_WAIT_POLICY") != nullptr) return;
+  const char* preload = value(envp, "LD_PRELOAD");
+  if (preload != nullptr && contains(preload, "vgpreload")) return;
+  char exe[4096];
+  const ssize_t len = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (len <= 0) return;
+  exe[len] = 0;
+  const char* base = exe;
+  for (const char* c = exe; *c != 0; ++c) {
+    if (*c == '/') base = c + 1;
+  }
+  if (starts(base, "ld-", 0) || starts(base, "ld.so", 0)) return;
   size_t n = 0;
   while (envp[n] != nullptr) ++n;
   auto** env = static_cast<char**>(alloca((n + 3) * sizeof(char*)));

@@ -102,7 +102,8 @@ double exp_bound(double x, double e) { return (3 + std::abs(x)) * kU * e + std::
 
 // One chunk of 37 keys after an earlier one: maxima that rise and that stay, keys the causal mask
 // hides (-3e38: exp exactly 0), scores far below the max (exp 0 under -87), and a NaN score, which
-// must come out NaN rather than vanish.
+// must come out NaN rather than vanish. Over every number of query lanes a block may use (16 to
+// 64); the lanes past them must be left as they were.
 TEST(AttentionIsa, SoftmaxPassesMatchFloat64AndEveryLevelGivesTheScalarBits) {
   const int n = 37, Q = kBlockRows;
   std::mt19937 rng(11);
@@ -120,81 +121,99 @@ TEST(AttentionIsa, SoftmaxPassesMatchFloat64AndEveryLevelGivesTheScalarBits) {
     return l;
   }();
   const Vec lse = random_vec(Q, rng, 3), d = random_vec(Q, rng, 0.5f), dp0 = random_vec(static_cast<size_t>(n) * Q, rng, 1);
-  Vec scalar_st, scalar_ml, scalar_p, scalar_ds;
+  std::vector<Vec> scalar_bits;  // the first level's outputs, in the order they are checked
   double worst = 0;
   for (const auto level : levels()) {
-    SCOPED_TRACE(name(level));
-    const AttentionIsa& isa = attention_isa(level);
-    for (const bool first : {true, false}) {
-      Vec st = st0, m = m0, l = l0, alpha(Q, -1.0f);
-      isa.softmax_chunk(st.data(), n, m.data(), l.data(), alpha.data(), first);
-      for (int i = 0; i < Q; ++i) {
-        double mx = first ? -3.0e38 : m0[i];
-        for (int j = 0; j < n; ++j) mx = std::max(mx, double(st0[j * Q + i]));
-        ASSERT_EQ(m[i], mx) << "max of query " << i;
-        double sum = 0, sum_bound = 0;
-        for (int j = 0; j < n; ++j) {
-          const double x = double(st0[j * Q + i]) - mx, e = std::exp(x);
-          const float got = st[j * Q + i];
-          if (st0[j * Q + i] == -3.0e38f || x < -87) {
-            ASSERT_EQ(got, 0.0f) << "a masked or vanishing score at " << j << ", " << i;
-            continue;
+    for (const int lanes : {16, 48, 64}) {
+      SCOPED_TRACE(name(level) + ", " + std::to_string(lanes) + " lanes");
+      const AttentionIsa& isa = attention_isa(level);
+      size_t checked = 0;
+      auto same_as_first_level = [&](const Vec& bits, const char* what) {
+        const size_t at = checked++ + (lanes == 16 ? 0 : lanes == 48 ? 10 : 20);
+        if (scalar_bits.size() <= at) scalar_bits.resize(at + 1);
+        if (scalar_bits[at].empty()) scalar_bits[at] = bits;
+        EXPECT_TRUE(same_bits(bits, scalar_bits[at])) << what << " differs from the first level's bits";
+      };
+      auto untouched_past = [&](const Vec& got, const Vec& was, int rows, const char* what) {
+        for (int j = 0; j < rows; ++j) {
+          for (int i = lanes; i < Q; ++i) ASSERT_EQ(got[j * Q + i], was[j * Q + i]) << what << " wrote lane " << i;
+        }
+      };
+      for (const bool first : {true, false}) {
+        Vec st = st0, m = m0, l = l0, alpha(Q, -1.0f);
+        isa.softmax_chunk(st.data(), n, lanes, m.data(), l.data(), alpha.data(), first);
+        untouched_past(st, st0, n, "softmax_chunk");
+        untouched_past(m, m0, 1, "softmax_chunk's max");
+        for (int i = 0; i < lanes; ++i) {
+          double mx = first ? -3.0e38 : m0[i];
+          for (int j = 0; j < n; ++j) mx = std::max(mx, double(st0[j * Q + i]));
+          ASSERT_EQ(m[i], mx) << "max of query " << i;
+          double sum = 0, sum_bound = 0;
+          for (int j = 0; j < n; ++j) {
+            const double x = double(st0[j * Q + i]) - mx, e = std::exp(x);
+            const float got = st[j * Q + i];
+            if (st0[j * Q + i] == -3.0e38f || x < -87) {
+              ASSERT_EQ(got, 0.0f) << "a masked or vanishing score at " << j << ", " << i;
+              continue;
+            }
+            ASSERT_LE(std::abs(got - e), exp_bound(x, e)) << "exp at " << j << ", " << i;
+            worst = std::max(worst, std::abs(got - e) / exp_bound(x, e));
+            sum += got;
+            sum_bound += got;
           }
-          ASSERT_LE(std::abs(got - e), exp_bound(x, e)) << "exp at " << j << ", " << i;
-          worst = std::max(worst, std::abs(got - e) / exp_bound(x, e));
-          sum += got;
-          sum_bound += got;
+          // The sum of the chunk's (already checked) exps, in n additions; then the rescale.
+          double want = sum, bound = (n + 1) * kU * sum_bound;
+          if (!first) {
+            const double x = double(m0[i]) - mx, a = std::exp(x);
+            ASSERT_LE(std::abs(alpha[i] - a), exp_bound(x, a)) << "rescale of query " << i;
+            want += double(l0[i]) * alpha[i];
+            bound += 2 * kU * (std::abs(want));
+          }
+          ASSERT_LE(std::abs(l[i] - want), bound) << "sum of query " << i;
         }
-        // The sum of the chunk's (already checked) exps, in n additions; then the rescale.
-        double want = sum, bound = (n + 1) * kU * sum_bound;
-        if (!first) {
-          const double x = double(m0[i]) - mx, a = std::exp(x);
-          ASSERT_LE(std::abs(alpha[i] - a), exp_bound(x, a)) << "rescale of query " << i;
-          want += double(l0[i]) * alpha[i];
-          bound += 2 * kU * (std::abs(want));
-        }
-        ASSERT_LE(std::abs(l[i] - want), bound) << "sum of query " << i;
-      }
-      if (!first) {
         Vec bits = st;
         bits.insert(bits.end(), m.begin(), m.end());
         bits.insert(bits.end(), l.begin(), l.end());
-        bits.insert(bits.end(), alpha.begin(), alpha.end());
-        if (scalar_st.empty()) scalar_st = bits;
-        EXPECT_TRUE(same_bits(bits, scalar_st)) << "softmax_chunk differs from the scalar level's bits";
+        if (!first) bits.insert(bits.end(), alpha.begin(), alpha.end());
+        same_as_first_level(bits, "softmax_chunk");
       }
-    }
-    Vec p = st0;
-    isa.probabilities_chunk(p.data(), n, lse.data());
-    for (int j = 0; j < n; ++j) {
-      for (int i = 0; i < Q; ++i) {
-        const double x = double(st0[j * Q + i]) - lse[i], e = std::exp(x);
-        if (x < -87) {
-          ASSERT_EQ(p[j * Q + i], 0.0f);
-          continue;
+      Vec p = st0;
+      isa.probabilities_chunk(p.data(), n, lanes, lse.data());
+      untouched_past(p, st0, n, "probabilities_chunk");
+      for (int j = 0; j < n; ++j) {
+        for (int i = 0; i < lanes; ++i) {
+          const double x = double(st0[j * Q + i]) - lse[i], e = std::exp(x);
+          if (x < -87) {
+            ASSERT_EQ(p[j * Q + i], 0.0f);
+            continue;
+          }
+          ASSERT_LE(std::abs(p[j * Q + i] - e), exp_bound(x, e)) << "probability at " << j << ", " << i;
         }
-        ASSERT_LE(std::abs(p[j * Q + i] - e), exp_bound(x, e)) << "probability at " << j << ", " << i;
       }
-    }
-    if (scalar_p.empty()) scalar_p = p;
-    EXPECT_TRUE(same_bits(p, scalar_p)) << "probabilities_chunk differs from the scalar level's bits";
-    Vec ds = dp0;
-    isa.softmax_grad_chunk(ds.data(), p.data(), n, d.data(), 0.125f);
-    for (int j = 0; j < n; ++j) {
-      for (int i = 0; i < Q; ++i) {
-        const double want = double(p[j * Q + i]) * (double(dp0[j * Q + i]) - d[i]) * 0.125;
-        // Three roundings: the difference, the product, the scale (exact: a power of two).
-        ASSERT_LE(std::abs(ds[j * Q + i] - want), 2.01 * kU * std::abs(want)) << "dS at " << j << ", " << i;
+      same_as_first_level(p, "probabilities_chunk");
+      Vec ds = dp0;
+      isa.softmax_grad_chunk(ds.data(), p.data(), n, lanes, d.data(), 0.125f);
+      untouched_past(ds, dp0, n, "softmax_grad_chunk");
+      for (int j = 0; j < n; ++j) {
+        for (int i = 0; i < lanes; ++i) {
+          const double want = double(p[j * Q + i]) * (double(dp0[j * Q + i]) - d[i]) * 0.125;
+          // Three roundings: the difference, the product, the scale (exact: a power of two).
+          ASSERT_LE(std::abs(ds[j * Q + i] - want), 2.01 * kU * std::abs(want)) << "dS at " << j << ", " << i;
+        }
       }
-    }
-    if (scalar_ds.empty()) scalar_ds = ds;
-    EXPECT_TRUE(same_bits(ds, scalar_ds)) << "softmax_grad_chunk differs from the scalar level's bits";
+      same_as_first_level(ds, "softmax_grad_chunk");
 
-    Vec nan_st = st0, m = m0, l = l0, alpha(Q);
-    nan_st[3 * Q + 17] = std::numeric_limits<float>::quiet_NaN();
-    isa.softmax_chunk(nan_st.data(), n, m.data(), l.data(), alpha.data(), false);
-    EXPECT_TRUE(std::isnan(nan_st[3 * Q + 17])) << "a NaN score's exp is not NaN";
-    EXPECT_TRUE(std::isnan(l[17])) << "a NaN score left its query's sum finite";
+      Vec nan_st = st0, m = m0, l = l0, alpha(Q);
+      nan_st[3 * Q + 7] = std::numeric_limits<float>::quiet_NaN();
+      isa.softmax_chunk(nan_st.data(), n, lanes, m.data(), l.data(), alpha.data(), false);
+      EXPECT_TRUE(std::isnan(nan_st[3 * Q + 7])) << "a NaN score's exp is not NaN";
+      EXPECT_TRUE(std::isnan(l[7])) << "a NaN score left its query's sum finite";
+      for (int i = 0; i < lanes; ++i) {
+        if (i != 7) {
+          EXPECT_FALSE(std::isnan(l[i])) << "the NaN reached query " << i;
+        }
+      }
+    }
   }
   std::printf("softmax passes: worst exp error %.3f of its bound on %zu level(s)\n", worst, levels().size());
 }

@@ -66,6 +66,10 @@ TEST(Launch, ZerothsOpenMpThreadsSleepUnlessTheEnvironmentSaysAndOnlyZerothSeesI
   auto kept = testing::spawn(argv, {"OMP_WAIT_POLICY=ACTIVE"}, ::testing::TempDir() + "launch_omp_kept.log");
   ASSERT_EQ(testing::wait_exit(kept, 30s), 0) << kept.output();
   EXPECT_NE(kept.output().find("[rank 0] policy=ACTIVE mark=unset"), std::string::npos) << kept.output();
+  // PASSIVE set by the caller is the caller's: children keep it.
+  auto own = testing::spawn(argv, {"OMP_WAIT_POLICY=PASSIVE"}, ::testing::TempDir() + "launch_omp_own.log");
+  ASSERT_EQ(testing::wait_exit(own, 30s), 0) << own.output();
+  EXPECT_NE(own.output().find("[rank 0] policy=PASSIVE mark=unset"), std::string::npos) << own.output();
   argv = {ZEROTH_BIN, "launch", "-n", "1", "--", ZEROTH_BIN, "--version"};
   auto zeroth_child = testing::spawn(argv, {"OMP_DISPLAY_ENV=verbose"}, ::testing::TempDir() + "launch_omp_zeroth.log");
   ASSERT_EQ(testing::wait_exit(zeroth_child, 30s), 0) << zeroth_child.output();

@@ -23,7 +23,7 @@ namespace {
 // Query rows per block and keys per chunk. A chunk is a multiple of a block, so for blocks that
 // start at a multiple of kRows (training's) the chunk holding the diagonal starts at or before the
 // block's first row: every query of such a block sees a key of every chunk it meets. A chunk's
-// 128 x 64 scores (32 KiB) stay in L1 beside the product's panel of its other operand.
+// 128 x 64 scores (32 KiB) stay in a core's L2 with the products' other operands.
 constexpr int kRows = kBlockRows;
 constexpr int kKeys = 128;
 static_assert(kKeys % kRows == 0);
@@ -40,21 +40,24 @@ void multiply(int m, int n, int k, float alpha, const float* a, size_t a_row, si
   isa().product(Product{m, n, k, alpha, a, a_row, a_col, b, ldb, c, ldc, accumulate});
 }
 
-// dst [hs, kRows] = the `rows` rows of hs floats at src, ld apart, transposed; the columns past
+// The query lanes a block of `rows` rows runs over: rows rounded up to 16.
+int lanes_of(int rows) { return (rows + 15) / 16 * 16; }
+
+// dst [hs, kRows] = the `rows` rows of hs floats at src, ld apart, transposed; the lanes past
 // `rows` are 0.
 void transpose_block(float* dst, const float* src, int rows, size_t ld, int hs) {
   for (int c = 0; c < hs; ++c) {
     float* out = dst + static_cast<size_t>(c) * kRows;
     for (int r = 0; r < rows; ++r) out[r] = src[r * ld + c];
-    std::fill(out + rows, out + kRows, 0.0f);
+    std::fill(out + rows, out + lanes_of(rows), 0.0f);
   }
 }
 
-// Hides, in a transposed chunk of keys [c0, c0 + n) against queries [a0, a0 + kRows), the scores
+// Hides, in a transposed chunk of keys [c0, c0 + n) against queries [a0, a0 + lanes), the scores
 // of keys after their query: key c0 + j is seen by queries from c0 + j on.
-void mask_chunk(float* st, int n, int c0, int a0) {
+void mask_chunk(float* st, int n, int lanes, int c0, int a0) {
   for (int j = std::max(0, a0 + 1 - c0); j < n; ++j) {
-    std::fill(st + static_cast<size_t>(j) * kRows, st + static_cast<size_t>(j) * kRows + std::min(kRows, c0 + j - a0), kMasked);
+    std::fill(st + static_cast<size_t>(j) * kRows, st + static_cast<size_t>(j) * kRows + std::min(lanes, c0 + j - a0), kMasked);
   }
 }
 
@@ -98,7 +101,7 @@ void blocked_forward(float* out, float* lse, const float* qkv, int B, int pos, i
     const int blk = static_cast<int>(task % blocks), h = static_cast<int>(task / blocks % NH),
               b = static_cast<int>(task / blocks / NH);
     // The block's rows are positions [a0, a1) of its sequence.
-    const int rows = std::min(kRows, n - blk * kRows), a0 = pos + blk * kRows, a1 = a0 + rows;
+    const int rows = std::min(kRows, n - blk * kRows), lanes = lanes_of(rows), a0 = pos + blk * kRows, a1 = a0 + rows;
     const float* seq = qkv + b * Tk * W;
     const float *k = seq + at.k(h), *v = seq + at.v(h);
     float* o = out + (b * static_cast<size_t>(n) + blk * kRows) * Cq + at.q(h);
@@ -108,11 +111,11 @@ void blocked_forward(float* out, float* lse, const float* qkv, int B, int pos, i
     alignas(64) float m[kRows], l[kRows], alpha[kRows];
     for (int c0 = 0; c0 < a1; c0 += kKeys) {
       const int width = std::min(kKeys, a1 - c0);
-      multiply(width, kRows, hs, scale, k + c0 * W, W, 1, qt, kRows, st, kRows, false);  // S^T = scale K Q^T
-      mask_chunk(st, width, c0, a0);
+      multiply(width, lanes, hs, scale, k + c0 * W, W, 1, qt, kRows, st, kRows, false);  // S^T = scale K Q^T
+      mask_chunk(st, width, lanes, c0, a0);
       // The first chunk holds key 0, which every query sees; a later one may hold none of a
       // query's keys (a block not aligned to the chunks, in generation) and leaves it as it was.
-      isa().softmax_chunk(st, width, m, l, alpha, c0 == 0);
+      isa().softmax_chunk(st, width, lanes, m, l, alpha, c0 == 0);
       if (c0 > 0) {
         // The output so far was weighed against smaller maxima.
         for (int r = 0; r < rows; ++r) scale_row(o + r * Cq, hs, alpha[r]);
@@ -162,7 +165,7 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
     alignas(64) float d[kRows] = {}, row_lse[kRows] = {};
     for (int h = h0; h < h0 + at.g; ++h) {
       for (int blk = 0; blk < blocks; ++blk) {
-        const int i0 = blk * kRows, rows = std::min(kRows, T - i0), i1 = i0 + rows;
+        const int i0 = blk * kRows, rows = std::min(kRows, T - i0), lanes = lanes_of(rows), i1 = i0 + rows;
         const float* q = seq + i0 * W + at.q(h);
         float* dq = dseq + i0 * W + at.q(h);
         const size_t y_at = (static_cast<size_t>(b) * T + i0) * Cq + at.q(h);
@@ -174,12 +177,12 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
         for (int c0 = 0; c0 < i1; c0 += kKeys) {
           const int n = std::min(kKeys, i1 - c0);
           const float *kc = k + c0 * W, *vc = v + c0 * W;
-          multiply(n, kRows, hs, scale, kc, W, 1, qt, kRows, pt, kRows, false);  // S^T = scale K Q^T
-          mask_chunk(pt, n, c0, i0);
-          isa().probabilities_chunk(pt, n, row_lse);
+          multiply(n, lanes, hs, scale, kc, W, 1, qt, kRows, pt, kRows, false);  // S^T = scale K Q^T
+          mask_chunk(pt, n, lanes, c0, i0);
+          isa().probabilities_chunk(pt, n, lanes, row_lse);
           multiply(n, hs, rows, 1.0f, pt, kRows, 1, dy, Cq, dv + c0 * W, W, true);  // dV += P^T dY
-          multiply(n, kRows, hs, 1.0f, vc, W, 1, dyt, kRows, dst, kRows, false);    // dP^T = V dY^T
-          isa().softmax_grad_chunk(dst, pt, n, d, scale);                           // dS^T
+          multiply(n, lanes, hs, 1.0f, vc, W, 1, dyt, kRows, dst, kRows, false);    // dP^T = V dY^T
+          isa().softmax_grad_chunk(dst, pt, n, lanes, d, scale);                    // dS^T
           multiply(rows, hs, n, 1.0f, dst, 1, kRows, kc, W, dq, W, c0 > 0);         // dQ (+)= dS K
           multiply(n, hs, rows, 1.0f, dst, kRows, 1, q, W, dk + c0 * W, W, true);   // dK += dS^T Q
         }

@@ -29,17 +29,19 @@ struct Product {
 // softmax pass is element-wise across the queries and sums run down the keys in order.
 inline constexpr int kBlockRows = 64;
 
+// The softmax passes run over the first `lanes` queries of each row (a multiple of 16, at most
+// kBlockRows: a block's rows rounded up, so generation's single row costs 16 lanes, not 64).
 struct AttentionIsa {
   void (*product)(const Product& p);
   // The online softmax's step over a chunk of n keys: per query lane, m' = max(m, the chunk's
   // scores); st = exp(st - m') (0 where that is below -87: masked scores are -3e38); l = the sum
   // of st over the chunk (`first`), else l exp(m - m') + that sum, with exp(m - m') in alpha;
   // m = m'.
-  void (*softmax_chunk)(float* st, int n, float* m, float* l, float* alpha, bool first);
+  void (*softmax_chunk)(float* st, int n, int lanes, float* m, float* l, float* alpha, bool first);
   // st = exp(st - lse), lse per query lane.
-  void (*probabilities_chunk)(float* st, int n, const float* lse);
+  void (*probabilities_chunk)(float* st, int n, int lanes, const float* lse);
   // dst = pt (dst - d) scale, d per query lane.
-  void (*softmax_grad_chunk)(float* dst, const float* pt, int n, const float* d, float scale);
+  void (*softmax_grad_chunk)(float* dst, const float* pt, int n, int lanes, const float* d, float scale);
 };
 
 const AttentionIsa& attention_isa_scalar();
