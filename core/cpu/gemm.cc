@@ -27,8 +27,7 @@ namespace zeroth::cpu {
 
 namespace {
 
-std::atomic<int> g_threads{0};         // 0: not set yet
-thread_local int t_serial_scopes = 0;  // SerialProducts open on this thread
+std::atomic<int> g_threads{0};  // 0: not set yet
 
 // The checks of a BLAS's xerbla, stated; OpenBLAS takes int sizes.
 void check_arguments(const char* what, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb,
@@ -52,12 +51,9 @@ void scale_c(int64_t m, int64_t n, float beta, float* c, int64_t ldc) {
 }
 
 #if ZEROTH_WITH_ONEDNN
-// The threads this thread's next product may use.
-int product_threads() { return t_serial_scopes > 0 ? 1 : gemm_threads(); }
-
 // OpenMP's thread count is per calling thread: each rank's thread sets its own once.
 void use_gemm_threads() {
-  const int threads = product_threads();
+  const int threads = gemm_threads();
   if (omp_get_max_threads() != threads) omp_set_num_threads(threads);
 }
 
@@ -96,7 +92,7 @@ class MatmulCache {
   void run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a, int64_t lda, const uint16_t* b,
            int64_t ldb, float beta, float* c, int64_t ldc) {
     using dt = dnnl::memory::data_type;
-    const Key key{trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta, product_threads()};
+    const Key key{trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta, gemm_threads()};
     auto it = made_.find(key);
     if (it == made_.end()) {
       // Shapes that change from call to call (an expert's rows, a prompt's length) would make a
@@ -250,17 +246,6 @@ std::string gemm_library_summary(GemmLibrary library) {
 }
 
 size_t gemm_host_bytes() { return gemm_library() == GemmLibrary::onednn ? size_t{6} << 20 : 0; }
-
-SerialProducts::SerialProducts() { ++t_serial_scopes; }
-SerialProducts::~SerialProducts() { --t_serial_scopes; }
-bool serial_products_supported() {
-#if ZEROTH_WITH_ONEDNN
-  // The thread count a scope sets is OpenMP's; a oneDNN built on oneTBB would ignore it.
-  return gemm_library() == GemmLibrary::onednn && dnnl_version()->cpu_runtime == DNNL_RUNTIME_OMP;
-#else
-  return false;
-#endif
-}
 
 int gemm_threads() {
   const int threads = g_threads.load();

@@ -60,19 +60,6 @@ size_t gemm_host_bytes();
 int gemm_threads();
 void set_gemm_threads(int threads);
 
-// Within its scope, the products this thread calls run on this thread alone: for kernels that
-// split their own work over threads and multiply small blocks in each (attention's blocks).
-// oneDNN on OpenMP only (serial_products_supported): OpenBLAS's thread count is one for the process,
-// so there such kernels keep their loop serial and each product spreads over the library's threads.
-class SerialProducts {
- public:
-  SerialProducts();
-  ~SerialProducts();
-  SerialProducts(const SerialProducts&) = delete;
-  SerialProducts& operator=(const SerialProducts&) = delete;
-};
-bool serial_products_supported();
-
 struct GemmRate {
   int n = 0;           // C(n x n) = A(n x n) B(n x n), f32 out
   int reps = 0;        // timed calls after one untimed call

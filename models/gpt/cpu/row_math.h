@@ -20,8 +20,8 @@
 namespace zeroth::gpt::cpu {
 
 // expf to ~2 ulp on [-87, 88] (Cephes' polynomial), written so loops over it vectorize; 0 below
-// -87, where expf leaves the normal range (a product of such a value with another, as attention's
-// backward takes, must not come out ~1e-38 larger than it is).
+// -87, where expf leaves the normal range (a product of such a value with another must not come
+// out ~1e-38 larger than it is).
 inline float fast_exp(float x_in) {
   const float x = x_in < -87.0f ? -87.0f : (x_in > 88.0f ? 88.0f : x_in);
   const float kMagic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
