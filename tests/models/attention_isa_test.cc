@@ -218,5 +218,75 @@ TEST(AttentionIsa, SoftmaxPassesMatchFloat64AndEveryLevelGivesTheScalarBits) {
   std::printf("softmax passes: worst exp error %.3f of its bound on %zu level(s)\n", worst, levels().size());
 }
 
+// What a diagonal chunk's products may leave out (Zeros): every element a row wants matches
+// float64 and has the same bits on every level, and the part the mask hides is really skipped.
+// Past the terms a tile's rows share (at most 6 rows, 16 lanes on any level), A holds NaN where
+// its terms are nothing, so a tile that summed them would give NaN; for columns_before, C keeps
+// its sentinel where no tile of any level can reach.
+TEST(AttentionIsa, CausalProductsSkipOnlyWhatTheMaskMakesNothing) {
+  constexpr int kReach = 6 + 16;  // a tile's rows and a vector's lanes, on the widest level
+  struct Case {
+    Zeros zeros;
+    int m, n, k, shift;
+  };
+  std::mt19937 rng(13);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (const auto& [zeros, m, n, k, shift] :
+       {Case{Zeros::columns_before, 128, 64, 64, -64}, Case{Zeros::columns_before, 64, 64, 64, 0},
+        Case{Zeros::columns_before, 37, 48, 9, 5}, Case{Zeros::k_after, 64, 64, 128, 64}, Case{Zeros::k_after, 64, 64, 64, 0},
+        Case{Zeros::k_after, 19, 40, 70, -3}, Case{Zeros::k_before, 128, 64, 64, -64}, Case{Zeros::k_before, 128, 64, 64, 0},
+        Case{Zeros::k_before, 50, 24, 33, 7}}) {
+    for (const bool accumulate : {false, true}) {
+      SCOPED_TRACE(std::to_string(static_cast<int>(zeros)) + ": " + std::to_string(m) + " x " + std::to_string(n) + " x " +
+                   std::to_string(k) + ", shift " + std::to_string(shift) + (accumulate ? ", accumulate" : ""));
+      // Which of row i's terms are something, and which of its columns it wants.
+      auto term = [&](int i, int p) {
+        return zeros == Zeros::k_after ? p <= i + shift : zeros == Zeros::k_before ? p >= i + shift : true;
+      };
+      auto wanted = [&](int i, int j) { return zeros != Zeros::columns_before || j >= i + shift; };
+      Vec a = random_vec(static_cast<size_t>(m) * k, rng, 1);
+      for (int i = 0; i < m; ++i) {
+        for (int p = 0; p < k; ++p) {
+          const int gap = zeros == Zeros::k_after ? p - (i + shift) : (i + shift) - p;  // how far past the row's terms
+          if (!term(i, p)) a[static_cast<size_t>(i) * k + p] = gap <= kReach ? 0.0f : nan;
+        }
+      }
+      const size_t ldb = n, ldc = n;
+      const Vec b = random_vec(static_cast<size_t>(k) * ldb, rng, 1), c0 = random_vec(static_cast<size_t>(m) * ldc, rng, 1);
+      Vec first_bits;
+      for (const auto level : levels()) {
+        SCOPED_TRACE(name(level));
+        Vec c = c0;
+        attention_isa(level).product(
+            Product{m, n, k, 1.0f, a.data(), static_cast<size_t>(k), 1, b.data(), ldb, c.data(), ldc, accumulate, zeros, shift});
+        Vec bits;
+        for (int i = 0; i < m; ++i) {
+          for (int j = 0; j < n; ++j) {
+            const float got = c[i * ldc + j];
+            if (!wanted(i, j)) {
+              if (j < i + shift - kReach) {
+                ASSERT_EQ(got, c0[i * ldc + j]) << "computed hidden " << i << ", " << j;
+              }
+              continue;
+            }
+            double want = accumulate ? c0[i * ldc + j] : 0, magnitude = std::abs(want);
+            for (int p = 0; p < k; ++p) {
+              if (!term(i, p)) continue;
+              const double t = double(a[static_cast<size_t>(i) * k + p]) * b[p * ldb + j];
+              want += t;
+              magnitude += std::abs(t);
+            }
+            const double bound = (k + 2) * kU / (1 - (k + 2) * kU) * magnitude;
+            ASSERT_LE(std::abs(got - want), bound) << "at " << i << ", " << j;
+            bits.push_back(got);
+          }
+        }
+        if (first_bits.empty()) first_bits = bits;
+        EXPECT_TRUE(same_bits(bits, first_bits)) << "differs from the first level's bits";
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace zeroth::gpt::cpu

@@ -8,9 +8,8 @@
 // transposed, once a block. The softmax passes then run element-wise across the block's queries.
 // Forward tasks are blocks of query rows, backward's are key/value heads; each task's sums run in a
 // fixed order, so results depend neither on the threads nor on the ISA.
-#include <algorithm>  // std::min, std::max, std::fill
+#include <algorithm>  // std::min, std::max, std::clamp, std::fill
 #include <cmath>      // std::sqrt, std::log
-#include <cstring>    // std::memset
 #include <vector>     // std::vector
 
 #include "models/gpt/cpu/attention_isa.h"
@@ -34,10 +33,11 @@ const AttentionIsa& isa() {
   return loops;
 }
 
-// C (+)= alpha A B; A's element (i, k) at a[i a_row + k a_col].
+// C (+)= alpha A B; A's element (i, k) at a[i a_row + k a_col]; `zeros` and `shift` say which part
+// of a diagonal chunk the mask makes nothing (attention_isa.h).
 void multiply(int m, int n, int k, float alpha, const float* a, size_t a_row, size_t a_col, const float* b, size_t ldb, float* c,
-              size_t ldc, bool accumulate) {
-  isa().product(Product{m, n, k, alpha, a, a_row, a_col, b, ldb, c, ldc, accumulate});
+              size_t ldc, bool accumulate, Zeros zeros, int shift) {
+  isa().product(Product{m, n, k, alpha, a, a_row, a_col, b, ldb, c, ldc, accumulate, zeros, shift});
 }
 
 // The query lanes a block of `rows` rows runs over: rows rounded up to 16.
@@ -45,19 +45,36 @@ int lanes_of(int rows) { return (rows + 15) / 16 * 16; }
 
 // dst [hs, kRows] = the `rows` rows of hs floats at src, ld apart, transposed; the lanes past
 // `rows` are 0.
-void transpose_block(float* dst, const float* src, int rows, size_t ld, int hs) {
-  for (int c = 0; c < hs; ++c) {
-    float* out = dst + static_cast<size_t>(c) * kRows;
-    for (int r = 0; r < rows; ++r) out[r] = src[r * ld + c];
-    std::fill(out + rows, out + lanes_of(rows), 0.0f);
+// Rows are read whole and written across: src's rows lie W floats apart, a stride that maps them
+// onto few cache sets, so reading down a column would miss on every element; dst fits in L1.
+ZEROTH_ISA_CLONES void transpose_block(float* dst, const float* src, int rows, size_t ld, int hs) {
+  for (int r0 = 0; r0 < rows; r0 += 16) {
+    const int r1 = std::min(rows, r0 + 16);
+    for (int c0 = 0; c0 < hs; c0 += 16) {
+      const int c1 = std::min(hs, c0 + 16);
+      for (int r = r0; r < r1; ++r) {
+        for (int c = c0; c < c1; ++c) dst[static_cast<size_t>(c) * kRows + r] = src[r * ld + c];
+      }
+    }
+  }
+  for (int c = 0; c < hs; ++c)
+    std::fill(dst + static_cast<size_t>(c) * kRows + rows, dst + static_cast<size_t>(c) * kRows + lanes_of(rows), 0.0f);
+}
+
+// Asks for `rows` rows of hs floats at src, ld apart, to be brought into cache: the next block's
+// (the tasks of one thread are mostly consecutive), which otherwise stall its copy on memory.
+void prefetch_rows(const float* src, int rows, size_t ld, int hs) {
+  for (int r = 0; r < rows; ++r) {
+    for (int c = 0; c < hs; c += 16) __builtin_prefetch(src + r * ld + c, 0, 2);
   }
 }
 
-// Hides, in a transposed chunk of keys [c0, c0 + n) against queries [a0, a0 + lanes), the scores
-// of keys after their query: key c0 + j is seen by queries from c0 + j on.
-void mask_chunk(float* st, int n, int lanes, int c0, int a0) {
+// Sets to `value`, in a transposed chunk of keys [c0, c0 + n) against queries [a0, a0 + lanes),
+// the entries of keys after their query (key c0 + j is seen by queries from c0 + j on): the part a
+// product with Zeros::columns_before may have left unwritten.
+void mask_chunk(float* st, int n, int lanes, int c0, int a0, float value) {
   for (int j = std::max(0, a0 + 1 - c0); j < n; ++j) {
-    std::fill(st + static_cast<size_t>(j) * kRows, st + static_cast<size_t>(j) * kRows + std::min(lanes, c0 + j - a0), kMasked);
+    std::fill(st + static_cast<size_t>(j) * kRows, st + static_cast<size_t>(j) * kRows + std::min(lanes, c0 + j - a0), value);
   }
 }
 
@@ -107,12 +124,14 @@ void blocked_forward(float* out, float* lse, const float* qkv, int B, int pos, i
     float* o = out + (b * static_cast<size_t>(n) + blk * kRows) * Cq + at.q(h);
     float *st = thread_buffer(0, static_cast<size_t>(kKeys) * kRows), *qt = thread_buffer(1, static_cast<size_t>(hs) * kRows);
     transpose_block(qt, seq + a0 * W + at.q(h), rows, W, hs);
+    if (blk + 1 < blocks) prefetch_rows(seq + (a0 + kRows) * W + at.q(h), std::min(kRows, n - (blk + 1) * kRows), W, hs);
     // Each query's running max and sum of exp(score - max), and the chunk's rescaling of both.
     alignas(64) float m[kRows], l[kRows], alpha[kRows];
     for (int c0 = 0; c0 < a1; c0 += kKeys) {
       const int width = std::min(kKeys, a1 - c0);
-      multiply(width, lanes, hs, scale, k + c0 * W, W, 1, qt, kRows, st, kRows, false);  // S^T = scale K Q^T
-      mask_chunk(st, width, lanes, c0, a0);
+      // S^T = scale K Q^T: key c0 + j against the queries from c0 + j on.
+      multiply(width, lanes, hs, scale, k + c0 * W, W, 1, qt, kRows, st, kRows, false, Zeros::columns_before, c0 - a0);
+      mask_chunk(st, width, lanes, c0, a0, kMasked);
       // The first chunk holds key 0, which every query sees; a later one may hold none of a
       // query's keys (a block not aligned to the chunks, in generation) and leaves it as it was.
       isa().softmax_chunk(st, width, lanes, m, l, alpha, c0 == 0);
@@ -120,7 +139,8 @@ void blocked_forward(float* out, float* lse, const float* qkv, int B, int pos, i
         // The output so far was weighed against smaller maxima.
         for (int r = 0; r < rows; ++r) scale_row(o + r * Cq, hs, alpha[r]);
       }
-      multiply(rows, hs, width, 1.0f, st, 1, kRows, v + c0 * W, W, o, Cq, c0 > 0);  // O (+)= P V
+      // O (+)= P V: query a0 + i over the keys up to a0 + i.
+      multiply(rows, hs, width, 1.0f, st, 1, kRows, v + c0 * W, W, o, Cq, c0 > 0, Zeros::k_after, a0 - c0);
     }
     float* row_lse = lse + (static_cast<size_t>(b) * NH + h) * n + blk * kRows;
     for (int r = 0; r < rows; ++r) {
@@ -155,10 +175,6 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
     const int h0 = kvh * at.g;
     const float *k = seq + at.k(h0), *v = seq + at.v(h0);
     float *dk = dseq + at.k(h0), *dv = dseq + at.v(h0);
-    for (int t = 0; t < T; ++t) {
-      std::memset(dk + t * W, 0, hs * sizeof(float));
-      std::memset(dv + t * W, 0, hs * sizeof(float));
-    }
     const size_t chunk = static_cast<size_t>(kKeys) * kRows, block = static_cast<size_t>(hs) * kRows;
     float *pt = thread_buffer(0, chunk), *dst = thread_buffer(1, chunk);  // P^T, then dP^T and dS^T
     float *qt = thread_buffer(2, block), *dyt = thread_buffer(3, block);  // the block's Q^T and dY^T
@@ -174,17 +190,36 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
         for (int r = 0; r < rows; ++r) d[r] = dot_row(dy + r * Cq, y + r * Cq, hs);
         transpose_block(qt, q, rows, W, hs);
         transpose_block(dyt, dy, rows, Cq, hs);
+        if (blk + 1 < blocks) {
+          const int next = std::min(kRows, T - i1);
+          prefetch_rows(q + kRows * W, next, W, hs);
+          prefetch_rows(dy + kRows * Cq, next, Cq, hs);
+          prefetch_rows(y + kRows * Cq, next, Cq, hs);
+        }
         for (int c0 = 0; c0 < i1; c0 += kKeys) {
           const int n = std::min(kKeys, i1 - c0);
           const float *kc = k + c0 * W, *vc = v + c0 * W;
-          multiply(n, lanes, hs, scale, kc, W, 1, qt, kRows, pt, kRows, false);  // S^T = scale K Q^T
-          mask_chunk(pt, n, lanes, c0, i0);
+          // Key c0 + j meets the queries from c0 + j on: `ahead` of a key row, query i0 + i's keys
+          // are those up to i0 + i.
+          const int ahead = c0 - i0;
+          multiply(n, lanes, hs, scale, kc, W, 1, qt, kRows, pt, kRows, false, Zeros::columns_before, ahead);  // S^T = scale K Q^T
+          mask_chunk(pt, n, lanes, c0, i0, kMasked);
           isa().probabilities_chunk(pt, n, lanes, row_lse);
-          multiply(n, hs, rows, 1.0f, pt, kRows, 1, dy, Cq, dv + c0 * W, W, true);  // dV += P^T dY
-          multiply(n, lanes, hs, 1.0f, vc, W, 1, dyt, kRows, dst, kRows, false);    // dP^T = V dY^T
-          isa().softmax_grad_chunk(dst, pt, n, lanes, d, scale);                    // dS^T
-          multiply(rows, hs, n, 1.0f, dst, 1, kRows, kc, W, dq, W, c0 > 0);         // dQ (+)= dS K
-          multiply(n, hs, rows, 1.0f, dst, kRows, 1, q, W, dk + c0 * W, W, true);   // dK += dS^T Q
+          // dV += P^T dY and dK += dS^T Q over the chunk's keys. Those before the block met earlier
+          // blocks; the block's own, [i0, i1), meet their first query here, and the group's first
+          // head writes them instead of adding (dK and dV start unset).
+          const int met = std::clamp(i0 - c0, 0, n);
+          auto add_to_keys = [&](const float* grad_t, const float* rhs, size_t ld, float* to) {
+            multiply(met, hs, rows, 1.0f, grad_t, kRows, 1, rhs, ld, to + c0 * W, W, true, Zeros::k_before, ahead);
+            multiply(n - met, hs, rows, 1.0f, grad_t + met * kRows, kRows, 1, rhs, ld, to + (c0 + met) * W, W, h > h0, Zeros::k_before,
+                     ahead + met);
+          };
+          add_to_keys(pt, dy, Cq, dv);
+          multiply(n, lanes, hs, 1.0f, vc, W, 1, dyt, kRows, dst, kRows, false, Zeros::columns_before, ahead);  // dP^T = V dY^T
+          mask_chunk(dst, n, lanes, c0, i0, 0.0f);
+          isa().softmax_grad_chunk(dst, pt, n, lanes, d, scale);                                     // dS^T
+          multiply(rows, hs, n, 1.0f, dst, 1, kRows, kc, W, dq, W, c0 > 0, Zeros::k_after, -ahead);  // dQ (+)= dS K
+          add_to_keys(dst, q, W, dk);
         }
       }
     }

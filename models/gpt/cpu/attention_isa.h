@@ -10,6 +10,15 @@
 
 namespace zeroth::gpt::cpu {
 
+// Where a causal product's terms or outputs are known to be nothing: the part of a diagonal chunk
+// the mask hides. A tile (a few rows) skips what is nothing for all of its rows.
+enum class Zeros {
+  none,
+  columns_before,  // C's row i is wanted only from column i + shift on; the rest may be left unwritten
+  k_after,         // row i's terms past k = i + shift are 0: A's element is 0 there
+  k_before,        // row i's terms before k = i + shift are 0
+};
+
 // C[m, n] = alpha A B, plus C where `accumulate`. A's element (i, k) is a[i a_row + k a_col] (either
 // orientation); B's row k is n floats at b + k ldb; C's row i is n floats at c + i ldc.
 struct Product {
@@ -22,6 +31,8 @@ struct Product {
   float* c;
   size_t ldc;
   bool accumulate;
+  Zeros zeros = Zeros::none;
+  int shift = 0;
 };
 
 // Query rows per block: the column passes run over this many lanes. A chunk of scores is held
