@@ -288,5 +288,31 @@ TEST(AttentionIsa, CausalProductsSkipOnlyWhatTheMaskMakesNothing) {
   }
 }
 
+// A block's copy, transposed: against its definition on every level, over row counts and widths
+// with and without whole 16 x 16 (or 8 x 8) squares; the lanes past the rows are 0 up to the
+// rows rounded up to 16 and untouched after.
+TEST(AttentionIsa, TransposedBlocksHoldTheRowsAsColumns) {
+  constexpr float kSentinel = 12345.0f;
+  std::mt19937 rng(17);
+  for (const int rows : {1, 7, 16, 17, 40, 63, 64}) {
+    for (const int hs : {8, 24, 64, 70}) {
+      const size_t ld = hs + 9;
+      const Vec src = random_vec(static_cast<size_t>(rows) * ld, rng, 1);
+      const int lanes = (rows + 15) / 16 * 16;
+      for (const auto level : levels()) {
+        SCOPED_TRACE(name(level) + ", " + std::to_string(rows) + " rows of " + std::to_string(hs));
+        Vec dst(static_cast<size_t>(hs) * kBlockRows, kSentinel);
+        attention_isa(level).transpose(dst.data(), src.data(), rows, ld, hs);
+        for (int c = 0; c < hs; ++c) {
+          for (int r = 0; r < kBlockRows; ++r) {
+            const float want = r < rows ? src[r * ld + c] : r < lanes ? 0.0f : kSentinel;
+            ASSERT_EQ(dst[c * kBlockRows + r], want) << "column " << c << ", lane " << r;
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace zeroth::gpt::cpu

@@ -43,24 +43,6 @@ void multiply(int m, int n, int k, float alpha, const float* a, size_t a_row, si
 // The query lanes a block of `rows` rows runs over: rows rounded up to 16.
 int lanes_of(int rows) { return (rows + 15) / 16 * 16; }
 
-// dst [hs, kRows] = the `rows` rows of hs floats at src, ld apart, transposed; the lanes past
-// `rows` are 0.
-// Rows are read whole and written across: src's rows lie W floats apart, a stride that maps them
-// onto few cache sets, so reading down a column would miss on every element; dst fits in L1.
-ZEROTH_ISA_CLONES void transpose_block(float* dst, const float* src, int rows, size_t ld, int hs) {
-  for (int r0 = 0; r0 < rows; r0 += 16) {
-    const int r1 = std::min(rows, r0 + 16);
-    for (int c0 = 0; c0 < hs; c0 += 16) {
-      const int c1 = std::min(hs, c0 + 16);
-      for (int r = r0; r < r1; ++r) {
-        for (int c = c0; c < c1; ++c) dst[static_cast<size_t>(c) * kRows + r] = src[r * ld + c];
-      }
-    }
-  }
-  for (int c = 0; c < hs; ++c)
-    std::fill(dst + static_cast<size_t>(c) * kRows + rows, dst + static_cast<size_t>(c) * kRows + lanes_of(rows), 0.0f);
-}
-
 // Asks for `rows` rows of hs floats at src, ld apart, to be brought into cache: the next block's
 // (the tasks of one thread are mostly consecutive), which otherwise stall its copy on memory.
 void prefetch_rows(const float* src, int rows, size_t ld, int hs) {
@@ -123,7 +105,7 @@ void blocked_forward(float* out, float* lse, const float* qkv, int B, int pos, i
     const float *k = seq + at.k(h), *v = seq + at.v(h);
     float* o = out + (b * static_cast<size_t>(n) + blk * kRows) * Cq + at.q(h);
     float *st = thread_buffer(0, static_cast<size_t>(kKeys) * kRows), *qt = thread_buffer(1, static_cast<size_t>(hs) * kRows);
-    transpose_block(qt, seq + a0 * W + at.q(h), rows, W, hs);
+    isa().transpose(qt, seq + a0 * W + at.q(h), rows, W, hs);
     if (blk + 1 < blocks) prefetch_rows(seq + (a0 + kRows) * W + at.q(h), std::min(kRows, n - (blk + 1) * kRows), W, hs);
     // Each query's running max and sum of exp(score - max), and the chunk's rescaling of both.
     alignas(64) float m[kRows], l[kRows], alpha[kRows];
@@ -188,8 +170,8 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
         const float *dy = dout + y_at, *y = out + y_at;
         std::copy_n(lse + (static_cast<size_t>(b) * NH + h) * T + i0, rows, row_lse);
         for (int r = 0; r < rows; ++r) d[r] = dot_row(dy + r * Cq, y + r * Cq, hs);
-        transpose_block(qt, q, rows, W, hs);
-        transpose_block(dyt, dy, rows, Cq, hs);
+        isa().transpose(qt, q, rows, W, hs);
+        isa().transpose(dyt, dy, rows, Cq, hs);
         if (blk + 1 < blocks) {
           const int next = std::min(kRows, T - i1);
           prefetch_rows(q + kRows * W, next, W, hs);

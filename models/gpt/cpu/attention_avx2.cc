@@ -34,6 +34,26 @@ struct Lanes {
   }
   // v where x >= t or x is NaN, else 0.
   static F zero_below(F v, F x, float t) { return _mm256_and_ps(v, _mm256_cmp_ps(x, set1(t), _CMP_NLT_UQ)); }
+  // dst's row c (ldd apart) = src's column c, for an 8 x 8 square of src (rows ld apart): pairs of
+  // rows interleaved, then 4 x 4 squares within each 128-bit half, then halves gathered.
+  static void transpose(const float* src, size_t ld, float* dst, size_t ldd) {
+    F r[8], t[8];
+    for (int i = 0; i < 8; ++i) r[i] = load(src + i * ld);
+    for (int i = 0; i < 8; i += 2) {
+      t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+      t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+      r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+      r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
+      r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+      r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+    }
+    for (int j = 0; j < 4; ++j) {
+      store(dst + j * ldd, _mm256_permute2f128_ps(r[j], r[4 + j], 0x20));
+      store(dst + (4 + j) * ldd, _mm256_permute2f128_ps(r[j], r[4 + j], 0x31));
+    }
+  }
 };
 
 #include "models/gpt/cpu/attention_tile.inc"

@@ -53,6 +53,9 @@ struct AttentionIsa {
   void (*probabilities_chunk)(float* st, int n, int lanes, const float* lse);
   // dst = pt (dst - d) scale, d per query lane.
   void (*softmax_grad_chunk)(float* dst, const float* pt, int n, int lanes, const float* d, float scale);
+  // dst [hs, kBlockRows] = the `rows` rows (at most kBlockRows) of hs floats at src, ld apart,
+  // transposed; 0 in the lanes past `rows` up to rows rounded up to 16, the rest left as it was.
+  void (*transpose)(float* dst, const float* src, int rows, size_t ld, int hs);
 };
 
 const AttentionIsa& attention_isa_scalar();

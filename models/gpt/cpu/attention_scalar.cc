@@ -28,6 +28,7 @@ struct Lanes {
   static F min(F a, F b) { return a < b ? a : b; }
   static F scale_pow2(F p, F n) { return std::isnan(n) ? n : std::ldexp(p, static_cast<int>(n)); }
   static F zero_below(F v, F x, float t) { return x < t ? 0.0f : v; }
+  static void transpose(const float* src, size_t /*ld*/, float* dst, size_t /*ldd*/) { *dst = *src; }
 };
 
 #include "models/gpt/cpu/attention_tile.inc"
