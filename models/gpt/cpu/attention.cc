@@ -6,8 +6,9 @@
 // values and every block-sized operand where they lie (attention_isa.h's products take either
 // orientation of their left operand) and only the block's queries and output gradient are copied
 // transposed, once a block. The softmax passes then run element-wise across the block's queries.
-// Forward tasks are blocks of query rows, backward's are key/value heads; each task's sums run in a
-// fixed order, so results depend neither on the threads nor on the ISA.
+// Forward tasks are blocks of query rows; backward's are key/value heads, or where those are fewer
+// than the threads, chunks of keys and then blocks of queries. Every sum runs in one fixed order,
+// so results depend neither on the threads nor on the ISA.
 #include <algorithm>  // std::min, std::max, std::clamp, std::fill
 #include <cmath>      // std::sqrt, std::log
 #include <vector>     // std::vector
@@ -147,64 +148,103 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
   const Head at{static_cast<size_t>(NH + 2 * KVH) * hs, static_cast<size_t>(NH) * hs, NH, KVH, NH / KVH, hs};
   const size_t W = at.W, Cq = at.Cq;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  const int blocks = (T + kRows - 1) / kRows;
-  // A task per key/value head: it owns that head's gradients and its query heads', and adds the
-  // query heads' shares in head order.
-  for_rows(static_cast<size_t>(B) * KVH, 1, [&](size_t task) {
-    const int kvh = static_cast<int>(task % KVH), b = static_cast<int>(task / KVH);
+  const int blocks = (T + kRows - 1) / kRows, chunks = (T + kKeys - 1) / kKeys;
+
+  // One block of a query head's rows, made ready for the chunks it meets: its queries and output
+  // gradient transposed, each row's log-sum-exp and sum of dY Y.
+  struct Block {
+    int h, i0, rows, lanes, i1;
+    const float *q, *dy;
+    float *qt, *dyt;
+    alignas(64) float d[kRows], lse[kRows];
+  };
+  auto prepare = [&](Block& x, int b, int h, int blk) {
+    x.h = h, x.i0 = blk * kRows, x.rows = std::min(kRows, T - x.i0), x.lanes = lanes_of(x.rows), x.i1 = x.i0 + x.rows;
+    x.q = qkv + (static_cast<size_t>(b) * T + x.i0) * W + at.q(h);
+    const size_t y_at = (static_cast<size_t>(b) * T + x.i0) * Cq + at.q(h);
+    x.dy = dout + y_at;
+    const float* y = out + y_at;
+    std::copy_n(lse + (static_cast<size_t>(b) * NH + h) * T + x.i0, x.rows, x.lse);
+    for (int r = 0; r < x.rows; ++r) x.d[r] = dot_row(x.dy + r * Cq, y + r * Cq, hs);
+    x.qt = thread_buffer(2, static_cast<size_t>(hs) * kRows), x.dyt = thread_buffer(3, static_cast<size_t>(hs) * kRows);
+    isa().transpose(x.qt, x.q, x.rows, W, hs);
+    isa().transpose(x.dyt, x.dy, x.rows, Cq, hs);
+    if (blk + 1 < blocks) {
+      const int next = std::min(kRows, T - x.i1);
+      prefetch_rows(x.q + kRows * W, next, W, hs);
+      prefetch_rows(x.dy + kRows * Cq, next, Cq, hs);
+      prefetch_rows(y + kRows * Cq, next, Cq, hs);
+    }
+  };
+  // A block against the chunk of keys from c0 of its sequence `b`: the scores and probabilities
+  // again, dS^T, and whichever gradients are asked for. dV and dK (of the key/value head, rows of
+  // the chunk) add the block's share; the keys the block holds itself meet their first query here,
+  // so the group's first head writes those (dK and dV start unset). dQ (rows of the block) is
+  // written by the first chunk and added to by the others.
+  auto meet = [&](const Block& x, int b, int c0, bool want_kv, bool want_q) {
     const float* seq = qkv + static_cast<size_t>(b) * T * W;
     float* dseq = dqkv + static_cast<size_t>(b) * T * W;
-    const int h0 = kvh * at.g;
-    const float *k = seq + at.k(h0), *v = seq + at.v(h0);
-    float *dk = dseq + at.k(h0), *dv = dseq + at.v(h0);
-    const size_t chunk = static_cast<size_t>(kKeys) * kRows, block = static_cast<size_t>(hs) * kRows;
-    float *pt = thread_buffer(0, chunk), *dst = thread_buffer(1, chunk);  // P^T, then dP^T and dS^T
-    float *qt = thread_buffer(2, block), *dyt = thread_buffer(3, block);  // the block's Q^T and dY^T
-    alignas(64) float d[kRows] = {}, row_lse[kRows] = {};
-    for (int h = h0; h < h0 + at.g; ++h) {
-      for (int blk = 0; blk < blocks; ++blk) {
-        const int i0 = blk * kRows, rows = std::min(kRows, T - i0), lanes = lanes_of(rows), i1 = i0 + rows;
-        const float* q = seq + i0 * W + at.q(h);
-        float* dq = dseq + i0 * W + at.q(h);
-        const size_t y_at = (static_cast<size_t>(b) * T + i0) * Cq + at.q(h);
-        const float *dy = dout + y_at, *y = out + y_at;
-        std::copy_n(lse + (static_cast<size_t>(b) * NH + h) * T + i0, rows, row_lse);
-        for (int r = 0; r < rows; ++r) d[r] = dot_row(dy + r * Cq, y + r * Cq, hs);
-        isa().transpose(qt, q, rows, W, hs);
-        isa().transpose(dyt, dy, rows, Cq, hs);
-        if (blk + 1 < blocks) {
-          const int next = std::min(kRows, T - i1);
-          prefetch_rows(q + kRows * W, next, W, hs);
-          prefetch_rows(dy + kRows * Cq, next, Cq, hs);
-          prefetch_rows(y + kRows * Cq, next, Cq, hs);
-        }
-        for (int c0 = 0; c0 < i1; c0 += kKeys) {
-          const int n = std::min(kKeys, i1 - c0);
-          const float *kc = k + c0 * W, *vc = v + c0 * W;
-          // Key c0 + j meets the queries from c0 + j on: `ahead` of a key row, query i0 + i's keys
-          // are those up to i0 + i.
-          const int ahead = c0 - i0;
-          multiply(n, lanes, hs, scale, kc, W, 1, qt, kRows, pt, kRows, false, Zeros::columns_before, ahead);  // S^T = scale K Q^T
-          mask_chunk(pt, n, lanes, c0, i0, kMasked);
-          isa().probabilities_chunk(pt, n, lanes, row_lse);
-          // dV += P^T dY and dK += dS^T Q over the chunk's keys. Those before the block met earlier
-          // blocks; the block's own, [i0, i1), meet their first query here, and the group's first
-          // head writes them instead of adding (dK and dV start unset).
-          const int met = std::clamp(i0 - c0, 0, n);
-          auto add_to_keys = [&](const float* grad_t, const float* rhs, size_t ld, float* to) {
-            multiply(met, hs, rows, 1.0f, grad_t, kRows, 1, rhs, ld, to + c0 * W, W, true, Zeros::k_before, ahead);
-            multiply(n - met, hs, rows, 1.0f, grad_t + met * kRows, kRows, 1, rhs, ld, to + (c0 + met) * W, W, h > h0, Zeros::k_before,
-                     ahead + met);
-          };
-          add_to_keys(pt, dy, Cq, dv);
-          multiply(n, lanes, hs, 1.0f, vc, W, 1, dyt, kRows, dst, kRows, false, Zeros::columns_before, ahead);  // dP^T = V dY^T
-          mask_chunk(dst, n, lanes, c0, i0, 0.0f);
-          isa().softmax_grad_chunk(dst, pt, n, lanes, d, scale);                                     // dS^T
-          multiply(rows, hs, n, 1.0f, dst, 1, kRows, kc, W, dq, W, c0 > 0, Zeros::k_after, -ahead);  // dQ (+)= dS K
-          add_to_keys(dst, q, W, dk);
+    const int n = std::min(kKeys, x.i1 - c0), lanes = x.lanes, rows = x.rows;
+    const float *kc = seq + c0 * W + at.k(x.h), *vc = seq + c0 * W + at.v(x.h);
+    float *pt = thread_buffer(0, static_cast<size_t>(kKeys) * kRows), *dst = thread_buffer(1, static_cast<size_t>(kKeys) * kRows);
+    // Key c0 + j meets the queries from c0 + j on: `ahead` of a key row, query i0 + i's keys are
+    // those up to i0 + i.
+    const int ahead = c0 - x.i0, met = std::clamp(x.i0 - c0, 0, n);
+    const bool first_head = x.h % at.g == 0;
+    auto add_to_keys = [&](const float* grad_t, const float* rhs, size_t ld, float* to) {
+      multiply(met, hs, rows, 1.0f, grad_t, kRows, 1, rhs, ld, to + c0 * W, W, true, Zeros::k_before, ahead);
+      multiply(n - met, hs, rows, 1.0f, grad_t + met * kRows, kRows, 1, rhs, ld, to + (c0 + met) * W, W, !first_head, Zeros::k_before,
+               ahead + met);
+    };
+    multiply(n, lanes, hs, scale, kc, W, 1, x.qt, kRows, pt, kRows, false, Zeros::columns_before, ahead);  // S^T = scale K Q^T
+    mask_chunk(pt, n, lanes, c0, x.i0, kMasked);
+    isa().probabilities_chunk(pt, n, lanes, x.lse);
+    if (want_kv) add_to_keys(pt, x.dy, Cq, dseq + at.v(x.h));                                               // dV += P^T dY
+    multiply(n, lanes, hs, 1.0f, vc, W, 1, x.dyt, kRows, dst, kRows, false, Zeros::columns_before, ahead);  // dP^T = V dY^T
+    mask_chunk(dst, n, lanes, c0, x.i0, 0.0f);
+    isa().softmax_grad_chunk(dst, pt, n, lanes, x.d, scale);  // dS^T
+    if (want_q) {
+      float* dq = dseq + x.i0 * W + at.q(x.h);
+      multiply(rows, hs, n, 1.0f, dst, 1, kRows, kc, W, dq, W, c0 > 0, Zeros::k_after, -ahead);  // dQ (+)= dS K
+    }
+    if (want_kv) add_to_keys(dst, x.q, W, dseq + at.k(x.h));  // dK += dS^T Q
+  };
+
+  if (static_cast<int>(B) * KVH >= zeroth::cpu::num_threads()) {
+    // A task per key/value head: its query heads in order, each block against the chunks it meets.
+    for_rows(static_cast<size_t>(B) * KVH, 1, [&](size_t task) {
+      const int kvh = static_cast<int>(task % KVH), b = static_cast<int>(task / KVH);
+      Block x;
+      for (int h = kvh * at.g; h < (kvh + 1) * at.g; ++h) {
+        for (int blk = 0; blk < blocks; ++blk) {
+          prepare(x, b, h, blk);
+          for (int c0 = 0; c0 < x.i1; c0 += kKeys) meet(x, b, c0, true, true);
         }
       }
+    });
+    return;
+  }
+  // Fewer key/value heads than threads (a batch of one, one or a few of them): the work splits in
+  // two passes with more tasks, at the cost of two more products a block and chunk. Each gradient
+  // is summed in the order above, so both ways give the same bits. First dK and dV, a task per
+  // chunk of keys; then dQ, a task per block of queries.
+  for_rows(static_cast<size_t>(B) * KVH * chunks, 1, [&](size_t task) {
+    const int c = static_cast<int>(task % chunks), kvh = static_cast<int>(task / chunks % KVH),
+              b = static_cast<int>(task / chunks / KVH);
+    Block x;
+    for (int h = kvh * at.g; h < (kvh + 1) * at.g; ++h) {
+      for (int blk = c * kKeys / kRows; blk < blocks; ++blk) {
+        prepare(x, b, h, blk);
+        meet(x, b, c * kKeys, true, false);
+      }
     }
+  });
+  for_rows(static_cast<size_t>(B) * NH * blocks, 1, [&](size_t task) {
+    const int blk = static_cast<int>(task % blocks), h = static_cast<int>(task / blocks % NH),
+              b = static_cast<int>(task / blocks / NH);
+    Block x;
+    prepare(x, b, h, blk);
+    for (int c0 = 0; c0 < x.i1; c0 += kKeys) meet(x, b, c0, false, true);
   });
 }
 
