@@ -166,6 +166,9 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
     const float* y = out + y_at;
     std::copy_n(lse + (static_cast<size_t>(b) * NH + h) * T + x.i0, x.rows, x.lse);
     for (int r = 0; r < x.rows; ++r) x.d[r] = dot_row(x.dy + r * Cq, y + r * Cq, hs);
+    // The lanes past the rows are computed too, and dropped: keep them finite.
+    std::fill(x.lse + x.rows, x.lse + x.lanes, 0.0f);
+    std::fill(x.d + x.rows, x.d + x.lanes, 0.0f);
     x.qt = thread_buffer(2, static_cast<size_t>(hs) * kRows), x.dyt = thread_buffer(3, static_cast<size_t>(hs) * kRows);
     isa().transpose(x.qt, x.q, x.rows, W, hs);
     isa().transpose(x.dyt, x.dy, x.rows, Cq, hs);
@@ -210,7 +213,7 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
     if (want_kv) add_to_keys(dst, x.q, W, dseq + at.k(x.h));  // dK += dS^T Q
   };
 
-  if (static_cast<int>(B) * KVH >= zeroth::cpu::num_threads()) {
+  if (B * KVH >= zeroth::cpu::num_threads()) {
     // A task per key/value head: its query heads in order, each block against the chunks it meets.
     for_rows(static_cast<size_t>(B) * KVH, 1, [&](size_t task) {
       const int kvh = static_cast<int>(task % KVH), b = static_cast<int>(task / KVH);
