@@ -220,11 +220,12 @@ TEST(AttentionIsa, SoftmaxPassesMatchFloat64AndEveryLevelGivesTheScalarBits) {
 
 // What a diagonal chunk's products may leave out (Zeros): every element a row wants matches
 // float64 and has the same bits on every level, and the part the mask hides is really skipped.
-// Past the terms a tile's rows share (at most 6 rows, 16 lanes on any level), A holds NaN where
-// its terms are nothing, so a tile that summed them would give NaN; for columns_before, C keeps
-// its sentinel where no tile of any level can reach.
+// A tile runs the k range of its loosest row, at most 5 rows away (6 rows a tile on any level),
+// so A holds 0 up to 5 terms past a row's own and NaN beyond: a tile that summed them would give
+// NaN. For columns_before a tile also starts at a whole vector (16 lanes at most), so C keeps its
+// sentinel more than 5 + 15 columns before a row's first.
 TEST(AttentionIsa, CausalProductsSkipOnlyWhatTheMaskMakesNothing) {
-  constexpr int kReach = 6 + 16;  // a tile's rows and a vector's lanes, on the widest level
+  constexpr int kRowReach = 6 - 1, kColumnReach = kRowReach + 16 - 1;
   struct Case {
     Zeros zeros;
     int m, n, k, shift;
@@ -248,7 +249,7 @@ TEST(AttentionIsa, CausalProductsSkipOnlyWhatTheMaskMakesNothing) {
       for (int i = 0; i < m; ++i) {
         for (int p = 0; p < k; ++p) {
           const int gap = zeros == Zeros::k_after ? p - (i + shift) : (i + shift) - p;  // how far past the row's terms
-          if (!term(i, p)) a[static_cast<size_t>(i) * k + p] = gap <= kReach ? 0.0f : nan;
+          if (!term(i, p)) a[static_cast<size_t>(i) * k + p] = gap <= kRowReach ? 0.0f : nan;
         }
       }
       const size_t ldb = n, ldc = n;
@@ -264,7 +265,7 @@ TEST(AttentionIsa, CausalProductsSkipOnlyWhatTheMaskMakesNothing) {
           for (int j = 0; j < n; ++j) {
             const float got = c[i * ldc + j];
             if (!wanted(i, j)) {
-              if (j < i + shift - kReach) {
+              if (j < i + shift - kColumnReach) {
                 ASSERT_EQ(got, c0[i * ldc + j]) << "computed hidden " << i << ", " << j;
               }
               continue;

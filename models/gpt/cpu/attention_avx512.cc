@@ -34,8 +34,8 @@ struct Lanes {
   static F zero_below(F v, F x, float t) { return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, set1(t), _CMP_NLT_UQ), v); }
   // dst's row c (ldd apart) = src's column c, for a 16 x 16 square of src (rows ld apart): pairs
   // of rows interleaved, then 4 x 4 squares within each 128-bit lane, then lanes gathered. The
-  // shuffles are the zero-masked forms with every lane kept: GCC 12 warns that the plain forms'
-  // undefined source is uninitialized (its bug 105593).
+  // unpacks and lane shuffles are the zero-masked forms with every lane kept: GCC 12 warns that the
+  // plain forms' undefined source is uninitialized (its bug 105593).
   static void transpose(const float* src, size_t ld, float* dst, size_t ldd) {
     constexpr __mmask16 kAll = 0xffff;
     F r[16], t[16];
