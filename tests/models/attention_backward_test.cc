@@ -31,6 +31,11 @@ std::vector<float> backward_with(int threads, const std::vector<float>& qkv, con
 }
 
 TEST(AttentionBackward, TwoPassesGiveTheOnePassBits) {
+#if defined(__SANITIZE_THREAD__)
+  // The two passes need more threads than key/value heads, and oneTBB's own synchronisation is
+  // invisible to TSan (tools/dev.sh runs the kernels on one thread under it).
+  GTEST_SKIP() << "runs oneTBB with several threads, which TSan cannot follow";
+#endif
   struct Shape {
     int B, T, NH, KVH, hs;
   };
