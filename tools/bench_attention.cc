@@ -1,7 +1,7 @@
 // `zeroth bench attention`: the CPU's blocked causal attention, forward and backward, as GFLOP/s of
 // the model's own products next to the GEMM library's rate on one square product of the same
 // FLOPs, with the same threads, in the same run: the ceiling a kernel made of products can reach.
-#include <algorithm>  // std::clamp, std::fill_n, std::max
+#include <algorithm>  // std::clamp, std::max
 #include <cmath>      // std::cbrt, std::sin
 #include <cstdio>     // std::printf
 #include <memory>     // std::make_shared
@@ -11,7 +11,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "core/cpu/cpu_device.h"  // HostBlockCache
+#include "core/cpu/cpu_device.h"  // CpuDevice
 #include "core/cpu/gemm.h"        // measure_gemm, gemm_library_summary
 #include "core/cpu/kernels.h"     // cpu::num_threads
 #include "core/error.h"           // ZEROTH_CHECK
@@ -27,25 +27,6 @@ struct Options {
   int batch = 4, heads = 12, kv_heads = 0, head_size = 64, threads = 0, reps = 5;
   std::vector<int> seq = {256, 512, 1024, 2048};
   bool json = false;
-};
-
-// n floats from a HostBlockCache, zeroed.
-class Floats {
- public:
-  Floats(HostBlockCache& blocks, size_t n) : blocks_(blocks), n_(n), data_(static_cast<float*>(blocks.allocate(n * sizeof(float)))) {
-    std::fill_n(data_, n, 0.0f);
-  }
-  ~Floats() { blocks_.free(data_, n_ * sizeof(float)); }
-  Floats(const Floats&) = delete;
-  Floats& operator=(const Floats&) = delete;
-  float* data() { return data_; }
-  size_t size() const { return n_; }
-  float& operator[](size_t i) { return data_[i]; }
-
- private:
-  HostBlockCache& blocks_;
-  size_t n_;
-  float* data_;
 };
 
 struct Row {
@@ -78,28 +59,29 @@ void run(const Options& o) {
   cpu::set_gemm_threads(threads);
   const int B = o.batch, NH = o.heads, hs = o.head_size;
   const size_t W = static_cast<size_t>(NH + 2 * KVH) * hs, Cq = static_cast<size_t>(NH) * hs;
+  CpuDevice device;
   std::vector<Row> rows;
   for (const int T : o.seq) {
     ZEROTH_CHECK(T >= 1, "--seq lengths must be positive, got {}", T);
     const size_t BT = static_cast<size_t>(B) * T;
-    // The tensors live where a model's do, in the CPU device's blocks (2 MiB pages where the kernel
-    // has them): with 4 KiB pages the rows a block copies, W floats apart, cost TLB misses training
-    // does not pay (7% of the forward at seq 512).
-    HostBlockCache blocks;
-    Floats qkv(blocks, BT * W), out(blocks, BT * Cq), dout(blocks, BT * Cq), dqkv(blocks, BT * W),
-        lse(blocks, static_cast<size_t>(B) * NH * T);
-    for (size_t i = 0; i < qkv.size(); ++i) qkv[i] = std::sin(0.37f * static_cast<float>(i % 10007));
-    for (size_t i = 0; i < dout.size(); ++i) dout[i] = std::sin(0.11f * static_cast<float>(i % 9973)) * 1e-2f;
+    // The tensors live where a model's do, on the CPU device (2 MiB pages where the kernel has
+    // them): with 4 KiB pages the rows a block copies, W floats apart, cost TLB misses training
+    // does not pay (7% of the forward at seq 512). Each is written before it is read.
+    auto floats = [&device](size_t n) { return device.allocate(n * sizeof(float), MemTag::activations); };
+    const Buffer qkv_buffer = floats(BT * W), out_buffer = floats(BT * Cq), dout_buffer = floats(BT * Cq),
+                 dqkv_buffer = floats(BT * W), lse_buffer = floats(static_cast<size_t>(B) * NH * T);
+    float *qkv = qkv_buffer.as<float>(), *out = out_buffer.as<float>(), *dout = dout_buffer.as<float>(),
+          *dqkv = dqkv_buffer.as<float>(), *lse = lse_buffer.as<float>();
+    for (size_t i = 0; i < BT * W; ++i) qkv[i] = std::sin(0.37f * static_cast<float>(i % 10007));
+    for (size_t i = 0; i < BT * Cq; ++i) dout[i] = std::sin(0.11f * static_cast<float>(i % 9973)) * 1e-2f;
     // The model's FLOPs: the scores and the weighted sum over the keys each row may see (T (T + 1)
     // / 2 pairs a head), and twice that backward (its four products; recomputing the scores is the
     // kernel's own cost, not the model's).
     const double fwd_flops = 2.0 * 2.0 * B * NH * hs * (static_cast<double>(T) * (T + 1) / 2), bwd_flops = 2 * fwd_flops;
     Row r;
     r.T = T, r.fwd_flops = fwd_flops;
-    r.fwd_s = median_seconds(o.reps, [&] { gpt::cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, T, NH, KVH, hs); });
-    r.bwd_s = median_seconds(o.reps, [&] {
-      gpt::cpu::attention_backward(dqkv.data(), dout.data(), out.data(), qkv.data(), lse.data(), B, T, NH, KVH, hs);
-    });
+    r.fwd_s = median_seconds(o.reps, [&] { gpt::cpu::attention_forward(out, lse, qkv, B, T, NH, KVH, hs); });
+    r.bwd_s = median_seconds(o.reps, [&] { gpt::cpu::attention_backward(dqkv, dout, out, qkv, lse, B, T, NH, KVH, hs); });
     r.fwd_gflops = fwd_flops / r.fwd_s / 1e9, r.bwd_gflops = bwd_flops / r.bwd_s / 1e9;
     r.gemm_fwd_gflops = best_gemm_gflops(square_of(fwd_flops), o.reps);
     r.gemm_bwd_gflops = best_gemm_gflops(square_of(bwd_flops), o.reps);
