@@ -1,7 +1,8 @@
-// The CPU attention's backward in two passes (more tasks than key/value heads, when they are fewer
-// than the threads) against its one pass: both sum every gradient in the same order, so they
-// must give the same bits, over every gradient of q, k and v. The one pass is checked against the
-// float64 definition by DecoderKernels.GroupedQueryAttentionMatchesItsDefinition.
+// The CPU attention's backward in two passes (dK and dV by chunks of keys, then dQ by blocks of
+// queries: what it runs when key/value heads are fewer than the threads) against its one pass:
+// both sum every gradient in the same order, so they must give the same bits, over every gradient
+// of q, k and v, on any number of threads. The one pass is checked against the float64 definition
+// by DecoderKernels.GroupedQueryAttentionMatchesItsDefinition.
 #include <gtest/gtest.h>
 
 #include <cmath>    // std::sin, std::cos
@@ -10,32 +11,23 @@
 #include <string>   // std::to_string
 #include <vector>   // std::vector
 
-#include "core/cpu/kernels.h"  // cpu::num_threads, cpu::set_num_threads
 #include "models/gpt/cpu/gpt_kernels.h"
 
 namespace zeroth::gpt::cpu {
 namespace {
 
-// dqkv after attention_backward with `threads` threads; it starts as NaN, so a gradient left
-// unwritten shows.
-std::vector<float> backward_with(int threads, const std::vector<float>& qkv, const std::vector<float>& dy, int B, int T, int NH,
-                                 int KVH, int hs) {
-  const int before = zeroth::cpu::num_threads();
-  zeroth::cpu::set_num_threads(threads);
+// dqkv after attention_backward split as `passes`; it starts as NaN, so a gradient left unwritten
+// shows.
+std::vector<float> backward_in(AttentionPasses passes, const std::vector<float>& qkv, const std::vector<float>& dy, int B, int T,
+                               int NH, int KVH, int hs) {
   std::vector<float> out(static_cast<size_t>(B) * T * NH * hs), lse(static_cast<size_t>(B) * NH * T);
   std::vector<float> dqkv(qkv.size(), std::numeric_limits<float>::quiet_NaN());
   attention_forward(out.data(), lse.data(), qkv.data(), B, T, NH, KVH, hs);
-  attention_backward(dqkv.data(), dy.data(), out.data(), qkv.data(), lse.data(), B, T, NH, KVH, hs);
-  zeroth::cpu::set_num_threads(before);
+  attention_backward(dqkv.data(), dy.data(), out.data(), qkv.data(), lse.data(), B, T, NH, KVH, hs, passes);
   return dqkv;
 }
 
 TEST(AttentionBackward, TwoPassesGiveTheOnePassBits) {
-#if defined(__SANITIZE_THREAD__)
-  // The two passes need more threads than key/value heads, and oneTBB's own synchronisation is
-  // invisible to TSan (tools/dev.sh runs the kernels on one thread under it).
-  GTEST_SKIP() << "runs oneTBB with several threads, which TSan cannot follow";
-#endif
   struct Shape {
     int B, T, NH, KVH, hs;
   };
@@ -48,8 +40,8 @@ TEST(AttentionBackward, TwoPassesGiveTheOnePassBits) {
     std::vector<float> qkv(static_cast<size_t>(B) * T * W), dy(static_cast<size_t>(B) * T * NH * hs);
     for (size_t i = 0; i < qkv.size(); ++i) qkv[i] = std::sin(0.37f * static_cast<float>(i % 1009));
     for (size_t i = 0; i < dy.size(); ++i) dy[i] = std::cos(0.21f * static_cast<float>(i % 997));
-    const std::vector<float> one_pass = backward_with(1, qkv, dy, B, T, NH, KVH, hs);
-    const std::vector<float> two_passes = backward_with(B * KVH + 2, qkv, dy, B, T, NH, KVH, hs);
+    const std::vector<float> one_pass = backward_in(AttentionPasses::one, qkv, dy, B, T, NH, KVH, hs);
+    const std::vector<float> two_passes = backward_in(AttentionPasses::two, qkv, dy, B, T, NH, KVH, hs);
     for (size_t i = 0; i < one_pass.size(); ++i) {
       ASSERT_FALSE(std::isnan(one_pass[i])) << "one pass left element " << i << " unwritten";
       ASSERT_EQ(std::memcmp(&one_pass[i], &two_passes[i], sizeof(float)), 0)

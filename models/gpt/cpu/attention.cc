@@ -144,7 +144,7 @@ void attention_rows(float* out, float* att, const float* qkv, int pos, int n, in
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* out, const float* qkv, const float* lse, int B, int T, int NH,
-                        int KVH, int hs) {
+                        int KVH, int hs, AttentionPasses passes) {
   const Head at{static_cast<size_t>(NH + 2 * KVH) * hs, static_cast<size_t>(NH) * hs, NH, KVH, NH / KVH, hs};
   const size_t W = at.W, Cq = at.Cq;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
@@ -213,7 +213,10 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
     if (want_kv) add_to_keys(dst, x.q, W, dseq + at.k(x.h));  // dK += dS^T Q
   };
 
-  if (B * KVH >= zeroth::cpu::num_threads()) {
+  if (passes == AttentionPasses::by_threads) {
+    passes = B * KVH >= zeroth::cpu::num_threads() ? AttentionPasses::one : AttentionPasses::two;
+  }
+  if (passes == AttentionPasses::one) {
     // A task per key/value head: its query heads in order, each block against the chunks it meets.
     for_rows(static_cast<size_t>(B) * KVH, 1, [&](size_t task) {
       const int kvh = static_cast<int>(task % KVH), b = static_cast<int>(task / KVH);

@@ -46,10 +46,15 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
 // sequence) attend causally over rows [0, pos + n); out [n, NH hs] is what attention_forward gives
 // for those rows of the whole sequence. att is scratch of NH n floats (the rows' log-sum-exp).
 void attention_rows(float* out, float* att, const float* qkv, int pos, int n, int NH, int KVH, int hs);
+// How attention_backward splits its work: one pass, a task per key/value head; or two, dK and dV
+// by chunks of keys, then dQ by blocks of queries (more tasks, two more products a block and
+// chunk). Both give the same bits; by default it takes two where batch x key/value heads is below
+// the threads.
+enum class AttentionPasses { by_threads, one, two };
 // dqkv is overwritten (a key/value head's gradient sums its query heads', in head order) from dout,
 // and the forward's out and lse.
 void attention_backward(float* dqkv, const float* dout, const float* out, const float* qkv, const float* lse, int B, int T, int NH,
-                        int KVH, int hs);
+                        int KVH, int hs, AttentionPasses passes = AttentionPasses::by_threads);
 
 // RMSNorm (Zhang and Sennrich 2019, as Llama computes it): out = x * rstd * weight with rstd =
 // 1 / sqrt(mean(x^2) + eps), over rows of C channels. Row (n, j) of N x groups starts at n * ld + j * C
