@@ -1,6 +1,7 @@
 // `zeroth bench attention`: the CPU's blocked causal attention, forward and backward, as GFLOP/s of
 // the model's own products next to the GEMM library's rate on one square product of the same
 // FLOPs, with the same threads, in the same run: the ceiling a kernel made of products can reach.
+// --dtype bf16 times a bf16 run's attention (bf16 products) against the library's bf16 GEMM.
 #include <algorithm>  // std::clamp, std::max
 #include <cmath>      // std::cbrt, std::sin
 #include <cstdio>     // std::printf
@@ -27,6 +28,7 @@ struct Options {
   int batch = 4, heads = 12, kv_heads = 0, head_size = 64, threads = 0, reps = 5;
   std::vector<int> seq = {256, 512, 1024, 2048};
   bool json = false;
+  std::string dtype = "fp32";
 };
 
 struct Row {
@@ -39,12 +41,12 @@ struct Row {
 // its rate at 1152 here), which would flatter the kernel measured against it.
 int square_of(double flops) { return std::clamp(static_cast<int>(std::cbrt(flops / 2) / 64 + 0.5) * 64, 64, 8192); }
 
-// The best of three medians of the library's sgemm on an n x n x n product: the ceiling is what
-// the library can reach, and one median taken on a busy machine (or while another pool's threads
-// still spin after the attention) can fall to half of it.
-double best_gemm_gflops(int n, int reps) {
+// The best of three medians of the library's sgemm (or bf16 GEMM) on an n x n x n product: the
+// ceiling is what the library can reach, and one median taken on a busy machine (or while another
+// pool's threads still spin after the attention) can fall to half of it.
+double best_gemm_gflops(int n, int reps, bool bf16) {
   double best = 0;
-  for (int i = 0; i < 3; ++i) best = std::max(best, cpu::measure_gemm(n, reps).gflops);
+  for (int i = 0; i < 3; ++i) best = std::max(best, cpu::measure_gemm(n, reps, cpu::gemm_library(), bf16).gflops);
   return best;
 }
 
@@ -53,6 +55,9 @@ void run(const Options& o) {
   ZEROTH_CHECK(o.batch >= 1 && o.heads >= 1 && o.head_size >= 1 && o.reps >= 1,
                "--batch, --heads, --head-size and --reps must be positive");
   ZEROTH_CHECK(o.heads % KVH == 0, "--kv-heads ({}) must divide --heads ({})", KVH, o.heads);
+  ZEROTH_CHECK(o.dtype == "fp32" || o.dtype == "bf16", "--dtype must be fp32 or bf16, got {}", o.dtype);
+  const bool bf16 = o.dtype == "bf16";
+  const DType products = bf16 ? DType::bf16 : DType::f32;
   const int threads = o.threads > 0 ? o.threads : cpu::num_threads();
   share_cores(1);
   cpu::set_num_threads(threads);
@@ -80,17 +85,18 @@ void run(const Options& o) {
     const double fwd_flops = 2.0 * 2.0 * B * NH * hs * (static_cast<double>(T) * (T + 1) / 2), bwd_flops = 2 * fwd_flops;
     Row r;
     r.T = T, r.fwd_flops = fwd_flops;
-    r.fwd_s = median_seconds(o.reps, [&] { gpt::cpu::attention_forward(out, lse, qkv, B, T, NH, KVH, hs); });
-    r.bwd_s = median_seconds(o.reps, [&] { gpt::cpu::attention_backward(dqkv, dout, out, qkv, lse, B, T, NH, KVH, hs); });
+    r.fwd_s = median_seconds(o.reps, [&] { gpt::cpu::attention_forward(out, lse, qkv, B, T, NH, KVH, hs, products); });
+    r.bwd_s = median_seconds(o.reps, [&] { gpt::cpu::attention_backward(dqkv, dout, out, qkv, lse, B, T, NH, KVH, hs, products); });
     r.fwd_gflops = fwd_flops / r.fwd_s / 1e9, r.bwd_gflops = bwd_flops / r.bwd_s / 1e9;
-    r.gemm_fwd_gflops = best_gemm_gflops(square_of(fwd_flops), o.reps);
-    r.gemm_bwd_gflops = best_gemm_gflops(square_of(bwd_flops), o.reps);
+    r.gemm_fwd_gflops = best_gemm_gflops(square_of(fwd_flops), o.reps, bf16);
+    r.gemm_bwd_gflops = best_gemm_gflops(square_of(bwd_flops), o.reps, bf16);
     rows.push_back(r);
   }
   const std::string library = cpu::gemm_library_summary(cpu::gemm_library());
   if (o.json) {
     nlohmann::json j;
-    j["gemm"] = library, j["threads"] = threads, j["batch"] = B, j["heads"] = NH, j["kv_heads"] = KVH, j["head_size"] = hs;
+    j["gemm"] = library, j["dtype"] = o.dtype, j["threads"] = threads, j["batch"] = B, j["heads"] = NH, j["kv_heads"] = KVH,
+    j["head_size"] = hs;
     j["rows"] = nlohmann::json::array();
     for (const Row& r : rows) {
       j["rows"].push_back({{"seq", r.T},
@@ -108,8 +114,8 @@ void run(const Options& o) {
     std::printf("%s\n", j.dump(2).c_str());
     return;
   }
-  std::printf("zeroth bench attention: causal, batch %d, %d query heads over %d, head size %d, %d thread(s), %s; median of %d\n", B,
-              NH, KVH, hs, threads, library.c_str(), o.reps);
+  std::printf("zeroth bench attention: causal, %s, batch %d, %d query heads over %d, head size %d, %d thread(s), %s; median of %d\n",
+              o.dtype.c_str(), B, NH, KVH, hs, threads, library.c_str(), o.reps);
   std::printf("%6s %11s %9s %9s %8s %12s %9s %9s %8s\n", "seq", "forward ms", "GFLOP/s", "GEMM's", "of GEMM", "backward ms", "GFLOP/s",
               "GEMM's", "of GEMM");
   for (const Row& r : rows) {
@@ -117,8 +123,9 @@ void run(const Options& o) {
                 r.fwd_gflops / r.gemm_fwd_gflops, r.bwd_s * 1e3, r.bwd_gflops, r.gemm_bwd_gflops, r.bwd_gflops / r.gemm_bwd_gflops);
   }
   std::printf(
-      "(FLOPs are the model's: the causal half of the scores and weighted sums, twice that backward; GEMM's: the library's sgemm on "
-      "the square product of the same FLOPs, same threads)\n");
+      "(FLOPs are the model's: the causal half of the scores and weighted sums, twice that backward; GEMM's: the library's %s on "
+      "the square product of the same FLOPs, same threads)\n",
+      bf16 ? "bf16 GEMM" : "sgemm");
 }
 
 }  // namespace
@@ -133,6 +140,7 @@ void add_bench_attention_command(CLI::App& bench) {
   cmd->add_option("--seq", options->seq, "Sequence lengths (default 256 512 1024 2048)")->delimiter(',');
   cmd->add_option("--threads", options->threads, "Threads (default: all)");
   cmd->add_option("--reps", options->reps, "Timed repetitions; the median is reported (default 5)");
+  cmd->add_option("--dtype", options->dtype, "fp32, or bf16: a bf16 run's attention, against the library's bf16 GEMM (default fp32)");
   cmd->add_flag("--json", options->json, "Print JSON");
   cmd->callback([options] { run(*options); });
 }

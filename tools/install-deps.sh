@@ -10,6 +10,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libgloo-dev libopenblas-dev libcli11-dev libfmt-dev libxxhash-dev
   libdnnl-dev  # oneDNN: the CPU matrix products (core/cpu/gemm.h), OpenBLAS their fallback
+  ocl-icd-opencl-dev  # Debian's oneDNN is built for OpenCL GPUs too: its CMake config requires OpenCL
   clang-format  # tools/format.sh, the layout check of tools/dev.sh test
   fortunes  # English text for the example training runs in configs/ (/usr/share/games/fortunes)
   fio  # the reference beside `zeroth bench offload`

@@ -3,8 +3,9 @@
 #include <algorithm>  // std::max
 #include <vector>     // std::vector
 
-#include "core/cpu/gemm.h"  // sgemm, gemm_bf16
-#include "core/stats.h"     // median_seconds
+#include "core/cpu/gemm.h"     // sgemm, gemm_bf16
+#include "core/cpu/kernels.h"  // cpu_features, active_simd_level
+#include "core/stats.h"        // median_seconds
 
 namespace zeroth::tools {
 
@@ -28,17 +29,18 @@ std::vector<StepGemm> step_gemms(const GptConfig& m, int batch, int seq, bool bf
     linear("mlp up", C, m.ffn(), L);
     linear("mlp down", m.ffn(), C, L);
   }
-  // Attention per sequence and head, in f32 (scores, weighted values; their four gradients): the
-  // causal half of each T x T product, which the model needs (the blocked attention computes a
-  // little more, its diagonal blocks whole, and recomputes the scores in backward), timed as a
-  // T x T/2 product of the same FLOPs.
+  // Attention per sequence and head (scores, weighted values; their four gradients): the causal
+  // half of each T x T product, which the model needs (the blocked attention computes a little
+  // more, its diagonal blocks whole, and recomputes the scores in backward), timed as a T x T/2
+  // product of the same FLOPs; bf16 where a bf16 run's attention has vdpbf16ps (AVX512-BF16).
   const int64_t per = heads * L, half = std::max<int64_t>(1, T / 2);
-  out.push_back({"attention scores q k^T", false, true, T, half, hs, per, false});
-  out.push_back({"attention a v", false, false, T, hs, half, per, false});
-  out.push_back({"attention d(a) = dy v^T", false, true, T, half, hs, per, false});
-  out.push_back({"attention dv = a^T dy", true, false, half, hs, T, per, false});
-  out.push_back({"attention dq = dS k", false, false, T, hs, half, per, false});
-  out.push_back({"attention dk = dS^T q", true, false, half, hs, T, per, false});
+  const bool attention_bf16 = bf16 && cpu::cpu_features().avx512_bf16 && cpu::active_simd_level() == cpu::SimdLevel::avx512;
+  out.push_back({"attention scores q k^T", false, true, T, half, hs, per, attention_bf16});
+  out.push_back({"attention a v", false, false, T, hs, half, per, attention_bf16});
+  out.push_back({"attention d(a) = dy v^T", false, true, T, half, hs, per, attention_bf16});
+  out.push_back({"attention dv = a^T dy", true, false, half, hs, T, per, attention_bf16});
+  out.push_back({"attention dq = dS k", false, false, T, hs, half, per, attention_bf16});
+  out.push_back({"attention dk = dS^T q", true, false, half, hs, T, per, attention_bf16});
   linear("LM head", C, m.vocab_size, 1);
   return out;
 }

@@ -17,7 +17,7 @@ struct StepGemm {
   bool trans_a = false, trans_b = false;
   int64_t m = 0, n = 0, k = 0;
   int64_t count = 0;   // calls of this shape per step
-  bool bf16 = false;   // on gemm_bf16 (a bf16 run's linear layers where oneDNN has bf16 kernels)
+  bool bf16 = false;   // on gemm_bf16 (a bf16 run's products where they run on bf16 kernels)
   double seconds = 0;  // one call, timed alone (median of its repetitions)
 };
 

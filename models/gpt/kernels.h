@@ -50,9 +50,11 @@ class Kernels {
   // what the backward needs beyond out: the CPU's blocked attention keeps each row's log-sum-exp
   // (B NH T floats), CUDA's the probabilities (B NH T T floats, with datt scratch of that size;
   // the CPU leaves datt alone): GptConfig::attention_probabilities, set from attention_keeps_probabilities.
-  virtual void attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int KVH, int hs) = 0;
+  // `products` bf16: a bf16 block's attention, whose products the CPU runs on bf16 operands
+  // (cpu/gpt_kernels.h); CUDA's run in f32 either way.
+  virtual void attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int KVH, int hs, DType products) = 0;
   virtual void attention_backward(float* dqkv, float* datt, const float* dout, const float* out, const float* qkv, const float* att,
-                                  int B, int T, int NH, int KVH, int hs) = 0;
+                                  int B, int T, int NH, int KVH, int hs, DType products) = 0;
   // Generation: rows [pos, pos + n) of one sequence's qkv rows [pos + n, W] over rows [0, pos + n).
   virtual void attention_rows(float* out, float* att, const float* qkv, int pos, int n, int NH, int KVH, int hs) = 0;
   // Rows (n, j) of N x groups at n * ld + j * C (cpu/gpt_kernels.h).

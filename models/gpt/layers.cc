@@ -97,9 +97,9 @@ enum LayerParam { kLn1W, kLn1B, kAttnW, kAttnB, kProjW, kProjB, kLn2W, kLn2B, kF
 
 }  // namespace
 
-void attend(Kernels& k, const LayerActs& a, const KvCache& kv, int B, int T, int NH, int KVH, int hs) {
+void attend(Kernels& k, const LayerActs& a, const KvCache& kv, int B, int T, int NH, int KVH, int hs, DType products) {
   if (kv.rows == nullptr) {
-    k.attention_forward(a.atty, a.att, a.qkv, B, T, NH, KVH, hs);
+    k.attention_forward(a.atty, a.att, a.qkv, B, T, NH, KVH, hs, products);
     return;
   }
   const size_t n = static_cast<size_t>(B) * T, W = static_cast<size_t>(NH + 2 * KVH) * hs;
@@ -123,7 +123,7 @@ void layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs
   k.submit([&k, w, a, d, B, T, BT, proj, bias, ln1, kv] {
     const Bound& p = **w;
     k.matmul_forward(a.qkv, ln1, p.p(kAttnW), p.p(kAttnB), BT, d.C, 3 * d.Cq);
-    attend(k, a, kv, B, T, d.NH, d.NH, d.Cq / d.NH);
+    attend(k, a, kv, B, T, d.NH, d.NH, d.Cq / d.NH, p.attention_products());
     k.matmul_forward(proj, a.atty, p.p(kProjW), bias ? p.p(kProjB) : nullptr, BT, d.Cq, d.C);
   });
   g.reduce(proj, a.res2, BT);
@@ -184,7 +184,7 @@ void layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerAct
   k.submit([&k, w, a, s, d, B, T, BT, dout, partial, ln1] {
     const Bound& p = **w;
     k.matmul_backward(s.dC, p.g(kProjW), p.g(kProjB), dout, a.atty, p.p(kProjW), BT, d.Cq, d.C);
-    k.attention_backward(s.dqkv, s.datt, s.dC, a.atty, a.qkv, a.att, B, T, d.NH, d.NH, d.Cq / d.NH);
+    k.attention_backward(s.dqkv, s.datt, s.dC, a.atty, a.qkv, a.att, B, T, d.NH, d.NH, d.Cq / d.NH, p.attention_products());
     k.matmul_backward(partial, p.g(kAttnW), p.g(kAttnB), s.dqkv, ln1, p.p(kAttnW), BT, d.C, 3 * d.Cq);
   });
   g.reduce(partial, s.dC, BT);

@@ -198,7 +198,7 @@ struct KvCache {
 };
 // The attention of a block use's qkv rows into a.atty, in stream work: within the micro-batch, or
 // over the cache.
-void attend(Kernels& k, const LayerActs& a, const KvCache& kv, int B, int T, int NH, int KVH, int hs);
+void attend(Kernels& k, const LayerActs& a, const KvCache& kv, int B, int T, int NH, int KVH, int hs, DType products);
 
 // The collectives of a block use, enqueued on the compute stream between the kernels' work.
 class TensorGroup {
@@ -234,6 +234,8 @@ class Bound {
   Bound(Kernels& k, std::vector<TensorView> params, const std::vector<TensorView>* grads, const Buffer& wbuf, const Buffer& gbuf);
   Weight p(size_t i) const { return {p_[i], i < bf16_.size() ? bf16_[i] : nullptr}; }
   float* g(size_t i) const { return g_[i]; }
+  // bf16 for a block of bf16 parameters: its attention's products go bf16 as its linear layers' do.
+  DType attention_products() const { return !bf16_.empty() && bf16_[0] != nullptr ? DType::bf16 : DType::f32; }
   void flush() const;
 
  private:

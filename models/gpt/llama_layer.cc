@@ -53,7 +53,7 @@ void llama_layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const Lay
     }
     // Positions start at the cache's (0 without one): the table's rows from there.
     k.rope(a.qkv, s.rope + static_cast<size_t>(kv.pos) * d.hs, BT, T, d.W, d.NH + d.KVH, d.hs, false);
-    attend(k, a, kv, B, T, d.NH, d.KVH, d.hs);
+    attend(k, a, kv, B, T, d.NH, d.KVH, d.hs, p.attention_products());
     k.matmul_forward(proj, a.atty, p.p(ix.o), bias ? param(p, ix.o_b) : nullptr, BT, d.Cq, d.C);
   });
   g.reduce(proj, a.res2, BT);
@@ -110,7 +110,7 @@ void llama_layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const La
   k.submit([&k, w, a, s, d, B, T, BT, dout, partial, ln1, ix] {
     const Bound& p = **w;
     k.matmul_backward(s.dC, p.g(ix.o), grad(p, ix.o_b), dout, a.atty, p.p(ix.o), BT, d.Cq, d.C);
-    k.attention_backward(s.dqkv, s.datt, s.dC, a.atty, a.qkv, a.att, B, T, d.NH, d.KVH, d.hs);
+    k.attention_backward(s.dqkv, s.datt, s.dC, a.atty, a.qkv, a.att, B, T, d.NH, d.KVH, d.hs, p.attention_products());
     // The gradient at the rotated q and k turned back: the gradient at the values before the turn.
     k.rope(s.dqkv, s.rope, BT, T, d.W, d.NH + d.KVH, d.hs, true);
     const float* dproj = s.dqkv;

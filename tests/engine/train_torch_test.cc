@@ -186,34 +186,36 @@ Trained train_through_engine(const TorchCase& k) {
 // - f32: the engine and PyTorch differ only in the order of float sums and the exp/tanh
 //   approximations, a few ulps per kernel. Measured: loss 2.3e-8 (the mean of 8 micro-batch
 //   losses, each rounded to f32, whose ulp is 1.1e-7 of it), gradient norm 2.9e-7, weights 1.2e-6.
-// - bf16: every product with a weight rounds its activations to bf16 (models/gpt/cpu/gpt_kernels.h,
-//   tests/reference/products.py), and an f32 difference of an ulp now and then puts one on the other
-//   side of a rounding (2^-8 of that element); with gradients and compute weights rounding too,
-//   the later steps carry these flips and the runs drift apart step by step. Measured over the 12
-//   cases: loss 3.0e-5, gradient norm 1.8e-3, weights 8.1e-3. So the bf16 products are pinned at
-//   step 1, before any drift: its loss within 4e-6 (measured 4.2e-7; the reference that keeps
-//   activations in f32, as zeroth's bf16 mode did before its products went bf16, is 1.26e-5 off).
+// - bf16: every product with a weight rounds its activations to bf16, and attention's products
+//   their operands (models/gpt/cpu/gpt_kernels.h, tests/reference/products.py), and an f32
+//   difference of an ulp now and then puts one on the other side of a rounding (2^-8 of that
+//   element); with gradients and compute weights rounding too, the later steps carry these flips and
+//   the runs drift apart step by step. Measured over the 12 cases: loss 5.6e-5, gradient norm
+//   4.3e-3, weights 1.0e-2. So the bf16 products are pinned at step 1, before any drift: its loss
+//   within 1e-6 (measured 5.7e-8; the reference whose attention stays f32, as zeroth's did before
+//   its attention went bf16, is 1.4e-5 off, and the one that keeps every activation in f32 more).
 struct Bounds {
   double loss, grad_norm, weights;
   double first_loss;  // step 1's loss
 };
-Bounds bounds(DType dtype) { return dtype == DType::bf16 ? Bounds{1e-4, 6e-3, 2.5e-2, 4e-6} : Bounds{8e-8, 1e-6, 4e-6, 8e-8}; }
+Bounds bounds(DType dtype) { return dtype == DType::bf16 ? Bounds{2e-4, 1.5e-2, 4e-2, 1e-6} : Bounds{8e-8, 1e-6, 4e-6, 8e-8}; }
 // Both sides evaluate DeepSpeed's formula in double; at most libm's log or cos may differ by an ulp.
 constexpr double kLrBound = 1e-12;  // relative to the base lr
 
 // The Llama family's bounds, found as the GPT's (measured over the 36 cases of each dtype: Llama,
-// Qwen2, Qwen3): f32 loss 7.9e-8, gradient norm 1.9e-7, weights 1.3e-6; bf16 loss 3.7e-4, gradient
-// norm 1.4e-3, weights 6.0e-3, step 1's loss 3.5e-6 (the reference with f32 activations: 5.3e-5
+// Qwen2, Qwen3): f32 loss 7.9e-8, gradient norm 1.9e-7, weights 1.3e-6; bf16 loss 4.1e-4, gradient
+// norm 2.5e-3, weights 6.5e-3, step 1's loss 3.1e-6 (the reference with f32 activations: 5.3e-5
 // and more). Their bf16 losses drift further than GPT-2's from step 2 on: more of their bf16
 // roundings flip and compound; the bounds are 3-4x the worst, as the GPT's.
 // Mixtral (its 24 cases): f32 as the family's (measured loss 6.9e-8, gradient norm 2.0e-7, weights
-// 8.6e-7); bf16 loss 1.1e-3, gradient norm 3.5e-3, weights 1.6e-2 (drifting as the family's, and
-// further once a flip moves a token to another expert), step 1's loss 1.2e-8 (f32 activations:
+// 8.6e-7); bf16 loss 1.8e-3, gradient norm 4.4e-3, weights 3.6e-2 (drifting as the family's, and
+// further once a flip moves a token to another expert), step 1's loss 7.8e-7 (f32 activations:
 // 1.5e-4). Its reference leaving the auxiliary and z losses out of the gradient fails the f32
 // cases. Switch (f32, 12 cases): loss 8.3e-8, gradient norm 2.1e-7, weights 1.2e-6.
 Bounds bounds(const TorchCase& k) {
   if (k.family == "gpt") return bounds(k.dtype);
-  if (k.dtype == DType::bf16) return k.family == "mixtral" ? Bounds{4e-3, 1.2e-2, 5e-2, 1.2e-5} : Bounds{1.2e-3, 5e-3, 2e-2, 1.2e-5};
+  if (k.dtype == DType::bf16)
+    return k.family == "mixtral" ? Bounds{6e-3, 1.5e-2, 1.2e-1, 1.2e-5} : Bounds{1.5e-3, 8e-3, 2.5e-2, 1.2e-5};
   return {3e-7, 6e-7, 4e-6, 3e-7};
 }
 
@@ -246,7 +248,7 @@ TEST_P(AgainstPyTorch, TrainsAsDeepSpeedStepsStepByStep) {
   const double base_lr = ref.meta("optimizer")["lr"];
   const size_t steps = want["loss"].size();
   ASSERT_EQ(got.steps.grad_norm.size(), steps);
-  double worst_loss = 0, worst_norm = 0;
+  double worst_loss = 0, worst_norm = 0, first_loss = 0;
   for (size_t s = 0; s < steps; ++s) {
     const double loss = want["loss"][s], norm = want["grad_norm"][s], lr = want["lr"][s];
     const double loss_err = std::abs(got.steps.loss[s] - loss) / loss, norm_err = std::abs(got.steps.grad_norm[s] - norm) / norm;
@@ -255,6 +257,7 @@ TEST_P(AgainstPyTorch, TrainsAsDeepSpeedStepsStepByStep) {
     EXPECT_LT(norm_err, bound.grad_norm) << "step " << s + 1 << ": gradient norm " << got.steps.grad_norm[s] << ", PyTorch " << norm;
     EXPECT_NEAR(got.steps.lr[s], lr, kLrBound * base_lr) << "step " << s + 1;
     if (s == 0) {
+      first_loss = loss_err;
       EXPECT_LT(loss_err, bound.first_loss) << "step 1: loss " << got.steps.loss[s] << ", PyTorch " << loss;
     }
   }
@@ -269,8 +272,8 @@ TEST_P(AgainstPyTorch, TrainsAsDeepSpeedStepsStepByStep) {
   ASSERT_EQ(static_cast<ptrdiff_t>(errors.size()), std::count_if(ref.file.tensors.begin(), ref.file.tensors.end(),
                                                                  [&](const auto& t) { return t.first.starts_with(final_prefix); }));
   const auto worst = *std::max_element(errors.begin(), errors.end(), [](const auto& a, const auto& b) { return a.rel() < b.rel(); });
-  std::printf("%s: worst relative error: loss %.3g, grad norm %.3g, weights %.3g (%s)\n", ::testing::PrintToString(k).c_str(),
-              worst_loss, worst_norm, worst.rel(), worst.name.c_str());
+  std::printf("%s: worst relative error: loss %.3g (step 1 %.3g), grad norm %.3g, weights %.3g (%s)\n",
+              ::testing::PrintToString(k).c_str(), worst_loss, first_loss, worst_norm, worst.rel(), worst.name.c_str());
   std::ostringstream table;
   for (const auto& e : errors)
     table << "  " << e.name << ": max |diff| " << e.max_abs << ", max |torch| " << e.scale << ", rel " << e.rel() << ", relative L2 "

@@ -23,7 +23,7 @@ std::vector<float> backward_in(AttentionPasses passes, const std::vector<float>&
   std::vector<float> out(static_cast<size_t>(B) * T * NH * hs), lse(static_cast<size_t>(B) * NH * T);
   std::vector<float> dqkv(qkv.size(), std::numeric_limits<float>::quiet_NaN());
   attention_forward(out.data(), lse.data(), qkv.data(), B, T, NH, KVH, hs);
-  attention_backward(dqkv.data(), dy.data(), out.data(), qkv.data(), lse.data(), B, T, NH, KVH, hs, passes);
+  attention_backward(dqkv.data(), dy.data(), out.data(), qkv.data(), lse.data(), B, T, NH, KVH, hs, DType::f32, passes);
   return dqkv;
 }
 

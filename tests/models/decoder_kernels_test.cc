@@ -279,8 +279,8 @@ TEST_P(DecoderKernels, GroupedQueryAttentionMatchesItsDefinition) {
           *pdatt = probabilities ? d.zeros(kept) : nullptr, *pdqkv = d.put(random_vec(dqkv.size(), rng));
     auto k = gpt::make_kernels(device_->default_stream());
     k->submit([&] {
-      k->attention_forward(pout, patt, pqkv, B, T, NH, KVH, hs);
-      k->attention_backward(pdqkv, pdatt, pdy, pout, pqkv, patt, B, T, NH, KVH, hs);
+      k->attention_forward(pout, patt, pqkv, B, T, NH, KVH, hs, DType::f32);
+      k->attention_backward(pdqkv, pdatt, pdy, pout, pqkv, patt, B, T, NH, KVH, hs, DType::f32);
     });
     expect_within("attention out", d.get(pout, out.size()), out, outb);
     expect_within("attention dqkv", d.get(pdqkv, dqkv.size()), dqkv, dqkvb);

@@ -34,7 +34,9 @@ zeroth's bf16 mode (models/gpt, engine/) and how the reference emulates it:
   the same way.
 - the products with a weight (linear layers, router, experts, LM head): activations rounded to
   bf16, f32 accumulation, forward and backward (products.py);
-- f32: the activations between products and attention's own products, the
+- attention's products: q, k, v and the gradients rounded to bf16 where zeroth's CPU kernels round
+  them (products.attention);
+- f32: the activations between products, the
   sum of the micro-batches' gradients and the reduction over ranks (communication_data_type
   unset), the norm, clipping, the master weights and Adam's moments.
 Where the reference can differ from zeroth: the order of f32 sums inside the kernels (matmul,
@@ -53,7 +55,7 @@ import torch
 import torch.nn.functional as F
 
 from moe_reference import moe_layer
-from products import BF16_PRODUCTS, bf16, times_t
+from products import BF16_PRODUCTS, attention, bf16, times_t
 
 CFG = dict(vocab_size=97, seq_len=24, n_layer=2, n_head=4, n_embd=48)
 B, T = 3, 20
@@ -91,16 +93,13 @@ def forward(p, idx, targets, cfg=CFG, head=None, moe_losses=None):
     L, H, C = cfg["n_layer"], cfg["n_head"], cfg["n_embd"]
     b, t = idx.shape
     x = p["embed.wte"][idx] + p["embed.wpe"][:t]
-    mask = torch.tril(torch.ones(t, t, dtype=torch.bool))
     for l in range(L):
         q = lambda name: p[f"h.{l}.{name}"]
         h = layernorm(x, q("ln_1.weight"), q("ln_1.bias"))
         qkv = times_t(h, q("attn.c_attn.weight")) + q("attn.c_attn.bias")
         qq, kk, vv = qkv.split(C, dim=2)
         qq, kk, vv = [z.view(b, t, H, C // H).transpose(1, 2) for z in (qq, kk, vv)]
-        att = (qq @ kk.transpose(-2, -1)) / math.sqrt(C // H)
-        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
-        y = (att @ vv).transpose(1, 2).contiguous().view(b, t, C)
+        y = attention(qq, kk, vv).transpose(1, 2).contiguous().view(b, t, C)
         x = x + times_t(y, q("attn.c_proj.weight")) + q("attn.c_proj.bias")
         h = layernorm(x, q("ln_2.weight"), q("ln_2.bias"))
         if is_moe_layer(cfg, l):

@@ -49,7 +49,7 @@ import torch.nn.functional as F
 
 from gpt_reference import TRAIN_BATCH, TRAIN_OPT, TRAIN_SCHEDULER, train, write_safetensors
 from moe_reference import moe_layer
-from products import linear
+from products import attention, linear
 
 CASES = {
     "llama": dict(vocab_size=96, seq_len=16, n_layer=2, n_embd=48, n_head=6, n_kv_head=2, head_dim=8, intermediate_size=80,
@@ -136,7 +136,6 @@ def forward(p, cfg, tokens, targets, head=None, moe_losses=None):
     emb = torch.cat((freqs, freqs), dim=-1)
     cos, sin = emb.cos(), emb.sin()
     x = p["model.embed_tokens.weight"][tokens]
-    causal = torch.ones(T, T, dtype=torch.bool).tril()
     for l in range(cfg["n_layer"]):
         pre = f"model.layers.{l}."
         h = rms_norm(x, p[pre + "input_layernorm.weight"], eps)
@@ -151,9 +150,7 @@ def forward(p, cfg, tokens, targets, head=None, moe_losses=None):
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
-        att = (q @ k.transpose(-1, -2)) / math.sqrt(hs)
-        att = att.masked_fill(~causal, float("-inf")).softmax(dim=-1)
-        y = (att @ v).transpose(1, 2).reshape(B, T, NH * hs)
+        y = attention(q, k, v).transpose(1, 2).reshape(B, T, NH * hs)
         x = x + linear(y, p[pre + "self_attn.o_proj.weight"], p.get(pre + "self_attn.o_proj.bias"))
         h = rms_norm(x, p[pre + "post_attention_layernorm.weight"], eps)
         if is_moe_layer(cfg, l):

@@ -9,9 +9,17 @@
 // Forward tasks are blocks of query rows; backward's are key/value heads, or where those are fewer
 // than the threads, chunks of keys and then blocks of queries. Every sum runs in one fixed order,
 // so results depend neither on the threads nor on the ISA.
+//
+// A bf16 run's products take bf16 pairs (attention_isa.h's PairProduct): two terms of a dot product
+// in 32 bits. Keys and values are packed once a call, the block's queries and output gradient once
+// a block, probabilities and score gradients once a chunk, each in the layout its product reads:
+// along the dot product's terms where it is A, by pairs of rows where it is B, or transposed.
 #include <algorithm>  // std::min, std::max, std::clamp, std::fill
 #include <cmath>      // std::sqrt, std::log
+#include <cstdint>    // uint32_t
 #include <vector>     // std::vector
+
+#include "core/error.h"  // ZEROTH_CHECK
 
 #include "models/gpt/cpu/attention_isa.h"
 #include "models/gpt/cpu/gpt_kernels.h"
@@ -73,12 +81,54 @@ ZEROTH_ISA_CLONES float dot_row(const float* a, const float* b, int n) {
   return s;
 }
 
-// A thread's buffer `which`, at least n floats.
-float* thread_buffer(int which, size_t n) {
-  thread_local std::vector<float> buffers[4];
+// A thread's buffer `which` of at least n elements.
+template <class T = float>
+T* thread_buffer(int which, size_t n) {
+  thread_local std::vector<T> buffers[8];
   auto& b = buffers[which];
   if (b.size() < n) b.resize(n);
   return b.data();
+}
+
+void multiply_pairs(int m, int n, int k, float alpha, const uint32_t* a, size_t a_row, size_t a_col, const uint32_t* b, size_t ldb,
+                    float* c, size_t ldc, bool accumulate, Zeros zeros, int shift) {
+  isa().pair_product(PairProduct{m, n, k, alpha, a, a_row, a_col, b, ldb, c, ldc, accumulate, zeros, shift});
+}
+
+uint32_t pair_of(float even, float odd) { return bf16_of(even) | static_cast<uint32_t>(bf16_of(odd)) << 16; }
+
+// dst's row r (ldd apart) = src's row r (ld apart) of `width` floats, rounded to bf16 and paired
+// along the row ((width + 1) / 2 pairs, 0 past width), for r < rows.
+ZEROTH_ISA_CLONES void pack_along_rows(uint32_t* dst, size_t ldd, const float* src, size_t ld, int rows, int width) {
+  for (int r = 0; r < rows; ++r) {
+    const float* s = src + r * ld;
+    uint32_t* d = dst + r * ldd;
+    for (int c = 0; c < width / 2; ++c) d[c] = pair_of(s[2 * c], s[2 * c + 1]);
+    if (width % 2 != 0) d[width / 2] = pair_of(s[width - 1], 0.0f);
+  }
+}
+
+// dst's row r (ldd apart) = src's rows 2r and 2r + 1 (ld apart) of `width` floats, rounded to bf16
+// and paired column by column, for r < (rows + 1) / 2; the row past `rows` counts as 0.
+ZEROTH_ISA_CLONES void pack_row_pairs(uint32_t* dst, size_t ldd, const float* src, size_t ld, int rows, int width) {
+  for (int r = 0; r < rows / 2; ++r) {
+    const float *even = src + 2 * r * ld, *odd = even + ld;
+    uint32_t* d = dst + r * ldd;
+    for (int c = 0; c < width; ++c) d[c] = pair_of(even[c], odd[c]);
+  }
+  if (rows % 2 != 0) {
+    const float* even = src + (rows - 1) * ld;
+    uint32_t* d = dst + rows / 2 * ldd;
+    for (int c = 0; c < width; ++c) d[c] = pair_of(even[c], 0.0f);
+  }
+}
+
+// dst [hs / 2, kBlockRows] = `rows` rows of hs floats at src (ld apart), rounded, paired along the
+// row and transposed: a block's queries or output gradient as the B of K Q^T or V dY^T.
+void pack_transposed(uint32_t* dst, const float* src, int rows, size_t ld, int hs) {
+  uint32_t* along = thread_buffer<uint32_t>(7, static_cast<size_t>(kRows) * hs / 2);
+  pack_along_rows(along, hs / 2, src, ld, rows, hs);
+  isa().transpose_pairs(dst, along, rows, hs / 2, hs / 2);
 }
 
 // Where one head's rows of one sequence lie in qkv (and dqkv): rows of W floats.
@@ -90,13 +140,53 @@ struct Head {
   size_t v(int h) const { return static_cast<size_t>(NH + KVH + h / g) * hs; }
 };
 
+// A bf16 call's keys and values as pairs, for each sequence and key/value head: `rows` along the
+// channels (T x hs / 2: A of K Q^T and V dY^T), `row_pairs` by pairs of rows ((T + 1) / 2 x hs: B of
+// P V and dS K; a last odd row's partner is 0). Held by the calling thread, filled once a call.
+struct PackedKv {
+  size_t T, pairs_per_head, hs;
+  uint32_t *k_rows = nullptr, *v_rows = nullptr, *k_row_pairs = nullptr, *v_row_pairs = nullptr;
+  size_t rows_at(int b, int kvh, int KVH) const { return (static_cast<size_t>(b) * KVH + kvh) * T * hs / 2; }
+  size_t pairs_at(int b, int kvh, int KVH) const { return (static_cast<size_t>(b) * KVH + kvh) * pairs_per_head; }
+};
+
+// Packs what a call needs of qkv's keys and values: forward K along rows and V by row pairs,
+// backward K and V along rows and K by row pairs.
+PackedKv pack_kv(const float* qkv, const Head& at, int B, size_t T, bool backward) {
+  PackedKv kv{T, (T + 1) / 2 * at.hs, static_cast<size_t>(at.hs)};
+  const size_t heads = static_cast<size_t>(B) * at.KVH, along = heads * T * at.hs / 2, paired = heads * kv.pairs_per_head;
+  thread_local std::vector<uint32_t> store;
+  store.resize(along * (backward ? 2 : 1) + paired);
+  kv.k_rows = store.data();
+  if (backward) {
+    kv.v_rows = kv.k_rows + along;
+    kv.k_row_pairs = kv.v_rows + along;
+  } else {
+    kv.v_row_pairs = kv.k_rows + along;
+  }
+  for_rows(heads, 1, [&](size_t task) {
+    const int kvh = static_cast<int>(task % at.KVH), b = static_cast<int>(task / at.KVH), hs = at.hs, rows = static_cast<int>(T);
+    const float* seq = qkv + b * T * at.W;
+    const int h = kvh * at.g;  // a query head this key/value head serves
+    pack_along_rows(kv.k_rows + kv.rows_at(b, kvh, at.KVH), hs / 2, seq + at.k(h), at.W, rows, hs);
+    if (backward) {
+      pack_along_rows(kv.v_rows + kv.rows_at(b, kvh, at.KVH), hs / 2, seq + at.v(h), at.W, rows, hs);
+      pack_row_pairs(kv.k_row_pairs + kv.pairs_at(b, kvh, at.KVH), hs, seq + at.k(h), at.W, rows, hs);
+    } else {
+      pack_row_pairs(kv.v_row_pairs + kv.pairs_at(b, kvh, at.KVH), hs, seq + at.v(h), at.W, rows, hs);
+    }
+  });
+  return kv;
+}
+
 // Rows [pos, pos + n) of each of B sequences (qkv [B, pos + n, W]) over the sequence's rows
-// [0, pos + n): out [B, n, Cq], lse [B, NH, n].
-void blocked_forward(float* out, float* lse, const float* qkv, int B, int pos, int n, int NH, int KVH, int hs) {
+// [0, pos + n): out [B, n, Cq], lse [B, NH, n]. `pairs`: bf16 products.
+void blocked_forward(float* out, float* lse, const float* qkv, int B, int pos, int n, int NH, int KVH, int hs, bool pairs) {
   const Head at{static_cast<size_t>(NH + 2 * KVH) * hs, static_cast<size_t>(NH) * hs, NH, KVH, NH / KVH, hs};
   const size_t W = at.W, Cq = at.Cq, Tk = static_cast<size_t>(pos) + n;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int blocks = (n + kRows - 1) / kRows;
+  const PackedKv kv = pairs ? pack_kv(qkv, at, B, Tk, false) : PackedKv{};
   for_rows(static_cast<size_t>(B) * NH * blocks, 1, [&](size_t task) {
     const int blk = static_cast<int>(task % blocks), h = static_cast<int>(task / blocks % NH),
               b = static_cast<int>(task / blocks / NH);
@@ -106,14 +196,28 @@ void blocked_forward(float* out, float* lse, const float* qkv, int B, int pos, i
     const float *k = seq + at.k(h), *v = seq + at.v(h);
     float* o = out + (b * static_cast<size_t>(n) + blk * kRows) * Cq + at.q(h);
     float *st = thread_buffer(0, static_cast<size_t>(kKeys) * kRows), *qt = thread_buffer(1, static_cast<size_t>(hs) * kRows);
-    isa().transpose(qt, seq + a0 * W + at.q(h), rows, W, hs);
+    uint32_t *qt2 = nullptr, *p2 = nullptr;
+    const uint32_t *k2 = nullptr, *v2 = nullptr;
+    if (pairs) {
+      qt2 = thread_buffer<uint32_t>(0, static_cast<size_t>(hs) / 2 * kRows);
+      p2 = thread_buffer<uint32_t>(1, static_cast<size_t>(kKeys) / 2 * kRows);
+      k2 = kv.k_rows + kv.rows_at(b, h / at.g, KVH), v2 = kv.v_row_pairs + kv.pairs_at(b, h / at.g, KVH);
+      pack_transposed(qt2, seq + a0 * W + at.q(h), rows, W, hs);
+    } else {
+      isa().transpose(qt, seq + a0 * W + at.q(h), rows, W, hs);
+    }
     if (blk + 1 < blocks) prefetch_rows(seq + (a0 + kRows) * W + at.q(h), std::min(kRows, n - (blk + 1) * kRows), W, hs);
     // Each query's running max and sum of exp(score - max), and the chunk's rescaling of both.
     alignas(64) float m[kRows], l[kRows], alpha[kRows];
     for (int c0 = 0; c0 < a1; c0 += kKeys) {
       const int width = std::min(kKeys, a1 - c0);
       // S^T = scale K Q^T: key c0 + j against the queries from c0 + j on.
-      multiply(width, lanes, hs, scale, k + c0 * W, W, 1, qt, kRows, st, kRows, false, Zeros::columns_before, c0 - a0);
+      if (pairs) {
+        multiply_pairs(width, lanes, hs / 2, scale, k2 + c0 * hs / 2, hs / 2, 1, qt2, kRows, st, kRows, false, Zeros::columns_before,
+                       c0 - a0);
+      } else {
+        multiply(width, lanes, hs, scale, k + c0 * W, W, 1, qt, kRows, st, kRows, false, Zeros::columns_before, c0 - a0);
+      }
       mask_chunk(st, width, lanes, c0, a0, kMasked);
       // The first chunk holds key 0, which every query sees; a later one may hold none of a
       // query's keys (a block not aligned to the chunks, in generation) and leaves it as it was.
@@ -123,7 +227,12 @@ void blocked_forward(float* out, float* lse, const float* qkv, int B, int pos, i
         for (int r = 0; r < rows; ++r) scale_row(o + r * Cq, hs, alpha[r]);
       }
       // O (+)= P V: query a0 + i over the keys up to a0 + i.
-      multiply(rows, hs, width, 1.0f, st, 1, kRows, v + c0 * W, W, o, Cq, c0 > 0, Zeros::k_after, a0 - c0);
+      if (pairs) {
+        pack_row_pairs(p2, kRows, st, kRows, width, lanes);
+        multiply_pairs(rows, hs, (width + 1) / 2, 1.0f, p2, 1, kRows, v2 + c0 / 2 * hs, hs, o, Cq, c0 > 0, Zeros::k_after, a0 - c0);
+      } else {
+        multiply(rows, hs, width, 1.0f, st, 1, kRows, v + c0 * W, W, o, Cq, c0 > 0, Zeros::k_after, a0 - c0);
+      }
     }
     float* row_lse = lse + (static_cast<size_t>(b) * NH + h) * n + blk * kRows;
     for (int r = 0; r < rows; ++r) {
@@ -133,29 +242,41 @@ void blocked_forward(float* out, float* lse, const float* qkv, int B, int pos, i
   });
 }
 
+// Whether a call's products go in bf16 pairs.
+bool in_pairs(DType products, int hs) {
+  ZEROTH_CHECK(products == DType::f32 || products == DType::bf16, "attention's products are f32 or bf16, not {}",
+               dtype_name(products));
+  return products == DType::bf16 && hs % 2 == 0;
+}
+
 }  // namespace
 
-void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int NH, int KVH, int hs) {
-  blocked_forward(out, lse, qkv, B, 0, T, NH, KVH, hs);
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int NH, int KVH, int hs, DType products) {
+  blocked_forward(out, lse, qkv, B, 0, T, NH, KVH, hs, in_pairs(products, hs));
 }
 
 void attention_rows(float* out, float* att, const float* qkv, int pos, int n, int NH, int KVH, int hs) {
-  blocked_forward(out, att, qkv, 1, pos, n, NH, KVH, hs);
+  blocked_forward(out, att, qkv, 1, pos, n, NH, KVH, hs, false);
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* out, const float* qkv, const float* lse, int B, int T, int NH,
-                        int KVH, int hs, AttentionPasses passes) {
+                        int KVH, int hs, DType products, AttentionPasses passes) {
   const Head at{static_cast<size_t>(NH + 2 * KVH) * hs, static_cast<size_t>(NH) * hs, NH, KVH, NH / KVH, hs};
+  const bool pairs = in_pairs(products, hs);
+  const PackedKv kv = pairs ? pack_kv(qkv, at, B, T, true) : PackedKv{};
   const size_t W = at.W, Cq = at.Cq;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int blocks = (T + kRows - 1) / kRows, chunks = (T + kKeys - 1) / kKeys;
 
   // One block of a query head's rows, made ready for the chunks it meets: its queries and output
   // gradient transposed, each row's log-sum-exp and sum of dY Y.
+  // In pairs: its queries and output gradient also paired and transposed (B of K Q^T and V dY^T)
+  // and by pairs of rows (B of dS^T Q and P^T dY).
   struct Block {
     int h, i0, rows, lanes, i1;
     const float *q, *dy;
     float *qt, *dyt;
+    uint32_t *qt2, *dyt2, *q2, *dy2;
     alignas(64) float d[kRows], lse[kRows];
   };
   auto prepare = [&](Block& x, int b, int h, int blk) {
@@ -169,9 +290,19 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
     // The lanes past the rows are computed too, and dropped: keep them finite.
     std::fill(x.lse + x.rows, x.lse + x.lanes, 0.0f);
     std::fill(x.d + x.rows, x.d + x.lanes, 0.0f);
-    x.qt = thread_buffer(2, static_cast<size_t>(hs) * kRows), x.dyt = thread_buffer(3, static_cast<size_t>(hs) * kRows);
-    isa().transpose(x.qt, x.q, x.rows, W, hs);
-    isa().transpose(x.dyt, x.dy, x.rows, Cq, hs);
+    if (pairs) {
+      const size_t n = static_cast<size_t>(hs) / 2 * kRows;
+      x.qt2 = thread_buffer<uint32_t>(2, n), x.dyt2 = thread_buffer<uint32_t>(3, n);
+      x.q2 = thread_buffer<uint32_t>(4, n), x.dy2 = thread_buffer<uint32_t>(5, n);
+      pack_transposed(x.qt2, x.q, x.rows, W, hs);
+      pack_transposed(x.dyt2, x.dy, x.rows, Cq, hs);
+      pack_row_pairs(x.q2, hs, x.q, W, x.rows, hs);
+      pack_row_pairs(x.dy2, hs, x.dy, Cq, x.rows, hs);
+    } else {
+      x.qt = thread_buffer(2, static_cast<size_t>(hs) * kRows), x.dyt = thread_buffer(3, static_cast<size_t>(hs) * kRows);
+      isa().transpose(x.qt, x.q, x.rows, W, hs);
+      isa().transpose(x.dyt, x.dy, x.rows, Cq, hs);
+    }
     if (blk + 1 < blocks) {
       const int next = std::min(kRows, T - x.i1);
       prefetch_rows(x.q + kRows * W, next, W, hs);
@@ -194,23 +325,53 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
     // those up to i0 + i.
     const int ahead = c0 - x.i0, met = std::clamp(x.i0 - c0, 0, n);
     const bool first_head = x.h % at.g == 0;
-    auto add_to_keys = [&](const float* grad_t, const float* rhs, size_t ld, float* to) {
+    // In pairs: P or dS^T along each key's row (A of P^T dY, dS^T Q), dS by pairs of keys (A of dS K).
+    const size_t kvh = static_cast<size_t>(x.h / at.g), head = kv.rows_at(b, static_cast<int>(kvh), at.KVH);
+    uint32_t* along = pairs ? thread_buffer<uint32_t>(0, static_cast<size_t>(kKeys) * kRows / 2) : nullptr;
+    auto add_to_keys = [&](const float* grad_t, const float* rhs, size_t ld, const uint32_t* rhs2, float* to) {
+      if (pairs) {
+        pack_along_rows(along, kRows / 2, grad_t, kRows, n, lanes);
+        const int k = (rows + 1) / 2;
+        multiply_pairs(met, hs, k, 1.0f, along, kRows / 2, 1, rhs2, hs, to + c0 * W, W, true, Zeros::k_before, ahead);
+        multiply_pairs(n - met, hs, k, 1.0f, along + met * kRows / 2, kRows / 2, 1, rhs2, hs, to + (c0 + met) * W, W, !first_head,
+                       Zeros::k_before, ahead + met);
+        return;
+      }
       multiply(met, hs, rows, 1.0f, grad_t, kRows, 1, rhs, ld, to + c0 * W, W, true, Zeros::k_before, ahead);
       multiply(n - met, hs, rows, 1.0f, grad_t + met * kRows, kRows, 1, rhs, ld, to + (c0 + met) * W, W, !first_head, Zeros::k_before,
                ahead + met);
     };
-    multiply(n, lanes, hs, scale, kc, W, 1, x.qt, kRows, pt, kRows, false, Zeros::columns_before, ahead);  // S^T = scale K Q^T
+    // S^T = scale K Q^T
+    if (pairs) {
+      multiply_pairs(n, lanes, hs / 2, scale, kv.k_rows + head + c0 * hs / 2, hs / 2, 1, x.qt2, kRows, pt, kRows, false,
+                     Zeros::columns_before, ahead);
+    } else {
+      multiply(n, lanes, hs, scale, kc, W, 1, x.qt, kRows, pt, kRows, false, Zeros::columns_before, ahead);
+    }
     mask_chunk(pt, n, lanes, c0, x.i0, kMasked);
     isa().probabilities_chunk(pt, n, lanes, x.lse);
-    if (want_kv) add_to_keys(pt, x.dy, Cq, dseq + at.v(x.h));                                               // dV += P^T dY
-    multiply(n, lanes, hs, 1.0f, vc, W, 1, x.dyt, kRows, dst, kRows, false, Zeros::columns_before, ahead);  // dP^T = V dY^T
+    if (want_kv) add_to_keys(pt, x.dy, Cq, x.dy2, dseq + at.v(x.h));  // dV += P^T dY
+    // dP^T = V dY^T
+    if (pairs) {
+      multiply_pairs(n, lanes, hs / 2, 1.0f, kv.v_rows + head + c0 * hs / 2, hs / 2, 1, x.dyt2, kRows, dst, kRows, false,
+                     Zeros::columns_before, ahead);
+    } else {
+      multiply(n, lanes, hs, 1.0f, vc, W, 1, x.dyt, kRows, dst, kRows, false, Zeros::columns_before, ahead);
+    }
     mask_chunk(dst, n, lanes, c0, x.i0, 0.0f);
     isa().softmax_grad_chunk(dst, pt, n, lanes, x.d, scale);  // dS^T
     if (want_q) {
       float* dq = dseq + x.i0 * W + at.q(x.h);
-      multiply(rows, hs, n, 1.0f, dst, 1, kRows, kc, W, dq, W, c0 > 0, Zeros::k_after, -ahead);  // dQ (+)= dS K
+      if (pairs) {  // dQ (+)= dS K
+        uint32_t* ds2 = thread_buffer<uint32_t>(1, static_cast<size_t>(kKeys) / 2 * kRows);
+        pack_row_pairs(ds2, kRows, dst, kRows, n, lanes);
+        const uint32_t* k2 = kv.k_row_pairs + kv.pairs_at(b, static_cast<int>(kvh), at.KVH) + c0 / 2 * hs;
+        multiply_pairs(rows, hs, (n + 1) / 2, 1.0f, ds2, 1, kRows, k2, hs, dq, W, c0 > 0, Zeros::k_after, -ahead);
+      } else {
+        multiply(rows, hs, n, 1.0f, dst, 1, kRows, kc, W, dq, W, c0 > 0, Zeros::k_after, -ahead);
+      }
     }
-    if (want_kv) add_to_keys(dst, x.q, W, dseq + at.k(x.h));  // dK += dS^T Q
+    if (want_kv) add_to_keys(dst, x.q, W, x.q2, dseq + at.k(x.h));  // dK += dS^T Q
   };
 
   if (passes == AttentionPasses::by_threads) {

@@ -2,9 +2,12 @@
 // 16 registers hold the tile).
 #include <immintrin.h>
 
-#include <algorithm>  // std::min, std::fill
-#include <array>      // std::array
-#include <utility>    // std::integer_sequence
+#include <algorithm>    // std::min, std::fill
+#include <array>        // std::array
+#include <bit>          // std::bit_cast
+#include <cstdint>      // uint32_t
+#include <type_traits>  // std::is_same_v
+#include <utility>      // std::integer_sequence
 
 #include "models/gpt/cpu/attention_isa.h"
 
@@ -22,6 +25,13 @@ struct Lanes {
   static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
   static void store_part(float* p, F v, int n) { _mm256_maskstore_ps(p, first(n), v); }
   static F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  // 8 pairs of bf16 as 32-bit lanes, and each half as the f32 it stands for (the low half is the
+  // even term).
+  using U = __m256i;
+  static U load_u(const uint32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  static U load_u_part(const uint32_t* p, int n) { return _mm256_maskload_epi32(reinterpret_cast<const int*>(p), first(n)); }
+  static F low_half(U u) { return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16)); }
+  static F high_half(U u) { return _mm256_castsi256_ps(_mm256_and_si256(u, _mm256_set1_epi32(static_cast<int>(0xffff0000u)))); }
   static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
   static F add(F a, F b) { return _mm256_add_ps(a, b); }
   static F sub(F a, F b) { return _mm256_sub_ps(a, b); }
@@ -36,7 +46,12 @@ struct Lanes {
   static F zero_below(F v, F x, float t) { return _mm256_and_ps(v, _mm256_cmp_ps(x, set1(t), _CMP_NLT_UQ)); }
   // dst's row c (ldd apart) = src's column c, for an 8 x 8 square of src (rows ld apart): pairs of
   // rows interleaved, then 4 x 4 squares within each 128-bit half, then halves gathered.
-  static void transpose(const float* src, size_t ld, float* dst, size_t ldd) {
+  // T is float or a 32-bit pair: only bits move (the intrinsics' loads and stores may alias).
+  template <class T>
+  static void transpose(const T* src_t, size_t ld, T* dst_t, size_t ldd) {
+    static_assert(sizeof(T) == 4);
+    const auto* src = reinterpret_cast<const float*>(src_t);
+    auto* dst = reinterpret_cast<float*>(dst_t);
     F r[8], t[8];
     for (int i = 0; i < 8; ++i) r[i] = load(src + i * ld);
     for (int i = 0; i < 8; i += 2) {

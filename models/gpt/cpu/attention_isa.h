@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>  // size_t
+#include <cstdint>  // uint32_t
 
 #include "core/cpu/kernels.h"  // SimdLevel
 
@@ -20,13 +21,19 @@ enum class Zeros {
 };
 
 // C[m, n] = alpha A B, plus C where `accumulate`. A's element (i, k) is a[i a_row + k a_col] (either
-// orientation); B's row k is n floats at b + k ldb; C's row i is n floats at c + i ldc.
-struct Product {
+// orientation); B's row k is n elements at b + k ldb; C's row i is n floats at c + i ldc.
+// Term is float (Product) or a pair of bf16 (PairProduct): the low half term 2k, the high half term
+// 2k + 1, so k counts pairs, A's element (i, k) holds row i's terms 2k and 2k + 1, and B's row k
+// holds rows 2k and 2k + 1 interleaved. A pair product adds a row's two terms, odd then even, to its
+// accumulator with a rounding after each, as AVX512-BF16's vdpbf16ps does; the products of bf16 are
+// exact in f32. `shift` counts terms, not pairs.
+template <class Term>
+struct ProductOf {
   int m, n, k;
   float alpha;
-  const float* a;
+  const Term* a;
   size_t a_row, a_col;
-  const float* b;
+  const Term* b;
   size_t ldb;
   float* c;
   size_t ldc;
@@ -34,6 +41,8 @@ struct Product {
   Zeros zeros = Zeros::none;
   int shift = 0;
 };
+using Product = ProductOf<float>;
+using PairProduct = ProductOf<uint32_t>;
 
 // Query rows per block: the column passes run over this many lanes. A chunk of scores is held
 // transposed, [keys, kBlockRows] (key j's scores against the block's queries in row j), so every
@@ -44,6 +53,8 @@ inline constexpr int kBlockRows = 64;
 // kBlockRows: a block's rows rounded up, so generation's single row costs 16 lanes, not 64).
 struct AttentionIsa {
   void (*product)(const Product& p);
+  // The same on bf16 pairs: attention's products in a bf16 run.
+  void (*pair_product)(const PairProduct& p);
   // The online softmax's step over a chunk of n keys: per query lane, m' = max(m, the chunk's
   // scores); st = exp(st - m') (0 where that is below -87: masked scores are -3e38); l = the sum
   // of st over the chunk (`first`), else l exp(m - m') + that sum, with exp(m - m') in alpha;
@@ -56,12 +67,16 @@ struct AttentionIsa {
   // dst [hs, kBlockRows] = the `rows` rows (at most kBlockRows) of hs floats at src, ld apart,
   // transposed; 0 in the lanes past `rows` up to rows rounded up to 16, the rest left as it was.
   void (*transpose)(float* dst, const float* src, int rows, size_t ld, int hs);
+  // The same on 32-bit pairs of bf16: a block's rows of hs pairs.
+  void (*transpose_pairs)(uint32_t* dst, const uint32_t* src, int rows, size_t ld, int hs);
 };
 
 const AttentionIsa& attention_isa_scalar();
 const AttentionIsa& attention_isa_avx2();
 const AttentionIsa& attention_isa_avx512();
-// The level's loops; AVX2 only where the CPU has FMA too, else the scalar level's.
+const AttentionIsa& attention_isa_avx512_bf16();  // pair products on vdpbf16ps
+// The level's loops; AVX2 only where the CPU has FMA too, else the scalar level's; on AVX-512 the
+// pair products take vdpbf16ps where the CPU has AVX512-BF16.
 const AttentionIsa& attention_isa(zeroth::cpu::SimdLevel level);
 
 }  // namespace zeroth::gpt::cpu

@@ -1,9 +1,12 @@
 // Attention's inner loops without vectors (the scalar level): std::fma, so its bits are the vector
 // levels'. Also the dispatch between levels.
-#include <algorithm>  // std::min, std::fill
-#include <array>      // std::array
-#include <cmath>      // std::fma, std::ldexp, std::isnan
-#include <utility>    // std::integer_sequence
+#include <algorithm>    // std::min, std::fill
+#include <array>        // std::array
+#include <bit>          // std::bit_cast
+#include <cstdint>      // uint32_t
+#include <type_traits>  // std::is_same_v
+#include <cmath>        // std::fma, std::ldexp, std::isnan
+#include <utility>      // std::integer_sequence
 
 #include "models/gpt/cpu/attention_isa.h"
 
@@ -20,6 +23,12 @@ struct Lanes {
   static void store(float* p, F v) { *p = v; }
   static void store_part(float* p, F v, int /*n*/) { *p = v; }
   static F fma(F a, F b, F c) { return std::fma(a, b, c); }
+  // A pair of bf16, and each half as the f32 it stands for (the low half is the even term).
+  using U = uint32_t;
+  static U load_u(const uint32_t* p) { return *p; }
+  static U load_u_part(const uint32_t* p, int /*n*/) { return *p; }
+  static F low_half(U u) { return std::bit_cast<float>(u << 16); }
+  static F high_half(U u) { return std::bit_cast<float>(u & 0xffff0000u); }
   static F mul(F a, F b) { return a * b; }
   static F add(F a, F b) { return a + b; }
   static F sub(F a, F b) { return a - b; }
@@ -28,7 +37,10 @@ struct Lanes {
   static F min(F a, F b) { return a < b ? a : b; }
   static F scale_pow2(F p, F n) { return std::isnan(n) ? n : std::ldexp(p, static_cast<int>(n)); }
   static F zero_below(F v, F x, float t) { return x < t ? 0.0f : v; }
-  static void transpose(const float* src, size_t /*ld*/, float* dst, size_t /*ldd*/) { *dst = *src; }
+  template <class T>
+  static void transpose(const T* src, size_t /*ld*/, T* dst, size_t /*ldd*/) {
+    *dst = *src;
+  }
 };
 
 #include "models/gpt/cpu/attention_tile.inc"
@@ -39,7 +51,8 @@ const AttentionIsa& attention_isa_scalar() { return kIsa; }
 
 const AttentionIsa& attention_isa(zeroth::cpu::SimdLevel level) {
   switch (level) {
-    case zeroth::cpu::SimdLevel::avx512: return attention_isa_avx512();
+    case zeroth::cpu::SimdLevel::avx512:
+      return zeroth::cpu::cpu_features().avx512_bf16 ? attention_isa_avx512_bf16() : attention_isa_avx512();
     case zeroth::cpu::SimdLevel::avx2:
       // Every AVX2 CPU made has FMA, but the level does not promise it.
       if (zeroth::cpu::cpu_features().fma) return attention_isa_avx2();

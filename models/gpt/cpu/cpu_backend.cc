@@ -37,15 +37,15 @@ class CpuKernels final : public Kernels {
                        int OC) override {
     cpu::matmul_backward(dinp, dweight, dbias, dout, inp, weight.f32, N, IC, OC, weight.bf16);
   }
-  void attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int KVH, int hs) override {
-    cpu::attention_forward(out, att, qkv, B, T, NH, KVH, hs);
+  void attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int KVH, int hs, DType products) override {
+    cpu::attention_forward(out, att, qkv, B, T, NH, KVH, hs, products);
   }
   void attention_rows(float* out, float* att, const float* qkv, int pos, int n, int NH, int KVH, int hs) override {
     cpu::attention_rows(out, att, qkv, pos, n, NH, KVH, hs);
   }
   void attention_backward(float* dqkv, float* /*datt*/, const float* dout, const float* out, const float* qkv, const float* att, int B,
-                          int T, int NH, int KVH, int hs) override {
-    cpu::attention_backward(dqkv, dout, out, qkv, att, B, T, NH, KVH, hs);
+                          int T, int NH, int KVH, int hs, DType products) override {
+    cpu::attention_backward(dqkv, dout, out, qkv, att, B, T, NH, KVH, hs, products);
   }
   void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, size_t N, int groups, int C, size_t ld,
                        float eps) override {

@@ -228,12 +228,7 @@ const uint16_t* rounded(const float* x, size_t n, int slot) {
 
 // x rounded to bf16 as cpu::cast rounds (nearest even; a NaN stays a NaN), kept in f32: one pass.
 ZEROTH_ISA_CLONES void round_to_bf16(float* out, const float* x, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    const uint32_t u = std::bit_cast<uint32_t>(x[i]);
-    const uint32_t nearest = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u, cut = u & 0xffff0000u;
-    const uint32_t nan = (cut & 0x007f0000u) != 0 ? cut : (cut | 0x00400000u);
-    out[i] = std::bit_cast<float>((u & 0x7fffffffu) > 0x7f800000u ? nan : nearest);
-  }
+  for (size_t i = 0; i < n; ++i) out[i] = std::bit_cast<float>(static_cast<uint32_t>(bf16_of(x[i])) << 16);
 }
 
 const float* rounded_f32(const float* x, size_t n, int slot) {

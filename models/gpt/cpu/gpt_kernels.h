@@ -7,6 +7,8 @@
 #include <cstddef>  // size_t
 #include <cstdint>  // int32_t
 
+#include "core/dtype.h"  // DType
+
 namespace zeroth::gpt::cpu {
 
 // out[n, c] = wte[tokens[n] - v_lo, c] + wpe[n % T, c]: wte holds the vocabulary rows [v_lo, v_lo +
@@ -41,10 +43,17 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
 // (g = NH / KVH: grouped-query attention; KVH = NH is multi-head attention). out is [B, T, NH hs];
 // lse [B, NH, T] keeps each row's log-sum-exp of its scaled scores for backward. Runs by blocks
 // with an online softmax (attention.cc): no T x T matrix is held.
-void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int NH, int KVH, int hs);
+// `products` bf16 (a bf16 run's attention, as PyTorch's bf16 attention rounds): every product
+// takes its operands rounded to bf16, nearest even (queries, keys, values, the output gradient,
+// and the probabilities and score gradients as they are made), and accumulates in f32, on
+// AVX512-BF16 where the CPU has it; the softmax, its sums and every output stay f32. An odd head
+// size runs f32. f32: every product in f32.
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int NH, int KVH, int hs, DType products = DType::f32);
 // Generation with a key/value cache: rows [pos, pos + n) of qkv [pos + n, (NH + 2 KVH) hs] (one
 // sequence) attend causally over rows [0, pos + n); out [n, NH hs] is what attention_forward gives
-// for those rows of the whole sequence. att is scratch of NH n floats (the rows' log-sum-exp).
+// for those rows of the whole sequence, in f32 (a bf16 run's generation too: rounding the whole
+// cache for each new row would cost as much as the row's attention). att is scratch of NH n
+// floats (the rows' log-sum-exp).
 void attention_rows(float* out, float* att, const float* qkv, int pos, int n, int NH, int KVH, int hs);
 // How attention_backward splits its work: one pass, a task per key/value head; or two, dK and dV
 // by chunks of keys, then dQ by blocks of queries (more tasks, two more products a block and
@@ -52,9 +61,9 @@ void attention_rows(float* out, float* att, const float* qkv, int pos, int n, in
 // the threads.
 enum class AttentionPasses { by_threads, one, two };
 // dqkv is overwritten (a key/value head's gradient sums its query heads', in head order) from dout,
-// and the forward's out and lse.
+// and the forward's out and lse; `products` as the forward's.
 void attention_backward(float* dqkv, const float* dout, const float* out, const float* qkv, const float* lse, int B, int T, int NH,
-                        int KVH, int hs, AttentionPasses passes = AttentionPasses::by_threads);
+                        int KVH, int hs, DType products = DType::f32, AttentionPasses passes = AttentionPasses::by_threads);
 
 // RMSNorm (Zhang and Sennrich 2019, as Llama computes it): out = x * rstd * weight with rstd =
 // 1 / sqrt(mean(x^2) + eps), over rows of C channels. Row (n, j) of N x groups starts at n * ld + j * C

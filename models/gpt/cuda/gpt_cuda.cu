@@ -398,7 +398,9 @@ class CudaKernels final : public Kernels {
     long long shared_stride;  // between the group's heads in the key/value operand
   };
   static Groups groups_of(int NH, int KVH, int hs) { return NH == KVH ? Groups{1, NH, hs} : Groups{KVH, NH / KVH, 0}; }
-  void attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int KVH, int hs) override {
+  // f32 products whatever `products` asks (kernels.h).
+  void attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int KVH, int hs,
+                         DType /*products*/) override {
     const int W = (NH + 2 * KVH) * hs, Cq = NH * hs;
     const Groups G = groups_of(NH, KVH, hs);
     const float scale = 1.0f / sqrtf(static_cast<float>(hs)), zero = 0.0f, one = 1.0f;
@@ -444,7 +446,7 @@ class CudaKernels final : public Kernels {
     }
   }
   void attention_backward(float* dqkv, float* datt, const float* dout, const float* /*out*/, const float* qkv, const float* att, int B,
-                          int T, int NH, int KVH, int hs) override {
+                          int T, int NH, int KVH, int hs, DType /*products*/) override {
     const int W = (NH + 2 * KVH) * hs, Cq = NH * hs, g = NH / KVH;
     const Groups G = groups_of(NH, KVH, hs);
     const float scale = 1.0f / sqrtf(static_cast<float>(hs)), zero = 0.0f, one = 1.0f;

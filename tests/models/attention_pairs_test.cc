@@ -1,0 +1,242 @@
+// The bf16 pair products of the blocked attention's inner loops (models/gpt/cpu/attention_isa.h)
+// against float64 on the same bf16 values, on every ISA level this CPU runs: the AVX-512 level both
+// as vdpbf16ps (where the CPU has AVX512-BF16) and as its two fused multiply-adds. Each level must
+// give the same bits: the products of bf16 values are exact in f32, and every level adds a pair's
+// odd term and then its even term, rounding after each, as vdpbf16ps does (no operand or sum here
+// is subnormal, where vdpbf16ps would flush it). Against float64, an element is bounded by the
+// rounding of its dot product, gamma(terms + 2) times the sum of the terms' magnitudes (Higham 3.1).
+#include <gtest/gtest.h>
+
+#include <algorithm>  // std::max
+#include <cmath>      // std::abs, std::ldexp, std::frexp, std::nearbyint
+#include <cstdint>    // uint32_t
+#include <cstring>    // std::memcmp, std::memcpy
+#include <limits>     // std::numeric_limits
+#include <random>     // std::mt19937
+#include <string>     // std::string
+#include <utility>    // std::pair
+#include <vector>     // std::vector
+
+#include "core/cpu/kernels.h"  // supported_simd_levels, simd_level_name, cpu_features
+#include "models/gpt/cpu/attention_isa.h"
+
+namespace zeroth::gpt::cpu {
+namespace {
+
+using Vec = std::vector<float>;
+const double kU = std::ldexp(1.0, -24);  // f32's unit roundoff
+
+// x rounded to bf16's 8 significant bits, ties to even (frexp's mantissa scaled to 8 bits and
+// rounded by nearbyint, in the default rounding mode): not the kernels' bit trick.
+float bf16(float x) {
+  if (x == 0.0f) return x;
+  int e = 0;
+  const double m = std::frexp(static_cast<double>(x), &e);  // x = m 2^e, 0.5 <= |m| < 1
+  return static_cast<float>(std::ldexp(std::nearbyint(std::ldexp(m, 8)), e - 8));
+}
+
+uint32_t bits_of(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return u;
+}
+
+// The pair (even, odd) of two values exact in bf16: the low half holds the even term.
+uint32_t pair(float even, float odd) { return bits_of(even) >> 16 | (bits_of(odd) & 0xffff0000u); }
+
+// Values exact in bf16, uniform in (-spread, spread).
+Vec random_bf16(size_t n, std::mt19937& rng, float spread) {
+  std::uniform_real_distribution<float> u(-spread, spread);
+  Vec v(n);
+  for (float& x : v) x = bf16(u(rng));
+  return v;
+}
+
+// The levels' loops to compare: every level this CPU runs, and on AVX-512 with AVX512-BF16 its
+// emulated pair products too.
+std::vector<std::pair<std::string, const AttentionIsa*>> pair_levels() {
+  std::vector<std::pair<std::string, const AttentionIsa*>> out;
+  for (const auto level : zeroth::cpu::supported_simd_levels()) {
+    out.emplace_back(zeroth::cpu::simd_level_name(level), &attention_isa(level));
+    if (level == zeroth::cpu::SimdLevel::avx512 && zeroth::cpu::cpu_features().avx512_bf16) {
+      out.emplace_back("avx512 without vdpbf16ps", &attention_isa_avx512());
+    }
+  }
+  return out;
+}
+
+bool same_bits(const Vec& a, const Vec& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// A's terms [m, 2 k] (row i's terms 2p and 2p + 1 in pair p) as pairs, stored [m, k] or [k, m].
+std::vector<uint32_t> pairs_of_rows(const Vec& terms, int m, int k, bool transposed) {
+  std::vector<uint32_t> out(static_cast<size_t>(m) * k);
+  for (int i = 0; i < m; ++i) {
+    for (int p = 0; p < k; ++p) {
+      const float* t = terms.data() + static_cast<size_t>(i) * 2 * k + 2 * p;
+      out[transposed ? static_cast<size_t>(p) * m + i : static_cast<size_t>(i) * k + p] = pair(t[0], t[1]);
+    }
+  }
+  return out;
+}
+
+// B's rows [2 k, ldb] as pairs of rows [k, ldb].
+std::vector<uint32_t> pairs_of_row_pairs(const Vec& rows, int k, size_t ldb) {
+  std::vector<uint32_t> out(static_cast<size_t>(k) * ldb);
+  for (int p = 0; p < k; ++p) {
+    for (size_t j = 0; j < ldb; ++j) out[p * ldb + j] = pair(rows[2 * p * ldb + j], rows[(2 * p + 1) * ldb + j]);
+  }
+  return out;
+}
+
+// Shapes with every tail (rows past a tile, columns past a vector and a panel, one pair) and
+// attention's own: 64 queries x 128 keys x 32 pairs of channels, 64 x 64 x 64 pairs of keys.
+TEST(AttentionPairs, ProductsMatchFloat64AndEveryLevelGivesTheSameBits) {
+  struct Shape {
+    int m, n, k;
+  };
+  std::mt19937 rng(23);
+  double worst = 0;
+  for (const auto& [m, n, k] : {Shape{1, 1, 1}, Shape{7, 5, 3}, Shape{6, 16, 9}, Shape{13, 24, 65}, Shape{128, 64, 32},
+                                Shape{64, 64, 64}, Shape{5, 33, 17}, Shape{64, 8, 1}}) {
+    for (const bool transposed : {false, true}) {
+      for (const bool accumulate : {false, true}) {
+        SCOPED_TRACE(std::to_string(m) + " x " + std::to_string(n) + " x " + std::to_string(k) + " pairs" +
+                     (transposed ? ", A^T" : "") + (accumulate ? ", accumulate" : ""));
+        const size_t ldb = n + 3, ldc = n + 5;  // past n: sentinels the product must leave alone
+        const Vec a = random_bf16(static_cast<size_t>(m) * 2 * k, rng, 1), b = random_bf16(static_cast<size_t>(2 * k) * ldb, rng, 1),
+                  c0 = random_bf16(static_cast<size_t>(m) * ldc, rng, 1);
+        const std::vector<uint32_t> a2 = pairs_of_rows(a, m, k, transposed), b2 = pairs_of_row_pairs(b, k, ldb);
+        const size_t a_row = transposed ? 1 : k, a_col = transposed ? m : 1;
+        const float alpha = 0.375f;
+        Vec first_bits;
+        for (const auto& [level, isa] : pair_levels()) {
+          SCOPED_TRACE(level);
+          Vec c = c0;
+          isa->pair_product(PairProduct{m, n, k, alpha, a2.data(), a_row, a_col, b2.data(), ldb, c.data(), ldc, accumulate});
+          for (int i = 0; i < m; ++i) {
+            for (size_t j = 0; j < ldc; ++j) {
+              const float got = c[i * ldc + j];
+              if (j >= static_cast<size_t>(n)) {
+                ASSERT_EQ(got, c0[i * ldc + j]) << "wrote past the row's n columns at " << i << ", " << j;
+                continue;
+              }
+              double want = 0, magnitude = 0;
+              for (int p = 0; p < 2 * k; ++p) {
+                const double t = double(a[static_cast<size_t>(i) * 2 * k + p]) * b[p * ldb + j];
+                want += t, magnitude += std::abs(t);
+              }
+              want *= alpha, magnitude *= alpha;
+              if (accumulate) want += c0[i * ldc + j], magnitude += std::abs(c0[i * ldc + j]);
+              const double bound = (2 * k + 2) * kU / (1 - (2 * k + 2) * kU) * magnitude;
+              ASSERT_LE(std::abs(got - want), bound) << "at " << i << ", " << j;
+              worst = std::max(worst, std::abs(got - want) / bound);
+            }
+          }
+          if (first_bits.empty()) first_bits = c;
+          EXPECT_TRUE(same_bits(c, first_bits)) << level << " differs from the first level's bits";
+        }
+      }
+    }
+  }
+  std::printf("pair products: worst error %.3f of its bound on %zu level(s)\n", worst, pair_levels().size());
+}
+
+// What a diagonal chunk's pair products may leave out (Zeros, whose shift counts terms): every
+// element a row wants matches float64 with the same bits on every level, and what the mask hides is
+// skipped. A tile runs the pairs of its loosest row, at most 5 rows away, and a pair reaches one term
+// further: A holds 0 up to 6 terms past a row's own and NaN beyond, which a tile that summed them
+// would carry into C. For columns_before C keeps its sentinel more than 5 + 15 columns before a
+// row's first.
+TEST(AttentionPairs, CausalProductsSkipOnlyWhatTheMaskMakesNothing) {
+  constexpr int kRowReach = 6 - 1, kPairReach = kRowReach + 1, kColumnReach = kRowReach + 16 - 1;
+  struct Case {
+    Zeros zeros;
+    int m, n, k, shift;  // k pairs
+  };
+  std::mt19937 rng(29);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (const auto& [zeros, m, n, k, shift] :
+       {Case{Zeros::columns_before, 128, 64, 32, -64}, Case{Zeros::columns_before, 37, 48, 5, 5}, Case{Zeros::k_after, 64, 64, 64, 64},
+        Case{Zeros::k_after, 64, 64, 32, 0}, Case{Zeros::k_after, 19, 40, 35, -3}, Case{Zeros::k_after, 20, 40, 12, 1},
+        Case{Zeros::k_before, 128, 64, 32, -64}, Case{Zeros::k_before, 128, 64, 32, 0}, Case{Zeros::k_before, 50, 24, 17, 7},
+        Case{Zeros::k_before, 30, 24, 17, -1}}) {
+    for (const bool accumulate : {false, true}) {
+      SCOPED_TRACE(std::to_string(static_cast<int>(zeros)) + ": " + std::to_string(m) + " x " + std::to_string(n) + " x " +
+                   std::to_string(k) + " pairs, shift " + std::to_string(shift) + (accumulate ? ", accumulate" : ""));
+      auto term = [&](int i, int p) {
+        return zeros == Zeros::k_after ? p <= i + shift : zeros == Zeros::k_before ? p >= i + shift : true;
+      };
+      auto wanted = [&](int i, int j) { return zeros != Zeros::columns_before || j >= i + shift; };
+      Vec a = random_bf16(static_cast<size_t>(m) * 2 * k, rng, 1);
+      for (int i = 0; i < m; ++i) {
+        for (int p = 0; p < 2 * k; ++p) {
+          const int gap = zeros == Zeros::k_after ? p - (i + shift) : (i + shift) - p;
+          if (!term(i, p)) a[static_cast<size_t>(i) * 2 * k + p] = gap <= kPairReach ? 0.0f : nan;
+        }
+      }
+      const size_t ldb = n, ldc = n;
+      const Vec b = random_bf16(static_cast<size_t>(2 * k) * ldb, rng, 1), c0 = random_bf16(static_cast<size_t>(m) * ldc, rng, 1);
+      const std::vector<uint32_t> a2 = pairs_of_rows(a, m, k, false), b2 = pairs_of_row_pairs(b, k, ldb);
+      Vec first_bits;
+      for (const auto& [level, isa] : pair_levels()) {
+        SCOPED_TRACE(level);
+        Vec c = c0;
+        isa->pair_product(
+            PairProduct{m, n, k, 1.0f, a2.data(), static_cast<size_t>(k), 1, b2.data(), ldb, c.data(), ldc, accumulate, zeros, shift});
+        Vec bits;
+        for (int i = 0; i < m; ++i) {
+          for (int j = 0; j < n; ++j) {
+            const float got = c[i * ldc + j];
+            if (!wanted(i, j)) {
+              if (j < i + shift - kColumnReach) {
+                ASSERT_EQ(got, c0[i * ldc + j]) << "computed hidden " << i << ", " << j;
+              }
+              continue;
+            }
+            double want = accumulate ? c0[i * ldc + j] : 0, magnitude = std::abs(want);
+            for (int p = 0; p < 2 * k; ++p) {
+              if (!term(i, p)) continue;
+              const double t = double(a[static_cast<size_t>(i) * 2 * k + p]) * b[p * ldb + j];
+              want += t, magnitude += std::abs(t);
+            }
+            const double bound = (2 * k + 2) * kU / (1 - (2 * k + 2) * kU) * magnitude;
+            ASSERT_LE(std::abs(got - want), bound) << "at " << i << ", " << j;
+            bits.push_back(got);
+          }
+        }
+        if (first_bits.empty()) first_bits = bits;
+        EXPECT_TRUE(same_bits(bits, first_bits)) << "differs from the first level's bits";
+      }
+    }
+  }
+}
+
+// A block of pairs transposed: the same 32 bits moved, on every level, whole squares and edges.
+TEST(AttentionPairs, TransposedBlocksMoveThePairsWhole) {
+  std::mt19937 rng(31);
+  for (const int rows : {1, 16, 37, 64}) {
+    for (const int width : {8, 32, 35}) {
+      SCOPED_TRACE(std::to_string(rows) + " rows of " + std::to_string(width) + " pairs");
+      const size_t ld = width + 2;
+      std::vector<uint32_t> src(rows * ld);
+      for (auto& x : src) x = static_cast<uint32_t>(rng());
+      for (const auto& [level, isa] : pair_levels()) {
+        SCOPED_TRACE(level);
+        std::vector<uint32_t> dst(static_cast<size_t>(width) * kBlockRows, 0xdeadbeefu);
+        isa->transpose_pairs(dst.data(), src.data(), rows, ld, width);
+        const int lanes = (rows + 15) / 16 * 16;
+        for (int c = 0; c < width; ++c) {
+          for (int r = 0; r < kBlockRows; ++r) {
+            const uint32_t want = r < rows ? src[r * ld + c] : r < lanes ? 0u : 0xdeadbeefu;
+            ASSERT_EQ(dst[static_cast<size_t>(c) * kBlockRows + r], want) << "column " << c << ", row " << r;
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace zeroth::gpt::cpu
