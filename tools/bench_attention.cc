@@ -3,6 +3,7 @@
 // FLOPs, with the same threads, in the same run: the ceiling a kernel made of products can reach.
 // --dtype bf16 times a bf16 run's attention (bf16 products) against the library's bf16 GEMM.
 #include <algorithm>  // std::clamp, std::max
+#include <chrono>     // std::chrono::steady_clock
 #include <cmath>      // std::cbrt, std::sin
 #include <cstdio>     // std::printf
 #include <memory>     // std::make_shared
@@ -85,6 +86,12 @@ void run(const Options& o) {
     const double fwd_flops = 2.0 * 2.0 * B * NH * hs * (static_cast<double>(T) * (T + 1) / 2), bwd_flops = 2 * fwd_flops;
     Row r;
     r.T = T, r.fwd_flops = fwd_flops;
+    if (rows.empty()) {
+      // oneTBB wakes its workers on first use: for about 0.1 s after start the first row ran at one
+      // thread's rate. Run the kernel for 0.3 s before timing anything.
+      const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
+      while (std::chrono::steady_clock::now() < until) gpt::cpu::attention_forward(out, lse, qkv, B, T, NH, KVH, hs, products);
+    }
     r.fwd_s = median_seconds(o.reps, [&] { gpt::cpu::attention_forward(out, lse, qkv, B, T, NH, KVH, hs, products); });
     r.bwd_s = median_seconds(o.reps, [&] { gpt::cpu::attention_backward(dqkv, dout, out, qkv, lse, B, T, NH, KVH, hs, products); });
     r.fwd_gflops = fwd_flops / r.fwd_s / 1e9, r.bwd_gflops = bwd_flops / r.bwd_s / 1e9;

@@ -141,7 +141,7 @@ TEST(AttentionIsa, SoftmaxPassesMatchFloat64AndEveryLevelGivesTheScalarBits) {
       };
       for (const bool first : {true, false}) {
         Vec st = st0, m = m0, l = l0, alpha(Q, -1.0f);
-        isa.softmax_chunk(st.data(), n, lanes, m.data(), l.data(), alpha.data(), first);
+        isa.softmax_chunk(st.data(), n, lanes, m.data(), l.data(), alpha.data(), first, nullptr);
         untouched_past(st, st0, n, "softmax_chunk");
         untouched_past(m, m0, 1, "softmax_chunk's max");
         for (int i = 0; i < lanes; ++i) {
@@ -178,7 +178,7 @@ TEST(AttentionIsa, SoftmaxPassesMatchFloat64AndEveryLevelGivesTheScalarBits) {
         same_as_first_level(bits, "softmax_chunk");
       }
       Vec p = st0;
-      isa.probabilities_chunk(p.data(), n, lanes, lse.data());
+      isa.probabilities_chunk(p.data(), n, lanes, lse.data(), nullptr);
       untouched_past(p, st0, n, "probabilities_chunk");
       for (int j = 0; j < n; ++j) {
         for (int i = 0; i < lanes; ++i) {
@@ -192,7 +192,7 @@ TEST(AttentionIsa, SoftmaxPassesMatchFloat64AndEveryLevelGivesTheScalarBits) {
       }
       same_as_first_level(p, "probabilities_chunk");
       Vec ds = dp0;
-      isa.softmax_grad_chunk(ds.data(), p.data(), n, lanes, d.data(), 0.125f);
+      isa.softmax_grad_chunk(ds.data(), p.data(), n, lanes, d.data(), 0.125f, nullptr, nullptr);
       untouched_past(ds, dp0, n, "softmax_grad_chunk");
       for (int j = 0; j < n; ++j) {
         for (int i = 0; i < lanes; ++i) {
@@ -205,7 +205,7 @@ TEST(AttentionIsa, SoftmaxPassesMatchFloat64AndEveryLevelGivesTheScalarBits) {
 
       Vec nan_st = st0, m = m0, l = l0, alpha(Q);
       nan_st[3 * Q + 7] = std::numeric_limits<float>::quiet_NaN();
-      isa.softmax_chunk(nan_st.data(), n, lanes, m.data(), l.data(), alpha.data(), false);
+      isa.softmax_chunk(nan_st.data(), n, lanes, m.data(), l.data(), alpha.data(), false, nullptr);
       EXPECT_TRUE(std::isnan(nan_st[3 * Q + 7])) << "a NaN score's exp is not NaN";
       EXPECT_TRUE(std::isnan(l[7])) << "a NaN score left its query's sum finite";
       for (int i = 0; i < lanes; ++i) {

@@ -238,5 +238,130 @@ TEST(AttentionPairs, TransposedBlocksMoveThePairsWhole) {
   }
 }
 
+// The softmax passes' bf16 outputs are their f32 results rounded and paired: by pairs of keys
+// (softmax_chunk, softmax_grad_chunk) and along each key's lanes (probabilities_chunk,
+// softmax_grad_chunk), on every level, with a NaN score kept a NaN; the running max and sum are the
+// f32 pass's bits. 37 keys (an odd last key, paired with 0), 16 to 64 lanes.
+TEST(AttentionPairs, SoftmaxPassesPairTheirRoundedResults) {
+  const int n = 37, Q = kBlockRows;
+  std::mt19937 rng(37);
+  Vec st0(static_cast<size_t>(n) * Q), dp0(st0.size());
+  std::uniform_real_distribution<float> u(-6, 6);
+  for (float& x : st0) x = u(rng);
+  for (float& x : dp0) x = u(rng) / 6;
+  for (int j = 0; j < n; ++j) {
+    for (int i = 0; i < j % 9; ++i) st0[j * Q + i] = -3.0e38f;  // masked: exp exactly 0
+  }
+  st0[9 * Q + 3] = std::numeric_limits<float>::quiet_NaN();
+  Vec m0(Q), l0(Q), lse(Q), d(Q);
+  for (int i = 0; i < Q; ++i) m0[i] = u(rng), l0[i] = 2 + u(rng) / 6, lse[i] = u(rng) / 2, d[i] = u(rng) / 12;
+  // The half of a pair that stands for x: x rounded, or a NaN for a NaN.
+  auto expect_half = [](uint32_t half, float x, const std::string& where) {
+    if (std::isnan(x)) {
+      EXPECT_TRUE((half & 0x7f80u) == 0x7f80u && (half & 0x7fu) != 0) << where << ": a NaN lost";
+    } else {
+      EXPECT_EQ(half, bits_of(bf16(x)) >> 16) << where << ": " << x;
+    }
+  };
+  for (const auto& [level, isa] : pair_levels()) {
+    for (const int lanes : {16, 48, 64}) {
+      SCOPED_TRACE(level + ", " + std::to_string(lanes) + " lanes");
+      const size_t pair_rows = static_cast<size_t>(n + 1) / 2 * Q, along_rows = static_cast<size_t>(n) * Q / 2;
+      // softmax_chunk: f32, then in pairs from the same state.
+      Vec st = st0, m = m0, l = l0, alpha(Q), m2 = m0, l2 = l0, alpha2(Q), st2 = st0;
+      std::vector<uint32_t> pairs(pair_rows);
+      isa->softmax_chunk(st.data(), n, lanes, m.data(), l.data(), alpha.data(), false, nullptr);
+      isa->softmax_chunk(st2.data(), n, lanes, m2.data(), l2.data(), alpha2.data(), false, pairs.data());
+      EXPECT_TRUE(same_bits(st2, st0)) << "the paired softmax wrote the scores";
+      for (int i = 0; i < lanes; ++i) {
+        ASSERT_EQ(bits_of(m[i]), bits_of(m2[i])) << "max, lane " << i;
+        ASSERT_TRUE(bits_of(l[i]) == bits_of(l2[i]) && bits_of(alpha[i]) == bits_of(alpha2[i])) << "sum, lane " << i;
+      }
+      for (int j = 0; j < n; ++j) {
+        for (int i = 0; i < lanes; ++i) {
+          const uint32_t pr = pairs[static_cast<size_t>(j / 2) * Q + i];
+          expect_half(j % 2 == 0 ? pr & 0xffffu : pr >> 16, st[j * Q + i], "exp by pairs of keys, key " + std::to_string(j));
+          if (j == n - 1) {
+            EXPECT_EQ(pr >> 16, 0u) << "the last key's partner";
+          }
+        }
+      }
+      // probabilities_chunk: its f32 result and the same along the lanes.
+      Vec p = st0;
+      std::vector<uint32_t> along(along_rows);
+      isa->probabilities_chunk(p.data(), n, lanes, lse.data(), along.data());
+      Vec p_f32 = st0;
+      isa->probabilities_chunk(p_f32.data(), n, lanes, lse.data(), nullptr);
+      EXPECT_TRUE(same_bits(p, p_f32));
+      for (int j = 0; j < n; ++j) {
+        for (int i = 0; i < lanes; ++i) {
+          const uint32_t pr = along[static_cast<size_t>(j) * Q / 2 + i / 2];
+          expect_half(i % 2 == 0 ? pr & 0xffffu : pr >> 16, p[j * Q + i], "probability along, key " + std::to_string(j));
+        }
+      }
+      // softmax_grad_chunk on those probabilities: f32, then both pairings.
+      Vec ds = dp0, ds2 = dp0;
+      std::vector<uint32_t> ds_along(along_rows), ds_pairs(pair_rows);
+      isa->softmax_grad_chunk(ds.data(), p.data(), n, lanes, d.data(), 0.125f, nullptr, nullptr);
+      isa->softmax_grad_chunk(ds2.data(), p.data(), n, lanes, d.data(), 0.125f, ds_along.data(), ds_pairs.data());
+      for (int j = 0; j < n; ++j) {
+        for (int i = 0; i < lanes; ++i) {
+          const uint32_t by_keys = ds_pairs[static_cast<size_t>(j / 2) * Q + i],
+                         by_lanes = ds_along[static_cast<size_t>(j) * Q / 2 + i / 2];
+          const std::string key = std::to_string(j);
+          expect_half(j % 2 == 0 ? by_keys & 0xffffu : by_keys >> 16, ds[j * Q + i], "score gradient by pairs of keys, key " + key);
+          expect_half(i % 2 == 0 ? by_lanes & 0xffffu : by_lanes >> 16, ds[j * Q + i], "score gradient along, key " + key);
+        }
+      }
+    }
+  }
+}
+
+// The packs of keys, values and a block's rows: rounded and paired along each row or by pairs of
+// rows, on every level, over widths past and short of a vector and an odd count of rows or values
+// (their last partner 0); nothing written past the pairs asked for.
+TEST(AttentionPairs, PacksRoundAndPairAsTheirLayoutsSay) {
+  std::mt19937 rng(43);
+  for (const int rows : {1, 6, 7}) {
+    for (const int width : {5, 16, 64, 70}) {
+      SCOPED_TRACE(std::to_string(rows) + " rows of " + std::to_string(width));
+      const size_t ld = width + 3, ldd = width + 2;
+      Vec src(rows * ld);
+      std::uniform_real_distribution<float> u(-4, 4);
+      for (float& x : src) x = u(rng);
+      auto half = [](uint32_t pr, bool high) { return high ? pr >> 16 : pr & 0xffffu; };
+      auto want = [&](int r, int c) { return r < rows && c < width ? bits_of(bf16(src[r * ld + c])) >> 16 : 0u; };
+      for (const auto& [level, isa] : pair_levels()) {
+        SCOPED_TRACE(level);
+        std::vector<uint32_t> along(rows * ldd, 0xdeadbeefu), paired((rows + 1) / 2 * ldd, 0xdeadbeefu);
+        isa->pack_along_rows(along.data(), ldd, src.data(), ld, rows, width);
+        isa->pack_row_pairs(paired.data(), ldd, src.data(), ld, rows, width);
+        for (int r = 0; r < rows; ++r) {
+          for (size_t c = 0; c < ldd; ++c) {
+            const uint32_t got = along[r * ldd + c];
+            if (c >= static_cast<size_t>(width + 1) / 2) {
+              ASSERT_EQ(got, 0xdeadbeefu) << "along: wrote past the pairs at " << r << ", " << c;
+              continue;
+            }
+            ASSERT_EQ(half(got, false), want(r, 2 * c)) << "along " << r << ", " << c;
+            ASSERT_EQ(half(got, true), want(r, 2 * c + 1)) << "along " << r << ", " << c;
+          }
+        }
+        for (int r = 0; r < (rows + 1) / 2; ++r) {
+          for (size_t c = 0; c < ldd; ++c) {
+            const uint32_t got = paired[r * ldd + c];
+            if (c >= static_cast<size_t>(width)) {
+              ASSERT_EQ(got, 0xdeadbeefu) << "by pairs of rows: wrote past the row at " << r << ", " << c;
+              continue;
+            }
+            ASSERT_EQ(half(got, false), want(2 * r, c)) << "by pairs of rows " << r << ", " << c;
+            ASSERT_EQ(half(got, true), want(2 * r + 1, c)) << "by pairs of rows " << r << ", " << c;
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace zeroth::gpt::cpu

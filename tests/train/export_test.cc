@@ -168,8 +168,10 @@ TEST(GptWeights, SaveInHuggingFaceNamesAndLayoutsWithTheMasterValues) {
 // PyTorch reads the file by itself (tests/reference/hf_gpt2_loss.py: the header parsed by hand, a
 // GPT-2 forward in Hugging Face's layout) and computes the loss zeroth's evaluation computes for
 // the same batch with the same weights: f32 weights from an f32 run, and bf16 weights from a bf16
-// run (whose kernels widen the bf16 weights and compute in f32, as the script does). Bound: 1e-5
-// relative, the order of f32 sums in the kernels (measured 6.7e-8 in both).
+// run, which the script widens and computes with in f32. Bound: f32 1e-5 relative, the order of f32
+// sums in the kernels (measured 6.7e-8); bf16 1e-4, as zeroth's bf16 evaluation also rounds the
+// products' activations and attention's operands to bf16, which the script does not (measured
+// 1.6e-5). A weight misplaced or misread moves the loss by far more.
 TEST(GptWeights, PyTorchReadsThemAndComputesZerothsLoss) {
   ASSERT_EQ(std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1"), 0)
       << "/usr/bin/python3 cannot import torch: Debian's python3-torch is missing (tools/install-deps.sh installs it)";
@@ -207,7 +209,7 @@ TEST(GptWeights, PyTorchReadsThemAndComputesZerothsLoss) {
     const double torch_loss = result["loss"].get<double>();
     std::printf("%s: zeroth %.7f, PyTorch from the file %.7f (relative %.2g)\n", std::string(dtype_name(dtype)).c_str(), zeroth_loss,
                 torch_loss, std::abs(torch_loss - zeroth_loss) / zeroth_loss);
-    EXPECT_NEAR(torch_loss, zeroth_loss, 1e-5 * zeroth_loss) << out;
+    EXPECT_NEAR(torch_loss, zeroth_loss, (dtype == DType::f32 ? 1e-5 : 1e-4) * zeroth_loss) << out;
     std::filesystem::remove(path);
     std::filesystem::remove(batch_path);
   }

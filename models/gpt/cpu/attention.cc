@@ -12,8 +12,9 @@
 //
 // A bf16 run's products take bf16 pairs (attention_isa.h's PairProduct): two terms of a dot product
 // in 32 bits. Keys and values are packed once a call, the block's queries and output gradient once
-// a block, probabilities and score gradients once a chunk, each in the layout its product reads:
-// along the dot product's terms where it is A, by pairs of rows where it is B, or transposed.
+// a block, each in the layout its product reads: along the dot product's terms where it is A, by
+// pairs of rows where it is B, or transposed. The softmax passes write the probabilities and the
+// score gradients as pairs themselves, so those take no pass of their own.
 #include <algorithm>  // std::min, std::max, std::clamp, std::fill
 #include <cmath>      // std::sqrt, std::log
 #include <cstdint>    // uint32_t
@@ -95,32 +96,11 @@ void multiply_pairs(int m, int n, int k, float alpha, const uint32_t* a, size_t 
   isa().pair_product(PairProduct{m, n, k, alpha, a, a_row, a_col, b, ldb, c, ldc, accumulate, zeros, shift});
 }
 
-uint32_t pair_of(float even, float odd) { return bf16_of(even) | static_cast<uint32_t>(bf16_of(odd)) << 16; }
-
-// dst's row r (ldd apart) = src's row r (ld apart) of `width` floats, rounded to bf16 and paired
-// along the row ((width + 1) / 2 pairs, 0 past width), for r < rows.
-ZEROTH_ISA_CLONES void pack_along_rows(uint32_t* dst, size_t ldd, const float* src, size_t ld, int rows, int width) {
-  for (int r = 0; r < rows; ++r) {
-    const float* s = src + r * ld;
-    uint32_t* d = dst + r * ldd;
-    for (int c = 0; c < width / 2; ++c) d[c] = pair_of(s[2 * c], s[2 * c + 1]);
-    if (width % 2 != 0) d[width / 2] = pair_of(s[width - 1], 0.0f);
-  }
+void pack_along_rows(uint32_t* dst, size_t ldd, const float* src, size_t ld, int rows, int width) {
+  isa().pack_along_rows(dst, ldd, src, ld, rows, width);
 }
-
-// dst's row r (ldd apart) = src's rows 2r and 2r + 1 (ld apart) of `width` floats, rounded to bf16
-// and paired column by column, for r < (rows + 1) / 2; the row past `rows` counts as 0.
-ZEROTH_ISA_CLONES void pack_row_pairs(uint32_t* dst, size_t ldd, const float* src, size_t ld, int rows, int width) {
-  for (int r = 0; r < rows / 2; ++r) {
-    const float *even = src + 2 * r * ld, *odd = even + ld;
-    uint32_t* d = dst + r * ldd;
-    for (int c = 0; c < width; ++c) d[c] = pair_of(even[c], odd[c]);
-  }
-  if (rows % 2 != 0) {
-    const float* even = src + (rows - 1) * ld;
-    uint32_t* d = dst + rows / 2 * ldd;
-    for (int c = 0; c < width; ++c) d[c] = pair_of(even[c], 0.0f);
-  }
+void pack_row_pairs(uint32_t* dst, size_t ldd, const float* src, size_t ld, int rows, int width) {
+  isa().pack_row_pairs(dst, ldd, src, ld, rows, width);
 }
 
 // dst [hs / 2, kBlockRows] = `rows` rows of hs floats at src (ld apart), rounded, paired along the
@@ -221,14 +201,13 @@ void blocked_forward(float* out, float* lse, const float* qkv, int B, int pos, i
       mask_chunk(st, width, lanes, c0, a0, kMasked);
       // The first chunk holds key 0, which every query sees; a later one may hold none of a
       // query's keys (a block not aligned to the chunks, in generation) and leaves it as it was.
-      isa().softmax_chunk(st, width, lanes, m, l, alpha, c0 == 0);
+      isa().softmax_chunk(st, width, lanes, m, l, alpha, c0 == 0, p2);  // in pairs: P by pairs of keys
       if (c0 > 0) {
         // The output so far was weighed against smaller maxima.
         for (int r = 0; r < rows; ++r) scale_row(o + r * Cq, hs, alpha[r]);
       }
       // O (+)= P V: query a0 + i over the keys up to a0 + i.
       if (pairs) {
-        pack_row_pairs(p2, kRows, st, kRows, width, lanes);
         multiply_pairs(rows, hs, (width + 1) / 2, 1.0f, p2, 1, kRows, v2 + c0 / 2 * hs, hs, o, Cq, c0 > 0, Zeros::k_after, a0 - c0);
       } else {
         multiply(rows, hs, width, 1.0f, st, 1, kRows, v + c0 * W, W, o, Cq, c0 > 0, Zeros::k_after, a0 - c0);
@@ -325,12 +304,17 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
     // those up to i0 + i.
     const int ahead = c0 - x.i0, met = std::clamp(x.i0 - c0, 0, n);
     const bool first_head = x.h % at.g == 0;
-    // In pairs: P or dS^T along each key's row (A of P^T dY, dS^T Q), dS by pairs of keys (A of dS K).
+    // In pairs, the softmax passes give P and dS^T along each key's row (A of P^T dY, dS^T Q), and
+    // dS by pairs of keys (A of dS K).
     const size_t kvh = static_cast<size_t>(x.h / at.g), head = kv.rows_at(b, static_cast<int>(kvh), at.KVH);
-    uint32_t* along = pairs ? thread_buffer<uint32_t>(0, static_cast<size_t>(kKeys) * kRows / 2) : nullptr;
-    auto add_to_keys = [&](const float* grad_t, const float* rhs, size_t ld, const uint32_t* rhs2, float* to) {
+    uint32_t *p_along = nullptr, *ds_along = nullptr, *ds_pairs = nullptr;
+    if (pairs) {
+      p_along = thread_buffer<uint32_t>(0, static_cast<size_t>(kKeys) * kRows / 2);
+      ds_along = thread_buffer<uint32_t>(1, static_cast<size_t>(kKeys) * kRows / 2);
+      ds_pairs = thread_buffer<uint32_t>(6, static_cast<size_t>(kKeys) / 2 * kRows);
+    }
+    auto add_to_keys = [&](const float* grad_t, const float* rhs, size_t ld, const uint32_t* along, const uint32_t* rhs2, float* to) {
       if (pairs) {
-        pack_along_rows(along, kRows / 2, grad_t, kRows, n, lanes);
         const int k = (rows + 1) / 2;
         multiply_pairs(met, hs, k, 1.0f, along, kRows / 2, 1, rhs2, hs, to + c0 * W, W, true, Zeros::k_before, ahead);
         multiply_pairs(n - met, hs, k, 1.0f, along + met * kRows / 2, kRows / 2, 1, rhs2, hs, to + (c0 + met) * W, W, !first_head,
@@ -349,8 +333,8 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
       multiply(n, lanes, hs, scale, kc, W, 1, x.qt, kRows, pt, kRows, false, Zeros::columns_before, ahead);
     }
     mask_chunk(pt, n, lanes, c0, x.i0, kMasked);
-    isa().probabilities_chunk(pt, n, lanes, x.lse);
-    if (want_kv) add_to_keys(pt, x.dy, Cq, x.dy2, dseq + at.v(x.h));  // dV += P^T dY
+    isa().probabilities_chunk(pt, n, lanes, x.lse, p_along);
+    if (want_kv) add_to_keys(pt, x.dy, Cq, p_along, x.dy2, dseq + at.v(x.h));  // dV += P^T dY
     // dP^T = V dY^T
     if (pairs) {
       multiply_pairs(n, lanes, hs / 2, 1.0f, kv.v_rows + head + c0 * hs / 2, hs / 2, 1, x.dyt2, kRows, dst, kRows, false,
@@ -359,19 +343,17 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
       multiply(n, lanes, hs, 1.0f, vc, W, 1, x.dyt, kRows, dst, kRows, false, Zeros::columns_before, ahead);
     }
     mask_chunk(dst, n, lanes, c0, x.i0, 0.0f);
-    isa().softmax_grad_chunk(dst, pt, n, lanes, x.d, scale);  // dS^T
+    isa().softmax_grad_chunk(dst, pt, n, lanes, x.d, scale, ds_along, ds_pairs);  // dS^T
     if (want_q) {
       float* dq = dseq + x.i0 * W + at.q(x.h);
       if (pairs) {  // dQ (+)= dS K
-        uint32_t* ds2 = thread_buffer<uint32_t>(1, static_cast<size_t>(kKeys) / 2 * kRows);
-        pack_row_pairs(ds2, kRows, dst, kRows, n, lanes);
         const uint32_t* k2 = kv.k_row_pairs + kv.pairs_at(b, static_cast<int>(kvh), at.KVH) + c0 / 2 * hs;
-        multiply_pairs(rows, hs, (n + 1) / 2, 1.0f, ds2, 1, kRows, k2, hs, dq, W, c0 > 0, Zeros::k_after, -ahead);
+        multiply_pairs(rows, hs, (n + 1) / 2, 1.0f, ds_pairs, 1, kRows, k2, hs, dq, W, c0 > 0, Zeros::k_after, -ahead);
       } else {
         multiply(rows, hs, n, 1.0f, dst, 1, kRows, kc, W, dq, W, c0 > 0, Zeros::k_after, -ahead);
       }
     }
-    if (want_kv) add_to_keys(dst, x.q, W, x.q2, dseq + at.k(x.h));  // dK += dS^T Q
+    if (want_kv) add_to_keys(dst, x.q, W, ds_along, x.q2, dseq + at.k(x.h));  // dK += dS^T Q
   };
 
   if (passes == AttentionPasses::by_threads) {

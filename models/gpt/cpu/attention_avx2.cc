@@ -10,6 +10,7 @@
 #include <utility>      // std::integer_sequence
 
 #include "models/gpt/cpu/attention_isa.h"
+#include "models/gpt/cpu/bf16_round.h"  // bf16_of, pair_of
 
 namespace zeroth::gpt::cpu {
 namespace {
@@ -32,6 +33,29 @@ struct Lanes {
   static U load_u_part(const uint32_t* p, int n) { return _mm256_maskload_epi32(reinterpret_cast<const int*>(p), first(n)); }
   static F low_half(U u) { return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16)); }
   static F high_half(U u) { return _mm256_castsi256_ps(_mm256_and_si256(u, _mm256_set1_epi32(static_cast<int>(0xffff0000u)))); }
+  static void store_u(uint32_t* p, U u) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), u); }
+  // x rounded to bf16 as bf16_of rounds (nearest even; a NaN stays a NaN), in each lane's low half.
+  static U bf16_bits(F x) {
+    const U u = _mm256_castps_si256(x), cut = _mm256_srli_epi32(u, 16), one = _mm256_set1_epi32(1);
+    const U nearest = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_and_si256(cut, one), _mm256_set1_epi32(0x7fff))),
+                                        16);
+    const U quiet = _mm256_cmpeq_epi32(_mm256_and_si256(cut, _mm256_set1_epi32(0x7f)), _mm256_setzero_si256());
+    const U nan = _mm256_or_si256(cut, _mm256_and_si256(quiet, _mm256_set1_epi32(0x40)));
+    const U is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+    return _mm256_blendv_epi8(nearest, nan, is_nan);
+  }
+  // Lane i: the pair (even[i], odd[i]) in bf16.
+  static U pair_rows(F even, F odd) { return _mm256_or_si256(bf16_bits(even), _mm256_slli_epi32(bf16_bits(odd), 16)); }
+  // The 16 lanes of lo then hi as 8 bf16 pairs of neighbours at dst: each 64-bit lane's two
+  // roundings joined in its low 32 bits, those gathered in order.
+  static void store_pairs_along(uint32_t* dst, F lo, F hi) {
+    auto joined = [](F x) {
+      const U b = bf16_bits(x);
+      return _mm256_castsi256_ps(_mm256_or_si256(b, _mm256_srli_epi64(b, 16)));
+    };
+    const __m256 lows = _mm256_shuffle_ps(joined(lo), joined(hi), 0x88);  // lo 0 2, hi 0 2 | lo 4 6, hi 4 6
+    store_u(dst, _mm256_permute4x64_epi64(_mm256_castps_si256(lows), 0xd8));
+  }
   static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
   static F add(F a, F b) { return _mm256_add_ps(a, b); }
   static F sub(F a, F b) { return _mm256_sub_ps(a, b); }

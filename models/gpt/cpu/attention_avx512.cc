@@ -11,6 +11,7 @@
 #include <utility>      // std::integer_sequence
 
 #include "models/gpt/cpu/attention_isa.h"
+#include "models/gpt/cpu/bf16_round.h"  // bf16_of, pair_of
 
 namespace zeroth::gpt::cpu {
 namespace {

@@ -10,6 +10,7 @@
 #include <utility>      // std::integer_sequence
 
 #include "models/gpt/cpu/attention_isa.h"
+#include "models/gpt/cpu/bf16_round.h"  // bf16_of, pair_of
 
 namespace zeroth::gpt::cpu {
 namespace {
@@ -17,6 +18,17 @@ namespace {
 #include "models/gpt/cpu/attention_avx512_lanes.inc"
 
 struct Lanes : Avx512Lanes {
+  // The roundings on vcvtne2ps2bf16 (nearest even; it reads a subnormal as 0, as vdpbf16ps does).
+  static U pair_rows(F even, F odd) {
+    // [even's 16, odd's 16] in bf16, interleaved.
+    const __m512i both = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(odd, even));
+    const __m512i order = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4,
+                                           19, 3, 18, 2, 17, 1, 16, 0);
+    return _mm512_permutexvar_epi16(order, both);
+  }
+  static void store_pairs_along(uint32_t* dst, F lo, F hi) {
+    _mm512_storeu_si512(dst, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo)));
+  }
   struct NativePairs {
     using A = __m512i;
     using B = __m512i;

@@ -49,6 +49,7 @@ using PairProduct = ProductOf<uint32_t>;
 // softmax pass is element-wise across the queries and sums run down the keys in order.
 inline constexpr int kBlockRows = 64;
 
+// Pairs past `lanes` in the bf16 outputs, up to the next 32 lanes, may be written with any value.
 // The softmax passes run over the first `lanes` queries of each row (a multiple of 16, at most
 // kBlockRows: a block's rows rounded up, so generation's single row costs 16 lanes, not 64).
 struct AttentionIsa {
@@ -58,17 +59,28 @@ struct AttentionIsa {
   // The online softmax's step over a chunk of n keys: per query lane, m' = max(m, the chunk's
   // scores); st = exp(st - m') (0 where that is below -87: masked scores are -3e38); l = the sum
   // of st over the chunk (`first`), else l exp(m - m') + that sum, with exp(m - m') in alpha;
-  // m = m'.
-  void (*softmax_chunk)(float* st, int n, int lanes, float* m, float* l, float* alpha, bool first);
-  // st = exp(st - lse), lse per query lane.
-  void (*probabilities_chunk)(float* st, int n, int lanes, const float* lse);
-  // dst = pt (dst - d) scale, d per query lane.
-  void (*softmax_grad_chunk)(float* dst, const float* pt, int n, int lanes, const float* d, float scale);
+  // m = m'. With `row_pairs` the exps go there instead, as bf16 by pairs of keys (row j / 2 of
+  // kBlockRows pairs: keys j and j + 1 of each lane; a last odd key's partner 0), and st is left
+  // as it was.
+  void (*softmax_chunk)(float* st, int n, int lanes, float* m, float* l, float* alpha, bool first, uint32_t* row_pairs);
+  // st = exp(st - lse), lse per query lane; with `along`, also as bf16 pairs along each key's row
+  // (row j of kBlockRows / 2 pairs: lanes 2i and 2i + 1).
+  void (*probabilities_chunk)(float* st, int n, int lanes, const float* lse, uint32_t* along);
+  // dst = pt (dst - d) scale, d per query lane. With `along` and `row_pairs`, the result goes to
+  // both as bf16 pairs (as above) instead, and dst is left as it was.
+  void (*softmax_grad_chunk)(float* dst, const float* pt, int n, int lanes, const float* d, float scale, uint32_t* along,
+                             uint32_t* row_pairs);
   // dst [hs, kBlockRows] = the `rows` rows (at most kBlockRows) of hs floats at src, ld apart,
   // transposed; 0 in the lanes past `rows` up to rows rounded up to 16, the rest left as it was.
   void (*transpose)(float* dst, const float* src, int rows, size_t ld, int hs);
   // The same on 32-bit pairs of bf16: a block's rows of hs pairs.
   void (*transpose_pairs)(uint32_t* dst, const uint32_t* src, int rows, size_t ld, int hs);
+  // dst's row r (ldd apart) = src's row r (ld apart) of `width` floats rounded to bf16 and paired
+  // along the row ((width + 1) / 2 pairs; a last odd value's partner 0), for r < rows.
+  void (*pack_along_rows)(uint32_t* dst, size_t ldd, const float* src, size_t ld, int rows, int width);
+  // dst's row r (ldd apart) = src's rows 2r and 2r + 1 (ld apart) of `width` floats rounded to bf16
+  // and paired column by column, for r < (rows + 1) / 2; the row past `rows` counts as 0.
+  void (*pack_row_pairs)(uint32_t* dst, size_t ldd, const float* src, size_t ld, int rows, int width);
 };
 
 const AttentionIsa& attention_isa_scalar();

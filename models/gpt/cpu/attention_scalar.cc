@@ -9,6 +9,7 @@
 #include <utility>      // std::integer_sequence
 
 #include "models/gpt/cpu/attention_isa.h"
+#include "models/gpt/cpu/bf16_round.h"  // bf16_of, pair_of
 
 namespace zeroth::gpt::cpu {
 namespace {
@@ -29,6 +30,10 @@ struct Lanes {
   static U load_u_part(const uint32_t* p, int /*n*/) { return *p; }
   static F low_half(U u) { return std::bit_cast<float>(u << 16); }
   static F high_half(U u) { return std::bit_cast<float>(u & 0xffff0000u); }
+  static void store_u(uint32_t* p, U u) { *p = u; }
+  static U pair_rows(F even, F odd) { return pair_of(even, odd); }
+  // One lane and its neighbour (W = 1).
+  static void store_pairs_along(uint32_t* dst, F lo, F hi) { *dst = pair_rows(lo, hi); }
   static F mul(F a, F b) { return a * b; }
   static F add(F a, F b) { return a + b; }
   static F sub(F a, F b) { return a - b; }

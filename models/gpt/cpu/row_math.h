@@ -9,7 +9,8 @@
 #include <cstdint>  // int32_t
 #include <cstring>  // std::memcpy
 
-#include "core/cpu/kernels.h"  // cpu::num_threads
+#include "core/cpu/kernels.h"           // cpu::num_threads
+#include "models/gpt/cpu/bf16_round.h"  // bf16_of
 
 #ifdef ZEROTH_NO_ISA_CLONES
 #define ZEROTH_ISA_CLONES
@@ -40,16 +41,6 @@ inline float fast_exp(float x_in) {
   float scale;
   std::memcpy(&scale, &e, sizeof scale);
   return x_in < -87.0f ? 0.0f : p * scale;
-}
-
-// x rounded to bf16, nearest even, as cpu::cast rounds (a NaN stays a NaN: its payload's high bits,
-// or a quiet bit where those are all 0).
-inline uint16_t bf16_of(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  const uint32_t nearest = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, cut = u >> 16;
-  const uint32_t nan = (cut & 0x007fu) != 0 ? cut : (cut | 0x0040u);
-  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? nan : nearest);
 }
 
 // Row loops of gpt_kernels.cc, cloned per ISA there. Sums and maxima run in 16 lanes combined in a
