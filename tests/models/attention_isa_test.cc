@@ -16,6 +16,7 @@
 
 #include "core/cpu/kernels.h"  // supported_simd_levels, simd_level_name
 #include "models/gpt/cpu/attention_isa.h"
+#include "tests/models/causal_product_check.h"
 
 namespace zeroth::gpt::cpu {
 namespace {
@@ -64,30 +65,10 @@ TEST(AttentionIsa, ProductsMatchFloat64AndEveryLevelGivesTheScalarBits) {
           SCOPED_TRACE(name(level));
           Vec c = c0;
           attention_isa(level).product(Product{m, n, k, alpha, a.data(), a_row, a_col, b.data(), ldb, c.data(), ldc, accumulate});
-          for (int i = 0; i < m; ++i) {
-            for (size_t j = 0; j < ldc; ++j) {
-              const float got = c[i * ldc + j];
-              if (j >= static_cast<size_t>(n)) {
-                ASSERT_EQ(got, c0[i * ldc + j]) << "wrote past the row's n columns at " << i << ", " << j;
-                continue;
-              }
-              double want = 0, magnitude = 0;
-              for (int p = 0; p < k; ++p) {
-                const double t = double(a[i * a_row + p * a_col]) * b[p * ldb + j];
-                want += t;
-                magnitude += std::abs(t);
-              }
-              want *= alpha;
-              magnitude *= alpha;
-              if (accumulate) {
-                want += c0[i * ldc + j];
-                magnitude += std::abs(c0[i * ldc + j]);
-              }
-              const double bound = (k + 2) * kU / (1 - (k + 2) * kU) * magnitude;
-              ASSERT_LE(std::abs(got - want), bound) << "at " << i << ", " << j;
-              worst = std::max(worst, std::abs(got - want) / bound);
-            }
-          }
+          testing::check_product(
+              c, c0, m, n, k, ldc, alpha, accumulate, [&](int i, int p) { return double(a[i * a_row + p * a_col]); },
+              [&](int p, int j) { return double(b[p * ldb + j]); }, &worst);
+          if (HasFatalFailure()) return;
           if (scalar_bits.empty()) scalar_bits = c;
           EXPECT_TRUE(same_bits(c, scalar_bits)) << name(level) << " differs from the scalar level's bits";
         }
@@ -261,27 +242,8 @@ TEST(AttentionIsa, CausalProductsSkipOnlyWhatTheMaskMakesNothing) {
         attention_isa(level).product(
             Product{m, n, k, 1.0f, a.data(), static_cast<size_t>(k), 1, b.data(), ldb, c.data(), ldc, accumulate, zeros, shift});
         Vec bits;
-        for (int i = 0; i < m; ++i) {
-          for (int j = 0; j < n; ++j) {
-            const float got = c[i * ldc + j];
-            if (!wanted(i, j)) {
-              if (j < i + shift - kColumnReach) {
-                ASSERT_EQ(got, c0[i * ldc + j]) << "computed hidden " << i << ", " << j;
-              }
-              continue;
-            }
-            double want = accumulate ? c0[i * ldc + j] : 0, magnitude = std::abs(want);
-            for (int p = 0; p < k; ++p) {
-              if (!term(i, p)) continue;
-              const double t = double(a[static_cast<size_t>(i) * k + p]) * b[p * ldb + j];
-              want += t;
-              magnitude += std::abs(t);
-            }
-            const double bound = (k + 2) * kU / (1 - (k + 2) * kU) * magnitude;
-            ASSERT_LE(std::abs(got - want), bound) << "at " << i << ", " << j;
-            bits.push_back(got);
-          }
-        }
+        testing::check_causal_product(c, c0, a, b, m, n, k, ldb, ldc, accumulate, shift, kColumnReach, term, wanted, &bits);
+        if (HasFatalFailure()) return;
         if (first_bits.empty()) first_bits = bits;
         EXPECT_TRUE(same_bits(bits, first_bits)) << "differs from the first level's bits";
       }

@@ -19,12 +19,12 @@
 
 #include "core/cpu/kernels.h"  // supported_simd_levels, simd_level_name, cpu_features
 #include "models/gpt/cpu/attention_isa.h"
+#include "tests/models/causal_product_check.h"
 
 namespace zeroth::gpt::cpu {
 namespace {
 
 using Vec = std::vector<float>;
-const double kU = std::ldexp(1.0, -24);  // f32's unit roundoff
 
 // x rounded to bf16's 8 significant bits, ties to even (frexp's mantissa scaled to 8 bits and
 // rounded by nearbyint, in the default rounding mode): not the kernels' bit trick.
@@ -115,25 +115,10 @@ TEST(AttentionPairs, ProductsMatchFloat64AndEveryLevelGivesTheSameBits) {
           SCOPED_TRACE(level);
           Vec c = c0;
           isa->pair_product(PairProduct{m, n, k, alpha, a2.data(), a_row, a_col, b2.data(), ldb, c.data(), ldc, accumulate});
-          for (int i = 0; i < m; ++i) {
-            for (size_t j = 0; j < ldc; ++j) {
-              const float got = c[i * ldc + j];
-              if (j >= static_cast<size_t>(n)) {
-                ASSERT_EQ(got, c0[i * ldc + j]) << "wrote past the row's n columns at " << i << ", " << j;
-                continue;
-              }
-              double want = 0, magnitude = 0;
-              for (int p = 0; p < 2 * k; ++p) {
-                const double t = double(a[static_cast<size_t>(i) * 2 * k + p]) * b[p * ldb + j];
-                want += t, magnitude += std::abs(t);
-              }
-              want *= alpha, magnitude *= alpha;
-              if (accumulate) want += c0[i * ldc + j], magnitude += std::abs(c0[i * ldc + j]);
-              const double bound = (2 * k + 2) * kU / (1 - (2 * k + 2) * kU) * magnitude;
-              ASSERT_LE(std::abs(got - want), bound) << "at " << i << ", " << j;
-              worst = std::max(worst, std::abs(got - want) / bound);
-            }
-          }
+          testing::check_product(
+              c, c0, m, n, 2 * k, ldc, alpha, accumulate, [&](int i, int p) { return double(a[static_cast<size_t>(i) * 2 * k + p]); },
+              [&](int p, int j) { return double(b[p * ldb + j]); }, &worst);
+          if (HasFatalFailure()) return;
           if (first_bits.empty()) first_bits = c;
           EXPECT_TRUE(same_bits(c, first_bits)) << level << " differs from the first level's bits";
         }
@@ -186,26 +171,8 @@ TEST(AttentionPairs, CausalProductsSkipOnlyWhatTheMaskMakesNothing) {
         isa->pair_product(
             PairProduct{m, n, k, 1.0f, a2.data(), static_cast<size_t>(k), 1, b2.data(), ldb, c.data(), ldc, accumulate, zeros, shift});
         Vec bits;
-        for (int i = 0; i < m; ++i) {
-          for (int j = 0; j < n; ++j) {
-            const float got = c[i * ldc + j];
-            if (!wanted(i, j)) {
-              if (j < i + shift - kColumnReach) {
-                ASSERT_EQ(got, c0[i * ldc + j]) << "computed hidden " << i << ", " << j;
-              }
-              continue;
-            }
-            double want = accumulate ? c0[i * ldc + j] : 0, magnitude = std::abs(want);
-            for (int p = 0; p < 2 * k; ++p) {
-              if (!term(i, p)) continue;
-              const double t = double(a[static_cast<size_t>(i) * 2 * k + p]) * b[p * ldb + j];
-              want += t, magnitude += std::abs(t);
-            }
-            const double bound = (2 * k + 2) * kU / (1 - (2 * k + 2) * kU) * magnitude;
-            ASSERT_LE(std::abs(got - want), bound) << "at " << i << ", " << j;
-            bits.push_back(got);
-          }
-        }
+        testing::check_causal_product(c, c0, a, b, m, n, 2 * k, ldb, ldc, accumulate, shift, kColumnReach, term, wanted, &bits);
+        if (HasFatalFailure()) return;
         if (first_bits.empty()) first_bits = bits;
         EXPECT_TRUE(same_bits(bits, first_bits)) << "differs from the first level's bits";
       }
