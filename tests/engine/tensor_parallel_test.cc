@@ -57,15 +57,18 @@ TEST_P(TensorParallelEquivalence, TrainsLikeOneRank) {
   // its worst tensor (a LayerNorm bias near zero) moves 3.3e-6 of its largest value. Norms left
   // unsummed over the group move it 1e-4.
   // bf16: gradients and activations round to 8 bits in another order, as in the data-parallel
-  // equivalence (gpt_equivalence_test.cc): norms 1.5e-3, losses 2e-5; weights 1e-1. Since
-  // attention's operands round too, a weight whose gradient sits near zero and flips sign takes
-  // Adam's steps the other way: measured up to 4.1e-2 of the largest value (embed.wte of the
-  // sequence-parallel Llama case, 3.5e-3 against 0.085), with that case's loss 4.1e-7 and norm
-  // 3.2e-4 off.
+  // equivalence (gpt_equivalence_test.cc): weights 2e-2 (measured up to 1.2e-2), norms 1.5e-3,
+  // losses 2e-5. The Llama model's weights 1e-1: since attention's operands round too, a weight
+  // whose gradient sits near zero and flips sign takes Adam's steps the other way, measured up to
+  // 4.1e-2 of the largest value (embed.wte, sequence parallel: 3.5e-3 against 0.085) with that
+  // case's loss 4.1e-7 and norm 3.2e-4 off.
   const bool narrow = k.compute != DType::f32;
   // The Llama family's q/k/v biases start at zero and move 4 Adam steps (largest value 0.014): the
   // same order-of-sums noise is 2.1e-6 of that.
-  const double bound = narrow ? 1e-1 : k.optimizer == OptimizerKind::lamb ? 5e-6 : k.model.llama() ? 3e-6 : 2e-6;
+  const double bound = narrow                               ? (k.model.llama() ? 1e-1 : 2e-2)
+                       : k.optimizer == OptimizerKind::lamb ? 5e-6
+                       : k.model.llama()                    ? 3e-6
+                                                            : 2e-6;
   const testing::TensorError worst = testing::expect_weights(got, ref, bound, k.model);
   if (k.pp > 1 && k.model.tie_word_embeddings) {
     EXPECT_EQ(got.head_copy, got.weights.at("embed")) << "the two copies of the tied embedding differ";

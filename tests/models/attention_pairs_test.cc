@@ -278,6 +278,9 @@ TEST(AttentionPairs, SoftmaxPassesPairTheirRoundedResults) {
           const std::string key = std::to_string(j);
           expect_half(j % 2 == 0 ? by_keys & 0xffffu : by_keys >> 16, ds[j * Q + i], "score gradient by pairs of keys, key " + key);
           expect_half(i % 2 == 0 ? by_lanes & 0xffffu : by_lanes >> 16, ds[j * Q + i], "score gradient along, key " + key);
+          if (j == n - 1) {
+            EXPECT_EQ(by_keys >> 16, 0u) << "the last key's partner";
+          }
         }
       }
     }
