@@ -305,14 +305,14 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
     const int ahead = c0 - x.i0, met = std::clamp(x.i0 - c0, 0, n);
     const bool first_head = x.h % at.g == 0;
     // In pairs, the softmax passes give P and dS^T along each key's row (A of P^T dY, dS^T Q), and
-    // dS by pairs of keys (A of dS K).
+    // dS by pairs of keys (A of dS K): each only where its gradient is asked for.
     const size_t kvh = static_cast<size_t>(x.h / at.g), head = kv.rows_at(b, static_cast<int>(kvh), at.KVH);
     uint32_t *p_along = nullptr, *ds_along = nullptr, *ds_pairs = nullptr;
-    if (pairs) {
+    if (pairs && want_kv) {
       p_along = thread_buffer<uint32_t>(0, static_cast<size_t>(kKeys) * kRows / 2);
       ds_along = thread_buffer<uint32_t>(1, static_cast<size_t>(kKeys) * kRows / 2);
-      ds_pairs = thread_buffer<uint32_t>(6, static_cast<size_t>(kKeys) / 2 * kRows);
     }
+    if (pairs && want_q) ds_pairs = thread_buffer<uint32_t>(6, static_cast<size_t>(kKeys) / 2 * kRows);
     auto add_to_keys = [&](const float* grad_t, const float* rhs, size_t ld, const uint32_t* along, const uint32_t* rhs2, float* to) {
       if (pairs) {
         const int k = (rows + 1) / 2;

@@ -66,8 +66,8 @@ struct AttentionIsa {
   // st = exp(st - lse), lse per query lane; with `along`, also as bf16 pairs along each key's row
   // (row j of kBlockRows / 2 pairs: lanes 2i and 2i + 1).
   void (*probabilities_chunk)(float* st, int n, int lanes, const float* lse, uint32_t* along);
-  // dst = pt (dst - d) scale, d per query lane. With `along` and `row_pairs`, the result goes to
-  // both as bf16 pairs (as above) instead, and dst is left as it was.
+  // dst = pt (dst - d) scale, d per query lane. With `along` or `row_pairs` (or both), the result
+  // goes to those given as bf16 pairs (as above) instead, and dst is left as it was.
   void (*softmax_grad_chunk)(float* dst, const float* pt, int n, int lanes, const float* d, float scale, uint32_t* along,
                              uint32_t* row_pairs);
   // dst [hs, kBlockRows] = the `rows` rows (at most kBlockRows) of hs floats at src, ld apart,
