@@ -1,6 +1,7 @@
 #include "offload/aio.h"
 
 #include <fcntl.h>     // open, O_DIRECT
+#include <sys/mman.h>  // madvise, MADV_DONTFORK
 #include <sys/stat.h>  // fstat
 #include <liburing.h>  // io_uring_*
 #include <unistd.h>    // close, pread, pwrite
@@ -41,9 +42,18 @@ struct AsyncFile::Piece {
 
 struct AsyncFile::Worker {
   std::unique_ptr<IoRing> ring;  // nullptr: pread/pwrite
-  std::deque<Piece> queue;       // pieces dealt to this worker, not yet taken
-  std::condition_variable wake;
-  std::uint64_t pieces = 0;
+  std::mutex mutex;              // guards everything below but `thread`
+  std::condition_variable wake;  // pieces queued or put on the ring, or stopping
+  std::deque<Piece> queue;       // dealt to this worker, waiting for a ring slot (or for pread/pwrite)
+  // Ring workers: the pieces on the ring by slot (a piece's user_data is its slot), the free
+  // slots, and how many pieces are on the ring, prepared entries not yet submitted included.
+  std::vector<std::optional<Piece>> slots;
+  std::vector<unsigned> free_slots;
+  unsigned in_flight = 0;
+  bool unsubmitted = false;  // entries prepared that the kernel has not taken yet
+  std::string broken;        // the ring failed for good: every later piece fails with this
+  bool stopping = false;
+  std::uint64_t pieces = 0;  // completed by this worker; guarded by AsyncFile::mutex_, with the stats
   std::thread thread;
 };
 
@@ -62,7 +72,7 @@ bool IoHandle::done() const {
 
 namespace {
 
-std::once_flag buffered_warning, sync_warning;
+std::once_flag buffered_warning, sync_warning, dontfork_warning;
 constexpr std::size_t kMaxBlockSize = std::size_t{1} << 30;
 constexpr unsigned kMaxThreads = 64;
 
@@ -74,6 +84,25 @@ bool failed(detail::Request& request) {
 void fail(detail::Request& request, std::string message) {
   std::lock_guard lock(request.mutex);
   if (request.error.empty()) request.error = std::move(message);
+}
+
+// A fork while pages are pinned makes the kernel copy them for the child at once (the parent's
+// pages must stay where the device writes them), and it splits the huge-page mappings of the
+// parent's pinned memory to do so: buffers in 2 MiB pages became 4 KiB ones, and every transfer
+// after that went out in more segments (bench offload, which starts fio between its points, read
+// at half the rate after a few). zeroth's children only exec, so they need none of these pages.
+void keep_from_children(std::byte* begin, std::size_t bytes) {
+  const auto page = static_cast<std::uintptr_t>(kIoAlignment);
+  const std::uintptr_t first = (reinterpret_cast<std::uintptr_t>(begin) + page - 1) / page * page;
+  const std::uintptr_t last = (reinterpret_cast<std::uintptr_t>(begin) + bytes) / page * page;
+  if (last <= first) return;
+  if (::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTFORK) != 0) {
+    std::call_once(dontfork_warning, [&] {
+      ZLOG_WARN("madvise({:#x}, {}, MADV_DONTFORK) failed: {}; a child process started while buffers are registered may split "
+                "their huge pages",
+                first, last - first, zeroth::detail::errno_text(errno));
+    });
+  }
 }
 
 }  // namespace
@@ -125,6 +154,11 @@ AsyncFile::AsyncFile(std::string path, Mode mode, IoOptions options)
     ::close(fd_);
     throw;
   }
+  for (auto& worker : workers_) {
+    if (worker->ring == nullptr) continue;
+    worker->slots.resize(options_.queue_depth);
+    for (unsigned slot = options_.queue_depth; slot-- > 0;) worker->free_slots.push_back(slot);
+  }
   try {
     for (auto& worker : workers_) {
       Worker& w = *worker;
@@ -139,11 +173,13 @@ AsyncFile::AsyncFile(std::string path, Mode mode, IoOptions options)
 AsyncFile::~AsyncFile() { stop_workers(); }
 
 void AsyncFile::stop_workers() {
-  {
-    std::lock_guard lock(mutex_);
-    stopping_ = true;
+  for (auto& worker : workers_) {
+    {
+      std::lock_guard lock(worker->mutex);
+      worker->stopping = true;
+    }
+    worker->wake.notify_one();
   }
-  for (auto& worker : workers_) worker->wake.notify_one();
   for (auto& worker : workers_)
     if (worker->thread.joinable()) worker->thread.join();
   workers_.clear();
@@ -192,6 +228,7 @@ bool AsyncFile::register_buffer(void* data, std::size_t bytes) {
       const std::size_t done = s * IoRing::kMaxBufferBytes;
       worker->ring->register_buffer(next_slot_ + s, begin + done, std::min(IoRing::kMaxBufferBytes, bytes - done));
     }
+  keep_from_children(begin, bytes);
   regions_.push_back({begin, bytes, next_slot_});
   next_slot_ += slots;
   return true;
@@ -219,22 +256,39 @@ IoHandle AsyncFile::enqueue(bool is_write, void* buffer, std::size_t length, std
   auto request = std::make_shared<detail::Request>();
   request->outstanding = (length + options_.block_size - 1) / options_.block_size;
   if (request->outstanding == 0) return IoHandle(std::move(request));
-  std::vector<bool> woken(workers_.size());
+  std::vector<std::vector<Piece>> dealt(workers_.size());
   {
     std::lock_guard lock(mutex_);
     for (std::size_t done = 0; done < length; done += options_.block_size) {
       auto* piece_buffer = static_cast<std::byte*>(buffer) + done;
       const std::size_t piece_length = std::min(options_.block_size, length - done);
       // Dealt in turn across requests too, so requests of one piece also spread over the rings.
-      const std::size_t w = next_worker_;
-      next_worker_ = (next_worker_ + 1) % workers_.size();
-      workers_[w]->queue.push_back(
+      dealt[next_worker_].push_back(
           Piece{request, is_write, piece_buffer, offset + done, piece_length, buffer_slot(piece_buffer, piece_length)});
-      woken[w] = true;
+      next_worker_ = (next_worker_ + 1) % workers_.size();
     }
   }
-  for (std::size_t w = 0; w < workers_.size(); ++w)
-    if (woken[w]) workers_[w]->wake.notify_one();
+  for (std::size_t w = 0; w < workers_.size(); ++w) {
+    if (dealt[w].empty()) continue;
+    Worker& worker = *workers_[w];
+    std::vector<Piece> refused;
+    {
+      std::lock_guard lock(worker.mutex);
+      if (!worker.broken.empty()) {
+        for (auto& piece : dealt[w]) fail(*piece.request, worker.broken);
+        refused = std::move(dealt[w]);
+      } else {
+        for (auto& piece : dealt[w]) worker.queue.push_back(std::move(piece));
+        // The caller's thread puts the pieces on the ring itself: waiting for the worker to wake
+        // and do it left the ring a piece short for as long as that took (a tenth of the read
+        // rate when each request is one piece, as fio's are), and on cores busy with compute the
+        // worker may not run for a while.
+        if (worker.ring != nullptr) submit_queued(worker);
+      }
+    }
+    for (auto& piece : refused) finish(piece);
+    worker.wake.notify_one();
+  }
   return IoHandle(std::move(request));
 }
 
@@ -270,8 +324,8 @@ void AsyncFile::run_sync(Worker& worker) {
   for (;;) {
     Piece piece;
     {
-      std::unique_lock lock(mutex_);
-      worker.wake.wait(lock, [&] { return stopping_ || !worker.queue.empty(); });
+      std::unique_lock lock(worker.mutex);
+      worker.wake.wait(lock, [&] { return worker.stopping || !worker.queue.empty(); });
       if (worker.queue.empty()) return;  // stopping with nothing left
       piece = std::move(worker.queue.front());
       worker.queue.pop_front();
@@ -302,113 +356,129 @@ void AsyncFile::run_sync(Worker& worker) {
   }
 }
 
+int AsyncFile::submit_queued(Worker& worker) {
+  ::io_uring* ring = worker.ring->get();
+  unsigned prepared = 0, fixed = 0;
+  while (!worker.queue.empty() && !worker.free_slots.empty()) {
+    Piece piece = std::move(worker.queue.front());
+    worker.queue.pop_front();
+    if (failed(*piece.request)) {
+      finish(piece);
+      continue;
+    }
+    io_uring_sqe* sqe = io_uring_get_sqe(ring);
+    if (sqe == nullptr) {  // cannot happen with depth slots on a ring of depth entries
+      worker.queue.push_front(std::move(piece));
+      break;
+    }
+    const unsigned slot = worker.free_slots.back();
+    worker.free_slots.pop_back();
+    const std::size_t length = fault_ ? fault_->transfer_length(piece.is_write, piece.offset, piece.length) : piece.length;
+    worker.ring->prepare(sqe, piece.is_write, piece.buffer, static_cast<unsigned>(length), piece.offset, piece.buffer_slot);
+    io_uring_sqe_set_data64(sqe, slot);
+    fixed += piece.buffer_slot >= 0;
+    worker.slots[slot] = std::move(piece);
+    ++prepared;
+  }
+  if (prepared > 0) {
+    worker.in_flight += prepared;
+    worker.unsubmitted = true;
+    std::lock_guard lock(mutex_);
+    in_flight_ += prepared;
+    stats_.peak_in_flight = std::max(stats_.peak_in_flight, in_flight_);
+    stats_.fixed_pieces += fixed;
+  }
+  if (!worker.unsubmitted) return 0;
+  const int rc = io_uring_submit(ring);
+  {
+    std::lock_guard lock(mutex_);
+    ++stats_.submit_calls;
+  }
+  if (rc == -EINTR || rc == -EAGAIN || rc == -EBUSY) return 0;  // the worker tries again
+  if (rc < 0) return rc;
+  // The kernel stops at an entry it cannot take; the rest go with a later call. (A polling
+  // thread takes them in its own time.)
+  worker.unsubmitted = !worker.ring->sqpoll() && io_uring_sq_ready(ring) > 0;
+  return 0;
+}
+
+void AsyncFile::fail_worker(Worker& worker, const std::string& message) {
+  std::vector<Piece> failed_pieces;
+  {
+    std::lock_guard lock(worker.mutex);
+    worker.broken = message;
+    for (auto& slot : worker.slots)
+      if (slot) {
+        failed_pieces.push_back(std::move(*slot));
+        slot.reset();
+      }
+    for (auto& piece : worker.queue) failed_pieces.push_back(std::move(piece));
+    worker.queue.clear();
+    std::lock_guard stats_lock(mutex_);
+    in_flight_ -= worker.in_flight;
+    worker.in_flight = 0;
+  }
+  for (auto& piece : failed_pieces) {
+    fail(*piece.request, message);
+    finish(piece);
+  }
+}
+
 void AsyncFile::run_ring(Worker& worker) {
   IoRing& io_ring = *worker.ring;
   ::io_uring* ring = io_ring.get();
   const unsigned depth = options_.queue_depth;
-  // The ring is refilled once this many of its slots are free, so one submission carries a
-  // batch of pieces while three quarters of the ring keep the device busy. (Refilling on every
-  // completion costs a system call per piece; waiting for half the ring to drain halves the
-  // depth the device sees at small depths.)
+  // While pieces wait for a slot, the ring is refilled once this many of its slots are free, so
+  // one submission carries a batch while three quarters of the ring keep the device busy.
+  // (Refilling on every completion costs a system call per piece; waiting for half the ring to
+  // drain halves the depth the device sees at small depths.)
   const unsigned batch = std::max(1u, depth / 4);
-  std::vector<std::optional<Piece>> slots(depth);  // user_data is the slot index
-  std::vector<unsigned> free_slots;
-  for (unsigned s = depth; s-- > 0;) free_slots.push_back(s);
-  std::deque<Piece> local;  // taken from the worker's queue, waiting for a free slot
-  unsigned in_flight = 0;
-  bool unsubmitted = false;                           // entries prepared and not yet handed to the kernel
   std::vector<std::pair<unsigned, int>> completions;  // (slot, result) of one reaping round
 
-  // A broken ring (submission or wait failing for good) fails every request it still holds.
-  auto fail_all = [&](const std::string& message) {
-    for (auto& slot : slots)
-      if (slot) {
-        fail(*slot->request, message);
-        finish(*slot);
-        slot.reset();
-      }
-    std::unique_lock lock(mutex_);
-    in_flight_ -= in_flight;
-    for (;;) {
-      while (!worker.queue.empty()) {
-        local.push_back(std::move(worker.queue.front()));
-        worker.queue.pop_front();
-      }
-      lock.unlock();
-      for (auto& piece : local) {
-        fail(*piece.request, message);
-        finish(piece);
-      }
-      local.clear();
-      lock.lock();
-      worker.wake.wait(lock, [&] { return stopping_ || !worker.queue.empty(); });
-      if (worker.queue.empty()) return;
-    }
-  };
-
   for (;;) {
+    unsigned want = 1;
     {
-      std::unique_lock lock(mutex_);
-      if (in_flight == 0 && local.empty()) worker.wake.wait(lock, [&] { return stopping_ || !worker.queue.empty(); });
-      while (!worker.queue.empty()) {
-        local.push_back(std::move(worker.queue.front()));
-        worker.queue.pop_front();
+      std::unique_lock lock(worker.mutex);
+      worker.wake.wait(lock, [&] { return worker.stopping || worker.in_flight > 0 || !worker.queue.empty(); });
+      if (!worker.broken.empty()) {
+        // Pieces still on the ring were failed with it; wait for the end.
+        worker.wake.wait(lock, [&] { return worker.stopping; });
+        return;
       }
-      if (in_flight == 0 && local.empty()) return;  // stopping with nothing left
-    }
-    unsigned prepared = 0, fixed = 0;
-    while (!local.empty() && !free_slots.empty()) {
-      Piece piece = std::move(local.front());
-      local.pop_front();
-      if (failed(*piece.request)) {
-        finish(piece);
+      if (const int rc = submit_queued(worker); rc < 0) {
+        lock.unlock();
+        fail_worker(worker, fmt::format("io_uring_submit(ring of {}) failed: {}", path_, zeroth::detail::errno_text(-rc)));
         continue;
       }
-      io_uring_sqe* sqe = io_uring_get_sqe(ring);
-      if (sqe == nullptr) {  // cannot happen with depth slots on a ring of depth entries
-        local.push_front(std::move(piece));
-        break;
+      if (worker.in_flight == 0) {
+        if (worker.queue.empty() && worker.stopping) return;
+        continue;  // every piece taken belonged to a failed request
       }
-      const unsigned slot = free_slots.back();
-      free_slots.pop_back();
-      const std::size_t length = fault_ ? fault_->transfer_length(piece.is_write, piece.offset, piece.length) : piece.length;
-      io_ring.prepare(sqe, piece.is_write, piece.buffer, static_cast<unsigned>(length), piece.offset, piece.buffer_slot);
-      io_uring_sqe_set_data64(sqe, slot);
-      fixed += piece.buffer_slot >= 0;
-      slots[slot] = std::move(piece);
-      ++prepared;
+      // Entries the kernel has not taken yet (it refused them for now) complete only after a
+      // later submission: wait for those it has, or try again.
+      const unsigned waiting = worker.unsubmitted ? io_uring_sq_ready(ring) : 0;
+      const unsigned submitted = worker.in_flight - waiting;
+      if (submitted == 0) {
+        lock.unlock();
+        std::this_thread::yield();
+        continue;
+      }
+      // With pieces waiting for slots, wait until `batch` slots are free. Otherwise wait for
+      // each completion: the caller of the request it ends is waiting for it, and is who puts
+      // the next pieces on the ring.
+      if (!worker.queue.empty()) {
+        const unsigned busy_floor = depth - batch;
+        want = worker.in_flight > busy_floor ? worker.in_flight - busy_floor : 1;
+      }
+      want = std::min(want, submitted);
     }
-    if (prepared > 0) {
-      in_flight += prepared;
-      unsubmitted = true;
-      std::lock_guard lock(mutex_);
-      in_flight_ += prepared;
-      stats_.peak_in_flight = std::max(stats_.peak_in_flight, in_flight_);
-      stats_.fixed_pieces += fixed;
-    }
-    if (in_flight == 0) continue;
-
-    // Wait until `batch` slots are free, or for one completion when the ring holds less than
-    // that (then nothing is waiting for a slot, and what arrives next goes out at once).
-    const unsigned busy_floor = depth - batch;
-    const unsigned want = in_flight > busy_floor ? in_flight - busy_floor : 1;
-    int rc;
-    if (unsubmitted) {
-      // One call submits the whole batch and waits.
-      rc = io_uring_submit_and_wait(ring, want);
-      // The kernel stops at an entry it cannot take and returns without waiting; the rest go
-      // with the next call. (A polling thread takes them in its own time.)
-      if (rc >= 0) unsubmitted = !io_ring.sqpoll() && io_uring_sq_ready(ring) > 0;
-      std::lock_guard lock(mutex_);
-      ++stats_.submit_calls;
-    } else {
-      io_uring_cqe* first = nullptr;
-      rc = io_uring_wait_cqe_nr(ring, &first, want);
-    }
+    io_uring_cqe* first = nullptr;
+    const int rc = io_uring_wait_cqe_nr(ring, &first, want);
     if (rc == -EINTR || rc == -EAGAIN || rc == -EBUSY) continue;
     if (rc < 0) {
-      fail_all(fmt::format("io_uring_submit_and_wait(ring of {}, {}) failed: {}", path_, want, zeroth::detail::errno_text(-rc)));
-      return;
+      fail_worker(worker,
+                  fmt::format("io_uring_wait_cqe_nr(ring of {}, {}) failed: {}", path_, want, zeroth::detail::errno_text(-rc)));
+      continue;
     }
 
     // Collected first and counted before complete() wakes any waiter, so stats() after wait()
@@ -418,18 +488,26 @@ void AsyncFile::run_ring(Worker& worker) {
     io_uring_cqe* cqe;
     io_uring_for_each_cqe(ring, head, cqe) { completions.emplace_back(static_cast<unsigned>(io_uring_cqe_get_data64(cqe)), cqe->res); }
     io_uring_cq_advance(ring, static_cast<unsigned>(completions.size()));
+    std::vector<Piece> done;
     {
-      std::lock_guard lock(mutex_);
+      std::lock_guard lock(worker.mutex);
+      for (const auto& [slot, result] : completions) {
+        done.push_back(std::move(*worker.slots[slot]));
+        worker.slots[slot].reset();
+        worker.free_slots.push_back(slot);
+      }
+      worker.in_flight -= static_cast<unsigned>(completions.size());
+      std::lock_guard stats_lock(mutex_);
       stats_.pieces += completions.size();
       worker.pieces += completions.size();
       in_flight_ -= static_cast<unsigned>(completions.size());
     }
-    for (const auto& [slot, result] : completions) {
-      Piece piece = std::move(*slots[slot]);
-      slots[slot].reset();
-      free_slots.push_back(slot);
-      --in_flight;
-      if (complete(piece, result)) local.push_front(std::move(piece));
+    std::vector<Piece> again;
+    for (std::size_t i = 0; i < done.size(); ++i)
+      if (complete(done[i], completions[i].second)) again.push_back(std::move(done[i]));
+    if (!again.empty()) {
+      std::lock_guard lock(worker.mutex);
+      for (auto it = again.rbegin(); it != again.rend(); ++it) worker.queue.push_front(std::move(*it));
     }
   }
 }

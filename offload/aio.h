@@ -1,5 +1,7 @@
 // Asynchronous reads and writes of byte ranges of one file: io_uring with O_DIRECT, split into
-// blocks, a bounded number in flight per ring, one or more worker threads each owning a ring.
+// blocks, a bounded number in flight per ring. The caller's thread puts a request's pieces on the
+// rings; one worker thread per ring reaps the completions and refills the ring with pieces that
+// waited for a slot (or, without io_uring, runs pread/pwrite).
 #pragma once
 
 #include <cstddef>  // std::byte, std::size_t
@@ -22,7 +24,7 @@ struct IoOptions {
   // io_uring (seccomp, old kernels). Exposed so that path can be exercised where io_uring works.
   bool use_io_uring = true;
   // Worker threads, each with its own ring (DeepSpeed's aio.intra_op_parallelism, formerly
-  // thread_count). The pieces of every request are dealt to them in turn.
+  // thread_count). The pieces of every request are dealt to the rings in turn.
   unsigned threads = 1;
   // A kernel thread, shared by the file's rings, polls the submission queues
   // (IORING_SETUP_SQPOLL), so submitting costs no system call. A kernel that refuses it gets
@@ -110,6 +112,13 @@ class AsyncFile {
   int buffer_slot(const std::byte* buffer, std::size_t length) const;
   void run_ring(Worker& worker);
   void run_sync(Worker& worker);
+  // Puts the worker's queued pieces on free slots of its ring and submits what is prepared;
+  // called with worker.mutex held, from the worker or from a caller's enqueue. Returns 0, or the
+  // negative errno of a submission that failed for good.
+  int submit_queued(Worker& worker);
+  // The ring failed for good: its pieces, queued and on the ring, fail with `message`, and so
+  // does every piece dealt to it later.
+  void fail_worker(Worker& worker, const std::string& message);
   // Applies a piece's result (bytes moved or -errno); returns true when the piece must run again.
   bool complete(Piece& piece, long long result);
   void finish(Piece& piece);
@@ -120,13 +129,12 @@ class AsyncFile {
   int fd_ = -1;
   bool direct_ = false;
 
-  mutable std::mutex mutex_;  // guards everything below and each worker's queue and counters
-  std::vector<std::unique_ptr<Worker>> workers_;
-  std::size_t next_worker_ = 0;  // the worker that gets the next piece
-  unsigned in_flight_ = 0;       // pieces on the rings or in pread/pwrite, all workers together
+  std::vector<std::unique_ptr<Worker>> workers_;  // each with its own lock; a worker's lock comes before mutex_
+  mutable std::mutex mutex_;                      // guards everything below and each worker's piece count
+  std::size_t next_worker_ = 0;                   // the worker that gets the next piece
+  unsigned in_flight_ = 0;                        // pieces on the rings or in pread/pwrite, all workers together
   std::vector<Region> regions_;
   unsigned next_slot_ = 0;
-  bool stopping_ = false;
   IoStats stats_;
 };
 

@@ -10,6 +10,7 @@
 
 #include <cstddef>     // offsetof
 #include <cstdint>     // std::uint64_t
+#include <cstdio>      // std::sscanf
 #include <cstdlib>     // std::exit
 #include <cstring>     // std::memcmp
 #include <filesystem>  // std::filesystem::exists
@@ -325,6 +326,36 @@ TEST_P(AsyncFileTest, RegisteredBufferPiecesRunFixedAndRoundTrip) {
   }
 }
 
+// The VmFlags of the mapping that holds `address` in /proc/self/smaps ("rd wr mr ... hg").
+std::string vm_flags_at(const void* address) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto at = reinterpret_cast<std::uintptr_t>(address);
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    std::uintptr_t begin = 0, end = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &begin, &end) == 2 && line.find(':') > line.find(' ')) inside = begin <= at && at < end;
+    if (inside && line.rfind("VmFlags:", 0) == 0) return line;
+  }
+  return "";
+}
+
+// Registered pages are pinned for the device; a fork would copy them for the child at once and
+// split the parent's huge-page mappings of them to do it (the `dc` flag keeps them out).
+TEST(AsyncFileRegisterTest, RegisteredPagesStayOutOfChildProcesses) {
+  if (!kernel_has_buffer_table()) GTEST_SKIP() << "this kernel has no sparse buffer table (Linux 5.19+) to register with";
+  const std::string path = fmt::format("{}zeroth_aio_dontfork_{}", ::testing::TempDir(), ::getpid());
+  AlignedBuffer pool(4 * kMiB), plain(4 * kMiB);
+  {
+    AsyncFile file(path, AsyncFile::Mode::read_write, IoOptions{256 * kKiB, 4, true});
+    ASSERT_TRUE(file.io_uring()) << "io_uring is refused here (zeroth report says why); these cases need it";
+    ASSERT_TRUE(file.register_buffer(pool.data(), pool.size()));
+    EXPECT_NE((vm_flags_at(pool.data()) + " ").find(" dc "), std::string::npos) << vm_flags_at(pool.data());
+    EXPECT_NE((vm_flags_at(pool.data() + pool.size() - 1) + " ").find(" dc "), std::string::npos);
+    EXPECT_EQ((vm_flags_at(plain.data()) + " ").find(" dc "), std::string::npos) << vm_flags_at(plain.data());
+  }
+  ::unlink(path.c_str());
+}
+
 INSTANTIATE_TEST_SUITE_P(Places, AsyncFileTest, ::testing::ValuesIn(places()), [](const auto& info) {
   return std::string(info.param.dir.rfind("/dev/shm", 0) == 0 ? "tmpfs" : "tempdir") +
          (info.param.use_io_uring ? "_io_uring" : "_worker");
@@ -468,6 +499,32 @@ TEST(AsyncFileBatchTest, LargeRequestIsSubmittedInBatchesOfAQuarterOfTheDepth) {
   ::unlink(path.c_str());
 }
 
+// A request's pieces are on the ring when read() returns: the caller's thread submits them, so
+// the ring is refilled as soon as a caller has a buffer free, not when the worker next wakes.
+TEST(AsyncFileBatchTest, TheCallersThreadSubmitsItsPieces) {
+  constexpr std::uint64_t kSeed = 37;
+  constexpr std::size_t kBlock = 64 * kKiB;
+  constexpr unsigned kDepth = 4;
+  const std::string path = fmt::format("{}zeroth_aio_caller_{}", ::testing::TempDir(), ::getpid());
+  AlignedBuffer out(2 * kDepth * kBlock), in(out.size());
+  fill_pattern(out, out.size(), 0, kSeed);
+  {
+    AsyncFile file(path, AsyncFile::Mode::read_write, IoOptions{kBlock, kDepth, true});
+    ASSERT_TRUE(file.io_uring()) << "io_uring is refused here (zeroth report says why); these cases need it";
+    file.write(out.data(), out.size(), 0).wait();
+    for (int round = 0; round < 20; ++round) {
+      const std::uint64_t calls = file.stats().submit_calls;
+      const IoHandle first = file.read(in.data(), kDepth * kBlock, 0);
+      EXPECT_EQ(file.stats().submit_calls, calls + 1) << "round " << round;  // before any wait
+      const IoHandle second = file.read(in.data() + kDepth * kBlock, kDepth * kBlock, kDepth * kBlock);
+      first.wait();
+      second.wait();
+    }
+  }
+  EXPECT_EQ(pattern_mismatches(in.data(), in.size(), 0, kSeed), 0u);
+  ::unlink(path.c_str());
+}
+
 // A seccomp filter answering io_uring_setup with `err`, as container runtimes do; the child
 // process then round-trips 1 MiB and exits 0 only when the worker took over and the bytes match.
 void round_trip_with_io_uring_refused(int err, const std::string& path) {
@@ -514,19 +571,6 @@ TEST(AlignedBufferTest, RoundsUpAndAligns) {
   AlignedBuffer wide(1, 1 << 16);
   EXPECT_EQ(reinterpret_cast<std::uintptr_t>(wide.data()) % (1 << 16), 0u);
   EXPECT_THROW(AlignedBuffer(4096, 3000), InvalidArgument);
-}
-
-// The VmFlags of the mapping that holds `address` in /proc/self/smaps ("rd wr mr ... hg").
-std::string vm_flags_at(const void* address) {
-  std::ifstream smaps("/proc/self/smaps");
-  const auto at = reinterpret_cast<std::uintptr_t>(address);
-  bool inside = false;
-  for (std::string line; std::getline(smaps, line);) {
-    std::uintptr_t begin = 0, end = 0;
-    if (std::sscanf(line.c_str(), "%lx-%lx ", &begin, &end) == 2 && line.find(':') > line.find(' ')) inside = begin <= at && at < end;
-    if (inside && line.rfind("VmFlags:", 0) == 0) return line;
-  }
-  return "";
 }
 
 // A buffer of 2 MiB or more starts on a 2 MiB boundary, keeps the size it was asked for, and
