@@ -11,6 +11,7 @@
 #include <cstring>             // std::strerror
 #include <condition_variable>  // std::condition_variable
 #include <deque>               // std::deque
+#include <map>                 // std::map
 #include <optional>            // std::optional
 #include <thread>              // std::thread
 #include <utility>             // std::pair
@@ -90,19 +91,51 @@ void fail(detail::Request& request, std::string message) {
 // pages must stay where the device writes them), and it splits the huge-page mappings of the
 // parent's pinned memory to do so: buffers in 2 MiB pages became 4 KiB ones, and every transfer
 // after that went out in more segments (bench offload, which starts fio between its points, read
-// at half the rate after a few). zeroth's children only exec, so they need none of these pages.
-void keep_from_children(std::byte* begin, std::size_t bytes) {
+// at half the rate after a few). zeroth's children only exec, so while a region is registered its
+// whole pages are kept out of them (MADV_DONTFORK). The mark comes off when the last file that
+// registered the region closes: freed memory goes back to malloc, and a child between fork and
+// exec reads its arguments from the heap. (Counted by exact region: the engine registers its swap
+// buffers with every swap file. Of two different regions that overlap, the first to close takes
+// the mark off the overlap; its pages then split again on a fork, which costs speed, not data.)
+struct ForkMarks {
+  std::mutex mutex;
+  std::map<std::pair<std::uintptr_t, std::uintptr_t>, int> count;  // [first, last) page range -> files
+};
+ForkMarks& fork_marks() {
+  static ForkMarks marks;
+  return marks;
+}
+
+std::pair<std::uintptr_t, std::uintptr_t> whole_pages(const std::byte* begin, std::size_t bytes) {
   const auto page = static_cast<std::uintptr_t>(kIoAlignment);
-  const std::uintptr_t first = (reinterpret_cast<std::uintptr_t>(begin) + page - 1) / page * page;
-  const std::uintptr_t last = (reinterpret_cast<std::uintptr_t>(begin) + bytes) / page * page;
-  if (last <= first) return;
-  if (::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTFORK) != 0) {
+  return {(reinterpret_cast<std::uintptr_t>(begin) + page - 1) / page * page,
+          (reinterpret_cast<std::uintptr_t>(begin) + bytes) / page * page};
+}
+
+void mark_for_children(std::pair<std::uintptr_t, std::uintptr_t> pages, int advice) {
+  const auto [first, last] = pages;
+  if (::madvise(reinterpret_cast<void*>(first), last - first, advice) != 0) {
     std::call_once(dontfork_warning, [&] {
-      ZLOG_WARN("madvise({:#x}, {}, MADV_DONTFORK) failed: {}; a child process started while buffers are registered may split "
-                "their huge pages",
-                first, last - first, zeroth::detail::errno_text(errno));
+      ZLOG_WARN("madvise({:#x}, {}, {}) failed: {}; a child process started while buffers are registered may split their huge pages",
+                first, last - first, advice == MADV_DONTFORK ? "MADV_DONTFORK" : "MADV_DOFORK", zeroth::detail::errno_text(errno));
     });
   }
+}
+
+void keep_from_children(const std::byte* begin, std::size_t bytes) {
+  const auto pages = whole_pages(begin, bytes);
+  if (pages.second <= pages.first) return;
+  std::lock_guard lock(fork_marks().mutex);
+  if (++fork_marks().count[pages] == 1) mark_for_children(pages, MADV_DONTFORK);
+}
+
+void return_to_children(const std::byte* begin, std::size_t bytes) {
+  const auto pages = whole_pages(begin, bytes);
+  std::lock_guard lock(fork_marks().mutex);
+  const auto it = fork_marks().count.find(pages);
+  if (it == fork_marks().count.end() || --it->second > 0) return;
+  fork_marks().count.erase(it);
+  mark_for_children(pages, MADV_DOFORK);
 }
 
 }  // namespace
@@ -170,7 +203,10 @@ AsyncFile::AsyncFile(std::string path, Mode mode, IoOptions options)
   }
 }
 
-AsyncFile::~AsyncFile() { stop_workers(); }
+AsyncFile::~AsyncFile() {
+  stop_workers();  // the rings closed: nothing of the regions is pinned for this file any more
+  for (const auto& r : regions_) return_to_children(r.begin, r.bytes);
+}
 
 void AsyncFile::stop_workers() {
   for (auto& worker : workers_) {
@@ -281,8 +317,7 @@ IoHandle AsyncFile::enqueue(bool is_write, void* buffer, std::size_t length, std
         for (auto& piece : dealt[w]) worker.queue.push_back(std::move(piece));
         // The caller's thread puts the pieces on the ring itself: waiting for the worker to wake
         // and do it left the ring a piece short for as long as that took (a tenth of the read
-        // rate when each request is one piece, as fio's are), and on cores busy with compute the
-        // worker may not run for a while.
+        // rate when each request is one piece, as fio's are).
         if (worker.ring != nullptr) submit_queued(worker);
       }
     }

@@ -1,7 +1,11 @@
 // Asynchronous reads and writes of byte ranges of one file: io_uring with O_DIRECT, split into
 // blocks, a bounded number in flight per ring. The caller's thread puts a request's pieces on the
 // rings; one worker thread per ring reaps the completions and refills the ring with pieces that
-// waited for a slot (or, without io_uring, runs pread/pwrite).
+// waited for a slot (or, without io_uring, runs pread/pwrite). The kernel finishes a transfer in
+// the thread that submitted it (io_uring's task work, run when that thread next enters the kernel
+// or is woken for it: a caller asleep in wait() at once): a thread must not exit while its
+// requests are in flight. On a buffered file (tmpfs) a read from the page cache is copied during
+// the call itself.
 #pragma once
 
 #include <cstddef>  // std::byte, std::size_t

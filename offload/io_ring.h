@@ -1,6 +1,9 @@
 // One io_uring instance bound to one open file: its setup (with a kernel polling thread when
 // asked and allowed), the file registered as fixed file 0, a table of registered buffers, and
-// the read/write entries that use them. Driven by one worker thread of AsyncFile.
+// the read/write entries that use them. AsyncFile's callers and its worker fill the submission
+// queue under the worker's lock; the worker alone reaps the completion queue. So the ring takes
+// none of the single-submitter flags (SINGLE_ISSUER, DEFER_TASKRUN, COOP_TASKRUN): the kernel posts
+// each completion as task work of the thread that submitted it, and must be free to interrupt it.
 #pragma once
 
 #include <liburing.h>  // io_uring, io_uring_sqe

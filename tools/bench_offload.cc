@@ -160,7 +160,11 @@ class OffloadBench {
     point.sqpoll_used = file.sqpoll();
     if (s.registered) {
       try {
-        point.registered_used = file.register_buffer(pool_.data(), std::min(blocks * s.block_size, pool_.size()));
+        // Whole huge pages: the mark that keeps registered pages out of fio's process would split
+        // a huge page it ended in.
+        const std::size_t whole = (blocks * s.block_size + offload::kHugePageBytes - 1) / offload::kHugePageBytes *
+                                  offload::kHugePageBytes;
+        point.registered_used = file.register_buffer(pool_.data(), std::min(whole, pool_.size()));
       } catch (const IoError& e) {
         ZLOG_WARN("bench offload: running without registered buffers: {}", e.what());
       }

@@ -10,11 +10,9 @@
 
 #include <cstddef>     // offsetof
 #include <cstdint>     // std::uint64_t
-#include <cstdio>      // std::sscanf
 #include <cstdlib>     // std::exit
 #include <cstring>     // std::memcmp
 #include <filesystem>  // std::filesystem::exists
-#include <fstream>     // std::ifstream
 #include <numeric>     // std::accumulate
 #include <random>      // std::mt19937_64
 #include <string>      // std::string
@@ -326,36 +324,6 @@ TEST_P(AsyncFileTest, RegisteredBufferPiecesRunFixedAndRoundTrip) {
   }
 }
 
-// The VmFlags of the mapping that holds `address` in /proc/self/smaps ("rd wr mr ... hg").
-std::string vm_flags_at(const void* address) {
-  std::ifstream smaps("/proc/self/smaps");
-  const auto at = reinterpret_cast<std::uintptr_t>(address);
-  bool inside = false;
-  for (std::string line; std::getline(smaps, line);) {
-    std::uintptr_t begin = 0, end = 0;
-    if (std::sscanf(line.c_str(), "%lx-%lx ", &begin, &end) == 2 && line.find(':') > line.find(' ')) inside = begin <= at && at < end;
-    if (inside && line.rfind("VmFlags:", 0) == 0) return line;
-  }
-  return "";
-}
-
-// Registered pages are pinned for the device; a fork would copy them for the child at once and
-// split the parent's huge-page mappings of them to do it (the `dc` flag keeps them out).
-TEST(AsyncFileRegisterTest, RegisteredPagesStayOutOfChildProcesses) {
-  if (!kernel_has_buffer_table()) GTEST_SKIP() << "this kernel has no sparse buffer table (Linux 5.19+) to register with";
-  const std::string path = fmt::format("{}zeroth_aio_dontfork_{}", ::testing::TempDir(), ::getpid());
-  AlignedBuffer pool(4 * kMiB), plain(4 * kMiB);
-  {
-    AsyncFile file(path, AsyncFile::Mode::read_write, IoOptions{256 * kKiB, 4, true});
-    ASSERT_TRUE(file.io_uring()) << "io_uring is refused here (zeroth report says why); these cases need it";
-    ASSERT_TRUE(file.register_buffer(pool.data(), pool.size()));
-    EXPECT_NE((vm_flags_at(pool.data()) + " ").find(" dc "), std::string::npos) << vm_flags_at(pool.data());
-    EXPECT_NE((vm_flags_at(pool.data() + pool.size() - 1) + " ").find(" dc "), std::string::npos);
-    EXPECT_EQ((vm_flags_at(plain.data()) + " ").find(" dc "), std::string::npos) << vm_flags_at(plain.data());
-  }
-  ::unlink(path.c_str());
-}
-
 INSTANTIATE_TEST_SUITE_P(Places, AsyncFileTest, ::testing::ValuesIn(places()), [](const auto& info) {
   return std::string(info.param.dir.rfind("/dev/shm", 0) == 0 ? "tmpfs" : "tempdir") +
          (info.param.use_io_uring ? "_io_uring" : "_worker");
@@ -515,7 +483,9 @@ TEST(AsyncFileBatchTest, TheCallersThreadSubmitsItsPieces) {
     for (int round = 0; round < 20; ++round) {
       const std::uint64_t calls = file.stats().submit_calls;
       const IoHandle first = file.read(in.data(), kDepth * kBlock, 0);
-      EXPECT_EQ(file.stats().submit_calls, calls + 1) << "round " << round;  // before any wait
+      const IoStats before_wait = file.stats();
+      EXPECT_EQ(before_wait.submit_calls, calls + 1) << "round " << round;
+      EXPECT_EQ(before_wait.peak_in_flight, kDepth) << "round " << round;
       const IoHandle second = file.read(in.data() + kDepth * kBlock, kDepth * kBlock, kDepth * kBlock);
       first.wait();
       second.wait();
@@ -562,29 +532,6 @@ TEST(AsyncFileFallbackTest, IoUringRefusedByEnosysOrEpermUsesWorker) {
     const std::string path = fmt::format("{}zeroth_aio_refused_{}_{}", ::testing::TempDir(), err, ::getpid());
     EXPECT_EXIT(round_trip_with_io_uring_refused(err, path), ::testing::ExitedWithCode(0), "mismatched words: 0") << "errno " << err;
   }
-}
-
-TEST(AlignedBufferTest, RoundsUpAndAligns) {
-  AlignedBuffer buffer(5000);
-  EXPECT_EQ(buffer.size(), 8192u);
-  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(buffer.data()) % kIoAlignment, 0u);
-  AlignedBuffer wide(1, 1 << 16);
-  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(wide.data()) % (1 << 16), 0u);
-  EXPECT_THROW(AlignedBuffer(4096, 3000), InvalidArgument);
-}
-
-// A buffer of 2 MiB or more starts on a 2 MiB boundary, keeps the size it was asked for, and
-// its mapping carries the kernel's huge-page advice ("hg").
-TEST(AlignedBufferTest, LargeBufferIsHugePageAlignedAndAdvised) {
-  AlignedBuffer large(3 * kMiB + 12 * kKiB);
-  EXPECT_EQ(large.size(), 3 * kMiB + 12 * kKiB);
-  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(large.data()) % kHugePageBytes, 0u);
-  std::memset(large.data(), 1, large.size());
-  ASSERT_TRUE(std::filesystem::exists("/sys/kernel/mm/transparent_hugepage/enabled")) << "this kernel has no transparent huge pages";
-  const std::string flags = vm_flags_at(large.data());
-  EXPECT_NE((flags + " ").find(" hg "), std::string::npos) << flags;
-  AlignedBuffer small(1 * kMiB);
-  EXPECT_EQ((vm_flags_at(small.data()) + " ").find(" hg "), std::string::npos) << vm_flags_at(small.data());
 }
 
 }  // namespace
