@@ -53,7 +53,7 @@ constexpr std::size_t kMaxInFlight = 256 * kMiB;
 // A pass keeps one block in flight per ring slot, each a request of its own with a buffer of its
 // own, as fio keeps one buffer per I/O unit: the same bytes of host memory in flight as fio's at
 // the same point. (Where the disk is a virtual machine's, the host copies every transfer, and it
-// copies faster into buffers that stay in its caches: at depth 8, 12 MiB of buffers read 8-20%
+// copies faster into buffers that stay in its caches: at depth 8, 12 MiB of buffers read 5-10%
 // slower than 8 MiB, so a larger footprint than fio's measures the host's caches.)
 
 struct Options {
