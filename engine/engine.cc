@@ -176,7 +176,7 @@ void Engine::reinitialize() {
   speculate_ = true;
   // Values finalize() left for the caller to set are zeros again (the allocations' first contents).
   for (size_t b = 0; !values_initialized_ && b < specs_.size(); ++b)
-    exec_->write_block(static_cast<int>(b), [](size_t, size_t, float*) {});
+    exec_->write_block(static_cast<int>(b), [](size_t lo, size_t hi, float* out) { std::fill(out, out + (hi - lo), 0.0f); });
   // start() leaves swap files alone (they start as zeroed extents): the moments there are written
   // as zeros again.
   std::vector<std::byte> zeros;
@@ -410,6 +410,26 @@ void Engine::write_owned(StateKind kind, int block, std::span<const float> value
   ZEROTH_CHECK(values.size() == r.numel(), "write_owned({}, {}): {} values for a range of {}", state_kind_name(kind), block,
                values.size(), r.numel());
   exec.write_owned(r, values.data());
+}
+
+float* Engine::values_in_place(int block) {
+  pristine_ = false;
+  return between_cycles("values_in_place", block).values_in_place(block);
+}
+
+float* Engine::owned_in_place(StateKind kind, int block) {
+  pristine_ = false;
+  auto& exec = between_cycles("owned_in_place", block);
+  check_f32_kind(kind, "owned_in_place");
+  if (kind == StateKind::master)
+    ZEROTH_THROW(InvalidArgument, "owned_in_place(master): use values_in_place, which holds the master with every copy");
+  return exec.owned_in_place(plan_.range(kind, block));
+}
+
+const float* Engine::owned_in_host(StateKind kind, int block) const {
+  auto& exec = between_cycles("owned_in_host", block);
+  check_f32_kind(kind, "owned_in_host");
+  return exec.owned_in_place(plan_.range(kind, block));
 }
 
 void Engine::set_block_values(int block, const std::function<void(size_t, size_t, float*)>& fill) {

@@ -160,9 +160,18 @@ class Engine final : public BlockHost {
   void read_owned(StateKind kind, int block, std::span<float> out);
   void write_owned(StateKind kind, int block, std::span<const float> values);
   // - a block's master values and every copy computed from them: fill(lo, hi, out) provides padded
-  //   elements [lo, hi) in f32 (out starts at zero), asked for in consecutive chunks of at most
-  //   kTransferChunkNumel that cover plan().values_range(block);
+  //   elements [lo, hi) in f32, asked for in consecutive chunks of at most kTransferChunkNumel that
+  //   cover plan().values_range(block); `out` is zero past the block's parameters (its padding),
+  //   and fill writes every parameter element of [lo, hi) (what was there before is undefined);
   void set_block_values(int block, const std::function<void(size_t, size_t, float*)>& fill);
+  // - where a loader may write those values, and an owned moment range, straight into
+  //   host memory instead (Executor::values_in_place and owned_in_place): nullptr where
+  //   set_block_values or write_owned is needed. The engine counts as written from then on.
+  float* values_in_place(int block);
+  float* owned_in_place(StateKind kind, int block);
+  // - an owned master or moment range where it lies in host memory as f32, to read (a save's
+  //   copy source instead of read_owned); nullptr elsewhere. Between cycles.
+  const float* owned_in_host(StateKind kind, int block) const;
   // - the host buffers those calls reuse from block to block, freed when a series is over.
   void release_transfer_buffers();
   size_t transfer_buffer_bytes() const;  // what they hold now: 0 after finalize() and after a release

@@ -127,36 +127,43 @@ IoStats load(Engine& engine, const std::string& path, Manifest* out, bool weight
     total_floats += r.floats;
     largest = std::max(largest, r.floats);
   }
+  // Direct: per block and state, the engine's own memory the reads land in (nullptr: the block's
+  // buffer, then set_block_values or write_owned).
+  std::vector<std::vector<float*>> in_place(plan.blocks.size(), std::vector<float*>(states.size(), nullptr));
   auto apply = [&](size_t b, const float* run) {
     const BlockRun& r = runs[b];
-    engine.set_block_values(static_cast<int>(b), [&](size_t lo, size_t hi, float* values) {
-      ZEROTH_CHECK(lo >= r.lo && hi <= r.hi, "block {}: values [{}, {}) asked for, [{}, {}) read", b, lo, hi, r.lo, r.hi);
-      std::memcpy(values, run + (lo - r.lo), (hi - lo) * sizeof(float));
-    });
+    if (in_place[b][0] == nullptr) {
+      engine.set_block_values(static_cast<int>(b), [&](size_t lo, size_t hi, float* values) {
+        ZEROTH_CHECK(lo >= r.lo && hi <= r.hi, "block {}: values [{}, {}) asked for, [{}, {}) read", b, lo, hi, r.lo, r.hi);
+        std::memcpy(values, run + (lo - r.lo), (hi - lo) * sizeof(float));
+      });
+    }
     for (size_t s = 1; s < states.size(); ++s) {
+      if (in_place[b][s] != nullptr) continue;
       const OwnedRange& o = plan.range(states[s].kind, static_cast<int>(b));
       engine.write_owned(states[s].kind, static_cast<int>(b), std::span<const float>(run + r.at[s], o.numel()));
     }
   };
-  // The reads of every block's run, block after block, with the run of block b at base(b).
+  // The reads of every block's run, block after block, with the run of block b's state s at
+  // base(b, s).
   struct Planned {
     ByteRead read;
     size_t block;
+    bool in_place;  // into the engine's memory, not a buffer
   };
   const size_t files = m.files.size();
   auto streams = [&](int f) { return f % ranks == rank; };  // the files this rank verifies
-  auto plan_reads = [&](const std::function<float*(size_t)>& base) {
+  auto plan_reads = [&](const std::function<float*(size_t, size_t)>& base) {
     std::vector<Planned> planned;
     std::vector<ByteRead> reads;
     reader.record_into(&reads);
     for (size_t b = 0; b < plan.blocks.size(); ++b) {
-      float* run = base(b);
       for (size_t s = 0; s < states.size(); ++s) {
         const OwnedRange* o = s == 0 ? nullptr : &plan.range(states[s].kind, static_cast<int>(b));
-        fill(b, s, o ? o->lo : runs[b].lo, o ? o->hi : runs[b].hi, run + runs[b].at[s]);
+        fill(b, s, o ? o->lo : runs[b].lo, o ? o->hi : runs[b].hi, base(b, s));
+        for (const auto& r : reads) planned.push_back({r, b, in_place[b][s] != nullptr});
+        reads.clear();
       }
-      for (const auto& r : reads) planned.push_back({r, b});
-      reads.clear();
     }
     reader.record_into(nullptr);
     // Streamed order: this rank's files one after the other, each from its start.
@@ -170,18 +177,23 @@ IoStats load(Engine& engine, const std::string& path, Manifest* out, bool weight
   using Covered = std::vector<std::pair<std::byte*, std::byte*>>;
   auto covered_by_block = [&](const std::vector<Planned>& planned) {
     std::vector<Covered> covered(plan.blocks.size());
-    for (const auto& p : planned) covered[p.block].emplace_back(p.read.dst, p.read.dst + p.read.bytes);
+    for (const auto& p : planned)
+      if (!p.in_place) covered[p.block].emplace_back(p.read.dst, p.read.dst + p.read.bytes);
     for (auto& c : covered) std::sort(c.begin(), c.end());
     return covered;
   };
   auto zero_gaps = [&](const Covered& covered, size_t b, float* run) {
-    auto* at = reinterpret_cast<std::byte*>(run);
-    for (const auto& [lo, hi] : covered) {
-      if (lo > at) std::memset(at, 0, static_cast<size_t>(lo - at));
-      at = std::max(at, hi);
+    for (size_t s = 0; s < states.size(); ++s) {
+      if (in_place[b][s] != nullptr) continue;  // the engine's: padding zero already
+      auto* at = reinterpret_cast<std::byte*>(run + runs[b].at[s]);
+      auto* end = reinterpret_cast<std::byte*>(run + (s + 1 < states.size() ? runs[b].at[s + 1] : runs[b].floats));
+      for (const auto& [lo, hi] : covered) {
+        if (hi <= at || lo >= end) continue;
+        if (lo > at) std::memset(at, 0, static_cast<size_t>(lo - at));
+        at = std::max(at, hi);
+      }
+      if (end > at) std::memset(at, 0, static_cast<size_t>(end - at));
     }
-    auto* end = reinterpret_cast<std::byte*>(run + runs[b].floats);
-    if (end > at) std::memset(at, 0, static_cast<size_t>(end - at));
   };
 
   // Three ways, the first that applies:
@@ -202,12 +214,21 @@ IoStats load(Engine& engine, const std::string& path, Manifest* out, bool weight
   try {
     if (options.stream_into_engine && engine.pristine()) {
       buffer = offload::AlignedBuffer(largest * sizeof(float));
-      planned = plan_reads([&](size_t) { return reinterpret_cast<float*>(buffer.data()); });
+      auto in_buffer = [&](size_t b, size_t s) { return reinterpret_cast<float*>(buffer.data()) + runs[b].at[s]; };
+      planned = plan_reads(in_buffer);
       std::vector<Planned> streamed;
       std::copy_if(planned.begin(), planned.end(), std::back_inserter(streamed),
                    [&](const Planned& p) { return streams(p.read.file); });
-      if (std::is_sorted(streamed.begin(), streamed.end(), [](const Planned& x, const Planned& y) { return x.block < y.block; }))
+      if (std::is_sorted(streamed.begin(), streamed.end(), [](const Planned& x, const Planned& y) { return x.block < y.block; })) {
         way = Way::direct;
+        // What lies in host memory as f32 is read straight into it (a pristine engine's padding
+        // is zero already); the rest goes through the block's buffer, whose pages only that touches.
+        for (size_t b = 0; b < plan.blocks.size(); ++b) {
+          in_place[b][0] = engine.values_in_place(static_cast<int>(b));
+          for (size_t s = 1; s < states.size(); ++s) in_place[b][s] = engine.owned_in_place(states[s].kind, static_cast<int>(b));
+        }
+        planned = plan_reads([&](size_t b, size_t s) { return in_place[b][s] != nullptr ? in_place[b][s] : in_buffer(b, s); });
+      }
     }
     // The ranks of a node read the available memory at once: each takes its share of the half.
     const uint64_t limit = options.landing_bytes_limit.value_or(available_memory() / 2 / static_cast<uint64_t>(ranks));
@@ -216,7 +237,7 @@ IoStats load(Engine& engine, const std::string& path, Manifest* out, bool weight
       buffer = offload::AlignedBuffer(total_floats * sizeof(float));
       std::vector<size_t> first(plan.blocks.size());
       for (size_t b = 1; b < first.size(); ++b) first[b] = first[b - 1] + runs[b - 1].floats;
-      planned = plan_reads([&](size_t b) { return reinterpret_cast<float*>(buffer.data()) + first[b]; });
+      planned = plan_reads([&](size_t b, size_t s) { return reinterpret_cast<float*>(buffer.data()) + first[b] + runs[b].at[s]; });
       covered = covered_by_block(planned);
       for (size_t b = 0; b < plan.blocks.size(); ++b) zero_gaps(covered[b], b, reinterpret_cast<float*>(buffer.data()) + first[b]);
       way = Way::landing;
@@ -306,7 +327,10 @@ IoStats load(Engine& engine, const std::string& path, Manifest* out, bool weight
     } else if (way == Way::two_passes) {
       std::vector<float> moments;
       for (size_t b = 0; b < plan.blocks.size(); ++b) {
-        engine.set_block_values(static_cast<int>(b), [&](size_t lo, size_t hi, float* values) { fill(b, 0, lo, hi, values); });
+        engine.set_block_values(static_cast<int>(b), [&](size_t lo, size_t hi, float* values) {
+          std::fill(values, values + (hi - lo), 0.0f);  // a tensor the reads leave out stays zero
+          fill(b, 0, lo, hi, values);
+        });
         for (size_t s = 1; s < states.size(); ++s) {
           const OwnedRange& r = plan.range(states[s].kind, static_cast<int>(b));
           moments.assign(r.numel(), 0.0f);  // reused: its pages are touched once, not per block

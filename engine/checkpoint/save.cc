@@ -48,17 +48,22 @@ void for_each_piece(Engine& engine, const std::vector<StateRef>& states, const s
                     const std::function<void(const float*, size_t)>& sink) {
   const Plan& plan = engine.plan();
   std::vector<float> values;
+  const float* source = nullptr;  // the block's state: in the engine's host memory, or copied out
   int block = -1, state = -1;
   for (const auto& p : file_layout(plan, tensors, states.size(), plan.rank)) {
     const auto& t = tensors[p.tensor];
     const OwnedRange& r = plan.range(states[p.state].kind, t.block);
     if (t.block != block || p.state != state) {
       block = t.block, state = p.state;
-      values.resize(r.numel());
-      engine.read_owned(states[state].kind, block, values);
+      source = engine.owned_in_host(states[state].kind, block);
+      if (source == nullptr) {
+        values.resize(r.numel());
+        engine.read_owned(states[state].kind, block, values);
+        source = values.data();
+      }
     }
     ZEROTH_CHECK(t.begin + p.lo >= r.lo && t.begin + p.hi <= r.hi, "the rank's slice lies outside its owned range");
-    sink(values.data() + (t.begin + p.lo - r.lo), p.hi - p.lo);
+    sink(source + (t.begin + p.lo - r.lo), p.hi - p.lo);
   }
 }
 

@@ -397,27 +397,62 @@ void Executor::write_block(int b, const std::function<void(size_t, size_t, float
   std::optional<OwnedWriter> shard_out, master_out;
   if (params == nullptr || params->buffer != shard.buffer) shard_out.emplace(*this, shard, scratch_io_[0]);
   if (!same_place(master, shard)) master_out.emplace(*this, master, scratch_io_[1]);
-  const size_t c = dtype_size(plan_.compute_dtype);
+  const DType dtype = plan_.compute_dtype;
+  const size_t c = dtype_size(dtype), numel = plan_.blocks[b].numel;
+  // Full parameters in host memory are written in place: the values themselves where they are f32,
+  // else cast straight into them; a device's go through the host scratch and a copy.
+  const bool host_params = params != nullptr && device_.kind() == DeviceKind::cpu;
   Stream& cs = compute_stream();
   // A chunk at a time (kTransferChunkNumel): fill asks for any part of [lo, hi).
   for (size_t a = lo; a < hi; a += kTransferChunkNumel) {
-    const size_t e = std::min(hi, a + kTransferChunkNumel);
-    std::vector<float>& values = scratch_values_;
-    values.assign(e - a, 0.0f);
-    fill(a, e, values.data());
-    std::vector<char>& narrow = scratch_narrow_;
-    narrow.resize(values.size() * c);
-    cpu::cast(values.data(), DType::f32, narrow.data(), plan_.compute_dtype, values.size());
-    if (params != nullptr) {
+    const size_t e = std::min(hi, a + kTransferChunkNumel), n = e - a;
+    const bool in_place = host_params && params->lo <= a && e <= params->hi;
+    float* values;
+    if (in_place && c == sizeof(float)) {
+      values = static_cast<float*>(at(*params, a));
+    } else {
+      scratch_values_.resize(n);  // not cleared: fill writes every parameter's element
+      values = scratch_values_.data();
+    }
+    // The padding past the parameters starts at zero; fill writes the rest.
+    if (e > numel) std::fill(values + (std::max(a, numel) - a), values + n, 0.0f);
+    fill(a, e, values);
+    char* narrow = reinterpret_cast<char*>(values);
+    if (c != sizeof(float)) {
+      if (in_place) {
+        narrow = static_cast<char*>(at(*params, a));
+      } else {
+        scratch_narrow_.resize(n * c);
+        narrow = scratch_narrow_.data();
+      }
+      cpu::cast(values, DType::f32, narrow, dtype, n);
+    }
+    if (params != nullptr && !in_place) {
       const size_t from = std::max(a, params->lo), to = std::min(e, params->hi);
-      if (from < to) device_.copy(cs, at(*params, from), narrow.data() + (from - a) * c, (to - from) * c);
+      if (from < to) device_.copy(cs, at(*params, from), narrow + (from - a) * c, (to - from) * c);
       cs.synchronize();  // the copy has read `narrow`
     }
-    if (shard_out) shard_out->add(narrow.data(), a, e);
-    if (master_out) master_out->add(values.data(), a, e);
+    if (shard_out) shard_out->add(narrow, a, e);
+    if (master_out) master_out->add(values, a, e);
   }
   if (shard_out) shard_out->finish();
   if (master_out) master_out->finish();
+}
+
+float* Executor::values_in_place(int b) {
+  const OwnedRange* params = plan_.find(StateKind::params, b);
+  const OwnedRange& shard = plan_.range(StateKind::param_shard, b);
+  const auto [lo, hi] = plan_.values_range(b);
+  if (params == nullptr || params->buffer != shard.buffer || !same_place(plan_.range(StateKind::master, b), shard)) return nullptr;
+  if (plan_.compute_dtype != DType::f32 || params->lo > lo || params->hi < hi || owned_in_place(*params) == nullptr) return nullptr;
+  return static_cast<float*>(at(*params, lo));
+}
+
+float* Executor::owned_in_place(const OwnedRange& r) const {
+  const auto& buf = plan_.buffers[r.buffer];
+  if (!buffers_[r.buffer] || buf.dtype != DType::f32 || (buf.tier == Tier::device && device_.kind() != DeviceKind::cpu))
+    return nullptr;
+  return static_cast<float*>(at(r, r.lo));
 }
 
 void Executor::start() {
