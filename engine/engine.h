@@ -161,8 +161,9 @@ class Engine final : public BlockHost {
   void write_owned(StateKind kind, int block, std::span<const float> values);
   // - a block's master values and every copy computed from them: fill(lo, hi, out) provides padded
   //   elements [lo, hi) in f32, asked for in consecutive chunks of at most kTransferChunkNumel that
-  //   cover plan().values_range(block); `out` is zero past the block's parameters (its padding),
-  //   and fill writes every parameter element of [lo, hi) (what was there before is undefined);
+  //   cover plan().values_range(block); `out` is zero outside the block's parameters (alignment
+  //   gaps, padding), and fill writes every parameter element of [lo, hi) (what was there before
+  //   is undefined);
   void set_block_values(int block, const std::function<void(size_t, size_t, float*)>& fill);
   // - where a loader may write those values, and an owned moment range, straight into
   //   host memory instead (Executor::values_in_place and owned_in_place): nullptr where

@@ -131,14 +131,17 @@ class Executor {
   // Values of a block: fill(lo, hi, out) provides padded elements [lo, hi) in f32, a chunk of at most
   // kTransferChunkNumel of Plan::values_range at a time, front to back; every kind
   // this rank holds of the block (full parameters, parameter shard, master) is written from them,
-  // so no collective is needed. `out` holds zeros past the block's parameters (its padding) and
-  // anything before: fill writes every parameter element in [lo, hi). It may be the full
-  // parameters' own memory (f32 on the host). Between cycles; synchronizes.
+  // so no collective is needed. `out` holds zeros outside the block's parameters (the alignment
+  // gaps between them and the padding after) and anything inside: fill writes every parameter
+  // element in [lo, hi). It may be the full parameters' own memory (f32 on the host). Between
+  // cycles; synchronizes.
   void write_block(int block, const std::function<void(size_t, size_t, float*)>& fill);
   // Host memory a writer may fill directly, between cycles, instead of going through write_block
   // or write_owned: a block's values [Plan::values_range) where write_block would write them in
   // place and nowhere else (f32 full parameters on the host that hold the shard and master too),
   // and an f32 owned range held in host memory. nullptr where those calls are needed.
+  // Elements [lo, hi) of block b that no parameter holds, zeroed in `values` (element lo first).
+  void zero_outside_params(int b, size_t lo, size_t hi, float* values) const;
   float* values_in_place(int block);
   float* owned_in_place(const OwnedRange& r) const;
   // Zeroes what starts at zero (moments, gradient accumulators).

@@ -389,6 +389,19 @@ void Executor::all_gather(int index) {
   }
 }
 
+void Executor::zero_outside_params(int b, size_t lo, size_t hi, float* values) const {
+  const auto& offsets = plan_.blocks[b].param_offsets;
+  const auto& params = specs_[b].params;
+  size_t at = lo;  // [lo, at) is a parameter's or zeroed
+  for (size_t i = 0; i < params.size() && at < hi; ++i) {
+    const size_t p0 = offsets[i], p1 = p0 + params[i].numel();
+    if (p1 <= at) continue;
+    if (p0 > at) std::fill(values + (at - lo), values + (std::min(p0, hi) - lo), 0.0f);
+    at = std::max(at, p1);
+  }
+  if (at < hi) std::fill(values + (at - lo), values + (hi - lo), 0.0f);
+}
+
 void Executor::write_block(int b, const std::function<void(size_t, size_t, float*)>& fill) {
   const OwnedRange* params = plan_.find(StateKind::params, b);
   const OwnedRange& shard = plan_.range(StateKind::param_shard, b);
@@ -398,7 +411,7 @@ void Executor::write_block(int b, const std::function<void(size_t, size_t, float
   if (params == nullptr || params->buffer != shard.buffer) shard_out.emplace(*this, shard, scratch_io_[0]);
   if (!same_place(master, shard)) master_out.emplace(*this, master, scratch_io_[1]);
   const DType dtype = plan_.compute_dtype;
-  const size_t c = dtype_size(dtype), numel = plan_.blocks[b].numel;
+  const size_t c = dtype_size(dtype);
   // Full parameters in host memory are written in place: the values themselves where they are f32,
   // else cast straight into them; a device's go through the host scratch and a copy.
   const bool host_params = params != nullptr && device_.kind() == DeviceKind::cpu;
@@ -414,8 +427,7 @@ void Executor::write_block(int b, const std::function<void(size_t, size_t, float
       scratch_values_.resize(n);  // not cleared: fill writes every parameter's element
       values = scratch_values_.data();
     }
-    // The padding past the parameters starts at zero; fill writes the rest.
-    if (e > numel) std::fill(values + (std::max(a, numel) - a), values + n, 0.0f);
+    zero_outside_params(b, a, e, values);
     fill(a, e, values);
     char* narrow = reinterpret_cast<char*>(values);
     if (c != sizeof(float)) {

@@ -345,6 +345,47 @@ TEST(OffloadMemory, InitializationStreamsABlockInChunks) {
   EXPECT_EQ(differ, 0u) << "of " << got.size() << " master values";
 }
 
+// Values set on every block (set_master_values, with each parameter's values only) against the
+// same values with zeros in the alignment gaps between parameters and the padding after: through
+// the transfer scratch (bf16, stage 3), whose earlier block's values must not leak into the gaps,
+// and in place (f32 at stages 0-2).
+TEST(SetValues, LeaveTheGapsBetweenParametersZero) {
+  for (const auto& [stage, dtype] : {std::pair{0, DType::f32}, std::pair{1, DType::f32}, std::pair{1, DType::bf16},
+                                     std::pair{3, DType::f32}, std::pair{3, DType::bf16}}) {
+    SCOPED_TRACE(fmt::format("stage {}, {}", stage, dtype_name(dtype)));
+    MlpRun run;
+    run.stage = stage;
+    run.dtype = dtype;
+    const std::vector<int> widths = {5, 7, 3, 9};  // weights of 35, 21 and 27 elements: gaps after each
+    auto device = make_device("cpu");
+    auto comms = make_local_communicators(1);
+    Engine engine(*device, *comms[0], testing::mlp_config(run));
+    Mlp mlp(engine, {widths});
+    engine.finalize();
+    const size_t blocks = engine.plan().blocks.size();
+    for (size_t b = 0; b < blocks; ++b) {
+      size_t n = 0;  // the parameters unpadded
+      for (const auto& p : engine.block_spec(static_cast<int>(b)).params) n += p.numel();
+      std::vector<float> values(n);
+      for (size_t i = 0; i < n; ++i) values[i] = 1.0f + static_cast<float>(b * 100 + i);
+      engine.set_master_values(static_cast<int>(b), values);
+    }
+    size_t gaps = 0;
+    for (size_t b = 0; b < blocks; ++b) {
+      const auto& blk = engine.plan().blocks[b];
+      const auto& spec = engine.block_spec(static_cast<int>(b));
+      std::vector<float> expected(blk.padded, 0.0f);
+      size_t src = 0;
+      for (size_t i = 0; i < spec.params.size(); ++i)
+        for (size_t e = 0; e < spec.params[i].numel(); ++e)
+          expected[blk.param_offsets[i] + e] = 1.0f + static_cast<float>(b * 100 + src++);
+      for (float v : expected) gaps += v == 0.0f;
+      EXPECT_EQ(engine.master_values(static_cast<int>(b)), expected) << "block " << b;
+    }
+    EXPECT_GT(gaps, 0u);
+  }
+}
+
 // A swap file that loses its bytes (here: truncated through the process's own descriptor, as a
 // failing disk or a careless `truncate` would) ends the run with an IoError naming the file; the
 // step does not go on with what a failed read left in the slot.
