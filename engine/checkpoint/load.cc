@@ -184,7 +184,7 @@ IoStats load(Engine& engine, const std::string& path, Manifest* out, bool weight
   };
   auto zero_gaps = [&](const Covered& covered, size_t b, float* run) {
     for (size_t s = 0; s < states.size(); ++s) {
-      if (in_place[b][s] != nullptr) continue;  // the engine's: padding zero already
+      if (in_place[b][s] != nullptr) continue;  // the engine's: zero outside its parameters already
       auto* at = reinterpret_cast<std::byte*>(run + runs[b].at[s]);
       auto* end = reinterpret_cast<std::byte*>(run + (s + 1 < states.size() ? runs[b].at[s + 1] : runs[b].floats));
       for (const auto& [lo, hi] : covered) {
@@ -221,8 +221,9 @@ IoStats load(Engine& engine, const std::string& path, Manifest* out, bool weight
                    [&](const Planned& p) { return streams(p.read.file); });
       if (std::is_sorted(streamed.begin(), streamed.end(), [](const Planned& x, const Planned& y) { return x.block < y.block; })) {
         way = Way::direct;
-        // What lies in host memory as f32 is read straight into it (a pristine engine's padding
-        // is zero already); the rest goes through the block's buffer, whose pages only that touches.
+        // What lies in host memory as f32 is read straight into it (a pristine engine holds zeros
+        // outside its parameters already); the rest goes through the block's buffer, whose pages
+        // only that touches.
         for (size_t b = 0; b < plan.blocks.size(); ++b) {
           in_place[b][0] = engine.values_in_place(static_cast<int>(b));
           for (size_t s = 1; s < states.size(); ++s) in_place[b][s] = engine.owned_in_place(states[s].kind, static_cast<int>(b));
@@ -327,10 +328,7 @@ IoStats load(Engine& engine, const std::string& path, Manifest* out, bool weight
     } else if (way == Way::two_passes) {
       std::vector<float> moments;
       for (size_t b = 0; b < plan.blocks.size(); ++b) {
-        engine.set_block_values(static_cast<int>(b), [&](size_t lo, size_t hi, float* values) {
-          std::fill(values, values + (hi - lo), 0.0f);  // a tensor the reads leave out stays zero
-          fill(b, 0, lo, hi, values);
-        });
+        engine.set_block_values(static_cast<int>(b), [&](size_t lo, size_t hi, float* values) { fill(b, 0, lo, hi, values); });
         for (size_t s = 1; s < states.size(); ++s) {
           const OwnedRange& r = plan.range(states[s].kind, static_cast<int>(b));
           moments.assign(r.numel(), 0.0f);  // reused: its pages are touched once, not per block
