@@ -144,6 +144,8 @@ class Executor {
   void zero_outside_params(int b, size_t lo, size_t hi, float* values) const;
   float* values_in_place(int block);
   float* owned_in_place(const OwnedRange& r) const;
+  // Whether a buffer is memory this process can write: not a swap file, not a GPU's.
+  bool in_host_memory(int buffer) const;
   // Zeroes what starts at zero (moments, gradient accumulators).
   void start();
   // The fp32 master values of a block, whole (padded). Collective over the group; synchronizes.

@@ -414,7 +414,7 @@ void Executor::write_block(int b, const std::function<void(size_t, size_t, float
   const size_t c = dtype_size(dtype);
   // Full parameters in host memory are written in place: the values themselves where they are f32,
   // else cast straight into them; a device's go through the host scratch and a copy.
-  const bool host_params = params != nullptr && device_.kind() == DeviceKind::cpu;
+  const bool host_params = params != nullptr && in_host_memory(params->buffer);
   Stream& cs = compute_stream();
   // A chunk at a time (kTransferChunkNumel): fill asks for any part of [lo, hi).
   for (size_t a = lo; a < hi; a += kTransferChunkNumel) {
@@ -460,10 +460,12 @@ float* Executor::values_in_place(int b) {
   return static_cast<float*>(at(*params, lo));
 }
 
+bool Executor::in_host_memory(int buffer) const {
+  return buffers_[buffer] && (plan_.buffers[buffer].tier != Tier::device || device_.kind() == DeviceKind::cpu);
+}
+
 float* Executor::owned_in_place(const OwnedRange& r) const {
-  const auto& buf = plan_.buffers[r.buffer];
-  if (!buffers_[r.buffer] || buf.dtype != DType::f32 || (buf.tier == Tier::device && device_.kind() != DeviceKind::cpu))
-    return nullptr;
+  if (!in_host_memory(r.buffer) || plan_.buffers[r.buffer].dtype != DType::f32) return nullptr;
   return static_cast<float*>(at(r, r.lo));
 }
 
