@@ -19,6 +19,7 @@
 #include <string>     // std::string, std::to_string
 #include <vector>     // std::vector
 
+#include "core/cpu/kernels.h"  // cpu::num_threads, cpu::set_num_threads
 #include "models/gpt/cpu/gpt_kernels.h"
 
 namespace zeroth::gpt::cpu {
@@ -170,6 +171,33 @@ TEST(Bf16Attention, MatchesFloat64RoundedWhereTheKernelRounds) {
               tally.elements, share, tally.worst);
   EXPECT_LE(share, kFlipShare)
       << "too many elements past the f32 bound: an operand rounded where the kernel does not, or not where it does";
+}
+
+// A bf16 forward over many key/value heads packs each head's pairs in the task that reads them;
+// over few, it packs all heads first and splits the work by blocks of queries. Both must give the
+// same bits: a batch large enough for the first (at two threads), against each of its sequences
+// alone, which takes the second.
+TEST(Bf16Attention, ForwardPackingByHeadOrAllAtOnceGivesTheSameBits) {
+  const int threads = zeroth::cpu::num_threads();
+  zeroth::cpu::set_num_threads(2);
+  struct Shape {
+    int B, T, NH, KVH, hs;
+  };
+  for (const auto& [B, T, NH, KVH, hs] : {Shape{4, 200, 4, 2, 32}, Shape{8, 130, 3, 1, 16}}) {
+    SCOPED_TRACE(std::to_string(B) + " x " + std::to_string(T) + ", " + std::to_string(NH) + " heads over " + std::to_string(KVH));
+    const size_t W = static_cast<size_t>(NH + 2 * KVH) * hs, Cq = static_cast<size_t>(NH) * hs;
+    std::mt19937 rng(7 + T);
+    const Vec qkv = random_vec(B * T * W, rng, 1);
+    Vec out(B * T * Cq), lse(static_cast<size_t>(B) * NH * T);
+    attention_forward(out.data(), lse.data(), qkv.data(), B, T, NH, KVH, hs, DType::bf16);
+    for (int b = 0; b < B; ++b) {
+      Vec one_out(T * Cq), one_lse(static_cast<size_t>(NH) * T);
+      attention_forward(one_out.data(), one_lse.data(), qkv.data() + b * T * W, 1, T, NH, KVH, hs, DType::bf16);
+      EXPECT_EQ(std::memcmp(one_out.data(), out.data() + b * T * Cq, one_out.size() * sizeof(float)), 0) << "out of sequence " << b;
+      EXPECT_EQ(std::memcmp(one_lse.data(), lse.data() + b * NH * T, one_lse.size() * sizeof(float)), 0) << "lse of sequence " << b;
+    }
+  }
+  zeroth::cpu::set_num_threads(threads);
 }
 
 }  // namespace

@@ -24,7 +24,7 @@
 
 #include "models/gpt/cpu/attention_isa.h"
 #include "models/gpt/cpu/gpt_kernels.h"
-#include "models/gpt/cpu/row_math.h"  // ZEROTH_ISA_CLONES, scale_row, for_rows
+#include "models/gpt/cpu/row_math.h"  // ZEROTH_ISA_CLONES, for_rows
 
 namespace zeroth::gpt::cpu {
 namespace {
@@ -85,7 +85,7 @@ ZEROTH_ISA_CLONES float dot_row(const float* a, const float* b, int n) {
 // A thread's buffer `which` of at least n elements.
 template <class T = float>
 T* thread_buffer(int which, size_t n) {
-  thread_local std::vector<T> buffers[8];
+  thread_local std::vector<T> buffers[9];
   auto& b = buffers[which];
   if (b.size() < n) b.resize(n);
   return b.data();
@@ -120,44 +120,65 @@ struct Head {
   size_t v(int h) const { return static_cast<size_t>(NH + KVH + h / g) * hs; }
 };
 
-// A bf16 call's keys and values as pairs, for each sequence and key/value head: `rows` along the
-// channels (T x hs / 2: A of K Q^T and V dY^T), `row_pairs` by pairs of rows ((T + 1) / 2 x hs: B of
-// P V and dS K; a last odd row's partner is 0). Held by the calling thread, filled once a call.
-struct PackedKv {
-  size_t T, pairs_per_head, hs;
-  uint32_t *k_rows = nullptr, *v_rows = nullptr, *k_row_pairs = nullptr, *v_row_pairs = nullptr;
-  size_t rows_at(int b, int kvh, int KVH) const { return (static_cast<size_t>(b) * KVH + kvh) * T * hs / 2; }
-  size_t pairs_at(int b, int kvh, int KVH) const { return (static_cast<size_t>(b) * KVH + kvh) * pairs_per_head; }
+// One key/value head's keys and values of a bf16 call as pairs, in the layouts the products read:
+// `rows` along the channels (T x hs / 2: A of K Q^T and V dY^T), `row_pairs` by pairs of rows
+// ((T + 1) / 2 x hs: B of P V and dS K; a last odd row's partner is 0). The forward packs K along
+// rows and V by row pairs, the backward K and V along rows and K by row pairs; what a pass does not
+// read is left null.
+struct HeadPairs {
+  const uint32_t *k_rows = nullptr, *v_rows = nullptr, *k_row_pairs = nullptr, *v_row_pairs = nullptr;
 };
 
-// Packs what a call needs of qkv's keys and values: forward K along rows and V by row pairs,
-// backward K and V along rows and K by row pairs.
-PackedKv pack_kv(const float* qkv, const Head& at, int B, size_t T, bool backward) {
-  PackedKv kv{T, (T + 1) / 2 * at.hs, static_cast<size_t>(at.hs)};
-  const size_t heads = static_cast<size_t>(B) * at.KVH, along = heads * T * at.hs / 2, paired = heads * kv.pairs_per_head;
-  thread_local std::vector<uint32_t> store;
-  store.resize(along * (backward ? 2 : 1) + paired);
-  kv.k_rows = store.data();
-  if (backward) {
-    kv.v_rows = kv.k_rows + along;
-    kv.k_row_pairs = kv.v_rows + along;
-  } else {
-    kv.v_row_pairs = kv.k_rows + along;
+// Pairs one layout of a head's keys or values takes (either layout fits), and the layouts a pass
+// packs.
+size_t layout_pairs(size_t T, int hs) { return (T + 1) / 2 * hs; }
+int layouts(bool backward) { return backward ? 3 : 2; }
+
+// Packs sequence b's key/value head kvh (rows [0, T) of qkv [B, T, W]) into `store` (layouts x
+// layout_pairs), for the forward or the backward.
+HeadPairs pack_head(uint32_t* store, const float* qkv, const Head& at, int b, int kvh, size_t T, bool backward) {
+  const size_t size = layout_pairs(T, at.hs);
+  const int hs = at.hs, rows = static_cast<int>(T), h = kvh * at.g;  // h: a query head this key/value head serves
+  const float* seq = qkv + b * T * at.W;
+  uint32_t *first = store, *second = store + size;
+  pack_along_rows(first, hs / 2, seq + at.k(h), at.W, rows, hs);
+  if (!backward) {
+    pack_row_pairs(second, hs, seq + at.v(h), at.W, rows, hs);
+    return {.k_rows = first, .v_row_pairs = second};
   }
+  uint32_t* third = store + 2 * size;
+  pack_along_rows(second, hs / 2, seq + at.v(h), at.W, rows, hs);
+  pack_row_pairs(third, hs, seq + at.k(h), at.W, rows, hs);
+  return {.k_rows = first, .v_rows = second, .k_row_pairs = third};
+}
+
+// Where a call runs over few key/value heads (fewer tasks than this many a thread), every head is
+// packed first, in a pass of its own, and the tasks split the heads' work finer; else a task takes a
+// whole head and packs it itself, where its products find it in cache.
+constexpr int kHeadTasksPerThread = 4;
+bool packs_by_head(int B, int KVH) { return B * KVH >= kHeadTasksPerThread * zeroth::cpu::num_threads(); }
+
+// Every head of a call packed, held by the calling thread.
+struct PackedKv {
+  std::vector<HeadPairs> heads;  // [b KVH + kvh]
+  const HeadPairs& at(int b, int kvh, int KVH) const { return heads[static_cast<size_t>(b) * KVH + kvh]; }
+};
+
+PackedKv pack_all(const float* qkv, const Head& at, int B, size_t T, bool backward) {
+  const size_t heads = static_cast<size_t>(B) * at.KVH, per_head = layout_pairs(T, at.hs) * layouts(backward);
+  thread_local std::vector<uint32_t> store;
+  store.resize(heads * per_head);
+  uint32_t* base = store.data();  // the calling thread's: the tasks run on others too
+  PackedKv kv{std::vector<HeadPairs>(heads)};
   for_rows(heads, 1, [&](size_t task) {
-    const int kvh = static_cast<int>(task % at.KVH), b = static_cast<int>(task / at.KVH), hs = at.hs, rows = static_cast<int>(T);
-    const float* seq = qkv + b * T * at.W;
-    const int h = kvh * at.g;  // a query head this key/value head serves
-    pack_along_rows(kv.k_rows + kv.rows_at(b, kvh, at.KVH), hs / 2, seq + at.k(h), at.W, rows, hs);
-    if (backward) {
-      pack_along_rows(kv.v_rows + kv.rows_at(b, kvh, at.KVH), hs / 2, seq + at.v(h), at.W, rows, hs);
-      pack_row_pairs(kv.k_row_pairs + kv.pairs_at(b, kvh, at.KVH), hs, seq + at.k(h), at.W, rows, hs);
-    } else {
-      pack_row_pairs(kv.v_row_pairs + kv.pairs_at(b, kvh, at.KVH), hs, seq + at.v(h), at.W, rows, hs);
-    }
+    const int kvh = static_cast<int>(task % at.KVH), b = static_cast<int>(task / at.KVH);
+    kv.heads[task] = pack_head(base + task * per_head, qkv, at, b, kvh, T, backward);
   });
   return kv;
 }
+
+// A thread's store for the one head it packs at a time.
+uint32_t* head_store(size_t T, int hs, bool backward) { return thread_buffer<uint32_t>(8, layout_pairs(T, hs) * layouts(backward)); }
 
 // Rows [pos, pos + n) of each of B sequences (qkv [B, pos + n, W]) over the sequence's rows
 // [0, pos + n): out [B, n, Cq], lse [B, NH, n]. `pairs`: bf16 products.
@@ -166,10 +187,8 @@ void blocked_forward(float* out, float* lse, const float* qkv, int B, int pos, i
   const size_t W = at.W, Cq = at.Cq, Tk = static_cast<size_t>(pos) + n;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int blocks = (n + kRows - 1) / kRows;
-  const PackedKv kv = pairs ? pack_kv(qkv, at, B, Tk, false) : PackedKv{};
-  for_rows(static_cast<size_t>(B) * NH * blocks, 1, [&](size_t task) {
-    const int blk = static_cast<int>(task % blocks), h = static_cast<int>(task / blocks % NH),
-              b = static_cast<int>(task / blocks / NH);
+  // Query head h's block blk of sequence b, over its key/value head's pairs `kv` in a bf16 call.
+  auto block = [&](int b, int h, int blk, const HeadPairs& kv) {
     // The block's rows are positions [a0, a1) of its sequence.
     const int rows = std::min(kRows, n - blk * kRows), lanes = lanes_of(rows), a0 = pos + blk * kRows, a1 = a0 + rows;
     const float* seq = qkv + b * Tk * W;
@@ -181,14 +200,14 @@ void blocked_forward(float* out, float* lse, const float* qkv, int B, int pos, i
     if (pairs) {
       qt2 = thread_buffer<uint32_t>(0, static_cast<size_t>(hs) / 2 * kRows);
       p2 = thread_buffer<uint32_t>(1, static_cast<size_t>(kKeys) / 2 * kRows);
-      k2 = kv.k_rows + kv.rows_at(b, h / at.g, KVH), v2 = kv.v_row_pairs + kv.pairs_at(b, h / at.g, KVH);
+      k2 = kv.k_rows, v2 = kv.v_row_pairs;
       pack_transposed(qt2, seq + a0 * W + at.q(h), rows, W, hs);
     } else {
       isa().transpose(qt, seq + a0 * W + at.q(h), rows, W, hs);
     }
     if (blk + 1 < blocks) prefetch_rows(seq + (a0 + kRows) * W + at.q(h), std::min(kRows, n - (blk + 1) * kRows), W, hs);
     // Each query's running max and sum of exp(score - max), and the chunk's rescaling of both.
-    alignas(64) float m[kRows], l[kRows], alpha[kRows];
+    alignas(64) float m[kRows], l[kRows], alpha[kRows], inverse_l[kRows];
     for (int c0 = 0; c0 < a1; c0 += kKeys) {
       const int width = std::min(kKeys, a1 - c0);
       // S^T = scale K Q^T: key c0 + j against the queries from c0 + j on.
@@ -202,22 +221,55 @@ void blocked_forward(float* out, float* lse, const float* qkv, int B, int pos, i
       // The first chunk holds key 0, which every query sees; a later one may hold none of a
       // query's keys (a block not aligned to the chunks, in generation) and leaves it as it was.
       isa().softmax_chunk(st, width, lanes, m, l, alpha, c0 == 0, p2);  // in pairs: P by pairs of keys
-      if (c0 > 0) {
-        // The output so far was weighed against smaller maxima.
-        for (int r = 0; r < rows; ++r) scale_row(o + r * Cq, hs, alpha[r]);
+      // O (+)= P V: query a0 + i over the keys up to a0 + i. The output so far was weighed against
+      // smaller maxima (alpha); after the last chunk, O / l.
+      const bool last = c0 + kKeys >= a1;
+      if (last) {
+        for (int r = 0; r < rows; ++r) inverse_l[r] = 1.0f / l[r];
       }
-      // O (+)= P V: query a0 + i over the keys up to a0 + i.
+      Product pv{rows,
+                 hs,
+                 width,
+                 1.0f,
+                 st,
+                 1,
+                 kRows,
+                 v + c0 * W,
+                 W,
+                 o,
+                 Cq,
+                 c0 > 0,
+                 Zeros::k_after,
+                 a0 - c0,
+                 c0 > 0 ? alpha : nullptr,
+                 last ? inverse_l : nullptr};
       if (pairs) {
-        multiply_pairs(rows, hs, (width + 1) / 2, 1.0f, p2, 1, kRows, v2 + c0 / 2 * hs, hs, o, Cq, c0 > 0, Zeros::k_after, a0 - c0);
+        isa().pair_product(PairProduct{pv.m, pv.n, (width + 1) / 2, pv.alpha, p2, pv.a_row, pv.a_col, v2 + c0 / 2 * hs,
+                                       static_cast<size_t>(hs), pv.c, pv.ldc, pv.accumulate, pv.zeros, pv.shift, pv.scale_c,
+                                       pv.scale_out});
       } else {
-        multiply(rows, hs, width, 1.0f, st, 1, kRows, v + c0 * W, W, o, Cq, c0 > 0, Zeros::k_after, a0 - c0);
+        isa().product(pv);
       }
     }
     float* row_lse = lse + (static_cast<size_t>(b) * NH + h) * n + blk * kRows;
-    for (int r = 0; r < rows; ++r) {
-      scale_row(o + r * Cq, hs, 1.0f / l[r]);
-      row_lse[r] = m[r] + std::log(l[r]);
-    }
+    for (int r = 0; r < rows; ++r) row_lse[r] = m[r] + std::log(l[r]);
+  };
+  if (pairs && packs_by_head(B, KVH)) {
+    // A task per key/value head: its pairs, then each of its query heads' blocks.
+    for_rows(static_cast<size_t>(B) * KVH, 1, [&](size_t task) {
+      const int kvh = static_cast<int>(task % KVH), b = static_cast<int>(task / KVH);
+      const HeadPairs kv = pack_head(head_store(Tk, hs, false), qkv, at, b, kvh, Tk, false);
+      for (int h = kvh * at.g; h < (kvh + 1) * at.g; ++h) {
+        for (int blk = 0; blk < blocks; ++blk) block(b, h, blk, kv);
+      }
+    });
+    return;
+  }
+  const PackedKv kv = pairs ? pack_all(qkv, at, B, Tk, false) : PackedKv{};
+  for_rows(static_cast<size_t>(B) * NH * blocks, 1, [&](size_t task) {
+    const int blk = static_cast<int>(task % blocks), h = static_cast<int>(task / blocks % NH),
+              b = static_cast<int>(task / blocks / NH);
+    block(b, h, blk, pairs ? kv.at(b, h / at.g, KVH) : HeadPairs{});
   });
 }
 
@@ -242,7 +294,6 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
                         int KVH, int hs, DType products, AttentionPasses passes) {
   const Head at{static_cast<size_t>(NH + 2 * KVH) * hs, static_cast<size_t>(NH) * hs, NH, KVH, NH / KVH, hs};
   const bool pairs = in_pairs(products, hs);
-  const PackedKv kv = pairs ? pack_kv(qkv, at, B, T, true) : PackedKv{};
   const size_t W = at.W, Cq = at.Cq;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int blocks = (T + kRows - 1) / kRows, chunks = (T + kKeys - 1) / kKeys;
@@ -294,7 +345,7 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
   // the chunk) add the block's share; the keys the block holds itself meet their first query here,
   // so the group's first head writes those (dK and dV start unset). dQ (rows of the block) is
   // written by the first chunk and added to by the others.
-  auto meet = [&](const Block& x, int b, int c0, bool want_kv, bool want_q) {
+  auto meet = [&](const Block& x, int b, int c0, const HeadPairs& kv, bool want_kv, bool want_q) {
     const float* seq = qkv + static_cast<size_t>(b) * T * W;
     float* dseq = dqkv + static_cast<size_t>(b) * T * W;
     const int n = std::min(kKeys, x.i1 - c0), lanes = x.lanes, rows = x.rows;
@@ -306,7 +357,6 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
     const bool first_head = x.h % at.g == 0;
     // In pairs, the softmax passes give P and dS^T along each key's row (A of P^T dY, dS^T Q), and
     // dS by pairs of keys (A of dS K): each only where its gradient is asked for.
-    const size_t kvh = static_cast<size_t>(x.h / at.g), head = kv.rows_at(b, static_cast<int>(kvh), at.KVH);
     uint32_t *p_along = nullptr, *ds_along = nullptr, *ds_pairs = nullptr;
     if (pairs && want_kv) {
       p_along = thread_buffer<uint32_t>(0, static_cast<size_t>(kKeys) * kRows / 2);
@@ -327,7 +377,7 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
     };
     // S^T = scale K Q^T
     if (pairs) {
-      multiply_pairs(n, lanes, hs / 2, scale, kv.k_rows + head + c0 * hs / 2, hs / 2, 1, x.qt2, kRows, pt, kRows, false,
+      multiply_pairs(n, lanes, hs / 2, scale, kv.k_rows + c0 * hs / 2, hs / 2, 1, x.qt2, kRows, pt, kRows, false,
                      Zeros::columns_before, ahead);
     } else {
       multiply(n, lanes, hs, scale, kc, W, 1, x.qt, kRows, pt, kRows, false, Zeros::columns_before, ahead);
@@ -337,7 +387,7 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
     if (want_kv) add_to_keys(pt, x.dy, Cq, p_along, x.dy2, dseq + at.v(x.h));  // dV += P^T dY
     // dP^T = V dY^T
     if (pairs) {
-      multiply_pairs(n, lanes, hs / 2, 1.0f, kv.v_rows + head + c0 * hs / 2, hs / 2, 1, x.dyt2, kRows, dst, kRows, false,
+      multiply_pairs(n, lanes, hs / 2, 1.0f, kv.v_rows + c0 * hs / 2, hs / 2, 1, x.dyt2, kRows, dst, kRows, false,
                      Zeros::columns_before, ahead);
     } else {
       multiply(n, lanes, hs, 1.0f, vc, W, 1, x.dyt, kRows, dst, kRows, false, Zeros::columns_before, ahead);
@@ -347,7 +397,7 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
     if (want_q) {
       float* dq = dseq + x.i0 * W + at.q(x.h);
       if (pairs) {  // dQ (+)= dS K
-        const uint32_t* k2 = kv.k_row_pairs + kv.pairs_at(b, static_cast<int>(kvh), at.KVH) + c0 / 2 * hs;
+        const uint32_t* k2 = kv.k_row_pairs + c0 / 2 * hs;
         multiply_pairs(rows, hs, (n + 1) / 2, 1.0f, ds_pairs, 1, kRows, k2, hs, dq, W, c0 > 0, Zeros::k_after, -ahead);
       } else {
         multiply(rows, hs, n, 1.0f, dst, 1, kRows, kc, W, dq, W, c0 > 0, Zeros::k_after, -ahead);
@@ -363,11 +413,12 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
     // A task per key/value head: its query heads in order, each block against the chunks it meets.
     for_rows(static_cast<size_t>(B) * KVH, 1, [&](size_t task) {
       const int kvh = static_cast<int>(task % KVH), b = static_cast<int>(task / KVH);
+      const HeadPairs kv = pairs ? pack_head(head_store(T, hs, true), qkv, at, b, kvh, T, true) : HeadPairs{};
       Block x;
       for (int h = kvh * at.g; h < (kvh + 1) * at.g; ++h) {
         for (int blk = 0; blk < blocks; ++blk) {
           prepare(x, b, h, blk);
-          for (int c0 = 0; c0 < x.i1; c0 += kKeys) meet(x, b, c0, true, true);
+          for (int c0 = 0; c0 < x.i1; c0 += kKeys) meet(x, b, c0, kv, true, true);
         }
       }
     });
@@ -377,6 +428,8 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
   // two passes with more tasks, at the cost of two more products a block and chunk. Each gradient
   // is summed in the order above, so both ways give the same bits. First dK and dV, a task per
   // chunk of keys; then dQ, a task per block of queries.
+  const PackedKv kv = pairs ? pack_all(qkv, at, B, T, true) : PackedKv{};
+  auto pairs_of = [&](int b, int kvh) { return pairs ? kv.at(b, kvh, KVH) : HeadPairs{}; };
   for_rows(static_cast<size_t>(B) * KVH * chunks, 1, [&](size_t task) {
     const int c = static_cast<int>(task % chunks), kvh = static_cast<int>(task / chunks % KVH),
               b = static_cast<int>(task / chunks / KVH);
@@ -384,7 +437,7 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
     for (int h = kvh * at.g; h < (kvh + 1) * at.g; ++h) {
       for (int blk = c * kKeys / kRows; blk < blocks; ++blk) {
         prepare(x, b, h, blk);
-        meet(x, b, c * kKeys, true, false);
+        meet(x, b, c * kKeys, pairs_of(b, kvh), true, false);
       }
     }
   });
@@ -393,7 +446,7 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
               b = static_cast<int>(task / blocks / NH);
     Block x;
     prepare(x, b, h, blk);
-    for (int c0 = 0; c0 < x.i1; c0 += kKeys) meet(x, b, c0, false, true);
+    for (int c0 = 0; c0 < x.i1; c0 += kKeys) meet(x, b, c0, pairs_of(b, h / at.g), false, true);
   });
 }
 

@@ -59,15 +59,14 @@ struct Lanes {
   static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
   static F add(F a, F b) { return _mm256_add_ps(a, b); }
   static F sub(F a, F b) { return _mm256_sub_ps(a, b); }
-  // b where either is NaN, as maxps/minps give it.
+  // b where either is NaN, as maxps gives it.
   static F max(F a, F b) { return _mm256_max_ps(a, b); }
-  static F min(F a, F b) { return _mm256_min_ps(a, b); }
-  // p 2^n for integral n, by adding n to p's exponent: exact while the result is normal.
-  static F scale_pow2(F p, F n) {
-    return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23)));
+  // p 2^n for integral n, by adding n to p's exponent (exact while the result is normal), where
+  // x >= t or x is NaN, else 0.
+  static F scale_pow2_from(F p, F n, F x, float t) {
+    const __m256 scaled = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23)));
+    return _mm256_and_ps(scaled, _mm256_cmp_ps(x, set1(t), _CMP_NLT_UQ));
   }
-  // v where x >= t or x is NaN, else 0.
-  static F zero_below(F v, F x, float t) { return _mm256_and_ps(v, _mm256_cmp_ps(x, set1(t), _CMP_NLT_UQ)); }
   // dst's row c (ldd apart) = src's column c, for an 8 x 8 square of src (rows ld apart): pairs of
   // rows interleaved, then 4 x 4 squares within each 128-bit half, then halves gathered.
   // T is float or a 32-bit pair: only bits move (the intrinsics' loads and stores may alias).

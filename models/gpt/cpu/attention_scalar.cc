@@ -37,11 +37,13 @@ struct Lanes {
   static F mul(F a, F b) { return a * b; }
   static F add(F a, F b) { return a + b; }
   static F sub(F a, F b) { return a - b; }
-  // b where either is NaN, as the vector levels' maxps/minps give it.
+  // b where either is NaN, as the vector levels' maxps gives it.
   static F max(F a, F b) { return a > b ? a : b; }
-  static F min(F a, F b) { return a < b ? a : b; }
-  static F scale_pow2(F p, F n) { return std::isnan(n) ? n : std::ldexp(p, static_cast<int>(n)); }
-  static F zero_below(F v, F x, float t) { return x < t ? 0.0f : v; }
+  // p 2^n where x >= t or x is NaN, else 0.
+  static F scale_pow2_from(F p, F n, F x, float t) {
+    if (x < t) return 0.0f;
+    return std::isnan(n) ? n : std::ldexp(p, static_cast<int>(n));
+  }
   template <class T>
   static void transpose(const T* src, size_t /*ld*/, T* dst, size_t /*ldd*/) {
     *dst = *src;
