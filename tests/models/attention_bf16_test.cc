@@ -175,15 +175,19 @@ TEST(Bf16Attention, MatchesFloat64RoundedWhereTheKernelRounds) {
 
 // A bf16 forward over many key/value heads packs each head's pairs in the task that reads them;
 // over few, it packs all heads first and splits the work by blocks of queries. Both must give the
-// same bits: a batch large enough for the first (at two threads), against each of its sequences
-// alone, which takes the second.
+// same bits: a batch of 16 or 32 key/value heads (four times what two threads need to pack by
+// head, so a higher threshold still takes that way), against each of its sequences alone (one or
+// two heads: the other way), at odd lengths so a last key pairs with zero.
 TEST(Bf16Attention, ForwardPackingByHeadOrAllAtOnceGivesTheSameBits) {
-  const int threads = zeroth::cpu::num_threads();
+  struct RestoreThreads {
+    int threads = zeroth::cpu::num_threads();
+    ~RestoreThreads() { zeroth::cpu::set_num_threads(threads); }
+  } restore;
   zeroth::cpu::set_num_threads(2);
   struct Shape {
     int B, T, NH, KVH, hs;
   };
-  for (const auto& [B, T, NH, KVH, hs] : {Shape{4, 200, 4, 2, 32}, Shape{8, 130, 3, 1, 16}}) {
+  for (const auto& [B, T, NH, KVH, hs] : {Shape{16, 131, 4, 2, 32}, Shape{16, 65, 3, 1, 16}, Shape{8, 200, 4, 2, 64}}) {
     SCOPED_TRACE(std::to_string(B) + " x " + std::to_string(T) + ", " + std::to_string(NH) + " heads over " + std::to_string(KVH));
     const size_t W = static_cast<size_t>(NH + 2 * KVH) * hs, Cq = static_cast<size_t>(NH) * hs;
     std::mt19937 rng(7 + T);
@@ -197,7 +201,6 @@ TEST(Bf16Attention, ForwardPackingByHeadOrAllAtOnceGivesTheSameBits) {
       EXPECT_EQ(std::memcmp(one_lse.data(), lse.data() + b * NH * T, one_lse.size() * sizeof(float)), 0) << "lse of sequence " << b;
     }
   }
-  zeroth::cpu::set_num_threads(threads);
 }
 
 }  // namespace

@@ -6,9 +6,11 @@
 // values and every block-sized operand where they lie (attention_isa.h's products take either
 // orientation of their left operand) and only the block's queries and output gradient are copied
 // transposed, once a block. The softmax passes then run element-wise across the block's queries.
-// Forward tasks are blocks of query rows; backward's are key/value heads, or where those are fewer
-// than the threads, chunks of keys and then blocks of queries. Every sum runs in one fixed order,
-// so results depend neither on the threads nor on the ISA.
+// Forward tasks are blocks of query rows, or in a bf16 call over enough key/value heads, whole heads
+// (each packing its keys and values where its products then find them in cache); backward's are
+// key/value heads, or where those are fewer than the threads, chunks of keys and then blocks of
+// queries. Every sum runs in one fixed order, so results depend neither on the threads nor on the
+// ISA.
 //
 // A bf16 run's products take bf16 pairs (attention_isa.h's PairProduct): two terms of a dot product
 // in 32 bits. Keys and values are packed once a call, the block's queries and output gradient once

@@ -20,8 +20,9 @@ enum class Zeros {
   k_before,        // row i's terms before k = i + shift are 0
 };
 
-// C[m, n] = alpha A B, plus C where `accumulate` (each row scaled as below). A's element (i, k) is a[i a_row + k a_col] (either
-// orientation); B's row k is n elements at b + k ldb; C's row i is n floats at c + i ldc.
+// C[m, n] = alpha A B, plus C where `accumulate` (rows scaled as below). A's element (i, k) is
+// a[i a_row + k a_col] (either orientation); B's row k is n elements at b + k ldb; C's row i is n
+// floats at c + i ldc.
 // Term is float (Product) or a pair of bf16 (PairProduct): the low half term 2k, the high half term
 // 2k + 1, so k counts pairs, A's element (i, k) holds row i's terms 2k and 2k + 1, and B's row k
 // holds rows 2k and 2k + 1 interleaved. A pair product adds a row's two terms, odd then even, to its
@@ -42,7 +43,8 @@ struct ProductOf {
   int shift = 0;
   // Where given, C's row i times scale_c[i] before the product is added to it (with `accumulate`),
   // and the sum's row i times scale_out[i]: the online softmax's rescaling of the output so far and
-  // its final 1 / l, without passes of their own.
+  // its final 1 / l, without passes of their own. Only where the product writes all of C: not with
+  // Zeros::columns_before, whose skipped part would stay unscaled.
   const float* scale_c = nullptr;
   const float* scale_out = nullptr;
 };
