@@ -46,10 +46,11 @@ const AttentionIsa& isa() {
 }
 
 // C (+)= alpha A B; A's element (i, k) at a[i a_row + k a_col]; `zeros` and `shift` say which part
-// of a diagonal chunk the mask makes nothing (attention_isa.h).
+// of a diagonal chunk the mask makes nothing, scale_c and scale_out how C's rows are scaled
+// (attention_isa.h).
 void multiply(int m, int n, int k, float alpha, const float* a, size_t a_row, size_t a_col, const float* b, size_t ldb, float* c,
-              size_t ldc, bool accumulate, Zeros zeros, int shift) {
-  isa().product(Product{m, n, k, alpha, a, a_row, a_col, b, ldb, c, ldc, accumulate, zeros, shift});
+              size_t ldc, bool accumulate, Zeros zeros, int shift, const float* scale_c = nullptr, const float* scale_out = nullptr) {
+  isa().product(Product{m, n, k, alpha, a, a_row, a_col, b, ldb, c, ldc, accumulate, zeros, shift, scale_c, scale_out});
 }
 
 // The query lanes a block of `rows` rows runs over: rows rounded up to 16.
@@ -94,8 +95,9 @@ T* thread_buffer(int which, size_t n) {
 }
 
 void multiply_pairs(int m, int n, int k, float alpha, const uint32_t* a, size_t a_row, size_t a_col, const uint32_t* b, size_t ldb,
-                    float* c, size_t ldc, bool accumulate, Zeros zeros, int shift) {
-  isa().pair_product(PairProduct{m, n, k, alpha, a, a_row, a_col, b, ldb, c, ldc, accumulate, zeros, shift});
+                    float* c, size_t ldc, bool accumulate, Zeros zeros, int shift, const float* scale_c = nullptr,
+                    const float* scale_out = nullptr) {
+  isa().pair_product(PairProduct{m, n, k, alpha, a, a_row, a_col, b, ldb, c, ldc, accumulate, zeros, shift, scale_c, scale_out});
 }
 
 void pack_along_rows(uint32_t* dst, size_t ldd, const float* src, size_t ld, int rows, int width) {
@@ -229,28 +231,12 @@ void blocked_forward(float* out, float* lse, const float* qkv, int B, int pos, i
       if (last) {
         for (int r = 0; r < rows; ++r) inverse_l[r] = 1.0f / l[r];
       }
-      Product pv{rows,
-                 hs,
-                 width,
-                 1.0f,
-                 st,
-                 1,
-                 kRows,
-                 v + c0 * W,
-                 W,
-                 o,
-                 Cq,
-                 c0 > 0,
-                 Zeros::k_after,
-                 a0 - c0,
-                 c0 > 0 ? alpha : nullptr,
-                 last ? inverse_l : nullptr};
+      const float *keep = c0 > 0 ? alpha : nullptr, *divide = last ? inverse_l : nullptr;
       if (pairs) {
-        isa().pair_product(PairProduct{pv.m, pv.n, (width + 1) / 2, pv.alpha, p2, pv.a_row, pv.a_col, v2 + c0 / 2 * hs,
-                                       static_cast<size_t>(hs), pv.c, pv.ldc, pv.accumulate, pv.zeros, pv.shift, pv.scale_c,
-                                       pv.scale_out});
+        multiply_pairs(rows, hs, (width + 1) / 2, 1.0f, p2, 1, kRows, v2 + c0 / 2 * hs, hs, o, Cq, c0 > 0, Zeros::k_after, a0 - c0,
+                       keep, divide);
       } else {
-        isa().product(pv);
+        multiply(rows, hs, width, 1.0f, st, 1, kRows, v + c0 * W, W, o, Cq, c0 > 0, Zeros::k_after, a0 - c0, keep, divide);
       }
     }
     float* row_lse = lse + (static_cast<size_t>(b) * NH + h) * n + blk * kRows;
