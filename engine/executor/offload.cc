@@ -2,10 +2,12 @@
 // swap of a sub-group's state between its files and a host slot, and the upload of updated
 // parameters to the device shard. Ordering is by events: a slot is read into only after its last
 // write-back and upload are done; an update waits for its slot's read.
-#include <chrono>   // std::chrono::steady_clock
-#include <cstring>  // std::memcpy
-#include <span>     // std::span
-#include <utility>  // std::exchange
+#include <algorithm>  // std::min
+#include <array>      // std::array
+#include <chrono>     // std::chrono::steady_clock
+#include <cstring>    // std::memcpy
+#include <span>       // std::span
+#include <utility>    // std::exchange
 
 #include "core/cpu/kernels.h"  // cpu::axpy, cpu::cast, cpu::fill, cpu::sum_squares
 #include "core/error.h"        // ZEROTH_CHECK
@@ -25,6 +27,17 @@ int slot_array_index(StateKind kind, int state_arrays) {
     default: break;
   }
   ZEROTH_THROW(InvalidArgument, "{} has no place in a swap slot", state_kind_name(kind));
+}
+
+// Adds the squares of x[at, at + n) (f32, or a narrow type widened exactly a page at a time).
+void add_squares(cpu::SegmentedSumSquares& sum, const void* x, DType type, size_t at, size_t n) {
+  if (type == DType::f32) return sum.add(static_cast<const float*>(x) + at, n);
+  std::array<float, 1024> wide;
+  for (size_t i = 0; i < n; i += wide.size()) {
+    const size_t m = std::min(wide.size(), n - i);
+    cpu::cast(static_cast<const char*>(x) + (at + i) * dtype_size(type), type, wide.data(), DType::f32, m);
+    sum.add(wide.data(), m);
+  }
 }
 
 }  // namespace
@@ -119,7 +132,8 @@ void* Executor::state_at(StateKind kind, int block, size_t element, int sub_grou
   const size_t pos = r.offset + element - r.lo;
   float* base = buffers_[plan_.swap_slots].as<float>() +
                 (slot * arrays + static_cast<size_t>(slot_array_index(kind, config_.optimizer.state_arrays()))) * plan_.slot_numel;
-  return base + (pos - plan_.sub_group_extent[sub_group][0]);
+  // Every array has room for f32; narrow gradients take the front of theirs.
+  return reinterpret_cast<char*>(base) + (pos - plan_.sub_group_extent[sub_group][0]) * dtype_size(plan_.buffers[r.buffer].dtype);
 }
 
 void* Executor::param_out_at(int sub_group, int slot, const OwnedRange& master, size_t element) const {
@@ -141,8 +155,15 @@ void Executor::offload_grads(int index, bool add, Stream& rs) {
   }
   const OwnedRange& first = plan_.range(StateKind::grad_shard, bucket.blocks.front());
   offload::SwapFile* file = files_[first.buffer].get();
-  const uint64_t file_offset = first.offset * sizeof(float);
+  // What the gradients are kept in: f32, or in their file the reduction's dtype where that is exact.
+  const DType kept = plan_.buffers[first.buffer].dtype;
+  const size_t kept_size = dtype_size(kept);
   const DType comm = landed.dtype;
+  ZEROTH_CHECK(kept == DType::f32 || (!add && kept == comm), "offload_grads: bucket {} {} gradients reduced in {} into {}", index,
+               add ? "adds" : "casts", dtype_name(comm), dtype_name(kept));
+  ZEROTH_CHECK(file == nullptr || plan_.buffers[plan_.grad_host].dtype == kept, "offload_grads: grad_host is {}, the file {}",
+               dtype_name(plan_.buffers[plan_.grad_host].dtype), dtype_name(kept));
+  const uint64_t file_offset = first.offset * kept_size;
   const size_t comm_size = dtype_size(comm);
   double* sumsq = &bucket_sumsq_[index];
   // The squares of the counted ranges, taken as the pieces pass: bit-identical to one sum_squares
@@ -165,25 +186,25 @@ void Executor::offload_grads(int index, bool add, Stream& rs) {
   for (size_t k = 0; k < pieces; ++k) {
     const size_t lo = k * piece, len = std::min(piece, n - lo);
     device_.copy(rs, staging, static_cast<const char*>(landed.data) + lo * comm_size, len * comm_size);
-    float* host = file != nullptr ? buffers_[plan_.grad_host].as<float>() + (k % 2) * piece
-                                  : static_cast<float*>(at(first, first.lo)) + lo;
+    void* host = file != nullptr ? static_cast<char*>(buffers_[plan_.grad_host].data()) + (k % 2) * piece * kept_size
+                                 : static_cast<char*>(at(first, first.lo)) + lo * kept_size;
     const bool last = k + 1 == pieces;
     rs.enqueue_host([=, this] {
       try {
-        const size_t bytes = round_to_io(len * sizeof(float));
-        const uint64_t offset = file_offset + lo * sizeof(float);
+        const size_t bytes = round_to_io(len * kept_size);
+        const uint64_t offset = file_offset + lo * kept_size;
         offload::IoHandle& pending = grad_writes_[k % 2];
         if (file != nullptr) timed_io(0, 0, [&] { std::exchange(pending, {}).wait(); });  // the buffer's previous write
         if (add) {
           if (file != nullptr) timed_io(bytes, 0, [&] { file->read(host, bytes, offset).wait(); });
           cpu::axpy(host, DType::f32, 1.0f, staging, comm, len);
         } else {
-          cpu::cast(staging, comm, host, DType::f32, len);
+          cpu::cast(staging, comm, host, kept, len);
         }
         for (Squares& sq = *squares; sq.next < sq.counted.size() && sq.counted[sq.next][0] < lo + len; ++sq.next) {
           const auto [a, b] = sq.counted[sq.next];
           const size_t from = std::max(a, lo), to = std::min(b, lo + len);
-          sq.range.add(host + (from - lo), to - from);
+          add_squares(sq.range, host, kept, from - lo, to - from);
           if (b > lo + len) break;  // goes on in the next piece
           sq.total += sq.range.finish();
         }
@@ -253,6 +274,7 @@ void Executor::swap_in(int sub_group, int slot) {
     offload::SwapFile* file;
     void* into;
     uint64_t offset;
+    size_t bytes;
   };
   std::vector<Read> reads;
   for (StateKind kind : {StateKind::master, StateKind::moment0, StateKind::moment1, StateKind::grad_shard}) {
@@ -260,15 +282,16 @@ void Executor::swap_in(int sub_group, int slot) {
     if (r == nullptr) continue;
     ZEROTH_CHECK(files_[r->buffer] != nullptr, "swap_in: {} is not in a swap file", state_kind_name(kind));
     reads.push_back({files_[r->buffer].get(), state_at(kind, b, r->lo + (lo - r->offset), sub_group, slot),
-                     file_offset(r->buffer, sub_group, lo)});
+                     file_offset(r->buffer, sub_group, lo), round_to_io((hi - lo) * dtype_size(plan_.buffers[r->buffer].dtype))});
   }
-  ss.enqueue_host([reads, lo, hi, this] {
-    const size_t bytes = round_to_io((hi - lo) * sizeof(float));
+  uint64_t bytes = 0;
+  for (const auto& r : reads) bytes += r.bytes;
+  ss.enqueue_host([reads, bytes, this] {
     timed_io(
-        bytes * reads.size(), 0,
+        bytes, 0,
         [&] {
       std::vector<offload::IoHandle> handles;
-      for (const auto& r : reads) handles.push_back(r.file->read(r.into, bytes, r.offset));
+      for (const auto& r : reads) handles.push_back(r.file->read(r.into, r.bytes, r.offset));
       wait_all(handles);
         },
         true);

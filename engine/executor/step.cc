@@ -278,7 +278,7 @@ Executor::SubGroupSteps Executor::sub_group_steps(int sub_group, int slot, const
     const auto& shard = plan_.range(StateKind::param_shard, b);
     OptimizerStep s;
     s.params = static_cast<float*>(state_at(StateKind::master, b, span.lo, sub_group, slot));
-    s.grad_type = DType::f32;
+    s.grad_type = plan_.buffers[plan_.range(StateKind::grad_shard, b).buffer].dtype;
     s.grads = state_at(StateKind::grad_shard, b, span.lo, sub_group, slot);
     const StateKind moments[2] = {StateKind::moment0, StateKind::moment1};
     for (int k = 0; k < 2; ++k) {

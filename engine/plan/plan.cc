@@ -19,6 +19,18 @@ size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
 // f32 elements in 4 KiB, the O_DIRECT alignment of swap files (offload/aligned_buffer.h).
 constexpr size_t kSwapQuantum = 1024;
 
+// The dtype of the reduced gradients' swap file. A bucket's reduced slice arrives in the
+// reduction's dtype and is written once per cycle where nothing adds to it afterwards (stages 2-3
+// with one micro-batch; stage 1, which reduces its f32 accumulator once), so a narrow reduction's
+// values are exact in its own dtype: the file keeps them so, half the bytes of f32 written and
+// read back each step. Where micro-batches add into the file, f32. tie_block() widens it again.
+DType swapped_grad_dtype(const EngineConfig& config) {
+  const auto& z = config.zero;
+  const bool adds = z.stage >= 2 && config.gradient_accumulation_steps > 1;
+  if (z.offload_optimizer.device != OffloadDevice::nvme || z.stage < 1 || adds) return DType::f32;
+  return config.communication_dtype;
+}
+
 size_t swap_slot_count(const OffloadConfig& o) { return 1 + (o.pipeline_read ? 1 : 0) + (o.pipeline_write ? 1 : 0); }
 // Slots the offloaded update cycles through (update action's offset): the swap slots, or two in
 // host memory, so one sub-group's upload overlaps the next one's update.
@@ -106,7 +118,8 @@ void lay_out_state(Plan& p, const EngineConfig& config, const ArenaSizes& arenas
       h.master = add_buffer(p, prefix + "master", MemTag::optimizer, DType::f32, numel, false, tier);
     for (int k = 0; k < config.optimizer.state_arrays(); ++k)
       h.moment[k] = add_buffer(p, prefix + (k == 0 ? "moment0" : "moment1"), MemTag::optimizer, DType::f32, numel, true, tier);
-    if (stage >= 1) h.grad_shard = add_buffer(p, prefix + "grad_shard", MemTag::grads, DType::f32, numel, true, tier);
+    const DType grads = tier == Tier::nvme ? swapped_grad_dtype(config) : DType::f32;
+    if (stage >= 1) h.grad_shard = add_buffer(p, prefix + "grad_shard", MemTag::grads, grads, numel, true, tier);
     return h;
   };
   const size_t kept = opt == Tier::device ? owned_numel : p.device_owned;
@@ -227,10 +240,11 @@ void add_offload_buffers(Plan& p, const EngineConfig& config) {
     if (p.sub_group_offloaded(static_cast<int>(g))) p.slot_numel = std::max(p.slot_numel, e[1] - e[0]);
   }
   if (bucket == 0) return;  // ratio 0: nothing leaves the device
-  // A piece ends on a 4 KiB boundary of its f32 file range, so rounding its write up stays in the buffer.
-  constexpr size_t kIoElements = 1024;
-  const size_t in_flight = config.aio.block_size * config.aio.queue_depth / sizeof(float);  // a multiple of kIoElements
-  p.grad_piece_numel = std::min(in_flight, (bucket + kIoElements - 1) / kIoElements * kIoElements);
+  // A piece ends on a 4 KiB boundary of its file range, so rounding its write up stays in the buffer.
+  const size_t file_element = dtype_size(o.device == OffloadDevice::nvme ? swapped_grad_dtype(config) : DType::f32);
+  const size_t io_elements = 4096 / file_element;
+  const size_t in_flight = config.aio.block_size * config.aio.queue_depth / file_element;  // a multiple of io_elements
+  p.grad_piece_numel = std::min(in_flight, round_up(bucket, io_elements));
   const size_t host_pieces = bucket > p.grad_piece_numel ? 2 : 1;
   p.grad_staging = add_buffer(p, "grad_staging", MemTag::buffers, p.comm_dtype, p.grad_piece_numel, false, host);
   if (config.zero.offload_param.device == OffloadDevice::nvme) {
@@ -241,7 +255,8 @@ void add_offload_buffers(Plan& p, const EngineConfig& config) {
                                  config.zero.offload_param.pin_memory ? Tier::pinned_host : Tier::host);
   }
   if (o.device == OffloadDevice::nvme) {
-    p.grad_host = add_buffer(p, "grad_host", MemTag::buffers, DType::f32, host_pieces * p.grad_piece_numel, false, host);
+    p.grad_host = add_buffer(p, "grad_host", MemTag::buffers, swapped_grad_dtype(config), host_pieces * p.grad_piece_numel, false,
+                             host);
     const size_t arrays = 2 + static_cast<size_t>(config.optimizer.state_arrays());
     p.swap_slots = add_buffer(p, "swap_slots", MemTag::optimizer, DType::f32, swap_slot_count(o) * arrays * p.slot_numel, false, host);
   }
@@ -279,6 +294,16 @@ void tie_block(Plan& p, int block, bool counts_in_norm) {
     });
   }
   const OwnedRange& r = p.range(StateKind::grad_shard, block);
+  // The tied pair's sum is not exact in the reduction's dtype: a narrow gradient file goes back to
+  // f32 (the layout's 4 KiB quantum of the narrow type is a multiple of f32's).
+  if (p.buffers[r.buffer].tier == Tier::nvme && p.buffers[r.buffer].dtype != DType::f32) {
+    for (int k : {r.buffer, p.grad_host}) {
+      PlannedBuffer& buf = p.buffers[k];
+      at(p.bytes, buf.tier, buf.tag) -= buf.bytes();
+      buf.dtype = DType::f32;
+      at(p.bytes, buf.tier, buf.tag) += buf.bytes();
+    }
+  }
   if (p.buffers[r.buffer].tier != Tier::device) {
     p.tie_staging = add_buffer(p, "tie_staging", MemTag::buffers, DType::f32, r.numel());
     if (p.tie_staging >= 0) at(p.bytes, Tier::device, MemTag::buffers) += p.buffers[p.tie_staging].bytes();
@@ -320,7 +345,7 @@ Plan make_plan(const std::vector<BlockSpec>& specs, const std::vector<BlockSched
   const auto& z = config.zero;
   const bool swapped = z.offload_optimizer.device == OffloadDevice::nvme;
   // Elements per 4 KiB (the swap files' I/O alignment) of every kind that lives in a swap file.
-  size_t quantum = swapped ? kSwapQuantum : 1;
+  size_t quantum = swapped ? std::max(kSwapQuantum, 4096 / dtype_size(swapped_grad_dtype(config))) : 1;
   if (z.offload_param.device == OffloadDevice::nvme) quantum = std::max(quantum, 4096 / dtype_size(config.compute_dtype));
   if (z.offload_optimizer.enabled() && config.optimizer.kind == OptimizerKind::lamb) {
     ZEROTH_THROW(ConfigError,

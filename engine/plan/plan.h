@@ -272,11 +272,13 @@ struct Plan {
   int grad_staging = -1, grad_host = -1, param_out = -1, swap_slots = -1;
   int param_staging = -1;  // a block's parameter shard read from its swap file before the device copy
   size_t slot_numel = 0;   // elements per array in a swap or param_out slot: the largest sub-group
-  // Offloaded gradients leave the device in pieces of this many elements: the f32 bytes aio keeps
-  // in flight (block_size x queue_depth), so that one piece's write fills the queue while the next
-  // is cast, or the largest offloaded bucket's shard where that is less. The host then stages one
-  // piece (grad_staging) and, with nvme, two more on their way to the file (grad_host), not a
-  // bucket's shard (hundreds of MiB at the buckets large models use).
+  // Offloaded gradients leave the device in pieces of this many elements: the bytes aio keeps in
+  // flight (block_size x queue_depth) in the gradient file's dtype, so that one piece's write fills
+  // the queue while the next is cast, or the largest offloaded bucket's shard where that is less.
+  // The host then stages one piece (grad_staging) and, with nvme, two more on their way to the file
+  // (grad_host, in the file's dtype), not a bucket's shard (hundreds of MiB at the buckets large
+  // models use). The file holds the reduction's dtype where that is exact (plan.cc,
+  // swapped_grad_dtype), else f32.
   size_t grad_piece_numel = 0;
   // Pipelines: the block whose copy on the first and the last stage is one tied parameter (GPT's
   // token embedding and LM head): its reduced gradients are summed over that pair at the step, and

@@ -51,6 +51,7 @@ struct GridCase {
   LinkModel link = {};            // every collective made to take at least this link's time
   double clipping = 1.0;          // gradient_clipping
   bool overlap_backward = true;   // offload_optimizer.overlap_backward (nvme)
+  DType reduction = DType::f32;   // communication_data_type
 };
 inline void PrintTo(const GridCase& k, std::ostream* os) {
   *os << "dp " << k.dp << " x pp " << k.pp << " x tp " << k.tp << (k.sequence_parallel ? " (sequence parallel)" : "") << ", "
@@ -235,6 +236,7 @@ inline GridResult train_grid(const GridCase& k, std::vector<PipeMeasure>* measur
     EngineConfig ec = grid_engine_config(k.stage, k.micro, k.offload, k.optimizer, k.compute);
     ec.zero.reduce_bucket_size = ec.zero.allgather_bucket_size = k.bucket;
     ec.gradient_clipping = k.clipping;
+    ec.communication_dtype = k.reduction;
     ec.zero.offload_optimizer.overlap_backward = k.overlap_backward;
     Engine engine(*device, *groups.dp, ec);
     if (k.pp > 1) {

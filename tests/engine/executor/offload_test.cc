@@ -50,12 +50,14 @@ struct Case {
   bool pipeline;
   OffloadDevice params = OffloadDevice::none;  // offload_param (stage 3)
   double ratio = 1.0;                          // offload_optimizer.ratio
-  bool small_pieces = false;                   // gradients leave the device in pieces of 1024 elements
+  bool small_pieces = false;                   // gradients leave the device in pieces of 4 KiB
+  DType reduction = DType::f32;                // communication_data_type
 };
 void PrintTo(const Case& c, std::ostream* os) {
   *os << "stage " << c.stage << ", dp " << c.dp << ", gas " << c.gas << ", " << dtype_name(c.dtype) << ", optimizer on "
       << offload_device_name(c.device) << (c.pipeline ? "" : ", no pipelining") << ", parameters on " << offload_device_name(c.params)
-      << ", ratio " << c.ratio << (c.small_pieces ? ", gradients in pieces of 1024" : "");
+      << ", ratio " << c.ratio << (c.small_pieces ? ", gradients in pieces of 4 KiB" : "") << ", reduced in "
+      << dtype_name(c.reduction);
 }
 
 MlpRun offload_run(const Case& c, bool offload) {
@@ -66,6 +68,7 @@ MlpRun offload_run(const Case& c, bool offload) {
   run.steps = 5;
   if (c.small_pieces) run.widths = {16, 64, 64, 8};  // 5768 parameters, so a rank's shard spans several pieces
   run.tweak = [c, offload](EngineConfig& e) {
+    e.communication_dtype = c.reduction;
     // Several sub-groups per rank, some across blocks, so swaps pipeline and slots are reused.
     e.zero.sub_group_size = 1000;
     if (c.small_pieces) e.zero.reduce_bucket_size = 100000;  // one bucket, several pieces
@@ -73,8 +76,10 @@ MlpRun offload_run(const Case& c, bool offload) {
     if (c.ratio < 1) e.zero.reduce_bucket_size = 0;
     if (!offload) {
       // The same padding as the swapped plan (4 KiB of each swapped kind), so the two runs hold
-      // the same elements.
-      if (c.device == OffloadDevice::nvme) e.alignment = 1024;
+      // the same elements. The gradients' file keeps a narrow reduction's dtype where nothing adds
+      // micro-batches into it.
+      const bool narrow_grads = c.reduction != DType::f32 && (c.stage == 1 || c.gas == 1);
+      if (c.device == OffloadDevice::nvme) e.alignment = narrow_grads ? 4096 / dtype_size(c.reduction) : 1024;
       if (c.params == OffloadDevice::nvme) e.alignment = std::max<uint64_t>(e.alignment, 4096 / dtype_size(c.dtype));
       return;
     }
@@ -85,8 +90,8 @@ MlpRun offload_run(const Case& c, bool offload) {
     e.zero.offload_param.device = c.params;
     e.zero.offload_param.nvme_path = swap_dir();
     if (c.small_pieces) {
-      // A gradient piece is what aio keeps in flight: 4 KiB x 1 = 1024 f32, so every bucket
-      // leaves in several pieces and its counted ranges are cut between them.
+      // A gradient piece is what aio keeps in flight: 4 KiB x 1 = 1024 f32 (2048 bf16 in a narrow
+      // file), so every bucket leaves in several pieces and its counted ranges are cut between them.
       e.aio.block_size = 4096;
       e.aio.queue_depth = 1;
     }
@@ -185,15 +190,26 @@ std::vector<Case> offload_cases() {
     out.push_back({2, 2, 2, DType::bf16, device, true, OffloadDevice::none, 1.0, true});
     out.push_back({3, 1, 1, DType::f32, device, true, device, 1.0, true});
   }
+  // A narrow reduction: its values kept in their own dtype in the gradients' file where nothing
+  // adds into them (stage 1, or one micro-batch), in f32 where micro-batches add up.
+  for (int stage : {1, 2, 3}) {
+    for (int gas : {1, 2})
+      out.push_back({stage, 2, gas, DType::bf16, OffloadDevice::nvme, true, OffloadDevice::none, 1.0, false, DType::bf16});
+  }
+  out.push_back({3, 2, 1, DType::bf16, OffloadDevice::nvme, false, OffloadDevice::nvme, 1.0, false, DType::bf16});
+  out.push_back({3, 2, 1, DType::bf16, OffloadDevice::nvme, true, OffloadDevice::none, 0.5, false, DType::bf16});
+  out.push_back({2, 2, 1, DType::bf16, OffloadDevice::nvme, true, OffloadDevice::none, 1.0, true, DType::bf16});
+  out.push_back({2, 1, 1, DType::f16, OffloadDevice::nvme, true, OffloadDevice::none, 1.0, false, DType::f16});
   return out;
 }
 
 INSTANTIATE_TEST_SUITE_P(All, Offload, ::testing::ValuesIn(offload_cases()), [](const auto& info) {
   const Case& c = info.param;
-  return fmt::format("{}_stage{}_dp{}_gas{}_{}{}{}{}{}", offload_device_name(c.device), c.stage, c.dp, c.gas, dtype_name(c.dtype),
+  return fmt::format("{}_stage{}_dp{}_gas{}_{}{}{}{}{}{}", offload_device_name(c.device), c.stage, c.dp, c.gas, dtype_name(c.dtype),
                      c.pipeline ? "" : "_serial",
                      c.params == OffloadDevice::none ? "" : fmt::format("_params_{}", offload_device_name(c.params)),
-                     c.ratio < 1 ? fmt::format("_ratio{}", static_cast<int>(c.ratio * 100)) : "", c.small_pieces ? "_pieces" : "");
+                     c.ratio < 1 ? fmt::format("_ratio{}", static_cast<int>(c.ratio * 100)) : "", c.small_pieces ? "_pieces" : "",
+                     c.reduction == DType::f32 ? "" : fmt::format("_reduced_{}", dtype_name(c.reduction)));
 });
 
 // ZeRO-Infinity's promise: with parameters and optimizer state in swap files, the process holds

@@ -30,10 +30,11 @@ struct Case {
   int stage, dp, gas;
   DType dtype;
   bool params_on_nvme = false;  // stage 3: offload_param on nvme too
+  bool reduced_narrow = false;  // communication_data_type the compute dtype (the gradients' file keeps it)
 };
 void PrintTo(const Case& c, std::ostream* os) {
   *os << "stage " << c.stage << ", dp " << c.dp << ", gas " << c.gas << ", " << dtype_name(c.dtype)
-      << (c.params_on_nvme ? ", parameters on nvme" : "");
+      << (c.params_on_nvme ? ", parameters on nvme" : "") << (c.reduced_narrow ? ", reduced in it" : "");
 }
 
 // Every rank's master weights and moments of every block after the last step, as the engine
@@ -55,6 +56,7 @@ MlpRun overlap_run(const Case& c, bool overlap, double clipping, FinalState& sta
     e.zero.offload_optimizer.device = OffloadDevice::nvme;
     e.zero.offload_optimizer.nvme_path = testing::swap_dir();
     e.zero.offload_optimizer.overlap_backward = overlap;
+    if (c.reduced_narrow) e.communication_dtype = c.dtype;
     if (c.params_on_nvme) {
       e.zero.offload_param.device = OffloadDevice::nvme;
       e.zero.offload_param.nvme_path = testing::swap_dir();
@@ -102,12 +104,18 @@ std::vector<Case> overlap_cases() {
   out.push_back({2, 2, 2, DType::bf16});
   out.push_back({3, 2, 2, DType::f16, true});
   out.push_back({3, 1, 1, DType::bf16, true});
+  // Gradients reduced in bf16 or f16 and kept so in their file: the redo reads them again.
+  for (int stage : {1, 2, 3}) {
+    for (DType dtype : {DType::bf16, DType::f16}) out.push_back({stage, 2, 1, dtype, false, true});
+  }
+  out.push_back({3, 1, 1, DType::bf16, true, true});
   return out;
 }
 
 INSTANTIATE_TEST_SUITE_P(All, OverlapBackward, ::testing::ValuesIn(overlap_cases()), [](const auto& info) {
   const Case& c = info.param;
-  return fmt::format("stage{}_dp{}_gas{}_{}{}", c.stage, c.dp, c.gas, dtype_name(c.dtype), c.params_on_nvme ? "_params_nvme" : "");
+  return fmt::format("stage{}_dp{}_gas{}_{}{}{}", c.stage, c.dp, c.gas, dtype_name(c.dtype), c.params_on_nvme ? "_params_nvme" : "",
+                     c.reduced_narrow ? "_reduced_narrow" : "");
 });
 
 }  // namespace

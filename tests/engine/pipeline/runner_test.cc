@@ -115,6 +115,28 @@ TEST(PipelineOverlap, UpdatesInTheBackwardPassLeaveTheTiedEmbeddingToTheStep) {
   }
 }
 
+// A bf16 reduction at stage 1 keeps the offloaded gradients in bf16 in their swap file, but the
+// tied embedding's are summed over the stage pair in f32 at the step: the plan widens that file
+// again (tie_block). The same pipeline with the optimizer in host memory, where the gradients are
+// f32 throughout, gives the same losses and weights bit for bit; read as bf16, the summed gradients
+// would not (NaN from the second step).
+TEST(PipelineOffload, TheTiedEmbeddingsSwappedGradientsStayF32UnderANarrowReduction) {
+  GridCase k{2, 2, PipeKind::gpipe, 1, 4, OffloadDevice::nvme};
+  k.compute = DType::bf16;
+  k.reduction = DType::bf16;
+  const auto nvme = train_grid(k);
+  k.offload = OffloadDevice::cpu;
+  const auto cpu = train_grid(k);
+  EXPECT_EQ(nvme.losses, cpu.losses);
+  // The norm's f32 partial sums run over chunks whose bounds follow each block's padding, which the
+  // swap file's 4 KiB alignment changes: equal to f32's rounding, not bit for bit.
+  ASSERT_EQ(nvme.grad_norms.size(), cpu.grad_norms.size());
+  for (size_t i = 0; i < cpu.grad_norms.size(); ++i) EXPECT_NEAR(nvme.grad_norms[i], cpu.grad_norms[i], 1e-6 * cpu.grad_norms[i]) << i;
+  EXPECT_EQ(nvme.weights, cpu.weights);
+  EXPECT_EQ(nvme.head_copy, cpu.head_copy);
+  EXPECT_NE(nvme.losses.front(), nvme.losses.back());
+}
+
 // A checkpoint saved by a 2-stage pipeline loads into 1, 2 and 4 stages (and 2 data-parallel
 // ranks with 2 stages), which go on to train like one rank that never stopped: the manifest names
 // tensors, not a layout, so each stage reads its own blocks (the tied embedding's copy from the

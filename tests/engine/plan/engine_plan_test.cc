@@ -189,6 +189,47 @@ TEST(Plan, OffloadedOptimizerStepSwapsSubGroupsThroughSlotsInPipelineOrder) {
   EXPECT_NE(summary.find("grad_norm bucket 1 [dp],"), std::string::npos) << summary;
 }
 
+// The reduced gradients' swap file keeps a narrow reduction's dtype wherever nothing is added to
+// the values after they land: stage 1 (one reduction of the f32 accumulator per cycle) and stages
+// 2-3 with one micro-batch; f32 where micro-batches add into it, and once the block is tied
+// (the pair's sum). A narrow file halves the gradients' bytes and their staging, and its layout
+// quantum is 4 KiB of the narrow type (2048 elements).
+TEST(Plan, SwappedGradientsKeepANarrowReductionsDtypeWhereNothingAddsToThem) {
+  const auto blocks = two_swapped_blocks();
+  auto grads = [](const Plan& plan) { return plan.buffers.at(plan.range(StateKind::grad_shard, 0).buffer); };
+  struct Expect {
+    int stage, gas;
+    DType reduction, file;
+  };
+  for (const Expect& e :
+       {Expect{3, 1, DType::bf16, DType::bf16}, Expect{3, 2, DType::bf16, DType::f32}, Expect{2, 1, DType::f16, DType::f16},
+        Expect{2, 2, DType::f16, DType::f32}, Expect{1, 2, DType::bf16, DType::bf16}, Expect{3, 1, DType::f32, DType::f32}}) {
+    auto c = swapped_stage3();
+    c.zero.stage = e.stage;
+    c.gradient_accumulation_steps = e.gas;
+    c.communication_dtype = e.reduction;
+    c.compute_dtype = DType::bf16;
+    const auto plan = make_plan(blocks, default_schedule(2), c, 1, 0);
+    const std::string what = fmt::format("stage {}, gas {}, reduced in {}", e.stage, e.gas, dtype_name(e.reduction));
+    EXPECT_EQ(grads(plan).tier, Tier::nvme) << what;
+    EXPECT_EQ(grads(plan).dtype, e.file) << what;
+    EXPECT_EQ(plan.buffers.at(plan.grad_host).dtype, e.file) << what;
+    const size_t quantum = 4096 / dtype_size(e.file);
+    for (const auto& g : plan.sub_group_extent) EXPECT_EQ(g[0] % quantum, 0u) << what;
+    EXPECT_EQ(plan.grad_piece_numel % quantum, 0u) << what;
+  }
+  auto c = swapped_stage3();
+  c.communication_dtype = DType::bf16;
+  c.compute_dtype = DType::bf16;
+  auto plan = make_plan(blocks, default_schedule(2), c, 1, 0);
+  const uint64_t narrow = at(plan.bytes, Tier::nvme, MemTag::grads);
+  EXPECT_EQ(narrow, grads(plan).numel * 2);
+  tie_block(plan, 0, true);
+  EXPECT_EQ(grads(plan).dtype, DType::f32);
+  EXPECT_EQ(plan.buffers.at(plan.grad_host).dtype, DType::f32);
+  EXPECT_EQ(at(plan.bytes, Tier::nvme, MemTag::grads), 2 * narrow);
+}
+
 // offload_optimizer.ratio keeps the leading buckets' state on the device (ZeRO-Offload++): here
 // b (1024 elements, first in shard order as its gradients complete first) fits in 30% of the
 // 4096 owned elements and stays; a's three sub-groups are swapped, in their own buffers from 0,
