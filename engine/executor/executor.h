@@ -298,7 +298,7 @@ class Executor {
   std::unique_ptr<Stream> swap_in_stream_, swap_out_stream_;
   std::vector<TensorView> landing_;
   std::vector<double> bucket_sumsq_;
-  // The writes of the two f32 gradient pieces in grad_host; touched only by offload_grads' host
+  // The writes of the two gradient pieces in grad_host; touched only by offload_grads' host
   // callbacks, which run one at a time on one stream.
   std::array<offload::IoHandle, 2> grad_writes_;
   std::vector<std::unique_ptr<Event>> slot_ready_, slot_written_, slot_uploaded_;

@@ -3,7 +3,6 @@
 // parameters to the device shard. Ordering is by events: a slot is read into only after its last
 // write-back and upload are done; an update waits for its slot's read.
 #include <algorithm>  // std::min
-#include <array>      // std::array
 #include <chrono>     // std::chrono::steady_clock
 #include <cstring>    // std::memcpy
 #include <span>       // std::span
@@ -29,10 +28,11 @@ int slot_array_index(StateKind kind, int state_arrays) {
   ZEROTH_THROW(InvalidArgument, "{} has no place in a swap slot", state_kind_name(kind));
 }
 
-// Adds the squares of x[at, at + n) (f32, or a narrow type widened exactly a page at a time).
+// Adds the squares of x[at, at + n) (f32, or a narrow type widened exactly a sum's chunk at a
+// time, so whole chunks skip the sum's carry).
 void add_squares(cpu::SegmentedSumSquares& sum, const void* x, DType type, size_t at, size_t n) {
   if (type == DType::f32) return sum.add(static_cast<const float*>(x) + at, n);
-  std::array<float, 1024> wide;
+  thread_local std::vector<float> wide(cpu::kChunkElements);
   for (size_t i = 0; i < n; i += wide.size()) {
     const size_t m = std::min(wide.size(), n - i);
     cpu::cast(static_cast<const char*>(x) + (at + i) * dtype_size(type), type, wide.data(), DType::f32, m);

@@ -45,7 +45,8 @@ inline constexpr size_t kTransferBounceBytes = size_t{16} << 20;
 // What a rank holds of a block. `params` are the full compute-dtype parameters the model reads
 // (every block at stages 0-2, persistent blocks at stage 3); `param_shard` is this rank's slice of
 // them (inside `params` at stages 1-2); `grad_accum` the f32 gradients summed over micro-batches
-// (stages 0-1); `grad_shard` the reduced f32 gradients the optimizer reads.
+// (stages 0-1); `grad_shard` the reduced gradients the optimizer reads: f32, or in a swap file the
+// reduction's dtype where that is exact (plan.cc, swapped_grad_dtype).
 enum class StateKind : uint8_t { params = 0, param_shard, master, moment0, moment1, grad_accum, grad_shard };
 inline constexpr size_t kStateKindCount = 7;
 std::string_view state_kind_name(StateKind kind);

@@ -33,10 +33,12 @@ struct Case {
   DType dtype;
   OffloadDevice optimizer = OffloadDevice::nvme;
   OffloadDevice params = OffloadDevice::none;  // stage 3: offload_param too
+  DType reduction = DType::f32;                // communication_data_type
 };
 void PrintTo(const Case& c, std::ostream* os) {
   *os << "stage " << c.stage << ", dp " << c.dp << ", gas " << c.gas << ", " << dtype_name(c.dtype) << ", optimizer on "
-      << offload_device_name(c.optimizer) << ", parameters on " << offload_device_name(c.params);
+      << offload_device_name(c.optimizer) << ", parameters on " << offload_device_name(c.params) << ", reduced in "
+      << dtype_name(c.reduction);
 }
 
 constexpr int kSteps = 8, kWarmup = 2, kPoisoned = 5;
@@ -63,6 +65,7 @@ MlpRun delayed_run(const Case& c, bool delay, bool stale_reference, FinalState& 
     if (c.optimizer == OffloadDevice::nvme) e.zero.offload_optimizer.nvme_path = testing::swap_dir();
     e.zero.offload_optimizer.delayed_update = delay;
     e.zero.offload_optimizer.delayed_update_warmup = kWarmup;
+    e.communication_dtype = c.reduction;
     e.zero.offload_param.device = c.params;
     if (c.params == OffloadDevice::nvme) e.zero.offload_param.nvme_path = testing::swap_dir();
   };
@@ -112,13 +115,17 @@ std::vector<Case> delayed_cases() {
   out.push_back({3, 2, 2, DType::f16, OffloadDevice::nvme, OffloadDevice::nvme});
   out.push_back({3, 1, 1, DType::bf16, OffloadDevice::nvme, OffloadDevice::nvme});
   out.push_back({3, 2, 1, DType::f32, OffloadDevice::cpu, OffloadDevice::cpu});
+  // Reduced in bf16, the gradients' file in bf16 too (Plan: swapped_grad_dtype).
+  out.push_back({2, 2, 1, DType::bf16, OffloadDevice::nvme, OffloadDevice::none, DType::bf16});
+  out.push_back({3, 2, 1, DType::bf16, OffloadDevice::nvme, OffloadDevice::nvme, DType::bf16});
   return out;
 }
 
 INSTANTIATE_TEST_SUITE_P(All, DelayedUpdate, ::testing::ValuesIn(delayed_cases()), [](const auto& info) {
   const Case& c = info.param;
-  return fmt::format("stage{}_dp{}_gas{}_{}_optimizer_{}_params_{}", c.stage, c.dp, c.gas, dtype_name(c.dtype),
-                     offload_device_name(c.optimizer), offload_device_name(c.params));
+  return fmt::format("stage{}_dp{}_gas{}_{}_optimizer_{}_params_{}{}", c.stage, c.dp, c.gas, dtype_name(c.dtype),
+                     offload_device_name(c.optimizer), offload_device_name(c.params),
+                     c.reduction == DType::f32 ? "" : fmt::format("_reduced_{}", dtype_name(c.reduction)));
 });
 
 // A checkpoint publishes the update still running, so a run resumed from it continues exactly as

@@ -117,11 +117,13 @@ TEST(PipelineOverlap, UpdatesInTheBackwardPassLeaveTheTiedEmbeddingToTheStep) {
 
 // A bf16 reduction at stage 1 keeps the offloaded gradients in bf16 in their swap file, but the
 // tied embedding's are summed over the stage pair in f32 at the step: the plan widens that file
-// again (tie_block). The same pipeline with the optimizer in host memory, where the gradients are
-// f32 throughout, gives the same losses and weights bit for bit; read as bf16, the summed gradients
-// would not (NaN from the second step).
+// again (tie_block) on the first and last of four stages, and the middle two keep bf16. The same
+// pipeline with the optimizer in host memory, where the gradients are f32 throughout, gives the
+// same losses and weights bit for bit; read as bf16, the summed gradients would not (NaN from the
+// second step). Clipping never bites: the norms may differ in their last bits (below).
 TEST(PipelineOffload, TheTiedEmbeddingsSwappedGradientsStayF32UnderANarrowReduction) {
-  GridCase k{2, 2, PipeKind::gpipe, 1, 4, OffloadDevice::nvme};
+  GridCase k{1, 4, PipeKind::gpipe, 1, 4, OffloadDevice::nvme};
+  k.clipping = 1e9;
   k.compute = DType::bf16;
   k.reduction = DType::bf16;
   const auto nvme = train_grid(k);
