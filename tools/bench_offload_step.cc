@@ -1,10 +1,12 @@
 // `zeroth bench offload-step`: one GPT trained at ZeRO stage 3 in bf16 with its state in memory,
 // with the optimizer offloaded to host memory, and with optimizer and parameters in swap files
-// (serial: the optimizer phase after the backward pass, as DeepSpeed runs it; overlapped: each
-// sub-group updated during the backward pass as soon as its gradients are final; delayed: each
-// step's update run under the next step, one step stale, offload_optimizer.delayed_update), in one run.
-// Each row: the median step and its parts, the swap bytes at the disk's raw rates measured at the
-// start of the same run, and the practicality (the in-memory step over the row's step, ZenFlow's measure).
+// (serial: the optimizer phase after the backward pass, as DeepSpeed runs it, the next forward
+// pass starting beside its rest as each sub-group is published; overlapped: each sub-group updated
+// during the backward pass as soon as its gradients are final; delayed: each step's update run
+// under the next step, one step stale, offload_optimizer.delayed_update), in one run. Each row: the
+// median step of a run without wall_clock_breakdown, and from a second run with it the step and
+// its parts, the swap bytes at the disk's raw rates measured at the start of the same run, and the
+// practicality (the in-memory step over the row's step, both untimed: ZenFlow's measure).
 #include <unistd.h>  // getpid
 
 #include <algorithm>   // std::max
@@ -54,7 +56,9 @@ class Steps final : public TrainObserver {
   std::vector<StepMetrics> steps;
 };
 
-std::vector<StepMetrics> run_placement(const Options& o, const GptConfig& m, const Placement& p) {
+// timed: wall_clock_breakdown on, for the parts (its waits hold the next cycle behind the whole
+// update, as DeepSpeed's timers do); off, the step as a run without it takes.
+std::vector<StepMetrics> run_placement(const Options& o, const GptConfig& m, const Placement& p, bool timed) {
   const std::filesystem::path out = std::filesystem::temp_directory_path() / fmt::format("zeroth-bench-offload-step-{}", ::getpid());
   const RemovedOnExit remove{out};
   // The delayed rows skip the warm-up of serial steps: the first step, discarded, is the only one.
@@ -69,7 +73,7 @@ std::vector<StepMetrics> run_placement(const Options& o, const GptConfig& m, con
   const nlohmann::json j = {
       {"train_micro_batch_size_per_gpu", o.batch},
       {"gradient_clipping", o.clipping},
-      {"wall_clock_breakdown", true},
+      {"wall_clock_breakdown", timed},
       {"bf16", {{"enabled", true}}},
       {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 6e-5}, {"betas", {0.9, 0.95}}, {"eps", 1e-8}, {"weight_decay", 0.1}}}}},
       {"zero_optimization",
@@ -131,17 +135,18 @@ void run(const Options& o) {
                                              {"nvme", "serial", "nvme", "nvme", false},
                                              {"nvme", "overlapped", "nvme", "nvme", true},
                                              {"nvme", "delayed", "nvme", "nvme", false, true}};
-  say("  %-8s %-11s %9s %11s %10s %11s %13s %8s %13s  %s\n", "placement", "mode", "step ms", "compute ms", "update ms", "exposed ms",
-      "swap GiB r/w", "I/O ms", "practicality", "in backward");
+  say("  %-8s %-11s %9s %9s %11s %10s %11s %13s %8s %13s  %s\n", "placement", "mode", "step ms", "timed ms", "compute ms", "update ms",
+      "exposed ms", "swap GiB r/w", "I/O ms", "practicality", "in backward");
   nlohmann::json rows = nlohmann::json::array();
   double memory_step = 0, serial_io = 0, overlapped_step = 0, delayed_step = 0;
   for (const auto& p : placements) {
-    const auto steps = run_placement(o, m, p);
-    std::vector<double> step, compute, update, exposed, io;
+    const auto steps = run_placement(o, m, p, true);
+    std::vector<double> step, timed, compute, update, exposed, io;
+    for (const auto& s : run_placement(o, m, p, false)) step.push_back(s.step_seconds * 1e3);
     std::map<Speculation, int> outcomes;
     std::vector<double> read, written;
     for (const auto& s : steps) {
-      step.push_back(s.step_seconds * 1e3);
+      timed.push_back(s.step_seconds * 1e3);
       compute.push_back((s.forward_seconds + s.backward_seconds) * 1e3);
       update.push_back(s.optimizer_seconds * 1e3);
       // What the step spends after the backward pass: not hidden behind compute.
@@ -166,13 +171,14 @@ void run(const Options& o) {
       for (auto [outcome, count] : outcomes)
         in_backward += fmt::format("{}{} {}", in_backward.empty() ? "" : ", ", count, speculation_name(outcome));
     }
-    say("  %-9s %-11s %9.0f %11.0f %10.0f %11.0f %6.2f/%-6.2f %8.0f %13.2f  %s\n", p.placement.c_str(), p.mode.c_str(), step_ms,
-        median(compute), median(update), median(exposed), median(read) / (1 << 30), median(written) / (1 << 30), median(io),
-        practicality, in_backward.c_str());
+    say("  %-9s %-11s %9.0f %9.0f %11.0f %10.0f %11.0f %6.2f/%-6.2f %8.0f %13.2f  %s\n", p.placement.c_str(), p.mode.c_str(), step_ms,
+        median(timed), median(compute), median(update), median(exposed), median(read) / (1 << 30), median(written) / (1 << 30),
+        median(io), practicality, in_backward.c_str());
     rows.push_back({{"placement", p.placement},
                     {"mode", p.mode},
                     {"step_ms", step_ms},
                     {"step_ms_range", {*std::min_element(step.begin(), step.end()), *std::max_element(step.begin(), step.end())}},
+                    {"timed_step_ms", median(timed)},
                     {"compute_ms", median(compute)},
                     {"update_ms", median(update)},
                     {"exposed_ms", median(exposed)},

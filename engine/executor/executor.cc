@@ -64,13 +64,18 @@ Executor::Executor(Device& device, TierAllocators& tiers, Communicator& dp, cons
     }
   }
 
-  if (plan_.delayed_update) {
+  if (plan_.delayed_update || plan_.publish_by_sub_group) {
     bucket_sub_groups_.resize(plan_.reduce_buckets.size());
+    if (plan_.publish_by_sub_group) block_sub_groups_.resize(plan_.blocks.size());
     for (size_t g = 0; g < plan_.sub_groups.size(); ++g) {
-      grads_read_.push_back(device_.create_event());
+      if (plan_.delayed_update) grads_read_.push_back(device_.create_event());
+      if (plan_.publish_by_sub_group) published_.push_back(device_.create_event());
       for (const auto& span : plan_.sub_groups[g]) {
         auto& feeds = bucket_sub_groups_[plan_.blocks[span.block].reduce_bucket];
         if (feeds.empty() || feeds.back() != static_cast<int>(g)) feeds.push_back(static_cast<int>(g));
+        if (!plan_.publish_by_sub_group || !plan_.sub_group_offloaded(static_cast<int>(g))) continue;
+        auto& holders = block_sub_groups_[span.block];
+        if (holders.empty() || holders.back() != static_cast<int>(g)) holders.push_back(static_cast<int>(g));
       }
     }
   }

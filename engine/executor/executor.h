@@ -119,8 +119,8 @@ class Executor {
   // before it, and publishes the update left running by the step before (uploads, post-step
   // gathers); without, the update is run and published at once (the warm-up).
   Speculation finish_step(const std::optional<UpdateArgs>& args, bool delay = false);
-  // Publishes a delayed update still pending and waits for it: what reads or writes the state
-  // between steps sees every update applied so far.
+  // Publishes a delayed update still pending and waits for it, or for a sweep published by
+  // sub-group: what reads or writes the state between steps sees every update applied so far.
   void settle();
   bool update_pending() const { return pending_; }
   // The arguments a cycle's sub-groups are updated with during the backward pass, asked for once
@@ -315,6 +315,11 @@ class Executor {
   bool pending_ = false;
   std::vector<std::unique_ptr<Event>> grads_read_;
   std::vector<std::vector<int>> bucket_sub_groups_;
+  // Plan::publish_by_sub_group: per sub-group, when its last upload is done; per block, the
+  // offloaded sub-groups that hold its elements (what a gather of it waits for).
+  std::vector<std::unique_ptr<Event>> published_;
+  std::vector<std::vector<int>> block_sub_groups_;
+  void wait_published(Stream& s, int block);
   std::function<std::optional<UpdateArgs>()> speculation_;
   std::optional<UpdateArgs> speculative_args_;
   bool speculation_asked_ = false;

@@ -149,9 +149,14 @@ void Executor::offload_grads(int index, bool add, Stream& rs) {
   const auto& bucket = plan_.reduce_buckets[index];
   const TensorView landed = landing_[index];
   const size_t n = landed.numel;
-  // A delayed update still running may not have read the last step's gradients yet.
+  // A delayed update still running may not have read the last step's gradients yet. Published
+  // sub-group by sub-group, the last step's update has read them once it uploaded (this cycle's
+  // gathers of the bucket's blocks waited for that already).
   if (plan_.delayed_update) {
     for (int g : bucket_sub_groups_[index]) rs.wait(*grads_read_[g]);
+  } else if (plan_.publish_by_sub_group) {
+    for (int g : bucket_sub_groups_[index])
+      if (plan_.sub_group_offloaded(g)) rs.wait(*published_[g]);
   }
   const OwnedRange& first = plan_.range(StateKind::grad_shard, bucket.blocks.front());
   offload::SwapFile* file = files_[first.buffer].get();
@@ -361,6 +366,7 @@ void Executor::upload(int sub_group, int slot) {
           0, bytes, [&] { file->write(from, bytes, at).wait(); }, true);
     });
     slot_uploaded_[slot]->record(us);
+    if (plan_.publish_by_sub_group) published_[sub_group]->record(us);
     return;
   }
   // Spans of one block that touch are one copy.
@@ -376,6 +382,12 @@ void Executor::upload(int sub_group, int slot) {
     i = j;
   }
   slot_uploaded_[slot]->record(us);
+  if (plan_.publish_by_sub_group) published_[sub_group]->record(us);
+}
+
+void Executor::wait_published(Stream& s, int block) {
+  if (!plan_.publish_by_sub_group) return;
+  for (int g : block_sub_groups_[block]) s.wait(*published_[g]);
 }
 
 void Executor::read_owned(const OwnedRange& r, void* out) {
@@ -476,6 +488,7 @@ void Executor::OwnedWriter::finish() {
 }
 
 void Executor::gather_shards(Stream& gs, int block, TensorView full) {
+  wait_published(gs, block);
   const auto& r = plan_.range(StateKind::param_shard, block);
   if (on_device(r.buffer)) {
     gather_comm(block).all_gather(gs, view(StateKind::param_shard, block), full);

@@ -153,6 +153,12 @@ void Executor::publish_update() {
 }
 
 void Executor::settle() {
+  // Published by sub-group, the sweep may still run under the next cycle; between cycles the state
+  // is read and written whole.
+  if (plan_.publish_by_sub_group && update_stream_) {
+    update_stream_->synchronize();
+    check_io();
+  }
   if (!pending_) return;
   publish_update();
   Stream& cs = compute_stream();
@@ -220,9 +226,10 @@ Speculation Executor::finish_step(const std::optional<UpdateArgs>& args, bool de
   speculative_args_.reset();
   speculation_asked_ = false;
   // Whatever the gather stream reads next (this step's post-step gathers, the next cycle's
-  // gathers of parameter shards) must see the update and the uploads.
+  // gathers of parameter shards) must see the update and the uploads: all of them, or, published
+  // by sub-group, those of the blocks it gathers (wait_published).
   gs.wait(*record(cs));
-  if (update_stream_) gs.wait(*record(*update_stream_));
+  if (update_stream_ && !plan_.publish_by_sub_group) gs.wait(*record(*update_stream_));
   for (const auto& a : plan_.step_program) {
     if (a.kind == ActionKind::all_gather && args) all_gather(a.target);
   }
@@ -374,6 +381,7 @@ void Executor::all_gather(int index) {
   const TensorView staging{buffers_[plan_.gather_staging].data(), n * dp, plan_.compute_dtype};
   for (int b : bucket.blocks) {
     const auto& blk = plan_.blocks[b];
+    wait_published(gs, b);
     device_.copy(gs, staging.slice(r * n + blk.shard_offset - bucket.shard_offset, blk.shard).data,
                  view(StateKind::param_shard, b).data, blk.shard * c);
   }

@@ -252,6 +252,11 @@ struct Plan {
   // whole offloaded shard) and published by the upload actions that follow it, at the step that
   // ends that next cycle (Executor::finish_step).
   bool delayed_update = false;
+  // The next cycle's gathers wait for the uploads of the sub-groups that hold their blocks, not for
+  // the whole update sweep, which runs in the order the next forward pass needs the blocks (post-
+  // step gathers first): its forward starts beside the rest of the sweep. Serial offloaded updates
+  // at stage 3 (no delayed update, no sub-group updated in the backward pass).
+  bool publish_by_sub_group = false;
   // The leading reduce buckets (in shard order) whose reduced gradients and optimizer state stay
   // on the device: every bucket without offload_optimizer, those that fit in (1 - ratio) of the
   // owned space with it. device_owned: the owned elements they hold (the offloaded part's start).

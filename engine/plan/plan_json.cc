@@ -104,6 +104,7 @@ nlohmann::json Plan::to_json() const {
   }
   j["in_backward"] = in_backward;
   j["delayed_update"] = delayed_update;
+  j["publish_by_sub_group"] = publish_by_sub_group;
   auto& jo = j["owned"] = nlohmann::json::array();
   for (const auto& o : owned) {
     jo.push_back({{"kind", state_kind_name(o.kind)},
@@ -241,6 +242,12 @@ std::string Plan::table() const {
         "  optimizer: delayed update, the {} offloaded sub-group(s) updated in the background under the next step's forward and "
         "backward, which see the weights one update behind; their parameters wait in param_out ({})\n",
         offloaded, format_bytes(buffers[param_out].bytes()));
+  }
+  if (publish_by_sub_group) {
+    out += fmt::format(
+        "  optimizer: the {} offloaded sub-group(s) updated after the backward pass in the order the next cycle reads their "
+        "blocks, each published on its own: the next forward pass starts beside the rest of the update\n",
+        offloaded);
   }
   for (size_t t = 0; t < kTierCount; ++t) {
     const size_t total = tier_total(bytes, static_cast<Tier>(t));

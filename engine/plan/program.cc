@@ -3,10 +3,11 @@
 // against the block use it belongs to, so the executor only replays decisions made here; and the
 // step's program (norms, sub-group updates with their swaps, the post-step gathers); and the
 // offloaded sub-groups' updates moved into the backward pass.
-#include <algorithm>  // std::max, std::min
+#include <algorithm>  // std::max, std::min, std::stable_sort
 #include <cstdint>    // SIZE_MAX
 #include <map>        // std::map, std::multimap
 #include <set>        // std::set
+#include <vector>     // std::vector
 
 #include "core/error.h"  // ZEROTH_CHECK
 #include "engine/plan/plan.h"
@@ -258,17 +259,38 @@ void build_step_program(Plan& p, const OffloadConfig& offload, size_t slots) {
   // of the next (pipeline_read) and the writes of the previous (pipeline_write) overlapping the
   // update: slots = 1 + one per pipelined direction, reused round robin.
   const bool swapped = p.swap_slots >= 0;
+  const int groups = static_cast<int>(p.sub_groups.size());
   // Sub-groups kept on the device (offload_optimizer.ratio < 1) lead and are updated in place.
+  int first = 0;
+  while (first < groups && !p.sub_group_offloaded(first)) ++first;
+  std::vector<int> order(static_cast<size_t>(groups));
+  for (int g = 0; g < groups; ++g) order[g] = g;
+  // Updated serially at stage 3, the offloaded sub-groups are published one by one, in the order
+  // the next cycle first reads their blocks: persistent blocks (the post-step gathers) first, then
+  // by the cycle's first gather. The update is element-wise, so the order changes no value.
+  p.publish_by_sub_group = p.stage == 3 && first < groups && !offload.delayed_update && !(offload.overlap_backward && swapped);
+  if (p.publish_by_sub_group) {
+    std::vector<size_t> needed(p.blocks.size(), SIZE_MAX);
+    for (size_t b = 0; b < p.blocks.size(); ++b)
+      if (p.blocks[b].persistent) needed[b] = 0;
+    for (size_t i = 0; i < p.program.size(); ++i) {
+      const Action& a = p.program[i];
+      if (a.kind == ActionKind::gather) needed[a.target] = std::min(needed[a.target], i + 1);
+    }
+    std::vector<size_t> key(static_cast<size_t>(groups), SIZE_MAX);
+    for (int g = 0; g < groups; ++g)
+      for (const auto& span : p.sub_groups[g]) key[g] = std::min(key[g], needed[span.block]);
+    std::stable_sort(order.begin() + first, order.end(), [&](int a, int b) { return key[a] < key[b]; });
+  }
   auto sweep = [&](ActionKind kind) {
-    const int groups = static_cast<int>(p.sub_groups.size());
     const int ahead = swapped && offload.pipeline_read ? 1 : 0;
-    int first = 0;
-    while (first < groups && !p.sub_group_offloaded(first)) add(kind, first++);
+    for (int g = 0; g < first; ++g) add(kind, g);
     int next_in = first;
-    for (int g = first; g < groups; ++g) {
-      const size_t slot = static_cast<size_t>(g - first) % slots;
-      for (; swapped && next_in <= std::min(g + ahead, groups - 1); ++next_in)
-        add(ActionKind::swap_in, next_in, false, static_cast<size_t>(next_in - first) % slots);
+    for (int i = first; i < groups; ++i) {
+      const int g = order[i];
+      const size_t slot = static_cast<size_t>(i - first) % slots;
+      for (; swapped && next_in <= std::min(i + ahead, groups - 1); ++next_in)
+        add(ActionKind::swap_in, order[next_in], false, static_cast<size_t>(next_in - first) % slots);
       add(kind, g, false, slot);
       if (kind == ActionKind::update && !offload.delayed_update) add(ActionKind::upload, g, false, slot);
       if (swapped) add(ActionKind::swap_out, g, false, slot);

@@ -321,6 +321,50 @@ TEST(Plan, OffloadRatioKeepsTheLeadingBucketsOnTheDeviceAndSwapsTheRest) {
   for (Tier t : {Tier::host, Tier::pinned_host, Tier::nvme}) EXPECT_EQ(tier_total(none_off.bytes, t), 0u) << tier_name(t);
 }
 
+// Updated after the backward pass at stage 3, the offloaded sub-groups are published one by one
+// in the order the next cycle reads their blocks: the persistent block's (gathered after the step)
+// first, then by first gather (a, b, then n when it is not persistent: the reverse of the shard
+// order, which follows the backward pass). Only the order moves: the same actions, slots round robin in the new order.
+// Not with updates during the backward pass, a delayed update or below stage 3.
+TEST(Plan, SerialUpdatesArePublishedInTheOrderTheNextCycleReadsTheBlocks) {
+  auto c = swapped_stage3();
+  c.zero.offload_optimizer.overlap_backward = false;
+  c.zero.stage3_param_persistence_threshold = 8;
+  const std::vector<BlockSpec> blocks = {{"a", {{"w", {1500, 2}, InitRule::zeros()}}},
+                                         {"b", {{"w", {900}, InitRule::zeros()}}},
+                                         {"n", {{"g", {8}, InitRule::constant(1.0), ParamRole::norm}}}};
+  const auto plan = make_plan(blocks, default_schedule(3), c, 1, 0);
+  ASSERT_TRUE(plan.blocks[2].persistent);
+  EXPECT_EQ(plan.shard_order, (std::vector<int>{2, 1, 0}));
+  EXPECT_TRUE(plan.publish_by_sub_group);
+  EXPECT_TRUE(plan.to_json().at("publish_by_sub_group").get<bool>());
+  EXPECT_NE(plan.table().find("each published on its own"), std::string::npos) << plan.table();
+  // n, b and a's three sub-groups, in shard order, each on the files' 1024-element quantum.
+  ASSERT_EQ(plan.sub_groups.size(), 5u);
+  for (int g = 0; g < 5; ++g) EXPECT_EQ(plan.sub_groups[g].front().block, std::vector<int>({2, 1, 0, 0, 0})[g]) << g;
+  EXPECT_EQ(step_text(plan),
+            "swap_in 0/0 swap_in 2/1 update 0/0 upload 0/0 swap_out 0/0 swap_in 3/2 update 2/1 upload 2/1 swap_out 2/1 swap_in 4/0 "
+            "update 3/2 upload 3/2 swap_out 3/2 swap_in 1/1 update 4/0 upload 4/0 swap_out 4/0 update 1/1 upload 1/1 swap_out 1/1 "
+            "all_gather 0/0 ");
+  c.zero.stage3_param_persistence_threshold = 0;
+  const auto unpersisted = make_plan(blocks, default_schedule(3), c, 1, 0);
+  EXPECT_EQ(step_text(unpersisted),
+            "swap_in 2/0 swap_in 3/1 update 2/0 upload 2/0 swap_out 2/0 swap_in 4/2 update 3/1 upload 3/1 swap_out 3/1 swap_in 1/0 "
+            "update 4/2 upload 4/2 swap_out 4/2 swap_in 0/1 update 1/0 upload 1/0 swap_out 1/0 update 0/1 upload 0/1 swap_out 0/1 ");
+  auto other = c;
+  other.zero.offload_optimizer.overlap_backward = true;
+  EXPECT_FALSE(make_plan(blocks, default_schedule(3), other, 1, 0).publish_by_sub_group);
+  other = c;
+  other.zero.offload_optimizer.delayed_update = true;
+  EXPECT_FALSE(make_plan(blocks, default_schedule(3), other, 1, 0).publish_by_sub_group);
+  other = c;
+  other.zero.stage = 2;
+  EXPECT_FALSE(make_plan(blocks, default_schedule(3), other, 1, 0).publish_by_sub_group);
+  other = c;
+  other.zero.offload_optimizer.device = OffloadDevice::cpu;
+  EXPECT_TRUE(make_plan(blocks, default_schedule(3), other, 1, 0).publish_by_sub_group);
+}
+
 // overlap_comm = false moves every collective of a block use onto the compute stream and changes
 // nothing else: the same actions in the same order, so the same arithmetic.
 TEST(Plan, OverlapCommOffRunsEachCycleCollectiveOnTheComputeStreamAndChangesNothingElse) {
