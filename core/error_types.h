@@ -1,8 +1,9 @@
 // The typed errors zeroth raises. Free of fmt, so CUDA sources (nvcc) can include it.
 #pragma once
 
-#include <stdexcept>  // std::runtime_error
-#include <string>     // std::string
+#include <stdexcept>    // std::runtime_error
+#include <string>       // std::string
+#include <string_view>  // std::string_view
 
 namespace zeroth {
 
@@ -44,6 +45,9 @@ namespace detail {
 std::string where(const char* file, int line);
 // errno text for a failed system call ("open(...): No such file or directory (errno 2)").
 std::string errno_text(int err);
+// `message` without the " [dir/file.cc:123]" locations ZEROTH_THROW appends (nested ones too): what
+// a user is shown. A failed ZEROTH_CHECK keeps its "[check `...` at ...]", which marks a bug.
+std::string without_locations(std::string_view message);
 }  // namespace detail
 
 }  // namespace zeroth

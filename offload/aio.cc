@@ -113,7 +113,9 @@ std::pair<std::uintptr_t, std::uintptr_t> whole_pages(const std::byte* begin, st
 }
 
 void mark_for_children(std::pair<std::uintptr_t, std::uintptr_t> pages, int advice) {
-  const auto [first, last] = pages;
+  // Plain names, not a structured binding: the lambda below captures them (clang 14 refuses a
+  // binding's capture).
+  const std::uintptr_t first = pages.first, last = pages.second;
   if (::madvise(reinterpret_cast<void*>(first), last - first, advice) != 0) {
     std::call_once(dontfork_warning, [&] {
       ZLOG_WARN("madvise({:#x}, {}, {}) failed: {}; a child process started while buffers are registered may split their huge pages",

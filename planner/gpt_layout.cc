@@ -118,7 +118,7 @@ std::string Layout::describe() const {
 }
 
 uint64_t layer_activation_bytes(const GptShape& shape, uint64_t micro_batch, uint64_t tp, bool sequence_parallel,
-                                Checkpointing checkpointing) {
+                                Checkpointing checkpointing, bool attention_scores) {
   const double s = static_cast<double>(shape.seq_len), b = static_cast<double>(micro_batch), h = static_cast<double>(shape.hidden),
                a = static_cast<double>(shape.heads), t = static_cast<double>(tp);
   const double sbh = s * b * h;
@@ -126,7 +126,9 @@ uint64_t layer_activation_bytes(const GptShape& shape, uint64_t micro_batch, uin
   // GPT-2: softmax input and output, its dropout mask and output, 5 a s^2 b bytes split over heads;
   // a Llama keeps softmax's output only.
   const double core = shape.llama ? 2 : 5;
-  const double attention = checkpointing == Checkpointing::selective ? 0 : core * a * s * s * b / t;
+  const double attention = checkpointing == Checkpointing::selective ? 0
+                           : attention_scores                        ? core * a * s * s * b / t
+                                                                     : 4 * a * s * b / t;
   // What tensor parallelism splits, and what it leaves whole without sequence parallelism: GPT-2's
   // layer norms and dropouts (10 s b h), a Llama's norms' inputs and outputs (8 s b h).
   const double kv = static_cast<double>(shape.kv_width()), ffn = static_cast<double>(shape.mlp_width());
@@ -137,9 +139,10 @@ uint64_t layer_activation_bytes(const GptShape& shape, uint64_t micro_batch, uin
 }
 
 uint64_t moe_layer_activation_bytes(const GptShape& shape, uint64_t micro_batch, uint64_t tp, bool sequence_parallel,
-                                    Checkpointing checkpointing, uint64_t ep) {
+                                    Checkpointing checkpointing, uint64_t ep, bool attention_scores) {
   const double s = static_cast<double>(shape.seq_len), b = static_cast<double>(micro_batch), h = static_cast<double>(shape.hidden);
-  const double dense = static_cast<double>(layer_activation_bytes(shape, micro_batch, tp, sequence_parallel, checkpointing));
+  const double dense = static_cast<double>(
+      layer_activation_bytes(shape, micro_batch, tp, sequence_parallel, checkpointing, attention_scores));
   if (checkpointing == Checkpointing::full) return round_bytes(dense + 2 * s * b * h);
   const double per_row = shape.llama ? 6 : 4, k = static_cast<double>(shape.top_k);
   const double mlp = per_row * s * b * static_cast<double>(shape.mlp_width()) / static_cast<double>(tp);
@@ -160,14 +163,15 @@ LayoutMemory layout_memory(const GptShape& shape, const Layout& layout, const Bu
   const uint64_t layer_slice = shape.layer_slice(t), shared_slice = shape.moe() ? shape.moe_layer_shared_slice(t) : 0;
   const uint64_t vocab_slice = ceil_div(shape.vocab, t) * h;  // vocab-parallel embedding, and head
   const uint64_t largest = std::max({layer_slice, vocab_slice, shared_slice, experts_slice});
-  const uint64_t per_layer = layer_activation_bytes(shape, b, t, layout.sequence_parallel, layout.checkpointing);
-  const uint64_t per_moe_layer = shape.moe()
-                                     ? moe_layer_activation_bytes(shape, b, t, layout.sequence_parallel, layout.checkpointing, ep)
-                                     : 0;
-  const uint64_t full_layer = std::max(layer_activation_bytes(shape, b, t, layout.sequence_parallel, Checkpointing::none),
-                                       shape.moe()
-                                           ? moe_layer_activation_bytes(shape, b, t, layout.sequence_parallel, Checkpointing::none, ep)
-                                           : 0);
+  const bool scores = layout.attention_scores;
+  const uint64_t per_layer = layer_activation_bytes(shape, b, t, layout.sequence_parallel, layout.checkpointing, scores);
+  const uint64_t per_moe_layer = shape.moe() ? moe_layer_activation_bytes(shape, b, t, layout.sequence_parallel, layout.checkpointing,
+                                                                          ep, scores)
+                                             : 0;
+  const uint64_t full_layer = std::max(layer_activation_bytes(shape, b, t, layout.sequence_parallel, Checkpointing::none, scores),
+                                       shape.moe() ? moe_layer_activation_bytes(shape, b, t, layout.sequence_parallel,
+                                                                                Checkpointing::none, ep, scores)
+                                                   : 0);
   const double sp_split = layout.sequence_parallel ? static_cast<double>(t) : 1.0;
 
   auto stage_memory = [&](bool first, bool last) {

@@ -88,6 +88,9 @@ struct Layout {
   Checkpointing checkpointing = Checkpointing::none;
   bool sequence_parallel = false;
   PipeKind schedule = PipeKind::one_f_one_b;
+  // Attention that keeps its s x s softmax tensors for backward (Korthikanti et al.'s count) instead
+  // of each row's log-sum-exp (zeroth's blocked attention, as FlashAttention): layer_activation_bytes.
+  bool attention_scores = false;
   uint64_t gpus() const { return dp * tp * pp; }
   std::string describe() const;
 };
@@ -127,8 +130,11 @@ struct LayoutMemory {
 // dropout: both norms' inputs and outputs (8 s b h, whole on every tensor-parallel rank), q and the
 // attention output (4 s b h), k and v (4 s b kv), softmax's output (2 a s^2 b), the MLP's gate, up
 // and their product (6 s b ffn).
+// The 5 a s^2 b (a Llama's 2 a s^2 b) of softmax's tensors only with `attention_scores`: attention
+// by blocks with an online softmax (zeroth's, FlashAttention) keeps each row's log-sum-exp, 4 a s b
+// bytes (f32), in their place.
 uint64_t layer_activation_bytes(const GptShape& shape, uint64_t micro_batch, uint64_t tp, bool sequence_parallel,
-                                Checkpointing checkpointing);
+                                Checkpointing checkpointing, bool attention_scores = false);
 // An expert layer's, counted the same way: the dense MLP's intermediate activations (4 s b ffn of
 // GPT-2's up projection and GELU, 6 s b ffn of a Llama's gate, up and product, split over tp)
 // replaced by each routed row's, whole on every tensor-parallel rank: top_k s b rows of the
@@ -136,7 +142,7 @@ uint64_t layer_activation_bytes(const GptShape& shape, uint64_t micro_batch, uin
 // (4 or 6 top_k s b X), and with expert parallelism the rows received and sent back (4 top_k s b h).
 // Full recomputation keeps the experts' input too (2 s b h).
 uint64_t moe_layer_activation_bytes(const GptShape& shape, uint64_t micro_batch, uint64_t tp, bool sequence_parallel,
-                                    Checkpointing checkpointing, uint64_t ep);
+                                    Checkpointing checkpointing, uint64_t ep, bool attention_scores = false);
 
 LayoutMemory layout_memory(const GptShape& shape, const Layout& layout, const BufferSizes& buffers = {},
                            uint64_t runtime_bytes = kDeviceRuntimeBytes);

@@ -120,10 +120,11 @@ StepCost step_cost(const GptShape& shape, const Layout& l, const LayoutMemory& m
   // layer keeps (Korthikanti's count), at the device's memory bandwidth.
   const uint64_t ep = std::max<uint64_t>(l.ep, 1);
   auto layer_bytes = [&](Checkpointing ck) {
-    return static_cast<double>(layer_activation_bytes(shape, l.micro_batch, l.tp, l.sequence_parallel, ck));
+    return static_cast<double>(layer_activation_bytes(shape, l.micro_batch, l.tp, l.sequence_parallel, ck, l.attention_scores));
   };
   auto moe_bytes = [&](Checkpointing ck) {
-    return shape.moe() ? static_cast<double>(moe_layer_activation_bytes(shape, l.micro_batch, l.tp, l.sequence_parallel, ck, ep))
+    return shape.moe() ? static_cast<double>(
+                             moe_layer_activation_bytes(shape, l.micro_batch, l.tp, l.sequence_parallel, ck, ep, l.attention_scores))
                        : 0.0;
   };
   const double layer_elementwise = layer_bytes(Checkpointing::none) / c.device_memory_bw;
@@ -262,7 +263,6 @@ PlanResult search_plans(const GptShape& shape, const Cluster& cluster, const Pla
         for (uint64_t b : divisors(per_rank, search.max_micro_batch)) {
           for (int stage = 0; stage <= 3; ++stage) {
             if (search.stage >= 0 && stage != search.stage) continue;
-            if (pp > 1 && stage == 3) continue;  // stage 3 regathers every micro-batch of every stage
             for (auto [opt, par] : placements) {
               if (opt != D::none && (!search.offload || stage == 0)) continue;
               if (par != D::none && stage != 3) continue;
@@ -271,7 +271,8 @@ PlanResult search_plans(const GptShape& shape, const Cluster& cluster, const Pla
                 for (bool sp : {false, true}) {
                   if (sp && tp == 1) continue;
                   Candidate cand;
-                  cand.layout = {dp, tp, pp, ep, b, per_rank / b, stage, opt, par, ck, sp, PipeKind::one_f_one_b};
+                  cand.layout = {
+                      dp, tp, pp, ep, b, per_rank / b, stage, opt, par, ck, sp, PipeKind::one_f_one_b, search.attention_scores};
                   cand.memory = layout_memory(shape, cand.layout, search.buffers, cluster.runtime_memory);
                   ++result.considered;
                   cand.fits = does_not_fit(cand.memory, cluster).empty();

@@ -77,6 +77,9 @@ struct PlanSearch {
   bool offload = true;         // consider optimizer and parameter offload
   bool runnable_only = false;  // only what this engine runs: full or no recomputation (not selective)
   int stage = -1;              // -1: every stage
+  // Layouts whose attention keeps its s x s scores (Layout::attention_scores), as systems without
+  // blocked attention do; zeroth's keeps each row's log-sum-exp.
+  bool attention_scores = false;
   size_t top = 10;
   BufferSizes buffers;  // the bucket sizes a run would use
 };

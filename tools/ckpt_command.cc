@@ -1,11 +1,12 @@
 // `zeroth ckpt inspect | export | reshard | import`: checkpoints without a training run. Every
 // command that reads a checkpoint verifies all of its files first, so nothing is ever read out of
 // a damaged one.
-#include <chrono>  // std::chrono::steady_clock
-#include <cstdio>  // std::printf
-#include <memory>  // std::make_shared
-#include <string>  // std::string
-#include <vector>  // std::vector
+#include <chrono>      // std::chrono::steady_clock
+#include <cstdio>      // std::printf
+#include <filesystem>  // std::filesystem
+#include <memory>      // std::make_shared
+#include <string>      // std::string
+#include <vector>      // std::vector
 
 #include <CLI/CLI.hpp>        // CLI::App
 #include <fmt/format.h>       // fmt::format
@@ -22,6 +23,7 @@
 #include "optim/loss_scaler.h"             // LossScaler
 #include "tools/commands.h"
 #include "train/hf_weights.h"    // HfWriter, HfModelReader
+#include "train/tokenizer.h"     // write_hf_tokenizer_files
 #include "train/train_config.h"  // TrainConfig
 
 namespace zeroth::tools {
@@ -66,6 +68,11 @@ TrainConfig saved_config(const Opened& o) {
     // ask for a launcher.
     nlohmann::json config = o.manifest.config;
     if (config.contains("run") && config["run"].is_object()) config["run"]["backend"] = "local";
+    // The model's shape is spelled out (model.vocab_size too): a tokenizer moved since is not needed.
+    if (config.contains("data") && config["data"].is_object() && config["data"].value("tokenizer", nlohmann::json()).is_string()) {
+      std::error_code ec;
+      if (!std::filesystem::exists(config["data"]["tokenizer"].get<std::string>(), ec)) config["data"].erase("tokenizer");
+    }
     return TrainConfig::from_json(config);
   } catch (const Error& e) {
     throw CheckpointError(fmt::format("{}/{}: the saved config does not parse ({})", o.dir, ckpt::kManifestName, e.what()));
@@ -152,13 +159,32 @@ void export_weights(const std::string& path, const std::string& out, const std::
     writer.write(values.data());
   }
   const uint64_t bytes = writer.finish();
+  // The run's tokenizer goes with the weights, so the folder loads as a model with its tokenizer.
+  std::string tokenizer_note;
+  if (format == "hf") {
+    const nlohmann::json& data = o.manifest.config.value("data", nlohmann::json::object());
+    const std::string tokenizer = data.is_object() && data.value("tokenizer", nlohmann::json()).is_string()
+                                      ? data["tokenizer"].get<std::string>()
+                                      : std::string();
+    std::error_code ec;
+    if (tokenizer.empty()) {
+      tokenizer_note = "; no tokenizer files (the run read text as bytes or token files)";
+    } else if (!std::filesystem::exists(tokenizer, ec)) {
+      tokenizer_note = fmt::format("; the run's tokenizer {} is gone, so no tokenizer files", tokenizer);
+    } else {
+      const auto files = write_hf_tokenizer_files(tokenizer, out, c.model.max_positions > 0 ? c.model.max_positions : c.model.seq_len);
+      tokenizer_note = fmt::format("; {} from {}", fmt::join(files, ", "), tokenizer);
+    }
+  }
   const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-  std::printf("exported %s (step %lld) to %s: %s of %s weights as Hugging Face's %s%s, in %.2f s\n", o.dir.c_str(),
-              static_cast<long long>(o.manifest.step), out.c_str(), format_bytes(bytes).c_str(), dtype_name(type).data(),
-              c.model.hf_architecture().c_str(),
-              format == "hf" ? fmt::format(" (config.json and {} shard{})", writer.shards(), writer.shards() == 1 ? "" : "s").c_str()
-                             : "",
-              s);
+  std::printf(
+      "exported %s (step %lld) to %s: %s of %s weights as Hugging Face's %s%s, in %.2f s\n", o.dir.c_str(),
+      static_cast<long long>(o.manifest.step), out.c_str(), format_bytes(bytes).c_str(), dtype_name(type).data(),
+      c.model.hf_architecture().c_str(),
+      format == "hf"
+          ? fmt::format(" (config.json and {} shard{}{})", writer.shards(), writer.shards() == 1 ? "" : "s", tokenizer_note).c_str()
+          : "",
+      s);
 }
 
 // The plan geometry of `c`'s GPT at `dp` ranks (what its ranks own), for writing a checkpoint as

@@ -47,9 +47,16 @@ void add_bench_offload_step_command(CLI::App& bench);
 void add_bench_ckpt_command(CLI::App& bench);
 void add_bench_pipeline_command(CLI::App& bench);
 
-// A run's config from its file with --set overrides applied (run.name defaults to the file's
-// stem; a launched process's world size is the launcher's).
-TrainConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides);
+// A run's config from its file, or from a run folder's config.json, with --set overrides applied
+// (run.name defaults to the file's stem; a launched process's world size is the launcher's), and
+// --resume's value: "" none, "-" run.checkpoint_dir, else a checkpoint, step or run folder.
+// `trained_weights`: a run folder's config starts from that run's trained weights (eval, generate)
+// unless --resume or --set run.init_from say otherwise.
+TrainConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides, const std::string& resume = "",
+                            bool trained_weights = false);
+// `zeroth CMD --resume CONFIG`: the flag's optional value took the config; both back in their
+// places (a JSON file given as the only argument is the config).
+void untangle_resume(std::string& config, std::string& resume);
 // `work` on every rank of the config's world, each with its device: this process's rank when
 // started by `zeroth launch` (over gloo), else run.world_size ranks as threads.
 void on_every_rank(const TrainConfig& config, const std::function<void(Communicator&, Device&)>& work);

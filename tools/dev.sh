@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The project's one entry point for setting up, building and testing on a fresh Debian machine.
 #   tools/dev.sh test [CMAKE_ARGS]  install packages, build with warnings as errors (CUDA backend when
-#                                   nvcc exists), run ctest, check the layering and file sizes
-#                                   (tools/check-layers.sh) and the source layout (tools/format.sh check)
+#                                   nvcc exists), run ctest, build the fuzz harnesses with clang and
+#                                   replay their corpus (tools/fuzz.sh --replay), check the layering and
+#                                   file sizes (tools/check-layers.sh) and the source layout
+#                                   (tools/format.sh check)
 #   tools/dev.sh build [CMAKE_ARGS] install packages and build only
 #   tools/dev.sh train [CONFIG [ARGS]] install packages, build the zeroth binary, run `zeroth train`
 #                                   (default: configs/gpt-fortunes-zero3-bf16.json)
@@ -35,6 +37,10 @@ case "${1:-}" in
     # Warnings are errors here, so the project's own code stays at zero of them.
     configure_and_build "${BUILD_DIR:-build}" -DZEROTH_WERROR=ON "${@:2}"
     run_tests "${BUILD_DIR:-build}"
+    # The fuzz harnesses built as tools/fuzz.sh builds them (clang, libFuzzer, ASan + UBSan), which no
+    # other build uses, each replaying its corpus: code clang refuses, or an input that now fails
+    # under the sanitizers, fails here.
+    "$root/tools/fuzz.sh" --replay
     # After the tests, so a layout difference never hides their results.
     "$root/tools/check-layers.sh"
     "$root/tools/format.sh" check

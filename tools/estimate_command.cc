@@ -19,6 +19,7 @@
 #include "engine/plan/estimate.h"  // estimate, MemoryNeed
 #include "planner/model_states.h"  // zero_model_states, deepspeed_estimates
 #include "planner/gpt_layout.h"    // layout_memory
+#include "planner/planner.h"       // Cluster
 #include "engine/plan/plan.h"      // make_plan
 #include "models/gpt/gpt.h"        // Gpt
 #include "tools/commands.h"
@@ -106,6 +107,16 @@ int run_deepspeed(const Options& o, uint64_t params, uint64_t largest) {
   return 0;
 }
 
+// --device-memory or --host-memory for a cluster's GPUs and nodes: `zeroth plan`'s defaults (a DGX
+// A100 80GB node's) unless given; 0 is unlimited.
+size_t cluster_budget(const std::string& given, uint64_t plan_default) { return given.empty() ? plan_default : parse_bytes(given); }
+
+// "80.00 GiB per GPU" or "unlimited per GPU", with where the figure comes from.
+std::string budget_text(size_t budget, const std::string& given, const char* per) {
+  return fmt::format("{} {}{}", budget ? format_bytes(budget) : std::string("unlimited"), per,
+                     given.empty() ? " (zeroth plan's default, a DGX A100 80GB node's)" : "");
+}
+
 // A preset's parameter count and its largest block (ZeRO-3's largest-layer term).
 std::pair<uint64_t, uint64_t> preset_counts(const std::string& name) {
   uint64_t total = 0, largest = 0;
@@ -123,8 +134,8 @@ int run_params(const Options& o) {
   const uint64_t largest = !o.largest_layer.empty() ? count(o.largest_layer, "--largest-layer") : preset_largest;
   if (o.deepspeed_compatible) return run_deepspeed(o, params, largest);
   const uint64_t gpus = static_cast<uint64_t>(o.gpus_per_node) * static_cast<uint64_t>(o.nodes);
-  const size_t device_budget = o.device_memory.empty() ? 0 : parse_bytes(o.device_memory);
-  const size_t node_host_budget = o.host_memory.empty() ? 0 : parse_bytes(o.host_memory);
+  const size_t device_budget = cluster_budget(o.device_memory, Cluster{}.device_memory);
+  const size_t node_host_budget = cluster_budget(o.host_memory, Cluster{}.host_memory);
   nlohmann::json rows = nlohmann::json::array();
   if (!o.json) {
     std::printf("zeroth estimate: %s%s parameters%s on %llu GPUs (%d per node x %d nodes); model states (the ZeRO paper's "
@@ -174,11 +185,12 @@ int run_params(const Options& o) {
                             .c_str());
   } else {
     std::printf("sizes in binary units (1 GiB = 2^30 bytes; the ZeRO paper's GB are 10^9: its 120 GB are 111.76 GiB)\n");
-    std::printf("budgets: device %s per GPU, host %s per node. Model states only: activations, communication buckets and swap "
-                "buffers depend on the model's shape and the config (give %s, or --config, for them)%s\n",
-                device_budget ? format_bytes(device_budget).c_str() : "unlimited",
+    std::printf("budgets: device %s, host %s (--device-memory, --host-memory; 0 is unlimited). Model states only: activations, "
+                "communication buckets and swap buffers depend on the model's shape and the config (give %s, or --config, for "
+                "them)%s\n",
+                budget_text(device_budget, o.device_memory, "per GPU").c_str(),
+                budget_text(node_host_budget, o.host_memory, "per node").c_str(),
                 o.model.empty() ? "--layers, --hidden and --heads" : "a layout option such as --seq or --tp with --model",
-                node_host_budget ? format_bytes(node_host_budget).c_str() : "unlimited",
                 largest == 0 ? "; with parameters offloaded, the largest layer's working set needs --largest-layer" : "");
   }
   return 0;
@@ -207,10 +219,11 @@ int run_shape(const Options& o, const GptShape& shape) {
   if (o.sequence_parallel && o.tp == 1)
     ZEROTH_THROW(InvalidArgument, "--sequence-parallel splits along tensor-parallel ranks: give --tp above 1");
   if (o.gpipe && o.pp == 1) ZEROTH_THROW(InvalidArgument, "--gpipe is a pipeline schedule: give --pp above 1");
-  const size_t device_budget = o.device_memory.empty() ? 0 : parse_bytes(o.device_memory);
-  const size_t node_host_budget = o.host_memory.empty() ? 0 : parse_bytes(o.host_memory);
+  const size_t device_budget = cluster_budget(o.device_memory, Cluster{}.device_memory);
+  const size_t node_host_budget = cluster_budget(o.host_memory, Cluster{}.host_memory);
   const uint64_t runtime = o.runtime_memory.empty() ? kDeviceRuntimeBytes : parse_bytes(o.runtime_memory);
   const Checkpointing kinds[] = {Checkpointing::none, Checkpointing::selective, Checkpointing::full};
+  uint64_t scores_extra = 0;  // what attention that keeps its s x s scores would add, without recomputation
   nlohmann::json rows = nlohmann::json::array();
   if (!o.json) {
     std::printf("zeroth estimate: %s of %s parameters (%s) on %llu GPUs (%d per node x %d nodes) as dp %llu x tp %llu x pp %llu, "
@@ -246,6 +259,12 @@ int run_shape(const Options& o, const GptShape& shape) {
           acts[name] = m.activations, device[name] = m.device, fits[name] = ok;
           fits_text += std::string(fits_text.empty() ? "" : "/") + (ok ? "yes" : "no");
         }
+        // The labelled alternative: attention that keeps its s x s softmax tensors, as Korthikanti et
+        // al. count (zeroth's blocked attention keeps each row's log-sum-exp instead).
+        Layout with_scores = l;
+        with_scores.checkpointing = Checkpointing::none, with_scores.attention_scores = true;
+        const LayoutMemory scores = layout_memory(shape, with_scores, {}, runtime);
+        scores_extra = scores.activations - none.activations;
         const uint64_t host_node = none.host * static_cast<uint64_t>(o.gpus_per_node),
                        nvme_node = none.nvme * static_cast<uint64_t>(o.gpus_per_node);
         rows.push_back({{"stage", stage},
@@ -254,6 +273,7 @@ int run_shape(const Options& o, const GptShape& shape) {
                         {"model_states_bytes_per_gpu", none.model_states},
                         {"device_bytes", none.device},
                         {"activations_bytes", acts},
+                        {"activations_bytes_if_attention_keeps_scores", scores.activations},
                         {"device_bytes_by_checkpointing", device},
                         {"buffers_bytes", none.buffers},
                         {"allowance_bytes", none.allowance},
@@ -295,13 +315,16 @@ int run_shape(const Options& o, const GptShape& shape) {
     return 0;
   }
   std::printf("model states: the ZeRO paper's (2 + 2 + 12 bytes per parameter, partitioned by stage over dp); activations: "
-              "Korthikanti et al. 2022 per layer (16-bit, %s without tensor parallelism), times the layers of "
-              "the stage and its micro-batches in flight, with no, selective and full recomputation (full also holds one layer "
-              "being recomputed); buffers: reduce bucket 500M elements, stage 3 a gathered layer and the 50M prefetch bucket; "
-              "device adds %s for the runtime and 5%% for fragmentation. budgets: device %s per GPU, host %s per node\n",
-              shape.llama ? "counted as GPT-2's without dropout, s b (12 h + 4 kv + 6 ffn) + 2 a s^2 b" : "s b h (34 + 5 a s / h)",
-              format_bytes(runtime).c_str(), device_budget ? format_bytes(device_budget).c_str() : "unlimited",
-              node_host_budget ? format_bytes(node_host_budget).c_str() : "unlimited");
+              "Korthikanti et al. 2022 per layer (16-bit, %s without tensor parallelism) as zeroth's attention by blocks holds "
+              "them (each row's log-sum-exp, 4 a s b bytes, where attention that keeps its s x s softmax tensors holds %s: "
+              "%s more per GPU without recomputation), times the layers of the stage and its micro-batches in flight, with no, "
+              "selective and full recomputation (full also holds one layer being recomputed); buffers: reduce bucket 500M "
+              "elements, stage 3 a gathered layer and the 50M prefetch bucket; device adds %s for the runtime and 5%% for "
+              "fragmentation. budgets: device %s, host %s (--device-memory, --host-memory; 0 is unlimited)\n",
+              shape.llama ? "counted as GPT-2's without dropout, s b (12 h + 4 kv + 6 ffn)" : "s b h 34",
+              shape.llama ? "2 a s^2 b" : "5 a s^2 b", format_bytes(scores_extra).c_str(), format_bytes(runtime).c_str(),
+              budget_text(device_budget, o.device_memory, "per GPU").c_str(),
+              budget_text(node_host_budget, o.host_memory, "per node").c_str());
   return 0;
 }
 
@@ -495,62 +518,6 @@ int run(const Options& o) {
 
 }  // namespace
 
-double parse_count(const std::string& text, const char* flag) {
-  size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  const std::string unit = used > 0 ? text.substr(used) : "";
-  const double scale = unit.empty()                 ? 1
-                       : unit == "K" || unit == "k" ? 1e3
-                       : unit == "M"                ? 1e6
-                       : unit == "B" || unit == "G" ? 1e9
-                       : unit == "T"                ? 1e12
-                                                    : 0;
-  if (used == 0 || scale == 0 || !(v > 0))
-    ZEROTH_THROW(InvalidArgument, "{} {}: give a count such as 7.5B, 350M, 1T or 175e9", flag, text);
-  if (v * scale >= 1e19) ZEROTH_THROW(InvalidArgument, "{} {}: too large (below 1e19)", flag, text);
-  return v * scale;
-}
-
-void add_gpt_shape_options(CLI::App* cmd, GptShape& shape, const std::string& role) {
-  cmd->add_option("--layers", shape.layers, role + ": transformer layers (with --hidden and --heads)")->check(CLI::Range(1, 1 << 16));
-  cmd->add_option("--hidden", shape.hidden, "Hidden size")->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--heads", shape.heads, "Attention heads")->check(CLI::Range(1, 1 << 14));
-  cmd->add_option("--seq", shape.seq_len, fmt::format("Sequence length (default {})", shape.seq_len))->check(CLI::Range(1, 1 << 22));
-  cmd->add_option("--vocab", shape.vocab, fmt::format("Vocabulary (default {})", shape.vocab))->check(CLI::Range(1, 1 << 24));
-}
-
-bool gpt_shape_given(const GptShape& shape) { return shape.layers > 0 || shape.hidden > 0 || shape.heads > 0; }
-
-const GptShape& checked_gpt_shape(const GptShape& shape) {
-  if (const std::string bad = shape.problem(); !bad.empty()) ZEROTH_THROW(InvalidArgument, "--layers/--hidden/--heads: {}", bad);
-  return shape;
-}
-
-GptConfig checked_preset(const std::string& name) {
-  try {
-    return GptConfig::preset(name);
-  } catch (const ConfigError&) {
-    ZEROTH_THROW(InvalidArgument, "--model {} is not a known preset; use one of {}", name, fmt::join(GptConfig::preset_names(), ", "));
-  }
-}
-
-GptShape preset_shape(const std::string& name, uint64_t seq_len, uint64_t vocab_option) {
-  if (vocab_option != GptShape{0, 0, 0, 2048, 51200}.vocab)
-    ZEROTH_THROW(InvalidArgument, "--vocab goes with --layers, --hidden and --heads: --model {} has its own vocabulary", name);
-  const GptConfig g = checked_preset(name);
-  const auto u = [](int v) { return static_cast<uint64_t>(v); };
-  if (!g.llama()) return GptShape{u(g.n_layer), u(g.n_embd), u(g.n_head), seq_len, u(g.vocab_size)};
-  GptShape s = GptShape::llama_shape(u(g.n_layer), u(g.n_embd), u(g.n_head), u(g.kv_heads()), u(g.ffn()), seq_len, u(g.vocab_size),
-                                     g.tie_word_embeddings);
-  s.qkv_bias = g.qkv_bias;
-  return s;
-}
-
 void add_estimate_command(CLI::App& app) {
   auto o = std::make_shared<Options>();
   auto* cmd = app.add_subcommand(
@@ -584,9 +551,12 @@ void add_estimate_command(CLI::App& app) {
   cmd->add_option("--set", o->overrides, "Override a key of the config: --set train_micro_batch_size_per_gpu=8")
       ->expected(1)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  cmd->add_option("--device-memory", o->device_memory, "Device memory per rank (GPU) to fit in (default: run.device_memory)");
+  cmd->add_option("--device-memory", o->device_memory,
+                  "Device memory per rank (GPU) to fit in (default: run.device_memory with --config, else 80GiB as zeroth plan; 0: "
+                  "unlimited)");
   cmd->add_option("--host-memory", o->host_memory,
-                  "Host memory to fit in: per rank with --config (default: run.host_memory), per node with --params");
+                  "Host memory to fit in: per rank with --config (default: run.host_memory), per node otherwise (default 1TiB as "
+                  "zeroth plan; 0: unlimited)");
   cmd->add_flag("--deepspeed-compatible", o->deepspeed_compatible,
                 "With --params: DeepSpeed's own ZeRO-2 and ZeRO-3 estimate tables, with its exact numbers");
   cmd->add_flag("--json", o->json, "Print JSON: one row per stage and placement, bytes per tier and tag");

@@ -1,5 +1,6 @@
 // `zeroth eval CONFIG [--set k=v]... [--resume [DIR]] [--json]`: the validation loss and perplexity
-// of the weights a config starts from, over every complete window of its validation data.
+// of the weights a config starts from, over every complete window of its validation data (or the
+// first --windows N, which a training run's validation measured).
 #include <cmath>   // std::exp
 #include <cstdio>  // std::printf
 #include <memory>  // std::make_shared
@@ -8,6 +9,7 @@
 #include <vector>  // std::vector
 
 #include <CLI/CLI.hpp>        // CLI::App
+#include <fmt/format.h>       // fmt::format
 #include <nlohmann/json.hpp>  // nlohmann::json
 
 #include "tools/commands.h"
@@ -20,25 +22,23 @@ struct EvalOptions {
   std::string config;
   std::vector<std::string> overrides;
   std::string resume;
+  int64_t windows = 0;
   bool json = false;
 };
 
 void run_eval(const EvalOptions& o) {
-  TrainConfig c = load_run_config(o.config, o.overrides);
-  if (!o.resume.empty()) c.run.resume = o.resume == "-" ? c.run.checkpoint_dir : o.resume;
+  TrainConfig c = load_run_config(o.config, o.overrides, o.resume, /*trained_weights=*/true);
   EvalResult result;
   std::mutex mutex;
   on_every_rank(c, [&](Communicator& comm, Device& device) {
-    const EvalResult r = evaluate(c, comm, device);
+    const EvalResult r = evaluate(c, comm, device, o.windows);
     std::lock_guard lock(mutex);
     if (comm.rank() == 0) result = r;
   });
   const double perplexity = std::exp(result.loss);
   if (o.json) {
-    const nlohmann::json j = {{"loss", result.loss},
-                              {"perplexity", perplexity},
-                              {"tokens", result.tokens},
-                              {"windows", result.windows}};
+    const nlohmann::json j = {
+        {"loss", result.loss}, {"perplexity", perplexity}, {"tokens", result.tokens}, {"windows", result.windows}, {"of", result.of}};
     std::printf("%s\n", j.dump().c_str());
     return;
   }
@@ -47,8 +47,10 @@ void run_eval(const EvalOptions& o) {
                                                       : "a fresh initialization (seed " + std::to_string(c.run.seed) + ")";
   std::printf("%s (%s) on %s\n", c.model.describe().c_str(), from.c_str(),
               c.data.val.empty() ? "the held-out tail of data.train" : c.data.val.c_str());
-  std::printf("loss %.6f  perplexity %.4f  over %lld windows of %d tokens (%lld tokens) in %.2f s\n", result.loss, perplexity,
-              static_cast<long long>(result.windows), c.model.seq_len, static_cast<long long>(result.tokens), result.seconds);
+  std::printf("loss %.6f  perplexity %.4f  over %s windows of %d tokens (%lld tokens) in %.2f s\n", result.loss, perplexity,
+              result.windows == result.of ? fmt::format("all {}", result.of).c_str()
+                                          : fmt::format("the first {} of {}", result.windows, result.of).c_str(),
+              c.model.seq_len, static_cast<long long>(result.tokens), result.seconds);
 }
 
 }  // namespace
@@ -58,17 +60,26 @@ void add_eval_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "eval", "The mean next-token cross-entropy (and perplexity) of a config's starting weights (run.init_from, or "
               "--resume's checkpoint) over every complete window of its validation data");
-  cmd->add_option("config", o->config, "The run's JSON config (see configs/)")->required();
+  cmd->add_option("config", o->config,
+                  "The run's JSON config (see configs/), or a run's folder: its config, and its trained weights (model.safetensors, "
+                  "else its checkpoints) unless --resume or --set run.init_from say otherwise");
   cmd->add_option("--set", o->overrides, "Override a key: --set run.init_from=DIR --set run.world_size=4")
       ->expected(1)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   cmd->add_option("--resume", o->resume,
-                  "Evaluate a checkpoint: a checkpoint folder (its latest) or a step folder; without a value, "
-                  "run.checkpoint_dir")
+                  "Evaluate a checkpoint: a checkpoint folder (its latest), a step folder or a run's folder (its "
+                  "checkpoints); without a value, run.checkpoint_dir")
       ->expected(0, 1)
       ->default_str("-");
-  cmd->add_flag("--json", o->json, "Print {\"loss\", \"perplexity\", \"tokens\", \"windows\"} as one JSON line");
-  cmd->callback([o] { run_eval(*o); });
+  cmd->add_option("--windows", o->windows,
+                  "Only the first N windows (a training run's validation measures the first run.eval_batches x micro-batch x "
+                  "data-parallel ranks of them; its start box says how many)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_flag("--json", o->json, "Print {\"loss\", \"perplexity\", \"tokens\", \"windows\", \"of\"} as one JSON line");
+  cmd->callback([o] {
+    untangle_resume(o->config, o->resume);
+    run_eval(*o);
+  });
 }
 
 }  // namespace zeroth::tools

@@ -2,6 +2,8 @@
 # libFuzzer on every parser that takes bytes from outside (tests/fuzz: the training config,
 # safetensors, checkpoint manifests, llm.c token files, rendezvous store messages).
 #   tools/fuzz.sh [--seconds S] [HARNESS...]   (default: 60 s each, every harness)
+#   tools/fuzz.sh --replay [HARNESS...]        build them, run each input of tests/fuzz/corpus once
+#                                              under libFuzzer, ASan and UBSan (tools/dev.sh test does)
 # Builds the harnesses with clang, ASan and UBSan in build-fuzz (BUILD_DIR), then runs each for S
 # seconds from its corpus in tests/fuzz/corpus (new inputs kept in build-fuzz/corpus/HARNESS,
 # never in the checkout) and prints executions and coverage per harness. A crash, leak, hang
@@ -13,12 +15,14 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 seconds=60
+replay=0
 harnesses=()
 while (($#)); do
   case $1 in
     --seconds) seconds=${2:?--seconds needs a number}; shift 2 ;;
     --seconds=*) seconds=${1#*=}; shift ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    --replay) replay=1; shift ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     -*) echo "fuzz.sh: unknown option $1" >&2; exit 2 ;;
     *) harnesses+=("$1"); shift ;;
   esac
@@ -39,6 +43,20 @@ cmake --build "$dir" -j "${JOBS:-$(nproc)}" --target "${harnesses[@]/#/fuzz_}"
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+if ((replay)); then
+  # Every input once (-runs=0 stops after the corpus is read in), as the fuzzer itself runs them.
+  for h in "${harnesses[@]}"; do
+    log="$dir/replay-$h.log"
+    if "$dir/tests/fuzz/fuzz_$h" -runs=0 -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=2048 "tests/fuzz/corpus/$h" >"$log" 2>&1; then
+      printf 'fuzz.sh: replayed %-12s %4d inputs: clean\n' "$h" "$(ls "tests/fuzz/corpus/$h" | wc -l)"
+    else
+      tail -n 30 "$log"
+      echo "fuzz.sh: replaying tests/fuzz/corpus/$h under fuzz_$h failed (log $log)" >&2
+      exit 1
+    fi
+  done
+  exit 0
+fi
 status=0
 summary=()
 for h in "${harnesses[@]}"; do

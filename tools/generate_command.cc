@@ -1,12 +1,15 @@
 // `zeroth generate CONFIG --prompt TEXT [--max-new-tokens N] [--temperature T] [--top-k K]
 // [--top-p P] [--seed S]`: text from the weights a config starts from, streamed as it is decoded.
-#include <cstdio>  // std::printf, std::fflush
-#include <memory>  // std::make_shared
-#include <string>  // std::string
-#include <vector>  // std::vector
+#include <cstdio>   // std::printf, std::fflush
+#include <cstdlib>  // std::getenv
+#include <memory>   // std::make_shared
+#include <string>   // std::string
+#include <vector>   // std::vector
 
 #include <CLI/CLI.hpp>  // CLI::App
 
+#include "core/env.h"  // env::kLogLevel
+#include "core/log.h"  // log::set_level
 #include "tools/commands.h"
 #include "train/generate.h"  // generate
 
@@ -22,14 +25,21 @@ struct GenerateCliOptions {
 };
 
 void run_generate(const GenerateCliOptions& g) {
-  TrainConfig c = load_run_config(g.config, g.overrides);
-  if (!g.resume.empty()) c.run.resume = g.resume == "-" ? c.run.checkpoint_dir : g.resume;
-  std::printf("%s", g.o.prompt.c_str());
-  std::fflush(stdout);
-  const GenerateResult r = generate(c, g.o, [](std::string_view text) {
+  TrainConfig c = load_run_config(g.config, g.overrides, g.resume, /*trained_weights=*/true);
+  // The engine's plan of one rank holding the weights is not news here.
+  if (std::getenv(std::string(env::kLogLevel).c_str()) == nullptr) log::set_level(log::Level::warn);
+  // The prompt is echoed once it is taken (a prompt too long for the model is an error alone).
+  bool echoed = false;
+  auto echo = [&] {
+    if (!echoed) std::printf("%s", g.o.prompt.c_str());
+    echoed = true;
+  };
+  const GenerateResult r = generate(c, g.o, [&](std::string_view text) {
+    echo();
     std::fwrite(text.data(), 1, text.size(), stdout);
     std::fflush(stdout);
   });
+  echo();
   std::printf("\n");
   std::fflush(stdout);  // before the summary on stderr
   if (g.ids) {
@@ -40,8 +50,8 @@ void run_generate(const GenerateCliOptions& g) {
     std::printf("\n");
     std::fflush(stdout);
   }
-  std::fprintf(stderr, "%zu tokens in %.2f s (%.1f tokens/s, the prompt's %zu included)%s\n", r.ids.size(), r.seconds,
-               r.seconds > 0 ? static_cast<double>(r.ids.size()) / r.seconds : 0.0, r.prompt_ids.size(),
+  std::fprintf(stderr, "%zu new tokens after the prompt's %zu, in %.2f s with the prompt's pass (%.1f new tokens/s)%s\n", r.ids.size(),
+               r.prompt_ids.size(), r.seconds, r.seconds > 0 ? static_cast<double>(r.ids.size()) / r.seconds : 0.0,
                r.max_new_tokens < g.o.max_new_tokens ? " (cut at model.seq_len)" : "");
 }
 
@@ -52,13 +62,15 @@ void add_generate_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "generate", "Text from a config's starting weights (run.init_from, or --resume's checkpoint), decoded with a key/value "
                   "cache on one rank and streamed");
-  cmd->add_option("config", g->config, "The run's JSON config (see configs/): its model, its data.tokenizer")->required();
+  cmd->add_option("config", g->config,
+                  "The run's JSON config (see configs/): its model, its data.tokenizer; or a run's folder: its config, and its "
+                  "trained weights unless --resume or --set run.init_from say otherwise");
   cmd->add_option("--set", g->overrides, "Override a key: --set run.init_from=runs/NAME/model.safetensors")
       ->expected(1)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   cmd->add_option("--resume", g->resume,
-                  "Generate from a checkpoint: a checkpoint folder (its latest) or a step folder; without a "
-                  "value, run.checkpoint_dir")
+                  "Generate from a checkpoint: a checkpoint folder (its latest), a step folder or a run's folder (its "
+                  "checkpoints); without a value, run.checkpoint_dir")
       ->expected(0, 1)
       ->default_str("-");
   cmd->add_option("--prompt", g->o.prompt, "The text to continue (default: a newline)");
@@ -68,7 +80,10 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--top-p", g->o.top_p, "Then among the fewest holding this much probability (default 1)");
   cmd->add_option("--seed", g->o.seed, "The sampler's seed (default 1234)");
   cmd->add_flag("--ids", g->ids, "Also print the prompt's and the generated token ids");
-  cmd->callback([g] { run_generate(*g); });
+  cmd->callback([g] {
+    untangle_resume(g->config, g->resume);
+    run_generate(*g);
+  });
 }
 
 }  // namespace zeroth::tools

@@ -2,7 +2,8 @@
 #include <cstdio>
 #include <exception>
 
-#include "core/error.h"
+#include "core/error.h"  // zeroth::Error, detail::without_locations
+#include "core/log.h"    // log::level
 #include "tools/commands.h"
 
 int main(int argc, char** argv) {
@@ -36,7 +37,9 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const zeroth::Error& e) {
-    std::fprintf(stderr, "zeroth: error: %s\n", e.what());
+    // Where in zeroth's sources the error was raised is for its developers: shown at debug level.
+    const bool locations = zeroth::log::level() <= zeroth::log::Level::debug;
+    std::fprintf(stderr, "zeroth: error: %s\n", locations ? e.what() : zeroth::detail::without_locations(e.what()).c_str());
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "zeroth: unexpected error: %s\n", e.what());

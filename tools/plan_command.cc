@@ -1,13 +1,14 @@
 // `zeroth plan`: the fastest layouts of a GPT on a cluster (planner/planner.h), printed with their
 // memory, step time, MFU and what bounds each; `--emit-config` writes the fastest one this engine
 // runs as a training config.
-#include <chrono>   // std::chrono
-#include <cmath>    // std::floor
-#include <cstdio>   // std::printf
-#include <fstream>  // std::ifstream, std::ofstream
-#include <memory>   // std::make_shared
-#include <string>   // std::string
-#include <vector>   // std::vector
+#include <chrono>     // std::chrono
+#include <cmath>      // std::floor
+#include <algorithm>  // std::find_if
+#include <cstdio>     // std::printf
+#include <fstream>    // std::ifstream, std::ofstream
+#include <memory>     // std::make_shared
+#include <string>     // std::string
+#include <vector>     // std::vector
 
 #include <CLI/CLI.hpp>        // CLI::App
 #include <fmt/format.h>       // fmt::format
@@ -33,6 +34,7 @@ struct Options {
   std::string device_memory, runtime_memory, host_memory, nvme_capacity, peak_flops, intra_bw, inter_bw, pcie_bw, nvme_bw, cpu_rate;
   std::vector<std::string> calibrate;
   bool no_offload = false, runnable = false, json = false;
+  bool gpus_per_node_given = false;
   int stage = -1;
   size_t top = 10;
   std::string emit_config, emit_device = "cuda", data, nvme_path = "runs/nvme-swap";
@@ -65,8 +67,11 @@ GptShape shape_of(const Options& o, std::string& origin) {
 void apply_options(Options& o) {
   Cluster& c = o.cluster;
   if (o.gpus > 0) {
+    // Fewer GPUs than the default node holds: one node of them.
+    if (!o.gpus_per_node_given && o.gpus < c.gpus_per_node) c.gpus_per_node = o.gpus;
     if (o.gpus % c.gpus_per_node != 0)
-      ZEROTH_THROW(InvalidArgument, "--gpus {} is not a multiple of --gpus-per-node {}", o.gpus, c.gpus_per_node);
+      ZEROTH_THROW(InvalidArgument, "--gpus {} is not a multiple of --gpus-per-node {}: give whole nodes, or --gpus-per-node {}",
+                   o.gpus, c.gpus_per_node, o.gpus < c.gpus_per_node ? o.gpus : c.gpus_per_node);
     c.nodes = o.gpus / c.gpus_per_node;
   }
   if (!o.device_memory.empty()) c.device_memory = parse_bytes(o.device_memory);
@@ -195,7 +200,8 @@ void print_table(const std::vector<Candidate>& plans, uint64_t gpus_per_node, bo
     std::printf("%3zu %5llu %3llu %4llu%s %9s %5d %-17s %-9s %-3s %11s %11s %9.3f %10.0f %5.1f%%  %s\n", i + 1,
                 static_cast<unsigned long long>(l.dp), static_cast<unsigned long long>(l.tp), static_cast<unsigned long long>(l.pp),
                 ep.c_str(), fmt::format("{}x{}", l.micro_batch, l.micro_batches).c_str(), l.stage, placement(l).c_str(),
-                checkpointing_name(l.checkpointing).data(), l.sequence_parallel ? "yes" : "-", format_bytes(c.memory.device).c_str(),
+                (std::string(checkpointing_name(l.checkpointing)) + (l.checkpointing == Checkpointing::selective ? "*" : "")).c_str(),
+                l.sequence_parallel ? "yes" : "-", format_bytes(c.memory.device).c_str(),
                 format_bytes(c.memory.host * gpus_per_node).c_str(), c.cost.step, c.cost.tokens_per_s, 100 * c.cost.mfu,
                 c.cost.bound.c_str());
   }
@@ -368,9 +374,20 @@ void run(Options o) {
               format_bytes(best.memory.buffers).c_str(), format_bytes(best.memory.allowance).c_str(),
               format_bytes(best.memory.device).c_str(), format_bytes(best.memory.host * c.gpus_per_node).c_str(),
               format_bytes(best.memory.nvme * c.gpus_per_node).c_str());
+  if (best.layout.checkpointing == Checkpointing::selective) {
+    const auto runs = std::find_if(result.best.begin(), result.best.end(),
+                                   [](const Candidate& p) { return p.layout.checkpointing != Checkpointing::selective; });
+    if (runs != result.best.end()) {
+      std::printf("  selective recomputation is the planner's alone; the fastest above that zeroth runs: #%td, %s, %.3f s per step\n",
+                  runs - result.best.begin() + 1, runs->layout.describe().c_str(), runs->cost.step);
+    } else {
+      std::printf("  selective recomputation is the planner's alone; none above runs on zeroth's engine: --runnable lists those\n");
+    }
+  }
   std::printf("model: step time from FLOPs at the matmul rate, ring collectives, bubble (p-1)/(m+p-1), PCIe/NVMe/CPU optimizer "
               "(planner/planner.h); memory: ZeRO paper model states, Korthikanti et al. activations, %s runtime + %.0f%% "
-              "fragmentation allowance (planner/gpt_layout.h). ZeRO-3 is not combined with pipelines.\n",
+              "fragmentation allowance (planner/gpt_layout.h). selective*: Korthikanti et al.'s selective recomputation, which "
+              "the planner models and zeroth's engine does not run (--runnable leaves it out).\n",
               format_bytes(c.runtime_memory).c_str(), 100 * kFragmentation);
   if (!emit_problem.empty()) {
     std::fflush(stdout);
@@ -408,7 +425,9 @@ void add_plan_command(CLI::App& app) {
       ->check(CLI::Range(1, 1 << 16));
   cmd->add_option("--global-batch", o->global_batch, "Sequences per optimizer step (required)");
   auto* gpus = cmd->add_option("--gpus", o->gpus, "GPUs in all (sets --nodes from --gpus-per-node)")->check(CLI::Range(1, 1 << 24));
-  cmd->add_option("--gpus-per-node", o->cluster.gpus_per_node, "GPUs per node (default 8)")->check(CLI::Range(1, 1 << 10));
+  cmd->add_option("--gpus-per-node", o->cluster.gpus_per_node, "GPUs per node (default 8; with fewer --gpus, those)")
+      ->check(CLI::Range(1, 1 << 10))
+      ->each([o](const std::string&) { o->gpus_per_node_given = true; });
   cmd->add_option("--nodes", o->cluster.nodes, "Nodes (default 1)")->check(CLI::Range(1, 1 << 20))->excludes(gpus);
   cmd->add_option("--device-memory", o->device_memory, "Memory per GPU (default 80GiB)");
   cmd->add_option("--runtime-memory", o->runtime_memory,
@@ -429,7 +448,8 @@ void add_plan_command(CLI::App& app) {
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   cmd->add_option("--stage", o->stage, "Only this ZeRO stage")->check(CLI::Range(0, 3));
   cmd->add_flag("--no-offload", o->no_offload, "Keep all state on the GPUs");
-  cmd->add_flag("--runnable", o->runnable, "Only layouts this engine runs (no tensor or pipeline parallelism yet)");
+  cmd->add_flag("--runnable", o->runnable,
+                "Only layouts this engine runs: without selective recomputation (the planner's alone; the table marks it)");
   cmd->add_option("--top", o->top, "Plans to print (default 10)")->check(CLI::Range(1, 1000));
   cmd->add_option("--emit-config", o->emit_config, "Write the fastest plan this engine runs as a training config (JSON)");
   cmd->add_option("--emit-device", o->emit_device, "run.device of the written config (default cuda)")

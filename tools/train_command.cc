@@ -28,6 +28,7 @@
 #include "offload/io_fault.h"       // IoFault
 #include "engine/plan/plan.h"       // make_plan
 #include "train/generate.h"         // generate
+#include "train/run_folder.h"       // is_run_folder, resume_path
 #include "train/trainer.h"          // train
 #include "models/gpt/gpt.h"         // Gpt
 #include "models/threads.h"         // share_cores
@@ -110,9 +111,21 @@ void dry_run(const TrainConfig& c) {
 }
 
 int run(const Options& o) {
-  TrainConfig c = load_run_config(o.config, o.overrides);
-  if (!o.resume.empty()) c.run.resume = o.resume == "-" ? c.run.checkpoint_dir : o.resume;
+  TrainConfig c = load_run_config(o.config, o.overrides, o.resume);
   resume_after_restart(c.run);
+  if (const auto saved = saved_schedule_steps(c)) {
+    // "auto" is run.steps; a resume that changes them keeps the schedule the run started on.
+    std::fprintf(stderr,
+                 "zeroth: warning: resuming with run.steps %lld where the checkpoint's run had scheduler.params.total_num_steps "
+                 "%lld (\"auto\" in this config): the learning rate goes on along that schedule; set "
+                 "scheduler.params.total_num_steps to reshape it\n",
+                 static_cast<long long>(c.run.steps), static_cast<long long>(*saved));
+    std::vector<std::string> overrides = o.overrides;
+    overrides.push_back(fmt::format("scheduler.params.total_num_steps={}", *saved));
+    const std::string resume = c.run.resume;
+    c = load_run_config(o.config, overrides);
+    c.run.resume = resume;
+  }
   // A fault given for tests is read now, not at the first file it would concern.
   (void)offload::IoFault::for_file("");
   if (o.dry_run) {
@@ -174,13 +187,39 @@ int run(const Options& o) {
 
 }  // namespace
 
-TrainConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {
-  nlohmann::json j = read_config_file(path);
+TrainConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides, const std::string& resume,
+                            bool trained_weights) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec) && !is_run_folder(path)) {
+    ZEROTH_THROW(ConfigError,
+                 "{} is a folder, not a config file: give a JSON config, or the folder of a run zeroth train wrote (it holds "
+                 "config.json and metrics.jsonl)",
+                 path);
+  }
+  const bool run_dir = is_run_folder(path);
+  nlohmann::json j = read_config_file(run_dir ? run_folder_config(path) : path);
   if (!j.is_object()) ZEROTH_THROW(ConfigError, "{}: a training config must be a JSON object", path);
   if (!j.contains("run") || !j["run"].contains("name")) j["run"]["name"] = std::filesystem::path(path).stem().string();
-  for (const auto& s : overrides) apply_override(j, s);
+  bool init_given = false;
+  for (const auto& s : overrides) {
+    apply_override(j, s);
+    init_given = init_given || s.starts_with("run.init_from=");
+  }
+  resolve_config_paths(j, run_dir ? run_folder_config(path) : path);
   const auto launched = rendezvous_from_env();
-  return TrainConfig::from_json(j, launched ? launched->world_size : 0);
+  TrainConfig c = TrainConfig::from_json(j, launched ? launched->world_size : 0);
+  if (!resume.empty()) c.run.resume = resume == "-" ? c.run.checkpoint_dir : resume_path(resume);
+  else if (run_dir && trained_weights && !init_given) c.run.init_from = run_folder_weights(path);
+  return c;
+}
+
+void untangle_resume(std::string& config, std::string& resume) {
+  std::error_code ec;
+  if (config.empty() && !resume.empty() && resume != "-" && std::filesystem::is_regular_file(resume, ec)) {
+    config = std::move(resume);
+    resume = "-";
+  }
+  if (config.empty()) ZEROTH_THROW(ConfigError, "a config is required: zeroth CMD CONFIG [--resume [DIR]] (see configs/)");
 }
 
 void on_every_rank(const TrainConfig& c, const std::function<void(Communicator&, Device&)>& work) {
@@ -211,16 +250,18 @@ void on_every_rank(const TrainConfig& c, const std::function<void(Communicator&,
 void add_train_command(CLI::App& app) {
   auto o = std::make_shared<Options>();
   auto* cmd = app.add_subcommand("train", "Train a GPT from a JSON config (DeepSpeed keys plus model, data, run)");
-  cmd->add_option("config", o->config, "The run's JSON config (see configs/)")->required();
+  cmd->add_option("config", o->config, "The run's JSON config (see configs/), or a run's folder (its config.json)");
   cmd->add_option("--set", o->overrides, "Override a key: --set zero_optimization.stage=2 --set run.steps=50")
       ->expected(1)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   cmd->add_flag("--dry-run", o->dry_run, "Print the resolved config and the per-rank memory plan, then exit");
   cmd->add_option("--resume", o->resume,
-                  "Continue from a checkpoint: a checkpoint folder (its latest) or a step folder; without a value, run.checkpoint_dir")
+                  "Continue from a checkpoint: a checkpoint folder (its latest), a step folder, or a run's folder (its "
+                  "checkpoints); without a value, run.checkpoint_dir")
       ->expected(0, 1)
       ->default_str("-");
   cmd->callback([o] {
+    untangle_resume(o->config, o->resume);
     const int code = run(*o);
     if (code != 0) std::exit(code);
   });

@@ -1,6 +1,5 @@
 #include "tools/train_console.h"
 
-#include <sched.h>   // sched_getaffinity
 #include <unistd.h>  // isatty
 
 #include <cmath>  // std::llround
@@ -17,12 +16,11 @@
 #include <fmt/ranges.h>       // fmt::join
 #include <nlohmann/json.hpp>  // nlohmann::json
 
-#include "comm/rendezvous.h"         // rendezvous_from_env
-#include "core/cpu/gemm.h"           // measure_gemm
 #include "core/cpu/kernels.h"        // cpu::num_threads
 #include "core/error.h"              // ZEROTH_THROW
 #include "core/memory.h"             // process_rss
 #include "engine/pipeline/runner.h"  // pipe_kind_name
+#include "tools/mfu_peak.h"          // measure_peak, Peak
 #include "tools/step_lines.h"        // wall_clock_line
 #include "train/monitors.h"          // Monitors
 #include "train/run_report.h"        // write_run_report
@@ -80,40 +78,24 @@ std::string memory_line(const MemoryNeed& need) {
   return out;
 }
 
+// Which windows of the validation data a run's validation measures, and how `zeroth eval` measures
+// the same ones.
+std::string validation_scope(const TrainConfig& c, size_t val_tokens) {
+  const auto of = static_cast<int64_t>((val_tokens - 1) / c.model.seq_len);
+  const int64_t asked = c.run.eval_batches * c.micro_batch_size * c.data_parallel();
+  if (c.run.eval_batches == 0 || asked >= of)
+    return fmt::format("all {} windows of {} tokens (as zeroth eval measures them)", of, c.model.seq_len);
+  return fmt::format("the first {} of {} windows of {} tokens (run.eval_batches {} x {} sequences x {} data-parallel ranks; zeroth "
+                     "eval measures all, zeroth eval --windows {} these)",
+                     asked, of, c.model.seq_len, c.run.eval_batches, c.micro_batch_size, c.data_parallel(), asked);
+}
+
 // "42s", "3m05s", "2h07m".
 std::string duration(double seconds) {
   const auto t = static_cast<int64_t>(std::llround(std::max(seconds, 0.0)));
   if (t < 60) return fmt::format("{}s", t);
   if (t < 3600) return fmt::format("{}m{:02}s", t / 60, t % 60);
   return fmt::format("{}h{:02}m", t / 3600, t % 3600 / 60);
-}
-
-// The peak model FLOP/s of the job's hosts, measured once at the start: the GEMM of the run's
-// products (1024^3; bf16 where a bf16 run's products are, else f32) on one core, times the cores
-// this process may run on, times the hosts the launcher says the job spans.
-struct Peak {
-  double flops = 0;
-  std::string how;
-};
-Peak measure_peak(const TrainConfig& c) {
-  // The CPU's rate says nothing of an accelerator's: MFU is left out there.
-  if (c.run.device != "cpu") return {0, fmt::format("no peak measured for run.device {}: MFU is left out", c.run.device)};
-  // A bf16 run's products run on bf16 kernels where oneDNN has them (models/gpt/cpu/gpt_kernels.h):
-  // their rate is its peak.
-  const bool bf16 = c.engine.compute_dtype == DType::bf16 && cpu::gemm_bf16_native();
-  const int threads = cpu::gemm_threads();
-  cpu::set_gemm_threads(1);
-  const cpu::GemmRate r = cpu::measure_gemm(1024, 2, cpu::gemm_library(), bf16);
-  cpu::set_gemm_threads(threads);
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  const int cores = ::sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
-  const auto launched = rendezvous_from_env();
-  const int hosts = launched ? (launched->world_size + launched->local_world_size - 1) / launched->local_world_size : 1;
-  return {r.gflops * 1e9 * cores * hosts,
-          fmt::format("{:.0f} GFLOP/s: {} GEMM {}^3 on one core {:.1f} GFLOP/s ({}), x {} core{} x {} host{} (measured at the start)",
-                      r.gflops * cores * hosts, bf16 ? "bf16" : "f32", r.n, r.gflops, cpu::gemm_library_summary(cpu::gemm_library()),
-                      cores, cores == 1 ? "" : "s", hosts, hosts == 1 ? "" : "s")};
 }
 
 class Console final : public RunConsole {
@@ -201,6 +183,7 @@ class Console final : public RunConsole {
     rows.emplace_back("steps",
                       fmt::format("{}, print every {}, validation {}", c.run.steps, c.steps_per_print,
                                   c.run.eval_interval > 0 ? fmt::format("every {} steps", c.run.eval_interval) : "at the end"));
+    if (f.val_tokens > 0) rows.emplace_back("validation", validation_scope(c, f.val_tokens));
     rows.emplace_back("memory", memory_line(f.need));
     rows.emplace_back("mfu", fmt::format("model FLOPs {} per token (6 N + 12 L H Q T, PaLM's) against {}",
                                          si(c.model.flops_per_token()), peak_.how));
@@ -328,15 +311,18 @@ class Console final : public RunConsole {
   // DeepSpeed's wall_clock_breakdown line, printed with the step line.
   std::string breakdown_line(const StepMetrics& s) const { return c_.engine.time_breakdown ? wall_clock_line(s) : ""; }
 
-  void on_eval(int64_t step, double val) override {
-    metrics_ << nlohmann::json{{"step", step}, {"val_loss", val}}.dump() << "\n";
+  void on_eval(int64_t step, const EvalResult& r) override {
+    const double val = r.loss;
+    metrics_ << nlohmann::json{{"step", step}, {"val_loss", val}, {"val_windows", r.windows}, {"val_windows_of", r.of}}.dump() << "\n";
     check_written();
     if (monitors_ && monitors_->enabled()) {
       monitors_->write(step * c_.train_batch_size, {{"Eval/Samples/val_loss", val}});
       monitors_->flush();
     }
     clear_bar();
-    std::printf("validation at step %lld: loss %.4f\n", static_cast<long long>(step), val);
+    std::printf("validation at step %lld: loss %.4f (%s)\n", static_cast<long long>(step), val,
+                r.windows == r.of ? fmt::format("all {} windows", r.of).c_str()
+                                  : fmt::format("the first {} of {} windows", r.windows, r.of).c_str());
     std::fflush(stdout);
     write_report();
   }
@@ -379,13 +365,23 @@ class Console final : public RunConsole {
                     ? fmt::format(" ({} in this run, from the checkpoint at step {})", s.steps - s.start_step, s.start_step).c_str()
                     : "",
                 s.seconds, si(s.tokens_per_second).c_str(), s.first_loss, s.last_loss);
-    if (s.first_val_loss >= 0) std::printf(", validation %.4f -> %.4f", s.first_val_loss, s.last_val_loss);
+    if (s.first_val_loss >= 0 && s.first_val_step == s.last_val_step) {
+      std::printf(", validation %.4f (at step %lld only)", s.last_val_loss, static_cast<long long>(s.last_val_step));
+    } else if (s.first_val_loss >= 0) {
+      std::printf(", validation %.4f (step %lld) -> %.4f (step %lld)", s.first_val_loss, static_cast<long long>(s.first_val_step),
+                  s.last_val_loss, static_cast<long long>(s.last_val_step));
+    }
     std::printf("\n  peak memory on rank 0: %s (params %s, grads %s, optimizer %s, buffers %s, activations %s%s)\n  metrics: "
                 "%s/metrics.jsonl\n",
                 format_bytes(s.peak_total).c_str(), format_bytes(s.peak[0]).c_str(), format_bytes(s.peak[1]).c_str(),
                 format_bytes(s.peak[2]).c_str(), format_bytes(s.peak[3]).c_str(), format_bytes(s.peak[4]).c_str(),
                 s.peak[5] > 0 ? (", other " + format_bytes(s.peak[5]) + ": gathering the weights to save them").c_str() : "",
                 c_.run.output_dir.c_str());
+    if (s.checkpoints_saved > 0) {
+      // Said whether or not its step was printed: after Ctrl-C it is what the run goes on from.
+      std::printf("  checkpoint: %s (zeroth train ... --resume %s goes on from it)\n", s.last_save.path.c_str(),
+                  c_.run.output_dir.c_str());
+    }
     const std::string arch = c_.model.hf_architecture();
     const std::string names = arch.empty() ? std::string("zeroth's names (no Hugging Face class has this model)")
                                            : "Hugging Face " + arch + " names";

@@ -264,15 +264,8 @@ int TokenData::max_token() const {
   return m;
 }
 
-Loader::Loader(TokenData data, int seq_len, int micro_batch, int gradient_accumulation, int dp, int rank, uint64_t seed, bool shuffle)
-    : data_(std::move(data)),
-      T_(seq_len),
-      micro_(micro_batch),
-      gas_(gradient_accumulation),
-      dp_(dp),
-      rank_(rank),
-      seed_(seed),
-      shuffle_(shuffle) {
+Loader::Loader(TokenData data, int seq_len, int micro_batch, int gradient_accumulation, int dp, int rank, uint64_t seed)
+    : data_(std::move(data)), T_(seq_len), micro_(micro_batch), gas_(gradient_accumulation), dp_(dp), rank_(rank), seed_(seed) {
   windows_ = data_.size() > 0 ? static_cast<int64_t>((data_.size() - 1) / T_) : 0;
   if (windows_ < 1) {
     ZEROTH_THROW(
@@ -280,25 +273,16 @@ Loader::Loader(TokenData data, int seq_len, int micro_batch, int gradient_accumu
         "the data has {} tokens, fewer than one sequence of model.seq_len + 1 = {} tokens; use more data or a shorter model.seq_len",
         data_.size(), T_ + 1);
   }
-  // One batch never holds the same sequence twice. Validation (not shuffled) reads eval_batches
-  // micro-batches per rank where training reads the accumulation's.
-  if (windows_ < global_batch() && shuffle_) {
+  // One batch never holds the same sequence twice.
+  if (windows_ < global_batch()) {
     ZEROTH_THROW(ConfigError,
                  "the training data has {} sequences of {} tokens, but one batch takes {} ({} per micro-batch x {} accumulation steps "
                  "x {} ranks): sequences would repeat inside a batch; use more data, a shorter model.seq_len or a smaller batch",
                  windows_, T_ + 1, global_batch(), micro_, gas_, dp_);
   }
-  if (windows_ < global_batch()) {
-    ZEROTH_THROW(ConfigError,
-                 "the validation data has {} sequences of {} tokens, but one validation pass takes {} ({} per micro-batch x {} "
-                 "run.eval_batches x {} ranks): sequences would repeat; use fewer run.eval_batches, more validation data (data.val, "
-                 "or a larger data.val_fraction) or a smaller micro-batch",
-                 windows_, T_ + 1, global_batch(), micro_, gas_, dp_);
-  }
 }
 
 int64_t Loader::window(int64_t sample) {
-  if (!shuffle_) return sample % windows_;
   const int64_t epoch = sample / windows_;
   if (epoch != epoch_) {
     perm_.resize(windows_);
@@ -326,16 +310,21 @@ namespace {
 DataSplits load_data(const TrainConfig& c) {
   DataSplits s;
   const auto& d = c.data;
-  auto open = [&](const std::string& path) {
-    if (d.format == DataFormat::bin) return TokenData::open_bin(path);
-    if (!d.tokenizer.empty()) return TokenData::open_tokenized(path, d.tokenizer, c.run.output_dir + "/tokens");
-    return TokenData::open_text(path);
+  // The key that named the file leads any error opening it.
+  auto open = [&](const std::string& path, const char* key) {
+    try {
+      if (d.format == DataFormat::bin) return TokenData::open_bin(path);
+      if (!d.tokenizer.empty()) return TokenData::open_tokenized(path, d.tokenizer, c.run.output_dir + "/tokens");
+      return TokenData::open_text(path);
+    } catch (const IoError& e) {
+      throw IoError(fmt::format("{} = {}: {}", key, path, e.what()));
+    }
   };
   TokenData all = d.format == DataFormat::synthetic ? TokenData::synthetic(d.vocab_size, d.synthetic_tokens, c.run.seed)
-                                                    : open(d.train);
+                                                    : open(d.train, "data.train");
   if (!d.val.empty()) {
     s.train = all;
-    s.val = open(d.val);
+    s.val = open(d.val, "data.val");
     s.has_val = true;
   } else if (d.val_fraction > 0) {
     // The tail is held out; at least one sequence of it.
@@ -375,12 +364,15 @@ size_t run_data_host_bytes(const TrainConfig& config) {
 RunData open_run_data(const TrainConfig& config, int dp, int rank) {
   const int mb = static_cast<int>(config.micro_batch_size), T = config.model.seq_len;
   DataSplits data = load_data(config);
-  Loader train_loader(data.train, T, mb, static_cast<int>(config.engine.gradient_accumulation_steps), dp, rank, config.run.seed, true);
-  std::unique_ptr<Loader> val_loader;
-  if (data.has_val) {
-    val_loader = std::make_unique<Loader>(data.val, T, mb, static_cast<int>(config.run.eval_batches), dp, rank, 0, false);
+  Loader train_loader(data.train, T, mb, static_cast<int>(config.engine.gradient_accumulation_steps), dp, rank, config.run.seed);
+  if (data.has_val && data.val.size() < static_cast<size_t>(T) + 1) {
+    ZEROTH_THROW(
+        ConfigError,
+        "the validation data has {} tokens, fewer than one sequence of model.seq_len + 1 = {} tokens; use more validation data "
+        "(data.val, or a larger data.val_fraction) or a shorter model.seq_len",
+        data.val.size(), T + 1);
   }
-  return {std::move(data), std::move(train_loader), std::move(val_loader)};
+  return {std::move(data), std::move(train_loader)};
 }
 
 }  // namespace zeroth

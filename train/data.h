@@ -60,8 +60,9 @@ class TokenData {
 
 class Loader {
  public:
-  // `shuffle`: permute windows per epoch (training); off for validation (in order from the start).
-  Loader(TokenData data, int seq_len, int micro_batch, int gradient_accumulation, int dp, int rank, uint64_t seed, bool shuffle);
+  // The training windows, permuted per epoch from `seed`. (Validation reads windows in order from
+  // the start: TrainingRun::evaluate_windows.)
+  Loader(TokenData data, int seq_len, int micro_batch, int gradient_accumulation, int dp, int rank, uint64_t seed);
 
   // Fills tokens and targets ([micro_batch, seq_len] each) for this rank's micro-step `micro` of
   // optimizer step `step`.
@@ -75,7 +76,6 @@ class Loader {
   TokenData data_;
   int T_, micro_, gas_, dp_, rank_;
   uint64_t seed_;
-  bool shuffle_;
   int64_t windows_;
   int64_t epoch_ = -1;
   std::vector<int64_t> perm_;
@@ -88,11 +88,10 @@ struct DataSplits {
   bool has_val = false;
 };
 
-// The run's data and this data-parallel rank's loaders of it (validation: none without held-out data).
+// The run's data and this data-parallel rank's training loader.
 struct RunData {
   DataSplits splits;
   Loader train;
-  std::unique_ptr<Loader> val;
 };
 RunData open_run_data(const TrainConfig& config, int dp, int rank);
 

@@ -130,20 +130,27 @@ uint64_t save_gpt_weights(Engine& engine, const GptConfig& config, const std::st
         end += params[i].numel();
       }
       dense.resize(end);
-      if (pipeline.tensor != nullptr)
+      const bool experts = engine.plan().blocks[local].expert;
+      // An expert block is whole on every tensor-parallel rank: nothing to assemble over them.
+      if (pipeline.tensor != nullptr && !experts)
         dense = engine.comm().rank() == 0 ? assemble_slices(engine, *pipeline.tensor, local, dense, numel) : std::vector<float>{};
-      if (engine.plan().blocks[local].expert) {
-        // The expert-parallel ranks' slices are consecutive experts: gathered in rank order, the block.
+      if (experts) {
+        // The expert-parallel ranks' slices are consecutive experts: in rank order, the block. Only
+        // the group of data-parallel rank 0 (ranks 0 .. ep - 1: the trainer's split) needs it, on
+        // its tensor-parallel rank 0, and takes it through the transfers' wire buffer: a
+        // block-sized device buffer per rank is more than the run's estimate holds for its end.
         ZEROTH_CHECK(pipeline.experts != nullptr && dense.size() * pipeline.experts->size() == numel,
                      "exporting block {}: {} elements of its experts here, {} in the model", name, dense.size(), numel);
-        Buffer part = engine.device().allocate(dense.size() * sizeof(float), MemTag::buffers);
-        Buffer all = engine.device().allocate(numel * sizeof(float), MemTag::buffers);
-        engine.device().copy(cs, part.data(), dense.data(), dense.size() * sizeof(float));
-        pipeline.experts->all_gather(cs, part.view(DType::f32), all.view(DType::f32));
-        std::vector<float> gathered(numel);
-        engine.device().copy(cs, gathered.data(), all.data(), numel * sizeof(float));
-        cs.synchronize();  // the copies in stream order have read `dense` and written `gathered`
-        dense = std::move(gathered);
+        Communicator& ep = *pipeline.experts;
+        const size_t slice = dense.size();
+        if (tp_rank == 0 && engine.comm().rank() / ep.size() == 0) {
+          if (ep.rank() == 0) {
+            dense.resize(numel);
+            for (int r = 1; r < ep.size(); ++r) transfer(engine, ep, r, 0, nullptr, dense.data() + r * slice, slice);
+          } else {
+            transfer(engine, ep, ep.rank(), 0, dense.data(), nullptr, slice);
+          }
+        }
       }
     }
     if (tp_rank != 0) continue;  // rank 0 of the tensor-parallel group holds the whole block now

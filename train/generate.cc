@@ -65,6 +65,16 @@ GenerateResult generate(const TrainConfig& given, const GenerateOptions& o, cons
   config.parallel.sequence_parallel = false;
   config.parallel.virtual_stages = 1;
   config.parallel.partition_counts.clear();
+  // Decoding needs the weights alone: no optimizer state (SGD without momentum keeps none), nothing
+  // offloaded, one rank's plain stage 0.
+  config.engine.optimizer = OptimizerParams{};
+  config.engine.optimizer.kind = OptimizerKind::sgd;
+  config.engine.optimizer.momentum = 0;
+  config.engine.zero.stage = 0;
+  config.engine.zero.offload_optimizer = OffloadConfig::defaults(false);
+  config.engine.zero.offload_param = OffloadConfig::defaults(true);
+  config.engine.gradient_accumulation_steps = 1;
+  config.micro_batch_size = 1, config.train_batch_size = 1;
   if (config.data.tokenizer.empty() && config.data.format != DataFormat::text) {
     ZEROTH_THROW(ConfigError, "zeroth generate turns text into token ids with data.tokenizer, or as bytes for data.format \"text\"; "
                               "this config has neither");

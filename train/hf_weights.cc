@@ -15,9 +15,11 @@
 #include <fmt/ranges.h>       // fmt::join
 #include <nlohmann/json.hpp>  // nlohmann::json
 
-#include "core/cpu/kernels.h"       // cpu::cast
-#include "core/error.h"             // ZEROTH_THROW
-#include "train/hf_model_config.h"  // hf_config_to_json, read_hf_config
+#include "core/cpu/kernels.h"          // cpu::cast
+#include "core/error.h"                // ZEROTH_THROW
+#include "engine/checkpoint/format.h"  // ckpt::kManifestName, ckpt::kLatestName
+#include "train/hf_model_config.h"     // hf_config_to_json, read_hf_config
+#include "train/run_folder.h"          // is_run_folder
 
 namespace zeroth {
 namespace {
@@ -330,8 +332,16 @@ HfWriter::HfWriter(const GptConfig& config, const std::string& path, DType dtype
     filled += n;
   }
   if (folder_) {
-    if (fs::exists(fs::path(path) / "manifest.json"))
-      ZEROTH_THROW(InvalidArgument, "{} holds a zeroth checkpoint (manifest.json); export the weights into another folder", path);
+    // Replacing config.json or model.safetensors there would break what the folder is.
+    for (const char* mark : {ckpt::kManifestName, ckpt::kLatestName}) {
+      if (fs::exists(fs::path(path) / mark))
+        ZEROTH_THROW(InvalidArgument, "{} holds a zeroth checkpoint ({}); export the weights into another folder", path, mark);
+    }
+    if (is_run_folder(path))
+      ZEROTH_THROW(InvalidArgument,
+                   "{} is a training run's folder (its config.json and model.safetensors are the run's); export the weights into "
+                   "another folder",
+                   path);
     std::error_code ec;
     fs::create_directories(path, ec);
     if (ec) ZEROTH_THROW(IoError, "create_directories(\"{}\"): {}", path, ec.message());

@@ -7,20 +7,23 @@
 #include "engine/engine.h"                 // Engine
 #include "models/gpt/gpt.h"                // Gpt
 #include "train/hf_weights.h"              // HfModelReader, is_hf_weights, check_hf_config
+#include "train/run_folder.h"              // is_run_folder, run_folder_weights
 #include "train/trainer.h"
 
 namespace zeroth {
 
 void load_initial_weights(Engine& engine, const TrainConfig& config) {
   namespace fs = std::filesystem;
-  const std::string& from = config.run.init_from;
+  // A run's folder: its trained weights.
+  const std::string from = is_run_folder(config.run.init_from) ? run_folder_weights(config.run.init_from) : config.run.init_from;
   std::error_code ec;
   const bool checkpoint = fs::is_directory(from, ec) &&
                           (fs::exists(fs::path(from) / ckpt::kManifestName, ec) || fs::exists(fs::path(from) / ckpt::kLatestName, ec));
   if (!checkpoint && !is_hf_weights(from)) {
     ZEROTH_THROW(ConfigError,
-                 "run.init_from {} is {}: give a zeroth checkpoint folder (or a step folder), a .safetensors file, or a Hugging Face "
-                 "model folder holding model.safetensors or model.safetensors.index.json (PyTorch .bin weights are not read)",
+                 "run.init_from {} is {}: give a zeroth checkpoint folder (or a step folder), a run's folder, a .safetensors file, or "
+                 "a Hugging Face model folder holding model.safetensors or model.safetensors.index.json (PyTorch .bin weights are not "
+                 "read)",
                  from, fs::exists(from, ec) ? "none of those" : "not there");
   }
   if (checkpoint) {

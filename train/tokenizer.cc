@@ -1,10 +1,14 @@
 #include "train/tokenizer.h"
 
+#include <algorithm>   // std::find
+#include <cerrno>      // errno
+#include <cstring>     // std::strerror
 #include <filesystem>  // std::filesystem
-#include <fstream>     // std::ifstream
+#include <fstream>     // std::ifstream, std::ofstream
 #include <iterator>    // std::istreambuf_iterator
 
 #include <fmt/format.h>               // fmt::format
+#include <nlohmann/json.hpp>          // nlohmann::json
 #include <sentencepiece_processor.h>  // sentencepiece::SentencePieceProcessor
 #include <xxhash.h>                   // XXH3_64bits
 
@@ -142,6 +146,52 @@ void check_utf8(std::string_view s, const std::string& where) {
     if (!ok) ZEROTH_THROW(InvalidArgument, "{} is not UTF-8: byte {} (0x{:02x}) begins no valid character", where, i, c);
     i += n;
   }
+}
+
+std::vector<std::string> write_hf_tokenizer_files(const std::string& path, const std::string& folder, int max_positions) {
+  std::vector<std::string> written;
+  std::error_code ec;
+  auto copy = [&](const fs::path& from, const std::string& name) {
+    fs::copy_file(from, fs::path(folder) / name, fs::copy_options::overwrite_existing, ec);
+    if (ec) ZEROTH_THROW(IoError, "copy_file(\"{}\", \"{}\"): {}", from.string(), (fs::path(folder) / name).string(), ec.message());
+    written.push_back(name);
+  };
+  const fs::path from(path);
+  const fs::path dir = fs::is_directory(from, ec) ? from : from.parent_path();
+  if (fs::is_directory(from, ec)) {
+    for (const char* name : {"tokenizer.model", "tokenizer.json"})
+      if (fs::exists(from / name, ec)) copy(from / name, name);
+  } else {
+    copy(from, path.ends_with(".json") ? "tokenizer.json" : "tokenizer.model");
+  }
+  // What describes the tokenizer beside it belongs to it (a .model file's neighbours are not its).
+  if (fs::is_directory(from, ec) || path.ends_with(".json")) {
+    for (const char* name : {"tokenizer_config.json", "special_tokens_map.json", "added_tokens.json"})
+      if (fs::exists(dir / name, ec)) copy(dir / name, name);
+  }
+  const bool sentencepiece = std::find(written.begin(), written.end(), "tokenizer.model") != written.end();
+  const bool described = std::find(written.begin(), written.end(), "tokenizer_config.json") != written.end();
+  if (sentencepiece && !described) {
+    sentencepiece::SentencePieceProcessor sp;
+    const std::string bytes = read_file((fs::path(folder) / "tokenizer.model").string());
+    if (!sp.LoadFromSerializedProto(bytes).ok()) ZEROTH_THROW(InvalidArgument, "{} is not a SentencePiece model", path);
+    auto piece = [&](int id) { return id >= 0 ? nlohmann::json(sp.IdToPiece(id)) : nlohmann::json(nullptr); };
+    const nlohmann::json config = {{"tokenizer_class", "LlamaTokenizer"},
+                                   {"unk_token", piece(sp.unk_id())},
+                                   {"bos_token", piece(sp.bos_id())},
+                                   {"eos_token", piece(sp.eos_id())},
+                                   {"add_bos_token", false},
+                                   {"add_eos_token", false},
+                                   {"model_max_length", max_positions},
+                                   {"clean_up_tokenization_spaces", false}};
+    const fs::path out = fs::path(folder) / "tokenizer_config.json";
+    std::ofstream f(out);
+    f << config.dump(2) << "\n";
+    f.flush();
+    if (!f) ZEROTH_THROW(IoError, "writing {} failed: {}", out.string(), std::strerror(errno));
+    written.push_back("tokenizer_config.json");
+  }
+  return written;
 }
 
 std::unique_ptr<Tokenizer> Tokenizer::open(const std::string& path) {

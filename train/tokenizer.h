@@ -42,6 +42,13 @@ class Tokenizer {
   virtual std::vector<int32_t> encode_text(std::string_view text, const EncodeProgress& progress) const = 0;
 };
 
+// The tokenizer at `path` (as Tokenizer::open takes it) into a Hugging Face model folder: its
+// tokenizer.model or tokenizer.json, and the tokenizer_config.json, special_tokens_map.json and
+// added_tokens.json beside it; a SentencePiece model without a tokenizer_config.json gets one naming
+// LlamaTokenizer, its special pieces, no BOS added (zeroth trains without one) and
+// `max_positions`. Returns the file names written. IoError naming the file that cannot be copied.
+std::vector<std::string> write_hf_tokenizer_files(const std::string& path, const std::string& folder, int max_positions);
+
 // InvalidArgument naming `where` and the byte offset of the first byte that is not UTF-8.
 void check_utf8(std::string_view text, const std::string& where);
 

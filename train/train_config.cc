@@ -7,6 +7,7 @@
 
 #include <algorithm>   // std::transform
 #include <cctype>      // std::tolower
+#include <cmath>       // std::ceil
 #include <cerrno>      // errno
 #include <cstring>     // std::strerror
 #include <fstream>     // std::ifstream
@@ -17,7 +18,7 @@
 #include "core/env.h"                      // env::kRestartCount, env::kJobStarted
 #include "core/error.h"                    // ZEROTH_THROW
 #include "core/log.h"                      // ZLOG_WARN
-#include "engine/checkpoint/format.h"      // ckpt::kLatestName
+#include "engine/checkpoint/format.h"      // ckpt::kLatestName, ckpt::read_manifest
 #include "core/config_section.h"           // ConfigSection, is_auto
 #include "engine/config/deepspeed_keys.h"  // without_deepspeed_extras
 #include "train/hf_model_config.h"         // rope_scaling_to_json
@@ -93,21 +94,24 @@ void resolve_auto(json& c, int dp, int64_t steps, int hidden) {
     fill(z, "stage3_prefetch_bucket_size", static_cast<int64_t>(0.9 * static_cast<double>(h2)));
     fill(z, "stage3_param_persistence_threshold", 10 * static_cast<int64_t>(hidden));
   }
-  // The "auto" values Hugging Face leaves in these sections, DeepSpeed's config models drop, so
-  // the keys take DeepSpeed's defaults (DeepSpeedConfigModel.__init__).
-  std::function<void(json&)> drop_auto = [&](json& obj) {
+}
+
+// The "auto" values left in the sections whose parsers take them as DeepSpeed's defaults
+// (AutoValues::mean_default), out of the resolved config once those parsers have checked every key.
+void drop_default_autos(json& c) {
+  std::function<void(json&)> drop = [&](json& obj) {
     if (!obj.is_object()) return;
     for (auto it = obj.begin(); it != obj.end();) {
       if (is_auto(*it)) {
         it = obj.erase(it);
       } else {
-        drop_auto(*it);
+        drop(*it);
         ++it;
       }
     }
   };
   for (const char* k : {"zero_optimization", "fp16", "bf16", "bfloat16"}) {
-    if (c.contains(k)) drop_auto(c[k]);
+    if (c.contains(k)) drop(c[k]);
   }
 }
 
@@ -201,13 +205,15 @@ void read_precision(TrainConfig& t, const json& j) {
   bool fp16 = false, bf16 = false;
   if (j.contains(bf16_key)) {
     // bfloat16 is DeepSpeed's old name of the same section.
-    const json rest = without_deepspeed_extras(j[bf16_key], bf16_key, kBf16Keys, t.no_effect, UnknownKeys::ignore_unless_typo);
+    const json rest = without_deepspeed_extras(j[bf16_key], bf16_key, kBf16Keys, t.no_effect, UnknownKeys::ignore_unless_typo,
+                                               AutoValues::mean_default);
     const ConfigSection s(rest, bf16_key, kBf16Keys);
     bf16 = s.flag("enabled", false);
   }
   if (j.contains("fp16")) {
     if (!j["fp16"].is_object()) ZEROTH_THROW(ConfigError, "fp16 must be an object like {{\"enabled\": true}}");
-    const json f = without_deepspeed_extras(j["fp16"], "fp16", LossScalerConfig::kDeepSpeedKeys, t.no_effect);
+    const json f = without_deepspeed_extras(j["fp16"], "fp16", LossScalerConfig::kDeepSpeedKeys, t.no_effect, UnknownKeys::refuse,
+                                            AutoValues::mean_default);
     if (f.contains("enabled") && !f["enabled"].is_boolean())
       ZEROTH_THROW(ConfigError, "fp16.enabled must be true, false or \"auto\", got {}", f["enabled"].dump());
     fp16 = f.value("enabled", false);
@@ -276,9 +282,19 @@ TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) 
   if (given != nullptr ? given->is_boolean() && given->get<bool>() : t.model.activation_checkpointing) {
     t.model.loss_chunk_rows = t.model.auto_loss_chunk_rows(t.parallel.tensor);
   }
+  t.schedule_steps_auto = c.contains("scheduler") && c["scheduler"].is_object() && c["scheduler"].contains("params") &&
+                          c["scheduler"]["params"].is_object() && c["scheduler"]["params"].contains("total_num_steps") &&
+                          is_auto(c["scheduler"]["params"]["total_num_steps"]);
   resolve_auto(c, t.data_parallel(), t.run.steps, t.model.n_embd);
   check_deepspeed_extras(c);
   resolve_batch(t, c);
+  if (DataConfig& d = t.data; d.format == DataFormat::synthetic && d.synthetic_tokens == 0) {
+    // 8 steps of training windows after the held-out tail, data.val_fraction of the whole (a
+    // validation measures what windows it has).
+    const int64_t window = t.model.seq_len + 1;
+    const double whole = static_cast<double>(8 * t.train_batch_size * window) / (1 - d.val_fraction);
+    d.synthetic_tokens = std::max<int64_t>(int64_t{1} << 20, static_cast<int64_t>(std::ceil(whole)) + window);
+  }
   if (const int tp = t.parallel.tensor; t.parallel.sequence_parallel && (t.micro_batch_size * t.model.seq_len) % tp != 0) {
     ZEROTH_THROW(ConfigError,
                  "parallel.sequence_parallel splits each micro-batch's {} x {} = {} tokens (train_micro_batch_size_per_gpu x "
@@ -323,6 +339,7 @@ TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) 
   }
 
   // The resolved config: what was given, with "auto" filled in and the derived values spelled out.
+  drop_default_autos(c);
   c["train_batch_size"] = t.train_batch_size;
   c["train_micro_batch_size_per_gpu"] = t.micro_batch_size;
   c["gradient_accumulation_steps"] = t.engine.gradient_accumulation_steps;
@@ -372,7 +389,7 @@ TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) 
   c["run"] = {{"name", t.run.name},
               {"steps", t.run.steps},
               {"eval_interval", t.run.eval_interval},
-              {"eval_batches", t.run.eval_batches},
+              {"eval_batches", t.run.eval_batches > 0 ? json(t.run.eval_batches) : json("all")},
               {"seed", t.run.seed},
               {"output_dir", t.run.output_dir},
               {"device", t.run.device},
@@ -475,6 +492,16 @@ void resume_after_restart(RunConfig& run) {
   } else {
     ZLOG_WARN("restart {}: this job saved no checkpoint in {} yet, so the run starts again from step 0", *restart, run.checkpoint_dir);
   }
+}
+
+std::optional<int64_t> saved_schedule_steps(const TrainConfig& config) {
+  if (config.run.resume.empty() || !config.schedule_steps_auto) return std::nullopt;
+  const ckpt::Manifest m = ckpt::read_manifest(ckpt::resolve(config.run.resume));
+  const json& c = m.config;
+  if (!c.contains("scheduler") || !c["scheduler"].is_object() || !c["scheduler"].contains("params")) return std::nullopt;
+  const json saved = c["scheduler"]["params"].value("total_num_steps", json());
+  if (!saved.is_number_integer() || saved.get<int64_t>() == config.engine.schedule.total_num_steps) return std::nullopt;
+  return saved.get<int64_t>();
 }
 
 }  // namespace zeroth

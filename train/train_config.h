@@ -11,6 +11,7 @@
 
 #include <cstddef>      // size_t
 #include <cstdint>      // int64_t
+#include <optional>     // std::optional
 #include <string>       // std::string
 #include <string_view>  // std::string_view
 #include <vector>       // std::vector
@@ -35,14 +36,19 @@ struct DataConfig {
   std::string tokenizer;
   int tokenizer_vocab = 0;
   int vocab_size = 256;  // synthetic only
-  int64_t synthetic_tokens = 1 << 20;
+  // 0 until resolved: by default 1 Mi tokens, or enough for 8 batches of training windows beside
+  // the held-out tail when a batch is larger.
+  int64_t synthetic_tokens = 0;
 };
 
 struct RunConfig {
   std::string name = "run";
   int64_t steps = 100;        // optimizer steps
   int64_t eval_interval = 0;  // validation every this many steps (0: at the end only)
-  int64_t eval_batches = 4;   // micro-batches per rank per validation
+  // Micro-batches per rank per validation (0, "all" in the config: every window). A validation
+  // measures the first eval_batches x micro-batch x data-parallel windows of the validation data,
+  // as `zeroth eval --windows` that many does.
+  int64_t eval_batches = 4;
   uint64_t seed = 1234;
   std::string output_dir;  // metrics.jsonl and config.json; "" = runs/<name>
   std::string device = "cpu";
@@ -120,6 +126,8 @@ struct TrainConfig {
   int64_t micro_batch_size = 0;  // sequences per rank per micro-step
   int64_t steps_per_print = 10;
   nlohmann::json resolved;  // the config with every default and "auto" filled in
+  // scheduler.params.total_num_steps was "auto" (run.steps), not a number the config gave.
+  bool schedule_steps_auto = false;
   // DeepSpeed keys present that change nothing in zeroth ("path: why"; engine/config/deepspeed_keys.h).
   std::vector<std::string> no_effect;
 
@@ -145,5 +153,9 @@ void apply_override(nlohmann::json& config, std::string_view assignment);
 // where to resume: on from the latest checkpoint this job published (since ZEROTH_JOB_STARTED),
 // from the start where it published none, never from an earlier run's in the same folder.
 void resume_after_restart(RunConfig& run);
+// A resume whose config leaves scheduler.params.total_num_steps to "auto" while run.steps differs
+// from the checkpoint's run: the checkpoint's total, which the caller keeps (with a warning) so the
+// learning rate goes on along the schedule the run started on; nullopt otherwise.
+std::optional<int64_t> saved_schedule_steps(const TrainConfig& config);
 
 }  // namespace zeroth

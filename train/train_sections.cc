@@ -214,7 +214,7 @@ void read_data(TrainConfig& t, const json& j) {
       ZEROTH_THROW(ConfigError,
                    "data.format \"synthetic\" takes no data.train / data.val paths; set data.format to \"bin\" or \"text\"");
     d.vocab_size = static_cast<int>(s.integer("vocab_size", 256, 2, 65536));
-    d.synthetic_tokens = s.integer("tokens", 1 << 20, 1024, int64_t{1} << 40);
+    d.synthetic_tokens = s.integer("tokens", 0, 1024, int64_t{1} << 40);
   } else if (s.has("vocab_size") || s.has("tokens")) {
     ZEROTH_THROW(ConfigError,
                  "data.vocab_size and data.tokens belong to data.format \"synthetic\"; the vocabulary of \"{}\" data is fixed "
@@ -263,7 +263,8 @@ void read_run(TrainConfig& t, const json& j, int launched_world_size) {
   r.name = s.string("name", r.name);
   r.steps = s.integer("steps", r.steps, 1, int64_t{1} << 40);
   r.eval_interval = s.integer("eval_interval", 0, 0, int64_t{1} << 40);
-  r.eval_batches = s.integer("eval_batches", r.eval_batches, 1, 1 << 20);
+  if (s.has("eval_batches") && s.raw("eval_batches") == "all") r.eval_batches = 0;
+  else r.eval_batches = s.integer("eval_batches", r.eval_batches, 1, 1 << 20, "an integer in [1, 1048576] or \"all\"");
   r.seed = static_cast<uint64_t>(s.integer("seed", 1234, 0, int64_t{1} << 53));
   r.output_dir = s.string("output_dir", "runs/" + r.name);
   r.device = s.string("device", "cpu");

@@ -30,6 +30,17 @@
 namespace zeroth {
 namespace {
 
+// A device or host allocation past its budget names the part of the run it came from: the
+// budgets were checked against the plan's estimate at start, so this says what it did not count.
+template <typename Fn>
+auto in_phase(const std::string& phase, Fn&& fn) {
+  try {
+    return fn();
+  } catch (const OutOfMemory& e) {
+    throw OutOfMemory(fmt::format("{}: {}", phase, e.what()));
+  }
+}
+
 // One training run on this rank, as named steps: restore (resume or init_from), evaluate, one
 // step (the cycle's passes, the engine's step, the agreement on loss and stop, the report),
 // save, and finish (weights, summary). train() reads top to bottom; what the steps share lives
@@ -53,12 +64,15 @@ class TrainingRun {
   void start();
   bool resumed() const { return !summary_.resumed_from.empty(); }
   int64_t first_step() const { return summary_.start_step; }
+  // The run's validation after `step` steps: the first run.eval_batches x micro-batch x
+  // data-parallel windows, as `zeroth eval --windows` that many measures them.
   void evaluate(int64_t step);
-  // Every complete window of the validation data, shared out over the data-parallel ranks.
-  EvalResult evaluate_all();
-  // The forward of `rows` sequences in tokens_/targets_ into losses_[slot], through the pipeline
+  // The first `most` complete windows of the validation data (0: all), shared out over the
+  // data-parallel ranks.
+  EvalResult evaluate_windows(int64_t most);
+  // The forward of `rows` sequences in tokens_/targets_ into losses_[0], through the pipeline
   // when there is one; synchronized.
-  void evaluate_rows(int slot, int rows);
+  void evaluate_rows(int rows);
   // Step k + 1; false when the ranks agreed to stop.
   bool step(int64_t k);
   // The asynchronous save still in flight, the weights, the summary.
@@ -139,7 +153,6 @@ class TrainingRun {
   int64_t nonfinite_ = 0, last_finite_step_ = 0;
   double last_finite_loss_ = 0;
   Buffer shared_, moe_shared_;
-  int eval_batch_ = 0;
   int eval_rows_ = 0;  // rows of the evaluation's micro-batch (mb_, or fewer for the last windows)
   PipeModel stage_model_;
   ckpt::Saver saver_;
@@ -180,7 +193,7 @@ TrainingRun::TrainingRun(const TrainConfig& config, Communicator& world, Device&
       planned_(plan_stage(config, stage_, dp_.rank(), tp_rank_)),
       tokens_(n_ * gas_),
       targets_(n_ * gas_),
-      losses_(std::max<int64_t>(gas_, config.run.eval_batches)),
+      losses_(gas_),
       engine_(device, dp_, config.engine),
       gpt_(configured_engine(), config.model, part_, tp_ > 1 ? groups_->tp.get() : nullptr, experts_.get()),
       stage_model_(make_stage_model()),
@@ -203,14 +216,14 @@ Engine& TrainingRun::configured_engine() {
 }
 
 // A pipeline stage's passes: the runner calls them in its schedule's order, with the tokens and
-// targets of the cycle's micro-batches loaded before (eval_batch_: the evaluation's).
+// targets of the cycle's micro-batches loaded before (an evaluation's in the first micro-batch's place).
 PipeModel TrainingRun::make_stage_model() {
   PipeModel m;
   m.forward = [this](int micro, int c) {
     gpt_.forward_chunk(micro, c, tokens_.data() + micro * n_, targets_.data() + micro * n_, mb_, T_, &losses_[micro]);
   };
   m.backward = [this](int micro, int c) { gpt_.backward_chunk(micro, c); };
-  m.evaluate = [this](int c) { gpt_.evaluate_chunk(c, tokens_.data(), targets_.data(), eval_rows_, T_, &losses_[eval_batch_]); };
+  m.evaluate = [this](int c) { gpt_.evaluate_chunk(c, tokens_.data(), targets_.data(), eval_rows_, T_, &losses_[0]); };
   m.port = [this](PipePort port, int micro, int c) {
     const Gpt::Port ports[] = {Gpt::Port::input, Gpt::Port::output, Gpt::Port::input_grad, Gpt::Port::output_grad};
     return gpt_.port(ports[static_cast<int>(port)], micro, c);
@@ -290,35 +303,28 @@ void TrainingRun::agree_moe(StepMetrics& s) {
 }
 
 void TrainingRun::evaluate(int64_t step) {
-  if (!run_data_.val) return;
-  for (int m = 0; m < config_.run.eval_batches; ++m) {
-    run_data_.val->batch(0, m, tokens_.data(), targets_.data());
-    evaluate_rows(m, mb_);
-  }
-  double sum = 0;
-  for (int m = 0; m < config_.run.eval_batches; ++m) sum += losses_[m];
-  const double val = agree(sum / static_cast<double>(config_.run.eval_batches), false).first;
-  if (summary_.first_val_loss < 0) summary_.first_val_loss = val;
-  summary_.last_val_loss = val;
-  report([&] { observer_->on_eval(step, val); });
+  if (!run_data_.splits.has_val) return;
+  const EvalResult r = evaluate_windows(config_.run.eval_batches * mb_ * dp_.size());
+  if (summary_.first_val_loss < 0) summary_.first_val_loss = r.loss, summary_.first_val_step = step;
+  summary_.last_val_loss = r.loss, summary_.last_val_step = step;
+  report([&] { observer_->on_eval(step, r); });
 }
 
-void TrainingRun::evaluate_rows(int slot, int rows) {
+void TrainingRun::evaluate_rows(int rows) {
   if (runner_) {
-    eval_batch_ = slot;
     eval_rows_ = rows;
     gpt_.prepare(rows, T_);
     engine_.begin_evaluation();
     runner_->run_evaluation(stage_model_);
     engine_.end_evaluation();
   } else {
-    gpt_.evaluate(tokens_.data(), targets_.data(), rows, T_, &losses_[slot]);
+    gpt_.evaluate(tokens_.data(), targets_.data(), rows, T_, &losses_[0]);
   }
   // The loss is written by queued work; the next batch reuses the token buffers.
   engine_.compute_stream().synchronize();
 }
 
-EvalResult TrainingRun::evaluate_all() {
+EvalResult TrainingRun::evaluate_windows(int64_t most) {
   const auto t0 = std::chrono::steady_clock::now();
   if (!run_data_.splits.has_val) {
     ZEROTH_THROW(ConfigError, "zeroth eval measures the validation data, and this config has none: set data.val (a token file or "
@@ -326,7 +332,8 @@ EvalResult TrainingRun::evaluate_all() {
   }
   const TokenData& val = run_data_.splits.val;
   EvalResult out;
-  out.windows = val.size() > 0 ? static_cast<int64_t>((val.size() - 1) / T_) : 0;
+  out.of = val.size() > 0 ? static_cast<int64_t>((val.size() - 1) / T_) : 0;
+  out.windows = most > 0 ? std::min(most, out.of) : out.of;
   out.tokens = out.windows * T_;
   if (out.windows == 0) {
     ZEROTH_THROW(ConfigError, "the validation data holds {} tokens, not one window of model.seq_len + 1 = {}", val.size(), T_ + 1);
@@ -348,7 +355,7 @@ EvalResult TrainingRun::evaluate_all() {
         targets_[static_cast<size_t>(b) * T_ + t] = val[at + t + 1];
       }
     }
-    evaluate_rows(0, rows);
+    evaluate_rows(rows);
     sum += static_cast<double>(losses_[0]) * count * T_;
   }
   // Each rank's share of the mean, summed over the ranks that compute the loss.
@@ -476,12 +483,15 @@ bool TrainingRun::step(int64_t k) {
   Stream& cs = engine_.compute_stream();
   const auto t0 = Clock::now();
   double pass_seconds[2] = {0, 0};  // forward, backward
-  run_passes(k, pass_seconds);
-  // The step's span on the compute stream: from where the stream reaches it to its end.
-  std::function<void()> close_step = runner_ ? runner_->open_span(cs, SpanKind::optimizer) : [] {};
-  const StepResult r = engine_.step();
-  close_step();
-  cs.synchronize();
+  const StepResult r = in_phase(fmt::format("step {}", k + 1), [&] {
+    run_passes(k, pass_seconds);
+    // The step's span on the compute stream: from where the stream reaches it to its end.
+    std::function<void()> close_step = runner_ ? runner_->open_span(cs, SpanKind::optimizer) : [] {};
+    const StepResult result = engine_.step();
+    close_step();
+    cs.synchronize();
+    return result;
+  });
   if (runner_) take_measure(k, pass_seconds);
   if (saver_.pending()) published(saver_.complete(engine_));
   double sum = 0;
@@ -502,9 +512,11 @@ bool TrainingRun::step(int64_t k) {
     return false;
   }
   const bool last = k + 1 == config_.run.steps;
-  if (last || (config_.run.eval_interval > 0 && (k + 1) % config_.run.eval_interval == 0)) evaluate(k + 1);
+  if (last || (config_.run.eval_interval > 0 && (k + 1) % config_.run.eval_interval == 0))
+    in_phase(fmt::format("validation at step {}", k + 1), [&] { evaluate(k + 1); });
   const int64_t every = config_.run.checkpoint_interval;
-  if (every >= 0 && (last || (every > 0 && (k + 1) % every == 0))) save(k + 1);
+  if (every >= 0 && (last || (every > 0 && (k + 1) % every == 0)))
+    in_phase(fmt::format("the checkpoint of step {}", k + 1), [&] { save(k + 1); });
   return true;
 }
 
@@ -519,9 +531,10 @@ TrainSummary TrainingRun::finish() {
   summary.weights_path = config_.run.output_dir + "/model.safetensors";
   summary.weights_dtype = config_.engine.zero.gather_16bit_weights_on_model_save ? config_.engine.compute_dtype : DType::f32;
   const auto save_start = Clock::now();
-  summary.weights_bytes = save_gpt_weights(engine_, config_.model, summary.weights_path, summary.weights_dtype,
-                                           {pp_ > 1 ? groups_->pp.get() : nullptr, part_, tp_ > 1 ? groups_->tp.get() : nullptr,
-                                            experts_.get()});
+  summary.weights_bytes = in_phase("gathering the trained weights into " + summary.weights_path, [&] {
+    return save_gpt_weights(engine_, config_.model, summary.weights_path, summary.weights_dtype,
+                            {pp_ > 1 ? groups_->pp.get() : nullptr, part_, tp_ > 1 ? groups_->tp.get() : nullptr, experts_.get()});
+  });
   summary.weights_seconds = std::chrono::duration<double>(Clock::now() - save_start).count();
   summary.tokens_per_second = rates_.empty() ? tokens_per_step_ / std::max(summary.seconds, 1e-9) : median(rates_);
   const auto stats = device_.memory().stats();
@@ -554,10 +567,10 @@ TrainSummary TrainingRun::finish() {
 
 }  // namespace
 
-EvalResult evaluate(const TrainConfig& config, Communicator& world, Device& device) {
+EvalResult evaluate(const TrainConfig& config, Communicator& world, Device& device, int64_t windows) {
   TrainingRun run(config, world, device, nullptr, nullptr);
   run.restore(true);
-  return run.evaluate_all();
+  return run.evaluate_windows(windows);
 }
 
 TrainSummary train(const TrainConfig& config, Communicator& world, Device& device, TrainObserver* observer,
@@ -565,7 +578,7 @@ TrainSummary train(const TrainConfig& config, Communicator& world, Device& devic
   TrainingRun run(config, world, device, observer, stop);
   run.restore();
   run.start();
-  if (!run.resumed()) run.evaluate(0);
+  if (!run.resumed()) in_phase("validation at step 0", [&] { run.evaluate(0); });
   for (int64_t k = run.first_step(); k < config.run.steps; ++k) {
     if (!run.step(k)) break;
   }

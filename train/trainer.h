@@ -59,6 +59,7 @@ struct TrainSummary {
   double tokens_per_second = 0;  // median over the steps after the first
   double first_loss = 0, last_loss = 0;
   double first_val_loss = -1, last_val_loss = -1;  // -1: no validation ran
+  int64_t first_val_step = 0, last_val_step = 0;   // the steps after which they ran
   size_t parameters = 0;
   std::array<size_t, kMemTagCount> peak{};  // this rank's device, per tag
   size_t peak_total = 0;
@@ -97,12 +98,21 @@ struct RunFacts {
   MemoryNeed need;  // per rank: the engine's plan, the model's activations and scratch
 };
 
+// A validation's mean next-token cross-entropy over windows [0, windows) of the validation data
+// (window i: inputs tokens [i T, i T + T), as targets the token after each; T = model.seq_len), of
+// the `of` windows it holds.
+struct EvalResult {
+  double loss = 0;
+  int64_t tokens = 0, windows = 0, of = 0;
+  double seconds = 0;
+};
+
 class TrainObserver {
  public:
   virtual ~TrainObserver() = default;
   virtual void on_start(const TrainConfig&, const Plan&, const RunFacts&) {}
   virtual void on_step(const StepMetrics&) {}
-  virtual void on_eval(int64_t /*step*/, double /*val_loss*/) {}
+  virtual void on_eval(int64_t /*step*/, const EvalResult&) {}
   virtual void on_resume(const ckpt::IoStats&, int64_t /*step*/) {}
   virtual void on_checkpoint(const ckpt::IoStats&, int64_t /*step*/) {}
   virtual void on_end(const TrainSummary&) {}
@@ -143,16 +153,10 @@ void check_data(const TrainConfig& config);
 void load_initial_weights(Engine& engine, const TrainConfig& config);
 
 // `zeroth eval`: the mean next-token cross-entropy of the weights the config starts from
-// (run.init_from, run.resume's checkpoint, or else its fresh initialization) over every complete
-// window of the validation data: window i has inputs tokens[i T, i T + T) and, as targets, the
-// token after each (T = model.seq_len). Collective over `world`, any layout of it; every rank
-// returns the same result.
-struct EvalResult {
-  double loss = 0;
-  int64_t tokens = 0, windows = 0;
-  double seconds = 0;
-};
-EvalResult evaluate(const TrainConfig& config, Communicator& world, Device& device);
+// (run.init_from, run.resume's checkpoint, or else its fresh initialization) over the first
+// `windows` complete windows of the validation data (all of them with 0, or when there are fewer).
+// Collective over `world`, any layout of it; every rank returns the same result.
+EvalResult evaluate(const TrainConfig& config, Communicator& world, Device& device, int64_t windows = 0);
 
 TrainSummary train(const TrainConfig& config, Communicator& world, Device& device, TrainObserver* observer,
                    const std::atomic<bool>* stop = nullptr);

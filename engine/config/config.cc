@@ -46,7 +46,8 @@ constexpr std::string_view kZeroKeys[] = {"stage",
 ZeroConfig ZeroConfig::from_deepspeed(const nlohmann::json& section) {
   if (!section.is_object()) ZEROTH_THROW(ConfigError, "zero_optimization must be an object like {{\"stage\": 2}}");
   ZeroConfig z;
-  const nlohmann::json own = without_deepspeed_extras(section, "zero_optimization", kZeroKeys, z.no_effect);
+  const nlohmann::json own = without_deepspeed_extras(section, "zero_optimization", kZeroKeys, z.no_effect, UnknownKeys::refuse,
+                                                      AutoValues::mean_default);
   const ConfigSection s(own, "zero_optimization", kZeroKeys);
   // Element counts: DeepSpeed takes them as numbers (5e8), and so does zeroth.
   // Of a key and its alias, both are checked and the key wins, as DeepSpeed reads them.

@@ -2,12 +2,13 @@
 // (from DeepSpeed's runtime/config.py, constants.py and zero/config.py) and how zeroth treats it.
 #include "engine/config/deepspeed_keys.h"
 
-#include <algorithm>  // std::find
+#include <algorithm>  // std::find, std::any_of
 
 #include <nlohmann/json.hpp>
 
-#include "core/error.h"    // ZEROTH_THROW
-#include "core/strings.h"  // closest_match, did_you_mean
+#include "core/config_section.h"  // is_auto
+#include "core/error.h"           // ZEROTH_THROW
+#include "core/strings.h"         // closest_match, did_you_mean
 
 namespace zeroth {
 namespace {
@@ -164,6 +165,11 @@ std::string full_path(std::string_view section, const std::string& key) {
 // bfloat16 is DeepSpeed's old name of the bf16 section; the table says bf16.
 std::string_view table_section(std::string_view section) { return section == "bfloat16" ? "bf16" : section; }
 
+bool in_table(std::string_view section, const std::string& key) {
+  const std::string entry = full_path(table_section(section), key);
+  return std::any_of(std::begin(kKeys), std::end(kKeys), [&](const DeepSpeedKey& k) { return k.path == entry; });
+}
+
 }  // namespace
 
 std::span<const DeepSpeedKey> deepspeed_keys() { return kKeys; }
@@ -190,14 +196,16 @@ bool handle_deepspeed_key(std::string_view section, const std::string& key, cons
 }
 
 json without_deepspeed_extras(const json& section, std::string_view path, std::span<const std::string_view> own,
-                              std::vector<std::string>& no_effect, UnknownKeys unknown) {
+                              std::vector<std::string>& no_effect, UnknownKeys unknown, AutoValues autos) {
   if (!section.is_object()) return section;
   json rest = json::object();
   for (const auto& [key, v] : section.items()) {
+    const bool known_default = autos == AutoValues::mean_default && is_auto(v);
     if (std::find(own.begin(), own.end(), key) != own.end()) {
-      rest[key] = v;
+      if (!known_default) rest[key] = v;
       continue;
     }
+    if (known_default && in_table(path, key)) continue;
     if (handle_deepspeed_key(path, key, v, &no_effect)) continue;
     std::vector<std::string_view> known(own.begin(), own.end());
     for (auto k : deepspeed_key_names(path)) known.push_back(k);

@@ -43,12 +43,20 @@ enum class UnknownKeys : uint8_t {
   ignore_unless_typo,  // for what DeepSpeed reads by hand and so ignores (the top level, bf16): refused
                        // when it is within a typo of a known key, else named once as ignored
 };
+// What an "auto" value left after the trainer's resolution means in a section.
+enum class AutoValues : uint8_t {
+  refuse,        // the section's parser refuses it: zeroth had to resolve it and could not
+  mean_default,  // DeepSpeed's default, as its config models drop "auto" (zero_optimization, its
+                 // offload sections, fp16, bf16); only for the section's own keys and the table's:
+                 // "auto" on any other key is as unknown as any other value, so a typo never passes
+};
 // `section` without the keys the table handles (handle_deepspeed_key: it throws for those asking
 // for what zeroth lacks and records those with no effect), so the section's own parser sees only
 // the keys in `own`. A key in neither is treated as `unknown` says. `path` is the section's
 // ("" for the top level).
 nlohmann::json without_deepspeed_extras(const nlohmann::json& section, std::string_view path, std::span<const std::string_view> own,
-                                        std::vector<std::string>& no_effect, UnknownKeys unknown = UnknownKeys::refuse);
+                                        std::vector<std::string>& no_effect, UnknownKeys unknown = UnknownKeys::refuse,
+                                        AutoValues autos = AutoValues::refuse);
 // The table's key names directly under `section`, for "did you mean" suggestions.
 std::vector<std::string_view> deepspeed_key_names(std::string_view section);
 

@@ -8,9 +8,10 @@
 
 #include <nlohmann/json.hpp>  // nlohmann::json
 
-#include "core/error.h"            // ZEROTH_THROW
-#include "core/config_section.h"   // ConfigSection
-#include "engine/config/config.h"  // OffloadConfig, AioConfig
+#include "core/error.h"                    // ZEROTH_THROW
+#include "core/config_section.h"           // ConfigSection
+#include "engine/config/config.h"          // OffloadConfig, AioConfig
+#include "engine/config/deepspeed_keys.h"  // without_deepspeed_extras
 
 namespace zeroth {
 namespace {
@@ -46,7 +47,8 @@ OffloadConfig OffloadConfig::from_deepspeed(const json& section, std::string_vie
                                                         "overlap_backward", "delayed_update", "delayed_update_warmup"};
   static constexpr std::string_view kParamKeys[] = {"device", "nvme_path", "buffer_count", "buffer_size", "max_in_cpu", "pin_memory"};
   const std::span<const std::string_view> known = params ? std::span<const std::string_view>(kParamKeys) : kOptimizerKeys;
-  const ConfigSection s(section, path, known);
+  const json own = without_deepspeed_extras(section, path, known, o.no_effect, UnknownKeys::refuse, AutoValues::mean_default);
+  const ConfigSection s(own, path, known);
   if (s.has("device")) {
     static constexpr std::string_view kDevices[] = {"none", "cpu", "nvme"};
     const json& v = s.raw("device");

@@ -42,6 +42,21 @@ TEST(Errors, TypedErrorsShareOneBase) {
   EXPECT_THROW(throw ConfigError("x"), Error);
 }
 
+// What a user is shown: the message without the locations ZEROTH_THROW appends, nested ones too;
+// brackets that are not a source location stay, and so does a failed check's (a bug's) location.
+TEST(Errors, UsersSeeMessagesWithoutSourceLocations) {
+  try {
+    ZEROTH_THROW(ConfigError, "run.steps must be positive");
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find(" [tests/core/error_test.cc:"), std::string::npos) << e.what();
+    EXPECT_EQ(detail::without_locations(e.what()), "run.steps must be positive");
+  }
+  EXPECT_EQ(detail::without_locations("rank 1: open(\"x\"): No such file [offload/aio.cc:12] [tools/launcher.cc:144]"),
+            "rank 1: open(\"x\"): No such file");
+  EXPECT_EQ(detail::without_locations("betas [0.9, 0.95] and [a.txt:3] kept"), "betas [0.9, 0.95] and [a.txt:3] kept");
+  EXPECT_EQ(detail::without_locations("bad [check `n > 0` at core/x.cc:7]"), "bad [check `n > 0` at core/x.cc:7]");
+}
+
 TEST(Logging, LevelsParseAndUnknownOnesAreRejected) {
   EXPECT_EQ(log::parse_level("warn"), log::Level::warn);
   EXPECT_EQ(log::parse_level("off"), log::Level::off);

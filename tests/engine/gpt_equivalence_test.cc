@@ -65,7 +65,7 @@ GptResult train_gpt(const GptCase& k) {
     Gpt gpt(engine, gc);
     if (k.in_flight > 0) engine.set_pass_order(one_f_one_b_passes(k.gas, k.in_flight));
     engine.finalize();
-    Loader loader(data, T, mb, k.gas, k.dp, comm.rank(), 11, true);
+    Loader loader(data, T, mb, k.gas, k.dp, comm.rank(), 11);
     std::vector<int32_t> tokens(static_cast<size_t>(mb) * T * k.gas), targets(tokens.size());
     std::vector<float> micro(k.gas);
     std::vector<double> norms;
@@ -204,7 +204,7 @@ TEST(GptEvaluation, ThroughTheEngineGivesTheTrainingForwardsLoss) {
       Gpt gpt(engine, gc);
       engine.finalize();
       const int mb = 2, T = gc.seq_len;
-      Loader loader(data, T, mb, 1, 2, comm.rank(), 11, true);
+      Loader loader(data, T, mb, 1, 2, comm.rank(), 11);
       std::vector<int32_t> tokens(static_cast<size_t>(mb) * T), targets(tokens.size());
       for (int s = 0; s < 2; ++s) {
         loader.batch(s, 0, tokens.data(), targets.data());

@@ -149,7 +149,7 @@ inline GridResult train_whole(const GptConfig& gc, int micro, OptimizerKind opti
   Engine engine(*device, *comms[0], grid_engine_config(0, micro, OffloadDevice::none, optimizer, compute));
   Gpt gpt(engine, gc);
   engine.finalize();
-  Loader loader(data, T, mb, micro, 1, 0, 11, true);
+  Loader loader(data, T, mb, micro, 1, 0, 11);
   std::vector<int32_t> tokens(static_cast<size_t>(mb) * T), targets(tokens.size());
   std::vector<float> losses(micro);
   for (int s = 0; s < kSteps; ++s) {
@@ -249,7 +249,7 @@ inline GridResult train_grid(const GridCase& k, std::vector<PipeMeasure>* measur
     engine.finalize();
     if (!steps.load.empty()) ckpt::load(engine, steps.load);
     if (k.force_one_expert && steps.load.empty()) force_one_expert(engine);
-    Loader loader(data, T, mb, k.micro, k.dp, dp_rank, 11, true);
+    Loader loader(data, T, mb, k.micro, k.dp, dp_rank, 11);
     const size_t n = static_cast<size_t>(mb) * T;
     std::vector<int32_t> tokens(n * k.micro), targets(n * k.micro);
     std::vector<float> micro_losses(k.micro);

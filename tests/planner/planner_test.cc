@@ -51,19 +51,32 @@ TEST(Activations, KorthikantisFormulasForGpt3) {
   // s = 2048, b = 1, h = 12288, a = 96: s b h = 25,165,824 and 5 a s^2 b = 2,013,265,920.
   const GptShape gpt3{96, 12288, 96, 2048, 51200};
   // 34 s b h + 5 a s^2 b
-  EXPECT_EQ(layer_activation_bytes(gpt3, 1, 1, false, Checkpointing::none), 2'868'903'936u);
+  EXPECT_EQ(layer_activation_bytes(gpt3, 1, 1, false, Checkpointing::none, true), 2'868'903'936u);
   // tensor parallel 8: s b h (10 + 24 / 8) + 5 a s^2 b / 8
-  EXPECT_EQ(layer_activation_bytes(gpt3, 1, 8, false, Checkpointing::none), 578'813'952u);
+  EXPECT_EQ(layer_activation_bytes(gpt3, 1, 8, false, Checkpointing::none, true), 578'813'952u);
   // sequence parallel: all of it / 8
-  EXPECT_EQ(layer_activation_bytes(gpt3, 1, 8, true, Checkpointing::none), 358'612'992u);
+  EXPECT_EQ(layer_activation_bytes(gpt3, 1, 8, true, Checkpointing::none, true), 358'612'992u);
   // selective recomputation drops the attention term: 34 s b h / 8 with sequence parallelism
-  EXPECT_EQ(layer_activation_bytes(gpt3, 1, 8, true, Checkpointing::selective), 106'954'752u);
-  EXPECT_EQ(layer_activation_bytes(gpt3, 1, 8, false, Checkpointing::selective), 327'155'712u);
+  EXPECT_EQ(layer_activation_bytes(gpt3, 1, 8, true, Checkpointing::selective, true), 106'954'752u);
+  EXPECT_EQ(layer_activation_bytes(gpt3, 1, 8, false, Checkpointing::selective, true), 327'155'712u);
   // full recomputation keeps the layer's input, 2 s b h (sharded by sequence parallelism)
-  EXPECT_EQ(layer_activation_bytes(gpt3, 1, 8, false, Checkpointing::full), 50'331'648u);
-  EXPECT_EQ(layer_activation_bytes(gpt3, 1, 8, true, Checkpointing::full), 6'291'456u);
+  EXPECT_EQ(layer_activation_bytes(gpt3, 1, 8, false, Checkpointing::full, true), 50'331'648u);
+  EXPECT_EQ(layer_activation_bytes(gpt3, 1, 8, true, Checkpointing::full, true), 6'291'456u);
   // linear in the micro-batch
-  EXPECT_EQ(layer_activation_bytes(gpt3, 4, 8, true, Checkpointing::none), 4 * 358'612'992u);
+  EXPECT_EQ(layer_activation_bytes(gpt3, 4, 8, true, Checkpointing::none, true), 4 * 358'612'992u);
+}
+
+TEST(Activations, BlockedAttentionKeepsEachRowsLogSumExpNotTheScores) {
+  // The same layer as attention by blocks holds it (zeroth's, FlashAttention): 34 s b h and, in the
+  // place of 5 a s^2 b, 4 a s b bytes of f32 log-sum-exp (96 x 2048 x 4 = 786,432).
+  const GptShape gpt3{96, 12288, 96, 2048, 51200};
+  EXPECT_EQ(layer_activation_bytes(gpt3, 1, 1, false, Checkpointing::none), 34ull * 25'165'824 + 786'432);
+  EXPECT_EQ(layer_activation_bytes(gpt3, 1, 8, true, Checkpointing::none), (34ull * 25'165'824 + 786'432) / 8);
+  // Selective recomputation and full recomputation are as with the scores.
+  EXPECT_EQ(layer_activation_bytes(gpt3, 1, 8, true, Checkpointing::selective),
+            layer_activation_bytes(gpt3, 1, 8, true, Checkpointing::selective, true));
+  EXPECT_EQ(layer_activation_bytes(gpt3, 1, 8, false, Checkpointing::full),
+            layer_activation_bytes(gpt3, 1, 8, false, Checkpointing::full, true));
 }
 
 TEST(LayoutMemory, OneGpuHoldsTheWholeModelsStatesAndOneMicroBatch) {
@@ -132,10 +145,11 @@ TEST(StepCost, ComputeAndBubbleFollowTheirFormulas) {
   const LayoutMemory m = layout_memory(s, l);
   const StepCost k = step_cost(s, l, m, c);
   // 3 x the forward of a stage of 8 layers plus the head, per micro-batch: the matmuls' FLOPs at
-  // 0.6 of 312 TFLOP/s, and the elementwise work over Korthikanti's activation bytes at 2 TB/s.
+  // 0.6 of 312 TFLOP/s, and the elementwise work over the activation bytes blocked attention keeps
+  // (Korthikanti's, the row's log-sum-exp in place of the scores) at 2 TB/s.
   const double h = 4096, seq = 2048;
   const double flops = 8 * seq * (24 * h * h + 4 * seq * h) + seq * 2 * h * 51200;
-  const double bytes = 8 * (seq * h * 34 + 5 * 32 * seq * seq);
+  const double bytes = 8 * (seq * h * 34 + 4 * 32 * seq);
   EXPECT_NEAR(k.compute, 12 * 3 * (flops / (0.6 * 312e12) + bytes / 2e12), 1e-9 * k.compute);
   // The bubble is (p - 1) micro-batch times: (p - 1) / (m + p - 1) of compute and pipeline traffic.
   EXPECT_NEAR(k.bubble / (k.bubble + k.compute + k.tensor + k.pipeline), 3.0 / (12 + 3), 1e-9);
@@ -181,7 +195,8 @@ TEST(StepCost, CollectivesAndOffloadFollowTheirFormulas) {
 
 TEST(StepCost, PredictsMegatronsPublishedThroughput) {
   // Narayanan et al. 2021, Table 1: (params B, heads, hidden, layers, tp, pp, GPUs, batch, TFLOP/s
-  // per GPU counted with recomputation). Activation recomputation, micro-batch 1.
+  // per GPU counted with recomputation). Activation recomputation, micro-batch 1, attention that
+  // keeps its s x s scores (Megatron-LM then had no blocked attention).
   struct Row {
     uint64_t heads, hidden, layers, tp, pp, gpus, batch;
     double tflops;
@@ -199,6 +214,7 @@ TEST(StepCost, PredictsMegatronsPublishedThroughput) {
     l.tp = r.tp, l.pp = r.pp, l.dp = r.gpus / (r.tp * r.pp);
     l.micro_batches = r.batch / l.dp;
     l.checkpointing = Checkpointing::full;
+    l.attention_scores = true;
     const LayoutMemory m = layout_memory(s, l);
     const StepCost k = step_cost(s, l, m, c);
     // Their FLOP count with recomputation: 96 B s l h^2 (1 + s / 6h + V / 16 l h).
@@ -217,6 +233,8 @@ TEST(Planner, Gpt3On1024GpusPicksTensorParallelismInsideANodeAndFits) {
   c.nodes = 128;
   PlanSearch search;
   search.global_batch = 1536;
+  // Attention that keeps its scores, as the Megatron-LM runs this compares with.
+  search.attention_scores = true;
   const PlanResult r = search_plans(GptShape::from_params(175'000'000'000ull), c, search);
   ASSERT_FALSE(r.best.empty());
   const Candidate& best = r.best.front();
@@ -289,6 +307,33 @@ TEST(Planner, RunnableOnlyKeepsToWhatTheEngineRuns) {
     split = split || cand.layout.tp > 1 || cand.layout.pp > 1;
   }
   EXPECT_TRUE(split) << "7.5B on 8 GPUs: the fastest runnable plans split the model (tensor or pipeline parallelism)";
+}
+
+// The engine runs ZeRO-3 inside pipeline stages, and the search considers it: each micro-batch
+// gathers the stage's parameters again (the step model counts m gathers, hidden under compute
+// where they fit), and the stage's model states are a dp-th of stage 2's.
+TEST(Planner, SearchesZeroThreeWithPipelines) {
+  Cluster c;
+  c.nodes = 2;
+  PlanSearch search;
+  search.global_batch = 64;
+  search.stage = 3;
+  search.top = 100000;
+  const PlanResult r = search_plans(GptShape::from_params(7'500'000'000ull), c, search);
+  const auto piped = std::find_if(r.best.begin(), r.best.end(), [](const Candidate& k) { return k.layout.pp > 1; });
+  ASSERT_NE(piped, r.best.end()) << "no ZeRO-3 layout with pipeline stages was considered";
+  Layout two = piped->layout;
+  two.stage = 2;
+  const GptShape s = GptShape::from_params(7'500'000'000ull);
+  EXPECT_LT(piped->memory.model_states, layout_memory(s, two).model_states);
+  // The link slowed until the gathers show: m micro-batches' gathers cost m times one's.
+  Cluster slow = c;
+  slow.intra_node_bw = slow.inter_node_bw = 1e6;
+  Layout once = piped->layout;
+  once.micro_batches = 1;
+  const double all = step_cost(s, piped->layout, piped->memory, slow).data,
+               one = step_cost(s, once, layout_memory(s, once), slow).data;
+  EXPECT_NEAR(all, static_cast<double>(piped->layout.micro_batches) * one, 0.05 * all) << "the gathers of every micro-batch";
 }
 
 TEST(Planner, CalibratesFromBenchOutputs) {

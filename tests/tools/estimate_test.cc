@@ -33,6 +33,24 @@ json estimate_rows(const std::string& config, const std::string& name) {
   return json::parse(child.output())["rows"];
 }
 
+// `zeroth estimate --config CONFIG --json` with `sets` (--set pairs) as the run would be given
+// them: the whole JSON, and the config's own row in `mine` (null when none is marked).
+json estimate_with(const std::string& config, const std::vector<std::string>& sets, const std::string& name, json& mine) {
+  std::vector<std::string> args = {ZEROTH_BIN, "estimate", "--config", config, "--json"};
+  args.insert(args.end(), sets.begin(), sets.end());
+  auto est = testing::spawn(args, {}, temp(name) + ".estimate");
+  EXPECT_EQ(testing::wait_exit(est, std::chrono::seconds(60)), 0) << est.output();
+  // Warnings (a schedule shorter than its warm-up at 2 steps) come before the JSON.
+  const std::string text = est.output();
+  const size_t at = text.find("{\n");
+  const json estimate = at == std::string::npos ? json() : json::parse(text.substr(at), nullptr, false);
+  mine = json();
+  if (estimate.is_object() && estimate.contains("rows"))
+    for (const auto& r : estimate["rows"])
+      if (r["config"].get<bool>()) mine = r;
+  return estimate;
+}
+
 struct Case {
   int stage;
   const char* optimizer;
@@ -129,24 +147,16 @@ TEST(Estimate, EveryConfigsRunStaysWithinItsEstimate) {
                                      "--set", "run.eval_interval=100",
                                      "--set", "run.output_dir=" + temp(name)};
     if (!extra.empty()) sets.insert(sets.end(), {"--set", extra});
-    // A vocabulary the README's setup trains (tools/fortunes-vocab.sh) is named from the source
-    // folder, where the config's relative path points from.
+    // A vocabulary the README's setup trains (tools/fortunes-vocab.sh) is named from the config's
+    // folder, where its relative path points from.
     const json config = json::parse(std::ifstream(path));
     if (config.contains("data") && config["data"].contains("tokenizer")) {
-      const std::filesystem::path vocab = std::filesystem::path(ZEROTH_SOURCE_DIR) / config["data"]["tokenizer"].get<std::string>();
+      const std::filesystem::path vocab = path.parent_path() / config["data"]["tokenizer"].get<std::string>();
       ASSERT_TRUE(std::filesystem::exists(vocab)) << vocab << " is missing: run tools/fortunes-vocab.sh (tools/dev.sh does)";
       sets.insert(sets.end(), {"--set", "data.tokenizer=" + vocab.string()});
     }
-    std::vector<std::string> est_args = {ZEROTH_BIN, "estimate", "--config", path.string(), "--json"};
-    est_args.insert(est_args.end(), sets.begin(), sets.end());
-    auto est = testing::spawn(est_args, {}, temp(name) + ".estimate");
-    ASSERT_EQ(testing::wait_exit(est, std::chrono::seconds(60)), 0) << est.output();
-    // Warnings (a schedule shorter than its warm-up at 2 steps) come before the JSON.
-    const std::string text = est.output();
-    const json estimate = json::parse(text.substr(text.find("{\n")));
     json mine;
-    for (const auto& r : estimate["rows"])
-      if (r["config"].get<bool>()) mine = r;
+    const json estimate = estimate_with(path.string(), sets, name, mine);
     ASSERT_FALSE(mine.is_null()) << file;
     std::vector<std::string> train_args = {ZEROTH_BIN, "train", path.string()};
     train_args.insert(train_args.end(), sets.begin(), sets.end());
@@ -226,6 +236,62 @@ TEST(Estimate, FitsIsTheEnginesOwnCheck) {
   }
 }
 
+// configs/gpt-moe-ep.json (8 experts over 4 ranks) with run.device_memory at its own row of
+// `zeroth estimate --config` plus 1 MiB: the run trains, validates, saves its checkpoint, gathers
+// its weights (the experts' from every rank) into model.safetensors and samples from them, every
+// part of it inside the estimate, which the measured peak meets to within the stated allowance.
+TEST(Estimate, TheExpertParallelExampleRunsToItsEndAtItsEstimate) {
+  const std::string config = std::string(ZEROTH_SOURCE_DIR) + "/configs/gpt-moe-ep.json";
+  const std::string name = "estimate_moe";
+  std::filesystem::remove_all(temp(name));
+  const std::vector<std::string> sets = {"--set", "run.steps=2",
+                                         "--set", "run.eval_interval=1",
+                                         "--set", "run.output_dir=" + temp(name)};
+  json mine;
+  estimate_with(config, sets, name, mine);
+  ASSERT_FALSE(mine.is_null());
+  const auto device = mine["device_bytes"].get<uint64_t>();
+  std::vector<std::string> train_args = {ZEROTH_BIN, "train", config, "--set",
+                                         "run.device_memory=" + std::to_string(device + (1 << 20))};
+  train_args.insert(train_args.end(), sets.begin(), sets.end());
+  const auto r = run(train_args, name);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(std::filesystem::exists(temp(name) + "/model.safetensors")) << r.output;
+  EXPECT_NE(r.output.find("sample ("), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("(not taken:"), std::string::npos) << r.output;
+  const json s = r.metrics.back()["summary"];
+  std::printf("gpt-moe-ep: estimate %llu bytes, measured peak %.0f\n", static_cast<unsigned long long>(device),
+              s["peak_bytes"].get<double>());
+  EXPECT_LE(s["peak_bytes"].get<double>(), static_cast<double>(device));
+  EXPECT_GE(s["peak_bytes"].get<double>(), static_cast<double>(device - mine["device_allowance_bytes"].get<uint64_t>()));
+}
+
+// Without --device-memory a GPU has zeroth plan's 80 GiB (a DGX A100 80GB node's), stated: Llama 3
+// 8B's 128 GB of model states on one GPU do not fit, its 44 GB per GPU at stage 1 over 8 do.
+TEST(Estimate, GpusHaveThePlannersMemoryUnlessGiven) {
+  auto child = testing::spawn({ZEROTH_BIN, "estimate", "--model", "llama-3-8b", "--gpus-per-node", "8", "--json"}, {},
+                              temp("estimate_default_budget") + ".out");
+  ASSERT_EQ(testing::wait_exit(child, std::chrono::seconds(60)), 0) << child.output();
+  const json out = json::parse(child.output());
+  EXPECT_EQ(out["device_memory"], uint64_t{80} << 30);
+  EXPECT_EQ(out["host_memory_per_node"], uint64_t{1} << 40);
+  for (const auto& r : out["rows"]) {
+    if (r["offload_optimizer"] != "none") continue;
+    EXPECT_EQ(r["fits"].get<bool>(), r["stage"].get<int>() >= 1) << r.dump();
+  }
+  auto text = testing::spawn({ZEROTH_BIN, "estimate", "--model", "llama-3-8b"}, {}, temp("estimate_default_budget_text") + ".out");
+  ASSERT_EQ(testing::wait_exit(text, std::chrono::seconds(60)), 0) << text.output();
+  EXPECT_NE(text.output().find("budgets: device 80.00 GiB per GPU (zeroth plan's default, a DGX A100 80GB node's), host 1.00 TiB "
+                               "per node (zeroth plan's default, a DGX A100 80GB node's)"),
+            std::string::npos)
+      << text.output();
+  auto unlimited = testing::spawn({ZEROTH_BIN, "estimate", "--model", "llama-3-8b", "--device-memory", "0", "--json"}, {},
+                                  temp("estimate_unlimited") + ".out");
+  ASSERT_EQ(testing::wait_exit(unlimited, std::chrono::seconds(60)), 0) << unlimited.output();
+  const json rows = json::parse(unlimited.output())["rows"];
+  for (const auto& r : rows) EXPECT_TRUE(r["fits"].get<bool>()) << r.dump();
+}
+
 // --model: a preset's exact count and largest block (Llama 3 8B: 8,030,261,248 parameters as
 // published; its largest blocks, the embedding and the untied head, 128256 x 4096) in the ZeRO
 // paper's count: 16 bytes per parameter at stage 0, 16P / 8 per GPU at stage 3 over 8 GPUs.
@@ -282,7 +348,8 @@ TEST(Estimate, ParameterCountModeGivesTheZeroPapersModelStates) {
 // --layers/--hidden/--heads: GPT-2 350M's shape (24 layers, hidden 1024, 16 heads, seq 1024,
 // vocab 50257) on 8 GPUs, micro-batch 2: model states as the paper counts them for its
 // 354,823,168 parameters, and activations by Korthikanti's formulas worked out here: per layer
-// 34 s b h + 5 a s^2 b = 71,303,168 + 167,772,160 bytes; plus the embedding's dropout mask
+// 34 s b h = 71,303,168 bytes and each row's log-sum-exp, 4 a s b = 131,072 (with the s x s scores
+// kept instead, 5 a s^2 b = 167,772,160: the labelled alternative); plus the embedding's dropout mask
 // (s b h) and the head's input and fp32 logits (4 s b h + 4 s b V); with full recomputation the
 // loss runs by chunks of 320 tokens (model.chunked_loss follows it), which keep 4 x 320 x V.
 TEST(Estimate, GptDimensionModeCountsActivations) {
@@ -295,7 +362,7 @@ TEST(Estimate, GptDimensionModeCountsActivations) {
   const json rows = out["rows"];
   ASSERT_EQ(rows.size(), 14u);
   const uint64_t p = 354'823'168u, sbh = 1024ull * 2 * 1024;
-  const uint64_t layer = 71'303'168ull + 167'772'160ull;
+  const uint64_t layer = 71'303'168ull + 131'072ull;
   const uint64_t around = sbh + 4 * sbh + 4ull * 1024 * 2 * 50257;
   for (const auto& r : rows) {
     if (r["offload_optimizer"] != "none") continue;
@@ -303,6 +370,8 @@ TEST(Estimate, GptDimensionModeCountsActivations) {
     const uint64_t states = stage == 0 ? 16 * p : stage == 1 ? 4 * p + 12 * p / 8 : stage == 2 ? 2 * p + 14 * p / 8 : 16 * p / 8;
     EXPECT_EQ(r["model_states_bytes_per_gpu"].get<uint64_t>(), states) << stage;
     EXPECT_EQ(r["activations_bytes"]["none"].get<uint64_t>(), 24 * layer + around) << stage;
+    EXPECT_EQ(r["activations_bytes_if_attention_keeps_scores"].get<uint64_t>(), 24 * (71'303'168ull + 167'772'160ull) + around)
+        << stage;
     EXPECT_EQ(r["activations_bytes"]["selective"].get<uint64_t>(), 24 * 71'303'168ull + around) << stage;
     // full: each layer's input (2 s b h) and one layer whole while it is recomputed
     const uint64_t around_chunked = sbh + 4 * sbh + 4ull * 320 * 50257;

@@ -167,6 +167,35 @@ TEST(Plan, TheWrittenConfigFitsTheEnginesOwnEstimate) {
   EXPECT_EQ(mine, 1);
 }
 
+// What the table says agrees with the engine and the help: fewer GPUs than the default node are one
+// node of them; a plan with selective recomputation (the planner's alone) is marked as one zeroth
+// does not run, with the fastest that it runs named; --runnable says what it leaves out; nothing
+// says ZeRO-3 is kept from pipelines (the engine runs them together).
+TEST(Plan, TheTableSaysWhatTheEngineRuns) {
+  const Output two = zeroth({"plan", "--params", "1B", "--gpus", "2", "--global-batch", "16"}, "plan_two_gpus");
+  ASSERT_EQ(two.code, 0) << two.text;
+  EXPECT_NE(two.text.find("cluster: 2 GPUs (2 per node x 1 nodes)"), std::string::npos) << two.text;
+  const Output odd = zeroth({"plan", "--params", "1B", "--gpus", "12", "--gpus-per-node", "8", "--global-batch", "24"}, "plan_odd");
+  EXPECT_NE(odd.code, 0);
+  EXPECT_NE(odd.text.find("--gpus 12 is not a multiple of --gpus-per-node 8: give whole nodes"), std::string::npos) << odd.text;
+  const Output big = zeroth({"plan", "--params", "7B", "--gpus", "64", "--global-batch", "512"}, "plan_7b");
+  ASSERT_EQ(big.code, 0) << big.text;
+  EXPECT_EQ(big.text.find("not combined with pipelines"), std::string::npos) << big.text;
+  // The first row of the table, and whether the note after it names a plan zeroth runs.
+  const size_t row = big.text.find("\n  1 ");
+  ASSERT_NE(row, std::string::npos) << big.text;
+  const std::string first = big.text.substr(row + 1, big.text.find('\n', row + 1) - row - 1);
+  const bool noted = big.text.find("selective recomputation is the planner's alone") != std::string::npos;
+  EXPECT_EQ(noted, first.find("selective*") != std::string::npos) << big.text;
+  EXPECT_NE(big.text.find("selective*: Korthikanti et al.'s selective recomputation, which the planner models and zeroth's engine "
+                          "does not run"),
+            std::string::npos)
+      << big.text;
+  const Output help = zeroth({"plan", "--help"}, "plan_help");
+  EXPECT_EQ(help.text.find("no tensor or pipeline parallelism yet"), std::string::npos) << help.text;
+  EXPECT_NE(help.text.find("without selective recomputation"), std::string::npos) << help.text;
+}
+
 TEST(Plan, RefusesBadInputSayingWhatToGive) {
   const Output none = zeroth({"plan", "--global-batch", "8"}, "plan_no_model");
   EXPECT_NE(none.code, 0);

@@ -217,6 +217,10 @@ TEST(Train, CtrlCStopsCleanlyAfterTheCurrentStep) {
   kill(child.pid, SIGINT);
   EXPECT_EQ(testing::wait_exit(child, 60s), 130) << child.output();
   EXPECT_NE(child.output().find("stopped (interrupted) after"), std::string::npos) << child.output();
+  // The checkpoint it stopped at is named, whether or not its step was a printed one, and the only
+  // validation said as one.
+  EXPECT_NE(child.output().find("  checkpoint: " + temp("interrupt") + "/checkpoints/step-"), std::string::npos) << child.output();
+  EXPECT_NE(child.output().find("(at step 0 only)"), std::string::npos) << child.output();
 }
 
 TEST(Train, ConfigErrorsExitWithTheMessage) {
@@ -224,8 +228,12 @@ TEST(Train, ConfigErrorsExitWithTheMessage) {
   j["zero_optimization"]["stag"] = 2;
   const auto r = run({ZEROTH_BIN, "train", write_config("bad", j)}, "bad");
   EXPECT_EQ(r.code, 1);
-  EXPECT_NE(r.output.find("zeroth: error: zero_optimization.stag is not a known key (did you mean 'stage'?)"), std::string::npos)
-      << r.output;
+  EXPECT_NE(r.output.find("zeroth: error: zero_optimization.stag is not a known key (did you mean 'stage'?)\n"), std::string::npos)
+      << r.output << "\n(the message ends there: where in zeroth's sources it was raised is for ZEROTH_LOG_LEVEL=debug)";
+  const auto located = testing::spawn({ZEROTH_BIN, "train", write_config("bad", j)}, {"ZEROTH_LOG_LEVEL=debug"},
+                                      temp("bad_debug") + ".out");
+  EXPECT_EQ(testing::wait_exit(located, 60s), 1);
+  EXPECT_NE(located.output().find("(did you mean 'stage'?) [engine/config/deepspeed_keys.cc:"), std::string::npos) << located.output();
   // A budget too small for the whole need: refused before anything is allocated, with the parts,
   // and what an earlier run left in the output folder is kept.
   j = tiny("budget");

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -15,6 +16,7 @@
 #include "engine/config/deepspeed_keys.h"
 #include "engine/plan/plan.h"
 #include "train/train_config.h"
+#include "train/trainer.h"  // check_data
 
 namespace zeroth {
 namespace {
@@ -301,6 +303,30 @@ INSTANTIATE_TEST_SUITE_P(
                   "data.format = \"json\" is not one of: bin, text, synthetic"},
         ErrorCase{"AutoWhereUnknown", R"({"steps_per_print": "auto"})",
                   "steps_per_print is \"auto\", which zeroth cannot resolve for this key; give a value"},
+        // A misspelled key is refused whatever its value, "auto" (which a known key takes as DeepSpeed's
+        // default in these sections) included: in every section that takes "auto".
+        ErrorCase{
+            "AutoTypoTopLevel", R"({"gradient_accumulation_step": "auto"})",
+            "gradient_accumulation_step is not a known key (did you mean 'gradient_accumulation_steps'?) (DeepSpeed ignores keys "
+            "it does not read here; zeroth refuses one this close to a known key, so a typo cannot pass unnoticed)"},
+        ErrorCase{"AutoTypoZero", R"({"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_sise": "auto"}})",
+                  "zero_optimization.stage3_prefetch_bucket_sise is not a known key (did you mean 'stage3_prefetch_bucket_size'?)"},
+        ErrorCase{"AutoTypoOffloadOptimizer",
+                  R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memroy": "auto"}}})",
+                  "zero_optimization.offload_optimizer.pin_memroy is not a known key (did you mean 'pin_memory'?)"},
+        ErrorCase{
+            "AutoTypoOffloadParam",
+            R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu", "buffer_cont": "auto"}}})",
+            "zero_optimization.offload_param.buffer_cont is not a known key (did you mean 'buffer_count'?)"},
+        ErrorCase{"AutoTypoFp16", R"({"fp16": {"enabled": true, "loss_scale_windw": "auto"}})",
+                  "fp16.loss_scale_windw is not a known key (did you mean 'loss_scale_window'?)"},
+        ErrorCase{"AutoTypoBf16", R"({"bf16": {"enabeld": "auto"}})",
+                  "bf16.enabeld is not a known key (did you mean 'enabled'?) (DeepSpeed ignores keys it does not read here; zeroth "
+                  "refuses one this close to a known key, so a typo cannot pass unnoticed)"},
+        ErrorCase{"AutoTypoOptimizer", R"({"optimizer": {"type": "AdamW", "params": {"weight_decy": "auto"}}})",
+                  "optimizer.params.weight_decy is not a parameter of AdamW (did you mean 'weight_decay'?)"},
+        ErrorCase{"AutoTypoScheduler", R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_step": "auto"}}})",
+                  "scheduler.params.warmup_num_step is not a parameter of WarmupLR (did you mean 'warmup_num_steps'?)"},
         ErrorCase{"Optimizer", R"({"optimizer": {"type": "AdamW", "params": {"lr": -1}}})",
                   "optimizer.params.lr = -1 for AdamW: must be >= 0"},
         ErrorCase{"Clipping", R"({"gradient_clipping": -1})", "gradient_clipping must be a number in [0, 1e+30], got -1"},
@@ -478,6 +504,21 @@ TEST(TrainConfig, DefaultsAndAliases) {
   EXPECT_NEAR(static_cast<double>(p.model.num_parameters()), 123.85e6, 0.01e6);
 }
 
+// A public DeepSpeed config's batch on the default synthetic data: its micro-batch of 256 on 4
+// ranks takes 1,024 windows a step, more than the default 1 Mi tokens hold at 512 tokens a
+// window, so the data grows to 8 steps of windows beside the held-out tenth, and the run's data
+// opens with that batch; a config that gives data.tokens keeps them.
+TEST(TrainConfig, DefaultSyntheticDataHoldsAnyBatch) {
+  const json j = json::parse(R"({"train_micro_batch_size_per_gpu": 256, "fp16": {"enabled": true, "auto_cast": true},
+    "model": {"n_layer": 1, "n_head": 2, "n_embd": 16, "seq_len": 512}, "run": {"world_size": 4}})");
+  const auto c = TrainConfig::from_json(j);
+  const int64_t window = 513, steps_of_windows = 8 * 1024 * window;
+  EXPECT_EQ(c.data.synthetic_tokens, static_cast<int64_t>(std::ceil(steps_of_windows / 0.9)) + window);
+  EXPECT_NO_THROW(check_data(c));
+  EXPECT_EQ(TrainConfig::from_json(with(base(), R"({})")).data.synthetic_tokens, 1 << 20);
+  EXPECT_EQ(TrainConfig::from_json(with(j, R"({"data": {"tokens": 4096}})")).data.synthetic_tokens, 4096);
+}
+
 }  // namespace
 }  // namespace zeroth
 
@@ -491,9 +532,9 @@ TEST(TrainConfig, ExampleConfigsResolve) {
     if (e.path().extension() != ".json") continue;
     SCOPED_TRACE(e.path().string());
     json j = read_config_file(e.path().string());
-    // A vocabulary the README's setup trains (tools/fortunes-vocab.sh), named from the source folder.
+    // A vocabulary the README's setup trains (tools/fortunes-vocab.sh), named from the config's folder.
     if (j["data"].contains("tokenizer"))
-      j["data"]["tokenizer"] = std::string(ZEROTH_SOURCE_DIR) + "/" + j["data"]["tokenizer"].get<std::string>();
+      j["data"]["tokenizer"] = std::string(ZEROTH_CONFIGS_DIR) + "/" + j["data"]["tokenizer"].get<std::string>();
     const auto c = TrainConfig::from_json(j);
     EXPECT_GT(c.run.steps, 0);
     ++n;
