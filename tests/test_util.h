@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -11,6 +12,15 @@
 #include "core/device.h"
 
 namespace zeroth::testing {
+
+#ifdef ZEROTH_TEST_DATA_DIR
+// The checkout's tests/ folder (its reference/ files): $ZEROTH_TEST_DATA_DIR where set, as a
+// bundle carried to another machine sets it (tools/gpu-check.sh), else the checkout's, compiled in.
+inline std::string test_data_dir() {
+  const char* given = std::getenv("ZEROTH_TEST_DATA_DIR");
+  return given != nullptr && *given != '\0' ? std::string(given) : std::string(ZEROTH_TEST_DATA_DIR);
+}
+#endif
 
 // Every device kind the suite runs its table tests on; GPU cases skip (saying why) without one.
 inline std::vector<std::string> device_specs() { return {"cpu", "cuda"}; }

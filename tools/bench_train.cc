@@ -1,8 +1,10 @@
-// `zeroth bench train`: training throughput (tokens/s) of a GPT on the CPU device, next to the
-// same model and step in PyTorch (tools/bench/train_torch.py, Debian's python3-torch) with the
-// same shapes, threads and precision, in one run. Both sides skip a warm-up step and report the
-// median step. OpenBLAS reads its environment at load time, so run the whole command under the
-// environment you want both sides to see (see docs/PERFORMANCE.md).
+// `zeroth bench train`: training throughput (tokens/s) of a GPT on the CPU device (or, with
+// --device cuda, on the GPU), next to the same model and step in PyTorch (tools/bench/
+// train_torch.py: Debian's python3-torch on the CPU; on a GPU the machine's PyTorch under its bf16
+// autocast with its SDPA attention) with the same shapes, threads and precision, in one run. Both
+// sides skip a warm-up step and report the median step. OpenBLAS reads its environment at load
+// time, so run the whole command under the environment you want both sides to see (see
+// docs/PERFORMANCE.md).
 #include <unistd.h>  // getpid
 
 #include <algorithm>   // std::max
@@ -17,6 +19,7 @@
 #include <fmt/ranges.h>       // fmt::join
 #include <nlohmann/json.hpp>  // nlohmann::json
 
+#include "core/cuda/cuda_info.h"    // cuda_info
 #include "core/stats.h"             // median
 #include "comm/local/local_comm.h"  // run_local_ranks
 #include "core/cpu/blas_info.h"     // blas_info
@@ -54,9 +57,28 @@ struct Options {
   int loss_chunk = 0;
   bool reference = true;
   bool json = false;
+  std::string device = "cpu";
+  // A GPU's dense bf16 (f32 with --dtype fp32) peak for MFU; 0: the known GPUs' data-sheet figure.
+  std::string peak_flops;
   std::string python = "/usr/bin/python3";
   std::string script = std::string(ZEROTH_SOURCE_DIR) + "/tools/bench/train_torch.py";
 };
+
+// A GPU's dense 16-bit (or f32) tensor-core peak from its data sheet, by name; 0 when not known.
+double gpu_peak_flops(const std::string& name, bool bf16) {
+  struct Known {
+    const char* part;
+    double bf16, f32;  // FLOP/s, dense; f32 as TF32 tensor-core rate
+  };
+  // H100 SXM and H200: 989 TFLOP/s bf16, 495 TF32 (dense); H100 PCIe 756 / 378; A100 312 / 156.
+  static constexpr Known kKnown[] = {{"H200", 989.4e12, 494.7e12},
+                                     {"H100 PCIe", 756.0e12, 378.0e12},
+                                     {"H100", 989.4e12, 494.7e12},
+                                     {"A100", 312.0e12, 156.0e12}};
+  for (const auto& k : kKnown)
+    if (name.find(k.part) != std::string::npos) return bf16 ? k.bf16 : k.f32;
+  return 0;
+}
 
 class StepTimes final : public TrainObserver {
  public:
@@ -95,6 +117,7 @@ std::vector<double> run_zeroth(const Options& o, const GptConfig& model, bool mo
   j["run"]["output_dir"] = out.string();
   j["run"]["sample_tokens"] = 0;
   const RemovedOnExit remove{out};
+  j["run"]["device"] = o.device;
   const TrainConfig c = TrainConfig::from_json(j);
   StepTimes times;
   CommOptions options = CommOptions::from_env();
@@ -102,7 +125,7 @@ std::vector<double> run_zeroth(const Options& o, const GptConfig& model, bool mo
   run_local_ranks(
       o.ranks,
       [&](Communicator& comm) {
-    auto device = make_device("cpu");
+    auto device = make_device(o.device);
     train(c, comm, *device, comm.rank() == 0 ? &times : nullptr);
       },
       options);
@@ -117,7 +140,9 @@ nlohmann::json run_torch(const Options& o, const GptConfig& m, int threads) {
                                    "--threads", std::to_string(threads),
                                    // bf16: PyTorch's bf16 autocast, its products in bf16 on oneDNN (attention's
                                    // too, and their outputs rounded: not the same computation as zeroth's).
-                                   "--autocast", o.dtype == "bf16" ? "1" : "0"};
+                                   "--autocast", o.dtype == "bf16" ? "1" : "0", "--device", o.device == "cpu" ? "cpu" : "cuda",
+                                   // On a GPU, PyTorch's fused attention, as a user of it trains.
+                                   "--sdpa", o.device == "cpu" ? "0" : "1"};
   if (m.llama()) {
     // The Llama family's switches the reference computes (no biases, no q/k norms: the presets'
     // SmolLM, Llama and TinyLlama shapes).
@@ -150,8 +175,34 @@ nlohmann::json run_torch(const Options& o, const GptConfig& m, int threads) {
   return nlohmann::json::parse(out.substr(out.rfind('{')));
 }
 
+// The model FLOPs a token costs as the planner counts them (Narayanan et al. 2021: 72 l h^2 +
+// 12 l s h + 6 V h for GPT-2: 6 per weight of the layers' matmuls and the head, 12 s per attention
+// channel); the Llama family's layer weights: q, k, v (grouped), o, and SwiGLU's three matrices.
+double model_flops_per_token(const GptConfig& m, int seq) {
+  const double l = m.n_layer, h = m.n_embd, s = seq, v = m.vocab_size, q = static_cast<double>(m.n_head) * m.head_size();
+  const double layer = m.llama() ? h * (q + 2.0 * m.kv_heads() * m.head_size()) + q * h + 3 * h * m.ffn() : 12 * h * h;
+  return 6 * l * layer + 12 * l * s * q + 6 * v * h;
+}
+
 void run(const Options& o) {
   if (o.dtype != "fp32" && o.dtype != "bf16") ZEROTH_THROW(InvalidArgument, "--dtype must be fp32 or bf16, got {}", o.dtype);
+  const bool gpu = o.device != "cpu";
+  if (gpu && o.device != "cuda" && !o.device.starts_with("cuda:"))
+    ZEROTH_THROW(InvalidArgument, "--device must be cpu, cuda or cuda:N, got {}", o.device);
+  if (gpu && (o.experts > 0 || o.loss_chunk > 0))
+    ZEROTH_THROW(InvalidArgument, "--experts and --loss-chunk time the CPU device; leave them out with --device {}", o.device);
+  // MFU on a GPU: the given peak, or its data sheet's.
+  double peak = 0;
+  std::string peak_how;
+  if (gpu) {
+    const CudaInfo info = cuda_info();
+    if (info.gpus.empty()) ZEROTH_THROW(InvalidArgument, "--device {}: no usable GPU here ({})", o.device, info.problem);
+    const std::string name = info.gpus.front().name;
+    peak = !o.peak_flops.empty() ? parse_count(o.peak_flops, "--peak-flops") : gpu_peak_flops(name, o.dtype == "bf16");
+    peak_how = !o.peak_flops.empty() ? "--peak-flops"
+               : peak > 0            ? fmt::format("{}'s data sheet, dense {}", name, o.dtype == "bf16" ? "bf16" : "TF32")
+                                     : fmt::format("{}: no data-sheet peak known; give --peak-flops", name);
+  }
   // With --json standard output is the JSON alone, for `zeroth plan --calibrate`.
   auto say = [&](const char* format, auto... args) {
     if (!o.json) std::printf(format, args...);
@@ -176,23 +227,31 @@ void run(const Options& o) {
   share_cores(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / threads));
   log::set_level(log::Level::warn);
   const double tokens = static_cast<double>(o.batch) * o.seq * o.ranks;
-  say("bench train: %s %s (%.2fM parameters), seq %d, batch %d x %d rank%s = %.0f tokens/step, %s, %d thread%s, %d timed steps after "
-      "1 "
+  say("bench train: %s %s (%.2fM parameters), seq %d, batch %d x %d rank%s = %.0f tokens/step, %s, %s, %d timed steps after 1 "
       "warm-up\n",
       m.llama() ? "Llama-family" : "GPT", o.preset.c_str(), static_cast<double>(m.num_parameters()) / 1e6, o.seq, o.batch, o.ranks,
-      o.ranks == 1 ? "" : "s", tokens, o.dtype.c_str(), threads, threads == 1 ? "" : "s", o.steps);
+      o.ranks == 1 ? "" : "s", tokens, o.dtype.c_str(),
+      gpu ? fmt::format("on {}, MFU against {:.0f} TFLOP/s ({})", o.device, peak / 1e12, peak_how).c_str()
+          : fmt::format("{} thread{}", threads, threads == 1 ? "" : "s").c_str(),
+      o.steps);
+  const double flops_per_token = model_flops_per_token(m, o.seq);
+  auto mfu = [&](double seconds) {
+    return peak > 0 ? fmt::format("   MFU {:.1f}%", 100 * flops_per_token * tokens / seconds / peak) : std::string();
+  };
   // The GEMM library and its kernels decide the matmul speed (2x or more between them): figures
   // compare only with figures taken on the same ones.
-  say("  gemm: %s (%s=%s)\n", cpu::gemm_library_summary(cpu::gemm_library()).c_str(), std::string(env::kGemm).c_str(),
-      std::string(cpu::gemm_library_name(cpu::gemm_library())).c_str());
+  if (!gpu)
+    say("  gemm: %s (%s=%s)\n", cpu::gemm_library_summary(cpu::gemm_library()).c_str(), std::string(env::kGemm).c_str(),
+        std::string(cpu::gemm_library_name(cpu::gemm_library())).c_str());
   const cpu::BlasInfo blas = cpu::blas_info();
-  if (cpu::gemm_library() == cpu::GemmLibrary::openblas) {
+  if (!gpu && cpu::gemm_library() == cpu::GemmLibrary::openblas) {
     say("  blas: %s\n", blas.summary().c_str());
     if (blas.below_cpu()) say("  blas: below this CPU's kernels; `zeroth report` says why and what changing it risks\n");
   }
   std::fflush(stdout);
   const double z = median(run_zeroth(o, m));
-  say("  %-22s median step %7.3f s   %8.0f tokens/s\n", fmt::format("zeroth (stage {})", o.stage).c_str(), z, tokens / z);
+  say("  %-22s median step %7.3f s   %8.0f tokens/s%s\n", fmt::format("zeroth (stage {})", o.stage).c_str(), z, tokens / z,
+      mfu(z).c_str());
   std::fflush(stdout);
   if (o.loss_chunk > 0) {
     // What the chunks save (the activations Gpt plans, one rank, one micro-batch) and what making
@@ -208,7 +267,7 @@ void run(const Options& o) {
   }
   // The ceiling: the step's own products timed alone, one rank's worth on the same threads.
   double gemm_s = 0, gemm_flops = 0;
-  if (o.ranks == 1 && o.experts == 0) {
+  if (!gpu && o.ranks == 1 && o.experts == 0) {
     std::vector<StepGemm> gemms = step_gemms(m, o.batch, o.seq, o.dtype == "bf16");
     time_step_gemms(gemms, 3);
     for (const StepGemm& g : gemms) {
@@ -239,39 +298,42 @@ void run(const Options& o) {
     }
     return;
   }
-  if (o.json) {
-    // What `zeroth plan --calibrate` reads: the model FLOPs per token as the planner counts them
-    // (Narayanan et al. 2021: 72 l h^2 + 12 l s h + 6 V h for GPT-2: 6 per weight of the layers'
-    // matmuls and the head, 12 s per attention channel), so tokens/s times it is the achieved rate.
-    // The Llama family's layer weights: q, k, v (grouped), o, and SwiGLU's three matrices.
-    const double l = m.n_layer, h = m.n_embd, s = o.seq, v = m.vocab_size, q = static_cast<double>(m.n_head) * m.head_size();
-    const double layer = m.llama() ? h * (q + 2.0 * m.kv_heads() * m.head_size()) + q * h + 3 * h * m.ffn() : 12 * h * h;
-    std::printf("%s\n", nlohmann::json{{"preset", o.preset},
-                                       {"seq", o.seq},
-                                       {"batch", o.batch},
-                                       {"dtype", o.dtype},
-                                       {"threads", threads},
-                                       {"step_s", z},
-                                       {"gemm_alone_s", gemm_s},
-                                       {"gemm_flops", gemm_flops},
-                                       {"tokens_per_s", tokens / z},
-                                       {"model_flops_per_token", 6 * l * layer + 12 * l * s * q + 6 * v * h}}
-                            .dump(2)
-                            .c_str());
+  // PyTorch beside it, on one rank.
+  nlohmann::json torch;
+  double r = 0;
+  if (o.reference && o.ranks == 1) {
+    torch = run_torch(o, m, threads);
+    r = median(torch["step_s"].get<std::vector<double>>());
+    say("  %-22s median step %7.3f s   %8.0f tokens/s%s\n",
+        fmt::format("pytorch {}{}{}", torch["torch"].get<std::string>(), o.dtype == "bf16" ? " bf16 autocast" : "",
+                    gpu ? ", SDPA" : "")
+            .c_str(),
+        r, tokens / r, mfu(r).c_str());
+    say("  zeroth / pytorch: %.2fx tokens/s\n", r / z);
   }
-  if (!o.reference || o.json || o.ranks > 1) return;
-  const auto t = run_torch(o, m, threads);
-  const double r = median(t["step_s"].get<std::vector<double>>());
-  say("  %-22s median step %7.3f s   %8.0f tokens/s\n",
-      fmt::format("pytorch {}{}", t["torch"].get<std::string>(), o.dtype == "bf16" ? " bf16 autocast" : "").c_str(), r, tokens / r);
-  say("  zeroth / pytorch: %.2fx tokens/s\n", r / z);
+  if (o.json) {
+    // What `zeroth plan --calibrate` reads: the model FLOPs per token as the planner counts them, so
+    // tokens/s times it is the achieved rate; and PyTorch's side where it ran.
+    nlohmann::json j = {{"preset", o.preset},         {"seq", o.seq},
+                        {"batch", o.batch},           {"dtype", o.dtype},
+                        {"threads", threads},         {"device", o.device},
+                        {"stage", o.stage},           {"step_s", z},
+                        {"gemm_alone_s", gemm_s},     {"gemm_flops", gemm_flops},
+                        {"tokens_per_s", tokens / z}, {"model_flops_per_token", flops_per_token}};
+    if (peak > 0) j["peak_flops"] = peak, j["mfu"] = flops_per_token * tokens / z / peak;
+    if (!torch.is_null()) {
+      j["torch"] = {{"version", torch["torch"]}, {"step_s", r}, {"tokens_per_s", tokens / r}};
+      if (peak > 0) j["torch"]["mfu"] = flops_per_token * tokens / r / peak;
+    }
+    std::printf("%s\n", j.dump(2).c_str());
+  }
 }
 
 }  // namespace
 
 void add_bench_train_command(CLI::App& bench) {
   auto o = std::make_shared<Options>();
-  auto* cmd = bench.add_subcommand("train", "GPT or Llama-family training tokens/s on the CPU, next to PyTorch");
+  auto* cmd = bench.add_subcommand("train", "GPT or Llama-family training tokens/s on the CPU (or a GPU), next to PyTorch");
   cmd->add_option("--preset", o->preset,
                   "Model shape: gpt2-124m, gpt2-350m, ..., or the Llama family's: smollm-135m, llama-3.2-1b, ...");
   cmd->add_option("--seq", o->seq, "Sequence length");
@@ -292,11 +354,17 @@ void add_bench_train_command(CLI::App& bench) {
                   "other collectives stay memcpy), in turn and overlapped with the experts' products");
   cmd->add_option("--link-latency-us", o->link_latency_us, "The modeled link's latency per all-to-all (with --link-gbps)");
   cmd->add_flag("!--no-reference", o->reference, "Skip the PyTorch side");
-  cmd->add_flag("--json", o->json, "Print JSON (zeroth only: tokens/s and model FLOPs per token, what zeroth plan --calibrate reads)");
+  cmd->add_flag("--json", o->json,
+                "Print JSON: tokens/s and model FLOPs per token (what zeroth plan --calibrate reads), PyTorch's beside them unless "
+                "--no-reference");
   cmd->add_option("--loss-chunk", o->loss_chunk,
                   "Also time the step with the LM head and loss by chunks of this many tokens (model.chunked_loss), next to the "
                   "whole logits");
   cmd->add_option("--python", o->python, "Interpreter with torch");
+  cmd->add_option("--script", o->script, "The PyTorch side's script (default: the checkout's tools/bench/train_torch.py)");
+  cmd->add_option("--device", o->device, "cpu (default), or cuda: both sides on the GPU (PyTorch with its SDPA attention)");
+  cmd->add_option("--peak-flops", o->peak_flops,
+                  "With --device cuda: the GPU's peak for MFU (default: the data sheet's for H100, H200, A100)");
   cmd->callback([o] { run(*o); });
 }
 

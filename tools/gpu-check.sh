@@ -1,102 +1,180 @@
 #!/usr/bin/env bash
-# The one script to run on a machine with an NVIDIA GPU: builds the CUDA backend, runs the whole
-# test suite with the GPU cases enabled (the tensor-parallel kernels' among them), trains on the GPU
-# with and without tensor parallelism, benchmarks the GPU kernels, and prints a short table last.
-# Budget: under 8 minutes. Without a usable GPU it says so and exits non-zero.
+# The GPU check, on a bare offline GPU machine (an NVIDIA H100 or H200 with CUDA's driver and a
+# Python with PyTorch and NVIDIA's wheels; none of Debian's libraries, no network): unpacks the
+# bundle tools/gpu-bundle.sh built (build-gpu-bundle/zeroth-gpu.tar.xz, or the file given),
+# prints the machine (GPUs, glibc, the cuBLAS and NCCL the bundle's launcher found) and stops
+# there, saying why in one line, without a GPU or with a glibc older than the bundle needs. Then,
+# each step timed (8 minutes in all on 16 cores):
+#   - the test binaries with GPU cases, whole: a skipped case is a failure (on a GPU machine
+#     nothing has a reason to skip);
+#   - the README's run on the GPU, one rank with the accumulation of its 4 ranks' batch (the same
+#     16 sequences a step, in the same order), beside the same steps on the CPU's 4 ranks;
+#   - bench kernels and bench optim on the GPU;
+#   - bench train at ZeRO-3 in bf16 on the GPU, GPT-2 124M, SmolLM-135M and Llama 3.2 1B, tokens/s
+#     and MFU beside this machine's PyTorch (its bf16 autocast and SDPA attention) on the same GPU;
+#   - the optimizer offloaded to host memory: the host<->GPU copy rates (bench offload) and the
+#     README's run with offload_optimizer on cpu.
+# Writes results.json and table.txt under $OUT when set (else build-gpu/out), logs beside them,
+# and prints the table last. Exits non-zero when any step failed.
+#   tools/gpu-check.sh [BUNDLE.tar.xz]
 set -uo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
+tarball=${1:-build-gpu-bundle/zeroth-gpu.tar.xz}
 out=${OUT:-$root/build-gpu/out}
 mkdir -p "$out"
-export PATH=/usr/local/cuda/bin:$PATH
 start=$(date +%s)
+say() { printf '%s\n' "$*" | tee -a "$out/check.log"; }
+elapsed() { echo $(($(date +%s) - start)); }
 
-if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
-  echo "gpu-check: no usable NVIDIA GPU here (nvidia-smi missing or failing); nothing to check" >&2
+[[ -f $tarball ]] || { echo "gpu-check: no bundle at $tarball: build it with tools/gpu-bundle.sh where the CUDA toolkit is" >&2; exit 1; }
+if [[ -n ${GPU_CHECK_DIR:-} ]]; then
+  scratch=$GPU_CHECK_DIR
+  mkdir -p "$scratch"
+else
+  scratch=$(mktemp -d /tmp/zeroth-gpu.XXXXXX)
+  trap 'rm -rf "$scratch"' EXIT
+fi
+tar -C "$scratch" -xJf "$tarball" || { echo "gpu-check: $tarball does not unpack" >&2; exit 1; }
+bundle="$scratch/zeroth-gpu"
+run="$bundle/run"
+say "gpu-check: bundle $tarball unpacked in $bundle ($(elapsed) s)"
+
+# The machine, and what the bundle needs of it.
+need=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["glibc_floor"])' "$bundle/BUNDLE.json" 2>/dev/null ||
+  sed -n 's/.*"glibc_floor": *"\([0-9.]*\)".*/\1/p' "$bundle/BUNDLE.json")
+have=$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{print $2}')
+say "machine: $(uname -srm), $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo), glibc ${have:-unknown} (the bundle needs $need or newer)"
+if [[ -z $have || $(printf '%s\n%s\n' "$need" "$have" | sort -V | head -n1) != "$need" ]]; then
+  echo "gpu-check: this machine's glibc is ${have:-unknown}, older than the $need the bundle's binaries need: build the bundle on a machine with an older glibc" >&2
   exit 1
 fi
-nvidia-smi -L | tee "$out/gpus.txt"
-
-step() { printf '\n== %s (%ds)\n' "$1" $(($(date +%s) - start)); }
-status_build=FAIL status_tests=FAIL status_bench=FAIL status_comm=FAIL status_offload=FAIL
-
-step "build (ZEROTH_CUDA=ON, sm_80/sm_90)"
-# Only the GPU architecture of this machine, to keep the build inside the time budget.
-arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n1 | tr -d '.')
-if BUILD_DIR=build-gpu ZEROTH_CUDA=ON tools/dev.sh build -DCMAKE_CUDA_ARCHITECTURES="${arch:-90}" >"$out/build.log" 2>&1; then
-  status_build=ok
-else
-  tail -n 40 "$out/build.log"
+"$run" --where 2>&1 | tee -a "$out/check.log" | sed 's/^/  /'
+((PIPESTATUS[0] == 0)) || exit 1
+# The bundle's binary loads with its libraries and says what it sees (its CUDA line: the runtime
+# and the GPUs the driver shows).
+if ! "$run" zeroth report >"$out/report.txt" 2>&1; then
+  tail -n 20 "$out/report.txt"
+  echo "gpu-check: the bundle's zeroth does not start here (its report is in $out/report.txt)" >&2
+  exit 1
 fi
-
-if [[ $status_build == ok ]]; then
-  step "zeroth report"
-  build-gpu/tools/zeroth report | tee "$out/report.txt"
-
-  step "tests (GPU cases enabled)"
-  if ctest --test-dir build-gpu --output-on-failure -j 4 --timeout 300 >"$out/tests.log" 2>&1; then status_tests=ok; fi
-  grep -E "tests passed|tests failed" "$out/tests.log"
-  skipped=$(grep -ciE "(cuda|nccl).*Skipped" "$out/tests.log" || true)
-  if [[ $skipped != 0 ]]; then
-    echo "gpu-check: $skipped GPU test(s) skipped although a GPU is present" >&2
-    status_tests=FAIL
-  fi
-
-  step "bench kernels on the GPU"
-  if build-gpu/tools/zeroth bench kernels --device cuda --size 1GiB --reps 20 --json >"$out/bench_kernels_cuda.json" 2>"$out/bench.err"; then
-    status_bench=ok
-  else
-    cat "$out/bench.err"
-  fi
-  build-gpu/tools/zeroth bench kernels --device cuda --size 1GiB --reps 20 | tee "$out/bench_kernels_cuda.txt"
-
-  step "bench optim on the GPU (fused AdamW vs device-to-device copy)"
-  build-gpu/tools/zeroth bench optim --device cuda --params 1e8 1e9 --reps 20 | tee "$out/bench_optim_cuda.txt" || status_bench=FAIL
-
-  step "bench offload: disk sweep (fio beside it when installed), host<->GPU copies from pinned and pageable memory"
-  if build-gpu/tools/zeroth bench offload --device cuda --size 1GiB --path /tmp | tee "$out/bench_offload_cuda.txt"; then
-    status_offload=ok
-  fi
-
-  step "GPT training on one GPU (the README's config, 30 steps)"
-  status_train=FAIL
-  if build-gpu/tools/zeroth train configs/gpt-fortunes-zero3-bf16.json --set run.device=cuda --set run.world_size=1 \
-      --set run.steps=30 --set run.eval_interval=0 --set run.output_dir="$out/train" | tee "$out/train_cuda.txt"; then
-    status_train=ok
-  fi
-
-  step "GPT with tensor parallelism on the GPU (2 local ranks, tp 2 with sequence parallelism, 10 steps)"
-  # The vocabulary-parallel loss and embedding kernels and the split layers on CUDA; the ranks share
-  # the GPU through the local backend (NCCL takes one GPU per rank).
-  status_tp=FAIL
-  if build-gpu/tools/zeroth train configs/gpt-3d.json --set run.device=cuda --set parallel.pipeline=1 --set run.world_size=2 \
-      --set parallel.micro_batches=2 --set parallel.sequence_parallel=true --set run.trace=false --set run.steps=10 \
-      --set run.eval_interval=0 --set run.output_dir="$out/train_tp" | tee "$out/train_tp_cuda.txt"; then
-    status_tp=ok
-  fi
-
-  step "bench comm on the GPUs (nccl, one rank per GPU)"
-  gpus=$(nvidia-smi -L | wc -l)
-  if build-gpu/tools/zeroth bench comm --backend nccl --ranks "$gpus" --min-bytes 1MiB --max-bytes 256MiB \
-      | tee "$out/bench_comm_nccl.txt"; then
-    status_comm=ok
-  fi
+grep -E '^  (zeroth|cpu |cuda|nccl)' "$out/report.txt" | tee -a "$out/check.log"
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "gpu-check: no usable NVIDIA GPU here (nvidia-smi missing or failing); the bundle unpacked and found its libraries, nothing else to check" >&2
+  exit 1
 fi
+nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader | tee "$out/gpus.txt" | sed 's/^/  gpu: /' | tee -a "$out/check.log"
+python3 -c 'import torch; print("  pytorch", torch.__version__, "cuda", torch.version.cuda)' 2>&1 | tee -a "$out/check.log"
 
-step "summary"
-printf '%-28s %s\n' "build (CUDA)" "$status_build" "tests" "$status_tests" "bench kernels (cuda)" "$status_bench" \
-  "bench comm (nccl)" "$status_comm" "bench offload (cuda)" "$status_offload" "train GPT (cuda)" "${status_train:-not run}" \
-  "train GPT tp 2 (cuda)" "${status_tp:-not run}"
-if [[ -f $out/bench_kernels_cuda.json ]]; then
-  python3 - "$out/bench_kernels_cuda.json" <<'PY' || true
-import json, sys
-r = json.load(open(sys.argv[1]))
-print(f"{'kernel':<28} {'GB/s':>9} {'vs d2d copy':>12}")
-print(f"{'memcpy_d2d':<28} {r['memcpy_gbps']:9.1f} {'100%':>12}")
-for k in r["kernels"]:
-    print(f"{k['name']:<28} {k['gbps']:9.1f} {100 * k['ratio']:11.0f}%")
+# Each step: its name, its status and seconds into results.tsv; its output into its log.
+: >"$out/results.tsv"
+step() {
+  local name=$1 log=$2
+  shift 2
+  local t0=$(date +%s) status=ok
+  say ""
+  say "== $name ($(elapsed) s)"
+  if ! "$@" >"$out/$log" 2>&1; then status=FAIL; fi
+  printf '%s\t%s\t%s\t%s\n' "$name" "$status" $(($(date +%s) - t0)) "$log" >>"$out/results.tsv"
+  tail -n "${TAIL:-15}" "$out/$log" | sed 's/^/  /' | tee -a "$out/check.log"
+  say "  -> $status in $(($(date +%s) - t0)) s"
+}
+
+# 1. The test binaries with GPU cases, side by side on the GPU; gtest's JSON says what skipped.
+tests() {
+  local b pids=() status=0
+  for b in core_tests comm_tests models_tests optim_tests; do
+    timeout 300 "$run" "$b" --gtest_brief=1 --gtest_output="json:$out/$b.json" >"$out/$b.log" 2>&1 &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+  python3 - "$out" <<'PY' || status=1
+import json, os, sys
+out, bad = sys.argv[1], 0
+for b in ("core_tests", "comm_tests", "models_tests", "optim_tests"):
+    try:
+        r = json.load(open(os.path.join(out, b + ".json")))
+    except Exception as e:
+        print(f"{b}: no report ({e}); see {b}.log"); bad = 1; continue
+    cases = [t for s in r["testsuites"] for t in s["testsuite"]]
+    failed = [f'{t["classname"]}.{t["name"]}' for t in cases if t.get("failures")]
+    skipped = [f'{t["classname"]}.{t["name"]}' for t in cases if t.get("result") == "SKIPPED"]
+    gpu = [t for t in cases if "cuda" in (t["name"] + t.get("value_param", "")).lower() or "Nccl" in t["classname"] or "Cuda" in t["name"]]
+    print(f"{b}: {len(cases)} cases ({len(gpu)} on the GPU), {len(failed)} failed, {len(skipped)} skipped")
+    for n in failed + [s + " (skipped)" for s in skipped]: print("  " + n)
+    bad |= bool(failed or skipped)
+sys.exit(bad)
 PY
-fi
-echo "elapsed: $(($(date +%s) - start)) s"
-[[ $status_build == ok && $status_tests == ok && $status_bench == ok && $status_comm == ok && $status_offload == ok ]]
+  return $status
+}
+TAIL=12 step "tests with GPU cases" tests.log tests
+
+# 2. The README's run: the GPU (one rank accumulating the 4 ranks' micro-batches) beside the CPU.
+readme() {
+  local common=(--set data.train="$bundle/data/fortunes" --set run.steps=50 --set run.eval_interval=50 --set run.sample_tokens=0
+    --set run.progress=lines --set steps_per_print=10)
+  "$run" zeroth train "$bundle/configs/gpt-fortunes-zero3-bf16.json" "${common[@]}" --set run.device=cuda --set run.world_size=1 \
+    --set gradient_accumulation_steps=4 --set run.output_dir="$out/readme-cuda" || return 1
+  "$run" zeroth train "$bundle/configs/gpt-fortunes-zero3-bf16.json" "${common[@]}" --set run.output_dir="$out/readme-cpu" || return 1
+  python3 - "$out/readme-cuda/metrics.jsonl" "$out/readme-cpu/metrics.jsonl" <<'PY'
+import json, sys
+def losses(p): return {m["step"]: m["loss"] for m in map(json.loads, open(p)) if "loss" in m and "lr" in m}
+g, c = losses(sys.argv[1]), losses(sys.argv[2])
+print("step  loss cuda (1 rank, 4 micro-batches)  loss cpu (4 ranks)  difference")
+for s in sorted(g):
+    if s in c and (s % 10 == 0 or s == 1): print(f"{s:4d}  {g[s]:.4f}{'':28s}{c[s]:.4f}{'':12s}{g[s] - c[s]:+.4f}")
+PY
+}
+TAIL=9 step "README run, cuda beside cpu" readme.log readme
+
+# 3. The GPU's kernels and optimizer step.
+step "bench kernels --device cuda" bench_kernels.log "$run" zeroth bench kernels --device cuda --size 1GiB --reps 20
+step "bench optim --device cuda" bench_optim.log "$run" zeroth bench optim --device cuda --params 1e8 1e9 --reps 20 --no-torch
+
+# 4. Training steps at ZeRO-3 in bf16 beside PyTorch on the same GPU.
+train_bench() {
+  local preset=$1 batch=$2
+  "$run" zeroth bench train --device cuda --preset "$preset" --seq 1024 --batch "$batch" --steps 5 --stage 3 --dtype bf16 \
+    --python "$(command -v python3)" --script "$bundle/tools/bench/train_torch.py" --json >"$out/bench_train_$preset.json" &&
+    cat "$out/bench_train_$preset.json"
+}
+for m in "gpt2-124m 16" "smollm-135m 16" "llama-3.2-1b 8"; do
+  set -- $m
+  TAIL=25 step "bench train $1 (ZeRO-3 bf16) beside PyTorch" "bench_train_$1.log" train_bench "$1" "$2"
+done
+
+# 5. Offload: host<->GPU copy rates, and the README's run with the optimizer in host memory.
+step "bench offload --device cuda (copies)" bench_offload.log "$run" zeroth bench offload --device cuda --size 256MiB --reps 1 --path "$scratch"
+step "README run, offload_optimizer cpu, on cuda" offload_train.log "$run" zeroth train "$bundle/configs/gpt-fortunes-zero3-bf16.json" \
+  --set data.train="$bundle/data/fortunes" --set run.steps=30 --set run.eval_interval=0 --set run.sample_tokens=0 --set run.progress=lines \
+  --set run.device=cuda --set run.world_size=1 --set gradient_accumulation_steps=4 \
+  --set zero_optimization.offload_optimizer='{"device": "cpu", "pin_memory": true}' --set run.output_dir="$out/offload-cuda"
+
+# The results: one JSON, one table, the table last.
+python3 - "$out" "$(elapsed)" <<'PY'
+import json, os, sys
+out, seconds = sys.argv[1], int(sys.argv[2])
+steps = [dict(zip(("step", "status", "seconds", "log"), l.rstrip("\n").split("\t"))) for l in open(os.path.join(out, "results.tsv"))]
+bench = {}
+for f in sorted(os.listdir(out)):
+    if f.startswith("bench_train_") and f.endswith(".json"):
+        try:
+            bench[f[len("bench_train_"):-5]] = json.load(open(os.path.join(out, f)))
+        except Exception:
+            pass
+gpus = open(os.path.join(out, "gpus.txt")).read().strip().splitlines()
+json.dump({"gpus": gpus, "seconds": seconds, "steps": steps, "bench_train": bench}, open(os.path.join(out, "results.json"), "w"), indent=2)
+lines = [f"gpu-check on {gpus[0] if gpus else '?'}: {seconds} s", f"{'step':<48} {'status':<6} {'s':>5}"]
+lines += [f"{s['step']:<48} {s['status']:<6} {s['seconds']:>5}" for s in steps]
+if bench:
+    lines.append("")
+    lines.append(f"{'model (ZeRO-3, bf16)':<22} {'zeroth tok/s':>13} {'MFU':>6} {'pytorch tok/s':>14} {'MFU':>6} {'zeroth/pytorch':>15}")
+    for name, b in bench.items():
+        t = b.get("torch", {})
+        lines.append(f"{name:<22} {b['tokens_per_s']:>13.0f} {100 * b.get('mfu', 0):>5.1f}% {t.get('tokens_per_s', 0):>14.0f} "
+                     f"{100 * t.get('mfu', 0):>5.1f}% {b['tokens_per_s'] / t['tokens_per_s'] if t.get('tokens_per_s') else 0:>14.2f}x")
+open(os.path.join(out, "table.txt"), "w").write("\n".join(lines) + "\n")
+print("\n".join(lines))
+PY
+! grep -q "	FAIL	" "$out/results.tsv"

@@ -29,6 +29,7 @@
 #include "models/gpt/gpt.h"
 #include "tests/engine/reference_init.h"
 #include "tests/engine/tensor_error.h"
+#include "tests/test_util.h"
 #include "tests/models/llama_case.h"
 
 namespace zeroth {
@@ -55,7 +56,7 @@ struct Reference {
 };
 
 const Reference& gpt_reference() {
-  static const SafeTensors file = read_safetensors(std::string(ZEROTH_TEST_DATA_DIR) + "/reference/gpt_train_torch.safetensors");
+  static const SafeTensors file = read_safetensors(testing::test_data_dir() + "/reference/gpt_train_torch.safetensors");
   static const Reference ref = [] {
     const auto cfg = nlohmann::json::parse(file.metadata.at("config"));
     GptConfig gc;
@@ -70,7 +71,7 @@ const Reference& gpt_reference() {
 }
 
 const Reference& llama_reference(const std::string& family) {
-  static const SafeTensors file = read_safetensors(std::string(ZEROTH_TEST_DATA_DIR) + "/reference/llama_train_torch.safetensors");
+  static const SafeTensors file = read_safetensors(testing::test_data_dir() + "/reference/llama_train_torch.safetensors");
   static std::map<std::string, Reference> refs;
   if (auto it = refs.find(family); it != refs.end()) return it->second;
   Reference r{file, family + ".", testing::llama_case_config(nlohmann::json::parse(file.metadata.at(family))), {}};

@@ -26,7 +26,7 @@ namespace zeroth {
 namespace {
 
 const SafeTensors& reference() {
-  static const SafeTensors ref = read_safetensors(std::string(ZEROTH_TEST_DATA_DIR) + "/reference/gpt_torch.safetensors");
+  static const SafeTensors ref = read_safetensors(testing::test_data_dir() + "/reference/gpt_torch.safetensors");
   return ref;
 }
 

@@ -29,7 +29,7 @@ namespace zeroth {
 namespace {
 
 const SafeTensors& reference() {
-  static const SafeTensors ref = read_safetensors(std::string(ZEROTH_TEST_DATA_DIR) + "/reference/llama_torch.safetensors");
+  static const SafeTensors ref = read_safetensors(testing::test_data_dir() + "/reference/llama_torch.safetensors");
   return ref;
 }
 

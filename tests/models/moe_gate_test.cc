@@ -12,12 +12,13 @@
 #include <nlohmann/json.hpp>
 
 #include "models/gpt/moe_gate.h"
+#include "tests/test_util.h"
 
 namespace zeroth::gpt {
 namespace {
 
 nlohmann::json load_cases() {
-  std::ifstream in(std::string(ZEROTH_TEST_DATA_DIR) + "/reference/moe_gate_torch.json");
+  std::ifstream in(testing::test_data_dir() + "/reference/moe_gate_torch.json");
   EXPECT_TRUE(in) << "missing tests/reference/moe_gate_torch.json";
   return in ? nlohmann::json::parse(in) : nlohmann::json{{"cases", nlohmann::json::array()}};
 }

@@ -283,7 +283,7 @@ INSTANTIATE_TEST_SUITE_P(All, Optimizers, ::testing::ValuesIn(cases()), [](const
 // by tests/reference/optim_reference.py: the same weights after 20 steps within 1e-6 relative to
 // the largest value of each array.
 TEST(OptimizerTorch, TwentyStepsMatchPyTorch) {
-  std::ifstream in(std::string(ZEROTH_TEST_DATA_DIR) + "/reference/optim_torch.json");
+  std::ifstream in(testing::test_data_dir() + "/reference/optim_torch.json");
   ASSERT_TRUE(in) << "missing tests/reference/optim_torch.json";
   const auto ref = nlohmann::json::parse(in);
   const size_t n = ref["n"].get<size_t>();

@@ -133,8 +133,11 @@ TEST(Cli, BenchEngineJsonLabelsEachRowsTransportAndItsBounds) {
 // was started (the test's working folder).
 TEST(Cli, BenchTrainJsonLeavesNoRunBehind) {
   std::filesystem::remove_all("runs/run");
-  const auto r = run_json({"bench", "train", "--seq", "16", "--batch", "1", "--steps", "1", "--threads", "1", "--json"}, "train");
+  const auto r = run_json({"bench", "train", "--seq", "16", "--batch", "1", "--steps", "1", "--threads", "1", "--json",
+                           "--no-reference"},
+                          "train");
   EXPECT_EQ(r["preset"], "gpt2-124m");
+  EXPECT_FALSE(r.contains("torch")) << "--no-reference: zeroth alone";
   EXPECT_EQ(r["seq"], 16);
   EXPECT_EQ(r["batch"], 1);
   for (const char* key : {"step_s", "tokens_per_s"}) EXPECT_TRUE(r[key].is_number()) << key << ": " << r.dump();

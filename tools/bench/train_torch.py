@@ -2,8 +2,9 @@
 """The reference side of `zeroth bench train`: the same training step in PyTorch (Debian's
 python3-torch): forward, cross-entropy, backward, global-norm clipping, AdamW, for GPT-2 or (with
 --kv-heads) a Llama-family decoder (RMSNorm, rotary positions, grouped-query attention, SwiGLU,
-untied head unless --tied), in f32 or with --autocast 1 under bf16 autocast. Prints one JSON line
-with the step times. Started by zeroth itself
+untied head unless --tied), in f32 or with --autocast 1 under bf16 autocast, on the CPU or with
+--device cuda on the GPU (--sdpa 1: attention through scaled_dot_product_attention, PyTorch's fused
+kernels, where it has it). Prints one JSON line with the step times. Started by zeroth itself
 with the same shapes, threads and precision:
     /usr/bin/python3 tools/bench/train_torch.py --layers 12 --heads 12 --embd 768 --vocab 50257 \
         --seq 256 --batch 4 --steps 5 --threads 2
@@ -39,11 +40,20 @@ class Block(nn.Module):
         b, t, c = x.shape
         q, k, v = self.c_attn(self.ln_1(x)).split(c, dim=2)
         q, k, v = [z.view(b, t, self.h, c // self.h).transpose(1, 2) for z in (q, k, v)]
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(c // self.h))
-        att = att.masked_fill(mask[:t, :t] == 0, float("-inf")).softmax(dim=-1)
-        y = (att @ v).transpose(1, 2).contiguous().view(b, t, c)
+        y = attention(q, k, v, mask, t).transpose(1, 2).contiguous().view(b, t, c)
         x = x + self.c_proj(y)
         return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+
+
+SDPA = False  # set by --sdpa
+
+
+def attention(q, k, v, mask, t):
+    if SDPA:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+    att = att.masked_fill(mask[:t, :t] == 0, float("-inf")).softmax(dim=-1)
+    return att @ v
 
 
 class RMSNorm(nn.Module):
@@ -86,9 +96,7 @@ class LlamaBlock(nn.Module):
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         g = self.h // self.kvh
         k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.hs))
-        att = att.masked_fill(mask[:t, :t] == 0, float("-inf")).softmax(dim=-1)
-        y = (att @ v).transpose(1, 2).contiguous().view(b, t, self.h * self.hs)
+        y = attention(q, k, v, mask, t).transpose(1, 2).contiguous().view(b, t, self.h * self.hs)
         x = x + self.o_proj(y)
         n = self.post_attention_layernorm(x)
         return x + self.down_proj(F.silu(self.gate_proj(n)) * self.up_proj(n))
@@ -135,7 +143,7 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets):
         t = idx.shape[1]
-        x = self.wte(idx) + self.wpe(torch.arange(t))
+        x = self.wte(idx) + self.wpe(torch.arange(t, device=idx.device))
         for blk in self.blocks:
             x = blk(x, self.mask)
         logits = self.ln_f(x) @ self.wte.weight.T  # tied LM head
@@ -146,13 +154,18 @@ def main():
     p = argparse.ArgumentParser()
     for name, default in (("layers", 12), ("heads", 12), ("embd", 768), ("vocab", 50257), ("seq", 256), ("batch", 4),
                           ("steps", 5), ("warmup", 1), ("threads", 1), ("kv-heads", 0), ("head-dim", 0), ("ffn", 0), ("tied", 0),
-                          ("autocast", 0)):
+                          ("autocast", 0), ("sdpa", 0)):
         p.add_argument("--" + name, type=int, default=default)
     p.add_argument("--theta", type=float, default=10000.0)
+    p.add_argument("--device", default="cpu")
     a = p.parse_args()
+    global SDPA
+    SDPA = bool(a.sdpa) and hasattr(F, "scaled_dot_product_attention")
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    model = Llama(a) if a.kv_heads > 0 else GPT(a.layers, a.heads, a.embd, a.vocab, a.seq)
+    dev = torch.device(a.device)
+    model = (Llama(a) if a.kv_heads > 0 else GPT(a.layers, a.heads, a.embd, a.vocab, a.seq)).to(dev)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     params = list(model.parameters())
     decay = [q for q in params if q.dim() >= 2]
     no_decay = [q for q in params if q.dim() < 2]
@@ -160,22 +173,24 @@ def main():
                             lr=6e-4, betas=(0.9, 0.95), eps=1e-8)
     times, losses = [], []
     for s in range(a.warmup + a.steps):
-        idx = torch.randint(0, a.vocab, (a.batch, a.seq))
-        tgt = torch.randint(0, a.vocab, (a.batch, a.seq))
+        idx = torch.randint(0, a.vocab, (a.batch, a.seq), device=dev)
+        tgt = torch.randint(0, a.vocab, (a.batch, a.seq), device=dev)
+        sync()
         t0 = time.perf_counter()
-        # bf16 autocast: the products in bf16 on oneDNN, master weights and optimizer in f32.
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bool(a.autocast)):
+        # bf16 autocast: the products in bf16 (oneDNN's or cuBLAS's), master weights and optimizer in f32.
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bool(a.autocast)):
             loss = model(idx, tgt)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
+        sync()
         dt = time.perf_counter() - t0
         if s >= a.warmup:
             times.append(dt)
         losses.append(float(loss))
-    print(json.dumps({"torch": torch.__version__, "threads": torch.get_num_threads(), "step_s": times, "losses": losses,
-                      "parameters": sum(q.numel() for q in params)}))
+    print(json.dumps({"torch": torch.__version__, "threads": torch.get_num_threads(), "device": a.device, "sdpa": SDPA,
+                      "step_s": times, "losses": losses, "parameters": sum(q.numel() for q in params)}))
 
 
 if __name__ == "__main__":
