@@ -31,10 +31,20 @@ struct Child {
   }
 };
 
-// Starts argv with the current environment plus `extra` ("NAME=value"), stdout+stderr to a file.
+// Starts argv with the current environment plus `extra` ("NAME=value", which replaces a variable
+// of that name: getenv takes the first), stdout+stderr to a file.
 inline Child spawn(const std::vector<std::string>& argv, const std::vector<std::string>& extra, const std::string& output) {
   std::vector<std::string> env_strings;
-  for (char** e = environ; *e != nullptr; ++e) env_strings.emplace_back(*e);
+  auto named = [](const std::string& entry, const std::string& given) {
+    const size_t eq = given.find('=');
+    return eq != std::string::npos && entry.compare(0, eq + 1, given, 0, eq + 1) == 0;
+  };
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry(*e);
+    bool replaced = false;
+    for (const auto& x : extra) replaced = replaced || named(entry, x);
+    if (!replaced) env_strings.push_back(entry);
+  }
   for (const auto& x : extra) env_strings.push_back(x);
   std::vector<char*> envp, args;
   for (auto& e : env_strings) envp.push_back(e.data());

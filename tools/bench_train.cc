@@ -140,7 +140,7 @@ nlohmann::json run_torch(const Options& o, const GptConfig& m, int threads) {
                                    "--threads", std::to_string(threads),
                                    // bf16: PyTorch's bf16 autocast, its products in bf16 on oneDNN (attention's
                                    // too, and their outputs rounded: not the same computation as zeroth's).
-                                   "--autocast", o.dtype == "bf16" ? "1" : "0", "--device", o.device == "cpu" ? "cpu" : "cuda",
+                                   "--autocast", o.dtype == "bf16" ? "1" : "0", "--device", o.device,
                                    // On a GPU, PyTorch's fused attention, as a user of it trains.
                                    "--sdpa", o.device == "cpu" ? "0" : "1"};
   if (m.llama()) {
@@ -187,8 +187,9 @@ double model_flops_per_token(const GptConfig& m, int seq) {
 void run(const Options& o) {
   if (o.dtype != "fp32" && o.dtype != "bf16") ZEROTH_THROW(InvalidArgument, "--dtype must be fp32 or bf16, got {}", o.dtype);
   const bool gpu = o.device != "cpu";
-  if (gpu && o.device != "cuda" && !o.device.starts_with("cuda:"))
-    ZEROTH_THROW(InvalidArgument, "--device must be cpu, cuda or cuda:N, got {}", o.device);
+  const bool indexed = o.device.starts_with("cuda:") && o.device.size() > 5 &&
+                       o.device.find_first_not_of("0123456789", 5) == std::string::npos && o.device.size() < 9;
+  if (gpu && o.device != "cuda" && !indexed) ZEROTH_THROW(InvalidArgument, "--device must be cpu, cuda or cuda:N, got {}", o.device);
   if (gpu && (o.experts > 0 || o.loss_chunk > 0))
     ZEROTH_THROW(InvalidArgument, "--experts and --loss-chunk time the CPU device; leave them out with --device {}", o.device);
   // MFU on a GPU: the given peak, or its data sheet's.
@@ -196,8 +197,11 @@ void run(const Options& o) {
   std::string peak_how;
   if (gpu) {
     const CudaInfo info = cuda_info();
-    if (info.gpus.empty()) ZEROTH_THROW(InvalidArgument, "--device {}: no usable GPU here ({})", o.device, info.problem);
-    const std::string name = info.gpus.front().name;
+    const size_t index = indexed ? std::stoul(o.device.substr(5)) : 0;
+    if (index >= info.gpus.size())
+      ZEROTH_THROW(InvalidArgument, "--device {}: this machine has {} usable GPU(s){}", o.device, info.gpus.size(),
+                   info.problem.empty() ? "" : " (" + info.problem + ")");
+    const std::string name = info.gpus[index].name;
     peak = !o.peak_flops.empty() ? parse_count(o.peak_flops, "--peak-flops") : gpu_peak_flops(name, o.dtype == "bf16");
     peak_how = !o.peak_flops.empty() ? "--peak-flops"
                : peak > 0            ? fmt::format("{}'s data sheet, dense {}", name, o.dtype == "bf16" ? "bf16" : "TF32")
@@ -302,7 +306,15 @@ void run(const Options& o) {
   nlohmann::json torch;
   double r = 0;
   if (o.reference && o.ranks == 1) {
-    torch = run_torch(o, m, threads);
+    try {
+      torch = run_torch(o, m, threads);
+    } catch (const Error& e) {
+      // zeroth's own figures stand without it: the JSON says why the reference is missing.
+      if (!o.json) throw;
+      torch = {{"error", e.what()}};
+    }
+  }
+  if (torch.contains("step_s")) {
     r = median(torch["step_s"].get<std::vector<double>>());
     say("  %-22s median step %7.3f s   %8.0f tokens/s%s\n",
         fmt::format("pytorch {}{}{}", torch["torch"].get<std::string>(), o.dtype == "bf16" ? " bf16 autocast" : "",
@@ -321,7 +333,8 @@ void run(const Options& o) {
                         {"gemm_alone_s", gemm_s},     {"gemm_flops", gemm_flops},
                         {"tokens_per_s", tokens / z}, {"model_flops_per_token", flops_per_token}};
     if (peak > 0) j["peak_flops"] = peak, j["mfu"] = flops_per_token * tokens / z / peak;
-    if (!torch.is_null()) {
+    if (torch.contains("error")) j["torch"] = torch;
+    if (r > 0) {
       j["torch"] = {{"version", torch["torch"]}, {"step_s", r}, {"tokens_per_s", tokens / r}};
       if (peak > 0) j["torch"]["mfu"] = flops_per_token * tokens / r / peak;
     }

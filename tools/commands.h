@@ -55,7 +55,8 @@ void add_bench_pipeline_command(CLI::App& bench);
 TrainConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides, const std::string& resume = "",
                             bool trained_weights = false);
 // `zeroth CMD --resume CONFIG`: the flag's optional value took the config; both back in their
-// places (a JSON file given as the only argument is the config).
+// places (a JSON file given as the only argument is the config, resuming from its
+// run.checkpoint_dir; a run's folder is the config and the checkpoints both).
 void untangle_resume(std::string& config, std::string& resume);
 // `work` on every rank of the config's world, each with its device: this process's rank when
 // started by `zeroth launch` (over gloo), else run.world_size ranks as threads.

@@ -74,7 +74,7 @@ cp configs/*.json configs/README.md "$stage/configs/"
 # The fortunes' text files, as data.format "text" reads the folder (no symbolic links, no .dat
 # indexes): the README's run trains on them.
 while IFS= read -r -d '' f; do
-  grep -qP '\x00' "$f" || cp "$f" "$stage/data/fortunes/"
+  grep -qaP '\x00' "$f" || cp "$f" "$stage/data/fortunes/"
 done < <(find /usr/share/games/fortunes -maxdepth 1 -type f -print0)
 cp runs/tokenizers/fortunes-4096.model "$stage/runs/tokenizers/"
 cp tests/reference/*.safetensors tests/reference/*.json "$stage/tests/reference/"
@@ -129,14 +129,8 @@ for b in "${binaries[@]}"; do
   done < <(LD_LIBRARY_PATH=$cuda_libs ldd "$bundle/$b")
 done
 # 2. The Debian libraries the build linked, hidden; the bundle's programs run.
-# mount(8) loads some of them itself (libpcre2 through libselinux): those are hidden last.
-mount_loads=" $(ldd "$(command -v mount)" | awk '$3 ~ /^\// {print $3}' | xargs -r readlink -f | tr '\n' ' ') "
-hidden=() hidden_last=()
-for name in "${!carried[@]}"; do
-  real=$(readlink -f "${carried[$name]}")
-  if [[ $mount_loads == *" $real "* ]]; then hidden_last+=("$real"); else hidden+=("$real"); fi
-done
-hidden+=("${hidden_last[@]}")
+hidden=()
+for name in "${!carried[@]}"; do hidden+=("$(readlink -f "${carried[$name]}")"); done
 : >"$scratch/empty"
 log="$dir/rehearsal.log"
 if ! unshare -m bash -s "$bundle" "$scratch" "$cuda_libs" "${hidden[@]}" >"$log" 2>&1 <<'INNER'; then
@@ -144,7 +138,16 @@ set -euo pipefail
 bundle=$1 scratch=$2 cuda_libs=$3
 shift 3
 mount --make-rprivate /
-for f in "$@"; do mount --bind "$scratch/empty" "$f"; done
+# One process binds the empty file over them all: mount(8) itself loads some of them (libpcre2,
+# through libselinux), so it could not hide the rest after those.
+python3 - "$scratch/empty" "$@" <<'PY'
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+MS_BIND = 4096
+for target in sys.argv[2:]:
+    if libc.mount(sys.argv[1].encode(), target.encode(), None, MS_BIND, None) != 0:
+        sys.exit(f"mount --bind over {target}: {os.strerror(ctypes.get_errno())}")
+PY
 for f in "$@"; do [[ ! -s $f ]] || { echo "$f is still readable"; exit 1; }; done
 echo "hidden: $# Debian libraries (each now an empty file)"
 export ZEROTH_CUDA_LIBS=$cuda_libs

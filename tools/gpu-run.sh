@@ -24,7 +24,12 @@ try:
 except Exception:
     roots = []
 import site, sys
-for s in site.getsitepackages() + [site.getusersitepackages()] + sys.path:
+places = list(sys.path)
+try:  # a virtual environment's site module may lack these
+    places += site.getsitepackages() + [site.getusersitepackages()]
+except Exception:
+    pass
+for s in places:
     roots.append(os.path.join(s, "nvidia"))
 seen = set()
 for r in roots:
@@ -64,6 +69,9 @@ fi
 program=${1:?"usage: run PROGRAM [ARGS...] (zeroth, core_tests, comm_tests, models_tests, optim_tests) | run --where"}
 shift
 [[ -x $here/$program && $program != */* ]] || { echo "run: $program is not one of this bundle's programs" >&2; exit 2; }
+# The path as it was, for programs the bundle's start that must not see these (a PyTorch with
+# its own NCCL: tools/gpu-check.sh's python wrapper puts it back).
+if [[ -n ${LD_LIBRARY_PATH+x} ]]; then export ZEROTH_RUN_OUTER_LD_LIBRARY_PATH=$LD_LIBRARY_PATH; fi
 export LD_LIBRARY_PATH="$cublas${nccl:+:$nccl}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export ZEROTH_TEST_DATA_DIR="$here/tests"
 exec "$here/$program" "$@"

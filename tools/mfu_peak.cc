@@ -1,6 +1,7 @@
 #include "tools/mfu_peak.h"
 
-#include <sched.h>  // sched_getaffinity
+#include <sched.h>   // sched_getaffinity
+#include <unistd.h>  // getpid
 
 #include <algorithm>   // std::max
 #include <chrono>      // std::chrono::system_clock
@@ -12,9 +13,9 @@
 #include <fmt/format.h>       // fmt::format
 #include <nlohmann/json.hpp>  // nlohmann::json
 
-#include "comm/rendezvous.h"     // rendezvous_from_env
-#include "core/cpu/kernels.h"       // cpu_features
-#include "core/cpu/gemm.h"       // measure_gemm
+#include "comm/rendezvous.h"   // rendezvous_from_env
+#include "core/cpu/kernels.h"  // cpu_features
+#include "core/cpu/gemm.h"     // measure_gemm
 
 namespace zeroth::tools {
 namespace {
@@ -54,10 +55,13 @@ Peak measure_peak(const TrainConfig& c) {
   }
   double gflops = 0;
   std::string when;
-  const nlohmann::json& kept = cache.contains(key) ? cache[key] : nlohmann::json();
-  if (kept.is_object() && kept.value("gflops_per_core", 0.0) > 0) {
+  // A cache of another shape (edited by hand, written by another version) is measured again.
+  const nlohmann::json kept = cache.contains(key) ? cache[key] : nlohmann::json();
+  if (kept.is_object() && kept.contains("gflops_per_core") && kept["gflops_per_core"].is_number() &&
+      kept["gflops_per_core"].get<double>() > 0) {
     gflops = kept["gflops_per_core"].get<double>();
-    when = fmt::format("measured {}, kept in {}", kept.value("measured", std::string("earlier")), file.string());
+    const bool dated = kept.contains("measured") && kept["measured"].is_string();
+    when = fmt::format("measured {}, kept in {}", dated ? kept["measured"].get<std::string>() : "earlier", file.string());
   } else {
     const int threads = cpu::gemm_threads();
     cpu::set_gemm_threads(1);
@@ -67,10 +71,14 @@ Peak measure_peak(const TrainConfig& c) {
     std::error_code ec;
     bool kept_now = false;
     if (!file.empty() && (fs::create_directories(file.parent_path(), ec), !ec)) {
-      const fs::path tmp = file.string() + ".tmp";
-      std::ofstream(tmp) << cache.dump(2) << "\n";
-      fs::rename(tmp, file, ec);
-      kept_now = !ec;
+      // A name of this process's own: runs started together each write theirs, the last rename wins.
+      const fs::path tmp = fmt::format("{}.{}.tmp", file.string(), ::getpid());
+      std::ofstream out(tmp);
+      out << cache.dump(2) << "\n";
+      out.flush();
+      if (out) fs::rename(tmp, file, ec);
+      kept_now = out && !ec;
+      if (!kept_now) fs::remove(tmp, ec);
     }
     when = kept_now ? fmt::format("measured now, the best of 3, kept in {}", file.string())
                     : std::string("measured now, the best of 3; not kept (no writable cache folder)");

@@ -215,9 +215,14 @@ TrainConfig load_run_config(const std::string& path, const std::vector<std::stri
 
 void untangle_resume(std::string& config, std::string& resume) {
   std::error_code ec;
-  if (config.empty() && !resume.empty() && resume != "-" && std::filesystem::is_regular_file(resume, ec)) {
-    config = std::move(resume);
-    resume = "-";
+  if (config.empty() && !resume.empty() && resume != "-") {
+    // A run's folder is its config and its checkpoints at once; a file, the config alone.
+    if (is_run_folder(resume)) {
+      config = resume;
+    } else if (std::filesystem::is_regular_file(resume, ec)) {
+      config = std::move(resume);
+      resume = "-";
+    }
   }
   if (config.empty()) ZEROTH_THROW(ConfigError, "a config is required: zeroth CMD CONFIG [--resume [DIR]] (see configs/)");
 }

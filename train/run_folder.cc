@@ -55,16 +55,17 @@ std::string run_folder_checkpoints(const std::string& run_dir) {
   if (j.is_object() && j.contains("run") && j["run"].is_object() && j["run"].value("checkpoint_dir", nlohmann::json()).is_string())
     named = j["run"]["checkpoint_dir"].get<std::string>();
   if (!named.empty() && has_checkpoint(named)) return named;
-  ZEROTH_THROW(ConfigError,
-               "{} is a run folder, but no checkpoint of it was found: neither {} nor its run.checkpoint_dir ({}) holds a \"{}\" file; "
-               "the run saved none (run.checkpoint_interval -1) or they were moved: name the checkpoint folder",
-               run_dir, inside.string(), named.empty() ? "not in its config.json" : named, ckpt::kLatestName);
+  ZEROTH_THROW(
+      ConfigError,
+      "{} is a run folder, but no checkpoint of it was found: neither {} nor its run.checkpoint_dir ({}) holds a \"{}\" file; "
+      "the run saved none (run.checkpoint_interval -1) or they were moved: name the checkpoint folder",
+      run_dir, inside.string(), named.empty() ? "not in its config.json" : named, ckpt::kLatestName);
 }
 
 void resolve_config_paths(nlohmann::json& config, const std::string& config_path) {
   const fs::path base = fs::path(config_path).parent_path();
-  for (const auto& [section, key] : {std::pair{"data", "train"}, {"data", "val"}, {"data", "tokenizer"}, {"model", "hf_config"},
-                                     {"run", "init_from"}}) {
+  for (const auto& [section, key] :
+       {std::pair{"data", "train"}, {"data", "val"}, {"data", "tokenizer"}, {"model", "hf_config"}, {"run", "init_from"}}) {
     if (!config.contains(section) || !config[section].is_object() || !config[section].contains(key)) continue;
     nlohmann::json& v = config[section][key];
     if (!v.is_string() || v.get<std::string>().empty()) continue;

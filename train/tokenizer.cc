@@ -152,6 +152,11 @@ std::vector<std::string> write_hf_tokenizer_files(const std::string& path, const
   std::vector<std::string> written;
   std::error_code ec;
   auto copy = [&](const fs::path& from, const std::string& name) {
+    // Exporting into the folder the tokenizer came from: it is there already.
+    if (fs::equivalent(from, fs::path(folder) / name, ec)) {
+      written.push_back(name);
+      return;
+    }
     fs::copy_file(from, fs::path(folder) / name, fs::copy_options::overwrite_existing, ec);
     if (ec) ZEROTH_THROW(IoError, "copy_file(\"{}\", \"{}\"): {}", from.string(), (fs::path(folder) / name).string(), ec.message());
     written.push_back(name);

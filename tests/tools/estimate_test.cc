@@ -46,8 +46,8 @@ json estimate_with(const std::string& config, const std::vector<std::string>& se
   const json estimate = at == std::string::npos ? json() : json::parse(text.substr(at), nullptr, false);
   mine = json();
   if (estimate.is_object() && estimate.contains("rows"))
-    for (const auto& r : estimate["rows"])
-      if (r["config"].get<bool>()) mine = r;
+    for (const auto& r : estimate.at("rows"))
+      if (r.value("config", false)) mine = r;
   return estimate;
 }
 
@@ -250,7 +250,7 @@ TEST(Estimate, TheExpertParallelExampleRunsToItsEndAtItsEstimate) {
   json mine;
   estimate_with(config, sets, name, mine);
   ASSERT_FALSE(mine.is_null());
-  const auto device = mine["device_bytes"].get<uint64_t>();
+  const auto device = mine.at("device_bytes").get<uint64_t>();
   std::vector<std::string> train_args = {ZEROTH_BIN, "train", config, "--set",
                                          "run.device_memory=" + std::to_string(device + (1 << 20))};
   train_args.insert(train_args.end(), sets.begin(), sets.end());
@@ -259,11 +259,12 @@ TEST(Estimate, TheExpertParallelExampleRunsToItsEndAtItsEstimate) {
   EXPECT_TRUE(std::filesystem::exists(temp(name) + "/model.safetensors")) << r.output;
   EXPECT_NE(r.output.find("sample ("), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("(not taken:"), std::string::npos) << r.output;
-  const json s = r.metrics.back()["summary"];
+  ASSERT_TRUE(r.metrics.back().contains("summary")) << r.output;
+  const json s = r.metrics.back().at("summary");
   std::printf("gpt-moe-ep: estimate %llu bytes, measured peak %.0f\n", static_cast<unsigned long long>(device),
-              s["peak_bytes"].get<double>());
-  EXPECT_LE(s["peak_bytes"].get<double>(), static_cast<double>(device));
-  EXPECT_GE(s["peak_bytes"].get<double>(), static_cast<double>(device - mine["device_allowance_bytes"].get<uint64_t>()));
+              s.at("peak_bytes").get<double>());
+  EXPECT_LE(s.at("peak_bytes").get<double>(), static_cast<double>(device));
+  EXPECT_GE(s.at("peak_bytes").get<double>(), static_cast<double>(device - mine.at("device_allowance_bytes").get<uint64_t>()));
 }
 
 // Without --device-memory a GPU has zeroth plan's 80 GiB (a DGX A100 80GB node's), stated: Llama 3
@@ -273,11 +274,11 @@ TEST(Estimate, GpusHaveThePlannersMemoryUnlessGiven) {
                               temp("estimate_default_budget") + ".out");
   ASSERT_EQ(testing::wait_exit(child, std::chrono::seconds(60)), 0) << child.output();
   const json out = json::parse(child.output());
-  EXPECT_EQ(out["device_memory"], uint64_t{80} << 30);
-  EXPECT_EQ(out["host_memory_per_node"], uint64_t{1} << 40);
-  for (const auto& r : out["rows"]) {
-    if (r["offload_optimizer"] != "none") continue;
-    EXPECT_EQ(r["fits"].get<bool>(), r["stage"].get<int>() >= 1) << r.dump();
+  EXPECT_EQ(out.at("device_memory"), uint64_t{80} << 30);
+  EXPECT_EQ(out.at("host_memory_per_node"), uint64_t{1} << 40);
+  for (const auto& r : out.at("rows")) {
+    if (r.at("offload_optimizer") != "none") continue;
+    EXPECT_EQ(r.at("fits").get<bool>(), r.at("stage").get<int>() >= 1) << r.dump();
   }
   auto text = testing::spawn({ZEROTH_BIN, "estimate", "--model", "llama-3-8b"}, {}, temp("estimate_default_budget_text") + ".out");
   ASSERT_EQ(testing::wait_exit(text, std::chrono::seconds(60)), 0) << text.output();
@@ -289,7 +290,7 @@ TEST(Estimate, GpusHaveThePlannersMemoryUnlessGiven) {
                                   temp("estimate_unlimited") + ".out");
   ASSERT_EQ(testing::wait_exit(unlimited, std::chrono::seconds(60)), 0) << unlimited.output();
   const json rows = json::parse(unlimited.output())["rows"];
-  for (const auto& r : rows) EXPECT_TRUE(r["fits"].get<bool>()) << r.dump();
+  for (const auto& r : rows) EXPECT_TRUE(r.at("fits").get<bool>()) << r.dump();
 }
 
 // --model: a preset's exact count and largest block (Llama 3 8B: 8,030,261,248 parameters as

@@ -180,7 +180,7 @@ TEST(HfFolder, LoadingStreamsAShardAtATime) {
     auto child = testing::spawn({ZEROTH_BIN, "train", write_config(name, e)}, env, temp(name) + ".out");
     EXPECT_EQ(testing::wait_exit(child, std::chrono::seconds(300)), 0) << child.output();
     for (const auto& m : testing::metrics_in(name))
-      if (m.contains("summary")) return m["summary"]["peak_rss_before_weights_bytes"].get<int64_t>();
+      if (m.contains("summary")) return m.at("summary").at("peak_rss_before_weights_bytes").get<int64_t>();
     ADD_FAILURE() << name << " wrote no summary";
     return 0;
   };

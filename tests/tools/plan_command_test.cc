@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cctype>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -178,7 +180,7 @@ TEST(Plan, TheTableSaysWhatTheEngineRuns) {
   const Output odd = zeroth({"plan", "--params", "1B", "--gpus", "12", "--gpus-per-node", "8", "--global-batch", "24"}, "plan_odd");
   EXPECT_NE(odd.code, 0);
   EXPECT_NE(odd.text.find("--gpus 12 is not a multiple of --gpus-per-node 8: give whole nodes"), std::string::npos) << odd.text;
-  const Output big = zeroth({"plan", "--params", "7B", "--gpus", "64", "--global-batch", "512"}, "plan_7b");
+  const Output big = zeroth({"plan", "--params", "7B", "--gpus", "64", "--global-batch", "512", "--top", "200"}, "plan_7b");
   ASSERT_EQ(big.code, 0) << big.text;
   EXPECT_EQ(big.text.find("not combined with pipelines"), std::string::npos) << big.text;
   // The first row of the table, and whether the note after it names a plan zeroth runs.
@@ -187,6 +189,16 @@ TEST(Plan, TheTableSaysWhatTheEngineRuns) {
   const std::string first = big.text.substr(row + 1, big.text.find('\n', row + 1) - row - 1);
   const bool noted = big.text.find("selective recomputation is the planner's alone") != std::string::npos;
   EXPECT_EQ(noted, first.find("selective*") != std::string::npos) << big.text;
+  // Every row of the table with selective recomputation carries the mark (200 rows hold some).
+  int selective = 0;
+  std::istringstream lines(big.text);
+  for (std::string line; std::getline(lines, line);) {
+    const bool row = line.size() > 4 && std::isdigit(static_cast<unsigned char>(line[2])) && line[3] == ' ';
+    if (!row || line.find("selective") == std::string::npos) continue;
+    ++selective;
+    EXPECT_NE(line.find("selective*"), std::string::npos) << line;
+  }
+  EXPECT_GT(selective, 0) << big.text;
   EXPECT_NE(big.text.find("selective*: Korthikanti et al.'s selective recomputation, which the planner models and zeroth's engine "
                           "does not run"),
             std::string::npos)

@@ -49,7 +49,7 @@ json eval_json(const std::vector<std::string>& args, const std::string& name) {
 std::map<int, json> validations(const std::vector<json>& metrics) {
   std::map<int, json> out;
   for (const auto& m : metrics)
-    if (m.contains("val_loss") && m.contains("step")) out[m["step"].get<int>()] = m;
+    if (m.contains("val_loss") && m.contains("step")) out[m.at("step").get<int>()] = m;
   return out;
 }
 
@@ -61,29 +61,29 @@ TEST(RunFolder, TheRunsValidationIsEvalOverTheSameWindows) {
   ASSERT_EQ(r.code, 0) << r.output;
   const auto val = validations(r.metrics);
   ASSERT_TRUE(val.count(4)) << r.output;
-  EXPECT_EQ(val.at(4)["val_windows"], 8);
-  EXPECT_EQ(val.at(4)["val_windows_of"], 409);
+  EXPECT_EQ(val.at(4).at("val_windows"), 8);
+  EXPECT_EQ(val.at(4).at("val_windows_of"), 409);
   EXPECT_NE(r.output.find("validation at step 4: loss "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("(the first 8 of 409 windows)"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("zeroth eval --windows 8 these"), std::string::npos) << r.output;
-  const double run_figure = val.at(4)["val_loss"].get<double>();
+  const double run_figure = val.at(4).at("val_loss").get<double>();
   // The run's folder, its trained weights, the same 8 windows on the same layout: the same forward
   // passes and sums, so the same figure (printed to 4 places, recorded to the float's).
   const json same = eval_json({temp("folder_val"), "--windows", "8"}, "folder_val_eval8");
-  EXPECT_EQ(same["windows"], 8);
-  EXPECT_EQ(same["of"], 409);
-  EXPECT_NEAR(same["loss"].get<double>(), run_figure, 1e-6 * run_figure);
+  EXPECT_EQ(same.at("windows"), 8);
+  EXPECT_EQ(same.at("of"), 409);
+  EXPECT_NEAR(same.at("loss").get<double>(), run_figure, 1e-6 * run_figure);
   // Every window: another figure, and what a run with run.eval_batches "all" reports.
   const json all = eval_json({temp("folder_val")}, "folder_val_eval_all");
-  EXPECT_EQ(all["windows"], 409);
-  EXPECT_GT(std::abs(all["loss"].get<double>() - run_figure), 1e-4 * run_figure) << "8 windows of 409 gave the mean of all";
+  EXPECT_EQ(all.at("windows"), 409);
+  EXPECT_GT(std::abs(all.at("loss").get<double>() - run_figure), 1e-4 * run_figure) << "8 windows of 409 gave the mean of all";
   const std::string every = tiny_config("folder_val_all", 4, "local", {{"eval_batches", "all"}});
   const auto r_all = run({ZEROTH_BIN, "train", every}, "folder_val_all");
   ASSERT_EQ(r_all.code, 0) << r_all.output;
   const auto val_all = validations(r_all.metrics);
   ASSERT_TRUE(val_all.count(4));
-  EXPECT_EQ(val_all.at(4)["val_windows"], 409);
-  EXPECT_NEAR(val_all.at(4)["val_loss"].get<double>(), all["loss"].get<double>(), 1e-6 * all["loss"].get<double>());
+  EXPECT_EQ(val_all.at(4).at("val_windows"), 409);
+  EXPECT_NEAR(val_all.at(4).at("val_loss").get<double>(), all.at("loss").get<double>(), 1e-6 * all.at("loss").get<double>());
 }
 
 TEST(RunFolder, IsAConfigWeightsAndACheckpoint) {
@@ -92,8 +92,9 @@ TEST(RunFolder, IsAConfigWeightsAndACheckpoint) {
   const std::string dir = temp("folder");
   // eval: the folder's config and trained weights, as the weights file given by hand.
   const json by_folder = eval_json({dir, "--windows", "8"}, "folder_eval");
-  const json by_file = eval_json({config, "--set", "run.init_from=" + dir + "/model.safetensors", "--windows", "8"}, "folder_eval_file");
-  EXPECT_EQ(by_folder["loss"], by_file["loss"]);
+  const json by_file = eval_json({config, "--set", "run.init_from=" + dir + "/model.safetensors", "--windows", "8"},
+                                 "folder_eval_file");
+  EXPECT_EQ(by_folder.at("loss"), by_file.at("loss"));
   // run.init_from: the folder's trained weights start another run (its validation at step 0 is
   // the trained weights', not a fresh start's).
   const std::string second = tiny_config("folder_init", 1, "local", {{"init_from", dir}});
@@ -101,7 +102,7 @@ TEST(RunFolder, IsAConfigWeightsAndACheckpoint) {
   ASSERT_EQ(init.code, 0) << init.output;
   const auto val = validations(init.metrics);
   ASSERT_TRUE(val.count(0)) << init.output;
-  EXPECT_NEAR(val.at(0)["val_loss"].get<double>(), by_folder["loss"].get<double>(), 1e-6 * by_folder["loss"].get<double>());
+  EXPECT_NEAR(val.at(0).at("val_loss").get<double>(), by_folder.at("loss").get<double>(), 1e-6 * by_folder.at("loss").get<double>());
   // --resume: the folder's checkpoints.
   const auto resumed = run({ZEROTH_BIN, "train", config, "--set", "run.steps=5", "--resume", dir}, "folder");
   ASSERT_EQ(resumed.code, 0) << resumed.output;
@@ -109,7 +110,7 @@ TEST(RunFolder, IsAConfigWeightsAndACheckpoint) {
   // --resume before the config: the config is the config, the checkpoint the config's own.
   const auto swapped = run({ZEROTH_BIN, "train", "--set", "run.steps=6", "--resume", config}, "folder");
   ASSERT_EQ(swapped.code, 0) << swapped.output;
-  EXPECT_NE(swapped.output.find("at step 5"), std::string::npos) << swapped.output;
+  EXPECT_NE(swapped.output.find("resumed from " + dir + "/checkpoints/step-5 at step 5"), std::string::npos) << swapped.output;
   // A folder that is not a run's is named as such.
   const auto not_run = run({ZEROTH_BIN, "eval", dir + "/checkpoints"}, "folder_not_run");
   EXPECT_EQ(not_run.code, 1);
@@ -155,7 +156,7 @@ TEST(RunFolder, ResumingWithOtherStepsKeepsTheSchedule) {
   auto lrs = [](const std::vector<json>& metrics) {
     std::map<int, double> out;
     for (const auto& m : metrics)
-      if (m.contains("lr") && m.contains("step")) out[m["step"].get<int>()] = m["lr"].get<double>();
+      if (m.contains("lr") && m.contains("step")) out[m.at("step").get<int>()] = m.at("lr").get<double>();
     return out;
   };
   fs::remove_all(temp("folder_lr_reshaped"));
@@ -176,8 +177,9 @@ TEST(RunFolder, ResumingWithOtherStepsKeepsTheSchedule) {
   ASSERT_TRUE(lr.count(5) && lr.count(6) && want.count(5) && want.count(6)) << kept.output;
   EXPECT_EQ(lr.at(5), want.at(5));
   EXPECT_EQ(lr.at(6), want.at(6));
-  const auto reshaped = run({ZEROTH_BIN, "train", config, "--set", "run.steps=6", "--set", "run.output_dir=" + temp("folder_lr_reshaped"),
-                             "--set", "scheduler.params.total_num_steps=6", "--resume"},
+  const auto reshaped = run({ZEROTH_BIN, "train", config, "--set", "run.steps=6", "--set",
+                             "run.output_dir=" + temp("folder_lr_reshaped"), "--set", "scheduler.params.total_num_steps=6",
+                             "--resume"},
                             "folder_lr_reshaped");
   ASSERT_EQ(reshaped.code, 0) << reshaped.output;
   EXPECT_EQ(reshaped.output.find("the learning rate goes on along that schedule"), std::string::npos) << reshaped.output;
@@ -212,7 +214,7 @@ TEST(RunFolder, MessagesNameTheKeyAndPathsFollowTheConfig) {
   const auto trained = run({ZEROTH_BIN, "train", config}, "folder_paths_run");
   ASSERT_EQ(trained.code, 0) << trained.output;
   const json resolved = json::parse(std::ifstream(temp("folder_paths_run") + "/config.json"));
-  EXPECT_EQ(resolved["data"]["train"], (beside / "data/cats.txt").lexically_normal().string());
+  EXPECT_EQ(resolved.at("data").at("train"), (beside / "data/cats.txt").lexically_normal().string());
 
   const std::string run_dir = temp("folder_paths_run");
   const auto long_prompt = run({ZEROTH_BIN, "generate", run_dir, "--prompt", std::string(40, 'x')}, "folder_gen_long");
