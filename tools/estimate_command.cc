@@ -111,10 +111,16 @@ int run_deepspeed(const Options& o, uint64_t params, uint64_t largest) {
 // A100 80GB node's) unless given; 0 is unlimited.
 size_t cluster_budget(const std::string& given, uint64_t plan_default) { return given.empty() ? plan_default : parse_bytes(given); }
 
-// "80.00 GiB per GPU" or "unlimited per GPU", with where the figure comes from.
-std::string budget_text(size_t budget, const std::string& given, const char* per) {
-  return fmt::format("{} {}{}", budget ? format_bytes(budget) : std::string("unlimited"), per,
-                     given.empty() ? " (zeroth plan's default, a DGX A100 80GB node's)" : "");
+// "device 80.00 GiB per GPU, host 1.00 TiB per node (zeroth plan's defaults, ...)": the budgets and
+// where the figures come from.
+std::string budgets_text(size_t device, const std::string& device_given, size_t host, const std::string& host_given) {
+  auto one = [](size_t b) { return b ? format_bytes(b) : std::string("unlimited"); };
+  const char* from = device_given.empty() && host_given.empty() ? "zeroth plan's defaults, a DGX A100 80GB node's; "
+                     : device_given.empty()                     ? "the device's is zeroth plan's default; "
+                     : host_given.empty()                       ? "the host's is zeroth plan's default; "
+                                                                : "";
+  return fmt::format("device {} per GPU, host {} per node ({}--device-memory, --host-memory; 0 is unlimited)", one(device), one(host),
+                     from);
 }
 
 // A preset's parameter count and its largest block (ZeRO-3's largest-layer term).
@@ -138,11 +144,11 @@ int run_params(const Options& o) {
   const size_t node_host_budget = cluster_budget(o.host_memory, Cluster{}.host_memory);
   nlohmann::json rows = nlohmann::json::array();
   if (!o.json) {
-    std::printf("zeroth estimate: %s%s parameters%s on %llu GPUs (%d per node x %d nodes); model states (the ZeRO paper's "
+    std::printf("zeroth estimate: %s%s parameters%s on %llu GPU%s (%d per node x %d nodes); model states (the ZeRO paper's "
                 "count: fp16/bf16 parameters and gradients, fp32 master weights and Adam moments), per GPU and per node\n",
                 o.model.empty() ? "" : (o.model + ", ").c_str(), fmt::format("{}", params).c_str(),
                 largest > 0 ? fmt::format(", largest layer {}", largest).c_str() : "", static_cast<unsigned long long>(gpus),
-                o.gpus_per_node, o.nodes);
+                gpus == 1 ? "" : "s", o.gpus_per_node, o.nodes);
     std::printf("%-5s %-9s %-9s %14s %16s %16s  %s\n", "stage", "optimizer", "params", "device/GPU", "host/node", "nvme/node", "fits");
   }
   for (int stage = 0; stage <= 3; ++stage) {
@@ -185,11 +191,9 @@ int run_params(const Options& o) {
                             .c_str());
   } else {
     std::printf("sizes in binary units (1 GiB = 2^30 bytes; the ZeRO paper's GB are 10^9: its 120 GB are 111.76 GiB)\n");
-    std::printf("budgets: device %s, host %s (--device-memory, --host-memory; 0 is unlimited). Model states only: activations, "
-                "communication buckets and swap buffers depend on the model's shape and the config (give %s, or --config, for "
-                "them)%s\n",
-                budget_text(device_budget, o.device_memory, "per GPU").c_str(),
-                budget_text(node_host_budget, o.host_memory, "per node").c_str(),
+    std::printf("budgets: %s. Model states only: activations, communication buckets and swap buffers depend on the model's shape "
+                "and the config (give %s, or --config, for them)%s\n",
+                budgets_text(device_budget, o.device_memory, node_host_budget, o.host_memory).c_str(),
                 o.model.empty() ? "--layers, --hidden and --heads" : "a layout option such as --seq or --tp with --model",
                 largest == 0 ? "; with parameters offloaded, the largest layer's working set needs --largest-layer" : "");
   }
@@ -320,11 +324,10 @@ int run_shape(const Options& o, const GptShape& shape) {
               "%s more per GPU without recomputation), times the layers of the stage and its micro-batches in flight, with no, "
               "selective and full recomputation (full also holds one layer being recomputed); buffers: reduce bucket 500M "
               "elements, stage 3 a gathered layer and the 50M prefetch bucket; device adds %s for the runtime and 5%% for "
-              "fragmentation. budgets: device %s, host %s (--device-memory, --host-memory; 0 is unlimited)\n",
+              "fragmentation. budgets: %s\n",
               shape.llama ? "counted as GPT-2's without dropout, s b (12 h + 4 kv + 6 ffn)" : "s b h 34",
               shape.llama ? "2 a s^2 b" : "5 a s^2 b", format_bytes(scores_extra).c_str(), format_bytes(runtime).c_str(),
-              budget_text(device_budget, o.device_memory, "per GPU").c_str(),
-              budget_text(node_host_budget, o.host_memory, "per node").c_str());
+              budgets_text(device_budget, o.device_memory, node_host_budget, o.host_memory).c_str());
   return 0;
 }
 

@@ -12,6 +12,7 @@
 #include <fmt/format.h>       // fmt::format
 #include <nlohmann/json.hpp>  // nlohmann::json
 
+#include "core/error.h"  // ZEROTH_THROW
 #include "tools/commands.h"
 #include "train/trainer.h"  // evaluate
 
@@ -23,10 +24,13 @@ struct EvalOptions {
   std::vector<std::string> overrides;
   std::string resume;
   int64_t windows = 0;
+  bool windows_given = false;
   bool json = false;
 };
 
 void run_eval(const EvalOptions& o) {
+  if (o.windows < 0 || (o.windows == 0 && o.windows_given))
+    ZEROTH_THROW(InvalidArgument, "--windows {}: give a positive number of windows (without it: all of them)", o.windows);
   TrainConfig c = load_run_config(o.config, o.overrides, o.resume, /*trained_weights=*/true);
   EvalResult result;
   std::mutex mutex;
@@ -51,6 +55,9 @@ void run_eval(const EvalOptions& o) {
               result.windows == result.of ? fmt::format("all {}", result.of).c_str()
                                           : fmt::format("the first {} of {}", result.windows, result.of).c_str(),
               c.model.seq_len, static_cast<long long>(result.tokens), result.seconds);
+  if (o.windows > result.of)
+    std::printf("(--windows %lld asked for more than the %lld windows the validation data holds: all of them were measured)\n",
+                static_cast<long long>(o.windows), static_cast<long long>(result.of));
 }
 
 }  // namespace
@@ -74,7 +81,7 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option("--windows", o->windows,
                   "Only the first N windows (a training run's validation measures the first run.eval_batches x micro-batch x "
                   "data-parallel ranks of them; its start box says how many)")
-      ->check(CLI::PositiveNumber);
+      ->each([o](const std::string&) { o->windows_given = true; });
   cmd->add_flag("--json", o->json, "Print {\"loss\", \"perplexity\", \"tokens\", \"windows\", \"of\"} as one JSON line");
   cmd->callback([o] {
     untangle_resume(o->config, o->resume);

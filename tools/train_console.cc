@@ -198,6 +198,8 @@ class Console final : public RunConsole {
     }
     // DeepSpeed keys that change nothing here, named once (the README's table says why for each).
     for (const auto& n : c.no_effect) rows.emplace_back("no effect", n);
+    // Where the weights start: a resume says so when it loads; run.init_from here.
+    if (c.run.resume.empty() && !c.run.init_from.empty()) rows.emplace_back("weights", "from " + c.run.init_from + " (run.init_from)");
     rows.emplace_back("output", c.run.output_dir + "/metrics.jsonl");
     if (c.monitors.tensorboard.enabled) rows.emplace_back("monitor", "tensorboard: " + c.monitors.tensorboard.dir());
     if (c.monitors.csv.enabled) rows.emplace_back("monitor", "csv_monitor: " + c.monitors.csv.dir() + " (a file per tag)");

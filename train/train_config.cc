@@ -440,7 +440,12 @@ json read_config_file(const std::string& path) {
       if (s[i] == '\n') ++line, col = 1;
       else ++col;
     }
-    ZEROTH_THROW(ConfigError, "{}:{}:{}: not valid JSON: {}", path, line, col, e.what());
+    // The library's text repeats the place ("[json.exception.parse_error.101] parse error at line 2,
+    // column 1: syntax error ..."): what follows its last "column N: " is the news.
+    std::string why = e.what();
+    if (const size_t at = why.find("column "); at != std::string::npos && why.find(": ", at) != std::string::npos)
+      why = why.substr(why.find(": ", at) + 2);
+    ZEROTH_THROW(ConfigError, "{}:{}:{}: not valid JSON: {}", path, line, col, why);
   } catch (const json::exception& e) {
     // Valid syntax that JSON for Modern C++ cannot hold: a number past a double's range.
     ZEROTH_THROW(ConfigError, "{}: a value cannot be read: {}", path, e.what());

@@ -271,7 +271,7 @@ void Executor::restore(int sub_group, int slot) {
 }
 
 Executor::SubGroupSteps Executor::sub_group_steps(int sub_group, int slot, const UpdateArgs& args) const {
-  SubGroupSteps out{config_.optimizer, config_.optimizer, {}, {}};
+  SubGroupSteps out{{config_.optimizer, config_.optimizer}, {}, {}};
   for (auto& p : out.params) {
     if (args.betas) {
       p.beta1 = (*args.betas)[0];

@@ -282,8 +282,8 @@ TEST(Estimate, GpusHaveThePlannersMemoryUnlessGiven) {
   }
   auto text = testing::spawn({ZEROTH_BIN, "estimate", "--model", "llama-3-8b"}, {}, temp("estimate_default_budget_text") + ".out");
   ASSERT_EQ(testing::wait_exit(text, std::chrono::seconds(60)), 0) << text.output();
-  EXPECT_NE(text.output().find("budgets: device 80.00 GiB per GPU (zeroth plan's default, a DGX A100 80GB node's), host 1.00 TiB "
-                               "per node (zeroth plan's default, a DGX A100 80GB node's)"),
+  EXPECT_NE(text.output().find("budgets: device 80.00 GiB per GPU, host 1.00 TiB per node (zeroth plan's defaults, a DGX A100 "
+                               "80GB node's; --device-memory, --host-memory; 0 is unlimited)"),
             std::string::npos)
       << text.output();
   auto unlimited = testing::spawn({ZEROTH_BIN, "estimate", "--model", "llama-3-8b", "--device-memory", "0", "--json"}, {},
