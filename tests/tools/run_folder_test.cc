@@ -53,6 +53,27 @@ std::map<int, json> validations(const std::vector<json>& metrics) {
   return out;
 }
 
+// The peak a CPU run's MFU is taken against is measured once per machine and kept: a second run
+// reads it (the same figure, "kept in" the cache file) instead of timing a GEMM again.
+TEST(RunFolder, TheMfuPeakIsMeasuredOncePerMachine) {
+  const std::string cache = temp("folder_mfu_cache");
+  fs::remove_all(cache);
+  auto peak_line = [&](const std::string& name) {
+    const std::string config = tiny_config(name, 1, "local");
+    auto child = testing::spawn({ZEROTH_BIN, "train", config}, {"XDG_CACHE_HOME=" + cache}, temp(name) + ".out");
+    EXPECT_EQ(testing::wait_exit(child, 120s), 0) << child.output();
+    const std::string out = child.output();
+    const size_t at = out.find("  mfu ");
+    return at == std::string::npos ? std::string() : out.substr(at, out.find('\n', at) - at);
+  };
+  const std::string first = peak_line("folder_mfu_1"), second = peak_line("folder_mfu_2");
+  EXPECT_NE(first.find("measured now, the best of 3, kept in " + cache + "/zeroth/mfu-peak.json"), std::string::npos) << first;
+  EXPECT_NE(second.find("kept in " + cache + "/zeroth/mfu-peak.json"), std::string::npos) << second;
+  EXPECT_EQ(second.find("measured now"), std::string::npos) << second;
+  // The same GFLOP/s: the text up to the parenthesis that says where it came from.
+  EXPECT_EQ(first.substr(0, first.find(" (")), second.substr(0, second.find(" ("))) << first << "\n" << second;
+}
+
 // tiny's synthetic data holds 65,536 tokens; its held-out tenth, 6,553 of them, is 409 windows of
 // 16 tokens. run.eval_batches 2 x micro-batch 2 x 2 ranks: a validation measures the first 8.
 TEST(RunFolder, TheRunsValidationIsEvalOverTheSameWindows) {
@@ -84,6 +105,13 @@ TEST(RunFolder, TheRunsValidationIsEvalOverTheSameWindows) {
   ASSERT_TRUE(val_all.count(4));
   EXPECT_EQ(val_all.at(4).at("val_windows"), 409);
   EXPECT_NEAR(val_all.at(4).at("val_loss").get<double>(), all.at("loss").get<double>(), 1e-6 * all.at("loss").get<double>());
+  // More batches than the validation data holds: every window, in the run and in eval, where a
+  // round of that size used to be refused as repeating sequences.
+  const std::string many = tiny_config("folder_val_many", 1, "local", {{"eval_batches", 1000}});
+  const auto r_many = run({ZEROTH_BIN, "train", many}, "folder_val_many");
+  ASSERT_EQ(r_many.code, 0) << r_many.output;
+  EXPECT_EQ(validations(r_many.metrics).at(1).at("val_windows"), 409);
+  EXPECT_EQ(eval_json({many}, "folder_val_many_eval").at("windows"), 409);
 }
 
 TEST(RunFolder, IsAConfigWeightsAndACheckpoint) {
@@ -184,6 +212,40 @@ TEST(RunFolder, ResumingWithOtherStepsKeepsTheSchedule) {
   ASSERT_EQ(reshaped.code, 0) << reshaped.output;
   EXPECT_EQ(reshaped.output.find("the learning rate goes on along that schedule"), std::string::npos) << reshaped.output;
   EXPECT_GT(lrs(reshaped.metrics).at(5), want.at(5));
+}
+
+// A Llama trained on the fortunes with the SentencePiece vocabulary the README's setup trains,
+// exported as a Hugging Face folder: the vocabulary goes with the weights, as tokenizer.model and
+// a tokenizer_config.json naming LlamaTokenizer, the model's special pieces and no BOS added.
+TEST(RunFolder, AnExportCarriesTheRunsTokenizer) {
+  const fs::path vocab = fs::path(ZEROTH_SOURCE_DIR) / "runs/tokenizers/fortunes-4096.model";
+  ASSERT_TRUE(fs::exists(vocab)) << vocab << " is missing: run tools/fortunes-vocab.sh (tools/dev.sh does)";
+  json j = testing::tiny("folder_tok");
+  j["model"] = {{"architecture", "llama"}, {"n_layer", 1}, {"n_head", 2}, {"n_embd", 32}, {"intermediate_size", 48}, {"seq_len", 16}};
+  j["data"] = {{"format", "text"}, {"train", "/usr/share/games/fortunes/fortunes"}, {"tokenizer", vocab.string()}};
+  j["run"]["steps"] = 1;
+  j["run"]["sample_tokens"] = 0;
+  fs::remove_all(temp("folder_tok"));
+  ASSERT_EQ(run({ZEROTH_BIN, "train", testing::write_config("folder_tok", j)}, "folder_tok").code, 0);
+  const std::string hf = temp("folder_tok_hf");
+  fs::remove_all(hf);
+  const auto exported = run({ZEROTH_BIN, "ckpt", "export", temp("folder_tok") + "/checkpoints", "--format", "hf", "--out", hf},
+                            "folder_tok_x");
+  ASSERT_EQ(exported.code, 0) << exported.output;
+  EXPECT_EQ(testing::bytes_of(hf + "/tokenizer.model"), testing::bytes_of(vocab.string()));
+  const json config = json::parse(std::ifstream(hf + "/tokenizer_config.json"));
+  EXPECT_EQ(config.at("tokenizer_class"), "LlamaTokenizer");
+  EXPECT_EQ(config.at("bos_token"), "<s>");
+  EXPECT_EQ(config.at("eos_token"), "</s>");
+  EXPECT_EQ(config.at("unk_token"), "<unk>");
+  EXPECT_EQ(config.at("add_bos_token"), false);
+  EXPECT_EQ(config.at("model_max_length"), 16);
+  // The folder is a tokenizer zeroth reads back, with the same vocabulary.
+  json k = j;
+  k["data"]["tokenizer"] = hf;
+  k["run"]["output_dir"] = temp("folder_tok_again");
+  const auto again = run({ZEROTH_BIN, "train", testing::write_config("folder_tok_again", k), "--dry-run"}, "folder_tok_again");
+  EXPECT_EQ(again.code, 0) << again.output;
 }
 
 // A missing data file is named by its key; a relative path the working folder lacks is read from
