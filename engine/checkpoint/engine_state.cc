@@ -88,13 +88,14 @@ std::vector<TensorRef> saved_tensors(const Engine& engine) {
   return tensors;
 }
 
-std::vector<uint64_t> all_gather_words(Engine& engine, const std::vector<uint64_t>& mine) {
+namespace {
+
+// The collectives of all_gather_words into `all`, on `s`.
+void gather_words(Engine& engine, Stream& s, const std::vector<uint64_t>& mine, Buffer& send, Buffer& recv,
+                  std::vector<uint64_t>& all) {
   Device& device = engine.device();
-  Stream& s = engine.compute_stream();
   const size_t n = mine.size(), dp = static_cast<size_t>(engine.comm().size());
   const size_t stages = static_cast<size_t>(engine.pipeline_stages()), tp = static_cast<size_t>(engine.tensor_ranks());
-  const size_t ranks = dp * tp * stages;
-  Buffer send = device.allocate(n * 8, MemTag::other), recv = device.allocate(n * 8 * ranks, MemTag::other);
   device.copy(s, send.data(), mine.data(), n * 8);
   // Words travel as pairs of f32 (gathering moves bytes); file_index order: stage, tp rank, dp rank.
   const TensorView all_words = recv.view(DType::f32);
@@ -103,9 +104,31 @@ std::vector<uint64_t> all_gather_words(Engine& engine, const std::vector<uint64_
   engine.comm().all_gather(s, send.view(DType::f32), group);
   if (tp > 1) engine.tensor_comm()->all_gather(s, group, stage);
   if (stages > 1) engine.stage_comm()->all_gather(s, stage, all_words);
-  std::vector<uint64_t> all(n * ranks);
-  device.copy(s, all.data(), recv.data(), n * 8 * ranks);
+  device.copy(s, all.data(), recv.data(), all.size() * 8);
   s.synchronize();
+}
+
+}  // namespace
+
+std::vector<uint64_t> all_gather_words(Engine& engine, const std::vector<uint64_t>& mine) {
+  Device& device = engine.device();
+  Stream& s = engine.compute_stream();
+  const size_t n = mine.size(), dp = static_cast<size_t>(engine.comm().size());
+  const size_t stages = static_cast<size_t>(engine.pipeline_stages()), tp = static_cast<size_t>(engine.tensor_ranks());
+  const size_t ranks = dp * tp * stages;
+  Buffer send = device.allocate(n * 8, MemTag::other), recv = device.allocate(n * 8 * ranks, MemTag::other);
+  std::vector<uint64_t> all(n * ranks);
+  try {
+    gather_words(engine, s, mine, send, recv, all);
+  } catch (...) {
+    // A collective that refuses (a peer failed) leaves the copies already queued: they read
+    // `mine` and write `all` and the buffers, which must outlive them.
+    try {
+      s.synchronize();
+    } catch (...) {  // the stream's own error, if any, is the same failure
+    }
+    throw;
+  }
   return all;
 }
 
