@@ -2,16 +2,37 @@
 # The source tree's house rules, as a check (tools/dev.sh test runs it after the tests):
 #   - layering: a file includes only from its own folder and the folders its row below allows
 #     (docs/ARCHITECTURE.md, "Layers"); the engine's rooms have rows of their own;
-#   - size: no source file over 600 lines (split it by concern; a file's name says its one job).
+#   - size: no source file over 500 lines (split it by concern; a file's name says its one job); the
+#     files listed in `waiting` below are older and may not grow past the count they hold.
 # Prints every violation with the file, line and include, and exits 1 when there is one.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
-max_lines=${MAX_LINES:-600}
+max_lines=${MAX_LINES:-500}
 
 # Most specific prefix first: a file takes the first row whose prefix it starts with. A row's
-# allowed entries are path prefixes ("engine/plan/") or whole files ("models/block_api.h").
+# allowed entries are path prefixes ("engine/plan/"), whole files ("models/block_api.h") or a
+# folder's own files without its subfolders ("train/*").
+# Files from before the 500-line cap, each held at its size until it is split.
+declare -A waiting=(
+  [comm/gloo/gloo_comm.cc]=596
+  [comm/tcp_store.cc]=581
+  [engine/executor/offload.cc]=510
+  [engine/executor/step.cc]=515
+  [models/gpt/cuda/gpt_cuda.cu]=585
+  [offload/aio.cc]=552
+  [tests/engine/checkpoint/checkpoint_test.cc]=575
+  [tests/engine/plan/engine_plan_test.cc]=594
+  [tests/offload/aio_test.cc]=538
+  [tests/train/train_config_test.cc]=546
+  [tools/bench/offload.cc]=511
+  [tools/cli/estimate_command.cc]=570
+  [train/config/train_config.cc]=512
+  [train/report/console.cc]=538
+  [train/trainer.cc]=588
+)
+
 rules=(
   "engine/checkpoint/format.|core/ offload/ models/block_api.h engine/checkpoint/format.h"
   "engine/checkpoint/reader.|core/ engine/checkpoint/format.h"
@@ -26,8 +47,14 @@ rules=(
   "offload/|core/ offload/"
   "models/|core/ comm/ models/"
   "planner/|core/ engine/config/ engine/pipeline/schedule.h planner/"
-  "train/|core/ comm/ optim/ offload/ models/ engine/ train/"
-  "tools/|core/ comm/ optim/ offload/ models/ engine/ planner/ train/ tools/"
+  "train/text/|core/ train/text/"
+  "train/hf/|core/ comm/ optim/ offload/ models/ engine/ train/hf/"
+  "train/config/|core/ optim/ models/ engine/config/ engine/pipeline/schedule.h engine/checkpoint/format.h train/hf/model_config.h train/text/ train/config/"
+  "train/report/|core/ comm/ optim/ offload/ models/ engine/ train/* train/config/ train/report/"
+  "train/|core/ comm/ optim/ offload/ models/ engine/ train/text/ train/hf/ train/config/ train/*"
+  "tools/launch/|core/ comm/ tools/launch/"
+  "tools/bench/|core/ comm/ optim/ offload/ models/ engine/ planner/ train/ tools/launch/ tools/cli/options.h tools/bench/"
+  "tools/cli/|core/ comm/ optim/ offload/ models/ engine/ planner/ train/ tools/launch/ tools/bench/bench.h tools/cli/"
   "tests/|"
 )
 
@@ -45,8 +72,9 @@ bad=0
 for f in "${files[@]}"; do
   [[ -f $f ]] || continue
   n=$(wc -l <"$f")
-  if ((n > max_lines)); then
-    echo "size: $f has $n lines (more than $max_lines): split it along its concerns"
+  limit=${waiting[$f]:-$max_lines}
+  if ((n > limit)); then
+    echo "size: $f has $n lines (more than $limit): split it along its concerns"
     bad=1
   fi
   allowed=""
@@ -64,7 +92,14 @@ for f in "${files[@]}"; do
   while IFS=: read -r line target; do
     ok=0
     for a in $allowed; do
-      if [[ $target == "$a"* ]]; then
+      if [[ $a == *'*' ]]; then
+        # The folder's own files: the rest of the path holds no further folder.
+        rest=${target#"${a%\*}"}
+        if [[ $target == "${a%\*}"* && $rest != */* ]]; then
+          ok=1
+          break
+        fi
+      elif [[ $target == "$a"* ]]; then
         ok=1
         break
       fi
@@ -81,4 +116,4 @@ if ((bad)); then
   echo "check-layers: violations above (rules in tools/check-layers.sh, reasons in docs/ARCHITECTURE.md)" >&2
   exit 1
 fi
-echo "check-layers: ${#files[@]} files, includes within their layers, none over $max_lines lines"
+echo "check-layers: ${#files[@]} files, includes within their layers, none over $max_lines lines but the ${#waiting[@]} waiting for their split"

@@ -19,8 +19,8 @@
 #include <fmt/format.h>  // fmt::format
 #include <xxhash.h>      // XXH3_64bits_withSeed
 
-#include "core/error.h"       // ZEROTH_THROW
-#include "train/tokenizer.h"  // Tokenizer, check_utf8
+#include "core/error.h"            // ZEROTH_THROW
+#include "train/text/tokenizer.h"  // Tokenizer, check_utf8
 
 namespace zeroth {
 namespace {

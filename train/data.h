@@ -15,8 +15,8 @@
 #include <string_view>  // std::string_view
 #include <vector>       // std::vector
 
-#include "train/tokenizer.h"     // Tokenizer
-#include "train/train_config.h"  // TrainConfig
+#include "train/text/tokenizer.h"       // Tokenizer
+#include "train/config/train_config.h"  // TrainConfig
 
 namespace zeroth {
 

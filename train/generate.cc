@@ -12,7 +12,7 @@
 #include "engine/checkpoint/checkpoint.h"  // ckpt::load
 #include "engine/engine.h"                 // Engine
 #include "models/gpt/gpt.h"                // Gpt
-#include "train/tokenizer.h"               // Tokenizer
+#include "train/text/tokenizer.h"          // Tokenizer
 #include "train/trainer.h"                 // plan_stage, load_initial_weights
 
 namespace zeroth {

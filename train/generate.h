@@ -8,7 +8,7 @@
 #include <string_view>  // std::string_view
 #include <vector>       // std::vector
 
-#include "train/train_config.h"  // TrainConfig
+#include "train/config/train_config.h"  // TrainConfig
 
 namespace zeroth {
 

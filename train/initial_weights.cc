@@ -6,7 +6,7 @@
 #include "engine/checkpoint/checkpoint.h"  // ckpt::load
 #include "engine/engine.h"                 // Engine
 #include "models/gpt/gpt.h"                // Gpt
-#include "train/hf_weights.h"              // HfModelReader, is_hf_weights, check_hf_config
+#include "train/hf/weights.h"              // HfModelReader, is_hf_weights, check_hf_config
 #include "train/run_folder.h"              // is_run_folder, run_folder_weights
 #include "train/trainer.h"
 

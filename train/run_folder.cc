@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>  // nlohmann::json
 
 #include "core/error.h"                // ZEROTH_THROW
-#include "engine/checkpoint/format.h"  // ckpt::kLatestName
+#include "engine/checkpoint/format.h"  // ckpt::kLatestName, ckpt::kManifestName
 
 namespace zeroth {
 namespace {
@@ -30,6 +30,18 @@ bool is_run_folder(const std::string& path) {
   if (!in) return false;
   const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
   return j.is_object() && j.contains("run") && j["run"].is_object();
+}
+
+void refuse_export_into(const std::string& out) {
+  for (const char* mark : {ckpt::kManifestName, ckpt::kLatestName}) {
+    if (fs::exists(fs::path(out) / mark))
+      ZEROTH_THROW(InvalidArgument, "{} holds a zeroth checkpoint ({}); export the weights into another folder", out, mark);
+  }
+  if (is_run_folder(out))
+    ZEROTH_THROW(InvalidArgument,
+                 "{} is a training run's folder (its config.json and model.safetensors are the run's); export the weights into "
+                 "another folder",
+                 out);
 }
 
 std::string run_folder_config(const std::string& run_dir) { return (fs::path(run_dir) / "config.json").string(); }

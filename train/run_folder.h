@@ -20,6 +20,9 @@ std::string run_folder_weights(const std::string& run_dir);
 // The run's checkpoint folder: RUN_DIR/checkpoints, else the run.checkpoint_dir its config names,
 // whichever holds a published checkpoint. ConfigError naming both when neither does.
 std::string run_folder_checkpoints(const std::string& run_dir);
+// Refuses (InvalidArgument) an export's folder `out` that holds a zeroth checkpoint or a training
+// run: its config.json and model.safetensors are what the folder is.
+void refuse_export_into(const std::string& out);
 // What --resume DIR names: a run folder's checkpoints, else DIR as given.
 std::string resume_path(const std::string& dir);
 

@@ -2,7 +2,7 @@
 // engine's step, one small all-reduce for the mean loss and the stop flag, then reporting.
 #include "train/trainer.h"
 
-#include "train/export.h"  // save_gpt_weights
+#include "train/hf/export.h"  // save_gpt_weights
 
 #include <algorithm>   // std::max
 #include <chrono>      // std::chrono::steady_clock

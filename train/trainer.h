@@ -16,7 +16,7 @@
 #include "engine/engine.h"                 // Engine
 #include "engine/plan/estimate.h"          // MemoryNeed
 #include "engine/plan/plan.h"              // Plan
-#include "train/train_config.h"            // TrainConfig
+#include "train/config/train_config.h"     // TrainConfig
 
 namespace zeroth {
 

@@ -54,7 +54,7 @@ std::string gemm_library_summary(GemmLibrary library);
 // packing (4.5 MiB a rank) is the allowance that test states.
 size_t gemm_host_bytes();
 
-// Threads one product spreads over, for both libraries (models/threads.h's share_cores sets it
+// Threads one product spreads over, for both libraries (core/cpu/threads.h's share_cores sets it
 // to the rank's share of the cores). The default: OpenBLAS's own (OPENBLAS_NUM_THREADS, or
 // every core).
 int gemm_threads();

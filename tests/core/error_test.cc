@@ -51,7 +51,7 @@ TEST(Errors, UsersSeeMessagesWithoutSourceLocations) {
     EXPECT_NE(std::string(e.what()).find(" [tests/core/error_test.cc:"), std::string::npos) << e.what();
     EXPECT_EQ(detail::without_locations(e.what()), "run.steps must be positive");
   }
-  EXPECT_EQ(detail::without_locations("rank 1: open(\"x\"): No such file [offload/aio.cc:12] [tools/launcher.cc:144]"),
+  EXPECT_EQ(detail::without_locations("rank 1: open(\"x\"): No such file [offload/aio.cc:12] [tools/launch/launcher.cc:144]"),
             "rank 1: open(\"x\"): No such file");
   EXPECT_EQ(detail::without_locations("betas [0.9, 0.95] and [a.txt:3] kept"), "betas [0.9, 0.95] and [a.txt:3] kept");
   EXPECT_EQ(detail::without_locations("bad [check `n > 0` at core/x.cc:7]"), "bad [check `n > 0` at core/x.cc:7]");

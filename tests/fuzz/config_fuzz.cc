@@ -7,7 +7,7 @@
 #include <string>
 
 #include "tests/fuzz/fuzz_input.h"
-#include "train/train_config.h"  // read_config_file, TrainConfig
+#include "train/config/train_config.h"  // read_config_file, TrainConfig
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   return zeroth::fuzz::on_file(data, size, [](const std::string& path) {

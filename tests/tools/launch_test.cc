@@ -40,7 +40,7 @@ TEST(Launch, EveryRankGetsTorchrunsEnvironmentAndPrefixedOutput) {
 }
 
 // zeroth's OpenMP threads (oneDNN's products) sleep between products unless the environment says
-// otherwise (tools/openmp_wait.cc): libgomp reports the policy it read, and a spin count of 0 is
+// otherwise (core/cpu/openmp_wait.cc): libgomp reports the policy it read, and a spin count of 0 is
 // PASSIVE's (its default spins 300000 times; ACTIVE's is unbounded). What zeroth starts that is not
 // zeroth sees the caller's environment, not zeroth's default; a zeroth child defaults itself.
 TEST(Launch, ZerothsOpenMpThreadsSleepUnlessTheEnvironmentSaysAndOnlyZerothSeesItsDefault) {

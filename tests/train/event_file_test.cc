@@ -2,7 +2,7 @@
 // independent reader in tests/tools/monitors_test.cc.
 #include <gtest/gtest.h>
 
-#include "train/event_file.h"
+#include "train/report/event_file.h"
 
 namespace zeroth {
 namespace {

@@ -27,8 +27,8 @@
 #include "core/safetensors.h"
 #include "engine/engine.h"
 #include "models/gpt/gpt.h"
-#include "train/export.h"
-#include "train/hf_weights.h"
+#include "train/hf/export.h"
+#include "train/hf/weights.h"
 
 namespace zeroth {
 namespace {

@@ -21,7 +21,7 @@
 #include "core/error.h"
 #include "core/safetensors.h"
 #include "models/gpt/gpt.h"
-#include "train/hf_weights.h"
+#include "train/hf/weights.h"
 
 namespace zeroth {
 namespace {

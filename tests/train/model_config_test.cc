@@ -14,8 +14,8 @@
 
 #include "core/error.h"
 #include "models/gpt/gpt.h"
-#include "train/hf_model_config.h"
-#include "train/train_config.h"
+#include "train/hf/model_config.h"
+#include "train/config/train_config.h"
 
 namespace zeroth {
 namespace {

@@ -14,7 +14,7 @@
 #include <unistd.h>  // getpid
 
 #include "core/error.h"
-#include "train/run_records.h"
+#include "train/report/run_records.h"
 
 namespace zeroth::report {
 namespace {

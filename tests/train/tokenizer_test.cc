@@ -19,7 +19,7 @@
 
 #include "core/error.h"
 #include "train/data.h"
-#include "train/tokenizer.h"
+#include "train/text/tokenizer.h"
 #include "tests/train/text_fixture.h"
 
 namespace zeroth {

@@ -15,7 +15,7 @@
 #include "core/error.h"
 #include "engine/config/deepspeed_keys.h"
 #include "engine/plan/plan.h"
-#include "train/train_config.h"
+#include "train/config/train_config.h"
 #include "train/trainer.h"  // check_data
 
 namespace zeroth {

@@ -1,0 +1,385 @@
+// `zeroth bench train`: training throughput (tokens/s) of a GPT on the CPU device (or, with
+// --device cuda, on the GPU), next to the same model and step in PyTorch (tools/bench/
+// train_torch.py: Debian's python3-torch on the CPU; on a GPU the machine's PyTorch under its bf16
+// autocast with its SDPA attention) with the same shapes, threads and precision, in one run. Both
+// sides skip a warm-up step and report the median step. OpenBLAS reads its environment at load
+// time, so run the whole command under the environment you want both sides to see (see
+// docs/PERFORMANCE.md).
+#include <unistd.h>  // getpid
+
+#include <algorithm>   // std::max
+#include <cstdio>      // std::printf
+#include <filesystem>  // std::filesystem::temp_directory_path, remove_all
+#include <string>      // std::string
+#include <thread>      // std::thread::hardware_concurrency
+#include <vector>      // std::vector
+
+#include <CLI/CLI.hpp>        // CLI::App
+#include <fmt/format.h>       // fmt::format
+#include <fmt/ranges.h>       // fmt::join
+#include <nlohmann/json.hpp>  // nlohmann::json
+
+#include "core/cuda/cuda_info.h"    // cuda_info
+#include "core/stats.h"             // median
+#include "comm/local/local_comm.h"  // run_local_ranks
+#include "core/cpu/blas_info.h"     // blas_info
+#include "core/cpu/gemm.h"          // gemm_library
+#include "core/env.h"               // env::kGemm
+#include "core/error.h"             // ZEROTH_THROW
+#include "core/log.h"               // log::set_level
+#include "train/trainer.h"          // train
+#include "core/cpu/threads.h"       // share_cores
+#include "tools/bench/bench.h"
+#include "tools/cli/options.h"       // parse_count
+#include "tools/launch/process.h"    // run_process
+#include "tools/bench/step_gemms.h"  // step_gemms
+
+namespace zeroth::tools {
+namespace {
+
+struct Options {
+  std::string preset = "gpt2-124m";
+  int seq = 256;
+  int batch = 4;
+  int steps = 5;
+  int threads = 0;  // 0: every core
+  std::string dtype = "fp32";
+  int stage = 0;
+  // Mixture of experts: the preset's MLP made `experts` experts of ffn / top_k each (the FLOPs a
+  // token meets stay the dense model's), timed next to the dense model on `ranks` local ranks with
+  // the experts shared over `expert_parallel` of them.
+  int experts = 0, top_k = 2, ranks = 1, expert_parallel = 1;
+  double capacity_factor = 1.0;
+  // A modeled link under the all-to-alls (comm/communicator.h's LinkModel): the expert runs are
+  // timed with them in turn and overlapped, next to the free (memcpy) exchange.
+  double link_gbps = 0, link_latency_us = 0;
+  // The LM head and loss by chunks of this many tokens (model.chunked_loss), timed next to the
+  // whole logits; 0: not timed.
+  int loss_chunk = 0;
+  bool reference = true;
+  bool json = false;
+  std::string device = "cpu";
+  // A GPU's dense bf16 (f32 with --dtype fp32) peak for MFU; 0: the known GPUs' data-sheet figure.
+  std::string peak_flops;
+  std::string python = "/usr/bin/python3";
+  std::string script = std::string(ZEROTH_SOURCE_DIR) + "/tools/bench/train_torch.py";
+};
+
+// A GPU's dense 16-bit (or f32) tensor-core peak from its data sheet, by name; 0 when not known.
+double gpu_peak_flops(const std::string& name, bool bf16) {
+  struct Known {
+    const char* part;
+    double bf16, f32;  // FLOP/s, dense; f32 as TF32 tensor-core rate
+  };
+  // H100 SXM and H200: 989 TFLOP/s bf16, 495 TF32 (dense); H100 PCIe 756 / 378; A100 312 / 156.
+  static constexpr Known kKnown[] = {{"H200", 989.4e12, 494.7e12},
+                                     {"H100 PCIe", 756.0e12, 378.0e12},
+                                     {"H100", 989.4e12, 494.7e12},
+                                     {"A100", 312.0e12, 156.0e12}};
+  for (const auto& k : kKnown)
+    if (name.find(k.part) != std::string::npos) return bf16 ? k.bf16 : k.f32;
+  return 0;
+}
+
+class StepTimes final : public TrainObserver {
+ public:
+  void on_step(const StepMetrics& s) override { seconds.push_back(s.step_seconds); }
+  std::vector<double> seconds;
+};
+
+// The dense model, or (moe) the experts with their all-to-alls overlapped or in turn, on `ranks`
+// local ranks whose all-to-alls take at least `link`'s time.
+std::vector<double> run_zeroth(const Options& o, const GptConfig& model, bool moe = false, bool overlap = true, LinkModel link = {}) {
+  nlohmann::json j = {{"train_micro_batch_size_per_gpu", o.batch},
+                      {"gradient_clipping", 1.0},
+                      {"optimizer",
+                       {{"type", "AdamW"}, {"params", {{"lr", 6e-4}, {"betas", {0.9, 0.95}}, {"eps", 1e-8}, {"weight_decay", 0.1}}}}},
+                      {"zero_optimization", {{"stage", o.stage}}},
+                      {"model", {{"preset", o.preset}, {"seq_len", o.seq}}},
+                      {"data",
+                       {{"format", "synthetic"},
+                        {"vocab_size", model.vocab_size},
+                        {"tokens", std::max<int64_t>(1024, static_cast<int64_t>(o.steps + 2) * o.batch * o.seq * o.ranks + 1)},
+                        {"val_fraction", 0.0}}},
+                      {"run", {{"steps", o.steps + 1}, {"world_size", o.ranks}}}};
+  if (o.dtype == "bf16") j["bf16"] = {{"enabled", true}};
+  if (model.loss_chunk_rows > 0) j["model"]["chunked_loss"] = model.loss_chunk_rows;
+  if (moe) {
+    j["model"]["moe"] = {{"num_experts", o.experts},
+                         {"top_k", o.top_k},
+                         {"intermediate_size", model.ffn() / o.top_k},
+                         {"capacity_factor", o.capacity_factor > 0 ? o.capacity_factor : 1.0},
+                         {"drop_tokens", o.capacity_factor > 0}};
+    if (o.expert_parallel > 1) j["parallel"] = {{"expert", o.expert_parallel}, {"expert_overlap", overlap}};
+  }
+  // What a run writes (checkpoint, weights, metrics) goes to a folder of its own, removed after:
+  // a benchmark leaves nothing in runs/.
+  const std::filesystem::path out = std::filesystem::temp_directory_path() / fmt::format("zeroth-bench-train-{}", ::getpid());
+  j["run"]["output_dir"] = out.string();
+  j["run"]["sample_tokens"] = 0;
+  const RemovedOnExit remove{out};
+  j["run"]["device"] = o.device;
+  const TrainConfig c = TrainConfig::from_json(j);
+  StepTimes times;
+  CommOptions options = CommOptions::from_env();
+  options.link = link;
+  run_local_ranks(
+      o.ranks,
+      [&](Communicator& comm) {
+    auto device = make_device(o.device);
+    train(c, comm, *device, comm.rank() == 0 ? &times : nullptr);
+      },
+      options);
+  times.seconds.erase(times.seconds.begin());  // warm-up
+  return times.seconds;
+}
+
+nlohmann::json run_torch(const Options& o, const GptConfig& m, int threads) {
+  std::vector<std::string> argv = {o.python, o.script, "--layers", std::to_string(m.n_layer), "--heads", std::to_string(m.n_head),
+                                   "--embd", std::to_string(m.n_embd), "--vocab", std::to_string(m.vocab_size), "--seq",
+                                   std::to_string(o.seq), "--batch", std::to_string(o.batch), "--steps", std::to_string(o.steps),
+                                   "--threads", std::to_string(threads),
+                                   // bf16: PyTorch's bf16 autocast, its products in bf16 on oneDNN (attention's
+                                   // too, and their outputs rounded: not the same computation as zeroth's).
+                                   "--autocast", o.dtype == "bf16" ? "1" : "0", "--device", o.device,
+                                   // On a GPU, PyTorch's fused attention, as a user of it trains.
+                                   "--sdpa", o.device == "cpu" ? "0" : "1"};
+  if (m.llama()) {
+    // The Llama family's switches the reference computes (no biases, no q/k norms: the presets'
+    // SmolLM, Llama and TinyLlama shapes).
+    if (m.qkv_bias || m.o_bias || m.qk_norm || m.rope_scaling.type != RopeScaling::Type::none) {
+      ZEROTH_THROW(InvalidArgument,
+                   "--preset {}: the PyTorch reference has no attention biases, q/k norms or rope scaling; add "
+                   "--no-reference",
+                   o.preset);
+    }
+    for (const std::string& a :
+         {std::string("--kv-heads"), std::to_string(m.kv_heads()), std::string("--head-dim"), std::to_string(m.head_size()),
+          std::string("--ffn"), std::to_string(m.ffn()), std::string("--tied"), std::string(m.tie_word_embeddings ? "1" : "0"),
+          std::string("--theta"), fmt::format("{}", m.rope_theta)})
+      argv.push_back(a);
+  }
+  ProcessResult torch;
+  try {
+    torch = run_process(argv);
+  } catch (const IoError& e) {
+    torch.status = 127;
+    torch.err = e.what();
+  }
+  const std::string& out = torch.out;
+  if (torch.status != 0) {
+    ZEROTH_THROW(
+        Error,
+        "the PyTorch reference failed (status {}): {}{}\n  command: {}\n  (needs Debian's python3-torch; --no-reference skips it)",
+        torch.status, out, torch.err, fmt::join(argv, " "));
+  }
+  return nlohmann::json::parse(out.substr(out.rfind('{')));
+}
+
+// The model FLOPs a token costs as the planner counts them (Narayanan et al. 2021: 72 l h^2 +
+// 12 l s h + 6 V h for GPT-2: 6 per weight of the layers' matmuls and the head, 12 s per attention
+// channel); the Llama family's layer weights: q, k, v (grouped), o, and SwiGLU's three matrices.
+double model_flops_per_token(const GptConfig& m, int seq) {
+  const double l = m.n_layer, h = m.n_embd, s = seq, v = m.vocab_size, q = static_cast<double>(m.n_head) * m.head_size();
+  const double layer = m.llama() ? h * (q + 2.0 * m.kv_heads() * m.head_size()) + q * h + 3 * h * m.ffn() : 12 * h * h;
+  return 6 * l * layer + 12 * l * s * q + 6 * v * h;
+}
+
+void run(const Options& o) {
+  if (o.dtype != "fp32" && o.dtype != "bf16") ZEROTH_THROW(InvalidArgument, "--dtype must be fp32 or bf16, got {}", o.dtype);
+  const bool gpu = o.device != "cpu";
+  const bool indexed = o.device.starts_with("cuda:") && o.device.size() > 5 &&
+                       o.device.find_first_not_of("0123456789", 5) == std::string::npos && o.device.size() < 9;
+  if (gpu && o.device != "cuda" && !indexed) ZEROTH_THROW(InvalidArgument, "--device must be cpu, cuda or cuda:N, got {}", o.device);
+  if (gpu && (o.experts > 0 || o.loss_chunk > 0))
+    ZEROTH_THROW(InvalidArgument, "--experts and --loss-chunk time the CPU device; leave them out with --device {}", o.device);
+  // MFU on a GPU: the given peak, or its data sheet's.
+  double peak = 0;
+  std::string peak_how;
+  if (gpu) {
+    const CudaInfo info = cuda_info();
+    const size_t index = indexed ? std::stoul(o.device.substr(5)) : 0;
+    if (index >= info.gpus.size())
+      ZEROTH_THROW(InvalidArgument, "--device {}: this machine has {} usable GPU(s){}", o.device, info.gpus.size(),
+                   info.problem.empty() ? "" : " (" + info.problem + ")");
+    const std::string name = info.gpus[index].name;
+    peak = !o.peak_flops.empty() ? parse_count(o.peak_flops, "--peak-flops") : gpu_peak_flops(name, o.dtype == "bf16");
+    peak_how = !o.peak_flops.empty() ? "--peak-flops"
+               : peak > 0            ? fmt::format("{}'s data sheet, dense {}", name, o.dtype == "bf16" ? "bf16" : "TF32")
+                                     : fmt::format("{}: no data-sheet peak known; give --peak-flops", name);
+  }
+  // With --json standard output is the JSON alone, for `zeroth plan --calibrate`.
+  auto say = [&](const char* format, auto... args) {
+    if (!o.json) std::printf(format, args...);
+  };
+  GptConfig m = GptConfig::preset(o.preset);
+  m.seq_len = o.seq;
+  if (o.ranks < 1) ZEROTH_THROW(InvalidArgument, "--ranks must be at least 1, got {}", o.ranks);
+  if (o.link_gbps < 0 || o.link_latency_us < 0) {
+    ZEROTH_THROW(InvalidArgument, "--link-gbps {} --link-latency-us {}: a link's bandwidth and latency cannot be negative",
+                 o.link_gbps, o.link_latency_us);
+  }
+  const LinkModel link{o.link_latency_us, o.link_gbps, true};
+  if (link.enabled() && (o.experts == 0 || o.expert_parallel < 2)) {
+    ZEROTH_THROW(InvalidArgument,
+                 "--link-gbps / --link-latency-us time the experts' all-to-alls: give --experts and --expert-parallel 2 or more too");
+  }
+  if (o.experts > 0 && (o.top_k < 1 || o.top_k > o.experts || m.ffn() % o.top_k != 0)) {
+    ZEROTH_THROW(InvalidArgument, "--experts {} --top-k {}: top-k must be within 1 and the experts and divide the MLP's width ({})",
+                 o.experts, o.top_k, m.ffn());
+  }
+  const int threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  share_cores(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / threads));
+  log::set_level(log::Level::warn);
+  const double tokens = static_cast<double>(o.batch) * o.seq * o.ranks;
+  say("bench train: %s %s (%.2fM parameters), seq %d, batch %d x %d rank%s = %.0f tokens/step, %s, %s, %d timed steps after 1 "
+      "warm-up\n",
+      m.llama() ? "Llama-family" : "GPT", o.preset.c_str(), static_cast<double>(m.num_parameters()) / 1e6, o.seq, o.batch, o.ranks,
+      o.ranks == 1 ? "" : "s", tokens, o.dtype.c_str(),
+      gpu ? fmt::format("on {}, MFU against {:.0f} TFLOP/s ({})", o.device, peak / 1e12, peak_how).c_str()
+          : fmt::format("{} thread{}", threads, threads == 1 ? "" : "s").c_str(),
+      o.steps);
+  const double flops_per_token = model_flops_per_token(m, o.seq);
+  auto mfu = [&](double seconds) {
+    return peak > 0 ? fmt::format("   MFU {:.1f}%", 100 * flops_per_token * tokens / seconds / peak) : std::string();
+  };
+  // The GEMM library and its kernels decide the matmul speed (2x or more between them): figures
+  // compare only with figures taken on the same ones.
+  if (!gpu)
+    say("  gemm: %s (%s=%s)\n", cpu::gemm_library_summary(cpu::gemm_library()).c_str(), std::string(env::kGemm).c_str(),
+        std::string(cpu::gemm_library_name(cpu::gemm_library())).c_str());
+  const cpu::BlasInfo blas = cpu::blas_info();
+  if (!gpu && cpu::gemm_library() == cpu::GemmLibrary::openblas) {
+    say("  blas: %s\n", blas.summary().c_str());
+    if (blas.below_cpu()) say("  blas: below this CPU's kernels; `zeroth report` says why and what changing it risks\n");
+  }
+  std::fflush(stdout);
+  const double z = median(run_zeroth(o, m));
+  say("  %-22s median step %7.3f s   %8.0f tokens/s%s\n", fmt::format("zeroth (stage {})", o.stage).c_str(), z, tokens / z,
+      mfu(z).c_str());
+  std::fflush(stdout);
+  if (o.loss_chunk > 0) {
+    // What the chunks save (the activations Gpt plans, one rank, one micro-batch) and what making
+    // each chunk's logits again costs.
+    GptConfig chunked = m;
+    chunked.loss_chunk_rows = o.loss_chunk;
+    const double c = median(run_zeroth(o, chunked));
+    const double whole_mib = static_cast<double>(Gpt::activation_bytes(m, o.batch, o.seq)) / (1 << 20);
+    const double chunked_mib = static_cast<double>(Gpt::activation_bytes(chunked, o.batch, o.seq)) / (1 << 20);
+    say("  %-22s median step %7.3f s   %8.0f tokens/s  (%.3fx the step; activations %.0f MiB against %.0f MiB)\n",
+        fmt::format("loss by {} tokens", o.loss_chunk).c_str(), c, tokens / c, c / z, chunked_mib, whole_mib);
+    std::fflush(stdout);
+  }
+  // The ceiling: the step's own products timed alone, one rank's worth on the same threads.
+  double gemm_s = 0, gemm_flops = 0;
+  if (!gpu && o.ranks == 1 && o.experts == 0) {
+    std::vector<StepGemm> gemms = step_gemms(m, o.batch, o.seq, o.dtype == "bf16");
+    time_step_gemms(gemms, 3);
+    for (const StepGemm& g : gemms) {
+      gemm_s += static_cast<double>(g.count) * g.seconds;
+      gemm_flops += static_cast<double>(g.count) * 2.0 * static_cast<double>(g.m * g.n * g.k);
+    }
+    say("  %-22s %7.3f s   %8.0f GFLOP at %.0f GFLOP/s alone; the step runs at %.2f of that rate\n", "the step's products", gemm_s,
+        gemm_flops / 1e9, gemm_flops / gemm_s / 1e9, gemm_s / z);
+  }
+  if (o.experts > 0) {
+    // The same tokens through experts: routing, all-to-alls, small products, the combine.
+    const double e = median(run_zeroth(o, m, true));
+    say("  %-22s median step %7.3f s   %8.0f tokens/s\n", fmt::format("{} experts, top {}", o.experts, o.top_k).c_str(), e,
+        tokens / e);
+    say("  mixture of experts / dense: %.2fx the step (%d rank%s, experts over %d, %s, experts %d wide)\n", e / z, o.ranks,
+        o.ranks == 1 ? "" : "s", o.expert_parallel,
+        o.capacity_factor > 0 ? fmt::format("capacity factor {}", o.capacity_factor).c_str() : "dropless", m.ffn() / o.top_k);
+    if (link.enabled()) {
+      // Under the link: the exchanges in turn cost their whole time; overlapped, what the products
+      // do not cover. The free exchange above is the floor neither can go below.
+      std::fflush(stdout);
+      const double serial = median(run_zeroth(o, m, true, false, link)), overlapped = median(run_zeroth(o, m, true, true, link));
+      say("  link model %.3g GB/s, %.0f us: all-to-alls in turn  median step %7.3f s\n", link.bandwidth_gbps, link.latency_us, serial);
+      say("  link model %.3g GB/s, %.0f us: all-to-alls overlapped median step %7.3f s\n", link.bandwidth_gbps, link.latency_us,
+          overlapped);
+      say("  exchange time exposed: in turn %.3f s, overlapped %.3f s (%.0f%% of it hidden); overlapped / free %.2fx\n", serial - e,
+          overlapped - e, serial > e ? 100.0 * (serial - overlapped) / (serial - e) : 0.0, overlapped / e);
+    }
+    return;
+  }
+  // PyTorch beside it, on one rank.
+  nlohmann::json torch;
+  double r = 0;
+  if (o.reference && o.ranks == 1) {
+    try {
+      torch = run_torch(o, m, threads);
+    } catch (const Error& e) {
+      // zeroth's own figures stand without it: the JSON says why the reference is missing.
+      if (!o.json) throw;
+      torch = {{"error", e.what()}};
+    }
+  }
+  if (torch.contains("step_s")) {
+    r = median(torch["step_s"].get<std::vector<double>>());
+    say("  %-22s median step %7.3f s   %8.0f tokens/s%s\n",
+        fmt::format("pytorch {}{}{}", torch["torch"].get<std::string>(), o.dtype == "bf16" ? " bf16 autocast" : "",
+                    gpu ? ", SDPA" : "")
+            .c_str(),
+        r, tokens / r, mfu(r).c_str());
+    say("  zeroth / pytorch: %.2fx tokens/s\n", r / z);
+  }
+  if (o.json) {
+    // What `zeroth plan --calibrate` reads: the model FLOPs per token as the planner counts them, so
+    // tokens/s times it is the achieved rate; and PyTorch's side where it ran.
+    nlohmann::json j = {{"preset", o.preset},         {"seq", o.seq},
+                        {"batch", o.batch},           {"dtype", o.dtype},
+                        {"threads", threads},         {"device", o.device},
+                        {"stage", o.stage},           {"step_s", z},
+                        {"gemm_alone_s", gemm_s},     {"gemm_flops", gemm_flops},
+                        {"tokens_per_s", tokens / z}, {"model_flops_per_token", flops_per_token}};
+    if (peak > 0) j["peak_flops"] = peak, j["mfu"] = flops_per_token * tokens / z / peak;
+    if (torch.contains("error")) j["torch"] = torch;
+    if (r > 0) {
+      j["torch"] = {{"version", torch["torch"]}, {"step_s", r}, {"tokens_per_s", tokens / r}};
+      if (peak > 0) j["torch"]["mfu"] = flops_per_token * tokens / r / peak;
+    }
+    std::printf("%s\n", j.dump(2).c_str());
+  }
+}
+
+}  // namespace
+
+void add_bench_train_command(CLI::App& bench) {
+  auto o = std::make_shared<Options>();
+  auto* cmd = bench.add_subcommand("train", "GPT or Llama-family training tokens/s on the CPU (or a GPU), next to PyTorch");
+  cmd->add_option("--preset", o->preset,
+                  "Model shape: gpt2-124m, gpt2-350m, ..., or the Llama family's: smollm-135m, llama-3.2-1b, ...");
+  cmd->add_option("--seq", o->seq, "Sequence length");
+  cmd->add_option("--batch", o->batch, "Sequences per step");
+  cmd->add_option("--steps", o->steps, "Timed steps (after one warm-up step)");
+  cmd->add_option("--threads", o->threads, "Threads for both sides (default: every core)");
+  cmd->add_option("--dtype", o->dtype, "fp32 or bf16 (PyTorch under bf16 autocast)");
+  cmd->add_option("--stage", o->stage, "ZeRO stage (one rank)");
+  cmd->add_option("--experts", o->experts,
+                  "Also time the model with this many experts per MLP (each ffn / top-k wide: the same FLOPs per token), next to the "
+                  "dense one, instead of PyTorch");
+  cmd->add_option("--top-k", o->top_k, "Experts per token (with --experts)");
+  cmd->add_option("--capacity-factor", o->capacity_factor, "Each expert's capacity factor (with --experts; 0: dropless)");
+  cmd->add_option("--ranks", o->ranks, "Local ranks (data parallel; --batch sequences each)");
+  cmd->add_option("--expert-parallel", o->expert_parallel, "Ranks the experts are shared out over (with --experts)");
+  cmd->add_option("--link-gbps", o->link_gbps,
+                  "With --expert-parallel: also time the experts with their all-to-alls held to a modeled link of this bandwidth (the "
+                  "other collectives stay memcpy), in turn and overlapped with the experts' products");
+  cmd->add_option("--link-latency-us", o->link_latency_us, "The modeled link's latency per all-to-all (with --link-gbps)");
+  cmd->add_flag("!--no-reference", o->reference, "Skip the PyTorch side");
+  cmd->add_flag("--json", o->json,
+                "Print JSON: tokens/s and model FLOPs per token (what zeroth plan --calibrate reads), PyTorch's beside them unless "
+                "--no-reference");
+  cmd->add_option("--loss-chunk", o->loss_chunk,
+                  "Also time the step with the LM head and loss by chunks of this many tokens (model.chunked_loss), next to the "
+                  "whole logits");
+  cmd->add_option("--python", o->python, "Interpreter with torch");
+  cmd->add_option("--script", o->script, "The PyTorch side's script (default: the checkout's tools/bench/train_torch.py)");
+  cmd->add_option("--device", o->device, "cpu (default), or cuda: both sides on the GPU (PyTorch with its SDPA attention)");
+  cmd->add_option("--peak-flops", o->peak_flops,
+                  "With --device cuda: the GPU's peak for MFU (default: the data sheet's for H100, H200, A100)");
+  cmd->callback([o] { run(*o); });
+}
+
+}  // namespace zeroth::tools

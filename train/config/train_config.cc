@@ -1,0 +1,512 @@
+// Resolution and validation of a training config. The order matters: "auto" values are filled
+// in first (they depend on other keys), then each section is read into typed values with its
+// key paths in every message, then cross-section rules (the batch triple) are checked.
+#include "train/config/train_config.h"
+
+#include <sys/stat.h>  // stat
+
+#include <algorithm>   // std::transform
+#include <cctype>      // std::tolower
+#include <cmath>       // std::ceil
+#include <cerrno>      // errno
+#include <cstring>     // std::strerror
+#include <fstream>     // std::ifstream
+#include <functional>  // std::function
+#include <sstream>     // std::stringstream
+#include <vector>      // std::vector
+
+#include "core/env.h"                      // env::kRestartCount, env::kJobStarted
+#include "core/error.h"                    // ZEROTH_THROW
+#include "core/log.h"                      // ZLOG_WARN
+#include "engine/checkpoint/format.h"      // ckpt::kLatestName, ckpt::read_manifest
+#include "core/config_section.h"           // ConfigSection, is_auto
+#include "engine/config/deepspeed_keys.h"  // without_deepspeed_extras
+#include "train/hf/model_config.h"         // rope_scaling_to_json
+#include "train/config/sections.h"         // read_model, read_data, read_run, read_parallel
+
+namespace zeroth {
+namespace {
+
+using json = nlohmann::json;
+
+// The top-level keys zeroth reads; DeepSpeed's others are in engine/config/deepspeed_keys.cc.
+constexpr std::string_view kTopKeys[] = {"train_batch_size",
+                                         "train_micro_batch_size_per_gpu",
+                                         "gradient_accumulation_steps",
+                                         "steps_per_print",
+                                         "optimizer",
+                                         "scheduler",
+                                         "fp16",
+                                         "bf16",
+                                         "bfloat16",
+                                         "zero_optimization",
+                                         "aio",
+                                         "gradient_clipping",
+                                         "activation_checkpointing",
+                                         "communication_data_type",
+                                         "wall_clock_breakdown",
+                                         "data_types",
+                                         "model",
+                                         "data",
+                                         "run",
+                                         "parallel",
+                                         "pipeline",
+                                         "tensorboard",
+                                         "csv_monitor"};
+
+// The Hugging Face integration's "auto" rules, with its TrainingArguments defaults where the
+// value comes from the trainer, and with this config's own values where it has them.
+void resolve_auto(json& c, int dp, int64_t steps, int hidden) {
+  auto fill = [](json& obj, const char* key, const json& value) {
+    if (obj.is_object() && obj.contains(key) && is_auto(obj[key])) obj[key] = value;
+  };
+  fill(c, "train_micro_batch_size_per_gpu", 8);  // per_device_train_batch_size
+  fill(c, "gradient_accumulation_steps", 1);
+  if (c.contains("train_batch_size") && is_auto(c["train_batch_size"])) {
+    // train_batch_size = data-parallel ranks x micro x accumulation, once those two are known.
+    const json mb = c.value("train_micro_batch_size_per_gpu", json(1)), gas = c.value("gradient_accumulation_steps", json(1));
+    if (mb.is_number_integer() && gas.is_number_integer()) c["train_batch_size"] = dp * mb.get<int64_t>() * gas.get<int64_t>();
+  }
+  fill(c, "gradient_clipping", 1.0);  // max_grad_norm
+  for (const char* k : {"fp16", "bf16", "bfloat16"}) {
+    if (c.contains(k)) fill(c[k], "enabled", false);  // HF: the trainer's --fp16 / --bf16 flags, off by default
+  }
+  double lr = 5e-5;  // learning_rate
+  if (c.contains("optimizer") && c["optimizer"].contains("params")) {
+    json& p = c["optimizer"]["params"];
+    fill(p, "lr", lr);
+    fill(p, "betas", json::array({0.9, 0.999}));
+    fill(p, "eps", 1e-8);
+    fill(p, "weight_decay", 0.0);
+    if (p.contains("lr") && p["lr"].is_number()) lr = p["lr"].get<double>();
+  }
+  if (c.contains("scheduler") && c["scheduler"].contains("params")) {
+    json& p = c["scheduler"]["params"];
+    fill(p, "warmup_min_lr", 0.0);
+    fill(p, "warmup_max_lr", lr);
+    fill(p, "warmup_num_steps", 0);  // HF's warmup_steps / warmup_ratio default to 0
+    fill(p, "total_num_steps", steps);
+  }
+  if (c.contains("zero_optimization")) {
+    json& z = c["zero_optimization"];
+    const int64_t h2 = static_cast<int64_t>(hidden) * hidden;
+    fill(z, "reduce_bucket_size", h2);
+    fill(z, "stage3_prefetch_bucket_size", static_cast<int64_t>(0.9 * static_cast<double>(h2)));
+    fill(z, "stage3_param_persistence_threshold", 10 * static_cast<int64_t>(hidden));
+  }
+}
+
+// The "auto" values left in the sections whose parsers take them as DeepSpeed's defaults
+// (AutoValues::mean_default), out of the resolved config once those parsers have checked every key.
+void drop_default_autos(json& c) {
+  std::function<void(json&)> drop = [&](json& obj) {
+    if (!obj.is_object()) return;
+    for (auto it = obj.begin(); it != obj.end();) {
+      if (is_auto(*it)) {
+        it = obj.erase(it);
+      } else {
+        drop(*it);
+        ++it;
+      }
+    }
+  };
+  for (const char* k : {"zero_optimization", "fp16", "bf16", "bfloat16"}) {
+    if (c.contains(k)) drop(c[k]);
+  }
+}
+
+DType parse_comm_dtype(std::string s) {
+  // DeepSpeed lower-cases the value; "bfp16" is its older spelling of bf16.
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  if (s == "fp32" || s == "float32") return DType::f32;
+  if (s == "bf16" || s == "bfloat16" || s == "bfp16") return DType::bf16;
+  if (s == "fp16" || s == "float16") return DType::f16;
+  ZEROTH_THROW(ConfigError, "communication_data_type = \"{}\" is not one of: fp32, bf16, fp16", s);
+}
+
+// DeepSpeed's batch rule: train_batch_size = micro x accumulation x data-parallel ranks, any two
+// give the third.
+void resolve_batch(TrainConfig& t, const json& j) {
+  auto get = [&](const char* key) -> int64_t {
+    if (!j.contains(key) || j[key].is_null()) return 0;
+    const auto& v = j[key];
+    if (!v.is_number_integer() || v.get<int64_t>() < 1)
+      ZEROTH_THROW(ConfigError, "{} must be a positive integer, got {}", key, v.dump());
+    return v.get<int64_t>();
+  };
+  int64_t tbs = get("train_batch_size"), mb = get("train_micro_batch_size_per_gpu"), gas = get("gradient_accumulation_steps");
+  const int64_t dp = t.data_parallel();
+  if (tbs && mb && gas) {
+    // all given: checked below
+  } else if (tbs && mb) {
+    if (tbs % (mb * dp) != 0) {
+      ZEROTH_THROW(ConfigError,
+                   "train_batch_size ({}) is not a multiple of train_micro_batch_size_per_gpu ({}) x data-parallel ranks ({}) = {}, "
+                   "so gradient_accumulation_steps cannot be derived",
+                   tbs, mb, dp, mb * dp);
+    }
+    gas = tbs / (mb * dp);
+  } else if (tbs && gas) {
+    if (tbs % (gas * dp) != 0) {
+      ZEROTH_THROW(ConfigError,
+                   "train_batch_size ({}) is not a multiple of gradient_accumulation_steps ({}) x data-parallel ranks ({}) = {}, so "
+                   "train_micro_batch_size_per_gpu cannot be derived",
+                   tbs, gas, dp, gas * dp);
+    }
+    mb = tbs / (gas * dp);
+  } else if (mb && gas) {
+    tbs = mb * gas * dp;
+  } else if (tbs) {
+    if (tbs % dp != 0) ZEROTH_THROW(ConfigError, "train_batch_size ({}) is not a multiple of the data-parallel ranks ({})", tbs, dp);
+    gas = 1;
+    mb = tbs / dp;
+  } else if (mb) {
+    gas = 1;
+    tbs = mb * dp;
+  } else {
+    ZEROTH_THROW(ConfigError, "the batch size is not set: give train_micro_batch_size_per_gpu (sequences per rank per micro-step) "
+                              "and/or train_batch_size (sequences per optimizer step)");
+  }
+  if (mb < 1 || gas < 1 || tbs != mb * gas * dp) {
+    ZEROTH_THROW(ConfigError,
+                 "train_batch_size ({}) must equal train_micro_batch_size_per_gpu ({}) x gradient_accumulation_steps ({}) x "
+                 "data-parallel ranks ({}) = {}",
+                 tbs, mb, gas, dp, mb * gas * dp);
+  }
+  t.train_batch_size = tbs;
+  t.micro_batch_size = mb;
+  t.engine.gradient_accumulation_steps = gas;
+}
+
+// The sections of DeepSpeed's that zeroth reads only in part.
+void check_deepspeed_extras(json& j) {
+  if (j.contains("wall_clock_breakdown") && !j["wall_clock_breakdown"].is_boolean()) {
+    ZEROTH_THROW(ConfigError, "wall_clock_breakdown must be true or false, got {}", j["wall_clock_breakdown"].dump());
+  }
+  if (j.contains("data_types")) {
+    static constexpr std::string_view kKeys[] = {"grad_accum_dtype", "param_dtype", "buffer_dtype"};
+    ConfigSection s(j["data_types"], "data_types", kKeys);
+    const std::string g = s.string("grad_accum_dtype", "fp32");
+    if (g != "fp32") ZEROTH_THROW(ConfigError, "data_types.grad_accum_dtype = \"{}\": zeroth accumulates gradients in fp32 only", g);
+    for (const char* k : {"param_dtype", "buffer_dtype"}) {
+      if (s.has(k) && !s.raw(k).is_null()) {
+        ZEROTH_THROW(ConfigError,
+                     "data_types.{} = {} is a DeepSpeed feature zeroth does not support (parameters in another dtype than the compute "
+                     "precision); remove it",
+                     k, s.raw(k).dump());
+      }
+    }
+  }
+}
+
+void read_precision(TrainConfig& t, const json& j) {
+  static constexpr std::string_view kBf16Keys[] = {"enabled"};
+  const char* bf16_key = j.contains("bf16") ? "bf16" : "bfloat16";
+  bool fp16 = false, bf16 = false;
+  if (j.contains(bf16_key)) {
+    // bfloat16 is DeepSpeed's old name of the same section.
+    const json rest = without_deepspeed_extras(j[bf16_key], bf16_key, kBf16Keys, t.no_effect, UnknownKeys::ignore_unless_typo,
+                                               AutoValues::mean_default);
+    const ConfigSection s(rest, bf16_key, kBf16Keys);
+    bf16 = s.flag("enabled", false);
+  }
+  if (j.contains("fp16")) {
+    if (!j["fp16"].is_object()) ZEROTH_THROW(ConfigError, "fp16 must be an object like {{\"enabled\": true}}");
+    const json f = without_deepspeed_extras(j["fp16"], "fp16", LossScalerConfig::kDeepSpeedKeys, t.no_effect, UnknownKeys::refuse,
+                                            AutoValues::mean_default);
+    if (f.contains("enabled") && !f["enabled"].is_boolean())
+      ZEROTH_THROW(ConfigError, "fp16.enabled must be true, false or \"auto\", got {}", f["enabled"].dump());
+    fp16 = f.value("enabled", false);
+    t.engine.loss_scaler = LossScalerConfig::from_deepspeed(f);
+  }
+  if (fp16 && bf16) ZEROTH_THROW(ConfigError, "fp16.enabled and {}.enabled are both true; choose one precision", bf16_key);
+  t.engine.compute_dtype = bf16 ? DType::bf16 : fp16 ? DType::f16 : DType::f32;
+  // DeepSpeed's engine reduces in the gradients' dtype unless communication_data_type says
+  // otherwise (DeepSpeedEngine.communication_data_type: fp16, else bf16, else fp32).
+  t.engine.communication_dtype = t.engine.compute_dtype;
+  if (j.contains("communication_data_type") && !j["communication_data_type"].is_null()) {
+    if (!j["communication_data_type"].is_string())
+      ZEROTH_THROW(ConfigError, "communication_data_type must be \"fp32\", \"bf16\" or \"fp16\"");
+    t.engine.communication_dtype = parse_comm_dtype(j["communication_data_type"].get<std::string>());
+  }
+}
+
+}  // namespace
+
+std::vector<int> TrainConfig::layers_per_virtual_stage() const {
+  return partition_layers(model, parallel.pipeline * parallel.virtual_stages, parallel.partition, parallel.partition_counts,
+                          parallel.expert);
+}
+
+GptPart TrainConfig::part(int stage, int tp_rank, int dp_rank) const {
+  GptPart part = parallel.pipeline == 1 ? GptPart{} : GptPart::of_rank(layers_per_virtual_stage(), parallel.pipeline, stage);
+  part.tp_rank = tp_rank, part.tp_ranks = parallel.tensor, part.sequence_parallel = parallel.sequence_parallel;
+  part.ep_rank = dp_rank % parallel.expert, part.ep_ranks = parallel.expert, part.ep_overlap = parallel.expert_overlap;
+  if (parallel.expert > 1) part.ep_group_tokens = static_cast<size_t>(micro_batch_size) * model.seq_len;
+  return part;
+}
+
+TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) {
+  if (!config.is_object()) ZEROTH_THROW(ConfigError, "a training config must be a JSON object, got {}", config.type_name());
+  TrainConfig t;
+  without_deepspeed_extras(config, "", kTopKeys, t.no_effect, UnknownKeys::ignore_unless_typo);
+  // Sections that others' "auto" values depend on come first.
+  read_run(t, config, launched_world_size);
+  read_monitors(t, config);
+  read_data(t, config);
+  const int default_vocab = t.data.tokenizer_vocab > 0          ? t.data.tokenizer_vocab
+                            : t.data.format == DataFormat::text ? 256
+                            : t.data.format == DataFormat::bin  ? 50257
+                                                                : t.data.vocab_size;
+  read_model(t, config, default_vocab);
+  if (t.data.tokenizer_vocab > t.model.vocab_size) {
+    ZEROTH_THROW(ConfigError, "data.tokenizer {} has {} tokens but model.vocab_size is {}: every token id must have an embedding row",
+                 t.data.tokenizer, t.data.tokenizer_vocab, t.model.vocab_size);
+  }
+  if (t.data.format == DataFormat::synthetic && t.model.vocab_size < t.data.vocab_size) {
+    ZEROTH_THROW(ConfigError, "model.vocab_size ({}) is smaller than data.vocab_size ({}): every token id must have an embedding row",
+                 t.model.vocab_size, t.data.vocab_size);
+  }
+  if (t.data.format == DataFormat::text && t.data.tokenizer.empty() && t.model.vocab_size < 256) {
+    ZEROTH_THROW(ConfigError, "model.vocab_size ({}) is smaller than 256, but text data has one token per byte", t.model.vocab_size);
+  }
+
+  json c = config;
+  read_parallel(t, c);
+  // Recomputing the layers already trades compute for memory; the LM head's logits, often the
+  // largest activation left, follow unless the model section says otherwise. A chunk is sized to
+  // the rank's slice of the vocabulary, known once the parallel section is read.
+  const json* given = config.contains("model") && config["model"].is_object() && config["model"].contains("chunked_loss")
+                          ? &config["model"]["chunked_loss"]
+                          : nullptr;
+  if (given != nullptr ? given->is_boolean() && given->get<bool>() : t.model.activation_checkpointing) {
+    t.model.loss_chunk_rows = t.model.auto_loss_chunk_rows(t.parallel.tensor);
+  }
+  t.schedule_steps_auto = c.contains("scheduler") && c["scheduler"].is_object() && c["scheduler"].contains("params") &&
+                          c["scheduler"]["params"].is_object() && c["scheduler"]["params"].contains("total_num_steps") &&
+                          is_auto(c["scheduler"]["params"]["total_num_steps"]);
+  resolve_auto(c, t.data_parallel(), t.run.steps, t.model.n_embd);
+  check_deepspeed_extras(c);
+  resolve_batch(t, c);
+  if (DataConfig& d = t.data; d.format == DataFormat::synthetic && d.synthetic_tokens == 0) {
+    // 8 steps of training windows after the held-out tail, data.val_fraction of the whole (a
+    // validation measures what windows it has).
+    const int64_t window = t.model.seq_len + 1;
+    const double whole = static_cast<double>(8 * t.train_batch_size * window) / (1 - d.val_fraction);
+    d.synthetic_tokens = std::max<int64_t>(int64_t{1} << 20, static_cast<int64_t>(std::ceil(whole)) + window);
+  }
+  if (const int tp = t.parallel.tensor; t.parallel.sequence_parallel && (t.micro_batch_size * t.model.seq_len) % tp != 0) {
+    ZEROTH_THROW(ConfigError,
+                 "parallel.sequence_parallel splits each micro-batch's {} x {} = {} tokens (train_micro_batch_size_per_gpu x "
+                 "model.seq_len) over the {} tensor-parallel ranks; make the count a multiple of {}",
+                 t.micro_batch_size, t.model.seq_len, t.micro_batch_size * t.model.seq_len, tp, tp);
+  }
+  std::vector<std::string> recorded;  // the no-effect keys were recorded above
+  const json own = without_deepspeed_extras(c, "", kTopKeys, recorded, UnknownKeys::ignore_unless_typo);
+  const ConfigSection top(own, "", kTopKeys);
+  t.steps_per_print = top.integer("steps_per_print", 10, 1, int64_t{1} << 40);
+  read_precision(t, c);
+  if (c.contains("gradient_clipping")) t.engine.gradient_clipping = top.number("gradient_clipping", 0, 0, 1e30);
+
+  // DeepSpeed without an optimizer section leaves it to the client; here there is no client code,
+  // so the default is stated: AdamW, lr 1e-3 (zeroth's OptimizerParams defaults).
+  if (c.contains("optimizer")) {
+    static constexpr std::string_view kOptimizerKeys[] = {"type", "params"};
+    t.engine.optimizer = OptimizerParams::from_deepspeed(
+        without_deepspeed_extras(c["optimizer"], "optimizer", kOptimizerKeys, t.no_effect));
+  }
+  t.engine.schedule.base_lr = t.engine.optimizer.lr;
+  if (c.contains("scheduler"))
+    t.engine.schedule = LrSchedule::from_deepspeed(c["scheduler"], t.engine.optimizer.lr,
+                                                   t.engine.optimizer.kind != OptimizerKind::sgd);
+  if (c.contains("zero_optimization")) t.engine.zero = ZeroConfig::from_deepspeed(c["zero_optimization"]);
+  t.no_effect.insert(t.no_effect.end(), t.engine.zero.no_effect.begin(), t.engine.zero.no_effect.end());
+  if (c.contains("aio")) t.engine.aio = AioConfig::from_deepspeed(c["aio"]);
+  t.no_effect.insert(t.no_effect.end(), t.engine.aio.no_effect.begin(), t.engine.aio.no_effect.end());
+  t.engine.seed = t.run.seed;
+  t.engine.time_breakdown = c.value("wall_clock_breakdown", false);
+  t.engine.host_memory = t.run.host_memory;
+  t.engine.device_budget_name = "run.device_memory";
+  t.engine.host_budget_name = "run.host_memory";
+  t.engine.validate();
+  if (const int p = t.parallel.pipeline;
+      t.parallel.schedule == PipeKind::interleaved && t.engine.gradient_accumulation_steps % p != 0) {
+    const int64_t m = t.engine.gradient_accumulation_steps;
+    ZEROTH_THROW(ConfigError,
+                 "parallel.schedule = \"interleaved\" runs the micro-batches in groups of the {} stages, but there are {} "
+                 "(parallel.micro_batches, gradient_accumulation_steps); make them a multiple of {}, e.g. {}",
+                 p, m, p, (m / p + 1) * p);
+  }
+
+  // The resolved config: what was given, with "auto" filled in and the derived values spelled out.
+  drop_default_autos(c);
+  c["train_batch_size"] = t.train_batch_size;
+  c["train_micro_batch_size_per_gpu"] = t.micro_batch_size;
+  c["gradient_accumulation_steps"] = t.engine.gradient_accumulation_steps;
+  c["steps_per_print"] = t.steps_per_print;
+  c["gradient_clipping"] = t.engine.gradient_clipping;
+  c["model"] = {{"vocab_size", t.model.vocab_size}, {"seq_len", t.model.seq_len},
+                {"n_layer", t.model.n_layer},       {"n_head", t.model.n_head},
+                {"n_embd", t.model.n_embd},         {"activation_checkpointing", t.model.activation_checkpointing}};
+  c["model"]["chunked_loss"] = t.model.loss_chunk_rows > 0 ? json(t.model.loss_chunk_rows) : json(false);
+  if (!t.model_preset.empty()) c["model"]["preset"] = t.model_preset;
+  if (t.model.llama()) {
+    // Spelled out whole (a model.hf_config's shape too), so a checkpoint's config needs no other file.
+    const GptConfig& g = t.model;
+    json& m = c["model"];
+    m["architecture"] = "llama";
+    m["n_kv_head"] = g.kv_heads(), m["head_dim"] = g.head_size(), m["intermediate_size"] = g.ffn();
+    m["rms_norm_eps"] = g.norm_eps, m["rope_theta"] = g.rope_theta;
+    m["qkv_bias"] = g.qkv_bias, m["attention_bias"] = g.o_bias, m["qk_norm"] = g.qk_norm;
+    m["tie_word_embeddings"] = g.tie_word_embeddings;
+    if (g.rope_scaling.type != RopeScaling::Type::none) m["rope_scaling"] = rope_scaling_to_json(g.rope_scaling);
+    if (g.max_positions != 0) m["max_position_embeddings"] = g.max_positions;
+  }
+  if (const MoeConfig& e = t.model.moe; e.enabled()) {
+    c["model"]["moe"] = {{"num_experts", e.num_experts},
+                         {"top_k", e.top_k},
+                         {"capacity_factor", e.capacity_factor},
+                         {"eval_capacity_factor", e.eval_capacity_factor},
+                         {"min_capacity", e.min_capacity},
+                         {"drop_tokens", e.drop_tokens},
+                         {"normalize_top_k", e.normalize_top_k},
+                         {"aux_loss_coef", e.aux_loss_coef},
+                         {"z_loss_coef", e.z_loss_coef},
+                         {"every", e.every},
+                         {"intermediate_size", e.intermediate_size}};
+  }
+  const char* formats[] = {"bin", "text", "synthetic"};
+  c["data"] = {{"format", formats[static_cast<int>(t.data.format)]}};
+  if (t.data.format == DataFormat::synthetic) {
+    c["data"]["vocab_size"] = t.data.vocab_size;
+    c["data"]["tokens"] = t.data.synthetic_tokens;
+  } else {
+    c["data"]["train"] = t.data.train;
+    if (!t.data.tokenizer.empty()) c["data"]["tokenizer"] = t.data.tokenizer;
+    if (!t.data.val.empty()) c["data"]["val"] = t.data.val;
+    else c["data"]["val_fraction"] = t.data.val_fraction;
+  }
+  c["run"] = {{"name", t.run.name},
+              {"steps", t.run.steps},
+              {"eval_interval", t.run.eval_interval},
+              {"eval_batches", t.run.eval_batches > 0 ? json(t.run.eval_batches) : json("all")},
+              {"seed", t.run.seed},
+              {"output_dir", t.run.output_dir},
+              {"device", t.run.device},
+              {"device_memory", t.run.device_memory},
+              {"host_memory", t.run.host_memory},
+              {"world_size", t.run.world_size},
+              {"backend", t.run.backend},
+              {"progress", t.run.progress},
+              {"max_nonfinite_steps", t.run.max_nonfinite_steps},
+              {"checkpoint_interval", t.run.checkpoint_interval},
+              {"checkpoint_dir", t.run.checkpoint_dir},
+              {"keep_last", t.run.keep_last},
+              {"init_from", t.run.init_from},
+              {"checkpoint_async", t.run.checkpoint_async},
+              {"trace", t.run.trace},
+              {"sample_tokens", t.run.sample_tokens}};
+  if (t.parallel.pipeline > 1) {
+    const char* kinds[] = {"gpipe", "1f1b", "interleaved"};
+    c["parallel"] = {{"pipeline", t.parallel.pipeline},
+                     {"schedule", kinds[static_cast<int>(t.parallel.schedule)]},
+                     {"virtual_stages", t.parallel.virtual_stages},
+                     {"micro_batches", t.engine.gradient_accumulation_steps}};
+  }
+  if (t.parallel.tensor > 1) {
+    c["parallel"]["tensor"] = t.parallel.tensor;
+    c["parallel"]["sequence_parallel"] = t.parallel.sequence_parallel;
+  }
+  if (t.parallel.expert > 1) {
+    c["parallel"]["expert"] = t.parallel.expert;
+    c["parallel"]["expert_overlap"] = t.parallel.expert_overlap;
+  }
+  t.resolved = std::move(c);
+  return t;
+}
+
+json read_config_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) ZEROTH_THROW(IoError, "cannot read config {}: {}", path, std::strerror(errno));
+  std::stringstream text;
+  text << in.rdbuf();
+  try {
+    return json::parse(text.str(), nullptr, true, /*ignore_comments=*/true);
+  } catch (const json::parse_error& e) {
+    // e.byte is 1-based; turn it into a line and column.
+    const std::string s = text.str();
+    size_t line = 1, col = 1;
+    for (size_t i = 0; i + 1 < e.byte && i < s.size(); ++i) {
+      if (s[i] == '\n') ++line, col = 1;
+      else ++col;
+    }
+    // The library's text repeats the place ("[json.exception.parse_error.101] parse error at line 2,
+    // column 1: syntax error ..."): what follows its last "column N: " is the news.
+    std::string why = e.what();
+    if (const size_t at = why.find("column "); at != std::string::npos && why.find(": ", at) != std::string::npos)
+      why = why.substr(why.find(": ", at) + 2);
+    ZEROTH_THROW(ConfigError, "{}:{}:{}: not valid JSON: {}", path, line, col, why);
+  } catch (const json::exception& e) {
+    // Valid syntax that JSON for Modern C++ cannot hold: a number past a double's range.
+    ZEROTH_THROW(ConfigError, "{}: a value cannot be read: {}", path, e.what());
+  }
+}
+
+void apply_override(json& config, std::string_view assignment) {
+  const auto eq = assignment.find('=');
+  if (eq == std::string_view::npos || eq == 0) {
+    ZEROTH_THROW(ConfigError, "--set \"{}\": expected key.path=value, e.g. zero_optimization.stage=2", assignment);
+  }
+  const std::string path(assignment.substr(0, eq)), text(assignment.substr(eq + 1));
+  json value;
+  try {
+    value = json::parse(text);
+  } catch (const json::parse_error&) {
+    value = text;  // a bare word is a string: run.name=demo
+  } catch (const json::exception& e) {
+    ZEROTH_THROW(ConfigError, "--set \"{}\": the value cannot be read: {}", assignment, e.what());
+  }
+  json* at = &config;
+  std::string walked;
+  size_t start = 0;
+  while (true) {
+    const size_t dot = path.find('.', start);
+    const std::string key = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    if (key.empty()) ZEROTH_THROW(ConfigError, "--set \"{}\": empty key in the path", assignment);
+    if (!at->is_object()) {
+      ZEROTH_THROW(ConfigError, "--set \"{}\": {} is {}, not an object", assignment, walked, at->dump());
+    }
+    walked += (walked.empty() ? "" : ".") + key;
+    if (dot == std::string::npos) {
+      (*at)[key] = value;
+      return;
+    }
+    at = &(*at)[key];
+    if (at->is_null()) *at = json::object();
+    start = dot + 1;
+  }
+}
+
+void resume_after_restart(RunConfig& run) {
+  const auto restart = env::get_int(env::kRestartCount);
+  if (restart.value_or(0) <= 0 || !run.resume.empty()) return;
+  const std::string latest = run.checkpoint_dir + "/" + ckpt::kLatestName;
+  struct stat st {};
+  if (::stat(latest.c_str(), &st) == 0 && st.st_mtime >= env::get_int(env::kJobStarted).value_or(0)) {
+    run.resume = run.checkpoint_dir;
+  } else {
+    ZLOG_WARN("restart {}: this job saved no checkpoint in {} yet, so the run starts again from step 0", *restart, run.checkpoint_dir);
+  }
+}
+
+std::optional<int64_t> saved_schedule_steps(const TrainConfig& config) {
+  if (config.run.resume.empty() || !config.schedule_steps_auto) return std::nullopt;
+  const ckpt::Manifest m = ckpt::read_manifest(ckpt::resolve(config.run.resume));
+  const json& c = m.config;
+  if (!c.contains("scheduler") || !c["scheduler"].is_object() || !c["scheduler"].contains("params")) return std::nullopt;
+  const json saved = c["scheduler"]["params"].value("total_num_steps", json());
+  if (!saved.is_number_integer() || saved.get<int64_t>() == config.engine.schedule.total_num_steps) return std::nullopt;
+  return saved.get<int64_t>();
+}
+
+}  // namespace zeroth

@@ -1,0 +1,184 @@
+// The consolidated weights: gathered per block, streamed into Hugging Face's files.
+#include "train/hf/export.h"
+
+#include <algorithm>  // std::min
+#include <cstring>    // std::memmove
+#include <exception>  // std::exception_ptr
+#include <optional>   // std::optional
+#include <vector>     // std::vector
+
+#include "core/error.h"  // ZEROTH_CHECK
+
+namespace zeroth {
+namespace {
+
+// The device buffer the transfers below go through, in floats: no more than the gather of one
+// block's master values takes (what the engine's estimate counts for the end-of-run save), or 32
+// KiB (inside the estimate's allowance) where that gather takes nothing.
+size_t wire_floats(const Plan& plan) {
+  size_t most = 0;
+  for (size_t b = 0; b < plan.blocks.size(); ++b) {
+    const OwnedRange* m = plan.find(StateKind::master, static_cast<int>(b));
+    if (m != nullptr && m->numel() < plan.blocks[b].padded) most = std::max(most, m->numel() + plan.blocks[b].padded);
+  }
+  return std::max<size_t>(most, 8192);
+}
+
+// `count` floats from `from` (host memory of rank `source`) to `to` (host memory of rank `dest`) of
+// `comm`, in pieces through one device buffer.
+void transfer(Engine& engine, Communicator& comm, int source, int dest, const float* from, float* to, size_t count) {
+  Device& device = engine.device();
+  Stream& cs = engine.compute_stream();
+  const size_t chunk = std::min(count, wire_floats(engine.plan()));
+  Buffer wire = device.allocate(std::max<size_t>(chunk, 1) * sizeof(float), MemTag::other);
+  for (size_t at = 0; at < count; at += chunk) {
+    const size_t n = std::min(chunk, count - at);
+    const TensorView piece{wire.data(), n, DType::f32};
+    if (comm.rank() == source) {
+      device.copy(cs, wire.data(), from + at, n * sizeof(float));
+      comm.send(cs, piece, dest);
+    } else {
+      comm.recv(cs, piece, source);
+      device.copy(cs, to + at, wire.data(), n * sizeof(float));
+    }
+  }
+  cs.synchronize();
+}
+
+// Tensor-parallel rank 0 of the group receives every rank's slices of `block` (`mine`: each rank's
+// parameters end to end, its own sizes) and places them in the whole tensors, end to end; the
+// other ranks send theirs and get nothing back. On data-parallel rank 0 of each rank's group.
+std::vector<float> assemble_slices(Engine& engine, Communicator& tensor, int block, const std::vector<float>& mine, size_t numel) {
+  const auto& spec = engine.block_spec(block);
+  std::vector<float> whole;
+  if (tensor.rank() != 0) {
+    transfer(engine, tensor, tensor.rank(), 0, mine.data(), nullptr, mine.size());
+    return whole;
+  }
+  whole.assign(numel, 0.0f);
+  for (int r = 0; r < tensor.size(); ++r) {
+    // Rank r's slices: its parameters cut for r (the vocabulary's parts differ by a row).
+    std::vector<ParamSpec> cut;
+    size_t count = 0;
+    for (const auto& p : spec.params) {
+      ParamSpec unsplit = p;
+      if (p.tp.split()) unsplit.shape = p.tp.full_shape;
+      cut.push_back(p.tp.split() ? unsplit.cut(p.tp.axis, p.tp.groups, r, p.tp.ranks) : p);
+      count += cut.back().numel();
+    }
+    std::vector<float> theirs = r == 0 ? mine : std::vector<float>(count);
+    if (r != 0) transfer(engine, tensor, r, 0, nullptr, theirs.data(), count);
+    size_t at = 0, full_at = 0;
+    for (const auto& p : cut) {
+      ParamSpec full = p;
+      if (p.tp.split()) full.shape = p.tp.full_shape;
+      const size_t full_numel = full.numel();
+      // Replicated parameters: rank 0's copy.
+      if (p.tp.split() || r == 0) p.tp.put(theirs.data() + at, whole.data() + full_at, p.numel());
+      at += p.numel(), full_at += full_numel;
+    }
+  }
+  return whole;
+}
+
+}  // namespace
+
+uint64_t save_gpt_weights(Engine& engine, const GptConfig& config, const std::string& path, DType dtype, const StageExport& pipeline,
+                          uint64_t shard_bytes) {
+  const int stage = pipeline.stages != nullptr ? pipeline.stages->rank() : 0;
+  const int tp_rank = pipeline.tensor != nullptr ? pipeline.tensor->rank() : 0;
+  const bool lead = engine.comm().rank() == 0 && stage == 0 && tp_rank == 0;
+  std::optional<HfWriter> out;
+  std::exception_ptr failed;
+  // Rank 0's errors wait until every gather is done: the other ranks are in them too.
+  auto on_lead = [&](const auto& work) {
+    if (!lead || failed) return;
+    try {
+      work();
+    } catch (...) {
+      failed = std::current_exception();
+      out.reset();  // removes the .tmp
+    }
+  };
+  on_lead([&] { out.emplace(config, path, dtype, shard_bytes); });
+  // The whole model's blocks in order, each from the stage that holds it.
+  const auto whole = Gpt::block_specs(config);
+  Stream& cs = engine.compute_stream();
+  // One block's values at a time, its memory kept from block to block (the slices' assembly of
+  // tensor and expert parallelism replaces it with the whole block's).
+  std::vector<float> dense;
+  for (size_t g = 0; g < whole.size(); ++g) {
+    const std::string& name = whole[g].name;
+    int local = -1;
+    for (size_t b = 0; b < engine.plan().blocks.size(); ++b) {
+      if (engine.plan().blocks[b].name == name) local = static_cast<int>(b);
+    }
+    // The tied embedding's copy with the LM head is not the one written.
+    const bool mine = local >= 0 && (name != "embed" || stage == 0);
+    size_t numel = 0;
+    for (const auto& p : whole[g].params) numel += p.numel();
+    if (mine) {
+      // This rank's parameters end to end (its slices of them with tensor parallelism), moved
+      // together in the gathered block itself: a second block-sized vector would double the
+      // export's peak (315 MB per layer of a 2B-parameter GPT).
+      engine.master_values(local, dense);
+      const auto& offsets = engine.plan().blocks[local].param_offsets;
+      const auto& params = engine.block_spec(local).params;
+      size_t end = 0;
+      for (size_t i = 0; i < params.size(); ++i) {  // offsets ascend, so each move goes to the left
+        std::memmove(dense.data() + end, dense.data() + offsets[i], params[i].numel() * sizeof(float));
+        end += params[i].numel();
+      }
+      dense.resize(end);
+      const bool experts = engine.plan().blocks[local].expert;
+      // An expert block is whole on every tensor-parallel rank: nothing to assemble over them.
+      if (pipeline.tensor != nullptr && !experts)
+        dense = engine.comm().rank() == 0 ? assemble_slices(engine, *pipeline.tensor, local, dense, numel) : std::vector<float>{};
+      if (experts) {
+        // The expert-parallel ranks' slices are consecutive experts: in rank order, the block. Only
+        // the group of data-parallel rank 0 (ranks 0 .. ep - 1: the trainer's split) needs it, on
+        // its tensor-parallel rank 0, and takes it through the transfers' wire buffer: a
+        // block-sized device buffer per rank is more than the run's estimate holds for its end.
+        ZEROTH_CHECK(pipeline.experts != nullptr && dense.size() * pipeline.experts->size() == numel,
+                     "exporting block {}: {} elements of its experts here, {} in the model", name, dense.size(), numel);
+        Communicator& ep = *pipeline.experts;
+        const size_t slice = dense.size();
+        if (tp_rank == 0 && engine.comm().rank() / ep.size() == 0) {
+          if (ep.rank() == 0) {
+            dense.resize(numel);
+            for (int r = 1; r < ep.size(); ++r) transfer(engine, ep, r, 0, nullptr, dense.data() + r * slice, slice);
+          } else {
+            transfer(engine, ep, ep.rank(), 0, dense.data(), nullptr, slice);
+          }
+        }
+      }
+    }
+    if (tp_rank != 0) continue;  // rank 0 of the tensor-parallel group holds the whole block now
+    if (pipeline.stages != nullptr && engine.comm().rank() == 0) {
+      // Which stage holds it: each says, stage 0 learns (a small all-reduce over the group).
+      Buffer flag = engine.device().allocate(sizeof(float), MemTag::buffers);
+      const float me = mine ? static_cast<float>(stage) : 0.0f;
+      engine.device().copy(cs, flag.data(), &me, sizeof me);
+      pipeline.stages->all_reduce(cs, flag.view(DType::f32), ReduceOp::sum);
+      float from = 0;
+      engine.device().copy(cs, &from, flag.data(), sizeof from);
+      cs.synchronize();
+      const int source = static_cast<int>(from);
+      if (source != 0 && (stage == 0 || stage == source)) {
+        if (stage == 0) dense.resize(numel);
+        transfer(engine, *pipeline.stages, source, 0, dense.data(), dense.data(), numel);
+      }
+    }
+    on_lead([&] {
+      std::vector<size_t> at(1, 0);
+      for (const auto& p : whole[g].params) at.push_back(at.back() + p.numel());
+      while (!out->done() && out->block() == static_cast<int>(g)) out->write(dense.data() + at[out->param()]);
+    });
+  }
+  uint64_t bytes = 0;
+  on_lead([&] { bytes = out->finish(); });
+  if (failed) std::rethrow_exception(failed);
+  return bytes;
+}
+
+}  // namespace zeroth
