@@ -28,7 +28,6 @@ declare -A waiting=(
   [tests/train/train_config_test.cc]=546
   [tools/bench/offload.cc]=511
   [tools/cli/estimate_command.cc]=570
-  [train/config/train_config.cc]=512
   [train/report/console.cc]=538
   [train/trainer.cc]=588
 )
@@ -75,6 +74,9 @@ for f in "${files[@]}"; do
   limit=${waiting[$f]:-$max_lines}
   if ((n > limit)); then
     echo "size: $f has $n lines (more than $limit): split it along its concerns"
+    bad=1
+  elif [[ -n ${waiting[$f]:-} ]] && ((n <= max_lines)); then
+    echo "size: $f has $n lines now: take it off the waiting list in tools/check-layers.sh"
     bad=1
   fi
   allowed=""

@@ -185,11 +185,13 @@ bool handle_deepspeed_key(std::string_view section, const std::string& key, cons
         return true;
       case KeyTreatment::unsupported:
         if (k.inert != nullptr && k.inert(value)) return true;
-        ZEROTH_THROW(ConfigError, "{} = {} is a DeepSpeed feature zeroth does not support ({}); remove it{}", path, value.dump(),
-                     k.text, value.is_object() && value.contains("enabled") ? " or set \"enabled\": false" : "");
+        ZEROTH_KEY_ERROR("{} = {} is a DeepSpeed feature zeroth does not support ({}); remove it{}", path, value.dump(), k.text,
+                         value.is_object() && value.contains("enabled") ? " or set \"enabled\": false" : "");
+        return true;
       case KeyTreatment::later:
         if (k.inert != nullptr && k.inert(value)) return true;
-        ZEROTH_THROW(ConfigError, "{} = {} asks for {}, which zeroth does not have yet; remove it", path, value.dump(), k.text);
+        ZEROTH_KEY_ERROR("{} = {} asks for {}, which zeroth does not have yet; remove it", path, value.dump(), k.text);
+        return true;
     }
   }
   return false;
@@ -214,11 +216,11 @@ json without_deepspeed_extras(const json& section, std::string_view path, std::s
       no_effect.push_back(at + ": neither DeepSpeed nor zeroth reads it; ignored, as DeepSpeed ignores it");
       continue;
     }
-    ZEROTH_THROW(ConfigError, "{} is not a known key{}{}", at, did_you_mean(key, known),
-                 unknown == UnknownKeys::ignore_unless_typo
-                     ? " (DeepSpeed ignores keys it does not read here; zeroth refuses one this close to a known key, so a typo "
-                       "cannot pass unnoticed)"
-                     : "");
+    ZEROTH_KEY_ERROR("{} is not a known key{}{}", at, did_you_mean(key, known),
+                     unknown == UnknownKeys::ignore_unless_typo
+                         ? " (DeepSpeed ignores keys it does not read here; zeroth refuses one this close to a known key, so a typo "
+                           "cannot pass unnoticed)"
+                         : "");
   }
   return rest;
 }

@@ -54,14 +54,14 @@ OffloadConfig OffloadConfig::from_deepspeed(const json& section, std::string_vie
     const json& v = s.raw("device");
     const std::string d = v.is_string() ? v.get<std::string>() : "";
     if (std::find(std::begin(kDevices), std::end(kDevices), d) == std::end(kDevices))
-      ZEROTH_THROW(ConfigError, "{} must be \"none\", \"cpu\" or \"nvme\", got {}", s.at("device"), v.dump());
+      ZEROTH_KEY_ERROR("{} must be \"none\", \"cpu\" or \"nvme\", got {}", s.at("device"), v.dump());
     o.device = d == "cpu" ? OffloadDevice::cpu : d == "nvme" ? OffloadDevice::nvme : OffloadDevice::none;
   }
   if (s.has("nvme_path")) {
     const json& v = s.raw("nvme_path");
     if (!v.is_string() || v.get<std::string>().empty())
-      ZEROTH_THROW(ConfigError, "{} must be a folder on the NVMe drive, got {}", s.at("nvme_path"), v.dump());
-    o.nvme_path = v.get<std::string>();
+      ZEROTH_KEY_ERROR("{} must be a folder on the NVMe drive, got {}", s.at("nvme_path"), v.dump());
+    else o.nvme_path = v.get<std::string>();
   }
   o.pin_memory = s.flag("pin_memory", o.pin_memory);
   o.pipeline_read = s.flag("pipeline_read", o.pipeline_read);

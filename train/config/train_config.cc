@@ -54,183 +54,6 @@ constexpr std::string_view kTopKeys[] = {"train_batch_size",
                                          "tensorboard",
                                          "csv_monitor"};
 
-// The Hugging Face integration's "auto" rules, with its TrainingArguments defaults where the
-// value comes from the trainer, and with this config's own values where it has them.
-void resolve_auto(json& c, int dp, int64_t steps, int hidden) {
-  auto fill = [](json& obj, const char* key, const json& value) {
-    if (obj.is_object() && obj.contains(key) && is_auto(obj[key])) obj[key] = value;
-  };
-  fill(c, "train_micro_batch_size_per_gpu", 8);  // per_device_train_batch_size
-  fill(c, "gradient_accumulation_steps", 1);
-  if (c.contains("train_batch_size") && is_auto(c["train_batch_size"])) {
-    // train_batch_size = data-parallel ranks x micro x accumulation, once those two are known.
-    const json mb = c.value("train_micro_batch_size_per_gpu", json(1)), gas = c.value("gradient_accumulation_steps", json(1));
-    if (mb.is_number_integer() && gas.is_number_integer()) c["train_batch_size"] = dp * mb.get<int64_t>() * gas.get<int64_t>();
-  }
-  fill(c, "gradient_clipping", 1.0);  // max_grad_norm
-  for (const char* k : {"fp16", "bf16", "bfloat16"}) {
-    if (c.contains(k)) fill(c[k], "enabled", false);  // HF: the trainer's --fp16 / --bf16 flags, off by default
-  }
-  double lr = 5e-5;  // learning_rate
-  if (c.contains("optimizer") && c["optimizer"].contains("params")) {
-    json& p = c["optimizer"]["params"];
-    fill(p, "lr", lr);
-    fill(p, "betas", json::array({0.9, 0.999}));
-    fill(p, "eps", 1e-8);
-    fill(p, "weight_decay", 0.0);
-    if (p.contains("lr") && p["lr"].is_number()) lr = p["lr"].get<double>();
-  }
-  if (c.contains("scheduler") && c["scheduler"].contains("params")) {
-    json& p = c["scheduler"]["params"];
-    fill(p, "warmup_min_lr", 0.0);
-    fill(p, "warmup_max_lr", lr);
-    fill(p, "warmup_num_steps", 0);  // HF's warmup_steps / warmup_ratio default to 0
-    fill(p, "total_num_steps", steps);
-  }
-  if (c.contains("zero_optimization")) {
-    json& z = c["zero_optimization"];
-    const int64_t h2 = static_cast<int64_t>(hidden) * hidden;
-    fill(z, "reduce_bucket_size", h2);
-    fill(z, "stage3_prefetch_bucket_size", static_cast<int64_t>(0.9 * static_cast<double>(h2)));
-    fill(z, "stage3_param_persistence_threshold", 10 * static_cast<int64_t>(hidden));
-  }
-}
-
-// The "auto" values left in the sections whose parsers take them as DeepSpeed's defaults
-// (AutoValues::mean_default), out of the resolved config once those parsers have checked every key.
-void drop_default_autos(json& c) {
-  std::function<void(json&)> drop = [&](json& obj) {
-    if (!obj.is_object()) return;
-    for (auto it = obj.begin(); it != obj.end();) {
-      if (is_auto(*it)) {
-        it = obj.erase(it);
-      } else {
-        drop(*it);
-        ++it;
-      }
-    }
-  };
-  for (const char* k : {"zero_optimization", "fp16", "bf16", "bfloat16"}) {
-    if (c.contains(k)) drop(c[k]);
-  }
-}
-
-DType parse_comm_dtype(std::string s) {
-  // DeepSpeed lower-cases the value; "bfp16" is its older spelling of bf16.
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
-  if (s == "fp32" || s == "float32") return DType::f32;
-  if (s == "bf16" || s == "bfloat16" || s == "bfp16") return DType::bf16;
-  if (s == "fp16" || s == "float16") return DType::f16;
-  ZEROTH_THROW(ConfigError, "communication_data_type = \"{}\" is not one of: fp32, bf16, fp16", s);
-}
-
-// DeepSpeed's batch rule: train_batch_size = micro x accumulation x data-parallel ranks, any two
-// give the third.
-void resolve_batch(TrainConfig& t, const json& j) {
-  auto get = [&](const char* key) -> int64_t {
-    if (!j.contains(key) || j[key].is_null()) return 0;
-    const auto& v = j[key];
-    if (!v.is_number_integer() || v.get<int64_t>() < 1)
-      ZEROTH_THROW(ConfigError, "{} must be a positive integer, got {}", key, v.dump());
-    return v.get<int64_t>();
-  };
-  int64_t tbs = get("train_batch_size"), mb = get("train_micro_batch_size_per_gpu"), gas = get("gradient_accumulation_steps");
-  const int64_t dp = t.data_parallel();
-  if (tbs && mb && gas) {
-    // all given: checked below
-  } else if (tbs && mb) {
-    if (tbs % (mb * dp) != 0) {
-      ZEROTH_THROW(ConfigError,
-                   "train_batch_size ({}) is not a multiple of train_micro_batch_size_per_gpu ({}) x data-parallel ranks ({}) = {}, "
-                   "so gradient_accumulation_steps cannot be derived",
-                   tbs, mb, dp, mb * dp);
-    }
-    gas = tbs / (mb * dp);
-  } else if (tbs && gas) {
-    if (tbs % (gas * dp) != 0) {
-      ZEROTH_THROW(ConfigError,
-                   "train_batch_size ({}) is not a multiple of gradient_accumulation_steps ({}) x data-parallel ranks ({}) = {}, so "
-                   "train_micro_batch_size_per_gpu cannot be derived",
-                   tbs, gas, dp, gas * dp);
-    }
-    mb = tbs / (gas * dp);
-  } else if (mb && gas) {
-    tbs = mb * gas * dp;
-  } else if (tbs) {
-    if (tbs % dp != 0) ZEROTH_THROW(ConfigError, "train_batch_size ({}) is not a multiple of the data-parallel ranks ({})", tbs, dp);
-    gas = 1;
-    mb = tbs / dp;
-  } else if (mb) {
-    gas = 1;
-    tbs = mb * dp;
-  } else {
-    ZEROTH_THROW(ConfigError, "the batch size is not set: give train_micro_batch_size_per_gpu (sequences per rank per micro-step) "
-                              "and/or train_batch_size (sequences per optimizer step)");
-  }
-  if (mb < 1 || gas < 1 || tbs != mb * gas * dp) {
-    ZEROTH_THROW(ConfigError,
-                 "train_batch_size ({}) must equal train_micro_batch_size_per_gpu ({}) x gradient_accumulation_steps ({}) x "
-                 "data-parallel ranks ({}) = {}",
-                 tbs, mb, gas, dp, mb * gas * dp);
-  }
-  t.train_batch_size = tbs;
-  t.micro_batch_size = mb;
-  t.engine.gradient_accumulation_steps = gas;
-}
-
-// The sections of DeepSpeed's that zeroth reads only in part.
-void check_deepspeed_extras(json& j) {
-  if (j.contains("wall_clock_breakdown") && !j["wall_clock_breakdown"].is_boolean()) {
-    ZEROTH_THROW(ConfigError, "wall_clock_breakdown must be true or false, got {}", j["wall_clock_breakdown"].dump());
-  }
-  if (j.contains("data_types")) {
-    static constexpr std::string_view kKeys[] = {"grad_accum_dtype", "param_dtype", "buffer_dtype"};
-    ConfigSection s(j["data_types"], "data_types", kKeys);
-    const std::string g = s.string("grad_accum_dtype", "fp32");
-    if (g != "fp32") ZEROTH_THROW(ConfigError, "data_types.grad_accum_dtype = \"{}\": zeroth accumulates gradients in fp32 only", g);
-    for (const char* k : {"param_dtype", "buffer_dtype"}) {
-      if (s.has(k) && !s.raw(k).is_null()) {
-        ZEROTH_THROW(ConfigError,
-                     "data_types.{} = {} is a DeepSpeed feature zeroth does not support (parameters in another dtype than the compute "
-                     "precision); remove it",
-                     k, s.raw(k).dump());
-      }
-    }
-  }
-}
-
-void read_precision(TrainConfig& t, const json& j) {
-  static constexpr std::string_view kBf16Keys[] = {"enabled"};
-  const char* bf16_key = j.contains("bf16") ? "bf16" : "bfloat16";
-  bool fp16 = false, bf16 = false;
-  if (j.contains(bf16_key)) {
-    // bfloat16 is DeepSpeed's old name of the same section.
-    const json rest = without_deepspeed_extras(j[bf16_key], bf16_key, kBf16Keys, t.no_effect, UnknownKeys::ignore_unless_typo,
-                                               AutoValues::mean_default);
-    const ConfigSection s(rest, bf16_key, kBf16Keys);
-    bf16 = s.flag("enabled", false);
-  }
-  if (j.contains("fp16")) {
-    if (!j["fp16"].is_object()) ZEROTH_THROW(ConfigError, "fp16 must be an object like {{\"enabled\": true}}");
-    const json f = without_deepspeed_extras(j["fp16"], "fp16", LossScalerConfig::kDeepSpeedKeys, t.no_effect, UnknownKeys::refuse,
-                                            AutoValues::mean_default);
-    if (f.contains("enabled") && !f["enabled"].is_boolean())
-      ZEROTH_THROW(ConfigError, "fp16.enabled must be true, false or \"auto\", got {}", f["enabled"].dump());
-    fp16 = f.value("enabled", false);
-    t.engine.loss_scaler = LossScalerConfig::from_deepspeed(f);
-  }
-  if (fp16 && bf16) ZEROTH_THROW(ConfigError, "fp16.enabled and {}.enabled are both true; choose one precision", bf16_key);
-  t.engine.compute_dtype = bf16 ? DType::bf16 : fp16 ? DType::f16 : DType::f32;
-  // DeepSpeed's engine reduces in the gradients' dtype unless communication_data_type says
-  // otherwise (DeepSpeedEngine.communication_data_type: fp16, else bf16, else fp32).
-  t.engine.communication_dtype = t.engine.compute_dtype;
-  if (j.contains("communication_data_type") && !j["communication_data_type"].is_null()) {
-    if (!j["communication_data_type"].is_string())
-      ZEROTH_THROW(ConfigError, "communication_data_type must be \"fp32\", \"bf16\" or \"fp16\"");
-    t.engine.communication_dtype = parse_comm_dtype(j["communication_data_type"].get<std::string>());
-  }
-}
-
 }  // namespace
 
 std::vector<int> TrainConfig::layers_per_virtual_stage() const {
@@ -249,94 +72,83 @@ GptPart TrainConfig::part(int stage, int tp_rank, int dp_rank) const {
 TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) {
   if (!config.is_object()) ZEROTH_THROW(ConfigError, "a training config must be a JSON object, got {}", config.type_name());
   TrainConfig t;
-  without_deepspeed_extras(config, "", kTopKeys, t.no_effect, UnknownKeys::ignore_unless_typo);
+  // Every section is read even after a mistake, so one run names them all (core/config_section.h).
+  ConfigErrors errors;
+  errors.section([&] { without_deepspeed_extras(config, "", kTopKeys, t.no_effect, UnknownKeys::ignore_unless_typo); });
   // Sections that others' "auto" values depend on come first.
-  read_run(t, config, launched_world_size);
-  read_monitors(t, config);
-  read_data(t, config);
-  const int default_vocab = t.data.tokenizer_vocab > 0          ? t.data.tokenizer_vocab
-                            : t.data.format == DataFormat::text ? 256
-                            : t.data.format == DataFormat::bin  ? 50257
-                                                                : t.data.vocab_size;
-  read_model(t, config, default_vocab);
-  if (t.data.tokenizer_vocab > t.model.vocab_size) {
-    ZEROTH_THROW(ConfigError, "data.tokenizer {} has {} tokens but model.vocab_size is {}: every token id must have an embedding row",
-                 t.data.tokenizer, t.data.tokenizer_vocab, t.model.vocab_size);
-  }
-  if (t.data.format == DataFormat::synthetic && t.model.vocab_size < t.data.vocab_size) {
-    ZEROTH_THROW(ConfigError, "model.vocab_size ({}) is smaller than data.vocab_size ({}): every token id must have an embedding row",
-                 t.model.vocab_size, t.data.vocab_size);
-  }
-  if (t.data.format == DataFormat::text && t.data.tokenizer.empty() && t.model.vocab_size < 256) {
-    ZEROTH_THROW(ConfigError, "model.vocab_size ({}) is smaller than 256, but text data has one token per byte", t.model.vocab_size);
-  }
+  errors.section([&] { read_run(t, config, launched_world_size); });
+  errors.section([&] { read_monitors(t, config); });
+  errors.section([&] { read_data(t, config); });
+  errors.section([&] {
+    const int default_vocab = t.data.tokenizer_vocab > 0          ? t.data.tokenizer_vocab
+                              : t.data.format == DataFormat::text ? 256
+                              : t.data.format == DataFormat::bin  ? 50257
+                                                                  : t.data.vocab_size;
+    read_model(t, config, default_vocab);
+    check_vocabulary(t);
+  });
 
   json c = config;
-  read_parallel(t, c);
-  // Recomputing the layers already trades compute for memory; the LM head's logits, often the
-  // largest activation left, follow unless the model section says otherwise. A chunk is sized to
-  // the rank's slice of the vocabulary, known once the parallel section is read.
-  const json* given = config.contains("model") && config["model"].is_object() && config["model"].contains("chunked_loss")
-                          ? &config["model"]["chunked_loss"]
-                          : nullptr;
-  if (given != nullptr ? given->is_boolean() && given->get<bool>() : t.model.activation_checkpointing) {
-    t.model.loss_chunk_rows = t.model.auto_loss_chunk_rows(t.parallel.tensor);
-  }
-  t.schedule_steps_auto = c.contains("scheduler") && c["scheduler"].is_object() && c["scheduler"].contains("params") &&
-                          c["scheduler"]["params"].is_object() && c["scheduler"]["params"].contains("total_num_steps") &&
-                          is_auto(c["scheduler"]["params"]["total_num_steps"]);
-  resolve_auto(c, t.data_parallel(), t.run.steps, t.model.n_embd);
-  check_deepspeed_extras(c);
-  resolve_batch(t, c);
-  if (DataConfig& d = t.data; d.format == DataFormat::synthetic && d.synthetic_tokens == 0) {
-    // 8 steps of training windows after the held-out tail, data.val_fraction of the whole (a
-    // validation measures what windows it has).
-    const int64_t window = t.model.seq_len + 1;
-    const double whole = static_cast<double>(8 * t.train_batch_size * window) / (1 - d.val_fraction);
-    d.synthetic_tokens = std::max<int64_t>(int64_t{1} << 20, static_cast<int64_t>(std::ceil(whole)) + window);
-  }
-  if (const int tp = t.parallel.tensor; t.parallel.sequence_parallel && (t.micro_batch_size * t.model.seq_len) % tp != 0) {
-    ZEROTH_THROW(ConfigError,
-                 "parallel.sequence_parallel splits each micro-batch's {} x {} = {} tokens (train_micro_batch_size_per_gpu x "
-                 "model.seq_len) over the {} tensor-parallel ranks; make the count a multiple of {}",
-                 t.micro_batch_size, t.model.seq_len, t.micro_batch_size * t.model.seq_len, tp, tp);
-  }
-  std::vector<std::string> recorded;  // the no-effect keys were recorded above
-  const json own = without_deepspeed_extras(c, "", kTopKeys, recorded, UnknownKeys::ignore_unless_typo);
-  const ConfigSection top(own, "", kTopKeys);
-  t.steps_per_print = top.integer("steps_per_print", 10, 1, int64_t{1} << 40);
-  read_precision(t, c);
-  if (c.contains("gradient_clipping")) t.engine.gradient_clipping = top.number("gradient_clipping", 0, 0, 1e30);
-
+  errors.section([&] {
+    read_parallel(t, c);
+    // Recomputing the layers already trades compute for memory; the LM head's logits, often the
+    // largest activation left, follow unless the model section says otherwise. A chunk is sized to
+    // the rank's slice of the vocabulary, known once the parallel section is read.
+    const json* given = config.contains("model") && config["model"].is_object() && config["model"].contains("chunked_loss")
+                            ? &config["model"]["chunked_loss"]
+                            : nullptr;
+    if (given != nullptr ? given->is_boolean() && given->get<bool>() : t.model.activation_checkpointing) {
+      t.model.loss_chunk_rows = t.model.auto_loss_chunk_rows(t.parallel.tensor);
+    }
+  });
+  errors.section([&] { read_batch(t, c); });
+  errors.section([&] {
+    std::vector<std::string> recorded;  // the no-effect keys were recorded above
+    const json own = without_deepspeed_extras(c, "", kTopKeys, recorded, UnknownKeys::ignore_unless_typo);
+    const ConfigSection top(own, "", kTopKeys);
+    t.steps_per_print = top.integer("steps_per_print", 10, 1, int64_t{1} << 40);
+    read_precision(t, c);
+    if (c.contains("gradient_clipping")) t.engine.gradient_clipping = top.number("gradient_clipping", 0, 0, 1e30);
+  });
   // DeepSpeed without an optimizer section leaves it to the client; here there is no client code,
   // so the default is stated: AdamW, lr 1e-3 (zeroth's OptimizerParams defaults).
-  if (c.contains("optimizer")) {
+  errors.section([&] {
+    if (!c.contains("optimizer")) return;
     static constexpr std::string_view kOptimizerKeys[] = {"type", "params"};
     t.engine.optimizer = OptimizerParams::from_deepspeed(
         without_deepspeed_extras(c["optimizer"], "optimizer", kOptimizerKeys, t.no_effect));
-  }
+  });
   t.engine.schedule.base_lr = t.engine.optimizer.lr;
-  if (c.contains("scheduler"))
-    t.engine.schedule = LrSchedule::from_deepspeed(c["scheduler"], t.engine.optimizer.lr,
-                                                   t.engine.optimizer.kind != OptimizerKind::sgd);
-  if (c.contains("zero_optimization")) t.engine.zero = ZeroConfig::from_deepspeed(c["zero_optimization"]);
-  t.no_effect.insert(t.no_effect.end(), t.engine.zero.no_effect.begin(), t.engine.zero.no_effect.end());
-  if (c.contains("aio")) t.engine.aio = AioConfig::from_deepspeed(c["aio"]);
-  t.no_effect.insert(t.no_effect.end(), t.engine.aio.no_effect.begin(), t.engine.aio.no_effect.end());
-  t.engine.seed = t.run.seed;
-  t.engine.time_breakdown = c.value("wall_clock_breakdown", false);
-  t.engine.host_memory = t.run.host_memory;
-  t.engine.device_budget_name = "run.device_memory";
-  t.engine.host_budget_name = "run.host_memory";
-  t.engine.validate();
-  if (const int p = t.parallel.pipeline;
-      t.parallel.schedule == PipeKind::interleaved && t.engine.gradient_accumulation_steps % p != 0) {
-    const int64_t m = t.engine.gradient_accumulation_steps;
-    ZEROTH_THROW(ConfigError,
-                 "parallel.schedule = \"interleaved\" runs the micro-batches in groups of the {} stages, but there are {} "
-                 "(parallel.micro_batches, gradient_accumulation_steps); make them a multiple of {}, e.g. {}",
-                 p, m, p, (m / p + 1) * p);
-  }
+  errors.section([&] {
+    if (c.contains("scheduler"))
+      t.engine.schedule = LrSchedule::from_deepspeed(c["scheduler"], t.engine.optimizer.lr,
+                                                     t.engine.optimizer.kind != OptimizerKind::sgd);
+  });
+  errors.section([&] {
+    if (c.contains("zero_optimization")) t.engine.zero = ZeroConfig::from_deepspeed(c["zero_optimization"]);
+    t.no_effect.insert(t.no_effect.end(), t.engine.zero.no_effect.begin(), t.engine.zero.no_effect.end());
+  });
+  errors.section([&] {
+    if (c.contains("aio")) t.engine.aio = AioConfig::from_deepspeed(c["aio"]);
+    t.no_effect.insert(t.no_effect.end(), t.engine.aio.no_effect.begin(), t.engine.aio.no_effect.end());
+  });
+  errors.section([&] {
+    t.engine.seed = t.run.seed;
+    t.engine.time_breakdown = c.value("wall_clock_breakdown", false);
+    t.engine.host_memory = t.run.host_memory;
+    t.engine.device_budget_name = "run.device_memory";
+    t.engine.host_budget_name = "run.host_memory";
+    t.engine.validate();
+    if (const int p = t.parallel.pipeline;
+        t.parallel.schedule == PipeKind::interleaved && t.engine.gradient_accumulation_steps % p != 0) {
+      const int64_t m = t.engine.gradient_accumulation_steps;
+      ZEROTH_THROW(ConfigError,
+                   "parallel.schedule = \"interleaved\" runs the micro-batches in groups of the {} stages, but there are {} "
+                   "(parallel.micro_batches, gradient_accumulation_steps); make them a multiple of {}, e.g. {}",
+                   p, m, p, (m / p + 1) * p);
+    }
+  });
+  errors.raise();
 
   // The resolved config: what was given, with "auto" filled in and the derived values spelled out.
   drop_default_autos(c);
