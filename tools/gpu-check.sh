@@ -95,13 +95,13 @@ step() {
 # sharing the GPU and the cores); gtest's JSON says what failed and what skipped.
 tests() {
   local b status=0
-  for b in core_tests comm_tests models_tests optim_tests; do
+  for b in core_tests core_cuda_tests comm_tests models_tests optim_tests; do
     timeout 300 "$run" "$b" --gtest_brief=1 --gtest_output="json:$work/$b.json" >"$work/$b.log" 2>&1 || status=1
   done
   python3 - "$work" <<'PY' || status=1
 import json, os, sys
 out, bad = sys.argv[1], 0
-for b in ("core_tests", "comm_tests", "models_tests", "optim_tests"):
+for b in ("core_tests", "core_cuda_tests", "comm_tests", "models_tests", "optim_tests"):
     try:
         r = json.load(open(os.path.join(out, b + ".json")))
     except Exception as e:

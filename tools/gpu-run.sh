@@ -2,7 +2,7 @@
 # The launcher of a GPU bundle (tools/gpu-bundle.sh copies it in as `run`): runs one of the
 # bundle's programs with the GPU machine's cuBLAS and NCCL on the library path, which the bundle
 # does not carry, and the bundle's test references where its tests look.
-#   ./run PROGRAM [ARGS...]   (zeroth, core_tests, comm_tests, models_tests, optim_tests)
+#   ./run PROGRAM [ARGS...]   (zeroth, core_tests, core_cuda_tests, comm_tests, models_tests, optim_tests)
 #   ./run --where             says which cuBLAS and NCCL it found, and exits
 # cuBLAS 13 (libcublas.so.13, libcublasLt.so.13) and NCCL 2 (libnccl.so.2) are looked for in
 # $ZEROTH_CUDA_LIBS (folders, ':'-separated) first, then in the Python's NVIDIA wheels (nvidia/cu13/lib,
@@ -66,7 +66,7 @@ if [[ ${1:-} == --where ]]; then
   echo "NCCL:   $nccl/libnccl.so.2 -> $(readlink -f "$nccl/libnccl.so.2")"
   exit 0
 fi
-program=${1:?"usage: run PROGRAM [ARGS...] (zeroth, core_tests, comm_tests, models_tests, optim_tests) | run --where"}
+program=${1:?"usage: run PROGRAM [ARGS...] (zeroth, core_tests, core_cuda_tests, comm_tests, models_tests, optim_tests) | run --where"}
 shift
 [[ -x $here/$program && $program != */* ]] || { echo "run: $program is not one of this bundle's programs" >&2; exit 2; }
 # The path as it was, for programs the bundle's start that must not see these (a PyTorch with
