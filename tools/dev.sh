@@ -6,7 +6,8 @@
 #                                   file sizes (tools/check-layers.sh) and the source layout
 #                                   (tools/format.sh check)
 #   tools/dev.sh build [CMAKE_ARGS] install packages and build only
-#   tools/dev.sh train [CONFIG [ARGS]] install packages, build the zeroth binary, run `zeroth train`
+#   tools/dev.sh train [CONFIG [ARGS]] install what building and running need (not the tests'
+#                                   packages), build the zeroth binary, run `zeroth train`
 #                                   (default: configs/gpt-fortunes-zero3-bf16.json)
 #   tools/dev.sh sanitize KIND      build with ZEROTH_SANITIZE=KIND (address,undefined | thread), run ctest
 # Environment: BUILD_DIR (default build), ZEROTH_CUDA (AUTO|ON|OFF), JOBS (default: all cores).
@@ -16,14 +17,17 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 jobs=${JOBS:-$(nproc)}
 
+# TIER: run (build and run zeroth) or test (and its tests: GoogleTest, PyTorch, Chromium, ...).
 configure_and_build() {
   local dir=$1
   shift
-  "$root/tools/install-deps.sh"
+  "$root/tools/install-deps.sh" "${TIER:-test}"
   # The SentencePiece vocabulary configs/llama-fortunes-zero3.json trains with (a few seconds, once).
   "$root/tools/fortunes-vocab.sh"
+  local tests=ON
+  [[ ${TIER:-test} == run ]] && tests=OFF
   cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-Release}" \
-    -DZEROTH_CUDA="${ZEROTH_CUDA:-AUTO}" "$@"
+    -DZEROTH_CUDA="${ZEROTH_CUDA:-AUTO}" -DZEROTH_BUILD_TESTS="$tests" "$@"
   cmake --build "$dir" -j "$jobs" ${TARGET:+--target "$TARGET"}
 }
 
@@ -49,7 +53,7 @@ case "${1:-}" in
     configure_and_build "${BUILD_DIR:-build}" "${@:2}"
     ;;
   train)
-    TARGET=zeroth configure_and_build "${BUILD_DIR:-build}"
+    TIER=run TARGET=zeroth configure_and_build "${BUILD_DIR:-build}"
     config=${2:-configs/gpt-fortunes-zero3-bf16.json}
     exec "${BUILD_DIR:-build}/tools/zeroth" train "$config" "${@:3}"
     ;;

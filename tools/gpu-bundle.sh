@@ -35,12 +35,12 @@ limit_mib=60
 start=$(date +%s)
 
 [[ -x /usr/local/cuda/bin/nvcc ]] || { echo "gpu-bundle.sh: nvcc is not at /usr/local/cuda/bin: the bundle is built where the CUDA toolkit is" >&2; exit 1; }
-"$root/tools/install-deps.sh"
+"$root/tools/install-deps.sh" test
 "$root/tools/fortunes-vocab.sh"
 mkdir -p "$dir"
 cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DZEROTH_CUDA=ON -DZEROTH_PORTABLE=ON \
   -DCMAKE_CUDA_ARCHITECTURES="$archs" >"$dir/configure.log" 2>&1 || { tail -n 30 "$dir/configure.log"; exit 1; }
-binaries=(zeroth core_tests comm_tests models_tests optim_tests)
+binaries=(zeroth core_tests core_cuda_tests comm_tests models_tests optim_tests)
 cmake --build "$dir" -j "${JOBS:-$(nproc)}" --target "${binaries[@]}"
 
 # What the GPU machine has: glibc's own libraries and the loader, the kernel's vdso, the CUDA
@@ -50,7 +50,7 @@ provided='^(linux-vdso\.so|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|
 stage="$dir/zeroth-gpu"
 rm -rf "$stage" "$dir/zeroth-gpu.tar.xz"
 mkdir -p "$stage/lib" "$stage/configs" "$stage/data/fortunes" "$stage/runs/tokenizers" "$stage/tests/reference" "$stage/tools/bench"
-where=(tools/zeroth tests/core/core_tests tests/comm/comm_tests tests/models/models_tests tests/optim/optim_tests)
+where=(tools/zeroth tests/core/core_tests tests/core/core_cuda_tests tests/comm/comm_tests tests/models/models_tests tests/optim/optim_tests)
 for path in "${where[@]}"; do
   cp "$dir/$path" "$stage/"
   strip --strip-debug "$stage/$(basename "$path")"
