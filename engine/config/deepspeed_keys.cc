@@ -41,7 +41,7 @@ constexpr std::string_view kPytorchHooks = "it configures hooks on PyTorch modul
 const DeepSpeedKey kKeys[] = {
     // ---- no effect: zeroth always does what the key asks, or it concerns something zeroth lacks
     {"memory_breakdown", kNone, "zeroth always reports peak memory per tag, in the step lines and the summary"},
-    {"dump_state", kNone, "zeroth always writes the resolved config to <run.output_dir>/config.json (--dry-run prints it)"},
+    {"dump_state", kNone, "zeroth always writes the resolved config to config.json in run.output_dir (--dry-run prints it)"},
     {"zero_allow_untested_optimizer", kNone, "every zeroth optimizer runs under every ZeRO stage"},
     {"zero_force_ds_cpu_optimizer", kNone, "zeroth has one optimizer implementation per device"},
     {"disable_allgather", kNone, "zeroth always all-gathers the updated parameter shards"},

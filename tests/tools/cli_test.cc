@@ -18,6 +18,7 @@
 #include "core/cpu/blas_info.h"
 #include "core/cuda/cuda_info.h"
 #include "tests/process_util.h"
+#include "tests/tools/cli_runs.h"  // testing::bytes_of
 
 namespace zeroth {
 namespace {
@@ -317,6 +318,26 @@ TEST(Cli, BadArgumentsGiveOneLineErrors) {
   auto child = testing::spawn({ZEROTH_BIN, "bench", "kernels", "--size", "12 parsecs"}, {}, ::testing::TempDir() + "cli_bad.log");
   EXPECT_EQ(testing::wait_exit(child, 60s), 1);
   EXPECT_NE(child.output().find("zeroth: error: '12 parsecs' has an unknown unit"), std::string::npos) << child.output();
+}
+
+// docs/cli.md is `zeroth help --markdown`'s output: the reference cannot say what the binary does
+// not take. The help is read from the binary's own registered options, so a new or reworded
+// option fails here until the file is regenerated.
+TEST(Cli, TheReferenceInDocsIsTheBinarysHelp) {
+  const std::string path = ::testing::TempDir() + "cli_help.md";
+  auto child = testing::spawn({ZEROTH_BIN, "help", "--markdown"}, {}, path);
+  ASSERT_EQ(testing::wait_exit(child, 60s), 0) << child.output();
+  const std::string help = child.output(), file = testing::bytes_of(std::string(ZEROTH_SOURCE_DIR) + "/docs/cli.md");
+  for (const char* command : {"## zeroth train\n", "## zeroth eval\n", "## zeroth estimate\n", "## zeroth plan\n",
+                              "## zeroth bench offload\n", "## zeroth ckpt export\n", "| `--set TEXT ...` |"})
+    EXPECT_NE(help.find(command), std::string::npos) << command;
+  if (help == file) return;
+  size_t line = 1, at = 0;
+  for (; at < help.size() && at < file.size() && help[at] == file[at]; ++at) line += help[at] == '\n';
+  ADD_FAILURE() << "docs/cli.md differs from `zeroth help --markdown` from its line " << line
+                << ":\n  binary: " << help.substr(at, help.find('\n', at) - at)
+                << "\n  file:   " << file.substr(at, file.find('\n', at) - at)
+                << "\nregenerate it with build/tools/zeroth help --markdown > docs/cli.md";
 }
 
 }  // namespace

@@ -387,24 +387,24 @@ TEST(TrainConfig, WeightDecayExclusionsAreARule) {
   EXPECT_EQ(checked, total);
 }
 
-// The README's table of keys with no effect is the code's table: every row, with its reason.
-TEST(TrainConfig, TheReadmeListsEveryKeyWithoutEffect) {
-  std::ifstream in(std::string(ZEROTH_CONFIGS_DIR) + "/../README.md");
-  ASSERT_TRUE(in) << "README.md not found";
-  const std::string readme((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+// The guide's table of keys with no effect is the code's table: every row, with its reason.
+TEST(TrainConfig, TheGuideListsEveryKeyWithoutEffect) {
+  std::ifstream in(std::string(ZEROTH_CONFIGS_DIR) + "/../docs/guide.md");
+  ASSERT_TRUE(in) << "docs/guide.md not found";
+  const std::string guide((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   size_t rows = 0;
   for (const auto& k : deepspeed_keys()) {
     if (k.treatment != KeyTreatment::no_effect) continue;
     ++rows;
     const std::string row = "| `" + std::string(k.path) + "` | " + std::string(k.text) + " |";
-    EXPECT_NE(readme.find(row), std::string::npos) << "README.md lacks the row " << row;
+    EXPECT_NE(guide.find(row), std::string::npos) << "docs/guide.md lacks the row " << row;
   }
   size_t table_rows = 0;
-  for (size_t at = readme.find("| why it changes nothing in zeroth |"); at != std::string::npos;) {
-    at = readme.find("\n| `", at + 1);
-    if (at == std::string::npos || readme.compare(at + 1, 2, "| ") != 0) break;
+  for (size_t at = guide.find("| why it changes nothing in zeroth |"); at != std::string::npos;) {
+    at = guide.find("\n| `", at + 1);
+    if (at == std::string::npos || guide.compare(at + 1, 2, "| ") != 0) break;
     ++table_rows;
-    if (readme.find("\n\n", at) < readme.find("\n| `", at + 1)) break;
+    if (guide.find("\n\n", at) < guide.find("\n| `", at + 1)) break;
   }
   EXPECT_EQ(table_rows, rows) << "the README's table has rows the code does not";
 }

@@ -33,6 +33,7 @@ int main(int argc, char** argv) {
   zeroth::tools::add_bench_offload_step_command(*bench);
   zeroth::tools::add_bench_ckpt_command(*bench);
   zeroth::tools::add_bench_pipeline_command(*bench);
+  zeroth::tools::add_help_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
