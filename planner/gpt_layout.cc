@@ -155,7 +155,7 @@ LayoutMemory layout_memory(const GptShape& shape, const Layout& layout, const Bu
   const uint64_t h = shape.hidden, t = layout.tp, p = layout.pp, b = layout.micro_batch, s = shape.seq_len;
   const uint64_t layers_on_stage = ceil_div(shape.layers, p);
   // Expert layers spread over the stages as the layers are; each holds its experts' 1 / ep, whole
-  // over tp (models/gpt replicates them), partitioned by ZeRO over the dp / ep ranks holding the same.
+  // over tp (models/decoder replicates them), partitioned by ZeRO over the dp / ep ranks holding the same.
   const uint64_t moe_on_stage = std::min(layers_on_stage, ceil_div(shape.moe_layers(), p));
   const uint64_t dense_on_stage = layers_on_stage - moe_on_stage;
   const uint64_t ep = std::max<uint64_t>(layout.ep, 1);

@@ -26,7 +26,7 @@ struct GptShape {
   bool llama = false;
   bool tied = true;
   bool qkv_bias = false;  // a Llama's q, k and v biases (Qwen2's)
-  // Mixture of experts (models/gpt's model.moe): every moe_every-th layer's MLP is `experts` MLPs of
+  // Mixture of experts (models/decoder's model.moe): every moe_every-th layer's MLP is `experts` MLPs of
   // expert_ffn (0: the MLP's width) behind a router of experts x hidden, each token meeting top_k.
   uint64_t experts = 0, top_k = 2, expert_ffn = 0, moe_every = 1;
 
@@ -49,7 +49,7 @@ struct GptShape {
   // norms and the row-parallel biases whole.
   uint64_t layer_slice(uint64_t tp) const;
 
-  // Expert layers: the layers l with (l + 1) a multiple of moe_every, as models/gpt places them.
+  // Expert layers: the layers l with (l + 1) a multiple of moe_every, as models/decoder places them.
   bool moe() const { return experts > 0; }
   uint64_t moe_layers() const { return moe() ? layers / moe_every : 0; }
   uint64_t expert_width() const { return expert_ffn > 0 ? expert_ffn : mlp_width(); }
@@ -57,7 +57,7 @@ struct GptShape {
   uint64_t expert_params() const { return mlp_params(expert_width()); }
   uint64_t expert_matmul_params() const { return mlp_matmul_params(expert_width()); }
   // An expert layer without its experts: attention, norms, the router (E h); tensor-parallel
-  // slices as layer_slice's, the router whole (models/gpt replicates router and experts over tp).
+  // slices as layer_slice's, the router whole (models/decoder replicates router and experts over tp).
   uint64_t moe_layer_shared_params() const;
   uint64_t moe_layer_shared_slice(uint64_t tp) const;
   // Parameters a token meets: the dense ones and top_k experts of each expert layer.

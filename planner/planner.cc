@@ -109,7 +109,7 @@ StepCost step_cost(const GptShape& shape, const Layout& l, const LayoutMemory& m
   // Llama's smaller k and v and its three MLP matrices) and 4 b s^2 h in attention, the head's
   // 2 b s h V; the stage with the head (the last) is the slowest. Backward is twice forward. An
   // expert layer multiplies by its attention (split over tp), its router and top_k experts (whole
-  // on every tensor-parallel rank, as models/gpt runs them).
+  // on every tensor-parallel rank, as models/decoder runs them).
   const double matmul = static_cast<double>(shape.layer_matmul_params());
   const double layer_fwd = tokens * (2 * matmul + 4 * s * h) / t;
   const double expert_matmul = shape.moe() ? static_cast<double>(shape.top_k * shape.expert_matmul_params()) : 0;
@@ -155,9 +155,9 @@ StepCost step_cost(const GptShape& shape, const Layout& l, const LayoutMemory& m
   const double pp_mb = l.pp > 1 ? 2 * act_bytes / t / pp_bw : 0;
   // Expert parallelism: each expert layer's top_k b s rows of h go to their experts' ranks and
   // come back, forward and backward, and again when recomputation redoes the experts' forward (both
-  // ways: models/gpt's recomputation exchanges the outputs too), (ep - 1) / ep of them leaving the
-  // rank, in f32 as models/gpt sends them; the ep ranks are consecutive data-parallel ones, in a
-  // node while tp x ep GPUs fit it. models/gpt exchanges each of a rank's n local experts' rows
+  // ways: models/decoder's recomputation exchanges the outputs too), (ep - 1) / ep of them leaving the
+  // rank, in f32 as models/decoder sends them; the ep ranks are consecutive data-parallel ones, in a
+  // node while tp x ep GPUs fit it. models/decoder exchanges each of a rank's n local experts' rows
   // apart on a stream of its own, under the expert products: moe_exposed_exchange.
   const double ep_bw = l.tp * ep <= c.gpus_per_node ? c.intra_node_bw : per_gpu_net;
   const double a2a_bytes = 4 * tokens * static_cast<double>(shape.top_k) * h * static_cast<double>(ep - 1) / static_cast<double>(ep);

@@ -66,7 +66,7 @@ struct StepCost {
 };
 
 // The time an expert layer's pass leaves its all-to-alls exposed beyond its expert products, as
-// models/gpt schedules them: x the time of one direction's exchanges, cf the forward's products (the
+// models/decoder schedules them: x the time of one direction's exchanges, cf the forward's products (the
 // backward's input gradients take cf too, its weight gradients another cf), n local expert slots.
 double moe_exposed_exchange(double x, double cf, int n, bool backward);
 StepCost step_cost(const GptShape& shape, const Layout& layout, const LayoutMemory& memory, const Cluster& cluster);

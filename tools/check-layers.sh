@@ -20,7 +20,7 @@ declare -A waiting=(
   [comm/tcp_store.cc]=581
   [engine/executor/offload.cc]=510
   [engine/executor/step.cc]=515
-  [models/gpt/cuda/gpt_cuda.cu]=585
+  [models/kernels/cuda/cuda_backend.cu]=585
   [offload/aio.cc]=552
   [tests/engine/checkpoint/checkpoint_test.cc]=575
   [tests/engine/plan/engine_plan_test.cc]=594
@@ -44,6 +44,9 @@ rules=(
   "comm/|core/ comm/"
   "optim/|core/ optim/"
   "offload/|core/ offload/"
+  "models/kernels/|core/ models/block_api.h models/kernels/"
+  "models/moe/|core/ comm/ models/block_api.h models/decoder/layers.h models/kernels/ models/moe/"
+  "models/decoder/|core/ comm/ models/block_api.h models/kernels/ models/moe/ models/decoder/"
   "models/|core/ comm/ models/"
   "planner/|core/ engine/config/ engine/pipeline/schedule.h planner/"
   "train/text/|core/ train/text/"

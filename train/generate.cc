@@ -11,7 +11,7 @@
 #include "core/log.h"                      // ZLOG_WARN
 #include "engine/checkpoint/checkpoint.h"  // ckpt::load
 #include "engine/engine.h"                 // Engine
-#include "models/gpt/gpt.h"                // Gpt
+#include "models/decoder/gpt.h"            // Gpt
 #include "train/text/tokenizer.h"          // Tokenizer
 #include "train/trainer.h"                 // plan_stage, load_initial_weights
 

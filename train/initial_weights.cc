@@ -5,7 +5,7 @@
 #include "core/error.h"                    // ZEROTH_THROW
 #include "engine/checkpoint/checkpoint.h"  // ckpt::load
 #include "engine/engine.h"                 // Engine
-#include "models/gpt/gpt.h"                // Gpt
+#include "models/decoder/gpt.h"            // Gpt
 #include "train/hf/weights.h"              // HfModelReader, is_hf_weights, check_hf_config
 #include "train/run_folder.h"              // is_run_folder, run_folder_weights
 #include "train/trainer.h"

@@ -6,8 +6,8 @@
 #include "core/cpu/gemm.h"           // gemm_host_bytes
 #include "engine/pipeline/runner.h"  // pipe_passes
 #include "engine/plan/estimate.h"    // estimate
-#include "models/gpt/gpt.h"          // Gpt
-#include "models/gpt/kernels.h"      // attention_keeps_probabilities
+#include "models/decoder/gpt.h"      // Gpt
+#include "models/kernels/kernels.h"  // attention_keeps_probabilities
 #include "train/data.h"              // open_run_data, run_data_host_bytes
 #include "train/trainer.h"
 

@@ -24,7 +24,7 @@
 #include "engine/plan/estimate.h"          // estimate
 #include "engine/pipeline/runner.h"        // PipelineRunner
 #include "comm/process_grid.h"             // ProcessGrid
-#include "models/gpt/gpt.h"                // Gpt
+#include "models/decoder/gpt.h"            // Gpt
 #include "train/data.h"                    // RunData, open_run_data
 
 namespace zeroth {

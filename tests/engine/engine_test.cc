@@ -14,7 +14,7 @@
 
 #include "comm/local/local_comm.h"
 #include "core/error.h"
-#include "models/gpt/gpt.h"
+#include "models/decoder/gpt.h"
 #include "tests/engine/mlp_harness.h"
 #include "tests/process_util.h"
 

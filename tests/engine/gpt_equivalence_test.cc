@@ -14,7 +14,7 @@
 #include "comm/local/local_comm.h"
 #include "train/data.h"
 #include "engine/engine.h"
-#include "models/gpt/gpt.h"
+#include "models/decoder/gpt.h"
 #include "tests/engine/tensor_error.h"
 #include "tests/engine/tiny_gpt_engine.h"
 

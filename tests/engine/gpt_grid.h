@@ -18,7 +18,7 @@
 #include "engine/checkpoint/checkpoint.h"
 #include "engine/engine.h"
 #include "engine/pipeline/runner.h"
-#include "models/gpt/gpt.h"
+#include "models/decoder/gpt.h"
 #include "tests/engine/tensor_error.h"
 #include "tests/engine/tiny_gpt_engine.h"
 #include "train/data.h"

@@ -26,7 +26,7 @@
 #include "comm/local/local_comm.h"
 #include "core/safetensors.h"
 #include "engine/engine.h"
-#include "models/gpt/gpt.h"
+#include "models/decoder/gpt.h"
 #include "tests/engine/reference_init.h"
 #include "tests/engine/tensor_error.h"
 #include "tests/test_util.h"
@@ -188,7 +188,7 @@ Trained train_through_engine(const TorchCase& k) {
 //   approximations, a few ulps per kernel. Measured: loss 2.3e-8 (the mean of 8 micro-batch
 //   losses, each rounded to f32, whose ulp is 1.1e-7 of it), gradient norm 2.9e-7, weights 1.2e-6.
 // - bf16: every product with a weight rounds its activations to bf16, and attention's products
-//   their operands (models/gpt/cpu/gpt_kernels.h, tests/reference/products.py), and an f32
+//   their operands (models/kernels/cpu/row_kernels.h, tests/reference/products.py), and an f32
 //   difference of an ulp now and then puts one on the other side of a rounding (2^-8 of that
 //   element); with gradients and compute weights rounding too, the later steps carry these flips and
 //   the runs drift apart step by step. Measured over the 12 cases: loss 5.6e-5, gradient norm

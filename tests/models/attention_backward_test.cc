@@ -11,7 +11,7 @@
 #include <string>   // std::to_string
 #include <vector>   // std::vector
 
-#include "models/gpt/cpu/gpt_kernels.h"
+#include "models/kernels/cpu/row_kernels.h"
 
 namespace zeroth::gpt::cpu {
 namespace {

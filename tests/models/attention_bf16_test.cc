@@ -1,4 +1,4 @@
-// A bf16 run's attention on the CPU (gpt_kernels.h: products on bf16 operands, f32 accumulation)
+// A bf16 run's attention on the CPU (row_kernels.h: products on bf16 operands, f32 accumulation)
 // against float64 that rounds to bf16 at the same points: queries, keys, values and the output
 // gradient before every product; each chunk's probabilities, exp(s - the running max) over keys in
 // chunks of 128 as the online softmax makes them, before P V; the recomputed probabilities before
@@ -20,7 +20,7 @@
 #include <vector>     // std::vector
 
 #include "core/cpu/kernels.h"  // cpu::num_threads, cpu::set_num_threads
-#include "models/gpt/cpu/gpt_kernels.h"
+#include "models/kernels/cpu/row_kernels.h"
 
 namespace zeroth::gpt::cpu {
 namespace {

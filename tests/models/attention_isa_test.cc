@@ -1,4 +1,4 @@
-// The blocked attention's inner loops (models/gpt/cpu/attention_isa.h) on every ISA level this CPU
+// The blocked attention's inner loops (models/kernels/cpu/attention_isa.h) on every ISA level this CPU
 // runs, against float64 and against each other. Each level must give the scalar level's bits: the
 // same fused multiply-adds in the same order, the same exp, the same sums down the keys. Against
 // float64, a product's element is bounded by its dot product's rounding, gamma(k + 2) times the sum
@@ -15,7 +15,7 @@
 #include <vector>     // std::vector
 
 #include "core/cpu/kernels.h"  // supported_simd_levels, simd_level_name
-#include "models/gpt/cpu/attention_isa.h"
+#include "models/kernels/cpu/attention_isa.h"
 #include "tests/models/causal_product_check.h"
 
 namespace zeroth::gpt::cpu {

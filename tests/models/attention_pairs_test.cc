@@ -1,4 +1,4 @@
-// The bf16 pair products of the blocked attention's inner loops (models/gpt/cpu/attention_isa.h)
+// The bf16 pair products of the blocked attention's inner loops (models/kernels/cpu/attention_isa.h)
 // against float64 on the same bf16 values, on every ISA level this CPU runs: the AVX-512 level both
 // as vdpbf16ps (where the CPU has AVX512-BF16) and as its two fused multiply-adds. Each level must
 // give the same bits: the products of bf16 values are exact in f32, and every level adds a pair's
@@ -18,7 +18,7 @@
 #include <vector>     // std::vector
 
 #include "core/cpu/kernels.h"  // supported_simd_levels, simd_level_name, cpu_features
-#include "models/gpt/cpu/attention_isa.h"
+#include "models/kernels/cpu/attention_isa.h"
 #include "tests/models/causal_product_check.h"
 
 namespace zeroth::gpt::cpu {

@@ -13,7 +13,7 @@
 #include <vector>   // std::vector
 
 #include "core/dtype.h"  // f32_to_bf16_bits
-#include "models/gpt/cpu/gpt_kernels.h"
+#include "models/kernels/cpu/row_kernels.h"
 
 namespace zeroth::gpt::cpu {
 namespace {

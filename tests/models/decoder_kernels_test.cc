@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "models/gpt/kernels.h"
-#include "models/gpt/moe_gate.h"
+#include "models/kernels/kernels.h"
+#include "models/moe/router.h"
 #include "tests/models/model_test_util.h"
 #include "tests/test_util.h"
 

@@ -17,7 +17,7 @@
 #include "core/safetensors.h"
 #include "engine/engine.h"
 #include "tests/engine/reference_init.h"
-#include "models/gpt/gpt.h"
+#include "models/decoder/gpt.h"
 #include "tests/models/direct_host.h"
 #include "tests/models/model_test_util.h"
 #include "tests/test_util.h"

@@ -4,7 +4,7 @@
 
 #include <nlohmann/json.hpp>  // nlohmann::json
 
-#include "models/gpt/gpt.h"  // GptConfig
+#include "models/decoder/gpt.h"  // GptConfig
 
 namespace zeroth::testing {
 

@@ -1,4 +1,4 @@
-// The Llama family (models/gpt with architecture llama) against an independent PyTorch Llama
+// The Llama family (models/decoder with architecture llama) against an independent PyTorch Llama
 // (tests/reference/llama_reference.py, written from the papers and Hugging Face's conventions):
 // the logits, the loss and every parameter's gradient of one micro-batch, under Hugging Face's
 // names, for grouped-query attention with Llama 3's rope scaling and an untied head ("llama"),
@@ -19,7 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/safetensors.h"
-#include "models/gpt/gpt.h"
+#include "models/decoder/gpt.h"
 #include "tests/models/direct_host.h"
 #include "tests/models/llama_case.h"
 #include "tests/models/model_test_util.h"

@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "models/gpt/moe_gate.h"
+#include "models/moe/router.h"
 #include "tests/test_util.h"
 
 namespace zeroth::gpt {

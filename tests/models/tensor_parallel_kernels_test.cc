@@ -13,7 +13,7 @@
 
 #include "core/error.h"
 #include "models/block_api.h"
-#include "models/gpt/kernels.h"
+#include "models/kernels/kernels.h"
 #include "tests/models/model_test_util.h"
 #include "tests/test_util.h"
 

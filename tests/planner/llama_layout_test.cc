@@ -1,5 +1,5 @@
 // The planner's Llama shapes against their published parameter counts (each preset's model as
-// models/gpt builds it) and against the activation count worked out by hand for Llama 3 70B; the
+// models/decoder builds it) and against the activation count worked out by hand for Llama 3 70B; the
 // search on 512 GPUs keeps tensor parallelism to divisors of the key/value heads, and the layout
 // NVIDIA publishes for Llama 3 70B on 512 H100s (Megatron-Bridge's benchmark recipe: tp 4, pp 4,
 // distributed optimizer) fits 80 GB by the planner's memory model.
@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "models/gpt/gpt.h"
+#include "models/decoder/gpt.h"
 #include "planner/planner.h"
 
 namespace zeroth {

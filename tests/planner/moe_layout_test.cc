@@ -1,5 +1,5 @@
 // The planner's mixture of experts against what it counts independently: Mixtral 8x7B's published
-// total and active parameters, models/gpt's own count of an expert GPT-2 (built from its parameter
+// total and active parameters, models/decoder's own count of an expert GPT-2 (built from its parameter
 // specs), the ZeRO paper's formulas over the dense ranks and over the expert-data-parallel ones
 // worked out by hand, and the all-to-all's bytes over the link in closed form. The search finds
 // expert parallelism where only it fits, and never where there are no experts.
@@ -11,7 +11,7 @@
 #include <cstdint>
 
 #include "core/error.h"
-#include "models/gpt/gpt.h"
+#include "models/decoder/gpt.h"
 #include "planner/model_states.h"
 #include "planner/planner.h"
 
@@ -109,7 +109,7 @@ TEST(MoeShape, AllToAllTimeIsWhatTheExpertProductsLeaveOfItsBytesOverTheLink) {
   for (uint64_t ep : {1u, 2u, 8u, 16u}) {
     l.ep = ep;
     const StepCost k = step_cost(m, l, layout_memory(m, l), c);
-    // Each exchange: top_k b s rows of h in f32 (as models/gpt sends them), (ep - 1) / ep leaving
+    // Each exchange: top_k b s rows of h in f32 (as models/decoder sends them), (ep - 1) / ep leaving
     // the rank; 8 GPUs share a node, so ep 16 goes over the network's share per GPU.
     const double bw = ep <= 8 ? c.intra_node_bw : c.inter_node_bw / 8;
     const double x = 4 * tokens * 2 * h * (ep - 1) / ep / bw;

@@ -13,7 +13,7 @@
 
 #include "core/error.h"
 #include "planner/planner.h"
-#include "models/gpt/gpt.h"
+#include "models/decoder/gpt.h"
 
 namespace zeroth {
 namespace {

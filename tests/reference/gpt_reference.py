@@ -25,7 +25,7 @@ takes them, in f32 and in zeroth's bf16 mode:
 It records per step the loss (mean over the global batch), the global gradient norm before
 clipping and the lr used (metadata "steps", exact doubles), and the final weights.
 
-zeroth's bf16 mode (models/gpt, engine/) and how the reference emulates it:
+zeroth's bf16 mode (models/decoder, engine/) and how the reference emulates it:
 - bf16: the parameters the model reads, rounded to nearest even from the fp32 master weights
   after every step (and at the start); the gradient buffer of each block, per rank and
   micro-batch: the block's f32 gradient is added into it and rounded once per block use. The

@@ -1,4 +1,4 @@
-"""The matrix products of the references, as zeroth computes them (models/gpt/cpu/gpt_kernels.cc):
+"""The matrix products of the references, as zeroth computes them (models/kernels/cpu/row_kernels.cc):
 in f32 runs plain f32 products; in zeroth's bf16 mode every product with a weight (the linear
 layers, the routers, the experts, the LM head) takes its activations rounded to bf16 (nearest
 even) and accumulates in f32, in the backward pass too: the input gradient is bf16(dy) W and the
@@ -49,7 +49,7 @@ def times_t(x, w):
 
 
 class _Bf16Attention(torch.autograd.Function):
-    """Causal attention as zeroth's CPU kernels compute it in bf16 mode (models/gpt/cpu/attention.cc):
+    """Causal attention as zeroth's CPU kernels compute it in bf16 mode (models/kernels/cpu/attention.cc):
     q, k, v and dy rounded to bf16 before every product, f32 accumulation; the probabilities
     exp(s - max) rounded before P V, the output divided by their unrounded sum; backward, the
     probabilities exp(s - lse) rounded before P^T dY, dS = P (dP - rowsum(dy y)) scale rounded before

@@ -26,7 +26,7 @@
 #include "core/error.h"
 #include "core/safetensors.h"
 #include "engine/engine.h"
-#include "models/gpt/gpt.h"
+#include "models/decoder/gpt.h"
 #include "train/hf/export.h"
 #include "train/hf/weights.h"
 

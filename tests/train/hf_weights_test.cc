@@ -20,7 +20,7 @@
 #include "core/cpu/kernels.h"
 #include "core/error.h"
 #include "core/safetensors.h"
-#include "models/gpt/gpt.h"
+#include "models/decoder/gpt.h"
 #include "train/hf/weights.h"
 
 namespace zeroth {

@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "models/gpt/gpt.h"
+#include "models/decoder/gpt.h"
 #include "train/hf/model_config.h"
 #include "train/config/train_config.h"
 

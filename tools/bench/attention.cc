@@ -18,7 +18,7 @@
 #include "core/cpu/kernels.h"     // cpu::num_threads
 #include "core/error.h"           // ZEROTH_CHECK
 #include "core/stats.h"           // median_seconds
-#include "models/gpt/cpu/gpt_kernels.h"
+#include "models/kernels/cpu/row_kernels.h"
 #include "core/cpu/threads.h"  // share_cores
 #include "tools/bench/bench.h"
 

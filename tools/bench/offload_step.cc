@@ -25,7 +25,7 @@
 #include "core/error.h"             // ZEROTH_THROW
 #include "core/log.h"               // log::set_level
 #include "core/stats.h"             // median
-#include "models/gpt/gpt.h"         // GptConfig
+#include "models/decoder/gpt.h"     // GptConfig
 #include "tools/bench/offload.h"    // measure_raw_rates
 #include "tools/bench/bench.h"
 #include "train/trainer.h"  // train, TrainObserver

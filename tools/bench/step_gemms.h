@@ -8,7 +8,7 @@
 #include <string>   // std::string
 #include <vector>   // std::vector
 
-#include "models/gpt/gpt.h"  // GptConfig
+#include "models/decoder/gpt.h"  // GptConfig
 
 namespace zeroth::tools {
 
@@ -22,7 +22,7 @@ struct StepGemm {
 };
 
 // The products of forward and backward for `batch` sequences of `seq` tokens, as the CPU kernels
-// call them (models/gpt/cpu/gpt_kernels.cc, attention.cc): per layer the linear layers (forward,
+// call them (models/kernels/cpu/row_kernels.cc, attention.cc): per layer the linear layers (forward,
 // input and weight gradients) and attention's per-head products, then the LM head. `bf16`: the run's
 // parameters are bf16.
 std::vector<StepGemm> step_gemms(const GptConfig& m, int batch, int seq, bool bf16);

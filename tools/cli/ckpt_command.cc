@@ -19,7 +19,7 @@
 #include "engine/checkpoint/checkpoint.h"  // ckpt::write
 #include "engine/checkpoint/format.h"      // ckpt::read_manifest, ckpt::verify_file
 #include "engine/plan/plan.h"              // make_plan
-#include "models/gpt/gpt.h"                // Gpt
+#include "models/decoder/gpt.h"            // Gpt
 #include "optim/loss_scaler.h"             // LossScaler
 #include "tools/cli/commands.h"
 #include "train/hf/weights.h"           // HfWriter, HfModelReader

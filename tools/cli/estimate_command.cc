@@ -21,7 +21,7 @@
 #include "planner/gpt_layout.h"    // layout_memory
 #include "planner/planner.h"       // Cluster
 #include "engine/plan/plan.h"      // make_plan
-#include "models/gpt/gpt.h"        // Gpt
+#include "models/decoder/gpt.h"    // Gpt
 #include "tools/cli/commands.h"
 #include "tools/cli/options.h"
 #include "train/config/train_config.h"  // TrainConfig

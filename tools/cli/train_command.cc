@@ -30,7 +30,7 @@
 #include "train/generate.h"         // generate
 #include "train/run_folder.h"       // is_run_folder, resume_path
 #include "train/trainer.h"          // train
-#include "models/gpt/gpt.h"         // Gpt
+#include "models/decoder/gpt.h"     // Gpt
 #include "core/cpu/threads.h"       // share_cores
 #include "tools/cli/commands.h"
 #include "tools/cli/options.h"     // RunConfigArgs, on_every_rank

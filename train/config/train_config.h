@@ -20,7 +20,7 @@
 
 #include "engine/config/config.h"      // EngineConfig
 #include "engine/pipeline/schedule.h"  // PipeKind
-#include "models/gpt/gpt.h"            // GptConfig
+#include "models/decoder/gpt.h"        // GptConfig
 
 namespace zeroth {
 

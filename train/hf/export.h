@@ -5,10 +5,10 @@
 #include <cstdint>  // uint64_t
 #include <string>   // std::string
 
-#include "core/dtype.h"        // DType
-#include "engine/engine.h"     // Engine
-#include "models/gpt/gpt.h"    // GptConfig
-#include "train/hf/weights.h"  // HfWriter, kHfDefaultShardBytes
+#include "core/dtype.h"          // DType
+#include "engine/engine.h"       // Engine
+#include "models/decoder/gpt.h"  // GptConfig
+#include "train/hf/weights.h"    // HfWriter, kHfDefaultShardBytes
 
 namespace zeroth {
 

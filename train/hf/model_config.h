@@ -10,8 +10,8 @@
 
 #include <nlohmann/json.hpp>  // nlohmann::json
 
-#include "core/dtype.h"      // DType
-#include "models/gpt/gpt.h"  // GptConfig
+#include "core/dtype.h"          // DType
+#include "models/decoder/gpt.h"  // GptConfig
 
 namespace zeroth {
 

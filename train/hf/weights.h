@@ -12,10 +12,10 @@
 #include <string>    // std::string
 #include <vector>    // std::vector
 
-#include "core/dtype.h"        // DType
-#include "core/safetensors.h"  // SafeTensors, SafeTensorsWriter
-#include "models/block_api.h"  // BlockSpec, ParamSpec
-#include "models/gpt/gpt.h"    // GptConfig
+#include "core/dtype.h"          // DType
+#include "core/safetensors.h"    // SafeTensors, SafeTensorsWriter
+#include "models/block_api.h"    // BlockSpec, ParamSpec
+#include "models/decoder/gpt.h"  // GptConfig
 
 namespace zeroth {
 

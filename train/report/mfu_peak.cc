@@ -40,7 +40,7 @@ std::string today() {
 Peak measure_peak(const TrainConfig& c) {
   // The CPU's rate says nothing of an accelerator's: MFU is left out there.
   if (c.run.device != "cpu") return {0, fmt::format("no peak measured for run.device {}: MFU is left out", c.run.device)};
-  // A bf16 run's products run on bf16 kernels where oneDNN has them (models/gpt/cpu/gpt_kernels.h):
+  // A bf16 run's products run on bf16 kernels where oneDNN has them (models/kernels/cpu/row_kernels.h):
   // their rate is its peak.
   const bool bf16 = c.engine.compute_dtype == DType::bf16 && cpu::gemm_bf16_native();
   const std::string library = cpu::gemm_library_summary(cpu::gemm_library());

@@ -24,7 +24,7 @@
 #include "engine/checkpoint/checkpoint.h"
 #include "engine/engine.h"
 #include "engine/pipeline/runner.h"
-#include "models/gpt/gpt.h"
+#include "models/decoder/gpt.h"
 #include "tests/engine/gpt_grid.h"
 #include "train/data.h"
 

@@ -12,7 +12,7 @@
 
 #include "core/error.h"
 #include "engine/plan/plan.h"
-#include "models/gpt/gpt.h"
+#include "models/decoder/gpt.h"
 #include "models/mlp/mlp.h"
 
 namespace zeroth {

@@ -1,13 +1,14 @@
-// GPT-2 on the block API: token + position embedding, n_layer pre-LayerNorm transformer blocks
-// (causal multi-head attention, GELU MLP), final LayerNorm, and an LM head tied to the token
-// embedding, trained with cross-entropy. Forward and backward are written out per block; there
-// is no autograd. Parameter names, shapes ([out, in]) and initialization follow GPT-2 / nanoGPT,
-// so weights move to and from PyTorch by name.
+// Decoder-only transformers on the block API, written out per block (no autograd): GPT-2 (learned
+// positions, LayerNorm, GELU MLP, the LM head tied to the token embedding) and the Llama family
+// (rotary positions, RMSNorm, SwiGLU MLP, grouped-query attention, an untied head where the model
+// has one: Llama, Mistral, Qwen2/Qwen3, SmolLM, TinyLlama), either with mixture-of-experts MLPs
+// (models/moe). Trained with cross-entropy. Parameter names, shapes ([out, in]) and initialization
+// follow Hugging Face's (GPT-2's as nanoGPT's), so weights move to and from PyTorch by name.
 //
-// Blocks: "embed" {wte [V, C], wpe [T, C]}, "h.0" .. "h.{L-1}", "ln_f". The schedule uses
-// "embed" twice: first as the embedding, last as the LM head (forward), and in reverse order
-// in backward, so ZeRO-3 gathers the tied matrix where it is needed and its gradient is complete
-// after both uses.
+// Blocks: "embed" {wte [V, C], wpe [T, C] for GPT-2}, "h.0" .. "h.{L-1}" (and an expert layer's
+// experts), "ln_f", and "lm_head" where the head is untied. A tied head uses "embed" twice: first
+// as the embedding, last as the LM head (forward), and in reverse order in backward, so ZeRO-3
+// gathers the tied matrix where it is needed and its gradient is complete after both uses.
 #pragma once
 
 #include <cstddef>      // size_t
@@ -35,7 +36,7 @@ struct RopeScaling {
 
 // Mixture-of-experts layers (GShard, Switch, Mixtral): in layer l with (l + 1) % every == 0 the MLP
 // becomes num_experts MLPs of the architecture's kind (GPT-2's GELU one, the Llama family's SwiGLU
-// one, intermediate_size wide) behind a router; each token goes to its top_k experts (moe_gate.h:
+// one, intermediate_size wide) behind a router; each token goes to its top_k experts (moe/router.h:
 // capacity, drops, combine weights, the auxiliary losses). 0 experts: a dense model.
 struct MoeConfig {
   int num_experts = 0;

@@ -8,7 +8,7 @@
 
 #include "core/error.h"   // ZEROTH_THROW
 #include "core/memory.h"  // format_bytes
-#include "models/gpt/gpt_state.h"
+#include "models/decoder/gpt_state.h"
 
 namespace zeroth {
 

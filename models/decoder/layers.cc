@@ -1,5 +1,5 @@
 // The transformer block's forward and backward around the tensor-parallel group's collectives.
-#include "models/gpt/layers.h"
+#include "models/decoder/layers.h"
 
 namespace zeroth::gpt {
 

@@ -2,15 +2,15 @@
 // layer's router and experts), how a pipeline stage's part is laid out and checked, layer
 // partitions, and the block schedules the engine plans with. The configuration's presets and
 // checks are in gpt_config.cc, the passes in gpt_step.cc, the activation memory in activations.cc.
-#include "models/gpt/gpt.h"
+#include "models/decoder/gpt.h"
 
 #include <cmath>  // std::sqrt
 
 #include <fmt/format.h>  // fmt::join
 #include <fmt/ranges.h>  // fmt::join
 
-#include "core/error.h"         // ZEROTH_THROW
-#include "models/gpt/layers.h"  // gpt::complete_part, gpt::part_blocks
+#include "core/error.h"             // ZEROTH_THROW
+#include "models/decoder/layers.h"  // gpt::complete_part, gpt::part_blocks
 
 namespace zeroth {
 

@@ -1,5 +1,5 @@
-// The mixture-of-experts gate on the host (see moe_gate.h).
-#include "models/gpt/moe_gate.h"
+// The mixture-of-experts gate on the host (see moe/router.h).
+#include "models/moe/router.h"
 
 #include <algorithm>  // std::partial_sort, std::max
 #include <cmath>      // std::exp, std::log, std::ceil

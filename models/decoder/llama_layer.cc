@@ -3,7 +3,7 @@
 // then + down(silu(gate) * up) over RMSNorm of that. The same split as GPT-2's (layers.h): q/k/v
 // and gate/up column-parallel (a rank's query heads with its key/value heads), o and down
 // row-parallel.
-#include "models/gpt/layers.h"
+#include "models/decoder/layers.h"
 
 namespace zeroth::gpt {
 namespace {

@@ -1,10 +1,10 @@
 // The mixture-of-experts row kernels on CUDA: one thread per element moved, one warp per combine
 // weight's dot product. Every row is written by one thread and every sum taken in choice order,
 // so the results do not depend on scheduling.
-#include "models/gpt/cuda/moe_cuda.h"
+#include "models/kernels/cuda/moe.h"
 
-#include "core/cuda/cuda_check.h"           // CUDA_CHECK
-#include "models/gpt/cuda/cuda_common.cuh"  // kThreads, kWarp, blocks_for, warp_sum
+#include "core/cuda/cuda_check.h"               // CUDA_CHECK
+#include "models/kernels/cuda/cuda_common.cuh"  // kThreads, kWarp, blocks_for, warp_sum
 
 namespace zeroth::gpt {
 namespace {

@@ -7,12 +7,12 @@
 
 #include <string>  // std::string
 
-#include "core/cuda/cuda_check.h"           // CUDA_CHECK
-#include "core/cuda/cuda_device.h"          // CudaStream, CudaDeviceGuard
-#include "core/cuda/cuda_kernels.h"         // cuda::launch_cast, launch_axpy
-#include "models/gpt/cuda/cuda_common.cuh"  // kThreads, kWarp, blocks_for, warp and block reductions
-#include "models/gpt/cuda/moe_cuda.h"       // launch_moe_*
-#include "models/gpt/kernels.h"
+#include "core/cuda/cuda_check.h"               // CUDA_CHECK
+#include "core/cuda/cuda_device.h"              // CudaStream, CudaDeviceGuard
+#include "core/cuda/cuda_kernels.h"             // cuda::launch_cast, launch_axpy
+#include "models/kernels/cuda/cuda_common.cuh"  // kThreads, kWarp, blocks_for, warp and block reductions
+#include "models/kernels/cuda/moe.h"            // launch_moe_*
+#include "models/kernels/kernels.h"
 
 #define CUBLAS_CHECK(call)                                                                                                      \
   do {                                                                                                                          \

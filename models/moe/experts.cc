@@ -1,6 +1,6 @@
 // An expert layer's MLP in two block uses (layers.h): the router in the layer's block, the rank's
 // experts in their own block (partitioned by ZeRO over the ranks that hold the same experts).
-// The gate runs on the host (moe_gate.h); each choice's row travels to the rank of its expert and
+// The gate runs on the host (moe/router.h); each choice's row travels to the rank of its expert and
 // back with the expert-parallel group's all-to-alls; each expert is an MLP of the architecture's
 // kind (GPT-2's c_fc, GELU, c_proj with biases; the Llama family's w1/w3, SwiGLU, w2) on its rows.
 #include <algorithm>  // std::max, std::min
@@ -9,7 +9,7 @@
 #include <fmt/ranges.h>  // fmt::join
 
 #include "core/error.h"  // ZEROTH_CHECK
-#include "models/gpt/layers.h"
+#include "models/decoder/layers.h"
 
 namespace zeroth::gpt {
 

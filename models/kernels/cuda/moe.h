@@ -1,4 +1,4 @@
-// The mixture-of-experts row kernels on CUDA (semantics: cpu/gpt_kernels.h), launched on `stream`.
+// The mixture-of-experts row kernels on CUDA (semantics: cpu/row_kernels.h), launched on `stream`.
 #pragma once
 
 #include <cuda_runtime.h>

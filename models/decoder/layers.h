@@ -1,5 +1,5 @@
 // The GPT's block uses as kernel work and tensor-parallel collectives, in stream order (internal to
-// models/gpt). Megatron-LM's split: QKV and MLP-up are column-parallel (each rank its heads and its
+// models/decoder). Megatron-LM's split: QKV and MLP-up are column-parallel (each rank its heads and its
 // quarter of the MLP), the attention output and MLP-down row-parallel (partial sums, reduced over
 // the group), the token embedding and LM head vocabulary-parallel. Without sequence parallelism the
 // residual stream is whole on every rank and a reduction is an all-reduce; with it, each rank holds
@@ -14,11 +14,11 @@
 #include <memory>      // std::shared_ptr, std::unique_ptr
 #include <vector>      // std::vector
 
-#include "comm/communicator.h"    // Communicator
-#include "core/device.h"          // Buffer, Stream, TensorView
-#include "models/gpt/gpt.h"       // GptConfig, GptPart
-#include "models/gpt/kernels.h"   // gpt::Kernels
-#include "models/gpt/moe_gate.h"  // gpt::MoeGate, gpt::Routing
+#include "comm/communicator.h"       // Communicator
+#include "core/device.h"             // Buffer, Stream, TensorView
+#include "models/decoder/gpt.h"      // GptConfig, GptPart
+#include "models/kernels/kernels.h"  // gpt::Kernels
+#include "models/moe/router.h"       // gpt::MoeGate, gpt::Routing
 
 namespace zeroth::gpt {
 
@@ -263,7 +263,7 @@ void llama_layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const Lay
 void llama_layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs& a, const Scratch& s, const float* x, int B,
                           int T, const MoePass& moe);
 
-// An expert layer's MLP (moe_layer.cc), for both architectures, in two block uses. The layer's use
+// An expert layer's MLP (moe/experts.cc), for both architectures, in two block uses. The layer's use
 // ends with the router (parameter `router` of its block): moe_router_forward multiplies the BT rows
 // of `inp` by it, waits for the stream and routes on the caller's thread into pass.acts (the
 // experts' row counts size the products and the all-to-alls, as in Megatron's dropless path).

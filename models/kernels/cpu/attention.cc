@@ -24,9 +24,9 @@
 
 #include "core/error.h"  // ZEROTH_CHECK
 
-#include "models/gpt/cpu/attention_isa.h"
-#include "models/gpt/cpu/gpt_kernels.h"
-#include "models/gpt/cpu/row_math.h"  // ZEROTH_ISA_CLONES, for_rows
+#include "models/kernels/cpu/attention_isa.h"
+#include "models/kernels/cpu/row_kernels.h"
+#include "models/kernels/cpu/row_math.h"  // ZEROTH_ISA_CLONES, for_rows
 
 namespace zeroth::gpt::cpu {
 namespace {

@@ -1,10 +1,10 @@
 // The GPT's kernels behind one small interface, one implementation per device: the CPU's
-// (oneDNN or OpenBLAS + oneTBB, cpu/gpt_kernels.cc) and CUDA's (cuBLAS + the kernels of
-// cuda/gpt_cuda.cu). The model's block uses are written once against it.
+// (oneDNN or OpenBLAS + oneTBB, cpu/row_kernels.cc) and CUDA's (cuBLAS + the kernels of
+// cuda/cuda_backend.cu). The model's block uses are written once against it.
 //
 // Every pointer is device memory of the backend's device. submit() puts a block use's work in
 // stream order: the CPU backend runs it later on the stream's thread, the CUDA backend runs it
-// now, launching onto the stream. Semantics of each kernel are those of cpu/gpt_kernels.h
+// now, launching onto the stream. Semantics of each kernel are those of cpu/row_kernels.h
 // (gradient kernels ADD into parameter gradients).
 #pragma once
 
@@ -51,13 +51,13 @@ class Kernels {
   // (B NH T floats), CUDA's the probabilities (B NH T T floats, with datt scratch of that size;
   // the CPU leaves datt alone): GptConfig::attention_probabilities, set from attention_keeps_probabilities.
   // `products` bf16: a bf16 block's attention, whose products the CPU runs on bf16 operands
-  // (cpu/gpt_kernels.h); CUDA's run in f32 either way.
+  // (cpu/row_kernels.h); CUDA's run in f32 either way.
   virtual void attention_forward(float* out, float* att, const float* qkv, int B, int T, int NH, int KVH, int hs, DType products) = 0;
   virtual void attention_backward(float* dqkv, float* datt, const float* dout, const float* out, const float* qkv, const float* att,
                                   int B, int T, int NH, int KVH, int hs, DType products) = 0;
   // Generation: rows [pos, pos + n) of one sequence's qkv rows [pos + n, W] over rows [0, pos + n).
   virtual void attention_rows(float* out, float* att, const float* qkv, int pos, int n, int NH, int KVH, int hs) = 0;
-  // Rows (n, j) of N x groups at n * ld + j * C (cpu/gpt_kernels.h).
+  // Rows (n, j) of N x groups at n * ld + j * C (cpu/row_kernels.h).
   virtual void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, size_t N, int groups, int C, size_t ld,
                                float eps) = 0;
   virtual void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
@@ -75,7 +75,7 @@ class Kernels {
   virtual void widen(TensorView src, float* dst) = 0;
   virtual void add_into(TensorView dst, const float* src) = 0;
   // Cross-entropy over logits [N, V] of the vocabulary entries [v_lo, v_lo + V), in the three steps
-  // of cpu/gpt_kernels.h; `stats` is 3N floats of device memory: max, sums, picked. Between the
+  // of cpu/row_kernels.h; `stats` is 3N floats of device memory: max, sums, picked. Between the
   // steps a vocabulary split over ranks takes the max of stats[0, N) and the sum of stats[N, 3N)
   // over them. finish writes each row's loss into row_losses (N floats, device memory); with
   // dlogits_scale != 0 the logits become their gradient times it. gradient makes the same gradient
@@ -89,8 +89,8 @@ class Kernels {
   virtual void crossentropy_gradient(float* logits, const int32_t* targets, size_t N, int V, int v_lo, float dlogits_scale,
                                      const float* stats) = 0;
   virtual void mean_loss(float* row_losses, size_t N, float* loss) = 0;
-  // Mixture of experts: rows moved to their experts and back (cpu/gpt_kernels.h; the index arrays
-  // are device memory, laid out as moe_gate.h's Routing).
+  // Mixture of experts: rows moved to their experts and back (cpu/row_kernels.h; the index arrays
+  // are device memory, laid out as moe/router.h's Routing).
   virtual void moe_dispatch(float* out, const float* x, const int32_t* row_token, size_t R, int C) = 0;
   virtual void moe_dispatch_backward(float* dx, const float* drows, const int32_t* row, size_t N, int k, int C) = 0;
   virtual void moe_combine(float* y, const float* rows, const int32_t* row, const float* weight, size_t N, int k, int C) = 0;

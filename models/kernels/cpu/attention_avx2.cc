@@ -9,8 +9,8 @@
 #include <type_traits>  // std::is_same_v
 #include <utility>      // std::integer_sequence
 
-#include "models/gpt/cpu/attention_isa.h"
-#include "models/gpt/cpu/bf16_round.h"  // bf16_of, pair_of
+#include "models/kernels/cpu/attention_isa.h"
+#include "models/kernels/cpu/bf16_round.h"  // bf16_of, pair_of
 
 namespace zeroth::gpt::cpu {
 namespace {
@@ -94,7 +94,7 @@ struct Lanes {
   }
 };
 
-#include "models/gpt/cpu/attention_tile.inc"
+#include "models/kernels/cpu/attention_tile.inc"
 
 }  // namespace
 

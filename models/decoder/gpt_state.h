@@ -1,5 +1,5 @@
 // The GPT's state between calls (Gpt::State): the activation slots of the micro-batches in flight
-// and the backward scratch, in one allocation laid out by reserve(). Internal to models/gpt:
+// and the backward scratch, in one allocation laid out by reserve(). Internal to models/decoder:
 // activations.cc sizes and lays it out, gpt_step.cc runs the passes over it.
 #pragma once
 
@@ -8,10 +8,10 @@
 #include <memory>   // std::unique_ptr
 #include <vector>   // std::vector
 
-#include "core/device.h"         // Buffer, Device, Stream
-#include "models/gpt/gpt.h"      // Gpt, GptConfig, GptPart
-#include "models/gpt/kernels.h"  // gpt::Kernels
-#include "models/gpt/layers.h"   // gpt::Dims, gpt::LayerActs, gpt::Scratch
+#include "core/device.h"             // Buffer, Device, Stream
+#include "models/decoder/gpt.h"      // Gpt, GptConfig, GptPart
+#include "models/kernels/kernels.h"  // gpt::Kernels
+#include "models/decoder/layers.h"   // gpt::Dims, gpt::LayerActs, gpt::Scratch
 
 namespace zeroth {
 

@@ -8,7 +8,7 @@
 
 #include "core/error.h"   // ZEROTH_THROW
 #include "core/memory.h"  // logits_chunk_rows
-#include "models/gpt/gpt.h"
+#include "models/decoder/gpt.h"
 
 namespace zeroth {
 

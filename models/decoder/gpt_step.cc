@@ -7,9 +7,9 @@
 #include "core/device.h"  // Buffer
 #include "core/error.h"   // ZEROTH_THROW
 #include "core/log.h"     // ZLOG_WARN
-#include "models/gpt/gpt_state.h"
-#include "models/gpt/kernels.h"  // gpt::Kernels
-#include "models/gpt/layers.h"   // gpt::layer_forward, gpt::Dims
+#include "models/decoder/gpt_state.h"
+#include "models/kernels/kernels.h"  // gpt::Kernels
+#include "models/decoder/layers.h"   // gpt::layer_forward, gpt::Dims
 
 namespace zeroth {
 

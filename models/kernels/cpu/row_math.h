@@ -9,8 +9,8 @@
 #include <cstdint>  // int32_t
 #include <cstring>  // std::memcpy
 
-#include "core/cpu/kernels.h"           // cpu::num_threads
-#include "models/gpt/cpu/bf16_round.h"  // bf16_of
+#include "core/cpu/kernels.h"               // cpu::num_threads
+#include "models/kernels/cpu/bf16_round.h"  // bf16_of
 
 #ifdef ZEROTH_NO_ISA_CLONES
 #define ZEROTH_ISA_CLONES
@@ -43,7 +43,7 @@ inline float fast_exp(float x_in) {
   return x_in < -87.0f ? 0.0f : p * scale;
 }
 
-// Row loops of gpt_kernels.cc, cloned per ISA there. Sums and maxima run in 16 lanes combined in a
+// Row loops of row_kernels.cc, cloned per ISA there. Sums and maxima run in 16 lanes combined in a
 // fixed order, so they vectorize without reassociation.
 float row_max(const float* x, int n);  // -3e38 for n = 0
 // x[j] = exp(x[j] - shift) for j < n; returns their sum.

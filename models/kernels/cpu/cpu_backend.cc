@@ -1,10 +1,10 @@
-// The GPT's CPU backend: the kernels of gpt_kernels.cc, run on the stream's thread.
+// The GPT's CPU backend: the kernels of row_kernels.cc, run on the stream's thread.
 #include <cstring>  // std::memcpy
 
-#include "core/cpu/kernels.h"            // cpu::cast, cpu::axpy, cpu::fill
-#include "core/error.h"                  // ZEROTH_THROW
-#include "models/gpt/cpu/gpt_kernels.h"  // gpt::cpu::*
-#include "models/gpt/kernels.h"
+#include "core/cpu/kernels.h"                // cpu::cast, cpu::axpy, cpu::fill
+#include "core/error.h"                      // ZEROTH_THROW
+#include "models/kernels/cpu/row_kernels.h"  // gpt::cpu::*
+#include "models/kernels/kernels.h"
 
 namespace zeroth::gpt {
 namespace {

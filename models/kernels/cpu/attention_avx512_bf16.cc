@@ -9,13 +9,13 @@
 #include <type_traits>  // std::is_same_v
 #include <utility>      // std::integer_sequence
 
-#include "models/gpt/cpu/attention_isa.h"
-#include "models/gpt/cpu/bf16_round.h"  // bf16_of, pair_of
+#include "models/kernels/cpu/attention_isa.h"
+#include "models/kernels/cpu/bf16_round.h"  // bf16_of, pair_of
 
 namespace zeroth::gpt::cpu {
 namespace {
 
-#include "models/gpt/cpu/attention_avx512_lanes.inc"
+#include "models/kernels/cpu/attention_avx512_lanes.inc"
 
 struct Lanes : Avx512Lanes {
   // The roundings on vcvtne2ps2bf16 (nearest even; it reads a subnormal as 0, as vdpbf16ps does).
@@ -39,7 +39,7 @@ struct Lanes : Avx512Lanes {
   };
 };
 
-#include "models/gpt/cpu/attention_tile.inc"
+#include "models/kernels/cpu/attention_tile.inc"
 
 }  // namespace
 

@@ -3,7 +3,7 @@
 // are compiled per ISA (x86-64-v4, v3, baseline) through GCC's target_clones, which picks one at
 // load time: the same single dispatch idea as core/cpu, without hand-written intrinsics, because
 // these loops vectorize cleanly once exp is a polynomial instead of a libm call.
-#include "models/gpt/cpu/gpt_kernels.h"
+#include "models/kernels/cpu/row_kernels.h"
 
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
@@ -14,9 +14,9 @@
 #include <cstring>    // std::memcpy
 #include <vector>     // std::vector
 
-#include "core/cpu/gemm.h"            // sgemm
-#include "core/cpu/kernels.h"         // cpu::num_threads
-#include "models/gpt/cpu/row_math.h"  // ZEROTH_ISA_CLONES, fast_exp, for_rows
+#include "core/cpu/gemm.h"                // sgemm
+#include "core/cpu/kernels.h"             // cpu::num_threads
+#include "models/kernels/cpu/row_math.h"  // ZEROTH_ISA_CLONES, fast_exp, for_rows
 
 namespace zeroth::gpt::cpu {
 

@@ -4,7 +4,7 @@
 #include <algorithm>  // std::min
 
 #include "core/error.h"  // ZEROTH_THROW
-#include "models/gpt/gpt_state.h"
+#include "models/decoder/gpt_state.h"
 
 namespace zeroth {
 namespace {

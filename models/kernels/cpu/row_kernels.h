@@ -97,7 +97,7 @@ void residual_forward(float* out, const float* a, const float* b, size_t n);
 // y += x
 void accumulate(float* y, const float* x, size_t n);
 
-// Mixture of experts (models/gpt/moe_gate.h's Routing): choice j of token n is entry n k + j of
+// Mixture of experts (models/moe/router.h's Routing): choice j of token n is entry n k + j of
 // row[] and weight[]; row -1 is a dropped choice. Each kept choice has a row of its own among the
 // R dispatched rows, and row_token[r] is the token row r holds.
 // out[r] = x[row_token[r]] for r < R.
