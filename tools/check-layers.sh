@@ -33,10 +33,11 @@ declare -A waiting=(
 )
 
 rules=(
-  "engine/checkpoint/format.|core/ offload/ models/block_api.h engine/checkpoint/format.h"
+  "engine/checkpoint/staging.h|core/ offload/"
+  "engine/checkpoint/format.|core/ offload/ models/block_api.h engine/checkpoint/format.h engine/checkpoint/staging.h"
   "engine/checkpoint/reader.|core/ engine/checkpoint/format.h"
   "engine/config/|core/ optim/ models/block_api.h engine/config/"
-  "engine/plan/|core/ optim/ models/block_api.h engine/config/ engine/plan/ engine/checkpoint/format.h"
+  "engine/plan/|core/ optim/ models/block_api.h engine/config/ engine/plan/ engine/checkpoint/staging.h"
   "engine/executor/|core/ comm/ optim/ offload/ models/block_api.h engine/config/ engine/plan/ engine/executor/"
   "engine/pipeline/|core/ comm/ engine/plan/ engine/pipeline/"
   "engine/|core/ comm/ optim/ offload/ models/block_api.h engine/"

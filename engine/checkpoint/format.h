@@ -27,10 +27,11 @@
 
 #include <nlohmann/json.hpp>  // nlohmann::json
 
-#include "core/error_types.h"        // CheckpointError
-#include "offload/aio.h"             // offload::AsyncFile, IoOptions
-#include "models/block_api.h"        // TensorSplit
-#include "offload/aligned_buffer.h"  // offload::AlignedBuffer
+#include "core/error_types.h"           // CheckpointError
+#include "offload/aio.h"                // offload::AsyncFile, IoOptions
+#include "models/block_api.h"           // TensorSplit
+#include "offload/aligned_buffer.h"     // offload::AlignedBuffer
+#include "engine/checkpoint/staging.h"  // kStagingBytes, kWriteBuffers, kStreamBuffers
 
 namespace zeroth::ckpt {
 
@@ -106,15 +107,6 @@ struct FileCheck {
   // "" when none, else what is wrong ("<dir>/rank-00001.bin is truncated: ...").
   std::string describe(const std::string& step_dir, const FileEntry& file) const;
 };
-// Each of the staging buffers a data file streams through (kWriteBuffers of them for a save, one
-// written while the other fills; kStreamBuffers for a load, read ahead while one is hashed and
-// copied out): large enough for several of the file's blocks in flight, small enough that
-// touching them for the first time (slow on these machines) costs little per save or load. Data
-// goes through them in whole O_DIRECT blocks.
-inline constexpr size_t kStagingBytes = size_t{8} << 20;
-inline constexpr size_t kStagingAlignment = offload::kIoAlignment;
-inline constexpr int kWriteBuffers = 2;
-inline constexpr int kStreamBuffers = 4;
 
 // One pass over a data file: read once through io_uring (O_DIRECT, the staging buffers in flight;
 // the last partial 4 KiB block with pread), hashed in order, each piece shown to

@@ -5,8 +5,8 @@
 
 #include <fmt/format.h>  // fmt::format
 
-#include "core/error.h"                // ZEROTH_THROW
-#include "engine/checkpoint/format.h"  // ckpt::kStagingBytes
+#include "core/error.h"                 // ZEROTH_THROW
+#include "engine/checkpoint/staging.h"  // ckpt::kStagingBytes
 
 namespace zeroth {
 
