@@ -64,8 +64,8 @@ void run_eval(EvalOptions& o) {
 void add_eval_command(CLI::App& app) {
   auto o = std::make_shared<EvalOptions>();
   auto* cmd = app.add_subcommand(
-      "eval", "The mean next-token cross-entropy (and perplexity) of a config's starting weights (run.init_from, or "
-              "--resume's checkpoint) over every complete window of its validation data");
+      "eval", "The mean next-token cross-entropy (and perplexity) of a run's trained weights, or of a config's starting "
+              "weights (run.init_from, or --resume's checkpoint), over every complete window of its validation data");
   add_run_config_options(
       cmd, o->run, "Evaluate",
       "The run's JSON config (see configs/), or a run's folder: its config, and its trained weights (model.safetensors, "

@@ -58,9 +58,9 @@ void run_generate(GenerateCliOptions& g) {
 
 void add_generate_command(CLI::App& app) {
   auto g = std::make_shared<GenerateCliOptions>();
-  auto* cmd = app.add_subcommand(
-      "generate", "Text from a config's starting weights (run.init_from, or --resume's checkpoint), decoded with a key/value "
-                  "cache on one rank and streamed");
+  auto* cmd = app.add_subcommand("generate",
+                                 "Text from a run's trained weights, or a config's starting weights (run.init_from, or --resume's "
+                                 "checkpoint), decoded with a key/value cache on one rank and streamed");
   add_run_config_options(cmd, g->run, "Generate from",
                          "The run's JSON config (see configs/): its model, its data.tokenizer; or a run's folder: its config, and its "
                          "trained weights unless --resume or --set run.init_from say otherwise",

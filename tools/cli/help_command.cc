@@ -5,10 +5,12 @@
 #include <cstdio>     // std::fputs
 #include <memory>     // std::make_shared
 #include <string>     // std::string
+#include <vector>     // std::vector
 
 #include <CLI/CLI.hpp>   // CLI::App
 #include <fmt/format.h>  // fmt::format
 
+#include "core/error.h"  // ZEROTH_THROW
 #include "tools/cli/commands.h"
 
 namespace zeroth::tools {
@@ -70,18 +72,33 @@ void command(std::string& out, const CLI::App& app, const std::string& path) {
 }  // namespace
 
 void add_help_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("help", "Every command's options; with --markdown, as docs/cli.md holds them");
-  auto markdown = std::make_shared<bool>(false);
-  cmd->add_flag("--markdown", *markdown, "Print the reference as Markdown (docs/cli.md is this output)");
-  cmd->callback([&app, markdown] {
-    if (!*markdown) {
-      std::fputs(app.help().c_str(), stdout);
+  auto* cmd = app.add_subcommand("help",
+                                 "A command's options (zeroth help bench offload); with --markdown, every command's, as docs/cli.md");
+  struct Args {
+    std::vector<std::string> command;
+    bool markdown = false;
+  };
+  auto args = std::make_shared<Args>();
+  cmd->add_option("command", args->command, "The command, with its subcommand where it has them (default: the list of commands)");
+  cmd->add_flag("--markdown", args->markdown, "Print every command's options as Markdown (docs/cli.md is this output)");
+  cmd->callback([&app, args] {
+    if (!args->markdown) {
+      // The formatter directly: App::help() would describe the command being run, `help` itself.
+      const CLI::App* at = &app;
+      std::string path = "zeroth";
+      for (const auto& name : args->command) {
+        const auto subs = at->get_subcommands([&](const CLI::App* s) { return s->get_name() == name; });
+        if (subs.empty()) ZEROTH_THROW(InvalidArgument, "zeroth help: {} has no command '{}' (zeroth help lists them)", path, name);
+        at = subs[0];
+        path += " " + name;
+      }
+      std::fputs(at->get_formatter()->make_help(at, path, CLI::AppFormatMode::Normal).c_str(), stdout);
       return;
     }
     std::string out = fmt::format(
         "# zeroth's commands\n\nEvery command and its options, as `zeroth help --markdown` prints them from the commands' own "
-        "help (`zeroth CMD --help` shows one). A test fails when this file and the binary differ: regenerate it with "
-        "`build/tools/zeroth help --markdown > docs/cli.md`.\n\n");
+        "help (`zeroth help CMD` or `zeroth CMD --help` shows one). A test fails when this file and the binary differ: "
+        "regenerate it with `build/tools/zeroth help --markdown > docs/cli.md`.\n\n");
     std::string body;
     command(body, app, "");
     // `help` itself is the page, not one of its entries.

@@ -188,7 +188,8 @@ int run(Options& o) {
 
 void add_train_command(CLI::App& app) {
   auto o = std::make_shared<Options>();
-  auto* cmd = app.add_subcommand("train", "Train a GPT from a JSON config (DeepSpeed keys plus model, data, run)");
+  auto* cmd = app.add_subcommand("train", "Train a model (GPT-2, the Llama family, mixture of experts) from a JSON config "
+                                          "(DeepSpeed's keys plus model, data, run) or a run's folder");
   add_run_config_options(cmd, o->run, "Continue from", "The run's JSON config (see configs/), or a run's folder (its config.json)",
                          "--set zero_optimization.stage=2 --set run.steps=50");
   cmd->add_flag("--dry-run", o->dry_run, "Print the resolved config and the per-rank memory plan, then exit");
