@@ -20,7 +20,6 @@ declare -A waiting=(
   [comm/tcp_store.cc]=581
   [engine/executor/offload.cc]=510
   [engine/executor/step.cc]=515
-  [models/kernels/cuda/cuda_backend.cu]=585
   [offload/aio.cc]=552
   [tests/engine/checkpoint/checkpoint_test.cc]=575
   [tests/engine/plan/engine_plan_test.cc]=594
