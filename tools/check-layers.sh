@@ -45,7 +45,7 @@ rules=(
   "optim/|core/ optim/"
   "offload/|core/ offload/"
   "models/kernels/|core/ models/block_api.h models/kernels/"
-  "models/moe/|core/ comm/ models/block_api.h models/decoder/layers.h models/kernels/ models/moe/"
+  "models/moe/|core/ comm/ models/block_api.h models/decoder/gpt.h models/decoder/dims.h models/decoder/layers.h models/kernels/ models/moe/"
   "models/decoder/|core/ comm/ models/block_api.h models/kernels/ models/moe/ models/decoder/"
   "models/|core/ comm/ models/"
   "planner/|core/ engine/config/ engine/pipeline/schedule.h planner/"

@@ -14,67 +14,16 @@
 #include <memory>      // std::shared_ptr, std::unique_ptr
 #include <vector>      // std::vector
 
-#include "comm/communicator.h"       // Communicator
-#include "core/device.h"             // Buffer, Stream, TensorView
-#include "models/decoder/gpt.h"      // GptConfig, GptPart
-#include "models/kernels/kernels.h"  // gpt::Kernels
-#include "models/moe/router.h"       // gpt::MoeGate, gpt::Routing
+#include "comm/communicator.h"            // Communicator
+#include "core/device.h"                  // Buffer, Stream, TensorView
+#include "models/decoder/gpt.h"           // GptConfig, GptPart
+#include "models/decoder/dims.h"          // Dims, PartBlocks
+#include "models/decoder/tensor_group.h"  // TensorGroup
+#include "models/kernels/kernels.h"       // gpt::Kernels
+#include "models/moe/dispatch.h"          // ExpertRows, ExpertGroup
+#include "models/moe/router.h"            // gpt::Routing
 
 namespace zeroth::gpt {
-
-// The part, or the whole model (keeping the part's tensor-parallel place) when it names no chunk.
-GptPart complete_part(const GptPart& part, const GptConfig& config);
-// The part's block ids: the embedding (or the head's copy), each layer's (-1 elsewhere), ln_f.
-struct PartBlocks {
-  int embed = -1, ln_f = -1, head = -1;  // head: the embedding's block when tied
-  std::vector<int> layers;
-  std::vector<int> experts;  // each expert layer's experts (right after its layer), -1 elsewhere
-};
-PartBlocks part_blocks(const GptConfig& config, const GptPart& part);
-
-// A rank's widths: C channels in the residual stream, its query heads (NH) and key/value heads (KVH)
-// of hs channels, the attention's output width (Cq = NH hs) and its qkv rows' (W = (NH + 2 KVH) hs),
-// its MLP width (F), its vocabulary rows [v_lo, v_lo + V); and the architecture's switches.
-struct Dims {
-  int C = 0, NH = 0, KVH = 0, hs = 0, Cq = 0, W = 0, F = 0, v_lo = 0, V = 0;
-  int tp = 1, tp_rank = 0;
-  // Expert layers: the gate, each expert's MLP width (X), and the capacities' factors; expert
-  // parallelism: this rank's place in the group of `ep` ranks that share the experts out (rank p
-  // holds experts [p n, (p + 1) n), n = local_experts()).
-  MoeGate gate;
-  int X = 0, min_capacity = 0;
-  double capacity_factor = 1, eval_capacity_factor = 1;
-  bool moe = false;
-  int ep = 1, ep_rank = 0;
-  size_t ep_group_tokens = 0;  // GptPart::ep_group_tokens
-  int local_experts() const { return gate.experts / ep; }
-  // SwiGLU experts' up-projection width.
-  int expert_up() const { return llama ? 2 * X : X; }
-  // The most rows this rank dispatches for BT tokens of its own (every choice, or the experts'
-  // capacities at the larger of the two factors), and the most its experts can receive from the
-  // group (each rank's rows for them, the worst case being all of them).
-  size_t moe_rows(size_t BT) const;
-  size_t moe_expert_rows(size_t BT) const;
-  // Floats only the all-to-alls need (expert parallelism): the rows on their way out, the experts'
-  // outputs on their way back, the gradients at the received rows and at the experts' inputs.
-  size_t moe_exchange_floats(size_t BT) const {
-    return moe && ep > 1 ? (moe_rows(BT) + 3 * moe_expert_rows(BT)) * static_cast<size_t>(C) : 0;
-  }
-  int loss_rows = 0;  // GptConfig::loss_chunk_rows
-  // Tokens per chunk of the LM head and loss, and whether the logits are kept whole instead.
-  size_t loss_chunk(size_t BT) const { return loss_rows > 0 ? std::min<size_t>(loss_rows, BT) : BT; }
-  bool keeps_logits() const { return loss_rows == 0; }
-  bool sp = false;  // sequence parallel (with tp > 1)
-  bool llama = false, qkv_bias = false, o_bias = false, qk_norm = false;
-  float eps = 1e-5f;
-  static Dims of(const GptConfig& config, const GptPart& part);
-  // MLP-up's output width: gate and up (SwiGLU), or the GELU's input.
-  int up() const { return llama ? 2 * F : F; }
-  // Rows of the residual stream this rank holds of a micro-batch of BT tokens.
-  size_t rows(size_t BT) const { return sp ? BT / tp : BT; }
-  // Where this rank's rows start in a whole [BT, C] buffer.
-  size_t row_offset(size_t BT) const { return sp ? tp_rank * rows(BT) * C : 0; }
-};
 
 // What one transformer block keeps from forward for backward. The LayerNorms' outputs (ln1, ln2),
 // their statistics and res2 are this rank's rows (all of them without sequence parallelism; with
@@ -86,20 +35,7 @@ struct Dims {
 // In an expert layer moe_in holds the rows this rank's experts received (their inputs), fch and
 // fch_act theirs, moe_out the outputs of this rank's own dispatched rows once back, and moe_row /
 // moe_token / moe_weight the routing's arrays (ExpertRows numbering) on the device.
-//
-// The dispatched rows are numbered by local expert slot, then by the rank holding it (slot j of
-// rank p is expert p n + j): each slot's rows go to the ranks as one contiguous run per rank, and
-// arrive as one contiguous run per slot. With one rank this is the experts' own order.
-struct ExpertRows {
-  std::vector<int32_t> row, row_token;  // the routing's, renumbered
-  std::vector<size_t> sent;             // [slot x ep + peer]: rows sent to that peer's slot
-  std::vector<size_t> received;         // [slot x ep + peer]: rows that peer sent to this rank's slot
-  size_t sent_total() const;
-  size_t received_total() const;
-  size_t received_in(int slot, int ep) const;  // this rank's rows of one slot, from every peer
-  ExpertRows(const Routing& routing, int ep);
-  ExpertRows() = default;
-};
+
 // An expert layer's routing of one micro-batch, on the host, from the layer's use to the experts'
 // (and kept for backward).
 struct MoeActs {
@@ -146,46 +82,6 @@ struct MoePass {
   Stream* stream = nullptr;
 };
 
-// The expert-parallel group's all-to-alls, one per local expert slot each way (each slot's rows from
-// every rank land together, so an expert multiplies one run). On a stream of their own (`exchange`)
-// they run under the products: the later slots' rows arrive while slot j's expert computes, and once
-// every slot's rows are in, each slot's results leave as they are made; without one they run in turn
-// on the compute stream.
-// One rank: the rows stay where they are (the caller passes the same buffers both ways).
-class ExpertGroup {
- public:
-  // `events` (grown here) order the two streams; the group's passes reuse them.
-  ExpertGroup(Communicator* comm, Stream& compute, Stream* exchange, std::vector<std::unique_ptr<Event>>* events, const Dims& dims)
-      : comm_(comm), compute_(compute), exchange_(exchange), events_(events), dims_(dims) {}
-  // Rows [at, at + n) of the received rows of local slot j.
-  using SlotWork = std::function<void(int j, size_t at, size_t n)>;
-  struct Trip {
-    const float* send;  // this rank's rows [rows.sent_total(), C], ExpertRows order
-    float* recv;        // the rows its experts receive (room for `room` rows)
-    size_t room;
-    const float* results;  // the experts' results at the received rows
-    float* back;           // the results of this rank's rows, in `send`'s order
-  };
-  // One round trip: the rows out; `slot` enqueues slot j's compute work once its rows are in (and
-  // before its results leave); `after` enqueues compute work that needs no exchange, under the
-  // results' return; later compute work sees `back` complete. With record_counts (a layer's
-  // forward) what came from whom is kept in rows.received; otherwise (recomputation, backward) it
-  // is checked to be the same.
-  void round_trip(ExpertRows& rows, bool record_counts, const Trip& t, const SlotWork& slot, const std::function<void()>& after) const;
-
- private:
-  Event& event(size_t i) const;
-  void hand_over(Stream& from, Stream& to) const;
-  // round_trip's exchanges and the compute work between them, from the rows made to the results back.
-  void exchange(ExpertRows& rows, bool record_counts, const Trip& t, const SlotWork& slot, const std::function<void()>& after) const;
-
-  Communicator* comm_;
-  Stream& compute_;
-  Stream* exchange_;
-  std::vector<std::unique_ptr<Event>>* events_;
-  Dims dims_;
-};
-
 // Generation's key/value cache of one layer (Gpt::decode, one sequence): `rows` holds the qkv rows
 // of positions [0, pos) from earlier passes; a pass writes its rows at [pos, pos + BT) and attends
 // over [0, pos + BT); att is scratch of NH BT (pos + BT) floats (the CPU uses NH BT of them: each
@@ -199,31 +95,6 @@ struct KvCache {
 // The attention of a block use's qkv rows into a.atty, in stream work: within the micro-batch, or
 // over the cache.
 void attend(Kernels& k, const LayerActs& a, const KvCache& kv, int B, int T, int NH, int KVH, int hs, DType products);
-
-// The collectives of a block use, enqueued on the compute stream between the kernels' work.
-class TensorGroup {
- public:
-  TensorGroup(Communicator* comm, Stream& stream, const Dims& dims) : comm_(comm), stream_(stream), dims_(dims) {}
-  // Partial sums [BT, C] in `partial` become their sum: in `partial` (all-reduce), or this rank's
-  // rows of it in `rows` (reduce-scatter, sequence parallel).
-  void reduce(float* partial, float* rows, size_t BT) const;
-  // Sequence parallel: the ranks' rows of `whole` [BT, C] (this rank's already in place) gathered.
-  void gather(float* whole, size_t BT) const;
-  // This rank's rows of a gradient at `rows` gathered into `whole` (the same pointer without
-  // sequence parallelism, where every rank holds every row): the input of the row-parallel
-  // linears' backward.
-  const float* gathered_rows(const float* rows, float* whole, size_t BT) const;
-  void all_reduce(float* x, size_t n, ReduceOp op) const;
-  // A whole [BT, C] that every rank computed alike (not a partial sum): this rank's rows of it in
-  // `rows` (sequence parallel), or already in place (the same pointer).
-  void keep_rows(const float* whole, float* rows, size_t BT) const;
-  const Dims& dims() const { return dims_; }
-
- private:
-  Communicator* comm_;
-  Stream& stream_;
-  Dims dims_;
-};
 
 // A block's parameters as f32 pointers, and where its backward adds gradients in f32, for the
 // stream's work of one block use. For an f32 block these are the engine's own views; for bf16/f16
