@@ -28,7 +28,6 @@ declare -A waiting=(
   [tools/bench/offload.cc]=511
   [tools/cli/estimate_command.cc]=570
   [train/report/console.cc]=538
-  [train/trainer.cc]=588
 )
 
 rules=(

@@ -1,0 +1,348 @@
+// A training run's steps but the loop's own (train/training_run.h): making the engine and the
+// model, restoring, evaluating, saving, reporting a step.
+#include "train/training_run.h"
+
+#include "train/hf/export.h"  // save_gpt_weights
+
+#include <algorithm>   // std::max
+#include <chrono>      // std::chrono::steady_clock
+#include <cmath>       // std::isfinite
+#include <exception>   // std::exception_ptr
+#include <filesystem>  // std::filesystem::is_directory
+#include <functional>  // std::function
+#include <optional>    // std::optional
+#include <vector>      // std::vector
+
+#include <fmt/format.h>  // fmt::format
+
+#include "core/error.h"                    // ZEROTH_THROW
+#include "core/memory.h"                   // format_bytes
+#include "core/log.h"                      // ZLOG_WARN
+#include "core/stats.h"                    // median
+#include "engine/checkpoint/checkpoint.h"  // ckpt::save, ckpt::load
+#include "engine/engine.h"                 // Engine
+#include "engine/plan/estimate.h"          // estimate
+#include "engine/pipeline/runner.h"        // PipelineRunner
+#include "comm/process_grid.h"             // ProcessGrid
+#include "models/decoder/gpt.h"            // Gpt
+#include "train/data.h"                    // RunData, open_run_data
+
+namespace zeroth {
+
+TrainingRun::TrainingRun(const TrainConfig& config, Communicator& world, Device& device, TrainObserver* observer,
+                         const std::atomic<bool>* stop)
+    : config_(config),
+      world_(world),
+      device_(device),
+      observer_(observer),
+      stop_(stop),
+      lead_(checked_rank(config, world) == 0),
+      pp_(config.parallel.pipeline),
+      tp_(config.parallel.tensor),
+      groups_(pp_ > 1 || tp_ > 1 ? std::optional(ProcessGrid(config.data_parallel(), pp_, tp_).split(world)) : std::nullopt),
+      dp_(groups_ ? *groups_->dp : world),
+      experts_(config.parallel.expert > 1 ? dp_.split(dp_.rank() / config.parallel.expert, dp_.rank()) : nullptr),
+      stage_(groups_ ? groups_->pp->rank() : 0),
+      tp_rank_(groups_ ? groups_->tp->rank() : 0),
+      part_(config.part(stage_, tp_rank_, dp_.rank())),
+      runner_(pp_ > 1
+                  ? std::make_unique<PipelineRunner>(device, *groups_->pp,
+                                                     make_pipe_schedule(config.parallel.schedule, pp_,
+                                                                        static_cast<int>(config.engine.gradient_accumulation_steps),
+                                                                        config.parallel.virtual_stages))
+                  : nullptr),
+      heads_(part_.has_head(config.model)),
+      mb_(static_cast<int>(config.micro_batch_size)),
+      T_(config.model.seq_len),
+      gas_(static_cast<int>(config.engine.gradient_accumulation_steps)),
+      n_(static_cast<size_t>(mb_) * T_),
+      run_data_(open_run_data(config, dp_.size(), dp_.rank())),
+      planned_(plan_stage(config, stage_, dp_.rank(), tp_rank_)),
+      tokens_(n_ * gas_),
+      targets_(n_ * gas_),
+      losses_(gas_),
+      engine_(device, dp_, config.engine),
+      gpt_(configured_engine(), config.model, part_, tp_ > 1 ? groups_->tp.get() : nullptr, experts_.get()),
+      stage_model_(make_stage_model()),
+      saver_(config.run.checkpoint_async),
+      tokens_per_step_(static_cast<double>(config.tokens_per_step())) {}
+
+int TrainingRun::checked_rank(const TrainConfig& config, Communicator& world) {
+  if (world.size() != config.run.world_size) {
+    ZEROTH_THROW(ConfigError, "run.world_size is {} but the communicator has {} ranks", config.run.world_size, world.size());
+  }
+  return world.rank();
+}
+
+// The engine's groups before the model declares its blocks on it.
+Engine& TrainingRun::configured_engine() {
+  if (pp_ > 1) engine_.set_pipeline(*groups_->pp, planned_.plan.tied_block);
+  if (runner_) engine_.set_pass_order(runner_->passes());
+  if (tp_ > 1) engine_.set_tensor_parallel(*groups_->tp);
+  return engine_;
+}
+
+// A pipeline stage's passes: the runner calls them in its schedule's order, with the tokens and
+// targets of the cycle's micro-batches loaded before (an evaluation's in the first micro-batch's place).
+PipeModel TrainingRun::make_stage_model() {
+  PipeModel m;
+  m.forward = [this](int micro, int c) {
+    gpt_.forward_chunk(micro, c, tokens_.data() + micro * n_, targets_.data() + micro * n_, mb_, T_, &losses_[micro]);
+  };
+  m.backward = [this](int micro, int c) { gpt_.backward_chunk(micro, c); };
+  m.evaluate = [this](int c) { gpt_.evaluate_chunk(c, tokens_.data(), targets_.data(), eval_rows_, T_, &losses_[0]); };
+  m.port = [this](PipePort port, int micro, int c) {
+    const Gpt::Port ports[] = {Gpt::Port::input, Gpt::Port::output, Gpt::Port::input_grad, Gpt::Port::output_grad};
+    return gpt_.port(ports[static_cast<int>(port)], micro, c);
+  };
+  return m;
+}
+
+void TrainingRun::restore(bool for_eval) {
+  summary_.parameters = config_.model.num_parameters();
+  // A resumed run, or one starting from saved weights, sets every parameter itself.
+  engine_.finalize(std::move(planned_.plan), planned_.model, config_.run.resume.empty() && config_.run.init_from.empty());
+  if (!config_.run.resume.empty()) {
+    ckpt::Manifest m;
+    summary_.resume_io = ckpt::load(engine_, config_.run.resume, &m);
+    summary_.resumed_from = summary_.resume_io.path;
+    summary_.start_step = engine_.steps_run();
+    if (!for_eval && summary_.start_step >= config_.run.steps) {
+      ZEROTH_THROW(ConfigError, "the checkpoint {} is at step {} and run.steps is {}: nothing is left to train; raise run.steps",
+                   summary_.resumed_from, summary_.start_step, config_.run.steps);
+    }
+    const auto& r = m.run;
+    nonfinite_ = r.value("nonfinite_steps", int64_t{0});
+    last_finite_step_ = r.value("last_finite_step", int64_t{0});
+    last_finite_loss_ = r.value("last_finite_loss", 0.0);
+    const int64_t saved_batch = r.contains("data") ? r["data"].value("train_batch_size", int64_t{0}) : 0;
+    if (lead_ && saved_batch != 0 && saved_batch != config_.train_batch_size) {
+      ZLOG_WARN("resuming at step {} with train_batch_size {} where the checkpoint's run had {}: the data continues from sample {}, "
+                "not from the {} samples that run had consumed",
+                summary_.start_step, config_.train_batch_size, saved_batch, summary_.start_step * config_.train_batch_size,
+                summary_.start_step * saved_batch);
+    }
+    return;
+  }
+  if (!config_.run.init_from.empty()) load_initial_weights(engine_, config_);
+  if (!for_eval && lead_ && config_.run.checkpoint_interval >= 0 &&
+      std::filesystem::exists(config_.run.checkpoint_dir + "/" + ckpt::kLatestName)) {
+    ZLOG_WARN("{} holds checkpoints of an earlier run; this run's go beside them (a step folder of the same number is replaced, "
+              "run.keep_last counts them all): use --resume to continue that run, or another run.checkpoint_dir",
+              config_.run.checkpoint_dir);
+  }
+}
+
+void TrainingRun::start() {
+  const DataSplits& data = run_data_.splits;
+  const RunFacts facts{summary_.parameters, data.train.size(), data.has_val ? data.val.size() : 0, planned_.need};
+  report([&] { observer_->on_start(config_, engine_.plan(), facts); });
+  if (resumed()) report([&] { observer_->on_resume(summary_.resume_io, summary_.start_step); });
+  shared_ = device_.allocate(2 * sizeof(float), MemTag::buffers);
+}
+
+std::pair<double, bool> TrainingRun::agree(double value, bool stop_here) {
+  Stream& cs = engine_.compute_stream();
+  float host[2] = {heads_ && tp_rank_ == 0 ? static_cast<float>(value) : 0.0f, stop_here ? 1.0f : 0.0f};
+  device_.copy(cs, shared_.data(), host, sizeof host);
+  world_.all_reduce(cs, shared_.view(DType::f32), ReduceOp::sum);
+  device_.copy(cs, host, shared_.data(), sizeof host);
+  cs.synchronize();
+  return {host[0] / dp_.size(), host[1] > 0};
+}
+
+void TrainingRun::agree_moe(StepMetrics& s) {
+  if (!config_.model.moe.enabled()) return;
+  const MoeStats m = gpt_.take_moe_stats();  // this rank's layers (stages hold different ones)
+  if (!moe_shared_) moe_shared_ = device_.allocate(8 * sizeof(float), MemTag::buffers);
+  Stream& cs = engine_.compute_stream();
+  float host[8] = {static_cast<float>(m.passes),  static_cast<float>(m.aux_loss), static_cast<float>(m.z_loss),
+                   static_cast<float>(m.choices), static_cast<float>(m.dropped),  static_cast<float>(m.max_load)};
+  const TensorView all = moe_shared_.view(DType::f32);
+  device_.copy(cs, all.data, host, sizeof host);
+  world_.all_reduce(cs, all.slice(0, 5), ReduceOp::sum);
+  world_.all_reduce(cs, all.slice(5, 1), ReduceOp::max);
+  device_.copy(cs, host, all.data, sizeof host);
+  cs.synchronize();
+  auto ratio = [](float a, float b) { return b > 0 ? a / b : 0.0; };
+  s.moe = true, s.moe_max_load = host[5];
+  s.moe_aux_loss = ratio(host[1], host[0]), s.moe_z_loss = ratio(host[2], host[0]), s.moe_dropped = ratio(host[4], host[3]);
+}
+
+void TrainingRun::evaluate(int64_t step) {
+  if (!run_data_.splits.has_val) return;
+  const EvalResult r = evaluate_windows(config_.run.eval_batches * mb_ * dp_.size());
+  if (summary_.first_val_loss < 0) summary_.first_val_loss = r.loss, summary_.first_val_step = step;
+  summary_.last_val_loss = r.loss, summary_.last_val_step = step;
+  report([&] { observer_->on_eval(step, r); });
+}
+
+void TrainingRun::evaluate_rows(int rows) {
+  if (runner_) {
+    eval_rows_ = rows;
+    gpt_.prepare(rows, T_);
+    engine_.begin_evaluation();
+    runner_->run_evaluation(stage_model_);
+    engine_.end_evaluation();
+  } else {
+    gpt_.evaluate(tokens_.data(), targets_.data(), rows, T_, &losses_[0]);
+  }
+  // The loss is written by queued work; the next batch reuses the token buffers.
+  engine_.compute_stream().synchronize();
+}
+
+EvalResult TrainingRun::evaluate_windows(int64_t most) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (!run_data_.splits.has_val) {
+    ZEROTH_THROW(ConfigError, "zeroth eval measures the validation data, and this config has none: set data.val (a token file or "
+                              "text) or data.val_fraction");
+  }
+  const TokenData& val = run_data_.splits.val;
+  EvalResult out;
+  out.of = val.size() > 0 ? static_cast<int64_t>((val.size() - 1) / T_) : 0;
+  out.windows = most > 0 ? std::min(most, out.of) : out.of;
+  out.tokens = out.windows * T_;
+  if (out.windows == 0) {
+    ZEROTH_THROW(ConfigError, "the validation data holds {} tokens, not one window of model.seq_len + 1 = {}", val.size(), T_ + 1);
+  }
+  if (!shared_) shared_ = device_.allocate(2 * sizeof(float), MemTag::buffers);
+  // Round r gives data-parallel rank d windows [r G + d mb, ...) with G = mb x dp; a rank past the
+  // end still runs its passes (ZeRO's gathers are collective) on window 0, weighted zero.
+  const int64_t per_round = static_cast<int64_t>(mb_) * dp_.size();
+  const int64_t rounds = (out.windows + per_round - 1) / per_round;
+  double sum = 0;  // this rank's tokens' cross-entropy, summed
+  for (int64_t r = 0; r < rounds; ++r) {
+    const int64_t first = r * per_round + static_cast<int64_t>(dp_.rank()) * mb_;
+    const int count = static_cast<int>(std::clamp<int64_t>(out.windows - first, 0, mb_));
+    const int rows = std::max(count, 1);
+    for (int b = 0; b < rows; ++b) {
+      const size_t at = static_cast<size_t>(count > 0 ? first + b : 0) * T_;
+      for (int t = 0; t < T_; ++t) {
+        tokens_[static_cast<size_t>(b) * T_ + t] = val[at + t];
+        targets_[static_cast<size_t>(b) * T_ + t] = val[at + t + 1];
+      }
+    }
+    evaluate_rows(rows);
+    sum += static_cast<double>(losses_[0]) * count * T_;
+  }
+  // Each rank's share of the mean, summed over the ranks that compute the loss.
+  out.loss = agree(sum / static_cast<double>(out.tokens), false).first * dp_.size();
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return out;
+}
+
+void TrainingRun::published(const ckpt::IoStats& io) {
+  summary_.last_save = io;
+  ++summary_.checkpoints_saved;
+  report([&] { observer_->on_checkpoint(io, saved_step_); });
+}
+
+void TrainingRun::save(int64_t step) {
+  ckpt::SaveOptions o;
+  o.dir = config_.run.checkpoint_dir;
+  o.keep_last = static_cast<int>(config_.run.keep_last);
+  o.config = config_.resolved;
+  o.run = {{"data",
+            {{"next_step", step},
+             {"samples", step * config_.train_batch_size},
+             {"train_batch_size", config_.train_batch_size},
+             {"seed", config_.run.seed}}},
+           {"nonfinite_steps", nonfinite_},
+           {"last_finite_step", last_finite_step_},
+           {"last_finite_loss", last_finite_loss_}};
+  const ckpt::IoStats started = saver_.save(engine_, o);
+  saved_step_ = step;
+  if (!saver_.pending()) published(started);
+}
+
+void TrainingRun::run_passes(int64_t k, double pass_seconds[2]) {
+  using Clock = std::chrono::steady_clock;
+  Stream& cs = engine_.compute_stream();
+  const bool timed = config_.engine.time_breakdown;
+  if (runner_) {
+    // A pipeline stage: the runner walks the schedule; the stamps give the step's bubble.
+    for (int m = 0; m < gas_; ++m) run_data_.train.batch(k, m, tokens_.data() + m * n_, targets_.data() + m * n_);
+    gpt_.prepare(mb_, T_);
+    runner_->set_tracing(true);
+    runner_->run_cycle(stage_model_);
+    // wall_clock_breakdown: the passes' own times come from the stamps; the step's "reduce wait"
+    // is then only what follows the cycle's work, as without a pipeline.
+    if (timed) cs.synchronize();
+    return;
+  }
+  // The cycle's passes in the engine's order; the update comes after the last backward.
+  for (const auto& p : engine_.plan().passes) {
+    const int m = p.micro;
+    const auto start = Clock::now();
+    if (p.pass == Pass::forward) {
+      run_data_.train.batch(k, m, tokens_.data() + m * n_, targets_.data() + m * n_);
+      gpt_.forward(m, tokens_.data() + m * n_, targets_.data() + m * n_, mb_, T_, &losses_[m]);
+    } else {
+      gpt_.backward(m);
+    }
+    if (timed) {
+      // As DeepSpeed's timers do: a pass ends when its work has run, not when it is enqueued.
+      cs.synchronize();
+      pass_seconds[p.pass == Pass::forward ? 0 : 1] += std::chrono::duration<double>(Clock::now() - start).count();
+    }
+  }
+}
+
+void TrainingRun::take_measure(int64_t k, double pass_seconds[2]) {
+  PipeMeasure measured = runner_->measure(engine_.compute_stream());
+  if (k > summary_.start_step || config_.run.steps - summary_.start_step == 1) bubbles_.push_back(measured.bubble);
+  // wall_clock_breakdown: this stage's passes as its compute stream ran them.
+  for (const auto& span : measured.spans.at(stage_)) {
+    if (span.kind == SpanKind::forward || span.kind == SpanKind::backward)
+      pass_seconds[span.kind == SpanKind::forward ? 0 : 1] += span.end - span.start;
+  }
+  summary_.bubble_formula = measured.formula;
+  last_trace_ = std::move(measured);
+}
+
+void TrainingRun::report_step(int64_t k, double loss, double seconds, const StepResult& r, const double pass_seconds[2]) {
+  StepMetrics s;
+  agree_moe(s);  // a collective: every rank, before rank 0 reports
+  report([&] {
+    s.step = k + 1;
+    s.loss = loss;
+    s.lr = r.lr;
+    s.grad_norm = r.grad_norm;
+    s.loss_scale = r.loss_scale;
+    s.skipped = r.skipped;
+    s.step_seconds = seconds;
+    s.tokens_per_second = tokens_per_step_ / seconds;
+    s.peak_bytes = device_.memory().stats().total_peak;
+    s.forward_seconds = pass_seconds[0];
+    s.backward_seconds = pass_seconds[1];
+    s.reduce_wait_seconds = r.reduce_wait_seconds;
+    s.optimizer_seconds = r.update_seconds;
+    s.swap_read_bytes = r.swap_read_bytes;
+    s.swap_write_bytes = r.swap_write_bytes;
+    s.swap_busy_seconds = r.swap_busy_seconds;
+    s.optimizer_swap_read_bytes = r.update_swap_read_bytes;
+    s.optimizer_swap_write_bytes = r.update_swap_write_bytes;
+    s.speculation = r.speculation;
+    s.update_delayed = r.update_delayed;
+    observer_->on_step(s);
+  });
+}
+
+void TrainingRun::count_nonfinite(int64_t k, const StepResult& r) {
+  // The skip is the same on every rank (a global norm), so every rank ends here together.
+  // A dynamic f16 scale still has room to fall until it reaches its minimum; a static one never moves.
+  const bool dynamic_f16 = config_.engine.compute_dtype == DType::f16 && config_.engine.loss_scaler.loss_scale == 0.0;
+  const bool stuck = r.skipped && (!dynamic_f16 || r.loss_scale <= config_.engine.loss_scaler.min_loss_scale);
+  nonfinite_ = stuck ? nonfinite_ + 1 : r.skipped ? nonfinite_ : 0;
+  if (config_.run.max_nonfinite_steps > 0 && nonfinite_ >= config_.run.max_nonfinite_steps) {
+    ZEROTH_THROW(NumericError,
+                 "steps {} to {}: the gradients held Inf or NaN {} steps in a row (run.max_nonfinite_steps = {}){}; the run stops. "
+                 "Lower the learning rate, turn on gradient_clipping, or train in bf16 instead of fp16",
+                 k + 2 - nonfinite_, k + 1, nonfinite_, config_.run.max_nonfinite_steps,
+                 last_finite_step_ > 0
+                     ? fmt::format("; the last finite loss was {:.4f} at step {}", last_finite_loss_, last_finite_step_)
+                     : std::string("; no step had a finite loss"));
+  }
+}
+
+}  // namespace zeroth
