@@ -26,7 +26,6 @@ declare -A waiting=(
   [tests/offload/aio_test.cc]=538
   [tests/train/train_config_test.cc]=546
   [tools/bench/offload.cc]=511
-  [train/report/console.cc]=538
 )
 
 rules=(

@@ -8,12 +8,10 @@
 #include <memory>  // std::unique_ptr
 #include <string>  // std::string
 
-#include "train/trainer.h"  // TrainObserver, TrainConfig
+#include "train/report/box.h"  // tensor_line
+#include "train/trainer.h"     // TrainObserver, TrainConfig
 
 namespace zeroth::tools {
-
-// What each tensor-parallel rank holds and the model's collectives per layer.
-std::string tensor_line(const TrainConfig& c);
 
 class RunConsole : public TrainObserver {
  public:
