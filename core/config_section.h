@@ -22,11 +22,12 @@ namespace zeroth {
 // DeepSpeed's (and Hugging Face's) placeholder for a value the trainer fills in.
 bool is_auto(const nlohmann::json& v);
 
-// One read of a whole config that names all its mistakes at once, as DeepSpeed's config model does:
-// while it is in scope on a thread, a key's wrong value or an unknown key (ConfigSection's checks)
-// is recorded and the key's default stands in, so the read goes on. A check across keys that fails
-// is recorded too, but only when nothing was recorded before it: after a mistake, the values it
-// sees may be stand-ins, and what it says may follow from the mistake already named (a config
+// One read of a whole config that names its keys' mistakes at once, as DeepSpeed's config model
+// does: while it is in scope on a thread, a key's wrong value, an unknown key or a refused "auto"
+// (ConfigSection's checks, ZEROTH_KEY_ERROR) is recorded and the key's default stands in, so the
+// read goes on. A check that raises (across keys, or one not made through ConfigSection) ends the
+// read; it is named only when nothing was recorded before it, since after a mistake the values it
+// saw may be stand-ins and what it says may follow from the mistake already named (a config
 // validator of DeepSpeed's runs once its fields are valid, for the same reason).
 class ConfigErrors {
  public:
@@ -35,15 +36,20 @@ class ConfigErrors {
   ConfigErrors(const ConfigErrors&) = delete;
   ConfigErrors& operator=(const ConfigErrors&) = delete;
 
-  // Runs one section's read; a ConfigError it raises is recorded as above and the read goes on.
-  // Another error is raised unless a mistake was recorded before it.
+  // Runs one section's read, unless an earlier one stopped: a key's mistake is recorded and the
+  // read goes on with its default, but a section that raises stops the reading there, since it
+  // may have left its part of the config half made (later sections would read it). The error is
+  // recorded if nothing was before it; another kind of error is raised then, else dropped.
   template <typename F>
   void section(F&& read) {
+    if (stopped_) return;
     try {
       read();
     } catch (const ConfigError& e) {
+      stopped_ = true;
       if (errors_.empty()) errors_.push_back(e.what());
     } catch (const std::exception&) {
+      stopped_ = true;
       // A value of the wrong type read past its named mistake (a stand-in's neighbour).
       if (errors_.empty()) throw;
     }
@@ -56,6 +62,7 @@ class ConfigErrors {
 
  private:
   std::vector<std::string> errors_;
+  bool stopped_ = false;
   ConfigErrors* outer_;
 };
 

@@ -32,8 +32,9 @@ struct DeepSpeedKey {
 
 std::span<const DeepSpeedKey> deepspeed_keys();
 
-// Handles `section.key` (section "" for the top level) when the table has it: throws ConfigError
-// for an unsupported or later key with a value that asks for something, records a no-effect key
+// Handles `section.key` (section "" for the top level) when the table has it: a key error
+// (ZEROTH_KEY_ERROR: raised, or recorded under a ConfigErrors) for an unsupported or later key
+// with a value that asks for something, records a no-effect key
 // in `no_effect` ("path: why"). Returns false when the table does not have the key.
 bool handle_deepspeed_key(std::string_view section, const std::string& key, const nlohmann::json& value,
                           std::vector<std::string>* no_effect);
@@ -50,8 +51,8 @@ enum class AutoValues : uint8_t {
                  // offload sections, fp16, bf16); only for the section's own keys and the table's:
                  // "auto" on any other key is as unknown as any other value, so a typo never passes
 };
-// `section` without the keys the table handles (handle_deepspeed_key: it throws for those asking
-// for what zeroth lacks and records those with no effect), so the section's own parser sees only
+// `section` without the keys the table handles (handle_deepspeed_key: a key error for those asking
+// for what zeroth lacks, and those with no effect recorded), so the section's own parser sees only
 // the keys in `own`. A key in neither is treated as `unknown` says. `path` is the section's
 // ("" for the top level).
 nlohmann::json without_deepspeed_extras(const nlohmann::json& section, std::string_view path, std::span<const std::string_view> own,

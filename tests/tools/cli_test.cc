@@ -325,7 +325,7 @@ TEST(Cli, BadArgumentsGiveOneLineErrors) {
 // option fails here until the file is regenerated.
 TEST(Cli, TheReferenceInDocsIsTheBinarysHelp) {
   const std::string path = ::testing::TempDir() + "cli_help.md";
-  auto child = testing::spawn({ZEROTH_BIN, "help", "--markdown"}, {}, path);
+  auto child = testing::spawn({ZEROTH_BIN, "help", "--markdown"}, {"ZEROTH_LOG_LEVEL=error"}, path);
   ASSERT_EQ(testing::wait_exit(child, 60s), 0) << child.output();
   const std::string help = child.output(), file = testing::bytes_of(std::string(ZEROTH_SOURCE_DIR) + "/docs/cli.md");
   for (const char* command : {"## zeroth train\n", "## zeroth eval\n", "## zeroth estimate\n", "## zeroth plan\n",
@@ -338,6 +338,17 @@ TEST(Cli, TheReferenceInDocsIsTheBinarysHelp) {
                 << ":\n  binary: " << help.substr(at, help.find('\n', at) - at)
                 << "\n  file:   " << file.substr(at, file.find('\n', at) - at)
                 << "\nregenerate it with build/tools/zeroth help --markdown > docs/cli.md";
+}
+
+// The zeroth binary names no cuBLAS library among what the loader must open at its start (a CUDA
+// build opens it on the first product: core/cuda/cublas_lazy.cc); the dynamic section as readelf,
+// binutils' reader, prints it.
+TEST(Cli, TheBinaryLeavesCublasToItsFirstUse) {
+  auto child = testing::spawn({"/usr/bin/readelf", "-d", ZEROTH_BIN}, {}, ::testing::TempDir() + "cli_readelf.txt");
+  ASSERT_EQ(testing::wait_exit(child, 60s), 0) << child.output();
+  const std::string dynamic = child.output();
+  ASSERT_NE(dynamic.find("(NEEDED)"), std::string::npos) << dynamic;
+  EXPECT_EQ(dynamic.find("libcublas"), std::string::npos) << dynamic;
 }
 
 }  // namespace

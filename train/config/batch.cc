@@ -103,6 +103,7 @@ void resolve_batch(TrainConfig& t, const json& j) {
   };
   int64_t tbs = get("train_batch_size"), mb = get("train_micro_batch_size_per_gpu"), gas = get("gradient_accumulation_steps");
   const int64_t dp = t.data_parallel();
+  ZEROTH_CHECK(dp >= 1, "{} ranks hold no data-parallel group (the parallel section should have refused them)", t.run.world_size);
   if (tbs && mb && gas) {
     // all given: checked below
   } else if (tbs && mb) {
