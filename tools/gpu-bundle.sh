@@ -5,7 +5,7 @@
 # A Release build of the CUDA backend for Hopper and Ampere (CUDA_ARCHS, default "80;90"), libstdc++ and libgcc
 # linked in (ZEROTH_PORTABLE), in BUILD_DIR (default build-gpu-bundle); then the bundle in
 # BUILD_DIR/zeroth-gpu and BUILD_DIR/zeroth-gpu.tar.xz:
-#   zeroth and the test binaries that hold GPU cases (core, comm, models, optim), each with an
+#   zeroth and the test binaries that hold GPU cases (core, core_cuda, comm, models, optim), each with an
 #   RPATH of $ORIGIN/lib; lib/: every shared library they load but glibc's, the CUDA driver's,
 #   cuBLAS's and NCCL's (the GPU machine has those: its CUDA toolkit or its Python's NVIDIA
 #   wheels, which `run` finds at start); run: the launcher; configs/, the fortunes' text files
