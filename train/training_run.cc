@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>  // fmt::format
 
+#include "core/env.h"                      // env::kRestartCount
 #include "core/error.h"                    // ZEROTH_THROW
 #include "core/memory.h"                   // format_bytes
 #include "core/log.h"                      // ZLOG_WARN
@@ -107,7 +108,10 @@ void TrainingRun::restore(bool for_eval) {
     summary_.resume_io = ckpt::load(engine_, config_.run.resume, &m);
     summary_.resumed_from = summary_.resume_io.path;
     summary_.start_step = engine_.steps_run();
-    if (!for_eval && summary_.start_step >= config_.run.steps) {
+    // A job restarted after its last checkpoint (a rank lost between that save and the end) only
+    // finishes: the weights and the summary, with no step left to run.
+    const bool restarted = env::get_int(env::kRestartCount).value_or(0) > 0;
+    if (!for_eval && !restarted && summary_.start_step >= config_.run.steps) {
       ZEROTH_THROW(ConfigError, "the checkpoint {} is at step {} and run.steps is {}: nothing is left to train; raise run.steps",
                    summary_.resumed_from, summary_.start_step, config_.run.steps);
     }

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <string>
@@ -119,9 +120,28 @@ TEST(Restart, ARestartNeverResumesAnEarlierRunsCheckpoint) {
   EXPECT_EQ(r.output.find("resumed from"), std::string::npos) << r.output;
 }
 
+// A job lost between its last checkpoint and its end (the weights not yet written) is restarted:
+// the restart resumes at run.steps and only finishes, writing the weights the run would have.
+TEST(Restart, ARestartAfterTheLastCheckpointFinishesTheRun) {
+  const std::string cfg = config("restart_at_end", "local");
+  const std::string weights = temp("restart_at_end") + "/model.safetensors";
+  std::filesystem::remove_all(temp("restart_at_end"));
+  // The first attempt trains to the end, then loses its weights and fails; the second resumes.
+  const auto r = testing::run({ZEROTH_BIN, "launch", "-n", "1", "--max-restarts", "1", "--", "sh", "-c",
+                               std::string(ZEROTH_BIN) + " train " + cfg + " && [ $ZEROTH_RESTART_COUNT = 0 ] && rm " + weights +
+                                   " && exit 3; exec " + ZEROTH_BIN + " train " + cfg},
+                              "restart_at_end");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("restart 1 of 1 after rank 0 exited with code 3"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
+  EXPECT_TRUE(std::filesystem::exists(weights)) << r.output;
+}
+
+// Rank 1 fails a second after its start, so rank 0 has said which attempt it is in before the
+// launcher stops it.
 TEST(Restart, WithoutRestartsLeftTheJobEndsWithTheFailingRanksCode) {
   const auto r = testing::run({ZEROTH_BIN, "launch", "-n", "2", "--max-restarts", "1", "--", "sh", "-c",
-                               "echo attempt $ZEROTH_RESTART_COUNT; [ $RANK = 1 ] && exit 7; sleep 60"},
+                               "echo attempt $ZEROTH_RESTART_COUNT; [ $RANK = 1 ] && { sleep 1; exit 7; }; sleep 60"},
                               "restart_exhausted", 60s);
   EXPECT_EQ(r.code, 7) << r.output;
   EXPECT_NE(r.output.find("restart 1 of 1 after rank 1 exited with code 7"), std::string::npos) << r.output;
