@@ -9,6 +9,7 @@ namespace zeroth::offload {
 // O_DIRECT wants buffer address, file offset and length on the device's logical block; 4 KiB
 // covers every NVMe and page-cache case zeroth meets.
 inline constexpr std::size_t kIoAlignment = 4096;
+inline constexpr std::size_t round_up_to_io(std::size_t bytes) { return (bytes + kIoAlignment - 1) / kIoAlignment * kIoAlignment; }
 // Buffers of at least this size start on a huge-page boundary and ask for huge pages.
 inline constexpr std::size_t kHugePageBytes = std::size_t{2} << 20;
 

@@ -2,8 +2,7 @@
 # The source tree's house rules, as a check (tools/dev.sh test runs it after the tests):
 #   - layering: a file includes only from its own folder and the folders its row below allows
 #     (docs/ARCHITECTURE.md, "Layers"); the engine's rooms have rows of their own;
-#   - size: no source file over 500 lines (split it by concern; a file's name says its one job); the
-#     files listed in `waiting` below are older and may not grow past the count they hold.
+#   - size: no source file over 500 lines (split it by concern; a file's name says its one job).
 # Prints every violation with the file, line and include, and exits 1 when there is one.
 set -euo pipefail
 
@@ -14,19 +13,6 @@ max_lines=${MAX_LINES:-500}
 # Most specific prefix first: a file takes the first row whose prefix it starts with. A row's
 # allowed entries are path prefixes ("engine/plan/"), whole files ("models/block_api.h") or a
 # folder's own files without its subfolders ("train/*").
-# Files from before the 500-line cap, each held at its size until it is split.
-declare -A waiting=(
-  [comm/gloo/gloo_comm.cc]=596
-  [comm/tcp_store.cc]=581
-  [engine/executor/offload.cc]=510
-  [engine/executor/step.cc]=515
-  [offload/aio.cc]=552
-  [tests/engine/checkpoint/checkpoint_test.cc]=575
-  [tests/engine/plan/engine_plan_test.cc]=594
-  [tests/offload/aio_test.cc]=538
-  [tests/train/train_config_test.cc]=546
-  [tools/bench/offload.cc]=511
-)
 
 rules=(
   "engine/checkpoint/staging.h|core/ offload/"
@@ -71,12 +57,8 @@ bad=0
 for f in "${files[@]}"; do
   [[ -f $f ]] || continue
   n=$(wc -l <"$f")
-  limit=${waiting[$f]:-$max_lines}
-  if ((n > limit)); then
-    echo "size: $f has $n lines (more than $limit): split it along its concerns"
-    bad=1
-  elif [[ -n ${waiting[$f]:-} ]] && ((n <= max_lines)); then
-    echo "size: $f has $n lines now: take it off the waiting list in tools/check-layers.sh"
+  if ((n > max_lines)); then
+    echo "size: $f has $n lines (more than $max_lines): split it along its concerns"
     bad=1
   fi
   allowed=""
@@ -118,4 +100,4 @@ if ((bad)); then
   echo "check-layers: violations above (rules in tools/check-layers.sh, reasons in docs/ARCHITECTURE.md)" >&2
   exit 1
 fi
-echo "check-layers: ${#files[@]} files, includes within their layers, none over $max_lines lines but the ${#waiting[@]} waiting for their split"
+echo "check-layers: ${#files[@]} files, includes within their layers, none over $max_lines lines"

@@ -5,16 +5,31 @@
 
 #include <unistd.h>  // getpid
 
+#include <type_traits>  // std::is_same_v
+#include <variant>      // std::visit
+
 #include <fmt/format.h>  // fmt::format
 
 #include "core/error.h"  // ZEROTH_THROW
 #include "core/log.h"    // ZLOG_WARN
 
 namespace zeroth {
+namespace {
+
+// What tells apart the swap files of one process's ranks: the stage and the tensor-parallel rank (a
+// pipeline's stages and a slice's ranks each number their data-parallel ranks from 0).
+std::string swap_file_tag(const GroupLinks& links) {
+  std::string tag;
+  if (links.stages != nullptr && links.stages->size() > 1) tag += fmt::format("stage{}-", links.stages->rank());
+  if (links.tensor != nullptr && links.tensor->size() > 1) tag += fmt::format("tp{}-", links.tensor->rank());
+  return tag;
+}
+
+}  // namespace
 
 Executor::Executor(Device& device, TierAllocators& tiers, Communicator& dp, const Plan& plan, const std::vector<BlockSpec>& specs,
                    const EngineConfig& config, GroupLinks links)
-    : device_(device), plan_(plan), specs_(specs), config_(config), links_(links) {
+    : device_(device), plan_(plan), specs_(specs), config_(config), links_(links), swaps_(plan, config, swap_file_tag(links)) {
   ZEROTH_CHECK((plan_.tied_block >= 0) == (links_.tied != nullptr), "a tied block needs its pair's communicator, and only it");
   gather_stream_ = device_.create_stream();
   reduce_stream_ = device_.create_stream();
@@ -29,28 +44,11 @@ Executor::Executor(Device& device, TierAllocators& tiers, Communicator& dp, cons
     expert_step_comm_ = dp.split(slice, dp.rank());
   }
   const auto& offload = config_.zero.offload_optimizer;
-  for (const auto& b : plan_.buffers) {
-    if (b.tier != Tier::nvme) {
-      buffers_.push_back(tiers.allocate(b.tier, b.bytes(), b.tag));
-      files_.emplace_back();
-      continue;
-    }
-    // The pid keeps ranks of concurrent runs that share a folder apart, the stage and the
-    // tensor-parallel rank a pipeline's stages and a slice's ranks in one process (each has its own
-    // data-parallel rank numbering); the file is unlinked at once.
-    const offload::IoOptions io{.block_size = config_.aio.block_size,
-                                .queue_depth = static_cast<unsigned>(config_.aio.queue_depth),
-                                .threads = static_cast<unsigned>(config_.aio.threads)};
-    buffers_.emplace_back();
-    files_.push_back(std::make_unique<offload::SwapFile>(
-        swap_folder(config_.zero, b),
-        fmt::format("zeroth-{}-{}{}rank{}-{}.swap", ::getpid(),
-                    links_.stages != nullptr && links_.stages->size() > 1 ? fmt::format("stage{}-", links_.stages->rank()) : "",
-                    links_.tensor != nullptr && links_.tensor->size() > 1 ? fmt::format("tp{}-", links_.tensor->rank()) : "",
-                    plan_.rank, b.name),
-        b.bytes(), io));
-  }
+  for (const auto& b : plan_.buffers) buffers_.push_back(b.tier == Tier::nvme ? Buffer{} : tiers.allocate(b.tier, b.bytes(), b.tag));
   register_io_buffers();
+  auto arena = [&](int buffer) { return Arena(buffer >= 0 ? buffers_[buffer].data() : nullptr, dtype_size(plan_.compute_dtype)); };
+  param_arena_ = arena(plan_.param_arena);
+  grad_arena_ = arena(plan_.grad_arena);
   if (offload.enabled()) {
     swap_in_stream_ = device_.create_stream();
     swap_out_stream_ = device_.create_stream();
@@ -79,7 +77,6 @@ Executor::Executor(Device& device, TierAllocators& tiers, Communicator& dp, cons
       }
     }
   }
-  copy_.assign(plan_.sub_groups.size(), 0);
   speculated_.assign(plan_.sub_groups.size(), false);
   const size_t n = plan_.blocks.size();
   gathered_.assign(n, nullptr);
@@ -101,15 +98,7 @@ void Executor::register_io_buffers() {
   // machines costs more CPU than the transfer (bench offload's "registered" column).
   for (int buffer : {plan_.swap_slots, plan_.grad_host, plan_.param_staging, plan_.param_out}) {
     if (buffer < 0 || !buffers_[buffer]) continue;
-    for (const auto& file : files_) {
-      if (!file) continue;
-      try {
-        file->file().register_buffer(buffers_[buffer].data(), buffers_[buffer].bytes());
-      } catch (const std::exception& e) {
-        ZLOG_WARN("swap files: {} runs without registered buffers: {}", plan_.buffers[buffer].name, e.what());
-        return;
-      }
-    }
+    if (!swaps_.register_buffer(buffers_[buffer].data(), buffers_[buffer].bytes(), plan_.buffers[buffer].name)) return;
   }
 }
 
@@ -179,7 +168,7 @@ TensorView Executor::grad_view(int block) const {
 const Action& Executor::expect_run(size_t from, int block, int micro, Pass pass, const char* what) const {
   const auto& prog = evaluating_ ? plan_.eval_program : plan_.program;
   size_t r = from;
-  while (r < prog.size() && prog[r].kind != ActionKind::run) ++r;
+  while (r < prog.size() && prog[r].kind() != ActionKind::run) ++r;
   auto name = [&](int b) { return b >= 0 && static_cast<size_t>(b) < specs_.size() ? specs_[b].name : std::to_string(b); };
   if (r == prog.size()) {
     ZEROTH_THROW(InvalidArgument, "{}({}, micro-batch {}): the {} is complete; {}", what, name(block), micro,
@@ -203,7 +192,7 @@ const BlockViews& Executor::begin(int block, int micro, Pass pass, const char* w
                  specs_[block].name, micro);
   }
   const auto& run = expect_run(cursor, block, micro, pass, what);
-  while (prog[cursor].kind != ActionKind::run) execute(prog[cursor++]);
+  while (prog[cursor].kind() != ActionKind::run) execute(prog[cursor++]);
   open_use_ = run.use;
   if (gather_pending_[block]) {
     compute_stream().wait(*gathered_event_[block]);
@@ -266,32 +255,43 @@ bool Executor::after_backward_pass() const {
 
 size_t Executor::uses_done() const {
   size_t n = 0;
-  for (size_t i = 0; i < cursor_; ++i) n += plan_.program[i].kind == ActionKind::run;
+  for (size_t i = 0; i < cursor_; ++i) n += plan_.program[i].kind() == ActionKind::run;
   return n;
 }
 
 void Executor::execute(const Action& a) {
   Stream& gs = a.serial ? compute_stream() : *gather_stream_;
   Stream& rs = a.serial ? compute_stream() : *reduce_stream_;
-  switch (a.kind) {
-    case ActionKind::gather: return gather(a.target, a.offset, gs);
-    case ActionKind::release: return release(a.target);
-    case ActionKind::place_grads: return place_grads(a.target, a.offset);
-    case ActionKind::accumulate:
-      device_.axpy(compute_stream(), view(StateKind::grad_accum, a.target), 1.0f, grad_view(a.target));
-      grad_reader_[a.target] = record(compute_stream());
-      return;
-    case ActionKind::release_grads: return release_grads(a.target);
-    case ActionKind::all_reduce: return all_reduce(a.target, rs);
-    case ActionKind::reduce_scatter: return reduce_scatter(a.target, a.flag, rs);
-    case ActionKind::offload_grads: return offload_grads(a.target, a.flag, rs);
-    case ActionKind::sum_partial: return sum_partial(a.target, rs);
-    case ActionKind::swap_in:
-    case ActionKind::update:
-    case ActionKind::upload:
-    case ActionKind::swap_out: return speculate(a);
-    default: ZEROTH_THROW(InvalidArgument, "action {} cannot run inside a block use", action_name(a.kind));
-  }
+  std::visit(
+      [&](const auto& o) {
+    using Op = std::decay_t<decltype(o)>;
+    if constexpr (std::is_same_v<Op, op::Gather>) {
+      gather(o.block, o.arena_offset, gs);
+    } else if constexpr (std::is_same_v<Op, op::Release>) {
+      release(o.block);
+    } else if constexpr (std::is_same_v<Op, op::PlaceGrads>) {
+      place_grads(o.block, o.arena_offset);
+    } else if constexpr (std::is_same_v<Op, op::Accumulate>) {
+      device_.axpy(compute_stream(), view(StateKind::grad_accum, o.block), 1.0f, grad_view(o.block));
+      grad_reader_[o.block] = record(compute_stream());
+    } else if constexpr (std::is_same_v<Op, op::ReleaseGrads>) {
+      release_grads(o.block);
+    } else if constexpr (std::is_same_v<Op, op::AllReduce>) {
+      all_reduce(o.bucket, rs);
+    } else if constexpr (std::is_same_v<Op, op::ReduceScatter>) {
+      reduce_scatter(o.bucket, o.add, rs);
+    } else if constexpr (std::is_same_v<Op, op::OffloadGrads>) {
+      offload_grads(o.bucket, o.add, rs);
+    } else if constexpr (std::is_same_v<Op, op::SumPartial>) {
+      sum_partial(o.bucket, rs);
+    } else if constexpr (std::is_same_v<Op, op::SwapIn> || std::is_same_v<Op, op::Update> || std::is_same_v<Op, op::Upload> ||
+                         std::is_same_v<Op, op::SwapOut>) {
+      speculate(a);
+    } else {
+      ZEROTH_THROW(InvalidArgument, "action {} cannot run inside a block use", action_name(Op::kind));
+    }
+      },
+      a.op);
 }
 
 std::shared_ptr<Event> Executor::record(Stream& stream) {
@@ -300,44 +300,28 @@ std::shared_ptr<Event> Executor::record(Stream& stream) {
   return e;
 }
 
-// See [Note: release events] in docs/ARCHITECTURE.md.
-void Executor::place(Arena& arena, size_t offset, size_t length, Stream& writer) {
-  // The region's previous tenants must be done with it before the writer overwrites it.
-  std::erase_if(arena.released, [&](const Released& r) {
-    if (r.offset >= offset + length || offset >= r.offset + r.length) return false;
-    writer.wait(*r.done);
-    return r.offset >= offset && r.offset + r.length <= offset + length;
-  });
-}
-
 void Executor::gather(int block, size_t arena_offset, Stream& gs) {
   const auto& blk = plan_.blocks[block];
-  place(param_arena_, arena_offset, blk.padded, gs);
-  gathered_[block] = static_cast<char*>(buffers_[plan_.param_arena].data()) + arena_offset * dtype_size(plan_.compute_dtype);
+  gathered_[block] = param_arena_.place(arena_offset, blk.padded, gs);
   gather_shards(gs, block, full_params(block));
   gathered_event_[block]->record(gs);
   gather_pending_[block] = true;
 }
 
 void Executor::release(int block) {
-  const size_t offset = (static_cast<char*>(gathered_[block]) - static_cast<char*>(buffers_[plan_.param_arena].data())) /
-                        dtype_size(plan_.compute_dtype);
-  param_arena_.released.push_back({offset, plan_.blocks[block].padded, record(compute_stream())});
+  param_arena_.release(gathered_[block], plan_.blocks[block].padded, record(compute_stream()));
   gathered_[block] = nullptr;
 }
 
 void Executor::place_grads(int block, size_t arena_offset) {
-  place(grad_arena_, arena_offset, plan_.blocks[block].padded, compute_stream());
-  grads_[block] = static_cast<char*>(buffers_[plan_.grad_arena].data()) + arena_offset * dtype_size(plan_.compute_dtype);
+  grads_[block] = grad_arena_.place(arena_offset, plan_.blocks[block].padded, compute_stream());
   device_.fill(compute_stream(), grad_view(block), 0.0f);
 }
 
 void Executor::release_grads(int block) {
   // Free once the last work that read them (the accumulation, or the bucket's reduction, which
   // may still run) is done.
-  const size_t offset = (static_cast<char*>(grads_[block]) - static_cast<char*>(buffers_[plan_.grad_arena].data())) /
-                        dtype_size(plan_.compute_dtype);
-  grad_arena_.released.push_back({offset, plan_.blocks[block].padded, grad_reader_[block]});
+  grad_arena_.release(grads_[block], plan_.blocks[block].padded, grad_reader_[block]);
   grads_[block] = nullptr;
 }
 

@@ -22,10 +22,11 @@
 #include "core/device.h"                      // Device, Stream, Event, Buffer
 #include "engine/config/config.h"             // EngineConfig
 #include "engine/plan/plan.h"                 // Plan, Action
+#include "engine/executor/arena.h"            // Arena
+#include "engine/executor/swap_files.h"       // SwapFiles, SwapIo
 #include "engine/executor/tier_allocators.h"  // TierAllocators
 #include "models/block_api.h"                 // BlockSpec, BlockViews
 #include "offload/aligned_buffer.h"           // offload::AlignedBuffer
-#include "offload/swap_file.h"                // offload::SwapFile
 
 namespace zeroth {
 
@@ -52,19 +53,6 @@ constexpr std::string_view speculation_name(Speculation s) {
   return "?";
 }
 
-// Bytes the executor moved through swap files so far, and the time its streams spent waiting on
-// those transfers (summed over streams, so it can exceed wall time when they overlap).
-struct SwapIo {
-  uint64_t read_bytes = 0, write_bytes = 0;
-  double busy_seconds = 0;
-  // Of the bytes, those the optimizer's sub-groups moved (swapped in and out, parameters written
-  // back), during the backward pass or after it.
-  uint64_t optimizer_read_bytes = 0, optimizer_write_bytes = 0;
-};
-
-// The folder of a buffer's swap file: offload_param's for parameters, offload_optimizer's else.
-std::string swap_folder(const ZeroConfig& zero, const PlannedBuffer& buffer);
-
 // A rank's groups beyond its data-parallel one. On the compute stream at the step: the squares of
 // the global norm are summed over `stages` and `tensor`, the tied block's gradients over `tied`
 // (the first and the last stage of this data-parallel index). On the reduce stream: partial
@@ -87,12 +75,12 @@ class Executor {
 
   Stream& compute_stream() { return device_.default_stream(); }
   CommStats comm_stats() const;
-  SwapIo swap_io() const;
+  SwapIo swap_io() const { return swaps_.io(); }
   // What the file system allocated to this rank's swap files (st_blocks): their disk use as the
   // kernel counts it.
-  uint64_t swap_disk_bytes() const;
+  uint64_t swap_disk_bytes() const { return swaps_.disk_bytes(); }
   // Raises the first swap-file transfer that failed on a stream, if any (the step calls it).
-  void check_io() const;
+  void check_io() const { swaps_.check(); }
   // Waits until the swaps and uploads enqueued so far are done (a timed step's end).
   void drain_swaps();
 
@@ -162,14 +150,6 @@ class Executor {
   size_t scratch_bytes() const;  // what the transfer scratch holds now (capacity)
 
  private:
-  struct Released {
-    size_t offset, length;
-    std::shared_ptr<Event> done;
-  };
-  struct Arena {
-    std::vector<Released> released;
-  };
-
   void register_io_buffers();
   void execute(const Action& a);
   // The tied block's reduced gradients summed with the other stage's copy (the step's first work).
@@ -178,7 +158,6 @@ class Executor {
   // block left out where the other copy counts).
   void bucket_sum_squares(int bucket, float* out, bool accumulate);
   const Action& expect_run(size_t at, int block, int micro, Pass pass, const char* what) const;
-  void place(Arena& arena, size_t offset, size_t length, Stream& writer);
   std::shared_ptr<Event> record(Stream& stream);
   void gather(int block, size_t arena_offset, Stream& gs);
   void release(int block);
@@ -210,16 +189,6 @@ class Executor {
   // A swap_in, update, upload or swap_out of the cycle's program: with this cycle's speculative
   // arguments, if there are.
   void speculate(const Action& a);
-  // Where a sub-group's elements [lo, hi) (of the offloaded space) are in `buffer`'s swap file:
-  // its current copy, or the other one.
-  uint64_t file_offset(int buffer, int sub_group, size_t lo, bool other_copy = false) const;
-  // The pieces of an owned range of a swap file as (element offset in the buffer, elements, byte
-  // offset in the file): one, or one per sub-group where the file holds two copies.
-  struct FilePiece {
-    size_t at, numel;
-    uint64_t file_offset;
-  };
-  std::vector<FilePiece> file_pieces(const OwnedRange& r) const;
   // Writes an owned range front to back in consecutive runs of its elements (values in its
   // buffer's dtype): a copy into memory, or into the swap file through `bounce`, a write whenever
   // it fills or a piece ends. finish() writes what is left.
@@ -237,7 +206,7 @@ class Executor {
     offload::AlignedBuffer& bounce_;
     size_t element_;  // the range's element size
     size_t next_;     // the next element of the range to write
-    std::vector<FilePiece> pieces_;
+    std::vector<SwapFiles::Piece> pieces_;
     size_t piece_ = 0, done_ = 0;  // the current piece, and its elements in the file or the bounce buffer
     size_t filled_ = 0;            // bytes in the bounce buffer, for the current piece
   };
@@ -290,11 +259,10 @@ class Executor {
   std::vector<std::shared_ptr<Event>> grad_reader_;  // the last work that read them
   std::vector<BlockViews> views_;
   std::shared_ptr<Event> reduced_;  // the last bucket's reduction
-  // Offload: the swap file of each buffer on the nvme tier (else null); the streams that read
-  // and write them; per reduce bucket, where its reduced slice waits on the device and the sum of
-  // squares of its offloaded gradients; per slot, when its read is complete, when the last write
-  // and upload from it are done.
-  std::vector<std::unique_ptr<offload::SwapFile>> files_;
+  // Offload: the swap files; the streams that read and write them; per reduce bucket, where its
+  // reduced slice waits on the device and the sum of squares of its offloaded gradients; per slot,
+  // when its read is complete, when the last write and upload from it are done.
+  SwapFiles swaps_;
   std::unique_ptr<Stream> swap_in_stream_, swap_out_stream_;
   std::vector<TensorView> landing_;
   std::vector<double> bucket_sumsq_;
@@ -305,9 +273,7 @@ class Executor {
   // The offloaded sub-groups' updates and uploads run on their own stream, so that those of the
   // backward pass run beside its compute.
   std::unique_ptr<Stream> update_stream_;
-  // Per sub-group: which copy of a two-copy file holds its state (0 or 1), and whether this cycle
-  // wrote the other one speculatively.
-  std::vector<uint8_t> copy_;
+  // Per sub-group: whether this cycle wrote the other copy of its two-copy files speculatively.
   std::vector<bool> speculated_;
   // Delayed update: one has been launched and not yet published; per sub-group, when the launch
   // has read its gradients (the next cycle's offload_grads of its buckets wait for that), and the
@@ -323,12 +289,6 @@ class Executor {
   std::function<std::optional<UpdateArgs>()> speculation_;
   std::optional<UpdateArgs> speculative_args_;
   bool speculation_asked_ = false;
-  // Runs `transfers` (issue and wait) on a host callback's thread, counting bytes and time.
-  void timed_io(uint64_t read_bytes, uint64_t write_bytes, const std::function<void()>& transfers, bool optimizer = false);
-  std::atomic<uint64_t> io_read_{0}, io_written_{0}, io_busy_ns_{0}, optimizer_read_{0}, optimizer_written_{0};
-  std::atomic<bool> io_failed_{false};
-  mutable std::mutex io_error_mutex_;
-  std::exception_ptr io_error_;  // the first failed swap-file transfer
   std::vector<float> scratch_values_;
   std::vector<char> scratch_narrow_;
   offload::AlignedBuffer scratch_io_[2];  // bounce buffers: write_block writes two ranges at once

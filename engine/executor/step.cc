@@ -1,5 +1,5 @@
-// The executor's step phase (norm, update of the sub-groups, clearing, post-step gathers) and
-// the writes and reads of values, all walking the plan's owned ranges.
+// The executor's step phase: the norm, the update of the sub-groups (speculative during the backward
+// pass, or delayed under the next cycle), clearing, and the post-step gathers.
 #include <algorithm>  // std::min, std::max
 #include <array>      // std::array
 #include <optional>   // std::optional
@@ -10,13 +10,6 @@
 #include "optim/optimizer.h"  // cpu_optimizer_step, cuda_optimizer_step
 
 namespace zeroth {
-namespace {
-
-// Two ranges put the same elements at the same place.
-bool same_place(const OwnedRange& a, const OwnedRange& b) { return a.buffer == b.buffer && a.offset - a.lo == b.offset - b.lo; }
-
-}  // namespace
-
 void Executor::wait_for_reductions() {
   Stream& cs = compute_stream();
   if (reduced_) cs.wait(*reduced_);
@@ -82,10 +75,11 @@ double Executor::grad_norm() {
   bool first = true, over_ranks = false, kept = false;
   float host = 0;
   for (const auto& a : plan_.step_program) {
-    if (a.kind != ActionKind::grad_norm) continue;
-    if (!plan_.bucket_offloaded(a.target)) {
+    const auto* norm = a.as<op::GradNorm>();
+    if (norm == nullptr) continue;
+    if (!plan_.bucket_offloaded(norm->bucket)) {
       // The device's buckets lead the order: their partial sum comes to the host once.
-      bucket_sum_squares(a.target, scalar.as<float>(), !first);
+      bucket_sum_squares(norm->bucket, scalar.as<float>(), !first);
       kept = true;
     } else {
       if (kept) {
@@ -93,10 +87,10 @@ double Executor::grad_norm() {
         cs.synchronize();
         kept = false;
       }
-      const auto s = static_cast<float>(bucket_sumsq_[a.target]);
+      const auto s = static_cast<float>(bucket_sumsq_[norm->bucket]);
       host = first ? s : host + s;
     }
-    over_ranks = over_ranks || a.flag;
+    over_ranks = over_ranks || norm->sum_over_ranks;
     first = false;
   }
   if (on_host) device_.copy(cs, scalar.data, &host, sizeof(float));
@@ -120,19 +114,18 @@ TensorView Executor::reduced_grads(int bucket) const {
 void Executor::launch_update(const std::optional<UpdateArgs>& args) {
   Stream& cs = compute_stream();
   for (const auto& a : plan_.step_program) {
-    const int slot = static_cast<int>(a.offset);
-    if (a.kind == ActionKind::zero) device_.fill(cs, buffer_view(a.target), 0.0f);
+    if (const auto* z = a.as<op::Zero>()) device_.fill(cs, buffer_view(z->buffer), 0.0f);
     if (!args) continue;
     // The gradients are read by the swap-in from their file, or by the update from host memory.
-    if (a.kind == ActionKind::swap_in) {
-      swap_in(a.target, slot);
-      grads_read_[a.target]->record(*swap_in_stream_);
+    if (const auto* in = a.as<op::SwapIn>()) {
+      swap_in(in->sub_group, in->slot);
+      grads_read_[in->sub_group]->record(*swap_in_stream_);
     }
-    if (a.kind == ActionKind::update) {
-      update(a.target, slot, *args);
-      if (plan_.swap_slots < 0) grads_read_[a.target]->record(*update_stream_);
+    if (const auto* u = a.as<op::Update>()) {
+      update(u->sub_group, u->slot, *args);
+      if (plan_.swap_slots < 0) grads_read_[u->sub_group]->record(*update_stream_);
     }
-    if (a.kind == ActionKind::swap_out) swap_out(a.target, slot);
+    if (const auto* out = a.as<op::SwapOut>()) swap_out(out->sub_group, out->slot);
   }
   pending_ = pending_ || args.has_value();
 }
@@ -142,12 +135,12 @@ void Executor::publish_update() {
   // The uploads follow the update on its stream; the gathers wait for them, and for what the
   // compute stream wrote.
   for (const auto& a : plan_.step_program) {
-    if (a.kind == ActionKind::upload && pending_) upload(a.target, static_cast<int>(a.offset));
+    if (const auto* up = a.as<op::Upload>(); up != nullptr && pending_) upload(up->sub_group, up->slot);
   }
   gs.wait(*record(compute_stream()));
   gs.wait(*record(*update_stream_));
   for (const auto& a : plan_.step_program) {
-    if (a.kind == ActionKind::all_gather && pending_) all_gather(a.target);
+    if (const auto* g = a.as<op::AllGather>(); g && pending_) all_gather(g->bucket);
   }
   pending_ = false;
 }
@@ -193,34 +186,35 @@ Speculation Executor::finish_step(const std::optional<UpdateArgs>& args, bool de
                               : commit    ? Speculation::committed
                               : args      ? Speculation::redone
                                           : Speculation::restored;
-  auto sub_group_action = [](ActionKind k) {
-    return k == ActionKind::swap_in || k == ActionKind::update || k == ActionKind::upload || k == ActionKind::swap_out;
-  };
   // A skipped step changes no state; it only clears what the cycle accumulated (and puts back the
   // parameters a speculative update changed).
   for (const auto& a : plan_.step_program) {
-    const int slot = static_cast<int>(a.offset);
-    if (sub_group_action(a.kind) && speculated_[a.target]) {
+    const auto* in = a.as<op::SwapIn>();
+    const auto* u = a.as<op::Update>();
+    const auto* up = a.as<op::Upload>();
+    const auto* out = a.as<op::SwapOut>();
+    const int sub_group = in ? in->sub_group : u ? u->sub_group : up ? up->sub_group : out ? out->sub_group : -1;
+    if (sub_group >= 0 && speculated_[sub_group]) {
       if (commit) continue;
       if (!args) {
-        if (a.kind == ActionKind::swap_in) swap_in(a.target, slot);
-        if (a.kind == ActionKind::update) restore(a.target, slot);
-        if (a.kind == ActionKind::upload) upload(a.target, slot);
+        if (in) swap_in(in->sub_group, in->slot);
+        if (u) restore(u->sub_group, u->slot);
+        if (up) upload(up->sub_group, up->slot);
         continue;
       }
     }
-    if (a.kind == ActionKind::update_norms && args) update_norms(a.target, *args);
-    if (a.kind == ActionKind::sum_norms && args) sum_tensor_norms(a.flag);
-    if (a.kind == ActionKind::update && args) update(a.target, slot, *args);
-    if (a.kind == ActionKind::upload && args) upload(a.target, slot);
-    if (a.kind == ActionKind::swap_in && args) swap_in(a.target, slot);
-    if (a.kind == ActionKind::swap_out && args) swap_out(a.target, slot);
-    if (a.kind == ActionKind::zero) device_.fill(cs, buffer_view(a.target), 0.0f);
+    if (const auto* norms = a.as<op::UpdateNorms>(); norms && args) update_norms(norms->sub_group, *args);
+    if (const auto* sum = a.as<op::SumNorms>(); sum && args) sum_tensor_norms(sum->over_data_parallel);
+    if (u && args) update(u->sub_group, u->slot, *args);
+    if (up && args) upload(up->sub_group, up->slot);
+    if (in && args) swap_in(in->sub_group, in->slot);
+    if (out && args) swap_out(out->sub_group, out->slot);
+    if (const auto* z = a.as<op::Zero>()) device_.fill(cs, buffer_view(z->buffer), 0.0f);
   }
   // A speculative write-back known to have failed is not made current (the run ends here).
   if (commit) check_io();
   for (size_t g = 0; g < speculated_.size(); ++g) {
-    if (speculated_[g] && commit) copy_[g] ^= 1;
+    if (speculated_[g] && commit) swaps_.flip(g);
     speculated_[g] = false;
   }
   speculative_args_.reset();
@@ -231,7 +225,7 @@ Speculation Executor::finish_step(const std::optional<UpdateArgs>& args, bool de
   gs.wait(*record(cs));
   if (update_stream_ && !plan_.publish_by_sub_group) gs.wait(*record(*update_stream_));
   for (const auto& a : plan_.step_program) {
-    if (a.kind == ActionKind::all_gather && args) all_gather(a.target);
+    if (const auto* g = a.as<op::AllGather>(); g && args) all_gather(g->bucket);
   }
   // The next cycle's gathers may run on the compute stream (overlap_comm false), reading the shards
   // the uploads above wrote: it waits for them, as for the post-step gathers.
@@ -247,14 +241,11 @@ void Executor::speculate(const Action& a) {
     speculation_asked_ = true;
   }
   if (!speculative_args_) return;
-  const int slot = static_cast<int>(a.offset);
-  switch (a.kind) {
-    case ActionKind::swap_in: return swap_in(a.target, slot);
-    case ActionKind::update: return update(a.target, slot, *speculative_args_);
-    case ActionKind::upload: return upload(a.target, slot);
-    case ActionKind::swap_out: return swap_out(a.target, slot, true);
-    default: ZEROTH_THROW(InvalidArgument, "action {} is not a sub-group's", action_name(a.kind));
-  }
+  if (const auto* in = a.as<op::SwapIn>()) return swap_in(in->sub_group, in->slot);
+  if (const auto* u = a.as<op::Update>()) return update(u->sub_group, u->slot, *speculative_args_);
+  if (const auto* up = a.as<op::Upload>()) return upload(up->sub_group, up->slot);
+  if (const auto* out = a.as<op::SwapOut>()) return swap_out(out->sub_group, out->slot, true);
+  ZEROTH_THROW(InvalidArgument, "action {} is not a sub-group's", action_name(a.kind()));
 }
 
 void Executor::restore(int sub_group, int slot) {
@@ -395,121 +386,6 @@ void Executor::all_gather(int index) {
                    staging.slice(k * n + blk.shard_offset - bucket.shard_offset, blk.shard).data, blk.shard * c);
     }
   }
-}
-
-void Executor::zero_outside_params(int b, size_t lo, size_t hi, float* values) const {
-  const auto& offsets = plan_.blocks[b].param_offsets;
-  const auto& params = specs_[b].params;
-  size_t at = lo;  // [lo, at) is a parameter's or zeroed
-  for (size_t i = 0; i < params.size() && at < hi; ++i) {
-    const size_t p0 = offsets[i], p1 = p0 + params[i].numel();
-    if (p1 <= at) continue;
-    if (p0 > at) std::fill(values + (at - lo), values + (std::min(p0, hi) - lo), 0.0f);
-    at = std::max(at, p1);
-  }
-  if (at < hi) std::fill(values + (at - lo), values + (hi - lo), 0.0f);
-}
-
-void Executor::write_block(int b, const std::function<void(size_t, size_t, float*)>& fill) {
-  const OwnedRange* params = plan_.find(StateKind::params, b);
-  const OwnedRange& shard = plan_.range(StateKind::param_shard, b);
-  const OwnedRange& master = plan_.range(StateKind::master, b);
-  const auto [lo, hi] = plan_.values_range(b);
-  std::optional<OwnedWriter> shard_out, master_out;
-  if (params == nullptr || params->buffer != shard.buffer) shard_out.emplace(*this, shard, scratch_io_[0]);
-  if (!same_place(master, shard)) master_out.emplace(*this, master, scratch_io_[1]);
-  const DType dtype = plan_.compute_dtype;
-  const size_t c = dtype_size(dtype);
-  // Full parameters in host memory are written in place: the values themselves where they are f32,
-  // else cast straight into them; a device's go through the host scratch and a copy.
-  const bool host_params = params != nullptr && in_host_memory(params->buffer);
-  Stream& cs = compute_stream();
-  // A chunk at a time (kTransferChunkNumel): fill asks for any part of [lo, hi).
-  for (size_t a = lo; a < hi; a += kTransferChunkNumel) {
-    const size_t e = std::min(hi, a + kTransferChunkNumel), n = e - a;
-    const bool in_place = host_params && params->lo <= a && e <= params->hi;
-    float* values;
-    if (in_place && c == sizeof(float)) {
-      values = static_cast<float*>(at(*params, a));
-    } else {
-      scratch_values_.resize(n);  // not cleared: fill writes every parameter's element
-      values = scratch_values_.data();
-    }
-    zero_outside_params(b, a, e, values);
-    fill(a, e, values);
-    char* narrow = reinterpret_cast<char*>(values);
-    if (c != sizeof(float)) {
-      if (in_place) {
-        narrow = static_cast<char*>(at(*params, a));
-      } else {
-        scratch_narrow_.resize(n * c);
-        narrow = scratch_narrow_.data();
-      }
-      cpu::cast(values, DType::f32, narrow, dtype, n);
-    }
-    if (params != nullptr && !in_place) {
-      const size_t from = std::max(a, params->lo), to = std::min(e, params->hi);
-      if (from < to) device_.copy(cs, at(*params, from), narrow + (from - a) * c, (to - from) * c);
-      cs.synchronize();  // the copy has read `narrow`
-    }
-    if (shard_out) shard_out->add(narrow, a, e);
-    if (master_out) master_out->add(values, a, e);
-  }
-  if (shard_out) shard_out->finish();
-  if (master_out) master_out->finish();
-}
-
-float* Executor::values_in_place(int b) {
-  const OwnedRange* params = plan_.find(StateKind::params, b);
-  const OwnedRange& shard = plan_.range(StateKind::param_shard, b);
-  const auto [lo, hi] = plan_.values_range(b);
-  if (params == nullptr || params->buffer != shard.buffer || !same_place(plan_.range(StateKind::master, b), shard)) return nullptr;
-  if (plan_.compute_dtype != DType::f32 || params->lo > lo || params->hi < hi || owned_in_place(*params) == nullptr) return nullptr;
-  return static_cast<float*>(at(*params, lo));
-}
-
-bool Executor::in_host_memory(int buffer) const {
-  return buffers_[buffer] && (plan_.buffers[buffer].tier != Tier::device || device_.kind() == DeviceKind::cpu);
-}
-
-float* Executor::owned_in_place(const OwnedRange& r) const {
-  if (!in_host_memory(r.buffer) || plan_.buffers[r.buffer].dtype != DType::f32) return nullptr;
-  return static_cast<float*>(at(r, r.lo));
-}
-
-void Executor::start() {
-  Stream& cs = compute_stream();
-  for (size_t b = 0; b < buffers_.size(); ++b) {
-    const auto& pb = plan_.buffers[b];
-    // Swap files start as zeroed extents (fallocate).
-    if (!pb.zeroed || pb.tier == Tier::nvme) continue;
-    if (pb.tier == Tier::device) {
-      device_.fill(cs, buffer_view(static_cast<int>(b)), 0.0f);
-    } else {
-      cpu::fill(buffers_[b].data(), pb.dtype, 0.0f, pb.numel);
-    }
-  }
-  cs.synchronize();
-}
-
-void Executor::master_values(int block, std::vector<float>& out) {
-  const auto& blk = plan_.blocks[block];
-  const auto& m = plan_.range(StateKind::master, block);
-  Stream& cs = compute_stream();
-  out.resize(blk.padded);  // every element is written below
-  if (m.lo == 0 && m.hi == blk.padded) {
-    read_owned(m, out.data());
-    return;
-  }
-  // The communicator gathers device memory: the owned range goes there first, wherever it lives.
-  std::vector<float> mine(m.numel());
-  read_owned(m, mine.data());
-  Buffer part = device_.allocate(m.numel() * sizeof(float), MemTag::other);
-  Buffer full = device_.allocate(blk.padded * sizeof(float), MemTag::other);
-  device_.copy(cs, part.data(), mine.data(), m.numel() * sizeof(float));
-  step_comm(block).all_gather(cs, part.view(DType::f32), full.view(DType::f32));
-  device_.copy(cs, out.data(), full.data(), blk.padded * sizeof(float));
-  cs.synchronize();
 }
 
 }  // namespace zeroth

@@ -289,8 +289,8 @@ void tie_block(Plan& p, int block, bool counts_in_norm) {
     if (!tied) continue;
     p.in_backward[g] = false;
     std::erase_if(p.program, [&](const Action& a) {
-      return a.target == static_cast<int>(g) && (a.kind == ActionKind::swap_in || a.kind == ActionKind::update ||
-                                                 a.kind == ActionKind::upload || a.kind == ActionKind::swap_out);
+      const bool sub_group_op = a.as<op::SwapIn>() || a.as<op::Update>() || a.as<op::Upload>() || a.as<op::SwapOut>();
+      return sub_group_op && action_target(a) == static_cast<int>(g);
     });
   }
   const OwnedRange& r = p.range(StateKind::grad_shard, block);

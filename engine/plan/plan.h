@@ -17,17 +17,19 @@
 // happens at run time.
 #pragma once
 
-#include <array>    // std::array
-#include <cstddef>  // size_t
-#include <cstdint>  // uint8_t
-#include <string>   // std::string
-#include <vector>   // std::vector
+#include <array>        // std::array
+#include <cstddef>      // size_t
+#include <cstdint>      // uint8_t
+#include <string>       // std::string
+#include <string_view>  // std::string_view
+#include <vector>       // std::vector
 
 #include <nlohmann/json_fwd.hpp>  // nlohmann::json
 
 #include "core/dtype.h"             // DType
 #include "core/memory.h"            // MemTag
 #include "engine/config/config.h"   // EngineConfig
+#include "engine/plan/action.h"     // Action, ActionKind
 #include "engine/plan/placement.h"  // Tier, TierBytes
 #include "models/block_api.h"       // BlockSpec, BlockSchedule, Pass
 
@@ -75,6 +77,8 @@ struct OwnedRange {
   size_t offset = 0;
   size_t numel() const { return hi - lo; }
 };
+// Two ranges put the same elements at the same place.
+inline bool same_place(const OwnedRange& a, const OwnedRange& b) { return a.buffer == b.buffer && a.offset - a.lo == b.offset - b.lo; }
 
 struct PlannedBlock {
   std::string name;
@@ -120,84 +124,7 @@ struct UpdateSpan {
   int tensor = -1;
 };
 
-// ---- the program ------------------------------------------------------------------------------
-
-enum class ActionKind : uint8_t {
-  run,             // the model runs the block's pass, between begin_ and end_
-  gather,          // all-gather the block's parameter shard into the parameter arena at `offset`
-  release,         // the block's gathered parameters return to the arena once compute is done
-  place_grads,     // the block's gradient buffer goes to the gradient arena at `offset`, zeroed
-  accumulate,      // the block's gradient buffer is added into the f32 accumulator
-  release_grads,   // the block's gradient buffer returns to the arena once its last reader is done
-  all_reduce,      // bucket `target`: summed over ranks in place
-  reduce_scatter,  // bucket `target`: summed, this rank's slice into grad_shard (`flag`: added to it)
-  grad_norm,       // step: squared norm of reduce bucket `target`'s reduced gradients added up (`flag`: then summed over ranks)
-  update,          // step: the optimizer on sub-group `target`
-  zero,            // step: buffer `target` back to zero (also after a skipped step)
-  all_gather,      // step: gather bucket `target`, every rank's updated parameter slice to the full copies
-  update_norms,    // step: first pass of a per-tensor update (Lamb) on sub-group `target`: the moments, and
-                   // each tensor's squared norms of weights and update added into buffer `tensor_norms`
-  sum_norms,       // step: buffer `target` summed in place over the ranks that split tensors (`flag`: the
-                   // data-parallel group; and the tensor-parallel group when there is one)
-  // Offload (the optimizer's state off the device):
-  offload_grads,  // bucket `target`'s reduced slice to the host, cast (or `flag`: added) into grad_shard
-  swap_in,        // step: sub-group `target`'s state read from the swap files into swap slot `offset`
-  swap_out,       // step: sub-group `target`'s updated state written from slot `offset` back to the files
-  upload,         // step: sub-group `target`'s updated parameters (from slot `offset`) copied to the device shard
-  // Tensor parallelism:
-  sum_partial,  // bucket `target`: its blocks' partial gradients (PlannedBlock::tp_partial) summed over the
-                // tensor-parallel group, before the bucket's data-parallel reduction
-};
-// A kind's name in the plan JSON and --dry-run. The switch has no default, so a kind added without
-// a name is a -Wswitch warning (an error in CI's -Werror build).
-constexpr std::string_view action_name(ActionKind kind) {
-  switch (kind) {
-    case ActionKind::run: return "run";
-    case ActionKind::gather: return "gather";
-    case ActionKind::release: return "release";
-    case ActionKind::place_grads: return "place_grads";
-    case ActionKind::accumulate: return "accumulate";
-    case ActionKind::release_grads: return "release_grads";
-    case ActionKind::all_reduce: return "all_reduce";
-    case ActionKind::reduce_scatter: return "reduce_scatter";
-    case ActionKind::grad_norm: return "grad_norm";
-    case ActionKind::update: return "update";
-    case ActionKind::zero: return "zero";
-    case ActionKind::all_gather: return "all_gather";
-    case ActionKind::update_norms: return "update_norms";
-    case ActionKind::sum_norms: return "sum_norms";
-    case ActionKind::offload_grads: return "offload_grads";
-    case ActionKind::swap_in: return "swap_in";
-    case ActionKind::swap_out: return "swap_out";
-    case ActionKind::upload: return "upload";
-    case ActionKind::sum_partial: return "sum_partial";
-  }
-  return "invalid";
-}
-inline constexpr size_t kActionKindCount = 19;
-// The count tied to the enum: every value below it is a named kind, and the next one is none.
-consteval bool action_kinds_counted() {
-  for (size_t i = 0; i < kActionKindCount; ++i)
-    if (action_name(static_cast<ActionKind>(i)) == "invalid") return false;
-  return action_name(static_cast<ActionKind>(kActionKindCount)) == "invalid";
-}
-static_assert(action_kinds_counted(), "kActionKindCount must count the ActionKinds, each named in action_name");
-
-struct Action {
-  ActionKind kind = ActionKind::run;
-  int use = -1;    // ordinal of the block use it belongs to (-1: the step)
-  int micro = -1;  // the use's key: micro-batch, block, pass
-  int block = -1;
-  Pass pass = Pass::forward;
-  int target = -1;  // the block, bucket, buffer or sub-group acted on
-  size_t offset = 0;
-  bool flag = false;
-  // A collective (gather, all_reduce, reduce_scatter) issued on the compute stream, in order with
-  // the model's work, instead of on its own stream: compute waits for it and it for compute
-  // (zero_optimization.overlap_comm = false, as DeepSpeed runs it on the default stream).
-  bool serial = false;
-  bool operator==(const Action&) const = default;
-};
+// ---- the program: actions (action.h) keyed by their use ----------------------------------------
 
 // One pass of one micro-batch of the accumulation cycle, over one model chunk: the blocks of
 // schedules[chunk] (a pipeline rank with interleaving holds several chunks; otherwise chunk 0 is

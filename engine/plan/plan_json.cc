@@ -1,8 +1,10 @@
 // The plan as text: JSON (ZEROTH_PLAN_JSON, --dry-run), the one-paragraph table logged at start,
 // and the program summarized (counts per action kind, the first micro-batch in full).
-#include <cerrno>   // errno
-#include <cstring>  // std::strerror
-#include <fstream>  // std::ofstream
+#include <cerrno>       // errno
+#include <cstring>      // std::strerror
+#include <fstream>      // std::ofstream
+#include <type_traits>  // std::is_same_v
+#include <variant>      // std::visit
 
 #include <fmt/format.h>       // fmt::format
 #include <nlohmann/json.hpp>  // nlohmann::json
@@ -37,18 +39,26 @@ namespace {
 std::string_view pass_name(Pass pass) { return pass == Pass::forward ? "forward" : "backward"; }
 
 nlohmann::json action_json(const Action& a) {
-  nlohmann::json j{{"op", action_name(a.kind)}};
+  nlohmann::json j{{"op", action_name(a.kind())}};
   if (a.use >= 0) {
     j["micro"] = a.micro;
     j["block"] = a.block;
     j["pass"] = pass_name(a.pass);
   }
-  if (a.kind != ActionKind::run) j["target"] = a.target;
-  if (a.kind == ActionKind::gather || a.kind == ActionKind::place_grads) j["offset"] = a.offset;
-  if (a.kind == ActionKind::reduce_scatter || a.kind == ActionKind::offload_grads) j["add"] = a.flag;
-  if (a.kind == ActionKind::swap_in || a.kind == ActionKind::swap_out || a.kind == ActionKind::upload) j["slot"] = a.offset;
-  if (a.kind == ActionKind::gather || a.kind == ActionKind::all_reduce || a.kind == ActionKind::reduce_scatter) j["serial"] = a.serial;
-  if (a.kind == ActionKind::grad_norm || a.kind == ActionKind::sum_norms) j["sum_over_ranks"] = a.flag;
+  if (a.kind() != ActionKind::run) j["target"] = action_target(a);
+  std::visit(
+      [&](const auto& o) {
+    using Op = std::decay_t<decltype(o)>;
+    if constexpr (requires { o.arena_offset; }) j["offset"] = o.arena_offset;
+    if constexpr (requires { o.add; }) j["add"] = o.add;
+    // The update's slot is the swap_in's before it.
+    if constexpr (requires { o.slot; } && !std::is_same_v<Op, op::Update>) j["slot"] = o.slot;
+    if constexpr (std::is_same_v<Op, op::Gather> || std::is_same_v<Op, op::AllReduce> || std::is_same_v<Op, op::ReduceScatter>)
+      j["serial"] = a.serial;
+    if constexpr (requires { o.sum_over_ranks; }) j["sum_over_ranks"] = o.sum_over_ranks;
+    if constexpr (requires { o.over_data_parallel; }) j["sum_over_ranks"] = o.over_data_parallel;
+      },
+      a.op);
   return j;
 }
 
@@ -59,6 +69,18 @@ nlohmann::json actions_json(const std::vector<Action>& actions) {
 }
 
 }  // namespace
+
+int action_target(const Action& a) {
+  return std::visit(
+      [](const auto& o) {
+    if constexpr (requires { o.block; }) return o.block;
+    if constexpr (requires { o.bucket; }) return o.bucket;
+    if constexpr (requires { o.sub_group; }) return o.sub_group;
+    if constexpr (requires { o.buffer; }) return o.buffer;
+    return -1;
+      },
+      a.op);
+}
 
 nlohmann::json Plan::to_json() const {
   nlohmann::json j;
@@ -183,7 +205,7 @@ std::string Plan::group_of(ActionKind kind, int target) const {
 std::string Plan::table() const {
   size_t gathers = 0, serial = 0;
   for (const auto& a : program) {
-    gathers += a.kind == ActionKind::gather;
+    gathers += a.kind() == ActionKind::gather;
     serial += a.serial;
   }
   std::string out = fmt::format("ZeRO stage {} plan, rank {} of {}: {} blocks, {} parameters ({} padded), shard {} per rank\n", stage,
@@ -224,9 +246,9 @@ std::string Plan::table() const {
   int early = 0, at_end = 0, offloaded = 0;
   size_t last_reduction = 0;
   for (size_t i = 0; i < program.size(); ++i)
-    if (program[i].kind == ActionKind::offload_grads) last_reduction = i;
+    if (program[i].kind() == ActionKind::offload_grads) last_reduction = i;
   for (size_t i = 0; i < program.size(); ++i) {
-    if (program[i].kind != ActionKind::update) continue;
+    if (program[i].kind() != ActionKind::update) continue;
     ++early;
     at_end += i > last_reduction;
   }
@@ -264,7 +286,7 @@ std::string Plan::table() const {
 std::string Plan::program_summary() const {
   auto counts = [](const std::vector<Action>& actions) {
     size_t n[kActionKindCount] = {};
-    for (const auto& a : actions) ++n[static_cast<size_t>(a.kind)];
+    for (const auto& a : actions) ++n[a.op.index()];
     std::string text;
     for (size_t k = 0; k < kActionKindCount; ++k) {
       if (n[k] > 0) text += fmt::format("{}{} {}", text.empty() ? "" : ", ", action_name(static_cast<ActionKind>(k)), n[k]);
@@ -282,33 +304,40 @@ std::string Plan::program_summary() const {
       use = a.use;
       out += fmt::format("\n  {} {:<10}", a.pass == Pass::forward ? "F" : "B", blocks[a.block].name);
     }
-    if (a.kind == ActionKind::run) {
+    const int target = action_target(a);
+    const std::string in = group_of(a.kind(), target);
+    const std::string group = in.empty() ? "" : fmt::format(" [{}]", in);
+    const bool add = a.as<op::ReduceScatter>() ? a.as<op::ReduceScatter>()->add
+                                               : a.as<op::OffloadGrads>() && a.as<op::OffloadGrads>()->add;
+    if (a.kind() == ActionKind::run) {
       out += " | run |";
-    } else if (a.kind == ActionKind::gather || a.kind == ActionKind::release || a.kind == ActionKind::place_grads ||
-               a.kind == ActionKind::accumulate || a.kind == ActionKind::release_grads) {
-      const std::string in = group_of(a.kind, a.target);
-      out += fmt::format(" {} {}{}{}", action_name(a.kind), blocks[a.target].name, a.serial ? " (serial)" : "",
-                         in.empty() ? "" : fmt::format(" [{}]", in));
+    } else if (a.kind() == ActionKind::gather || a.kind() == ActionKind::release || a.kind() == ActionKind::place_grads ||
+               a.kind() == ActionKind::accumulate || a.kind() == ActionKind::release_grads) {
+      out += fmt::format(" {} {}{}{}", action_name(a.kind()), blocks[target].name, a.serial ? " (serial)" : "", group);
     } else {
-      const std::string in = group_of(a.kind, a.target);
-      out += fmt::format(" {} bucket {}{}{}{}", action_name(a.kind), a.target, a.flag ? " (add)" : "", a.serial ? " (serial)" : "",
-                         in.empty() ? "" : fmt::format(" [{}]", in));
+      const char* what = a.kind() == ActionKind::update || a.kind() == ActionKind::swap_in || a.kind() == ActionKind::upload ||
+                                 a.kind() == ActionKind::swap_out
+                             ? "sub-group"
+                             : "bucket";
+      out += fmt::format(" {} {} {}{}{}{}", action_name(a.kind()), what, target, add ? " (add)" : "", a.serial ? " (serial)" : "",
+                         group);
     }
   }
   out += "\nstep:";
   for (const auto& a : step_program) {
-    const bool group = a.kind == ActionKind::update || a.kind == ActionKind::update_norms || a.kind == ActionKind::swap_in ||
-                       a.kind == ActionKind::swap_out || a.kind == ActionKind::upload;
-    const bool bucket = a.kind == ActionKind::all_gather || a.kind == ActionKind::grad_norm;
-    const bool buffer = a.kind == ActionKind::zero || a.kind == ActionKind::sum_norms;
-    const bool slot = a.kind == ActionKind::swap_in || a.kind == ActionKind::swap_out || a.kind == ActionKind::upload;
-    const std::string in = group_of(a.kind, a.target);
-    out += fmt::format(" {} {}{}{}{},", action_name(a.kind),
-                       group    ? "sub-group "
-                       : bucket ? "bucket "
-                                : "",
-                       buffer ? buffers[a.target].name : std::to_string(a.target), slot ? fmt::format(" (slot {})", a.offset) : "",
-                       in.empty() ? "" : fmt::format(" [{}]", in));
+    const int target = action_target(a);
+    std::string where, slot;
+    std::visit(
+        [&](const auto& o) {
+      using Op = std::decay_t<decltype(o)>;
+      if constexpr (requires { o.sub_group; }) where = fmt::format("sub-group {}", o.sub_group);
+      if constexpr (requires { o.bucket; }) where = fmt::format("bucket {}", o.bucket);
+      if constexpr (requires { o.buffer; }) where = buffers[o.buffer].name;
+      if constexpr (requires { o.slot; } && !std::is_same_v<Op, op::Update>) slot = fmt::format(" (slot {})", o.slot);
+        },
+        a.op);
+    const std::string in = group_of(a.kind(), target);
+    out += fmt::format(" {} {}{}{},", action_name(a.kind()), where, slot, in.empty() ? "" : fmt::format(" [{}]", in));
   }
   out.pop_back();
   return out;

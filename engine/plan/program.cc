@@ -73,18 +73,19 @@ class Builder {
   size_t grad_peak() const { return grads_.peak(); }
 
  private:
-  void emit(size_t use, ActionKind kind, int target, size_t offset = 0, bool flag = false) {
+  void emit(size_t use, Action::Op op) {
     const auto& u = (*uses_)[use];
-    const bool collective = kind == ActionKind::gather || kind == ActionKind::all_reduce || kind == ActionKind::reduce_scatter ||
-                            kind == ActionKind::offload_grads || kind == ActionKind::sum_partial;
-    out_.push_back({kind, static_cast<int>(use), u.micro, u.block, u.pass, target, offset, flag, collective && !z_.overlap_comm});
+    const bool collective = std::holds_alternative<op::Gather>(op) || std::holds_alternative<op::AllReduce>(op) ||
+                            std::holds_alternative<op::ReduceScatter>(op) || std::holds_alternative<op::OffloadGrads>(op) ||
+                            std::holds_alternative<op::SumPartial>(op);
+    out_.push_back({std::move(op), static_cast<int>(use), u.micro, u.block, u.pass, collective && !z_.overlap_comm});
   }
 
   void gather(size_t use, int b) {
     const size_t off = params_.allocate(p_.blocks[b].padded);
     live_[b] = off;
     live_numel_ += p_.blocks[b].padded;
-    emit(use, ActionKind::gather, b, off);
+    emit(use, op::Gather{b, off});
   }
 
   // Stage 3: the block on demand, then the window ahead up to the prefetch bucket of parameters,
@@ -115,15 +116,15 @@ class Builder {
     if (stage3) gathers(i);
     if (backward && blk.transient_grads && u.first_backward) {
       grad_live_[b] = grads_.allocate(blk.padded);
-      emit(i, ActionKind::place_grads, b, grad_live_[b]);
+      emit(i, op::PlaceGrads{b, grad_live_[b]});
     }
-    emit(i, ActionKind::run, b);
+    emit(i, op::Run{});
 
     std::vector<int> grad_releases;
     if (backward && u.last_backward) {
       if (blk.transient_grads && p_.stage <= 1) {
         // Narrow gradients join the f32 accumulator as soon as the block is done with them.
-        emit(i, ActionKind::accumulate, b);
+        emit(i, op::Accumulate{b});
         grad_releases.push_back(b);
       }
       // Stages 0-1 reduce the accumulator once per cycle; 2-3 reduce every micro-batch and add up.
@@ -131,14 +132,14 @@ class Builder {
       if (bucket.blocks.back() == b && (p_.stage >= 2 || u.last_backward_pass)) {
         bool partial = false;
         for (int c : bucket.blocks) partial = partial || !p_.blocks[c].tp_partial.empty();
-        if (partial) emit(i, ActionKind::sum_partial, blk.reduce_bucket);
+        if (partial) emit(i, op::SumPartial{blk.reduce_bucket});
         if (p_.stage == 0) {
-          emit(i, ActionKind::all_reduce, blk.reduce_bucket);
+          emit(i, op::AllReduce{blk.reduce_bucket});
         } else {
           const bool add = p_.stage >= 2 && !u.first_backward_pass;
-          emit(i, ActionKind::reduce_scatter, blk.reduce_bucket, 0, add);
+          emit(i, op::ReduceScatter{blk.reduce_bucket, add});
           // The reduced slice leaves the device as soon as it is complete.
-          if (p_.bucket_offloaded(blk.reduce_bucket)) emit(i, ActionKind::offload_grads, blk.reduce_bucket, 0, add);
+          if (p_.bucket_offloaded(blk.reduce_bucket)) emit(i, op::OffloadGrads{blk.reduce_bucket, add});
         }
         // A fired bucket's gradient buffers stay placed until the next bucket fires, so the
         // backward writes new gradients while the previous reduction is still on the wire.
@@ -153,7 +154,7 @@ class Builder {
       in_flight_.clear();
     }
     for (int g : grad_releases) {
-      emit(i, ActionKind::release_grads, g);
+      emit(i, op::ReleaseGrads{g});
       grads_.release(grad_live_.at(g));
       grad_live_.erase(g);
     }
@@ -165,7 +166,7 @@ class Builder {
       while (next < u.run_end && uses[next].block != b) between += p_.blocks[uses[next++].block].padded;
       const bool release = keep_ ? last_use_[b] == i : next == u.run_end || between > z_.stage3_max_reuse_distance;
       if (release) {
-        emit(i, ActionKind::release, b);
+        emit(i, op::Release{b});
         params_.release(live_.at(b));
         live_numel_ -= blk.padded;
         live_.erase(b);
@@ -246,12 +247,9 @@ ArenaSizes build_programs(Plan& p, const std::vector<BlockSchedule>& chunks, con
 }
 
 void build_step_program(Plan& p, const OffloadConfig& offload, size_t slots) {
-  auto add = [&](ActionKind kind, int target, bool flag = false, size_t offset = 0) {
+  auto add = [&](Action::Op op) {
     Action a;
-    a.kind = kind;
-    a.target = target;
-    a.flag = flag;
-    a.offset = offset;
+    a.op = op;
     p.step_program.push_back(a);
   };
   // One pass of `kind` over the sub-groups. Offloaded, each updated sub-group's parameters go up
@@ -274,50 +272,51 @@ void build_step_program(Plan& p, const OffloadConfig& offload, size_t slots) {
     for (size_t b = 0; b < p.blocks.size(); ++b)
       if (p.blocks[b].persistent) needed[b] = 0;
     for (size_t i = 0; i < p.program.size(); ++i) {
-      const Action& a = p.program[i];
-      if (a.kind == ActionKind::gather) needed[a.target] = std::min(needed[a.target], i + 1);
+      if (const auto* g = p.program[i].as<op::Gather>()) needed[g->block] = std::min(needed[g->block], i + 1);
     }
     std::vector<size_t> key(static_cast<size_t>(groups), SIZE_MAX);
     for (int g = 0; g < groups; ++g)
       for (const auto& span : p.sub_groups[g]) key[g] = std::min(key[g], needed[span.block]);
     std::stable_sort(order.begin() + first, order.end(), [&](int a, int b) { return key[a] < key[b]; });
   }
-  auto sweep = [&](ActionKind kind) {
+  // `update`: the optimizer's pass (else the norms' pass of a per-tensor update).
+  auto sweep = [&](bool update) {
     const int ahead = swapped && offload.pipeline_read ? 1 : 0;
-    for (int g = 0; g < first; ++g) add(kind, g);
+    auto pass = [&](int g, int slot) { return update ? Action::Op{op::Update{g, slot}} : Action::Op{op::UpdateNorms{g}}; };
+    for (int g = 0; g < first; ++g) add(pass(g, 0));
     int next_in = first;
     for (int i = first; i < groups; ++i) {
       const int g = order[i];
-      const size_t slot = static_cast<size_t>(i - first) % slots;
+      const int slot = static_cast<int>(static_cast<size_t>(i - first) % slots);
       for (; swapped && next_in <= std::min(i + ahead, groups - 1); ++next_in)
-        add(ActionKind::swap_in, order[next_in], false, static_cast<size_t>(next_in - first) % slots);
-      add(kind, g, false, slot);
-      if (kind == ActionKind::update && !offload.delayed_update) add(ActionKind::upload, g, false, slot);
-      if (swapped) add(ActionKind::swap_out, g, false, slot);
+        add(op::SwapIn{order[next_in], static_cast<int>(static_cast<size_t>(next_in - first) % slots)});
+      add(pass(g, slot));
+      if (update && !offload.delayed_update) add(op::Upload{g, slot});
+      if (swapped) add(op::SwapOut{g, slot});
     }
   };
   // The squared norm bucket by bucket, in f32 as the buckets add up, so offloaded gradients (whose
   // squares are taken on their way to the host) give the very same number; summed over the ranks
   // after the last.
   for (size_t k = 0; k < p.reduce_buckets.size(); ++k)
-    add(ActionKind::grad_norm, static_cast<int>(k), (p.stage >= 1 || p.ep > 1) && k + 1 == p.reduce_buckets.size());
+    add(op::GradNorm{static_cast<int>(k), (p.stage >= 1 || p.ep > 1) && k + 1 == p.reduce_buckets.size()});
   // Per-tensor norms: every owned piece first, then the sums over the ranks that split the tensors
   // (stage 0 owns whole tensors on every rank), then the update that reads them.
   if (p.tensor_norms >= 0) {
-    sweep(ActionKind::update_norms);
+    sweep(false);
     const bool over_dp = p.stage >= 1 && p.dp > 1;
-    if (over_dp || p.tp > 1) add(ActionKind::sum_norms, p.tensor_norms, over_dp);
+    if (over_dp || p.tp > 1) add(op::SumNorms{p.tensor_norms, over_dp});
   }
-  sweep(ActionKind::update);
+  sweep(true);
   // Delayed: the parameters go up together once the update is published (every sub-group is
   // offloaded: ratio 1).
   p.delayed_update = offload.delayed_update;
   if (p.delayed_update) {
-    for (int g = 0; g < static_cast<int>(p.sub_groups.size()); ++g) add(ActionKind::upload, g);
+    for (int g = 0; g < static_cast<int>(p.sub_groups.size()); ++g) add(op::Upload{g});
   }
-  if (const auto* accum = p.find(StateKind::grad_accum, p.shard_order.front())) add(ActionKind::zero, accum->buffer);
-  if (p.tensor_norms >= 0) add(ActionKind::zero, p.tensor_norms);
-  for (size_t k = 0; k < p.gather_buckets.size(); ++k) add(ActionKind::all_gather, static_cast<int>(k));
+  if (const auto* accum = p.find(StateKind::grad_accum, p.shard_order.front())) add(op::Zero{accum->buffer});
+  if (p.tensor_norms >= 0) add(op::Zero{p.tensor_norms});
+  for (size_t k = 0; k < p.gather_buckets.size(); ++k) add(op::AllGather{static_cast<int>(k)});
 }
 
 void schedule_updates_in_backward(Plan& p, const OffloadConfig& offload) {
@@ -327,10 +326,10 @@ void schedule_updates_in_backward(Plan& p, const OffloadConfig& offload) {
   // The gradients of a bucket are final after its last offload_grads of the cycle.
   std::vector<size_t> final_at(p.reduce_buckets.size(), SIZE_MAX);
   for (size_t i = 0; i < p.program.size(); ++i)
-    if (p.program[i].kind == ActionKind::offload_grads) final_at[p.program[i].target] = i;
-  std::vector<size_t> slot(groups, 0);
+    if (const auto* o = p.program[i].as<op::OffloadGrads>()) final_at[o->bucket] = i;
+  std::vector<int> slot(groups, 0);
   for (const auto& a : p.step_program)
-    if (a.kind == ActionKind::update) slot[a.target] = a.offset;
+    if (const auto* u = a.as<op::Update>()) slot[u->sub_group] = u->slot;
   // Per program position, the sub-groups that become ready there, in sub-group order (the order
   // their slots rotate in).
   std::multimap<size_t, int> ready;
@@ -348,12 +347,11 @@ void schedule_updates_in_backward(Plan& p, const OffloadConfig& offload) {
     program.push_back(p.program[i]);
     auto [from, to] = ready.equal_range(i);
     for (auto it = from; it != to; ++it) {
-      for (ActionKind kind : {ActionKind::swap_in, ActionKind::update, ActionKind::upload, ActionKind::swap_out}) {
+      const int g = it->second;
+      for (Action::Op op : {Action::Op{op::SwapIn{g, slot[g]}}, Action::Op{op::Update{g, slot[g]}}, Action::Op{op::Upload{g, slot[g]}},
+                            Action::Op{op::SwapOut{g, slot[g]}}}) {
         Action a = p.program[i];
-        a.kind = kind;
-        a.target = it->second;
-        a.offset = slot[it->second];
-        a.flag = false;
+        a.op = op;
         a.serial = false;
         program.push_back(a);
       }

@@ -119,7 +119,7 @@ TEST(LambPlan, StepProgramSumsPerTensorNormsBeforeTheUpdates) {
       }
     }
     std::vector<ActionKind> kinds;
-    for (const auto& a : p.step_program) kinds.push_back(a.kind);
+    for (const auto& a : p.step_program) kinds.push_back(a.kind());
     const auto first_update = std::find(kinds.begin(), kinds.end(), ActionKind::update);
     const auto sum = std::find(kinds.begin(), kinds.end(), ActionKind::sum_norms);
     EXPECT_EQ(sum != kinds.end(), stage >= 1) << "stage " << stage;

@@ -11,16 +11,13 @@
 
 #include "core/config_section.h"
 #include "core/error.h"
+#include "tests/train/config_fixture.h"
 #include "train/config/train_config.h"
 
 namespace zeroth {
 namespace {
 
-using json = nlohmann::json;
-
-json base() {
-  return json::parse(R"({"train_micro_batch_size_per_gpu": 2, "model": {"n_layer": 1, "n_head": 2, "n_embd": 16, "seq_len": 8}})");
-}
+using namespace config_fixture;
 
 // The message's lines, without the source locations users do not see.
 std::vector<std::string> lines_of(const json& j) {

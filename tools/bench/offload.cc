@@ -31,6 +31,7 @@
 #include "offload/aio.h"             // AsyncFile, IoOptions
 #include "offload/aligned_buffer.h"  // AlignedBuffer
 #include "tools/bench/offload.h"     // CopyRates, check_cuda_device, measure_cuda_copies
+#include "tools/bench/offload_report.h"
 #include "tools/bench/bench.h"
 #include "tools/launch/process.h"  // run_process
 
@@ -65,25 +66,6 @@ struct Options {
   bool small_pages = false;
   bool json = false;
   uint64_t sub_group_size = SwapperSetting{}.sub_group_size;
-};
-
-struct Setting {
-  std::size_t block_size = 1 * kMiB;
-  unsigned queue_depth = 8;
-  unsigned threads = 1;
-  bool sqpoll = false;
-  bool registered = true;
-};
-
-struct Point {
-  Setting setting;
-  bool sqpoll_used = false, registered_used = false;  // what the kernel granted
-  std::vector<double> write_gbps, read_gbps;
-  std::vector<double> fio_write_gbps, fio_read_gbps;  // empty: fio not run at this point
-  double write() const { return median(write_gbps); }
-  double read() const { return median(read_gbps); }
-  // The rate of writing the file and reading it back: what a swap out and in costs.
-  double score() const { return 2.0 / (1.0 / write() + 1.0 / read()); }
 };
 
 // The file this run creates, removed on every way out: scope exit and the usual signals.
@@ -250,53 +232,6 @@ class OffloadBench {
   bool direct_ = false, io_uring_ = false;
 };
 
-double best_of(const std::vector<Point>& sweep, double (Point::*rate)() const) {
-  double best = 0;
-  for (const auto& p : sweep) best = std::max(best, (p.*rate)());
-  return best;
-}
-
-double fio_best(const std::vector<Point>& sweep, bool write) {
-  double best = 0;
-  for (const auto& p : sweep)
-    if (!p.fio_write_gbps.empty()) best = std::max(best, median(write ? p.fio_write_gbps : p.fio_read_gbps));
-  return best;
-}
-
-// The median over the points fio ran at of zeroth's rate over fio's: less swayed than a ratio of
-// two maxima by one lucky repetition where the disk's rate wanders.
-double paired_ratio(const std::vector<Point>& sweep, bool write) {
-  std::vector<double> ratios;
-  for (const auto& p : sweep)
-    if (!p.fio_write_gbps.empty()) ratios.push_back(write ? p.write() / median(p.fio_write_gbps) : p.read() / median(p.fio_read_gbps));
-  return median(ratios);
-}
-
-void print_row(const Point& p) {
-  std::printf("%10s %6u %8u %7s %11s %11.2f %10.2f", format_bytes(p.setting.block_size).c_str(), p.setting.queue_depth,
-              p.setting.threads, p.sqpoll_used ? "on" : "off", p.registered_used ? "yes" : "no", p.write(), p.read());
-  if (!p.fio_write_gbps.empty()) std::printf(" %11.2f %10.2f", median(p.fio_write_gbps), median(p.fio_read_gbps));
-  std::printf("\n");
-  std::fflush(stdout);
-}
-
-nlohmann::json point_json(const Point& p) {
-  nlohmann::json j = {{"block_size", p.setting.block_size},
-                      {"queue_depth", p.setting.queue_depth},
-                      {"threads", p.setting.threads},
-                      {"sqpoll", p.sqpoll_used},
-                      {"registered_buffer", p.registered_used},
-                      {"write_gbps", p.write()},
-                      {"read_gbps", p.read()},
-                      {"write_runs", p.write_gbps},
-                      {"read_runs", p.read_gbps}};
-  if (!p.fio_write_gbps.empty()) {
-    j["fio_write_gbps"] = median(p.fio_write_gbps);
-    j["fio_read_gbps"] = median(p.fio_read_gbps);
-  }
-  return j;
-}
-
 void run(const Options& o) {
   ZEROTH_CHECK(!o.path.empty(), "--path: the directory to measure is required");
   ZEROTH_CHECK(std::filesystem::is_directory(o.path), "--path {}: not a directory", o.path);
@@ -326,23 +261,14 @@ void run(const Options& o) {
     ZLOG_WARN("bench offload: {} refuses O_DIRECT, so fio (direct=1) cannot run there; zeroth runs buffered", o.path);
     fio.reset();
   }
-  const std::string fio_version = fio ? bench.fio_version() : "";
-
-  if (!o.json) {
-    std::printf("zeroth bench offload: %s file in %s, %s, sequential write then read, median of %d\n", format_bytes(size).c_str(),
-                o.path.c_str(), bench.direct() ? "O_DIRECT" : "buffered (O_DIRECT refused)", o.reps);
-    if (!bench.io_uring()) std::printf("io_uring is refused here: the workers run pread/pwrite\n");
-    std::printf("%s\n",
-                fio ? fmt::format("reference: {} on the same file at every point: ioengine=io_uring, direct=1, same block size and "
-                                  "depth, numjobs = threads, sqthread_poll with sqpoll, fixedbufs where registered, registerfiles, "
-                                  "iodepth_batch_submit = depth, iodepth_batch_complete_min = depth / 2, iomem_align=2m with glibc's "
-                                  "huge-page malloc",
-                                  fio_version)
-                          .c_str()
-                    : "reference: none (fio is not on PATH)");
-    std::printf("%10s %6s %8s %7s %11s %11s %10s%s\n", "block", "depth", "threads", "sqpoll", "registered", "write GB/s", "read GB/s",
-                fio ? "  fio write   fio read" : "");
-  }
+  OffloadResults results;
+  results.path = o.path;
+  results.size = size;
+  results.reps = o.reps;
+  results.direct = bench.direct();
+  results.io_uring = bench.io_uring();
+  if (fio) results.fio_version = bench.fio_version();
+  if (!o.json) print_sweep_header(results);
   std::vector<Point> sweep;
   auto measure = [&](const Setting& s, bool with_fio) {
     // Each thread (and each of fio's jobs, over its slice of the file) gets two blocks or more.
@@ -381,14 +307,6 @@ void run(const Options& o) {
   }
   const Point chosen = best();
 
-  const double max_write = best_of(sweep, &Point::write), max_read = best_of(sweep, &Point::read);
-  const double fio_write = fio_best(sweep, true), fio_read = fio_best(sweep, false);
-  // DeepSpeed's order, as its documentation lists the keys.
-  const nlohmann::ordered_json aio = {{"block_size", chosen.setting.block_size},
-                                      {"queue_depth", chosen.setting.queue_depth},
-                                      {"intra_op_parallelism", chosen.setting.threads},
-                                      {"single_submit", false},
-                                      {"overlap_events", true}};
   // The swapper's steps alternate with raw passes at the chosen setting: where a disk's rate
   // wanders (a virtual disk's burst allowance running out), each step is held against the rate
   // the disk had just before it.
@@ -398,93 +316,32 @@ void run(const Options& o) {
   log::set_level(log::Level::warn);  // the engine's plan table
   SwapperBench swapper(o.path, size, swapper_setting);
   log::set_level(level);
-  std::vector<double> swapper_gbps, swapper_seconds, swapper_vs_raw;
-  Point beside;
-  beside.setting = chosen.setting;
+  SwapperResult& result = results.swapper;
+  result.beside.setting = chosen.setting;
   for (int rep = 0; rep < o.reps; ++rep) {
     const Point raw = bench.measure(chosen.setting, false, 1);
-    beside.write_gbps.push_back(raw.write());
-    beside.read_gbps.push_back(raw.read());
+    result.beside.write_gbps.push_back(raw.write());
+    result.beside.read_gbps.push_back(raw.read());
     const double seconds = swapper.step();
     const double gbps = static_cast<double>(swapper.read_bytes() + swapper.write_bytes()) / seconds * 1e-9;
-    swapper_seconds.push_back(seconds);
-    swapper_gbps.push_back(gbps);
-    swapper_vs_raw.push_back(gbps / swapper.ceiling_gbps(raw.read(), raw.write()));
+    result.seconds.push_back(seconds);
+    result.gbps.push_back(gbps);
+    result.vs_raw.push_back(gbps / swapper.ceiling_gbps(raw.read(), raw.write()));
   }
-  const double swapper_rate = median(swapper_gbps), swapper_paired = median(swapper_vs_raw);
-  const double swapper_vs_best = swapper_rate / swapper.ceiling_gbps(max_read, max_write);
-  std::optional<CopyRates> copies;
-  if (cuda) copies = measure_cuda_copies(o.device, std::min<std::size_t>(size, std::size_t{1} << 30), o.reps);
-
+  result.vs_best = median(result.gbps) / swapper.ceiling_gbps(best_rate(sweep, &Point::read), best_rate(sweep, &Point::write));
+  result.params = swapper.params();
+  result.padded_params = swapper.padded_params();
+  result.sub_groups = swapper.sub_groups();
+  result.sub_group_size = o.sub_group_size;
+  result.read_bytes = swapper.read_bytes();
+  result.write_bytes = swapper.write_bytes();
+  results.sweep = std::move(sweep);
+  results.chosen = chosen;
+  if (cuda) results.copies = measure_cuda_copies(o.device, std::min<std::size_t>(size, std::size_t{1} << 30), o.reps);
   if (o.json) {
-    nlohmann::json out;
-    out["path"] = o.path;
-    out["size"] = size;
-    out["reps"] = o.reps;
-    out["direct"] = bench.direct();
-    out["io_uring"] = bench.io_uring();
-    out["best"] = {{"read_gbps", chosen.read()},
-                   {"write_gbps", chosen.write()},
-                   {"block_size", chosen.setting.block_size},
-                   {"queue_depth", chosen.setting.queue_depth},
-                   {"threads", chosen.setting.threads},
-                   {"sqpoll", chosen.sqpoll_used},
-                   {"registered_buffer", chosen.registered_used}};
-    out["max"] = {{"read_gbps", max_read}, {"write_gbps", max_write}};
-    out["fio"] = fio ? nlohmann::json{{"read_gbps", fio_read}, {"write_gbps", fio_write}, {"version", fio_version}}
-                     : nlohmann::json(nullptr);
-    out["ratio"] = fio ? nlohmann::json{{"read", max_read / fio_read},
-                                        {"write", max_write / fio_write},
-                                        {"paired_read", paired_ratio(sweep, false)},
-                                        {"paired_write", paired_ratio(sweep, true)}}
-                       : nlohmann::json(nullptr);
-    out["sweep"] = nlohmann::json::array();
-    for (const auto& p : sweep) out["sweep"].push_back(point_json(p));
-    out["aio"] = aio;
-    out["cuda"] = copies ? nlohmann::json{{"bytes", copies->bytes},
-                                          {"gpu", copies->gpu},
-                                          {"h2d_pinned_gbps", copies->h2d_pinned},
-                                          {"d2h_pinned_gbps", copies->d2h_pinned},
-                                          {"h2d_pageable_gbps", copies->h2d_pageable},
-                                          {"d2h_pageable_gbps", copies->d2h_pageable}}
-                         : nlohmann::json(nullptr);
-    out["swapper_gbps"] = swapper_rate;
-    out["swapper"] = {{"params", swapper.params()},         {"padded_params", swapper.padded_params()},
-                      {"sub_groups", swapper.sub_groups()}, {"sub_group_size", o.sub_group_size},
-                      {"read_bytes", swapper.read_bytes()}, {"write_bytes", swapper.write_bytes()},
-                      {"seconds", swapper_seconds},         {"gbps_runs", swapper_gbps},
-                      {"raw_beside", point_json(beside)},   {"ratio_paired", swapper_paired},
-                      {"ratio_to_best", swapper_vs_best}};
-    std::printf("%s\n", out.dump(2).c_str());
-    return;
-  }
-  std::printf("\nbest setting (write then read of the file): block %s, depth %u, %u thread(s)%s: write %.2f GB/s, read %.2f GB/s\n",
-              format_bytes(chosen.setting.block_size).c_str(), chosen.setting.queue_depth, chosen.setting.threads,
-              chosen.sqpoll_used ? ", sqpoll" : "", chosen.write(), chosen.read());
-  if (fio) {
-    std::printf("%-8s %12s %12s %8s %16s\n", "", "zeroth best", "fio best", "ratio", "paired (median)");
-    std::printf("%-8s %12.2f %12.2f %7.0f%% %15.0f%%\n", "write", max_write, fio_write, 100 * max_write / fio_write,
-                100 * paired_ratio(sweep, true));
-    std::printf("%-8s %12.2f %12.2f %7.0f%% %15.0f%%\n", "read", max_read, fio_read, 100 * max_read / fio_read,
-                100 * paired_ratio(sweep, false));
-  }
-  const auto [lo, hi] = std::minmax_element(swapper_gbps.begin(), swapper_gbps.end());
-  std::printf("\noptimizer swapper (the engine's ZeRO-Infinity step on an MLP of %.2f M parameters, %zu sub-group(s) of at most "
-              "%llu elements, aio as above): per step %s read and %s written (16 and 14 bytes per parameter: f32 master, moments "
-              "and gradient in; master, moments and bf16 parameter out)\n",
-              static_cast<double>(swapper.params()) * 1e-6, swapper.sub_groups(), static_cast<unsigned long long>(o.sub_group_size),
-              format_bytes(swapper.read_bytes()).c_str(), format_bytes(swapper.write_bytes()).c_str());
-  std::printf("  %.2f GB/s through the update (%.2f-%.2f over %d steps, each after a raw pass: write %.2f, read %.2f GB/s median)\n",
-              swapper_rate, *lo, *hi, o.reps, beside.write(), beside.read());
-  std::printf("  against the time those bytes take at the raw rates measured just before each step (reads, then writes): %.0f%% "
-              "(median over the steps); against the sweep's best rates: %.0f%%\n",
-              100 * swapper_paired, 100 * swapper_vs_best);
-  std::printf("DeepSpeed config section for this disk:\n\"aio\": %s\n", aio.dump(2).c_str());
-  if (copies) {
-    std::printf("\n%s, %s copies, median of %d:\n", copies->gpu.c_str(), format_bytes(copies->bytes).c_str(), o.reps);
-    std::printf("%-10s %14s %14s\n", "host", "to GPU GB/s", "from GPU GB/s");
-    std::printf("%-10s %14.2f %14.2f\n", "pinned", copies->h2d_pinned, copies->d2h_pinned);
-    std::printf("%-10s %14.2f %14.2f\n", "pageable", copies->h2d_pageable, copies->d2h_pageable);
+    print_offload_json(results);
+  } else {
+    print_offload_summary(results);
   }
 }
 
