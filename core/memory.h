@@ -10,6 +10,9 @@
 
 namespace zeroth {
 
+// n rounded up to a multiple of `multiple` (> 0).
+constexpr size_t round_up(size_t n, size_t multiple) { return (n + multiple - 1) / multiple * multiple; }
+
 enum class MemTag : uint8_t { params = 0, grads, optimizer, buffers, activations, other };
 inline constexpr size_t kMemTagCount = 6;
 std::string_view mem_tag_name(MemTag tag);

@@ -149,6 +149,8 @@ void AsyncFile::fail_worker(Worker& worker, const std::string& message) {
   }
 }
 
+// Long: one worker's loop (submit under the lock, wait for `want` completions, reap, requeue the retries); each step's count
+// comes from the step before it, which one loop keeps in view.
 void AsyncFile::run_ring(Worker& worker) {
   IoRing& io_ring = *worker.ring;
   ::io_uring* ring = io_ring.get();

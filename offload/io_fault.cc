@@ -58,7 +58,7 @@ std::size_t IoFault::transfer_length(bool is_write, std::uint64_t offset, std::s
 long long IoFault::result(bool is_write, std::uint64_t offset, std::size_t length, long long result) {
   if (error_ == 0 || result < 0 || !matches(is_write, offset, length) || fired_.exchange(true)) return result;
   ZLOG_WARN("{}: the {} of {} bytes at offset {} of {} reports {}", env::kIoFault, is_write ? "write" : "read", length, offset, path_,
-            detail::errno_text(error_));
+            zeroth::detail::errno_text(error_));
   return -static_cast<long long>(error_);
 }
 

@@ -35,6 +35,7 @@ double warmup_fraction(WarmupType type, int64_t iteration, int64_t warm) {
 
 double LrSchedule::lr(int64_t iteration) const { return values(iteration).lr; }
 
+// Long: one case per DeepSpeed scheduler, each following its Python get_lr line by line; one switch keeps them side by side.
 ScheduledValues LrSchedule::values(int64_t iteration) const {
   ScheduledValues v;
   const int64_t warm = std::max<int64_t>(2, warmup_num_steps);  // WarmupLR.__init__: max(2, warmup_num_steps)
@@ -175,6 +176,8 @@ std::string LrSchedule::describe() const {
   return text;
 }
 
+// Long: the scheduler section as DeepSpeed reads it: the type's allowed keys, each parameter read once, then the checks
+// across parameters, which need them all read.
 LrSchedule LrSchedule::from_deepspeed(const nlohmann::json& section, double base_lr, bool optimizer_has_betas) {
   LrSchedule s;
   s.base_lr = base_lr;

@@ -79,6 +79,8 @@ double number(const ConfigSection& s, const char* key, double def) {
 
 }  // namespace
 
+// Long: the optimizer types with their allowed keys, then each parameter read and checked in turn; the checks between
+// parameters (adam_w_mode against the type) need both read in the same place.
 OptimizerParams OptimizerParams::from_deepspeed(const nlohmann::json& section) {
   if (!section.is_object()) ZEROTH_THROW(ConfigError, "optimizer must be an object like {{\"type\": \"AdamW\", \"params\": {{...}}}}");
   for (const auto& [key, value] : section.items()) {

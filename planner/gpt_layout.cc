@@ -151,6 +151,8 @@ uint64_t moe_layer_activation_bytes(const GptShape& shape, uint64_t micro_batch,
   return round_bytes(dense - mlp + experts);
 }
 
+// Long: the slices and per-layer sizes every stage shares, then `stage_memory`'s terms (model states, activations in
+// flight, buffers, allowance, host slots), each using the sizes above it.
 LayoutMemory layout_memory(const GptShape& shape, const Layout& layout, const BufferSizes& sizes, uint64_t runtime_bytes) {
   const uint64_t h = shape.hidden, t = layout.tp, p = layout.pp, b = layout.micro_batch, s = shape.seq_len;
   const uint64_t layers_on_stage = ceil_div(shape.layers, p);

@@ -94,6 +94,8 @@ double moe_exposed_exchange(double x, double cf, int n, bool backward) {
   return std::max(exchange_end, compute_end) - 2 * cf;
 }
 
+// Long: the step-time model term by term (compute, recomputation, tensor, pipeline, expert and data-parallel traffic,
+// offload, update), each formula beside its source; the later terms are overlapped against fwd and bwd.
 StepCost step_cost(const GptShape& shape, const Layout& l, const LayoutMemory& mem, const Cluster& c) {
   StepCost out;
   const double h = static_cast<double>(shape.hidden), s = static_cast<double>(shape.seq_len), v = static_cast<double>(shape.vocab);

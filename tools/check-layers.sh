@@ -2,7 +2,9 @@
 # The source tree's house rules, as a check (tools/dev.sh test runs it after the tests):
 #   - layering: a file includes only from its own folder and the folders its row below allows
 #     (docs/ARCHITECTURE.md, "Layers"); the engine's rooms have rows of their own;
-#   - size: no source file over 500 lines (split it by concern; a file's name says its one job).
+#   - size: no source file over 500 lines (split it by concern; a file's name says its one job), and
+#     no function of the project's sources (tests/ aside) over 80 lines without a "// Long:" comment
+#     above it saying why.
 # Prints every violation with the file, line and include, and exits 1 when there is one.
 set -euo pipefail
 
@@ -96,8 +98,45 @@ for f in "${files[@]}"; do
     sed -E 's/^([0-9]+):[[:space:]]*#[[:space:]]*include[[:space:]]*["<]([^">]+)[">]/\1:\2/' | grep -E "^[0-9]+:$project" || true)
 done
 
+# Functions over 80 lines, in the sources (a test's case may run longer: it reads as a table). The
+# heuristic fits clang-format's layout: a definition starts at the left margin.
+long_functions=$(for f in "${files[@]}"; do if [[ -f $f && $f != tests/* ]]; then echo "$f"; fi; done | xargs awk -v limit=80 "$(cat <<'AWK'
+# Functions defined at the left margin whose body runs past `limit` lines without a comment line
+# starting "// Long:" in the comment block right above them. A signature starts at column 0 with a
+# "(" and ends at the first line ending in "{"; the body ends at the next line that is "}".
+function report() {
+  if (start > 0 && NR - start + 1 > limit && !reason) printf "%s:%d: %s runs %d lines (over %d): split it, or say why in a \"// Long:\" comment above it\n", FILENAME, start, name, NR - start + 1, limit
+}
+FNR == 1 { state = 0; comment = ""; reason_above = 0 }
+state == 0 {
+  if ($0 ~ /^\/\//) { if ($0 ~ /^\/\/ Long:/) reason_above = 1; next }
+  if ($0 ~ /^[A-Za-z~][^;]*\(/ && $0 !~ /^(namespace|struct|class|enum|union|extern|template|using|typedef|return|static_assert)\b/ && $0 !~ /;[[:space:]]*$/ && $0 !~ /}[[:space:]]*$/) {
+    start = FNR; name = $0; sub(/\(.*/, "", name); n = split(name, w, /[ *&:]+/); name = w[n]; reason = reason_above
+    state = ($0 ~ /\{[[:space:]]*$/) ? 2 : 1
+    reason_above = 0
+    next
+  }
+  reason_above = 0
+  next
+}
+state == 1 {  # a signature over several lines
+  if ($0 ~ /;[[:space:]]*$/) { state = 0; next }
+  if ($0 ~ /\{[[:space:]]*$/) state = 2
+  next
+}
+state == 2 {
+  if ($0 == "}") { NR_save = NR; NR = FNR; report(); NR = NR_save; state = 0 }
+  next
+}
+AWK
+)")
+if [[ -n $long_functions ]]; then
+  echo "$long_functions"
+  bad=1
+fi
+
 if ((bad)); then
   echo "check-layers: violations above (rules in tools/check-layers.sh, reasons in docs/ARCHITECTURE.md)" >&2
   exit 1
 fi
-echo "check-layers: ${#files[@]} files, includes within their layers, none over $max_lines lines"
+echo "check-layers: ${#files[@]} files, includes within their layers, none over $max_lines lines, no long function without its reason"

@@ -59,6 +59,8 @@ json Manifest::to_json() const {
           {"config", config},       {"files", files_j},   {"tensors", tensors_j}};
 }
 
+// Long: the manifest read field by field, each checked as it is read (the files before the tensors whose pieces point
+// into them); split, the checks would lose the one `bad` and the one catch that word every refusal.
 Manifest Manifest::from_json(const json& j, const std::string& source) {
   auto bad = [&](const std::string& what) -> CheckpointError {
     return CheckpointError(

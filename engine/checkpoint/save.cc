@@ -194,6 +194,8 @@ IoStats Saver::save(Engine& engine, const SaveOptions& o) {
   return started;
 }
 
+// Long: the end of a save in its collective order (join the writer, agree on the files, write and merge the part files,
+// publish); every rank must make the same agree() calls in turn, which one function keeps in step.
 IoStats Saver::complete(Engine& engine) {
   ZEROTH_CHECK(pending_ != nullptr, "Saver::complete() without a save in flight");
   const auto t0 = Clock::now();

@@ -43,6 +43,8 @@ constexpr std::string_view kZeroKeys[] = {"stage",
 
 }  // namespace
 
+// Long: zero_optimization's keys in DeepSpeed's order, then its old cpu_offload names, then what each stage ignores; split,
+// one section's keys would sit in several functions.
 ZeroConfig ZeroConfig::from_deepspeed(const nlohmann::json& section) {
   if (!section.is_object()) ZEROTH_THROW(ConfigError, "zero_optimization must be an object like {{\"stage\": 2}}");
   ZeroConfig z;

@@ -90,6 +90,8 @@ void* Executor::param_out_at(int sub_group, int slot, const OwnedRange& master, 
          (slot * plan_.slot_numel + pos - plan_.sub_group_extent[sub_group][0]) * dtype_size(plan_.compute_dtype);
 }
 
+// Long: one bucket's way to the host: the waits, the loop over pieces and the host callback that casts or adds, takes the
+// squares and writes; the callback uses the loop's pieces and double buffer, so it stays beside them.
 void Executor::offload_grads(int index, bool add, Stream& rs) {
   const auto& bucket = plan_.reduce_buckets[index];
   const TensorView landed = landing_[index];

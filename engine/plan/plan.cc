@@ -14,7 +14,6 @@ namespace {
 // Parameters inside a block start on this many elements, so every view is 32-byte aligned in f32.
 constexpr size_t kParamAlign = 8;
 
-size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
 
 // f32 elements in 4 KiB, the O_DIRECT alignment of swap files (offload/aligned_buffer.h).
 constexpr size_t kSwapQuantum = 1024;
@@ -335,6 +334,8 @@ Plan make_plan(const std::vector<BlockSpec>& specs, const BlockSchedule& schedul
   return make_plan(specs, std::vector<BlockSchedule>{schedule}, config, dp, rank, std::move(passes));
 }
 
+// Long: the plan built in dependency order (checks, blocks, shard order, buckets, programs and buffers, sub-groups, the step
+// program); each step reads what the ones before it set in `p`.
 Plan make_plan(const std::vector<BlockSpec>& specs, const std::vector<BlockSchedule>& schedules, const EngineConfig& config, int dp,
                int rank, std::vector<PassRef> passes) {
   config.validate();

@@ -82,6 +82,8 @@ int action_target(const Action& a) {
       a.op);
 }
 
+// Long: one key per field of Plan, its lists (blocks, buffers, owned ranges, buckets, sub-groups, passes) as arrays; split,
+// the JSON's layout would be spread over several functions.
 nlohmann::json Plan::to_json() const {
   nlohmann::json j;
   j["stage"] = stage;

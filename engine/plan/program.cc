@@ -15,7 +15,6 @@
 namespace zeroth {
 namespace {
 
-size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
 
 // First-fit placement on a timeline; its high-water mark is what the arena must hold.
 class ArenaSim {

@@ -160,6 +160,8 @@ void Gpt::State::check_shape(int b, int t) const {
   }
 }
 
+// Long: one allocation carved in order (`take` moves one pointer), slot by slot and then the scratch; split, the order
+// all_slots_floats() and scratch_floats() size for would be spread over several functions.
 void Gpt::State::reserve(Stream& stream, int b, int t, const std::vector<int>& per_chunk, DType compute) {
   if (b == B && t == T && per_chunk == chunk_slots) return;
   if (cfg.attention_probabilities != gpt::attention_keeps_probabilities(device->kind())) {

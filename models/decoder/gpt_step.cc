@@ -151,6 +151,8 @@ void release(gpt::Kernels& k, const gpt::BoundRef& w) {
 
 }  // namespace
 
+// Long: a micro-batch's forward in block order (embedding, layers with their experts, final norm, head and loss); each part
+// uses the slot, kernels and stream set up at the top.
 void Gpt::run_forward(int micro, int chunk, const int32_t* tokens, const int32_t* targets, int B, int T, float* loss, float* logits,
                       bool training, bool decoding) {
   if (B <= 0 || T <= 0 || T > config_.seq_len) {
@@ -292,6 +294,8 @@ void Gpt::run_forward(int micro, int chunk, const int32_t* tokens, const int32_t
   if (training) ++s->in_flight;
 }
 
+// Long: the backward in reverse block order (head and loss, final norm, layers with their experts, embedding), the mirror
+// of run_forward; each part uses the slot, scratch and stream set up at the top.
 void Gpt::run_backward(int micro, int chunk) {
   auto s = state_;
   if (s->slots.empty() || micro < 0) ZEROTH_THROW(InvalidArgument, "GPT backward of micro-batch {} before its forward", micro);

@@ -118,6 +118,9 @@ class Bound {
   std::vector<float*> g_;
 };
 using BoundRef = std::shared_ptr<std::shared_ptr<Bound>>;  // filled in stream order
+// Parameter and gradient `i` of a bound block, null for one the block does not have (-1).
+inline const float* param(const Bound& b, int i) { return i >= 0 ? b.p(static_cast<size_t>(i)) : nullptr; }
+inline float* grad(const Bound& b, int i) { return i >= 0 ? b.g(static_cast<size_t>(i)) : nullptr; }
 
 // The passes of one block, enqueued piece by piece (Kernels::submit) around the group's collectives.
 // `w` is filled by the caller's first piece. x: the block's input rows; out: its output rows, or

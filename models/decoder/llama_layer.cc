@@ -26,8 +26,6 @@ struct LlamaParams {
   }
 };
 
-const float* param(const Bound& b, int i) { return i >= 0 ? b.p(static_cast<size_t>(i)) : nullptr; }
-float* grad(const Bound& b, int i) { return i >= 0 ? b.g(static_cast<size_t>(i)) : nullptr; }
 
 }  // namespace
 

@@ -47,8 +47,6 @@ struct ExpertParams {
   }
 };
 
-const float* param(const Bound& b, int i) { return i >= 0 ? b.p(static_cast<size_t>(i)) : nullptr; }
-float* grad(const Bound& b, int i) { return i >= 0 ? b.g(static_cast<size_t>(i)) : nullptr; }
 
 }  // namespace
 

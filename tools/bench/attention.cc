@@ -23,7 +23,7 @@
 #include "tools/bench/bench.h"
 
 namespace zeroth::tools {
-namespace {
+namespace bench_attention {
 
 struct Options {
   int batch = 4, heads = 12, kv_heads = 0, head_size = 64, threads = 0, reps = 5;
@@ -51,6 +51,8 @@ double best_gemm_gflops(int n, int reps, bool bf16) {
   return best;
 }
 
+// Long: the benchmark top to bottom (per sequence length the tensors, the warm-up, the timed passes and the GEMM ceilings,
+// then the JSON or the table); each step uses the one before.
 void run(const Options& o) {
   const int KVH = o.kv_heads > 0 ? o.kv_heads : o.heads;
   ZEROTH_CHECK(o.batch >= 1 && o.heads >= 1 && o.head_size >= 1 && o.reps >= 1,
@@ -135,9 +137,10 @@ void run(const Options& o) {
       bf16 ? "bf16 GEMM" : "sgemm");
 }
 
-}  // namespace
+}  // namespace bench_attention
 
 void add_bench_attention_command(CLI::App& bench) {
+  using namespace bench_attention;
   auto options = std::make_shared<Options>();
   auto* cmd = bench.add_subcommand("attention", "GFLOP/s of the CPU's blocked causal attention next to the GEMM library's");
   cmd->add_option("--batch", options->batch, "Sequences (default 4)");

@@ -31,7 +31,7 @@
 #include "tools/bench/bench.h"
 
 namespace zeroth::tools {
-namespace {
+namespace bench_ckpt {
 
 using Clock = std::chrono::steady_clock;
 
@@ -52,6 +52,8 @@ struct Range {
   nlohmann::json json() const { return {lo(), hi()}; }
 };
 
+// Long: the benchmark's procedure (the two engines, each repetition's raw rates, saves, loads, async save and memcpy, then
+// the medians); each repetition's figures are held against the raw rates measured in the same repetition.
 void run(const Options& o) {
   if (o.path.empty() || !std::filesystem::is_directory(o.path))
     ZEROTH_THROW(InvalidArgument, "--path {}: name an existing folder on the disk to write the checkpoints in", o.path);
@@ -194,9 +196,10 @@ void run(const Options& o) {
   }
 }
 
-}  // namespace
+}  // namespace bench_ckpt
 
 void add_bench_ckpt_command(CLI::App& bench) {
+  using namespace bench_ckpt;
   auto o = std::make_shared<Options>();
   auto* cmd = bench.add_subcommand("ckpt", "Checkpoint save and load rates beside the disk's raw rates; the asynchronous save's hold");
   cmd->add_option("--path", o->path, "Folder on the disk to write the checkpoints (and a raw-rate file) in")->required();

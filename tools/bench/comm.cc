@@ -27,7 +27,7 @@
 #include "tools/launch/launcher.h"
 
 namespace zeroth::tools {
-namespace {
+namespace bench_comm {
 
 using clock = std::chrono::steady_clock;
 
@@ -277,9 +277,10 @@ void run(const Options& o) {
   if (info->rank == 0) print(o, info->world_size, ceilings, rows);
 }
 
-}  // namespace
+}  // namespace bench_comm
 
 void add_bench_comm_command(CLI::App& bench) {
+  using namespace bench_comm;
   auto options = std::make_shared<Options>();
   auto* cmd = bench.add_subcommand("comm", "all_gather / reduce_scatter / all_reduce / all_to_all bandwidth (nccl-tests format)");
   cmd->add_option("--backend", options->backend, "local, gloo or nccl (default local)");

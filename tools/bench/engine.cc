@@ -37,7 +37,7 @@
 #include "tools/launch/launcher.h"  // run_launch
 
 namespace zeroth::tools {
-namespace {
+namespace bench_engine {
 
 struct Options {
   // One rank per core: with more ranks than cores, a rank waiting on the link frees its core for
@@ -224,6 +224,8 @@ void print_rows(const std::vector<Result>& rows) {
   }
 }
 
+// Long: the benchmark's procedure (the free row that sizes the link model, the rounds over every row, then the JSON or the
+// two tables); the link rows run on the link model the first row sizes, and every row is compared with that row.
 void run(const Options& o) {
   ZEROTH_CHECK(o.ranks >= 1 && o.layers >= 1 && o.width >= 1 && o.batch >= 1 && o.warmup >= 0, "bench engine: sizes must be positive");
   ZEROTH_CHECK(o.steps >= 5, "bench engine: --steps must be at least 5 (a median and a spread need them), got {}", o.steps);
@@ -350,9 +352,10 @@ void run(const Options& o) {
   print_rows(part);
 }
 
-}  // namespace
+}  // namespace bench_engine
 
 void add_bench_engine_command(CLI::App& bench) {
+  using namespace bench_engine;
   auto options = std::make_shared<Options>();
   auto* cmd = bench.add_subcommand("engine", "ZeRO stage 3 step times, prefetch and overlap_comm, on a link model and on gloo");
   cmd->add_option("--ranks", options->ranks, "Ranks: threads, and gloo processes (default 2: one per core on the 2-core machines)");

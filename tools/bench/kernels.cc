@@ -21,7 +21,7 @@
 #include "tools/bench/bench.h"
 
 namespace zeroth::tools {
-namespace {
+namespace bench_kernels {
 
 struct Options {
   std::string device = "cpu";
@@ -47,6 +47,7 @@ void parallel_memcpy(void* dst, const void* src, size_t bytes, int threads) {
   });
 }
 
+// Long: one line per kernel timed, after the memcpy ceiling, then the JSON or the table; the list reads as the table it prints.
 void run(const Options& o) {
   const size_t array_bytes = parse_bytes(o.size);
   ZEROTH_CHECK(array_bytes >= 4096, "--size must be at least 4 KiB, got {}", o.size);
@@ -144,9 +145,10 @@ void run(const Options& o) {
   if (host_flag != 0) std::printf("unexpected kernel result: nonfinite flag %d on finite data\n", host_flag);
 }
 
-}  // namespace
+}  // namespace bench_kernels
 
 void add_bench_kernels_command(CLI::App& bench) {
+  using namespace bench_kernels;
   auto options = std::make_shared<Options>();
   auto* cmd = bench.add_subcommand("kernels", "GB/s of cast, axpy, scale, sum of squares next to memcpy");
   cmd->add_option("--device", options->device, "cpu, cuda or cuda:N (default cpu)");

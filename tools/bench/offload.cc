@@ -36,7 +36,7 @@
 #include "tools/launch/process.h"  // run_process
 
 namespace zeroth::tools {
-namespace {
+namespace bench_offload {
 
 using clock = std::chrono::steady_clock;
 using offload::AlignedBuffer;
@@ -232,6 +232,8 @@ class OffloadBench {
   bool direct_ = false, io_uring_ = false;
 };
 
+// Long: the benchmark's procedure (checks, the sweep of block size, depth and threads, the swapper's steps at the chosen
+// setting, the report); each stage picks from the results of the one before.
 void run(const Options& o) {
   ZEROTH_CHECK(!o.path.empty(), "--path: the directory to measure is required");
   ZEROTH_CHECK(std::filesystem::is_directory(o.path), "--path {}: not a directory", o.path);
@@ -345,9 +347,10 @@ void run(const Options& o) {
   }
 }
 
-}  // namespace
+}  // namespace bench_offload
 
 void add_bench_offload_command(CLI::App& bench) {
+  using namespace bench_offload;
   auto options = std::make_shared<Options>();
   auto* cmd = bench.add_subcommand("offload", "Sequential O_DIRECT write/read GB/s through io_uring (sweep), next to fio");
   cmd->add_option("--path", options->path, "Directory on the disk to measure (a file of --size is created there and removed)")

@@ -10,7 +10,7 @@
 #include "core/memory.h"  // format_bytes
 
 namespace zeroth::tools {
-namespace {
+namespace bench_offload_report {
 
 double fio_best(const std::vector<Point>& sweep, bool write) {
   double best = 0;
@@ -28,7 +28,7 @@ double paired_ratio(const std::vector<Point>& sweep, bool write) {
   return median(ratios);
 }
 
-}  // namespace
+}  // namespace bench_offload_report
 
 double best_rate(const std::vector<Point>& sweep, double (Point::*rate)() const) {
   double best = 0;
@@ -44,7 +44,7 @@ void print_row(const Point& p) {
   std::fflush(stdout);
 }
 
-namespace {
+namespace bench_offload_report {
 
 nlohmann::json point_json(const Point& p) {
   nlohmann::json j = {{"block_size", p.setting.block_size},
@@ -72,9 +72,10 @@ nlohmann::ordered_json aio_section(const Point& chosen) {
           {"overlap_events", true}};
 }
 
-}  // namespace
+}  // namespace bench_offload_report
 
 void print_sweep_header(const OffloadResults& r) {
+  using namespace bench_offload_report;
   std::printf("zeroth bench offload: %s file in %s, %s, sequential write then read, median of %d\n", format_bytes(r.size).c_str(),
               r.path.c_str(), r.direct ? "O_DIRECT" : "buffered (O_DIRECT refused)", r.reps);
   if (!r.io_uring) std::printf("io_uring is refused here: the workers run pread/pwrite\n");
@@ -92,6 +93,7 @@ void print_sweep_header(const OffloadResults& r) {
 }
 
 void print_offload_json(const OffloadResults& r) {
+  using namespace bench_offload_report;
   const double max_write = best_rate(r.sweep, &Point::write), max_read = best_rate(r.sweep, &Point::read);
   const double fio_write = fio_best(r.sweep, true), fio_read = fio_best(r.sweep, false);
   const SwapperResult& s = r.swapper;
@@ -142,6 +144,7 @@ void print_offload_json(const OffloadResults& r) {
 }
 
 void print_offload_summary(const OffloadResults& r) {
+  using namespace bench_offload_report;
   const double max_write = best_rate(r.sweep, &Point::write), max_read = best_rate(r.sweep, &Point::read);
   const double fio_write = fio_best(r.sweep, true), fio_read = fio_best(r.sweep, false);
   const SwapperResult& s = r.swapper;

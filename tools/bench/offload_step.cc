@@ -31,7 +31,7 @@
 #include "train/trainer.h"  // train, TrainObserver
 
 namespace zeroth::tools {
-namespace {
+namespace bench_offload_step {
 
 struct Options {
   std::string preset = "gpt2-350m";
@@ -107,6 +107,8 @@ std::vector<StepMetrics> run_placement(const Options& o, const GptConfig& m, con
   return steps.steps;
 }
 
+// Long: the raw disk rate, then one row per placement and the bound; each row is printed, kept for the JSON and held
+// against the in-memory row measured first.
 void run(const Options& o) {
   if (o.path.empty() || !std::filesystem::is_directory(o.path))
     ZEROTH_THROW(InvalidArgument, "--path {}: name an existing folder on the disk to put the swap files in", o.path);
@@ -208,9 +210,10 @@ void run(const Options& o) {
   }
 }
 
-}  // namespace
+}  // namespace bench_offload_step
 
 void add_bench_offload_step_command(CLI::App& bench) {
+  using namespace bench_offload_step;
   auto o = std::make_shared<Options>();
   auto* cmd = bench.add_subcommand(
       "offload-step",

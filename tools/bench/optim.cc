@@ -27,7 +27,7 @@
 #include "tools/launch/process.h"  // run_process
 
 namespace zeroth::tools {
-namespace {
+namespace bench_optim {
 
 using clock = std::chrono::steady_clock;
 
@@ -170,6 +170,8 @@ void run_cuda(const Options& o, const std::vector<size_t>& sizes) {
   }
 }
 
+// Long: the timing loops (sizes, threads, gradient dtype, copy-out; AdamW, the ceiling and Lamb alternating), then PyTorch's
+// figures and the JSON or the table, which read the same rows.
 void run(const Options& o) {
   std::vector<size_t> sizes;
   for (const auto& p : o.params) sizes.push_back(parse_count(p));
@@ -308,9 +310,10 @@ void run(const Options& o) {
   else std::printf("(torch columns: zeroth's speed-up over torch.optim.AdamW(foreach=True), f32 grads, same threads)\n");
 }
 
-}  // namespace
+}  // namespace bench_optim
 
 void add_bench_optim_command(CLI::App& bench) {
+  using namespace bench_optim;
   auto options = std::make_shared<Options>();
   auto* cmd = bench.add_subcommand("optim", "CPU AdamW and Lamb steps: params/s and GB/s next to a ceiling kernel and PyTorch");
   cmd->add_option("--device", options->device, "cpu (default) or cuda[:N]");

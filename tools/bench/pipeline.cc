@@ -17,7 +17,7 @@
 #include "tools/bench/bench.h"
 
 namespace zeroth::tools {
-namespace {
+namespace bench_pipeline {
 
 struct Options {
   int stages = 4;
@@ -71,9 +71,10 @@ void run(const Options& o) {
   if (o.json) std::printf("%s\n", nlohmann::json{{"pipeline", rows}}.dump(2).c_str());
 }
 
-}  // namespace
+}  // namespace bench_pipeline
 
 void add_bench_pipeline_command(CLI::App& bench) {
+  using namespace bench_pipeline;
   auto options = std::make_shared<Options>();
   auto* cmd = bench.add_subcommand("pipeline", "Measured pipeline bubble of GPipe, 1F1B and interleaved 1F1B next to the formula");
   cmd->add_option("--stages", options->stages, "Pipeline stages p (default 4)");

@@ -35,7 +35,7 @@
 #include "tools/bench/step_gemms.h"  // step_gemms
 
 namespace zeroth::tools {
-namespace {
+namespace bench_train {
 
 struct Options {
   std::string preset = "gpt2-124m";
@@ -185,6 +185,8 @@ double model_flops_per_token(const GptConfig& m, int seq) {
   return 6 * l * layer + 12 * l * s * q + 6 * v * h;
 }
 
+// Long: the benchmark's procedure (device and peak, zeroth's step, the chunked loss, the products alone, the experts or
+// PyTorch, the JSON); the later rows are ratios to zeroth's step measured first.
 void run(const Options& o) {
   if (o.dtype != "fp32" && o.dtype != "bf16") ZEROTH_THROW(InvalidArgument, "--dtype must be fp32 or bf16, got {}", o.dtype);
   const bool gpu = o.device != "cpu";
@@ -343,9 +345,10 @@ void run(const Options& o) {
   }
 }
 
-}  // namespace
+}  // namespace bench_train
 
 void add_bench_train_command(CLI::App& bench) {
+  using namespace bench_train;
   auto o = std::make_shared<Options>();
   auto* cmd = bench.add_subcommand("train", "GPT or Llama-family training tokens/s on the CPU (or a GPU), next to PyTorch");
   cmd->add_option("--preset", o->preset,

@@ -28,7 +28,7 @@
 #include "train/config/train_config.h"  // TrainConfig
 
 namespace zeroth::tools {
-namespace {
+namespace ckpt_cmd {
 
 using Clock = std::chrono::steady_clock;
 
@@ -257,9 +257,10 @@ void import_weights(const std::string& from, const std::string& config_path, con
               out.c_str());
 }
 
-}  // namespace
+}  // namespace ckpt_cmd
 
 void add_ckpt_command(CLI::App& app) {
+  using namespace ckpt_cmd;
   auto* ckpt = app.add_subcommand("ckpt", "Inspect, verify, export, reshard and import checkpoints");
   ckpt->require_subcommand(1);
   struct Args {

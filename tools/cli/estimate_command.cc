@@ -29,7 +29,7 @@
 #include "train/trainer.h"              // largest_stage
 
 namespace zeroth::tools {
-namespace {
+namespace estimate_cmd {
 
 struct Row {
   int stage = 0;
@@ -47,6 +47,8 @@ size_t model_states_on_device(const MemoryNeed& n) {
 
 size_t host_bytes(const MemoryNeed& n) { return n.total(Tier::host) + n.total(Tier::pinned_host); }
 
+// Long: the choice of mode, then the config's rows (each stage and offload placement, parsed and planned), then the JSON or
+// the table; both outputs read the same rows.
 int run(const EstimateOptions& o) {
   const int modes = !o.config.empty() + !o.params.empty() + !o.model.empty() + gpt_shape_given(o.shape);
   if (modes != 1) {
@@ -218,9 +220,10 @@ int run(const EstimateOptions& o) {
   return 0;
 }
 
-}  // namespace
+}  // namespace estimate_cmd
 
 void add_estimate_command(CLI::App& app) {
+  using namespace estimate_cmd;
   auto o = std::make_shared<EstimateOptions>();
   auto* cmd = app.add_subcommand(
       "estimate", "Memory for every ZeRO stage and offload placement: of a training config per rank, or of a parameter count per GPU");

@@ -26,7 +26,7 @@
 #include "train/trainer.h"              // largest_stage
 
 namespace zeroth::tools {
-namespace {
+namespace estimate_model {
 
 uint64_t count(const std::string& text, const char* flag) { return static_cast<uint64_t>(parse_count(text, flag) + 0.5); }
 
@@ -110,9 +110,10 @@ std::pair<uint64_t, uint64_t> preset_counts(const std::string& name) {
   return {total, largest};
 }
 
-}  // namespace
+}  // namespace estimate_model
 
 int estimate_params(const EstimateOptions& o) {
+  using namespace estimate_model;
   const auto [preset_params, preset_largest] = o.model.empty() ? std::pair<uint64_t, uint64_t>{0, 0} : preset_counts(o.model);
   const uint64_t params = o.model.empty() ? count(o.params, "--params") : preset_params;
   const uint64_t largest = !o.largest_layer.empty() ? count(o.largest_layer, "--largest-layer") : preset_largest;
@@ -181,7 +182,10 @@ int estimate_params(const EstimateOptions& o) {
 // --layers/--hidden/--heads: the model's shape on gpus_per_node x nodes GPUs in dp x tp x pp, for
 // every stage and placement, and each with no, selective and full recomputation
 // (planner/gpt_layout.h: ZeRO paper model states, Korthikanti et al. activations).
+// Long: the shape's checks, then a row per stage and placement with its three recomputation kinds, printed and kept for the
+// JSON; the closing note needs the scores' extra bytes the rows measured.
 int estimate_shape(const EstimateOptions& o, const GptShape& shape) {
+  using namespace estimate_model;
   const uint64_t gpus = static_cast<uint64_t>(o.gpus_per_node) * static_cast<uint64_t>(o.nodes);
   if (o.tp == 0 || o.pp == 0 || gpus % (o.tp * o.pp) != 0)
     ZEROTH_THROW(InvalidArgument, "{} GPUs do not divide into --tp {} x --pp {} (the data-parallel degree is what is left)", gpus,

@@ -18,7 +18,7 @@
 #include "train/trainer.h"      // evaluate
 
 namespace zeroth::tools {
-namespace {
+namespace eval_cmd {
 
 struct EvalOptions {
   RunConfigArgs run;
@@ -59,9 +59,10 @@ void run_eval(EvalOptions& o) {
                 static_cast<long long>(o.windows), static_cast<long long>(result.of));
 }
 
-}  // namespace
+}  // namespace eval_cmd
 
 void add_eval_command(CLI::App& app) {
+  using namespace eval_cmd;
   auto o = std::make_shared<EvalOptions>();
   auto* cmd = app.add_subcommand(
       "eval", "The mean next-token cross-entropy (and perplexity) of a run's trained weights, or of a config's starting "

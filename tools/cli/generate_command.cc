@@ -15,7 +15,7 @@
 #include "train/generate.h"     // generate
 
 namespace zeroth::tools {
-namespace {
+namespace generate_cmd {
 
 struct GenerateCliOptions {
   RunConfigArgs run;
@@ -54,9 +54,10 @@ void run_generate(GenerateCliOptions& g) {
                r.max_new_tokens < g.o.max_new_tokens ? " (cut at model.seq_len)" : "");
 }
 
-}  // namespace
+}  // namespace generate_cmd
 
 void add_generate_command(CLI::App& app) {
+  using namespace generate_cmd;
   auto g = std::make_shared<GenerateCliOptions>();
   auto* cmd = app.add_subcommand("generate",
                                  "Text from a run's trained weights, or a config's starting weights (run.init_from, or --resume's "

@@ -14,7 +14,7 @@
 #include "tools/cli/commands.h"
 
 namespace zeroth::tools {
-namespace {
+namespace help_cmd {
 
 // A table cell: pipes escaped, lines joined.
 std::string cell(std::string text) {
@@ -69,9 +69,10 @@ void command(std::string& out, const CLI::App& app, const std::string& path) {
   for (const auto* sub : subcommands) command(out, *sub, path.empty() ? "zeroth " + sub->get_name() : path + " " + sub->get_name());
 }
 
-}  // namespace
+}  // namespace help_cmd
 
 void add_help_command(CLI::App& app) {
+  using namespace help_cmd;
   auto* cmd = app.add_subcommand("help",
                                  "A command's options (zeroth help bench offload); with --markdown, every command's, as docs/cli.md");
   struct Args {

@@ -12,7 +12,7 @@
 
 namespace zeroth::tools {
 
-namespace {
+namespace launch_cmd {
 
 // "K" or "MIN:MAX".
 void parse_nnodes(const std::string& text, LaunchOptions& o) {
@@ -38,9 +38,10 @@ void parse_nnodes(const std::string& text, LaunchOptions& o) {
   if (o.min_nnodes > o.nnodes) ZEROTH_THROW(ConfigError, "--nnodes {}: MIN is more than MAX", text);
 }
 
-}  // namespace
+}  // namespace launch_cmd
 
 void add_launch_command(CLI::App& app) {
+  using namespace launch_cmd;
   auto options = std::make_shared<LaunchOptions>();
   auto* cmd = app.add_subcommand("launch", "Start N ranks of a command with torchrun's environment (RANK, WORLD_SIZE, ...)");
   cmd->add_option("-n,--nproc-per-node", options->nproc_per_node, "Processes on this node")->required();

@@ -24,7 +24,7 @@
 #include "train/trainer.h"              // largest_stage
 
 namespace zeroth::tools {
-namespace {
+namespace plan_cmd {
 
 struct Options {
   std::string params, model;
@@ -208,6 +208,8 @@ void print_table(const std::vector<Candidate>& plans, uint64_t gpus_per_node, bo
   }
 }
 
+// Long: the command's steps (calibration, the shape, the search, the emitted config, then the JSON or the report); the
+// report reads everything the steps before it found.
 void run(Options o) {
   apply_options(o);
   std::vector<std::string> calibrated;
@@ -407,9 +409,10 @@ void run(Options o) {
   }
 }
 
-}  // namespace
+}  // namespace plan_cmd
 
 void add_plan_command(CLI::App& app) {
+  using namespace plan_cmd;
   auto o = std::make_shared<Options>();
   auto* cmd = app.add_subcommand("plan",
                                  "Search dp x tp x pp, ZeRO stage, offload, micro-batch and recomputation for a GPT on a cluster; "

@@ -30,7 +30,7 @@
 #include "tools/cli/commands.h"
 
 namespace zeroth::tools {
-namespace {
+namespace report_cmd {
 
 // Runs a probe; an exception becomes its message, so one broken component cannot end the report.
 std::string guarded(const std::function<std::string()>& probe) {
@@ -244,9 +244,10 @@ void run_report(bool json_output) {
   }
 }
 
-}  // namespace
+}  // namespace report_cmd
 
 void add_report_command(CLI::App& app) {
+  using namespace report_cmd;
   auto* cmd = app.add_subcommand(
       "report", "Show versions, CPU features, BLAS core, GEMM library and sgemm speed, GPUs, NCCL, io_uring, Gloo, memory");
   auto json_output = std::make_shared<bool>(false);

@@ -13,16 +13,17 @@
 
 namespace zeroth::tools {
 
-namespace {
+namespace report_run_cmd {
 
 struct ReportRunOptions {
   std::string dir, out;
   std::vector<std::string> compare;
 };
 
-}  // namespace
+}  // namespace report_run_cmd
 
 void add_report_run_command(CLI::App& app) {
+  using namespace report_run_cmd;
   auto o = std::make_shared<ReportRunOptions>();
   auto* cmd = app.add_subcommand("report-run",
                                  "Write a run folder's report: one HTML file with its curves, step breakdown, memory by tier, "

@@ -14,7 +14,7 @@
 #include "train/text/tokenizer.h"  // Tokenizer
 
 namespace zeroth::tools {
-namespace {
+namespace tokenize_cmd {
 
 struct TokenizeOptions {
   std::string tokenizer, out;
@@ -40,9 +40,10 @@ void run_tokenize(const TokenizeOptions& o) {
               format_bytes(bytes).c_str(), tok->describe().c_str(), tok->vocab_size() > 65536 ? 4 : 2, s);
 }
 
-}  // namespace
+}  // namespace tokenize_cmd
 
 void add_tokenize_command(CLI::App& app) {
+  using namespace tokenize_cmd;
   auto o = std::make_shared<TokenizeOptions>();
   auto* cmd = app.add_subcommand("tokenize", "Tokenize text into an llm.c token file (what data.format \"bin\" trains from)");
   cmd->add_option("--tokenizer", o->tokenizer,

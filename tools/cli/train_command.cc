@@ -37,7 +37,7 @@
 #include "train/report/console.h"  // make_console, tensor_line
 
 namespace zeroth::tools {
-namespace {
+namespace train_cmd {
 
 std::atomic<bool> g_stop{false};
 
@@ -184,9 +184,10 @@ int run(Options& o) {
   return interrupted ? 130 : 0;
 }
 
-}  // namespace
+}  // namespace train_cmd
 
 void add_train_command(CLI::App& app) {
+  using namespace train_cmd;
   auto o = std::make_shared<Options>();
   auto* cmd = app.add_subcommand("train", "Train a model (GPT-2, the Llama family, mixture of experts) from a JSON config "
                                           "(DeepSpeed's keys plus model, data, run) or a run's folder");

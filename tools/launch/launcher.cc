@@ -33,7 +33,7 @@
 
 namespace zeroth::tools {
 
-namespace {
+namespace launch_launcher {
 
 using clock = std::chrono::steady_clock;
 
@@ -107,6 +107,8 @@ int take_signal(int sig_fd) {
 
 // One start of the job: its ranks started, watched and reaped. `sig_fd` reads the signals to
 // forward; `previous` and `handled` are the mask and signals the children get back.
+// Long: one start's life (spawn the ranks, then the poll loop over their output, signals, exits and the other nodes); the
+// loop's branches share `failed`, `outcome` and the kill deadline.
 Outcome run_attempt(const LaunchOptions& o, int attempt, int port, const std::string& token, int sig_fd, const sigset_t& previous,
                     const sigset_t& handled, const OtherNodes& other_nodes) {
   const int world = o.nproc_per_node * o.nnodes;
@@ -231,9 +233,12 @@ Outcome run_attempt(const LaunchOptions& o, int attempt, int port, const std::st
   return outcome;
 }
 
-}  // namespace
+}  // namespace launch_launcher
 
+// Long: the checks, the job token, the signal plumbing, the node rendezvous and the restart loop; the signalfd and the mask
+// set up here are closed and restored after the loop.
 int run_launch(const LaunchOptions& o) {
+  using namespace launch_launcher;
   ZEROTH_CHECK(o.nproc_per_node >= 1, "--nproc-per-node (-n) must be at least 1, got {}", o.nproc_per_node);
   ZEROTH_CHECK(o.nnodes >= 1, "--nnodes must be at least 1, got {}", o.nnodes);
   ZEROTH_CHECK(o.node_rank >= 0 && o.node_rank < o.nnodes, "--node-rank {} must be in [0, {})", o.node_rank, o.nnodes);

@@ -73,6 +73,8 @@ void read_moe(const ConfigSection& model, GptConfig& g, bool from_file) {
   m.z_loss_coef = s.number("z_loss_coef", m.z_loss_coef, 0.0, 1e3);
 }
 
+// Long: the `model` section key by key, the shape from hf_config or from a preset and keys, then moe, recomputation and
+// no_weight_decay; the shape must be whole before g.validate() and the weight-decay check.
 void read_model(TrainConfig& t, const json& j, int default_vocab) {
   static constexpr std::string_view kKeys[] = {"preset",
                                                "vocab_size",

@@ -12,6 +12,8 @@ using json = nlohmann::json;
 
 // zeroth's `parallel` section and DeepSpeed's `pipeline`: the stages, schedule and partition. The
 // data-parallel size is what is left of the world.
+// Long: both sections' keys with each one's checks beside it; the later checks (world size, experts, micro-batches) need
+// the stage, tensor and expert counts read before them.
 void read_parallel(TrainConfig& t, json& j) {
   static constexpr std::string_view kParallelKeys[] = {"tensor",         "sequence_parallel", "pipeline", "schedule",
                                                        "virtual_stages", "micro_batches",     "expert",   "expert_overlap"};

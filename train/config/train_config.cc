@@ -69,6 +69,8 @@ GptPart TrainConfig::part(int stage, int tp_rank, int dp_rank) const {
   return part;
 }
 
+// Long: every section read under ConfigErrors in dependency order, then the resolved config written out section by
+// section; the second half mirrors the first and both work on the one `t`.
 TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) {
   if (!config.is_object()) ZEROTH_THROW(ConfigError, "a training config must be a JSON object, got {}", config.type_name());
   TrainConfig t;

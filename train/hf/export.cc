@@ -83,6 +83,8 @@ std::vector<float> assemble_slices(Engine& engine, Communicator& tensor, int blo
 
 }  // namespace
 
+// Long: one loop over the model's blocks, each compacted, assembled over tensor and expert ranks, passed between stages and
+// written; every rank must make the same collectives in the same order.
 uint64_t save_gpt_weights(Engine& engine, const GptConfig& config, const std::string& path, DType dtype, const StageExport& pipeline,
                           uint64_t shard_bytes) {
   const int stage = pipeline.stages != nullptr ? pipeline.stages->rank() : 0;

@@ -77,6 +77,7 @@ std::string validation_scope(const TrainConfig& c, size_t val_tokens) {
 
 }  // namespace
 
+// Long: the run's box row by row, in the order printed; each row is one line of the box.
 std::vector<std::pair<std::string, std::string>> box_rows(const TrainConfig& c, const Plan& plan, const RunFacts& f,
                                                           const std::string& peak_how) {
   const auto& m = c.model;

@@ -11,7 +11,9 @@
 #include "core/error.h"  // ZEROTH_THROW
 
 namespace zeroth {
-namespace {
+// Named, not anonymous: PreTokenizer::Step holds a Regex, and a unity build compiles this file as
+// an included one, where a member of an anonymous namespace's type is a warning.
+namespace pre_tokenizer_parts {
 
 // GPT-2's pre-tokenizer pattern, which ByteLevel applies when its use_regex is set.
 constexpr std::string_view kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
@@ -122,7 +124,12 @@ void split(const Regex& re, Behavior behavior, std::string_view s, F&& emit) {
   if (pos < s.size()) emit(s.substr(pos));
 }
 
-}  // namespace
+}  // namespace pre_tokenizer_parts
+
+using pre_tokenizer_parts::Behavior;
+using pre_tokenizer_parts::kGpt2Pattern;
+using pre_tokenizer_parts::Regex;
+using pre_tokenizer_parts::split;
 
 // One step, on each piece the steps before it left: a Split, or the ByteLevel that ends them (a
 // space put before a piece that lacks one, GPT-2's pattern).

@@ -278,6 +278,8 @@ void attention_rows(float* out, float* att, const float* qkv, int pos, int n, in
   blocked_forward(out, att, qkv, 1, pos, n, NH, KVH, hs, false);
 }
 
+// Long: `prepare` and `meet` share the head layout, the products' dtype and the block sizes, and the one-pass and two-pass
+// ways of running them must sum each gradient in the same order; kept in one function, that order reads in one place.
 void attention_backward(float* dqkv, const float* dout, const float* out, const float* qkv, const float* lse, int B, int T, int NH,
                         int KVH, int hs, DType products, AttentionPasses passes) {
   const Head at{static_cast<size_t>(NH + 2 * KVH) * hs, static_cast<size_t>(NH) * hs, NH, KVH, NH / KVH, hs};
