@@ -353,7 +353,9 @@ void add_bench_offload_command(CLI::App& bench) {
   using namespace bench_offload;
   auto options = std::make_shared<Options>();
   auto* cmd = bench.add_subcommand("offload", "Sequential O_DIRECT write/read GB/s through io_uring (sweep), next to fio");
-  cmd->add_option("--path", options->path, "Directory on the disk to measure (a file of --size is created there and removed)")
+  cmd->add_option("--path", options->path,
+                  "Directory on the disk to measure: a file of --size and, beside it, the swapper's files of about as much are "
+                  "made there and removed at the end")
       ->required();
   cmd->add_option("--size", options->size, "File size (default 2GiB)");
   cmd->add_option("--reps", options->reps, "Repetitions per point; the median is reported (default 3)");
