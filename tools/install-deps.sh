@@ -31,6 +31,7 @@ test_packages=(
   fio  # the reference beside `zeroth bench offload`
   nodejs  # runs tokenizers.js, the byte-level BPE tokenizer tests' reference (installed below)
   python3-torch  # PyTorch (/usr/bin/python3), the reference that reads the saved weights in the tests
+  python3-jinja2  # Jinja2, the reference the chat templates are rendered against (tests/reference/jinja_render.py)
   iproute2  # ip netns: tools/cluster.sh, the multi-node tests' nodes
   python3-protobuf python3-crcmod  # the tests' own reader of TensorBoard event files (tests/reference/tfevents_read.py)
   chromium  # opens the run reports headless in the tests (tests/tools/report_test.cc)

@@ -1,0 +1,79 @@
+#include "train/text/chat_template.h"
+
+#include <filesystem>  // std::filesystem::path
+#include <fstream>     // std::ifstream
+#include <sstream>     // std::stringstream
+
+#include "core/error.h"  // ZEROTH_THROW
+
+namespace zeroth {
+namespace {
+
+std::string read_text(const std::string& path, const std::string& what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) ZEROTH_THROW(InvalidArgument, "{}: cannot read {}", path, what);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// A special token as tokenizer_config.json writes it: a string, or an AddedToken's {"content"}.
+std::string token_text(const nlohmann::ordered_json& j) {
+  if (j.is_string()) return j.get<std::string>();
+  if (j.is_object() && j.contains("content") && j["content"].is_string()) return j["content"].get<std::string>();
+  return "";
+}
+
+}  // namespace
+
+ChatTemplate ChatTemplate::from_folder(const std::string& folder, const std::string& template_file) {
+  const std::string config_path = (std::filesystem::path(folder) / "tokenizer_config.json").string();
+  nlohmann::ordered_json config;
+  try {
+    config = nlohmann::ordered_json::parse(read_text(config_path, "the tokenizer's config (tokenizer_config.json)"));
+  } catch (const nlohmann::json::exception& e) {
+    ZEROTH_THROW(InvalidArgument, "{}: not valid JSON: {}", config_path, e.what());
+  }
+  nlohmann::ordered_json special = nlohmann::ordered_json::object();
+  for (const char* name : {"bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token"}) {
+    if (config.contains(name)) {
+      const std::string t = token_text(config[name]);
+      if (!t.empty()) special[name] = t;
+    }
+  }
+  if (!template_file.empty())
+    return ChatTemplate(read_text(template_file, "the chat template (data.chat_template)"), template_file, special);
+  if (!config.contains("chat_template")) {
+    ZEROTH_THROW(InvalidArgument,
+                 "{} has no chat_template: name a Jinja template file in data.chat_template, or use a tokenizer folder whose "
+                 "config has one",
+                 config_path);
+  }
+  const auto& t = config["chat_template"];
+  const std::string where = config_path + "'s chat_template";
+  if (t.is_string()) return ChatTemplate(t.get<std::string>(), where, special);
+  if (t.is_array()) {
+    for (const auto& named : t)
+      if (named.is_object() && named.value("name", "") == "default" && named.contains("template") && named["template"].is_string())
+        return ChatTemplate(named["template"].get<std::string>(), where + " \"default\"", special);
+    ZEROTH_THROW(InvalidArgument, "{} lists named templates but none named \"default\"", where);
+  }
+  ZEROTH_THROW(InvalidArgument, "{} must be a string or a list of {{\"name\", \"template\"}}, got {}", where, t.type_name());
+}
+
+ChatTemplate::ChatTemplate(const std::string& source, std::string where, nlohmann::ordered_json special_tokens)
+    : template_(source, std::move(where)), special_tokens_(std::move(special_tokens)) {}
+
+jinja::Rendered ChatTemplate::render(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                                     const nlohmann::ordered_json& tools) const {
+  nlohmann::ordered_json variables = {{"messages", messages}, {"add_generation_prompt", add_generation_prompt}};
+  if (!tools.is_null()) variables["tools"] = tools;
+  for (const auto& [k, v] : special_tokens_.items()) variables[k] = v;
+  return template_.render(jinja::Value::from_json(variables));
+}
+
+std::string ChatTemplate::special_token(const std::string& name) const {
+  return special_tokens_.contains(name) ? special_tokens_[name].get<std::string>() : "";
+}
+
+}  // namespace zeroth

@@ -1,0 +1,35 @@
+// A tokenizer's chat template: tokenizer_config.json's `chat_template` (or a template file that
+// overrides it) with its special tokens, rendered over a conversation as Hugging Face's
+// apply_chat_template renders it.
+#pragma once
+
+#include <string>  // std::string
+
+#include <nlohmann/json.hpp>  // nlohmann::ordered_json
+
+#include "train/text/jinja/template.h"
+
+namespace zeroth {
+
+class ChatTemplate {
+ public:
+  // From `folder`/tokenizer_config.json: its chat_template (a string, or the "default" of a list of
+  // named ones) and its special tokens; `template_file`, when given, holds the template instead.
+  static ChatTemplate from_folder(const std::string& folder, const std::string& template_file = "");
+  // `special_tokens`: bos_token, eos_token and the others tokenizer_config.json names, as strings.
+  ChatTemplate(const std::string& source, std::string where, nlohmann::ordered_json special_tokens);
+
+  // `messages`: a list of {"role", "content", ...}; `tools`: absent when null, as Hugging Face
+  // leaves it when none are given.
+  jinja::Rendered render(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                         const nlohmann::ordered_json& tools = nullptr) const;
+  const std::string& where() const { return template_.where(); }
+  // The special token of that name ("eos_token"), or empty.
+  std::string special_token(const std::string& name) const;
+
+ private:
+  jinja::Template template_;
+  nlohmann::ordered_json special_tokens_;
+};
+
+}  // namespace zeroth
