@@ -390,6 +390,44 @@ TEST(ChatTemplate, AConstructOutsideTheSubsetIsAnErrorNamingItAndItsLine) {
   EXPECT_EQ(error_of("{% endfor %}"), "test.jinja, line 1: {% endfor %} with no open block it could close");
 }
 
+// The trained spans against what the templates' own formats put there: ChatML without marks gives,
+// by rendering prefixes, each assistant turn's content and its "<|im_end|>\n"; the marked template
+// gives its marks; a template that rewrites earlier turns (Qwen3's reasoning) is refused.
+TEST(ChatTemplate, AssistantSpansAreWhatEachAssistantTurnAdds) {
+  auto source = [](const char* name) {
+    for (const auto& t : templates())
+      if (std::string(t.name) == name) return std::string(t.source);
+    return std::string();
+  };
+  const json special = {{"bos_token", "<s>"}, {"eos_token", "</s>"}};
+  const json talk = json::parse(R"([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Q: what has keys?"},
+                                   {"role": "assistant", "content": "A piano."}, {"role": "user", "content": "And teeth?"},
+                                   {"role": "assistant", "content": "  A comb.\n"}])");
+  const ChatTemplate chatml(source("smollm2"), "smollm2", special);
+  const auto plain = chatml.render_assistant_spans(talk);
+  ASSERT_EQ(plain.spans.size(), 2u);
+  EXPECT_EQ(plain.text.substr(plain.spans[0].first, plain.spans[0].second - plain.spans[0].first), "A piano.<|im_end|>\n");
+  EXPECT_EQ(plain.text.substr(plain.spans[1].first, plain.spans[1].second - plain.spans[1].first), "  A comb.\n<|im_end|>\n");
+  EXPECT_EQ(plain.text, chatml.render(talk, false).text);
+
+  const ChatTemplate marked(source("chatml-generation"), "chatml-generation", special);
+  const auto by_marks = marked.render_assistant_spans(talk);
+  ASSERT_EQ(by_marks.spans.size(), 2u);
+  EXPECT_EQ(by_marks.text.substr(by_marks.spans[1].first, by_marks.spans[1].second - by_marks.spans[1].first), "A comb.<|im_end|>");
+
+  const ChatTemplate qwen3(source("qwen3"), "qwen3", special);
+  json thinking = talk;
+  thinking[2]["content"] = "<think>\nkeys and strings\n</think>\n\nA piano.";
+  try {
+    qwen3.render_assistant_spans(thinking);
+    ADD_FAILURE() << "a template that rewrites earlier turns gave spans";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("qwen3: rendering the conversation up to assistant turn 1 (message 2) is not a prefix"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // tokenizer_config.json as Hugging Face writes it: the template a string or a list of named ones,
 // the special tokens strings or AddedToken objects, which the template sees by name.
 TEST(ChatTemplate, ReadsTheTokenizerFoldersConfig) {

@@ -72,6 +72,31 @@ jinja::Rendered ChatTemplate::render(const nlohmann::ordered_json& messages, boo
   return template_.render(jinja::Value::from_json(variables));
 }
 
+ChatTemplate::Trained ChatTemplate::render_assistant_spans(const nlohmann::ordered_json& messages) const {
+  jinja::Rendered whole = render(messages, false);
+  if (!whole.generation.empty()) return {std::move(whole.text), std::move(whole.generation)};
+  Trained out{std::move(whole.text), {}};
+  nlohmann::ordered_json turns = nlohmann::ordered_json::array();
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const bool assistant = messages[i].is_object() && messages[i].value("role", "") == "assistant";
+    std::string before;
+    if (assistant) before = render(turns, true).text;
+    turns.push_back(messages[i]);
+    if (!assistant) continue;
+    const std::string through = render(turns, false).text;
+    const auto not_a_prefix = [&](const std::string& a, const std::string& b) { return b.compare(0, a.size(), a) != 0; };
+    if (not_a_prefix(before, through) || not_a_prefix(through, out.text)) {
+      ZEROTH_THROW(InvalidArgument,
+                   "{}: rendering the conversation up to assistant turn {} (message {}) is not a prefix of rendering it whole, so "
+                   "the turn's tokens cannot be told apart; mark the assistant's part with {{% generation %}} ... {{% endgeneration "
+                   "%}} in the template (data.chat_template), or train on the whole text (data.loss_on \"all\")",
+                   where(), out.spans.size() + 1, i);
+    }
+    if (through.size() > before.size()) out.spans.emplace_back(before.size(), through.size());
+  }
+  return out;
+}
+
 std::string ChatTemplate::special_token(const std::string& name) const {
   return special_tokens_.contains(name) ? special_tokens_[name].get<std::string>() : "";
 }

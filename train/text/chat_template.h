@@ -3,7 +3,10 @@
 // apply_chat_template renders it.
 #pragma once
 
-#include <string>  // std::string
+#include <cstddef>  // size_t
+#include <string>   // std::string
+#include <utility>  // std::pair
+#include <vector>   // std::vector
 
 #include <nlohmann/json.hpp>  // nlohmann::ordered_json
 
@@ -23,6 +26,17 @@ class ChatTemplate {
   // leaves it when none are given.
   jinja::Rendered render(const nlohmann::ordered_json& messages, bool add_generation_prompt,
                          const nlohmann::ordered_json& tools = nullptr) const;
+  // A conversation rendered for training, and the byte ranges of it the loss counts: what each
+  // assistant turn adds, its end-of-turn tokens included. Where the template marks them with
+  // {% generation %}, the marks; otherwise, as TRL does, each assistant turn's part is what
+  // rendering the conversation up to it adds to rendering the turns before it with the generation
+  // prompt. A template whose renderings are not prefixes of one another (one that rewrites earlier
+  // turns, as Qwen3's drops their reasoning) is refused there: it needs the marks.
+  struct Trained {
+    std::string text;
+    std::vector<std::pair<size_t, size_t>> spans;
+  };
+  Trained render_assistant_spans(const nlohmann::ordered_json& messages) const;
   const std::string& where() const { return template_.where(); }
   // The special token of that name ("eos_token"), or empty.
   std::string special_token(const std::string& name) const;
