@@ -35,6 +35,7 @@ rules=(
   "models/|core/ comm/ models/"
   "planner/|core/ engine/config/ engine/pipeline/schedule.h planner/"
   "train/text/|core/ train/text/"
+  "train/corpus/|core/ train/corpus/"
   "train/hf/|core/ comm/ optim/ offload/ models/ engine/ train/hf/"
   "train/config/|core/ optim/ models/ engine/config/ engine/pipeline/schedule.h engine/checkpoint/format.h train/hf/model_config.h train/text/ train/config/"
   "train/report/|core/ comm/ optim/ offload/ models/ engine/ train/* train/config/ train/report/"

@@ -23,6 +23,7 @@ packages=(
   libsentencepiece-dev  # SentencePiece tokenizers (data.tokenizer: Llama 2, Mistral, TinyLlama)
   libpcre2-dev  # the split patterns of Hugging Face byte-level BPE tokenizers (tokenizer.json: GPT-2, Llama 3, Qwen)
   libutf8proc-dev  # their NFC normalizer (Qwen2's)
+  zlib1g-dev  # .jsonl.gz training records (train/corpus)
   sentencepiece  # spm_train: the vocabulary of configs/llama-fortunes-zero3.json (tools/fortunes-vocab.sh)
 )
 test_packages=(
