@@ -6,6 +6,7 @@
 #include <unistd.h>  // getpid
 #include <zlib.h>    // gzopen, gzwrite
 
+#include <cstdlib>     // std::system
 #include <filesystem>  // std::filesystem
 #include <fstream>     // std::ofstream
 #include <string>      // std::string
@@ -129,6 +130,29 @@ TEST(Jsonl, ABadLineIsAnErrorNamingTheFileTheLineAndTheKey) {
   Folder empty("empty");
   EXPECT_EQ(error_of(empty.path()), empty.path() + ": the folder holds no .jsonl or .jsonl.gz file");
   EXPECT_EQ(error_of(empty.path() + "/missing.jsonl"), empty.path() + "/missing.jsonl: no such file or folder");
+}
+
+// tools/riddles-chat.sh's conversations from Debian's riddles, read back: the example data of chat
+// fine-tuning. A fortune of two question-and-answer pairs is one conversation of four turns.
+TEST(Jsonl, TheRiddlesScriptWritesConversationsTheReaderTakes) {
+  Folder dir("riddles");
+  const std::string out = dir.path() + "/riddles-chat.jsonl";
+  ASSERT_EQ(std::system(fmt::format("{}/tools/riddles-chat.sh {} 2>/dev/null >/dev/null", ZEROTH_SOURCE_DIR, out).c_str()), 0);
+  JsonlReader reader(jsonl_files(out));
+  Record r;
+  size_t conversations = 0, four_turns = 0;
+  bool elephant = false;
+  while (reader.next(r)) {
+    ++conversations;
+    for (size_t k = 0; k < r.value.size(); ++k) EXPECT_EQ(r.value[k]["role"], k % 2 ? "assistant" : "user") << r.line;
+    four_turns += r.value.size() == 4;
+    elephant = elephant || (r.value[0]["content"] == "How do you stop an elephant from charging?" &&
+                            r.value[1]["content"] == "Take away his credit cards.");
+  }
+  EXPECT_GE(conversations, 100u);
+  EXPECT_GE(four_turns, 1u);
+  EXPECT_TRUE(elephant);
+  EXPECT_EQ(reader.skipped().without_assistant, 0u);
 }
 
 }  // namespace
