@@ -30,8 +30,12 @@ class Generation(Extension):
         return OPEN + caller() + CLOSE
 
 
+class Raised(jinja2.exceptions.TemplateError):
+    """What the template raised itself, whose words zeroth must give too."""
+
+
 def raise_exception(message):
-    raise jinja2.exceptions.TemplateError(message)
+    raise Raised(message)
 
 
 def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
@@ -67,8 +71,10 @@ def main():
         for case in request["cases"]:
             try:
                 row.append(render(template, case["variables"]))
-            except Exception as e:  # the interpreter's refusal is compared by kind, not wording
-                row.append({"error": str(e)})
+            except Raised as e:
+                row.append({"error": str(e), "raised": True})
+            except (jinja2.exceptions.TemplateError, TypeError, ValueError) as e:  # the template's own errors
+                row.append({"error": f"{type(e).__name__}: {e}"})
         results.append(row)
     json.dump({"results": results}, sys.stdout, ensure_ascii=False)
 

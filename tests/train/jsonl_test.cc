@@ -127,6 +127,19 @@ TEST(Jsonl, ABadLineIsAnErrorNamingTheFileTheLineAndTheKey) {
   EXPECT_EQ(not_json.rfind(p + ", line 2: not JSON: ", 0), 0u) << not_json;
   EXPECT_EQ(error_of(dir.write("pc.jsonl", R"({"prompt": "p"})")),
             dir.path() + "/pc.jsonl, line 1: \"completion\" is missing beside \"prompt\"");
+  // A gzip file cut short is an error, not the end of its records.
+  const std::string whole = dir.write("cut.jsonl.gz",
+                                      std::string(R"({"text": "a record long enough to be cut in the middle"})") + "\n");
+  fs::resize_file(whole, fs::file_size(whole) - 6);
+  try {
+    JsonlReader reader({whole});
+    Record r;
+    while (reader.next(r)) {
+    }
+    ADD_FAILURE() << "a gzip file cut short read as whole";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("cut.jsonl.gz: the file ends before its gzip stream does"), std::string::npos) << e.what();
+  }
   Folder empty("empty");
   EXPECT_EQ(error_of(empty.path()), empty.path() + ": the folder holds no .jsonl or .jsonl.gz file");
   EXPECT_EQ(error_of(empty.path() + "/missing.jsonl"), empty.path() + "/missing.jsonl: no such file or folder");

@@ -68,7 +68,13 @@ class JsonlReader::LineSource {
           const char* why = gzerror(file_, &code);
           ZEROTH_THROW(IoError, "gzread({}) failed: {}", path_, why != nullptr ? why : "unknown error");
         }
-        if (n == 0) return !line.empty();
+        if (n == 0) {
+          // zlib ends a gzip file cut short as it ends a whole one, and says so only here.
+          int code = Z_OK;
+          gzerror(file_, &code);
+          if (code == Z_BUF_ERROR) ZEROTH_THROW(IoError, "{}: the file ends before its gzip stream does (cut short?)", path_);
+          return !line.empty();
+        }
         at_ = 0;
         end_ = static_cast<size_t>(n);
       }

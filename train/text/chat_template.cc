@@ -66,8 +66,11 @@ ChatTemplate::ChatTemplate(const std::string& source, std::string where, nlohman
 
 jinja::Rendered ChatTemplate::render(const nlohmann::ordered_json& messages, bool add_generation_prompt,
                                      const nlohmann::ordered_json& tools) const {
-  nlohmann::ordered_json variables = {{"messages", messages}, {"add_generation_prompt", add_generation_prompt}};
-  if (!tools.is_null()) variables["tools"] = tools;
+  // Hugging Face passes tools and documents always, None when there are none.
+  nlohmann::ordered_json variables = {{"messages", messages},
+                                      {"tools", tools},
+                                      {"documents", nullptr},
+                                      {"add_generation_prompt", add_generation_prompt}};
   for (const auto& [k, v] : special_tokens_.items()) variables[k] = v;
   return template_.render(jinja::Value::from_json(variables));
 }

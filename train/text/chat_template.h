@@ -22,8 +22,8 @@ class ChatTemplate {
   // `special_tokens`: bos_token, eos_token and the others tokenizer_config.json names, as strings.
   ChatTemplate(const std::string& source, std::string where, nlohmann::ordered_json special_tokens);
 
-  // `messages`: a list of {"role", "content", ...}; `tools`: absent when null, as Hugging Face
-  // leaves it when none are given.
+  // `messages`: a list of {"role", "content", ...}; `tools`: null when none are given (the
+  // template sees None, as Hugging Face passes it).
   jinja::Rendered render(const nlohmann::ordered_json& messages, bool add_generation_prompt,
                          const nlohmann::ordered_json& tools = nullptr) const;
   // A conversation rendered for training, and the byte ranges of it the loss counts: what each

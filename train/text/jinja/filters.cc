@@ -1,5 +1,6 @@
 // The filters (x | trim) and tests (x is defined) of the chat-template subset.
 #include <algorithm>  // std::reverse
+#include <charconv>   // std::from_chars
 #include <cmath>      // std::fabs
 #include <cstdlib>    // std::llabs
 
@@ -10,15 +11,51 @@ namespace zeroth::jinja {
 
 using K = Value::Kind;
 
+namespace {
+
+bool json_serializable(const Value& v) {
+  switch (v.kind) {
+    case K::undefined:
+    case K::ns:
+    case K::macro: return false;
+    case K::list:
+      for (const auto& x : *v.list)
+        if (!json_serializable(x)) return false;
+      return true;
+    case K::dict:
+      for (const auto& [k, x] : *v.dict)
+        if (!json_serializable(x)) return false;
+      return true;
+    default: return true;
+  }
+}
+
+}  // namespace
+
 // Long: one branch of a few lines per filter of the subset, each as Jinja defines it; the list is the
 // subset's filters, read in one place.
 Value apply_filter(const Site& site, const std::string& name, const Value& v, const Args& args, const Kwargs& kwargs) {
   // Jinja's string filters take str() of any value (soft_str).
   if (name == "trim") return Value::string(strip(to_output(v), argument(args, kwargs, 0, "chars"), true, true));
   if (name == "tojson") {
-    const Value* indent = argument(args, kwargs, 0, "indent");
-    return Value::string(
-        to_json(v, indent != nullptr && !indent->is(K::none) ? static_cast<int>(as_int(site, *indent, "tojson's indent")) : -1));
+    // Hugging Face's: tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False).
+    for (const auto& [key, x] : kwargs)
+      if (key != "ensure_ascii" && key != "indent" && key != "separators" && key != "sort_keys")
+        site.fail("tojson has no argument " + key);
+    if (args.size() > 4) site.fail("tojson takes at most 4 arguments");
+    if (!json_serializable(v)) site.fail("tojson: the value holds an undefined value, a namespace or a macro, which JSON cannot hold");
+    JsonStyle style;
+    if (const Value* a = argument(args, kwargs, 0, "ensure_ascii")) style.ensure_ascii = truthy(*a);
+    if (const Value* a = argument(args, kwargs, 1, "indent"); a != nullptr && !a->is(K::none)) {
+      style.indent = static_cast<int>(as_int(site, *a, "tojson's indent"));
+    }
+    if (const Value* a = argument(args, kwargs, 2, "separators"); a != nullptr && !a->is(K::none)) {
+      if (!a->is(K::list) || a->list->size() != 2) site.fail("tojson's separators must be two strings (item, key)");
+      style.item_separator = text(site, (*a->list)[0], "tojson's separators");
+      style.key_separator = text(site, (*a->list)[1], "tojson's separators");
+    }
+    if (const Value* a = argument(args, kwargs, 3, "sort_keys")) style.sort_keys = truthy(*a);
+    return Value::string(to_json(v, style));
   }
   if (name == "length" || name == "count") return Value::integer(length(site, v));
   if (name == "string") return Value::string(to_output(v));
@@ -84,10 +121,14 @@ Value apply_filter(const Site& site, const std::string& name, const Value& v, co
     if (v.is(K::floating)) return Value::integer(static_cast<int64_t>(v.f));
     if (v.is(K::boolean)) return Value::integer(v.b);
     if (v.is(K::string)) {
-      try {
-        return Value::integer(std::stoll(strip(v.s, nullptr, true, true)));
-      } catch (const std::exception&) {
-      }
+      // Python's int(s), else int(float(s)): the whole string, spaces around it allowed.
+      const std::string t = strip(v.s, nullptr, true, true);
+      int64_t i = 0;
+      const char* first = t.data() + (!t.empty() && t[0] == '+' ? 1 : 0);
+      if (!t.empty() && std::from_chars(first, t.data() + t.size(), i).ptr == t.data() + t.size()) return Value::integer(i);
+      char* end = nullptr;
+      const double d = std::strtod(t.c_str(), &end);
+      if (!t.empty() && end == t.c_str() + t.size() && std::isfinite(d)) return Value::integer(static_cast<int64_t>(d));
     }
     const Value* fallback = argument(args, kwargs, 0, "default");
     return fallback != nullptr ? *fallback : Value::integer(0);

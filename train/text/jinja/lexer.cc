@@ -11,7 +11,17 @@ namespace {
 
 class Lexer {
  public:
-  Lexer(const std::string& source, const std::string& where) : src_(source), where_(where) {
+  Lexer(const std::string& source, const std::string& where) : where_(where) {
+    // Jinja reads \r\n and \r as \n (its newline_sequence).
+    src_.reserve(source.size());
+    for (size_t i = 0; i < source.size(); ++i) {
+      if (source[i] == '\r') {
+        src_ += '\n';
+        if (i + 1 < source.size() && source[i + 1] == '\n') ++i;
+      } else {
+        src_ += source[i];
+      }
+    }
     // keep_trailing_newline is off: one newline at the very end is not part of the output.
     if (!src_.empty() && src_.back() == '\n') src_.pop_back();
   }
@@ -80,13 +90,13 @@ class Lexer {
     }
     if (strip_front) {
       size_t i = 0;
-      while (i < text.size() && is_space(text[i])) ++i;
+      for (size_t n; (n = space_at(text, i)) > 0;) i += n;
       text.erase(0, i);
     } else if (trim_first_newline && !text.empty() && text[0] == '\n') {
       text.erase(0, 1);
     }
     if (strip_back) {
-      while (!text.empty() && is_space(text.back())) text.pop_back();
+      for (size_t n; (n = space_before(text, text.size())) > 0;) text.resize(text.size() - n);
     }
     return text;
   }

@@ -1,5 +1,5 @@
 // The tags' tokens as a tree, with Jinja's precedence: conditional, or, and, not, comparison
-// (in, not in), ~, + -, * / // %, **, unary - +, then a primary's attributes, subscripts and calls,
+// (in, not in), + -, ~, * / // %, **, unary - +, then a primary's attributes, subscripts and calls,
 // and its filters (|) and tests (is) after it.
 #include <set>  // std::set
 
@@ -104,7 +104,7 @@ class ExprParser {
     return compare();
   }
   ExprPtr compare() {
-    ExprPtr first = concat();
+    ExprPtr first = sum();
     ExprPtr e;
     while (true) {
       std::string op;
@@ -125,23 +125,23 @@ class ExprParser {
         e->args.push_back(std::move(first));
       }
       e->ops.push_back(op);
-      e->args.push_back(concat());
+      e->args.push_back(sum());
     }
     return e ? std::move(e) : std::move(first);
   }
-  ExprPtr concat() {
-    ExprPtr e = sum();
-    while (is_op("~")) {
-      ++at_;
-      e = binary(Expr::Kind::binary, "~", std::move(e), sum());
+  ExprPtr sum() {
+    ExprPtr e = concat();
+    while (is_op("+") || is_op("-")) {
+      const std::string op = take().text;
+      e = binary(Expr::Kind::binary, op, std::move(e), concat());
     }
     return e;
   }
-  ExprPtr sum() {
+  ExprPtr concat() {
     ExprPtr e = product();
-    while (is_op("+") || is_op("-")) {
-      const std::string op = take().text;
-      e = binary(Expr::Kind::binary, op, std::move(e), product());
+    while (is_op("~")) {
+      ++at_;
+      e = binary(Expr::Kind::binary, "~", std::move(e), product());
     }
     return e;
   }

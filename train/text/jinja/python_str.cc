@@ -6,12 +6,19 @@ namespace zeroth::jinja {
 using K = Value::Kind;
 
 std::string strip(const std::string& s, const Value* chars, bool left, bool right) {
-  auto drop = [&](char c) { return chars != nullptr && chars->is(K::string) ? chars->s.find(c) != std::string::npos : is_space(c); };
   size_t b = 0, e = s.size();
+  if (chars != nullptr && chars->is(K::string)) {
+    const auto drop = [&](char c) { return chars->s.find(c) != std::string::npos; };
+    if (left)
+      while (b < e && drop(s[b])) ++b;
+    if (right)
+      while (e > b && drop(s[e - 1])) --e;
+    return s.substr(b, e - b);
+  }
   if (left)
-    while (b < e && drop(s[b])) ++b;
+    for (size_t n; b < e && (n = space_at(s, b)) > 0;) b += n;
   if (right)
-    while (e > b && drop(s[e - 1])) --e;
+    for (size_t n; e > b && (n = space_before(s, e)) > 0;) e -= n;
   return s.substr(b, e - b);
 }
 
@@ -68,16 +75,14 @@ Value split(const Site& site, const std::string& s, const Value* sep, int64_t ma
   if (sep == nullptr || sep->is(K::none)) {
     size_t at = 0;
     while (true) {
-      while (at < s.size() && is_space(s[at])) ++at;
+      for (size_t n; (n = space_at(s, at)) > 0;) at += n;
       if (at >= s.size()) break;
-      if (max >= 0 && static_cast<int64_t>(parts.size()) == max) {
-        std::string rest = s.substr(at);
-        while (!rest.empty() && is_space(rest.back())) rest.pop_back();
-        parts.push_back(Value::string(rest));
+      if (max >= 0 && static_cast<int64_t>(parts.size()) == max) {  // the rest as it is, its end's spaces kept
+        parts.push_back(Value::string(s.substr(at)));
         break;
       }
       size_t end = at;
-      while (end < s.size() && !is_space(s[end])) ++end;
+      while (end < s.size() && space_at(s, end) == 0) ++end;
       parts.push_back(Value::string(s.substr(at, end - at)));
       at = end;
     }

@@ -111,17 +111,19 @@ class Renderer {
   Flow loop(const Node& n, Scope& scope) {
     const Site site{where_, n.line};
     List items;
-    Scope body{&scope, {}};
     for (Value& item : iterate(site, eval(*n.expr, scope))) {
       if (n.filter) {
-        bind(site, n, item, body);
-        if (!truthy(eval(*n.filter, body))) continue;
+        Scope test{&scope, {}};
+        bind(site, n, item, test);
+        if (!truthy(eval(*n.filter, test))) continue;
       }
       items.push_back(std::move(item));
     }
     const int64_t count = static_cast<int64_t>(items.size());
     bool finished = false;
     for (int64_t k = 0; k < count; ++k) {
+      // Each iteration starts from the scope around the loop: what one sets, the next does not see.
+      Scope body{&scope, {}};
       bind(site, n, items[static_cast<size_t>(k)], body);
       Dict loop = {{"index", Value::integer(k + 1)},
                    {"index0", Value::integer(k)},

@@ -1,8 +1,9 @@
 #include "train/text/jinja/value.h"
 
-#include <charconv>  // std::to_chars
-#include <cmath>     // std::isnan, std::isinf
-#include <cstdio>    // std::snprintf
+#include <algorithm>  // std::stable_sort
+#include <charconv>   // std::to_chars
+#include <cmath>      // std::isnan, std::isinf
+#include <cstdio>     // std::snprintf
 
 #include <fmt/format.h>  // fmt::format
 
@@ -35,6 +36,46 @@ const Value* Value::find(const std::string& key) const {
   for (const auto& [k, v] : *dict)
     if (k == key) return &v;
   return nullptr;
+}
+
+namespace {
+
+bool python_space(uint32_t c) {
+  return (c >= 9 && c <= 13) || (c >= 0x1c && c <= 0x20) || c == 0x85 || c == 0xa0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200a) ||
+         c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
+}
+
+// The code point UTF-8 encodes at s[i] and its length; length 0 for a malformed sequence.
+std::pair<uint32_t, size_t> decode(const std::string& s, size_t i) {
+  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[i + k]); };
+  const unsigned char c = b(0);
+  size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+  if (n == 0 || i + n > s.size()) return {0, 0};
+  uint32_t cp = n == 1 ? c : n == 2 ? c & 0x1f : n == 3 ? c & 0x0f : c & 0x07;
+  for (size_t k = 1; k < n; ++k) {
+    if ((b(k) >> 6) != 2) return {0, 0};
+    cp = (cp << 6) | (b(k) & 0x3f);
+  }
+  return {cp, n};
+}
+
+}  // namespace
+
+size_t space_at(const std::string& s, size_t i) {
+  if (i >= s.size()) return 0;
+  const auto [cp, n] = decode(s, i);
+  return n > 0 && python_space(cp) ? n : 0;
+}
+
+size_t space_before(const std::string& s, size_t end) {
+  size_t start = end;
+  while (start > 0 && end - start < 4) {
+    --start;
+    if ((static_cast<unsigned char>(s[start]) >> 6) != 2) break;
+  }
+  if (start == end) return 0;
+  const auto [cp, n] = decode(s, start);
+  return n == end - start && python_space(cp) ? n : 0;
 }
 
 bool truthy(const Value& v) {
@@ -146,9 +187,25 @@ std::string python_quote(const std::string& s) {
   return out + q;
 }
 
-void json_string(std::string& out, const std::string& s) {
+void json_string(std::string& out, const std::string& s, bool ensure_ascii) {
   out += '"';
-  for (unsigned char c : s) {
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x80 && ensure_ascii) {
+      auto [cp, n] = decode(s, i);
+      if (n == 0) {
+        cp = c;
+        n = 1;
+      }
+      if (cp >= 0x10000) {
+        cp -= 0x10000;
+        out += fmt::format("\\u{:04x}\\u{:04x}", 0xd800 + (cp >> 10), 0xdc00 + (cp & 0x3ff));
+      } else {
+        out += fmt::format("\\u{:04x}", cp);
+      }
+      i += n;
+      continue;
+    }
     switch (c) {
       case '"': out += "\\\""; break;
       case '\\': out += "\\\\"; break;
@@ -158,20 +215,23 @@ void json_string(std::string& out, const std::string& s) {
       case '\b': out += "\\b"; break;
       case '\f': out += "\\f"; break;
       default:
-        if (c < 0x20 || c == 0x7f) {
+        if (c < 0x20) {
           out += fmt::format("\\u{:04x}", c);
         } else {
           out += static_cast<char>(c);
         }
     }
+    ++i;
   }
   out += '"';
 }
 
-void json_value(std::string& out, const Value& v, int indent, int depth) {
+void json_value(std::string& out, const Value& v, const JsonStyle& style, int depth) {
+  const int indent = style.indent;
   const std::string newline = indent >= 0 ? "\n" + std::string(static_cast<size_t>(indent * (depth + 1)), ' ') : "";
   const std::string closing = indent >= 0 ? "\n" + std::string(static_cast<size_t>(indent * depth), ' ') : "";
-  const char* comma = indent >= 0 ? "," : ", ";
+  const std::string comma = !style.item_separator.empty() ? style.item_separator : indent >= 0 ? "," : ", ";
+  const std::string colon = !style.key_separator.empty() ? style.key_separator : ": ";
   switch (v.kind) {
     case Value::Kind::undefined:
     case Value::Kind::none: out += "null"; return;
@@ -180,7 +240,7 @@ void json_value(std::string& out, const Value& v, int indent, int depth) {
     case Value::Kind::floating:
       out += std::isnan(v.f) ? "NaN" : std::isinf(v.f) ? (v.f > 0 ? "Infinity" : "-Infinity") : python_float(v.f);
       return;
-    case Value::Kind::string: json_string(out, v.s); return;
+    case Value::Kind::string: json_string(out, v.s, style.ensure_ascii); return;
     case Value::Kind::list:
       if (v.list->empty()) {
         out += "[]";
@@ -189,34 +249,39 @@ void json_value(std::string& out, const Value& v, int indent, int depth) {
       out += '[';
       for (size_t k = 0; k < v.list->size(); ++k) {
         out += k == 0 ? newline : comma + newline;
-        json_value(out, (*v.list)[k], indent, depth + 1);
+        json_value(out, (*v.list)[k], style, depth + 1);
       }
       out += closing + "]";
       return;
     case Value::Kind::dict:
-    case Value::Kind::ns:
+    case Value::Kind::ns: {
       if (v.dict->empty()) {
         out += "{}";
         return;
       }
+      std::vector<const std::pair<std::string, Value>*> items;
+      for (const auto& item : *v.dict) items.push_back(&item);
+      if (style.sort_keys)
+        std::stable_sort(items.begin(), items.end(), [](const auto* a, const auto* b) { return a->first < b->first; });
       out += '{';
-      for (size_t k = 0; k < v.dict->size(); ++k) {
+      for (size_t k = 0; k < items.size(); ++k) {
         out += k == 0 ? newline : comma + newline;
-        json_string(out, (*v.dict)[k].first);
-        out += ": ";
-        json_value(out, (*v.dict)[k].second, indent, depth + 1);
+        json_string(out, items[k]->first, style.ensure_ascii);
+        out += colon;
+        json_value(out, items[k]->second, style, depth + 1);
       }
       out += closing + "}";
       return;
+    }
     case Value::Kind::macro: out += "null"; return;
   }
 }
 
 }  // namespace
 
-std::string to_json(const Value& v, int indent) {
+std::string to_json(const Value& v, const JsonStyle& style) {
   std::string out;
-  json_value(out, v, indent, 0);
+  json_value(out, v, style, 0);
   return out;
 }
 

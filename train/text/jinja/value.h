@@ -88,8 +88,13 @@ struct Value {
   }
 };
 
-// Python's whitespace, as str.strip() and str.split() see it.
+// ASCII whitespace, between a tag's tokens.
 inline bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+// Python's whitespace as str.strip(), str.split() and Jinja's `-` see it (str.isspace(): ASCII's,
+// \x1c-\x1f, U+0085, U+00A0, U+1680, U+2000-U+200A, U+2028, U+2029, U+202F, U+205F, U+3000):
+// the bytes of the one that starts at s[i], or of the one that ends at s[end - 1]; 0 for none.
+size_t space_at(const std::string& s, size_t i);
+size_t space_before(const std::string& s, size_t end);
 
 // Python's truth of a value (undefined is false).
 bool truthy(const Value& v);
@@ -101,9 +106,15 @@ std::string to_output(const Value& v);
 std::string python_repr(const Value& v);
 // Python's repr() of a float: the shortest digits that read back the same, "1.0", "1e-05".
 std::string python_float(double v);
-// json.dumps(v, ensure_ascii=False, indent=indent) as Hugging Face's tojson filter calls it; a
-// negative indent is none.
-std::string to_json(const Value& v, int indent = -1);
+// json.dumps's arguments as Hugging Face's tojson filter passes them; empty separators are
+// json.dumps's defaults (", " or "," with an indent, and ": ").
+struct JsonStyle {
+  int indent = -1;  // none
+  std::string item_separator, key_separator;
+  bool sort_keys = false, ensure_ascii = false;
+};
+// json.dumps(v, ...) of a value of JSON's kinds (the caller refuses undefined, namespaces, macros).
+std::string to_json(const Value& v, const JsonStyle& style = {});
 // The name of the value's type as Python says it, for errors.
 const char* type_name(const Value& v);
 
