@@ -437,6 +437,20 @@ TEST(ChatTemplate, AssistantSpansAreWhatEachAssistantTurnAdds) {
   ASSERT_EQ(by_marks.spans.size(), 2u);
   EXPECT_EQ(by_marks.text.substr(by_marks.spans[1].first, by_marks.spans[1].second - by_marks.spans[1].first), "A comb.<|im_end|>");
 
+  // An empty assistant turn adds its end of turn only; the turns are counted as assistant turns.
+  json empty_turn = talk;
+  empty_turn[2]["content"] = "";
+  const auto with_empty = chatml.render_assistant_spans(empty_turn);
+  ASSERT_EQ(with_empty.spans.size(), 2u);
+  EXPECT_EQ(with_empty.text.substr(with_empty.spans[0].first, with_empty.spans[0].second - with_empty.spans[0].first), "<|im_end|>\n");
+  // A conversation the template refuses to begin is an error that says which prefix it was.
+  const ChatTemplate mistral(source("mistral"), "mistral", special);
+  try {
+    mistral.render_assistant_spans(json::parse(R"([{"role": "assistant", "content": "first"}, {"role": "user", "content": "q"}])"));
+    ADD_FAILURE() << "mistral's alternation was not enforced";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("mistral, line"), std::string::npos) << e.what();
+  }
   const ChatTemplate qwen3(source("qwen3"), "qwen3", special);
   json thinking = talk;
   thinking[2]["content"] = "<think>\nkeys and strings\n</think>\n\nA piano.";
@@ -467,12 +481,16 @@ TEST(ChatTemplate, ReadsTheTokenizerFoldersConfig) {
   // A file named in data.chat_template stands in for the config's.
   std::ofstream(dir + "/chat.jinja") << "{% if add_generation_prompt %}prompt{% endif %}";
   EXPECT_EQ(ChatTemplate::from_folder(dir, dir + "/chat.jinja").render(messages, true).text, "prompt");
+  // A newer folder's chat_template.jinja beside the config is the template.
+  std::ofstream(dir + "/chat_template.jinja") << "beside:{{ messages[0].content }}";
+  EXPECT_EQ(ChatTemplate::from_folder(dir).render(messages, false).text, "beside:hi");
+  std::filesystem::remove(dir + "/chat_template.jinja");
   write(json::object());
   try {
     ChatTemplate::from_folder(dir);
     ADD_FAILURE() << "a config without chat_template was taken";
   } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("has no chat_template: name a Jinja template file in data.chat_template"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("has no chat_template and there is no chat_template.jinja beside it"), std::string::npos)
         << e.what();
   }
   std::filesystem::remove_all(dir);

@@ -28,6 +28,8 @@ std::string token_text(const nlohmann::ordered_json& j) {
 
 ChatTemplate ChatTemplate::from_folder(const std::string& folder, const std::string& template_file) {
   const std::string config_path = (std::filesystem::path(folder) / "tokenizer_config.json").string();
+  // Newer folders keep the template beside the config, and Hugging Face then takes it from there.
+  const std::string beside = (std::filesystem::path(folder) / "chat_template.jinja").string();
   nlohmann::ordered_json config;
   try {
     config = nlohmann::ordered_json::parse(read_text(config_path, "the tokenizer's config (tokenizer_config.json)"));
@@ -43,10 +45,11 @@ ChatTemplate ChatTemplate::from_folder(const std::string& folder, const std::str
   }
   if (!template_file.empty())
     return ChatTemplate(read_text(template_file, "the chat template (data.chat_template)"), template_file, special);
+  if (std::filesystem::is_regular_file(beside)) return ChatTemplate(read_text(beside, "the chat template"), beside, special);
   if (!config.contains("chat_template")) {
     ZEROTH_THROW(InvalidArgument,
-                 "{} has no chat_template: name a Jinja template file in data.chat_template, or use a tokenizer folder whose "
-                 "config has one",
+                 "{} has no chat_template and there is no chat_template.jinja beside it: name a Jinja template file in "
+                 "data.chat_template, or use a tokenizer folder that has one",
                  config_path);
   }
   const auto& t = config["chat_template"];
@@ -80,20 +83,32 @@ ChatTemplate::Trained ChatTemplate::render_assistant_spans(const nlohmann::order
   if (!whole.generation.empty()) return {std::move(whole.text), std::move(whole.generation)};
   Trained out{std::move(whole.text), {}};
   nlohmann::ordered_json turns = nlohmann::ordered_json::array();
+  size_t assistant_turns = 0;
+  // The template may refuse a conversation's beginning it would take whole (one that starts with the
+  // assistant, say): its error says which prefix it was.
+  const auto render_prefix = [&](bool prompt, size_t through_message) {
+    try {
+      return render(turns, prompt).text;
+    } catch (const InvalidArgument& e) {
+      ZEROTH_THROW(InvalidArgument, "rendering the conversation's first {} message(s){} to find the assistant's turns: {}",
+                   through_message, prompt ? " with the generation prompt" : "", e.what());
+    }
+  };
   for (size_t i = 0; i < messages.size(); ++i) {
     const bool assistant = messages[i].is_object() && messages[i].value("role", "") == "assistant";
     std::string before;
-    if (assistant) before = render(turns, true).text;
+    if (assistant) before = render_prefix(true, i);
     turns.push_back(messages[i]);
     if (!assistant) continue;
-    const std::string through = render(turns, false).text;
+    ++assistant_turns;
+    const std::string through = render_prefix(false, i + 1);
     const auto not_a_prefix = [&](const std::string& a, const std::string& b) { return b.compare(0, a.size(), a) != 0; };
     if (not_a_prefix(before, through) || not_a_prefix(through, out.text)) {
       ZEROTH_THROW(InvalidArgument,
                    "{}: rendering the conversation up to assistant turn {} (message {}) is not a prefix of rendering it whole, so "
                    "the turn's tokens cannot be told apart; mark the assistant's part with {{% generation %}} ... {{% endgeneration "
                    "%}} in the template (data.chat_template), or train on the whole text (data.loss_on \"all\")",
-                   where(), out.spans.size() + 1, i);
+                   where(), assistant_turns, i);
     }
     if (through.size() > before.size()) out.spans.emplace_back(before.size(), through.size());
   }

@@ -16,8 +16,9 @@ namespace zeroth {
 
 class ChatTemplate {
  public:
-  // From `folder`/tokenizer_config.json: its chat_template (a string, or the "default" of a list of
-  // named ones) and its special tokens; `template_file`, when given, holds the template instead.
+  // From `folder`/tokenizer_config.json: its special tokens, and the template of `template_file`
+  // when given, else of chat_template.jinja beside the config when there is one (newer folders),
+  // else the config's chat_template (a string, or the "default" of a list of named ones).
   static ChatTemplate from_folder(const std::string& folder, const std::string& template_file = "");
   // `special_tokens`: bos_token, eos_token and the others tokenizer_config.json names, as strings.
   ChatTemplate(const std::string& source, std::string where, nlohmann::ordered_json special_tokens);
