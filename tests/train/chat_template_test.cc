@@ -8,7 +8,7 @@
 
 #include <unistd.h>  // getpid
 
-#include <cstdio>   // popen
+#include <cstdio>   // std::remove
 #include <fstream>  // std::ofstream
 #include <string>   // std::string
 #include <vector>   // std::vector
@@ -18,6 +18,7 @@
 
 #include "core/error.h"
 #include "train/text/chat_template.h"
+#include "tests/train/text_fixture.h"
 #include "train/text/jinja/template.h"
 
 namespace zeroth {
@@ -339,14 +340,10 @@ std::vector<Case> cases() {
 json jinja_reference(const json& request) {
   const std::string in = fmt::format("{}/zeroth-jinja-{}.json", ::testing::TempDir(), ::getpid());
   std::ofstream(in) << request.dump();
-  const std::string cmd = fmt::format("/usr/bin/python3 -X utf8 {}/tests/reference/jinja_render.py < {}", ZEROTH_SOURCE_DIR, in);
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  for (size_t n; (n = std::fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, n);
-  const int rc = ::pclose(pipe);
+  // python3-jinja2 is Debian's reference here: tools/install-deps.sh test installs it.
+  const std::string out = testing::shell(
+      fmt::format("/usr/bin/python3 -X utf8 {}/tests/reference/jinja_render.py < {}", ZEROTH_SOURCE_DIR, in));
   std::remove(in.c_str());
-  EXPECT_EQ(rc, 0) << out << "\n(python3-jinja2 is Debian's reference here: tools/install-deps.sh test installs it)";
   return json::parse(out);
 }
 
