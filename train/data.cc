@@ -19,8 +19,10 @@
 #include <fmt/format.h>  // fmt::format
 #include <xxhash.h>      // XXH3_64bits_withSeed
 
-#include "core/error.h"            // ZEROTH_THROW
-#include "train/text/tokenizer.h"  // Tokenizer, check_utf8
+#include "core/error.h"                // ZEROTH_THROW
+#include "train/corpus/jsonl.h"        // jsonl_files
+#include "train/text/chat_template.h"  // ChatTemplate
+#include "train/text/tokenizer.h"      // Tokenizer, check_utf8
 
 namespace zeroth {
 namespace {
@@ -264,21 +266,42 @@ int TokenData::max_token() const {
   return m;
 }
 
-Loader::Loader(TokenData data, int seq_len, int micro_batch, int gradient_accumulation, int dp, int rank, uint64_t seed)
-    : data_(std::move(data)), T_(seq_len), micro_(micro_batch), gas_(gradient_accumulation), dp_(dp), rank_(rank), seed_(seed) {
+WindowRows::WindowRows(TokenData data, int seq_len, const char* what) : data_(std::move(data)), T_(seq_len) {
   windows_ = data_.size() > 0 ? static_cast<int64_t>((data_.size() - 1) / T_) : 0;
   if (windows_ < 1) {
     ZEROTH_THROW(
         ConfigError,
-        "the data has {} tokens, fewer than one sequence of model.seq_len + 1 = {} tokens; use more data or a shorter model.seq_len",
+        "{} has {} tokens, fewer than one sequence of model.seq_len + 1 = {} tokens; use more data or a shorter model.seq_len", what,
         data_.size(), T_ + 1);
   }
-  // One batch never holds the same sequence twice.
+}
+
+int64_t WindowRows::fill(int64_t i, int32_t* tokens, int32_t* targets) const {
+  const size_t start = static_cast<size_t>(i) * T_;
+  for (int t = 0; t < T_; ++t) {
+    tokens[t] = data_[start + t];
+    targets[t] = data_[start + t + 1];
+  }
+  return T_;
+}
+
+std::string WindowRows::unit() const { return fmt::format("sequences of {} tokens", T_ + 1); }
+
+Loader::Loader(std::shared_ptr<const corpus::Rows> rows, int micro_batch, int gradient_accumulation, int dp, int rank, uint64_t seed)
+    : rows_(std::move(rows)),
+      T_(rows_->width()),
+      micro_(micro_batch),
+      gas_(gradient_accumulation),
+      dp_(dp),
+      rank_(rank),
+      seed_(seed),
+      windows_(rows_->size()) {
+  // One batch never holds the same row twice.
   if (windows_ < global_batch()) {
     ZEROTH_THROW(ConfigError,
-                 "the training data has {} sequences of {} tokens, but one batch takes {} ({} per micro-batch x {} accumulation steps "
-                 "x {} ranks): sequences would repeat inside a batch; use more data, a shorter model.seq_len or a smaller batch",
-                 windows_, T_ + 1, global_batch(), micro_, gas_, dp_);
+                 "the training data has {} {}, but one batch takes {} ({} per micro-batch x {} accumulation steps x {} ranks): they "
+                 "would repeat inside a batch; use more data, a shorter model.seq_len or a smaller batch",
+                 windows_, rows_->unit(), global_batch(), micro_, gas_, dp_);
   }
 }
 
@@ -294,55 +317,114 @@ int64_t Loader::window(int64_t sample) {
   return perm_[sample % windows_];
 }
 
-void Loader::batch(int64_t step, int micro, int32_t* tokens, int32_t* targets) {
+int64_t Loader::batch(int64_t step, int micro, int32_t* tokens, int32_t* targets) {
   const int64_t first = step * global_batch() + static_cast<int64_t>(rank_ * gas_ + micro) * micro_;
+  int64_t counted = 0;
   for (int b = 0; b < micro_; ++b) {
-    const size_t start = static_cast<size_t>(window(first + b)) * T_;
-    for (int t = 0; t < T_; ++t) {
-      tokens[static_cast<size_t>(b) * T_ + t] = data_[start + t];
-      targets[static_cast<size_t>(b) * T_ + t] = data_[start + t + 1];
-    }
+    const size_t at = static_cast<size_t>(b) * T_;
+    counted += rows_->fill(window(first + b), tokens + at, targets + at);
   }
+  return counted;
+}
+
+int64_t Loader::counted(int64_t step) {
+  int64_t n = 0;
+  for (int64_t i = 0; i < global_batch(); ++i) n += rows_->counted(window(step * global_batch() + i));
+  return n;
 }
 
 namespace {
 
-DataSplits load_data(const TrainConfig& c) {
-  DataSplits s;
+// The samples of a JSON Lines split (data.train or data.val).
+corpus::Samples read_samples(const TrainConfig& c, const std::string& path, const char* key) {
   const auto& d = c.data;
-  // The key that named the file leads any error opening it.
-  auto open = [&](const std::string& path, const char* key) {
-    try {
-      if (d.format == DataFormat::bin) return TokenData::open_bin(path);
-      if (!d.tokenizer.empty()) return TokenData::open_tokenized(path, d.tokenizer, c.run.output_dir + "/tokens");
-      return TokenData::open_text(path);
-    } catch (const IoError& e) {
-      throw IoError(fmt::format("{} = {}: {}", key, path, e.what()));
-    }
-  };
-  TokenData all = d.format == DataFormat::synthetic ? TokenData::synthetic(d.vocab_size, d.synthetic_tokens, c.run.seed)
-                                                    : open(d.train, "data.train");
+  std::unique_ptr<Tokenizer> tokenizer = d.tokenizer.empty() ? Tokenizer::bytes() : Tokenizer::open(d.tokenizer);
+  std::unique_ptr<ChatTemplate> chat;
+  if (!d.tokenizer.empty()) {
+    namespace fs = std::filesystem;
+    const fs::path folder = fs::is_directory(d.tokenizer) ? fs::path(d.tokenizer) : fs::path(d.tokenizer).parent_path();
+    if (fs::exists(folder / "tokenizer_config.json"))
+      chat = std::make_unique<ChatTemplate>(ChatTemplate::from_folder(folder.string(), d.chat_template));
+  }
+  if (!chat && !d.chat_template.empty()) chat = std::make_unique<ChatTemplate>(ChatTemplate::from_file(d.chat_template));
+  corpus::SampleOptions o;
+  o.loss_on = d.loss_on;
+  o.max_tokens = static_cast<size_t>(c.model.seq_len) + 1;
+  o.truncate = d.truncate;
+  o.chat_template = chat.get();
+  o.eos = chat ? chat->special_token("eos_token") : "";
+  try {
+    return corpus::Samples::read(corpus::jsonl_files(path), d.fields, *tokenizer, o);
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(fmt::format("{} = {}: {}", key, path, e.what()));
+  }
+}
+
+// JSON Lines data: data.val's samples, or the last data.val_fraction of the training samples.
+DataSplits load_samples(const TrainConfig& c) {
+  const auto& d = c.data;
+  auto train = std::make_shared<corpus::Samples>(read_samples(c, d.train, "data.train"));
+  DataSplits s;
   if (!d.val.empty()) {
-    s.train = all;
-    s.val = open(d.val, "data.val");
+    s.val = std::make_shared<corpus::Samples>(read_samples(c, d.val, "data.val"));
     s.has_val = true;
   } else if (d.val_fraction > 0) {
-    // The tail is held out; at least one sequence of it.
-    const size_t need = static_cast<size_t>(c.model.seq_len) + 1;
-    size_t n_val = std::max(need, static_cast<size_t>(static_cast<double>(all.size()) * d.val_fraction));
-    if (n_val + need > all.size()) {
+    const auto n_val = std::max<size_t>(1, static_cast<size_t>(static_cast<double>(train->size()) * d.val_fraction));
+    if (n_val >= static_cast<size_t>(train->size())) {
       ZEROTH_THROW(ConfigError,
-                   "{}: {} tokens are too few to hold out data.val_fraction = {} and still train on sequences of {} tokens; give more "
-                   "data, a data.val file, or data.val_fraction = 0",
-                   d.train.empty() ? "synthetic data" : d.train, all.size(), d.val_fraction, need);
+                   "{}: {} samples are too few to hold out data.val_fraction = {} and still train; give more data, a data.val file, "
+                   "or data.val_fraction = 0",
+                   d.train, train->size(), d.val_fraction);
     }
-    s.train = all.slice(0, all.size() - n_val);
-    s.val = all.slice(all.size() - n_val, all.size());
+    s.val = std::make_shared<corpus::Samples>(train->take_tail(n_val));
     s.has_val = true;
-  } else {
-    s.train = all;
   }
-  const int vmax = std::max(s.train.max_token(), s.has_val ? s.val.max_token() : 0);
+  s.sample_stats = &train->stats();
+  s.train = std::move(train);
+  return s;
+}
+
+DataSplits load_data(const TrainConfig& c) {
+  const auto& d = c.data;
+  DataSplits s;
+  if (d.format == DataFormat::jsonl) {
+    s = load_samples(c);
+  } else {
+    // The key that named the file leads any error opening it.
+    auto open = [&](const std::string& path, const char* key) {
+      try {
+        if (d.format == DataFormat::bin) return TokenData::open_bin(path);
+        if (!d.tokenizer.empty()) return TokenData::open_tokenized(path, d.tokenizer, c.run.output_dir + "/tokens");
+        return TokenData::open_text(path);
+      } catch (const IoError& e) {
+        throw IoError(fmt::format("{} = {}: {}", key, path, e.what()));
+      }
+    };
+    const int T = c.model.seq_len;
+    TokenData all = d.format == DataFormat::synthetic ? TokenData::synthetic(d.vocab_size, d.synthetic_tokens, c.run.seed)
+                                                      : open(d.train, "data.train");
+    if (!d.val.empty()) {
+      s.train = std::make_shared<WindowRows>(all, T);
+      s.val = std::make_shared<WindowRows>(open(d.val, "data.val"), T, "the validation data (data.val)");
+      s.has_val = true;
+    } else if (d.val_fraction > 0) {
+      // The tail is held out; at least one sequence of it.
+      const size_t need = static_cast<size_t>(T) + 1;
+      size_t n_val = std::max(need, static_cast<size_t>(static_cast<double>(all.size()) * d.val_fraction));
+      if (n_val + need > all.size()) {
+        ZEROTH_THROW(ConfigError,
+                     "{}: {} tokens are too few to hold out data.val_fraction = {} and still train on sequences of {} tokens; give "
+                     "more data, a data.val file, or data.val_fraction = 0",
+                     d.train.empty() ? "synthetic data" : d.train, all.size(), d.val_fraction, need);
+      }
+      s.train = std::make_shared<WindowRows>(all.slice(0, all.size() - n_val), T);
+      s.val = std::make_shared<WindowRows>(all.slice(all.size() - n_val, all.size()), T, "the validation data (data.val_fraction)");
+      s.has_val = true;
+    } else {
+      s.train = std::make_shared<WindowRows>(all, T);
+    }
+  }
+  const int vmax = std::max(s.train->max_token(), s.has_val ? s.val->max_token() : 0);
   if (vmax >= c.model.vocab_size) {
     ZEROTH_THROW(ConfigError, "the data holds token id {} but model.vocab_size is {}; raise model.vocab_size above {}", vmax,
                  c.model.vocab_size, vmax);
@@ -350,28 +432,20 @@ DataSplits load_data(const TrainConfig& c) {
   return s;
 }
 
-
 }  // namespace
 
 size_t run_data_host_bytes(const TrainConfig& config) {
   const DataSplits data = load_data(config);
-  // Validation held out of the training file shares its storage.
-  const size_t tokens = data.train.heap_bytes() + (config.data.val.empty() ? 0 : data.val.heap_bytes());
-  const size_t windows = (data.train.size() - 1) / static_cast<size_t>(config.model.seq_len);
-  return tokens + windows * sizeof(int64_t);
+  // Validation held out of a token stream shares its storage.
+  const bool shared = config.data.format != DataFormat::jsonl && config.data.val.empty();
+  const size_t bytes = data.train->host_bytes() + (data.has_val && !shared ? data.val->host_bytes() : 0);
+  return bytes + static_cast<size_t>(data.train->size()) * sizeof(int64_t);
 }
 
 RunData open_run_data(const TrainConfig& config, int dp, int rank) {
-  const int mb = static_cast<int>(config.micro_batch_size), T = config.model.seq_len;
+  const int mb = static_cast<int>(config.micro_batch_size);
   DataSplits data = load_data(config);
-  Loader train_loader(data.train, T, mb, static_cast<int>(config.engine.gradient_accumulation_steps), dp, rank, config.run.seed);
-  if (data.has_val && data.val.size() < static_cast<size_t>(T) + 1) {
-    ZEROTH_THROW(
-        ConfigError,
-        "the validation data has {} tokens, fewer than one sequence of model.seq_len + 1 = {} tokens; use more validation data "
-        "(data.val, or a larger data.val_fraction) or a shorter model.seq_len",
-        data.val.size(), T + 1);
-  }
+  Loader train_loader(data.train, mb, static_cast<int>(config.engine.gradient_accumulation_steps), dp, rank, config.run.seed);
   return {std::move(data), std::move(train_loader)};
 }
 

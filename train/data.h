@@ -1,9 +1,10 @@
-// Training data: token streams (llm.c's .bin files, text as bytes, a synthetic source for tests)
-// and the data-parallel loader that cuts them into micro-batches.
+// Training data: token streams (llm.c's .bin files, text as bytes, a synthetic source for tests),
+// JSON Lines samples (train/corpus/samples.h), and the data-parallel loader that cuts their rows
+// into micro-batches.
 //
-// The loader is a pure function of (step, micro-step, rank): sample i of the run is the window
-// tokens[p * T, p * T + T + 1) with p = perm_epoch(i mod S), S windows per epoch, a permutation
-// seeded by (seed, epoch). Optimizer step k takes samples [k G, (k + 1) G) with G = the global
+// The loader is a pure function of (step, micro-step, rank): sample i of the run is row
+// p = perm_epoch(i mod S) (for a token stream the window tokens[p * T, p * T + T + 1)), S rows per
+// epoch, a permutation seeded by (seed, epoch). Optimizer step k takes samples [k G, (k + 1) G) with G = the global
 // batch; rank r's micro-step m the slice starting at (r * gas + m) * micro. So every world size
 // sees the same global batches, and a run resumes exactly from its step count.
 #pragma once
@@ -15,8 +16,10 @@
 #include <string_view>  // std::string_view
 #include <vector>       // std::vector
 
-#include "train/text/tokenizer.h"       // Tokenizer
 #include "train/config/train_config.h"  // TrainConfig
+#include "train/corpus/rows.h"          // Rows
+#include "train/corpus/samples.h"       // SampleStats
+#include "train/text/tokenizer.h"       // Tokenizer
 
 namespace zeroth {
 
@@ -58,22 +61,48 @@ class TokenData {
   size_t heap_bytes_ = 0;
 };
 
+// Windows of a token stream as rows: row i is the window tokens[i T, i T + T + 1), every target
+// counting.
+class WindowRows final : public corpus::Rows {
+ public:
+  // ConfigError naming `what` when the data holds no whole window.
+  WindowRows(TokenData data, int seq_len, const char* what = "the data");
+  int64_t size() const override { return windows_; }
+  int width() const override { return T_; }
+  int64_t fill(int64_t i, int32_t* tokens, int32_t* targets) const override;
+  int64_t counted(int64_t) const override { return T_; }
+  size_t tokens() const override { return data_.size(); }
+  size_t host_bytes() const override { return data_.heap_bytes(); }
+  int max_token() const override { return data_.max_token(); }
+  std::string unit() const override;
+
+ private:
+  TokenData data_;
+  int T_;
+  int64_t windows_;
+};
+
 class Loader {
  public:
-  // The training windows, permuted per epoch from `seed`. (Validation reads windows in order from
-  // the start: TrainingRun::evaluate_windows.)
-  Loader(TokenData data, int seq_len, int micro_batch, int gradient_accumulation, int dp, int rank, uint64_t seed);
+  // The training rows, permuted per epoch from `seed`. (Validation reads rows in order from the
+  // start: TrainingRun::evaluate_windows.) ConfigError when one global batch would hold a row twice.
+  Loader(std::shared_ptr<const corpus::Rows> rows, int micro_batch, int gradient_accumulation, int dp, int rank, uint64_t seed);
+  Loader(TokenData data, int seq_len, int micro_batch, int gradient_accumulation, int dp, int rank, uint64_t seed)
+      : Loader(std::make_shared<WindowRows>(std::move(data), seq_len), micro_batch, gradient_accumulation, dp, rank, seed) {}
 
-  // Fills tokens and targets ([micro_batch, seq_len] each) for this rank's micro-step `micro` of
-  // optimizer step `step`.
-  void batch(int64_t step, int micro, int32_t* tokens, int32_t* targets);
+  // Fills tokens and targets ([micro_batch, seq_len] each; a target of -1 does not count) for this
+  // rank's micro-step `micro` of optimizer step `step`; returns the targets that count.
+  int64_t batch(int64_t step, int micro, int32_t* tokens, int32_t* targets);
+  // The targets that count in optimizer step `step`'s whole global batch (every micro-step of
+  // every rank): what its loss is the mean over. Every rank computes the same, reading no tokens.
+  int64_t counted(int64_t step);
   int64_t windows_per_epoch() const { return windows_; }
   // Samples (sequences) the whole run consumes per optimizer step.
   int64_t global_batch() const { return static_cast<int64_t>(micro_) * gas_ * dp_; }
 
  private:
-  int64_t window(int64_t sample);  // sample index -> window index
-  TokenData data_;
+  int64_t window(int64_t sample);  // sample index -> row index
+  std::shared_ptr<const corpus::Rows> rows_;
   int T_, micro_, gas_, dp_, rank_;
   uint64_t seed_;
   int64_t windows_;
@@ -81,11 +110,13 @@ class Loader {
   std::vector<int64_t> perm_;
 };
 
-// A run's data: the training tokens and the held-out validation tokens (data.val, or the last
-// data.val_fraction of the training file), checked against the model's vocabulary.
+// A run's data: the training rows and the held-out validation rows (data.val, or the last
+// data.val_fraction of the training data), checked against the model's vocabulary. JSON Lines
+// data also says what its reading skipped and cut.
 struct DataSplits {
-  TokenData train, val;
+  std::shared_ptr<const corpus::Rows> train, val;
   bool has_val = false;
+  const corpus::SampleStats* sample_stats = nullptr;  // JSON Lines only: the training samples'
 };
 
 // The run's data and this data-parallel rank's training loader.

@@ -3,9 +3,10 @@
 // the user (config box, progress, metrics files) is the observer's business, called on rank 0.
 #pragma once
 
-#include <array>    // std::array
-#include <atomic>   // std::atomic
-#include <cstdint>  // int64_t
+#include <array>     // std::array
+#include <atomic>    // std::atomic
+#include <cstdint>   // int64_t
+#include <optional>  // std::optional
 
 #include <nlohmann/json.hpp>  // nlohmann::json
 
@@ -17,6 +18,7 @@
 #include "engine/plan/estimate.h"          // MemoryNeed
 #include "engine/plan/plan.h"              // Plan
 #include "train/config/train_config.h"     // TrainConfig
+#include "train/corpus/samples.h"          // SampleStats
 
 namespace zeroth {
 
@@ -95,15 +97,20 @@ struct TrainSummary {
 struct RunFacts {
   size_t parameters = 0;
   size_t train_tokens = 0, val_tokens = 0;
-  MemoryNeed need;  // per rank: the engine's plan, the model's activations and scratch
+  int64_t train_rows = 0, val_rows = 0;  // windows or samples
+  MemoryNeed need;                       // per rank: the engine's plan, the model's activations and scratch
+  // JSON Lines data: the training samples' tokens and counted targets, and what reading them
+  // skipped or cut.
+  std::optional<corpus::SampleStats> samples;
 };
 
-// A validation's mean next-token cross-entropy over windows [0, windows) of the validation data
-// (window i: inputs tokens [i T, i T + T), as targets the token after each; T = model.seq_len), of
-// the `of` windows it holds.
+// A validation's mean next-token cross-entropy over rows [0, windows) of the validation data (a
+// token stream's window i: inputs tokens [i T, i T + T), as targets the token after each; T =
+// model.seq_len; JSON Lines: sample i, its targets that count), of the `of` rows it holds.
 struct EvalResult {
   double loss = 0;
-  int64_t tokens = 0, windows = 0, of = 0;
+  int64_t tokens = 0, windows = 0, of = 0;  // tokens: the targets the mean is over
+  const char* rows = "windows";             // what windows and of count: "windows" or "samples"
   double seconds = 0;
 };
 

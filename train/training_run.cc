@@ -139,7 +139,15 @@ void TrainingRun::restore(bool for_eval) {
 
 void TrainingRun::start() {
   const DataSplits& data = run_data_.splits;
-  const RunFacts facts{summary_.parameters, data.train.size(), data.has_val ? data.val.size() : 0, planned_.need};
+  std::optional<corpus::SampleStats> samples;
+  if (data.sample_stats != nullptr) samples = *data.sample_stats;
+  const RunFacts facts{summary_.parameters,
+                       data.train->tokens(),
+                       data.has_val ? data.val->tokens() : 0,
+                       data.train->size(),
+                       data.has_val ? data.val->size() : 0,
+                       planned_.need,
+                       samples};
   report([&] { observer_->on_start(config_, engine_.plan(), facts); });
   if (resumed()) report([&] { observer_->on_resume(summary_.resume_io, summary_.start_step); });
   shared_ = device_.allocate(2 * sizeof(float), MemTag::buffers);
@@ -201,33 +209,32 @@ EvalResult TrainingRun::evaluate_windows(int64_t most) {
     ZEROTH_THROW(ConfigError, "zeroth eval measures the validation data, and this config has none: set data.val (a token file or "
                               "text) or data.val_fraction");
   }
-  const TokenData& val = run_data_.splits.val;
+  const corpus::Rows& val = *run_data_.splits.val;
   EvalResult out;
-  out.of = val.size() > 0 ? static_cast<int64_t>((val.size() - 1) / T_) : 0;
+  out.of = val.size();
+  if (config_.data.format == DataFormat::jsonl) out.rows = "samples";
   out.windows = most > 0 ? std::min(most, out.of) : out.of;
-  out.tokens = out.windows * T_;
-  if (out.windows == 0) {
-    ZEROTH_THROW(ConfigError, "the validation data holds {} tokens, not one window of model.seq_len + 1 = {}", val.size(), T_ + 1);
-  }
+  for (int64_t i = 0; i < out.windows; ++i) out.tokens += val.counted(i);
+  if (out.windows == 0 || out.tokens == 0)
+    ZEROTH_THROW(ConfigError, "the validation data holds no {} with a target that counts", val.unit());
   if (!shared_) shared_ = device_.allocate(2 * sizeof(float), MemTag::buffers);
-  // Round r gives data-parallel rank d windows [r G + d mb, ...) with G = mb x dp; a rank past the
-  // end still runs its passes (ZeRO's gathers are collective) on window 0, weighted zero.
+  // Round r gives data-parallel rank d rows [r G + d mb, ...) with G = mb x dp; a rank past the
+  // end still runs its passes (ZeRO's gathers are collective) on row 0, weighted zero. Each pass's
+  // loss is the sum over its counted targets (divisor 1); the mean is over all of them.
   const int64_t per_round = static_cast<int64_t>(mb_) * dp_.size();
   const int64_t rounds = (out.windows + per_round - 1) / per_round;
-  double sum = 0;  // this rank's tokens' cross-entropy, summed
+  gpt_.set_loss_divisor(1);
+  double sum = 0;  // this rank's counted targets' cross-entropy, summed
   for (int64_t r = 0; r < rounds; ++r) {
     const int64_t first = r * per_round + static_cast<int64_t>(dp_.rank()) * mb_;
     const int count = static_cast<int>(std::clamp<int64_t>(out.windows - first, 0, mb_));
     const int rows = std::max(count, 1);
     for (int b = 0; b < rows; ++b) {
-      const size_t at = static_cast<size_t>(count > 0 ? first + b : 0) * T_;
-      for (int t = 0; t < T_; ++t) {
-        tokens_[static_cast<size_t>(b) * T_ + t] = val[at + t];
-        targets_[static_cast<size_t>(b) * T_ + t] = val[at + t + 1];
-      }
+      const size_t at = static_cast<size_t>(b) * T_;
+      val.fill(count > 0 ? first + b : 0, tokens_.data() + at, targets_.data() + at);
     }
     evaluate_rows(rows);
-    sum += static_cast<double>(losses_[0]) * count * T_;
+    if (count > 0) sum += static_cast<double>(losses_[0]);
   }
   // Each rank's share of the mean, summed over the ranks that compute the loss.
   out.loss = agree(sum / static_cast<double>(out.tokens), false).first * dp_.size();
@@ -265,6 +272,7 @@ void TrainingRun::run_passes(int64_t k, double pass_seconds[2]) {
   const bool timed = config_.engine.time_breakdown;
   if (runner_) {
     // A pipeline stage: the runner walks the schedule; the stamps give the step's bubble.
+    set_loss_divisor(k);
     for (int m = 0; m < gas_; ++m) run_data_.train.batch(k, m, tokens_.data() + m * n_, targets_.data() + m * n_);
     gpt_.prepare(mb_, T_);
     runner_->set_tracing(true);
@@ -275,6 +283,7 @@ void TrainingRun::run_passes(int64_t k, double pass_seconds[2]) {
     return;
   }
   // The cycle's passes in the engine's order; the update comes after the last backward.
+  set_loss_divisor(k);
   for (const auto& p : engine_.plan().passes) {
     const int m = p.micro;
     const auto start = Clock::now();
@@ -290,6 +299,14 @@ void TrainingRun::run_passes(int64_t k, double pass_seconds[2]) {
       pass_seconds[p.pass == Pass::forward ? 0 : 1] += std::chrono::duration<double>(Clock::now() - start).count();
     }
   }
+}
+
+void TrainingRun::set_loss_divisor(int64_t k) {
+  // The mean count per micro-batch: each micro-batch's loss is then its share of the global
+  // batch's mean over the targets that count, and the engine's sum over micro-batches and mean
+  // over ranks make the whole.
+  const int64_t counted = run_data_.train.counted(k);
+  gpt_.set_loss_divisor(static_cast<double>(std::max<int64_t>(counted, 1)) / (static_cast<double>(gas_) * dp_.size()));
 }
 
 void TrainingRun::take_measure(int64_t k, double pass_seconds[2]) {

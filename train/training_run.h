@@ -96,6 +96,8 @@ class TrainingRun {
   void agree_moe(StepMetrics& s);
   // The cycle's forward and backward passes of step k; their times with wall_clock_breakdown.
   void run_passes(int64_t k, double pass_seconds[2]);
+  // Step k's loss divisor (Gpt::set_loss_divisor): its global batch's counted targets per micro-batch.
+  void set_loss_divisor(int64_t k);
   // A pipeline stage's stamps of the step: its bubble, and its passes' times.
   void take_measure(int64_t k, double pass_seconds[2]);
   void report_step(int64_t k, double loss, double seconds, const StepResult& r, const double pass_seconds[2]);

@@ -237,6 +237,12 @@ class Gpt {
   // written when the stream gets there. All pointers must stay valid until then. The
   // activations stay in the micro-batch's slot until its backward.
   void forward(int micro, const int32_t* tokens, const int32_t* targets, int B, int T, float* loss);
+  // What each micro-batch's loss (and so its gradient) is divided by from here on: its B x T rows
+  // when 0 (the default), else `rows`. A target of -1 counts nothing (a loss mask); a run that
+  // masks sets the mean count of counted targets per micro-batch of its global batch, so the step's
+  // loss is the sum over the global batch's counted targets divided by their number, however the
+  // batch is split into micro-batches and ranks. Takes effect for passes enqueued after it.
+  void set_loss_divisor(double rows) { loss_divisor_ = rows; }
   // Enqueues the backward of a micro-batch whose forward ran.
   void backward(int micro);
   void forward_backward(const int32_t* tokens, const int32_t* targets, int B, int T, float* loss, int micro = 0);
@@ -292,6 +298,7 @@ class Gpt {
   std::vector<int> layers_;       // block of each layer of the model, -1 where another rank holds it
   std::vector<int> experts_;      // block of each expert layer's experts, -1 elsewhere
   std::shared_ptr<State> state_;  // activations and f32 weight copies, touched by the stream only
+  double loss_divisor_ = 0;
 };
 
 }  // namespace zeroth

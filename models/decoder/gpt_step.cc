@@ -15,9 +15,10 @@ namespace zeroth {
 
 namespace {
 
-void check_tokens(const int32_t* t, size_t n, int V, const char* what) {
+// Targets may be -1: not counted (the loss mask).
+void check_tokens(const int32_t* t, size_t n, int V, const char* what, int32_t lowest = 0) {
   for (size_t i = 0; i < n; ++i) {
-    if (t[i] < 0 || t[i] >= V) {
+    if (t[i] < lowest || t[i] >= V) {
       ZEROTH_THROW(InvalidArgument,
                    "{} id {} at position {} is outside the model's vocabulary [0, {}): the data and model.vocab_size disagree", what,
                    t[i], i, V);
@@ -135,11 +136,12 @@ gpt::BoundRef bind(gpt::Kernels& k, const Buffer* wbuf, const Buffer* gbuf, cons
   return w;
 }
 
-// The gradient of the mean loss over BT tokens at each token's logits, times the host's loss scale
-// (the same in a micro-batch's forward and backward: the scale changes only at a step).
-float logits_gradient_scale(BlockHost& host, size_t BT) {
-  return static_cast<float>(host.loss_gradient_scale() / static_cast<double>(BT));
-}
+// What a micro-batch's loss is divided by: its BT rows, or the count set for the step.
+double loss_divisor(double set, size_t BT) { return set > 0 ? set : static_cast<double>(BT); }
+
+// The gradient of the loss over `divisor` rows at each token's logits, times the host's loss scale
+// (the same in a micro-batch's forward and backward: the scale and the divisor change only at a step).
+float logits_gradient_scale(BlockHost& host, double divisor) { return static_cast<float>(host.loss_gradient_scale() / divisor); }
 
 // The use's gradients added into the engine's narrow views, and the binding let go.
 void release(gpt::Kernels& k, const gpt::BoundRef& w) {
@@ -166,7 +168,7 @@ void Gpt::run_forward(int micro, int chunk, const int32_t* tokens, const int32_t
   // The caller's host arrays are checked here and copied in stream order to the device, once
   // the host has accepted the use (so a refused call leaves every slot as it was).
   if (embeds) check_tokens(tokens, static_cast<size_t>(B) * T, config_.vocab_size, "token");
-  if (heads && !decoding) check_tokens(targets, static_cast<size_t>(B) * T, config_.vocab_size, "target");
+  if (heads && !decoding) check_tokens(targets, static_cast<size_t>(B) * T, config_.vocab_size, "target", -1);
   auto s = state_;
   Stream& stream = host_.compute_stream();
   s->check_shape(B, T);
@@ -265,7 +267,8 @@ void Gpt::run_forward(int micro, int chunk, const int32_t* tokens, const int32_t
     return;
   }
   // Kept whole, the logits become their gradient here; by chunks, backward makes them again.
-  const float dscale = training && d.keeps_logits() ? logits_gradient_scale(host_, BT) : 0.0f;
+  const double divisor = loss_divisor(loss_divisor_, BT);
+  const float dscale = training && d.keeps_logits() ? logits_gradient_scale(host_, divisor) : 0.0f;
   float* row_losses = sl->ce_stats + 3 * BT;
   const size_t rows = d.loss_chunk(BT);
   for (size_t r0 = 0; r0 < BT; r0 += rows) {
@@ -288,7 +291,7 @@ void Gpt::run_forward(int micro, int chunk, const int32_t* tokens, const int32_t
     float* losses = row_losses + r0;
     k.submit([&k, lg, ys, stats, losses, dscale, d, n] { k.crossentropy_finish(lg, ys, n, d.V, d.v_lo, dscale, stats, losses); });
   }
-  k.submit([&k, row_losses, loss, BT] { k.mean_loss(row_losses, BT, loss); });
+  k.submit([&k, row_losses, loss, BT, divisor] { k.mean_loss(row_losses, BT, divisor, loss); });
   release(k, w);
   host_.end_forward(head_, micro);
   if (training) ++s->in_flight;
@@ -331,7 +334,7 @@ void Gpt::run_backward(int micro, int chunk) {
             [&k, w, partial, lg, lnf, d, BT] { k.matmul_backward(partial, (*w)->g(0), nullptr, lg, lnf, (*w)->p(0), BT, d.C, d.V); });
       } else {
         // Each chunk's logits again, from the same product as forward's, into their gradient.
-        const float dscale = logits_gradient_scale(host_, BT);
+        const float dscale = logits_gradient_scale(host_, loss_divisor(loss_divisor_, BT));
         const size_t rows = d.loss_chunk(BT);
         for (size_t r0 = 0; r0 < BT; r0 += rows) {
           const size_t n = std::min(rows, BT - r0);

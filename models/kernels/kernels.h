@@ -80,15 +80,16 @@ class Kernels {
   // over them. finish writes each row's loss into row_losses (N floats, device memory); with
   // dlogits_scale != 0 the logits become their gradient times it. gradient makes the same gradient
   // from logits as the product left them and the finished stats: the backward of a loss whose
-  // logits were not kept (computed again). mean_loss writes the mean of N row losses into *loss
-  // (host memory, in stream order) and may overwrite row_losses[0].
+  // logits were not kept (computed again). A negative target ignores its row (loss and gradient
+  // 0). mean_loss writes the sum of N row losses over `divisor` (N, or the counted rows the loss is
+  // normalised by) into *loss (host memory, in stream order) and may overwrite row_losses[0].
   virtual void crossentropy_max(const float* logits, size_t N, int V, float* stats) = 0;
   virtual void crossentropy_sums(float* logits, const int32_t* targets, size_t N, int V, int v_lo, float* stats) = 0;
   virtual void crossentropy_finish(float* logits, const int32_t* targets, size_t N, int V, int v_lo, float dlogits_scale, float* stats,
                                    float* row_losses) = 0;
   virtual void crossentropy_gradient(float* logits, const int32_t* targets, size_t N, int V, int v_lo, float dlogits_scale,
                                      const float* stats) = 0;
-  virtual void mean_loss(float* row_losses, size_t N, float* loss) = 0;
+  virtual void mean_loss(float* row_losses, size_t N, double divisor, float* loss) = 0;
   // Mixture of experts: rows moved to their experts and back (cpu/row_kernels.h; the index arrays
   // are device memory, laid out as moe/router.h's Routing).
   virtual void moe_dispatch(float* out, const float* x, const int32_t* row_token, size_t R, int C) = 0;

@@ -131,22 +131,24 @@ TEST_P(TensorParallelKernels, ColumnThenRowParallelLinearsEqualTheUnsplitPair) {
 // ranks' max and sums combined between the steps as the model's all-reduces combine them. The
 // gradient both ways the model makes it: from the finish (logits kept), and from the logits as a
 // product makes them again with the finished statistics (the loss by chunks), which must be the
-// same bits.
+// same bits. Every fourth row's target is -1, the loss mask: no loss, no gradient, not counted.
 TEST_P(TensorParallelKernels, VocabularyParallelCrossEntropyEqualsTheFullOne) {
   const int N = 12, V = 50;
   std::mt19937 rng(9);
   const Vec logits = random_vec(N * V, rng, 3.0f);
   std::vector<int32_t> targets(N);
-  for (int n = 0; n < N; ++n) targets[n] = static_cast<int32_t>((n * 17 + 3) % V);
-  const float dscale = 1.0f / N;
-  // float64: mean loss, and the gradient (softmax - onehot) / N.
+  for (int n = 0; n < N; ++n) targets[n] = n % 4 == 3 ? -1 : static_cast<int32_t>((n * 17 + 3) % V);
+  const int counted = N - N / 4;
+  const float dscale = 1.0f / counted;
+  // float64: the mean loss over the counted rows, and the gradient (softmax - onehot) / counted.
   double loss_ref = 0;
-  std::vector<double> grad_ref(N * V);
+  std::vector<double> grad_ref(N * V, 0.0);
   for (int n = 0; n < N; ++n) {
+    if (targets[n] < 0) continue;
     double m = -1e300, s = 0;
     for (int v = 0; v < V; ++v) m = std::max(m, double(logits[n * V + v]));
     for (int v = 0; v < V; ++v) s += std::exp(double(logits[n * V + v]) - m);
-    loss_ref += (std::log(s) + m - logits[n * V + targets[n]]) / N;
+    loss_ref += (std::log(s) + m - logits[n * V + targets[n]]) / counted;
     for (int v = 0; v < V; ++v) grad_ref[n * V + v] = (std::exp(double(logits[n * V + v]) - m) / s - (v == targets[n])) * dscale;
   }
   Stream& stream = device_->default_stream();
@@ -194,7 +196,7 @@ TEST_P(TensorParallelKernels, VocabularyParallelCrossEntropyEqualsTheFullOne) {
       });
       stream.synchronize();
       rows[r] = d.get(row_losses[r], N);
-      k->submit([&, r] { k->mean_loss(row_losses[r], N, &losses[r]); });
+      k->submit([&, r] { k->mean_loss(row_losses[r], N, counted, &losses[r]); });
     }
     stream.synchronize();
     for (int r = 0; r < tp; ++r) {
@@ -204,7 +206,7 @@ TEST_P(TensorParallelKernels, VocabularyParallelCrossEntropyEqualsTheFullOne) {
         double m = -1e300, s = 0;
         for (int v = 0; v < V; ++v) m = std::max(m, double(logits[n * V + v]));
         for (int v = 0; v < V; ++v) s += std::exp(double(logits[n * V + v]) - m);
-        const double want = std::log(s) + m - logits[n * V + targets[n]];
+        const double want = targets[n] < 0 ? 0.0 : std::log(s) + m - logits[n * V + targets[n]];
         EXPECT_NEAR(rows[r][n], want, (V + 4) * 0x1.0p-24 + 0x1.0p-23 * std::abs(want)) << "rank " << r << ", row " << n << "'s loss";
       }
       const size_t count = static_cast<size_t>(N) * (parts[r][1] - parts[r][0]);

@@ -96,6 +96,27 @@ TEST_F(BpeTokenizerTest, IdsAndTextAreTokenizersJs) {
     const std::string what = i == 0 ? "the fortunes" : "\"" + inputs[i] + "\"";
     EXPECT_EQ(ids, want_ids) << what;
     EXPECT_EQ(tok->decode(want_ids), want[i]["text"].get<std::string>()) << what;
+    // Where each token ends: the ranges tile the text, and a token's range holds its own bytes
+    // (where they are whole characters, which decode alone without U+FFFD); NFC changes the
+    // combining input, so its tokens all end where that stretch, the whole input, ends.
+    const auto e = tok->encode_with_ends(inputs[i]);
+    EXPECT_EQ(e.ids, ids) << what;
+    ASSERT_EQ(e.ends.size(), ids.size()) << what;
+    size_t begin = 0;
+    for (size_t t = 0; t < ids.size(); ++t) {
+      ASSERT_GE(e.ends[t], begin) << what << ", token " << t;
+      const std::string range = inputs[i].substr(begin, e.ends[t] - begin);
+      const std::string own = tok->decode(std::vector<int32_t>{ids[t]});
+      if (inputs[i].starts_with("combining")) {
+        EXPECT_EQ(e.ends[t], inputs[i].size()) << what << ", token " << t;
+      } else if (own == "<mask>") {
+        EXPECT_NE(range.find(own), std::string::npos) << what << ", token " << t << ": with the whitespace lstrip/rstrip take";
+      } else if (own.find("\xef\xbf\xbd") == std::string::npos) {
+        EXPECT_EQ(own, range) << what << ", token " << t;
+      }
+      begin = e.ends[t];
+    }
+    EXPECT_EQ(begin, inputs[i].size()) << what;
   }
   // The fortunes take several tokens a word, and the rarer inputs fall back to bytes.
   const auto fortunes = want[0]["ids"].get<std::vector<int32_t>>();

@@ -170,7 +170,16 @@ INSTANTIATE_TEST_SUITE_P(
         ErrorCase{"DataNeedsPath", R"({"data": {"format": "text"}})",
                   "data.train is required for data.format \"text\" (a path to the training text file)"},
         ErrorCase{"DataFormat", R"({"data": {"format": "json", "train": "x"}})",
-                  "data.format = \"json\" is not one of: bin, text, synthetic"},
+                  "data.format = \"json\" is not one of: bin, text, synthetic, jsonl (did you mean 'jsonl'?)"},
+        ErrorCase{"JsonlNeedsPath", R"({"data": {"format": "jsonl"}})",
+                  "data.train is required for data.format \"jsonl\" (a path to the training records: a .jsonl or .jsonl.gz file, or a "
+                  "folder of them)"},
+        ErrorCase{"LossOnIsJsonls", R"({"data": {"format": "text", "train": "x", "loss_on": "all"}})",
+                  "data.loss_on belongs to data.format \"jsonl\" (records of conversations, prompts and completions, texts)"},
+        ErrorCase{"LossOnChoices", R"({"data": {"format": "jsonl", "train": "x", "loss_on": "assistants"}})",
+                  "data.loss_on = \"assistants\" is not one of: assistant, completion, all (did you mean 'assistant'?)"},
+        ErrorCase{"FieldsAreStrings", R"({"data": {"format": "jsonl", "train": "x", "fields": {"messages": 3}}})",
+                  "data.fields.messages must be a string, got 3"},
         ErrorCase{"AutoWhereUnknown", R"({"steps_per_print": "auto"})",
                   "steps_per_print is \"auto\", which zeroth cannot resolve for this key; give a value"},
         // A misspelled key is refused whatever its value, "auto" (which a known key takes as DeepSpeed's

@@ -15,36 +15,14 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "tests/train/folder_fixture.h"
 #include "train/corpus/jsonl.h"
 
 namespace zeroth::corpus {
 namespace {
 
 namespace fs = std::filesystem;
-
-class Folder {
- public:
-  explicit Folder(const std::string& name) : path_(fmt::format("{}/zeroth-jsonl-{}-{}", ::testing::TempDir(), name, ::getpid())) {
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~Folder() { fs::remove_all(path_); }
-  std::string write(const std::string& name, const std::string& text) const {
-    const std::string p = path_ + "/" + name;
-    if (name.size() > 3 && name.substr(name.size() - 3) == ".gz") {
-      gzFile f = gzopen(p.c_str(), "wb");
-      gzwrite(f, text.data(), static_cast<unsigned>(text.size()));
-      gzclose(f);
-    } else {
-      std::ofstream(p) << text;
-    }
-    return p;
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using testing::Folder;
 
 std::string error_of(const std::string& path, Fields fields = {}) {
   try {

@@ -81,6 +81,25 @@ TEST_F(SentencePieceTest, IdsAndTextAreSpmEncodesAndSpmDecodes) {
   EXPECT_GT(nonempty, 5000u);
   EXPECT_EQ(tok->encode(text_), whole);
   EXPECT_EQ(tok->decode(std::vector<int32_t>{newline}), "\n");
+  // Where each token ends (SentencePiece's own offsets): the ranges tile the text, each newline
+  // token is its byte, and the text between two newlines encodes to the tokens between them.
+  const auto e = tok->encode_with_ends(text_);
+  EXPECT_EQ(e.ids, whole);
+  ASSERT_EQ(e.ends.size(), whole.size());
+  size_t begin = 0, line_begin = 0, line_token = 0;
+  for (size_t t = 0; t < whole.size(); ++t) {
+    ASSERT_GE(e.ends[t], begin) << "token " << t;
+    if (whole[t] == newline) {
+      // A line of whitespace only encodes to nothing: its newline token holds it.
+      const std::string range = text_.substr(begin, e.ends[t] - begin);
+      ASSERT_TRUE(range.ends_with("\n") && range.find_first_not_of(" \t\n") == std::string::npos) << "token " << t << ": " << range;
+      const std::vector<int32_t> line(whole.begin() + line_token, whole.begin() + t);
+      ASSERT_EQ(tok->encode(text_.substr(line_begin, begin - line_begin)), line) << "the line ending at token " << t;
+      line_begin = e.ends[t], line_token = t + 1;
+    }
+    begin = e.ends[t];
+  }
+  EXPECT_EQ(begin, text_.size());
 }
 
 TEST_F(SentencePieceTest, TokenFilesHoldTheIdsAtTheirWidth) {

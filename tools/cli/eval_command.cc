@@ -50,13 +50,15 @@ void run_eval(EvalOptions& o) {
                                                       : "a fresh initialization (seed " + std::to_string(c.run.seed) + ")";
   std::printf("%s (%s) on %s\n", c.model.describe().c_str(), from.c_str(),
               c.data.val.empty() ? "the held-out tail of data.train" : c.data.val.c_str());
-  std::printf("loss %.6f  perplexity %.4f  over %s windows of %d tokens (%lld tokens) in %.2f s\n", result.loss, perplexity,
+  const bool samples = c.data.format == DataFormat::jsonl;
+  std::printf("loss %.6f  perplexity %.4f  over %s %s (%lld %s) in %.2f s\n", result.loss, perplexity,
               result.windows == result.of ? fmt::format("all {}", result.of).c_str()
                                           : fmt::format("the first {} of {}", result.windows, result.of).c_str(),
-              c.model.seq_len, static_cast<long long>(result.tokens), result.seconds);
+              samples ? "samples" : fmt::format("windows of {} tokens", c.model.seq_len).c_str(),
+              static_cast<long long>(result.tokens), samples ? "targets counted by data.loss_on" : "tokens", result.seconds);
   if (o.windows > result.of)
-    std::printf("(--windows %lld asked for more than the %lld windows the validation data holds: all of them were measured)\n",
-                static_cast<long long>(o.windows), static_cast<long long>(result.of));
+    std::printf("(--windows %lld asked for more than the %lld %s the validation data holds: all of them were measured)\n",
+                static_cast<long long>(o.windows), static_cast<long long>(result.of), result.rows);
 }
 
 }  // namespace eval_cmd

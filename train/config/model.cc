@@ -199,8 +199,10 @@ void check_vocabulary(const TrainConfig& t) {
     ZEROTH_THROW(ConfigError, "model.vocab_size ({}) is smaller than data.vocab_size ({}): every token id must have an embedding row",
                  t.model.vocab_size, t.data.vocab_size);
   }
-  if (t.data.format == DataFormat::text && t.data.tokenizer.empty() && t.model.vocab_size < 256) {
-    ZEROTH_THROW(ConfigError, "model.vocab_size ({}) is smaller than 256, but text data has one token per byte", t.model.vocab_size);
+  if ((t.data.format == DataFormat::text || t.data.format == DataFormat::jsonl) && t.data.tokenizer.empty() &&
+      t.model.vocab_size < 256) {
+    ZEROTH_THROW(ConfigError, "model.vocab_size ({}) is smaller than 256, but text without data.tokenizer has one token per byte",
+                 t.model.vocab_size);
   }
 }
 

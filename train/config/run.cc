@@ -11,21 +11,45 @@ namespace zeroth {
 
 using json = nlohmann::json;
 
+namespace {
+
+// data.fields: the keys each shape's records use.
+corpus::Fields read_fields(const ConfigSection& s) {
+  static constexpr std::string_view kKeys[] = {"messages", "prompt", "completion", "text"};
+  corpus::Fields f;
+  if (!s.has("fields")) return f;
+  if (!s.raw("fields").is_object())
+    ZEROTH_THROW(ConfigError, "{} must be an object such as {{\"messages\": \"conversation\"}}, got {}", s.at("fields"),
+                 s.raw("fields").dump());
+  ConfigSection fs(s.raw("fields"), s.at("fields"), kKeys);
+  f.messages = fs.string("messages", f.messages);
+  f.prompt = fs.string("prompt", f.prompt);
+  f.completion = fs.string("completion", f.completion);
+  f.text = fs.string("text", f.text);
+  return f;
+}
+
+}  // namespace
+
 void read_data(TrainConfig& t, const json& j) {
-  static constexpr std::string_view kKeys[] = {"format", "train", "val", "val_fraction", "vocab_size", "tokens", "tokenizer"};
-  static constexpr std::string_view kFormats[] = {"bin", "text", "synthetic"};
+  static constexpr std::string_view kKeys[] = {"format",    "train",  "val",     "val_fraction",  "vocab_size", "tokens",
+                                               "tokenizer", "fields", "loss_on", "chat_template", "truncate"};
+  static constexpr std::string_view kFormats[] = {"bin", "text", "synthetic", "jsonl"};
+  static constexpr std::string_view kLossOn[] = {"assistant", "completion", "all"};
   const json section = j.value("data", json::object());
   ConfigSection s(section, "data", kKeys);
   DataConfig d;
   d.tokenizer = s.string("tokenizer", "");
   const std::string f = s.string("format", s.has("tokenizer") ? "text" : s.has("train") ? "bin" : "synthetic", kFormats);
-  d.format = f == "bin" ? DataFormat::bin : f == "text" ? DataFormat::text : DataFormat::synthetic;
+  d.format = f == "bin" ? DataFormat::bin : f == "text" ? DataFormat::text : f == "jsonl" ? DataFormat::jsonl : DataFormat::synthetic;
   d.train = s.string("train", "");
   d.val = s.string("val", "");
   d.val_fraction = s.number("val_fraction", 0.1, 0.0, 0.5);
   if (d.format != DataFormat::synthetic && d.train.empty()) {
     ZEROTH_THROW(ConfigError, "data.train is required for data.format \"{}\" (a path to the training {})", f,
-                 d.format == DataFormat::bin ? "token file in llm.c's .bin format" : "text file");
+                 d.format == DataFormat::bin     ? "token file in llm.c's .bin format"
+                 : d.format == DataFormat::jsonl ? "records: a .jsonl or .jsonl.gz file, or a folder of them"
+                                                 : "text file");
   }
   if (d.format == DataFormat::synthetic && s.has("tokenizer"))
     ZEROTH_THROW(ConfigError, "{} tokenizes text; synthetic data has no text (set data.format to \"text\")", s.at("tokenizer"));
@@ -41,6 +65,22 @@ void read_data(TrainConfig& t, const json& j) {
                  "data.vocab_size and data.tokens belong to data.format \"synthetic\"; the vocabulary of \"{}\" data is fixed "
                  "(model.vocab_size)",
                  f);
+  }
+  if (d.format == DataFormat::jsonl) {
+    d.fields = read_fields(s);
+    const std::string l = s.string("loss_on", "", kLossOn);
+    d.loss_on = l == "assistant"    ? corpus::LossOn::assistant
+                : l == "completion" ? corpus::LossOn::completion
+                : l == "all"        ? corpus::LossOn::all
+                                    : corpus::LossOn::automatic;
+    d.chat_template = s.string("chat_template", "");
+    d.truncate = s.flag("truncate", true);
+  } else {
+    for (const char* key : {"fields", "loss_on", "chat_template", "truncate"}) {
+      if (s.has(key))
+        ZEROTH_THROW(ConfigError, "{} belongs to data.format \"jsonl\" (records of conversations, prompts and completions, texts)",
+                     s.at(key));
+    }
   }
   t.data = d;
 }

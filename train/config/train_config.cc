@@ -82,10 +82,10 @@ TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) 
   errors.section([&] { read_monitors(t, config); });
   errors.section([&] { read_data(t, config); });
   errors.section([&] {
-    const int default_vocab = t.data.tokenizer_vocab > 0          ? t.data.tokenizer_vocab
-                              : t.data.format == DataFormat::text ? 256
-                              : t.data.format == DataFormat::bin  ? 50257
-                                                                  : t.data.vocab_size;
+    const int default_vocab = t.data.tokenizer_vocab > 0                                                ? t.data.tokenizer_vocab
+                              : t.data.format == DataFormat::text || t.data.format == DataFormat::jsonl ? 256
+                              : t.data.format == DataFormat::bin                                        ? 50257
+                                                                                                        : t.data.vocab_size;
     read_model(t, config, default_vocab);
     check_vocabulary(t);
   });
@@ -189,8 +189,20 @@ TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) 
                          {"every", e.every},
                          {"intermediate_size", e.intermediate_size}};
   }
-  const char* formats[] = {"bin", "text", "synthetic"};
+  const char* formats[] = {"bin", "text", "synthetic", "jsonl"};
   c["data"] = {{"format", formats[static_cast<int>(t.data.format)]}};
+  if (const DataConfig& d = t.data; d.format == DataFormat::jsonl) {
+    const corpus::Fields defaults;
+    json fields = json::object();
+    for (const auto& [key, mine, def] :
+         {std::tuple{"messages", d.fields.messages, defaults.messages}, std::tuple{"prompt", d.fields.prompt, defaults.prompt},
+          std::tuple{"completion", d.fields.completion, defaults.completion}, std::tuple{"text", d.fields.text, defaults.text}})
+      if (mine != def) fields[key] = mine;
+    if (!fields.empty()) c["data"]["fields"] = fields;
+    if (d.loss_on != corpus::LossOn::automatic) c["data"]["loss_on"] = corpus::loss_on_name(d.loss_on);
+    if (!d.chat_template.empty()) c["data"]["chat_template"] = d.chat_template;
+    c["data"]["truncate"] = d.truncate;
+  }
   if (t.data.format == DataFormat::synthetic) {
     c["data"]["vocab_size"] = t.data.vocab_size;
     c["data"]["tokens"] = t.data.synthetic_tokens;

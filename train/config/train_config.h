@@ -21,20 +21,29 @@
 #include "engine/config/config.h"      // EngineConfig
 #include "engine/pipeline/schedule.h"  // PipeKind
 #include "models/decoder/gpt.h"        // GptConfig
+#include "train/corpus/jsonl.h"        // Fields
+#include "train/corpus/samples.h"      // LossOn
 
 namespace zeroth {
 
-enum class DataFormat : uint8_t { bin, text, synthetic };
+enum class DataFormat : uint8_t { bin, text, synthetic, jsonl };
 
 struct DataConfig {
   DataFormat format = DataFormat::synthetic;
-  std::string train;  // bin: llm.c token file; text: any file, one token per byte (or data.tokenizer's)
+  std::string train;  // bin: llm.c token file; text: any file, one token per byte (or data.tokenizer's); jsonl: a file or folder
   std::string val;    // optional; without it the last val_fraction of train is held out
   double val_fraction = 0.1;
   // A SentencePiece model (or its folder) that text is tokenized with (train/text/tokenizer.h), and its
   // vocabulary's size; "": text is bytes.
   std::string tokenizer;
   int tokenizer_vocab = 0;
+  // jsonl: the records' keys, what the loss counts, a chat template file that overrides the
+  // tokenizer folder's, and whether a sample longer than model.seq_len + 1 tokens is cut (else an
+  // error naming it).
+  corpus::Fields fields;
+  corpus::LossOn loss_on = corpus::LossOn::automatic;
+  std::string chat_template;
+  bool truncate = true;
   int vocab_size = 256;  // synthetic only
   // 0 until resolved: by default 1 Mi tokens, or enough for 8 batches of training windows beside
   // the held-out tail when a batch is larger.

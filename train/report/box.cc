@@ -63,16 +63,31 @@ std::string memory_line(const MemoryNeed& need) {
   return out;
 }
 
-// Which windows of the validation data a run's validation measures, and how `zeroth eval` measures
-// the same ones.
-std::string validation_scope(const TrainConfig& c, size_t val_tokens) {
-  const auto of = static_cast<int64_t>((val_tokens - 1) / c.model.seq_len);
+// Which windows (samples) of the validation data a run's validation measures, and how `zeroth eval`
+// measures the same ones.
+std::string validation_scope(const TrainConfig& c, int64_t of) {
   const int64_t asked = c.run.eval_batches * c.micro_batch_size * c.data_parallel();
-  if (c.run.eval_batches == 0 || asked >= of)
-    return fmt::format("all {} windows of {} tokens (as zeroth eval measures them)", of, c.model.seq_len);
-  return fmt::format("the first {} of {} windows of {} tokens (run.eval_batches {} x {} sequences x {} data-parallel ranks; zeroth "
-                     "eval measures all, zeroth eval --windows {} these)",
-                     asked, of, c.model.seq_len, c.run.eval_batches, c.micro_batch_size, c.data_parallel(), asked);
+  const std::string rows = c.data.format == DataFormat::jsonl ? "samples" : fmt::format("windows of {} tokens", c.model.seq_len);
+  if (c.run.eval_batches == 0 || asked >= of) return fmt::format("all {} {} (as zeroth eval measures them)", of, rows);
+  return fmt::format("the first {} of {} {} (run.eval_batches {} x {} sequences x {} data-parallel ranks; zeroth eval measures all, "
+                     "zeroth eval --windows {} these)",
+                     asked, of, rows, c.run.eval_batches, c.micro_batch_size, c.data_parallel(), asked);
+}
+
+// JSON Lines data: the samples, what the loss counts, and what reading skipped or cut.
+std::string samples_line(const TrainConfig& c, const RunFacts& f) {
+  const corpus::SampleStats& s = *f.samples;
+  std::string out = fmt::format("{}: {} samples train ({} tokens, {} counted: loss on {}), {} validation", c.data.train, f.train_rows,
+                                si(static_cast<double>(s.tokens)), si(static_cast<double>(s.counted)),
+                                c.data.loss_on == corpus::LossOn::automatic ? "the shape's own" : corpus::loss_on_name(c.data.loss_on),
+                                f.val_rows);
+  std::vector<std::string> dropped;
+  if (s.skipped.empty_conversations > 0) dropped.push_back(fmt::format("{} empty conversations", s.skipped.empty_conversations));
+  if (s.skipped.without_assistant > 0) dropped.push_back(fmt::format("{} without an assistant turn", s.skipped.without_assistant));
+  if (s.nothing_trained > 0) dropped.push_back(fmt::format("{} with nothing counted within the window", s.nothing_trained));
+  if (!dropped.empty()) out += fmt::format("; skipped {}", fmt::join(dropped, ", "));
+  if (s.truncated > 0) out += fmt::format("; {} cut to model.seq_len + 1 tokens", s.truncated);
+  return out;
 }
 
 }  // namespace
@@ -108,8 +123,12 @@ std::vector<std::pair<std::string, std::string>> box_rows(const TrainConfig& c, 
     }
   }
   const std::string source = c.data.format == DataFormat::synthetic ? "synthetic" : c.data.train;
-  rows.emplace_back("data", fmt::format("{}: {} tokens train, {} validation", source, si(static_cast<double>(f.train_tokens)),
-                                        si(static_cast<double>(f.val_tokens))));
+  if (f.samples) {
+    rows.emplace_back("data", samples_line(c, f));
+  } else {
+    rows.emplace_back("data", fmt::format("{}: {} tokens train, {} validation", source, si(static_cast<double>(f.train_tokens)),
+                                          si(static_cast<double>(f.val_tokens))));
+  }
   rows.emplace_back(
       "parallel", fmt::format("{} rank{} ({}, {} kernel thread{} each), ZeRO stage {}, {} compute, fp32 master weights, {} reduction",
                               c.run.world_size, c.run.world_size == 1 ? "" : "s",
@@ -137,7 +156,7 @@ std::vector<std::pair<std::string, std::string>> box_rows(const TrainConfig& c, 
   rows.emplace_back("schedule", c.engine.schedule.describe());
   rows.emplace_back("steps", fmt::format("{}, print every {}, validation {}", c.run.steps, c.steps_per_print,
                                          c.run.eval_interval > 0 ? fmt::format("every {} steps", c.run.eval_interval) : "at the end"));
-  if (f.val_tokens > 0) rows.emplace_back("validation", validation_scope(c, f.val_tokens));
+  if (f.val_rows > 0) rows.emplace_back("validation", validation_scope(c, f.val_rows));
   rows.emplace_back("memory", memory_line(f.need));
   rows.emplace_back("mfu", fmt::format("model FLOPs {} per token (6 N + 12 L H Q T, PaLM's) against {}", si(c.model.flops_per_token()),
                                        peak_how));

@@ -176,8 +176,8 @@ class Console final : public RunConsole {
     }
     clear_bar();
     std::printf("validation at step %lld: loss %.4f (%s)\n", static_cast<long long>(step), val,
-                r.windows == r.of ? fmt::format("all {} windows", r.of).c_str()
-                                  : fmt::format("the first {} of {} windows", r.windows, r.of).c_str());
+                r.windows == r.of ? fmt::format("all {} {}", r.of, r.rows).c_str()
+                                  : fmt::format("the first {} of {} {}", r.windows, r.of, r.rows).c_str());
     std::fflush(stdout);
     write_report();
   }

@@ -111,25 +111,35 @@ class ByteLevelBpe final : public Tokenizer {
     }
   }
 
-  std::vector<int32_t> encode_text(std::string_view text, const EncodeProgress& progress) const override {
+  std::vector<int32_t> encode_text(std::string_view text, const EncodeProgress& progress, std::vector<size_t>* ends) const override {
     check_utf8(text, path_ + ": the text to encode");
     std::vector<int32_t> out;
     // A text repeats its words; the cache is bounded so a corpus of unique strings stays small.
-    std::unordered_map<std::string, std::vector<int32_t>> cache;
+    std::unordered_map<std::string, Merged> cache;
     size_t done = 0, reported = 0;
-    auto piece = [&](std::string_view p) {
-      auto it = cache.find(std::string(p));
-      if (it == cache.end()) {
-        if (cache.size() >= kCacheEntries) cache.clear();
-        it = cache.emplace(std::string(p), merge(p)).first;
-      }
-      out.insert(out.end(), it->second.begin(), it->second.end());
-      done += p.size();
-      if (progress && done - reported >= kProgressBytes) progress(std::min(done, text.size())), reported = done;
+    // Where a token ends, as a pointer into `text` (or, for a normalized stretch that differs from
+    // the text, the stretch's end there).
+    auto emit = [&](int32_t id, const char* end) {
+      out.push_back(id);
+      if (ends != nullptr) ends->push_back(static_cast<size_t>(end - text.data()));
     };
-    split_added(text, false, out, [&](std::string_view raw) {
-      const std::string normalized = normalize(raw);
-      split_added(normalized, true, out, [&](std::string_view plain) { pre_tokenizer_.for_each_piece(plain, piece); });
+    split_added(text, false, emit, [&](std::string_view raw) {
+      std::string normalized = normalize(raw);
+      const bool same = normalized == raw;
+      const std::string_view plain_text = same ? raw : std::string_view(normalized);
+      const char* raw_end = raw.data() + raw.size();
+      auto emit_here = [&](int32_t id, const char* end) { emit(id, same ? end : raw_end); };
+      auto piece = [&](std::string_view p) {
+        auto it = cache.find(std::string(p));
+        if (it == cache.end()) {
+          if (cache.size() >= kCacheEntries) cache.clear();
+          it = cache.emplace(std::string(p), merge(p)).first;
+        }
+        for (size_t i = 0; i < it->second.ids.size(); ++i) emit_here(it->second.ids[i], p.data() + it->second.ends[i]);
+        done += p.size();
+        if (progress && done - reported >= kProgressBytes) progress(std::min(done, text.size())), reported = done;
+      };
+      split_added(plain_text, true, emit_here, [&](std::string_view plain) { pre_tokenizer_.for_each_piece(plain, piece); });
     });
     if (progress) progress(text.size());
     return out;
@@ -329,10 +339,11 @@ class ByteLevelBpe final : public Tokenizer {
   }
 
   // Calls `gap` on each stretch of `s` between the added tokens of the given kind (normalized or
-  // not), appending each token's id to `out` in between: leftmost first, the longest where
-  // several begin at one place; lstrip/rstrip take the whitespace beside a token into it.
-  template <typename F>
-  void split_added(std::string_view s, bool normalized, std::vector<int32_t>& out, F&& gap) const {
+  // not), and `emit(id, end)` for each token in between (`end` where it ends in `s`): leftmost
+  // first, the longest where several begin at one place; lstrip/rstrip take the whitespace beside
+  // a token into it.
+  template <typename E, typename F>
+  void split_added(std::string_view s, bool normalized, E&& emit, F&& gap) const {
     std::vector<size_t> next(added_.size(), std::string_view::npos);
     auto find = [&](size_t k, size_t from) {
       const Added& a = added_[k];
@@ -371,7 +382,7 @@ class ByteLevelBpe final : public Tokenizer {
         }
       }
       if (begin > pos) gap(s.substr(pos, begin - pos));
-      out.push_back(a.id);
+      emit(a.id, s.data() + end);
       pos = end;
       for (size_t k = 0; k < added_.size(); ++k) {
         if (added_[k].normalized == normalized && next[k] != std::string_view::npos && next[k] < pos) find(k, pos);
@@ -386,11 +397,15 @@ class ByteLevelBpe final : public Tokenizer {
   // ranks) until no adjacent pair has a merge, through a heap over a linked list as Hugging Face's
   // BPE does, so a long piece (a run of spaces, a base64 blob) costs n log n; with ignore_merges, a
   // piece in the vocabulary whole is that token.
-  std::vector<int32_t> merge(std::string_view piece) const {
+  struct Merged {
+    std::vector<int32_t> ids;
+    std::vector<uint32_t> ends;  // each token's end in the piece
+  };
+  Merged merge(std::string_view piece) const {
     if (ignore_merges_) {
       std::string mapped;
       for (const char c : piece) mapped += byte_chars_[static_cast<unsigned char>(c)];
-      if (const auto it = vocab_.find(mapped); it != vocab_.end()) return {it->second};
+      if (const auto it = vocab_.find(mapped); it != vocab_.end()) return {{it->second}, {static_cast<uint32_t>(piece.size())}};
     }
     const int n = static_cast<int>(piece.size());
     struct Symbol {
@@ -424,9 +439,12 @@ class ByteLevelBpe final : public Tokenizer {
       consider(sym[c.pos].prev);
       consider(c.pos);
     }
-    std::vector<int32_t> ids;
-    for (int i = n > 0 ? 0 : -1; i >= 0; i = sym[i].next) ids.push_back(sym[i].id);
-    return ids;
+    Merged m;
+    for (int i = n > 0 ? 0 : -1; i >= 0; i = sym[i].next) {
+      m.ids.push_back(sym[i].id);
+      m.ends.push_back(static_cast<uint32_t>(sym[i].next >= 0 ? sym[i].next : n));  // a symbol spans up to the next one's start
+    }
+    return m;
   }
 
   std::string path_;

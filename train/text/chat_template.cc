@@ -64,6 +64,11 @@ ChatTemplate ChatTemplate::from_folder(const std::string& folder, const std::str
   ZEROTH_THROW(InvalidArgument, "{} must be a string or a list of {{\"name\", \"template\"}}, got {}", where, t.type_name());
 }
 
+ChatTemplate ChatTemplate::from_file(const std::string& template_file) {
+  return ChatTemplate(read_text(template_file, "the chat template (data.chat_template)"), template_file,
+                      nlohmann::ordered_json::object());
+}
+
 ChatTemplate::ChatTemplate(const std::string& source, std::string where, nlohmann::ordered_json special_tokens)
     : template_(source, std::move(where)), special_tokens_(std::move(special_tokens)) {}
 

@@ -20,6 +20,8 @@ class ChatTemplate {
   // when given, else of chat_template.jinja beside the config when there is one (newer folders),
   // else the config's chat_template (a string, or the "default" of a list of named ones).
   static ChatTemplate from_folder(const std::string& folder, const std::string& template_file = "");
+  // A template file alone (no tokenizer folder: text as bytes): no special tokens.
+  static ChatTemplate from_file(const std::string& template_file);
   // `special_tokens`: bos_token, eos_token and the others tokenizer_config.json names, as strings.
   ChatTemplate(const std::string& source, std::string where, nlohmann::ordered_json special_tokens);
 

@@ -46,7 +46,7 @@ class SentencePiece final : public Tokenizer {
     }
   }
 
-  std::vector<int32_t> encode_text(std::string_view text, const EncodeProgress& progress) const override {
+  std::vector<int32_t> encode_text(std::string_view text, const EncodeProgress& progress, std::vector<size_t>* ends) const override {
     check_utf8(text, path_ + ": the text to encode");
     std::vector<int32_t> out;
     std::vector<int> ids;
@@ -55,13 +55,24 @@ class SentencePiece final : public Tokenizer {
       size_t end = text.find('\n', at);
       const bool newline = end != std::string_view::npos;
       if (!newline) end = text.size();
-      if (end > at) {
+      if (end > at && ends != nullptr) {
+        // The pieces' byte offsets in the line, from the proto form of the same encoding.
+        const auto pieces = sp_.EncodeAsImmutableProto(text.substr(at, end - at));
+        for (size_t i = 0; i < pieces.pieces_size(); ++i) {
+          const auto piece = pieces.pieces(static_cast<int>(i));
+          out.push_back(static_cast<int32_t>(piece.id()));
+          ends->push_back(at + piece.end());
+        }
+        // Whitespace the normalizer dropped at the line's end belongs to its last piece.
+        if (pieces.pieces_size() > 0) ends->back() = end;
+      } else if (end > at) {
         const auto status = sp_.Encode(text.substr(at, end - at), &ids);
         if (!status.ok()) ZEROTH_THROW(InvalidArgument, "{}: encoding the line at byte {}: {}", path_, at, status.ToString());
         out.insert(out.end(), ids.begin(), ids.end());
       }
       if (!newline) break;
       out.push_back(newline_);
+      if (ends != nullptr) ends->push_back(end + 1);
       at = end + 1;
       if (progress && at - reported >= (size_t{1} << 20)) progress(at), reported = at;
     }
@@ -108,7 +119,9 @@ class SentencePiece final : public Tokenizer {
 // One token per byte.
 class Bytes final : public Tokenizer {
  public:
-  std::vector<int32_t> encode_text(std::string_view text, const EncodeProgress&) const override {
+  std::vector<int32_t> encode_text(std::string_view text, const EncodeProgress&, std::vector<size_t>* ends) const override {
+    if (ends != nullptr)
+      for (size_t i = 1; i <= text.size(); ++i) ends->push_back(i);
     return {reinterpret_cast<const unsigned char*>(text.data()), reinterpret_cast<const unsigned char*>(text.data()) + text.size()};
   }
   std::string decode(std::span<const int32_t> ids) const override {

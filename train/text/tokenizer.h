@@ -30,7 +30,22 @@ class Tokenizer {
   // one pass, so a run's cached tokens and `zeroth tokenize`'s are the same. SentencePiece encodes
   // lines one at a time, as its own spm_encode does, each newline then its own token (the model's
   // byte piece for "\n").
-  std::vector<int32_t> encode(std::string_view text, const EncodeProgress& progress = {}) const { return encode_text(text, progress); }
+  std::vector<int32_t> encode(std::string_view text, const EncodeProgress& progress = {}) const {
+    return encode_text(text, progress, nullptr);
+  }
+  // The same ids, and where each token ends in `text`: token i covers bytes [ends[i - 1], ends[i])
+  // (from 0 for the first), as Hugging Face's offset mapping places it, so byte spans of the text
+  // (a chat template's assistant turns) become token masks. Where a byte-level BPE's normalizer
+  // changes a stretch between added tokens, that stretch's tokens all end where it ends.
+  struct Encoded {
+    std::vector<int32_t> ids;
+    std::vector<size_t> ends;
+  };
+  Encoded encode_with_ends(std::string_view text) const {
+    Encoded e;
+    e.ids = encode_text(text, {}, &e.ends);
+    return e;
+  }
   // Ids back into text: decode(encode(t)) == t for text the model's normalization keeps as it is.
   virtual std::string decode(std::span<const int32_t> ids) const = 0;
   virtual int vocab_size() const = 0;
@@ -39,7 +54,8 @@ class Tokenizer {
   virtual uint64_t fingerprint() const = 0;
 
  protected:
-  virtual std::vector<int32_t> encode_text(std::string_view text, const EncodeProgress& progress) const = 0;
+  // `ends`: null, or where each id's token ends (encode_with_ends).
+  virtual std::vector<int32_t> encode_text(std::string_view text, const EncodeProgress& progress, std::vector<size_t>* ends) const = 0;
 };
 
 // The tokenizer at `path` (as Tokenizer::open takes it) into a Hugging Face model folder: its

@@ -96,10 +96,10 @@ class CpuKernels final : public Kernels {
                              const float* stats) override {
     cpu::crossentropy_gradient(logits, targets, N, V, v_lo, stats, stats + N, dlogits_scale);
   }
-  void mean_loss(float* row_losses, size_t N, float* loss) override {
+  void mean_loss(float* row_losses, size_t N, double divisor, float* loss) override {
     double sum = 0;
     for (size_t n = 0; n < N; ++n) sum += row_losses[n];
-    *loss = static_cast<float>(sum / static_cast<double>(N));
+    *loss = static_cast<float>(sum / divisor);
   }
   void download(float* host, const float* src, size_t n) override { std::memcpy(host, src, n * sizeof(float)); }
   void upload(void* dst, const void* host, size_t bytes) override { std::memcpy(dst, host, bytes); }

@@ -458,8 +458,12 @@ void crossentropy_sums(float* logits, const int32_t* targets, size_t N, int V, i
 }
 
 namespace {
-// (softmax - onehot) * dlogits_scale from the row's exp values.
+// (softmax - onehot) * dlogits_scale from the row's exp values; zero for an ignored row.
 void exp_row_to_gradient(float* row, int32_t target, int V, int v_lo, float sum, float dlogits_scale) {
+  if (target < 0) {
+    std::fill(row, row + V, 0.0f);
+    return;
+  }
   scale_row(row, V, dlogits_scale / sum);
   const int32_t t = target - v_lo;
   if (t >= 0 && t < V) row[t] -= dlogits_scale;
@@ -469,7 +473,7 @@ void exp_row_to_gradient(float* row, int32_t target, int V, int v_lo, float sum,
 void crossentropy_finish(float* logits, const int32_t* targets, size_t N, int V, int v_lo, const float* max, const float* sums,
                          const float* picked, float dlogits_scale, float* losses) {
   for_rows(N, 1, [&](size_t n) {
-    losses[n] = static_cast<float>(std::log(static_cast<double>(sums[n])) + max[n] - picked[n]);
+    losses[n] = targets[n] < 0 ? 0.0f : static_cast<float>(std::log(static_cast<double>(sums[n])) + max[n] - picked[n]);
     if (dlogits_scale != 0.0f) exp_row_to_gradient(logits + n * V, targets[n], V, v_lo, sums[n], dlogits_scale);
   });
 }
@@ -478,7 +482,7 @@ void crossentropy_gradient(float* logits, const int32_t* targets, size_t N, int 
                            float dlogits_scale) {
   for_rows(N, 1, [&](size_t n) {
     float* row = logits + n * V;
-    exp_shifted_sum(row, V, max[n]);  // the row becomes its exp values; the sum is the ranks' (sums)
+    if (targets[n] >= 0) exp_shifted_sum(row, V, max[n]);  // the row becomes its exp values; the sum is the ranks' (sums)
     exp_row_to_gradient(row, targets[n], V, v_lo, sums[n], dlogits_scale);
   });
 }

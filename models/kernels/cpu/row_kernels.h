@@ -114,7 +114,9 @@ void moe_combine_backward(float* drows, float* dweight, const float* dy, const f
 // Cross-entropy of softmax(logits) against targets, in three steps so that the vocabulary may be
 // split over ranks (Megatron-LM's vocabulary-parallel loss): the logits [N, V] are the vocabulary
 // entries [v_lo, v_lo + V); between the steps the caller combines the ranks' max (step 1) and
-// sums (step 2). Targets outside the whole vocabulary are errors raised by the caller.
+// sums (step 2). A negative target ignores its row: loss 0 and gradient 0 (the loss mask of
+// prompts, padding and sample boundaries). Other targets outside the whole vocabulary are errors
+// raised by the caller.
 // 1. max[n] = the row's largest logit.
 void crossentropy_max(const float* logits, size_t N, int V, float* max);
 // 2. sums[n] = sum of exp(logit - max[n]), which the logits become; picked[n] = the target's logit

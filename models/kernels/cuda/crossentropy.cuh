@@ -41,11 +41,12 @@ __global__ void crossentropy_finish_kernel(float* logits, const int32_t* targets
                                            int v_lo, float dscale) {
   const size_t row = blockIdx.x;
   const float s = stats[N + row];
-  if (threadIdx.x == 0) losses[row] = logf(s) + stats[row] - stats[2 * N + row];
+  const bool ignored = targets[row] < 0;  // the loss mask: no loss, no gradient
+  if (threadIdx.x == 0) losses[row] = ignored ? 0.0f : logf(s) + stats[row] - stats[2 * N + row];
   if (dscale == 0.0f) return;
   float* x = logits + row * V;
   const int t = targets[row] - v_lo;
-  const float a = dscale / s;
+  const float a = ignored ? 0.0f : dscale / s;
   for (int j = threadIdx.x; j < V; j += blockDim.x) x[j] = x[j] * a - (j == t ? dscale : 0.0f);
 }
 
@@ -56,16 +57,16 @@ __global__ void crossentropy_gradient_kernel(float* logits, const int32_t* targe
   const size_t row = blockIdx.x;
   float* x = logits + row * V;
   const int t = targets[row] - v_lo;
-  const float m = stats[row], a = dscale / stats[N + row];
+  const float m = stats[row], a = targets[row] < 0 ? 0.0f : dscale / stats[N + row];
   for (int j = threadIdx.x; j < V; j += blockDim.x) x[j] = expf(x[j] - m) * a - (j == t ? dscale : 0.0f);
 }
 
-// out[0] = sum(in[0..n)) / n, one block, in a fixed order.
-__global__ void mean_kernel(float* out, const float* in, size_t n) {
+// out[0] = sum(in[0..n)) / divisor, one block, in a fixed order.
+__global__ void mean_kernel(float* out, const float* in, size_t n, float divisor) {
   float s = 0;
   for (size_t i = threadIdx.x; i < n; i += blockDim.x) s += in[i];
   s = block_reduce(s, Sum{}, 0.0f);
-  if (threadIdx.x == 0) out[0] = s / static_cast<float>(n);
+  if (threadIdx.x == 0) out[0] = s / divisor;
 }
 
 }  // namespace zeroth::gpt

@@ -267,9 +267,9 @@ class CudaKernels final : public Kernels {
                              const float* stats) override {
     crossentropy_gradient_kernel<<<static_cast<unsigned>(N), 1024, 0, s()>>>(logits, targets, stats, N, V, v_lo, dlogits_scale);
   }
-  void mean_loss(float* row_losses, size_t N, float* loss) override {
+  void mean_loss(float* row_losses, size_t N, double divisor, float* loss) override {
     // The mean goes to row_losses[0]: every row loss is read before thread 0 writes it.
-    mean_kernel<<<1, 1024, 0, s()>>>(row_losses, row_losses, N);
+    mean_kernel<<<1, 1024, 0, s()>>>(row_losses, row_losses, N, static_cast<float>(divisor));
     CUDA_CHECK(cudaMemcpyAsync(loss, row_losses, sizeof(float), cudaMemcpyDeviceToHost, s()));
   }
   void upload(void* dst, const void* host, size_t bytes) override {

@@ -1,0 +1,120 @@
+// Fine-tuning on JSON Lines conversations against one whole batch: the same global batch of
+// conversations (their assistant turns counted, of very different lengths) trained as 1
+// micro-batch of 4 on 1 rank, as 4 micro-batches of 1, and as 2 micro-batches of 1 on each of 2
+// ranks gives the same loss at every step and the same weights after 5 steps at a nonzero learning
+// rate, to f32 rounding: the loss is the sum over the global batch's counted targets divided by
+// their number, not a mean of the micro-batches' means (which weighs a short answer's tokens more
+// than a long one's, and fails this test). `zeroth eval` measures the same masked loss.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "tests/tools/cli_runs.h"
+
+namespace zeroth {
+namespace {
+
+using json = nlohmann::json;
+using testing::losses;
+using testing::run;
+using testing::temp;
+using testing::write_config;
+
+const char* kChatMl = R"({%- for message in messages %}
+{{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %})";
+
+// 40 conversations whose answers run from 1 to 60 bytes, some of two turns; and the template.
+std::string write_data() {
+  const std::string dir = temp("sft_data");
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/chatml.jinja") << kChatMl;
+  std::ofstream out(dir + "/train.jsonl");
+  for (int i = 0; i < 40; ++i) {
+    const int len = 1 + (i * 37) % 60;
+    json turns = json::array(
+        {{{"role", "user"}, {"content", fmt::format("what is {} times {}?", i, i % 7)}},
+         {{"role", "assistant"}, {"content", std::string(static_cast<size_t>(len), static_cast<char>('a' + i % 26))}}});
+    if (i % 3 == 0) {
+      turns.push_back({{"role", "user"}, {"content", "and again?"}});
+      turns.push_back({{"role", "assistant"}, {"content", fmt::format("{}", i * i)}});
+    }
+    out << json{{"messages", turns}}.dump() << "\n";
+  }
+  return dir;
+}
+
+json sft(const std::string& name, const std::string& data, int micro, int gas, int world) {
+  json j = json::parse(R"({
+    "gradient_clipping": 0.0, "steps_per_print": 1,
+    "optimizer": {"type": "AdamW", "params": {"lr": 2e-3, "weight_decay": 0.0}},
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.002, "warmup_max_lr": 0.002}},
+    "zero_optimization": {"stage": 2},
+    "model": {"n_layer": 2, "n_head": 2, "n_embd": 32, "seq_len": 160, "vocab_size": 256},
+    "run": {"steps": 5, "eval_interval": 0, "eval_batches": "all", "trace": false}})");
+  j["train_micro_batch_size_per_gpu"] = micro;
+  j["gradient_accumulation_steps"] = gas;
+  j["run"]["world_size"] = world;
+  j["run"]["output_dir"] = temp(name);
+  j["data"] = {{"format", "jsonl"},
+               {"train", data + "/train.jsonl"},
+               {"chat_template", data + "/chatml.jinja"},
+               {"val_fraction", 0.1}};
+  std::filesystem::remove_all(temp(name));
+  return j;
+}
+
+double val_loss(const testing::Run& r) {
+  double v = -1;
+  for (const auto& m : r.metrics)
+    if (m.contains("val_loss")) v = m["val_loss"];
+  return v;
+}
+
+TEST(Sft, TheGlobalBatchsCountedTargetsNormaliseTheLossHoweverTheBatchIsSplit) {
+  const std::string data = write_data();
+  const auto whole = run({ZEROTH_BIN, "train", write_config("sft_whole", sft("sft_whole", data, 4, 1, 1))}, "sft_whole");
+  ASSERT_EQ(whole.code, 0) << whole.output;
+  EXPECT_NE(whole.output.find("36 samples train"), std::string::npos) << whole.output;
+  EXPECT_NE(whole.output.find("loss on the shape's own), 4 validation"), std::string::npos) << whole.output;
+  const auto a = losses(whole);
+  ASSERT_EQ(a.size(), 5u);
+  EXPECT_LT(a.back(), a.front());
+  struct Split {
+    const char* name;
+    int micro, gas, world;
+  };
+  for (const Split& s : {Split{"sft_micro", 1, 4, 1}, Split{"sft_ranks", 1, 2, 2}}) {
+    SCOPED_TRACE(s.name);
+    const auto r = run({ZEROTH_BIN, "train", write_config(s.name, sft(s.name, data, s.micro, s.gas, s.world))}, s.name);
+    ASSERT_EQ(r.code, 0) << r.output;
+    const auto b = losses(r);
+    ASSERT_EQ(b.size(), a.size());
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 4e-6 * a[i]) << "step " << i + 1;
+    EXPECT_NEAR(val_loss(r), val_loss(whole), 4e-6 * val_loss(whole));
+    testing::expect_same_weights(testing::weights_of(s.name), testing::weights_of("sft_whole"), 2e-5);
+  }
+  // `zeroth eval` on the JSON Lines split: the masked loss of the run's last validation, over the
+  // validation samples' counted targets, on 1 rank and on 3 (one of which measures nothing).
+  for (const char* world : {"1", "3"}) {
+    const auto e = run({ZEROTH_BIN, "eval", temp("sft_whole") + ".json", "--json", "--resume", temp("sft_whole") + "/checkpoints",
+                        "--set", std::string("run.world_size=") + world, "--set", "run.checkpoint_interval=-1"},
+                       std::string("sft_eval_") + world);
+    ASSERT_EQ(e.code, 0) << e.output;
+    const json out = json::parse(e.output.substr(e.output.rfind("{\"loss\"")));
+    EXPECT_EQ(out["windows"], 4);
+    EXPECT_GT(out["tokens"].get<int>(), 4) << "the counted targets of the validation samples";
+    EXPECT_NEAR(out["loss"].get<double>(), val_loss(whole), 2e-6 * val_loss(whole)) << world << " ranks";
+  }
+}
+
+}  // namespace
+}  // namespace zeroth
