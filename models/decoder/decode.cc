@@ -19,7 +19,9 @@ gpt::KvCache Gpt::State::kv(int layer) const {
   const Dims d = Dims::of(cfg, part);
   const size_t rows = static_cast<size_t>(kv_len) * d.W;
   float* base = static_cast<float*>(kv_buffer.data());
-  return {base + layer * rows, base + cfg.n_layer * rows, kv_pos};
+  gpt::KvCache kv;
+  kv.rows = base + layer * rows, kv.att = base + cfg.n_layer * rows, kv.pos = kv_pos;
+  return kv;
 }
 
 void Gpt::begin_decoding(int max_len) {

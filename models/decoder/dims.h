@@ -55,6 +55,7 @@ struct Dims {
   bool keeps_logits() const { return loss_rows == 0; }
   bool sp = false;  // sequence parallel (with tp > 1)
   bool llama = false, qkv_bias = false, o_bias = false, qk_norm = false;
+  bool probabilities = false;  // GptConfig::attention_probabilities: what the attention keeps per row
   float eps = 1e-5f;
   static Dims of(const GptConfig& config, const GptPart& part);
   // MLP-up's output width: gate and up (SwiGLU), or the GELU's input.

@@ -222,11 +222,13 @@ class Gpt {
   // are read by the chunk that embeds, targets and *loss by the one with the head; others may
   // pass null. prepare() sizes the activation slots for B x T before the first receive.
   void prepare(int B, int T);
-  void forward_chunk(int micro, int chunk, const int32_t* tokens, const int32_t* targets, int B, int T, float* loss);
+  void forward_chunk(int micro, int chunk, const int32_t* tokens, const int32_t* targets, int B, int T, float* loss,
+                     const int32_t* positions = nullptr);
   void backward_chunk(int micro, int chunk);
   // Evaluation through a pipeline: the chunk's forward in the evaluation slot, between the host's
   // begin_/end_evaluation (which the caller makes); logits are not kept.
-  void evaluate_chunk(int chunk, const int32_t* tokens, const int32_t* targets, int B, int T, float* loss);
+  void evaluate_chunk(int chunk, const int32_t* tokens, const int32_t* targets, int B, int T, float* loss,
+                      const int32_t* positions = nullptr);
   enum class Port : uint8_t { input, output, input_grad, output_grad };
   // [B, T, C] f32 on the device, for micro-batch `micro` (-1: the evaluation slot) of `chunk`.
   TensorView port(Port which, int micro, int chunk) const;
@@ -236,7 +238,13 @@ class Gpt {
   // tokens and targets are [B, T] with T <= seq_len; *loss (mean cross-entropy over B*T) is
   // written when the stream gets there. All pointers must stay valid until then. The
   // activations stay in the micro-batch's slot until its backward.
-  void forward(int micro, const int32_t* tokens, const int32_t* targets, int B, int T, float* loss);
+  // `positions` (host memory, read at the call; null: 0 .. T - 1 in every row) packs several samples
+  // into a row, as Hugging Face's position_ids do for packed sequences: a sample begins where its
+  // positions restart at 0, attends only within itself (the attention runs per sample: no work on
+  // the blocks between samples), and takes its positions (rotary, or GPT-2's learned) from 0. Each
+  // row's first position must be 0 and each next one 0 or one more (InvalidArgument otherwise).
+  void forward(int micro, const int32_t* tokens, const int32_t* targets, int B, int T, float* loss,
+               const int32_t* positions = nullptr);
   // What each micro-batch's loss (and so its gradient) is divided by from here on: its B x T rows
   // when 0 (the default), else `rows`. A target of -1 counts nothing (a loss mask); a run that
   // masks sets the mean count of counted targets per micro-batch of its global batch, so the step's
@@ -245,10 +253,12 @@ class Gpt {
   void set_loss_divisor(double rows) { loss_divisor_ = rows; }
   // Enqueues the backward of a micro-batch whose forward ran.
   void backward(int micro);
-  void forward_backward(const int32_t* tokens, const int32_t* targets, int B, int T, float* loss, int micro = 0);
+  void forward_backward(const int32_t* tokens, const int32_t* targets, int B, int T, float* loss, int micro = 0,
+                        const int32_t* positions = nullptr);
   // Forward only, between the host's begin_/end_evaluation (which this calls). With `logits`,
   // the [B, T, V] logits are copied there too.
-  void evaluate(const int32_t* tokens, const int32_t* targets, int B, int T, float* loss, float* logits = nullptr);
+  void evaluate(const int32_t* tokens, const int32_t* targets, int B, int T, float* loss, float* logits = nullptr,
+                const int32_t* positions = nullptr);
 
   // Generation with a key/value cache, one sequence, on a rank that holds the whole model (no
   // pipeline, no tensor parallelism): begin_decoding(max_len) sizes the cache for positions
@@ -285,7 +295,7 @@ class Gpt {
   static std::string expert_rows_note(const GptConfig& config, int B, int T, const std::vector<int>& chunk_slots, const GptPart& part);
   // decoding: generation's pass (decode.cc): positions from the cache's, the last row's logits.
   void run_forward(int micro, int chunk, const int32_t* tokens, const int32_t* targets, int B, int T, float* loss, float* logits,
-                   bool training, bool decoding = false);
+                   bool training, bool decoding = false, const int32_t* positions = nullptr);
   void run_backward(int micro, int chunk);
   std::vector<int> chunk_slots() const;  // the host's in-flight count of each chunk
 

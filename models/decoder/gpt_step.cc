@@ -15,6 +15,29 @@ namespace zeroth {
 
 namespace {
 
+// The samples of a packed micro-batch from its positions (Gpt::forward), or null when every row is
+// one sequence of T.
+gpt::Spans spans_of(const int32_t* positions, int B, int T) {
+  if (positions == nullptr) return nullptr;
+  auto spans = std::make_shared<std::vector<std::array<int, 2>>>();
+  for (int b = 0; b < B; ++b) {
+    const int32_t* row = positions + static_cast<size_t>(b) * T;
+    for (int t = 0; t < T; ++t) {
+      if (row[t] == 0) {
+        spans->push_back({b * T + t, 0});
+      } else if (t == 0 || row[t] != row[t - 1] + 1) {
+        ZEROTH_THROW(InvalidArgument,
+                     "position {} at row {}, column {}: a row starts at 0 and each position is 0 (a new sample) or one "
+                     "more than the one before",
+                     row[t], b, t);
+      }
+      ++spans->back()[1];
+    }
+  }
+  if (spans->size() == static_cast<size_t>(B)) return nullptr;  // one sample a row: the rows as they are
+  return spans;
+}
+
 // Targets may be -1: not counted (the loss mask).
 void check_tokens(const int32_t* t, size_t n, int V, const char* what, int32_t lowest = 0) {
   for (size_t i = 0; i < n; ++i) {
@@ -82,12 +105,13 @@ MoeStats Gpt::take_moe_stats() {
   return out;
 }
 
-void Gpt::forward_backward(const int32_t* tokens, const int32_t* targets, int B, int T, float* loss, int micro) {
-  forward(micro, tokens, targets, B, T, loss);
+void Gpt::forward_backward(const int32_t* tokens, const int32_t* targets, int B, int T, float* loss, int micro,
+                           const int32_t* positions) {
+  forward(micro, tokens, targets, B, T, loss, positions);
   backward(micro);
 }
 
-void Gpt::evaluate(const int32_t* tokens, const int32_t* targets, int B, int T, float* loss, float* logits) {
+void Gpt::evaluate(const int32_t* tokens, const int32_t* targets, int B, int T, float* loss, float* logits, const int32_t* positions) {
   if (!part_.whole(config_)) ZEROTH_THROW(InvalidArgument, "Gpt::evaluate on a pipeline stage; run its chunks (evaluate_chunk)");
   if (logits != nullptr && part_.tp_ranks > 1) {
     ZEROTH_THROW(InvalidArgument, "Gpt::evaluate with logits on tensor-parallel rank {} of {}: a rank holds only its vocabulary slice",
@@ -95,7 +119,7 @@ void Gpt::evaluate(const int32_t* tokens, const int32_t* targets, int B, int T, 
   }
   host_.begin_evaluation();
   try {
-    run_forward(0, 0, tokens, targets, B, T, loss, logits, false);
+    run_forward(0, 0, tokens, targets, B, T, loss, logits, false, false, positions);
   } catch (...) {
     host_.end_evaluation();
     throw;
@@ -103,13 +127,14 @@ void Gpt::evaluate(const int32_t* tokens, const int32_t* targets, int B, int T, 
   host_.end_evaluation();
 }
 
-void Gpt::evaluate_chunk(int chunk, const int32_t* tokens, const int32_t* targets, int B, int T, float* loss) {
-  run_forward(0, chunk, tokens, targets, B, T, loss, nullptr, false);
+void Gpt::evaluate_chunk(int chunk, const int32_t* tokens, const int32_t* targets, int B, int T, float* loss,
+                         const int32_t* positions) {
+  run_forward(0, chunk, tokens, targets, B, T, loss, nullptr, false, false, positions);
 }
 
-void Gpt::forward(int micro, const int32_t* tokens, const int32_t* targets, int B, int T, float* loss) {
+void Gpt::forward(int micro, const int32_t* tokens, const int32_t* targets, int B, int T, float* loss, const int32_t* positions) {
   if (!part_.whole(config_)) ZEROTH_THROW(InvalidArgument, "Gpt::forward on a pipeline stage; run its chunks (forward_chunk)");
-  run_forward(micro, 0, tokens, targets, B, T, loss, nullptr, true);
+  run_forward(micro, 0, tokens, targets, B, T, loss, nullptr, true, false, positions);
 }
 
 void Gpt::backward(int micro) {
@@ -117,8 +142,9 @@ void Gpt::backward(int micro) {
   run_backward(micro, 0);
 }
 
-void Gpt::forward_chunk(int micro, int chunk, const int32_t* tokens, const int32_t* targets, int B, int T, float* loss) {
-  run_forward(micro, chunk, tokens, targets, B, T, loss, nullptr, true);
+void Gpt::forward_chunk(int micro, int chunk, const int32_t* tokens, const int32_t* targets, int B, int T, float* loss,
+                        const int32_t* positions) {
+  run_forward(micro, chunk, tokens, targets, B, T, loss, nullptr, true, false, positions);
 }
 
 void Gpt::backward_chunk(int micro, int chunk) { run_backward(micro, chunk); }
@@ -156,7 +182,7 @@ void release(gpt::Kernels& k, const gpt::BoundRef& w) {
 // Long: a micro-batch's forward in block order (embedding, layers with their experts, final norm, head and loss); each part
 // uses the slot, kernels and stream set up at the top.
 void Gpt::run_forward(int micro, int chunk, const int32_t* tokens, const int32_t* targets, int B, int T, float* loss, float* logits,
-                      bool training, bool decoding) {
+                      bool training, bool decoding, const int32_t* positions) {
   if (B <= 0 || T <= 0 || T > config_.seq_len) {
     ZEROTH_THROW(InvalidArgument, "GPT micro-batch {} x {}: need B >= 1 and 1 <= T <= model.seq_len ({})", B, T, config_.seq_len);
   }
@@ -169,6 +195,7 @@ void Gpt::run_forward(int micro, int chunk, const int32_t* tokens, const int32_t
   // the host has accepted the use (so a refused call leaves every slot as it was).
   if (embeds) check_tokens(tokens, static_cast<size_t>(B) * T, config_.vocab_size, "token");
   if (heads && !decoding) check_tokens(targets, static_cast<size_t>(B) * T, config_.vocab_size, "target", -1);
+  gpt::Spans spans = spans_of(positions, B, T);
   auto s = state_;
   Stream& stream = host_.compute_stream();
   s->check_shape(B, T);
@@ -178,6 +205,7 @@ void Gpt::run_forward(int micro, int chunk, const int32_t* tokens, const int32_t
   Slot* sl = &s->slots[training ? micro % s->chunk_slots[chunk] : 0];
   if (embeds) host_.device().copy(stream, sl->tokens, tokens, static_cast<size_t>(B) * T * sizeof(int32_t));
   if (heads && !decoding) host_.device().copy(stream, sl->targets, targets, static_cast<size_t>(B) * T * sizeof(int32_t));
+  sl->spans = spans;
   gpt::Kernels& k = *s->k;
   const Dims d = Dims::of(config_, part_);
   const gpt::TensorGroup g(tensor_, stream, d);
@@ -203,8 +231,11 @@ void Gpt::run_forward(int micro, int chunk, const int32_t* tokens, const int32_t
     // GPT-2's learned positions (the Llama family has none: rotary ones, in each layer), from the
     // generation's position on when decoding.
     const size_t shift = decoding ? static_cast<size_t>(s->kv_pos) * d.C : 0;
-    k.submit([&k, w, partial, ids, d, B, T, shift] {
-      k.encoder_forward(partial, ids, (*w)->p(0), d.tp_rank == 0 && !d.llama ? (*w)->p(1) + shift : nullptr, B, T, d.C, d.v_lo, d.V);
+    k.submit([&k, w, partial, ids, d, B, T, shift, spans] {
+      const float* wpe = d.tp_rank == 0 && !d.llama ? (*w)->p(1) + shift : nullptr;
+      if (!spans) return k.encoder_forward(partial, ids, (*w)->p(0), wpe, B, T, d.C, d.v_lo, d.V);
+      for (const auto& [r0, n] : *spans)
+        k.encoder_forward(partial + static_cast<size_t>(r0) * d.C, ids + r0, (*w)->p(0), wpe, 1, n, d.C, d.v_lo, d.V);
     });
     g.reduce(partial, sl->resid[0], BT);
     release(k, w);
@@ -212,11 +243,12 @@ void Gpt::run_forward(int micro, int chunk, const int32_t* tokens, const int32_t
     host_.end_forward(embed_, micro);
   }
   const gpt::ExpertGroup eg(experts_comm_, stream, s->exchange.get(), &s->exchange_events, d);
+  const gpt::KvCache within = gpt::KvCache::within(spans, d.probabilities);
   for (int l = lo; l < hi; ++l) {
     const auto& v = l == lo && !embeds ? first_views : host_.begin_forward(layers_[l], micro);
     auto w = bind(k, &s->wbuf, &s->gbuf, v, false);
     const gpt::MoePass moe{config_.moe_layer(l), training, 1.0f, training ? &s->moe_stats : nullptr, sl->moe[l], &stream};
-    gpt::layer_forward(k, g, w, acts(l), s->d, sl->resid[l], sl->resid[l + 1], B, T, decoding ? s->kv(l) : gpt::KvCache{}, moe);
+    gpt::layer_forward(k, g, w, acts(l), s->d, sl->resid[l], sl->resid[l + 1], B, T, decoding ? s->kv(l) : within, moe);
     release(k, w);
     host_.end_forward(layers_[l], micro);
     if (experts_[l] >= 0) {
@@ -367,6 +399,7 @@ void Gpt::run_backward(int micro, int chunk) {
     host_.end_backward(ln_f_, micro);
   }
   const gpt::ExpertGroup eg(experts_comm_, stream, s->exchange.get(), &s->exchange_events, d);
+  const gpt::KvCache within = gpt::KvCache::within(sl->spans, d.probabilities);
   for (int l = hi - 1; l >= lo; --l) {
     // The layer's routing stays as the forward made it; recomputations count nothing again.
     const gpt::MoePass moe{config_.moe_layer(l), true, static_cast<float>(host_.loss_gradient_scale()), nullptr, sl->moe[l], &stream};
@@ -392,8 +425,8 @@ void Gpt::run_backward(int micro, int chunk) {
     take_output_grad();
     restore(l);
     auto w = bind(k, &s->wbuf, &s->gbuf, v, true);
-    if (ckpt) gpt::layer_forward(k, g, w, acts(l), sc, sl->resid[l], nullptr, B, T, {}, moe);
-    gpt::layer_backward(k, g, w, acts(l), sc, sl->resid[l], B, T, moe);
+    if (ckpt) gpt::layer_forward(k, g, w, acts(l), sc, sl->resid[l], nullptr, B, T, within, moe);
+    gpt::layer_backward(k, g, w, acts(l), sc, sl->resid[l], B, T, moe, sl->spans);
     release(k, w);
     host_.end_backward(layers_[l], micro);
   }
@@ -401,8 +434,11 @@ void Gpt::run_backward(int micro, int chunk) {
     auto w = bind(k, &s->wbuf, &s->gbuf, host_.begin_backward(embed_, micro), true);
     const float* dout = g.gathered_rows(sc.dresid, sc.gathered, BT);
     const int32_t* ids = sl->tokens;
-    k.submit([&k, w, dout, ids, d, B, T] {
-      k.encoder_backward((*w)->g(0), d.llama ? nullptr : (*w)->g(1), dout, ids, B, T, d.C, d.v_lo, d.V);
+    k.submit([&k, w, dout, ids, d, B, T, spans = sl->spans] {
+      float* dwpe = d.llama ? nullptr : (*w)->g(1);
+      if (!spans) return k.encoder_backward((*w)->g(0), dwpe, dout, ids, B, T, d.C, d.v_lo, d.V);
+      for (const auto& [r0, n] : *spans)
+        k.encoder_backward((*w)->g(0), dwpe, dout + static_cast<size_t>(r0) * d.C, ids + r0, 1, n, d.C, d.v_lo, d.V);
     });
     release(k, w);
     host_.end_backward(embed_, micro);

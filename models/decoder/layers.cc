@@ -11,6 +11,7 @@ Dims Dims::of(const GptConfig& c, const GptPart& part) {
   d.C = c.n_embd;
   d.llama = c.llama(), d.qkv_bias = c.qkv_bias, d.o_bias = c.o_bias, d.qk_norm = c.qk_norm;
   d.eps = static_cast<float>(c.norm_eps);
+  d.probabilities = c.attention_probabilities;
   d.loss_rows = c.loss_chunk_rows;
   d.NH = c.n_head / d.tp;
   d.KVH = c.kv_heads() / d.tp;
@@ -64,7 +65,41 @@ enum LayerParam { kLn1W, kLn1B, kAttnW, kAttnB, kProjW, kProjB, kLn2W, kLn2B, kF
 
 }  // namespace
 
+namespace {
+
+// Floats of `att` (and datt) each row of a span owns: each row's log-sum-exp per head (the CPU's), or
+// its probabilities against the T positions of its row (CUDA's), so spans never overlap there.
+size_t att_per_row(bool probabilities, int NH, int T) { return static_cast<size_t>(NH) * (probabilities ? T : 1); }
+
+}  // namespace
+
+void rope_rows(Kernels& k, const Spans& spans, float* x, const float* table, size_t BT, int T, size_t ld, int heads, int hs,
+               bool inverse) {
+  if (!spans) return k.rope(x, table, BT, T, ld, heads, hs, inverse);
+  for (const auto& [r0, n] : *spans) k.rope(x + static_cast<size_t>(r0) * ld, table, n, n, ld, heads, hs, inverse);
+}
+
+void attention_backward_rows(Kernels& k, const Spans& spans, const LayerActs& a, const Scratch& s, int B, int T, int NH, int KVH,
+                             int hs, bool probabilities, DType products) {
+  if (!spans) return k.attention_backward(s.dqkv, s.datt, s.dC, a.atty, a.qkv, a.att, B, T, NH, KVH, hs, products);
+  const size_t W = static_cast<size_t>(NH + 2 * KVH) * hs, Cq = static_cast<size_t>(NH) * hs, A = att_per_row(probabilities, NH, T);
+  for (const auto& [r0, n] : *spans) {
+    const size_t r = static_cast<size_t>(r0);
+    k.attention_backward(s.dqkv + r * W, s.datt != nullptr ? s.datt + r * A : nullptr, s.dC + r * Cq, a.atty + r * Cq, a.qkv + r * W,
+                         a.att + r * A, 1, n, NH, KVH, hs, products);
+  }
+}
+
 void attend(Kernels& k, const LayerActs& a, const KvCache& kv, int B, int T, int NH, int KVH, int hs, DType products) {
+  if (kv.rows == nullptr && kv.spans) {
+    const size_t W = static_cast<size_t>(NH + 2 * KVH) * hs, Cq = static_cast<size_t>(NH) * hs;
+    const size_t A = att_per_row(kv.probabilities, NH, T);
+    for (const auto& [r0, n] : *kv.spans) {
+      const size_t r = static_cast<size_t>(r0);
+      k.attention_forward(a.atty + r * Cq, a.att + r * A, a.qkv + r * W, 1, n, NH, KVH, hs, products);
+    }
+    return;
+  }
   if (kv.rows == nullptr) {
     k.attention_forward(a.atty, a.att, a.qkv, B, T, NH, KVH, hs, products);
     return;
@@ -120,8 +155,8 @@ void layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs
 }
 
 void layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs& a, const Scratch& s, const float* x, int B, int T,
-                    const MoePass& moe) {
-  if (g.dims().llama) return llama_layer_backward(k, g, w, a, s, x, B, T, moe);
+                    const MoePass& moe, const Spans& spans) {
+  if (g.dims().llama) return llama_layer_backward(k, g, w, a, s, x, B, T, moe, spans);
   const Dims d = g.dims();
   const size_t BT = static_cast<size_t>(B) * T, R = d.rows(BT);
   // The column-parallel inputs' gradients are partial sums over the ranks.
@@ -148,10 +183,10 @@ void layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerAct
   });
   dout = g.gathered_rows(s.dresid, s.gathered, BT);
   const float* ln1 = g.gathered_rows(a.ln1, s.ln_whole, BT);
-  k.submit([&k, w, a, s, d, B, T, BT, dout, partial, ln1] {
+  k.submit([&k, w, a, s, d, B, T, BT, dout, partial, ln1, spans] {
     const Bound& p = **w;
     k.matmul_backward(s.dC, p.g(kProjW), p.g(kProjB), dout, a.atty, p.p(kProjW), BT, d.Cq, d.C);
-    k.attention_backward(s.dqkv, s.datt, s.dC, a.atty, a.qkv, a.att, B, T, d.NH, d.NH, d.Cq / d.NH, p.attention_products());
+    attention_backward_rows(k, spans, a, s, B, T, d.NH, d.NH, d.Cq / d.NH, d.probabilities, p.attention_products());
     k.matmul_backward(partial, p.g(kAttnW), p.g(kAttnB), s.dqkv, ln1, p.p(kAttnW), BT, d.C, 3 * d.Cq);
   });
   g.reduce(partial, s.dC, BT);

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <algorithm>   // std::min
+#include <array>       // std::array
 #include <cstddef>     // size_t
 #include <cstdint>     // int32_t
 #include <functional>  // std::function
@@ -82,16 +83,32 @@ struct MoePass {
   Stream* stream = nullptr;
 };
 
+// A packed micro-batch's samples (Gpt::forward's positions): each span {first row, rows} of its
+// B x T rows is one sample, which attends within itself and whose positions start at 0. Null: each
+// of the B rows is one sequence of T.
+using Spans = std::shared_ptr<const std::vector<std::array<int, 2>>>;
+
 // Generation's key/value cache of one layer (Gpt::decode, one sequence): `rows` holds the qkv rows
 // of positions [0, pos) from earlier passes; a pass writes its rows at [pos, pos + BT) and attends
 // over [0, pos + BT); att is scratch of NH BT (pos + BT) floats (the CPU uses NH BT of them: each
-// row's log-sum-exp). rows == nullptr: no cache, the
-// micro-batch attends within itself (training and evaluation).
+// row's log-sum-exp). rows == nullptr: no cache, the micro-batch attends within itself (training
+// and evaluation), within each of `spans` when it is packed (`probabilities`: Dims::probabilities).
 struct KvCache {
   float* rows = nullptr;
   float* att = nullptr;
   int pos = 0;
+  Spans spans;
+  bool probabilities = false;
+  // No cache: within the micro-batch, or its samples.
+  static KvCache within(Spans spans, bool probabilities) {
+    KvCache kv;
+    kv.spans = std::move(spans), kv.probabilities = probabilities;
+    return kv;
+  }
 };
+// Rotary positions from each span's first row (a packed micro-batch), else from each row of T's.
+void rope_rows(Kernels& k, const Spans& spans, float* x, const float* table, size_t BT, int T, size_t ld, int heads, int hs,
+               bool inverse);
 // The attention of a block use's qkv rows into a.atty, in stream work: within the micro-batch, or
 // over the cache.
 void attend(Kernels& k, const LayerActs& a, const KvCache& kv, int B, int T, int NH, int KVH, int hs, DType products);
@@ -130,12 +147,15 @@ void layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs
                    int B, int T, KvCache kv = {}, const MoePass& moe = {});
 // s.dresid holds the gradient at the block's output rows on entry and at its input rows on return.
 void layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs& a, const Scratch& s, const float* x, int B, int T,
-                    const MoePass& moe = {});
+                    const MoePass& moe = {}, const Spans& spans = {});
+// The attention's backward (s.dC at its output into s.dqkv) within each span, or over the micro-batch.
+void attention_backward_rows(Kernels& k, const Spans& spans, const LayerActs& a, const Scratch& s, int B, int T, int NH, int KVH,
+                             int hs, bool probabilities, DType products);
 // The same for the Llama family (llama_layer.cc); layer_forward and layer_backward call them.
 void llama_layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs& a, const Scratch& s, const float* x,
                          float* out, int B, int T, KvCache kv, const MoePass& moe);
 void llama_layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs& a, const Scratch& s, const float* x, int B,
-                          int T, const MoePass& moe);
+                          int T, const MoePass& moe, const Spans& spans);
 
 // An expert layer's MLP (moe/experts.cc), for both architectures, in two block uses. The layer's use
 // ends with the router (parameter `router` of its block): moe_router_forward multiplies the BT rows

@@ -50,7 +50,7 @@ void llama_layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const Lay
       k.rmsnorm_forward(a.qkv + at, a.qk_rstd + BT * d.NH, a.qk_pre + at, p.p(ix.k_norm), BT, d.KVH, d.hs, d.W, d.eps);
     }
     // Positions start at the cache's (0 without one): the table's rows from there.
-    k.rope(a.qkv, s.rope + static_cast<size_t>(kv.pos) * d.hs, BT, T, d.W, d.NH + d.KVH, d.hs, false);
+    rope_rows(k, kv.spans, a.qkv, s.rope + static_cast<size_t>(kv.pos) * d.hs, BT, T, d.W, d.NH + d.KVH, d.hs, false);
     attend(k, a, kv, B, T, d.NH, d.KVH, d.hs, p.attention_products());
     k.matmul_forward(proj, a.atty, p.p(ix.o), bias ? param(p, ix.o_b) : nullptr, BT, d.Cq, d.C);
   });
@@ -80,7 +80,7 @@ void llama_layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const Lay
 }
 
 void llama_layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs& a, const Scratch& s, const float* x, int B,
-                          int T, const MoePass& moe) {
+                          int T, const MoePass& moe, const Spans& spans) {
   const Dims d = g.dims();
   const LlamaParams ix(d);
   const size_t BT = static_cast<size_t>(B) * T, R = d.rows(BT);
@@ -105,12 +105,12 @@ void llama_layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const La
   });
   dout = g.gathered_rows(s.dresid, s.gathered, BT);
   const float* ln1 = g.gathered_rows(a.ln1, s.ln_whole, BT);
-  k.submit([&k, w, a, s, d, B, T, BT, dout, partial, ln1, ix] {
+  k.submit([&k, w, a, s, d, B, T, BT, dout, partial, ln1, ix, spans] {
     const Bound& p = **w;
     k.matmul_backward(s.dC, p.g(ix.o), grad(p, ix.o_b), dout, a.atty, p.p(ix.o), BT, d.Cq, d.C);
-    k.attention_backward(s.dqkv, s.datt, s.dC, a.atty, a.qkv, a.att, B, T, d.NH, d.KVH, d.hs, p.attention_products());
+    attention_backward_rows(k, spans, a, s, B, T, d.NH, d.KVH, d.hs, d.probabilities, p.attention_products());
     // The gradient at the rotated q and k turned back: the gradient at the values before the turn.
-    k.rope(s.dqkv, s.rope, BT, T, d.W, d.NH + d.KVH, d.hs, true);
+    rope_rows(k, spans, s.dqkv, s.rope, BT, T, d.W, d.NH + d.KVH, d.hs, true);
     const float* dproj = s.dqkv;
     if (d.qk_norm) {
       // v's gradient as it is, q's and k's through their norms.

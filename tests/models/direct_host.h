@@ -66,6 +66,11 @@ class DirectHost final : public BlockHost {
     device_.copy(device_.default_stream(), blocks_[b].views.params[i].data, narrow.data(), narrow.size());
     device_.default_stream().synchronize();
   }
+  void zero_grads() {
+    for (auto& b : blocks_)
+      for (auto& g : b.grad) device_.fill(device_.default_stream(), g.view(dtype_), 0.0f);
+    device_.default_stream().synchronize();
+  }
   std::vector<float> values(int b, size_t i, bool grad) {
     const auto& v = grad ? blocks_[b].views.grads[i] : blocks_[b].views.params[i];
     std::vector<char> narrow(v.bytes());
