@@ -21,6 +21,7 @@
 
 #include "core/error.h"                // ZEROTH_THROW
 #include "train/corpus/jsonl.h"        // jsonl_files
+#include "train/corpus/packing.h"      // Packed
 #include "train/text/chat_template.h"  // ChatTemplate
 #include "train/text/tokenizer.h"      // Tokenizer, check_utf8
 
@@ -276,11 +277,12 @@ WindowRows::WindowRows(TokenData data, int seq_len, const char* what) : data_(st
   }
 }
 
-int64_t WindowRows::fill(int64_t i, int32_t* tokens, int32_t* targets) const {
+int64_t WindowRows::fill(int64_t i, int32_t* tokens, int32_t* targets, int32_t* positions) const {
   const size_t start = static_cast<size_t>(i) * T_;
   for (int t = 0; t < T_; ++t) {
     tokens[t] = data_[start + t];
     targets[t] = data_[start + t + 1];
+    if (positions != nullptr) positions[t] = t;
   }
   return T_;
 }
@@ -317,12 +319,12 @@ int64_t Loader::window(int64_t sample) {
   return perm_[sample % windows_];
 }
 
-int64_t Loader::batch(int64_t step, int micro, int32_t* tokens, int32_t* targets) {
+int64_t Loader::batch(int64_t step, int micro, int32_t* tokens, int32_t* targets, int32_t* positions) {
   const int64_t first = step * global_batch() + static_cast<int64_t>(rank_ * gas_ + micro) * micro_;
   int64_t counted = 0;
   for (int b = 0; b < micro_; ++b) {
     const size_t at = static_cast<size_t>(b) * T_;
-    counted += rows_->fill(window(first + b), tokens + at, targets + at);
+    counted += rows_->fill(window(first + b), tokens + at, targets + at, positions != nullptr ? positions + at : nullptr);
   }
   return counted;
 }
@@ -349,7 +351,9 @@ corpus::Samples read_samples(const TrainConfig& c, const std::string& path, cons
   if (!chat && !d.chat_template.empty()) chat = std::make_unique<ChatTemplate>(ChatTemplate::from_file(d.chat_template));
   corpus::SampleOptions o;
   o.loss_on = d.loss_on;
-  o.max_tokens = static_cast<size_t>(c.model.seq_len) + 1;
+  // A row alone holds seq_len inputs and the target of the last; packed, a sample takes as many
+  // positions as it has tokens.
+  o.max_tokens = static_cast<size_t>(c.model.seq_len) + (d.packing ? 0 : 1);
   o.truncate = d.truncate;
   o.chat_template = chat.get();
   o.eos = chat ? chat->special_token("eos_token") : "";
@@ -380,7 +384,14 @@ DataSplits load_samples(const TrainConfig& c) {
     s.has_val = true;
   }
   s.sample_stats = &train->stats();
-  s.train = std::move(train);
+  if (d.packing) {
+    auto packed = std::make_shared<corpus::Packed>(train, c.model.seq_len);
+    s.packing_fill = packed->fill_ratio();
+    s.train = std::move(packed);
+    if (s.has_val) s.val = std::make_shared<corpus::Packed>(std::static_pointer_cast<const corpus::Samples>(s.val), c.model.seq_len);
+  } else {
+    s.train = std::move(train);
+  }
   return s;
 }
 

@@ -69,7 +69,7 @@ class WindowRows final : public corpus::Rows {
   WindowRows(TokenData data, int seq_len, const char* what = "the data");
   int64_t size() const override { return windows_; }
   int width() const override { return T_; }
-  int64_t fill(int64_t i, int32_t* tokens, int32_t* targets) const override;
+  int64_t fill(int64_t i, int32_t* tokens, int32_t* targets, int32_t* positions = nullptr) const override;
   int64_t counted(int64_t) const override { return T_; }
   size_t tokens() const override { return data_.size(); }
   size_t host_bytes() const override { return data_.heap_bytes(); }
@@ -92,7 +92,7 @@ class Loader {
 
   // Fills tokens and targets ([micro_batch, seq_len] each; a target of -1 does not count) for this
   // rank's micro-step `micro` of optimizer step `step`; returns the targets that count.
-  int64_t batch(int64_t step, int micro, int32_t* tokens, int32_t* targets);
+  int64_t batch(int64_t step, int micro, int32_t* tokens, int32_t* targets, int32_t* positions = nullptr);
   // The targets that count in optimizer step `step`'s whole global batch (every micro-step of
   // every rank): what its loss is the mean over. Every rank computes the same, reading no tokens.
   int64_t counted(int64_t step);
@@ -117,6 +117,7 @@ struct DataSplits {
   std::shared_ptr<const corpus::Rows> train, val;
   bool has_val = false;
   const corpus::SampleStats* sample_stats = nullptr;  // JSON Lines only: the training samples'
+  double packing_fill = 0;                            // data.packing: the training rows' share of positions filled
 };
 
 // The run's data and this data-parallel rank's training loader.

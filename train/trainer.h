@@ -102,6 +102,7 @@ struct RunFacts {
   // JSON Lines data: the training samples' tokens and counted targets, and what reading them
   // skipped or cut.
   std::optional<corpus::SampleStats> samples;
+  double packing_fill = 0;  // data.packing: the share of the training rows' positions samples fill
 };
 
 // A validation's mean next-token cross-entropy over rows [0, windows) of the validation data (a

@@ -61,6 +61,7 @@ TrainingRun::TrainingRun(const TrainConfig& config, Communicator& world, Device&
       planned_(plan_stage(config, stage_, dp_.rank(), tp_rank_)),
       tokens_(n_ * gas_),
       targets_(n_ * gas_),
+      positions_(run_data_.splits.train->packed() ? n_ * gas_ : 0),
       losses_(gas_),
       engine_(device, dp_, config.engine),
       gpt_(configured_engine(), config.model, part_, tp_ > 1 ? groups_->tp.get() : nullptr, experts_.get()),
@@ -88,10 +89,11 @@ Engine& TrainingRun::configured_engine() {
 PipeModel TrainingRun::make_stage_model() {
   PipeModel m;
   m.forward = [this](int micro, int c) {
-    gpt_.forward_chunk(micro, c, tokens_.data() + micro * n_, targets_.data() + micro * n_, mb_, T_, &losses_[micro]);
+    gpt_.forward_chunk(micro, c, tokens_.data() + micro * n_, targets_.data() + micro * n_, mb_, T_, &losses_[micro],
+                       positions(micro));
   };
   m.backward = [this](int micro, int c) { gpt_.backward_chunk(micro, c); };
-  m.evaluate = [this](int c) { gpt_.evaluate_chunk(c, tokens_.data(), targets_.data(), eval_rows_, T_, &losses_[0]); };
+  m.evaluate = [this](int c) { gpt_.evaluate_chunk(c, tokens_.data(), targets_.data(), eval_rows_, T_, &losses_[0], positions(0)); };
   m.port = [this](PipePort port, int micro, int c) {
     const Gpt::Port ports[] = {Gpt::Port::input, Gpt::Port::output, Gpt::Port::input_grad, Gpt::Port::output_grad};
     return gpt_.port(ports[static_cast<int>(port)], micro, c);
@@ -147,7 +149,8 @@ void TrainingRun::start() {
                        data.train->size(),
                        data.has_val ? data.val->size() : 0,
                        planned_.need,
-                       samples};
+                       samples,
+                       data.packing_fill};
   report([&] { observer_->on_start(config_, engine_.plan(), facts); });
   if (resumed()) report([&] { observer_->on_resume(summary_.resume_io, summary_.start_step); });
   shared_ = device_.allocate(2 * sizeof(float), MemTag::buffers);
@@ -197,7 +200,7 @@ void TrainingRun::evaluate_rows(int rows) {
     runner_->run_evaluation(stage_model_);
     engine_.end_evaluation();
   } else {
-    gpt_.evaluate(tokens_.data(), targets_.data(), rows, T_, &losses_[0]);
+    gpt_.evaluate(tokens_.data(), targets_.data(), rows, T_, &losses_[0], nullptr, positions(0));
   }
   // The loss is written by queued work; the next batch reuses the token buffers.
   engine_.compute_stream().synchronize();
@@ -212,7 +215,7 @@ EvalResult TrainingRun::evaluate_windows(int64_t most) {
   const corpus::Rows& val = *run_data_.splits.val;
   EvalResult out;
   out.of = val.size();
-  if (config_.data.format == DataFormat::jsonl) out.rows = "samples";
+  if (config_.data.format == DataFormat::jsonl) out.rows = val.packed() ? "packed rows" : "samples";
   out.windows = most > 0 ? std::min(most, out.of) : out.of;
   for (int64_t i = 0; i < out.windows; ++i) out.tokens += val.counted(i);
   if (out.windows == 0 || out.tokens == 0)
@@ -231,7 +234,7 @@ EvalResult TrainingRun::evaluate_windows(int64_t most) {
     const int rows = std::max(count, 1);
     for (int b = 0; b < rows; ++b) {
       const size_t at = static_cast<size_t>(b) * T_;
-      val.fill(count > 0 ? first + b : 0, tokens_.data() + at, targets_.data() + at);
+      val.fill(count > 0 ? first + b : 0, tokens_.data() + at, targets_.data() + at, positions(0) ? positions(0) + at : nullptr);
     }
     evaluate_rows(rows);
     if (count > 0) sum += static_cast<double>(losses_[0]);
@@ -273,7 +276,7 @@ void TrainingRun::run_passes(int64_t k, double pass_seconds[2]) {
   if (runner_) {
     // A pipeline stage: the runner walks the schedule; the stamps give the step's bubble.
     set_loss_divisor(k);
-    for (int m = 0; m < gas_; ++m) run_data_.train.batch(k, m, tokens_.data() + m * n_, targets_.data() + m * n_);
+    for (int m = 0; m < gas_; ++m) run_data_.train.batch(k, m, tokens_.data() + m * n_, targets_.data() + m * n_, positions(m));
     gpt_.prepare(mb_, T_);
     runner_->set_tracing(true);
     runner_->run_cycle(stage_model_);
@@ -288,8 +291,8 @@ void TrainingRun::run_passes(int64_t k, double pass_seconds[2]) {
     const int m = p.micro;
     const auto start = Clock::now();
     if (p.pass == Pass::forward) {
-      run_data_.train.batch(k, m, tokens_.data() + m * n_, targets_.data() + m * n_);
-      gpt_.forward(m, tokens_.data() + m * n_, targets_.data() + m * n_, mb_, T_, &losses_[m]);
+      run_data_.train.batch(k, m, tokens_.data() + m * n_, targets_.data() + m * n_, positions(m));
+      gpt_.forward(m, tokens_.data() + m * n_, targets_.data() + m * n_, mb_, T_, &losses_[m], positions(m));
     } else {
       gpt_.backward(m);
     }

@@ -136,6 +136,9 @@ class TrainingRun {
   StagePlan planned_;
   TrainSummary summary_;
   std::vector<int32_t> tokens_, targets_;
+  std::vector<int32_t> positions_;  // packed data only (data.packing)
+  // Micro-batch m's positions, or null when each row is one sequence.
+  int32_t* positions(int m) { return positions_.empty() ? nullptr : positions_.data() + m * n_; }
   std::vector<float> losses_;
   Engine engine_;
   Gpt gpt_;

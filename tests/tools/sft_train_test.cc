@@ -52,13 +52,13 @@ std::string write_data() {
   return dir;
 }
 
-json sft(const std::string& name, const std::string& data, int micro, int gas, int world) {
+json sft(const std::string& name, const std::string& data, int micro, int gas, int world, bool packing = false) {
   json j = json::parse(R"({
     "gradient_clipping": 0.0, "steps_per_print": 1,
     "optimizer": {"type": "AdamW", "params": {"lr": 2e-3, "weight_decay": 0.0}},
     "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0.002, "warmup_max_lr": 0.002}},
     "zero_optimization": {"stage": 2},
-    "model": {"n_layer": 2, "n_head": 2, "n_embd": 32, "seq_len": 160, "vocab_size": 256},
+    "model": {"n_layer": 2, "n_head": 2, "n_embd": 32, "seq_len": 256, "vocab_size": 256},
     "run": {"steps": 5, "eval_interval": 0, "eval_batches": "all", "trace": false}})");
   j["train_micro_batch_size_per_gpu"] = micro;
   j["gradient_accumulation_steps"] = gas;
@@ -67,7 +67,8 @@ json sft(const std::string& name, const std::string& data, int micro, int gas, i
   j["data"] = {{"format", "jsonl"},
                {"train", data + "/train.jsonl"},
                {"chat_template", data + "/chatml.jinja"},
-               {"val_fraction", 0.1}};
+               {"val_fraction", 0.1},
+               {"packing", packing}};
   std::filesystem::remove_all(temp(name));
   return j;
 }
@@ -84,7 +85,7 @@ TEST(Sft, TheGlobalBatchsCountedTargetsNormaliseTheLossHoweverTheBatchIsSplit) {
   const auto whole = run({ZEROTH_BIN, "train", write_config("sft_whole", sft("sft_whole", data, 4, 1, 1))}, "sft_whole");
   ASSERT_EQ(whole.code, 0) << whole.output;
   EXPECT_NE(whole.output.find("36 samples train"), std::string::npos) << whole.output;
-  EXPECT_NE(whole.output.find("loss on the shape's own), 4 validation"), std::string::npos) << whole.output;
+  EXPECT_NE(whole.output.find("loss on the shape's own), validation 4 samples"), std::string::npos) << whole.output;
   const auto a = losses(whole);
   ASSERT_EQ(a.size(), 5u);
   EXPECT_LT(a.back(), a.front());
@@ -103,17 +104,42 @@ TEST(Sft, TheGlobalBatchsCountedTargetsNormaliseTheLossHoweverTheBatchIsSplit) {
     testing::expect_same_weights(testing::weights_of(s.name), testing::weights_of("sft_whole"), 2e-5);
   }
   // `zeroth eval` on the JSON Lines split: the masked loss of the run's last validation, over the
-  // validation samples' counted targets, on 1 rank and on 3 (one of which measures nothing).
-  for (const char* world : {"1", "3"}) {
+  // validation samples' counted targets, on 1 rank and on 3 (one of which measures nothing), and
+  // with the samples packed into rows (each attending within itself from position 0).
+  for (const auto& [world, packing] : {std::pair{"1", "false"}, std::pair{"3", "false"}, std::pair{"1", "true"}}) {
     const auto e = run({ZEROTH_BIN, "eval", temp("sft_whole") + ".json", "--json", "--resume", temp("sft_whole") + "/checkpoints",
-                        "--set", std::string("run.world_size=") + world, "--set", "run.checkpoint_interval=-1"},
-                       std::string("sft_eval_") + world);
+                        "--set", std::string("run.world_size=") + world, "--set", "run.checkpoint_interval=-1", "--set",
+                        std::string("data.packing=") + packing},
+                       std::string("sft_eval_") + world + packing);
     ASSERT_EQ(e.code, 0) << e.output;
     const json out = json::parse(e.output.substr(e.output.rfind("{\"loss\"")));
-    EXPECT_EQ(out["windows"], 4);
+    if (packing == std::string("true")) {
+      EXPECT_LT(out["windows"].get<int>(), 4) << "four samples in fewer rows";
+    } else {
+      EXPECT_EQ(out["windows"], 4);
+    }
     EXPECT_GT(out["tokens"].get<int>(), 4) << "the counted targets of the validation samples";
-    EXPECT_NEAR(out["loss"].get<double>(), val_loss(whole), 2e-6 * val_loss(whole)) << world << " ranks";
+    EXPECT_NEAR(out["loss"].get<double>(), val_loss(whole), 2e-6 * val_loss(whole)) << world << " ranks, packing " << packing;
   }
+}
+
+// The same with the samples packed into rows: the global batch's rows split over micro-batches and
+// ranks give the same losses and weights.
+TEST(Sft, PackedRowsTrainTheSameHoweverTheBatchIsSplit) {
+  const std::string data = write_data();
+  const auto whole = run({ZEROTH_BIN, "train", write_config("sft_pack", sft("sft_pack", data, 2, 1, 1, true))}, "sft_pack");
+  ASSERT_EQ(whole.code, 0) << whole.output;
+  EXPECT_NE(whole.output.find("packed into"), std::string::npos) << whole.output;
+  const auto a = losses(whole);
+  ASSERT_EQ(a.size(), 5u);
+  EXPECT_LT(a.back(), a.front());
+  const auto r = run({ZEROTH_BIN, "train", write_config("sft_pack_ranks", sft("sft_pack_ranks", data, 1, 1, 2, true))},
+                     "sft_pack_ranks");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto b = losses(r);
+  ASSERT_EQ(b.size(), a.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 4e-6 * a[i]) << "step " << i + 1;
+  testing::expect_same_weights(testing::weights_of("sft_pack_ranks"), testing::weights_of("sft_pack"), 2e-5);
 }
 
 }  // namespace

@@ -176,6 +176,8 @@ INSTANTIATE_TEST_SUITE_P(
                   "folder of them)"},
         ErrorCase{"LossOnIsJsonls", R"({"data": {"format": "text", "train": "x", "loss_on": "all"}})",
                   "data.loss_on belongs to data.format \"jsonl\" (records of conversations, prompts and completions, texts)"},
+        ErrorCase{"PackingIsJsonls", R"({"data": {"format": "bin", "train": "x", "packing": true}})",
+                  "data.packing belongs to data.format \"jsonl\" (records of conversations, prompts and completions, texts)"},
         ErrorCase{"LossOnChoices", R"({"data": {"format": "jsonl", "train": "x", "loss_on": "assistants"}})",
                   "data.loss_on = \"assistants\" is not one of: assistant, completion, all (did you mean 'assistant'?)"},
         ErrorCase{"FieldsAreStrings", R"({"data": {"format": "jsonl", "train": "x", "fields": {"messages": 3}}})",

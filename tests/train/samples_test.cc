@@ -6,6 +6,7 @@
 // by name with data.truncate false.
 #include <gtest/gtest.h>
 
+#include <memory>  // std::make_shared
 #include <string>  // std::string
 #include <vector>  // std::vector
 
@@ -14,6 +15,7 @@
 #include "core/error.h"
 #include "tests/train/folder_fixture.h"
 #include "tests/train/text_fixture.h"
+#include "train/corpus/packing.h"
 #include "train/corpus/samples.h"
 #include "train/text/chat_template.h"
 #include "train/text/tokenizer.h"
@@ -159,6 +161,48 @@ TEST(Samples, TheTailIsTakenOutForValidation) {
   EXPECT_EQ(tail.size(), 1);
   EXPECT_EQ(text_of(tail, 0), "three<eos>");
   EXPECT_EQ(s.stats().counted + tail.stats().counted, all);
+}
+
+// Best-fit decreasing worked by hand for samples of 9, 8, 6, 5, 4, 3 and 2 bytes (n - 1 bytes of
+// prompt, one of completion) in rows of 11: 9, 8 and 6 open rows (room 2, 3 and 5), 5 fills the
+// third, 4 fits neither room left and opens a fourth (room 7), 3 fills the second, 2 the first.
+TEST(Samples, PackedRowsAreBestFitDecreasingWithPositionsFromEachSample) {
+  Made m("packed", 11);
+  m.options.eos = "";
+  std::string lines;
+  for (const int n : {5, 9, 3, 8, 2, 6, 4})
+    lines += R"({"prompt": ")" + std::string(static_cast<size_t>(n - 1), 'p') +
+             R"(", "completion": "c"})"
+             "\n";
+  auto samples = std::make_shared<Samples>(m.read(lines));
+  ASSERT_EQ(samples->size(), 7);
+  const Packed packed(samples, 11);
+  ASSERT_EQ(packed.size(), 4);
+  auto lengths = [&](int64_t row) {
+    std::vector<size_t> out;
+    for (const uint32_t i : packed.samples_of(row)) out.push_back(samples->ids(i).size());
+    return out;
+  };
+  EXPECT_EQ(lengths(0), (std::vector<size_t>{9, 2}));
+  EXPECT_EQ(lengths(1), (std::vector<size_t>{8, 3}));
+  EXPECT_EQ(lengths(2), (std::vector<size_t>{6, 5}));
+  EXPECT_EQ(lengths(3), (std::vector<size_t>{4}));
+  EXPECT_DOUBLE_EQ(packed.fill_ratio(), 37.0 / 44.0);
+  // Row 2: "pppppc" then "ppppc"; each sample's last token targets nothing of the next, and only the
+  // completions count. Row 3: "pppc", then padding that attends to itself and counts nothing.
+  std::vector<int32_t> tokens(11), targets(11), positions(11);
+  EXPECT_EQ(packed.fill(2, tokens.data(), targets.data(), positions.data()), 2);
+  EXPECT_EQ(tokens, (std::vector<int32_t>{'p', 'p', 'p', 'p', 'p', 'c', 'p', 'p', 'p', 'p', 'c'}));
+  const int32_t x = kNotCounted;
+  EXPECT_EQ(targets, (std::vector<int32_t>{x, x, x, x, 'c', x, x, x, x, 'c', x}));
+  EXPECT_EQ(positions, (std::vector<int32_t>{0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4}));
+  EXPECT_EQ(packed.fill(3, tokens.data(), targets.data(), positions.data()), 1);
+  EXPECT_EQ(tokens, (std::vector<int32_t>{'p', 'p', 'p', 'c', 'c', 'c', 'c', 'c', 'c', 'c', 'c'}));
+  EXPECT_EQ(targets, (std::vector<int32_t>{x, x, 'c', x, x, x, x, x, x, x, x}));
+  EXPECT_EQ(positions, (std::vector<int32_t>{0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6}));
+  int64_t counted = 0;
+  for (int64_t r = 0; r < packed.size(); ++r) counted += packed.counted(r);
+  EXPECT_EQ(counted, 7);
 }
 
 }  // namespace

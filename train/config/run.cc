@@ -33,7 +33,7 @@ corpus::Fields read_fields(const ConfigSection& s) {
 
 void read_data(TrainConfig& t, const json& j) {
   static constexpr std::string_view kKeys[] = {"format",    "train",  "val",     "val_fraction",  "vocab_size", "tokens",
-                                               "tokenizer", "fields", "loss_on", "chat_template", "truncate"};
+                                               "tokenizer", "fields", "loss_on", "chat_template", "truncate",   "packing"};
   static constexpr std::string_view kFormats[] = {"bin", "text", "synthetic", "jsonl"};
   static constexpr std::string_view kLossOn[] = {"assistant", "completion", "all"};
   const json section = j.value("data", json::object());
@@ -75,8 +75,9 @@ void read_data(TrainConfig& t, const json& j) {
                                     : corpus::LossOn::automatic;
     d.chat_template = s.string("chat_template", "");
     d.truncate = s.flag("truncate", true);
+    d.packing = s.flag("packing", false);
   } else {
-    for (const char* key : {"fields", "loss_on", "chat_template", "truncate"}) {
+    for (const char* key : {"fields", "loss_on", "chat_template", "truncate", "packing"}) {
       if (s.has(key))
         ZEROTH_THROW(ConfigError, "{} belongs to data.format \"jsonl\" (records of conversations, prompts and completions, texts)",
                      s.at(key));

@@ -202,6 +202,7 @@ TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) 
     if (d.loss_on != corpus::LossOn::automatic) c["data"]["loss_on"] = corpus::loss_on_name(d.loss_on);
     if (!d.chat_template.empty()) c["data"]["chat_template"] = d.chat_template;
     c["data"]["truncate"] = d.truncate;
+    c["data"]["packing"] = d.packing;
   }
   if (t.data.format == DataFormat::synthetic) {
     c["data"]["vocab_size"] = t.data.vocab_size;

@@ -44,6 +44,7 @@ struct DataConfig {
   corpus::LossOn loss_on = corpus::LossOn::automatic;
   std::string chat_template;
   bool truncate = true;
+  bool packing = false;  // whole samples packed into rows of model.seq_len (train/corpus/packing.h)
   int vocab_size = 256;  // synthetic only
   // 0 until resolved: by default 1 Mi tokens, or enough for 8 batches of training windows beside
   // the held-out tail when a batch is larger.

@@ -18,8 +18,12 @@ class Rows {
   virtual int64_t size() const = 0;
   // Inputs and targets per row: model.seq_len.
   virtual int width() const = 0;
-  // Row i's width() inputs and targets; returns the targets that count.
-  virtual int64_t fill(int64_t i, int32_t* tokens, int32_t* targets) const = 0;
+  // Row i's width() inputs and targets; returns the targets that count. `positions` (null: not
+  // wanted) gets each input's position in its sample, which restarts at 0 where a packed row's
+  // next sample begins (Gpt::forward's positions).
+  virtual int64_t fill(int64_t i, int32_t* tokens, int32_t* targets, int32_t* positions = nullptr) const = 0;
+  // Whether a row may hold several samples, so the model needs the positions.
+  virtual bool packed() const { return false; }
   // The targets of row i that count, without filling it.
   virtual int64_t counted(int64_t i) const = 0;
   // Tokens the rows are made of, for the start box; the host memory they hold.

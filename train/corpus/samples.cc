@@ -153,6 +153,7 @@ void Samples::add(const std::vector<int32_t>& ids, const std::vector<uint8_t>& t
   for (const uint8_t t : trained) counted += t;
   counted_.push_back(counted);
   sources_.emplace_back(file, static_cast<uint32_t>(line));
+  ++stats_.samples;
   stats_.tokens += ids.size();
   stats_.counted += counted;
 }
@@ -174,12 +175,23 @@ Samples Samples::take_tail(size_t n) {
     tail.add({ids.begin(), ids.end()}, {trained.begin(), trained.end()}, sources_[i].first, sources_[i].second);
   }
   const size_t cut = begin_[keep];
-  stats_.tokens -= tail.stats_.tokens, stats_.counted -= tail.stats_.counted;
+  stats_.samples -= n, stats_.tokens -= tail.stats_.tokens, stats_.counted -= tail.stats_.counted;
   ids_.resize(cut), trained_.resize(cut), begin_.resize(keep + 1), counted_.resize(keep), sources_.resize(keep);
   return tail;
 }
 
-int64_t Samples::fill(int64_t i, int32_t* tokens, int32_t* targets) const {
+int64_t Samples::place(size_t i, int32_t* tokens, int32_t* targets) const {
+  const auto ids = this->ids(i);
+  const auto trained = this->trained(i);
+  const size_t n = ids.size();
+  for (size_t t = 0; t < n; ++t) {
+    tokens[t] = ids[t];
+    targets[t] = t + 1 < n && trained[t + 1] ? ids[t + 1] : kNotCounted;
+  }
+  return counted_[i];
+}
+
+int64_t Samples::fill(int64_t i, int32_t* tokens, int32_t* targets, int32_t* positions) const {
   const auto ids = this->ids(static_cast<size_t>(i));
   const auto trained = this->trained(static_cast<size_t>(i));
   const size_t n = ids.size() - 1;  // inputs with a target
@@ -188,6 +200,7 @@ int64_t Samples::fill(int64_t i, int32_t* tokens, int32_t* targets) const {
     // out of the sample's own positions.
     tokens[t] = t < n ? ids[t] : ids[n];
     targets[t] = t < n && trained[t + 1] ? ids[t + 1] : kNotCounted;
+    if (positions != nullptr) positions[t] = static_cast<int32_t>(t);
   }
   return counted(i);
 }

@@ -40,10 +40,10 @@ struct SampleOptions {
 };
 
 struct SampleStats {
-  Skipped skipped;                 // conversations the reader skipped
-  size_t truncated = 0;            // samples cut to max_tokens
-  size_t nothing_trained = 0;      // samples skipped because no target of them counts (after the cut)
-  size_t tokens = 0, counted = 0;  // over the samples kept: their tokens, and the targets that count
+  Skipped skipped;                              // conversations the reader skipped
+  size_t truncated = 0;                         // samples cut to max_tokens
+  size_t nothing_trained = 0;                   // samples skipped because no target of them counts (after the cut)
+  size_t samples = 0, tokens = 0, counted = 0;  // the samples kept, their tokens, and the targets that count
 };
 
 // The samples as rows of max_tokens - 1 inputs: sample i alone in row i, its targets its next
@@ -69,7 +69,10 @@ class Samples final : public Rows {
 
   int64_t size() const override { return static_cast<int64_t>(begin_.size()) - 1; }
   int width() const override { return width_; }
-  int64_t fill(int64_t i, int32_t* tokens, int32_t* targets) const override;
+  int64_t fill(int64_t i, int32_t* tokens, int32_t* targets, int32_t* positions = nullptr) const override;
+  // Sample i's n tokens at tokens[0, n), the targets of the first n - 1 (those that count) at
+  // targets[0, n - 1) and -1 at targets[n - 1]: what it takes in a packed row.
+  int64_t place(size_t i, int32_t* tokens, int32_t* targets) const;
   int64_t counted(int64_t i) const override { return counted_[static_cast<size_t>(i)]; }
   size_t tokens() const override { return ids_.size(); }
   size_t host_bytes() const override;

@@ -67,7 +67,9 @@ std::string memory_line(const MemoryNeed& need) {
 // measures the same ones.
 std::string validation_scope(const TrainConfig& c, int64_t of) {
   const int64_t asked = c.run.eval_batches * c.micro_batch_size * c.data_parallel();
-  const std::string rows = c.data.format == DataFormat::jsonl ? "samples" : fmt::format("windows of {} tokens", c.model.seq_len);
+  const std::string rows = c.data.format != DataFormat::jsonl ? fmt::format("windows of {} tokens", c.model.seq_len)
+                           : c.data.packing                   ? "packed rows"
+                                                              : "samples";
   if (c.run.eval_batches == 0 || asked >= of) return fmt::format("all {} {} (as zeroth eval measures them)", of, rows);
   return fmt::format("the first {} of {} {} (run.eval_batches {} x {} sequences x {} data-parallel ranks; zeroth eval measures all, "
                      "zeroth eval --windows {} these)",
@@ -77,16 +79,18 @@ std::string validation_scope(const TrainConfig& c, int64_t of) {
 // JSON Lines data: the samples, what the loss counts, and what reading skipped or cut.
 std::string samples_line(const TrainConfig& c, const RunFacts& f) {
   const corpus::SampleStats& s = *f.samples;
-  std::string out = fmt::format("{}: {} samples train ({} tokens, {} counted: loss on {}), {} validation", c.data.train, f.train_rows,
+  std::string out = fmt::format("{}: {} samples train ({} tokens, {} counted: loss on {}), validation {} {}", c.data.train, s.samples,
                                 si(static_cast<double>(s.tokens)), si(static_cast<double>(s.counted)),
                                 c.data.loss_on == corpus::LossOn::automatic ? "the shape's own" : corpus::loss_on_name(c.data.loss_on),
-                                f.val_rows);
+                                f.val_rows, c.data.packing ? "packed rows" : "samples");
   std::vector<std::string> dropped;
   if (s.skipped.empty_conversations > 0) dropped.push_back(fmt::format("{} empty conversations", s.skipped.empty_conversations));
   if (s.skipped.without_assistant > 0) dropped.push_back(fmt::format("{} without an assistant turn", s.skipped.without_assistant));
   if (s.nothing_trained > 0) dropped.push_back(fmt::format("{} with nothing counted within the window", s.nothing_trained));
   if (!dropped.empty()) out += fmt::format("; skipped {}", fmt::join(dropped, ", "));
-  if (s.truncated > 0) out += fmt::format("; {} cut to model.seq_len + 1 tokens", s.truncated);
+  if (s.truncated > 0) out += fmt::format("; {} cut to model.seq_len{} tokens", s.truncated, c.data.packing ? "" : " + 1");
+  if (c.data.packing)
+    out += fmt::format("; packed into {} rows of {} tokens, {:.1f}% filled", f.train_rows, c.model.seq_len, 100 * f.packing_fill);
   return out;
 }
 
