@@ -384,6 +384,7 @@ DataSplits load_samples(const TrainConfig& c) {
     s.has_val = true;
   }
   s.sample_stats = &train->stats();
+  s.train_samples = train;
   if (d.packing) {
     auto packed = std::make_shared<corpus::Packed>(train, c.model.seq_len);
     s.packing_fill = packed->fill_ratio();

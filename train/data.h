@@ -97,6 +97,9 @@ class Loader {
   // every rank): what its loss is the mean over. Every rank computes the same, reading no tokens.
   int64_t counted(int64_t step);
   int64_t windows_per_epoch() const { return windows_; }
+  // The row the run takes as its sample `sample` (step k takes samples [k G, (k + 1) G)).
+  int64_t row_of(int64_t sample) { return window(sample); }
+  const corpus::Rows& rows() const { return *rows_; }
   // Samples (sequences) the whole run consumes per optimizer step.
   int64_t global_batch() const { return static_cast<int64_t>(micro_) * gas_ * dp_; }
 
@@ -116,8 +119,9 @@ class Loader {
 struct DataSplits {
   std::shared_ptr<const corpus::Rows> train, val;
   bool has_val = false;
-  const corpus::SampleStats* sample_stats = nullptr;  // JSON Lines only: the training samples'
-  double packing_fill = 0;                            // data.packing: the training rows' share of positions filled
+  std::shared_ptr<const corpus::Samples> train_samples;  // JSON Lines only
+  const corpus::SampleStats* sample_stats = nullptr;     // JSON Lines only: the training samples'
+  double packing_fill = 0;                               // data.packing: the training rows' share of positions filled
 };
 
 // The run's data and this data-parallel rank's training loader.

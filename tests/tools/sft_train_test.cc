@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,13 @@ const char* kChatMl = R"({%- for message in messages %}
 {%- endfor %}
 {%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %})";
 
+// Conversation i's answers: 1 to 60 bytes, and every third a second turn.
+std::vector<std::string> answers(int i) {
+  std::vector<std::string> out = {std::string(static_cast<size_t>(1 + (i * 37) % 60), static_cast<char>('a' + i % 26))};
+  if (i % 3 == 0) out.push_back(fmt::format("{}", i * i));
+  return out;
+}
+
 // 40 conversations whose answers run from 1 to 60 bytes, some of two turns; and the template.
 std::string write_data() {
   const std::string dir = temp("sft_data");
@@ -39,13 +47,12 @@ std::string write_data() {
   std::ofstream(dir + "/chatml.jinja") << kChatMl;
   std::ofstream out(dir + "/train.jsonl");
   for (int i = 0; i < 40; ++i) {
-    const int len = 1 + (i * 37) % 60;
+    const auto a = answers(i);
     json turns = json::array(
-        {{{"role", "user"}, {"content", fmt::format("what is {} times {}?", i, i % 7)}},
-         {{"role", "assistant"}, {"content", std::string(static_cast<size_t>(len), static_cast<char>('a' + i % 26))}}});
-    if (i % 3 == 0) {
+        {{{"role", "user"}, {"content", fmt::format("what is {} times {}?", i, i % 7)}}, {{"role", "assistant"}, {"content", a[0]}}});
+    if (a.size() > 1) {
       turns.push_back({{"role", "user"}, {"content", "and again?"}});
-      turns.push_back({{"role", "assistant"}, {"content", fmt::format("{}", i * i)}});
+      turns.push_back({{"role", "assistant"}, {"content", a[1]}});
     }
     out << json{{"messages", turns}}.dump() << "\n";
   }
@@ -140,6 +147,41 @@ TEST(Sft, PackedRowsTrainTheSameHoweverTheBatchIsSplit) {
   ASSERT_EQ(b.size(), a.size());
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 4e-6 * a[i]) << "step " << i + 1;
   testing::expect_same_weights(testing::weights_of("sft_pack_ranks"), testing::weights_of("sft_pack"), 2e-5);
+}
+
+// `zeroth data-preview --json`: each sample's text is its bytes (text as bytes), and the bytes its
+// mask marks are the sample's answers, each with its end-of-turn mark; the plain form marks them
+// in brackets and names the rows packing made.
+TEST(Sft, DataPreviewMarksWhatTheLossCounts) {
+  const std::string data = write_data();
+  const std::string config = write_config("sft_preview", sft("sft_preview", data, 4, 1, 1));
+  const auto r = run({ZEROTH_BIN, "data-preview", config, "--n", "6", "--json"}, "sft_preview");
+  ASSERT_EQ(r.code, 0) << r.output;
+  int seen = 0;
+  std::istringstream lines(r.output);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.empty() || line[0] != '{') continue;
+    const json j = json::parse(line);
+    const auto ids = j["ids"].get<std::vector<int>>();
+    const auto mask = j["mask"].get<std::vector<int>>();
+    ASSERT_EQ(ids.size(), mask.size());
+    std::string text, counted;
+    for (size_t k = 0; k < ids.size(); ++k) {
+      text += static_cast<char>(ids[k]);
+      if (mask[k]) counted += static_cast<char>(ids[k]);
+    }
+    EXPECT_EQ(j["text"].get<std::string>(), text);
+    const int i = std::stoi(text.substr(text.find("what is ") + 8));
+    std::string want;
+    for (const auto& a : answers(i)) want += a + "<|im_end|>\n";
+    EXPECT_EQ(counted, want) << "conversation " << i;
+    ++seen;
+  }
+  EXPECT_EQ(seen, 6);
+  const auto packed = run({ZEROTH_BIN, "data-preview", config, "--n", "2", "--set", "data.packing=true"}, "sft_preview_packed");
+  ASSERT_EQ(packed.code, 0) << packed.output;
+  EXPECT_NE(packed.output.find("packed row "), std::string::npos) << packed.output;
+  EXPECT_NE(packed.output.find("<|im_start|>assistant\n[["), std::string::npos) << packed.output;
 }
 
 }  // namespace

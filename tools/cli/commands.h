@@ -15,6 +15,7 @@ void add_eval_command(CLI::App& app);
 void add_report_run_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
+void add_data_preview_command(CLI::App& app);
 // Registered last: it lists the commands registered before it.
 void add_help_command(CLI::App& app);
 

@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   zeroth::tools::add_report_run_command(app);
   zeroth::tools::add_tokenize_command(app);
   zeroth::tools::add_generate_command(app);
+  zeroth::tools::add_data_preview_command(app);
   zeroth::tools::add_report_command(app);
   zeroth::tools::add_launch_command(app);
   zeroth::tools::add_ckpt_command(app);
