@@ -335,20 +335,24 @@ int64_t Loader::counted(int64_t step) {
   return n;
 }
 
+std::unique_ptr<ChatTemplate> chat_template_of(const DataConfig& d) {
+  if (!d.tokenizer.empty()) {
+    namespace fs = std::filesystem;
+    const fs::path folder = fs::is_directory(d.tokenizer) ? fs::path(d.tokenizer) : fs::path(d.tokenizer).parent_path();
+    if (fs::exists(folder / "tokenizer_config.json"))
+      return std::make_unique<ChatTemplate>(ChatTemplate::from_folder(folder.string(), d.chat_template));
+  }
+  if (!d.chat_template.empty()) return std::make_unique<ChatTemplate>(ChatTemplate::from_file(d.chat_template));
+  return nullptr;
+}
+
 namespace {
 
 // The samples of a JSON Lines split (data.train or data.val).
 corpus::Samples read_samples(const TrainConfig& c, const std::string& path, const char* key) {
   const auto& d = c.data;
   std::unique_ptr<Tokenizer> tokenizer = d.tokenizer.empty() ? Tokenizer::bytes() : Tokenizer::open(d.tokenizer);
-  std::unique_ptr<ChatTemplate> chat;
-  if (!d.tokenizer.empty()) {
-    namespace fs = std::filesystem;
-    const fs::path folder = fs::is_directory(d.tokenizer) ? fs::path(d.tokenizer) : fs::path(d.tokenizer).parent_path();
-    if (fs::exists(folder / "tokenizer_config.json"))
-      chat = std::make_unique<ChatTemplate>(ChatTemplate::from_folder(folder.string(), d.chat_template));
-  }
-  if (!chat && !d.chat_template.empty()) chat = std::make_unique<ChatTemplate>(ChatTemplate::from_file(d.chat_template));
+  const std::unique_ptr<ChatTemplate> chat = chat_template_of(d);
   corpus::SampleOptions o;
   o.loss_on = d.loss_on;
   // A row alone holds seq_len inputs and the target of the last; packed, a sample takes as many

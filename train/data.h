@@ -19,6 +19,7 @@
 #include "train/config/train_config.h"  // TrainConfig
 #include "train/corpus/rows.h"          // Rows
 #include "train/corpus/samples.h"       // SampleStats
+#include "train/text/chat_template.h"   // ChatTemplate
 #include "train/text/tokenizer.h"       // Tokenizer
 
 namespace zeroth {
@@ -130,6 +131,10 @@ struct RunData {
   Loader train;
 };
 RunData open_run_data(const TrainConfig& config, int dp, int rank);
+
+// The chat template of data.tokenizer's folder (its tokenizer_config.json), or the file
+// data.chat_template names, which overrides it; null when there is neither.
+std::unique_ptr<ChatTemplate> chat_template_of(const DataConfig& data);
 
 // A text file, or a folder's text files concatenated in name order (e.g. /usr/share/games/fortunes:
 // symbolic links and binary files, those holding a NUL byte, are skipped). IoError /

@@ -6,12 +6,15 @@
 #include <numeric>    // std::iota
 #include <random>     // std::mt19937_64
 
+#include <nlohmann/json.hpp>  // nlohmann::ordered_json
+
 #include "comm/local/local_comm.h"         // run_local_ranks
 #include "core/error.h"                    // ZEROTH_THROW
 #include "core/log.h"                      // ZLOG_WARN
 #include "engine/checkpoint/checkpoint.h"  // ckpt::load
 #include "engine/engine.h"                 // Engine
 #include "models/decoder/gpt.h"            // Gpt
+#include "train/data.h"                    // chat_template_of
 #include "train/text/tokenizer.h"          // Tokenizer
 #include "train/trainer.h"                 // plan_stage, load_initial_weights
 
@@ -75,16 +78,31 @@ GenerateResult generate(const TrainConfig& given, const GenerateOptions& o, cons
   config.engine.zero.offload_param = OffloadConfig::defaults(true);
   config.engine.gradient_accumulation_steps = 1;
   config.micro_batch_size = 1, config.train_batch_size = 1;
-  if (config.data.tokenizer.empty() && config.data.format != DataFormat::text) {
-    ZEROTH_THROW(ConfigError, "zeroth generate turns text into token ids with data.tokenizer, or as bytes for data.format \"text\"; "
-                              "this config has neither");
+  if (config.data.tokenizer.empty() && config.data.format != DataFormat::text && config.data.format != DataFormat::jsonl) {
+    ZEROTH_THROW(ConfigError, "zeroth generate turns text into token ids with data.tokenizer, or as bytes for data.format \"text\" "
+                              "and \"jsonl\"; this config has neither");
   }
   const auto tok = config.data.tokenizer.empty() ? Tokenizer::bytes() : Tokenizer::open(config.data.tokenizer);
   if (o.max_new_tokens < 1) ZEROTH_THROW(InvalidArgument, "--max-new-tokens must be at least 1, got {}", o.max_new_tokens);
   if (o.top_k < 0 || !(o.top_p > 0 && o.top_p <= 1) || !(o.temperature >= 0))
     ZEROTH_THROW(InvalidArgument, "sampling needs temperature >= 0, top-k >= 0 and top-p in (0, 1]");
   GenerateResult r;
-  r.prompt_ids = tok->encode(o.prompt.empty() ? std::string_view("\n") : std::string_view(o.prompt));
+  std::string stop;  // chat: where the reply ends
+  if (o.chat) {
+    const auto chat = chat_template_of(config.data);
+    if (chat == nullptr) {
+      ZEROTH_THROW(ConfigError, "--chat needs a chat template: data.tokenizer's folder with one in its tokenizer_config.json, or a "
+                                "template file in data.chat_template");
+    }
+    nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+    if (!o.system.empty()) messages.push_back({{"role", "system"}, {"content", o.system}});
+    messages.push_back({{"role", "user"}, {"content", o.prompt}});
+    r.rendered = chat->render(messages, true).text;
+    stop = chat->end_of_turn();
+  } else {
+    r.rendered = o.prompt.empty() ? "\n" : o.prompt;
+  }
+  r.prompt_ids = tok->encode(r.rendered);
   const int P = static_cast<int>(r.prompt_ids.size()), T = config.model.seq_len;
   if (P >= T) ZEROTH_THROW(InvalidArgument, "the prompt is {} tokens; the model knows {} positions (model.seq_len): shorten it", P, T);
   r.max_new_tokens = std::min(o.max_new_tokens, T - P);
@@ -109,24 +127,37 @@ GenerateResult generate(const TrainConfig& given, const GenerateOptions& o, cons
     // by what precedes it (SentencePiece drops a line's leading space, joins byte pieces).
     std::vector<int32_t> all = r.prompt_ids;
     const size_t prompt_chars = tok->decode(all).size();
+    // A chat reply ends where the end of turn begins, which the text leaves out.
     auto new_text = [&] {
       const std::string t = tok->decode(all);
-      return t.size() > prompt_chars ? t.substr(prompt_chars) : std::string();
+      std::string mine = t.size() > prompt_chars ? t.substr(prompt_chars) : std::string();
+      if (const size_t end = stop.empty() ? std::string::npos : mine.find(stop); end != std::string::npos) {
+        mine.resize(end);
+        r.ended = true;
+      }
+      return mine;
     };
     size_t shown = 0;
-    for (int i = 0; i < r.max_new_tokens; ++i) {
+    for (int i = 0; i < r.max_new_tokens && !r.ended; ++i) {
       const int32_t next = sample_token(logits, vocab, o, uniform(rng));
       r.ids.push_back(next);
       all.push_back(next);
+      r.text = new_text();
       if (on_text) {
         // Held back while the end is not a whole character: bytes of one, or the replacement
-        // character a tokenizer shows for a byte sequence not finished yet.
-        r.text = new_text();
+        // character a tokenizer shows for a byte sequence not finished yet; and while it may be the
+        // start of the end of turn.
         size_t whole = r.text.size() - incomplete_tail(r.text);
         if (whole >= 3 && r.text.compare(whole - 3, 3, "\xEF\xBF\xBD") == 0) whole -= 3;
+        for (size_t k = std::min(stop.size(), whole); k > 0 && !r.ended; --k) {
+          if (r.text.compare(whole - k, k, stop, 0, k) == 0) {
+            whole -= k;
+            break;
+          }
+        }
         if (whole > shown) on_text(std::string_view(r.text).substr(shown, whole - shown)), shown = whole;
       }
-      if (i + 1 < r.max_new_tokens) gpt.decode(&next, 1, logits.data());
+      if (i + 1 < r.max_new_tokens && !r.ended) gpt.decode(&next, 1, logits.data());
     }
     gpt.end_decoding();
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

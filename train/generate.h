@@ -14,6 +14,11 @@ namespace zeroth {
 
 struct GenerateOptions {
   std::string prompt;  // "": start from a newline, the token between the fortunes' lines
+  // The prompt as a user's message through the chat template (chat_template_of), with the
+  // generation prompt, `system` first when given; generation stops at the template's end of turn
+  // (ChatTemplate::end_of_turn), which the text leaves out.
+  bool chat = false;
+  std::string system;
   int max_new_tokens = 128;
   // 0: greedy (the most likely token; the lowest id among equals). Otherwise the logits divided by
   // it, cut to the top_k most likely (0: all) and then to the smallest set holding top_p of the
@@ -25,6 +30,8 @@ struct GenerateOptions {
 };
 
 struct GenerateResult {
+  std::string rendered;                  // the text the prompt's tokens are (with --chat: the template's)
+  bool ended = false;                    // chat: the reply reached its end of turn
   std::vector<int32_t> prompt_ids, ids;  // the prompt's tokens, the new ones
   std::string text;                      // the new tokens' text
   int max_new_tokens = 0;                // what model.seq_len left of the request

@@ -184,5 +184,39 @@ TEST(Sft, DataPreviewMarksWhatTheLossCounts) {
   EXPECT_NE(packed.output.find("<|im_start|>assistant\n[["), std::string::npos) << packed.output;
 }
 
+// `zeroth generate --chat` after 150 steps on "say W" -> "W" conversations, packed: the prompt goes
+// through the template with the generation prompt, and the greedy reply is the word alone, ended
+// where the template's end of turn (<|im_end|>) begins.
+TEST(Sft, GenerateChatRepliesAndStopsAtTheEndOfTurn) {
+  const std::string data = write_data();  // the template
+  {
+    std::ofstream out(data + "/say.jsonl");
+    for (int i = 0; i < 32; ++i) {
+      const std::string w = std::vector<std::string>{"hi", "yes", "no", "ok"}[i % 4];
+      out << json{{"messages", json::array({{{"role", "user"}, {"content", "say " + w}}, {{"role", "assistant"}, {"content", w}}})}}
+                 .dump()
+          << "\n";
+    }
+  }
+  json j = sft("sft_say", data, 4, 1, 1, true);
+  j["data"]["train"] = data + "/say.jsonl";
+  j["data"]["val_fraction"] = 0;
+  j["model"]["seq_len"] = 96;
+  j["optimizer"]["params"]["lr"] = 1e-2;
+  j["scheduler"] = json::parse(R"({"type": "WarmupLR", "params": {"warmup_min_lr": 0.01, "warmup_max_lr": 0.01}})");
+  j["run"]["steps"] = 150;
+  j["run"]["checkpoint_interval"] = -1;
+  const auto trained = run({ZEROTH_BIN, "train", write_config("sft_say", j)}, "sft_say");
+  ASSERT_EQ(trained.code, 0) << trained.output;
+  for (const std::string w : {"hi", "yes", "no", "ok"}) {
+    const auto g = run({ZEROTH_BIN, "generate", temp("sft_say"), "--chat", "--prompt", "say " + w, "--temperature", "0",
+                        "--max-new-tokens", "30"},
+                       "sft_say_" + w);
+    ASSERT_EQ(g.code, 0) << g.output;
+    EXPECT_EQ(g.output.substr(0, w.size() + 1), w + "\n") << g.output;
+    EXPECT_NE(g.output.find("ended at the end of turn"), std::string::npos) << g.output;
+  }
+}
+
 }  // namespace
 }  // namespace zeroth

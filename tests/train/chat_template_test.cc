@@ -10,8 +10,9 @@
 
 #include <cstdio>   // std::remove
 #include <fstream>  // std::ofstream
-#include <string>   // std::string
-#include <vector>   // std::vector
+#include <map>
+#include <string>  // std::string
+#include <vector>  // std::vector
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -458,6 +459,21 @@ TEST(ChatTemplate, AssistantSpansAreWhatEachAssistantTurnAdds) {
     EXPECT_NE(std::string(e.what()).find("qwen3: rendering the conversation up to assistant turn 1 (message 2) is not a prefix"),
               std::string::npos)
         << e.what();
+  }
+}
+
+// Where each family's reply ends, as its template writes it after an assistant's turn (Mistral's
+// and Gemma's published end tokens: </s> is the eos_token Mistral's template appends, and Gemma's
+// turn ends with <end_of_turn>).
+TEST(ChatTemplate, TheEndOfTurnIsWhatTheTemplateWritesAfterAReply) {
+  const json special = {{"bos_token", "<s>"}, {"eos_token", "</s>"}};
+  const std::map<std::string, std::string> want = {{"llama3", "<|eot_id|>"},   {"qwen2.5", "<|im_end|>"},
+                                                   {"qwen3", "<|im_end|>"},    {"mistral", "</s>"},
+                                                   {"gemma", "<end_of_turn>"}, {"phi3", "<|end|>"},
+                                                   {"smollm2", "<|im_end|>"},  {"chatml-generation", "<|im_end|>"}};
+  for (const auto& t : templates()) {
+    if (!want.count(t.name)) continue;
+    EXPECT_EQ(ChatTemplate(t.source, t.name, special).end_of_turn(), want.at(t.name)) << t.name;
   }
 }
 

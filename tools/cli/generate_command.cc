@@ -27,8 +27,9 @@ void run_generate(GenerateCliOptions& g) {
   TrainConfig c = load_run_config(g.run, /*trained_weights=*/true);
   // The engine's plan of one rank holding the weights is not news here.
   if (std::getenv(std::string(env::kLogLevel).c_str()) == nullptr) log::set_level(log::Level::warn);
-  // The prompt is echoed once it is taken (a prompt too long for the model is an error alone).
-  bool echoed = false;
+  // The prompt is echoed once it is taken (a prompt too long for the model is an error alone); a
+  // chat's reply stands alone.
+  bool echoed = g.o.chat;
   auto echo = [&] {
     if (!echoed) std::printf("%s", g.o.prompt.c_str());
     echoed = true;
@@ -49,9 +50,10 @@ void run_generate(GenerateCliOptions& g) {
     std::printf("\n");
     std::fflush(stdout);
   }
-  std::fprintf(stderr, "%zu new tokens after the prompt's %zu, in %.2f s with the prompt's pass (%.1f new tokens/s)%s\n", r.ids.size(),
-               r.prompt_ids.size(), r.seconds, r.seconds > 0 ? static_cast<double>(r.ids.size()) / r.seconds : 0.0,
-               r.max_new_tokens < g.o.max_new_tokens ? " (cut at model.seq_len)" : "");
+  std::fprintf(stderr, "%zu new tokens after the prompt's %zu, in %.2f s with the prompt's pass (%.1f new tokens/s)%s%s\n",
+               r.ids.size(), r.prompt_ids.size(), r.seconds, r.seconds > 0 ? static_cast<double>(r.ids.size()) / r.seconds : 0.0,
+               r.max_new_tokens < g.o.max_new_tokens ? " (cut at model.seq_len)" : "",
+               g.o.chat ? (r.ended ? ", ended at the end of turn" : ", no end of turn within --max-new-tokens") : "");
 }
 
 }  // namespace generate_cmd
@@ -73,6 +75,10 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--top-p", g->o.top_p, "Then among the fewest holding this much probability (default 1)");
   cmd->add_option("--seed", g->o.seed, "The sampler's seed (default 1234)");
   cmd->add_flag("--ids", g->ids, "Also print the prompt's and the generated token ids");
+  cmd->add_flag("--chat", g->o.chat,
+                "The prompt as a user's message through the chat template (data.tokenizer's folder, or data.chat_template) with "
+                "the generation prompt; the reply alone is printed, up to the template's end of turn");
+  cmd->add_option("--system", g->o.system, "With --chat: a system message before the user's");
   cmd->callback([g] { run_generate(*g); });
 }
 

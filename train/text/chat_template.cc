@@ -120,6 +120,22 @@ ChatTemplate::Trained ChatTemplate::render_assistant_spans(const nlohmann::order
   return out;
 }
 
+std::string ChatTemplate::end_of_turn() const {
+  static const std::string kProbe = "\x01zeroth\x01";
+  const nlohmann::ordered_json turns = nlohmann::ordered_json::array(
+      {{{"role", "user"}, {"content", "question"}}, {{"role", "assistant"}, {"content", kProbe}}});
+  const std::string text = render(turns, false).text;
+  const size_t at = text.rfind(kProbe);
+  if (at != std::string::npos) {
+    const size_t begin = text.find_first_not_of(" \t\r\n", at + kProbe.size());
+    if (begin != std::string::npos) {
+      const size_t end = text.find_first_of(" \t\r\n", begin);
+      return text.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+    }
+  }
+  return special_token("eos_token");
+}
+
 std::string ChatTemplate::special_token(const std::string& name) const {
   return special_tokens_.contains(name) ? special_tokens_[name].get<std::string>() : "";
 }

@@ -41,6 +41,9 @@ class ChatTemplate {
   };
   Trained render_assistant_spans(const nlohmann::ordered_json& messages) const;
   const std::string& where() const { return template_.where(); }
+  // What the template writes after an assistant's turn, up to the first whitespace (ChatML's
+  // <|im_end|>, Llama 3's <|eot_id|>), or else the eos_token: where a chat reply ends.
+  std::string end_of_turn() const;
   // The special token of that name ("eos_token"), or empty.
   std::string special_token(const std::string& name) const;
 
