@@ -58,7 +58,26 @@ int32_t sample_token(const std::vector<float>& logits, int vocab, const Generate
   return order[cut - 1];
 }
 
-GenerateResult generate(const TrainConfig& given, const GenerateOptions& o, const std::function<void(std::string_view)>& on_text) {
+namespace {
+
+// The text the prompt's tokens are: the prompt, or with o.chat the template's rendering of it as a
+// user's message with the generation prompt, and where the reply ends (`stop`).
+std::string prompt_text(const DataConfig& data, const GenerateOptions& o, std::string* stop) {
+  if (!o.chat) return o.prompt.empty() ? "\n" : o.prompt;
+  const auto chat = chat_template_of(data);
+  if (chat == nullptr) {
+    ZEROTH_THROW(ConfigError, "--chat needs a chat template: data.tokenizer's folder with one in its tokenizer_config.json, or a "
+                              "template file in data.chat_template");
+  }
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  if (!o.system.empty()) messages.push_back({{"role", "system"}, {"content", o.system}});
+  messages.push_back({{"role", "user"}, {"content", o.prompt}});
+  *stop = chat->end_of_turn();
+  return chat->render(messages, true).text;
+}
+
+// The config of one rank holding the whole model at stage 0, nothing offloaded, no optimizer state.
+TrainConfig decoding_config(const TrainConfig& given) {
   TrainConfig config = given;
   // One rank holds the whole model: the layout of the run that trained it does not matter.
   config.run.world_size = 1;
@@ -78,6 +97,13 @@ GenerateResult generate(const TrainConfig& given, const GenerateOptions& o, cons
   config.engine.zero.offload_param = OffloadConfig::defaults(true);
   config.engine.gradient_accumulation_steps = 1;
   config.micro_batch_size = 1, config.train_batch_size = 1;
+  return config;
+}
+
+}  // namespace
+
+GenerateResult generate(const TrainConfig& given, const GenerateOptions& o, const std::function<void(std::string_view)>& on_text) {
+  const TrainConfig config = decoding_config(given);
   if (config.data.tokenizer.empty() && config.data.format != DataFormat::text && config.data.format != DataFormat::jsonl) {
     ZEROTH_THROW(ConfigError, "zeroth generate turns text into token ids with data.tokenizer, or as bytes for data.format \"text\" "
                               "and \"jsonl\"; this config has neither");
@@ -88,20 +114,7 @@ GenerateResult generate(const TrainConfig& given, const GenerateOptions& o, cons
     ZEROTH_THROW(InvalidArgument, "sampling needs temperature >= 0, top-k >= 0 and top-p in (0, 1]");
   GenerateResult r;
   std::string stop;  // chat: where the reply ends
-  if (o.chat) {
-    const auto chat = chat_template_of(config.data);
-    if (chat == nullptr) {
-      ZEROTH_THROW(ConfigError, "--chat needs a chat template: data.tokenizer's folder with one in its tokenizer_config.json, or a "
-                                "template file in data.chat_template");
-    }
-    nlohmann::ordered_json messages = nlohmann::ordered_json::array();
-    if (!o.system.empty()) messages.push_back({{"role", "system"}, {"content", o.system}});
-    messages.push_back({{"role", "user"}, {"content", o.prompt}});
-    r.rendered = chat->render(messages, true).text;
-    stop = chat->end_of_turn();
-  } else {
-    r.rendered = o.prompt.empty() ? "\n" : o.prompt;
-  }
+  r.rendered = prompt_text(config.data, o, &stop);
   r.prompt_ids = tok->encode(r.rendered);
   const int P = static_cast<int>(r.prompt_ids.size()), T = config.model.seq_len;
   if (P >= T) ZEROTH_THROW(InvalidArgument, "the prompt is {} tokens; the model knows {} positions (model.seq_len): shorten it", P, T);
