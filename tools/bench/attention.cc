@@ -27,6 +27,7 @@ namespace bench_attention {
 
 struct Options {
   int batch = 4, heads = 12, kv_heads = 0, head_size = 64, threads = 0, reps = 5;
+  int samples = 1;  // > 1: each sequence a packed row of this many samples (data.packing)
   std::vector<int> seq = {256, 512, 1024, 2048};
   bool json = false;
   std::string dtype = "fp32";
@@ -35,6 +36,7 @@ struct Options {
 struct Row {
   int T = 0;
   double fwd_flops = 0, fwd_s = 0, bwd_s = 0, fwd_gflops = 0, bwd_gflops = 0, gemm_fwd_gflops = 0, gemm_bwd_gflops = 0;
+  double packed_fwd_s = 0, packed_bwd_s = 0;  // --samples: the row's samples each attending within itself
 };
 
 // The square product whose 2 n^3 FLOPs are closest to `flops`, n a multiple of 64 in [64, 8192]:
@@ -97,6 +99,27 @@ void run(const Options& o) {
     r.fwd_s = median_seconds(o.reps, [&] { gpt::cpu::attention_forward(out, lse, qkv, B, T, NH, KVH, hs, products); });
     r.bwd_s = median_seconds(o.reps, [&] { gpt::cpu::attention_backward(dqkv, dout, out, qkv, lse, B, T, NH, KVH, hs, products); });
     r.fwd_gflops = fwd_flops / r.fwd_s / 1e9, r.bwd_gflops = bwd_flops / r.bwd_s / 1e9;
+    if (o.samples > 1) {
+      // A packed row: samples of T / samples rows, each its own causal attention from its first row
+      // (what Gpt::forward runs for positions that restart), against the whole row's above.
+      ZEROTH_CHECK(T % o.samples == 0, "--samples {} must divide --seq {}", o.samples, T);
+      const int n = T / o.samples;
+      auto each = [&](auto&& f) {
+        for (int b = 0; b < B; ++b)
+          for (int k = 0; k < o.samples; ++k) f(static_cast<size_t>(b) * T + static_cast<size_t>(k) * n);
+      };
+      r.packed_fwd_s = median_seconds(o.reps, [&] {
+        each([&](size_t row) {
+          gpt::cpu::attention_forward(out + row * Cq, lse + row * NH, qkv + row * W, 1, n, NH, KVH, hs, products);
+        });
+      });
+      r.packed_bwd_s = median_seconds(o.reps, [&] {
+        each([&](size_t row) {
+          gpt::cpu::attention_backward(dqkv + row * W, dout + row * Cq, out + row * Cq, qkv + row * W, lse + row * NH, 1, n, NH, KVH,
+                                       hs, products);
+        });
+      });
+    }
     r.gemm_fwd_gflops = best_gemm_gflops(square_of(fwd_flops), o.reps, bf16);
     r.gemm_bwd_gflops = best_gemm_gflops(square_of(bwd_flops), o.reps, bf16);
     rows.push_back(r);
@@ -118,7 +141,9 @@ void run(const Options& o) {
                            {"gemm_forward_gflops", r.gemm_fwd_gflops},
                            {"gemm_backward_gflops", r.gemm_bwd_gflops},
                            {"forward_of_gemm", r.fwd_gflops / r.gemm_fwd_gflops},
-                           {"backward_of_gemm", r.bwd_gflops / r.gemm_bwd_gflops}});
+                           {"backward_of_gemm", r.bwd_gflops / r.gemm_bwd_gflops},
+                           {"packed_forward_ms", r.packed_fwd_s * 1e3},
+                           {"packed_backward_ms", r.packed_bwd_s * 1e3}});
     }
     std::printf("%s\n", j.dump(2).c_str());
     return;
@@ -135,6 +160,17 @@ void run(const Options& o) {
       "(FLOPs are the model's: the causal half of the scores and weighted sums, twice that backward; GEMM's: the library's %s on "
       "the square product of the same FLOPs, same threads)\n",
       bf16 ? "bf16 GEMM" : "sgemm");
+  if (o.samples <= 1) return;
+  std::printf("\npacked rows of %d samples each, every sample attending within itself (data.packing), against the whole row:\n",
+              o.samples);
+  std::printf("%6s %15s %16s %11s %16s %17s %11s\n", "seq", "row forward ms", "packed forward", "faster by", "row backward ms",
+              "packed backward", "faster by");
+  for (const Row& r : rows) {
+    std::printf("%6d %15.2f %16.2f %10.2fx %16.2f %17.2f %10.2fx\n", r.T, r.fwd_s * 1e3, r.packed_fwd_s * 1e3,
+                r.fwd_s / r.packed_fwd_s, r.bwd_s * 1e3, r.packed_bwd_s * 1e3, r.bwd_s / r.packed_bwd_s);
+  }
+  std::printf("(the causal pairs of a row of %d samples are about 1 / %d of the whole row's: the ceiling of the speed-up)\n",
+              o.samples, o.samples);
 }
 
 }  // namespace bench_attention
@@ -149,6 +185,8 @@ void add_bench_attention_command(CLI::App& bench) {
   cmd->add_option("--head-size", options->head_size, "Channels per head (default 64)");
   cmd->add_option("--seq", options->seq, "Sequence lengths (default 256 512 1024 2048)")->delimiter(',');
   cmd->add_option("--threads", options->threads, "Threads (default: all)");
+  cmd->add_option("--samples", options->samples,
+                  "Also time each sequence as a packed row of this many equal samples, each attending within itself (default 1: no)");
   cmd->add_option("--reps", options->reps, "Timed repetitions; the median is reported (default 5)");
   cmd->add_option("--dtype", options->dtype, "fp32, or bf16: a bf16 run's attention, against the library's bf16 GEMM (default fp32)");
   cmd->add_flag("--json", options->json, "Print JSON");
