@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -215,6 +216,50 @@ TEST(Sft, GenerateChatRepliesAndStopsAtTheEndOfTurn) {
     ASSERT_EQ(g.code, 0) << g.output;
     EXPECT_EQ(g.output.substr(0, w.size() + 1), w + "\n") << g.output;
     EXPECT_NE(g.output.find("ended at the end of turn"), std::string::npos) << g.output;
+  }
+}
+
+// Every file under `dir` and its bytes.
+std::map<std::string, std::string> files_under(const std::string& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) out[e.path().string()] = testing::bytes_of(e.path().string());
+  return out;
+}
+
+// Bad data stops a run resumed from its folder with an error naming the place, before anything of
+// the folder changes: a JSON line cut short, a template construct outside the subset, and a
+// conversation longer than the window with data.truncate false.
+TEST(Sft, BadDataIsAnErrorNamingThePlaceAndLeavesTheRunAsItWas) {
+  const std::string data = write_data();
+  const auto first = run({ZEROTH_BIN, "train", write_config("sft_bad", sft("sft_bad", data, 4, 1, 1))}, "sft_bad");
+  ASSERT_EQ(first.code, 0) << first.output;
+  const auto before = files_under(temp("sft_bad"));
+  {
+    std::ofstream(data + "/cut.jsonl") << testing::bytes_of(data + "/train.jsonl") << R"({"messages": [{"role": "user", "con)";
+    std::ofstream(data + "/bad.jinja") << "{% for m in messages %}{{ m.content }}{% endfor %}\n{% include 'other.jinja' %}";
+    std::ofstream(data + "/long.jsonl") << testing::bytes_of(data + "/train.jsonl")
+                                        << json{{"messages", json::array({{{"role", "user"}, {"content", std::string(300, 'q')}},
+                                                                          {{"role", "assistant"}, {"content", "a"}}})}}
+                                               .dump()
+                                        << "\n";
+  }
+  struct Bad {
+    std::vector<std::string> sets;
+    std::string says;
+  };
+  const std::vector<Bad> cases = {
+      {{"data.train=" + data + "/cut.jsonl"}, "cut.jsonl, line 41"},
+      {{"data.chat_template=" + data + "/bad.jinja"}, "bad.jinja, line 2"},
+      {{"data.train=" + data + "/long.jsonl", "data.truncate=false"}, "long.jsonl, line 41: the sample is"},
+  };
+  for (const Bad& b : cases) {
+    std::vector<std::string> args = {ZEROTH_BIN, "train", temp("sft_bad") + ".json", "--resume", "--set", "run.steps=8"};
+    for (const auto& s : b.sets) args.insert(args.end(), {"--set", s});
+    const auto r = run(args, "sft_bad_run");
+    EXPECT_NE(r.code, 0) << r.output;
+    EXPECT_NE(r.output.find(b.says), std::string::npos) << r.output;
+    EXPECT_EQ(files_under(temp("sft_bad")), before) << "the run's folder changed after: " << r.output;
   }
 }
 
