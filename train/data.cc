@@ -335,13 +335,22 @@ int64_t Loader::counted(int64_t step) {
   return n;
 }
 
+namespace {
+
+std::string tokenizer_folder(const DataConfig& d) {
+  namespace fs = std::filesystem;
+  if (d.tokenizer.empty()) return "";
+  return (fs::is_directory(d.tokenizer) ? fs::path(d.tokenizer) : fs::path(d.tokenizer).parent_path()).string();
+}
+
+}  // namespace
+
 std::unique_ptr<ChatTemplate> chat_template_of(const DataConfig& d) {
-  if (!d.tokenizer.empty()) {
-    namespace fs = std::filesystem;
-    const fs::path folder = fs::is_directory(d.tokenizer) ? fs::path(d.tokenizer) : fs::path(d.tokenizer).parent_path();
-    if (fs::exists(folder / "tokenizer_config.json"))
-      return std::make_unique<ChatTemplate>(ChatTemplate::from_folder(folder.string(), d.chat_template));
-  }
+  const std::string folder = tokenizer_folder(d);
+  const bool configured = !folder.empty() && std::filesystem::exists(std::filesystem::path(folder) / "tokenizer_config.json");
+  // A folder without a template (a base model's) still gives its special tokens to a named one.
+  if (configured && (!d.chat_template.empty() || ChatTemplate::folder_has_template(folder)))
+    return std::make_unique<ChatTemplate>(ChatTemplate::from_folder(folder, d.chat_template));
   if (!d.chat_template.empty()) return std::make_unique<ChatTemplate>(ChatTemplate::from_file(d.chat_template));
   return nullptr;
 }
@@ -360,7 +369,9 @@ corpus::Samples read_samples(const TrainConfig& c, const std::string& path, cons
   o.max_tokens = static_cast<size_t>(c.model.seq_len) + (d.packing ? 0 : 1);
   o.truncate = d.truncate;
   o.chat_template = chat.get();
-  o.eos = chat ? chat->special_token("eos_token") : "";
+  // The end-of-sequence text after a completion or a text: the tokenizer folder's, template or not.
+  const auto special = ChatTemplate::special_tokens_of(tokenizer_folder(d));
+  o.eos = special.contains("eos_token") ? special["eos_token"].get<std::string>() : "";
   try {
     return corpus::Samples::read(corpus::jsonl_files(path), d.fields, *tokenizer, o);
   } catch (const InvalidArgument& e) {

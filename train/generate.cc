@@ -60,9 +60,16 @@ int32_t sample_token(const std::vector<float>& logits, int vocab, const Generate
 
 namespace {
 
+// Where a chat reply ends: its text, and its id when it is one token (a SentencePiece model's </s>
+// is a control piece, which its decoding leaves out of the text).
+struct Stop {
+  std::string text;
+  int32_t id = -1;
+};
+
 // The text the prompt's tokens are: the prompt, or with o.chat the template's rendering of it as a
-// user's message with the generation prompt, and where the reply ends (`stop`).
-std::string prompt_text(const DataConfig& data, const GenerateOptions& o, std::string* stop) {
+// user's message with the generation prompt, and where the reply ends.
+std::string prompt_text(const DataConfig& data, const Tokenizer& tok, const GenerateOptions& o, Stop* stop) {
   if (!o.chat) return o.prompt.empty() ? "\n" : o.prompt;
   const auto chat = chat_template_of(data);
   if (chat == nullptr) {
@@ -72,7 +79,9 @@ std::string prompt_text(const DataConfig& data, const GenerateOptions& o, std::s
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   if (!o.system.empty()) messages.push_back({{"role", "system"}, {"content", o.system}});
   messages.push_back({{"role", "user"}, {"content", o.prompt}});
-  *stop = chat->end_of_turn();
+  stop->text = chat->end_of_turn();
+  const std::vector<int32_t> ids = stop->text.empty() ? std::vector<int32_t>{} : tok.encode(stop->text);
+  if (ids.size() == 1) stop->id = ids[0];
   return chat->render(messages, true).text;
 }
 
@@ -113,8 +122,8 @@ GenerateResult generate(const TrainConfig& given, const GenerateOptions& o, cons
   if (o.top_k < 0 || !(o.top_p > 0 && o.top_p <= 1) || !(o.temperature >= 0))
     ZEROTH_THROW(InvalidArgument, "sampling needs temperature >= 0, top-k >= 0 and top-p in (0, 1]");
   GenerateResult r;
-  std::string stop;  // chat: where the reply ends
-  r.rendered = prompt_text(config.data, o, &stop);
+  Stop stop;
+  r.rendered = prompt_text(config.data, *tok, o, &stop);
   r.prompt_ids = tok->encode(r.rendered);
   const int P = static_cast<int>(r.prompt_ids.size()), T = config.model.seq_len;
   if (P >= T) ZEROTH_THROW(InvalidArgument, "the prompt is {} tokens; the model knows {} positions (model.seq_len): shorten it", P, T);
@@ -144,7 +153,7 @@ GenerateResult generate(const TrainConfig& given, const GenerateOptions& o, cons
     auto new_text = [&] {
       const std::string t = tok->decode(all);
       std::string mine = t.size() > prompt_chars ? t.substr(prompt_chars) : std::string();
-      if (const size_t end = stop.empty() ? std::string::npos : mine.find(stop); end != std::string::npos) {
+      if (const size_t end = stop.text.empty() ? std::string::npos : mine.find(stop.text); end != std::string::npos) {
         mine.resize(end);
         r.ended = true;
       }
@@ -156,14 +165,15 @@ GenerateResult generate(const TrainConfig& given, const GenerateOptions& o, cons
       r.ids.push_back(next);
       all.push_back(next);
       r.text = new_text();
+      if (next == stop.id) r.ended = true;
       if (on_text) {
         // Held back while the end is not a whole character: bytes of one, or the replacement
         // character a tokenizer shows for a byte sequence not finished yet; and while it may be the
         // start of the end of turn.
         size_t whole = r.text.size() - incomplete_tail(r.text);
         if (whole >= 3 && r.text.compare(whole - 3, 3, "\xEF\xBF\xBD") == 0) whole -= 3;
-        for (size_t k = std::min(stop.size(), whole); k > 0 && !r.ended; --k) {
-          if (r.text.compare(whole - k, k, stop, 0, k) == 0) {
+        for (size_t k = std::min(stop.text.size(), whole); k > 0 && !r.ended; --k) {
+          if (r.text.compare(whole - k, k, stop.text, 0, k) == 0) {
             whole -= k;
             break;
           }

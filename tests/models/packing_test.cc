@@ -2,9 +2,10 @@
 // (tests/reference/packed_reference.py, written from the architectures, not from zeroth): two rows
 // holding five samples, their positions restarting at each, their prompts' and last tokens' targets
 // not counted. GPT-2 (learned positions) and a Llama (rotary positions, grouped-query attention,
-// untied head; and with activation checkpointing, whose recomputation keeps the samples): the loss
-// and every gradient at f32 bounds; and shown to fail when one boundary is ignored (the same batch
-// with two samples run as one).
+// untied head), the Llama also with activation checkpointing (whose recomputation keeps the
+// samples), and both on the GPU where there is one (whose attention keeps each row's
+// probabilities): the loss and every gradient at f32 bounds; and shown to fail when one boundary is
+// ignored (the same batch with two samples run as one).
 #include <gtest/gtest.h>
 
 #include <unistd.h>  // getpid
@@ -35,9 +36,13 @@ using testing::rel_error;
 constexpr int B = 2, T = 24;
 const std::vector<std::vector<int>> kSamples = {{7, 11, 6}, {15, 9}};  // each row's samples' lengths
 
-// "llama+checkpointing": the layers recomputed before their backward, within the same samples.
+// "llama+checkpointing": the layers recomputed before their backward, within the same samples;
+// "gpt2@cuda": on the GPU (skipped without one), whose attention keeps probabilities per row.
+std::string arch_of(const std::string& name) { return name.substr(0, name.find_first_of("+@")); }
+std::string device_of(const std::string& name) { return name.ends_with("@cuda") ? "cuda" : "cpu"; }
+
 GptConfig config_of(const std::string& name) {
-  const std::string arch = name.substr(0, name.find('+'));
+  const std::string arch = arch_of(name);
   GptConfig c;
   c.activation_checkpointing = name.ends_with("+checkpointing");
   c.vocab_size = 61, c.seq_len = T, c.n_layer = 2;
@@ -77,15 +82,19 @@ Batch make_batch(std::mt19937& rng, int vocab) {
   return b;
 }
 
-class Packing : public ::testing::TestWithParam<std::string> {};
+class Packing : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override { ZEROTH_SKIP_WITHOUT(device_of(GetParam())); }
+};
 
 TEST_P(Packing, LossAndGradientsAreTorchsWithABlockDiagonalCausalMask) {
   const GptConfig cfg = config_of(GetParam());
-  auto device = make_device("cpu");
+  auto device = make_device(device_of(GetParam()));
   testing::DirectHost host(*device, DType::f32);
   Gpt gpt(host, cfg);
   std::mt19937 rng(7);
-  const std::string dir = fmt::format("{}/zeroth-packing-{}-{}", ::testing::TempDir(), GetParam(), ::getpid());
+  const std::string dir = fmt::format("{}/zeroth-packing-{}-{}", ::testing::TempDir(), arch_of(GetParam()) + device_of(GetParam()),
+                                      ::getpid());
   std::filesystem::create_directories(dir);
   // Random weights (norms' around 1), written under Hugging Face's names for the reference.
   SafeTensors weights;
@@ -123,7 +132,7 @@ TEST_P(Packing, LossAndGradientsAreTorchsWithABlockDiagonalCausalMask) {
     return j;
   };
   const nlohmann::json job = {{"config",
-                               {{"architecture", GetParam().substr(0, GetParam().find('+'))},
+                               {{"architecture", arch_of(GetParam())},
                                 {"n_head", cfg.n_head},
                                 {"n_kv_head", cfg.kv_heads()},
                                 {"head_dim", cfg.head_size()},
@@ -182,8 +191,12 @@ TEST_P(Packing, LossAndGradientsAreTorchsWithABlockDiagonalCausalMask) {
   std::filesystem::remove_all(dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(Architectures, Packing, ::testing::Values("gpt2", "llama", "llama+checkpointing"), [](const auto& info) {
-  return info.param == "llama+checkpointing" ? std::string("llama_checkpointing") : info.param;
+INSTANTIATE_TEST_SUITE_P(Architectures, Packing, ::testing::Values("gpt2", "llama", "llama+checkpointing", "gpt2@cuda", "llama@cuda"),
+                         [](const auto& info) {
+  std::string name = info.param;
+  for (char& c : name)
+    if (c == '+' || c == '@') c = '_';
+  return name;
 });
 
 TEST(Packing, PositionsThatDoNotRestartOrCountUpAreRefused) {

@@ -97,6 +97,10 @@ TEST(Sft, TheGlobalBatchsCountedTargetsNormaliseTheLossHoweverTheBatchIsSplit) {
   const auto a = losses(whole);
   ASSERT_EQ(a.size(), 5u);
   EXPECT_LT(a.back(), a.front());
+  // A fresh model's mean over the counted targets is near ln 256 = 5.5; a mean over every position,
+  // padding and prompts included, would be a fifth of that.
+  EXPECT_GT(a.front(), 4.5);
+  ASSERT_GT(val_loss(whole), 0);
   struct Split {
     const char* name;
     int micro, gas, world;
@@ -114,10 +118,15 @@ TEST(Sft, TheGlobalBatchsCountedTargetsNormaliseTheLossHoweverTheBatchIsSplit) {
   // `zeroth eval` on the JSON Lines split: the masked loss of the run's last validation, over the
   // validation samples' counted targets, on 1 rank and on 3 (one of which measures nothing), and
   // with the samples packed into rows (each attending within itself from position 0).
+  // The validation samples are the last four conversations: their answers and marks count.
+  int counted = 0;
+  for (int i = 36; i < 40; ++i)
+    for (const auto& answer : answers(i)) counted += static_cast<int>(answer.size() + std::string("<|im_end|>\n").size());
   for (const auto& [world, packing] : {std::pair{"1", "false"}, std::pair{"3", "false"}, std::pair{"1", "true"}}) {
+    // One sample a rank and round on 3 ranks: two rounds, the second's third rank measuring nothing.
     const auto e = run({ZEROTH_BIN, "eval", temp("sft_whole") + ".json", "--json", "--resume", temp("sft_whole") + "/checkpoints",
                         "--set", std::string("run.world_size=") + world, "--set", "run.checkpoint_interval=-1", "--set",
-                        std::string("data.packing=") + packing},
+                        "train_micro_batch_size_per_gpu=1", "--set", std::string("data.packing=") + packing},
                        std::string("sft_eval_") + world + packing);
     ASSERT_EQ(e.code, 0) << e.output;
     const json out = json::parse(e.output.substr(e.output.rfind("{\"loss\"")));
@@ -126,7 +135,7 @@ TEST(Sft, TheGlobalBatchsCountedTargetsNormaliseTheLossHoweverTheBatchIsSplit) {
     } else {
       EXPECT_EQ(out["windows"], 4);
     }
-    EXPECT_GT(out["tokens"].get<int>(), 4) << "the counted targets of the validation samples";
+    EXPECT_EQ(out["tokens"].get<int>(), counted) << "the counted targets of the validation samples";
     EXPECT_NEAR(out["loss"].get<double>(), val_loss(whole), 2e-6 * val_loss(whole)) << world << " ranks, packing " << packing;
   }
 }
@@ -215,6 +224,8 @@ TEST(Sft, GenerateChatRepliesAndStopsAtTheEndOfTurn) {
                        "sft_say_" + w);
     ASSERT_EQ(g.code, 0) << g.output;
     EXPECT_EQ(g.output.substr(0, w.size() + 1), w + "\n") << g.output;
+    // The reply's bytes and the end of turn's ten, nothing after.
+    EXPECT_NE(g.output.find(fmt::format("{} new tokens after", w.size() + 10)), std::string::npos) << g.output;
     EXPECT_NE(g.output.find("ended at the end of turn"), std::string::npos) << g.output;
   }
 }

@@ -83,10 +83,13 @@ TEST(ChatTemplate, TheEndOfTurnIsWhatTheTemplateWritesAfterAReply) {
                                                    {"qwen3", "<|im_end|>"},    {"mistral", "</s>"},
                                                    {"gemma", "<end_of_turn>"}, {"phi3", "<|end|>"},
                                                    {"smollm2", "<|im_end|>"},  {"chatml-generation", "<|im_end|>"}};
+  size_t seen = 0;
   for (const auto& t : templates()) {
     if (!want.count(t.name)) continue;
     EXPECT_EQ(ChatTemplate(t.source, t.name, special).end_of_turn(), want.at(t.name)) << t.name;
+    ++seen;
   }
+  EXPECT_EQ(seen, want.size());
 }
 
 // tokenizer_config.json as Hugging Face writes it: the template a string or a list of named ones,

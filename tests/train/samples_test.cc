@@ -48,6 +48,15 @@ std::string counted_text(const Samples& s, size_t i) {
   return out;
 }
 
+// Sample i's bytes, those whose targets do not count as '.'.
+std::string positions_counted(const Samples& s, size_t i) {
+  std::string out;
+  const auto ids = s.ids(i);
+  const auto trained = s.trained(i);
+  for (size_t j = 0; j < ids.size(); ++j) out += trained[j] ? static_cast<char>(ids[j]) : '.';
+  return out;
+}
+
 std::string text_of(const Samples& s, size_t i) {
   std::string out;
   for (const int32_t id : s.ids(i)) out += static_cast<char>(id);
@@ -84,9 +93,50 @@ TEST(Samples, ConversationsCountTheAssistantsTurnsWithTheirEndMarks) {
                            "<|im_start|>assistant\nA: 1<|im_end|>\n");
   EXPECT_EQ(counted_text(s, 0), "A: 1<|im_end|>\n");
   EXPECT_EQ(counted_text(s, 1), "é!<|im_end|>\n<|im_end|>\n");  // the empty turn still ends
+  // Where they are: the system turn (31 bytes), the user's (29) and the assistant's header (22) do
+  // not count, the answer and its mark do; then the next user turn and header, and the empty
+  // answer's mark.
+  EXPECT_EQ(positions_counted(s, 1), std::string(31 + 29 + 22, '.') + "é!<|im_end|>\n" + std::string(29 + 22, '.') + "<|im_end|>\n");
   EXPECT_EQ(s.counted(0), static_cast<int64_t>(std::string("A: 1<|im_end|>\n").size()));
   EXPECT_EQ(s.stats().counted, s.counted(0) + s.counted(1));
   EXPECT_EQ(s.source(1).substr(s.source(1).rfind(':')), ":2");
+}
+
+// A tokenizer whose tokens end where the test says, whatever the text: the counting rule on tokens
+// wider than a byte, an empty one, and one across the prompt's end.
+class FixedTokenizer final : public Tokenizer {
+ public:
+  explicit FixedTokenizer(std::vector<size_t> ends) : ends_(std::move(ends)) {}
+  std::string decode(std::span<const int32_t> ids) const override { return std::string(ids.size(), 't'); }
+  int vocab_size() const override { return 64; }
+  std::string describe() const override { return "fixed"; }
+  uint64_t fingerprint() const override { return 1; }
+
+ protected:
+  std::vector<int32_t> encode_text(std::string_view, const EncodeProgress&, std::vector<size_t>* ends) const override {
+    if (ends != nullptr) *ends = ends_;
+    std::vector<int32_t> ids;
+    for (size_t i = 0; i < ends_.size(); ++i) ids.push_back(static_cast<int32_t>(10 + i));
+    return ids;
+  }
+
+ private:
+  std::vector<size_t> ends_;
+};
+
+// "abcd" + "efghi": the completion's bytes [4, 9). Tokens [0, 3), [3, 5) (across the prompt's end:
+// it meets the completion, so it counts, as Hugging Face's offset mapping puts it in), [5, 5)
+// (empty, inside) and [5, 9).
+TEST(Samples, ATokenCountsWhereItsBytesMeetTheSpan) {
+  Made m("fixed");
+  m.options.eos = "";
+  const FixedTokenizer tok({3, 5, 5, 9});
+  const Samples s = Samples::read({m.dir.write("data.jsonl", R"({"prompt": "abcd", "completion": "efghi"})"
+                                                             "\n")},
+                                  {}, tok, m.options);
+  ASSERT_EQ(s.size(), 1);
+  const auto trained = s.trained(0);
+  EXPECT_EQ(std::vector<uint8_t>(trained.begin(), trained.end()), (std::vector<uint8_t>{0, 1, 1, 1}));
 }
 
 TEST(Samples, PromptsAndCompletionsCountTheCompletionAndTheEndOfSequence) {
@@ -155,12 +205,15 @@ TEST(Samples, TheTailIsTakenOutForValidation) {
                      "\n"
                      R"({"text": "three"})"
                      "\n");
-  const size_t all = s.stats().counted;
   const Samples tail = s.take_tail(1);
   EXPECT_EQ(s.size(), 2);
   EXPECT_EQ(tail.size(), 1);
+  EXPECT_EQ(text_of(s, 1), "two<eos>");
   EXPECT_EQ(text_of(tail, 0), "three<eos>");
-  EXPECT_EQ(s.stats().counted + tail.stats().counted, all);
+  // Every byte but each sample's first counts: 7 + 7 left, 9 in the tail.
+  EXPECT_EQ(s.stats().counted, 14u);
+  EXPECT_EQ(s.stats().samples, 2u);
+  EXPECT_EQ(tail.stats().counted, 9u);
 }
 
 // Best-fit decreasing worked by hand for samples of 9, 8, 6, 5, 4, 3 and 2 bytes (n - 1 bytes of

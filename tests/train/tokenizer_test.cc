@@ -6,6 +6,8 @@
 // clear error.
 #include <gtest/gtest.h>
 
+#include <algorithm>  // std::count
+
 #include <unistd.h>
 
 #include <cstdio>
@@ -100,6 +102,27 @@ TEST_F(SentencePieceTest, IdsAndTextAreSpmEncodesAndSpmDecodes) {
     begin = e.ends[t];
   }
   EXPECT_EQ(begin, text_.size());
+}
+
+// A chat template writes the control pieces as text (Llama 2's "<s>[INST] ... [/INST] ...</s>"):
+// they are their ids (1 and 2 after <unk>), as Hugging Face's LlamaTokenizer takes them, and the
+// stretches between are encoded alone; each control piece ends where its text does.
+TEST_F(SentencePieceTest, ControlPiecesInTheTextAreTheirIds) {
+  const auto tok = Tokenizer::open(dir_ + "/spm.model");
+  const std::string text = "<s>[INST] what has keys? [/INST] A piano.</s><s>[INST] more";
+  const auto e = tok->encode_with_ends(text);
+  EXPECT_EQ(e.ids, tok->encode(text));
+  std::vector<int32_t> want = {1};
+  for (const int32_t id : tok->encode("[INST] what has keys? [/INST] A piano.")) want.push_back(id);
+  want.push_back(2);
+  want.push_back(1);
+  for (const int32_t id : tok->encode("[INST] more")) want.push_back(id);
+  EXPECT_EQ(e.ids, want);
+  ASSERT_EQ(e.ends.size(), want.size());
+  EXPECT_EQ(e.ends[0], 3u);
+  const size_t close = text.find("</s>") + 4;
+  EXPECT_EQ(std::count(e.ends.begin(), e.ends.end(), close), 1);
+  EXPECT_EQ(e.ends.back(), text.size());
 }
 
 TEST_F(SentencePieceTest, TokenFilesHoldTheIdsAtTheirWidth) {

@@ -50,9 +50,8 @@ Rendered render(const Record& r, LossOn loss_on, const SampleOptions& o) {
   if (r.shape == Shape::messages) {
     if (o.chat_template == nullptr) {
       ZEROTH_THROW(InvalidArgument,
-                   "{}, line {}: a conversation needs a chat template: give data.tokenizer a folder whose "
-                   "tokenizer_config.json has one, or name a template file in data.chat_template",
-                   r.file, r.line);
+                   "a conversation needs a chat template: give data.tokenizer a folder whose tokenizer_config.json has one, or name "
+                   "a template file in data.chat_template");
     }
     if (loss_on == LossOn::assistant) {
       ChatTemplate::Trained t = o.chat_template->render_assistant_spans(r.value);

@@ -129,17 +129,27 @@ class ByteLevelBpe final : public Tokenizer {
       const std::string_view plain_text = same ? raw : std::string_view(normalized);
       const char* raw_end = raw.data() + raw.size();
       auto emit_here = [&](int32_t id, const char* end) { emit(id, same ? end : raw_end); };
-      auto piece = [&](std::string_view p) {
+      // A piece's tokens end at their bytes' places in plain_text (a space the pre-tokenizer put
+      // first takes no byte of it).
+      auto piece = [&](std::string_view p, size_t origin, bool inserted) {
         auto it = cache.find(std::string(p));
         if (it == cache.end()) {
           if (cache.size() >= kCacheEntries) cache.clear();
           it = cache.emplace(std::string(p), merge(p)).first;
         }
-        for (size_t i = 0; i < it->second.ids.size(); ++i) emit_here(it->second.ids[i], p.data() + it->second.ends[i]);
+        const size_t shift = inserted ? 1 : 0;
+        for (size_t i = 0; i < it->second.ids.size(); ++i) {
+          const size_t end = it->second.ends[i];
+          emit_here(it->second.ids[i], plain_text.data() + origin + (end > shift ? end - shift : 0));
+        }
         done += p.size();
         if (progress && done - reported >= kProgressBytes) progress(std::min(done, text.size())), reported = done;
       };
-      split_added(plain_text, true, emit_here, [&](std::string_view plain) { pre_tokenizer_.for_each_piece(plain, piece); });
+      split_added(plain_text, true, emit_here, [&](std::string_view plain) {
+        const size_t at = static_cast<size_t>(plain.data() - plain_text.data());
+        pre_tokenizer_.for_each_piece(plain,
+                                      [&](std::string_view p, size_t origin, bool inserted) { piece(p, at + origin, inserted); });
+      });
     });
     if (progress) progress(text.size());
     return out;

@@ -26,16 +26,18 @@ std::string token_text(const nlohmann::ordered_json& j) {
 
 }  // namespace
 
-ChatTemplate ChatTemplate::from_folder(const std::string& folder, const std::string& template_file) {
+namespace {
+
+nlohmann::ordered_json folder_config(const std::string& folder) {
   const std::string config_path = (std::filesystem::path(folder) / "tokenizer_config.json").string();
-  // Newer folders keep the template beside the config, and Hugging Face then takes it from there.
-  const std::string beside = (std::filesystem::path(folder) / "chat_template.jinja").string();
-  nlohmann::ordered_json config;
   try {
-    config = nlohmann::ordered_json::parse(read_text(config_path, "the tokenizer's config (tokenizer_config.json)"));
+    return nlohmann::ordered_json::parse(read_text(config_path, "the tokenizer's config (tokenizer_config.json)"));
   } catch (const nlohmann::json::exception& e) {
     ZEROTH_THROW(InvalidArgument, "{}: not valid JSON: {}", config_path, e.what());
   }
+}
+
+nlohmann::ordered_json special_of(const nlohmann::ordered_json& config) {
   nlohmann::ordered_json special = nlohmann::ordered_json::object();
   for (const char* name : {"bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token"}) {
     if (config.contains(name)) {
@@ -43,6 +45,29 @@ ChatTemplate ChatTemplate::from_folder(const std::string& folder, const std::str
       if (!t.empty()) special[name] = t;
     }
   }
+  return special;
+}
+
+}  // namespace
+
+nlohmann::ordered_json ChatTemplate::special_tokens_of(const std::string& folder) {
+  if (folder.empty() || !std::filesystem::exists(std::filesystem::path(folder) / "tokenizer_config.json"))
+    return nlohmann::ordered_json::object();
+  return special_of(folder_config(folder));
+}
+
+bool ChatTemplate::folder_has_template(const std::string& folder) {
+  namespace fs = std::filesystem;
+  if (fs::is_regular_file(fs::path(folder) / "chat_template.jinja")) return true;
+  return fs::exists(fs::path(folder) / "tokenizer_config.json") && folder_config(folder).contains("chat_template");
+}
+
+ChatTemplate ChatTemplate::from_folder(const std::string& folder, const std::string& template_file) {
+  const std::string config_path = (std::filesystem::path(folder) / "tokenizer_config.json").string();
+  // Newer folders keep the template beside the config, and Hugging Face then takes it from there.
+  const std::string beside = (std::filesystem::path(folder) / "chat_template.jinja").string();
+  const nlohmann::ordered_json config = folder_config(folder);
+  const nlohmann::ordered_json special = special_of(config);
   if (!template_file.empty())
     return ChatTemplate(read_text(template_file, "the chat template (data.chat_template)"), template_file, special);
   if (std::filesystem::is_regular_file(beside)) return ChatTemplate(read_text(beside, "the chat template"), beside, special);

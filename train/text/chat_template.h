@@ -20,6 +20,10 @@ class ChatTemplate {
   // when given, else of chat_template.jinja beside the config when there is one (newer folders),
   // else the config's chat_template (a string, or the "default" of a list of named ones).
   static ChatTemplate from_folder(const std::string& folder, const std::string& template_file = "");
+  // A tokenizer folder's special tokens (tokenizer_config.json's; none without one), and whether
+  // it has a chat template (chat_template.jinja, or the config's chat_template).
+  static nlohmann::ordered_json special_tokens_of(const std::string& folder);
+  static bool folder_has_template(const std::string& folder);
   // A template file alone (no tokenizer folder: text as bytes): no special tokens.
   static ChatTemplate from_file(const std::string& template_file);
   // `special_tokens`: bos_token, eos_token and the others tokenizer_config.json names, as strings.

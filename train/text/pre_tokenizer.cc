@@ -189,12 +189,13 @@ void PreTokenizer::add(const nlohmann::json& p, const std::string& where) {
   }
 }
 
-void PreTokenizer::for_each_piece(std::string_view text, const Emit& emit) const { run(text, 0, emit); }
+void PreTokenizer::for_each_piece(std::string_view text, const Emit& emit) const { run(text, 0, 0, false, emit); }
 
-// The pieces of `text` after steps [step, end), in order.
-void PreTokenizer::run(std::string_view text, size_t step, const Emit& emit) const {
+// The pieces of `text` after steps [step, end), in order; `text` begins at `origin` of the whole
+// text, with a space put before it when `inserted`.
+void PreTokenizer::run(std::string_view text, size_t step, size_t origin, bool inserted, const Emit& emit) const {
   if (step == steps_.size()) {
-    if (!text.empty()) emit(text);
+    if (!text.empty()) emit(text, origin, inserted);
     return;
   }
   const Step& s = steps_[step];
@@ -204,12 +205,16 @@ void PreTokenizer::run(std::string_view text, size_t step, const Emit& emit) con
     prefixed.push_back(' ');
     prefixed.append(text);
     text = prefixed;
+    inserted = true;
   }
   if (!s.regex) {
-    run(text, step + 1, emit);
+    run(text, step + 1, origin, inserted, emit);
     return;
   }
-  split(*s.regex, s.behavior, text, [&](std::string_view piece) { run(piece, step + 1, emit); });
+  split(*s.regex, s.behavior, text, [&](std::string_view piece) {
+    const size_t j = static_cast<size_t>(piece.data() - text.data());
+    run(piece, step + 1, origin + (inserted && j > 0 ? j - 1 : j), inserted && j == 0, emit);
+  });
 }
 
 }  // namespace zeroth

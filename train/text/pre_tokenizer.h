@@ -15,7 +15,9 @@ namespace zeroth {
 
 class PreTokenizer {
  public:
-  using Emit = std::function<void(std::string_view piece)>;
+  // `origin`: where the piece begins in the text given to for_each_piece; `inserted`: its first
+  // byte is a space the pre-tokenizer put there (add_prefix_space), not the text's.
+  using Emit = std::function<void(std::string_view piece, size_t origin, bool inserted)>;
 
   PreTokenizer();
   ~PreTokenizer();
@@ -33,7 +35,7 @@ class PreTokenizer {
 
  private:
   struct Step;
-  void run(std::string_view text, size_t step, const Emit& emit) const;
+  void run(std::string_view text, size_t step, size_t origin, bool inserted, const Emit& emit) const;
   std::vector<Step> steps_;
   bool byte_level_ = false;
 };

@@ -37,6 +37,10 @@ class SentencePiece final : public Tokenizer {
       ZEROTH_THROW(InvalidArgument, "{} is not a SentencePiece model ({}); give a tokenizer.model that spm_train wrote", path,
                    status.ToString());
     }
+    // Control pieces written in the text (<s>, </s> of a chat template) are their ids, as Hugging
+    // Face's tokenizers take them; spm_encode would spell them out.
+    for (int id = 0; id < sp_.GetPieceSize(); ++id)
+      if (sp_.IsControl(id) && !sp_.IdToPiece(id).empty()) specials_.emplace_back(sp_.IdToPiece(id), id);
     newline_ = sp_.PieceToId("<0x0A>");
     if (newline_ == sp_.unk_id() || !sp_.IsByte(newline_)) {
       ZEROTH_THROW(InvalidArgument,
@@ -55,20 +59,21 @@ class SentencePiece final : public Tokenizer {
       size_t end = text.find('\n', at);
       const bool newline = end != std::string_view::npos;
       if (!newline) end = text.size();
-      if (end > at && ends != nullptr) {
-        // The pieces' byte offsets in the line, from the proto form of the same encoding.
-        const auto pieces = sp_.EncodeAsImmutableProto(text.substr(at, end - at));
-        for (size_t i = 0; i < pieces.pieces_size(); ++i) {
-          const auto piece = pieces.pieces(static_cast<int>(i));
-          out.push_back(static_cast<int32_t>(piece.id()));
-          ends->push_back(at + piece.end());
+      // The line's stretches between control pieces, each encoded alone.
+      for (size_t from = at; from < end;) {
+        size_t special_at = end, special_len = 0;
+        int32_t special_id = -1;
+        for (const auto& [piece, id] : specials_) {
+          const size_t found = text.substr(0, end).find(piece, from);
+          if (found != std::string_view::npos && (found < special_at || (found == special_at && piece.size() > special_len)))
+            special_at = found, special_len = piece.size(), special_id = id;
         }
-        // Whitespace the normalizer dropped at the line's end belongs to its last piece.
-        if (pieces.pieces_size() > 0) ends->back() = end;
-      } else if (end > at) {
-        const auto status = sp_.Encode(text.substr(at, end - at), &ids);
-        if (!status.ok()) ZEROTH_THROW(InvalidArgument, "{}: encoding the line at byte {}: {}", path_, at, status.ToString());
-        out.insert(out.end(), ids.begin(), ids.end());
+        if (special_at > from) encode_stretch(text, from, special_at, out, ids, ends);
+        if (special_id >= 0) {
+          out.push_back(special_id);
+          if (ends != nullptr) ends->push_back(special_at + special_len);
+        }
+        from = special_at + special_len;
       }
       if (!newline) break;
       out.push_back(newline_);
@@ -110,8 +115,29 @@ class SentencePiece final : public Tokenizer {
   uint64_t fingerprint() const override { return fingerprint_; }
 
  private:
+  // Text [from, to) of one line, without control pieces; with `ends`, where each piece ends.
+  void encode_stretch(std::string_view text, size_t from, size_t to, std::vector<int32_t>& out, std::vector<int>& ids,
+                      std::vector<size_t>* ends) const {
+    if (ends == nullptr) {
+      const auto status = sp_.Encode(text.substr(from, to - from), &ids);
+      if (!status.ok()) ZEROTH_THROW(InvalidArgument, "{}: encoding the line at byte {}: {}", path_, from, status.ToString());
+      out.insert(out.end(), ids.begin(), ids.end());
+      return;
+    }
+    // The pieces' byte offsets, from the proto form of the same encoding.
+    const auto pieces = sp_.EncodeAsImmutableProto(text.substr(from, to - from));
+    for (size_t i = 0; i < pieces.pieces_size(); ++i) {
+      const auto piece = pieces.pieces(static_cast<int>(i));
+      out.push_back(static_cast<int32_t>(piece.id()));
+      ends->push_back(from + piece.end());
+    }
+    // Whitespace the normalizer dropped at the stretch's end belongs to its last piece.
+    if (pieces.pieces_size() > 0) ends->back() = to;
+  }
+
   std::string path_;
   sentencepiece::SentencePieceProcessor sp_;
+  std::vector<std::pair<std::string, int32_t>> specials_;  // control pieces and their ids
   int newline_ = -1;
   uint64_t fingerprint_ = 0;
 };
