@@ -435,6 +435,7 @@ void Gpt::run_backward(int micro, int chunk) {
     const float* dout = g.gathered_rows(sc.dresid, sc.gathered, BT);
     const int32_t* ids = sl->tokens;
     k.submit([&k, w, dout, ids, d, B, T, spans = sl->spans] {
+      if ((*w)->g(0) == nullptr) return;  // a frozen embedding: nothing before it takes a gradient
       float* dwpe = d.llama ? nullptr : (*w)->g(1);
       if (!spans) return k.encoder_backward((*w)->g(0), dwpe, dout, ids, B, T, d.C, d.v_lo, d.V);
       for (const auto& [r0, n] : *spans)

@@ -32,7 +32,7 @@ Dims Dims::of(const GptConfig& c, const GptPart& part) {
 }
 
 Bound::Bound(Kernels& k, std::vector<TensorView> params, const std::vector<TensorView>* grads, const Buffer& wbuf, const Buffer& gbuf)
-    : k_(k), has_grads_(grads != nullptr) {
+    : k_(k), has_grads_(grads != nullptr && !grads->empty()) {
   if (grads != nullptr) grads_ = *grads;
   size_t total = 0;
   for (const auto& p : params) total += p.numel;

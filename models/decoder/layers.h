@@ -121,7 +121,9 @@ class Bound {
  public:
   Bound(Kernels& k, std::vector<TensorView> params, const std::vector<TensorView>* grads, const Buffer& wbuf, const Buffer& gbuf);
   Weight p(size_t i) const { return {p_[i], i < bf16_.size() ? bf16_[i] : nullptr}; }
-  float* g(size_t i) const { return g_[i]; }
+  // Null for a block whose backward has no gradient views (a frozen block): its products and norms
+  // then give their inputs' gradients only.
+  float* g(size_t i) const { return has_grads_ ? g_[i] : nullptr; }
   // bf16 for a block of bf16 parameters: its attention's products go bf16 as its linear layers' do.
   DType attention_products() const { return !bf16_.empty() && bf16_[0] != nullptr ? DType::bf16 : DType::f32; }
   void flush() const;

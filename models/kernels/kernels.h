@@ -41,6 +41,8 @@ class Kernels {
                                 int V) = 0;
   virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias,
                                  size_t N, int C) = 0;
+  // Parameter gradients may be null (a frozen block's): the input's gradient alone (dweight and
+  // dbias both null, or neither).
   virtual void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight,
                                   const float* mean, const float* rstd, size_t N, int C) = 0;
   virtual void matmul_forward(float* out, const float* inp, Weight weight, const float* bias, size_t N, int IC, int OC) = 0;

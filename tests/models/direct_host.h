@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -44,7 +45,9 @@ class DirectHost final : public BlockHost {
   void set_schedule(BlockSchedule) override {}
   const BlockViews& begin_forward(int b, int) override { return blocks_[b].forward; }
   void end_forward(int, int) override {}
-  const BlockViews& begin_backward(int b, int) override { return blocks_[b].views; }
+  // A frozen block's backward gets its parameters and no gradient views, as the engine gives it.
+  const BlockViews& begin_backward(int b, int) override { return frozen_.contains(b) ? blocks_[b].forward : blocks_[b].views; }
+  void freeze(int b) { frozen_.insert(b); }
   void end_backward(int, int) override {}
   int micro_batches_in_flight() const override { return 1; }
   void begin_evaluation() override {}
@@ -91,6 +94,7 @@ class DirectHost final : public BlockHost {
   std::unique_ptr<Device> host_;
   DType dtype_;
   std::vector<Block> blocks_;
+  std::set<int> frozen_;
 };
 
 }  // namespace zeroth::testing

@@ -291,8 +291,8 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
     }
   });
   for (size_t c = 0; c < chunks; ++c) {
-    add_rows(dweight, dweight, partial.data() + c * 2 * C, C);
-    add_rows(dbias, dbias, partial.data() + c * 2 * C + C, C);
+    if (dweight != nullptr) add_rows(dweight, dweight, partial.data() + c * 2 * C, C);
+    if (dbias != nullptr) add_rows(dbias, dbias, partial.data() + c * 2 * C + C, C);
   }
 }
 
@@ -357,6 +357,7 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
       rmsnorm_backward_row(dinp + at, partial.data() + c * C, dout + at, inp + at, weight, rstd[r], C, accumulate);
     }
   });
+  if (dweight == nullptr) return;
   for (size_t c = 0; c < chunks; ++c) add_rows(dweight, dweight, partial.data() + c * C, C);
 }
 

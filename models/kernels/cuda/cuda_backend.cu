@@ -74,7 +74,8 @@ class CudaKernels final : public Kernels {
   }
   void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight,
                           const float* mean, const float* rstd, size_t N, int C) override {
-    layernorm_backward_params_kernel<<<blocks_for(C), kThreads, 0, s()>>>(dweight, dbias, dout, inp, mean, rstd, N, C);
+    if (dweight != nullptr)  // a frozen block's norm: its input's gradient only
+      layernorm_backward_params_kernel<<<blocks_for(C), kThreads, 0, s()>>>(dweight, dbias, dout, inp, mean, rstd, N, C);
     layernorm_backward_input_kernel<<<blocks_for(N * kWarp), kThreads, 0, s()>>>(dinp, dout, inp, weight, mean, rstd, N, C);
   }
   void matmul_forward(float* out, const float* inp, Weight weight, const float* bias, size_t N, int IC, int OC) override {
@@ -210,7 +211,8 @@ class CudaKernels final : public Kernels {
   void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight, const float* rstd,
                         size_t N, int groups, int C, size_t ld, bool accumulate) override {
     const size_t rows = N * groups;
-    rmsnorm_backward_weight_kernel<<<blocks_for(C), kThreads, 0, s()>>>(dweight, dout, inp, rstd, rows, groups, C, ld);
+    if (dweight != nullptr)
+      rmsnorm_backward_weight_kernel<<<blocks_for(C), kThreads, 0, s()>>>(dweight, dout, inp, rstd, rows, groups, C, ld);
     rmsnorm_backward_input_kernel<<<blocks_for(rows * kWarp), kThreads, 0, s()>>>(dinp, dout, inp, weight, rstd, rows, groups, C, ld,
                                                                                   accumulate);
   }
