@@ -76,8 +76,12 @@ std::string run_folder_checkpoints(const std::string& run_dir) {
 
 void resolve_config_paths(nlohmann::json& config, const std::string& config_path) {
   const fs::path base = fs::path(config_path).parent_path();
-  for (const auto& [section, key] :
-       {std::pair{"data", "train"}, {"data", "val"}, {"data", "tokenizer"}, {"model", "hf_config"}, {"run", "init_from"}}) {
+  for (const auto& [section, key] : {std::pair{"data", "train"},
+                                     {"data", "val"},
+                                     {"data", "tokenizer"},
+                                     {"data", "chat_template"},
+                                     {"model", "hf_config"},
+                                     {"run", "init_from"}}) {
     if (!config.contains(section) || !config[section].is_object() || !config[section].contains(key)) continue;
     nlohmann::json& v = config[section][key];
     if (!v.is_string() || v.get<std::string>().empty()) continue;

@@ -26,7 +26,8 @@ void refuse_export_into(const std::string& out);
 // What --resume DIR names: a run folder's checkpoints, else DIR as given.
 std::string resume_path(const std::string& dir);
 
-// The files a config names (data.train, data.val, data.tokenizer, model.hf_config, run.init_from)
+// The files a config names (data.train, data.val, data.tokenizer, data.chat_template,
+// model.hf_config, run.init_from)
 // as absolute paths, so the run's config.json names them from any folder: a relative one from the
 // working folder where it is there, else from the config file's folder (`config_path`). One found
 // in neither is left as given, for the error that names it.

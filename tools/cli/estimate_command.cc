@@ -25,6 +25,7 @@
 #include "tools/cli/commands.h"
 #include "tools/cli/estimate.h"  // EstimateOptions, estimate_params, estimate_shape
 #include "tools/cli/options.h"
+#include "train/run_folder.h"           // resolve_config_paths
 #include "train/config/train_config.h"  // TrainConfig
 #include "train/trainer.h"              // largest_stage
 
@@ -69,6 +70,8 @@ int run(const EstimateOptions& o) {
     ZEROTH_THROW(InvalidArgument, "--deepspeed-compatible goes with --params (DeepSpeed's tables take a count)");
   nlohmann::json j = read_config_file(o.config);
   for (const auto& s : o.overrides) apply_override(j, s);
+  // Its files from where `zeroth train` reads them: the working folder, else the config's.
+  resolve_config_paths(j, o.config);
   const TrainConfig c = TrainConfig::from_json(j);
   const size_t device_budget = o.device_memory.empty() ? c.run.device_memory : parse_bytes(o.device_memory);
   const size_t host_budget = o.host_memory.empty() ? c.engine.host_memory : parse_bytes(o.host_memory);
