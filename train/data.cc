@@ -329,6 +329,12 @@ int64_t Loader::batch(int64_t step, int micro, int32_t* tokens, int32_t* targets
   return counted;
 }
 
+int Loader::longest(int64_t step) {
+  int n = 0;
+  for (int64_t i = 0; i < global_batch(); ++i) n = std::max(n, rows_->length(window(step * global_batch() + i)));
+  return n;
+}
+
 int64_t Loader::counted(int64_t step) {
   int64_t n = 0;
   for (int64_t i = 0; i < global_batch(); ++i) n += rows_->counted(window(step * global_batch() + i));

@@ -97,6 +97,9 @@ class Loader {
   // The targets that count in optimizer step `step`'s whole global batch (every micro-step of
   // every rank): what its loss is the mean over. Every rank computes the same, reading no tokens.
   int64_t counted(int64_t step);
+  // The longest row of step `step`'s global batch (Rows::length): its micro-batches' rows may be
+  // cut to it. Every rank computes the same.
+  int longest(int64_t step);
   int64_t windows_per_epoch() const { return windows_; }
   // The row the run takes as its sample `sample` (step k takes samples [k G, (k + 1) G)).
   int64_t row_of(int64_t sample) { return window(sample); }

@@ -7,6 +7,7 @@
 #include <algorithm>   // std::max
 #include <chrono>      // std::chrono::steady_clock
 #include <cmath>       // std::isfinite
+#include <cstring>     // std::memmove
 #include <exception>   // std::exception_ptr
 #include <filesystem>  // std::filesystem::is_directory
 #include <functional>  // std::function
@@ -287,12 +288,15 @@ void TrainingRun::run_passes(int64_t k, double pass_seconds[2]) {
   }
   // The cycle's passes in the engine's order; the update comes after the last backward.
   set_loss_divisor(k);
+  const int width = cycle_width(k);
+  tokens_per_step_ = static_cast<double>(config_.tokens_per_step()) * width / T_;
   for (const auto& p : engine_.plan().passes) {
     const int m = p.micro;
     const auto start = Clock::now();
     if (p.pass == Pass::forward) {
       run_data_.train.batch(k, m, tokens_.data() + m * n_, targets_.data() + m * n_, positions(m));
-      gpt_.forward(m, tokens_.data() + m * n_, targets_.data() + m * n_, mb_, T_, &losses_[m], positions(m));
+      cut_rows(m, width);
+      gpt_.forward(m, tokens_.data() + m * n_, targets_.data() + m * n_, mb_, width, &losses_[m], positions(m));
     } else {
       gpt_.backward(m);
     }
@@ -301,6 +305,26 @@ void TrainingRun::run_passes(int64_t k, double pass_seconds[2]) {
       cs.synchronize();
       pass_seconds[p.pass == Pass::forward ? 0 : 1] += std::chrono::duration<double>(Clock::now() - start).count();
     }
+  }
+}
+
+int TrainingRun::cycle_width(int64_t k) {
+  // A pipeline's stages exchange activations of the planned shape; token streams fill every row.
+  if (runner_ || config_.data.format != DataFormat::jsonl) return T_;
+  // Rounded up to 16 positions (and to the tensor-parallel ranks the rows are split over), so a
+  // run sees few shapes.
+  const int unit = 16 * (config_.parallel.sequence_parallel ? tp_ : 1);
+  return std::min(T_, (run_data_.train.longest(k) + unit - 1) / unit * unit);
+}
+
+void TrainingRun::cut_rows(int m, int width) {
+  if (width == T_) return;
+  // Row b moves from b T to b width, towards the micro-batch's start: in order, nothing is
+  // overwritten before it is read.
+  for (int32_t* base : {tokens_.data() + m * n_, targets_.data() + m * n_, positions(m)}) {
+    if (base == nullptr) continue;
+    for (int b = 1; b < mb_; ++b)
+      std::memmove(base + static_cast<size_t>(b) * width, base + static_cast<size_t>(b) * T_, width * sizeof(int32_t));
   }
 }
 

@@ -98,6 +98,11 @@ class TrainingRun {
   void run_passes(int64_t k, double pass_seconds[2]);
   // Step k's loss divisor (Gpt::set_loss_divisor): its global batch's counted targets per micro-batch.
   void set_loss_divisor(int64_t k);
+  // The positions of step k's rows: model.seq_len, or for JSON Lines samples without a pipeline the
+  // longest row of its global batch, rounded up (the rest of every row is padding).
+  int cycle_width(int64_t k);
+  // Micro-batch m's rows, filled model.seq_len apart, cut to `width` positions each.
+  void cut_rows(int m, int width);
   // A pipeline stage's stamps of the step: its bubble, and its passes' times.
   void take_measure(int64_t k, double pass_seconds[2]);
   void report_step(int64_t k, double loss, double seconds, const StepResult& r, const double pass_seconds[2]);
@@ -158,7 +163,7 @@ class TrainingRun {
   int64_t saved_step_ = 0;
   std::vector<double> rates_, bubbles_;
   PipeMeasure last_trace_;
-  const double tokens_per_step_;
+  double tokens_per_step_;  // the positions a step runs (its rows' width x the global batch)
 };
 
 }  // namespace zeroth

@@ -174,23 +174,34 @@ void Gpt::State::reserve(Stream& stream, int b, int t, const std::vector<int>& p
   stream.synchronize();
   const Dims dims = Dims::of(cfg, part);
   const size_t BT = static_cast<size_t>(b) * t, C = cfg.n_embd, L = cfg.n_layer, R = dims.rows(BT);
-  buffer.reset();
-  token_buffer.reset();
-  host_buffer.reset();
-  buffer = device->allocate((all_slots_floats(cfg, part, per_chunk, b, t) + scratch_floats(cfg, part, b, t)) * sizeof(float),
-                            MemTag::activations);
-  if (const size_t saved = n_slots * saved_floats(cfg, part, b, t); saved > 0) {
-    host_buffer = host->allocate_host(saved * sizeof(float), MemTag::activations);
-    std::memset(host_buffer.data(), 0, host_buffer.bytes());  // first touch here, not in a step
+  // Rows of another width that fit the allocations (JSON Lines samples padded to the longest of
+  // their step) are laid out in them again; a larger shape allocates anew, and so does another
+  // micro-batch size (an evaluation's last round): a pipeline runner keys its ports' events by
+  // their addresses (engine/pipeline/runner.cc, port_state), which must not change meaning under it.
+  const size_t floats = all_slots_floats(cfg, part, per_chunk, b, t) + scratch_floats(cfg, part, b, t);
+  const size_t saved = n_slots * saved_floats(cfg, part, b, t), tokens = n_slots * 2 * BT;
+  if (!buffer || b != B || buffer.bytes() < floats * sizeof(float) ||
+      (saved > 0 && (!host_buffer || host_buffer.bytes() < saved * sizeof(float))) ||
+      token_buffer.bytes() < tokens * sizeof(int32_t)) {
+    buffer.reset();
+    token_buffer.reset();
+    host_buffer.reset();
+    buffer = device->allocate(floats * sizeof(float), MemTag::activations);
+    if (saved > 0) {
+      host_buffer = host->allocate_host(saved * sizeof(float), MemTag::activations);
+      std::memset(host_buffer.data(), 0, host_buffer.bytes());  // first touch here, not in a step
+    }
+    token_buffer = device->allocate(tokens * sizeof(int32_t), MemTag::activations);
   }
-  token_buffer = device->allocate(n_slots * 2 * BT * sizeof(int32_t), MemTag::activations);
+  // Every layout starts from zeros, as the passes expect of fresh slots (the pipeline's and the
+  // tensor-parallel group's buffers hold nothing of another shape's); on a fresh allocation this
+  // is also its first touch, which a step must not pay.
+  device->fill(stream, buffer.view(DType::f32), 0.0f);
+  stream.synchronize();
   if (const size_t scratch = Gpt::scratch_bytes(cfg, compute, part); scratch > 0 && !wbuf) {
     wbuf = device->allocate(scratch / 2, MemTag::buffers);
     gbuf = device->allocate(scratch / 2, MemTag::buffers);
   }
-  // Touched once here: first touch of fresh memory is slow, and a step must not pay it.
-  device->fill(stream, buffer.view(DType::f32), 0.0f);
-  stream.synchronize();
   float* at = buffer.as<float>();
   auto take = [&](size_t n) {
     float* p = at;

@@ -73,6 +73,12 @@ int64_t Packed::fill(int64_t i, int32_t* tokens, int32_t* targets, int32_t* posi
   return counted(i);
 }
 
+int Packed::length(int64_t i) const {
+  size_t used = 0;
+  for (size_t k = first_[i]; k < first_[i + 1]; ++k) used += samples_->ids(order_[k]).size();
+  return static_cast<int>(used);
+}
+
 size_t Packed::host_bytes() const {
   return samples_->host_bytes() + order_.capacity() * sizeof(uint32_t) + first_.capacity() * sizeof(size_t) +
          counted_.capacity() * sizeof(int64_t);

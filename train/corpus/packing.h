@@ -26,6 +26,7 @@ class Packed final : public Rows {
   int width() const override { return width_; }
   int64_t fill(int64_t i, int32_t* tokens, int32_t* targets, int32_t* positions = nullptr) const override;
   int64_t counted(int64_t i) const override { return counted_[static_cast<size_t>(i)]; }
+  int length(int64_t i) const override;
   size_t tokens() const override { return samples_->tokens(); }
   size_t host_bytes() const override;
   int max_token() const override { return samples_->max_token(); }

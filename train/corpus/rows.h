@@ -26,6 +26,9 @@ class Rows {
   virtual bool packed() const { return false; }
   // The targets of row i that count, without filling it.
   virtual int64_t counted(int64_t i) const = 0;
+  // Row i's positions that hold tokens of its samples, from its start; the rest is padding, which
+  // a batch of shorter rows may leave out.
+  virtual int length(int64_t) const { return width(); }
   // Tokens the rows are made of, for the start box; the host memory they hold.
   virtual size_t tokens() const = 0;
   virtual size_t host_bytes() const = 0;

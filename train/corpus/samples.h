@@ -74,6 +74,7 @@ class Samples final : public Rows {
   // targets[0, n - 1) and -1 at targets[n - 1]: what it takes in a packed row.
   int64_t place(size_t i, int32_t* tokens, int32_t* targets) const;
   int64_t counted(int64_t i) const override { return counted_[static_cast<size_t>(i)]; }
+  int length(int64_t i) const override { return static_cast<int>(ids(static_cast<size_t>(i)).size()) - 1; }
   size_t tokens() const override { return ids_.size(); }
   size_t host_bytes() const override;
   int max_token() const override;
