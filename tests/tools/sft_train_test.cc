@@ -230,6 +230,43 @@ TEST(Sft, GenerateChatRepliesAndStopsAtTheEndOfTurn) {
   }
 }
 
+// A base model's tokenizer folder (the README's SentencePiece vocabulary, a tokenizer_config.json
+// with an eos_token and no chat template) takes prompt and completion records: each sample ends
+// with the eos_token's id (the control piece </s>, id 2, not its characters), and it counts.
+TEST(Sft, ABaseModelsFolderEndsCompletionsWithItsEosId) {
+  const std::string vocab = std::string(ZEROTH_SOURCE_DIR) + "/runs/tokenizers/fortunes-4096.model";
+  ASSERT_TRUE(std::filesystem::exists(vocab)) << vocab << " is missing: run tools/fortunes-vocab.sh (tools/dev.sh does)";
+  const std::string dir = temp("sft_base");
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir + "/tokenizer");
+  std::filesystem::copy_file(vocab, dir + "/tokenizer/tokenizer.model");
+  std::ofstream(dir + "/tokenizer/tokenizer_config.json") << R"({"bos_token": "<s>", "eos_token": "</s>"})";
+  {
+    std::ofstream out(dir + "/data.jsonl");
+    for (int i = 0; i < 8; ++i)
+      out << json{{"prompt", fmt::format("Q: what is {} and {}?\nA:", i, i + 1)}, {"completion", " a sum"}}.dump() << "\n";
+  }
+  json j = sft("sft_base_run", dir, 2, 1, 1);
+  j["data"] = {{"format", "jsonl"}, {"train", dir + "/data.jsonl"}, {"tokenizer", dir + "/tokenizer"}, {"val_fraction", 0}};
+  j["model"]["vocab_size"] = 4096;
+  const auto r = run({ZEROTH_BIN, "data-preview", write_config("sft_base_run", j), "--n", "2", "--json"}, "sft_base_run");
+  ASSERT_EQ(r.code, 0) << r.output;
+  int seen = 0;
+  std::istringstream lines(r.output);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.empty() || line[0] != '{') continue;
+    const json s = json::parse(line);
+    const auto ids = s["ids"].get<std::vector<int>>();
+    const auto mask = s["mask"].get<std::vector<int>>();
+    ASSERT_FALSE(ids.empty());
+    EXPECT_EQ(ids.back(), 2) << line;
+    EXPECT_EQ(mask.back(), 1) << line;
+    EXPECT_EQ(mask.front(), 0) << line;
+    ++seen;
+  }
+  EXPECT_EQ(seen, 2);
+}
+
 // Every file under `dir` and its bytes.
 std::map<std::string, std::string> files_under(const std::string& dir) {
   std::map<std::string, std::string> out;
