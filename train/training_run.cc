@@ -289,6 +289,7 @@ void TrainingRun::run_passes(int64_t k, double pass_seconds[2]) {
   // The cycle's passes in the engine's order; the update comes after the last backward.
   set_loss_divisor(k);
   const int width = cycle_width(k);
+  row_width_ = width;
   tokens_per_step_ = static_cast<double>(config_.tokens_per_step()) * width / T_;
   for (const auto& p : engine_.plan().passes) {
     const int m = p.micro;
@@ -360,6 +361,7 @@ void TrainingRun::report_step(int64_t k, double loss, double seconds, const Step
     s.skipped = r.skipped;
     s.step_seconds = seconds;
     s.tokens_per_second = tokens_per_step_ / seconds;
+    s.row_width = row_width_;
     s.peak_bytes = device_.memory().stats().total_peak;
     s.forward_seconds = pass_seconds[0];
     s.backward_seconds = pass_seconds[1];

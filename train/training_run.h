@@ -164,6 +164,7 @@ class TrainingRun {
   std::vector<double> rates_, bubbles_;
   PipeMeasure last_trace_;
   double tokens_per_step_;  // the positions a step runs (its rows' width x the global batch)
+  int row_width_ = 0;       // the last step's (cycle_width)
 };
 
 }  // namespace zeroth

@@ -124,7 +124,8 @@ struct GptConfig {
   // Model FLOPs of one token's forward and backward at seq_len, PaLM's estimate (its appendix B,
   // as nanoGPT and llm.c use it): 6 N + 12 L H Q T, N the active parameters that multiply (the
   // position table and an untied input embedding left out), H Q the attention's width.
-  double flops_per_token() const;
+  // `context`: the positions a row attends over (0: seq_len), for rows cut shorter.
+  double flops_per_token(int context = 0) const;
   bool moe_layer(int l) const { return moe.enabled() && (l + 1) % moe.every == 0; }
   int expert_ffn() const { return moe.intermediate_size > 0 ? moe.intermediate_size : ffn(); }
   bool llama() const { return architecture == Architecture::llama; }

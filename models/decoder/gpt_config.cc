@@ -80,11 +80,11 @@ size_t GptConfig::active_parameters() const {
   return n;
 }
 
-double GptConfig::flops_per_token() const {
+double GptConfig::flops_per_token(int context) const {
   double n = static_cast<double>(active_parameters());
   if (!llama()) n -= static_cast<double>(seq_len) * n_embd;                 // wpe: looked up, not multiplied
   if (!tie_word_embeddings) n -= static_cast<double>(vocab_size) * n_embd;  // the input embedding, beside the head
-  return 6 * n + 12.0 * n_layer * n_head * head_size() * seq_len;
+  return 6 * n + 12.0 * n_layer * n_head * head_size() * (context > 0 ? context : seq_len);
 }
 
 void GptConfig::validate() const {
