@@ -84,11 +84,12 @@ TEST_F(SentencePieceTest, IdsAndTextAreSpmEncodesAndSpmDecodes) {
   EXPECT_EQ(tok->encode(text_), whole);
   EXPECT_EQ(tok->decode(std::vector<int32_t>{newline}), "\n");
   // Where each token ends (SentencePiece's own offsets): the ranges tile the text, each newline
-  // token is its byte, and the text between two newlines encodes to the tokens between them.
+  // token is its byte, the text between two newlines encodes to the tokens between them, and a
+  // line's pieces so far decode to its text up to the last one's end.
   const auto e = tok->encode_with_ends(text_);
   EXPECT_EQ(e.ids, whole);
   ASSERT_EQ(e.ends.size(), whole.size());
-  size_t begin = 0, line_begin = 0, line_token = 0;
+  size_t begin = 0, line_begin = 0, line_token = 0, checked = 0;
   for (size_t t = 0; t < whole.size(); ++t) {
     ASSERT_GE(e.ends[t], begin) << "token " << t;
     if (whole[t] == newline) {
@@ -96,12 +97,23 @@ TEST_F(SentencePieceTest, IdsAndTextAreSpmEncodesAndSpmDecodes) {
       const std::string range = text_.substr(begin, e.ends[t] - begin);
       ASSERT_TRUE(range.ends_with("\n") && range.find_first_not_of(" \t\n") == std::string::npos) << "token " << t << ": " << range;
       const std::vector<int32_t> line(whole.begin() + line_token, whole.begin() + t);
-      ASSERT_EQ(tok->encode(text_.substr(line_begin, begin - line_begin)), line) << "the line ending at token " << t;
+      const std::string text = text_.substr(line_begin, begin - line_begin);
+      ASSERT_EQ(tok->encode(text), line) << "the line ending at token " << t;
+      // On a line the model gives back as it is, each piece's end is where the text its pieces so
+      // far decode to ends.
+      if (tok->decode(line) == text) {
+        for (size_t k = line_token; k < t; ++k) {
+          const std::vector<int32_t> prefix(whole.begin() + line_token, whole.begin() + k + 1);
+          ASSERT_EQ(tok->decode(prefix), text.substr(0, e.ends[k] - line_begin)) << "token " << k << " of the line: " << text;
+          ++checked;
+        }
+      }
       line_begin = e.ends[t], line_token = t + 1;
     }
     begin = e.ends[t];
   }
   EXPECT_EQ(begin, text_.size());
+  EXPECT_GT(checked, whole.size() / 2) << "most pieces are on lines the model gives back as they are";
 }
 
 // A chat template writes the control pieces as text (Llama 2's "<s>[INST] ... [/INST] ...</s>"):
