@@ -192,12 +192,11 @@ void Gpt::State::reserve(Stream& stream, int b, int t, const std::vector<int>& p
       std::memset(host_buffer.data(), 0, host_buffer.bytes());  // first touch here, not in a step
     }
     token_buffer = device->allocate(tokens * sizeof(int32_t), MemTag::activations);
+    // Touched once here: first touch of fresh memory is slow, and a step must not pay it. (The
+    // passes write every activation before they read it: a layout laid again needs no clearing.)
+    device->fill(stream, buffer.view(DType::f32), 0.0f);
+    stream.synchronize();
   }
-  // Every layout starts from zeros, as the passes expect of fresh slots (the pipeline's and the
-  // tensor-parallel group's buffers hold nothing of another shape's); on a fresh allocation this
-  // is also its first touch, which a step must not pay.
-  device->fill(stream, buffer.view(DType::f32), 0.0f);
-  stream.synchronize();
   if (const size_t scratch = Gpt::scratch_bytes(cfg, compute, part); scratch > 0 && !wbuf) {
     wbuf = device->allocate(scratch / 2, MemTag::buffers);
     gbuf = device->allocate(scratch / 2, MemTag::buffers);
