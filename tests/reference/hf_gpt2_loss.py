@@ -37,12 +37,15 @@ def read(path):
     return out
 
 
-def loss(w, n_head, idx, targets):
+def logits(w, n_head, idx, positions=None, mask=None):
+    """GPT2LMHeadModel's logits. positions: [b, t] (default 0 .. t - 1 in every row); mask: which
+    keys a query sees, broadcast over [b, heads, t, t] (default causal)."""
     b, t = idx.shape
     C = w["transformer.wte.weight"].shape[1]
     L = sum(1 for k in w if k.endswith(".attn.c_attn.weight"))
-    x = w["transformer.wte.weight"][idx] + w["transformer.wpe.weight"][:t]
-    mask = torch.tril(torch.ones(t, t, dtype=torch.bool))
+    x = w["transformer.wte.weight"][idx] + w["transformer.wpe.weight"][positions if positions is not None else torch.arange(t)]
+    if mask is None:
+        mask = torch.tril(torch.ones(t, t, dtype=torch.bool))
 
     def ln(x, p):
         return F.layer_norm(x, (C,), w[p + ".weight"], w[p + ".bias"], eps=1e-5)
@@ -58,8 +61,12 @@ def loss(w, n_head, idx, targets):
         x = x + conv1d((att @ v).transpose(1, 2).reshape(b, t, C), p + "attn.c_proj")
         h = F.gelu(conv1d(ln(x, p + "ln_2"), p + "mlp.c_fc"), approximate="tanh")
         x = x + conv1d(h, p + "mlp.c_proj")
-    logits = ln(x, "transformer.ln_f") @ w["transformer.wte.weight"].T
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)).item()
+    return ln(x, "transformer.ln_f") @ w["transformer.wte.weight"].T
+
+
+def loss(w, n_head, idx, targets):
+    out = logits(w, n_head, idx)
+    return F.cross_entropy(out.reshape(-1, out.shape[-1]), targets.reshape(-1)).item()
 
 
 def main():

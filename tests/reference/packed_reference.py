@@ -40,25 +40,7 @@ def attend(q, k, v, mask):
 
 
 def gpt2(w, cfg, tokens, positions, mask):
-    b, t = tokens.shape
-    C = w["transformer.wte.weight"].shape[1]
-    NH = cfg["n_head"]
-    L = sum(1 for k in w if k.endswith(".attn.c_attn.weight"))
-    x = w["transformer.wte.weight"][tokens] + w["transformer.wpe.weight"][positions]
-
-    def ln(x, p):
-        return F.layer_norm(x, (C,), w[p + ".weight"], w[p + ".bias"], eps=1e-5)
-
-    def conv1d(x, p):  # Hugging Face's Conv1D: x @ W + b with W as [in, out]
-        return x @ w[p + ".weight"] + w[p + ".bias"]
-
-    for l in range(L):
-        p = f"transformer.h.{l}."
-        q, k, v = conv1d(ln(x, p + "ln_1"), p + "attn.c_attn").split(C, dim=2)
-        q, k, v = [z.view(b, t, NH, C // NH).transpose(1, 2) for z in (q, k, v)]
-        x = x + conv1d(attend(q, k, v, mask).transpose(1, 2).reshape(b, t, C), p + "attn.c_proj")
-        x = x + conv1d(F.gelu(conv1d(ln(x, p + "ln_2"), p + "mlp.c_fc"), approximate="tanh"), p + "mlp.c_proj")
-    return ln(x, "transformer.ln_f") @ w["transformer.wte.weight"].T
+    return hf_gpt2_loss.logits(w, cfg["n_head"], tokens, positions, mask.unsqueeze(1))
 
 
 def llama(w, cfg, tokens, positions, mask):
