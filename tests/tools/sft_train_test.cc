@@ -81,6 +81,15 @@ json sft(const std::string& name, const std::string& data, int micro, int gas, i
   return j;
 }
 
+// The JSON objects of a command's output, a line each (zeroth data-preview --json).
+std::vector<json> json_lines(const std::string& output) {
+  std::vector<json> out;
+  std::istringstream lines(output);
+  for (std::string line; std::getline(lines, line);)
+    if (!line.empty() && line[0] == '{') out.push_back(json::parse(line));
+  return out;
+}
+
 double val_loss(const testing::Run& r) {
   double v = -1;
   for (const auto& m : r.metrics)
@@ -168,10 +177,7 @@ TEST(Sft, DataPreviewMarksWhatTheLossCounts) {
   const auto r = run({ZEROTH_BIN, "data-preview", config, "--n", "6", "--json"}, "sft_preview");
   ASSERT_EQ(r.code, 0) << r.output;
   int seen = 0;
-  std::istringstream lines(r.output);
-  for (std::string line; std::getline(lines, line);) {
-    if (line.empty() || line[0] != '{') continue;
-    const json j = json::parse(line);
+  for (const json& j : json_lines(r.output)) {
     const auto ids = j["ids"].get<std::vector<int>>();
     const auto mask = j["mask"].get<std::vector<int>>();
     ASSERT_EQ(ids.size(), mask.size());
@@ -252,16 +258,13 @@ TEST(Sft, ABaseModelsFolderEndsCompletionsWithItsEosId) {
   const auto r = run({ZEROTH_BIN, "data-preview", write_config("sft_base_run", j), "--n", "2", "--json"}, "sft_base_run");
   ASSERT_EQ(r.code, 0) << r.output;
   int seen = 0;
-  std::istringstream lines(r.output);
-  for (std::string line; std::getline(lines, line);) {
-    if (line.empty() || line[0] != '{') continue;
-    const json s = json::parse(line);
+  for (const json& s : json_lines(r.output)) {
     const auto ids = s["ids"].get<std::vector<int>>();
     const auto mask = s["mask"].get<std::vector<int>>();
     ASSERT_FALSE(ids.empty());
-    EXPECT_EQ(ids.back(), 2) << line;
-    EXPECT_EQ(mask.back(), 1) << line;
-    EXPECT_EQ(mask.front(), 0) << line;
+    EXPECT_EQ(ids.back(), 2) << s.dump();
+    EXPECT_EQ(mask.back(), 1) << s.dump();
+    EXPECT_EQ(mask.front(), 0) << s.dump();
     ++seen;
   }
   EXPECT_EQ(seen, 2);
