@@ -82,6 +82,9 @@ struct BlockSpec {
   // there; its gradients are averaged over the whole data-parallel group all the same (every rank's
   // tokens reach the experts).
   int expert_parallel = 1;
+  // Frozen: the host hands its backward no gradient views and keeps no gradients, no reduction and
+  // no optimizer state for it; its parameters are still partitioned, gathered and placed as any.
+  bool frozen = false;
 };
 
 // Where a model uses its blocks in one micro-step: forward uses, then backward uses. A block may

@@ -48,6 +48,10 @@ std::vector<BlockSpec> engine_specs(const Engine& engine) {
 
 std::vector<TensorRef> engine_tensors(const Engine& engine) { return plan_tensors(engine_specs(engine), engine.plan()); }
 
+const OwnedRange& saved_range(const Plan& plan, StateKind kind, int block) {
+  return kind == StateKind::master ? plan.values_owned(block) : plan.range(kind, block);
+}
+
 std::vector<FilePiece> file_layout(const Plan& plan, const std::vector<TensorRef>& tensors, size_t states, int rank) {
   std::vector<FilePiece> out;
   uint64_t offset = 0;
@@ -61,7 +65,8 @@ std::vector<FilePiece> file_layout(const Plan& plan, const std::vector<TensorRef
     const size_t lo = static_cast<size_t>(plan.group_rank(static_cast<int>(b), rank)) * blk.shard, hi = lo + blk.shard;
     size_t end = first;
     while (end < tensors.size() && tensors[end].block == static_cast<int>(b)) ++end;
-    for (size_t s = 0; s < states; ++s) {
+    // A frozen block saves its weights only.
+    for (size_t s = 0; s < (blk.frozen ? 1 : states); ++s) {
       for (size_t t = first; t < end; ++t) {
         const size_t a = std::max(lo, tensors[t].begin), e = std::min(hi, tensors[t].begin + tensors[t].numel);
         if (a >= e) continue;
@@ -154,7 +159,7 @@ void add_tensors(Manifest& m, const Plan& plan, const std::vector<TensorRef>& te
   const size_t first = m.tensors.size();
   std::vector<uint64_t> at;  // where the slice's elements go in the tensor's stored order
   for (const auto& t : tensors) {
-    m.tensors.push_back({t.name, t.shape, std::vector<std::vector<Piece>>(m.states.size()), t.split});
+    m.tensors.push_back({t.name, t.shape, std::vector<std::vector<Piece>>(m.states.size()), t.split, plan.blocks[t.block].frozen});
     m.tensors.back().split.rank = 0;
     m.tensors.back().split.full_shape = t.shape;
     at.push_back(m.tensors.back().part_offset(t.split.rank));

@@ -47,7 +47,8 @@ json Manifest::to_json() const {
   for (const auto& t : tensors) {
     json tj = {{"name", t.name}, {"shape", t.shape}, {"dtype", "F32"}};
     if (t.split.split()) tj["split"] = {{"axis", t.split.axis}, {"groups", t.split.groups}, {"parts", t.split.ranks}};
-    for (size_t s = 0; s < states.size(); ++s) {
+    if (t.frozen) tj["frozen"] = true;
+    for (size_t s = 0; s < (t.frozen ? 1 : states.size()); ++s) {
       json pieces = json::array();
       for (const auto& p : t.pieces[s]) pieces.push_back({p.file, p.offset, p.lo, p.hi});
       tj[states[s]] = std::move(pieces);
@@ -117,7 +118,13 @@ Manifest Manifest::from_json(const json& j, const std::string& source) {
                                 tensor.name, tensor.split.ranks, tp));
         }
       }
+      tensor.frozen = t.value("frozen", false);
       for (const auto& state : m.states) {
+        if (tensor.frozen && &state != &m.states.front()) {
+          if (t.contains(state)) throw bad(fmt::format("tensor {} is frozen but has \"{}\" pieces", tensor.name, state));
+          tensor.pieces.emplace_back();
+          continue;
+        }
         if (!t.contains(state)) throw bad(fmt::format("tensor {} has no \"{}\" pieces", tensor.name, state));
         std::vector<Piece> pieces;
         for (const auto& p : t.at(state))

@@ -54,6 +54,9 @@ struct TensorEntry {
   // The split it was saved in (axis, groups, ranks = its parts; full_shape = shape); axis -1: whole,
   // stored in row-major order.
   TensorSplit split = {};
+  // Saved from a frozen block: only the first state (the weights) has pieces; the optimizer's
+  // arrays are absent and read as zeros.
+  bool frozen = false;
   uint64_t numel() const;
   // The stored position of part `part`'s first element, and of the whole tensor's row-major element
   // `index`.

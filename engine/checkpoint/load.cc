@@ -167,7 +167,7 @@ class Load {
       r.lo = lo, r.hi = hi;
       for (size_t s = 0; s < states_.size(); ++s) {
         r.at.push_back(r.floats);
-        r.floats += s == 0 ? r.hi - r.lo : plan_.range(states_[s].kind, static_cast<int>(b)).numel();
+        if (s < states_of(b)) r.floats += s == 0 ? r.hi - r.lo : plan_.range(states_[s].kind, static_cast<int>(b)).numel();
       }
       total_floats_ += r.floats;
       largest_ = std::max(largest_, r.floats);
@@ -191,7 +191,7 @@ class Load {
         // only that touches.
         for (size_t b = 0; b < plan_.blocks.size(); ++b) {
           in_place_[b][0] = engine_.values_in_place(static_cast<int>(b));
-          for (size_t s = 1; s < states_.size(); ++s) in_place_[b][s] = engine_.owned_in_place(states_[s].kind, static_cast<int>(b));
+          for (size_t s = 1; s < states_of(b); ++s) in_place_[b][s] = engine_.owned_in_place(states_[s].kind, static_cast<int>(b));
         }
         planned_ = plan_reads([&](size_t b, size_t s) { return in_place_[b][s] != nullptr ? in_place_[b][s] : in_buffer(b, s); });
       }
@@ -302,7 +302,7 @@ class Load {
         std::vector<float> moments;
         for (size_t b = 0; b < plan_.blocks.size(); ++b) {
           engine_.set_block_values(static_cast<int>(b), [&](size_t lo, size_t hi, float* values) { fill(b, 0, lo, hi, values); });
-          for (size_t s = 1; s < states_.size(); ++s) {
+          for (size_t s = 1; s < states_of(b); ++s) {
             const OwnedRange& r = plan_.range(states_[s].kind, static_cast<int>(b));
             moments.assign(r.numel(), 0.0f);  // reused: its pages are touched once, not per block
             fill(b, s, r.lo, r.hi, moments.data());
@@ -323,6 +323,9 @@ class Load {
   }
 
   bool streams(int file) const { return file % ranks_ == rank_; }  // the files this rank verifies
+  // The states block b holds: a frozen block its weights only (a checkpoint's moments for it are
+  // left unread).
+  size_t states_of(size_t b) const { return plan_.blocks[b].frozen ? 1 : states_.size(); }
 
   // Padded elements [lo, hi) of block b's state s, read (or recorded) into `values`.
   void fill(size_t b, size_t s, size_t lo, size_t hi, float* values) {
@@ -343,7 +346,7 @@ class Load {
         std::memcpy(values, run + (lo - r.lo), (hi - lo) * sizeof(float));
       });
     }
-    for (size_t s = 1; s < states_.size(); ++s) {
+    for (size_t s = 1; s < states_of(b); ++s) {
       if (in_place_[b][s] != nullptr) continue;
       const OwnedRange& o = plan_.range(states_[s].kind, static_cast<int>(b));
       engine_.write_owned(states_[s].kind, static_cast<int>(b), std::span<const float>(run + r.at[s], o.numel()));
@@ -357,7 +360,7 @@ class Load {
     std::vector<ByteRead> reads;
     reader_->record_into(&reads);
     for (size_t b = 0; b < plan_.blocks.size(); ++b) {
-      for (size_t s = 0; s < states_.size(); ++s) {
+      for (size_t s = 0; s < states_of(b); ++s) {
         const OwnedRange* o = s == 0 ? nullptr : &plan_.range(states_[s].kind, static_cast<int>(b));
         fill(b, s, o ? o->lo : runs_[b].lo, o ? o->hi : runs_[b].hi, base(b, s));
         for (const auto& r : reads) planned.push_back({r, b, in_place_[b][s] != nullptr});

@@ -88,7 +88,8 @@ Executor::Executor(Device& device, TierAllocators& tiers, Communicator& dp, cons
     gathered_event_.push_back(device_.create_event());
     // Resident state has one home for the whole run; the rest is placed by the program.
     if (const auto* r = plan_.find(StateKind::params, static_cast<int>(b))) gathered_[b] = at(*r, 0);
-    if (!plan_.blocks[b].transient_grads) grads_[b] = at(plan_.range(StateKind::grad_accum, static_cast<int>(b)), 0);
+    if (!plan_.blocks[b].transient_grads && !plan_.blocks[b].frozen)
+      grads_[b] = at(plan_.range(StateKind::grad_accum, static_cast<int>(b)), 0);
   }
 }
 
@@ -202,12 +203,14 @@ const BlockViews& Executor::begin(int block, int micro, Pass pass, const char* w
   v.params.clear();
   v.grads.clear();
   const auto full = full_params(block);
-  const auto grads = pass == Pass::backward ? grad_view(block) : TensorView{};
+  // A frozen block's backward gets no gradient views: it computes its input's gradient only.
+  const bool grads_out = pass == Pass::backward && !plan_.blocks[block].frozen;
+  const auto grads = grads_out ? grad_view(block) : TensorView{};
   const auto& spec = specs_[block];
   for (size_t i = 0; i < spec.params.size(); ++i) {
     const size_t off = plan_.blocks[block].param_offsets[i], n = spec.params[i].numel();
     v.params.push_back(full.slice(off, n));
-    if (pass == Pass::backward) v.grads.push_back(grads.slice(off, n));
+    if (grads_out) v.grads.push_back(grads.slice(off, n));
   }
   return v;
 }

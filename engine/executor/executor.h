@@ -136,7 +136,11 @@ class Executor {
   bool in_host_memory(int buffer) const;
   // Zeroes what starts at zero (moments, gradient accumulators).
   void start();
-  // The fp32 master values of a block, whole (padded). Collective over the group; synchronizes.
+  // The f32 values of the rank's part of a block (Plan::values_owned): its master, or a frozen
+  // block's parameter shard widened.
+  void read_values(int block, float* out);
+  // The fp32 master values of a block, whole (padded): a frozen block's parameters widened.
+  // Collective over the group; synchronizes.
   // `out` is resized to the padded block; its memory is reused where it is large enough.
   void master_values(int block, std::vector<float>& out);
   // A whole owned range (in its buffer's dtype) to or from host memory, whatever its tier (between

@@ -17,7 +17,7 @@ void Executor::wait_for_reductions() {
 }
 
 void Executor::tie_gradients() {
-  if (plan_.tied_block < 0) return;
+  if (plan_.tied_block < 0 || plan_.blocks[plan_.tied_block].frozen) return;  // a frozen pair has no gradients
   Stream& cs = compute_stream();
   const int b = plan_.tied_block;
   const OwnedRange& r = plan_.range(StateKind::grad_shard, b);

@@ -28,11 +28,11 @@ void Executor::zero_outside_params(int b, size_t lo, size_t hi, float* values) c
 void Executor::write_block(int b, const std::function<void(size_t, size_t, float*)>& fill) {
   const OwnedRange* params = plan_.find(StateKind::params, b);
   const OwnedRange& shard = plan_.range(StateKind::param_shard, b);
-  const OwnedRange& master = plan_.range(StateKind::master, b);
+  const OwnedRange* master = plan_.find(StateKind::master, b);  // none for a frozen block
   const auto [lo, hi] = plan_.values_range(b);
   std::optional<OwnedWriter> shard_out, master_out;
   if (params == nullptr || params->buffer != shard.buffer) shard_out.emplace(*this, shard, scratch_io_[0]);
-  if (!same_place(master, shard)) master_out.emplace(*this, master, scratch_io_[1]);
+  if (master != nullptr && !same_place(*master, shard)) master_out.emplace(*this, *master, scratch_io_[1]);
   const DType dtype = plan_.compute_dtype;
   const size_t c = dtype_size(dtype);
   // Full parameters in host memory are written in place: the values themselves where they are f32,
@@ -78,7 +78,8 @@ float* Executor::values_in_place(int b) {
   const OwnedRange* params = plan_.find(StateKind::params, b);
   const OwnedRange& shard = plan_.range(StateKind::param_shard, b);
   const auto [lo, hi] = plan_.values_range(b);
-  if (params == nullptr || params->buffer != shard.buffer || !same_place(plan_.range(StateKind::master, b), shard)) return nullptr;
+  const OwnedRange* master = plan_.find(StateKind::master, b);
+  if (params == nullptr || params->buffer != shard.buffer || (master != nullptr && !same_place(*master, shard))) return nullptr;
   if (plan_.compute_dtype != DType::f32 || params->lo > lo || params->hi < hi || owned_in_place(*params) == nullptr) return nullptr;
   return static_cast<float*>(at(*params, lo));
 }
@@ -107,18 +108,30 @@ void Executor::start() {
   cs.synchronize();
 }
 
+void Executor::read_values(int block, float* out) {
+  const OwnedRange& r = plan_.values_owned(block);
+  if (plan_.buffers[r.buffer].dtype == DType::f32) {
+    read_owned(r, out);
+    return;
+  }
+  // A frozen block's narrow parameter shard, widened.
+  std::vector<char> narrow(r.numel() * dtype_size(plan_.buffers[r.buffer].dtype));
+  read_owned(r, narrow.data());
+  cpu::cast(narrow.data(), plan_.buffers[r.buffer].dtype, out, DType::f32, r.numel());
+}
+
 void Executor::master_values(int block, std::vector<float>& out) {
   const auto& blk = plan_.blocks[block];
-  const auto& m = plan_.range(StateKind::master, block);
+  const auto& m = plan_.values_owned(block);
   Stream& cs = compute_stream();
   out.resize(blk.padded);  // every element is written below
   if (m.lo == 0 && m.hi == blk.padded) {
-    read_owned(m, out.data());
+    read_values(block, out.data());
     return;
   }
   // The communicator gathers device memory: the owned range goes there first, wherever it lives.
   std::vector<float> mine(m.numel());
-  read_owned(m, mine.data());
+  read_values(block, mine.data());
   Buffer part = device_.allocate(m.numel() * sizeof(float), MemTag::other);
   Buffer full = device_.allocate(blk.padded * sizeof(float), MemTag::other);
   device_.copy(cs, part.data(), mine.data(), m.numel() * sizeof(float));

@@ -56,7 +56,9 @@ MemoryNeed estimate(const Plan& plan, const ModelFootprint& model, bool snapshot
   // rank's file through its staging buffers, which a file smaller than them touches only in part.
   size_t checkpoint_host = 0, checkpoint_file = 0;
   for (const auto& r : plan.owned) {
-    if (r.kind == StateKind::master || r.kind == StateKind::moment0 || r.kind == StateKind::moment1) {
+    // A frozen block saves its weights (its parameter shard, widened) only.
+    const bool frozen_weights = r.kind == StateKind::param_shard && plan.blocks[r.block].frozen;
+    if (frozen_weights || r.kind == StateKind::master || r.kind == StateKind::moment0 || r.kind == StateKind::moment1) {
       checkpoint_host = std::max(checkpoint_host, r.numel() * sizeof(float) + bounce(r));
       checkpoint_file += r.numel() * sizeof(float);
     }
@@ -74,7 +76,7 @@ MemoryNeed estimate(const Plan& plan, const ModelFootprint& model, bool snapshot
     const int block = static_cast<int>(b);
     const auto [lo, hi] = plan.values_range(block);
     chunk = std::max(chunk, std::min(hi - lo, kTransferChunkNumel) * (sizeof(float) + dtype_size(plan.compute_dtype)));
-    master_bounce = std::max(master_bounce, bounce(plan.range(StateKind::master, block)));
+    if (const OwnedRange* m = plan.find(StateKind::master, block)) master_bounce = std::max(master_bounce, bounce(*m));
     shard_bounce = std::max(shard_bounce, bounce(plan.range(StateKind::param_shard, block)));
     size_t run = hi - lo;
     for (StateKind kind : {StateKind::moment0, StateKind::moment1}) {

@@ -78,7 +78,8 @@ Tier staging_tier(const ZeroConfig& z) { return z.offload_optimizer.pin_memory ?
 // a bucket's gradients take one way, so the split falls between buckets.
 void split_offload(Plan& p, const OffloadConfig& o) {
   const int n = static_cast<int>(p.reduce_buckets.size());
-  const double keep = o.enabled() ? (1.0 - o.ratio) * static_cast<double>(p.shard_numel) : static_cast<double>(p.shard_numel);
+  const double owned = static_cast<double>(p.trainable_shard);
+  const double keep = o.enabled() ? (1.0 - o.ratio) * owned : owned;
   p.device_buckets = 0;
   p.device_owned = 0;
   while (p.device_buckets < n && static_cast<double>(p.device_owned + p.reduce_buckets[p.device_buckets].shard_numel) <= keep)
@@ -100,7 +101,7 @@ void lay_out_state(Plan& p, const EngineConfig& config, const ArenaSizes& arenas
   const bool sharded_params = stage == 3, aliases = c == DType::f32;
   size_t persistent = 0;
   for (const auto& blk : p.blocks) persistent += blk.persistent ? blk.padded : 0;
-  const size_t owned_numel = stage == 0 ? p.total_padded : p.shard_numel;
+  const size_t owned_numel = stage == 0 ? p.trainable_padded : p.trainable_shard;
   const int shard_buf = sharded_params ? add_buffer(p, "param_shard", MemTag::params, c, p.shard_numel, false,
                                                     offload_tier(config.zero.offload_param))
                                        : -1;
@@ -124,7 +125,7 @@ void lay_out_state(Plan& p, const EngineConfig& config, const ArenaSizes& arenas
   const size_t kept = opt == Tier::device ? owned_numel : p.device_owned;
   const Home device_home = make_home(Tier::device, kept, opt == Tier::device ? "" : "device_");
   const Home offloaded_home = make_home(opt, owned_numel - kept, "");
-  const int accum_buf = stage <= 1 ? add_buffer(p, "grad_accum", MemTag::grads, DType::f32, p.total_padded, true) : -1;
+  const int accum_buf = stage <= 1 ? add_buffer(p, "grad_accum", MemTag::grads, DType::f32, p.trainable_padded, true) : -1;
 
   p.owned_index.assign(p.blocks.size(), {});
   for (auto& idx : p.owned_index) idx.fill(-1);
@@ -146,6 +147,7 @@ void lay_out_state(Plan& p, const EngineConfig& config, const ArenaSizes& arenas
       }
       own(p, StateKind::param_shard, b, lo, hi, shard_buf, blk.shard_offset);
     }
+    if (blk.frozen) continue;
     if (aliases && !offloaded) {
       const auto& shard = p.range(StateKind::param_shard, b);
       own(p, StateKind::master, b, lo, hi, shard.buffer, shard.offset);
@@ -200,7 +202,7 @@ void make_sub_groups(Plan& p, const std::vector<BlockSpec>& specs, const WeightD
     }
   };
   for (int b : p.shard_order) {
-    if (per_tensor && specs[b].params.empty()) continue;
+    if (p.blocks[b].frozen || (per_tensor && specs[b].params.empty())) continue;
     const auto& blk = p.blocks[b];
     const auto& params = specs[b].params;
     const auto& m = p.range(StateKind::master, b);
@@ -273,42 +275,6 @@ void add_offload_buffers(Plan& p, const EngineConfig& config) {
 
 }  // namespace
 
-void tie_block(Plan& p, int block, bool counts_in_norm) {
-  ZEROTH_CHECK(p.tied_block < 0 && block >= 0 && block < static_cast<int>(p.blocks.size()), "tie_block({}) on a plan of {} blocks",
-               block, p.blocks.size());
-  p.tied_block = block;
-  p.tied_in_norm = counts_in_norm;
-  if (!counts_in_norm) p.blocks[block].norm_excluded = {{0, p.blocks[block].padded}};
-  // Its gradients change at the step (summed with the other stage's copy): its sub-groups are
-  // updated there, not during the backward pass.
-  for (size_t g = 0; g < p.in_backward.size(); ++g) {
-    if (!p.in_backward[g]) continue;
-    bool tied = false;
-    for (const auto& span : p.sub_groups[g]) tied = tied || span.block == block;
-    if (!tied) continue;
-    p.in_backward[g] = false;
-    std::erase_if(p.program, [&](const Action& a) {
-      const bool sub_group_op = a.as<op::SwapIn>() || a.as<op::Update>() || a.as<op::Upload>() || a.as<op::SwapOut>();
-      return sub_group_op && action_target(a) == static_cast<int>(g);
-    });
-  }
-  const OwnedRange& r = p.range(StateKind::grad_shard, block);
-  // The tied pair's sum is not exact in the reduction's dtype: a narrow gradient file goes back to
-  // f32 (the layout's 4 KiB quantum of the narrow type is a multiple of f32's).
-  if (p.buffers[r.buffer].tier == Tier::nvme && p.buffers[r.buffer].dtype != DType::f32) {
-    for (int k : {r.buffer, p.grad_host}) {
-      PlannedBuffer& buf = p.buffers[k];
-      at(p.bytes, buf.tier, buf.tag) -= buf.bytes();
-      buf.dtype = DType::f32;
-      at(p.bytes, buf.tier, buf.tag) += buf.bytes();
-    }
-  }
-  if (p.buffers[r.buffer].tier != Tier::device) {
-    p.tie_staging = add_buffer(p, "tie_staging", MemTag::buffers, DType::f32, r.numel());
-    if (p.tie_staging >= 0) at(p.bytes, Tier::device, MemTag::buffers) += p.buffers[p.tie_staging].bytes();
-  }
-}
-
 const OwnedRange* Plan::find(StateKind kind, int block) const {
   const int i = owned_index.at(block)[static_cast<size_t>(kind)];
   return i < 0 ? nullptr : &owned[i];
@@ -323,10 +289,14 @@ const OwnedRange& Plan::range(StateKind kind, int block) const {
 std::array<size_t, 2> Plan::values_range(int block) const {
   const OwnedRange* params = find(StateKind::params, block);
   const OwnedRange& shard = range(StateKind::param_shard, block);
-  const OwnedRange& master = range(StateKind::master, block);
-  size_t lo = std::min(shard.lo, master.lo), hi = std::max(shard.hi, master.hi);
+  size_t lo = shard.lo, hi = shard.hi;
+  if (const OwnedRange* master = find(StateKind::master, block)) lo = std::min(lo, master->lo), hi = std::max(hi, master->hi);
   if (params != nullptr) lo = std::min(lo, params->lo), hi = std::max(hi, params->hi);
   return {lo, hi};
+}
+
+const OwnedRange& Plan::values_owned(int block) const {
+  return blocks.at(block).frozen ? range(StateKind::param_shard, block) : range(StateKind::master, block);
 }
 
 Plan make_plan(const std::vector<BlockSpec>& specs, const BlockSchedule& schedule, const EngineConfig& config, int dp, int rank,
@@ -414,18 +384,24 @@ Plan make_plan(const std::vector<BlockSpec>& specs, const std::vector<BlockSched
     blk.persistent = z.stage == 3 && blk.numel <= z.stage3_param_persistence_threshold;
     // Narrow gradients, and every gradient once they are reduced per micro-batch, live in the
     // arena only while their block needs them; stages 0-1 in f32 add straight into the accumulator.
-    blk.transient_grads = z.stage >= 2 || config.compute_dtype != DType::f32;
+    blk.frozen = spec.frozen;
+    blk.transient_grads = !blk.frozen && (z.stage >= 2 || config.compute_dtype != DType::f32);
     // Stage 0 with experts: every rank holds whole reduced gradients, but of its own slice of the
     // experts, so the norm sums over the ranks; a dense block counts on rank 0, an expert block on
     // the first rank of each slice.
     if (z.stage == 0 && p.ep > 1 && (blk.expert ? rank / p.ep : rank) != 0) blk.norm_excluded = {{0, blk.padded}};
     p.total_numel += blk.numel;
     p.total_padded += blk.padded;
+    if (!blk.frozen) p.trainable_numel += blk.numel, p.trainable_padded += blk.padded;
     p.blocks.push_back(std::move(blk));
+  }
+  if (p.trainable_numel == 0) {
+    ZEROTH_THROW(ConfigError, "every parameter of the model is frozen: nothing would train; leave some out of model.frozen, or "
+                              "name them in model.trainable");
   }
 
   // Shard order: by last backward use, so buckets fill in the order gradients complete (the
-  // chunks in the order of their last backward pass).
+  // chunks in the order of their last backward pass); frozen blocks after all the others.
   std::vector<size_t> last_back(specs.size());
   std::vector<int> chunk_order;
   for (auto it = p.passes.rbegin(); it != p.passes.rend(); ++it) {
@@ -440,21 +416,25 @@ Plan make_plan(const std::vector<BlockSpec>& specs, const std::vector<BlockSched
     for (int b : schedules[c].forward) p.blocks[b].chunk = static_cast<int>(c);
   }
   for (size_t b = 0; b < specs.size(); ++b) p.shard_order.push_back(static_cast<int>(b));
-  std::stable_sort(p.shard_order.begin(), p.shard_order.end(), [&](int a, int b) { return last_back[a] < last_back[b]; });
+  std::stable_sort(p.shard_order.begin(), p.shard_order.end(), [&](int a, int b) {
+    return std::pair(p.blocks[a].frozen, last_back[a]) < std::pair(p.blocks[b].frozen, last_back[b]);
+  });
   size_t full_numel = 0;
+  std::vector<int> trained;  // the shard order's trainable prefix
   for (int b : p.shard_order) {
     auto& blk = p.blocks[b];
     blk.shard_offset = p.shard_numel;
     blk.full_offset = full_numel;
     p.shard_numel += blk.shard;
     full_numel += blk.padded;
+    if (!blk.frozen) p.trainable_shard += blk.shard, trained.push_back(b);
   }
 
   // Stage 0 all-reduces the contiguous accumulator in place; the others reduce-scatter, which
   // needs a rank-major layout that only a single block has by itself.
   const DType grad_source = z.stage <= 1 ? DType::f32 : config.compute_dtype;
   size_t reduce_staging = 0, gather_staging = 0;
-  p.reduce_buckets = make_buckets(p, z.reduce_bucket_size, p.shard_order);
+  p.reduce_buckets = make_buckets(p, z.reduce_bucket_size, trained);
   for (size_t k = 0; k < p.reduce_buckets.size(); ++k) {
     auto& bucket = p.reduce_buckets[k];
     bucket.staged = z.stage == 0 ? config.communication_dtype != DType::f32
@@ -464,11 +444,11 @@ Plan make_plan(const std::vector<BlockSpec>& specs, const std::vector<BlockSched
     if (bucket.staged) reduce_staging = std::max(reduce_staging, bucket.shard_numel * p.group_ranks(bucket.blocks.front()));
   }
   if (z.stage == 1 || z.stage == 2) {
-    p.gather_buckets = make_buckets(p, z.allgather_bucket_size, p.shard_order);
+    p.gather_buckets = make_buckets(p, z.allgather_bucket_size, trained);
   } else if (z.stage == 3) {
     // Persistent blocks are refreshed from their shards after each step, one by one.
     for (size_t b = 0; b < p.blocks.size(); ++b) {
-      if (p.blocks[b].persistent) p.gather_buckets.push_back(make_buckets(p, 0, {static_cast<int>(b)}).front());
+      if (p.blocks[b].persistent && !p.blocks[b].frozen) p.gather_buckets.push_back(make_buckets(p, 0, {static_cast<int>(b)}).front());
     }
   }
   for (size_t k = 0; k < p.gather_buckets.size(); ++k) {

@@ -93,7 +93,11 @@ struct PlannedBlock {
   // expert-data-parallel group (Plan::group_ranks), not the whole data-parallel one.
   bool expert = false;
   bool transient_grads = false;  // gradients live in the arena per micro-batch
-  int chunk = 0;                 // the model chunk whose passes use it
+  // BlockSpec::frozen: parameters only (params, param_shard), placed after every trainable block
+  // in shard order, so the optimizer's state and the gradients cover a prefix of the shard and full
+  // spaces (Plan::trainable_shard, trainable_padded) and a frozen block costs them nothing.
+  bool frozen = false;
+  int chunk = 0;  // the model chunk whose passes use it
   int reduce_bucket = -1;
   int gather_bucket = -1;  // the post-step all-gather bucket, if any
   // Ranges [lo, hi) of the flat space: gradients this rank leaves out of the global norm because
@@ -190,10 +194,11 @@ struct Plan {
   int device_buckets = 0;
   size_t device_owned = 0;
   std::vector<PassRef> passes;
-  std::vector<Action> program;                                // one accumulation cycle, in the order of `passes`
-  std::vector<Action> eval_program;                           // one forward-only pass (validation)
-  std::vector<Action> step_program;                           // at the end of the cycle
-  size_t total_numel = 0, total_padded = 0, shard_numel = 0;  // shard_numel: this rank's, all blocks
+  std::vector<Action> program;                                            // one accumulation cycle, in the order of `passes`
+  std::vector<Action> eval_program;                                       // one forward-only pass (validation)
+  std::vector<Action> step_program;                                       // at the end of the cycle
+  size_t total_numel = 0, total_padded = 0, shard_numel = 0;              // shard_numel: this rank's, all blocks
+  size_t trainable_numel = 0, trainable_padded = 0, trainable_shard = 0;  // the same, of the blocks not frozen
   int param_arena = -1, grad_arena = -1, reduce_staging = -1, gather_staging = -1, scalar = -1;  // buffers
   int tensor_norms = -1;  // buffer: two f32 per parameter tensor (Lamb's trust ratio), or -1
   // Offload buffers on the host, or -1: a piece of a bucket's reduced gradient slice as it arrives
@@ -234,7 +239,10 @@ struct Plan {
   const OwnedRange& range(StateKind kind, int block) const;  // throws when there is none
   // The padded elements [lo, hi) of a block that the rank keeps any copy of (full parameters,
   // parameter shard, master): what writing the block's values touches.
+  // values_owned: the range whose f32 values a checkpoint saves for the rank: the master, or a
+  // frozen block's parameter shard (read widened).
   std::array<size_t, 2> values_range(int block) const;
+  const OwnedRange& values_owned(int block) const;
   // The parts of the rank's reduced gradients that count in the global norm: [begin, end) within
   // the block's grad_shard range, or within the bucket's reduced gradients (its blocks' ranges
   // end to end).
@@ -242,7 +250,7 @@ struct Plan {
   std::vector<std::array<size_t, 2>> bucket_counted_in_norm(int bucket) const;
   bool bucket_fully_counted(int bucket) const;
   bool bucket_offloaded(int bucket) const { return bucket >= device_buckets; }
-  bool block_offloaded(int block) const { return bucket_offloaded(blocks.at(block).reduce_bucket); }
+  bool block_offloaded(int block) const { return !blocks.at(block).frozen && bucket_offloaded(blocks.at(block).reduce_bucket); }
   bool sub_group_offloaded(int sub_group) const { return block_offloaded(sub_groups.at(sub_group).front().block); }
   size_t buffer_numel(int buffer) const { return buffer < 0 ? 0 : buffers[buffer].numel; }
   size_t device_bytes() const { return tier_total(bytes, Tier::device); }

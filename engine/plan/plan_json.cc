@@ -101,6 +101,8 @@ nlohmann::json Plan::to_json() const {
   j["total_numel"] = total_numel;
   j["total_padded"] = total_padded;
   j["shard_numel"] = shard_numel;
+  j["trainable_numel"] = trainable_numel;
+  j["trainable_shard"] = trainable_shard;
   auto& jb = j["blocks"] = nlohmann::json::array();
   for (const auto& b : blocks) {
     jb.push_back({{"name", b.name},
@@ -110,6 +112,7 @@ nlohmann::json Plan::to_json() const {
                   {"shard_offset", b.shard_offset},
                   {"persistent", b.persistent},
                   {"expert", b.expert},
+                  {"frozen", b.frozen},
                   {"transient_grads", b.transient_grads},
                   {"reduce_bucket", b.reduce_bucket},
                   {"gather_bucket", b.gather_bucket},
@@ -204,6 +207,21 @@ std::string Plan::group_of(ActionKind kind, int target) const {
   }
 }
 
+namespace {
+
+// The table's line on frozen blocks, or "".
+std::string frozen_line(const Plan& p) {
+  if (p.trainable_numel == p.total_numel) return "";
+  size_t frozen = 0;
+  for (const auto& b : p.blocks) frozen += b.frozen;
+  return fmt::format("  {} frozen block(s), {} parameters: partitioned and gathered, with no gradients, reduction or optimizer "
+                     "state; {} parameters train ({} of the shard per rank)\n",
+                     frozen, p.total_numel - p.trainable_numel, p.trainable_numel, p.trainable_shard);
+}
+
+}  // namespace
+
+// Long: the plan's log lines in the order printed, each a condition and its one line.
 std::string Plan::table() const {
   size_t gathers = 0, serial = 0;
   for (const auto& a : program) {
@@ -216,6 +234,7 @@ std::string Plan::table() const {
                      "micro-batch(es); {}\n",
                      dtype_name(compute_dtype), dtype_name(comm_dtype), reduce_buckets.size(), gather_buckets.size(), gathers,
                      micro_batches, serial > 0 ? "communication serialised with compute" : "communication overlapped with compute");
+  out += frozen_line(*this);
   size_t partial = 0;
   for (const auto& b : blocks) partial += b.tp_partial.size();
   if (tp > 1) {

@@ -120,7 +120,7 @@ class Builder {
     emit(i, op::Run{});
 
     std::vector<int> grad_releases;
-    if (backward && u.last_backward) {
+    if (backward && u.last_backward && !blk.frozen) {
       if (blk.transient_grads && p_.stage <= 1) {
         // Narrow gradients join the f32 accumulator as soon as the block is done with them.
         emit(i, op::Accumulate{b});
@@ -148,7 +148,8 @@ class Builder {
         }
       }
     }
-    if (backward && u.ends_pass && blk.transient_grads && p_.stage >= 2) {
+    // The pass may end on a frozen block, which has no gradients of its own.
+    if (backward && u.ends_pass && p_.stage >= 2) {
       grad_releases.insert(grad_releases.end(), in_flight_.begin(), in_flight_.end());
       in_flight_.clear();
     }

@@ -4,7 +4,8 @@
 // checks are in gpt_config.cc, the passes in gpt_step.cc, the activation memory in activations.cc.
 #include "models/decoder/gpt.h"
 
-#include <cmath>  // std::sqrt
+#include <algorithm>  // std::find
+#include <cmath>      // std::sqrt
 
 #include <fmt/format.h>  // fmt::join
 #include <fmt/ranges.h>  // fmt::join
@@ -389,6 +390,8 @@ std::vector<BlockSpec> Gpt::block_specs(const GptConfig& c, const GptPart& given
       for (auto& param : block.params) param = tensor_parallel_cut(param, part);
     }
   }
+  for (auto& block : out)
+    block.frozen = std::find(c.frozen_blocks.begin(), c.frozen_blocks.end(), block.name) != c.frozen_blocks.end();
   return out;
 }
 

@@ -114,6 +114,9 @@ struct GptConfig {
   bool attention_probabilities = false;
 
   MoeConfig moe;
+  // Blocks whose parameters do not train (BlockSpec::frozen), by block name: what the training
+  // config's model.trainable / model.frozen patterns resolve to.
+  std::vector<std::string> frozen_blocks;
 
   // "gpt2-124m" (alias "gpt2"), "gpt2-350m", "gpt2-774m", "gpt2-1558m"; ConfigError otherwise.
   static GptConfig preset(std::string_view name);

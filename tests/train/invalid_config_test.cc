@@ -217,6 +217,16 @@ INSTANTIATE_TEST_SUITE_P(
         ErrorCase{"NoDecayType", R"({"model": {"no_weight_decay": "bias"}})",
                   "model.no_weight_decay must be a list of roles (weight, bias, norm, embedding) or parameter-name globs like "
                   "\"h.*.attn.*\", got \"bias\""},
+        ErrorCase{"FrozenType", R"({"model": {"trainable": "transformer.h.*"}})",
+                  "model.trainable must be a list of Hugging Face parameter-name patterns, got \"transformer.h.*\""},
+        ErrorCase{"FrozenUnmatched", R"({"model": {"frozen": ["model.layers.*"]}})",
+                  "model.frozen entry \"model.layers.*\" matches no parameter; the model's names are Hugging Face's, such as "
+                  "\"transformer.wpe.weight\""},
+        ErrorCase{"FrozenPartBlock", R"({"model": {"frozen": ["transformer.h.0.attn.*"]}})",
+                  "model.trainable / model.frozen train transformer.h.0.mlp.c_proj.bias but freeze transformer.h.0.attn.c_proj.bias: "
+                  "zeroth freezes whole blocks (h.0 here); train or freeze all of its parameters"},
+        ErrorCase{"FrozenEverything", R"({"model": {"trainable": ["transformer.h.*"], "frozen": ["transformer.h.0.*"]}})",
+                  "model.trainable / model.frozen freeze every parameter: nothing would train"},
         ErrorCase{"Vocab", R"({"model": {"vocab_size": 100}, "data": {"format": "synthetic", "vocab_size": 200}})",
                   "model.vocab_size (100) is smaller than data.vocab_size (200): every token id must have an embedding row"}),
     [](const auto& info) { return std::string(info.param.name); });

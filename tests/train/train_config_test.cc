@@ -117,6 +117,24 @@ INSTANTIATE_TEST_SUITE_P(
                       BatchCase{R"({"train_batch_size": 12})", 3, 12, 4, 1},
                       BatchCase{R"({"train_micro_batch_size_per_gpu": 6})", 2, 12, 6, 1}));
 
+// model.trainable / model.frozen resolve Hugging Face name globs to whole frozen blocks, which the
+// block specs carry to the engine.
+TEST(TrainConfig, FrozenPatternsFreezeWholeBlocks) {
+  auto frozen_of = [](const char* patch) {
+    const TrainConfig c = TrainConfig::from_json(with(base(), patch));
+    std::vector<std::string> out;
+    for (const auto& spec : Gpt::block_specs(c.model))
+      if (spec.frozen) out.push_back(spec.name);
+    EXPECT_EQ(out, c.model.frozen_blocks);
+    return out;
+  };
+  EXPECT_EQ(frozen_of(R"({"model": {"frozen": ["transformer.w*"]}})"), std::vector<std::string>{"embed"});
+  EXPECT_EQ(frozen_of(R"({"model": {"trainable": ["transformer.h.0.*"]}})"), (std::vector<std::string>{"embed", "ln_f"}));
+  EXPECT_EQ(frozen_of(R"({"model": {"trainable": ["transformer.h.*", "transformer.ln_f.*"], "frozen": ["transformer.ln_f.*"]}})"),
+            (std::vector<std::string>{"embed", "ln_f"}));
+  EXPECT_TRUE(frozen_of(R"({"model": {"n_layer": 2}})").empty());
+}
+
 // Weight decay follows a stated rule: by default Hugging Face Trainer's (none on biases and
 // LayerNorm parameters), replaced by model.no_weight_decay's roles and name globs; the plan's
 // update spans carry it.

@@ -1,6 +1,9 @@
 // The model section of a training config: GPT-2, the Llama family and mixture of experts, from keys,
 // a preset or a Hugging Face config.json.
 #include <algorithm>  // std::all_of
+#include <map>        // std::map
+
+#include <fnmatch.h>  // fnmatch
 
 #include <fmt/format.h>  // fmt::format
 
@@ -73,6 +76,57 @@ void read_moe(const ConfigSection& model, GptConfig& g, bool from_file) {
   m.z_loss_coef = s.number("z_loss_coef", m.z_loss_coef, 0.0, 1e3);
 }
 
+// A list of strings at model.<key>, or ConfigError.
+std::vector<std::string> string_list(const ConfigSection& s, const char* key, const char* what) {
+  const json& v = s.raw(key);
+  if (!v.is_array() || !std::all_of(v.begin(), v.end(), [](const json& e) { return e.is_string(); }))
+    ZEROTH_THROW(ConfigError, "{} must be a list of {}, got {}", s.at(key), what, v.dump());
+  return v.get<std::vector<std::string>>();
+}
+
+// model.trainable / model.frozen: globs over Hugging Face's parameter names. A parameter trains
+// when it matches `trainable` (every one, without it) and no pattern of `frozen`. Freezing is by
+// block (the engine keeps no gradient or optimizer state for a frozen block): a layer with some
+// parameters frozen and others not is an error naming both.
+void read_frozen(const ConfigSection& s, GptConfig& g) {
+  if (!s.has("trainable") && !s.has("frozen")) return;
+  const auto trainable = s.has("trainable") ? string_list(s, "trainable", "Hugging Face parameter-name patterns")
+                                            : std::vector<std::string>{};
+  const auto frozen = s.has("frozen") ? string_list(s, "frozen", "Hugging Face parameter-name patterns") : std::vector<std::string>{};
+  g.frozen_blocks.clear();
+  const auto specs = Gpt::block_specs(g);
+  const auto names = Gpt::hf_params(g);
+  auto matches = [](const std::vector<std::string>& globs, const std::string& name) {
+    return std::any_of(globs.begin(), globs.end(), [&](const std::string& e) { return fnmatch(e.c_str(), name.c_str(), 0) == 0; });
+  };
+  for (const auto& [key, globs] : {std::pair{"trainable", &trainable}, std::pair{"frozen", &frozen}}) {
+    for (const auto& e : *globs) {
+      if (std::none_of(names.begin(), names.end(), [&](const Gpt::HfParam& p) { return matches({e}, p.name); })) {
+        ZEROTH_THROW(ConfigError, "{} entry \"{}\" matches no parameter; the model's names are Hugging Face's, such as \"{}\"",
+                     s.at(key), e, names.size() > 1 ? names[1].name : names.front().name);
+      }
+    }
+  }
+  // Per block: a parameter that trains and one that does not.
+  std::map<int, std::pair<std::string, std::string>> seen;
+  for (const auto& p : names) {
+    const bool trains = (trainable.empty() || matches(trainable, p.name)) && !matches(frozen, p.name);
+    (trains ? seen[p.block].first : seen[p.block].second) = p.name;
+  }
+  for (const auto& [block, pair] : seen) {
+    const auto& [trains, still] = pair;
+    if (!trains.empty() && !still.empty()) {
+      ZEROTH_THROW(ConfigError,
+                   "model.trainable / model.frozen train {} but freeze {}: zeroth freezes whole blocks ({} here); train or freeze "
+                   "all of its parameters",
+                   trains, still, specs[static_cast<size_t>(block)].name);
+    }
+    if (trains.empty()) g.frozen_blocks.push_back(specs[static_cast<size_t>(block)].name);
+  }
+  if (g.frozen_blocks.size() == specs.size())
+    ZEROTH_THROW(ConfigError, "model.trainable / model.frozen freeze every parameter: nothing would train");
+}
+
 // Long: the `model` section key by key, the shape from hf_config or from a preset and keys, then moe, recomputation and
 // no_weight_decay; the shape must be whole before g.validate() and the weight-decay check.
 void read_model(TrainConfig& t, const json& j, int default_vocab) {
@@ -98,7 +152,9 @@ void read_model(TrainConfig& t, const json& j, int default_vocab) {
                                                "qk_norm",
                                                "tie_word_embeddings",
                                                "max_position_embeddings",
-                                               "moe"};
+                                               "moe",
+                                               "trainable",
+                                               "frozen"};
   static constexpr std::string_view kArchitectures[] = {"gpt2", "llama"};
   const json m = j.value("model", json::object());
   json copy = m;
@@ -176,16 +232,11 @@ void read_model(TrainConfig& t, const json& j, int default_vocab) {
     g.cpu_checkpointing = ConfigSection(rest, "activation_checkpointing", kCheckpointKeys).flag("cpu_checkpointing", false);
   }
   g.validate();
+  read_frozen(s, g);
   t.model = g;
   if (s.has("no_weight_decay")) {
-    const json& v = s.raw("no_weight_decay");
-    if (!v.is_array() || !std::all_of(v.begin(), v.end(), [](const json& e) { return e.is_string(); })) {
-      ZEROTH_THROW(ConfigError,
-                   "model.no_weight_decay must be a list of roles (weight, bias, norm, embedding) or parameter-name globs like "
-                   "\"h.*.attn.*\", got {}",
-                   v.dump());
-    }
-    t.engine.no_weight_decay.exclude = v.get<std::vector<std::string>>();
+    t.engine.no_weight_decay.exclude =
+        string_list(s, "no_weight_decay", "roles (weight, bias, norm, embedding) or parameter-name globs like \"h.*.attn.*\"");
   }
   t.engine.no_weight_decay.check(Gpt::block_specs(g));
 }

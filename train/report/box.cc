@@ -111,6 +111,17 @@ std::vector<std::pair<std::string, std::string>> box_rows(const TrainConfig& c, 
                                 si(static_cast<double>(f.parameters)), active,
                                 m.activation_checkpointing ? ", activation checkpointing" : "",
                                 m.loss_chunk_rows > 0 ? fmt::format(", loss by chunks of {} tokens", m.loss_chunk_rows) : ""));
+  if (!m.frozen_blocks.empty()) {
+    size_t all = 0, trained = 0;
+    for (const auto& spec : Gpt::block_specs(m)) {
+      for (const auto& p : spec.params) all += p.numel(), trained += spec.frozen ? 0 : p.numel();
+    }
+    rows.emplace_back("trainable",
+                      fmt::format("{} of {} parameters ({:.2f}%); {} block(s) frozen (model.trainable / model.frozen): no "
+                                  "gradients, reduction or optimizer state for them",
+                                  si(static_cast<double>(trained)), si(static_cast<double>(all)),
+                                  100.0 * static_cast<double>(trained) / static_cast<double>(all), m.frozen_blocks.size()));
+  }
   if (m.moe.enabled()) {
     const auto& e = m.moe;
     rows.emplace_back("experts",
