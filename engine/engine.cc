@@ -192,10 +192,23 @@ void Engine::reinitialize() {
 }
 
 void Engine::initialize(bool values) {
-  for (size_t b = 0; values && b < specs_.size(); ++b) {
+  for (size_t b = 0; values && b < specs_.size(); ++b) write_initial_values(static_cast<int>(b));
+  exec_->release_scratch();
+  exec_->start();
+  pristine_ = true;
+}
+
+void Engine::initialize_block(int block) {
+  pristine_ = false;
+  between_cycles("initialize_block", block);
+  write_initial_values(block);
+}
+
+void Engine::write_initial_values(int b) {
+  {
     const auto& blk = plan_.blocks[b];
     const auto& spec = specs_[b];
-    exec_->write_block(static_cast<int>(b), [&](size_t lo, size_t hi, float* out) {
+    exec_->write_block(b, [&](size_t lo, size_t hi, float* out) {
       for (size_t i = 0; i < spec.params.size(); ++i) {
         const size_t p0 = blk.param_offsets[i], p1 = p0 + spec.params[i].numel();
         const size_t a = std::max(p0, lo), e = std::min(p1, hi);
@@ -208,9 +221,6 @@ void Engine::initialize(bool values) {
       }
     });
   }
-  exec_->release_scratch();
-  exec_->start();
-  pristine_ = true;
 }
 
 CommStats Engine::comm_stats() const { return exec_ ? exec_->comm_stats() : CommStats{}; }
@@ -394,7 +404,8 @@ void check_f32_kind(StateKind kind, const char* what) {
 void Engine::read_owned(StateKind kind, int block, std::span<float> out) {
   auto& exec = between_cycles("read_owned", block);
   check_f32_kind(kind, "read_owned");
-  const OwnedRange& r = plan_.range(kind, block);
+  // A frozen block's master is its parameter shard, which a checkpoint saves widened.
+  const OwnedRange& r = kind == StateKind::master ? plan_.values_owned(block) : plan_.range(kind, block);
   ZEROTH_CHECK(out.size() == r.numel(), "read_owned({}, {}): {} values for a range of {}", state_kind_name(kind), block, out.size(),
                r.numel());
   if (kind == StateKind::master) {

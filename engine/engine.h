@@ -165,6 +165,9 @@ class Engine final : public BlockHost {
   //   gaps, padding), and fill writes every parameter element of [lo, hi) (what was there before
   //   is undefined);
   void set_block_values(int block, const std::function<void(size_t, size_t, float*)>& fill);
+  // - a block's values as a fresh run starts them (its parameters' InitRule, the seed, the names):
+  //   the blocks a loader's source does not hold (LoRA adapters over Hugging Face weights);
+  void initialize_block(int block);
   // - where a loader may write those values, and an owned moment range, straight into
   //   host memory instead (Executor::values_in_place and owned_in_place): nullptr where
   //   set_block_values or write_owned is needed. The engine counts as written from then on.
@@ -193,6 +196,7 @@ class Engine final : public BlockHost {
   Executor& between_cycles(const char* what, int block) const;
   SwapIo swap_io_{};  // the executor's totals at the last step
   void initialize(bool values);
+  void write_initial_values(int block);
 
   Device& device_;
   Communicator& comm_;

@@ -26,6 +26,12 @@ void load_initial_weights(Engine& engine, const TrainConfig& config) {
                  "read)",
                  from, fs::exists(from, ec) ? "none of those" : "not there");
   }
+  if (checkpoint && config.model.lora.enabled()) {
+    ZEROTH_THROW(ConfigError,
+                 "run.init_from {} is a zeroth checkpoint, which holds no LoRA adapters to start from; give LoRA a Hugging Face model "
+                 "(`zeroth ckpt export` writes one from the checkpoint) or a run's folder",
+                 from);
+  }
   if (checkpoint) {
     ckpt::load(engine, from, nullptr, true);
     return;
@@ -35,6 +41,11 @@ void load_initial_weights(Engine& engine, const TrainConfig& config) {
   const auto whole = Gpt::block_specs(config.model);
   const auto& blocks = engine.plan().blocks;
   for (size_t b = 0; b < blocks.size(); ++b) {
+    // The base model's weights come from the file; the adapters start as a fresh run starts them.
+    if (blocks[b].name.ends_with(".lora")) {
+      engine.initialize_block(static_cast<int>(b));
+      continue;
+    }
     int w = 0;
     while (whole[w].name != blocks[b].name) ++w;  // the plan's blocks are the model's, by name
     engine.set_block_values(static_cast<int>(b), [&](size_t lo, size_t hi, float* out) {

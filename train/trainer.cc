@@ -88,6 +88,7 @@ TrainSummary TrainingRun::finish() {
     return save_gpt_weights(engine_, config_.model, summary.weights_path, summary.weights_dtype,
                             {pp_ > 1 ? groups_->pp.get() : nullptr, part_, tp_ > 1 ? groups_->tp.get() : nullptr, experts_.get()});
   });
+  if (config_.model.lora.enabled()) in_phase("writing the LoRA adapters into " + config_.run.output_dir, [&] { save_adapter(); });
   summary.weights_seconds = std::chrono::duration<double>(Clock::now() - save_start).count();
   summary.tokens_per_second = rates_.empty() ? tokens_per_step_ / std::max(summary.seconds, 1e-9) : median(rates_);
   const auto stats = device_.memory().stats();

@@ -268,6 +268,14 @@ void TrainingRun::save(int64_t step) {
   const ckpt::IoStats started = saver_.save(engine_, o);
   saved_step_ = step;
   if (!saver_.pending()) published(started);
+  // The adapters as PEFT keeps them, beside the run's weights: the latest checkpoint's.
+  if (config_.model.lora.enabled()) save_adapter();
+}
+
+void TrainingRun::save_adapter() {
+  save_lora_adapter(engine_, config_.model, config_.run.output_dir, DType::f32,
+                    {pp_ > 1 ? groups_->pp.get() : nullptr, part_, tp_ > 1 ? groups_->tp.get() : nullptr, experts_.get()},
+                    config_.run.init_from);
 }
 
 void TrainingRun::run_passes(int64_t k, double pass_seconds[2]) {

@@ -113,6 +113,8 @@ class TrainingRun {
   // train/data.h) and the non-finite streak. An asynchronous save is published after the next
   // step, or before the run ends.
   void save(int64_t step);
+  // LoRA: the adapters in PEFT's files in run.output_dir (hf/export.h, save_lora_adapter).
+  void save_adapter();
   void published(const ckpt::IoStats& io);
 
   const TrainConfig& config_;

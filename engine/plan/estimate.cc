@@ -45,11 +45,14 @@ MemoryNeed estimate(const Plan& plan, const ModelFootprint& model, bool snapshot
   };
   size_t gather = 0, weights_host = 0;
   for (size_t b = 0; b < plan.blocks.size(); ++b) {
-    const OwnedRange* m = plan.find(StateKind::master, static_cast<int>(b));
+    // The values a gather reads: the master, or a frozen block's parameter shard (read narrow, widened).
+    const OwnedRange* m = &plan.values_owned(static_cast<int>(b));
     const size_t padded = plan.blocks[b].padded;
-    if (m != nullptr && m->numel() < padded) gather = std::max(gather, (m->numel() + padded) * sizeof(float));
-    const size_t vectors = (m != nullptr && m->numel() < padded ? m->numel() + padded : padded) * sizeof(float);
-    weights_host = std::max(weights_host, vectors + (m != nullptr ? bounce(*m) : 0));
+    if (m->numel() < padded) gather = std::max(gather, (m->numel() + padded) * sizeof(float));
+    const DType held = plan.buffers[m->buffer].dtype;
+    const size_t narrow = held == DType::f32 ? 0 : m->numel() * dtype_size(held);
+    const size_t vectors = (m->numel() < padded ? m->numel() + padded : padded) * sizeof(float) + narrow;
+    weights_host = std::max(weights_host, vectors + bounce(*m));
   }
   at(need.bytes, Tier::device, MemTag::other) += gather;
   // The checkpoint writer copies one owned range of one state at a time to the host and streams the

@@ -141,7 +141,19 @@ size_t Gpt::State::scratch_floats(const GptConfig& c, const GptPart& part, int B
   const size_t datt = c.attention_probabilities ? attention_floats(c, d, B, T) : 0;
   // One chunk's logits where the loss runs by chunks (decoding's one row fits in it).
   const size_t logits = part.has_head(c) && !d.keeps_logits() ? d.loss_chunk(BT) * d.V : 0;
-  return d.rows(BT) * C + BT * (dC + d.W) + mlp.fch + datt + (d.sp ? 3 * BT * C : 0) + llama + moe + logits;
+  return d.rows(BT) * C + BT * (dC + d.W) + mlp.fch + datt + (d.sp ? 3 * BT * C : 0) + llama + moe + logits + lora_floats(c, part, BT);
+}
+
+size_t Gpt::State::lora_floats(const GptConfig& c, const GptPart& part, size_t BT) {
+  if (!c.lora.enabled()) return 0;
+  size_t all = 0, largest = 0;
+  for (const auto& spec : Gpt::block_specs(c, part)) {
+    if (!spec.name.ends_with(".lora")) continue;
+    size_t n = 0;
+    for (const auto& p : spec.params) n += p.numel();
+    all += n, largest = std::max(largest, n);
+  }
+  return all + largest + gpt::lora_scratch_floats(c, Dims::of(c, part), BT);
 }
 
 void Gpt::State::check_shape(int b, int t) const {
@@ -282,6 +294,27 @@ void Gpt::State::reserve(Stream& stream, int b, int t, const std::vector<int>& p
     if (dims.ep > 1) {
       d.moe_rows = take(moe_rows * C), d.moe_eout = take(received * C), d.moe_erows = take(received * C);
       d.moe_einp = take(received * C);
+    }
+  }
+  lora.assign(L, {});
+  lora_values.assign(L, nullptr);
+  if (cfg.lora.enabled()) {
+    const auto specs = Gpt::block_specs(cfg, part);
+    const gpt::PartBlocks ids = gpt::part_blocks(cfg, part);
+    size_t largest = 0;
+    for (size_t l = 0; l < L; ++l) {
+      if (ids.lora[l] < 0) continue;
+      size_t n = 0;
+      for (const auto& p : specs[ids.lora[l]].params) n += p.numel();
+      lora_values[l] = take(n), largest = std::max(largest, n);
+    }
+    lora_grads = take(largest);
+    const auto parts = gpt::lora_scratch_parts(cfg, dims, BT);
+    float* scratch = take(gpt::lora_scratch_floats(cfg, dims, BT));
+    for (size_t l = 0; l < L; ++l) {
+      if (ids.lora[l] < 0) continue;
+      lora[l] = gpt::layer_lora(cfg, dims, static_cast<int>(l), specs[ids.lora[l]].params, lora_values[l], lora_grads);
+      gpt::place_lora_scratch(lora[l], parts, scratch);
     }
   }
   if (dims.llama) {

@@ -12,6 +12,7 @@
 
 #include "core/error.h"             // ZEROTH_THROW
 #include "models/decoder/layers.h"  // gpt::complete_part, gpt::part_blocks
+#include "models/decoder/lora.h"    // gpt::lora_spec, gpt::lora_cut
 
 namespace zeroth {
 
@@ -32,10 +33,12 @@ PartBlocks part_blocks(const GptConfig& c, const GptPart& part) {
   int next = 0;
   if (part.has_embedding()) out.embed = next++;
   out.experts.assign(c.n_layer, -1);
+  out.lora.assign(c.n_layer, -1);
   for (const auto& [lo, hi] : part.chunks) {
     for (int l = lo; l < hi; ++l) {
       out.layers[l] = next++;
       if (c.moe_layer(l)) out.experts[l] = next++;
+      if (c.lora.enabled()) out.lora[l] = next++;
     }
   }
   if (part.has_head(c)) {
@@ -378,6 +381,7 @@ std::vector<BlockSpec> Gpt::block_specs(const GptConfig& c, const GptPart& given
     for (int l = lo; l < hi; ++l) {
       out.push_back(layer_spec(c, l));
       if (c.moe_layer(l)) out.push_back(experts_spec(c, l, part));
+      if (c.lora.enabled()) out.push_back(gpt::lora_spec(c, l));
     }
   }
   if (part.has_head(c)) {
@@ -387,11 +391,15 @@ std::vector<BlockSpec> Gpt::block_specs(const GptConfig& c, const GptPart& given
   }
   if (part.tp_ranks > 1) {
     for (auto& block : out) {
-      for (auto& param : block.params) param = tensor_parallel_cut(param, part);
+      for (auto& param : block.params)
+        if (!gpt::lora_cut(c, param, part.tp_rank, part.tp_ranks)) param = tensor_parallel_cut(param, part);
     }
   }
-  for (auto& block : out)
-    block.frozen = std::find(c.frozen_blocks.begin(), c.frozen_blocks.end(), block.name) != c.frozen_blocks.end();
+  // LoRA trains its adapters alone.
+  for (auto& block : out) {
+    block.frozen = c.lora.enabled() ? !block.name.ends_with(".lora")
+                                    : std::find(c.frozen_blocks.begin(), c.frozen_blocks.end(), block.name) != c.frozen_blocks.end();
+  }
   return out;
 }
 
@@ -410,6 +418,7 @@ std::vector<Gpt::HfParam> Gpt::hf_params(const GptConfig& c) {
   std::vector<HfParam> out;
   const auto specs = block_specs(c);
   for (size_t b = 0; b < specs.size(); ++b) {
+    if (specs[b].name.ends_with(".lora")) continue;  // adapters: peft_params
     if (c.llama()) {
       // "embed" {wte}, "layers.<l>" with Hugging Face's own suffixes, "ln_f" {weight}, "lm_head" {weight}.
       const std::string block = layer_of(specs[b].name);
@@ -433,6 +442,19 @@ std::vector<Gpt::HfParam> Gpt::hf_params(const GptConfig& c) {
   return out;
 }
 
+std::vector<Gpt::HfParam> Gpt::peft_params(const GptConfig& c) {
+  std::vector<HfParam> out;
+  const auto specs = block_specs(c);
+  for (size_t b = 0; b < specs.size(); ++b) {
+    if (!specs[b].name.ends_with(".lora")) continue;
+    const std::string layer = specs[b].name.substr(0, specs[b].name.size() - 5);
+    const std::string prefix = std::string("base_model.model.") + (c.llama() ? "model." : "transformer.") + layer + ".";
+    for (size_t i = 0; i < specs[b].params.size(); ++i)
+      out.push_back({static_cast<int>(b), i, prefix + specs[b].params[i].name, false});
+  }
+  return out;
+}
+
 BlockSchedule Gpt::schedule(const GptConfig& c) { return schedules(c, {}).front(); }
 
 std::vector<BlockSchedule> Gpt::schedules(const GptConfig& c, const GptPart& given) {
@@ -447,6 +469,9 @@ std::vector<BlockSchedule> Gpt::schedules(const GptConfig& c, const GptPart& giv
     BlockSchedule s;
     if (first) s.forward.push_back(ids.embed);
     for (int l = lo; l < hi; ++l) {
+      // A layer's adapters are copied for its passes by a use of their own just before, and their
+      // gradients added by one just after its backward.
+      if (ids.lora[l] >= 0) s.forward.push_back(ids.lora[l]);
       s.forward.push_back(ids.layers[l]);
       if (ids.experts[l] >= 0) s.forward.push_back(ids.experts[l]);
     }
@@ -459,6 +484,7 @@ std::vector<BlockSchedule> Gpt::schedules(const GptConfig& c, const GptPart& giv
     for (int l = hi - 1; l >= lo; --l) {
       if (ids.experts[l] >= 0) s.backward.push_back(ids.experts[l]);
       s.backward.push_back(ids.layers[l]);
+      if (ids.lora[l] >= 0) s.backward.push_back(ids.lora[l]);
     }
     if (first) s.backward.push_back(ids.embed);
     out.push_back(std::move(s));

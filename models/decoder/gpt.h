@@ -61,6 +61,20 @@ struct MoeStats {
   double max_load = 0;
 };
 
+// LoRA (Hu et al. 2021, as PEFT's LoraConfig): each targeted linear layer W of every transformer
+// block computes W x + scale B A x, A [r, in] and B [out, r] in an adapter block of their own per
+// layer ("<layer>.lora", trainable), the base blocks frozen. scale = alpha / r, or alpha / sqrt(r)
+// with use_rslora. target_modules are Hugging Face's module names (q_proj ... down_proj; GPT-2's
+// c_attn, c_proj, c_fc), "all-linear" every one of them.
+struct LoraConfig {
+  int r = 0;
+  double alpha = 8;
+  std::vector<std::string> target_modules;
+  bool use_rslora = false;
+  bool enabled() const { return r > 0; }
+  double scale() const;
+};
+
 // One decoder with the switches of its family, as Megatron-core's GPTModel serves Llama: GPT-2
 // (LayerNorm, learned positions, GELU MLP, biases, tied head) or the Llama family (RMSNorm,
 // rotary positions, SwiGLU MLP, grouped-query attention, no biases but Qwen2's q/k/v ones,
@@ -117,6 +131,7 @@ struct GptConfig {
   // Blocks whose parameters do not train (BlockSpec::frozen), by block name: what the training
   // config's model.trainable / model.frozen patterns resolve to.
   std::vector<std::string> frozen_blocks;
+  LoraConfig lora;
 
   // "gpt2-124m" (alias "gpt2"), "gpt2-350m", "gpt2-774m", "gpt2-1558m"; ConfigError otherwise.
   static GptConfig preset(std::string_view name);
@@ -218,6 +233,9 @@ class Gpt {
     bool transposed = false;
   };
   static std::vector<HfParam> hf_params(const GptConfig& config);
+  // The LoRA adapters' parameters (GptConfig::lora) in PEFT's names, as its adapter_model.safetensors
+  // holds them ("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"), in block_specs order.
+  static std::vector<HfParam> peft_params(const GptConfig& config);
   static BlockSchedule schedule(const GptConfig& config);
 
   // A pipeline rank's chunk passes. The runner (engine/pipeline/runner.h) receives a chunk's input into
@@ -311,6 +329,7 @@ class Gpt {
   int embed_ = -1, ln_f_ = -1, head_ = -1;
   std::vector<int> layers_;       // block of each layer of the model, -1 where another rank holds it
   std::vector<int> experts_;      // block of each expert layer's experts, -1 elsewhere
+  std::vector<int> lora_;         // block of each layer's LoRA adapters, -1 elsewhere
   std::shared_ptr<State> state_;  // activations and f32 weight copies, touched by the stream only
   double loss_divisor_ = 0;
 };

@@ -12,6 +12,7 @@
 #include "models/decoder/gpt.h"      // Gpt, GptConfig, GptPart
 #include "models/kernels/kernels.h"  // gpt::Kernels
 #include "models/decoder/layers.h"   // gpt::Dims, gpt::LayerActs, gpt::Scratch
+#include "models/decoder/lora.h"     // gpt::LayerLora
 
 namespace zeroth {
 
@@ -66,6 +67,14 @@ struct Gpt::State {
   // attention's scratch; kv_pos positions are in it.
   Buffer kv_buffer;
   int kv_len = 0, kv_pos = 0;
+  // LoRA (lora.h): each owned layer's adapters in f32 (its adapter block's parameters end to end),
+  // copied by the block's forward use and read by the layer's passes; one layer's adapter gradients,
+  // added into the block by its backward use; each layer's view of both with the passes' scratch.
+  std::vector<float*> lora_values;
+  float* lora_grads = nullptr;
+  std::vector<gpt::LayerLora> lora;
+  // LoRA's floats in the activation allocation: the adapters, one layer's gradients, the scratch.
+  static size_t lora_floats(const GptConfig& c, const GptPart& part, size_t BT);
   gpt::KvCache kv(int layer) const;
 
   // LayerActs of one layer: ln1, ln2, res2 and the statistics this rank's rows; the rest in this

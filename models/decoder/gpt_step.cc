@@ -71,7 +71,7 @@ Gpt::Gpt(BlockHost& host, GptConfig config, GptPart part, Communicator* tensor, 
   auto specs = block_specs(config_, part_);
   for (auto& spec : specs) host_.add_block(std::move(spec));
   const gpt::PartBlocks ids = gpt::part_blocks(config_, part_);
-  embed_ = ids.embed, ln_f_ = ids.ln_f, head_ = ids.head, layers_ = ids.layers, experts_ = ids.experts;
+  embed_ = ids.embed, ln_f_ = ids.ln_f, head_ = ids.head, layers_ = ids.layers, experts_ = ids.experts, lora_ = ids.lora;
   host_.set_chunk_schedules(schedules(config_, part_));
   config_.attention_probabilities = gpt::attention_keeps_probabilities(host_.device().kind());
   state_->cfg = config_;
@@ -199,7 +199,7 @@ void Gpt::run_forward(int micro, int chunk, const int32_t* tokens, const int32_t
   auto s = state_;
   Stream& stream = host_.compute_stream();
   s->check_shape(B, T);
-  const int first_block = embeds ? embed_ : layers_[lo];
+  const int first_block = embeds ? embed_ : lora_[lo] >= 0 ? lora_[lo] : layers_[lo];
   const auto& first_views = host_.begin_forward(first_block, micro);
   s->reserve(stream, B, T, chunk_slots(), host_.compute_dtype());
   Slot* sl = &s->slots[training ? micro % s->chunk_slots[chunk] : 0];
@@ -245,10 +245,26 @@ void Gpt::run_forward(int micro, int chunk, const int32_t* tokens, const int32_t
   const gpt::ExpertGroup eg(experts_comm_, stream, s->exchange.get(), &s->exchange_events, d);
   const gpt::KvCache within = gpt::KvCache::within(spans, d.probabilities);
   for (int l = lo; l < hi; ++l) {
-    const auto& v = l == lo && !embeds ? first_views : host_.begin_forward(layers_[l], micro);
+    const bool first = l == lo && !embeds;
+    const gpt::LayerLora* lora = lora_[l] >= 0 ? &s->lora[l] : nullptr;
+    if (lora != nullptr) {
+      // The adapters in f32 for the layer's passes (forward and backward: they change at the step).
+      const auto& lv = first ? first_views : host_.begin_forward(lora_[l], micro);
+      auto wl = bind(k, &s->wbuf, &s->gbuf, lv, false);
+      std::vector<size_t> sizes;
+      for (const auto& p : lv.params) sizes.push_back(p.numel);
+      float* into = s->lora_values[l];
+      k.submit([&k, wl, into, sizes] {
+        size_t at = 0;
+        for (size_t i = 0; i < sizes.size(); at += sizes[i++]) k.copy(into + at, (*wl)->p(i), sizes[i]);
+      });
+      release(k, wl);
+      host_.end_forward(lora_[l], micro);
+    }
+    const auto& v = first && lora == nullptr ? first_views : host_.begin_forward(layers_[l], micro);
     auto w = bind(k, &s->wbuf, &s->gbuf, v, false);
     const gpt::MoePass moe{config_.moe_layer(l), training, 1.0f, training ? &s->moe_stats : nullptr, sl->moe[l], &stream};
-    gpt::layer_forward(k, g, w, acts(l), s->d, sl->resid[l], sl->resid[l + 1], B, T, decoding ? s->kv(l) : within, moe);
+    gpt::layer_forward(k, g, w, acts(l), s->d, sl->resid[l], sl->resid[l + 1], B, T, decoding ? s->kv(l) : within, moe, lora);
     release(k, w);
     host_.end_forward(layers_[l], micro);
     if (experts_[l] >= 0) {
@@ -425,10 +441,30 @@ void Gpt::run_backward(int micro, int chunk) {
     take_output_grad();
     restore(l);
     auto w = bind(k, &s->wbuf, &s->gbuf, v, true);
-    if (ckpt) gpt::layer_forward(k, g, w, acts(l), sc, sl->resid[l], nullptr, B, T, within, moe);
-    gpt::layer_backward(k, g, w, acts(l), sc, sl->resid[l], B, T, moe, sl->spans);
+    const gpt::LayerLora* lora = lora_[l] >= 0 ? &s->lora[l] : nullptr;
+    size_t adapters = 0;  // the layer's adapter floats, whose gradients its backward adds from zero
+    for (const auto& m : lora != nullptr ? lora->modules : std::vector<gpt::LoraModule>{})
+      adapters += static_cast<size_t>(lora->r) * (m.in + m.out);
+    if (lora != nullptr) k.submit([&k, grads = s->lora_grads, adapters] { k.zero(grads, adapters); });
+    if (ckpt) gpt::layer_forward(k, g, w, acts(l), sc, sl->resid[l], nullptr, B, T, within, moe, lora);
+    gpt::layer_backward(k, g, w, acts(l), sc, sl->resid[l], B, T, moe, sl->spans, lora);
     release(k, w);
     host_.end_backward(layers_[l], micro);
+    if (lora != nullptr) {
+      auto wl = bind(k, &s->wbuf, &s->gbuf, host_.begin_backward(lora_[l], micro), true);
+      k.submit([&k, wl, grads = s->lora_grads, lora] {
+        size_t at = 0;
+        for (size_t i = 0; i < lora->modules.size(); ++i) {
+          const auto& m = lora->modules[i];
+          const size_t a = static_cast<size_t>(lora->r) * m.in, b = static_cast<size_t>(lora->r) * m.out;
+          k.accumulate((*wl)->g(2 * i), grads + at, a);
+          k.accumulate((*wl)->g(2 * i + 1), grads + at + a, b);
+          at += a + b;
+        }
+      });
+      release(k, wl);
+      host_.end_backward(lora_[l], micro);
+    }
   }
   if (embeds) {
     auto w = bind(k, &s->wbuf, &s->gbuf, host_.begin_backward(embed_, micro), true);

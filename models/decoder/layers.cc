@@ -110,8 +110,8 @@ void attend(Kernels& k, const LayerActs& a, const KvCache& kv, int B, int T, int
 }
 
 void layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs& a, const Scratch& s, const float* x, float* out,
-                   int B, int T, KvCache kv, const MoePass& moe) {
-  if (g.dims().llama) return llama_layer_forward(k, g, w, a, s, x, out, B, T, kv, moe);
+                   int B, int T, KvCache kv, const MoePass& moe, const LayerLora* lora) {
+  if (g.dims().llama) return llama_layer_forward(k, g, w, a, s, x, out, B, T, kv, moe, lora);
   const Dims d = g.dims();
   const size_t BT = static_cast<size_t>(B) * T, R = d.rows(BT);
   // Row-parallel outputs are partial sums: the bias joins on rank 0 only, so the sum holds it once.
@@ -122,11 +122,13 @@ void layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs
     k.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.p(kLn1W), p.p(kLn1B), R, d.C);
   });
   const float* ln1 = g.gathered_rows(a.ln1, s.ln_whole, BT);
-  k.submit([&k, w, a, d, B, T, BT, proj, bias, ln1, kv] {
+  k.submit([&k, w, a, d, B, T, BT, proj, bias, ln1, kv, lora] {
     const Bound& p = **w;
     k.matmul_forward(a.qkv, ln1, p.p(kAttnW), p.p(kAttnB), BT, d.C, 3 * d.Cq);
+    lora_forward(k, lora, LoraProduct::qkv, ln1, a.qkv, BT, 3 * d.Cq);
     attend(k, a, kv, B, T, d.NH, d.NH, d.Cq / d.NH, p.attention_products());
     k.matmul_forward(proj, a.atty, p.p(kProjW), bias ? p.p(kProjB) : nullptr, BT, d.Cq, d.C);
+    lora_forward(k, lora, LoraProduct::attn_out, a.atty, proj, BT, d.C);
   });
   g.reduce(proj, a.res2, BT);
   k.submit([&k, w, a, x, d, R] {
@@ -142,11 +144,14 @@ void layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs
     if (out != nullptr) moe_router_forward(k, w, kFcW, d, s, ln2, BT, moe);
     return;
   } else {
-    k.submit([&k, w, a, d, BT, down, bias, ln2] {
+    k.submit([&k, w, a, d, BT, down, bias, ln2, lora] {
       const Bound& p = **w;
       k.matmul_forward(a.fch, ln2, p.p(kFcW), p.p(kFcB), BT, d.C, d.F);
+      lora_forward(k, lora, LoraProduct::mlp_up, ln2, a.fch, BT, d.F);
       k.gelu_forward(a.fch_act, a.fch, BT * d.F);
-      if (down != nullptr) k.matmul_forward(down, a.fch_act, p.p(kFcProjW), bias ? p.p(kFcProjB) : nullptr, BT, d.F, d.C);
+      if (down == nullptr) return;
+      k.matmul_forward(down, a.fch_act, p.p(kFcProjW), bias ? p.p(kFcProjB) : nullptr, BT, d.F, d.C);
+      lora_forward(k, lora, LoraProduct::mlp_down, a.fch_act, down, BT, d.C);
     });
   }
   if (out == nullptr) return;
@@ -155,8 +160,8 @@ void layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs
 }
 
 void layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs& a, const Scratch& s, const float* x, int B, int T,
-                    const MoePass& moe, const Spans& spans) {
-  if (g.dims().llama) return llama_layer_backward(k, g, w, a, s, x, B, T, moe, spans);
+                    const MoePass& moe, const Spans& spans, const LayerLora* lora) {
+  if (g.dims().llama) return llama_layer_backward(k, g, w, a, s, x, B, T, moe, spans, lora);
   const Dims d = g.dims();
   const size_t BT = static_cast<size_t>(B) * T, R = d.rows(BT);
   // The column-parallel inputs' gradients are partial sums over the ranks.
@@ -169,11 +174,13 @@ void layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerAct
     moe_router_backward(k, w, kFcW, d, a, s, ln2, partial, BT, moe);
     g.keep_rows(partial, s.dC, BT);  // every rank's is whole (the experts are replicated over the group)
   } else {
-    k.submit([&k, w, a, s, d, BT, dout, partial, ln2] {
+    k.submit([&k, w, a, s, d, BT, dout, partial, ln2, lora] {
       const Bound& p = **w;
       k.matmul_backward(s.dfch, p.g(kFcProjW), p.g(kFcProjB), dout, a.fch_act, p.p(kFcProjW), BT, d.F, d.C);
+      lora_backward(k, lora, LoraProduct::mlp_down, a.fch_act, dout, s.dfch, BT, d.C);
       k.gelu_backward(s.dfch, a.fch, s.dfch, BT * d.F);
       k.matmul_backward(partial, p.g(kFcW), p.g(kFcB), s.dfch, ln2, p.p(kFcW), BT, d.C, d.F);
+      lora_backward(k, lora, LoraProduct::mlp_up, ln2, s.dfch, partial, BT, d.F);
     });
     g.reduce(partial, s.dC, BT);
   }
@@ -183,11 +190,13 @@ void layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerAct
   });
   dout = g.gathered_rows(s.dresid, s.gathered, BT);
   const float* ln1 = g.gathered_rows(a.ln1, s.ln_whole, BT);
-  k.submit([&k, w, a, s, d, B, T, BT, dout, partial, ln1, spans] {
+  k.submit([&k, w, a, s, d, B, T, BT, dout, partial, ln1, spans, lora] {
     const Bound& p = **w;
     k.matmul_backward(s.dC, p.g(kProjW), p.g(kProjB), dout, a.atty, p.p(kProjW), BT, d.Cq, d.C);
+    lora_backward(k, lora, LoraProduct::attn_out, a.atty, dout, s.dC, BT, d.C);
     attention_backward_rows(k, spans, a, s, B, T, d.NH, d.NH, d.Cq / d.NH, d.probabilities, p.attention_products());
     k.matmul_backward(partial, p.g(kAttnW), p.g(kAttnB), s.dqkv, ln1, p.p(kAttnW), BT, d.C, 3 * d.Cq);
+    lora_backward(k, lora, LoraProduct::qkv, ln1, s.dqkv, partial, BT, 3 * d.Cq);
   });
   g.reduce(partial, s.dC, BT);
   k.submit([&k, w, a, s, x, d, R] {

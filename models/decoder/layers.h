@@ -19,6 +19,7 @@
 #include "core/device.h"                  // Buffer, Stream, TensorView
 #include "models/decoder/gpt.h"           // GptConfig, GptPart
 #include "models/decoder/dims.h"          // Dims, PartBlocks
+#include "models/decoder/lora.h"          // LayerLora, lora_forward, lora_backward
 #include "models/decoder/tensor_group.h"  // TensorGroup
 #include "models/kernels/kernels.h"       // gpt::Kernels
 #include "models/moe/dispatch.h"          // ExpertRows, ExpertGroup
@@ -146,18 +147,19 @@ inline float* grad(const Bound& b, int i) { return i >= 0 ? b.g(static_cast<size
 // null (recomputation before backward: only the activations are made).
 // kv: generation's cache (positions start at kv.pos).
 void layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs& a, const Scratch& s, const float* x, float* out,
-                   int B, int T, KvCache kv = {}, const MoePass& moe = {});
+                   int B, int T, KvCache kv = {}, const MoePass& moe = {}, const LayerLora* lora = nullptr);
+// lora: the layer's adapters (null: none), added to its products' outputs.
 // s.dresid holds the gradient at the block's output rows on entry and at its input rows on return.
 void layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs& a, const Scratch& s, const float* x, int B, int T,
-                    const MoePass& moe = {}, const Spans& spans = {});
+                    const MoePass& moe = {}, const Spans& spans = {}, const LayerLora* lora = nullptr);
 // The attention's backward (s.dC at its output into s.dqkv) within each span, or over the micro-batch.
 void attention_backward_rows(Kernels& k, const Spans& spans, const LayerActs& a, const Scratch& s, int B, int T, int NH, int KVH,
                              int hs, bool probabilities, DType products);
 // The same for the Llama family (llama_layer.cc); layer_forward and layer_backward call them.
 void llama_layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs& a, const Scratch& s, const float* x,
-                         float* out, int B, int T, KvCache kv, const MoePass& moe);
+                         float* out, int B, int T, KvCache kv, const MoePass& moe, const LayerLora* lora);
 void llama_layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs& a, const Scratch& s, const float* x, int B,
-                          int T, const MoePass& moe, const Spans& spans);
+                          int T, const MoePass& moe, const Spans& spans, const LayerLora* lora);
 
 // An expert layer's MLP (moe/experts.cc), for both architectures, in two block uses. The layer's use
 // ends with the router (parameter `router` of its block): moe_router_forward multiplies the BT rows

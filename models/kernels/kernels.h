@@ -73,6 +73,10 @@ class Kernels {
   virtual void accumulate(float* y, const float* x, size_t n) = 0;
   virtual void copy(float* dst, const float* src, size_t n) = 0;
   virtual void zero(float* x, size_t n) = 0;
+  // x *= alpha; y += alpha x; rows of `cols` floats from src (rows ld_src apart) to dst (ld_dst apart).
+  virtual void scale(float* x, float alpha, size_t n) = 0;
+  virtual void add_scaled(float* y, float alpha, const float* x, size_t n) = 0;
+  virtual void copy_2d(float* dst, size_t ld_dst, const float* src, size_t ld_src, size_t rows, size_t cols) = 0;
   // dst (f32) = src widened; dst (any dtype) += src (f32).
   virtual void widen(TensorView src, float* dst) = 0;
   virtual void add_into(TensorView dst, const float* src) = 0;

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -22,6 +23,7 @@
 #include "tests/engine/tensor_error.h"
 #include "tests/engine/tiny_gpt_engine.h"
 #include "train/data.h"
+#include "train/hf/export.h"
 
 namespace zeroth::testing {
 
@@ -50,6 +52,7 @@ struct GridCase {
   bool ep_overlap = true;         // the all-to-alls on a stream of their own (GptPart::ep_overlap)
   LinkModel link = {};            // every collective made to take at least this link's time
   double clipping = 1.0;          // gradient_clipping
+  bool constant_lr = false;       // the optimizer's lr every step, instead of tiny_gpt_engine's warm-up
   bool overlap_backward = true;   // offload_optimizer.overlap_backward (nvme)
   DType reduction = DType::f32;   // communication_data_type
 };
@@ -199,9 +202,14 @@ struct Steps {
   std::string load, save;        // a checkpoint to start from, a folder to save one in at the end
 };
 
+// What every rank does after its steps (collective work such as an export): its engine, and its
+// groups as the exporters take them.
+using AtEnd = std::function<void(Engine&, const StageExport&)>;
+
 // dp x pp x tp local ranks laid out as ProcessGrid(dp, pp, tp): each runs its part, through a
 // PipelineRunner when pp > 1. `measures`: each step's measured timeline (rank 0's).
-inline GridResult train_grid(const GridCase& k, std::vector<PipeMeasure>* measures = nullptr, const Steps& steps = {}) {
+inline GridResult train_grid(const GridCase& k, std::vector<PipeMeasure>* measures = nullptr, const Steps& steps = {},
+                             const AtEnd& at_end = {}) {
   GptConfig gc = k.model;
   gc.activation_checkpointing = k.checkpointing;
   gc.cpu_checkpointing = k.cpu_checkpointing;
@@ -236,6 +244,7 @@ inline GridResult train_grid(const GridCase& k, std::vector<PipeMeasure>* measur
     EngineConfig ec = grid_engine_config(k.stage, k.micro, k.offload, k.optimizer, k.compute);
     ec.zero.reduce_bucket_size = ec.zero.allgather_bucket_size = k.bucket;
     ec.gradient_clipping = k.clipping;
+    if (k.constant_lr) ec.schedule.kind = ScheduleKind::constant, ec.schedule.base_lr = ec.optimizer.lr;
     ec.communication_dtype = k.reduction;
     ec.zero.offload_optimizer.overlap_backward = k.overlap_backward;
     Engine engine(*device, *groups.dp, ec);
@@ -290,6 +299,7 @@ inline GridResult train_grid(const GridCase& k, std::vector<PipeMeasure>* measur
     if (runner) runner->drain();                   // its channels use the model's buffers, which go first
     const CommStats traffic = groups.tp->stats();  // the model's own: the engine splits its communicators off it
     if (!steps.save.empty()) ckpt::save(engine, {.dir = steps.save});
+    if (at_end) at_end(engine, {k.pp > 1 ? groups.pp.get() : nullptr, part, k.tp > 1 ? groups.tp.get() : nullptr, experts.get()});
     // Tensor-parallel ranks place their slices in turn (rank 0 first: the replicas are checked
     // against its copy).
     const auto full_specs = Gpt::block_specs(gc, GptPart::of_rank(layers, k.pp, stage));

@@ -227,6 +227,15 @@ INSTANTIATE_TEST_SUITE_P(
                   "zeroth freezes whole blocks (h.0 here); train or freeze all of its parameters"},
         ErrorCase{"FrozenEverything", R"({"model": {"trainable": ["transformer.h.*"], "frozen": ["transformer.h.0.*"]}})",
                   "model.trainable / model.frozen freeze every parameter: nothing would train"},
+        ErrorCase{"LoraDropout", R"({"lora": {"r": 4, "dropout": 0.1}})",
+                  "lora.dropout = 0.1: zeroth trains without dropout, the adapters' input included; set it to 0 (LoRA's own "
+                  "regularizer is its rank)"},
+        ErrorCase{"LoraTarget", R"({"lora": {"r": 4, "target_modules": ["q_proj"]}})",
+                  "lora.target_modules names \"q_proj\", which GPT-2 has no linear layer of; its layers' are all-linear, c_attn, "
+                  "c_proj, c_fc"},
+        ErrorCase{"LoraWithFrozen", R"({"lora": {"r": 4}, "model": {"frozen": ["transformer.w*"]}})",
+                  "lora trains its adapters alone (every base parameter frozen); model.trainable / model.frozen with it would train "
+                  "base blocks PEFT's adapter files cannot hold: drop them"},
         ErrorCase{"Vocab", R"({"model": {"vocab_size": 100}, "data": {"format": "synthetic", "vocab_size": 200}})",
                   "model.vocab_size (100) is smaller than data.vocab_size (200): every token id must have an embedding row"}),
     [](const auto& info) { return std::string(info.param.name); });

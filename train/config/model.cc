@@ -241,6 +241,36 @@ void read_model(TrainConfig& t, const json& j, int default_vocab) {
   t.engine.no_weight_decay.check(Gpt::block_specs(g));
 }
 
+void read_lora(TrainConfig& t, const json& j) {
+  if (!j.contains("lora")) return;
+  static constexpr std::string_view kKeys[] = {"r", "alpha", "dropout", "target_modules", "use_rslora", "init_from"};
+  if (!j["lora"].is_object()) ZEROTH_THROW(ConfigError, "lora must be an object, got {}", j["lora"].dump());
+  const ConfigSection s(j["lora"], "lora", kKeys);
+  LoraConfig& l = t.model.lora;
+  l.r = static_cast<int>(s.integer("r", 8, 1, 1 << 16));
+  l.alpha = s.number("alpha", 8, 1e-6, 1e6);
+  l.use_rslora = s.flag("use_rslora", false);
+  if (s.number("dropout", 0, 0, 1) != 0) {
+    ZEROTH_THROW(ConfigError,
+                 "{} = {}: zeroth trains without dropout, the adapters' input included; set it to 0 (LoRA's own regularizer is its "
+                 "rank)",
+                 s.at("dropout"), s.raw("dropout").dump());
+  }
+  l.target_modules = s.has("target_modules")
+                         ? string_list(s, "target_modules", "module names (q_proj, v_proj, ...; c_attn for GPT-2) or \"all-linear\"")
+                     : t.model.llama() ? std::vector<std::string>{"q_proj", "v_proj"}  // PEFT's defaults
+                                       : std::vector<std::string>{"c_attn"};
+  if (l.target_modules.empty()) ZEROTH_THROW(ConfigError, "{} is empty: name the linear layers to adapt", s.at("target_modules"));
+  t.lora_init_from = s.string("init_from", "");
+  if (!t.model.frozen_blocks.empty() ||
+      (j.contains("model") && j["model"].is_object() && (j["model"].contains("trainable") || j["model"].contains("frozen")))) {
+    ZEROTH_THROW(ConfigError,
+                 "lora trains its adapters alone (every base parameter frozen); model.trainable / model.frozen with it would train "
+                 "base blocks PEFT's adapter files cannot hold: drop them");
+  }
+  Gpt::block_specs(t.model);  // ConfigError naming a target the model lacks
+}
+
 void check_vocabulary(const TrainConfig& t) {
   if (t.data.tokenizer_vocab > t.model.vocab_size) {
     ZEROTH_THROW(ConfigError, "data.tokenizer {} has {} tokens but model.vocab_size is {}: every token id must have an embedding row",

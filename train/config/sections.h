@@ -14,6 +14,8 @@
 namespace zeroth {
 
 void read_model(TrainConfig& t, const nlohmann::json& j, int default_vocab);
+// The `lora` section (PEFT's LoraConfig keys), after read_model.
+void read_lora(TrainConfig& t, const nlohmann::json& j);
 // The tokenizer's and the data's token ids against the model's embedding rows.
 void check_vocabulary(const TrainConfig& t);
 void read_data(TrainConfig& t, const nlohmann::json& j);

@@ -48,6 +48,7 @@ constexpr std::string_view kTopKeys[] = {"train_batch_size",
                                          "data_types",
                                          "model",
                                          "data",
+                                         "lora",
                                          "run",
                                          "parallel",
                                          "pipeline",
@@ -87,6 +88,7 @@ TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) 
                               : t.data.format == DataFormat::bin                                        ? 50257
                                                                                                         : t.data.vocab_size;
     read_model(t, config, default_vocab);
+    read_lora(t, config);
     check_vocabulary(t);
   });
 
@@ -163,6 +165,14 @@ TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) 
                 {"n_layer", t.model.n_layer},       {"n_head", t.model.n_head},
                 {"n_embd", t.model.n_embd},         {"activation_checkpointing", t.model.activation_checkpointing}};
   c["model"]["chunked_loss"] = t.model.loss_chunk_rows > 0 ? json(t.model.loss_chunk_rows) : json(false);
+  for (const char* key : {"trainable", "frozen"}) {
+    if (config.contains("model") && config["model"].is_object() && config["model"].contains(key))
+      c["model"][key] = config["model"][key];
+  }
+  if (const LoraConfig& l = t.model.lora; l.enabled()) {
+    c["lora"] = {{"r", l.r}, {"alpha", l.alpha}, {"dropout", 0.0}, {"target_modules", l.target_modules}, {"use_rslora", l.use_rslora}};
+    if (!t.lora_init_from.empty()) c["lora"]["init_from"] = t.lora_init_from;
+  }
   if (!t.model_preset.empty()) c["model"]["preset"] = t.model_preset;
   if (t.model.llama()) {
     // Spelled out whole (a model.hf_config's shape too), so a checkpoint's config needs no other file.

@@ -129,6 +129,9 @@ struct TrainConfig {
   ParallelConfig parallel;
   GptConfig model;
   std::string model_preset;  // "" when the shape was given key by key
+  // lora.init_from: a PEFT adapter folder (adapter_config.json, adapter_model.safetensors) the
+  // adapters start from instead of PEFT's initialization ("" when none).
+  std::string lora_init_from;
   DataConfig data;
   RunConfig run;
   MonitorConfig monitors;

@@ -27,7 +27,16 @@ struct StageExport {
   Communicator* tensor = nullptr;
   Communicator* experts = nullptr;  // the expert-parallel group, whose ranks hold the experts' slices in order
 };
+// With LoRA (config.lora) the adapters are merged into the weights they adapt (W + scale B A).
 uint64_t save_gpt_weights(Engine& engine, const GptConfig& config, const std::string& path, DType dtype,
                           const StageExport& pipeline = {}, uint64_t shard_bytes = kHfDefaultShardBytes);
+
+// The LoRA adapters (config.lora), gathered as save_gpt_weights gathers a block (whole tensors,
+// never a rank's shard), written into `folder` as PEFT's save_pretrained writes an adapter:
+// adapter_model.safetensors under PEFT's names in `dtype`, and adapter_config.json (`base_model`:
+// its base_model_name_or_path, null when empty). Each file written to .tmp and renamed. Collective
+// as save_gpt_weights; rank 0 returns the bytes of tensor data written.
+uint64_t save_lora_adapter(Engine& engine, const GptConfig& config, const std::string& folder, DType dtype,
+                           const StageExport& pipeline = {}, const std::string& base_model = "");
 
 }  // namespace zeroth

@@ -40,14 +40,6 @@ void transpose(const float* in, size_t rows, size_t cols, float* out) {
   }
 }
 
-const char* safetensors_dtype(DType dtype) {
-  switch (dtype) {
-    case DType::f32: return "F32";
-    case DType::bf16: return "BF16";
-    case DType::f16: return "F16";
-  }
-  ZEROTH_THROW(InvalidArgument, "weights cannot be saved as {}", dtype_name(dtype));
-}
 
 // Where a tensor comes in Hugging Face's state dict (module registration order), which is the
 // order save_pretrained fills its shards in: the embeddings, each layer (attention's projections
@@ -85,6 +77,15 @@ void write_text_file(const std::string& path, const std::string& text) {
 }
 
 }  // namespace
+
+const char* safetensors_dtype(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return "F32";
+    case DType::bf16: return "BF16";
+    case DType::f16: return "F16";
+  }
+  ZEROTH_THROW(InvalidArgument, "weights cannot be saved as {}", dtype_name(dtype));
+}
 
 bool is_hf_weights(const std::string& path) {
   std::error_code ec;

@@ -23,6 +23,9 @@ inline constexpr const char* kHfIndexName = "model.safetensors.index.json";
 inline constexpr const char* kHfSingleName = "model.safetensors";
 inline constexpr uint64_t kHfDefaultShardBytes = 5'000'000'000;  // Hugging Face's "5GB"
 
+// The safetensors name of a dtype weights are saved in ("F32", "BF16", "F16"; InvalidArgument else).
+const char* safetensors_dtype(DType dtype);
+
 // Whether `path` is Hugging Face weights: a .safetensors file, or a folder with either name above.
 bool is_hf_weights(const std::string& path);
 

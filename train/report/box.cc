@@ -111,16 +111,19 @@ std::vector<std::pair<std::string, std::string>> box_rows(const TrainConfig& c, 
                                 si(static_cast<double>(f.parameters)), active,
                                 m.activation_checkpointing ? ", activation checkpointing" : "",
                                 m.loss_chunk_rows > 0 ? fmt::format(", loss by chunks of {} tokens", m.loss_chunk_rows) : ""));
-  if (!m.frozen_blocks.empty()) {
+  if (!m.frozen_blocks.empty() || m.lora.enabled()) {
     size_t all = 0, trained = 0;
     for (const auto& spec : Gpt::block_specs(m)) {
       for (const auto& p : spec.params) all += p.numel(), trained += spec.frozen ? 0 : p.numel();
     }
-    rows.emplace_back("trainable",
-                      fmt::format("{} of {} parameters ({:.2f}%); {} block(s) frozen (model.trainable / model.frozen): no "
-                                  "gradients, reduction or optimizer state for them",
-                                  si(static_cast<double>(trained)), si(static_cast<double>(all)),
-                                  100.0 * static_cast<double>(trained) / static_cast<double>(all), m.frozen_blocks.size()));
+    const std::string what = m.lora.enabled()
+                                 ? fmt::format("LoRA r {}, alpha {:g} (scale {:g}) on {}; the base model frozen", m.lora.r,
+                                               m.lora.alpha, m.lora.scale(), fmt::join(m.lora.target_modules, ", "))
+                                 : fmt::format("{} block(s) frozen (model.trainable / model.frozen)", m.frozen_blocks.size());
+    rows.emplace_back("trainable", fmt::format("{} of {} parameters ({:.2f}%); {}: no gradients, reduction or optimizer state for the "
+                                               "frozen ones",
+                                               si(static_cast<double>(trained)), si(static_cast<double>(all)),
+                                               100.0 * static_cast<double>(trained) / static_cast<double>(all), what));
   }
   if (m.moe.enabled()) {
     const auto& e = m.moe;

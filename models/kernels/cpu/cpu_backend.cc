@@ -80,6 +80,13 @@ class CpuKernels final : public Kernels {
   void accumulate(float* y, const float* x, size_t n) override { cpu::accumulate(y, x, n); }
   void copy(float* dst, const float* src, size_t n) override { std::memcpy(dst, src, n * sizeof(float)); }
   void zero(float* x, size_t n) override { zeroth::cpu::fill(x, DType::f32, 0.0f, n); }
+  void scale(float* x, float alpha, size_t n) override { zeroth::cpu::scale(x, DType::f32, alpha, n); }
+  void add_scaled(float* y, float alpha, const float* x, size_t n) override {
+    zeroth::cpu::axpy(y, DType::f32, alpha, x, DType::f32, n);
+  }
+  void copy_2d(float* dst, size_t ld_dst, const float* src, size_t ld_src, size_t rows, size_t cols) override {
+    for (size_t i = 0; i < rows; ++i) std::memcpy(dst + i * ld_dst, src + i * ld_src, cols * sizeof(float));
+  }
   void widen(TensorView src, float* dst) override { zeroth::cpu::cast(src.data, src.dtype, dst, DType::f32, src.numel); }
   void add_into(TensorView dst, const float* src) override {
     zeroth::cpu::axpy(dst.data, dst.dtype, 1.0f, src, DType::f32, dst.numel);

@@ -1,0 +1,269 @@
+// LoRA against PyTorch (tests/reference/lora_reference.py, written from LoRA's and the
+// architectures' definitions, not from zeroth's code): a GPT-2 and a Llama with adapters on every
+// linear layer of their blocks train 10 steps of AdamW at every ZeRO stage and data-parallel size,
+// with offload, tensor and pipeline parallelism; each step's loss and the final adapters meet the
+// reference's, and every base weight stays bit for bit as it started.
+#include <gtest/gtest.h>
+
+#include <unistd.h>  // getpid
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/safetensors.h"
+#include "tests/engine/gpt_grid.h"
+#include "tests/test_util.h"
+#include "train/data.h"
+
+namespace zeroth {
+namespace {
+
+using testing::GridCase;
+using testing::GridResult;
+
+constexpr int kLoraSteps = 10;
+
+GptConfig lora_model(const std::string& arch) {
+  GptConfig c;
+  c.vocab_size = 64, c.seq_len = 16, c.n_layer = 2;
+  if (arch == "gpt2") {
+    c.n_head = 2, c.n_embd = 32;
+  } else {
+    c.architecture = Architecture::llama;
+    c.n_head = 4, c.n_kv_head = 2, c.n_embd = 32, c.intermediate_size = 48, c.tie_word_embeddings = false;
+  }
+  c.lora.r = 4, c.lora.alpha = 8, c.lora.target_modules = {"all-linear"};
+  return c;
+}
+
+GridCase lora_case(const std::string& arch, int stage, int dp) {
+  GridCase k;
+  k.model = lora_model(arch);
+  k.stage = stage, k.dp = dp, k.micro = 2;
+  k.clipping = 0;  // the reference does not clip
+  k.constant_lr = true;
+  return k;
+}
+
+struct Reference {
+  GridResult start;                                    // every block's starting values
+  std::vector<float> losses;                           // per step
+  std::map<std::string, std::vector<float>> adapters;  // "<block>.<param>" after the last step
+};
+
+// The reference's run of `arch` from the engine's own starting values (the seed and the names make
+// them) over the global batches every layout trains on.
+const Reference& reference(const std::string& arch) {
+  static std::map<std::string, Reference> cache;
+  if (cache.contains(arch)) return cache[arch];
+  Reference& ref = cache[arch];
+  GridCase k = lora_case(arch, 0, 1);
+  ref.start = testing::train_grid(k, nullptr, {.first = 0, .last = 0, .load = {}, .save = {}});
+  const std::string dir = fmt::format("{}/zeroth-lora-{}-{}", ::testing::TempDir(), arch, ::getpid());
+  std::filesystem::create_directories(dir);
+  SafeTensors weights;
+  weights.metadata["format"] = "pt";
+  for (const auto& spec : Gpt::block_specs(k.model)) {
+    const auto& values = ref.start.weights.at(spec.name);
+    size_t at = 0;
+    for (const auto& p : spec.params) {
+      SafeTensor t{"F32", p.shape, std::vector<char>(p.numel() * sizeof(float))};
+      std::memcpy(t.data.data(), values.data() + at, t.data.size());
+      weights.tensors[spec.name + "." + p.name] = std::move(t);
+      at += p.numel();
+    }
+  }
+  write_safetensors(dir + "/weights.safetensors", weights);
+  const GptConfig& gc = k.model;
+  const TokenData data = TokenData::synthetic(gc.vocab_size, 1 << 14, 3);
+  Loader loader(data, gc.seq_len, testing::kGlobalBatch, 1, 1, 0, 11);
+  std::vector<int32_t> tokens(static_cast<size_t>(testing::kGlobalBatch) * gc.seq_len), targets(tokens.size());
+  nlohmann::json steps = nlohmann::json::array();
+  auto rows = [&](const std::vector<int32_t>& v) {
+    nlohmann::json j = nlohmann::json::array();
+    for (int b = 0; b < testing::kGlobalBatch; ++b)
+      j.push_back(std::vector<int32_t>(v.begin() + b * gc.seq_len, v.begin() + (b + 1) * gc.seq_len));
+    return j;
+  };
+  for (int s = 0; s < kLoraSteps; ++s) {
+    loader.batch(s, 0, tokens.data(), targets.data());
+    steps.push_back({{"tokens", rows(tokens)}, {"targets", rows(targets)}});
+  }
+  const EngineConfig ec = testing::grid_engine_config(0, 1);
+  const nlohmann::json job = {{"config",
+                               {{"architecture", gc.llama() ? "llama" : "gpt2"},
+                                {"n_head", gc.n_head},
+                                {"n_kv_head", gc.kv_heads()},
+                                {"head_dim", gc.head_size()},
+                                {"rope_theta", gc.rope_theta},
+                                {"rms_norm_eps", gc.norm_eps},
+                                {"tie_word_embeddings", gc.tie_word_embeddings}}},
+                              {"scale", gc.lora.scale()},
+                              {"optimizer",
+                               {{"lr", ec.optimizer.lr},
+                                {"betas", {ec.optimizer.beta1, ec.optimizer.beta2}},
+                                {"eps", ec.optimizer.eps},
+                                {"weight_decay", ec.optimizer.weight_decay}}},
+                              {"steps", steps}};
+  std::ofstream(dir + "/job.json") << job.dump();
+  const std::string cmd =
+      fmt::format("cd {0}/reference && /usr/bin/python3 lora_reference.py {1}/weights.safetensors {1}/job.json {1}/out.safetensors",
+                  testing::test_data_dir(), dir);
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  const SafeTensors out = read_safetensors(dir + "/out.safetensors");
+  ref.losses = out.at("loss").as_f32();
+  for (const auto& [name, t] : out.tensors)
+    if (name.starts_with("final.")) ref.adapters[name.substr(6)] = t.as_f32();
+  std::filesystem::remove_all(dir);
+  return ref;
+}
+
+// bound: each adapter tensor's largest difference, relative to its largest value.
+void expect_reference(const GridCase& k, const std::string& arch, double bound) {
+  const Reference& ref = reference(arch);
+  const GridResult got = testing::train_grid(k, nullptr, {.first = 0, .last = kLoraSteps, .load = {}, .save = {}});
+  ASSERT_EQ(got.losses.size(), ref.losses.size());
+  double loss_err = 0, worst = 0;
+  for (size_t s = 0; s < ref.losses.size(); ++s) {
+    loss_err = std::max(loss_err, std::abs(got.losses[s] - ref.losses[s]) / ref.losses[s]);
+    EXPECT_NEAR(got.losses[s], ref.losses[s], 2e-6 * ref.losses[s]) << "step " << s;
+  }
+  EXPECT_LT(ref.losses.back(), ref.losses.front());
+  size_t adapters = 0;
+  for (const auto& spec : Gpt::block_specs(k.model)) {
+    const auto& w = got.weights.at(spec.name);
+    if (spec.frozen) {
+      EXPECT_EQ(w, ref.start.weights.at(spec.name)) << spec.name << " is a base block but changed";
+      continue;
+    }
+    size_t at = 0;
+    for (const auto& p : spec.params) {
+      const std::string name = spec.name + "." + p.name;
+      const auto e = testing::compare(name, std::vector<float>(w.begin() + at, w.begin() + at + p.numel()), ref.adapters.at(name));
+      EXPECT_LT(e.rel(), bound) << name << ": max |difference| " << e.max_abs << " of max |value| " << e.scale;
+      worst = std::max(worst, e.rel());
+      at += p.numel(), ++adapters;
+    }
+  }
+  EXPECT_EQ(adapters, ref.adapters.size());
+  std::printf("%s stage %d dp %d tp %d pp %d offload %s: loss %.4f -> %.4f (worst %.2g of the reference's), worst adapter %.3g\n",
+              arch.c_str(), k.stage, k.dp, k.tp, k.pp, std::string(offload_device_name(k.offload)).c_str(), got.losses.front(),
+              got.losses.back(), loss_err, worst);
+}
+
+// The saved adapter holds the gathered tensors under PEFT's names: under ZeRO-3 at dp 4 it is the
+// dp 1 run's adapter (within the f32 rounding of the reductions' order: 1e-5 of a tensor's largest
+// value after 3 Adam steps), never a rank's shard; and
+// the weights written beside it are the base plus scale B A, in Hugging Face's layout (GPT-2's
+// Conv1D transposed), against a float64 merge made here from the adapter file.
+TEST(LoraExport, AdapterUnderZero3AtDp4IsTheDp1AdapterAndTheMergeIsBasePlusScaleBA) {
+  const std::string dir = fmt::format("{}/zeroth-lora-export-{}", ::testing::TempDir(), ::getpid());
+  std::filesystem::remove_all(dir);
+  auto run = [&](int stage, int dp, const std::string& out) {
+    GridCase k = lora_case("gpt2", stage, dp);
+    k.micro = 1;
+    testing::train_grid(k, nullptr, {.first = 0, .last = 3, .load = {}, .save = {}}, [&](Engine& engine, const StageExport& groups) {
+      save_lora_adapter(engine, k.model, out, DType::f32, groups, "base-model");
+      save_gpt_weights(engine, k.model, out + "/model.safetensors", DType::f32, groups);
+    });
+  };
+  run(3, 4, dir + "/dp4");
+  run(0, 1, dir + "/dp1");
+  const SafeTensors four = read_safetensors(dir + "/dp4/adapter_model.safetensors");
+  const SafeTensors one = read_safetensors(dir + "/dp1/adapter_model.safetensors");
+  const GptConfig gc = lora_model("gpt2");
+  const auto names = Gpt::peft_params(gc);
+  ASSERT_EQ(four.tensors.size(), names.size());
+  EXPECT_TRUE(four.tensors.contains("base_model.model.transformer.h.0.attn.c_attn.lora_A.weight"));
+  EXPECT_TRUE(four.tensors.contains("base_model.model.transformer.h.1.mlp.c_proj.lora_B.weight"));
+  for (const auto& h : names) {
+    const auto& t = four.at(h.name);
+    EXPECT_EQ(t.shape, one.at(h.name).shape) << h.name;
+    const auto e = testing::compare(h.name, t.as_f32(), one.at(h.name).as_f32());
+    EXPECT_LT(e.rel(), 2e-5) << h.name << ": max |difference| " << e.max_abs;
+    EXPECT_GT(e.scale, 0) << h.name << " is all zeros";
+  }
+  std::ifstream in(dir + "/dp4/adapter_config.json");
+  const auto config = nlohmann::json::parse(in);
+  EXPECT_EQ(config.at("peft_type"), "LORA");
+  EXPECT_EQ(config.at("r"), gc.lora.r);
+  EXPECT_EQ(config.at("lora_alpha"), gc.lora.alpha);
+  EXPECT_EQ(config.at("base_model_name_or_path"), "base-model");
+  EXPECT_EQ(config.at("target_modules"), (std::vector<std::string>{"c_attn", "c_proj", "c_fc"}));
+  // The merge: transformer.h.l.<module>.weight (Conv1D: [in, out]) = start + scale B A.
+  const GridResult start = testing::train_grid(lora_case("gpt2", 0, 1), nullptr, {.first = 0, .last = 0, .load = {}, .save = {}});
+  const SafeTensors merged = read_safetensors(dir + "/dp4/model.safetensors");
+  const auto specs = Gpt::block_specs(gc);
+  size_t checked = 0;
+  for (const auto& spec : specs) {
+    if (!spec.frozen || !spec.name.starts_with("h.")) continue;
+    size_t at = 0;
+    for (const auto& p : spec.params) {
+      const std::string module = p.name.substr(0, p.name.size() - 7);  // "<module>.weight"
+      const std::string a = "base_model.model.transformer." + spec.name + "." + module + ".lora_A.weight";
+      if (!p.name.ends_with(".weight") || !four.tensors.contains(a)) {
+        at += p.numel();
+        continue;
+      }
+      const auto A = four.at(a).as_f32(), B = four.at(a.substr(0, a.size() - 13) + "lora_B.weight").as_f32();
+      const size_t out = static_cast<size_t>(p.shape[0]), in = static_cast<size_t>(p.shape[1]), r = static_cast<size_t>(gc.lora.r);
+      const auto got = merged.at("transformer." + spec.name + "." + p.name).as_f32();
+      ASSERT_EQ(got.size(), out * in);
+      double worst = 0;
+      for (size_t o = 0; o < out; ++o) {
+        for (size_t i = 0; i < in; ++i) {
+          double w = start.weights.at(spec.name)[at + o * in + i];
+          for (size_t j = 0; j < r; ++j) w += gc.lora.scale() * B[o * r + j] * A[j * in + i];
+          worst = std::max(worst, std::abs(got[i * out + o] - w));  // Conv1D: [in, out]
+        }
+      }
+      EXPECT_LT(worst, 1e-6) << spec.name << "." << p.name;
+      ++checked, at += p.numel();
+    }
+  }
+  EXPECT_EQ(checked, 8u);  // 4 modules x 2 layers
+  std::filesystem::remove_all(dir);
+}
+
+struct Layout {
+  std::string arch;
+  int stage, dp;
+  int tp = 1, pp = 1;
+  OffloadDevice offload = OffloadDevice::none;
+};
+void PrintTo(const Layout& l, std::ostream* os) {
+  *os << l.arch << ", ZeRO " << l.stage << ", dp " << l.dp << ", tp " << l.tp << ", pp " << l.pp << ", offload "
+      << offload_device_name(l.offload);
+}
+
+class LoraAgainstPyTorch : public ::testing::TestWithParam<Layout> {};
+
+TEST_P(LoraAgainstPyTorch, AdaptersAndLossesMatchTheBaseStaysPut) {
+  const Layout& l = GetParam();
+  GridCase k = lora_case(l.arch, l.stage, l.dp);
+  k.tp = l.tp, k.pp = l.pp, k.offload = l.offload;
+  expect_reference(k, l.arch, 2e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, LoraAgainstPyTorch,
+                         ::testing::Values(Layout{"gpt2", 0, 1}, Layout{"gpt2", 0, 2}, Layout{"gpt2", 1, 2}, Layout{"gpt2", 2, 1},
+                                           Layout{"gpt2", 2, 2}, Layout{"gpt2", 3, 1}, Layout{"gpt2", 3, 2},
+                                           Layout{"gpt2", 3, 2, 1, 1, OffloadDevice::cpu}, Layout{"gpt2", 1, 1, 2},
+                                           Layout{"gpt2", 1, 1, 1, 2}, Layout{"llama", 0, 1}, Layout{"llama", 1, 2},
+                                           Layout{"llama", 2, 2}, Layout{"llama", 3, 2},
+                                           Layout{"llama", 3, 2, 1, 1, OffloadDevice::nvme}, Layout{"llama", 1, 1, 2},
+                                           Layout{"llama", 1, 1, 1, 2}),
+                         [](const auto& info) {
+  const Layout& l = info.param;
+  return fmt::format("{}_zero{}_dp{}_tp{}_pp{}_{}", l.arch, l.stage, l.dp, l.tp, l.pp, offload_device_name(l.offload));
+});
+
+}  // namespace
+}  // namespace zeroth

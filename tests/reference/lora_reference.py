@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""The PyTorch reference of LoRA fine-tuning (tests/engine/lora_torch_test.cc). Written from the
+architectures' and LoRA's definitions (Hu et al. 2021, PEFT's LoraLayer), not from zeroth's code:
+every targeted linear layer computes x W^T + b + scale (x A^T) B^T, the base weights never change,
+and torch.optim.AdamW trains A and B on the mean cross-entropy of each step's global batch.
+
+    /usr/bin/python3 tests/reference/lora_reference.py WEIGHTS.safetensors JOB.json OUT.safetensors
+
+WEIGHTS holds the model under zeroth's names and layouts ("<block>.<param>", weights [out, in]),
+the adapters as "<layer>.lora.<module>.lora_A.weight" [r, in] and "...lora_B.weight" [out, r].
+JOB.json: {"config": {"architecture": "gpt2" | "llama", "n_head", "n_kv_head", "head_dim",
+"rope_theta", "rms_norm_eps", "tie_word_embeddings"}, "scale", "optimizer": {"lr", "betas", "eps",
+"weight_decay"}, "steps": [{"tokens", "targets"}: [B][T]]}. OUT gets "loss" (one per step) and
+"final.<name>" for every adapter tensor after the last step.
+"""
+import json
+import math
+import sys
+
+import torch
+import torch.nn.functional as F
+
+import hf_gpt2_loss
+from gpt_reference import write_safetensors
+
+
+def causal(q, k, v):
+    """q, k, v: [B, H, T, hs]."""
+    t = q.shape[2]
+    att = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    mask = torch.ones(t, t, dtype=torch.bool).tril()
+    return att.masked_fill(~mask, float("-inf")).softmax(dim=-1) @ v
+
+
+class Model:
+    def __init__(self, w, adapters, cfg, scale):
+        self.w, self.a, self.cfg, self.scale = w, adapters, cfg, scale
+
+    def linear(self, x, block, module, bias=None):
+        """x W^T (+ b) (+ scale (x A^T) B^T where `module` of `block` has an adapter)."""
+        y = x @ self.w[f"{block}.{module}.weight"].T
+        if bias is not None:
+            y = y + self.w[f"{block}.{module}.bias"]
+        a = self.a.get(f"{block}.lora.{module}.lora_A.weight")
+        if a is not None:
+            y = y + self.scale * ((x @ a.T) @ self.a[f"{block}.lora.{module}.lora_B.weight"].T)
+        return y
+
+    def gpt2(self, tokens):
+        w, b, t = self.w, tokens.shape[0], tokens.shape[1]
+        nh = self.cfg["n_head"]
+        x = w["embed.wte"][tokens] + w["embed.wpe"][torch.arange(t)]
+        layers = sum(1 for k in w if k.endswith(".attn.c_attn.weight"))
+        ln = lambda x, p: F.layer_norm(x, (x.shape[-1],), w[p + ".weight"], w[p + ".bias"], 1e-5)
+        for l in range(layers):
+            blk = f"h.{l}"
+            qkv = self.linear(ln(x, blk + ".ln_1"), blk, "attn.c_attn", True)
+            c = qkv.shape[-1] // 3
+            q, k, v = (z.view(b, t, nh, c // nh).transpose(1, 2) for z in qkv.split(c, dim=-1))
+            y = causal(q, k, v).transpose(1, 2).reshape(b, t, c)
+            x = x + self.linear(y, blk, "attn.c_proj", True)
+            h = F.gelu(self.linear(ln(x, blk + ".ln_2"), blk, "mlp.c_fc", True), approximate="tanh")
+            x = x + self.linear(h, blk, "mlp.c_proj", True)
+        return ln(x, "ln_f") @ w["embed.wte"].T
+
+    def llama(self, tokens):
+        w, cfg = self.w, self.cfg
+        b, t = tokens.shape
+        nh, kvh, hs, eps = cfg["n_head"], cfg["n_kv_head"], cfg["head_dim"], cfg["rms_norm_eps"]
+        layers = sum(1 for k in w if k.endswith(".self_attn.q_proj.weight"))
+        rms = lambda x, name: w[name] * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+        inv = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, hs, 2, dtype=torch.int64).float() / hs))
+        angles = torch.arange(t).float().unsqueeze(-1) * inv
+        cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
+
+        def rotate(x):
+            half = x.shape[-1] // 2
+            return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+        x = w["embed.wte"][tokens]
+        for l in range(layers):
+            blk = f"layers.{l}"
+            h = rms(x, blk + ".input_layernorm.weight")
+            q = self.linear(h, blk, "self_attn.q_proj").view(b, t, nh, hs).transpose(1, 2)
+            k = self.linear(h, blk, "self_attn.k_proj").view(b, t, kvh, hs).transpose(1, 2)
+            v = self.linear(h, blk, "self_attn.v_proj").view(b, t, kvh, hs).transpose(1, 2)
+            q, k = rotate(q), rotate(k)
+            k, v = k.repeat_interleave(nh // kvh, dim=1), v.repeat_interleave(nh // kvh, dim=1)
+            y = causal(q, k, v).transpose(1, 2).reshape(b, t, nh * hs)
+            x = x + self.linear(y, blk, "self_attn.o_proj")
+            h = rms(x, blk + ".post_attention_layernorm.weight")
+            gate, up = self.linear(h, blk, "mlp.gate_proj"), self.linear(h, blk, "mlp.up_proj")
+            x = x + self.linear(F.silu(gate) * up, blk, "mlp.down_proj")
+        head = w["embed.wte"] if cfg["tie_word_embeddings"] else w["lm_head.weight"]
+        return rms(x, "ln_f.weight") @ head.T
+
+
+def main():
+    weights, job_path, out = sys.argv[1], sys.argv[2], sys.argv[3]
+    tensors = hf_gpt2_loss.read(weights)
+    with open(job_path) as f:
+        job = json.load(f)
+    base = {k: v for k, v in tensors.items() if ".lora." not in k}
+    adapters = {k: v.clone().requires_grad_(True) for k, v in tensors.items() if ".lora." in k}
+    model = Model(base, adapters, job["config"], job["scale"])
+    forward = model.gpt2 if job["config"]["architecture"] == "gpt2" else model.llama
+    o = job["optimizer"]
+    opt = torch.optim.AdamW(list(adapters.values()), lr=o["lr"], betas=tuple(o["betas"]), eps=o["eps"], weight_decay=o["weight_decay"])
+    losses = []
+    for step in job["steps"]:
+        tokens, targets = torch.tensor(step["tokens"]), torch.tensor(step["targets"])
+        logits = forward(tokens)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    result = {"loss": torch.tensor(losses, dtype=torch.float32)}
+    for name, t in adapters.items():
+        result["final." + name] = t.detach()
+    write_safetensors(out, result, {})
+
+
+if __name__ == "__main__":
+    main()
