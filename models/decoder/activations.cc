@@ -49,7 +49,8 @@ size_t Gpt::State::attention_floats(const GptConfig& c, const Dims& d, size_t B,
 size_t Gpt::State::layer_floats(const GptConfig& c, const Dims& d, size_t BT, size_t B, size_t T) {
   const size_t C = d.C, R = d.rows(BT);
   const size_t qk_norm = d.qk_norm ? BT * d.W + BT * (d.NH + d.KVH) : 0;
-  return BT * (d.W + d.Cq) + MlpFloats(d, BT).total() + 3 * R * C + 4 * R + attention_floats(c, d, B, T) + qk_norm;
+  return BT * (d.W + d.Cq) + MlpFloats(d, BT).total() + 3 * R * C + 4 * R + attention_floats(c, d, B, T) + qk_norm +
+         gpt::lora_h_floats(c, BT);
 }
 
 std::vector<bool> Gpt::State::resid_positions(const GptConfig& c, const GptPart& part) {
@@ -153,7 +154,7 @@ size_t Gpt::State::lora_floats(const GptConfig& c, const GptPart& part, size_t B
     for (const auto& p : spec.params) n += p.numel();
     all += n, largest = std::max(largest, n);
   }
-  return all + largest + gpt::lora_scratch_floats(c, Dims::of(c, part), BT);
+  return all + largest + gpt::lora_scratch_floats(c, BT);
 }
 
 void Gpt::State::check_shape(int b, int t) const {
@@ -257,6 +258,7 @@ void Gpt::State::reserve(Stream& stream, int b, int t, const std::vector<int>& p
       a.att = take(attention_floats(cfg, dims, b, t)), a.atty = take(BT * dims.Cq), a.res2 = take(R * C);
       a.ln2 = take(R * C), a.ln2_mean = take(R), a.ln2_rstd = take(R), a.fch = take(mlp.fch), a.fch_act = take(mlp.act);
       if (dims.qk_norm) a.qk_pre = take(BT * dims.W), a.qk_rstd = take(BT * (dims.NH + dims.KVH));
+      if (cfg.lora.enabled()) a.lora_h = take(gpt::lora_h_floats(cfg, BT));
       if (dims.moe) {
         a.moe_in = take(received * C), a.moe_out = take(moe_rows * C), a.moe_weight = take(choices);
         a.moe_row = reinterpret_cast<int32_t*>(take(choices)), a.moe_token = reinterpret_cast<int32_t*>(take(moe_rows));
@@ -309,12 +311,10 @@ void Gpt::State::reserve(Stream& stream, int b, int t, const std::vector<int>& p
       lora_values[l] = take(n), largest = std::max(largest, n);
     }
     lora_grads = take(largest);
-    const auto parts = gpt::lora_scratch_parts(cfg, dims, BT);
-    float* scratch = take(gpt::lora_scratch_floats(cfg, dims, BT));
+    float* scratch = take(gpt::lora_scratch_floats(cfg, BT));
     for (size_t l = 0; l < L; ++l) {
-      if (ids.lora[l] < 0) continue;
-      lora[l] = gpt::layer_lora(cfg, dims, static_cast<int>(l), specs[ids.lora[l]].params, lora_values[l], lora_grads);
-      gpt::place_lora_scratch(lora[l], parts, scratch);
+      if (ids.lora[l] >= 0)
+        lora[l] = gpt::layer_lora(cfg, dims, static_cast<int>(l), specs[ids.lora[l]].params, lora_values[l], lora_grads, scratch);
     }
   }
   if (dims.llama) {

@@ -143,6 +143,8 @@ struct GptConfig {
   // as nanoGPT and llm.c use it): 6 N + 12 L H Q T, N the active parameters that multiply (the
   // position table and an untied input embedding left out), H Q the attention's width.
   // `context`: the positions a row attends over (0: seq_len), for rows cut shorter.
+  // Frozen blocks (frozen_blocks, or LoRA's base) count 4 FLOPs a parameter (no weight gradient), and
+  // LoRA's adapters 6.
   double flops_per_token(int context = 0) const;
   bool moe_layer(int l) const { return moe.enabled() && (l + 1) % moe.every == 0; }
   int expert_ffn() const { return moe.intermediate_size > 0 ? moe.intermediate_size : ffn(); }

@@ -84,7 +84,20 @@ double GptConfig::flops_per_token(int context) const {
   double n = static_cast<double>(active_parameters());
   if (!llama()) n -= static_cast<double>(seq_len) * n_embd;                 // wpe: looked up, not multiplied
   if (!tie_word_embeddings) n -= static_cast<double>(vocab_size) * n_embd;  // the input embedding, beside the head
-  return 6 * n + 12.0 * n_layer * n_head * head_size() * (context > 0 ? context : seq_len);
+  // A frozen weight's product has no weight gradient to make: 4 FLOPs a parameter, not 6. LoRA's
+  // adapters are multiplied, and trained, beside the frozen base.
+  double frozen = 0, adapters = 0;
+  if (lora.enabled() || !frozen_blocks.empty()) {
+    for (const auto& spec : Gpt::block_specs(*this)) {
+      double numel = 0;
+      for (const auto& p : spec.params)
+        if (p.name != "wpe" && !(spec.name == "embed" && !tie_word_embeddings)) numel += static_cast<double>(p.numel());
+      if (spec.name.ends_with(".experts")) numel *= static_cast<double>(moe.top_k) / moe.num_experts;
+      if (spec.name.ends_with(".lora")) adapters += numel;
+      else if (spec.frozen) frozen += numel;
+    }
+  }
+  return 6 * (n + adapters) - 2 * frozen + 12.0 * n_layer * n_head * head_size() * (context > 0 ? context : seq_len);
 }
 
 void GptConfig::validate() const {

@@ -442,10 +442,8 @@ void Gpt::run_backward(int micro, int chunk) {
     restore(l);
     auto w = bind(k, &s->wbuf, &s->gbuf, v, true);
     const gpt::LayerLora* lora = lora_[l] >= 0 ? &s->lora[l] : nullptr;
-    size_t adapters = 0;  // the layer's adapter floats, whose gradients its backward adds from zero
-    for (const auto& m : lora != nullptr ? lora->modules : std::vector<gpt::LoraModule>{})
-      adapters += static_cast<size_t>(lora->r) * (m.in + m.out);
-    if (lora != nullptr) k.submit([&k, grads = s->lora_grads, adapters] { k.zero(grads, adapters); });
+    // The layer's backward adds its adapters' gradients from zero.
+    if (lora != nullptr) k.submit([&k, grads = s->lora_grads, n = lora->floats()] { k.zero(grads, n); });
     if (ckpt) gpt::layer_forward(k, g, w, acts(l), sc, sl->resid[l], nullptr, B, T, within, moe, lora);
     gpt::layer_backward(k, g, w, acts(l), sc, sl->resid[l], B, T, moe, sl->spans, lora);
     release(k, w);
@@ -454,13 +452,7 @@ void Gpt::run_backward(int micro, int chunk) {
       auto wl = bind(k, &s->wbuf, &s->gbuf, host_.begin_backward(lora_[l], micro), true);
       k.submit([&k, wl, grads = s->lora_grads, lora] {
         size_t at = 0;
-        for (size_t i = 0; i < lora->modules.size(); ++i) {
-          const auto& m = lora->modules[i];
-          const size_t a = static_cast<size_t>(lora->r) * m.in, b = static_cast<size_t>(lora->r) * m.out;
-          k.accumulate((*wl)->g(2 * i), grads + at, a);
-          k.accumulate((*wl)->g(2 * i + 1), grads + at + a, b);
-          at += a + b;
-        }
+        for (size_t i = 0; i < lora->sizes.size(); at += lora->sizes[i++]) k.accumulate((*wl)->g(i), grads + at, lora->sizes[i]);
       });
       release(k, wl);
       host_.end_backward(lora_[l], micro);

@@ -125,10 +125,10 @@ void layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs
   k.submit([&k, w, a, d, B, T, BT, proj, bias, ln1, kv, lora] {
     const Bound& p = **w;
     k.matmul_forward(a.qkv, ln1, p.p(kAttnW), p.p(kAttnB), BT, d.C, 3 * d.Cq);
-    lora_forward(k, lora, LoraProduct::qkv, ln1, a.qkv, BT, 3 * d.Cq);
+    lora_forward(k, lora, LoraProduct::qkv, ln1, a.qkv, BT, 3 * d.Cq, a.lora_h);
     attend(k, a, kv, B, T, d.NH, d.NH, d.Cq / d.NH, p.attention_products());
     k.matmul_forward(proj, a.atty, p.p(kProjW), bias ? p.p(kProjB) : nullptr, BT, d.Cq, d.C);
-    lora_forward(k, lora, LoraProduct::attn_out, a.atty, proj, BT, d.C);
+    lora_forward(k, lora, LoraProduct::attn_out, a.atty, proj, BT, d.C, a.lora_h);
   });
   g.reduce(proj, a.res2, BT);
   k.submit([&k, w, a, x, d, R] {
@@ -147,11 +147,11 @@ void layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs
     k.submit([&k, w, a, d, BT, down, bias, ln2, lora] {
       const Bound& p = **w;
       k.matmul_forward(a.fch, ln2, p.p(kFcW), p.p(kFcB), BT, d.C, d.F);
-      lora_forward(k, lora, LoraProduct::mlp_up, ln2, a.fch, BT, d.F);
+      lora_forward(k, lora, LoraProduct::mlp_up, ln2, a.fch, BT, d.F, a.lora_h);
       k.gelu_forward(a.fch_act, a.fch, BT * d.F);
       if (down == nullptr) return;
       k.matmul_forward(down, a.fch_act, p.p(kFcProjW), bias ? p.p(kFcProjB) : nullptr, BT, d.F, d.C);
-      lora_forward(k, lora, LoraProduct::mlp_down, a.fch_act, down, BT, d.C);
+      lora_forward(k, lora, LoraProduct::mlp_down, a.fch_act, down, BT, d.C, a.lora_h);
     });
   }
   if (out == nullptr) return;
@@ -177,10 +177,10 @@ void layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerAct
     k.submit([&k, w, a, s, d, BT, dout, partial, ln2, lora] {
       const Bound& p = **w;
       k.matmul_backward(s.dfch, p.g(kFcProjW), p.g(kFcProjB), dout, a.fch_act, p.p(kFcProjW), BT, d.F, d.C);
-      lora_backward(k, lora, LoraProduct::mlp_down, a.fch_act, dout, s.dfch, BT, d.C);
+      lora_backward(k, lora, LoraProduct::mlp_down, a.fch_act, dout, s.dfch, BT, d.C, a.lora_h);
       k.gelu_backward(s.dfch, a.fch, s.dfch, BT * d.F);
       k.matmul_backward(partial, p.g(kFcW), p.g(kFcB), s.dfch, ln2, p.p(kFcW), BT, d.C, d.F);
-      lora_backward(k, lora, LoraProduct::mlp_up, ln2, s.dfch, partial, BT, d.F);
+      lora_backward(k, lora, LoraProduct::mlp_up, ln2, s.dfch, partial, BT, d.F, a.lora_h);
     });
     g.reduce(partial, s.dC, BT);
   }
@@ -193,10 +193,10 @@ void layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerAct
   k.submit([&k, w, a, s, d, B, T, BT, dout, partial, ln1, spans, lora] {
     const Bound& p = **w;
     k.matmul_backward(s.dC, p.g(kProjW), p.g(kProjB), dout, a.atty, p.p(kProjW), BT, d.Cq, d.C);
-    lora_backward(k, lora, LoraProduct::attn_out, a.atty, dout, s.dC, BT, d.C);
+    lora_backward(k, lora, LoraProduct::attn_out, a.atty, dout, s.dC, BT, d.C, a.lora_h);
     attention_backward_rows(k, spans, a, s, B, T, d.NH, d.NH, d.Cq / d.NH, d.probabilities, p.attention_products());
     k.matmul_backward(partial, p.g(kAttnW), p.g(kAttnB), s.dqkv, ln1, p.p(kAttnW), BT, d.C, 3 * d.Cq);
-    lora_backward(k, lora, LoraProduct::qkv, ln1, s.dqkv, partial, BT, 3 * d.Cq);
+    lora_backward(k, lora, LoraProduct::qkv, ln1, s.dqkv, partial, BT, 3 * d.Cq, a.lora_h);
   });
   g.reduce(partial, s.dC, BT);
   k.submit([&k, w, a, s, x, d, R] {

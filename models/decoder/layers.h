@@ -48,6 +48,7 @@ struct MoeActs {
 struct LayerActs {
   float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_act;
   float *qk_pre = nullptr, *qk_rstd = nullptr;
+  float* lora_h = nullptr;  // LoRA: each product's A x, [BT, rows] after one another (lora.h)
   float *moe_in = nullptr, *moe_out = nullptr, *moe_weight = nullptr;
   int32_t *moe_row = nullptr, *moe_token = nullptr;
 };

@@ -42,7 +42,7 @@ void llama_layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const Lay
   k.submit([&k, w, a, s, d, B, T, BT, proj, bias, ln1, ix, kv, lora] {
     const Bound& p = **w;
     k.matmul_forward(a.qkv, ln1, p.p(ix.qkv), param(p, ix.qkv_b), BT, d.C, d.W);
-    lora_forward(k, lora, LoraProduct::qkv, ln1, a.qkv, BT, d.W);
+    lora_forward(k, lora, LoraProduct::qkv, ln1, a.qkv, BT, d.W, a.lora_h);
     if (d.qk_norm) {
       // The norms read the projections' q and k, kept for backward, and write the rows in place.
       k.copy(a.qk_pre, a.qkv, BT * d.W);
@@ -54,7 +54,7 @@ void llama_layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const Lay
     rope_rows(k, kv.spans, a.qkv, s.rope + static_cast<size_t>(kv.pos) * d.hs, BT, T, d.W, d.NH + d.KVH, d.hs, false);
     attend(k, a, kv, B, T, d.NH, d.KVH, d.hs, p.attention_products());
     k.matmul_forward(proj, a.atty, p.p(ix.o), bias ? param(p, ix.o_b) : nullptr, BT, d.Cq, d.C);
-    lora_forward(k, lora, LoraProduct::attn_out, a.atty, proj, BT, d.C);
+    lora_forward(k, lora, LoraProduct::attn_out, a.atty, proj, BT, d.C, a.lora_h);
   });
   g.reduce(proj, a.res2, BT);
   k.submit([&k, w, a, x, d, R, ix] {
@@ -72,11 +72,11 @@ void llama_layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const Lay
     k.submit([&k, w, a, d, BT, down, ln2, ix, lora] {
       const Bound& p = **w;
       k.matmul_forward(a.fch, ln2, p.p(ix.gate), nullptr, BT, d.C, 2 * d.F);
-      lora_forward(k, lora, LoraProduct::mlp_up, ln2, a.fch, BT, 2 * d.F);
+      lora_forward(k, lora, LoraProduct::mlp_up, ln2, a.fch, BT, 2 * d.F, a.lora_h);
       k.swiglu_forward(a.fch_act, a.fch, BT, d.F);
       if (down == nullptr) return;
       k.matmul_forward(down, a.fch_act, p.p(ix.down), nullptr, BT, d.F, d.C);
-      lora_forward(k, lora, LoraProduct::mlp_down, a.fch_act, down, BT, d.C);
+      lora_forward(k, lora, LoraProduct::mlp_down, a.fch_act, down, BT, d.C, a.lora_h);
     });
   }
   if (out == nullptr) return;
@@ -99,10 +99,10 @@ void llama_layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const La
     k.submit([&k, w, a, s, d, BT, dout, partial, ln2, ix, lora] {
       const Bound& p = **w;
       k.matmul_backward(s.dact, p.g(ix.down), nullptr, dout, a.fch_act, p.p(ix.down), BT, d.F, d.C);
-      lora_backward(k, lora, LoraProduct::mlp_down, a.fch_act, dout, s.dact, BT, d.C);
+      lora_backward(k, lora, LoraProduct::mlp_down, a.fch_act, dout, s.dact, BT, d.C, a.lora_h);
       k.swiglu_backward(s.dfch, a.fch, s.dact, BT, d.F);
       k.matmul_backward(partial, p.g(ix.gate), nullptr, s.dfch, ln2, p.p(ix.gate), BT, d.C, 2 * d.F);
-      lora_backward(k, lora, LoraProduct::mlp_up, ln2, s.dfch, partial, BT, 2 * d.F);
+      lora_backward(k, lora, LoraProduct::mlp_up, ln2, s.dfch, partial, BT, 2 * d.F, a.lora_h);
     });
     g.reduce(partial, s.dC, BT);
   }
@@ -115,7 +115,7 @@ void llama_layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const La
   k.submit([&k, w, a, s, d, B, T, BT, dout, partial, ln1, ix, spans, lora] {
     const Bound& p = **w;
     k.matmul_backward(s.dC, p.g(ix.o), grad(p, ix.o_b), dout, a.atty, p.p(ix.o), BT, d.Cq, d.C);
-    lora_backward(k, lora, LoraProduct::attn_out, a.atty, dout, s.dC, BT, d.C);
+    lora_backward(k, lora, LoraProduct::attn_out, a.atty, dout, s.dC, BT, d.C, a.lora_h);
     attention_backward_rows(k, spans, a, s, B, T, d.NH, d.KVH, d.hs, d.probabilities, p.attention_products());
     // The gradient at the rotated q and k turned back: the gradient at the values before the turn.
     rope_rows(k, spans, s.dqkv, s.rope, BT, T, d.W, d.NH + d.KVH, d.hs, true);
@@ -130,7 +130,7 @@ void llama_layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const La
       dproj = s.dqk;
     }
     k.matmul_backward(partial, p.g(ix.qkv), grad(p, ix.qkv_b), dproj, ln1, p.p(ix.qkv), BT, d.C, d.W);
-    lora_backward(k, lora, LoraProduct::qkv, ln1, dproj, partial, BT, d.W);
+    lora_backward(k, lora, LoraProduct::qkv, ln1, dproj, partial, BT, d.W, a.lora_h);
   });
   g.reduce(partial, s.dC, BT);
   k.submit([&k, w, a, s, x, d, R, ix] {

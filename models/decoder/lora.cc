@@ -77,10 +77,16 @@ std::string lora_block_name(const GptConfig& c, int layer) { return (c.llama() ?
 BlockSpec lora_spec(const GptConfig& c, int layer) {
   BlockSpec b{lora_block_name(c, layer), {}};
   const int64_t r = c.lora.r;
-  for (const auto& t : lora_targets(c, layer)) {
-    const double bound = 1.0 / std::sqrt(static_cast<double>(t.in));
-    b.params.push_back({t.module + ".lora_A.weight", {r, t.in}, InitRule::uniform(-bound, bound), ParamRole::weight});
-    b.params.push_back({t.module + ".lora_B.weight", {t.out, r}, InitRule::zeros(), ParamRole::weight});
+  // Product by product, the modules' A (stacked: one product makes h for all of them), then their B.
+  const auto targets = lora_targets(c, layer);
+  for (LoraProduct p : {LoraProduct::qkv, LoraProduct::attn_out, LoraProduct::mlp_up, LoraProduct::mlp_down}) {
+    for (const auto& t : targets) {
+      if (t.product != p) continue;
+      const double bound = 1.0 / std::sqrt(static_cast<double>(t.in));
+      b.params.push_back({t.module + ".lora_A.weight", {r, t.in}, InitRule::uniform(-bound, bound), ParamRole::weight});
+    }
+    for (const auto& t : targets)
+      if (t.product == p) b.params.push_back({t.module + ".lora_B.weight", {t.out, r}, InitRule::zeros(), ParamRole::weight});
   }
   return b;
 }
@@ -104,17 +110,7 @@ bool lora_cut(const GptConfig& c, ParamSpec& p, int rank, int ranks) {
 
 namespace {
 
-// The product's output width on this rank, and where a module's columns start in it.
-int product_width(const Dims& d, LoraProduct p) {
-  switch (p) {
-    case LoraProduct::qkv: return d.W;
-    case LoraProduct::mlp_up: return d.up();
-    case LoraProduct::attn_out:
-    case LoraProduct::mlp_down: return d.C;
-  }
-  return 0;
-}
-
+// Where a module's columns start in its product's output rows on this rank.
 int module_column(const Dims& d, const std::string& module) {
   if (module == "self_attn.k_proj") return d.NH * d.hs;
   if (module == "self_attn.v_proj") return (d.NH + d.KVH) * d.hs;
@@ -137,84 +133,101 @@ std::array<int, 2> local_shape(const Dims& d, const LoraTarget& t) {
 
 }  // namespace
 
-std::array<size_t, 5> lora_scratch_parts(const GptConfig& c, const Dims& d, size_t BT) {
-  if (!c.lora.enabled()) return {};
-  size_t out = 0, in = 0, stage = 0;
-  for (int l = 0; l < c.n_layer; ++l) {
-    for (const auto& t : lora_targets(c, l)) {
-      const auto [i, o] = local_shape(d, t);
-      in = std::max<size_t>(in, i), out = std::max<size_t>(out, o);
-      if (o != product_width(d, t.product)) stage = std::max<size_t>(stage, product_width(d, t.product));
-    }
-  }
-  const size_t r = static_cast<size_t>(c.lora.r);
-  return {BT * r, BT * r, BT * out, BT * stage, BT * in};
-}
-
-size_t lora_scratch_floats(const GptConfig& c, const Dims& d, size_t BT) {
+size_t LayerLora::floats() const {
   size_t n = 0;
-  for (size_t part : lora_scratch_parts(c, d, BT)) n += part;
+  for (size_t v : sizes) n += v;
   return n;
 }
 
-void place_lora_scratch(LayerLora& lora, const std::array<size_t, 5>& parts, float* at) {
-  float** into[] = {&lora.h, &lora.dh, &lora.t, &lora.stage, &lora.dx};
-  for (size_t i = 0; i < parts.size(); ++i) *into[i] = at, at += parts[i];
+namespace {
+
+// Rows of h per product and in all, of a layer's adapters (every dense layer's are alike).
+size_t lora_rows(const GptConfig& c, LoraProduct product, bool all) {
+  size_t n = 0;
+  for (const auto& t : lora_targets(c, 0))
+    if (all || t.product == product) n += static_cast<size_t>(c.lora.r);
+  return n;
+}
+
+}  // namespace
+
+size_t lora_h_floats(const GptConfig& c, size_t BT) { return c.lora.enabled() ? BT * lora_rows(c, LoraProduct::qkv, true) : 0; }
+
+size_t lora_scratch_floats(const GptConfig& c, size_t BT) {
+  if (!c.lora.enabled()) return 0;
+  size_t widest = 0;
+  for (LoraProduct p : {LoraProduct::qkv, LoraProduct::attn_out, LoraProduct::mlp_up, LoraProduct::mlp_down})
+    widest = std::max(widest, lora_rows(c, p, false));
+  return BT * widest;
 }
 
 LayerLora layer_lora(const GptConfig& c, const Dims& d, int layer, const std::vector<ParamSpec>& params, const float* values,
-                     float* grads) {
+                     float* grads, float* scratch) {
   LayerLora out;
   out.r = c.lora.r;
   out.scale = static_cast<float>(c.lora.scale());
+  out.dh = scratch;
   const auto targets = lora_targets(c, layer);
-  size_t at = 0;
-  for (size_t i = 0; i < targets.size(); ++i) {
-    const auto [in, o] = local_shape(d, targets[i]);
-    LoraModule m{targets[i].product, in, o, module_column(d, targets[i].module)};
-    m.A = values + at, m.dA = grads + at;
-    at += params.at(2 * i).numel();
-    m.B = values + at, m.dB = grads + at;
-    at += params.at(2 * i + 1).numel();
-    out.modules.push_back(m);
+  size_t at = 0, i = 0, h_at = 0;
+  auto next = [&]() {
+    const size_t n = params.at(i++).numel();
+    out.sizes.push_back(n);
+    at += n;
+    return at - n;
+  };
+  // The spec's order (lora_spec): per product, its modules' A, then their B.
+  for (LoraProduct p : {LoraProduct::qkv, LoraProduct::attn_out, LoraProduct::mlp_up, LoraProduct::mlp_down}) {
+    LoraProductSet set;
+    set.product = p;
+    for (const auto& t : targets) {
+      if (t.product != p) continue;
+      const auto [in, o] = local_shape(d, t);
+      const size_t a = next();
+      if (set.A == nullptr) set.A = values + a, set.dA = grads + a;
+      set.in = in;
+      set.modules.push_back({o, module_column(d, t.module), set.rows, nullptr, nullptr});
+      set.rows += out.r;
+    }
+    if (set.modules.empty()) continue;
+    for (auto& m : set.modules) {
+      const size_t b = next();
+      m.B = values + b, m.dB = grads + b;
+    }
+    set.h_at = h_at;
+    h_at += static_cast<size_t>(set.rows);
+    out.products.push_back(std::move(set));
   }
   return out;
 }
 
-void lora_forward(Kernels& k, const LayerLora* lora, LoraProduct product, const float* X, float* Y, size_t BT, int ld) {
+void lora_forward(Kernels& k, const LayerLora* lora, LoraProduct product, const float* X, float* Y, size_t BT, int ld, float* h) {
   if (lora == nullptr) return;
-  const LayerLora& L = *lora;
-  bool staged = false;
-  for (const auto& m : L.modules) {
-    if (m.product != product) continue;
-    k.matmul_forward(L.h, X, m.A, nullptr, BT, m.in, L.r);
-    if (m.out == ld) {
-      k.matmul_forward(L.t, L.h, m.B, nullptr, BT, L.r, m.out);
-      k.add_scaled(Y, L.scale, L.t, BT * static_cast<size_t>(ld));
-      continue;
-    }
-    // A module of a fused product (q of qkv, gate of gate|up): its columns of the rows, staged.
-    if (!staged) k.zero(L.stage, BT * static_cast<size_t>(ld));
-    staged = true;
-    k.matmul_forward(L.t, L.h, m.B, nullptr, BT, L.r, m.out);
-    k.copy_2d(L.stage + m.col, ld, L.t, m.out, BT, m.out);
+  const int n = static_cast<int>(BT);
+  for (const auto& p : lora->products) {
+    if (p.product != product) continue;
+    // h = X A^T for every module at once, then each module's columns of Y += scale h_m B^T.
+    float* hp = h + BT * p.h_at;
+    k.gemm(false, true, n, p.rows, p.in, 1.0f, X, p.in, p.A, p.in, 0.0f, hp, p.rows);
+    for (const auto& m : p.modules)
+      k.gemm(false, true, n, m.out, lora->r, lora->scale, hp + m.hcol, p.rows, m.B, lora->r, 1.0f, Y + m.col, ld);
   }
-  if (staged) k.add_scaled(Y, L.scale, L.stage, BT * static_cast<size_t>(ld));
 }
 
 void lora_backward(Kernels& k, const LayerLora* lora, LoraProduct product, const float* X, const float* dY, float* dX, size_t BT,
-                   int ld) {
+                   int ld, const float* h) {
   if (lora == nullptr) return;
-  const LayerLora& L = *lora;
-  for (const auto& m : L.modules) {
-    if (m.product != product) continue;
-    k.matmul_forward(L.h, X, m.A, nullptr, BT, m.in, L.r);  // made again: r values a row
-    // t = scale dY over the module's columns; then dh = t B, dB += t^T h, dx = dh A, dA += dh^T X.
-    k.copy_2d(L.t, m.out, dY + m.col, ld, BT, m.out);
-    k.scale(L.t, L.scale, BT * static_cast<size_t>(m.out));
-    k.matmul_backward(L.dh, m.dB, nullptr, L.t, L.h, m.B, BT, L.r, m.out);
-    k.matmul_backward(L.dx, m.dA, nullptr, L.dh, X, m.A, BT, m.in, L.r);
-    k.accumulate(dX, L.dx, BT * static_cast<size_t>(m.in));
+  const int n = static_cast<int>(BT), r = lora->r;
+  for (const auto& p : lora->products) {
+    if (p.product != product) continue;
+    const float* hp = h + BT * p.h_at;
+    // Per module, its columns of dY: dh_m = scale dy B; dB += scale dy^T h_m. Then for all of them
+    // at once dA += dh^T X and dX += dh A.
+    for (const auto& m : p.modules) {
+      k.gemm(false, false, n, r, m.out, lora->scale, dY + m.col, ld, m.B, r, 0.0f, lora->dh + m.hcol, p.rows);
+      k.gemm(true, false, m.out, r, n, lora->scale, dY + m.col, ld, hp + m.hcol, p.rows, 1.0f, m.dB, r);
+    }
+    k.gemm(true, false, p.rows, p.in, n, 1.0f, lora->dh, p.rows, X, p.in, 1.0f, p.dA, p.in);
+    k.gemm(false, false, n, p.in, p.rows, 1.0f, lora->dh, p.rows, p.A, p.in, 1.0f, dX, p.in);
   }
 }
 

@@ -13,7 +13,6 @@
 // partial sum).
 #pragma once
 
-#include <array>    // std::array
 #include <cstddef>  // size_t
 #include <string>   // std::string
 #include <vector>   // std::vector
@@ -50,37 +49,46 @@ std::string lora_block_name(const GptConfig& c, int layer);
 // when `p` is not one.
 bool lora_cut(const GptConfig& c, ParamSpec& p, int rank, int ranks);
 
-// One adapter as a pass uses it: this rank's A [r, in] and B [out, r] in f32, where their
-// gradients are added, and the columns [col, col + out) of its product's output rows.
+// A product's adapters as a pass uses them (this rank's slices, f32): the modules' A stacked
+// ([rows = modules x r, in]: they share the product's input, so h = X A^T is one product for all of
+// them), where their gradient is added, and each module's B [out, r] with its gradient, its columns
+// [col, col + out) of the product's output and [hcol, hcol + r) of h.
 struct LoraModule {
-  LoraProduct product = LoraProduct::qkv;
-  int in = 0, out = 0, col = 0;
-  const float *A = nullptr, *B = nullptr;
-  float *dA = nullptr, *dB = nullptr;
+  int out = 0, col = 0, hcol = 0;
+  const float* B = nullptr;
+  float* dB = nullptr;
 };
-// A layer's adapters and the scratch their passes share (device memory, f32): h and dh [BT, r],
-// t [BT, widest out], stage [BT, widest product], dx [BT, widest in].
-struct LayerLora {
+struct LoraProductSet {
+  LoraProduct product = LoraProduct::qkv;
+  int in = 0, rows = 0;
+  size_t h_at = 0;  // where its h [BT, rows] starts in the layer's LayerActs::lora_h, per row of BT
+  const float* A = nullptr;
+  float* dA = nullptr;
   std::vector<LoraModule> modules;
+};
+// A layer's adapters: its products', the adapter block's parameters' sizes in order (as they lie
+// end to end in the values and gradients), the scale, and the scratch dh [BT, widest rows].
+struct LayerLora {
+  std::vector<LoraProductSet> products;
+  std::vector<size_t> sizes;
   int r = 0;
   float scale = 1;
-  float *h = nullptr, *dh = nullptr, *t = nullptr, *stage = nullptr, *dx = nullptr;
+  float* dh = nullptr;
+  size_t floats() const;
 };
-// Floats of that scratch for BT rows (h, dh, t, stage, dx, sized by the widest adapter), and their
-// sum; place_lora_scratch points a layer's at `at`.
-std::array<size_t, 5> lora_scratch_parts(const GptConfig& c, const Dims& d, size_t BT);
-size_t lora_scratch_floats(const GptConfig& c, const Dims& d, size_t BT);
-void place_lora_scratch(LayerLora& lora, const std::array<size_t, 5>& parts, float* at);
-// Module `m` of a layer's adapters laid out at `values` (the adapter block's parameters end to end,
-// as its spec lists them) with gradients at `grads`, for this rank's widths.
+// Floats of a layer's kept h (LayerActs::lora_h) and of the passes' shared scratch, for BT rows.
+size_t lora_h_floats(const GptConfig& c, size_t BT);
+size_t lora_scratch_floats(const GptConfig& c, size_t BT);
+// A layer's adapters laid out at `values` (the adapter block's parameters end to end, as its spec
+// lists them) with gradients at `grads`, for this rank's widths; dh at `scratch`.
 LayerLora layer_lora(const GptConfig& c, const Dims& d, int layer, const std::vector<ParamSpec>& params, const float* values,
-                     float* grads);
+                     float* grads, float* scratch);
 
-// In stream work: Y [BT, ld] += scale B (A X) for the adapters of `product` (X [BT, in]); and
-// their backward from dY [BT, ld]: the gradients of A and B added, X's gradient added into dX.
-// A null `lora` does nothing.
-void lora_forward(Kernels& k, const LayerLora* lora, LoraProduct product, const float* X, float* Y, size_t BT, int ld);
+// In stream work: Y [BT, ld] += scale B (A X) for the adapters of `product` (X [BT, in]), keeping
+// A X in the layer's h (LayerActs::lora_h); and their backward from dY [BT, ld] and that h: the
+// gradients of A and B added, X's gradient added into dX. A null `lora` does nothing.
+void lora_forward(Kernels& k, const LayerLora* lora, LoraProduct product, const float* X, float* Y, size_t BT, int ld, float* h);
 void lora_backward(Kernels& k, const LayerLora* lora, LoraProduct product, const float* X, const float* dY, float* dX, size_t BT,
-                   int ld);
+                   int ld, const float* h);
 
 }  // namespace zeroth::gpt

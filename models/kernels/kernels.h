@@ -73,10 +73,11 @@ class Kernels {
   virtual void accumulate(float* y, const float* x, size_t n) = 0;
   virtual void copy(float* dst, const float* src, size_t n) = 0;
   virtual void zero(float* x, size_t n) = 0;
-  // x *= alpha; y += alpha x; rows of `cols` floats from src (rows ld_src apart) to dst (ld_dst apart).
-  virtual void scale(float* x, float alpha, size_t n) = 0;
-  virtual void add_scaled(float* y, float alpha, const float* x, size_t n) = 0;
-  virtual void copy_2d(float* dst, size_t ld_dst, const float* src, size_t ld_src, size_t rows, size_t cols) = 0;
+  // C [m, n] = alpha op(A) op(B) + beta C in f32, row-major with leading dimensions (op: the
+  // matrix or its transpose): BLAS's sgemm on row-major operands, for products over column ranges
+  // of other matrices (LoRA's adapters on a fused projection's columns).
+  virtual void gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
+                    float beta, float* c, int ldc) = 0;
   // dst (f32) = src widened; dst (any dtype) += src (f32).
   virtual void widen(TensorView src, float* dst) = 0;
   virtual void add_into(TensorView dst, const float* src) = 0;

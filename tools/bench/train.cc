@@ -45,6 +45,7 @@ struct Options {
   int threads = 0;  // 0: every core
   std::string dtype = "fp32";
   int stage = 0;
+  std::string offload = "none";  // offload_optimizer.device: none or cpu (pinned host memory)
   // Mixture of experts: the preset's MLP made `experts` experts of ffn / top_k each (the FLOPs a
   // token meets stay the dense model's), timed next to the dense model on `ranks` local ranks with
   // the experts shared over `expert_parallel` of them.
@@ -56,6 +57,10 @@ struct Options {
   // The LM head and loss by chunks of this many tokens (model.chunked_loss), timed next to the
   // whole logits; 0: not timed.
   int loss_chunk = 0;
+  // LoRA of this rank on `lora_targets` (alpha 2 r), the base frozen, timed next to the full
+  // fine-tune with both runs' peak device memory and its estimate; 0: not timed.
+  int lora_r = 0;
+  std::vector<std::string> lora_targets{"all-linear"};  // lora.target_modules
   bool reference = true;
   bool json = false;
   std::string device = "cpu";
@@ -83,13 +88,18 @@ double gpu_peak_flops(const std::string& name, bool bf16) {
 
 class StepTimes final : public TrainObserver {
  public:
+  void on_start(const TrainConfig&, const Plan&, const RunFacts& facts) override { estimate = facts.need.total(Tier::device); }
   void on_step(const StepMetrics& s) override { seconds.push_back(s.step_seconds); }
+  void on_end(const TrainSummary& s) override { peak = s.peak_total; }
   std::vector<double> seconds;
+  size_t estimate = 0, peak = 0;  // rank 0's device bytes: the run's estimate, the measured peak
 };
 
 // The dense model, or (moe) the experts with their all-to-alls overlapped or in turn, on `ranks`
 // local ranks whose all-to-alls take at least `link`'s time.
-std::vector<double> run_zeroth(const Options& o, const GptConfig& model, bool moe = false, bool overlap = true, LinkModel link = {}) {
+// `lora_r` > 0: LoRA of that rank on every linear layer instead of the full fine-tune.
+StepTimes run_zeroth(const Options& o, const GptConfig& model, bool moe = false, bool overlap = true, LinkModel link = {},
+                     int lora_r = 0) {
   nlohmann::json j = {{"train_micro_batch_size_per_gpu", o.batch},
                       {"gradient_clipping", 1.0},
                       {"optimizer",
@@ -103,7 +113,9 @@ std::vector<double> run_zeroth(const Options& o, const GptConfig& model, bool mo
                         {"val_fraction", 0.0}}},
                       {"run", {{"steps", o.steps + 1}, {"world_size", o.ranks}}}};
   if (o.dtype == "bf16") j["bf16"] = {{"enabled", true}};
+  if (o.offload != "none") j["zero_optimization"]["offload_optimizer"] = {{"device", o.offload}, {"pin_memory", true}};
   if (model.loss_chunk_rows > 0) j["model"]["chunked_loss"] = model.loss_chunk_rows;
+  if (lora_r > 0) j["lora"] = {{"r", lora_r}, {"alpha", 2 * lora_r}, {"target_modules", o.lora_targets}};
   if (moe) {
     j["model"]["moe"] = {{"num_experts", o.experts},
                          {"top_k", o.top_k},
@@ -131,7 +143,7 @@ std::vector<double> run_zeroth(const Options& o, const GptConfig& model, bool mo
       },
       options);
   times.seconds.erase(times.seconds.begin());  // warm-up
-  return times.seconds;
+  return times;
 }
 
 nlohmann::json run_torch(const Options& o, const GptConfig& m, int threads) {
@@ -256,8 +268,10 @@ void run(const Options& o) {
     if (blas.below_cpu()) say("  blas: below this CPU's kernels; `zeroth report` says why and what changing it risks\n");
   }
   std::fflush(stdout);
-  const double z = median(run_zeroth(o, m));
-  say("  %-22s median step %7.3f s   %8.0f tokens/s%s\n", fmt::format("zeroth (stage {})", o.stage).c_str(), z, tokens / z,
+  const StepTimes full = run_zeroth(o, m);
+  const double z = median(full.seconds);
+  say("  %-22s median step %7.3f s   %8.0f tokens/s%s\n",
+      fmt::format("zeroth (stage {}{})", o.stage, o.offload == "none" ? "" : ", offload " + o.offload).c_str(), z, tokens / z,
       mfu(z).c_str());
   std::fflush(stdout);
   if (o.loss_chunk > 0) {
@@ -265,7 +279,7 @@ void run(const Options& o) {
     // each chunk's logits again costs.
     GptConfig chunked = m;
     chunked.loss_chunk_rows = o.loss_chunk;
-    const double c = median(run_zeroth(o, chunked));
+    const double c = median(run_zeroth(o, chunked).seconds);
     const double whole_mib = static_cast<double>(Gpt::activation_bytes(m, o.batch, o.seq)) / (1 << 20);
     const double chunked_mib = static_cast<double>(Gpt::activation_bytes(chunked, o.batch, o.seq)) / (1 << 20);
     say("  %-22s median step %7.3f s   %8.0f tokens/s  (%.3fx the step; activations %.0f MiB against %.0f MiB)\n",
@@ -286,7 +300,7 @@ void run(const Options& o) {
   }
   if (o.experts > 0) {
     // The same tokens through experts: routing, all-to-alls, small products, the combine.
-    const double e = median(run_zeroth(o, m, true));
+    const double e = median(run_zeroth(o, m, true).seconds);
     say("  %-22s median step %7.3f s   %8.0f tokens/s\n", fmt::format("{} experts, top {}", o.experts, o.top_k).c_str(), e,
         tokens / e);
     say("  mixture of experts / dense: %.2fx the step (%d rank%s, experts over %d, %s, experts %d wide)\n", e / z, o.ranks,
@@ -296,7 +310,8 @@ void run(const Options& o) {
       // Under the link: the exchanges in turn cost their whole time; overlapped, what the products
       // do not cover. The free exchange above is the floor neither can go below.
       std::fflush(stdout);
-      const double serial = median(run_zeroth(o, m, true, false, link)), overlapped = median(run_zeroth(o, m, true, true, link));
+      const double serial = median(run_zeroth(o, m, true, false, link).seconds);
+      const double overlapped = median(run_zeroth(o, m, true, true, link).seconds);
       say("  link model %.3g GB/s, %.0f us: all-to-alls in turn  median step %7.3f s\n", link.bandwidth_gbps, link.latency_us, serial);
       say("  link model %.3g GB/s, %.0f us: all-to-alls overlapped median step %7.3f s\n", link.bandwidth_gbps, link.latency_us,
           overlapped);
@@ -304,6 +319,31 @@ void run(const Options& o) {
           overlapped - e, serial > e ? 100.0 * (serial - overlapped) / (serial - e) : 0.0, overlapped / e);
     }
     return;
+  }
+  nlohmann::json lora_json;
+  if (o.lora_r > 0) {
+    // The same layout with LoRA: the base frozen (no gradients, reduction or optimizer state), the
+    // adapters' products added to every linear layer.
+    const StepTimes lora = run_zeroth(o, m, false, true, {}, o.lora_r);
+    const double l = median(lora.seconds);
+    const double mib = 1 << 20;
+    auto d = [](size_t a, size_t b) { return static_cast<double>(a) - static_cast<double>(b); };
+    const double saved = d(full.peak, lora.peak), predicted = d(full.estimate, lora.estimate);
+    say("  %-22s median step %7.3f s   %8.0f tokens/s  (%.2fx the full fine-tune's speed)\n",
+        fmt::format("LoRA r {}, {}", o.lora_r, fmt::join(o.lora_targets, ", ")).c_str(), l, tokens / l, z / l);
+    say("  peak device memory: full fine-tune %.2f MiB (estimate %.2f), LoRA %.2f MiB (estimate %.2f); LoRA saves %.2f MiB, "
+        "the estimate says %.2f (%.1f%% off)\n",
+        static_cast<double>(full.peak) / mib, static_cast<double>(full.estimate) / mib, static_cast<double>(lora.peak) / mib,
+        static_cast<double>(lora.estimate) / mib, saved / mib, predicted / mib,
+        saved != 0 ? 100.0 * (predicted - saved) / saved : 0.0);
+    lora_json = {{"r", o.lora_r},
+                 {"step_s", l},
+                 {"speedup", z / l},
+                 {"peak_bytes", lora.peak},
+                 {"estimate_bytes", lora.estimate},
+                 {"full_peak_bytes", full.peak},
+                 {"full_estimate_bytes", full.estimate}};
+    std::fflush(stdout);
   }
   // PyTorch beside it, on one rank.
   nlohmann::json torch;
@@ -336,6 +376,7 @@ void run(const Options& o) {
                         {"gemm_alone_s", gemm_s},     {"gemm_flops", gemm_flops},
                         {"tokens_per_s", tokens / z}, {"model_flops_per_token", flops_per_token}};
     if (peak > 0) j["peak_flops"] = peak, j["mfu"] = flops_per_token * tokens / z / peak;
+    if (!lora_json.is_null()) j["lora"] = lora_json;
     if (torch.contains("error")) j["torch"] = torch;
     if (r > 0) {
       j["torch"] = {{"version", torch["torch"]}, {"step_s", r}, {"tokens_per_s", tokens / r}};
@@ -374,6 +415,12 @@ void add_bench_train_command(CLI::App& bench) {
   cmd->add_flag("--json", o->json,
                 "Print JSON: tokens/s and model FLOPs per token (what zeroth plan --calibrate reads), PyTorch's beside them unless "
                 "--no-reference");
+  cmd->add_option("--offload", o->offload, "offload_optimizer.device for zeroth's runs: none (default) or cpu (pinned host memory)")
+      ->check(CLI::IsMember({"none", "cpu"}));
+  cmd->add_option("--lora-r", o->lora_r,
+                  "Also time LoRA of this rank on --lora-targets (alpha 2 r, the base frozen) on the same layout, with both runs' "
+                  "peak device memory against the estimate");
+  cmd->add_option("--lora-targets", o->lora_targets, "With --lora-r: the adapted modules (lora.target_modules; default all-linear)");
   cmd->add_option("--loss-chunk", o->loss_chunk,
                   "Also time the step with the LM head and loss by chunks of this many tokens (model.chunked_loss), next to the "
                   "whole logits");

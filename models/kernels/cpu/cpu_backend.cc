@@ -1,6 +1,7 @@
 // The GPT's CPU backend: the kernels of row_kernels.cc, run on the stream's thread.
 #include <cstring>  // std::memcpy
 
+#include "core/cpu/gemm.h"                   // cpu::sgemm
 #include "core/cpu/kernels.h"                // cpu::cast, cpu::axpy, cpu::fill
 #include "core/error.h"                      // ZEROTH_THROW
 #include "models/kernels/cpu/row_kernels.h"  // gpt::cpu::*
@@ -80,12 +81,9 @@ class CpuKernels final : public Kernels {
   void accumulate(float* y, const float* x, size_t n) override { cpu::accumulate(y, x, n); }
   void copy(float* dst, const float* src, size_t n) override { std::memcpy(dst, src, n * sizeof(float)); }
   void zero(float* x, size_t n) override { zeroth::cpu::fill(x, DType::f32, 0.0f, n); }
-  void scale(float* x, float alpha, size_t n) override { zeroth::cpu::scale(x, DType::f32, alpha, n); }
-  void add_scaled(float* y, float alpha, const float* x, size_t n) override {
-    zeroth::cpu::axpy(y, DType::f32, alpha, x, DType::f32, n);
-  }
-  void copy_2d(float* dst, size_t ld_dst, const float* src, size_t ld_src, size_t rows, size_t cols) override {
-    for (size_t i = 0; i < rows; ++i) std::memcpy(dst + i * ld_dst, src + i * ld_src, cols * sizeof(float));
+  void gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb, float beta,
+            float* c, int ldc) override {
+    zeroth::cpu::sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
   void widen(TensorView src, float* dst) override { zeroth::cpu::cast(src.data, src.dtype, dst, DType::f32, src.numel); }
   void add_into(TensorView dst, const float* src) override {

@@ -250,14 +250,11 @@ class CudaKernels final : public Kernels {
     CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, s()));
   }
   void zero(float* x, size_t n) override { CUDA_CHECK(cudaMemsetAsync(x, 0, n * sizeof(float), s())); }
-  void scale(float* x, float alpha, size_t n) override { cuda::launch_scale(x, DType::f32, alpha, n, s()); }
-  void add_scaled(float* y, float alpha, const float* x, size_t n) override {
-    cuda::launch_axpy(y, DType::f32, alpha, x, DType::f32, n, s());
-  }
-  void copy_2d(float* dst, size_t ld_dst, const float* src, size_t ld_src, size_t rows, size_t cols) override {
-    if (rows == 0 || cols == 0) return;
-    CUDA_CHECK(cudaMemcpy2DAsync(dst, ld_dst * sizeof(float), src, ld_src * sizeof(float), cols * sizeof(float), rows,
-                                 cudaMemcpyDeviceToDevice, s()));
+  void gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb, float beta,
+            float* c, int ldc) override {
+    // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: the operands swapped.
+    CUBLAS_CHECK(cublasSgemm(handle_, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b,
+                             ldb, a, lda, &beta, c, ldc));
   }
   void widen(TensorView src, float* dst) override { cuda::launch_cast(src.data, src.dtype, dst, DType::f32, src.numel, s()); }
   void add_into(TensorView dst, const float* src) override {
