@@ -160,6 +160,10 @@ void check_data(const TrainConfig& config);
 // .safetensors file or a model folder), of which each rank reads only what it holds: its pipeline
 // stage's blocks, its tensor-parallel slices, and with ZeRO-3 its share of each block.
 void load_initial_weights(Engine& engine, const TrainConfig& config);
+// lora.init_from: the adapters of a PEFT adapter folder (adapter_config.json with the config's r
+// and alpha, adapter_model.safetensors holding every adapter under PEFT's names) into the engine's
+// adapter blocks. ConfigError naming the folder and what does not match.
+void load_lora_adapter(Engine& engine, const TrainConfig& config);
 
 // `zeroth eval`: the mean next-token cross-entropy of the weights the config starts from
 // (run.init_from, run.resume's checkpoint, or else its fresh initialization) over the first

@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/safetensors.h"
 #include "tests/tools/cli_runs.h"
 
 namespace zeroth {
@@ -281,6 +282,61 @@ std::map<std::string, std::string> files_under(const std::string& dir) {
 // Bad data stops a run resumed from its folder with an error naming the place, before anything of
 // the folder changes: a JSON line cut short, a template construct outside the subset, and a
 // conversation longer than the window with data.truncate false.
+// LoRA through the CLI, as a user runs it: the run leaves PEFT's adapter files beside the merged
+// weights, whose masked validation loss `zeroth eval` measures again; lora.init_from starts another
+// run where this one ended (its first validation is this one's last); `ckpt export --merge-lora`
+// writes the run's merged weights from its checkpoint, and a plain single-file export, which would
+// drop the adapters, is refused.
+TEST(Sft, LoraLeavesPeftFilesAndItsMergedWeightsEvaluateToTheRunsLoss) {
+  const std::string data = write_data();
+  json j = sft("sft_lora", data, 2, 1, 2);
+  j["zero_optimization"]["stage"] = 3;
+  j["run"]["steps"] = 12;
+  j["optimizer"]["params"]["lr"] = 1e-2;
+  j["scheduler"]["params"] = {{"warmup_min_lr", 1e-2}, {"warmup_max_lr", 1e-2}};
+  j["lora"] = {{"r", 4}, {"alpha", 8}, {"target_modules", {"all-linear"}}};
+  const auto r = run({ZEROTH_BIN, "train", write_config("sft_lora", j)}, "sft_lora");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("LoRA r 4, alpha 8 (scale 2) on all-linear; the base model frozen"), std::string::npos) << r.output;
+  double first_val = -1;  // the validation before the first step
+  for (const auto& m : r.metrics)
+    if (m.contains("val_loss") && first_val < 0) first_val = m["val_loss"];
+  EXPECT_LT(val_loss(r), first_val - 0.05) << "the adapters did not learn";
+  const std::string out = temp("sft_lora");
+  std::ifstream in(out + "/adapter_config.json");
+  ASSERT_TRUE(in) << "no adapter_config.json in " << out;
+  const json adapter = json::parse(in);
+  EXPECT_EQ(adapter["peft_type"], "LORA");
+  EXPECT_EQ(adapter["r"], 4);
+  const SafeTensors file = read_safetensors(out + "/adapter_model.safetensors");
+  EXPECT_EQ(file.tensors.size(), 2u * 2 * 4);  // 2 layers x 4 modules x (A, B)
+  EXPECT_EQ(file.at("base_model.model.transformer.h.1.mlp.c_fc.lora_B.weight").shape, (std::vector<int64_t>{128, 4}));
+  const auto e = run({ZEROTH_BIN, "eval", out}, "sft_lora_eval");
+  ASSERT_EQ(e.code, 0) << e.output;
+  EXPECT_NE(e.output.find(fmt::format("loss {:.6f}", val_loss(r))), std::string::npos) << e.output << " against " << val_loss(r);
+  // Another run from the adapters: its first validation is this run's last.
+  json next = sft("sft_lora_next", data, 2, 1, 2);
+  next["zero_optimization"]["stage"] = 3;
+  next["run"]["steps"] = 1;
+  next["lora"] = j["lora"];
+  next["lora"]["init_from"] = out;
+  next["run"]["eval_interval"] = 1;
+  const auto n = run({ZEROTH_BIN, "train", write_config("sft_lora_next", next)}, "sft_lora_next");
+  ASSERT_EQ(n.code, 0) << n.output;
+  EXPECT_NE(n.output.find(fmt::format("validation at step 0: loss {:.4f}", val_loss(r))), std::string::npos) << n.output;
+  // The checkpoint's merge is the run's merged weights, bit for bit.
+  const std::string merged = temp("sft_lora_merged.safetensors");
+  const auto x = run({ZEROTH_BIN, "ckpt", "export", out + "/checkpoints", "--out", merged, "--merge-lora"}, "sft_lora_export");
+  ASSERT_EQ(x.code, 0) << x.output;
+  const SafeTensors a = read_safetensors(merged), b = read_safetensors(out + "/model.safetensors");
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  for (const auto& [name, t] : b.tensors) EXPECT_EQ(a.at(name).data, t.data) << name;
+  const auto refused = run({ZEROTH_BIN, "ckpt", "export", out + "/checkpoints", "--out", merged}, "sft_lora_export_plain");
+  EXPECT_NE(refused.code, 0);
+  EXPECT_NE(refused.output.find("holds LoRA adapters, which one safetensors file of the base would drop"), std::string::npos)
+      << refused.output;
+}
+
 TEST(Sft, BadDataIsAnErrorNamingThePlaceAndLeavesTheRunAsItWas) {
   const std::string data = write_data();
   const auto first = run({ZEROTH_BIN, "train", write_config("sft_bad", sft("sft_bad", data, 4, 1, 1))}, "sft_bad");

@@ -1,6 +1,7 @@
 // `zeroth ckpt inspect | export | reshard | import`: checkpoints without a training run. Every
 // command that reads a checkpoint verifies all of its files first, so nothing is ever read out of
 // a damaged one.
+#include <algorithm>   // std::find_if, std::any_of
 #include <chrono>      // std::chrono::steady_clock
 #include <cstdio>      // std::printf
 #include <filesystem>  // std::filesystem
@@ -22,6 +23,7 @@
 #include "models/decoder/gpt.h"            // Gpt
 #include "optim/loss_scaler.h"             // LossScaler
 #include "tools/cli/commands.h"
+#include "train/hf/export.h"            // add_lora_delta, write_peft_adapter
 #include "train/hf/weights.h"           // HfWriter, HfModelReader
 #include "train/run_folder.h"           // refuse_export_into
 #include "train/text/tokenizer.h"       // write_hf_tokenizer_files
@@ -136,8 +138,12 @@ DType parse_dtype(const std::string& s) {
 }
 
 // `out`: a .safetensors file (format safetensors) or a model folder (format hf).
+// A LoRA run's checkpoint: with `merge_lora` the adapted weights are W + scale B A; without, the base
+// weights are written and (format hf) PEFT's adapter files beside them.
+// Long: the checks of the arguments, the weights streamed tensor by tensor (the adapters' merge on the way), the tokenizer
+// files and the summary line.
 void export_weights(const std::string& path, const std::string& out, const std::string& dtype, const std::string& format,
-                    const std::string& shard_size) {
+                    const std::string& shard_size, bool merge_lora) {
   const DType type = parse_dtype(dtype);
   if (format != "hf" && format != "safetensors") ZEROTH_THROW(InvalidArgument, "--format {} is not one of: hf, safetensors", format);
   if (format == "hf" && out.ends_with(".safetensors"))
@@ -148,19 +154,57 @@ void export_weights(const std::string& path, const std::string& out, const std::
   if (format == "hf") refuse_export_into(out);
   const Opened o = open_verified(path, false);
   const TrainConfig c = saved_config(o);
+  const LoraConfig& lora = c.model.lora;
+  if (merge_lora && !lora.enabled()) ZEROTH_THROW(InvalidArgument, "--merge-lora: {} was saved by a run without LoRA adapters", o.dir);
+  if (lora.enabled() && !merge_lora && format != "hf") {
+    ZEROTH_THROW(InvalidArgument,
+                 "{} holds LoRA adapters, which one safetensors file of the base would drop: add --merge-lora for the merged "
+                 "weights, or use --format hf for the base with PEFT's adapter files beside it",
+                 o.dir);
+  }
   const auto specs = Gpt::block_specs(c.model);
   ckpt::Reader reader(o.dir, o.manifest);
+  auto read = [&](const BlockSpec& block, const ParamSpec& p, std::vector<float>& into) {
+    into.resize(p.numel());
+    reader.read(*saved_tensor(o, block, p), 0, 0, p.numel(), into.data());
+  };
   const auto t0 = Clock::now();
   HfWriter writer(c.model, out, type, shard_bytes);
-  std::vector<float> values;
+  std::vector<float> values, a, b;
   while (!writer.done()) {
-    const auto& p = specs[writer.block()].params[writer.param()];
-    const ckpt::TensorEntry* t = saved_tensor(o, specs[writer.block()], p);
-    values.resize(p.numel());
-    reader.read(*t, 0, 0, p.numel(), values.data());
+    const BlockSpec& block = specs[writer.block()];
+    const auto& p = block.params[writer.param()];
+    read(block, p, values);
+    // An adapted weight: its layer's adapter block holds "<module>.lora_A.weight" and lora_B.
+    const auto adapters = std::find_if(specs.begin(), specs.end(), [&](const BlockSpec& s) { return s.name == block.name + ".lora"; });
+    const std::string module = p.name.ends_with(".weight") ? p.name.substr(0, p.name.size() - 7) : std::string();
+    const auto has = [&](const std::string& name) {
+      return adapters != specs.end() &&
+             std::any_of(adapters->params.begin(), adapters->params.end(), [&](const ParamSpec& q) { return q.name == name; });
+    };
+    if (merge_lora && !module.empty() && has(module + ".lora_A.weight")) {
+      const auto param = [&](const std::string& name) {
+        return *std::find_if(adapters->params.begin(), adapters->params.end(), [&](const ParamSpec& q) { return q.name == name; });
+      };
+      const ParamSpec pa = param(module + ".lora_A.weight"), pb = param(module + ".lora_B.weight");
+      read(*adapters, pa, a);
+      read(*adapters, pb, b);
+      add_lora_delta(values.data(), a.data(), b.data(), static_cast<size_t>(p.shape[0]), static_cast<size_t>(p.shape[1]),
+                     static_cast<size_t>(pa.shape[0]), lora.scale());
+    }
     writer.write(values.data());
   }
   const uint64_t bytes = writer.finish();
+  if (lora.enabled() && !merge_lora) {
+    write_peft_adapter(
+        out, c.model,
+        [&](int block, size_t param, float* into) {
+      std::vector<float> v;
+      read(specs[block], specs[block].params[param], v);
+      std::copy(v.begin(), v.end(), into);
+        },
+        type, c.run.init_from);
+  }
   // The run's tokenizer goes with the weights, so the folder loads as a model with its tokenizer.
   std::string tokenizer_note;
   if (format == "hf") {
@@ -266,6 +310,7 @@ void add_ckpt_command(CLI::App& app) {
   struct Args {
     std::string path, out, dtype = "f32", config, format = "safetensors", shard_size = "5GB";
     int dp = 1;
+    bool merge_lora = false;
   };
   auto a = std::make_shared<Args>();
   auto* inspect_cmd =
@@ -283,7 +328,10 @@ void add_ckpt_command(CLI::App& app) {
   export_cmd->add_option("--max-shard-size", a->shard_size,
                          "With --format hf: the largest shard (default 5GB; a larger tensor alone)");
   export_cmd->add_option("--dtype", a->dtype, "f32 (default), bf16 or f16");
-  export_cmd->callback([a] { export_weights(a->path, a->out, a->dtype, a->format, a->shard_size); });
+  export_cmd->add_flag("--merge-lora", a->merge_lora,
+                       "A LoRA run's checkpoint: write the adapted weights (W + scale B A) instead of the base with PEFT's adapter "
+                       "files beside it");
+  export_cmd->callback([a] { export_weights(a->path, a->out, a->dtype, a->format, a->shard_size, a->merge_lora); });
   auto* reshard_cmd = ckpt->add_subcommand("reshard", "Rewrite a checkpoint as M data-parallel ranks would have saved it");
   reshard_cmd->add_option("dir", a->path, "A checkpoint folder (its latest) or a step folder")->required();
   reshard_cmd->add_option("--dp", a->dp, "The data-parallel size to write for")->required()->check(CLI::Range(1, 1 << 20));

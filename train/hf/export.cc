@@ -5,6 +5,8 @@
 #include <cstring>     // std::memmove
 #include <exception>   // std::exception_ptr
 #include <filesystem>  // std::filesystem::create_directories
+#include <functional>  // std::function
+#include <map>         // std::map
 #include <optional>    // std::optional
 #include <vector>      // std::vector
 
@@ -181,17 +183,9 @@ void merge_adapters(const BlockSpec& layer, std::vector<float>& values, const Bl
     const std::string module = p.name.substr(0, p.name.size() - kA.size());
     const auto a_shape = shape_of(lora_spec, p.name);
     const size_t r = static_cast<size_t>(a_shape[0]), in = static_cast<size_t>(a_shape[1]);
-    const float* A = adapters.data() + offset_of(lora_spec, p.name);
-    const float* B = adapters.data() + offset_of(lora_spec, module + ".lora_B.weight");
-    float* W = values.data() + offset_of(layer, module + ".weight");
     const size_t out = static_cast<size_t>(shape_of(layer, module + ".weight")[0]);
-    for (size_t o = 0; o < out; ++o) {
-      for (size_t i = 0; i < in; ++i) {
-        double sum = 0;
-        for (size_t k = 0; k < r; ++k) sum += static_cast<double>(B[o * r + k]) * A[k * in + i];
-        W[o * in + i] += static_cast<float>(scale * sum);
-      }
-    }
+    add_lora_delta(values.data() + offset_of(layer, module + ".weight"), adapters.data() + offset_of(lora_spec, p.name),
+                   adapters.data() + offset_of(lora_spec, module + ".lora_B.weight"), out, in, r, scale);
   }
 }
 
@@ -249,40 +243,38 @@ uint64_t save_gpt_weights(Engine& engine, const GptConfig& config, const std::st
 }
 
 
-uint64_t save_lora_adapter(Engine& engine, const GptConfig& config, const std::string& folder, DType dtype,
-                           const StageExport& pipeline, const std::string& base_model) {
-  ZEROTH_CHECK(config.lora.enabled(), "save_lora_adapter on a model without LoRA");
-  const int stage = pipeline.stages != nullptr ? pipeline.stages->rank() : 0;
-  const int tp_rank = pipeline.tensor != nullptr ? pipeline.tensor->rank() : 0;
-  const bool lead = engine.comm().rank() == 0 && stage == 0 && tp_rank == 0;
+void add_lora_delta(float* W, const float* A, const float* B, size_t out, size_t in, size_t r, double scale) {
+  for (size_t o = 0; o < out; ++o) {
+    for (size_t i = 0; i < in; ++i) {
+      double sum = 0;
+      for (size_t k = 0; k < r; ++k) sum += static_cast<double>(B[o * r + k]) * A[k * in + i];
+      W[o * in + i] += static_cast<float>(scale * sum);
+    }
+  }
+}
+
+uint64_t write_peft_adapter(const std::string& folder, const GptConfig& config,
+                            const std::function<void(int block, size_t param, float* out)>& values, DType dtype,
+                            const std::string& base_model) {
+  ZEROTH_CHECK(config.lora.enabled(), "write_peft_adapter on a model without LoRA");
   const auto whole = Gpt::block_specs(config);
-  const auto names = Gpt::peft_params(config);
   SafeTensors file;
   file.metadata["format"] = "pt";
   std::vector<std::string> modules;  // PEFT's target_modules: the adapted layers' own names
-  std::vector<float> dense;
+  std::vector<float> f32;
   uint64_t bytes = 0;
-  for (const auto& h : names) {
-    if (h.param != 0) continue;  // a block's first parameter gathers the block
-    gather_whole_block(engine, pipeline, whole[h.block], dense);
-    if (!lead) continue;
-    size_t at = 0;
-    for (size_t i = 0; i < whole[h.block].params.size(); ++i) {
-      const ParamSpec& p = whole[h.block].params[i];
-      const std::string& name = std::find_if(names.begin(), names.end(), [&](const Gpt::HfParam& n) {
-                                  return n.block == h.block && n.param == i;
-                                })->name;
-      SafeTensor t{safetensors_dtype(dtype), p.shape, std::vector<char>(p.numel() * dtype_size(dtype))};
-      cpu::cast(dense.data() + at, DType::f32, t.data.data(), dtype, p.numel());
-      bytes += t.data.size();
-      file.tensors[name] = std::move(t);
-      at += p.numel();
-      const std::string module = p.name.substr(0, p.name.find(".lora_"));
-      const std::string last = module.substr(module.rfind('.') + 1);
-      if (std::find(modules.begin(), modules.end(), last) == modules.end()) modules.push_back(last);
-    }
+  for (const auto& h : Gpt::peft_params(config)) {
+    const ParamSpec& p = whole[h.block].params[h.param];
+    f32.resize(p.numel());
+    values(h.block, h.param, f32.data());
+    SafeTensor t{safetensors_dtype(dtype), p.shape, std::vector<char>(p.numel() * dtype_size(dtype))};
+    cpu::cast(f32.data(), DType::f32, t.data.data(), dtype, p.numel());
+    bytes += t.data.size();
+    file.tensors[h.name] = std::move(t);
+    const std::string module = p.name.substr(0, p.name.find(".lora_"));
+    const std::string last = module.substr(module.rfind('.') + 1);
+    if (std::find(modules.begin(), modules.end(), last) == modules.end()) modules.push_back(last);
   }
-  if (!lead) return 0;
   std::error_code ec;
   std::filesystem::create_directories(folder, ec);
   if (ec) ZEROTH_THROW(IoError, "create_directories(\"{}\"): {}", folder, ec.message());
@@ -310,6 +302,33 @@ uint64_t save_lora_adapter(Engine& engine, const GptConfig& config, const std::s
                                   {"revision", nullptr}};
   ckpt::write_file_atomically(folder, "adapter_config.json", adapter.dump(2) + "\n");
   return bytes;
+}
+
+uint64_t save_lora_adapter(Engine& engine, const GptConfig& config, const std::string& folder, DType dtype,
+                           const StageExport& pipeline, const std::string& base_model) {
+  ZEROTH_CHECK(config.lora.enabled(), "save_lora_adapter on a model without LoRA");
+  const int stage = pipeline.stages != nullptr ? pipeline.stages->rank() : 0;
+  const int tp_rank = pipeline.tensor != nullptr ? pipeline.tensor->rank() : 0;
+  const bool lead = engine.comm().rank() == 0 && stage == 0 && tp_rank == 0;
+  const auto whole = Gpt::block_specs(config);
+  // Every adapter block gathered whole (collective), kept on the lead: they are small.
+  std::map<int, std::vector<float>> blocks;
+  std::vector<float> dense;
+  for (size_t b = 0; b < whole.size(); ++b) {
+    if (!whole[b].name.ends_with(".lora")) continue;
+    gather_whole_block(engine, pipeline, whole[b], dense);
+    if (lead) blocks[static_cast<int>(b)] = dense;
+  }
+  if (!lead) return 0;
+  return write_peft_adapter(
+      folder, config,
+      [&](int block, size_t param, float* out) {
+    size_t at = 0;
+    for (size_t i = 0; i < param; ++i) at += whole[block].params[i].numel();
+    const auto& v = blocks.at(block);
+    std::copy(v.begin() + at, v.begin() + at + whole[block].params[param].numel(), out);
+      },
+      dtype, base_model);
 }
 
 }  // namespace zeroth

@@ -2,8 +2,9 @@
 // Face's names and layouts (train/hf/weights.h): what a run leaves in its output folder.
 #pragma once
 
-#include <cstdint>  // uint64_t
-#include <string>   // std::string
+#include <cstdint>     // uint64_t
+#include <functional>  // std::function
+#include <string>      // std::string
 
 #include "core/dtype.h"          // DType
 #include "engine/engine.h"       // Engine
@@ -38,5 +39,12 @@ uint64_t save_gpt_weights(Engine& engine, const GptConfig& config, const std::st
 // as save_gpt_weights; rank 0 returns the bytes of tensor data written.
 uint64_t save_lora_adapter(Engine& engine, const GptConfig& config, const std::string& folder, DType dtype,
                            const StageExport& pipeline = {}, const std::string& base_model = "");
+// The writing half of it: values(block, param, out) gives an adapter parameter's whole tensor
+// (Gpt::peft_params' blocks and parameters of config). Returns the bytes of tensor data written.
+uint64_t write_peft_adapter(const std::string& folder, const GptConfig& config,
+                            const std::function<void(int block, size_t param, float* out)>& values, DType dtype,
+                            const std::string& base_model = "");
+// LoRA's merge of one adapted layer: W [out, in] += scale B [out, r] A [r, in], summed in float64.
+void add_lora_delta(float* W, const float* A, const float* B, size_t out, size_t in, size_t r, double scale);
 
 }  // namespace zeroth
