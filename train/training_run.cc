@@ -132,7 +132,9 @@ void TrainingRun::restore(bool for_eval) {
     return;
   }
   if (!config_.run.init_from.empty()) load_initial_weights(engine_, config_);
-  if (!config_.lora_init_from.empty()) load_lora_adapter(engine_, config_);
+  // Evaluating a LoRA run's folder reads its merged weights (run.init_from): the adapters it started
+  // from are in them already.
+  if (!config_.lora_init_from.empty() && !for_eval) load_lora_adapter(engine_, config_);
   if (!for_eval && lead_ && config_.run.checkpoint_interval >= 0 &&
       std::filesystem::exists(config_.run.checkpoint_dir + "/" + ckpt::kLatestName)) {
     ZLOG_WARN("{} holds checkpoints of an earlier run; this run's go beside them (a step folder of the same number is replaced, "

@@ -396,8 +396,10 @@ Plan make_plan(const std::vector<BlockSpec>& specs, const std::vector<BlockSched
     p.blocks.push_back(std::move(blk));
   }
   if (p.trainable_numel == 0) {
-    ZEROTH_THROW(ConfigError, "every parameter of the model is frozen: nothing would train; leave some out of model.frozen, or "
-                              "name them in model.trainable");
+    ZEROTH_THROW(ConfigError,
+                 "every block this rank holds is frozen ({} of them), so it would have nothing to reduce or update (a pipeline stage "
+                 "of frozen layers alone is not supported): leave some out of model.frozen, or name them in model.trainable",
+                 specs.size());
   }
 
   // Shard order: by last backward use, so buckets fill in the order gradients complete (the

@@ -263,6 +263,8 @@ TEST(FrozenBlocks, CheckpointSavesWeightsOnlyAndResumes) {
   GridCase second = frozen_case(3, 1);
   const GridResult resumed = testing::train_grid(second, nullptr, {.first = 2, .last = testing::kSteps, .load = dir, .save = {}});
   const GridResult& ref = reference(2);
+  ASSERT_EQ(resumed.losses.size(), static_cast<size_t>(testing::kSteps - 2));
+  ASSERT_EQ(resumed.weights.size(), ref.weights.size());
   for (size_t s = 0; s < resumed.losses.size(); ++s)
     EXPECT_NEAR(resumed.losses[s], ref.losses[s + 2], 3e-7 * ref.losses[s + 2]) << "step " << s + 2;
   for (const auto& [name, w] : resumed.weights) {

@@ -43,9 +43,10 @@ GptConfig lora_model(const std::string& arch) {
   return c;
 }
 
-GridCase lora_case(const std::string& arch, int stage, int dp) {
+GridCase lora_case(const std::string& arch, int stage, int dp, bool rslora = false) {
   GridCase k;
   k.model = lora_model(arch);
+  k.model.lora.use_rslora = rslora;
   k.stage = stage, k.dp = dp, k.micro = 2;
   k.clipping = 0;  // the reference does not clip
   k.constant_lr = true;
@@ -60,12 +61,31 @@ struct Reference {
 
 // The reference's run of `arch` from the engine's own starting values (the seed and the names make
 // them) over the global batches every layout trains on.
-const Reference& reference(const std::string& arch) {
+const Reference& reference(const std::string& arch, bool rslora) {
   static std::map<std::string, Reference> cache;
-  if (cache.contains(arch)) return cache[arch];
-  Reference& ref = cache[arch];
-  GridCase k = lora_case(arch, 0, 1);
+  const std::string key = arch + (rslora ? "+rslora" : "");
+  if (cache.contains(key)) return cache[key];
+  Reference& ref = cache[key];
+  GridCase k = lora_case(arch, 0, 1, rslora);
   ref.start = testing::train_grid(k, nullptr, {.first = 0, .last = 0, .load = {}, .save = {}});
+  // PEFT's start: B zero, A within Kaiming-uniform's +-1/sqrt(in) (and not all zero).
+  for (const auto& spec : Gpt::block_specs(k.model)) {
+    if (!spec.name.ends_with(".lora")) continue;
+    const auto& values = ref.start.weights.at(spec.name);
+    size_t at = 0;
+    for (const auto& p : spec.params) {
+      double largest = 0;
+      for (size_t i = at; i < at + p.numel(); ++i) largest = std::max(largest, std::abs(static_cast<double>(values[i])));
+      const double bound = 1.0 / std::sqrt(static_cast<double>(p.shape[1]));
+      if (p.name.ends_with("lora_B.weight")) {
+        EXPECT_EQ(largest, 0.0) << spec.name << "." << p.name;
+      } else {
+        EXPECT_LE(largest, bound) << spec.name << "." << p.name;
+        EXPECT_GT(largest, bound / 2) << spec.name << "." << p.name;
+      }
+      at += p.numel();
+    }
+  }
   const std::string dir = fmt::format("{}/zeroth-lora-{}-{}", ::testing::TempDir(), arch, ::getpid());
   std::filesystem::create_directories(dir);
   SafeTensors weights;
@@ -105,7 +125,7 @@ const Reference& reference(const std::string& arch) {
                                 {"rope_theta", gc.rope_theta},
                                 {"rms_norm_eps", gc.norm_eps},
                                 {"tie_word_embeddings", gc.tie_word_embeddings}}},
-                              {"scale", gc.lora.scale()},
+                              {"lora", {{"r", gc.lora.r}, {"alpha", gc.lora.alpha}, {"use_rslora", gc.lora.use_rslora}}},
                               {"optimizer",
                                {{"lr", ec.optimizer.lr},
                                 {"betas", {ec.optimizer.beta1, ec.optimizer.beta2}},
@@ -127,7 +147,7 @@ const Reference& reference(const std::string& arch) {
 
 // bound: each adapter tensor's largest difference, relative to its largest value.
 void expect_reference(const GridCase& k, const std::string& arch, double bound) {
-  const Reference& ref = reference(arch);
+  const Reference& ref = reference(arch, k.model.lora.use_rslora);
   const GridResult got = testing::train_grid(k, nullptr, {.first = 0, .last = kLoraSteps, .load = {}, .save = {}});
   ASSERT_EQ(got.losses.size(), ref.losses.size());
   double loss_err = 0, worst = 0;
@@ -196,7 +216,7 @@ TEST(LoraExport, AdapterUnderZero3AtDp4IsTheDp1AdapterAndTheMergeIsBasePlusScale
   EXPECT_EQ(config.at("r"), gc.lora.r);
   EXPECT_EQ(config.at("lora_alpha"), gc.lora.alpha);
   EXPECT_EQ(config.at("base_model_name_or_path"), "base-model");
-  EXPECT_EQ(config.at("target_modules"), (std::vector<std::string>{"c_attn", "c_proj", "c_fc"}));
+  EXPECT_EQ(config.at("target_modules"), (std::vector<std::string>{"attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"}));
   // The merge: transformer.h.l.<module>.weight (Conv1D: [in, out]) = start + scale B A.
   const GridResult start = testing::train_grid(lora_case("gpt2", 0, 1), nullptr, {.first = 0, .last = 0, .load = {}, .save = {}});
   const SafeTensors merged = read_safetensors(dir + "/dp4/model.safetensors");
@@ -237,6 +257,7 @@ struct Layout {
   int stage, dp;
   int tp = 1, pp = 1;
   OffloadDevice offload = OffloadDevice::none;
+  bool rslora = false;
 };
 void PrintTo(const Layout& l, std::ostream* os) {
   *os << l.arch << ", ZeRO " << l.stage << ", dp " << l.dp << ", tp " << l.tp << ", pp " << l.pp << ", offload "
@@ -247,7 +268,7 @@ class LoraAgainstPyTorch : public ::testing::TestWithParam<Layout> {};
 
 TEST_P(LoraAgainstPyTorch, AdaptersAndLossesMatchTheBaseStaysPut) {
   const Layout& l = GetParam();
-  GridCase k = lora_case(l.arch, l.stage, l.dp);
+  GridCase k = lora_case(l.arch, l.stage, l.dp, l.rslora);
   k.tp = l.tp, k.pp = l.pp, k.offload = l.offload;
   expect_reference(k, l.arch, 2e-5);
 }
@@ -259,10 +280,11 @@ INSTANTIATE_TEST_SUITE_P(Layouts, LoraAgainstPyTorch,
                                            Layout{"gpt2", 1, 1, 1, 2}, Layout{"llama", 0, 1}, Layout{"llama", 1, 2},
                                            Layout{"llama", 2, 2}, Layout{"llama", 3, 2},
                                            Layout{"llama", 3, 2, 1, 1, OffloadDevice::nvme}, Layout{"llama", 1, 1, 2},
-                                           Layout{"llama", 1, 1, 1, 2}),
+                                           Layout{"llama", 1, 1, 1, 2}, Layout{"llama", 2, 2, 1, 1, OffloadDevice::none, true}),
                          [](const auto& info) {
   const Layout& l = info.param;
-  return fmt::format("{}_zero{}_dp{}_tp{}_pp{}_{}", l.arch, l.stage, l.dp, l.tp, l.pp, offload_device_name(l.offload));
+  return fmt::format("{}_zero{}_dp{}_tp{}_pp{}_{}{}", l.arch, l.stage, l.dp, l.tp, l.pp, offload_device_name(l.offload),
+                     l.rslora ? "_rslora" : "");
 });
 
 }  // namespace

@@ -9,7 +9,7 @@ and torch.optim.AdamW trains A and B on the mean cross-entropy of each step's gl
 WEIGHTS holds the model under zeroth's names and layouts ("<block>.<param>", weights [out, in]),
 the adapters as "<layer>.lora.<module>.lora_A.weight" [r, in] and "...lora_B.weight" [out, r].
 JOB.json: {"config": {"architecture": "gpt2" | "llama", "n_head", "n_kv_head", "head_dim",
-"rope_theta", "rms_norm_eps", "tie_word_embeddings"}, "scale", "optimizer": {"lr", "betas", "eps",
+"rope_theta", "rms_norm_eps", "tie_word_embeddings"}, "lora": {"r", "alpha", "use_rslora"}, "optimizer": {"lr", "betas", "eps",
 "weight_decay"}, "steps": [{"tokens", "targets"}: [B][T]]}. OUT gets "loss" (one per step) and
 "final.<name>" for every adapter tensor after the last step.
 """
@@ -35,15 +35,17 @@ def causal(q, k, v):
 class Model:
     def __init__(self, w, adapters, cfg, scale):
         self.w, self.a, self.cfg, self.scale = w, adapters, cfg, scale
+        self.used = set()
 
     def linear(self, x, block, module, bias=None):
         """x W^T (+ b) (+ scale (x A^T) B^T where `module` of `block` has an adapter)."""
         y = x @ self.w[f"{block}.{module}.weight"].T
         if bias is not None:
             y = y + self.w[f"{block}.{module}.bias"]
-        a = self.a.get(f"{block}.lora.{module}.lora_A.weight")
-        if a is not None:
-            y = y + self.scale * ((x @ a.T) @ self.a[f"{block}.lora.{module}.lora_B.weight"].T)
+        a_name, b_name = f"{block}.lora.{module}.lora_A.weight", f"{block}.lora.{module}.lora_B.weight"
+        if a_name in self.a:
+            y = y + self.scale * ((x @ self.a[a_name].T) @ self.a[b_name].T)
+            self.used.update((a_name, b_name))
         return y
 
     def gpt2(self, tokens):
@@ -102,7 +104,9 @@ def main():
         job = json.load(f)
     base = {k: v for k, v in tensors.items() if ".lora." not in k}
     adapters = {k: v.clone().requires_grad_(True) for k, v in tensors.items() if ".lora." in k}
-    model = Model(base, adapters, job["config"], job["scale"])
+    lora = job["lora"]  # LoRA's scale, as PEFT sets it: alpha / r, or alpha / sqrt(r) with rsLoRA
+    scale = lora["alpha"] / (math.sqrt(lora["r"]) if lora["use_rslora"] else lora["r"])
+    model = Model(base, adapters, job["config"], scale)
     forward = model.gpt2 if job["config"]["architecture"] == "gpt2" else model.llama
     o = job["optimizer"]
     opt = torch.optim.AdamW(list(adapters.values()), lr=o["lr"], betas=tuple(o["betas"]), eps=o["eps"], weight_decay=o["weight_decay"])
@@ -115,6 +119,8 @@ def main():
         loss.backward()
         opt.step()
         losses.append(loss.item())
+        unused = set(adapters) - model.used
+        assert not unused, f"adapters the model has no layer for: {sorted(unused)}"
     result = {"loss": torch.tensor(losses, dtype=torch.float32)}
     for name, t in adapters.items():
         result["final." + name] = t.detach()

@@ -279,9 +279,6 @@ std::map<std::string, std::string> files_under(const std::string& dir) {
   return out;
 }
 
-// Bad data stops a run resumed from its folder with an error naming the place, before anything of
-// the folder changes: a JSON line cut short, a template construct outside the subset, and a
-// conversation longer than the window with data.truncate false.
 // LoRA through the CLI, as a user runs it: the run leaves PEFT's adapter files beside the merged
 // weights, whose masked validation loss `zeroth eval` measures again; lora.init_from starts another
 // run where this one ended (its first validation is this one's last); `ckpt export --merge-lora`
@@ -324,6 +321,10 @@ TEST(Sft, LoraLeavesPeftFilesAndItsMergedWeightsEvaluateToTheRunsLoss) {
   const auto n = run({ZEROTH_BIN, "train", write_config("sft_lora_next", next)}, "sft_lora_next");
   ASSERT_EQ(n.code, 0) << n.output;
   EXPECT_NE(n.output.find(fmt::format("validation at step 0: loss {:.4f}", val_loss(r))), std::string::npos) << n.output;
+  // Its folder evaluates to its own last validation: the merged weights, the adapters not added again.
+  const auto ne = run({ZEROTH_BIN, "eval", temp("sft_lora_next")}, "sft_lora_next_eval");
+  ASSERT_EQ(ne.code, 0) << ne.output;
+  EXPECT_NE(ne.output.find(fmt::format("loss {:.6f}", val_loss(n))), std::string::npos) << ne.output << " against " << val_loss(n);
   // The checkpoint's merge is the run's merged weights, bit for bit.
   const std::string merged = temp("sft_lora_merged.safetensors");
   const auto x = run({ZEROTH_BIN, "ckpt", "export", out + "/checkpoints", "--out", merged, "--merge-lora"}, "sft_lora_export");
@@ -337,6 +338,9 @@ TEST(Sft, LoraLeavesPeftFilesAndItsMergedWeightsEvaluateToTheRunsLoss) {
       << refused.output;
 }
 
+// Bad data stops a run resumed from its folder with an error naming the place, before anything of
+// the folder changes: a JSON line cut short, a template construct outside the subset, and a
+// conversation longer than the window with data.truncate false.
 TEST(Sft, BadDataIsAnErrorNamingThePlaceAndLeavesTheRunAsItWas) {
   const std::string data = write_data();
   const auto first = run({ZEROTH_BIN, "train", write_config("sft_bad", sft("sft_bad", data, 4, 1, 1))}, "sft_bad");

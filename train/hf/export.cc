@@ -271,9 +271,10 @@ uint64_t write_peft_adapter(const std::string& folder, const GptConfig& config,
     cpu::cast(f32.data(), DType::f32, t.data.data(), dtype, p.numel());
     bytes += t.data.size();
     file.tensors[h.name] = std::move(t);
+    // Whole paths inside a layer ("self_attn.q_proj", "attn.c_proj"): PEFT matches a target by its
+    // last parts, and GPT-2's "c_proj" alone would name the MLP's projection too.
     const std::string module = p.name.substr(0, p.name.find(".lora_"));
-    const std::string last = module.substr(module.rfind('.') + 1);
-    if (std::find(modules.begin(), modules.end(), last) == modules.end()) modules.push_back(last);
+    if (std::find(modules.begin(), modules.end(), module) == modules.end()) modules.push_back(module);
   }
   std::error_code ec;
   std::filesystem::create_directories(folder, ec);
