@@ -10,8 +10,9 @@ WEIGHTS holds the model under zeroth's names and layouts ("<block>.<param>", wei
 the adapters as "<layer>.lora.<module>.lora_A.weight" [r, in] and "...lora_B.weight" [out, r].
 JOB.json: {"config": {"architecture": "gpt2" | "llama", "n_head", "n_kv_head", "head_dim",
 "rope_theta", "rms_norm_eps", "tie_word_embeddings"}, "lora": {"r", "alpha", "use_rslora"}, "optimizer": {"lr", "betas", "eps",
-"weight_decay"}, "steps": [{"tokens", "targets"}: [B][T]]}. OUT gets "loss" (one per step) and
-"final.<name>" for every adapter tensor after the last step.
+"weight_decay"}, "clipping" (0: none), "steps": [{"tokens", "targets"}: [B][T]]}. OUT gets "loss" and
+"grad_norm" (the adapters' gradients' global norm before clipping; one per step) and "final.<name>"
+for every adapter tensor after the last step.
 """
 import json
 import math
@@ -110,18 +111,25 @@ def main():
     forward = model.gpt2 if job["config"]["architecture"] == "gpt2" else model.llama
     o = job["optimizer"]
     opt = torch.optim.AdamW(list(adapters.values()), lr=o["lr"], betas=tuple(o["betas"]), eps=o["eps"], weight_decay=o["weight_decay"])
-    losses = []
+    losses, norms = [], []
     for step in job["steps"]:
         tokens, targets = torch.tensor(step["tokens"]), torch.tensor(step["targets"])
         logits = forward(tokens)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
         opt.zero_grad()
         loss.backward()
+        # The global norm is the adapters' alone (the base has no gradient); clipped as DeepSpeed
+        # clips: by max_norm / (norm + 1e-6) when that is below 1.
+        norm = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in adapters.values())).item()
+        norms.append(norm)
+        if job.get("clipping", 0) > 0 and norm + 1e-6 > job["clipping"]:
+            for p in adapters.values():
+                p.grad.mul_(job["clipping"] / (norm + 1e-6))
         opt.step()
         losses.append(loss.item())
         unused = set(adapters) - model.used
         assert not unused, f"adapters the model has no layer for: {sorted(unused)}"
-    result = {"loss": torch.tensor(losses, dtype=torch.float32)}
+    result = {"loss": torch.tensor(losses, dtype=torch.float32), "grad_norm": torch.tensor(norms, dtype=torch.float32)}
     for name, t in adapters.items():
         result["final." + name] = t.detach()
     write_safetensors(out, result, {})
