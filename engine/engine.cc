@@ -149,7 +149,8 @@ void Engine::finalize(Plan plan, const ModelFootprint& model, bool initialize_va
                    plan_.rank, format_bytes(bytes), path, need.describe(Tier::nvme), format_bytes(free));
     }
   }
-  if (const auto& o = config_.zero.offload_optimizer; plan_.rank == 0 && o.enabled() && o.ratio < 1 && plan_.device_buckets == 0) {
+  if (const auto& o = config_.zero.offload_optimizer;
+      plan_.rank == 0 && o.enabled() && o.ratio < 1 && plan_.device_buckets == 0 && !plan_.reduce_buckets.empty()) {
     ZLOG_WARN("zero_optimization.offload_optimizer.ratio = {:g} keeps nothing on the device: the first reduce bucket ({} elements per "
               "rank) is more than {:g} of the shard ({}); lower zero_optimization.reduce_bucket_size to split finer",
               o.ratio, plan_.reduce_buckets.front().shard_numel, 1 - o.ratio, plan_.shard_numel);

@@ -94,6 +94,7 @@ double Executor::grad_norm() {
     first = false;
   }
   if (on_host) device_.copy(cs, scalar.data, &host, sizeof(float));
+  if (first) device_.fill(cs, scalar, 0.0f);  // no bucket: every block frozen (a frozen pipeline stage)
   if (over_ranks) step_comm_->all_reduce(cs, scalar, ReduceOp::sum);
   if (links_.stages != nullptr) links_.stages->all_reduce(cs, scalar, ReduceOp::sum);
   if (links_.tensor != nullptr) links_.tensor->all_reduce(cs, scalar, ReduceOp::sum);

@@ -395,12 +395,8 @@ Plan make_plan(const std::vector<BlockSpec>& specs, const std::vector<BlockSched
     if (!blk.frozen) p.trainable_numel += blk.numel, p.trainable_padded += blk.padded;
     p.blocks.push_back(std::move(blk));
   }
-  if (p.trainable_numel == 0) {
-    ZEROTH_THROW(ConfigError,
-                 "every block this rank holds is frozen ({} of them), so it would have nothing to reduce or update (a pipeline stage "
-                 "of frozen layers alone is not supported): leave some out of model.frozen, or name them in model.trainable",
-                 specs.size());
-  }
+  // Every block frozen (a pipeline stage of frozen layers): no reduction and no update; the rank
+  // still joins the global norm's sum over the stages with nothing of its own.
 
   // Shard order: by last backward use, so buckets fill in the order gradients complete (the
   // chunks in the order of their last backward pass); frozen blocks after all the others.
