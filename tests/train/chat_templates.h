@@ -217,6 +217,19 @@ You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>
 {% endfor %}
 {%- if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}
 )"},
+      // The marks inside a macro, whose output is a string placed by the loop.
+      {"chatml-generation-macro", R"({%- macro turn(message) -%}
+{{ '<|im_start|>' + message['role'] + '\n' }}
+{%- if message['role'] == 'assistant' -%}
+{% generation %}{{ message['content'] | trim + '<|im_end|>' }}{% endgeneration %}
+{%- else -%}
+{{ message['content'] | trim + '<|im_end|>' }}
+{%- endif %}
+
+{% endmacro -%}
+{%- for message in messages %}{{ turn(message) }}{% endfor %}
+{%- if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}
+)"},
       {"crlf",
        "{% for m in messages %}\r\n  {{ m.role }}:\r\n{%- if m.content %} {{ m.content }}{% endif %}\r\n{% endfor %}\r\nend\r\n"},
       {"every-construct", R"({#- Each construct of the subset once at least. -#}

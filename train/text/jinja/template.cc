@@ -39,6 +39,10 @@ struct Scope {
 
 enum class Flow { next, break_, continue_ };
 
+// The marks a {% generation %} block's output carries until the render ends (Renderer::run), as
+// the reference (tests/reference/jinja_render.py) brackets it.
+constexpr char kGenerationOpen = '\x02', kGenerationClose = '\x03';
+
 class Renderer {
  public:
   Renderer(const std::string& where, Scope& globals) : where_(where), globals_(globals) {}
@@ -46,9 +50,24 @@ class Renderer {
   Rendered run(const std::vector<Node>& nodes) {
     Rendered r;
     out_ = &r.text;
-    spans_ = &r.generation;
     const Flow f = nodes_(nodes, globals_);
     if (f != Flow::next) Site{where_, 0}.fail("{% break %} or {% continue %} outside a loop");
+    // A generation block's output is bracketed by two marks wherever it goes (into a macro's
+    // returned string too, which may then be placed anywhere): taken out here, their places are
+    // the spans.
+    std::string text;
+    text.reserve(r.text.size());
+    size_t start = 0;
+    for (char c : r.text) {
+      if (c == kGenerationOpen) {
+        start = text.size();
+      } else if (c == kGenerationClose) {
+        r.generation.emplace_back(start, text.size());
+      } else {
+        text += c;
+      }
+    }
+    r.text = std::move(text);
     return r;
   }
 
@@ -97,9 +116,9 @@ class Renderer {
         return Flow::next;
       }
       case Node::Kind::generation: {
-        const size_t begin = out_->size();
+        *out_ += kGenerationOpen;
         const Flow f = nodes_(n.body, scope);
-        if (spans_ != nullptr) spans_->emplace_back(begin, out_->size());
+        *out_ += kGenerationClose;
         return f;
       }
       case Node::Kind::break_: return Flow::break_;
@@ -179,10 +198,8 @@ class Renderer {
     }
     std::string text;
     std::string* saved = std::exchange(out_, &text);
-    auto* saved_spans = std::exchange(spans_, nullptr);
     nodes_(def.body, scope);
     out_ = saved;
-    spans_ = saved_spans;
     return Value::string(std::move(text));
   }
 
@@ -362,7 +379,6 @@ class Renderer {
   const std::string& where_;
   Scope& globals_;
   std::string* out_ = nullptr;
-  std::vector<std::pair<size_t, size_t>>* spans_ = nullptr;
 };
 
 }  // namespace
