@@ -31,7 +31,10 @@ struct StepMetrics {
   bool skipped = false;  // overflow: no update
   double step_seconds = 0;
   double tokens_per_second = 0;
-  int row_width = 0;      // positions per row this step (JSON Lines rows cut to their step's longest); 0: model.seq_len
+  int row_width = 0;  // positions per row this step (JSON Lines rows cut to their step's longest); 0: model.seq_len
+  // The positions a token attends over, for the model FLOPs' attention term: the row's, or with
+  // packed samples each sample's length weighted by its tokens (sum n^2 / sum n); 0: row_width.
+  int attention_context = 0;
   size_t peak_bytes = 0;  // this rank's device, all tags
   // wall_clock_breakdown: rank 0's forward and backward passes (synchronized), the wait for the
   // reductions after the last backward, and the rest of the optimizer step.

@@ -6,7 +6,7 @@
 
 #include <algorithm>   // std::max
 #include <chrono>      // std::chrono::steady_clock
-#include <cmath>       // std::isfinite
+#include <cmath>       // std::isfinite, std::lround
 #include <cstring>     // std::memmove
 #include <exception>   // std::exception_ptr
 #include <filesystem>  // std::filesystem::is_directory
@@ -281,6 +281,24 @@ void TrainingRun::save_adapter() {
                     config_.run.init_from);
 }
 
+namespace {
+
+// Packed rows (positions restarting at 0 where a sample starts): the positions a token attends over,
+// sum n^2 / sum n over the samples of lengths n (a micro-batch's rows stand for the step's).
+int packed_context(const int32_t* positions, size_t count) {
+  double squares = 0, tokens = 0, run = 0;
+  for (size_t i = 0; i <= count; ++i) {
+    if (i == count || positions[i] == 0) {
+      squares += run * run, tokens += run;
+      run = 0;
+    }
+    run += 1;
+  }
+  return tokens > 0 ? static_cast<int>(std::lround(squares / tokens)) : 0;
+}
+
+}  // namespace
+
 void TrainingRun::run_passes(int64_t k, double pass_seconds[2]) {
   using Clock = std::chrono::steady_clock;
   Stream& cs = engine_.compute_stream();
@@ -301,12 +319,14 @@ void TrainingRun::run_passes(int64_t k, double pass_seconds[2]) {
   set_loss_divisor(k);
   const int width = cycle_width(k);
   row_width_ = width;
+  attention_context_ = 0;
   tokens_per_step_ = static_cast<double>(config_.tokens_per_step()) * width / T_;
   for (const auto& p : engine_.plan().passes) {
     const int m = p.micro;
     const auto start = Clock::now();
     if (p.pass == Pass::forward) {
       run_data_.train.batch(k, m, tokens_.data() + m * n_, targets_.data() + m * n_, positions(m));
+      if (m == 0 && positions(0) != nullptr) attention_context_ = packed_context(positions(0), n_);
       cut_rows(m, width);
       gpt_.forward(m, tokens_.data() + m * n_, targets_.data() + m * n_, mb_, width, &losses_[m], positions(m));
     } else {
@@ -373,6 +393,7 @@ void TrainingRun::report_step(int64_t k, double loss, double seconds, const Step
     s.step_seconds = seconds;
     s.tokens_per_second = tokens_per_step_ / seconds;
     s.row_width = row_width_;
+    s.attention_context = attention_context_;
     s.peak_bytes = device_.memory().stats().total_peak;
     s.forward_seconds = pass_seconds[0];
     s.backward_seconds = pass_seconds[1];

@@ -165,8 +165,9 @@ class TrainingRun {
   int64_t saved_step_ = 0;
   std::vector<double> rates_, bubbles_;
   PipeMeasure last_trace_;
-  double tokens_per_step_;  // the positions a step runs (its rows' width x the global batch)
-  int row_width_ = 0;       // the last step's (cycle_width)
+  double tokens_per_step_;     // the positions a step runs (its rows' width x the global batch)
+  int row_width_ = 0;          // the last step's (cycle_width)
+  int attention_context_ = 0;  // the last step's packed samples' (StepMetrics::attention_context), 0 unpacked
 };
 
 }  // namespace zeroth

@@ -97,7 +97,8 @@ class Console final : public RunConsole {
   }
 
   void on_step(const StepMetrics& s) override {
-    const double model_flops = s.tokens_per_second * c_.model.flops_per_token(s.row_width);
+    const double model_flops = s.tokens_per_second *
+                               c_.model.flops_per_token(s.attention_context > 0 ? s.attention_context : s.row_width);
     const double mfu = peak_.flops > 0 ? model_flops / peak_.flops : 0;
     nlohmann::json record{{"step", s.step},
                           {"loss", s.loss},
