@@ -406,7 +406,7 @@ void Engine::read_owned(StateKind kind, int block, std::span<float> out) {
   auto& exec = between_cycles("read_owned", block);
   check_f32_kind(kind, "read_owned");
   // A frozen block's master is its parameter shard, which a checkpoint saves widened.
-  const OwnedRange& r = kind == StateKind::master ? plan_.values_owned(block) : plan_.range(kind, block);
+  const OwnedRange& r = plan_.f32_range(kind, block);
   ZEROTH_CHECK(out.size() == r.numel(), "read_owned({}, {}): {} values for a range of {}", state_kind_name(kind), block, out.size(),
                r.numel());
   if (kind == StateKind::master) {
@@ -422,8 +422,7 @@ void Engine::write_owned(StateKind kind, int block, std::span<const float> value
   check_f32_kind(kind, "write_owned");
   if (kind == StateKind::master)
     ZEROTH_THROW(InvalidArgument, "write_owned(master): use set_block_values, which keeps the copies in step");
-  // A frozen block's master is its parameter shard, which a checkpoint saves widened.
-  const OwnedRange& r = kind == StateKind::master ? plan_.values_owned(block) : plan_.range(kind, block);
+  const OwnedRange& r = plan_.range(kind, block);
   ZEROTH_CHECK(values.size() == r.numel(), "write_owned({}, {}): {} values for a range of {}", state_kind_name(kind), block,
                values.size(), r.numel());
   exec.write_owned(r, values.data());
@@ -446,7 +445,7 @@ float* Engine::owned_in_place(StateKind kind, int block) {
 const float* Engine::owned_in_host(StateKind kind, int block) const {
   auto& exec = between_cycles("owned_in_host", block);
   check_f32_kind(kind, "owned_in_host");
-  return exec.owned_in_place(kind == StateKind::master ? plan_.values_owned(block) : plan_.range(kind, block));
+  return exec.owned_in_place(plan_.f32_range(kind, block));
 }
 
 void Engine::set_block_values(int block, const std::function<void(size_t, size_t, float*)>& fill) {

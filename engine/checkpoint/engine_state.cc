@@ -48,10 +48,6 @@ std::vector<BlockSpec> engine_specs(const Engine& engine) {
 
 std::vector<TensorRef> engine_tensors(const Engine& engine) { return plan_tensors(engine_specs(engine), engine.plan()); }
 
-const OwnedRange& saved_range(const Plan& plan, StateKind kind, int block) {
-  return kind == StateKind::master ? plan.values_owned(block) : plan.range(kind, block);
-}
-
 std::vector<FilePiece> file_layout(const Plan& plan, const std::vector<TensorRef>& tensors, size_t states, int rank) {
   std::vector<FilePiece> out;
   uint64_t offset = 0;

@@ -40,9 +40,6 @@ std::vector<TensorRef> engine_tensors(const Engine& engine);
 // saved; both load from it) and, off tensor-parallel rank 0, the replicated ones.
 std::vector<TensorRef> saved_tensors(const Engine& engine);
 
-// The owned range a rank saves a state of a block from: Plan::values_owned for the weights.
-const OwnedRange& saved_range(const Plan& plan, StateKind kind, int block);
-
 // A rank's place among all the ranks that save (pipeline stage x tensor-parallel rank x data-parallel
 // rank, the last fastest): its file's number, and the count of files.
 int file_index(const Engine& engine);

@@ -52,7 +52,7 @@ void for_each_piece(Engine& engine, const std::vector<StateRef>& states, const s
   int block = -1, state = -1;
   for (const auto& p : file_layout(plan, tensors, states.size(), plan.rank)) {
     const auto& t = tensors[p.tensor];
-    const OwnedRange& r = saved_range(plan, states[p.state].kind, t.block);
+    const OwnedRange& r = plan.f32_range(states[p.state].kind, t.block);
     if (t.block != block || p.state != state) {
       block = t.block, state = p.state;
       source = engine.owned_in_host(states[state].kind, block);
@@ -86,7 +86,7 @@ size_t snapshot_file(Engine& engine, const std::vector<StateRef>& states, const 
     const auto& t = tensors[p.tensor];
     const size_t lo = t.begin + p.lo, hi = t.begin + p.hi;
     if (parts.empty() || parts.back().block != t.block || parts.back().state != p.state) {
-      parts.push_back({t.block, p.state, at, lo, lo, lo == saved_range(plan, states[p.state].kind, t.block).lo, {}});
+      parts.push_back({t.block, p.state, at, lo, lo, lo == plan.f32_range(states[p.state].kind, t.block).lo, {}});
     }
     Part& part = parts.back();
     part.direct = part.direct && lo == part.hi;
@@ -95,7 +95,7 @@ size_t snapshot_file(Engine& engine, const std::vector<StateRef>& states, const 
     at += p.hi - p.lo;
   }
   for (const auto& part : parts) {
-    const size_t range = saved_range(plan, states[part.state].kind, part.block).numel();
+    const size_t range = plan.f32_range(states[part.state].kind, part.block).numel();
     reach = std::max(reach, part.direct ? part.at + range : part.at + (part.hi - part.lo));
   }
   const size_t bytes = at * sizeof(float);
@@ -106,7 +106,7 @@ size_t snapshot_file(Engine& engine, const std::vector<StateRef>& states, const 
   std::vector<float> values;
   for (const auto& part : parts) {
     const StateKind kind = states[part.state].kind;
-    const OwnedRange& r = saved_range(plan, kind, part.block);
+    const OwnedRange& r = plan.f32_range(kind, part.block);
     if (part.direct) {
       engine.read_owned(kind, part.block, std::span<float>(out + part.at, r.numel()));
       continue;

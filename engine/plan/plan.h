@@ -243,6 +243,10 @@ struct Plan {
   // frozen block's parameter shard (read widened).
   std::array<size_t, 2> values_range(int block) const;
   const OwnedRange& values_owned(int block) const;
+  // The range of an f32 kind a checkpoint reads: values_owned for the master, else range().
+  const OwnedRange& f32_range(StateKind kind, int block) const {
+    return kind == StateKind::master ? values_owned(block) : range(kind, block);
+  }
   // The parts of the rank's reduced gradients that count in the global norm: [begin, end) within
   // the block's grad_shard range, or within the bucket's reduced gradients (its blocks' ranges
   // end to end).

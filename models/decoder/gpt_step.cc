@@ -251,12 +251,9 @@ void Gpt::run_forward(int micro, int chunk, const int32_t* tokens, const int32_t
       // The adapters in f32 for the layer's passes (forward and backward: they change at the step).
       const auto& lv = first ? first_views : host_.begin_forward(lora_[l], micro);
       auto wl = bind(k, &s->wbuf, &s->gbuf, lv, false);
-      std::vector<size_t> sizes;
-      for (const auto& p : lv.params) sizes.push_back(p.numel);
-      float* into = s->lora_values[l];
-      k.submit([&k, wl, into, sizes] {
+      k.submit([&k, wl, into = s->lora_values[l], lora] {
         size_t at = 0;
-        for (size_t i = 0; i < sizes.size(); at += sizes[i++]) k.copy(into + at, (*wl)->p(i), sizes[i]);
+        for (size_t i = 0; i < lora->sizes.size(); at += lora->sizes[i++]) k.copy(into + at, (*wl)->p(i), lora->sizes[i]);
       });
       release(k, wl);
       host_.end_forward(lora_[l], micro);
