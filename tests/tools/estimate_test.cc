@@ -6,8 +6,10 @@
 // and its "fits" is the engine's own start-up check, to the byte.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <utility>
@@ -111,8 +113,9 @@ TEST(Estimate, TheConfigsRowPredictsTheRunsPeaks) {
 
 // Every example config in configs/ that trains on this machine's fortunes, GPT-2 and Llama (the GPT-2 124M one
 // needs FineWeb token files, the 2B one 35 GiB of swap and minutes per step: docs/PERFORMANCE.md
-// gives their figures), run for 2 steps as `zeroth train` runs it, against `zeroth estimate
-// --config` of the same config:
+// gives their figures), and the chat fine-tunings of the fortunes' riddles (tools/riddles-chat.sh's
+// conversations, from the Llama run's 2-step weights), run for 2 steps as `zeroth train` runs it,
+// against `zeroth estimate --config` of the same config:
 // - the engine's own device accounting: its peak lies between what the estimate counts and that
 //   plus its stated 64 KiB allowance (80 bytes above the count at most, measured); its host peak
 //   is the estimate's pinned + pageable bytes;
@@ -132,13 +135,19 @@ TEST(Estimate, EveryConfigsRunStaysWithinItsEstimate) {
 #endif
   const std::filesystem::path dir = std::filesystem::path(ZEROTH_SOURCE_DIR) / "configs";
   // Each config as it is, and one with asynchronous saves (a host snapshot of each rank's file).
-  std::vector<std::pair<std::filesystem::path, std::string>> cases;
+  std::vector<std::pair<std::filesystem::path, std::string>> cases, riddles;
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     const std::string file = entry.path().filename().string();
     const bool fortunes = file.rfind("gpt-fortunes-", 0) == 0 || file.rfind("llama-fortunes-", 0) == 0;
     if (entry.path().extension() == ".json" && fortunes) cases.emplace_back(entry.path(), "");
+    if (entry.path().extension() == ".json" && file.rfind("llama-riddles-", 0) == 0) riddles.emplace_back(entry.path(), "");
   }
   cases.emplace_back(dir / "gpt-fortunes-zero3-bf16.json", "run.checkpoint_async=true");
+  // The chat fine-tunings start from llama-fortunes-zero3's weights: the 2-step run's above, after it.
+  std::sort(riddles.begin(), riddles.end());
+  cases.insert(cases.end(), riddles.begin(), riddles.end());
+  const std::string conversations = temp("truth_riddles") + ".jsonl";
+  ASSERT_EQ(std::system(("'" + std::string(ZEROTH_SOURCE_DIR) + "/tools/riddles-chat.sh' '" + conversations + "'").c_str()), 0);
   int checked = 0;
   for (const auto& [path, extra] : cases) {
     const std::string file = path.filename().string() + (extra.empty() ? "" : " " + extra);
@@ -147,6 +156,9 @@ TEST(Estimate, EveryConfigsRunStaysWithinItsEstimate) {
                                      "--set", "run.eval_interval=100",
                                      "--set", "run.output_dir=" + temp(name)};
     if (!extra.empty()) sets.insert(sets.end(), {"--set", extra});
+    if (path.filename().string().rfind("llama-riddles-", 0) == 0)
+      sets.insert(sets.end(), {"--set", "data.train=" + conversations, "--set",
+                               "run.init_from=" + temp("truth_llama-fortunes-zero3") + "/model.safetensors"});
     // A vocabulary the README's setup trains (tools/fortunes-vocab.sh) is named from the config's
     // folder, where its relative path points from.
     const json config = json::parse(std::ifstream(path));
@@ -202,7 +214,7 @@ TEST(Estimate, EveryConfigsRunStaysWithinItsEstimate) {
     EXPECT_EQ(s["swap_disk_bytes"].get<double>(), mine["nvme_bytes"].get<double>()) << file;
     ++checked;
   }
-  EXPECT_GE(checked, 14);
+  EXPECT_GE(checked, 16);
 }
 
 // A device budget of exactly the config row's device_bytes fits (estimate and run agree); one byte
