@@ -225,9 +225,11 @@ EvalResult TrainingRun::evaluate_windows(int64_t most) {
   if (out.windows == 0 || out.tokens == 0)
     ZEROTH_THROW(ConfigError, "the validation data holds no {} with a target that counts", val.unit());
   if (!shared_) shared_ = device_.allocate(2 * sizeof(float), MemTag::buffers);
-  // Round r gives data-parallel rank d rows [r G + d mb, ...) with G = mb x dp; a rank past the
-  // end still runs its passes (ZeRO's gathers are collective) on row 0, weighted zero. Each pass's
-  // loss is the sum over its counted targets (divisor 1); the mean is over all of them.
+  // Round r gives data-parallel rank d rows [r G + d mb, ...) with G = mb x dp. A round past the
+  // end of the data still runs its passes (ZeRO's gathers are collective) at the full micro-batch,
+  // on row 0 with every target masked: the training's shapes, so the activations it allocated serve
+  // (a smaller batch would allocate its own beside them, which the run's estimate does not hold).
+  // Each pass's loss is the sum over its counted targets (divisor 1); the mean is over all of them.
   const int64_t per_round = static_cast<int64_t>(mb_) * dp_.size();
   const int64_t rounds = (out.windows + per_round - 1) / per_round;
   gpt_.set_loss_divisor(1);
@@ -235,13 +237,13 @@ EvalResult TrainingRun::evaluate_windows(int64_t most) {
   for (int64_t r = 0; r < rounds; ++r) {
     const int64_t first = r * per_round + static_cast<int64_t>(dp_.rank()) * mb_;
     const int count = static_cast<int>(std::clamp<int64_t>(out.windows - first, 0, mb_));
-    const int rows = std::max(count, 1);
-    for (int b = 0; b < rows; ++b) {
+    for (int b = 0; b < mb_; ++b) {
       const size_t at = static_cast<size_t>(b) * T_;
-      val.fill(count > 0 ? first + b : 0, tokens_.data() + at, targets_.data() + at, positions(0) ? positions(0) + at : nullptr);
+      val.fill(b < count ? first + b : 0, tokens_.data() + at, targets_.data() + at, positions(0) ? positions(0) + at : nullptr);
+      if (b >= count) std::fill_n(targets_.data() + at, T_, -1);
     }
-    evaluate_rows(rows);
-    if (count > 0) sum += static_cast<double>(losses_[0]);
+    evaluate_rows(mb_);
+    sum += static_cast<double>(losses_[0]);
   }
   // Each rank's share of the mean, summed over the ranks that compute the loss.
   out.loss = agree(sum / static_cast<double>(out.tokens), false).first * dp_.size();

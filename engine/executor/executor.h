@@ -296,8 +296,12 @@ class Executor {
   std::vector<float> scratch_values_;
   std::vector<char> scratch_narrow_;
   offload::AlignedBuffer scratch_io_[2];  // bounce buffers: write_block writes two ranges at once
-  size_t cursor_ = 0;                     // next action of the program being walked
-  int open_use_ = -1;                     // the use between its begin_ and end_
+  // Floats of master_values' device buffer (the owned range, then the whole block) for the plan's
+  // largest gather: asked for at that size for every block, the CPU device's cache hands the same
+  // block back, where each block size would leave a cached allocation of its own.
+  size_t gather_numel_ = 0;
+  size_t cursor_ = 0;  // next action of the program being walked
+  int open_use_ = -1;  // the use between its begin_ and end_
   size_t eval_cursor_ = 0;
   bool evaluating_ = false;
 };

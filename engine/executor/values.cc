@@ -132,11 +132,18 @@ void Executor::master_values(int block, std::vector<float>& out) {
   // The communicator gathers device memory: the owned range goes there first, wherever it lives.
   std::vector<float> mine(m.numel());
   read_values(block, mine.data());
-  Buffer part = device_.allocate(m.numel() * sizeof(float), MemTag::other);
-  Buffer full = device_.allocate(blk.padded * sizeof(float), MemTag::other);
-  device_.copy(cs, part.data(), mine.data(), m.numel() * sizeof(float));
-  step_comm(block).all_gather(cs, part.view(DType::f32), full.view(DType::f32));
-  device_.copy(cs, out.data(), full.data(), blk.padded * sizeof(float));
+  if (gather_numel_ == 0) {
+    for (size_t b = 0; b < plan_.blocks.size(); ++b) {  // what engine/plan/estimate counts for the end's gathers
+      const size_t owned = plan_.values_owned(static_cast<int>(b)).numel(), padded = plan_.blocks[b].padded;
+      if (owned < padded) gather_numel_ = std::max(gather_numel_, owned + padded);
+    }
+  }
+  Buffer gather = device_.allocate(gather_numel_ * sizeof(float), MemTag::other);
+  float* part = gather.as<float>();
+  float* full = part + m.numel();
+  device_.copy(cs, part, mine.data(), m.numel() * sizeof(float));
+  step_comm(block).all_gather(cs, {part, m.numel(), DType::f32}, {full, blk.padded, DType::f32});
+  device_.copy(cs, out.data(), full, blk.padded * sizeof(float));
   cs.synchronize();
 }
 

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -136,11 +137,16 @@ TEST(Estimate, EveryConfigsRunStaysWithinItsEstimate) {
   const std::filesystem::path dir = std::filesystem::path(ZEROTH_SOURCE_DIR) / "configs";
   // Each config as it is, and one with asynchronous saves (a host snapshot of each rank's file).
   std::vector<std::pair<std::filesystem::path, std::string>> cases, riddles;
+  auto is_chat = [](const std::filesystem::path& path) {
+    const json config = json::parse(std::ifstream(path));
+    return config.contains("data") && config["data"].value("format", "") == "jsonl";
+  };
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     const std::string file = entry.path().filename().string();
     const bool fortunes = file.rfind("gpt-fortunes-", 0) == 0 || file.rfind("llama-fortunes-", 0) == 0;
-    if (entry.path().extension() == ".json" && fortunes) cases.emplace_back(entry.path(), "");
-    if (entry.path().extension() == ".json" && file.rfind("llama-riddles-", 0) == 0) riddles.emplace_back(entry.path(), "");
+    if (entry.path().extension() != ".json") continue;
+    if (is_chat(entry.path()) && (fortunes || file.rfind("llama-riddles-", 0) == 0)) riddles.emplace_back(entry.path(), "");
+    else if (fortunes) cases.emplace_back(entry.path(), "");
   }
   cases.emplace_back(dir / "gpt-fortunes-zero3-bf16.json", "run.checkpoint_async=true");
   // The chat fine-tunings start from llama-fortunes-zero3's weights: the 2-step run's above, after it.
@@ -156,7 +162,7 @@ TEST(Estimate, EveryConfigsRunStaysWithinItsEstimate) {
                                      "--set", "run.eval_interval=100",
                                      "--set", "run.output_dir=" + temp(name)};
     if (!extra.empty()) sets.insert(sets.end(), {"--set", extra});
-    if (path.filename().string().rfind("llama-riddles-", 0) == 0)
+    if (is_chat(path))
       sets.insert(sets.end(), {"--set", "data.train=" + conversations, "--set",
                                "run.init_from=" + temp("truth_llama-fortunes-zero3") + "/model.safetensors"});
     // A vocabulary the README's setup trains (tools/fortunes-vocab.sh) is named from the config's
@@ -193,22 +199,19 @@ TEST(Estimate, EveryConfigsRunStaysWithinItsEstimate) {
         mine["nvme_bytes"].get<double>() / MiB);
     // A sanitizer's shadow memory and quarantine are resident too (zeroth is built with it).
     if (!sanitized) {
-      // Not counted yet, and stated here: host memory that grows with the LM head (V x C) outside
-      // the device allocator, 7.0 bytes per head element per rank as measured with the
-      // SentencePiece Llama (V 4096, C 384, 4 ranks: +41.8 MiB against its byte-level twin); of
-      // it, OpenBLAS's packing of the head's operands is 4.5 MiB a rank, timed alone. Allowed above
-      // the estimate at 8 bytes a head element, until the estimate counts it.
-      const json resolved = json::parse(std::ifstream(temp(name) + "/config.json"));
-      const double head_elements = resolved["model"]["vocab_size"].get<double>() * resolved["model"]["n_embd"].get<double>();
       // Beyond 2% and 16 MiB, 3 MiB a rank for where glibc leaves the packing buffers oneDNN's
       // sgemm allocates on every call: its dynamic mmap threshold keeps them in the heap or maps
       // them afresh depending on the order of the run's other allocations. When attention's
       // products left oneDNN, the configs' growth moved by -10 to +9 MiB against the estimate
       // (means of 3 runs; gpt-fortunes-zero0-fp32 from 12-20 MiB past it to 19-25), and a run's
       // growth fell by 15-30 MiB with the threshold pinned (MALLOC_MMAP_THRESHOLD_=131072, which
-      // slows the products by a fifth, so zeroth leaves glibc's default).
+      // slows the products by a fifth, so zeroth leaves glibc's default). The CPU device keeps a
+      // freed block for a request of its size, so a pass at another shape would stack its blocks on
+      // the cached ones unseen by the peak: the evaluation's last round keeps the training's batch and
+      // the end's gathers one size (+46.6 and +34.3 MiB past the estimate for the chat configs, +19.1
+      // for llama-fortunes-zero3, before they did).
       const double allowance = 0.02 * all_ranks + 16 * MiB + ranks * 3 * MiB;
-      EXPECT_LE(grown - all_ranks, allowance + ranks * 8 * head_elements) << file;
+      EXPECT_LE(grown - all_ranks, allowance) << file;
       EXPECT_GE(grown - all_ranks, -allowance) << file;
     }
     EXPECT_EQ(s["swap_disk_bytes"].get<double>(), mine["nvme_bytes"].get<double>()) << file;
