@@ -13,6 +13,13 @@ JOB.json: {"config": {"architecture": "gpt2" | "llama", "n_head", "n_kv_head", "
 "weight_decay"}, "clipping" (0: none), "steps": [{"tokens", "targets"}: [B][T]]}. OUT gets "loss" and
 "grad_norm" (the adapters' gradients' global norm before clipping; one per step) and "final.<name>"
 for every adapter tensor after the last step.
+
+JOB's "bf16": true trains in zeroth's bf16 mode (products.py; gpt_reference.py says how zeroth's
+mode is emulated) with LoRA's parts as zeroth computes them: the base weights hold bf16 values (a
+frozen weight is kept in bf16 alone) and their products round the activations; the adapters are
+the bf16 roundings of their fp32 masters, applied in f32 to the unrounded input (x A^T, then
+(x A^T) B^T, forward and backward); each micro-batch of JOB's "rows" rows rounds its adapter
+gradients to bf16 once (the block's gradient buffer), and those add up in f32.
 """
 import json
 import math
@@ -22,15 +29,9 @@ import torch
 import torch.nn.functional as F
 
 import hf_gpt2_loss
+import products
 from gpt_reference import write_safetensors
-
-
-def causal(q, k, v):
-    """q, k, v: [B, H, T, hs]."""
-    t = q.shape[2]
-    att = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
-    mask = torch.ones(t, t, dtype=torch.bool).tril()
-    return att.masked_fill(~mask, float("-inf")).softmax(dim=-1) @ v
+from products import bf16
 
 
 class Model:
@@ -40,9 +41,13 @@ class Model:
 
     def linear(self, x, block, module, bias=None):
         """x W^T (+ b) (+ scale (x A^T) B^T where `module` of `block` has an adapter)."""
-        y = x @ self.w[f"{block}.{module}.weight"].T
-        if bias is not None:
-            y = y + self.w[f"{block}.{module}.bias"]
+        b = self.w[f"{block}.{module}.bias"] if bias is not None else None
+        if products.BF16_PRODUCTS[0]:
+            y = products.linear(x, self.w[f"{block}.{module}.weight"], b)
+        else:
+            y = x @ self.w[f"{block}.{module}.weight"].T
+            if b is not None:
+                y = y + b
         a_name, b_name = f"{block}.lora.{module}.lora_A.weight", f"{block}.lora.{module}.lora_B.weight"
         if a_name in self.a:
             y = y + self.scale * ((x @ self.a[a_name].T) @ self.a[b_name].T)
@@ -60,11 +65,11 @@ class Model:
             qkv = self.linear(ln(x, blk + ".ln_1"), blk, "attn.c_attn", True)
             c = qkv.shape[-1] // 3
             q, k, v = (z.view(b, t, nh, c // nh).transpose(1, 2) for z in qkv.split(c, dim=-1))
-            y = causal(q, k, v).transpose(1, 2).reshape(b, t, c)
+            y = products.attention(q, k, v).transpose(1, 2).reshape(b, t, c)
             x = x + self.linear(y, blk, "attn.c_proj", True)
             h = F.gelu(self.linear(ln(x, blk + ".ln_2"), blk, "mlp.c_fc", True), approximate="tanh")
             x = x + self.linear(h, blk, "mlp.c_proj", True)
-        return ln(x, "ln_f") @ w["embed.wte"].T
+        return products.times_t(ln(x, "ln_f"), w["embed.wte"])
 
     def llama(self, tokens):
         w, cfg = self.w, self.cfg
@@ -89,13 +94,13 @@ class Model:
             v = self.linear(h, blk, "self_attn.v_proj").view(b, t, kvh, hs).transpose(1, 2)
             q, k = rotate(q), rotate(k)
             k, v = k.repeat_interleave(nh // kvh, dim=1), v.repeat_interleave(nh // kvh, dim=1)
-            y = causal(q, k, v).transpose(1, 2).reshape(b, t, nh * hs)
+            y = products.attention(q, k, v).transpose(1, 2).reshape(b, t, nh * hs)
             x = x + self.linear(y, blk, "self_attn.o_proj")
             h = rms(x, blk + ".post_attention_layernorm.weight")
             gate, up = self.linear(h, blk, "mlp.gate_proj"), self.linear(h, blk, "mlp.up_proj")
             x = x + self.linear(F.silu(gate) * up, blk, "mlp.down_proj")
         head = w["embed.wte"] if cfg["tie_word_embeddings"] else w["lm_head.weight"]
-        return rms(x, "ln_f.weight") @ head.T
+        return products.times_t(rms(x, "ln_f.weight"), head)
 
 
 def main():
@@ -111,13 +116,32 @@ def main():
     forward = model.gpt2 if job["config"]["architecture"] == "gpt2" else model.llama
     o = job["optimizer"]
     opt = torch.optim.AdamW(list(adapters.values()), lr=o["lr"], betas=tuple(o["betas"]), eps=o["eps"], weight_decay=o["weight_decay"])
+    narrow = job.get("bf16", False)
+    products.BF16_PRODUCTS[0] = narrow
     losses, norms = [], []
     for step in job["steps"]:
         tokens, targets = torch.tensor(step["tokens"]), torch.tensor(step["targets"])
-        logits = forward(tokens)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-        opt.zero_grad()
-        loss.backward()
+        if not narrow:
+            logits = forward(tokens)
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+            opt.zero_grad()
+            loss.backward()
+        else:
+            rows = job["rows"]
+            micro = tokens.shape[0] // rows
+            total = {k: torch.zeros_like(v) for k, v in adapters.items()}
+            loss = 0.0
+            for m in range(micro):
+                model.a = {k: bf16(v.detach()).requires_grad_(True) for k, v in adapters.items()}
+                logits = forward(tokens[m * rows:(m + 1) * rows])
+                part = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets[m * rows:(m + 1) * rows].reshape(-1))
+                (part / micro).backward()
+                loss += float(part) / micro
+                for k, v in model.a.items():
+                    total[k] += bf16(v.grad)
+            for k, v in adapters.items():
+                v.grad = total[k]
+            loss = torch.tensor(loss)
         # The global norm is the adapters' alone (the base has no gradient); clipped as DeepSpeed
         # clips: by max_norm / (norm + 1e-6) when that is below 1.
         norm = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in adapters.values())).item()

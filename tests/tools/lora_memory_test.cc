@@ -64,9 +64,11 @@ TEST(LoraMemory, TheOptimizerStateIsTwelveBytesAnAdapterParameter) {
   j["lora"]["target_modules"] = {"all-linear"};
   const double all = optimizer_bytes(config_row(write_config("lora_memory_all", j), "lora_memory_all"));
   const double linear = kLayers * kR *
-                        (2 * (kHidden + kHidden) + 2 * (kHidden + kKv) + 2 * (kHidden + kMlp) + (kMlp + kHidden));  // q o, k v, gate up, down
+                        (2 * (kHidden + kHidden) + 2 * (kHidden + kKv) + 2 * (kHidden + kMlp) +
+                         (kMlp + kHidden));  // q o, k v, gate up, down
   EXPECT_EQ(all, 12 * linear / kRanks);
-  std::printf("optimizer state a rank: full fine-tune %.2f MiB; LoRA r 16 on q_proj, v_proj %.3f MiB (%.2f%%), on every linear %.2f MiB (%.2f%%)\n",
+  std::printf("optimizer state a rank: full fine-tune %.2f MiB; LoRA r 16 on q_proj, v_proj %.3f MiB (%.2f%%), on every linear %.2f "
+              "MiB (%.2f%%)\n",
               full / (1 << 20), defaults / (1 << 20), 100 * defaults / full, all / (1 << 20), 100 * all / full);
   EXPECT_LE(defaults, 0.03 * full);
 }
