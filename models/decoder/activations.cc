@@ -50,7 +50,7 @@ size_t Gpt::State::layer_floats(const GptConfig& c, const Dims& d, size_t BT, si
   const size_t C = d.C, R = d.rows(BT);
   const size_t qk_norm = d.qk_norm ? BT * d.W + BT * (d.NH + d.KVH) : 0;
   return BT * (d.W + d.Cq) + MlpFloats(d, BT).total() + 3 * R * C + 4 * R + attention_floats(c, d, B, T) + qk_norm +
-         gpt::lora_h_floats(c, BT);
+         gpt::lora_h_floats(c, BT) + (d.moe ? gpt::expert_lora_h_floats(c, d.moe_expert_rows(BT)) : 0);
 }
 
 std::vector<bool> Gpt::State::resid_positions(const GptConfig& c, const GptPart& part) {
@@ -154,7 +154,8 @@ size_t Gpt::State::lora_floats(const GptConfig& c, const GptPart& part, size_t B
     for (const auto& p : spec.params) n += p.numel();
     all += n, largest = std::max(largest, n);
   }
-  return all + largest + gpt::lora_scratch_floats(c, BT);
+  const Dims d = Dims::of(c, part);
+  return all + largest + gpt::lora_scratch_floats(c, BT) + (d.moe ? gpt::expert_lora_scratch_floats(c, d.moe_expert_rows(BT)) : 0);
 }
 
 void Gpt::State::check_shape(int b, int t) const {
@@ -261,6 +262,7 @@ void Gpt::State::reserve(Stream& stream, int b, int t, const std::vector<int>& p
       if (cfg.lora.enabled()) a.lora_h = take(gpt::lora_h_floats(cfg, BT));
       if (dims.moe) {
         a.moe_in = take(received * C), a.moe_out = take(moe_rows * C), a.moe_weight = take(choices);
+        a.moe_lora_h = take(gpt::expert_lora_h_floats(cfg, received));
         a.moe_row = reinterpret_cast<int32_t*>(take(choices)), a.moe_token = reinterpret_cast<int32_t*>(take(moe_rows));
       }
     }
@@ -300,21 +302,33 @@ void Gpt::State::reserve(Stream& stream, int b, int t, const std::vector<int>& p
   }
   lora.assign(L, {});
   lora_values.assign(L, nullptr);
+  expert_lora.assign(L, {});
+  expert_lora_values.assign(L, nullptr);
+  expert_lora_sizes.assign(L, {});
   if (cfg.lora.enabled()) {
     const auto specs = Gpt::block_specs(cfg, part);
     const gpt::PartBlocks ids = gpt::part_blocks(cfg, part);
     size_t largest = 0;
-    for (size_t l = 0; l < L; ++l) {
-      if (ids.lora[l] < 0) continue;
+    auto values = [&](int block) {
       size_t n = 0;
-      for (const auto& p : specs[ids.lora[l]].params) n += p.numel();
-      lora_values[l] = take(n), largest = std::max(largest, n);
+      for (const auto& p : specs[block].params) n += p.numel();
+      largest = std::max(largest, n);
+      return take(n);
+    };
+    for (size_t l = 0; l < L; ++l) {
+      if (ids.lora[l] >= 0) lora_values[l] = values(ids.lora[l]);
+      if (ids.expert_lora[l] >= 0) expert_lora_values[l] = values(ids.expert_lora[l]);
     }
     lora_grads = take(largest);
     float* scratch = take(gpt::lora_scratch_floats(cfg, BT));
+    float* expert_scratch = dims.moe ? take(gpt::expert_lora_scratch_floats(cfg, received)) : nullptr;
     for (size_t l = 0; l < L; ++l) {
       if (ids.lora[l] >= 0)
         lora[l] = gpt::layer_lora(cfg, dims, static_cast<int>(l), specs[ids.lora[l]].params, lora_values[l], lora_grads, scratch);
+      if (ids.expert_lora[l] < 0) continue;
+      expert_lora[l] = gpt::experts_lora(cfg, dims, specs[ids.expert_lora[l]].params, expert_lora_values[l], lora_grads,
+                                         expert_scratch);
+      for (const auto& e : expert_lora[l]) expert_lora_sizes[l].insert(expert_lora_sizes[l].end(), e.sizes.begin(), e.sizes.end());
     }
   }
   if (dims.llama) {

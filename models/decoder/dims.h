@@ -17,8 +17,9 @@ GptPart complete_part(const GptPart& part, const GptConfig& config);
 struct PartBlocks {
   int embed = -1, ln_f = -1, head = -1;  // head: the embedding's block when tied
   std::vector<int> layers;
-  std::vector<int> experts;  // each expert layer's experts (right after its layer), -1 elsewhere
-  std::vector<int> lora;     // each layer's LoRA adapters (after its layer and experts), -1 elsewhere
+  std::vector<int> experts;      // each expert layer's experts (right after its layer), -1 elsewhere
+  std::vector<int> lora;         // each layer's LoRA adapters (after its layer and experts), -1 elsewhere
+  std::vector<int> expert_lora;  // each expert layer's experts' adapters (after the layer's), -1 elsewhere
 };
 PartBlocks part_blocks(const GptConfig& config, const GptPart& part);
 

@@ -34,11 +34,14 @@ PartBlocks part_blocks(const GptConfig& c, const GptPart& part) {
   if (part.has_embedding()) out.embed = next++;
   out.experts.assign(c.n_layer, -1);
   out.lora.assign(c.n_layer, -1);
+  out.expert_lora.assign(c.n_layer, -1);
+  const bool expert_adapters = c.lora.enabled() && !expert_lora_targets(c).empty();
   for (const auto& [lo, hi] : part.chunks) {
     for (int l = lo; l < hi; ++l) {
       out.layers[l] = next++;
       if (c.moe_layer(l)) out.experts[l] = next++;
       if (c.lora.enabled()) out.lora[l] = next++;
+      if (expert_adapters && c.moe_layer(l)) out.expert_lora[l] = next++;
     }
   }
   if (part.has_head(c)) {
@@ -382,6 +385,8 @@ std::vector<BlockSpec> Gpt::block_specs(const GptConfig& c, const GptPart& given
       out.push_back(layer_spec(c, l));
       if (c.moe_layer(l)) out.push_back(experts_spec(c, l, part));
       if (c.lora.enabled()) out.push_back(gpt::lora_spec(c, l));
+      if (c.lora.enabled() && c.moe_layer(l) && !gpt::expert_lora_targets(c).empty())
+        out.push_back(gpt::expert_lora_spec(c, l, part.ep_rank, part.ep_ranks));
     }
   }
   if (part.has_head(c)) {
@@ -442,19 +447,6 @@ std::vector<Gpt::HfParam> Gpt::hf_params(const GptConfig& c) {
   return out;
 }
 
-std::vector<Gpt::HfParam> Gpt::peft_params(const GptConfig& c) {
-  std::vector<HfParam> out;
-  const auto specs = block_specs(c);
-  for (size_t b = 0; b < specs.size(); ++b) {
-    if (!specs[b].name.ends_with(".lora")) continue;
-    const std::string layer = specs[b].name.substr(0, specs[b].name.size() - 5);
-    const std::string prefix = std::string("base_model.model.") + (c.llama() ? "model." : "transformer.") + layer + ".";
-    for (size_t i = 0; i < specs[b].params.size(); ++i)
-      out.push_back({static_cast<int>(b), i, prefix + specs[b].params[i].name, false});
-  }
-  return out;
-}
-
 BlockSchedule Gpt::schedule(const GptConfig& c) { return schedules(c, {}).front(); }
 
 std::vector<BlockSchedule> Gpt::schedules(const GptConfig& c, const GptPart& given) {
@@ -473,6 +465,7 @@ std::vector<BlockSchedule> Gpt::schedules(const GptConfig& c, const GptPart& giv
       // gradients added by one just after its backward.
       if (ids.lora[l] >= 0) s.forward.push_back(ids.lora[l]);
       s.forward.push_back(ids.layers[l]);
+      if (ids.expert_lora[l] >= 0) s.forward.push_back(ids.expert_lora[l]);
       if (ids.experts[l] >= 0) s.forward.push_back(ids.experts[l]);
     }
     if (last) {
@@ -483,6 +476,7 @@ std::vector<BlockSchedule> Gpt::schedules(const GptConfig& c, const GptPart& giv
     }
     for (int l = hi - 1; l >= lo; --l) {
       if (ids.experts[l] >= 0) s.backward.push_back(ids.experts[l]);
+      if (ids.expert_lora[l] >= 0) s.backward.push_back(ids.expert_lora[l]);
       s.backward.push_back(ids.layers[l]);
       if (ids.lora[l] >= 0) s.backward.push_back(ids.lora[l]);
     }

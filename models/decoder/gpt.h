@@ -332,6 +332,7 @@ class Gpt {
   std::vector<int> layers_;       // block of each layer of the model, -1 where another rank holds it
   std::vector<int> experts_;      // block of each expert layer's experts, -1 elsewhere
   std::vector<int> lora_;         // block of each layer's LoRA adapters, -1 elsewhere
+  std::vector<int> expert_lora_;  // block of each expert layer's experts' adapters, -1 elsewhere
   std::shared_ptr<State> state_;  // activations and f32 weight copies, touched by the stream only
   double loss_divisor_ = 0;
 };

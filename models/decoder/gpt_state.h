@@ -73,6 +73,11 @@ struct Gpt::State {
   std::vector<float*> lora_values;
   float* lora_grads = nullptr;
   std::vector<gpt::LayerLora> lora;
+  // An expert layer's experts' adapters alike: their block's values in f32, and each local expert's
+  // view (their gradients in lora_grads, added by the block's backward use after the experts').
+  std::vector<float*> expert_lora_values;
+  std::vector<std::vector<gpt::LayerLora>> expert_lora;
+  std::vector<std::vector<size_t>> expert_lora_sizes;  // the block's parameters' sizes, every expert's in turn
   // LoRA's floats in the activation allocation: the adapters, one layer's gradients, the scratch.
   static size_t lora_floats(const GptConfig& c, const GptPart& part, size_t BT);
   gpt::KvCache kv(int layer) const;

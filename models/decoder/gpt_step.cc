@@ -2,7 +2,8 @@
 // on the host's compute stream as kernel work around the tensor-parallel group's collectives
 // (layers.cc), so the engine's gathers and reductions overlap it. Where the activations live is
 // activations.cc's.
-#include <algorithm>  // std::max
+#include <algorithm>
+#include <numeric>  // std::accumulate
 
 #include "core/device.h"  // Buffer
 #include "core/error.h"   // ZEROTH_THROW
@@ -72,6 +73,7 @@ Gpt::Gpt(BlockHost& host, GptConfig config, GptPart part, Communicator* tensor, 
   for (auto& spec : specs) host_.add_block(std::move(spec));
   const gpt::PartBlocks ids = gpt::part_blocks(config_, part_);
   embed_ = ids.embed, ln_f_ = ids.ln_f, head_ = ids.head, layers_ = ids.layers, experts_ = ids.experts, lora_ = ids.lora;
+  expert_lora_ = ids.expert_lora;
   host_.set_chunk_schedules(schedules(config_, part_));
   config_.attention_probabilities = gpt::attention_keeps_probabilities(host_.device().kind());
   state_->cfg = config_;
@@ -251,10 +253,7 @@ void Gpt::run_forward(int micro, int chunk, const int32_t* tokens, const int32_t
       // The adapters in f32 for the layer's passes (forward and backward: they change at the step).
       const auto& lv = first ? first_views : host_.begin_forward(lora_[l], micro);
       auto wl = bind(k, &s->wbuf, &s->gbuf, lv, false);
-      k.submit([&k, wl, into = s->lora_values[l], lora] {
-        size_t at = 0;
-        for (size_t i = 0; i < lora->sizes.size(); at += lora->sizes[i++]) k.copy(into + at, (*wl)->p(i), lora->sizes[i]);
-      });
+      gpt::copy_adapters(k, wl, s->lora_values[l], &lora->sizes);
       release(k, wl);
       host_.end_forward(lora_[l], micro);
     }
@@ -273,8 +272,17 @@ void Gpt::run_forward(int micro, int chunk, const int32_t* tokens, const int32_t
         host_.device().copy(stream, sl->moe_x[l], x, BT * C * sizeof(float));
         x = sl->moe_x[l];
       }
+      gpt::MoePass experts = moe;
+      if (expert_lora_[l] >= 0) {
+        // The experts' adapters in f32 for their passes, as a layer's (above).
+        auto wl = bind(k, &s->wbuf, &s->gbuf, host_.begin_forward(expert_lora_[l], micro), false);
+        gpt::copy_adapters(k, wl, s->expert_lora_values[l], &s->expert_lora_sizes[l]);
+        release(k, wl);
+        host_.end_forward(expert_lora_[l], micro);
+        experts.lora = &s->expert_lora[l];
+      }
       auto we = bind(k, &s->wbuf, &s->gbuf, host_.begin_forward(experts_[l], micro), false);
-      gpt::moe_experts_forward(k, eg, we, d, a, s->d, x, sl->resid[l + 1], a.res2, BT, moe);
+      gpt::moe_experts_forward(k, eg, we, d, a, s->d, x, sl->resid[l + 1], a.res2, BT, experts);
       release(k, we);
       host_.end_forward(experts_[l], micro);
     }
@@ -429,10 +437,24 @@ void Gpt::run_backward(int micro, int chunk) {
       take_output_grad();
       auto we = bind(k, &s->wbuf, &s->gbuf, v, true);
       const LayerActs& a = acts(l);
-      if (ckpt) gpt::moe_experts_forward(k, eg, we, d, a, sc, sl->moe_x[l], nullptr, nullptr, BT, moe);
-      gpt::moe_experts_backward(k, eg, we, d, a, sc, g.gathered_rows(sc.dresid, sc.gathered, BT), BT, moe);
+      gpt::MoePass experts = moe;
+      const int adapters = expert_lora_[l];
+      if (adapters >= 0) {
+        experts.lora = &s->expert_lora[l];
+        const auto& sizes = s->expert_lora_sizes[l];
+        k.submit([&k, grads = s->lora_grads, n = std::accumulate(sizes.begin(), sizes.end(), size_t{0})] { k.zero(grads, n); });
+      }
+      if (ckpt) gpt::moe_experts_forward(k, eg, we, d, a, sc, sl->moe_x[l], nullptr, nullptr, BT, experts);
+      gpt::moe_experts_backward(k, eg, we, d, a, sc, g.gathered_rows(sc.dresid, sc.gathered, BT), BT, experts);
       release(k, we);
       host_.end_backward(experts_[l], micro);
+      if (adapters >= 0) {
+        // The experts' adapter gradients into their block, as a layer's (below).
+        auto wl = bind(k, &s->wbuf, &s->gbuf, host_.begin_backward(adapters, micro), true);
+        gpt::add_adapter_grads(k, wl, s->lora_grads, &s->expert_lora_sizes[l]);
+        release(k, wl);
+        host_.end_backward(adapters, micro);
+      }
     }
     const auto& v = host_.begin_backward(layers_[l], micro);
     take_output_grad();
@@ -447,10 +469,7 @@ void Gpt::run_backward(int micro, int chunk) {
     host_.end_backward(layers_[l], micro);
     if (lora != nullptr) {
       auto wl = bind(k, &s->wbuf, &s->gbuf, host_.begin_backward(lora_[l], micro), true);
-      k.submit([&k, wl, grads = s->lora_grads, lora] {
-        size_t at = 0;
-        for (size_t i = 0; i < lora->sizes.size(); at += lora->sizes[i++]) k.accumulate((*wl)->g(i), grads + at, lora->sizes[i]);
-      });
+      gpt::add_adapter_grads(k, wl, s->lora_grads, &lora->sizes);
       release(k, wl);
       host_.end_backward(lora_[l], micro);
     }

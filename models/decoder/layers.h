@@ -48,7 +48,8 @@ struct MoeActs {
 struct LayerActs {
   float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_act;
   float *qk_pre = nullptr, *qk_rstd = nullptr;
-  float* lora_h = nullptr;  // LoRA: each product's A x, [BT, rows] after one another (lora.h)
+  float* lora_h = nullptr;      // LoRA: each product's A x, [BT, rows] after one another (lora.h)
+  float* moe_lora_h = nullptr;  // the experts' adapters' A x for the received rows, alike
   float *moe_in = nullptr, *moe_out = nullptr, *moe_weight = nullptr;
   int32_t *moe_row = nullptr, *moe_token = nullptr;
 };
@@ -83,6 +84,7 @@ struct MoePass {
   MoeStats* stats = nullptr;
   MoeActs* acts = nullptr;
   Stream* stream = nullptr;
+  const std::vector<LayerLora>* lora = nullptr;  // each local expert's adapters (null: none)
 };
 
 // A packed micro-batch's samples (Gpt::forward's positions): each span {first row, rows} of its
@@ -142,6 +144,12 @@ using BoundRef = std::shared_ptr<std::shared_ptr<Bound>>;  // filled in stream o
 // Parameter and gradient `i` of a bound block, null for one the block does not have (-1).
 inline const float* param(const Bound& b, int i) { return i >= 0 ? b.p(static_cast<size_t>(i)) : nullptr; }
 inline float* grad(const Bound& b, int i) { return i >= 0 ? b.g(static_cast<size_t>(i)) : nullptr; }
+
+// In stream work: an adapter block's parameters as bound, into f32 `into` end to end (`sizes`
+// each) for the passes that read them (lora.h); and the passes' gradients at `grads`, laid out
+// alike, added into the block's.
+void copy_adapters(Kernels& k, BoundRef w, float* into, const std::vector<size_t>* sizes);
+void add_adapter_grads(Kernels& k, BoundRef w, const float* grads, const std::vector<size_t>* sizes);
 
 // The passes of one block, enqueued piece by piece (Kernels::submit) around the group's collectives.
 // `w` is filled by the caller's first piece. x: the block's input rows; out: its output rows, or

@@ -37,9 +37,19 @@ struct LoraTarget {
   int axis = 0, groups = 1;
 };
 
-// The modules of layer l that the config's target_modules name, in the block's order
-// (ConfigError for a name the architecture lacks, or an expert layer's MLP).
+// The modules of layer l that the config's target_modules name, in the block's order (an expert
+// layer's MLP is its experts': expert_lora_targets); ConfigError for a name the architecture lacks.
 std::vector<LoraTarget> lora_targets(const GptConfig& c, int layer);
+// The linear layers of an expert the config targets, `module` named under the expert's path: the
+// Llama family's w1 (gate) and w3 (up), one product (w1's columns, then w3's), and w2 (down), or
+// with per-head q/k norms (Qwen3-MoE) gate_proj, up_proj and down_proj; GPT-2's c_fc and c_proj.
+// Empty when the model has no expert layer or the config targets none of these.
+std::vector<LoraTarget> expert_lora_targets(const GptConfig& c);
+// The adapters of expert layer l's experts that `part` holds ("<layer>.experts.lora", shared out
+// over the expert-parallel ranks as the experts are, and whole on every tensor-parallel rank): per
+// expert, its targets laid out as lora_spec lays a layer's, named under the expert's path as the
+// experts' block names it ("block_sparse_moe.experts.3.w1.lora_A.weight").
+BlockSpec expert_lora_spec(const GptConfig& c, int layer, int ep_rank, int ep_ranks);
 // The adapter block of layer l ("h.<l>.lora" / "layers.<l>.lora"): per target, lora_A.weight
 // [r, in] (PEFT's default: Kaiming-uniform with a = sqrt(5), i.e. U(-1/sqrt(in), 1/sqrt(in))) and
 // lora_B.weight [out, r] (zeros), named "<module>.lora_A.weight".
@@ -76,19 +86,29 @@ struct LayerLora {
   float* dh = nullptr;
   size_t floats() const;
 };
-// Floats of a layer's kept h (LayerActs::lora_h) and of the passes' shared scratch, for BT rows.
+// Floats of a layer's kept h (LayerActs::lora_h) and of the passes' shared scratch, for BT rows;
+// of an expert layer's (LayerActs::moe_lora_h) and the experts' scratch, for the `rows` its experts
+// receive (Dims::moe_expert_rows).
 size_t lora_h_floats(const GptConfig& c, size_t BT);
 size_t lora_scratch_floats(const GptConfig& c, size_t BT);
+size_t expert_lora_h_floats(const GptConfig& c, size_t rows);
+size_t expert_lora_scratch_floats(const GptConfig& c, size_t rows);
 // A layer's adapters laid out at `values` (the adapter block's parameters end to end, as its spec
 // lists them) with gradients at `grads`, for this rank's widths; dh at `scratch`.
 LayerLora layer_lora(const GptConfig& c, const Dims& d, int layer, const std::vector<ParamSpec>& params, const float* values,
                      float* grads, float* scratch);
+// Each local expert's adapters, from its layer's expert adapter block (expert_lora_spec) laid out
+// at `values` with gradients at `grads`; their h regions are of the layer's received rows.
+std::vector<LayerLora> experts_lora(const GptConfig& c, const Dims& d, const std::vector<ParamSpec>& params, const float* values,
+                                    float* grads, float* scratch);
 
 // In stream work: Y [BT, ld] += scale B (A X) for the adapters of `product` (X [BT, in]), keeping
 // A X in the layer's h (LayerActs::lora_h); and their backward from dY [BT, ld] and that h: the
-// gradients of A and B added, X's gradient added into dX. A null `lora` does nothing.
-void lora_forward(Kernels& k, const LayerLora* lora, LoraProduct product, const float* X, float* Y, size_t BT, int ld, float* h);
+// gradients of A and B added, X's gradient added into dX. A null `lora` does nothing. An expert's
+// rows are rows [row0, row0 + BT) of h's regions of `h_rows` rows (0: BT, a layer's own).
+void lora_forward(Kernels& k, const LayerLora* lora, LoraProduct product, const float* X, float* Y, size_t BT, int ld, float* h,
+                  size_t h_rows = 0, size_t row0 = 0);
 void lora_backward(Kernels& k, const LayerLora* lora, LoraProduct product, const float* X, const float* dY, float* dX, size_t BT,
-                   int ld, const float* h);
+                   int ld, const float* h, size_t h_rows = 0, size_t row0 = 0);
 
 }  // namespace zeroth::gpt

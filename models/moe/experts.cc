@@ -89,17 +89,21 @@ void moe_experts_forward(Kernels& k, const ExpertGroup& g, BoundRef w, const Dim
     k.upload(a.moe_weight, m->routing.weight.data(), m->routing.weight.size() * sizeof(float));
     k.moe_dispatch(dispatched, inp, a.moe_token, sent, C);
   });
-  const ExpertGroup::SlotWork expert = [&k, w, d, a, outputs](int j, size_t at, size_t n) {
+  const size_t received = d.moe_expert_rows(BT);
+  const ExpertGroup::SlotWork expert = [&k, w, d, a, outputs, lora = pass.lora, received](int j, size_t at, size_t n) {
     if (n == 0) return;  // an expert without tokens: nothing to compute, nothing to add
-    k.submit([&k, w, d, a, outputs, j, at, n] {
+    k.submit([&k, w, d, a, outputs, lora, received, j, at, n] {
       const Bound& p = **w;
       const int X = d.X, up = d.expert_up();
       const ExpertParams ix(d, j);
-      float *fch = a.fch + at * up, *act = a.fch_act + at * X;
-      k.matmul_forward(fch, a.moe_in + at * d.C, p.p(ix.fc), param(p, ix.fc_b), n, d.C, up);
+      const LayerLora* adapters = lora != nullptr ? &(*lora)[static_cast<size_t>(j)] : nullptr;
+      float *fch = a.fch + at * up, *act = a.fch_act + at * X, *in = a.moe_in + at * d.C;
+      k.matmul_forward(fch, in, p.p(ix.fc), param(p, ix.fc_b), n, d.C, up);
+      lora_forward(k, adapters, LoraProduct::mlp_up, in, fch, n, up, a.moe_lora_h, received, at);
       if (d.llama) k.swiglu_forward(act, fch, n, X);
       else k.gelu_forward(act, fch, n * X);
       k.matmul_forward(outputs + at * d.C, act, p.p(ix.proj), param(p, ix.proj_b), n, X, d.C);
+      lora_forward(k, adapters, LoraProduct::mlp_down, act, outputs + at * d.C, n, d.C, a.moe_lora_h, received, at);
     });
   };
   // A recomputation (no output) receives what the forward did, and checks the counts.
@@ -131,18 +135,27 @@ void moe_experts_backward(Kernels& k, const ExpertGroup& g, BoundRef w, const Di
   // Each slot's input gradient first, sent back while the later slots and then every slot's weight
   // gradients compute.
   std::vector<std::array<size_t, 2>> slots;  // each slot's received rows, for the weight gradients
-  const ExpertGroup::SlotWork input_grads = [&k, w, d, a, s, erows, einp, &slots](int j, size_t at, size_t n) {
+  const size_t received = d.moe_expert_rows(BT);
+  // The adapters' gradients are made with the inputs' (they are small), each expert's before its
+  // rows go back.
+  const ExpertGroup::SlotWork input_grads =
+      [&k, w, d, a, s, erows, einp, &slots, lora = pass.lora, received](int j, size_t at, size_t n) {
     slots.push_back({at, n});
     if (n == 0) return;
-    k.submit([&k, w, d, a, s, erows, einp, j, at, n] {
+    k.submit([&k, w, d, a, s, erows, einp, lora, received, j, at, n] {
       const Bound& p = **w;
       const int X = d.X, up = d.expert_up();
       const ExpertParams ix(d, j);
+      const LayerLora* adapters = lora != nullptr ? &(*lora)[static_cast<size_t>(j)] : nullptr;
       float* dact = d.llama ? s.dact + at * X : s.dfch + at * up;
       k.matmul_backward(dact, nullptr, nullptr, erows + at * d.C, a.fch_act + at * X, p.p(ix.proj), n, X, d.C);
+      lora_backward(k, adapters, LoraProduct::mlp_down, a.fch_act + at * X, erows + at * d.C, dact, n, d.C, a.moe_lora_h, received,
+                    at);
       if (d.llama) k.swiglu_backward(s.dfch + at * up, a.fch + at * up, dact, n, X);
       else k.gelu_backward(s.dfch + at * up, a.fch + at * up, dact, n * X);
       k.matmul_backward(einp + at * d.C, nullptr, nullptr, s.dfch + at * up, a.moe_in + at * d.C, p.p(ix.fc), n, d.C, up);
+      lora_backward(k, adapters, LoraProduct::mlp_up, a.moe_in + at * d.C, s.dfch + at * up, einp + at * d.C, n, up, a.moe_lora_h,
+                    received, at);
     });
   };
   auto weight_grads = [&k, w, d, a, s, erows, &slots] {

@@ -14,6 +14,12 @@ JOB.json: {"config": {"architecture": "gpt2" | "llama", "n_head", "n_kv_head", "
 "grad_norm" (the adapters' gradients' global norm before clipping; one per step) and "final.<name>"
 for every adapter tensor after the last step.
 
+JOB's config "moe" (moe_reference.py's keys: num_experts, top_k, ..., aux_loss_coef, z_loss_coef,
+every) makes every `every`-th layer's MLP Mixtral's experts behind the router, the adapters on the
+experts' w1, w3 and w2 (each expert its own), the router frozen; the objective adds the layers'
+auxiliary losses, per micro-batch of JOB's "rows" rows as zeroth's ranks and micro-batches make
+them (the loss reported is the cross-entropy alone).
+
 JOB's "bf16": true trains in zeroth's bf16 mode (products.py; gpt_reference.py says how zeroth's
 mode is emulated) with LoRA's parts as zeroth computes them: the base weights hold bf16 values (a
 frozen weight is kept in bf16 alone) and their products round the activations; the adapters are
@@ -30,6 +36,7 @@ import torch.nn.functional as F
 
 import hf_gpt2_loss
 import products
+from moe_reference import moe_layer
 from gpt_reference import write_safetensors
 from products import bf16
 
@@ -38,6 +45,7 @@ class Model:
     def __init__(self, w, adapters, cfg, scale):
         self.w, self.a, self.cfg, self.scale = w, adapters, cfg, scale
         self.used = set()
+        self.moe_losses = []  # each expert layer's (aux, z) of the last forward
 
     def linear(self, x, block, module, bias=None):
         """x W^T (+ b) (+ scale (x A^T) B^T where `module` of `block` has an adapter)."""
@@ -97,6 +105,19 @@ class Model:
             y = products.attention(q, k, v).transpose(1, 2).reshape(b, t, nh * hs)
             x = x + self.linear(y, blk, "self_attn.o_proj")
             h = rms(x, blk + ".post_attention_layernorm.weight")
+            moe = cfg.get("moe")
+            if moe is not None and (l + 1) % moe["every"] == 0:
+                experts = blk + ".experts"
+
+                def expert(e, rows):
+                    ex = f"block_sparse_moe.experts.{e}."
+                    gate, up = self.linear(rows, experts, ex + "w1"), self.linear(rows, experts, ex + "w3")
+                    return self.linear(F.silu(gate) * up, experts, ex + "w2")
+
+                y, aux, z = moe_layer(h, w[blk + ".block_sparse_moe.gate.weight"], expert, moe)
+                self.moe_losses.append((aux, z))
+                x = x + y
+                continue
             gate, up = self.linear(h, blk, "mlp.gate_proj"), self.linear(h, blk, "mlp.up_proj")
             x = x + self.linear(F.silu(gate) * up, blk, "mlp.down_proj")
         head = w["embed.wte"] if cfg["tie_word_embeddings"] else w["lm_head.weight"]
@@ -121,7 +142,8 @@ def main():
     losses, norms = [], []
     for step in job["steps"]:
         tokens, targets = torch.tensor(step["tokens"]), torch.tensor(step["targets"])
-        if not narrow:
+        moe = job["config"].get("moe")
+        if not narrow and moe is None:
             logits = forward(tokens)
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
             opt.zero_grad()
@@ -132,13 +154,18 @@ def main():
             total = {k: torch.zeros_like(v) for k, v in adapters.items()}
             loss = 0.0
             for m in range(micro):
-                model.a = {k: bf16(v.detach()).requires_grad_(True) for k, v in adapters.items()}
+                model.a = {k: (bf16(v.detach()) if narrow else v.detach().clone()).requires_grad_(True) for k, v in adapters.items()}
+                model.moe_losses = []
                 logits = forward(tokens[m * rows:(m + 1) * rows])
                 part = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets[m * rows:(m + 1) * rows].reshape(-1))
-                (part / micro).backward()
+                objective = part
+                for aux, z in model.moe_losses:
+                    objective = objective + moe["aux_loss_coef"] * aux + moe["z_loss_coef"] * z
+                (objective / micro).backward()
                 loss += float(part) / micro
                 for k, v in model.a.items():
-                    total[k] += bf16(v.grad)
+                    if v.grad is not None:  # an expert no row of the micro-batch chose has none
+                        total[k] += bf16(v.grad) if narrow else v.grad
             for k, v in adapters.items():
                 v.grad = total[k]
             loss = torch.tensor(loss)
@@ -151,8 +178,8 @@ def main():
                 p.grad.mul_(job["clipping"] / (norm + 1e-6))
         opt.step()
         losses.append(loss.item())
-        unused = set(adapters) - model.used
-        assert not unused, f"adapters the model has no layer for: {sorted(unused)}"
+    unused = set(adapters) - model.used
+    assert not unused, f"adapters the model has no layer for: {sorted(unused)}"
     result = {"loss": torch.tensor(losses, dtype=torch.float32), "grad_norm": torch.tensor(norms, dtype=torch.float32)}
     for name, t in adapters.items():
         result["final." + name] = t.detach()

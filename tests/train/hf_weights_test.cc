@@ -129,6 +129,19 @@ TEST(HfWeights, AShardedFolderInBareNamesReadsWholeInRangesAndSliced) {
   fs::remove_all(f.dir);
 }
 
+// A model no Hugging Face class holds (GPT-2 with its MLP as experts) is refused as a folder before
+// anything is written: not even the folder is made (its config.json, which would say the class,
+// comes last).
+TEST(HfWeights, AModelNoHuggingFaceClassHoldsIsRefusedBeforeAnyFile) {
+  GptConfig c;
+  c.vocab_size = 64, c.seq_len = 16, c.n_layer = 2, c.n_head = 2, c.n_embd = 32;
+  c.moe.num_experts = 4;
+  const fs::path dir = fs::path(::testing::TempDir()) / fmt::format("zeroth-hf-no-class-{}", ::getpid());
+  fs::remove_all(dir);
+  EXPECT_THROW(HfWriter(c, dir.string(), DType::f32), InvalidArgument);
+  EXPECT_FALSE(fs::exists(dir));
+}
+
 TEST(HfWeights, FoldersThatDoNotFitTheModelAreRefusedNamingWhy) {
   const GptConfig c = tiny_llama();
   auto message = [&](const GptConfig& model, const std::string& dir) {

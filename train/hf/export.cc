@@ -216,7 +216,7 @@ uint64_t save_gpt_weights(Engine& engine, const GptConfig& config, const std::st
   std::vector<size_t> order;
   for (size_t g = 0; g < whole.size(); ++g) {
     if (whole[g].name.ends_with(".lora")) continue;
-    for (size_t a = g + 1; a < whole.size() && whole[a].name.starts_with(whole[g].name + "."); ++a)
+    for (size_t a = g + 1; a < whole.size(); ++a)  // a layer's, or its experts' ("<layer>.experts.lora")
       if (whole[a].name == whole[g].name + ".lora") order.push_back(a);
     order.push_back(g);
   }

@@ -331,6 +331,9 @@ HfWriter::HfWriter(const GptConfig& config, const std::string& path, DType dtype
     filled += n;
   }
   if (folder_) {
+    // A model no Hugging Face class holds is refused before any file is written, not at the
+    // config.json that comes last.
+    (void)hf_config_to_json(config_, dtype_);
     std::error_code ec;
     fs::create_directories(path, ec);
     if (ec) ZEROTH_THROW(IoError, "create_directories(\"{}\"): {}", path, ec.message());
