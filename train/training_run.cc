@@ -132,6 +132,10 @@ void TrainingRun::restore(bool for_eval) {
     return;
   }
   if (!config_.run.init_from.empty()) load_initial_weights(engine_, config_);
+  if (!for_eval && lead_ && config_.model.lora.enabled() && config_.run.init_from.empty()) {
+    ZLOG_WARN("lora trains adapters on a base model that run.init_from names, and none is named: the base is a fresh random "
+              "initialization, frozen; set run.init_from to the weights to adapt (a Hugging Face folder or a run's folder)");
+  }
   // Evaluating a LoRA run's folder reads its merged weights (run.init_from): the adapters it started
   // from are in them already.
   if (!config_.lora_init_from.empty() && !for_eval) load_lora_adapter(engine_, config_);

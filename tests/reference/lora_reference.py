@@ -139,6 +139,8 @@ def main():
     opt = torch.optim.AdamW(list(adapters.values()), lr=o["lr"], betas=tuple(o["betas"]), eps=o["eps"], weight_decay=o["weight_decay"])
     narrow = job.get("bf16", False)
     products.BF16_PRODUCTS[0] = narrow
+    if narrow:  # the frozen base is held in bf16 (a no-op on values the engine rounded already)
+        model.w = {k: bf16(v) for k, v in base.items()}
     losses, norms = [], []
     for step in job["steps"]:
         tokens, targets = torch.tensor(step["tokens"]), torch.tensor(step["targets"])

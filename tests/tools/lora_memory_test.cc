@@ -2,7 +2,7 @@
 // fp32 master copy and Adam's two moments), r (in + out) parameters for each adapted linear of each
 // layer, split over the data-parallel ranks. `zeroth estimate --config` says it for the published
 // SmolLM-135M shape, where PEFT's default targets (q_proj, v_proj) at r 16 hold 0.69% of the full
-// fine-tune's optimizer state; and a run allocates what its estimate says, to the byte.
+// fine-tune's optimizer state; and a run's optimizer state is what its estimate says, to the byte.
 #include <gtest/gtest.h>
 
 #include <cstdio>

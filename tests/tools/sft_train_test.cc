@@ -41,9 +41,10 @@ std::vector<std::string> answers(int i) {
   return out;
 }
 
-// 40 conversations whose answers run from 1 to 60 bytes, some of two turns; and the template.
+// 40 conversations whose answers run from 1 to 60 bytes, some of two turns; and the template: in a
+// folder of the test's own (ctest runs the tests side by side).
 std::string write_data() {
-  const std::string dir = temp("sft_data");
+  const std::string dir = temp(std::string("sft_data_") + ::testing::UnitTest::GetInstance()->current_test_info()->name());
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   std::ofstream(dir + "/chatml.jinja") << kChatMl;
@@ -103,7 +104,8 @@ TEST(Sft, TheGlobalBatchsCountedTargetsNormaliseTheLossHoweverTheBatchIsSplit) {
   const auto whole = run({ZEROTH_BIN, "train", write_config("sft_whole", sft("sft_whole", data, 4, 1, 1))}, "sft_whole");
   ASSERT_EQ(whole.code, 0) << whole.output;
   EXPECT_NE(whole.output.find("36 samples train"), std::string::npos) << whole.output;
-  EXPECT_NE(whole.output.find("loss on the shape's own), validation 4 samples"), std::string::npos) << whole.output;
+  EXPECT_NE(whole.output.find("loss on the assistant's turns or completions), validation 4 samples"), std::string::npos)
+      << whole.output;
   const auto a = losses(whole);
   ASSERT_EQ(a.size(), 5u);
   EXPECT_LT(a.back(), a.front());

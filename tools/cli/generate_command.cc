@@ -6,7 +6,8 @@
 #include <string>   // std::string
 #include <vector>   // std::vector
 
-#include <CLI/CLI.hpp>  // CLI::App
+#include <CLI/CLI.hpp>   // CLI::App
+#include <fmt/format.h>  // fmt::format
 
 #include "core/env.h"  // env::kLogLevel
 #include "core/log.h"  // log::set_level
@@ -50,10 +51,14 @@ void run_generate(GenerateCliOptions& g) {
     std::printf("\n");
     std::fflush(stdout);
   }
+  // The limit the generation ran into, if it ran into one: the window's, where it is below --max-new-tokens.
+  const bool full = !r.ended && r.ids.size() == static_cast<size_t>(r.max_new_tokens);
+  const char* limit = r.max_new_tokens < g.o.max_new_tokens ? "model.seq_len" : "--max-new-tokens";
+  const std::string cut = full ? fmt::format(" (cut at {})", limit) : "";
+  const std::string turn = !g.o.chat ? "" : r.ended ? ", ended at the end of turn" : fmt::format(", no end of turn within {}", limit);
   std::fprintf(stderr, "%zu new tokens after the prompt's %zu, in %.2f s with the prompt's pass (%.1f new tokens/s)%s%s\n",
                r.ids.size(), r.prompt_ids.size(), r.seconds, r.seconds > 0 ? static_cast<double>(r.ids.size()) / r.seconds : 0.0,
-               r.max_new_tokens < g.o.max_new_tokens ? " (cut at model.seq_len)" : "",
-               g.o.chat ? (r.ended ? ", ended at the end of turn" : ", no end of turn within --max-new-tokens") : "");
+               cut.c_str(), turn.c_str());
 }
 
 }  // namespace generate_cmd

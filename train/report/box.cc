@@ -81,7 +81,8 @@ std::string samples_line(const TrainConfig& c, const RunFacts& f) {
   const corpus::SampleStats& s = *f.samples;
   std::string out = fmt::format("{}: {} samples train ({} tokens, {} counted: loss on {}), validation {} {}", c.data.train, s.samples,
                                 si(static_cast<double>(s.tokens)), si(static_cast<double>(s.counted)),
-                                c.data.loss_on == corpus::LossOn::automatic ? "the shape's own" : corpus::loss_on_name(c.data.loss_on),
+                                c.data.loss_on == corpus::LossOn::automatic ? "the assistant's turns or completions"
+                                                                            : corpus::loss_on_name(c.data.loss_on),
                                 f.val_rows, c.data.packing ? "packed rows" : "samples");
   std::vector<std::string> dropped;
   if (s.skipped.empty_conversations > 0) dropped.push_back(fmt::format("{} empty conversations", s.skipped.empty_conversations));
