@@ -17,13 +17,22 @@ namespace {
 // The MLP's activations per layer: [fch, fch_act] of a dense layer or of the rows an expert layer's
 // experts receive, whichever is larger (every layer gets the same set), and an expert layer's
 // received rows, its own rows' outputs and routing arrays (row and weight per choice, token per row).
+// Tiled (Dims::mlp_tile_rows), a layer keeps none of the MLP's intermediates: the scratch holds a
+// tile's, with the gradients' scratch a tile's too.
 struct MlpFloats {
   size_t fch = 0, act = 0, moe = 0;
+  size_t dfch = 0, dact = 0, tile = 0;  // scratch: the gradients at up's output and at the activation's, a tile's intermediates
   MlpFloats(const Dims& d, size_t BT) {
+    if (const size_t t = d.mlp_tile_rows(BT); t > 0) {
+      dfch = t * d.up(), dact = t * d.F, tile = dfch + dact;
+      return;
+    }
     fch = BT * d.up(), act = BT * d.F;
+    dfch = fch, dact = act;
     if (!d.moe) return;
     const size_t rows = d.moe_rows(BT), received = d.moe_expert_rows(BT);
     fch = std::max(fch, received * d.expert_up()), act = std::max(act, received * d.X);
+    dfch = fch, dact = act;
     moe = received * d.C + rows * d.C + 2 * BT * d.gate.top_k + rows;
   }
   size_t total() const { return fch + act + moe; }
@@ -131,7 +140,7 @@ size_t Gpt::State::scratch_floats(const GptConfig& c, const GptPart& part, int B
   const size_t BT = static_cast<size_t>(B) * T, C = c.n_embd;
   const MlpFloats mlp(d, BT);
   // The Llama family adds dact, dqk (with per-head norms) and the rotary table.
-  const size_t llama = d.llama ? mlp.act + (d.qk_norm ? BT * d.W : 0) + static_cast<size_t>(c.seq_len) * d.hs : 0;
+  const size_t llama = d.llama ? mlp.dact + (d.qk_norm ? BT * d.W : 0) + static_cast<size_t>(c.seq_len) * d.hs : 0;
   // dC holds the gradient at the residual stream's width and at the attention's (wider in Qwen3).
   const size_t dC = std::max<size_t>(C, d.Cq);
   // Expert layers: the router's logits and their gradient, the gradients at the dispatched rows'
@@ -142,7 +151,8 @@ size_t Gpt::State::scratch_floats(const GptConfig& c, const GptPart& part, int B
   const size_t datt = c.attention_probabilities ? attention_floats(c, d, B, T) : 0;
   // One chunk's logits where the loss runs by chunks (decoding's one row fits in it).
   const size_t logits = part.has_head(c) && !d.keeps_logits() ? d.loss_chunk(BT) * d.V : 0;
-  return d.rows(BT) * C + BT * (dC + d.W) + mlp.fch + datt + (d.sp ? 3 * BT * C : 0) + llama + moe + logits + lora_floats(c, part, BT);
+  return d.rows(BT) * C + BT * (dC + d.W) + mlp.dfch + mlp.tile + datt + (d.sp ? 3 * BT * C : 0) + llama + moe + logits +
+         lora_floats(c, part, BT);
 }
 
 size_t Gpt::State::lora_floats(const GptConfig& c, const GptPart& part, size_t BT) {
@@ -286,7 +296,8 @@ void Gpt::State::reserve(Stream& stream, int b, int t, const std::vector<int>& p
     }
   }
   chunk_slots = per_chunk;
-  d.dresid = take(R * C), d.dC = take(BT * std::max<size_t>(C, dims.Cq)), d.dqkv = take(BT * dims.W), d.dfch = take(mlp.fch);
+  d.dresid = take(R * C), d.dC = take(BT * std::max<size_t>(C, dims.Cq)), d.dqkv = take(BT * dims.W), d.dfch = take(mlp.dfch);
+  if (mlp.tile > 0) d.mlp_fch = take(mlp.dfch), d.mlp_act = take(mlp.dact);
   d.datt = cfg.attention_probabilities ? take(attention_floats(cfg, dims, b, t)) : nullptr;
   d.partial = dims.sp ? take(BT * C) : nullptr, d.gathered = dims.sp ? take(BT * C) : nullptr;
   d.ln_whole = dims.sp ? take(BT * C) : nullptr;
@@ -332,7 +343,7 @@ void Gpt::State::reserve(Stream& stream, int b, int t, const std::vector<int>& p
     }
   }
   if (dims.llama) {
-    d.dact = take(mlp.act);
+    d.dact = take(mlp.dact);
     d.dqk = dims.qk_norm ? take(BT * dims.W) : nullptr;
     d.rope = take(static_cast<size_t>(cfg.seq_len) * dims.hs);
     const std::vector<float> table = cfg.rope_table();

@@ -52,6 +52,10 @@ struct Dims {
     return moe && ep > 1 ? (moe_rows(BT) + 3 * moe_expert_rows(BT)) * static_cast<size_t>(C) : 0;
   }
   int loss_rows = 0;  // GptConfig::loss_chunk_rows
+  int mlp_tile = 0;   // GptConfig::mlp_tile_rows
+  // Rows per tile of the dense MLP for BT tokens, or 0 where it runs whole: untiled, a tile as large
+  // as the micro-batch, or expert layers (whose MLP buffers hold the experts' received rows).
+  size_t mlp_tile_rows(size_t BT) const { return mlp_tile > 0 && !moe && static_cast<size_t>(mlp_tile) < BT ? mlp_tile : 0; }
   // Tokens per chunk of the LM head and loss, and whether the logits are kept whole instead.
   size_t loss_chunk(size_t BT) const { return loss_rows > 0 ? std::min<size_t>(loss_rows, BT) : BT; }
   bool keeps_logits() const { return loss_rows == 0; }

@@ -118,6 +118,10 @@ struct GptConfig {
   // backward makes each chunk's logits again (one more LM-head product) and turns them into their
   // gradient, in a scratch of one chunk's logits (model.chunked_loss).
   int loss_chunk_rows = 0;
+  // The dense MLP by tiles of this many rows (0: whole), as ALST's tiled MLP: no layer keeps its
+  // MLP's intermediates (the up-projection's output and the activation's, up + F floats a token);
+  // the backward makes each tile's again, one more up-projection (model.tiled_mlp).
+  int mlp_tile_rows = 0;
   // The chunk that keeps a chunk's logits near 64 MiB on each of `tensor_parallel` ranks (its slice
   // of the vocabulary): core/memory.h's logits_chunk_rows.
   int auto_loss_chunk_rows(int tensor_parallel = 1) const;

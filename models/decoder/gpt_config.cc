@@ -159,6 +159,10 @@ void GptConfig::validate() const {
                  "model.chunked_loss: {} tokens per chunk; give a positive count, true (sized to the vocabulary) or false",
                  loss_chunk_rows);
   }
+  if (mlp_tile_rows < 0) {
+    ZEROTH_THROW(ConfigError, "model.tiled_mlp: {} rows per tile; give a positive count, true (tiles of n_embd rows) or false",
+                 mlp_tile_rows);
+  }
   if (cpu_checkpointing && !activation_checkpointing) {
     ZEROTH_THROW(
         ConfigError,

@@ -13,6 +13,7 @@ Dims Dims::of(const GptConfig& c, const GptPart& part) {
   d.eps = static_cast<float>(c.norm_eps);
   d.probabilities = c.attention_probabilities;
   d.loss_rows = c.loss_chunk_rows;
+  d.mlp_tile = c.mlp_tile_rows;
   d.NH = c.n_head / d.tp;
   d.KVH = c.kv_heads() / d.tp;
   d.hs = c.head_size();
@@ -144,15 +145,8 @@ void layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs
     if (out != nullptr) moe_router_forward(k, w, kFcW, d, s, ln2, BT, moe);
     return;
   } else {
-    k.submit([&k, w, a, d, BT, down, bias, ln2, lora] {
-      const Bound& p = **w;
-      k.matmul_forward(a.fch, ln2, p.p(kFcW), p.p(kFcB), BT, d.C, d.F);
-      lora_forward(k, lora, LoraProduct::mlp_up, ln2, a.fch, BT, d.F, a.lora_h);
-      k.gelu_forward(a.fch_act, a.fch, BT * d.F);
-      if (down == nullptr) return;
-      k.matmul_forward(down, a.fch_act, p.p(kFcProjW), bias ? p.p(kFcProjB) : nullptr, BT, d.F, d.C);
-      lora_forward(k, lora, LoraProduct::mlp_down, a.fch_act, down, BT, d.C, a.lora_h);
-    });
+    const MlpIx ix{kFcW, kFcB, kFcProjW, bias ? kFcProjB : -1, kFcProjB};
+    k.submit([&k, w, a, s, d, BT, down, ln2, ix, lora] { mlp_forward(k, **w, ix, d, a, s, ln2, down, BT, lora); });
   }
   if (out == nullptr) return;
   g.reduce(down, out, BT);
@@ -174,14 +168,8 @@ void layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerAct
     moe_router_backward(k, w, kFcW, d, a, s, ln2, partial, BT, moe);
     g.keep_rows(partial, s.dC, BT);  // every rank's is whole (the experts are replicated over the group)
   } else {
-    k.submit([&k, w, a, s, d, BT, dout, partial, ln2, lora] {
-      const Bound& p = **w;
-      k.matmul_backward(s.dfch, p.g(kFcProjW), p.g(kFcProjB), dout, a.fch_act, p.p(kFcProjW), BT, d.F, d.C);
-      lora_backward(k, lora, LoraProduct::mlp_down, a.fch_act, dout, s.dfch, BT, d.C, a.lora_h);
-      k.gelu_backward(s.dfch, a.fch, s.dfch, BT * d.F);
-      k.matmul_backward(partial, p.g(kFcW), p.g(kFcB), s.dfch, ln2, p.p(kFcW), BT, d.C, d.F);
-      lora_backward(k, lora, LoraProduct::mlp_up, ln2, s.dfch, partial, BT, d.F, a.lora_h);
-    });
+    const MlpIx ix{kFcW, kFcB, kFcProjW, -1, kFcProjB};
+    k.submit([&k, w, a, s, d, BT, dout, partial, ln2, ix, lora] { mlp_backward(k, **w, ix, d, a, s, ln2, dout, partial, BT, lora); });
     g.reduce(partial, s.dC, BT);
   }
   k.submit([&k, w, a, s, d, R] {

@@ -66,6 +66,7 @@ struct LayerActs {
 // moe_einp). dfch and dact are sized for the received rows too.
 struct Scratch {
   float *dresid = nullptr, *dC = nullptr, *dqkv = nullptr, *dfch = nullptr, *datt = nullptr;
+  float *mlp_fch = nullptr, *mlp_act = nullptr;  // a tile's MLP intermediates (Dims::mlp_tile_rows; dfch and dact a tile's then)
   float *partial = nullptr, *gathered = nullptr, *ln_whole = nullptr;
   float *dact = nullptr, *dqk = nullptr, *rope = nullptr;
   float* logits = nullptr;  // one chunk's logits, where the loss runs by chunks
@@ -144,6 +145,19 @@ using BoundRef = std::shared_ptr<std::shared_ptr<Bound>>;  // filled in stream o
 // Parameter and gradient `i` of a bound block, null for one the block does not have (-1).
 inline const float* param(const Bound& b, int i) { return i >= 0 ? b.p(static_cast<size_t>(i)) : nullptr; }
 inline float* grad(const Bound& b, int i) { return i >= 0 ? b.g(static_cast<size_t>(i)) : nullptr; }
+
+// A block's dense MLP (mlp_pass.cc): its parameters' indices in the block (-1: none; GPT-2's
+// down-projection bias joins the output on tensor-parallel rank 0 only, its gradient on every rank),
+// and its passes over the BT rows of x (the second norm's output, whole), whole or by tiles
+// (Dims::mlp_tile_rows): out (null: a recomputation, keeping the intermediates for the backward
+// where they are kept) gets the down-projection; dx the input's gradient from dout.
+struct MlpIx {
+  int up = 0, up_bias = -1, down = 0, down_bias = -1, down_bias_grad = -1;
+};
+void mlp_forward(Kernels& k, const Bound& p, const MlpIx& ix, const Dims& d, const LayerActs& a, const Scratch& s, const float* x,
+                 float* out, size_t BT, const LayerLora* lora);
+void mlp_backward(Kernels& k, const Bound& p, const MlpIx& ix, const Dims& d, const LayerActs& a, const Scratch& s, const float* x,
+                  const float* dout, float* dx, size_t BT, const LayerLora* lora);
 
 // In stream work: an adapter block's parameters as bound, into f32 `into` end to end (`sizes`
 // each) for the passes that read them (lora.h); and the passes' gradients at `grads`, laid out

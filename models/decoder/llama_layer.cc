@@ -69,15 +69,8 @@ void llama_layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const Lay
     if (out != nullptr) moe_router_forward(k, w, ix.gate, d, s, ln2, BT, moe);
     return;
   } else {
-    k.submit([&k, w, a, d, BT, down, ln2, ix, lora] {
-      const Bound& p = **w;
-      k.matmul_forward(a.fch, ln2, p.p(ix.gate), nullptr, BT, d.C, 2 * d.F);
-      lora_forward(k, lora, LoraProduct::mlp_up, ln2, a.fch, BT, 2 * d.F, a.lora_h);
-      k.swiglu_forward(a.fch_act, a.fch, BT, d.F);
-      if (down == nullptr) return;
-      k.matmul_forward(down, a.fch_act, p.p(ix.down), nullptr, BT, d.F, d.C);
-      lora_forward(k, lora, LoraProduct::mlp_down, a.fch_act, down, BT, d.C, a.lora_h);
-    });
+    const MlpIx mlp{ix.gate, -1, ix.down, -1, -1};
+    k.submit([&k, w, a, s, d, BT, down, ln2, mlp, lora] { mlp_forward(k, **w, mlp, d, a, s, ln2, down, BT, lora); });
   }
   if (out == nullptr) return;
   g.reduce(down, out, BT);
@@ -96,14 +89,9 @@ void llama_layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const La
     moe_router_backward(k, w, ix.gate, d, a, s, ln2, partial, BT, moe);
     g.keep_rows(partial, s.dC, BT);  // every rank's is whole (the experts are replicated over the group)
   } else {
-    k.submit([&k, w, a, s, d, BT, dout, partial, ln2, ix, lora] {
-      const Bound& p = **w;
-      k.matmul_backward(s.dact, p.g(ix.down), nullptr, dout, a.fch_act, p.p(ix.down), BT, d.F, d.C);
-      lora_backward(k, lora, LoraProduct::mlp_down, a.fch_act, dout, s.dact, BT, d.C, a.lora_h);
-      k.swiglu_backward(s.dfch, a.fch, s.dact, BT, d.F);
-      k.matmul_backward(partial, p.g(ix.gate), nullptr, s.dfch, ln2, p.p(ix.gate), BT, d.C, 2 * d.F);
-      lora_backward(k, lora, LoraProduct::mlp_up, ln2, s.dfch, partial, BT, 2 * d.F, a.lora_h);
-    });
+    const MlpIx mlp{ix.gate, -1, ix.down, -1, -1};
+    k.submit(
+        [&k, w, a, s, d, BT, dout, partial, ln2, mlp, lora] { mlp_backward(k, **w, mlp, d, a, s, ln2, dout, partial, BT, lora); });
     g.reduce(partial, s.dC, BT);
   }
   k.submit([&k, w, a, s, d, R, ix] {

@@ -229,6 +229,27 @@ TEST(TrainConfig, OverridesSetNestedKeysAndParseValues) {
   }
 }
 
+// model.tiled_mlp: off unless given; true takes tiles of n_embd rows, a count its rows; the
+// resolved config reads back to the same tiles; anything else is refused naming the choices.
+TEST(TrainConfig, TiledMlpTakesTilesOfTheHiddenWidthOrACount) {
+  auto rows = [](const char* extra) { return TrainConfig::from_json(with(base(), extra)).model.mlp_tile_rows; };
+  EXPECT_EQ(rows("{}"), 0);
+  EXPECT_EQ(rows(R"({"model": {"n_embd": 48, "tiled_mlp": true}})"), 48);
+  EXPECT_EQ(rows(R"({"model": {"tiled_mlp": 100}})"), 100);
+  EXPECT_EQ(rows(R"({"model": {"tiled_mlp": false}})"), 0);
+  const TrainConfig given = TrainConfig::from_json(with(base(), R"({"model": {"tiled_mlp": 100}})"));
+  EXPECT_EQ(TrainConfig::from_json(given.resolved).model.mlp_tile_rows, 100);
+  for (const char* bad : {R"({"model": {"tiled_mlp": 0}})", R"({"model": {"tiled_mlp": -3}})", R"({"model": {"tiled_mlp": "yes"}})"}) {
+    try {
+      TrainConfig::from_json(with(base(), bad));
+      ADD_FAILURE() << bad << " was taken";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("model.tiled_mlp"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("rows per tile"), std::string::npos) << e.what();
+    }
+  }
+}
+
 // model.chunked_loss: unset, on with activation checkpointing (from either section that turns it
 // on) at the vocabulary's size of chunk; true, false or a count of tokens when given.
 TEST(TrainConfig, ChunkedLossFollowsCheckpointingUnlessGiven) {

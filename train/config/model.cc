@@ -138,6 +138,7 @@ void read_model(TrainConfig& t, const json& j, int default_vocab) {
                                                "n_embd",
                                                "activation_checkpointing",
                                                "chunked_loss",
+                                               "tiled_mlp",
                                                "no_weight_decay",
                                                "architecture",
                                                "hf_config",
@@ -220,6 +221,16 @@ void read_model(TrainConfig& t, const json& j, int default_vocab) {
     } else {
       g.loss_chunk_rows = static_cast<int>(
           s.integer("chunked_loss", 0, 1, 1 << 24, "true (chunks sized to the vocabulary), false, or a count of tokens per chunk"));
+    }
+  }
+  // ALST's tiles: as many as the window has multiples of the hidden width (a tile's up-projection
+  // output then holds as many floats as a few of the residual stream's rows do).
+  if (s.has("tiled_mlp")) {
+    if (const json& v = s.raw("tiled_mlp"); v.is_boolean()) {
+      g.mlp_tile_rows = v.get<bool>() ? g.n_embd : 0;
+    } else {
+      g.mlp_tile_rows = static_cast<int>(
+          s.integer("tiled_mlp", 0, 1, 1 << 24, "true (tiles of n_embd rows), false, or rows per tile"));
     }
   }
   if (j.contains("activation_checkpointing")) {

@@ -165,6 +165,7 @@ TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) 
                 {"n_layer", t.model.n_layer},       {"n_head", t.model.n_head},
                 {"n_embd", t.model.n_embd},         {"activation_checkpointing", t.model.activation_checkpointing}};
   c["model"]["chunked_loss"] = t.model.loss_chunk_rows > 0 ? json(t.model.loss_chunk_rows) : json(false);
+  c["model"]["tiled_mlp"] = t.model.mlp_tile_rows > 0 ? json(t.model.mlp_tile_rows) : json(false);
   for (const char* key : {"trainable", "frozen"}) {
     if (config.contains("model") && config["model"].is_object() && config["model"].contains(key))
       c["model"][key] = config["model"][key];
