@@ -52,8 +52,10 @@ class TiledMlp : public ::testing::TestWithParam<TiledCase> {};
 
 TEST_P(TiledMlp, TheFirstLossIsTheWholeMlpsToTheBitAndTheWeightsToRounding) {
   const TiledCase& t = GetParam();
-  const GridResult whole = testing::train_grid(tiled_case(t, 0), nullptr, {.first = 0, .last = testing::kSteps, .load = {}, .save = {}});
-  const GridResult tiled = testing::train_grid(tiled_case(t, 5), nullptr, {.first = 0, .last = testing::kSteps, .load = {}, .save = {}});
+  const GridResult whole = testing::train_grid(tiled_case(t, 0), nullptr,
+                                               {.first = 0, .last = testing::kSteps, .load = {}, .save = {}});
+  const GridResult tiled = testing::train_grid(tiled_case(t, 5), nullptr,
+                                               {.first = 0, .last = testing::kSteps, .load = {}, .save = {}});
   ASSERT_EQ(tiled.losses.size(), whole.losses.size());
   EXPECT_EQ(tiled.losses[0], whole.losses[0]);
   double worst_loss = 0;
@@ -97,7 +99,8 @@ TEST(TiledMlp, TheLayersKeepNoneOfTheMlpsIntermediates) {
     // Kept: n_layer x BT (up + F). Scratch: dfch (and Llama's dact) from BT rows to a tile's, and a
     // tile's fch and act added.
     const size_t kept = c.n_layer * BT * (up + F);
-    const size_t scratch_before = BT * up + (c.llama() ? BT * F : 0), scratch_after = tile * up + (c.llama() ? tile * F : 0) + tile * (up + F);
+    const size_t scratch_before = BT * up + (c.llama() ? BT * F : 0),
+                 scratch_after = tile * up + (c.llama() ? tile * F : 0) + tile * (up + F);
     EXPECT_EQ(whole - tiled, (kept + scratch_before - scratch_after) * sizeof(float)) << arch;
   }
 }

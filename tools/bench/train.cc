@@ -57,6 +57,7 @@ struct Options {
   // The LM head and loss by chunks of this many tokens (model.chunked_loss), timed next to the
   // whole logits; 0: not timed.
   int loss_chunk = 0;
+  int tiled_mlp = 0;
   // LoRA of this rank on `lora_targets` (alpha 2 r), the base frozen, timed next to the full
   // fine-tune with both runs' peak device memory and its estimate; 0: not timed.
   int lora_r = 0;
@@ -115,6 +116,7 @@ StepTimes run_zeroth(const Options& o, const GptConfig& model, bool moe = false,
   if (o.dtype == "bf16") j["bf16"] = {{"enabled", true}};
   if (o.offload != "none") j["zero_optimization"]["offload_optimizer"] = {{"device", o.offload}, {"pin_memory", true}};
   if (model.loss_chunk_rows > 0) j["model"]["chunked_loss"] = model.loss_chunk_rows;
+  if (model.mlp_tile_rows > 0) j["model"]["tiled_mlp"] = model.mlp_tile_rows;
   if (lora_r > 0) j["lora"] = {{"r", lora_r}, {"alpha", 2 * lora_r}, {"target_modules", o.lora_targets}};
   if (moe) {
     j["model"]["moe"] = {{"num_experts", o.experts},
@@ -286,6 +288,17 @@ void run(const Options& o) {
         fmt::format("loss by {} tokens", o.loss_chunk).c_str(), c, tokens / c, c / z, chunked_mib, whole_mib);
     std::fflush(stdout);
   }
+  if (o.tiled_mlp > 0) {
+    // What the tiles save (the layers' MLP intermediates) and what making them again costs.
+    GptConfig tiled = m;
+    tiled.mlp_tile_rows = o.tiled_mlp;
+    const double t = median(run_zeroth(o, tiled).seconds);
+    const double whole_mib = static_cast<double>(Gpt::activation_bytes(m, o.batch, o.seq)) / (1 << 20);
+    const double tiled_mib = static_cast<double>(Gpt::activation_bytes(tiled, o.batch, o.seq)) / (1 << 20);
+    say("  %-22s median step %7.3f s   %8.0f tokens/s  (%.3fx the step; activations %.0f MiB against %.0f MiB)\n",
+        fmt::format("MLP by {} rows", o.tiled_mlp).c_str(), t, tokens / t, t / z, tiled_mib, whole_mib);
+    std::fflush(stdout);
+  }
   // The ceiling: the step's own products timed alone, one rank's worth on the same threads.
   double gemm_s = 0, gemm_flops = 0;
   if (!gpu && o.ranks == 1 && o.experts == 0) {
@@ -424,6 +437,8 @@ void add_bench_train_command(CLI::App& bench) {
   cmd->add_option("--loss-chunk", o->loss_chunk,
                   "Also time the step with the LM head and loss by chunks of this many tokens (model.chunked_loss), next to the "
                   "whole logits");
+  cmd->add_option("--tiled-mlp", o->tiled_mlp,
+                  "Also time the step with each layer's MLP by tiles of this many rows (model.tiled_mlp), next to the whole MLP");
   cmd->add_option("--python", o->python, "Interpreter with torch");
   cmd->add_option("--script", o->script, "The PyTorch side's script (default: the checkout's tools/bench/train_torch.py)");
   cmd->add_option("--device", o->device, "cpu (default), or cuda: both sides on the GPU (PyTorch with its SDPA attention)");
