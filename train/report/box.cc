@@ -95,6 +95,13 @@ std::string samples_line(const TrainConfig& c, const RunFacts& f) {
   return out;
 }
 
+// model.tiled_mlp as a micro-batch of `rows` rows sees it (a tile that holds them all is the whole MLP).
+std::string mlp_tiles(const GptConfig& m, int64_t rows) {
+  if (m.mlp_tile_rows <= 0) return "";
+  if (m.mlp_tile_rows >= rows) return fmt::format(", MLP whole (a tile of {} rows holds a micro-batch's {})", m.mlp_tile_rows, rows);
+  return fmt::format(", MLP by tiles of {} rows", m.mlp_tile_rows);
+}
+
 }  // namespace
 
 // Long: the run's box row by row, in the order printed; each row is one line of the box.
@@ -106,20 +113,21 @@ std::vector<std::pair<std::string, std::string>> box_rows(const TrainConfig& c, 
   rows.reserve(16);  // also keeps GCC 12's -Warray-bounds from misreading the first emplace_back
   const std::string active = m.moe.enabled() ? fmt::format(" ({} active per token)", si(static_cast<double>(m.active_parameters())))
                                              : std::string();
-  rows.emplace_back("model",
-                    fmt::format("{}{}, seq {}, vocab {}: {} parameters{}{}{}", m.describe(),
-                                c.model_preset.empty() ? "" : " (" + c.model_preset + ")", m.seq_len, m.vocab_size,
-                                si(static_cast<double>(f.parameters)), active,
-                                m.activation_checkpointing ? ", activation checkpointing" : "",
-                                m.loss_chunk_rows > 0 ? fmt::format(", loss by chunks of {} tokens", m.loss_chunk_rows) : ""));
+  rows.emplace_back("model", fmt::format("{}{}, seq {}, vocab {}: {} parameters{}{}{}{}", m.describe(),
+                                         c.model_preset.empty() ? "" : " (" + c.model_preset + ")", m.seq_len, m.vocab_size,
+                                         si(static_cast<double>(f.parameters)), active,
+                                         m.activation_checkpointing ? ", activation checkpointing" : "",
+                                         m.loss_chunk_rows > 0 ? fmt::format(", loss by chunks of {} tokens", m.loss_chunk_rows) : "",
+                                         mlp_tiles(m, static_cast<int64_t>(c.micro_batch_size) * m.seq_len)));
   if (!m.frozen_blocks.empty() || m.lora.enabled()) {
     size_t all = 0, trained = 0;
     for (const auto& spec : Gpt::block_specs(m)) {
       for (const auto& p : spec.params) all += p.numel(), trained += spec.frozen ? 0 : p.numel();
     }
     const std::string what = m.lora.enabled()
-                                 ? fmt::format("LoRA r {}, alpha {:g} (scale {:g}) on {}; the base model frozen", m.lora.r,
-                                               m.lora.alpha, m.lora.scale(), fmt::join(m.lora.target_modules, ", "))
+                                 ? fmt::format("LoRA r {}, alpha {:g} (scale {:g}) on {}; the base model's {} frozen", m.lora.r,
+                                               m.lora.alpha, m.lora.scale(), fmt::join(m.lora.target_modules, ", "),
+                                               si(static_cast<double>(all - trained)))
                                  : fmt::format("{} block(s) frozen (model.trainable / model.frozen)", m.frozen_blocks.size());
     rows.emplace_back("trainable", fmt::format("{} of {} parameters ({:.2f}%); {}: no gradients, reduction or optimizer state for the "
                                                "frozen ones",
@@ -149,11 +157,14 @@ std::vector<std::pair<std::string, std::string>> box_rows(const TrainConfig& c, 
                                           si(static_cast<double>(f.val_tokens))));
   }
   rows.emplace_back(
-      "parallel", fmt::format("{} rank{} ({}, {} kernel thread{} each), ZeRO stage {}, {} compute, fp32 master weights, {} reduction",
-                              c.run.world_size, c.run.world_size == 1 ? "" : "s",
-                              c.run.backend == "local" ? "threads" : c.run.backend + " processes", cpu::num_threads(),
-                              cpu::num_threads() == 1 ? "" : "s", c.engine.zero.stage, dtype_label(c.engine.compute_dtype),
-                              dtype_label(c.engine.communication_dtype)));
+      "parallel",
+      fmt::format("{} rank{} ({}, {} kernel thread{} each), ZeRO stage {}, {} compute, fp32 master weights{}, {} reduction",
+                  c.run.world_size, c.run.world_size == 1 ? "" : "s",
+                  c.run.backend == "local" ? "threads" : c.run.backend + " processes", cpu::num_threads(),
+                  cpu::num_threads() == 1 ? "" : "s", c.engine.zero.stage, dtype_label(c.engine.compute_dtype),
+                  // A frozen parameter has none: it is held in the compute dtype alone.
+                  c.model.lora.enabled() || !c.model.frozen_blocks.empty() ? " of the trainable parameters" : "",
+                  dtype_label(c.engine.communication_dtype)));
   if (c.parallel.pipeline > 1) {
     const auto layers = c.layers_per_virtual_stage();
     rows.emplace_back("pipeline",
