@@ -2,8 +2,8 @@
 // on the host's compute stream as kernel work around the tensor-parallel group's collectives
 // (layers.cc), so the engine's gathers and reductions overlap it. Where the activations live is
 // activations.cc's.
-#include <algorithm>
-#include <numeric>  // std::accumulate
+#include <algorithm>  // std::max
+#include <numeric>    // std::accumulate
 
 #include "core/device.h"  // Buffer
 #include "core/error.h"   // ZEROTH_THROW

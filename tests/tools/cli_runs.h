@@ -28,6 +28,24 @@ inline std::string bytes_of(const std::string& path) {
   return {std::istreambuf_iterator<char>(in), {}};
 }
 
+// `zeroth estimate --config CONFIG --json` with `sets` (--set pairs) as the run would be given
+// them: the whole JSON, and the config's own row in `mine` (null when none is marked).
+inline json estimate_with(const std::string& config, const std::vector<std::string>& sets, const std::string& name, json& mine) {
+  std::vector<std::string> args = {ZEROTH_BIN, "estimate", "--config", config, "--json"};
+  args.insert(args.end(), sets.begin(), sets.end());
+  auto est = testing::spawn(args, {}, temp(name) + ".estimate");
+  EXPECT_EQ(testing::wait_exit(est, std::chrono::seconds(60)), 0) << est.output();
+  // Warnings (a schedule shorter than its warm-up at 2 steps) come before the JSON.
+  const std::string text = est.output();
+  const size_t at = text.find("{\n");
+  const json estimate = at == std::string::npos ? json() : json::parse(text.substr(at), nullptr, false);
+  mine = json();
+  if (estimate.is_object() && estimate.contains("rows"))
+    for (const auto& r : estimate.at("rows"))
+      if (r.value("config", false)) mine = r;
+  return estimate;
+}
+
 // A tiny GPT on synthetic data: 2 ranks, ZeRO-3, 6 steps, validation every 3.
 inline json tiny(const std::string& name) {
   json j = json::parse(R"({

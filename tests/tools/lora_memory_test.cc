@@ -24,16 +24,10 @@ using testing::write_config;
 
 // The config's own row of `zeroth estimate --config CONFIG --json`.
 json config_row(const std::string& config, const std::string& name) {
-  auto child = testing::spawn({ZEROTH_BIN, "estimate", "--config", config, "--json"}, {}, temp(name) + ".estimate");
-  EXPECT_EQ(testing::wait_exit(child, std::chrono::seconds(60)), 0) << child.output();
-  const std::string text = child.output();
-  const size_t at = text.find("{\n");  // after any warnings
-  const json out = at == std::string::npos ? json() : json::parse(text.substr(at), nullptr, false);
-  if (out.is_object() && out.contains("rows"))
-    for (const auto& r : out["rows"])
-      if (r.value("config", false)) return r;
-  ADD_FAILURE() << "no config row in\n" << text;
-  return json();
+  json mine;
+  testing::estimate_with(config, {}, name, mine);
+  EXPECT_FALSE(mine.is_null()) << "no config row for " << config;
+  return mine;
 }
 
 // A rank's optimizer bytes, wherever the row places them.

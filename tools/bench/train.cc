@@ -276,28 +276,25 @@ void run(const Options& o) {
       fmt::format("zeroth (stage {}{})", o.stage, o.offload == "none" ? "" : ", offload " + o.offload).c_str(), z, tokens / z,
       mfu(z).c_str());
   std::fflush(stdout);
-  if (o.loss_chunk > 0) {
-    // What the chunks save (the activations Gpt plans, one rank, one micro-batch) and what making
-    // each chunk's logits again costs.
+  // A variant of the model beside the step above: what it saves of the activations Gpt plans (one
+  // rank, one micro-batch) and what it costs.
+  auto variant = [&](const std::string& label, const GptConfig& v) {
+    const double t = median(run_zeroth(o, v).seconds);
+    const double whole_mib = static_cast<double>(Gpt::activation_bytes(m, o.batch, o.seq)) / (1 << 20);
+    const double mib = static_cast<double>(Gpt::activation_bytes(v, o.batch, o.seq)) / (1 << 20);
+    say("  %-22s median step %7.3f s   %8.0f tokens/s  (%.3fx the step; activations %.0f MiB against %.0f MiB)\n", label.c_str(), t,
+        tokens / t, t / z, mib, whole_mib);
+    std::fflush(stdout);
+  };
+  if (o.loss_chunk > 0) {  // each chunk's logits made again in the backward
     GptConfig chunked = m;
     chunked.loss_chunk_rows = o.loss_chunk;
-    const double c = median(run_zeroth(o, chunked).seconds);
-    const double whole_mib = static_cast<double>(Gpt::activation_bytes(m, o.batch, o.seq)) / (1 << 20);
-    const double chunked_mib = static_cast<double>(Gpt::activation_bytes(chunked, o.batch, o.seq)) / (1 << 20);
-    say("  %-22s median step %7.3f s   %8.0f tokens/s  (%.3fx the step; activations %.0f MiB against %.0f MiB)\n",
-        fmt::format("loss by {} tokens", o.loss_chunk).c_str(), c, tokens / c, c / z, chunked_mib, whole_mib);
-    std::fflush(stdout);
+    variant(fmt::format("loss by {} tokens", o.loss_chunk), chunked);
   }
-  if (o.tiled_mlp > 0) {
-    // What the tiles save (the layers' MLP intermediates) and what making them again costs.
+  if (o.tiled_mlp > 0) {  // each tile's MLP intermediates made again in the backward
     GptConfig tiled = m;
     tiled.mlp_tile_rows = o.tiled_mlp;
-    const double t = median(run_zeroth(o, tiled).seconds);
-    const double whole_mib = static_cast<double>(Gpt::activation_bytes(m, o.batch, o.seq)) / (1 << 20);
-    const double tiled_mib = static_cast<double>(Gpt::activation_bytes(tiled, o.batch, o.seq)) / (1 << 20);
-    say("  %-22s median step %7.3f s   %8.0f tokens/s  (%.3fx the step; activations %.0f MiB against %.0f MiB)\n",
-        fmt::format("MLP by {} rows", o.tiled_mlp).c_str(), t, tokens / t, t / z, tiled_mib, whole_mib);
-    std::fflush(stdout);
+    variant(fmt::format("MLP by {} rows", o.tiled_mlp), tiled);
   }
   // The ceiling: the step's own products timed alone, one rank's worth on the same threads.
   double gemm_s = 0, gemm_flops = 0;
