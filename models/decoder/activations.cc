@@ -52,13 +52,16 @@ size_t expert_inputs(const GptConfig& c, const GptPart& part) {
 }  // namespace
 
 size_t Gpt::State::attention_floats(const GptConfig& c, const Dims& d, size_t B, size_t T) {
-  return B * d.NH * T * (c.attention_probabilities ? T : 1);
+  const size_t Ta = T * d.sq;  // with Ulysses the attention sees every position of its heads
+  return B * d.NHa * Ta * (c.attention_probabilities ? Ta : 1);
 }
 
 size_t Gpt::State::layer_floats(const GptConfig& c, const Dims& d, size_t BT, size_t B, size_t T) {
   const size_t C = d.C, R = d.rows(BT);
-  const size_t qk_norm = d.qk_norm ? BT * d.W + BT * (d.NH + d.KVH) : 0;
-  return BT * (d.W + d.Cq) + MlpFloats(d, BT).total() + 3 * R * C + 4 * R + attention_floats(c, d, B, T) + qk_norm +
+  const size_t BTa = d.attn_rows(BT);
+  const size_t qk_norm = d.qk_norm ? BTa * d.Wa + BTa * (d.NHa + d.KVHa) : 0;
+  const size_t atty_rows = d.sq > 1 ? BT * d.Cq : 0;
+  return BTa * d.Wa + BT * d.Cq + atty_rows + MlpFloats(d, BT).total() + 3 * R * C + 4 * R + attention_floats(c, d, B, T) + qk_norm +
          gpt::lora_h_floats(c, BT) + (d.moe ? gpt::expert_lora_h_floats(c, d.moe_expert_rows(BT)) : 0);
 }
 
@@ -140,7 +143,8 @@ size_t Gpt::State::scratch_floats(const GptConfig& c, const GptPart& part, int B
   const size_t BT = static_cast<size_t>(B) * T, C = c.n_embd;
   const MlpFloats mlp(d, BT);
   // The Llama family adds dact, dqk (with per-head norms) and the rotary table.
-  const size_t llama = d.llama ? mlp.dact + (d.qk_norm ? BT * d.W : 0) + static_cast<size_t>(c.seq_len) * d.hs : 0;
+  const size_t BTa = d.attn_rows(BT);
+  const size_t llama = d.llama ? mlp.dact + (d.qk_norm ? BTa * d.Wa : 0) + static_cast<size_t>(c.seq_len) * d.hs : 0;
   // dC holds the gradient at the residual stream's width and at the attention's (wider in Qwen3).
   const size_t dC = std::max<size_t>(C, d.Cq);
   // Expert layers: the router's logits and their gradient, the gradients at the dispatched rows'
@@ -151,8 +155,8 @@ size_t Gpt::State::scratch_floats(const GptConfig& c, const GptPart& part, int B
   const size_t datt = c.attention_probabilities ? attention_floats(c, d, B, T) : 0;
   // One chunk's logits where the loss runs by chunks (decoding's one row fits in it).
   const size_t logits = part.has_head(c) && !d.keeps_logits() ? d.loss_chunk(BT) * d.V : 0;
-  return d.rows(BT) * C + BT * (dC + d.W) + mlp.dfch + mlp.tile + datt + (d.sp ? 3 * BT * C : 0) + llama + moe + logits +
-         lora_floats(c, part, BT);
+  return d.rows(BT) * C + BT * dC + BTa * d.Wa + d.ulysses_floats(BT) + mlp.dfch + mlp.tile + datt + (d.sp ? 3 * BT * C : 0) + llama +
+         moe + logits + lora_floats(c, part, BT);
 }
 
 size_t Gpt::State::lora_floats(const GptConfig& c, const GptPart& part, size_t BT) {
@@ -197,7 +201,7 @@ void Gpt::State::reserve(Stream& stream, int b, int t, const std::vector<int>& p
   check_shape(b, t);
   stream.synchronize();
   const Dims dims = Dims::of(cfg, part);
-  const size_t BT = static_cast<size_t>(b) * t, C = cfg.n_embd, L = cfg.n_layer, R = dims.rows(BT);
+  const size_t BT = static_cast<size_t>(b) * t, C = cfg.n_embd, L = cfg.n_layer, R = dims.rows(BT), BTa = dims.attn_rows(BT);
   // Rows of another width that fit the allocations (JSON Lines samples padded to the longest of
   // their step) are laid out in them again; a larger shape allocates anew, and so does another
   // micro-batch size (an evaluation's last round): a pipeline runner keys its ports' events by
@@ -265,10 +269,11 @@ void Gpt::State::reserve(Stream& stream, int b, int t, const std::vector<int>& p
     for (size_t l = 0; l < sl.layer.size(); ++l) {
       if (sl.layer.size() > 1 && !owned[l]) continue;  // another rank's layer
       auto& a = sl.layer[l];
-      a.ln1 = take(R * C), a.ln1_mean = take(R), a.ln1_rstd = take(R), a.qkv = take(BT * dims.W);
+      a.ln1 = take(R * C), a.ln1_mean = take(R), a.ln1_rstd = take(R), a.qkv = take(BTa * dims.Wa);
       a.att = take(attention_floats(cfg, dims, b, t)), a.atty = take(BT * dims.Cq), a.res2 = take(R * C);
       a.ln2 = take(R * C), a.ln2_mean = take(R), a.ln2_rstd = take(R), a.fch = take(mlp.fch), a.fch_act = take(mlp.act);
-      if (dims.qk_norm) a.qk_pre = take(BT * dims.W), a.qk_rstd = take(BT * (dims.NH + dims.KVH));
+      if (dims.qk_norm) a.qk_pre = take(BTa * dims.Wa), a.qk_rstd = take(BTa * (dims.NHa + dims.KVHa));
+      if (dims.sq > 1) a.atty_rows = take(BT * dims.Cq);
       if (cfg.lora.enabled()) a.lora_h = take(gpt::lora_h_floats(cfg, BT));
       if (dims.moe) {
         a.moe_in = take(received * C), a.moe_out = take(moe_rows * C), a.moe_weight = take(choices);
@@ -296,7 +301,11 @@ void Gpt::State::reserve(Stream& stream, int b, int t, const std::vector<int>& p
     }
   }
   chunk_slots = per_chunk;
-  d.dresid = take(R * C), d.dC = take(BT * std::max<size_t>(C, dims.Cq)), d.dqkv = take(BT * dims.W), d.dfch = take(mlp.dfch);
+  d.dresid = take(R * C), d.dC = take(BT * std::max<size_t>(C, dims.Cq)), d.dqkv = take(BTa * dims.Wa), d.dfch = take(mlp.dfch);
+  if (dims.sq > 1) {
+    d.sq_rows = take(BT * dims.W), d.sq_datt = take(BT * dims.Cq);
+    d.sq_send = take(BTa * dims.Wa), d.sq_recv = take(BTa * dims.Wa);
+  }
   if (mlp.tile > 0) d.mlp_fch = take(mlp.dfch), d.mlp_act = take(mlp.dact);
   d.datt = cfg.attention_probabilities ? take(attention_floats(cfg, dims, b, t)) : nullptr;
   d.partial = dims.sp ? take(BT * C) : nullptr, d.gathered = dims.sp ? take(BT * C) : nullptr;
@@ -344,7 +353,7 @@ void Gpt::State::reserve(Stream& stream, int b, int t, const std::vector<int>& p
   }
   if (dims.llama) {
     d.dact = take(mlp.dact);
-    d.dqk = dims.qk_norm ? take(BT * dims.W) : nullptr;
+    d.dqk = dims.qk_norm ? take(BTa * dims.Wa) : nullptr;
     d.rope = take(static_cast<size_t>(cfg.seq_len) * dims.hs);
     const std::vector<float> table = cfg.rope_table();
     device->copy(stream, d.rope, table.data(), table.size() * sizeof(float));
@@ -412,10 +421,19 @@ std::vector<int> Gpt::chunk_slots() const {
   return out;
 }
 
-void Gpt::prepare(int B, int T) {
-  if (B <= 0 || T <= 0 || T > config_.seq_len) {
+void Gpt::check_rows(int B, int T) const {
+  const int64_t positions = static_cast<int64_t>(T) * part_.sq_ranks;
+  if (B > 0 && T > 0 && positions <= config_.seq_len) return;
+  if (part_.sq_ranks == 1)
     ZEROTH_THROW(InvalidArgument, "GPT micro-batch {} x {}: need B >= 1 and 1 <= T <= model.seq_len ({})", B, T, config_.seq_len);
-  }
+  ZEROTH_THROW(InvalidArgument,
+               "GPT micro-batch {} x {} on each of {} Ulysses ranks ({} positions a sample): need B >= 1 and 1 <= T x {} <= "
+               "model.seq_len ({})",
+               B, T, part_.sq_ranks, positions, part_.sq_ranks, config_.seq_len);
+}
+
+void Gpt::prepare(int B, int T) {
+  check_rows(B, T);
   state_->check_shape(B, T);
   state_->reserve(host_.compute_stream(), B, T, chunk_slots(), host_.compute_dtype());
 }

@@ -22,6 +22,9 @@ struct PartBlocks {
   std::vector<int> expert_lora;  // each expert layer's experts' adapters (after the layer's), -1 elsewhere
 };
 PartBlocks part_blocks(const GptConfig& config, const GptPart& part);
+// ConfigError / InvalidArgument when the part does not fit the model: its chunks, its place in each
+// parallel group, the heads and experts those groups split (gpt_part.cc).
+void check_part(const GptConfig& config, const GptPart& part);
 
 // A rank's widths: C channels in the residual stream, its query heads (NH) and key/value heads (KVH)
 // of hs channels, the attention's output width (Cq = NH hs) and its qkv rows' (W = (NH + 2 KVH) hs),
@@ -60,6 +63,21 @@ struct Dims {
   size_t loss_chunk(size_t BT) const { return loss_rows > 0 ? std::min<size_t>(loss_rows, BT) : BT; }
   bool keeps_logits() const { return loss_rows == 0; }
   bool sp = false;  // sequence parallel (with tp > 1)
+  // Ulysses (GptPart::sq_ranks): the group's size and this rank's place, and the attention's own
+  // heads over every position of the samples: NHa query and KVHa key/value heads of this rank's
+  // (its tensor-parallel share's) NH and KVH, Cqa = NHa hs and Wa = (NHa + 2 KVHa) hs wide. Every
+  // rank of the group takes NH / sq query heads; the key/value heads split alike where sq divides
+  // them, else (fewer than ranks) each takes the one its query heads read, replicated as ALST does.
+  int sq = 1, sq_rank = 0;
+  int NHa = 0, KVHa = 0, Cqa = 0, Wa = 0;
+  // The first key/value head rank j of the group attends with (in the qkv rows' key block).
+  int kv_first(int j) const { return KVH % sq == 0 ? j * KVHa : j * NHa / (NH / KVH); }
+  // The attention's rows for a micro-batch of BT rows of this rank: every position of its samples.
+  size_t attn_rows(size_t BT) const { return BT * sq; }
+  // Floats only Ulysses needs: the q, k, v rows before they leave (and their gradient after they are
+  // back), the gradient at the attention's output in its heads, and the all-to-alls' send and
+  // receive buffers (every destination's heads of every row).
+  size_t ulysses_floats(size_t BT) const { return sq > 1 ? BT * W + BT * Cq + 2 * BT * sq * static_cast<size_t>(Wa) : 0; }
   bool llama = false, qkv_bias = false, o_bias = false, qk_norm = false;
   bool probabilities = false;  // GptConfig::attention_probabilities: what the attention keeps per row
   float eps = 1e-5f;

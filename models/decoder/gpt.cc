@@ -215,84 +215,7 @@ const GptPart& or_whole(const GptPart& part, const GptConfig& c, GptPart& storag
   return storage;
 }
 
-void check_part(const GptConfig& c, const GptPart& part) {
-  std::vector<int> owner(c.n_layer, -1);
-  for (size_t k = 0; k < part.chunks.size(); ++k) {
-    const auto [lo, hi] = part.chunks[k];
-    if (lo < 0 || hi > c.n_layer || lo >= hi)
-      ZEROTH_THROW(InvalidArgument, "GPT part: chunk {} holds layers [{}, {}) of a {}-layer model", k, lo, hi, c.n_layer);
-    for (int l = lo; l < hi; ++l) {
-      if (owner[l] >= 0) ZEROTH_THROW(InvalidArgument, "GPT part: layer {} is in chunks {} and {}", l, owner[l], k);
-      owner[l] = static_cast<int>(k);
-    }
-  }
-  if (part.tp_ranks < 1 || part.tp_rank < 0 || part.tp_rank >= part.tp_ranks)
-    ZEROTH_THROW(InvalidArgument, "GPT part: tensor-parallel rank {} of {}", part.tp_rank, part.tp_ranks);
-  if (c.llama() && c.kv_heads() % part.tp_ranks != 0) {
-    ZEROTH_THROW(ConfigError,
-                 "parallel.tensor = {} splits the key/value heads over its ranks, but model.n_kv_head = {} is not a multiple of it; "
-                 "as Megatron-LM, zeroth does not replicate key/value heads: use a tensor-parallel size that divides them",
-                 part.tp_ranks, c.kv_heads());
-  }
-  if (part.ep_ranks < 1 || part.ep_rank < 0 || part.ep_rank >= part.ep_ranks)
-    ZEROTH_THROW(InvalidArgument, "GPT part: expert-parallel rank {} of {}", part.ep_rank, part.ep_ranks);
-  if (part.ep_ranks > 1 && (!c.moe.enabled() || c.moe.num_experts % part.ep_ranks != 0)) {
-    ZEROTH_THROW(ConfigError,
-                 "parallel.expert = {} shares each expert layer's experts out over its ranks, so it must divide "
-                 "model.moe.num_experts, which is {}; use an expert-parallel size that divides the experts",
-                 part.ep_ranks, c.moe.num_experts);
-  }
-  if (c.n_head % part.tp_ranks != 0) {
-    ZEROTH_THROW(ConfigError,
-                 "parallel.tensor = {} splits the attention heads over its ranks, but model.n_head = {} is not a multiple of it; "
-                 "use a tensor-parallel size that divides the heads",
-                 part.tp_ranks, c.n_head);
-  }
-  if (c.vocab_size < part.tp_ranks) {
-    ZEROTH_THROW(ConfigError, "parallel.tensor = {} splits the vocabulary, but model.vocab_size is only {}", part.tp_ranks,
-                 c.vocab_size);
-  }
-  if (c.cpu_checkpointing && !part.whole(c)) {
-    ZEROTH_THROW(ConfigError,
-                 "activation_checkpointing.cpu_checkpointing keeps a whole model's block inputs in host memory and cannot run on a "
-                 "pipeline stage; turn it off (model.activation_checkpointing still recomputes each layer, with its inputs on the "
-                 "device) or train without parallel.pipeline");
-  }
-}
-
 }  // namespace
-
-bool GptPart::whole(const GptConfig& c) const {
-  return chunks.empty() || (chunks.size() == 1 && chunks[0][0] == 0 && chunks[0][1] == c.n_layer);
-}
-bool GptPart::has_embedding() const {
-  if (chunks.empty()) return true;
-  for (const auto& ch : chunks) {
-    if (ch[0] == 0) return true;
-  }
-  return false;
-}
-bool GptPart::has_head(const GptConfig& c) const {
-  if (chunks.empty()) return true;
-  for (const auto& ch : chunks) {
-    if (ch[1] == c.n_layer) return true;
-  }
-  return false;
-}
-bool GptPart::first_chunk(int chunk) const { return chunks.empty() ? chunk == 0 : chunks.at(chunk)[0] == 0; }
-bool GptPart::last_chunk(int chunk, const GptConfig& c) const {
-  return chunks.empty() ? chunk == 0 : chunks.at(chunk)[1] == c.n_layer;
-}
-
-GptPart GptPart::of_rank(const std::vector<int>& layers, int stages, int rank) {
-  ZEROTH_CHECK(stages >= 1 && rank >= 0 && rank < stages && !layers.empty() && layers.size() % stages == 0,
-               "GptPart::of_rank: {} virtual stages over {} stages, rank {}", layers.size(), stages, rank);
-  std::vector<int> start(layers.size() + 1, 0);
-  for (size_t k = 0; k < layers.size(); ++k) start[k + 1] = start[k] + layers[k];
-  GptPart part;
-  for (size_t k = rank; k < layers.size(); k += stages) part.chunks.push_back({start[k], start[k + 1]});
-  return part;
-}
 
 std::vector<int> partition_layers(const GptConfig& c, int parts, const std::string& method, const std::vector<int>& counts,
                                   int expert_ranks) {
@@ -377,7 +300,7 @@ std::vector<BlockSpec> Gpt::block_specs(const GptConfig& c, const GptPart& given
   c.validate();
   GptPart storage;
   const GptPart& part = or_whole(given, c, storage);
-  check_part(c, part);
+  gpt::check_part(c, part);
   std::vector<BlockSpec> out;
   if (part.has_embedding()) out.push_back(embed_spec(c));
   for (const auto& [lo, hi] : part.chunks) {
@@ -452,7 +375,7 @@ BlockSchedule Gpt::schedule(const GptConfig& c) { return schedules(c, {}).front(
 std::vector<BlockSchedule> Gpt::schedules(const GptConfig& c, const GptPart& given) {
   GptPart storage;
   const GptPart& part = or_whole(given, c, storage);
-  check_part(c, part);
+  gpt::check_part(c, part);
   const gpt::PartBlocks ids = gpt::part_blocks(c, part);
   std::vector<BlockSchedule> out;
   for (size_t k = 0; k < part.chunks.size(); ++k) {

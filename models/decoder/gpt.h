@@ -193,6 +193,13 @@ struct GptPart {
   // The all-to-alls on a stream of their own, under the experts' products (false: in turn on the
   // compute stream; the results are the same bits either way).
   bool ep_overlap = true;
+  // Ulysses sequence parallelism (DeepSpeed-Ulysses): rank `sq_rank` of `sq_ranks` holds positions
+  // [sq_rank T, (sq_rank + 1) T) of every sample of a micro-batch of T sq_ranks positions; around
+  // the attention an all-to-all turns its q, k, v rows into all the sample's positions of its
+  // share of the heads (n_head / sq_ranks query heads; the key/value heads split alike, or one
+  // replicated where there are fewer of them than ranks) and the attention's output back. The
+  // weights are the same on every rank of the group: ZeRO shards them over it like data parallelism.
+  int sq_rank = 0, sq_ranks = 1;
   bool whole(const GptConfig& config) const;
   bool has_embedding() const;                                 // a chunk starts at layer 0
   bool has_head(const GptConfig& config) const;               // a chunk ends at n_layer
@@ -218,7 +225,9 @@ class Gpt {
   // `tensor` is the tensor-parallel group (rank part.tp_rank of part.tp_ranks): the block uses'
   // collectives run there on the host's compute stream; with part.ep_ranks > 1, `experts` is the
   // expert-parallel group (rank part.ep_rank of part.ep_ranks) the expert layers' all-to-alls run in.
-  Gpt(BlockHost& host, GptConfig config, GptPart part = {}, Communicator* tensor = nullptr, Communicator* experts = nullptr);
+  // With part.sq_ranks > 1, `sequence` is the Ulysses group (rank part.sq_rank of part.sq_ranks).
+  Gpt(BlockHost& host, GptConfig config, GptPart part = {}, Communicator* tensor = nullptr, Communicator* experts = nullptr,
+      Communicator* sequence = nullptr);
   ~Gpt();
 
   static std::vector<BlockSpec> block_specs(const GptConfig& config, const GptPart& part);
@@ -271,6 +280,8 @@ class Gpt {
   // positions restart at 0, attends only within itself (the attention runs per sample: no work on
   // the blocks between samples), and takes its positions (rotary, or GPT-2's learned) from 0. Each
   // row's first position must be 0 and each next one 0 or one more (InvalidArgument otherwise).
+  // In a Ulysses group (GptPart::sq_ranks = U) tokens and targets are this rank's T positions of
+  // each row, T U <= seq_len, and `positions` the whole rows' (B x T U): its samples span the ranks.
   void forward(int micro, const int32_t* tokens, const int32_t* targets, int B, int T, float* loss,
                const int32_t* positions = nullptr);
   // What each micro-batch's loss (and so its gradient) is divided by from here on: its B x T rows
@@ -326,12 +337,15 @@ class Gpt {
                    bool training, bool decoding = false, const int32_t* positions = nullptr);
   void run_backward(int micro, int chunk);
   std::vector<int> chunk_slots() const;  // the host's in-flight count of each chunk
+  // InvalidArgument unless B >= 1 and 1 <= T (T x the Ulysses ranks) <= seq_len.
+  void check_rows(int B, int T) const;
 
   BlockHost& host_;
   GptConfig config_;
   GptPart part_;
   Communicator* tensor_ = nullptr;
   Communicator* experts_comm_ = nullptr;
+  Communicator* sequence_ = nullptr;
   int embed_ = -1, ln_f_ = -1, head_ = -1;
   std::vector<int> layers_;       // block of each layer of the model, -1 where another rank holds it
   std::vector<int> experts_;      // block of each expert layer's experts, -1 elsewhere

@@ -23,7 +23,8 @@ using gpt::LayerActs;
 struct Slot {
   int B = 0, T = 0;
   int32_t *tokens = nullptr, *targets = nullptr;
-  gpt::Spans spans;  // a packed micro-batch's samples (null: one a row)
+  gpt::Spans spans;  // a packed micro-batch's samples (null: one a row), over the Ulysses group's rows
+  gpt::Runs runs;    // the embedding's runs of this rank's rows (null: unpacked)
   // [L + 1] residual stream: resid[l] is block l's input (null where another rank holds the layer).
   // With cpu_checkpointing these alternate between two device buffers, and saved[l] (host memory)
   // keeps the first L - 1 for backward.

@@ -16,29 +16,6 @@ namespace zeroth {
 
 namespace {
 
-// The samples of a packed micro-batch from its positions (Gpt::forward), or null when every row is
-// one sequence of T.
-gpt::Spans spans_of(const int32_t* positions, int B, int T) {
-  if (positions == nullptr) return nullptr;
-  auto spans = std::make_shared<std::vector<std::array<int, 2>>>();
-  for (int b = 0; b < B; ++b) {
-    const int32_t* row = positions + static_cast<size_t>(b) * T;
-    for (int t = 0; t < T; ++t) {
-      if (row[t] == 0) {
-        spans->push_back({b * T + t, 0});
-      } else if (t == 0 || row[t] != row[t - 1] + 1) {
-        ZEROTH_THROW(InvalidArgument,
-                     "position {} at row {}, column {}: a row starts at 0 and each position is 0 (a new sample) or one "
-                     "more than the one before",
-                     row[t], b, t);
-      }
-      ++spans->back()[1];
-    }
-  }
-  if (spans->size() == static_cast<size_t>(B)) return nullptr;  // one sample a row: the rows as they are
-  return spans;
-}
-
 // Targets may be -1: not counted (the loss mask).
 void check_tokens(const int32_t* t, size_t n, int V, const char* what, int32_t lowest = 0) {
   for (size_t i = 0; i < n; ++i) {
@@ -52,12 +29,13 @@ void check_tokens(const int32_t* t, size_t n, int V, const char* what, int32_t l
 
 }  // namespace
 
-Gpt::Gpt(BlockHost& host, GptConfig config, GptPart part, Communicator* tensor, Communicator* experts)
+Gpt::Gpt(BlockHost& host, GptConfig config, GptPart part, Communicator* tensor, Communicator* experts, Communicator* sequence)
     : host_(host),
       config_(config),
       part_(gpt::complete_part(part, config)),
       tensor_(tensor),
       experts_comm_(experts),
+      sequence_(sequence),
       state_(std::make_shared<State>()) {
   const int group = tensor != nullptr ? tensor->size() : 1, rank = tensor != nullptr ? tensor->rank() : 0;
   if (part_.tp_ranks != group || (group > 1 && part_.tp_rank != rank)) {
@@ -68,6 +46,11 @@ Gpt::Gpt(BlockHost& host, GptConfig config, GptPart part, Communicator* tensor, 
   if (part_.ep_ranks != ep || (ep > 1 && part_.ep_rank != ep_rank)) {
     ZEROTH_THROW(InvalidArgument, "GPT part for expert-parallel rank {} of {}, but the group given makes it rank {} of {}",
                  part_.ep_rank, part_.ep_ranks, ep_rank, ep);
+  }
+  const int sq = sequence != nullptr ? sequence->size() : 1, sq_rank = sequence != nullptr ? sequence->rank() : 0;
+  if (part_.sq_ranks != sq || (sq > 1 && part_.sq_rank != sq_rank)) {
+    ZEROTH_THROW(InvalidArgument, "GPT part for sequence-parallel rank {} of {}, but the group given makes it rank {} of {}",
+                 part_.sq_rank, part_.sq_ranks, sq_rank, sq);
   }
   auto specs = block_specs(config_, part_);
   for (auto& spec : specs) host_.add_block(std::move(spec));
@@ -185,9 +168,7 @@ void release(gpt::Kernels& k, const gpt::BoundRef& w) {
 // uses the slot, kernels and stream set up at the top.
 void Gpt::run_forward(int micro, int chunk, const int32_t* tokens, const int32_t* targets, int B, int T, float* loss, float* logits,
                       bool training, bool decoding, const int32_t* positions) {
-  if (B <= 0 || T <= 0 || T > config_.seq_len) {
-    ZEROTH_THROW(InvalidArgument, "GPT micro-batch {} x {}: need B >= 1 and 1 <= T <= model.seq_len ({})", B, T, config_.seq_len);
-  }
+  check_rows(B, T);
   if (micro < 0) ZEROTH_THROW(InvalidArgument, "GPT forward of micro-batch {}: micro-batch ids start at 0", micro);
   if (chunk < 0 || chunk >= static_cast<int>(part_.chunks.size()))
     ZEROTH_THROW(InvalidArgument, "GPT forward of chunk {}: this part has {}", chunk, part_.chunks.size());
@@ -197,7 +178,9 @@ void Gpt::run_forward(int micro, int chunk, const int32_t* tokens, const int32_t
   // the host has accepted the use (so a refused call leaves every slot as it was).
   if (embeds) check_tokens(tokens, static_cast<size_t>(B) * T, config_.vocab_size, "token");
   if (heads && !decoding) check_tokens(targets, static_cast<size_t>(B) * T, config_.vocab_size, "target", -1);
-  gpt::Spans spans = spans_of(positions, B, T);
+  // The attention's samples span the Ulysses group's rows: found in the whole rows' positions.
+  gpt::Spans spans = gpt::spans_of(positions, B, T * part_.sq_ranks);
+  gpt::Runs runs = gpt::runs_of(positions, B, T, part_.sq_ranks, part_.sq_rank);
   auto s = state_;
   Stream& stream = host_.compute_stream();
   s->check_shape(B, T);
@@ -207,10 +190,11 @@ void Gpt::run_forward(int micro, int chunk, const int32_t* tokens, const int32_t
   Slot* sl = &s->slots[training ? micro % s->chunk_slots[chunk] : 0];
   if (embeds) host_.device().copy(stream, sl->tokens, tokens, static_cast<size_t>(B) * T * sizeof(int32_t));
   if (heads && !decoding) host_.device().copy(stream, sl->targets, targets, static_cast<size_t>(B) * T * sizeof(int32_t));
-  sl->spans = spans;
+  sl->spans = spans, sl->runs = runs;
   gpt::Kernels& k = *s->k;
   const Dims d = Dims::of(config_, part_);
   const gpt::TensorGroup g(tensor_, stream, d);
+  const gpt::SequenceGroup q(sequence_, k, stream, d, s->d.sq_send, s->d.sq_recv);
   const size_t BT = static_cast<size_t>(B) * T, R = d.rows(BT), at = d.row_offset(BT);
   const int L = config_.n_layer, C = config_.n_embd;
   // Without backward nothing is kept per layer: evaluation runs in one set.
@@ -231,13 +215,15 @@ void Gpt::run_forward(int micro, int chunk, const int32_t* tokens, const int32_t
     float* partial = d.sp ? s->d.partial : sl->resid[0];
     const int32_t* ids = sl->tokens;
     // GPT-2's learned positions (the Llama family has none: rotary ones, in each layer), from the
-    // generation's position on when decoding.
-    const size_t shift = decoding ? static_cast<size_t>(s->kv_pos) * d.C : 0;
-    k.submit([&k, w, partial, ids, d, B, T, shift, spans] {
-      const float* wpe = d.tp_rank == 0 && !d.llama ? (*w)->p(1) + shift : nullptr;
-      if (!spans) return k.encoder_forward(partial, ids, (*w)->p(0), wpe, B, T, d.C, d.v_lo, d.V);
-      for (const auto& [r0, n] : *spans)
-        k.encoder_forward(partial + static_cast<size_t>(r0) * d.C, ids + r0, (*w)->p(0), wpe, 1, n, d.C, d.v_lo, d.V);
+    // generation's position on when decoding, from the rank's first in a Ulysses group.
+    const size_t shift = static_cast<size_t>(decoding ? s->kv_pos : d.sq_rank * T) * d.C;
+    k.submit([&k, w, partial, ids, d, B, T, shift, runs] {
+      const float* wpe = d.tp_rank == 0 && !d.llama ? (*w)->p(1) : nullptr;
+      if (!runs) return k.encoder_forward(partial, ids, (*w)->p(0), wpe != nullptr ? wpe + shift : nullptr, B, T, d.C, d.v_lo, d.V);
+      for (const auto& [r0, n, p0] : *runs) {
+        k.encoder_forward(partial + static_cast<size_t>(r0) * d.C, ids + r0, (*w)->p(0),
+                          wpe != nullptr ? wpe + static_cast<size_t>(p0) * d.C : nullptr, 1, n, d.C, d.v_lo, d.V);
+      }
     });
     g.reduce(partial, sl->resid[0], BT);
     release(k, w);
@@ -260,7 +246,7 @@ void Gpt::run_forward(int micro, int chunk, const int32_t* tokens, const int32_t
     const auto& v = first && lora == nullptr ? first_views : host_.begin_forward(layers_[l], micro);
     auto w = bind(k, &s->wbuf, &s->gbuf, v, false);
     const gpt::MoePass moe{config_.moe_layer(l), training, 1.0f, training ? &s->moe_stats : nullptr, sl->moe[l], &stream};
-    gpt::layer_forward(k, g, w, acts(l), s->d, sl->resid[l], sl->resid[l + 1], B, T, decoding ? s->kv(l) : within, moe, lora);
+    gpt::layer_forward(k, g, q, w, acts(l), s->d, sl->resid[l], sl->resid[l + 1], B, T, decoding ? s->kv(l) : within, moe, lora);
     release(k, w);
     host_.end_forward(layers_[l], micro);
     if (experts_[l] >= 0) {
@@ -369,6 +355,7 @@ void Gpt::run_backward(int micro, int chunk) {
   Stream& stream = host_.compute_stream();
   const Dims d = Dims::of(config_, part_);
   const gpt::TensorGroup g(tensor_, stream, d);
+  const gpt::SequenceGroup q(sequence_, k, stream, d, s->d.sq_send, s->d.sq_recv);
   const size_t R = d.rows(BT);
   const gpt::Scratch& sc = s->d;
   auto restore = [&](int l) {
@@ -463,8 +450,8 @@ void Gpt::run_backward(int micro, int chunk) {
     const gpt::LayerLora* lora = lora_[l] >= 0 ? &s->lora[l] : nullptr;
     // The layer's backward adds its adapters' gradients from zero.
     if (lora != nullptr) k.submit([&k, grads = s->lora_grads, n = lora->floats()] { k.zero(grads, n); });
-    if (ckpt) gpt::layer_forward(k, g, w, acts(l), sc, sl->resid[l], nullptr, B, T, within, moe, lora);
-    gpt::layer_backward(k, g, w, acts(l), sc, sl->resid[l], B, T, moe, sl->spans, lora);
+    if (ckpt) gpt::layer_forward(k, g, q, w, acts(l), sc, sl->resid[l], nullptr, B, T, within, moe, lora);
+    gpt::layer_backward(k, g, q, w, acts(l), sc, sl->resid[l], B, T, moe, sl->spans, lora);
     release(k, w);
     host_.end_backward(layers_[l], micro);
     if (lora != nullptr) {
@@ -478,12 +465,17 @@ void Gpt::run_backward(int micro, int chunk) {
     auto w = bind(k, &s->wbuf, &s->gbuf, host_.begin_backward(embed_, micro), true);
     const float* dout = g.gathered_rows(sc.dresid, sc.gathered, BT);
     const int32_t* ids = sl->tokens;
-    k.submit([&k, w, dout, ids, d, B, T, spans = sl->spans] {
+    k.submit([&k, w, dout, ids, d, B, T, runs = sl->runs] {
       if ((*w)->g(0) == nullptr) return;  // a frozen embedding: nothing before it takes a gradient
       float* dwpe = d.llama ? nullptr : (*w)->g(1);
-      if (!spans) return k.encoder_backward((*w)->g(0), dwpe, dout, ids, B, T, d.C, d.v_lo, d.V);
-      for (const auto& [r0, n] : *spans)
-        k.encoder_backward((*w)->g(0), dwpe, dout + static_cast<size_t>(r0) * d.C, ids + r0, 1, n, d.C, d.v_lo, d.V);
+      if (!runs) {
+        const size_t shift = static_cast<size_t>(d.sq_rank) * T * d.C;
+        return k.encoder_backward((*w)->g(0), dwpe != nullptr ? dwpe + shift : nullptr, dout, ids, B, T, d.C, d.v_lo, d.V);
+      }
+      for (const auto& [r0, n, p0] : *runs) {
+        k.encoder_backward((*w)->g(0), dwpe != nullptr ? dwpe + static_cast<size_t>(p0) * d.C : nullptr,
+                           dout + static_cast<size_t>(r0) * d.C, ids + r0, 1, n, d.C, d.v_lo, d.V);
+      }
     });
     release(k, w);
     host_.end_backward(embed_, micro);

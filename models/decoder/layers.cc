@@ -19,6 +19,11 @@ Dims Dims::of(const GptConfig& c, const GptPart& part) {
   d.hs = c.head_size();
   d.Cq = d.NH * d.hs;
   d.W = (d.NH + 2 * d.KVH) * d.hs;
+  d.sq = part.sq_ranks, d.sq_rank = part.sq_rank;
+  d.NHa = d.NH / d.sq;
+  d.KVHa = d.KVH % d.sq == 0 ? d.KVH / d.sq : 1;
+  d.Cqa = d.NHa * d.hs;
+  d.Wa = (d.NHa + 2 * d.KVHa) * d.hs;
   const auto [f_lo, f_hi] = TensorSplit::part(c.ffn(), d.tp_rank, d.tp);
   d.F = static_cast<int>(f_hi - f_lo);
   if (c.moe.enabled()) {
@@ -91,6 +96,14 @@ void attention_backward_rows(Kernels& k, const Spans& spans, const LayerActs& a,
   }
 }
 
+Scratch attention_scratch(const SequenceGroup& q, const Scratch& s, int B, int T) {
+  if (!q.active()) return s;
+  q.out_grad_to_heads(s.dC, s.sq_datt, B, T);
+  Scratch sa = s;
+  sa.dC = s.sq_datt;
+  return sa;
+}
+
 void attend(Kernels& k, const LayerActs& a, const KvCache& kv, int B, int T, int NH, int KVH, int hs, DType products) {
   if (kv.rows == nullptr && kv.spans) {
     const size_t W = static_cast<size_t>(NH + 2 * KVH) * hs, Cq = static_cast<size_t>(NH) * hs;
@@ -110,9 +123,9 @@ void attend(Kernels& k, const LayerActs& a, const KvCache& kv, int B, int T, int
   k.attention_rows(a.atty, kv.att, kv.rows, kv.pos, static_cast<int>(n), NH, KVH, hs);
 }
 
-void layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs& a, const Scratch& s, const float* x, float* out,
-                   int B, int T, KvCache kv, const MoePass& moe, const LayerLora* lora) {
-  if (g.dims().llama) return llama_layer_forward(k, g, w, a, s, x, out, B, T, kv, moe, lora);
+void layer_forward(Kernels& k, const TensorGroup& g, const SequenceGroup& q, BoundRef w, const LayerActs& a, const Scratch& s,
+                   const float* x, float* out, int B, int T, KvCache kv, const MoePass& moe, const LayerLora* lora) {
+  if (g.dims().llama) return llama_layer_forward(k, g, q, w, a, s, x, out, B, T, kv, moe, lora);
   const Dims d = g.dims();
   const size_t BT = static_cast<size_t>(B) * T, R = d.rows(BT);
   // Row-parallel outputs are partial sums: the bias joins on rank 0 only, so the sum holds it once.
@@ -123,13 +136,21 @@ void layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs
     k.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, p.p(kLn1W), p.p(kLn1B), R, d.C);
   });
   const float* ln1 = g.gathered_rows(a.ln1, s.ln_whole, BT);
-  k.submit([&k, w, a, d, B, T, BT, proj, bias, ln1, kv, lora] {
+  float* qkv = q.active() ? s.sq_rows : a.qkv;
+  k.submit([&k, w, a, d, BT, ln1, qkv, lora] {
     const Bound& p = **w;
-    k.matmul_forward(a.qkv, ln1, p.p(kAttnW), p.p(kAttnB), BT, d.C, 3 * d.Cq);
-    lora_forward(k, lora, LoraProduct::qkv, ln1, a.qkv, BT, 3 * d.Cq, a.lora_h);
-    attend(k, a, kv, B, T, d.NH, d.NH, d.Cq / d.NH, p.attention_products());
-    k.matmul_forward(proj, a.atty, p.p(kProjW), bias ? p.p(kProjB) : nullptr, BT, d.Cq, d.C);
-    lora_forward(k, lora, LoraProduct::attn_out, a.atty, proj, BT, d.C, a.lora_h);
+    k.matmul_forward(qkv, ln1, p.p(kAttnW), p.p(kAttnB), BT, d.C, 3 * d.Cq);
+    lora_forward(k, lora, LoraProduct::qkv, ln1, qkv, BT, 3 * d.Cq, a.lora_h);
+  });
+  if (q.active()) q.qkv_to_heads(qkv, a.qkv, B, T);
+  const int Ta = T * d.sq;
+  k.submit([&k, w, a, d, B, Ta, kv] { attend(k, a, kv, B, Ta, d.NHa, d.NHa, d.hs, (*w)->attention_products()); });
+  if (q.active()) q.out_to_rows(a.atty, a.atty_rows, B, T);
+  const float* atty = q.active() ? a.atty_rows : a.atty;
+  k.submit([&k, w, a, d, BT, proj, bias, atty, lora] {
+    const Bound& p = **w;
+    k.matmul_forward(proj, atty, p.p(kProjW), bias ? p.p(kProjB) : nullptr, BT, d.Cq, d.C);
+    lora_forward(k, lora, LoraProduct::attn_out, atty, proj, BT, d.C, a.lora_h);
   });
   g.reduce(proj, a.res2, BT);
   k.submit([&k, w, a, x, d, R] {
@@ -153,9 +174,9 @@ void layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs
   k.submit([&k, a, out, d, R] { k.accumulate(out, a.res2, R * d.C); });
 }
 
-void layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs& a, const Scratch& s, const float* x, int B, int T,
-                    const MoePass& moe, const Spans& spans, const LayerLora* lora) {
-  if (g.dims().llama) return llama_layer_backward(k, g, w, a, s, x, B, T, moe, spans, lora);
+void layer_backward(Kernels& k, const TensorGroup& g, const SequenceGroup& q, BoundRef w, const LayerActs& a, const Scratch& s,
+                    const float* x, int B, int T, const MoePass& moe, const Spans& spans, const LayerLora* lora) {
+  if (g.dims().llama) return llama_layer_backward(k, g, q, w, a, s, x, B, T, moe, spans, lora);
   const Dims d = g.dims();
   const size_t BT = static_cast<size_t>(B) * T, R = d.rows(BT);
   // The column-parallel inputs' gradients are partial sums over the ranks.
@@ -178,13 +199,22 @@ void layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerAct
   });
   dout = g.gathered_rows(s.dresid, s.gathered, BT);
   const float* ln1 = g.gathered_rows(a.ln1, s.ln_whole, BT);
-  k.submit([&k, w, a, s, d, B, T, BT, dout, partial, ln1, spans, lora] {
+  const float* atty = q.active() ? a.atty_rows : a.atty;
+  k.submit([&k, w, a, s, d, BT, dout, atty, lora] {
     const Bound& p = **w;
-    k.matmul_backward(s.dC, p.g(kProjW), p.g(kProjB), dout, a.atty, p.p(kProjW), BT, d.Cq, d.C);
-    lora_backward(k, lora, LoraProduct::attn_out, a.atty, dout, s.dC, BT, d.C, a.lora_h);
-    attention_backward_rows(k, spans, a, s, B, T, d.NH, d.NH, d.Cq / d.NH, d.probabilities, p.attention_products());
-    k.matmul_backward(partial, p.g(kAttnW), p.g(kAttnB), s.dqkv, ln1, p.p(kAttnW), BT, d.C, 3 * d.Cq);
-    lora_backward(k, lora, LoraProduct::qkv, ln1, s.dqkv, partial, BT, 3 * d.Cq, a.lora_h);
+    k.matmul_backward(s.dC, p.g(kProjW), p.g(kProjB), dout, atty, p.p(kProjW), BT, d.Cq, d.C);
+    lora_backward(k, lora, LoraProduct::attn_out, atty, dout, s.dC, BT, d.C, a.lora_h);
+  });
+  const Scratch sa = attention_scratch(q, s, B, T);
+  k.submit([&k, w, a, sa, d, B, T, spans] {
+    attention_backward_rows(k, spans, a, sa, B, T * d.sq, d.NHa, d.NHa, d.hs, d.probabilities, (*w)->attention_products());
+  });
+  const float* dqkv = s.dqkv;
+  if (q.active()) q.qkv_grad_to_rows(s.dqkv, s.sq_rows, B, T), dqkv = s.sq_rows;
+  k.submit([&k, w, a, d, BT, dqkv, partial, ln1, lora] {
+    const Bound& p = **w;
+    k.matmul_backward(partial, p.g(kAttnW), p.g(kAttnB), dqkv, ln1, p.p(kAttnW), BT, d.C, 3 * d.Cq);
+    lora_backward(k, lora, LoraProduct::qkv, ln1, dqkv, partial, BT, 3 * d.Cq, a.lora_h);
   });
   g.reduce(partial, s.dC, BT);
   k.submit([&k, w, a, s, x, d, R] {

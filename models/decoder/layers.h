@@ -15,15 +15,16 @@
 #include <memory>      // std::shared_ptr, std::unique_ptr
 #include <vector>      // std::vector
 
-#include "comm/communicator.h"            // Communicator
-#include "core/device.h"                  // Buffer, Stream, TensorView
-#include "models/decoder/gpt.h"           // GptConfig, GptPart
-#include "models/decoder/dims.h"          // Dims, PartBlocks
-#include "models/decoder/lora.h"          // LayerLora, lora_forward, lora_backward
-#include "models/decoder/tensor_group.h"  // TensorGroup
-#include "models/kernels/kernels.h"       // gpt::Kernels
-#include "models/moe/dispatch.h"          // ExpertRows, ExpertGroup
-#include "models/moe/router.h"            // gpt::Routing
+#include "comm/communicator.h"              // Communicator
+#include "core/device.h"                    // Buffer, Stream, TensorView
+#include "models/decoder/gpt.h"             // GptConfig, GptPart
+#include "models/decoder/dims.h"            // Dims, PartBlocks
+#include "models/decoder/lora.h"            // LayerLora, lora_forward, lora_backward
+#include "models/decoder/sequence_group.h"  // SequenceGroup
+#include "models/decoder/tensor_group.h"    // TensorGroup
+#include "models/kernels/kernels.h"         // gpt::Kernels
+#include "models/moe/dispatch.h"            // ExpertRows, ExpertGroup
+#include "models/moe/router.h"              // gpt::Routing
 
 namespace zeroth::gpt {
 
@@ -45,8 +46,12 @@ struct MoeActs {
   ExpertRows rows;
   std::vector<float> logits, probs, dweight, dlogits;  // host copies: [BT, E], [BT, k], [BT, E]
 };
+// With Ulysses (Dims::sq > 1) qkv (and qk_pre, qk_rstd), att and atty are in the attention's heads
+// layout (every position of the samples, this rank's heads: sequence_group.h), and atty_rows holds the
+// attention's output back in this rank's rows, the output projection's input.
 struct LayerActs {
   float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_act;
+  float* atty_rows = nullptr;
   float *qk_pre = nullptr, *qk_rstd = nullptr;
   float* lora_h = nullptr;      // LoRA: each product's A x, [BT, rows] after one another (lora.h)
   float* moe_lora_h = nullptr;  // the experts' adapters' A x for the received rows, alike
@@ -64,8 +69,11 @@ struct LayerActs {
 // parallelism also the dispatched rows before they leave (moe_rows), the experts' outputs before
 // they go back (moe_eout) and the gradients at the received rows' outputs and inputs (moe_erows,
 // moe_einp). dfch and dact are sized for the received rows too.
+// Ulysses adds the q, k, v rows before they leave and their gradient once back (sq_rows), the
+// gradient at the attention's output in its heads (sq_datt), and the all-to-alls' buffers.
 struct Scratch {
   float *dresid = nullptr, *dC = nullptr, *dqkv = nullptr, *dfch = nullptr, *datt = nullptr;
+  float *sq_rows = nullptr, *sq_datt = nullptr, *sq_send = nullptr, *sq_recv = nullptr;
   float *mlp_fch = nullptr, *mlp_act = nullptr;  // a tile's MLP intermediates (Dims::mlp_tile_rows; dfch and dact a tile's then)
   float *partial = nullptr, *gathered = nullptr, *ln_whole = nullptr;
   float *dact = nullptr, *dqk = nullptr, *rope = nullptr;
@@ -92,6 +100,16 @@ struct MoePass {
 // B x T rows is one sample, which attends within itself and whose positions start at 0. Null: each
 // of the B rows is one sequence of T.
 using Spans = std::shared_ptr<const std::vector<std::array<int, 2>>>;
+// The embedding's runs of rows {first row, rows, first position} over which positions rise by one
+// (a packed micro-batch's samples, cut where a Ulysses rank's rows begin); null: every row of T from
+// the rank's first position.
+using Runs = std::shared_ptr<const std::vector<std::array<int, 3>>>;
+// The samples of a packed micro-batch from its positions ([B, T], Gpt::forward's), or null when
+// every row is one sequence of T (InvalidArgument for positions that do not rise by one or restart).
+Spans spans_of(const int32_t* positions, int B, int T);
+// The embedding's runs of a Ulysses rank's rows: T of each of the B rows of T ranks positions, from
+// position rank T on (positions.cc).
+Runs runs_of(const int32_t* positions, int B, int T, int ranks, int rank);
 
 // Generation's key/value cache of one layer (Gpt::decode, one sequence): `rows` holds the qkv rows
 // of positions [0, pos) from earlier passes; a pass writes its rows at [pos, pos + BT) and attends
@@ -165,24 +183,30 @@ void mlp_backward(Kernels& k, const Bound& p, const MlpIx& ix, const Dims& d, co
 void copy_adapters(Kernels& k, BoundRef w, float* into, const std::vector<size_t>* sizes);
 void add_adapter_grads(Kernels& k, BoundRef w, const float* grads, const std::vector<size_t>* sizes);
 
-// The passes of one block, enqueued piece by piece (Kernels::submit) around the group's collectives.
+// The passes of one block, enqueued piece by piece (Kernels::submit) around the groups' collectives:
+// the tensor-parallel group's, and Ulysses' exchanges (`q`) around the attention, which then runs
+// over the T q.sq positions of each sample (B, T: this rank's rows).
 // `w` is filled by the caller's first piece. x: the block's input rows; out: its output rows, or
 // null (recomputation before backward: only the activations are made).
 // kv: generation's cache (positions start at kv.pos).
-void layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs& a, const Scratch& s, const float* x, float* out,
-                   int B, int T, KvCache kv = {}, const MoePass& moe = {}, const LayerLora* lora = nullptr);
+void layer_forward(Kernels& k, const TensorGroup& g, const SequenceGroup& q, BoundRef w, const LayerActs& a, const Scratch& s,
+                   const float* x, float* out, int B, int T, KvCache kv = {}, const MoePass& moe = {},
+                   const LayerLora* lora = nullptr);
 // lora: the layer's adapters (null: none), added to its products' outputs.
 // s.dresid holds the gradient at the block's output rows on entry and at its input rows on return.
-void layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs& a, const Scratch& s, const float* x, int B, int T,
-                    const MoePass& moe = {}, const Spans& spans = {}, const LayerLora* lora = nullptr);
+void layer_backward(Kernels& k, const TensorGroup& g, const SequenceGroup& q, BoundRef w, const LayerActs& a, const Scratch& s,
+                    const float* x, int B, int T, const MoePass& moe = {}, const Spans& spans = {}, const LayerLora* lora = nullptr);
+// The scratch the attention's backward reads: s, with Ulysses the gradient at its output (s.dC, this
+// rank's rows) exchanged into its heads first (s.sq_datt in dC's place).
+Scratch attention_scratch(const SequenceGroup& q, const Scratch& s, int B, int T);
 // The attention's backward (s.dC at its output into s.dqkv) within each span, or over the micro-batch.
 void attention_backward_rows(Kernels& k, const Spans& spans, const LayerActs& a, const Scratch& s, int B, int T, int NH, int KVH,
                              int hs, bool probabilities, DType products);
 // The same for the Llama family (llama_layer.cc); layer_forward and layer_backward call them.
-void llama_layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs& a, const Scratch& s, const float* x,
-                         float* out, int B, int T, KvCache kv, const MoePass& moe, const LayerLora* lora);
-void llama_layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs& a, const Scratch& s, const float* x, int B,
-                          int T, const MoePass& moe, const Spans& spans, const LayerLora* lora);
+void llama_layer_forward(Kernels& k, const TensorGroup& g, const SequenceGroup& q, BoundRef w, const LayerActs& a, const Scratch& s,
+                         const float* x, float* out, int B, int T, KvCache kv, const MoePass& moe, const LayerLora* lora);
+void llama_layer_backward(Kernels& k, const TensorGroup& g, const SequenceGroup& q, BoundRef w, const LayerActs& a, const Scratch& s,
+                          const float* x, int B, int T, const MoePass& moe, const Spans& spans, const LayerLora* lora);
 
 // An expert layer's MLP (moe/experts.cc), for both architectures, in two block uses. The layer's use
 // ends with the router (parameter `router` of its block): moe_router_forward multiplies the BT rows

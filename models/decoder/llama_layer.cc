@@ -29,8 +29,8 @@ struct LlamaParams {
 
 }  // namespace
 
-void llama_layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs& a, const Scratch& s, const float* x,
-                         float* out, int B, int T, KvCache kv, const MoePass& moe, const LayerLora* lora) {
+void llama_layer_forward(Kernels& k, const TensorGroup& g, const SequenceGroup& q, BoundRef w, const LayerActs& a, const Scratch& s,
+                         const float* x, float* out, int B, int T, KvCache kv, const MoePass& moe, const LayerLora* lora) {
   const Dims d = g.dims();
   const LlamaParams ix(d);
   const size_t BT = static_cast<size_t>(B) * T, R = d.rows(BT);
@@ -39,22 +39,35 @@ void llama_layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const Lay
   float* proj = d.sp ? s.partial : a.res2;
   k.submit([&k, w, a, x, d, R, ix] { k.rmsnorm_forward(a.ln1, a.ln1_rstd, x, (*w)->p(ix.ln1), R, 1, d.C, d.C, d.eps); });
   const float* ln1 = g.gathered_rows(a.ln1, s.ln_whole, BT);
-  k.submit([&k, w, a, s, d, B, T, BT, proj, bias, ln1, ix, kv, lora] {
+  float* qkv = q.active() ? s.sq_rows : a.qkv;
+  k.submit([&k, w, a, d, BT, ln1, qkv, ix, lora] {
     const Bound& p = **w;
-    k.matmul_forward(a.qkv, ln1, p.p(ix.qkv), param(p, ix.qkv_b), BT, d.C, d.W);
-    lora_forward(k, lora, LoraProduct::qkv, ln1, a.qkv, BT, d.W, a.lora_h);
+    k.matmul_forward(qkv, ln1, p.p(ix.qkv), param(p, ix.qkv_b), BT, d.C, d.W);
+    lora_forward(k, lora, LoraProduct::qkv, ln1, qkv, BT, d.W, a.lora_h);
+  });
+  if (q.active()) q.qkv_to_heads(qkv, a.qkv, B, T);
+  // The attention's rows: with Ulysses every position of the samples, in this rank's heads.
+  const int Ta = T * d.sq;
+  const size_t BTa = d.attn_rows(BT);
+  k.submit([&k, w, a, s, d, B, Ta, BTa, ix, kv] {
+    const Bound& p = **w;
     if (d.qk_norm) {
       // The norms read the projections' q and k, kept for backward, and write the rows in place.
-      k.copy(a.qk_pre, a.qkv, BT * d.W);
-      k.rmsnorm_forward(a.qkv, a.qk_rstd, a.qk_pre, p.p(ix.q_norm), BT, d.NH, d.hs, d.W, d.eps);
-      const size_t at = static_cast<size_t>(d.NH) * d.hs;
-      k.rmsnorm_forward(a.qkv + at, a.qk_rstd + BT * d.NH, a.qk_pre + at, p.p(ix.k_norm), BT, d.KVH, d.hs, d.W, d.eps);
+      k.copy(a.qk_pre, a.qkv, BTa * d.Wa);
+      k.rmsnorm_forward(a.qkv, a.qk_rstd, a.qk_pre, p.p(ix.q_norm), BTa, d.NHa, d.hs, d.Wa, d.eps);
+      const size_t at = static_cast<size_t>(d.NHa) * d.hs;
+      k.rmsnorm_forward(a.qkv + at, a.qk_rstd + BTa * d.NHa, a.qk_pre + at, p.p(ix.k_norm), BTa, d.KVHa, d.hs, d.Wa, d.eps);
     }
     // Positions start at the cache's (0 without one): the table's rows from there.
-    rope_rows(k, kv.spans, a.qkv, s.rope + static_cast<size_t>(kv.pos) * d.hs, BT, T, d.W, d.NH + d.KVH, d.hs, false);
-    attend(k, a, kv, B, T, d.NH, d.KVH, d.hs, p.attention_products());
-    k.matmul_forward(proj, a.atty, p.p(ix.o), bias ? param(p, ix.o_b) : nullptr, BT, d.Cq, d.C);
-    lora_forward(k, lora, LoraProduct::attn_out, a.atty, proj, BT, d.C, a.lora_h);
+    rope_rows(k, kv.spans, a.qkv, s.rope + static_cast<size_t>(kv.pos) * d.hs, BTa, Ta, d.Wa, d.NHa + d.KVHa, d.hs, false);
+    attend(k, a, kv, B, Ta, d.NHa, d.KVHa, d.hs, p.attention_products());
+  });
+  if (q.active()) q.out_to_rows(a.atty, a.atty_rows, B, T);
+  const float* atty = q.active() ? a.atty_rows : a.atty;
+  k.submit([&k, w, a, d, BT, proj, bias, atty, ix, lora] {
+    const Bound& p = **w;
+    k.matmul_forward(proj, atty, p.p(ix.o), bias ? param(p, ix.o_b) : nullptr, BT, d.Cq, d.C);
+    lora_forward(k, lora, LoraProduct::attn_out, atty, proj, BT, d.C, a.lora_h);
   });
   g.reduce(proj, a.res2, BT);
   k.submit([&k, w, a, x, d, R, ix] {
@@ -77,8 +90,8 @@ void llama_layer_forward(Kernels& k, const TensorGroup& g, BoundRef w, const Lay
   k.submit([&k, a, out, d, R] { k.accumulate(out, a.res2, R * d.C); });
 }
 
-void llama_layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const LayerActs& a, const Scratch& s, const float* x, int B,
-                          int T, const MoePass& moe, const Spans& spans, const LayerLora* lora) {
+void llama_layer_backward(Kernels& k, const TensorGroup& g, const SequenceGroup& q, BoundRef w, const LayerActs& a, const Scratch& s,
+                          const float* x, int B, int T, const MoePass& moe, const Spans& spans, const LayerLora* lora) {
   const Dims d = g.dims();
   const LlamaParams ix(d);
   const size_t BT = static_cast<size_t>(B) * T, R = d.rows(BT);
@@ -100,23 +113,32 @@ void llama_layer_backward(Kernels& k, const TensorGroup& g, BoundRef w, const La
   });
   dout = g.gathered_rows(s.dresid, s.gathered, BT);
   const float* ln1 = g.gathered_rows(a.ln1, s.ln_whole, BT);
-  k.submit([&k, w, a, s, d, B, T, BT, dout, partial, ln1, ix, spans, lora] {
+  const float* atty = q.active() ? a.atty_rows : a.atty;
+  k.submit([&k, w, a, s, d, BT, dout, atty, ix, lora] {
     const Bound& p = **w;
-    k.matmul_backward(s.dC, p.g(ix.o), grad(p, ix.o_b), dout, a.atty, p.p(ix.o), BT, d.Cq, d.C);
-    lora_backward(k, lora, LoraProduct::attn_out, a.atty, dout, s.dC, BT, d.C, a.lora_h);
-    attention_backward_rows(k, spans, a, s, B, T, d.NH, d.KVH, d.hs, d.probabilities, p.attention_products());
+    k.matmul_backward(s.dC, p.g(ix.o), grad(p, ix.o_b), dout, atty, p.p(ix.o), BT, d.Cq, d.C);
+    lora_backward(k, lora, LoraProduct::attn_out, atty, dout, s.dC, BT, d.C, a.lora_h);
+  });
+  const Scratch sa = attention_scratch(q, s, B, T);
+  const int Ta = T * d.sq;
+  const size_t BTa = d.attn_rows(BT);
+  k.submit([&k, w, a, s, sa, d, B, Ta, BTa, ix, spans] {
+    const Bound& p = **w;
+    attention_backward_rows(k, spans, a, sa, B, Ta, d.NHa, d.KVHa, d.hs, d.probabilities, p.attention_products());
     // The gradient at the rotated q and k turned back: the gradient at the values before the turn.
-    rope_rows(k, spans, s.dqkv, s.rope, BT, T, d.W, d.NH + d.KVH, d.hs, true);
-    const float* dproj = s.dqkv;
-    if (d.qk_norm) {
-      // v's gradient as it is, q's and k's through their norms.
-      k.copy(s.dqk, s.dqkv, BT * d.W);
-      k.rmsnorm_backward(s.dqk, p.g(ix.q_norm), s.dqkv, a.qk_pre, p.p(ix.q_norm), a.qk_rstd, BT, d.NH, d.hs, d.W, false);
-      const size_t at = static_cast<size_t>(d.NH) * d.hs;
-      k.rmsnorm_backward(s.dqk + at, p.g(ix.k_norm), s.dqkv + at, a.qk_pre + at, p.p(ix.k_norm), a.qk_rstd + BT * d.NH, BT, d.KVH,
-                         d.hs, d.W, false);
-      dproj = s.dqk;
-    }
+    rope_rows(k, spans, s.dqkv, s.rope, BTa, Ta, d.Wa, d.NHa + d.KVHa, d.hs, true);
+    if (!d.qk_norm) return;
+    // v's gradient as it is, q's and k's through their norms.
+    k.copy(s.dqk, s.dqkv, BTa * d.Wa);
+    k.rmsnorm_backward(s.dqk, p.g(ix.q_norm), s.dqkv, a.qk_pre, p.p(ix.q_norm), a.qk_rstd, BTa, d.NHa, d.hs, d.Wa, false);
+    const size_t at = static_cast<size_t>(d.NHa) * d.hs;
+    k.rmsnorm_backward(s.dqk + at, p.g(ix.k_norm), s.dqkv + at, a.qk_pre + at, p.p(ix.k_norm), a.qk_rstd + BTa * d.NHa, BTa, d.KVHa,
+                       d.hs, d.Wa, false);
+  });
+  const float* dproj = d.qk_norm ? s.dqk : s.dqkv;
+  if (q.active()) q.qkv_grad_to_rows(dproj, s.sq_rows, B, T), dproj = s.sq_rows;
+  k.submit([&k, w, a, d, BT, dproj, partial, ln1, ix, lora] {
+    const Bound& p = **w;
     k.matmul_backward(partial, p.g(ix.qkv), grad(p, ix.qkv_b), dproj, ln1, p.p(ix.qkv), BT, d.C, d.W);
     lora_backward(k, lora, LoraProduct::qkv, ln1, dproj, partial, BT, d.W, a.lora_h);
   });

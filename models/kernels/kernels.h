@@ -72,6 +72,9 @@ class Kernels {
   virtual void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) = 0;
   virtual void accumulate(float* y, const float* x, size_t n) = 0;
   virtual void copy(float* dst, const float* src, size_t n) = 0;
+  // A block of `cols` columns of `rows` rows between row-major matrices of leading dimensions ldd and
+  // lds: dst[r ldd + c] = src[r lds + c], or += with `add` (Ulysses' exchanges pack and unpack heads).
+  virtual void copy_columns(float* dst, size_t ldd, const float* src, size_t lds, size_t rows, size_t cols, bool add) = 0;
   virtual void zero(float* x, size_t n) = 0;
   // C [m, n] = alpha op(A) op(B) + beta C in f32, row-major with leading dimensions (op: the
   // matrix or its transpose): BLAS's sgemm on row-major operands, for products over column ranges

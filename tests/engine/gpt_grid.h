@@ -55,14 +55,33 @@ struct GridCase {
   bool constant_lr = false;       // the optimizer's lr every step, instead of tiny_gpt_engine's warm-up
   bool overlap_backward = true;   // offload_optimizer.overlap_backward (nvme)
   DType reduction = DType::f32;   // communication_data_type
+  int seq = 1;                    // Ulysses ranks per sample group (of the dp x seq data-parallel ranks ZeRO shards over)
+  bool masked = false;            // masked_target's targets do not count: the loss is the mean over the rest
 };
+
+// A loss mask that leaves the Ulysses ranks unequal counts: the last 3/8 of every row's positions
+// and every fourth of the rest do not count.
+inline bool masked_target(int t, int T) { return t >= T - 3 * T / 8 || t % 4 == 3; }
+inline int64_t counted_targets(int T) {
+  int64_t n = 0;
+  for (int t = 0; t < T; ++t) n += masked_target(t, T) ? 0 : 1;
+  return n;
+}
+inline void mask_targets(int32_t* targets, int B, int T) {
+  for (int b = 0; b < B; ++b) {
+    for (int t = 0; t < T; ++t) {
+      if (masked_target(t, T)) targets[static_cast<size_t>(b) * T + t] = -1;
+    }
+  }
+}
 inline void PrintTo(const GridCase& k, std::ostream* os) {
   *os << "dp " << k.dp << " x pp " << k.pp << " x tp " << k.tp << (k.sequence_parallel ? " (sequence parallel)" : "") << ", "
       << pipe_kind_name(k.kind) << ", ZeRO stage " << k.stage << ", m " << k.micro << ", offload " << offload_device_name(k.offload)
       << (k.checkpointing ? ", checkpointing" : "") << (k.cpu_checkpointing ? " in host memory" : "") << ", "
       << optimizer_name(k.optimizer) << ", " << dtype_name(k.compute) << (k.ep > 1 ? ", expert parallel " + std::to_string(k.ep) : "")
       << (k.force_one_expert ? ", one expert forced" : "")
-      << (k.model.loss_chunk_rows > 0 ? ", loss by chunks of " + std::to_string(k.model.loss_chunk_rows) : "");
+      << (k.model.loss_chunk_rows > 0 ? ", loss by chunks of " + std::to_string(k.model.loss_chunk_rows) : "")
+      << (k.seq > 1 ? ", Ulysses " + std::to_string(k.seq) : "") << (k.masked ? ", masked" : "");
 }
 
 struct GridResult {
@@ -143,7 +162,7 @@ inline void force_one_expert(Engine& engine) {
 
 // One rank, the whole model, the cycle's micro-batches one after another.
 inline GridResult train_whole(const GptConfig& gc, int micro, OptimizerKind optimizer = OptimizerKind::adamw,
-                              DType compute = DType::f32) {
+                              DType compute = DType::f32, bool masked = false) {
   const TokenData data = TokenData::synthetic(gc.vocab_size, 1 << 14, 3);
   const int mb = kGlobalBatch / micro, T = gc.seq_len;
   GridResult out;
@@ -152,12 +171,14 @@ inline GridResult train_whole(const GptConfig& gc, int micro, OptimizerKind opti
   Engine engine(*device, *comms[0], grid_engine_config(0, micro, OffloadDevice::none, optimizer, compute));
   Gpt gpt(engine, gc);
   engine.finalize();
+  if (masked) gpt.set_loss_divisor(static_cast<double>(kGlobalBatch * counted_targets(T)) / micro);
   Loader loader(data, T, mb, micro, 1, 0, 11);
   std::vector<int32_t> tokens(static_cast<size_t>(mb) * T), targets(tokens.size());
   std::vector<float> losses(micro);
   for (int s = 0; s < kSteps; ++s) {
     for (int m = 0; m < micro; ++m) {
       loader.batch(s, m, tokens.data(), targets.data());
+      if (masked) mask_targets(targets.data(), mb, T);
       gpt.forward(m, tokens.data(), targets.data(), mb, T, &losses[m]);
       gpt.backward(m);
       engine.compute_stream().synchronize();
@@ -178,7 +199,7 @@ inline GridResult train_whole(const GptConfig& gc, int micro, OptimizerKind opti
 }
 
 inline const GridResult& whole_reference(const GptConfig& gc, int micro, OptimizerKind optimizer = OptimizerKind::adamw,
-                                         DType compute = DType::f32) {
+                                         DType compute = DType::f32, bool masked = false) {
   static std::mutex mutex;
   static std::map<std::string, GridResult> cache;
   const std::string key = std::to_string(micro) + "/" + std::to_string(gc.vocab_size) + "/" + std::to_string(gc.n_head) + "/" +
@@ -188,12 +209,12 @@ inline const GridResult& whole_reference(const GptConfig& gc, int micro, Optimiz
                           std::to_string(gc.qkv_bias) + std::to_string(gc.o_bias) + std::to_string(gc.qk_norm) +
                           std::to_string(gc.tie_word_embeddings) + "/" + std::to_string(gc.norm_eps) + "/" +
                           std::to_string(gc.rope_theta) + "/" + std::to_string(static_cast<int>(gc.rope_scaling.type)) + "/" +
-                          std::to_string(gc.rope_scaling.factor);
+                          std::to_string(gc.rope_scaling.factor) + "/" + std::to_string(masked) + "/" + std::to_string(gc.seq_len);
   std::lock_guard lock(mutex);
   // The reference keeps its logits whole: a grid that runs the loss by chunks is checked against it.
   GptConfig whole = gc;
   whole.loss_chunk_rows = 0;
-  if (!cache.contains(key)) cache[key] = train_whole(whole, micro, optimizer, compute);
+  if (!cache.contains(key)) cache[key] = train_whole(whole, micro, optimizer, compute, masked);
   return cache[key];
 }
 
@@ -215,13 +236,14 @@ inline GridResult train_grid(const GridCase& k, std::vector<PipeMeasure>* measur
   gc.cpu_checkpointing = k.cpu_checkpointing;
   const TokenData data = TokenData::synthetic(gc.vocab_size, 1 << 14, 3);
   const int chunks = k.kind == PipeKind::interleaved ? 2 : 1;
-  const int mb = kGlobalBatch / (k.dp * k.micro), T = gc.seq_len;
-  const ProcessGrid grid(k.dp, k.pp, k.tp);
+  const int mb = kGlobalBatch / (k.dp * k.micro), T = gc.seq_len, Tl = T / k.seq;
+  // The Ulysses groups are runs of seq consecutive data-parallel ranks, reading the same samples.
+  const ProcessGrid grid(k.dp * k.seq, k.pp, k.tp);
   const std::vector<int> layers = partition_layers(gc, k.pp * chunks, "uniform");
   GridResult out;
   out.in_flight.assign(k.pp, 0);
   std::mutex mutex;
-  std::vector<std::vector<double>> losses(k.dp);
+  std::vector<std::vector<double>> losses(k.dp * k.seq);
   // The whole blocks by name, assembled by the ranks of dp index 0 in tensor-parallel rank order.
   std::vector<std::map<std::string, std::vector<float>>> blocks_by_stage(k.pp);
   std::vector<std::map<std::string, std::vector<float>>> head_copy_by_stage(k.pp);
@@ -238,6 +260,8 @@ inline GridResult train_grid(const GridCase& k, std::vector<PipeMeasure>* measur
     part.ep_rank = dp_rank % k.ep, part.ep_ranks = k.ep, part.ep_overlap = k.ep_overlap;
     // The expert-parallel group: runs of ep consecutive data-parallel ranks.
     auto experts = k.ep > 1 ? groups.dp->split(dp_rank / k.ep, dp_rank) : nullptr;
+    auto sequence = k.seq > 1 ? groups.dp->split(dp_rank / k.seq, dp_rank) : nullptr;
+    part.sq_rank = dp_rank % k.seq, part.sq_ranks = k.seq;
     auto device = make_device("cpu");
     std::unique_ptr<PipelineRunner> runner;
     if (k.pp > 1) runner = std::make_unique<PipelineRunner>(*device, *groups.pp, make_pipe_schedule(k.kind, k.pp, k.micro, chunks));
@@ -254,17 +278,30 @@ inline GridResult train_grid(const GridCase& k, std::vector<PipeMeasure>* measur
       engine.set_pass_order(runner->passes());
     }
     if (k.tp > 1) engine.set_tensor_parallel(*groups.tp);
-    Gpt gpt(engine, gc, part, k.tp > 1 ? groups.tp.get() : nullptr, experts.get());
+    Gpt gpt(engine, gc, part, k.tp > 1 ? groups.tp.get() : nullptr, experts.get(), sequence.get());
     engine.finalize();
+    // Each rank's loss is its share of the global batch's mean over the targets that count.
+    if (k.masked) gpt.set_loss_divisor(static_cast<double>(kGlobalBatch * counted_targets(T)) / (k.micro * k.dp * k.seq));
     if (!steps.load.empty()) ckpt::load(engine, steps.load);
     if (k.force_one_expert && steps.load.empty()) force_one_expert(engine);
-    Loader loader(data, T, mb, k.micro, k.dp, dp_rank, 11);
-    const size_t n = static_cast<size_t>(mb) * T;
-    std::vector<int32_t> tokens(n * k.micro), targets(n * k.micro);
+    Loader loader(data, T, mb, k.micro, k.dp, dp_rank / k.seq, 11);
+    const size_t n = static_cast<size_t>(mb) * Tl;
+    std::vector<int32_t> tokens(n * k.micro), targets(n * k.micro), row_tokens(mb * T), row_targets(mb * T);
+    // This rank's positions of each row of a micro-batch's whole rows.
+    auto load = [&](int s, int m) {
+      loader.batch(s, m, row_tokens.data(), row_targets.data());
+      if (k.masked) mask_targets(row_targets.data(), mb, T);
+      for (int b = 0; b < mb; ++b) {
+        const size_t from = static_cast<size_t>(b) * T + static_cast<size_t>(part.sq_rank) * Tl,
+                     to = m * n + static_cast<size_t>(b) * Tl;
+        std::copy_n(row_tokens.begin() + from, Tl, tokens.begin() + to);
+        std::copy_n(row_targets.begin() + from, Tl, targets.begin() + to);
+      }
+    };
     std::vector<float> micro_losses(k.micro);
     PipeModel model;
     model.forward = [&](int m, int c) {
-      gpt.forward_chunk(m, c, tokens.data() + m * n, targets.data() + m * n, mb, T, &micro_losses[m]);
+      gpt.forward_chunk(m, c, tokens.data() + m * n, targets.data() + m * n, mb, Tl, &micro_losses[m]);
     };
     model.backward = [&](int m, int c) { gpt.backward_chunk(m, c); };
     model.port = [&](PipePort p, int m, int c) {
@@ -274,8 +311,8 @@ inline GridResult train_grid(const GridCase& k, std::vector<PipeMeasure>* measur
     if (runner) runner->set_tracing(measures != nullptr);
     std::vector<double> norms, mine;
     for (int s = steps.first; s < steps.last; ++s) {
-      for (int m = 0; m < k.micro; ++m) loader.batch(s, m, tokens.data() + m * n, targets.data() + m * n);
-      gpt.prepare(mb, T);
+      for (int m = 0; m < k.micro; ++m) load(s, m);
+      gpt.prepare(mb, Tl);
       if (runner) {
         runner->run_cycle(model);
       } else {
@@ -347,16 +384,17 @@ inline GridResult train_grid(const GridCase& k, std::vector<PipeMeasure>* measur
     for (auto& [name, w] : head_copy_by_stage[s]) out.head_copy = std::move(w);
   }
   out.losses.assign(steps.last - steps.first, 0.0);
-  for (int r = 0; r < k.dp; ++r) {
-    for (size_t s = 0; s < out.losses.size(); ++s) out.losses[s] += losses[r][s] / k.dp;
+  // The ranks' losses are shares of the mean where targets are masked (their sum), means otherwise.
+  for (int r = 0; r < k.dp * k.seq; ++r) {
+    for (size_t s = 0; s < out.losses.size(); ++s) out.losses[s] += losses[r][s] / (k.dp * k.seq);
   }
   return out;
 }
 
 // Each step's gradient norm within `norm_bound` and loss within `loss_bound` of `ref`'s, relative
-// (f32 defaults), and the loss falling; the worst relative errors of both.
+// (f32 defaults), and the loss falling where `falls`; the worst relative errors of both.
 inline std::pair<double, double> expect_steps(const GridResult& got, const GridResult& ref, double norm_bound = 5e-7,
-                                              double loss_bound = 3e-7) {
+                                              double loss_bound = 3e-7, bool falls = true) {
   double norm_err = 0, loss_err = 0;
   EXPECT_EQ(got.grad_norms.size(), ref.grad_norms.size());
   EXPECT_EQ(got.losses.size(), ref.losses.size());
@@ -366,7 +404,9 @@ inline std::pair<double, double> expect_steps(const GridResult& got, const GridR
     EXPECT_NEAR(got.grad_norms[s], ref.grad_norms[s], norm_bound * ref.grad_norms[s]) << "step " << s;
     EXPECT_NEAR(got.losses[s], ref.losses[s], loss_bound * ref.losses[s]) << "step " << s;
   }
-  EXPECT_LT(got.losses.back(), got.losses.front());
+  if (falls) {
+    EXPECT_LT(got.losses.back(), got.losses.front());
+  }
   return {norm_err, loss_err};
 }
 

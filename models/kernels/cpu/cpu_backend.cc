@@ -80,6 +80,12 @@ class CpuKernels final : public Kernels {
   }
   void accumulate(float* y, const float* x, size_t n) override { cpu::accumulate(y, x, n); }
   void copy(float* dst, const float* src, size_t n) override { std::memcpy(dst, src, n * sizeof(float)); }
+  void copy_columns(float* dst, size_t ldd, const float* src, size_t lds, size_t rows, size_t cols, bool add) override {
+    for (size_t r = 0; r < rows; ++r) {
+      if (add) cpu::accumulate(dst + r * ldd, src + r * lds, cols);
+      else std::memcpy(dst + r * ldd, src + r * lds, cols * sizeof(float));
+    }
+  }
   void zero(float* x, size_t n) override { zeroth::cpu::fill(x, DType::f32, 0.0f, n); }
   void gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb, float beta,
             float* c, int ldc) override {

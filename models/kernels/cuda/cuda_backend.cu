@@ -30,6 +30,7 @@
 #include "models/kernels/cuda/rmsnorm.cuh"
 #include "models/kernels/cuda/rope.cuh"
 #include "models/kernels/cuda/swiglu.cuh"
+#include "models/kernels/cuda/columns.cuh"
 #include "models/kernels/cuda/softmax.cuh"
 #include "models/kernels/cuda/crossentropy.cuh"
 
@@ -248,6 +249,16 @@ class CudaKernels final : public Kernels {
   void accumulate(float* y, const float* x, size_t n) override { cuda::launch_axpy(y, DType::f32, 1.0f, x, DType::f32, n, s()); }
   void copy(float* dst, const float* src, size_t n) override {
     CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, s()));
+  }
+  void copy_columns(float* dst, size_t ldd, const float* src, size_t lds, size_t rows, size_t cols, bool add) override {
+    if (rows == 0 || cols == 0) return;
+    if (!add) {
+      CUDA_CHECK(cudaMemcpy2DAsync(dst, ldd * sizeof(float), src, lds * sizeof(float), cols * sizeof(float), rows,
+                                   cudaMemcpyDeviceToDevice, s()));
+      return;
+    }
+    add_columns_kernel<<<blocks_for(rows * cols), kThreads, 0, s()>>>(dst, ldd, src, lds, rows, cols);
+    CUDA_CHECK(cudaGetLastError());
   }
   void zero(float* x, size_t n) override { CUDA_CHECK(cudaMemsetAsync(x, 0, n * sizeof(float), s())); }
   void gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb, float beta,
