@@ -93,6 +93,7 @@ TrainConfig decoding_config(const TrainConfig& given) {
   config.parallel.pipeline = 1;
   config.parallel.tensor = 1;
   config.parallel.expert = 1;
+  config.parallel.sequence = 1;
   config.parallel.sequence_parallel = false;
   config.parallel.virtual_stages = 1;
   config.parallel.partition_counts.clear();

@@ -13,7 +13,7 @@
 
 namespace zeroth {
 
-void check_data(const TrainConfig& config) { open_run_data(config, config.data_parallel(), 0); }
+void check_data(const TrainConfig& config) { open_run_data(config, config.sample_parallel(), 0); }
 
 StagePlan plan_stage(const TrainConfig& config, int stage, int dp_rank, int tp_rank) {
   const int pp = config.parallel.pipeline;
@@ -32,8 +32,9 @@ StagePlan plan_stage(const TrainConfig& config, int stage, int dp_rank, int tp_r
   out.plan.stages = pp;
   GptConfig model = config.model;
   model.attention_probabilities = gpt::attention_keeps_probabilities(config.run.device == "cpu" ? DeviceKind::cpu : DeviceKind::cuda);
-  out.model = Gpt::footprint(model, static_cast<int>(config.micro_batch_size), config.model.seq_len, config.engine.compute_dtype,
-                             out.plan.chunk_in_flight, part);
+  // A Ulysses rank holds its share of each sample's positions.
+  out.model = Gpt::footprint(model, static_cast<int>(config.micro_batch_size), config.model.seq_len / config.parallel.sequence,
+                             config.engine.compute_dtype, out.plan.chunk_in_flight, part);
   out.need = estimate(out.plan, out.model, config.run.checkpoint_async, !config.run.resume.empty());
   return out;
 }

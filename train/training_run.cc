@@ -44,6 +44,7 @@ TrainingRun::TrainingRun(const TrainConfig& config, Communicator& world, Device&
       groups_(pp_ > 1 || tp_ > 1 ? std::optional(ProcessGrid(config.data_parallel(), pp_, tp_).split(world)) : std::nullopt),
       dp_(groups_ ? *groups_->dp : world),
       experts_(config.parallel.expert > 1 ? dp_.split(dp_.rank() / config.parallel.expert, dp_.rank()) : nullptr),
+      sequence_(config.parallel.sequence > 1 ? dp_.split(dp_.rank() / config.parallel.sequence, dp_.rank()) : nullptr),
       stage_(groups_ ? groups_->pp->rank() : 0),
       tp_rank_(groups_ ? groups_->tp->rank() : 0),
       part_(config.part(stage_, tp_rank_, dp_.rank())),
@@ -57,15 +58,17 @@ TrainingRun::TrainingRun(const TrainConfig& config, Communicator& world, Device&
       mb_(static_cast<int>(config.micro_batch_size)),
       T_(config.model.seq_len),
       gas_(static_cast<int>(config.engine.gradient_accumulation_steps)),
+      U_(config.parallel.sequence),
+      sq_rank_(dp_.rank() % U_),
       n_(static_cast<size_t>(mb_) * T_),
-      run_data_(open_run_data(config, dp_.size(), dp_.rank())),
+      run_data_(open_run_data(config, dp_.size() / U_, dp_.rank() / U_)),
       planned_(plan_stage(config, stage_, dp_.rank(), tp_rank_)),
       tokens_(n_ * gas_),
       targets_(n_ * gas_),
       positions_(run_data_.splits.train->packed() ? n_ * gas_ : 0),
       losses_(gas_),
       engine_(device, dp_, config.engine),
-      gpt_(configured_engine(), config.model, part_, tp_ > 1 ? groups_->tp.get() : nullptr, experts_.get()),
+      gpt_(configured_engine(), config.model, part_, tp_ > 1 ? groups_->tp.get() : nullptr, experts_.get(), sequence_.get()),
       stage_model_(make_stage_model()),
       saver_(config.run.checkpoint_async),
       tokens_per_step_(static_cast<double>(config.tokens_per_step())) {}
@@ -90,11 +93,13 @@ Engine& TrainingRun::configured_engine() {
 PipeModel TrainingRun::make_stage_model() {
   PipeModel m;
   m.forward = [this](int micro, int c) {
-    gpt_.forward_chunk(micro, c, tokens_.data() + micro * n_, targets_.data() + micro * n_, mb_, T_, &losses_[micro],
+    gpt_.forward_chunk(micro, c, tokens_.data() + micro * n_, targets_.data() + micro * n_, mb_, T_ / U_, &losses_[micro],
                        positions(micro));
   };
   m.backward = [this](int micro, int c) { gpt_.backward_chunk(micro, c); };
-  m.evaluate = [this](int c) { gpt_.evaluate_chunk(c, tokens_.data(), targets_.data(), eval_rows_, T_, &losses_[0], positions(0)); };
+  m.evaluate = [this](int c) {
+    gpt_.evaluate_chunk(c, tokens_.data(), targets_.data(), eval_rows_, T_ / U_, &losses_[0], positions(0));
+  };
   m.port = [this](PipePort port, int micro, int c) {
     const Gpt::Port ports[] = {Gpt::Port::input, Gpt::Port::output, Gpt::Port::input_grad, Gpt::Port::output_grad};
     return gpt_.port(ports[static_cast<int>(port)], micro, c);
@@ -194,7 +199,7 @@ void TrainingRun::agree_moe(StepMetrics& s) {
 
 void TrainingRun::evaluate(int64_t step) {
   if (!run_data_.splits.has_val) return;
-  const EvalResult r = evaluate_windows(config_.run.eval_batches * mb_ * dp_.size());
+  const EvalResult r = evaluate_windows(config_.run.eval_batches * mb_ * (dp_.size() / U_));
   if (summary_.first_val_loss < 0) summary_.first_val_loss = r.loss, summary_.first_val_step = step;
   summary_.last_val_loss = r.loss, summary_.last_val_step = step;
   report([&] { observer_->on_eval(step, r); });
@@ -203,12 +208,12 @@ void TrainingRun::evaluate(int64_t step) {
 void TrainingRun::evaluate_rows(int rows) {
   if (runner_) {
     eval_rows_ = rows;
-    gpt_.prepare(rows, T_);
+    gpt_.prepare(rows, T_ / U_);
     engine_.begin_evaluation();
     runner_->run_evaluation(stage_model_);
     engine_.end_evaluation();
   } else {
-    gpt_.evaluate(tokens_.data(), targets_.data(), rows, T_, &losses_[0], nullptr, positions(0));
+    gpt_.evaluate(tokens_.data(), targets_.data(), rows, T_ / U_, &losses_[0], nullptr, positions(0));
   }
   // The loss is written by queued work; the next batch reuses the token buffers.
   engine_.compute_stream().synchronize();
@@ -234,18 +239,19 @@ EvalResult TrainingRun::evaluate_windows(int64_t most) {
   // on row 0 with every target masked: the training's shapes, so the activations it allocated serve
   // (a smaller batch would allocate its own beside them, which the run's estimate does not hold).
   // Each pass's loss is the sum over its counted targets (divisor 1); the mean is over all of them.
-  const int64_t per_round = static_cast<int64_t>(mb_) * dp_.size();
+  const int64_t per_round = static_cast<int64_t>(mb_) * (dp_.size() / U_);
   const int64_t rounds = (out.windows + per_round - 1) / per_round;
   gpt_.set_loss_divisor(1);
   double sum = 0;  // this rank's counted targets' cross-entropy, summed
   for (int64_t r = 0; r < rounds; ++r) {
-    const int64_t first = r * per_round + static_cast<int64_t>(dp_.rank()) * mb_;
+    const int64_t first = r * per_round + static_cast<int64_t>(dp_.rank() / U_) * mb_;
     const int count = static_cast<int>(std::clamp<int64_t>(out.windows - first, 0, mb_));
     for (int b = 0; b < mb_; ++b) {
       const size_t at = static_cast<size_t>(b) * T_;
       val.fill(b < count ? first + b : 0, tokens_.data() + at, targets_.data() + at, positions(0) ? positions(0) + at : nullptr);
       if (b >= count) std::fill_n(targets_.data() + at, T_, -1);
     }
+    keep_positions(0, T_);
     evaluate_rows(mb_);
     sum += static_cast<double>(losses_[0]);
   }
@@ -312,8 +318,11 @@ void TrainingRun::run_passes(int64_t k, double pass_seconds[2]) {
   if (runner_) {
     // A pipeline stage: the runner walks the schedule; the stamps give the step's bubble.
     set_loss_divisor(k);
-    for (int m = 0; m < gas_; ++m) run_data_.train.batch(k, m, tokens_.data() + m * n_, targets_.data() + m * n_, positions(m));
-    gpt_.prepare(mb_, T_);
+    for (int m = 0; m < gas_; ++m) {
+      run_data_.train.batch(k, m, tokens_.data() + m * n_, targets_.data() + m * n_, positions(m));
+      keep_positions(m, T_);
+    }
+    gpt_.prepare(mb_, T_ / U_);
     runner_->set_tracing(true);
     runner_->run_cycle(stage_model_);
     // wall_clock_breakdown: the passes' own times come from the stamps; the step's "reduce wait"
@@ -334,7 +343,8 @@ void TrainingRun::run_passes(int64_t k, double pass_seconds[2]) {
       run_data_.train.batch(k, m, tokens_.data() + m * n_, targets_.data() + m * n_, positions(m));
       if (m == 0 && positions(0) != nullptr) attention_context_ = packed_context(positions(0), n_);
       cut_rows(m, width);
-      gpt_.forward(m, tokens_.data() + m * n_, targets_.data() + m * n_, mb_, width, &losses_[m], positions(m));
+      keep_positions(m, width);
+      gpt_.forward(m, tokens_.data() + m * n_, targets_.data() + m * n_, mb_, width / U_, &losses_[m], positions(m));
     } else {
       gpt_.backward(m);
     }
@@ -349,9 +359,9 @@ void TrainingRun::run_passes(int64_t k, double pass_seconds[2]) {
 int TrainingRun::cycle_width(int64_t k) {
   // A pipeline's stages exchange activations of the planned shape; token streams fill every row.
   if (runner_ || config_.data.format != DataFormat::jsonl) return T_;
-  // Rounded up to 16 positions (and to the tensor-parallel ranks the rows are split over), so a
-  // run sees few shapes.
-  const int unit = 16 * (config_.parallel.sequence_parallel ? tp_ : 1);
+  // Rounded up to 16 positions (and to the tensor-parallel and Ulysses ranks the rows are split
+  // over), so a run sees few shapes.
+  const int unit = 16 * (config_.parallel.sequence_parallel ? tp_ : 1) * U_;
   return std::min(T_, (run_data_.train.longest(k) + unit - 1) / unit * unit);
 }
 
@@ -363,6 +373,19 @@ void TrainingRun::cut_rows(int m, int width) {
     if (base == nullptr) continue;
     for (int b = 1; b < mb_; ++b)
       std::memmove(base + static_cast<size_t>(b) * width, base + static_cast<size_t>(b) * T_, width * sizeof(int32_t));
+  }
+}
+
+void TrainingRun::keep_positions(int m, int width) {
+  if (U_ == 1) return;
+  // Row b's slice moves from b width + rank w to b w (w = width / U_): towards the start, in order,
+  // so nothing is overwritten before it is read.
+  const int w = width / U_;
+  for (int32_t* base : {tokens_.data() + m * n_, targets_.data() + m * n_}) {
+    for (int b = 0; b < mb_; ++b) {
+      std::memmove(base + static_cast<size_t>(b) * w, base + static_cast<size_t>(b) * width + static_cast<size_t>(sq_rank_) * w,
+                   w * sizeof(int32_t));
+    }
   }
 }
 

@@ -129,14 +129,18 @@ class TrainingRun {
   const int pp_, tp_;
   std::optional<ProcessGrid::Groups> groups_;
   Communicator& dp_;
-  // The expert-parallel group: runs of parallel.expert consecutive data-parallel ranks.
-  std::unique_ptr<Communicator> experts_;
+  // The expert-parallel group: runs of parallel.expert consecutive data-parallel ranks; the Ulysses
+  // group alike, runs of parallel.sequence (null: none).
+  std::unique_ptr<Communicator> experts_, sequence_;
   const int stage_, tp_rank_;
   const GptPart part_;
   std::unique_ptr<PipelineRunner> runner_;
   const bool heads_;  // this stage computes the loss
   const int mb_, T_, gas_;
-  const size_t n_;  // tokens of a micro-batch
+  // Ulysses: the group's size and this rank's place; each micro-batch's rows are read whole and
+  // keep_positions leaves this rank's T_ / U_ positions of each (the positions stay whole).
+  const int U_, sq_rank_;
+  const size_t n_;  // tokens of a micro-batch, whole rows
   RunData run_data_;
   // Planned once. The engine holds the whole need per rank (its plan, the model's activations
   // and scratch) against the budgets before anything is allocated.
@@ -168,6 +172,9 @@ class TrainingRun {
   double tokens_per_step_;     // the positions a step runs (its rows' width x the global batch)
   int row_width_ = 0;          // the last step's (cycle_width)
   int attention_context_ = 0;  // the last step's packed samples' (StepMetrics::attention_context), 0 unpacked
+  // Micro-batch m's tokens and targets, rows of `width` positions, moved to this rank's width / U_ of
+  // each row, packed from the start (a no-op without Ulysses).
+  void keep_positions(int m, int width);
 };
 
 }  // namespace zeroth

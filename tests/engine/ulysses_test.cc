@@ -65,10 +65,11 @@ TEST_P(UlyssesEquivalence, TrainsLikeOneRank) {
   // Plain SGD's 4 small steps need not lower the loss of the next step's other samples.
   const bool sgd = k.optimizer == OptimizerKind::sgd;
   const auto [norm_err, loss_err] = testing::expect_steps(got, ref, 5e-7, 3e-7, !sgd);
-  std::printf("U %d dp %d mb %d tp %d%s pp %d ep %d stage %d%s%s%s: worst weight error %.3g (%s), gradient norm %.3g, loss %.3g; loss %.6f -> %.6f\n",
+  std::printf("U %d dp %d mb %d tp %d%s pp %d ep %d stage %d%s%s%s: worst weight error %.3g (%s), gradient norm %.3g, loss %.3g; loss "
+              "%.6f -> %.6f\n",
               k.seq, k.dp, testing::kGlobalBatch / (k.dp * k.micro), k.tp, k.sequence_parallel ? " sp" : "", k.pp, k.ep, k.stage,
-              k.masked ? " masked" : "", k.checkpointing ? " checkpointing" : "", sgd ? " SGD" : "", worst.rel(), worst.name.c_str(), norm_err, loss_err,
-              got.losses.front(), got.losses.back());
+              k.masked ? " masked" : "", k.checkpointing ? " checkpointing" : "", sgd ? " SGD" : "", worst.rel(), worst.name.c_str(),
+              norm_err, loss_err, got.losses.front(), got.losses.back());
 }
 
 std::vector<GridCase> cases() {

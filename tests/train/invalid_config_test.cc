@@ -90,6 +90,24 @@ INSTANTIATE_TEST_SUITE_P(
         ErrorCase{"PipelineWorld", R"({"pipeline": {"stages": 2}})",
                   "run.world_size = 1 is not a multiple of the 2 pipeline stages (parallel.pipeline, pipeline.stages): the ranks are "
                   "data-parallel x pipeline stages; make run.world_size a multiple of them"},
+        ErrorCase{"SequenceWorld", R"({"parallel": {"sequence": 2}, "run": {"world_size": 3}})",
+                  "parallel.sequence = 2 must divide the data-parallel size, 3 (run.world_size 3 over pipeline x tensor = 1): each "
+                  "sample is shared by a run of that many data-parallel ranks"},
+        ErrorCase{"SequenceWindow", R"({"model": {"seq_len": 6}, "parallel": {"sequence": 4}, "run": {"world_size": 4}})",
+                  "parallel.sequence = 4 splits each sample's model.seq_len = 6 positions over its ranks; make model.seq_len a "
+                  "multiple of it"},
+        ErrorCase{"SequenceHeads", R"({"model": {"n_head": 2}, "parallel": {"sequence": 4}, "run": {"world_size": 4}})",
+                  "parallel.sequence = 4 splits the attention heads over its ranks, but each rank has 2 (model.n_head = 2), not a "
+                  "multiple of it; use a sequence-parallel size that divides them, or parallel.context (ring attention), which "
+                  "splits no heads"},
+        ErrorCase{"SequenceKeyValueHeads",
+                  R"({"model": {"architecture": "llama", "n_head": 6, "n_kv_head": 3, "n_embd": 24, "seq_len": 12},
+                      "parallel": {"sequence": 2}, "run": {"world_size": 2}})",
+                  "parallel.sequence = 2 shares the 3 key/value heads out over its ranks (model.n_kv_head = 3): it must divide them, "
+                  "or be a multiple of them (each rank then takes a copy of the one its query heads read); use such a "
+                  "sequence-parallel size"},
+        ErrorCase{"SequenceDisagrees", R"({"sequence_parallel_size": 4, "parallel": {"sequence": 2}, "run": {"world_size": 4}})",
+                  "parallel.sequence = 2 but sequence_parallel_size = 4; give one, or make them agree"},
         ErrorCase{"TensorWorld", R"({"parallel": {"tensor": 2, "pipeline": 2}, "run": {"world_size": 6}})",
                   "run.world_size = 6 is not a multiple of the 2 pipeline stages (parallel.pipeline, pipeline.stages) x 2 "
                   "tensor-parallel ranks (parallel.tensor): the ranks are data-parallel x pipeline stages x tensor-parallel; make "

@@ -231,6 +231,22 @@ TEST(TrainConfig, OverridesSetNestedKeysAndParseValues) {
 
 // model.tiled_mlp: off unless given; true takes tiles of n_embd rows, a count its rows; the
 // resolved config reads back to the same tiles; anything else is refused naming the choices.
+// Ulysses from parallel.sequence or DeepSpeed's sequence_parallel_size; the batch counts the ranks
+// that read different samples (8 ranks in groups of 4: 2), and the resolved config keeps it.
+TEST(TrainConfig, SequenceParallelSizeSharesSamplesAndTheBatchCountsTheGroups) {
+  for (const char* patch : {R"({"parallel": {"sequence": 4}, "run": {"world_size": 8}, "model": {"n_head": 4}})",
+                            R"({"sequence_parallel_size": 4, "run": {"world_size": 8}, "model": {"n_head": 4}})"}) {
+    const TrainConfig t = TrainConfig::from_json(with(base(), patch));
+    EXPECT_EQ(t.parallel.sequence, 4) << patch;
+    EXPECT_EQ(t.data_parallel(), 8);
+    EXPECT_EQ(t.sample_parallel(), 2);
+    EXPECT_EQ(t.train_batch_size, 2 * 2);  // 2 a rank's micro-batch x 2 sample groups
+    EXPECT_EQ(t.part(0, 0, 6).sq_rank, 2);
+    EXPECT_EQ(t.part(0, 0, 6).sq_ranks, 4);
+    EXPECT_EQ(TrainConfig::from_json(t.resolved).parallel.sequence, 4);
+  }
+}
+
 TEST(TrainConfig, TiledMlpTakesTilesOfTheHiddenWidthOrACount) {
   auto rows = [](const char* extra) { return TrainConfig::from_json(with(base(), extra)).model.mlp_tile_rows; };
   EXPECT_EQ(rows("{}"), 0);

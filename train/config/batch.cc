@@ -102,7 +102,7 @@ void resolve_batch(TrainConfig& t, const json& j) {
     return v.get<int64_t>();
   };
   int64_t tbs = get("train_batch_size"), mb = get("train_micro_batch_size_per_gpu"), gas = get("gradient_accumulation_steps");
-  const int64_t dp = t.data_parallel();
+  const int64_t dp = t.sample_parallel();
   ZEROTH_CHECK(dp >= 1, "{} ranks hold no data-parallel group (the parallel section should have refused them)", t.run.world_size);
   if (tbs && mb && gas) {
     // all given: checked below
@@ -207,7 +207,7 @@ void read_batch(TrainConfig& t, json& c) {
   t.schedule_steps_auto = c.contains("scheduler") && c["scheduler"].is_object() && c["scheduler"].contains("params") &&
                           c["scheduler"]["params"].is_object() && c["scheduler"]["params"].contains("total_num_steps") &&
                           is_auto(c["scheduler"]["params"]["total_num_steps"]);
-  resolve_auto(c, t.data_parallel(), t.run.steps, t.model.n_embd);
+  resolve_auto(c, t.sample_parallel(), t.run.steps, t.model.n_embd);
   check_deepspeed_extras(c);
   resolve_batch(t, c);
   if (DataConfig& d = t.data; d.format == DataFormat::synthetic && d.synthetic_tokens == 0) {

@@ -10,13 +10,51 @@ namespace zeroth {
 
 using json = nlohmann::json;
 
+namespace {
+
+// Ulysses: parallel.sequence, or DeepSpeed's top-level sequence_parallel_size (they must agree when
+// both are given), checked against the data-parallel size, the window and the heads.
+void read_sequence(TrainConfig& t, const json& j, const ConfigSection& par) {
+  ParallelConfig& p = t.parallel;
+  int64_t ds = 1;
+  if (j.contains("sequence_parallel_size")) {
+    const json& v = j["sequence_parallel_size"];
+    if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > (1 << 12))
+      ZEROTH_THROW(ConfigError, "sequence_parallel_size must be an integer from 1 to 4096, got {}", v.dump());
+    ds = v.get<int64_t>();
+  }
+  p.sequence = static_cast<int>(par.integer("sequence", ds, 1, 1 << 12));
+  if (par.has("sequence") && j.contains("sequence_parallel_size") && ds != p.sequence) {
+    ZEROTH_THROW(ConfigError, "parallel.sequence = {} but sequence_parallel_size = {}; give one, or make them agree", p.sequence, ds);
+  }
+  if (p.sequence == 1) return;
+  if (t.data_parallel() % p.sequence != 0) {
+    ZEROTH_THROW(ConfigError,
+                 "parallel.sequence = {} must divide the data-parallel size, {} (run.world_size {} over pipeline x tensor = {}): "
+                 "each sample is shared by a run of that many data-parallel ranks",
+                 p.sequence, t.data_parallel(), t.run.world_size, p.pipeline * p.tensor);
+  }
+  if (t.model.seq_len % p.sequence != 0) {
+    ZEROTH_THROW(ConfigError,
+                 "parallel.sequence = {} splits each sample's model.seq_len = {} positions over its ranks; make model.seq_len a "
+                 "multiple of it",
+                 p.sequence, t.model.seq_len);
+  }
+  GptPart check;
+  check.sq_ranks = p.sequence, check.tp_ranks = p.tensor;
+  Gpt::block_specs(t.model, check);  // the heads against U now, not at the start of training
+}
+
+}  // namespace
+
 // zeroth's `parallel` section and DeepSpeed's `pipeline`: the stages, schedule and partition. The
 // data-parallel size is what is left of the world.
 // Long: both sections' keys with each one's checks beside it; the later checks (world size, experts, micro-batches) need
 // the stage, tensor and expert counts read before them.
 void read_parallel(TrainConfig& t, json& j) {
-  static constexpr std::string_view kParallelKeys[] = {"tensor",         "sequence_parallel", "pipeline", "schedule",
-                                                       "virtual_stages", "micro_batches",     "expert",   "expert_overlap"};
+  static constexpr std::string_view kParallelKeys[] = {"tensor",   "sequence_parallel", "pipeline",
+                                                       "schedule", "virtual_stages",    "micro_batches",
+                                                       "expert",   "expert_overlap",    "sequence"};
   static constexpr std::string_view kPipelineKeys[] = {"stages",          "partition_method",
                                                        "partition",       "activation_checkpoint_interval",
                                                        "seed_layers",     "pipe_partitioned",
@@ -144,6 +182,7 @@ void read_parallel(TrainConfig& t, json& j) {
     check.ep_ranks = p.expert;
     Gpt::block_specs(t.model, check);  // the experts against E now
   }
+  read_sequence(t, j, par);
   // The cycle's micro-batches are the pipeline's: parallel.micro_batches sets
   // gradient_accumulation_steps (DeepSpeed's pipeline engine does the same).
   if (par.has("micro_batches")) {

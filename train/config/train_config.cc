@@ -53,7 +53,8 @@ constexpr std::string_view kTopKeys[] = {"train_batch_size",
                                          "parallel",
                                          "pipeline",
                                          "tensorboard",
-                                         "csv_monitor"};
+                                         "csv_monitor",
+                                         "sequence_parallel_size"};
 
 }  // namespace
 
@@ -66,7 +67,8 @@ GptPart TrainConfig::part(int stage, int tp_rank, int dp_rank) const {
   GptPart part = parallel.pipeline == 1 ? GptPart{} : GptPart::of_rank(layers_per_virtual_stage(), parallel.pipeline, stage);
   part.tp_rank = tp_rank, part.tp_ranks = parallel.tensor, part.sequence_parallel = parallel.sequence_parallel;
   part.ep_rank = dp_rank % parallel.expert, part.ep_ranks = parallel.expert, part.ep_overlap = parallel.expert_overlap;
-  if (parallel.expert > 1) part.ep_group_tokens = static_cast<size_t>(micro_batch_size) * model.seq_len;
+  part.sq_rank = dp_rank % parallel.sequence, part.sq_ranks = parallel.sequence;
+  if (parallel.expert > 1) part.ep_group_tokens = static_cast<size_t>(micro_batch_size) * model.seq_len / parallel.sequence;
   return part;
 }
 
@@ -255,6 +257,7 @@ TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) 
     c["parallel"]["tensor"] = t.parallel.tensor;
     c["parallel"]["sequence_parallel"] = t.parallel.sequence_parallel;
   }
+  if (t.parallel.sequence > 1) c["parallel"]["sequence"] = t.parallel.sequence;
   if (t.parallel.expert > 1) {
     c["parallel"]["expert"] = t.parallel.expert;
     c["parallel"]["expert_overlap"] = t.parallel.expert_overlap;

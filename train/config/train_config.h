@@ -118,6 +118,11 @@ struct ParallelConfig {
   int expert = 1;
   // The expert layers' all-to-alls on a stream of their own, under the experts' products.
   bool expert_overlap = true;
+  // Ulysses sequence parallelism (DeepSpeed's sequence_parallel_size): runs of this many consecutive
+  // data-parallel ranks share each sample, each holding model.seq_len / sequence of its positions
+  // (GptPart::sq_ranks); ZeRO still shards over every data-parallel rank. Divides the data-parallel
+  // size and model.seq_len.
+  int sequence = 1;
   PipeKind schedule = PipeKind::one_f_one_b;
   int virtual_stages = 1;                // model chunks per stage (interleaved)
   std::string partition = "parameters";  // parameters | uniform (partition_counts when a list was given)
@@ -148,7 +153,11 @@ struct TrainConfig {
   // config's run.world_size must then agree (or be "auto"). ConfigError on any problem.
   static TrainConfig from_json(const nlohmann::json& config, int launched_world_size = 0);
   int64_t tokens_per_step() const { return train_batch_size * model.seq_len; }
+  // The ranks ZeRO shards over: every rank of a pipeline stage's tensor-parallel place.
   int data_parallel() const { return run.world_size / (parallel.pipeline * parallel.tensor); }
+  // The ranks that read different samples: the data-parallel ranks over the Ulysses groups. The batch
+  // sizes count these (DeepSpeed's data-parallel size under sequence parallelism).
+  int sample_parallel() const { return data_parallel() / parallel.sequence; }
   // Layers per virtual stage (pipelines) and the part of the model of the rank at pipeline stage
   // `stage` and tensor-parallel rank `tp_rank`.
   std::vector<int> layers_per_virtual_stage() const;

@@ -66,14 +66,14 @@ std::string memory_line(const MemoryNeed& need) {
 // Which windows (samples) of the validation data a run's validation measures, and how `zeroth eval`
 // measures the same ones.
 std::string validation_scope(const TrainConfig& c, int64_t of) {
-  const int64_t asked = c.run.eval_batches * c.micro_batch_size * c.data_parallel();
+  const int64_t asked = c.run.eval_batches * c.micro_batch_size * c.sample_parallel();
   const std::string rows = c.data.format != DataFormat::jsonl ? fmt::format("windows of {} tokens", c.model.seq_len)
                            : c.data.packing                   ? "packed rows"
                                                               : "samples";
   if (c.run.eval_batches == 0 || asked >= of) return fmt::format("all {} {} (as zeroth eval measures them)", of, rows);
   return fmt::format("the first {} of {} {} (run.eval_batches {} x {} sequences x {} data-parallel ranks; zeroth eval measures all, "
                      "zeroth eval --windows {} these)",
-                     asked, of, rows, c.run.eval_batches, c.micro_batch_size, c.data_parallel(), asked);
+                     asked, of, rows, c.run.eval_batches, c.micro_batch_size, c.sample_parallel(), asked);
 }
 
 // JSON Lines data: the samples, what the loss counts, and what reading skipped or cut.
@@ -175,10 +175,20 @@ std::vector<std::pair<std::string, std::string>> box_rows(const TrainConfig& c, 
                                   gas, c.parallel.virtual_stages > 1 ? "virtual " : "", fmt::join(layers, " ")));
   }
   if (c.parallel.tensor > 1) rows.emplace_back("tensor", tensor_line(c));
+  if (c.parallel.sequence > 1) {
+    const int U = c.parallel.sequence, heads = c.model.n_head / c.parallel.tensor, kv = c.model.kv_heads() / c.parallel.tensor;
+    rows.emplace_back("sequence", fmt::format("Ulysses over runs of {} ranks: {} positions of each sample per rank; attention on {} "
+                                              "query head{} and {} key/value head{} per rank over all {}{}",
+                                              U, c.model.seq_len / U, heads / U, heads / U == 1 ? "" : "s", kv % U == 0 ? kv / U : 1,
+                                              kv % U == 0 && kv / U != 1 ? "s" : "", c.model.seq_len,
+                                              kv % U == 0 ? "" : " (key/value heads replicated)"));
+  }
+  const int samples = c.sample_parallel();
   rows.emplace_back("batch",
-                    fmt::format("{} seq/rank x {} {} x {} data-parallel rank{} = {} sequences = {} tokens/step", c.micro_batch_size,
-                                gas, c.parallel.pipeline > 1 ? "micro-batches" : "accumulation", c.data_parallel(),
-                                c.data_parallel() == 1 ? "" : "s", c.train_batch_size, si(static_cast<double>(c.tokens_per_step()))));
+                    fmt::format("{} seq/rank x {} {} x {} data-parallel rank{}{} = {} sequences = {} tokens/step", c.micro_batch_size,
+                                gas, c.parallel.pipeline > 1 ? "micro-batches" : "accumulation", samples, samples == 1 ? "" : "s",
+                                c.parallel.sequence > 1 ? fmt::format(" (groups of {} Ulysses ranks)", c.parallel.sequence) : "",
+                                c.train_batch_size, si(static_cast<double>(c.tokens_per_step()))));
   rows.emplace_back("optimizer",
                     optimizer_line(c.engine.optimizer) +
                         (c.engine.gradient_clipping > 0 ? fmt::format(", clip {:g}", c.engine.gradient_clipping) : "") +
