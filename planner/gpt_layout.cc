@@ -112,13 +112,16 @@ std::string Layout::describe() const {
   if (offload_optimizer != OffloadDevice::none) out += fmt::format(", optimizer on {}", offload_device_name(offload_optimizer));
   if (offload_param != OffloadDevice::none) out += fmt::format(", parameters on {}", offload_device_name(offload_param));
   if (checkpointing != Checkpointing::none) out += fmt::format(", {} recompute", checkpointing_name(checkpointing));
+  if (host_checkpoints && checkpointing == Checkpointing::full) out += " (checkpoints in host memory)";
   if (sequence_parallel) out += ", sequence parallel";
+  if (sq > 1) out += fmt::format(", Ulysses over {} ranks", sq);
+  if (tiled_mlp) out += ", tiled MLP";
   if (pp > 1) out += fmt::format(", {}", pipe_kind_name(schedule));
   return out;
 }
 
 uint64_t layer_activation_bytes(const GptShape& shape, uint64_t micro_batch, uint64_t tp, bool sequence_parallel,
-                                Checkpointing checkpointing, bool attention_scores) {
+                                Checkpointing checkpointing, bool attention_scores, bool tiled_mlp, uint64_t sq) {
   const double s = static_cast<double>(shape.seq_len), b = static_cast<double>(micro_batch), h = static_cast<double>(shape.hidden),
                a = static_cast<double>(shape.heads), t = static_cast<double>(tp);
   const double sbh = s * b * h;
@@ -127,12 +130,13 @@ uint64_t layer_activation_bytes(const GptShape& shape, uint64_t micro_batch, uin
   // a Llama keeps softmax's output only.
   const double core = shape.llama ? 2 : 5;
   const double attention = checkpointing == Checkpointing::selective ? 0
-                           : attention_scores                        ? core * a * s * s * b / t
+                           : attention_scores                        ? core * a * s * s * b / t * static_cast<double>(sq)
                                                                      : 4 * a * s * b / t;
   // What tensor parallelism splits, and what it leaves whole without sequence parallelism: GPT-2's
   // layer norms and dropouts (10 s b h), a Llama's norms' inputs and outputs (8 s b h).
   const double kv = static_cast<double>(shape.kv_width()), ffn = static_cast<double>(shape.mlp_width());
-  const double split = shape.llama ? 4 * sbh + 4 * s * b * kv + 6 * s * b * ffn : 24 * sbh;
+  const double mlp = tiled_mlp ? 0 : shape.llama ? 6 * s * b * ffn : 16 * sbh;
+  const double split = shape.llama ? 4 * sbh + 4 * s * b * kv + mlp : 8 * sbh + mlp;
   const double whole = shape.llama ? 8 * sbh : 10 * sbh;
   if (tp == 1 || sequence_parallel) return round_bytes((split + whole) / t + attention);
   return round_bytes(whole + split / t + attention);
@@ -154,7 +158,11 @@ uint64_t moe_layer_activation_bytes(const GptShape& shape, uint64_t micro_batch,
 // Long: the slices and per-layer sizes every stage shares, then `stage_memory`'s terms (model states, activations in
 // flight, buffers, allowance, host slots), each using the sizes above it.
 LayoutMemory layout_memory(const GptShape& shape, const Layout& layout, const BufferSizes& sizes, uint64_t runtime_bytes) {
-  const uint64_t h = shape.hidden, t = layout.tp, p = layout.pp, b = layout.micro_batch, s = shape.seq_len;
+  // Ulysses: a rank's activations are its s / sq positions' (the attention's too, in its heads).
+  const uint64_t sq = std::max<uint64_t>(layout.sq, 1);
+  GptShape local = shape;
+  local.seq_len = ceil_div(shape.seq_len, sq);
+  const uint64_t h = shape.hidden, t = layout.tp, p = layout.pp, b = layout.micro_batch, s = local.seq_len;
   const uint64_t layers_on_stage = ceil_div(shape.layers, p);
   // Expert layers spread over the stages as the layers are; each holds its experts' 1 / ep, whole
   // over tp (models/decoder replicates them), partitioned by ZeRO over the dp / ep ranks holding the same.
@@ -165,15 +173,21 @@ LayoutMemory layout_memory(const GptShape& shape, const Layout& layout, const Bu
   const uint64_t layer_slice = shape.layer_slice(t), shared_slice = shape.moe() ? shape.moe_layer_shared_slice(t) : 0;
   const uint64_t vocab_slice = ceil_div(shape.vocab, t) * h;  // vocab-parallel embedding, and head
   const uint64_t largest = std::max({layer_slice, vocab_slice, shared_slice, experts_slice});
-  const bool scores = layout.attention_scores;
-  const uint64_t per_layer = layer_activation_bytes(shape, b, t, layout.sequence_parallel, layout.checkpointing, scores);
-  const uint64_t per_moe_layer = shape.moe() ? moe_layer_activation_bytes(shape, b, t, layout.sequence_parallel, layout.checkpointing,
+  const bool scores = layout.attention_scores, tiled = layout.tiled_mlp;
+  const uint64_t per_layer = layer_activation_bytes(local, b, t, layout.sequence_parallel, layout.checkpointing, scores, tiled, sq);
+  const uint64_t per_moe_layer = shape.moe() ? moe_layer_activation_bytes(local, b, t, layout.sequence_parallel, layout.checkpointing,
                                                                           ep, scores)
                                              : 0;
-  const uint64_t full_layer = std::max(layer_activation_bytes(shape, b, t, layout.sequence_parallel, Checkpointing::none, scores),
-                                       shape.moe() ? moe_layer_activation_bytes(shape, b, t, layout.sequence_parallel,
-                                                                                Checkpointing::none, ep, scores)
-                                                   : 0);
+  const uint64_t full_layer =
+      std::max(layer_activation_bytes(local, b, t, layout.sequence_parallel, Checkpointing::none, scores, tiled, sq),
+               shape.moe() ? moe_layer_activation_bytes(local, b, t, layout.sequence_parallel, Checkpointing::none, ep, scores) : 0);
+  // The all-to-alls' send and receive buffers around the working layer's attention: every head's
+  // q, k and v of the rank's positions (a key/value head copied to each rank that reads it where
+  // there are fewer than sq), 16-bit as the activations are counted.
+  const uint64_t heads = shape.heads / t, kv_heads = (shape.kv_heads > 0 ? shape.kv_heads : shape.heads) / t;
+  const uint64_t kv_sent = sq > 1 && kv_heads % sq != 0 ? sq : kv_heads;
+  const uint64_t exchange = sq > 1 ? 2 * 2 * s * b * (heads + 2 * kv_sent) * (h / shape.heads) : 0;
+  const bool host_checkpoints = layout.host_checkpoints && layout.checkpointing == Checkpointing::full && p == 1;
   const double sp_split = layout.sequence_parallel ? static_cast<double>(t) : 1.0;
 
   auto stage_memory = [&](bool first, bool last) {
@@ -181,7 +195,7 @@ LayoutMemory layout_memory(const GptShape& shape, const Layout& layout, const Bu
     m.activations_per_layer = std::max(dense_on_stage > 0 ? per_layer : 0, per_moe_layer);
     // The first stage holds the embedding (and GPT-2's positions), the last the final norm and the
     // head: the embedding again when tied, unless the stage holds it already.
-    const uint64_t positions = shape.llama ? 0 : s * h, final_norm = shape.llama ? h : 2 * h;
+    const uint64_t positions = shape.llama ? 0 : shape.seq_len * h, final_norm = shape.llama ? h : 2 * h;
     m.expert_params = moe_on_stage * experts_slice;
     m.stage_params = dense_on_stage * layer_slice + moe_on_stage * shared_slice + m.expert_params +
                      (first ? vocab_slice + positions : 0) + (last ? (first && shape.tied ? 0 : vocab_slice) + final_norm : 0);
@@ -198,8 +212,12 @@ LayoutMemory layout_memory(const GptShape& shape, const Layout& layout, const Bu
     const uint64_t m_total = layout.micro_batches;
     m.in_flight = p == 1 ? 1 : layout.schedule == PipeKind::gpipe ? m_total : std::min(first ? p : 1, m_total);
     double acts = static_cast<double>(m.in_flight * (dense_on_stage * per_layer + moe_on_stage * per_moe_layer));
+    // Checkpoints in host memory: the device keeps two working copies of a layer's input.
+    const double kept = acts;
+    if (host_checkpoints) acts = std::min(acts, 2.0 * static_cast<double>(per_layer));
     // Recomputing a layer in backward materialises its activations whole, one layer at a time.
     if (layout.checkpointing == Checkpointing::full) acts += static_cast<double>(full_layer);
+    acts += static_cast<double>(exchange);
     const double sbh = static_cast<double>(s * b * h);
     if (first && !shape.llama) acts += static_cast<double>(m.in_flight) * sbh / sp_split;  // GPT-2's embedding dropout mask
     // Final layer norm and head input (4 s b h / t) and fp32 logits (4 s b V / t). With full
@@ -221,7 +239,7 @@ LayoutMemory layout_memory(const GptShape& shape, const Layout& layout, const Bu
     const uint64_t own = m.model_states + m.activations + m.buffers;
     m.allowance = runtime_bytes + round_bytes(kFragmentation * static_cast<double>(own));
     m.device = own + m.allowance;
-    m.host = states.host;
+    m.host = states.host + (host_checkpoints ? round_bytes(kept) : 0);
     m.nvme = states.nvme;
     // Swapped state passes through pinned host slots: two sub-groups of fp32 master, moments and
     // gradient for the optimizer; two largest layers of parameters.

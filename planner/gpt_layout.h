@@ -91,7 +91,16 @@ struct Layout {
   // Attention that keeps its s x s softmax tensors for backward (Korthikanti et al.'s count) instead
   // of each row's log-sum-exp (zeroth's blocked attention, as FlashAttention): layer_activation_bytes.
   bool attention_scores = false;
+  // Ulysses (parallel.sequence): runs of sq of the dp ranks share each sample, s / sq positions each,
+  // the attention's heads exchanged by all-to-alls; dp still counts every rank ZeRO shards over, and
+  // dp / sq groups read different samples.
+  uint64_t sq = 1;
+  // The MLP by tiles (model.tiled_mlp: no layer keeps its intermediates) and, with full
+  // recomputation, the layers' inputs in host memory (cpu_checkpointing: two working copies on the
+  // device).
+  bool tiled_mlp = false, host_checkpoints = false;
   uint64_t gpus() const { return dp * tp * pp; }
+  uint64_t sample_groups() const { return dp / sq; }
   std::string describe() const;
 };
 
@@ -133,8 +142,12 @@ struct LayoutMemory {
 // The 5 a s^2 b (a Llama's 2 a s^2 b) of softmax's tensors only with `attention_scores`: attention
 // by blocks with an online softmax (zeroth's, FlashAttention) keeps each row's log-sum-exp, 4 a s b
 // bytes (f32), in their place.
+// A tiled MLP (`tiled_mlp`) keeps none of the MLP's intermediates (GPT-2's up projection and GELU
+// outputs, 16 s b h; a Llama's gate, up and product, 6 s b ffn). With Ulysses pass the rank's
+// s / sq positions in `shape`; the softmax tensors then count sq times: the rank's a / sq heads over
+// all s positions.
 uint64_t layer_activation_bytes(const GptShape& shape, uint64_t micro_batch, uint64_t tp, bool sequence_parallel,
-                                Checkpointing checkpointing, bool attention_scores = false);
+                                Checkpointing checkpointing, bool attention_scores = false, bool tiled_mlp = false, uint64_t sq = 1);
 // An expert layer's, counted the same way: the dense MLP's intermediate activations (4 s b ffn of
 // GPT-2's up projection and GELU, 6 s b ffn of a Llama's gate, up and product, split over tp)
 // replaced by each routed row's, whole on every tensor-parallel rank: top_k s b rows of the

@@ -18,6 +18,14 @@ double ring_all_reduce(double bytes, uint64_t ranks, double bw) {
 // Reduce-scatter and all-gather each move half an all-reduce's bytes.
 double ring_half(double bytes, uint64_t ranks, double bw) { return ring_all_reduce(bytes, ranks, bw) / 2; }
 
+// Ulysses over sq ranks needs whole heads on each: the query heads of a tensor-parallel rank split
+// evenly, its key/value heads too or copied (fewer than sq), and the window split evenly.
+bool ulysses_fits(const GptShape& shape, uint64_t tp, uint64_t sq) {
+  if (sq == 1) return true;
+  const uint64_t heads = shape.heads / tp, kv = (shape.kv_heads > 0 ? shape.kv_heads : shape.heads) / tp;
+  return heads % sq == 0 && (kv % sq == 0 || sq % kv == 0) && shape.seq_len % sq == 0;
+}
+
 std::vector<uint64_t> divisors(uint64_t n, uint64_t limit) {
   std::vector<uint64_t> out;
   for (uint64_t d = 1; d <= std::min(n, limit); ++d)
@@ -100,7 +108,12 @@ StepCost step_cost(const GptShape& shape, const Layout& l, const LayoutMemory& m
   StepCost out;
   const double h = static_cast<double>(shape.hidden), s = static_cast<double>(shape.seq_len), v = static_cast<double>(shape.vocab);
   const double t = static_cast<double>(l.tp), m = static_cast<double>(l.micro_batches);
-  const double tokens = static_cast<double>(l.micro_batch) * s;  // one micro-batch
+  // One micro-batch's positions on a rank: with Ulysses its s / sq of each sample (the attention's
+  // 4 b s^2 h FLOPs then split over the sq ranks' heads as the other work over their positions).
+  const uint64_t sq = std::max<uint64_t>(l.sq, 1);
+  const double tokens = static_cast<double>(l.micro_batch) * s / static_cast<double>(sq);
+  GptShape local = shape;
+  local.seq_len = (shape.seq_len + sq - 1) / sq;
   const uint64_t layers_on_stage = (shape.layers + l.pp - 1) / l.pp;
   const uint64_t moe_on_stage = std::min(layers_on_stage, (shape.moe_layers() + l.pp - 1) / l.pp);
   const double layers = static_cast<double>(layers_on_stage), moe_layers = static_cast<double>(moe_on_stage),
@@ -122,11 +135,12 @@ StepCost step_cost(const GptShape& shape, const Layout& l, const LayoutMemory& m
   // layer keeps (Korthikanti's count), at the device's memory bandwidth.
   const uint64_t ep = std::max<uint64_t>(l.ep, 1);
   auto layer_bytes = [&](Checkpointing ck) {
-    return static_cast<double>(layer_activation_bytes(shape, l.micro_batch, l.tp, l.sequence_parallel, ck, l.attention_scores));
+    return static_cast<double>(
+        layer_activation_bytes(local, l.micro_batch, l.tp, l.sequence_parallel, ck, l.attention_scores, l.tiled_mlp, sq));
   };
   auto moe_bytes = [&](Checkpointing ck) {
     return shape.moe() ? static_cast<double>(
-                             moe_layer_activation_bytes(shape, l.micro_batch, l.tp, l.sequence_parallel, ck, ep, l.attention_scores))
+                             moe_layer_activation_bytes(local, l.micro_batch, l.tp, l.sequence_parallel, ck, ep, l.attention_scores))
                        : 0.0;
   };
   const double layer_elementwise = layer_bytes(Checkpointing::none) / c.device_memory_bw;
@@ -168,12 +182,22 @@ StepCost step_cost(const GptShape& shape, const Layout& l, const LayoutMemory& m
   const double exposed = moe_exposed_exchange(x, cf, slots, false) * (l.checkpointing == Checkpointing::full ? 2 : 1) +
                          moe_exposed_exchange(x, cf, slots, true);
   const double ep_mb = shape.moe() && ep > 1 ? moe_layers * exposed : 0;
-  const double mb = fwd + bwd + tp_mb + pp_mb + ep_mb;
+  // Ulysses: per layer forward, the rank's q, k, v rows out to the heads' ranks and the attention's
+  // output back; backward the same two; the recomputed forward again; (sq - 1) / sq of each leaving
+  // the rank, in f32 as models/decoder sends them, exposed (the exchanges wait for the projections
+  // and the attention waits for them). The sq ranks are consecutive data-parallel ones.
+  const double sq_bw = l.tp * sq <= c.gpus_per_node ? c.intra_node_bw : per_gpu_net;
+  const double kv_heads = static_cast<double>(shape.kv_heads > 0 ? shape.kv_heads : shape.heads);
+  const double qkv_width = h + 2 * h / static_cast<double>(shape.heads) * std::max(kv_heads, static_cast<double>(sq));
+  const double sq_bytes = 4 * tokens * (qkv_width + h) / t * static_cast<double>(sq - 1) / static_cast<double>(sq);
+  const double sq_mb = sq > 1 ? layers * (2 + (l.checkpointing == Checkpointing::full ? 1 : 0)) * sq_bytes / sq_bw : 0;
+  const double mb = fwd + bwd + tp_mb + pp_mb + ep_mb + sq_mb;
 
   out.compute = m * (fwd + bwd);
   out.tensor = m * tp_mb;
   out.pipeline = m * pp_mb;
   out.experts = m * ep_mb;
+  out.sequence = m * sq_mb;
   out.bubble = static_cast<double>(l.pp - 1) * mb;
 
   // Data parallelism over the stage's parameters, 16-bit. The engine reduces while backward runs
@@ -212,7 +236,8 @@ StepCost step_cost(const GptShape& shape, const Layout& l, const LayoutMemory& m
     out.optimizer = cpu;
     out.offload += std::max(0.0, nvme - cpu);
   }
-  out.step = out.compute + out.bubble + out.tensor + out.pipeline + out.experts + out.data + out.offload + out.optimizer;
+  out.step = out.compute + out.bubble + out.tensor + out.pipeline + out.experts + out.sequence + out.data + out.offload +
+             out.optimizer;
 
   const double global_tokens = static_cast<double>(l.dp) * m * tokens;
   const double L = static_cast<double>(shape.layers), LE = static_cast<double>(shape.moe_layers());
@@ -220,7 +245,8 @@ StepCost step_cost(const GptShape& shape, const Layout& l, const LayoutMemory& m
   out.model_flops = global_tokens * (6 * active_matmul + 12 * L * s * h + 6 * v * h);
   out.mfu = out.model_flops / (out.step * static_cast<double>(l.gpus()) * c.peak_flops);
   out.tokens_per_s = global_tokens / out.step;
-  const std::array<std::pair<double, const char*>, 8> parts = {{{out.compute, "compute"},
+  const std::array<std::pair<double, const char*>, 9> parts = {{{out.compute, "compute"},
+                                                                {out.sequence, "Ulysses all-to-all"},
                                                                 {out.bubble, "pipeline bubble"},
                                                                 {out.tensor, "tensor-parallel all-reduce"},
                                                                 {out.pipeline, "pipeline send/recv"},
@@ -254,39 +280,47 @@ PlanResult search_plans(const GptShape& shape, const Cluster& cluster, const Pla
     for (uint64_t pp : divisors(shape.layers, shape.layers)) {
       if (gpus % (tp * pp) != 0) continue;
       const uint64_t dp = gpus / (tp * pp);
-      if (search.global_batch % dp != 0) continue;
-      const uint64_t per_rank = search.global_batch / dp;
       // Expert-parallel sizes: divisors of dp that divide the experts (1 for a dense model).
       std::vector<uint64_t> eps;
       for (uint64_t ep : divisors(dp, dp)) {
         if (ep == 1 || (shape.moe() && shape.experts % ep == 0)) eps.push_back(ep);
       }
-      for (uint64_t ep : eps)
-        for (uint64_t b : divisors(per_rank, search.max_micro_batch)) {
-          for (int stage = 0; stage <= 3; ++stage) {
-            if (search.stage >= 0 && stage != search.stage) continue;
-            for (auto [opt, par] : placements) {
-              if (opt != D::none && (!search.offload || stage == 0)) continue;
-              if (par != D::none && stage != 3) continue;
-              for (Checkpointing ck : {Checkpointing::none, Checkpointing::selective, Checkpointing::full}) {
-                if (search.runnable_only && ck == Checkpointing::selective) continue;
-                for (bool sp : {false, true}) {
-                  if (sp && tp == 1) continue;
-                  Candidate cand;
-                  cand.layout = {
-                      dp, tp, pp, ep, b, per_rank / b, stage, opt, par, ck, sp, PipeKind::one_f_one_b, search.attention_scores};
-                  cand.memory = layout_memory(shape, cand.layout, search.buffers, cluster.runtime_memory);
-                  ++result.considered;
-                  cand.fits = does_not_fit(cand.memory, cluster).empty();
-                  if (result.considered == 1 || cand.memory.device < result.smallest.memory.device) result.smallest = cand;
-                  if (!cand.fits) continue;
-                  cand.cost = step_cost(shape, cand.layout, cand.memory, cluster);
-                  fitting.push_back(std::move(cand));
+      for (uint64_t sq : divisors(dp, search.sequence ? dp : 1)) {
+        if (!ulysses_fits(shape, tp, sq) || search.global_batch % (dp / sq) != 0) continue;
+        const uint64_t per_rank = search.global_batch / (dp / sq);
+        for (uint64_t ep : eps)
+          for (uint64_t b : divisors(per_rank, search.max_micro_batch)) {
+            for (int stage = 0; stage <= 3; ++stage) {
+              if (search.stage >= 0 && stage != search.stage) continue;
+              for (auto [opt, par] : placements) {
+                if (opt != D::none && (!search.offload || stage == 0)) continue;
+                if (par != D::none && stage != 3) continue;
+                for (Checkpointing ck : {Checkpointing::none, Checkpointing::selective, Checkpointing::full}) {
+                  if (search.runnable_only && ck == Checkpointing::selective) continue;
+                  for (bool sp : {false, true}) {
+                    if (sp && tp == 1) continue;
+                    for (int memory_saving = 0; memory_saving < (search.sequence ? 3 : 1); ++memory_saving) {
+                      // With --max-seq: the tiled MLP, then host checkpoints (full recomputation on one stage).
+                      const bool tiled = memory_saving >= 1, host = memory_saving == 2;
+                      if (host && (ck != Checkpointing::full || pp > 1)) continue;
+                      Candidate cand;
+                      cand.layout = {
+                          dp, tp,    pp,  ep, b, per_rank / b, stage, opt, par, ck, sp, PipeKind::one_f_one_b, search.attention_scores,
+                          sq, tiled, host};
+                      cand.memory = layout_memory(shape, cand.layout, search.buffers, cluster.runtime_memory);
+                      ++result.considered;
+                      cand.fits = does_not_fit(cand.memory, cluster).empty();
+                      if (result.considered == 1 || cand.memory.device < result.smallest.memory.device) result.smallest = cand;
+                      if (!cand.fits) continue;
+                      cand.cost = step_cost(shape, cand.layout, cand.memory, cluster);
+                      fitting.push_back(std::move(cand));
+                    }
+                  }
                 }
               }
             }
           }
-        }
+      }
     }
   }
   result.fitting = fitting.size();
@@ -301,6 +335,32 @@ PlanResult search_plans(const GptShape& shape, const Cluster& cluster, const Pla
   if (result.considered > 0 && result.smallest.cost.step == 0)
     result.smallest.cost = step_cost(shape, result.smallest.layout, result.smallest.memory, cluster);
   return result;
+}
+
+WindowResult longest_window(GptShape shape, const Cluster& cluster, const PlanSearch& search, uint64_t granule) {
+  if (granule == 0) ZEROTH_THROW(InvalidArgument, "longest_window: a granule of 0 positions");
+  WindowResult out;
+  auto fits = [&](uint64_t units, PlanResult* plans) {
+    shape.seq_len = units * granule;
+    ++out.probes;
+    PlanResult r = search_plans(shape, cluster, search);
+    const bool any = r.fitting > 0;
+    if (plans != nullptr) *plans = std::move(r);
+    return any;
+  };
+  uint64_t lo = 0, hi = 1;  // units that fit, and that do not (once found)
+  while (fits(hi, nullptr)) {
+    lo = hi, hi *= 2;
+    if (hi > (uint64_t{1} << 40) / granule) ZEROTH_THROW(InvalidArgument, "longest_window: every window up to 2^40 positions fits");
+  }
+  while (hi - lo > 1) {
+    const uint64_t mid = lo + (hi - lo) / 2;
+    (fits(mid, nullptr) ? lo : hi) = mid;
+  }
+  if (lo == 0) return out;
+  fits(lo, &out.plans);
+  out.seq_len = lo * granule;
+  return out;
 }
 
 }  // namespace zeroth

@@ -55,6 +55,7 @@ struct StepCost {
   double tensor = 0;       // tensor-parallel all-reduces (or reduce-scatter + all-gather)
   double pipeline = 0;     // activations sent between stages
   double experts = 0;      // expert-parallel all-to-alls, what the expert products leave exposed
+  double sequence = 0;     // Ulysses' all-to-alls around each attention
   double data = 0;         // data-parallel collectives not hidden under compute
   double offload = 0;      // PCIe and NVMe traffic not hidden
   double optimizer = 0;    // the update (device, or CPU for an offloaded optimizer)
@@ -82,6 +83,9 @@ struct PlanSearch {
   bool attention_scores = false;
   size_t top = 10;
   BufferSizes buffers;  // the bucket sizes a run would use
+  // Long windows: Ulysses sizes (divisors of the data-parallel size the heads allow), the tiled
+  // MLP and host checkpoints searched too.
+  bool sequence = false;
 };
 
 struct Candidate {
@@ -102,5 +106,16 @@ struct PlanResult {
 std::string does_not_fit(const LayoutMemory& memory, const Cluster& cluster);
 
 PlanResult search_plans(const GptShape& shape, const Cluster& cluster, const PlanSearch& search);
+
+// The longest window (shape.seq_len) some layout of search_plans fits on the cluster, in steps of
+// `granule` positions (doubling, then halving the gap), and the plans at it; seq_len 0 when not
+// even one granule fits. The memory grows with the window in every term that depends on it, so
+// the fitting windows are a prefix.
+struct WindowResult {
+  uint64_t seq_len = 0;
+  PlanResult plans;
+  uint64_t probes = 0;
+};
+WindowResult longest_window(GptShape shape, const Cluster& cluster, const PlanSearch& search, uint64_t granule);
 
 }  // namespace zeroth

@@ -208,6 +208,32 @@ TEST(Plan, TheTableSaysWhatTheEngineRuns) {
   EXPECT_NE(help.text.find("without selective recomputation"), std::string::npos) << help.text;
 }
 
+// --max-seq for Llama 3 8B on 8 GPUs of 80 GiB and 1 TiB of host memory: the host checkpoints are
+// the limit, 32 layers x 2 bytes x 4096 channels = 256 KiB per position, so 1 TiB holds 4,194,304
+// positions (the ALST paper trained 3.7M on 8 H100s); the best plan shares each sample over the 8
+// ranks with the MLP tiled. Twice the host memory moves the limit to the device.
+TEST(Plan, MaxSeqAnswersTheLongestWindowAndItsLayout) {
+  const Output o = zeroth({"plan", "--model", "llama-3-8b", "--gpus", "8", "--max-seq", "--json"}, "plan_max_seq");
+  ASSERT_EQ(o.code, 0) << o.text;
+  const json j = json::parse(o.text);
+  EXPECT_EQ(j["max_seq"], 4194304);
+  EXPECT_EQ(j["model"]["seq_len"], 4194304);
+  EXPECT_EQ(j["global_batch"], 1);
+  const json& best = j["plans"][0];
+  EXPECT_EQ(best["sequence"], 8);
+  EXPECT_EQ(best["tiled_mlp"], true);
+  EXPECT_EQ(best["host_checkpoints"], true);
+  EXPECT_EQ(best["host_bytes_per_gpu"].get<uint64_t>() * 8, uint64_t{1} << 40);
+  EXPECT_GT(best["parts_s"]["sequence"].get<double>(), 0);
+  const Output more = zeroth({"plan", "--model", "llama-3-8b", "--gpus", "8", "--max-seq", "--host-memory", "2TiB", "--json"},
+                             "plan_max_seq_host");
+  ASSERT_EQ(more.code, 0) << more.text;
+  const json m = json::parse(more.text);
+  EXPECT_GT(m["max_seq"].get<uint64_t>(), 4194304u);
+  EXPECT_LE(m["plans"][0]["device_bytes"].get<uint64_t>(), uint64_t{80} << 30);
+  EXPECT_GT(m["plans"][0]["device_bytes"].get<uint64_t>(), uint64_t{79} << 30) << "the device is the limit now";
+}
+
 TEST(Plan, RefusesBadInputSayingWhatToGive) {
   const Output none = zeroth({"plan", "--global-batch", "8"}, "plan_no_model");
   EXPECT_NE(none.code, 0);

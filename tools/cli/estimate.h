@@ -27,7 +27,8 @@ struct EstimateOptions {
   // GPT-dimension mode: the model's shape and its layout over the GPUs.
   GptShape shape{0, 0, 0, 2048, 51200};
   uint64_t micro_batch = 1, micro_batches = 1, tp = 1, pp = 1;
-  bool sequence_parallel = false, gpipe = false;
+  uint64_t sequence = 1;  // Ulysses ranks per sample (of the data-parallel ranks)
+  bool sequence_parallel = false, gpipe = false, tiled_mlp = false, host_checkpoints = false;
   std::string runtime_memory;
   // --seq, --micro-batch(es), --tp, --pp, ...: with --model, any of them given asks for the
   // preset's layout table (activations too) instead of its model states alone.

@@ -248,6 +248,13 @@ void add_estimate_command(CLI::App& app) {
   layout.push_back(
       cmd->add_option("--pp", o->pp, "With --layers or --model: pipeline stages (default 1)")->check(CLI::Range(1, 1 << 16)));
   layout.push_back(cmd->add_flag("--sequence-parallel", o->sequence_parallel, "With --tp: sequence parallelism"));
+  layout.push_back(
+      cmd->add_option("--sequence", o->sequence,
+                      "With --layers or --model: Ulysses ranks sharing each sample (of the data-parallel ranks; default 1)")
+          ->check(CLI::Range(1, 1 << 12)));
+  layout.push_back(cmd->add_flag("--tiled-mlp", o->tiled_mlp, "With --layers or --model: the MLP by tiles (model.tiled_mlp)"));
+  layout.push_back(cmd->add_flag("--host-checkpoints", o->host_checkpoints,
+                                 "With --layers or --model: full recomputation's checkpoints in host memory (cpu_checkpointing)"));
   layout.push_back(cmd->add_flag("--gpipe", o->gpipe, "With --pp: GPipe's schedule (all micro-batches in flight) instead of 1F1B"));
   layout.push_back(cmd->add_option("--runtime-memory", o->runtime_memory,
                                    "With --layers or --model: device memory the CUDA runtime, NCCL and cuBLAS take (default 1GiB)"));

@@ -205,6 +205,22 @@ int estimate_shape(const EstimateOptions& o, const GptShape& shape) {
   if (o.sequence_parallel && o.tp == 1)
     ZEROTH_THROW(InvalidArgument, "--sequence-parallel splits along tensor-parallel ranks: give --tp above 1");
   if (o.gpipe && o.pp == 1) ZEROTH_THROW(InvalidArgument, "--gpipe is a pipeline schedule: give --pp above 1");
+  const uint64_t dp = gpus / (o.tp * o.pp);
+  if (o.sequence > 1) {
+    const uint64_t heads = shape.heads / o.tp, kv = (shape.kv_heads > 0 ? shape.kv_heads : shape.heads) / o.tp;
+    if (dp % o.sequence != 0)
+      ZEROTH_THROW(InvalidArgument, "--sequence {} must divide the {} data-parallel ranks (GPUs over tp x pp)", o.sequence, dp);
+    if (shape.seq_len % o.sequence != 0)
+      ZEROTH_THROW(InvalidArgument, "--sequence {} must divide the window, --seq {}", o.sequence, shape.seq_len);
+    if (heads % o.sequence != 0 || (kv % o.sequence != 0 && o.sequence % kv != 0)) {
+      ZEROTH_THROW(InvalidArgument,
+                   "--sequence {} must divide the {} heads per tensor-parallel rank, and divide or be a multiple of its {} key/value "
+                   "heads",
+                   o.sequence, heads, kv);
+    }
+  }
+  if (o.pp > 1 && o.host_checkpoints)
+    ZEROTH_THROW(InvalidArgument, "--host-checkpoints keeps a whole model's block inputs in host memory: not with --pp above 1");
   const size_t device_budget = cluster_budget(o.device_memory, Cluster{}.device_memory);
   const size_t node_host_budget = cluster_budget(o.host_memory, Cluster{}.host_memory);
   const uint64_t runtime = o.runtime_memory.empty() ? kDeviceRuntimeBytes : parse_bytes(o.runtime_memory);
@@ -213,12 +229,16 @@ int estimate_shape(const EstimateOptions& o, const GptShape& shape) {
   nlohmann::json rows = nlohmann::json::array();
   if (!o.json) {
     std::printf("zeroth estimate: %s of %s parameters (%s) on %llu GPUs (%d per node x %d nodes) as dp %llu x tp %llu x pp %llu, "
-                "micro-batch %llu%s, per GPU (the pipeline stage that holds the most)\n",
+                "micro-batch %llu%s%s, per GPU (the pipeline stage that holds the most)\n",
                 o.model.empty() ? "GPT" : o.model.c_str(), fmt::format("{}", shape.params()).c_str(), shape.describe().c_str(),
                 static_cast<unsigned long long>(gpus), o.gpus_per_node, o.nodes, static_cast<unsigned long long>(gpus / (o.tp * o.pp)),
                 static_cast<unsigned long long>(o.tp), static_cast<unsigned long long>(o.pp),
                 static_cast<unsigned long long>(o.micro_batch),
-                o.pp > 1 ? fmt::format(" x {} ({})", o.micro_batches, o.gpipe ? "GPipe" : "1F1B").c_str() : "");
+                o.pp > 1 ? fmt::format(" x {} ({})", o.micro_batches, o.gpipe ? "GPipe" : "1F1B").c_str() : "",
+                fmt::format("{}{}{}", o.sequence > 1 ? fmt::format(", Ulysses over {} ranks", o.sequence) : "",
+                            o.tiled_mlp ? ", tiled MLP" : "",
+                            o.host_checkpoints ? ", full recomputation's checkpoints in host memory" : "")
+                    .c_str());
     std::printf("%-5s %-9s %-9s %13s %11s %11s %11s %11s %11s %11s %11s %12s %12s  %s\n", "stage", "optimizer", "params",
                 "model states", "acts none", "acts sel.", "acts full", "buffers", "device none", "device sel.", "device full",
                 "host/node", "nvme/node", "fits none/sel./full");
@@ -231,14 +251,16 @@ int estimate_shape(const EstimateOptions& o, const GptShape& shape) {
         Layout l;
         l.dp = gpus / (o.tp * o.pp), l.tp = o.tp, l.pp = o.pp, l.micro_batch = o.micro_batch, l.micro_batches = o.micro_batches;
         l.stage = stage, l.offload_optimizer = opt, l.offload_param = par, l.sequence_parallel = o.sequence_parallel;
+        l.sq = o.sequence, l.tiled_mlp = o.tiled_mlp, l.host_checkpoints = o.host_checkpoints;
         l.schedule = o.gpipe ? PipeKind::gpipe : PipeKind::one_f_one_b;
         nlohmann::json acts = nlohmann::json::object(), device = nlohmann::json::object(), fits = nlohmann::json::object();
-        LayoutMemory none;
+        LayoutMemory none, full;
         std::string fits_text;
         for (Checkpointing k : kinds) {
           l.checkpointing = k;
           const LayoutMemory m = layout_memory(shape, l, {}, runtime);
           if (k == Checkpointing::none) none = m;
+          if (k == Checkpointing::full) full = m;
           const bool ok = (device_budget == 0 || m.device <= device_budget) &&
                           (node_host_budget == 0 || m.host * static_cast<uint64_t>(o.gpus_per_node) <= node_host_budget);
           const std::string name(checkpointing_name(k));
@@ -251,7 +273,8 @@ int estimate_shape(const EstimateOptions& o, const GptShape& shape) {
         with_scores.checkpointing = Checkpointing::none, with_scores.attention_scores = true;
         const LayoutMemory scores = layout_memory(shape, with_scores, {}, runtime);
         scores_extra = scores.activations - none.activations;
-        const uint64_t host_node = none.host * static_cast<uint64_t>(o.gpus_per_node),
+        // Host checkpoints are full recomputation's: its row's host memory then.
+        const uint64_t host_node = (o.host_checkpoints ? full : none).host * static_cast<uint64_t>(o.gpus_per_node),
                        nvme_node = none.nvme * static_cast<uint64_t>(o.gpus_per_node);
         rows.push_back({{"stage", stage},
                         {"offload_optimizer", offload_device_name(opt)},
@@ -293,6 +316,9 @@ int estimate_shape(const EstimateOptions& o, const GptShape& shape) {
                                        {"tp", o.tp},
                                        {"pp", o.pp},
                                        {"micro_batch", o.micro_batch},
+                                       {"sequence", o.sequence},
+                                       {"tiled_mlp", o.tiled_mlp},
+                                       {"host_checkpoints", o.host_checkpoints},
                                        {"device_memory", device_budget},
                                        {"host_memory_per_node", node_host_budget},
                                        {"rows", rows}}

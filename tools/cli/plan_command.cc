@@ -20,11 +20,15 @@
 #include "planner/planner.h"       // search_plans
 #include "tools/cli/commands.h"
 #include "tools/cli/options.h"          // parse_count
+#include "tools/cli/plan_tables.h"      // plan_json, print_table
 #include "train/config/train_config.h"  // TrainConfig
 #include "train/trainer.h"              // largest_stage
 
 namespace zeroth::tools {
 namespace plan_cmd {
+
+using plan_tables::plan_json;
+using plan_tables::print_table;
 
 struct Options {
   std::string params, model;
@@ -34,7 +38,7 @@ struct Options {
   Cluster cluster;
   std::string device_memory, runtime_memory, host_memory, nvme_capacity, peak_flops, intra_bw, inter_bw, pcie_bw, nvme_bw, cpu_rate;
   std::vector<std::string> calibrate;
-  bool no_offload = false, runnable = false, json = false;
+  bool no_offload = false, runnable = false, json = false, max_seq = false;
   bool gpus_per_node_given = false;
   int stage = -1;
   size_t top = 10;
@@ -90,50 +94,6 @@ void apply_options(Options& o) {
   rate(o.cpu_rate, "--cpu-optimizer-rate", c.cpu_optimizer_rate);
 }
 
-std::string placement(const Layout& l) {
-  if (l.offload_optimizer == OffloadDevice::none) return "-";
-  std::string out = fmt::format("opt:{}", offload_device_name(l.offload_optimizer));
-  if (l.offload_param != OffloadDevice::none) out += fmt::format(" par:{}", offload_device_name(l.offload_param));
-  return out;
-}
-
-nlohmann::json plan_json(const Candidate& c) {
-  const Layout& l = c.layout;
-  const StepCost& k = c.cost;
-  return {{"dp", l.dp},
-          {"tp", l.tp},
-          {"pp", l.pp},
-          {"ep", l.ep},
-          {"micro_batch", l.micro_batch},
-          {"micro_batches", l.micro_batches},
-          {"stage", l.stage},
-          {"offload_optimizer", offload_device_name(l.offload_optimizer)},
-          {"offload_param", offload_device_name(l.offload_param)},
-          {"checkpointing", checkpointing_name(l.checkpointing)},
-          {"sequence_parallel", l.sequence_parallel},
-          {"schedule", l.pp > 1 ? nlohmann::json(pipe_kind_name(l.schedule)) : nlohmann::json(nullptr)},
-          {"device_bytes", c.memory.device},
-          {"model_states_bytes", c.memory.model_states},
-          {"activations_bytes", c.memory.activations},
-          {"buffers_bytes", c.memory.buffers},
-          {"allowance_bytes", c.memory.allowance},
-          {"host_bytes_per_gpu", c.memory.host},
-          {"nvme_bytes_per_gpu", c.memory.nvme},
-          {"step_s", k.step},
-          {"tokens_per_s", k.tokens_per_s},
-          {"mfu", k.mfu},
-          {"bound", k.bound},
-          {"parts_s",
-           {{"compute", k.compute},
-            {"bubble", k.bubble},
-            {"tensor", k.tensor},
-            {"pipeline", k.pipeline},
-            {"experts", k.experts},
-            {"data", k.data},
-            {"offload", k.offload},
-            {"optimizer", k.optimizer}}}};
-}
-
 // The plan as a training config this engine runs, checked by the trainer's own parser.
 nlohmann::json config_of(const Options& o, const GptShape& shape, const Candidate& c) {
   const Layout& l = c.layout;
@@ -146,7 +106,7 @@ nlohmann::json config_of(const Options& o, const GptShape& shape, const Candidat
   nlohmann::json data;
   if (o.data.empty()) {
     // Enough synthetic tokens for the batches of a short run and their validation.
-    const uint64_t batch_tokens = c.layout.dp * c.layout.micro_batch * c.layout.micro_batches * (shape.seq_len + 1);
+    const uint64_t batch_tokens = c.layout.sample_groups() * c.layout.micro_batch * c.layout.micro_batches * (shape.seq_len + 1);
     data = {{"format", "synthetic"},
             {"vocab_size", std::min<uint64_t>(shape.vocab, 65536)},
             {"tokens", std::max<uint64_t>(uint64_t{1} << 20, 16 * batch_tokens)}};
@@ -156,7 +116,7 @@ nlohmann::json config_of(const Options& o, const GptShape& shape, const Candidat
   }
   nlohmann::json run = {{"device", o.emit_device}, {"world_size", l.dp * l.tp * l.pp}, {"steps", 100}};
   if (o.emit_device == "cpu") run["device_memory"] = format_bytes(o.cluster.device_memory);
-  nlohmann::json j = {{"train_batch_size", l.dp * l.micro_batch * l.micro_batches},
+  nlohmann::json j = {{"train_batch_size", l.sample_groups() * l.micro_batch * l.micro_batches},
                       {"train_micro_batch_size_per_gpu", l.micro_batch},
                       {"gradient_accumulation_steps", l.micro_batches},
                       {"gradient_clipping", 1.0},
@@ -182,32 +142,18 @@ nlohmann::json config_of(const Options& o, const GptShape& shape, const Candidat
                          {"intermediate_size", shape.expert_ffn},
                          {"every", shape.moe_every}};
   }
-  if (l.tp > 1 || l.pp > 1 || l.ep > 1) {
+  if (l.tp > 1 || l.pp > 1 || l.ep > 1 || l.sq > 1) {
     j["parallel"] = {{"tensor", l.tp}, {"sequence_parallel", l.sequence_parallel}, {"pipeline", l.pp}, {"expert", l.ep}};
     if (l.pp > 1) j["parallel"]["schedule"] = pipe_kind_name(l.schedule), j["parallel"]["micro_batches"] = l.micro_batches;
+    if (l.sq > 1) j["parallel"]["sequence"] = l.sq;
   }
+  if (l.tiled_mlp) j["model"]["tiled_mlp"] = true;
+  if (l.host_checkpoints && l.checkpointing == Checkpointing::full) j["activation_checkpointing"] = {{"cpu_checkpointing", true}};
   TrainConfig::from_json(j);  // throws ConfigError naming the key if the trainer would refuse it
   return j;
 }
 
 // The ep column only for a mixture of experts.
-void print_table(const std::vector<Candidate>& plans, uint64_t gpus_per_node, bool experts) {
-  std::printf("%3s %5s %3s %4s%s %9s %5s %-17s %-9s %-3s %11s %11s %9s %10s %6s  %s\n", "#", "dp", "tp", "pp", experts ? "   ep" : "",
-              "mb x m", "stage", "offload", "recompute", "sp", "device/GPU", "host/node", "step s", "tokens/s", "MFU", "bound");
-  for (size_t i = 0; i < plans.size(); ++i) {
-    const Candidate& c = plans[i];
-    const Layout& l = c.layout;
-    const std::string ep = experts ? fmt::format(" {:4}", l.ep) : "";
-    std::printf("%3zu %5llu %3llu %4llu%s %9s %5d %-17s %-9s %-3s %11s %11s %9.3f %10.0f %5.1f%%  %s\n", i + 1,
-                static_cast<unsigned long long>(l.dp), static_cast<unsigned long long>(l.tp), static_cast<unsigned long long>(l.pp),
-                ep.c_str(), fmt::format("{}x{}", l.micro_batch, l.micro_batches).c_str(), l.stage, placement(l).c_str(),
-                (std::string(checkpointing_name(l.checkpointing)) + (l.checkpointing == Checkpointing::selective ? "*" : "")).c_str(),
-                l.sequence_parallel ? "yes" : "-", format_bytes(c.memory.device).c_str(),
-                format_bytes(c.memory.host * gpus_per_node).c_str(), c.cost.step, c.cost.tokens_per_s, 100 * c.cost.mfu,
-                c.cost.bound.c_str());
-  }
-}
-
 // Long: the command's steps (calibration, the shape, the search, the emitted config, then the JSON or the report); the
 // report reads everything the steps before it found.
 void run(Options o) {
@@ -236,8 +182,11 @@ void run(Options o) {
   shape.experts = o.shape.experts, shape.top_k = o.shape.top_k, shape.expert_ffn = o.shape.expert_ffn;
   shape.moe_every = o.shape.moe_every;
   if (const std::string bad = shape.problem(); !bad.empty()) ZEROTH_THROW(InvalidArgument, "the model's shape: {}", bad);
+  // The longest window: one sequence a step unless told otherwise.
+  if (o.global_batch.empty() && o.max_seq) o.global_batch = "1";
   if (o.global_batch.empty()) ZEROTH_THROW(InvalidArgument, "give --global-batch (sequences per optimizer step)");
   PlanSearch search;
+  search.sequence = o.max_seq;
   const double batch = parse_count(o.global_batch, "--global-batch");
   if (batch != std::floor(batch)) ZEROTH_THROW(InvalidArgument, "--global-batch {}: give a whole number of sequences", o.global_batch);
   search.global_batch = static_cast<uint64_t>(batch);
@@ -248,7 +197,20 @@ void run(Options o) {
   const Cluster& c = o.cluster;
 
   const auto start = std::chrono::steady_clock::now();
-  const PlanResult result = search_plans(shape, c, search);
+  PlanResult result;
+  WindowResult window;
+  if (o.max_seq) {
+    // Windows in steps of 1024 positions per GPU: every Ulysses size of the search divides them.
+    window = longest_window(shape, c, search, 1024 * c.gpus());
+    if (window.seq_len == 0) {
+      ZEROTH_THROW(OutOfMemory, "--max-seq: not even a window of {} positions fits the cluster with any layout: add GPUs or memory",
+                   1024 * c.gpus());
+    }
+    shape.seq_len = window.seq_len;
+    result = std::move(window.plans);
+  } else {
+    result = search_plans(shape, c, search);
+  }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   if (result.considered == 0) {
@@ -310,6 +272,7 @@ void run(Options o) {
                             {"seq_len", shape.seq_len},
                             {"vocab", shape.vocab}}},
                           {"global_batch", search.global_batch},
+                          {"max_seq", o.max_seq ? nlohmann::json(window.seq_len) : nlohmann::json(nullptr)},
                           {"cluster",
                            {{"gpus_per_node", c.gpus_per_node},
                             {"nodes", c.nodes},
@@ -352,6 +315,11 @@ void run(Options o) {
               c.matmul_efficiency, c.intra_node_bw / 1e9, c.inter_node_bw / 1e9, c.pcie_bw / 1e9, c.nvme_bw / 1e9,
               format_bytes(c.host_memory).c_str(), c.cpu_optimizer_rate);
   for (const auto& line : calibrated) std::printf("calibrated: %s\n", line.c_str());
+  if (o.max_seq) {
+    std::printf("longest window: %s positions (%.2fM; %llu windows searched by halving, in steps of %llu); at it:\n",
+                fmt::format("{}", window.seq_len).c_str(), static_cast<double>(window.seq_len) / (1 << 20),
+                static_cast<unsigned long long>(window.probes), static_cast<unsigned long long>(1024 * c.gpus()));
+  }
   std::printf("searched %s layouts in %.3f s: %s fit\n\n", fmt::format("{}", result.considered).c_str(), seconds,
               fmt::format("{}", result.fitting).c_str());
   if (result.best.empty()) {
@@ -362,14 +330,15 @@ void run(Options o) {
     ZEROTH_THROW(OutOfMemory, "no layout of this model fits the cluster: add GPUs or memory{}",
                  search.offload ? "" : ", or allow offload (drop --no-offload)");
   }
-  print_table(result.best, c.gpus_per_node, shape.moe());
+  print_table(result.best, c.gpus_per_node, shape.moe(), o.max_seq);
   const Candidate& best = result.best.front();
   const StepCost& k = best.cost;
   std::printf("\nbest: %s\n  step %.3f s = compute %.3f + bubble %.3f + tensor-parallel %.3f + pipeline send/recv %.3f + "
-              "%sdata-parallel %.3f + offload %.3f + optimizer %.3f (exposed seconds); MFU %.1f%%\n",
+              "%s%sdata-parallel %.3f + offload %.3f + optimizer %.3f (exposed seconds); MFU %.1f%%\n",
               best.layout.describe().c_str(), k.step, k.compute, k.bubble, k.tensor, k.pipeline,
-              shape.moe() ? fmt::format("expert all-to-all {:.3f} + ", k.experts).c_str() : "", k.data, k.offload, k.optimizer,
-              100 * k.mfu);
+              shape.moe() ? fmt::format("expert all-to-all {:.3f} + ", k.experts).c_str() : "",
+              best.layout.sq > 1 ? fmt::format("Ulysses all-to-all {:.3f} + ", k.sequence).c_str() : "", k.data, k.offload,
+              k.optimizer, 100 * k.mfu);
   std::printf("  memory per GPU: model states %s, activations %s (%llu micro-batch%s in flight), buffers %s, allowance %s = %s; "
               "host %s and NVMe %s per node\n",
               format_bytes(best.memory.model_states).c_str(), format_bytes(best.memory.activations).c_str(),
@@ -427,7 +396,10 @@ void add_plan_command(CLI::App& app) {
       ->check(CLI::Range(1, 1 << 24));
   cmd->add_option("--moe-every", o->shape.moe_every, "With --experts: every n-th layer has experts (default 1)")
       ->check(CLI::Range(1, 1 << 16));
-  cmd->add_option("--global-batch", o->global_batch, "Sequences per optimizer step (required)");
+  cmd->add_option("--global-batch", o->global_batch, "Sequences per optimizer step (required but with --max-seq: 1)");
+  cmd->add_flag("--max-seq", o->max_seq,
+                "The longest window the cluster trains the model at: Ulysses over the data-parallel ranks, the tiled MLP and host "
+                "checkpoints searched too");
   auto* gpus = cmd->add_option("--gpus", o->gpus, "GPUs in all (sets --nodes from --gpus-per-node)")->check(CLI::Range(1, 1 << 24));
   cmd->add_option("--gpus-per-node", o->cluster.gpus_per_node, "GPUs per node (default 8; with fewer --gpus, those)")
       ->check(CLI::Range(1, 1 << 10))

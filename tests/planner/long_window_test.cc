@@ -1,0 +1,91 @@
+// The planner's long-window terms against counts worked out by hand for Llama 3 8B at 512K
+// positions: Ulysses divides a rank's activations by the group's size and adds the all-to-alls'
+// buffers, the tiled MLP drops the MLP's intermediates, host checkpoints leave two working copies
+// on the device and the rest in host memory, and the step model charges the exchanges' bytes over
+// the node's link. The longest window is the last that fits: one granule more does not.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+
+#include "models/decoder/gpt.h"
+#include "planner/planner.h"
+
+namespace zeroth {
+namespace {
+
+GptShape llama_3_8b(uint64_t seq_len) {
+  const GptConfig g = GptConfig::preset("llama-3-8b");
+  const auto u = [](int v) { return static_cast<uint64_t>(v); };
+  return GptShape::llama_shape(u(g.n_layer), u(g.n_embd), u(g.n_head), u(g.kv_heads()), u(g.ffn()), seq_len, u(g.vocab_size),
+                               g.tie_word_embeddings);
+}
+
+TEST(LongWindow, UlyssesTiledMlpAndHostCheckpointsInTheLayerCount) {
+  // s = 524288, b = 1, h = 4096, 32 heads over 8 key/value heads of 128 (kv width 1024), ffn 14336.
+  const uint64_t s = 524288, h = 4096, kv = 1024, ffn = 14336, a = 32;
+  const GptShape whole = llama_3_8b(s);
+  // Korthikanti's Llama layer (16-bit): 12 s h + 4 s kv + 6 s ffn, and each row's log-sum-exp 4 a s.
+  const uint64_t layer = 12 * s * h + 4 * s * kv + 6 * s * ffn + 4 * a * s;
+  EXPECT_EQ(layer_activation_bytes(whole, 1, 1, false, Checkpointing::none), layer);
+  // Tiled: the gate, up and product are a tile's, not kept.
+  EXPECT_EQ(layer_activation_bytes(whole, 1, 1, false, Checkpointing::none, false, true), layer - 6 * s * ffn);
+  // Ulysses over 8: a rank's s / 8 positions; with the scores kept, its a / 8 heads over all s.
+  GptShape local = whole;
+  local.seq_len = s / 8;
+  EXPECT_EQ(layer_activation_bytes(local, 1, 1, false, Checkpointing::none, false, false, 8), layer / 8);
+  // Kept scores: softmax's output, a Llama's 2 a s^2 b, over the rank's a / 8 heads and all s.
+  EXPECT_EQ(layer_activation_bytes(local, 1, 1, false, Checkpointing::none, true, false, 8) -
+                layer_activation_bytes(local, 1, 1, false, Checkpointing::selective, true, false, 8),
+            2 * (a / 8) * s * s);
+
+  Layout l;
+  l.dp = 8, l.stage = 3, l.checkpointing = Checkpointing::full;
+  const LayoutMemory plain = layout_memory(whole, l);
+  l.sq = 8;
+  const LayoutMemory ulysses = layout_memory(whole, l);
+  // Full recomputation keeps each layer's input, 2 s h / 8 a rank, plus one layer recomputed and the
+  // exchange's send and receive buffers: 2 x 2 bytes x s / 8 x (32 + 2 x 8) heads x 128.
+  const uint64_t exchange = 2 * 2 * (s / 8) * (32 + 2 * 8) * 128;
+  EXPECT_EQ(ulysses.model_states, plain.model_states);
+  EXPECT_GT(plain.activations, 7 * (ulysses.activations - exchange));
+  l.tiled_mlp = true, l.host_checkpoints = true;
+  const LayoutMemory alst = layout_memory(whole, l);
+  // On the host: the 32 layers' inputs of the rank's positions. On the device: two working copies.
+  const uint64_t input = 2 * (s / 8) * h;
+  EXPECT_EQ(alst.host, 32 * input);
+  const uint64_t recomputed = (12 * (s / 8) * h + 4 * (s / 8) * kv + 4 * a * s / 8);
+  const uint64_t head = 4 * (s / 8) * h + 4 * logits_chunk_rows(whole.vocab) * whole.vocab;
+  EXPECT_EQ(alst.activations, 2 * input + recomputed + exchange + head);
+}
+
+TEST(LongWindow, TheExchangesBytesCrossTheNodesLink) {
+  const GptShape s = llama_3_8b(524288);
+  Layout l;
+  l.dp = 8, l.stage = 3, l.checkpointing = Checkpointing::full, l.sq = 8;
+  Cluster c;
+  const StepCost cost = step_cost(s, l, layout_memory(s, l), c);
+  // Per layer 3 passes (forward, backward, recomputation) of q, k, v and the output: f32 rows of
+  // 4096 + 2 x 1024 and 4096 for the rank's 65536 positions, 7/8 of them leaving it.
+  const double bytes = 4.0 * 65536 * (4096 + 2 * 1024 + 4096) * 7 / 8;
+  EXPECT_NEAR(cost.sequence, 32 * 3 * bytes / c.intra_node_bw, 1e-9 * cost.sequence);
+}
+
+TEST(LongWindow, TheLongestWindowFitsAndOneGranuleMoreDoesNot) {
+  const GptShape s = llama_3_8b(4096);
+  Cluster c;
+  PlanSearch search;
+  search.global_batch = 1, search.sequence = true;
+  const WindowResult w = longest_window(s, c, search, 8192);
+  ASSERT_GT(w.seq_len, 0u);
+  EXPECT_GT(w.plans.fitting, 0u);
+  GptShape more = s;
+  more.seq_len = w.seq_len + 8192;
+  EXPECT_EQ(search_plans(more, c, search).fitting, 0u);
+  // Ulysses, the tiled MLP or host checkpoints make it: without them the window is shorter.
+  PlanSearch plain = search;
+  plain.sequence = false;
+  EXPECT_LT(longest_window(s, c, plain, 8192).seq_len, w.seq_len);
+}
+
+}  // namespace
+}  // namespace zeroth
