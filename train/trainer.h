@@ -39,6 +39,9 @@ struct StepMetrics {
   // wall_clock_breakdown: rank 0's forward and backward passes (synchronized), the wait for the
   // reductions after the last backward, and the rest of the optimizer step.
   double forward_seconds = 0, backward_seconds = 0, reduce_wait_seconds = 0, optimizer_seconds = 0;
+  // Ulysses (parallel.sequence): this rank's all-to-alls' time on the compute stream, within the
+  // forward and backward passes (with wall_clock_breakdown; -1 without Ulysses).
+  double sequence_exchange_seconds = -1;
   // wall_clock_breakdown with swap files: rank 0's bytes read and written, and its streams' time
   // waiting on them (summed over streams).
   uint64_t swap_read_bytes = 0, swap_write_bytes = 0;

@@ -153,6 +153,8 @@ void TrainingRun::restore(bool for_eval) {
 }
 
 void TrainingRun::start() {
+  // wall_clock_breakdown times Ulysses' exchanges within the passes too.
+  gpt_.time_exchanges(config_.engine.time_breakdown && U_ > 1);
   const DataSplits& data = run_data_.splits;
   std::optional<corpus::SampleStats> samples;
   if (data.sample_stats != nullptr) samples = *data.sample_stats;
@@ -412,6 +414,8 @@ void TrainingRun::take_measure(int64_t k, double pass_seconds[2]) {
 void TrainingRun::report_step(int64_t k, double loss, double seconds, const StepResult& r, const double pass_seconds[2]) {
   StepMetrics s;
   agree_moe(s);  // a collective: every rank, before rank 0 reports
+  // Every rank takes its exchanges' time (the passes were synchronized: wall_clock_breakdown).
+  const double exchanges = config_.engine.time_breakdown && U_ > 1 ? gpt_.take_exchange_seconds() : -1;
   report([&] {
     s.step = k + 1;
     s.loss = loss;
@@ -426,6 +430,7 @@ void TrainingRun::report_step(int64_t k, double loss, double seconds, const Step
     s.peak_bytes = device_.memory().stats().total_peak;
     s.forward_seconds = pass_seconds[0];
     s.backward_seconds = pass_seconds[1];
+    s.sequence_exchange_seconds = exchanges;
     s.reduce_wait_seconds = r.reduce_wait_seconds;
     s.optimizer_seconds = r.update_seconds;
     s.swap_read_bytes = r.swap_read_bytes;

@@ -327,6 +327,11 @@ class Gpt {
   // The expert layers' figures since the last call (after the compute stream has passed the work
   // that made them: synchronize it first), and a fresh start.
   MoeStats take_moe_stats();
+  // Ulysses: time each exchange on the compute stream from now on (a host stamp before and after
+  // it, DeepSpeed's wall_clock_breakdown), and the seconds they took since the last take (after
+  // the stream has passed them: synchronize it first).
+  void time_exchanges(bool on);
+  double take_exchange_seconds();
 
  private:
   struct State;

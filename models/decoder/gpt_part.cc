@@ -55,8 +55,7 @@ void check_part(const GptConfig& c, const GptPart& part) {
     if (heads % u != 0) {
       ZEROTH_THROW(ConfigError,
                    "parallel.sequence = {} splits the attention heads over its ranks, but each {} has {} (model.n_head = {}{}), "
-                   "not a multiple of it; use a sequence-parallel size that divides them, or parallel.context (ring attention), "
-                   "which splits no heads",
+                   "not a multiple of it; use a sequence-parallel size that divides them",
                    u, part.tp_ranks > 1 ? "tensor-parallel rank" : "rank", heads, c.n_head,
                    part.tp_ranks > 1 ? fmt::format(" over parallel.tensor = {}", part.tp_ranks) : "");
     }

@@ -3,7 +3,9 @@
 // activations.cc sizes and lays it out, gpt_step.cc runs the passes over it.
 #pragma once
 
+#include <atomic>   // std::atomic
 #include <cstdint>  // int32_t
+#include <array>    // std::array
 #include <deque>    // std::deque
 #include <memory>   // std::unique_ptr
 #include <vector>   // std::vector
@@ -59,10 +61,20 @@ struct Gpt::State {
   gpt::Scratch d;                     // passes run one at a time: shared
   std::deque<gpt::MoeActs> moe_acts;  // the expert layers' routing on the host (Slot::moe)
   MoeStats moe_stats;                 // written by the stream's work, taken by Gpt::take_moe_stats
-  Buffer wbuf, gbuf;                  // f32 copies of a narrow block's parameters and gradients
+  // Ulysses' exchanges' time on the stream while timed (Gpt::time_exchanges), taken by
+  // Gpt::take_exchange_seconds.
+  bool time_exchanges = false;
+  std::atomic<int64_t> exchange_nanos{0};
+  Buffer wbuf, gbuf;  // f32 copies of a narrow block's parameters and gradients
   // Expert parallelism: the stream the all-to-alls run on under the experts' products (null: the
   // compute stream), and the events between the two.
   std::unique_ptr<Stream> exchange;
+  // cpu_checkpointing: the stream that copies checkpoints back ahead of their block's backward, the
+  // event of a working copy's last reader before it is overwritten, and each working copy's copy
+  // done (gpt_step.cc).
+  std::unique_ptr<Stream> restore_stream;
+  std::unique_ptr<Event> copy_free;
+  std::array<std::unique_ptr<Event>, 2> restored;
   std::vector<std::unique_ptr<Event>> exchange_events;
   // Generation (decode.cc): every layer's cache of qkv rows [kv_len, W] end to end, then the
   // attention's scratch; kv_pos positions are in it.

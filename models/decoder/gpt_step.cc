@@ -65,6 +65,11 @@ Gpt::Gpt(BlockHost& host, GptConfig config, GptPart part, Communicator* tensor, 
   state_->device = &host_.device();
   state_->k = gpt::make_kernels(host_.compute_stream());
   if (part_.ep_ranks > 1 && part_.ep_overlap) state_->exchange = host_.device().create_stream();
+  if (config_.cpu_checkpointing) {
+    state_->restore_stream = host_.device().create_stream();
+    state_->copy_free = host_.device().create_event();
+    for (auto& e : state_->restored) e = host_.device().create_event();
+  }
 }
 
 Gpt::~Gpt() {
@@ -75,11 +80,14 @@ Gpt::~Gpt() {
   } catch (const std::exception& e) {
     ZLOG_WARN("GPT teardown: the compute stream had failed: {}", e.what());
   }
-  if (state_->exchange == nullptr) return;
-  try {
-    state_->exchange->synchronize();
-  } catch (const std::exception& e) {
-    ZLOG_WARN("GPT teardown: the expert all-to-alls' stream had failed: {}", e.what());
+  for (const auto& [side, name] : {std::pair{state_->exchange.get(), "the expert all-to-alls'"},
+                                   std::pair{state_->restore_stream.get(), "the host checkpoints'"}}) {
+    if (side == nullptr) continue;
+    try {
+      side->synchronize();
+    } catch (const std::exception& e) {
+      ZLOG_WARN("GPT teardown: {} stream had failed: {}", name, e.what());
+    }
   }
 }
 
@@ -89,6 +97,10 @@ MoeStats Gpt::take_moe_stats() {
   state_->moe_stats = {};
   return out;
 }
+
+void Gpt::time_exchanges(bool on) { state_->time_exchanges = on; }
+
+double Gpt::take_exchange_seconds() { return static_cast<double>(state_->exchange_nanos.exchange(0)) * 1e-9; }
 
 void Gpt::forward_backward(const int32_t* tokens, const int32_t* targets, int B, int T, float* loss, int micro,
                            const int32_t* positions) {
@@ -194,7 +206,7 @@ void Gpt::run_forward(int micro, int chunk, const int32_t* tokens, const int32_t
   gpt::Kernels& k = *s->k;
   const Dims d = Dims::of(config_, part_);
   const gpt::TensorGroup g(tensor_, stream, d);
-  const gpt::SequenceGroup q(sequence_, k, stream, d, s->d.sq_send, s->d.sq_recv);
+  const gpt::SequenceGroup q(sequence_, k, stream, d, s->d.sq_send, s->d.sq_recv, s->time_exchanges ? &s->exchange_nanos : nullptr);
   const size_t BT = static_cast<size_t>(B) * T, R = d.rows(BT), at = d.row_offset(BT);
   const int L = config_.n_layer, C = config_.n_embd;
   // Without backward nothing is kept per layer: evaluation runs in one set.
@@ -355,12 +367,23 @@ void Gpt::run_backward(int micro, int chunk) {
   Stream& stream = host_.compute_stream();
   const Dims d = Dims::of(config_, part_);
   const gpt::TensorGroup g(tensor_, stream, d);
-  const gpt::SequenceGroup q(sequence_, k, stream, d, s->d.sq_send, s->d.sq_recv);
+  const gpt::SequenceGroup q(sequence_, k, stream, d, s->d.sq_send, s->d.sq_recv, s->time_exchanges ? &s->exchange_nanos : nullptr);
   const size_t R = d.rows(BT);
   const gpt::Scratch& sc = s->d;
-  auto restore = [&](int l) {
-    if (static_cast<size_t>(l) < sl->saved.size()) host_.device().copy(stream, sl->resid[l], sl->saved[l], R * C * sizeof(float));
+  // cpu_checkpointing: block l's input comes back from host memory on a stream of its own while
+  // block l + 1 runs its backward, into the working copy that block l + 2's input (ln_f's for the
+  // last layer) held: the copy waits for that copy's last reader, block l's recomputation for the copy.
+  auto prefetch = [&](int l) {
+    if (l < lo || static_cast<size_t>(l) >= sl->saved.size()) return;
+    s->copy_free->record(stream);
+    s->restore_stream->wait(*s->copy_free);
+    host_.device().copy(*s->restore_stream, sl->resid[l], sl->saved[l], R * C * sizeof(float));
+    s->restored[l % 2]->record(*s->restore_stream);
   };
+  auto restored = [&](int l) {
+    if (static_cast<size_t>(l) < sl->saved.size()) stream.wait(*s->restored[l % 2]);
+  };
+  prefetch(hi - 1);  // none where block L - 1's input is in a working copy, as with a whole model
   if (heads) {
     {
       auto w = bind(k, &s->wbuf, &s->gbuf, host_.begin_backward(head_, micro), true);
@@ -445,7 +468,8 @@ void Gpt::run_backward(int micro, int chunk) {
     }
     const auto& v = host_.begin_backward(layers_[l], micro);
     take_output_grad();
-    restore(l);
+    restored(l);
+    prefetch(l - 1);
     auto w = bind(k, &s->wbuf, &s->gbuf, v, true);
     const gpt::LayerLora* lora = lora_[l] >= 0 ? &s->lora[l] : nullptr;
     // The layer's backward adds its adapters' gradients from zero.

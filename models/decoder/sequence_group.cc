@@ -1,6 +1,9 @@
 // Ulysses' all-to-alls and the packing around them.
 #include "models/decoder/sequence_group.h"
 
+#include <chrono>  // std::chrono::steady_clock
+#include <memory>  // std::make_shared
+
 namespace zeroth::gpt {
 
 namespace {
@@ -19,7 +22,16 @@ void qkv_segments(const Dims& d, int j, Segment out[3]) {
 }  // namespace
 
 void SequenceGroup::exchange(const float* send, float* recv, size_t n) const {
+  if (nanos_ == nullptr) {
+    comm_->all_to_all(stream_, {const_cast<float*>(send), n, DType::f32}, {recv, n, DType::f32});
+    return;
+  }
+  using Clock = std::chrono::steady_clock;
+  auto start = std::make_shared<Clock::time_point>();
+  stream_.enqueue_host([start] { *start = Clock::now(); });
   comm_->all_to_all(stream_, {const_cast<float*>(send), n, DType::f32}, {recv, n, DType::f32});
+  stream_.enqueue_host(
+      [start, nanos = nanos_] { *nanos += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - *start).count(); });
 }
 
 void SequenceGroup::heads_to_chunks(const float* heads, float* chunks, int B, int T, size_t w) const {

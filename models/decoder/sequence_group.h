@@ -5,7 +5,9 @@
 // (as TensorGroup's collectives); a group of one rank does nothing and is never called.
 #pragma once
 
+#include <atomic>   // std::atomic
 #include <cstddef>  // size_t
+#include <cstdint>  // int64_t
 
 #include "comm/communicator.h"       // Communicator
 #include "core/device.h"             // Stream
@@ -18,9 +20,12 @@ namespace zeroth::gpt {
 // [B, T sq, width'] (every position of each sample, its heads: Dims::NHa, KVHa).
 class SequenceGroup {
  public:
-  // send and recv: scratch of BT sq Wa floats each (Dims::ulysses_floats).
-  SequenceGroup(Communicator* comm, Kernels& k, Stream& stream, const Dims& dims, float* send, float* recv)
-      : comm_(comm), k_(k), stream_(stream), d_(dims), send_(send), recv_(recv) {}
+  // send and recv: scratch of BT sq Wa floats each (Dims::ulysses_floats). With `nanos`, each
+  // exchange's time on the stream (from when the stream reaches it to when it is done, the wait for
+  // the group's slowest rank included) is added there.
+  SequenceGroup(Communicator* comm, Kernels& k, Stream& stream, const Dims& dims, float* send, float* recv,
+                std::atomic<int64_t>* nanos = nullptr)
+      : comm_(comm), k_(k), stream_(stream), d_(dims), send_(send), recv_(recv), nanos_(nanos) {}
   bool active() const { return d_.sq > 1; }
   // q, k, v rows [B, T, W] into heads [B, T sq, Wa].
   void qkv_to_heads(const float* rows, float* heads, int B, int T) const;
@@ -43,6 +48,7 @@ class SequenceGroup {
   Stream& stream_;
   Dims d_;
   float *send_, *recv_;
+  std::atomic<int64_t>* nanos_;
 };
 
 }  // namespace zeroth::gpt

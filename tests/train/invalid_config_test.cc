@@ -98,8 +98,7 @@ INSTANTIATE_TEST_SUITE_P(
                   "multiple of it"},
         ErrorCase{"SequenceHeads", R"({"model": {"n_head": 2}, "parallel": {"sequence": 4}, "run": {"world_size": 4}})",
                   "parallel.sequence = 4 splits the attention heads over its ranks, but each rank has 2 (model.n_head = 2), not a "
-                  "multiple of it; use a sequence-parallel size that divides them, or parallel.context (ring attention), which "
-                  "splits no heads"},
+                  "multiple of it; use a sequence-parallel size that divides them"},
         ErrorCase{"SequenceKeyValueHeads",
                   R"({"model": {"architecture": "llama", "n_head": 6, "n_kv_head": 3, "n_embd": 24, "seq_len": 12},
                       "parallel": {"sequence": 2}, "run": {"world_size": 2}})",

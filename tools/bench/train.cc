@@ -9,7 +9,7 @@
 
 #include <algorithm>   // std::max
 #include <cstdio>      // std::printf
-#include <filesystem>  // std::filesystem::temp_directory_path, remove_all
+#include <functional>  // std::function
 #include <string>      // std::string
 #include <thread>      // std::thread::hardware_concurrency
 #include <vector>      // std::vector
@@ -27,49 +27,19 @@
 #include "core/env.h"               // env::kGemm
 #include "core/error.h"             // ZEROTH_THROW
 #include "core/log.h"               // log::set_level
+#include "core/memory.h"            // format_bytes
 #include "train/trainer.h"          // train
 #include "core/cpu/threads.h"       // share_cores
 #include "tools/bench/bench.h"
 #include "tools/cli/options.h"       // parse_count
 #include "tools/launch/process.h"    // run_process
 #include "tools/bench/step_gemms.h"  // step_gemms
+#include "tools/bench/train_runs.h"  // TrainBenchOptions, run_zeroth
 
 namespace zeroth::tools {
 namespace bench_train {
 
-struct Options {
-  std::string preset = "gpt2-124m";
-  int seq = 256;
-  int batch = 4;
-  int steps = 5;
-  int threads = 0;  // 0: every core
-  std::string dtype = "fp32";
-  int stage = 0;
-  std::string offload = "none";  // offload_optimizer.device: none or cpu (pinned host memory)
-  // Mixture of experts: the preset's MLP made `experts` experts of ffn / top_k each (the FLOPs a
-  // token meets stay the dense model's), timed next to the dense model on `ranks` local ranks with
-  // the experts shared over `expert_parallel` of them.
-  int experts = 0, top_k = 2, ranks = 1, expert_parallel = 1;
-  double capacity_factor = 1.0;
-  // A modeled link under the all-to-alls (comm/communicator.h's LinkModel): the expert runs are
-  // timed with them in turn and overlapped, next to the free (memcpy) exchange.
-  double link_gbps = 0, link_latency_us = 0;
-  // The LM head and loss by chunks of this many tokens (model.chunked_loss), timed next to the
-  // whole logits; 0: not timed.
-  int loss_chunk = 0;
-  int tiled_mlp = 0;
-  // LoRA of this rank on `lora_targets` (alpha 2 r), the base frozen, timed next to the full
-  // fine-tune with both runs' peak device memory and its estimate; 0: not timed.
-  int lora_r = 0;
-  std::vector<std::string> lora_targets{"all-linear"};  // lora.target_modules
-  bool reference = true;
-  bool json = false;
-  std::string device = "cpu";
-  // A GPU's dense bf16 (f32 with --dtype fp32) peak for MFU; 0: the known GPUs' data-sheet figure.
-  std::string peak_flops;
-  std::string python = "/usr/bin/python3";
-  std::string script = std::string(ZEROTH_SOURCE_DIR) + "/tools/bench/train_torch.py";
-};
+using Options = TrainBenchOptions;
 
 // A GPU's dense 16-bit (or f32) tensor-core peak from its data sheet, by name; 0 when not known.
 double gpu_peak_flops(const std::string& name, bool bf16) {
@@ -85,67 +55,6 @@ double gpu_peak_flops(const std::string& name, bool bf16) {
   for (const auto& k : kKnown)
     if (name.find(k.part) != std::string::npos) return bf16 ? k.bf16 : k.f32;
   return 0;
-}
-
-class StepTimes final : public TrainObserver {
- public:
-  void on_start(const TrainConfig&, const Plan&, const RunFacts& facts) override { estimate = facts.need.total(Tier::device); }
-  void on_step(const StepMetrics& s) override { seconds.push_back(s.step_seconds); }
-  void on_end(const TrainSummary& s) override { peak = s.peak_total; }
-  std::vector<double> seconds;
-  size_t estimate = 0, peak = 0;  // rank 0's device bytes: the run's estimate, the measured peak
-};
-
-// The dense model, or (moe) the experts with their all-to-alls overlapped or in turn, on `ranks`
-// local ranks whose all-to-alls take at least `link`'s time.
-// `lora_r` > 0: LoRA of that rank on every linear layer instead of the full fine-tune.
-StepTimes run_zeroth(const Options& o, const GptConfig& model, bool moe = false, bool overlap = true, LinkModel link = {},
-                     int lora_r = 0) {
-  nlohmann::json j = {{"train_micro_batch_size_per_gpu", o.batch},
-                      {"gradient_clipping", 1.0},
-                      {"optimizer",
-                       {{"type", "AdamW"}, {"params", {{"lr", 6e-4}, {"betas", {0.9, 0.95}}, {"eps", 1e-8}, {"weight_decay", 0.1}}}}},
-                      {"zero_optimization", {{"stage", o.stage}}},
-                      {"model", {{"preset", o.preset}, {"seq_len", o.seq}}},
-                      {"data",
-                       {{"format", "synthetic"},
-                        {"vocab_size", model.vocab_size},
-                        {"tokens", std::max<int64_t>(1024, static_cast<int64_t>(o.steps + 2) * o.batch * o.seq * o.ranks + 1)},
-                        {"val_fraction", 0.0}}},
-                      {"run", {{"steps", o.steps + 1}, {"world_size", o.ranks}}}};
-  if (o.dtype == "bf16") j["bf16"] = {{"enabled", true}};
-  if (o.offload != "none") j["zero_optimization"]["offload_optimizer"] = {{"device", o.offload}, {"pin_memory", true}};
-  if (model.loss_chunk_rows > 0) j["model"]["chunked_loss"] = model.loss_chunk_rows;
-  if (model.mlp_tile_rows > 0) j["model"]["tiled_mlp"] = model.mlp_tile_rows;
-  if (lora_r > 0) j["lora"] = {{"r", lora_r}, {"alpha", 2 * lora_r}, {"target_modules", o.lora_targets}};
-  if (moe) {
-    j["model"]["moe"] = {{"num_experts", o.experts},
-                         {"top_k", o.top_k},
-                         {"intermediate_size", model.ffn() / o.top_k},
-                         {"capacity_factor", o.capacity_factor > 0 ? o.capacity_factor : 1.0},
-                         {"drop_tokens", o.capacity_factor > 0}};
-    if (o.expert_parallel > 1) j["parallel"] = {{"expert", o.expert_parallel}, {"expert_overlap", overlap}};
-  }
-  // What a run writes (checkpoint, weights, metrics) goes to a folder of its own, removed after:
-  // a benchmark leaves nothing in runs/.
-  const std::filesystem::path out = std::filesystem::temp_directory_path() / fmt::format("zeroth-bench-train-{}", ::getpid());
-  j["run"]["output_dir"] = out.string();
-  j["run"]["sample_tokens"] = 0;
-  const RemovedOnExit remove{out};
-  j["run"]["device"] = o.device;
-  const TrainConfig c = TrainConfig::from_json(j);
-  StepTimes times;
-  CommOptions options = CommOptions::from_env();
-  options.link = link;
-  run_local_ranks(
-      o.ranks,
-      [&](Communicator& comm) {
-    auto device = make_device(o.device);
-    train(c, comm, *device, comm.rank() == 0 ? &times : nullptr);
-      },
-      options);
-  times.seconds.erase(times.seconds.begin());  // warm-up
-  return times;
 }
 
 nlohmann::json run_torch(const Options& o, const GptConfig& m, int threads) {
@@ -199,14 +108,75 @@ double model_flops_per_token(const GptConfig& m, int seq) {
   return 6 * l * layer + 12 * l * s * q + 6 * v * h;
 }
 
+// Ulysses over o.sequence of the ranks at o.seq positions, next to one rank a sample at the longest
+// window the same device memory holds (the engine's estimate of the Ulysses run), on the same
+// ranks: tokens/s of both, and the share of the passes the exchanges take (they run in turn on the
+// compute stream: all of it exposed).
+void bench_sequence(const Options& o, const GptConfig& m, const std::function<void(const std::string&)>& say) {
+  const int U = o.sequence;
+  const RunShape ulysses{.sequence = U};
+  const size_t budget = largest_stage(TrainConfig::from_json(run_config(o, m, ulysses))).need.total(Tier::device);
+  const int window = std::min(o.seq, longest_window(o, m, {}, budget, 256));
+  if (window == 0)
+    ZEROTH_THROW(InvalidArgument, "--sequence {}: one rank a sample fits no window of 256 positions in {}", U, format_bytes(budget));
+  const StepTimes u = run_zeroth(o, m, ulysses);
+  GptConfig one = m;
+  one.seq_len = window;
+  const StepTimes w = run_zeroth(o, one);
+  const double tu = median(u.seconds), tw = median(w.seconds);
+  const double tokens_u = static_cast<double>(o.batch) * o.seq * o.ranks / U,
+               tokens_w = static_cast<double>(o.batch) * window * o.ranks;
+  std::vector<double> share;
+  for (size_t i = 1; i < u.exchange_seconds.size(); ++i) share.push_back(u.exchange_seconds[i] / u.pass_seconds[i]);
+  const double exposed = median(share),
+               exchange_s = median(std::vector<double>(u.exchange_seconds.begin() + 1, u.exchange_seconds.end()));
+  say(fmt::format("  {:<30} median step {:7.3f} s   {:8.0f} tokens/s   peak {} (estimate {})\n",
+                  fmt::format("Ulysses over {} ranks, seq {}", U, o.seq), tu, tokens_u / tu, format_bytes(u.peak),
+                  format_bytes(u.estimate)));
+  say(fmt::format("  {:<30} all-to-alls {:.3f} s a step, {:.1f}% of the passes (median; in turn on the compute stream: all exposed)\n",
+                  "", exchange_s, 100 * exposed));
+  say(fmt::format("  {:<30} median step {:7.3f} s   {:8.0f} tokens/s   peak {} (estimate {})\n",
+                  fmt::format("one rank a sample, seq {}", window), tw, tokens_w / tw, format_bytes(w.peak),
+                  format_bytes(w.estimate)));
+  say(fmt::format(
+      "  the same device memory ({} a rank by the estimate): a {:.1f}x longer window under Ulysses at {:.2f}x the tokens/s\n",
+      format_bytes(budget), static_cast<double>(o.seq) / window, (tokens_u / tu) / (tokens_w / tw)));
+  if (o.json) {
+    const nlohmann::json j = {
+        {"preset", o.preset},
+        {"ranks", o.ranks},
+        {"sequence", U},
+        {"seq", o.seq},
+        {"batch", o.batch},
+        {"budget_bytes", budget},
+        {"ulysses",
+         {{"step_s", tu},
+          {"tokens_per_s", tokens_u / tu},
+          {"exchange_s", exchange_s},
+          {"exchange_share", exposed},
+          {"peak_bytes", u.peak},
+          {"estimate_bytes", u.estimate}}},
+        {"one_rank_a_sample",
+         {{"seq", window}, {"step_s", tw}, {"tokens_per_s", tokens_w / tw}, {"peak_bytes", w.peak}, {"estimate_bytes", w.estimate}}}};
+    std::printf("%s\n", j.dump(2).c_str());
+  }
+}
+
 // Long: the benchmark's procedure (device and peak, zeroth's step, the chunked loss, the products alone, the experts or
 // PyTorch, the JSON); the later rows are ratios to zeroth's step measured first.
-void run(const Options& o) {
+void run(Options o) {
+  if (o.sequence > 1 && o.ranks == 1) o.ranks = o.sequence;  // one Ulysses group
   if (o.dtype != "fp32" && o.dtype != "bf16") ZEROTH_THROW(InvalidArgument, "--dtype must be fp32 or bf16, got {}", o.dtype);
   const bool gpu = o.device != "cpu";
   const bool indexed = o.device.starts_with("cuda:") && o.device.size() > 5 &&
                        o.device.find_first_not_of("0123456789", 5) == std::string::npos && o.device.size() < 9;
   if (gpu && o.device != "cuda" && !indexed) ZEROTH_THROW(InvalidArgument, "--device must be cpu, cuda or cuda:N, got {}", o.device);
+  if (o.sequence > 1 && (o.ranks % o.sequence != 0 || o.experts > 0 || o.lora_r > 0 || gpu)) {
+    ZEROTH_THROW(InvalidArgument,
+                 "--sequence {} shares each sample over runs of that many of the --ranks ({}), on the CPU device, without --experts "
+                 "or --lora-r: give --ranks a multiple of it",
+                 o.sequence, o.ranks);
+  }
   if (gpu && (o.experts > 0 || o.loss_chunk > 0))
     ZEROTH_THROW(InvalidArgument, "--experts and --loss-chunk time the CPU device; leave them out with --device {}", o.device);
   // MFU on a GPU: the given peak, or its data sheet's.
@@ -228,8 +198,7 @@ void run(const Options& o) {
   auto say = [&](const char* format, auto... args) {
     if (!o.json) std::printf(format, args...);
   };
-  GptConfig m = GptConfig::preset(o.preset);
-  m.seq_len = o.seq;
+  GptConfig m = o.model();
   if (o.ranks < 1) ZEROTH_THROW(InvalidArgument, "--ranks must be at least 1, got {}", o.ranks);
   if (o.link_gbps < 0 || o.link_latency_us < 0) {
     ZEROTH_THROW(InvalidArgument, "--link-gbps {} --link-latency-us {}: a link's bandwidth and latency cannot be negative",
@@ -247,7 +216,7 @@ void run(const Options& o) {
   const int threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   share_cores(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / threads));
   log::set_level(log::Level::warn);
-  const double tokens = static_cast<double>(o.batch) * o.seq * o.ranks;
+  const double tokens = static_cast<double>(o.batch) * o.seq * o.ranks / o.sequence;
   say("bench train: %s %s (%.2fM parameters), seq %d, batch %d x %d rank%s = %.0f tokens/step, %s, %s, %d timed steps after 1 "
       "warm-up\n",
       m.llama() ? "Llama-family" : "GPT", o.preset.c_str(), static_cast<double>(m.num_parameters()) / 1e6, o.seq, o.batch, o.ranks,
@@ -270,6 +239,9 @@ void run(const Options& o) {
     if (blas.below_cpu()) say("  blas: below this CPU's kernels; `zeroth report` says why and what changing it risks\n");
   }
   std::fflush(stdout);
+  if (o.loss_chunk > 0 && o.sequence > 1) m.loss_chunk_rows = o.loss_chunk;
+  if (o.tiled_mlp > 0 && o.sequence > 1) m.mlp_tile_rows = o.tiled_mlp;
+  if (o.sequence > 1) return bench_sequence(o, m, [&](const std::string& line) { say("%s", line.c_str()); });
   const StepTimes full = run_zeroth(o, m);
   const double z = median(full.seconds);
   say("  %-22s median step %7.3f s   %8.0f tokens/s%s\n",
@@ -310,7 +282,7 @@ void run(const Options& o) {
   }
   if (o.experts > 0) {
     // The same tokens through experts: routing, all-to-alls, small products, the combine.
-    const double e = median(run_zeroth(o, m, true).seconds);
+    const double e = median(run_zeroth(o, m, {.moe = true}).seconds);
     say("  %-22s median step %7.3f s   %8.0f tokens/s\n", fmt::format("{} experts, top {}", o.experts, o.top_k).c_str(), e,
         tokens / e);
     say("  mixture of experts / dense: %.2fx the step (%d rank%s, experts over %d, %s, experts %d wide)\n", e / z, o.ranks,
@@ -320,8 +292,8 @@ void run(const Options& o) {
       // Under the link: the exchanges in turn cost their whole time; overlapped, what the products
       // do not cover. The free exchange above is the floor neither can go below.
       std::fflush(stdout);
-      const double serial = median(run_zeroth(o, m, true, false, link).seconds);
-      const double overlapped = median(run_zeroth(o, m, true, true, link).seconds);
+      const double serial = median(run_zeroth(o, m, {.moe = true, .overlap = false, .link = link}).seconds);
+      const double overlapped = median(run_zeroth(o, m, {.moe = true, .overlap = true, .link = link}).seconds);
       say("  link model %.3g GB/s, %.0f us: all-to-alls in turn  median step %7.3f s\n", link.bandwidth_gbps, link.latency_us, serial);
       say("  link model %.3g GB/s, %.0f us: all-to-alls overlapped median step %7.3f s\n", link.bandwidth_gbps, link.latency_us,
           overlapped);
@@ -334,7 +306,7 @@ void run(const Options& o) {
   if (o.lora_r > 0) {
     // The same layout with LoRA: the base frozen (no gradients, reduction or optimizer state), the
     // adapters' products added to every linear layer.
-    const StepTimes lora = run_zeroth(o, m, false, true, {}, o.lora_r);
+    const StepTimes lora = run_zeroth(o, m, {.lora_r = o.lora_r});
     const double l = median(lora.seconds);
     const double mib = 1 << 20;
     auto d = [](size_t a, size_t b) { return static_cast<double>(a) - static_cast<double>(b); };
@@ -436,6 +408,17 @@ void add_bench_train_command(CLI::App& bench) {
                   "whole logits");
   cmd->add_option("--tiled-mlp", o->tiled_mlp,
                   "Also time the step with each layer's MLP by tiles of this many rows (model.tiled_mlp), next to the whole MLP");
+  cmd->add_option("--sequence", o->sequence,
+                  "Ulysses over this many of --ranks (default: as many ranks) at --seq (with --tiled-mlp and --loss-chunk applied), "
+                  "next to one rank a sample "
+                  "at the longest window the same device memory holds, with the exchanges' share of the passes");
+  cmd->add_option("--layers", o->layers, "The preset's layers changed to this many");
+  cmd->add_option("--hidden", o->hidden, "The preset's width changed (heads of hidden / heads channels)");
+  cmd->add_option("--heads", o->heads, "The preset's attention heads changed");
+  cmd->add_option("--kv-heads", o->kv_heads, "The preset's key/value heads changed (the Llama family's)");
+  cmd->add_option("--ffn", o->ffn, "The preset's MLP width changed (the Llama family's)");
+  cmd->add_flag("--checkpointing", o->checkpointing, "Activation checkpointing (each layer recomputed in its backward)");
+  cmd->add_flag("--host-checkpoints", o->host_checkpoints, "Activation checkpointing with the checkpoints in host memory");
   cmd->add_option("--python", o->python, "Interpreter with torch");
   cmd->add_option("--script", o->script, "The PyTorch side's script (default: the checkout's tools/bench/train_torch.py)");
   cmd->add_option("--device", o->device, "cpu (default), or cuda: both sides on the GPU (PyTorch with its SDPA attention)");

@@ -60,9 +60,9 @@ nlohmann::json plan_json(const Candidate& c) {
 }
 
 void print_table(const std::vector<Candidate>& plans, uint64_t gpus_per_node, bool experts, bool sequence) {
-  std::printf("%3s %5s %3s %4s%s%s %9s %5s %-17s %-9s %-3s %11s %11s %9s %10s %6s  %s\n", "#", "dp", "tp", "pp", experts ? "   ep" : "",
-              sequence ? "   sq tile host" : "", "mb x m", "stage", "offload", "recompute", "sp", "device/GPU", "host/node", "step s",
-              "tokens/s", "MFU", "bound");
+  std::printf("%3s %5s %3s %4s%s%s %9s %5s %-17s %-9s %-3s %11s %11s %9s %10s %6s  %s\n", "#", "dp", "tp", "pp",
+              experts ? "   ep" : "", sequence ? "   sq tile host" : "", "mb x m", "stage", "offload", "recompute", "sp", "device/GPU",
+              "host/node", "step s", "tokens/s", "MFU", "bound");
   for (size_t i = 0; i < plans.size(); ++i) {
     const Candidate& c = plans[i];
     const Layout& l = c.layout;

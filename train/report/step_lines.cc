@@ -1,6 +1,7 @@
 #include "train/report/step_lines.h"
 
-#include <cstdint>  // uint64_t
+#include <algorithm>  // std::max
+#include <cstdint>    // uint64_t
 
 #include <fmt/format.h>  // fmt::format
 
@@ -26,9 +27,14 @@ std::string wall_clock_line(const StepMetrics& s) {
                                   : s.speculation == Speculation::none
                                       ? ""
                                       : fmt::format(" (sub-groups updated in backward: {})", speculation_name(s.speculation));
-  return fmt::format("  time (ms) | forward: {:.2f} | backward: {:.2f} | reduce wait: {:.2f} | optimizer: {:.2f}{}{}\n",
-                     s.forward_seconds * 1e3, s.backward_seconds * 1e3, s.reduce_wait_seconds * 1e3, s.optimizer_seconds * 1e3,
-                     in_backward, swaps);
+  const std::string ulysses = s.sequence_exchange_seconds >= 0
+                                  ? fmt::format(" (Ulysses all-to-alls {:.2f} of them, {:.1f}%)", s.sequence_exchange_seconds * 1e3,
+                                                100 * s.sequence_exchange_seconds /
+                                                    std::max(1e-12, s.forward_seconds + s.backward_seconds))
+                                  : std::string();
+  return fmt::format("  time (ms) | forward: {:.2f} | backward: {:.2f}{} | reduce wait: {:.2f} | optimizer: {:.2f}{}{}\n",
+                     s.forward_seconds * 1e3, s.backward_seconds * 1e3, ulysses, s.reduce_wait_seconds * 1e3,
+                     s.optimizer_seconds * 1e3, in_backward, swaps);
 }
 
 }  // namespace zeroth::tools
