@@ -183,10 +183,10 @@ LayoutMemory layout_memory(const GptShape& shape, const Layout& layout, const Bu
                shape.moe() ? moe_layer_activation_bytes(local, b, t, layout.sequence_parallel, Checkpointing::none, ep, scores) : 0);
   // The all-to-alls' send and receive buffers around the working layer's attention: every head's
   // q, k and v of the rank's positions (a key/value head copied to each rank that reads it where
-  // there are fewer than sq), 16-bit as the activations are counted.
+  // there are fewer than sq), 16-bit as the activations are counted; one buffer for one sample.
   const uint64_t heads = shape.heads / t, kv_heads = (shape.kv_heads > 0 ? shape.kv_heads : shape.heads) / t;
   const uint64_t kv_sent = sq > 1 && kv_heads % sq != 0 ? sq : kv_heads;
-  const uint64_t exchange = sq > 1 ? 2 * 2 * s * b * (heads + 2 * kv_sent) * (h / shape.heads) : 0;
+  const uint64_t exchange = sq > 1 ? (b == 1 ? 1 : 2) * 2 * s * b * (heads + 2 * kv_sent) * (h / shape.heads) : 0;
   const bool host_checkpoints = layout.host_checkpoints && layout.checkpointing == Checkpointing::full && p == 1;
   const double sp_split = layout.sequence_parallel ? static_cast<double>(t) : 1.0;
 

@@ -155,8 +155,8 @@ size_t Gpt::State::scratch_floats(const GptConfig& c, const GptPart& part, int B
   const size_t datt = c.attention_probabilities ? attention_floats(c, d, B, T) : 0;
   // One chunk's logits where the loss runs by chunks (decoding's one row fits in it).
   const size_t logits = part.has_head(c) && !d.keeps_logits() ? d.loss_chunk(BT) * d.V : 0;
-  return d.rows(BT) * C + BT * dC + BTa * d.Wa + d.ulysses_floats(BT) + mlp.dfch + mlp.tile + datt + (d.sp ? 3 * BT * C : 0) + llama +
-         moe + logits + lora_floats(c, part, BT);
+  return d.rows(BT) * C + BT * dC + BTa * d.Wa + d.ulysses_floats(B, BT) + mlp.dfch + mlp.tile + datt + (d.sp ? 3 * BT * C : 0) +
+         llama + moe + logits + lora_floats(c, part, BT);
 }
 
 size_t Gpt::State::lora_floats(const GptConfig& c, const GptPart& part, size_t BT) {
@@ -304,7 +304,8 @@ void Gpt::State::reserve(Stream& stream, int b, int t, const std::vector<int>& p
   d.dresid = take(R * C), d.dC = take(BT * std::max<size_t>(C, dims.Cq)), d.dqkv = take(BTa * dims.Wa), d.dfch = take(mlp.dfch);
   if (dims.sq > 1) {
     d.sq_rows = take(BT * dims.W), d.sq_datt = take(BT * dims.Cq);
-    d.sq_send = take(BTa * dims.Wa), d.sq_recv = take(BTa * dims.Wa);
+    d.sq_send = take(BTa * dims.Wa);
+    d.sq_recv = b == 1 ? d.sq_send : take(BTa * dims.Wa);  // one sample: an exchange uses one of them
   }
   if (mlp.tile > 0) d.mlp_fch = take(mlp.dfch), d.mlp_act = take(mlp.dact);
   d.datt = cfg.attention_probabilities ? take(attention_floats(cfg, dims, b, t)) : nullptr;

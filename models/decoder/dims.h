@@ -74,10 +74,13 @@ struct Dims {
   int kv_first(int j) const { return KVH % sq == 0 ? j * KVHa : j * NHa / (NH / KVH); }
   // The attention's rows for a micro-batch of BT rows of this rank: every position of its samples.
   size_t attn_rows(size_t BT) const { return BT * sq; }
-  // Floats only Ulysses needs: the q, k, v rows before they leave (and their gradient after they are
-  // back), the gradient at the attention's output in its heads, and the all-to-alls' send and
-  // receive buffers (every destination's heads of every row).
-  size_t ulysses_floats(size_t BT) const { return sq > 1 ? BT * W + BT * Cq + 2 * BT * sq * static_cast<size_t>(Wa) : 0; }
+  // Floats only Ulysses needs for B samples of BT rows: the q, k, v rows before they leave (and
+  // their gradient after they are back), the gradient at the attention's output in its heads, and
+  // the all-to-alls' send and receive buffers (every destination's heads of every row): one serves
+  // both for one sample, where each exchange sends from or receives into the heads' own layout.
+  size_t ulysses_floats(size_t B, size_t BT) const {
+    return sq > 1 ? BT * W + BT * Cq + (B == 1 ? 1 : 2) * BT * sq * static_cast<size_t>(Wa) : 0;
+  }
   bool llama = false, qkv_bias = false, o_bias = false, qk_norm = false;
   bool probabilities = false;  // GptConfig::attention_probabilities: what the attention keeps per row
   float eps = 1e-5f;

@@ -20,7 +20,8 @@ namespace zeroth::gpt {
 // [B, T sq, width'] (every position of each sample, its heads: Dims::NHa, KVHa).
 class SequenceGroup {
  public:
-  // send and recv: scratch of BT sq Wa floats each (Dims::ulysses_floats). With `nanos`, each
+  // send and recv: scratch of BT sq Wa floats each (Dims::ulysses_floats), the same buffer for one
+  // sample (B = 1: every exchange then packs into one and sends from or receives into the heads). With `nanos`, each
   // exchange's time on the stream (from when the stream reaches it to when it is done, the wait for
   // the group's slowest rank included) is added there.
   SequenceGroup(Communicator* comm, Kernels& k, Stream& stream, const Dims& dims, float* send, float* recv,

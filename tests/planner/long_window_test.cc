@@ -44,8 +44,9 @@ TEST(LongWindow, UlyssesTiledMlpAndHostCheckpointsInTheLayerCount) {
   l.sq = 8;
   const LayoutMemory ulysses = layout_memory(whole, l);
   // Full recomputation keeps each layer's input, 2 s h / 8 a rank, plus one layer recomputed and the
-  // exchange's send and receive buffers: 2 x 2 bytes x s / 8 x (32 + 2 x 8) heads x 128.
-  const uint64_t exchange = 2 * 2 * (s / 8) * (32 + 2 * 8) * 128;
+  // exchange's buffer (one sample: one serves to send and receive): 2 bytes x s / 8 x (32 + 2 x 8)
+  // heads x 128.
+  const uint64_t exchange = 2 * (s / 8) * (32 + 2 * 8) * 128;
   EXPECT_EQ(ulysses.model_states, plain.model_states);
   EXPECT_GT(plain.activations, 7 * (ulysses.activations - exchange));
   l.tiled_mlp = true, l.host_checkpoints = true;

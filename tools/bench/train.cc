@@ -213,8 +213,10 @@ void run(Options o) {
     ZEROTH_THROW(InvalidArgument, "--experts {} --top-k {}: top-k must be within 1 and the experts and divide the MLP's width ({})",
                  o.experts, o.top_k, m.ffn());
   }
-  const int threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  share_cores(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / threads));
+  // Every core shared by the ranks (one rank: all of them), as zeroth train shares them.
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = o.threads > 0 ? o.threads : std::max(1, cores / o.ranks);
+  share_cores(std::max(1, cores / threads));
   log::set_level(log::Level::warn);
   const double tokens = static_cast<double>(o.batch) * o.seq * o.ranks / o.sequence;
   say("bench train: %s %s (%.2fM parameters), seq %d, batch %d x %d rank%s = %.0f tokens/step, %s, %s, %d timed steps after 1 "
@@ -379,7 +381,7 @@ void add_bench_train_command(CLI::App& bench) {
   cmd->add_option("--seq", o->seq, "Sequence length");
   cmd->add_option("--batch", o->batch, "Sequences per step");
   cmd->add_option("--steps", o->steps, "Timed steps (after one warm-up step)");
-  cmd->add_option("--threads", o->threads, "Threads for both sides (default: every core)");
+  cmd->add_option("--threads", o->threads, "Threads for both sides, each rank's (default: the cores over the ranks)");
   cmd->add_option("--dtype", o->dtype, "fp32 or bf16 (PyTorch under bf16 autocast)");
   cmd->add_option("--stage", o->stage, "ZeRO stage (one rank)");
   cmd->add_option("--experts", o->experts,
@@ -417,6 +419,7 @@ void add_bench_train_command(CLI::App& bench) {
   cmd->add_option("--heads", o->heads, "The preset's attention heads changed");
   cmd->add_option("--kv-heads", o->kv_heads, "The preset's key/value heads changed (the Llama family's)");
   cmd->add_option("--ffn", o->ffn, "The preset's MLP width changed (the Llama family's)");
+  cmd->add_option("--vocab", o->vocab, "The preset's vocabulary changed (synthetic tokens below it)");
   cmd->add_flag("--checkpointing", o->checkpointing, "Activation checkpointing (each layer recomputed in its backward)");
   cmd->add_flag("--host-checkpoints", o->host_checkpoints, "Activation checkpointing with the checkpoints in host memory");
   cmd->add_option("--python", o->python, "Interpreter with torch");

@@ -26,6 +26,7 @@ GptConfig TrainBenchOptions::model() const {
   if (hidden > 0 || heads > 0) m.head_dim = 0;  // hidden / heads
   if (kv_heads > 0) m.n_kv_head = kv_heads;
   if (ffn > 0) m.intermediate_size = ffn;
+  if (vocab > 0) m.vocab_size = vocab;
   m.activation_checkpointing = checkpointing || host_checkpoints;
   m.cpu_checkpointing = host_checkpoints;
   return m;
@@ -55,6 +56,7 @@ nlohmann::json run_config(const TrainBenchOptions& o, const GptConfig& model, co
   if (model.llama() && (o.hidden > 0 || o.heads > 0)) j["model"]["head_dim"] = model.n_embd / model.n_head;
   if (o.kv_heads > 0) j["model"]["n_kv_head"] = model.n_kv_head;
   if (o.ffn > 0) j["model"]["intermediate_size"] = model.intermediate_size;
+  if (o.vocab > 0) j["model"]["vocab_size"] = model.vocab_size;
   if (model.activation_checkpointing) j["model"]["activation_checkpointing"] = true;
   if (model.cpu_checkpointing) j["activation_checkpointing"] = {{"cpu_checkpointing", true}};
   if (model.mlp_tile_rows > 0) j["model"]["tiled_mlp"] = model.mlp_tile_rows;

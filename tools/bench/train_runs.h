@@ -39,7 +39,7 @@ struct TrainBenchOptions {
   // longest window the same device memory holds; 1: not timed.
   int sequence = 1;
   // The preset's shape changed (0: the preset's): layers, width, heads, key/value heads, MLP width.
-  int layers = 0, hidden = 0, heads = 0, kv_heads = 0, ffn = 0;
+  int layers = 0, hidden = 0, heads = 0, kv_heads = 0, ffn = 0, vocab = 0;
   // Activation checkpointing, and its checkpoints in host memory.
   bool checkpointing = false, host_checkpoints = false;
   // The preset with the shape options applied.
