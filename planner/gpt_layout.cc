@@ -136,17 +136,20 @@ uint64_t layer_activation_bytes(const GptShape& shape, uint64_t micro_batch, uin
   // layer norms and dropouts (10 s b h), a Llama's norms' inputs and outputs (8 s b h).
   const double kv = static_cast<double>(shape.kv_width()), ffn = static_cast<double>(shape.mlp_width());
   const double mlp = tiled_mlp ? 0 : shape.llama ? 6 * s * b * ffn : 16 * sbh;
-  const double split = shape.llama ? 4 * sbh + 4 * s * b * kv + mlp : 8 * sbh + mlp;
+  // Ulysses keeps the attention's output twice: in its heads (the attention's) and in the rank's rows.
+  const double second_layout = sq > 1 ? 2 * sbh : 0;
+  const double split = (shape.llama ? 4 * sbh + 4 * s * b * kv + mlp : 8 * sbh + mlp) + second_layout;
   const double whole = shape.llama ? 8 * sbh : 10 * sbh;
   if (tp == 1 || sequence_parallel) return round_bytes((split + whole) / t + attention);
   return round_bytes(whole + split / t + attention);
 }
 
 uint64_t moe_layer_activation_bytes(const GptShape& shape, uint64_t micro_batch, uint64_t tp, bool sequence_parallel,
-                                    Checkpointing checkpointing, uint64_t ep, bool attention_scores) {
+                                    Checkpointing checkpointing, uint64_t ep, bool attention_scores, uint64_t sq) {
   const double s = static_cast<double>(shape.seq_len), b = static_cast<double>(micro_batch), h = static_cast<double>(shape.hidden);
+  // The experts' MLPs are never tiled (models/decoder tiles the dense MLP only).
   const double dense = static_cast<double>(
-      layer_activation_bytes(shape, micro_batch, tp, sequence_parallel, checkpointing, attention_scores));
+      layer_activation_bytes(shape, micro_batch, tp, sequence_parallel, checkpointing, attention_scores, false, sq));
   if (checkpointing == Checkpointing::full) return round_bytes(dense + 2 * s * b * h);
   const double per_row = shape.llama ? 6 : 4, k = static_cast<double>(shape.top_k);
   const double mlp = per_row * s * b * static_cast<double>(shape.mlp_width()) / static_cast<double>(tp);
@@ -176,17 +179,21 @@ LayoutMemory layout_memory(const GptShape& shape, const Layout& layout, const Bu
   const bool scores = layout.attention_scores, tiled = layout.tiled_mlp;
   const uint64_t per_layer = layer_activation_bytes(local, b, t, layout.sequence_parallel, layout.checkpointing, scores, tiled, sq);
   const uint64_t per_moe_layer = shape.moe() ? moe_layer_activation_bytes(local, b, t, layout.sequence_parallel, layout.checkpointing,
-                                                                          ep, scores)
+                                                                          ep, scores, sq)
                                              : 0;
-  const uint64_t full_layer =
-      std::max(layer_activation_bytes(local, b, t, layout.sequence_parallel, Checkpointing::none, scores, tiled, sq),
-               shape.moe() ? moe_layer_activation_bytes(local, b, t, layout.sequence_parallel, Checkpointing::none, ep, scores) : 0);
-  // The all-to-alls' send and receive buffers around the working layer's attention: every head's
-  // q, k and v of the rank's positions (a key/value head copied to each rank that reads it where
-  // there are fewer than sq), 16-bit as the activations are counted; one buffer for one sample.
+  const uint64_t full_layer = std::max(
+      layer_activation_bytes(local, b, t, layout.sequence_parallel, Checkpointing::none, scores, tiled, sq),
+      shape.moe() ? moe_layer_activation_bytes(local, b, t, layout.sequence_parallel, Checkpointing::none, ep, scores, sq) : 0);
+  // Ulysses' scratch around the working layer's attention, in f32 as models/decoder allocates it
+  // (Dims::ulysses_floats): the all-to-alls' send and receive buffers of every head's q, k and v of
+  // the rank's positions (a key/value head copied to each rank that reads it where there are fewer
+  // than sq; one buffer for one sample), the q, k, v rows before they leave and the gradient at
+  // the attention's output in its heads.
   const uint64_t heads = shape.heads / t, kv_heads = (shape.kv_heads > 0 ? shape.kv_heads : shape.heads) / t;
   const uint64_t kv_sent = sq > 1 && kv_heads % sq != 0 ? sq : kv_heads;
-  const uint64_t exchange = sq > 1 ? (b == 1 ? 1 : 2) * 2 * s * b * (heads + 2 * kv_sent) * (h / shape.heads) : 0;
+  const uint64_t exchange = sq > 1 ? 4 * s * b * (h / shape.heads) *
+                                         ((b == 1 ? 1 : 2) * (heads + 2 * kv_sent) + (heads + 2 * kv_heads) + heads)
+                                   : 0;
   const bool host_checkpoints = layout.host_checkpoints && layout.checkpointing == Checkpointing::full && p == 1;
   const double sp_split = layout.sequence_parallel ? static_cast<double>(t) : 1.0;
 

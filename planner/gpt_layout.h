@@ -145,7 +145,7 @@ struct LayoutMemory {
 // A tiled MLP (`tiled_mlp`) keeps none of the MLP's intermediates (GPT-2's up projection and GELU
 // outputs, 16 s b h; a Llama's gate, up and product, 6 s b ffn). With Ulysses pass the rank's
 // s / sq positions in `shape`; the softmax tensors then count sq times: the rank's a / sq heads over
-// all s positions.
+// all s positions, and the attention's output is kept twice (its heads' layout and the rows').
 uint64_t layer_activation_bytes(const GptShape& shape, uint64_t micro_batch, uint64_t tp, bool sequence_parallel,
                                 Checkpointing checkpointing, bool attention_scores = false, bool tiled_mlp = false, uint64_t sq = 1);
 // An expert layer's, counted the same way: the dense MLP's intermediate activations (4 s b ffn of
@@ -155,7 +155,7 @@ uint64_t layer_activation_bytes(const GptShape& shape, uint64_t micro_batch, uin
 // (4 or 6 top_k s b X), and with expert parallelism the rows received and sent back (4 top_k s b h).
 // Full recomputation keeps the experts' input too (2 s b h).
 uint64_t moe_layer_activation_bytes(const GptShape& shape, uint64_t micro_batch, uint64_t tp, bool sequence_parallel,
-                                    Checkpointing checkpointing, uint64_t ep, bool attention_scores = false);
+                                    Checkpointing checkpointing, uint64_t ep, bool attention_scores = false, uint64_t sq = 1);
 
 LayoutMemory layout_memory(const GptShape& shape, const Layout& layout, const BufferSizes& buffers = {},
                            uint64_t runtime_bytes = kDeviceRuntimeBytes);

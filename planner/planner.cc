@@ -139,8 +139,8 @@ StepCost step_cost(const GptShape& shape, const Layout& l, const LayoutMemory& m
         layer_activation_bytes(local, l.micro_batch, l.tp, l.sequence_parallel, ck, l.attention_scores, l.tiled_mlp, sq));
   };
   auto moe_bytes = [&](Checkpointing ck) {
-    return shape.moe() ? static_cast<double>(
-                             moe_layer_activation_bytes(local, l.micro_batch, l.tp, l.sequence_parallel, ck, ep, l.attention_scores))
+    return shape.moe() ? static_cast<double>(moe_layer_activation_bytes(local, l.micro_batch, l.tp, l.sequence_parallel, ck, ep,
+                                                                        l.attention_scores, sq))
                        : 0.0;
   };
   const double layer_elementwise = layer_bytes(Checkpointing::none) / c.device_memory_bw;
@@ -187,8 +187,9 @@ StepCost step_cost(const GptShape& shape, const Layout& l, const LayoutMemory& m
   // the rank, in f32 as models/decoder sends them, exposed (the exchanges wait for the projections
   // and the attention waits for them). The sq ranks are consecutive data-parallel ones.
   const double sq_bw = l.tp * sq <= c.gpus_per_node ? c.intra_node_bw : per_gpu_net;
-  const double kv_heads = static_cast<double>(shape.kv_heads > 0 ? shape.kv_heads : shape.heads);
-  const double qkv_width = h + 2 * h / static_cast<double>(shape.heads) * std::max(kv_heads, static_cast<double>(sq));
+  // A tensor-parallel rank's key/value heads, or sq copies of one where there are fewer.
+  const double kv_heads = static_cast<double>((shape.kv_heads > 0 ? shape.kv_heads : shape.heads) / l.tp);
+  const double qkv_width = h + 2 * h / static_cast<double>(shape.heads) * std::max(kv_heads, static_cast<double>(sq)) * t;
   const double sq_bytes = 4 * tokens * (qkv_width + h) / t * static_cast<double>(sq - 1) / static_cast<double>(sq);
   const double sq_mb = sq > 1 ? layers * (2 + (l.checkpointing == Checkpointing::full ? 1 : 0)) * sq_bytes / sq_bw : 0;
   const double mb = fwd + bwd + tp_mb + pp_mb + ep_mb + sq_mb;

@@ -109,9 +109,9 @@ struct GptConfig {
   // the attention's probabilities where they are kept) to C.
   bool activation_checkpointing = false;
   // With activation_checkpointing: the checkpoints (each block's input) live in host memory, the
-  // device keeps two working copies per micro-batch slot; each is copied back before its block's
-  // recompute, but for the last two, which backward finds in the working copies (DeepSpeed's
-  // activation_checkpointing.cpu_checkpointing).
+  // device keeps two working copies per micro-batch slot; each is copied back on a stream of its own
+  // while the next block runs its backward, but for the last two, which backward finds in the
+  // working copies (DeepSpeed's activation_checkpointing.cpu_checkpointing).
   bool cpu_checkpointing = false;
   // The LM head and the loss by chunks of this many tokens (0: whole). Chunked, no micro-batch
   // keeps its [tokens, vocabulary] logits: forward keeps each token's softmax statistics, and

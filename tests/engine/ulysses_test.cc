@@ -3,7 +3,9 @@
 // for the same global batches (losses, gradient norms, every weight after 4 steps at a nonzero
 // learning rate), under every ZeRO stage and composed with data, tensor and pipeline parallelism,
 // experts and activation checkpointing. A loss mask that leaves the ranks unequal counts shows the
-// loss is the mean over the global batch's targets, not a mean of the ranks' means.
+// model honours a global divisor (the harness sets the global batch's count of targets, as the run
+// does: sft_train_test.cc checks the run's), so the loss is the mean over the global batch's
+// targets, not a mean of the ranks' means.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -114,6 +116,19 @@ std::vector<GridCase> cases() {
     GridCase k = with(llama_6_2(), 2, 1, 1);
     k.pp = 2, k.micro = 4;
     out.push_back(k);
+  }
+  {
+    // Grouped-query attention under both splits, 8 query over 4 key/value heads: tp 2 leaves a rank
+    // 4 over 2, which U = 2 splits (one key/value head each) and U = 4 copies (each rank one query
+    // head and a copy of its key/value head); U = 2 alone gives each rank 2 key/value heads.
+    GptConfig m = llama_8_2();
+    m.n_kv_head = 4;
+    for (int seq : {2, 4}) {
+      GridCase k = with(m, seq, 1, 2);
+      k.tp = 2;
+      out.push_back(k);
+    }
+    out.push_back(with(m, 2, 2, 3));
   }
   return out;
 }

@@ -29,34 +29,35 @@ TEST(LongWindow, UlyssesTiledMlpAndHostCheckpointsInTheLayerCount) {
   EXPECT_EQ(layer_activation_bytes(whole, 1, 1, false, Checkpointing::none), layer);
   // Tiled: the gate, up and product are a tile's, not kept.
   EXPECT_EQ(layer_activation_bytes(whole, 1, 1, false, Checkpointing::none, false, true), layer - 6 * s * ffn);
-  // Ulysses over 8: a rank's s / 8 positions; with the scores kept, its a / 8 heads over all s.
+  // Ulysses over 8: a rank's s / 8 positions, the attention's output kept in both layouts (2 s h
+  // more); with the scores kept, its a / 8 heads over all s.
   GptShape local = whole;
   local.seq_len = s / 8;
-  EXPECT_EQ(layer_activation_bytes(local, 1, 1, false, Checkpointing::none, false, false, 8), layer / 8);
+  const uint64_t r = s / 8;  // a rank's positions
+  const uint64_t local_layer = 12 * r * h + 4 * r * kv + 6 * r * ffn + 4 * a * r;
+  EXPECT_EQ(layer_activation_bytes(local, 1, 1, false, Checkpointing::none, false, false, 8), local_layer + 2 * r * h);
   // Kept scores: softmax's output, a Llama's 2 a s^2 b, over the rank's a / 8 heads and all s.
   EXPECT_EQ(layer_activation_bytes(local, 1, 1, false, Checkpointing::none, true, false, 8) -
                 layer_activation_bytes(local, 1, 1, false, Checkpointing::selective, true, false, 8),
             2 * (a / 8) * s * s);
 
   Layout l;
-  l.dp = 8, l.stage = 3, l.checkpointing = Checkpointing::full;
-  const LayoutMemory plain = layout_memory(whole, l);
-  l.sq = 8;
+  l.dp = 8, l.stage = 3, l.checkpointing = Checkpointing::full, l.sq = 8;
   const LayoutMemory ulysses = layout_memory(whole, l);
-  // Full recomputation keeps each layer's input, 2 s h / 8 a rank, plus one layer recomputed and the
-  // exchange's buffer (one sample: one serves to send and receive): 2 bytes x s / 8 x (32 + 2 x 8)
-  // heads x 128.
-  const uint64_t exchange = 2 * (s / 8) * (32 + 2 * 8) * 128;
-  EXPECT_EQ(ulysses.model_states, plain.model_states);
-  EXPECT_GT(plain.activations, 7 * (ulysses.activations - exchange));
+  // Full recomputation keeps each of the 32 layers' inputs (2 r h), recomputes one layer whole, and
+  // holds Ulysses' f32 scratch: one exchange buffer (one sample) of the 48 heads' rows sent, the
+  // q, k, v rows (48 heads) and the gradient at the attention's output (32 heads), 128 wide; the
+  // head keeps the final norm's input (4 r h) and one chunk of logits.
+  const uint64_t exchange = 4 * r * 128 * (48 + 48 + 32);
+  const uint64_t head = 4 * r * h + 4 * logits_chunk_rows(whole.vocab) * whole.vocab;
+  const uint64_t input = 2 * r * h;
+  EXPECT_EQ(ulysses.activations, 32 * input + local_layer + 2 * r * h + exchange + head);
   l.tiled_mlp = true, l.host_checkpoints = true;
   const LayoutMemory alst = layout_memory(whole, l);
-  // On the host: the 32 layers' inputs of the rank's positions. On the device: two working copies.
-  const uint64_t input = 2 * (s / 8) * h;
+  // On the host: the 32 layers' inputs. On the device: two working copies, the layer recomputed
+  // without its MLP's intermediates.
   EXPECT_EQ(alst.host, 32 * input);
-  const uint64_t recomputed = (12 * (s / 8) * h + 4 * (s / 8) * kv + 4 * a * s / 8);
-  const uint64_t head = 4 * (s / 8) * h + 4 * logits_chunk_rows(whole.vocab) * whole.vocab;
-  EXPECT_EQ(alst.activations, 2 * input + recomputed + exchange + head);
+  EXPECT_EQ(alst.activations, 2 * input + local_layer - 6 * r * ffn + 2 * r * h + exchange + head);
 }
 
 TEST(LongWindow, TheExchangesBytesCrossTheNodesLink) {

@@ -171,7 +171,8 @@ TEST(Sft, PackedRowsTrainTheSameHoweverTheBatchIsSplit) {
   testing::expect_same_weights(testing::weights_of("sft_pack_ranks"), testing::weights_of("sft_pack"), 2e-5);
 }
 
-// Ulysses (parallel.sequence 2): each conversation's 256 positions split over 2 ranks, its samples
+// Ulysses (parallel.sequence 2): each step's rows (cut to the step's longest conversation, rounded up
+// to 32 positions) split over 2 ranks, its samples
 // crossing from one rank's positions to the other's, packed or not, GPT-2 (learned positions from
 // each rank's first) and Llama (rotary; one key/value head copied to both ranks): the same losses,
 // validation loss and weights as the whole rows on one rank, though the ranks count different

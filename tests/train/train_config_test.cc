@@ -229,8 +229,6 @@ TEST(TrainConfig, OverridesSetNestedKeysAndParseValues) {
   }
 }
 
-// model.tiled_mlp: off unless given; true takes tiles of n_embd rows, a count its rows; the
-// resolved config reads back to the same tiles; anything else is refused naming the choices.
 // Ulysses from parallel.sequence or DeepSpeed's sequence_parallel_size; the batch counts the ranks
 // that read different samples (8 ranks in groups of 4: 2), and the resolved config keeps it.
 TEST(TrainConfig, SequenceParallelSizeSharesSamplesAndTheBatchCountsTheGroups) {
@@ -247,6 +245,8 @@ TEST(TrainConfig, SequenceParallelSizeSharesSamplesAndTheBatchCountsTheGroups) {
   }
 }
 
+// model.tiled_mlp: off unless given; true takes tiles of n_embd rows, a count its rows; the
+// resolved config reads back to the same tiles; anything else is refused naming the choices.
 TEST(TrainConfig, TiledMlpTakesTilesOfTheHiddenWidthOrACount) {
   auto rows = [](const char* extra) { return TrainConfig::from_json(with(base(), extra)).model.mlp_tile_rows; };
   EXPECT_EQ(rows("{}"), 0);
