@@ -173,6 +173,32 @@ TEST_P(DecoderKernels, SwiGluMatchesItsDefinition) {
 // span three chunks of keys with a one-row block at the end (513, at the models' head size); one
 // with scores in the hundreds, so a chunk's max may jump past what exp can take unshifted. Outputs
 // start as garbage, and the kept buffers are the size the device's kernels keep.
+// A block of columns between matrices of other leading dimensions, copied and added (Ulysses'
+// exchanges pack and unpack heads with it): exactly the definition's values, and nothing outside
+// the block touched.
+TEST_P(DecoderKernels, CopyColumnsMovesExactlyTheBlock) {
+  const size_t rows = 7, cols = 5, lds = 13, ldd = 9;
+  std::mt19937 rng(17);
+  const Vec src = random_vec(rows * lds, rng), dst0 = random_vec(rows * ldd, rng);
+  OnDevice d{*device_, {}};
+  float *ps = d.put(src), *pcopy = d.put(dst0), *padd = d.put(dst0);
+  auto k = gpt::make_kernels(device_->default_stream());
+  k->submit([&] {
+    k->copy_columns(pcopy + 2, ldd, ps + 3, lds, rows, cols, false);
+    k->copy_columns(padd + 2, ldd, ps + 3, lds, rows, cols, true);
+  });
+  const Vec copied = d.get(pcopy, rows * ldd), added = d.get(padd, rows * ldd);
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t c = 0; c < ldd; ++c) {
+      const size_t i = r * ldd + c;
+      const bool in = c >= 2 && c < 2 + cols;
+      const float from = in ? src[r * lds + 3 + (c - 2)] : 0.0f;
+      EXPECT_EQ(copied[i], in ? from : dst0[i]) << "copy, row " << r << " column " << c;
+      EXPECT_EQ(added[i], in ? dst0[i] + from : dst0[i]) << "add, row " << r << " column " << c;
+    }
+  }
+}
+
 TEST_P(DecoderKernels, GroupedQueryAttentionMatchesItsDefinition) {
   struct Shape {
     int T, NH, KVH, hs;
