@@ -57,7 +57,24 @@ struct GridCase {
   DType reduction = DType::f32;   // communication_data_type
   int seq = 1;                    // Ulysses ranks per sample group (of the dp x seq data-parallel ranks ZeRO shards over)
   bool masked = false;            // masked_target's targets do not count: the loss is the mean over the rest
+  bool packed = false;            // packed_positions: each row holds several samples (Gpt::forward's positions)
 };
+
+// Samples of 5, 7 and 4 positions in turn packed into each row of T (positions restarting at 0 where
+// one starts), the same in every row: with T = 16 the second crosses from a Ulysses rank's positions
+// to the next one's at U = 2 and U = 4.
+inline std::vector<int32_t> packed_positions(int B, int T) {
+  static constexpr int kLengths[] = {5, 7, 4};
+  std::vector<int32_t> out(static_cast<size_t>(B) * T);
+  for (int b = 0; b < B; ++b) {
+    int sample = 0, at = 0;
+    for (int t = 0; t < T; ++t) {
+      if (at == kLengths[sample % 3]) ++sample, at = 0;
+      out[static_cast<size_t>(b) * T + t] = at++;
+    }
+  }
+  return out;
+}
 
 // A loss mask that leaves the Ulysses ranks unequal counts: the last 3/8 of every row's positions
 // and every fourth of the rest do not count.
@@ -81,7 +98,7 @@ inline void PrintTo(const GridCase& k, std::ostream* os) {
       << optimizer_name(k.optimizer) << ", " << dtype_name(k.compute) << (k.ep > 1 ? ", expert parallel " + std::to_string(k.ep) : "")
       << (k.force_one_expert ? ", one expert forced" : "")
       << (k.model.loss_chunk_rows > 0 ? ", loss by chunks of " + std::to_string(k.model.loss_chunk_rows) : "")
-      << (k.seq > 1 ? ", Ulysses " + std::to_string(k.seq) : "") << (k.masked ? ", masked" : "");
+      << (k.seq > 1 ? ", Ulysses " + std::to_string(k.seq) : "") << (k.masked ? ", masked" : "") << (k.packed ? ", packed" : "");
 }
 
 struct GridResult {
@@ -162,7 +179,7 @@ inline void force_one_expert(Engine& engine) {
 
 // One rank, the whole model, the cycle's micro-batches one after another.
 inline GridResult train_whole(const GptConfig& gc, int micro, OptimizerKind optimizer = OptimizerKind::adamw,
-                              DType compute = DType::f32, bool masked = false) {
+                              DType compute = DType::f32, bool masked = false, bool packed = false) {
   const TokenData data = TokenData::synthetic(gc.vocab_size, 1 << 14, 3);
   const int mb = kGlobalBatch / micro, T = gc.seq_len;
   GridResult out;
@@ -179,7 +196,8 @@ inline GridResult train_whole(const GptConfig& gc, int micro, OptimizerKind opti
     for (int m = 0; m < micro; ++m) {
       loader.batch(s, m, tokens.data(), targets.data());
       if (masked) mask_targets(targets.data(), mb, T);
-      gpt.forward(m, tokens.data(), targets.data(), mb, T, &losses[m]);
+      const std::vector<int32_t> positions = packed ? packed_positions(mb, T) : std::vector<int32_t>{};
+      gpt.forward(m, tokens.data(), targets.data(), mb, T, &losses[m], packed ? positions.data() : nullptr);
       gpt.backward(m);
       engine.compute_stream().synchronize();
     }
@@ -199,7 +217,7 @@ inline GridResult train_whole(const GptConfig& gc, int micro, OptimizerKind opti
 }
 
 inline const GridResult& whole_reference(const GptConfig& gc, int micro, OptimizerKind optimizer = OptimizerKind::adamw,
-                                         DType compute = DType::f32, bool masked = false) {
+                                         DType compute = DType::f32, bool masked = false, bool packed = false) {
   static std::mutex mutex;
   static std::map<std::string, GridResult> cache;
   const std::string key = std::to_string(micro) + "/" + std::to_string(gc.vocab_size) + "/" + std::to_string(gc.n_head) + "/" +
@@ -209,12 +227,13 @@ inline const GridResult& whole_reference(const GptConfig& gc, int micro, Optimiz
                           std::to_string(gc.qkv_bias) + std::to_string(gc.o_bias) + std::to_string(gc.qk_norm) +
                           std::to_string(gc.tie_word_embeddings) + "/" + std::to_string(gc.norm_eps) + "/" +
                           std::to_string(gc.rope_theta) + "/" + std::to_string(static_cast<int>(gc.rope_scaling.type)) + "/" +
-                          std::to_string(gc.rope_scaling.factor) + "/" + std::to_string(masked) + "/" + std::to_string(gc.seq_len);
+                          std::to_string(gc.rope_scaling.factor) + "/" + std::to_string(masked) + "/" + std::to_string(gc.seq_len) +
+                          "/" + std::to_string(packed);
   std::lock_guard lock(mutex);
   // The reference keeps its logits whole: a grid that runs the loss by chunks is checked against it.
   GptConfig whole = gc;
   whole.loss_chunk_rows = 0;
-  if (!cache.contains(key)) cache[key] = train_whole(whole, micro, optimizer, compute, masked);
+  if (!cache.contains(key)) cache[key] = train_whole(whole, micro, optimizer, compute, masked, packed);
   return cache[key];
 }
 
@@ -299,9 +318,12 @@ inline GridResult train_grid(const GridCase& k, std::vector<PipeMeasure>* measur
       }
     };
     std::vector<float> micro_losses(k.micro);
+    // Packed: the whole rows' positions, on every rank of a Ulysses group.
+    const std::vector<int32_t> positions = k.packed ? packed_positions(mb, T) : std::vector<int32_t>{};
     PipeModel model;
     model.forward = [&](int m, int c) {
-      gpt.forward_chunk(m, c, tokens.data() + m * n, targets.data() + m * n, mb, Tl, &micro_losses[m]);
+      gpt.forward_chunk(m, c, tokens.data() + m * n, targets.data() + m * n, mb, Tl, &micro_losses[m],
+                        k.packed ? positions.data() : nullptr);
     };
     model.backward = [&](int m, int c) { gpt.backward_chunk(m, c); };
     model.port = [&](PipePort p, int m, int c) {

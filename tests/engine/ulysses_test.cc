@@ -58,7 +58,7 @@ class UlyssesEquivalence : public ::testing::TestWithParam<GridCase> {};
 TEST_P(UlyssesEquivalence, TrainsLikeOneRank) {
   const GridCase k = GetParam();
   const auto got = testing::train_grid(k);
-  const auto& ref = testing::whole_reference(k.model, k.micro, k.optimizer, DType::f32, k.masked);
+  const auto& ref = testing::whole_reference(k.model, k.micro, k.optimizer, DType::f32, k.masked, k.packed);
   EXPECT_TRUE(got.replica_mismatches.empty()) << got.replica_mismatches.front();
   // Llama's q/k/v biases start at zero and move 4 Adam steps (largest value 0.014): 8 micro-batches
   // of one sample each, summed in another order, move one 4.9e-8 (3.5e-6 of that).
@@ -70,8 +70,11 @@ TEST_P(UlyssesEquivalence, TrainsLikeOneRank) {
   std::printf("U %d dp %d mb %d tp %d%s pp %d ep %d stage %d%s%s%s: worst weight error %.3g (%s), gradient norm %.3g, loss %.3g; loss "
               "%.6f -> %.6f\n",
               k.seq, k.dp, testing::kGlobalBatch / (k.dp * k.micro), k.tp, k.sequence_parallel ? " sp" : "", k.pp, k.ep, k.stage,
-              k.masked ? " masked" : "", k.checkpointing ? " checkpointing" : "", sgd ? " SGD" : "", worst.rel(), worst.name.c_str(),
-              norm_err, loss_err, got.losses.front(), got.losses.back());
+              k.masked   ? " masked"
+              : k.packed ? " packed"
+                         : "",
+              k.checkpointing ? " checkpointing" : "", sgd ? " SGD" : "", worst.rel(), worst.name.c_str(), norm_err, loss_err,
+              got.losses.front(), got.losses.back());
 }
 
 std::vector<GridCase> cases() {
@@ -97,6 +100,14 @@ std::vector<GridCase> cases() {
     GridCase k = with(m, m.n_head == 6 ? 2 : 4, m.n_head == 6 ? 2 : 1, 2);
     k.masked = true;
     if (m.n_head == 8) k.optimizer = OptimizerKind::sgd;
+    out.push_back(k);
+  }
+  // Packed rows (samples of 5, 7 and 4 positions): a sample crosses from one rank's positions to the
+  // next one's; GPT-2's learned positions restart inside a rank's rows, Llama's rotary ones in the
+  // heads' layout over every position.
+  for (GptConfig m : {gpt2(), llama_6_2(), llama_8_2()}) {
+    GridCase k = with(m, m.n_head == 6 ? 2 : 4, 1, 1);
+    k.packed = true;
     out.push_back(k);
   }
   {
