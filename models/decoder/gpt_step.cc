@@ -254,8 +254,9 @@ void Gpt::run_backward(int micro, int chunk) {
   // cpu_checkpointing: block l's input comes back from host memory on a stream of its own while
   // block l + 1 runs its backward, into the working copy that block l + 2's input (ln_f's for the
   // last layer) held: the copy waits for that copy's last reader, block l's recomputation for the copy.
+  const int first_layer = lo;  // a lambda takes no structured binding in clang before 16
   auto prefetch = [&](int l) {
-    if (l < lo || static_cast<size_t>(l) >= sl->saved.size()) return;
+    if (l < first_layer || static_cast<size_t>(l) >= sl->saved.size()) return;
     s->copy_free->record(stream);
     s->restore_stream->wait(*s->copy_free);
     host_.device().copy(*s->restore_stream, sl->resid[l], sl->saved[l], R * C * sizeof(float));
