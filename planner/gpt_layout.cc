@@ -115,6 +115,7 @@ std::string Layout::describe() const {
   if (host_checkpoints && checkpointing == Checkpointing::full) out += " (checkpoints in host memory)";
   if (sequence_parallel) out += ", sequence parallel";
   if (sq > 1) out += fmt::format(", Ulysses over {} ranks", sq);
+  if (cp > 1) out += fmt::format(", ring attention over {} ranks", cp);
   if (tiled_mlp) out += ", tiled MLP";
   if (pp > 1) out += fmt::format(", {}", pipe_kind_name(schedule));
   return out;
@@ -161,10 +162,11 @@ uint64_t moe_layer_activation_bytes(const GptShape& shape, uint64_t micro_batch,
 // Long: the slices and per-layer sizes every stage shares, then `stage_memory`'s terms (model states, activations in
 // flight, buffers, allowance, host slots), each using the sizes above it.
 LayoutMemory layout_memory(const GptShape& shape, const Layout& layout, const BufferSizes& sizes, uint64_t runtime_bytes) {
-  // Ulysses: a rank's activations are its s / sq positions' (the attention's too, in its heads).
-  const uint64_t sq = std::max<uint64_t>(layout.sq, 1);
+  // Ulysses: a rank's activations are its s / sq positions' (the attention's too, in its heads); the
+  // ring's its s / cp positions'.
+  const uint64_t sq = std::max<uint64_t>(layout.sq, 1), cp = std::max<uint64_t>(layout.cp, 1);
   GptShape local = shape;
-  local.seq_len = ceil_div(shape.seq_len, sq);
+  local.seq_len = ceil_div(shape.seq_len, sq * cp);
   const uint64_t h = shape.hidden, t = layout.tp, p = layout.pp, b = layout.micro_batch, s = local.seq_len;
   const uint64_t layers_on_stage = ceil_div(shape.layers, p);
   // Expert layers spread over the stages as the layers are; each holds its experts' 1 / ep, whole
@@ -191,9 +193,13 @@ LayoutMemory layout_memory(const GptShape& shape, const Layout& layout, const Bu
   // the attention's output in its heads.
   const uint64_t heads = shape.heads / t, kv_heads = (shape.kv_heads > 0 ? shape.kv_heads : shape.heads) / t;
   const uint64_t kv_sent = sq > 1 && kv_heads % sq != 0 ? sq : kv_heads;
-  const uint64_t exchange = sq > 1 ? 4 * s * b * (h / shape.heads) *
-                                         ((b == 1 ? 1 : 2) * (heads + 2 * kv_sent) + (heads + 2 * kv_heads) + heads)
-                                   : 0;
+  // The ring's (Dims::ring_floats): two buffers of the rank's keys and values, three of their
+  // gradient, one block's output and log-sum-exp (s / 2 rows).
+  const uint64_t hd = h / shape.heads;
+  const uint64_t ring = cp > 1 ? 4 * (5 * s * b * 2 * kv_heads * hd + s / 2 * (heads * hd + heads)) : 0;
+  const uint64_t exchange = ring + (sq > 1
+                                        ? 4 * s * b * hd * ((b == 1 ? 1 : 2) * (heads + 2 * kv_sent) + (heads + 2 * kv_heads) + heads)
+                                        : 0);
   const bool host_checkpoints = layout.host_checkpoints && layout.checkpointing == Checkpointing::full && p == 1;
   const double sp_split = layout.sequence_parallel ? static_cast<double>(t) : 1.0;
 

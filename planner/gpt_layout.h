@@ -99,8 +99,12 @@ struct Layout {
   // recomputation, the layers' inputs in host memory (cpu_checkpointing: two working copies on the
   // device).
   bool tiled_mlp = false, host_checkpoints = false;
+  // Ring attention (parallel.context): runs of cp of the dp ranks share each sample, two of its 2 cp
+  // chunks each, keys and values sent round the run; one of sq and cp at a time.
+  uint64_t cp = 1;
   uint64_t gpus() const { return dp * tp * pp; }
-  uint64_t sample_groups() const { return dp / sq; }
+  uint64_t sample_ranks() const { return sq * cp; }
+  uint64_t sample_groups() const { return dp / sample_ranks(); }
   std::string describe() const;
 };
 

@@ -110,10 +110,11 @@ StepCost step_cost(const GptShape& shape, const Layout& l, const LayoutMemory& m
   const double t = static_cast<double>(l.tp), m = static_cast<double>(l.micro_batches);
   // One micro-batch's positions on a rank: with Ulysses its s / sq of each sample (the attention's
   // 4 b s^2 h FLOPs then split over the sq ranks' heads as the other work over their positions).
-  const uint64_t sq = std::max<uint64_t>(l.sq, 1);
-  const double tokens = static_cast<double>(l.micro_batch) * s / static_cast<double>(sq);
+  // Ring attention alike: its s / cp positions, each query meeting every key before it.
+  const uint64_t sq = std::max<uint64_t>(l.sq, 1), cp = std::max<uint64_t>(l.cp, 1);
+  const double tokens = static_cast<double>(l.micro_batch) * s / static_cast<double>(sq * cp);
   GptShape local = shape;
-  local.seq_len = (shape.seq_len + sq - 1) / sq;
+  local.seq_len = (shape.seq_len + sq * cp - 1) / (sq * cp);
   const uint64_t layers_on_stage = (shape.layers + l.pp - 1) / l.pp;
   const uint64_t moe_on_stage = std::min(layers_on_stage, (shape.moe_layers() + l.pp - 1) / l.pp);
   const double layers = static_cast<double>(layers_on_stage), moe_layers = static_cast<double>(moe_on_stage),
@@ -192,13 +193,24 @@ StepCost step_cost(const GptShape& shape, const Layout& l, const LayoutMemory& m
   const double qkv_width = h + 2 * h / static_cast<double>(shape.heads) * std::max(kv_heads, static_cast<double>(sq)) * t;
   const double sq_bytes = 4 * tokens * (qkv_width + h) / t * static_cast<double>(sq - 1) / static_cast<double>(sq);
   const double sq_mb = sq > 1 ? layers * (2 + (l.checkpointing == Checkpointing::full ? 1 : 0)) * sq_bytes / sq_bw : 0;
-  const double mb = fwd + bwd + tp_mb + pp_mb + ep_mb + sq_mb;
+  // Ring attention: each of a layer's cp - 1 forward steps sends the rank's keys and values (f32, a
+  // tensor-parallel rank's key/value heads) on while the step's blocks compute (1 / cp of the
+  // attention's FLOPs): what the send takes beyond them is exposed; backward sends the keys and their
+  // gradient each step (the last gradient's send under nothing), against twice the FLOPs; the
+  // recomputed forward again. The cp ranks are consecutive data-parallel ones.
+  const double cp_bw = l.tp * cp <= c.gpus_per_node ? c.intra_node_bw : per_gpu_net;
+  const double kv_send = 4 * tokens * 2 * kv_heads * h / static_cast<double>(shape.heads) / cp_bw;
+  const double step_attention = tokens * 4 * s * h / t / flops_rate / static_cast<double>(cp);
+  const double ring_fwd = static_cast<double>(cp - 1) * std::max(0.0, kv_send - step_attention);
+  const double ring_bwd = static_cast<double>(cp - 1) * std::max(0.0, 2 * kv_send - 2 * step_attention) + kv_send;
+  const double cp_mb = cp > 1 ? layers * (ring_fwd * (l.checkpointing == Checkpointing::full ? 2 : 1) + ring_bwd) : 0;
+  const double mb = fwd + bwd + tp_mb + pp_mb + ep_mb + sq_mb + cp_mb;
 
   out.compute = m * (fwd + bwd);
   out.tensor = m * tp_mb;
   out.pipeline = m * pp_mb;
   out.experts = m * ep_mb;
-  out.sequence = m * sq_mb;
+  out.sequence = m * (sq_mb + cp_mb);
   out.bubble = static_cast<double>(l.pp - 1) * mb;
 
   // Data parallelism over the stage's parameters, 16-bit. The engine reduces while backward runs
@@ -246,15 +258,16 @@ StepCost step_cost(const GptShape& shape, const Layout& l, const LayoutMemory& m
   out.model_flops = global_tokens * (6 * active_matmul + 12 * L * s * h + 6 * v * h);
   out.mfu = out.model_flops / (out.step * static_cast<double>(l.gpus()) * c.peak_flops);
   out.tokens_per_s = global_tokens / out.step;
-  const std::array<std::pair<double, const char*>, 9> parts = {{{out.compute, "compute"},
-                                                                {out.sequence, "Ulysses all-to-all"},
-                                                                {out.bubble, "pipeline bubble"},
-                                                                {out.tensor, "tensor-parallel all-reduce"},
-                                                                {out.pipeline, "pipeline send/recv"},
-                                                                {out.experts, "expert all-to-all"},
-                                                                {out.data, "data-parallel collectives"},
-                                                                {out.offload, "offload transfers"},
-                                                                {out.optimizer, "optimizer step"}}};
+  const std::array<std::pair<double, const char*>, 9> parts = {
+      {{out.compute, "compute"},
+       {out.sequence, l.cp > 1 ? "ring attention's sends" : "Ulysses all-to-all"},
+       {out.bubble, "pipeline bubble"},
+       {out.tensor, "tensor-parallel all-reduce"},
+       {out.pipeline, "pipeline send/recv"},
+       {out.experts, "expert all-to-all"},
+       {out.data, "data-parallel collectives"},
+       {out.offload, "offload transfers"},
+       {out.optimizer, "optimizer step"}}};
   out.bound = std::max_element(parts.begin(), parts.end())->second;
   return out;
 }
@@ -286,9 +299,17 @@ PlanResult search_plans(const GptShape& shape, const Cluster& cluster, const Pla
       for (uint64_t ep : divisors(dp, dp)) {
         if (ep == 1 || (shape.moe() && shape.experts % ep == 0)) eps.push_back(ep);
       }
+      // The sample groups: Ulysses over sq ranks, or (cp_search) the ring over cp, one at a time.
+      std::vector<std::pair<uint64_t, uint64_t>> groups;
       for (uint64_t sq : divisors(dp, search.sequence ? dp : 1)) {
-        if (!ulysses_fits(shape, tp, sq) || search.global_batch % (dp / sq) != 0) continue;
-        const uint64_t per_rank = search.global_batch / (dp / sq);
+        if (ulysses_fits(shape, tp, sq)) groups.push_back({sq, 1});
+      }
+      for (uint64_t cp : divisors(dp, search.context ? dp : 1)) {
+        if (cp > 1 && shape.seq_len % (2 * cp) == 0) groups.push_back({1, cp});
+      }
+      for (auto [sq, cp] : groups) {
+        if (search.global_batch % (dp / (sq * cp)) != 0) continue;
+        const uint64_t per_rank = search.global_batch / (dp / (sq * cp));
         for (uint64_t ep : eps)
           for (uint64_t b : divisors(per_rank, search.max_micro_batch)) {
             for (int stage = 0; stage <= 3; ++stage) {
@@ -300,14 +321,28 @@ PlanResult search_plans(const GptShape& shape, const Cluster& cluster, const Pla
                   if (search.runnable_only && ck == Checkpointing::selective) continue;
                   for (bool sp : {false, true}) {
                     if (sp && tp == 1) continue;
-                    for (int memory_saving = 0; memory_saving < (search.sequence ? 3 : 1); ++memory_saving) {
+                    for (int memory_saving = 0; memory_saving < (search.sequence || search.context ? 3 : 1); ++memory_saving) {
                       // With --max-seq: the tiled MLP, then host checkpoints (full recomputation on one stage).
                       const bool tiled = memory_saving >= 1, host = memory_saving == 2;
                       if (host && (ck != Checkpointing::full || pp > 1)) continue;
                       Candidate cand;
-                      cand.layout = {
-                          dp, tp,    pp,  ep, b, per_rank / b, stage, opt, par, ck, sp, PipeKind::one_f_one_b, search.attention_scores,
-                          sq, tiled, host};
+                      cand.layout = {dp,
+                                     tp,
+                                     pp,
+                                     ep,
+                                     b,
+                                     per_rank / b,
+                                     stage,
+                                     opt,
+                                     par,
+                                     ck,
+                                     sp,
+                                     PipeKind::one_f_one_b,
+                                     search.attention_scores,
+                                     sq,
+                                     tiled,
+                                     host,
+                                     cp};
                       cand.memory = layout_memory(shape, cand.layout, search.buffers, cluster.runtime_memory);
                       ++result.considered;
                       cand.fits = does_not_fit(cand.memory, cluster).empty();

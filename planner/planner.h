@@ -55,7 +55,7 @@ struct StepCost {
   double tensor = 0;       // tensor-parallel all-reduces (or reduce-scatter + all-gather)
   double pipeline = 0;     // activations sent between stages
   double experts = 0;      // expert-parallel all-to-alls, what the expert products leave exposed
-  double sequence = 0;     // Ulysses' all-to-alls around each attention
+  double sequence = 0;     // Ulysses' all-to-alls around each attention, or the ring's exposed sends
   double data = 0;         // data-parallel collectives not hidden under compute
   double offload = 0;      // PCIe and NVMe traffic not hidden
   double optimizer = 0;    // the update (device, or CPU for an offloaded optimizer)
@@ -86,6 +86,9 @@ struct PlanSearch {
   // Long windows: Ulysses sizes (divisors of the data-parallel size the heads allow), the tiled
   // MLP and host checkpoints searched too.
   bool sequence = false;
+  // Ring attention's sizes too (divisors of the data-parallel size that split the window into
+  // 2 cp chunks): zeroth runs it on the cpu device only.
+  bool context = false;
 };
 
 struct Candidate {

@@ -33,7 +33,7 @@ StagePlan plan_stage(const TrainConfig& config, int stage, int dp_rank, int tp_r
   GptConfig model = config.model;
   model.attention_probabilities = gpt::attention_keeps_probabilities(config.run.device == "cpu" ? DeviceKind::cpu : DeviceKind::cuda);
   // A Ulysses rank holds its share of each sample's positions.
-  out.model = Gpt::footprint(model, static_cast<int>(config.micro_batch_size), config.model.seq_len / config.parallel.sequence,
+  out.model = Gpt::footprint(model, static_cast<int>(config.micro_batch_size), config.model.seq_len / config.sample_ranks(),
                              config.engine.compute_dtype, out.plan.chunk_in_flight, part);
   out.need = estimate(out.plan, out.model, config.run.checkpoint_async, !config.run.resume.empty());
   return out;

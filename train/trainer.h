@@ -40,8 +40,11 @@ struct StepMetrics {
   // reductions after the last backward, and the rest of the optimizer step.
   double forward_seconds = 0, backward_seconds = 0, reduce_wait_seconds = 0, optimizer_seconds = 0;
   // Ulysses (parallel.sequence): this rank's all-to-alls' time on the compute stream, within the
-  // forward and backward passes (with wall_clock_breakdown; -1 without Ulysses).
+  // forward and backward passes (with wall_clock_breakdown; -1 without Ulysses or the ring). With
+  // ring attention (parallel.context, sequence_ring), the time the compute stream waited for the
+  // ring's sends (which run on a stream of their own): their exposed share.
   double sequence_exchange_seconds = -1;
+  bool sequence_ring = false;
   // wall_clock_breakdown with swap files: rank 0's bytes read and written, and its streams' time
   // waiting on them (summed over streams).
   uint64_t swap_read_bytes = 0, swap_write_bytes = 0;

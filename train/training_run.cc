@@ -26,6 +26,7 @@
 #include "engine/plan/estimate.h"          // estimate
 #include "engine/pipeline/runner.h"        // PipelineRunner
 #include "comm/process_grid.h"             // ProcessGrid
+#include "models/decoder/context_ring.h"   // gpt::ring_chunk
 #include "models/decoder/gpt.h"            // Gpt
 #include "train/data.h"                    // RunData, open_run_data
 
@@ -44,7 +45,7 @@ TrainingRun::TrainingRun(const TrainConfig& config, Communicator& world, Device&
       groups_(pp_ > 1 || tp_ > 1 ? std::optional(ProcessGrid(config.data_parallel(), pp_, tp_).split(world)) : std::nullopt),
       dp_(groups_ ? *groups_->dp : world),
       experts_(config.parallel.expert > 1 ? dp_.split(dp_.rank() / config.parallel.expert, dp_.rank()) : nullptr),
-      sequence_(config.parallel.sequence > 1 ? dp_.split(dp_.rank() / config.parallel.sequence, dp_.rank()) : nullptr),
+      sequence_(config.sample_ranks() > 1 ? dp_.split(dp_.rank() / config.sample_ranks(), dp_.rank()) : nullptr),
       stage_(groups_ ? groups_->pp->rank() : 0),
       tp_rank_(groups_ ? groups_->tp->rank() : 0),
       part_(config.part(stage_, tp_rank_, dp_.rank())),
@@ -58,7 +59,7 @@ TrainingRun::TrainingRun(const TrainConfig& config, Communicator& world, Device&
       mb_(static_cast<int>(config.micro_batch_size)),
       T_(config.model.seq_len),
       gas_(static_cast<int>(config.engine.gradient_accumulation_steps)),
-      U_(config.parallel.sequence),
+      U_(config.sample_ranks()),
       sq_rank_(dp_.rank() % U_),
       n_(static_cast<size_t>(mb_) * T_),
       run_data_(open_run_data(config, dp_.size() / U_, dp_.rank() / U_)),
@@ -380,13 +381,19 @@ void TrainingRun::cut_rows(int m, int width) {
 
 void TrainingRun::keep_positions(int m, int width) {
   if (U_ == 1) return;
-  // Row b's slice moves from b width + rank w to b w (w = width / U_): towards the start, in order,
-  // so nothing is overwritten before it is read.
+  // Row b's slices move to b w on (w = width / U_): Ulysses' one slice from b width + rank w, the
+  // ring's two chunks of w / 2 from b width + rank w / 2 and b width + (2 U_ - 1 - rank) w / 2.
+  // Towards the start, in order, so nothing is overwritten before it is read.
   const int w = width / U_;
+  const bool ring = config_.parallel.context > 1;
+  const int pieces = ring ? 2 : 1, piece = w / pieces;
   for (int32_t* base : {tokens_.data() + m * n_, targets_.data() + m * n_}) {
     for (int b = 0; b < mb_; ++b) {
-      std::memmove(base + static_cast<size_t>(b) * w, base + static_cast<size_t>(b) * width + static_cast<size_t>(sq_rank_) * w,
-                   w * sizeof(int32_t));
+      for (int slot = 0; slot < pieces; ++slot) {
+        const int from = ring ? gpt::ring_chunk(U_, sq_rank_, slot) * piece : sq_rank_ * w;
+        std::memmove(base + static_cast<size_t>(b) * w + static_cast<size_t>(slot) * piece,
+                     base + static_cast<size_t>(b) * width + static_cast<size_t>(from), piece * sizeof(int32_t));
+      }
     }
   }
 }
@@ -431,6 +438,7 @@ void TrainingRun::report_step(int64_t k, double loss, double seconds, const Step
     s.forward_seconds = pass_seconds[0];
     s.backward_seconds = pass_seconds[1];
     s.sequence_exchange_seconds = exchanges;
+    s.sequence_ring = config_.parallel.context > 1;
     s.reduce_wait_seconds = r.reduce_wait_seconds;
     s.optimizer_seconds = r.update_seconds;
     s.swap_read_bytes = r.swap_read_bytes;

@@ -137,8 +137,8 @@ class TrainingRun {
   std::unique_ptr<PipelineRunner> runner_;
   const bool heads_;  // this stage computes the loss
   const int mb_, T_, gas_;
-  // Ulysses: the group's size and this rank's place; each micro-batch's rows are read whole and
-  // keep_positions leaves this rank's T_ / U_ positions of each (the positions stay whole).
+  // Ulysses or the ring: the group's size and this rank's place; each micro-batch's rows are read
+  // whole and keep_positions leaves this rank's T_ / U_ positions of each (the positions stay whole).
   const int U_, sq_rank_;
   const size_t n_;  // tokens of a micro-batch, whole rows
   RunData run_data_;

@@ -40,6 +40,18 @@ struct MlpFloats {
 
 // With activation checkpointing, each expert layer keeps its experts' input (the second norm's
 // output, whole): the experts' backward runs before its layer's recomputation.
+// Ring attention: the rotary table's rows for this rank's T rows of a sample (its two chunks'
+// positions, context_ring.h), which the rotation reads by row modulo T.
+std::vector<float> ring_rope_table(const std::vector<float>& table, const Dims& d, int T) {
+  const size_t hs = d.hs, c = static_cast<size_t>(T) / 2;
+  std::vector<float> mine(table.size());
+  for (int slot = 0; slot < 2; ++slot) {
+    const size_t first = static_cast<size_t>(gpt::ring_chunk(d.cp, d.cp_rank, slot)) * c;
+    std::copy_n(table.data() + first * hs, c * hs, mine.data() + slot * c * hs);
+  }
+  return mine;
+}
+
 size_t expert_inputs(const GptConfig& c, const GptPart& part) {
   if (!c.activation_checkpointing) return 0;
   size_t n = 0;
@@ -155,8 +167,8 @@ size_t Gpt::State::scratch_floats(const GptConfig& c, const GptPart& part, int B
   const size_t datt = c.attention_probabilities ? attention_floats(c, d, B, T) : 0;
   // One chunk's logits where the loss runs by chunks (decoding's one row fits in it).
   const size_t logits = part.has_head(c) && !d.keeps_logits() ? d.loss_chunk(BT) * d.V : 0;
-  return d.rows(BT) * C + BT * dC + BTa * d.Wa + d.ulysses_floats(B, BT) + mlp.dfch + mlp.tile + datt + (d.sp ? 3 * BT * C : 0) +
-         llama + moe + logits + lora_floats(c, part, BT);
+  return d.rows(BT) * C + BT * dC + BTa * d.Wa + d.ulysses_floats(B, BT) + d.ring_floats(B, BT) + mlp.dfch + mlp.tile + datt +
+         (d.sp ? 3 * BT * C : 0) + llama + moe + logits + lora_floats(c, part, BT);
 }
 
 size_t Gpt::State::lora_floats(const GptConfig& c, const GptPart& part, size_t BT) {
@@ -307,6 +319,12 @@ void Gpt::State::reserve(Stream& stream, int b, int t, const std::vector<int>& p
     d.sq_send = take(BTa * dims.Wa);
     d.sq_recv = b == 1 ? d.sq_send : take(BTa * dims.Wa);  // one sample: an exchange uses one of them
   }
+  if (dims.cp > 1) {
+    const size_t kv = BT * 2 * static_cast<size_t>(dims.KVH) * dims.hs, c = static_cast<size_t>(t) / 2;
+    for (float*& x : d.ring.kv) x = take(kv);
+    for (float*& x : d.ring.dkv) x = take(kv);
+    d.ring.out = take(c * dims.Cq), d.ring.lse = take(c * dims.NH);
+  }
   if (mlp.tile > 0) d.mlp_fch = take(mlp.dfch), d.mlp_act = take(mlp.dact);
   d.datt = cfg.attention_probabilities ? take(attention_floats(cfg, dims, b, t)) : nullptr;
   d.partial = dims.sp ? take(BT * C) : nullptr, d.gathered = dims.sp ? take(BT * C) : nullptr;
@@ -356,7 +374,8 @@ void Gpt::State::reserve(Stream& stream, int b, int t, const std::vector<int>& p
     d.dact = take(mlp.dact);
     d.dqk = dims.qk_norm ? take(BTa * dims.Wa) : nullptr;
     d.rope = take(static_cast<size_t>(cfg.seq_len) * dims.hs);
-    const std::vector<float> table = cfg.rope_table();
+    std::vector<float> table = cfg.rope_table();
+    if (dims.cp > 1) table = ring_rope_table(table, dims, t);
     device->copy(stream, d.rope, table.data(), table.size() * sizeof(float));
     stream.synchronize();  // `table` goes out of scope
   }
@@ -423,14 +442,19 @@ std::vector<int> Gpt::chunk_slots() const {
 }
 
 void Gpt::check_rows(int B, int T) const {
-  const int64_t positions = static_cast<int64_t>(T) * part_.sq_ranks;
-  if (B > 0 && T > 0 && positions <= config_.seq_len) return;
-  if (part_.sq_ranks == 1)
+  const int ranks = part_.sample_ranks();
+  const int64_t positions = static_cast<int64_t>(T) * ranks;
+  // A ring rank holds two equal chunks of each sample.
+  const bool halves = part_.cp_ranks == 1 || T % 2 == 0;
+  if (B > 0 && T > 0 && positions <= config_.seq_len && halves) return;
+  if (ranks == 1)
     ZEROTH_THROW(InvalidArgument, "GPT micro-batch {} x {}: need B >= 1 and 1 <= T <= model.seq_len ({})", B, T, config_.seq_len);
+  const char* group = part_.cp_ranks > 1 ? "ring attention" : "Ulysses";
   ZEROTH_THROW(InvalidArgument,
-               "GPT micro-batch {} x {} on each of {} Ulysses ranks ({} positions a sample): need B >= 1 and 1 <= T x {} <= "
-               "model.seq_len ({})",
-               B, T, part_.sq_ranks, positions, part_.sq_ranks, config_.seq_len);
+               "GPT micro-batch {} x {} on each of {} {} ranks ({} positions a sample): need B >= 1 and 1 <= T x {} <= "
+               "model.seq_len ({}){}",
+               B, T, ranks, group, positions, ranks, config_.seq_len,
+               part_.cp_ranks > 1 ? ", and T even (each rank holds two chunks of T / 2 positions)" : "");
 }
 
 void Gpt::prepare(int B, int T) {

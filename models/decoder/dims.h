@@ -81,6 +81,16 @@ struct Dims {
   size_t ulysses_floats(size_t B, size_t BT) const {
     return sq > 1 ? BT * W + BT * Cq + (B == 1 ? 1 : 2) * BT * sq * static_cast<size_t>(Wa) : 0;
   }
+  // Ring attention (GptPart::cp_ranks): the group's size and this rank's place.
+  int cp = 1, cp_rank = 0;
+  bool ring() const { return cp > 1; }
+  // Floats only the ring needs for B samples of BT rows (RingScratch): two buffers of the rows' keys
+  // and values, three of their gradients, and one block's output and log-sum-exp (BT / 2B rows).
+  size_t ring_floats(size_t B, size_t BT) const {
+    if (cp == 1) return 0;
+    const size_t c = BT / (2 * B);
+    return 5 * BT * 2 * static_cast<size_t>(KVH) * hs + c * (static_cast<size_t>(Cq) + NH);
+  }
   bool llama = false, qkv_bias = false, o_bias = false, qk_norm = false;
   bool probabilities = false;  // GptConfig::attention_probabilities: what the attention keeps per row
   float eps = 1e-5f;

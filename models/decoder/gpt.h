@@ -200,6 +200,13 @@ struct GptPart {
   // replicated where there are fewer of them than ranks) and the attention's output back. The
   // weights are the same on every rank of the group: ZeRO shards them over it like data parallelism.
   int sq_rank = 0, sq_ranks = 1;
+  // Ring attention (context parallelism, context_ring.h): rank `cp_rank` of `cp_ranks` holds chunks
+  // cp_rank and 2 cp_ranks - 1 - cp_rank of every sample's 2 cp_ranks chunks of positions (its T rows:
+  // the first chunk's, then the second's), every head; keys and values travel around the group. The
+  // weights are the same on every rank of the group, as Ulysses'. One of the two at a time.
+  int cp_rank = 0, cp_ranks = 1;
+  // The ranks that share each sample's positions: Ulysses' or the ring's.
+  int sample_ranks() const { return sq_ranks * cp_ranks; }
   bool whole(const GptConfig& config) const;
   bool has_embedding() const;                                 // a chunk starts at layer 0
   bool has_head(const GptConfig& config) const;               // a chunk ends at n_layer
@@ -225,7 +232,8 @@ class Gpt {
   // `tensor` is the tensor-parallel group (rank part.tp_rank of part.tp_ranks): the block uses'
   // collectives run there on the host's compute stream; with part.ep_ranks > 1, `experts` is the
   // expert-parallel group (rank part.ep_rank of part.ep_ranks) the expert layers' all-to-alls run in.
-  // With part.sq_ranks > 1, `sequence` is the Ulysses group (rank part.sq_rank of part.sq_ranks).
+  // With part.sq_ranks > 1, `sequence` is the Ulysses group (rank part.sq_rank of part.sq_ranks); with
+  // part.cp_ranks > 1 the ring's (rank part.cp_rank of part.cp_ranks).
   Gpt(BlockHost& host, GptConfig config, GptPart part = {}, Communicator* tensor = nullptr, Communicator* experts = nullptr,
       Communicator* sequence = nullptr);
   ~Gpt();

@@ -30,9 +30,16 @@ Gpt::Gpt(BlockHost& host, GptConfig config, GptPart part, Communicator* tensor, 
                  part_.ep_rank, part_.ep_ranks, ep_rank, ep);
   }
   const int sq = sequence != nullptr ? sequence->size() : 1, sq_rank = sequence != nullptr ? sequence->rank() : 0;
-  if (part_.sq_ranks != sq || (sq > 1 && part_.sq_rank != sq_rank)) {
-    ZEROTH_THROW(InvalidArgument, "GPT part for sequence-parallel rank {} of {}, but the group given makes it rank {} of {}",
-                 part_.sq_rank, part_.sq_ranks, sq_rank, sq);
+  const int mine = part_.sq_ranks > 1 ? part_.sq_rank : part_.cp_rank;
+  if (part_.sample_ranks() != sq || (sq > 1 && mine != sq_rank)) {
+    ZEROTH_THROW(InvalidArgument, "GPT part for {} rank {} of {}, but the group given makes it rank {} of {}",
+                 part_.cp_ranks > 1 ? "context-parallel" : "sequence-parallel", mine, part_.sample_ranks(), sq_rank, sq);
+  }
+  if (part_.cp_ranks > 1 && host_.device().kind() != DeviceKind::cpu) {
+    ZEROTH_THROW(ConfigError,
+                 "parallel.context = {} runs ring attention, whose kernels run on the cpu device only; on {} split long windows "
+                 "with parallel.sequence (Ulysses) instead",
+                 part_.cp_ranks, host_.device().name());
   }
   auto specs = block_specs(config_, part_);
   for (auto& spec : specs) host_.add_block(std::move(spec));
@@ -47,6 +54,10 @@ Gpt::Gpt(BlockHost& host, GptConfig config, GptPart part, Communicator* tensor, 
   state_->device = &host_.device();
   state_->k = gpt::make_kernels(host_.compute_stream());
   if (part_.ep_ranks > 1 && part_.ep_overlap) state_->exchange = host_.device().create_stream();
+  if (part_.cp_ranks > 1) {
+    state_->ring_stream = host_.device().create_stream();
+    for (auto& e : state_->ring_events) e = host_.device().create_event();
+  }
   if (config_.cpu_checkpointing) {
     state_->restore_stream = host_.device().create_stream();
     state_->copy_free = host_.device().create_event();

@@ -48,6 +48,14 @@ void check_part(const GptConfig& c, const GptPart& part) {
   }
   if (part.sq_ranks < 1 || part.sq_rank < 0 || part.sq_rank >= part.sq_ranks)
     ZEROTH_THROW(InvalidArgument, "GPT part: sequence-parallel rank {} of {}", part.sq_rank, part.sq_ranks);
+  if (part.cp_ranks < 1 || part.cp_rank < 0 || part.cp_rank >= part.cp_ranks)
+    ZEROTH_THROW(InvalidArgument, "GPT part: context-parallel rank {} of {}", part.cp_rank, part.cp_ranks);
+  if (part.sq_ranks > 1 && part.cp_ranks > 1) {
+    ZEROTH_THROW(ConfigError,
+                 "parallel.sequence = {} (Ulysses) and parallel.context = {} (ring attention) both split each sample's positions; "
+                 "they do not compose yet: use one of them",
+                 part.sq_ranks, part.cp_ranks);
+  }
   if (part.sq_ranks > 1) {
     // Ulysses hands each rank of the group whole heads: the query heads split evenly, the
     // key/value heads too, or each rank takes one replicated where there are fewer than ranks.

@@ -76,6 +76,9 @@ struct Gpt::State {
   std::unique_ptr<Event> copy_free;
   std::array<std::unique_ptr<Event>, 2> restored;
   std::vector<std::unique_ptr<Event>> exchange_events;
+  // Ring attention (context_ring.h): the stream its sends run on, and the hand-overs' events.
+  std::unique_ptr<Stream> ring_stream;
+  std::array<std::unique_ptr<Event>, 3> ring_events;
   // Generation (decode.cc): every layer's cache of qkv rows [kv_len, W] end to end, then the
   // attention's scratch; kv_pos positions are in it.
   Buffer kv_buffer;

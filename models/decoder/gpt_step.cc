@@ -72,8 +72,15 @@ void Gpt::run_forward(int micro, int chunk, const int32_t* tokens, const int32_t
   if (embeds) check_tokens(tokens, static_cast<size_t>(B) * T, config_.vocab_size, "token");
   if (heads && !decoding) check_tokens(targets, static_cast<size_t>(B) * T, config_.vocab_size, "target", -1);
   // The attention's samples span the Ulysses group's rows: found in the whole rows' positions.
+  if (positions != nullptr && part_.cp_ranks > 1) {
+    ZEROTH_THROW(ConfigError,
+                 "ring attention (parallel.context = {}) takes one sample a row: packed rows (their positions) are not split "
+                 "over a context group yet; turn data.packing off, or use parallel.sequence (Ulysses) for packed samples",
+                 part_.cp_ranks);
+  }
   gpt::Spans spans = gpt::spans_of(positions, B, T * part_.sq_ranks);
-  gpt::Runs runs = gpt::runs_of(positions, B, T, part_.sq_ranks, part_.sq_rank);
+  gpt::Runs runs = part_.cp_ranks > 1 ? gpt::ring_runs(B, T, part_.cp_ranks, part_.cp_rank)
+                                      : gpt::runs_of(positions, B, T, part_.sq_ranks, part_.sq_rank);
   auto s = state_;
   Stream& stream = host_.compute_stream();
   s->check_shape(B, T);
@@ -87,7 +94,10 @@ void Gpt::run_forward(int micro, int chunk, const int32_t* tokens, const int32_t
   gpt::Kernels& k = *s->k;
   const Dims d = Dims::of(config_, part_);
   const gpt::TensorGroup g(tensor_, stream, d);
-  const gpt::SequenceGroup q(sequence_, k, stream, d, s->d.sq_send, s->d.sq_recv, s->time_exchanges ? &s->exchange_nanos : nullptr);
+  std::atomic<int64_t>* nanos = s->time_exchanges ? &s->exchange_nanos : nullptr;
+  const gpt::ContextRing ring(sequence_, k, stream, s->ring_stream.get(),
+                              {s->ring_events[0].get(), s->ring_events[1].get(), s->ring_events[2].get()}, d, s->d.ring, nanos);
+  const gpt::SequenceGroup q(sequence_, k, stream, d, s->d.sq_send, s->d.sq_recv, nanos, &ring);
   const size_t BT = static_cast<size_t>(B) * T, R = d.rows(BT), at = d.row_offset(BT);
   const int L = config_.n_layer, C = config_.n_embd;
   // Without backward nothing is kept per layer: evaluation runs in one set.
@@ -248,7 +258,10 @@ void Gpt::run_backward(int micro, int chunk) {
   Stream& stream = host_.compute_stream();
   const Dims d = Dims::of(config_, part_);
   const gpt::TensorGroup g(tensor_, stream, d);
-  const gpt::SequenceGroup q(sequence_, k, stream, d, s->d.sq_send, s->d.sq_recv, s->time_exchanges ? &s->exchange_nanos : nullptr);
+  std::atomic<int64_t>* nanos = s->time_exchanges ? &s->exchange_nanos : nullptr;
+  const gpt::ContextRing ring(sequence_, k, stream, s->ring_stream.get(),
+                              {s->ring_events[0].get(), s->ring_events[1].get(), s->ring_events[2].get()}, d, s->d.ring, nanos);
+  const gpt::SequenceGroup q(sequence_, k, stream, d, s->d.sq_send, s->d.sq_recv, nanos, &ring);
   const size_t R = d.rows(BT);
   const gpt::Scratch& sc = s->d;
   // cpu_checkpointing: block l's input comes back from host memory on a stream of its own while

@@ -20,6 +20,7 @@ Dims Dims::of(const GptConfig& c, const GptPart& part) {
   d.Cq = d.NH * d.hs;
   d.W = (d.NH + 2 * d.KVH) * d.hs;
   d.sq = part.sq_ranks, d.sq_rank = part.sq_rank;
+  d.cp = part.cp_ranks, d.cp_rank = part.cp_rank;
   d.NHa = d.NH / d.sq;
   d.KVHa = d.KVH % d.sq == 0 ? d.KVH / d.sq : 1;
   d.Cqa = d.NHa * d.hs;
@@ -104,6 +105,10 @@ Scratch attention_scratch(const SequenceGroup& q, const Scratch& s, int B, int T
   return sa;
 }
 
+ContextRing::Products products_of(BoundRef w) {
+  return [w] { return (*w)->attention_products(); };
+}
+
 void attend(Kernels& k, const LayerActs& a, const KvCache& kv, int B, int T, int NH, int KVH, int hs, DType products) {
   if (kv.rows == nullptr && kv.spans) {
     const size_t W = static_cast<size_t>(NH + 2 * KVH) * hs, Cq = static_cast<size_t>(NH) * hs;
@@ -144,7 +149,11 @@ void layer_forward(Kernels& k, const TensorGroup& g, const SequenceGroup& q, Bou
   });
   if (q.active()) q.qkv_to_heads(qkv, a.qkv, B, T);
   const int Ta = T * d.sq;
-  k.submit([&k, w, a, d, B, Ta, kv] { attend(k, a, kv, B, Ta, d.NHa, d.NHa, d.hs, (*w)->attention_products()); });
+  if (const ContextRing* ring = q.ring()) {
+    ring->forward(a.qkv, a.atty, a.att, B, T, products_of(w));
+  } else {
+    k.submit([&k, w, a, d, B, Ta, kv] { attend(k, a, kv, B, Ta, d.NHa, d.NHa, d.hs, (*w)->attention_products()); });
+  }
   if (q.active()) q.out_to_rows(a.atty, a.atty_rows, B, T);
   const float* atty = q.active() ? a.atty_rows : a.atty;
   k.submit([&k, w, a, d, BT, proj, bias, atty, lora] {
@@ -206,9 +215,13 @@ void layer_backward(Kernels& k, const TensorGroup& g, const SequenceGroup& q, Bo
     lora_backward(k, lora, LoraProduct::attn_out, atty, dout, s.dC, BT, d.C, a.lora_h);
   });
   const Scratch sa = attention_scratch(q, s, B, T);
-  k.submit([&k, w, a, sa, d, B, T, spans] {
-    attention_backward_rows(k, spans, a, sa, B, T * d.sq, d.NHa, d.NHa, d.hs, d.probabilities, (*w)->attention_products());
-  });
+  if (const ContextRing* ring = q.ring()) {
+    ring->backward(sa.dqkv, sa.dC, a.atty, a.qkv, a.att, B, T, products_of(w));
+  } else {
+    k.submit([&k, w, a, sa, d, B, T, spans] {
+      attention_backward_rows(k, spans, a, sa, B, T * d.sq, d.NHa, d.NHa, d.hs, d.probabilities, (*w)->attention_products());
+    });
+  }
   const float* dqkv = s.dqkv;
   if (q.active()) q.qkv_grad_to_rows(s.dqkv, s.sq_rows, B, T), dqkv = s.sq_rows;
   k.submit([&k, w, a, d, BT, dqkv, partial, ln1, lora] {

@@ -17,6 +17,7 @@
 
 #include "comm/communicator.h"              // Communicator
 #include "core/device.h"                    // Buffer, Stream, TensorView
+#include "models/decoder/context_ring.h"    // ContextRing, RingScratch
 #include "models/decoder/gpt.h"             // GptConfig, GptPart
 #include "models/decoder/dims.h"            // Dims, PartBlocks
 #include "models/decoder/lora.h"            // LayerLora, lora_forward, lora_backward
@@ -80,6 +81,7 @@ struct Scratch {
   float* logits = nullptr;  // one chunk's logits, where the loss runs by chunks
   float *moe_logits = nullptr, *moe_dlogits = nullptr, *moe_drows = nullptr, *moe_dinp = nullptr, *moe_dweight = nullptr;
   float *moe_rows = nullptr, *moe_eout = nullptr, *moe_erows = nullptr, *moe_einp = nullptr;
+  RingScratch ring{};  // ring attention's (Dims::ring_floats)
 };
 
 // What an expert layer's pass needs beyond its activations: whether this layer is one, the
@@ -110,6 +112,8 @@ Spans spans_of(const int32_t* positions, int B, int T);
 // The embedding's runs of a Ulysses rank's rows: T of each of the B rows of T ranks positions, from
 // position rank T on (positions.cc).
 Runs runs_of(const int32_t* positions, int B, int T, int ranks, int rank);
+// A ring attention rank's runs: its two chunks of each sample's positions (context_ring.h).
+Runs ring_runs(int B, int T, int ranks, int rank);
 
 // Generation's key/value cache of one layer (Gpt::decode, one sequence): `rows` holds the qkv rows
 // of positions [0, pos) from earlier passes; a pass writes its rows at [pos, pos + BT) and attends
@@ -160,6 +164,8 @@ class Bound {
   std::vector<float*> g_;
 };
 using BoundRef = std::shared_ptr<std::shared_ptr<Bound>>;  // filled in stream order
+// Ring attention's products' dtype, read from the block's binding in stream order.
+ContextRing::Products products_of(BoundRef w);
 // Parameter and gradient `i` of a bound block, null for one the block does not have (-1).
 inline const float* param(const Bound& b, int i) { return i >= 0 ? b.p(static_cast<size_t>(i)) : nullptr; }
 inline float* grad(const Bound& b, int i) { return i >= 0 ? b.g(static_cast<size_t>(i)) : nullptr; }

@@ -60,8 +60,9 @@ void llama_layer_forward(Kernels& k, const TensorGroup& g, const SequenceGroup& 
     }
     // Positions start at the cache's (0 without one): the table's rows from there.
     rope_rows(k, kv.spans, a.qkv, s.rope + static_cast<size_t>(kv.pos) * d.hs, BTa, Ta, d.Wa, d.NHa + d.KVHa, d.hs, false);
-    attend(k, a, kv, B, Ta, d.NHa, d.KVHa, d.hs, p.attention_products());
+    if (!d.ring()) attend(k, a, kv, B, Ta, d.NHa, d.KVHa, d.hs, p.attention_products());
   });
+  if (const ContextRing* ring = q.ring()) ring->forward(a.qkv, a.atty, a.att, B, T, products_of(w));
   if (q.active()) q.out_to_rows(a.atty, a.atty_rows, B, T);
   const float* atty = q.active() ? a.atty_rows : a.atty;
   k.submit([&k, w, a, d, BT, proj, bias, atty, ix, lora] {
@@ -122,9 +123,10 @@ void llama_layer_backward(Kernels& k, const TensorGroup& g, const SequenceGroup&
   const Scratch sa = attention_scratch(q, s, B, T);
   const int Ta = T * d.sq;
   const size_t BTa = d.attn_rows(BT);
+  if (const ContextRing* ring = q.ring()) ring->backward(sa.dqkv, sa.dC, a.atty, a.qkv, a.att, B, T, products_of(w));
   k.submit([&k, w, a, s, sa, d, B, Ta, BTa, ix, spans] {
     const Bound& p = **w;
-    attention_backward_rows(k, spans, a, sa, B, Ta, d.NHa, d.KVHa, d.hs, d.probabilities, p.attention_products());
+    if (!d.ring()) attention_backward_rows(k, spans, a, sa, B, Ta, d.NHa, d.KVHa, d.hs, d.probabilities, p.attention_products());
     // The gradient at the rotated q and k turned back: the gradient at the values before the turn.
     rope_rows(k, spans, s.dqkv, s.rope, BTa, Ta, d.Wa, d.NHa + d.KVHa, d.hs, true);
     if (!d.qk_norm) return;

@@ -42,4 +42,13 @@ Runs runs_of(const int32_t* positions, int B, int T, int ranks, int rank) {
   return runs;
 }
 
+Runs ring_runs(int B, int T, int ranks, int rank) {
+  auto runs = std::make_shared<std::vector<std::array<int, 3>>>();
+  const int c = T / 2;
+  for (int b = 0; b < B; ++b) {
+    for (int slot = 0; slot < 2; ++slot) runs->push_back({b * T + slot * c, c, ring_chunk(ranks, rank, slot) * c});
+  }
+  return runs;
+}
+
 }  // namespace zeroth::gpt

@@ -9,10 +9,11 @@
 #include <cstddef>  // size_t
 #include <cstdint>  // int64_t
 
-#include "comm/communicator.h"       // Communicator
-#include "core/device.h"             // Stream
-#include "models/decoder/dims.h"     // Dims
-#include "models/kernels/kernels.h"  // gpt::Kernels
+#include "comm/communicator.h"            // Communicator
+#include "models/decoder/context_ring.h"  // ContextRing
+#include "core/device.h"                  // Stream
+#include "models/decoder/dims.h"          // Dims
+#include "models/kernels/kernels.h"       // gpt::Kernels
 
 namespace zeroth::gpt {
 
@@ -25,9 +26,11 @@ class SequenceGroup {
   // exchange's time on the stream (from when the stream reaches it to when it is done, the wait for
   // the group's slowest rank included) is added there.
   SequenceGroup(Communicator* comm, Kernels& k, Stream& stream, const Dims& dims, float* send, float* recv,
-                std::atomic<int64_t>* nanos = nullptr)
-      : comm_(comm), k_(k), stream_(stream), d_(dims), send_(send), recv_(recv), nanos_(nanos) {}
+                std::atomic<int64_t>* nanos = nullptr, const ContextRing* ring = nullptr)
+      : comm_(comm), k_(k), stream_(stream), d_(dims), send_(send), recv_(recv), nanos_(nanos), ring_(ring) {}
   bool active() const { return d_.sq > 1; }
+  // The context group's ring, where the part's positions split that way instead (null: they do not).
+  const ContextRing* ring() const { return ring_ != nullptr && ring_->active() ? ring_ : nullptr; }
   // q, k, v rows [B, T, W] into heads [B, T sq, Wa].
   void qkv_to_heads(const float* rows, float* heads, int B, int T) const;
   // The gradient at the heads back at the rows; a replicated key/value head's gradients are summed.
@@ -50,6 +53,7 @@ class SequenceGroup {
   Dims d_;
   float *send_, *recv_;
   std::atomic<int64_t>* nanos_;
+  const ContextRing* ring_;
 };
 
 }  // namespace zeroth::gpt

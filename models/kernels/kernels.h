@@ -13,7 +13,8 @@
 #include <functional>  // std::function
 #include <memory>      // std::unique_ptr
 
-#include "core/device.h"  // Device, Stream, TensorView
+#include "core/device.h"                     // Device, Stream, TensorView
+#include "models/kernels/attention_block.h"  // AttentionBlock
 
 namespace zeroth::gpt {
 
@@ -75,6 +76,13 @@ class Kernels {
   // A block of `cols` columns of `rows` rows between row-major matrices of leading dimensions ldd and
   // lds: dst[r ldd + c] = src[r lds + c], or += with `add` (Ulysses' exchanges pack and unpack heads).
   virtual void copy_columns(float* dst, size_t ldd, const float* src, size_t lds, size_t rows, size_t cols, bool add) = 0;
+  // Ring attention (cpu/row_kernels.h): a block's forward and backward (which adds to dq and dkv), and
+  // the merge of two normalised outputs over different keys.
+  virtual void attention_block_forward(float* out, float* lse, const AttentionBlock& a, DType products) = 0;
+  virtual void attention_block_backward(float* dq, float* dkv, const float* dout, const float* out, const float* lse,
+                                        const AttentionBlock& a, DType products) = 0;
+  virtual void attention_merge(float* out, float* lse, const float* block_out, const float* block_lse, int n, int NH, int hs,
+                               size_t lse_ld) = 0;
   virtual void zero(float* x, size_t n) = 0;
   // C [m, n] = alpha op(A) op(B) + beta C in f32, row-major with leading dimensions (op: the
   // matrix or its transpose): BLAS's sgemm on row-major operands, for products over column ranges

@@ -19,6 +19,7 @@
 #include "engine/checkpoint/checkpoint.h"
 #include "engine/engine.h"
 #include "engine/pipeline/runner.h"
+#include "models/decoder/context_ring.h"
 #include "models/decoder/gpt.h"
 #include "tests/engine/tensor_error.h"
 #include "tests/engine/tiny_gpt_engine.h"
@@ -30,6 +31,22 @@ namespace zeroth::testing {
 inline GptConfig tiny_gpt() {
   GptConfig c;
   c.vocab_size = 64, c.seq_len = 16, c.n_layer = 8, c.n_head = 2, c.n_embd = 32;
+  return c;
+}
+
+// Models whose samples a group of ranks splits by positions (Ulysses, ring attention): 4 heads of
+// 8 channels over 16 positions, and grouped-query attention, 6 query heads over 2 key/value heads,
+// with Qwen's q/k/v biases and Qwen3's per-head norms.
+inline GptConfig split_gpt2() {
+  GptConfig c = tiny_gpt();
+  c.n_head = 4, c.n_layer = 4;
+  return c;
+}
+inline GptConfig split_llama_6_2() {
+  GptConfig c = split_gpt2();
+  c.architecture = Architecture::llama;
+  c.n_embd = 48, c.n_head = 6, c.n_kv_head = 2, c.head_dim = 8, c.intermediate_size = 40, c.norm_eps = 1e-6;
+  c.qkv_bias = c.qk_norm = true, c.tie_word_embeddings = false;
   return c;
 }
 
@@ -56,6 +73,7 @@ struct GridCase {
   bool overlap_backward = true;   // offload_optimizer.overlap_backward (nvme)
   DType reduction = DType::f32;   // communication_data_type
   int seq = 1;                    // Ulysses ranks per sample group (of the dp x seq data-parallel ranks ZeRO shards over)
+  bool ring = false;              // the sample groups run ring attention (GptPart::cp_ranks = seq) instead of Ulysses
   bool masked = false;            // masked_target's targets do not count: the loss is the mean over the rest
   bool packed = false;            // packed_positions: each row holds several samples (Gpt::forward's positions)
 };
@@ -98,7 +116,8 @@ inline void PrintTo(const GridCase& k, std::ostream* os) {
       << optimizer_name(k.optimizer) << ", " << dtype_name(k.compute) << (k.ep > 1 ? ", expert parallel " + std::to_string(k.ep) : "")
       << (k.force_one_expert ? ", one expert forced" : "")
       << (k.model.loss_chunk_rows > 0 ? ", loss by chunks of " + std::to_string(k.model.loss_chunk_rows) : "")
-      << (k.seq > 1 ? ", Ulysses " + std::to_string(k.seq) : "") << (k.masked ? ", masked" : "") << (k.packed ? ", packed" : "");
+      << (k.seq > 1 ? (k.ring ? ", ring " : ", Ulysses ") + std::to_string(k.seq) : "") << (k.masked ? ", masked" : "")
+      << (k.packed ? ", packed" : "");
 }
 
 struct GridResult {
@@ -280,7 +299,8 @@ inline GridResult train_grid(const GridCase& k, std::vector<PipeMeasure>* measur
     // The expert-parallel group: runs of ep consecutive data-parallel ranks.
     auto experts = k.ep > 1 ? groups.dp->split(dp_rank / k.ep, dp_rank) : nullptr;
     auto sequence = k.seq > 1 ? groups.dp->split(dp_rank / k.seq, dp_rank) : nullptr;
-    part.sq_rank = dp_rank % k.seq, part.sq_ranks = k.seq;
+    (k.ring ? part.cp_rank : part.sq_rank) = dp_rank % k.seq;
+    (k.ring ? part.cp_ranks : part.sq_ranks) = k.seq;
     auto device = make_device("cpu");
     std::unique_ptr<PipelineRunner> runner;
     if (k.pp > 1) runner = std::make_unique<PipelineRunner>(*device, *groups.pp, make_pipe_schedule(k.kind, k.pp, k.micro, chunks));
@@ -310,11 +330,16 @@ inline GridResult train_grid(const GridCase& k, std::vector<PipeMeasure>* measur
     auto load = [&](int s, int m) {
       loader.batch(s, m, row_tokens.data(), row_targets.data());
       if (k.masked) mask_targets(row_targets.data(), mb, T);
+      // A ring rank's two chunks of Tl / 2: its own and its mirror's (context_ring.h).
+      const int pieces = k.ring ? 2 : 1, piece = Tl / pieces;
       for (int b = 0; b < mb; ++b) {
-        const size_t from = static_cast<size_t>(b) * T + static_cast<size_t>(part.sq_rank) * Tl,
-                     to = m * n + static_cast<size_t>(b) * Tl;
-        std::copy_n(row_tokens.begin() + from, Tl, tokens.begin() + to);
-        std::copy_n(row_targets.begin() + from, Tl, targets.begin() + to);
+        for (int slot = 0; slot < pieces; ++slot) {
+          const int first = k.ring ? gpt::ring_chunk(k.seq, part.cp_rank, slot) * piece : part.sq_rank * Tl;
+          const size_t from = static_cast<size_t>(b) * T + static_cast<size_t>(first),
+                       to = m * n + static_cast<size_t>(b) * Tl + static_cast<size_t>(slot) * piece;
+          std::copy_n(row_tokens.begin() + from, piece, tokens.begin() + to);
+          std::copy_n(row_targets.begin() + from, piece, targets.begin() + to);
+        }
       }
     };
     std::vector<float> micro_losses(k.micro);

@@ -18,27 +18,15 @@ namespace {
 
 using testing::GridCase;
 
-// 4 heads of 8 channels, so U = 4 gives each rank one; 16 positions, 4 per rank at U = 4.
-GptConfig gpt2() {
-  GptConfig c = testing::tiny_gpt();
-  c.n_head = 4, c.n_layer = 4;
-  return c;
-}
-
-// Grouped-query attention, 6 query heads over 2 key/value heads (U = 2 splits both), with Qwen's
-// q/k/v biases and Qwen3's per-head norms, which run in the heads' layout.
-GptConfig llama_6_2() {
-  GptConfig c = gpt2();
-  c.architecture = Architecture::llama;
-  c.n_embd = 48, c.n_head = 6, c.n_kv_head = 2, c.head_dim = 8, c.intermediate_size = 40, c.norm_eps = 1e-6;
-  c.qkv_bias = c.qk_norm = true, c.tie_word_embeddings = false;
-  return c;
-}
+// split_gpt2: 4 heads of 8 channels, so U = 4 gives each rank one; 16 positions, 4 per rank at U = 4.
+// split_llama_6_2: U = 2 splits both its 6 query and 2 key/value heads.
+using testing::split_gpt2;
+using testing::split_llama_6_2;
 
 // 8 query heads over 2 key/value heads at U = 4: fewer key/value heads than ranks, so each rank
 // takes a copy of the one its 2 query heads read, and their gradients sum over the copies.
 GptConfig llama_8_2() {
-  GptConfig c = llama_6_2();
+  GptConfig c = split_llama_6_2();
   c.n_embd = 64, c.n_head = 8;
   return c;
 }
@@ -80,13 +68,13 @@ TEST_P(UlyssesEquivalence, TrainsLikeOneRank) {
 std::vector<GridCase> cases() {
   std::vector<GridCase> out;
   for (int stage : {0, 1, 2, 3}) {
-    out.push_back(with(gpt2(), 2, 2, stage));
-    out.push_back(with(llama_6_2(), 2, 2, stage));
+    out.push_back(with(split_gpt2(), 2, 2, stage));
+    out.push_back(with(split_llama_6_2(), 2, 2, stage));
   }
-  out.push_back(with(gpt2(), 4, 1, 3));
+  out.push_back(with(split_gpt2(), 4, 1, 3));
   out.push_back(with(llama_8_2(), 4, 1, 1));
   // One sample a micro-batch: the exchanges receive straight into the heads' layout.
-  for (GptConfig m : {gpt2(), llama_8_2()}) {
+  for (GptConfig m : {split_gpt2(), llama_8_2()}) {
     GridCase k = with(m, m.llama() ? 4 : 2, m.llama() ? 1 : 2, 3);
     k.micro = 8 / k.dp;
     out.push_back(k);
@@ -96,7 +84,7 @@ std::vector<GridCase> cases() {
   // rank's kernel does, and under Adam one element of embed.wte whose gradient nearly cancels moves
   // 3.1e-5 (4e-4 of the largest value; Adam divides it by its own root square): SGD there shows
   // the gradients themselves match (1.4e-6).
-  for (GptConfig m : {gpt2(), llama_6_2(), llama_8_2()}) {
+  for (GptConfig m : {split_gpt2(), split_llama_6_2(), llama_8_2()}) {
     GridCase k = with(m, m.n_head == 6 ? 2 : 4, m.n_head == 6 ? 2 : 1, 2);
     k.masked = true;
     if (m.n_head == 8) k.optimizer = OptimizerKind::sgd;
@@ -105,26 +93,26 @@ std::vector<GridCase> cases() {
   // Packed rows (samples of 5, 7 and 4 positions): a sample crosses from one rank's positions to the
   // next one's; GPT-2's learned positions restart inside a rank's rows, Llama's rotary ones in the
   // heads' layout over every position.
-  for (GptConfig m : {gpt2(), llama_6_2(), llama_8_2()}) {
+  for (GptConfig m : {split_gpt2(), split_llama_6_2(), llama_8_2()}) {
     GridCase k = with(m, m.n_head == 6 ? 2 : 4, 1, 1);
     k.packed = true;
     out.push_back(k);
   }
   {
-    GridCase k = with(llama_6_2(), 2, 1, 3);
+    GridCase k = with(split_llama_6_2(), 2, 1, 3);
     k.checkpointing = true;
     out.push_back(k);
   }
   {
     // Tensor parallelism under the exchange: each tensor-parallel rank's 2 heads over U = 2.
-    GridCase k = with(gpt2(), 2, 1, 1);
+    GridCase k = with(split_gpt2(), 2, 1, 1);
     k.tp = 2;
     out.push_back(k);
     k.sequence_parallel = true;
     out.push_back(k);
   }
   {
-    GridCase k = with(llama_6_2(), 2, 1, 1);
+    GridCase k = with(split_llama_6_2(), 2, 1, 1);
     k.pp = 2, k.micro = 4;
     out.push_back(k);
   }
@@ -151,7 +139,7 @@ INSTANTIATE_TEST_SUITE_P(Grid, UlyssesEquivalence, ::testing::ValuesIn(cases()))
 // losses (their balance is a micro-batch's, here a rank's share), the experts shared over E = 2 of
 // the dp x U ranks, against dp 2 alone with the same routing.
 TEST(UlyssesExperts, TrainLikeDataParallelExperts) {
-  GptConfig m = gpt2();
+  GptConfig m = split_gpt2();
   m.moe.num_experts = 4, m.moe.top_k = 2, m.moe.every = 2, m.moe.drop_tokens = false, m.moe.aux_loss_coef = 0;
   GridCase base = with(m, 1, 2, 2);
   const auto ref = testing::train_grid(base);

@@ -2,7 +2,9 @@
 // positions: Ulysses divides a rank's activations by the group's size and adds the all-to-alls'
 // buffers, the tiled MLP drops the MLP's intermediates, host checkpoints leave two working copies
 // on the device and the rest in host memory, and the step model charges the exchanges' bytes over
-// the node's link. The longest window is the last that fits: one granule more does not.
+// the node's link. Ring attention alike holds a rank's positions and its buffers, and the step
+// model charges the part of each send its step's blocks do not cover. The longest window is the
+// last that fits: one granule more does not.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -70,6 +72,44 @@ TEST(LongWindow, TheExchangesBytesCrossTheNodesLink) {
   // 4096 + 2 x 1024 and 4096 for the rank's 65536 positions, 7/8 of them leaving it.
   const double bytes = 4.0 * 65536 * (4096 + 2 * 1024 + 4096) * 7 / 8;
   EXPECT_NEAR(cost.sequence, 32 * 3 * bytes / c.intra_node_bw, 1e-9 * cost.sequence);
+}
+
+TEST(LongWindow, TheRingHoldsARanksPositionsAndItsBuffers) {
+  // Ring attention over 8: a rank's r = s / 8 positions, no second layout (the attention runs on the
+  // rank's rows), and the ring's f32 buffers (Dims::ring_floats): five of the rank's keys and
+  // values (2 x 1024 wide), one block's output (4096 wide) and log-sum-exp (32 heads) of r / 2 rows.
+  const uint64_t s = 524288, h = 4096, kv = 1024, ffn = 14336, a = 32, r = s / 8;
+  const GptShape whole = llama_3_8b(s);
+  const uint64_t local_layer = 12 * r * h + 4 * r * kv + 6 * r * ffn + 4 * a * r;
+  Layout l;
+  l.dp = 8, l.stage = 3, l.checkpointing = Checkpointing::full, l.cp = 8;
+  const uint64_t ring = 4 * (5 * r * 2 * kv + r / 2 * (h + a));
+  const uint64_t head = 4 * r * h + 4 * logits_chunk_rows(whole.vocab) * whole.vocab;
+  EXPECT_EQ(layout_memory(whole, l).activations, 32 * 2 * r * h + local_layer + ring + head);
+  EXPECT_EQ(l.sample_groups(), 1u);
+}
+
+TEST(LongWindow, TheRingsSendsCostOnlyWhatTheBlocksDoNotCover) {
+  const GptShape s = llama_3_8b(524288);
+  Layout l;
+  l.dp = 8, l.stage = 3, l.checkpointing = Checkpointing::full, l.cp = 8;
+  Cluster c;
+  // A rank's 65536 positions' keys and values, f32 and 2 x 1024 wide, over NVLink; each step's
+  // blocks 1 / 8 of the attention's 4 b s h FLOPs per position.
+  const double send = 4.0 * 65536 * 2 * 1024 / c.intra_node_bw;
+  const double step = 65536.0 * 4 * 524288 * 4096 / c.achieved_flops() / 8;
+  ASSERT_LT(send, step);  // at 512K the blocks hide the sends: what is left is backward's last gradient
+  EXPECT_NEAR(step_cost(s, l, layout_memory(s, l), c).sequence, 32 * send, 1e-9 * 32 * send);
+  // Over a slow link (1 GB/s) a short window's blocks do not: the rest of each send is exposed, 7
+  // forward (and 7 in the recomputation) and 7 of twice the bytes backward.
+  Cluster slow;
+  slow.intra_node_bw = 1e9;
+  const GptShape short_window = llama_3_8b(8192);
+  const double send_short = 4.0 * 1024 * 2 * 1024 / slow.intra_node_bw;
+  const double step_short = 1024.0 * 4 * 8192 * 4096 / slow.achieved_flops() / 8;
+  ASSERT_GT(send_short, step_short);
+  const double want = 32 * (2 * 7 * (send_short - step_short) + 7 * 2 * (send_short - step_short) + send_short);
+  EXPECT_NEAR(step_cost(short_window, l, layout_memory(short_window, l), slow).sequence, want, 1e-9 * want);
 }
 
 TEST(LongWindow, TheLongestWindowFitsAndOneGranuleMoreDoesNot) {

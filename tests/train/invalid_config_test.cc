@@ -107,6 +107,20 @@ INSTANTIATE_TEST_SUITE_P(
                   "sequence-parallel size"},
         ErrorCase{"SequenceDisagrees", R"({"sequence_parallel_size": 4, "parallel": {"sequence": 2}, "run": {"world_size": 4}})",
                   "parallel.sequence = 2 but sequence_parallel_size = 4; give one, or make them agree"},
+        ErrorCase{"ContextWorld", R"({"parallel": {"context": 2}, "run": {"world_size": 3}})",
+                  "parallel.context = 2 must divide the data-parallel size, 3 (run.world_size 3 over pipeline x tensor = 1): each "
+                  "sample is shared by a run of that many data-parallel ranks"},
+        ErrorCase{"ContextWindow", R"({"model": {"seq_len": 12}, "parallel": {"context": 4}, "run": {"world_size": 4}})",
+                  "parallel.context = 4 cuts each sample's model.seq_len = 12 positions into 2 x 4 = 8 equal chunks (each rank holds "
+                  "two, for an even causal load); make model.seq_len a multiple of 8"},
+        ErrorCase{"ContextWithUlysses", R"({"parallel": {"context": 2, "sequence": 2}, "run": {"world_size": 4}})",
+                  "parallel.sequence = 2 (Ulysses) and parallel.context = 2 (ring attention) both split each sample's positions; "
+                  "they do not compose yet: use one of them"},
+        ErrorCase{"ContextOnCuda", R"({"parallel": {"context": 2}, "run": {"world_size": 2, "device": "cuda"}})",
+                  "parallel.context = 2 runs ring attention, whose kernels run on the cpu device only (run.device is \"cuda\"); split "
+                  "long windows over GPUs with parallel.sequence (Ulysses)"},
+        ErrorCase{"ContextMethod", R"({"parallel": {"context": 2, "context_method": "ulysses"}, "run": {"world_size": 2}})",
+                  "parallel.context_method = \"ulysses\" is not one of: ring"},
         ErrorCase{"TensorWorld", R"({"parallel": {"tensor": 2, "pipeline": 2}, "run": {"world_size": 6}})",
                   "run.world_size = 6 is not a multiple of the 2 pipeline stages (parallel.pipeline, pipeline.stages) x 2 "
                   "tensor-parallel ranks (parallel.tensor): the ranks are data-parallel x pipeline stages x tensor-parallel; make "

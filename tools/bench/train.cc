@@ -108,17 +108,20 @@ double model_flops_per_token(const GptConfig& m, int seq) {
   return 6 * l * layer + 12 * l * s * q + 6 * v * h;
 }
 
-// Ulysses over o.sequence of the ranks at o.seq positions, next to one rank a sample at the longest
-// window the same device memory holds (the engine's estimate of the Ulysses run), on the same
-// ranks: tokens/s of both, and the share of the passes the exchanges take (they run in turn on the
-// compute stream: all of it exposed).
+// Ulysses over o.sequence of the ranks (or ring attention over o.context) at o.seq positions, next
+// to one rank a sample at the longest window the same device memory holds (the engine's estimate of
+// the group's run), on the same ranks: tokens/s of both, and the exchanges' exposed share of the
+// passes (Ulysses' all-to-alls run in turn on the compute stream: all of them; the ring's sends run
+// on a stream of their own: what the compute stream waits for them).
 void bench_sequence(const Options& o, const GptConfig& m, const std::function<void(const std::string&)>& say) {
-  const int U = o.sequence;
-  const RunShape ulysses{.sequence = U};
+  const int U = o.group();
+  const bool ring = o.context > 1;
+  const std::string flag = ring ? "--context" : "--sequence", name = ring ? "ring attention" : "Ulysses";
+  const RunShape ulysses{.sequence = o.sequence, .context = o.context};
   const size_t budget = largest_stage(TrainConfig::from_json(run_config(o, m, ulysses))).need.total(Tier::device);
   const int window = std::min(o.seq, longest_window(o, m, {}, budget, 256));
   if (window == 0)
-    ZEROTH_THROW(InvalidArgument, "--sequence {}: one rank a sample fits no window of 256 positions in {}", U, format_bytes(budget));
+    ZEROTH_THROW(InvalidArgument, "{} {}: one rank a sample fits no window of 256 positions in {}", flag, U, format_bytes(budget));
   const StepTimes u = run_zeroth(o, m, ulysses);
   GptConfig one = m;
   one.seq_len = window;
@@ -131,25 +134,27 @@ void bench_sequence(const Options& o, const GptConfig& m, const std::function<vo
   const double exposed = median(share),
                exchange_s = median(std::vector<double>(u.exchange_seconds.begin() + 1, u.exchange_seconds.end()));
   say(fmt::format("  {:<30} median step {:7.3f} s   {:8.0f} tokens/s   peak {} (estimate {})\n",
-                  fmt::format("Ulysses over {} ranks, seq {}", U, o.seq), tu, tokens_u / tu, format_bytes(u.peak),
+                  fmt::format("{} over {} ranks, seq {}", name, U, o.seq), tu, tokens_u / tu, format_bytes(u.peak),
                   format_bytes(u.estimate)));
-  say(fmt::format("  {:<30} all-to-alls {:.3f} s a step, {:.1f}% of the passes (median; in turn on the compute stream: all exposed)\n",
-                  "", exchange_s, 100 * exposed));
+  say(fmt::format("  {:<30} {} {:.3f} s a step, {:.1f}% of the passes (median; {})\n", "",
+                  ring ? "waits for the sends" : "all-to-alls", exchange_s, 100 * exposed,
+                  ring ? "the sends run on a stream of their own: this is their exposed part"
+                       : "in turn on the compute stream: all exposed"));
   say(fmt::format("  {:<30} median step {:7.3f} s   {:8.0f} tokens/s   peak {} (estimate {})\n",
                   fmt::format("one rank a sample, seq {}", window), tw, tokens_w / tw, format_bytes(w.peak),
                   format_bytes(w.estimate)));
-  say(fmt::format(
-      "  the same device memory ({} a rank by the estimate): a {:.1f}x longer window under Ulysses at {:.2f}x the tokens/s\n",
-      format_bytes(budget), static_cast<double>(o.seq) / window, (tokens_u / tu) / (tokens_w / tw)));
+  say(fmt::format("  the same device memory ({} a rank by the estimate): a {:.1f}x longer window under {} at {:.2f}x the tokens/s\n",
+                  format_bytes(budget), static_cast<double>(o.seq) / window, name, (tokens_u / tu) / (tokens_w / tw)));
   if (o.json) {
     const nlohmann::json j = {
         {"preset", o.preset},
         {"ranks", o.ranks},
-        {"sequence", U},
+        {"sequence", o.sequence},
+        {"context", o.context},
         {"seq", o.seq},
         {"batch", o.batch},
         {"budget_bytes", budget},
-        {"ulysses",
+        {ring ? "ring" : "ulysses",
          {{"step_s", tu},
           {"tokens_per_s", tokens_u / tu},
           {"exchange_s", exchange_s},
@@ -165,17 +170,20 @@ void bench_sequence(const Options& o, const GptConfig& m, const std::function<vo
 // Long: the benchmark's procedure (device and peak, zeroth's step, the chunked loss, the products alone, the experts or
 // PyTorch, the JSON); the later rows are ratios to zeroth's step measured first.
 void run(Options o) {
-  if (o.sequence > 1 && o.ranks == 1) o.ranks = o.sequence;  // one Ulysses group
+  if (o.sequence > 1 && o.context > 1)
+    ZEROTH_THROW(InvalidArgument, "--sequence {} and --context {}: time one of Ulysses and ring attention at a time", o.sequence,
+                 o.context);
+  if (o.group() > 1 && o.ranks == 1) o.ranks = o.group();  // one Ulysses or ring group
   if (o.dtype != "fp32" && o.dtype != "bf16") ZEROTH_THROW(InvalidArgument, "--dtype must be fp32 or bf16, got {}", o.dtype);
   const bool gpu = o.device != "cpu";
   const bool indexed = o.device.starts_with("cuda:") && o.device.size() > 5 &&
                        o.device.find_first_not_of("0123456789", 5) == std::string::npos && o.device.size() < 9;
   if (gpu && o.device != "cuda" && !indexed) ZEROTH_THROW(InvalidArgument, "--device must be cpu, cuda or cuda:N, got {}", o.device);
-  if (o.sequence > 1 && (o.ranks % o.sequence != 0 || o.experts > 0 || o.lora_r > 0 || gpu)) {
+  if (o.group() > 1 && (o.ranks % o.group() != 0 || o.experts > 0 || o.lora_r > 0 || gpu)) {
     ZEROTH_THROW(InvalidArgument,
-                 "--sequence {} shares each sample over runs of that many of the --ranks ({}), on the CPU device, without --experts "
-                 "or --lora-r: give --ranks a multiple of it",
-                 o.sequence, o.ranks);
+                 "{} {} shares each sample over runs of that many of the --ranks ({}), on the CPU device, without --experts or "
+                 "--lora-r: give --ranks a multiple of it",
+                 o.context > 1 ? "--context" : "--sequence", o.group(), o.ranks);
   }
   if (gpu && (o.experts > 0 || o.loss_chunk > 0))
     ZEROTH_THROW(InvalidArgument, "--experts and --loss-chunk time the CPU device; leave them out with --device {}", o.device);
@@ -218,7 +226,7 @@ void run(Options o) {
   const int threads = o.threads > 0 ? o.threads : std::max(1, cores / o.ranks);
   share_cores(std::max(1, cores / threads));
   log::set_level(log::Level::warn);
-  const double tokens = static_cast<double>(o.batch) * o.seq * o.ranks / o.sequence;
+  const double tokens = static_cast<double>(o.batch) * o.seq * o.ranks / o.group();
   say("bench train: %s %s (%.2fM parameters), seq %d, batch %d x %d rank%s = %.0f tokens/step, %s, %s, %d timed steps after 1 "
       "warm-up\n",
       m.llama() ? "Llama-family" : "GPT", o.preset.c_str(), static_cast<double>(m.num_parameters()) / 1e6, o.seq, o.batch, o.ranks,
@@ -241,9 +249,9 @@ void run(Options o) {
     if (blas.below_cpu()) say("  blas: below this CPU's kernels; `zeroth report` says why and what changing it risks\n");
   }
   std::fflush(stdout);
-  if (o.loss_chunk > 0 && o.sequence > 1) m.loss_chunk_rows = o.loss_chunk;
-  if (o.tiled_mlp > 0 && o.sequence > 1) m.mlp_tile_rows = o.tiled_mlp;
-  if (o.sequence > 1) return bench_sequence(o, m, [&](const std::string& line) { say("%s", line.c_str()); });
+  if (o.loss_chunk > 0 && o.group() > 1) m.loss_chunk_rows = o.loss_chunk;
+  if (o.tiled_mlp > 0 && o.group() > 1) m.mlp_tile_rows = o.tiled_mlp;
+  if (o.group() > 1) return bench_sequence(o, m, [&](const std::string& line) { say("%s", line.c_str()); });
   const StepTimes full = run_zeroth(o, m);
   const double z = median(full.seconds);
   say("  %-22s median step %7.3f s   %8.0f tokens/s%s\n",
@@ -414,6 +422,9 @@ void add_bench_train_command(CLI::App& bench) {
                   "Ulysses over this many of --ranks (default: as many ranks) at --seq (with --tiled-mlp and --loss-chunk applied), "
                   "next to one rank a sample "
                   "at the longest window the same device memory holds, with the exchanges' share of the passes");
+  cmd->add_option("--context", o->context,
+                  "Ring attention over this many of --ranks (parallel.context), timed as --sequence is, with the exposed share of "
+                  "the ring's sends");
   cmd->add_option("--layers", o->layers, "The preset's layers changed to this many");
   cmd->add_option("--hidden", o->hidden, "The preset's width changed (heads of hidden / heads channels)");
   cmd->add_option("--heads", o->heads, "The preset's attention heads changed");

@@ -74,6 +74,11 @@ nlohmann::json run_config(const TrainBenchOptions& o, const GptConfig& model, co
     j["parallel"]["sequence"] = r.sequence;
     j["wall_clock_breakdown"] = true;
   }
+  if (r.context > 1) {
+    // Ring attention alike; wall_clock_breakdown times the compute stream's waits for the sends.
+    j["parallel"]["context"] = r.context;
+    j["wall_clock_breakdown"] = true;
+  }
   j["run"]["sample_tokens"] = 0;
   j["run"]["device"] = o.device;
   return j;

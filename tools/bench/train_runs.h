@@ -38,6 +38,10 @@ struct TrainBenchOptions {
   // Ulysses over this many of the ranks (parallel.sequence), timed next to one rank a sample at the
   // longest window the same device memory holds; 1: not timed.
   int sequence = 1;
+  // Ring attention over this many of the ranks (parallel.context), timed alike; 1: not timed.
+  int context = 1;
+  // The ranks that share a sample (Ulysses' or the ring's).
+  int group() const { return sequence * context; }
   // The preset's shape changed (0: the preset's): layers, width, heads, key/value heads, MLP width.
   int layers = 0, hidden = 0, heads = 0, kv_heads = 0, ffn = 0, vocab = 0;
   // Activation checkpointing, and its checkpoints in host memory.
@@ -74,12 +78,12 @@ class StepTimes final : public TrainObserver {
 
 // The variant a run times: the dense model, or (moe) the experts with their all-to-alls overlapped
 // or in turn under `link`; LoRA of rank lora_r on every linear layer instead of the full
-// fine-tune; Ulysses over `sequence` of the ranks.
+// fine-tune; Ulysses over `sequence` of the ranks, or ring attention over `context` of them.
 struct RunShape {
   bool moe = false, overlap = true;
   LinkModel link = {};
   int lora_r = 0;
-  int sequence = 1;
+  int sequence = 1, context = 1;  // Ulysses' or the ring's group
 };
 // The run's training config (model.seq_len is `model`'s), and the run on o.ranks local ranks.
 nlohmann::json run_config(const TrainBenchOptions& o, const GptConfig& model, const RunShape& r);

@@ -28,6 +28,7 @@ struct EstimateOptions {
   GptShape shape{0, 0, 0, 2048, 51200};
   uint64_t micro_batch = 1, micro_batches = 1, tp = 1, pp = 1;
   uint64_t sequence = 1;  // Ulysses ranks per sample (of the data-parallel ranks)
+  uint64_t context = 1;   // ring attention's ranks per sample, alike
   bool sequence_parallel = false, gpipe = false, tiled_mlp = false, host_checkpoints = false;
   std::string runtime_memory;
   // --seq, --micro-batch(es), --tp, --pp, ...: with --model, any of them given asks for the

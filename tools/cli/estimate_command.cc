@@ -252,6 +252,10 @@ void add_estimate_command(CLI::App& app) {
       cmd->add_option("--sequence", o->sequence,
                       "With --layers or --model: Ulysses ranks sharing each sample (of the data-parallel ranks; default 1)")
           ->check(CLI::Range(1, 1 << 12)));
+  layout.push_back(cmd->add_option("--context", o->context,
+                                   "With --layers or --model: ring attention's ranks sharing each sample (of the data-parallel ranks; "
+                                   "default 1)")
+                       ->check(CLI::Range(1, 1 << 12)));
   layout.push_back(cmd->add_flag("--tiled-mlp", o->tiled_mlp, "With --layers or --model: the MLP by tiles (model.tiled_mlp)"));
   layout.push_back(cmd->add_flag("--host-checkpoints", o->host_checkpoints,
                                  "With --layers or --model: full recomputation's checkpoints in host memory (cpu_checkpointing)"));

@@ -219,6 +219,16 @@ int estimate_shape(const EstimateOptions& o, const GptShape& shape) {
                    o.sequence, heads, kv);
     }
   }
+  if (o.context > 1) {
+    if (o.sequence > 1)
+      ZEROTH_THROW(InvalidArgument, "--sequence {} and --context {}: each sample's positions split one way at a time", o.sequence,
+                   o.context);
+    if (dp % o.context != 0)
+      ZEROTH_THROW(InvalidArgument, "--context {} must divide the {} data-parallel ranks (GPUs over tp x pp)", o.context, dp);
+    if (shape.seq_len % (2 * o.context) != 0)
+      ZEROTH_THROW(InvalidArgument, "--context {} cuts the window into {} equal chunks: --seq {} must be a multiple of it", o.context,
+                   2 * o.context, shape.seq_len);
+  }
   if (o.pp > 1 && o.host_checkpoints)
     ZEROTH_THROW(InvalidArgument, "--host-checkpoints keeps a whole model's block inputs in host memory: not with --pp above 1");
   const size_t device_budget = cluster_budget(o.device_memory, Cluster{}.device_memory);
@@ -235,7 +245,8 @@ int estimate_shape(const EstimateOptions& o, const GptShape& shape) {
                 static_cast<unsigned long long>(o.tp), static_cast<unsigned long long>(o.pp),
                 static_cast<unsigned long long>(o.micro_batch),
                 o.pp > 1 ? fmt::format(" x {} ({})", o.micro_batches, o.gpipe ? "GPipe" : "1F1B").c_str() : "",
-                fmt::format("{}{}{}", o.sequence > 1 ? fmt::format(", Ulysses over {} ranks", o.sequence) : "",
+                fmt::format("{}{}{}{}", o.sequence > 1 ? fmt::format(", Ulysses over {} ranks", o.sequence) : "",
+                            o.context > 1 ? fmt::format(", ring attention over {} ranks", o.context) : "",
                             o.tiled_mlp ? ", tiled MLP" : "",
                             o.host_checkpoints ? ", full recomputation's checkpoints in host memory" : "")
                     .c_str());
@@ -251,7 +262,7 @@ int estimate_shape(const EstimateOptions& o, const GptShape& shape) {
         Layout l;
         l.dp = gpus / (o.tp * o.pp), l.tp = o.tp, l.pp = o.pp, l.micro_batch = o.micro_batch, l.micro_batches = o.micro_batches;
         l.stage = stage, l.offload_optimizer = opt, l.offload_param = par, l.sequence_parallel = o.sequence_parallel;
-        l.sq = o.sequence, l.tiled_mlp = o.tiled_mlp, l.host_checkpoints = o.host_checkpoints;
+        l.sq = o.sequence, l.cp = o.context, l.tiled_mlp = o.tiled_mlp, l.host_checkpoints = o.host_checkpoints;
         l.schedule = o.gpipe ? PipeKind::gpipe : PipeKind::one_f_one_b;
         nlohmann::json acts = nlohmann::json::object(), device = nlohmann::json::object(), fits = nlohmann::json::object();
         LayoutMemory none, full;
@@ -317,6 +328,7 @@ int estimate_shape(const EstimateOptions& o, const GptShape& shape) {
                                        {"pp", o.pp},
                                        {"micro_batch", o.micro_batch},
                                        {"sequence", o.sequence},
+                                       {"context", o.context},
                                        {"tiled_mlp", o.tiled_mlp},
                                        {"host_checkpoints", o.host_checkpoints},
                                        {"device_memory", device_budget},

@@ -142,10 +142,11 @@ nlohmann::json config_of(const Options& o, const GptShape& shape, const Candidat
                          {"intermediate_size", shape.expert_ffn},
                          {"every", shape.moe_every}};
   }
-  if (l.tp > 1 || l.pp > 1 || l.ep > 1 || l.sq > 1) {
+  if (l.tp > 1 || l.pp > 1 || l.ep > 1 || l.sq > 1 || l.cp > 1) {
     j["parallel"] = {{"tensor", l.tp}, {"sequence_parallel", l.sequence_parallel}, {"pipeline", l.pp}, {"expert", l.ep}};
     if (l.pp > 1) j["parallel"]["schedule"] = pipe_kind_name(l.schedule), j["parallel"]["micro_batches"] = l.micro_batches;
     if (l.sq > 1) j["parallel"]["sequence"] = l.sq;
+    if (l.cp > 1) j["parallel"]["context"] = l.cp;
   }
   if (l.tiled_mlp) j["model"]["tiled_mlp"] = true;
   if (l.host_checkpoints && l.checkpointing == Checkpointing::full) j["activation_checkpointing"] = {{"cpu_checkpointing", true}};
@@ -187,6 +188,8 @@ void run(Options o) {
   if (o.global_batch.empty()) ZEROTH_THROW(InvalidArgument, "give --global-batch (sequences per optimizer step)");
   PlanSearch search;
   search.sequence = o.max_seq;
+  // Ring attention's kernels run on the cpu device only: searched where the written config runs there.
+  search.context = o.max_seq && o.emit_device == "cpu";
   const double batch = parse_count(o.global_batch, "--global-batch");
   if (batch != std::floor(batch)) ZEROTH_THROW(InvalidArgument, "--global-batch {}: give a whole number of sequences", o.global_batch);
   search.global_batch = static_cast<uint64_t>(batch);
@@ -337,8 +340,10 @@ void run(Options o) {
               "%s%sdata-parallel %.3f + offload %.3f + optimizer %.3f (exposed seconds); MFU %.1f%%\n",
               best.layout.describe().c_str(), k.step, k.compute, k.bubble, k.tensor, k.pipeline,
               shape.moe() ? fmt::format("expert all-to-all {:.3f} + ", k.experts).c_str() : "",
-              best.layout.sq > 1 ? fmt::format("Ulysses all-to-all {:.3f} + ", k.sequence).c_str() : "", k.data, k.offload,
-              k.optimizer, 100 * k.mfu);
+              best.layout.sq > 1   ? fmt::format("Ulysses all-to-all {:.3f} + ", k.sequence).c_str()
+              : best.layout.cp > 1 ? fmt::format("ring attention's sends {:.3f} + ", k.sequence).c_str()
+                                   : "",
+              k.data, k.offload, k.optimizer, 100 * k.mfu);
   std::printf("  memory per GPU: model states %s, activations %s (%llu micro-batch%s in flight), buffers %s, allowance %s = %s; "
               "host %s and NVMe %s per node\n",
               format_bytes(best.memory.model_states).c_str(), format_bytes(best.memory.activations).c_str(),
@@ -399,7 +404,7 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--global-batch", o->global_batch, "Sequences per optimizer step (required but with --max-seq: 1)");
   cmd->add_flag("--max-seq", o->max_seq,
                 "The longest window the cluster trains the model at: Ulysses over the data-parallel ranks, the tiled MLP and host "
-                "checkpoints searched too");
+                "checkpoints searched too (and ring attention with --emit-device cpu, where its kernels run)");
   auto* gpus = cmd->add_option("--gpus", o->gpus, "GPUs in all (sets --nodes from --gpus-per-node)")->check(CLI::Range(1, 1 << 24));
   cmd->add_option("--gpus-per-node", o->cluster.gpus_per_node, "GPUs per node (default 8; with fewer --gpus, those)")
       ->check(CLI::Range(1, 1 << 10))

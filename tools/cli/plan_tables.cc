@@ -33,6 +33,7 @@ nlohmann::json plan_json(const Candidate& c) {
           {"checkpointing", checkpointing_name(l.checkpointing)},
           {"sequence_parallel", l.sequence_parallel},
           {"sequence", l.sq},
+          {"context", l.cp},
           {"tiled_mlp", l.tiled_mlp},
           {"host_checkpoints", l.host_checkpoints && l.checkpointing == Checkpointing::full},
           {"schedule", l.pp > 1 ? nlohmann::json(pipe_kind_name(l.schedule)) : nlohmann::json(nullptr)},
@@ -67,7 +68,9 @@ void print_table(const std::vector<Candidate>& plans, uint64_t gpus_per_node, bo
     const Candidate& c = plans[i];
     const Layout& l = c.layout;
     const std::string ep = experts ? fmt::format(" {:4}", l.ep) : "";
-    const std::string sq = sequence ? fmt::format(" {:4} {:>4} {:>4}", l.sq, l.tiled_mlp ? "yes" : "-",
+    // The sample group: Ulysses' size, or the ring's as "C" and its size.
+    const std::string group = l.cp > 1 ? fmt::format("C{}", l.cp) : fmt::format("{}", l.sq);
+    const std::string sq = sequence ? fmt::format(" {:>4} {:>4} {:>4}", group, l.tiled_mlp ? "yes" : "-",
                                                   l.host_checkpoints && l.checkpointing == Checkpointing::full ? "yes" : "-")
                                     : "";
     std::printf("%3zu %5llu %3llu %4llu%s%s %9s %5d %-17s %-9s %-3s %11s %11s %9.3f %10.0f %5.1f%%  %s\n", i + 1,

@@ -45,6 +45,46 @@ void read_sequence(TrainConfig& t, const json& j, const ConfigSection& par) {
   Gpt::block_specs(t.model, check);  // the heads against U now, not at the start of training
 }
 
+// Ring attention: parallel.context C with parallel.context_method "ring" (the one method), checked
+// against the data-parallel size, the window (2C chunks), Ulysses, the device and packing.
+void read_context(TrainConfig& t, const ConfigSection& par) {
+  static constexpr std::string_view kMethods[] = {"ring"};
+  ParallelConfig& p = t.parallel;
+  p.context = static_cast<int>(par.integer("context", 1, 1, 1 << 12));
+  par.string("context_method", "ring", kMethods);
+  if (p.context == 1) return;
+  if (p.sequence > 1) {
+    ZEROTH_THROW(ConfigError,
+                 "parallel.sequence = {} (Ulysses) and parallel.context = {} (ring attention) both split each sample's positions; "
+                 "they do not compose yet: use one of them",
+                 p.sequence, p.context);
+  }
+  if (t.data_parallel() % p.context != 0) {
+    ZEROTH_THROW(ConfigError,
+                 "parallel.context = {} must divide the data-parallel size, {} (run.world_size {} over pipeline x tensor = {}): "
+                 "each sample is shared by a run of that many data-parallel ranks",
+                 p.context, t.data_parallel(), t.run.world_size, p.pipeline * p.tensor);
+  }
+  if (t.model.seq_len % (2 * p.context) != 0) {
+    ZEROTH_THROW(ConfigError,
+                 "parallel.context = {} cuts each sample's model.seq_len = {} positions into 2 x {} = {} equal chunks (each rank "
+                 "holds two, for an even causal load); make model.seq_len a multiple of {}",
+                 p.context, t.model.seq_len, p.context, 2 * p.context, 2 * p.context);
+  }
+  if (t.run.device != "cpu") {
+    ZEROTH_THROW(ConfigError,
+                 "parallel.context = {} runs ring attention, whose kernels run on the cpu device only (run.device is \"{}\"); split "
+                 "long windows over GPUs with parallel.sequence (Ulysses)",
+                 p.context, t.run.device);
+  }
+  if (t.data.packing) {
+    ZEROTH_THROW(ConfigError,
+                 "parallel.context = {} (ring attention) takes one sample a row: turn data.packing off, or use parallel.sequence "
+                 "(Ulysses) for packed samples",
+                 p.context);
+  }
+}
+
 }  // namespace
 
 // zeroth's `parallel` section and DeepSpeed's `pipeline`: the stages, schedule and partition. The
@@ -52,9 +92,9 @@ void read_sequence(TrainConfig& t, const json& j, const ConfigSection& par) {
 // Long: both sections' keys with each one's checks beside it; the later checks (world size, experts, micro-batches) need
 // the stage, tensor and expert counts read before them.
 void read_parallel(TrainConfig& t, json& j) {
-  static constexpr std::string_view kParallelKeys[] = {"tensor",   "sequence_parallel", "pipeline",
-                                                       "schedule", "virtual_stages",    "micro_batches",
-                                                       "expert",   "expert_overlap",    "sequence"};
+  static constexpr std::string_view kParallelKeys[] = {"tensor",         "sequence_parallel", "pipeline",      "schedule",
+                                                       "virtual_stages", "micro_batches",     "expert",        "expert_overlap",
+                                                       "sequence",       "context",           "context_method"};
   static constexpr std::string_view kPipelineKeys[] = {"stages",          "partition_method",
                                                        "partition",       "activation_checkpoint_interval",
                                                        "seed_layers",     "pipe_partitioned",
@@ -183,6 +223,7 @@ void read_parallel(TrainConfig& t, json& j) {
     Gpt::block_specs(t.model, check);  // the experts against E now
   }
   read_sequence(t, j, par);
+  read_context(t, par);
   // The cycle's micro-batches are the pipeline's: parallel.micro_batches sets
   // gradient_accumulation_steps (DeepSpeed's pipeline engine does the same).
   if (par.has("micro_batches")) {

@@ -68,7 +68,8 @@ GptPart TrainConfig::part(int stage, int tp_rank, int dp_rank) const {
   part.tp_rank = tp_rank, part.tp_ranks = parallel.tensor, part.sequence_parallel = parallel.sequence_parallel;
   part.ep_rank = dp_rank % parallel.expert, part.ep_ranks = parallel.expert, part.ep_overlap = parallel.expert_overlap;
   part.sq_rank = dp_rank % parallel.sequence, part.sq_ranks = parallel.sequence;
-  if (parallel.expert > 1) part.ep_group_tokens = static_cast<size_t>(micro_batch_size) * model.seq_len / parallel.sequence;
+  part.cp_rank = dp_rank % parallel.context, part.cp_ranks = parallel.context;
+  if (parallel.expert > 1) part.ep_group_tokens = static_cast<size_t>(micro_batch_size) * model.seq_len / sample_ranks();
   return part;
 }
 
@@ -258,6 +259,7 @@ TrainConfig TrainConfig::from_json(const json& config, int launched_world_size) 
     c["parallel"]["sequence_parallel"] = t.parallel.sequence_parallel;
   }
   if (t.parallel.sequence > 1) c["parallel"]["sequence"] = t.parallel.sequence;
+  if (t.parallel.context > 1) c["parallel"]["context"] = t.parallel.context, c["parallel"]["context_method"] = "ring";
   if (t.parallel.expert > 1) {
     c["parallel"]["expert"] = t.parallel.expert;
     c["parallel"]["expert_overlap"] = t.parallel.expert_overlap;

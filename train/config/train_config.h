@@ -123,6 +123,10 @@ struct ParallelConfig {
   // (GptPart::sq_ranks); ZeRO still shards over every data-parallel rank. Divides the data-parallel
   // size and model.seq_len.
   int sequence = 1;
+  // Ring attention (context parallelism, models/decoder/context_ring.h): runs of this many
+  // consecutive data-parallel ranks share each sample, each holding two of its 2 context chunks of
+  // positions (GptPart::cp_ranks). Divides the data-parallel size; 2 context divides model.seq_len.
+  int context = 1;
   PipeKind schedule = PipeKind::one_f_one_b;
   int virtual_stages = 1;                // model chunks per stage (interleaved)
   std::string partition = "parameters";  // parameters | uniform (partition_counts when a list was given)
@@ -157,7 +161,9 @@ struct TrainConfig {
   int data_parallel() const { return run.world_size / (parallel.pipeline * parallel.tensor); }
   // The ranks that read different samples: the data-parallel ranks over the Ulysses groups. The batch
   // sizes count these (DeepSpeed's data-parallel size under sequence parallelism).
-  int sample_parallel() const { return data_parallel() / parallel.sequence; }
+  int sample_parallel() const { return data_parallel() / sample_ranks(); }
+  // The ranks that share each sample: Ulysses' or the ring's group.
+  int sample_ranks() const { return parallel.sequence * parallel.context; }
   // Layers per virtual stage (pipelines) and the part of the model of the rank at pipeline stage
   // `stage` and tensor-parallel rank `tp_rank`.
   std::vector<int> layers_per_virtual_stage() const;

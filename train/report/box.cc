@@ -183,11 +183,20 @@ std::vector<std::pair<std::string, std::string>> box_rows(const TrainConfig& c, 
                                               kv % U == 0 && kv / U != 1 ? "s" : "", c.model.seq_len,
                                               kv % U == 0 ? "" : " (key/value heads replicated)"));
   }
+  if (c.parallel.context > 1) {
+    const int C = c.parallel.context;
+    const int64_t chunk = c.model.seq_len / (2 * C);
+    rows.emplace_back("context", fmt::format("ring attention over runs of {} ranks: each sample in {} chunks of {} positions, rank r "
+                                             "holding chunks r and {} - r ({} positions); keys and values go round the ring",
+                                             C, 2 * C, chunk, 2 * C - 1, 2 * chunk));
+  }
   const int samples = c.sample_parallel();
   rows.emplace_back("batch",
                     fmt::format("{} seq/rank x {} {} x {} data-parallel rank{}{} = {} sequences = {} tokens/step", c.micro_batch_size,
                                 gas, c.parallel.pipeline > 1 ? "micro-batches" : "accumulation", samples, samples == 1 ? "" : "s",
-                                c.parallel.sequence > 1 ? fmt::format(" (groups of {} Ulysses ranks)", c.parallel.sequence) : "",
+                                c.parallel.sequence > 1  ? fmt::format(" (groups of {} Ulysses ranks)", c.parallel.sequence)
+                                : c.parallel.context > 1 ? fmt::format(" (groups of {} ring attention ranks)", c.parallel.context)
+                                                         : "",
                                 c.train_batch_size, si(static_cast<double>(c.tokens_per_step()))));
   rows.emplace_back("optimizer",
                     optimizer_line(c.engine.optimizer) +

@@ -122,7 +122,8 @@ class Console final : public RunConsole {
                      {"backward_ms", s.backward_seconds * 1e3},
                      {"reduce_wait_ms", s.reduce_wait_seconds * 1e3},
                      {"optimizer_ms", s.optimizer_seconds * 1e3}});
-      if (s.sequence_exchange_seconds >= 0) record["ulysses_exchange_ms"] = s.sequence_exchange_seconds * 1e3;
+      if (s.sequence_exchange_seconds >= 0)
+        record[s.sequence_ring ? "ring_wait_ms" : "ulysses_exchange_ms"] = s.sequence_exchange_seconds * 1e3;
       if (s.swap_read_bytes + s.swap_write_bytes > 0) {
         record.update({{"swap_read_bytes", s.swap_read_bytes},
                        {"swap_write_bytes", s.swap_write_bytes},

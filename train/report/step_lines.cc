@@ -28,7 +28,9 @@ std::string wall_clock_line(const StepMetrics& s) {
                                       ? ""
                                       : fmt::format(" (sub-groups updated in backward: {})", speculation_name(s.speculation));
   const std::string ulysses = s.sequence_exchange_seconds >= 0
-                                  ? fmt::format(" (Ulysses all-to-alls {:.2f} of them, {:.1f}%)", s.sequence_exchange_seconds * 1e3,
+                                  ? fmt::format(" ({} {:.2f} of them, {:.1f}%)",
+                                                s.sequence_ring ? "waits for the ring's sends" : "Ulysses all-to-alls",
+                                                s.sequence_exchange_seconds * 1e3,
                                                 100 * s.sequence_exchange_seconds /
                                                     std::max(1e-12, s.forward_seconds + s.backward_seconds))
                                   : std::string();

@@ -115,14 +115,33 @@ void pack_transposed(uint32_t* dst, const float* src, int rows, size_t ld, int h
   isa().transpose_pairs(dst, along, rows, hs / 2, hs / 2);
 }
 
-// Where one head's rows of one sequence lie in qkv (and dqkv): rows of W floats.
-struct Head {
-  size_t W, Cq;
-  int NH, KVH, g, hs;
-  size_t q(int h) const { return static_cast<size_t>(h) * hs; }
-  size_t k(int h) const { return static_cast<size_t>(NH + h / g) * hs; }
-  size_t v(int h) const { return static_cast<size_t>(NH + KVH + h / g) * hs; }
+// Where a call's operands lie. Queries: B sequences of n rows, ldq floats apart and q_seq floats
+// from one sequence's first row to the next's, query head h at column h hs. Keys and values: `keys`
+// rows a sequence, ldkv and kv_seq alike, key/value head j's keys at column j hs and its values at
+// (KVH + j) hs. The first query sits `pos` positions after the first key: a whole sequence's causal
+// attention has pos 0 (query i sees keys up to i); generation's rows pos = keys - n; a block of queries
+// wholly after its keys (ring attention) pos >= keys, and every query sees every key. The gradients
+// (dq, dkv) lie as their operands; out and dout [B, n, NH hs]; lse [B, NH] rows of n, lse_ld apart.
+struct Layout {
+  const float* q;
+  size_t ldq, q_seq;
+  const float* kv;
+  size_t ldkv, kv_seq, lse_ld;
+  int B, n, keys, pos, NH, KVH, g, hs;
+  size_t Cq() const { return static_cast<size_t>(NH) * hs; }
+  size_t qh(int h) const { return static_cast<size_t>(h) * hs; }
+  size_t k(int h) const { return static_cast<size_t>(h / g) * hs; }
+  size_t v(int h) const { return static_cast<size_t>(KVH + h / g) * hs; }
+  const float* q_of(int b) const { return q + b * q_seq; }
+  const float* kv_of(int b) const { return kv + b * kv_seq; }
+  size_t lse_at(int b, int h) const { return (static_cast<size_t>(b) * NH + h) * lse_ld; }
 };
+
+// Whole sequences of interleaved rows qkv [B, T, (NH + 2 KVH) hs]: queries then keys and values.
+Layout interleaved(const float* qkv, int B, int T, int NH, int KVH, int hs) {
+  const size_t W = static_cast<size_t>(NH + 2 * KVH) * hs, seq = static_cast<size_t>(T) * W;
+  return {qkv, W, seq, qkv + static_cast<size_t>(NH) * hs, W, seq, static_cast<size_t>(T), B, T, T, 0, NH, KVH, NH / KVH, hs};
+}
 
 // One key/value head's keys and values of a bf16 call as pairs, in the layouts the products read:
 // `rows` along the channels (T x hs / 2: A of K Q^T and V dY^T), `row_pairs` by pairs of rows
@@ -138,21 +157,21 @@ struct HeadPairs {
 size_t layout_pairs(size_t T, int hs) { return (T + 1) / 2 * hs; }
 int layouts(bool backward) { return backward ? 3 : 2; }
 
-// Packs sequence b's key/value head kvh (rows [0, T) of qkv [B, T, W]) into `store` (layouts x
-// layout_pairs), for the forward or the backward.
-HeadPairs pack_head(uint32_t* store, const float* qkv, const Head& at, int b, int kvh, size_t T, bool backward) {
-  const size_t size = layout_pairs(T, at.hs);
-  const int hs = at.hs, rows = static_cast<int>(T), h = kvh * at.g;  // h: a query head this key/value head serves
-  const float* seq = qkv + b * T * at.W;
+// Packs sequence b's key/value head kvh (its L.keys rows) into `store` (layouts x layout_pairs), for
+// the forward or the backward.
+HeadPairs pack_head(uint32_t* store, const Layout& L, int b, int kvh, bool backward) {
+  const size_t size = layout_pairs(L.keys, L.hs);
+  const int hs = L.hs, rows = L.keys, h = kvh * L.g;  // h: a query head this key/value head serves
+  const float* seq = L.kv_of(b);
   uint32_t *first = store, *second = store + size;
-  pack_along_rows(first, hs / 2, seq + at.k(h), at.W, rows, hs);
+  pack_along_rows(first, hs / 2, seq + L.k(h), L.ldkv, rows, hs);
   if (!backward) {
-    pack_row_pairs(second, hs, seq + at.v(h), at.W, rows, hs);
+    pack_row_pairs(second, hs, seq + L.v(h), L.ldkv, rows, hs);
     return {.k_rows = first, .v_row_pairs = second};
   }
   uint32_t* third = store + 2 * size;
-  pack_along_rows(second, hs / 2, seq + at.v(h), at.W, rows, hs);
-  pack_row_pairs(third, hs, seq + at.k(h), at.W, rows, hs);
+  pack_along_rows(second, hs / 2, seq + L.v(h), L.ldkv, rows, hs);
+  pack_row_pairs(third, hs, seq + L.k(h), L.ldkv, rows, hs);
   return {.k_rows = first, .v_rows = second, .k_row_pairs = third};
 }
 
@@ -168,15 +187,15 @@ struct PackedKv {
   const HeadPairs& at(int b, int kvh, int KVH) const { return heads[static_cast<size_t>(b) * KVH + kvh]; }
 };
 
-PackedKv pack_all(const float* qkv, const Head& at, int B, size_t T, bool backward) {
-  const size_t heads = static_cast<size_t>(B) * at.KVH, per_head = layout_pairs(T, at.hs) * layouts(backward);
+PackedKv pack_all(const Layout& L, bool backward) {
+  const size_t heads = static_cast<size_t>(L.B) * L.KVH, per_head = layout_pairs(L.keys, L.hs) * layouts(backward);
   thread_local std::vector<uint32_t> store;
   store.resize(heads * per_head);
   uint32_t* base = store.data();  // the calling thread's: the tasks run on others too
   PackedKv kv{std::vector<HeadPairs>(heads)};
   for_rows(heads, 1, [&](size_t task) {
-    const int kvh = static_cast<int>(task % at.KVH), b = static_cast<int>(task / at.KVH);
-    kv.heads[task] = pack_head(base + task * per_head, qkv, at, b, kvh, T, backward);
+    const int kvh = static_cast<int>(task % L.KVH), b = static_cast<int>(task / L.KVH);
+    kv.heads[task] = pack_head(base + task * per_head, L, b, kvh, backward);
   });
   return kv;
 }
@@ -184,20 +203,21 @@ PackedKv pack_all(const float* qkv, const Head& at, int B, size_t T, bool backwa
 // A thread's store for the one head it packs at a time.
 uint32_t* head_store(size_t T, int hs, bool backward) { return thread_buffer<uint32_t>(8, layout_pairs(T, hs) * layouts(backward)); }
 
-// Rows [pos, pos + n) of each of B sequences (qkv [B, pos + n, W]) over the sequence's rows
-// [0, pos + n): out [B, n, Cq], lse [B, NH, n]. `pairs`: bf16 products.
-void blocked_forward(float* out, float* lse, const float* qkv, int B, int pos, int n, int NH, int KVH, int hs, bool pairs) {
-  const Head at{static_cast<size_t>(NH + 2 * KVH) * hs, static_cast<size_t>(NH) * hs, NH, KVH, NH / KVH, hs};
-  const size_t W = at.W, Cq = at.Cq, Tk = static_cast<size_t>(pos) + n;
+// The call's queries over their keys (Layout): out (normalised over those keys) and lse. `pairs`:
+// bf16 products.
+void blocked_forward(float* out, float* lse, const Layout& L, bool pairs) {
+  const size_t Cq = L.Cq();
+  const int n = L.n, hs = L.hs;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int blocks = (n + kRows - 1) / kRows;
   // Query head h's block blk of sequence b, over its key/value head's pairs `kv` in a bf16 call.
   auto block = [&](int b, int h, int blk, const HeadPairs& kv) {
-    // The block's rows are positions [a0, a1) of its sequence.
-    const int rows = std::min(kRows, n - blk * kRows), lanes = lanes_of(rows), a0 = pos + blk * kRows, a1 = a0 + rows;
-    const float* seq = qkv + b * Tk * W;
-    const float *k = seq + at.k(h), *v = seq + at.v(h);
-    float* o = out + (b * static_cast<size_t>(n) + blk * kRows) * Cq + at.q(h);
+    // The block's rows r0 on are positions [a0, a1) (keys count from 0); it meets keys [0, end).
+    const int r0 = blk * kRows, rows = std::min(kRows, n - r0), lanes = lanes_of(rows), a0 = L.pos + r0, a1 = a0 + rows;
+    const int end = std::min(a1, L.keys);
+    const float* q = L.q_of(b) + r0 * L.ldq + L.qh(h);
+    const float *k = L.kv_of(b) + L.k(h), *v = L.kv_of(b) + L.v(h);
+    float* o = out + (b * static_cast<size_t>(n) + r0) * Cq + L.qh(h);
     float *st = thread_buffer(0, static_cast<size_t>(kKeys) * kRows), *qt = thread_buffer(1, static_cast<size_t>(hs) * kRows);
     uint32_t *qt2 = nullptr, *p2 = nullptr;
     const uint32_t *k2 = nullptr, *v2 = nullptr;
@@ -205,21 +225,21 @@ void blocked_forward(float* out, float* lse, const float* qkv, int B, int pos, i
       qt2 = thread_buffer<uint32_t>(0, static_cast<size_t>(hs) / 2 * kRows);
       p2 = thread_buffer<uint32_t>(1, static_cast<size_t>(kKeys) / 2 * kRows);
       k2 = kv.k_rows, v2 = kv.v_row_pairs;
-      pack_transposed(qt2, seq + a0 * W + at.q(h), rows, W, hs);
+      pack_transposed(qt2, q, rows, L.ldq, hs);
     } else {
-      isa().transpose(qt, seq + a0 * W + at.q(h), rows, W, hs);
+      isa().transpose(qt, q, rows, L.ldq, hs);
     }
-    if (blk + 1 < blocks) prefetch_rows(seq + (a0 + kRows) * W + at.q(h), std::min(kRows, n - (blk + 1) * kRows), W, hs);
+    if (blk + 1 < blocks) prefetch_rows(q + kRows * L.ldq, std::min(kRows, n - (blk + 1) * kRows), L.ldq, hs);
     // Each query's running max and sum of exp(score - max), and the chunk's rescaling of both.
     alignas(64) float m[kRows], l[kRows], alpha[kRows], inverse_l[kRows];
-    for (int c0 = 0; c0 < a1; c0 += kKeys) {
-      const int width = std::min(kKeys, a1 - c0);
+    for (int c0 = 0; c0 < end; c0 += kKeys) {
+      const int width = std::min(kKeys, end - c0);
       // S^T = scale K Q^T: key c0 + j against the queries from c0 + j on.
       if (pairs) {
         multiply_pairs(width, lanes, hs / 2, scale, k2 + c0 * hs / 2, hs / 2, 1, qt2, kRows, st, kRows, false, Zeros::columns_before,
                        c0 - a0);
       } else {
-        multiply(width, lanes, hs, scale, k + c0 * W, W, 1, qt, kRows, st, kRows, false, Zeros::columns_before, c0 - a0);
+        multiply(width, lanes, hs, scale, k + c0 * L.ldkv, L.ldkv, 1, qt, kRows, st, kRows, false, Zeros::columns_before, c0 - a0);
       }
       mask_chunk(st, width, lanes, c0, a0, kMasked);
       // The first chunk holds key 0, which every query sees; a later one may hold none of a
@@ -227,7 +247,7 @@ void blocked_forward(float* out, float* lse, const float* qkv, int B, int pos, i
       isa().softmax_chunk(st, width, lanes, m, l, alpha, c0 == 0, p2);  // in pairs: P by pairs of keys
       // O (+)= P V: query a0 + i over the keys up to a0 + i. The output so far was weighed against
       // smaller maxima (alpha); after the last chunk, O / l.
-      const bool last = c0 + kKeys >= a1;
+      const bool last = c0 + kKeys >= end;
       if (last) {
         for (int r = 0; r < rows; ++r) inverse_l[r] = 1.0f / l[r];
       }
@@ -236,28 +256,28 @@ void blocked_forward(float* out, float* lse, const float* qkv, int B, int pos, i
         multiply_pairs(rows, hs, (width + 1) / 2, 1.0f, p2, 1, kRows, v2 + c0 / 2 * hs, hs, o, Cq, c0 > 0, Zeros::k_after, a0 - c0,
                        keep, divide);
       } else {
-        multiply(rows, hs, width, 1.0f, st, 1, kRows, v + c0 * W, W, o, Cq, c0 > 0, Zeros::k_after, a0 - c0, keep, divide);
+        multiply(rows, hs, width, 1.0f, st, 1, kRows, v + c0 * L.ldkv, L.ldkv, o, Cq, c0 > 0, Zeros::k_after, a0 - c0, keep, divide);
       }
     }
-    float* row_lse = lse + (static_cast<size_t>(b) * NH + h) * n + blk * kRows;
+    float* row_lse = lse + L.lse_at(b, h) + r0;
     for (int r = 0; r < rows; ++r) row_lse[r] = m[r] + std::log(l[r]);
   };
-  if (pairs && packs_by_head(B, KVH)) {
+  if (pairs && packs_by_head(L.B, L.KVH)) {
     // A task per key/value head: its pairs, then each of its query heads' blocks.
-    for_rows(static_cast<size_t>(B) * KVH, 1, [&](size_t task) {
-      const int kvh = static_cast<int>(task % KVH), b = static_cast<int>(task / KVH);
-      const HeadPairs kv = pack_head(head_store(Tk, hs, false), qkv, at, b, kvh, Tk, false);
-      for (int h = kvh * at.g; h < (kvh + 1) * at.g; ++h) {
+    for_rows(static_cast<size_t>(L.B) * L.KVH, 1, [&](size_t task) {
+      const int kvh = static_cast<int>(task % L.KVH), b = static_cast<int>(task / L.KVH);
+      const HeadPairs kv = pack_head(head_store(L.keys, hs, false), L, b, kvh, false);
+      for (int h = kvh * L.g; h < (kvh + 1) * L.g; ++h) {
         for (int blk = 0; blk < blocks; ++blk) block(b, h, blk, kv);
       }
     });
     return;
   }
-  const PackedKv kv = pairs ? pack_all(qkv, at, B, Tk, false) : PackedKv{};
-  for_rows(static_cast<size_t>(B) * NH * blocks, 1, [&](size_t task) {
-    const int blk = static_cast<int>(task % blocks), h = static_cast<int>(task / blocks % NH),
-              b = static_cast<int>(task / blocks / NH);
-    block(b, h, blk, pairs ? kv.at(b, h / at.g, KVH) : HeadPairs{});
+  const PackedKv kv = pairs ? pack_all(L, false) : PackedKv{};
+  for_rows(static_cast<size_t>(L.B) * L.NH * blocks, 1, [&](size_t task) {
+    const int blk = static_cast<int>(task % blocks), h = static_cast<int>(task / blocks % L.NH),
+              b = static_cast<int>(task / blocks / L.NH);
+    block(b, h, blk, pairs ? kv.at(b, h / L.g, L.KVH) : HeadPairs{});
   });
 }
 
@@ -268,44 +288,38 @@ bool in_pairs(DType products, int hs) {
   return products == DType::bf16 && hs % 2 == 0;
 }
 
-}  // namespace
-
-void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int NH, int KVH, int hs, DType products) {
-  blocked_forward(out, lse, qkv, B, 0, T, NH, KVH, hs, in_pairs(products, hs));
-}
-
-void attention_rows(float* out, float* att, const float* qkv, int pos, int n, int NH, int KVH, int hs) {
-  blocked_forward(out, att, qkv, 1, pos, n, NH, KVH, hs, false);
-}
 
 // Long: `prepare` and `meet` share the head layout, the products' dtype and the block sizes, and the one-pass and two-pass
 // ways of running them must sum each gradient in the same order; kept in one function, that order reads in one place.
-void attention_backward(float* dqkv, const float* dout, const float* out, const float* qkv, const float* lse, int B, int T, int NH,
-                        int KVH, int hs, DType products, AttentionPasses passes) {
-  const Head at{static_cast<size_t>(NH + 2 * KVH) * hs, static_cast<size_t>(NH) * hs, NH, KVH, NH / KVH, hs};
-  const bool pairs = in_pairs(products, hs);
-  const size_t W = at.W, Cq = at.Cq;
+// `accumulate`: every gradient is added to what dq and dkv hold (ring attention's blocks); else dq and
+// dkv are overwritten.
+void blocked_backward(float* dq_all, float* dkv_all, const float* dout, const float* out, const float* lse, const Layout& L,
+                      bool pairs, AttentionPasses passes, bool accumulate) {
+  const size_t Cq = L.Cq();
+  const int hs = L.hs, B = L.B, KVH = L.KVH, NH = L.NH, n_rows = L.n;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  const int blocks = (T + kRows - 1) / kRows, chunks = (T + kKeys - 1) / kKeys;
+  const int blocks = (n_rows + kRows - 1) / kRows, chunks = (L.keys + kKeys - 1) / kKeys;
 
   // One block of a query head's rows, made ready for the chunks it meets: its queries and output
   // gradient transposed, each row's log-sum-exp and sum of dY Y.
   // In pairs: its queries and output gradient also paired and transposed (B of K Q^T and V dY^T)
   // and by pairs of rows (B of dS^T Q and P^T dY).
+  // Rows r0 on are positions [i0, i1); they meet keys [0, end).
   struct Block {
-    int h, i0, rows, lanes, i1;
+    int h, r0, i0, rows, lanes, i1, end;
     const float *q, *dy;
     float *qt, *dyt;
     uint32_t *qt2, *dyt2, *q2, *dy2;
     alignas(64) float d[kRows], lse[kRows];
   };
   auto prepare = [&](Block& x, int b, int h, int blk) {
-    x.h = h, x.i0 = blk * kRows, x.rows = std::min(kRows, T - x.i0), x.lanes = lanes_of(x.rows), x.i1 = x.i0 + x.rows;
-    x.q = qkv + (static_cast<size_t>(b) * T + x.i0) * W + at.q(h);
-    const size_t y_at = (static_cast<size_t>(b) * T + x.i0) * Cq + at.q(h);
+    x.h = h, x.r0 = blk * kRows, x.rows = std::min(kRows, n_rows - x.r0), x.lanes = lanes_of(x.rows);
+    x.i0 = L.pos + x.r0, x.i1 = x.i0 + x.rows, x.end = std::min(x.i1, L.keys);
+    x.q = L.q_of(b) + x.r0 * L.ldq + L.qh(h);
+    const size_t y_at = (static_cast<size_t>(b) * n_rows + x.r0) * Cq + L.qh(h);
     x.dy = dout + y_at;
     const float* y = out + y_at;
-    std::copy_n(lse + (static_cast<size_t>(b) * NH + h) * T + x.i0, x.rows, x.lse);
+    std::copy_n(lse + L.lse_at(b, h) + x.r0, x.rows, x.lse);
     for (int r = 0; r < x.rows; ++r) x.d[r] = dot_row(x.dy + r * Cq, y + r * Cq, hs);
     // The lanes past the rows are computed too, and dropped: keep them finite.
     std::fill(x.lse + x.rows, x.lse + x.lanes, 0.0f);
@@ -314,18 +328,18 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
       const size_t n = static_cast<size_t>(hs) / 2 * kRows;
       x.qt2 = thread_buffer<uint32_t>(2, n), x.dyt2 = thread_buffer<uint32_t>(3, n);
       x.q2 = thread_buffer<uint32_t>(4, n), x.dy2 = thread_buffer<uint32_t>(5, n);
-      pack_transposed(x.qt2, x.q, x.rows, W, hs);
+      pack_transposed(x.qt2, x.q, x.rows, L.ldq, hs);
       pack_transposed(x.dyt2, x.dy, x.rows, Cq, hs);
-      pack_row_pairs(x.q2, hs, x.q, W, x.rows, hs);
+      pack_row_pairs(x.q2, hs, x.q, L.ldq, x.rows, hs);
       pack_row_pairs(x.dy2, hs, x.dy, Cq, x.rows, hs);
     } else {
       x.qt = thread_buffer(2, static_cast<size_t>(hs) * kRows), x.dyt = thread_buffer(3, static_cast<size_t>(hs) * kRows);
-      isa().transpose(x.qt, x.q, x.rows, W, hs);
+      isa().transpose(x.qt, x.q, x.rows, L.ldq, hs);
       isa().transpose(x.dyt, x.dy, x.rows, Cq, hs);
     }
     if (blk + 1 < blocks) {
-      const int next = std::min(kRows, T - x.i1);
-      prefetch_rows(x.q + kRows * W, next, W, hs);
+      const int next = std::min(kRows, n_rows - x.r0 - kRows);
+      prefetch_rows(x.q + kRows * L.ldq, next, L.ldq, hs);
       prefetch_rows(x.dy + kRows * Cq, next, Cq, hs);
       prefetch_rows(y + kRows * Cq, next, Cq, hs);
     }
@@ -334,17 +348,18 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
   // again, dS^T, and whichever gradients are asked for. dV and dK (of the key/value head, rows of
   // the chunk) add the block's share; the keys the block holds itself meet their first query here,
   // so the group's first head writes those (dK and dV start unset). dQ (rows of the block) is
-  // written by the first chunk and added to by the others.
+  // written by the first chunk and added to by the others. With `accumulate` all of it is added.
   auto meet = [&](const Block& x, int b, int c0, const HeadPairs& kv, bool want_kv, bool want_q) {
-    const float* seq = qkv + static_cast<size_t>(b) * T * W;
-    float* dseq = dqkv + static_cast<size_t>(b) * T * W;
-    const int n = std::min(kKeys, x.i1 - c0), lanes = x.lanes, rows = x.rows;
-    const float *kc = seq + c0 * W + at.k(x.h), *vc = seq + c0 * W + at.v(x.h);
+    const float* seq = L.kv_of(b);
+    float* dseq = dkv_all + b * L.kv_seq;
+    const size_t ldkv = L.ldkv;
+    const int n = std::min(kKeys, x.end - c0), lanes = x.lanes, rows = x.rows;
+    const float *kc = seq + c0 * ldkv + L.k(x.h), *vc = seq + c0 * ldkv + L.v(x.h);
     float *pt = thread_buffer(0, static_cast<size_t>(kKeys) * kRows), *dst = thread_buffer(1, static_cast<size_t>(kKeys) * kRows);
     // Key c0 + j meets the queries from c0 + j on: `ahead` of a key row, query i0 + i's keys are
     // those up to i0 + i.
     const int ahead = c0 - x.i0, met = std::clamp(x.i0 - c0, 0, n);
-    const bool first_head = x.h % at.g == 0;
+    const bool first_head = x.h % L.g == 0 && !accumulate;
     // In pairs, the softmax passes give P and dS^T along each key's row (A of P^T dY, dS^T Q), and
     // dS by pairs of keys (A of dS K): each only where its gradient is asked for.
     uint32_t *p_along = nullptr, *ds_along = nullptr, *ds_pairs = nullptr;
@@ -356,44 +371,45 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
     auto add_to_keys = [&](const float* grad_t, const float* rhs, size_t ld, const uint32_t* along, const uint32_t* rhs2, float* to) {
       if (pairs) {
         const int k = (rows + 1) / 2;
-        multiply_pairs(met, hs, k, 1.0f, along, kRows / 2, 1, rhs2, hs, to + c0 * W, W, true, Zeros::k_before, ahead);
-        multiply_pairs(n - met, hs, k, 1.0f, along + met * kRows / 2, kRows / 2, 1, rhs2, hs, to + (c0 + met) * W, W, !first_head,
-                       Zeros::k_before, ahead + met);
+        multiply_pairs(met, hs, k, 1.0f, along, kRows / 2, 1, rhs2, hs, to + c0 * ldkv, ldkv, true, Zeros::k_before, ahead);
+        multiply_pairs(n - met, hs, k, 1.0f, along + met * kRows / 2, kRows / 2, 1, rhs2, hs, to + (c0 + met) * ldkv, ldkv,
+                       !first_head, Zeros::k_before, ahead + met);
         return;
       }
-      multiply(met, hs, rows, 1.0f, grad_t, kRows, 1, rhs, ld, to + c0 * W, W, true, Zeros::k_before, ahead);
-      multiply(n - met, hs, rows, 1.0f, grad_t + met * kRows, kRows, 1, rhs, ld, to + (c0 + met) * W, W, !first_head, Zeros::k_before,
-               ahead + met);
+      multiply(met, hs, rows, 1.0f, grad_t, kRows, 1, rhs, ld, to + c0 * ldkv, ldkv, true, Zeros::k_before, ahead);
+      multiply(n - met, hs, rows, 1.0f, grad_t + met * kRows, kRows, 1, rhs, ld, to + (c0 + met) * ldkv, ldkv, !first_head,
+               Zeros::k_before, ahead + met);
     };
     // S^T = scale K Q^T
     if (pairs) {
       multiply_pairs(n, lanes, hs / 2, scale, kv.k_rows + c0 * hs / 2, hs / 2, 1, x.qt2, kRows, pt, kRows, false,
                      Zeros::columns_before, ahead);
     } else {
-      multiply(n, lanes, hs, scale, kc, W, 1, x.qt, kRows, pt, kRows, false, Zeros::columns_before, ahead);
+      multiply(n, lanes, hs, scale, kc, ldkv, 1, x.qt, kRows, pt, kRows, false, Zeros::columns_before, ahead);
     }
     mask_chunk(pt, n, lanes, c0, x.i0, kMasked);
     isa().probabilities_chunk(pt, n, lanes, x.lse, p_along);
-    if (want_kv) add_to_keys(pt, x.dy, Cq, p_along, x.dy2, dseq + at.v(x.h));  // dV += P^T dY
+    if (want_kv) add_to_keys(pt, x.dy, Cq, p_along, x.dy2, dseq + L.v(x.h));  // dV += P^T dY
     // dP^T = V dY^T
     if (pairs) {
       multiply_pairs(n, lanes, hs / 2, 1.0f, kv.v_rows + c0 * hs / 2, hs / 2, 1, x.dyt2, kRows, dst, kRows, false,
                      Zeros::columns_before, ahead);
     } else {
-      multiply(n, lanes, hs, 1.0f, vc, W, 1, x.dyt, kRows, dst, kRows, false, Zeros::columns_before, ahead);
+      multiply(n, lanes, hs, 1.0f, vc, ldkv, 1, x.dyt, kRows, dst, kRows, false, Zeros::columns_before, ahead);
     }
     mask_chunk(dst, n, lanes, c0, x.i0, 0.0f);
     isa().softmax_grad_chunk(dst, pt, n, lanes, x.d, scale, ds_along, ds_pairs);  // dS^T
     if (want_q) {
-      float* dq = dseq + x.i0 * W + at.q(x.h);
+      float* dq = dq_all + b * L.q_seq + x.r0 * L.ldq + L.qh(x.h);
+      const bool add = c0 > 0 || accumulate;
       if (pairs) {  // dQ (+)= dS K
         const uint32_t* k2 = kv.k_row_pairs + c0 / 2 * hs;
-        multiply_pairs(rows, hs, (n + 1) / 2, 1.0f, ds_pairs, 1, kRows, k2, hs, dq, W, c0 > 0, Zeros::k_after, -ahead);
+        multiply_pairs(rows, hs, (n + 1) / 2, 1.0f, ds_pairs, 1, kRows, k2, hs, dq, L.ldq, add, Zeros::k_after, -ahead);
       } else {
-        multiply(rows, hs, n, 1.0f, dst, 1, kRows, kc, W, dq, W, c0 > 0, Zeros::k_after, -ahead);
+        multiply(rows, hs, n, 1.0f, dst, 1, kRows, kc, ldkv, dq, L.ldq, add, Zeros::k_after, -ahead);
       }
     }
-    if (want_kv) add_to_keys(dst, x.q, W, ds_along, x.q2, dseq + at.k(x.h));  // dK += dS^T Q
+    if (want_kv) add_to_keys(dst, x.q, L.ldq, ds_along, x.q2, dseq + L.k(x.h));  // dK += dS^T Q
   };
 
   if (passes == AttentionPasses::by_threads) {
@@ -403,12 +419,12 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
     // A task per key/value head: its query heads in order, each block against the chunks it meets.
     for_rows(static_cast<size_t>(B) * KVH, 1, [&](size_t task) {
       const int kvh = static_cast<int>(task % KVH), b = static_cast<int>(task / KVH);
-      const HeadPairs kv = pairs ? pack_head(head_store(T, hs, true), qkv, at, b, kvh, T, true) : HeadPairs{};
+      const HeadPairs kv = pairs ? pack_head(head_store(L.keys, hs, true), L, b, kvh, true) : HeadPairs{};
       Block x;
-      for (int h = kvh * at.g; h < (kvh + 1) * at.g; ++h) {
+      for (int h = kvh * L.g; h < (kvh + 1) * L.g; ++h) {
         for (int blk = 0; blk < blocks; ++blk) {
           prepare(x, b, h, blk);
-          for (int c0 = 0; c0 < x.i1; c0 += kKeys) meet(x, b, c0, kv, true, true);
+          for (int c0 = 0; c0 < x.end; c0 += kKeys) meet(x, b, c0, kv, true, true);
         }
       }
     });
@@ -418,14 +434,15 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
   // two passes with more tasks, at the cost of two more products a block and chunk. Each gradient
   // is summed in the order above, so both ways give the same bits. First dK and dV, a task per
   // chunk of keys; then dQ, a task per block of queries.
-  const PackedKv kv = pairs ? pack_all(qkv, at, B, T, true) : PackedKv{};
+  const PackedKv kv = pairs ? pack_all(L, true) : PackedKv{};
   auto pairs_of = [&](int b, int kvh) { return pairs ? kv.at(b, kvh, KVH) : HeadPairs{}; };
   for_rows(static_cast<size_t>(B) * KVH * chunks, 1, [&](size_t task) {
     const int c = static_cast<int>(task % chunks), kvh = static_cast<int>(task / chunks % KVH),
               b = static_cast<int>(task / chunks / KVH);
     Block x;
-    for (int h = kvh * at.g; h < (kvh + 1) * at.g; ++h) {
-      for (int blk = c * kKeys / kRows; blk < blocks; ++blk) {
+    // The blocks from the one holding the chunk's first key's position meet it.
+    for (int h = kvh * L.g; h < (kvh + 1) * L.g; ++h) {
+      for (int blk = std::max(0, c * kKeys - L.pos) / kRows; blk < blocks; ++blk) {
         prepare(x, b, h, blk);
         meet(x, b, c * kKeys, pairs_of(b, kvh), true, false);
       }
@@ -436,8 +453,46 @@ void attention_backward(float* dqkv, const float* dout, const float* out, const 
               b = static_cast<int>(task / blocks / NH);
     Block x;
     prepare(x, b, h, blk);
-    for (int c0 = 0; c0 < x.i1; c0 += kKeys) meet(x, b, c0, pairs_of(b, h / at.g), false, true);
+    for (int c0 = 0; c0 < x.end; c0 += kKeys) meet(x, b, c0, pairs_of(b, h / L.g), false, true);
   });
 }
 
+}  // namespace
+
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int NH, int KVH, int hs, DType products) {
+  blocked_forward(out, lse, interleaved(qkv, B, T, NH, KVH, hs), in_pairs(products, hs));
+}
+
+void attention_rows(float* out, float* att, const float* qkv, int pos, int n, int NH, int KVH, int hs) {
+  Layout L = interleaved(qkv, 1, pos + n, NH, KVH, hs);
+  L.q += static_cast<size_t>(pos) * L.ldq, L.n = n, L.pos = pos, L.lse_ld = static_cast<size_t>(n);
+  blocked_forward(out, att, L, false);
+}
+
+void attention_backward(float* dqkv, const float* dout, const float* out, const float* qkv, const float* lse, int B, int T, int NH,
+                        int KVH, int hs, DType products, AttentionPasses passes) {
+  const size_t Cq = static_cast<size_t>(NH) * hs;
+  blocked_backward(dqkv, dqkv + Cq, dout, out, lse, interleaved(qkv, B, T, NH, KVH, hs), in_pairs(products, hs), passes, false);
+}
+
+namespace {
+
+// One sequence's n query rows against n key/value rows (AttentionBlock): the diagonal block, or one
+// wholly before the queries.
+Layout block_layout(const AttentionBlock& a) {
+  const size_t n = static_cast<size_t>(a.n);
+  return {a.q,  a.ldq, n * a.ldq,    a.kv, a.ldkv, n * a.ldkv, a.lse_ld, 1, a.n, a.n, a.diagonal ? 0 : a.n,
+          a.NH, a.KVH, a.NH / a.KVH, a.hs};
+}
+
+}  // namespace
+
+void attention_block_forward(float* out, float* lse, const AttentionBlock& a, DType products) {
+  blocked_forward(out, lse, block_layout(a), in_pairs(products, a.hs));
+}
+
+void attention_block_backward(float* dq, float* dkv, const float* dout, const float* out, const float* lse, const AttentionBlock& a,
+                              DType products) {
+  blocked_backward(dq, dkv, dout, out, lse, block_layout(a), in_pairs(products, a.hs), AttentionPasses::by_threads, true);
+}
 }  // namespace zeroth::gpt::cpu

@@ -48,6 +48,17 @@ class CpuKernels final : public Kernels {
                           int T, int NH, int KVH, int hs, DType products) override {
     cpu::attention_backward(dqkv, dout, out, qkv, att, B, T, NH, KVH, hs, products);
   }
+  void attention_block_forward(float* out, float* lse, const AttentionBlock& a, DType products) override {
+    cpu::attention_block_forward(out, lse, a, products);
+  }
+  void attention_block_backward(float* dq, float* dkv, const float* dout, const float* out, const float* lse, const AttentionBlock& a,
+                                DType products) override {
+    cpu::attention_block_backward(dq, dkv, dout, out, lse, a, products);
+  }
+  void attention_merge(float* out, float* lse, const float* block_out, const float* block_lse, int n, int NH, int hs,
+                       size_t lse_ld) override {
+    cpu::attention_merge(out, lse, block_out, block_lse, n, NH, hs, lse_ld);
+  }
   void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, size_t N, int groups, int C, size_t ld,
                        float eps) override {
     cpu::rmsnorm_forward(out, rstd, inp, weight, N, groups, C, ld, eps);

@@ -7,7 +7,8 @@
 #include <cstddef>  // size_t
 #include <cstdint>  // int32_t
 
-#include "core/dtype.h"  // DType
+#include "core/dtype.h"                      // DType
+#include "models/kernels/attention_block.h"  // AttentionBlock
 
 namespace zeroth::gpt::cpu {
 
@@ -64,6 +65,18 @@ enum class AttentionPasses { by_threads, one, two };
 // and the forward's out and lse; `products` as the forward's.
 void attention_backward(float* dqkv, const float* dout, const float* out, const float* qkv, const float* lse, int B, int T, int NH,
                         int KVH, int hs, DType products = DType::f32, AttentionPasses passes = AttentionPasses::by_threads);
+
+// out [n, NH hs] normalised over the block's keys, and lse [NH] rows of n, lse_ld apart.
+void attention_block_forward(float* out, float* lse, const AttentionBlock& a, DType products = DType::f32);
+// The block's share of the gradients, added to dq (rows as the queries) and dkv (rows as kv), from
+// dout and the whole attention's out and lse (over every block of keys: lse_ld apart), which make its
+// probabilities as attention_backward does.
+void attention_block_backward(float* dq, float* dkv, const float* dout, const float* out, const float* lse, const AttentionBlock& a,
+                              DType products = DType::f32);
+// out, lse (NH rows lse_ld apart) become the attention over both sets of keys, from theirs and
+// another set's block_out and block_lse ([NH] rows of n): the online softmax's merge of two
+// normalised outputs.
+void attention_merge(float* out, float* lse, const float* block_out, const float* block_lse, int n, int NH, int hs, size_t lse_ld);
 
 // RMSNorm (Zhang and Sennrich 2019, as Llama computes it): out = x * rstd * weight with rstd =
 // 1 / sqrt(mean(x^2) + eps), over rows of C channels. Row (n, j) of N x groups starts at n * ld + j * C

@@ -250,6 +250,18 @@ class CudaKernels final : public Kernels {
   void copy(float* dst, const float* src, size_t n) override {
     CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, s()));
   }
+  // Ring attention is refused on CUDA before a model is built (Gpt's check of its part): these say so
+  // to a caller that reached them some other way.
+  [[noreturn]] static void no_ring() {
+    throw ConfigError(
+        "ring attention (parallel.context) has no CUDA kernels: run it on the cpu device, or split long windows over GPUs with "
+        "parallel.sequence (Ulysses)");
+  }
+  void attention_block_forward(float*, float*, const AttentionBlock&, DType) override { no_ring(); }
+  void attention_block_backward(float*, float*, const float*, const float*, const float*, const AttentionBlock&, DType) override {
+    no_ring();
+  }
+  void attention_merge(float*, float*, const float*, const float*, int, int, int, size_t) override { no_ring(); }
   void copy_columns(float* dst, size_t ldd, const float* src, size_t lds, size_t rows, size_t cols, bool add) override {
     if (rows == 0 || cols == 0) return;
     if (!add) {

@@ -1,0 +1,139 @@
+// Ring attention's steps and the sends between them.
+#include "models/decoder/context_ring.h"
+
+#include <chrono>  // std::chrono::steady_clock
+#include <memory>  // std::make_shared
+
+#include "core/error.h"  // ZEROTH_CHECK
+
+namespace zeroth::gpt {
+
+std::vector<RingBlock> ring_blocks(int C, int r, int step) {
+  const int from = ((r - step) % C + C) % C;
+  std::vector<RingBlock> blocks;
+  // Each query chunk's diagonal block comes first: step 0 writes the chunk's output with it, and the
+  // blocks after merge into that.
+  for (int q = 0; q < 2; ++q) {
+    if (step == 0) blocks.push_back({q, q, true});
+  }
+  for (int q = 0; q < 2; ++q) {
+    for (int k = 0; k < 2; ++k) {
+      if (ring_chunk(C, from, k) < ring_chunk(C, r, q)) blocks.push_back({q, k, false});
+    }
+  }
+  return blocks;
+}
+
+void ContextRing::mark() const {
+  if (exchange_ != nullptr) events_[made]->record(stream_);
+}
+
+void ContextRing::shift(const float* send, float* recv, size_t n, Which moved) const {
+  Stream& x = exchange_ != nullptr ? *exchange_ : stream_;
+  if (exchange_ != nullptr) x.wait(*events_[made]);
+  const int C = d_.cp, next = (d_.cp_rank + 1) % C, previous = (d_.cp_rank + C - 1) % C;
+  std::vector<size_t> counts(static_cast<size_t>(C), 0);
+  counts[static_cast<size_t>(next)] = n;
+  const std::vector<size_t> got = comm_->all_to_allv(x, {const_cast<float*>(send), n, DType::f32}, counts, {recv, n, DType::f32});
+  ZEROTH_CHECK(got[static_cast<size_t>(previous)] == n,
+               "ring attention: rank {} of the context group received {} floats from rank {}, not {}", d_.cp_rank,
+               got[static_cast<size_t>(previous)], previous, n);
+  if (exchange_ != nullptr) events_[moved]->record(x);
+}
+
+void ContextRing::wait_for(Which moved) const {
+  if (exchange_ == nullptr) return;
+  if (nanos_ == nullptr) return stream_.wait(*events_[moved]);
+  using Clock = std::chrono::steady_clock;
+  auto start = std::make_shared<Clock::time_point>();
+  stream_.enqueue_host([start] { *start = Clock::now(); });
+  stream_.wait(*events_[moved]);
+  stream_.enqueue_host(
+      [start, nanos = nanos_] { *nanos += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - *start).count(); });
+}
+
+void ContextRing::pack_kv(const float* qkv, float* kv, int B, int T) const {
+  k_.submit([k = &k_, d = d_, qkv, kv, rows = static_cast<size_t>(B) * T] {
+    const size_t Wkv = 2 * static_cast<size_t>(d.KVH) * d.hs;
+    k->copy_columns(kv, Wkv, qkv + d.Cq, d.W, rows, Wkv, false);
+  });
+}
+
+void ContextRing::forward(const float* qkv, float* out, float* lse, int B, int T, const Products& products) const {
+  const int C = d_.cp, r = d_.cp_rank, c = T / 2;
+  const size_t Wkv = 2 * static_cast<size_t>(d_.KVH) * d_.hs, n = static_cast<size_t>(B) * T * Wkv;
+  pack_kv(qkv, s_.kv[0], B, T);
+  for (int step = 0; step < C; ++step) {
+    const float* kv = s_.kv[step % 2];
+    // The next keys' send runs under the step's work: it waits for the work before it (which read the
+    // buffer it fills), and is enqueued after the step's (a backend may hold this thread in the send
+    // until the peers reach it).
+    mark();
+    k_.submit([k = &k_, d = d_, s = s_, qkv, out, lse, kv, B, T, c, Wkv, products, blocks = ring_blocks(C, r, step)] {
+      const size_t W = d.W, Cq = d.Cq, lse_ld = static_cast<size_t>(T);
+      for (int b = 0; b < B; ++b) {
+        for (const RingBlock& blk : blocks) {
+          const size_t q_row = static_cast<size_t>(b) * T + static_cast<size_t>(blk.q) * c;
+          const size_t k_row = static_cast<size_t>(b) * T + static_cast<size_t>(blk.k) * c;
+          AttentionBlock a{qkv + q_row * W, W, kv + k_row * Wkv, Wkv, c, d.NH, d.KVH, d.hs, blk.diagonal, lse_ld};
+          float *o = out + q_row * Cq, *l = lse + static_cast<size_t>(b) * d.NH * T + static_cast<size_t>(blk.q) * c;
+          if (blk.diagonal) {
+            k->attention_block_forward(o, l, a, products());
+            continue;
+          }
+          a.lse_ld = static_cast<size_t>(c);
+          k->attention_block_forward(s.out, s.lse, a, products());
+          k->attention_merge(o, l, s.out, s.lse, c, d.NH, d.hs, lse_ld);
+        }
+      }
+    });
+    if (step + 1 == C) break;
+    shift(kv, s_.kv[(step + 1) % 2], n, kv_moved);
+    wait_for(kv_moved);
+  }
+}
+
+void ContextRing::backward(float* dqkv, const float* dout, const float* out, const float* qkv, const float* lse, int B, int T,
+                           const Products& products) const {
+  const int C = d_.cp, r = d_.cp_rank, c = T / 2;
+  const size_t Wkv = 2 * static_cast<size_t>(d_.KVH) * d_.hs, n = static_cast<size_t>(B) * T * Wkv;
+  pack_kv(qkv, s_.kv[0], B, T);
+  k_.submit([k = &k_, dqkv, rows = static_cast<size_t>(B) * T, W = static_cast<size_t>(d_.W)] { k->zero(dqkv, rows * W); });
+  // dkv[i % 2] gathers step i's share of the travelling keys' gradient; what the ranks before added
+  // arrives in dkv[2] meanwhile, and joins it after the step.
+  for (int step = 0; step < C; ++step) {
+    const float* kv = s_.kv[step % 2];
+    float* dkv = s_.dkv[step % 2];
+    if (step > 0) wait_for(kv_moved);  // the step's keys and values are here
+    mark();                            // the next ones' send runs under the step, as the forward's
+    k_.submit([k = &k_, d = d_, dqkv, dkv, dout, out, qkv, lse, kv, B, T, c, Wkv, n, products, blocks = ring_blocks(C, r, step)] {
+      k->zero(dkv, n);
+      const size_t W = d.W, Cq = d.Cq;
+      for (int b = 0; b < B; ++b) {
+        for (const RingBlock& blk : blocks) {
+          const size_t q_row = static_cast<size_t>(b) * T + static_cast<size_t>(blk.q) * c;
+          const size_t k_row = static_cast<size_t>(b) * T + static_cast<size_t>(blk.k) * c;
+          const AttentionBlock a{qkv + q_row * W,       W, kv + k_row * Wkv, Wkv, c, d.NH, d.KVH, d.hs, blk.diagonal,
+                                 static_cast<size_t>(T)};
+          const float* l = lse + static_cast<size_t>(b) * d.NH * T + static_cast<size_t>(blk.q) * c;
+          k->attention_block_backward(dqkv + q_row * W, dkv + k_row * Wkv, dout + q_row * Cq, out + q_row * Cq, l, a, products());
+        }
+      }
+    });
+    if (step + 1 < C) shift(kv, s_.kv[(step + 1) % 2], n, kv_moved);
+    if (step > 0) {
+      // The ranks before this one added theirs to these keys' gradient: it joins this step's share.
+      wait_for(dkv_moved);
+      k_.submit([k = &k_, dkv, from = s_.dkv[2], n] { k->accumulate(dkv, from, n); });
+    }
+    // On to the next rank (after the last step, the keys' owner), under the next step's work.
+    mark();
+    shift(dkv, s_.dkv[2], n, dkv_moved);
+  }
+  wait_for(dkv_moved);
+  k_.submit([k = &k_, d = d_, dqkv, from = s_.dkv[2], rows = static_cast<size_t>(B) * T, Wkv] {
+    k->copy_columns(dqkv + d.Cq, d.W, from, Wkv, rows, Wkv, false);
+  });
+}
+
+}  // namespace zeroth::gpt
