@@ -194,13 +194,14 @@ StepCost step_cost(const GptShape& shape, const Layout& l, const LayoutMemory& m
   const double sq_bytes = 4 * tokens * (qkv_width + h) / t * static_cast<double>(sq - 1) / static_cast<double>(sq);
   const double sq_mb = sq > 1 ? layers * (2 + (l.checkpointing == Checkpointing::full ? 1 : 0)) * sq_bytes / sq_bw : 0;
   // Ring attention: each of a layer's cp - 1 forward steps sends the rank's keys and values (f32, a
-  // tensor-parallel rank's key/value heads) on while the step's blocks compute (1 / cp of the
-  // attention's FLOPs): what the send takes beyond them is exposed; backward sends the keys and their
-  // gradient each step (the last gradient's send under nothing), against twice the FLOPs; the
-  // recomputed forward again. The cp ranks are consecutive data-parallel ones.
+  // tensor-parallel rank's key/value heads) on while the step's blocks compute: what the send takes
+  // beyond them is exposed; backward sends the keys and their gradient each step (the last
+  // gradient's send under nothing), against twice the FLOPs; the recomputed forward again. A step's
+  // blocks are two whole c x c ones (c = s / 2cp): the causal half of the 4 b s h FLOPs per position
+  // the compute term counts, over cp steps. The cp ranks are consecutive data-parallel ones.
   const double cp_bw = l.tp * cp <= c.gpus_per_node ? c.intra_node_bw : per_gpu_net;
   const double kv_send = 4 * tokens * 2 * kv_heads * h / static_cast<double>(shape.heads) / cp_bw;
-  const double step_attention = tokens * 4 * s * h / t / flops_rate / static_cast<double>(cp);
+  const double step_attention = tokens * 2 * s * h / t / flops_rate / static_cast<double>(cp);
   const double ring_fwd = static_cast<double>(cp - 1) * std::max(0.0, kv_send - step_attention);
   const double ring_bwd = static_cast<double>(cp - 1) * std::max(0.0, 2 * kv_send - 2 * step_attention) + kv_send;
   const double cp_mb = cp > 1 ? layers * (ring_fwd * (l.checkpointing == Checkpointing::full ? 2 : 1) + ring_bwd) : 0;
@@ -279,6 +280,25 @@ std::string does_not_fit(const LayoutMemory& memory, const Cluster& c) {
   return "";
 }
 
+namespace {
+
+// The ranks that may share each sample, {sq, cp}: Ulysses over sq of the dp ranks, or the ring over
+// cp (one of the two at a time), as far as `search` looks for them.
+std::vector<std::pair<uint64_t, uint64_t>> sample_groups(const GptShape& shape, uint64_t tp, uint64_t dp, const PlanSearch& search) {
+  std::vector<std::pair<uint64_t, uint64_t>> groups;
+  for (uint64_t sq : divisors(dp, search.sequence ? dp : 1)) {
+    if (ulysses_fits(shape, tp, sq)) groups.push_back({sq, 1});
+  }
+  for (uint64_t cp : divisors(dp, search.context ? dp : 1)) {
+    if (cp > 1 && shape.seq_len % (2 * cp) == 0) groups.push_back({1, cp});
+  }
+  return groups;
+}
+
+}  // namespace
+
+// Long: one loop a dimension of the search space (tp, pp, the sample groups, ep, the micro-batch, the stage, the
+// placements, recomputation, sequence parallelism, the long-window savings), each with its own skip beside it.
 PlanResult search_plans(const GptShape& shape, const Cluster& cluster, const PlanSearch& search) {
   if (const std::string bad = shape.problem(); !bad.empty()) ZEROTH_THROW(InvalidArgument, "the model's shape: {}", bad);
   if (search.global_batch == 0) ZEROTH_THROW(InvalidArgument, "give the global batch (sequences per step)");
@@ -299,15 +319,7 @@ PlanResult search_plans(const GptShape& shape, const Cluster& cluster, const Pla
       for (uint64_t ep : divisors(dp, dp)) {
         if (ep == 1 || (shape.moe() && shape.experts % ep == 0)) eps.push_back(ep);
       }
-      // The sample groups: Ulysses over sq ranks, or (cp_search) the ring over cp, one at a time.
-      std::vector<std::pair<uint64_t, uint64_t>> groups;
-      for (uint64_t sq : divisors(dp, search.sequence ? dp : 1)) {
-        if (ulysses_fits(shape, tp, sq)) groups.push_back({sq, 1});
-      }
-      for (uint64_t cp : divisors(dp, search.context ? dp : 1)) {
-        if (cp > 1 && shape.seq_len % (2 * cp) == 0) groups.push_back({1, cp});
-      }
-      for (auto [sq, cp] : groups) {
+      for (auto [sq, cp] : sample_groups(shape, tp, dp, search)) {
         if (search.global_batch % (dp / (sq * cp)) != 0) continue;
         const uint64_t per_rank = search.global_batch / (dp / (sq * cp));
         for (uint64_t ep : eps)

@@ -94,6 +94,7 @@ TrainConfig decoding_config(const TrainConfig& given) {
   config.parallel.tensor = 1;
   config.parallel.expert = 1;
   config.parallel.sequence = 1;
+  config.parallel.context = 1;
   config.parallel.sequence_parallel = false;
   config.parallel.virtual_stages = 1;
   config.parallel.partition_counts.clear();

@@ -25,9 +25,9 @@ gpt::KvCache Gpt::State::kv(int layer) const {
 }
 
 void Gpt::begin_decoding(int max_len) {
-  if (!part_.whole(config_) || part_.tp_ranks > 1 || part_.ep_ranks > 1 || part_.sq_ranks > 1) {
+  if (!part_.whole(config_) || part_.tp_ranks > 1 || part_.ep_ranks > 1 || part_.sq_ranks > 1 || part_.cp_ranks > 1) {
     ZEROTH_THROW(InvalidArgument, "generation runs on one rank holding the whole model; this one holds a part (pipeline stage, "
-                                  "tensor-parallel slice, expert-parallel share of the experts or Ulysses rank)");
+                                  "tensor-parallel slice, expert-parallel share of the experts, Ulysses or ring attention rank)");
   }
   if (max_len < 1 || max_len > config_.seq_len)
     ZEROTH_THROW(InvalidArgument, "generation of {} positions: the model knows 1 to model.seq_len = {}", max_len, config_.seq_len);

@@ -46,10 +46,11 @@ TEST_P(RingEquivalence, TrainsLikeOneRank) {
   const testing::TensorError worst = testing::expect_weights(got, ref, bound, k.model);
   const bool sgd = k.optimizer == OptimizerKind::sgd;
   const auto [norm_err, loss_err] = testing::expect_steps(got, ref, 5e-7, 3e-7, !sgd);
-  std::printf("C %d dp %d mb %d tp %d%s pp %d stage %d%s%s: worst weight error %.3g (%s), gradient norm %.3g, loss %.3g; loss "
+  std::printf("C %d dp %d mb %d tp %d%s pp %d stage %d%s%s%s: worst weight error %.3g (%s), gradient norm %.3g, loss %.3g; loss "
               "%.6f -> %.6f\n",
               k.seq, k.dp, testing::kGlobalBatch / (k.dp * k.micro), k.tp, k.sequence_parallel ? " sp" : "", k.pp, k.stage,
-              k.masked ? " masked" : "", k.checkpointing ? " checkpointing" : "", worst.rel(), worst.name.c_str(), norm_err, loss_err,
+              k.masked ? " masked" : "", k.checkpointing ? (k.cpu_checkpointing ? " host checkpoints" : " checkpointing") : "",
+              k.offload == OffloadDevice::cpu ? " optimizer on cpu" : "", worst.rel(), worst.name.c_str(), norm_err, loss_err,
               got.losses.front(), got.losses.back());
 }
 
@@ -77,6 +78,15 @@ std::vector<GridCase> cases() {
     GridCase k = with(split_llama_6_2(), 2, 1, 3);
     k.checkpointing = true;
     out.push_back(k);
+    k.cpu_checkpointing = true;  // the checkpoints in host memory, as configs/llama-long-ring.json
+    out.push_back(k);
+  }
+  // Two ring groups of 4 (ZeRO over all 8 ranks), and the optimizer offloaded to the CPU.
+  out.push_back(with(split_gpt2(), 4, 2, 0));
+  {
+    GridCase k = with(split_llama_6_2(), 2, 2, 2);
+    k.offload = OffloadDevice::cpu;
+    out.push_back(k);
   }
   {
     // Tensor parallelism: each tensor-parallel rank's heads go round its own ring.
@@ -87,7 +97,13 @@ std::vector<GridCase> cases() {
     out.push_back(k);
   }
   {
-    GridCase k = with(split_llama_6_2(), 2, 1, 1);
+    // Grouped-query attention's 3 query heads over 1 key/value head a tensor-parallel rank.
+    GridCase k = with(split_llama_6_2(), 2, 1, 2);
+    k.tp = 2;
+    out.push_back(k);
+  }
+  for (GptConfig m : {split_gpt2(), split_llama_6_2()}) {
+    GridCase k = with(m, 2, 1, 1);
     k.pp = 2, k.micro = 4;
     out.push_back(k);
   }

@@ -95,9 +95,9 @@ TEST(LongWindow, TheRingsSendsCostOnlyWhatTheBlocksDoNotCover) {
   l.dp = 8, l.stage = 3, l.checkpointing = Checkpointing::full, l.cp = 8;
   Cluster c;
   // A rank's 65536 positions' keys and values, f32 and 2 x 1024 wide, over NVLink; each step's
-  // blocks 1 / 8 of the attention's 4 b s h FLOPs per position.
+  // blocks two whole ones of 32768 x 32768 positions, 4 x 4096 FLOPs a pair.
   const double send = 4.0 * 65536 * 2 * 1024 / c.intra_node_bw;
-  const double step = 65536.0 * 4 * 524288 * 4096 / c.achieved_flops() / 8;
+  const double step = 2.0 * 32768 * 32768 * 4 * 4096 / c.achieved_flops();
   ASSERT_LT(send, step);  // at 512K the blocks hide the sends: what is left is backward's last gradient
   EXPECT_NEAR(step_cost(s, l, layout_memory(s, l), c).sequence, 32 * send, 1e-9 * 32 * send);
   // Over a slow link (1 GB/s) a short window's blocks do not: the rest of each send is exposed, 7
@@ -106,7 +106,7 @@ TEST(LongWindow, TheRingsSendsCostOnlyWhatTheBlocksDoNotCover) {
   slow.intra_node_bw = 1e9;
   const GptShape short_window = llama_3_8b(8192);
   const double send_short = 4.0 * 1024 * 2 * 1024 / slow.intra_node_bw;
-  const double step_short = 1024.0 * 4 * 8192 * 4096 / slow.achieved_flops() / 8;
+  const double step_short = 2.0 * 512 * 512 * 4 * 4096 / slow.achieved_flops();
   ASSERT_GT(send_short, step_short);
   const double want = 32 * (2 * 7 * (send_short - step_short) + 7 * 2 * (send_short - step_short) + send_short);
   EXPECT_NEAR(step_cost(short_window, l, layout_memory(short_window, l), slow).sequence, want, 1e-9 * want);

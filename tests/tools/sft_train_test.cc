@@ -176,26 +176,30 @@ TEST(Sft, PackedRowsTrainTheSameHoweverTheBatchIsSplit) {
 // crossing from one rank's positions to the other's, packed or not, GPT-2 (learned positions from
 // each rank's first) and Llama (rotary; one key/value head copied to both ranks): the same losses,
 // validation loss and weights as the whole rows on one rank, though the ranks count different
-// numbers of assistant tokens.
+// numbers of assistant tokens. Ring attention (parallel.context 2) alike, unpacked: each rank keeps
+// its two zigzag chunks of the cut rows.
 TEST(Sft, UlyssesRanksShareEachConversationAndTrainTheSame) {
   const std::string data = write_data();
   struct Case {
     const char* name;
-    bool packing, llama;
+    bool packing, llama, ring = false;
   };
-  for (const Case& c : {Case{"sft_sq", false, false}, Case{"sft_sq_pack", true, false}, Case{"sft_sq_llama", false, true}}) {
+  for (const Case& c : {Case{"sft_sq", false, false}, Case{"sft_sq_pack", true, false}, Case{"sft_sq_llama", false, true},
+                        Case{"sft_cp", false, false, true}, Case{"sft_cp_llama", false, true, true}}) {
     SCOPED_TRACE(c.name);
     const std::string whole_name = std::string(c.name) + "_whole";
     json whole = sft(whole_name, data, 2, 1, 1, c.packing);
     if (c.llama) whole["model"].update(json{{"architecture", "llama"}, {"n_kv_head", 1}, {"intermediate_size", 64}});
     json split = sft(c.name, data, 2, 1, 2, c.packing);
     split["model"] = whole["model"];
-    split["parallel"] = {{"sequence", 2}};
+    split["parallel"] = {{c.ring ? "context" : "sequence", 2}};
     const auto a = run({ZEROTH_BIN, "train", write_config(whole_name, whole)}, whole_name);
     ASSERT_EQ(a.code, 0) << a.output;
     const auto b = run({ZEROTH_BIN, "train", write_config(c.name, split)}, c.name);
     ASSERT_EQ(b.code, 0) << b.output;
-    EXPECT_NE(b.output.find("Ulysses over runs of 2 ranks: 128 positions of each sample per rank"), std::string::npos) << b.output;
+    const char* box = c.ring ? "ring attention over runs of 2 ranks: each sample in 4 chunks of 64 positions"
+                             : "Ulysses over runs of 2 ranks: 128 positions of each sample per rank";
+    EXPECT_NE(b.output.find(box), std::string::npos) << b.output;
     const auto la = losses(a), lb = losses(b);
     ASSERT_EQ(la.size(), 5u);
     ASSERT_EQ(lb.size(), la.size());

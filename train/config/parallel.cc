@@ -62,8 +62,9 @@ void read_context(TrainConfig& t, const ConfigSection& par) {
   if (t.data_parallel() % p.context != 0) {
     ZEROTH_THROW(ConfigError,
                  "parallel.context = {} must divide the data-parallel size, {} (run.world_size {} over pipeline x tensor = {}): "
-                 "each sample is shared by a run of that many data-parallel ranks",
-                 p.context, t.data_parallel(), t.run.world_size, p.pipeline * p.tensor);
+                 "each sample is shared by a run of that many data-parallel ranks{}",
+                 p.context, t.data_parallel(), t.run.world_size, p.pipeline * p.tensor,
+                 t.data_parallel() == 1 ? " (on one rank, --set parallel.context=1)" : "");
   }
   if (t.model.seq_len % (2 * p.context) != 0) {
     ZEROTH_THROW(ConfigError,

@@ -492,7 +492,7 @@ void attention_block_forward(float* out, float* lse, const AttentionBlock& a, DT
 }
 
 void attention_block_backward(float* dq, float* dkv, const float* dout, const float* out, const float* lse, const AttentionBlock& a,
-                              DType products) {
-  blocked_backward(dq, dkv, dout, out, lse, block_layout(a), in_pairs(products, a.hs), AttentionPasses::by_threads, true);
+                              DType products, AttentionPasses passes) {
+  blocked_backward(dq, dkv, dout, out, lse, block_layout(a), in_pairs(products, a.hs), passes, true);
 }
 }  // namespace zeroth::gpt::cpu

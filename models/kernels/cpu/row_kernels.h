@@ -72,7 +72,7 @@ void attention_block_forward(float* out, float* lse, const AttentionBlock& a, DT
 // dout and the whole attention's out and lse (over every block of keys: lse_ld apart), which make its
 // probabilities as attention_backward does.
 void attention_block_backward(float* dq, float* dkv, const float* dout, const float* out, const float* lse, const AttentionBlock& a,
-                              DType products = DType::f32);
+                              DType products = DType::f32, AttentionPasses passes = AttentionPasses::by_threads);
 // out, lse (NH rows lse_ld apart) become the attention over both sets of keys, from theirs and
 // another set's block_out and block_lse ([NH] rows of n): the online softmax's merge of two
 // normalised outputs.
