@@ -385,7 +385,7 @@ PlanResult search_plans(const GptShape& shape, const Cluster& cluster, const Pla
   return result;
 }
 
-WindowResult longest_window(GptShape shape, const Cluster& cluster, const PlanSearch& search, uint64_t granule) {
+WindowResult longest_window(GptShape shape, const Cluster& cluster, const PlanSearch& search, uint64_t granule, uint64_t limit) {
   if (granule == 0) ZEROTH_THROW(InvalidArgument, "longest_window: a granule of 0 positions");
   WindowResult out;
   auto fits = [&](uint64_t units, PlanResult* plans) {
@@ -396,11 +396,15 @@ WindowResult longest_window(GptShape shape, const Cluster& cluster, const PlanSe
     if (plans != nullptr) *plans = std::move(r);
     return any;
   };
-  uint64_t lo = 0, hi = 1;  // units that fit, and that do not (once found)
-  while (fits(hi, nullptr)) {
-    lo = hi, hi *= 2;
-    if (hi > (uint64_t{1} << 40) / granule) ZEROTH_THROW(InvalidArgument, "longest_window: every window up to 2^40 positions fits");
+  const uint64_t most = limit / granule;
+  if (most == 0) ZEROTH_THROW(InvalidArgument, "longest_window: a granule of {} positions is over the limit of {}", granule, limit);
+  if (fits(most, nullptr)) {
+    fits(most, &out.plans);
+    out.seq_len = most * granule, out.capped = true;
+    return out;
   }
+  uint64_t lo = 0, hi = 1;  // units that fit, and that do not (once found)
+  while (hi < most && fits(hi, nullptr)) lo = hi, hi = std::min(2 * hi, most);
   while (hi - lo > 1) {
     const uint64_t mid = lo + (hi - lo) / 2;
     (fits(mid, nullptr) ? lo : hi) = mid;

@@ -118,7 +118,10 @@ struct WindowResult {
   uint64_t seq_len = 0;
   PlanResult plans;
   uint64_t probes = 0;
+  bool capped = false;  // seq_len is `limit`: longer windows would fit too
 };
-WindowResult longest_window(GptShape shape, const Cluster& cluster, const PlanSearch& search, uint64_t granule);
+// The longest window, in granules, that some layout fits, up to `limit` positions (the engine's
+// model.seq_len bound: GptConfig::kMaxSeqLen).
+WindowResult longest_window(GptShape shape, const Cluster& cluster, const PlanSearch& search, uint64_t granule, uint64_t limit);
 
 }  // namespace zeroth

@@ -4,8 +4,6 @@
 #include <chrono>  // std::chrono::steady_clock
 #include <memory>  // std::make_shared
 
-#include "core/error.h"  // ZEROTH_CHECK
-
 namespace zeroth::gpt {
 
 std::vector<RingBlock> ring_blocks(int C, int r, int step) {
@@ -32,12 +30,17 @@ void ContextRing::shift(const float* send, float* recv, size_t n, Which moved) c
   Stream& x = exchange_ != nullptr ? *exchange_ : stream_;
   if (exchange_ != nullptr) x.wait(*events_[made]);
   const int C = d_.cp, next = (d_.cp_rank + 1) % C, previous = (d_.cp_rank + C - 1) % C;
-  std::vector<size_t> counts(static_cast<size_t>(C), 0);
-  counts[static_cast<size_t>(next)] = n;
-  const std::vector<size_t> got = comm_->all_to_allv(x, {const_cast<float*>(send), n, DType::f32}, counts, {recv, n, DType::f32});
-  ZEROTH_CHECK(got[static_cast<size_t>(previous)] == n,
-               "ring attention: rank {} of the context group received {} floats from rank {}, not {}", d_.cp_rank,
-               got[static_cast<size_t>(previous)], previous, n);
+  // Point to point, even ranks sending first and odd ones receiving first: a backend whose send
+  // waits for the matching receive (the local one holds this thread until the peer posts it) then
+  // never has every rank of the ring waiting to send, whatever C's parity.
+  const TensorView out{const_cast<float*>(send), n, DType::f32}, in{recv, n, DType::f32};
+  if (d_.cp_rank % 2 == 0) {
+    comm_->send(x, out, next);
+    comm_->recv(x, in, previous);
+  } else {
+    comm_->recv(x, in, previous);
+    comm_->send(x, out, next);
+  }
   if (exchange_ != nullptr) events_[moved]->record(x);
 }
 

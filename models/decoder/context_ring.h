@@ -68,7 +68,8 @@ class ContextRing {
   // Marks the compute stream's work so far: what the next shift waits for.
   void mark() const;
   // Moves `n` floats of `send` to the next rank of the ring and the previous rank's into `recv`, on
-  // the exchange stream after the work marked last; `moved` records its end.
+  // the exchange stream after the work marked last; `moved` records its end. The backend checks the
+  // counts agree (a peer sending another count is an error there).
   void shift(const float* send, float* recv, size_t n, Which moved) const;
   // The compute stream waits for the shift that recorded `moved` last.
   void wait_for(Which moved) const;

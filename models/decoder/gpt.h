@@ -85,6 +85,9 @@ struct GptConfig {
   Architecture architecture = Architecture::gpt2;
   int vocab_size = 50257;
   int seq_len = 1024;  // positions the model knows (rows of wpe; the rotary table); micro-batches may be shorter
+  // The longest model.seq_len a config takes (16M positions: int positions and row indices stay far
+  // from overflow, and `zeroth plan --max-seq` answers up to it).
+  static constexpr int kMaxSeqLen = 1 << 24;
   int n_layer = 12;
   int n_head = 12;
   int n_embd = 768;

@@ -117,7 +117,7 @@ TEST(LongWindow, TheLongestWindowFitsAndOneGranuleMoreDoesNot) {
   Cluster c;
   PlanSearch search;
   search.global_batch = 1, search.sequence = true;
-  const WindowResult w = longest_window(s, c, search, 8192);
+  const WindowResult w = longest_window(s, c, search, 8192, GptConfig::kMaxSeqLen);
   ASSERT_GT(w.seq_len, 0u);
   EXPECT_GT(w.plans.fitting, 0u);
   GptShape more = s;
@@ -126,7 +126,12 @@ TEST(LongWindow, TheLongestWindowFitsAndOneGranuleMoreDoesNot) {
   // Ulysses, the tiled MLP or host checkpoints make it: without them the window is shorter.
   PlanSearch plain = search;
   plain.sequence = false;
-  EXPECT_LT(longest_window(s, c, plain, 8192).seq_len, w.seq_len);
+  EXPECT_LT(longest_window(s, c, plain, 8192, GptConfig::kMaxSeqLen).seq_len, w.seq_len);
+  // Up to the engine's bound: a limit below the answer is the answer, said to be one.
+  const WindowResult capped = longest_window(s, c, search, 8192, 8192 * 8);
+  EXPECT_TRUE(capped.capped);
+  EXPECT_EQ(capped.seq_len, 8192u * 8);
+  EXPECT_FALSE(w.capped);
 }
 
 }  // namespace

@@ -130,6 +130,10 @@ int estimate_params(const EstimateOptions& o) {
                 gpus == 1 ? "" : "s", o.gpus_per_node, o.nodes);
     std::printf("%-5s %-9s %-9s %14s %16s %16s  %s\n", "stage", "optimizer", "params", "device/GPU", "host/node", "nvme/node", "fits");
   }
+  if (o.context > 1 && !o.json) {
+    std::printf("(--context: zeroth runs ring attention on the cpu device only; these rows count its memory against the budget "
+                "given)\n");
+  }
   for (int stage = 0; stage <= 3; ++stage) {
     for (OffloadDevice opt : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme}) {
       for (OffloadDevice par : {OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme}) {

@@ -130,7 +130,8 @@ void add_gpt_shape_options(CLI::App* cmd, GptShape& shape, const std::string& ro
   cmd->add_option("--layers", shape.layers, role + ": transformer layers (with --hidden and --heads)")->check(CLI::Range(1, 1 << 16));
   cmd->add_option("--hidden", shape.hidden, "Hidden size")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--heads", shape.heads, "Attention heads")->check(CLI::Range(1, 1 << 14));
-  cmd->add_option("--seq", shape.seq_len, fmt::format("Sequence length (default {})", shape.seq_len))->check(CLI::Range(1, 1 << 22));
+  cmd->add_option("--seq", shape.seq_len, fmt::format("Sequence length (default {})", shape.seq_len))
+      ->check(CLI::Range(1, GptConfig::kMaxSeqLen));
   cmd->add_option("--vocab", shape.vocab, fmt::format("Vocabulary (default {})", shape.vocab))->check(CLI::Range(1, 1 << 24));
 }
 

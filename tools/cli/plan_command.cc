@@ -204,7 +204,7 @@ void run(Options o) {
   WindowResult window;
   if (o.max_seq) {
     // Windows in steps of 1024 positions per GPU: every Ulysses size of the search divides them.
-    window = longest_window(shape, c, search, 1024 * c.gpus());
+    window = longest_window(shape, c, search, 1024 * c.gpus(), GptConfig::kMaxSeqLen);
     if (window.seq_len == 0) {
       ZEROTH_THROW(OutOfMemory, "--max-seq: not even a window of {} positions fits the cluster with any layout: add GPUs or memory",
                    1024 * c.gpus());
@@ -276,6 +276,7 @@ void run(Options o) {
                             {"vocab", shape.vocab}}},
                           {"global_batch", search.global_batch},
                           {"max_seq", o.max_seq ? nlohmann::json(window.seq_len) : nlohmann::json(nullptr)},
+                          {"max_seq_capped", o.max_seq && window.capped},
                           {"cluster",
                            {{"gpus_per_node", c.gpus_per_node},
                             {"nodes", c.nodes},
@@ -319,9 +320,12 @@ void run(Options o) {
               format_bytes(c.host_memory).c_str(), c.cpu_optimizer_rate);
   for (const auto& line : calibrated) std::printf("calibrated: %s\n", line.c_str());
   if (o.max_seq) {
-    std::printf("longest window: %s positions (%.2fM; %llu windows searched by halving, in steps of %llu); at it:\n",
+    std::printf("longest window: %s positions (%.2fM; %llu windows searched by halving, in steps of %llu)%s; at it:\n",
                 fmt::format("{}", window.seq_len).c_str(), static_cast<double>(window.seq_len) / (1 << 20),
-                static_cast<unsigned long long>(window.probes), static_cast<unsigned long long>(1024 * c.gpus()));
+                static_cast<unsigned long long>(window.probes), static_cast<unsigned long long>(1024 * c.gpus()),
+                window.capped
+                    ? fmt::format(", the most model.seq_len takes ({}): longer ones would fit too", GptConfig::kMaxSeqLen).c_str()
+                    : "");
   }
   std::printf("searched %s layouts in %.3f s: %s fit\n\n", fmt::format("{}", result.considered).c_str(), seconds,
               fmt::format("{}", result.fitting).c_str());
@@ -366,6 +370,12 @@ void run(Options o) {
               "fragmentation allowance (planner/gpt_layout.h). selective*: Korthikanti et al.'s selective recomputation, which "
               "the planner models and zeroth's engine does not run (--runnable leaves it out).\n",
               format_bytes(c.runtime_memory).c_str(), 100 * kFragmentation);
+  if (o.max_seq) {
+    std::printf("sq: the ranks sharing each sample, Ulysses' (a number) or ring attention's (C and its size)%s.\n",
+                search.context
+                    ? "; zeroth runs ring attention on the cpu device only: its rows here are costed on the cluster as given"
+                    : "; ring attention is searched with --emit-device cpu only (zeroth has no CUDA ring kernels)");
+  }
   if (!emit_problem.empty()) {
     std::fflush(stdout);
     ZEROTH_THROW(OutOfMemory, "{}", emit_problem);

@@ -194,7 +194,7 @@ void read_model(TrainConfig& t, const json& j, int default_vocab) {
     const std::string arch = s.string("architecture", g.llama() ? "llama" : "gpt2", kArchitectures);
     g.architecture = arch == "llama" ? Architecture::llama : Architecture::gpt2;
     g.vocab_size = static_cast<int>(s.integer("vocab_size", s.has("preset") && g.llama() ? g.vocab_size : default_vocab, 1, 1 << 24));
-    g.seq_len = static_cast<int>(s.integer("seq_len", s.has("preset") ? g.seq_len : 256, 1, 1 << 20));
+    g.seq_len = static_cast<int>(s.integer("seq_len", s.has("preset") ? g.seq_len : 256, 1, GptConfig::kMaxSeqLen));
     g.n_layer = static_cast<int>(s.integer("n_layer", g.n_layer, 1, 4096));
     g.n_head = static_cast<int>(s.integer("n_head", g.n_head, 1, 4096));
     g.n_embd = static_cast<int>(s.integer("n_embd", g.n_embd, 1, 1 << 20));
