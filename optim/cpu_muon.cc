@@ -2,7 +2,7 @@
 // the GEMM library (core/cpu/gemm.h), which threads them.
 #include "optim/muon.h"
 
-#include <algorithm>  // std::swap, std::max, std::min
+#include <algorithm>  // std::copy_n, std::swap, std::max, std::min
 #include <cmath>      // std::sqrt
 
 #include "core/cpu/gemm.h"  // cpu::sgemm
@@ -15,6 +15,20 @@ namespace {
 // Keller Jordan's quintic: the coefficients that push every singular value of the normalised
 // iterate towards 1 fastest from 0 (not exactly to 1: to within about [0.7, 1.2]).
 constexpr float kA = 3.4445f, kB = -4.7750f, kC = 2.0315f;
+
+// dst [cols, rows] = src [rows, cols]^T, by tiles that stay in cache on both sides (a tall matrix's
+// way in and out of the iteration).
+void transpose(const float* src, float* dst, int64_t rows, int64_t cols) {
+  constexpr int64_t kTile = 32;
+  for (int64_t i0 = 0; i0 < rows; i0 += kTile) {
+    for (int64_t j0 = 0; j0 < cols; j0 += kTile) {
+      const int64_t i1 = std::min(rows, i0 + kTile), j1 = std::min(cols, j0 + kTile);
+      for (int64_t i = i0; i < i1; ++i) {
+        for (int64_t j = j0; j < j1; ++j) dst[j * rows + i] = src[i * cols + j];
+      }
+    }
+  }
+}
 
 }  // namespace
 
@@ -36,12 +50,11 @@ void newton_schulz(const float* u, float* out, int64_t rows, int64_t cols, int s
   const size_t nm = static_cast<size_t>(n) * m;
   float *x = scratch, *y = x + nm, *a = y + nm, *b = a + static_cast<size_t>(n) * n;
   double sum = 0;
-  for (int64_t i = 0; i < rows; ++i) {
-    for (int64_t j = 0; j < cols; ++j) {
-      const float v = u[i * cols + j];
-      sum += static_cast<double>(v) * v;
-      (tall ? x[j * m + i] : x[i * m + j]) = v;
-    }
+  for (size_t k = 0; k < nm; ++k) sum += static_cast<double>(u[k]) * u[k];
+  if (tall) {
+    transpose(u, x, rows, cols);
+  } else {
+    std::copy_n(u, nm, x);
   }
   const float inverse = static_cast<float>(1.0 / (std::sqrt(sum) + 1e-7));
   for (size_t k = 0; k < nm; ++k) x[k] *= inverse;
@@ -53,14 +66,15 @@ void newton_schulz(const float* u, float* out, int64_t rows, int64_t cols, int s
     cpu::sgemm(false, false, n, m, n, 1.0f, b, n, x, m, 1.0f, y, m);  // X' = a X + B X
     std::swap(x, y);
   }
-  for (int64_t i = 0; i < rows; ++i) {
-    for (int64_t j = 0; j < cols; ++j) out[i * cols + j] = tall ? x[j * m + i] : x[i * m + j];
+  if (tall) {
+    transpose(x, out, n, m);
+  } else {
+    std::copy_n(x, nm, out);
   }
 }
 
 void cpu_muon_step(const MuonParams& params, const MuonStep& step, float* scratch) {
-  if (step.rows < 1 || step.cols < 1)
-    ZEROTH_THROW(InvalidArgument, "Muon updates a matrix: got {} x {}", step.rows, step.cols);
+  if (step.rows < 1 || step.cols < 1) ZEROTH_THROW(InvalidArgument, "Muon updates a matrix: got {} x {}", step.rows, step.cols);
   if (step.param == nullptr || step.grad == nullptr || step.momentum == nullptr || scratch == nullptr)
     ZEROTH_THROW(InvalidArgument, "Muon step of a {} x {} matrix: a pointer is missing", step.rows, step.cols);
   const size_t count = static_cast<size_t>(step.rows) * step.cols;
@@ -69,7 +83,7 @@ void cpu_muon_step(const MuonParams& params, const MuonStep& step, float* scratc
   for (size_t i = 0; i < count; ++i) {
     const float g = step.grad[i] * step.grad_scale;
     float& m = step.momentum[i];
-    m += gain * (g - m);                     // torch's lerp_(g, 1 - beta)
+    m += gain * (g - m);                              // torch's lerp_(g, 1 - beta)
     u[i] = params.nesterov ? g + beta * (m - g) : m;  // g.lerp_(m, beta)
   }
   newton_schulz(u, u, step.rows, step.cols, params.ns_steps, u + count);

@@ -28,9 +28,9 @@ struct MuonParams {
 };
 
 struct MuonStep {
-  float* param = nullptr;        // [rows, cols], row-major, updated in place
-  const float* grad = nullptr;   // [rows, cols]
-  float* momentum = nullptr;     // [rows, cols], the momentum buffer (zeros before the first step)
+  float* param = nullptr;       // [rows, cols], row-major, updated in place
+  const float* grad = nullptr;  // [rows, cols]
+  float* momentum = nullptr;    // [rows, cols], the momentum buffer (zeros before the first step)
   int64_t rows = 0, cols = 0;
   double lr = 0.02;
   float grad_scale = 1.0f;  // the gradient is multiplied by this first (unscaling, clipping)

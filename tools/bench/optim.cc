@@ -22,6 +22,8 @@
 #include "core/cpu/kernels.h"
 #include "core/device.h"
 #include "core/error.h"
+#include "core/cpu/gemm.h"  // cpu::sgemm
+#include "optim/muon.h"
 #include "optim/optimizer.h"
 #include "tools/bench/bench.h"
 #include "tools/launch/process.h"  // run_process
@@ -38,7 +40,9 @@ struct Options {
   int reps = 7;
   bool torch = true;
   bool json = false;
+  std::vector<std::string> muon = {"1024x1024", "1024x4096", "4096x1024"};  // Muon's matrices, ROWSxCOLS
 };
+
 
 struct Row {
   std::string optimizer;
@@ -63,6 +67,39 @@ double time_median(int reps, Fn&& fn) {
     t.push_back(std::chrono::duration<double>(clock::now() - t0).count());
   }
   return median(t);
+}
+
+// Muon's step on one matrix: the whole step and its Newton-Schulz iteration, next to the
+// iteration's three products alone (the same GEMMs on the same operands, nothing between them: the
+// iteration's ceiling) and a square sgemm of the shorter side's size.
+struct MuonRow {
+  int64_t rows = 0, cols = 0;
+  int threads = 0;
+  double step_s = 0, ns_s = 0, gemms_s = 0;
+  double ns_flops() const {
+    const double n = static_cast<double>(std::min(rows, cols)), m = static_cast<double>(std::max(rows, cols));
+    return 5 * (4 * n * n * m + 2 * n * n * n);  // 5 iterations: X X^T, A A, B X
+  }
+};
+
+MuonRow time_muon(int64_t rows, int64_t cols, int threads, int reps) {
+  const size_t count = static_cast<size_t>(rows) * cols;
+  std::vector<float> p(count, 0.5f), g(count), m(count, 0.0f), u(count), scratch(muon_scratch_floats(rows, cols));
+  for (size_t i = 0; i < count; ++i) g[i] = 1e-3f * static_cast<float>((i * 2654435761u) % 1000) / 1000.0f - 5e-4f;
+  MuonRow r{rows, cols, threads};
+  const MuonParams params;
+  r.step_s = time_median(reps, [&] { cpu_muon_step(params, {p.data(), g.data(), m.data(), rows, cols, 0.02}, scratch.data()); });
+  r.ns_s = time_median(reps, [&] { newton_schulz(g.data(), u.data(), rows, cols, 5, scratch.data()); });
+  const int64_t n = std::min(rows, cols), w = std::max(rows, cols);
+  float *x = scratch.data(), *y = x + n * w, *a = y + n * w, *b = a + n * n;
+  r.gemms_s = time_median(reps, [&] {
+    for (int s = 0; s < 5; ++s) {
+      cpu::sgemm(false, true, n, n, w, 1.0f, x, w, x, w, 0.0f, a, n);
+      cpu::sgemm(false, false, n, n, n, 1.0f, a, n, a, n, 0.0f, b, n);
+      cpu::sgemm(false, false, n, w, n, 1.0f, b, n, x, w, 1.0f, y, w);
+    }
+  });
+  return r;
 }
 
 size_t parse_count(const std::string& text) {
@@ -245,6 +282,17 @@ void run(const Options& o) {
       }
     }
   }
+  std::vector<MuonRow> muon;
+  for (const std::string& shape : o.muon) {
+    const size_t x = shape.find('x');
+    ZEROTH_CHECK(x != std::string::npos, "--muon {}: give a matrix as ROWSxCOLS, e.g. 1024x4096", shape);
+    const int64_t r = std::stoll(shape.substr(0, x)), c = std::stoll(shape.substr(x + 1));
+    ZEROTH_CHECK(r >= 1 && c >= 1 && r * c <= (int64_t{1} << 28), "--muon {}: each side at least 1, at most 2^28 elements", shape);
+    for (int t : threads) {
+      cpu::set_num_threads(t);
+      muon.push_back(time_muon(r, c, t, o.reps));
+    }
+  }
   cpu::set_num_threads(all);
 
   nlohmann::json torch_default, torch_tuned;
@@ -278,6 +326,17 @@ void run(const Options& o) {
                               {"vs_ceiling", r.gbps() / r.ceiling_gbps()}});
     }
     j["ceiling_gbps"] = ceiling;
+    j["muon"] = nlohmann::json::array();
+    for (const auto& r : muon) {
+      j["muon"].push_back({{"rows", r.rows},
+                           {"cols", r.cols},
+                           {"threads", r.threads},
+                           {"step_s", r.step_s},
+                           {"newton_schulz_s", r.ns_s},
+                           {"gemms_s", r.gemms_s},
+                           {"newton_schulz_gflops", r.ns_flops() / r.ns_s / 1e9},
+                           {"vs_gemms", r.gemms_s / r.ns_s}});
+    }
     j["simd"] = cpu::simd_level_name(cpu::active_simd_level());
     j["torch"] = nlohmann::json::array();
     for (const auto* t : {&torch_tuned, &torch_default}) {
@@ -305,6 +364,16 @@ void run(const Options& o) {
                 r.grad_dtype.c_str(), r.copy_out ? "bf16" : "-", r.bytes_per_param, r.params_per_s() / 1e6, r.gbps(), r.ceiling_gbps(),
                 100 * r.gbps() / r.ceiling_gbps(), ratio(tt).c_str(), ratio(td).c_str());
   }
+  if (!muon.empty()) {
+    std::printf("\nMuon, one matrix (Newton-Schulz: 5 iterations in f32 on the GEMM library); the GEMMs: the iteration's three "
+                "products alone, its ceiling\n");
+    std::printf("%12s %7s %10s %14s %10s %12s %8s\n", "matrix", "threads", "step ms", "iteration ms", "GFLOP/s", "GEMMs GFLOP/s",
+                "vs GEMMs");
+    for (const auto& r : muon) {
+      std::printf("%12s %7d %10.2f %14.2f %10.1f %12.1f %7.0f%%\n", fmt::format("{}x{}", r.rows, r.cols).c_str(), r.threads,
+                  r.step_s * 1e3, r.ns_s * 1e3, r.ns_flops() / r.ns_s / 1e9, r.ns_flops() / r.gemms_s / 1e9, 100 * r.gemms_s / r.ns_s);
+    }
+  }
   if (!o.torch) std::printf("(PyTorch skipped: --no-torch)\n");
   else if (!torch_tuned.is_array()) std::printf("(PyTorch not measured: /usr/bin/python3 cannot import torch)\n");
   else std::printf("(torch columns: zeroth's speed-up over torch.optim.AdamW(foreach=True), f32 grads, same threads)\n");
@@ -322,6 +391,9 @@ void add_bench_optim_command(CLI::App& bench) {
   cmd->add_option("--reps", options->reps, "Timed steps; the median is reported");
   cmd->add_flag("!--no-torch", options->torch, "Skip the PyTorch comparison");
   cmd->add_flag("--json", options->json, "Print JSON");
+  cmd->add_option("--muon", options->muon,
+                  "Muon's matrices, ROWSxCOLS (default 1024x1024 1024x4096 4096x1024): its step and Newton-Schulz iteration next "
+                  "to the iteration's GEMMs alone");
   cmd->callback([options] { run(*options); });
 }
 
