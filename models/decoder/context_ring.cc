@@ -62,6 +62,22 @@ void ContextRing::pack_kv(const float* qkv, float* kv, int B, int T) const {
   });
 }
 
+namespace {
+
+// Where block `blk` of sample b lies among the rank's T rows (two chunks of c): its queries' first
+// row, its keys' first row (in the travelling buffer's rows, laid out alike), and the queries'
+// log-sum-exp in lse [B, NH, T].
+struct BlockRows {
+  size_t q, k, lse;
+};
+BlockRows rows_of(const Dims& d, int b, int T, int c, const RingBlock& blk) {
+  const size_t first = static_cast<size_t>(b) * T;
+  return {first + static_cast<size_t>(blk.q) * c, first + static_cast<size_t>(blk.k) * c,
+          first * d.NH + static_cast<size_t>(blk.q) * c};
+}
+
+}  // namespace
+
 void ContextRing::forward(const float* qkv, float* out, float* lse, int B, int T, const Products& products) const {
   const int C = d_.cp, r = d_.cp_rank, c = T / 2;
   const size_t Wkv = 2 * static_cast<size_t>(d_.KVH) * d_.hs, n = static_cast<size_t>(B) * T * Wkv;
@@ -76,10 +92,9 @@ void ContextRing::forward(const float* qkv, float* out, float* lse, int B, int T
       const size_t W = d.W, Cq = d.Cq, lse_ld = static_cast<size_t>(T);
       for (int b = 0; b < B; ++b) {
         for (const RingBlock& blk : blocks) {
-          const size_t q_row = static_cast<size_t>(b) * T + static_cast<size_t>(blk.q) * c;
-          const size_t k_row = static_cast<size_t>(b) * T + static_cast<size_t>(blk.k) * c;
-          AttentionBlock a{qkv + q_row * W, W, kv + k_row * Wkv, Wkv, c, d.NH, d.KVH, d.hs, blk.diagonal, lse_ld};
-          float *o = out + q_row * Cq, *l = lse + static_cast<size_t>(b) * d.NH * T + static_cast<size_t>(blk.q) * c;
+          const BlockRows at = rows_of(d, b, T, c, blk);
+          AttentionBlock a{qkv + at.q * W, W, kv + at.k * Wkv, Wkv, c, d.NH, d.KVH, d.hs, blk.diagonal, lse_ld};
+          float *o = out + at.q * Cq, *l = lse + at.lse;
           if (blk.diagonal) {
             k->attention_block_forward(o, l, a, products());
             continue;
@@ -114,12 +129,10 @@ void ContextRing::backward(float* dqkv, const float* dout, const float* out, con
       const size_t W = d.W, Cq = d.Cq;
       for (int b = 0; b < B; ++b) {
         for (const RingBlock& blk : blocks) {
-          const size_t q_row = static_cast<size_t>(b) * T + static_cast<size_t>(blk.q) * c;
-          const size_t k_row = static_cast<size_t>(b) * T + static_cast<size_t>(blk.k) * c;
-          const AttentionBlock a{qkv + q_row * W,       W, kv + k_row * Wkv, Wkv, c, d.NH, d.KVH, d.hs, blk.diagonal,
-                                 static_cast<size_t>(T)};
-          const float* l = lse + static_cast<size_t>(b) * d.NH * T + static_cast<size_t>(blk.q) * c;
-          k->attention_block_backward(dqkv + q_row * W, dkv + k_row * Wkv, dout + q_row * Cq, out + q_row * Cq, l, a, products());
+          const BlockRows at = rows_of(d, b, T, c, blk);
+          const AttentionBlock a{qkv + at.q * W, W, kv + at.k * Wkv, Wkv, c, d.NH, d.KVH, d.hs, blk.diagonal, static_cast<size_t>(T)};
+          k->attention_block_backward(dqkv + at.q * W, dkv + at.k * Wkv, dout + at.q * Cq, out + at.q * Cq, lse + at.lse, a,
+                                      products());
         }
       }
     });

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -476,6 +477,21 @@ inline TensorError expect_weights(const GridResult& got, const GridResult& ref, 
     }
   }
   return worst;
+}
+
+// A run whose samples a group of ranks splits by positions (GridCase::seq: Ulysses or the ring)
+// against one rank on the same global batches: the replicas agree, every weight within `bound` of
+// its tensor's largest value, the losses and gradient norms as expect_steps (plain SGD's 4 small
+// steps need not lower the loss of the next step's other samples). Prints the case and its errors.
+inline void expect_split_trains_like_one_rank(const GridCase& k, double bound) {
+  const GridResult got = train_grid(k);
+  const GridResult& ref = whole_reference(k.model, k.micro, k.optimizer, DType::f32, k.masked, k.packed);
+  EXPECT_TRUE(got.replica_mismatches.empty()) << got.replica_mismatches.front();
+  const TensorError worst = expect_weights(got, ref, bound, k.model);
+  const auto [norm_err, loss_err] = expect_steps(got, ref, 5e-7, 3e-7, k.optimizer != OptimizerKind::sgd);
+  std::printf("%s: worst weight error %.3g (%s), gradient norm %.3g, loss %.3g; loss %.6f -> %.6f\n",
+              ::testing::PrintToString(k).c_str(), worst.rel(), worst.name.c_str(), norm_err, loss_err, got.losses.front(),
+              got.losses.back());
 }
 
 }  // namespace zeroth::testing

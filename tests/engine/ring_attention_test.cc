@@ -37,22 +37,7 @@ class RingEquivalence : public ::testing::TestWithParam<GridCase> {};
 // rank's kernel runs them by chunks of 128 keys in one online softmax. Ulysses' bound for Llama
 // (4e-6 of each tensor's largest value) serves both models: GPT-2's worst, 3.1e-6 (masked at C = 4),
 // is above Ulysses' 2e-6 for it.
-TEST_P(RingEquivalence, TrainsLikeOneRank) {
-  const GridCase k = GetParam();
-  const auto got = testing::train_grid(k);
-  const auto& ref = testing::whole_reference(k.model, k.micro, k.optimizer, DType::f32, k.masked, k.packed);
-  EXPECT_TRUE(got.replica_mismatches.empty()) << got.replica_mismatches.front();
-  const double bound = 4e-6;
-  const testing::TensorError worst = testing::expect_weights(got, ref, bound, k.model);
-  const bool sgd = k.optimizer == OptimizerKind::sgd;
-  const auto [norm_err, loss_err] = testing::expect_steps(got, ref, 5e-7, 3e-7, !sgd);
-  std::printf("C %d dp %d mb %d tp %d%s pp %d stage %d%s%s%s: worst weight error %.3g (%s), gradient norm %.3g, loss %.3g; loss "
-              "%.6f -> %.6f\n",
-              k.seq, k.dp, testing::kGlobalBatch / (k.dp * k.micro), k.tp, k.sequence_parallel ? " sp" : "", k.pp, k.stage,
-              k.masked ? " masked" : "", k.checkpointing ? (k.cpu_checkpointing ? " host checkpoints" : " checkpointing") : "",
-              k.offload == OffloadDevice::cpu ? " optimizer on cpu" : "", worst.rel(), worst.name.c_str(), norm_err, loss_err,
-              got.losses.front(), got.losses.back());
-}
+TEST_P(RingEquivalence, TrainsLikeOneRank) { testing::expect_split_trains_like_one_rank(GetParam(), 4e-6); }
 
 std::vector<GridCase> cases() {
   std::vector<GridCase> out;

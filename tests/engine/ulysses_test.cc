@@ -45,24 +45,9 @@ class UlyssesEquivalence : public ::testing::TestWithParam<GridCase> {};
 // reduction. The attention itself runs on the same rows of each head.
 TEST_P(UlyssesEquivalence, TrainsLikeOneRank) {
   const GridCase k = GetParam();
-  const auto got = testing::train_grid(k);
-  const auto& ref = testing::whole_reference(k.model, k.micro, k.optimizer, DType::f32, k.masked, k.packed);
-  EXPECT_TRUE(got.replica_mismatches.empty()) << got.replica_mismatches.front();
   // Llama's q/k/v biases start at zero and move 4 Adam steps (largest value 0.014): 8 micro-batches
   // of one sample each, summed in another order, move one 4.9e-8 (3.5e-6 of that).
-  const double bound = k.model.llama() ? 4e-6 : 2e-6;
-  const testing::TensorError worst = testing::expect_weights(got, ref, bound, k.model);
-  // Plain SGD's 4 small steps need not lower the loss of the next step's other samples.
-  const bool sgd = k.optimizer == OptimizerKind::sgd;
-  const auto [norm_err, loss_err] = testing::expect_steps(got, ref, 5e-7, 3e-7, !sgd);
-  std::printf("U %d dp %d mb %d tp %d%s pp %d ep %d stage %d%s%s%s: worst weight error %.3g (%s), gradient norm %.3g, loss %.3g; loss "
-              "%.6f -> %.6f\n",
-              k.seq, k.dp, testing::kGlobalBatch / (k.dp * k.micro), k.tp, k.sequence_parallel ? " sp" : "", k.pp, k.ep, k.stage,
-              k.masked   ? " masked"
-              : k.packed ? " packed"
-                         : "",
-              k.checkpointing ? " checkpointing" : "", sgd ? " SGD" : "", worst.rel(), worst.name.c_str(), norm_err, loss_err,
-              got.losses.front(), got.losses.back());
+  testing::expect_split_trains_like_one_rank(k, k.model.llama() ? 4e-6 : 2e-6);
 }
 
 std::vector<GridCase> cases() {
